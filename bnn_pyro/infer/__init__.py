@@ -1,0 +1,89 @@
+"""Inference engines, assembled from one registry: ``bp.fit(model, x, y, method=..., **config)``.
+
+Each method family lives in its own module with the same shape: data and configuration in,
+:class:`~bnn_pyro.Posterior` out. Adding an engine means adding a module and one registry entry.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from typing import Callable
+
+import torch
+
+from bnn_pyro._checks import check_data, choice, positive_int
+from bnn_pyro.infer import svi
+from bnn_pyro.infer._common import Data
+from bnn_pyro.model import BNN
+from bnn_pyro.posterior import Posterior
+
+__all__ = ["fit", "Method", "REGISTRY"]
+
+
+class Method(str, Enum):
+    SVI = "svi"
+
+
+REGISTRY: dict[Method, Callable[..., Posterior]] = {
+    Method.SVI: svi.fit,
+}
+
+
+def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None, dataset_size: int | None = None,
+        **config) -> Posterior:
+    """Fit ``model`` to data with the engine named by ``method`` and return a :class:`Posterior`.
+
+    Parameters
+    ----------
+    model:
+        A :class:`~bnn_pyro.BNN`, or a Pyro function ``model(x, y=None)`` that follows the site
+        conventions (observations ``"obs"`` inside ``pyro.plate("data", ...)``).
+    x, y:
+        Inputs ``(N, ...)`` and targets (tensors, numpy arrays or pandas objects), or ``x`` a
+        ``torch.utils.data.DataLoader`` (or any re-iterable of ``(x, y)`` batches) with ``y=None``
+        and ``dataset_size`` given.
+    method:
+        The engine: one of :class:`Method` (``"svi"``, ...). Its options go in ``**config``; see
+        the engine's module (e.g. :func:`bnn_pyro.infer.svi.fit`).
+    batch_size:
+        Minibatch size (random reshuffling every epoch); the full data by default.
+
+    Example
+    -------
+    >>> post = bp.fit(model, x, y, method="svi", guide="full_rank", num_steps=2000, seed=0)
+    """
+    kind = choice("method", method, Method)
+    if not (isinstance(model, BNN) or callable(model)):
+        raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}.")
+    data = _data(model, x, y, batch_size, dataset_size)
+    return REGISTRY[kind](model, data, **config)
+
+
+def _data(model, x, y, batch_size, dataset_size) -> Data:
+    if batch_size is not None:
+        batch_size = positive_int("batch_size", batch_size)
+    if isinstance(x, torch.utils.data.DataLoader) or (hasattr(x, "__iter__") and not hasattr(x, "shape")
+                                                         and not isinstance(x, (list, tuple))):
+        if y is not None:
+            raise ValueError("y: pass y=None when x is a DataLoader of (x, y) batches.")
+        size = dataset_size
+        if size is None and hasattr(getattr(x, "dataset", None), "__len__"):
+            size = len(x.dataset)
+        if size is None:
+            raise ValueError("dataset_size: required when x is an iterable of batches without a dataset length.")
+        xb, yb = _checked(model, *next(iter(x)))
+        return Data(x=None, y=None, loader=x, dataset_size=positive_int("dataset_size", size), batch_size=xb.shape[0],
+                    convert=lambda xb, yb: _checked(model, xb, yb))
+    x, y = _checked(model, x, y)
+    if dataset_size is not None:
+        raise ValueError("dataset_size: only for DataLoader input; with tensors the size is len(x).")
+    return Data(x=x, y=y, batch_size=batch_size)
+
+
+def _checked(model, x, y):
+    x, y = check_data(x, y)
+    if isinstance(model, BNN):
+        out_dim = model.output_dim(x)
+        if y is not None:
+            y = model.likelihood.check_target(y, out_dim)
+    return x, y

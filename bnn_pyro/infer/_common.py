@@ -1,0 +1,112 @@
+"""Pieces every engine shares: the latent sites of a model, minibatches, progress bars, seeds."""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.poutine.util import site_is_subsample
+from tqdm.auto import tqdm
+
+from bnn_pyro.model import BNN
+
+__all__ = ["Data", "latent_sites", "call_model", "progress_bar", "clean_config"]
+
+
+@dataclass
+class Data:
+    """Training data for one fit: full tensors (``x``, ``y``) or a loader of ``(x, y)`` batches."""
+
+    x: torch.Tensor | None
+    y: torch.Tensor | None
+    loader: object | None = None
+    dataset_size: int | None = None
+    batch_size: int | None = None
+    convert: Callable | None = None  # validates and converts each loader batch
+
+    def _loader_batches(self):
+        for xb, yb in self.loader:
+            yield self.convert(xb, yb) if self.convert is not None else (xb, yb)
+
+    @property
+    def size(self) -> int:
+        return self.dataset_size if self.dataset_size is not None else self.x.shape[0]
+
+    def first(self):
+        """A small batch for tracing the model once (site discovery, guide set-up)."""
+        if self.loader is not None:
+            return next(self._loader_batches())
+        return self.x, self.y
+
+    def batches(self, generator: torch.Generator) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """An endless stream of minibatches (reshuffled every epoch) or of the full batch."""
+        while True:
+            if self.loader is not None:
+                yield from self._loader_batches()
+            elif self.batch_size is None or self.batch_size >= self.x.shape[0]:
+                yield self.x, self.y
+            else:
+                perm = torch.randperm(self.x.shape[0], generator=generator).to(self.x.device)
+                for i in range(0, len(perm), self.batch_size):
+                    j = perm[i : i + self.batch_size]
+                    yield self.x[j], None if self.y is None else self.y[j]
+
+
+def call_model(model: Callable, x, y, dataset_size: int | None):
+    """``model(x, y)`` with the minibatch scale: a ``BNN`` (or any model taking ``dataset_size``)
+    gets it as a keyword; a plain function has the sites inside its ``"data"`` plate scaled."""
+    if isinstance(model, BNN) or "dataset_size" in _parameters(model):
+        return model(x, y, dataset_size=dataset_size)
+    if dataset_size is None or dataset_size == x.shape[0]:
+        return model(x, y)
+    with _DataPlateScale(dataset_size / x.shape[0]):
+        return model(x, y)
+
+
+def _parameters(fn) -> dict:
+    try:
+        return inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return {}
+
+
+class _DataPlateScale(poutine.messenger.Messenger):
+    """Scale the log-density of sites inside the plate named ``"data"`` (minibatch correction for
+    Pyro function models that do not take ``dataset_size``)."""
+
+    def __init__(self, scale: float):
+        super().__init__()
+        self.scale = scale
+
+    def _pyro_sample(self, msg):
+        if any(frame.name == "data" for frame in msg["cond_indep_stack"]):
+            msg["scale"] = msg["scale"] * self.scale
+
+
+def latent_sites(model: Callable, x, y) -> list[str]:
+    """Names of the unobserved, non-deterministic sample sites of one run of ``model(x, y)``."""
+    with torch.no_grad(), pyro.get_param_store().scope():
+        trace = poutine.trace(model).get_trace(x, y)
+    return [
+        name
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample"
+        and not site["is_observed"]
+        and not site_is_subsample(site)
+        and not site["infer"].get("_deterministic", False)
+        and not site["infer"].get("is_auxiliary", False)
+    ]
+
+
+def progress_bar(total: int, desc: str, enabled: bool):
+    """A tqdm bar (a no-op when ``enabled`` is False)."""
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+
+
+def clean_config(config: dict) -> dict:
+    """A JSON-friendly copy of an engine's configuration (callables and objects as their repr)."""
+    return {k: v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in config.items()}

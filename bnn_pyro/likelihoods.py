@@ -1,0 +1,213 @@
+"""Likelihoods: the data plate, minibatch scaling, observation noise and how predictive draws are
+aggregated.
+
+Every likelihood is called inside the model as ``likelihood(f, y, dataset_size=N)`` where ``f`` is
+the network output shaped ``(..., batch, out)``. It samples its own noise sites (outside the data
+plate), opens ``pyro.plate("data", size=dataset_size, subsample=...)`` so that a minibatch of
+``batch`` rows is scaled by ``dataset_size / batch`` (an unbiased ELBO), records ``f`` as the
+deterministic site ``"f"`` and observes ``"obs"``.
+
+Example
+-------
+>>> import pyro.distributions as dist, bnn_pyro as bp
+>>> bp.likelihoods.Gaussian(scale=0.1)                       # known noise
+>>> bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))      # noise learned under a prior
+>>> bp.likelihoods.Gaussian(precision=dist.Gamma(2.0, 0.1))  # prior on the precision instead
+>>> bp.likelihoods.Categorical()                             # logits in, labels 0..K-1 out
+"""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import torch
+import torch.nn.functional as F
+from torch.distributions import Distribution
+
+from bnn_pyro import predictions
+from bnn_pyro._checks import positive
+
+__all__ = ["Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
+
+
+class Likelihood:
+    """Base class. Subclasses set :attr:`task` and implement :meth:`distribution`,
+    :meth:`check_target` and :meth:`summarize`; noise priors go in :meth:`sites`."""
+
+    task: str = "regression"
+
+    def sites(self) -> dict[str, Distribution]:
+        """Hyper sites of the likelihood (e.g. a learned noise scale): name -> prior."""
+        return {}
+
+    def distribution(self, f: torch.Tensor, noise: dict[str, torch.Tensor]) -> Distribution:
+        """The observation distribution, batch shape ``f.shape[:-1]``, given the sampled noise.
+        Noise values carry a trailing singleton dimension that lines up with the data dimension."""
+        raise NotImplementedError
+
+    def check_target(self, y: torch.Tensor, out_dim: int) -> torch.Tensor:
+        """Validate ``y`` against a network with ``out_dim`` outputs; return it in model layout."""
+        raise NotImplementedError
+
+    def summarize(self, d: Distribution, *, interval: float = 0.95):
+        """Aggregate a distribution batched over draws ``(S, N)`` into a prediction."""
+        raise NotImplementedError
+
+    def __call__(self, f: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None):
+        noise = {name: pyro.sample(name, prior) for name, prior in self.sites().items()}
+        n = f.shape[-2]
+        with pyro.plate("data", size=dataset_size or n, subsample=torch.arange(n, device=f.device)):
+            pyro.deterministic("f", f, event_dim=1)
+            return pyro.sample("obs", self.distribution(f, noise), obs=y)
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+class _RegressionMixin:
+    task = "regression"
+
+    def summarize(self, d, *, interval=0.95):
+        return predictions.regression(d.mean, d.variance, d.sample(), interval=interval)
+
+
+class Gaussian(_RegressionMixin, Likelihood):
+    """``y ~ Normal(f, sigma)``.
+
+    Parameters
+    ----------
+    scale:
+        A float for known noise, or a distribution over ``sigma`` (site ``"sigma"``) to learn it.
+    precision:
+        Alternatively, a distribution over the precision ``1 / sigma**2`` (site ``"precision"``).
+    """
+
+    def __init__(self, scale: float | Distribution | None = None, *, precision: Distribution | None = None):
+        if scale is not None and precision is not None:
+            raise ValueError("Gaussian: give either scale= or precision=, not both.")
+        if scale is None and precision is None:
+            raise ValueError(
+                "Gaussian: give the noise, e.g. scale=0.1 (known) or scale=dist.HalfNormal(1.0) (learned)."
+            )
+        if isinstance(scale, Distribution) or precision is not None:
+            self.scale, self.precision = scale, precision
+        else:
+            self.scale, self.precision = positive("scale", scale), None
+
+    def sites(self):
+        if self.precision is not None:
+            return {"precision": self.precision}
+        return {"sigma": self.scale} if isinstance(self.scale, Distribution) else {}
+
+    def noise_scale(self, noise: dict[str, torch.Tensor]):
+        if "precision" in noise:
+            return noise["precision"].rsqrt()
+        return noise.get("sigma", self.scale)
+
+    def distribution(self, f, noise):
+        sigma = self.noise_scale(noise)
+        if f.shape[-1] == 1:
+            return dist.Normal(f[..., 0], sigma)
+        return dist.Normal(f, _unsqueeze_last(sigma)).to_event(1)
+
+    def check_target(self, y, out_dim):
+        return _regression_target(y, out_dim, self)
+
+
+class HeteroscedasticGaussian(_RegressionMixin, Likelihood):
+    """``y ~ Normal(mu, softplus(rho) + min_scale)`` where the net outputs ``[mu, rho]``
+    (``2 * D`` columns for ``D`` targets): the noise depends on the input (aleatoric)."""
+
+    def __init__(self, min_scale: float = 1e-3):
+        self.min_scale = positive("min_scale", min_scale)
+
+    def distribution(self, f, noise):
+        d = f.shape[-1] // 2
+        mu, scale = f[..., :d], F.softplus(f[..., d:]) + self.min_scale
+        if d == 1:
+            return dist.Normal(mu[..., 0], scale[..., 0])
+        return dist.Normal(mu, scale).to_event(1)
+
+    def check_target(self, y, out_dim):
+        if out_dim % 2:
+            raise ValueError(
+                f"HeteroscedasticGaussian needs a net with 2 * D outputs (mean and scale per target); "
+                f"this net has {out_dim}. Make the last layer output {2 * out_dim} or use Gaussian."
+            )
+        return _regression_target(y, out_dim // 2, self)
+
+
+class Categorical(Likelihood):
+    """``y ~ Categorical(logits=f)`` with integer labels ``0..K-1`` for a net with ``K`` outputs."""
+
+    task = "classification"
+
+    def distribution(self, f, noise):
+        return dist.Categorical(logits=f)
+
+    def check_target(self, y, out_dim):
+        y = _integer_labels(y, "Categorical")
+        if y.dim() != 1:
+            raise ValueError(f"Categorical: y must be a vector of labels shaped (N,), got shape {tuple(y.shape)}.")
+        if y.min() < 0 or y.max() >= out_dim:
+            raise ValueError(
+                f"Categorical: labels must lie in 0..{out_dim - 1} for a net with {out_dim} outputs; "
+                f"found labels in {int(y.min())}..{int(y.max())}. Re-encode the labels or widen the last layer."
+            )
+        return y
+
+    def summarize(self, d, *, interval=0.95):
+        return predictions.classification(d.probs)
+
+
+class Bernoulli(Likelihood):
+    """``y ~ Bernoulli(logits=f)`` for a net with one output and labels in ``{0, 1}``.
+    Predictions report ``probs`` over the two classes ``[0, 1]``."""
+
+    task = "classification"
+
+    def distribution(self, f, noise):
+        return dist.Bernoulli(logits=f[..., 0])
+
+    def check_target(self, y, out_dim):
+        if out_dim != 1:
+            raise ValueError(f"Bernoulli needs a net with 1 output (a logit), this net has {out_dim}. Use Categorical.")
+        y = _integer_labels(y.reshape(-1) if y.dim() == 2 and y.shape[1] == 1 else y, "Bernoulli", allow_float=True)
+        if y.dim() != 1 or not ((y == 0) | (y == 1)).all():
+            raise ValueError("Bernoulli: y must be a vector of 0/1 labels shaped (N,). Use Categorical for more classes.")
+        return y.to(torch.get_default_dtype())
+
+    def summarize(self, d, *, interval=0.95):
+        return predictions.classification(torch.stack([1.0 - d.probs, d.probs], dim=-1))
+
+
+def _unsqueeze_last(t):
+    return t.unsqueeze(-1) if isinstance(t, torch.Tensor) and t.dim() else t
+
+
+def _regression_target(y: torch.Tensor, out_dim: int, likelihood: Likelihood) -> torch.Tensor:
+    name = type(likelihood).__name__
+    if not y.dtype.is_floating_point:
+        y = y.to(torch.get_default_dtype())
+    if out_dim == 1 and y.dim() == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    expected = (y.shape[0],) if out_dim == 1 else (y.shape[0], out_dim)
+    if tuple(y.shape) != expected:
+        raise ValueError(
+            f"{name}: y has shape {tuple(y.shape)} but the net predicts {out_dim} output(s) per row, "
+            f"so y must be shaped {expected}. Reshape y or change the last layer."
+        )
+    return y
+
+
+def _integer_labels(y: torch.Tensor, name: str, *, allow_float: bool = False) -> torch.Tensor:
+    if y.dtype.is_floating_point and allow_float and (y == y.round()).all():
+        return y.long()
+    if y.dtype.is_floating_point or y.dtype.is_complex:
+        raise TypeError(
+            f"{name}: y must hold integer class labels (torch.long), got dtype {y.dtype}. "
+            "If y holds class indices, pass y.long(); for real-valued targets use a regression likelihood "
+            "such as Gaussian."
+        )
+    return y.long()

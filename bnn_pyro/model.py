@@ -1,0 +1,247 @@
+"""``BNN``: any ``torch.nn.Module`` turned into a Pyro model ``model(x, y=None)``.
+
+The conversion is Pyro's own: a copy of the net becomes a ``PyroModule`` (``to_pyro_module_``) and
+each selected parameter becomes a ``PyroSample`` attribute whose prior comes from ``prior``. Sites
+are named after module paths (``"0.weight"``, ``"2.bias"``); hyper sites of hierarchical priors
+sit beside their parameter (``"0.weight_scale"``); the likelihood adds its noise sites, the
+deterministic network output ``"f"`` and the observation ``"obs"`` inside ``pyro.plate("data")``.
+
+The network itself is evaluated functionally (``torch.func.functional_call`` on a stateless
+template of the net), so one code path serves a single weight draw, vectorized ELBO particles and
+thousands of posterior draws at once (:meth:`BNN.forward_draws`).
+
+Parameters the prior leaves out (``None``, or not selected by ``bayesian=``) stay ordinary
+parameters: SVI point-estimates them (type-II maximum likelihood), MCMC keeps them fixed at their
+current values (the net's own, or those of the posterior passed as ``init=``).
+
+Example
+-------
+>>> net = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
+>>> model = bp.BNN(net, prior=bp.priors.Normal(0., 1.), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+>>> trace = pyro.poutine.trace(model).get_trace(x, y)      # an ordinary Pyro model
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import math
+from enum import Enum
+from typing import Callable, Sequence, Union
+
+import pyro
+import torch
+from pyro.nn import PyroSample
+from pyro.nn.module import to_pyro_module_
+from torch import nn
+from torch.distributions import Distribution
+
+from bnn_pyro import priors as priors_mod
+from bnn_pyro._checks import choice
+from bnn_pyro.likelihoods import Likelihood
+from bnn_pyro.priors import Hierarchical, expand_to
+
+__all__ = ["BNN", "Bayesian"]
+
+_NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
+
+
+class Bayesian(str, Enum):
+    """Named choices for ``BNN(bayesian=...)``: which parameters get a prior."""
+
+    ALL = "all"
+    WEIGHTS = "weights"  # parameters whose name ends in "weight"; biases stay deterministic
+    NO_BATCHNORM = "no_batchnorm"  # everything except normalization layers' affine parameters
+
+
+SelectorLike = Union[str, Bayesian, Sequence[str], Callable[[str, nn.Module, torch.Tensor], bool]]
+
+
+class BNN(nn.Module):
+    """A Bayesian neural network: a net, an explicit prior over its parameters, a likelihood.
+
+    Parameters
+    ----------
+    net:
+        Any ``torch.nn.Module`` mapping ``x`` of shape ``(N, ...)`` to outputs ``(N, out)``. It is
+        copied; the user's module is never modified. Its current parameter values are the default
+        initialization of every engine (pass a pretrained net to start from it).
+    prior:
+        A :mod:`bnn_pyro.priors` prior, a callable ``(name, module, param) -> Distribution | None``,
+        a dict from name patterns to distributions, or one distribution for every parameter.
+    likelihood:
+        A :mod:`bnn_pyro.likelihoods` likelihood.
+    bayesian:
+        Which parameters get a prior: ``"all"`` (default), ``"weights"``, ``"no_batchnorm"``, a list
+        of name patterns (``["0.*", "2.weight"]``) or a predicate ``(name, module, param) -> bool``.
+    """
+
+    def __init__(self, net: nn.Module, *, prior, likelihood: Likelihood, bayesian: SelectorLike = "all"):
+        super().__init__()
+        if not isinstance(net, nn.Module):
+            raise TypeError(f"net: expected a torch.nn.Module, got {type(net).__name__}.")
+        if not isinstance(likelihood, Likelihood):
+            raise TypeError(
+                f"likelihood: expected a bnn_pyro.likelihoods.Likelihood, got {type(likelihood).__name__}. "
+                "Try likelihood=bp.likelihoods.Gaussian(scale=0.1)."
+            )
+        named = dict(net.named_parameters())
+        if not named:
+            raise ValueError("net has no parameters, so there is nothing to be Bayesian about.")
+        self.prior = priors_mod.as_prior(prior)
+        self.likelihood = likelihood
+        select = _selector(bayesian)
+        self.net = copy.deepcopy(net)
+        to_pyro_module_(self.net)
+        template = copy.deepcopy(net).to("meta")
+        object.__setattr__(self, "_template", template)  # unregistered: stateless, holds no data
+        self.param_shapes = {name: p.shape for name, p in named.items()}
+        self.init_values = {name: p.detach().clone() for name, p in named.items()}
+        self.sample_names, self.hyper_names, self.point_names = [], [], []
+        for name, param in named.items():
+            owner_path, _, attr = name.rpartition(".")
+            owner = net.get_submodule(owner_path)
+            spec = self.prior(name, owner, param) if select(name, owner, param) else None
+            if spec is None:
+                self.point_names.append(name)
+                continue
+            target = self.net.get_submodule(owner_path)
+            if isinstance(spec, Hierarchical):
+                self._add_hierarchical(name, target, attr, param.shape, spec)
+            elif isinstance(spec, Distribution):
+                setattr(target, attr, PyroSample(_to_param_shape(name, spec, param.shape)))
+            else:
+                raise TypeError(
+                    f"prior for {name!r} returned {type(spec).__name__}; expected a "
+                    "pyro.distributions.Distribution, a bnn_pyro.priors.Hierarchical or None."
+                )
+            self.sample_names.append(name)
+
+    def _add_hierarchical(self, name, module, attr, shape, spec: Hierarchical):
+        for suffix, hyper in spec.hyper.items():
+            setattr(module, f"{attr}_{suffix}", PyroSample(hyper))
+            self.hyper_names.append(f"{name}_{suffix}")
+        values = {k: d.sample() for k, d in spec.hyper.items()}
+        _to_param_shape(name, spec.conditional(values), shape, exact=True)  # fail early on a wrong shape
+
+        def conditional(m, attr=attr, keys=tuple(spec.hyper), make=spec.conditional):
+            return make({k: getattr(m, f"{attr}_{k}") for k in keys})
+
+        setattr(module, attr, PyroSample(conditional))
+
+    # ---------------------------------------------------------------- the Pyro model
+    def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None):
+        """The Pyro model: sample the weights, evaluate the net, observe ``y``."""
+        params = self._sites()
+        f = self._evaluate(params, x)
+        if f.dim() > 2:  # weights carried plate dims (vectorized particles); the last one is "data"
+            if f.shape[-3] != 1:
+                raise RuntimeError("weight samples must not be batched along the data plate.")
+            f = f.squeeze(-3)
+        return self.likelihood(f, y, dataset_size=dataset_size)
+
+    def _sites(self) -> dict[str, torch.Tensor]:
+        """Every parameter's value in the current Pyro context: samples for Bayesian ones,
+        ``pyro.param`` values for deterministic ones."""
+        values = {}
+        with self.net._pyro_context:
+            for name in self.param_shapes:
+                owner_path, _, attr = name.rpartition(".")
+                owner = self.net
+                for part in filter(None, owner_path.split(".")):
+                    owner = getattr(owner, part)
+                values[name] = getattr(owner, attr)
+        return values
+
+    # ---------------------------------------------------------------- the functional path
+    def forward_draws(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """Network outputs ``(S, N, out)`` for weights batched over draws ``(S, *shape)``.
+
+        ``params`` must hold every Bayesian parameter with a leading draw dimension; missing
+        deterministic parameters are taken from the model (their fitted values).
+        """
+        full = {name: p for name, p in self.point_values().items() if name not in params}
+        full.update(params)
+        return self._evaluate(full, x)
+
+    def point_values(self) -> dict[str, torch.Tensor]:
+        """Current values of the deterministic (non-Bayesian) parameters."""
+        return {name: p.detach() for name, p in self.net.named_parameters() if name in self.point_names}
+
+    def buffers_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.net.named_buffers())
+
+    def _evaluate(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        batch_shapes = [p.shape[: p.dim() - len(self.param_shapes[n])] for n, p in params.items()]
+        batch = torch.broadcast_shapes(*batch_shapes)
+        buffers = self.buffers_dict()
+        if not batch:
+            return torch.func.functional_call(self._template, (params, buffers), (x,))
+        flat = {n: p.expand(batch + self.param_shapes[n]).reshape((-1,) + self.param_shapes[n]) for n, p in params.items()}
+
+        def one(p):
+            return torch.func.functional_call(self._template, (p, buffers), (x,))
+
+        out = torch.func.vmap(one, randomness="different")(flat)
+        return out.reshape(batch + out.shape[1:])
+
+    def output_dim(self, x: torch.Tensor) -> int:
+        """Number of network outputs, found without computation (on the meta device)."""
+        out = self._template(x[:2].to("meta"))
+        if out.dim() != 2:
+            raise ValueError(
+                f"net must map (N, ...) inputs to (N, out) outputs; it returned shape {tuple(out.shape)} "
+                f"for input {tuple(x[:2].shape)}. Add a final Flatten or Linear layer."
+            )
+        return out.shape[-1]
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self._template.train(mode)
+        return self
+
+    def extra_repr(self) -> str:
+        return (
+            f"prior={self.prior!r}, likelihood={self.likelihood!r}, bayesian={len(self.sample_names)} tensors "
+            f"({sum(math.prod(self.param_shapes[n]) for n in self.sample_names)} weights), "
+            f"deterministic={self.point_names}"
+        )
+
+
+def _to_param_shape(name: str, d: Distribution, shape: torch.Size, *, exact: bool = False) -> Distribution:
+    """Give ``d`` the parameter's shape as its event shape, or explain why it cannot."""
+    full = d.batch_shape + d.event_shape
+    try:
+        fits = torch.broadcast_shapes(full, shape) == shape and len(full) <= len(shape)
+    except RuntimeError:
+        fits = False
+    if exact:
+        fits = d.event_shape == shape and d.batch_shape == ()
+    if not fits or (d.event_shape and d.event_shape != shape[len(shape) - len(d.event_shape):]):
+        raise ValueError(
+            f"prior for {name!r}: the distribution has batch_shape {tuple(d.batch_shape)} and event_shape "
+            f"{tuple(d.event_shape)}, which does not fit the parameter's shape {tuple(shape)}. Return a scalar "
+            f"distribution (it is expanded for you) or one shaped {tuple(shape)}."
+        )
+    if exact:
+        return d
+    if not d.event_shape:
+        return expand_to(d, shape)
+    k = len(shape) - len(d.event_shape)
+    return d.expand(shape[:k]).to_event(k)
+
+
+def _selector(bayesian: SelectorLike) -> Callable[[str, nn.Module, torch.Tensor], bool]:
+    if callable(bayesian) and not isinstance(bayesian, str):
+        return bayesian
+    if isinstance(bayesian, str):
+        kind = choice("bayesian", bayesian, Bayesian)
+        if kind is Bayesian.ALL:
+            return lambda name, module, param: True
+        if kind is Bayesian.WEIGHTS:
+            return lambda name, module, param: name.rpartition(".")[2].endswith("weight")
+        return lambda name, module, param: not isinstance(module, _NORM_LAYERS)
+    patterns = list(bayesian)
+    if not all(isinstance(p, str) for p in patterns):
+        raise TypeError("bayesian: a list must hold name patterns (str), e.g. ['0.*', '2.weight'].")
+    return lambda name, module, param: any(fnmatch.fnmatchcase(name, p) for p in patterns)

@@ -1,0 +1,182 @@
+"""``Posterior``: the one object every inference engine returns.
+
+Draws are a ``dict[name, Tensor]`` shaped ``(chains, draws, *shape)`` over every latent site of the
+model (weights, hyper sites, likelihood noise). Methods without chains (SVI, Laplace, SWAG) draw from
+their approximation, and independent restarts become chains, so chain diagnostics apply to them too.
+
+Example
+-------
+>>> post = bp.fit(model, x, y, method="svi", guide="low_rank", num_steps=2000, seed=0)
+>>> post.samples["0.weight"].shape            # (chains, draws, 50, 1)
+>>> pred = post.predict(x_test)                # mean, std, epistemic_std, aleatoric_std, lower, upper
+>>> draws = post.sample(100, seed=1)           # dict of (100, *shape)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+
+from bnn_pyro import predictions
+from bnn_pyro._checks import check_data, positive_int
+from bnn_pyro.model import BNN
+
+__all__ = ["Posterior"]
+
+
+@dataclass
+class Posterior:
+    """Draws from a posterior (or its approximation) plus everything needed to use them.
+
+    Attributes
+    ----------
+    samples:
+        Latent site name -> draws shaped ``(chains, draws, *shape)``.
+    model:
+        The fitted model (a :class:`~bnn_pyro.BNN` or a Pyro function); deterministic parameters of
+        a ``BNN`` hold their fitted values (those of the last chain; see ``point``).
+    method:
+        The engine's name, e.g. ``"svi"``.
+    config:
+        The engine's configuration (JSON-friendly values).
+    point:
+        Deterministic (point-estimated) parameters per chain, shaped ``(chains, *shape)``.
+    sample_stats:
+        Per-draw statistics shaped ``(chains, draws)`` (divergences, step size, ...).
+    history:
+        Per-step traces of the fit shaped ``(chains, steps)``, e.g. ``"loss"`` (the negative ELBO).
+    x, y:
+        The training data (``None`` when the fit streamed batches from a loader); used for
+        pointwise log-likelihoods, LOO and function-space diagnostics.
+    """
+
+    samples: dict[str, torch.Tensor]
+    model: BNN | Callable
+    method: str
+    config: dict[str, Any] = field(default_factory=dict)
+    point: dict[str, torch.Tensor] = field(default_factory=dict)
+    sample_stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    history: dict[str, torch.Tensor] = field(default_factory=dict)
+    x: torch.Tensor | None = None
+    y: torch.Tensor | None = None
+
+    # ------------------------------------------------------------------ shapes
+    @property
+    def num_chains(self) -> int:
+        return next(iter(self.samples.values())).shape[0]
+
+    @property
+    def num_draws(self) -> int:
+        return next(iter(self.samples.values())).shape[1]
+
+    def __repr__(self) -> str:
+        sites = ", ".join(f"{k}{tuple(v.shape[2:])}" for k, v in list(self.samples.items())[:6])
+        more = "" if len(self.samples) <= 6 else f", ... ({len(self.samples)} sites)"
+        return f"Posterior(method={self.method!r}, chains={self.num_chains}, draws={self.num_draws}, sites=[{sites}{more}])"
+
+    # ------------------------------------------------------------------ draws
+    def _draw_index(self, num_samples: int | None, seed: int | None) -> torch.Tensor:
+        total = self.num_chains * self.num_draws
+        if num_samples is None:
+            return torch.arange(total)
+        num_samples = positive_int("num_samples", num_samples)
+        g = torch.Generator().manual_seed(0 if seed is None else seed)
+        if num_samples <= total:
+            return torch.randperm(total, generator=g)[:num_samples].sort().values
+        return torch.randint(total, (num_samples,), generator=g)
+
+    def sample(self, num_samples: int | None = None, *, seed: int | None = None) -> dict[str, torch.Tensor]:
+        """Draws pooled over chains: ``dict[name, Tensor (num_samples, *shape)]``.
+
+        Without ``num_samples`` every stored draw is returned in order; with it, draws are picked at
+        random (without replacement while there are enough) with a generator seeded by ``seed``.
+        """
+        idx = self._draw_index(num_samples, seed)
+        return {k: v.reshape((-1,) + v.shape[2:])[idx] for k, v in self.samples.items()}
+
+    def _point_per_draw(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        chain = torch.div(idx, self.num_draws, rounding_mode="floor")
+        return {k: v[chain] for k, v in self.point.items()}
+
+    # ------------------------------------------------------------------ prediction
+    def predict(self, x, *, num_samples: int | None = None, interval: float = 0.95, seed: int | None = None,
+                draws_per_chunk: int = 64):
+        """Posterior predictive summary at ``x``.
+
+        Returns a :class:`~bnn_pyro.predictions.RegressionPrediction` (``mean``, ``std``,
+        ``epistemic_std``, ``aleatoric_std``, ``lower``/``upper`` of the central ``interval``,
+        ``draws``) or a :class:`~bnn_pyro.predictions.ClassificationPrediction` (``probs``,
+        ``predicted``, ``entropy``, ``mutual_information``, ``draws``), by the likelihood's task.
+        ``num_samples`` limits the number of posterior draws used (all by default); draws are
+        evaluated ``draws_per_chunk`` at a time to bound memory.
+        """
+        x, _ = check_data(x, None)
+        idx = self._draw_index(num_samples, seed)
+        generator_state = torch.get_rng_state()
+        if seed is not None:
+            torch.manual_seed(seed)
+        try:
+            with torch.no_grad():
+                if isinstance(self.model, BNN):
+                    chunk = positive_int("draws_per_chunk", draws_per_chunk)
+                    d = self.observation_distribution(x, idx, draws_per_chunk=chunk)
+                    return self.model.likelihood.summarize(d, interval=interval)
+                return self._predict_traced(x, idx, interval)
+        finally:
+            if seed is not None:
+                torch.set_rng_state(generator_state)
+
+    def observation_distribution(self, x: torch.Tensor, idx: torch.Tensor | None = None, *,
+                                 draws_per_chunk: int = 64) -> dist.Distribution:
+        """``p(y | x, w_s)`` batched over draws ``(S, N)`` for a :class:`~bnn_pyro.BNN` (all draws
+        by default). The network is evaluated ``draws_per_chunk`` draws at a time."""
+        if idx is None:
+            idx = torch.arange(self.num_chains * self.num_draws)
+        model: BNN = self.model
+        flat = self.sample()
+        params = {n: flat[n][idx] for n in model.sample_names}
+        params.update(self._point_per_draw(idx))
+        was_training = model.training
+        model.eval()
+        try:
+            f = torch.cat([
+                model.forward_draws({n: p[i : i + draws_per_chunk] for n, p in params.items()}, x)
+                for i in range(0, len(idx), draws_per_chunk)
+            ])
+        finally:
+            model.train(was_training)
+        noise = {n: flat[n][idx].unsqueeze(1) for n in model.likelihood.sites()}
+        return model.likelihood.distribution(f, noise)
+
+    def _predict_traced(self, x, idx, interval):
+        """Prediction for a plain Pyro function model: one conditioned trace per draw."""
+        flat = self.sample()
+        point = self._point_per_draw(idx)
+        fns = []
+        for j, i in enumerate(idx.tolist()):
+            draw = {k: v[i] for k, v in flat.items()}
+            with pyro.get_param_store().scope():
+                for name, value in point.items():
+                    pyro.param(name, value[j])
+                trace = poutine.trace(poutine.condition(self.model, data=draw)).get_trace(x)
+            fns.append(trace.nodes["obs"]["fn"])
+        base = [_unwrap(fn) for fn in fns]
+        if isinstance(base[0], dist.Categorical):
+            return predictions.classification(torch.stack([d.probs for d in base]))
+        if isinstance(base[0], dist.Bernoulli):
+            return predictions.classification(torch.stack([torch.stack([1 - d.probs, d.probs], -1) for d in base]))
+        return predictions.regression(
+            torch.stack([d.mean for d in fns]), torch.stack([d.variance for d in fns]),
+            torch.stack([d.sample() for d in fns]), interval=interval,
+        )
+
+
+def _unwrap(d):
+    while isinstance(d, (dist.Independent, dist.MaskedDistribution)):
+        d = d.base_dist
+    return d

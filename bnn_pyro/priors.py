@@ -1,0 +1,273 @@
+"""Priors over network parameters.
+
+A prior answers one question: *which distribution does this parameter get?*
+
+.. code-block:: python
+
+    prior(name: str, module: nn.Module, param: Tensor) -> Distribution | Hierarchical | None
+
+``None`` keeps the parameter deterministic (a point estimate). A returned distribution may be a
+scalar one (``dist.Normal(0., 1.)``); :class:`~bnn_pyro.BNN` expands it to the parameter's shape.
+A :class:`Hierarchical` adds hyper sites (named ``f"{name}_{suffix}"``) that every engine infers
+like weights. A user's prior is any such callable, a ``dict`` from name patterns to distributions
+(see :func:`as_prior`), or a subclass of :class:`Prior`.
+
+Example
+-------
+>>> import pyro.distributions as dist, bnn_pyro as bp
+>>> prior = bp.priors.LayerwiseNormal("radford")
+>>> prior = {"*.weight": dist.Laplace(0., 1.), "*.bias": dist.Normal(0., 10.)}
+>>> prior = lambda name, module, param: dist.StudentT(3., 0., 1.) if param.dim() > 1 else None
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+from dataclasses import dataclass
+from enum import Enum
+from typing import Callable, Mapping, Union
+
+import pyro.distributions as dist
+import torch
+from torch import nn
+from torch.distributions import Distribution
+
+from bnn_pyro._checks import choice as _choice
+from bnn_pyro._checks import positive as _positive
+
+__all__ = [
+    "Prior",
+    "Hierarchical",
+    "Normal",
+    "Laplace",
+    "StudentT",
+    "LayerwiseNormal",
+    "ScaleMixtureNormal",
+    "HierarchicalNormal",
+    "Horseshoe",
+    "Patterns",
+    "as_prior",
+    "PriorLike",
+]
+
+
+@dataclass(frozen=True)
+class Hierarchical:
+    """A prior with hyper sites: ``hyper`` maps a suffix to its hyperprior, and ``conditional``
+    builds the parameter's distribution from the sampled hyper values (keyed by suffix).
+
+    Hyper values may carry leading batch dimensions (vectorized particles); ``conditional`` must
+    broadcast over them, which :func:`expand_to` does for the common case.
+    """
+
+    hyper: Mapping[str, Distribution]
+    conditional: Callable[[Mapping[str, torch.Tensor]], Distribution]
+
+
+class Prior:
+    """Base class: subclasses implement :meth:`__call__` and nothing else."""
+
+    def __call__(self, name: str, module: nn.Module, param: torch.Tensor):
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"{type(self).__name__}({fields})"
+
+
+class _IID(Prior):
+    """The same scalar distribution for every selected parameter entry."""
+
+    def __call__(self, name, module, param):
+        return self.distribution()
+
+    def distribution(self) -> Distribution:
+        raise NotImplementedError
+
+
+class Normal(_IID):
+    """``w ~ Normal(loc, scale)`` for every entry."""
+
+    def __init__(self, loc: float = 0.0, scale: float = 1.0):
+        self.loc, self.scale = float(loc), _positive("scale", scale)
+
+    def distribution(self):
+        return dist.Normal(self.loc, self.scale)
+
+
+class Laplace(_IID):
+    """``w ~ Laplace(loc, scale)``: a sparsity-favouring, heavier-tailed prior."""
+
+    def __init__(self, loc: float = 0.0, scale: float = 1.0):
+        self.loc, self.scale = float(loc), _positive("scale", scale)
+
+    def distribution(self):
+        return dist.Laplace(self.loc, self.scale)
+
+
+class StudentT(_IID):
+    """``w ~ StudentT(df, loc, scale)`` (Fortuin et al. 2021 found heavy tails help BNNs)."""
+
+    def __init__(self, df: float = 3.0, loc: float = 0.0, scale: float = 1.0):
+        self.df, self.loc, self.scale = _positive("df", df), float(loc), _positive("scale", scale)
+
+    def distribution(self):
+        return dist.StudentT(self.df, self.loc, self.scale)
+
+
+class FanScaling(str, Enum):
+    """How :class:`LayerwiseNormal` scales the standard deviation with a layer's fan."""
+
+    RADFORD = "radford"  # Neal (1996): std = scale / sqrt(fan_in), the infinite-width limit
+    XAVIER = "xavier"  # Glorot & Bengio (2010): std = scale * sqrt(2 / (fan_in + fan_out))
+    KAIMING = "kaiming"  # He et al. (2015): std = scale * sqrt(2 / fan_in)
+
+
+class LayerwiseNormal(Prior):
+    """``w ~ Normal(0, std)`` with ``std`` set by the layer's fan-in (and fan-out).
+
+    Biases get the standard deviation of their layer's weight (fan-in of ``module.weight``).
+    """
+
+    def __init__(self, scaling: str | FanScaling = "radford", scale: float = 1.0):
+        self.scaling = _choice("scaling", scaling, FanScaling)
+        self.scale = _positive("scale", scale)
+
+    def __call__(self, name, module, param):
+        weight = getattr(module, "weight", None)
+        ref = weight if isinstance(weight, torch.Tensor) and weight.dim() >= 2 else param
+        if ref.dim() >= 2:
+            fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(ref)
+        else:  # a lone vector (e.g. a bias without a weight): treat each entry as a unit
+            fan_in = fan_out = 1
+        std = {
+            FanScaling.RADFORD: 1.0 / math.sqrt(fan_in),
+            FanScaling.XAVIER: math.sqrt(2.0 / (fan_in + fan_out)),
+            FanScaling.KAIMING: math.sqrt(2.0 / fan_in),
+        }[self.scaling]
+        return dist.Normal(0.0, self.scale * std)
+
+
+class ScaleMixtureNormal(_IID):
+    """``w ~ pi N(0, sigma1^2) + (1 - pi) N(0, sigma2^2)`` (Blundell et al. 2015, Bayes by Backprop).
+
+    There is no closed-form KL to a Gaussian guide, so ``elbo="mean_field"`` falls back to a
+    Monte Carlo estimate for these sites.
+    """
+
+    def __init__(self, pi: float = 0.5, sigma1: float = 1.0, sigma2: float = math.exp(-6)):
+        if not 0.0 < pi < 1.0:
+            raise ValueError(f"ScaleMixtureNormal: pi must lie in (0, 1), got {pi}.")
+        self.pi, self.sigma1, self.sigma2 = pi, _positive("sigma1", sigma1), _positive("sigma2", sigma2)
+
+    def distribution(self):
+        mix = dist.Categorical(probs=torch.tensor([self.pi, 1.0 - self.pi]))
+        return dist.MixtureSameFamily(mix, dist.Normal(torch.zeros(2), torch.tensor([self.sigma1, self.sigma2])))
+
+
+class HierarchicalNormal(Prior):
+    """``s ~ hyperprior``, ``w ~ Normal(0, s)`` with one scale ``s`` per parameter tensor.
+
+    The hyper site is ``f"{name}_scale"``. The default hyperprior is ``HalfNormal(1)``; for a
+    prior over precisions use e.g. ``hyperprior=dist.InverseGamma(1., 1.)`` on the variance by
+    passing ``on="variance"``.
+    """
+
+    def __init__(self, hyperprior: Distribution | None = None, on: str = "scale"):
+        self.hyperprior = dist.HalfNormal(1.0) if hyperprior is None else hyperprior
+        if on not in ("scale", "variance"):
+            raise ValueError(f"HierarchicalNormal: on must be 'scale' or 'variance', got {on!r}.")
+        self.on = on
+
+    def __call__(self, name, module, param):
+        shape = param.shape
+
+        def conditional(h):
+            s = h[self.on] if self.on == "scale" else h[self.on].sqrt()
+            return expand_to(dist.Normal(0.0, _lift(s, len(shape))), shape)
+
+        return Hierarchical(hyper={self.on: self.hyperprior}, conditional=conditional)
+
+
+class Horseshoe(Prior):
+    """Horseshoe prior (Carvalho et al. 2010; Ghosh et al. 2019 for BNNs).
+
+    ``tau ~ HalfCauchy(global_scale)`` per tensor, ``lambda_j ~ HalfCauchy(1)`` per input unit
+    (the last dimension of a weight; per entry for a vector), ``w_ij ~ Normal(0, tau * lambda_j)``.
+    Hyper sites: ``f"{name}_tau"`` and ``f"{name}_lambda"``. The centred form shown here is what
+    SVI wants; for NUTS, expect divergences at small tau (the funnel) and prefer SVI or a larger
+    ``target_accept``.
+    """
+
+    def __init__(self, global_scale: float = 1.0):
+        self.global_scale = _positive("global_scale", global_scale)
+
+    def __call__(self, name, module, param):
+        shape = param.shape
+        units = shape[-1:] if len(shape) else torch.Size()
+
+        def conditional(h):
+            tau = _lift(h["tau"], len(shape))
+            lam = h["lambda"].reshape(h["lambda"].shape[: h["lambda"].dim() - len(units)] + (1,) * (len(shape) - len(units)) + units)
+            return expand_to(dist.Normal(0.0, tau * lam), shape)
+
+        return Hierarchical(
+            hyper={"tau": dist.HalfCauchy(self.global_scale), "lambda": expand_to(dist.HalfCauchy(1.0), units)},
+            conditional=conditional,
+        )
+
+
+class Patterns(Prior):
+    """A prior from a ``dict`` of ``fnmatch`` name patterns (first match wins) to a distribution,
+    a prior, or ``None``. Parameters that match no pattern stay deterministic unless ``default``
+    is given.
+    """
+
+    def __init__(self, table: Mapping[str, object], default: object = None):
+        self.table, self.default = dict(table), default
+
+    def __call__(self, name, module, param):
+        for pattern, choice in self.table.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                return _resolve(choice, name, module, param)
+        return _resolve(self.default, name, module, param)
+
+
+PriorLike = Union[Prior, Callable, Mapping[str, object], Distribution]
+
+
+def as_prior(prior: PriorLike) -> Callable:
+    """Turn anything a user may pass as ``prior=`` into a callable ``(name, module, param)``."""
+    if isinstance(prior, Mapping):
+        return Patterns(prior)
+    if isinstance(prior, Distribution):
+        return lambda name, module, param: prior
+    if callable(prior):
+        return prior
+    raise TypeError(
+        f"prior: expected a bnn_pyro.priors.Prior, a callable (name, module, param) -> Distribution | None, "
+        f"a dict from name patterns to distributions, or a Distribution; got {type(prior).__name__}. "
+        "Try prior=bp.priors.Normal(0., 1.)."
+    )
+
+
+def expand_to(d: Distribution, shape: torch.Size) -> Distribution:
+    """Expand ``d`` (whose batch shape broadcasts to ``(*batch, *shape)``) and declare ``shape``
+    as its event shape. Leading batch dimensions (particles, draws) are kept."""
+    shape = torch.Size(shape)
+    batch = d.batch_shape[: max(len(d.batch_shape) - len(shape), 0)]
+    return d.expand(batch + shape).to_event(len(shape)) if len(shape) else d.expand(batch)
+
+
+def _lift(t: torch.Tensor, ndim: int) -> torch.Tensor:
+    """Append ``ndim`` singleton dimensions so a per-tensor hyper value broadcasts over a weight."""
+    return t.reshape(t.shape + (1,) * ndim)
+
+
+def _resolve(choice, name, module, param):
+    if choice is None or isinstance(choice, (Distribution, Hierarchical)):
+        return choice
+    if callable(choice):
+        return choice(name, module, param)
+    raise TypeError(f"prior for {name!r}: expected a Distribution, a prior or None, got {type(choice).__name__}.")
