@@ -49,7 +49,7 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
         value = value.to_numpy()
     if not isinstance(value, torch.Tensor):
         try:
-            value = torch.as_tensor(np.asarray(value))
+            value = torch.as_tensor(np.array(value))
         except (TypeError, ValueError) as err:
             raise TypeError(f"{argname}: could not convert {type(value).__name__} to a tensor ({err}).") from None
     if dtype is not None:

@@ -187,7 +187,13 @@ class BNN(nn.Module):
 
     def output_dim(self, x: torch.Tensor) -> int:
         """Number of network outputs, found without computation (on the meta device)."""
-        out = self._template(x[:2].to("meta"))
+        try:
+            out = self._template(x[:2].to("meta"))
+        except RuntimeError as err:
+            raise ValueError(
+                f"x has shape {tuple(x.shape)}, which the net cannot take ({err}). Check that the "
+                "feature dimensions of x match the net's first layer."
+            ) from None
         if out.dim() != 2:
             raise ValueError(
                 f"net must map (N, ...) inputs to (N, out) outputs; it returned shape {tuple(out.shape)} "

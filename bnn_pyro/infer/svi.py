@@ -255,14 +255,14 @@ def _loss_fn(kind: ElboKind, num_particles: int, vectorize: bool):
         def loss(model, guide, *args, **kwargs):
             # TraceGraph_ELBO exposes its surrogate (score-function) loss only through this method.
             value, surrogate = elbo._loss_and_surrogate_loss(model, guide, args, kwargs)
-            return surrogate, -float(value)
+            return surrogate, -float(value.detach() if torch.is_tensor(value) else value)
 
         return loss
     elbo = (TraceMeanField_ELBO if kind is ElboKind.MEAN_FIELD else Trace_ELBO)(**common)
 
     def loss(model, guide, *args, **kwargs):
         value = elbo.differentiable_loss(model, guide, *args, **kwargs)
-        return value, value.item()
+        return value, value.detach().item()
 
     return loss
 
@@ -330,9 +330,9 @@ def _draw(guide, names, num_samples, x, y, dataset_size, model) -> dict[str, tor
     if isinstance(guide, autoguide.AutoGuide):
         with pyro.plate("_draws", num_samples, dim=-2):
             trace = poutine.trace(guide).get_trace(*args, **kwargs)
-        return {n: trace.nodes[n]["value"].reshape((num_samples,) + trace.nodes[n]["value"].shape[2:]) for n in names}
+        return {n: trace.nodes[n]["value"].detach().reshape((num_samples,) + trace.nodes[n]["value"].shape[2:]) for n in names}
     traces = [poutine.trace(guide).get_trace(*args, **kwargs) for _ in range(num_samples)]
-    return {n: torch.stack([t.nodes[n]["value"] for t in traces]) for n in names}
+    return {n: torch.stack([t.nodes[n]["value"].detach() for t in traces]) for n in names}
 
 
 def _point_values(model, x, y, dataset_size) -> dict[str, torch.Tensor]:

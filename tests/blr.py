@@ -1,0 +1,66 @@
+"""Bayesian linear regression: the exact answer the engines are tested against.
+
+A ``BNN`` made of one ``nn.Linear(d, 1)`` with a ``Normal(0, prior_scale)`` prior on the weight and
+the bias and Gaussian noise of known scale ``s`` is Bayesian linear regression. With the design
+``X1 = [X, 1]`` (weight columns first, then the bias) its posterior is Gaussian with
+
+    precision  L = X1^T X1 / s^2 + I / prior_scale^2,   covariance  C = L^-1,   mean  m = C X1^T y / s^2.
+
+The mean-field (KL(q || p)) optimum of a Gaussian posterior keeps the mean ``m`` and has variances
+``1 / diag(L)``, which under-disperse ``diag(C)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+import bnn_pyro as bp
+
+
+@dataclass
+class BLR:
+    x: torch.Tensor
+    y: torch.Tensor
+    noise: float
+    prior_scale: float
+
+    @property
+    def design(self) -> torch.Tensor:
+        return torch.cat([self.x, torch.ones(len(self.x), 1)], dim=1).double()
+
+    @property
+    def precision(self) -> torch.Tensor:
+        X1 = self.design
+        return X1.T @ X1 / self.noise**2 + torch.eye(X1.shape[1], dtype=torch.double) / self.prior_scale**2
+
+    @property
+    def cov(self) -> torch.Tensor:
+        return torch.linalg.inv(self.precision)
+
+    @property
+    def mean(self) -> torch.Tensor:
+        return self.cov @ self.design.T @ self.y.double() / self.noise**2
+
+    def model(self) -> bp.BNN:
+        net = torch.nn.Linear(self.x.shape[1], 1)
+        return bp.BNN(net, prior=bp.priors.Normal(0.0, self.prior_scale), likelihood=bp.likelihoods.Gaussian(scale=self.noise))
+
+
+def make_blr(n: int = 20, d: int = 2, noise: float = 1.0, prior_scale: float = 1.0, seed: int = 0,
+             correlation: float = 0.9) -> BLR:
+    """Data whose input columns have the given correlation, so that the posterior is correlated
+    and the mean-field answer differs visibly from the exact one."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, 1, generator=g)
+    x = correlation * z + (1 - correlation**2) ** 0.5 * torch.randn(n, d, generator=g)
+    w = torch.randn(d, generator=g)
+    y = x @ w + 0.3 + noise * torch.randn(n, generator=g)
+    return BLR(x=x, y=y, noise=noise, prior_scale=prior_scale)
+
+
+def flat_draws(samples: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Draws as a ``(chains * draws, d + 1)`` matrix in the design's order (weights, then bias)."""
+    w, b = samples["weight"], samples["bias"]
+    return torch.cat([w.reshape(-1, w.shape[-1]), b.reshape(-1, 1)], dim=1).double()

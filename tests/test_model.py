@@ -1,0 +1,146 @@
+"""BNN: conversion of any nn.Module into a Pyro model, site conventions, the functional path."""
+
+from __future__ import annotations
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro import poutine
+from torch import nn
+
+import bnn_pyro as bp
+
+
+def _trace(model, *args, **kwargs):
+    return poutine.trace(model).get_trace(*args, **kwargs)
+
+
+def gaussian():
+    return bp.likelihoods.Gaussian(scale=0.1)
+
+
+class Custom(nn.Module):
+    """A nested custom module with a parameter directly on the root."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(1, 2, 3), nn.ReLU(), nn.Flatten())
+        self.head = nn.Linear(2 * 6, 1)
+        self.offset = nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        return self.head(self.body(x)) + self.offset
+
+
+def test_sites_follow_the_conventions():
+    net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
+    x, y = torch.randn(5, 3), torch.randn(5)
+    tr = _trace(model, x, y)
+    assert [n for n in tr.nodes if tr.nodes[n]["type"] == "sample"] == ["0.weight", "0.bias", "2.weight", "2.bias", "data", "f", "obs"]
+    assert tr.nodes["0.weight"]["fn"].event_shape == (4, 3)
+    assert tr.nodes["obs"]["is_observed"] and tr.nodes["f"]["value"].shape == (5, 1)
+    assert [f.name for f in tr.nodes["obs"]["cond_indep_stack"]] == ["data"]
+    tr.compute_log_prob()
+    expected = sum(dist.Normal(0.0, 1.0).log_prob(tr.nodes[n]["value"]).sum() for n in model.sample_names)
+    f = net_output = model.forward_draws({n: tr.nodes[n]["value"][None] for n in model.sample_names}, x)[0, :, 0]
+    expected = expected + dist.Normal(net_output, 0.1).log_prob(y).sum()
+    assert torch.allclose(tr.log_prob_sum(), expected)
+    assert torch.allclose(f, tr.nodes["f"]["value"][:, 0])
+
+
+def test_user_net_is_copied_not_modified():
+    net = nn.Linear(2, 1)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
+    assert type(net) is nn.Linear and all(torch.equal(before[k], v) for k, v in net.state_dict().items())
+
+
+@pytest.mark.parametrize(
+    "net, x",
+    [
+        (Custom(), torch.randn(4, 1, 8)),
+        (nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 1)), torch.randn(4, 1, 6, 6)),
+        (nn.Sequential(nn.Sequential(nn.Linear(2, 3), nn.Tanh()), nn.Linear(3, 1)), torch.randn(4, 2)),
+    ],
+    ids=["custom-conv1d", "conv2d-batchnorm", "nested"],
+)
+def test_any_module_becomes_a_model_and_fits(net, x):
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian="no_batchnorm")
+    y = torch.randn(4)
+    tr = _trace(model, x, y)
+    assert set(model.sample_names) <= set(tr.nodes)
+    assert all("BatchNorm" not in type(model.net.get_submodule(n.rpartition(".")[0])).__name__ for n in model.sample_names)
+    post = bp.fit(model, x, y, num_steps=3, num_samples=4, progress=False)
+    pred = post.predict(x)
+    assert pred.mean.shape == (4,) and torch.isfinite(pred.std).all()
+
+
+def test_deterministic_parameters_are_params_and_point_estimated():
+    net = nn.Sequential(nn.Linear(1, 3), nn.Tanh(), nn.Linear(3, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian="weights")
+    assert model.point_names == ["0.bias", "2.bias"]
+    tr = _trace(model, torch.randn(5, 1), torch.randn(5))
+    assert tr.nodes["0.bias"]["type"] == "param"
+    x = torch.linspace(-1, 1, 20)[:, None]
+    post = bp.fit(model, x, 3.0 + 0 * x[:, 0], guide="map", num_steps=300, lr=0.05, progress=False)
+    assert post.point["2.bias"].shape == (1, 1)
+    assert not torch.allclose(post.point["2.bias"][0], net[2].bias)  # it moved toward the data
+
+
+def test_selector_by_patterns_and_predicate():
+    net = nn.Sequential(nn.Linear(1, 3), nn.Tanh(), nn.Linear(3, 1))
+    by_name = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian=["2.*"])
+    assert by_name.sample_names == ["2.weight", "2.bias"]
+    by_fn = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian=lambda n, m, p: p.dim() == 2)
+    assert by_fn.sample_names == ["0.weight", "2.weight"]
+    with pytest.raises(ValueError, match="bayesian: unknown value 'some'; choose one of 'all', 'weights', 'no_batchnorm'"):
+        bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian="some")
+
+
+def test_forward_draws_matches_one_draw_at_a_time():
+    net = nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2))
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
+    draws = {n: torch.randn(6, *model.param_shapes[n]) for n in model.sample_names}
+    x = torch.randn(7, 2)
+    batched = model.forward_draws(draws, x)
+    for s in range(6):
+        tr = _trace(poutine.condition(model, data={n: v[s] for n, v in draws.items()}), x)
+        assert torch.allclose(batched[s], tr.nodes["f"]["value"], atol=1e-6)
+
+
+def test_vectorized_particles_match_sequential_particles():
+    """The same guide draws give the same ELBO whether the particles are batched or looped."""
+    net = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 1))
+    model = bp.BNN(net, prior=bp.priors.Horseshoe(), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    guide = pyro.infer.autoguide.AutoNormal(model, init_scale=0.1)
+    x, y = torch.randn(9, 2), torch.randn(9)
+    with pyro.get_param_store().scope():
+        guide(x, y)
+        with poutine.trace() as capture, pyro.plate("particles", 5, dim=-2):
+            guide(x, y)
+        latent = model.sample_names + model.hyper_names + ["sigma"]
+        draws = {n: capture.trace.nodes[n]["value"] for n in latent}
+        with pyro.plate("particles", 5, dim=-2):
+            batched = _trace(poutine.condition(model, data=draws), x, y)
+        batched.compute_log_prob()
+        for p in range(5):
+            one = _trace(poutine.condition(model, data={n: v[p, 0] for n, v in draws.items()}), x, y)
+            one.compute_log_prob()
+            assert torch.allclose(batched.nodes["obs"]["log_prob"][p], one.nodes["obs"]["log_prob"], atol=1e-5)
+
+
+def test_bad_models_are_explained():
+    with pytest.raises(ValueError, match="net has no parameters"):
+        bp.BNN(nn.Tanh(), prior=bp.priors.Normal(), likelihood=gaussian())
+    with pytest.raises(TypeError, match="net: expected a torch.nn.Module"):
+        bp.BNN(lambda x: x, prior=bp.priors.Normal(), likelihood=gaussian())
+    with pytest.raises(TypeError, match="likelihood: expected a bnn_pyro.likelihoods.Likelihood.*Gaussian"):
+        bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(), likelihood="gaussian")
+    with pytest.raises(TypeError, match=r"prior for '0.weight' returned float; expected a pyro.distributions.Distribution"):
+        bp.BNN(nn.Sequential(nn.Linear(1, 1)), prior=lambda n, m, p: 1.0, likelihood=gaussian())
+    with pytest.raises(ValueError, match=r"prior for 'weight': .*batch_shape \(3,\).*parameter's shape \(1, 2\)"):
+        bp.BNN(nn.Linear(2, 1), prior=lambda n, m, p: dist.Normal(torch.zeros(3), 1.0), likelihood=gaussian())
+    with pytest.raises(ValueError, match=r"net must map \(N, \.\.\.\) inputs to \(N, out\) outputs"):
+        bp.fit(bp.BNN(nn.Conv1d(1, 1, 2), prior=bp.priors.Normal(), likelihood=gaussian()), torch.randn(4, 1, 5), torch.randn(4))

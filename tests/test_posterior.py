@@ -1,0 +1,79 @@
+"""Posterior: draws, prediction, and bad data given to fit/predict."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from torch import nn
+
+import bnn_pyro as bp
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    torch.manual_seed(0)
+    x = torch.linspace(-1, 1, 25)[:, None]
+    y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(25)
+    net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    return bp.fit(model, x, y, num_steps=200, lr=0.05, num_chains=2, num_samples=50, seed=0, progress=False), x
+
+
+def test_sample_pools_chains(fitted):
+    post, _ = fitted
+    assert post.num_chains == 2 and post.num_draws == 50
+    every = post.sample()
+    assert every["0.weight"].shape == (100, 8, 1)
+    assert torch.equal(every["0.weight"][50], post.samples["0.weight"][1, 0])
+    some = post.sample(30, seed=1)
+    assert some["0.weight"].shape == (30, 8, 1) and torch.equal(some["0.bias"], post.sample(30, seed=1)["0.bias"])
+    assert post.sample(500, seed=0)["2.bias"].shape == (500, 1)  # more than stored: with replacement
+
+
+def test_predict_matches_a_loop_over_draws(fitted):
+    post, x = fitted
+    pred = post.predict(x, draws_per_chunk=7, seed=0)
+    draws = post.sample()
+    f = torch.stack([post.model.forward_draws({k: v[s : s + 1] for k, v in draws.items()}, x)[0, :, 0] for s in range(100)])
+    assert torch.allclose(pred.mean, f.mean(0), atol=1e-5)
+    assert torch.allclose(pred.epistemic_std, f.std(0, correction=0), atol=1e-5)
+    assert torch.allclose(pred.aleatoric_std, torch.full((25,), 0.1))
+    assert pred.draws.shape == (100, 25) and (pred.lower < pred.mean).all() and (pred.mean < pred.upper).all()
+    again = post.predict(x, draws_per_chunk=64, seed=0)
+    assert torch.equal(pred.draws, again.draws)  # same seed, same predictive draws, chunking aside
+
+
+def test_predict_accepts_numpy_and_pandas(fitted):
+    post, x = fitted
+    a = post.predict(x.numpy()).mean
+    b = post.predict(pd.DataFrame(x.numpy())).mean
+    assert torch.allclose(a, b) and a.shape == (25,)
+
+
+@pytest.mark.parametrize(
+    "x, y, error, match",
+    [
+        (np.array([[0.0], [np.nan], [1.0]]), np.zeros(3), ValueError, r"x contains NaN values in 1 row\(s\) \(first: \[1\]\); drop or impute"),
+        (np.array([[0.0], [np.inf], [1.0]]), np.zeros(3), ValueError, r"x contains Inf values"),
+        (np.zeros((3, 1)), np.array([0.0, np.nan, 1.0]), ValueError, r"y contains NaN values"),
+        (np.zeros((3, 1)), np.zeros(4), ValueError, r"x and y have different numbers of rows: x has 3, y has 4"),
+        (np.zeros((0, 1)), np.zeros(0), ValueError, r"x is empty"),
+        (np.zeros((3, 2)), np.zeros(3), ValueError, r"x has shape \(3, 2\), which the net cannot take .*match the net's first layer"),
+    ],
+)
+def test_bad_data_is_explained(fitted, x, y, error, match):
+    post, _ = fitted
+    with pytest.raises(error, match=match):
+        bp.fit(post.model, x, y, num_steps=1, progress=False)
+
+
+def test_predict_rejects_bad_input(fitted):
+    post, _ = fitted
+    with pytest.raises(ValueError, match="x contains NaN"):
+        post.predict(torch.tensor([[float("nan")]]))
+    with pytest.raises(ValueError, match="num_samples must be a positive int"):
+        post.predict(torch.zeros(2, 1), num_samples=0)
+    with pytest.raises(ValueError, match="interval must lie in \\(0, 1\\)"):
+        post.predict(torch.zeros(2, 1), interval=95)
