@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from bnn_pyro._checks import check_data, choice, positive_int
-from bnn_pyro.infer import svi
+from bnn_pyro.infer import mcmc, svi
 from bnn_pyro.infer._common import Data
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -22,10 +22,16 @@ __all__ = ["fit", "Method", "REGISTRY"]
 
 class Method(str, Enum):
     SVI = "svi"
+    NUTS = "nuts"
+    HMC = "hmc"
+    METROPOLIS = "metropolis"
 
 
 REGISTRY: dict[Method, Callable[..., Posterior]] = {
     Method.SVI: svi.fit,
+    Method.NUTS: mcmc.fit_nuts,
+    Method.HMC: mcmc.fit_hmc,
+    Method.METROPOLIS: mcmc.fit_metropolis,
 }
 
 

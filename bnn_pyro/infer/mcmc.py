@@ -1,0 +1,485 @@
+"""Markov chain Monte Carlo: ``bp.fit(model, x, y, method="nuts" | "hmc" | "metropolis", ...)``.
+
+Every kernel targets the exact posterior ``p(w | x, y)`` in the unconstrained space of the latent
+sites, on the very model object SVI fits, with Pyro's own kernels:
+
+- ``"nuts"``: the No-U-Turn sampler (Hoffman & Gelman 2014; Pyro's ``NUTS``, multinomial
+  variant): leapfrog trajectories doubled until they turn back, at most ``2**max_tree_depth - 1``
+  steps per draw.
+- ``"hmc"``: Hamiltonian Monte Carlo (Neal 2011; Pyro's ``HMC``): a trajectory of fixed length
+  ``trajectory_length`` (default ``2 * pi``), or of exactly ``num_leapfrog`` steps. Pyro itself
+  recomputes the step count as ``length / step_size`` after adaptation; with ``num_leapfrog=`` this
+  engine keeps the count fixed instead, so ``num_leapfrog`` really is the number of steps per draw.
+- ``"metropolis"``: random-walk Metropolis (a subclass of Pyro's ``RandomWalkKernel``). The proposal
+  is ``w' = w + h * s * eps``, ``eps ~ N(0, I)``; during warm-up ``h`` is tuned by dual averaging
+  toward acceptance ``target_accept`` (default 0.234, Roberts, Gelman & Gilks 1997) and ``s`` is the
+  posterior standard deviation estimated in Stan's windows (``dense_mass=True``: the Cholesky factor
+  of the covariance, i.e. adaptive Metropolis, Haario et al. 2001).
+
+NUTS and HMC adapt the step size (dual averaging toward ``target_accept``, default 0.8) and a
+diagonal (or, with ``dense_mass``, dense) mass matrix during ``num_warmup`` steps. A diverging
+trajectory (energy error > 1000 or NaN) is rejected and counted in ``sample_stats["diverging"]``;
+it never raises: the model runs with distribution validation off, including the priors that a
+``BNN`` built before the fit (they keep the validation setting they were made with).
+
+Deterministic (non-Bayesian) parameters of a ``BNN`` stay FIXED at their current values (those of
+chain 0 of ``init`` when it is a :class:`~bnn_pyro.Posterior`); ``Posterior.point`` holds them.
+
+Chains: ``chain_method="auto"`` runs them in parallel, one forked process per core with one torch
+thread each (two torch threads per process on two cores oversubscribe the cores: OpenMP threads
+spin and steal each other's time, Pyro's own parallel mode ran at 0.48x of one chain), and one after
+another, with a warning, when only one core is available. ``config["chain_execution"]`` says which.
+Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
+
+Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names):
+``lp`` (log joint density up to a constant, unconstrained space), ``acceptance_rate``,
+``step_size``; NUTS/HMC also ``diverging``, ``n_steps`` (leapfrog steps) and ``energy`` (the
+Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth``.
+
+Example
+-------
+>>> post = bp.fit(model, x, y, method="nuts", num_samples=500, num_warmup=500, num_chains=2, seed=0)
+>>> post.sample_stats["diverging"].sum()
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import math
+import multiprocessing as mp
+import os
+import traceback
+import warnings
+from enum import Enum
+
+import pyro
+import torch
+from pyro import poutine
+from pyro.infer.autoguide import initialization as init_fns
+from pyro.infer.mcmc import HMC, MCMC, NUTS, RandomWalkKernel
+from pyro.infer.mcmc.adaptation import WarmupAdapter
+from pyro.infer.mcmc.util import initialize_model
+
+from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.infer._common import Data, call_model, clean_config
+from bnn_pyro.model import BNN
+from bnn_pyro.posterior import Posterior
+
+__all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod"]
+
+
+class Kernel(str, Enum):
+    NUTS = "nuts"
+    HMC = "hmc"
+    METROPOLIS = "metropolis"
+
+
+class ChainMethod(str, Enum):
+    AUTO = "auto"
+    SEQUENTIAL = "sequential"
+    PARALLEL = "parallel"
+
+
+def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup: int | None = None,
+        num_chains: int = 1, target_accept: float | None = None, step_size: float | None = None,
+        trajectory_length: float | None = None, num_leapfrog: int | None = None, max_tree_depth: int | None = None,
+        dense_mass: bool = False, jit: bool = True, init="net", chain_method="auto", seed: int = 0,
+        progress: bool = True) -> Posterior:
+    """Sample the posterior of ``model`` by MCMC (see the module docstring).
+
+    Parameters
+    ----------
+    kernel:
+        ``"nuts"``, ``"hmc"`` or ``"metropolis"`` (``bp.fit``'s ``method`` sets it).
+    num_samples, num_warmup, num_chains:
+        Kept draws per chain, warm-up (adaptation) steps per chain (default ``num_samples``), chains.
+    target_accept:
+        Acceptance probability the step size is tuned toward, in (0, 1): default 0.8 (NUTS, HMC),
+        0.234 (Metropolis).
+    step_size:
+        Initial step size (adapted during warm-up); found by Pyro's heuristic when omitted.
+    trajectory_length, num_leapfrog:
+        HMC only, one of the two: trajectory length (default ``2 * pi``) or a fixed step count.
+    max_tree_depth:
+        NUTS only: at most ``2**max_tree_depth - 1`` leapfrog steps per draw (default 10).
+    dense_mass:
+        A dense mass matrix (or proposal covariance) instead of a diagonal one.
+    jit:
+        Compile the potential energy with ``torch.jit.trace`` (faster per step; costs a compile).
+    init:
+        Starting point: ``"net"`` (a BNN's current weights; the default), ``"prior"`` (a prior
+        draw per chain; the default for a Pyro function), ``"median"``, a dict of site values, or a
+        :class:`Posterior` (its mean, e.g. of an SVI or MAP fit, and its point values).
+    chain_method:
+        ``"auto"``, ``"parallel"`` (forked processes, one torch thread each) or ``"sequential"``.
+    seed, progress:
+        Random seed (chain ``c`` uses ``seed + c``), and Pyro's progress bar (``False``: off).
+    """
+    kind = choice("kernel", kernel, Kernel)
+    num_samples = positive_int("num_samples", num_samples)
+    num_warmup = positive_int("num_warmup", num_samples if num_warmup is None else num_warmup)
+    num_chains = positive_int("num_chains", num_chains)
+    how = choice("chain_method", chain_method, ChainMethod)
+    if target_accept is None:
+        target_accept = 0.234 if kind is Kernel.METROPOLIS else 0.8
+    if not (isinstance(target_accept, (int, float)) and 0.0 < target_accept < 1.0):
+        raise ValueError(f"target_accept must be a probability in (0, 1), got {target_accept!r}; try 0.8 "
+                         "(NUTS/HMC; 0.9-0.99 when there are divergences) or 0.234 (Metropolis).")
+    step_size = None if step_size is None else positive("step_size", step_size)
+    _only(kind, Kernel.HMC, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog)
+    _only(kind, Kernel.NUTS, max_tree_depth=max_tree_depth)
+    if trajectory_length is not None and num_leapfrog is not None:
+        raise ValueError("hmc: give trajectory_length= or num_leapfrog=, not both.")
+    trajectory_length = None if trajectory_length is None else positive("trajectory_length", trajectory_length)
+    num_leapfrog = None if num_leapfrog is None else positive_int("num_leapfrog", num_leapfrog)
+    max_tree_depth = positive_int("max_tree_depth", 10 if max_tree_depth is None else max_tree_depth)
+    if data.loader is not None or (data.batch_size is not None and data.batch_size < data.x.shape[0]):
+        raise ValueError("mcmc needs the full data set at every step: drop batch_size= and pass tensors, "
+                         "or use a stochastic-gradient method for minibatches.")
+    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
+    _apply_point_init(fitted, init)
+    init_strategy = _init_strategy(fitted, init)
+    settings = dict(kind=kind, target_accept=float(target_accept), step_size=step_size, dense_mass=bool(dense_mass),
+                    trajectory_length=trajectory_length, num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth,
+                    jit=bool(jit), init_strategy=init_strategy)
+
+    def run_chain(chain: int, show: bool):
+        return _run_chain(fitted, data, settings, num_samples, num_warmup, seed + chain, progress and show)
+
+    runs, execution = _run_chains(run_chain, num_chains, how)
+    config = clean_config(dict(
+        kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
+        target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
+        num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth if kind is Kernel.NUTS else None,
+        dense_mass=bool(dense_mass), jit=bool(jit), init=init if isinstance(init, str) else type(init).__name__,
+        chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
+    ))
+    stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
+    return Posterior(samples=stack("samples"), model=fitted, method=kind.value, config=config, point=stack("point"),
+                     sample_stats=stack("stats"), x=data.x, y=data.y)
+
+
+def fit_nuts(model, data: Data, **config) -> Posterior:
+    """``bp.fit(..., method="nuts")``: :func:`fit` with ``kernel="nuts"``."""
+    return fit(model, data, kernel=Kernel.NUTS, **config)
+
+
+def fit_hmc(model, data: Data, **config) -> Posterior:
+    """``bp.fit(..., method="hmc")``: :func:`fit` with ``kernel="hmc"``."""
+    return fit(model, data, kernel=Kernel.HMC, **config)
+
+
+def fit_metropolis(model, data: Data, **config) -> Posterior:
+    """``bp.fit(..., method="metropolis")``: :func:`fit` with ``kernel="metropolis"``."""
+    return fit(model, data, kernel=Kernel.METROPOLIS, **config)
+
+
+def _only(kind: Kernel, owner: Kernel, **options) -> None:
+    for name, value in options.items():
+        if value is not None and kind is not owner:
+            raise ValueError(f"{name}= applies to method={owner.value!r} only, not {kind.value!r}; drop it.")
+
+
+# ---------------------------------------------------------------------- initialization
+def _apply_point_init(model, init) -> None:
+    """``init=Posterior``: fix a BNN's deterministic parameters at that posterior's chain-0 values."""
+    if isinstance(init, Posterior) and isinstance(model, BNN):
+        with torch.no_grad():
+            for name, p in model.net.named_parameters():
+                if name in init.point:
+                    p.copy_(init.point[name][0])
+
+
+def _init_strategy(model, init):
+    median = init_fns.init_to_median(num_samples=15)
+    if isinstance(init, Posterior):
+        return init_fns.init_to_value(values={k: v.mean((0, 1)) for k, v in init.samples.items()}, fallback=median)
+    if isinstance(init, dict):
+        return init_fns.init_to_value(values=init, fallback=median)
+    if init == "net" and isinstance(model, BNN):
+        return init_fns.init_to_value(values={n: model.init_values[n] for n in model.sample_names}, fallback=median)
+    if init in ("net", "prior"):
+        return init_fns.init_to_sample
+    if init == "median":
+        return median
+    raise ValueError(f"init: unknown value {init!r}; choose 'net', 'prior', 'median', a dict of site values, "
+                     "or a Posterior (e.g. of an SVI or MAP fit).")
+
+
+# ---------------------------------------------------------------------- validation off, NaN-safe
+class _NoValidation(poutine.messenger.Messenger):
+    """Switch argument validation off for distributions that were built with it (a ``BNN``'s
+    ``PyroSample`` priors), so that a NaN from a diverging trajectory gives a NaN potential energy
+    (a rejected, divergent proposal) instead of a ``ValueError``."""
+
+    def _pyro_sample(self, msg):
+        msg["fn"] = _unvalidated(msg["fn"])
+
+
+def _unvalidated(d):
+    if not getattr(d, "_validate_args", False) and not hasattr(d, "base_dist"):
+        return d
+    d = copy.copy(d)
+    d._validate_args = False
+    if hasattr(d, "base_dist"):
+        d.base_dist = _unvalidated(d.base_dist)
+    return d
+
+
+def _quiet_model(model, dataset_size, jit: bool):
+    model = _traceable(model) if jit and isinstance(model, BNN) else model
+
+    def run(x, y):
+        with pyro.validation_enabled(False), _NoValidation():
+            return call_model(model, x, y, dataset_size)
+
+    return run
+
+
+def _traceable(model: BNN) -> BNN:
+    """A shallow copy of a BNN whose net evaluation works under ``torch.jit.trace``.
+
+    ``BNN`` evaluates its net with ``torch.func.functional_call``, which refuses to run while
+    tracing. MCMC evaluates one weight draw at a time, so a real copy of the net with its parameters
+    removed and the draw's tensors set as plain attributes does the same job and traces."""
+    net = copy.deepcopy(model._template).to_empty(device=next(model.net.buffers(), model.init_values[next(iter(
+        model.init_values))]).device)
+    owners = {}
+    for name in list(model.param_shapes) + list(model.buffers_dict()):
+        path, _, attr = name.rpartition(".")
+        owner = net.get_submodule(path)
+        owner._parameters.pop(attr, None)
+        owner._buffers.pop(attr, None)
+        owners[name] = (owner, attr)
+
+    def evaluate(params, x):
+        if any(p.dim() > len(model.param_shapes[n]) for n, p in params.items()):
+            return BNN._evaluate(model, params, x)  # batched draws: the model's own path
+        for name, value in {**model.buffers_dict(), **params}.items():  # fixed parameters: constants
+            value = value.detach() if name in model.point_names else value
+            object.__setattr__(owners[name][0], owners[name][1], value)
+        return net(x)
+
+    traced = copy.copy(model)
+    object.__setattr__(traced, "_evaluate", evaluate)
+    return traced
+
+
+# ---------------------------------------------------------------------- kernels with per-draw statistics
+class _Counted:
+    """Mixin for Pyro's HMC/NUTS: counts leapfrog steps (gradient evaluations), records the
+    Hamiltonian after the momentum refresh, and keeps the last draw's statistics in ``stats``."""
+
+    def setup(self, warmup_steps, *args, **kwargs):
+        super().setup(warmup_steps, *args, **kwargs)
+        self._grad_evals, potential = 0, self.potential_fn
+
+        def counted(z):
+            self._grad_evals += 1
+            return potential(z)
+
+        self.potential_fn = counted
+
+    def _sample_r(self, name):
+        r, r_unscaled = super()._sample_r(name)
+        self._energy = float(self._kinetic_energy(r_unscaled) + self._potential_energy_last)
+        return r, r_unscaled
+
+    @property
+    def num_steps(self):
+        fixed = getattr(self, "fixed_num_steps", None)
+        return fixed if fixed is not None else super().num_steps
+
+    def sample(self, params):
+        evals, mean, divs, step = self._grad_evals, self._mean_accept_prob, len(self._divergences), self.step_size
+        with _SiteCounter("direction_") as doublings:
+            z = super().sample(params)
+        # Pyro keeps a running mean of the acceptance probability; invert its update for this draw.
+        n = self._t - self._warmup_steps if self._t > self._warmup_steps else self._t
+        self.stats = dict(lp=-float(self._potential_energy_last), acceptance_rate=mean + n * (self._mean_accept_prob - mean),
+                          step_size=step, diverging=len(self._divergences) > divs, n_steps=self._grad_evals - evals,
+                          energy=self._energy)
+        if isinstance(self, NUTS):
+            self.stats["tree_depth"] = doublings.count
+        return z
+
+
+class _SiteCounter(poutine.messenger.Messenger):
+    def __init__(self, prefix: str):
+        super().__init__()
+        self.prefix, self.count = prefix, 0
+
+    def _pyro_sample(self, msg):
+        self.count += msg["name"].startswith(self.prefix)
+
+
+class _NUTS(_Counted, NUTS):
+    pass
+
+
+class _HMC(_Counted, HMC):
+    pass
+
+
+class _Metropolis(RandomWalkKernel):
+    """Random-walk Metropolis with a proposal ``w + h * L eps`` whose scale ``h`` (dual averaging
+    toward ``target_accept_prob``) and shape ``L`` (the posterior standard deviations, or the
+    Cholesky factor of the covariance when ``dense``) are adapted in Stan's warm-up windows by
+    Pyro's :class:`WarmupAdapter`. After each window ``h`` restarts at ``2.38 / sqrt(d)``, the
+    optimal scale for a Gaussian target of dimension ``d`` (Gelman, Roberts & Gilks 1996)."""
+
+    def __init__(self, model, *, init_strategy, step_size=None, target_accept_prob=0.234, dense=False, jit=False):
+        super().__init__(model, init_step_size=float(step_size or 0.1), target_accept_prob=target_accept_prob)
+        self._init_strategy, self._jit, self._given_step, self._cov = init_strategy, jit, step_size is not None, None
+        self._adapter = WarmupAdapter(step_size or 0.1, adapt_step_size=True, target_accept_prob=target_accept_prob,
+                                      adapt_mass_matrix=True, dense_mass=dense)
+
+    def setup(self, warmup_steps, *args, **kwargs):
+        self._warmup_steps, self._t, self._accept_cnt, self._mean_accept_prob = warmup_steps, 0, 0, 0.0
+        self._initial_params, self.potential_fn, self.transforms, _ = initialize_model(
+            self.model, model_args=args, model_kwargs=kwargs, init_strategy=self._init_strategy,
+            jit_compile=self._jit, skip_jit_warnings=True)
+        self._energy_last = self.potential_fn(self._initial_params)
+        names = tuple(sorted(self._initial_params))
+        size = sum(v.numel() for v in self._initial_params.values())
+        optimal = 2.38 / math.sqrt(size)
+        self._adapter.configure(warmup_steps, initial_step_size=self.init_step_size if self._given_step else optimal,
+                                mass_matrix_shape={names: (size, size) if self._adapter.dense_mass else (size,)},
+                                find_reasonable_step_size_fn=lambda z: optimal,
+                                options=dict(dtype=self._energy_last.dtype, device=self._energy_last.device))
+        scheme = self._adapter._step_size_adapt_scheme  # dual averaging starts near 10 * the initial step
+        scheme.prox_center = math.log(10 * self._adapter.step_size)
+        scheme.reset()
+
+    def _noise(self, params):
+        """``L eps`` with ``L L^T`` the adapted proposal covariance, unpacked into the sites."""
+        ((names, cov),) = self._adapter.mass_matrix_adapter.inverse_mass_matrix.items()
+        if cov is not self._cov:
+            self._cov, self._chol = cov, cov.sqrt() if cov.dim() == 1 else torch.linalg.cholesky(cov)
+        eps = torch.randn(cov.shape[0], dtype=cov.dtype, device=cov.device)
+        flat, out, pos = (self._chol * eps if cov.dim() == 1 else self._chol @ eps), {}, 0
+        for name in names:
+            out[name] = flat[pos : pos + params[name].numel()].reshape(params[name].shape)
+            pos += params[name].numel()
+        return out
+
+    def sample(self, params):
+        step, noise = self._adapter.step_size, self._noise(params)
+        proposal = {k: v + step * noise[k] for k, v in params.items()}
+        energy = self.potential_fn(proposal)
+        accept_prob = (self._energy_last - energy).exp().clamp(max=1.0).nan_to_num(0.0)
+        if pyro.sample(f"rand_t={self._t}", pyro.distributions.Uniform(0.0, 1.0)) < accept_prob:
+            params, self._energy_last = proposal, energy
+            self._accept_cnt += self._t >= self._warmup_steps
+        self._t += 1
+        if self._t <= self._warmup_steps:
+            self._adapter.step(self._t - 1, params, accept_prob)
+        n = self._t - self._warmup_steps if self._t > self._warmup_steps else self._t
+        self._mean_accept_prob += (float(accept_prob) - self._mean_accept_prob) / n
+        self._log_step_size = math.log(self._adapter.step_size)  # read by RandomWalkKernel.logging
+        self.stats = dict(lp=-float(self._energy_last), acceptance_rate=float(accept_prob), step_size=step)
+        return params.copy()
+
+
+# ---------------------------------------------------------------------- running chains
+def _make_kernel(model, s: dict):
+    if s["kind"] is Kernel.METROPOLIS:
+        return _Metropolis(model, init_strategy=s["init_strategy"], step_size=s["step_size"],
+                           target_accept_prob=s["target_accept"], dense=s["dense_mass"], jit=s["jit"])
+    common = dict(step_size=s["step_size"] or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
+                  full_mass=s["dense_mass"], target_accept_prob=s["target_accept"], jit_compile=s["jit"],
+                  ignore_jit_warnings=True, init_strategy=s["init_strategy"])
+    if s["kind"] is Kernel.NUTS:
+        return _NUTS(model, max_tree_depth=s["max_tree_depth"], **common)
+    kernel = _HMC(model, trajectory_length=s["trajectory_length"], **common)
+    kernel.fixed_num_steps = s["num_leapfrog"]
+    return kernel
+
+
+def _run_chain(model, data: Data, settings: dict, num_samples: int, num_warmup: int, seed: int, progress: bool):
+    """One chain: draws ``(num_samples, *shape)``, per-draw statistics, and the fixed point values."""
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(seed)
+        kernel = _make_kernel(_quiet_model(model, data.size, settings["jit"]), settings)
+        stats = []
+
+        def record(kernel, params, stage, i):
+            if stage.startswith("Sample"):
+                stats.append(kernel.stats)
+
+        mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=num_warmup, num_chains=1, hook_fn=record,
+                    disable_progbar=not progress)
+        mcmc.run(data.x, data.y)
+        samples = {k: v.detach().clone() for k, v in mcmc.get_samples().items()}
+        point = _point_values(model, data)
+    table = {k: torch.tensor([row[k] for row in stats]) for k in stats[0]}
+    return dict(samples=samples, stats=table, point=point)
+
+
+def _point_values(model, data: Data) -> dict[str, torch.Tensor]:
+    """The fixed deterministic parameters: a BNN's, or a Pyro function's ``pyro.param`` sites."""
+    if isinstance(model, BNN):
+        return {k: v.clone() for k, v in model.point_values().items()}
+    with torch.no_grad(), poutine.trace(param_only=True) as capture:
+        call_model(model, data.x, data.y, data.size)
+    return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _run_chains(run_chain, num_chains: int, how: ChainMethod):
+    """Run ``run_chain(c, show_progress)`` for every chain; return the results and how they ran."""
+    workers = min(num_chains, _cores())
+    can_fork = "fork" in mp.get_all_start_methods()
+    if num_chains == 1:
+        return [run_chain(0, True)], "sequential"
+    if how is ChainMethod.PARALLEL and not (can_fork and workers > 1):
+        raise ValueError(f"chain_method='parallel' needs the 'fork' start method and 2+ cores (found {_cores()} "
+                         "core(s)); use chain_method='auto' or 'sequential'.")
+    if how is ChainMethod.SEQUENTIAL or not (can_fork and workers > 1):
+        if how is ChainMethod.AUTO:
+            warnings.warn(f"mcmc: only {_cores()} core available, so the {num_chains} chains run one after "
+                          "another (config['chain_execution'] = 'sequential').", stacklevel=3)
+        return [run_chain(c, True) for c in range(num_chains)], "sequential"
+    results = []
+    for first in range(0, num_chains, workers):
+        batch = [_start(run_chain, c, c == first) for c in range(first, min(first + workers, num_chains))]
+        results += [_finish(*job) for job in batch]
+    return results, "parallel"
+
+
+def _start(run_chain, chain: int, show: bool):
+    receive, send = mp.get_context("fork").Pipe(duplex=False)
+
+    def work():
+        torch.set_num_threads(1)  # one thread per process: two per process oversubscribe the cores
+        try:
+            result = ("ok", run_chain(chain, show))
+        except BaseException as err:  # noqa: BLE001 - report any failure to the parent
+            result = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+        buffer = io.BytesIO()  # plain bytes: torch's shared-memory pickling needs this process alive
+        torch.save(result, buffer)
+        send.send_bytes(buffer.getvalue())
+
+    process = mp.get_context("fork").Process(target=work, daemon=True)
+    process.start()
+    send.close()
+    return chain, process, receive
+
+
+def _finish(chain: int, process, receive):
+    try:
+        status, value = torch.load(io.BytesIO(receive.recv_bytes()), weights_only=False)
+    except EOFError:
+        status, value = "error", f"the process died (exit code {process.join() or process.exitcode})"
+    process.join()
+    if status != "ok":
+        raise RuntimeError(f"mcmc: chain {chain} failed in its process: {value}\n"
+                           "Try chain_method='sequential' to debug it in this process.")
+    return value
