@@ -1,9 +1,19 @@
 """bnn_pyro: Bayesian neural networks in Pyro. One model, every inference engine, one posterior."""
 
-from bnn_pyro import likelihoods, priors
+import importlib
+
+from bnn_pyro import io, likelihoods, priors
 from bnn_pyro.infer import fit
+from bnn_pyro.io import load
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __version__ = "0.1.0"
-__all__ = ["BNN", "Posterior", "fit", "priors", "likelihoods"]
+__all__ = ["BNN", "Posterior", "fit", "load", "priors", "likelihoods", "diagnostics", "plots", "io"]
+
+
+def __getattr__(name: str):
+    """``bp.diagnostics`` and ``bp.plots`` import on first use (ArviZ and matplotlib take seconds)."""
+    if name in ("diagnostics", "plots"):
+        return importlib.import_module(f"bnn_pyro.{name}")
+    raise AttributeError(f"module 'bnn_pyro' has no attribute {name!r}")

@@ -175,6 +175,62 @@ class Posterior:
             torch.stack([d.sample() for d in fns]), interval=interval,
         )
 
+    # ------------------------------------------------------------------ diagnostics, plots, files
+    # Thin delegations: the work lives in bnn_pyro.diagnostics, bnn_pyro.plots and bnn_pyro.io.
+    def to_inference_data(self, **kwargs):
+        """An ``arviz.InferenceData``; see :func:`bnn_pyro.diagnostics.to_inference_data`."""
+        from bnn_pyro import diagnostics
+
+        return diagnostics.to_inference_data(self, **kwargs)
+
+    def summary(self, *, space: str = "weights", x=None, var_names=None, warn: bool = True):
+        """ArviZ summary table with convergence warnings; see :func:`bnn_pyro.diagnostics.summary`."""
+        from bnn_pyro import diagnostics
+
+        return diagnostics.summary(self, space=space, x=x, var_names=var_names, warn=warn)
+
+    def save(self, path):
+        """Write this posterior to ``path`` (safe, atomic); read it with ``bp.load``. See :mod:`bnn_pyro.io`."""
+        from bnn_pyro import io
+
+        return io.save(self, path)
+
+    def plot_trace(self, var_names=None, **kwargs):
+        """Trace plot; see :func:`bnn_pyro.plots.plot_trace`."""
+        from bnn_pyro import plots
+
+        return plots.plot_trace(self, var_names, **kwargs)
+
+    def plot_rank(self, params=None, **kwargs):
+        """Rank plot; see :func:`bnn_pyro.plots.plot_rank`."""
+        from bnn_pyro import plots
+
+        return plots.plot_rank(self, params, **kwargs)
+
+    def plot_pair(self, params=None, **kwargs):
+        """Pair plot of chosen weights; see :func:`bnn_pyro.plots.plot_pair`."""
+        from bnn_pyro import plots
+
+        return plots.plot_pair(self, params, **kwargs)
+
+    def plot_energy(self, **kwargs):
+        """Energy plot (HMC/NUTS); see :func:`bnn_pyro.plots.plot_energy`."""
+        from bnn_pyro import plots
+
+        return plots.plot_energy(self, **kwargs)
+
+    def plot_predictive(self, x=None, **kwargs):
+        """Predictive band for 1-D regression; see :func:`bnn_pyro.plots.plot_predictive`."""
+        from bnn_pyro import plots
+
+        return plots.plot_predictive(self, x, **kwargs)
+
+    def plot_reliability(self, x=None, y=None, **kwargs):
+        """Reliability diagram for classification; see :func:`bnn_pyro.plots.plot_reliability`."""
+        from bnn_pyro import plots
+
+        return plots.plot_reliability(self, x, y, **kwargs)
+
 
 def _unwrap(d):
     while isinstance(d, (dist.Independent, dist.MaskedDistribution)):

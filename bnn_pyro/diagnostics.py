@@ -1,0 +1,294 @@
+"""ArviZ diagnostics for every engine: :func:`to_inference_data` and :func:`summary`.
+
+The ``InferenceData`` is built directly from a :class:`~bnn_pyro.Posterior` (not with
+``arviz.from_pyro``, which fails on random-walk kernels), so every engine gets the same groups:
+``posterior`` (one variable per latent site, dims ``"0.weight_dim_0"``, ...), ``sample_stats``
+(ArviZ's names: ``diverging``, ``acceptance_rate``, ``step_size``, ``tree_depth``, ``n_steps``,
+``energy``, ``lp``), ``log_likelihood`` (``"obs"`` pointwise, ``(chain, draw, data)``: ready for
+``az.loo`` and ``az.waic``), ``posterior_predictive``, ``observed_data`` and ``constant_data``.
+
+Thresholds of :func:`summary`'s warnings: R-hat above :data:`RHAT_MAX` (1.01) and bulk or tail ESS
+below :data:`ESS_PER_CHAIN` (100) times the number of chains, as recommended by Vehtari et al.
+(2021), "Rank-normalization, folding, and localization: an improved R-hat".
+
+Example
+-------
+>>> idata = post.to_inference_data()
+>>> az.loo(idata)
+>>> post.summary(space="function")          # R-hat and ESS of f(x) at 20 training inputs
+"""
+
+from __future__ import annotations
+
+import warnings
+from enum import Enum
+from typing import TYPE_CHECKING, Sequence
+
+import arviz as az
+import numpy as np
+import pandas as pd
+import pyro
+import torch
+from pyro import poutine
+
+from bnn_pyro._checks import check_data, choice, positive_int
+from bnn_pyro.model import BNN
+
+if TYPE_CHECKING:
+    from bnn_pyro.posterior import Posterior
+
+__all__ = ["to_inference_data", "summary", "function_draws", "DiagnosticWarning", "Space", "RHAT_MAX", "ESS_PER_CHAIN"]
+
+RHAT_MAX = 1.01
+ESS_PER_CHAIN = 100
+NUM_FUNCTION_INPUTS = 20
+_STAT_ALIASES = {
+    "diverging": ("diverging", "divergences", "divergent", "divergence"),
+    "acceptance_rate": ("acceptance_rate", "accept_prob", "acceptance_prob", "mean_accept_prob", "accept_rate",
+                        "accept_stat"),
+    "step_size": ("step_size", "stepsize"),
+    "tree_depth": ("tree_depth", "treedepth", "depth"),
+    "n_steps": ("n_steps", "num_steps", "n_leapfrog", "num_leapfrog"),
+    "energy": ("energy", "hamiltonian"),
+    "lp": ("lp", "log_density", "log_joint"),
+}
+_ARVIZ_NAME = {alias: name for name, aliases in _STAT_ALIASES.items() for alias in aliases}
+
+
+class Space(str, Enum):
+    """Where :func:`summary` measures convergence: the weights or the network's outputs."""
+
+    WEIGHTS = "weights"
+    FUNCTION = "function"
+
+
+class DiagnosticWarning(UserWarning):
+    """A convergence problem found by :func:`summary` (divergences, high R-hat, low ESS)."""
+
+
+def _require_model(post: Posterior, what: str) -> None:
+    if getattr(post.model, "is_unbound", False):
+        post.model(what=what)  # raises ModelNotBoundError with the file's path and what to do
+
+
+def sample_stats(post: Posterior) -> dict[str, np.ndarray]:
+    """The engine's per-draw statistics under ArviZ's names, each ``(chains, draws)``."""
+    shape = (post.num_chains, post.num_draws)
+    out = {}
+    for name, value in post.sample_stats.items():
+        arr = torch.as_tensor(value).detach().cpu().numpy()
+        if name == "potential_energy":
+            name, arr = "lp", -arr
+        name = _ARVIZ_NAME.get(name, name)
+        if arr.shape in ((), (shape[0],)):
+            arr = np.broadcast_to(arr.reshape(arr.shape + (1,) * (2 - arr.ndim)), shape)
+        if arr.shape[:2] != shape:
+            raise ValueError(
+                f"sample_stats[{name!r}] has shape {arr.shape}; expected (chains, draws) = {shape}, one value per "
+                "draw (or one per chain). Fix the engine that produced this Posterior."
+            )
+        out[name] = arr.astype(bool) if name == "diverging" else arr
+    return out
+
+
+def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool = True,
+                      posterior_predictive: bool = True, seed: int = 0, draws_per_chunk: int = 64,
+                      points_per_chunk: int = 4096) -> az.InferenceData:
+    """An ``arviz.InferenceData`` for ``post`` (see the module docstring for its groups).
+
+    Parameters
+    ----------
+    post:
+        Any engine's posterior.
+    x, y:
+        Data for the pointwise groups; the training data by default. Without data (a fit from a
+        loader) or without a bound model (``bp.load`` without ``model=``) only ``posterior`` and
+        ``sample_stats`` are built.
+    log_likelihood, posterior_predictive:
+        Whether to compute these groups (one pass over the draws, ``draws_per_chunk`` draws by
+        ``points_per_chunk`` data points at a time, so memory stays bounded for large ``N``).
+    seed:
+        Seed of the posterior predictive draws (the global RNG state is left untouched).
+
+    Example
+    -------
+    >>> idata = bp.diagnostics.to_inference_data(post)
+    >>> az.waic(idata)
+    """
+    draws_per_chunk = positive_int("draws_per_chunk", draws_per_chunk)
+    points_per_chunk = positive_int("points_per_chunk", points_per_chunk)
+    groups = {"posterior": {k: v.detach().cpu().numpy() for k, v in post.samples.items()},
+              "sample_stats": sample_stats(post)}
+    x = post.x if x is None else x
+    y = post.y if y is None else y
+    unbound = getattr(post.model, "is_unbound", False)
+    if x is not None and y is not None:
+        x, y = check_data(x, y)
+        if isinstance(post.model, BNN):
+            y = post.model.likelihood.check_target(y, post.model.output_dim(x))
+        groups["observed_data"] = {"obs": y.cpu().numpy()}
+        groups["constant_data"] = {"x": x.cpu().numpy()}
+        if (log_likelihood or posterior_predictive) and not unbound:
+            ll, pp = _pointwise(post, x, y, seed, draws_per_chunk, points_per_chunk)
+            if log_likelihood:
+                groups["log_likelihood"] = {"obs": ll}
+            if posterior_predictive:
+                groups["posterior_predictive"] = {"obs": pp}
+    with warnings.catch_warnings():  # from_dict's FutureWarning about its own refactor, not about the data
+        warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")
+        return az.from_dict(**groups, dims={"obs": ["data"], "x": ["data"]})
+
+
+def _pointwise(post: Posterior, x, y, seed, draws_per_chunk, points_per_chunk):
+    """Log-likelihood ``(C, D, N)`` and posterior predictive draws ``(C, D, N, ...)`` of ``"obs"``."""
+    total, n = post.num_chains * post.num_draws, x.shape[0]
+    ll = np.empty((total, n))
+    pp = None
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(seed)
+        for i in range(0, total, draws_per_chunk):
+            idx = torch.arange(i, min(i + draws_per_chunk, total))
+            for j in range(0, n, points_per_chunk):
+                rows = slice(j, j + points_per_chunk)
+                if isinstance(post.model, BNN):
+                    d = post.observation_distribution(x[rows], idx, draws_per_chunk=draws_per_chunk)
+                    lp, sample = d.log_prob(y[rows]), d.sample()
+                else:
+                    sites = [_trace_draw(post, int(k), x[rows], y[rows]).nodes["obs"] for k in idx]
+                    lp = torch.stack([s["fn"].log_prob(s["value"]) for s in sites])
+                    sample = torch.stack([s["fn"].sample() for s in sites])
+                if pp is None:
+                    pp = np.empty((total, n) + tuple(sample.shape[2:]), dtype=sample.cpu().numpy().dtype)
+                ll[idx.numpy(), rows] = lp.reshape(len(idx), -1).cpu().numpy()
+                pp[idx.numpy(), rows] = sample.cpu().numpy()
+    shape = (post.num_chains, post.num_draws)
+    return ll.reshape(shape + ll.shape[1:]), pp.reshape(shape + pp.shape[1:])
+
+
+def _trace_draw(post: Posterior, i: int, x, y=None):
+    """One run of a Pyro function model with every latent site fixed at pooled draw ``i``."""
+    chain = i // post.num_draws
+    draw = {k: v[chain, i % post.num_draws] for k, v in post.samples.items()}
+    with pyro.get_param_store().scope():
+        for name, value in post.point.items():
+            pyro.param(name, value[chain])
+        return poutine.trace(poutine.condition(post.model, data=draw)).get_trace(x, y)
+
+
+def function_draws(post: Posterior, x, *, draws_per_chunk: int = 64) -> torch.Tensor:
+    """The network output ``f(x)`` at every draw, shaped ``(chains, draws, N, out)``.
+
+    A ``BNN`` is evaluated in batches of draws; a Pyro function model is traced once per draw and
+    must record ``pyro.deterministic("f", ...)``.
+    """
+    _require_model(post, "evaluate the network in function space")
+    x, _ = check_data(x, None)
+    total = post.num_chains * post.num_draws
+    with torch.no_grad():
+        if isinstance(post.model, BNN):
+            model, flat = post.model, post.sample()
+            was_training = model.training
+            model.eval()
+            try:
+                chunks = []
+                for i in range(0, total, positive_int("draws_per_chunk", draws_per_chunk)):
+                    idx = torch.arange(i, min(i + draws_per_chunk, total))
+                    params = {n: flat[n][idx] for n in model.sample_names}
+                    params.update(post._point_per_draw(idx))
+                    chunks.append(model.forward_draws(params, x))
+            finally:
+                model.train(was_training)
+            f = torch.cat(chunks)
+        else:
+            traces = [_trace_draw(post, i, x) for i in range(total)]
+            if "f" not in traces[0].nodes:
+                raise ValueError("space='function' needs the model to record pyro.deterministic('f', net_output); "
+                                 "this model has no site 'f'. Add it, or use space='weights'.")
+            f = torch.stack([t.nodes["f"]["value"] for t in traces])
+    f = f if f.dim() > 2 else f.unsqueeze(-1)
+    return f.reshape((post.num_chains, post.num_draws) + f.shape[1:])
+
+
+def summary(post: Posterior, *, space: str = "weights", x=None, var_names: Sequence[str] | None = None,
+            warn: bool = True) -> pd.DataFrame:
+    """``arviz.summary`` (mean, sd, hdi_3%, hdi_97%, mcse_mean, mcse_sd, ess_bulk, ess_tail, r_hat).
+
+    Parameters
+    ----------
+    space:
+        ``"weights"``: one row per scalar of each latent site (``var_names`` picks sites).
+        ``"function"``: one row per network output ``f(x)`` at inputs ``x`` (default: up to 20
+        evenly spaced training inputs, labelled by row). Weight-space R-hat overstates problems in
+        BNNs, whose posteriors are symmetric under hidden-unit permutations and sign flips; the
+        function is what to judge convergence by.
+    warn:
+        Issue a :class:`DiagnosticWarning` for divergences, R-hat above 1.01 and ESS below
+        100 per chain. With one chain R-hat is NaN; that is noted in ``table.attrs["notes"]``.
+
+    Example
+    -------
+    >>> post.summary(var_names=["sigma"])
+    >>> post.summary(space="function", x=x_test[:10])
+    """
+    kind = choice("space", space, Space)
+    if kind is Space.WEIGHTS:
+        if x is not None:
+            raise ValueError("x: only used with space='function'; drop x or pass space='function'.")
+        names = list(post.samples) if var_names is None else list(var_names)
+        unknown = [n for n in names if n not in post.samples]
+        if unknown:
+            raise ValueError(f"var_names: unknown site(s) {unknown}; this posterior has {list(post.samples)}.")
+        data = {n: post.samples[n].detach().cpu().numpy() for n in names}
+        dims, coords = None, None
+    else:
+        if var_names is not None:
+            raise ValueError("var_names: only used with space='weights'; with space='function' choose inputs with x=.")
+        rows = None
+        if x is None:
+            if post.x is None:
+                raise ValueError("x: this posterior has no training inputs (fit from a loader); pass x= explicitly.")
+            rows = torch.linspace(0, post.x.shape[0] - 1, min(NUM_FUNCTION_INPUTS, post.x.shape[0])).round().long()
+            x = post.x[rows]
+        data = {"f": function_draws(post, x).cpu().numpy()}
+        dims = {"f": ["input", "output"]}
+        coords = {"input": (rows if rows is not None else torch.arange(data["f"].shape[2])).tolist()}
+    table = az.summary(az.from_dict(posterior=data, dims=dims, coords=coords), kind="all")
+    table.attrs["notes"] = []
+    if post.num_chains == 1:
+        table.attrs["notes"].append("R-hat needs at least 2 chains and is NaN here; fit with num_chains >= 2 "
+                                    "(independent restarts for SVI) to check convergence between chains.")
+    if warn:
+        for message in _problems(post, table, kind):
+            warnings.warn(" ".join([message] + table.attrs["notes"]), DiagnosticWarning, stacklevel=3)
+    return table
+
+
+def _problems(post: Posterior, table: pd.DataFrame, space) -> list[str]:
+    messages = []
+    stats = sample_stats(post)
+    if "diverging" in stats and stats["diverging"].any():
+        count = int(stats["diverging"].sum())
+        chains = int(stats["diverging"].any(1).sum())
+        messages.append(
+            f"{count} of {stats['diverging'].size} transitions diverged ({chains} of {post.num_chains} chains): the "
+            "sampler could not follow the posterior's curvature, so the draws may be biased. Try a higher "
+            "target_accept (e.g. 0.95), more warm-up, or a reparameterized (non-centered) prior."
+        )
+    bad_rhat = int((table["r_hat"] > RHAT_MAX).sum())
+    if bad_rhat:
+        msg = (f"{bad_rhat} of {len(table)} parameters have R-hat > {RHAT_MAX} (max {table['r_hat'].max():.3g}): "
+               "the chains disagree. Try longer runs or more warm-up.")
+        if space is Space.WEIGHTS and (isinstance(post.model, BNN) or getattr(post.model, "is_bnn", False)):
+            msg += (" Weight-space R-hat is misleading for BNNs: hidden units can be permuted and sign-flipped "
+                    "without changing the function, so chains in different modes disagree on weights but not "
+                    "on predictions. Check summary(space='function').")
+        messages.append(msg)
+    threshold = ESS_PER_CHAIN * post.num_chains
+    low = (table["ess_bulk"] < threshold) | (table["ess_tail"] < threshold)
+    if int(low.sum()):
+        messages.append(
+            f"{int(low.sum())} of {len(table)} parameters have bulk or tail ESS below {threshold} "
+            f"({ESS_PER_CHAIN} per chain; min {min(table['ess_bulk'].min(), table['ess_tail'].min()):.0f}): "
+            "means, quantiles and R-hat are unreliable. Try more draws, more warm-up or thinning less."
+        )
+    return messages

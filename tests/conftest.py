@@ -1,0 +1,107 @@
+"""Shared test set-up: a headless matplotlib backend and small fitted posteriors (session-scoped,
+so every test module reuses the same few fits)."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")  # before anything imports pyplot: tests never open windows
+
+import pyro  # noqa: E402
+import pyro.distributions as dist  # noqa: E402
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import bnn_pyro as bp  # noqa: E402
+
+
+def _linear_data(n: int = 40, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, generator=g) * 4 - 2
+    y = 0.8 * x[:, 0] - 0.3 + 0.1 * torch.randn(n, generator=g)
+    return x, y
+
+
+@pytest.fixture(scope="session")
+def linear_data():
+    return _linear_data()
+
+
+@pytest.fixture(scope="session")
+def blr_model():
+    """Bayesian linear regression as a BNN: a Normal prior on the weight; the bias stays a point
+    estimate (``bayesian="weights"``), so posteriors carry ``point`` values too."""
+    torch.manual_seed(0)
+    return bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
+                  likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights")
+
+
+@pytest.fixture(scope="session")
+def svi_post(blr_model, linear_data):
+    x, y = linear_data
+    return bp.fit(blr_model, x, y, method="svi", num_chains=2, num_steps=200, num_samples=100, lr=0.05,
+                  progress=False, seed=0)
+
+
+@pytest.fixture(scope="session")
+def classifier_post():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(60, 2, generator=g)
+    y = (x[:, 0] + x[:, 1] > 0).long() + (x[:, 0] > 1).long()
+    torch.manual_seed(1)
+    model = bp.BNN(torch.nn.Linear(2, 3), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
+    return bp.fit(model, x, y, method="svi", num_chains=2, num_steps=60, num_samples=50, lr=0.1, progress=False)
+
+
+def linreg(x, y=None):
+    """A plain Pyro function model following the site conventions."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    b = pyro.sample("b", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0]):
+        f = pyro.deterministic("f", w * x[:, 0] + b)
+        return pyro.sample("obs", dist.Normal(f, 0.1), obs=y)
+
+
+@pytest.fixture(scope="session")
+def function_post(linear_data):
+    x, y = linear_data
+    return bp.fit(linreg, x, y, method="svi", num_chains=2, num_steps=100, num_samples=20, lr=0.05,
+                  progress=False)
+
+
+def hand_posterior(model, x, y, *, chains=2, draws=200, shift=0.0, divergences=0, rho=0.0, seed=0,
+                   stat_names=None) -> bp.Posterior:
+    """A Posterior built by hand, as an MCMC engine would return it: AR(1) draws with
+    autocorrelation ``rho``, chain ``c`` shifted by ``c * shift``, and HMC-style sample stats."""
+    g = torch.Generator().manual_seed(seed)
+    noise = torch.randn(chains, draws, 1, 1, generator=g)
+    w = torch.empty_like(noise)
+    w[:, 0] = noise[:, 0]
+    for t in range(1, draws):
+        w[:, t] = rho * w[:, t - 1] + (1 - rho**2) ** 0.5 * noise[:, t]
+    w = 0.8 + 0.05 * w + shift * torch.arange(chains).reshape(chains, 1, 1, 1)
+    diverging = torch.zeros(chains, draws, dtype=torch.bool)
+    diverging.view(-1)[:divergences] = True
+    names = stat_names or {}
+    stats = {
+        names.get("diverging", "diverging"): diverging,
+        names.get("acceptance_rate", "acceptance_rate"): torch.rand(chains, draws, generator=g),
+        "step_size": torch.full((chains, draws), 0.1),
+        "tree_depth": torch.full((chains, draws), 3),
+        "n_steps": torch.full((chains, draws), 7),
+        "energy": torch.randn(chains, draws, generator=g) + 10.0,
+    }
+    point = {"bias": torch.full((chains, 1), -0.3)}
+    return bp.Posterior(samples={"weight": w}, model=model, method="nuts", config={"num_samples": draws},
+                        point=point, sample_stats=stats, x=x, y=y)
+
+
+@pytest.fixture(scope="session")
+def make_posterior():
+    """The :func:`hand_posterior` factory, for tests that need special draws or stats."""
+    return hand_posterior
+
+
+@pytest.fixture(scope="session")
+def mcmc_post(blr_model, linear_data):
+    return hand_posterior(blr_model, *linear_data)

@@ -1,0 +1,154 @@
+"""bnn_pyro.diagnostics: InferenceData for every engine, summaries and their warnings."""
+
+from __future__ import annotations
+
+import warnings
+
+import arviz as az
+import numpy as np
+import pyro.distributions as dist
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro.diagnostics import DiagnosticWarning, function_draws, to_inference_data
+
+SUMMARY_COLUMNS = ["mean", "sd", "hdi_3%", "hdi_97%", "mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat"]
+
+
+def test_svi_inference_data_groups_and_shapes(svi_post, linear_data):
+    x, y = linear_data
+    idata = svi_post.to_inference_data()
+    assert set(idata.groups()) == {"posterior", "log_likelihood", "posterior_predictive", "observed_data",
+                                   "constant_data"}  # SVI has no sample stats
+    assert idata.posterior["weight"].dims == ("chain", "draw", "weight_dim_0", "weight_dim_1")
+    assert idata.posterior["weight"].shape == (2, 100, 1, 1)
+    np.testing.assert_array_equal(idata.posterior["weight"].values, svi_post.samples["weight"].numpy())
+    assert idata.log_likelihood["obs"].shape == (2, 100, 40)
+    assert idata.posterior_predictive["obs"].shape == (2, 100, 40)
+    np.testing.assert_array_equal(idata.observed_data["obs"].values, y.numpy())
+    np.testing.assert_array_equal(idata.constant_data["x"].values, x.numpy())
+
+
+def test_log_likelihood_is_pointwise_and_chunking_does_not_change_it(svi_post, linear_data):
+    x, y = linear_data
+    expected = svi_post.observation_distribution(x).log_prob(y).reshape(2, 100, 40)
+    small = to_inference_data(svi_post, draws_per_chunk=7, points_per_chunk=9, seed=3)
+    big = to_inference_data(svi_post, seed=3)
+    np.testing.assert_allclose(small.log_likelihood["obs"].values, expected.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(big.log_likelihood["obs"].values, expected.numpy(), rtol=1e-6)
+    # predictive draws are seeded: same seed, same draws; the global RNG is left alone
+    state = torch.get_rng_state()
+    again = to_inference_data(svi_post, seed=3)
+    assert torch.equal(state, torch.get_rng_state())
+    np.testing.assert_array_equal(big.posterior_predictive["obs"].values, again.posterior_predictive["obs"].values)
+
+
+def test_loo_and_waic_work(svi_post):
+    idata = svi_post.to_inference_data(posterior_predictive=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Pareto-k advice on 40 points is not under test
+        loo, waic = az.loo(idata), az.waic(idata)
+    assert np.isfinite(loo.elpd_loo) and np.isfinite(waic.elpd_waic)
+    assert loo.n_data_points == 40
+
+
+def test_mcmc_style_sample_stats_are_kept_with_arviz_names(make_posterior, blr_model, linear_data):
+    post = make_posterior(blr_model, *linear_data, divergences=3,
+                          stat_names={"diverging": "divergences", "acceptance_rate": "accept_prob"})
+    idata = post.to_inference_data()
+    stats = idata.sample_stats
+    assert set(stats.data_vars) == {"diverging", "acceptance_rate", "step_size", "tree_depth", "n_steps", "energy"}
+    assert stats["diverging"].dtype == bool and int(stats["diverging"].sum()) == 3
+    assert stats["energy"].shape == (2, 200)
+    assert idata.log_likelihood["obs"].shape == (2, 200, 40)
+
+
+def test_misshaped_sample_stat_is_rejected(make_posterior, blr_model, linear_data):
+    post = make_posterior(blr_model, *linear_data)
+    post.sample_stats = dict(post.sample_stats, step_size=torch.ones(2, 5))
+    with pytest.raises(ValueError, match=r"sample_stats\['step_size'\].*\(chains, draws\)"):
+        post.to_inference_data()
+
+
+def test_function_model_log_likelihood_matches_by_hand(function_post, linear_data):
+    x, y = linear_data
+    idata = function_post.to_inference_data()
+    w, b = function_post.samples["w"], function_post.samples["b"]
+    expected = dist.Normal(w[..., None] * x[:, 0] + b[..., None], 0.1).log_prob(y)
+    np.testing.assert_allclose(idata.log_likelihood["obs"].values, expected.numpy(), rtol=1e-5)
+    f = function_draws(function_post, x[:3])
+    torch.testing.assert_close(f[..., 0], w[..., None] * x[:3, 0] + b[..., None])
+
+
+def test_summary_columns_weights_and_function_space(svi_post):
+    table = svi_post.summary(warn=False)
+    assert list(table.columns) == SUMMARY_COLUMNS
+    assert list(table.index) == ["weight[0, 0]"]
+    f_table = svi_post.summary(space="function", warn=False)
+    assert len(f_table) == 20 and list(f_table.columns) == SUMMARY_COLUMNS
+    assert f_table.index[0] == "f[0, 0]" and f_table.index[-1] == "f[39, 0]"  # labelled by training row
+    custom = svi_post.summary(space="function", x=torch.tensor([[-1.0], [0.5], [1.0]]), warn=False)
+    assert len(custom) == 3
+
+
+def test_well_mixed_posterior_gives_no_warning(make_posterior, blr_model, linear_data):
+    post = make_posterior(blr_model, *linear_data, chains=4, draws=500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        table = post.summary()
+    assert table["r_hat"].iloc[0] < 1.01
+
+
+def test_divergences_warn_with_advice(make_posterior, blr_model, linear_data):
+    post = make_posterior(blr_model, *linear_data, chains=4, draws=500, divergences=5)
+    with pytest.warns(DiagnosticWarning, match=r"5 of 2000 transitions diverged.*target_accept"):
+        post.summary()
+
+
+def test_rhat_warning_counts_and_points_to_function_space(make_posterior, blr_model, linear_data):
+    post = make_posterior(blr_model, *linear_data, chains=4, draws=500, shift=0.2)
+    with pytest.warns(DiagnosticWarning) as record:
+        post.summary()
+    messages = [str(w.message) for w in record]
+    assert any("1 of 1 parameters have R-hat > 1.01" in m and "space='function'" in m for m in messages), messages
+
+
+def test_low_ess_warning(make_posterior, blr_model, linear_data):
+    post = make_posterior(blr_model, *linear_data, chains=2, draws=300, rho=0.97)
+    with pytest.warns(DiagnosticWarning) as record:
+        post.summary()
+    assert any("ESS below 200 (100 per chain" in str(w.message) for w in record), [str(w.message) for w in record]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        post.summary(warn=False)
+
+
+def test_single_chain_notes_rhat_instead_of_warning(make_posterior, blr_model, linear_data):
+    post = make_posterior(blr_model, *linear_data, chains=1, draws=500)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        warnings.filterwarnings("ignore", message="Shape validation failed", category=UserWarning)
+        table = post.summary()
+    assert np.isnan(table["r_hat"]).all()
+    assert "at least 2 chains" in table.attrs["notes"][0]
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(space="output"), r"space: unknown value 'output'; choose one of 'weights', 'function'"),
+        (dict(var_names=["nope"]), r"var_names: unknown site\(s\) \['nope'\]"),
+        (dict(space="function", var_names=["weight"]), r"var_names: only used with space='weights'"),
+        (dict(x=torch.zeros(2, 1)), r"x: only used with space='function'"),
+    ],
+)
+def test_summary_rejects_bad_arguments(svi_post, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        svi_post.summary(**kwargs)
+
+
+def test_bp_exposes_modules_lazily():
+    assert bp.diagnostics.summary is not None and bp.plots.plot_trace is not None
+    with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
+        bp.nonexistent  # noqa: B018

@@ -1,0 +1,178 @@
+"""bnn_pyro.io: exact, safe and atomic save / load of a Posterior."""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+import bnn_pyro as bp
+from bnn_pyro import io
+from bnn_pyro.io import ModelNotBoundError, PosteriorFileError
+
+
+def _assert_same(a: bp.Posterior, b: bp.Posterior) -> None:
+    for group in ("samples", "point", "sample_stats", "history"):
+        da, db = getattr(a, group), getattr(b, group)
+        assert list(da) == list(db), group
+        for name in da:
+            assert da[name].dtype == db[name].dtype and torch.equal(da[name], db[name]), (group, name)
+    assert torch.equal(a.x, b.x) and torch.equal(a.y, b.y)
+    assert (a.method, a.config) == (b.method, b.config)
+
+
+@pytest.fixture(scope="module")
+def saved(svi_post, tmp_path_factory) -> Path:
+    return svi_post.save(tmp_path_factory.mktemp("io") / "svi.bnn")
+
+
+def test_round_trip_is_exact(svi_post, mcmc_post, saved, tmp_path):
+    _assert_same(svi_post, bp.load(saved))
+    assert svi_post.history["loss"].shape == (2, 200) and svi_post.point  # the fixture exercises every group
+    _assert_same(mcmc_post, bp.load(mcmc_post.save(tmp_path / "mcmc.bnn")))
+
+
+def test_rebinding_predicts_identically(svi_post, blr_model, saved, linear_data):
+    x, _ = linear_data
+    loaded = bp.load(saved, model=blr_model)
+    before, after = svi_post.predict(x, seed=7), loaded.predict(x, seed=7)
+    for field in ("mean", "std", "lower", "upper", "draws"):
+        assert torch.equal(getattr(before, field), getattr(after, field)), field
+    assert loaded.model is not blr_model  # the user's model is never modified
+
+
+def test_unbound_posterior_summarizes_but_asks_for_model_to_predict(saved, linear_data):
+    loaded = bp.load(saved)
+    table = loaded.summary(warn=False)
+    assert list(table.index) == ["weight[0, 0]"]
+    assert set(loaded.to_inference_data().groups()) == {"posterior", "observed_data", "constant_data"}
+    with pytest.raises(ModelNotBoundError, match=r"without its model.*bp.load\(.*svi.bnn', model=model\)"):
+        loaded.predict(linear_data[0])
+    with pytest.raises(ModelNotBoundError, match="cannot evaluate the network in function space"):
+        loaded.summary(space="function")
+
+
+def test_rebinding_to_a_different_model_is_refused(saved):
+    other = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
+                   likelihood=bp.likelihoods.Gaussian(scale=0.5), bayesian="weights")
+    with pytest.raises(ValueError, match=r"model: does not match.*likelihood: saved 'Gaussian\(scale=0.1"):
+        bp.load(saved, model=other)
+    wider = bp.BNN(torch.nn.Linear(1, 2), prior=bp.priors.Normal(0.0, 1.0),
+                   likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights")
+    with pytest.raises(ValueError, match=r"param_shapes: saved \{'weight': \[1, 1\]"):
+        bp.load(saved, model=wider)
+
+
+def test_function_model_round_trip_and_rebind(function_post, tmp_path, linear_data):
+    from conftest import linreg
+
+    path = function_post.save(tmp_path / "fn.bnn")
+    loaded = bp.load(path, model=linreg)
+    _assert_same(function_post, loaded)
+    assert torch.equal(function_post.predict(linear_data[0][:5], seed=1).mean,
+                       loaded.predict(linear_data[0][:5], seed=1).mean)
+
+
+def test_truncated_file_is_a_clear_error(saved, tmp_path):
+    raw = saved.read_bytes()
+    for cut in (4, 100, len(raw) - 10):
+        bad = tmp_path / f"cut{cut}.bnn"
+        bad.write_bytes(raw[:cut])
+        with pytest.raises(PosteriorFileError, match=rf"{bad.name}.*(truncated|corrupted)"):
+            bp.load(bad)
+
+
+def test_flipped_byte_is_caught_by_the_checksum(saved, tmp_path):
+    raw = bytearray(saved.read_bytes())
+    raw[-3] ^= 0xFF
+    bad = tmp_path / "flipped.bnn"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(PosteriorFileError, match="checksum mismatch"):
+        bp.load(bad)
+
+
+def _rewrite_metadata(src: Path, dst: Path, change) -> None:
+    raw = src.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8 : 8 + size])
+    meta = json.loads(header["__metadata__"]["bnn_pyro"])
+    change(meta)
+    from safetensors.torch import load
+
+    save_file(load(raw), dst, metadata={"bnn_pyro": json.dumps(meta)})
+
+
+def test_newer_format_version_is_refused(saved, tmp_path):
+    newer = tmp_path / "newer.bnn"
+    _rewrite_metadata(saved, newer, lambda meta: meta.update(format_version=io.FORMAT_VERSION + 1))
+    with pytest.raises(PosteriorFileError, match=r"newer.bnn.*format version 2 by a newer bnn_pyro.*Upgrade"):
+        bp.load(newer)
+
+
+def test_foreign_files_are_refused(tmp_path):
+    plain = tmp_path / "plain.safetensors"
+    save_file({"a": torch.zeros(3)}, plain)
+    text = tmp_path / "notes.txt"
+    text.write_text("hello, this is not a posterior at all")
+    for path in (plain, text):
+        with pytest.raises(PosteriorFileError, match=rf"{path.name}.*not a bnn_pyro posterior"):
+            bp.load(path)
+
+
+class _Payload:
+    """Unpickling this object creates a marker file: what a malicious pickle would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))
+
+
+def test_malicious_pickle_executes_nothing(tmp_path):
+    marker = tmp_path / "pwned"
+    evil = tmp_path / "evil.bnn"
+    torch.save({"samples": _Payload(marker)}, evil)
+    with pytest.raises(PosteriorFileError, match="evil.bnn"):
+        bp.load(evil)
+    assert not marker.exists()
+    # the payload is real: an unsafe loader would have run it
+    torch.load(evil, weights_only=False)
+    assert marker.exists()
+
+
+def test_failed_write_leaves_previous_file_intact(svi_post, mcmc_post, tmp_path, monkeypatch):
+    path = svi_post.save(tmp_path / "post.bnn")
+    before = path.read_bytes()
+
+    def crash_midway(tensors, filename, metadata=None):
+        Path(filename).write_bytes(b"\x00" * 64)  # a partial write, then the process "dies"
+        raise OSError("disk full")
+
+    monkeypatch.setattr(io, "save_file", crash_midway)
+    with pytest.raises(OSError, match="disk full"):
+        mcmc_post.save(path)
+    assert path.read_bytes() == before
+    assert sorted(os.listdir(tmp_path)) == ["post.bnn"]  # no temporary file left behind
+    _assert_same(svi_post, bp.load(path))
+
+
+def test_save_rejects_bad_destination_and_config(svi_post, tmp_path):
+    with pytest.raises(FileNotFoundError, match="path: the folder .* does not exist"):
+        svi_post.save(tmp_path / "missing" / "post.bnn")
+    odd = bp.Posterior(samples=svi_post.samples, model=svi_post.model, method="svi", config={"f": object()})
+    with pytest.raises(TypeError, match="post.config must be JSON-friendly"):
+        odd.save(tmp_path / "odd.bnn")
+
+
+def test_unbound_model_attributes_explain_themselves(saved, linear_data):
+    loaded = bp.load(saved)
+    with pytest.raises(ModelNotBoundError, match="cannot use model.sample_names"):
+        loaded.observation_distribution(linear_data[0])
+    with pytest.raises(ModelNotBoundError, match="cannot use model.likelihood"):
+        loaded.plot_predictive()
