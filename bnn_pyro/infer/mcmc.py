@@ -399,6 +399,15 @@ def _make_kernel(model, s: dict):
 
 def _run_chain(model, data: Data, settings: dict, num_samples: int, num_warmup: int, seed: int, progress: bool):
     """One chain: draws ``(num_samples, *shape)``, per-draw statistics, and the fixed point values."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one draw's tensors are small: extra intra-op threads only oversubscribe the cores
+    try:
+        return _run_chain_1(model, data, settings, num_samples, num_warmup, seed, progress)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run_chain_1(model, data, settings, num_samples, num_warmup, seed, progress):
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(seed)
         kernel = _make_kernel(_quiet_model(model, data.size, settings["jit"]), settings)
