@@ -35,6 +35,7 @@ from pyro.nn import PyroSample
 from pyro.nn.module import to_pyro_module_
 from torch import nn
 from torch.distributions import Distribution
+from torch.nn.utils.stateless import _reparametrize_module
 
 from bnn_pyro import priors as priors_mod
 from bnn_pyro._checks import choice
@@ -176,6 +177,13 @@ class BNN(nn.Module):
         batch = torch.broadcast_shapes(*batch_shapes)
         buffers = self.buffers_dict()
         if not batch:
+            if torch.jit.is_tracing():
+                # functional_call refuses to run under torch.jit.trace (MCMC's jit=True); the context
+                # manager it wraps does the same work and traces. Deterministic parameters are
+                # constants there (MCMC keeps them fixed).
+                fixed = {n: p.detach() if n in self.point_names else p for n, p in params.items()}
+                with _reparametrize_module(self._template, {**fixed, **buffers}):
+                    return self._template(x)
             return torch.func.functional_call(self._template, (params, buffers), (x,))
         flat = {n: p.expand(batch + self.param_shapes[n]).reshape((-1,) + self.param_shapes[n]) for n, p in params.items()}
 

@@ -15,6 +15,13 @@ import torch  # noqa: E402
 import bnn_pyro as bp  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def _seeded():
+    """Every test starts from the same random state (torch's own seed differs per process), so a
+    test that builds a net with random initial weights behaves the same in every run."""
+    pyro.set_rng_seed(0)
+
+
 def _linear_data(n: int = 40, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(n, 1, generator=g) * 4 - 2

@@ -9,12 +9,13 @@ from typing import Callable, Iterator
 import pyro
 import torch
 from pyro import poutine
+from pyro.infer.autoguide import initialization as init_fns
 from pyro.poutine.util import site_is_subsample
 from tqdm.auto import tqdm
 
 from bnn_pyro.model import BNN
 
-__all__ = ["Data", "latent_sites", "call_model", "progress_bar", "clean_config"]
+__all__ = ["Data", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy", "apply_point_init"]
 
 
 @dataclass
@@ -110,3 +111,35 @@ def progress_bar(total: int, desc: str, enabled: bool):
 def clean_config(config: dict) -> dict:
     """A JSON-friendly copy of an engine's configuration (callables and objects as their repr)."""
     return {k: v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in config.items()}
+
+
+def init_strategy(model, init):
+    """Pyro init strategy for ``init=``: ``"net"`` (a BNN's current weights; a prior draw for a Pyro
+    function), ``"prior"``, ``"median"``, a dict of site values, or a ``Posterior`` (its mean).
+    Sites without a value (hyper and noise sites) start at their prior median."""
+    from bnn_pyro.posterior import Posterior
+
+    median = init_fns.init_to_median(num_samples=15)
+    if isinstance(init, Posterior):
+        return init_fns.init_to_value(values={k: v.mean((0, 1)) for k, v in init.samples.items()}, fallback=median)
+    if isinstance(init, dict):
+        return init_fns.init_to_value(values=init, fallback=median)
+    if init == "net" and isinstance(model, BNN):
+        return init_fns.init_to_value(values={n: model.init_values[n] for n in model.sample_names}, fallback=median)
+    if init in ("net", "prior"):
+        return init_fns.init_to_sample
+    if init == "median":
+        return median
+    raise ValueError(f"init: unknown value {init!r}; choose 'net', 'prior', 'median', a dict of site values, "
+                     "or a Posterior (e.g. of an SVI or MAP fit).")
+
+
+def apply_point_init(model, init) -> None:
+    """``init=Posterior``: set a BNN's deterministic parameters to that posterior's chain-0 values."""
+    from bnn_pyro.posterior import Posterior
+
+    if isinstance(init, Posterior) and isinstance(model, BNN):
+        with torch.no_grad():
+            for name, p in model.net.named_parameters():
+                if name in init.point:
+                    p.copy_(init.point[name][0])

@@ -56,13 +56,12 @@ from enum import Enum
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer.autoguide import initialization as init_fns
 from pyro.infer.mcmc import HMC, MCMC, NUTS, RandomWalkKernel
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, call_model, clean_config
+from bnn_pyro.infer._common import Data, apply_point_init, call_model, clean_config, init_strategy
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -138,11 +137,11 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         raise ValueError("mcmc needs the full data set at every step: drop batch_size= and pass tensors, "
                          "or use a stochastic-gradient method for minibatches.")
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    _apply_point_init(fitted, init)
-    init_strategy = _init_strategy(fitted, init)
+    apply_point_init(fitted, init)
+    strategy = init_strategy(fitted, init)
     settings = dict(kind=kind, target_accept=float(target_accept), step_size=step_size, dense_mass=bool(dense_mass),
                     trajectory_length=trajectory_length, num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth,
-                    jit=bool(jit), init_strategy=init_strategy)
+                    jit=bool(jit), init_strategy=strategy)
 
     def run_chain(chain: int, show: bool):
         return _run_chain(fitted, data, settings, num_samples, num_warmup, seed + chain, progress and show)
@@ -181,32 +180,6 @@ def _only(kind: Kernel, owner: Kernel, **options) -> None:
             raise ValueError(f"{name}= applies to method={owner.value!r} only, not {kind.value!r}; drop it.")
 
 
-# ---------------------------------------------------------------------- initialization
-def _apply_point_init(model, init) -> None:
-    """``init=Posterior``: fix a BNN's deterministic parameters at that posterior's chain-0 values."""
-    if isinstance(init, Posterior) and isinstance(model, BNN):
-        with torch.no_grad():
-            for name, p in model.net.named_parameters():
-                if name in init.point:
-                    p.copy_(init.point[name][0])
-
-
-def _init_strategy(model, init):
-    median = init_fns.init_to_median(num_samples=15)
-    if isinstance(init, Posterior):
-        return init_fns.init_to_value(values={k: v.mean((0, 1)) for k, v in init.samples.items()}, fallback=median)
-    if isinstance(init, dict):
-        return init_fns.init_to_value(values=init, fallback=median)
-    if init == "net" and isinstance(model, BNN):
-        return init_fns.init_to_value(values={n: model.init_values[n] for n in model.sample_names}, fallback=median)
-    if init in ("net", "prior"):
-        return init_fns.init_to_sample
-    if init == "median":
-        return median
-    raise ValueError(f"init: unknown value {init!r}; choose 'net', 'prior', 'median', a dict of site values, "
-                     "or a Posterior (e.g. of an SVI or MAP fit).")
-
-
 # ---------------------------------------------------------------------- validation off, NaN-safe
 class _NoValidation(poutine.messenger.Messenger):
     """Switch argument validation off for distributions that were built with it (a ``BNN``'s
@@ -227,43 +200,12 @@ def _unvalidated(d):
     return d
 
 
-def _quiet_model(model, dataset_size, jit: bool):
-    model = _traceable(model) if jit and isinstance(model, BNN) else model
-
+def _quiet_model(model, dataset_size):
     def run(x, y):
         with pyro.validation_enabled(False), _NoValidation():
             return call_model(model, x, y, dataset_size)
 
     return run
-
-
-def _traceable(model: BNN) -> BNN:
-    """A shallow copy of a BNN whose net evaluation works under ``torch.jit.trace``.
-
-    ``BNN`` evaluates its net with ``torch.func.functional_call``, which refuses to run while
-    tracing. MCMC evaluates one weight draw at a time, so a real copy of the net with its parameters
-    removed and the draw's tensors set as plain attributes does the same job and traces."""
-    net = copy.deepcopy(model._template).to_empty(device=next(model.net.buffers(), model.init_values[next(iter(
-        model.init_values))]).device)
-    owners = {}
-    for name in list(model.param_shapes) + list(model.buffers_dict()):
-        path, _, attr = name.rpartition(".")
-        owner = net.get_submodule(path)
-        owner._parameters.pop(attr, None)
-        owner._buffers.pop(attr, None)
-        owners[name] = (owner, attr)
-
-    def evaluate(params, x):
-        if any(p.dim() > len(model.param_shapes[n]) for n, p in params.items()):
-            return BNN._evaluate(model, params, x)  # batched draws: the model's own path
-        for name, value in {**model.buffers_dict(), **params}.items():  # fixed parameters: constants
-            value = value.detach() if name in model.point_names else value
-            object.__setattr__(owners[name][0], owners[name][1], value)
-        return net(x)
-
-    traced = copy.copy(model)
-    object.__setattr__(traced, "_evaluate", evaluate)
-    return traced
 
 
 # ---------------------------------------------------------------------- kernels with per-draw statistics
@@ -295,9 +237,11 @@ class _Counted:
         evals, mean, divs, step = self._grad_evals, self._mean_accept_prob, len(self._divergences), self.step_size
         with _SiteCounter("direction_") as doublings:
             z = super().sample(params)
-        # Pyro keeps a running mean of the acceptance probability; invert its update for this draw.
+        # Pyro keeps a running mean of the acceptance probability (restarted after warm-up), updated
+        # as mean += (a - mean) / n with the step counter already advanced; invert it for this draw.
         n = self._t - self._warmup_steps if self._t > self._warmup_steps else self._t
-        self.stats = dict(lp=-float(self._potential_energy_last), acceptance_rate=mean + n * (self._mean_accept_prob - mean),
+        accept = min(max(mean + n * (self._mean_accept_prob - mean), 0.0), 1.0)
+        self.stats = dict(lp=-float(self._potential_energy_last), acceptance_rate=accept,
                           step_size=step, diverging=len(self._divergences) > divs, n_steps=self._grad_evals - evals,
                           energy=self._energy)
         if isinstance(self, NUTS):
@@ -410,7 +354,7 @@ def _run_chain(model, data: Data, settings: dict, num_samples: int, num_warmup: 
 def _run_chain_1(model, data, settings, num_samples, num_warmup, seed, progress):
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(seed)
-        kernel = _make_kernel(_quiet_model(model, data.size, settings["jit"]), settings)
+        kernel = _make_kernel(_quiet_model(model, data.size), settings)
         stats = []
 
         def record(kernel, params, stage, i):

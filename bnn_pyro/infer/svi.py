@@ -40,10 +40,10 @@ import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
 from pyro.infer import autoguide
-from pyro.infer.autoguide import initialization as init_fns
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, call_model, clean_config, latent_sites, progress_bar
+from bnn_pyro.infer._common import (Data, apply_point_init, call_model, clean_config, init_strategy, latent_sites,
+                                    progress_bar)
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -158,8 +158,8 @@ def fit(
         fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
         with pyro.get_param_store().scope():
             pyro.set_rng_seed(seed + chain)
-            _apply_point_init(fitted, init)
-            q = _make_guide(fitted, guide_kind, _init_loc_fn(fitted, init), init_scale, rank)
+            apply_point_init(fitted, init)
+            q = _make_guide(fitted, guide_kind, init_strategy(fitted, init), init_scale, rank)
             q_train = _ScoreFunction(baseline_beta)(q) if elbo_kind is ElboKind.REINFORCE else q
             losses = _optimize(fitted, q_train, data, elbo_kind, num_steps, num_particles, vectorize_particles,
                                optimizer, lr, lr_schedule, seed + chain, progress, f"svi chain {chain}")
@@ -175,34 +175,6 @@ def fit(
 
 def _has_batchnorm(model: BNN) -> bool:
     return any(isinstance(m, torch.nn.modules.batchnorm._NormBase) for m in model.net.modules())
-
-
-def _apply_point_init(model, init) -> None:
-    """``init=Posterior``: start the deterministic parameters at that posterior's values (chain 0)."""
-    if isinstance(init, Posterior) and isinstance(model, BNN):
-        with torch.no_grad():
-            for name, p in model.net.named_parameters():
-                if name in init.point:
-                    p.copy_(init.point[name][0])
-
-
-def _init_loc_fn(model, init):
-    median = init_fns.init_to_median(num_samples=15)
-    if isinstance(init, Posterior):
-        return init_fns.init_to_value(values={k: v.mean((0, 1)) for k, v in init.samples.items()}, fallback=median)
-    if isinstance(init, dict):
-        return init_fns.init_to_value(values=init, fallback=median)
-    if init == "net" and not isinstance(model, BNN):
-        init = "prior"
-    if init == "net":
-        return init_fns.init_to_value(values={n: model.init_values[n] for n in model.sample_names}, fallback=median)
-    if init == "prior":
-        return init_fns.init_to_sample
-    if init == "median":
-        return median
-    raise ValueError(
-        f"init: unknown value {init!r}; choose 'net', 'prior', 'median', a dict of site values, or a Posterior."
-    )
 
 
 def _make_guide(model, kind, init_loc_fn, init_scale, rank):
