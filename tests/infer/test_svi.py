@@ -108,6 +108,19 @@ def test_minibatch_fit_runs_and_reshuffles(blr):
     assert post.history["loss"].shape == (1, 12) and post.config["batch_size"] == 5
 
 
+def test_dataloader_input_is_scaled_and_reaches_the_mode(blr):
+    """A DataLoader of (x, y) batches gets the N / B scaling: without it the prior would weigh 4x
+    too much and MAP would miss the mode (by 0.24 posterior sd here, measured)."""
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(blr.x, blr.y), batch_size=5, shuffle=True,
+                                         generator=torch.Generator().manual_seed(0))
+    post = bp.fit(blr.model(), loader, guide="map", epochs=100, lr=0.05, lr_schedule="cosine", progress=False)
+    assert post.config["dataset_size"] == 20 and post.history["loss"].shape == (1, 400)
+    mode = flat_draws(post.samples)[0]
+    assert ((mode - blr.mean).abs() / blr.cov.diag().sqrt()).max() < 0.05  # measured 0.008; unscaled: 0.24
+    with pytest.raises(ValueError, match="y: pass y=None when x is a DataLoader"):
+        bp.fit(blr.model(), loader, blr.y, progress=False)
+
+
 @pytest.mark.slow  # ~15 s: 1,200 gradient evaluations
 def test_reinforce_and_reparameterized_gradients_agree(blr, record_property):
     """Both estimators are unbiased for the same ELBO gradient: their means over M independent
