@@ -23,6 +23,7 @@ from pyro import poutine
 
 import bnn_pyro as bp
 from bnn_pyro.infer import mcmc
+from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 SIGMA, PRIOR_VAR, Z_MAX = 0.5, 1.0, 4.0
 
@@ -35,15 +36,13 @@ def _data(d: int, n: int = 40, seed: int = 0):
 
 
 def _blr(d: int):
-    return bp.BNN(torch.nn.Linear(d, 1), prior=bp.priors.Normal(0.0, math.sqrt(PRIOR_VAR)),
-                  likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
+    return BLR(x=torch.zeros(1, d), y=torch.zeros(1), noise=SIGMA, prior_scale=math.sqrt(PRIOR_VAR)).model()
 
 
 def _exact(x, y):
-    """Posterior of w = [weight, bias]: cov = (X1'X1 / s^2 + I / prior_var)^-1, mean = cov X1'y / s^2."""
-    x1 = torch.cat([x, torch.ones(len(x), 1)], 1).double()
-    cov = torch.linalg.inv(x1.T @ x1 / SIGMA**2 + torch.eye(x1.shape[1], dtype=torch.float64) / PRIOR_VAR)
-    return cov @ x1.T @ y.double() / SIGMA**2, cov
+    """Posterior mean and covariance of w = [weight, bias] (closed form, see tests/blr.py)."""
+    exact = BLR(x=x, y=y, noise=SIGMA, prior_scale=math.sqrt(PRIOR_VAR))
+    return exact.mean, exact.cov
 
 
 def _draws(post, names=("weight", "bias")):
@@ -243,3 +242,34 @@ def test_bad_hmc_and_method_arguments():
         bp.fit(_blr(2), x, y, method="mala")
     with pytest.raises(ValueError, match="mcmc needs the full data"):
         bp.fit(_blr(2), x, y, method="nuts", batch_size=10)
+
+
+# ------------------------------------------------------------------ R-hat on real runs
+@pytest.mark.slow  # ~6 s
+def test_mixed_chains_have_rhat_near_one():
+    x, y = _data(2)
+    post = bp.fit(_blr(2), x, y, method="nuts", num_samples=1000, num_warmup=300, num_chains=2, seed=4,
+                  progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no convergence warning at all
+        table = post.summary()
+    assert (table["r_hat"] < 1.01).all(), table["r_hat"]
+
+
+def test_chains_started_apart_and_not_mixed_are_flagged():
+    """Two well-separated modes (w near -3 or +3, each of width 0.05): chains started from prior
+    draws on opposite sides never cross, and the summary must say so."""
+
+    def bimodal(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 3.0))
+        with pyro.plate("data", size=len(x)):
+            return pyro.sample("obs", dist.Normal((w * w).expand(len(x)), 0.3), obs=y)
+
+    x, y = torch.zeros(40, 1), torch.full((40,), 9.0)
+    post = bp.fit(bimodal, x, y, method="nuts", init="prior", num_samples=100, num_warmup=100, num_chains=2,
+                  seed=0, progress=False)
+    means = post.samples["w"].mean(1)
+    assert means[0] * means[1] < 0, f"the chains should start in different modes: {means}"
+    with pytest.warns(UserWarning, match=r"R-hat > 1.01"):
+        table = post.summary()
+    assert table["r_hat"].iloc[0] > 1.5

@@ -12,9 +12,6 @@ error (a point mass has deterministic gradients), so it must reach the mode to o
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -24,9 +21,7 @@ from pyro.infer.autoguide import AutoNormal
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi as svi_mod
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from blr import flat_draws, make_blr  # noqa: E402
+from blr import flat_draws, make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 FIT = dict(num_steps=1000, lr=0.02, lr_schedule="cosine", num_particles=8, num_samples=4000, seed=0, progress=False)
 MEAN_TOL, SD_TOL, CORR_TOL = 0.12, 0.08, 0.1
