@@ -36,6 +36,7 @@ from enum import Enum
 from functools import partial
 
 import pyro
+import pyro.distributions as dist
 import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
@@ -208,14 +209,18 @@ class _ScoreFunction(poutine.messenger.Messenger):
         msg["infer"].setdefault("baseline", {"use_decaying_avg_baseline": True, "baseline_beta": self.beta})
 
 
+class _ScoreIndependent(dist.Independent):
+    """``Independent`` that never reparameterizes. A class attribute, not an instance flag, so that
+    it survives the ``expand`` done by plates (vectorized particles, draws)."""
+
+    has_rsample = False
+
+
 def _without_rsample(d):
-    """A shallow copy of ``d`` that samples without a pathwise gradient (``Independent`` derives
-    ``has_rsample`` from its base distribution, so the flag is set there)."""
-    d = copy.copy(d)
+    """``d`` sampling without a pathwise gradient (so the ELBO uses its score function)."""
     if isinstance(d, torch.distributions.Independent):
-        d.base_dist = _without_rsample(d.base_dist)
-        return d
-    return d.has_rsample_(False)
+        return _ScoreIndependent(_without_rsample(d.base_dist), d.reinterpreted_batch_ndims)
+    return copy.copy(d).has_rsample_(False)
 
 
 def _loss_fn(kind: ElboKind, num_particles: int, vectorize: bool):

@@ -70,11 +70,13 @@ def test_map_finds_the_mode(blr):
 
 
 def test_low_rank_and_every_elbo_run(blr):
-    for guide, elbo in [("low_rank", "trace"), ("mean_field", "mean_field"), ("mean_field", "reinforce")]:
-        post = bp.fit(blr.model(), blr.x, blr.y, guide=guide, elbo=elbo, num_steps=30, num_samples=20,
-                      progress=False)
+    combos = [(g, e, p) for g in ("mean_field", "low_rank", "full_rank") for e in ("trace", "mean_field", "reinforce")
+              for p in (1, 3)]
+    for guide, elbo, particles in combos:  # vectorized particles too, the score-function ELBO included
+        post = bp.fit(blr.model(), blr.x, blr.y, guide=guide, elbo=elbo, num_particles=particles, num_steps=10,
+                      num_samples=20, progress=False)
         assert post.samples["weight"].shape == (1, 20, 1, 2)
-        assert post.history["loss"].shape == (1, 30) and torch.isfinite(post.history["loss"]).all()
+        assert post.history["loss"].shape == (1, 10) and torch.isfinite(post.history["loss"]).all()
         assert post.config["guide"] == guide and post.config["elbo"] == elbo
 
 
