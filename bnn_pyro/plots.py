@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from bnn_pyro import diagnostics
+from bnn_pyro import diagnostics, metrics
 from bnn_pyro._checks import check_data, positive_int
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
 
@@ -177,14 +177,9 @@ def plot_reliability(post: Posterior, x=None, y=None, *, num_bins: int = 10, num
     pred = post.predict(x, num_samples=num_samples, seed=seed)
     if not isinstance(pred, ClassificationPrediction):
         raise ValueError("plot_reliability is for classification; use plot_predictive for regression.")
-    confidence, _ = pred.probs.max(-1)
-    correct = (pred.predicted == y.reshape(-1).long()).double()
+    mean_conf, accuracy, counts = (t.numpy() for t in metrics.reliability_curve(pred, y.reshape(-1), num_bins))
+    ece = metrics.ece(pred, y.reshape(-1), num_bins)
     edges = np.linspace(0.0, 1.0, num_bins + 1)
-    which = np.clip(np.digitize(confidence.numpy(), edges[1:-1]), 0, num_bins - 1)
-    counts = np.bincount(which, minlength=num_bins)
-    accuracy = np.bincount(which, correct.numpy(), num_bins) / np.maximum(counts, 1)
-    mean_conf = np.bincount(which, confidence.double().numpy(), num_bins) / np.maximum(counts, 1)
-    ece = float(np.sum(counts / counts.sum() * np.abs(accuracy - mean_conf)))
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     centers, width = (edges[:-1] + edges[1:]) / 2, 1.0 / num_bins
     filled = counts > 0

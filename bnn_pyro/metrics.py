@@ -1,0 +1,375 @@
+"""Metrics of predictive quality: accuracy of the mean, calibration, and out-of-distribution detection.
+
+Every metric takes tensors, or a prediction from :meth:`Posterior.predict` (or, for exact predictive
+densities, the posterior itself), plus the targets, and returns a Python ``float`` (per-point
+densities and reliability curves return tensors). Reductions are done in float64.
+
+Example
+-------
+>>> from bnn_pyro import metrics
+>>> pred = post.predict(x_test)                         # regression
+>>> metrics.rmse(pred, y_test), metrics.interval_coverage(pred, y_test)
+>>> metrics.nll(post, x_test, y_test)                   # exact mixture over posterior draws
+>>> metrics.test_log_likelihood(post, x_test, y_test)   # = -nll: the UCI convention
+>>> pred = clf.predict(x_test)                          # classification
+>>> metrics.accuracy(pred, y_test), metrics.nll(pred, y_test), metrics.ece(pred, y_test), metrics.brier(pred, y_test)
+>>> metrics.ood_auroc(clf.predict(x_in).entropy, clf.predict(x_out).entropy)
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import torch
+from pyro import poutine
+
+from bnn_pyro._checks import as_tensor, positive_int
+from bnn_pyro.model import BNN
+from bnn_pyro.posterior import Posterior
+from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
+
+__all__ = [
+    "rmse", "nll", "log_predictive_density", "test_log_likelihood", "accuracy", "ece", "reliability_curve",
+    "brier", "interval_coverage", "ood_auroc",
+]
+
+_PROB_ATOL = 1e-3  # rows of probabilities must sum to 1 within this (float32 softmax over many classes)
+
+
+# ---------------------------------------------------------------------------------------- regression
+def rmse(pred_or_mean, y) -> float:
+    """Root mean squared error of a point prediction.
+
+    ``RMSE = sqrt( (1/N) sum_n (mu_n - y_n)^2 )`` where ``mu`` is ``pred_or_mean`` (a tensor) or the
+    predictive mean of a :class:`~bnn_pyro.predictions.RegressionPrediction`. With several outputs
+    the mean runs over every entry.
+
+    Example
+    -------
+    >>> metrics.rmse(post.predict(x_test), y_test)
+    """
+    if isinstance(pred_or_mean, ClassificationPrediction):
+        raise TypeError("pred_or_mean: rmse is for regression; for a ClassificationPrediction use accuracy, nll, "
+                        "brier or ece.")
+    mean = pred_or_mean.mean if isinstance(pred_or_mean, RegressionPrediction) else pred_or_mean
+    mean = _float_tensor("pred_or_mean", mean)
+    y = _regression_target(y, mean.shape, "pred_or_mean")
+    return float(((mean.double() - y.double()) ** 2).mean().sqrt())
+
+
+def interval_coverage(prediction: RegressionPrediction, y) -> float:
+    """Fraction of targets inside the predictive interval: ``(1/N) sum_n 1[lower_n <= y_n <= upper_n]``.
+
+    A calibrated 95% interval (``post.predict(x, interval=0.95)``) covers about 95% of held-out
+    targets; with ``N`` test points the Monte Carlo error of the fraction is about
+    ``sqrt(0.95 * 0.05 / N)``.
+    """
+    if not isinstance(prediction, RegressionPrediction):
+        raise TypeError(f"prediction: expected a RegressionPrediction (post.predict(x) of a regression model), got "
+                        f"{type(prediction).__name__}.")
+    y = _regression_target(y, prediction.lower.shape, "prediction")
+    inside = (prediction.lower <= y) & (y <= prediction.upper)
+    return float(inside.double().mean())
+
+
+# ---------------------------------------------------------------------------------------- densities
+def log_predictive_density(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int | None = 0,
+                           draws: torch.Tensor | None = None) -> torch.Tensor:
+    """Pointwise log posterior predictive density, shaped ``(N,)``.
+
+    ``log p(y_n | x_n, D) ~= log (1/S) sum_s p(y_n | x_n, w_s) = logsumexp_s log p(y_n | x_n, w_s) - log S``
+
+    over the posterior draws ``w_s`` (all of them, or ``num_samples`` picked with ``seed`` as in
+    :meth:`Posterior.predict`, or the flat indices ``draws``). This is the exact predictive of the
+    model under the posterior draws: a mixture over draws, including each draw's own noise (learned
+    ``sigma``, heteroscedastic scales), not a Gaussian approximation. For a
+    :class:`~bnn_pyro.BNN` it uses :meth:`Posterior.observation_distribution`; for a plain Pyro
+    function model it traces the model once per draw. With several outputs the density of a row is
+    the joint density of its outputs.
+
+    Example
+    -------
+    >>> lpd = metrics.log_predictive_density(post, x_test, y_test)   # (N,)
+    """
+    if not isinstance(posterior, Posterior):
+        raise TypeError(f"posterior: expected a bnn_pyro.Posterior (what bp.fit returns), got "
+                        f"{type(posterior).__name__}. For a prediction use metrics.nll(prediction, y).")
+    x = _float_tensor("x", x)
+    y = as_tensor("y", y)
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}. "
+                         "Each row of x needs one row of y.")
+    if draws is None:
+        idx = posterior._draw_index(num_samples, seed)
+    else:
+        idx = torch.as_tensor(draws, dtype=torch.long).reshape(-1)
+    with torch.no_grad():
+        if isinstance(posterior.model, BNN):
+            d = posterior.observation_distribution(x, idx)
+            log_p = d.log_prob(_match_target(d, y, batch_dims=1))
+        else:
+            log_p = torch.stack([fn.log_prob(_match_target(fn, y, batch_dims=0)) for fn in _traced_obs(posterior, x, idx)])
+    if log_p.dim() != 2:
+        log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
+    return torch.logsumexp(log_p, 0) - math.log(log_p.shape[0])
+
+
+def test_log_likelihood(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int | None = 0) -> float:
+    """Mean log posterior predictive density of held-out data (the UCI benchmark's "test LL"):
+
+    ``(1/N) sum_n log (1/S) sum_s p(y_n | x_n, w_s)``; see :func:`log_predictive_density`.
+    Higher is better; it equals ``-nll(posterior, x, y)``. Units matter: for targets standardized
+    by ``s``, subtract ``log s`` to report it in original units (``UCISplit.metrics`` does).
+    """
+    return float(log_predictive_density(posterior, x, y, num_samples=num_samples, seed=seed).double().mean())
+
+
+def nll(prediction, *data, num_samples: int | None = None, seed: int | None = 0) -> float:
+    """Mean negative log predictive density (lower is better).
+
+    ``NLL = -(1/N) sum_n log p(y_n | x_n, D)``, called in one of three ways:
+
+    * ``nll(posterior, x, y)``: exact for the model, ``p = (1/S) sum_s p(y | x, w_s)``
+      (:func:`log_predictive_density`). Prefer this for regression.
+    * ``nll(classification_prediction, y)`` (or class probabilities ``(N, K)``): exact,
+      ``p = probs[n, y_n]``, the Bayesian model average.
+    * ``nll(regression_prediction, y)``: a prediction keeps the per-draw means but only the
+      *average* noise variance, so the predictive is taken as the mixture
+      ``(1/S) sum_s N(y | mean_draws_s, aleatoric_std^2)``. This is exact when every draw has the
+      same noise (a Gaussian likelihood with a fixed ``scale``) and an approximation when the noise
+      is learned or heteroscedastic; use ``nll(posterior, x, y)`` for the exact value.
+    """
+    if isinstance(prediction, Posterior):
+        if len(data) != 2:
+            raise TypeError("nll(posterior, x, y): give the inputs x and the targets y "
+                            f"(got {len(data)} positional argument(s) after the posterior).")
+        return -test_log_likelihood(prediction, *data, num_samples=num_samples, seed=seed)
+    if len(data) != 1:
+        raise TypeError("nll(prediction, y): give the targets y only (or call nll(posterior, x, y)); "
+                        f"got {len(data)} positional argument(s) after the prediction.")
+    (y,) = data
+    if isinstance(prediction, RegressionPrediction):
+        y = _regression_target(y, prediction.mean.shape, "prediction")
+        scale = prediction.aleatoric_std.double()
+        if not (scale > 0).all():
+            raise ValueError("prediction: its aleatoric_std has zeros, so the mixture density is undefined; "
+                             "use nll(posterior, x, y) or a likelihood with observation noise.")
+        log_p = dist.Normal(prediction.mean_draws.double(), scale).log_prob(y.double())
+        if log_p.dim() > 2:
+            log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
+        lpd = torch.logsumexp(log_p, 0) - math.log(log_p.shape[0])
+        return float(-lpd.mean())
+    probs, labels = _probs_and_labels(prediction, y)
+    picked = probs.gather(1, labels[:, None])[:, 0].clamp_min(torch.finfo(torch.float64).tiny)
+    return float(-picked.log().mean())
+
+
+# ---------------------------------------------------------------------------------------- classification
+def accuracy(prediction, y) -> float:
+    """Fraction of correct predictions: ``(1/N) sum_n 1[argmax_k p_nk = y_n]``.
+
+    ``prediction`` is a :class:`~bnn_pyro.predictions.ClassificationPrediction` or probabilities
+    ``(N, K)`` (``(N,)`` means ``P(class 1)`` of a binary problem); ``y`` holds labels ``0..K-1``.
+    """
+    probs, labels = _probs_and_labels(prediction, y)
+    return float((probs.argmax(-1) == labels).double().mean())
+
+
+def brier(probs, y) -> float:
+    """Multi-class Brier score: ``(1/N) sum_n sum_k (p_nk - 1[y_n = k])^2``, in ``[0, 2]``.
+
+    Lower is better. For two classes this is twice the binary form ``(1/N) sum_n (p_n1 - y_n)^2``.
+    ``probs``: a ``ClassificationPrediction`` or probabilities ``(N, K)`` (``(N,)``: ``P(class 1)``).
+    """
+    probs, labels = _probs_and_labels(probs, y, argname="probs")
+    onehot = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
+    return float(((probs - onehot) ** 2).sum(-1).mean())
+
+
+def reliability_curve(probs, y, n_bins: int = 15) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Confidence against accuracy in ``n_bins`` equal-width bins of confidence.
+
+    The confidence of row ``n`` is ``c_n = max_k p_nk``, its prediction ``argmax_k p_nk``. Bin ``b``
+    holds the rows with ``b / B <= c_n < (b + 1) / B`` (the last bin also takes ``c_n = 1``).
+
+    Returns
+    -------
+    (confidence, accuracy, counts), each shaped ``(n_bins,)``: the mean confidence and the fraction
+    correct in each bin (float64; NaN for empty bins), and the number of rows per bin (int64).
+    """
+    n_bins = positive_int("n_bins", n_bins)
+    probs, labels = _probs_and_labels(probs, y, argname="probs")
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == labels).double()
+    # the same edges (numpy's linspace) and the same rule (left-closed bins) as np.digitize
+    inner = torch.from_numpy(np.linspace(0.0, 1.0, n_bins + 1)[1:-1])
+    which = torch.bucketize(confidence, inner, right=True).clamp(0, n_bins - 1)
+    counts = torch.bincount(which, minlength=n_bins)
+    total_conf = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, which, confidence)
+    total_correct = torch.zeros(n_bins, dtype=torch.float64).index_add_(0, which, correct)
+    filled = counts > 0
+    nan = torch.full((n_bins,), float("nan"), dtype=torch.float64)
+    mean_conf = torch.where(filled, total_conf / counts.clamp_min(1), nan)
+    mean_acc = torch.where(filled, total_correct / counts.clamp_min(1), nan)
+    return mean_conf, mean_acc, counts
+
+
+def ece(probs, y, n_bins: int = 15) -> float:
+    """Expected calibration error: ``ECE = sum_b (n_b / N) |accuracy_b - confidence_b|``
+    over the bins of :func:`reliability_curve` (empty bins contribute nothing). 0 is perfect.
+
+    Even perfectly calibrated probabilities give a small positive ECE on finite data: each bin's
+    accuracy has Monte Carlo error ``sqrt(c_b (1 - c_b) / n_b)``.
+    """
+    confidence, acc, counts = reliability_curve(probs, y, n_bins)
+    filled = counts > 0
+    weights = counts[filled].double() / counts.sum()
+    return float((weights * (acc[filled] - confidence[filled]).abs()).sum())
+
+
+# ---------------------------------------------------------------------------------------- OOD detection
+_SCORES = ("entropy", "mutual_information", "aleatoric_entropy")
+
+
+def ood_auroc(scores_in, scores_out, *, score: str = "entropy") -> float:
+    """Area under the ROC curve for telling out-of-distribution inputs from in-distribution ones
+    by an uncertainty score (higher = more likely OOD), e.g. predictive entropy or mutual information.
+
+    ``AUROC = P(s_out > s_in) + 1/2 P(s_out = s_in) = (1 / (n_in n_out)) sum_{i,j} [1(o_j > i_i) + 1/2 1(o_j = i_i)]``,
+
+    the Mann-Whitney U statistic of the two samples with ties counted as halves. 1 separates
+    perfectly, 0.5 is chance. ``scores_in`` / ``scores_out`` are 1-D tensors, or
+    ``ClassificationPrediction`` objects whose ``score`` attribute (``"entropy"``,
+    ``"mutual_information"`` or ``"aleatoric_entropy"``) is used.
+    """
+    if score not in _SCORES:
+        raise ValueError(f"score: unknown value {score!r}; choose one of {', '.join(map(repr, _SCORES))}.")
+    a = _scores("scores_in", scores_in, score)
+    b = _scores("scores_out", scores_out, score)
+    ordered = a.sort().values
+    below = torch.searchsorted(ordered, b, right=False).double()  # in-scores strictly below each out-score
+    up_to = torch.searchsorted(ordered, b, right=True).double()  # ... below or equal
+    wins = below.sum() + 0.5 * (up_to - below).sum()
+    return float(wins / (len(a) * len(b)))
+
+
+# ---------------------------------------------------------------------------------------- checks
+def _scores(argname: str, value, score: str) -> torch.Tensor:
+    if isinstance(value, ClassificationPrediction):
+        value = getattr(value, score)
+    value = as_tensor(argname, value)
+    if value.dim() != 1:
+        raise ValueError(f"{argname}: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
+                         "e.g. pred.entropy or pred.mutual_information.")
+    return value.double()
+
+
+def _float_tensor(argname: str, value) -> torch.Tensor:
+    value = as_tensor(argname, value)
+    return value if value.dtype.is_floating_point else value.to(torch.get_default_dtype())
+
+
+def _regression_target(y, shape: torch.Size, argname: str) -> torch.Tensor:
+    y = _float_tensor("y", y)
+    if len(shape) == 1 and y.dim() == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if tuple(y.shape) != tuple(shape):
+        raise ValueError(f"y has shape {tuple(y.shape)} but {argname} predicts shape {tuple(shape)}; "
+                         "pass the targets of the inputs you predicted at, with one column per output.")
+    return y
+
+
+def _probs_and_labels(probs, y, argname: str = "prediction") -> tuple[torch.Tensor, torch.Tensor]:
+    if isinstance(probs, RegressionPrediction):
+        raise TypeError(f"{argname}: this metric is for classification, got a RegressionPrediction; "
+                        "use rmse, nll or interval_coverage.")
+    if isinstance(probs, ClassificationPrediction):
+        probs = probs.probs
+    probs = _float_tensor(argname, probs).double()
+    if probs.dim() == 1:
+        if ((probs < 0) | (probs > 1)).any():
+            raise ValueError(f"{argname}: a vector is read as P(class 1) of a binary problem and must lie in [0, 1]; "
+                             "pass probabilities, not logits (torch.sigmoid).")
+        probs = torch.stack([1.0 - probs, probs], -1)
+    if probs.dim() != 2:
+        raise ValueError(f"{argname}: expected class probabilities shaped (N, K), got shape {tuple(probs.shape)}.")
+    if ((probs < 0) | (probs > 1)).any():
+        raise ValueError(f"{argname}: probabilities must lie in [0, 1], found values in "
+                         f"[{float(probs.min()):.3g}, {float(probs.max()):.3g}]; pass softmax(logits), not logits.")
+    sums = probs.sum(-1)
+    bad = ((sums - 1.0).abs() > _PROB_ATOL).nonzero().flatten()
+    if len(bad):
+        raise ValueError(f"{argname}: each row of probabilities must sum to 1 (within {_PROB_ATOL}); {len(bad)} row(s) "
+                         f"do not (first: row {int(bad[0])} sums to {float(sums[bad[0]]):.4g}). "
+                         "Normalize with probs / probs.sum(-1, keepdim=True) or use softmax(logits, -1).")
+    y = as_tensor("y", y)
+    if y.dim() == 2 and y.shape[1] == 1:
+        y = y[:, 0]
+    if y.dim() != 1:
+        raise ValueError(f"y: expected integer class labels shaped (N,), got shape {tuple(y.shape)} "
+                         "(for one-hot labels pass y.argmax(-1)).")
+    if y.dtype.is_floating_point:
+        if not (y == y.round()).all():
+            raise TypeError(f"y: expected integer class labels, got non-integer values of dtype {y.dtype}; "
+                            "pass labels 0..K-1 as y.long().")
+        y = y.long()
+    y = y.long()
+    if y.shape[0] != probs.shape[0]:
+        raise ValueError(f"y has {y.shape[0]} labels but {argname} has {probs.shape[0]} rows; "
+                         "pass the labels of the inputs you predicted at.")
+    k = probs.shape[1]
+    if y.min() < 0 or y.max() >= k:
+        raise ValueError(f"y: labels must lie in 0..{k - 1} for {k} classes, found {int(y.min())}..{int(y.max())}.")
+    return probs, y
+
+
+def _unwrap(d):
+    while isinstance(d, (dist.Independent, dist.MaskedDistribution, dist.ExpandedDistribution)):
+        d = d.base_dist
+    return d
+
+
+def _match_target(d, y: torch.Tensor, *, batch_dims: int) -> torch.Tensor:
+    """``y`` in the layout ``d.log_prob`` expects: labels for Categorical, floats otherwise, and
+    ``(N, 1)`` squeezed for a single output. ``batch_dims`` leading dims of ``d`` are draws."""
+    base = _unwrap(d)
+    expected = tuple(d.batch_shape[batch_dims:]) + tuple(d.event_shape)
+    if isinstance(base, dist.Categorical):
+        y = y.reshape(-1) if y.dim() == 2 and y.shape[1] == 1 else y
+        if y.dtype.is_floating_point and not (y == y.round()).all():
+            raise TypeError("y: this model is a classifier; pass integer class labels (y.long()).")
+        y = y.long()
+        k = base.probs.shape[-1]
+        if y.min() < 0 or y.max() >= k:
+            raise ValueError(f"y: labels must lie in 0..{k - 1} for {k} classes, found {int(y.min())}..{int(y.max())}.")
+    else:
+        if isinstance(base, dist.Bernoulli) and not ((y == 0) | (y == 1)).all():
+            raise ValueError("y: this model is a binary (Bernoulli) classifier; pass 0/1 labels.")
+        y = y.to(torch.get_default_dtype()) if not y.dtype.is_floating_point else y
+        if len(expected) == 1 and y.dim() == 2 and y.shape[1] == 1:
+            y = y[:, 0]
+    if tuple(y.shape) != expected:
+        raise ValueError(f"y has shape {tuple(y.shape)} but the model predicts shape {expected} at x; "
+                         "pass one row of y per row of x, one column per output.")
+    return y
+
+
+def _traced_obs(posterior: Posterior, x: torch.Tensor, idx: torch.Tensor) -> list:
+    """The observation distribution of a plain Pyro function model, one conditioned trace per draw."""
+    flat = posterior.sample()
+    point = posterior._point_per_draw(idx)
+    fns = []
+    for j, i in enumerate(idx.tolist()):
+        draw = {k: v[i] for k, v in flat.items()}
+        with pyro.get_param_store().scope():
+            for name, value in point.items():
+                pyro.param(name, value[j])
+            trace = poutine.trace(poutine.condition(posterior.model, data=draw)).get_trace(x)
+        if "obs" not in trace.nodes:
+            raise ValueError("posterior: the model has no sample site 'obs'; record observations as "
+                             "pyro.sample('obs', ..., obs=y) inside pyro.plate('data', ...).")
+        fns.append(trace.nodes["obs"]["fn"])
+    return fns
