@@ -219,15 +219,21 @@ def test_log_predictive_density_of_a_plain_pyro_model():
                                metrics.log_predictive_density(_linear_posterior([1.2, 0.8], [0.3, -0.1]), X, Y))
 
 
-def test_classifier_nll_from_posterior_equals_nll_of_its_prediction():
+@pytest.mark.parametrize("likelihood, outputs, classes",
+                         [(bp.likelihoods.Categorical(), 3, 3), (bp.likelihoods.Bernoulli(), 1, 2)])
+def test_classifier_nll_from_posterior_equals_nll_of_its_prediction(likelihood, outputs, classes):
     """For a classifier the prediction's probabilities are the exact model average, so both routes agree."""
     g = torch.Generator().manual_seed(3)
     torch.manual_seed(0)
-    model = bp.BNN(torch.nn.Linear(2, 3), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
-    post = bp.Posterior(samples={"weight": torch.randn(2, 5, 3, 2, generator=g), "bias": torch.randn(2, 5, 3, generator=g)},
-                        model=model, method="hand")
-    x, y = torch.randn(20, 2, generator=g), torch.randint(3, (20,), generator=g)
+    model = bp.BNN(torch.nn.Linear(2, outputs), prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
+    post = bp.Posterior(samples={"weight": torch.randn(2, 5, outputs, 2, generator=g),
+                                 "bias": torch.randn(2, 5, outputs, generator=g)}, model=model, method="hand")
+    x, y = torch.randn(20, 2, generator=g), torch.randint(classes, (20,), generator=g)
     assert metrics.nll(post, x, y) == pytest.approx(metrics.nll(post.predict(x), y), rel=1e-5)
+
+
+def test_metrics_is_reachable_from_the_package():
+    assert bp.metrics is metrics
 
 
 # ---------------------------------------------------------------------------------------- errors
