@@ -526,8 +526,3 @@ def load_uci(path, split: int = 0) -> UCISplit:
     return UCISplit(x_train=xs.transform(x_train), y_train=ys.transform(y_train), x_test=xs.transform(x_test),
                     y_test=ys.transform(y_test), x_scaler=xs, y_scaler=ys, y_test_raw=y_test, split=int(split),
                     n_splits=n_splits, path=os.fspath(folder))
-
-
-# ``bp.datasets`` is imported by ``import bnn_pyro``; importing the metrics here makes ``bp.metrics``
-# available too (UCISplit.metrics uses them), without touching the package's __init__.
-from bnn_pyro import metrics as _metrics  # noqa: E402,F401
