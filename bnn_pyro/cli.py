@@ -17,6 +17,7 @@ Example
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import sys
 import tempfile
 import time
@@ -142,11 +143,11 @@ def _write_outputs(post, entry, out: Path) -> list[Path]:
 
     written = [post.save(out / "posterior.bnn")]
     path = out / "inference_data.nc"
-    try:
+    if importlib.util.find_spec("h5netcdf") is None:  # ArviZ's netCDF engine is optional
+        print(f"  (skipped {path.name}: writing netCDF needs the h5netcdf package; pip install h5netcdf)")
+    else:
         post.to_inference_data().to_netcdf(str(path), engine="h5netcdf")
         written.append(path)
-    except ImportError as err:  # the netCDF engine is an optional dependency of ArviZ
-        print(f"  (skipped {path.name}: {err}; pip install h5netcdf)")
 
     params = _trace_params(post)
     axes = az.plot_trace(az.from_dict(posterior=plots.scalars(post, params)), compact=False)
