@@ -47,17 +47,15 @@ def main(args) -> pd.DataFrame:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / "chains.csv", index=False)
-    (out / "chains.md").write_text(table.to_markdown(index=False) + "\n" if _has_tabulate() else table.to_string() + "\n")
+    (out / "chains.md").write_text(markdown(table))
     print(table.to_string(index=False))
     return table
 
 
-def _has_tabulate() -> bool:
-    try:
-        import tabulate  # noqa: F401
-    except ImportError:
-        return False
-    return True
+def markdown(table: pd.DataFrame) -> str:
+    """A GitHub Markdown table (pandas' to_markdown needs the optional tabulate package)."""
+    rows = [list(table.columns), ["---"] * table.shape[1]] + table.astype(str).values.tolist()
+    return "".join("| " + " | ".join(map(str, r)) + " |\n" for r in rows)
 
 
 if __name__ == "__main__":
