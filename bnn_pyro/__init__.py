@@ -14,6 +14,6 @@ __all__ = ["BNN", "Posterior", "fit", "load", "priors", "likelihoods", "datasets
 
 def __getattr__(name: str):
     """``bp.diagnostics`` and ``bp.plots`` import on first use (ArviZ and matplotlib take seconds)."""
-    if name in ("diagnostics", "plots"):
+    if name in ("diagnostics", "plots", "zoo"):
         return importlib.import_module(f"bnn_pyro.{name}")
     raise AttributeError(f"module 'bnn_pyro' has no attribute {name!r}")

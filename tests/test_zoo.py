@@ -1,0 +1,175 @@
+"""The model zoo: every entry builds, has a finite log density, fits, predicts and has a full card;
+``bp.zoo`` lists, loads and describes entries; reference posteriors match fresh fits (slow)."""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pyro
+import pytest
+import torch
+from pyro import poutine
+
+import bnn_pyro as bp
+from bnn_pyro import zoo
+
+ENTRIES = zoo.list()
+
+
+def test_list_is_sorted_and_has_the_core_entries():
+    assert ENTRIES == sorted(ENTRIES)
+    for name in ["bayesian_linear_regression", "mlp_regression", "mlp_heteroscedastic", "mlp_classifier", "lenet",
+                 "horseshoe_mlp", "explicit_mlp"]:
+        assert name in ENTRIES
+    assert not any(n.startswith("_") or n.startswith("make_") for n in ENTRIES)
+
+
+def test_entries_import_from_the_installed_package():
+    for name in ENTRIES:
+        module = importlib.import_module(f"bnn_pyro.models.{name}")
+        assert module.__name__ == f"bnn_pyro.models.{name}"
+    assert bp.zoo is zoo
+
+
+def test_bad_names_error_clearly():
+    with pytest.raises(ValueError, match="unknown entry 'nope'.*mlp_regression"):
+        zoo.load("nope")
+    with pytest.raises(ValueError, match="valid names"):
+        zoo.card("nope")
+    with pytest.raises(FileNotFoundError, match="bayesian_linear_regression"):
+        zoo.reference("lenet")
+    with pytest.raises(ValueError, match="dataset"):
+        zoo.load("mlp_classifier", dataset="mnist")
+
+
+@pytest.mark.parametrize("name", ENTRIES)
+def test_card_is_complete(name):
+    card = zoo.card(name)
+    for key in zoo.CARD_KEYS:
+        assert card.get(key), f"{name}: card key {key!r} is missing or empty"
+    assert isinstance(card["references"], list) and all(isinstance(r, str) and r for r in card["references"])
+    assert card["default_method"] in card["default_settings"]
+
+
+@pytest.mark.parametrize("name", ENTRIES)
+def test_entry_builds_fits_and_predicts(name):
+    entry = zoo.load(name)
+    assert entry.name == name and entry.task in ("regression", "classification")
+    assert entry.card == zoo.card(name)
+    assert entry.default_method in entry.fit_defaults
+    with pyro.get_param_store().scope(), torch.no_grad():
+        log_density = poutine.trace(entry.model).get_trace(entry.x, entry.y).log_prob_sum()
+    assert math.isfinite(float(log_density))
+    post = entry.fit("svi", num_steps=3, num_samples=4, lr=1e-3)
+    assert isinstance(post, bp.Posterior) and post.num_draws == 4
+    pred = post.predict(entry.x_test[:5])
+    if entry.task == "regression":
+        assert pred.mean.shape[0] == 5 and torch.isfinite(pred.std).all()
+    else:
+        assert pred.probs.shape[0] == 5 and torch.allclose(pred.probs.sum(-1), torch.ones(5))
+
+
+@pytest.mark.parametrize("name, keys", [("mlp_regression", {"rmse", "test_log_likelihood"}),
+                                        ("mlp_classifier", {"accuracy", "nll", "ece"})])
+def test_evaluate_reports_the_task_metrics(name, keys):
+    entry = zoo.load(name)
+    metrics = entry.evaluate(entry.fit("svi", num_steps=3, num_samples=4))
+    assert set(metrics) == keys and all(math.isfinite(v) for v in metrics.values())
+
+
+def test_digits_option_and_hyper_parameters():
+    entry = zoo.load("mlp_classifier", dataset="digits", hidden=8)
+    assert entry.x.shape[1] == 64 and entry.model.param_shapes["0.weight"] == (8, 64)
+    assert zoo.load("mlp_regression", hidden=10).model.param_shapes["0.weight"] == (10, 1)
+
+
+def test_exact_posterior_of_bayesian_linear_regression():
+    """The closed form agrees with the normal equations solved another way (a linear solve)."""
+    entry = zoo.load("bayesian_linear_regression")
+    mean, cov = entry.exact_posterior()
+    X1 = torch.cat([entry.x, torch.ones(len(entry.x), 1)], 1).double()
+    s2 = 0.5**2
+    precision = X1.T @ X1 / s2 + torch.eye(3, dtype=torch.double)
+    torch.testing.assert_close(mean, torch.linalg.solve(precision, X1.T @ entry.y.double() / s2))
+    torch.testing.assert_close(cov @ precision, torch.eye(3, dtype=torch.double))
+
+
+def test_explicit_mlp_is_a_plain_function_with_the_site_conventions():
+    entry = zoo.load("explicit_mlp")
+    assert not isinstance(entry.model, torch.nn.Module)
+    with pyro.get_param_store().scope(), torch.no_grad():
+        trace = poutine.trace(entry.model).get_trace(entry.x[:10], entry.y[:10], dataset_size=50)
+    assert {"w1", "w2", "w3", "prec_obs", "f", "obs"} <= set(trace.nodes)
+    assert trace.nodes["data"]["value"].tolist() == list(range(10))
+    trace.compute_log_prob()
+    assert trace.nodes["obs"]["scale"] == 5.0  # minibatch of 10 stands for 50 rows
+
+
+# ------------------------------------------------------------------------------- reference posteriors
+def _compare(ref: dict, f_new, alpha: float = 0.01):
+    """Compare fresh draws of ``f`` (chains, draws, J) with a stored reference in function space.
+
+    Derivation of the tolerance. At input ``j`` the reference mean ``m_ref`` and the fresh mean
+    ``m_new`` are independent Monte Carlo estimates of the same posterior mean; by the Markov chain
+    CLT each is approximately normal around it with standard deviation equal to its MCSE
+    (``sd / sqrt(ESS)``, estimated by ArviZ; exactly 0 for an analytic reference). So
+    ``z_j = (m_new - m_ref) / sqrt(mcse_ref^2 + mcse_new^2)`` is approximately N(0, 1), and the
+    same holds for the posterior sd with ``mcse_sd``. Testing ``2 J`` such statistics with a
+    Bonferroni correction at family-wise level ``alpha`` gives the threshold
+    ``Phi^-1(1 - alpha / (4 J))``. Nothing else enters the tolerance.
+    """
+    from bnn_pyro.models.make_reference import function_summary
+
+    new = function_summary(f_new)
+    J = len(ref["x"])
+    threshold = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(1 - alpha / (4 * J))))
+    failures = []
+    for stat, mcse in (("mean", "mcse_mean"), ("sd", "mcse_sd")):
+        for j in range(J):
+            se = math.sqrt(ref["f"][mcse][j] ** 2 + new[mcse][j] ** 2)
+            z = (new[stat][j] - ref["f"][stat][j]) / se
+            if not abs(z) < threshold:
+                failures.append(f"{stat} at x={ref['x'][j]}: new {new[stat][j]:.4f} vs ref {ref['f'][stat][j]:.4f} "
+                                f"(z = {z:.2f}, threshold {threshold:.2f})")
+    return failures
+
+
+def test_reference_files_have_provenance():
+    from importlib import resources
+
+    folder = resources.files("bnn_pyro.models").joinpath("reference")
+    names = sorted(p.name[:-5] for p in folder.iterdir() if p.name.endswith(".json"))
+    assert "bayesian_linear_regression" in names
+    for name in names:
+        _check_reference(zoo.reference(name))
+
+
+def _check_reference(ref):
+    assert {"name", "hyper", "x", "f", "provenance", "acceptance"} <= set(ref)
+    assert {"engine", "seed", "settings", "versions", "date"} <= set(ref["provenance"])
+    assert len(ref["f"]["mean"]) == len(ref["f"]["sd"]) == len(ref["x"])
+
+
+def test_exact_reference_matches_the_closed_form():
+    ref = zoo.reference("bayesian_linear_regression")
+    mean, cov = zoo.load("bayesian_linear_regression").exact_posterior()
+    draws = torch.cat([torch.tensor(ref["draws"]["weight"]), torch.tensor(ref["draws"]["bias"])[:, None]], 1).double()
+    # 1,000 iid draws: each mean is within 4.5 standard errors (sqrt(var / 1000)) of the exact one
+    assert ((draws.mean(0) - mean).abs() < 4.5 * (cov.diagonal() / len(draws)).sqrt()).all()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, method, settings", [
+    ("bayesian_linear_regression", "nuts", {}),  # the entry's default NUTS run
+    ("mlp_regression", "nuts", dict(num_samples=300, num_warmup=300, num_chains=2, max_tree_depth=7, seed=1)),
+])
+def test_fresh_fit_matches_reference_in_function_space(name, method, settings):
+    ref = zoo.reference(name)
+    checks = ref["acceptance"]
+    assert checks["accepted"], f"the stored reference for {name} failed its acceptance criteria: {checks}"
+    entry = zoo.load(name, **ref["hyper"])
+    post = entry.fit(method, **settings)
+    f = bp.diagnostics.function_draws(post, torch.tensor(ref["x"]))[..., 0].double().numpy()
+    failures = _compare(ref, f)
+    assert not failures, "fresh fit differs from the reference beyond Monte Carlo error:\n" + "\n".join(failures)
