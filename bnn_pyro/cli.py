@@ -67,7 +67,7 @@ def _zoo(args) -> int:
     names = zoo.list()
     width = max(map(len, names), default=0)
     for name in names:
-        print(f"{name:<{width}}: {zoo.card(name)['title']}")
+        print(f"{name + ':':<{width + 1}} {zoo.card(name)['title']}")
     return 0
 
 
