@@ -162,7 +162,12 @@ def test_exact_reference_matches_the_closed_form():
 @pytest.mark.slow
 @pytest.mark.parametrize("name, method, settings", [
     ("bayesian_linear_regression", "nuts", {}),  # the entry's default NUTS run
-    ("mlp_regression", "nuts", dict(num_samples=300, num_warmup=300, num_chains=2, max_tree_depth=7, seed=1)),
+    # The stored 1-10-1 reference (4 chains x 300 draws) misses its own acceptance criteria (R-hat of f up
+    # to 1.13 and bulk ESS down to 23 in the gap and beyond the data), so this comparison must fail until
+    # a longer run regenerates it; strict, so an accepted reference turns this into a reminder to unmark.
+    pytest.param("mlp_regression", "nuts", dict(num_samples=300, num_warmup=300, num_chains=2, max_tree_depth=7,
+                                                seed=1),
+                 marks=pytest.mark.xfail(strict=True, reason="stored reference not accepted; regenerate longer")),
 ])
 def test_fresh_fit_matches_reference_in_function_space(name, method, settings):
     ref = zoo.reference(name)
