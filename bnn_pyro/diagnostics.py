@@ -27,9 +27,7 @@ from typing import TYPE_CHECKING, Sequence
 import arviz as az
 import numpy as np
 import pandas as pd
-import pyro
 import torch
-from pyro import poutine
 
 from bnn_pyro._checks import check_data, choice, positive_int
 from bnn_pyro.model import BNN
@@ -154,7 +152,7 @@ def _pointwise(post: Posterior, x, y, seed, draws_per_chunk, points_per_chunk):
                     d = post.observation_distribution(x[rows], idx, draws_per_chunk=draws_per_chunk)
                     lp, sample = d.log_prob(y[rows]), d.sample()
                 else:
-                    sites = [_trace_draw(post, int(k), x[rows], y[rows]).nodes["obs"] for k in idx]
+                    sites = [post.trace_draw(int(k), x[rows], y[rows]).nodes["obs"] for k in idx]
                     lp = torch.stack([s["fn"].log_prob(s["value"]) for s in sites])
                     sample = torch.stack([s["fn"].sample() for s in sites])
                 if pp is None:
@@ -163,16 +161,6 @@ def _pointwise(post: Posterior, x, y, seed, draws_per_chunk, points_per_chunk):
                 pp[idx.numpy(), rows] = sample.cpu().numpy()
     shape = (post.num_chains, post.num_draws)
     return ll.reshape(shape + ll.shape[1:]), pp.reshape(shape + pp.shape[1:])
-
-
-def _trace_draw(post: Posterior, i: int, x, y=None):
-    """One run of a Pyro function model with every latent site fixed at pooled draw ``i``."""
-    chain = i // post.num_draws
-    draw = {k: v[chain, i % post.num_draws] for k, v in post.samples.items()}
-    with pyro.get_param_store().scope():
-        for name, value in post.point.items():
-            pyro.param(name, value[chain])
-        return poutine.trace(poutine.condition(post.model, data=draw)).get_trace(x, y)
 
 
 def function_draws(post: Posterior, x, *, draws_per_chunk: int = 64) -> torch.Tensor:
@@ -200,7 +188,7 @@ def function_draws(post: Posterior, x, *, draws_per_chunk: int = 64) -> torch.Te
                 model.train(was_training)
             f = torch.cat(chunks)
         else:
-            traces = [_trace_draw(post, i, x) for i in range(total)]
+            traces = [post.trace_draw(i, x) for i in range(total)]
             if "f" not in traces[0].nodes:
                 raise ValueError("space='function' needs the model to record pyro.deterministic('f', net_output); "
                                  "this model has no site 'f'. Add it, or use space='weights'.")

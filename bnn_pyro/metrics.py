@@ -21,10 +21,8 @@ from __future__ import annotations
 import math
 
 import numpy as np
-import pyro
 import pyro.distributions as dist
 import torch
-from pyro import poutine
 
 from bnn_pyro._checks import as_tensor, positive_int
 from bnn_pyro.model import BNN
@@ -359,15 +357,9 @@ def _match_target(d, y: torch.Tensor, *, batch_dims: int) -> torch.Tensor:
 
 def _traced_obs(posterior: Posterior, x: torch.Tensor, idx: torch.Tensor) -> list:
     """The observation distribution of a plain Pyro function model, one conditioned trace per draw."""
-    flat = posterior.sample()
-    point = posterior._point_per_draw(idx)
     fns = []
-    for j, i in enumerate(idx.tolist()):
-        draw = {k: v[i] for k, v in flat.items()}
-        with pyro.get_param_store().scope():
-            for name, value in point.items():
-                pyro.param(name, value[j])
-            trace = poutine.trace(poutine.condition(posterior.model, data=draw)).get_trace(x)
+    for i in idx.tolist():
+        trace = posterior.trace_draw(i, x)
         if "obs" not in trace.nodes:
             raise ValueError("posterior: the model has no sample site 'obs'; record observations as "
                              "pyro.sample('obs', ..., obs=y) inside pyro.plate('data', ...).")

@@ -153,18 +153,19 @@ class Posterior:
         noise = {n: flat[n][idx].unsqueeze(1) for n in model.likelihood.sites()}
         return model.likelihood.distribution(f, noise)
 
+    def trace_draw(self, i: int, x, y=None):
+        """One run of a Pyro function model with every latent site fixed at pooled draw ``i`` and
+        its ``pyro.param`` sites at that draw's chain values; returns the Pyro trace."""
+        chain, within = divmod(int(i), self.num_draws)
+        draw = {k: v[chain, within] for k, v in self.samples.items()}
+        with pyro.get_param_store().scope():
+            for name, value in self.point.items():
+                pyro.param(name, value[chain])
+            return poutine.trace(poutine.condition(self.model, data=draw)).get_trace(x, y)
+
     def _predict_traced(self, x, idx, interval):
         """Prediction for a plain Pyro function model: one conditioned trace per draw."""
-        flat = self.sample()
-        point = self._point_per_draw(idx)
-        fns = []
-        for j, i in enumerate(idx.tolist()):
-            draw = {k: v[i] for k, v in flat.items()}
-            with pyro.get_param_store().scope():
-                for name, value in point.items():
-                    pyro.param(name, value[j])
-                trace = poutine.trace(poutine.condition(self.model, data=draw)).get_trace(x)
-            fns.append(trace.nodes["obs"]["fn"])
+        fns = [self.trace_draw(i, x).nodes["obs"]["fn"] for i in idx.tolist()]
         base = [_unwrap(fn) for fn in fns]
         if isinstance(base[0], dist.Categorical):
             return predictions.classification(torch.stack([d.probs for d in base]))
