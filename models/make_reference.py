@@ -28,7 +28,7 @@ FOLDER = Path(__file__).resolve().parent / "reference"
 # name -> (hyper-parameters of the entry, reference inputs, engine settings)
 NUTS_REFERENCES = {
     "mlp_regression": dict(hyper={"hidden": 10}, x=torch.linspace(-2.5, 2.5, 15)[:, None],
-                           settings=dict(num_samples=300, num_warmup=300, num_chains=4, max_tree_depth=7, seed=0)),
+                           settings=dict(num_samples=1000, num_warmup=500, num_chains=4, max_tree_depth=7, seed=0)),
 }
 
 
