@@ -29,7 +29,6 @@ import math
 from enum import Enum
 from typing import Callable, Sequence, Union
 
-import pyro
 import torch
 from pyro.nn import PyroSample
 from pyro.nn.module import to_pyro_module_

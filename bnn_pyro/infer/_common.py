@@ -15,7 +15,8 @@ from tqdm.auto import tqdm
 
 from bnn_pyro.model import BNN
 
-__all__ = ["Data", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy", "apply_point_init"]
+__all__ = ["Data", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy", "apply_point_init",
+           "point_values"]
 
 
 @dataclass
@@ -143,3 +144,12 @@ def apply_point_init(model, init) -> None:
             for name, p in model.net.named_parameters():
                 if name in init.point:
                     p.copy_(init.point[name][0])
+
+
+def point_values(model, x, y, dataset_size: int | None) -> dict[str, torch.Tensor]:
+    """Deterministic parameters after a fit: a BNN's, or a Pyro function's ``pyro.param`` sites."""
+    if isinstance(model, BNN):
+        return {k: v.clone() for k, v in model.point_values().items()}
+    with torch.no_grad(), poutine.trace(param_only=True) as capture:
+        call_model(model, x, y, dataset_size)
+    return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}

@@ -61,8 +61,8 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, apply_point_init, call_model, clean_config, init_strategy
-from bnn_pyro.model import BNN
+from bnn_pyro.infer._common import (Data, apply_point_init, call_model, clean_config, init_strategy,
+                                    point_values)
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod"]
@@ -365,18 +365,9 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, seed, progress)
                     disable_progbar=not progress)
         mcmc.run(data.x, data.y)
         samples = {k: v.detach().clone() for k, v in mcmc.get_samples().items()}
-        point = _point_values(model, data)
+        point = point_values(model, data.x, data.y, data.size)
     table = {k: torch.tensor([row[k] for row in stats]) for k in stats[0]}
     return dict(samples=samples, stats=table, point=point)
-
-
-def _point_values(model, data: Data) -> dict[str, torch.Tensor]:
-    """The fixed deterministic parameters: a BNN's, or a Pyro function's ``pyro.param`` sites."""
-    if isinstance(model, BNN):
-        return {k: v.clone() for k, v in model.point_values().items()}
-    with torch.no_grad(), poutine.trace(param_only=True) as capture:
-        call_model(model, data.x, data.y, data.size)
-    return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
 
 
 def _cores() -> int:

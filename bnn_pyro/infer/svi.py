@@ -44,7 +44,7 @@ from pyro.infer import autoguide
 
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import (Data, apply_point_init, call_model, clean_config, init_strategy, latent_sites,
-                                    progress_bar)
+                                    point_values, progress_bar)
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -165,7 +165,7 @@ def fit(
             losses = _optimize(fitted, q_train, data, elbo_kind, num_steps, num_particles, vectorize_particles,
                                optimizer, lr, lr_schedule, seed + chain, progress, f"svi chain {chain}")
             draws = _draw(q, names, num_samples, x0, y0, data.size, fitted)
-            point = _point_values(fitted, x0, y0, data.size)
+            point = point_values(fitted, x0, y0, data.size)
         runs.append((fitted, draws, point, losses))
     samples = {n: torch.stack([r[1][n] for r in runs]) for n in names}
     point = {n: torch.stack([r[2][n] for r in runs]) for n in runs[0][2]}
@@ -310,12 +310,3 @@ def _draw(guide, names, num_samples, x, y, dataset_size, model) -> dict[str, tor
         return {n: trace.nodes[n]["value"].detach().reshape((num_samples,) + trace.nodes[n]["value"].shape[2:]) for n in names}
     traces = [poutine.trace(guide).get_trace(*args, **kwargs) for _ in range(num_samples)]
     return {n: torch.stack([t.nodes[n]["value"].detach() for t in traces]) for n in names}
-
-
-def _point_values(model, x, y, dataset_size) -> dict[str, torch.Tensor]:
-    """Fitted deterministic parameters: a BNN's, or a Pyro function's ``pyro.param`` sites."""
-    if isinstance(model, BNN):
-        return {k: v.clone() for k, v in model.point_values().items()}
-    with torch.no_grad(), poutine.trace(param_only=True) as capture:
-        call_model(model, x, y, dataset_size)
-    return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}

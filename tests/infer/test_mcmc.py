@@ -14,7 +14,6 @@ import math
 import warnings
 
 import arviz as az
-import numpy as np
 import pyro
 import pyro.distributions as dist
 import pytest
