@@ -6,18 +6,18 @@ Each method family lives in its own module with the same shape: data and configu
 
 from __future__ import annotations
 
+import importlib
 from enum import Enum
 from typing import Callable
 
 import torch
 
 from bnn_pyro._checks import check_data, choice, positive_int
-from bnn_pyro.infer import mcmc, svi
 from bnn_pyro.infer._common import Data
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "Method", "REGISTRY"]
+__all__ = ["fit", "Method", "REGISTRY", "engine"]
 
 
 class Method(str, Enum):
@@ -25,14 +25,42 @@ class Method(str, Enum):
     NUTS = "nuts"
     HMC = "hmc"
     METROPOLIS = "metropolis"
+    SGLD = "sgld"
+    SGHMC = "sghmc"
+    CSGMCMC = "csgmcmc"
+    SWA = "swa"
+    SWAG = "swag"
+    MC_DROPOUT = "mc_dropout"
+    VARIATIONAL_DROPOUT = "variational_dropout"
+    SPARSE_VD = "sparse_vd"
+    ENSEMBLE = "ensemble"
+    LAPLACE = "laplace"
 
 
-REGISTRY: dict[Method, Callable[..., Posterior]] = {
-    Method.SVI: svi.fit,
-    Method.NUTS: mcmc.fit_nuts,
-    Method.HMC: mcmc.fit_hmc,
-    Method.METROPOLIS: mcmc.fit_metropolis,
+# Method -> (module under bnn_pyro.infer, function): imported on first use, so that ``import bnn_pyro``
+# stays light and each method family stays in its own module.
+REGISTRY: dict[Method, tuple[str, str]] = {
+    Method.SVI: ("svi", "fit"),
+    Method.NUTS: ("mcmc", "fit_nuts"),
+    Method.HMC: ("mcmc", "fit_hmc"),
+    Method.METROPOLIS: ("mcmc", "fit_metropolis"),
+    Method.SGLD: ("sgmcmc", "fit_sgld"),
+    Method.SGHMC: ("sgmcmc", "fit_sghmc"),
+    Method.CSGMCMC: ("sgmcmc", "fit_csgmcmc"),
+    Method.SWA: ("swag", "fit_swa"),
+    Method.SWAG: ("swag", "fit_swag"),
+    Method.MC_DROPOUT: ("dropout", "fit_mc_dropout"),
+    Method.VARIATIONAL_DROPOUT: ("variational_dropout", "fit_variational_dropout"),
+    Method.SPARSE_VD: ("variational_dropout", "fit_sparse_vd"),
+    Method.ENSEMBLE: ("ensemble", "fit_ensemble"),
+    Method.LAPLACE: ("laplace", "fit_laplace"),
 }
+
+
+def engine(method: str | Method) -> Callable[..., Posterior]:
+    """The fitting function registered for ``method``: ``engine_fn(model, data: Data, **config) -> Posterior``."""
+    module, name = REGISTRY[choice("method", method, Method)]
+    return getattr(importlib.import_module(f"bnn_pyro.infer.{module}"), name)
 
 
 def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None, dataset_size: int | None = None,
@@ -62,7 +90,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     if not (isinstance(model, BNN) or callable(model)):
         raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}.")
     data = _data(model, x, y, batch_size, dataset_size)
-    return REGISTRY[kind](model, data, **config)
+    return engine(kind)(model, data, **config)
 
 
 def _data(model, x, y, batch_size, dataset_size) -> Data:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 from typing import Callable, Iterator
@@ -16,7 +17,7 @@ from tqdm.auto import tqdm
 from bnn_pyro.model import BNN
 
 __all__ = ["Data", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy", "apply_point_init",
-           "point_values"]
+           "point_values", "quiet_model"]
 
 
 @dataclass
@@ -153,3 +154,33 @@ def point_values(model, x, y, dataset_size: int | None) -> dict[str, torch.Tenso
     with torch.no_grad(), poutine.trace(param_only=True) as capture:
         call_model(model, x, y, dataset_size)
     return {name: site["value"].detach().clone() for name, site in capture.trace.nodes.items()}
+
+
+# ---------------------------------------------------------------------- validation off, NaN-safe
+class _NoValidation(poutine.messenger.Messenger):
+    """Switch argument validation off for distributions that were built with it (a ``BNN``'s
+    ``PyroSample`` priors), so that a NaN from a diverging trajectory gives a NaN potential energy
+    (a rejected, divergent proposal) instead of a ``ValueError``."""
+
+    def _pyro_sample(self, msg):
+        msg["fn"] = _unvalidated(msg["fn"])
+
+
+def _unvalidated(d):
+    if not getattr(d, "_validate_args", False) and not hasattr(d, "base_dist"):
+        return d
+    d = copy.copy(d)
+    d._validate_args = False
+    if hasattr(d, "base_dist"):
+        d.base_dist = _unvalidated(d.base_dist)
+    return d
+
+
+def quiet_model(model, dataset_size):
+    """``model(x, y)`` with minibatch scaling and argument validation off (NaN-safe potentials)."""
+
+    def run(x, y):
+        with pyro.validation_enabled(False), _NoValidation():
+            return call_model(model, x, y, dataset_size)
+
+    return run

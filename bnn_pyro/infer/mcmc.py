@@ -61,8 +61,8 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import (Data, apply_point_init, call_model, clean_config, init_strategy,
-                                    point_values)
+from bnn_pyro.infer._common import (Data, apply_point_init, clean_config, init_strategy,
+                                    point_values, quiet_model)
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod"]
@@ -178,34 +178,6 @@ def _only(kind: Kernel, owner: Kernel, **options) -> None:
     for name, value in options.items():
         if value is not None and kind is not owner:
             raise ValueError(f"{name}= applies to method={owner.value!r} only, not {kind.value!r}; drop it.")
-
-
-# ---------------------------------------------------------------------- validation off, NaN-safe
-class _NoValidation(poutine.messenger.Messenger):
-    """Switch argument validation off for distributions that were built with it (a ``BNN``'s
-    ``PyroSample`` priors), so that a NaN from a diverging trajectory gives a NaN potential energy
-    (a rejected, divergent proposal) instead of a ``ValueError``."""
-
-    def _pyro_sample(self, msg):
-        msg["fn"] = _unvalidated(msg["fn"])
-
-
-def _unvalidated(d):
-    if not getattr(d, "_validate_args", False) and not hasattr(d, "base_dist"):
-        return d
-    d = copy.copy(d)
-    d._validate_args = False
-    if hasattr(d, "base_dist"):
-        d.base_dist = _unvalidated(d.base_dist)
-    return d
-
-
-def _quiet_model(model, dataset_size):
-    def run(x, y):
-        with pyro.validation_enabled(False), _NoValidation():
-            return call_model(model, x, y, dataset_size)
-
-    return run
 
 
 # ---------------------------------------------------------------------- kernels with per-draw statistics
@@ -354,7 +326,7 @@ def _run_chain(model, data: Data, settings: dict, num_samples: int, num_warmup: 
 def _run_chain_1(model, data, settings, num_samples, num_warmup, seed, progress):
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(seed)
-        kernel = _make_kernel(_quiet_model(model, data.size), settings)
+        kernel = _make_kernel(quiet_model(model, data.size), settings)
         stats = []
 
         def record(kernel, params, stage, i):

@@ -22,6 +22,7 @@ from pyro import poutine
 
 import bnn_pyro as bp
 from bnn_pyro.infer import mcmc
+from bnn_pyro.infer._common import quiet_model
 from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 SIGMA, PRIOR_VAR, Z_MAX = 0.5, 1.0, 4.0
@@ -204,7 +205,7 @@ def test_diverging_trajectory_is_rejected_not_raised():
     nan = {"weight": torch.full((1, 2), float("nan")), "bias": torch.zeros(1)}
     with pytest.raises(ValueError, match="support"), pyro.validation_enabled(False):  # what MCMC alone does
         poutine.trace(poutine.condition(model, data=nan)).get_trace(x, y).log_prob_sum()
-    quiet = mcmc._quiet_model(model, len(x))
+    quiet = quiet_model(model, len(x))
     assert torch.isnan(poutine.trace(poutine.condition(quiet, data=nan)).get_trace(x, y).log_prob_sum())
     # end to end: a huge fixed step diverges on every draw; the draws are rejected and counted
     kernel = mcmc._HMC(quiet, step_size=1e3, num_steps=10, adapt_step_size=False, adapt_mass_matrix=False)
