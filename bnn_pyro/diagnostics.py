@@ -20,6 +20,8 @@ Example
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
 from enum import Enum
 from typing import TYPE_CHECKING, Sequence
@@ -240,7 +242,8 @@ def summary(post: Posterior, *, space: str = "weights", x=None, var_names: Seque
         data = {"f": function_draws(post, x).cpu().numpy()}
         dims = {"f": ["input", "output"]}
         coords = {"input": (rows if rows is not None else torch.arange(data["f"].shape[2])).tolist()}
-    table = az.summary(az.from_dict(posterior=data, dims=dims, coords=coords), kind="all")
+    with _arviz_log_level(logging.ERROR):  # its shape warning for 1 chain is replaced by our note below
+        table = az.summary(az.from_dict(posterior=data, dims=dims, coords=coords), kind="all")
     table.attrs["notes"] = []
     if post.num_chains == 1:
         table.attrs["notes"].append("R-hat needs at least 2 chains and is NaN here; fit with num_chains >= 2 "
@@ -280,3 +283,15 @@ def _problems(post: Posterior, table: pd.DataFrame, space) -> list[str]:
             "means, quantiles and R-hat are unreliable. Try more draws, more warm-up or thinning less."
         )
     return messages
+
+
+@contextlib.contextmanager
+def _arviz_log_level(level: int):
+    # ArviZ 0.23 logs through its own Logger instance (arviz._log), not logging.getLogger("arviz")
+    logger = getattr(az, "_log", None) or logging.getLogger("arviz")
+    old = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)
