@@ -4,6 +4,7 @@ import importlib
 
 from bnn_pyro import datasets, io, likelihoods, metrics, priors
 from bnn_pyro.infer import fit
+from bnn_pyro.distill import distill
 from bnn_pyro.io import load
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior

@@ -47,6 +47,8 @@ __all__ = [
     "HierarchicalNormal",
     "Horseshoe",
     "Patterns",
+    "FromPosterior",
+    "from_posterior",
     "as_prior",
     "PriorLike",
 ]
@@ -232,6 +234,107 @@ class Patterns(Prior):
             if fnmatch.fnmatchcase(name, pattern):
                 return _resolve(choice, name, module, param)
         return _resolve(self.default, name, module, param)
+
+
+class FromPosterior(Prior):
+    """A fitted posterior as the prior of the next task: ``w ~ Normal(mean, sd)`` of its draws, per entry.
+
+    Variational continual learning (Nguyen, Li, Bui & Turner 2018, "Variational continual
+    learning"): after task ``t`` the approximate posterior ``q_t(w)`` becomes the prior of task
+    ``t + 1``, so that ``p(w | D_1..D_t+1) ∝ p(D_t+1 | w) q_t(w)`` (Bayes' rule applied task by task).
+    Here ``q_t`` is the mean-field Gaussian that matches the draws' moments per weight entry: the
+    mean and the standard deviation (``correction=1``) over all chains and draws. For a mean-field
+    SVI posterior this is its guide up to Monte Carlo error (relative error of the sd about
+    ``1 / sqrt(2 S)`` for ``S`` draws); for any other posterior (MCMC, full-rank, ensembles) it drops
+    the correlations between entries. When the posterior is itself a diagonal Gaussian the update is
+    exact: e.g. Bayesian linear regression whose design columns are orthogonal on every task.
+
+    Only the weight sites of the posterior's ``BNN`` (its ``sample_names``) carry over: hyper sites
+    of a hierarchical prior (their weights' marginal is what is matched) and the likelihood's noise
+    sites are left to the new model's own prior and likelihood. Build the new ``BNN`` with the same
+    architecture; a parameter the posterior lacks (e.g. a new task's head) gets ``default``, or an
+    error that names it. Use :func:`from_posterior` to build one.
+    """
+
+    def __init__(self, loc: Mapping[str, torch.Tensor], scale: Mapping[str, torch.Tensor], default=None):
+        self.loc = {k: v.detach().clone() for k, v in loc.items()}
+        self.scale = {k: v.detach().clone() for k, v in scale.items()}
+        self.default = None if default is None else as_prior(default)
+
+    def __call__(self, name, module, param):
+        if name not in self.loc:
+            if self.default is not None:
+                return self.default(name, module, param)
+            raise ValueError(
+                f"from_posterior: the new net has a parameter {name!r} that the posterior has no draws of (its weight "
+                f"sites: {sorted(self.loc)}). Build the net with the same architecture (and module names), pass "
+                "default=... for new parameters (e.g. default=bp.priors.Normal(0., 1.)), or leave it deterministic "
+                "with BNN(bayesian=...)."
+            )
+        if tuple(param.shape) != tuple(self.loc[name].shape):
+            raise ValueError(
+                f"from_posterior: parameter {name!r} has shape {tuple(param.shape)} in the new net but "
+                f"{tuple(self.loc[name].shape)} in the posterior. Build the new net with the same layer sizes."
+            )
+        loc, scale = self.loc[name].to(param), self.scale[name].to(param)
+        return dist.Normal(loc, scale)
+
+    def __repr__(self) -> str:
+        size = sum(v.numel() for v in self.loc.values())
+        return f"FromPosterior(sites={sorted(self.loc)}, entries={size}, default={self.default!r})"
+
+
+def from_posterior(posterior, *, default: PriorLike | None = None) -> FromPosterior:
+    """The moment-matched mean-field Gaussian of ``posterior``'s weights, as a prior (see :class:`FromPosterior`).
+
+    Parameters
+    ----------
+    posterior:
+        A :class:`~bnn_pyro.Posterior` of a :class:`~bnn_pyro.BNN` (any engine; at least two draws
+        in all, e.g. ``num_samples`` draws of SVI, MCMC chains, ensemble members).
+    default:
+        Prior for parameters of the new net that the posterior does not have (e.g. a new head);
+        without it such a parameter is an error.
+
+    Example
+    -------
+    >>> post_a = bp.fit(model_a, x_a, y_a, method="svi", num_steps=3000)
+    >>> model_b = bp.BNN(net, prior=bp.priors.from_posterior(post_a), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    >>> post_b = bp.fit(model_b, x_b, y_b, method="svi", num_steps=3000)    # posterior after tasks A and B
+    """
+    samples = getattr(posterior, "samples", None)
+    if not isinstance(samples, Mapping):
+        raise TypeError("posterior: expected a bnn_pyro.Posterior (the result of bp.fit), "
+                        f"got {type(posterior).__name__}.")
+    from bnn_pyro.model import BNN  # here: bnn_pyro.model imports this module
+
+    model = posterior.model
+    if isinstance(model, BNN):
+        names = list(model.sample_names)
+    elif getattr(model, "is_unbound", False) and model.fingerprint.get("kind") == "BNN":  # bp.load without model=
+        names = list(model.fingerprint["sample_names"])
+    else:
+        raise ValueError(
+            f"from_posterior: the posterior's sites {sorted(samples)} are not the weight tensors of a bp.BNN "
+            "(its model is a Pyro function), so they cannot be matched to a net's parameters. Fit a bp.BNN on the "
+            "first task."
+        )
+    if not names:
+        raise ValueError("from_posterior: the posterior has no Bayesian weights (every parameter was deterministic).")
+    loc, scale = {}, {}
+    for name in names:
+        draws = samples[name].detach()
+        draws = draws.reshape((-1,) + draws.shape[2:])
+        if draws.shape[0] < 2:
+            raise ValueError(f"from_posterior: {name!r} has {draws.shape[0]} draw; a spread needs at least 2. Fit with "
+                             "more draws (num_samples=, num_chains= or num_members=).")
+        loc[name], scale[name] = draws.mean(0), draws.std(0)
+        bad = ~(torch.isfinite(scale[name]) & (scale[name] > 0))
+        if bad.any():
+            raise ValueError(f"from_posterior: {int(bad.sum())} entries of {name!r} have zero or non-finite spread "
+                             "over the draws (a point mass cannot be a Normal prior). Use a posterior with spread in "
+                             "every weight.")
+    return FromPosterior(loc, scale, default=default)
 
 
 PriorLike = Union[Prior, Callable, Mapping[str, object], Distribution]
