@@ -1,11 +1,11 @@
 """Safe, atomic saving and loading of a :class:`~bnn_pyro.Posterior`.
 
 A file is a `safetensors <https://huggingface.co/docs/safetensors>`_ file: the tensors (samples,
-point, sample_stats, history, the model's buffers, x, y) plus one JSON metadata entry (format and
-version, method, config, a SHA-256 of the tensors and a fingerprint of the model). Loading parses
-JSON and raw tensor bytes only; it never unpickles, so it never runs code from the file. Writing
-goes to a temporary file in the same folder, is fsynced, then renamed over the target
-(``os.replace``), so a crash mid-save leaves the previous file intact.
+point, sample_stats, history, per-draw buffers, the model's buffers, x, y) plus one JSON metadata
+entry (format and version, method, config, a SHA-256 of the tensors and a fingerprint of the
+model). Loading parses JSON and raw tensor bytes only; it never unpickles, so it never runs code
+from the file. Writing goes to a temporary file in the same folder, is fsynced, then renamed over
+the target (``os.replace``), so a crash mid-save leaves the previous file intact.
 
 The model itself (its Python code) is not stored. ``bp.load(path, model=model)`` re-binds the
 posterior to a model built the same way, after checking its fingerprint (site names and shapes,
@@ -41,7 +41,7 @@ __all__ = ["save", "load", "PosteriorFileError", "ModelNotBoundError", "UnboundM
 
 FORMAT = "bnn_pyro.posterior"
 FORMAT_VERSION = 1
-_GROUPS = ("samples", "point", "sample_stats", "history", "buffers")
+_GROUPS = ("samples", "point", "sample_stats", "history", "draw_buffers", "buffers")  # the model's buffers last
 
 
 class PosteriorFileError(ValueError):
@@ -157,7 +157,8 @@ def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Poster
         raise PosteriorFileError(f"{str(path)!r}: incomplete bnn_pyro metadata (missing {err}); the file is corrupted.") from None
     bound = UnboundModel(str(path), saved, groups["buffers"]) if model is None else _rebind(model, saved, groups, path)
     return Posterior(samples=groups["samples"], model=bound, method=method, config=config, point=groups["point"],
-                     sample_stats=groups["sample_stats"], history=groups["history"], x=data.get("x"), y=data.get("y"))
+                     sample_stats=groups["sample_stats"], history=groups["history"], x=data.get("x"), y=data.get("y"),
+                     draw_buffers=groups.get("draw_buffers", {}))  # absent from files written before it existed
 
 
 def _metadata(raw: bytes, path: Path) -> dict[str, Any]:

@@ -158,7 +158,9 @@ class BNN(nn.Module):
         """Network outputs ``(S, N, out)`` for weights batched over draws ``(S, *shape)``.
 
         ``params`` must hold every Bayesian parameter with a leading draw dimension; missing
-        deterministic parameters are taken from the model (their fitted values).
+        deterministic parameters are taken from the model (their fitted values). It may also hold
+        buffers with a leading draw dimension (per-draw BatchNorm running statistics, see
+        :meth:`batchnorm_statistics`); missing buffers are the model's own.
         """
         full = {name: p for name, p in self.point_values().items() if name not in params}
         full.update(params)
@@ -171,10 +173,50 @@ class BNN(nn.Module):
     def buffers_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.net.named_buffers())
 
+    @torch.no_grad()
+    def batchnorm_statistics(self, params: dict[str, torch.Tensor], batches) -> dict[str, torch.Tensor]:
+        """BatchNorm running statistics recomputed for one weight draw.
+
+        The running means and variances of every BatchNorm layer (that tracks them) are reset and
+        re-estimated by a forward pass in training mode over ``batches`` (an iterable of inputs
+        ``x``) with cumulative averaging (``momentum=None``: every batch weighs the same), as SWA
+        and SWAG do for each set of weights (Izmailov et al. 2018, ``torch.optim.swa_utils.update_bn``).
+        ``params`` holds one value (no draw dimension) per Bayesian parameter; deterministic ones
+        come from the model. Returns ``{buffer name: statistic}`` (empty without BatchNorm); the
+        model's own buffers are left untouched.
+        """
+        norms = {name: m for name, m in self._template.named_modules()
+                 if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats}
+        if not norms:
+            return {}
+        buffers = {n: b.clone() for n, b in self.buffers_dict().items()}
+        for name in norms:
+            prefix = f"{name}." if name else ""
+            buffers[prefix + "running_mean"].zero_()
+            buffers[prefix + "running_var"].fill_(1.0)
+            buffers[prefix + "num_batches_tracked"].zero_()
+        full = {**self.point_values(), **params}
+        saved = {name: (m.momentum, m.training) for name, m in norms.items()}
+        try:
+            for m in norms.values():
+                m.momentum = None
+                m.train(True)
+            for x in batches:
+                torch.func.functional_call(self._template, (full, buffers), (x,))
+        finally:
+            for name, m in norms.items():
+                m.momentum, m.training = saved[name]
+        stats = [f"{name}.{k}" if name else k for name in norms for k in ("running_mean", "running_var")]
+        return {n: buffers[n] for n in stats}
+
     def _evaluate(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        own = self.buffers_dict()
+        per_draw = {n: b for n, b in params.items() if n in own}  # e.g. BatchNorm statistics of each draw
+        params = {n: p for n, p in params.items() if n not in own}
         batch_shapes = [p.shape[: p.dim() - len(self.param_shapes[n])] for n, p in params.items()]
+        batch_shapes += [b.shape[: b.dim() - own[n].dim()] for n, b in per_draw.items()]
         batch = torch.broadcast_shapes(*batch_shapes)
-        buffers = self.buffers_dict()
+        buffers = {**own, **per_draw}
         if not batch:
             if torch.jit.is_tracing():
                 # functional_call refuses to run under torch.jit.trace (MCMC's jit=True); the context
@@ -185,11 +227,13 @@ class BNN(nn.Module):
                     return self._template(x)
             return torch.func.functional_call(self._template, (params, buffers), (x,))
         flat = {n: p.expand(batch + self.param_shapes[n]).reshape((-1,) + self.param_shapes[n]) for n, p in params.items()}
+        shared = {n: b for n, b in own.items() if n not in per_draw}
+        flat_buffers = {n: b.expand(batch + own[n].shape).reshape((-1,) + own[n].shape) for n, b in per_draw.items()}
 
-        def one(p):
-            return torch.func.functional_call(self._template, (p, buffers), (x,))
+        def one(p, b):
+            return torch.func.functional_call(self._template, (p, {**shared, **b}), (x,))
 
-        out = torch.func.vmap(one, randomness="different")(flat)
+        out = torch.func.vmap(one, randomness="different")(flat, flat_buffers)
         return out.reshape(batch + out.shape[1:])
 
     def output_dim(self, x: torch.Tensor) -> int:

@@ -50,6 +50,9 @@ class Posterior:
         Per-draw statistics shaped ``(chains, draws)`` (divergences, step size, ...).
     history:
         Per-step traces of the fit shaped ``(chains, steps)``, e.g. ``"loss"`` (the negative ELBO).
+    draw_buffers:
+        Per-draw buffers of a ``BNN`` shaped ``(chains, draws, *shape)``: BatchNorm running
+        statistics recomputed for each draw (SWA, SWAG). Empty: every draw uses the model's own.
     x, y:
         The training data (``None`` when the fit streamed batches from a loader); used for
         pointwise log-likelihoods, LOO and function-space diagnostics.
@@ -64,6 +67,7 @@ class Posterior:
     history: dict[str, torch.Tensor] = field(default_factory=dict)
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
+    draw_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -100,8 +104,11 @@ class Posterior:
         return {k: v.reshape((-1,) + v.shape[2:])[idx] for k, v in self.samples.items()}
 
     def _point_per_draw(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Deterministic parameters (their chain's values) and per-draw buffers of pooled draws ``idx``."""
         chain = torch.div(idx, self.num_draws, rounding_mode="floor")
-        return {k: v[chain] for k, v in self.point.items()}
+        values = {k: v[chain] for k, v in self.point.items()}
+        values.update({k: v.reshape((-1,) + v.shape[2:])[idx] for k, v in self.draw_buffers.items()})
+        return values
 
     # ------------------------------------------------------------------ prediction
     def predict(self, x, *, num_samples: int | None = None, interval: float = 0.95, seed: int | None = None,

@@ -1,0 +1,381 @@
+"""Stochastic weight averaging: ``bp.fit(model, x, y, method="swa" | "swag", ...)``.
+
+Both methods run stochastic gradient descent on the per-datum potential energy ``L(z) = U(z) / N``
+(:class:`~bnn_pyro.infer._potential.Potential`: ``U = -log p(z) - (N / B) sum_batch log p(y | x, z)``
+in unconstrained coordinates ``z``, minibatch likelihood scaled to the full data) and summarize the
+iterates that a constant learning rate keeps bouncing around a mode.
+
+Schedule (``post.history["lr"]`` records it step by step):
+
+1. pre-training: ``pretrain_steps`` steps of Adam (or SGD with momentum) whose learning rate
+   decays from ``pretrain_lr`` to 1% of it on a cosine, to reach a mode from the initial weights;
+2. the SWA phase: ``num_steps`` steps of SGD with heavy-ball momentum ``beta`` at a constant
+   ``lr``: ``v <- beta v + grad L(z)``, ``z <- z - lr v`` (PyTorch's convention). After
+   ``burn_in`` of these steps, every ``collect_every``-th iterate is collected (default: once per
+   epoch, ``ceil(N / B)`` steps), ``m = (num_steps - burn_in) // collect_every`` snapshots in all.
+
+Each collected ``z_i`` (``i = 1..m``) updates the running moments
+
+    ``mean_i = ((i - 1) mean_{i-1} + z_i) / i``,  ``sq_i = ((i - 1) sq_{i-1} + z_i^2) / i``,
+
+and appends the deviation ``z_i - mean_i`` to ``D``, which keeps the last ``rank`` (``K``) of them.
+
+- ``"swa"`` (Izmailov et al. 2018): the answer is the point ``z_SWA = mean_m``, one draw per chain.
+  SWA is an estimate of a (wide) mode, not a distribution: ``predict`` gives the plug-in prediction
+  (no epistemic spread within a chain), ``summary`` shows the spread between independent chains.
+- ``"swag"`` (Maddox et al. 2019): a Gaussian with mean ``z_SWA`` and covariance
+  ``scale * (Sigma_diag + D^T D / (K - 1)) / 2``, ``Sigma_diag = diag(sq_m - mean_m^2)``. Draws are
+
+    ``z = z_SWA + sqrt(scale) * (Sigma_diag^(1/2) e1 / sqrt(2) + D^T e2 / sqrt(2 (K - 1)))``,
+    ``e1 ~ N(0, I_d)``, ``e2 ~ N(0, I_K)``,
+
+  then mapped to each site's support (e.g. a positive noise scale).
+
+Minibatches are drawn independently (with replacement, ``B`` points each; ``B`` is ``batch_size``
+of ``bp.fit``, by default ``min(N, 128)``), the assumption under which constant-rate SGD has a
+stationary law whose covariance ``Sigma`` solves ``A Sigma + Sigma A = (lr / B) C`` (Mandt, Hoffman
+& Blei 2017; ``A`` the Hessian of ``L``, ``C`` the covariance of one datum's gradient). Random
+reshuffling would make the gradient noise of an epoch sum to zero and shrink ``Sigma`` most in the
+flat directions SWAG is meant to find. A ``DataLoader`` is used in its own order.
+
+``lr="auto"`` (the default) sets ``lr = x / lambda``, ``lambda`` the largest curvature of ``L`` at the
+end of pre-training (power iteration on Hessian-vector products over up to 2,048 points), and
+``x = 2 B (1 - beta)(1 + beta) / ((1 + beta) N + B (1 - beta))``: for a quadratic whose gradient noise
+is ``C = A / B`` per step (Fisher = Hessian) the stationary variance of heavy-ball SGD along a
+direction of curvature ``a``, ``lr (1 + beta) c / (a (1 - beta)(2 (1 + beta) - lr a))`` with
+``c = a / B``, then equals the posterior variance ``1 / (N a)`` along the stiffest direction. It
+adapts to the scale of the likelihood (no tuning between a noise scale of 0.01 and classification)
+and is far from the stability limit ``lr a < 2 (1 + beta)``. Caution: with that noise the SGD law is
+nearly isotropic, so flatter directions are under-dispersed relative to the posterior; SWAG
+describes where SGD wanders, which equals the posterior only when the gradient noise is isotropic.
+
+BatchNorm: the running statistics of every draw (the SWA mean for ``"swa"``) are recomputed by one
+pass over the training data (:meth:`~bnn_pyro.BNN.batchnorm_statistics`) and stored per draw in
+``post.draw_buffers``, which ``predict`` and function-space diagnostics use.
+
+Deterministic (non-Bayesian) parameters of a ``BNN`` and ``pyro.param`` sites of a Pyro function are
+trained and averaged with the latent sites, and fixed at their average in every draw (``post.point``).
+``num_chains`` independent runs (seeds ``seed``, ``seed + 1``, ...) become chains, so R-hat applies.
+
+References: P. Izmailov, D. Podoprikhin, T. Garipov, D. Vetrov, A. G. Wilson (2018), "Averaging
+Weights Leads to Wider Optima and Better Generalization"; W. J. Maddox, T. Garipov, P. Izmailov,
+D. Vetrov, A. G. Wilson (2019), "A Simple Baseline for Bayesian Uncertainty in Deep Learning";
+S. Mandt, M. D. Hoffman, D. M. Blei (2017), "Stochastic Gradient Descent as Approximate Bayesian
+Inference".
+
+Example
+-------
+>>> post = bp.fit(model, x, y, method="swag", num_chains=2, seed=0)
+>>> post.predict(x_test).std
+>>> post.history["loss"]          # (chains, steps): U / N on each minibatch
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from enum import Enum
+
+import pyro
+import torch
+from pyro import poutine
+
+from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.infer._common import Data, apply_point_init, clean_config, point_values, progress_bar
+from bnn_pyro.infer._potential import Potential
+from bnn_pyro.model import BNN
+from bnn_pyro.posterior import Posterior
+
+__all__ = ["fit_swa", "fit_swag", "SWAGMoments", "PretrainOptimizer"]
+
+_CURVATURE_POINTS, _POWER_ITERATIONS = 2048, 30
+
+
+class PretrainOptimizer(str, Enum):
+    ADAM = "adam"
+    SGD = "sgd"
+
+
+@dataclass
+class SWAGMoments:
+    """Running moments of the collected iterates (flat unconstrained vectors) of one run."""
+
+    mean: torch.Tensor
+    sq_mean: torch.Tensor
+    deviations: torch.Tensor  # (k, dim): the last ``rank`` deviations z_i - mean_i, oldest first
+    count: int = 0
+    rank: int = 0
+
+    @classmethod
+    def empty(cls, like: torch.Tensor, rank: int) -> SWAGMoments:
+        """No snapshot yet, for flat vectors like ``like``. Moments are kept in float64:
+        ``sq_mean - mean^2`` cancels digits."""
+        zeros = torch.zeros(like.numel(), dtype=torch.float64, device=like.device)
+        return cls(zeros, zeros.clone(), zeros.new_zeros((0, like.numel())), 0, rank)
+
+    def collect(self, z: torch.Tensor) -> None:
+        z, n = z.detach().to(torch.float64), self.count
+        self.mean = (n * self.mean + z) / (n + 1)
+        self.sq_mean = (n * self.sq_mean + z * z) / (n + 1)
+        self.count = n + 1
+        if self.rank:
+            self.deviations = torch.cat([self.deviations, (z - self.mean)[None]])[-self.rank :]
+
+    @property
+    def variance(self) -> torch.Tensor:
+        return (self.sq_mean - self.mean**2).clamp_min(0.0)
+
+    def sample(self, num_samples: int, scale: float, generator: torch.Generator) -> torch.Tensor:
+        """``(num_samples, dim)`` SWAG draws (see the module docstring)."""
+        k = self.deviations.shape[0]
+        e1 = torch.randn((num_samples, self.mean.numel()), generator=generator, dtype=self.mean.dtype)
+        e2 = torch.randn((num_samples, k), generator=generator, dtype=self.mean.dtype)
+        e1, e2 = e1.to(self.mean.device), e2.to(self.mean.device)  # the generator lives on the CPU
+        noise = self.variance.sqrt() * e1 / math.sqrt(2.0) + e2 @ self.deviations / math.sqrt(2.0 * (k - 1))
+        return self.mean + math.sqrt(scale) * noise
+
+
+@dataclass(frozen=True)
+class _Settings:
+    batch_size: int
+    pretrain_steps: int
+    pretrain_optimizer: PretrainOptimizer
+    pretrain_lr: float
+    num_steps: int
+    burn_in: int
+    collect_every: int
+    lr: float | str
+    momentum: float
+    rank: int  # 0 for SWA
+    num_samples: int  # draws per chain (1 for SWA)
+    scale: float
+    init: object
+
+
+def fit_swa(model, data: Data, **config) -> Posterior:
+    """``bp.fit(..., method="swa")``: the SWA point, one draw per chain. Options as :func:`fit_swag`
+    except ``rank``, ``num_samples`` and ``scale``."""
+    for name in ("rank", "num_samples", "scale"):
+        if name in config:
+            raise ValueError(f"{name}= applies to method='swag' only: SWA keeps the averaged point, not a "
+                             "distribution. Drop it, or use method='swag'.")
+    return _fit(model, data, swag=False, **config)[0]
+
+
+def fit_swag(model, data: Data, *, rank: int = 20, num_samples: int = 1000, scale: float = 1.0, **config) -> Posterior:
+    """Fit ``model`` by SWAG and return ``num_samples`` draws per chain (see the module docstring).
+
+    Parameters
+    ----------
+    rank, num_samples, scale:
+        ``K``, the number of deviations kept (at least 2); draws per chain (each costs one pass over
+        the data when the net has BatchNorm); the factor on the covariance (Maddox et al. use 0.5).
+    pretrain_steps, pretrain_optimizer, pretrain_lr:
+        Pre-training (default 2,000 steps of ``"adam"``, learning rate ``3e-2`` decaying to 1% of
+        it; 0 skips it, e.g. with a pretrained net or ``init=`` a MAP posterior).
+    num_steps, burn_in, collect_every:
+        SWA phase: SGD steps (default 200 epochs of ``ceil(N / B)`` steps), steps before the first
+        snapshot (default ``num_steps // 10``), steps between snapshots (default one epoch).
+    lr, momentum:
+        The constant SWA learning rate (``"auto"`` or a positive float) and SGD momentum (0.9).
+    num_chains, init, seed, progress:
+        Independent runs (seeds ``seed + c``); initial values (``"net"``: a BNN's weights, ``"prior"``,
+        ``"median"``, a dict or a :class:`Posterior`); a progress bar (``False``: off).
+    """
+    return _fit(model, data, swag=True, rank=rank, num_samples=num_samples, scale=scale, **config)[0]
+
+
+def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, scale: float = 1.0,
+         pretrain_steps: int = 2000, pretrain_optimizer="adam", pretrain_lr: float = 3e-2, num_steps: int | None = None,
+         burn_in: int | None = None, collect_every: int | None = None, lr: float | str = "auto",
+         momentum: float = 0.9, num_chains: int = 1, init="net", seed: int = 0,
+         progress: bool = True) -> tuple[Posterior, list[SWAGMoments]]:
+    """The posterior and each chain's :class:`SWAGMoments` (what the tests check against theory)."""
+    method = "swag" if swag else "swa"
+    if data.loader is None and data.y is None:
+        raise ValueError(f"y: {method} fits the model to targets; pass y (bp.fit(model, x, y, method={method!r})).")
+    if data.loader is not None:
+        batch = data.batch_size
+        epoch = len(data.loader) if hasattr(data.loader, "__len__") else math.ceil(data.size / batch)
+    else:
+        batch = data.batch_size or min(data.size, 128)
+        epoch = math.ceil(data.size / batch)
+    collect_every = positive_int("collect_every", epoch if collect_every is None else collect_every)
+    num_steps = positive_int("num_steps", 200 * epoch if num_steps is None else num_steps)
+    burn_in = positive_int("burn_in", num_steps // 10 if burn_in is None else burn_in, allow_zero=True)
+    snapshots = (num_steps - burn_in) // collect_every if burn_in < num_steps else 0
+    if swag:
+        rank = positive_int("rank", rank)
+        if rank < 2:
+            raise ValueError(f"rank must be at least 2 (the low-rank part divides by rank - 1), got {rank}; the "
+                             "default is 20. For the averaged point alone use method='swa'.")
+    needed = max(rank, 1)
+    if snapshots < needed:
+        raise ValueError(
+            f"collect schedule: num_steps={num_steps}, burn_in={burn_in}, collect_every={collect_every} collect "
+            f"{snapshots} snapshot(s), but {method} needs at least {needed}" + (f" (rank={rank})" if swag else "")
+            + ". Lengthen num_steps, shorten burn_in or collect_every" + (", or lower rank." if swag else "."))
+    if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
+        raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}; the default is 0.9.")
+    if not (isinstance(lr, str) and lr == "auto"):
+        if isinstance(lr, str):
+            raise ValueError(f"lr: expected 'auto' or a positive number, got {lr!r}.")
+        lr = positive("lr", lr)
+    settings = _Settings(
+        batch_size=batch, pretrain_steps=positive_int("pretrain_steps", pretrain_steps, allow_zero=True),
+        pretrain_optimizer=choice("pretrain_optimizer", pretrain_optimizer, PretrainOptimizer),
+        pretrain_lr=positive("pretrain_lr", pretrain_lr), num_steps=num_steps, burn_in=burn_in,
+        collect_every=collect_every, lr=lr, momentum=float(momentum), rank=rank,
+        num_samples=positive_int("num_samples", num_samples), scale=positive("scale", scale), init=init)
+    num_chains = positive_int("num_chains", num_chains)
+    runs = [_run_chain(model, data, settings, seed + c, progress, f"{method} chain {c}") for c in range(num_chains)]
+    config = clean_config(dict(
+        pretrain_steps=settings.pretrain_steps, pretrain_optimizer=settings.pretrain_optimizer.value,
+        pretrain_lr=settings.pretrain_lr, num_steps=num_steps, burn_in=burn_in, collect_every=collect_every,
+        snapshots=snapshots, lr=lr, momentum=settings.momentum, num_chains=num_chains,
+        init=init if isinstance(init, str) else type(init).__name__, batch_size=batch, sampling=(
+            "loader order" if data.loader is not None else "independent minibatches (with replacement)"),
+        dataset_size=data.size, seed=seed,
+        **(dict(rank=rank, num_samples=settings.num_samples, scale=settings.scale) if swag else {})))
+    stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
+    post = Posterior(samples=stack("samples"), model=runs[-1]["model"], method=method, config=config,
+                     point=stack("point"), history=stack("history"), x=data.x, y=data.y,
+                     draw_buffers=stack("draw_buffers"))
+    return post, [r["moments"] for r in runs]
+
+
+def _run_chain(model, data: Data, s: _Settings, seed: int, progress: bool, desc: str) -> dict:
+    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
+    generator = torch.Generator().manual_seed(seed)
+    n = data.size
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(seed)
+        apply_point_init(fitted, s.init)
+        if isinstance(fitted, BNN):
+            fitted.train()  # BatchNorm and dropout behave as in training
+        pot = Potential(fitted, data, init=s.init)
+        z = pot.flatten(pot.init).clone().requires_grad_()
+        with poutine.trace(param_only=True) as capture:
+            pot(pot.unflatten(z), data.first())
+        point_params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
+        params = [z] + point_params
+
+        def loss(batch):
+            return pot(pot.unflatten(z), batch) / n
+
+        batches = _minibatches(data, s.batch_size, generator)
+        total = s.pretrain_steps + s.num_steps
+        losses, lrs = torch.empty(total), torch.empty(total)
+        moments = SWAGMoments.empty(z, s.rank)
+        point_sum = [torch.zeros_like(p) for p in point_params]
+        with progress_bar(total, desc, progress) as bar:
+            if s.pretrain_optimizer is PretrainOptimizer.ADAM:
+                opt = torch.optim.Adam(params, lr=s.pretrain_lr)
+            else:
+                opt = torch.optim.SGD(params, lr=s.pretrain_lr, momentum=s.momentum)
+            decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(s.pretrain_steps, 1), s.pretrain_lr / 100)
+            for step in range(total):
+                if step == s.pretrain_steps:
+                    lr = _auto_lr(loss, params, data, s, generator) if s.lr == "auto" else s.lr
+                    opt = torch.optim.SGD(params, lr=lr, momentum=s.momentum)
+                opt.zero_grad(set_to_none=True)
+                value = loss(next(batches))
+                if not torch.isfinite(value):
+                    phase = "pre-training" if step < s.pretrain_steps else "the SWA phase"
+                    raise FloatingPointError(
+                        f"{desc}: the loss U/N became {value.item()} at step {step} ({phase}, lr "
+                        f"{opt.param_groups[0]['lr']:.3g}). Try a smaller pretrain_lr or lr, standardized inputs "
+                        "and targets, or check the data for extreme values.")
+                value.backward()
+                opt.step()
+                losses[step], lrs[step] = value.detach(), opt.param_groups[0]["lr"]
+                if step < s.pretrain_steps:
+                    decay.step()
+                swa_step = step + 1 - s.pretrain_steps
+                if swa_step > s.burn_in and (swa_step - s.burn_in) % s.collect_every == 0:
+                    moments.collect(z)
+                    for acc, p in zip(point_sum, point_params):
+                        acc += p.detach()
+                if step % 50 == 0 or step == total - 1:
+                    bar.set_postfix(loss=f"{value.item():.4g}", refresh=False)
+                bar.update()
+        with torch.no_grad():
+            for acc, p in zip(point_sum, point_params):
+                p.copy_(acc / moments.count)  # deterministic parameters at their SWA average
+            mean = moments.mean[None].to(z.dtype)
+            average = {k: v.detach() for k, v in pot.constrain(pot.unflatten(mean)).items()}
+            flat = moments.sample(s.num_samples, s.scale, generator).to(z.dtype) if s.rank else mean
+            samples = {k: v.detach() for k, v in pot.constrain(pot.unflatten(flat)).items()}
+            x0, y0 = data.first()
+            point = point_values(fitted, x0, y0, n)
+    draw_buffers = _batchnorm_statistics(fitted, samples, average, data, s.batch_size)
+    return dict(samples=samples, point=point, draw_buffers=draw_buffers, model=fitted, moments=moments,
+                history={"loss": losses, "lr": lrs})
+
+
+def _minibatches(data: Data, batch_size: int, generator: torch.Generator):
+    """Independent minibatches drawn with replacement (tensors), or the loader's own batches."""
+    if data.loader is not None:
+        yield from data.batches(generator)
+    while True:
+        idx = torch.randint(data.x.shape[0], (batch_size,), generator=generator).to(data.x.device)
+        yield data.x[idx], data.y[idx]
+
+
+def _auto_lr(loss, params: list[torch.Tensor], data: Data, s: _Settings, generator: torch.Generator) -> float:
+    """``lr = x / lambda`` (module docstring): ``lambda`` the largest |eigenvalue| of the Hessian of
+    ``U / N`` over all trained tensors, by power iteration on Hessian-vector products."""
+    if data.loader is not None:
+        batch = data.first()
+    elif data.x.shape[0] <= _CURVATURE_POINTS:
+        batch = (data.x, data.y)
+    else:
+        idx = torch.randperm(data.x.shape[0], generator=generator)[:_CURVATURE_POINTS].to(data.x.device)
+        batch = (data.x[idx], data.y[idx])
+    grads = torch.autograd.grad(loss(batch), params, create_graph=True)
+    v = [torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) for p in params]
+    curvature = 0.0
+    for _ in range(_POWER_ITERATIONS):
+        norm = torch.sqrt(sum((u * u).sum() for u in v))
+        v = [u / norm for u in v]
+        hv = torch.autograd.grad(grads, params, grad_outputs=v, retain_graph=True)
+        curvature = abs(float(sum((a * b).sum() for a, b in zip(hv, v))))
+        v = [h.detach() for h in hv]
+    if not (math.isfinite(curvature) and curvature > 0.0):
+        raise FloatingPointError(f"lr='auto': the curvature of the loss at the end of pre-training is {curvature}, so "
+                                 "no step size follows from it. Pass lr= a positive number (e.g. 1e-3).")
+    b, n, beta = s.batch_size, data.size, s.momentum
+    return 2 * b * (1 - beta) * (1 + beta) / ((1 + beta) * n + b * (1 - beta)) / curvature
+
+
+def _batchnorm_statistics(model, samples: dict[str, torch.Tensor], average: dict[str, torch.Tensor], data: Data,
+                          batch_size: int) -> dict[str, torch.Tensor]:
+    """BatchNorm statistics of each draw, ``(draws, *shape)`` (empty without BatchNorm); the model's
+    own buffers get those of the SWA average."""
+    if not isinstance(model, BNN) or not _has_batchnorm(model):
+        return {}
+    if data.loader is not None:
+        inputs = [xb for xb, _ in data._loader_batches()]
+    else:  # near-equal chunks: none of size 1, which training-mode BatchNorm refuses
+        inputs = list(torch.tensor_split(data.x, math.ceil(data.x.shape[0] / batch_size)))
+    was_training = model.training
+    model.eval()  # only the BatchNorm layers run in training mode (dropout stays off)
+    try:
+        def refresh(values, i):
+            return model.batchnorm_statistics({k: values[k][i] for k in model.sample_names}, inputs)
+
+        per_draw = [refresh(samples, i) for i in range(next(iter(samples.values())).shape[0])]
+        own = refresh(average, 0)
+    finally:
+        model.train(was_training)
+    with torch.no_grad():
+        for name, b in model.net.named_buffers():
+            if name in own:
+                b.copy_(own[name])
+    return {k: torch.stack([d[k] for d in per_draw]) for k in per_draw[0]}
+
+
+def _has_batchnorm(model: BNN) -> bool:
+    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+               for m in model.net.modules())
