@@ -139,7 +139,7 @@ def _write_outputs(post, entry, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bnn_pyro import plots
+    from bnn_pyro import diagnostics, plots
 
     written = [post.save(out / "posterior.bnn")]
     path = out / "inference_data.nc"
@@ -150,7 +150,7 @@ def _write_outputs(post, entry, out: Path) -> list[Path]:
         written.append(path)
 
     params = _trace_params(post)
-    axes = az.plot_trace(az.from_dict(posterior=plots.scalars(post, params)), compact=False)
+    axes = az.plot_trace(diagnostics.from_dict(posterior=plots.scalars(post, params)), compact=False)
     axes.ravel()[0].figure.tight_layout()
     written.append(_savefig(axes.ravel()[0].figure, out / "trace.png"))
     x_plot = entry.x if entry.x_test is None else entry.x_test

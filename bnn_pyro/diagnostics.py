@@ -134,9 +134,17 @@ def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool =
                 groups["log_likelihood"] = {"obs": ll}
             if posterior_predictive:
                 groups["posterior_predictive"] = {"obs": pp}
-    with warnings.catch_warnings():  # from_dict's FutureWarning about its own refactor, not about the data
+    return from_dict(**groups, dims={"obs": ["data"], "x": ["data"]})
+
+
+def from_dict(**groups) -> az.InferenceData:
+    """``arviz.from_dict`` for arrays that are ``(chains, draws, ...)`` by construction: without its
+    FutureWarning about its own refactor, and without its shape guess "more chains than draws",
+    which is wrong for ensembles and SWA (one draw per chain)."""
+    with warnings.catch_warnings():
         warnings.filterwarnings("ignore", category=FutureWarning, module="arviz")
-        return az.from_dict(**groups, dims={"obs": ["data"], "x": ["data"]})
+        warnings.filterwarnings("ignore", message="More chains", category=UserWarning)
+        return az.from_dict(**groups)
 
 
 def _pointwise(post: Posterior, x, y, seed, draws_per_chunk, points_per_chunk):
@@ -243,9 +251,12 @@ def summary(post: Posterior, *, space: str = "weights", x=None, var_names: Seque
         dims = {"f": ["input", "output"]}
         coords = {"input": (rows if rows is not None else torch.arange(data["f"].shape[2])).tolist()}
     with _arviz_log_level(logging.ERROR):  # its shape warning for 1 chain is replaced by our note below
-        table = az.summary(az.from_dict(posterior=data, dims=dims, coords=coords), kind="all")
+        table = az.summary(from_dict(posterior=data, dims=dims, coords=coords), kind="all")
     table.attrs["notes"] = []
-    if post.num_chains == 1:
+    if post.num_draws == 1:
+        table.attrs["notes"].append("One draw per chain (an ensemble member or an SWA point per chain): R-hat, ESS "
+                                    "and MCSE need several draws per chain and are NaN; mean and sd are over chains.")
+    elif post.num_chains == 1:
         table.attrs["notes"].append("R-hat needs at least 2 chains and is NaN here; fit with num_chains >= 2 "
                                     "(independent restarts for SVI) to check convergence between chains.")
     if warn:

@@ -43,7 +43,7 @@ def _figure(axes) -> Figure:
 def _samples_only(post: Posterior, data: dict | None = None) -> az.InferenceData:
     if data is None:
         return diagnostics.to_inference_data(post, log_likelihood=False, posterior_predictive=False)
-    return az.from_dict(posterior=data, sample_stats=diagnostics.sample_stats(post))
+    return diagnostics.from_dict(posterior=data, sample_stats=diagnostics.sample_stats(post))
 
 
 def scalars(post: Posterior, params: Sequence[str] | None = None, *, limit: int = 8) -> dict[str, np.ndarray]:

@@ -153,3 +153,15 @@ def test_bp_exposes_modules_lazily():
     assert bp.diagnostics.summary is not None and bp.plots.plot_trace is not None
     with pytest.raises(AttributeError, match="no attribute 'nonexistent'"):
         bp.nonexistent  # noqa: B018
+
+
+def test_one_draw_per_chain_is_summarized_over_chains_without_arviz_shape_guesses(make_posterior, blr_model,
+                                                                                     linear_data):
+    post = make_posterior(blr_model, *linear_data, chains=5, draws=1)  # the layout of ensembles and SWA
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # ArviZ's "More chains (5) than draws (1)" would raise
+        table = post.summary(warn=False)
+        idata = to_inference_data(post)
+    assert idata.posterior.sizes["chain"] == 5 and idata.posterior.sizes["draw"] == 1
+    assert np.isnan(table["r_hat"]).all() and "One draw per chain" in table.attrs["notes"][0]
+    assert np.allclose(table["mean"].values[:2], post.samples["weight"].reshape(5, -1).mean(0).numpy()[:2], atol=1e-3)
