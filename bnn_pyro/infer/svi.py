@@ -10,13 +10,27 @@ Guides (``guide=``): ``"mean_field"`` (``AutoNormal``: independent Gaussians), `
 ELBOs (``elbo=``):
 
 - ``"trace"``: reparameterized Monte Carlo gradients (``Trace_ELBO``); the default.
-- ``"mean_field"``: the KL term in closed form where one exists (``TraceMeanField_ELBO``).
+- ``"mean_field"``: the KL term in closed form where one exists
+  (:class:`~bnn_pyro.infer.reparam.MeanFieldELBO`; with ``guide="mean_field"`` every real-valued site's
+  Gaussian is compared with its prior in closed form). The default with a local ``estimator``.
 - ``"reinforce"``: the score-function (REINFORCE / black-box VI, Ranganath et al. 2014) estimator
   ``grad = E_q[(log p - log q - b) grad log q]`` with a decaying-average baseline ``b``, forced on
   every site even when a reparameterized gradient exists. Its variance grows with the number of
   data points and weights (every weight's score multiplies the whole log-likelihood): on a
   two-weight linear regression it is ~10-100x that of ``"trace"`` (see the test suite), on a real
   BNN far more. It exists for non-reparameterizable models and for comparison, not for speed.
+
+Estimators (``estimator=``, with ``guide="mean_field"`` on a ``BNN``; see
+:mod:`bnn_pyro.infer.reparam`): ``"sample"`` draws one weight per step for the whole minibatch (the
+default); ``"local_reparam"`` (Kingma et al. 2015) samples a ``Linear`` layer's pre-activations per
+example, ``"flipout"`` (Wen et al. 2018) decorrelates one shared weight perturbation per example by
+random signs. Both are unbiased for the same ELBO with a lower-variance gradient; convolutions (and a
+``Linear`` on inputs with more than two dimensions) share weights within an example, so there
+``"local_reparam"`` uses flipout.
+
+Empirical Bayes (``empirical_bayes=True`` or ``"shared"``; see :mod:`bnn_pyro.infer.empirical_bayes`):
+the weight priors' scales become hyperparameters learned by the ELBO (type-II maximum likelihood), one
+per parameter tensor or one shared; ``post.config["prior_scales"]`` holds the learned values.
 
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
@@ -39,12 +53,15 @@ import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
-from pyro.infer import Trace_ELBO, TraceGraph_ELBO, TraceMeanField_ELBO
+from pyro.infer import Trace_ELBO, TraceGraph_ELBO
 from pyro.infer import autoguide
 
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import (Data, apply_point_init, call_model, clean_config, init_strategy, latent_sites,
                                     point_values, progress_bar)
+from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
+from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
+from bnn_pyro.infer.reparam import Estimator, GaussianSites, MeanFieldELBO, WeightNoise, check_estimator
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -81,7 +98,9 @@ def fit(
     data: Data,
     *,
     guide="mean_field",
-    elbo: str = "trace",
+    elbo: str | None = None,
+    estimator: str = "sample",
+    empirical_bayes: bool | str = False,
     num_steps: int | None = None,
     epochs: int | None = None,
     lr: float = 1e-2,
@@ -104,6 +123,13 @@ def fit(
     ----------
     guide, elbo:
         See the module docstring. ``rank`` sets the low-rank guide's rank (default ``sqrt(dim)``).
+        ``elbo`` defaults to ``"trace"``, or ``"mean_field"`` with a local ``estimator``.
+    estimator:
+        ``"sample"`` (default), ``"local_reparam"`` or ``"flipout"`` (``guide="mean_field"`` and a
+        ``BNN`` only; particles are then evaluated one after another).
+    empirical_bayes:
+        ``False`` (default), ``True`` (one learned prior scale per parameter tensor) or ``"shared"``
+        (one learned multiplier of every prior scale).
     num_steps, epochs:
         Length of the run in optimizer steps, or in passes over the data (one of the two;
         default 1,000 steps).
@@ -134,7 +160,18 @@ def fit(
     num_particles = positive_int("num_particles", num_particles)
     lr = positive("lr", lr)
     guide_kind = guide if not isinstance(guide, str) else choice("guide", guide, GuideKind)
+    estimator = choice("estimator", estimator, Estimator)
+    sharing = resolve_empirical_bayes(empirical_bayes)
+    if elbo is None:
+        elbo = "trace" if estimator is Estimator.SAMPLE else "mean_field"
     elbo_kind = choice("elbo", elbo, ElboKind)
+    if estimator is not Estimator.SAMPLE:
+        check_estimator(model, guide_is_mean_field=guide_kind is GuideKind.MEAN_FIELD,
+                        reinforce=elbo_kind is ElboKind.REINFORCE, vectorize_particles=vectorize_particles)
+        vectorize_particles = False
+    if sharing is not None and guide_kind is GuideKind.MAP:
+        raise ValueError("empirical_bayes needs a guide with spread (mean_field, low_rank, full_rank): with "
+                         "guide='map' the joint maximum over weights and prior scale is degenerate (both go to 0).")
     if elbo_kind is ElboKind.REINFORCE and guide_kind is GuideKind.MAP:
         raise ValueError(
             "elbo='reinforce' needs a guide with a density, but guide='map' is a point mass (its score is "
@@ -149,8 +186,10 @@ def fit(
         guide=getattr(guide_kind, "value", guide_kind), elbo=elbo_kind.value, num_steps=num_steps, lr=lr,
         optimizer=getattr(optimizer, "value", optimizer), lr_schedule=getattr(lr_schedule, "value", lr_schedule),
         num_particles=num_particles, vectorize_particles=vectorize_particles, num_chains=num_chains,
-        num_samples=num_samples, rank=rank, init=init if isinstance(init, str) else type(init).__name__,
-        init_scale=init_scale, batch_size=data.batch_size, dataset_size=data.size, seed=seed,
+        num_samples=num_samples, rank=rank, estimator=estimator.value,
+        empirical_bayes=False if sharing is None else sharing.value,
+        init=init if isinstance(init, str) else type(init).__name__, init_scale=init_scale,
+        batch_size=data.batch_size, dataset_size=data.size, seed=seed,
     ))
     x0, y0 = data.first()
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
@@ -161,17 +200,40 @@ def fit(
             pyro.set_rng_seed(seed + chain)
             apply_point_init(fitted, init)
             q = _make_guide(fitted, guide_kind, init_strategy(fitted, init), init_scale, rank)
-            q_train = _ScoreFunction(baseline_beta)(q) if elbo_kind is ElboKind.REINFORCE else q
+            q_train, wrap = _handlers(q, elbo_kind, estimator, baseline_beta)
+            eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
+            if eb is not None:
+                wrap = _compose(wrap, eb)
             losses = _optimize(fitted, q_train, data, elbo_kind, num_steps, num_particles, vectorize_particles,
-                               optimizer, lr, lr_schedule, seed + chain, progress, f"svi chain {chain}")
+                               optimizer, lr, lr_schedule, seed + chain, progress, f"svi chain {chain}", wrap,
+                               None if eb is None else eb.record)
             draws = _draw(q, names, num_samples, x0, y0, data.size, fitted)
             point = point_values(fitted, x0, y0, data.size)
-        runs.append((fitted, draws, point, losses))
+        runs.append((fitted, draws, point, {**({} if eb is None else eb.history), "loss": losses}))
     samples = {n: torch.stack([r[1][n] for r in runs]) for n in names}
     point = {n: torch.stack([r[2][n] for r in runs]) for n in runs[0][2]}
-    losses = torch.stack([r[3] for r in runs])
+    history = {k: torch.stack([r[3][k] for r in runs]) for k in runs[0][3]}
+    if sharing is not None:
+        config["prior_scales"] = {s: history[f"prior_scale[{s}]"][:, -1].tolist() for s in eb.base_scales}
     return Posterior(samples=samples, model=runs[-1][0], method="svi", config=config, point=point,
-                     history={"loss": losses}, x=data.x, y=data.y)
+                     history=history, x=data.x, y=data.y)
+
+
+def _handlers(q, elbo_kind: ElboKind, estimator: Estimator, baseline_beta: float):
+    """The guide as trained, and a wrapper for the model: the score-function handler for
+    ``elbo="reinforce"``; for ``elbo="mean_field"`` with an ``AutoNormal`` guide, its sites as
+    Gaussians (closed-form KL), plus the estimator's function mode on the model."""
+    if elbo_kind is ElboKind.REINFORCE:
+        return _ScoreFunction(baseline_beta)(q), None
+    if not isinstance(q, autoguide.AutoNormal) or (elbo_kind is ElboKind.TRACE and estimator is Estimator.SAMPLE):
+        return q, None
+    sites = GaussianSites(q)
+    wrap = None if estimator is Estimator.SAMPLE else WeightNoise(estimator, sites).wrap
+    return sites(q), wrap
+
+
+def _compose(wrap, handler):
+    return handler if wrap is None else (lambda fn: wrap(handler(fn)))
 
 
 def _has_batchnorm(model: BNN) -> bool:
@@ -235,7 +297,7 @@ def _loss_fn(kind: ElboKind, num_particles: int, vectorize: bool):
             return surrogate, -float(value.detach() if torch.is_tensor(value) else value)
 
         return loss
-    elbo = (TraceMeanField_ELBO if kind is ElboKind.MEAN_FIELD else Trace_ELBO)(**common)
+    elbo = (MeanFieldELBO if kind is ElboKind.MEAN_FIELD else Trace_ELBO)(**common)
 
     def loss(model, guide, *args, **kwargs):
         value = elbo.differentiable_loss(model, guide, *args, **kwargs)
@@ -245,9 +307,11 @@ def _loss_fn(kind: ElboKind, num_particles: int, vectorize: bool):
 
 
 def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize, optimizer, lr, schedule,
-              seed, progress, desc) -> torch.Tensor:
+              seed, progress, desc, wrap=None, on_step=None) -> torch.Tensor:
     loss_fn = _loss_fn(elbo_kind, num_particles, vectorize)
     fit_model = partial(call_model, model, dataset_size=data.size)
+    if wrap is not None:  # effect handlers around the model (estimator, empirical Bayes)
+        fit_model = wrap(fit_model)
     x0, y0 = data.first()
     with poutine.trace(param_only=True) as param_capture:
         loss_fn(fit_model, guide, x0, y0)
@@ -273,6 +337,8 @@ def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize
             if sched is not None:
                 sched.step()
             losses[step] = value
+            if on_step is not None:
+                on_step(step, num_steps)
             if step % 50 == 0 or step == num_steps - 1:
                 bar.set_postfix(loss=f"{value:.4g}", refresh=False)
             bar.update()
