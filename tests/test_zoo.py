@@ -178,3 +178,14 @@ def test_fresh_fit_matches_reference_in_function_space(name, method, settings):
     f = bp.diagnostics.function_draws(post, torch.tensor(ref["x"]))[..., 0].double().numpy()
     failures = _compare(ref, f)
     assert not failures, "fresh fit differs from the reference beyond Monte Carlo error:\n" + "\n".join(failures)
+
+
+@pytest.mark.parametrize("name, method, tiny", [("mc_dropout_mlp", "mc_dropout", dict(num_steps=5, num_samples=4)),
+                                                ("sparse_vd_digits", "sparse_vd", dict(num_steps=5, num_samples=4))])
+def test_method_entries_fit_with_their_own_method(name, method, tiny):
+    entry = zoo.load(name)
+    assert entry.default_method == method
+    post = entry.fit(**tiny)
+    assert post.method == method and post.num_draws == 4
+    metrics = entry.evaluate(post, num_samples=4)
+    assert metrics and all(math.isfinite(v) for v in metrics.values())
