@@ -10,7 +10,7 @@ from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __version__ = "0.1.0"
-__all__ = ["BNN", "Posterior", "fit", "load", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io"]
+__all__ = ["BNN", "Posterior", "fit", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io"]
 
 
 def __getattr__(name: str):

@@ -113,7 +113,7 @@ def distill(
     batch_size = x.shape[0] if batch_size is None else positive_int("batch_size", batch_size)
     num_threads = None if num_threads is None else positive_int("num_threads", num_threads)
 
-    from bnn_pyro.infer.ensemble import torch_threads  # engine modules load on first use, not with the package
+    from bnn_pyro.infer._common import torch_threads
 
     target, loss_fn = _task(posterior.predict(x, num_samples=num_samples, seed=seed), _width(student_net, x))
     with torch_threads(num_threads):

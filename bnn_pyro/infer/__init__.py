@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from bnn_pyro._checks import check_data, choice, positive_int
-from bnn_pyro.infer._common import Data
+from bnn_pyro.infer._common import Data, torch_threads
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -64,7 +64,7 @@ def engine(method: str | Method) -> Callable[..., Posterior]:
 
 
 def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None, dataset_size: int | None = None,
-        **config) -> Posterior:
+        num_threads: int | None = 1, **config) -> Posterior:
     """Fit ``model`` to data with the engine named by ``method`` and return a :class:`Posterior`.
 
     Parameters
@@ -81,6 +81,13 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
         the engine's module (e.g. :func:`bnn_pyro.infer.svi.fit`).
     batch_size:
         Minibatch size (random reshuffling every epoch); the full data by default.
+    num_threads:
+        Torch intra-op threads during the fit (restored afterwards). One, the default, is fastest
+        for the small tensors of typical BNNs, whose steps are dominated by Python overhead: extra
+        OpenMP threads only spin against other work for the cores (measured on 2 busy cores: 50
+        variational-dropout steps on digits took 15.4 s with 2 threads, 2.2 s with 1). ``None``
+        keeps torch's setting (large nets, idle many-core machines). MCMC chains in worker
+        processes always use one thread each.
 
     Example
     -------
@@ -90,7 +97,8 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     if not (isinstance(model, BNN) or callable(model)):
         raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}.")
     data = _data(model, x, y, batch_size, dataset_size)
-    return engine(kind)(model, data, **config)
+    with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)):
+        return engine(kind)(model, data, **config)
 
 
 def _data(model, x, y, batch_size, dataset_size) -> Data:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import inspect
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from tqdm.auto import tqdm
 from bnn_pyro.model import BNN
 
 __all__ = ["Data", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy", "apply_point_init",
-           "point_values", "quiet_model"]
+           "point_values", "quiet_model", "torch_threads"]
 
 
 @dataclass
@@ -184,3 +185,15 @@ def quiet_model(model, dataset_size):
             return call_model(model, x, y, dataset_size)
 
     return run
+
+
+@contextlib.contextmanager
+def torch_threads(num: int | None):
+    """Run the block with ``num`` torch intra-op threads (``None``: leave the setting alone)."""
+    before = torch.get_num_threads()
+    if num is not None:
+        torch.set_num_threads(num)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

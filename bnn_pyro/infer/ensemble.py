@@ -51,7 +51,6 @@ Example
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import math
 import warnings
@@ -87,7 +86,6 @@ def fit_ensemble(
     lr_schedule="constant",
     init: str | None = None,
     adversarial_eps: float = 0.0,
-    num_threads: int | None = 1,
     seed: int = 0,
     progress: bool = True,
 ) -> Posterior:
@@ -107,10 +105,6 @@ def fit_ensemble(
         parameters restart from their initializers under either choice.
     adversarial_eps:
         Size of the fast-gradient-sign input perturbation (0, the default, turns it off).
-    num_threads:
-        Torch intra-op threads during the fit. One (the default) is fastest for small nets, whose
-        steps are dominated by Python overhead (extra threads only contend for the cores: ~10x
-        slower per step on a busy 2-core machine); ``None`` keeps torch's setting (large nets).
     seed, progress:
         Member ``k`` uses seed ``seed + k``; ``progress=False`` turns the progress bar off.
 
@@ -126,7 +120,6 @@ def fit_ensemble(
     num_steps = positive_int("num_steps", num_steps)
     lr = positive("lr", lr)
     init_kind = _init_kind(model, init)
-    num_threads = None if num_threads is None else positive_int("num_threads", num_threads)
     try:
         eps = float(adversarial_eps)
     except (TypeError, ValueError):
@@ -137,28 +130,15 @@ def fit_ensemble(
     config = clean_config(dict(
         num_members=num_members, num_steps=num_steps, lr=lr, optimizer=getattr(optimizer, "value", optimizer),
         lr_schedule=getattr(lr_schedule, "value", lr_schedule), init=init_kind.value, adversarial_eps=eps,
-        num_threads=num_threads, batch_size=data.batch_size, dataset_size=data.size, seed=seed,
+        batch_size=data.batch_size, dataset_size=data.size, seed=seed,
     ))
-    with torch_threads(num_threads):
-        members = [_fit_member(model, data, init_kind, num_steps, lr, optimizer, lr_schedule, eps, seed + k, progress,
-                               f"ensemble member {k}") for k in range(num_members)]
+    members = [_fit_member(model, data, init_kind, num_steps, lr, optimizer, lr_schedule, eps, seed + k, progress,
+                           f"ensemble member {k}") for k in range(num_members)]
     stack = lambda key: {n: torch.stack([m[key][n] for m in members]) for n in members[0][key]}  # noqa: E731
     samples = {n: v.unsqueeze(1) for n, v in stack("sample").items()}
     return Posterior(samples=samples, model=members[-1]["model"], method="ensemble", config=config,
                      point=stack("point"), sample_stats={"lp": torch.stack([m["lp"] for m in members]).unsqueeze(1)},
                      history={"loss": torch.stack([m["loss"] for m in members])}, x=data.x, y=data.y)
-
-
-@contextlib.contextmanager
-def torch_threads(num: int | None):
-    """Run the block with ``num`` torch intra-op threads (``None``: leave the setting alone)."""
-    before = torch.get_num_threads()
-    if num is not None:
-        torch.set_num_threads(num)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _init_kind(model, init) -> EnsembleInit:

@@ -21,3 +21,30 @@ def test_registry_covers_the_enum_and_unknown_methods_are_named():
     assert set(REGISTRY) == set(Method)
     with pytest.raises(ValueError, match="method: unknown value 'sgd'"):
         bp.fit(lambda x, y=None: None, [[0.0]], [0.0], method="sgd")
+
+
+@pytest.mark.parametrize("num_threads, expected", [(1, 1), (None, "outer")])
+def test_fit_runs_engines_with_the_requested_torch_threads_and_restores_them(num_threads, expected):
+    import pyro
+    import pyro.distributions as dist
+    import torch
+
+    seen = []
+
+    def model(x, y=None):
+        seen.append(torch.get_num_threads())
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(w * x[:, 0], 1.0), obs=y)
+
+    outer = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        bp.fit(model, torch.ones(4, 1), torch.ones(4), method="svi", num_steps=2, num_samples=2, progress=False,
+               num_threads=num_threads)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(outer)
+    assert set(seen) == {1 if expected == 1 else 2}
+    with pytest.raises(ValueError, match="num_threads"):
+        bp.fit(model, torch.ones(4, 1), torch.ones(4), num_threads=0)
