@@ -15,6 +15,16 @@ import torch  # noqa: E402
 import bnn_pyro as bp  # noqa: E402
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _one_torch_thread():
+    """One torch thread, as ``bp.fit`` uses by default: the tests' tensors are tiny, and on a busy
+    machine OpenMP threads spinning for them made steps 10-100x slower (measured)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(autouse=True)
 def _seeded():
     """Every test starts from the same random state (torch's own seed differs per process), so a

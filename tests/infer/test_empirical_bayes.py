@@ -38,12 +38,6 @@ FIT = dict(empirical_bayes="shared", num_steps=1000, lr=0.05, lr_schedule="cosin
 FULL_RANK_TOL, MEAN_FIELD_TOL = 0.055, 0.11
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def _optima(blr) -> tuple[float, float]:

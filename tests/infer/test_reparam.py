@@ -41,12 +41,6 @@ from blr import make_blr
 Z_MAX = 4.5
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 ESTIMATORS = [("sample", "trace"), ("sample", "mean_field"), ("local_reparam", "mean_field"), ("flipout", "mean_field")]
 
 

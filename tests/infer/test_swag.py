@@ -66,13 +66,6 @@ RANK, EVERY, SNAPSHOTS, BURN_IN, PRETRAIN = 60, 5, 120, 100, 100
 CHI2_2, CHI2_3, Z_MAX = 18.42, 21.11, 4.0
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: on a busy machine, OpenMP threads spinning for them slow BatchNorm ~100x."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 # ------------------------------------------------------------------ the quadratic problem

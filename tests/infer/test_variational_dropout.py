@@ -53,13 +53,6 @@ Z_WEAK = 3.0
 EULER_GAMMA = 0.5772156649015329
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """Small tensors: several torch threads only contend for the shared cores (10x slower measured)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 # ------------------------------------------------------------------------------------------ helpers
