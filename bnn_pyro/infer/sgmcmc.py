@@ -210,8 +210,9 @@ def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int 
     if isinstance(exploration, bool) or not (isinstance(exploration, (int, float)) and 0.0 <= exploration < 1.0):
         raise ValueError(f"exploration must be a fraction in [0, 1), got {exploration!r}; try 0.8 (Zhang et al.).")
     if num_samples % num_cycles:
+        nearest = num_cycles * max(1, num_samples // num_cycles)
         raise ValueError(f"num_samples ({num_samples}) must be a multiple of num_cycles ({num_cycles}): every cycle "
-                         f"gives num_samples / num_cycles draws; try num_samples={num_cycles * max(1, num_samples // num_cycles)}.")
+                         f"gives num_samples / num_cycles draws; try num_samples={nearest}.")
     sampling = num_samples // num_cycles * thin
     length = math.ceil(sampling / (1.0 - exploration) - 1e-9)  # 500 / (1 - 0.8) is 2500.0000000000005
     k = torch.arange(length, dtype=torch.float64)
@@ -317,7 +318,8 @@ def _run_chain(pot: Potential, data: Data, plan: Plan, lr, seed: int, name: str,
     eta = None if lr == "auto" else lr / data.size
     alpha, num_steps = plan.friction, len(plan.scale)
     scale, keep, noisy, adapt = plan.scale.tolist(), plan.keep.tolist(), plan.noisy.tolist(), plan.adapt.tolist()
-    draws, lps, potentials, steps = [], [], torch.empty(num_steps, dtype=torch.float64), torch.empty(num_steps, dtype=torch.float64)
+    draws, lps = [], []
+    potentials, steps = torch.empty(num_steps, dtype=torch.float64), torch.empty(num_steps, dtype=torch.float64)
     bar = progress_bar(num_steps, name, progress)
     for t in range(num_steps):
         batch = next(batches)
