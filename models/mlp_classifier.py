@@ -14,8 +14,11 @@ CARD = {
     "title": "MLP classifier (two moons; digits with dataset='digits')",
     "summary": "Bayesian model averaging for classification: calibrated probabilities, predictive entropy and "
                "mutual information (epistemic uncertainty) on two moons or the 8x8 digits.",
-    "prior": "LayerwiseNormal('radford'): N(0, 1/fan_in) keeps pre-activations of unit scale whatever the "
-             "width or input dimension (64 pixels for digits), unlike a fixed N(0, 1).",
+    "prior": "Two moons: LayerwiseNormal('radford'), N(0, 1/fan_in), which keeps pre-activations of unit scale "
+             "whatever the width. Digits: Normal(0, 1) on every weight: with 'radford' the output weights "
+             "(fan-in 32, sd 0.18) cannot make confident logits, and every engine, MAP-based ones included, "
+             "came out under-confident (measured: SVI accuracy 0.919, ECE 0.33; Laplace 0.950, ECE 0.30; with "
+             "N(0, 1): SVI 0.981 / 0.069, Laplace 0.986 / 0.050).",
     "likelihood": "Categorical(logits = net(x)) with integer labels.",
     "default_method": "svi",
     "default_settings": {"svi": {"guide": "mean_field", "num_steps": 1500, "lr": 0.02, "num_particles": 2,
@@ -44,7 +47,8 @@ def build(*, dataset: str = "moons", hidden: int = 32, seed: int = 0) -> Entry:
     classes = int(y.max()) + 1
     torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, classes))
-    model = bp.BNN(net, prior=bp.priors.LayerwiseNormal("radford"), likelihood=bp.likelihoods.Categorical())
+    prior = bp.priors.Normal(0.0, 1.0) if dataset == "digits" else bp.priors.LayerwiseNormal("radford")
+    model = bp.BNN(net, prior=prior, likelihood=bp.likelihoods.Categorical())
     defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
     if dataset == "digits":
         defaults["svi"].update(batch_size=128, num_steps=2000)

@@ -88,3 +88,15 @@ def test_04_classification(monkeypatch):
     assert ns["metrics"].accuracy(pred, ns["y_te"]) > 0.7
     auroc = ns["auroc"]
     assert auroc.shape == (2, 3) and ((auroc >= 0) & (auroc <= 1)).all().all()
+
+
+def test_05_methods_compared(monkeypatch):
+    ns = run_notebook("05_methods_compared.ipynb", monkeypatch)
+    reg, cls = ns["regression_table"], ns["digits_table"]
+    import bnn_pyro as bp
+
+    assert set(reg.index) == {m.value for m in bp.infer.Method} - {"hmc", "metropolis"}
+    assert set(cls.index) == set(reg.index) - {"nuts"}
+    assert reg.drop(columns="gap / data").notna().all().all() and cls.notna().all().all()
+    assert ((reg["coverage_95"] >= 0) & (reg["coverage_95"] <= 1)).all()
+    assert all(ns["reg_posts"][m].method == m for m in reg.index)
