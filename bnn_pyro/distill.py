@@ -123,14 +123,14 @@ def distill(
 
 def _train(student, x, target, loss_fn, num_steps, lr, optimizer, lr_schedule, batch_size, generator, progress):
     """Minimize ``loss_fn(student(x_b), *targets_b)`` over reshuffled minibatches; the student in eval mode."""
-    from bnn_pyro.infer.svi import _optimizer, _schedule
+    from bnn_pyro.infer.svi import make_optimizer, make_schedule
 
     student.train()
     params = [p for p in student.parameters() if p.requires_grad]
     if not params:
         raise ValueError("student_net has no trainable parameters; give it layers with requires_grad=True.")
-    opt = _optimizer(optimizer, params, lr)
-    sched = _schedule(lr_schedule, opt, num_steps)
+    opt = make_optimizer(optimizer, params, lr)
+    sched = make_schedule(lr_schedule, opt, num_steps)
     order = torch.randperm(x.shape[0], generator=generator)
     start = 0
     with progress_bar(num_steps, "distill", progress) as bar:

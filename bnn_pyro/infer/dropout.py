@@ -84,7 +84,7 @@ from torch.distributions import constraints
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, apply_point_init, clean_config, point_values, progress_bar
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.svi import _optimizer, _schedule
+from bnn_pyro.infer.svi import make_optimizer, make_schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -349,8 +349,8 @@ def _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particle
     with poutine.trace(param_only=True) as capture:  # a BNN's deterministic parameters are fitted too
         pot(guide.values, (x0, y0))
     params = guide.parameters() + [s["value"].unconstrained() for s in capture.trace.nodes.values()]
-    opt = _optimizer(optimizer, params, lr)
-    sched = _schedule(schedule, opt, num_steps)
+    opt = make_optimizer(optimizer, params, lr)
+    sched = make_schedule(schedule, opt, num_steps)
     generator = torch.Generator().manual_seed(seed)
     batches = data.batches(generator)
     losses, rates = torch.empty(num_steps), {k: torch.empty(num_steps) for k in guide.sites}

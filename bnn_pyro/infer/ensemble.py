@@ -63,7 +63,7 @@ from pyro import poutine
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.svi import _optimizer, _schedule
+from bnn_pyro.infer.svi import make_optimizer, make_schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -171,8 +171,8 @@ def _fit_member(model, data: Data, init_kind: EnsembleInit, num_steps, lr, optim
         with poutine.trace(param_only=True) as capture:
             _energy(pot, z, data.first())
         params = list(z.values()) + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-        opt = _optimizer(optimizer, params, lr)
-        sched = _schedule(lr_schedule, opt, num_steps)
+        opt = make_optimizer(optimizer, params, lr)
+        sched = make_schedule(lr_schedule, opt, num_steps)
         batches = data.batches(torch.Generator().manual_seed(seed))
         losses = torch.empty(num_steps)
         with progress_bar(num_steps, desc, progress) as bar:

@@ -316,8 +316,8 @@ def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize
     with poutine.trace(param_only=True) as param_capture:
         loss_fn(fit_model, guide, x0, y0)
     params = [site["value"].unconstrained() for site in param_capture.trace.nodes.values()]
-    opt = _optimizer(optimizer, params, lr)
-    sched = _schedule(schedule, opt, num_steps)
+    opt = make_optimizer(optimizer, params, lr)
+    sched = make_schedule(schedule, opt, num_steps)
     generator = torch.Generator().manual_seed(seed)
     losses = torch.empty(num_steps)
     batches = data.batches(generator)
@@ -345,7 +345,9 @@ def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize
     return losses
 
 
-def _optimizer(optimizer, params, lr):
+def make_optimizer(optimizer, params, lr):
+    """A torch optimizer from ``optimizer=``: ``"adam"``, ``"adamw"``, ``"sgd"`` or a callable
+    ``params -> Optimizer`` (shared by the engines that run their own optimization loop)."""
     if callable(optimizer) and not isinstance(optimizer, str):
         return optimizer(params)
     kind = choice("optimizer", optimizer, Optimizer)
@@ -353,7 +355,9 @@ def _optimizer(optimizer, params, lr):
     return cls(params, lr=lr)
 
 
-def _schedule(schedule, opt, num_steps):
+def make_schedule(schedule, opt, num_steps):
+    """A learning-rate scheduler from ``lr_schedule=`` (``None`` for ``"constant"``): ``"cosine"`` and
+    ``"exponential"`` end at 1% of the initial rate after ``num_steps``; a callable ``opt -> LRScheduler``."""
     if callable(schedule) and not isinstance(schedule, str):
         return schedule(opt)
     kind = choice("lr_schedule", schedule, Schedule)

@@ -74,7 +74,7 @@ from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values, progress_bar
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.reparam import Estimator, WeightNoise, _Gaussian
-from bnn_pyro.infer.svi import Schedule, _schedule
+from bnn_pyro.infer.svi import Schedule, make_schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -316,7 +316,7 @@ def _run_chain(model, data: Data, settings: _Settings, pot: Potential, vd_names:
         point_params = [s["value"].unconstrained() for s in capture.trace.nodes.values()]
         opt = torch.optim.Adam(list(weights.parameters()) + list(loc.values()) + list(log_sd.values()) + point_params,
                                lr=settings.lr)
-        sched = _schedule(settings.lr_schedule, opt, settings.num_steps)
+        sched = make_schedule(settings.lr_schedule, opt, settings.num_steps)
         keys = ("loss", "kl") + (("sparsity",) if settings.threshold is not None else ())
         history = {k: torch.empty(settings.num_steps) for k in keys}
         warmup_steps = round(settings.kl_warmup * settings.num_steps)
