@@ -74,8 +74,12 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
         conventions (observations ``"obs"`` inside ``pyro.plate("data", ...)``).
     x, y:
         Inputs ``(N, ...)`` and targets (tensors, numpy arrays or pandas objects), or ``x`` a
-        ``torch.utils.data.DataLoader`` (or any re-iterable of ``(x, y)`` batches) with ``y=None``
-        and ``dataset_size`` given.
+        ``torch.utils.data.DataLoader``, an ``IterableDataset`` yielding ``(x, y)`` batches, or any
+        iterable of batches (a generator too: data larger than memory) with ``y=None`` and
+        ``dataset_size`` (the number of rows the batches are drawn from) given. A re-iterable source is
+        gone through again every epoch; a one-shot iterator (generator) is consumed once, in order,
+        and an error says so if it runs out before the fit ends. The fitted ``Posterior`` then holds
+        no training data (``post.x is None``).
     method:
         The engine: one of :class:`Method` (``"svi"``, ...). Its options go in ``**config``; see
         the engine's module (e.g. :func:`bnn_pyro.infer.svi.fit`).
@@ -113,9 +117,10 @@ def _data(model, x, y, batch_size, dataset_size) -> Data:
             size = len(x.dataset)
         if size is None:
             raise ValueError("dataset_size: required when x is an iterable of batches without a dataset length.")
-        xb, yb = _checked(model, *next(iter(x)))
-        return Data(x=None, y=None, loader=x, dataset_size=positive_int("dataset_size", size), batch_size=xb.shape[0],
+        data = Data(x=None, y=None, loader=x, dataset_size=positive_int("dataset_size", size),
                     convert=lambda xb, yb: _checked(model, xb, yb))
+        data.batch_size = data.first()[0].shape[0]
+        return data
     x, y = _checked(model, x, y)
     if dataset_size is not None:
         raise ValueError("dataset_size: only for DataLoader input; with tensors the size is len(x).")
