@@ -3,14 +3,14 @@
 import importlib
 
 from bnn_pyro import datasets, io, likelihoods, metrics, priors
-from bnn_pyro.infer import fit
+from bnn_pyro.infer import distributed, fit
 from bnn_pyro.distill import distill
 from bnn_pyro.io import load
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __version__ = "0.1.0"
-__all__ = ["BNN", "Posterior", "fit", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io"]
+__all__ = ["BNN", "Posterior", "fit", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io", "distributed"]
 
 
 def __getattr__(name: str):

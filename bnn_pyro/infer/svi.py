@@ -59,6 +59,7 @@ from pyro.infer import autoguide
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import (Data, apply_point_init, call_model, clean_config, init_strategy, latent_sites,
                                     point_values, progress_bar)
+from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
 from bnn_pyro.infer.reparam import Estimator, GaussianSites, MeanFieldELBO, WeightNoise, check_estimator
@@ -116,6 +117,7 @@ def fit(
     baseline_beta: float = 0.9,
     seed: int = 0,
     progress: bool = True,
+    distributed: bool = False,
 ) -> Posterior:
     """Fit ``model`` by SVI and return a :class:`~bnn_pyro.Posterior` (see the module docstring).
 
@@ -148,11 +150,22 @@ def fit(
         ``init_scale`` is the initial guide standard deviation.
     seed, progress:
         Random seed, and a progress bar (``progress=False`` turns it off).
+    distributed:
+        Data-parallel SVI over the ranks of an initialized ``torch.distributed`` process group (see
+        :mod:`bnn_pyro.infer.distributed`): ``x``, ``y`` are this rank's shard (or its own loader,
+        with ``dataset_size`` the total), gradients are averaged over ranks at every step, and every
+        rank returns the same ``Posterior``.
     """
     if num_steps is not None and epochs is not None:
         raise ValueError("svi: give num_steps= or epochs=, not both.")
+    reduce = None
+    if distributed:
+        data, reduce = dp.prepare(data), dp.average_gradients
     if epochs is not None:
         epochs = positive_int("epochs", epochs)
+        if data.loader is not None and not hasattr(data.loader, "__len__"):
+            raise ValueError("epochs: needs a loader with a length (len(loader)); with a generator or an "
+                             "IterableDataset give num_steps= instead.")
         steps_per_epoch = math.ceil(data.size / (data.batch_size or data.size)) if data.loader is None else len(data.loader)
         num_steps = epochs * steps_per_epoch
     num_steps = positive_int("num_steps", 1000 if num_steps is None else num_steps)
@@ -190,6 +203,7 @@ def fit(
         empirical_bayes=False if sharing is None else sharing.value,
         init=init if isinstance(init, str) else type(init).__name__, init_scale=init_scale,
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
+        **(dp.config() if distributed else {}),
     ))
     x0, y0 = data.first()
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
@@ -206,7 +220,7 @@ def fit(
                 wrap = _compose(wrap, eb)
             losses = _optimize(fitted, q_train, data, elbo_kind, num_steps, num_particles, vectorize_particles,
                                optimizer, lr, lr_schedule, seed + chain, progress, f"svi chain {chain}", wrap,
-                               None if eb is None else eb.record)
+                               None if eb is None else eb.record, reduce)
             draws = _draw(q, names, num_samples, x0, y0, data.size, fitted)
             point = point_values(fitted, x0, y0, data.size)
         runs.append((fitted, draws, point, {**({} if eb is None else eb.history), "loss": losses}))
@@ -307,7 +321,7 @@ def _loss_fn(kind: ElboKind, num_particles: int, vectorize: bool):
 
 
 def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize, optimizer, lr, schedule,
-              seed, progress, desc, wrap=None, on_step=None) -> torch.Tensor:
+              seed, progress, desc, wrap=None, on_step=None, reduce=None) -> torch.Tensor:
     loss_fn = _loss_fn(elbo_kind, num_particles, vectorize)
     fit_model = partial(call_model, model, dataset_size=data.size)
     if wrap is not None:  # effect handlers around the model (estimator, empirical Bayes)
@@ -326,13 +340,17 @@ def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize
             x, y = next(batches)
             opt.zero_grad(set_to_none=True)
             surrogate, value = loss_fn(fit_model, guide, x, y)
+            if reduce is not None:  # data-parallel: average gradients and loss over the ranks
+                surrogate.backward()
+                value = reduce(params, value)
             if not math.isfinite(value):
                 raise FloatingPointError(
                     f"svi: the ELBO became {value} at step {step} (of {num_steps}). Try a lower learning rate "
                     f"(lr={lr} now), a smaller init_scale, standardized inputs and targets, or check the batch "
                     "for NaN/Inf values."
                 )
-            surrogate.backward()
+            if reduce is None:
+                surrogate.backward()
             opt.step()
             if sched is not None:
                 sched.step()
