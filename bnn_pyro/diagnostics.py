@@ -122,6 +122,11 @@ def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool =
     x = post.x if x is None else x
     y = post.y if y is None else y
     unbound = getattr(post.model, "is_unbound", False)
+    if (x is None or y is None) and (log_likelihood or posterior_predictive):
+        warnings.warn("to_inference_data: no data for the log_likelihood and posterior_predictive groups (the fit "
+                      "streamed its batches, so the posterior holds no training data); LOO and WAIC need them: pass "
+                      "x= and y= (e.g. a subset that fits in memory), or log_likelihood=False, "
+                      "posterior_predictive=False to silence this.", UserWarning, stacklevel=2)
     if x is not None and y is not None:
         x, y = check_data(x, y)
         if isinstance(post.model, BNN):

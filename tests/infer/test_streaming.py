@@ -84,6 +84,8 @@ def test_iterable_dataset_goes_round_epochs_and_posterior_works_without_training
     pred = post.predict(x[:5], seed=0)
     assert pred.mean.shape[0] == 5
     assert "r_hat" in post.summary(warn=False).columns
-    assert "posterior" in post.to_inference_data().groups()
+    with pytest.warns(UserWarning, match="LOO and WAIC need them: pass x= and y="):
+        assert "log_likelihood" not in post.to_inference_data().groups()
+    assert "log_likelihood" in post.to_inference_data(x=x, y=y).groups()
     post.save(tmp_path / "post")
     assert torch.equal(bp.load(tmp_path / "post").samples["0.weight"], post.samples["0.weight"])
