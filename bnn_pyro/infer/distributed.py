@@ -19,7 +19,10 @@ the ``R`` ranks before every optimizer step. The average is ``N / (R b)`` times 
 global batch of ``R b`` rows, plus the same KL term: the gradient of the single-process ELBO on that
 global batch. So the fit equals a one-process fit with the same global batch and seed up to the
 order of floating-point additions, and every rank returns the same ``Posterior``. ``batch_size`` is
-per rank (global batch = ``world_size * batch_size``).
+per rank (global batch = ``world_size * batch_size``); the equality needs the same batch size on
+every rank (equal shards: :func:`shard` gives lengths that differ by at most one row), otherwise the
+rows of rank ``r`` weigh ``N / (R b_r)`` (still unbiased, not the one-process gradient). Every rank
+must run the same number of steps: give ``num_steps`` (``epochs`` is refused).
 
 **Chains as ranks** (:func:`gather_posterior`): each rank fits its own chains (MCMC) or members
 (``"ensemble"``) on the full data; rank ``r`` should pass ``seed=seed + r * num_chains`` so that

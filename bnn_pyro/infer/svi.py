@@ -163,6 +163,9 @@ def fit(
         data, reduce = dp.prepare(data), dp.average_gradients
     if epochs is not None:
         epochs = positive_int("epochs", epochs)
+        if distributed:
+            raise ValueError("epochs: not with distributed=True (the ranks' shards may need different numbers of "
+                             "steps per epoch); give num_steps= instead.")
         if data.loader is not None and not hasattr(data.loader, "__len__"):
             raise ValueError("epochs: needs a loader with a length (len(loader)); with a generator or an "
                              "IterableDataset give num_steps= instead.")
