@@ -133,10 +133,10 @@ def gather_posterior(post: Posterior) -> Posterior:
         _same_on_all_ranks(name, sorted((k, tuple(v.shape)) for k, v in local.items()))
         merged = {}
         for key in sorted(local):
-            value = local[key].contiguous()
+            value = local[key].contiguous().to(_device())
             parts = [torch.empty_like(value) for _ in range(world)]
             dist.all_gather(parts, value)
-            merged[key] = torch.cat(parts)
+            merged[key] = torch.cat(parts).to(local[key].device)
         fields[name] = merged
     config = {**post.config, "gathered_ranks": world}
     for key in ("num_chains", "num_members"):  # a count of chains now counts those of every rank
@@ -145,14 +145,19 @@ def gather_posterior(post: Posterior) -> Posterior:
     return dataclasses.replace(post, config=config, **fields)
 
 
+def _device() -> torch.device:
+    """Where collectives run: the current CUDA device for nccl, the CPU otherwise."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
 def _same_on_all_ranks(name: str, layout: list) -> None:
     text = repr(layout).encode()
-    length = torch.tensor([len(text)])
+    length = torch.tensor([len(text)], device=_device())
     lengths = [torch.zeros_like(length) for _ in range(dist.get_world_size())]
     dist.all_gather(lengths, length)
     size = int(max(lengths).item())
-    code = torch.zeros(size, dtype=torch.uint8)
-    code[: len(text)] = torch.tensor(list(text), dtype=torch.uint8)
+    code = torch.zeros(size, dtype=torch.uint8, device=_device())
+    code[: len(text)] = torch.tensor(list(text), dtype=torch.uint8, device=_device())
     codes = [torch.zeros_like(code) for _ in lengths]
     dist.all_gather(codes, code)
     if any(not torch.equal(c, codes[0]) for c in codes):

@@ -22,7 +22,7 @@ import torch
 
 import bnn_pyro as bp
 
-N = 64
+N, BATCH = 64, 8  # two shards of 32 rows; minibatches of 8 rows per rank, 16 global
 SVI = dict(guide="mean_field", num_steps=40, lr=0.02, num_samples=30, seed=3, progress=False)
 ENSEMBLE = dict(num_steps=20, lr=0.01, seed=5, progress=False)
 
@@ -68,6 +68,28 @@ def test_data_parallel_svi_equals_one_process(ranks):
             torch.testing.assert_close(result["samples"][name], draws, rtol=1e-5, atol=1e-5)
     for name in single.samples:  # every rank returns the same posterior
         assert torch.equal(ranks[0]["samples"][name], ranks[1]["samples"][name])
+
+
+def _global_batches(x, y, seed):
+    """The global batches of the 2-rank minibatched fit: each rank reshuffles its shard with the same
+    generator (seed ``seed``), so step t sees rows perm_t of both shards."""
+    shards = [(x[: N // 2], y[: N // 2]), (x[N // 2 :], y[N // 2 :])]
+    g = torch.Generator().manual_seed(seed)
+    while True:
+        perm = torch.randperm(N // 2, generator=g)
+        for i in range(0, N // 2, BATCH):
+            j = perm[i : i + BATCH]
+            yield torch.cat([s[0][j] for s in shards]), torch.cat([s[1][j] for s in shards])
+
+
+@pytest.mark.slow
+def test_minibatched_data_parallel_svi_equals_one_process_on_the_global_batches(ranks):
+    x, y = data()
+    single = bp.fit(model(), _global_batches(x, y, SVI["seed"]), method="svi", dataset_size=N, **SVI)
+    for result in ranks:
+        torch.testing.assert_close(result["minibatch_loss"], single.history["loss"], rtol=1e-5, atol=0)
+        for name, draws in single.samples.items():
+            torch.testing.assert_close(result["minibatch_samples"][name], draws, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.slow

@@ -36,7 +36,9 @@ def _same_batches(x, y, seed):
 
 @pytest.mark.parametrize("method, config", [
     ("svi", dict(num_steps=30, num_samples=50)),
-    ("sgld", dict(lr=1e-3, num_samples=20, num_warmup=10)),
+    ("sgld", dict(lr=1e-3, num_samples=5, num_warmup=10)),
+    ("sghmc", dict(num_samples=3, num_warmup=10)),  # auto step size (curvature from the current batch)
+    ("csgmcmc", dict(num_cycles=2, num_samples=4, thin=2)),
 ])
 def test_generator_fit_equals_tensor_fit(method, config):
     x, y = _data()
