@@ -57,6 +57,10 @@ REGISTRY: dict[Method, tuple[str, str]] = {
 }
 
 
+# Engines that read the data in several passes (a one-shot iterator of batches cannot serve them).
+_MULTI_PASS = frozenset({Method.SWA, Method.SWAG, Method.LAPLACE})
+
+
 def engine(method: str | Method) -> Callable[..., Posterior]:
     """The fitting function registered for ``method``: ``engine_fn(model, data: Data, **config) -> Posterior``."""
     module, name = REGISTRY[choice("method", method, Method)]
@@ -101,6 +105,11 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     if not (isinstance(model, BNN) or callable(model)):
         raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}.")
     data = _data(model, x, y, batch_size, dataset_size)
+    if data.one_shot and kind in _MULTI_PASS:
+        raise ValueError(f"x: method={kind.value!r} goes over the data more than once (fit, then curvature or "
+                         "statistics), but a one-shot iterator or generator gives its batches only once. Pass a "
+                         "re-iterable source (a DataLoader, an IterableDataset, an object whose __iter__ starts a "
+                         "new pass), or use svi, sgld, sghmc, csgmcmc, ensemble or the dropout methods.")
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)):
         return engine(kind)(model, data, **config)
 

@@ -59,6 +59,12 @@ def test_one_shot_iterator_that_runs_out_names_the_fix():
         bp.fit(_model(), batches, method="svi", dataset_size=N, num_steps=5, progress=False)
 
 
+def test_multi_pass_methods_refuse_a_one_shot_generator():
+    x, y = _data()
+    with pytest.raises(ValueError, match="method='laplace' goes over the data more than once.*re-iterable"):
+        bp.fit(_model(), _same_batches(x, y, 0), method="laplace", dataset_size=N, progress=False)
+
+
 def test_generator_needs_dataset_size_and_num_steps():
     x, y = _data()
     with pytest.raises(ValueError, match="dataset_size"):
