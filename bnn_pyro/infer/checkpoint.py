@@ -84,7 +84,8 @@ def read(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, An
         tensors = load_tensors(raw)
     except Exception:  # truncated, not safetensors, or no bnn_pyro header
         raise CheckpointError(f"checkpoint: {str(path)!r} is not a readable bnn_pyro checkpoint (truncated or "
-                              "foreign file). Delete it to start afresh, or pass the folder of an intact run.") from None
+                              "foreign file). Delete it to start afresh, or pass the folder of an intact run."
+                              ) from None
     if header.get("format") != FORMAT or header.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"checkpoint: {str(path)!r} has format {header.get('format')!r} version "
                               f"{header.get('format_version')!r}; this bnn_pyro reads {FORMAT} up to {FORMAT_VERSION}.")

@@ -291,16 +291,17 @@ def _fit(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_cha
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
         dataset_size=data.size, seed=seed,
     ))
+    ckpts = [None if folder is None else Checkpoint(folder, chain=c, run=dict(method=method, **config), **checkpoint)
+             for c in range(num_chains)]  # all checked before any chain runs
     runs = []
     for chain in range(num_chains):
-        ckpt = None if folder is None else Checkpoint(folder, chain=chain, run=dict(method=method, **config), **checkpoint)
         with pyro.get_param_store().scope():
             pyro.set_rng_seed(seed + chain)
             pot = Potential(fitted, data, init=_chain_init(init, chain))
             if pot.dim == 0:
                 raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
                                  "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
-            run = _run_chain(pot, data, plan, lr, seed + chain, f"{method} chain {chain}", progress, ckpt)
+            run = _run_chain(pot, data, plan, lr, seed + chain, f"{method} chain {chain}", progress, ckpts[chain])
             run["point"] = point_values(fitted, *data.first(), data.size)
         runs.append(run)
     stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731

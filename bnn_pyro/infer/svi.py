@@ -206,6 +206,8 @@ def fit(
         raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint files).")
     x0, y0 = data.first()
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
+    ckpts = [None if checkpoint is None else Checkpoint(checkpoint, every=checkpoint_every, resume=resume, chain=c,
+                                                        run=dict(method="svi", **config)) for c in range(num_chains)]
     runs = []
     for chain in range(num_chains):
         fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
@@ -217,11 +219,9 @@ def fit(
             eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
             if eb is not None:
                 wrap = _compose(wrap, eb)
-            ckpt = None if checkpoint is None else Checkpoint(checkpoint, every=checkpoint_every, resume=resume,
-                                                               chain=chain, run=dict(method="svi", **config))
             losses = _optimize(fitted, q_train, data, elbo_kind, num_steps, num_particles, vectorize_particles,
                                optimizer, lr, lr_schedule, seed + chain, progress, f"svi chain {chain}", wrap,
-                               None if eb is None else eb.record, ckpt)
+                               None if eb is None else eb.record, ckpts[chain])
             draws = _draw(q, names, num_samples, x0, y0, data.size, fitted)
             point = point_values(fitted, x0, y0, data.size)
         runs.append((fitted, draws, point, {**({} if eb is None else eb.history), "loss": losses}))
