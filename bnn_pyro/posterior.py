@@ -49,7 +49,8 @@ class Posterior:
     sample_stats:
         Per-draw statistics shaped ``(chains, draws)`` (divergences, step size, ...).
     history:
-        Per-step traces of the fit shaped ``(chains, steps)``, e.g. ``"loss"`` (the negative ELBO).
+        Per-step traces of the fit shaped ``(chains, steps)``, e.g. ``"loss"`` (the negative ELBO),
+        and per-chain end states (NUTS/HMC: ``"inverse_mass_matrix"``, for extending the chains).
     draw_buffers:
         Per-draw buffers of a ``BNN`` shaped ``(chains, draws, *shape)``: BatchNorm running
         statistics recomputed for each draw (SWA, SWAG). Empty: every draw uses the model's own.

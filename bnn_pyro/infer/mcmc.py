@@ -35,6 +35,10 @@ Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, Arv
 ``lp`` (log joint density up to a constant, unconstrained space), ``acceptance_rate``,
 ``step_size``; NUTS/HMC also ``diverging``, ``n_steps`` (leapfrog steps) and ``energy`` (the
 Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth``.
+NUTS/HMC also keep ``history["inverse_mass_matrix"]``, the adapted (diagonal ``(chains, dim)`` or
+dense ``(chains, dim, dim)``) inverse mass matrix, so that ``bp.fit(..., resume=post, num_samples=K)``
+can extend the chains: each continues from its last draw with its adapted step size and mass matrix,
+without warm-up, and the ``K`` new draws are appended (also after ``post.save`` / ``bp.load``).
 
 Example
 -------
@@ -58,6 +62,7 @@ import torch
 from pyro import poutine
 from pyro.infer.mcmc import HMC, MCMC, NUTS, RandomWalkKernel
 from pyro.infer.mcmc.adaptation import WarmupAdapter
+from pyro.infer.autoguide.initialization import init_to_value
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro._checks import choice, positive, positive_int
@@ -84,7 +89,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         num_chains: int = 1, target_accept: float | None = None, step_size: float | None = None,
         trajectory_length: float | None = None, num_leapfrog: int | None = None, max_tree_depth: int | None = None,
         dense_mass: bool = False, jit: bool = True, init="net", chain_method="auto", seed: int = 0,
-        progress: bool = True) -> Posterior:
+        progress: bool = True, resume: Posterior | None = None) -> Posterior:
     """Sample the posterior of ``model`` by MCMC (see the module docstring).
 
     Parameters
@@ -114,10 +119,19 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         ``"auto"``, ``"parallel"`` (forked processes, one torch thread each) or ``"sequential"``.
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``), and Pyro's progress bar (``False``: off).
+    resume:
+        A NUTS/HMC :class:`Posterior` of this model to extend: each chain continues from its last
+        draw with its adapted step size and inverse mass matrix (``history["inverse_mass_matrix"]``),
+        without warm-up (``num_warmup`` must be omitted or 0), and ``num_samples`` new draws are
+        appended. Pass a ``seed`` other than the first run's, or the new segment repeats its noise.
     """
     kind = choice("kernel", kernel, Kernel)
     num_samples = positive_int("num_samples", num_samples)
-    num_warmup = positive_int("num_warmup", num_samples if num_warmup is None else num_warmup)
+    if resume is not None:
+        num_warmup, init = _check_resume(resume, kind, num_warmup, num_chains, dense_mass), "net"
+        num_chains = resume.num_chains
+    num_warmup = positive_int("num_warmup", num_samples if num_warmup is None else num_warmup,
+                              allow_zero=resume is not None)
     num_chains = positive_int("num_chains", num_chains)
     how = choice("chain_method", chain_method, ChainMethod)
     if target_accept is None:
@@ -144,7 +158,11 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
                     jit=bool(jit), init_strategy=strategy)
 
     def run_chain(chain: int, show: bool):
-        return _run_chain(fitted, data, settings, num_samples, num_warmup, seed + chain, progress and show)
+        s = settings if resume is None else dict(  # the chain's last draw, step size and mass matrix
+            settings, init_strategy=init_to_value(values={k: v[chain, -1] for k, v in resume.samples.items()}),
+            resume_step=float(resume.sample_stats["step_size"][chain, -1]),
+            resume_mass=resume.history["inverse_mass_matrix"][chain])
+        return _run_chain(fitted, data, s, num_samples, num_warmup, seed + chain, progress and show)
 
     runs, execution = _run_chains(run_chain, num_chains, how)
     config = clean_config(dict(
@@ -155,8 +173,32 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
     ))
     stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
-    return Posterior(samples=stack("samples"), model=fitted, method=kind.value, config=config, point=stack("point"),
-                     sample_stats=stack("stats"), x=data.x, y=data.y)
+    samples, stats = stack("samples"), stack("stats")
+    if resume is not None:  # append the new segment to the draws it continues
+        samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in samples.items()}
+        stats = {k: torch.cat([resume.sample_stats[k].to(v.dtype), v], dim=1) for k, v in stats.items()}
+        config.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
+                      extended_by=num_samples)
+    return Posterior(samples=samples, model=fitted, method=kind.value, config=config, point=stack("point"),
+                     sample_stats=stats, history=stack("history"), x=data.x, y=data.y)
+
+
+def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> int:
+    """``resume=``: a NUTS/HMC posterior of the same kernel that stored its adapted mass matrix."""
+    if not isinstance(resume, Posterior) or resume.method != kind.value or kind is Kernel.METROPOLIS:
+        raise ValueError(f"resume: expected a Posterior of method={kind.value!r} (nuts or hmc) to extend, got "
+                         f"{getattr(resume, 'method', type(resume).__name__)!r}; fit one with bp.fit(method='nuts').")
+    if "inverse_mass_matrix" not in resume.history:
+        raise ValueError("resume: this posterior has no history['inverse_mass_matrix'] (fitted before it was "
+                         "stored); refit it to extend it.")
+    if num_warmup not in (None, 0):
+        raise ValueError(f"num_warmup: must be omitted or 0 with resume= (the chains keep their adapted step size "
+                         f"and mass matrix), got {num_warmup!r}.")
+    dense = resume.history["inverse_mass_matrix"].dim() == 3
+    if num_chains not in (1, resume.num_chains) or bool(dense_mass) != dense:
+        raise ValueError(f"resume: num_chains and dense_mass must be those of the posterior extended "
+                         f"({resume.num_chains} chains, dense_mass={dense}); omit num_chains to keep them.")
+    return 0
 
 
 def fit_nuts(model, data: Data, **config) -> Posterior:
@@ -183,10 +225,17 @@ def _only(kind: Kernel, owner: Kernel, **options) -> None:
 # ---------------------------------------------------------------------- kernels with per-draw statistics
 class _Counted:
     """Mixin for Pyro's HMC/NUTS: counts leapfrog steps (gradient evaluations), records the
-    Hamiltonian after the momentum refresh, and keeps the last draw's statistics in ``stats``."""
+    Hamiltonian after the momentum refresh, and keeps the last draw's statistics in ``stats``.
+    ``resume = (step_size, inverse_mass_matrix)`` replaces the adaptation's state after setup."""
+
+    resume = None
 
     def setup(self, warmup_steps, *args, **kwargs):
         super().setup(warmup_steps, *args, **kwargs)
+        if self.resume is not None:
+            self._adapter.step_size = self.resume[0]
+            ((names, _),) = self.inverse_mass_matrix.items()
+            self.mass_matrix_adapter.inverse_mass_matrix = {names: self.resume[1].to(self._potential_energy_last.dtype)}
         self._grad_evals, potential = 0, self.potential_fn
 
         def counted(z):
@@ -306,10 +355,11 @@ def _make_kernel(model, s: dict):
     common = dict(step_size=s["step_size"] or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
                   full_mass=s["dense_mass"], target_accept_prob=s["target_accept"], jit_compile=s["jit"],
                   ignore_jit_warnings=True, init_strategy=s["init_strategy"])
-    if s["kind"] is Kernel.NUTS:
-        return _NUTS(model, max_tree_depth=s["max_tree_depth"], **common)
-    kernel = _HMC(model, trajectory_length=s["trajectory_length"], **common)
+    kernel = (_NUTS(model, max_tree_depth=s["max_tree_depth"], **common) if s["kind"] is Kernel.NUTS
+              else _HMC(model, trajectory_length=s["trajectory_length"], **common))
     kernel.fixed_num_steps = s["num_leapfrog"]
+    if "resume_step" in s:
+        kernel.resume = (s["resume_step"], s["resume_mass"])
     return kernel
 
 
@@ -327,11 +377,12 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, seed, progress)
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(seed)
         kernel = _make_kernel(quiet_model(model, data.size), settings)
-        stats = []
+        stats, state = [], {}
 
         def record(kernel, params, stage, i):
             if stage.startswith("Sample"):
                 stats.append(kernel.stats)
+                state["mass"] = getattr(kernel, "inverse_mass_matrix", None)
 
         mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=num_warmup, num_chains=1, hook_fn=record,
                     disable_progbar=not progress)
@@ -339,7 +390,9 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, seed, progress)
         samples = {k: v.detach().clone() for k, v in mcmc.get_samples().items()}
         point = point_values(model, data.x, data.y, data.size)
     table = {k: torch.tensor([row[k] for row in stats]) for k in stats[0]}
-    return dict(samples=samples, stats=table, point=point)
+    mass = None if state["mass"] is None else next(iter(state["mass"].values())).detach().clone()
+    history = {} if mass is None else {"inverse_mass_matrix": mass}  # NUTS/HMC: the adapted one, for resume=
+    return dict(samples=samples, stats=table, point=point, history=history)
 
 
 def _cores() -> int:

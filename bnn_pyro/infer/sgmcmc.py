@@ -83,6 +83,7 @@ import torch
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, apply_point_init, clean_config, point_values, progress_bar
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.checkpoint import Checkpoint, restore_sgmcmc, save_sgmcmc
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan"]
@@ -136,7 +137,8 @@ class Plan:
 # ---------------------------------------------------------------------- public engines
 def fit_sgld(model, data: Data, *, lr: float | str = "auto", num_samples: int = 500, num_warmup: int | None = None,
              thin: int = 10, num_chains: int = 1, schedule: str = "constant", init="net", seed: int = 0,
-             progress: bool = True) -> Posterior:
+             progress: bool = True,
+             checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
     """Stochastic gradient Langevin dynamics: ``z <- z - eta grad U~(z) + N(0, 2 eta I)``.
 
     Welling, M. & Teh, Y. W. (2011). Bayesian learning via stochastic gradient Langevin dynamics. ICML.
@@ -158,14 +160,20 @@ def fit_sgld(model, data: Data, *, lr: float | str = "auto", num_samples: int = 
         ``"net"`` (default), ``"prior"``, ``"median"``, a dict of site values or a ``Posterior``.
     seed, progress:
         Random seed, and a progress bar (``False``: off).
+    checkpoint, checkpoint_every, resume:
+        A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps and after
+        the last; ``resume=True`` continues each chain from its file, bit-identically (see
+        :mod:`bnn_pyro.infer.checkpoint`).
     """
     plan, settings = _plan(lr, num_samples, num_warmup, thin, schedule, friction=1.0)
-    return _fit(model, data, plan, lr, "sgld", settings, num_chains, init, seed, progress)
+    return _fit(model, data, plan, lr, "sgld", settings, num_chains, init, seed, progress,
+                dict(folder=checkpoint, every=checkpoint_every, resume=resume))
 
 
 def fit_sghmc(model, data: Data, *, lr: float | str = "auto", friction: float = 0.1, num_samples: int = 500,
               num_warmup: int | None = None, thin: int = 10, num_chains: int = 1, schedule: str = "constant",
-              init="net", seed: int = 0, progress: bool = True) -> Posterior:
+              init="net", seed: int = 0, progress: bool = True,
+              checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
     """Stochastic gradient HMC: ``v <- (1 - alpha) v - eta grad U~(z) + N(0, 2 alpha eta I)``, ``z <- z + v``.
 
     Chen, T., Fox, E. B. & Guestrin, C. (2014). Stochastic gradient Hamiltonian Monte Carlo. ICML
@@ -174,12 +182,14 @@ def fit_sghmc(model, data: Data, *, lr: float | str = "auto", friction: float = 
     """
     alpha = _fraction("friction", friction)
     plan, settings = _plan(lr, num_samples, num_warmup, thin, schedule, friction=alpha)
-    return _fit(model, data, plan, lr, "sghmc", settings, num_chains, init, seed, progress)
+    return _fit(model, data, plan, lr, "sghmc", settings, num_chains, init, seed, progress,
+                dict(folder=checkpoint, every=checkpoint_every, resume=resume))
 
 
 def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int = 4, exploration: float = 0.8,
                 num_samples: int = 200, thin: int = 10, friction: float = 0.1, num_chains: int = 1, init="net",
-                seed: int = 0, progress: bool = True) -> Posterior:
+                seed: int = 0, progress: bool = True,
+                checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
     """Cyclical SG-MCMC: cosine step-size cycles, each an exploration stage then a sampling stage.
 
     Zhang, R., Li, C., Zhang, J., Chen, C. & Wilson, A. G. (2020). Cyclical stochastic gradient MCMC
@@ -199,7 +209,7 @@ def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int 
         ``K = ceil(num_samples / num_cycles * thin / (1 - exploration))`` steps.
     friction:
         ``alpha``: the default 0.1 is cSGHMC with SGD momentum 0.9; 1 is cSGLD.
-    num_chains, init, seed, progress:
+    num_chains, init, seed, progress, checkpoint, checkpoint_every, resume:
         As in :func:`fit_sgld`.
     """
     _check_lr(lr)
@@ -224,7 +234,8 @@ def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int 
                 fraction=(2.0 - alpha) / 2.0)
     settings = dict(num_cycles=num_cycles, exploration=float(exploration), cycle_length=length, num_samples=num_samples,
                     thin=thin, friction=alpha)
-    return _fit(model, data, plan, lr, "csgmcmc", settings, num_chains, init, seed, progress)
+    return _fit(model, data, plan, lr, "csgmcmc", settings, num_chains, init, seed, progress,
+                dict(folder=checkpoint, every=checkpoint_every, resume=resume))
 
 
 # ---------------------------------------------------------------------- plans and checks
@@ -268,10 +279,20 @@ def _chain_init(init, chain: int):
 
 # ---------------------------------------------------------------------- the sampler
 def _fit(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_chains, init, seed,
-         progress) -> Posterior:
+         progress, checkpoint: dict) -> Posterior:
     num_chains = positive_int("num_chains", num_chains)
+    folder = checkpoint.pop("folder")
+    if folder is None and (checkpoint["every"] is not None or checkpoint["resume"]):
+        raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint files).")
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     apply_point_init(fitted, init)
+    config = clean_config(dict(
+        lr=lr, **settings, num_steps=len(plan.scale), num_chains=num_chains,
+        init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
+        dataset_size=data.size, seed=seed,
+    ))
+    ckpts = [None if folder is None else Checkpoint(folder, chain=c, run=dict(method=method, **config), **checkpoint)
+             for c in range(num_chains)]  # all checked before any chain runs
     runs = []
     for chain in range(num_chains):
         with pyro.get_param_store().scope():
@@ -280,15 +301,10 @@ def _fit(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_cha
             if pot.dim == 0:
                 raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
                                  "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
-            run = _run_chain(pot, data, plan, lr, seed + chain, f"{method} chain {chain}", progress)
+            run = _run_chain(pot, data, plan, lr, seed + chain, f"{method} chain {chain}", progress, ckpts[chain])
             run["point"] = point_values(fitted, *data.first(), data.size)
         runs.append(run)
     stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
-    config = clean_config(dict(
-        lr=lr, **settings, num_steps=len(plan.scale), num_chains=num_chains,
-        init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
-        dataset_size=data.size, seed=seed,
-    ))
     return Posterior(samples=stack("samples"), model=fitted, method=method, config=config, point=stack("point"),
                      sample_stats=stack("stats"), history=stack("history"), x=data.x, y=data.y)
 
@@ -308,7 +324,8 @@ def _largest_curvature(pot: Potential, z: torch.Tensor, batch, start: torch.Tens
     return abs(lam), u.detach()
 
 
-def _run_chain(pot: Potential, data: Data, plan: Plan, lr, seed: int, name: str, progress: bool) -> dict:
+def _run_chain(pot: Potential, data: Data, plan: Plan, lr, seed: int, name: str, progress: bool,
+               ckpt: Checkpoint | None = None) -> dict:
     """One chain of the shared update (module docstring); returns draws, statistics and history."""
     z = pot.flatten(pot.init).detach().clone()
     v = torch.zeros_like(z)
@@ -320,8 +337,17 @@ def _run_chain(pot: Potential, data: Data, plan: Plan, lr, seed: int, name: str,
     scale, keep, noisy, adapt = plan.scale.tolist(), plan.keep.tolist(), plan.noisy.tolist(), plan.adapt.tolist()
     draws, lps = [], []
     potentials, steps = torch.empty(num_steps, dtype=torch.float64), torch.empty(num_steps, dtype=torch.float64)
+    start = 0
+    if ckpt is not None:
+        state = dict(noise_gen=noise_gen, potentials=potentials, steps=steps)
+        start = restore_sgmcmc(ckpt, state)
+        if start:
+            z, v, direction, eta, draws, lps = (state[k] for k in ("z", "v", "direction", "eta", "draws", "lps"))
+    for _ in range(start):  # replay the minibatch stream up to the restored step
+        next(batches)
     bar = progress_bar(num_steps, name, progress)
-    for t in range(num_steps):
+    bar.update(start)
+    for t in range(start, num_steps):
         batch = next(batches)
         if lr == "auto" and adapt[t]:
             lam, direction = _largest_curvature(pot, z, batch, direction, iters=30 if eta is None else 10)
@@ -345,6 +371,9 @@ def _run_chain(pot: Potential, data: Data, plan: Plan, lr, seed: int, name: str,
             v.add_(torch.randn(z.shape, generator=noise_gen, dtype=z.dtype, device=z.device),
                    alpha=math.sqrt(2.0 * alpha * step))
         z.add_(v)
+        if ckpt is not None and ckpt.due(t + 1, num_steps):
+            save_sgmcmc(ckpt, t + 1, dict(z=z, v=v, direction=direction, eta=eta, draws=draws, lps=lps,
+                                          noise_gen=noise_gen, potentials=potentials, steps=steps))
         if t % 100 == 99 or t == num_steps - 1:
             bar.update(t + 1 - bar.n)
     bar.close()

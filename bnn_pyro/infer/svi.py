@@ -60,6 +60,7 @@ from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import (Data, apply_point_init, call_model, clean_config, init_strategy, latent_sites,
                                     point_values, progress_bar)
 from bnn_pyro.infer import distributed as dp
+from bnn_pyro.infer.checkpoint import Checkpoint, restore_svi, save_svi
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
 from bnn_pyro.infer.reparam import Estimator, GaussianSites, MeanFieldELBO, WeightNoise, check_estimator
@@ -118,6 +119,9 @@ def fit(
     seed: int = 0,
     progress: bool = True,
     distributed: bool = False,
+    checkpoint: str | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
 ) -> Posterior:
     """Fit ``model`` by SVI and return a :class:`~bnn_pyro.Posterior` (see the module docstring).
 
@@ -155,6 +159,10 @@ def fit(
         :mod:`bnn_pyro.infer.distributed`): ``x``, ``y`` are this rank's shard (or its own loader,
         with ``dataset_size`` the total), gradients are averaged over ranks at every step, and every
         rank returns the same ``Posterior``.
+    checkpoint, checkpoint_every, resume:
+        A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps and
+        after the last; ``resume=True`` continues each chain from its file, bit-identically (see
+        :mod:`bnn_pyro.infer.checkpoint`). Not with ``empirical_bayes``.
     """
     if num_steps is not None and epochs is not None:
         raise ValueError("svi: give num_steps= or epochs=, not both.")
@@ -208,8 +216,15 @@ def fit(
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
         **(dp.config() if distributed else {}),
     ))
+    if checkpoint is not None and sharing is not None:
+        raise ValueError("checkpoint: not supported with empirical_bayes yet; pass checkpoint=None or "
+                         "empirical_bayes=False.")
+    if checkpoint is None and (checkpoint_every is not None or resume):
+        raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint files).")
     x0, y0 = data.first()
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
+    ckpts = [None if checkpoint is None else Checkpoint(checkpoint, every=checkpoint_every, resume=resume, chain=c,
+                                                        run=dict(method="svi", **config)) for c in range(num_chains)]
     runs = []
     for chain in range(num_chains):
         fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
@@ -223,7 +238,7 @@ def fit(
                 wrap = _compose(wrap, eb)
             losses = _optimize(fitted, q_train, data, elbo_kind, num_steps, num_particles, vectorize_particles,
                                optimizer, lr, lr_schedule, seed + chain, progress, f"svi chain {chain}", wrap,
-                               None if eb is None else eb.record, reduce)
+                               None if eb is None else eb.record, reduce, ckpts[chain])
             draws = _draw(q, names, num_samples, x0, y0, data.size, fitted)
             point = point_values(fitted, x0, y0, data.size)
         runs.append((fitted, draws, point, {**({} if eb is None else eb.history), "loss": losses}))
@@ -324,7 +339,7 @@ def _loss_fn(kind: ElboKind, num_particles: int, vectorize: bool):
 
 
 def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize, optimizer, lr, schedule,
-              seed, progress, desc, wrap=None, on_step=None, reduce=None) -> torch.Tensor:
+              seed, progress, desc, wrap=None, on_step=None, reduce=None, ckpt=None) -> torch.Tensor:
     loss_fn = _loss_fn(elbo_kind, num_particles, vectorize)
     fit_model = partial(call_model, model, dataset_size=data.size)
     if wrap is not None:  # effect handlers around the model (estimator, empirical Bayes)
@@ -338,8 +353,12 @@ def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize
     generator = torch.Generator().manual_seed(seed)
     losses = torch.empty(num_steps)
     batches = data.batches(generator)
+    start = 0 if ckpt is None else restore_svi(ckpt, opt, sched, losses)
+    for _ in range(start):  # replay the minibatch stream up to the restored step
+        next(batches)
     with progress_bar(num_steps, desc, progress) as bar:
-        for step in range(num_steps):
+        bar.update(start)
+        for step in range(start, num_steps):
             x, y = next(batches)
             opt.zero_grad(set_to_none=True)
             surrogate, value = loss_fn(fit_model, guide, x, y)
@@ -360,6 +379,8 @@ def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize
             losses[step] = value
             if on_step is not None:
                 on_step(step, num_steps)
+            if ckpt is not None and ckpt.due(step + 1, num_steps):
+                save_svi(ckpt, step + 1, opt, sched, losses)
             if step % 50 == 0 or step == num_steps - 1:
                 bar.set_postfix(loss=f"{value:.4g}", refresh=False)
             bar.update()

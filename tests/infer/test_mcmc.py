@@ -273,3 +273,38 @@ def test_chains_started_apart_and_not_mixed_are_flagged():
     with pytest.warns(UserWarning, match=r"R-hat > 1.01"):
         table = post.summary()
     assert table["r_hat"].iloc[0] > 1.5
+
+
+# ------------------------------------------------------------------ extending a posterior
+def test_extend_continues_from_the_last_state_without_warmup(tmp_path):
+    x, y = _data(2)
+    model = _blr(2)
+    first = bp.fit(model, x, y, method="nuts", num_samples=10, num_warmup=30, num_chains=2, seed=0, progress=False,
+                   chain_method="sequential", jit=False)
+    mass = first.history["inverse_mass_matrix"]
+    assert mass.shape == (2, 3) and (mass > 0).all()  # diagonal: weight (2) and bias
+    first.save(tmp_path / "first.bnn")
+    first = bp.load(tmp_path / "first.bnn", model=model)  # the adapted state survives save/load
+    more = bp.fit(model, x, y, method="nuts", resume=first, num_samples=8, seed=100, progress=False,
+                  chain_method="sequential", jit=False)
+    assert more.num_chains == 2 and more.num_draws == 18
+    for name, value in first.samples.items():
+        assert torch.equal(more.samples[name][:, :10], value)
+    adapted = first.sample_stats["step_size"][:, -1:]  # no further adaptation: every new step is the adapted one
+    assert torch.equal(more.sample_stats["step_size"][:, 10:], adapted.expand(2, 8))
+    assert torch.equal(more.history["inverse_mass_matrix"], mass)
+    assert more.config["num_samples"] == 18 and more.config["extended_by"] == 8
+    with pytest.raises(ValueError, match="num_warmup"):
+        bp.fit(model, x, y, method="nuts", resume=first, num_samples=5, num_warmup=10, progress=False)
+    with pytest.raises(ValueError, match="resume"):
+        bp.fit(model, x, y, method="hmc", resume=first, num_samples=5, progress=False)
+
+
+@pytest.mark.slow  # 2 x (300 + 200 + 100) NUTS steps, like test_nuts_recovers_exact_posterior
+def test_extended_nuts_draws_recover_exact_posterior():
+    x, y = _data(2)
+    model = _blr(2)
+    first = bp.fit(model, x, y, method="nuts", num_samples=100, num_warmup=200, num_chains=2, seed=1, progress=False)
+    more = bp.fit(model, x, y, method="nuts", resume=first, num_samples=300, seed=11, progress=False)
+    tail = bp.Posterior(samples={k: v[:, 100:] for k, v in more.samples.items()}, model=more.model, method="nuts")
+    _assert_exact(tail, x, y)  # the new segment alone, from the adapted kernel

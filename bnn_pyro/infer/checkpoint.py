@@ -1,0 +1,242 @@
+"""Checkpoint and resume of the engines with their own step loop (``"svi"``, ``"sgld"``, ``"sghmc"``,
+``"csgmcmc"``).
+
+``bp.fit(..., checkpoint=FOLDER, checkpoint_every=N)`` writes one file per chain,
+``FOLDER/chain{c}.ckpt``, every ``N`` steps and after the last one. A file holds the step, the
+chain's state (SVI: the Pyro parameter store's unconstrained values, the optimizer's and the
+learning-rate scheduler's state; SG-MCMC: position, momentum, step size, power-iteration vector),
+everything recorded so far (losses, draws, statistics), and the random number generators (torch's
+global generator and Python's and NumPy's, which Pyro draws from, plus the chain's own noise
+generator). The minibatch stream is replayed from its seed up to the step, so a resumed run is
+bit-identical to an uninterrupted one (for a ``DataLoader`` only if the loader itself is
+deterministic). ``resume=True`` continues every chain from its file (chains without one start
+afresh); without it, an existing checkpoint in the folder is an error, so that none is overwritten.
+
+Format: a safetensors file (tensors; byte tensors for the generator states) with one JSON metadata
+entry (step, configuration, non-tensor state) and a SHA-256 of the tensors. Reading parses JSON and
+raw tensor bytes only (nothing is unpickled). Writes go to a temporary file in the same folder, are
+fsynced and renamed over the previous file (``os.replace``): a process killed mid-write leaves the
+previous checkpoint intact.
+
+Example
+-------
+>>> post = bp.fit(model, x, y, method="svi", num_steps=20000, checkpoint="run1", checkpoint_every=1000)
+>>> post = bp.fit(model, x, y, method="svi", num_steps=20000, checkpoint="run1", resume=True)  # after a crash
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save_file
+
+from bnn_pyro._checks import positive_int
+
+__all__ = ["Checkpoint", "CheckpointError", "write", "read", "FORMAT"]
+
+FORMAT = "bnn_pyro.checkpoint"
+FORMAT_VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file is unreadable, or does not belong to the run that tries to resume from it."""
+
+
+def write(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
+    """Write ``tensors`` and the JSON-friendly ``meta`` to ``path`` atomically (module docstring)."""
+    from bnn_pyro.io import _digest, _fsync_dir
+
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
+        header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": meta, "sha256": _digest(tensors)}
+        save_file(tensors, tmp, metadata={"bnn_pyro": json.dumps(header)})
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def read(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The tensors and metadata of a checkpoint written by :func:`write`; :class:`CheckpointError`
+    for a truncated, corrupted or foreign file."""
+    from bnn_pyro.io import _digest
+
+    path = Path(path)
+    raw = path.read_bytes()
+    try:
+        size = int.from_bytes(raw[:8], "little")
+        header = json.loads(json.loads(raw[8 : 8 + size])["__metadata__"]["bnn_pyro"])
+        tensors = load_tensors(raw)
+    except Exception:  # truncated, not safetensors, or no bnn_pyro header
+        raise CheckpointError(f"checkpoint: {str(path)!r} is not a readable bnn_pyro checkpoint (truncated or "
+                              "foreign file). Delete it to start afresh, or pass the folder of an intact run."
+                              ) from None
+    if header.get("format") != FORMAT or header.get("format_version", 0) > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint: {str(path)!r} has format {header.get('format')!r} version "
+                              f"{header.get('format_version')!r}; this bnn_pyro reads {FORMAT} up to {FORMAT_VERSION}.")
+    if _digest(tensors) != header.get("sha256"):
+        raise CheckpointError(f"checkpoint: {str(path)!r} fails its checksum (corrupted). Delete it to start afresh.")
+    return tensors, header["meta"]
+
+
+def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The global generators Pyro draws from (torch, Python ``random``, NumPy) as tensors + JSON."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, gauss_py = random.getstate()
+    tensors = {"rng/torch": torch.get_rng_state(), "rng/numpy": torch.from_numpy(keys.astype(np.int64))}
+    meta = {"numpy": [kind, int(pos), int(has_gauss), float(gauss)], "random": [version, list(internal), gauss_py]}
+    return tensors, meta
+
+
+def set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(tensors["rng/torch"])
+    kind, pos, has_gauss, gauss = meta["numpy"]
+    np.random.set_state((kind, tensors["rng/numpy"].numpy().astype(np.uint32), pos, has_gauss, gauss))
+    version, internal, gauss_py = meta["random"]
+    random.setstate((version, tuple(internal), gauss_py))
+
+
+def flatten_state(prefix: str, state: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """A ``state_dict`` (nested dicts/lists of tensors and plain values) as JSON, its tensors moved
+    into ``tensors`` under ``prefix/...`` and replaced by ``{"__tensor__": key}``."""
+    if torch.is_tensor(state):
+        tensors[prefix] = state
+        return {"__tensor__": prefix}
+    if isinstance(state, dict):
+        return {"__dict__": [[k, flatten_state(f"{prefix}/{k}", v, tensors)] for k, v in state.items()]}
+    if isinstance(state, (list, tuple)):
+        return [flatten_state(f"{prefix}/{i}", v, tensors) for i, v in enumerate(state)]
+    if state is None or isinstance(state, (bool, int, float, str)):
+        return state
+    raise TypeError(f"checkpoint: cannot store a {type(state).__name__} in the optimizer or scheduler state "
+                    f"({prefix}); use a built-in optimizer and lr_schedule, or checkpoint=None.")
+
+
+def unflatten_state(state: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The inverse of :func:`flatten_state` (tuples come back as lists)."""
+    if isinstance(state, dict) and "__tensor__" in state:
+        return tensors[state["__tensor__"]]
+    if isinstance(state, dict):
+        return {k: unflatten_state(v, tensors) for k, v in state["__dict__"]}
+    if isinstance(state, list):
+        return [unflatten_state(v, tensors) for v in state]
+    return state
+
+
+class Checkpoint:
+    """One chain's checkpoint file: :meth:`load` (the saved state, or ``None``) and :meth:`due` /
+    :meth:`save` inside the step loop. ``run`` identifies the run (method and configuration):
+    resuming from a file of another run is an error."""
+
+    def __init__(self, folder: str | os.PathLike, *, every: int | None, resume: bool, chain: int, run: dict):
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
+                                    "(checkpoint= names a folder that gets one file per chain).")
+        self.path = folder / f"chain{chain}.ckpt"
+        self.every = None if every is None else positive_int("checkpoint_every", every)
+        self.run = json.loads(json.dumps(run))
+        if not resume and self.path.exists():
+            raise FileExistsError(f"checkpoint: {str(self.path)!r} already exists. Pass resume=True to continue that "
+                                  "run, or another (empty) folder to start a new one; it is never overwritten.")
+        self.resume = resume
+
+    def load(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
+        """The saved tensors and metadata to resume from (``None``: start afresh); restores the
+        global generators."""
+        if not (self.resume and self.path.exists()):
+            return None
+        tensors, meta = read(self.path)
+        if meta.get("run") != self.run:
+            diff = sorted(k for k in set(self.run) | set(meta.get("run", {})) if self.run.get(k) != meta["run"].get(k))
+            raise CheckpointError(f"resume: {str(self.path)!r} belongs to another run (differs in {diff}). Resume with "
+                                  "the same method and configuration, or pass another checkpoint folder.")
+        set_rng_state(tensors, meta["rng"])
+        return tensors, meta
+
+    def due(self, step: int, num_steps: int) -> bool:
+        """Save after ``step`` steps? Every ``every`` steps, and after the last one."""
+        return step == num_steps or (self.every is not None and step % self.every == 0)
+
+    def save(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        rng_tensors, rng_meta = rng_state()
+        write(self.path, {**tensors, **rng_tensors}, {**meta, "step": step, "run": self.run, "rng": rng_meta})
+
+
+# ---------------------------------------------------------------------- the engines' states
+def save_svi(ckpt: Checkpoint, step: int, opt, sched, losses: torch.Tensor) -> None:
+    """Save an SVI chain after ``step`` steps: the param store (unconstrained), optimizer, scheduler, losses."""
+    import pyro
+
+    tensors = {f"param/{n}": p for n, p in pyro.get_param_store().named_parameters()}
+    tensors["losses"] = losses[:step]
+    meta = {"optimizer": flatten_state("optimizer", opt.state_dict(), tensors),
+            "scheduler": None if sched is None else flatten_state("scheduler", sched.state_dict(), tensors)}
+    ckpt.save(step, tensors, meta)
+
+
+def restore_svi(ckpt: Checkpoint, opt, sched, losses: torch.Tensor) -> int:
+    """Restore what :func:`save_svi` saved (if there is a file to resume from); returns the step."""
+    import pyro
+
+    saved = ckpt.load()
+    if saved is None:
+        return 0
+    tensors, meta = saved
+    store = dict(pyro.get_param_store().named_parameters())
+    with torch.no_grad():
+        for key, value in tensors.items():
+            if key.startswith("param/"):
+                name = key[len("param/"):]
+                if name in store:
+                    store[name].copy_(value)
+                else:  # created after the first step (e.g. a REINFORCE baseline)
+                    pyro.param(name, value.clone())
+    opt.load_state_dict(unflatten_state(meta["optimizer"], tensors))
+    if sched is not None:
+        sched.load_state_dict(unflatten_state(meta["scheduler"], tensors))
+    step = meta["step"]
+    losses[:step] = tensors["losses"]
+    return step
+
+
+def save_sgmcmc(ckpt: Checkpoint, step: int, state: dict[str, Any]) -> None:
+    """Save an SG-MCMC chain after ``step`` steps; ``state`` as kept by ``sgmcmc._run_chain``."""
+    tensors = {"z": state["z"], "v": state["v"], "direction": state["direction"],
+               "noise_gen": state["noise_gen"].get_state(), "potentials": state["potentials"][:step],
+               "steps": state["steps"][:step], "lps": torch.tensor(state["lps"], dtype=torch.float64)}
+    if state["draws"]:
+        tensors["draws"] = torch.stack(state["draws"])
+    ckpt.save(step, tensors, {"eta": state["eta"]})
+
+
+def restore_sgmcmc(ckpt: Checkpoint, state: dict[str, Any]) -> int:
+    """Restore what :func:`save_sgmcmc` saved into ``state`` (if there is a file); returns the step."""
+    saved = ckpt.load()
+    if saved is None:
+        return 0
+    tensors, meta = saved
+    step = meta["step"]
+    state.update(z=tensors["z"].clone(), v=tensors["v"].clone(), direction=tensors["direction"].clone(),
+                 eta=meta["eta"], lps=tensors["lps"].tolist(),
+                 draws=list(tensors["draws"].clone()) if "draws" in tensors else [])
+    state["noise_gen"].set_state(tensors["noise_gen"])
+    state["potentials"][:step] = tensors["potentials"]
+    state["steps"][:step] = tensors["steps"]
+    return step

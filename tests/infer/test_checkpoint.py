@@ -1,0 +1,148 @@
+"""Checkpoint and resume (bnn_pyro/infer/checkpoint.py): a run interrupted after a checkpoint and
+resumed gives exactly (``torch.equal``) the losses and draws of an uninterrupted run; a process
+killed mid-write leaves a complete previous checkpoint; a checkpoint is never silently overwritten."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro.infer import checkpoint as ckpt_mod
+from bnn_pyro.infer import sgmcmc as sgmcmc_mod
+from bnn_pyro.infer import svi as svi_mod
+
+
+class _Crash(Exception):
+    pass
+
+
+def _crash_at(monkeypatch, module, name: str, crash_step: int):
+    """Make ``module.name`` (a checkpoint save) raise when asked to save after ``crash_step`` steps,
+    before writing: the run dies with its last checkpoint some steps behind."""
+    original = getattr(module, name)
+
+    def save(ckpt, step, *args):
+        if step == crash_step:
+            raise _Crash(step)
+        return original(ckpt, step, *args)
+
+    monkeypatch.setattr(module, name, save)
+
+
+def _mlp() -> bp.BNN:
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+
+
+@pytest.fixture(scope="module")
+def toy():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(37, 1, generator=g) * 4 - 2
+    return x, torch.sin(x) + 0.1 * torch.randn(x.shape, generator=g)
+
+
+SVI = dict(method="svi", guide="mean_field", num_steps=20, batch_size=8, lr=0.05, lr_schedule="cosine",
+           num_samples=20, num_chains=2, seed=3, progress=False)
+
+
+def test_svi_resumed_run_is_bit_identical(toy, tmp_path, monkeypatch):
+    x, y = toy
+    whole = bp.fit(_mlp(), x, y, **SVI)
+    (tmp_path / "a").mkdir()
+    with monkeypatch.context() as m:  # chain 0 dies at step 18, its last checkpoint being at step 12
+        _crash_at(m, svi_mod, "save_svi", 18)
+        with pytest.raises(_Crash):
+            bp.fit(_mlp(), x, y, checkpoint=tmp_path / "a", checkpoint_every=6, **SVI)
+    assert ckpt_mod.read(tmp_path / "a" / "chain0.ckpt")[1]["step"] == 12
+    resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path / "a", checkpoint_every=6, resume=True, **SVI)
+    assert torch.equal(resumed.history["loss"], whole.history["loss"])
+    for name in whole.samples:
+        assert torch.equal(resumed.samples[name], whole.samples[name]), name
+
+
+SGHMC = dict(method="sghmc", num_samples=10, thin=2, num_warmup=12, batch_size=8, seed=5, progress=False)
+
+
+def test_sghmc_resumed_run_is_bit_identical(toy, tmp_path, monkeypatch):
+    x, y = toy
+    whole = bp.fit(_mlp(), x, y, **SGHMC)
+    with monkeypatch.context() as m:  # dies at step 25 (of 32), after draws were kept; checkpoint at 20
+        _crash_at(m, sgmcmc_mod, "save_sgmcmc", 25)
+        with pytest.raises(_Crash):
+            bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, **SGHMC)
+    resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, resume=True, **SGHMC)
+    for group in ("samples", "sample_stats", "history"):
+        for name, value in getattr(whole, group).items():
+            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+
+
+def test_existing_checkpoint_is_never_overwritten_and_other_runs_are_refused(toy, tmp_path):
+    x, y = toy
+    cfg = {**SVI, "num_chains": 1, "num_steps": 4}
+    bp.fit(_mlp(), x, y, checkpoint=tmp_path, **cfg)
+    before = (tmp_path / "chain0.ckpt").read_bytes()
+    with pytest.raises(FileExistsError, match="resume=True"):
+        bp.fit(_mlp(), x, y, checkpoint=tmp_path, **cfg)
+    with pytest.raises(ckpt_mod.CheckpointError, match="lr"):
+        bp.fit(_mlp(), x, y, checkpoint=tmp_path, resume=True, **{**cfg, "lr": 0.01})
+    assert (tmp_path / "chain0.ckpt").read_bytes() == before
+    with pytest.raises(FileNotFoundError, match="checkpoint"):
+        bp.fit(_mlp(), x, y, checkpoint=tmp_path / "missing", **cfg)
+    with pytest.raises(ValueError, match="checkpoint=FOLDER"):
+        bp.fit(_mlp(), x, y, resume=True, **cfg)
+
+
+def test_unreadable_checkpoint_names_the_file(tmp_path):
+    bad = tmp_path / "chain0.ckpt"
+    bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(ckpt_mod.CheckpointError, match="chain0.ckpt"):
+        ckpt_mod.read(bad)
+
+
+_WRITER = """
+import sys, torch
+from bnn_pyro.infer.checkpoint import write
+i = int(sys.argv[2])
+while True:
+    write(sys.argv[1], {"payload": torch.full((4_000_000,), float(i))}, {"i": i})  # 16 MB per write
+    print(i, flush=True)
+    i += 1
+"""
+
+
+def _complete(path) -> int:
+    tensors, meta = ckpt_mod.read(path)  # loads, passes its checksum
+    assert torch.equal(tensors["payload"], torch.full((4_000_000,), float(meta["i"])))  # one whole write
+    return meta["i"]
+
+
+@pytest.mark.slow
+def test_killed_writer_leaves_a_complete_checkpoint(tmp_path):
+    """SIGKILL a process that rewrites one checkpoint in a loop, three times at different moments
+    (each time restarted where it left off): the file always loads and is one complete write, the
+    newest one reported or a later one. A leftover temporary file shows that a kill hit a write."""
+    path, start, mid_write = tmp_path / "c.ckpt", 0, 0
+    for delay in (0.011, 0.029, 0.043):
+        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(start)], stdout=subprocess.PIPE,
+                                text=True)
+        try:
+            done = int(proc.stdout.readline())  # at least one write is complete
+            time.sleep(delay)
+        finally:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        temporary = list(tmp_path.glob(".c.ckpt.*.tmp"))
+        mid_write += len(temporary)
+        for t in temporary:
+            t.unlink()
+        start = _complete(path) + 1
+        assert start > done
+    assert mid_write > 0  # at least one kill landed inside a write (with 16 MB writes, nearly all do)
