@@ -1,18 +1,25 @@
 """Determinism: for every registered method, two fits with the same seed in one process give
 identical draws (``torch.equal``), and a different seed gives different ones.
 
-Each fit runs between two unrelated draws from torch's global generator, so an engine that draws
-from the global generator without seeding it (or leaks its seed into the caller's generator)
-fails here. The configurations are the smallest that exercise each engine's random parts
+Each fit runs after an unrelated draw from torch's global generator, so an engine that draws from
+the global generator without seeding it fails here; and a fit leaves the caller's global random
+states (torch, numpy, Python) as it found them. The configurations are the smallest that exercise each engine's random parts
 (initialization, minibatch order, noise, proposals, draws from the approximation); MCMC chains run
 sequentially here (forked chains are seeded the same way, see the README's "Determinism").
 """
 
+import os
+import random
+
+import numpy as np
 import pytest
 import torch
 
 import bnn_pyro as bp
 from bnn_pyro.infer import Method
+
+# Runs this short are not meant to converge: the samplers' divergence / acceptance warnings are expected.
+pytestmark = pytest.mark.filterwarnings("ignore::bnn_pyro.diagnostics.DiagnosticWarning")
 
 TINY = {
     Method.SVI: dict(num_steps=3, num_samples=3),
@@ -68,3 +75,25 @@ def test_same_seed_same_draws_other_seed_other_draws(method):
     for name in first:
         assert torch.equal(first[name], again[name]), f"{method.value}: {name!r} differs between two fits with seed 0"
     assert any(not torch.equal(first[n], other[n]) for n in first), f"{method.value}: seeds 0 and 1 gave the same draws"
+
+
+def test_a_fit_leaves_the_global_random_states_as_it_found_them():
+    (x, y), model = _data(), _model()
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    expected = torch.rand(3), np.random.rand(3), random.random()
+    torch.manual_seed(7), np.random.seed(7), random.seed(7)
+    bp.fit(model, x, y, method="svi", seed=0, progress=False, **TINY[Method.SVI])  # reseeds all three inside
+    got = torch.rand(3), np.random.rand(3), random.random()
+    assert torch.equal(got[0], expected[0]) and np.array_equal(got[1], expected[1]) and got[2] == expected[2]
+
+
+@pytest.mark.slow  # two forked processes: ~10 s on 2 busy cores
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="parallel chains need 2+ cores")
+def test_parallel_chains_equal_sequential_chains():
+    """Chain c is seeded with seed + c in its own process or in this one: the same draws."""
+    x, y = _data()
+    config = dict(TINY[Method.NUTS], num_chains=2)
+    runs = {how: bp.fit(_model(), x, y, method="nuts", seed=3, progress=False, **dict(config, chain_method=how)).samples
+            for how in ("sequential", "parallel")}
+    for name, draws in runs["sequential"].items():
+        assert draws.shape[0] == 2 and torch.equal(draws, runs["parallel"][name]), name

@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from bnn_pyro._checks import check_data, choice, positive_int
-from bnn_pyro.infer._common import Data, torch_threads
+from bnn_pyro.infer._common import Data, global_rng_kept, torch_threads
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -97,7 +97,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     if not (isinstance(model, BNN) or callable(model)):
         raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}.")
     data = _data(model, x, y, batch_size, dataset_size)
-    with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)):
+    with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
         return engine(kind)(model, data, **config)
 
 

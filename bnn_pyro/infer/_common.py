@@ -197,3 +197,22 @@ def torch_threads(num: int | None):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def global_rng_kept():
+    """Run the block and then restore the global random states of torch (CPU), numpy and Python.
+
+    The engines seed those generators (``pyro.set_rng_seed``) for their own draws; the caller's
+    random streams continue afterwards as if no fit had run."""
+    import random
+
+    import numpy as np
+
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])
