@@ -97,3 +97,14 @@ def test_parallel_chains_equal_sequential_chains():
             for how in ("sequential", "parallel")}
     for name, draws in runs["sequential"].items():
         assert draws.shape[0] == 2 and torch.equal(draws, runs["parallel"][name]), name
+
+
+def test_predict_with_a_seed_repeats_and_leaves_the_global_generator_alone():
+    x, y = _data()
+    post = bp.fit(_model(), x, y, method="svi", seed=0, progress=False, **TINY[Method.SVI])
+    torch.manual_seed(5)
+    expected = torch.rand(2)
+    torch.manual_seed(5)
+    first, again, other = (post.predict(x, seed=s).draws for s in (0, 0, 1))
+    assert torch.equal(torch.rand(2), expected)
+    assert torch.equal(first, again) and not torch.equal(first, other)
