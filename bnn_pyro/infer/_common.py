@@ -93,8 +93,13 @@ class _DataPlateScale(poutine.messenger.Messenger):
 
 def latent_sites(model: Callable, x, y) -> list[str]:
     """Names of the unobserved, non-deterministic sample sites of one run of ``model(x, y)``."""
-    with torch.no_grad(), pyro.get_param_store().scope():
-        trace = poutine.trace(model).get_trace(x, y)
+    try:
+        with torch.no_grad(), pyro.get_param_store().scope():
+            trace = poutine.trace(model).get_trace(x, y)
+    except NotImplementedError as err:  # e.g. ImproperUniform: engines draw every site once to find it
+        raise ValueError(f"model: a prior cannot be sampled ({err}); every engine draws from the prior to find the "
+                         "sites and initialize them, so improper priors are not supported. Use a proper, wide prior "
+                         "instead, e.g. dist.Normal(0., 100.).") from None
     return [
         name
         for name, site in trace.nodes.items()

@@ -61,6 +61,7 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.infer._health import check_sampler
 from bnn_pyro.infer._common import (Data, apply_point_init, clean_config, init_strategy,
                                     point_values, quiet_model)
 from bnn_pyro.posterior import Posterior
@@ -155,8 +156,10 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
     ))
     stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
-    return Posterior(samples=stack("samples"), model=fitted, method=kind.value, config=config, point=stack("point"),
+    post = Posterior(samples=stack("samples"), model=fitted, method=kind.value, config=config, point=stack("point"),
                      sample_stats=stack("stats"), x=data.x, y=data.y)
+    check_sampler(kind.value, post.samples, post.sample_stats, target_accept=float(target_accept), stacklevel=4)
+    return post
 
 
 def fit_nuts(model, data: Data, **config) -> Posterior:
