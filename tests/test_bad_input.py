@@ -34,6 +34,7 @@ def _model(out: int = 1, likelihood=None, prior=None, features: int = 1) -> bp.B
 
 X, Y = torch.linspace(-1, 1, 8).reshape(8, 1), torch.linspace(-1, 1, 8)
 LABELS = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+IMPROPER = dist.ImproperUniform(dist.constraints.real, (), ())
 
 
 def _fit(*, model=None, x=X, y=Y, **config):
@@ -52,7 +53,7 @@ def _nan_elbo_model(x, y=None):
 
 
 def _improper_model(x, y=None):
-    w = pyro.sample("w", dist.ImproperUniform(dist.constraints.real, (), ()))
+    w = pyro.sample("w", IMPROPER)
     with pyro.plate("data", x.shape[0]):
         pyro.sample("obs", dist.Normal(w * x[:, 0], 1.0), obs=y)
 
@@ -95,7 +96,8 @@ def _empty_file(tmp: Path) -> Path:
 
 
 def _metropolis_all_rejected():
-    return bp.fit(_model(), X, Y, method="metropolis", num_samples=20, num_warmup=1, step_size=1e4, jit=False, progress=False,
+    return bp.fit(_model(), X, Y, method="metropolis", num_samples=20, num_warmup=1, step_size=1e4, jit=False,
+                  progress=False,
                   seed=0)
 
 
@@ -113,12 +115,14 @@ CASES = [
          r"x contains NaN values in 1 row.*impute"),
     Case("y-inf", lambda t: _fit(y=Y.clone().index_fill_(0, torch.tensor([0]), float("inf"))), ValueError,
          r"y contains Inf values.*drop or impute"),
-    Case("x-empty", lambda t: _fit(x=torch.empty(0, 1), y=torch.empty(0)), ValueError, r"x is empty.*pass at least one"),
+    Case("x-empty", lambda t: _fit(x=torch.empty(0, 1), y=torch.empty(0)),
+         ValueError, r"x is empty.*pass at least one"),
     Case("x-1d", lambda t: _fit(model=_model(features=3), x=torch.ones(8)), ValueError,
          r"x has shape \(8,\).*1-D.*reshape"),
     Case("x-wrong-features", lambda t: _fit(model=_model(features=3), x=torch.ones(8, 2)), ValueError,
          r"x has shape \(8, 2\).*net cannot take.*Check that the feature"),
-    Case("xy-length-mismatch", lambda t: _fit(y=Y[:5]), ValueError, r"x and y have different numbers of rows.*x has 8, y has 5.*check"),
+    Case("xy-length-mismatch", lambda t: _fit(y=Y[:5]),
+         ValueError, r"x and y have different numbers of rows.*x has 8, y has 5.*check"),
     Case("x-strings", lambda t: _fit(x=np.array([["a"]] * 8)), TypeError, r"x: could not convert.*pass numbers"),
     Case("x-object-dtype", lambda t: _fit(x=[[1.0], [None]] * 4), TypeError, r"x: could not convert.*pass numbers"),
     Case("y-shape", lambda t: _fit(y=torch.ones(8, 3)), ValueError, r"Gaussian: y has shape \(8, 3\).*Reshape y"),
@@ -127,7 +131,8 @@ CASES = [
     Case("labels-negative", lambda t: _fit(model=_model(out=3, likelihood=bp.likelihoods.Categorical()), y=LABELS - 1),
          ValueError, r"labels must lie in 0\.\.2.*Re-encode"),
     Case("labels-non-integer", lambda t: _fit(model=_model(out=3, likelihood=bp.likelihoods.Categorical()),
-                                              y=LABELS + 0.5), TypeError, r"y must hold integer class labels.*pass y\.long\(\)"),
+                                              y=LABELS + 0.5),
+         TypeError, r"y must hold integer class labels.*pass y\.long\(\)"),
     Case("bernoulli-labels", lambda t: _fit(model=_model(likelihood=bp.likelihoods.Bernoulli()), y=LABELS), ValueError,
          r"Bernoulli: y must be a vector of 0/1 labels.*Use Categorical"),
     Case("x-other-device", lambda t: _fit(x=X.to("meta")), ValueError, r"x is on device meta.*model.*cpu.*move"),
@@ -138,13 +143,16 @@ CASES = [
     Case("unknown-method", lambda t: _fit(method="sgd"), ValueError, r"method: unknown value 'sgd'; choose one of"),
     Case("unknown-guide", lambda t: _fit(guide="flow"), ValueError, r"guide: unknown value 'flow'; choose one of"),
     Case("unknown-elbo", lambda t: _fit(elbo="renyi"), ValueError, r"elbo: unknown value 'renyi'; choose one of"),
-    Case("unknown-optimizer", lambda t: _fit(optimizer="lbfgs2"), ValueError, r"optimizer: unknown value.*choose one of"),
+    Case("unknown-optimizer", lambda t: _fit(optimizer="lbfgs2"),
+         ValueError, r"optimizer: unknown value.*choose one of"),
     Case("unknown-kernel-option", lambda t: _mcmc(num_leapfrog=3), ValueError,
          r"num_leapfrog= applies to method='hmc' only.*drop it"),
     Case("num-steps-zero", lambda t: _fit(num_steps=0), ValueError, r"num_steps must be a positive int, got 0.*pass"),
-    Case("num-steps-float", lambda t: _fit(num_steps=2.5), TypeError, r"num_steps must be an int, got float 2\.5.*pass"),
+    Case("num-steps-float", lambda t: _fit(num_steps=2.5),
+         TypeError, r"num_steps must be an int, got float 2\.5.*pass"),
     Case("draws-zero", lambda t: _mcmc(num_samples=0), ValueError, r"num_samples must be a positive int.*pass"),
-    Case("chains-negative", lambda t: _mcmc("hmc", num_chains=-1), ValueError, r"num_chains must be a positive int.*pass"),
+    Case("chains-negative", lambda t: _mcmc("hmc", num_chains=-1),
+         ValueError, r"num_chains must be a positive int.*pass"),
     Case("batch-size-zero", lambda t: _fit(batch_size=0), ValueError, r"batch_size must be a positive int.*pass"),
     Case("lr-negative", lambda t: _fit(lr=-0.1), ValueError, r"lr must be a positive finite number, got -0\.1.*pass"),
     Case("lr-nan", lambda t: _fit(lr=float("nan")), ValueError, r"lr must be a positive finite number, got nan.*pass"),
@@ -155,14 +163,17 @@ CASES = [
          r"prior for '(weight|bias)' returned float.*return .*dist\.Normal"),
     Case("prior-wrong-shape", lambda t: _model(prior=lambda n, m, p: dist.Normal(torch.zeros(3), 1.0)), ValueError,
          r"prior for 'weight'.*batch_shape \(3,\).*does not fit.*Return a scalar distribution"),
-    Case("improper-prior-bnn", lambda t: _model(prior=lambda n, m, p: dist.ImproperUniform(dist.constraints.real, (), ())),
+    Case("improper-prior-bnn", lambda t: _model(prior=lambda n, m, p: IMPROPER),
          ValueError, r"prior for 'weight' is improper \(ImproperUniform\).*Use a proper, wide prior"),
-    Case("improper-prior-function", lambda t: bp.fit(_improper_model, X, Y, method="nuts", num_samples=2, progress=False),
+    Case("improper-prior-function", lambda t: bp.fit(_improper_model, X, Y, method="nuts", num_samples=2,
+                                                            progress=False),
          ValueError, r"model: a prior cannot be sampled.*improper priors are not supported.*Use a proper"),
     Case("option-of-another-engine", lambda t: _mcmc(num_steps=10), TypeError,
          r"num_steps: not an option of method='nuts'; drop it.*help\(bnn_pyro\.infer\.mcmc\.fit_nuts\)"),
-    Case("unknown-option", lambda t: _fit(learning_rate=0.1), TypeError, r"learning_rate: not an option of method='svi'"),
-    Case("likelihood-not-likelihood", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(), likelihood="gaussian"),
+    Case("unknown-option", lambda t: _fit(learning_rate=0.1),
+         TypeError, r"learning_rate: not an option of method='svi'"),
+    Case("likelihood-not-likelihood", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
+                                                               likelihood="gaussian"),
          TypeError, r"likelihood: expected a bnn_pyro\.likelihoods\.Likelihood.*Try"),
     Case("bayesian-unknown", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
                                               likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="some"),
@@ -175,14 +186,18 @@ CASES = [
     Case("net-not-module", lambda t: bp.BNN(lambda x: x, prior=bp.priors.Normal(),
                                             likelihood=bp.likelihoods.Gaussian(scale=0.1)),
          TypeError, r"net: expected a torch\.nn\.Module, got function.*pass"),
-    Case("model-not-callable", lambda t: bp.fit(42, X, Y), TypeError, r"model: expected a bnn_pyro\.BNN.*got int.*pass"),
+    Case("model-not-callable", lambda t: bp.fit(42, X, Y),
+         TypeError, r"model: expected a bnn_pyro\.BNN.*got int.*pass"),
     Case("output-3d", lambda t: _fit(model=bp.BNN(nn.Sequential(nn.Linear(1, 2), nn.Unflatten(1, (1, 2))),
-                                                  prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=0.1))),
+                                                  prior=bp.priors.Normal(),
+                                                  likelihood=bp.likelihoods.Gaussian(scale=0.1))),
          ValueError, r"net must map \(N, \.\.\.\) inputs to \(N, out\) outputs.*Add a final Flatten"),
-    Case("output-odd-heteroscedastic", lambda t: _fit(model=_model(out=3, likelihood=bp.likelihoods.HeteroscedasticGaussian())),
+    Case("output-odd-heteroscedastic", lambda t: _fit(
+        model=_model(out=3, likelihood=bp.likelihoods.HeteroscedasticGaussian())),
          ValueError, r"HeteroscedasticGaussian needs a net with 2 \* D outputs.*Make the last layer"),
     Case("output-bernoulli-two", lambda t: _fit(model=_model(out=2, likelihood=bp.likelihoods.Bernoulli()),
-                                                y=LABELS.clamp(max=1)), ValueError, r"Bernoulli needs a net with 1 output.*Use Categorical"),
+                                                y=LABELS.clamp(max=1)),
+         ValueError, r"Bernoulli needs a net with 1 output.*Use Categorical"),
     # ------------------------------------------------------------------ runtime
     Case("elbo-nan", lambda t: bp.fit(_nan_elbo_model, X, Y, method="svi", num_steps=3, num_samples=2, progress=False),
          FloatingPointError, r"svi: the ELBO became (nan|inf|-inf) at step 0.*Try a lower learning rate"),
@@ -206,7 +221,8 @@ CASES = [
          r"(not a bnn_pyro posterior|truncated).*(pickles|Save)"),
     Case("load-empty", lambda t: bp.load(_empty_file(t)),
          PosteriorFileError, r"empty or truncated.*Save the posterior again"),
-    Case("load-missing", lambda t: bp.load(t / "nope.bnn"), FileNotFoundError, r"nope\.bnn.*does not exist.*check the path"),
+    Case("load-missing", lambda t: bp.load(t / "nope.bnn"),
+         FileNotFoundError, r"nope\.bnn.*does not exist.*check the path"),
 ]
 
 
