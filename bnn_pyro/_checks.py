@@ -54,12 +54,13 @@ def probability(argname: str, value, *, suggestion: str) -> float:
 def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=None) -> torch.Tensor:
     """Convert numpy / pandas / lists to a tensor and reject NaN, Inf and empty input.
 
-    With ``device`` given, a tensor on another device is an error (nothing is moved silently)."""
+    With ``device`` given, numpy / pandas / list input is placed there, and a tensor on another
+    device is an error (a user's tensors are never moved silently)."""
     if hasattr(value, "to_numpy"):  # pandas
         value = value.to_numpy()
     if not isinstance(value, torch.Tensor):
         try:
-            value = torch.as_tensor(np.array(value))
+            value = torch.as_tensor(np.array(value), device=device)
         except (TypeError, ValueError, RuntimeError) as err:
             raise TypeError(f"{argname}: could not convert {type(value).__name__} to a tensor ({err}); pass numbers, "
                             "e.g. a float numpy array or tensor (encode text or categories as numbers first).") from None
@@ -80,12 +81,15 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
     return value
 
 
-def check_data(x, y, *, float_dtype: torch.dtype = torch.get_default_dtype(), device=None):
+def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None):
     """Validate and convert ``x`` (and ``y`` when given) to tensors with matching lengths (on
-    ``device`` when given: the model's)."""
+    ``device`` when given: the model's). ``x`` is cast to ``float_dtype`` (the model's; torch's
+    default dtype when not given) unless it already is floating and no ``float_dtype`` was given."""
     x = as_tensor("x", x, device=device)
-    if not x.dtype.is_floating_point:
-        x = x.to(float_dtype)
+    if float_dtype is not None:
+        x = x.to(float_dtype)  # e.g. float64 numpy data for a float32 net
+    elif not x.dtype.is_floating_point:
+        x = x.to(torch.get_default_dtype())
     if y is None:
         return x, None
     y = as_tensor("y", y, device=device)

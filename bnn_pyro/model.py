@@ -261,9 +261,17 @@ class BNN(nn.Module):
     @property
     def device(self) -> torch.device:
         """The device of the model's tensors (data must be on it)."""
-        for t in (*self.net.parameters(), *self.net.buffers(), *self.init_values.values()):
-            return t.device
-        return torch.device("cpu")
+        return self._first_tensor().device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating dtype of the model's parameters (float inputs are cast to it)."""
+        return self._first_tensor().dtype
+
+    def _first_tensor(self) -> torch.Tensor:
+        for t in self.net.parameters():  # deterministic parameters follow model.to(...)
+            return t
+        return next(iter(self.init_values.values()))  # never empty: a net without parameters is refused
 
     def train(self, mode: bool = True):
         super().train(mode)

@@ -123,7 +123,8 @@ class Posterior:
         evaluated ``draws_per_chunk`` at a time to bound memory.
         """
         is_bnn = isinstance(self.model, BNN)
-        x, _ = check_data(x, None, device=self.model.device if is_bnn else None)
+        x, _ = check_data(x, None, device=self.model.device if is_bnn else None,
+                          float_dtype=self.model.dtype if is_bnn else None)
         if is_bnn:
             self.model.output_dim(x)  # a clear error for inputs the net cannot take (computes nothing)
         interval = probability("interval", interval, suggestion="try 0.95 for a central 95% interval")

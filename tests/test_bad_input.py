@@ -253,3 +253,14 @@ def _matches(pattern: str, message: str) -> bool:
     import re
 
     return re.search(pattern, message, re.DOTALL) is not None and re.search(ADVICE, message) is not None
+
+
+def test_float64_numpy_data_fits_and_predicts_in_the_models_dtype():
+    """numpy's default float64 for a float32 net was a 'mat1 and mat2 must have the same dtype'
+    RuntimeError from inside torch; now the inputs are cast to the model's dtype."""
+    g = np.random.default_rng(0)
+    x, y = g.normal(size=(6, 2)), g.normal(size=6)
+    post = bp.fit(_model(features=2), x, y, method="svi", num_steps=2, num_samples=2, progress=False)
+    pred = post.predict(g.normal(size=(3, 2)))
+    assert pred.mean.dtype == torch.get_default_dtype() and pred.mean.shape == (3,)
+    assert torch.isfinite(pred.mean).all()

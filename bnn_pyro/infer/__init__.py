@@ -147,7 +147,8 @@ def _unknown_option(err: TypeError) -> str | None:
 
 
 def _checked(model, x, y):
-    x, y = check_data(x, y, device=model.device if isinstance(model, BNN) else None)
+    bnn = isinstance(model, BNN)
+    x, y = check_data(x, y, device=model.device if bnn else None, float_dtype=model.dtype if bnn else None)
     if isinstance(model, BNN):
         out_dim = model.output_dim(x)
         if y is not None:
