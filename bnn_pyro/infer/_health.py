@@ -18,7 +18,7 @@ ACCEPT_MIN = 0.01  # warn when a Metropolis chain accepted fewer than 1% of its 
 
 
 def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], *,
-                  target_accept: float, stacklevel: int = 3) -> None:
+                  target_accept: float, stacklevel: int = 2) -> None:
     """Warn (:class:`~bnn_pyro.diagnostics.DiagnosticWarning`) about divergences above
     :data:`DIVERGENCE_MAX` of the draws, or a Metropolis chain with an acceptance below
     :data:`ACCEPT_MIN`. ``samples`` and ``stats`` are shaped ``(chains, draws, ...)``."""

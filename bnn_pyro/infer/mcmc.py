@@ -158,7 +158,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
     post = Posterior(samples=stack("samples"), model=fitted, method=kind.value, config=config, point=stack("point"),
                      sample_stats=stack("stats"), x=data.x, y=data.y)
-    check_sampler(kind.value, post.samples, post.sample_stats, target_accept=float(target_accept), stacklevel=4)
+    check_sampler(kind.value, post.samples, post.sample_stats, target_accept=float(target_accept), stacklevel=5)
     return post
 
 
