@@ -140,6 +140,9 @@ def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Poster
     >>> post = bp.load("fit.bnn", model=bp.BNN(net, prior=prior, likelihood=likelihood))
     """
     path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"path: {str(path)!r} does not exist or is not a file; check the path (files are "
+                                "written by post.save(path)).")
     raw = path.read_bytes()
     meta = _metadata(raw, path)
     try:
@@ -164,7 +167,8 @@ def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Poster
 def _metadata(raw: bytes, path: Path) -> dict[str, Any]:
     where = str(path)
     if len(raw) < 8:
-        raise PosteriorFileError(f"{where!r}: the file is empty or truncated ({len(raw)} bytes); it is no bnn_pyro posterior.")
+        raise PosteriorFileError(f"{where!r}: the file is empty or truncated ({len(raw)} bytes); it is no bnn_pyro posterior. "
+                                 "Save the posterior again with post.save(path).")
     (size,) = struct.unpack("<Q", raw[:8])
     if size > len(raw) - 8:
         raise PosteriorFileError(f"{where!r}: the file is truncated or not a bnn_pyro posterior (header of {size} bytes, "

@@ -30,6 +30,7 @@ from enum import Enum
 from typing import Callable, Sequence, Union
 
 import torch
+from pyro.distributions import ImproperUniform
 from pyro.nn import PyroSample
 from pyro.nn.module import to_pyro_module_
 from torch import nn
@@ -79,7 +80,8 @@ class BNN(nn.Module):
     def __init__(self, net: nn.Module, *, prior, likelihood: Likelihood, bayesian: SelectorLike = "all"):
         super().__init__()
         if not isinstance(net, nn.Module):
-            raise TypeError(f"net: expected a torch.nn.Module, got {type(net).__name__}.")
+            raise TypeError(f"net: expected a torch.nn.Module, got {type(net).__name__}; pass a module, e.g. "
+                            "torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1)).")
         if not isinstance(likelihood, Likelihood):
             raise TypeError(
                 f"likelihood: expected a bnn_pyro.likelihoods.Likelihood, got {type(likelihood).__name__}. "
@@ -87,7 +89,8 @@ class BNN(nn.Module):
             )
         named = dict(net.named_parameters())
         if not named:
-            raise ValueError("net has no parameters, so there is nothing to be Bayesian about.")
+            raise ValueError(f"net has no parameters ({type(net).__name__}), so there is nothing to be Bayesian about; "
+                             "give a net with at least one layer with weights, e.g. torch.nn.Linear.")
         self.prior = priors_mod.as_prior(prior)
         self.likelihood = likelihood
         select = _selector(bayesian)
@@ -109,11 +112,13 @@ class BNN(nn.Module):
             if isinstance(spec, Hierarchical):
                 self._add_hierarchical(name, target, attr, param.shape, spec)
             elif isinstance(spec, Distribution):
+                _check_proper(name, spec)
                 setattr(target, attr, PyroSample(_to_param_shape(name, spec, param.shape)))
             else:
                 raise TypeError(
                     f"prior for {name!r} returned {type(spec).__name__}; expected a "
-                    "pyro.distributions.Distribution, a bnn_pyro.priors.Hierarchical or None."
+                    "pyro.distributions.Distribution, a bnn_pyro.priors.Hierarchical or None; return e.g. "
+                    "dist.Normal(0., 1.) (expanded to the parameter's shape for you)."
                 )
             self.sample_names.append(name)
 
@@ -241,9 +246,10 @@ class BNN(nn.Module):
         try:
             out = self._template(x[:2].to("meta"))
         except RuntimeError as err:
+            hint = " x is 1-D: for a single feature pass x.reshape(-1, 1)." if x.dim() == 1 else ""
             raise ValueError(
                 f"x has shape {tuple(x.shape)}, which the net cannot take ({err}). Check that the "
-                "feature dimensions of x match the net's first layer."
+                f"feature dimensions of x match the net's first layer.{hint}"
             ) from None
         if out.dim() != 2:
             raise ValueError(
@@ -251,6 +257,21 @@ class BNN(nn.Module):
                 f"for input {tuple(x[:2].shape)}. Add a final Flatten or Linear layer."
             )
         return out.shape[-1]
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's tensors (data must be on it)."""
+        return self._first_tensor().device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The floating dtype of the model's parameters (float inputs are cast to it)."""
+        return self._first_tensor().dtype
+
+    def _first_tensor(self) -> torch.Tensor:
+        for t in self.net.parameters():  # deterministic parameters follow model.to(...)
+            return t
+        return next(iter(self.init_values.values()))  # never empty: a net without parameters is refused
 
     def train(self, mode: bool = True):
         super().train(mode)
@@ -263,6 +284,17 @@ class BNN(nn.Module):
             f"({sum(math.prod(self.param_shapes[n]) for n in self.sample_names)} weights), "
             f"deterministic={self.point_names}"
         )
+
+
+def _check_proper(name: str, d: Distribution) -> None:
+    while d is not None:
+        if isinstance(d, ImproperUniform):
+            raise ValueError(
+                f"prior for {name!r} is improper ({type(d).__name__}); every engine draws from the prior (site "
+                "discovery, initialization, prior predictive), so the prior must be proper. Use a proper, wide "
+                "prior instead, e.g. dist.Normal(0., 100.)."
+            )
+        d = getattr(d, "base_dist", None)
 
 
 def _to_param_shape(name: str, d: Distribution, shape: torch.Size, *, exact: bool = False) -> Distribution:

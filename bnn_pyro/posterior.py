@@ -23,7 +23,7 @@ import torch
 from pyro import poutine
 
 from bnn_pyro import predictions
-from bnn_pyro._checks import check_data, positive_int
+from bnn_pyro._checks import check_data, positive_int, probability
 from bnn_pyro.model import BNN
 
 __all__ = ["Posterior"]
@@ -123,7 +123,12 @@ class Posterior:
         ``num_samples`` limits the number of posterior draws used (all by default); draws are
         evaluated ``draws_per_chunk`` at a time to bound memory.
         """
-        x, _ = check_data(x, None)
+        is_bnn = isinstance(self.model, BNN)
+        x, _ = check_data(x, None, device=self.model.device if is_bnn else None,
+                          float_dtype=self.model.dtype if is_bnn else None)
+        if is_bnn:
+            self.model.output_dim(x)  # a clear error for inputs the net cannot take (computes nothing)
+        interval = probability("interval", interval, suggestion="try 0.95 for a central 95% interval")
         idx = self._draw_index(num_samples, seed)
         generator_state = torch.get_rng_state()
         if seed is not None:

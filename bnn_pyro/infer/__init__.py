@@ -7,13 +7,15 @@ Each method family lives in its own module with the same shape: data and configu
 from __future__ import annotations
 
 import importlib
+import re
 from enum import Enum
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from bnn_pyro._checks import check_data, choice, positive_int
-from bnn_pyro.infer._common import Data, torch_threads
+from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -103,15 +105,26 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     """
     kind = choice("method", method, Method)
     if not (isinstance(model, BNN) or callable(model)):
-        raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}.")
+        raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}; "
+                        "pass e.g. bp.BNN(net, prior=bp.priors.Normal(0., 1.), likelihood=bp.likelihoods.Gaussian(scale=0.1)).")
     data = _data(model, x, y, batch_size, dataset_size)
     if data.one_shot and kind in _MULTI_PASS:
         raise ValueError(f"x: method={kind.value!r} goes over the data more than once (fit, then curvature or "
                          "statistics), but a one-shot iterator or generator gives its batches only once. Pass a "
                          "re-iterable source (a DataLoader, an IterableDataset, an object whose __iter__ starts a "
                          "new pass), or use svi, sgld, sghmc, csgmcmc, ensemble or the dropout methods.")
-    with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)):
-        return engine(kind)(model, data, **config)
+    with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
+        if not isinstance(model, BNN):
+            latent_sites(model, *data.first())  # runs the function once: a clear error for priors it cannot draw
+        try:
+            return engine(kind)(model, data, **config)
+        except TypeError as err:
+            unknown = _unknown_option(err)
+            if unknown is None:
+                raise
+            module, name = REGISTRY[kind]
+            raise TypeError(f"{unknown}: not an option of method={kind.value!r}; drop it, or see "
+                            f"help(bnn_pyro.infer.{module}.{name}) for the options.") from None
 
 
 def _data(model, x, y, batch_size, dataset_size) -> Data:
@@ -136,8 +149,20 @@ def _data(model, x, y, batch_size, dataset_size) -> Data:
     return Data(x=x, y=y, batch_size=batch_size)
 
 
+def _unknown_option(err: TypeError) -> str | None:
+    """The keyword an engine refused at call time (Python's own binding error), else None."""
+    tb = err.__traceback__
+    while tb.tb_next is not None:  # innermost frame: binding errors come from the caller, in infer/
+        tb = tb.tb_next
+    if not tb.tb_frame.f_code.co_filename.startswith(str(Path(__file__).parent)):
+        return None
+    match = re.search(r"got an unexpected keyword argument '(\w+)'", str(err))
+    return None if match is None else match.group(1)
+
+
 def _checked(model, x, y):
-    x, y = check_data(x, y)
+    bnn = isinstance(model, BNN)
+    x, y = check_data(x, y, device=model.device if bnn else None, float_dtype=model.dtype if bnn else None)
     if isinstance(model, BNN):
         out_dim = model.output_dim(x)
         if y is not None:

@@ -144,8 +144,13 @@ class _DataPlateScale(poutine.messenger.Messenger):
 
 def latent_sites(model: Callable, x, y) -> list[str]:
     """Names of the unobserved, non-deterministic sample sites of one run of ``model(x, y)``."""
-    with torch.no_grad(), pyro.get_param_store().scope():
-        trace = poutine.trace(model).get_trace(x, y)
+    try:
+        with torch.no_grad(), pyro.get_param_store().scope():
+            trace = poutine.trace(model).get_trace(x, y)
+    except NotImplementedError as err:  # e.g. ImproperUniform: engines draw every site once to find it
+        raise ValueError(f"model: a prior cannot be sampled ({err}); every engine draws from the prior to find the "
+                         "sites and initialize them, so improper priors are not supported. Use a proper, wide prior "
+                         "instead, e.g. dist.Normal(0., 100.).") from None
     return [
         name
         for name, site in trace.nodes.items()
@@ -248,3 +253,22 @@ def torch_threads(num: int | None):
         yield
     finally:
         torch.set_num_threads(before)
+
+
+@contextlib.contextmanager
+def global_rng_kept():
+    """Run the block and then restore the global random states of torch (CPU), numpy and Python.
+
+    The engines seed those generators (``pyro.set_rng_seed``) for their own draws; the caller's
+    random streams continue afterwards as if no fit had run."""
+    import random
+
+    import numpy as np
+
+    states = torch.get_rng_state(), np.random.get_state(), random.getstate()
+    try:
+        yield
+    finally:
+        torch.set_rng_state(states[0])
+        np.random.set_state(states[1])
+        random.setstate(states[2])

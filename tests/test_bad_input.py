@@ -1,0 +1,266 @@
+"""The bad-input matrix (issue 7, item 4): one table of bad data, configuration, models, runtime
+failures, prediction inputs and files. Each case must end in our own clear error or warning, whose
+message names what is wrong and suggests what to try; errors must be raised by bnn_pyro's own
+validation (the innermost frame of the traceback lies in the package), never deep inside
+torch or Pyro, and never as a silently wrong answer."""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from torch import nn
+
+import bnn_pyro as bp
+from bnn_pyro.io import PosteriorFileError
+
+PACKAGE = Path(bp.__file__).parent
+# Every message suggests something: one of these phrasings (case-insensitive) must appear.
+ADVICE = r"(?i)(try|use |pass |choose|drop|re-encode|reshape|give |return |move |add |build |check |save |" \
+         r"upgrade|increase|decrease|lower|raise|widen|make |impute|standardiz)"
+
+
+def _model(out: int = 1, likelihood=None, prior=None, features: int = 1) -> bp.BNN:
+    return bp.BNN(nn.Linear(features, out), prior=prior or bp.priors.Normal(0.0, 1.0),
+                  likelihood=likelihood or bp.likelihoods.Gaussian(scale=0.1))
+
+
+X, Y = torch.linspace(-1, 1, 8).reshape(8, 1), torch.linspace(-1, 1, 8)
+LABELS = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1])
+IMPROPER = dist.ImproperUniform(dist.constraints.real, (), ())
+
+
+def _fit(*, model=None, x=X, y=Y, **config):
+    config = {"method": "svi", "num_steps": 2, "num_samples": 2, "progress": False, **config}
+    return bp.fit(model if model is not None else _model(), x, y, **config)
+
+
+def _mcmc(method="nuts", **config):
+    return bp.fit(_model(), X, Y, method=method, **{"num_samples": 2, "num_warmup": 2, "progress": False, **config})
+
+
+def _nan_elbo_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(w * x[:, 0] * 1e39, 1.0), obs=y)  # float32 overflow: an infinite ELBO
+
+
+def _improper_model(x, y=None):
+    w = pyro.sample("w", IMPROPER)
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(w * x[:, 0], 1.0), obs=y)
+
+
+def _walled(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    pyro.factor("wall", torch.where(w.abs() < 0.5, 0.0, -float("inf")))  # a cliff: trajectories crossing it diverge
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(w * x[:, 0], 10.0), obs=y)
+
+
+def _nuts_diverging():
+    return bp.fit(_walled, X, Y, method="nuts", num_samples=10, num_warmup=5, init={"w": torch.tensor(0.0)}, jit=False,
+                  progress=False, seed=0)  # 8 of 10 draws diverge (measured)
+
+
+def _posterior():
+    return _fit(num_samples=3)
+
+
+def _corrupted_file(tmp: Path) -> Path:
+    path = tmp / "post.bnn"
+    _posterior().save(path)
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0xFF  # flip bits in the tensor payload
+    path.write_bytes(bytes(raw))
+    return path
+
+
+def _foreign_file(tmp: Path) -> Path:
+    path = tmp / "weights.pt"
+    torch.save({"w": torch.ones(2)}, path)  # a pickle: must be refused, not executed
+    return path
+
+
+def _empty_file(tmp: Path) -> Path:
+    path = tmp / "empty.bnn"
+    path.write_bytes(b"")
+    return path
+
+
+def _metropolis_all_rejected():
+    return bp.fit(_model(), X, Y, method="metropolis", num_samples=20, num_warmup=1, step_size=1e4, jit=False,
+                  progress=False,
+                  seed=0)
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    trigger: Callable  # called with a tmp_path
+    expected: type[BaseException] | type[Warning]
+    match: str  # names the argument / what is wrong, then (anywhere) what to try
+
+
+CASES = [
+    # ------------------------------------------------------------------ data
+    Case("x-nan", lambda t: _fit(x=X.clone().index_fill_(0, torch.tensor([2]), float("nan"))), ValueError,
+         r"x contains NaN values in 1 row.*impute"),
+    Case("y-inf", lambda t: _fit(y=Y.clone().index_fill_(0, torch.tensor([0]), float("inf"))), ValueError,
+         r"y contains Inf values.*drop or impute"),
+    Case("x-empty", lambda t: _fit(x=torch.empty(0, 1), y=torch.empty(0)),
+         ValueError, r"x is empty.*pass at least one"),
+    Case("x-1d", lambda t: _fit(model=_model(features=3), x=torch.ones(8)), ValueError,
+         r"x has shape \(8,\).*1-D.*reshape"),
+    Case("x-wrong-features", lambda t: _fit(model=_model(features=3), x=torch.ones(8, 2)), ValueError,
+         r"x has shape \(8, 2\).*net cannot take.*Check that the feature"),
+    Case("xy-length-mismatch", lambda t: _fit(y=Y[:5]),
+         ValueError, r"x and y have different numbers of rows.*x has 8, y has 5.*check"),
+    Case("x-strings", lambda t: _fit(x=np.array([["a"]] * 8)), TypeError, r"x: could not convert.*pass numbers"),
+    Case("x-object-dtype", lambda t: _fit(x=[[1.0], [None]] * 4), TypeError, r"x: could not convert.*pass numbers"),
+    Case("y-shape", lambda t: _fit(y=torch.ones(8, 3)), ValueError, r"Gaussian: y has shape \(8, 3\).*Reshape y"),
+    Case("labels-out-of-range", lambda t: _fit(model=_model(out=2, likelihood=bp.likelihoods.Categorical()), y=LABELS),
+         ValueError, r"labels must lie in 0\.\.1.*found labels in 0\.\.2.*Re-encode"),
+    Case("labels-negative", lambda t: _fit(model=_model(out=3, likelihood=bp.likelihoods.Categorical()), y=LABELS - 1),
+         ValueError, r"labels must lie in 0\.\.2.*Re-encode"),
+    Case("labels-non-integer", lambda t: _fit(model=_model(out=3, likelihood=bp.likelihoods.Categorical()),
+                                              y=LABELS + 0.5),
+         TypeError, r"y must hold integer class labels.*pass y\.long\(\)"),
+    Case("bernoulli-labels", lambda t: _fit(model=_model(likelihood=bp.likelihoods.Bernoulli()), y=LABELS), ValueError,
+         r"Bernoulli: y must be a vector of 0/1 labels.*Use Categorical"),
+    Case("x-other-device", lambda t: _fit(x=X.to("meta")), ValueError, r"x is on device meta.*model.*cpu.*move"),
+    Case("y-other-device", lambda t: _fit(y=Y.to("meta")), ValueError, r"y is on device meta.*cpu.*move"),
+    Case("loader-with-y", lambda t: _fit(x=torch.utils.data.DataLoader(list(zip(X, Y)), batch_size=4)), ValueError,
+         r"y: pass y=None when x is a DataLoader"),
+    # ------------------------------------------------------------------ configuration
+    Case("unknown-method", lambda t: _fit(method="sgd"), ValueError, r"method: unknown value 'sgd'; choose one of"),
+    Case("unknown-guide", lambda t: _fit(guide="flow"), ValueError, r"guide: unknown value 'flow'; choose one of"),
+    Case("unknown-elbo", lambda t: _fit(elbo="renyi"), ValueError, r"elbo: unknown value 'renyi'; choose one of"),
+    Case("unknown-optimizer", lambda t: _fit(optimizer="lbfgs2"),
+         ValueError, r"optimizer: unknown value.*choose one of"),
+    Case("unknown-kernel-option", lambda t: _mcmc(num_leapfrog=3), ValueError,
+         r"num_leapfrog= applies to method='hmc' only.*drop it"),
+    Case("num-steps-zero", lambda t: _fit(num_steps=0), ValueError, r"num_steps must be a positive int, got 0.*pass"),
+    Case("num-steps-float", lambda t: _fit(num_steps=2.5),
+         TypeError, r"num_steps must be an int, got float 2\.5.*pass"),
+    Case("draws-zero", lambda t: _mcmc(num_samples=0), ValueError, r"num_samples must be a positive int.*pass"),
+    Case("chains-negative", lambda t: _mcmc("hmc", num_chains=-1),
+         ValueError, r"num_chains must be a positive int.*pass"),
+    Case("batch-size-zero", lambda t: _fit(batch_size=0), ValueError, r"batch_size must be a positive int.*pass"),
+    Case("lr-negative", lambda t: _fit(lr=-0.1), ValueError, r"lr must be a positive finite number, got -0\.1.*pass"),
+    Case("lr-nan", lambda t: _fit(lr=float("nan")), ValueError, r"lr must be a positive finite number, got nan.*pass"),
+    Case("lr-string", lambda t: _fit(lr="fast"), TypeError, r"lr must be a positive number, got 'fast'.*pass"),
+    Case("target-accept", lambda t: _mcmc(target_accept=1.5), ValueError,
+         r"target_accept must be a probability in \(0, 1\).*try 0\.8"),
+    Case("prior-not-distribution", lambda t: _model(prior=lambda name, module, param: 1.0), TypeError,
+         r"prior for '(weight|bias)' returned float.*return .*dist\.Normal"),
+    Case("prior-wrong-shape", lambda t: _model(prior=lambda n, m, p: dist.Normal(torch.zeros(3), 1.0)), ValueError,
+         r"prior for 'weight'.*batch_shape \(3,\).*does not fit.*Return a scalar distribution"),
+    Case("improper-prior-bnn", lambda t: _model(prior=lambda n, m, p: IMPROPER),
+         ValueError, r"prior for 'weight' is improper \(ImproperUniform\).*Use a proper, wide prior"),
+    Case("improper-prior-function", lambda t: bp.fit(_improper_model, X, Y, method="nuts", num_samples=2,
+                                                            progress=False),
+         ValueError, r"model: a prior cannot be sampled.*improper priors are not supported.*Use a proper"),
+    Case("option-of-another-engine", lambda t: _mcmc(num_steps=10), TypeError,
+         r"num_steps: not an option of method='nuts'; drop it.*help\(bnn_pyro\.infer\.mcmc\.fit_nuts\)"),
+    Case("unknown-option", lambda t: _fit(learning_rate=0.1),
+         TypeError, r"learning_rate: not an option of method='svi'"),
+    Case("likelihood-not-likelihood", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
+                                                               likelihood="gaussian"),
+         TypeError, r"likelihood: expected a bnn_pyro\.likelihoods\.Likelihood.*Try"),
+    Case("bayesian-unknown", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
+                                              likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="some"),
+         ValueError, r"bayesian: unknown value 'some'; choose one of"),
+    Case("num-threads-zero", lambda t: _fit(num_threads=0), ValueError, r"num_threads must be a positive int.*pass"),
+    # ------------------------------------------------------------------ model
+    Case("net-without-parameters", lambda t: bp.BNN(nn.Tanh(), prior=bp.priors.Normal(),
+                                                    likelihood=bp.likelihoods.Gaussian(scale=0.1)),
+         ValueError, r"net has no parameters.*give a net with"),
+    Case("net-not-module", lambda t: bp.BNN(lambda x: x, prior=bp.priors.Normal(),
+                                            likelihood=bp.likelihoods.Gaussian(scale=0.1)),
+         TypeError, r"net: expected a torch\.nn\.Module, got function.*pass"),
+    Case("model-not-callable", lambda t: bp.fit(42, X, Y),
+         TypeError, r"model: expected a bnn_pyro\.BNN.*got int.*pass"),
+    Case("output-3d", lambda t: _fit(model=bp.BNN(nn.Sequential(nn.Linear(1, 2), nn.Unflatten(1, (1, 2))),
+                                                  prior=bp.priors.Normal(),
+                                                  likelihood=bp.likelihoods.Gaussian(scale=0.1))),
+         ValueError, r"net must map \(N, \.\.\.\) inputs to \(N, out\) outputs.*Add a final Flatten"),
+    Case("output-odd-heteroscedastic", lambda t: _fit(
+        model=_model(out=3, likelihood=bp.likelihoods.HeteroscedasticGaussian())),
+         ValueError, r"HeteroscedasticGaussian needs a net with 2 \* D outputs.*Make the last layer"),
+    Case("output-bernoulli-two", lambda t: _fit(model=_model(out=2, likelihood=bp.likelihoods.Bernoulli()),
+                                                y=LABELS.clamp(max=1)),
+         ValueError, r"Bernoulli needs a net with 1 output.*Use Categorical"),
+    # ------------------------------------------------------------------ runtime
+    Case("elbo-nan", lambda t: bp.fit(_nan_elbo_model, X, Y, method="svi", num_steps=3, num_samples=2, progress=False),
+         FloatingPointError, r"svi: the ELBO became (nan|inf|-inf) at step 0.*Try a lower learning rate"),
+    Case("metropolis-all-rejected", lambda t: _metropolis_all_rejected(), UserWarning,
+         r"metropolis: chain 0 accepted 0\.0% of its 19 proposals.*Try more num_warmup"),
+    Case("nuts-divergences", lambda t: _nuts_diverging(),
+        UserWarning, r"nuts: [0-9.]+% of the draws diverged.*Try a higher target_accept.*reparameterized"),
+    # ------------------------------------------------------------------ predict
+    Case("predict-wrong-features", lambda t: _posterior().predict(torch.ones(4, 3)), ValueError,
+         r"x has shape \(4, 3\), which the net cannot take.*Check that the feature"),
+    Case("predict-nan", lambda t: _posterior().predict(torch.full((4, 1), float("nan"))), ValueError,
+         r"x contains NaN.*impute"),
+    Case("predict-interval", lambda t: _posterior().predict(X, interval=95), ValueError,
+         r"interval must lie in \(0, 1\), got 95.*try 0\.95"),
+    Case("predict-num-samples", lambda t: _posterior().predict(X, num_samples=0), ValueError,
+         r"num_samples must be a positive int.*pass"),
+    # ------------------------------------------------------------------ save / load
+    Case("load-corrupted", lambda t: bp.load(_corrupted_file(t)), PosteriorFileError,
+         r"(checksum mismatch|unreadable).*corrupted.*Save the posterior again"),
+    Case("load-foreign-pickle", lambda t: bp.load(_foreign_file(t)), PosteriorFileError,
+         r"(not a bnn_pyro posterior|truncated).*(pickles|Save)"),
+    Case("load-empty", lambda t: bp.load(_empty_file(t)),
+         PosteriorFileError, r"empty or truncated.*Save the posterior again"),
+    Case("load-missing", lambda t: bp.load(t / "nope.bnn"),
+         FileNotFoundError, r"nope\.bnn.*does not exist.*check the path"),
+]
+
+
+def test_the_table_covers_at_least_30_cases_with_unique_ids():
+    ids = [c.id for c in CASES]
+    assert len(ids) >= 30 and len(set(ids)) == len(ids)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_bad_input_gives_a_clear_error_or_warning(case: Case, tmp_path):
+    if issubclass(case.expected, Warning):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            case.trigger(tmp_path)
+        messages = [str(w.message) for w in caught if issubclass(w.category, case.expected)]
+        hits = [m for m in messages if _matches(case.match, m)]
+        assert hits, f"no {case.expected.__name__} matching {case.match!r}; got {messages}"
+        return
+    with pytest.raises(case.expected) as info:
+        case.trigger(tmp_path)
+    message = str(info.value)
+    assert _matches(case.match, message), f"message {message!r} does not match {case.match!r}"
+    innermost = Path(str(info.traceback[-1].path)).resolve()
+    assert PACKAGE.resolve() in innermost.parents, f"raised from {innermost}, not from bnn_pyro's validation"
+
+
+def _matches(pattern: str, message: str) -> bool:
+    import re
+
+    return re.search(pattern, message, re.DOTALL) is not None and re.search(ADVICE, message) is not None
+
+
+def test_float64_numpy_data_fits_and_predicts_in_the_models_dtype():
+    """numpy's default float64 for a float32 net was a 'mat1 and mat2 must have the same dtype'
+    RuntimeError from inside torch; now the inputs are cast to the model's dtype."""
+    g = np.random.default_rng(0)
+    x, y = g.normal(size=(6, 2)), g.normal(size=6)
+    post = bp.fit(_model(features=2), x, y, method="svi", num_steps=2, num_samples=2, progress=False)
+    pred = post.predict(g.normal(size=(3, 2)))
+    assert pred.mean.dtype == torch.get_default_dtype() and pred.mean.shape == (3,)
+    assert torch.isfinite(pred.mean).all()
