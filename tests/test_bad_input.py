@@ -46,6 +46,13 @@ def _mcmc(method="nuts", **config):
     return bp.fit(_model(), X, Y, method=method, **{"num_samples": 2, "num_warmup": 2, "progress": False, **config})
 
 
+def _tanh_model() -> bp.BNN:
+    """Saturating hidden units: the first ELBO is finite even for huge inputs."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 1))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+
+
 def _nan_elbo_model(x, y=None):
     w = pyro.sample("w", dist.Normal(0.0, 1.0))
     with pyro.plate("data", x.shape[0]):
@@ -199,6 +206,8 @@ CASES = [
                                                 y=LABELS.clamp(max=1)),
          ValueError, r"Bernoulli needs a net with 1 output.*Use Categorical"),
     # ------------------------------------------------------------------ runtime
+    Case("svi-diverges-mid-run", lambda t: _fit(model=_tanh_model(), x=X * 1e30, lr=1e10, num_steps=30),
+         FloatingPointError, r"svi: the (optimization diverged|ELBO became (nan|inf|-inf)) at step [1-9].*lower learning rate"),
     Case("elbo-nan", lambda t: bp.fit(_nan_elbo_model, X, Y, method="svi", num_steps=3, num_samples=2, progress=False),
          FloatingPointError, r"svi: the ELBO became (nan|inf|-inf) at step 0.*Try a lower learning rate"),
     Case("metropolis-all-rejected", lambda t: _metropolis_all_rejected(), UserWarning,

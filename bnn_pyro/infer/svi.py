@@ -361,7 +361,17 @@ def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize
         for step in range(start, num_steps):
             x, y = next(batches)
             opt.zero_grad(set_to_none=True)
-            surrogate, value = loss_fn(fit_model, guide, x, y)
+            try:
+                surrogate, value = loss_fn(fit_model, guide, x, y)
+            except ValueError as err:  # step 0 worked, so the optimizer drove a parameter out of its support
+                if step == start:
+                    raise
+                first = str(err).splitlines()[0].rstrip(":")
+                raise FloatingPointError(
+                    f"svi: the optimization diverged at step {step} (of {num_steps}): {first}. Try a lower learning "
+                    f"rate (lr={lr} now), a smaller init_scale, standardized inputs and targets, or check the batch "
+                    "for NaN/Inf values."
+                ) from None
             if reduce is not None:  # data-parallel: average gradients and loss over the ranks
                 surrogate.backward()
                 value = reduce(params, value)
