@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 from bnn_pyro.model import BNN
 
 __all__ = ["Data", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy", "apply_point_init",
-           "point_values", "quiet_model", "torch_threads"]
+           "point_values", "quiet_model", "torch_threads", "unvalidated"]
 
 
 @dataclass
@@ -220,16 +220,16 @@ class _NoValidation(poutine.messenger.Messenger):
     (a rejected, divergent proposal) instead of a ``ValueError``."""
 
     def _pyro_sample(self, msg):
-        msg["fn"] = _unvalidated(msg["fn"])
+        msg["fn"] = unvalidated(msg["fn"])
 
 
-def _unvalidated(d):
+def unvalidated(d):
     if not getattr(d, "_validate_args", False) and not hasattr(d, "base_dist"):
         return d
     d = copy.copy(d)
     d._validate_args = False
     if hasattr(d, "base_dist"):
-        d.base_dist = _unvalidated(d.base_dist)
+        d.base_dist = unvalidated(d.base_dist)
     return d
 
 

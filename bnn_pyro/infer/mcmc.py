@@ -22,6 +22,12 @@ trajectory (energy error > 1000 or NaN) is rejected and counted in ``sample_stat
 it never raises: the model runs with distribution validation off, including the priors that a
 ``BNN`` built before the fit (they keep the validation setting they were made with).
 
+The fast path (``fast_path=True``, the default): for a ``BNN`` without hierarchical priors or
+BatchNorm the potential energy is computed directly in torch (:mod:`bnn_pyro.infer._logjoint`)
+instead of by tracing the model at every leapfrog step, and compiled with ``torch.jit.trace`` when
+``jit=True``; it equals Pyro's potential and costs about as much as Pyro's own compiled one (most
+of a leapfrog step is the gradient and Pyro's tree building, ``benchmarks/results/performance.md``).
+
 Deterministic (non-Bayesian) parameters of a ``BNN`` stay FIXED at their current values (those of
 chain 0 of ``init`` when it is a :class:`~bnn_pyro.Posterior`); ``Posterior.point`` holds them.
 
@@ -66,6 +72,7 @@ from pyro.infer.autoguide.initialization import init_to_value
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._health import check_sampler
 from bnn_pyro.infer._common import (Data, apply_point_init, clean_config, init_strategy,
                                     point_values, quiet_model)
@@ -90,7 +97,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         num_chains: int = 1, target_accept: float | None = None, step_size: float | None = None,
         trajectory_length: float | None = None, num_leapfrog: int | None = None, max_tree_depth: int | None = None,
         dense_mass: bool = False, jit: bool = True, init="net", chain_method="auto", seed: int = 0,
-        progress: bool = True, resume: Posterior | None = None) -> Posterior:
+        progress: bool = True, resume: Posterior | None = None, fast_path: bool = True) -> Posterior:
     """Sample the posterior of ``model`` by MCMC (see the module docstring).
 
     Parameters
@@ -111,7 +118,12 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     dense_mass:
         A dense mass matrix (or proposal covariance) instead of a diagonal one.
     jit:
-        Compile the potential energy with ``torch.jit.trace`` (faster per step; costs a compile).
+        Compile Pyro's potential energy with ``torch.jit.trace`` (faster per step; costs a compile),
+        where the fast path does not apply.
+    fast_path:
+        Evaluate the potential energy of a ``BNN`` directly in torch (:mod:`bnn_pyro.infer._logjoint`:
+        the same function as Pyro's, without tracing the model at every leapfrog step) where the model
+        allows it; ``False`` forces Pyro's path. ``config["fast_path"]`` says which ran.
     init:
         Starting point: ``"net"`` (a BNN's current weights; the default), ``"prior"`` (a prior
         draw per chain; the default for a Pyro function), ``"median"``, a dict of site values, or a
@@ -154,7 +166,9 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     apply_point_init(fitted, init)
     strategy = init_strategy(fitted, init)
-    settings = dict(kind=kind, target_accept=float(target_accept), step_size=step_size, dense_mass=bool(dense_mass),
+    joint = _logjoint.build(fitted, data.size) if fast_path else None
+    settings = dict(joint=joint, kind=kind, target_accept=float(target_accept), step_size=step_size,
+                    dense_mass=bool(dense_mass),
                     trajectory_length=trajectory_length, num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth,
                     jit=bool(jit), init_strategy=strategy)
 
@@ -170,7 +184,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
         target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
         num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth if kind is Kernel.NUTS else None,
-        dense_mass=bool(dense_mass), jit=bool(jit), init=init if isinstance(init, str) else type(init).__name__,
+        dense_mass=bool(dense_mass), jit=bool(jit), fast_path=joint is not None,
+        init=init if isinstance(init, str) else type(init).__name__,
         chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
     ))
     stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
@@ -231,6 +246,13 @@ class _Counted:
     ``resume = (step_size, inverse_mass_matrix)`` replaces the adaptation's state after setup."""
 
     resume = None
+    joint = None  # a LogJoint: the fast path's potential energy replaces Pyro's
+    jit = False  # compile the fast path's potential
+
+    def _initialize_model_properties(self, model_args, model_kwargs):
+        super()._initialize_model_properties(model_args, model_kwargs)
+        if self.joint is not None:
+            self.potential_fn = _logjoint.potential(self.joint, self.transforms, *model_args, jit=self.jit)
 
     def setup(self, warmup_steps, *args, **kwargs):
         super().setup(warmup_steps, *args, **kwargs)
@@ -296,9 +318,11 @@ class _Metropolis(RandomWalkKernel):
     Pyro's :class:`WarmupAdapter`. After each window ``h`` restarts at ``2.38 / sqrt(d)``, the
     optimal scale for a Gaussian target of dimension ``d`` (Gelman, Roberts & Gilks 1996)."""
 
-    def __init__(self, model, *, init_strategy, step_size=None, target_accept_prob=0.234, dense=False, jit=False):
+    def __init__(self, model, *, init_strategy, step_size=None, target_accept_prob=0.234, dense=False, jit=False,
+                 joint=None):
         super().__init__(model, init_step_size=float(step_size or 0.1), target_accept_prob=target_accept_prob)
         self._init_strategy, self._jit, self._given_step, self._cov = init_strategy, jit, step_size is not None, None
+        self.joint = joint
         self._adapter = WarmupAdapter(step_size or 0.1, adapt_step_size=True, target_accept_prob=target_accept_prob,
                                       adapt_mass_matrix=True, dense_mass=dense)
 
@@ -306,7 +330,9 @@ class _Metropolis(RandomWalkKernel):
         self._warmup_steps, self._t, self._accept_cnt, self._mean_accept_prob = warmup_steps, 0, 0, 0.0
         self._initial_params, self.potential_fn, self.transforms, _ = initialize_model(
             self.model, model_args=args, model_kwargs=kwargs, init_strategy=self._init_strategy,
-            jit_compile=self._jit, skip_jit_warnings=True)
+            jit_compile=self._jit and self.joint is None, skip_jit_warnings=True)
+        if self.joint is not None:
+            self.potential_fn = _logjoint.potential(self.joint, self.transforms, *args, jit=self._jit)
         self._energy_last = self.potential_fn(self._initial_params)
         names = tuple(sorted(self._initial_params))
         size = sum(v.numel() for v in self._initial_params.values())
@@ -353,13 +379,15 @@ class _Metropolis(RandomWalkKernel):
 def _make_kernel(model, s: dict):
     if s["kind"] is Kernel.METROPOLIS:
         return _Metropolis(model, init_strategy=s["init_strategy"], step_size=s["step_size"],
-                           target_accept_prob=s["target_accept"], dense=s["dense_mass"], jit=s["jit"])
+                           target_accept_prob=s["target_accept"], dense=s["dense_mass"], jit=s["jit"],
+                           joint=s["joint"])
     common = dict(step_size=s["step_size"] or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
-                  full_mass=s["dense_mass"], target_accept_prob=s["target_accept"], jit_compile=s["jit"],
+                  full_mass=s["dense_mass"], target_accept_prob=s["target_accept"],
+                  jit_compile=s["jit"] and s["joint"] is None,
                   ignore_jit_warnings=True, init_strategy=s["init_strategy"])
     kernel = (_NUTS(model, max_tree_depth=s["max_tree_depth"], **common) if s["kind"] is Kernel.NUTS
               else _HMC(model, trajectory_length=s["trajectory_length"], **common))
-    kernel.fixed_num_steps = s["num_leapfrog"]
+    kernel.fixed_num_steps, kernel.joint, kernel.jit = s["num_leapfrog"], s["joint"], s["jit"]
     if "resume_step" in s:
         kernel.resume = (s["resume_step"], s["resume_mass"])
     return kernel

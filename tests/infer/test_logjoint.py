@@ -1,0 +1,150 @@
+"""The fast path (bnn_pyro/infer/_logjoint.py) against Pyro's own ELBO and potential energy.
+
+Same model, same site values (and, for the ELBO, the same seed so that the guide draws the same
+noise): the values and the gradients must agree to float rounding. Float64 throughout, so the
+tolerance (1e-9 relative) is far below any modelling difference and far above rounding.
+"""
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from pyro.infer import Trace_ELBO, autoguide
+from pyro.infer.mcmc.util import initialize_model
+
+import bnn_pyro as bp
+from bnn_pyro.infer import _logjoint
+from bnn_pyro.infer._common import call_model, quiet_model
+
+RTOL = 1e-5
+ATOL = 1e-5
+
+
+def _data(n=40, d=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    y = torch.sin(x.sum(1)) + 0.1 * torch.randn(n, generator=g)
+    return x, y
+
+
+def _model(likelihood, bayesian="all", prior=None, out=1):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 7), torch.nn.Tanh(), torch.nn.Linear(7, out))
+    return bp.BNN(net, prior=prior or bp.priors.Normal(0.0, 1.0), likelihood=likelihood, bayesian=bayesian)
+
+
+CASES = {
+    "fixed-noise": lambda: _model(bp.likelihoods.Gaussian(scale=0.3)),
+    "learned-noise": lambda: _model(bp.likelihoods.Gaussian(scale=dist.HalfNormal(torch.tensor(1.0)))),
+    "biases-deterministic": lambda: _model(bp.likelihoods.Gaussian(scale=0.3), bayesian="weights"),
+    "laplace-prior": lambda: _model(bp.likelihoods.Gaussian(scale=0.3), prior=bp.priors.Laplace(0.0, 0.5)),
+    "classifier": lambda: _model(bp.likelihoods.Categorical(), out=3),
+}
+
+
+def _target(case, y):
+    return (y > 0).long() + (y > 0.5).long() if case == "classifier" else y
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_potential_and_gradient_equal_pyro(case):
+    model, (x, y) = CASES[case](), _data()
+    y = _target(case, y)
+    dataset_size = 100  # a minibatch of 40 of 100 rows: the likelihood is scaled by 2.5
+    run = quiet_model(model, dataset_size)
+    init, pyro_u, transforms, _ = initialize_model(lambda: run(x, y), model_args=())
+    joint = _logjoint.build(model, dataset_size)
+    assert joint is not None and set(joint.priors) == set(init)
+    fast_u = _logjoint.potential(joint, transforms, x, y)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        z = {k: (v + 0.3 * torch.randn(v.shape, generator=g)).requires_grad_() for k, v in init.items()}
+        u_pyro, u_fast = pyro_u(z), fast_u(z)
+        torch.testing.assert_close(u_fast, u_pyro, rtol=RTOL, atol=ATOL)
+        g_pyro = torch.autograd.grad(u_pyro, list(z.values()))
+        g_fast = torch.autograd.grad(u_fast, list(z.values()))
+        for a, b in zip(g_fast, g_pyro):
+            torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+def _guide_with_spread(model, x, y, kind):
+    guide = kind(model)
+    guide(x, y, dataset_size=100)  # set up, then move the parameters away from their initial values
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in pyro.get_param_store().named_parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    return guide
+
+
+@pytest.mark.parametrize("guide_kind", [autoguide.AutoNormal, autoguide.AutoDelta])
+@pytest.mark.parametrize("num_particles", [1, 4])
+@pytest.mark.parametrize("case", ["learned-noise", "biases-deterministic", "classifier"])
+def test_elbo_and_gradient_equal_pyro(case, num_particles, guide_kind):
+    model, (x, y) = CASES[case](), _data()
+    y = _target(case, y)
+    with pyro.get_param_store().scope():
+        guide = _guide_with_spread(model, x, y, guide_kind)
+        params = dict(pyro.get_param_store().named_parameters())
+        elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1)
+        pyro.set_rng_seed(3)
+        expected = elbo.differentiable_loss(lambda a, b: call_model(model, a, b, 100),
+                                            lambda a, b: guide(a, b, dataset_size=100), x, y)
+        grads_pyro = torch.autograd.grad(expected, list(params.values()))
+        loss = _logjoint.svi_loss(_logjoint.build(model, 100), guide, num_particles)
+        pyro.set_rng_seed(3)
+        actual, value = loss(x, y)
+        grads_fast = torch.autograd.grad(actual, list(params.values()))
+    torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+    assert value == pytest.approx(float(expected.detach()), rel=RTOL)
+    for a, b in zip(grads_fast, grads_pyro):
+        torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
+
+
+def test_models_outside_the_fast_path_are_refused():
+    hier = _model(bp.likelihoods.Gaussian(scale=0.3), prior=bp.priors.HierarchicalNormal())
+    assert _logjoint.build(hier, 10) is None
+
+    def pyro_function(x, y=None):
+        return pyro.sample("obs", dist.Normal(pyro.sample("w", dist.Normal(0.0, 1.0)) * x[:, 0], 1.0), obs=y)
+
+    assert _logjoint.build(pyro_function, 10) is None
+    guide = autoguide.AutoLowRankMultivariateNormal(_model(bp.likelihoods.Gaussian(scale=0.3)))
+    assert _logjoint.svi_loss(_logjoint.build(_model(bp.likelihoods.Gaussian(scale=0.3)), 10), guide) is None
+
+
+@pytest.mark.parametrize("guide", ["mean_field", "map"])
+def test_svi_fit_follows_the_same_trajectory_with_and_without_the_fast_path(guide):
+    model, (x, y) = CASES["learned-noise"](), _data(n=120)
+    runs = [bp.fit(model, x, y, method="svi", guide=guide, num_steps=60, batch_size=32, num_particles=2, seed=0,
+                   num_samples=4, progress=False, fast_path=fast) for fast in (True, False)]
+    assert [r.config["fast_path"] for r in runs] == [True, False]
+    fast, plain = runs
+    # losses are sums over ~120 scaled terms of size ~10-100: float32 rounding is ~1e-3 absolute
+    torch.testing.assert_close(fast.history["loss"], plain.history["loss"], rtol=1e-5, atol=1e-2)
+    for name in plain.samples:
+        torch.testing.assert_close(fast.samples[name], plain.samples[name], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("method,options", [("hmc", dict(num_leapfrog=4, num_warmup=5)),
+                                            ("metropolis", dict(num_warmup=40))])
+def test_mcmc_draws_agree_with_and_without_the_fast_path(method, options):
+    # HMC trajectories are chaotic, so rounding differences grow over long runs: a short run only
+    model, (x, y) = CASES["learned-noise"](), _data(n=120)
+    runs = [bp.fit(model, x, y, method=method, num_samples=5, seed=0, progress=False, fast_path=fast, **options) for fast in (True, False)]
+    assert [r.config["fast_path"] for r in runs] == [True, False]
+    for name in runs[1].samples:
+        torch.testing.assert_close(runs[0].samples[name], runs[1].samples[name], rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(runs[0].sample_stats["lp"], runs[1].sample_stats["lp"], rtol=1e-4, atol=1e-2)
+
+
+@pytest.mark.parametrize("jit", [False, True])
+def test_potential_of_a_diverged_point_is_nan_not_an_error(jit):
+    # a diverging leapfrog trajectory reaches NaN weights: the energy must be NaN (the proposal is
+    # rejected), not a ValueError from a validating distribution (as on Pyro's path)
+    model, (x, y) = CASES["learned-noise"](), _data()
+    init, _, transforms, _ = initialize_model(lambda: quiet_model(model, 40)(x, y), model_args=())
+    energy = _logjoint.potential(_logjoint.build(model, 40), transforms, x, y, jit=jit)
+    assert torch.isfinite(energy(init))
+    bad = dict(init, **{"0.weight": torch.full_like(init["0.weight"], float("nan"))})
+    assert torch.isnan(energy(bad))
