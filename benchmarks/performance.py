@@ -355,6 +355,7 @@ TARGETS = {"svi": "<= 1.0x hand-written", "particles": "<= 2x one particle", "nu
 
 
 def main(args) -> pd.DataFrame:
+    torch.set_num_threads(1)  # as bp.fit does by default: every implementation on one thread
     rows = []
     for name, fn in (("svi", svi_rows), ("nuts", nuts_rows), ("predict", predict_rows), ("chains", chain_rows)):
         if name in args.only:
