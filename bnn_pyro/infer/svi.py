@@ -35,7 +35,7 @@ per parameter tensor or one shared; ``post.config["prior_scales"]`` holds the le
 The fast path (``fast_path=True``, the default): with ``elbo="trace"``, ``estimator="sample"`` and a
 mean-field or MAP guide on a ``BNN`` without hierarchical priors or BatchNorm, the ELBO is computed
 directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model and guide: the
-same estimator, the same draws for the same seed, ~1.7x faster per step
+same estimator, the same draws for the same seed, ~1.6x faster per step
 (``benchmarks/results/performance.md``). ``config["fast_path"]`` says whether it ran.
 
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
