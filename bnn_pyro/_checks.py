@@ -44,6 +44,14 @@ def positive_int(argname: str, value: int, *, allow_zero: bool = False) -> int:
     return int(value)
 
 
+def flag(argname: str, value) -> bool:
+    """A bool (``True``/``False``, or numpy's), never a truthy string or number."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{argname} must be True or False, got {type(value).__name__} {value!r}; "
+                        f"pass {argname}=True or {argname}=False.")
+    return bool(value)
+
+
 def probability(argname: str, value, *, suggestion: str) -> float:
     """A number strictly between 0 and 1; ``suggestion`` ends the error message (e.g. "try 0.95")."""
     if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)) or not 0.0 < value < 1.0:

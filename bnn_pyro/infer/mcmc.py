@@ -71,7 +71,7 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.autoguide.initialization import init_to_value
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._health import check_sampler
 from bnn_pyro.infer._common import (Data, apply_point_init, clean_config, init_strategy,
@@ -166,7 +166,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     apply_point_init(fitted, init)
     strategy = init_strategy(fitted, init)
-    joint = _logjoint.build(fitted, data.size) if fast_path else None
+    joint = _logjoint.build(fitted, data.size) if flag("fast_path", fast_path) else None
     settings = dict(joint=joint, kind=kind, target_accept=float(target_accept), step_size=step_size,
                     dense_mass=bool(dense_mass),
                     trajectory_length=trajectory_length, num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth,
