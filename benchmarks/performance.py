@@ -18,7 +18,8 @@ baseline measured here, so they hold on any machine even where the absolute figu
   bulk ESS of each weight (median over weights) per second of wall time (warm-up and compile
   included); ms per leapfrog = wall / (mean leapfrog steps per kept draw x all iterations).
 - ``predict``: predictive mean and std at 10,000 points from 500 draws, each implementation in a
-  fresh process (peak RSS above the process's RSS before the call); bnn_pyro's ``Posterior.predict``,
+  fresh process (peak RSS above the process's RSS before the call; an untimed call on 10 points
+  first); bnn_pyro's ``Posterior.predict(interval=None)`` (mean and std) and with 95% intervals,
   Pyro's ``Predictive``; baseline: a hand-written loop over chunks of 50 draws with ``bmm``.
 - ``chains``: two NUTS chains in parallel against one (``benchmarks/chains.py``'s workload).
 
@@ -204,6 +205,9 @@ def nuts_rows(args) -> list[dict]:
     found = {}
     for label, fast in (("bnn_pyro (fast path, jit)", True), ("bnn_pyro, fast_path=False (Pyro's jit potential)", False)):
         model = bnn(1)
+        # untimed: the process's one-time costs (lazy imports, TorchScript's first runs); NumPyro's are
+        # outside its timing too (imports, and its compiled second run is the baseline)
+        bp.fit(model, x, y, method="nuts", num_warmup=3, num_samples=3, seed=0, progress=False, fast_path=fast)
         start = time.perf_counter()
         post = bp.fit(model, x, y, method="nuts", num_warmup=warmup, num_samples=draws, max_tree_depth=depth,
                       seed=0, progress=False, fast_path=fast)
@@ -261,26 +265,28 @@ def numpyro_nuts(x, y, warmup, draws, depth):
 
 # ---------------------------------------------------------------------- prediction
 def predict_child(kind: str, draws: int, points: int) -> dict:
-    """Run in a fresh process: one prediction, its wall time and peak RSS above the start."""
+    """Run in a fresh process: one prediction, its wall time and peak RSS above the start. Each
+    implementation first runs once, untimed, on 10 points: lazy imports and first-call costs are
+    the process's, not the workload's."""
     model = bnn(1)
     g = torch.Generator().manual_seed(1)
     samples = {n: 0.5 * torch.randn((1, draws) + s, generator=g) for n, s in model.param_shapes.items()}
     x_train, y_train = regression(50, 1)
     post = bp.Posterior(samples=samples, model=model, method="svi", x=x_train, y=y_train)
     x = regression(points, 1, seed=2)[0]
-    watch = RssWatch()
-    start = time.perf_counter()
-    if kind == "bnn_pyro":
-        pred = post.predict(x)
-        mean, std = pred.mean, pred.std
-    elif kind == "pyro":
-        from pyro.infer import Predictive
 
-        flat = {n: v[0] for n, v in samples.items()}
-        out = Predictive(lambda x: model(x, dataset_size=points), posterior_samples=flat, return_sites=["f", "obs"])(x)
-        mean, std = out["obs"].mean(0), out["obs"].std(0)
-    else:
-        total, total_sq = torch.zeros(points), torch.zeros(points)
+    def run(x):
+        if kind.startswith("bnn_pyro"):  # mean and std only, or with 95% intervals (quantiles of predictive draws)
+            pred = post.predict(x, interval=0.95 if kind == "bnn_pyro_interval" else None)
+            return pred.mean, pred.std
+        if kind == "pyro":
+            from pyro.infer import Predictive
+
+            flat = {n: v[0] for n, v in samples.items()}
+            out = Predictive(lambda x: model(x, dataset_size=len(x)), posterior_samples=flat,
+                             return_sites=["f", "obs"])(x)
+            return out["obs"].mean(0), out["obs"].std(0)
+        total, total_sq = torch.zeros(len(x)), torch.zeros(len(x))
         w = {n: v[0] for n, v in samples.items()}
         for i in range(0, draws, 50):
             c = slice(i, i + 50)
@@ -290,7 +296,12 @@ def predict_child(kind: str, draws: int, points: int) -> dict:
             total += f.sum(0)
             total_sq += f.pow(2).sum(0)
         mean = total / draws
-        std = (total_sq / draws - mean**2 + SIGMA**2).clamp_min(0).sqrt()
+        return mean, (total_sq / draws - mean**2 + SIGMA**2).clamp_min(0).sqrt()
+
+    run(x[:10])
+    watch = RssWatch()
+    start = time.perf_counter()
+    mean, std = run(x)
     wall = time.perf_counter() - start
     return dict(wall_s=wall, peak_mb=watch.stop(), mean0=float(mean[0]), std0=float(std[0]))
 
@@ -323,7 +334,7 @@ class RssWatch:
 def predict_rows(args) -> list[dict]:
     draws, points = (100, 2000) if args.quick else (500, 10000)
     found = {}
-    for kind in ("hand-written chunked", "bnn_pyro", "pyro"):
+    for kind in ("hand-written chunked", "bnn_pyro", "bnn_pyro_interval", "pyro"):
         best = None
         for _ in range(args.repeats):
             out = subprocess.run([sys.executable, __file__, "--predict-child", kind, str(draws), str(points)],
@@ -332,8 +343,9 @@ def predict_rows(args) -> list[dict]:
             best = r if best is None or r["wall_s"] < best["wall_s"] else best
         found[kind] = best
     base = found["hand-written chunked"]
-    labels = {"hand-written chunked": "hand-written chunked bmm (baseline)", "bnn_pyro": "bnn_pyro Posterior.predict",
-              "pyro": "Pyro Predictive"}
+    labels = {"hand-written chunked": "hand-written chunked bmm (baseline)",
+              "bnn_pyro": "bnn_pyro Posterior.predict(interval=None)",
+              "bnn_pyro_interval": "bnn_pyro Posterior.predict, with 95% intervals", "pyro": "Pyro Predictive"}
     return [dict(workload="predict", implementation=labels[k], value=r["wall_s"] * 1e3, unit="ms", baseline=base["wall_s"] * 1e3,
                  peak_mb=r["peak_mb"], memory_ratio=r["peak_mb"] / max(base["peak_mb"], 1.0)) for k, r in found.items()]
 
@@ -378,13 +390,14 @@ def main(args) -> pd.DataFrame:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--predict-child":
+        torch.set_num_threads(1)
         print(json.dumps(predict_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
         sys.exit(0)
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small settings (a smoke run)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--nuts-warmup", type=int, default=150)
-    parser.add_argument("--nuts-draws", type=int, default=150)
+    parser.add_argument("--nuts-warmup", type=int, default=300)
+    parser.add_argument("--nuts-draws", type=int, default=300)
     parser.add_argument("--nuts-depth", type=int, default=6)
     parser.add_argument("--only", nargs="+", default=["svi", "nuts", "predict", "chains"])
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))

@@ -404,7 +404,9 @@ class UCISplit:
         inv, sd = self.y_scaler.inverse, self.y_scaler.inverse_std
         return dataclasses.replace(
             prediction, mean=inv(prediction.mean), std=sd(prediction.std), epistemic_std=sd(prediction.epistemic_std),
-            aleatoric_std=sd(prediction.aleatoric_std), lower=inv(prediction.lower), upper=inv(prediction.upper),
+            aleatoric_std=sd(prediction.aleatoric_std),
+            lower=None if prediction.lower is None else inv(prediction.lower),
+            upper=None if prediction.upper is None else inv(prediction.upper),
             draws=inv(prediction.draws), mean_draws=inv(prediction.mean_draws),
         )
 

@@ -68,6 +68,9 @@ def interval_coverage(prediction: RegressionPrediction, y) -> float:
     if not isinstance(prediction, RegressionPrediction):
         raise TypeError(f"prediction: expected a RegressionPrediction (post.predict(x) of a regression model), got "
                         f"{type(prediction).__name__}.")
+    if prediction.lower is None:
+        raise ValueError("prediction: has no interval (it was made with interval=None); "
+                         "predict with post.predict(x, interval=0.95) to score its coverage.")
     y = _regression_target(y, prediction.lower.shape, "prediction")
     inside = (prediction.lower <= y) & (y <= prediction.upper)
     return float(inside.double().mean())

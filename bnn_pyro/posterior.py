@@ -112,23 +112,27 @@ class Posterior:
         return values
 
     # ------------------------------------------------------------------ prediction
-    def predict(self, x, *, num_samples: int | None = None, interval: float = 0.95, seed: int | None = None,
-                draws_per_chunk: int = 64):
+    def predict(self, x, *, num_samples: int | None = None, interval: float | None = 0.95, seed: int | None = None,
+                draws_per_chunk: int | None = None):
         """Posterior predictive summary at ``x``.
 
         Returns a :class:`~bnn_pyro.predictions.RegressionPrediction` (``mean``, ``std``,
         ``epistemic_std``, ``aleatoric_std``, ``lower``/``upper`` of the central ``interval``,
         ``draws``) or a :class:`~bnn_pyro.predictions.ClassificationPrediction` (``probs``,
         ``predicted``, ``entropy``, ``mutual_information``, ``draws``), by the likelihood's task.
+        ``interval=None`` (regression): moments only, no ``lower``/``upper`` (their quantiles are the
+        costliest part of a prediction from a small net).
         ``num_samples`` limits the number of posterior draws used (all by default); draws are
-        evaluated ``draws_per_chunk`` at a time to bound memory.
+        evaluated ``draws_per_chunk`` at a time to bound memory (default: :meth:`BNN.draws_per_chunk`,
+        chunks whose widest layer output stays near 8 MB).
         """
         is_bnn = isinstance(self.model, BNN)
         x, _ = check_data(x, None, device=self.model.device if is_bnn else None,
                           float_dtype=self.model.dtype if is_bnn else None)
         if is_bnn:
             self.model.output_dim(x)  # a clear error for inputs the net cannot take (computes nothing)
-        interval = probability("interval", interval, suggestion="try 0.95 for a central 95% interval")
+        if interval is not None:
+            interval = probability("interval", interval, suggestion="try 0.95 for a central 95% interval, or None")
         idx = self._draw_index(num_samples, seed)
         generator_state = torch.get_rng_state()
         if seed is not None:
@@ -136,7 +140,7 @@ class Posterior:
         try:
             with torch.no_grad():
                 if isinstance(self.model, BNN):
-                    chunk = positive_int("draws_per_chunk", draws_per_chunk)
+                    chunk = None if draws_per_chunk is None else positive_int("draws_per_chunk", draws_per_chunk)
                     d = self.observation_distribution(x, idx, draws_per_chunk=chunk)
                     return self.model.likelihood.summarize(d, interval=interval)
                 return self._predict_traced(x, idx, interval)
@@ -145,14 +149,16 @@ class Posterior:
                 torch.set_rng_state(generator_state)
 
     def observation_distribution(self, x: torch.Tensor, idx: torch.Tensor | None = None, *,
-                                 draws_per_chunk: int = 64) -> dist.Distribution:
+                                 draws_per_chunk: int | None = None) -> dist.Distribution:
         """``p(y | x, w_s)`` batched over draws ``(S, N)`` for a :class:`~bnn_pyro.BNN` (all draws
-        by default). The network is evaluated ``draws_per_chunk`` draws at a time."""
+        by default). The network is evaluated ``draws_per_chunk`` draws at a time (default:
+        :meth:`BNN.draws_per_chunk`)."""
         if idx is None:
             idx = torch.arange(self.num_chains * self.num_draws)
         model: BNN = self.model
         flat = self.sample()
         params = {n: flat[n][idx] for n in model.sample_names}
+        draws_per_chunk = draws_per_chunk or model.draws_per_chunk(x)
         params.update(self._point_per_draw(idx))
         was_training = model.training
         model.eval()

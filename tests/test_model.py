@@ -99,15 +99,38 @@ def test_selector_by_patterns_and_predicate():
         bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian="some")
 
 
-def test_forward_draws_matches_one_draw_at_a_time():
-    net = nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2))
-    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
-    draws = {n: torch.randn(6, *model.param_shapes[n]) for n in model.sample_names}
+@pytest.mark.parametrize("make_net, bayesian, stacked", [
+    (lambda: nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2)), "all", True),
+    (lambda: nn.Sequential(nn.Sequential(nn.Linear(2, 5, bias=False), nn.GELU()), nn.ReLU(), nn.Linear(5, 2)),
+     "all", True),
+    (lambda: nn.Sequential(nn.Linear(2, 5), nn.LeakyReLU(0.2), nn.Linear(5, 2)), "weights", True),  # fixed biases
+    (lambda: nn.Sequential(nn.Linear(2, 5), nn.Dropout(0.0), nn.Linear(5, 2)), "all", False),  # vmap path
+])
+def test_forward_draws_matches_one_draw_at_a_time(make_net, bayesian, stacked):
+    from bnn_pyro.model import _linear_stack
+
+    model = bp.BNN(make_net(), prior=bp.priors.Normal(), likelihood=gaussian(), bayesian=bayesian)
+    assert (_linear_stack(model._template) is not None) == stacked  # batched matrix products, or vmap
+    draws = {n: torch.randn(2, 3, *model.param_shapes[n]) for n in model.sample_names}  # two draw dimensions
     x = torch.randn(7, 2)
     batched = model.forward_draws(draws, x)
-    for s in range(6):
-        tr = _trace(poutine.condition(model, data={n: v[s] for n, v in draws.items()}), x)
-        assert torch.allclose(batched[s], tr.nodes["f"]["value"], atol=1e-6)
+    assert batched.shape == (2, 3, 7, 2)
+    for a in range(2):
+        for b in range(3):
+            tr = _trace(poutine.condition(model, data={n: v[a, b] for n, v in draws.items()}), x)
+            assert torch.allclose(batched[a, b], tr.nodes["f"]["value"], atol=1e-6)
+
+
+def test_only_plain_sequential_stacks_run_as_batched_products():
+    from bnn_pyro.model import _linear_stack
+
+    assert _linear_stack(Custom()) is None
+    hooked = nn.Sequential(nn.Linear(2, 3), nn.Tanh())
+    hooked[1].register_forward_hook(lambda module, args, out: out * 2)
+    assert _linear_stack(hooked) is None
+    layers = _linear_stack(nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Tanh(), nn.Linear(3, 1))))
+    assert [path for path, _ in layers] == ["0", "1.0", "1.1"]
+    assert layers[0][1] is None and isinstance(layers[1][1], nn.Tanh) and layers[2][1] is None
 
 
 def test_vectorized_particles_match_sequential_particles():

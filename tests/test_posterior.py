@@ -45,6 +45,22 @@ def test_predict_matches_a_loop_over_draws(fitted):
     assert torch.equal(pred.draws, again.draws)  # same seed, same predictive draws, chunking aside
 
 
+def test_moments_only_prediction_and_automatic_chunks(fitted):
+    post, x = fitted
+    full = post.predict(x, seed=0)
+    moments = post.predict(x, interval=None, seed=0)
+    assert moments.lower is None and moments.upper is None and moments.interval is None
+    for field in ("mean", "std", "epistemic_std", "aleatoric_std"):
+        assert torch.allclose(getattr(moments, field), getattr(full, field), atol=1e-6)
+    with pytest.raises(ValueError, match="interval=None"):
+        bp.metrics.interval_coverage(moments, x[:, 0])
+    # the default chunk keeps the widest layer output (8 units here) near 8 MB: all 100 draws at 25 points
+    # (capped at 64), and a few draws at a million points
+    assert post.model.draws_per_chunk(x) == 64
+    assert post.model.draws_per_chunk(torch.zeros(1_000_000, 1)) == 1
+    assert post.model.draws_per_chunk(torch.zeros(20_000, 1)) == 8 * 2**20 // (20_000 * 8 * 4)
+
+
 def test_predict_accepts_numpy_and_pandas(fitted):
     post, x = fitted
     a = post.predict(x.numpy()).mean

@@ -1,0 +1,120 @@
+"""The fast path's NUTS (bnn_pyro/infer/_nuts.py) against exact Gaussian posteriors.
+
+Two kinds of check:
+
+- one transition from exact draws: start ``n`` independent copies at exact posterior draws of a
+  Bayesian linear regression and apply ONE NUTS transition (fixed step size, no adaptation) to each.
+  A correct kernel leaves the posterior invariant, so the results are again ``n`` independent exact
+  draws: each mean coordinate and covariance entry has a z-score ``(estimate - exact) / (sd / sqrt(n))``
+  with exact ``sd`` (see tests/infer/test_mcmc.py), and ``|z| < 4`` fails with probability ~6e-5 each.
+  This isolates the transition (multinomial sampling, turning checks) from adaptation.
+- whole fits through ``bp.fit`` (adaptation included), with the MCSE z-scores of test_mcmc.py.
+"""
+
+import math
+
+import pyro
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro.infer import _logjoint
+from bnn_pyro.infer._common import quiet_model
+from bnn_pyro.infer._nuts import FlatNUTS
+from blr import BLR
+from test_mcmc import SIGMA, PRIOR_VAR, Z_MAX, _assert_exact, _blr
+
+N_START = 1500
+
+
+def _correlated(n: int = 12, d: int = 2, seed: int = 0):
+    """Few rows with correlated columns: a posterior with correlations of ~0.8 and unequal scales."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(n, 1, generator=g)
+    x = base + 0.4 * torch.randn(n, d, generator=g)
+    x[:, -1] *= 3.0
+    y = x @ torch.linspace(1.0, -1.0, d) + 0.3 + SIGMA * torch.randn(n, generator=g)
+    return x, y
+
+
+def _kernel(x, y, **options):
+    model = quiet_model(_blr(x.shape[1]), len(x))
+    joint = _logjoint.build(_blr(x.shape[1]), len(x))
+    kernel = FlatNUTS(model, joint, init_strategy=pyro.infer.autoguide.init_to_median, **options)
+    kernel.setup(0, x, y)
+    return kernel
+
+
+def _iid_z(w: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> dict[str, float]:
+    n, z = w.shape[0], {}
+    for i in range(len(mean)):
+        z[f"mean[{i}]"] = float((w[:, i].mean() - mean[i]) / (cov[i, i].sqrt() / math.sqrt(n)))
+    centered = w - mean
+    for i in range(len(mean)):
+        for j in range(i, len(mean)):
+            sd = math.sqrt(cov[i, i] * cov[j, j] + cov[i, j] ** 2)
+            z[f"cov[{i},{j}]"] = float(((centered[:, i] * centered[:, j]).mean() - cov[i, j]) / (sd / math.sqrt(n)))
+    return z
+
+
+@pytest.mark.parametrize("step_size, max_tree_depth", [(0.05, 10), (0.1, 10), (0.05, 2)])
+def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth):
+    x, y = _correlated()
+    exact = BLR(x=x, y=y, noise=SIGMA, prior_scale=math.sqrt(PRIOR_VAR))
+    torch.manual_seed(0)
+    start = torch.distributions.MultivariateNormal(exact.mean, exact.cov).sample((N_START,)).float()
+    kernel = _kernel(x, y, max_tree_depth=max_tree_depth)
+    kernel._adapter.step_size = step_size
+    assert kernel._names == ("bias", "weight")  # the flat vector: bias first, then the weights
+    out, steps = [], []
+    for w in start:
+        z = torch.cat([w[-1:], w[:-1]])
+        u, g = kernel._gradient(z)
+        kernel._state = (z, float(u), g)
+        params = kernel.sample(None)
+        out.append(torch.cat([params["weight"].reshape(-1), params["bias"].reshape(-1)]))
+        steps.append(kernel.stats["n_steps"])
+    w = torch.stack(out).double()
+    assert not (w == start.double()).all(1).float().mean() > 0.5  # the draws moved
+    assert max(steps) <= 2**max_tree_depth - 1
+    z = _iid_z(w, exact.mean, exact.cov)
+    bad = {k: round(v, 2) for k, v in z.items() if not abs(v) < Z_MAX}
+    assert not bad, f"one NUTS transition moved exact draws off the posterior: {bad}"
+
+
+@pytest.mark.parametrize("dense_mass, jit", [(False, False), (True, True)])
+def test_fit_recovers_exact_posterior(dense_mass, jit):
+    x, y = _correlated(n=30, d=2, seed=1)
+    post = bp.fit(_blr(2), x, y, method="nuts", num_samples=800, num_warmup=200, seed=4, progress=False,
+                  dense_mass=dense_mass, jit=jit)
+    assert post.config["fast_path"] is True
+    mass = post.history["inverse_mass_matrix"]
+    assert mass.shape == ((1, 3, 3) if dense_mass else (1, 3))
+    _assert_exact(post, x, y)
+    stats = post.sample_stats
+    assert (stats["n_steps"] >= 1).all() and (stats["n_steps"] <= 2 ** stats["tree_depth"] - 1).all()
+    assert not stats["diverging"].any() and 0.6 < float(stats["acceptance_rate"].mean()) <= 1.0
+
+
+def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
+    x, y = _correlated()
+    kernel = _kernel(x, y)
+    z0, _, _ = kernel._state
+    before = {k: v.clone() for k, v in kernel._unflatten(z0).items()}
+    kernel._gradient = lambda z: (torch.tensor(float("nan")), torch.full_like(z, float("nan")))
+    params = kernel.sample(before)
+    assert kernel.stats["diverging"] and kernel.stats["n_steps"] == 1 and kernel.stats["tree_depth"] == 1
+    for name, value in before.items():
+        assert torch.equal(params[name], value)
+
+
+def test_same_seed_same_draws_and_adaptation_reaches_the_target():
+    x, y = _correlated(n=30)
+    model = _blr(2)  # one model: init="net" starts at its weights
+    runs = [bp.fit(model, x, y, method="nuts", num_samples=200, num_warmup=200, seed=7, progress=False)
+            for _ in range(2)]
+    for name in runs[0].samples:
+        assert torch.equal(runs[0].samples[name], runs[1].samples[name])
+    # dual averaging toward 0.8: the mean acceptance statistic after warm-up lands near it (Stan's
+    # multinomial NUTS typically ends a little above the target on Gaussian posteriors)
+    assert 0.7 < float(runs[0].sample_stats["acceptance_rate"].mean()) < 0.99
