@@ -128,6 +128,12 @@ def test_only_plain_sequential_stacks_run_as_batched_products():
     hooked = nn.Sequential(nn.Linear(2, 3), nn.Tanh())
     hooked[1].register_forward_hook(lambda module, args, out: out * 2)
     assert _linear_stack(hooked) is None
+    assert _linear_stack(nn.Sequential(nn.Linear(2, 3), nn.ReLU(inplace=True))) is None  # would write into x
+    handle = nn.modules.module.register_module_forward_hook(lambda module, args, out: out)
+    try:
+        assert _linear_stack(nn.Sequential(nn.Linear(2, 3), nn.Tanh())) is None  # a global hook sees every call
+    finally:
+        handle.remove()
     layers = _linear_stack(nn.Sequential(nn.Linear(2, 3), nn.Sequential(nn.Tanh(), nn.Linear(3, 1))))
     assert [path for path, _ in layers] == ["0", "1.0", "1.1"]
     assert layers[0][1] is None and isinstance(layers[1][1], nn.Tanh) and layers[2][1] is None

@@ -254,7 +254,7 @@ class FlatNUTS(MCMCKernel):
             return 1 if threshold < h0 - h else -1
 
         first = direction(step)
-        lo, hi = torch.finfo(z.dtype).tiny, 1e7
+        lo, hi = 1e-10, 1e10  # Pyro's HMC defaults (min_stepsize, max_stepsize)
         while lo < step < hi:
             step *= 2.0 ** first
             if direction(step) != first:

@@ -44,7 +44,9 @@ Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
 Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names):
 ``lp`` (log joint density up to a constant, unconstrained space), ``acceptance_rate``,
 ``step_size``; NUTS/HMC also ``diverging``, ``n_steps`` (leapfrog steps) and ``energy`` (the
-Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth``.
+Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth`` (trajectory doublings
+tried, the last one included when it diverged or turned back; Stan's ``treedepth__`` counts only
+the kept ones).
 NUTS/HMC also keep ``history["inverse_mass_matrix"]``, the adapted (diagonal ``(chains, dim)`` or
 dense ``(chains, dim, dim)``) inverse mass matrix, so that ``bp.fit(..., resume=post, num_samples=K)``
 can extend the chains: each continues from its last draw with its adapted step size and mass matrix,

@@ -423,7 +423,7 @@ def make_optimizer(optimizer, params, lr):
         return optimizer(params)
     kind = choice("optimizer", optimizer, Optimizer)
     cls = {Optimizer.ADAM: torch.optim.Adam, Optimizer.ADAMW: torch.optim.AdamW, Optimizer.SGD: torch.optim.SGD}[kind]
-    return cls(params, lr=lr)
+    return cls(params, lr=lr, foreach=True)  # one multi-tensor update over all parameters, not a Python loop
 
 
 def make_schedule(schedule, opt, num_steps):

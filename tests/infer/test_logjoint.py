@@ -108,6 +108,20 @@ def test_adjacent_sites_with_one_scalar_prior_are_scored_together(case, runs):
     assert found[0][:2] == (0, sum(init[n].numel() for n in runs[0]))
 
 
+@pytest.mark.parametrize("prior, groups", [
+    (dist.Normal(torch.tensor(0.0), torch.tensor(2.0)).expand([3, 4]).to_event(2), True),
+    (dist.Normal(torch.arange(4.0), torch.tensor(1.0)).expand([3, 4]).to_event(2), False),  # one loc per column
+    (dist.StudentT(torch.tensor(3.0).expand(4), torch.arange(4.0), torch.tensor(1.0).expand(4)).to_event(1), False),
+    (dist.MixtureSameFamily(dist.Categorical(torch.ones(2)), dist.Normal(torch.zeros(2), torch.ones(2))), False),
+])
+def test_only_priors_with_one_scalar_parameter_set_are_grouped(prior, groups):
+    scalar = _logjoint._scalar_prior(prior)
+    assert (scalar is not None) == groups
+    if groups:
+        v = torch.randn(prior.shape())
+        torch.testing.assert_close(scalar.log_prob(v).sum(), prior.log_prob(v))
+
+
 def test_a_model_that_cannot_be_compiled_warns_and_uses_the_eager_gradient(monkeypatch):
     import torch.fx.experimental.proxy_tensor as proxy
 

@@ -57,15 +57,26 @@ def _iid_z(w: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> dict[str, 
     return z
 
 
-@pytest.mark.parametrize("step_size, max_tree_depth", [(0.05, 10), (0.1, 10), (0.05, 2)])
-def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth):
+@pytest.mark.parametrize("step_size, max_tree_depth, mass", [
+    (0.05, 10, "identity"), (0.1, 10, "identity"), (0.05, 2, "identity"),
+    (0.2, 10, "diagonal"),  # twice the posterior variances: M is not I, and not the covariance either
+    (0.5, 10, "dense"),  # a dense M^-1 near the posterior covariance (scaled, with a twist)
+])
+def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth, mass):
     x, y = _correlated()
     exact = BLR(x=x, y=y, noise=SIGMA, prior_scale=math.sqrt(PRIOR_VAR))
     torch.manual_seed(0)
     start = torch.distributions.MultivariateNormal(exact.mean, exact.cov).sample((N_START,)).float()
-    kernel = _kernel(x, y, max_tree_depth=max_tree_depth)
+    kernel = _kernel(x, y, max_tree_depth=max_tree_depth, dense_mass=mass == "dense")
     kernel._adapter.step_size = step_size
     assert kernel._names == ("bias", "weight")  # the flat vector: bias first, then the weights
+    order = [2, 0, 1]  # exact.cov is (weight, weight, bias)
+    cov = exact.cov[order][:, order].float()
+    if mass == "diagonal":
+        kernel._adapter.mass_matrix_adapter.inverse_mass_matrix = {kernel._names: 2.0 * cov.diagonal()}
+    elif mass == "dense":
+        twist = torch.tensor([[1.0, 0.2, 0.0], [0.0, 1.0, 0.3], [0.1, 0.0, 1.0]])
+        kernel._adapter.mass_matrix_adapter.inverse_mass_matrix = {kernel._names: 1.5 * twist @ cov @ twist.T}
     out, steps = [], []
     for w in start:
         z = torch.cat([w[-1:], w[:-1]])
@@ -94,6 +105,18 @@ def test_fit_recovers_exact_posterior(dense_mass, jit):
     stats = post.sample_stats
     assert (stats["n_steps"] >= 1).all() and (stats["n_steps"] <= 2 ** stats["tree_depth"] - 1).all()
     assert not stats["diverging"].any() and 0.6 < float(stats["acceptance_rate"].mean()) <= 1.0
+
+
+def test_resume_across_the_fast_and_the_plain_path():
+    """Both NUTS kernels lay out the mass matrix alike (sites in sorted order), so either extends the other."""
+    x, y = _correlated(n=30)
+    model = _blr(2)
+    fast = bp.fit(model, x, y, method="nuts", num_samples=5, num_warmup=40, seed=0, progress=False)
+    plain = bp.fit(model, x, y, method="nuts", resume=fast, num_samples=5, seed=1, progress=False, fast_path=False)
+    again = bp.fit(model, x, y, method="nuts", resume=plain, num_samples=5, seed=2, progress=False)
+    assert [p.config["fast_path"] for p in (fast, plain, again)] == [True, False, True]
+    assert again.num_draws == 15 and torch.equal(again.history["inverse_mass_matrix"], fast.history["inverse_mass_matrix"])
+    assert torch.equal(again.sample_stats["step_size"][:, 5:], fast.sample_stats["step_size"][:, -1:].expand(1, 10))
 
 
 def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
