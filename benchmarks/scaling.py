@@ -69,7 +69,8 @@ def svi_ms(n, width, depth, particles, quick: bool) -> float:
 
 def nuts_ms(n, width, depth, quick: bool) -> float:
     m, (x, y) = model(width, depth), data(n)
-    warmup, short, long = (30, 5, 25) if quick else (50, 5, 45)
+    # the extra draws must cost far more than the run-to-run noise of set-up and compilation (~0.1 s)
+    warmup, short, long = (30, 5, 65) if quick else (50, 5, 205)
 
     def run(draws):
         start = time.perf_counter()

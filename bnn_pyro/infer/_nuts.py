@@ -4,8 +4,9 @@ Pyro's ``NUTS`` keeps the position, momentum and gradient as dicts of site tenso
 trees with a Python sample site per doubling: on the 1-50-1 MLP of ``benchmarks/performance.py``
 that bookkeeping costs about as much per leapfrog step (~0.45 ms) as the potential and its gradient
 together. This kernel runs the same algorithm on one flat tensor per quantity, with the potential
-and its gradient from ONE compiled call (:func:`bnn_pyro.infer._logjoint.flat_potential_and_grad`,
-~0.13 ms there) and the energies and turning checks as Python floats (~0.04 ms per step).
+and its gradient from ONE compiled call (:func:`bnn_pyro.infer._logjoint.flat_potential_and_grad`: each leapfrog step,
+gradient included, is one compiled graph, ~0.13 ms there) and the energies and turning checks as
+Python floats (~0.04 ms per step).
 
 The transition is Stan's multinomial NUTS (Betancourt 2017, "A Conceptual Introduction to
 Hamiltonian Monte Carlo", appendix A; Stan's ``base_nuts``): trajectories doubled forward or
@@ -77,10 +78,10 @@ class FlatNUTS(MCMCKernel):
         self._names = tuple(sorted(params))  # Pyro's order: a mass matrix is interchangeable with its kernel's
         self._shapes = [params[n].shape for n in self._names]
         self._sizes = [int(params[n].numel()) for n in self._names]
-        self._gradient = _logjoint.flat_potential_and_grad(
+        self._potential = _logjoint.flat_potential_and_grad(
             self.joint, self.transforms, *args, shapes=dict(zip(self._names, self._shapes)), compile=self.jit)
         z = self._flatten(params)
-        u, g = self._gradient(z)
+        u, g = self._potential(z)
         self._state = (z, float(u), g)
         # Python's generator for the many scalar uniforms (direction, multinomial choices): cheap per call,
         # seeded from torch's seeded generator, and leaves the caller's random module alone
@@ -169,17 +170,13 @@ class FlatNUTS(MCMCKernel):
         return self._minv @ p if self._dense else self._minv * p
 
     # ------------------------------------------------------------------ one NUTS transition
-    def _leapfrog(self, state, step: float):
-        """One velocity-Verlet step of signed size ``step`` from ``(z, p, g, u)``; returns the new
-        state, ``M^-1 p`` and the Hamiltonian (``inf`` where it is NaN)."""
+    def _leapfrog(self, state, step: torch.Tensor):
+        """One velocity-Verlet step of signed size ``step`` (a 0-dim tensor) from ``(z, p, g, u)``; returns
+        the new state, ``M^-1 p`` and the Hamiltonian (``inf`` where it is NaN)."""
         z, p, g, _ = state
-        p = p.add(g, alpha=-0.5 * step)
-        z = z.add(self._sharp(p), alpha=step)
-        u, g = self._gradient(z)
-        u = float(u)
-        p = p.add(g, alpha=-0.5 * step)
-        sharp = self._sharp(p)
-        h = u + 0.5 * float(p.dot(sharp))
+        z, p, g, sharp, energies = self._potential.leapfrog(z, p, g, step, self._minv)
+        u, kinetic = energies.tolist()
+        h = u + kinetic
         return (z, p, g, u), sharp, (h if h == h else math.inf)
 
     def _transition(self, z, u, g, p, h0: float, step: float):
@@ -189,9 +186,10 @@ class FlatNUTS(MCMCKernel):
         # the trajectory so far, as a tree whose "near" end is its backward end and "far" its forward end
         tree = _Tree(p, sharp, p, sharp, p, 0.0, (z, u, g), None)
         frontier = {1: start, -1: start}
+        signed = {d: torch.tensor(d * step, dtype=z.dtype, device=z.device) for d in (1, -1)}
         for depth in range(self.max_tree_depth):
             direction = 1 if self._rng.random() > 0.5 else -1
-            new = self._build(frontier[direction], depth, direction * step, h0)
+            new = self._build(frontier[direction], depth, signed[direction], h0)
             if new is None:  # diverged or turned inside the new subtree: its states are not used
                 return tree.draw, depth + 1
             frontier[direction] = new.frontier
@@ -208,7 +206,7 @@ class FlatNUTS(MCMCKernel):
                 return tree.draw, depth + 1
         return tree.draw, self.max_tree_depth
 
-    def _build(self, state, depth: int, step: float, h0: float) -> _Tree | None:
+    def _build(self, state, depth: int, step: torch.Tensor, h0: float) -> _Tree | None:
         """A subtree of ``2**depth`` leapfrog steps from ``state`` (sign of ``step`` = direction), or
         ``None`` where it diverges or turns back (its states are then discarded)."""
         if depth == 0:
@@ -242,7 +240,7 @@ class FlatNUTS(MCMCKernel):
         acceptance probability crosses 0.8."""
         step = self.step_size
         z = self._flatten(params)
-        u, g = self._gradient(z)
+        u, g = self._potential(z)
         u = float(u)
         self._mass()
         threshold = math.log(0.8)
@@ -250,7 +248,7 @@ class FlatNUTS(MCMCKernel):
         def direction(step):
             p = self._momentum(z)
             h0 = u + 0.5 * float(p.dot(self._sharp(p)))
-            _, _, h = self._leapfrog((z, p, g, u), step)
+            _, _, h = self._leapfrog((z, p, g, u), torch.tensor(step, dtype=z.dtype, device=z.device))
             return 1 if threshold < h0 - h else -1
 
         first = direction(step)
