@@ -177,12 +177,23 @@ class BNN(nn.Module):
         least 1), else 64. Chunks of a few MB run ~1.6x faster than chunks of ~100 MB here: the
         allocator reuses their memory (large blocks are mapped and faulted in anew every time) and
         they stay in cache between layers (``benchmarks/performance.py``, prediction)."""
+        row = self._row_bytes(x)
+        return 64 if row is None else max(1, min(64, budget_bytes // max(x.shape[0] * row, 1)))
+
+    def points_per_chunk(self, x: torch.Tensor, budget_bytes: int = 8 * 2**20) -> int:
+        """How many rows of ``x`` to evaluate at once: all of them, unless one draw's widest layer output
+        over all rows exceeds ``budget_bytes`` (a stack of Linear layers, whose rows are independent;
+        other nets get all rows)."""
+        row = self._row_bytes(x)
+        return x.shape[0] if row is None else max(1, min(x.shape[0], budget_bytes // max(row, 1)))
+
+    def _row_bytes(self, x: torch.Tensor) -> int | None:
+        """Bytes of the widest layer output for one row of ``x`` and one draw (a Linear stack), or None."""
         layers = _linear_stack(self._template) if x.dim() == 2 else None
         if layers is None:
-            return 64
+            return None
         widths = [x.shape[1]] + [self._template.get_submodule(path).out_features for path, act in layers if act is None]
-        per_draw = x.shape[0] * max(widths) * x.element_size()
-        return max(1, min(64, budget_bytes // max(per_draw, 1)))
+        return max(widths) * x.element_size()
 
     def point_values(self) -> dict[str, torch.Tensor]:
         """Current values of the deterministic (non-Bayesian) parameters."""

@@ -124,7 +124,8 @@ class Posterior:
         costliest part of a prediction from a small net).
         ``num_samples`` limits the number of posterior draws used (all by default); draws are
         evaluated ``draws_per_chunk`` at a time to bound memory (default: :meth:`BNN.draws_per_chunk`,
-        chunks whose widest layer output stays near 8 MB).
+        chunks whose widest layer output stays near 8 MB; for a stack of Linear layers, also the rows
+        of ``x`` in chunks where one draw over all of them exceeds that, :meth:`BNN.points_per_chunk`).
         """
         is_bnn = isinstance(self.model, BNN)
         x, _ = check_data(x, None, device=self.model.device if is_bnn else None,
@@ -162,14 +163,17 @@ class Posterior:
         params.update(self._point_per_draw(idx))
         was_training = model.training
         model.eval()
+        rows = model.points_per_chunk(x)  # all rows, unless one draw over all of them exceeds the budget
         try:
             f = None
             for i in range(0, len(idx), draws_per_chunk):
-                chunk = model.forward_draws({n: p[i : i + draws_per_chunk] for n, p in params.items()}, x)
-                if f is None:  # the output for every draw, allocated once: small chunk outputs kept between
-                    # the chunks' large temporaries fragment the C heap (RSS grew to ~1 GB for 20 MB of output)
-                    f = chunk.new_empty((len(idx),) + chunk.shape[1:])
-                f[i : i + len(chunk)] = chunk
+                draws = {n: p[i : i + draws_per_chunk] for n, p in params.items()}
+                for r in range(0, x.shape[0], rows):
+                    chunk = model.forward_draws(draws, x[r : r + rows])
+                    if f is None:  # the output for every draw, allocated once: small chunk outputs kept between
+                        # the chunks' large temporaries fragment the C heap (RSS grew to ~1 GB for 20 MB of output)
+                        f = chunk.new_empty((len(idx), x.shape[0]) + chunk.shape[2:])
+                    f[i : i + chunk.shape[0], r : r + rows] = chunk
         finally:
             model.train(was_training)
         noise = {n: flat[n][idx].unsqueeze(1) for n in model.likelihood.sites()}

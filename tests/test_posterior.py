@@ -61,6 +61,17 @@ def test_moments_only_prediction_and_automatic_chunks(fitted):
     assert post.model.draws_per_chunk(torch.zeros(20_000, 1)) == 8 * 2**20 // (20_000 * 8 * 4)
 
 
+def test_rows_in_chunks_give_the_same_prediction(fitted, monkeypatch):
+    post, x = fitted
+    whole = post.predict(x, interval=None, seed=0)
+    assert post.model.points_per_chunk(x) == 25 and post.model.points_per_chunk(torch.zeros(10**6, 1)) == 8 * 2**20 // 32
+    monkeypatch.setattr(bp.BNN, "points_per_chunk", lambda self, x: 7)  # 25 rows in chunks of 7
+    split = post.predict(x, interval=None, seed=0, draws_per_chunk=3)
+    for field in ("mean", "std", "epistemic_std"):
+        assert torch.allclose(getattr(split, field), getattr(whole, field), atol=1e-6)
+    assert torch.equal(split.mean_draws, whole.mean_draws)
+
+
 def test_predict_accepts_numpy_and_pandas(fitted):
     post, x = fitted
     a = post.predict(x.numpy()).mean
