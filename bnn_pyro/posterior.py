@@ -120,8 +120,8 @@ class Posterior:
         ``epistemic_std``, ``aleatoric_std``, ``lower``/``upper`` of the central ``interval``,
         ``draws``) or a :class:`~bnn_pyro.predictions.ClassificationPrediction` (``probs``,
         ``predicted``, ``entropy``, ``mutual_information``, ``draws``), by the likelihood's task.
-        ``interval=None`` (regression): moments only, no ``lower``/``upper`` (their quantiles are the
-        costliest part of a prediction from a small net).
+        ``interval=None`` (regression): moments only, no ``lower``/``upper`` (their quantiles sort every
+        point's draws: ~a quarter of the time for a small net).
         ``num_samples`` limits the number of posterior draws used (all by default); draws are
         evaluated ``draws_per_chunk`` at a time to bound memory (default: :meth:`BNN.draws_per_chunk`,
         chunks whose widest layer output stays near 8 MB; for a stack of Linear layers, also the rows

@@ -47,7 +47,8 @@ class ClassificationPrediction:
 def regression(means: torch.Tensor, variances: torch.Tensor, y_draws: torch.Tensor, *, interval: float | None = 0.95):
     """Summarize per-draw means and variances ``(S, N, ...)`` and predictive draws of ``y``.
     ``interval=None`` skips the interval (``lower``/``upper`` are ``None``): its quantiles sort every
-    point's draws, a third of the work of a prediction from a small net."""
+    point's draws: ~a quarter of a prediction's time for a small net (1.52 vs 1.16 s for 500 draws
+    of a 1-50-1 MLP at 10,000 points, ``benchmarks/results/performance.md``)."""
     if interval is not None and not 0.0 < interval < 1.0:
         raise ValueError(f"interval must lie in (0, 1) or be None, got {interval}; e.g. 0.95 for a 95% interval.")
     epistemic = means.var(0, correction=0)
