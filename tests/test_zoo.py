@@ -162,16 +162,25 @@ def test_exact_reference_matches_the_closed_form():
 @pytest.mark.slow
 @pytest.mark.parametrize("name, method, settings", [
     ("bayesian_linear_regression", "nuts", {}),  # the entry's default NUTS run
-    # a short, independent NUTS run (other seed) against the 8 x 1,500-draw 1-10-1 reference
-    ("mlp_regression", "nuts", dict(num_samples=500, num_warmup=500, num_chains=4, max_tree_depth=7, seed=1)),
+    # an independent NUTS run (other seed) against the 8 x 1,500-draw 1-10-1 reference. 500 + 500 iterations
+    # left the fresh run unconverged by the reference's own criteria (max R-hat_f 1.04-1.16, min bulk
+    # ESS_f 19-68 over seeds 1-13), and then its MCSEs, hence the z-scores below, are not valid
+    ("mlp_regression", "nuts", dict(num_samples=1500, num_warmup=1000, num_chains=4, max_tree_depth=7, seed=1)),
 ])
 def test_fresh_fit_matches_reference_in_function_space(name, method, settings):
+    from bnn_pyro.models.make_reference import function_summary
+
     ref = zoo.reference(name)
     checks = ref["acceptance"]
     assert checks["accepted"], f"the stored reference for {name} failed its acceptance criteria: {checks}"
     entry = zoo.load(name, **ref["hyper"])
     post = entry.fit(method, **settings)
     f = bp.diagnostics.function_draws(post, torch.tensor(ref["x"]))[..., 0].double().numpy()
+    if post.num_chains > 1:  # the z-scores need valid MCSEs: the fresh run must converge as the reference did
+        fresh = function_summary(f)
+        assert max(fresh["r_hat"]) < 1.05 and min(fresh["ess_bulk"]) >= 100, (
+            f"the fresh run did not converge (max R-hat_f {max(fresh['r_hat']):.3f}, min bulk ESS_f "
+            f"{min(fresh['ess_bulk']):.0f}): run it longer before comparing it with the reference")
     failures = _compare(ref, f)
     assert not failures, "fresh fit differs from the reference beyond Monte Carlo error:\n" + "\n".join(failures)
 

@@ -107,6 +107,37 @@ def test_fit_recovers_exact_posterior(dense_mass, jit):
     assert not stats["diverging"].any() and 0.6 < float(stats["acceptance_rate"].mean()) <= 1.0
 
 
+@pytest.mark.slow  # ~7 s
+def test_fit_matches_quadrature_on_a_non_gaussian_two_weight_net():
+    """``f(x) = w2 tanh(w1 x)`` with Normal(0, 1) priors: a curved, two-mode posterior (``(w1, w2)`` and
+    ``(-w1, -w2)``) whose moments a 2,401 x 2,401 grid gives exactly (the prior's mass beyond |w| = 6 is
+    ~1e-9). Sign-symmetric quantities need no mixing between the modes. z = (estimate - exact) / MCSE
+    (ArviZ, both chains); |z| < 4 as in test_mcmc.py."""
+    import arviz as az
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.linspace(-2, 2, 12)[:, None]
+    y = 1.5 * torch.tanh(1.2 * x[:, 0]) + 0.3 * torch.randn(12, generator=g)
+    grid = torch.linspace(-6, 6, 2401, dtype=torch.float64)
+    w1, w2 = torch.meshgrid(grid, grid, indexing="ij")
+    log_p = -0.5 * (w1**2 + w2**2) - 0.5 * ((y.double() - w2[..., None] * torch.tanh(w1[..., None] * x[:, 0].double())) ** 2).sum(-1) / 0.09
+    p = (log_p - log_p.max()).exp()
+    p = p / p.sum()
+    stats = {"|w1|": lambda a, b: a.abs(), "w1^2": lambda a, b: a**2, "w2^2": lambda a, b: b**2, "w1 w2": lambda a, b: a * b,
+             "f(1)": lambda a, b: b * torch.tanh(a), "f(1)^2": lambda a, b: (b * torch.tanh(a)) ** 2}
+    net = torch.nn.Sequential(torch.nn.Linear(1, 1, bias=False), torch.nn.Tanh(), torch.nn.Linear(1, 1, bias=False))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.3))
+    post = bp.fit(model, x, y, method="nuts", num_samples=4000, num_warmup=500, num_chains=2, seed=0, progress=False)
+    assert post.config["fast_path"] is True
+    a, b = post.samples["0.weight"].reshape(2, -1).double(), post.samples["2.weight"].reshape(2, -1).double()
+    z = {}
+    for name, h in stats.items():
+        draws = h(a, b)
+        z[name] = (float(draws.mean()) - float((p * h(w1, w2)).sum())) / float(az.mcse(draws.numpy(), method="mean"))
+    bad = {k: round(v, 2) for k, v in z.items() if not abs(v) < Z_MAX}
+    assert not bad, f"NUTS moments off the quadrature ones: {bad} (all: { {k: round(v, 2) for k, v in z.items()} })"
+
+
 def test_resume_across_the_fast_and_the_plain_path():
     """Both NUTS kernels lay out the mass matrix alike (sites in sorted order), so either extends the other."""
     x, y = _correlated(n=30)
