@@ -148,6 +148,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     """
     kind = choice("kernel", kernel, Kernel)
     num_samples = positive_int("num_samples", num_samples)
+    dense_mass, jit = flag("dense_mass", dense_mass), flag("jit", jit)
     if resume is not None:
         num_warmup, init = _check_resume(resume, kind, num_warmup, num_chains, dense_mass), "net"
         num_chains = resume.num_chains
@@ -176,9 +177,9 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     strategy = init_strategy(fitted, init)
     joint = _logjoint.build(fitted, data.size) if flag("fast_path", fast_path) else None
     settings = dict(joint=joint, kind=kind, target_accept=float(target_accept), step_size=step_size,
-                    dense_mass=bool(dense_mass),
+                    dense_mass=dense_mass,
                     trajectory_length=trajectory_length, num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth,
-                    jit=bool(jit), init_strategy=strategy)
+                    jit=jit, init_strategy=strategy)
 
     def run_chain(chain: int, show: bool):
         s = settings if resume is None else dict(  # the chain's last draw, step size and mass matrix
@@ -192,7 +193,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
         target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
         num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth if kind is Kernel.NUTS else None,
-        dense_mass=bool(dense_mass), jit=bool(jit), fast_path=joint is not None,
+        dense_mass=dense_mass, jit=jit, fast_path=joint is not None,
         init=init if isinstance(init, str) else type(init).__name__,
         chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
     ))
@@ -220,7 +221,7 @@ def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> i
         raise ValueError(f"num_warmup: must be omitted or 0 with resume= (the chains keep their adapted step size "
                          f"and mass matrix), got {num_warmup!r}.")
     dense = resume.history["inverse_mass_matrix"].dim() == 3
-    if num_chains not in (1, resume.num_chains) or bool(dense_mass) != dense:
+    if num_chains not in (1, resume.num_chains) or dense_mass != dense:
         raise ValueError(f"resume: num_chains and dense_mass must be those of the posterior extended "
                          f"({resume.num_chains} chains, dense_mass={dense}); omit num_chains to keep them.")
     return 0
