@@ -59,13 +59,19 @@ def regression(n: int, d: int, seed: int = 0):
     return x, y
 
 
-def mlp(d: int, width: int = 50, seed: int = 0) -> torch.nn.Sequential:
+def mlp(d: int, width: int = 50, seed: int = 0, depth: int = 1) -> torch.nn.Sequential:
+    """A tanh MLP with ``depth`` hidden layers of ``width`` units."""
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(d, width), torch.nn.Tanh(), torch.nn.Linear(width, 1))
+    layers, size = [], d
+    for _ in range(depth):
+        layers += [torch.nn.Linear(size, width), torch.nn.Tanh()]
+        size = width
+    return torch.nn.Sequential(*layers, torch.nn.Linear(size, 1))
 
 
-def bnn(d: int, width: int = 50) -> bp.BNN:
-    return bp.BNN(mlp(d, width), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
+def bnn(d: int, width: int = 50, depth: int = 1) -> bp.BNN:
+    return bp.BNN(mlp(d, width, depth=depth), prior=bp.priors.Normal(0.0, 1.0),
+                  likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
 
 
 def per_step(run, short: int, long: int, repeats: int) -> float:

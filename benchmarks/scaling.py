@@ -30,28 +30,17 @@ import torch
 
 import bnn_pyro as bp
 from chains import markdown
+from performance import bnn, regression  # the same MLP, prior, noise and data as the performance table
 
-SIGMA = 0.1
 BASE = dict(n=1000, width=50, depth=1, particles=1, draws=500)
 
 
-def net(d: int, width: int, depth: int) -> torch.nn.Sequential:
-    torch.manual_seed(0)
-    layers, size = [], d
-    for _ in range(depth):
-        layers += [torch.nn.Linear(size, width), torch.nn.Tanh()]
-        size = width
-    return torch.nn.Sequential(*layers, torch.nn.Linear(size, 1))
-
-
 def model(width: int, depth: int, d: int = 8) -> bp.BNN:
-    return bp.BNN(net(d, width, depth), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
+    return bnn(d, width, depth)
 
 
 def data(n: int, d: int = 8, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(n, d, generator=g) * 4 - 2
-    return x, torch.sin(2 * x.mean(1)) + SIGMA * torch.randn(n, generator=g)
+    return regression(n, d, seed)
 
 
 def svi_ms(n, width, depth, particles, quick: bool) -> float:

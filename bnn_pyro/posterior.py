@@ -141,8 +141,7 @@ class Posterior:
         try:
             with torch.no_grad():
                 if isinstance(self.model, BNN):
-                    chunk = None if draws_per_chunk is None else positive_int("draws_per_chunk", draws_per_chunk)
-                    d = self.observation_distribution(x, idx, draws_per_chunk=chunk)
+                    d = self.observation_distribution(x, idx, draws_per_chunk=draws_per_chunk)
                     return self.model.likelihood.summarize(d, interval=interval)
                 return self._predict_traced(x, idx, interval)
         finally:
@@ -159,7 +158,8 @@ class Posterior:
         model: BNN = self.model
         flat = self.sample()
         params = {n: flat[n][idx] for n in model.sample_names}
-        draws_per_chunk = model.draws_per_chunk(x) if draws_per_chunk is None else draws_per_chunk
+        draws_per_chunk = (model.draws_per_chunk(x) if draws_per_chunk is None
+                           else positive_int("draws_per_chunk", draws_per_chunk))
         params.update(self._point_per_draw(idx))
         was_training = model.training
         model.eval()

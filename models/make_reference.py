@@ -86,7 +86,9 @@ def nuts_reference(name: str, hyper: dict, x: torch.Tensor, settings: dict) -> d
     return dict(
         name=name, hyper=hyper, x=x.tolist(), f=summary,
         provenance=provenance(
-            engine="bnn_pyro NUTS (Pyro NUTS, multinomial, diagonal mass matrix, jit)", seed=settings["seed"],
+            engine=("bnn_pyro NUTS (" + ("flat-vector multinomial NUTS, compiled leapfrog" if post.config["fast_path"]
+                                         else "Pyro NUTS, multinomial, jit") + ", diagonal mass matrix)"),
+            seed=settings["seed"],
             settings=settings, wall_time_s=round(wall, 1), divergences=divergences,
             max_r_hat_weights=float(weights["r_hat"].max()), min_ess_bulk_weights=float(weights["ess_bulk"].min()),
             mean_tree_depth=float(stats["tree_depth"].float().mean()),

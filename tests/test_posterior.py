@@ -65,6 +65,8 @@ def test_rows_in_chunks_give_the_same_prediction(fitted, monkeypatch):
     post, x = fitted
     whole = post.predict(x, interval=None, seed=0)
     assert post.model.points_per_chunk(x) == 25 and post.model.points_per_chunk(torch.zeros(10**6, 1)) == 8 * 2**20 // 32
+    with pytest.raises(ValueError, match="draws_per_chunk must be a positive int, got 0"):
+        post.observation_distribution(x, draws_per_chunk=0)
     monkeypatch.setattr(bp.BNN, "points_per_chunk", lambda self, x: 7)  # 25 rows in chunks of 7
     split = post.predict(x, interval=None, seed=0, draws_per_chunk=3)
     for field in ("mean", "std", "epistemic_std"):

@@ -125,9 +125,10 @@ class FlatNUTS(MCMCKernel):
         step = self.step_size
         self._mass()
         p = self._momentum(z)
-        h0 = u + 0.5 * float(p.dot(self._sharp(p)))
+        sharp = self._sharp(p)
+        h0 = u + 0.5 * float(p.dot(sharp))
         self._n_leapfrog, self._metro_sum, self._diverged = 0, 0.0, False
-        (z, u, g), doublings = self._transition(z, u, g, p, h0, step)
+        (z, u, g), doublings = self._transition(z, u, g, p, sharp, h0, step)
         self._state = (z, u, g)
         accept = self._metro_sum / max(self._n_leapfrog, 1)
         if self._t < self._warmup_steps:
@@ -179,9 +180,9 @@ class FlatNUTS(MCMCKernel):
         h = u + kinetic
         return (z, p, g, u), sharp, (h if h == h else math.inf)
 
-    def _transition(self, z, u, g, p, h0: float, step: float):
-        """Grow a trajectory from ``(z, p)``; return the drawn ``(z, u, g)`` and the doublings tried."""
-        sharp = self._sharp(p)
+    def _transition(self, z, u, g, p, sharp, h0: float, step: float):
+        """Grow a trajectory from ``(z, p)`` (``sharp = M^-1 p``); return the drawn ``(z, u, g)`` and the
+        doublings tried."""
         start = (z, p, g, u)
         # the trajectory so far, as a tree whose "near" end is its backward end and "far" its forward end
         tree = _Tree(p, sharp, p, sharp, p, 0.0, (z, u, g), None)

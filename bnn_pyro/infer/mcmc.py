@@ -394,16 +394,14 @@ def _make_kernel(model, s: dict):
         kernel = FlatNUTS(model, s["joint"], init_strategy=s["init_strategy"], step_size=s["step_size"],
                           target_accept_prob=s["target_accept"], max_tree_depth=s["max_tree_depth"],
                           dense_mass=s["dense_mass"], jit=s["jit"])
-        if "resume_step" in s:
-            kernel.resume = (s["resume_step"], s["resume_mass"])
-        return kernel
-    common = dict(step_size=s["step_size"] or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
-                  full_mass=s["dense_mass"], target_accept_prob=s["target_accept"],
-                  jit_compile=s["jit"] and s["joint"] is None,
-                  ignore_jit_warnings=True, init_strategy=s["init_strategy"])
-    kernel = (_NUTS(model, max_tree_depth=s["max_tree_depth"], **common) if s["kind"] is Kernel.NUTS
-              else _HMC(model, trajectory_length=s["trajectory_length"], **common))
-    kernel.fixed_num_steps, kernel.joint, kernel.jit = s["num_leapfrog"], s["joint"], s["jit"]
+    else:
+        common = dict(step_size=s["step_size"] or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
+                      full_mass=s["dense_mass"], target_accept_prob=s["target_accept"],
+                      jit_compile=s["jit"] and s["joint"] is None,
+                      ignore_jit_warnings=True, init_strategy=s["init_strategy"])
+        kernel = (_NUTS(model, max_tree_depth=s["max_tree_depth"], **common) if s["kind"] is Kernel.NUTS
+                  else _HMC(model, trajectory_length=s["trajectory_length"], **common))
+        kernel.fixed_num_steps, kernel.joint, kernel.jit = s["num_leapfrog"], s["joint"], s["jit"]
     if "resume_step" in s:
         kernel.resume = (s["resume_step"], s["resume_mass"])
     return kernel
