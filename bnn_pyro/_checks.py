@@ -3,12 +3,15 @@ expected and what to try."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from enum import Enum
 from typing import TypeVar
 
 import numpy as np
+import pyro.distributions as dist
 import torch
+from pyro.distributions.torch_distribution import TorchDistributionMixin
 
 E = TypeVar("E", bound=Enum)
 
@@ -31,6 +34,25 @@ def positive(argname: str, value: float) -> float:
     if not (value > 0.0 and math.isfinite(value)):
         raise ValueError(f"{argname} must be a positive finite number, got {value}; pass a finite float > 0.")
     return value
+
+
+def real(argname: str, value: float) -> float:
+    """A finite float."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"{argname} must be a number, got {type(value).__name__} {value!r}; pass a float, "
+                        f"e.g. {argname}=0.0.") from None
+    if not math.isfinite(value):
+        raise ValueError(f"{argname} must be a finite number, got {value}; pass a finite float.")
+    return value
+
+
+def instance(argname: str, value, example: str) -> None:
+    """Refuse a class where an instance is expected (``prior=bp.priors.Normal``), naming the call to make."""
+    if isinstance(value, type):
+        raise TypeError(f"{argname}: got the class {value.__module__}.{value.__qualname__}, not an instance of it; "
+                        f"pass an instance, e.g. {argname}={example}.")
 
 
 def positive_int(argname: str, value: int, *, allow_zero: bool = False) -> int:
@@ -67,17 +89,26 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
     if hasattr(value, "to_numpy"):  # pandas
         value = value.to_numpy()
     if not isinstance(value, torch.Tensor):
+        array = None
         try:
-            value = torch.as_tensor(np.array(value), device=device)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(f"{argname}: could not convert {type(value).__name__} to a tensor ({err}); pass numbers, "
-                            "e.g. a float numpy array or tensor (encode text or categories as numbers first).") from None
+            array = np.array(value)
+            value = torch.as_tensor(array, device=device)
+        except (TypeError, ValueError, RuntimeError):
+            what = type(value).__name__ + ("" if array is None else f" of dtype {array.dtype}")
+            raise TypeError(f"{argname}: could not convert {what} to a tensor; pass numbers, e.g. a float numpy array "
+                            "or tensor (encode text or categories as numbers first).") from None
     if device is not None and value.device != torch.device(device):
         raise ValueError(f"{argname} is on device {value.device}, but the model's parameters are on {device}; move one "
                          f"of them, e.g. {argname}.to({str(device)!r}) or model.to({str(value.device)!r}).")
+    if value.dtype.is_complex:
+        raise TypeError(f"{argname} has complex dtype {value.dtype}; pass real numbers, e.g. {argname}.real or "
+                        f"torch.view_as_real({argname}) for both parts as features.")
+    if value.dim() == 0:
+        raise ValueError(f"{argname} is a single number (shape ()), not data; pass rows shaped (N, ...), e.g. "
+                         f"torch.tensor([[{value.item()!r}]]) for one row of one feature.")
     if dtype is not None:
         value = value.to(dtype)
-    if value.numel() == 0 or value.dim() == 0 or value.shape[0] == 0:
+    if value.numel() == 0:
         raise ValueError(f"{argname} is empty (shape {tuple(value.shape)}); pass at least one data point.")
     if value.dtype.is_floating_point and not torch.isfinite(value).all():
         bad = (~torch.isfinite(value)).reshape(value.shape[0], -1).any(-1).nonzero().flatten()
@@ -107,3 +138,74 @@ def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None):
             "Each row of x needs one row of y: check that both come from the same data set and split."
         )
     return x, y
+
+
+# torch parameterizations that exclude each other: the rebuilt Pyro distribution gets the first one present.
+_EXCLUSIVE = (("logits", "probs"), ("scale_tril", "covariance_matrix", "precision_matrix"))
+_ATTRIBUTE = {"base_distribution": "base_dist"}  # constructor argument -> attribute, where the names differ
+
+
+def pyro_distribution(argname: str, d, *, example: str = "dist.Normal(0., 1.)"):
+    """``d`` as a Pyro distribution: a ``pyro.distributions`` one unchanged, a ``torch.distributions`` one
+    rebuilt as the Pyro class of the same name (Pyro wraps every torch distribution under its name) from the
+    same parameters, nested distributions included. Anything else is a ``TypeError`` naming ``argname``."""
+    if isinstance(d, TorchDistributionMixin):
+        return d
+    if not isinstance(d, torch.distributions.Distribution):
+        instance(argname, d, example)
+        raise TypeError(f"{argname}: expected a pyro.distributions distribution, got {type(d).__name__} {d!r}; "
+                        f"pass e.g. {example} (import pyro.distributions as dist).")
+    target = getattr(dist, type(d).__name__, None)
+    rebuilt = None
+    if isinstance(target, type) and issubclass(target, type(d)):
+        rebuilt = _rebuild(argname, d, target)
+    if rebuilt is None or not _same_density(rebuilt, d):
+        raise TypeError(f"{argname}: {type(d).__module__}.{type(d).__name__} is a torch distribution without a "
+                        f"Pyro counterpart; use one from pyro.distributions (e.g. {example}), or make it "
+                        "a subclass of pyro.distributions.TorchDistribution.")
+    return rebuilt
+
+
+def _same_density(a, b) -> bool:
+    """Same shapes, and the same log density at a draw of ``b`` (drawn under a fixed seed; the caller's random
+    state is kept)."""
+    if a.batch_shape != b.batch_shape or a.event_shape != b.event_shape:
+        return False
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        value = b.sample()
+        return bool(torch.allclose(a.log_prob(value), b.log_prob(value), equal_nan=True))
+
+
+def _rebuild(argname: str, d, target: type):
+    """``target(**parameters of d)``, or None where they cannot be read back."""
+    kwargs = {}
+    for name, param in inspect.signature(type(d).__init__).parameters.items():
+        if name in ("self", "validate_args") or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        value = getattr(d, _ATTRIBUTE.get(name, name), None)
+        if value is None:
+            if param.default is param.empty:
+                return None
+            continue
+        kwargs[name] = pyro_distribution(argname, value) if isinstance(value, torch.distributions.Distribution) else value
+    for group in _EXCLUSIVE:
+        present = [k for k in group if k in kwargs]
+        for k in present[1:]:
+            del kwargs[k]
+    try:
+        return target(**kwargs, validate_args=d._validate_args)
+    except (TypeError, ValueError):
+        return None
+
+
+def positive_support(argname: str, d, *, example: str = "dist.HalfNormal(1.0)") -> None:
+    """Refuse a distribution that can put mass on zero or negative values where a scale is drawn."""
+    support = d.support
+    while isinstance(support, torch.distributions.constraints.independent):
+        support = support.base_constraint
+    bound = getattr(support, "lower_bound", None)
+    if bound is None or not bool(torch.all(torch.as_tensor(bound) >= 0)):
+        raise ValueError(f"{argname}: {type(d).__name__} has support {support}, but a scale or precision must be "
+                         f"positive; use a distribution over positive numbers, e.g. {argname}={example} or "
+                         "dist.LogNormal(0., 1.).")

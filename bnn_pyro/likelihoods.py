@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.distributions import Distribution
 
 from bnn_pyro import predictions
-from bnn_pyro._checks import positive
+from bnn_pyro._checks import positive, positive_support, pyro_distribution
 
 __all__ = ["Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
 
@@ -81,6 +81,9 @@ class Gaussian(_RegressionMixin, Likelihood):
         A float for known noise, or a distribution over ``sigma`` (site ``"sigma"``) to learn it.
     precision:
         Alternatively, a distribution over the precision ``1 / sigma**2`` (site ``"precision"``).
+
+    A distribution must have positive support; a ``torch.distributions`` one is converted to the
+    ``pyro.distributions`` one of the same name.
     """
 
     def __init__(self, scale: float | Distribution | None = None, *, precision: Distribution | None = None):
@@ -90,8 +93,14 @@ class Gaussian(_RegressionMixin, Likelihood):
             raise ValueError(
                 "Gaussian: give the noise, e.g. scale=0.1 (known) or scale=dist.HalfNormal(1.0) (learned)."
             )
-        if isinstance(scale, Distribution) or precision is not None:
-            self.scale, self.precision = scale, precision
+        if precision is not None:
+            if isinstance(precision, (int, float)) and not isinstance(precision, bool):
+                raise TypeError(f"precision: expected a distribution over the precision 1 / sigma**2 (learned noise), "
+                                f"got the number {precision!r}; for known noise pass scale=1 / sqrt(precision), e.g. "
+                                f"scale={precision ** -0.5 if precision > 0 else 0.1:.3g}.")
+            self.scale, self.precision = None, _noise_prior("precision", precision, "dist.Gamma(2.0, 0.1)")
+        elif isinstance(scale, Distribution):
+            self.scale, self.precision = _noise_prior("scale", scale, "dist.HalfNormal(1.0)"), None
         else:
             self.scale, self.precision = positive("scale", scale), None
 
@@ -147,9 +156,11 @@ class Categorical(Likelihood):
         return dist.Categorical(logits=f)
 
     def check_target(self, y, out_dim):
-        y = _integer_labels(y, "Categorical")
+        y = _integer_labels(y.reshape(-1) if y.dim() == 2 and y.shape[1] == 1 else y, "Categorical")
         if y.dim() != 1:
-            raise ValueError(f"Categorical: y must be a vector of labels shaped (N,), got shape {tuple(y.shape)}.")
+            one_hot = " If y is one-hot, pass y.argmax(1)." if y.dim() == 2 and y.shape[1] == out_dim else ""
+            raise ValueError(f"Categorical: y must be a vector of labels shaped (N,), got shape {tuple(y.shape)}; "
+                             f"pass one integer class label per row.{one_hot}")
         if y.min() < 0 or y.max() >= out_dim:
             raise ValueError(
                 f"Categorical: labels must lie in 0..{out_dim - 1} for a net with {out_dim} outputs; "
@@ -180,6 +191,12 @@ class Bernoulli(Likelihood):
 
     def summarize(self, d, *, interval=0.95):
         return predictions.classification(torch.stack([1.0 - d.probs, d.probs], dim=-1))
+
+
+def _noise_prior(argname: str, d, example: str):
+    d = pyro_distribution(argname, d, example=example)
+    positive_support(argname, d, example=example)
+    return d
 
 
 def _unsqueeze_last(t):

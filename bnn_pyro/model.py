@@ -10,9 +10,10 @@ The network itself is evaluated functionally (``torch.func.functional_call`` on 
 template of the net), so one code path serves a single weight draw, vectorized ELBO particles and
 thousands of posterior draws at once (:meth:`BNN.forward_draws`).
 
-Parameters the prior leaves out (``None``, or not selected by ``bayesian=``) stay ordinary
-parameters: SVI point-estimates them (type-II maximum likelihood), MCMC keeps them fixed at their
-current values (the net's own, or those of the posterior passed as ``init=``).
+Parameters the prior leaves out (``None``, no matching pattern of a dict prior, or not selected by
+``bayesian=``) stay ordinary parameters: SVI point-estimates them (type-II maximum likelihood), MCMC
+keeps them fixed at their current values (the net's own, or those of the posterior passed as
+``init=``).
 
 Example
 -------
@@ -24,7 +25,9 @@ Example
 from __future__ import annotations
 
 import copy
+import dataclasses
 import fnmatch
+import functools
 import math
 from enum import Enum
 from typing import Callable, Sequence, Union
@@ -38,9 +41,9 @@ from torch.distributions import Distribution
 from torch.nn.utils.stateless import _reparametrize_module
 
 from bnn_pyro import priors as priors_mod
-from bnn_pyro._checks import choice
+from bnn_pyro._checks import choice, instance, pyro_distribution
 from bnn_pyro.likelihoods import Likelihood
-from bnn_pyro.priors import Hierarchical, expand_to
+from bnn_pyro.priors import Hierarchical, Patterns, expand_to
 
 __all__ = ["BNN", "Bayesian"]
 
@@ -75,10 +78,29 @@ class BNN(nn.Module):
     bayesian:
         Which parameters get a prior: ``"all"`` (default), ``"weights"``, ``"no_batchnorm"``, a list
         of name patterns (``["0.*", "2.weight"]``) or a predicate ``(name, module, param) -> bool``.
+
+    At least one parameter must get a distribution (else the net is not Bayesian: an error says
+    so). A ``torch.distributions`` prior is converted to the ``pyro.distributions`` one of the same
+    name; a dict pattern that matches no parameter is an error that lists the parameter names.
+
+    Attributes
+    ----------
+    sample_names:
+        The random parameters (weight sites), in the net's order.
+    hyper_names:
+        Hyper sites of hierarchical priors (``"0.weight_scale"``, ...).
+    point_names:
+        The deterministic parameters: those the prior gave ``None``, that ``bayesian=`` left out, or
+        that no pattern of a dict prior matched. Also shown by ``repr(model)`` as ``deterministic=``.
+
+    A ``BNN`` is the model, not a fit: ``predict``, ``summary`` and the other methods of
+    :class:`~bnn_pyro.Posterior` belong to the object ``bp.fit(model, x, y, method=...)`` returns.
     """
 
     def __init__(self, net: nn.Module, *, prior, likelihood: Likelihood, bayesian: SelectorLike = "all"):
         super().__init__()
+        instance("net", net, "torch.nn.Linear(1, 1)")
+        instance("likelihood", likelihood, "bp.likelihoods.Gaussian(scale=0.1)")
         if not isinstance(net, nn.Module):
             raise TypeError(f"net: expected a torch.nn.Module, got {type(net).__name__}; pass a module, e.g. "
                             "torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1)).")
@@ -92,8 +114,10 @@ class BNN(nn.Module):
             raise ValueError(f"net has no parameters ({type(net).__name__}), so there is nothing to be Bayesian about; "
                              "give a net with at least one layer with weights, e.g. torch.nn.Linear.")
         self.prior = priors_mod.as_prior(prior)
+        if isinstance(self.prior, Patterns):
+            self.prior.check_names(list(named))
         self.likelihood = likelihood
-        select = _selector(bayesian)
+        select = _selector(bayesian, list(named))
         self.net = copy.deepcopy(net)
         to_pyro_module_(self.net)
         template = copy.deepcopy(net).to("meta")
@@ -101,10 +125,14 @@ class BNN(nn.Module):
         self.param_shapes = {name: p.shape for name, p in named.items()}
         self.init_values = {name: p.detach().clone() for name, p in named.items()}
         self.sample_names, self.hyper_names, self.point_names = [], [], []
+        selected = []
         for name, param in named.items():
             owner_path, _, attr = name.rpartition(".")
             owner = net.get_submodule(owner_path)
-            spec = self.prior(name, owner, param) if select(name, owner, param) else None
+            spec = None
+            if select(name, owner, param):
+                selected.append(name)
+                spec = self.prior(name, owner, param)
             if spec is None:
                 self.point_names.append(name)
                 continue
@@ -112,6 +140,7 @@ class BNN(nn.Module):
             if isinstance(spec, Hierarchical):
                 self._add_hierarchical(name, target, attr, param.shape, spec)
             elif isinstance(spec, Distribution):
+                spec = pyro_distribution(f"prior for {name!r}", spec)
                 _check_proper(name, spec)
                 setattr(target, attr, PyroSample(_to_param_shape(name, spec, param.shape)))
             else:
@@ -121,18 +150,34 @@ class BNN(nn.Module):
                     "dist.Normal(0., 1.) (expanded to the parameter's shape for you)."
                 )
             self.sample_names.append(name)
+        if not self.sample_names:
+            raise ValueError(_nothing_random(list(named), selected))
 
     def _add_hierarchical(self, name, module, attr, shape, spec: Hierarchical):
-        for suffix, hyper in spec.hyper.items():
+        hypers = {k: pyro_distribution(f"prior for {name!r} (hyper {k!r})", d) for k, d in spec.hyper.items()}
+        for suffix, hyper in hypers.items():
             setattr(module, f"{attr}_{suffix}", PyroSample(hyper))
             self.hyper_names.append(f"{name}_{suffix}")
-        values = {k: d.sample() for k, d in spec.hyper.items()}
-        _to_param_shape(name, spec.conditional(values), shape, exact=True)  # fail early on a wrong shape
+        argname = f"prior for {name!r} (conditional)"
+        values = {k: d.sample() for k, d in hypers.items()}
+        _to_param_shape(name, pyro_distribution(argname, spec.conditional(values)), shape, exact=True)  # fail early
 
-        def conditional(m, attr=attr, keys=tuple(spec.hyper), make=spec.conditional):
-            return make({k: getattr(m, f"{attr}_{k}") for k in keys})
+        def conditional(m, attr=attr, keys=tuple(hypers), make=spec.conditional):
+            return pyro_distribution(argname, make({k: getattr(m, f"{attr}_{k}") for k in keys}))
 
         setattr(module, attr, PyroSample(conditional))
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)  # nn.Module's: submodules, parameters, buffers
+        except AttributeError:
+            if name not in _posterior_names():
+                raise
+        call = {"predict": "post.predict(x)", "summary": "post.summary()"}.get(name, f"post.{name}")
+        raise AttributeError(
+            f"model.{name}: this BNN is not fitted; {name} belongs to the Posterior that bp.fit returns. Fit it "
+            f"first, then use the posterior: post = bp.fit(model, x, y, method=\"svi\") (or \"nuts\", ...), then {call}."
+        ) from None
 
     # ---------------------------------------------------------------- the Pyro model
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None):
@@ -274,11 +319,7 @@ class BNN(nn.Module):
         try:
             out = self._template(x[:2].to("meta"))
         except RuntimeError as err:
-            hint = " x is 1-D: for a single feature pass x.reshape(-1, 1)." if x.dim() == 1 else ""
-            raise ValueError(
-                f"x has shape {tuple(x.shape)}, which the net cannot take ({err}). Check that the "
-                f"feature dimensions of x match the net's first layer.{hint}"
-            ) from None
+            raise ValueError(_input_mismatch(self._template, x)) from err
         if out.dim() != 2:
             raise ValueError(
                 f"net must map (N, ...) inputs to (N, out) outputs; it returned shape {tuple(out.shape)} "
@@ -312,6 +353,54 @@ class BNN(nn.Module):
             f"({sum(math.prod(self.param_shapes[n]) for n in self.sample_names)} weights), "
             f"deterministic={self.point_names}"
         )
+
+
+@functools.cache
+def _posterior_names() -> frozenset[str]:
+    """The public attributes of a Posterior: asked of a BNN, they mean the user meant the fit."""
+    from bnn_pyro.posterior import Posterior  # here: bnn_pyro.posterior imports this module
+
+    public = {n for n in dir(Posterior) if not n.startswith("_")}
+    return frozenset(public | {f.name for f in dataclasses.fields(Posterior)})
+
+
+def _nothing_random(names: list[str], selected: list[str]) -> str:
+    if not selected:
+        return (f"bayesian: selects none of the net's parameters {names}, so the BNN would have no random weights; "
+                "choose some, e.g. bayesian=\"all\" or name patterns that match these names.")
+    return (f"prior: gives no parameter a distribution (it returned None for every one of {selected}), so the BNN "
+            "would have no random weights; return a distribution for at least one, e.g. prior=bp.priors.Normal(0., 1.).")
+
+
+_INPUT_SIZE = {nn.Linear: ("in_features", 1), nn.Conv1d: ("in_channels", 3), nn.Conv2d: ("in_channels", 4),
+               nn.Conv3d: ("in_channels", 5)}  # layer -> (its input size attribute, the dims of its input)
+
+
+def _input_mismatch(net: nn.Module, x: torch.Tensor) -> str:
+    """Why the net cannot take ``x``, in our words: the first layer of a Sequential net and what it expects."""
+    shape = tuple(x.shape)
+    hint = " x is 1-D: for N rows of one feature pass x.reshape(-1, 1), for one row x.reshape(1, -1)." if x.dim() == 1 else ""
+    path, first = "", net  # a single layer
+    if isinstance(net, nn.Sequential):
+        path, first = next(((p, m) for p, m in net.named_modules() if next(m.parameters(recurse=False), None) is not None),
+                           (None, None))
+    if type(first) in _INPUT_SIZE:
+        attr, ndim = _INPUT_SIZE[type(first)]
+        size = getattr(first, attr)
+        axis = -1 if ndim == 1 else 1
+        if x.dim() < 2 or x.shape[axis] != size or (ndim > 1 and x.dim() != ndim):
+            want = f"(N, {size})" if ndim == 1 else f"(N, {size}, {', '.join(['...'] * (ndim - 2))})"
+            return (f"x has shape {shape}, which the net cannot take (its first layer, {_layer(path, first)}, takes "
+                    f"inputs shaped {want}). Check that the feature dimensions of x match the net's first layer.{hint}")
+        return (f"x has shape {shape}, which the net cannot take (x fits its first layer, {_layer(path, first)}, but a "
+                "later layer does not fit the output of the one before; the error it raised is chained below). Check "
+                "the layer sizes of the net.")
+    return (f"x has shape {shape}, which the net cannot take (the error it raised is chained below). Check that the "
+            f"feature dimensions of x match the net's first layer.{hint}")
+
+
+def _layer(path: str, module: nn.Module) -> str:
+    return f"{path!r}, {type(module).__name__}" if path else type(module).__name__
 
 
 def _check_proper(name: str, d: Distribution) -> None:
@@ -348,19 +437,30 @@ def _to_param_shape(name: str, d: Distribution, shape: torch.Size, *, exact: boo
     return d.expand(shape[:k]).to_event(k)
 
 
-def _selector(bayesian: SelectorLike) -> Callable[[str, nn.Module, torch.Tensor], bool]:
+def _selector(bayesian: SelectorLike, names: list[str]) -> Callable[[str, nn.Module, torch.Tensor], bool]:
     if callable(bayesian) and not isinstance(bayesian, str):
         return bayesian
     if isinstance(bayesian, str):
-        kind = choice("bayesian", bayesian, Bayesian)
+        try:
+            kind = choice("bayesian", bayesian, Bayesian)
+        except ValueError as err:
+            raise ValueError(f"{err} For name patterns pass a list, e.g. bayesian=[{bayesian!r}].") from None
         if kind is Bayesian.ALL:
             return lambda name, module, param: True
         if kind is Bayesian.WEIGHTS:
             return lambda name, module, param: name.rpartition(".")[2].endswith("weight")
         return lambda name, module, param: not isinstance(module, _NORM_LAYERS)
+    if not isinstance(bayesian, (list, tuple, set, frozenset)):
+        raise TypeError(f"bayesian: expected \"all\", \"weights\", \"no_batchnorm\", a list of name patterns or a "
+                        f"predicate (name, module, param) -> bool, got {type(bayesian).__name__} {bayesian!r}; pass e.g. "
+                        "bayesian=\"all\" or bayesian=[\"0.*\"].")
     patterns = list(bayesian)
     if not all(isinstance(p, str) for p in patterns):
         raise TypeError("bayesian: a list must hold name patterns (str), e.g. ['0.*', '2.weight'].")
+    for pattern in patterns:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
+            raise ValueError(f"bayesian: the pattern {pattern!r} matches no parameter of the net; its parameters are "
+                             f"{names}. Check the pattern against these names (e.g. '0.*' or '*.weight').")
     return lambda name, module, param: any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
 

@@ -34,7 +34,11 @@ from torch import nn
 from torch.distributions import Distribution
 
 from bnn_pyro._checks import choice as _choice
+from bnn_pyro._checks import instance as _instance
 from bnn_pyro._checks import positive as _positive
+from bnn_pyro._checks import positive_support as _positive_support
+from bnn_pyro._checks import pyro_distribution as _pyro_distribution
+from bnn_pyro._checks import real as _real
 
 __all__ = [
     "Prior",
@@ -92,7 +96,7 @@ class Normal(_IID):
     """``w ~ Normal(loc, scale)`` for every entry."""
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0):
-        self.loc, self.scale = float(loc), _positive("scale", scale)
+        self.loc, self.scale = _real("loc", loc), _positive("scale", scale)
 
     def distribution(self):
         return dist.Normal(self.loc, self.scale)
@@ -102,7 +106,7 @@ class Laplace(_IID):
     """``w ~ Laplace(loc, scale)``: a sparsity-favouring, heavier-tailed prior."""
 
     def __init__(self, loc: float = 0.0, scale: float = 1.0):
-        self.loc, self.scale = float(loc), _positive("scale", scale)
+        self.loc, self.scale = _real("loc", loc), _positive("scale", scale)
 
     def distribution(self):
         return dist.Laplace(self.loc, self.scale)
@@ -112,7 +116,7 @@ class StudentT(_IID):
     """``w ~ StudentT(df, loc, scale)`` (Fortuin et al. 2021 found heavy tails help BNNs)."""
 
     def __init__(self, df: float = 3.0, loc: float = 0.0, scale: float = 1.0):
-        self.df, self.loc, self.scale = _positive("df", df), float(loc), _positive("scale", scale)
+        self.df, self.loc, self.scale = _positive("df", df), _real("loc", loc), _positive("scale", scale)
 
     def distribution(self):
         return dist.StudentT(self.df, self.loc, self.scale)
@@ -173,13 +177,16 @@ class HierarchicalNormal(Prior):
 
     The hyper site is ``f"{name}_scale"``. The default hyperprior is ``HalfNormal(1)``; for a
     prior over precisions use e.g. ``hyperprior=dist.InverseGamma(1., 1.)`` on the variance by
-    passing ``on="variance"``.
+    passing ``on="variance"``. The hyperprior must have positive support; a ``torch.distributions``
+    one is converted to its ``pyro.distributions`` counterpart.
     """
 
     def __init__(self, hyperprior: Distribution | None = None, on: str = "scale"):
-        self.hyperprior = dist.HalfNormal(1.0) if hyperprior is None else hyperprior
         if on not in ("scale", "variance"):
-            raise ValueError(f"HierarchicalNormal: on must be 'scale' or 'variance', got {on!r}.")
+            raise ValueError(f"HierarchicalNormal: on must be 'scale' or 'variance', got {on!r}; pass one of them.")
+        hyperprior = dist.HalfNormal(1.0) if hyperprior is None else hyperprior
+        self.hyperprior = _pyro_distribution("hyperprior", hyperprior, example="dist.HalfNormal(1.0)")
+        _positive_support("hyperprior", self.hyperprior)
         self.on = on
 
     def __call__(self, name, module, param):
@@ -223,11 +230,38 @@ class Horseshoe(Prior):
 class Patterns(Prior):
     """A prior from a ``dict`` of ``fnmatch`` name patterns (first match wins) to a distribution,
     a prior, or ``None``. Parameters that match no pattern stay deterministic unless ``default``
-    is given.
+    is given (a :class:`~bnn_pyro.BNN` lists them in ``point_names`` and its repr).
+
+    :class:`~bnn_pyro.BNN` calls :meth:`check_names` with its net's parameter names: a pattern that
+    matches none of them, or only parameters an earlier pattern already took, is an error (a typo
+    would otherwise leave those weights deterministic without a word).
     """
 
     def __init__(self, table: Mapping[str, object], default: object = None):
-        self.table, self.default = dict(table), default
+        for pattern in table:
+            if not isinstance(pattern, str):
+                raise TypeError(f"prior: a dict prior maps name patterns (str) to distributions, got the key "
+                                f"{pattern!r}; use patterns such as {{'0.*': dist.Normal(0., 1.)}}.")
+        self.table = {pattern: _as_choice(f"prior[{pattern!r}]", choice) for pattern, choice in table.items()}
+        self.default = _as_choice("default", default)
+
+    def check_names(self, names: list[str]) -> None:
+        """Raise a ``ValueError`` for a pattern that decides no parameter among ``names``."""
+        taken: dict[str, str] = {}  # parameter -> the first pattern that matches it
+        for name in names:
+            first = next((p for p in self.table if fnmatch.fnmatchcase(name, p)), None)
+            if first is not None:
+                taken[name] = first
+        for pattern in self.table:
+            matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
+            if not matched:
+                raise ValueError(f"prior: the pattern {pattern!r} matches no parameter of the net; its parameters "
+                                 f"are {names}. Check the pattern against these names (e.g. '0.*' or '*.weight').")
+            if all(taken[n] != pattern for n in matched):
+                earlier = sorted({taken[n] for n in matched})
+                raise ValueError(f"prior: the pattern {pattern!r} is never used: every parameter it matches "
+                                 f"({matched}) is matched first by {earlier} (the first matching pattern wins). "
+                                 "Move the more specific pattern before it.")
 
     def __call__(self, name, module, param):
         for pattern, choice in self.table.items():
@@ -341,10 +375,15 @@ PriorLike = Union[Prior, Callable, Mapping[str, object], Distribution]
 
 
 def as_prior(prior: PriorLike) -> Callable:
-    """Turn anything a user may pass as ``prior=`` into a callable ``(name, module, param)``."""
+    """Turn anything a user may pass as ``prior=`` into a callable ``(name, module, param)``.
+
+    A ``torch.distributions`` distribution (alone, or as a value of a dict) becomes the
+    ``pyro.distributions`` one of the same name and parameters."""
+    _instance("prior", prior, "bp.priors.Normal(0., 1.)")
     if isinstance(prior, Mapping):
         return Patterns(prior)
     if isinstance(prior, Distribution):
+        prior = _pyro_distribution("prior", prior)
         return lambda name, module, param: prior
     if callable(prior):
         return prior
@@ -368,9 +407,18 @@ def _lift(t: torch.Tensor, ndim: int) -> torch.Tensor:
     return t.reshape(t.shape + (1,) * ndim)
 
 
+def _as_choice(argname: str, choice):
+    """A dict prior's value as it is used: a Pyro distribution (torch ones converted), a prior, or None."""
+    if isinstance(choice, Distribution):
+        return _pyro_distribution(argname, choice)
+    if choice is None or isinstance(choice, Hierarchical) or (callable(choice) and not isinstance(choice, type)):
+        return choice
+    _instance(argname, choice, "dist.Normal(0., 1.)")
+    raise TypeError(f"{argname}: expected a Distribution, a prior or None, got {type(choice).__name__} {choice!r}; "
+                    "use e.g. dist.Normal(0., 1.) (import pyro.distributions as dist).")
+
+
 def _resolve(choice, name, module, param):
     if choice is None or isinstance(choice, (Distribution, Hierarchical)):
         return choice
-    if callable(choice):
-        return choice(name, module, param)
-    raise TypeError(f"prior for {name!r}: expected a Distribution, a prior or None, got {type(choice).__name__}.")
+    return choice(name, module, param)  # a prior (checked by _as_choice)

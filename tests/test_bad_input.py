@@ -102,6 +102,20 @@ def _empty_file(tmp: Path) -> Path:
     return path
 
 
+class _TorchOnly(torch.distributions.Distribution):
+    """A torch distribution that pyro.distributions has no class of the same name for."""
+
+    arg_constraints: dict = {}
+    support = torch.distributions.constraints.real
+
+    def __init__(self):
+        super().__init__(validate_args=False)
+
+
+def _categorical(out: int = 3) -> bp.BNN:
+    return _model(out=out, likelihood=bp.likelihoods.Categorical())
+
+
 def _metropolis_all_rejected():
     return bp.fit(_model(), X, Y, method="metropolis", num_samples=20, num_warmup=1, step_size=1e4, jit=False,
                   progress=False,
@@ -146,6 +160,21 @@ CASES = [
     Case("y-other-device", lambda t: _fit(y=Y.to("meta")), ValueError, r"y is on device meta.*cpu.*move"),
     Case("loader-with-y", lambda t: _fit(x=torch.utils.data.DataLoader(list(zip(X, Y)), batch_size=4)), ValueError,
          r"y: pass y=None when x is a DataLoader"),
+    Case("y-missing-regression", lambda t: bp.fit(_model(), X), ValueError,
+         r"y: svi fits the model to targets, but y is None; pass them.*bp\.fit\(model, x, y"),
+    Case("y-missing-classification-nuts", lambda t: bp.fit(_categorical(), X, method="nuts"), ValueError,
+         r"y: nuts fits the model to targets, but y is None.*DataLoader of \(x, y\) batches"),
+    Case("loader-batches-without-y", lambda t: _fit(x=torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X),
+                                                                                   batch_size=4), y=None),
+         ValueError, r"x: each batch must be an \(x, y\) pair, got a list of 1.*TensorDataset\(x, y\)"),
+    Case("loader-yields-y-none", lambda t: _fit(x=((X[i:i + 4], None) for i in (0, 4)), y=None, dataset_size=8),
+         ValueError, r"x: a batch of the loader holds no targets.*make every batch an \(x, y\) pair"),
+    Case("x-scalar", lambda t: _fit(x=3.0), ValueError, r"x is a single number \(shape \(\)\).*pass rows shaped"),
+    Case("x-complex", lambda t: _fit(x=X.to(torch.complex64)), TypeError, r"x has complex dtype.*pass real numbers"),
+    Case("y-strings", lambda t: _fit(y=np.array(["a"] * 8)), TypeError,
+         r"y: could not convert ndarray of dtype <U1 to a tensor; pass numbers"),
+    Case("labels-one-hot", lambda t: _fit(model=_categorical(), y=torch.nn.functional.one_hot(LABELS, 3)), ValueError,
+         r"Categorical: y must be a vector of labels shaped \(N,\), got shape \(8, 3\).*pass y\.argmax\(1\)"),
     # ------------------------------------------------------------------ configuration
     Case("unknown-method", lambda t: _fit(method="sgd"), ValueError, r"method: unknown value 'sgd'; choose one of"),
     Case("unknown-guide", lambda t: _fit(guide="flow"), ValueError, r"guide: unknown value 'flow'; choose one of"),
@@ -193,6 +222,54 @@ CASES = [
     Case("bayesian-unknown", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
                                               likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="some"),
          ValueError, r"bayesian: unknown value 'some'; choose one of"),
+    Case("seed-string", lambda t: _fit(seed="0"), TypeError, r"seed must be an int, got str '0'.*pass a whole number"),
+    Case("seed-float", lambda t: _mcmc(seed=1.5), TypeError, r"seed must be an int, got float 1\.5.*pass"),
+    Case("progress-string", lambda t: _fit(progress="no"), TypeError,
+         r"progress must be True or False, got str 'no'.*pass progress=True"),
+    Case("prior-pattern-matches-nothing", lambda t: _model(prior={"layer0.*": dist.Normal(0.0, 1.0)}), ValueError,
+         r"prior: the pattern 'layer0\.\*' matches no parameter of the net; its parameters are \['weight', 'bias'\]"
+         r".*Check the pattern"),
+    Case("prior-pattern-shadowed", lambda t: _model(prior={"*": dist.Normal(0.0, 1.0), "bias": dist.Laplace(0.0, 1.0)}),
+         ValueError, r"the pattern 'bias' is never used.*matched first by \['\*'\].*Move the more specific pattern"),
+    Case("prior-none-everywhere", lambda t: _model(prior=lambda name, module, param: None), ValueError,
+         r"prior: gives no parameter a distribution.*\['weight', 'bias'\].*no random weights.*return a distribution"),
+    Case("prior-dict-all-none", lambda t: _model(prior={"*": None}), ValueError,
+         r"prior: gives no parameter a distribution.*return a distribution"),
+    Case("bayesian-selects-nothing", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
+                                                      likelihood=bp.likelihoods.Gaussian(scale=0.1),
+                                                      bayesian=lambda name, module, param: False),
+         ValueError, r"bayesian: selects none of the net's parameters \['weight', 'bias'\].*choose some"),
+    Case("bayesian-pattern-matches-nothing", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
+                                                              likelihood=bp.likelihoods.Gaussian(scale=0.1),
+                                                              bayesian=["weight", "0.*"]),
+         ValueError, r"bayesian: the pattern '0\.\*' matches no parameter.*\['weight', 'bias'\].*Check the pattern"),
+    Case("bayesian-pattern-as-string", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
+                                                        likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="0.*"),
+         ValueError, r"bayesian: unknown value '0\.\*'.*pass a list, e\.g\. bayesian=\['0\.\*'\]"),
+    Case("bayesian-bool", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
+                                           likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian=True),
+         TypeError, r"bayesian: expected \"all\".*got bool True; pass e\.g\."),
+    Case("prior-class-not-instance", lambda t: _model(prior=bp.priors.Normal), TypeError,
+         r"prior: got the class bnn_pyro\.priors\.Normal, not an instance of it; pass an instance"),
+    Case("likelihood-class-not-instance", lambda t: bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(),
+                                                           likelihood=bp.likelihoods.Categorical),
+         TypeError, r"likelihood: got the class bnn_pyro\.likelihoods\.Categorical.*pass an instance"),
+    Case("prior-dict-value-string", lambda t: _model(prior={"*": "normal"}), TypeError,
+         r"prior\['\*'\]: expected a Distribution, a prior or None, got str 'normal'; use e\.g\. dist\.Normal"),
+    Case("prior-torch-without-pyro-class", lambda t: _model(prior=lambda n, m, p: _TorchOnly()), TypeError,
+         r"prior for 'weight': .*_TorchOnly is a torch distribution without a Pyro counterpart; use one from "
+         r"pyro\.distributions"),
+    Case("prior-loc-string", lambda t: bp.priors.Normal("zero", 1.0), TypeError,
+         r"loc must be a number, got str 'zero'; pass a float"),
+    Case("noise-prior-negative-support", lambda t: bp.likelihoods.Gaussian(scale=dist.Normal(0.0, 1.0)), ValueError,
+         r"scale: Normal has support Real\(\), but a scale or precision must be positive.*use a distribution"),
+    Case("noise-precision-number", lambda t: bp.likelihoods.Gaussian(precision=100.0), TypeError,
+         r"precision: expected a distribution over the precision.*got the number 100\.0.*pass scale=1 / sqrt"
+         r"\(precision\), e\.g\. scale=0\.1"),
+    Case("hyperprior-number", lambda t: bp.priors.HierarchicalNormal(1.0), TypeError,
+         r"hyperprior: expected a pyro\.distributions distribution, got float 1\.0; pass e\.g\. dist\.HalfNormal"),
+    Case("hyperprior-negative-support", lambda t: bp.priors.HierarchicalNormal(dist.Normal(0.0, 1.0)), ValueError,
+         r"hyperprior: Normal has support Real\(\).*must be positive"),
     Case("num-threads-zero", lambda t: _fit(num_threads=0), ValueError, r"num_threads must be a positive int.*pass"),
     # ------------------------------------------------------------------ model
     Case("net-without-parameters", lambda t: bp.BNN(nn.Tanh(), prior=bp.priors.Normal(),
@@ -203,6 +280,9 @@ CASES = [
          TypeError, r"net: expected a torch\.nn\.Module, got function.*pass"),
     Case("model-not-callable", lambda t: bp.fit(42, X, Y),
          TypeError, r"model: expected a bnn_pyro\.BNN.*got int.*pass"),
+    Case("model-plain-torch-module", lambda t: bp.fit(nn.Linear(1, 1), X, Y), TypeError,
+         r"model: got the plain torch module Linear, which has no prior or likelihood; make it a Bayesian model first: "
+         r"model = bp\.BNN\(net, prior="),
     Case("output-3d", lambda t: _fit(model=bp.BNN(nn.Sequential(nn.Linear(1, 2), nn.Unflatten(1, (1, 2))),
                                                   prior=bp.priors.Normal(),
                                                   likelihood=bp.likelihoods.Gaussian(scale=0.1))),
@@ -225,6 +305,16 @@ CASES = [
     # ------------------------------------------------------------------ predict
     Case("predict-wrong-features", lambda t: _posterior().predict(torch.ones(4, 3)), ValueError,
          r"x has shape \(4, 3\), which the net cannot take.*Check that the feature"),
+    Case("predict-1d", lambda t: _posterior().predict(torch.ones(4)), ValueError,
+         r"x has shape \(4,\), which the net cannot take \(its first layer, Linear, takes inputs shaped \(N, 1\)\).*"
+         r"1-D.*x\.reshape\(-1, 1\)"),
+    Case("predict-scalar", lambda t: _posterior().predict(0.5), ValueError, r"x is a single number.*pass rows"),
+    Case("predict-before-fit", lambda t: _model().predict(X), AttributeError,
+         r"model\.predict: this BNN is not fitted.*post = bp\.fit\(model, x, y, method=.*then post\.predict\(x\)"),
+    Case("summary-before-fit", lambda t: _model().summary(), AttributeError,
+         r"model\.summary: this BNN is not fitted.*then post\.summary\(\)"),
+    Case("inference-data-before-fit", lambda t: _model().to_inference_data(), AttributeError,
+         r"model\.to_inference_data: this BNN is not fitted.*post = bp\.fit"),
     Case("predict-nan", lambda t: _posterior().predict(torch.full((4, 1), float("nan"))), ValueError,
          r"x contains NaN.*impute"),
     Case("predict-interval", lambda t: _posterior().predict(X, interval=95), ValueError,
@@ -281,3 +371,15 @@ def test_float64_numpy_data_fits_and_predicts_in_the_models_dtype():
     pred = post.predict(g.normal(size=(3, 2)))
     assert pred.mean.dtype == torch.get_default_dtype() and pred.mean.shape == (3,)
     assert torch.isfinite(pred.mean).all()
+
+
+@pytest.mark.parametrize("method", [m.value for m in bp.infer.Method])
+@pytest.mark.parametrize("likelihood", [bp.likelihoods.Gaussian(scale=0.1), bp.likelihoods.Categorical()],
+                         ids=["regression", "classification"])
+def test_every_method_refuses_a_fit_without_targets(method, likelihood):
+    """Without y every engine failed somewhere else (a TypeError deep in torch, Pyro's 'discrete sample site',
+    an engine's own check); now bp.fit refuses before any engine runs, naming the method."""
+    model = _model(out=3 if isinstance(likelihood, bp.likelihoods.Categorical) else 1, likelihood=likelihood)
+    with pytest.raises(ValueError, match=rf"y: {method} fits the model to targets, but y is None; pass them") as info:
+        bp.fit(model, X, method=method, progress=False)
+    assert Path(str(info.traceback[-1].path)).resolve() == PACKAGE.resolve() / "infer" / "__init__.py"

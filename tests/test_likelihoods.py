@@ -94,3 +94,25 @@ def test_bad_targets_are_explained(likelihood, out, y, error, match):
     model = bp.BNN(nn.Linear(2, out), prior=bp.priors.Normal(), likelihood=likelihood)
     with pytest.raises(error, match=match):
         bp.fit(model, torch.randn(4, 2), y, num_steps=1, progress=False)
+
+
+def test_torch_noise_priors_become_pyro_ones_and_must_be_positive():
+    td = torch.distributions
+    f, y = torch.randn(6, 1), torch.randn(6)
+    for likelihood, site, pyro_prior in [(bp.likelihoods.Gaussian(scale=td.HalfNormal(2.0)), "sigma", dist.HalfNormal(2.0)),
+                                         (bp.likelihoods.Gaussian(precision=td.Gamma(2.0, 1.0)), "precision",
+                                          dist.Gamma(2.0, 1.0))]:
+        tr = _obs(likelihood, f, y)
+        fn, value = tr.nodes[site]["fn"], tr.nodes[site]["value"]
+        assert type(fn) is type(pyro_prior) and torch.allclose(fn.log_prob(value), pyro_prior.log_prob(value))
+    for positive in [dist.LogNormal(0.0, 1.0), dist.InverseGamma(2.0, 1.0), dist.Uniform(0.01, 1.0), dist.Exponential(1.0),
+                     dist.HalfCauchy(1.0)]:
+        assert bp.likelihoods.Gaussian(scale=positive).sites()["sigma"] is positive
+    for real in [dist.Normal(0.0, 1.0), dist.Uniform(-1.0, 1.0), td.StudentT(3.0)]:
+        with pytest.raises(ValueError, match=r"scale: \w+ has support .*must be positive"):
+            bp.likelihoods.Gaussian(scale=real)
+
+
+def test_class_labels_shaped_n_by_1_are_accepted():
+    labels = torch.tensor([0, 2, 1, 1])
+    assert torch.equal(bp.likelihoods.Categorical().check_target(labels[:, None], 3), labels)

@@ -173,3 +173,57 @@ def test_bad_models_are_explained():
         bp.BNN(nn.Linear(2, 1), prior=lambda n, m, p: dist.Normal(torch.zeros(3), 1.0), likelihood=gaussian())
     with pytest.raises(ValueError, match=r"net must map \(N, \.\.\.\) inputs to \(N, out\) outputs"):
         bp.fit(bp.BNN(nn.Conv1d(1, 1, 2), prior=bp.priors.Normal(), likelihood=gaussian()), torch.randn(4, 1, 5), torch.randn(4))
+
+
+def test_parameters_no_dict_pattern_matches_stay_deterministic_and_are_listed():
+    net = nn.Sequential(nn.Linear(1, 3), nn.Tanh(), nn.Linear(3, 1))
+    model = bp.BNN(net, prior={"0.*": dist.Normal(0.0, 1.0)}, likelihood=gaussian())
+    assert model.sample_names == ["0.weight", "0.bias"] and model.point_names == ["2.weight", "2.bias"]
+    assert "deterministic=['2.weight', '2.bias']" in repr(model)
+    tr = _trace(model, torch.randn(4, 1), torch.randn(4))
+    assert tr.nodes["0.weight"]["type"] == "sample" and tr.nodes["2.weight"]["type"] == "param"
+
+
+def test_posterior_attributes_on_an_unfitted_bnn_say_to_fit_first():
+    import dataclasses
+
+    model = bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(), likelihood=gaussian())
+    names = {n for n in dir(bp.Posterior) if not n.startswith("_")} | {f.name for f in dataclasses.fields(bp.Posterior)}
+    assert {"predict", "summary", "to_inference_data", "sample", "samples", "plot_trace", "save"} <= names
+    for name in sorted(names):
+        with pytest.raises(AttributeError, match=rf"model\.{name}: this BNN is not fitted.*post = bp\.fit\(model, x, y"):
+            getattr(model, name)
+    assert not hasattr(model, "predict")  # still an AttributeError: duck typing keeps working
+    with pytest.raises(AttributeError, match="'BNN' object has no attribute 'no_such_thing'"):
+        model.no_such_thing
+    assert isinstance(model.net, nn.Module)  # nn.Module's own lookups are unchanged
+
+
+class _Broken(nn.Module):
+    """x fits the first layer; the second does not fit the first one's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(2, 3), nn.Linear(4, 1)
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+@pytest.mark.parametrize("net, x, match", [
+    (nn.Linear(3, 1), torch.ones(8), r"x has shape \(8,\), which the net cannot take \(its first layer, Linear, takes inputs shaped \(N, 3\)\).*1-D"),
+    (nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)), torch.ones(8, 2),
+     r"x has shape \(8, 2\).*first layer, '0', Linear, takes inputs shaped \(N, 3\)"),
+    (nn.Sequential(nn.Conv2d(3, 2, 3), nn.Flatten(), nn.Linear(2 * 3 * 3, 1)), torch.ones(8, 1, 5, 5),
+     r"x has shape \(8, 1, 5, 5\).*first layer, '0', Conv2d, takes inputs shaped \(N, 3, \.\.\., \.\.\.\)"),
+    (nn.Sequential(nn.Linear(2, 3), nn.Linear(4, 1)), torch.ones(8, 2),
+     r"x fits its first layer, '0', Linear, but a later layer does not fit.*Check the layer sizes"),
+    (_Broken(), torch.ones(8, 2), r"x has shape \(8, 2\), which the net cannot take \(the error it raised is chained"),
+], ids=["linear-1d", "sequential-features", "conv-channels", "sequential-broken", "custom-broken"])
+def test_shape_errors_are_in_our_words_with_torchs_error_chained(net, x, match):
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
+    with pytest.raises(RuntimeError) as inner:
+        net(x[:2])
+    with pytest.raises(ValueError, match=match) as info:
+        model.output_dim(x)
+    assert str(inner.value) not in str(info.value) and isinstance(info.value.__cause__, RuntimeError)

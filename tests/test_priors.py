@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pyro
 import pyro.distributions as dist
 import pytest
 import torch
@@ -83,3 +84,70 @@ def test_full_shape_distribution_and_bad_prior_arguments():
         bp.priors.LayerwiseNormal("lecun")
     with pytest.raises(TypeError, match="prior: expected a bnn_pyro.priors.Prior, a callable"):
         bp.BNN(NET, prior=3.0, likelihood=bp.likelihoods.Gaussian(scale=1.0))
+
+
+TORCH_DISTRIBUTIONS = [
+    torch.distributions.Normal(0.5, 2.0),
+    torch.distributions.Laplace(0.0, 0.5),
+    torch.distributions.StudentT(3.0, 0.0, 1.5),
+    torch.distributions.Normal(torch.zeros(3), 1.0).expand([2, 3]),
+    torch.distributions.Categorical(probs=torch.tensor([0.2, 0.3, 0.5])),
+    torch.distributions.MultivariateNormal(torch.zeros(2), torch.tensor([[2.0, 0.5], [0.5, 1.0]])),
+    torch.distributions.Independent(torch.distributions.Normal(torch.zeros(3), 2.0), 1),
+    torch.distributions.LogNormal(0.0, 0.5),
+    torch.distributions.Uniform(-1.0, 3.0),
+    torch.distributions.MixtureSameFamily(torch.distributions.Categorical(torch.tensor([0.3, 0.7])),
+                                          torch.distributions.Normal(torch.tensor([-1.0, 2.0]), torch.tensor([0.5, 1.0]))),
+    torch.distributions.TransformedDistribution(torch.distributions.Normal(0.0, 1.0),
+                                                [torch.distributions.transforms.AffineTransform(1.0, 3.0)]),
+]
+
+
+@pytest.mark.parametrize("torch_dist", TORCH_DISTRIBUTIONS, ids=lambda d: type(d).__name__)
+def test_a_torch_distribution_becomes_the_pyro_one_of_the_same_name_and_parameters(torch_dist):
+    from pyro.distributions.torch_distribution import TorchDistributionMixin
+
+    prior = bp.priors.as_prior(torch_dist)(None, None, None)
+    assert isinstance(prior, TorchDistributionMixin) and type(prior).__name__ == type(torch_dist).__name__
+    assert prior.batch_shape == torch_dist.batch_shape and prior.event_shape == torch_dist.event_shape
+    value = torch_dist.sample(torch.Size([5]))
+    assert torch.allclose(prior.log_prob(value), torch_dist.log_prob(value))
+
+
+def test_torch_priors_give_the_same_model_as_pyro_priors():
+    """A single distribution, a dict's values, a callable's return value and a hierarchical hyperprior may be
+    torch.distributions ones: the model is the one the pyro.distributions of the same name give."""
+    td = torch.distributions
+    cases = [
+        (td.Laplace(0.0, 2.0), dist.Laplace(0.0, 2.0)),
+        ({"0.*": td.Normal(0.0, 3.0), "*": td.StudentT(3.0)}, {"0.*": dist.Normal(0.0, 3.0), "*": dist.StudentT(3.0)}),
+        (lambda n, m, p: td.Normal(0.0, 0.5) if p.dim() == 2 else None, lambda n, m, p: dist.Normal(0.0, 0.5) if p.dim() == 2 else None),
+        (bp.priors.HierarchicalNormal(td.HalfNormal(2.0)), bp.priors.HierarchicalNormal(dist.HalfNormal(2.0))),
+    ]
+    for torch_prior, pyro_prior in cases:
+        pyro.set_rng_seed(0)
+        model, torch_sites = _prior_sites(torch_prior)
+        pyro.set_rng_seed(0)  # the same hyper draws, so that the conditional weight priors are comparable
+        _, pyro_sites = _prior_sites(pyro_prior)
+        assert sorted(torch_sites) == sorted(pyro_sites) and model.sample_names
+        for name, site in torch_sites.items():
+            value = pyro_sites[name]["value"]
+            assert type(site["fn"]) is type(pyro_sites[name]["fn"])
+            assert torch.allclose(site["fn"].log_prob(value), pyro_sites[name]["fn"].log_prob(value))
+
+
+def test_a_torch_prior_fits():
+    x = torch.linspace(-1, 1, 8)[:, None]
+    model = bp.BNN(nn.Linear(1, 1), prior=torch.distributions.Normal(0.0, 1.0),
+                   likelihood=bp.likelihoods.Gaussian(scale=torch.distributions.HalfNormal(1.0)))
+    post = bp.fit(model, x, 2 * x[:, 0], method="nuts", num_samples=5, num_warmup=5, progress=False, seed=0)
+    assert set(post.samples) == {"weight", "bias", "sigma"} and torch.isfinite(post.predict(x).mean).all()
+
+
+def test_dict_patterns_are_checked_against_the_parameter_names():
+    patterns = bp.priors.Patterns({"0.*": dist.Normal(0.0, 1.0), "*.bias": None, "2.weight": dist.Laplace(0.0, 1.0)})
+    patterns.check_names(["0.weight", "0.bias", "2.weight", "2.bias"])  # every pattern decides some parameter
+    with pytest.raises(ValueError, match=r"pattern '2\.weight' matches no parameter.*\['0\.weight', '0\.bias', '2\.bias'\]"):
+        patterns.check_names(["0.weight", "0.bias", "2.bias"])
+    with pytest.raises(ValueError, match=r"pattern '\*\.bias' is never used.*\['0\.bias'\].*matched first by \['0\.\*'\]"):
+        patterns.check_names(["0.weight", "0.bias", "2.weight"])

@@ -14,7 +14,7 @@ from typing import Callable
 
 import torch
 
-from bnn_pyro._checks import check_data, choice, positive_int
+from bnn_pyro._checks import check_data, choice, flag, positive_int
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -104,10 +104,17 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     >>> post = bp.fit(model, x, y, method="svi", guide="full_rank", num_steps=2000, seed=0)
     """
     kind = choice("method", method, Method)
+    example = "bp.BNN(net, prior=bp.priors.Normal(0., 1.), likelihood=bp.likelihoods.Gaussian(scale=0.1))"
+    if isinstance(model, torch.nn.Module) and not isinstance(model, BNN):
+        raise TypeError(f"model: got the plain torch module {type(model).__name__}, which has no prior or likelihood; "
+                        f"make it a Bayesian model first: model = {example}, with net your module.")
     if not (isinstance(model, BNN) or callable(model)):
         raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}; "
-                        "pass e.g. bp.BNN(net, prior=bp.priors.Normal(0., 1.), likelihood=bp.likelihoods.Gaussian(scale=0.1)).")
-    data = _data(model, x, y, batch_size, dataset_size)
+                        f"pass e.g. {example}.")
+    for name, check in (("seed", lambda v: positive_int("seed", v, allow_zero=True)), ("progress", lambda v: flag("progress", v))):
+        if name in config:
+            config[name] = check(config[name])
+    data = _data(model, x, y, batch_size, dataset_size, kind)
     if data.one_shot and kind in _MULTI_PASS:
         raise ValueError(f"x: method={kind.value!r} goes over the data more than once (fit, then curvature or "
                          "statistics), but a one-shot iterator or generator gives its batches only once. Pass a "
@@ -127,7 +134,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
                             f"help(bnn_pyro.infer.{module}.{name}) for the options.") from None
 
 
-def _data(model, x, y, batch_size, dataset_size) -> Data:
+def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
     if batch_size is not None:
         batch_size = positive_int("batch_size", batch_size)
     if isinstance(x, torch.utils.data.DataLoader) or (hasattr(x, "__iter__") and not hasattr(x, "shape")
@@ -143,6 +150,9 @@ def _data(model, x, y, batch_size, dataset_size) -> Data:
                     convert=lambda xb, yb: _checked(model, xb, yb))
         data.batch_size = data.first()[0].shape[0]
         return data
+    if y is None:
+        raise ValueError(f"y: {kind.value} fits the model to targets, but y is None; pass them, as in "
+                         f"bp.fit(model, x, y, method={kind.value!r}), or x as a DataLoader of (x, y) batches.")
     x, y = _checked(model, x, y)
     if dataset_size is not None:
         raise ValueError("dataset_size: only for DataLoader input; with tensors the size is len(x).")
@@ -161,6 +171,9 @@ def _unknown_option(err: TypeError) -> str | None:
 
 
 def _checked(model, x, y):
+    if y is None:  # only a loader's batch gets here without y
+        raise ValueError("x: a batch of the loader holds no targets (its y is None); make every batch an (x, y) pair "
+                         "of tensors, e.g. a DataLoader over TensorDataset(x, y).")
     bnn = isinstance(model, BNN)
     x, y = check_data(x, y, device=model.device if bnn else None, float_dtype=model.dtype if bnn else None)
     if isinstance(model, BNN):

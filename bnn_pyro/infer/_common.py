@@ -51,6 +51,10 @@ class Data:
         return self.loader is not None and isinstance(self.loader, collections.abc.Iterator)
 
     def _convert(self, batch):
+        if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+            what = f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list)) else type(batch).__name__
+            raise ValueError(f"x: each batch must be an (x, y) pair, got {what}; make the loader yield inputs and "
+                             "targets, e.g. a DataLoader over TensorDataset(x, y).")
         xb, yb = batch
         return self.convert(xb, yb) if self.convert is not None else (xb, yb)
 

@@ -297,8 +297,6 @@ def _settings(model, data: Data, *, structure=None, hessian=None, prior_precisio
         prior_precision = choice("prior_precision", prior_precision, PriorPrecision)
     else:
         prior_precision = positive("prior_precision", prior_precision)
-    if data.y is None and data.loader is None:
-        raise ValueError("laplace needs targets: pass y (the curvature is that of the likelihood of y).")
     default_steps = 0 if isinstance(init, Posterior) else 1000
     return _Settings(structure=structure, hessian=hessian, prior_precision=prior_precision,
                      num_steps=positive_int("num_steps", default_steps if num_steps is None else num_steps,

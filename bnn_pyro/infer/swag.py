@@ -193,8 +193,6 @@ def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, 
          progress: bool = True) -> tuple[Posterior, list[SWAGMoments]]:
     """The posterior and each chain's :class:`SWAGMoments` (what the tests check against theory)."""
     method = "swag" if swag else "swa"
-    if data.loader is None and data.y is None:
-        raise ValueError(f"y: {method} fits the model to targets; pass y (bp.fit(model, x, y, method={method!r})).")
     if data.loader is not None:
         batch = data.batch_size
         epoch = len(data.loader) if hasattr(data.loader, "__len__") else math.ceil(data.size / batch)
