@@ -5,7 +5,9 @@ The ``InferenceData`` is built directly from a :class:`~bnn_pyro.Posterior` (not
 ``posterior`` (one variable per latent site, dims ``"0.weight_dim_0"``, ...), ``sample_stats``
 (ArviZ's names: ``diverging``, ``acceptance_rate``, ``step_size``, ``tree_depth``, ``n_steps``,
 ``energy``, ``lp``), ``log_likelihood`` (``"obs"`` pointwise, ``(chain, draw, data)``: ready for
-``az.loo`` and ``az.waic``), ``posterior_predictive``, ``observed_data`` and ``constant_data``.
+``az.loo`` and ``az.waic``), ``posterior_predictive``, ``observed_data`` and ``constant_data``, at
+the training data by default. New inputs alone (``x=x_new``) give ``posterior_predictive`` and
+``constant_data`` only: a log-likelihood needs the observations at those inputs (``y=``).
 
 Thresholds of :func:`summary`'s warnings: R-hat above :data:`RHAT_MAX` (1.01) and bulk or tail ESS
 below :data:`ESS_PER_CHAIN` (100) times the number of chains, as recommended by Vehtari et al.
@@ -31,7 +33,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bnn_pyro._checks import check_data, choice, positive_int
+from bnn_pyro._checks import check_data, choice, flag, positive_int
 from bnn_pyro.model import BNN
 
 if TYPE_CHECKING:
@@ -91,7 +93,7 @@ def sample_stats(post: Posterior) -> dict[str, np.ndarray]:
     return out
 
 
-def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool = True,
+def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool | None = None,
                       posterior_predictive: bool = True, seed: int = 0, draws_per_chunk: int = 64,
                       points_per_chunk: int = 4096) -> az.InferenceData:
     """An ``arviz.InferenceData`` for ``post`` (see the module docstring for its groups).
@@ -101,12 +103,20 @@ def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool =
     post:
         Any engine's posterior.
     x, y:
-        Data for the pointwise groups; the training data by default. Without data (a fit from a
-        loader) or without a bound model (``bp.load`` without ``model=``) only ``posterior`` and
-        ``sample_stats`` are built.
-    log_likelihood, posterior_predictive:
-        Whether to compute these groups (one pass over the draws, ``draws_per_chunk`` draws by
-        ``points_per_chunk`` data points at a time, so memory stays bounded for large ``N``).
+        Data for the pointwise groups. Neither: the training data (``post.x``, ``post.y``). ``x``
+        alone (new inputs): ``posterior_predictive`` and ``constant_data`` at ``x``, and no
+        ``log_likelihood`` or ``observed_data`` (there is nothing observed at ``x``; the training
+        ``y`` is never paired with other inputs, whatever their number). ``x`` and ``y`` (e.g.
+        held-out data): every group, at those pairs. ``y`` alone is an error. Without data (a fit
+        from a loader) or without a bound model (``bp.load`` without ``model=``) only ``posterior``
+        and ``sample_stats`` are built.
+    log_likelihood:
+        Whether to compute the pointwise log-likelihood; ``None`` (default): wherever ``y`` is
+        known. ``True`` with new ``x`` but no ``y`` is an error.
+    posterior_predictive:
+        Whether to draw the posterior predictive (one pass over the draws with the log-likelihood,
+        ``draws_per_chunk`` draws by ``points_per_chunk`` data points at a time, so memory stays
+        bounded for large ``N``).
     seed:
         Seed of the posterior predictive draws (the global RNG state is left untouched).
 
@@ -114,27 +124,41 @@ def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool =
     -------
     >>> idata = bp.diagnostics.to_inference_data(post)
     >>> az.waic(idata)
+    >>> held_out = post.to_inference_data(x=x_test, y=y_test)       # log_likelihood at the test pairs
+    >>> new = post.to_inference_data(x=x_new)                        # posterior_predictive at x_new only
     """
     draws_per_chunk = positive_int("draws_per_chunk", draws_per_chunk)
     points_per_chunk = positive_int("points_per_chunk", points_per_chunk)
+    if x is None and y is not None:
+        raise ValueError("y: given without x. y is paired row by row with the inputs it was observed at; pass "
+                         "both (x=x_test, y=y_test), or neither to use the training data.")
+    if x is None:
+        x, y = post.x, post.y
+    posterior_predictive = flag("posterior_predictive", posterior_predictive)
+    log_likelihood = y is not None if log_likelihood is None else flag("log_likelihood", log_likelihood)
+    if log_likelihood and x is not None and y is None:
+        raise ValueError("log_likelihood=True needs the observations at x: pass y= with x=, or drop "
+                         "log_likelihood to get the posterior predictive at x alone.")
     groups = {"posterior": {k: v.detach().cpu().numpy() for k, v in post.samples.items()},
               "sample_stats": sample_stats(post)}
-    x = post.x if x is None else x
-    y = post.y if y is None else y
     unbound = getattr(post.model, "is_unbound", False)
-    if (x is None or y is None) and (log_likelihood or posterior_predictive):
+    if x is None and (log_likelihood or posterior_predictive):
         warnings.warn("to_inference_data: no data for the log_likelihood and posterior_predictive groups (the fit "
                       "streamed its batches, so the posterior holds no training data); LOO and WAIC need them: pass "
                       "x= and y= (e.g. a subset that fits in memory), or log_likelihood=False, "
                       "posterior_predictive=False to silence this.", UserWarning, stacklevel=2)
-    if x is not None and y is not None:
-        x, y = check_data(x, y)
-        if isinstance(post.model, BNN):
-            y = post.model.likelihood.check_target(y, post.model.output_dim(x))
-        groups["observed_data"] = {"obs": y.cpu().numpy()}
+    if x is not None:
+        is_bnn = isinstance(post.model, BNN)
+        x, y = check_data(x, y, device=post.model.device if is_bnn else None,
+                          float_dtype=post.model.dtype if is_bnn else None)
+        if is_bnn:
+            out = post.model.output_dim(x)  # a clear error for inputs the net cannot take
+            y = None if y is None else post.model.likelihood.check_target(y, out)
+        if y is not None:
+            groups["observed_data"] = {"obs": y.cpu().numpy()}
         groups["constant_data"] = {"x": x.cpu().numpy()}
         if (log_likelihood or posterior_predictive) and not unbound:
-            ll, pp = _pointwise(post, x, y, seed, draws_per_chunk, points_per_chunk)
+            ll, pp = _pointwise(post, x, y if log_likelihood else None, seed, draws_per_chunk, points_per_chunk)
             if log_likelihood:
                 groups["log_likelihood"] = {"obs": ll}
             if posterior_predictive:
@@ -153,9 +177,10 @@ def from_dict(**groups) -> az.InferenceData:
 
 
 def _pointwise(post: Posterior, x, y, seed, draws_per_chunk, points_per_chunk):
-    """Log-likelihood ``(C, D, N)`` and posterior predictive draws ``(C, D, N, ...)`` of ``"obs"``."""
+    """Log-likelihood ``(C, D, N)`` of ``y`` (``None`` without ``y``) and posterior predictive draws
+    ``(C, D, N, ...)`` of ``"obs"`` at ``x``."""
     total, n = post.num_chains * post.num_draws, x.shape[0]
-    ll = np.empty((total, n))
+    ll = None if y is None else np.empty((total, n))
     pp = None
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(seed)
@@ -165,17 +190,20 @@ def _pointwise(post: Posterior, x, y, seed, draws_per_chunk, points_per_chunk):
                 rows = slice(j, j + points_per_chunk)
                 if isinstance(post.model, BNN):
                     d = post.observation_distribution(x[rows], idx, draws_per_chunk=draws_per_chunk)
-                    lp, sample = d.log_prob(y[rows]), d.sample()
+                    lp = None if y is None else d.log_prob(y[rows])
+                    sample = d.sample()
                 else:
-                    sites = [post.trace_draw(int(k), x[rows], y[rows]).nodes["obs"] for k in idx]
-                    lp = torch.stack([s["fn"].log_prob(s["value"]) for s in sites])
+                    sites = [post.trace_draw(int(k), x[rows], None if y is None else y[rows]).nodes["obs"]
+                             for k in idx]
+                    lp = None if y is None else torch.stack([s["fn"].log_prob(s["value"]) for s in sites])
                     sample = torch.stack([s["fn"].sample() for s in sites])
                 if pp is None:
                     pp = np.empty((total, n) + tuple(sample.shape[2:]), dtype=sample.cpu().numpy().dtype)
-                ll[idx.numpy(), rows] = lp.reshape(len(idx), -1).cpu().numpy()
+                if lp is not None:
+                    ll[idx.numpy(), rows] = lp.reshape(len(idx), -1).cpu().numpy()
                 pp[idx.numpy(), rows] = sample.cpu().numpy()
     shape = (post.num_chains, post.num_draws)
-    return ll.reshape(shape + ll.shape[1:]), pp.reshape(shape + pp.shape[1:])
+    return (None if ll is None else ll.reshape(shape + ll.shape[1:])), pp.reshape(shape + pp.shape[1:])
 
 
 def function_draws(post: Posterior, x, *, draws_per_chunk: int = 64) -> torch.Tensor:

@@ -321,6 +321,8 @@ CASES = [
          r"interval must lie in \(0, 1\), got 95.*try 0\.95"),
     Case("predict-num-samples", lambda t: _posterior().predict(X, num_samples=0), ValueError,
          r"num_samples must be a positive int.*pass"),
+    Case("inference-data-y-without-x", lambda t: _posterior().to_inference_data(y=Y), ValueError,
+         r"y: given without x.*pass both"),
     # ------------------------------------------------------------------ save / load
     Case("load-corrupted", lambda t: bp.load(_corrupted_file(t)), PosteriorFileError,
          r"(checksum mismatch|unreadable).*corrupted.*Save the posterior again"),

@@ -44,6 +44,58 @@ def test_log_likelihood_is_pointwise_and_chunking_does_not_change_it(svi_post, l
     np.testing.assert_array_equal(big.posterior_predictive["obs"].values, again.posterior_predictive["obs"].values)
 
 
+def _new_data(linear_data):
+    """Inputs as many as the training rows but elsewhere (x + 3), and their observations: a length
+    match must never pair them with the training y."""
+    x, y = linear_data
+    return x + 3.0, y + 0.8 * 3.0
+
+
+def test_new_x_alone_gives_the_posterior_predictive_there_and_no_log_likelihood(svi_post, linear_data):
+    x_new, _ = _new_data(linear_data)
+    idata = svi_post.to_inference_data(x=x_new, seed=1)
+    assert set(idata.groups()) == {"posterior", "posterior_predictive", "constant_data"}  # no training y anywhere
+    np.testing.assert_array_equal(idata.constant_data["x"].values, x_new.numpy())
+    pp = torch.as_tensor(idata.posterior_predictive["obs"].values)
+    assert pp.shape == (2, 100, 40)
+    pred = svi_post.predict(x_new, interval=None)  # the predictive at x_new, not at the training inputs
+    z = (pp.mean((0, 1)) - pred.mean.reshape(-1)) / (pred.std.reshape(-1) / 200**0.5)
+    assert z.abs().max() < 4.0, z  # independent draws (SVI): MC error std / sqrt(200), 4 sigma over 40 points
+    # the same draws as with observations at x_new (one pass, same seed): only the log-likelihood is added
+    with_y = svi_post.to_inference_data(x=x_new, y=_new_data(linear_data)[1], seed=1)
+    np.testing.assert_array_equal(with_y.posterior_predictive["obs"].values, pp.numpy())
+
+
+def test_new_x_with_y_gives_log_likelihood_of_those_pairs(svi_post, linear_data):
+    x_new, y_new = _new_data(linear_data)
+    idata = svi_post.to_inference_data(x=x_new, y=y_new)
+    assert set(idata.groups()) == {"posterior", "log_likelihood", "posterior_predictive", "observed_data",
+                                   "constant_data"}
+    expected = svi_post.observation_distribution(x_new).log_prob(y_new).reshape(2, 100, 40)
+    np.testing.assert_allclose(idata.log_likelihood["obs"].values, expected.numpy(), rtol=1e-6)
+    np.testing.assert_array_equal(idata.observed_data["obs"].values, y_new.numpy())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Pareto-k advice on 40 points is not under test
+        assert az.loo(idata).n_data_points == 40
+    training = svi_post.observation_distribution(x_new).log_prob(linear_data[1]).reshape(2, 100, 40)
+    assert not np.allclose(idata.log_likelihood["obs"].values, training.numpy())  # the pairing matters here
+
+
+def test_function_model_with_new_x_alone(function_post, linear_data):
+    x_new, _ = _new_data(linear_data)
+    idata = function_post.to_inference_data(x=x_new[:7])
+    assert "log_likelihood" not in idata.groups() and "observed_data" not in idata.groups()
+    assert idata.posterior_predictive["obs"].shape == (2, 20, 7)
+
+
+def test_y_without_x_and_log_likelihood_without_y_are_errors(svi_post, linear_data):
+    x_new, y_new = _new_data(linear_data)
+    with pytest.raises(ValueError, match=r"y: given without x.*pass both"):
+        svi_post.to_inference_data(y=y_new)
+    with pytest.raises(ValueError, match=r"log_likelihood=True needs the observations at x: pass y="):
+        svi_post.to_inference_data(x=x_new, log_likelihood=True)
+
+
 def test_loo_and_waic_work(svi_post):
     idata = svi_post.to_inference_data(posterior_predictive=False)
     with warnings.catch_warnings():

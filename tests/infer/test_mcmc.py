@@ -93,6 +93,31 @@ def test_hmc_with_fixed_leapfrog_count_recovers_exact_posterior():
     _assert_exact(post, x, y)
 
 
+def test_hmc_default_leapfrog_count_is_bounded_and_explicit_settings_win():
+    """Trap 3: a fixed trajectory length costs length / step size leapfrog steps per draw, without
+    bound as the adapted step shrinks. At its defaults HMC takes the documented DEFAULT_NUM_LEAPFROG
+    steps per draw; the user's num_leapfrog= or trajectory_length= still decide when given."""
+    g = torch.Generator().manual_seed(0)
+    x1 = torch.randn(400, 1, generator=g)
+    x = torch.cat([x1, x1 + 0.01 * torch.randn(400, 1, generator=g)], 1)  # nearly collinear: a small adapted step
+    y = x @ torch.tensor([1.0, -1.0]) + 0.3 + SIGMA * torch.randn(400, generator=g)
+
+    def run(**options):
+        return bp.fit(_blr(2), x, y, method="hmc", num_samples=10, num_warmup=30, seed=5, progress=False, **options)
+
+    default = run()
+    assert f"(default :data:`DEFAULT_NUM_LEAPFROG` = {mcmc.DEFAULT_NUM_LEAPFROG} when" in mcmc.fit.__doc__
+    assert (default.sample_stats["n_steps"] == mcmc.DEFAULT_NUM_LEAPFROG).all()
+    assert default.config["num_leapfrog"] == mcmc.DEFAULT_NUM_LEAPFROG
+    # here Stan's 2 * pi trajectory would cost more than the default: the bound is not vacuous
+    assert (2 * math.pi / default.sample_stats["step_size"] > mcmc.DEFAULT_NUM_LEAPFROG).all()
+    assert (run(num_leapfrog=5).sample_stats["n_steps"] == 5).all()
+    given = run(trajectory_length=1.5)
+    steps, expected = given.sample_stats["n_steps"].double(), 1.5 / given.sample_stats["step_size"].double()
+    assert ((steps - expected.floor()).abs() <= 1).all(), (steps, expected)  # Pyro's int(length / step size)
+    assert (steps != mcmc.DEFAULT_NUM_LEAPFROG).all() and given.config["num_leapfrog"] is None
+
+
 @pytest.mark.slow  # ~7 s
 def test_metropolis_adapts_and_recovers_exact_posterior():
     x, y = _data(1)
