@@ -1,25 +1,32 @@
 """The ``bnn-pyro`` command line.
 
 ``bnn-pyro demo`` fits a 1-50-1 tanh BNN to the bundled gap data by SVI and prints how the
-predictive uncertainty grows inside the gap. ``bnn-pyro zoo`` lists the model zoo, and
-``bnn-pyro fit ENTRY --method nuts --chains 2 --out DIR`` fits a zoo entry, prints its
-function-space summary and metrics, and writes the posterior, its InferenceData and plots into
-``DIR``. Bad arguments exit non-zero with a message, never a traceback.
+predictive uncertainty grows inside the gap. ``bnn-pyro zoo`` lists the model zoo and
+``bnn-pyro zoo NAME`` prints an entry's card. ``bnn-pyro fit ENTRY --method nuts --chains 2 --out DIR``
+fits a zoo entry by any registered method (``--option KEY=VALUE`` sets the method's other options),
+prints its function-space summary and metrics, and writes the posterior, its InferenceData and plots
+into ``DIR`` (which must be new or empty, unless ``--overwrite``). Bad arguments exit with status 2
+and a message, never a traceback, before any fitting.
 
 Example
 -------
 .. code-block:: bash
 
-    bnn-pyro zoo
+    bnn-pyro zoo mlp_regression
     bnn-pyro fit mlp_regression --method nuts --chains 2 --samples 200 --out runs/mlp
+    bnn-pyro fit mlp_regression --method swag --steps 500 --option rank=10 --out runs/swag
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
+import importlib
 import importlib.util
+import inspect
 import sys
 import tempfile
+import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -28,8 +35,8 @@ import torch
 
 __all__ = ["main"]
 
-_METHODS = ("svi", "nuts", "hmc", "metropolis")
 _TRACE_SCALARS = 4
+_WIDTH = 100  # card text is wrapped to this many columns
 
 
 def _demo(args) -> int:
@@ -65,10 +72,74 @@ def _zoo(args) -> int:
     from bnn_pyro import zoo
 
     names = zoo.list()
+    if args.entry is not None:
+        _print_card(_entry_name(args.entry, names))
+        return 0
     width = max(map(len, names), default=0)
     for name in names:
         print(f"{name + ':':<{width + 1}} {zoo.card(name)['title']}")
     return 0
+
+
+def _entry_name(name: str, names: list[str]) -> str:
+    if name not in names:
+        raise _Usage(f"unknown zoo entry {name!r}; choose one of: {', '.join(names)} (see `bnn-pyro zoo`).")
+    return name
+
+
+def _print_card(name: str) -> None:
+    """An entry's card, one labelled paragraph per field, then its reference posterior (if any)."""
+    from bnn_pyro import zoo
+
+    card = zoo.card(name)
+    print(f"{name}: {card.pop('title')}\n")
+    method, settings = card.pop("default_method"), card.pop("default_settings")
+    references = card.pop("references")
+    for key, text in card.items():  # summary, prior, likelihood, data (and any field added later)
+        _field(key, str(text))
+    _field("default", f"method {method!r}; the entry's settings per method (`bnn-pyro fit {name} --method M` "
+                      "starts from those of M; flags and --option override them):")
+    for m, config in settings.items():
+        _field(f"  {m}", _pairs(config))
+    print("references:")
+    for ref in references:
+        print(textwrap.fill(ref, _WIDTH, initial_indent="  - ", subsequent_indent="    ", break_on_hyphens=False))
+    try:
+        _print_reference(zoo.reference(name))
+    except FileNotFoundError:
+        print("\nreference posterior: none")
+    print(f"\ntry: bnn-pyro fit {name} --method {method} --out runs/{name}")
+
+
+def _print_reference(ref: dict) -> None:
+    prov, accept = ref["provenance"], ref["acceptance"]
+    print("\nreference posterior (bp.zoo.reference):")
+    _field("  engine", f"{prov['engine']}; settings {_pairs(prov.get('settings', {}))}"
+                       + (f"; hyper-parameters {_pairs(ref['hyper'])}" if ref.get("hyper") else ""))
+    run = [f"{prov['divergences']} divergent transitions" if "divergences" in prov else None,
+           f"{prov['wall_time_s']:.0f} s" if "wall_time_s" in prov else None, prov.get("date"), prov.get("note")]
+    if any(run):
+        _field("  run", "; ".join(r for r in run if r))
+    checks = accept.get("checks")
+    checks = ", ".join(f"{k}: {'pass' if ok else 'FAIL'}" for k, ok in checks.items()) if checks else accept.get(
+        "criteria", "")
+    _field("  accepted", f"{'yes' if accept.get('accepted') else 'NO'} ({checks})")
+    f = ref["f"]
+    columns = [c for c in ("mean", "sd", "r_hat", "ess_bulk") if c in f]
+    print(f"  f(x) at {len(ref['x'])} inputs:")
+    print(f"    {'x':>16} " + " ".join(f"{c:>9}" for c in columns))
+    for i, x in enumerate(ref["x"]):
+        inputs = ", ".join(f"{round(v, 6) + 0.0:.3g}" for v in x)  # + 0.0: no "-0"
+        print(f"    {inputs:>16} " + " ".join(f"{f[c][i]:9.4g}" for c in columns))
+
+
+def _pairs(config: dict) -> str:
+    return ", ".join(f"{k}={v!r}" for k, v in config.items())
+
+
+def _field(label: str, text: str) -> None:
+    print(textwrap.fill(text, _WIDTH, initial_indent=f"{label + ':':<13}", subsequent_indent=" " * 13,
+                        break_on_hyphens=False))
 
 
 # ---------------------------------------------------------------------- fit
@@ -77,23 +148,15 @@ def _fit(args) -> int:
 
     from bnn_pyro import zoo
 
-    names = zoo.list()
-    if args.entry not in names:
-        raise _Usage(f"unknown zoo entry {args.entry!r}; choose one of: {', '.join(names)} (see `bnn-pyro zoo`).")
+    name = _entry_name(args.entry, zoo.list())
     method = args.method
-    mcmc = method != "svi"
-    if args.steps is not None and mcmc:
-        raise _Usage(f"--steps sets the number of SVI optimizer steps; method {method!r} takes --samples and --warmup.")
-    if args.warmup is not None and not mcmc:
-        raise _Usage("--warmup is for MCMC methods (nuts, hmc, metropolis); SVI takes --steps.")
-    out = _output_folder(args.out)
+    overrides = _fit_config(method, args)
+    out = _output_folder(args.out, overwrite=args.overwrite)
 
-    entry = zoo.load(args.entry)
-    overrides = {"num_chains": args.chains, "seed": args.seed, "progress": not args.no_progress}
-    for key, value in (("num_samples", args.samples), ("num_warmup", args.warmup), ("num_steps", args.steps)):
-        if value is not None:
-            overrides[key] = value
-    print(f"bnn-pyro fit: {entry.name} ({entry.card['title']}) by {method}, {args.chains} chain(s)")
+    entry = zoo.load(name)
+    shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items() if k != "progress")
+    print(f"bnn-pyro fit: {entry.name} ({entry.card['title']}) by {method} ({shown}; other settings: the entry's, "
+          "else the method's)")
     start = time.perf_counter()
     post = entry.fit(method=method, **overrides)
     print(f"fitted in {time.perf_counter() - start:.1f} s: {post!r}\n")
@@ -101,13 +164,104 @@ def _fit(args) -> int:
     with pd.option_context("display.width", 120, "display.max_columns", 20, "display.max_rows", 40):
         _print_summaries(post)
     print("\nmetrics (held-out data):" if entry.x_test is not None else "\nmetrics:")
-    for name, value in entry.evaluate(post).items():
-        print(f"  {name:<22} {value:.4f}" if isinstance(value, float) else f"  {name:<22} {value}")
+    for metric, value in entry.evaluate(post).items():
+        print(f"  {metric:<22} {value:.4f}" if isinstance(value, float) else f"  {metric:<22} {value}")
 
     print(f"\nwriting to {out}/")
     for path in _write_outputs(post, entry, out):
         print(f"  {path.name}")
     return 0
+
+
+# ---------------------------------------------------------------------- methods and their options
+# Flags with a name of their own -> the options they set (the first one the method has).
+_FLAGS = {"--chains": ("num_chains", "num_members"), "--samples": ("num_samples",), "--warmup": ("num_warmup",),
+          "--steps": ("num_steps",), "--seed": ("seed",), "--no-progress": ("progress",)}
+_DEFAULT_CHAINS = 2  # for methods with num_chains; an ensemble keeps its own number of members
+# Engines that take ``**config`` pass it on to one function of their module: their options are that
+# function's keywords, less those the engine sets itself.
+_PASSED_ON = {"nuts": ("fit", {"kernel"}), "hmc": ("fit", {"kernel"}), "metropolis": ("fit", {"kernel"}),
+              "swa": ("_fit", {"swag", "rank", "num_samples", "scale"}), "swag": ("_fit", {"swag"})}
+_FIT_OPTIONS = ("batch_size", "num_threads")  # bp.fit's own keywords, for every method
+
+
+def _method_options(method: str) -> dict[str, object]:
+    """The keyword options ``bp.fit(..., method=method)`` takes, with their defaults (e.g. ``"swag"``:
+    ``{"batch_size": None, "num_threads": 1, "rank": 20, ...}``)."""
+    from bnn_pyro import infer
+
+    fn = infer.engine(method)
+    options = _keywords(fn)
+    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
+        if method not in _PASSED_ON:
+            raise LookupError(f"cli: method {method!r} takes **config; add to _PASSED_ON the function it passes "
+                              "them to, so that its options can be checked.")
+        target, fixed = _PASSED_ON[method]
+        inner = _keywords(getattr(importlib.import_module(fn.__module__), target))
+        options.update({k: v for k, v in inner.items() if k not in fixed and k not in options})
+    top = inspect.signature(infer.fit).parameters
+    return {**{k: top[k].default for k in _FIT_OPTIONS}, **options}
+
+
+def _keywords(fn) -> dict[str, object]:
+    """An engine function's keyword options (everything but ``model``, ``data`` and ``**config``)."""
+    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
+            if name not in ("model", "data") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def _fit_config(method: str, args) -> dict[str, object]:
+    """``bp.fit`` keywords from the flags and ``--option KEY=VALUE`` pairs, checked against the method's
+    options; a flag or key the method does not have is a usage error naming what it has."""
+    options = _method_options(method)
+    given = {"--chains": args.chains, "--samples": args.samples, "--warmup": args.warmup, "--steps": args.steps,
+             "--seed": args.seed, "--no-progress": False if args.no_progress else None}
+    config = {}
+    for flag, value in given.items():
+        names = [n for n in _FLAGS[flag] if n in options]
+        if value is not None and not names:
+            raise _Usage(f"{flag} does not apply to method {method!r} (it has no {' or '.join(_FLAGS[flag])} "
+                         f"option); drop {flag}, or set one of its options with --option KEY=VALUE: "
+                         f"{', '.join(options)}.")
+        if value is not None:
+            config[names[0]] = value
+    if args.chains is None and "num_chains" in options:
+        config["num_chains"] = _DEFAULT_CHAINS
+    for key, default in (("seed", 0), ("progress", True)):
+        if key in options:
+            config.setdefault(key, default)
+    for key, value in args.option:
+        flag = next((f for f, names in _FLAGS.items() if key in names), None)
+        if flag is not None:
+            raise _Usage(f"--option {key}: set it with {flag} instead (see `bnn-pyro fit --help`).")
+        if key not in options:
+            close = difflib.get_close_matches(key, options, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise _Usage(f"--option {key}: not an option of method {method!r}; {hint}choose one of: "
+                         f"{', '.join(options)}.")
+        if key in config:
+            raise _Usage(f"--option {key} is given twice; keep one.")
+        config[key] = value
+    return config
+
+
+def _key_value(text: str) -> tuple[str, object]:
+    """``--option KEY=VALUE``: VALUE is None (``none``, ``null``), a bool (``true``, ``false``; any
+    case), an int, a float, else the text itself."""
+    key, sep, raw = text.partition("=")
+    key, raw = key.strip(), raw.strip()
+    if not sep or not key.isidentifier():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY an option name, got {text!r}; "
+                                         "e.g. --option lr=0.01")
+    if raw.lower() in ("none", "null"):
+        return key, None
+    if raw.lower() in ("true", "false"):
+        return key, raw.lower() == "true"
+    for kind in (int, float):
+        try:
+            return key, kind(raw)
+        except ValueError:
+            pass
+    return key, raw
 
 
 def _print_summaries(post) -> None:
@@ -178,8 +332,19 @@ def _savefig(fig, path: Path) -> Path:
     return path
 
 
-def _output_folder(text: str) -> Path:
+_OUTPUTS = ("posterior.bnn", "inference_data.nc", "trace.png", "predictive.png", "reliability.png")
+
+
+def _output_folder(text: str, *, overwrite: bool) -> Path:
+    """``--out``, created if missing; an existing folder must be empty unless ``overwrite`` (then only
+    the files in :data:`_OUTPUTS` are replaced; nothing else there is touched)."""
     out = Path(text)
+    present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if present and not overwrite:
+        shown = ", ".join(present[:3]) + (", ..." if len(present) > 3 else "")
+        raise _Usage(f"--out {text!r} already exists and is not empty ({len(present)} entries: {shown}); choose a "
+                     f"new or empty folder, or pass --overwrite to replace the files this command writes "
+                     f"({', '.join(_OUTPUTS)}) and keep every other file.")
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
@@ -195,29 +360,63 @@ class _Usage(ValueError):
 
 # ---------------------------------------------------------------------- parsing
 def _parser() -> argparse.ArgumentParser:
+    from bnn_pyro.infer import Method
+
     parser = argparse.ArgumentParser(prog="bnn-pyro", description="Bayesian neural networks in Pyro.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="fit a BNN to the bundled 1-D gap data and show its uncertainty")
-    demo.add_argument("--guide", default="low_rank", choices=["mean_field", "low_rank", "full_rank", "map"])
-    demo.add_argument("--steps", type=_positive_int, default=3000)
-    demo.add_argument("--seed", type=int, default=0)
-    demo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    demo = sub.add_parser("demo", help="fit a BNN to the bundled 1-D gap data and show its uncertainty",
+                          description="Fit a 1-50-1 tanh BNN to the bundled gap data by SVI and print how its "
+                                      "predictive uncertainty grows inside the gap.")
+    demo.add_argument("--guide", default="low_rank", choices=["mean_field", "low_rank", "full_rank", "map"],
+                      help="the SVI guide (variational family) (default: %(default)s)")
+    demo.add_argument("--steps", type=_positive_int, default=3000, help="SVI optimizer steps (default: %(default)s)")
+    demo.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    demo.add_argument("--no-progress", action="store_true", help="hide the progress bar (default: shown)")
     demo.set_defaults(run=_demo)
 
-    zoo = sub.add_parser("zoo", help="list the model zoo's entries")
+    zoo = sub.add_parser("zoo", help="list the model zoo's entries, or print one entry's card",
+                         description="Without NAME: one line per zoo entry. With NAME: the entry's card (what it "
+                                     "shows, prior, likelihood, data and where it comes from, references, default "
+                                     "method and settings) and its reference posterior, if it has one.")
+    zoo.add_argument("entry", nargs="?", metavar="NAME",
+                     help="the entry whose card to print (default: none, list every entry)")
     zoo.set_defaults(run=_zoo)
 
+    methods = [m.value for m in Method]
     fit = sub.add_parser("fit", help="fit a zoo entry; print its summary and metrics; write posterior, "
-                                     "InferenceData and plots into --out")
-    fit.add_argument("entry", help="a zoo entry (see `bnn-pyro zoo`)")
-    fit.add_argument("--method", default="nuts", choices=_METHODS, help="inference engine (default: nuts)")
-    fit.add_argument("--chains", type=_positive_int, default=2, help="chains (independent restarts for svi); default 2")
-    fit.add_argument("--samples", type=_positive_int, help="draws per chain (default: the entry's)")
-    fit.add_argument("--warmup", type=_positive_int, help="MCMC warm-up steps per chain (default: the entry's)")
-    fit.add_argument("--steps", type=_positive_int, help="SVI optimizer steps (default: the entry's)")
-    fit.add_argument("--seed", type=int, default=0)
-    fit.add_argument("--out", required=True, help="folder for posterior.bnn, inference_data.nc and the plots")
-    fit.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+                                     "InferenceData and plots into --out",
+                         description="Fit a zoo entry with the entry's settings for --method (else the method's "
+                                     "defaults), overridden by the flags below; print the function-space summary "
+                                     "and metrics; write posterior.bnn, inference_data.nc and plots into --out.",
+                         epilog="example: bnn-pyro fit mlp_regression --method swag --steps 500 --option rank=10 "
+                                "--out runs/swag")
+    fit.add_argument("entry", metavar="ENTRY", help="a zoo entry (see `bnn-pyro zoo`)")
+    fit.add_argument("--method", default="nuts", choices=methods, metavar="METHOD",
+                     help=f"inference method, one of {', '.join(methods)} (default: %(default)s)")
+    fit.add_argument("--chains", type=_positive_int,
+                     help=f"chains (MCMC), independent restarts (SVI and the other optimizers) or members "
+                          f"(ensemble) (default: {_DEFAULT_CHAINS}; ensemble: its own number of members)")
+    fit.add_argument("--samples", type=_positive_int,
+                     help="draws per chain (default: the entry's setting for the method, else the method's)")
+    fit.add_argument("--warmup", type=_positive_int,
+                     help="warm-up steps per chain, for nuts, hmc, metropolis, sgld and sghmc (default: the "
+                          "entry's setting, else the method's)")
+    fit.add_argument("--steps", type=_positive_int,
+                     help="optimizer steps, for svi, swa, swag, the dropout methods, ensemble and laplace "
+                          "(default: the entry's setting, else the method's)")
+    fit.add_argument("--option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
+                     help="any other option of the method (the README's Engines table lists the main ones; an "
+                          "unknown KEY is an error that lists them all), repeatable, e.g. --option lr=0.01 "
+                          "--option guide=low_rank; VALUE is read as None (none, null), a bool (true, false), an "
+                          "int, a float, else a string (default: none)")
+    fit.add_argument("--seed", type=int, help="random seed (default: 0)")
+    fit.add_argument("--out", required=True, metavar="FOLDER",
+                     help="folder for posterior.bnn, inference_data.nc and the plots, created if missing; "
+                          "an existing one must be empty unless --overwrite is given (required)")
+    fit.add_argument("--overwrite", action="store_true",
+                     help="write into a non-empty --out: replace the files this command writes there and "
+                          "keep every other file (default: refuse)")
+    fit.add_argument("--no-progress", action="store_true", help="hide the progress bars (default: shown)")
     fit.set_defaults(run=_fit)
     return parser
 

@@ -5,7 +5,8 @@ point, sample_stats, history, per-draw buffers, the model's buffers, x, y) plus 
 entry (format and version, method, config, a SHA-256 of the tensors and a fingerprint of the
 model). Loading parses JSON and raw tensor bytes only; it never unpickles, so it never runs code
 from the file. Writing goes to a temporary file in the same folder, is fsynced, then renamed over
-the target (``os.replace``), so a crash mid-save leaves the previous file intact.
+the target (``os.replace``), so a crash mid-save leaves the previous file intact; the file gets the
+permissions the umask gives any new file (``0o644`` under umask 022).
 
 The model itself (its Python code) is not stored. ``bp.load(path, model=model)`` re-binds the
 posterior to a model built the same way, after checking its fingerprint (site names and shapes,
@@ -25,8 +26,8 @@ import copy
 import hashlib
 import json
 import os
+import secrets
 import struct
-import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -114,18 +115,44 @@ def save(post: Posterior, path: str | os.PathLike) -> Path:
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "method": post.method, "config": config,
             "groups": {g: list(d) for g, d in groups.items()}, "data": sorted(data),
             "model": fingerprint(post.model), "sha256": _digest(tensors)}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    return _write_atomic(path, tensors, {"bnn_pyro": json.dumps(meta)})
+
+
+def _write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
+    """Write a safetensors file to a temporary file beside ``path``, fsync it, rename it over ``path``.
+
+    The file gets the permissions the umask gives any new file (``0o644`` under the usual umask 022):
+    the temporary file is created exclusively (``O_EXCL``) with mode ``0o666`` less the umask, and
+    that mode is set again after safetensors has written it (``save_file`` leaves ``0o600``, as
+    ``tempfile.mkstemp`` would). Shared by :func:`save` and :mod:`bnn_pyro.infer.checkpoint`."""
+    tmp = _new_temporary(path)
     try:
-        save_file(tensors, tmp, metadata={"bnn_pyro": json.dumps(meta)})
+        mode = tmp.stat().st_mode & 0o777
+        save_file(tensors, str(tmp), metadata=metadata)
+        os.chmod(tmp, mode)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
     _fsync_dir(path.parent)
     return path
+
+
+def _new_temporary(path: Path) -> Path:
+    """An empty file ``.<name>.<random>.tmp`` beside ``path``, created by this call (never an existing
+    file or a link), with the permissions the umask gives a new file."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
+        try:
+            os.close(os.open(tmp, flags, 0o666))
+        except FileExistsError:
+            continue
+        return tmp
+    raise FileExistsError(f"path: could not create a temporary file in {str(path.parent)!r} (100 names taken); "
+                          "remove stale .*.tmp files there and try again.")
 
 
 def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Posterior:

@@ -1,12 +1,17 @@
-"""The command line: the demo runs, bad arguments exit non-zero with a message."""
+"""The command line: the demo runs, every subcommand documents its options, the zoo prints cards,
+every registered method fits through ``fit``, bad arguments exit non-zero with a message, and
+``--out`` never overwrites a user's files unasked."""
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
+import inspect
 
 import pytest
 
 from bnn_pyro import cli
+from bnn_pyro.infer import Method, engine
 
 
 def test_demo_runs_and_reports_uncertainty(capsys):
@@ -70,7 +75,7 @@ def test_fit_classification_by_svi_writes_a_reliability_diagram(zoo, tmp_path, c
 
 
 @pytest.mark.parametrize("argv", [
-    ["fit", "mlp_regression", "--method", "sgld"],           # unknown method
+    ["fit", "mlp_regression", "--method", "sgd"],            # unknown method
     ["fit", "mlp_regression", "--samples", "0"],             # non-positive counts
     ["fit", "mlp_regression", "--chains", "-1"],
     ["fit", "mlp_regression", "--steps", "ten"],
@@ -106,3 +111,166 @@ def test_fit_unwritable_out_dir_fails_before_fitting(zoo, tmp_path, capsys):
 def test_fit_options_of_the_wrong_engine_are_refused(zoo, argv, message, tmp_path, capsys):
     assert cli.main(["fit", "mlp_regression", "--out", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- help
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    (sub,) = [a for a in cli._parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(sub.choices)
+
+
+@pytest.mark.parametrize("command", sorted(_subcommands()))
+def test_help_documents_every_option_with_its_default(command, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main([command, "--help"])
+    assert stop.value.code == 0
+    printed = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for action in _subcommands()[command]._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        assert action.help, (command, action.dest)
+        for name in action.option_strings or [action.metavar or action.dest]:
+            assert name in printed, (command, name)
+        if action.option_strings:  # an option says what happens when it is left out
+            assert "(default: " in action.help or "(required)" in action.help, (command, action.dest)
+        words = " ".join((action.help % vars(action)).split())
+        assert words[:40] in printed, (command, action.dest)
+
+
+# ---------------------------------------------------------------------- zoo cards
+def test_zoo_name_prints_the_card_and_reference(zoo, capsys):
+    assert cli.main(["zoo", "mlp_regression"]) == 0
+    printed = " ".join(capsys.readouterr().out.split())
+    card, ref = zoo.card("mlp_regression"), zoo.reference("mlp_regression")
+    assert printed.startswith(f"mlp_regression: {card['title']}")
+    for key in ("summary", "prior", "likelihood", "data"):
+        assert f"{key}: {card[key][:50]}" in printed, key
+    for reference in card["references"]:
+        assert reference in printed
+    assert f"method {card['default_method']!r}" in printed
+    for method, settings in card["default_settings"].items():
+        assert f"{method}: " + ", ".join(f"{k}={v!r}" for k, v in settings.items()) in printed
+    assert "reference posterior" in printed and ref["provenance"]["engine"] in printed
+    assert f"f(x) at {len(ref['x'])} inputs" in printed and f"{ref['f']['mean'][0]:.4g}" in printed
+
+
+def test_zoo_card_of_an_entry_without_reference_says_so(zoo, capsys):
+    (name, *_) = [n for n in zoo.list() if n not in ("mlp_regression", "bayesian_linear_regression")]
+    with pytest.raises(FileNotFoundError):
+        zoo.reference(name)
+    assert cli.main(["zoo", name]) == 0
+    assert "reference posterior: none" in capsys.readouterr().out
+
+
+def test_zoo_unknown_name_lists_the_valid_ones(zoo, capsys):
+    assert cli.main(["zoo", "mlp_regresion"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown zoo entry 'mlp_regresion'" in err and all(n in err for n in zoo.list()) and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------- --out
+def test_fit_refuses_a_non_empty_out_folder_before_fitting(zoo, tmp_path, capsys):
+    mine = tmp_path / "notes.txt"
+    mine.write_text("my notes")
+    assert cli.main(["fit", "mlp_regression", "--method", "svi", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "already exists and is not empty" in err and "--overwrite" in err and "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"] and mine.read_text() == "my notes"
+
+
+def test_fit_overwrite_replaces_only_its_own_files(zoo, tmp_path, capsys):
+    (tmp_path / "notes.txt").write_text("my notes")
+    (tmp_path / "trace.png").write_bytes(b"an old plot")
+    assert _fit("mlp_regression", "svi", tmp_path, "--steps", "5", "--samples", "5", "--overwrite") == 0
+    assert (tmp_path / "notes.txt").read_text() == "my notes"
+    assert (tmp_path / "trace.png").read_bytes().startswith(b"\x89PNG")  # replaced by this run's plot
+    assert (tmp_path / "posterior.bnn").stat().st_size > 0
+    assert set(p.name for p in tmp_path.iterdir()) <= {"notes.txt", *cli._OUTPUTS}
+
+
+# ---------------------------------------------------------------------- every method, --option
+# Tiny settings per method: each runs through `bnn-pyro fit` in about a second.
+TINY = {
+    "svi": ["--steps", "5", "--samples", "5"],
+    "nuts": ["--samples", "5", "--warmup", "5", "--option", "max_tree_depth=3", "--option", "jit=false"],
+    "hmc": ["--samples", "5", "--warmup", "5", "--option", "num_leapfrog=3", "--option", "jit=false"],
+    "metropolis": ["--samples", "5", "--warmup", "5"],
+    "sgld": ["--samples", "3", "--warmup", "3", "--option", "thin=1"],
+    "sghmc": ["--samples", "3", "--warmup", "3", "--option", "thin=1"],
+    "csgmcmc": ["--samples", "2", "--option", "num_cycles=2", "--option", "thin=1"],
+    "swa": ["--steps", "4", "--option", "pretrain_steps=3", "--option", "collect_every=1"],
+    "swag": ["--steps", "4", "--samples", "5", "--option", "pretrain_steps=3", "--option", "rank=2",
+             "--option", "collect_every=1", "--option", "burn_in=0"],
+    "mc_dropout": ["--steps", "5", "--samples", "5"],
+    "variational_dropout": ["--steps", "5", "--samples", "5"],
+    "sparse_vd": ["--steps", "5", "--samples", "5"],
+    "ensemble": ["--chains", "2", "--steps", "5"],
+    "laplace": ["--steps", "5", "--samples", "5", "--option", "polish_steps=1"],
+}
+
+
+def test_tiny_settings_cover_every_registered_method():
+    assert set(TINY) == {m.value for m in Method}
+
+
+def _config(argv: list[str]) -> tuple[str, dict]:
+    args = cli._parser().parse_args(["fit", "mlp_regression", "--out", "unused", *argv])
+    return args.method, cli._fit_config(args.method, args)
+
+
+@pytest.mark.parametrize("method", [m.value for m in Method])
+def test_flags_and_options_map_to_the_method_s_own_option_names(method):
+    name, config = _config(["--method", method, *TINY[method], "--seed", "3", "--no-progress"])
+    options = cli._method_options(method)
+    assert name == method and set(config) <= set(options)
+    assert config["seed"] == 3 and config["progress"] is False
+    chains = "num_chains" if "num_chains" in options else "num_members"
+    assert config[chains] == 2  # --chains' default, or given (ensemble)
+    for flag, option in (("--samples", "num_samples"), ("--warmup", "num_warmup"), ("--steps", "num_steps")):
+        if flag in TINY[method]:
+            assert config[option] == int(TINY[method][TINY[method].index(flag) + 1])
+    inspect.signature(engine(method)).bind(None, None, **{k: v for k, v in config.items()
+                                                          if k not in cli._FIT_OPTIONS})  # Python accepts them
+
+
+@pytest.mark.parametrize("method", [m.value for m in Method])
+def test_every_registered_method_fits_through_the_cli(method, zoo, tmp_path, capsys, monkeypatch):
+    # the plots take most of a run's time and are the same for every method (tested above): skip them
+    monkeypatch.setattr(cli, "_write_outputs", lambda post, entry, out: [post.save(out / "posterior.bnn")])
+    assert _fit("mlp_regression", method, tmp_path / "run", *TINY[method]) == 0
+    printed = capsys.readouterr().out
+    assert f"by {method}" in printed and "metrics" in printed
+    import bnn_pyro as bp
+
+    post = bp.load(tmp_path / "run" / "posterior.bnn")
+    assert post.method == method and post.num_chains == 2
+
+
+@pytest.mark.parametrize("text, value", [
+    ("lr=0.01", 0.01), ("rank=10", 10), ("jit=False", False), ("dense_mass=true", True), ("init=None", None),
+    ("checkpoint=null", None), ("guide=low_rank", "low_rank"), ("lr=1e-3", 1e-3), ("lr_schedule= cosine ", "cosine"),
+])
+def test_option_values_are_parsed_as_documented(text, value):
+    key, parsed = cli._key_value(text)
+    assert key == text.split("=")[0] and parsed == value and type(parsed) is type(value)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--method", "swag", "--option", "rnak=4"], "did you mean 'rank'"),
+    (["--method", "svi", "--option", "num_samples=4"], "set it with --samples"),
+    (["--method", "svi", "--option", "lr=0.1", "--option", "lr=0.2"], "given twice"),
+    (["--method", "csgmcmc", "--warmup", "10"], "--warmup does not apply to method 'csgmcmc'"),
+    (["--method", "ensemble", "--samples", "10"], "--samples does not apply to method 'ensemble'"),
+    (["--method", "swa", "--option", "rank=3"], "not an option of method 'swa'"),
+])
+def test_options_the_method_does_not_have_are_refused(zoo, argv, message, tmp_path, capsys):
+    assert cli.main(["fit", "mlp_regression", "--out", str(tmp_path / "run"), "--no-progress", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("text", ["lr", "=3", "not a key=1"])
+def test_malformed_option_exits_with_usage(text, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["fit", "mlp_regression", "--out", str(tmp_path), "--option", text])
+    assert stop.value.code == 2 and "expected KEY=VALUE" in capsys.readouterr().err

@@ -176,3 +176,29 @@ def test_unbound_model_attributes_explain_themselves(saved, linear_data):
         loaded.observation_distribution(linear_data[0])
     with pytest.raises(ModelNotBoundError, match="cannot use model.likelihood"):
         loaded.plot_predictive()
+
+
+@pytest.fixture
+def umask():
+    """``os.umask`` for one test; the caller's umask is restored afterwards."""
+    before = os.umask(0o022)
+    try:
+        yield os.umask
+    finally:
+        os.umask(before)
+
+
+@pytest.mark.parametrize("writer", ["posterior", "checkpoint"])
+@pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
+def test_written_files_get_the_permissions_of_the_umask(svi_post, tmp_path, umask, writer, mask, mode):
+    from bnn_pyro.infer import checkpoint
+
+    umask(mask)
+    path = tmp_path / "out.bnn"
+    for _ in range(2):  # a new file, then one replaced atomically
+        if writer == "posterior":
+            svi_post.save(path)
+        else:
+            checkpoint.write(path, {"w": torch.ones(3)}, {"step": 1})
+        assert path.stat().st_mode & 0o777 == mode, oct(path.stat().st_mode)
+    assert os.listdir(tmp_path) == ["out.bnn"]  # no temporary file left behind

@@ -166,9 +166,10 @@ def latent_sites(model: Callable, x, y) -> list[str]:
     ]
 
 
-def progress_bar(total: int, desc: str, enabled: bool):
-    """A tqdm bar (a no-op when ``enabled`` is False)."""
-    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True)
+def progress_bar(total: int, desc: str, enabled: bool, position: int | None = None):
+    """A tqdm bar (a no-op when ``enabled`` is False); ``position``: its terminal line, for bars drawn
+    side by side by several processes (parallel MCMC chains)."""
+    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True, position=position)
 
 
 def clean_config(config: dict) -> dict:

@@ -16,7 +16,8 @@ Format: a safetensors file (tensors; byte tensors for the generator states) with
 entry (step, configuration, non-tensor state) and a SHA-256 of the tensors. Reading parses JSON and
 raw tensor bytes only (nothing is unpickled). Writes go to a temporary file in the same folder, are
 fsynced and renamed over the previous file (``os.replace``): a process killed mid-write leaves the
-previous checkpoint intact.
+previous checkpoint intact. Files get the permissions the umask gives any new file (as
+:func:`bnn_pyro.io.save`, whose writer they share).
 
 Example
 -------
@@ -29,14 +30,12 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load as load_tensors
-from safetensors.torch import save_file
 
 from bnn_pyro._checks import positive_int
 
@@ -52,23 +51,11 @@ class CheckpointError(ValueError):
 
 def write(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
     """Write ``tensors`` and the JSON-friendly ``meta`` to ``path`` atomically (module docstring)."""
-    from bnn_pyro.io import _digest, _fsync_dir
+    from bnn_pyro.io import _digest, _write_atomic
 
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        tensors = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
-        header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": meta, "sha256": _digest(tensors)}
-        save_file(tensors, tmp, metadata={"bnn_pyro": json.dumps(header)})
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
+    tensors = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
+    header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": meta, "sha256": _digest(tensors)}
+    return _write_atomic(Path(path), tensors, {"bnn_pyro": json.dumps(header)})
 
 
 def read(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -91,7 +91,7 @@ from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._health import check_sampler
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import (Data, apply_point_init, clean_config, init_strategy,
-                                    point_values, quiet_model)
+                                    point_values, progress_bar, quiet_model)
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_LEAPFROG"]
@@ -153,7 +153,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     chain_method:
         ``"auto"``, ``"parallel"`` (forked processes, one torch thread each) or ``"sequential"``.
     seed, progress:
-        Random seed (chain ``c`` uses ``seed + c``), and Pyro's progress bar (``False``: off).
+        Random seed (chain ``c`` uses ``seed + c``), and a progress bar per chain, labelled
+        ``"nuts chain 0"``, ... like the other engines' (parallel chains: one line each; ``False``: off).
     resume:
         A NUTS/HMC :class:`Posterior` of this model to extend: each chain continues from its last
         draw with its adapted step size and inverse mass matrix (``history["inverse_mass_matrix"]``),
@@ -197,12 +198,13 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
                     trajectory_length=trajectory_length, num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth,
                     jit=jit, init_strategy=strategy)
 
-    def run_chain(chain: int, show: bool):
+    def run_chain(chain: int, line: int):
         s = settings if resume is None else dict(  # the chain's last draw, step size and mass matrix
             settings, init_strategy=init_to_value(values={k: v[chain, -1] for k, v in resume.samples.items()}),
             resume_step=float(resume.sample_stats["step_size"][chain, -1]),
             resume_mass=resume.history["inverse_mass_matrix"][chain])
-        return _run_chain(fitted, data, s, num_samples, num_warmup, seed + chain, progress and show)
+        bar = (f"{kind.value} chain {chain}", line) if progress else None
+        return _run_chain(fitted, data, s, num_samples, num_warmup, seed + chain, bar)
 
     runs, execution = _run_chains(run_chain, num_chains, how)
     config = clean_config(dict(
@@ -423,30 +425,39 @@ def _make_kernel(model, s: dict):
     return kernel
 
 
-def _run_chain(model, data: Data, settings: dict, num_samples: int, num_warmup: int, seed: int, progress: bool):
-    """One chain: draws ``(num_samples, *shape)``, per-draw statistics, and the fixed point values."""
+def _run_chain(model, data: Data, settings: dict, num_samples: int, num_warmup: int, seed: int,
+               bar: tuple[str, int] | None):
+    """One chain: draws ``(num_samples, *shape)``, per-draw statistics, and the fixed point values.
+    ``bar``: the progress bar's label and terminal line (``None``: no bar)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one draw's tensors are small: extra intra-op threads only oversubscribe the cores
     try:
-        return _run_chain_1(model, data, settings, num_samples, num_warmup, seed, progress)
+        return _run_chain_1(model, data, settings, num_samples, num_warmup, seed, bar)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_chain_1(model, data, settings, num_samples, num_warmup, seed, progress):
+def _run_chain_1(model, data, settings, num_samples, num_warmup, seed, bar):
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(seed)
         kernel = _make_kernel(quiet_model(model, data.size), settings)
         stats, state = [], {}
+        # our bar, labelled per chain like the other engines' (Pyro's own says only "Warmup"/"Sample")
+        label, line = bar or ("", 0)
+        shown = progress_bar(num_warmup + num_samples, label, bar is not None, position=line)
 
         def record(kernel, params, stage, i):
             if stage.startswith("Sample"):
                 stats.append(kernel.stats)
                 state["mass"] = getattr(kernel, "inverse_mass_matrix", None)
+            if bar is not None:
+                shown.set_postfix({"phase": stage.lower(), **kernel.logging()}, refresh=False)
+                shown.update()
 
         mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=num_warmup, num_chains=1, hook_fn=record,
-                    disable_progbar=not progress)
-        mcmc.run(data.x, data.y)
+                    disable_progbar=True)
+        with shown:
+            mcmc.run(data.x, data.y)
         samples = {k: v.detach().clone() for k, v in mcmc.get_samples().items()}
         point = point_values(model, data.x, data.y, data.size)
     table = {k: torch.tensor([row[k] for row in stats]) for k in stats[0]}
@@ -463,11 +474,12 @@ def _cores() -> int:
 
 
 def _run_chains(run_chain, num_chains: int, how: ChainMethod):
-    """Run ``run_chain(c, show_progress)`` for every chain; return the results and how they ran."""
+    """Run ``run_chain(c, line)`` for every chain (``line``: where its progress bar goes, 0 unless chains
+    run side by side); return the results and how they ran."""
     workers = min(num_chains, _cores())
     can_fork = "fork" in mp.get_all_start_methods()
     if num_chains == 1:
-        return [run_chain(0, True)], "sequential"
+        return [run_chain(0, 0)], "sequential"
     if how is ChainMethod.PARALLEL and not (can_fork and workers > 1):
         raise ValueError(f"chain_method='parallel' needs the 'fork' start method and 2+ cores (found {_cores()} "
                          "core(s)); use chain_method='auto' or 'sequential'.")
@@ -475,21 +487,21 @@ def _run_chains(run_chain, num_chains: int, how: ChainMethod):
         if how is ChainMethod.AUTO:
             warnings.warn(f"mcmc: only {_cores()} core available, so the {num_chains} chains run one after "
                           "another (config['chain_execution'] = 'sequential').", stacklevel=3)
-        return [run_chain(c, True) for c in range(num_chains)], "sequential"
+        return [run_chain(c, 0) for c in range(num_chains)], "sequential"
     results = []
     for first in range(0, num_chains, workers):
-        batch = [_start(run_chain, c, c == first) for c in range(first, min(first + workers, num_chains))]
+        batch = [_start(run_chain, c, c - first) for c in range(first, min(first + workers, num_chains))]
         results += [_finish(*job) for job in batch]
     return results, "parallel"
 
 
-def _start(run_chain, chain: int, show: bool):
+def _start(run_chain, chain: int, line: int):
     receive, send = mp.get_context("fork").Pipe(duplex=False)
 
     def work():
         torch.set_num_threads(1)  # one thread per process: two per process oversubscribe the cores
         try:
-            result = ("ok", run_chain(chain, show))
+            result = ("ok", run_chain(chain, line))
         except BaseException as err:  # noqa: BLE001 - report any failure to the parent
             result = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
         buffer = io.BytesIO()  # plain bytes: torch's shared-memory pickling needs this process alive

@@ -223,6 +223,25 @@ def test_one_core_runs_chains_sequentially_and_says_so(monkeypatch):
     assert post.config["chain_execution"] == "sequential" and post.num_chains == 2
 
 
+@pytest.mark.parametrize("fast_path", [True, False])  # FlatNUTS / Pyro's NUTS
+@pytest.mark.parametrize("how", ["sequential", "parallel"])
+def test_every_chain_has_a_labelled_progress_bar(fast_path, how, capfd):
+    """Like SVI's "svi chain 0", each chain's bar says which chain it is; captured at the file
+    descriptor, so that the bars drawn by forked (parallel) chains are seen too."""
+    if how == "parallel" and mcmc._cores() < 2:
+        pytest.skip("needs 2 cores")
+    x, y = _data(2)
+    config = dict(num_samples=5, num_warmup=50, num_chains=2, chain_method=how, fast_path=fast_path, jit=False, seed=1)
+    post = bp.fit(_blr(2), x, y, method="nuts", **config)
+    err = capfd.readouterr().err
+    assert post.config["fast_path"] is fast_path and post.config["chain_execution"] == how
+    for chain in (0, 1):
+        assert f"nuts chain {chain}:" in err, err
+    assert "Warmup" not in err  # no unlabelled bar of Pyro's beside ours
+    bp.fit(_blr(2), x, y, method="nuts", progress=False, **config)
+    assert capfd.readouterr().err == ""
+
+
 def test_diverging_trajectory_is_rejected_not_raised():
     """Trap 4: a BNN's priors were built with validation on; a NaN weight must give a NaN potential."""
     x, y = _data(2)
