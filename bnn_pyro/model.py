@@ -11,9 +11,9 @@ template of the net), so one code path serves a single weight draw, vectorized E
 thousands of posterior draws at once (:meth:`BNN.forward_draws`).
 
 Parameters the prior leaves out (``None``, no matching pattern of a dict prior, or not selected by
-``bayesian=``) stay ordinary parameters: SVI point-estimates them (type-II maximum likelihood), MCMC
-keeps them fixed at their current values (the net's own, or those of the posterior passed as
-``init=``).
+``bayesian=``) stay ordinary parameters: SVI point-estimates them (type-II maximum likelihood),
+MCMC keeps them fixed at their starting values (re-drawn by ``reset_parameters()`` under the fit's
+seed by default; the net's own with ``init="net"``, or those of the posterior passed as ``init=``).
 
 Example
 -------
@@ -68,8 +68,9 @@ class BNN(nn.Module):
     ----------
     net:
         Any ``torch.nn.Module`` mapping ``x`` of shape ``(N, ...)`` to outputs ``(N, out)``. It is
-        copied; the user's module is never modified. Its current parameter values are the default
-        initialization of every engine (pass a pretrained net to start from it).
+        copied; the user's module is never modified. Engines start from a re-draw of its
+        parameters by each module's ``reset_parameters()`` under the fit's ``seed`` (``init="reset"``,
+        the default), or from its current values with ``init="net"`` (a pretrained net).
     prior:
         A :mod:`bnn_pyro.priors` prior, a callable ``(name, module, param) -> Distribution | None``,
         a dict from name patterns to distributions, or one distribution for every parameter.

@@ -81,6 +81,22 @@ def _posterior():
     return _fit(num_samples=3)
 
 
+def _mlp(*widths: int) -> bp.BNN:
+    """A tanh MLP 1 -> widths... -> 1 (module paths "0", "2", "4", ...)."""
+    sizes, layers = (1, *widths, 1), []
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [nn.Linear(a, b), nn.Tanh()]
+    return bp.BNN(nn.Sequential(*layers[:-1]), prior=bp.priors.Normal(0.0, 1.0),
+                  likelihood=bp.likelihoods.Gaussian(scale=0.1))
+
+
+def _init_from(source: bp.BNN, target: bp.BNN, method: str = "nuts"):
+    """Start a fit of ``target`` from a posterior of ``source`` (another net)."""
+    post = _fit(model=source, num_samples=2)
+    return bp.fit(target, X, Y, method=method, init=post, num_samples=2, progress=False,
+                  **({"num_warmup": 2} if method == "nuts" else {"num_steps": 2}))
+
+
 def _corrupted_file(tmp: Path) -> Path:
     path = tmp / "post.bnn"
     _posterior().save(path)
@@ -271,6 +287,22 @@ CASES = [
     Case("hyperprior-negative-support", lambda t: bp.priors.HierarchicalNormal(dist.Normal(0.0, 1.0)), ValueError,
          r"hyperprior: Normal has support Real\(\).*must be positive"),
     Case("num-threads-zero", lambda t: _fit(num_threads=0), ValueError, r"num_threads must be a positive int.*pass"),
+    # init= (issue 16): checked at fit start against the model's sites and shapes
+    Case("init-posterior-other-width", lambda t: _init_from(_mlp(20), _mlp(50)), ValueError,
+         r"init: the Posterior's site '0\.weight' has shape \(20, 1\) \(per draw\), but this model's '0\.weight' "
+         r"has shape \(50, 1\).*same net architecture.*init='net'"),
+    Case("init-posterior-other-architecture", lambda t: _init_from(_mlp(4, 4), _mlp(4), method="svi"), ValueError,
+         r"init: the Posterior's sites \['4\.weight', '4\.bias'\] are not sites or parameters of this model.*"
+         r"same net architecture"),
+    Case("init-dict-unknown-site", lambda t: _fit(init={"w": torch.zeros(1, 1)}), ValueError,
+         r"init: the dict's sites \['w'\] are not sites or parameters of this model \(its sites: \['weight', 'bias'"),
+    Case("init-dict-wrong-shape", lambda t: _mcmc(method="hmc", init={"weight": torch.zeros(3)}), ValueError,
+         r"init: the dict's site 'weight' has shape \(3,\).*this model's 'weight' has shape \(1, 1\)"),
+    Case("init-wrong-type", lambda t: _fit(init=5), TypeError,
+         r"init: expected 'reset', 'net', 'prior', 'median', a dict of site values or a bp\.Posterior, got int.*pass"),
+    Case("init-reset-pyro-function", lambda t: bp.fit(_walled, X, Y, method="sgld", init="reset", progress=False),
+         ValueError, r"init='reset' re-runs the layers' initializers of a bp\.BNN's net; this model is a Pyro "
+         r"function\. Use init='prior'"),
     # ------------------------------------------------------------------ model
     Case("net-without-parameters", lambda t: bp.BNN(nn.Tanh(), prior=bp.priors.Normal(),
                                                     likelihood=bp.likelihoods.Gaussian(scale=0.1)),

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from bnn_pyro.model import BNN
 
-__all__ = ["Data", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy", "apply_point_init",
+__all__ = ["Data", "traced", "is_latent", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy",
            "point_values", "quiet_model", "torch_threads", "unvalidated"]
 
 
@@ -146,24 +146,29 @@ class _DataPlateScale(poutine.messenger.Messenger):
             msg["scale"] = msg["scale"] * self.scale
 
 
-def latent_sites(model: Callable, x, y) -> list[str]:
-    """Names of the unobserved, non-deterministic sample sites of one run of ``model(x, y)``."""
+def traced(model: Callable, x, y):
+    """One run of ``model(x, y)`` traced (no gradients, in a scoped parameter store)."""
     try:
         with torch.no_grad(), pyro.get_param_store().scope():
-            trace = poutine.trace(model).get_trace(x, y)
+            return poutine.trace(model).get_trace(x, y)
     except NotImplementedError as err:  # e.g. ImproperUniform: engines draw every site once to find it
         raise ValueError(f"model: a prior cannot be sampled ({err}); every engine draws from the prior to find the "
                          "sites and initialize them, so improper priors are not supported. Use a proper, wide prior "
                          "instead, e.g. dist.Normal(0., 100.).") from None
-    return [
-        name
-        for name, site in trace.nodes.items()
-        if site["type"] == "sample"
-        and not site["is_observed"]
-        and not site_is_subsample(site)
-        and not site["infer"].get("_deterministic", False)
-        and not site["infer"].get("is_auxiliary", False)
-    ]
+
+
+def is_latent(site: dict) -> bool:
+    """Whether a trace site is an unobserved, non-deterministic sample site (what engines infer)."""
+    return (site["type"] == "sample"
+            and not site["is_observed"]
+            and not site_is_subsample(site)
+            and not site["infer"].get("_deterministic", False)
+            and not site["infer"].get("is_auxiliary", False))
+
+
+def latent_sites(model: Callable, x, y) -> list[str]:
+    """Names of the unobserved, non-deterministic sample sites of one run of ``model(x, y)``."""
+    return [name for name, site in traced(model, x, y).nodes.items() if is_latent(site)]
 
 
 def progress_bar(total: int, desc: str, enabled: bool, position: int | None = None):
@@ -178,14 +183,18 @@ def clean_config(config: dict) -> dict:
 
 
 def init_strategy(model, init):
-    """Pyro init strategy for ``init=``: ``"net"`` (a BNN's current weights; a prior draw for a Pyro
-    function), ``"prior"``, ``"median"``, a dict of site values, or a ``Posterior`` (its mean).
-    Sites without a value (hyper and noise sites) start at their prior median."""
+    """Pyro init strategy for one chain's resolved ``init=`` (see :mod:`bnn_pyro.infer._init`, whose
+    ``chain_start`` turns ``"reset"`` into a dict of values): ``"net"`` (a BNN's current weights; a prior
+    draw for a Pyro function), ``"prior"``, ``"median"``, a dict of site values, or a ``Posterior`` (its
+    mean; its chain-0 deterministic values for sites it did not sample). Sites without a value (hyper and
+    noise sites) start at their prior median."""
     from bnn_pyro.posterior import Posterior
 
     median = init_fns.init_to_median(num_samples=15)
     if isinstance(init, Posterior):
-        return init_fns.init_to_value(values={k: v.mean((0, 1)) for k, v in init.samples.items()}, fallback=median)
+        values = {k: v[0] for k, v in init.point.items()}
+        values.update({k: v.mean((0, 1)) for k, v in init.samples.items()})
+        return init_fns.init_to_value(values=values, fallback=median)
     if isinstance(init, dict):
         return init_fns.init_to_value(values=init, fallback=median)
     if init == "net" and isinstance(model, BNN):
@@ -194,19 +203,8 @@ def init_strategy(model, init):
         return init_fns.init_to_sample
     if init == "median":
         return median
-    raise ValueError(f"init: unknown value {init!r}; choose 'net', 'prior', 'median', a dict of site values, "
+    raise ValueError(f"init: unknown value {init!r}; choose 'reset', 'net', 'prior', 'median', a dict of site values, "
                      "or a Posterior (e.g. of an SVI or MAP fit).")
-
-
-def apply_point_init(model, init) -> None:
-    """``init=Posterior``: set a BNN's deterministic parameters to that posterior's chain-0 values."""
-    from bnn_pyro.posterior import Posterior
-
-    if isinstance(init, Posterior) and isinstance(model, BNN):
-        with torch.no_grad():
-            for name, p in model.net.named_parameters():
-                if name in init.point:
-                    p.copy_(init.point[name][0])
 
 
 def point_values(model, x, y, dataset_size: int | None) -> dict[str, torch.Tensor]:

@@ -82,7 +82,8 @@ from torch import nn
 from torch.distributions import constraints
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, apply_point_init, clean_config, point_values, progress_bar
+from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
+from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.svi import make_optimizer, make_schedule
 from bnn_pyro.model import BNN
@@ -127,7 +128,7 @@ def fit_mc_dropout(
     num_particles: int | None = None,
     num_chains: int = 1,
     num_samples: int = 1000,
-    init="net",
+    init=None,
     seed: int = 0,
     progress: bool = True,
 ) -> Posterior:
@@ -155,8 +156,9 @@ def fit_mc_dropout(
     num_chains, num_samples:
         Independent restarts, and draws per restart.
     init:
-        Initial ``M`` and point values: ``"net"`` (the net's weights; default), ``"prior"``,
-        ``"median"``, a dict of site values or a :class:`Posterior`.
+        Initial ``M`` and point values: ``"reset"`` (default: the layers' ``reset_parameters()`` under
+        chain ``c``'s seed ``seed + c``), ``"net"`` (the net's weights), ``"prior"``, ``"median"``, a dict
+        of site values or a :class:`Posterior` (see :mod:`bnn_pyro.infer._init`).
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``), and a progress bar (``False``: off).
     """
@@ -185,13 +187,13 @@ def fit_mc_dropout(
     num_samples = positive_int("num_samples", num_samples)
     lr = positive("lr", lr)
     sites = dropout_sites(model, data, dropout_inputs)
+    init = resolve_init(model, init, data)
     runs = []
     for chain in range(num_chains):
         fitted = copy.deepcopy(model)
         with pyro.get_param_store().scope():
             pyro.set_rng_seed(seed + chain)
-            apply_point_init(fitted, init)
-            pot = Potential(fitted, data, init=init)
+            pot = Potential(fitted, data, init=chain_start(fitted, init, seed + chain))
             guide = DropoutGuide(pot, sites, p, learn=kind is not RateLearning.FIXED)
             history = _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr,
                                 lr_schedule, seed + chain, progress, f"mc_dropout chain {chain}")

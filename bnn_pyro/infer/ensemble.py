@@ -21,10 +21,12 @@ likelihood term is the paper's proper scoring rule: Gaussian negative log-likeli
 per member) or the cross-entropy for classification. Deterministic parameters (those that
 ``bayesian=...`` leaves out) are fitted per member too.
 
-Initial values (``init=``): ``"reset"`` (a ``BNN``'s default) gives every parameter a fresh draw
-from its layer's own initializer (``reset_parameters()`` under the member's seed), as in the paper;
-``"prior"`` (a Pyro function's default) draws the latent sites from their priors. Hyper and noise
-sites start at their prior medians under ``"reset"``.
+Initial values (``init=``, shared with every engine: :mod:`bnn_pyro.infer._init`): ``"reset"`` (a
+``BNN``'s default) gives every parameter a fresh draw from its layer's own initializer
+(``reset_parameters()`` under the member's seed), as in the paper; ``"prior"`` (a Pyro function's
+default) draws the latent sites from their priors. Hyper and noise sites start at their prior
+medians under ``"reset"``. The other choices (``"net"``, ``"median"``, a dict, a ``Posterior``) start
+every member at the same point, so that only the minibatch order tells members apart.
 
 The posterior is the equal-weight mixture of the members, ``p(w | D) ~ (1/K) sum_k delta(w - w_k)``,
 stored as ``K`` chains of one draw each (so per-member deterministic values pair with their draw).
@@ -53,26 +55,23 @@ from __future__ import annotations
 
 import copy
 import math
-import warnings
-from enum import Enum
 
 import pyro
 import torch
 from pyro import poutine
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro._checks import positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
+from bnn_pyro.infer._init import Init, chain_start, resolve_init
+from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.svi import make_optimizer, make_schedule
-from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_ensemble", "EnsembleInit"]
 
 
-class EnsembleInit(str, Enum):
-    RESET = "reset"  # the net's own initializers, reseeded per member (BNN only)
-    PRIOR = "prior"  # a draw from the prior per member
+EnsembleInit = Init  # the shared choices; the name is kept for backward compatibility
 
 
 def fit_ensemble(
@@ -84,7 +83,7 @@ def fit_ensemble(
     lr: float = 1e-2,
     optimizer="adam",
     lr_schedule="constant",
-    init: str | None = None,
+    init=None,
     adversarial_eps: float = 0.0,
     seed: int = 0,
     progress: bool = True,
@@ -101,8 +100,9 @@ def fit_ensemble(
         or a callable). Minibatches come from ``bp.fit(..., batch_size=...)``.
     init:
         ``"reset"`` (re-run the layers' initializers; default for a ``BNN``) or ``"prior"`` (a prior
-        draw; default and only choice for a Pyro function model). A ``BNN``'s deterministic
-        parameters restart from their initializers under either choice.
+        draw; default for a Pyro function model), or one start for every member (``"net"``,
+        ``"median"``, a dict of site values, a ``Posterior``). A ``BNN``'s deterministic parameters
+        restart from their initializers except under ``"net"`` and a ``Posterior``.
     adversarial_eps:
         Size of the fast-gradient-sign input perturbation (0, the default, turns it off).
     seed, progress:
@@ -119,7 +119,7 @@ def fit_ensemble(
     num_members = positive_int("num_members", num_members)
     num_steps = positive_int("num_steps", num_steps)
     lr = positive("lr", lr)
-    init_kind = _init_kind(model, init)
+    init = resolve_init(model, init, data)
     try:
         eps = float(adversarial_eps)
     except (TypeError, ValueError):
@@ -129,10 +129,11 @@ def fit_ensemble(
                          "0 turns adversarial training off, the paper uses 1% of each input's range.")
     config = clean_config(dict(
         num_members=num_members, num_steps=num_steps, lr=lr, optimizer=getattr(optimizer, "value", optimizer),
-        lr_schedule=getattr(lr_schedule, "value", lr_schedule), init=init_kind.value, adversarial_eps=eps,
+        lr_schedule=getattr(lr_schedule, "value", lr_schedule),
+        init=init if isinstance(init, str) else type(init).__name__, adversarial_eps=eps,
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
     ))
-    members = [_fit_member(model, data, init_kind, num_steps, lr, optimizer, lr_schedule, eps, seed + k, progress,
+    members = [_fit_member(model, data, init, num_steps, lr, optimizer, lr_schedule, eps, seed + k, progress,
                            f"ensemble member {k}") for k in range(num_members)]
     stack = lambda key: {n: torch.stack([m[key][n] for m in members]) for n in members[0][key]}  # noqa: E731
     samples = {n: v.unsqueeze(1) for n, v in stack("sample").items()}
@@ -141,32 +142,12 @@ def fit_ensemble(
                      history={"loss": torch.stack([m["loss"] for m in members])}, x=data.x, y=data.y)
 
 
-def _init_kind(model, init) -> EnsembleInit:
-    if init is None:
-        return EnsembleInit.RESET if isinstance(model, BNN) else EnsembleInit.PRIOR
-    kind = choice("init", init, EnsembleInit)
-    if kind is EnsembleInit.RESET and not isinstance(model, BNN):
-        raise ValueError("init='reset' re-runs the layers' initializers of a bp.BNN's net; this model is a Pyro "
-                         "function. Use init='prior' (a prior draw per member).")
-    return kind
-
-
-def _fit_member(model, data: Data, init_kind: EnsembleInit, num_steps, lr, optimizer, lr_schedule, eps, seed,
-                progress, desc) -> dict:
+def _fit_member(model, data: Data, init, num_steps, lr, optimizer, lr_schedule, eps, seed, progress, desc) -> dict:
     """One MAP fit from a fresh random start; returns its site values, point values, loss trace and lp."""
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(seed)
-        init = "prior"
-        if isinstance(fitted, BNN):
-            fresh = _reset_values(fitted, seed)
-            with torch.no_grad():
-                for name, p in fitted.net.named_parameters():
-                    if name in fresh:  # deterministic parameters: always a fresh start
-                        p.copy_(fresh[name])
-            if init_kind is EnsembleInit.RESET:
-                init = {n: fresh[n] for n in fitted.sample_names}
-        pot = Potential(fitted, data, init=init)
+        pot = Potential(fitted, data, init=chain_start(fitted, init, seed))
         z = {k: v.clone().requires_grad_() for k, v in pot.init.items()}
         with poutine.trace(param_only=True) as capture:
             _energy(pot, z, data.first())
@@ -223,28 +204,3 @@ def _adversarial_loss(pot: Potential, z, batch, eps: float) -> torch.Tensor:
     clean = _energy(pot, z, (x, y))
     (grad,) = torch.autograd.grad(clean, x, retain_graph=True)
     return 0.5 * (clean + _energy(pot, z, ((x + eps * grad.sign()).detach(), y)))
-
-
-def _reset_values(model: BNN, seed: int) -> dict[str, torch.Tensor]:
-    """Fresh values of a BNN's parameters from its layers' ``reset_parameters()``, seeded by ``seed``.
-
-    Parameters of modules without ``reset_parameters`` keep the net's values (and are the same in
-    every member); a warning names them."""
-    device = next(iter(model.init_values.values())).device
-    net = copy.deepcopy(model._template).to_empty(device=device)
-    covered = set()
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        for prefix, module in net.named_modules():
-            own = [n for n, _ in module.named_parameters(recurse=False)]
-            if own and callable(getattr(module, "reset_parameters", None)):
-                module.reset_parameters()
-                covered.update(f"{prefix}.{n}" if prefix else n for n in own)
-    values = {n: p.detach().clone() for n, p in net.named_parameters()}
-    missing = [n for n in values if n not in covered]
-    if missing:
-        warnings.warn(f"ensemble: parameters {missing} belong to modules without reset_parameters(), so every member "
-                      "starts them at the net's current values. Give those modules a reset_parameters() or use "
-                      "init='prior' for more diverse members.", stacklevel=4)
-        values.update({n: model.init_values[n].clone() for n in missing})
-    return values

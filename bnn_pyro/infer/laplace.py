@@ -55,8 +55,9 @@ exact: ``U`` is quadratic and the GGN is its Hessian, so ``q`` is the posterior 
 estimate is the evidence. The empirical Fisher is not: it is ``sum_i r_i^2 x_i x_i^T / sigma^4``
 (residuals ``r_i`` at the MAP) where the Hessian is ``X^T X / sigma^2``; they agree in expectation over ``y``.
 
-``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) become chains; with
-``init="net"`` and full batches they start alike and find the same mode, so use ``init="prior"``.
+``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) become chains; with the default
+``init="reset"`` each starts from its own re-draw of the layers' initializers (:mod:`bnn_pyro.infer._init`);
+with ``init="net"`` and full batches they start alike and find the same mode.
 
 References
 ----------
@@ -96,7 +97,8 @@ from pyro import poutine
 from torch.func import grad, hessian, jacrev, vmap
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, apply_point_init, call_model, clean_config, point_values, progress_bar
+from bnn_pyro.infer._common import Data, call_model, clean_config, point_values, progress_bar
+from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -191,7 +193,7 @@ class LaplaceApproximation:
 def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str | None = None,
                 prior_precision: str | float = "model", num_samples: int = 1000, num_chains: int = 1,
                 num_steps: int | None = None, lr: float = 1e-2, polish_steps: int = 100, marglik_rounds: int = 1,
-                init="net", seed: int = 0, progress: bool = True) -> Posterior:
+                init=None, seed: int = 0, progress: bool = True) -> Posterior:
     """Fit a Laplace approximation of the posterior of ``model`` and return its draws as a
     :class:`~bnn_pyro.Posterior` (see the module docstring for the method).
 
@@ -216,8 +218,10 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         Rounds of prior-precision search followed by a MAP refit under the new prior (default 1; more
         rounds iterate to a fixed point, stopping early once ``delta`` moves by less than 0.1%).
     init:
-        Starting point: ``"net"`` (a BNN's current weights; default), ``"prior"``, ``"median"``, a dict of
-        site values, or a :class:`Posterior` (its mean and point values).
+        Starting point: ``"reset"`` (default for a ``BNN``: the layers' ``reset_parameters()`` under chain
+        ``c``'s seed ``seed + c``), ``"net"`` (a BNN's current weights), ``"prior"`` (default for a Pyro
+        function), ``"median"``, a dict of site values, or a :class:`Posterior` (its mean and point values);
+        see :mod:`bnn_pyro.infer._init`.
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``), and a progress bar (``False``: off).
 
@@ -250,8 +254,8 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         prior_precision_fitted=fitted_delta, log_evidence=evidence, dim=len(approxes[0].active),
         num_samples=num_samples, num_chains=num_chains, num_steps=settings.num_steps, lr=settings.lr,
         polish_steps=settings.polish_steps, marglik_rounds=settings.marglik_rounds,
-        init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
-        dataset_size=data.size, seed=seed,
+        init=settings.init if isinstance(settings.init, str) else type(settings.init).__name__,
+        batch_size=data.batch_size, dataset_size=data.size, seed=seed,
     ))
     samples = {n: torch.stack([r[2][n] for r in runs]) for n in runs[0][2]}
     point = {n: torch.stack([r[3][n] for r in runs]) for n in runs[0][3]}
@@ -283,7 +287,7 @@ class _Settings:
 
 
 def _settings(model, data: Data, *, structure=None, hessian=None, prior_precision="model", num_steps=None,
-              lr=1e-2, polish_steps=100, marglik_rounds=1, init="net") -> _Settings:
+              lr=1e-2, polish_steps=100, marglik_rounds=1, init=None) -> _Settings:
     is_bnn = isinstance(model, BNN)
     structure = choice("structure", structure or ("last_layer" if is_bnn else "full"), Structure)
     hessian = choice("hessian", hessian if hessian is not None else ("ggn" if is_bnn else "fisher"), Hessian)
@@ -302,7 +306,8 @@ def _settings(model, data: Data, *, structure=None, hessian=None, prior_precisio
                      num_steps=positive_int("num_steps", default_steps if num_steps is None else num_steps,
                                             allow_zero=True),
                      lr=positive("lr", lr), polish_steps=positive_int("polish_steps", polish_steps, allow_zero=True),
-                     marglik_rounds=positive_int("marglik_rounds", marglik_rounds), init=init)
+                     marglik_rounds=positive_int("marglik_rounds", marglik_rounds),
+                     init=resolve_init(model, init, data))
 
 
 # ---------------------------------------------------------------------------------------------- one chain
@@ -323,8 +328,7 @@ class _Layout:
 
 def _fit(model, data: Data, s: _Settings, seed: int, progress: bool, desc: str) -> LaplaceApproximation:
     pyro.set_rng_seed(seed)
-    apply_point_init(model, s.init)
-    base = Potential(model, data, init=s.init)
+    base = Potential(model, data, init=chain_start(model, s.init, seed))
     layout = _layout(model, base, s.structure)
     z = base.flatten(base.init)
     normal = None if s.prior_precision is PriorPrecision.MODEL else _normal_sites(model, base, layout, data)

@@ -41,8 +41,10 @@ against ~0.8-1 ms for Pyro's ``NUTS`` with its own compiled potential, ~2.5x Num
 sampler (``benchmarks/results/performance.md``). HMC and Metropolis keep Pyro's kernels with the
 fast potential (compiled with ``torch.jit.trace`` when ``jit=True``).
 
-Deterministic (non-Bayesian) parameters of a ``BNN`` stay FIXED at their current values (those of
-chain 0 of ``init`` when it is a :class:`~bnn_pyro.Posterior`); ``Posterior.point`` holds them.
+Deterministic (non-Bayesian) parameters of a ``BNN`` stay FIXED at chain 0's start, the same for
+every chain (:mod:`bnn_pyro.infer._init`: the net's values for ``init="net"``, chain 0 of ``init`` when
+it is a :class:`~bnn_pyro.Posterior`, else re-drawn by ``reset_parameters()`` under ``seed``);
+``Posterior.point`` holds them.
 
 Chains: ``chain_method="auto"`` runs them in parallel, one forked process per core with one torch
 thread each (two torch threads per process on two cores oversubscribe the cores: OpenMP threads
@@ -90,8 +92,8 @@ from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._health import check_sampler
 from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._common import (Data, apply_point_init, clean_config, init_strategy,
-                                    point_values, progress_bar, quiet_model)
+from bnn_pyro.infer._common import Data, clean_config, init_strategy, point_values, progress_bar, quiet_model
+from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_LEAPFROG"]
@@ -114,7 +116,7 @@ class ChainMethod(str, Enum):
 def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup: int | None = None,
         num_chains: int = 1, target_accept: float | None = None, step_size: float | None = None,
         trajectory_length: float | None = None, num_leapfrog: int | None = None, max_tree_depth: int | None = None,
-        dense_mass: bool = False, jit: bool = True, init="net", chain_method="auto", seed: int = 0,
+        dense_mass: bool = False, jit: bool = True, init=None, chain_method="auto", seed: int = 0,
         progress: bool = True, resume: Posterior | None = None, fast_path: bool = True) -> Posterior:
     """Sample the posterior of ``model`` by MCMC (see the module docstring).
 
@@ -147,9 +149,11 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         allows it, and for NUTS sample with :class:`~bnn_pyro.infer._nuts.FlatNUTS`; ``False`` forces
         Pyro's path (model tracing and Pyro's kernels). ``config["fast_path"]`` says which ran.
     init:
-        Starting point: ``"net"`` (a BNN's current weights; the default), ``"prior"`` (a prior
-        draw per chain; the default for a Pyro function), ``"median"``, a dict of site values, or a
-        :class:`Posterior` (its mean, e.g. of an SVI or MAP fit, and its point values).
+        Starting point: ``"reset"`` (the default for a ``BNN``: every layer's ``reset_parameters()``
+        under chain ``c``'s seed ``seed + c``), ``"net"`` (a BNN's current weights, every chain),
+        ``"prior"`` (a prior draw per chain; the default for a Pyro function), ``"median"``, a dict of
+        site values, or a :class:`Posterior` (its mean, e.g. of an SVI or MAP fit, and its point
+        values); see :mod:`bnn_pyro.infer._init`.
     chain_method:
         ``"auto"``, ``"parallel"`` (forked processes, one torch thread each) or ``"sequential"``.
     seed, progress:
@@ -165,7 +169,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     num_samples = positive_int("num_samples", num_samples)
     dense_mass, jit = flag("dense_mass", dense_mass), flag("jit", jit)
     if resume is not None:
-        num_warmup, init = _check_resume(resume, kind, num_warmup, num_chains, dense_mass), "net"
+        # the chains continue from their last draws; the deterministic parameters stay those of the run extended
+        num_warmup, init = _check_resume(resume, kind, num_warmup, num_chains, dense_mass), resume
         num_chains = resume.num_chains
     num_warmup = positive_int("num_warmup", num_samples if num_warmup is None else num_warmup,
                               allow_zero=resume is not None)
@@ -189,17 +194,18 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     if data.loader is not None or (data.batch_size is not None and data.batch_size < data.x.shape[0]):
         raise ValueError("mcmc needs the full data set at every step: drop batch_size= and pass tensors, "
                          "or use a stochastic-gradient method for minibatches.")
+    init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    apply_point_init(fitted, init)
-    strategy = init_strategy(fitted, init)
+    # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
+    strategies = [init_strategy(fitted, chain_start(fitted, init, seed + c, points=c == 0)) for c in range(num_chains)]
     joint = _logjoint.build(fitted, data.size) if flag("fast_path", fast_path) else None
     settings = dict(joint=joint, kind=kind, target_accept=float(target_accept), step_size=step_size,
                     dense_mass=dense_mass,
                     trajectory_length=trajectory_length, num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth,
-                    jit=jit, init_strategy=strategy)
+                    jit=jit)
 
     def run_chain(chain: int, line: int):
-        s = settings if resume is None else dict(  # the chain's last draw, step size and mass matrix
+        s = dict(settings, init_strategy=strategies[chain]) if resume is None else dict(  # the chain's last draw,
             settings, init_strategy=init_to_value(values={k: v[chain, -1] for k, v in resume.samples.items()}),
             resume_step=float(resume.sample_stats["step_size"][chain, -1]),
             resume_mass=resume.history["inverse_mass_matrix"][chain])

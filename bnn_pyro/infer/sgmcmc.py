@@ -49,12 +49,14 @@ correction these methods are biased by ``O(eta)``; minibatch gradient noise, not
 posterior, so use several chains.
 
 Chains: ``num_chains`` independent runs, chain ``c`` seeded with ``seed + c`` (minibatch order and
-noise from generators of its own), one after another. With ``init="net"`` (the default) chain 0
-starts from the net's weights and every other chain from its own prior draw, so that chains start
-over-dispersed and R-hat can flag chains that have not forgotten their start or sit in different
-modes; ``init="prior"`` starts every chain from a prior draw; any other ``init`` (``"median"``, a
-dict of site values, a :class:`~bnn_pyro.Posterior`) starts every chain there. Deterministic
-parameters of a ``BNN`` stay fixed at their values, as in :mod:`bnn_pyro.infer.mcmc`.
+noise from generators of its own), one after another. With ``init="reset"`` (the default for a
+``BNN``) every chain starts from its own re-draw of the layers' initializers (``reset_parameters()``
+under seed ``seed + c``); with ``init="prior"`` (the default for a Pyro function) from its own prior
+draw, so that chains start apart and R-hat can flag chains that have not forgotten their start or
+sit in different modes. With ``init="net"`` chain 0 starts from the net's weights and every other
+chain from its own prior draw; any other ``init`` (``"median"``, a dict of site values, a
+:class:`~bnn_pyro.Posterior`) starts every chain there (:mod:`bnn_pyro.infer._init`). Deterministic
+parameters of a ``BNN`` stay fixed at chain 0's start, as in :mod:`bnn_pyro.infer.mcmc`.
 
 Per-draw statistics (``(chains, draws)``): ``lp`` (``-U~`` of the draw on its minibatch) and
 ``step_size`` (``eta_t``). History (``(chains, steps)``): ``potential`` (``U~`` at every step) and
@@ -81,7 +83,8 @@ import pyro
 import torch
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, apply_point_init, clean_config, point_values, progress_bar
+from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
+from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.checkpoint import Checkpoint, restore_sgmcmc, save_sgmcmc
 from bnn_pyro.posterior import Posterior
@@ -136,7 +139,7 @@ class Plan:
 
 # ---------------------------------------------------------------------- public engines
 def fit_sgld(model, data: Data, *, lr: float | str = "auto", num_samples: int = 500, num_warmup: int | None = None,
-             thin: int = 10, num_chains: int = 1, schedule: str = "constant", init="net", seed: int = 0,
+             thin: int = 10, num_chains: int = 1, schedule: str = "constant", init=None, seed: int = 0,
              progress: bool = True,
              checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
     """Stochastic gradient Langevin dynamics: ``z <- z - eta grad U~(z) + N(0, 2 eta I)``.
@@ -157,7 +160,8 @@ def fit_sgld(model, data: Data, *, lr: float | str = "auto", num_samples: int = 
     schedule:
         ``"constant"`` (default) or ``"polynomial"``: the step times ``(1 + t / num_warmup)^-0.55``.
     init:
-        ``"net"`` (default), ``"prior"``, ``"median"``, a dict of site values or a ``Posterior``.
+        ``"reset"`` (default for a ``BNN``), ``"net"``, ``"prior"`` (default for a Pyro function),
+        ``"median"``, a dict of site values or a ``Posterior`` (see the module docstring).
     seed, progress:
         Random seed, and a progress bar (``False``: off).
     checkpoint, checkpoint_every, resume:
@@ -172,7 +176,7 @@ def fit_sgld(model, data: Data, *, lr: float | str = "auto", num_samples: int = 
 
 def fit_sghmc(model, data: Data, *, lr: float | str = "auto", friction: float = 0.1, num_samples: int = 500,
               num_warmup: int | None = None, thin: int = 10, num_chains: int = 1, schedule: str = "constant",
-              init="net", seed: int = 0, progress: bool = True,
+              init=None, seed: int = 0, progress: bool = True,
               checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
     """Stochastic gradient HMC: ``v <- (1 - alpha) v - eta grad U~(z) + N(0, 2 alpha eta I)``, ``z <- z + v``.
 
@@ -187,7 +191,7 @@ def fit_sghmc(model, data: Data, *, lr: float | str = "auto", friction: float = 
 
 
 def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int = 4, exploration: float = 0.8,
-                num_samples: int = 200, thin: int = 10, friction: float = 0.1, num_chains: int = 1, init="net",
+                num_samples: int = 200, thin: int = 10, friction: float = 0.1, num_chains: int = 1, init=None,
                 seed: int = 0, progress: bool = True,
                 checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
     """Cyclical SG-MCMC: cosine step-size cycles, each an exploration stage then a sampling stage.
@@ -284,8 +288,8 @@ def _fit(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_cha
     folder = checkpoint.pop("folder")
     if folder is None and (checkpoint["every"] is not None or checkpoint["resume"]):
         raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint files).")
+    init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    apply_point_init(fitted, init)
     config = clean_config(dict(
         lr=lr, **settings, num_steps=len(plan.scale), num_chains=num_chains,
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
@@ -297,7 +301,9 @@ def _fit(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_cha
     for chain in range(num_chains):
         with pyro.get_param_store().scope():
             pyro.set_rng_seed(seed + chain)
-            pot = Potential(fitted, data, init=_chain_init(init, chain))
+            # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
+            pot = Potential(fitted, data, init=chain_start(fitted, _chain_init(init, chain), seed + chain,
+                                                           points=chain == 0))
             if pot.dim == 0:
                 raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
                                  "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")

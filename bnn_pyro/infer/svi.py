@@ -63,8 +63,9 @@ from pyro.infer import Trace_ELBO, TraceGraph_ELBO
 from pyro.infer import autoguide
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
-from bnn_pyro.infer._common import (Data, apply_point_init, call_model, clean_config, init_strategy, latent_sites,
-                                    point_values, progress_bar)
+from bnn_pyro.infer._common import (Data, call_model, clean_config, init_strategy, latent_sites, point_values,
+                                    progress_bar)
+from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.checkpoint import Checkpoint, restore_svi, save_svi
@@ -120,7 +121,7 @@ def fit(
     num_chains: int = 1,
     num_samples: int | None = None,
     rank: int | None = None,
-    init="net",
+    init=None,
     init_scale: float = 0.01,
     baseline_beta: float = 0.9,
     seed: int = 0,
@@ -156,10 +157,11 @@ def fit(
     num_chains, num_samples:
         Independent restarts, and draws per restart from the fitted guide (default 1,000; 1 for MAP).
     init, init_scale:
-        Initial guide location: ``"net"`` (the net's current weights: pass a pretrained net to
-        start from it; the default for a ``BNN``), ``"prior"`` (a prior draw; the default for a
-        Pyro function), ``"median"``, a dict of site values, or a :class:`Posterior` (its mean).
-        ``init_scale`` is the initial guide standard deviation.
+        Initial guide location: ``"reset"`` (the default for a ``BNN``: every layer's
+        ``reset_parameters()`` under chain ``c``'s seed ``seed + c``), ``"net"`` (the net's current
+        weights: pass a pretrained net to start from it), ``"prior"`` (a prior draw; the default for a
+        Pyro function), ``"median"``, a dict of site values, or a :class:`Posterior` (its mean); see
+        :mod:`bnn_pyro.infer._init`. ``init_scale`` is the initial guide standard deviation.
     seed, progress:
         Random seed, and a progress bar (``progress=False`` turns it off).
     distributed:
@@ -217,6 +219,7 @@ def fit(
     if num_samples is None:
         num_samples = 1 if guide_kind is GuideKind.MAP else 1000
     num_samples = positive_int("num_samples", num_samples)
+    init = resolve_init(model, init, data)
     if vectorize_particles is None:
         vectorize_particles = isinstance(model, BNN) and not _has_batchnorm(model)
     config = clean_config(dict(
@@ -247,8 +250,8 @@ def fit(
         fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
         with pyro.get_param_store().scope():
             pyro.set_rng_seed(seed + chain)
-            apply_point_init(fitted, init)
-            q = _make_guide(fitted, guide_kind, init_strategy(fitted, init), init_scale, rank)
+            start = chain_start(fitted, init, seed + chain)
+            q = _make_guide(fitted, guide_kind, init_strategy(fitted, start), init_scale, rank)
             q_train, wrap = _handlers(q, elbo_kind, estimator, baseline_beta)
             eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
             if eb is not None:

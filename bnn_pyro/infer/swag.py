@@ -82,7 +82,8 @@ import torch
 from pyro import poutine
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, apply_point_init, clean_config, point_values, progress_bar
+from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
+from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -173,15 +174,17 @@ def fit_swag(model, data: Data, *, rank: int = 20, num_samples: int = 1000, scal
         the data when the net has BatchNorm); the factor on the covariance (Maddox et al. use 0.5).
     pretrain_steps, pretrain_optimizer, pretrain_lr:
         Pre-training (default 2,000 steps of ``"adam"``, learning rate ``3e-2`` decaying to 1% of
-        it; 0 skips it, e.g. with a pretrained net or ``init=`` a MAP posterior).
+        it; 0 skips it, e.g. with a pretrained net and ``init="net"``, or ``init=`` a MAP posterior).
     num_steps, burn_in, collect_every:
         SWA phase: SGD steps (default 200 epochs of ``ceil(N / B)`` steps), steps before the first
         snapshot (default ``num_steps // 10``), steps between snapshots (default one epoch).
     lr, momentum:
         The constant SWA learning rate (``"auto"`` or a positive float) and SGD momentum (0.9).
     num_chains, init, seed, progress:
-        Independent runs (seeds ``seed + c``); initial values (``"net"``: a BNN's weights, ``"prior"``,
-        ``"median"``, a dict or a :class:`Posterior`); a progress bar (``False``: off).
+        Independent runs (seeds ``seed + c``); initial values (``"reset"``: the default for a BNN,
+        its layers' ``reset_parameters()`` under the run's seed; ``"net"``: a BNN's weights; ``"prior"``,
+        ``"median"``, a dict or a :class:`Posterior`; see :mod:`bnn_pyro.infer._init`); a progress bar
+        (``False``: off).
     """
     return _fit(model, data, swag=True, rank=rank, num_samples=num_samples, scale=scale, **config)[0]
 
@@ -189,7 +192,7 @@ def fit_swag(model, data: Data, *, rank: int = 20, num_samples: int = 1000, scal
 def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, scale: float = 1.0,
          pretrain_steps: int = 2000, pretrain_optimizer="adam", pretrain_lr: float = 3e-2, num_steps: int | None = None,
          burn_in: int | None = None, collect_every: int | None = None, lr: float | str = "auto",
-         momentum: float = 0.9, num_chains: int = 1, init="net", seed: int = 0,
+         momentum: float = 0.9, num_chains: int = 1, init=None, seed: int = 0,
          progress: bool = True) -> tuple[Posterior, list[SWAGMoments]]:
     """The posterior and each chain's :class:`SWAGMoments` (what the tests check against theory)."""
     method = "swag" if swag else "swa"
@@ -225,14 +228,15 @@ def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, 
         pretrain_optimizer=choice("pretrain_optimizer", pretrain_optimizer, PretrainOptimizer),
         pretrain_lr=positive("pretrain_lr", pretrain_lr), num_steps=num_steps, burn_in=burn_in,
         collect_every=collect_every, lr=lr, momentum=float(momentum), rank=rank,
-        num_samples=positive_int("num_samples", num_samples), scale=positive("scale", scale), init=init)
+        num_samples=positive_int("num_samples", num_samples), scale=positive("scale", scale),
+        init=resolve_init(model, init, data))
     num_chains = positive_int("num_chains", num_chains)
     runs = [_run_chain(model, data, settings, seed + c, progress, f"{method} chain {c}") for c in range(num_chains)]
     config = clean_config(dict(
         pretrain_steps=settings.pretrain_steps, pretrain_optimizer=settings.pretrain_optimizer.value,
         pretrain_lr=settings.pretrain_lr, num_steps=num_steps, burn_in=burn_in, collect_every=collect_every,
         snapshots=snapshots, lr=lr, momentum=settings.momentum, num_chains=num_chains,
-        init=init if isinstance(init, str) else type(init).__name__, batch_size=batch, sampling=(
+        init=settings.init if isinstance(settings.init, str) else type(settings.init).__name__, batch_size=batch, sampling=(
             "loader order" if data.loader is not None else "independent minibatches (with replacement)"),
         dataset_size=data.size, seed=seed,
         **(dict(rank=rank, num_samples=settings.num_samples, scale=settings.scale) if swag else {})))
@@ -249,10 +253,10 @@ def _run_chain(model, data: Data, s: _Settings, seed: int, progress: bool, desc:
     n = data.size
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(seed)
-        apply_point_init(fitted, s.init)
+        start = chain_start(fitted, s.init, seed)
         if isinstance(fitted, BNN):
             fitted.train()  # BatchNorm and dropout behave as in training
-        pot = Potential(fitted, data, init=s.init)
+        pot = Potential(fitted, data, init=start)
         z = pot.flatten(pot.init).clone().requires_grad_()
         with poutine.trace(param_only=True) as capture:
             pot(pot.unflatten(z), data.first())

@@ -72,6 +72,7 @@ from torch import nn
 
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values, progress_bar
+from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.reparam import Estimator, WeightNoise, _Gaussian
 from bnn_pyro.infer.svi import Schedule, make_schedule
@@ -187,7 +188,7 @@ class _Settings:
 def fit_variational_dropout(model, data: Data, *, num_steps: int | None = None, epochs: int | None = None,
                             lr: float = 1e-2, lr_schedule="cosine", init_log_sigma2: float = -10.0,
                             kl_warmup: float = 0.0, num_chains: int = 1, num_samples: int = 200,
-                            init_scale: float = 0.01, seed: int = 0, progress: bool = True) -> Posterior:
+                            init_scale: float = 0.01, init=None, seed: int = 0, progress: bool = True) -> Posterior:
     """Variational dropout, per-weight ``alpha <= 1`` (Kingma et al. 2015, variant B); see the module docstring.
 
     Parameters
@@ -204,24 +205,29 @@ def fit_variational_dropout(model, data: Data, *, num_steps: int | None = None, 
     init_log_sigma2:
         Initial ``log sigma^2`` of every VD weight (Molchanov et al.'s -10: start nearly deterministic;
         ``variational_dropout`` starts each tensor at the one ``log alpha`` that gives this ``sigma^2``
-        on average over its weights, capped at 0). The means ``theta`` start at the net's current
-        weights (pass a pretrained net to start from it).
+        on average over its weights, capped at 0).
     num_chains, num_samples:
         Independent restarts (the chains), and draws from each fitted ``q``.
     init_scale:
         Initial standard deviation of the Gaussians of the other latent sites (biases, noise, hypers).
+    init:
+        Where the means ``theta`` (and the other sites' Gaussians) start: ``"reset"`` (default: the
+        layers' ``reset_parameters()`` under chain ``c``'s seed ``seed + c``), ``"net"`` (the net's
+        current weights: pass a pretrained net to start from it), ``"prior"``, ``"median"``, a dict of
+        site values or a :class:`~bnn_pyro.Posterior` (see :mod:`bnn_pyro.infer._init`).
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``); ``progress=False`` hides the progress bar.
     """
     return _fit(model, data, Variant.VARIATIONAL_DROPOUT, num_steps=num_steps, epochs=epochs, lr=lr,
                 lr_schedule=lr_schedule, init_log_sigma2=init_log_sigma2, kl_warmup=kl_warmup, threshold=None,
-                num_chains=num_chains, num_samples=num_samples, init_scale=init_scale, seed=seed, progress=progress)
+                num_chains=num_chains, num_samples=num_samples, init_scale=init_scale, init=init, seed=seed,
+                progress=progress)
 
 
 def fit_sparse_vd(model, data: Data, *, num_steps: int | None = None, epochs: int | None = None, lr: float = 1e-2,
                   lr_schedule="cosine", init_log_sigma2: float = -10.0, kl_warmup: float = 0.3,
                   threshold: float = 3.0, num_chains: int = 1, num_samples: int = 200, init_scale: float = 0.01,
-                  seed: int = 0, progress: bool = True) -> Posterior:
+                  init=None, seed: int = 0, progress: bool = True) -> Posterior:
     """Sparse variational dropout (Molchanov et al. 2017); see the module docstring.
 
     Parameters are those of :func:`fit_variational_dropout`, plus ``threshold``: weights with
@@ -236,11 +242,12 @@ def fit_sparse_vd(model, data: Data, *, num_steps: int | None = None, epochs: in
                          f"(default 3.0), got {threshold!r}.")
     return _fit(model, data, Variant.SPARSE_VD, num_steps=num_steps, epochs=epochs, lr=lr, lr_schedule=lr_schedule,
                 init_log_sigma2=init_log_sigma2, kl_warmup=kl_warmup, threshold=float(threshold),
-                num_chains=num_chains, num_samples=num_samples, init_scale=init_scale, seed=seed, progress=progress)
+                num_chains=num_chains, num_samples=num_samples, init_scale=init_scale, init=init, seed=seed,
+                progress=progress)
 
 
 def _fit(model, data: Data, variant: Variant, *, num_steps, epochs, lr, lr_schedule, init_log_sigma2, kl_warmup,
-         threshold, num_chains, num_samples, init_scale, seed, progress) -> Posterior:
+         threshold, num_chains, num_samples, init_scale, init, seed, progress) -> Posterior:
     vd_names = vd_weight_names(model, variant)
     if num_steps is not None and epochs is not None:
         raise ValueError(f"{variant.value}: give num_steps= or epochs=, not both.")
@@ -258,11 +265,12 @@ def _fit(model, data: Data, variant: Variant, *, num_steps, epochs, lr, lr_sched
                          positive("lr", lr), lr_schedule, float(init_log_sigma2), threshold, float(kl_warmup),
                          positive_int("num_samples", num_samples), positive("init_scale", init_scale))
     num_chains = positive_int("num_chains", num_chains)
+    init = resolve_init(model, init, data)
     hypers = [h for h in model.hyper_names if any(h.startswith(n + "_") for n in vd_names)]
     if hypers:
         warnings.warn(f"{variant.value}: the log-uniform prior replaces the model's prior on {vd_names}, so the "
                       f"hyper sites {hypers} no longer touch the data; their posterior is their prior.", UserWarning)
-    pot = Potential(model, data, init="net")  # initial values and transforms of every latent site
+    pot = Potential(model, data, init="net")  # the latent sites and their transforms
     missing = [n for n in vd_names if n not in pot.init]
     if missing:  # e.g. a module used twice in the net: its sites are named after another path
         raise ValueError(f"model: the Bayesian weights {missing} are not sample sites of the traced model (latent "
@@ -272,25 +280,27 @@ def _fit(model, data: Data, variant: Variant, *, num_steps, epochs, lr, lr_sched
         num_steps=settings.num_steps, lr=settings.lr, lr_schedule=getattr(lr_schedule, "value", lr_schedule),
         init_log_sigma2=settings.init_log_sigma2, kl_warmup=settings.kl_warmup, threshold=threshold,
         num_chains=num_chains, num_samples=settings.num_samples, init_scale=settings.init_scale,
-        batch_size=data.batch_size, dataset_size=data.size, seed=seed, prior="log-uniform",
+        init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
+        dataset_size=data.size, seed=seed, prior="log-uniform",
         local_reparameterization=True, vd_weights=",".join(vd_names)))
-    runs = [_run_chain(model, data, settings, pot, vd_names, seed + c, progress, f"{variant.value} chain {c}")
+    runs = [_run_chain(model, data, settings, pot, init, vd_names, seed + c, progress, f"{variant.value} chain {c}")
             for c in range(num_chains)]
     stack = lambda i: {k: torch.stack([r[i][k] for r in runs]) for k in runs[0][i]}  # noqa: E731
     return Posterior(samples=stack(1), model=runs[-1][0], method=variant.value, config=config, point=stack(2),
                      history=stack(3), x=data.x, y=data.y)
 
 
-def _run_chain(model, data: Data, settings: _Settings, pot: Potential, vd_names: list[str], seed: int,
+def _run_chain(model, data: Data, settings: _Settings, pot: Potential, init, vd_names: list[str], seed: int,
                progress: bool, desc: str):
     """One restart: Adam on the negative ELBO, then draws from ``q``. Returns (model, draws, point, history)."""
     fitted = copy.deepcopy(model)
     others = [n for n in pot.init if n not in vd_names]
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(seed)
-        weights = _VDWeights({n: pot.init[n] for n in vd_names}, settings.variant, settings.init_log_sigma2)
-        loc = {n: pot.init[n].clone().requires_grad_() for n in others}
-        log_sd = {n: torch.full_like(pot.init[n], math.log(settings.init_scale)).requires_grad_() for n in others}
+        start = Potential(fitted, data, init=chain_start(fitted, init, seed)).init  # unconstrained
+        weights = _VDWeights({n: start[n] for n in vd_names}, settings.variant, settings.init_log_sigma2)
+        loc = {n: start[n].clone().requires_grad_() for n in others}
+        log_sd = {n: torch.full_like(start[n], math.log(settings.init_scale)).requires_grad_() for n in others}
 
         def neg_elbo(x, y):
             z = {n: loc[n] + log_sd[n].exp() * torch.randn_like(loc[n]) for n in others}

@@ -42,6 +42,7 @@ import torch
 
 import bnn_pyro as bp
 from bnn_pyro.infer._common import Data
+from bnn_pyro.infer._init import reset_values
 from bnn_pyro.infer._potential import Potential
 from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
@@ -104,9 +105,16 @@ def _exact_law(A, m, steps, noisy, keep, alpha, start_mean, start_cov):
 
 
 def _start_law(post, model, chain: int, prior_var: float = 1.0):
-    """Chain 0 starts at the net's weights (init="net"); the others at a prior draw N(0, prior_var I)."""
-    if chain == 0 and post.config["init"] == "net" and isinstance(model, bp.BNN):
-        start = torch.cat([model.init_values["weight"].reshape(-1), model.init_values["bias"].reshape(-1)])
+    """Under init="reset" (a BNN's default) every chain starts at its own known re-draw of the layer's
+    initializer (seed + chain); under init="net" chain 0 starts at the net's weights; the others at a
+    prior draw N(0, prior_var I)."""
+    values = None
+    if post.config["init"] == "reset":
+        values = reset_values(model, post.config["seed"] + chain)
+    elif chain == 0 and post.config["init"] == "net" and isinstance(model, bp.BNN):
+        values = model.init_values
+    if values is not None:
+        start = torch.cat([values["weight"].reshape(-1), values["bias"].reshape(-1)])
         return start.double().numpy(), np.zeros((len(start), len(start)))
     d = 2
     return np.zeros(d), prior_var * np.eye(d)
@@ -387,7 +395,7 @@ def test_chains_start_apart_with_init_net_and_together_otherwise():
     exact = _blr()
     model = exact.model()
     common = dict(num_warmup=0, num_samples=2, thin=1, num_chains=3, progress=False)
-    apart = bp.fit(model, exact.x, exact.y, method="sgld", **common)
+    apart = bp.fit(model, exact.x, exact.y, method="sgld", init="net", **common)
     start = apart.history["potential"][:, 0]
     pot = Potential(model, Data(x=exact.x, y=exact.y), init="net")
     assert start[0].item() == pytest.approx(pot(pot.init, (exact.x, exact.y)).item(), rel=1e-6)

@@ -165,7 +165,7 @@ def test_init_from_pretrained_net_and_from_posterior(blr):
     with torch.no_grad():
         net.weight.copy_(torch.tensor([[3.0, -2.0]]))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 10.0), likelihood=bp.likelihoods.Gaussian(scale=1.0))
-    post = bp.fit(model, blr.x, blr.y, guide="map", num_steps=1, lr=1e-6, progress=False)
+    post = bp.fit(model, blr.x, blr.y, guide="map", num_steps=1, lr=1e-6, init="net", progress=False)
     assert torch.allclose(post.samples["weight"][0, 0], torch.tensor([[3.0, -2.0]]), atol=1e-4)
     again = bp.fit(model, blr.x, blr.y, guide="map", num_steps=1, lr=1e-6, init=post, progress=False)
     assert torch.allclose(again.samples["weight"], post.samples["weight"], atol=1e-4)
