@@ -2,13 +2,16 @@
 
 Each notebook's code cells are executed in one namespace in this process (no Jupyter kernel, so a
 stale kernelspec on the machine cannot make the test pass or fail), with matplotlib's Agg backend.
-Each test then checks something real in the namespace the notebook leaves behind.
+Each test then checks something real in the namespace the notebook leaves behind. The outputs stored
+in the notebooks are checked too (without running anything): one full-mode run, top to bottom, with
+no path of the machine that made them.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 from pathlib import Path
 
@@ -44,6 +47,32 @@ def run_notebook(name: str, monkeypatch) -> dict:
     plt.close("all")
     assert namespace["FAST"] is True
     return namespace
+
+
+# an absolute path of the machine that ran the notebook: a home or work folder, a virtual
+# environment's site-packages, a Windows drive
+MACHINE_PATH = re.compile(r"(?<![\w.])/(?:home|Users|root|work|tmp|opt|usr)/|site-packages|\b[A-Za-z]:\\")
+
+
+def stored_text(cell: dict) -> str:
+    """The text a code cell's stored outputs show (streams, plain text, HTML, tracebacks; no images)."""
+    parts = []
+    for output in cell.get("outputs", []):
+        parts.append("".join(output.get("text", "")))
+        parts.extend("".join(v) for k, v in output.get("data", {}).items() if k.startswith("text/"))
+        parts.extend(output.get("traceback", []))
+    return "".join(parts)
+
+
+@pytest.mark.parametrize("path", sorted(TUTORIALS.glob("*.ipynb")), ids=lambda p: p.name)
+def test_stored_outputs_are_one_full_mode_run_without_machine_paths(path):
+    code = [c for c in json.loads(path.read_text(encoding="utf-8"))["cells"] if c["cell_type"] == "code"]
+    counts = [c["execution_count"] for c in code]
+    assert counts == list(range(1, len(code) + 1)), f"{path.name}: not one run top to bottom: {counts}"
+    assert stored_text(code[0]).strip() == "full mode", f"{path.name}: the first cell's stored output"
+    for number, cell in enumerate(code):
+        found = MACHINE_PATH.search(stored_text(cell))
+        assert found is None, f"{path.name}, code cell {number}: stored output shows a machine path ({found.group()!r})"
 
 
 def finite(t) -> bool:
