@@ -350,15 +350,15 @@ def _compiled(fn, args: tuple, eager, what: str):
 def _recording():
     """Silences, while TorchScript records a graph, its ``TracerWarning``s (a recording fixes Python branches:
     :func:`_compiled` checks the graph against the eager values) and torch 2.13's deprecation of
-    ``torch.jit.trace`` and ``torch.jit.freeze``, and nothing else. TorchScript stays because no supported
-    path keeps its speed: one leapfrog step with its gradient on the 1-50-1 MLP (N = 200) took 2.05 ms frozen
-    by TorchScript, 7.9 ms as the same ``make_fx`` graph run by ``torch.fx``, 8.5 ms eager; the traced
-    potential plus ``autograd.grad`` 3.5 ms, against 5.9 ms (``torch.fx``) and 6.7 ms eager (medians on a
-    loaded 2-core machine, so ratios matter); ``torch.compile`` matched TorchScript only after a ~7.5 s compile
-    in every chain's process."""
+    ``torch.jit.trace`` (``trace_method`` when tracing a module) and ``torch.jit.freeze``, and nothing else.
+    TorchScript stays because no supported path keeps its speed (medians, 1-50-1 MLP, N = 200, one thread):
+    one leapfrog step with its gradient took 0.33 ms frozen by TorchScript, 0.78 ms as the same ``make_fx``
+    graph run by ``torch.fx``, 1.07 ms eager; the traced potential plus ``autograd.grad`` 0.92 ms, against
+    1.25 ms (``torch.fx``) and 1.43 ms eager. ``torch.compile`` matched TorchScript only after a ~7.5 s
+    compile in every chain's process (measured for issue 6)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.(trace|freeze)` is deprecated",
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.(trace|trace_method|freeze)` is deprecated",
                                 category=DeprecationWarning)
         yield
 
