@@ -122,3 +122,9 @@ def make_posterior():
 @pytest.fixture(scope="session")
 def mcmc_post(blr_model, linear_data):
     return hand_posterior(blr_model, *linear_data)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The slow statistical checks first (a stable sort): with ``pytest -n auto`` the longest tests
+    then start early instead of leaving one worker busy at the end while the others idle."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
