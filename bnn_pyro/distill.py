@@ -161,8 +161,8 @@ def _width(student: nn.Module, x: torch.Tensor) -> int:
         try:
             out = student(x[:2])
         except RuntimeError as err:
-            raise ValueError(f"student_net cannot take x of shape {tuple(x.shape)} ({err}); "
-                             "check its first layer.") from None
+            raise ValueError(f"student_net cannot take x of shape {tuple(x.shape)} (the error it raised is chained "
+                             "below); check that its first layer takes x's features.") from err
         finally:
             student.train(was)
     if out.dim() != 2:
