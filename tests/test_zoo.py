@@ -165,7 +165,13 @@ def test_exact_reference_matches_the_closed_form():
     # an independent NUTS run (other seed) against the 8 x 1,500-draw 1-10-1 reference. 500 + 500 iterations
     # left the fresh run unconverged by the reference's own criteria (max R-hat_f 1.04-1.16, min bulk
     # ESS_f 19-68 over seeds 1-13), and then its MCSEs, hence the z-scores below, are not valid
-    ("mlp_regression", "nuts", dict(num_samples=1500, num_warmup=1000, num_chains=4, max_tree_depth=7, seed=1)),
+    # init="net" is the reference's own recipe (its provenance) and what this test ran with before
+    # init="reset" became the default. Known weakness (issue 16 note): on this posterior (weight-space R-hat
+    # 2.0) ArviZ's MCSEs understate the error of f's moments (chain-mean SEs 1.2-2x larger), so the z-scores
+    # are over-dispersed and this check fails more often than its nominal 1%; a valid fix needs a reference
+    # that stores per-chain summaries (a 77-minute run of models/make_reference.py)
+    ("mlp_regression", "nuts", dict(num_samples=1500, num_warmup=1000, num_chains=4, max_tree_depth=7, seed=1,
+                                    init="net")),
 ])
 def test_fresh_fit_matches_reference_in_function_space(name, method, settings):
     from bnn_pyro.models.make_reference import function_summary
