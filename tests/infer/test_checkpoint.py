@@ -128,18 +128,21 @@ def _complete(path) -> int:
 def test_killed_writer_leaves_a_complete_checkpoint(tmp_path):
     """SIGKILL a process that rewrites one checkpoint in a loop, at least three times at different
     moments (each time restarted where it left off): the file always loads and is one complete write,
-    the newest one reported or a later one. A leftover temporary file shows that a kill hit a write;
-    on a busy machine a kill can land between writes (hashing, building the tensor) several times in
-    a row, so the kills go on (at most 12) until one has hit a write."""
+    the newest one reported or a later one. A leftover temporary file shows that a kill hit a write.
+    The kill comes at a fraction of the writer's own cycle (timed between two of its writes), so the
+    moments spread over the cycle however busy the machine is (fixed delays of 11-43 ms all landed in
+    the tensor's hashing on a loaded machine); the kills go on (at most 12) until one has hit a write."""
     path, start, mid_write = tmp_path / "c.ckpt", 0, 0
-    for kill, delay in enumerate((0.011, 0.029, 0.043, 0.017, 0.037, 0.023) * 2):
+    for kill, phase in enumerate((0.5, 0.8, 0.3, 0.65, 0.95, 0.15) * 2):
         if kill >= 3 and mid_write > 0:
             break
         proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(start)], stdout=subprocess.PIPE,
                                 text=True)
         try:
-            done = int(proc.stdout.readline())  # at least one write is complete
-            time.sleep(delay)
+            proc.stdout.readline()
+            began = time.perf_counter()
+            done = int(proc.stdout.readline())  # at least two writes are complete
+            time.sleep(phase * (time.perf_counter() - began))  # into the next write's cycle
         finally:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
