@@ -156,7 +156,7 @@ def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
     x, y = _checked(model, x, y)
     if dataset_size is not None:
         raise ValueError("dataset_size: only for DataLoader input; with tensors the size is len(x).")
-    return Data(x=x, y=y, batch_size=batch_size)
+    return Data(x=x, y=y, batch_size=batch_size, convert=lambda xb, yb: _checked(model, xb, yb))  # held-out pairs
 
 
 def _unknown_option(err: TypeError) -> str | None:

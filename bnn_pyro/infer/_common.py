@@ -38,7 +38,7 @@ class Data:
     loader: object | None = None
     dataset_size: int | None = None
     batch_size: int | None = None
-    convert: Callable | None = None  # validates and converts each loader batch
+    convert: Callable | None = None  # validates and converts each loader batch (and a given held-out pair)
 
     def __post_init__(self):
         self._first = None  # the first batch (tracing the model), taken once
