@@ -53,20 +53,18 @@ Example
 
 from __future__ import annotations
 
-import copy
 import math
 
-import pyro
 import torch
-from pyro import poutine
 
 from bnn_pyro._checks import positive, positive_int
-from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
-from bnn_pyro.infer._init import Init, chain_start, resolve_init
+from bnn_pyro.infer._common import Data, clean_config
+from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
-from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.holdout import DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, select_noise, split
-from bnn_pyro.infer.svi import make_optimizer, make_schedule
+from bnn_pyro.infer.holdout import DEFAULT, describe, select_noise, split
+from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
+from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
+from bnn_pyro.infer.map_fit import fit_map
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_ensemble", "EnsembleInit"]
@@ -144,88 +142,15 @@ def fit_ensemble(
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
-    members = [_fit_member(model, train, init, num_steps, lr, optimizer, lr_schedule, eps, seed + k, progress,
-                           f"ensemble member {k}", holdout) for k in range(num_members)]
-    stack = lambda key: {n: torch.stack([m[key][n] for m in members]) for n in members[0][key]}  # noqa: E731
+    members = [fit_map(model, train, init=init, num_steps=num_steps, lr=lr, optimizer=optimizer,
+                       lr_schedule=lr_schedule, seed=seed + k, progress=progress, desc=f"ensemble member {k}",
+                       holdout=holdout, adversarial_eps=eps, method="ensemble") for k in range(num_members)]
+    stack = lambda key: {n: torch.stack([getattr(m, key)[n] for m in members]) for n in getattr(members[0], key)}  # noqa: E731
     samples = {n: v.unsqueeze(1) for n, v in stack("sample").items()}
-    history = {"loss": torch.stack([m["loss"] for m in members])}
+    history = {"loss": torch.stack([m.loss for m in members])}
     if holdout is not None:
-        history["best_step"] = torch.tensor([[m["best_step"]] for m in members])
-    post = Posterior(samples=samples, model=members[-1]["model"], method="ensemble", config=config,
-                     point=stack("point"), sample_stats={"lp": torch.stack([m["lp"] for m in members]).unsqueeze(1)},
+        history["best_step"] = torch.tensor([[m.best_step] for m in members])
+    post = Posterior(samples=samples, model=members[-1].model, method="ensemble", config=config,
+                     point=stack("point"), sample_stats={"lp": torch.stack([m.lp for m in members]).unsqueeze(1)},
                      history=history, x=data.x, y=data.y)
     return select_noise(post, holdout)
-
-
-def _fit_member(model, data: Data, init, num_steps, lr, optimizer, lr_schedule, eps, seed, progress, desc,
-                holdout: Holdout | None) -> dict:
-    """One MAP fit from a fresh random start; returns its site values, point values, loss trace and lp."""
-    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    with pyro.get_param_store().scope():
-        pyro.set_rng_seed(seed)
-        pot = Potential(fitted, data, init=chain_start(fitted, init, seed))
-        z = {k: v.clone().requires_grad_() for k, v in pot.init.items()}
-        with poutine.trace(param_only=True) as capture:
-            _energy(pot, z, data.first())
-        params = list(z.values()) + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-        opt = make_optimizer(optimizer, params, lr)
-        sched = make_schedule(lr_schedule, opt, num_steps)
-        batches = data.batches(torch.Generator().manual_seed(seed))
-        losses = torch.empty(num_steps)
-        best = BestOnHoldout(every=max(1, num_steps // 50), patience=None)
-        with progress_bar(num_steps, desc, progress) as bar:
-            for step in range(num_steps):
-                batch = next(batches)
-                opt.zero_grad(set_to_none=True)
-                loss = _adversarial_loss(pot, z, batch, eps) if eps > 0 else _energy(pot, z, batch)
-                value = loss.item()
-                if not math.isfinite(value):
-                    raise FloatingPointError(
-                        f"ensemble: the loss became {value} at step {step} (of {num_steps}) of {desc}. Try a lower "
-                        f"learning rate (lr={lr} now), standardized inputs and targets, or check the batch for "
-                        "NaN/Inf values."
-                    )
-                loss.backward()
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                losses[step] = value
-                if holdout is not None and (best.due(step) or step == num_steps - 1):
-                    with torch.no_grad():
-                        best.record(step, heldout_score(fitted, pot.constrain(z), holdout), [p.detach() for p in params])
-                if step % 50 == 0 or step == num_steps - 1:
-                    bar.set_postfix(loss=f"{value:.4g}", refresh=False)
-                bar.update()
-        if holdout is not None:
-            with torch.no_grad():
-                for p, kept in zip(params, best.state):
-                    p.copy_(kept)
-        with torch.no_grad():
-            lp = -_energy(pot, z, data.first()).detach()
-            sample = {k: v.detach().clone() for k, v in pot.constrain(z).items()}
-            x0, y0 = data.first()
-            point = point_values(fitted, x0, y0, data.size)
-    return dict(model=fitted, sample=sample, point=point, loss=losses, lp=lp,
-                best_step=best.best_step if holdout is not None else num_steps - 1)
-
-
-def _energy(pot: Potential, z: dict[str, torch.Tensor], batch) -> torch.Tensor:
-    """``U_c = U(z) + log|det dw/dz|``: ``-log p`` in ``w``'s own coordinates (its mode is the constrained MAP)."""
-    u = pot(z, batch)
-    for name, t in pot.transforms.items():
-        w = t.inv(z[name])
-        if w is not z[name]:  # identity maps (real-valued sites, e.g. weights) return their input and add nothing
-            u = u + t.inv.log_abs_det_jacobian(z[name], w).sum()
-    return u
-
-
-def _adversarial_loss(pot: Potential, z, batch, eps: float) -> torch.Tensor:
-    """``(U_c(x) + U_c(x')) / 2`` with the fast-gradient-sign input ``x' = x + eps * sign(grad_x U_c)``."""
-    x, y = batch
-    if not x.dtype.is_floating_point:
-        raise TypeError(f"adversarial_eps > 0 perturbs the inputs, which must be floating point; got {x.dtype}. "
-                        "Use adversarial_eps=0 for integer (e.g. token) inputs.")
-    x = x.detach().requires_grad_()
-    clean = _energy(pot, z, (x, y))
-    (grad,) = torch.autograd.grad(clean, x, retain_graph=True)
-    return 0.5 * (clean + _energy(pot, z, ((x + eps * grad.sign()).detach(), y)))

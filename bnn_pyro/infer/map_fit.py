@@ -1,0 +1,183 @@
+"""The MAP (posterior mode) search that point-fit engines share: deep ensembles (one per member) and Laplace.
+
+:func:`minimize` runs a first-order optimizer on the potential energy of a
+:class:`~bnn_pyro.infer._potential.Potential` (on minibatches when ``batch_size`` is set), with, optionally,
+early stopping on held-out rows (:class:`~bnn_pyro.infer.holdout.BestOnHoldout`), the fast-gradient-sign
+adversarial term of Lakshminarayanan et al. (2017), and an L-BFGS polish on the full data.
+:func:`fit_map` is one complete MAP fit of a model from a fresh start (its own copy and parameter store).
+
+Coordinates. With ``jacobian=True`` (the default, as an ensemble member) the loss is
+``U_c(w) = U(z) + log|det dw/dz|``: ``-log p`` in each latent site's own (constrained) coordinates, so that a
+learned noise scale goes to the mode of ``p(sigma | ...)``; with ``jacobian=False`` it is ``U(z)`` itself
+(Laplace: the curvature is taken in ``z``). For real-valued sites (weights) the two agree.
+
+Example
+-------
+>>> fit = fit_map(model, Data(x, y), init="reset", num_steps=1000, lr=1e-2, seed=0)
+>>> fit.sample["0.weight"], fit.loss.shape, fit.best_step
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import pyro
+import torch
+from pyro import poutine
+
+from bnn_pyro.infer._common import Data, point_values, progress_bar
+from bnn_pyro.infer._init import chain_start
+from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
+from bnn_pyro.infer.svi import make_optimizer, make_schedule
+
+__all__ = ["fit_map", "minimize", "MapFit", "MapRun", "energy", "adversarial_loss"]
+
+
+@dataclass
+class MapRun:
+    """What :func:`minimize` found: the unconstrained site values ``z`` (detached), the loss per step, and the
+    step whose state was kept (the last one without held-out rows)."""
+
+    z: dict[str, torch.Tensor]
+    loss: torch.Tensor
+    best_step: int
+
+
+@dataclass
+class MapFit:
+    """One MAP fit (:func:`fit_map`): the fitted copy of the model, its latent site values ``sample``
+    (constrained), its deterministic parameters ``point``, the loss trace, the log joint ``lp`` at the mode
+    (full data; the first batch, scaled, for a loader) and the step kept by early stopping."""
+
+    model: object
+    sample: dict[str, torch.Tensor]
+    point: dict[str, torch.Tensor]
+    loss: torch.Tensor
+    lp: torch.Tensor
+    best_step: int
+
+
+def fit_map(model, data: Data, *, init, num_steps: int, lr: float, optimizer="adam", lr_schedule="constant",
+            seed: int = 0, progress: bool = True, desc: str = "map", holdout: Holdout | None = None,
+            adversarial_eps: float = 0.0, polish_steps: int = 0, method: str = "map") -> MapFit:
+    """One MAP fit of a copy of ``model`` from ``init`` (resolved by :func:`~bnn_pyro.infer._init.resolve_init`)
+    under ``seed`` (initial weights and minibatch order), in its own parameter store. See :func:`minimize`."""
+    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(seed)
+        pot = Potential(fitted, data, init=chain_start(fitted, init, seed))
+        run = minimize(pot, pot.init, data, model=fitted, num_steps=num_steps, lr=lr, optimizer=optimizer,
+                       lr_schedule=lr_schedule, seed=seed, progress=progress, desc=desc, holdout=holdout,
+                       adversarial_eps=adversarial_eps, polish_steps=polish_steps, method=method)
+        with torch.no_grad():
+            lp = -energy(pot, run.z, data.first()).detach()
+            sample = {k: v.detach().clone() for k, v in pot.constrain(run.z).items()}
+            x0, y0 = data.first()
+            point = point_values(fitted, x0, y0, data.size)
+    return MapFit(model=fitted, sample=sample, point=point, loss=run.loss, lp=lp, best_step=run.best_step)
+
+
+def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, num_steps: int, lr: float,
+             optimizer="adam", lr_schedule="constant", seed: int = 0, progress: bool = True, desc: str = "map",
+             holdout: Holdout | None = None, adversarial_eps: float = 0.0, polish_steps: int = 0,
+             jacobian: bool = True, method: str = "map") -> MapRun:
+    """Minimize the potential energy from ``z`` (unconstrained site values); the model's deterministic
+    parameters (``pyro.param`` sites) move along.
+
+    ``optimizer``/``lr_schedule`` as in :func:`bnn_pyro.infer.svi.fit`. With ``holdout`` the state is scored
+    on the held-out rows every ``num_steps // 50`` steps (:func:`~bnn_pyro.infer.holdout.heldout_score`) and
+    the best one kept (early stopping; the budget ``num_steps`` is run in full). ``polish_steps`` L-BFGS
+    iterations on the full data follow (not for a loader; the result is kept only when it lowers the loss).
+    ``method`` names the engine in the error raised for a non-finite loss.
+    """
+    z = {k: v.detach().clone().requires_grad_() for k, v in z.items()}
+    loss_fn = energy if jacobian else (lambda p, zz, batch: p(zz, batch))
+    with poutine.trace(param_only=True) as capture:
+        loss_fn(pot, z, data.first())
+    params = list(z.values()) + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
+    losses = torch.empty(num_steps)
+    best = BestOnHoldout(every=max(1, num_steps // 50), patience=None)
+    if num_steps:
+        opt = make_optimizer(optimizer, params, lr)
+        sched = make_schedule(lr_schedule, opt, num_steps)
+        batches = data.batches(torch.Generator().manual_seed(seed))
+        with progress_bar(num_steps, desc, progress) as bar:
+            for step in range(num_steps):
+                batch = next(batches)
+                opt.zero_grad(set_to_none=True)
+                loss = (adversarial_loss(pot, z, batch, adversarial_eps, loss_fn) if adversarial_eps > 0
+                        else loss_fn(pot, z, batch))
+                value = loss.item()
+                if not math.isfinite(value):
+                    raise FloatingPointError(
+                        f"{method}: the loss became {value} at step {step} (of {num_steps}) of {desc}. Try a lower "
+                        f"learning rate (lr={lr} now), standardized inputs and targets, or check the batch for "
+                        "NaN/Inf values.")
+                loss.backward()
+                opt.step()
+                if sched is not None:
+                    sched.step()
+                losses[step] = value
+                if holdout is not None and (best.due(step) or step == num_steps - 1):
+                    with torch.no_grad():
+                        best.record(step, heldout_score(model, pot.constrain(z), holdout),
+                                    [p.detach() for p in params])
+                if step % 50 == 0 or step == num_steps - 1:
+                    bar.set_postfix(loss=f"{value:.4g}", refresh=False)
+                bar.update()
+        if holdout is not None:
+            with torch.no_grad():
+                for p, kept in zip(params, best.state):
+                    p.copy_(kept)
+    if polish_steps and data.loader is None:
+        _polish(lambda: loss_fn(pot, z, (data.x, data.y)), params, polish_steps)
+    best_step = best.best_step if holdout is not None and num_steps else num_steps - 1
+    return MapRun(z={k: v.detach() for k, v in z.items()}, loss=losses, best_step=best_step)
+
+
+def energy(pot: Potential, z: dict[str, torch.Tensor], batch) -> torch.Tensor:
+    """``U_c = U(z) + log|det dw/dz|``: ``-log p`` in ``w``'s own coordinates (its mode is the constrained MAP)."""
+    u = pot(z, batch)
+    for name, t in pot.transforms.items():
+        w = t.inv(z[name])
+        if w is not z[name]:  # identity maps (real-valued sites, e.g. weights) return their input and add nothing
+            u = u + t.inv.log_abs_det_jacobian(z[name], w).sum()
+    return u
+
+
+def adversarial_loss(pot: Potential, z, batch, eps: float, loss_fn=None) -> torch.Tensor:
+    """``(U_c(x) + U_c(x')) / 2`` with the fast-gradient-sign input ``x' = x + eps * sign(grad_x U_c)``."""
+    loss_fn = energy if loss_fn is None else loss_fn
+    x, y = batch
+    if not x.dtype.is_floating_point:
+        raise TypeError(f"adversarial_eps > 0 perturbs the inputs, which must be floating point; got {x.dtype}. "
+                        "Use adversarial_eps=0 for integer (e.g. token) inputs.")
+    x = x.detach().requires_grad_()
+    clean = loss_fn(pot, z, (x, y))
+    (grad,) = torch.autograd.grad(clean, x, retain_graph=True)
+    return 0.5 * (clean + loss_fn(pot, z, ((x + eps * grad.sign()).detach(), y)))
+
+
+def _polish(loss, params, max_iter: int) -> None:
+    """L-BFGS on the full data; the first-order result is kept when L-BFGS does not lower the loss."""
+    saved = [p.detach().clone() for p in params]
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe",
+                            tolerance_grad=1e-10, tolerance_change=1e-12)
+
+    def closure():
+        opt.zero_grad(set_to_none=True)
+        u = loss()
+        u.backward()
+        return u
+
+    with torch.no_grad():
+        before = loss().item()
+    opt.step(closure)
+    with torch.no_grad():
+        after = loss().item()
+        if not after <= before:  # also when NaN
+            for p, v in zip(params, saved):
+                p.copy_(v)
