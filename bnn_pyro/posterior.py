@@ -152,7 +152,8 @@ class Posterior:
                                  draws_per_chunk: int | None = None) -> dist.Distribution:
         """``p(y | x, w_s)`` batched over draws ``(S, N)`` for a :class:`~bnn_pyro.BNN` (all draws
         by default). The network is evaluated ``draws_per_chunk`` draws at a time (default:
-        :meth:`BNN.draws_per_chunk`)."""
+        :meth:`BNN.draws_per_chunk`). A Laplace posterior with ``config["predictive"] == "glm"`` (its default)
+        evaluates the network linearized at its mode (:mod:`bnn_pyro.infer.laplace.glm`)."""
         if idx is None:
             idx = torch.arange(self.num_chains * self.num_draws)
         model: BNN = self.model
@@ -166,7 +167,11 @@ class Posterior:
         rows = model.points_per_chunk(x)  # all rows, unless one draw over all of them exceeds the budget
         try:
             f = None
-            for i in range(0, len(idx), draws_per_chunk):
+            if self.config.get("predictive") == "glm":  # a Laplace fit's linearized network (its module documents it)
+                from bnn_pyro.infer.laplace.glm import linearized_outputs
+
+                f = linearized_outputs(self, x, idx, params, draws_per_chunk, rows)
+            for i in range(0, len(idx) if f is None else 0, draws_per_chunk):
                 draws = {n: p[i : i + draws_per_chunk] for n, p in params.items()}
                 for r in range(0, x.shape[0], rows):
                     chunk = model.forward_draws(draws, x[r : r + rows])

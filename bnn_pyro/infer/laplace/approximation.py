@@ -1,0 +1,135 @@
+"""The Laplace approximation's choices (``str`` Enums), its settings, and the Gaussian it fits."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from bnn_pyro.infer._potential import Potential
+
+MAX_FULL_DIM = 5000  # a dense float64 H of this size is 200 MB and its Cholesky takes seconds
+CHUNK = 2**22  # elements per Jacobian / Hessian-vector block
+
+
+class Structure(str, Enum):
+    FULL = "full"
+    DIAG = "diag"
+    LAST_LAYER = "last_layer"
+
+
+class Hessian(str, Enum):
+    GGN = "ggn"
+    FISHER = "fisher"
+
+
+class Predictive(str, Enum):
+    GLM = "glm"  # the linearized network f(x, w*) + J(x) (w - w*) (Immer et al. 2021)
+    NN = "nn"  # the network itself at each draw
+
+
+class PriorPrecision(str, Enum):
+    MODEL = "model"  # the model's own prior
+    MARGLIK = "marglik"  # one delta, by marginal likelihood
+    MARGLIK_LAYERWISE = "marglik_layerwise"  # one delta per layer (BNN module) or site (Pyro function)
+
+
+@dataclass
+class LaplaceApproximation:
+    """``N(mean, precision^-1)`` over the covered coordinates ``active`` of the flat unconstrained vector
+    (:meth:`Potential.flatten` order); the other coordinates stay at ``mean``.
+
+    Attributes
+    ----------
+    mean:
+        ``m``, flat, unconstrained, shaped ``(dim,)``: the MAP, as the mode of the quadratic model of
+        ``U`` at ``expansion_point`` (see the module docstring).
+    precision:
+        ``H`` on the covered coordinates (float64): ``(k, k)``, or ``(k,)`` for ``structure="diag"``.
+    active:
+        Indices of the covered coordinates in ``mean``.
+    expansion_point:
+        Where the optimizer stopped and the curvature was computed; ``mean`` is the mode of the
+        quadratic model of ``U`` there (they differ by optimizer noise).
+    prior_precision:
+        ``delta`` per group when the Normal priors were replaced (``None``: the model's prior).
+    noise:
+        How a learned Gaussian noise was chosen on held-out rows (:mod:`.noise`), or ``None``.
+    log_evidence:
+        Laplace estimate of ``log p(y)`` of the covered coordinates (the others held at the MAP).
+    """
+
+    mean: torch.Tensor
+    precision: torch.Tensor
+    active: torch.Tensor
+    expansion_point: torch.Tensor
+    structure: Structure
+    potential: Potential = field(repr=False)
+    model: object = field(repr=False)
+    prior_precision: dict[str, float] | None = None
+    log_evidence: float = float("nan")
+    loss: torch.Tensor = field(default_factory=lambda: torch.empty(0), repr=False)
+    noise: dict | None = None
+
+    def center(self) -> dict[str, torch.Tensor]:
+        """The expansion point on every latent site's support (where the GLM predictive linearizes)."""
+        pot = self.potential
+        with torch.no_grad():
+            return {k: v.detach().clone() for k, v in pot.constrain(pot.unflatten(self.expansion_point)).items()}
+
+    def linearized_sites(self) -> list[str]:
+        """The covered network weights of a ``BNN`` (the sites the GLM predictive linearizes in)."""
+        names = getattr(self.model, "sample_names", [])
+        covered, start = set(self.active.tolist()), 0
+        out = []
+        for name, shape in self.potential.shapes.items():
+            size = math.prod(shape)
+            if name in names and start in covered:
+                out.append(name)
+            start += size
+        return out
+
+    def covariance(self) -> torch.Tensor:
+        """``H^-1`` (``(k, k)``), or its diagonal for ``structure="diag"``."""
+        if self.precision.dim() == 1:
+            return 1.0 / self.precision
+        return torch.cholesky_inverse(torch.linalg.cholesky(self.precision))
+
+    def sample_flat(self, num_samples: int, *, seed: int = 0) -> torch.Tensor:
+        """Unconstrained draws ``(num_samples, dim)``."""
+        g = torch.Generator().manual_seed(seed)
+        eps = torch.randn(num_samples, len(self.active), generator=g, dtype=torch.float64)
+        if self.precision.dim() == 1:
+            step = eps / self.precision.sqrt()
+        else:  # L^-T eps has covariance (L L^T)^-1 = H^-1
+            chol = torch.linalg.cholesky(self.precision)
+            step = torch.linalg.solve_triangular(chol.T, eps.T, upper=True).T
+        out = self.mean.double().expand(num_samples, -1).clone()
+        out[:, self.active] += step
+        return out.to(self.mean.dtype)
+
+    def sample(self, num_samples: int, *, seed: int = 0) -> dict[str, torch.Tensor]:
+        """Draws of every latent site on its support: ``dict[name, (num_samples, *shape)]``."""
+        pot = self.potential
+        with torch.no_grad():
+            values = pot.constrain(pot.unflatten(self.sample_flat(num_samples, seed=seed)))
+        return {k: v.detach().clone() for k, v in values.items()}
+
+
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The checked options of one Laplace fit (see :func:`~bnn_pyro.infer.laplace.fit_laplace`)."""
+
+    structure: Structure
+    hessian: Hessian
+    prior_precision: PriorPrecision | float
+    num_steps: int
+    lr: float
+    polish_steps: int | None  # None: 100 without held-out rows, 0 with them (a polish undoes early stopping)
+    marglik_rounds: int
+    init: object
+    predictive: Predictive = Predictive.GLM

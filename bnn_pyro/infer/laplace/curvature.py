@@ -1,0 +1,105 @@
+"""The parts of ``U`` at the MAP on the covered coordinates: value, gradient and curvature of the
+likelihood (by the backend of ``hessian=``: :mod:`.ggn` or :mod:`.fisher`) and of the prior (exact)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bnn_pyro.infer._common import Data
+from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.laplace.approximation import CHUNK, Hessian, Settings, Structure
+from bnn_pyro.infer.laplace.fisher import fisher, fisher_traced
+from bnn_pyro.infer.laplace.functional import epoch
+from bnn_pyro.infer.laplace.ggn import ggn
+from bnn_pyro.infer.laplace.structure import Layout
+from bnn_pyro.model import BNN
+
+
+@dataclass
+class Terms:
+    """A part of ``U`` at ``z*`` on the covered coordinates: value, gradient, Hessian (float64)."""
+
+    value: float
+    grad: torch.Tensor
+    hess: torch.Tensor
+
+
+def terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> tuple[Terms, Terms]:
+    return likelihood_terms(model, pots, z, data, layout, s), prior_terms(pots[1], z, layout, s, data)
+
+
+def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data) -> Terms:
+    """Value, gradient and exact Hessian (or its diagonal) of the prior part of ``U`` (log-Jacobians included)."""
+    x0, y0 = data.first()
+    active, diag = layout.active, s.structure is Structure.DIAG
+    zr = z.detach().clone().requires_grad_()
+    u = pot_prior(pot_prior.unflatten(zr), (x0[:1], y0[:1]))
+    (g,) = torch.autograd.grad(u, zr, create_graph=True)
+    k, dim = len(active), zr.numel()
+
+    def hvp(v):
+        if not g.requires_grad:  # a prior linear in z
+            return torch.zeros_like(v)
+        try:
+            return torch.autograd.grad(g, zr, grad_outputs=v, is_grads_batched=True, retain_graph=True)[0]
+        except RuntimeError:  # an operation without a batching rule: one vector at a time
+            return torch.stack([torch.autograd.grad(g, zr, grad_outputs=r, retain_graph=True)[0] for r in v])
+
+    if diag:  # a factorized prior has a diagonal Hessian, and then H 1 is that diagonal (checked: H s = (H 1) s)
+        sign = torch.randint(0, 2, (dim,), generator=torch.Generator().manual_seed(0)).to(zr.dtype) * 2 - 1
+        h1, hs = hvp(torch.stack([torch.ones_like(zr), sign]))
+        if torch.allclose(hs, h1 * sign, rtol=1e-5, atol=1e-6 * (1.0 + float(h1.abs().max()))):
+            return Terms(u.item(), g[active].detach().double(), h1[active].detach().double())
+    hess = torch.zeros((k,) if diag else (k, k), dtype=torch.float64)
+    step = max(1, CHUNK // dim)
+    for i in range(0, k, step):
+        cols = active[i : i + step]
+        basis = torch.zeros(len(cols), dim, dtype=zr.dtype)
+        basis[torch.arange(len(cols)), cols] = 1.0
+        rows = hvp(basis).detach().double()
+        hess[i : i + len(cols)] = rows[torch.arange(len(cols)), cols] if diag else rows[:, active]
+    return Terms(u.item(), g[active].detach().double(), hess if diag else (hess + hess.T) / 2)
+
+
+def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> Terms:
+    """Value and gradient of ``-log p(y | z)`` (the potential minus its prior part, on any model) and its
+    GGN or empirical Fisher."""
+    pot, pot_prior = pots
+    x0, y0 = data.first()
+    zr = z.detach().clone().requires_grad_()
+    up = pot_prior(pot_prior.unflatten(zr), (x0[:1], y0[:1]))
+    (gp,) = torch.autograd.grad(up, zr)
+    value, gradient = 0.0, torch.zeros(zr.numel(), dtype=torch.float64)
+    for xb, yb in epoch(data, data.batch_size or data.size):
+        u = pot(pot.unflatten(zr), (xb, yb))
+        (gu,) = torch.autograd.grad(u, zr)
+        scale = xb.shape[0] / data.size  # U(batch) = U_prior + (N / B) (-log p(y_batch | z))
+        value += scale * (u.item() - up.item())
+        gradient += scale * (gu - gp).double()
+    diag = s.structure is Structure.DIAG
+    if not isinstance(model, BNN):
+        hess = fisher_traced(pot, zr, gp, data, layout, diag)
+    else:
+        was_training = model.training
+        model.eval()
+        try:
+            hess = (ggn if s.hessian is Hessian.GGN else fisher)(model, pot, z.detach(), data, layout, diag)
+        finally:
+            model.train(was_training)
+    return Terms(value, gradient[layout.active], hess)
+
+
+def checked(hess: torch.Tensor, s: Settings) -> torch.Tensor:
+    bad = bool((hess <= 0).any()) if hess.dim() == 1 else bool(torch.linalg.cholesky_ex(hess).info > 0)
+    if bad:
+        raise ValueError(
+            "laplace: the curvature at the MAP is not positive definite, so no Gaussian fits there. The MAP search "
+            "may not have converged (raise num_steps or polish_steps), or the prior has zero or negative curvature "
+            "(Laplace, StudentT tails, hierarchical scales). Try structure='last_layer' or 'diag', or a Normal prior "
+            "(prior_precision='marglik' then tunes its scale)" + (", or hessian='ggn'." if s.hessian is Hessian.FISHER
+                                                                   else "."))
+    return hess
+
+

@@ -1,0 +1,42 @@
+"""Curvature backend: the empirical Fisher ``sum_i g_i g_i^T`` (a ``BNN`` by ``vmap(grad)``; a Pyro function
+one traced example at a time)."""
+
+from __future__ import annotations
+
+import torch
+from torch.func import grad, vmap
+
+from bnn_pyro.infer._common import Data
+from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.laplace.approximation import CHUNK
+from bnn_pyro.infer.laplace.functional import epoch, nll, site_values
+from bnn_pyro.infer.laplace.structure import Layout, zeros
+from bnn_pyro.model import BNN
+
+
+def fisher(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool) -> torch.Tensor:
+    """Empirical Fisher ``sum_i g_i g_i^T``, per-example gradients by ``vmap(grad)``."""
+    active = layout.active
+
+    def loglik(za, xi, yi):
+        weights, noise = site_values(model, pot, z.index_copy(0, active, za))
+        return -nll(model, model.forward_draws(weights, xi[None]), yi[None], noise)
+
+    hess = zeros(layout, diag)
+    for xb, yb in epoch(data, max(1, CHUNK // len(active))):
+        g = vmap(grad(loglik), in_dims=(None, 0, 0))(z[active], xb, yb).double()
+        hess += (g**2).sum(0) if diag else g.T @ g
+    return hess
+
+
+def fisher_traced(pot: Potential, zr, grad_prior, data: Data, layout: Layout, diag: bool) -> torch.Tensor:
+    """Empirical Fisher of a Pyro function model, one traced example at a time:
+    ``grad log p(y_i | z) = -(grad U({i}) - grad U_prior) / N``."""
+    hess = zeros(layout, diag)
+    for xb, yb in epoch(data, 1):
+        (gu,) = torch.autograd.grad(pot(pot.unflatten(zr), (xb, yb)), zr)
+        g = (-(gu - grad_prior) / data.size)[layout.active].double()
+        hess += g**2 if diag else torch.outer(g, g)
+    return hess
+
+

@@ -1,0 +1,51 @@
+"""The linearized (GLM) predictive of a Laplace posterior (Immer, Korzepa & Bauer 2021; laplace-torch's
+``pred_type="glm"``): each draw ``w_s`` of the covered weights gives the output of the network linearized at
+the expansion point ``w*``,
+
+    f_lin(x, w_s) = f(x, w*) + J(x) (w_s - w*),      J(x) = d f(x, w) / d w at w*,
+
+so that for a Gaussian likelihood the predictive is ``N(f(x, w*), J Sigma J^T + sigma^2)`` (sampled), and for
+classification the MC GLM predictive (the softmax / sigmoid of linearized logits). The Jacobian-vector
+products ``J(x) (w_s - w*)`` are taken for a chunk of draws at once by the double-backward trick
+(:func:`torch.autograd.functional.jvp`). A network linear in its covered weights (``structure="last_layer"``
+with a linear output layer) gives the draws of the network itself.
+
+:class:`~bnn_pyro.Posterior` calls :func:`linearized_outputs` when ``post.config["predictive"] == "glm"``;
+the expansion point of chain ``c`` is stored as ``post.history[CENTER + site]`` shaped ``(chains, *shape)``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["linearized_outputs", "CENTER"]
+
+CENTER = "linearized_at/"  # history keys of the expansion point, one per covered weight site
+
+
+def linearized_outputs(post, x: torch.Tensor, idx: torch.Tensor, params: dict[str, torch.Tensor],
+                       draws_per_chunk: int, rows: int) -> torch.Tensor:
+    """Outputs ``(len(idx), N, out)`` of the linearized net for pooled draws ``idx``; ``params`` holds every
+    parameter of those draws (``(len(idx), *shape)``), as for :meth:`BNN.forward_draws`."""
+    model = post.model
+    names = [k[len(CENTER):] for k in post.history if k.startswith(CENTER)]
+    chain = torch.div(idx, post.num_draws, rounding_mode="floor")
+    f = None
+    for i in range(0, len(idx), draws_per_chunk):
+        draws = {n: p[i : i + draws_per_chunk] for n, p in params.items()}
+        center = tuple(post.history[CENTER + n][chain[i : i + draws_per_chunk]].to(draws[n]) for n in names)
+        tangent = tuple(draws[n] - c for n, c in zip(names, center))
+        fixed = {n: v for n, v in draws.items() if n not in names}
+        for r in range(0, x.shape[0], rows):
+            xr = x[r : r + rows]
+
+            def net(*weights, xr=xr):
+                return model.forward_draws({**fixed, **dict(zip(names, weights))}, xr)
+
+            with torch.enable_grad():
+                f0, jv = torch.autograd.functional.jvp(net, center, tangent)
+            chunk = (f0 + jv).detach()
+            if f is None:
+                f = chunk.new_empty((len(idx), x.shape[0]) + chunk.shape[2:])
+            f[i : i + chunk.shape[0], r : r + rows] = chunk
+    return f
