@@ -115,8 +115,9 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         init=settings.init if isinstance(settings.init, str) else type(settings.init).__name__,
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
-        **({"noise": noise[0] if num_chains == 1 else noise} if noise else {}),
     ))
+    if noise:  # JSON-friendly as it is (as the ensemble's record from holdout.select_noise)
+        config["noise"] = noise[0] if num_chains == 1 else noise
     samples = {n: torch.stack([r[2][n] for r in runs]) for n in runs[0][2]}
     point = {n: torch.stack([r[3][n] for r in runs]) for n in runs[0][3]}
     history = {"loss": torch.stack([a.loss for a in approxes])} if settings.num_steps else {}
