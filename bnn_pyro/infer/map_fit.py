@@ -83,7 +83,7 @@ def fit_map(model, data: Data, *, init, num_steps: int, lr: float, optimizer="ad
 def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, num_steps: int, lr: float,
              optimizer="adam", lr_schedule="constant", seed: int = 0, progress: bool = True, desc: str = "map",
              holdout: Holdout | None = None, adversarial_eps: float = 0.0, polish_steps: int = 0,
-             jacobian: bool = True, method: str = "map") -> MapRun:
+             jacobian: bool = True, fixed=(), method: str = "map") -> MapRun:
     """Minimize the potential energy from ``z`` (unconstrained site values); the model's deterministic
     parameters (``pyro.param`` sites) move along.
 
@@ -91,13 +91,14 @@ def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, n
     on the held-out rows every ``num_steps // 50`` steps (:func:`~bnn_pyro.infer.holdout.heldout_score`) and
     the best one kept (early stopping; the budget ``num_steps`` is run in full). ``polish_steps`` L-BFGS
     iterations on the full data follow (not for a loader; the result is kept only when it lowers the loss).
-    ``method`` names the engine in the error raised for a non-finite loss.
+    Sites named in ``fixed`` keep their values. ``method`` names the engine in the error raised for a
+    non-finite loss.
     """
-    z = {k: v.detach().clone().requires_grad_() for k, v in z.items()}
+    z = {k: v.detach().clone().requires_grad_(k not in fixed) for k, v in z.items()}
     loss_fn = energy if jacobian else (lambda p, zz, batch: p(zz, batch))
     with poutine.trace(param_only=True) as capture:
         loss_fn(pot, z, data.first())
-    params = list(z.values()) + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
+    params = [v for k, v in z.items() if k not in fixed] + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
     losses = torch.empty(num_steps)
     best = BestOnHoldout(every=max(1, num_steps // 50), patience=None)
     if num_steps:

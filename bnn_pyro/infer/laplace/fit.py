@@ -19,8 +19,8 @@ from bnn_pyro.infer.laplace.approximation import (Hessian, LaplaceApproximation,
                                                   Structure)
 from bnn_pyro.infer.laplace.curvature import checked, prior_terms, terms
 from bnn_pyro.infer.laplace.glm import CENTER
-from bnn_pyro.infer.laplace.marglik import log_evidence, optimize_precision
-from bnn_pyro.infer.laplace.noise import choose_noise
+from bnn_pyro.infer.laplace.marglik import NoiseTerms, log_evidence, optimize_precision
+from bnn_pyro.infer.laplace.noise import choose_noise, with_noise
 from bnn_pyro.infer.laplace.priors import normal_sites, potentials
 from bnn_pyro.infer.laplace.structure import make_layout
 from bnn_pyro.infer.map_fit import minimize
@@ -175,11 +175,11 @@ def _polish(s: Settings, holdout: Holdout | None) -> int:
 
 
 def _map(pot: Potential, z, data: Data, s: Settings, steps: int, seed: int, progress: bool, desc: str,
-         holdout: Holdout | None, model):
+         holdout: Holdout | None, model, fixed=()):
     """The shared MAP search on ``U(z)`` (unconstrained coordinates: Laplace's curvature is taken there)."""
     run = minimize(pot, pot.unflatten(z), data, model=model, num_steps=steps, lr=s.lr, lr_schedule="cosine",
                    seed=seed, progress=progress, desc=desc, holdout=holdout, polish_steps=_polish(s, holdout),
-                   jacobian=False, method="laplace")
+                   jacobian=False, fixed=fixed, method="laplace")
     return pot.flatten(run.z).detach(), run.loss
 
 
@@ -188,8 +188,9 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
     """One chain: MAP, curvature, prior precision and noise; ``data`` are the training rows."""
     pyro.set_rng_seed(seed)
     base = Potential(model, data, init=chain_start(model, s.init, seed))
-    site = noise_site(model) if holdout is not None else None
-    site = site if site in base.shapes else None
+    marglik = s.prior_precision in (PriorPrecision.MARGLIK, PriorPrecision.MARGLIK_LAYERWISE)
+    site = noise_site(model) if holdout is not None or marglik else None
+    site = site if site in base.shapes else None  # a learned Gaussian noise: a hyperparameter, not covered
     layout = make_layout(model, base, s.structure, exclude=[site] if site else [])
     z = base.flatten(base.init)
     normal = None if s.prior_precision is PriorPrecision.MODEL else normal_sites(model, base, layout, data)
@@ -197,20 +198,24 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
     pots = potentials(model, data, base, z, normal, delta)
     z, loss = _map(pots[0], z, data, s, s.num_steps, seed, progress, desc, holdout, model)
     lik, prior = terms(model, pots, z, data, layout, s)
-    marglik = s.prior_precision in (PriorPrecision.MARGLIK, PriorPrecision.MARGLIK_LAYERWISE)
     unit = None if not marglik else {g: 1.0 for g in normal.groups(s.prior_precision)}
+    sigma = None
     for _ in range(s.marglik_rounds if marglik else 0):
         prior1 = prior_terms(potentials(model, data, base, z, normal, unit)[1], z, layout, s, data)
-        new = optimize_precision(lik, prior1, normal, z, layout, delta or normal.initial(unit))
+        terms_noise = None if site is None else _noise_terms(model, base, z, lik, data, site, s)
+        new, sigma = optimize_precision(lik, prior1, normal, z, layout, delta or normal.initial(unit), terms_noise)
+        if sigma is not None:
+            z = with_noise(base, z, layout, site, sigma)
         pots = potentials(model, data, base, z, normal, new)
-        z, _ = _map(pots[0], z, data, s, s.num_steps // 4, seed, False, desc, holdout, model)
+        z, _ = _map(pots[0], z, data, s, s.num_steps // 4, seed, False, desc, holdout, model,
+                    fixed=[site] if site else ())
         lik, prior = terms(model, pots, z, data, layout, s)
         done = delta is not None and all(abs(math.log(new[g] / delta[g])) < 1e-3 for g in new)
         delta = new
         if done:
             break
-    noise = None
-    if site is not None:
+    noise = None if sigma is None else {"selected_on": "marglik", "sigma": sigma}
+    if site is not None and holdout is not None:
         z, noise = choose_noise(model, base, z, layout, lik.hess, prior.hess, holdout, site, s.hessian)
         lik, prior = terms(model, pots, z, data, layout, s)
     hess, gradient = checked(lik.hess + prior.hess, s), lik.grad + prior.grad
@@ -225,3 +230,14 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
     return LaplaceApproximation(mean=mean, precision=hess, active=layout.active, expansion_point=z,
                                 structure=s.structure, potential=base, model=model, prior_precision=delta,
                                 log_evidence=float(evidence), loss=loss, noise=noise)
+
+
+def _noise_terms(model, pot: Potential, z, lik, data: Data, site: str, s: Settings) -> NoiseTerms:
+    """The Gaussian likelihood part as a function of the noise (:class:`.marglik.NoiseTerms`) at ``z``."""
+    value = pot.constrain(pot.unflatten(z))[site]
+    sigma0 = float(value if site == "sigma" else value.rsqrt())
+    count = data.size * model.output_dim(data.first()[0])
+    rss = 2 * sigma0**2 * (lik.value - count * (math.log(sigma0) + 0.5 * math.log(2 * math.pi)))
+    return NoiseTerms(sigma0=sigma0, rss=rss, count=count, power=2 if s.hessian is Hessian.GGN else 4,
+                      prior=model.likelihood.sites()[site], precision=site == "precision")
+

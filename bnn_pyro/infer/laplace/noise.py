@@ -67,9 +67,13 @@ def choose_noise(model: BNN, pot, z: torch.Tensor, layout: Layout, lik_hess: tor
         sigma = new
         if done:
             break
-    target = torch.tensor(sigma if site == "sigma" else sigma**-2.0, dtype=z.dtype)
+    info = {"selected_on": "validation", "sigma": sigma, "heldout_lpd": lpd, "map_sigma": sigma0}
+    return with_noise(pot, z, layout, site, sigma), info
+
+
+def with_noise(pot, z: torch.Tensor, layout: Layout, site: str, sigma: float) -> torch.Tensor:
+    """A copy of the flat unconstrained ``z`` with the noise site at ``sigma`` (``"precision"``: ``sigma^-2``)."""
+    value = torch.tensor(sigma if site == "sigma" else sigma**-2.0, dtype=z.dtype)
     z = z.clone()
-    z[layout.coords[site]] = pot.transforms[site](target).reshape(-1) if site in pot.transforms else target
-    info = {"selected_on": "validation", site: float(target), "sigma": sigma, "heldout_lpd": lpd,
-            "map_sigma": sigma0}
-    return z, info
+    z[layout.coords[site]] = (pot.transforms[site](value) if site in pot.transforms else value).reshape(-1)
+    return z
