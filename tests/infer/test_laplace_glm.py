@@ -133,3 +133,23 @@ def test_default_holds_out_rows_and_chooses_the_noise_there():
     off = bp.fit(model, x, y, method="laplace", num_steps=20, num_samples=10, seed=0, progress=False,
                  validation=None)
     assert "noise" not in off.config and off.config["polish_steps"] == 100 and off.config["validation"] == repr({"rows": 0})
+
+
+@pytest.mark.slow  # ~30 s on a loaded 2-core machine
+def test_marglik_improves_heldout_likelihood_over_a_misscaled_prior():
+    """A Normal(0, 0.05) prior is far too narrow for this net (it underfits). At the other defaults (held-out
+    noise, last layer), ``prior_precision="marglik"`` (prior precision and noise by the linearized evidence)
+    must raise the log predictive density on 1,000 fresh points above the model's own prior: measured -1.36
+    (model) against -0.91 (marglik), a gap far above the Monte Carlo error of 200 draws (<0.01)."""
+    x, y = _friedman(300, 0)
+    x_test, y_test = _friedman(1000, 1)
+    lpd = {}
+    for prior_precision in ("model", "marglik"):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(5, 20), torch.nn.ReLU(), torch.nn.Linear(20, 1))
+        model = bp.BNN(net, prior=bp.priors.Normal(0.0, 0.05),
+                       likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+        post = bp.fit(model, x, y, method="laplace", num_steps=300, num_samples=200, seed=0, progress=False,
+                      prior_precision=prior_precision)
+        lpd[prior_precision] = float(bp.metrics.log_predictive_density(post, x_test, y_test).mean())
+    assert lpd["marglik"] > lpd["model"] + 0.2, lpd

@@ -121,7 +121,7 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
     samples = {n: torch.stack([r[2][n] for r in runs]) for n in runs[0][2]}
     point = {n: torch.stack([r[3][n] for r in runs]) for n in runs[0][3]}
     history = {"loss": torch.stack([a.loss for a in approxes])} if settings.num_steps else {}
-    if settings.predictive is Predictive.GLM:
+    if settings.predictive is Predictive.GLM and not _linear_in(runs[-1][0], approxes[0].linearized_sites()):
         for name in approxes[0].linearized_sites():
             history[CENTER + name] = torch.stack([a.center()[name] for a in approxes])
     return Posterior(samples=samples, model=runs[-1][0], method="laplace", config=config, point=point,
@@ -168,6 +168,16 @@ def make_settings(model, data: Data, *, structure=None, hessian=None, prior_prec
                                                                                   allow_zero=True),
                     marglik_rounds=positive_int("marglik_rounds", marglik_rounds),
                     init=resolve_init(model, init, data), predictive=predictive)
+
+
+def _linear_in(model, sites: list[str]) -> bool:
+    """Whether the network is linear in ``sites``: they are the weights of the last module of an ``nn.Sequential``,
+    an ``nn.Linear`` (the default last-layer fit). Its draws are then exactly the GLM's and need no Jacobian."""
+    net = getattr(model, "net", None)
+    if not isinstance(net, torch.nn.Sequential) or not len(net) or not isinstance(net[-1], torch.nn.Linear):
+        return False
+    last = f"{len(net) - 1}."
+    return bool(sites) and all(n.startswith(last) and "." not in n[len(last):] for n in sites)
 
 
 def _polish(s: Settings, holdout: Holdout | None) -> int:
