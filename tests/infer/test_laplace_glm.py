@@ -59,7 +59,7 @@ def _mlp():
 
 
 @pytest.mark.parametrize("structure", ["full", "diag"])
-def test_glm_predictive_of_an_mlp_is_the_linearized_net(structure):
+def test_glm_predictive_of_an_mlp_is_the_linearized_net(structure, tmp_path):
     """Weights only (biases are point estimates): every draw's output is ``f(x, w*) + J (w_s - w*)``; over the
     draws its mean is ``f(x, w*) + J (m - w*)`` (``m`` the Gaussian's mean, ~``w*``) and its variance
     ``diag(J Sigma J^T)``; ``predictive="nn"`` evaluates the net itself at the same draws."""
@@ -92,6 +92,9 @@ def test_glm_predictive_of_an_mlp_is_the_linearized_net(structure):
     z_mean = (f.mean(0) - mean) / (var / S).sqrt()
     z_var = (f.var(0) - var) / (var * math.sqrt(2 / S))
     assert float(z_mean.abs().max()) < Z_MAX and float(z_var.abs().max()) < Z_MAX, (z_mean, z_var)
+    bp.io.save(post, tmp_path / "glm.bnn")  # the expansion point travels with the posterior
+    again = bp.load(tmp_path / "glm.bnn", model=model)
+    assert torch.equal(_f_draws(again, x_new), _f_draws(post, x_new))
     nn = bp.fit(model, x, y, method="laplace", num_samples=50, validation=None, predictive="nn", **config)
     assert nn.config["predictive"] == "nn" and not any(k.startswith("linearized_at/") for k in nn.history)
     w_nn = torch.cat([nn.sample()["0.weight"].reshape(50, -1), nn.sample()["2.weight"].reshape(50, -1)], 1)

@@ -67,7 +67,20 @@ with ``delta`` in closed form. The MAP is then refit under the new prior and the
 belongs to the model with that prior, not to the prior the model was built with:
 ``post.config["prior_precision_fitted"]`` records ``delta``. ``prior_precision=<number>`` sets ``delta``
 without a search. Only Normal priors qualify (not hierarchical ones). ``post.config["log_evidence"]``
-is the estimate above at the end (the model's own prior for ``"model"``).
+is the estimate above at the end (the model's own prior for ``"model"``). A learned homoscedastic Gaussian
+noise is searched along with ``delta`` (laplace-torch's ``sigma_noise``): it is held out of the covered
+coordinates, the likelihood part moves with ``sigma`` in closed form (``rss / (2 sigma^2) + n log sigma``, GGN
+``~ sigma^-2``; :class:`.marglik.NoiseTerms`), and the MAP refit keeps it fixed; with held-out rows the
+held-out choice (:mod:`.noise`) then replaces it.
+
+**Why these defaults** (measured; scikit-learn's diabetes, 3 random 90/10 splits, standardized, 10-50-1 ReLU
+net, Normal(0, 1) prior, ``Gaussian(scale=HalfNormal(1))``, last layer; test log-likelihood per point in
+original units): the former defaults (no held-out rows, the model's prior) -39.3; held-out rows (today's
+default) -5.36; ``prior_precision="marglik"`` without held-out rows -40.3 (``delta`` alone, noise at the MAP:
+-78.1); both -5.39. The evidence of the last layer cannot see that the features below it overfit (the noise it
+picks, 0.12-0.13 standardized units, is the training residual), so held-out rows are the default and the
+evidence an option; with them, and for a mis-scaled prior, ``"marglik"`` helps (a Normal(0, 0.05) prior on
+Friedman #1 data: -1.36 to -0.91, tests/infer/test_laplace_glm.py).
 
 On Bayesian linear regression (Gaussian likelihood with known noise, Normal prior) every step is
 exact: ``U`` is quadratic and the GGN is its Hessian, so ``q`` is the posterior and the evidence
