@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from bnn_pyro._checks import check_data, choice, flag, positive_int
+from bnn_pyro._upstream_private import arviz_logger
 from bnn_pyro.model import BNN
 
 if TYPE_CHECKING:
@@ -331,8 +332,7 @@ def _problems(post: Posterior, table: pd.DataFrame, space) -> list[str]:
 
 @contextlib.contextmanager
 def _arviz_log_level(level: int):
-    # ArviZ 0.23 logs through its own Logger instance (arviz._log), not logging.getLogger("arviz")
-    logger = getattr(az, "_log", None) or logging.getLogger("arviz")
+    logger = arviz_logger()
     old = logger.level
     logger.setLevel(level)
     try:
