@@ -12,6 +12,8 @@ Example
 >>> fig = post.plot_pair(["0.weight[0, 0]", "0.bias[0]"])
 >>> fig = post.plot_predictive()                 # 1-D regression: data, mean, epistemic and total bands
 >>> fig.savefig("fit.png")
+>>> fig = plots.plot_rejection(clf.predict(x_test), y_test)            # accuracy vs fraction rejected
+>>> fig = plots.plot_calibration(pred, calibration.TemperatureScaling.fit(pred_val, y_val)(pred), y_test)
 """
 
 from __future__ import annotations

@@ -85,6 +85,9 @@ def test_acquire_on_a_fitted_posterior(classifier_post):
     pred = classifier_post.predict(x, num_samples=40, seed=0)
     assert torch.equal(idx, acquisition.scores(pred, "bald").topk(5).indices)
     assert len(set(acquisition.acquire(classifier_post, x, 3, strategy="batchbald").tolist())) == 3
+    # the defaults: BALD over 100 draws picked with seed 0 (this posterior has 2 x 50 draws: all of them)
+    default = acquisition.acquire(classifier_post, x, 5)
+    assert torch.equal(default, acquisition.scores(classifier_post.predict(x, num_samples=100, seed=0)).topk(5).indices)
 
 
 def test_bad_input_names_the_argument(classifier_post, svi_post):
