@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 __all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "pyro_context",
-           "autoguide_setup", "autoguide_loc_scale", "elbo_loss_and_surrogate", "arviz_logger", "KERNEL_ATTRIBUTES"]
+           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "arviz_logger", "KERNEL_ATTRIBUTES"]
 
 
 # ------------------------------------------------------------------------------------------------ torch
@@ -74,11 +74,12 @@ def autoguide_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
     return guide._get_loc_and_scale(name)
 
 
-def elbo_loss_and_surrogate(elbo, model, guide, args, kwargs):
-    """``TraceGraph_ELBO._loss_and_surrogate_loss``: ``(elbo, surrogate_loss)`` in one pass. Why: its public
-    ``loss_and_grads`` steps the gradients itself and ``loss`` runs the model again; the score-function fit
-    needs the surrogate (to differentiate) and the ELBO (to record) from the same draws."""
-    return elbo._loss_and_surrogate_loss(model, guide, args, kwargs)
+def elbo_traces(elbo, model, guide, args, kwargs):
+    """``ELBO._get_traces``: the ``(model_trace, guide_trace)`` pairs of one ELBO evaluation with their
+    log-densities computed (one vectorized pair, or one per particle). Why: the score-function ELBO
+    (``bnn_pyro.infer.score``) needs each site's log-density per particle, exactly as Pyro's ELBOs trace them
+    (plates, particle vectorization, scaling); no public API returns the traces."""
+    return elbo._get_traces(model, guide, args, kwargs)
 
 
 # Attributes of Pyro's HMC/NUTS/RandomWalkKernel that bnn_pyro.infer.mcmc's subclasses read or set

@@ -53,6 +53,8 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO
 from pyro.infer.inspect import get_dependencies
 
+from bnn_pyro._upstream_private import elbo_traces
+
 __all__ = ["ScoreFunction", "ScoreFunctionELBO"]
 
 _AUX = "_unconstrained"  # AutoNormal's suffix for the auxiliary Gaussian site of "<name>"
@@ -101,9 +103,9 @@ class ScoreFunctionELBO:
 
     def __call__(self, model, guide, *args, **kwargs):
         log_p, log_q = {}, {}
-        # ELBO._get_traces (Pyro 1.9.2) yields the (model, guide) trace pairs with log-densities computed, one
-        # vectorized pair or one pair per particle: the same traces Trace_ELBO differentiates.
-        for model_trace, guide_trace in self._traces._get_traces(model, guide, args, kwargs):
+        # the (model, guide) trace pairs with log-densities computed, one vectorized pair or one per particle:
+        # the same traces Trace_ELBO differentiates
+        for model_trace, guide_trace in elbo_traces(self._traces, model, guide, args, kwargs):
             _collect(log_p, model_trace, self._particle_dim)
             _collect(log_q, guide_trace, self._particle_dim)
         log_p = {k: torch.cat(v) for k, v in log_p.items()}
