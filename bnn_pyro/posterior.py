@@ -47,7 +47,8 @@ class Posterior:
     point:
         Deterministic (point-estimated) parameters per chain, shaped ``(chains, *shape)``.
     sample_stats:
-        Per-draw statistics shaped ``(chains, draws)`` (divergences, step size, ...).
+        Per-draw statistics shaped ``(chains, draws)`` (divergences, step size, ...; for svi, laplace and
+        swag ``log_q``, the approximation's log density at each draw, read by :meth:`psis`).
     history:
         Per-step traces of the fit shaped ``(chains, steps)``, e.g. ``"loss"`` (the negative ELBO),
         and per-chain end states (NUTS/HMC: ``"inverse_mass_matrix"``, for extending the chains).

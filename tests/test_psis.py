@@ -165,3 +165,20 @@ def test_systematic_resampling_reproduces_the_weights():
     w = torch.tensor([0.5, 0.0, 0.25, 0.25])
     counts = torch.bincount(resample(w, 100, seed=3), minlength=4)
     assert counts.tolist() == [50, 0, 25, 25]
+
+
+def test_swag_records_the_density_of_its_gaussian():
+    """SWAG's log q equals N(z_SWA, scale (Sigma_diag + D^T D / (K - 1)) / 2) of its draws, built densely here."""
+    from bnn_pyro.infer._common import Data
+    from bnn_pyro.infer.swag import _fit
+
+    from blr import flat_draws
+
+    blr = make_blr(n=20, d=2)
+    post, moments = _fit(blr.model(), Data(blr.x, blr.y), swag=True, rank=5, num_samples=200, pretrain_steps=100,
+                         num_steps=120, burn_in=20, collect_every=10, progress=False)
+    m, k = moments[0], moments[0].deviations.shape[0]
+    cov = post.config["scale"] * (torch.diag(m.variance) + m.deviations.T @ m.deviations / (k - 1)) / 2
+    expected = dist.MultivariateNormal(m.mean, covariance_matrix=cov).log_prob(flat_draws(post.samples))
+    torch.testing.assert_close(post.sample_stats["log_q"][0], expected, rtol=1e-6, atol=1e-6)
+    assert math.isfinite(post.psis(warn=False).k_hat)
