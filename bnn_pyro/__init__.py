@@ -11,7 +11,7 @@ from bnn_pyro.posterior import Posterior
 
 __version__ = "0.1.0"
 __all__ = ["BNN", "Posterior", "fit", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io", "distributed",
-           "acquisition", "selective", "adversarial", "calibration", "conformal"]
+           "acquisition", "selective", "adversarial", "calibration", "conformal", "sbc", "psis"]
 
 
 def __getattr__(name: str):
