@@ -11,11 +11,11 @@ from bnn_pyro.posterior import Posterior
 
 __version__ = "0.1.0"
 __all__ = ["BNN", "Posterior", "fit", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io", "distributed",
-           "acquisition", "selective", "adversarial", "calibration", "conformal"]
+           "acquisition", "selective", "adversarial", "calibration", "conformal", "sbc", "psis"]
 
 
 def __getattr__(name: str):
-    """``bp.diagnostics`` and ``bp.plots`` import on first use (ArviZ and matplotlib take seconds)."""
-    if name in ("diagnostics", "plots", "zoo"):
+    """``bp.diagnostics``, ``bp.plots``, ``bp.zoo``, ``bp.sbc`` and ``bp.psis`` import on first use (ArviZ and matplotlib take seconds)."""
+    if name in ("diagnostics", "plots", "zoo", "sbc", "psis"):
         return importlib.import_module(f"bnn_pyro.{name}")
     raise AttributeError(f"module 'bnn_pyro' has no attribute {name!r}")

@@ -66,7 +66,8 @@ class Space(str, Enum):
 
 
 class DiagnosticWarning(UserWarning):
-    """A convergence problem found by :func:`summary` (divergences, high R-hat, low ESS)."""
+    """A convergence problem found by :func:`summary` (divergences, high R-hat, low ESS), or an approximation
+    that misses posterior mass found by :func:`bnn_pyro.psis.psis` (Pareto k-hat > 0.7)."""
 
 
 def _require_model(post: Posterior, what: str) -> None:
@@ -75,10 +76,13 @@ def _require_model(post: Posterior, what: str) -> None:
 
 
 def sample_stats(post: Posterior) -> dict[str, np.ndarray]:
-    """The engine's per-draw statistics under ArviZ's names, each ``(chains, draws)``."""
+    """The engine's per-draw statistics under ArviZ's names, each ``(chains, draws)`` (without ``log_q``, the
+    density of an approximation at its draws, which :mod:`bnn_pyro.psis` reads)."""
     shape = (post.num_chains, post.num_draws)
     out = {}
     for name, value in post.sample_stats.items():
+        if name == "log_q":  # q's density at each draw (approximations; post.psis()), not a sampler's statistic
+            continue
         arr = torch.as_tensor(value).detach().cpu().numpy()
         if name == "potential_energy":
             name, arr = "lp", -arr

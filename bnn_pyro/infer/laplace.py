@@ -97,6 +97,7 @@ from pyro import poutine
 from torch.func import grad, jacrev, vmap
 
 from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values, progress_bar
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
@@ -240,8 +241,8 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
         with pyro.get_param_store().scope():
             approx = _fit(fitted, data, settings, seed + chain, progress, f"laplace chain {chain}")
-            runs.append((fitted, approx, approx.sample(num_samples, seed=seed + chain),
-                         point_values(fitted, x0, y0, data.size)))
+            draws = approx.sample(num_samples, seed=seed + chain)
+            runs.append((fitted, approx, draws, point_values(fitted, x0, y0, data.size), _density.laplace(approx, draws)))
     approxes = [r[1] for r in runs]
     deltas = [a.prior_precision for a in approxes]
     fitted_delta = None if deltas[0] is None else (
@@ -261,7 +262,7 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
     point = {n: torch.stack([r[3][n] for r in runs]) for n in runs[0][3]}
     history = {"loss": torch.stack([a.loss for a in approxes])} if settings.num_steps else {}
     return Posterior(samples=samples, model=runs[-1][0], method="laplace", config=config, point=point,
-                     history=history, x=data.x, y=data.y)
+                     sample_stats={"log_q": torch.stack([r[4] for r in runs])}, history=history, x=data.x, y=data.y)
 
 
 def laplace_approximation(model, data: Data, *, seed: int = 0, progress: bool = False,

@@ -72,7 +72,7 @@ from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import (Data, call_model, clean_config, init_strategy, latent_sites, point_values,
                                     progress_bar)
 from bnn_pyro.infer._init import chain_start, resolve_init
-from bnn_pyro.infer import _logjoint
+from bnn_pyro.infer import _density, _logjoint
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.checkpoint import Checkpoint, restore_svi, save_svi
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
@@ -267,16 +267,17 @@ def fit(
             losses = _optimize(fitted, q_train, data, objective, num_steps, num_particles, vectorize_particles,
                                optimizer, lr, lr_schedule, seed + chain, progress, f"svi chain {chain}", wrap,
                                None if eb is None else eb.record, reduce, ckpts[chain], loss)
-            draws = _draw(q, names, num_samples, x0, y0, data.size, fitted)
+            draws, log_q = _draw(q, names, num_samples, x0, y0, data.size, fitted)
             point = point_values(fitted, x0, y0, data.size)
-        runs.append((fitted, draws, point, {**({} if eb is None else eb.history), "loss": losses}))
+        runs.append((fitted, draws, point, {**({} if eb is None else eb.history), "loss": losses}, log_q))
     samples = {n: torch.stack([r[1][n] for r in runs]) for n in names}
     point = {n: torch.stack([r[2][n] for r in runs]) for n in runs[0][2]}
     history = {k: torch.stack([r[3][k] for r in runs]) for k in runs[0][3]}
     if sharing is not None:
         config["prior_scales"] = {s: history[f"prior_scale[{s}]"][:, -1].tolist() for s in eb.base_scales}
+    stats = {} if runs[0][4] is None else {"log_q": torch.stack([r[4] for r in runs])}  # for post.psis()
     return Posterior(samples=samples, model=runs[-1][0], method="svi", config=config, point=point,
-                     history=history, x=data.x, y=data.y)
+                     sample_stats=stats, history=history, x=data.x, y=data.y)
 
 
 def _handlers(q, elbo_kind: ElboKind, estimator: Estimator):
@@ -401,14 +402,17 @@ def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize
 
 
 @torch.no_grad()
-def _draw(guide, names, num_samples, x, y, dataset_size, model) -> dict[str, torch.Tensor]:
+def _draw(guide, names, num_samples, x, y, dataset_size, model):
     """``num_samples`` draws of every latent site from the fitted guide: one vectorized pass for
-    an AutoGuide, one pass per draw for a hand-written guide."""
+    an AutoGuide, one pass per draw for a hand-written guide; and ``log q`` of each draw in
+    unconstrained coordinates (:func:`bnn_pyro.infer._density.autoguide`; ``None`` without a density)."""
     args = (x, y)
     kwargs = dict(dataset_size=dataset_size) if isinstance(model, BNN) else {}
     if isinstance(guide, autoguide.AutoGuide):
         with pyro.plate("_draws", num_samples, dim=-2):
             trace = poutine.trace(guide).get_trace(*args, **kwargs)
-        return {n: trace.nodes[n]["value"].detach().reshape((num_samples,) + trace.nodes[n]["value"].shape[2:]) for n in names}
+        draws = {n: trace.nodes[n]["value"].detach().reshape((num_samples,) + trace.nodes[n]["value"].shape[2:])
+                 for n in names}
+        return draws, _density.autoguide(guide, trace, num_samples)
     traces = [poutine.trace(guide).get_trace(*args, **kwargs) for _ in range(num_samples)]
-    return {n: torch.stack([t.nodes[n]["value"].detach() for t in traces]) for n in names}
+    return {n: torch.stack([t.nodes[n]["value"].detach() for t in traces]) for n in names}, None
