@@ -256,6 +256,7 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
     ``(S, N, ...)``, and the loss at ``y`` (squared error or log loss per point, ``(S,)``), and whether
     it is a classification. ``source``: a Posterior with draw indices ``draws``, or a model with a
     number of prior draws. ``None`` where the model has no ``"obs"`` site it can say this for."""
+    import pyro
     from pyro import poutine
 
     from bnn_pyro.model import BNN
@@ -263,13 +264,17 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
 
     if source is None:
         return None
-    if isinstance(source, Posterior) and isinstance(source.model, BNN):
-        fns, batched = [source.observation_distribution(x, draws)], True  # batched over the draws already
-    elif isinstance(source, Posterior):
-        fns, batched = [source.trace_draw(int(i), x, y).nodes["obs"]["fn"] for i in draws], False
-    else:  # prior draws: the model run forward, conditioned on y only
-        with poutine.block():
-            fns, batched = [poutine.trace(source).get_trace(x, y).nodes["obs"]["fn"] for _ in range(draws)], False
+    try:
+        if isinstance(source, Posterior) and isinstance(source.model, BNN):
+            fns, batched = [source.observation_distribution(x, draws)], True  # batched over the draws already
+        elif isinstance(source, Posterior):
+            fns, batched = [source.trace_draw(int(i), x, y).nodes["obs"]["fn"] for i in draws], False
+        else:  # prior draws: the model run forward, conditioned on y only (its pyro.params kept out of the store)
+            with poutine.block(), pyro.get_param_store().scope():
+                fns = [poutine.trace(source).get_trace(x, y).nodes["obs"]["fn"] for _ in range(draws)]
+            batched = False
+    except KeyError:  # no "obs" site: nothing to compare
+        return None
     classes = isinstance(_unwrap(fns[0]), (torch.distributions.Categorical, torch.distributions.Bernoulli))
     outs, losses = [], []
     for fn in fns:
