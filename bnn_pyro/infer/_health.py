@@ -9,7 +9,8 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
 - :func:`check_sampler` (MCMC): divergences, a Metropolis chain that (almost) never moved, NUTS
   trajectories cut off at ``max_tree_depth``.
 - :func:`check_mixing` (MCMC): too few effective draws, or chains that disagree, in function space
-  (``f`` at the training inputs that ``post.summary(space="function")`` reports; the log density
+  (``f`` at the training inputs that ``post.summary(space="function")`` reports, by the same
+  ArviZ estimators; the log density
   ``lp`` for a model without an ``f`` site or a posterior without training inputs). Weight-space
   R-hat is not used: BNN weights are permutation- and sign-symmetric, so it is nearly always bad.
 - :func:`check_elbo` (SVI): a loss still falling (or rising) at the end of the run.
@@ -141,14 +142,17 @@ def check_mixing(post, *, stacklevel: int = 2) -> None:
     import arviz as az
     import numpy as np
 
-    from bnn_pyro.diagnostics import from_dict, summary
+    from bnn_pyro.diagnostics import NUM_FUNCTION_INPUTS, from_dict, function_draws
 
     if post.num_draws < 2:
         return
     try:
-        table = summary(post, space="function", warn=False)
-        ess, rhat = table["ess_bulk"].to_numpy(), table["r_hat"].to_numpy()
-        what = f"f(x) at {len(table)} training inputs"
+        if post.x is None:
+            raise ValueError("no training inputs")
+        rows = torch.linspace(0, post.x.shape[0] - 1, min(NUM_FUNCTION_INPUTS, post.x.shape[0])).round().long()
+        data = from_dict(posterior={"f": function_draws(post, post.x[rows]).double().cpu().numpy()})
+        ess, rhat = az.ess(data)["f"].values.ravel(), az.rhat(data)["f"].values.ravel()
+        what = f"f(x) at {len(rows)} training inputs"
     except ValueError:  # a Pyro function without an 'f' site, or no training inputs: the log density
         if "lp" not in post.sample_stats:
             return
@@ -220,10 +224,9 @@ def check_predictive(post, *, advice: str = "", stacklevel: int = 2) -> None:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
         fitted = _observations(post, x, y, idx)
-        prior = _observations(None if fitted is None else post.model, x, y, PREDICTIVE_DRAWS)
-    if fitted is None or prior is None:
+    if fitted is None:
         return
-    (means, losses, classes), (_, prior_losses, _) = fitted, prior
+    means, losses, classes = fitted
     target = y.double()
     if classes:  # log loss of the averaged probabilities, against the class frequencies' entropy
         labels = target.reshape(-1).long()
@@ -237,11 +240,15 @@ def check_predictive(post, *, advice: str = "", stacklevel: int = 2) -> None:
         target = target.reshape(mean.shape)
         baseline, loss = float(((target - target.mean(0)) ** 2).mean()), float(((mean - target) ** 2).mean())
         what = f"RMSE {math.sqrt(loss):.3g} against {math.sqrt(baseline):.3g} for the mean of y"
-    gain, moved = 1.0 - loss / baseline, 1.0 - float(losses.mean()) / float(prior_losses.mean())
+    gain = 1.0 - loss / baseline if baseline > 0 else math.nan
+    if not (math.isfinite(gain) and gain < FIT_GAIN_MIN):
+        return  # the usual case: no prior draws needed
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        prior = _observations(post.model, x, y, PREDICTIVE_DRAWS)
+    moved = math.nan if prior is None else 1.0 - float(losses.mean()) / float(prior[1].mean())
     # regression: the spread of f over the draws at the data, against the spread of the data themselves
     spread = math.nan if classes else float(means.var(0, correction=0).mean()) / baseline
-    if not (baseline > 0 and math.isfinite(gain) and gain < FIT_GAIN_MIN):
-        return
     if moved < FIT_GAIN_MIN or spread >= 1.0:
         _warn(f"{post.method}: the posterior ignores the data: its predictive fits the training data no better than "
               f"a constant ({what}: {100 * gain:.0f}% better; threshold {100 * FIT_GAIN_MIN:.0f}%), and "
