@@ -147,7 +147,7 @@ def _fit(args) -> int:
     from bnn_pyro import zoo
 
     name = _entry_name(args.entry, zoo.list())
-    method = args.method
+    method = args.method or zoo.card(name)["default_method"]
     overrides = _fit_config(method, args)
     out = _output_folder(args.out, overwrite=args.overwrite)
 
@@ -371,8 +371,9 @@ def _parser() -> argparse.ArgumentParser:
                          epilog="example: bnn-pyro fit mlp_regression --method swag --steps 500 --option rank=10 "
                                 "--out runs/swag")
     fit.add_argument("entry", metavar="ENTRY", help="a zoo entry (see `bnn-pyro zoo`)")
-    fit.add_argument("--method", default="nuts", choices=methods, metavar="METHOD",
-                     help=f"inference method, one of {', '.join(methods)} (default: %(default)s)")
+    fit.add_argument("--method", choices=methods, metavar="METHOD",
+                     help=f"inference method, one of {', '.join(methods)} (default: the entry's card's default "
+                          "method, see `bnn-pyro zoo ENTRY`)")
     fit.add_argument("--chains", type=_positive_int,
                      help=f"chains (MCMC), independent restarts (SVI and the other optimizers) or members "
                           f"(ensemble) (default: {_DEFAULT_CHAINS}; ensemble: its own number of members)")

@@ -71,6 +71,7 @@ from pyro.infer import autoguide
 from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import (Data, call_model, clean_config, init_strategy, latent_sites, point_values,
                                     progress_bar)
+from bnn_pyro.infer._health import check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer import _density, _logjoint
 from bnn_pyro.infer import distributed as dp
@@ -276,8 +277,8 @@ def fit(
     if sharing is not None:
         config["prior_scales"] = {s: history[f"prior_scale[{s}]"][:, -1].tolist() for s in eb.base_scales}
     stats = {} if runs[0][4] is None else {"log_q": torch.stack([r[4] for r in runs])}  # for post.psis()
-    return Posterior(samples=samples, model=runs[-1][0], method="svi", config=config, point=point,
-                     sample_stats=stats, history=history, x=data.x, y=data.y)
+    return check_svi(Posterior(samples=samples, model=runs[-1][0], method="svi", config=config, point=point,
+                               sample_stats=stats, history=history, x=data.x, y=data.y), stacklevel=4)
 
 
 def _handlers(q, elbo_kind: ElboKind, estimator: Estimator):
