@@ -2,7 +2,7 @@
 
 import importlib
 
-from bnn_pyro import datasets, io, likelihoods, metrics, priors
+from bnn_pyro import acquisition, adversarial, calibration, conformal, datasets, io, likelihoods, metrics, priors, selective
 from bnn_pyro.infer import distributed, fit
 from bnn_pyro.distill import distill
 from bnn_pyro.io import load
@@ -10,11 +10,12 @@ from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __version__ = "0.1.0"
-__all__ = ["BNN", "Posterior", "fit", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io", "distributed"]
+__all__ = ["BNN", "Posterior", "fit", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io", "distributed",
+           "acquisition", "selective", "adversarial", "calibration", "conformal", "sbc", "psis"]
 
 
 def __getattr__(name: str):
-    """``bp.diagnostics`` and ``bp.plots`` import on first use (ArviZ and matplotlib take seconds)."""
-    if name in ("diagnostics", "plots", "zoo"):
+    """``bp.diagnostics``, ``bp.plots``, ``bp.zoo``, ``bp.sbc`` and ``bp.psis`` import on first use (ArviZ and matplotlib take seconds)."""
+    if name in ("diagnostics", "plots", "zoo", "sbc", "psis"):
         return importlib.import_module(f"bnn_pyro.{name}")
     raise AttributeError(f"module 'bnn_pyro' has no attribute {name!r}")

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import importlib.util
-import inspect
 import sys
 import tempfile
 import textwrap
@@ -149,7 +147,7 @@ def _fit(args) -> int:
     from bnn_pyro import zoo
 
     name = _entry_name(args.entry, zoo.list())
-    method = args.method
+    method = args.method or zoo.card(name)["default_method"]
     overrides = _fit_config(method, args)
     out = _output_folder(args.out, overwrite=args.overwrite)
 
@@ -178,35 +176,17 @@ def _fit(args) -> int:
 _FLAGS = {"--chains": ("num_chains", "num_members"), "--samples": ("num_samples",), "--warmup": ("num_warmup",),
           "--steps": ("num_steps",), "--seed": ("seed",), "--no-progress": ("progress",)}
 _DEFAULT_CHAINS = 2  # for methods with num_chains; an ensemble keeps its own number of members
-# Engines that take ``**config`` pass it on to one function of their module: their options are that
-# function's keywords, less those the engine sets itself.
-_PASSED_ON = {"nuts": ("fit", {"kernel"}), "hmc": ("fit", {"kernel"}), "metropolis": ("fit", {"kernel"}),
-              "swa": ("_fit", {"swag", "rank", "num_samples", "scale"}), "swag": ("_fit", {"swag"})}
-_FIT_OPTIONS = ("batch_size", "num_threads")  # bp.fit's own keywords, for every method
+
+
+_FIT_OPTIONS = ("batch_size", "num_threads")  # bp.fit's own keywords that the CLI offers, for every method
 
 
 def _method_options(method: str) -> dict[str, object]:
-    """The keyword options ``bp.fit(..., method=method)`` takes, with their defaults (e.g. ``"swag"``:
-    ``{"batch_size": None, "num_threads": 1, "rank": 20, ...}``)."""
+    """The keyword options ``bp.fit(..., method=method)`` takes, with their defaults (less ``dataset_size``,
+    which only a loader needs): :func:`bnn_pyro.infer.options`."""
     from bnn_pyro import infer
 
-    fn = infer.engine(method)
-    options = _keywords(fn)
-    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
-        if method not in _PASSED_ON:
-            raise LookupError(f"cli: method {method!r} takes **config; add to _PASSED_ON the function it passes "
-                              "them to, so that its options can be checked.")
-        target, fixed = _PASSED_ON[method]
-        inner = _keywords(getattr(importlib.import_module(fn.__module__), target))
-        options.update({k: v for k, v in inner.items() if k not in fixed and k not in options})
-    top = inspect.signature(infer.fit).parameters
-    return {**{k: top[k].default for k in _FIT_OPTIONS}, **options}
-
-
-def _keywords(fn) -> dict[str, object]:
-    """An engine function's keyword options (everything but ``model``, ``data`` and ``**config``)."""
-    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
-            if name not in ("model", "data") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return {k: v for k, v in infer.options(method).items() if k != "dataset_size"}
 
 
 def _fit_config(method: str, args) -> dict[str, object]:
@@ -391,8 +371,9 @@ def _parser() -> argparse.ArgumentParser:
                          epilog="example: bnn-pyro fit mlp_regression --method swag --steps 500 --option rank=10 "
                                 "--out runs/swag")
     fit.add_argument("entry", metavar="ENTRY", help="a zoo entry (see `bnn-pyro zoo`)")
-    fit.add_argument("--method", default="nuts", choices=methods, metavar="METHOD",
-                     help=f"inference method, one of {', '.join(methods)} (default: %(default)s)")
+    fit.add_argument("--method", choices=methods, metavar="METHOD",
+                     help=f"inference method, one of {', '.join(methods)} (default: the entry's card's default "
+                          "method, see `bnn-pyro zoo ENTRY`)")
     fit.add_argument("--chains", type=_positive_int,
                      help=f"chains (MCMC), independent restarts (SVI and the other optimizers) or members "
                           f"(ensemble) (default: {_DEFAULT_CHAINS}; ensemble: its own number of members)")

@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from bnn_pyro._checks import check_data, choice, flag, positive_int
+from bnn_pyro._upstream_private import arviz_logger
 from bnn_pyro.model import BNN
 
 if TYPE_CHECKING:
@@ -65,7 +66,8 @@ class Space(str, Enum):
 
 
 class DiagnosticWarning(UserWarning):
-    """A convergence problem found by :func:`summary` (divergences, high R-hat, low ESS)."""
+    """A convergence problem found by :func:`summary` (divergences, high R-hat, low ESS), or an approximation
+    that misses posterior mass found by :func:`bnn_pyro.psis.psis` (Pareto k-hat > 0.7)."""
 
 
 def _require_model(post: Posterior, what: str) -> None:
@@ -74,10 +76,13 @@ def _require_model(post: Posterior, what: str) -> None:
 
 
 def sample_stats(post: Posterior) -> dict[str, np.ndarray]:
-    """The engine's per-draw statistics under ArviZ's names, each ``(chains, draws)``."""
+    """The engine's per-draw statistics under ArviZ's names, each ``(chains, draws)`` (without ``log_q``, the
+    density of an approximation at its draws, which :mod:`bnn_pyro.psis` reads)."""
     shape = (post.num_chains, post.num_draws)
     out = {}
     for name, value in post.sample_stats.items():
+        if name == "log_q":  # q's density at each draw (approximations; post.psis()), not a sampler's statistic
+            continue
         arr = torch.as_tensor(value).detach().cpu().numpy()
         if name == "potential_energy":
             name, arr = "lp", -arr
@@ -331,8 +336,7 @@ def _problems(post: Posterior, table: pd.DataFrame, space) -> list[str]:
 
 @contextlib.contextmanager
 def _arviz_log_level(level: int):
-    # ArviZ 0.23 logs through its own Logger instance (arviz._log), not logging.getLogger("arviz")
-    logger = getattr(az, "_log", None) or logging.getLogger("arviz")
+    logger = arviz_logger()
     old = logger.level
     logger.setLevel(level)
     try:

@@ -38,10 +38,11 @@ from pyro.nn import PyroSample
 from pyro.nn.module import to_pyro_module_
 from torch import nn
 from torch.distributions import Distribution
-from torch.nn.utils.stateless import _reparametrize_module
 
 from bnn_pyro import priors as priors_mod
 from bnn_pyro._checks import choice, instance, pyro_distribution
+from bnn_pyro._upstream_private import (function_mode_active, global_module_hooks, module_hooks, pyro_context,
+                                       reparametrize_module)
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
 
@@ -195,7 +196,7 @@ class BNN(nn.Module):
         """Every parameter's value in the current Pyro context: samples for Bayesian ones,
         ``pyro.param`` values for deterministic ones."""
         values = {}
-        with self.net._pyro_context:
+        with pyro_context(self.net):
             for name in self.param_shapes:
                 owner_path, _, attr = name.rpartition(".")
                 owner = self.net
@@ -298,7 +299,7 @@ class BNN(nn.Module):
                 # manager it wraps does the same work and traces. Deterministic parameters are
                 # constants there (MCMC keeps them fixed).
                 fixed = {n: p.detach() if n in self.point_names else p for n, p in params.items()}
-                with _reparametrize_module(self._template, {**fixed, **buffers}):
+                with reparametrize_module(self._template, {**fixed, **buffers}):
                     return self._template(x)
             return torch.func.functional_call(self._template, (params, buffers), (x,))
         flat = {n: p.expand(batch + self.param_shapes[n]).reshape((-1,) + self.param_shapes[n]) for n, p in params.items()}
@@ -474,17 +475,10 @@ def _linear_stack(net: nn.Module) -> list[tuple[str, nn.Module | None]] | None:
     """``[(path, activation module or None for a Linear), ...]`` when ``net`` is a plain ``nn.Sequential``
     (nested ones included) of ``nn.Linear`` layers and parameter-free elementwise activations without
     hooks, else ``None``: then weights batched over draws can run as batched matrix products."""
-    from torch.nn.modules import module as module_state
-    from torch.overrides import _get_current_function_mode_stack
-
     layers = []
-
-    def hooked(m: nn.Module) -> bool:
-        return bool(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks or m._backward_pre_hooks)
-
     def walk(module: nn.Module, prefix: str) -> bool:
         for name, child in module.named_children():
-            if hooked(child) or getattr(child, "inplace", False):  # in place: would write into the shared x
+            if module_hooks(child) or getattr(child, "inplace", False):  # in place: would write into the shared x
                 return False
             if type(child) is nn.Sequential:
                 if not walk(child, f"{prefix}{name}."):
@@ -495,11 +489,9 @@ def _linear_stack(net: nn.Module) -> list[tuple[str, nn.Module | None]] | None:
                 return False
         return True
 
-    global_hooks = (module_state._global_forward_hooks or module_state._global_forward_pre_hooks
-                    or module_state._global_backward_hooks or module_state._global_backward_pre_hooks)
-    plain = type(net) is nn.Sequential and not hooked(net) and not global_hooks
+    plain = type(net) is nn.Sequential and not module_hooks(net) and not global_module_hooks()
     # a torch function mode (e.g. one that intercepts F.linear) sees functional_call's ops, not bmm's
-    return layers if plain and not _get_current_function_mode_stack() and walk(net, "") and layers else None
+    return layers if plain and not function_mode_active() and walk(net, "") and layers else None
 
 
 def _run_linear_stack(layers, params: dict[str, torch.Tensor], x: torch.Tensor, template: nn.Module) -> torch.Tensor:

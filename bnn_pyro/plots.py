@@ -1,8 +1,9 @@
-"""Plots of a :class:`~bnn_pyro.Posterior`: trace, rank, energy, pair, predictive band, reliability.
+"""Plots of a :class:`~bnn_pyro.Posterior`: trace, rank, energy, pair, predictive band, reliability;
+and of a classifier's predictions: reliability before/after calibration, rejection curves.
 
-Every function takes a posterior and returns the ``matplotlib.figure.Figure`` it drew on (never
-calls ``plt.show``). Trace, rank, energy and pair plots are ArviZ's, fed by
-:func:`bnn_pyro.diagnostics.to_inference_data`. Scalars are named as in ``post.summary()``:
+Every function takes a posterior (or, for the last two, predictions and labels) and returns the
+``matplotlib.figure.Figure`` it drew on (never calls ``plt.show``). Trace, rank, energy and pair plots
+are ArviZ's, fed by :func:`bnn_pyro.diagnostics.to_inference_data`. Scalars are named as in ``post.summary()``:
 ``"sigma"``, ``"0.weight[3, 0]"``; a bare name of a tensor site means all of its entries.
 
 Example
@@ -11,6 +12,8 @@ Example
 >>> fig = post.plot_pair(["0.weight[0, 0]", "0.bias[0]"])
 >>> fig = post.plot_predictive()                 # 1-D regression: data, mean, epistemic and total bands
 >>> fig.savefig("fit.png")
+>>> fig = plots.plot_rejection(clf.predict(x_test), y_test)            # accuracy vs fraction rejected
+>>> fig = plots.plot_calibration(pred, calibration.TemperatureScaling.fit(pred_val, y_val)(pred), y_test)
 """
 
 from __future__ import annotations
@@ -24,14 +27,15 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from bnn_pyro import diagnostics, metrics
+from bnn_pyro import diagnostics, metrics, selective
 from bnn_pyro._checks import check_data, positive_int
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
 
-__all__ = ["plot_trace", "plot_rank", "plot_energy", "plot_pair", "plot_predictive", "plot_reliability"]
+__all__ = ["plot_trace", "plot_rank", "plot_energy", "plot_pair", "plot_predictive", "plot_reliability",
+           "plot_calibration", "plot_rejection"]
 
 _SCALAR = re.compile(r"^(?P<name>.+?)(\[(?P<index>[\d,\s]*)\])?$")
 
@@ -177,18 +181,46 @@ def plot_reliability(post: Posterior, x=None, y=None, *, num_bins: int = 10, num
     pred = post.predict(x, num_samples=num_samples, seed=seed)
     if not isinstance(pred, ClassificationPrediction):
         raise ValueError("plot_reliability is for classification; use plot_predictive for regression.")
-    mean_conf, accuracy, counts = (t.numpy() for t in metrics.reliability_curve(pred, y.reshape(-1), num_bins))
-    ece = metrics.ece(pred, y.reshape(-1), num_bins)
-    edges = np.linspace(0.0, 1.0, num_bins + 1)
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    _reliability_axes(top, bottom, pred, y.reshape(-1), num_bins, f"Reliability ({post.method})")
+    return fig
+
+
+def _reliability_axes(top, bottom, pred, y, num_bins: int, title: str) -> None:
+    """Draw a reliability diagram of ``pred`` (a prediction or probabilities) on two stacked axes."""
+    mean_conf, accuracy, counts = (t.numpy() for t in metrics.reliability_curve(pred, y, num_bins))
+    ece = metrics.ece(pred, y, num_bins)
+    edges = np.linspace(0.0, 1.0, num_bins + 1)
     centers, width = (edges[:-1] + edges[1:]) / 2, 1.0 / num_bins
     filled = counts > 0
     top.bar(centers[filled], accuracy[filled], width=width, edgecolor="k", color="C0", label="accuracy")
     top.bar(centers[filled], (mean_conf - accuracy)[filled], bottom=accuracy[filled], width=width, color="C3",
             alpha=0.3, edgecolor="C3", label="gap to confidence")
     top.plot([0, 1], [0, 1], "k--", label="perfect calibration")
-    top.set(ylabel="accuracy", ylim=(0, 1), title=f"Reliability ({post.method}), ECE = {ece:.3f}")
+    top.set(ylabel="accuracy", ylim=(0, 1), title=f"{title}, ECE = {ece:.3f}")
     top.legend(loc="upper left", fontsize="small")
     bottom.bar(centers, counts, width=width, edgecolor="k", color="C1")
     bottom.set(xlabel="confidence (max predicted probability)", ylabel="count", xlim=(0, 1))
+
+
+def plot_calibration(before, after, y, *, num_bins: int = 10) -> Figure:
+    """Reliability diagrams side by side: a prediction ``before`` and ``after`` post-hoc calibration
+    (e.g. :class:`bnn_pyro.calibration.TemperatureScaling`), on the same held-out labels ``y``."""
+    num_bins = positive_int("num_bins", num_bins)
+    fig, axes = plt.subplots(2, 2, figsize=(9, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
+    for column, (pred, title) in enumerate([(before, "Before"), (after, "After")]):
+        _reliability_axes(axes[0, column], axes[1, column], pred, y, num_bins, title)
+    return fig
+
+
+def plot_rejection(pred, y, scores: Sequence[str] = ("entropy", "mutual_information", "max_prob"), *,
+                   ax=None) -> Figure:
+    """Accuracy against the fraction of inputs rejected (the most uncertain first), one line per
+    uncertainty score of :mod:`bnn_pyro.selective`; the legend gives each curve's area."""
+    fig, ax = (plt.subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax))
+    for score in scores:
+        fraction, accuracy = selective.rejection_curve(pred, y, score=score)
+        ax.plot(fraction.numpy(), accuracy.numpy(), label=f"{score} (area {float(accuracy.mean()):.3f})")
+    ax.set(xlabel="fraction rejected", ylabel="accuracy of the rest", xlim=(0, 1), title="Rejection curve")
+    ax.legend(loc="lower right", fontsize="small")
     return fig

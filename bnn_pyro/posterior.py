@@ -47,7 +47,8 @@ class Posterior:
     point:
         Deterministic (point-estimated) parameters per chain, shaped ``(chains, *shape)``.
     sample_stats:
-        Per-draw statistics shaped ``(chains, draws)`` (divergences, step size, ...).
+        Per-draw statistics shaped ``(chains, draws)`` (divergences, step size, ...; for svi, laplace and
+        swag ``log_q``, the approximation's log density at each draw, read by :meth:`psis`).
     history:
         Per-step traces of the fit shaped ``(chains, steps)``, e.g. ``"loss"`` (the negative ELBO),
         and per-chain end states (NUTS/HMC: ``"inverse_mass_matrix"``, for extending the chains).
@@ -113,7 +114,7 @@ class Posterior:
 
     # ------------------------------------------------------------------ prediction
     def predict(self, x, *, num_samples: int | None = None, interval: float | None = 0.95, seed: int | None = None,
-                draws_per_chunk: int | None = None):
+                draws_per_chunk: int | None = None, weights: torch.Tensor | None = None):
         """Posterior predictive summary at ``x``.
 
         Returns a :class:`~bnn_pyro.predictions.RegressionPrediction` (``mean``, ``std``,
@@ -126,6 +127,9 @@ class Posterior:
         evaluated ``draws_per_chunk`` at a time to bound memory (default: :meth:`BNN.draws_per_chunk`,
         chunks whose widest layer output stays near 8 MB; for a stack of Linear layers, also the rows
         of ``x`` in chunks where one draw over all of them exceeds that, :meth:`BNN.points_per_chunk`).
+        ``weights`` (one non-negative number per stored draw, ``(chains, draws)``, e.g. :meth:`psis`'s) reweights
+        the draws: ``num_samples`` (default: as many as stored) are picked by systematic resampling
+        (:func:`bnn_pyro.psis.resample`).
         """
         is_bnn = isinstance(self.model, BNN)
         x, _ = check_data(x, None, device=self.model.device if is_bnn else None,
@@ -134,7 +138,16 @@ class Posterior:
             self.model.output_dim(x)  # a clear error for inputs the net cannot take (computes nothing)
         if interval is not None:
             interval = probability("interval", interval, suggestion="try 0.95 for a central 95% interval, or None")
-        idx = self._draw_index(num_samples, seed)
+        if weights is None:
+            idx = self._draw_index(num_samples, seed)
+        else:
+            from bnn_pyro.psis import resample
+
+            total = self.num_chains * self.num_draws
+            if torch.as_tensor(weights).numel() != total:
+                raise ValueError(f"weights: expected one per stored draw ({self.num_chains} chains x {self.num_draws} "
+                                 f"draws = {total}), got {torch.as_tensor(weights).numel()}; e.g. post.psis().weights.")
+            idx = resample(weights, total if num_samples is None else positive_int("num_samples", num_samples), seed=seed)
         generator_state = torch.get_rng_state()
         if seed is not None:
             torch.manual_seed(seed)
@@ -214,6 +227,13 @@ class Posterior:
         from bnn_pyro import diagnostics
 
         return diagnostics.to_inference_data(self, **kwargs)
+
+    def psis(self, x=None, y=None, *, num_samples: int | None = None, seed: int = 0, warn: bool = True):
+        """Pareto-smoothed importance sampling check of an approximate posterior (k-hat, weights,
+        reweighted predictions); see :func:`bnn_pyro.psis.psis`."""
+        from bnn_pyro import psis
+
+        return psis.psis(self, x, y, num_samples=num_samples, seed=seed, warn=warn)
 
     def summary(self, *, space: str = "weights", x=None, var_names=None, warn: bool = True):
         """ArviZ summary table with convergence warnings; see :func:`bnn_pyro.diagnostics.summary`."""

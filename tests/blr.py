@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
 
 import bnn_pyro as bp
@@ -64,3 +66,21 @@ def flat_draws(samples: dict[str, torch.Tensor]) -> torch.Tensor:
     """Draws as a ``(chains * draws, d + 1)`` matrix in the design's order (weights, then bias)."""
     w, b = samples["weight"], samples["bias"]
     return torch.cat([w.reshape(-1, w.shape[-1]), b.reshape(-1, 1)], dim=1).double()
+
+
+def exact_mean_field_loss(q, blr: BLR) -> tuple[float, torch.Tensor]:
+    """Exact negative ELBO of a mean-field guide ``q`` (a set-up ``AutoNormal``) on Bayesian linear regression,
+    and its gradient with respect to ``q``'s parameters (sorted by name, flattened): with ``q(w) = N(m, S^2)``
+    the expected data term is ``sum_n log N(y_n | x_n m, s) - (x_n^2 S^2) / (2 s^2)``, the KL is Gaussian."""
+    mw, sw = q._get_loc_and_scale("weight")
+    mb, sb = q._get_loc_and_scale("bias")
+    x, y, s, p = blr.x, blr.y, blr.noise, blr.prior_scale
+    mean = x @ mw[0] + mb[0]
+    var = (x**2) @ (sw[0] ** 2) + sb[0] ** 2
+    data = (-0.5 * math.log(2 * math.pi * s**2) - ((y - mean) ** 2 + var) / (2 * s**2)).sum()
+    m, sd = torch.cat([mw.reshape(-1), mb]), torch.cat([sw.reshape(-1), sb])
+    kl = (math.log(p) - sd.log() + (sd**2 + m**2) / (2 * p**2) - 0.5).sum()
+    neg_elbo = -(data - kl)
+    params = [p for _, p in sorted(q.named_parameters())]
+    grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(neg_elbo, params)])
+    return neg_elbo.item(), grad.double()

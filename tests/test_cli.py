@@ -74,6 +74,18 @@ def test_fit_classification_by_svi_writes_a_reliability_diagram(zoo, tmp_path, c
     assert not (tmp_path / "predictive.png").exists()
 
 
+def test_fit_without_method_uses_the_cards_default_method(zoo, tmp_path, capsys):
+    import bnn_pyro as bp
+
+    card = zoo.card("mlp_classifier")
+    assert card["default_method"] == "svi"  # not nuts, so the test tells the card's default from a fixed one
+    assert cli.main(["fit", "mlp_classifier", "--chains", "1", "--steps", "20", "--samples", "20", "--out",
+                     str(tmp_path), "--no-progress"]) == 0
+    assert " by svi (" in capsys.readouterr().out
+    post = bp.load(tmp_path / "posterior.bnn", model=zoo.load("mlp_classifier").model)
+    assert post.method == card["default_method"]
+
+
 @pytest.mark.parametrize("argv", [
     ["fit", "mlp_regression", "--method", "sgd"],            # unknown method
     ["fit", "mlp_regression", "--samples", "0"],             # non-positive counts

@@ -83,3 +83,29 @@ def test_plots_reject_bad_requests(svi_post, call, message):
 def test_predictive_band_is_for_regression(classifier_post):
     with pytest.raises(ValueError, match="plot_predictive is for regression"):
         classifier_post.plot_predictive(torch.zeros(4, 1))
+
+
+def test_calibration_plot_shows_before_and_after(classifier_post):
+    from bnn_pyro import calibration, metrics
+
+    x, y = classifier_post.x, classifier_post.y
+    pred = classifier_post.predict(x)
+    after = calibration.TemperatureScaling.fit(pred, y)(pred)
+    fig = plots.plot_calibration(pred, after, y, num_bins=5)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == [f"Before, ECE = {metrics.ece(pred, y, 5):.3f}", f"After, ECE = {metrics.ece(after, y, 5):.3f}"]
+    plt.close(fig)
+
+
+def test_rejection_plot_has_one_curve_per_score(classifier_post):
+    from bnn_pyro import selective
+
+    x, y = classifier_post.x, classifier_post.y
+    pred = classifier_post.predict(x)
+    fig = plots.plot_rejection(pred, y, scores=("entropy", "max_prob"))
+    (ax,) = fig.axes
+    assert [line.get_label() for line in ax.lines] == [
+        f"entropy (area {selective.rejection_auc(pred, y):.3f})",
+        f"max_prob (area {selective.rejection_auc(pred, y, score='max_prob'):.3f})"]
+    assert len(ax.lines[0].get_xdata()) == len(y)
+    plt.close(fig)

@@ -30,3 +30,20 @@ def test_quickstart_runs(tmp_path, monkeypatch):
         exec(compile(code + "\n", "README quickstart", "exec"), namespace)
     assert (tmp_path / "trace.png").exists() and (tmp_path / "posterior.bnn").exists()
     assert namespace["again"].num_draws == 4 and namespace["pred"].mean.shape == (200,)
+
+
+@pytest.mark.skipif(not README.exists(), reason="README.md is not beside the tests (installed copy)")
+def test_using_a_posterior_runs():
+    import matplotlib.pyplot as plt
+
+    code = _block("Using a posterior")
+    for pattern, small in SHRINK.items():
+        code = re.sub(pattern, small, code)
+    namespace: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 20 SVI steps and 4 draws: fits warn, as they should
+        exec(compile(code + "\n", "README using a posterior", "exec"), namespace)
+    plt.close("all")
+    assert namespace["picked"].shape == (10,) and namespace["sets"].shape == (397, 10)
+    assert set(namespace["selective"].ood_detection(namespace["pred"], namespace["pred"])) == {"auroc", "aupr", "fpr95"}
+    assert namespace["interval"].interval == pytest.approx(0.9)

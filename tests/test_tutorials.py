@@ -129,3 +129,13 @@ def test_05_methods_compared(monkeypatch):
     assert reg.drop(columns="gap / data").notna().all().all() and cls.notna().all().all()
     assert ((reg["coverage_95"] >= 0) & (reg["coverage_95"] <= 1)).all()
     assert all(ns["reg_posts"][m].method == m for m in reg.index)
+
+
+def test_06_calibration_checks(monkeypatch):
+    ns = run_notebook("06_calibration_checks.ipynb", monkeypatch)
+    checks = ns["checks"]
+    assert set(checks) == {"mean_field", "full_rank"}
+    assert all(math.isfinite(c.k_hat) and 0 < c.ess <= c.num_draws for c in checks.values())
+    assert finite(ns["reweighted"].mean) and ns["reweighted"].mean.shape == (5,)
+    ranks = ns["result"].ranks
+    assert ranks.shape == (1, 20) and int(ranks.min()) >= 0 and int(ranks.max()) <= 9

@@ -6,10 +6,10 @@ Each method family lives in its own module with the same shape: data and configu
 
 from __future__ import annotations
 
+import difflib
 import importlib
-import re
+import inspect
 from enum import Enum
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -19,7 +19,7 @@ from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_th
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "Method", "REGISTRY", "engine"]
+__all__ = ["fit", "Method", "REGISTRY", "engine", "options"]
 
 
 class Method(str, Enum):
@@ -59,6 +59,16 @@ REGISTRY: dict[Method, tuple[str, str]] = {
 }
 
 
+# Engines whose function takes ``**config`` pass it on to one function of their module: their options are that
+# function's keywords, less those the engine sets itself.
+_PASSED_ON: dict[Method, tuple[str, frozenset]] = {
+    Method.NUTS: ("fit", frozenset({"kernel"})), Method.HMC: ("fit", frozenset({"kernel"})),
+    Method.METROPOLIS: ("fit", frozenset({"kernel"})),
+    Method.SWA: ("_fit", frozenset({"swag", "rank", "num_samples", "scale"})), Method.SWAG: ("_fit", frozenset({"swag"})),
+}
+_FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own keywords, for every method
+
+
 # Engines that read the data in several passes (a one-shot iterator of batches cannot serve them).
 _MULTI_PASS = frozenset({Method.SWA, Method.SWAG, Method.LAPLACE})
 
@@ -67,6 +77,29 @@ def engine(method: str | Method) -> Callable[..., Posterior]:
     """The fitting function registered for ``method``: ``engine_fn(model, data: Data, **config) -> Posterior``."""
     module, name = REGISTRY[choice("method", method, Method)]
     return getattr(importlib.import_module(f"bnn_pyro.infer.{module}"), name)
+
+
+def options(method: str | Method) -> dict[str, object]:
+    """The keyword options ``bp.fit(..., method=method)`` takes, with their defaults, read from the engine
+    function's signature (e.g. ``options("swag")``: ``{"batch_size": None, ..., "rank": 20, ...}``)."""
+    kind = choice("method", method, Method)
+    fn = engine(kind)
+    found = _keywords(fn)
+    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
+        if kind not in _PASSED_ON:
+            raise LookupError(f"method {kind.value!r} takes **config; add to infer._PASSED_ON the function it passes "
+                              "them to, so that its options can be checked.")
+        target, fixed = _PASSED_ON[kind]
+        inner = _keywords(getattr(importlib.import_module(fn.__module__), target))
+        found.update({k: v for k, v in inner.items() if k not in fixed and k not in found})
+    top = inspect.signature(fit).parameters
+    return {**{k: top[k].default for k in _FIT_OPTIONS}, **found}
+
+
+def _keywords(fn) -> dict[str, object]:
+    """An engine function's keyword options (everything but ``model``, ``data`` and ``**config``)."""
+    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
+            if name not in ("model", "data") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
 
 def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None, dataset_size: int | None = None,
@@ -114,6 +147,14 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     for name, check in (("seed", lambda v: positive_int("seed", v, allow_zero=True)), ("progress", lambda v: flag("progress", v))):
         if name in config:
             config[name] = check(config[name])
+    known = options(kind)
+    for key in config:
+        if key not in known:
+            close = difflib.get_close_matches(key, list(known), n=1)
+            module, name = REGISTRY[kind]
+            raise TypeError(f"{key}: not an option of method={kind.value!r}; drop it"
+                            + (f" (did you mean {close[0]!r}?)" if close else "")
+                            + f", or see help(bnn_pyro.infer.{module}.{name}) for the options.")
     data = _data(model, x, y, batch_size, dataset_size, kind)
     if data.one_shot and kind in _MULTI_PASS:
         raise ValueError(f"x: method={kind.value!r} goes over the data more than once (fit, then curvature or "
@@ -123,15 +164,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
         if not isinstance(model, BNN):
             latent_sites(model, *data.first())  # runs the function once: a clear error for priors it cannot draw
-        try:
-            return engine(kind)(model, data, **config)
-        except TypeError as err:
-            unknown = _unknown_option(err)
-            if unknown is None:
-                raise
-            module, name = REGISTRY[kind]
-            raise TypeError(f"{unknown}: not an option of method={kind.value!r}; drop it, or see "
-                            f"help(bnn_pyro.infer.{module}.{name}) for the options.") from None
+        return engine(kind)(model, data, **config)
 
 
 def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
@@ -157,17 +190,6 @@ def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
     if dataset_size is not None:
         raise ValueError("dataset_size: only for DataLoader input; with tensors the size is len(x).")
     return Data(x=x, y=y, batch_size=batch_size, convert=lambda xb, yb: _checked(model, xb, yb))  # held-out pairs
-
-
-def _unknown_option(err: TypeError) -> str | None:
-    """The keyword an engine refused at call time (Python's own binding error), else None."""
-    tb = err.__traceback__
-    while tb.tb_next is not None:  # innermost frame: binding errors come from the caller, in infer/
-        tb = tb.tb_next
-    if not tb.tb_frame.f_code.co_filename.startswith(str(Path(__file__).parent)):
-        return None
-    match = re.search(r"got an unexpected keyword argument '(\w+)'", str(err))
-    return None if match is None else match.group(1)
 
 
 def _checked(model, x, y):

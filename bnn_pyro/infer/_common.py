@@ -178,8 +178,16 @@ def progress_bar(total: int, desc: str, enabled: bool, position: int | None = No
 
 
 def clean_config(config: dict) -> dict:
-    """A JSON-friendly copy of an engine's configuration (callables and objects as their repr)."""
-    return {k: v if isinstance(v, (bool, int, float, str, type(None))) else repr(v) for k, v in config.items()}
+    """A JSON-friendly copy of an engine's configuration (callables and objects as their repr; dicts of such
+    values, e.g. ``config["validation"]``, kept as dicts)."""
+    def clean(v):
+        if isinstance(v, (bool, int, float, str, type(None))):
+            return v
+        if isinstance(v, dict) and all(isinstance(k, str) for k in v):
+            return {k: clean(u) for k, u in v.items()}
+        return repr(v)
+
+    return {k: clean(v) for k, v in config.items()}
 
 
 def init_strategy(model, init):

@@ -1,37 +1,124 @@
-"""Warnings about a finished MCMC run that the user should not miss: divergences above a
-threshold (NUTS, HMC) and a Metropolis chain that (almost) never moved.
+"""End-of-fit health checks: warnings about a finished fit that the user should not miss.
 
-:func:`bnn_pyro.summary` reports divergences too; this check runs at the end of every fit, so
-a run that cannot be trusted is flagged even when nobody looks at the summary.
+Every check issues a :class:`~bnn_pyro.diagnostics.DiagnosticWarning` that says what was seen, the
+threshold, and what to try. They run at the end of every fit of the engines that call them, so a
+fit that cannot be trusted is flagged even when nobody looks at :func:`bnn_pyro.summary`. Each is
+cheap: no extra fits, at most one pass of :data:`PREDICTIVE_DRAWS` posterior and as many prior
+draws over :data:`PREDICTIVE_ROWS` training rows.
+
+- :func:`check_sampler` (MCMC): divergences, a Metropolis chain that (almost) never moved, NUTS
+  trajectories cut off at ``max_tree_depth``.
+- :func:`check_mixing` (MCMC): too few effective draws, or chains that disagree, in function space
+  (``f`` at the training inputs that ``post.summary(space="function")`` reports, by the same
+  ArviZ estimators; the log density
+  ``lp`` for a model without an ``f`` site or a posterior without training inputs). Weight-space
+  R-hat is not used: BNN weights are permutation- and sign-symmetric, so it is nearly always bad.
+- :func:`check_elbo` (SVI): a loss still falling (or rising) at the end of the run.
+- :func:`check_predictive` (any engine): a posterior predictive that fits the training data no
+  better than a constant, as the prior's does (posterior ~ prior).
+
+The thresholds are module constants; each one's docstring says where it comes from.
 """
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
 
-__all__ = ["check_sampler", "DIVERGENCE_MAX", "ACCEPT_MIN"]
+__all__ = ["check_mcmc", "check_svi", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
+           "DIVERGENCE_MAX", "ACCEPT_MIN", "TREE_DEPTH_MAX_FRACTION", "ESS_MIN", "RHAT_FIT_MAX", "ELBO_WINDOW",
+           "ELBO_MIN_WINDOW", "ELBO_TREND_Z", "ELBO_TREND_NATS", "FIT_GAIN_MIN", "PREDICTIVE_DRAWS",
+           "PREDICTIVE_ROWS"]
 
-DIVERGENCE_MAX = 0.01  # warn when more than 1% of the kept draws diverged
-ACCEPT_MIN = 0.01  # warn when a Metropolis chain accepted fewer than 1% of its proposals
+DIVERGENCE_MAX = 0.01
+"""Warn when more than 1% of the kept draws diverged."""
+ACCEPT_MIN = 0.01
+"""Warn when a Metropolis chain accepted fewer than 1% of its proposals after warm-up."""
+TREE_DEPTH_MAX_FRACTION = 0.10
+"""Warn when more than 10% of the kept NUTS draws stopped at ``max_tree_depth`` (not counting
+divergent ones). Stan warns on any such draw; a few are harmless (the cost is capped, the draw is
+still valid), so we warn where saturation is the rule rather than the exception: there the
+trajectories are cut before they turn back, every draw costs the maximum ``2**max_tree_depth - 1``
+leapfrog steps, and successive draws stay correlated (Hoffman & Gelman 2014, section 3)."""
+ESS_MIN = 100
+"""Warn when the bulk ESS of the monitored quantity is below 100 in all (chains together): with
+fewer, the Monte Carlo error of a posterior mean exceeds 10% of the posterior sd, and the ESS and
+R-hat estimates themselves are unreliable (Vehtari et al. 2021, section 4: ESS > 100 per chain is
+their recommendation for the summary, which :func:`bnn_pyro.summary` applies; this is the floor)."""
+RHAT_FIT_MAX = 1.05
+"""Warn when the rank-normalized split R-hat of the monitored quantity exceeds 1.05. Vehtari et al.
+(2021) recommend 1.01 for a final analysis with ESS > 400 (:func:`bnn_pyro.summary` uses it), but at
+the 100-400 effective draws of a short run perfectly mixed chains exceed 1.01 by chance: measured
+with i.i.d. draws, the largest R-hat of 20 correlated outputs exceeded 1.01 in 69% of 2 x 100-draw
+runs and 28% of 2 x 200, and 1.05 in 2.5% and 0%. 1.05 flags chains that really disagree."""
+ELBO_WINDOW = 0.10
+"""The ELBO check compares the mean loss over the last 10% of the steps with the previous 10%."""
+ELBO_MIN_WINDOW = 5
+"""... with windows of at least 5 steps (half the run each when it is shorter than 100 steps)."""
+ELBO_TREND_Z = 4.0
+"""A change between the windows counts only when it exceeds 4 standard errors of the difference of
+the window means (per-step loss noise, treated as independent): a one-sided false alarm rate of
+3e-5 for stationary independent noise, leaving room for the autocorrelation of an optimizer's
+fluctuations that the independent-noise standard error understates."""
+ELBO_TREND_NATS = 1.0
+"""... and 1 nat: a difference in log evidence below 1 is "not worth more than a bare mention"
+(Kass & Raftery 1995), so a deterministic (full-batch MAP) loss still creeping down by less is
+converged for every practical purpose."""
+FIT_GAIN_MIN = 0.05
+""":func:`check_predictive` warns when the posterior predictive fits the training data less than 5%
+better than the best constant predictor: ``1 - MSE / Var(y)`` (regression, the predictive mean
+against the mean of y) or ``1 - NLL / H`` (classification, the predictive probabilities against the
+training class frequencies, whose log loss is their entropy ``H``), *and* the posterior shows that
+the data did not inform it: its draws fit the data less than 5% better than prior draws (the
+expected squared error or log loss per draw), or (regression) the variance of ``f`` over the draws
+at the training inputs is at least ``Var(y)``: after seeing the data, the posterior is less sure of
+``f`` at the observed inputs than the observations' own spread. A zero-mean prior's predictive
+mean is such a constant. The second condition keeps a posterior that the data made sure that y
+barely depends on x (Bayesian linear regression with noise dominating) from being flagged."""
+PREDICTIVE_DRAWS = 50
+"""Posterior draws, and prior draws, used by :func:`check_predictive`: the predictive mean to ~14% of
+its spread, ample for a 5% threshold that a fit ignoring the data misses by far."""
+PREDICTIVE_ROWS = 1000
+"""Training rows (evenly spaced) used by :func:`check_predictive`, which bounds its cost (one pass of
+the posterior and prior draws over these rows)."""
+
+
+def _warn(message: str, stacklevel: int) -> None:
+    from bnn_pyro.diagnostics import DiagnosticWarning
+
+    warnings.warn(message, DiagnosticWarning, stacklevel=stacklevel + 1)
 
 
 def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], *,
-                  target_accept: float, stacklevel: int = 2) -> None:
-    """Warn (:class:`~bnn_pyro.diagnostics.DiagnosticWarning`) about divergences above
-    :data:`DIVERGENCE_MAX` of the draws, or a Metropolis chain with an acceptance below
-    :data:`ACCEPT_MIN`. ``samples`` and ``stats`` are shaped ``(chains, draws, ...)``."""
-    from bnn_pyro.diagnostics import DiagnosticWarning
-
+                  target_accept: float, max_tree_depth: int | None = None, stacklevel: int = 2) -> None:
+    """Warn about divergences above :data:`DIVERGENCE_MAX` of the draws, a Metropolis chain with an
+    acceptance below :data:`ACCEPT_MIN`, and NUTS draws at ``max_tree_depth`` above
+    :data:`TREE_DEPTH_MAX_FRACTION`. ``samples`` and ``stats`` are shaped ``(chains, draws, ...)``."""
     diverging = stats.get("diverging")
     if diverging is not None and diverging.numel() and diverging.float().mean() > DIVERGENCE_MAX:
         frac = float(diverging.float().mean())
-        warnings.warn(
-            f"{kind}: {100 * frac:.1f}% of the draws diverged ({int(diverging.sum())} of {diverging.numel()}; "
-            f"threshold {100 * DIVERGENCE_MAX:.0f}%), so the draws may be biased. Try a higher target_accept "
-            f"(now {target_accept}; e.g. 0.95), more num_warmup, or a reparameterized (non-centered) prior.",
-            DiagnosticWarning, stacklevel=stacklevel)
+        _warn(f"{kind}: {100 * frac:.1f}% of the draws diverged ({int(diverging.sum())} of {diverging.numel()}; "
+              f"threshold {100 * DIVERGENCE_MAX:.0f}%), so the draws may be biased. Try a higher target_accept "
+              f"(now {target_accept}; e.g. 0.95), more num_warmup, or a reparameterized (non-centered) prior.",
+              stacklevel + 1)
+    depth = stats.get("tree_depth")
+    if max_tree_depth is not None and depth is not None and depth.numel():
+        capped = depth >= max_tree_depth
+        if diverging is not None:
+            capped &= ~diverging.bool()
+        frac = float(capped.float().mean())
+        if frac > TREE_DEPTH_MAX_FRACTION:
+            step = float(stats["step_size"].float().median()) if "step_size" in stats else math.nan
+            _warn(f"{kind}: {100 * frac:.0f}% of the draws stopped at max_tree_depth={max_tree_depth} "
+                  f"({2 ** max_tree_depth - 1} leapfrog steps; threshold {100 * TREE_DEPTH_MAX_FRACTION:.0f}%): the "
+                  f"trajectories were cut off before they turned back (adapted step size {step:.2g}), so successive "
+                  "draws are correlated and each costs the maximum. The draws remain valid; check the ESS "
+                  "(post.summary(space='function')). Try a larger max_tree_depth (e.g. "
+                  f"{max_tree_depth + 2}), a longer num_warmup, dense_mass=True, or a narrower prior or "
+                  "standardized inputs and targets (a better-scaled posterior allows larger steps).",
+                  stacklevel + 1)
     if kind != "metropolis" or not samples:
         return
     draws = next(iter(samples.values())).shape[1]
@@ -42,8 +129,192 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
         moved |= (v[:, 1:] != v[:, :-1]).reshape(v.shape[0], draws - 1, -1).any(-1)
     for chain, rate in enumerate(moved.float().mean(1).tolist()):
         if rate < ACCEPT_MIN:
-            warnings.warn(
-                f"metropolis: chain {chain} accepted {100 * rate:.1f}% of its {draws - 1} proposals after warm-up "
-                f"(threshold {100 * ACCEPT_MIN:.0f}%): it barely moved, so its draws do not describe the posterior. "
-                "Try more num_warmup (the step size adapts during warm-up), a smaller step_size, or method='nuts'.",
-                DiagnosticWarning, stacklevel=stacklevel)
+            _warn(f"metropolis: chain {chain} accepted {100 * rate:.1f}% of its {draws - 1} proposals after warm-up "
+                  f"(threshold {100 * ACCEPT_MIN:.0f}%): it barely moved, so its draws do not describe the posterior. "
+                  "Try more num_warmup (the step size adapts during warm-up), a smaller step_size, or method='nuts'.",
+                  stacklevel + 1)
+
+
+def check_mixing(post, *, stacklevel: int = 2) -> None:
+    """Warn when the chains of an MCMC posterior give fewer than :data:`ESS_MIN` effective draws
+    (bulk ESS, chains together) or disagree (R-hat above :data:`RHAT_FIT_MAX`), measured on ``f``
+    at the training inputs of ``post.summary(space="function")``, else on the log density ``lp``."""
+    import arviz as az
+    import numpy as np
+
+    from bnn_pyro.diagnostics import NUM_FUNCTION_INPUTS, from_dict, function_draws
+
+    if post.num_draws < 2:
+        return
+    try:
+        if post.x is None:
+            raise ValueError("no training inputs")
+        rows = torch.linspace(0, post.x.shape[0] - 1, min(NUM_FUNCTION_INPUTS, post.x.shape[0])).round().long()
+        data = from_dict(posterior={"f": function_draws(post, post.x[rows]).double().cpu().numpy()})
+        ess, rhat = az.ess(data)["f"].values.ravel(), az.rhat(data)["f"].values.ravel()
+        what = f"f(x) at {len(rows)} training inputs"
+    except ValueError:  # a Pyro function without an 'f' site, or no training inputs: the log density
+        if "lp" not in post.sample_stats:
+            return
+        data = from_dict(posterior={"lp": post.sample_stats["lp"].double().cpu().numpy()})
+        ess, rhat = np.atleast_1d(az.ess(data)["lp"].values), np.atleast_1d(az.rhat(data)["lp"].values)
+        what = "the log density lp"
+    problems = []
+    if np.isfinite(ess).any() and np.nanmin(ess) < ESS_MIN:
+        problems.append(f"the bulk ESS of {what} is {np.nanmin(ess):.0f} at worst (threshold {ESS_MIN} in all), so "
+                        "Monte Carlo errors of means and intervals exceed 10% of the posterior sd")
+    if post.num_chains > 1 and np.isfinite(rhat).any() and np.nanmax(rhat) > RHAT_FIT_MAX:
+        problems.append(f"R-hat of {what} is up to {np.nanmax(rhat):.3g} (threshold {RHAT_FIT_MAX}): the chains "
+                        "disagree, they have not mixed or sit in different modes")
+    if problems:
+        _warn(f"{post.method}: {'; and '.join(problems)} ({post.num_chains} chain(s) x {post.num_draws} draws). "
+              "Try more num_samples and num_warmup, more chains, or method='nuts' (with a larger max_tree_depth if "
+              "its trajectories hit the maximum); post.summary(space='function') shows every input.", stacklevel + 1)
+
+
+def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = None, stacklevel: int = 2) -> None:
+    """Warn when the loss (negative ELBO) of a chain ``losses[c]`` still falls, or rises, at the end of
+    the run: the mean over the last :data:`ELBO_WINDOW` of the steps differs from the mean over the
+    previous one by more than :data:`ELBO_TREND_Z` standard errors and :data:`ELBO_TREND_NATS`."""
+    losses = torch.as_tensor(losses).double().reshape(-1, torch.as_tensor(losses).shape[-1])
+    steps = losses.shape[-1]
+    width = max(int(steps * ELBO_WINDOW), min(ELBO_MIN_WINDOW, steps // 2))
+    if width < 2:
+        return
+    worst = None
+    for chain, trace in enumerate(losses):
+        prev, last = trace[-2 * width : -width], trace[-width:]
+        if not (torch.isfinite(prev).all() and torch.isfinite(last).all()):
+            continue
+        change = float(prev.mean() - last.mean())  # > 0: still falling
+        se = float((prev.var() / width + last.var() / width).sqrt())
+        if abs(change) > max(ELBO_TREND_Z * se, ELBO_TREND_NATS) and (worst is None or abs(change) > abs(worst[1])):
+            worst = (chain, change, se)
+    if worst is None:
+        return
+    chain, change, se = worst
+    where = f"over the last {width} of {steps} steps (chain {chain})"
+    lr_now = "" if lr is None else f" (lr={lr:g} now)"
+    if change > 0:
+        _warn(f"{method}: the ELBO has not converged: the loss fell by {change:.3g} nats {where}, "
+              f"{change / se if se > 0 else math.inf:.1f} standard errors of its noise (thresholds {ELBO_TREND_Z:g} "
+              f"and {ELBO_TREND_NATS:g} nat). Try more num_steps, or a higher lr{lr_now}; post.history['loss'] "
+              "shows the trace.", stacklevel + 1)
+    else:
+        _warn(f"{method}: the ELBO got worse at the end of the run: the loss rose by {-change:.3g} nats {where} "
+              f"(thresholds {ELBO_TREND_Z:g} standard errors and {ELBO_TREND_NATS:g} nat): the optimizer is "
+              f"unstable. Try a lower lr{lr_now} or lr_schedule='cosine'; post.history['loss'] shows the trace.",
+              stacklevel + 1)
+
+
+def check_predictive(post, *, advice: str = "", stacklevel: int = 2) -> None:
+    """Warn when the posterior is (close to) the prior in what it predicts at the training data: its
+    predictive fits them less than :data:`FIT_GAIN_MIN` better than the best constant predictor,
+    *and* its draws fit them, on average, less than :data:`FIT_GAIN_MIN` better than prior draws do
+    (the second condition keeps a posterior that the data made confident that y barely depends on x
+    from being flagged). Uses :data:`PREDICTIVE_DRAWS` posterior and prior draws at up to
+    :data:`PREDICTIVE_ROWS` evenly spaced training rows; the global random state is left untouched.
+    ``advice``: what to try, specific to the engine."""
+    if post.x is None or post.y is None or getattr(post.model, "is_unbound", False):
+        return
+    rows = torch.linspace(0, post.x.shape[0] - 1, min(PREDICTIVE_ROWS, post.x.shape[0])).round().long().unique()
+    x, y = post.x[rows], post.y[rows]
+    total = post.num_chains * post.num_draws
+    idx = torch.linspace(0, total - 1, min(PREDICTIVE_DRAWS, total)).round().long().unique()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        fitted = _observations(post, x, y, idx)
+    if fitted is None:
+        return
+    means, losses, classes = fitted
+    target = y.double()
+    if classes:  # log loss of the averaged probabilities, against the class frequencies' entropy
+        labels = target.reshape(-1).long()
+        probs = means.mean(0).reshape(labels.shape[0], -1)
+        freq = torch.bincount(labels, minlength=probs.shape[-1]).double() / labels.shape[0]
+        baseline = float(-(freq[freq > 0] * freq[freq > 0].log()).sum())
+        loss = float(-probs.gather(-1, labels[:, None]).clamp_min(1e-300).log().mean())
+        what = f"log loss {loss:.3g} per point against {baseline:.3g} for the training class frequencies"
+    else:  # squared error of the predictive mean, against the variance of y
+        mean = means.mean(0)
+        target = target.reshape(mean.shape)
+        baseline, loss = float(((target - target.mean(0)) ** 2).mean()), float(((mean - target) ** 2).mean())
+        what = f"RMSE {math.sqrt(loss):.3g} against {math.sqrt(baseline):.3g} for the mean of y"
+    gain = 1.0 - loss / baseline if baseline > 0 else math.nan
+    if not (math.isfinite(gain) and gain < FIT_GAIN_MIN):
+        return  # the usual case: no prior draws needed
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        prior = _observations(post.model, x, y, PREDICTIVE_DRAWS)
+    moved = math.nan if prior is None else 1.0 - float(losses.mean()) / float(prior[1].mean())
+    # regression: the spread of f over the draws at the data, against the spread of the data themselves
+    spread = math.nan if classes else float(means.var(0, correction=0).mean()) / baseline
+    if moved < FIT_GAIN_MIN or spread >= 1.0:
+        _warn(f"{post.method}: the posterior ignores the data: its predictive fits the training data no better than "
+              f"a constant ({what}: {100 * gain:.0f}% better; threshold {100 * FIT_GAIN_MIN:.0f}%), and "
+              + (f"its draws fit them only {100 * moved:.0f}% better than prior draws. " if moved < FIT_GAIN_MIN else
+                 f"f varies over the draws at the training inputs by {spread:.2g}x the variance of y (a posterior "
+                 "informed by the data is surer of f where it has seen data than the data's own spread). ")
+              + f"{advice or 'Try a longer run or another method (e.g. nuts).'}", stacklevel + 1)
+
+
+def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
+    """Per draw: the observation model's mean (regression) or class probabilities, stacked
+    ``(S, N, ...)``, and the loss at ``y`` (squared error or log loss per point, ``(S,)``), and whether
+    it is a classification. ``source``: a Posterior with draw indices ``draws``, or a model with a
+    number of prior draws. ``None`` where the model has no ``"obs"`` site it can say this for."""
+    import pyro
+    from pyro import poutine
+
+    from bnn_pyro.model import BNN
+    from bnn_pyro.posterior import Posterior, _unwrap
+
+    if source is None:
+        return None
+    try:
+        if isinstance(source, Posterior) and isinstance(source.model, BNN):
+            fns, batched = [source.observation_distribution(x, draws)], True  # batched over the draws already
+        elif isinstance(source, Posterior):
+            fns, batched = [source.trace_draw(int(i), x, y).nodes["obs"]["fn"] for i in draws], False
+        else:  # prior draws: the model run forward, conditioned on y only (its pyro.params kept out of the store)
+            with poutine.block(), pyro.get_param_store().scope():
+                fns = [poutine.trace(source).get_trace(x, y).nodes["obs"]["fn"] for _ in range(draws)]
+            batched = False
+    except KeyError:  # no "obs" site: nothing to compare
+        return None
+    classes = isinstance(_unwrap(fns[0]), (torch.distributions.Categorical, torch.distributions.Bernoulli))
+    outs, losses = [], []
+    for fn in fns:
+        b = _unwrap(fn)
+        out = (torch.stack([1 - b.probs, b.probs], -1) if isinstance(b, torch.distributions.Bernoulli)
+               else b.probs if classes else fn.mean).double()
+        out = out if batched else out.unsqueeze(0)
+        if classes:
+            labels = y.reshape(-1).long()
+            picked = out.reshape(out.shape[0], labels.shape[0], -1)[:, torch.arange(labels.shape[0]), labels]
+            loss = -picked.clamp_min(1e-300).log().mean(-1)
+        else:
+            loss = ((out - y.double().reshape(out.shape[1:])) ** 2).reshape(out.shape[0], -1).mean(-1)
+        outs.append(out)
+        losses.append(loss)
+    return torch.cat(outs), torch.cat(losses), classes
+
+def check_mcmc(post, *, target_accept: float, stacklevel: int = 2):
+    """Every MCMC check (:func:`check_sampler`, :func:`check_mixing`) on a finished posterior; returns it."""
+    check_sampler(post.method, post.samples, post.sample_stats, target_accept=target_accept,
+                  max_tree_depth=post.config.get("max_tree_depth"), stacklevel=stacklevel + 1)
+    check_mixing(post, stacklevel=stacklevel + 1)
+    return post
+
+
+_SVI_ADVICE = ("A mean-field guide on a wide net and a small data set can make the prior the best ELBO (Coker et al. "
+               "2022, 'Wide mean-field Bayesian neural networks ignore the data'): try guide='low_rank' or "
+               "'full_rank', more num_steps if the ELBO is still falling, or method='nuts'.")
+
+
+def check_svi(post, *, stacklevel: int = 2):
+    """Every SVI check (:func:`check_elbo` on ``history["loss"]``, :func:`check_predictive`); returns ``post``."""
+    if "loss" in post.history:
+        check_elbo(post.history["loss"], method=post.method, lr=post.config.get("lr"), stacklevel=stacklevel + 1)
+    check_predictive(post, advice=_SVI_ADVICE, stacklevel=stacklevel + 1)
+    return post

@@ -32,6 +32,7 @@ import torch
 from pyro.distributions.util import sum_rightmost
 from torch.distributions import Distribution, biject_to
 
+from bnn_pyro._upstream_private import autoguide_loc_scale, autoguide_setup, pyro_context
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.model import BNN
 
@@ -103,7 +104,7 @@ def build(model, dataset_size: int) -> LogJoint | None:
 
 def _point_params(model: BNN) -> dict[str, torch.Tensor]:
     """The deterministic parameters as SVI learns them (their ``pyro.param`` values)."""
-    with model.net._pyro_context:
+    with pyro_context(model.net):
         return {name: attrgetter(name)(model.net) for name in model.point_names}
 
 
@@ -126,19 +127,19 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
 
     def loss(x, y):
         if guide.prototype_trace is None:
-            guide._setup_prototype(x, y, dataset_size=joint.dataset_size)
+            autoguide_setup(guide, x, y, dataset_size=joint.dataset_size)
         with pyro.validation_enabled(False):
             return _loss(x, y)
 
     def _loss(x, y):
         values, elbo = {}, 0.0
-        with guide._pyro_context:
+        with pyro_context(guide):
             for name, d in joint.priors.items():
                 event_dim = joint._event_dims[name]
                 if not normal:  # a point mass: no entropy, no Jacobian (the value lives on the support)
                     values[name] = attrgetter(name)(guide)
                     continue
-                loc, scale = guide._get_loc_and_scale(name)
+                loc, scale = autoguide_loc_scale(guide, name)
                 q = dist.Normal(loc, scale).to_event(event_dim)
                 z = q.rsample(shape)
                 t = transforms[name]

@@ -90,7 +90,7 @@ from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _logjoint
-from bnn_pyro.infer._health import check_sampler
+from bnn_pyro.infer._health import check_mcmc
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import Data, clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init
@@ -228,9 +228,9 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         stats = {k: torch.cat([resume.sample_stats[k].to(v.dtype), v], dim=1) for k, v in stats.items()}
         config.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
                       extended_by=num_samples)
-    check_sampler(kind.value, samples, stats, target_accept=float(target_accept), stacklevel=5)
-    return Posterior(samples=samples, model=fitted, method=kind.value, config=config, point=stack("point"),
-                     sample_stats=stats, history=stack("history"), x=data.x, y=data.y)
+    return check_mcmc(Posterior(samples=samples, model=fitted, method=kind.value, config=config, point=stack("point"),
+                                sample_stats=stats, history=stack("history"), x=data.x, y=data.y),
+                      target_accept=float(target_accept), stacklevel=5)
 
 
 def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> int:

@@ -82,6 +82,7 @@ import torch
 from pyro import poutine
 
 from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
@@ -243,6 +244,7 @@ def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, 
     stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
     post = Posterior(samples=stack("samples"), model=runs[-1]["model"], method=method, config=config,
                      point=stack("point"), history=stack("history"), x=data.x, y=data.y,
+                     sample_stats=stack("stats") if all(r["stats"] for r in runs) else {},
                      draw_buffers=stack("draw_buffers"))
     return post, [r["moments"] for r in runs]
 
@@ -308,12 +310,13 @@ def _run_chain(model, data: Data, s: _Settings, seed: int, progress: bool, desc:
             mean = moments.mean[None].to(z.dtype)
             average = {k: v.detach() for k, v in pot.constrain(pot.unflatten(mean)).items()}
             flat = moments.sample(s.num_samples, s.scale, generator).to(z.dtype) if s.rank else mean
+            log_q = _density.swag(moments, flat, s.scale) if s.rank else None  # for post.psis()
             samples = {k: v.detach() for k, v in pot.constrain(pot.unflatten(flat)).items()}
             x0, y0 = data.first()
             point = point_values(fitted, x0, y0, n)
     draw_buffers = _batchnorm_statistics(fitted, samples, average, data, s.batch_size)
     return dict(samples=samples, point=point, draw_buffers=draw_buffers, model=fitted, moments=moments,
-                history={"loss": losses, "lr": lrs})
+                history={"loss": losses, "lr": lrs}, stats={} if log_q is None else {"log_q": log_q})
 
 
 def _minibatches(data: Data, batch_size: int, generator: torch.Generator):

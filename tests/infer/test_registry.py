@@ -48,3 +48,24 @@ def test_fit_runs_engines_with_the_requested_torch_threads_and_restores_them(num
     assert set(seen) == {1 if expected == 1 else 2}
     with pytest.raises(ValueError, match="num_threads"):
         bp.fit(model, torch.ones(4, 1), torch.ones(4), num_threads=0)
+
+
+@pytest.mark.parametrize("method", list(Method))
+def test_options_are_the_engine_s_declared_keywords_and_every_one_binds(method):
+    """``infer.options`` reads the signature (following ``**config`` to the function it is passed on to): every
+    option it lists binds to the engine, and bp.fit's own keywords come first."""
+    opts = bp.infer.options(method)
+    assert list(opts)[:3] == ["batch_size", "dataset_size", "num_threads"]
+    assert {"seed", "progress"} <= set(opts)
+    engine_opts = {k: v for k, v in opts.items() if k not in ("batch_size", "dataset_size", "num_threads")}
+    inspect.signature(engine(method)).bind(None, None, **engine_opts)  # raises TypeError for an unknown name
+    assert "kernel" not in opts and "swag" not in opts  # set by the engine itself, not by the user
+
+
+def test_an_unknown_option_is_refused_before_the_fit_with_the_closest_name():
+    calls = []
+    model = lambda x, y=None: calls.append(1)  # noqa: E731 - never run: the option check comes first
+    with pytest.raises(TypeError, match=r"num_step: not an option of method='svi'; drop it \(did you mean "
+                                        r"'num_steps'\?\), or see help\(bnn_pyro\.infer\.svi\.fit\)"):
+        bp.fit(model, [[0.0]], [0.0], method="svi", num_step=10)
+    assert calls == []

@@ -22,7 +22,6 @@ Threads. These nets are tiny: torch's intra-op threads only add contention (10x 
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import pyro
@@ -36,7 +35,7 @@ import bnn_pyro as bp
 from bnn_pyro.infer import svi as svi_mod
 from bnn_pyro.infer._common import call_model
 from bnn_pyro.infer.reparam import GaussianSites, MeanFieldELBO
-from blr import make_blr
+from blr import exact_mean_field_loss as _exact_blr, make_blr
 
 Z_MAX = 4.5
 
@@ -53,7 +52,7 @@ def _guide(model, x, y, init_scale, seed=0):
 
 def _gradient_draws(model, q, x, y, n, estimator, elbo, draws):
     """``draws`` independent gradients (rows) of the negative ELBO wrt the guide's parameters, and losses."""
-    guide, wrap = svi_mod._handlers(q, svi_mod.ElboKind(elbo), svi_mod.Estimator(estimator), 0.9)
+    guide, wrap = svi_mod._handlers(q, svi_mod.ElboKind(elbo), svi_mod.Estimator(estimator))
     fit_model = partial(call_model, model, dataset_size=n)
     fit_model = wrap(fit_model) if wrap else fit_model
     loss_fn = svi_mod._loss_fn(svi_mod.ElboKind(elbo), 1, False)
@@ -64,22 +63,6 @@ def _gradient_draws(model, q, x, y, n, estimator, elbo, draws):
         rows.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(surrogate, params)]))
         losses.append(value)
     return torch.stack(rows).double(), torch.tensor(losses, dtype=torch.double)
-
-
-def _exact_blr(q, blr):
-    """Exact negative ELBO of a mean-field guide on Bayesian linear regression, and its gradient."""
-    mw, sw = q._get_loc_and_scale("weight")
-    mb, sb = q._get_loc_and_scale("bias")
-    x, y, s, p = blr.x, blr.y, blr.noise, blr.prior_scale
-    mean = x @ mw[0] + mb[0]
-    var = (x**2) @ (sw[0] ** 2) + sb[0] ** 2
-    data = (-0.5 * math.log(2 * math.pi * s**2) - ((y - mean) ** 2 + var) / (2 * s**2)).sum()
-    m, sd = torch.cat([mw.reshape(-1), mb]), torch.cat([sw.reshape(-1), sb])
-    kl = (math.log(p) - sd.log() + (sd**2 + m**2) / (2 * p**2) - 0.5).sum()
-    neg_elbo = -(data - kl)
-    params = [p for _, p in sorted(q.named_parameters())]
-    grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(neg_elbo, params)])
-    return neg_elbo.item(), grad.double()
 
 
 def _z(draws: torch.Tensor, reference: torch.Tensor, reference_var: torch.Tensor | float = 0.0) -> torch.Tensor:

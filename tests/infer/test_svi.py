@@ -12,6 +12,8 @@ error (a point mass has deterministic gradients), so it must reach the mode to o
 
 from __future__ import annotations
 
+from functools import partial
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -21,7 +23,9 @@ from pyro.infer.autoguide import AutoNormal
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi as svi_mod
-from blr import flat_draws, make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
+from bnn_pyro.infer._common import call_model
+from bnn_pyro.infer.score import ScoreFunction, ScoreFunctionELBO
+from blr import exact_mean_field_loss, flat_draws, make_blr  # tests/ is on sys.path (conftest.py's folder)
 
 FIT = dict(num_steps=1000, lr=0.02, lr_schedule="cosine", num_particles=8, num_samples=4000, seed=0, progress=False)
 MEAN_TOL, SD_TOL, CORR_TOL = 0.12, 0.08, 0.1
@@ -130,7 +134,7 @@ def test_reinforce_and_reparameterized_gradients_agree(blr, record_property):
         pyro.set_rng_seed(0)
         guide(blr.x, blr.y)
         params = [p for p in guide.parameters()]
-        for kind, q in [(svi_mod.ElboKind.TRACE, guide), (svi_mod.ElboKind.REINFORCE, svi_mod._ScoreFunction(0.9)(guide))]:
+        for kind, q in [(svi_mod.ElboKind.TRACE, guide), (svi_mod.ElboKind.REINFORCE, svi_mod.ScoreFunction()(guide))]:
             loss_fn = svi_mod._loss_fn(kind, 1, False)
             rows = []
             for _ in range(m):
@@ -241,3 +245,99 @@ def test_non_finite_elbo_stops_with_the_step_and_advice():
     model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=1e-20))
     with pytest.raises(FloatingPointError, match=r"the ELBO became (inf|nan) at step 0 .*lower learning rate"):
         bp.fit(model, x, y, num_steps=5, progress=False)
+
+
+# ---------------------------------------------------------------- the defaults on exact BLR (issue 14)
+# 200 points, 3 correlated inputs, known noise: the posterior sd is ~0.1, so Adam's stationary noise at a
+# constant lr of 1e-2 is visible. Measured at these settings (3 seeds, 4,000 draws, whose own Monte Carlo
+# error is 0.016 sd): lr_schedule="constant" left the means 0.13-0.30 exact posterior sd off (full rank),
+# 0.06-0.24 (mean field); the default cosine schedule 0.03-0.04 and 0.01-0.05. The issue's bar is 0.2 sd.
+DEFAULT_MEAN_TOL = 0.2
+
+
+@pytest.fixture(scope="module")
+def blr200():
+    return make_blr(n=200, d=3)
+
+
+@pytest.mark.slow  # ~15-30 s: 4,000 steps of a full-rank guide
+def test_full_rank_at_default_lr_and_schedule_recovers_exact_blr(blr200):
+    post = bp.fit(blr200.model(), blr200.x, blr200.y, guide="full_rank", num_steps=4000, num_samples=4000, seed=0,
+                  progress=False)
+    assert post.config["lr_schedule"] == "cosine" and post.config["lr"] == 1e-2
+    mean, sd, _ = _moments(post)
+    exact_sd = blr200.cov.diag().sqrt()
+    assert ((mean - blr200.mean).abs() / exact_sd).max() < DEFAULT_MEAN_TOL
+
+
+@pytest.mark.slow  # ~10-20 s: 4,000 steps of a mean-field guide
+def test_mean_field_at_default_lr_and_schedule_recovers_its_exact_optimum(blr200):
+    """The mean-field Gaussian minimizing KL(q || p) has the exact posterior means and precisions equal to the
+    diagonal of the exact precision matrix; the means are held to 0.2 of the (narrower) mean-field sd."""
+    post = bp.fit(blr200.model(), blr200.x, blr200.y, num_steps=4000, num_samples=4000, seed=0, progress=False)
+    assert post.config["guide"] == "mean_field"
+    mean, sd, _ = _moments(post)
+    mf_sd = blr200.precision.diag().rsqrt()
+    assert ((mean - blr200.mean).abs() / mf_sd).max() < DEFAULT_MEAN_TOL
+    assert ((sd / mf_sd) - 1).abs().max() < 0.1  # measured 0.02-0.06 over 3 seeds (draws' own error 0.011)
+
+
+def test_schedule_spans_the_real_number_of_steps(blr, monkeypatch):
+    """The default cosine schedule ends at 1% of lr after exactly the run's steps, also when the run is given
+    in epochs; lr_schedule="constant" still means no schedule."""
+    made, make_schedule = [], svi_mod.make_schedule
+
+    def spy(schedule, opt, num_steps):
+        sched = make_schedule(schedule, opt, num_steps)
+        made.append((num_steps, sched, opt))
+        return sched
+
+    monkeypatch.setattr(svi_mod, "make_schedule", spy)
+    post = bp.fit(blr.model(), blr.x, blr.y, batch_size=5, epochs=3, lr=0.05, num_samples=5, progress=False)
+    (num_steps, sched, opt), = made
+    assert num_steps == 12 == post.history["loss"].shape[1]  # 3 epochs of 4 batches
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.05 * 0.01)
+    made.clear()
+    post = bp.fit(blr.model(), blr.x, blr.y, lr_schedule="constant", num_steps=7, num_samples=5, progress=False)
+    assert made[0][1] is None and made[0][2].param_groups[0]["lr"] == 1e-2 and post.config["lr_schedule"] == "constant"
+    made.clear()
+    bp.fit(blr.model(), blr.x, blr.y, num_samples=5, progress=False)  # num_steps=None
+    assert made[0][0] == 1000 and made[0][2].param_groups[0]["lr"] == pytest.approx(1e-4)
+
+
+@pytest.mark.slow  # ~20-40 s: 2,000 steps of 16 vectorized particles
+def test_reinforce_at_its_defaults_lands_within_one_sd_of_exact_blr(blr200):
+    """Before (Pyro's TraceGraph_ELBO, one particle, decaying-average baseline, constant lr): 4.2 posterior sd
+    off after 3,000 steps (3-12 in the issue). Measured now: 0.04 sd at 2,000 steps (seeds 0 and 1)."""
+    post = bp.fit(blr200.model(), blr200.x, blr200.y, elbo="reinforce", num_steps=2000, num_samples=4000, seed=0,
+                  progress=False)
+    assert post.config["num_particles"] == svi_mod.REINFORCE_PARTICLES == 16
+    mean, _, _ = _moments(post)
+    assert ((mean - blr200.mean).abs() / blr200.cov.diag().sqrt()).max() < 1.0
+
+
+@pytest.mark.parametrize("particles, rao_blackwell, vectorize", [(16, True, True), (4, True, False), (4, False, True),
+                                                                 (1, False, False)])
+def test_score_function_gradient_is_unbiased(particles, rao_blackwell, vectorize):
+    """At a fixed mean-field guide, the mean of M score-function gradient estimates (leave-one-out baseline,
+    per-site Rao-Blackwellization, or the decaying average of one particle) equals the exact ELBO gradient
+    (closed form on BLR): per coordinate z = (mean - exact) / (sd / sqrt(M)) is standard normal, and
+    P(max over 6 coordinates |z| > 4.5) < 5e-5."""
+    blr = make_blr(n=20, d=2)
+    model = blr.model()
+    m = 150
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(0)
+        q = AutoNormal(model, init_scale=0.3)
+        q(blr.x, blr.y)
+        _, exact = exact_mean_field_loss(q, blr)
+        params = [p for _, p in sorted(q.named_parameters())]
+        loss = ScoreFunctionELBO(particles, vectorize=vectorize, independent_sites=rao_blackwell)
+        fit_model, guide = partial(call_model, model, dataset_size=len(blr.x)), ScoreFunction()(q)
+        rows = []
+        for _ in range(m):
+            surrogate, _ = loss(fit_model, guide, blr.x, blr.y)
+            rows.append(torch.cat([g.reshape(-1) for g in torch.autograd.grad(surrogate, params)]))
+    grads = torch.stack(rows).double()
+    z = (grads.mean(0) - exact) / (grads.var(0) / m).sqrt()
+    assert z.abs().max() < 4.5, z

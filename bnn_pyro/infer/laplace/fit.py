@@ -11,6 +11,7 @@ import pyro
 import torch
 
 from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
@@ -96,8 +97,9 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
         with pyro.get_param_store().scope():
             approx = fit_chain(fitted, train, settings, seed + chain, progress, f"laplace chain {chain}", holdout)
-            runs.append((fitted, approx, approx.sample(num_samples, seed=seed + chain),
-                         point_values(fitted, x0, y0, train.size)))
+            draws = approx.sample(num_samples, seed=seed + chain)
+            runs.append((fitted, approx, draws, point_values(fitted, x0, y0, train.size),
+                         _density.laplace(approx, draws)))
     approxes = [r[1] for r in runs]
     deltas = [a.prior_precision for a in approxes]
     fitted_delta = None if deltas[0] is None else (
@@ -125,7 +127,7 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         for name in approxes[0].linearized_sites():
             history[CENTER + name] = torch.stack([a.center()[name] for a in approxes])
     return Posterior(samples=samples, model=runs[-1][0], method="laplace", config=config, point=point,
-                     history=history, x=data.x, y=data.y)
+                     sample_stats={"log_q": torch.stack([r[4] for r in runs])}, history=history, x=data.x, y=data.y)
 
 
 def laplace_approximation(model, data: Data, *, seed: int = 0, progress: bool = False, validation=None,

@@ -1,0 +1,100 @@
+"""The private API of torch, Pyro and ArviZ that bnn_pyro relies on, in one place.
+
+Each entry says why no public API serves and the versions it was checked against (torch 2.13.0, pyro-ppl
+1.9.2, ArviZ 0.23.4). ``tests/test_upstream_private.py`` fails loudly, naming the entry, when an upgrade
+removes one. Engines that subclass a Pyro kernel (``bnn_pyro.infer.mcmc``) also read that kernel's own
+attributes (``_t``, ``_warmup_steps``, ``_mean_accept_prob``, ``_divergences``, ``_adapter``): those are
+listed in :data:`KERNEL_ATTRIBUTES` and checked by the same test.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import AbstractContextManager
+
+import torch
+from torch import nn
+
+__all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "pyro_context",
+           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "arviz_logger", "KERNEL_ATTRIBUTES"]
+
+
+# ------------------------------------------------------------------------------------------------ torch
+def reparametrize_module(module: nn.Module, values: dict[str, torch.Tensor]) -> AbstractContextManager:
+    """``torch.nn.utils.stateless._reparametrize_module``: run ``module`` with ``values`` in place of its
+    parameters and buffers. Why: ``torch.func.functional_call`` (the public wrapper of this context manager)
+    refuses to run under ``torch.jit.trace``, which Pyro's ``jit_compile=True`` MCMC uses."""
+    from torch.nn.utils.stateless import _reparametrize_module
+
+    return _reparametrize_module(module, values)
+
+
+def function_mode_active() -> bool:
+    """Whether a torch function mode is active (``torch.overrides._get_current_function_mode_stack``). Why:
+    a mode that intercepts ``F.linear`` must see the ops of ``functional_call``; the batched-matrix fast path
+    would bypass it. No public query exists."""
+    from torch.overrides import _get_current_function_mode_stack
+
+    return bool(_get_current_function_mode_stack())
+
+
+def module_hooks(module: nn.Module) -> bool:
+    """Whether ``module`` has forward or backward hooks of its own (``Module._forward_hooks`` etc.). Why: the
+    batched fast path skips ``Module.__call__``, so hooks would silently not run; no public query exists."""
+    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
+                or module._backward_pre_hooks)
+
+
+def global_module_hooks() -> bool:
+    """Whether global module hooks are registered (``torch.nn.modules.module._global_*_hooks``); same why."""
+    from torch.nn.modules import module as state
+
+    return bool(state._global_forward_hooks or state._global_forward_pre_hooks or state._global_backward_hooks
+                or state._global_backward_pre_hooks)
+
+
+# ------------------------------------------------------------------------------------------------- Pyro
+def pyro_context(module) -> AbstractContextManager:
+    """``PyroModule._pyro_context``: the context in which a ``PyroModule``'s ``PyroSample`` attributes are
+    sampled once per model run and cached. Why: reading every site of a ``BNN`` inside one such context
+    gives one draw per site (reading attributes outside it re-samples each read)."""
+    return module._pyro_context
+
+
+def autoguide_setup(guide, *args, **kwargs) -> None:
+    """``AutoGuide._setup_prototype(*args, **kwargs)``: build an autoguide's parameters without running it.
+    Why: the compiled SVI loss evaluates the guide's ``loc``/``scale`` directly and must create them once
+    before the first step; the public path (calling the guide) would also sample."""
+    guide._setup_prototype(*args, **kwargs)
+
+
+def autoguide_loc_scale(guide, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``AutoNormal._get_loc_and_scale(name)``: the unconstrained ``loc`` and positive ``scale`` of one site.
+    Why: ``AutoNormal`` has no public per-site accessor (``median``/``quantiles`` give constrained values)."""
+    return guide._get_loc_and_scale(name)
+
+
+def elbo_traces(elbo, model, guide, args, kwargs):
+    """``ELBO._get_traces``: the ``(model_trace, guide_trace)`` pairs of one ELBO evaluation with their
+    log-densities computed (one vectorized pair, or one per particle). Why: the score-function ELBO
+    (``bnn_pyro.infer.score``) needs each site's log-density per particle, exactly as Pyro's ELBOs trace them
+    (plates, particle vectorization, scaling); no public API returns the traces."""
+    return elbo._get_traces(model, guide, args, kwargs)
+
+
+# Attributes of Pyro's HMC/NUTS/RandomWalkKernel that bnn_pyro.infer.mcmc's subclasses read or set
+# (checked by tests/test_upstream_private.py against pyro-ppl 1.9.2).
+KERNEL_ATTRIBUTES = {
+    "HMC": ("_initialize_model_properties", "_adapter", "_t", "_warmup_steps", "_mean_accept_prob",
+            "_divergences", "_accept_cnt"),
+    "WarmupAdapter": ("_step_size_adapt_scheme",),
+}
+
+
+# ------------------------------------------------------------------------------------------------ ArviZ
+def arviz_logger() -> logging.Logger:
+    """ArviZ 0.23 logs through its own ``Logger`` instance ``arviz._log``, not ``logging.getLogger("arviz")``;
+    silencing its informational messages (e.g. while summarizing) needs that instance."""
+    import arviz
+
+    return getattr(arviz, "_log", None) or logging.getLogger("arviz")

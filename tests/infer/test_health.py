@@ -1,0 +1,144 @@
+"""End-of-fit health warnings (bnn_pyro/infer/_health.py): each fires on a deliberately bad fit and
+stays silent on a healthy one (Bayesian linear regression, whose exact posterior is known)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro.diagnostics import DiagnosticWarning
+from bnn_pyro.infer import _health
+from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
+
+
+def _quiet(fn):
+    """Run ``fn`` with DiagnosticWarnings as errors: a healthy fit must raise none."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        return fn()
+
+
+def _messages(record) -> list[str]:
+    return [str(w.message) for w in record if issubclass(w.category, DiagnosticWarning)]
+
+
+@pytest.fixture(scope="module")
+def blr():
+    return make_blr(n=40, d=2, noise=0.3, correlation=0.5, seed=3)
+
+
+def _mlp(seed: int = 0) -> bp.BNN:
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 20), torch.nn.Tanh(), torch.nn.Linear(20, 1))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+
+
+def _wiggle(n: int = 60):
+    g = torch.Generator().manual_seed(0)
+    x = torch.linspace(-2, 2, n)[:, None]
+    return x, torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(n, generator=g)
+
+
+# ------------------------------------------------------------------ healthy fits: silent
+def test_healthy_nuts_and_svi_fits_of_blr_give_no_warning(blr):
+    _quiet(lambda: bp.fit(blr.model(), blr.x, blr.y, method="nuts", num_samples=200, num_warmup=200, num_chains=2,
+                          chain_method="sequential", seed=0, progress=False))
+    _quiet(lambda: bp.fit(blr.model(), blr.x, blr.y, method="svi", guide="mean_field", num_steps=800, lr=0.05,
+                          lr_schedule="cosine", num_samples=200, seed=0, progress=False))
+
+
+def test_noise_dominated_blr_is_not_mistaken_for_the_prior():
+    """Noise sd 1 on weak signal: the exact posterior's mean explains ~1% of y in-sample; the data
+    still made the posterior far surer than the prior, so no warning."""
+    weak = make_blr(n=20, d=2, noise=1.0, correlation=0.0)
+    _quiet(lambda: bp.fit(weak.model(), weak.x, weak.y, method="svi", guide="map", num_steps=500, lr=0.1,
+                          lr_schedule="cosine", seed=0, progress=False))
+    _quiet(lambda: bp.fit(weak.model(), weak.x, weak.y, method="svi", guide="mean_field", num_steps=800, lr=0.05,
+                          lr_schedule="cosine", num_samples=200, seed=0, progress=False))
+
+
+# ------------------------------------------------------------------ bad fits: each warning fires
+def test_ten_step_svi_warns_that_the_elbo_has_not_converged(blr):
+    with pytest.warns(DiagnosticWarning) as record:
+        bp.fit(blr.model(), blr.x, blr.y, method="svi", num_steps=10, lr=0.01, seed=0, progress=False)
+    assert any("ELBO has not converged" in m and "num_steps" in m for m in _messages(record)), _messages(record)
+
+
+def test_a_rising_elbo_is_reported_as_unstable():
+    losses = torch.cat([torch.linspace(100.0, 50.0, 80), torch.full((10,), 50.0), torch.full((10,), 60.0)])
+    losses = losses + 0.1 * torch.randn(100, generator=torch.Generator().manual_seed(0))
+    with pytest.warns(DiagnosticWarning, match=r"ELBO got worse.*lower lr"):
+        _health.check_elbo(losses[None], lr=0.1)
+    _quiet(lambda: _health.check_elbo(torch.full((1, 100), 50.0) + 0.1 * torch.randn(1, 100)))
+    _quiet(lambda: _health.check_elbo(torch.linspace(50.0, 49.5, 100)[None]))  # falling by < 1 nat: converged
+
+
+def test_nuts_at_tree_depth_two_warns_about_saturation_and_mixing():
+    x, y = _wiggle()
+    with pytest.warns(DiagnosticWarning) as record:
+        bp.fit(_mlp(), x, y, method="nuts", max_tree_depth=2, num_samples=100, num_warmup=100, num_chains=2,
+               chain_method="sequential", seed=0, progress=False)
+    messages = _messages(record)
+    assert any("stopped at max_tree_depth=2" in m and "larger max_tree_depth" in m for m in messages), messages
+    assert any("bulk ESS of f(x) at 20 training inputs" in m and "num_samples" in m for m in messages), messages
+
+
+def test_short_metropolis_warns_about_too_few_effective_draws():
+    x, y = _wiggle()
+    with pytest.warns(DiagnosticWarning) as record:
+        bp.fit(_mlp(), x, y, method="metropolis", num_samples=50, num_warmup=50, num_chains=2,
+               chain_method="sequential", seed=0, progress=False)
+    messages = _messages(record)
+    assert any("bulk ESS of f(x)" in m and "threshold 100" in m for m in messages), messages
+    assert any("R-hat of f(x)" in m and "threshold 1.05" in m for m in messages), messages
+
+
+def test_pyro_function_without_f_is_monitored_by_its_log_density():
+    def model(x, y=None):
+        import pyro
+        import pyro.distributions as dist
+
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", size=len(x)):
+            return pyro.sample("obs", dist.Normal(w * x[:, 0], 0.5), obs=y)
+
+    x = torch.linspace(-1, 1, 30)[:, None]
+    y = 0.5 * x[:, 0]
+    with pytest.warns(DiagnosticWarning, match=r"bulk ESS of the log density lp"):
+        bp.fit(model, x, y, method="metropolis", num_samples=20, num_warmup=20, jit=False, seed=0,
+               progress=False)
+
+
+def test_svi_that_ignores_the_data_is_flagged():
+    """A mean-field guide whose draws are the prior's at every weight (scales 1, means 0), as a
+    collapsed fit ends: the predictive is flat and f varies more than y at the data."""
+    x, y = _wiggle()
+    post = bp.fit(_mlp(), x, y, method="svi", num_steps=20, lr=1e-3, num_samples=200, seed=0, progress=False)
+    g = torch.Generator().manual_seed(1)
+    post.samples = {k: torch.randn(v.shape, generator=g) for k, v in post.samples.items()}
+    with pytest.warns(DiagnosticWarning, match=r"posterior ignores the data.*guide='low_rank'"):
+        _health.check_svi(post)
+
+
+def test_classifier_equal_to_its_prior_is_flagged_and_a_fitted_one_is_not():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(80, 2, generator=g)
+    y = (x[:, 0] > 0).long()
+    torch.manual_seed(0)
+    model = bp.BNN(torch.nn.Linear(2, 2), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
+    fitted = _quiet(lambda: bp.fit(model, x, y, method="svi", num_steps=800, lr=0.05, num_samples=100, seed=0,
+                                   progress=False))
+    fitted.samples = {k: torch.randn(v.shape, generator=g) for k, v in fitted.samples.items()}  # prior draws
+    with pytest.warns(DiagnosticWarning, match=r"log loss .* training class frequencies.*than prior draws"):
+        _health.check_predictive(fitted)
+
+
+def test_checks_leave_the_global_random_state_alone(blr):
+    post = bp.fit(blr.model(), blr.x, blr.y, method="svi", num_steps=300, lr=0.05, num_samples=50, seed=0,
+                  progress=False)
+    state = torch.get_rng_state()
+    _health.check_predictive(post)
+    assert torch.equal(state, torch.get_rng_state())

@@ -1,0 +1,154 @@
+"""Held-out rows inside a fit (bnn_pyro/infer/holdout.py): the split, the score, early stopping and the noise
+chosen on held-out rows, against closed forms; and the ensemble's default use of them."""
+
+import math
+
+import pyro.distributions as dist
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro.infer._common import Data
+from bnn_pyro.infer import holdout as ho
+
+
+def _data(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, 1, generator=g) * 6 - 3
+    return x, torch.sin(x[:, 0]) + 0.5 * torch.randn(n, generator=g)
+
+
+# ---------------------------------------------------------------------------------------------- split
+def test_split_holds_out_a_seeded_disjoint_fraction():
+    x, y = _data(300)
+    train, held, why = ho.split(Data(x, y), "default", seed=3, method="ensemble")
+    assert why is None and held.size == 30 and train.x.shape[0] == 270
+    rows = set(held.rows.tolist())
+    assert len(rows) == 30 and torch.equal(held.x, x[held.rows]) and torch.equal(held.y, y[held.rows])
+    kept = sorted(set(range(300)) - rows)
+    assert torch.equal(train.x, x[kept]) and torch.equal(train.y, y[kept])
+    again, held2, _ = ho.split(Data(x, y), 0.1, seed=3, method="ensemble")
+    assert torch.equal(held2.rows, held.rows)  # the seed fixes the rows
+    assert not torch.equal(ho.split(Data(x, y), 0.1, seed=4, method="ensemble")[1].rows, held.rows)
+
+
+def test_split_default_skips_small_data_and_loaders_with_a_reason():
+    x, y = _data(150)  # 15 held-out rows < MIN_ROWS
+    data, held, why = ho.split(Data(x, y), "default", seed=0, method="ensemble")
+    assert held is None and data.x is x and "150 rows" in why
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=50)
+    data, held, why = ho.split(Data(None, None, loader=loader, dataset_size=150), "default", seed=0, method="x")
+    assert held is None and "loader" in why
+    assert ho.split(Data(x, y), None, seed=0, method="x")[1] is None
+
+
+@pytest.mark.parametrize("bad, match", [(0.7, r"\(0, 0.5\]"), (-0.1, r"\(0, 0.5\]"), ("yes", "fraction"),
+                                        (True, "fraction"), ((1, 2, 3), "pair")])
+def test_split_refuses_bad_values(bad, match):
+    x, y = _data(300)
+    with pytest.raises(ValueError, match=match):
+        ho.split(Data(x, y), bad, seed=0, method="ensemble")
+
+
+def test_split_explicit_fraction_refuses_what_the_default_skips():
+    x, y = _data(150)
+    with pytest.raises(ValueError, match="validation=0.1.*15 held-out rows"):
+        ho.split(Data(x, y), 0.1, seed=0, method="ensemble")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=50)
+    with pytest.raises(ValueError, match=r"validation=\(x_val, y_val\)"):
+        ho.split(Data(None, None, loader=loader, dataset_size=150), 0.2, seed=0, method="ensemble")
+
+
+def test_given_pair_keeps_every_training_row():
+    x, y = _data(50)
+    xv, yv = _data(12, seed=1)
+    data, held, _ = ho.split(Data(x, y), (xv, yv), seed=0, method="ensemble")
+    assert data.x is x and held.rows is None and torch.equal(held.x, xv)
+    assert ho.describe(held, (xv, yv), None) == {"rows": 12, "source": "given"}
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+def test_heldout_score_profiles_the_noise_in_closed_form():
+    """For y ~ N(f, sigma) the profiled score is max_c mean log N(y | f, c sigma): c^2 = mean(z^2)."""
+    x, y = _data(40)
+    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
+                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    values = {"weight": torch.tensor([[0.8]]), "bias": torch.tensor([0.1]), "sigma": torch.tensor(0.05)}
+    score = ho.heldout_score(model, values, ho.Holdout(x, y))
+    resid = y.double() - (0.8 * x[:, 0].double() + 0.1)
+    s2 = resid.pow(2).mean()
+    expected = -0.5 * (math.log(2 * math.pi) + math.log(float(s2)) + 1.0)
+    assert score == pytest.approx(expected, abs=1e-5)
+    # the score of a fit does not depend on its (overfitted) noise estimate
+    assert ho.heldout_score(model, {**values, "sigma": torch.tensor(3.0)}, ho.Holdout(x, y)) == pytest.approx(score)
+
+
+def test_best_scale_is_the_rms_residual_for_one_draw_and_maximizes_the_mixture():
+    g = torch.Generator().manual_seed(0)
+    f1, y = torch.randn(1, 200, generator=g), torch.randn(200, generator=g)
+    sigma, lpd = ho._best_scale(f1, y)
+    rms = float((y.double() - f1[0].double()).pow(2).mean().sqrt())
+    assert sigma == pytest.approx(rms, rel=2e-3)  # the grid's final spacing is ~1e-3 in log sigma
+    f = torch.randn(30, 200, generator=g) * 0.5 + y  # a spread mixture around y
+    sigma, lpd = ho._best_scale(f, y)
+
+    def mixture(s):
+        lp = dist.Normal(f.double(), s).log_prob(y.double())
+        return float((torch.logsumexp(lp, 0) - math.log(30)).mean())
+
+    assert lpd == pytest.approx(mixture(sigma), abs=1e-6)
+    assert mixture(sigma * 1.05) < lpd and mixture(sigma / 1.05) < lpd
+
+
+def test_best_on_holdout_keeps_the_best_state_and_runs_out_of_patience():
+    best = ho.BestOnHoldout(every=10, patience=2)
+    assert [s for s in range(40) if best.due(s)] == [9, 19, 29, 39]
+    state = [torch.zeros(2)]
+    assert not best.record(9, -1.0, state)
+    state[0] += 1  # the caller's tensors move on; the kept state must not
+    assert not best.record(19, -0.5, state)
+    state[0] += 1
+    assert not best.record(29, -0.7, state)
+    assert best.record(39, -0.6, state)  # two scores without improvement
+    assert best.best_step == 19 and torch.equal(best.state[0], torch.ones(2))
+
+
+# ---------------------------------------------------------------------------------------------- engines
+def _overfitting_setup(n=240):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 8, generator=g)  # 8 inputs, one of which matters: room to overfit
+    y = torch.sin(x[:, 0]) + 0.5 * torch.randn(n, generator=g)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 100), torch.nn.ReLU(), torch.nn.Linear(100, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
+                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    return model, x, y
+
+
+@pytest.mark.slow
+def test_ensemble_default_sets_the_noise_on_held_out_rows():
+    """True noise sd 0.5. Members fitted on all rows learn the training residual (below 0.5); the default holds
+    24 rows out and sets sigma to maximize their predictive density. The sd of an sd estimated from n = 24 residuals
+    is ~0.5 / sqrt(2n) = 0.072: the tolerance 0.2 (log ratio < 0.35) is ~2.5 of those plus the net's misfit."""
+    model, x, y = _overfitting_setup()
+    config = dict(method="ensemble", num_members=2, num_steps=800, lr=0.02, seed=0, progress=False)
+    post = bp.fit(model, x, y, **config)
+    assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
+    noise = post.config["noise"]
+    assert torch.all(post.samples["sigma"] == noise["sigma"])
+    assert abs(math.log(noise["sigma"] / 0.5)) < 0.35, noise
+    # its held-out density is the mixture's best over sigma
+    held = ho.split(Data(x, y), 0.1, seed=0, method="ensemble")[1]
+    assert bp.metrics.log_predictive_density(post, held.x, held.y).mean() == pytest.approx(noise["heldout_lpd"],
+                                                                                          abs=1e-4)
+    old = bp.fit(model, x, y, validation=None, **config)
+    assert "noise" not in old.config and old.config["validation"] == {"rows": 0}
+    assert float(old.samples["sigma"].max()) < 0.25  # the MAP noise: the training residual of an overfitted net
+
+
+def test_ensemble_known_noise_is_never_changed():
+    x, y = _data(240)
+    model = bp.BNN(torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
+                   prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.3))
+    post = bp.fit(model, x, y, method="ensemble", num_members=2, num_steps=100, seed=0, progress=False)
+    assert post.config["validation"]["rows"] == 24 and "noise" not in post.config
+    assert set(post.samples) == {"0.weight", "0.bias", "2.weight", "2.bias"}
