@@ -128,14 +128,14 @@ def test_default_holds_out_rows_and_chooses_the_noise_there():
     net = torch.nn.Sequential(torch.nn.Linear(5, 20), torch.nn.ReLU(), torch.nn.Linear(20, 1))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
     post = bp.fit(model, x, y, method="laplace", num_steps=100, num_samples=200, seed=0, progress=False)
-    assert post.config["validation"] == repr({"rows": 30, "source": "split", "fraction": 0.1})
+    assert post.config["validation"] == {"rows": 30, "source": "split", "fraction": 0.1}
     assert post.config["polish_steps"] == 0 and post.config["predictive"] == "glm"
     noise = post.config["noise"]
     assert noise["selected_on"] == "validation" and torch.all(post.samples["sigma"] == noise["sigma"])
     assert noise["heldout_lpd"] > -math.inf
     off = bp.fit(model, x, y, method="laplace", num_steps=20, num_samples=10, seed=0, progress=False,
                  validation=None)
-    assert "noise" not in off.config and off.config["polish_steps"] == 100 and off.config["validation"] == repr({"rows": 0})
+    assert "noise" not in off.config and off.config["polish_steps"] == 100 and off.config["validation"] == {"rows": 0}
 
 
 @pytest.mark.slow  # ~30 s on a loaded 2-core machine
