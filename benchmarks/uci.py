@@ -30,9 +30,11 @@ Usage::
     python benchmarks/uci.py --dataset diabetes --quick                     # 2 splits, smoke test
     python benchmarks/uci.py --path UCI_Datasets/yacht/data --methods svi,nuts --splits 5
     python benchmarks/uci.py --dataset friedman1 --methods svi --option svi:num_steps=2000
+    python benchmarks/uci.py --dataset diabetes --splits 5 --only-splits 3,4 --out part2   # then merge with --resume
 
 writes ``uci_<dataset>_splits.csv`` (one row per split and engine, appended as each fit ends, so a
-partial run is kept), ``uci_<dataset>.csv`` and ``uci_<dataset>.md`` (the summary) and
+partial run is kept; ``--resume`` goes on from it), ``uci_<dataset>.csv`` and ``uci_<dataset>.md``
+(the summary, rewritten after each split) and
 ``uci_test_ll.png`` (test LL per engine with SE bars, one panel per dataset summary in ``--out``).
 """
 
@@ -194,15 +196,25 @@ def plot(out: Path) -> Path | None:
 
 # ---------------------------------------------------------------------------------------- driver
 def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: Path, *,
-        options: dict[str, dict] | None = None, verbose: bool = True) -> pd.DataFrame:
-    """Every method on every split (splits outer, so a partial run has every engine on the same splits);
-    per-split rows are appended to ``uci_<name>_splits.csv`` as they come; returns the summary."""
+        options: dict[str, dict] | None = None, resume: bool = False, verbose: bool = True) -> pd.DataFrame:
+    """Every method on every split (splits outer, so a partial run has every engine on the same splits).
+    Per-split rows are appended to ``uci_<name>_splits.csv`` as each fit ends and the summary is
+    rewritten after each split; ``resume=True`` keeps the rows already there and fits only the
+    (split, method) pairs they lack. Returns the summary."""
     out.mkdir(parents=True, exist_ok=True)
     per_split = out / f"uci_{name}_splits.csv"
-    per_split.unlink(missing_ok=True)
     rows = []
+    if resume and per_split.exists():
+        rows = pd.read_csv(per_split, keep_default_na=False, na_values=[""]).to_dict("records")
+        rows = [{**r, "error": r["error"] if isinstance(r["error"], str) else "",
+                 "warnings": r["warnings"] if isinstance(r["warnings"], str) else ""} for r in rows]
+    else:
+        per_split.unlink(missing_ok=True)
+    done = {(int(r["split"]), r["method"]) for r in rows}
     for split in splits:
         for method in methods:
+            if (split.split, method) in done:
+                continue
             row = dict(dataset=name, **run_one(method, split, (options or {}).get(method)))
             rows.append(row)
             pd.DataFrame([row]).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
@@ -210,11 +222,19 @@ def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: 
                 status = row["error"] or (f"LL {row['test_ll']:.3f}  RMSE {row['rmse']:.3f}  cov {row['coverage_95']:.2f}"
                                           f"  cal {row['calibration_error']:.3f}  {row['time_s']:.1f}s")
                 print(f"[{name}] split {split.split} {method:20s} {status}", flush=True)
-    summary = summarize(pd.DataFrame(rows))
+        summary = write_summary(pd.DataFrame(rows), splits, name, out, options)
+    return summary
+
+
+def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dict | None) -> pd.DataFrame:
+    """``uci_<name>.csv`` and ``.md`` from the per-split rows, and the plot."""
+    rows = rows[rows["split"].isin([s.split for s in splits])]
+    summary = summarize(rows)
     summary.to_csv(out / f"uci_{name}.csv", index=False)
     d = splits[0].x_train.shape[1]
     n = splits[0].x_train.shape[0] + splits[0].x_test.shape[0]
-    notes = [f"Data: {name}, N = {n}, D = {d}, {len(splits)} split(s) ({splits[0].path}). "
+    done = sorted(set(int(k) for k in rows["split"]))
+    notes = [f"Data: {name}, N = {n}, D = {d}, split(s) {done} ({splits[0].path}). "
              "Protocol and metrics: benchmarks/uci.py's docstring; every engine at its defaults"
              + (f" except {options}" if options else "") + ".",
              f"Mean ± standard error over splits. Measured with torch {torch.__version__} on {platform.machine()} "
@@ -256,6 +276,9 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     parser.add_argument("--methods", default="all", help="'all' or a comma list, e.g. svi,nuts")
     parser.add_argument("--option", action="append", default=[], help="method:key=value, for experiments")
     parser.add_argument("--quick", action="store_true", help="2 splits (smoke test)")
+    parser.add_argument("--only-splits", help="a comma list of split numbers to run, e.g. 3,4 (of the --splits)")
+    parser.add_argument("--resume", action="store_true", help="keep the rows of uci_<dataset>_splits.csv in --out "
+                        "and fit only the missing (split, method) pairs")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     methods = [m.value for m in bp.infer.Method] if args.methods == "all" else args.methods.split(",")
@@ -269,8 +292,16 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
                  dict(path=args.path)}
     else:
         names = {name: dict(dataset=name) for name in args.dataset.split(",")}
-    return {name: run(make_splits(n_splits=n_splits, **source), methods, name, Path(args.out), options=options)
-            for name, source in names.items()}
+    summaries = {}
+    for name, source in names.items():
+        splits = make_splits(n_splits=n_splits, **source)
+        if args.only_splits:
+            keep = {int(k) for k in args.only_splits.split(",")}
+            splits = [s for s in splits if s.split in keep]
+            if not splits:
+                raise SystemExit(f"--only-splits: none of {sorted(keep)} is among the splits 0..{n_splits - 1}.")
+        summaries[name] = run(splits, methods, name, Path(args.out), options=options, resume=args.resume)
+    return summaries
 
 
 if __name__ == "__main__":
