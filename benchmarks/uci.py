@@ -196,7 +196,8 @@ def plot(out: Path) -> Path | None:
 
 # ---------------------------------------------------------------------------------------- driver
 def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: Path, *,
-        options: dict[str, dict] | None = None, resume: bool = False, verbose: bool = True) -> pd.DataFrame:
+        options: dict[str, dict] | None = None, resume: bool = False, note: str = "",
+        verbose: bool = True) -> pd.DataFrame:
     """Every method on every split (splits outer, so a partial run has every engine on the same splits).
     Per-split rows are appended to ``uci_<name>_splits.csv`` as each fit ends and the summary is
     rewritten after each split; ``resume=True`` keeps the rows already there and fits only the
@@ -205,9 +206,7 @@ def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: 
     per_split = out / f"uci_{name}_splits.csv"
     rows = []
     if resume and per_split.exists():
-        rows = pd.read_csv(per_split, keep_default_na=False, na_values=[""]).to_dict("records")
-        rows = [{**r, "error": r["error"] if isinstance(r["error"], str) else "",
-                 "warnings": r["warnings"] if isinstance(r["warnings"], str) else ""} for r in rows]
+        rows = read_rows(per_split).to_dict("records")
     else:
         per_split.unlink(missing_ok=True)
     done = {(int(r["split"]), r["method"]) for r in rows}
@@ -222,11 +221,19 @@ def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: 
                 status = row["error"] or (f"LL {row['test_ll']:.3f}  RMSE {row['rmse']:.3f}  cov {row['coverage_95']:.2f}"
                                           f"  cal {row['calibration_error']:.3f}  {row['time_s']:.1f}s")
                 print(f"[{name}] split {split.split} {method:20s} {status}", flush=True)
-        summary = write_summary(pd.DataFrame(rows), splits, name, out, options)
+        summary = write_summary(pd.DataFrame(rows), splits, name, out, options, note)
     return summary
 
 
-def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dict | None) -> pd.DataFrame:
+def read_rows(path: Path) -> pd.DataFrame:
+    """The per-split rows of a ``uci_<name>_splits.csv`` (empty error/warning cells as "")."""
+    rows = pd.read_csv(path, dtype={"error": str, "warnings": str})
+    rows[["error", "warnings"]] = rows[["error", "warnings"]].fillna("")
+    return rows
+
+
+def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dict | None,
+                  note: str = "") -> pd.DataFrame:
     """``uci_<name>.csv`` and ``.md`` from the per-split rows, and the plot."""
     rows = rows[rows["split"].isin([s.split for s in splits])]
     summary = summarize(rows)
@@ -238,7 +245,7 @@ def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dic
              "Protocol and metrics: benchmarks/uci.py's docstring; every engine at its defaults"
              + (f" except {options}" if options else "") + ".",
              f"Mean ± standard error over splits. Measured with torch {torch.__version__} on {platform.machine()} "
-             f"({torch.get_num_threads()} torch threads), git {_commit()}."]
+             f"({torch.get_num_threads()} torch threads), git {_commit()}." + (f" {note}" if note else "")]
     (out / f"uci_{name}.md").write_text(markdown(summary, f"UCI protocol: {name}", notes))
     plot(out)
     return summary
@@ -279,6 +286,9 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     parser.add_argument("--only-splits", help="a comma list of split numbers to run, e.g. 3,4 (of the --splits)")
     parser.add_argument("--resume", action="store_true", help="keep the rows of uci_<dataset>_splits.csv in --out "
                         "and fit only the missing (split, method) pairs")
+    parser.add_argument("--summarize", action="store_true", help="fit nothing: rebuild uci_<dataset>.md/.csv and "
+                        "the plot from the rows of uci_<dataset>_splits.csv in --out (e.g. after merging partial runs)")
+    parser.add_argument("--note", default="", help="a line added to the Markdown summary (e.g. the machine's load)")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
     methods = [m.value for m in bp.infer.Method] if args.methods == "all" else args.methods.split(",")
@@ -300,7 +310,13 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
             splits = [s for s in splits if s.split in keep]
             if not splits:
                 raise SystemExit(f"--only-splits: none of {sorted(keep)} is among the splits 0..{n_splits - 1}.")
-        summaries[name] = run(splits, methods, name, Path(args.out), options=options, resume=args.resume)
+        if args.summarize:
+            rows = read_rows(Path(args.out) / f"uci_{name}_splits.csv")
+            rows = rows[rows["method"].isin(methods)]
+            summaries[name] = write_summary(rows, splits, name, Path(args.out), options, args.note)
+        else:
+            summaries[name] = run(splits, methods, name, Path(args.out), options=options, resume=args.resume,
+                                  note=args.note)
     return summaries
 
 

@@ -84,6 +84,8 @@ def test_runner_end_to_end_matches_a_hand_computation(uci, tmp_path):
     assert float(redone.loc[4, "test_ll"]) == pytest.approx(float(rows.loc[4, "test_ll"]), rel=1e-6)  # same seed, same fit
     timing = ["time_s", "time_s_se"]  # wall times differ between runs; everything else is the same
     pd.testing.assert_frame_equal(again.drop(columns=timing), summary.drop(columns=timing), rtol=1e-6)
+    # --summarize fits nothing and rebuilds the same summary from the per-split rows
+    pd.testing.assert_frame_equal(uci.main(argv + ["--summarize"])["tiny"], again, rtol=1e-12)
 
 
 def test_option_parsing_and_bad_names(uci):
