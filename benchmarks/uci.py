@@ -16,7 +16,9 @@ Protocol (Hernandez-Lobato & Adams 2015; Gal & Ghahramani 2016), per train/test 
   mean aleatoric (noise) sd of the predictive, and the wall time of ``bp.fit``.
 
 Aggregate: mean and standard error (sd / sqrt(n), ddof 1) over the splits that succeeded. A failing
-engine is recorded with its error text and the run goes on.
+engine is recorded with its error text and the run goes on (``--max-fit-seconds`` turns a fit that
+runs longer into such an error: NUTS at its defaults, 1,000 + 1,000 draws of up to 1,023 leapfrog
+steps, can take most of an hour per split on a busy 2-core machine).
 
 Datasets (none of the classic UCI eight; nothing is downloaded): ``diabetes`` (scikit-learn, 442 x 10),
 ``friedman1`` (scikit-learn's ``make_friedman1``, 500 x 10, noise 1, random_state 0) and
@@ -42,8 +44,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import math
 import platform
+import signal
 import subprocess
 import time
 import warnings
@@ -108,8 +112,33 @@ def evaluate(post: bp.Posterior, split: bp.datasets.UCISplit) -> dict[str, float
                 noise_sd=float(pred.aleatoric_std.double().mean()) * s)
 
 
-def run_one(method: str, split: bp.datasets.UCISplit, options: dict | None = None) -> dict:
-    """Fit ``method`` on one split and score it; a failure becomes a row with its ``error`` text."""
+class FitTimeout(BaseException):
+    """A fit ran past ``max_fit_seconds`` (a BaseException, so that no engine's ``except Exception`` eats it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Raise :class:`FitTimeout` in the main thread after ``seconds`` of wall time (none: no limit)."""
+    if not seconds:
+        yield
+        return
+
+    def stop(signum, frame):
+        raise FitTimeout(f"stopped after {seconds:g} s of wall time (--max-fit-seconds)")
+
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_one(method: str, split: bp.datasets.UCISplit, options: dict | None = None, *,
+            max_fit_seconds: float | None = None) -> dict:
+    """Fit ``method`` on one split and score it; a failure (or a fit longer than ``max_fit_seconds``)
+    becomes a row with its ``error`` text."""
     row = dict(method=method, split=split.split, n_train=split.x_train.shape[0], n_test=split.x_test.shape[0],
                error="", warnings="")
     model = make_model(split.x_train.shape[1], split.split)
@@ -117,14 +146,15 @@ def run_one(method: str, split: bp.datasets.UCISplit, options: dict | None = Non
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             start = time.perf_counter()
-            post = bp.fit(model, split.x_train, split.y_train, method=method, seed=split.split, progress=False,
-                          **(options or {}))
+            with time_limit(max_fit_seconds):
+                post = bp.fit(model, split.x_train, split.y_train, method=method, seed=split.split, progress=False,
+                              **(options or {}))
             row["time_s"] = time.perf_counter() - start
             row.update(evaluate(post, split))
         texts = sorted({str(w.message).splitlines()[0][:120] for w in caught
                         if not issubclass(w.category, (DeprecationWarning, FutureWarning))})
         row["warnings"] = " / ".join(texts)
-    except Exception as err:  # noqa: BLE001 - the benchmark records any engine's failure and goes on
+    except (Exception, FitTimeout) as err:  # noqa: BLE001 - the benchmark records any failure and goes on
         row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
     return row
 
@@ -197,7 +227,7 @@ def plot(out: Path) -> Path | None:
 # ---------------------------------------------------------------------------------------- driver
 def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: Path, *,
         options: dict[str, dict] | None = None, resume: bool = False, note: str = "",
-        verbose: bool = True) -> pd.DataFrame:
+        max_fit_seconds: float | None = None, verbose: bool = True) -> pd.DataFrame:
     """Every method on every split (splits outer, so a partial run has every engine on the same splits).
     Per-split rows are appended to ``uci_<name>_splits.csv`` as each fit ends and the summary is
     rewritten after each split; ``resume=True`` keeps the rows already there and fits only the
@@ -214,7 +244,8 @@ def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: 
         for method in methods:
             if (split.split, method) in done:
                 continue
-            row = dict(dataset=name, **run_one(method, split, (options or {}).get(method)))
+            row = dict(dataset=name, **run_one(method, split, (options or {}).get(method),
+                                               max_fit_seconds=max_fit_seconds))
             rows.append(row)
             pd.DataFrame([row]).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
             if verbose:
@@ -288,6 +319,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
                         "and fit only the missing (split, method) pairs")
     parser.add_argument("--summarize", action="store_true", help="fit nothing: rebuild uci_<dataset>.md/.csv and "
                         "the plot from the rows of uci_<dataset>_splits.csv in --out (e.g. after merging partial runs)")
+    parser.add_argument("--max-fit-seconds", type=float, help="record a fit that runs longer as an error and go on")
     parser.add_argument("--note", default="", help="a line added to the Markdown summary (e.g. the machine's load)")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -316,7 +348,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
             summaries[name] = write_summary(rows, splits, name, Path(args.out), options, args.note)
         else:
             summaries[name] = run(splits, methods, name, Path(args.out), options=options, resume=args.resume,
-                                  note=args.note)
+                                  note=args.note, max_fit_seconds=args.max_fit_seconds)
     return summaries
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import signal
 from pathlib import Path
 
 import pandas as pd
@@ -86,6 +87,13 @@ def test_runner_end_to_end_matches_a_hand_computation(uci, tmp_path):
     pd.testing.assert_frame_equal(again.drop(columns=timing), summary.drop(columns=timing), rtol=1e-6)
     # --summarize fits nothing and rebuilds the same summary from the per-split rows
     pd.testing.assert_frame_equal(uci.main(argv + ["--summarize"])["tiny"], again, rtol=1e-12)
+
+
+def test_a_fit_past_the_time_limit_is_recorded_and_the_alarm_is_cleared(uci):
+    split = bp.datasets.make_uci_splits(*bp.datasets.heteroscedastic(n=30), n_splits=1)[0]
+    row = uci.run_one("svi", split, {"num_steps": 10**7}, max_fit_seconds=0.5)
+    assert row["error"].startswith("FitTimeout: stopped after 0.5 s") and "test_ll" not in row
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_option_parsing_and_bad_names(uci):
