@@ -276,7 +276,7 @@ def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dic
              "Protocol and metrics: benchmarks/uci.py's docstring; every engine at its defaults"
              + (f" except {options}" if options else "") + ".",
              f"Mean ± standard error over splits. Measured with torch {torch.__version__} on {platform.machine()} "
-             f"({torch.get_num_threads()} torch threads), git {_commit()}." + (f" {note}" if note else "")]
+             f"(bp.fit's default of one torch thread), git {_commit()}." + (f" {note}" if note else "")]
     (out / f"uci_{name}.md").write_text(markdown(summary, f"UCI protocol: {name}", notes))
     plot(out)
     return summary
