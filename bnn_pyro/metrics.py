@@ -11,6 +11,7 @@ Example
 >>> metrics.rmse(pred, y_test), metrics.interval_coverage(pred, y_test)
 >>> metrics.nll(post, x_test, y_test)                   # exact mixture over posterior draws
 >>> metrics.test_log_likelihood(post, x_test, y_test)   # = -nll: the UCI convention
+>>> metrics.regression_calibration_error(metrics.pit(post, x_test, y_test))
 >>> pred = clf.predict(x_test)                          # classification
 >>> metrics.accuracy(pred, y_test), metrics.nll(pred, y_test), metrics.ece(pred, y_test), metrics.brier(pred, y_test)
 >>> metrics.ood_auroc(clf.predict(x_in).entropy, clf.predict(x_out).entropy)
@@ -31,7 +32,7 @@ from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
 
 __all__ = [
     "rmse", "nll", "log_predictive_density", "test_log_likelihood", "accuracy", "ece", "reliability_curve",
-    "brier", "interval_coverage", "ood_auroc",
+    "brier", "interval_coverage", "ood_auroc", "pit", "regression_calibration_error",
 ]
 
 _PROB_ATOL = 1e-3  # rows of probabilities must sum to 1 within this (float32 softmax over many classes)
@@ -74,6 +75,61 @@ def interval_coverage(prediction: RegressionPrediction, y) -> float:
     y = _regression_target(y, prediction.lower.shape, "prediction")
     inside = (prediction.lower <= y) & (y <= prediction.upper)
     return float(inside.double().mean())
+
+
+def pit(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int | None = 0) -> torch.Tensor:
+    """Probability integral transform of regression targets, shaped ``(N,)``:
+
+    ``u_n = F(y_n | x_n, D) = (1/S) sum_s F(y_n | x_n, w_s)``,
+
+    the predictive CDF (the exact mixture over posterior draws, each with its own noise, drawn as in
+    :func:`log_predictive_density`) at the observed target. For a calibrated predictive the ``u_n``
+    of held-out data are uniform on ``[0, 1]``. Needs a :class:`~bnn_pyro.BNN` with one output and
+    an observation distribution that has a CDF (e.g. ``Gaussian``).
+    """
+    if not isinstance(posterior, Posterior) or not isinstance(posterior.model, BNN):
+        raise TypeError(f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
+                        f"{type(posterior).__name__}{'' if not isinstance(posterior, Posterior) else ' of a Pyro function'}.")
+    x = _float_tensor("x", x)
+    y = as_tensor("y", y)
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}.")
+    idx = posterior._draw_index(num_samples, seed)
+    with torch.no_grad():
+        d = posterior.observation_distribution(x, idx)
+        target = _match_target(d, y, batch_dims=1)
+        if target.dim() != 1 or not target.dtype.is_floating_point:
+            raise ValueError(f"y: pit needs one real-valued output per row, got the model's target shape "
+                             f"{tuple(target.shape)}.")
+        try:
+            cdf = _unwrap(d).cdf(target)
+        except NotImplementedError:
+            raise ValueError(f"posterior: its observation distribution {type(_unwrap(d)).__name__} has no CDF; "
+                             "pit needs a likelihood such as bp.likelihoods.Gaussian.") from None
+    return cdf.double().reshape(cdf.shape[0], -1).mean(0)
+
+
+def regression_calibration_error(pit_values, levels=None) -> float:
+    """Mean absolute miscalibration of central predictive intervals:
+
+    ``(1/L) sum_c |coverage_c - c|``, ``coverage_c = (1/N) sum_n 1[|u_n - 1/2| <= c/2]``,
+
+    over the nominal levels ``c`` (default ``0.1, 0.2, ..., 0.9``), where ``u_n`` are the
+    :func:`pit` values of held-out targets (the central ``c`` interval of the predictive holds
+    ``y_n`` exactly when ``|u_n - 1/2| <= c/2``). 0 is perfect, overconfident and underconfident
+    predictives both score high. Even a calibrated predictive scores above 0 on finite data: each
+    ``coverage_c`` has a standard error of ``sqrt(c (1 - c) / N)``.
+    """
+    u = _float_tensor("pit_values", pit_values).double().reshape(-1)
+    if u.numel() == 0 or not ((u >= 0) & (u <= 1)).all():
+        raise ValueError("pit_values: expected probabilities in [0, 1] (metrics.pit(post, x, y)), "
+                         f"got {u.numel()} values{'' if u.numel() == 0 else f' in {float(u.min())}..{float(u.max())}'}.")
+    c = torch.arange(1, 10, dtype=torch.float64) / 10 if levels is None else _float_tensor("levels", levels).double()
+    c = c.reshape(-1)
+    if c.numel() == 0 or not ((c > 0) & (c < 1)).all():
+        raise ValueError(f"levels: expected nominal coverages in (0, 1), e.g. [0.1, ..., 0.9], got {c.tolist()}.")
+    coverage = ((u[None, :] - 0.5).abs() <= c[:, None] / 2).double().mean(1)
+    return float((coverage - c).abs().mean())
 
 
 # ---------------------------------------------------------------------------------------- densities

@@ -264,3 +264,44 @@ def test_metrics_is_reachable_from_the_package():
 def test_bad_input_gets_a_clear_error(call, error, message):
     with pytest.raises(error, match=message):
         call()
+
+
+# ---------------------------------------------------------------------------------------- regression calibration
+def test_regression_calibration_error_exact_cases():
+    # PIT values on the midpoints of 1000 equal cells: every central interval at 0.1..0.9 holds exactly c
+    u = (torch.arange(1000, dtype=torch.float64) + 0.5) / 1000
+    assert metrics.regression_calibration_error(u) == pytest.approx(0.0, abs=1e-12)
+    # all mass at the median: every central interval covers everything, error = mean(1 - c) = 0.5
+    assert metrics.regression_calibration_error(torch.full((10,), 0.5)) == pytest.approx(0.5, abs=1e-12)
+    assert metrics.regression_calibration_error(torch.tensor([0.0, 1.0]), levels=[0.5]) == pytest.approx(0.5)
+
+
+def test_regression_calibration_error_of_an_overconfident_gaussian_matches_the_closed_form():
+    # y ~ N(0, 2^2) scored by the predictive N(0, 1): coverage_c = P(|2 Z| <= z_c) = 2 Phi(z_c / 2) - 1
+    n = 100_000
+    y = 2.0 * torch.randn(n, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    normal = torch.distributions.Normal(torch.tensor(0.0, dtype=torch.float64), 1.0)
+    c = torch.arange(1, 10, dtype=torch.float64) / 10
+    exact = float((2 * normal.cdf(normal.icdf((1 + c) / 2) / 2) - 1 - c).abs().mean())
+    # each empirical coverage has sd <= sqrt(0.25 / n) = 0.0016; 4 sd bounds the mean of their errors
+    assert metrics.regression_calibration_error(normal.cdf(y)) == pytest.approx(exact, abs=4 * math.sqrt(0.25 / n))
+    assert exact > 0.15  # far from calibrated, so the check has teeth
+
+
+def test_regression_calibration_error_rejects_bad_input():
+    with pytest.raises(ValueError, match="pit_values"):
+        metrics.regression_calibration_error(torch.tensor([0.2, 1.5]))
+    with pytest.raises(ValueError, match="levels"):
+        metrics.regression_calibration_error(torch.tensor([0.2]), levels=[0.0, 0.5])
+
+
+def test_pit_is_the_mixture_cdf_over_posterior_draws(svi_post, linear_data):
+    x, y = linear_data
+    pred = svi_post.predict(x, interval=None)  # every draw, in order, as pit uses them; noise sd fixed at 0.1
+    expected = torch.distributions.Normal(pred.mean_draws.double(), 0.1).cdf(y.double()).mean(0)
+    torch.testing.assert_close(metrics.pit(svi_post, x, y), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_pit_needs_a_bnn_posterior(function_post, linear_data):
+    with pytest.raises(TypeError, match="posterior"):
+        metrics.pit(function_post, *linear_data)
