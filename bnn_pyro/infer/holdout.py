@@ -42,7 +42,8 @@ from pyro import poutine
 
 from bnn_pyro.infer._common import Data, quiet_model
 
-__all__ = ["Holdout", "split", "heldout_score", "BestOnHoldout", "select_noise", "DEFAULT", "MIN_ROWS"]
+__all__ = ["Holdout", "split", "heldout_score", "BestOnHoldout", "select_noise", "maximize_on_log_grid", "DEFAULT",
+           "MIN_ROWS"]
 
 DEFAULT = 0.1  # the held-out fraction of the training rows for the engines that use one by default
 MIN_ROWS = 20  # fewer held-out rows make early stopping and the noise estimate too noisy (sd of a noise sd ~1/sqrt(2n))
@@ -187,29 +188,35 @@ def noise_site(model) -> str | None:
     return next(iter(sites), None)
 
 
-def _best_scale(f: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """``(sigma*, lpd)``: the noise sd maximizing the mean log predictive density of the equal mixture
-    ``(1/S) sum_s N(y | f_s, sigma)``, ``f`` shaped ``(S, N, ...)``, and that density. A log grid over
-    ``[1e-3, 10]`` times the residual sd of the mixture mean, refined twice around its best point."""
-    f, y = f.double(), y.double().reshape(f.shape[1:])
-    resid = (y - f.mean(0)).pow(2).mean().sqrt().clamp_min(1e-12)
-    log_s = torch.linspace(math.log(1e-3), math.log(10.0), 121, dtype=torch.float64) + torch.log(resid)
-
-    def lpd(grid):
-        out = torch.empty_like(grid)
-        for i, s in enumerate(grid):
-            lp = dist.Normal(f, s.exp()).log_prob(y)  # (S, N, ...)
-            lp = lp.reshape(lp.shape[0], lp.shape[1], -1).sum(-1)
-            out[i] = (torch.logsumexp(lp, 0) - math.log(f.shape[0])).mean()
-        return out
-
-    for _ in range(3):  # the grid, then two refinements between the best point's neighbours
-        values = lpd(log_s)
+def maximize_on_log_grid(objective, center: torch.Tensor) -> tuple[float, float]:
+    """``(s*, objective(s*))`` for a scalar ``s > 0``: ``objective`` maps a 1-D float64 tensor of candidates to
+    their values. A log grid over ``[1e-3, 10] * center`` (121 points), then two refinements between the best
+    point's neighbours (21 points each): a final spacing of ~1e-3 in ``log s``."""
+    log_s = torch.linspace(math.log(1e-3), math.log(10.0), 121, dtype=torch.float64) + torch.log(center)
+    for _ in range(3):
+        values = objective(log_s.exp())
         i = int(values.argmax())
         best = (float(log_s[i].exp()), float(values[i]))
         log_s = torch.linspace(float(log_s[max(i - 1, 0)]), float(log_s[min(i + 1, len(log_s) - 1)]), 21,
                                dtype=torch.float64)
     return best
+
+
+def _best_scale(f: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """``(sigma*, lpd)``: the noise sd maximizing the mean log predictive density of the equal mixture
+    ``(1/S) sum_s N(y | f_s, sigma)``, ``f`` shaped ``(S, N, ...)``, and that density; searched around the
+    residual sd of the mixture mean (:func:`maximize_on_log_grid`)."""
+    f, y = f.double(), y.double().reshape(f.shape[1:])
+
+    def lpd(sigmas):
+        out = torch.empty_like(sigmas)
+        for i, s in enumerate(sigmas):
+            lp = dist.Normal(f, s).log_prob(y)  # (S, N, ...)
+            lp = lp.reshape(lp.shape[0], lp.shape[1], -1).sum(-1)
+            out[i] = (torch.logsumexp(lp, 0) - math.log(f.shape[0])).mean()
+        return out
+
+    return maximize_on_log_grid(lpd, (y - f.mean(0)).pow(2).mean().sqrt().clamp_min(1e-12))
 
 
 def select_noise(post, holdout: Holdout | None):

@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from bnn_pyro.infer.holdout import Holdout
+from bnn_pyro.infer.holdout import Holdout, maximize_on_log_grid
 from bnn_pyro.infer.laplace.approximation import Hessian
 from bnn_pyro.infer.laplace.functional import output_jacobian, site_values
 from bnn_pyro.infer.laplace.structure import Layout
@@ -26,21 +26,17 @@ ROUNDS = 20  # fixed-point rounds at most; they stop once sigma moves by less th
 
 
 def best_sigma(f: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """``(sigma*, lpd)``: the noise sd maximizing ``mean_n log N(y_n | f_n, var_n + sigma^2)``, on a log grid
-    over ``[1e-3, 10]`` times the residual sd, refined twice around its best point."""
+    """``(sigma*, lpd)``: the noise sd maximizing ``mean_n log N(y_n | f_n, var_n + sigma^2)``, searched around
+    the residual sd (:func:`~bnn_pyro.infer.holdout.maximize_on_log_grid`)."""
     f, var = f.double(), var.double()
     y = y.double().reshape(f.shape)
-    resid = (y - f).pow(2).mean().sqrt().clamp_min(1e-12)
-    log_s = torch.linspace(math.log(1e-3), math.log(10.0), 121, dtype=torch.float64) + torch.log(resid)
-    for _ in range(3):
-        total = var[None] + torch.exp(2 * log_s).reshape((-1,) + (1,) * f.dim())
-        lpd = -0.5 * (torch.log(2 * math.pi * total) + (y - f)[None] ** 2 / total)
-        values = lpd.reshape(len(log_s), f.shape[0], -1).sum(-1).mean(-1)
-        i = int(values.argmax())
-        best = (float(log_s[i].exp()), float(values[i]))
-        log_s = torch.linspace(float(log_s[max(i - 1, 0)]), float(log_s[min(i + 1, len(log_s) - 1)]), 21,
-                               dtype=torch.float64)
-    return best
+
+    def lpd(sigmas):
+        total = var[None] + sigmas.pow(2).reshape((-1,) + (1,) * f.dim())
+        values = -0.5 * (torch.log(2 * math.pi * total) + (y - f)[None] ** 2 / total)
+        return values.reshape(len(sigmas), f.shape[0], -1).sum(-1).mean(-1)
+
+    return maximize_on_log_grid(lpd, (y - f).pow(2).mean().sqrt().clamp_min(1e-12))
 
 
 def choose_noise(model: BNN, pot, z: torch.Tensor, layout: Layout, lik_hess: torch.Tensor,
