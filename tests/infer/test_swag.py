@@ -307,7 +307,7 @@ def test_function_model_and_classification(linear_data):
 
     x, y = linear_data
     post = bp.fit(linreg, x, y, method="swag", rank=3, num_samples=20, **SMALL)
-    assert set(post.samples) == {"w", "b"} and post.samples["w"].shape == (1, 20)
+    assert set(post.samples) == {"w", "b"} and post.samples["w"].shape == (3, 20)  # 3 chains: the MultiSWAG default
     assert post.predict(x[:5]).mean.shape == (5,)
 
     xc, yc = bp.datasets.two_moons(n=60, seed=0)
@@ -325,7 +325,7 @@ def test_dataloader_input(blr_model, linear_data):
                                          generator=torch.Generator().manual_seed(0))
     post = bp.fit(blr_model, loader, method="swag", rank=3, num_samples=10, **SMALL)
     assert post.config["sampling"] == "loader order" and post.config["collect_every"] == 2
-    assert post.samples["weight"].shape == (1, 10, 1, 1) and post.x is None
+    assert post.samples["weight"].shape == (3, 10, 1, 1) and post.x is None
 
 
 def test_seeds_make_runs_reproducible(blr_model, linear_data):
