@@ -56,6 +56,13 @@ inside the gap between the clusters (the known weakness of dropout and mean-fiel
 "in-between" uncertainty: Foong, Li, Hernandez-Lobato & Turner 2019, "'In-Between' Uncertainty
 in Bayesian Neural Networks").
 
+Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows;
+:mod:`bnn_pyro.infer.holdout`): training is early-stopped on the held-out likelihood of the
+weight-averaged net ``(1 - p) M`` and a learned Gaussian noise is chosen on them at the end, for the
+MC-dropout predictive. On scikit-learn's diabetes (random 90/10 splits 0-2, standardized, 10-50-1 ReLU
+net, ``Normal(0, 1)`` prior, ``Gaussian(scale=HalfNormal(1))``) the mean test log-likelihood per point
+went from -5.76 to -5.43 (deep ensembles with the same rule: -5.37).
+
 Draws: ``num_samples`` per chain of every latent site, ``W = M diag(z)`` with fresh hard masks (the
 point-mass sites repeat their value); ``num_chains`` independent restarts (seeds ``seed + c``) are
 the chains. ``sample_stats["dropout_rate[<site>]"]`` holds each draw's rate and, for learned rates,

@@ -55,7 +55,17 @@ pass over the training data (:meth:`~bnn_pyro.BNN.batchnorm_statistics`) and sto
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` and ``pyro.param`` sites of a Pyro function are
 trained and averaged with the latent sites, and fixed at their average in every draw (``post.point``).
-``num_chains`` independent runs (seeds ``seed``, ``seed + 1``, ...) become chains, so R-hat applies.
+``num_chains`` independent runs (seeds ``seed``, ``seed + 1``, ...) become chains, so R-hat applies;
+SWAG's predictive mixes them (MultiSWAG; three by default, see :func:`fit_swag`), SWA's gives the spread
+between the chains' points (one by default).
+
+Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows;
+:mod:`bnn_pyro.infer.holdout`): pre-training is early-stopped on them and a learned Gaussian noise is
+chosen on them at the end, for the engine's own predictive. On scikit-learn's diabetes (random 90/10
+splits 0-2, standardized, 10-50-1 ReLU net, ``Normal(0, 1)`` prior, ``Gaussian(scale=HalfNormal(1))``)
+the mean test log-likelihood per point went from -11.8 (SWA) and about -11.5 (SWAG, one chain) without
+them to -5.54 (SWA) and -5.53 (SWAG, three chains) with them: the SWA-phase noise estimate of an
+overfitted net (sd ~0.5 in standardized units) is replaced by the held-out one (~0.75-0.9).
 
 References: P. Izmailov, D. Podoprikhin, T. Garipov, D. Vetrov, A. G. Wilson (2018), "Averaging
 Weights Leads to Wider Optima and Better Generalization"; W. J. Maddox, T. Garipov, P. Izmailov,
@@ -157,7 +167,7 @@ class _Settings:
 
 def fit_swa(model, data: Data, **config) -> Posterior:
     """``bp.fit(..., method="swa")``: the SWA point, one draw per chain. Options as :func:`fit_swag`
-    except ``rank``, ``num_samples`` and ``scale``."""
+    except ``rank``, ``num_samples`` and ``scale``; ``num_chains`` defaults to 1."""
     for name in ("rank", "num_samples", "scale"):
         if name in config:
             raise ValueError(f"{name}= applies to method='swag' only: SWA keeps the averaged point, not a "
