@@ -54,7 +54,11 @@ In practice a fixed ``p`` trades fit for noise: on ``bp.datasets.toy_gap`` (1-50
 both learned rates fall to ``p ~ 1e-3`` (RMSE 0.12, sd ~0.08); in neither case does the sd grow
 inside the gap between the clusters (the known weakness of dropout and mean-field posteriors for
 "in-between" uncertainty: Foong, Li, Hernandez-Lobato & Turner 2019, "'In-Between' Uncertainty
-in Bayesian Neural Networks").
+in Bayesian Neural Networks"). Measured on ``toy_gap`` with a 1-50-1 tanh net (epistemic sd in the gap,
+|x| < 0.3, over that on the clusters, |x| >= 0.5; NUTS: 6.6x): 0.89x at the defaults, and 0.90x with three
+restarts mixed (``num_chains=3``) at ``p = 0.1`` and at ``p = 0.01``; a ReLU net: 0.30x. Neither the rate
+nor restarts fix it, so the defaults stay one chain at ``p = 0.1``; use ``method="ensemble"`` or
+``method="swag"`` (three chains by default) when in-between uncertainty matters.
 
 Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows;
 :mod:`bnn_pyro.infer.holdout`): training is early-stopped on the held-out likelihood of the
