@@ -195,7 +195,8 @@ def fit_swag(model, data: Data, *, rank: int = 20, num_samples: int = 1000, scal
     lr, momentum:
         The constant SWA learning rate (``"auto"`` or a positive float) and SGD momentum (0.9).
     num_chains, init, seed, progress:
-        Independent runs (seeds ``seed + c``; default 3 for SWAG: MultiSWAG, see below; 1 for SWA); initial values (``"reset"``: the default for a BNN,
+        Independent runs (seeds ``seed + c``; default 3 for SWAG: MultiSWAG, see below; 1 for SWA);
+        initial values (``"reset"``: the default for a BNN,
         its layers' ``reset_parameters()`` under the run's seed; ``"net"``: a BNN's weights; ``"prior"``,
         ``"median"``, a dict or a :class:`Posterior`; see :mod:`bnn_pyro.infer._init`); a progress bar
         (``False``: off).

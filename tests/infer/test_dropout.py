@@ -427,8 +427,10 @@ def test_default_holds_rows_out_stops_early_and_sets_the_noise_on_them():
     sigma = post.config["noise"]["sigma"]
     assert post.config["noise"]["selected_on"] == "validation" and torch.all(post.samples["sigma"] == sigma)
     best = _mixture_lpd(post, held.x, held.y, sigma)  # the MC-dropout predictive's held-out density is maximal
-    assert best > _mixture_lpd(post, held.x, held.y, 0.95 * sigma) and best > _mixture_lpd(post, held.x, held.y, 1.05 * sigma)
+    for other in (0.95 * sigma, 1.05 * sigma):
+        assert best > _mixture_lpd(post, held.x, held.y, other)
 
-    old = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, validation=None, seed=0, progress=False)
+    old = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, validation=None, seed=0,
+                 progress=False)
     assert ast.literal_eval(old.config["validation"]) == {"rows": 0} and "noise" not in old.config
     assert old.config["dataset_size"] == 240 and "best_step" not in old.history
