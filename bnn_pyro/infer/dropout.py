@@ -96,7 +96,8 @@ from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.holdout import DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, select_noise, split
+from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
+                                    split)
 from bnn_pyro.infer.svi import make_optimizer, make_schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -173,8 +174,11 @@ def fit_mc_dropout(
         chain ``c``'s seed ``seed + c``), ``"net"`` (the net's weights), ``"prior"``, ``"median"``, a dict
         of site values or a :class:`Posterior` (see :mod:`bnn_pyro.infer._init`).
     validation:
-        Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows (when that is at
-        least 20 rows and the data are tensors), the same rows for every chain. Each chain keeps its state
+        Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows when the model has a
+        learned Gaussian noise (a ``BNN`` with ``Gaussian(scale=<prior>)``), that is at least 20 rows and the
+        data are tensors; the same rows for every chain. Without a noise to choose (classification, a known
+        noise) the default holds nothing out: early stopping alone did not pay for the rows it took (two moons,
+        200 points, 16 tanh units: test accuracy 0.94 with 20 rows held out, above 0.95 without). Each chain keeps its state
         with the best held-out likelihood of the weight-averaged net ``(1 - p) M`` (scored every
         ``num_steps // 50`` steps: early stopping), and a learned Gaussian noise is then set to the value that
         maximizes the held-out log predictive density of the MC-dropout predictive (all chains' draws). A
@@ -209,7 +213,10 @@ def fit_mc_dropout(
     num_samples = positive_int("num_samples", num_samples)
     lr = positive("lr", lr)
     full = data
-    data, holdout, why = split(full, validation, seed=seed, method="mc_dropout", convert=full.convert)
+    if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
+        data, holdout, why = full, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"
+    else:
+        data, holdout, why = split(full, validation, seed=seed, method="mc_dropout", convert=full.convert)
     sites = dropout_sites(model, data, dropout_inputs)
     init = resolve_init(model, init, data)
     runs = []

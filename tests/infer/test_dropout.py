@@ -434,3 +434,16 @@ def test_default_holds_rows_out_stops_early_and_sets_the_noise_on_them():
                  progress=False)
     assert ast.literal_eval(old.config["validation"]) == {"rows": 0} and "noise" not in old.config
     assert old.config["dataset_size"] == 240 and "best_step" not in old.history
+
+
+def test_default_holds_nothing_out_without_a_noise_to_choose_but_an_explicit_fraction_does():
+    x, y = bp.datasets.two_moons(n=240, seed=0)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
+    post = bp.fit(model, x, y, method="mc_dropout", num_steps=100, num_samples=10, seed=0, progress=False)
+    assert ast.literal_eval(post.config["validation"])["rows"] == 0 and post.config["dataset_size"] == 240
+    post = bp.fit(model, x, y, method="mc_dropout", num_steps=100, num_samples=10, validation=0.1, seed=0,
+                  progress=False)
+    assert ast.literal_eval(post.config["validation"])["rows"] == 24 and "best_step" in post.history
+    assert "noise" not in post.config  # nothing to choose for a classifier
