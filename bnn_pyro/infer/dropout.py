@@ -54,7 +54,18 @@ In practice a fixed ``p`` trades fit for noise: on ``bp.datasets.toy_gap`` (1-50
 both learned rates fall to ``p ~ 1e-3`` (RMSE 0.12, sd ~0.08); in neither case does the sd grow
 inside the gap between the clusters (the known weakness of dropout and mean-field posteriors for
 "in-between" uncertainty: Foong, Li, Hernandez-Lobato & Turner 2019, "'In-Between' Uncertainty
-in Bayesian Neural Networks").
+in Bayesian Neural Networks"). Measured on ``toy_gap`` with a 1-50-1 tanh net (epistemic sd in the gap,
+|x| < 0.3, over that on the clusters, |x| >= 0.5; NUTS: 6.6x): 0.89x at the defaults, and 0.90x with three
+restarts mixed (``num_chains=3``) at ``p = 0.1`` and at ``p = 0.01``; a ReLU net: 0.30x. Neither the rate
+nor restarts fix it, so the defaults stay one chain at ``p = 0.1``; use ``method="ensemble"`` or
+``method="swag"`` (three chains by default) when in-between uncertainty matters.
+
+Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows;
+:mod:`bnn_pyro.infer.holdout`): training is early-stopped on the held-out likelihood of the
+weight-averaged net ``(1 - p) M`` and a learned Gaussian noise is chosen on them at the end, for the
+MC-dropout predictive. On scikit-learn's diabetes (random 90/10 splits 0-2, standardized, 10-50-1 ReLU
+net, ``Normal(0, 1)`` prior, ``Gaussian(scale=HalfNormal(1))``) the mean test log-likelihood per point
+went from -5.76 to -5.43 (deep ensembles with the same rule: -5.37).
 
 Draws: ``num_samples`` per chain of every latent site, ``W = M diag(z)`` with fresh hard masks (the
 point-mass sites repeat their value); ``num_chains`` independent restarts (seeds ``seed + c``) are
@@ -85,6 +96,8 @@ from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
+                                    split)
 from bnn_pyro.infer.svi import make_optimizer, make_schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -129,6 +142,7 @@ def fit_mc_dropout(
     num_chains: int = 1,
     num_samples: int = 1000,
     init=None,
+    validation="default",
     seed: int = 0,
     progress: bool = True,
 ) -> Posterior:
@@ -159,6 +173,18 @@ def fit_mc_dropout(
         Initial ``M`` and point values: ``"reset"`` (default: the layers' ``reset_parameters()`` under
         chain ``c``'s seed ``seed + c``), ``"net"`` (the net's weights), ``"prior"``, ``"median"``, a dict
         of site values or a :class:`Posterior` (see :mod:`bnn_pyro.infer._init`).
+    validation:
+        Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows when the model has a
+        learned Gaussian noise (a ``BNN`` with ``Gaussian(scale=<prior>)``), that is at least 20 rows and the
+        data are tensors; the same rows for every chain. Without a noise to choose (classification, a known
+        noise) the default holds nothing out: early stopping alone did not pay for the rows it took (two moons,
+        200 points, 16 tanh units: test accuracy 0.94 with 20 rows held out, above 0.95 without). Each chain keeps its state
+        with the best held-out likelihood of the weight-averaged net ``(1 - p) M`` (scored every
+        ``num_steps // 50`` steps: early stopping), and a learned Gaussian noise is then set to the value that
+        maximizes the held-out log predictive density of the MC-dropout predictive (all chains' draws). A
+        fraction, an ``(x_val, y_val)`` pair, or ``None`` (all rows trained on for all ``num_steps``, the
+        noise at its fitted point value: overconfident on small data). Costs 10% of the rows and one
+        forward pass over the held-out rows per score.
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``), and a progress bar (``False``: off).
     """
@@ -186,6 +212,11 @@ def fit_mc_dropout(
     num_chains = positive_int("num_chains", num_chains)
     num_samples = positive_int("num_samples", num_samples)
     lr = positive("lr", lr)
+    full = data
+    if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
+        data, holdout, why = full, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"
+    else:
+        data, holdout, why = split(full, validation, seed=seed, method="mc_dropout", convert=full.convert)
     sites = dropout_sites(model, data, dropout_inputs)
     init = resolve_init(model, init, data)
     runs = []
@@ -196,7 +227,7 @@ def fit_mc_dropout(
             pot = Potential(fitted, data, init=chain_start(fitted, init, seed + chain))
             guide = DropoutGuide(pot, sites, p, learn=kind is not RateLearning.FIXED)
             history = _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr,
-                                lr_schedule, seed + chain, progress, f"mc_dropout chain {chain}")
+                                lr_schedule, seed + chain, progress, f"mc_dropout chain {chain}", holdout, fitted)
             draws = guide.draw(num_samples, torch.Generator().manual_seed(seed + chain))
             point = point_values(fitted, *data.first(), data.size)
         rates = {f"dropout_rate[{n}]": torch.full((num_samples,), r) for n, r in guide.rates_float().items()}
@@ -209,9 +240,11 @@ def fit_mc_dropout(
         lr_schedule=getattr(lr_schedule, "value", lr_schedule), num_particles=num_particles, num_chains=num_chains,
         num_samples=num_samples, init=init if isinstance(init, str) else type(init).__name__,
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
+        validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
-    return Posterior(samples=stack(1), model=runs[-1][0], method="mc_dropout", config=config, point=stack(2),
-                     sample_stats=stack(4), history=stack(3), x=data.x, y=data.y)
+    post = Posterior(samples=stack(1), model=runs[-1][0], method="mc_dropout", config=config, point=stack(2),
+                     sample_stats=stack(4), history=stack(3), x=full.x, y=full.y)
+    return select_noise(post, holdout)
 
 
 def dropout_sites(model, data: Data, dropout_inputs: bool | None) -> dict[str, _Site]:
@@ -345,8 +378,15 @@ def objective(guide: DropoutGuide, pot: Potential, batch, noise: list[dict], kin
     return loss + ((e - b) * torch.stack(log_qs)).mean(), loss.detach(), float(e.mean())
 
 
+@torch.no_grad()
+def _score(model, guide: DropoutGuide, pot: Potential, holdout: Holdout) -> float:
+    """Held-out score of the weight-averaged net ``W = (1 - p) M`` (the dropout predictive's mean rule)."""
+    keep = {k: torch.sigmoid(-t).expand(s.size) for (k, t), s in zip(guide.logits.items(), guide.sites.values())}
+    return heldout_score(model, pot.constrain(guide.weights(keep)), holdout)
+
+
 def _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr, schedule, seed,
-              progress, desc) -> dict[str, torch.Tensor]:
+              progress, desc, holdout: Holdout | None = None, model=None) -> dict[str, torch.Tensor]:
     x0, y0 = data.first()
     with poutine.trace(param_only=True) as capture:  # a BNN's deterministic parameters are fitted too
         pot(guide.values, (x0, y0))
@@ -357,6 +397,8 @@ def _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particle
     batches = data.batches(generator)
     losses, rates = torch.empty(num_steps), {k: torch.empty(num_steps) for k in guide.sites}
     baseline = None
+    best = BestOnHoldout(every=max(1, num_steps // 50), patience=None)
+    state = list(guide.values.values()) + list(guide.logits.values()) + params[len(guide.parameters()):]
     with progress_bar(num_steps, desc, progress) as bar:
         for step in range(num_steps):
             noise = [guide.noise((), generator) for _ in range(num_particles)]
@@ -374,10 +416,17 @@ def _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particle
             losses[step] = loss
             for k, r in guide.rates_float().items():
                 rates[k][step] = r
+            if holdout is not None and (best.due(step) or step == num_steps - 1):
+                best.record(step, _score(model, guide, pot, holdout), [t.detach() for t in state])
             if step % 50 == 0 or step == num_steps - 1:
                 bar.set_postfix(loss=f"{float(loss):.4g}", refresh=False)
             bar.update()
     history = {"loss": losses}
+    if holdout is not None:  # early stopping: back to the best-scoring state
+        with torch.no_grad():
+            for t, kept in zip(state, best.state):
+                t.copy_(kept)
+        history["best_step"] = torch.tensor([best.best_step])
     if kind is not RateLearning.FIXED:
         history.update({f"dropout_rate[{k}]": v for k, v in rates.items()})
     return history

@@ -55,7 +55,17 @@ pass over the training data (:meth:`~bnn_pyro.BNN.batchnorm_statistics`) and sto
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` and ``pyro.param`` sites of a Pyro function are
 trained and averaged with the latent sites, and fixed at their average in every draw (``post.point``).
-``num_chains`` independent runs (seeds ``seed``, ``seed + 1``, ...) become chains, so R-hat applies.
+``num_chains`` independent runs (seeds ``seed``, ``seed + 1``, ...) become chains, so R-hat applies;
+SWAG's predictive mixes them (MultiSWAG; three by default, see :func:`fit_swag`), SWA's gives the spread
+between the chains' points (one by default).
+
+Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows;
+:mod:`bnn_pyro.infer.holdout`): pre-training is early-stopped on them and a learned Gaussian noise is
+chosen on them at the end, for the engine's own predictive. On scikit-learn's diabetes (random 90/10
+splits 0-2, standardized, 10-50-1 ReLU net, ``Normal(0, 1)`` prior, ``Gaussian(scale=HalfNormal(1))``)
+the mean test log-likelihood per point went from -11.8 (SWA) and about -11.5 (SWAG, one chain) without
+them to -5.54 (SWA) and -5.53 (SWAG, three chains) with them: the SWA-phase noise estimate of an
+overfitted net (sd ~0.5 in standardized units) is replaced by the held-out one (~0.75-0.9).
 
 References: P. Izmailov, D. Podoprikhin, T. Garipov, D. Vetrov, A. G. Wilson (2018), "Averaging
 Weights Leads to Wider Optima and Better Generalization"; W. J. Maddox, T. Garipov, P. Izmailov,
@@ -86,6 +96,7 @@ from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.holdout import DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, select_noise, split
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -157,7 +168,7 @@ class _Settings:
 
 def fit_swa(model, data: Data, **config) -> Posterior:
     """``bp.fit(..., method="swa")``: the SWA point, one draw per chain. Options as :func:`fit_swag`
-    except ``rank``, ``num_samples`` and ``scale``."""
+    except ``rank``, ``num_samples`` and ``scale``; ``num_chains`` defaults to 1."""
     for name in ("rank", "num_samples", "scale"):
         if name in config:
             raise ValueError(f"{name}= applies to method='swag' only: SWA keeps the averaged point, not a "
@@ -165,14 +176,17 @@ def fit_swa(model, data: Data, **config) -> Posterior:
     return _fit(model, data, swag=False, **config)[0]
 
 
-def fit_swag(model, data: Data, *, rank: int = 20, num_samples: int = 1000, scale: float = 1.0, **config) -> Posterior:
+def fit_swag(model, data: Data, *, rank: int = 20, num_samples: int = 1000, scale: float = 1.0, num_chains: int = 3,
+             **config) -> Posterior:
     """Fit ``model`` by SWAG and return ``num_samples`` draws per chain (see the module docstring).
 
     Parameters
     ----------
     rank, num_samples, scale:
         ``K``, the number of deviations kept (at least 2); draws per chain (each costs one pass over
-        the data when the net has BatchNorm); the factor on the covariance (Maddox et al. use 0.5).
+        the data when the net has BatchNorm); the factor on the covariance. ``scale=1`` here is Maddox
+        et al.'s recommended ``scale=0.5``: their code draws ``mean + sqrt(scale) (diag part + low-rank
+        part)``, whose covariance is ``scale (Sigma_diag + D^T D / (K - 1))``; ours already halves the sum.
     pretrain_steps, pretrain_optimizer, pretrain_lr:
         Pre-training (default 2,000 steps of ``"adam"``, learning rate ``3e-2`` decaying to 1% of
         it; 0 skips it, e.g. with a pretrained net and ``init="net"``, or ``init=`` a MAP posterior).
@@ -182,21 +196,42 @@ def fit_swag(model, data: Data, *, rank: int = 20, num_samples: int = 1000, scal
     lr, momentum:
         The constant SWA learning rate (``"auto"`` or a positive float) and SGD momentum (0.9).
     num_chains, init, seed, progress:
-        Independent runs (seeds ``seed + c``); initial values (``"reset"``: the default for a BNN,
+        Independent runs (seeds ``seed + c``; default 3 for SWAG: MultiSWAG, see below; 1 for SWA);
+        initial values (``"reset"``: the default for a BNN,
         its layers' ``reset_parameters()`` under the run's seed; ``"net"``: a BNN's weights; ``"prior"``,
         ``"median"``, a dict or a :class:`Posterior`; see :mod:`bnn_pyro.infer._init`); a progress bar
         (``False``: off).
+    validation:
+        Held-out rows (:mod:`bnn_pyro.infer.holdout`; default 10% of the rows when that is at least 20 rows
+        and the data are tensors, the same rows for every chain): pre-training keeps its state with the best
+        held-out likelihood (scored every ``pretrain_steps // 50`` steps: early stopping) and the SWA phase
+        starts from it; at the end a learned Gaussian noise is set to the value that maximizes the held-out log
+        predictive density of the SWAG predictive (every chain's draws). A fraction, an ``(x_val, y_val)``
+        pair, or ``None`` (every row trained on, the noise at its SWA value: overconfident on small data).
+        Costs 10% of the rows and a forward pass over the held-out rows per score.
+
+    Why three chains by default (MultiSWAG; Wilson & Izmailov 2020, "Bayesian Deep Learning and a
+    Probabilistic Perspective of Generalization"): one SWAG run describes one basin, and its spread is
+    the SGD noise around it, which does not grow away from the data. On ``bp.datasets.toy_gap`` (1-50-1
+    tanh net, ``sigma = 0.1``, seed 0) one chain's epistemic sd in the gap (|x| < 0.3) was 1.06x that on the
+    clusters (|x| >= 0.5), and raising the collection learning rate made it worse (3x, 10x, 19x the
+    ``"auto"`` rate: 0.83x, 0.60x, 0.50x); three chains gave 3.95x (NUTS: 6.6x), because restarts land in
+    different basins that agree on the data and part ways in the gap. Cost: three times one run;
+    ``num_chains=1`` is the single-basin SWAG of Maddox et al.
     """
-    return _fit(model, data, swag=True, rank=rank, num_samples=num_samples, scale=scale, **config)[0]
+    return _fit(model, data, swag=True, rank=rank, num_samples=num_samples, scale=scale, num_chains=num_chains,
+                **config)[0]
 
 
 def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, scale: float = 1.0,
          pretrain_steps: int = 2000, pretrain_optimizer="adam", pretrain_lr: float = 3e-2, num_steps: int | None = None,
          burn_in: int | None = None, collect_every: int | None = None, lr: float | str = "auto",
-         momentum: float = 0.9, num_chains: int = 1, init=None, seed: int = 0,
+         momentum: float = 0.9, num_chains: int = 1, init=None, validation="default", seed: int = 0,
          progress: bool = True) -> tuple[Posterior, list[SWAGMoments]]:
     """The posterior and each chain's :class:`SWAGMoments` (what the tests check against theory)."""
     method = "swag" if swag else "swa"
+    full = data
+    data, holdout, why = split(full, validation, seed=seed, method=method, convert=full.convert)
     if data.loader is not None:
         batch = data.batch_size
         epoch = len(data.loader) if hasattr(data.loader, "__len__") else math.ceil(data.size / batch)
@@ -232,7 +267,8 @@ def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, 
         num_samples=positive_int("num_samples", num_samples), scale=positive("scale", scale),
         init=resolve_init(model, init, data))
     num_chains = positive_int("num_chains", num_chains)
-    runs = [_run_chain(model, data, settings, seed + c, progress, f"{method} chain {c}") for c in range(num_chains)]
+    runs = [_run_chain(model, data, settings, seed + c, progress, f"{method} chain {c}", holdout)
+            for c in range(num_chains)]
     config = clean_config(dict(
         pretrain_steps=settings.pretrain_steps, pretrain_optimizer=settings.pretrain_optimizer.value,
         pretrain_lr=settings.pretrain_lr, num_steps=num_steps, burn_in=burn_in, collect_every=collect_every,
@@ -240,16 +276,18 @@ def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, 
         init=settings.init if isinstance(settings.init, str) else type(settings.init).__name__, batch_size=batch, sampling=(
             "loader order" if data.loader is not None else "independent minibatches (with replacement)"),
         dataset_size=data.size, seed=seed,
+        validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
         **(dict(rank=rank, num_samples=settings.num_samples, scale=settings.scale) if swag else {})))
     stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
     post = Posterior(samples=stack("samples"), model=runs[-1]["model"], method=method, config=config,
-                     point=stack("point"), history=stack("history"), x=data.x, y=data.y,
+                     point=stack("point"), history=stack("history"), x=full.x, y=full.y,
                      sample_stats=stack("stats") if all(r["stats"] for r in runs) else {},
                      draw_buffers=stack("draw_buffers"))
-    return post, [r["moments"] for r in runs]
+    return select_noise(post, holdout), [r["moments"] for r in runs]
 
 
-def _run_chain(model, data: Data, s: _Settings, seed: int, progress: bool, desc: str) -> dict:
+def _run_chain(model, data: Data, s: _Settings, seed: int, progress: bool, desc: str,
+               holdout: Holdout | None = None) -> dict:
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     generator = torch.Generator().manual_seed(seed)
     n = data.size
@@ -273,6 +311,7 @@ def _run_chain(model, data: Data, s: _Settings, seed: int, progress: bool, desc:
         losses, lrs = torch.empty(total), torch.empty(total)
         moments = SWAGMoments.empty(z, s.rank)
         point_sum = [torch.zeros_like(p) for p in point_params]
+        best = BestOnHoldout(every=max(1, s.pretrain_steps // 50), patience=None)
         with progress_bar(total, desc, progress) as bar:
             if s.pretrain_optimizer is PretrainOptimizer.ADAM:
                 opt = torch.optim.Adam(params, lr=s.pretrain_lr)
@@ -281,6 +320,10 @@ def _run_chain(model, data: Data, s: _Settings, seed: int, progress: bool, desc:
             decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(s.pretrain_steps, 1), s.pretrain_lr / 100)
             for step in range(total):
                 if step == s.pretrain_steps:
+                    if holdout is not None and best.state is not None:  # early stopping: the best pre-trained state
+                        with torch.no_grad():
+                            for p, kept in zip(params, best.state):
+                                p.copy_(kept)
                     lr = _auto_lr(loss, params, data, s, generator) if s.lr == "auto" else s.lr
                     opt = torch.optim.SGD(params, lr=lr, momentum=s.momentum)
                 opt.zero_grad(set_to_none=True)
@@ -296,6 +339,10 @@ def _run_chain(model, data: Data, s: _Settings, seed: int, progress: bool, desc:
                 losses[step], lrs[step] = value.detach(), opt.param_groups[0]["lr"]
                 if step < s.pretrain_steps:
                     decay.step()
+                    if holdout is not None and (best.due(step) or step == s.pretrain_steps - 1):
+                        with torch.no_grad():
+                            score = heldout_score(fitted, pot.constrain(pot.unflatten(z.detach())), holdout)
+                        best.record(step, score, [p.detach() for p in params])
                 swa_step = step + 1 - s.pretrain_steps
                 if swa_step > s.burn_in and (swa_step - s.burn_in) % s.collect_every == 0:
                     moments.collect(z)

@@ -27,6 +27,7 @@ Tolerances:
   coordinate. ``E theta_T`` itself equals the closed-form minimizer of ``F`` to 1e-6.
 """
 
+import ast
 import itertools
 import math
 
@@ -394,3 +395,55 @@ def test_bad_config(config, error, match):
     x, y = bp.datasets.toy_gap()
     with pytest.raises(error, match=match):
         bp.fit(_mlp(4), x, y, method="mc_dropout", progress=False, **config)
+
+
+# ------------------------------------------------------------------ held-out rows (bnn_pyro.infer.holdout)
+def _sine_with_learned_noise(n=240):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 1, generator=g) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + 0.2 * torch.randn(n, generator=g)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    return x, y, bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(
+        scale=dist.HalfNormal(1.0)))
+
+
+def _mixture_lpd(post, x, y, sigma):
+    d = post.observation_distribution(x)
+    loc = (d.base_dist if isinstance(d, dist.Independent) else d).loc.double()  # (draws, rows)
+    lp = dist.Normal(loc, sigma).log_prob(y.double())
+    return float((torch.logsumexp(lp, 0) - math.log(loc.shape[0])).mean())
+
+
+def test_default_holds_rows_out_stops_early_and_sets_the_noise_on_them():
+    from bnn_pyro.infer import holdout
+
+    x, y, model = _sine_with_learned_noise()
+    post = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, seed=0, progress=False)
+    assert ast.literal_eval(post.config["validation"]) == {"rows": 24, "source": "split", "fraction": 0.1}
+    assert post.config["dataset_size"] == 216 and post.x.shape[0] == 240
+    assert 0 <= int(post.history["best_step"][0, 0]) < 200  # the kept state is one that was scored
+    _, held, _ = holdout.split(Data(x=x, y=y), 0.1, seed=0, method="mc_dropout")
+    sigma = post.config["noise"]["sigma"]
+    assert post.config["noise"]["selected_on"] == "validation" and torch.all(post.samples["sigma"] == sigma)
+    best = _mixture_lpd(post, held.x, held.y, sigma)  # the MC-dropout predictive's held-out density is maximal
+    for other in (0.95 * sigma, 1.05 * sigma):
+        assert best > _mixture_lpd(post, held.x, held.y, other)
+
+    old = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, validation=None, seed=0,
+                 progress=False)
+    assert ast.literal_eval(old.config["validation"]) == {"rows": 0} and "noise" not in old.config
+    assert old.config["dataset_size"] == 240 and "best_step" not in old.history
+
+
+def test_default_holds_nothing_out_without_a_noise_to_choose_but_an_explicit_fraction_does():
+    x, y = bp.datasets.two_moons(n=240, seed=0)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
+    post = bp.fit(model, x, y, method="mc_dropout", num_steps=100, num_samples=10, seed=0, progress=False)
+    assert ast.literal_eval(post.config["validation"])["rows"] == 0 and post.config["dataset_size"] == 240
+    post = bp.fit(model, x, y, method="mc_dropout", num_steps=100, num_samples=10, validation=0.1, seed=0,
+                  progress=False)
+    assert ast.literal_eval(post.config["validation"])["rows"] == 24 and "best_step" in post.history
+    assert "noise" not in post.config  # nothing to choose for a classifier
