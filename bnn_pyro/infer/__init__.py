@@ -66,6 +66,8 @@ _PASSED_ON: dict[Method, tuple[str, frozenset]] = {
     Method.METROPOLIS: ("fit", frozenset({"kernel"})),
     Method.SWA: ("_fit", frozenset({"swag", "rank", "num_samples", "scale"})), Method.SWAG: ("_fit", frozenset({"swag"})),
 }
+# SWAG's options passed to SWA: not options of swa, but its engine refuses them with a message of its own
+_REFUSED_BY_ENGINE = {Method.SWA: frozenset({"rank", "num_samples", "scale"})}
 _FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own keywords, for every method
 
 
@@ -149,7 +151,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
             config[name] = check(config[name])
     known = options(kind)
     for key in config:
-        if key not in known:
+        if key not in known and key not in _REFUSED_BY_ENGINE.get(kind, ()):
             close = difflib.get_close_matches(key, list(known), n=1)
             module, name = REGISTRY[kind]
             raise TypeError(f"{key}: not an option of method={kind.value!r}; drop it"

@@ -235,6 +235,8 @@ def select_noise(post, holdout: Holdout | None):
         return post  # a prior that cannot hold it (e.g. a Uniform noise prior): keep the engine's estimate
     before = post.samples[site]
     post.samples[site] = torch.full_like(before, float(value))
+    # the density q recorded at each draw (for post.psis) no longer describes draws whose noise was replaced
+    post.sample_stats = {k: v for k, v in post.sample_stats.items() if k != "log_q"}
     post.config["noise"] = {"selected_on": "validation", site: float(value), "sigma": sigma,
                             "heldout_lpd": lpd, "engine_sigma_median": float(
                                 (before if site == "sigma" else before.rsqrt()).median())}

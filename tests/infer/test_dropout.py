@@ -27,7 +27,6 @@ Tolerances:
   coordinate. ``E theta_T`` itself equals the closed-form minimizer of ``F`` to 1e-6.
 """
 
-import ast
 import itertools
 import math
 
@@ -420,7 +419,7 @@ def test_default_holds_rows_out_stops_early_and_sets_the_noise_on_them():
 
     x, y, model = _sine_with_learned_noise()
     post = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, seed=0, progress=False)
-    assert ast.literal_eval(post.config["validation"]) == {"rows": 24, "source": "split", "fraction": 0.1}
+    assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
     assert post.config["dataset_size"] == 216 and post.x.shape[0] == 240
     assert 0 <= int(post.history["best_step"][0, 0]) < 200  # the kept state is one that was scored
     _, held, _ = holdout.split(Data(x=x, y=y), 0.1, seed=0, method="mc_dropout")
@@ -432,7 +431,7 @@ def test_default_holds_rows_out_stops_early_and_sets_the_noise_on_them():
 
     old = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, validation=None, seed=0,
                  progress=False)
-    assert ast.literal_eval(old.config["validation"]) == {"rows": 0} and "noise" not in old.config
+    assert old.config["validation"] == {"rows": 0} and "noise" not in old.config
     assert old.config["dataset_size"] == 240 and "best_step" not in old.history
 
 
@@ -442,8 +441,8 @@ def test_default_holds_nothing_out_without_a_noise_to_choose_but_an_explicit_fra
     net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
     post = bp.fit(model, x, y, method="mc_dropout", num_steps=100, num_samples=10, seed=0, progress=False)
-    assert ast.literal_eval(post.config["validation"])["rows"] == 0 and post.config["dataset_size"] == 240
+    assert post.config["validation"]["rows"] == 0 and post.config["dataset_size"] == 240
     post = bp.fit(model, x, y, method="mc_dropout", num_steps=100, num_samples=10, validation=0.1, seed=0,
                   progress=False)
-    assert ast.literal_eval(post.config["validation"])["rows"] == 24 and "best_step" in post.history
+    assert post.config["validation"]["rows"] == 24 and "best_step" in post.history
     assert "noise" not in post.config  # nothing to choose for a classifier

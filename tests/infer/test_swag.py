@@ -45,7 +45,6 @@ Tolerances (each from the exact autocorrelations of the snapshots, taken every `
 
 from __future__ import annotations
 
-import ast
 import math
 
 import numpy as np
@@ -407,7 +406,7 @@ def _learned_noise_mlp(hidden=16):
 
 
 def _validation(post) -> dict:
-    return ast.literal_eval(post.config["validation"])  # the config stores it as text (JSON-friendly)
+    return post.config["validation"]  # a dict of JSON-friendly values
 
 
 def _heldout_lpd(post, x, y, sigma):
