@@ -9,6 +9,7 @@ listed in :data:`KERNEL_ATTRIBUTES` and checked by the same test.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from contextlib import AbstractContextManager
 
@@ -16,7 +17,8 @@ import torch
 from torch import nn
 
 __all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "pyro_context",
-           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "arviz_logger", "KERNEL_ATTRIBUTES"]
+           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "arviz_logger", "arviz_log_level",
+           "KERNEL_ATTRIBUTES"]
 
 
 # ------------------------------------------------------------------------------------------------ torch
@@ -98,3 +100,16 @@ def arviz_logger() -> logging.Logger:
     import arviz
 
     return getattr(arviz, "_log", None) or logging.getLogger("arviz")
+
+
+@contextlib.contextmanager
+def arviz_log_level(level: int):
+    """ArviZ's own log messages below ``level`` silenced inside the block (e.g. its "Shape validation failed"
+    line for one chain, which our summaries replace by a note)."""
+    logger = arviz_logger()
+    old = logger.level
+    logger.setLevel(level)
+    try:
+        yield
+    finally:
+        logger.setLevel(old)

@@ -22,7 +22,6 @@ Example
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
 from enum import Enum
@@ -34,7 +33,7 @@ import pandas as pd
 import torch
 
 from bnn_pyro._checks import check_data, choice, flag, positive_int
-from bnn_pyro._upstream_private import arviz_logger
+from bnn_pyro._upstream_private import arviz_log_level
 from bnn_pyro.model import BNN
 
 if TYPE_CHECKING:
@@ -288,7 +287,7 @@ def summary(post: Posterior, *, space: str = "weights", x=None, var_names: Seque
         data = {"f": function_draws(post, x).cpu().numpy()}
         dims = {"f": ["input", "output"]}
         coords = {"input": (rows if rows is not None else torch.arange(data["f"].shape[2])).tolist()}
-    with _arviz_log_level(logging.ERROR):  # its shape warning for 1 chain is replaced by our note below
+    with arviz_log_level(logging.ERROR):  # its shape warning for 1 chain is replaced by our note below
         table = az.summary(from_dict(posterior=data, dims=dims, coords=coords), kind="all")
     table.attrs["notes"] = []
     if post.num_draws == 1:
@@ -332,14 +331,3 @@ def _problems(post: Posterior, table: pd.DataFrame, space) -> list[str]:
             "means, quantiles and R-hat are unreliable. Try more draws, more warm-up or thinning less."
         )
     return messages
-
-
-@contextlib.contextmanager
-def _arviz_log_level(level: int):
-    logger = arviz_logger()
-    old = logger.level
-    logger.setLevel(level)
-    try:
-        yield
-    finally:
-        logger.setLevel(old)

@@ -22,10 +22,13 @@ The thresholds are module constants; each one's docstring says where it comes fr
 
 from __future__ import annotations
 
+import logging
 import math
 import warnings
 
 import torch
+
+from bnn_pyro._upstream_private import arviz_log_level
 
 __all__ = ["check_mcmc", "check_svi", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
            "DIVERGENCE_MAX", "ACCEPT_MIN", "TREE_DEPTH_MAX_FRACTION", "ESS_MIN", "RHAT_FIT_MAX", "ELBO_WINDOW",
@@ -151,13 +154,15 @@ def check_mixing(post, *, stacklevel: int = 2) -> None:
             raise ValueError("no training inputs")
         rows = torch.linspace(0, post.x.shape[0] - 1, min(NUM_FUNCTION_INPUTS, post.x.shape[0])).round().long()
         data = from_dict(posterior={"f": function_draws(post, post.x[rows]).double().cpu().numpy()})
-        ess, rhat = az.ess(data)["f"].values.ravel(), az.rhat(data)["f"].values.ravel()
+        with arviz_log_level(logging.ERROR):  # ArviZ logs a shape complaint for one chain; R-hat is not used then
+            ess, rhat = az.ess(data)["f"].values.ravel(), az.rhat(data)["f"].values.ravel()
         what = f"f(x) at {len(rows)} training inputs"
     except ValueError:  # a Pyro function without an 'f' site, or no training inputs: the log density
         if "lp" not in post.sample_stats:
             return
         data = from_dict(posterior={"lp": post.sample_stats["lp"].double().cpu().numpy()})
-        ess, rhat = np.atleast_1d(az.ess(data)["lp"].values), np.atleast_1d(az.rhat(data)["lp"].values)
+        with arviz_log_level(logging.ERROR):
+            ess, rhat = np.atleast_1d(az.ess(data)["lp"].values), np.atleast_1d(az.rhat(data)["lp"].values)
         what = "the log density lp"
     problems = []
     if np.isfinite(ess).any() and np.nanmin(ess) < ESS_MIN:

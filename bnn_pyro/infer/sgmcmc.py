@@ -33,8 +33,8 @@ sgld and sghmc ``f = (2 - alpha) / 4``, re-estimated every 100 warm-up steps (cu
 the net fits, e.g. 10-fold when a learned noise scale falls from its prior median to the data's
 noise) and frozen at the end of warm-up, so that the kept draws come from one homogeneous Markov
 chain (ESS and R-hat apply as for any MCMC).
-For csgmcmc the peak step uses ``f = (2 - alpha) / 2``, re-estimated at the start of every cycle, 10, 20,
-40 and 80 steps into it, and every 100 steps of its exploration stage. A number ``lr`` instead fixes
+For csgmcmc the peak step uses ``f = (2 - alpha) / 2``, re-estimated at the start of every cycle and
+every 100 steps of its exploration stage. A number ``lr`` instead fixes
 ``eta = lr / N``: ``lr`` is then the learning rate that SGD would use on the mean loss ``U / N``
 (``schedule="polynomial"`` lets it decay as ``(1 + t / num_warmup)^-0.55``, Welling & Teh's
 ``a (b + t)^-gamma``). Why ``f``: for a Gaussian posterior with precision ``A`` the full-batch
@@ -232,10 +232,7 @@ def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int 
     k = torch.arange(length, dtype=torch.float64)
     noisy = k >= length - sampling
     keep = noisy & ((length - 1 - k) % thin == 0)
-    # the start of a cycle, and while exploring: every ADAPT_EVERY steps, and at 10, 20, 40 and 80 steps into
-    # the cycle, while a learned noise scale falls and the curvature grows fastest (diabetes at the defaults:
-    # 10-fold within the first 100 steps, a divergence at step 87 with only the step-0 estimate)
-    adapt = (k == 0) | (~noisy & ((k % ADAPT_EVERY == 0) | (k == 10) | (k == 20) | (k == 40) | (k == 80)))
+    adapt = (k == 0) | (~noisy & (k % ADAPT_EVERY == 0))  # the start of a cycle, and while exploring
     plan = Plan(scale=((torch.cos(math.pi * k / length) + 1) / 2).repeat(num_cycles), noisy=noisy.repeat(num_cycles),
                 keep=keep.repeat(num_cycles), adapt=adapt.repeat(num_cycles), friction=alpha,
                 fraction=(2.0 - alpha) / 2.0)
