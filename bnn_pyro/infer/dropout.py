@@ -162,7 +162,8 @@ def fit_mc_dropout(
     num_steps, epochs:
         Run length in optimizer steps or passes over the data (one of the two; default 3,000 steps).
     lr, optimizer, lr_schedule:
-        As for :func:`bnn_pyro.infer.svi.fit` (Adam, 1e-2, constant by default).
+        The optimizer, learning rate and schedule, with the choices of :func:`bnn_pyro.infer.svi.fit`; here
+        Adam at 1e-2 with a constant learning rate by default (SVI decays it).
     num_particles:
         Masks per step (the loss is their mean). Default 1, and 4 for ``rate="reinforce"``, whose
         leave-one-out baseline needs at least 2 (with one particle the decaying-average baseline
