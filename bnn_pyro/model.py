@@ -41,8 +41,8 @@ from torch.distributions import Distribution
 
 from bnn_pyro import priors as priors_mod
 from bnn_pyro._checks import choice, instance, pyro_distribution
-from bnn_pyro._upstream_private import (function_mode_active, global_module_hooks, module_hooks, pyro_context,
-                                       reparametrize_module)
+from bnn_pyro._linear_stack import linear_stack as _linear_stack, run_linear_stack as _run_linear_stack
+from bnn_pyro._upstream_private import pyro_context, reparametrize_module
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
 
@@ -464,46 +464,3 @@ def _selector(bayesian: SelectorLike, names: list[str]) -> Callable[[str, nn.Mod
             raise ValueError(f"bayesian: the pattern {pattern!r} matches no parameter of the net; its parameters are "
                              f"{names}. Check the pattern against these names (e.g. '0.*' or '*.weight').")
     return lambda name, module, param: any(fnmatch.fnmatchcase(name, p) for p in patterns)
-
-
-_ELEMENTWISE = (nn.Identity, nn.Tanh, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.CELU, nn.SELU, nn.GELU, nn.SiLU,
-                nn.Mish, nn.Sigmoid, nn.Hardtanh, nn.Hardsigmoid, nn.Hardswish, nn.Softplus, nn.Softsign,
-                nn.LogSigmoid, nn.Tanhshrink)
-
-
-def _linear_stack(net: nn.Module) -> list[tuple[str, nn.Module | None]] | None:
-    """``[(path, activation module or None for a Linear), ...]`` when ``net`` is a plain ``nn.Sequential``
-    (nested ones included) of ``nn.Linear`` layers and parameter-free elementwise activations without
-    hooks, else ``None``: then weights batched over draws can run as batched matrix products."""
-    layers = []
-    def walk(module: nn.Module, prefix: str) -> bool:
-        for name, child in module.named_children():
-            if module_hooks(child) or getattr(child, "inplace", False):  # in place: would write into the shared x
-                return False
-            if type(child) is nn.Sequential:
-                if not walk(child, f"{prefix}{name}."):
-                    return False
-            elif type(child) is nn.Linear or type(child) in _ELEMENTWISE:
-                layers.append((f"{prefix}{name}", None if type(child) is nn.Linear else child))
-            else:
-                return False
-        return True
-
-    plain = type(net) is nn.Sequential and not module_hooks(net) and not global_module_hooks()
-    # a torch function mode (e.g. one that intercepts F.linear) sees functional_call's ops, not bmm's
-    return layers if plain and not function_mode_active() and walk(net, "") and layers else None
-
-
-def _run_linear_stack(layers, params: dict[str, torch.Tensor], x: torch.Tensor, template: nn.Module) -> torch.Tensor:
-    """The stack of :func:`_linear_stack` for weights with one leading draw dimension ``S``: ``(S, N, out)``."""
-    has_bias = {path: template.get_submodule(path).bias is not None for path, act in layers if act is None}
-    size = next(iter(params.values())).shape[0]
-    h = x.expand((size,) + x.shape)
-    for path, activation in layers:
-        if activation is not None:
-            h = activation(h)
-            continue
-        weight = params[f"{path}.weight"].transpose(1, 2)
-        bias = params[f"{path}.bias"] if f"{path}.bias" in params or has_bias[path] else None
-        h = torch.bmm(h, weight) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, weight)
-    return h
