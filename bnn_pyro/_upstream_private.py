@@ -2,7 +2,7 @@
 
 Each entry says why no public API serves and the versions it was checked against (torch 2.13.0, pyro-ppl
 1.9.2, ArviZ 0.23.4). ``tests/test_upstream_private.py`` fails loudly, naming the entry, when an upgrade
-removes one. Engines that subclass a Pyro kernel (``bnn_pyro.infer.mcmc``) also read that kernel's own
+removes one. The kernels that subclass Pyro's (``bnn_pyro.infer._kernels``) also read their parent's own
 attributes (``_t``, ``_warmup_steps``, ``_mean_accept_prob``, ``_divergences``, ``_adapter``): those are
 listed in :data:`KERNEL_ATTRIBUTES` and checked by the same test.
 """
@@ -84,7 +84,7 @@ def elbo_traces(elbo, model, guide, args, kwargs):
     return elbo._get_traces(model, guide, args, kwargs)
 
 
-# Attributes of Pyro's HMC/NUTS/RandomWalkKernel that bnn_pyro.infer.mcmc's subclasses read or set
+# Attributes of Pyro's HMC/NUTS/RandomWalkKernel that bnn_pyro.infer._kernels' subclasses read or set
 # (checked by tests/test_upstream_private.py against pyro-ppl 1.9.2).
 KERNEL_ATTRIBUTES = {
     "HMC": ("_initialize_model_properties", "_adapter", "_t", "_warmup_steps", "_mean_accept_prob",

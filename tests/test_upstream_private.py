@@ -73,7 +73,7 @@ def test_pyro_kernel_attributes_read_by_the_mcmc_subclasses_exist(cls, names):
     if cls is WarmupAdapter:
         obj = obj._adapter
     missing = [n for n in names if not hasattr(obj, n)]
-    assert not missing, f"pyro {pyro.__version__}: {cls.__name__} lost {missing}; update bnn_pyro/infer/mcmc.py"
+    assert not missing, f"pyro {pyro.__version__}: {cls.__name__} lost {missing}; update bnn_pyro/infer/_kernels.py"
 
 
 def test_arviz_logger_is_the_one_arviz_logs_through():
