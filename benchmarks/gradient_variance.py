@@ -57,7 +57,7 @@ def trained_guide(model, x, y, steps: int) -> AutoNormal:
 
 
 def estimator_fn(model, guide, estimator: str, elbo: str):
-    trained, wrap = svi._handlers(guide, svi.ElboKind(elbo), svi.Estimator(estimator), 0.9)
+    trained, wrap = svi._handlers(guide, svi.ElboKind(elbo), svi.Estimator(estimator))
     fit_model = partial(call_model, model, dataset_size=N)
     loss = svi._loss_fn(svi.ElboKind(elbo), 1, False)
     return partial(loss, wrap(fit_model) if wrap else fit_model, trained)

@@ -19,19 +19,16 @@ Example
 
 from __future__ import annotations
 
-import copy
-import math
 from dataclasses import dataclass
 
-import pyro
 import torch
 from pyro import poutine
 
-from bnn_pyro.infer._common import Data, point_values, progress_bar
+from bnn_pyro.infer._common import Data, point_values
 from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
-from bnn_pyro.infer.svi import make_optimizer, make_schedule
+from bnn_pyro.infer.driver import chain, descend
 
 __all__ = ["fit_map", "minimize", "MapFit", "MapRun", "energy", "adversarial_loss"]
 
@@ -65,9 +62,7 @@ def fit_map(model, data: Data, *, init, num_steps: int, lr: float, optimizer="ad
             adversarial_eps: float = 0.0, polish_steps: int = 0, method: str = "map") -> MapFit:
     """One MAP fit of a copy of ``model`` from ``init`` (resolved by :func:`~bnn_pyro.infer._init.resolve_init`)
     under ``seed`` (initial weights and minibatch order), in its own parameter store. See :func:`minimize`."""
-    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    with pyro.get_param_store().scope():
-        pyro.set_rng_seed(seed)
+    with chain(model, seed) as fitted:
         pot = Potential(fitted, data, init=chain_start(fitted, init, seed))
         run = minimize(pot, pot.init, data, model=fitted, num_steps=num_steps, lr=lr, optimizer=optimizer,
                        lr_schedule=lr_schedule, seed=seed, progress=progress, desc=desc, holdout=holdout,
@@ -99,40 +94,23 @@ def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, n
     with poutine.trace(param_only=True) as capture:
         loss_fn(pot, z, data.first())
     params = [v for k, v in z.items() if k not in fixed] + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-    losses = torch.empty(num_steps)
     best = BestOnHoldout(every=max(1, num_steps // 50), patience=None)
-    if num_steps:
-        opt = make_optimizer(optimizer, params, lr)
-        sched = make_schedule(lr_schedule, opt, num_steps)
-        batches = data.batches(torch.Generator().manual_seed(seed))
-        with progress_bar(num_steps, desc, progress) as bar:
-            for step in range(num_steps):
-                batch = next(batches)
-                opt.zero_grad(set_to_none=True)
-                loss = (adversarial_loss(pot, z, batch, adversarial_eps, loss_fn) if adversarial_eps > 0
-                        else loss_fn(pot, z, batch))
-                value = loss.item()
-                if not math.isfinite(value):
-                    raise FloatingPointError(
-                        f"{method}: the loss became {value} at step {step} (of {num_steps}) of {desc}. Try a lower "
-                        f"learning rate (lr={lr} now), standardized inputs and targets, or check the batch for "
-                        "NaN/Inf values.")
-                loss.backward()
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                losses[step] = value
-                if holdout is not None and (best.due(step) or step == num_steps - 1):
-                    with torch.no_grad():
-                        best.record(step, heldout_score(model, pot.constrain(z), holdout),
-                                    [p.detach() for p in params])
-                if step % 50 == 0 or step == num_steps - 1:
-                    bar.set_postfix(loss=f"{value:.4g}", refresh=False)
-                bar.update()
-        if holdout is not None:
+
+    def objective(batch, step):
+        loss = adversarial_loss(pot, z, batch, adversarial_eps, loss_fn) if adversarial_eps > 0 else loss_fn(pot, z, batch)
+        return loss, loss.item()
+
+    def on_step(step, value):
+        if holdout is not None and (best.due(step) or step == num_steps - 1):
             with torch.no_grad():
-                for p, kept in zip(params, best.state):
-                    p.copy_(kept)
+                best.record(step, heldout_score(model, pot.constrain(z), holdout), [p.detach() for p in params])
+
+    losses = descend(objective, params, data, num_steps=num_steps, lr=lr, optimizer=optimizer, lr_schedule=lr_schedule,
+                     seed=seed, method=method, desc=desc, progress=progress, on_step=on_step)
+    if holdout is not None and num_steps:
+        with torch.no_grad():
+            for p, kept in zip(params, best.state):
+                p.copy_(kept)
     if polish_steps and data.loader is None:
         _polish(lambda: loss_fn(pot, z, (data.x, data.y)), params, polish_steps)
     best_step = best.best_step if holdout is not None and num_steps else num_steps - 1

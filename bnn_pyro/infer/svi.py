@@ -57,7 +57,6 @@ Example
 
 from __future__ import annotations
 
-import copy
 import math
 from enum import Enum
 from functools import partial
@@ -69,13 +68,13 @@ from pyro.infer import Trace_ELBO
 from pyro.infer import autoguide
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
-from bnn_pyro.infer._common import (Data, call_model, clean_config, init_strategy, latent_sites, point_values,
-                                    progress_bar)
+from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, latent_sites, point_values
 from bnn_pyro.infer._health import check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer import _density, _logjoint
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.checkpoint import Checkpoint, restore_svi, save_svi
+from bnn_pyro.infer.driver import ChainRun, assemble, descend, run_chains, stack
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
 from bnn_pyro.infer.optim import Optimizer, Schedule, make_optimizer, make_schedule  # noqa: F401 (re-exported)
@@ -251,34 +250,30 @@ def fit(
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
     ckpts = [None if checkpoint is None else Checkpoint(checkpoint, every=checkpoint_every, resume=resume, chain=c,
                                                         run=dict(method="svi", **config)) for c in range(num_chains)]
-    runs = []
-    for chain in range(num_chains):
-        fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-        with pyro.get_param_store().scope():
-            pyro.set_rng_seed(seed + chain)
-            start = chain_start(fitted, init, seed + chain)
-            q = _make_guide(fitted, guide_kind, init_strategy(fitted, start), init_scale, rank)
-            q_train, wrap = _handlers(q, elbo_kind, estimator)
-            eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
-            if eb is not None:
-                wrap = _compose(wrap, eb)
-            loss = _logjoint.svi_loss(_logjoint.build(fitted, data.size), q, num_particles) if fast else None
-            objective = _loss_fn(elbo_kind, num_particles, vectorize_particles, baseline_beta=baseline_beta,
-                                 independent_sites=isinstance(q, autoguide.AutoNormal))
-            losses = _optimize(fitted, q_train, data, objective, num_steps, num_particles, vectorize_particles,
-                               optimizer, lr, lr_schedule, seed + chain, progress, f"svi chain {chain}", wrap,
-                               None if eb is None else eb.record, reduce, ckpts[chain], loss)
-            draws, log_q = _draw(q, names, num_samples, x0, y0, data.size, fitted)
-            point = point_values(fitted, x0, y0, data.size)
-        runs.append((fitted, draws, point, {**({} if eb is None else eb.history), "loss": losses}, log_q))
-    samples = {n: torch.stack([r[1][n] for r in runs]) for n in names}
-    point = {n: torch.stack([r[2][n] for r in runs]) for n in runs[0][2]}
-    history = {k: torch.stack([r[3][k] for r in runs]) for k in runs[0][3]}
-    if sharing is not None:
-        config["prior_scales"] = {s: history[f"prior_scale[{s}]"][:, -1].tolist() for s in eb.base_scales}
-    stats = {} if runs[0][4] is None else {"log_q": torch.stack([r[4] for r in runs])}  # for post.psis()
-    return check_svi(Posterior(samples=samples, model=runs[-1][0], method="svi", config=config, point=point,
-                               sample_stats=stats, history=history, x=data.x, y=data.y), stacklevel=4)
+
+    def one_chain(fitted, c, chain_seed):
+        start = chain_start(fitted, init, chain_seed)
+        q = _make_guide(fitted, guide_kind, init_strategy(fitted, start), init_scale, rank)
+        q_train, wrap = _handlers(q, elbo_kind, estimator)
+        eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
+        if eb is not None:
+            wrap = _compose(wrap, eb)
+        loss = _logjoint.svi_loss(_logjoint.build(fitted, data.size), q, num_particles) if fast else None
+        objective = _loss_fn(elbo_kind, num_particles, vectorize_particles, baseline_beta=baseline_beta,
+                             independent_sites=isinstance(q, autoguide.AutoNormal))
+        losses = _optimize(fitted, q_train, data, objective, num_steps, num_particles, vectorize_particles,
+                           optimizer, lr, lr_schedule, chain_seed, progress, f"svi chain {c}", wrap,
+                           None if eb is None else eb.record, reduce, ckpts[c], loss)
+        draws, log_q = _draw(q, names, num_samples, x0, y0, data.size, fitted)
+        return ChainRun(fitted, draws, point_values(fitted, x0, y0, data.size),
+                        history={**({} if eb is None else eb.history), "loss": losses},
+                        stats={} if log_q is None else {"log_q": log_q})  # log_q: for post.psis()
+
+    runs = run_chains(model, num_chains, seed, one_chain)
+    if sharing is not None:  # the learned scales at the last step, per chain
+        config["prior_scales"] = {k[len("prior_scale["):-1]: v[:, -1].tolist()
+                                  for k, v in stack(runs, "history").items() if k.startswith("prior_scale[")}
+    return check_svi(assemble(runs, method="svi", config=config, data=data), stacklevel=4)
 
 
 def _handlers(q, elbo_kind: ElboKind, estimator: Estimator):
@@ -353,53 +348,28 @@ def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize
     with poutine.trace(param_only=True) as param_capture:
         loss_fn(fit_model, guide, x0, y0)
     params = [site["value"].unconstrained() for site in param_capture.trace.nodes.values()]
-    opt = make_optimizer(optimizer, params, lr)
-    sched = make_schedule(schedule, opt, num_steps)
-    generator = torch.Generator().manual_seed(seed)
-    losses = torch.empty(num_steps)
-    batches = data.batches(generator)
-    start = 0 if ckpt is None else restore_svi(ckpt, opt, sched, losses)
-    for _ in range(start):  # replay the minibatch stream up to the restored step
-        next(batches)
-    with progress_bar(num_steps, desc, progress) as bar:
-        bar.update(start)
-        for step in range(start, num_steps):
-            x, y = next(batches)
-            opt.zero_grad(set_to_none=True)
-            try:
-                surrogate, value = loss_fn(fit_model, guide, x, y)
-            except ValueError as err:  # step 0 worked, so the optimizer drove a parameter out of its support
-                if step == start:
-                    raise
-                first = str(err).splitlines()[0].rstrip(":")
-                raise FloatingPointError(
-                    f"svi: the optimization diverged at step {step} (of {num_steps}): {first}. Try a lower learning "
-                    f"rate (lr={lr} now), a smaller init_scale, standardized inputs and targets, or check the batch "
-                    "for NaN/Inf values."
-                ) from None
-            if reduce is not None:  # data-parallel: average gradients and loss over the ranks
-                surrogate.backward()
-                value = reduce(params, value)
-            if not math.isfinite(value):
-                raise FloatingPointError(
-                    f"svi: the ELBO became {value} at step {step} (of {num_steps}). Try a lower learning rate "
-                    f"(lr={lr} now), a smaller init_scale, standardized inputs and targets, or check the batch "
-                    "for NaN/Inf values."
-                )
-            if reduce is None:
-                surrogate.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
-            losses[step] = value
-            if on_step is not None:
-                on_step(step, num_steps)
-            if ckpt is not None and ckpt.due(step + 1, num_steps):
-                save_svi(ckpt, step + 1, opt, sched, losses)
-            if step % 50 == 0 or step == num_steps - 1:
-                bar.set_postfix(loss=f"{value:.4g}", refresh=False)
-            bar.update()
-    return losses
+    return descend(lambda batch, step: loss_fn(fit_model, guide, *batch), params, data, num_steps=num_steps, lr=lr,
+                   optimizer=optimizer, lr_schedule=schedule, seed=seed, method="svi", desc=desc, progress=progress,
+                   quantity="ELBO", hint=", a smaller init_scale",
+                   on_step=None if on_step is None else (lambda step, value: on_step(step, num_steps)),
+                   reduce=reduce, resumable=None if ckpt is None else _Resumable(ckpt))
+
+
+class _Resumable:
+    """An SVI chain's checkpoint (:func:`~bnn_pyro.infer.checkpoint.save_svi`: the parameter store,
+    optimizer, scheduler and losses) for :func:`~bnn_pyro.infer.driver.descend`."""
+
+    def __init__(self, ckpt: Checkpoint):
+        self.ckpt = ckpt
+
+    def restore(self, opt, sched, losses) -> int:
+        return restore_svi(self.ckpt, opt, sched, losses)
+
+    def due(self, step: int, num_steps: int) -> bool:
+        return self.ckpt.due(step, num_steps)
+
+    def save(self, step: int, opt, sched, losses) -> None:
+        save_svi(self.ckpt, step, opt, sched, losses)
 
 
 @torch.no_grad()

@@ -56,7 +56,6 @@ Example
 
 from __future__ import annotations
 
-import copy
 import math
 import warnings
 from dataclasses import dataclass
@@ -64,18 +63,18 @@ from enum import Enum
 from types import SimpleNamespace
 
 import pandas as pd
-import pyro
 import torch
 import torch.nn.functional as F
 from pyro import poutine
 from torch import nn
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, call_model, clean_config, point_values, progress_bar
+from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.reparam import Estimator, WeightNoise, _Gaussian
-from bnn_pyro.infer.svi import Schedule, make_schedule
+from bnn_pyro.infer.driver import ChainRun, assemble, descend, run_chains
+from bnn_pyro.infer.optim import Schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -283,81 +282,73 @@ def _fit(model, data: Data, variant: Variant, *, num_steps, epochs, lr, lr_sched
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
         dataset_size=data.size, seed=seed, prior="log-uniform",
         local_reparameterization=True, vd_weights=",".join(vd_names)))
-    runs = [_run_chain(model, data, settings, pot, init, vd_names, seed + c, progress, f"{variant.value} chain {c}")
-            for c in range(num_chains)]
-    stack = lambda i: {k: torch.stack([r[i][k] for r in runs]) for k in runs[0][i]}  # noqa: E731
-    return Posterior(samples=stack(1), model=runs[-1][0], method=variant.value, config=config, point=stack(2),
-                     history=stack(3), x=data.x, y=data.y)
+    runs = run_chains(model, num_chains, seed, lambda fitted, c, chain_seed: _run_chain(
+        fitted, data, settings, pot, init, vd_names, chain_seed, progress, f"{variant.value} chain {c}"))
+    return assemble(runs, method=variant.value, config=config, data=data)
 
 
-def _run_chain(model, data: Data, settings: _Settings, pot: Potential, init, vd_names: list[str], seed: int,
+def _run_chain(fitted, data: Data, settings: _Settings, pot: Potential, init, vd_names: list[str], seed: int,
                progress: bool, desc: str):
-    """One restart: Adam on the negative ELBO, then draws from ``q``. Returns (model, draws, point, history)."""
-    fitted = copy.deepcopy(model)
+    """One restart (inside the driver's :func:`~bnn_pyro.infer.driver.chain`): Adam on the negative ELBO,
+    then draws from ``q``."""
     others = [n for n in pot.init if n not in vd_names]
-    with pyro.get_param_store().scope():
-        pyro.set_rng_seed(seed)
-        start = Potential(fitted, data, init=chain_start(fitted, init, seed)).init  # unconstrained
-        weights = _VDWeights({n: start[n] for n in vd_names}, settings.variant, settings.init_log_sigma2)
-        loc = {n: start[n].clone().requires_grad_() for n in others}
-        log_sd = {n: torch.full_like(start[n], math.log(settings.init_scale)).requires_grad_() for n in others}
+    start = Potential(fitted, data, init=chain_start(fitted, init, seed)).init  # unconstrained
+    weights = _VDWeights({n: start[n] for n in vd_names}, settings.variant, settings.init_log_sigma2)
+    loc = {n: start[n].clone().requires_grad_() for n in others}
+    log_sd = {n: torch.full_like(start[n], math.log(settings.init_scale)).requires_grad_() for n in others}
 
-        def neg_elbo(x, y):
-            z = {n: loc[n] + log_sd[n].exp() * torch.randn_like(loc[n]) for n in others}
-            draws, sites = weights.draw()
-            values = {**pot.constrain(z), **draws}
-            run = WeightNoise(Estimator.LOCAL_REPARAM, sites).wrap(lambda x, y: call_model(fitted, x, y, data.size))
-            with poutine.trace() as tr, poutine.condition(data=values):
-                run(x, y)
-            log_joint = tr.trace.log_prob_sum(lambda name, site: name not in vd_names)  # likelihood scaled N / B
-            log_jac = sum((-pot.transforms[n].log_abs_det_jacobian(values[n], z[n])).sum()
-                          for n in others if n in pot.transforms)
-            entropy = sum(s.sum() for s in log_sd.values())  # of q(other), up to a constant
-            return -(log_joint + log_jac + entropy), weights.kl()
+    def neg_elbo(x, y):
+        z = {n: loc[n] + log_sd[n].exp() * torch.randn_like(loc[n]) for n in others}
+        draws, sites = weights.draw()
+        values = {**pot.constrain(z), **draws}
+        run = WeightNoise(Estimator.LOCAL_REPARAM, sites).wrap(lambda x, y: call_model(fitted, x, y, data.size))
+        with poutine.trace() as tr, poutine.condition(data=values):
+            run(x, y)
+        log_joint = tr.trace.log_prob_sum(lambda name, site: name not in vd_names)  # likelihood scaled N / B
+        log_jac = sum((-pot.transforms[n].log_abs_det_jacobian(values[n], z[n])).sum()
+                      for n in others if n in pot.transforms)
+        entropy = sum(s.sum() for s in log_sd.values())  # of q(other), up to a constant
+        return -(log_joint + log_jac + entropy), weights.kl()
 
-        x0, y0 = data.first()
-        try:
-            with poutine.trace(param_only=True) as capture:
-                neg_elbo(x0, y0)
-        except ValueError as err:  # a layer the local reparameterization cannot serve (e.g. a tied weight)
-            raise ValueError(f"model: {settings.variant.value} cannot fit this net ({err}). Variational dropout "
-                             "needs each Linear/Conv weight used once per forward pass by its own layer; use "
-                             "method='svi' (guide='mean_field') for this net.") from err
-        point_params = [s["value"].unconstrained() for s in capture.trace.nodes.values()]
-        opt = torch.optim.Adam(list(weights.parameters()) + list(loc.values()) + list(log_sd.values()) + point_params,
-                               lr=settings.lr)
-        sched = make_schedule(settings.lr_schedule, opt, settings.num_steps)
-        keys = ("loss", "kl") + (("sparsity",) if settings.threshold is not None else ())
-        history = {k: torch.empty(settings.num_steps) for k in keys}
-        warmup_steps = round(settings.kl_warmup * settings.num_steps)
-        batches = data.batches(torch.Generator().manual_seed(seed))
-        with progress_bar(settings.num_steps, desc, progress) as bar:
-            for step in range(settings.num_steps):
-                opt.zero_grad(set_to_none=True)
-                rest, kl = neg_elbo(*next(batches))
-                loss = rest + kl
-                if not torch.isfinite(loss):
-                    raise FloatingPointError(
-                        f"{settings.variant.value}: the ELBO became {loss.item()} at step {step}. Try a lower lr "
-                        f"(now {settings.lr}), standardized inputs and targets, or check the data for NaN/Inf values.")
-                (rest + min(1.0, (step + 1) / warmup_steps) * kl if warmup_steps else loss).backward()
-                opt.step()
-                if sched is not None:
-                    sched.step()
-                weights.project()
-                history["loss"][step], history["kl"][step] = loss.item(), kl.item()
-                if "sparsity" in history:
-                    history["sparsity"][step] = _pruned_fraction(weights, settings.threshold)
-                if step % 50 == 0 or step == settings.num_steps - 1:
-                    bar.set_postfix(loss=f"{loss.item():.4g}", refresh=False)
-                bar.update()
-        draws = _draw(weights, settings.threshold, settings.num_samples)
-        with torch.no_grad():
-            z = {n: loc[n] + log_sd[n].exp() * loc[n].new_empty((settings.num_samples,) + loc[n].shape).normal_()
-                 for n in others}
-            draws.update({n: v.detach() for n, v in pot.constrain(z).items()})
-        point = point_values(fitted, x0, y0, data.size)
-    return fitted, draws, point, history
+    x0, y0 = data.first()
+    try:
+        with poutine.trace(param_only=True) as capture:
+            neg_elbo(x0, y0)
+    except ValueError as err:  # a layer the local reparameterization cannot serve (e.g. a tied weight)
+        raise ValueError(f"model: {settings.variant.value} cannot fit this net ({err}). Variational dropout "
+                         "needs each Linear/Conv weight used once per forward pass by its own layer; use "
+                         "method='svi' (guide='mean_field') for this net.") from err
+    point_params = [s["value"].unconstrained() for s in capture.trace.nodes.values()]
+    params = list(weights.parameters()) + list(loc.values()) + list(log_sd.values()) + point_params
+    history = {"kl": torch.empty(settings.num_steps)}
+    if settings.threshold is not None:
+        history["sparsity"] = torch.empty(settings.num_steps)
+    warmup_steps = round(settings.kl_warmup * settings.num_steps)
+    kl_now = []
+
+    def objective(batch, step):
+        rest, kl = neg_elbo(*batch)
+        loss = rest + kl
+        kl_now[:] = [kl.item()]
+        return (rest + min(1.0, (step + 1) / warmup_steps) * kl if warmup_steps else loss), loss.item()
+
+    def on_step(step, value):
+        history["kl"][step] = kl_now[0]
+        if "sparsity" in history:
+            history["sparsity"][step] = _pruned_fraction(weights, settings.threshold)
+
+    losses = descend(objective, params, data, num_steps=settings.num_steps, lr=settings.lr,
+                     lr_schedule=settings.lr_schedule, seed=seed, method=settings.variant.value, desc=desc,
+                     progress=progress, quantity="ELBO", on_step=on_step, after_step=weights.project,
+                     opt=torch.optim.Adam(params, lr=settings.lr))
+    history = {"loss": losses, **history}
+    draws = _draw(weights, settings.threshold, settings.num_samples)
+    with torch.no_grad():
+        z = {n: loc[n] + log_sd[n].exp() * loc[n].new_empty((settings.num_samples,) + loc[n].shape).normal_()
+             for n in others}
+        draws.update({n: v.detach() for n, v in pot.constrain(z).items()})
+    point = point_values(fitted, x0, y0, data.size)
+    return ChainRun(fitted, draws, point, history)
 
 
 @torch.no_grad()

@@ -285,14 +285,16 @@ def test_mean_field_at_default_lr_and_schedule_recovers_its_exact_optimum(blr200
 def test_schedule_spans_the_real_number_of_steps(blr, monkeypatch):
     """The default cosine schedule ends at 1% of lr after exactly the run's steps, also when the run is given
     in epochs; lr_schedule="constant" still means no schedule."""
-    made, make_schedule = [], svi_mod.make_schedule
+    from bnn_pyro.infer import driver  # the shared step loop makes every engine's schedule
+
+    made, make_schedule = [], driver.make_schedule
 
     def spy(schedule, opt, num_steps):
         sched = make_schedule(schedule, opt, num_steps)
         made.append((num_steps, sched, opt))
         return sched
 
-    monkeypatch.setattr(svi_mod, "make_schedule", spy)
+    monkeypatch.setattr(driver, "make_schedule", spy)
     post = bp.fit(blr.model(), blr.x, blr.y, batch_size=5, epochs=3, lr=0.05, num_samples=5, progress=False)
     (num_steps, sched, opt), = made
     assert num_steps == 12 == post.history["loss"].shape[1]  # 3 epochs of 4 batches

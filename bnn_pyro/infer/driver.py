@@ -1,0 +1,172 @@
+"""What every engine with its own chains or step loop shares, written once.
+
+* :func:`run_chains` and :func:`chain` — one chain's world: its own copy of the model, its own (scoped) Pyro parameter store,
+  and the global generators seeded with the chain's seed. Everything an engine draws or learns for one
+  chain happens inside it, so chains never see each other's parameters and a seed fixes a chain.
+* :func:`descend` — the gradient loop of the optimization-based engines: minibatches (full batch,
+  shuffled minibatches, a loader or a one-shot stream, replayed on resume), the optimizer and its
+  learning-rate schedule, the progress bar, the stop with advice when the loss stops being finite,
+  data-parallel gradient averaging, per-step callbacks and checkpoint/resume.
+* :class:`ChainRun` and :func:`assemble` — what a chain returns, and the one place where chains are
+  stacked into the :class:`~bnn_pyro.Posterior` (every engine's draws shaped ``(chains, draws, ...)``).
+
+Example
+-------
+>>> def one_chain(fitted, c, chain_seed):                  # inside the chain's own copy and param store
+...     params, objective = ...                              # the engine's state and its loss on a batch
+...     losses = descend(objective, params, data, num_steps=1000, lr=1e-2, seed=chain_seed,
+...                      method="svi", desc=f"svi chain {c}")
+...     return ChainRun(fitted, samples=..., point=..., history={"loss": losses})
+>>> post = assemble(run_chains(model, num_chains, seed, one_chain), method="svi", config=config, data=data)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Protocol
+
+import pyro
+import torch
+
+from bnn_pyro.infer._common import Data, progress_bar
+from bnn_pyro.infer.optim import make_optimizer, make_schedule
+from bnn_pyro.posterior import Posterior
+
+__all__ = ["run_chains", "chain", "descend", "ChainRun", "assemble", "Resumable", "Objective"]
+
+# the loss of one minibatch: (the tensor to differentiate, the value to record); ``step`` is the step index
+Objective = Callable[[tuple, int], "tuple[torch.Tensor, float]"]
+
+
+def run_chains(model, num_chains: int, seed: int, body: Callable[[object, int, int], "ChainRun"]) -> list["ChainRun"]:
+    """``body(fitted, c, seed + c)`` for chains ``c = 0 .. num_chains - 1``, each inside :func:`chain`."""
+    runs = []
+    for c in range(num_chains):
+        with chain(model, seed + c) as fitted:
+            runs.append(body(fitted, c, seed + c))
+    return runs
+
+
+@contextlib.contextmanager
+def chain(model, seed: int) -> Iterator[object]:
+    """One chain's copy of ``model`` (a ``torch.nn.Module`` is deep-copied; a Pyro function is itself),
+    inside a scoped parameter store, with Pyro's generators (torch, ``random``, NumPy) seeded by ``seed``."""
+    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(seed)
+        yield fitted
+
+
+class Resumable(Protocol):
+    """What :func:`descend` needs to checkpoint a run: :meth:`restore` the saved state into the optimizer,
+    scheduler and losses (returns the step to continue from, 0 without a file), :meth:`due` and :meth:`save`."""
+
+    def restore(self, opt, sched, losses: torch.Tensor) -> int: ...
+
+    def due(self, step: int, num_steps: int) -> bool: ...
+
+    def save(self, step: int, opt, sched, losses: torch.Tensor) -> None: ...
+
+
+def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num_steps: int, lr: float,
+            optimizer="adam", lr_schedule="constant", seed: int, method: str, desc: str, progress: bool = True,
+            quantity: str = "loss", hint: str = "", on_step: Callable[[int, float], None] | None = None,
+            after_step: Callable[[], None] | None = None, reduce=None, resumable: Resumable | None = None,
+            opt=None) -> torch.Tensor:
+    """Minimize ``objective`` over ``params`` for ``num_steps`` optimizer steps; returns the recorded losses.
+
+    Parameters
+    ----------
+    objective:
+        ``objective(batch, step) -> (tensor to differentiate, value to record)`` on one ``(x, y)`` batch.
+    params, optimizer, lr, lr_schedule:
+        The tensors to optimize; ``optimizer`` and ``lr_schedule`` as :func:`~bnn_pyro.infer.optim.make_optimizer`
+        and :func:`~bnn_pyro.infer.optim.make_schedule` take them (or a ready optimizer as ``opt``).
+    seed:
+        Seeds the minibatch order (its own generator, so the model's draws do not shift it).
+    method, desc, progress, quantity, hint:
+        Name the engine and the run in the progress bar and in the error raised when the recorded value
+        stops being finite (``quantity``: what is recorded, e.g. ``"ELBO"``; ``hint``: extra advice).
+    on_step, after_step:
+        ``on_step(step, value)`` after every step (history, early-stopping scores); ``after_step()`` right
+        after the optimizer's update (e.g. a projection of the parameters).
+    reduce:
+        Data-parallel: ``reduce(params, value) -> value`` averages the gradients (and the value) over ranks.
+    resumable:
+        Checkpoint/resume (:class:`Resumable`): the run continues from the saved step, the minibatch stream
+        replayed up to it, so that a resumed run is bit-identical to an uninterrupted one.
+    """
+    losses = torch.empty(num_steps)
+    if not num_steps:
+        return losses
+    opt = make_optimizer(optimizer, params, lr) if opt is None else opt
+    sched = make_schedule(lr_schedule, opt, num_steps)
+    batches = data.batches(torch.Generator().manual_seed(seed))
+    start = 0 if resumable is None else resumable.restore(opt, sched, losses)
+    for _ in range(start):  # replay the minibatch stream up to the restored step
+        next(batches)
+    advice = (f"Try a lower learning rate (lr={lr} now){hint}, standardized inputs and targets, or check the "
+              "batch for NaN/Inf values.")
+    with progress_bar(num_steps, desc, progress) as bar:
+        bar.update(start)
+        for step in range(start, num_steps):
+            batch = next(batches)
+            opt.zero_grad(set_to_none=True)
+            try:
+                loss, value = objective(batch, step)
+            except ValueError as err:  # an earlier step worked: the optimizer drove a parameter out of its support
+                if step == start:
+                    raise
+                first = str(err).splitlines()[0].rstrip(":")
+                raise FloatingPointError(f"{method}: the optimization diverged at step {step} (of {num_steps}) of "
+                                         f"{desc}: {first}. {advice}") from None
+            if reduce is not None:  # data-parallel: average gradients and loss over the ranks
+                loss.backward()
+                value = reduce(params, value)
+            if not math.isfinite(value):
+                raise FloatingPointError(f"{method}: the {quantity} became {value} at step {step} (of {num_steps}) "
+                                         f"of {desc}. {advice}")
+            if reduce is None:
+                loss.backward()
+            opt.step()
+            if sched is not None:
+                sched.step()
+            if after_step is not None:
+                after_step()
+            losses[step] = value
+            if on_step is not None:
+                on_step(step, value)
+            if resumable is not None and resumable.due(step + 1, num_steps):
+                resumable.save(step + 1, opt, sched, losses)
+            if step % 50 == 0 or step == num_steps - 1:
+                bar.set_postfix(loss=f"{value:.4g}", refresh=False)
+            bar.update()
+    return losses
+
+
+@dataclass
+class ChainRun:
+    """One chain's result: its fitted model copy, draws ``(draws, *shape)`` per site, point-estimated
+    parameters, per-step ``history`` and per-draw ``stats``."""
+
+    model: object
+    samples: dict[str, torch.Tensor]
+    point: dict[str, torch.Tensor] = field(default_factory=dict)
+    history: dict[str, torch.Tensor] = field(default_factory=dict)
+    stats: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def stack(runs: list[ChainRun], part: str) -> dict[str, torch.Tensor]:
+    """The chains' ``part`` (``"samples"``, ``"point"``, ``"history"``, ``"stats"``) stacked on a leading axis."""
+    first = getattr(runs[0], part)
+    return {k: torch.stack([getattr(r, part)[k] for r in runs]) for k in first}
+
+
+def assemble(runs: list[ChainRun], *, method: str, config: dict, data: Data, **extra) -> Posterior:
+    """The :class:`~bnn_pyro.Posterior` of ``runs`` (the last chain's model is the posterior's model)."""
+    return Posterior(samples=stack(runs, "samples"), model=runs[-1].model, method=method, config=config,
+                     point=stack(runs, "point"), sample_stats=stack(runs, "stats"), history=stack(runs, "history"),
+                     x=data.x, y=data.y, **extra)
