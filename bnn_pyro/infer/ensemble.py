@@ -64,7 +64,8 @@ from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - i
 from bnn_pyro.infer.holdout import DEFAULT, describe, select_noise, split
 from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
-from bnn_pyro.infer.map_fit import fit_map
+from bnn_pyro.infer.driver import ChainRun, assemble, run_chains
+from bnn_pyro.infer.map_fit import map_chain
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_ensemble", "EnsembleInit"]
@@ -142,15 +143,13 @@ def fit_ensemble(
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
-    members = [fit_map(model, train, init=init, num_steps=num_steps, lr=lr, optimizer=optimizer,
-                       lr_schedule=lr_schedule, seed=seed + k, progress=progress, desc=f"ensemble member {k}",
-                       holdout=holdout, adversarial_eps=eps, method="ensemble") for k in range(num_members)]
-    stack = lambda key: {n: torch.stack([getattr(m, key)[n] for m in members]) for n in getattr(members[0], key)}  # noqa: E731
-    samples = {n: v.unsqueeze(1) for n, v in stack("sample").items()}
-    history = {"loss": torch.stack([m.loss for m in members])}
-    if holdout is not None:
-        history["best_step"] = torch.tensor([[m.best_step] for m in members])
-    post = Posterior(samples=samples, model=members[-1].model, method="ensemble", config=config,
-                     point=stack("point"), sample_stats={"lp": torch.stack([m.lp for m in members]).unsqueeze(1)},
-                     history=history, x=data.x, y=data.y)
+    def member(fitted, k, member_seed):
+        fit = map_chain(fitted, train, init=init, num_steps=num_steps, lr=lr, optimizer=optimizer,
+                        lr_schedule=lr_schedule, seed=member_seed, progress=progress, desc=f"ensemble member {k}",
+                        holdout=holdout, adversarial_eps=eps, method="ensemble")
+        history = {"loss": fit.loss, **({} if holdout is None else {"best_step": torch.tensor([fit.best_step])})}
+        return ChainRun(fitted, {n: v.unsqueeze(0) for n, v in fit.sample.items()}, fit.point, history,
+                        stats={"lp": fit.lp.unsqueeze(0)})
+
+    post = assemble(run_chains(model, num_members, seed, member), method="ensemble", config=config, data=data)
     return select_noise(post, holdout)

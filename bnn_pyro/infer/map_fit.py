@@ -30,7 +30,7 @@ from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
 from bnn_pyro.infer.driver import chain, descend
 
-__all__ = ["fit_map", "minimize", "MapFit", "MapRun", "energy", "adversarial_loss"]
+__all__ = ["fit_map", "map_chain", "minimize", "MapFit", "MapRun", "energy", "adversarial_loss"]
 
 
 @dataclass
@@ -57,21 +57,27 @@ class MapFit:
     best_step: int
 
 
-def fit_map(model, data: Data, *, init, num_steps: int, lr: float, optimizer="adam", lr_schedule="constant",
-            seed: int = 0, progress: bool = True, desc: str = "map", holdout: Holdout | None = None,
-            adversarial_eps: float = 0.0, polish_steps: int = 0, method: str = "map") -> MapFit:
-    """One MAP fit of a copy of ``model`` from ``init`` (resolved by :func:`~bnn_pyro.infer._init.resolve_init`)
-    under ``seed`` (initial weights and minibatch order), in its own parameter store. See :func:`minimize`."""
+def fit_map(model, data: Data, *, seed: int = 0, **options) -> MapFit:
+    """One MAP fit of a copy of ``model`` under ``seed`` (initial weights and minibatch order), in its own
+    parameter store (:func:`~bnn_pyro.infer.driver.chain`); ``options`` as :func:`map_chain`."""
     with chain(model, seed) as fitted:
-        pot = Potential(fitted, data, init=chain_start(fitted, init, seed))
-        run = minimize(pot, pot.init, data, model=fitted, num_steps=num_steps, lr=lr, optimizer=optimizer,
-                       lr_schedule=lr_schedule, seed=seed, progress=progress, desc=desc, holdout=holdout,
-                       adversarial_eps=adversarial_eps, polish_steps=polish_steps, method=method)
-        with torch.no_grad():
-            lp = -energy(pot, run.z, data.first()).detach()
-            sample = {k: v.detach().clone() for k, v in pot.constrain(run.z).items()}
-            x0, y0 = data.first()
-            point = point_values(fitted, x0, y0, data.size)
+        return map_chain(fitted, data, seed=seed, **options)
+
+
+def map_chain(fitted, data: Data, *, init, num_steps: int, lr: float, optimizer="adam", lr_schedule="constant",
+              seed: int = 0, progress: bool = True, desc: str = "map", holdout: Holdout | None = None,
+              adversarial_eps: float = 0.0, polish_steps: int = 0, method: str = "map") -> MapFit:
+    """One MAP fit of ``fitted`` (a chain's own copy) from ``init`` (resolved by
+    :func:`~bnn_pyro.infer._init.resolve_init`); see :func:`minimize`."""
+    pot = Potential(fitted, data, init=chain_start(fitted, init, seed))
+    run = minimize(pot, pot.init, data, model=fitted, num_steps=num_steps, lr=lr, optimizer=optimizer,
+                   lr_schedule=lr_schedule, seed=seed, progress=progress, desc=desc, holdout=holdout,
+                   adversarial_eps=adversarial_eps, polish_steps=polish_steps, method=method)
+    with torch.no_grad():
+        lp = -energy(pot, run.z, data.first()).detach()
+        sample = {k: v.detach().clone() for k, v in pot.constrain(run.z).items()}
+        x0, y0 = data.first()
+        point = point_values(fitted, x0, y0, data.size)
     return MapFit(model=fitted, sample=sample, point=point, loss=run.loss, lp=lp, best_step=run.best_step)
 
 
