@@ -1,8 +1,10 @@
 """What every engine with its own chains or step loop shares, written once.
 
-* :func:`run_chains` and :func:`chain` — one chain's world: its own copy of the model, its own (scoped) Pyro parameter store,
-  and the global generators seeded with the chain's seed. Everything an engine draws or learns for one
-  chain happens inside it, so chains never see each other's parameters and a seed fixes a chain.
+* :func:`run_chains` and :func:`chain` — one chain's world: its own copy of the model, its own (scoped) Pyro
+  parameter store, and the global generators seeded with the chain's seed. Everything an engine draws or
+  learns for one chain happens inside it, so chains never see each other's parameters and a seed fixes a
+  chain. Chains run one after another or in forked processes (:class:`ChainMethod`; never forked once CUDA
+  is initialised).
 * :func:`descend` — the gradient loop of the optimization-based engines: minibatches (full batch,
   shuffled minibatches, a loader or a one-shot stream, replayed on resume), the optimizer and its
   learning-rate schedule, the progress bar, the stop with advice when the loss stops being finite,
@@ -12,10 +14,10 @@
 
 Example
 -------
->>> def one_chain(fitted, c, chain_seed):                  # inside the chain's own copy and param store
+>>> def one_chain(fitted, info):                           # inside the chain's own copy and param store
 ...     params, objective = ...                              # the engine's state and its loss on a batch
-...     losses = descend(objective, params, data, num_steps=1000, lr=1e-2, seed=chain_seed,
-...                      method="svi", desc=f"svi chain {c}")
+...     losses = descend(objective, params, data, num_steps=1000, lr=1e-2, seed=info.seed,
+...                      method="svi", desc=f"svi chain {info.index}")
 ...     return ChainRun(fitted, samples=..., point=..., history={"loss": losses})
 >>> post = assemble(run_chains(model, num_chains, seed, one_chain), method="svi", config=config, data=data)
 """
@@ -24,37 +26,144 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import io
 import math
+import multiprocessing as mp
+import os
+import traceback
+import warnings
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Callable, Iterator, Protocol
 
 import pyro
 import torch
 
+from bnn_pyro._checks import choice
 from bnn_pyro.infer._common import Data, progress_bar
 from bnn_pyro.infer.optim import make_optimizer, make_schedule
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["run_chains", "chain", "descend", "ChainRun", "assemble", "Resumable", "Objective"]
+__all__ = ["run_chains", "chain_execution", "ChainMethod", "ChainInfo", "chain", "descend", "ChainRun", "assemble",
+           "stack", "Resumable", "Objective"]
 
 # the loss of one minibatch: (the tensor to differentiate, the value to record); ``step`` is the step index
 Objective = Callable[[tuple, int], "tuple[torch.Tensor, float]"]
 
 
-def run_chains(model, num_chains: int, seed: int, body: Callable[[object, int, int], "ChainRun"]) -> list["ChainRun"]:
-    """``body(fitted, c, seed + c)`` for chains ``c = 0 .. num_chains - 1``, each inside :func:`chain`."""
-    runs = []
-    for c in range(num_chains):
-        with chain(model, seed + c) as fitted:
-            runs.append(body(fitted, c, seed + c))
+class ChainMethod(str, Enum):
+    """How chains run: ``"sequential"`` in this process, ``"parallel"`` in forked processes (one per core),
+    ``"auto"`` parallel where it can be (fork available, 2+ cores, CUDA not initialised), else sequential."""
+
+    AUTO = "auto"
+    SEQUENTIAL = "sequential"
+    PARALLEL = "parallel"
+
+
+@dataclass(frozen=True)
+class ChainInfo:
+    """Which chain a body runs: its ``index``, its ``seed`` (``seed + index``) and the terminal ``line`` of its
+    progress bar (0 unless chains run side by side)."""
+
+    index: int
+    seed: int
+    line: int = 0
+
+
+def run_chains(model, num_chains: int, seed: int, body: Callable[[object, ChainInfo], "ChainRun"], *,
+               how: ChainMethod | str = ChainMethod.SEQUENTIAL, copy_model: bool = True,
+               method: str = "fit") -> list["ChainRun"]:
+    """``body(fitted, info)`` for chains ``0 .. num_chains - 1``, each inside :func:`chain` (with
+    ``copy_model=False`` every chain uses ``model`` itself, e.g. MCMC's shared deterministic parameters).
+    ``how``: see :class:`ChainMethod` and :func:`chain_execution`; a forked chain's model copy stays in its
+    process (its :class:`ChainRun` comes back with ``model`` set to this process's ``model``)."""
+    def one(c: int, line: int) -> ChainRun:
+        with chain(model, seed + c, copy_model=copy_model) as fitted:
+            return body(fitted, ChainInfo(c, seed + c, line))
+
+    if chain_execution(num_chains, how, method) == "sequential":
+        return [one(c, 0) for c in range(num_chains)]
+
+    def remote(c: int, line: int) -> ChainRun:
+        run = one(c, line)
+        run.model = None  # not sent back: the parent's model stands in for it
+        return run
+
+    runs, workers = [], min(num_chains, _cores())
+    for first in range(0, num_chains, workers):
+        jobs = [_start(remote, c, c - first) for c in range(first, min(first + workers, num_chains))]
+        runs += [_finish(*job, method) for job in jobs]
+    for run in runs:
+        run.model = model
     return runs
 
 
+def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit") -> str:
+    """``"sequential"`` or ``"parallel"``: how :func:`run_chains` will run ``num_chains`` chains for ``how``.
+    ``"parallel"`` needs the fork start method, 2+ cores and no CUDA context in this process (a forked child
+    cannot use its parent's CUDA context; the chain bodies are closures, which spawned processes cannot
+    receive), else it is an error; ``"auto"`` then falls back to sequential with a warning."""
+    how = choice("chain_method", how, ChainMethod)
+    if num_chains == 1 or how is ChainMethod.SEQUENTIAL:
+        return "sequential"
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    can_fork = "fork" in mp.get_all_start_methods() and _cores() > 1 and not cuda
+    if can_fork:
+        return "parallel"
+    why = ("CUDA is initialised in this process (forked processes cannot use it)" if cuda else
+           f"only {_cores()} core available" if _cores() < 2 else "the 'fork' start method is unavailable")
+    if how is ChainMethod.PARALLEL:
+        raise ValueError(f"chain_method='parallel' cannot run here: {why}. It needs the 'fork' start method, 2+ "
+                         "cores and no CUDA context; use chain_method='auto' or 'sequential'.")
+    warnings.warn(f"{method}: {why}, so the {num_chains} chains run one after another "
+                  "(config['chain_execution'] = 'sequential').", stacklevel=4)
+    return "sequential"
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _start(run_chain, index: int, line: int):
+    receive, send = mp.get_context("fork").Pipe(duplex=False)
+
+    def work():
+        torch.set_num_threads(1)  # one thread per process: two per process oversubscribe the cores
+        try:
+            result = ("ok", run_chain(index, line))
+        except BaseException as err:  # noqa: BLE001 - report any failure to the parent
+            result = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
+        buffer = io.BytesIO()  # plain bytes: torch's shared-memory pickling needs this process alive
+        torch.save(result, buffer)
+        send.send_bytes(buffer.getvalue())
+
+    process = mp.get_context("fork").Process(target=work, daemon=True)
+    process.start()
+    send.close()
+    return index, process, receive
+
+
+def _finish(index: int, process, receive, method: str):
+    try:  # the parent reads back what its own forked child wrote (a trusted pipe, not a file)
+        status, value = torch.load(io.BytesIO(receive.recv_bytes()), weights_only=False)
+    except EOFError:
+        status, value = "error", f"the process died (exit code {process.join() or process.exitcode})"
+    process.join()
+    if status != "ok":
+        raise RuntimeError(f"{method}: chain {index} failed in its process: {value}\n"
+                           "Try chain_method='sequential' to debug it in this process.")
+    return value
+
+
 @contextlib.contextmanager
-def chain(model, seed: int) -> Iterator[object]:
-    """One chain's copy of ``model`` (a ``torch.nn.Module`` is deep-copied; a Pyro function is itself),
-    inside a scoped parameter store, with Pyro's generators (torch, ``random``, NumPy) seeded by ``seed``."""
-    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
+def chain(model, seed: int, *, copy_model: bool = True) -> Iterator[object]:
+    """One chain's copy of ``model`` (a ``torch.nn.Module`` is deep-copied unless ``copy_model=False``; a Pyro
+    function is itself), inside a scoped parameter store, with Pyro's generators (torch, ``random``, NumPy)
+    seeded by ``seed``."""
+    fitted = copy.deepcopy(model) if copy_model and isinstance(model, torch.nn.Module) else model
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(seed)
         yield fitted

@@ -143,10 +143,10 @@ def fit_ensemble(
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
-    def member(fitted, k, member_seed):
+    def member(fitted, info):
         fit = map_chain(fitted, train, init=init, num_steps=num_steps, lr=lr, optimizer=optimizer,
-                        lr_schedule=lr_schedule, seed=member_seed, progress=progress, desc=f"ensemble member {k}",
-                        holdout=holdout, adversarial_eps=eps, method="ensemble")
+                        lr_schedule=lr_schedule, seed=info.seed, progress=progress,
+                        desc=f"ensemble member {info.index}", holdout=holdout, adversarial_eps=eps, method="ensemble")
         history = {"loss": fit.loss, **({} if holdout is None else {"best_step": torch.tensor([fit.best_step])})}
         return ChainRun(fitted, {n: v.unsqueeze(0) for n, v in fit.sample.items()}, fit.point, history,
                         stats={"lp": fit.lp.unsqueeze(0)})

@@ -72,14 +72,8 @@ Example
 from __future__ import annotations
 
 import copy
-import io
-import multiprocessing as mp
-import os
-import traceback
-import warnings
 from enum import Enum
 
-import pyro
 import torch
 from pyro.infer.mcmc import MCMC
 from pyro.infer.autoguide.initialization import init_to_value
@@ -91,6 +85,7 @@ from bnn_pyro.infer._kernels import _HMC, _NUTS, _Metropolis  # noqa: F401 - _HM
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import Data, clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init
+from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_LEAPFROG"]
@@ -102,12 +97,6 @@ class Kernel(str, Enum):
     NUTS = "nuts"
     HMC = "hmc"
     METROPOLIS = "metropolis"
-
-
-class ChainMethod(str, Enum):
-    AUTO = "auto"
-    SEQUENTIAL = "sequential"
-    PARALLEL = "parallel"
 
 
 def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup: int | None = None,
@@ -201,15 +190,18 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
                     trajectory_length=trajectory_length, num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth,
                     jit=jit)
 
-    def run_chain(chain: int, line: int):
-        s = dict(settings, init_strategy=strategies[chain]) if resume is None else dict(  # the chain's last draw,
-            settings, init_strategy=init_to_value(values={k: v[chain, -1] for k, v in resume.samples.items()}),
-            resume_step=float(resume.sample_stats["step_size"][chain, -1]),
-            resume_mass=resume.history["inverse_mass_matrix"][chain])
-        bar = (f"{kind.value} chain {chain}", line) if progress else None
-        return _run_chain(fitted, data, s, num_samples, num_warmup, seed + chain, bar)
+    def run_chain(fitted, info):
+        c = info.index
+        s = dict(settings, init_strategy=strategies[c]) if resume is None else dict(  # the chain's last draw,
+            settings, init_strategy=init_to_value(values={k: v[c, -1] for k, v in resume.samples.items()}),
+            resume_step=float(resume.sample_stats["step_size"][c, -1]),
+            resume_mass=resume.history["inverse_mass_matrix"][c])
+        bar = (f"{kind.value} chain {c}", info.line) if progress else None
+        return _run_chain(fitted, data, s, num_samples, num_warmup, bar)
 
-    runs, execution = _run_chains(run_chain, num_chains, how)
+    execution = chain_execution(num_chains, how, kind.value)
+    # one model for every chain: its deterministic parameters (fixed) come from chain 0's start
+    runs = run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc")
     config = clean_config(dict(
         kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
         target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
@@ -218,16 +210,14 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         init=init if isinstance(init, str) else type(init).__name__,
         chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
     ))
-    stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
-    samples, stats = stack("samples"), stack("stats")
+    post = assemble(runs, method=kind.value, config=config, data=data)
     if resume is not None:  # append the new segment to the draws it continues
-        samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in samples.items()}
-        stats = {k: torch.cat([resume.sample_stats[k].to(v.dtype), v], dim=1) for k, v in stats.items()}
+        post.samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in post.samples.items()}
+        post.sample_stats = {k: torch.cat([resume.sample_stats[k].to(v.dtype), v], dim=1)
+                             for k, v in post.sample_stats.items()}
         config.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
                       extended_by=num_samples)
-    return check_mcmc(Posterior(samples=samples, model=fitted, method=kind.value, config=config, point=stack("point"),
-                                sample_stats=stats, history=stack("history"), x=data.x, y=data.y),
-                      target_accept=float(target_accept), stacklevel=5)
+    return check_mcmc(post, target_accept=float(target_accept), stacklevel=5)
 
 
 def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> int:
@@ -292,102 +282,40 @@ def _make_kernel(model, s: dict):
     return kernel
 
 
-def _run_chain(model, data: Data, settings: dict, num_samples: int, num_warmup: int, seed: int,
-               bar: tuple[str, int] | None):
-    """One chain: draws ``(num_samples, *shape)``, per-draw statistics, and the fixed point values.
-    ``bar``: the progress bar's label and terminal line (``None``: no bar)."""
+def _run_chain(model, data: Data, settings: dict, num_samples: int, num_warmup: int, bar: tuple[str, int] | None):
+    """One chain (inside the driver's :func:`~bnn_pyro.infer.driver.chain`): its draws ``(num_samples, *shape)``,
+    per-draw statistics and the fixed point values. ``bar``: the progress bar's label and terminal line
+    (``None``: no bar)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one draw's tensors are small: extra intra-op threads only oversubscribe the cores
     try:
-        return _run_chain_1(model, data, settings, num_samples, num_warmup, seed, bar)
+        return _run_chain_1(model, data, settings, num_samples, num_warmup, bar)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_chain_1(model, data, settings, num_samples, num_warmup, seed, bar):
-    with pyro.get_param_store().scope():
-        pyro.set_rng_seed(seed)
-        kernel = _make_kernel(quiet_model(model, data.size), settings)
-        stats, state = [], {}
-        # our bar, labelled per chain like the other engines' (Pyro's own says only "Warmup"/"Sample")
-        label, line = bar or ("", 0)
-        shown = progress_bar(num_warmup + num_samples, label, bar is not None, position=line)
+def _run_chain_1(model, data, settings, num_samples, num_warmup, bar):
+    kernel = _make_kernel(quiet_model(model, data.size), settings)
+    stats, state = [], {}
+    # our bar, labelled per chain like the other engines' (Pyro's own says only "Warmup"/"Sample")
+    label, line = bar or ("", 0)
+    shown = progress_bar(num_warmup + num_samples, label, bar is not None, position=line)
 
-        def record(kernel, params, stage, i):
-            if stage.startswith("Sample"):
-                stats.append(kernel.stats)
-                state["mass"] = getattr(kernel, "inverse_mass_matrix", None)
-            if bar is not None:
-                shown.set_postfix({"phase": stage.lower(), **kernel.logging()}, refresh=False)
-                shown.update()
+    def record(kernel, params, stage, i):
+        if stage.startswith("Sample"):
+            stats.append(kernel.stats)
+            state["mass"] = getattr(kernel, "inverse_mass_matrix", None)
+        if bar is not None:
+            shown.set_postfix({"phase": stage.lower(), **kernel.logging()}, refresh=False)
+            shown.update()
 
-        mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=num_warmup, num_chains=1, hook_fn=record,
-                    disable_progbar=True)
-        with shown:
-            mcmc.run(data.x, data.y)
-        samples = {k: v.detach().clone() for k, v in mcmc.get_samples().items()}
-        point = point_values(model, data.x, data.y, data.size)
+    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=num_warmup, num_chains=1, hook_fn=record,
+                disable_progbar=True)
+    with shown:
+        mcmc.run(data.x, data.y)
+    samples = {k: v.detach().clone() for k, v in mcmc.get_samples().items()}
+    point = point_values(model, data.x, data.y, data.size)
     table = {k: torch.tensor([row[k] for row in stats]) for k in stats[0]}
     mass = None if state["mass"] is None else next(iter(state["mass"].values())).detach().clone()
     history = {} if mass is None else {"inverse_mass_matrix": mass}  # NUTS/HMC: the adapted one, for resume=
-    return dict(samples=samples, stats=table, point=point, history=history)
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
-
-
-def _run_chains(run_chain, num_chains: int, how: ChainMethod):
-    """Run ``run_chain(c, line)`` for every chain (``line``: where its progress bar goes, 0 unless chains
-    run side by side); return the results and how they ran."""
-    workers = min(num_chains, _cores())
-    can_fork = "fork" in mp.get_all_start_methods()
-    if num_chains == 1:
-        return [run_chain(0, 0)], "sequential"
-    if how is ChainMethod.PARALLEL and not (can_fork and workers > 1):
-        raise ValueError(f"chain_method='parallel' needs the 'fork' start method and 2+ cores (found {_cores()} "
-                         "core(s)); use chain_method='auto' or 'sequential'.")
-    if how is ChainMethod.SEQUENTIAL or not (can_fork and workers > 1):
-        if how is ChainMethod.AUTO:
-            warnings.warn(f"mcmc: only {_cores()} core available, so the {num_chains} chains run one after "
-                          "another (config['chain_execution'] = 'sequential').", stacklevel=3)
-        return [run_chain(c, 0) for c in range(num_chains)], "sequential"
-    results = []
-    for first in range(0, num_chains, workers):
-        batch = [_start(run_chain, c, c - first) for c in range(first, min(first + workers, num_chains))]
-        results += [_finish(*job) for job in batch]
-    return results, "parallel"
-
-
-def _start(run_chain, chain: int, line: int):
-    receive, send = mp.get_context("fork").Pipe(duplex=False)
-
-    def work():
-        torch.set_num_threads(1)  # one thread per process: two per process oversubscribe the cores
-        try:
-            result = ("ok", run_chain(chain, line))
-        except BaseException as err:  # noqa: BLE001 - report any failure to the parent
-            result = ("error", f"{type(err).__name__}: {err}\n{traceback.format_exc()}")
-        buffer = io.BytesIO()  # plain bytes: torch's shared-memory pickling needs this process alive
-        torch.save(result, buffer)
-        send.send_bytes(buffer.getvalue())
-
-    process = mp.get_context("fork").Process(target=work, daemon=True)
-    process.start()
-    send.close()
-    return chain, process, receive
-
-
-def _finish(chain: int, process, receive):
-    try:
-        status, value = torch.load(io.BytesIO(receive.recv_bytes()), weights_only=False)
-    except EOFError:
-        status, value = "error", f"the process died (exit code {process.join() or process.exitcode})"
-    process.join()
-    if status != "ok":
-        raise RuntimeError(f"mcmc: chain {chain} failed in its process: {value}\n"
-                           "Try chain_method='sequential' to debug it in this process.")
-    return value
+    return ChainRun(model, samples, point, history, stats=table)

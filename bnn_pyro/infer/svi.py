@@ -251,7 +251,8 @@ def fit(
     ckpts = [None if checkpoint is None else Checkpoint(checkpoint, every=checkpoint_every, resume=resume, chain=c,
                                                         run=dict(method="svi", **config)) for c in range(num_chains)]
 
-    def one_chain(fitted, c, chain_seed):
+    def one_chain(fitted, info):
+        c, chain_seed = info.index, info.seed
         start = chain_start(fitted, init, chain_seed)
         q = _make_guide(fitted, guide_kind, init_strategy(fitted, start), init_scale, rank)
         q_train, wrap = _handlers(q, elbo_kind, estimator)

@@ -282,8 +282,8 @@ def _fit(model, data: Data, variant: Variant, *, num_steps, epochs, lr, lr_sched
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
         dataset_size=data.size, seed=seed, prior="log-uniform",
         local_reparameterization=True, vd_weights=",".join(vd_names)))
-    runs = run_chains(model, num_chains, seed, lambda fitted, c, chain_seed: _run_chain(
-        fitted, data, settings, pot, init, vd_names, chain_seed, progress, f"{variant.value} chain {c}"))
+    runs = run_chains(model, num_chains, seed, lambda fitted, info: _run_chain(
+        fitted, data, settings, pot, init, vd_names, info.seed, progress, f"{variant.value} chain {info.index}"))
     return assemble(runs, method=variant.value, config=config, data=data)
 
 

@@ -21,7 +21,7 @@ import torch
 from pyro import poutine
 
 import bnn_pyro as bp
-from bnn_pyro.infer import mcmc
+from bnn_pyro.infer import driver, mcmc
 from bnn_pyro.infer._common import quiet_model
 from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
@@ -204,7 +204,7 @@ def test_init_posterior_starts_at_its_mean_and_fixes_deterministic_params():
 
 
 def test_parallel_and_sequential_chains_give_the_same_draws():
-    if mcmc._cores() < 2:
+    if driver._cores() < 2:
         pytest.skip("needs 2 cores")
     x, y, model = *_data(2), _blr(2)  # one model: init="net" starts from its (random) weights
     runs = {how: bp.fit(model, x, y, method="nuts", num_samples=30, num_warmup=30, num_chains=2, seed=6,
@@ -216,7 +216,7 @@ def test_parallel_and_sequential_chains_give_the_same_draws():
 
 
 def test_one_core_runs_chains_sequentially_and_says_so(monkeypatch):
-    monkeypatch.setattr(mcmc, "_cores", lambda: 1)
+    monkeypatch.setattr(driver, "_cores", lambda: 1)
     x, y = _data(2)
     with pytest.warns(UserWarning, match="one after another"):
         post = bp.fit(_blr(2), x, y, method="metropolis", num_samples=20, num_warmup=20, num_chains=2, progress=False)
@@ -228,7 +228,7 @@ def test_one_core_runs_chains_sequentially_and_says_so(monkeypatch):
 def test_every_chain_has_a_labelled_progress_bar(fast_path, how, capfd):
     """Like SVI's "svi chain 0", each chain's bar says which chain it is; captured at the file
     descriptor, so that the bars drawn by forked (parallel) chains are seen too."""
-    if how == "parallel" and mcmc._cores() < 2:
+    if how == "parallel" and driver._cores() < 2:
         pytest.skip("needs 2 cores")
     x, y = _data(2)
     config = dict(num_samples=5, num_warmup=50, num_chains=2, chain_method=how, fast_path=fast_path, jit=False, seed=1)
