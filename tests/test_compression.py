@@ -80,6 +80,25 @@ def test_bits_follow_the_range_over_the_smallest_sd():
     assert (row["kept"], row["bits"], row["compression"]) == (0, 0, math.inf)
 
 
+def test_each_chain_gets_its_own_grid(tmp_path):
+    """Two chains (restarts): chain 1 has every sd halved (8 bits) and one more weight pruned. The
+    report gives the mean kept (3.5) and the largest bits (8); quantize rounds each chain on its own
+    grid, and the result saves and loads like any posterior."""
+    post, mean = _hand_made()
+    second = mean.clone()
+    second[1, 2] = 0.0
+    sd = torch.tensor([[0.05, 0.01, 0.0], [0.025, 0.0, 0.0]])
+    post.samples["weight"] = torch.cat([post.samples["weight"], _exact_draws(second, sd)])
+    post.samples["bias"] = post.samples["bias"].expand(2, -1, -1)
+    row = quantization_report(post).loc["weight"]
+    assert (row["kept"], row["bits"]) == (3.5, 8) and row["step"] == pytest.approx(0.01, rel=1e-6)
+    small = quantize(post)
+    assert small.config["quantized_bits"] == {"weight": [7, 8]}
+    assert torch.allclose(small.samples["weight"][1, 0], second, atol=1e-6)  # all on the 0.01 grid already
+    again = bp.load(small.save(tmp_path / "small.bnn"), model=post.model)
+    assert torch.equal(again.samples["weight"], small.samples["weight"])
+
+
 def test_unsupported_posteriors_are_refused_with_the_supported_list():
     post, _ = _hand_made(method="nuts", config={})
     with pytest.raises(ValueError, match="sparse_vd, variational_dropout, svi"):
@@ -148,7 +167,8 @@ def test_sparse_vd_prunes_more_when_the_labels_are_random(digits):
 @pytest.mark.slow
 def test_quantized_net_keeps_its_accuracy_on_digits(digits):
     post = digits["real"]
-    accuracy = lambda p: (p.predict(digits["x_test"], seed=0).predicted == digits["y_test"]).float().mean().item()  # noqa: E731
+    x_test, y_test = digits["x_test"], digits["y_test"]
+    accuracy = lambda p: (p.predict(x_test, seed=0).predicted == y_test).float().mean().item()  # noqa: E731
     table = quantization_report(post)
     assert (table.loc[["0.weight", "2.weight"], "bits"] < 32).all() and table.loc["all", "compression"] > 32
     assert accuracy(quantize(post)) >= accuracy(post) - 0.015
