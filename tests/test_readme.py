@@ -47,3 +47,16 @@ def test_using_a_posterior_runs():
     assert namespace["picked"].shape == (10,) and namespace["sets"].shape == (397, 10)
     assert set(namespace["selective"].ood_detection(namespace["pred"], namespace["pred"])) == {"auroc", "aupr", "fpr95"}
     assert namespace["interval"].interval == pytest.approx(0.9)
+
+
+@pytest.mark.skipif(not README.exists(), reason="README.md is not beside the tests (installed copy)")
+def test_compression_block_runs():
+    code = _block("Compression")
+    for pattern, small in SHRINK.items():
+        code = re.sub(pattern, small, code)
+    namespace: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exec(compile(code + "\n", "README compression", "exec"), namespace)
+    assert namespace["small"].num_draws == 1 and namespace["post"].method == "sparse_vd"
+    assert list(namespace["quantization_report"](namespace["post"]).index) == ["0.weight", "2.weight", "all"]

@@ -139,3 +139,19 @@ def test_06_calibration_checks(monkeypatch):
     assert finite(ns["reweighted"].mean) and ns["reweighted"].mean.shape == (5,)
     ranks = ns["result"].ranks
     assert ranks.shape == (1, 20) and int(ranks.min()) >= 0 and int(ranks.max()) <= 9
+
+
+def test_10_compression(monkeypatch):
+    ns = run_notebook("10_compression.ipynb", monkeypatch)
+    table = ns["random_labels"]
+    assert list(table.index) == ["real", "shuffled"] and table["pruned"].between(0, 1).all()
+    assert (table["kept"] <= table["of"]).all()
+    report, post, small = ns["report"], ns["post"], ns["small"]
+    assert list(report.index) == ["0.weight", "2.weight", "all"]
+    for name in ("0.weight", "2.weight"):
+        draws = post.samples[name][0]
+        kept = (draws != 0).any(0)
+        assert 1 <= report.loc[name, "bits"] < 32
+        error = (small.samples[name][0, 0] - draws.mean(0))[kept].abs()
+        assert (error <= report.loc[name, "step"] / 2 * (1 + 1e-5)).all()  # the rule: within half a grid step
+    assert ns["before_after"].between(0, 1).all() and len(ns["before_after"]) == 2
