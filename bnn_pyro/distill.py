@@ -38,7 +38,6 @@ import torch
 from torch import nn
 
 from bnn_pyro._checks import check_data, positive, positive_int
-from bnn_pyro.infer._common import progress_bar
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.predictions import ClassificationPrediction
 
@@ -118,39 +117,28 @@ def distill(
     target, loss_fn = _task(posterior.predict(x, num_samples=num_samples, seed=seed), _width(student_net, x))
     with torch_threads(num_threads):
         return _train(copy.deepcopy(student_net), x, target, loss_fn, num_steps, lr, optimizer, lr_schedule,
-                      batch_size, generator, progress)
+                      batch_size, seed, progress)
 
 
-def _train(student, x, target, loss_fn, num_steps, lr, optimizer, lr_schedule, batch_size, generator, progress):
-    """Minimize ``loss_fn(student(x_b), *targets_b)`` over reshuffled minibatches; the student in eval mode."""
-    from bnn_pyro.infer.svi import make_optimizer, make_schedule
+def _train(student, x, target, loss_fn, num_steps, lr, optimizer, lr_schedule, batch_size, seed, progress):
+    """Minimize ``loss_fn(student(x_b), *targets_b)`` over reshuffled minibatches (the driver's
+    :func:`~bnn_pyro.infer.driver.descend`); the student in eval mode."""
+    from bnn_pyro.infer._common import Data
+    from bnn_pyro.infer.driver import descend
 
     student.train()
     params = [p for p in student.parameters() if p.requires_grad]
     if not params:
         raise ValueError("student_net has no trainable parameters; give it layers with requires_grad=True.")
-    opt = make_optimizer(optimizer, params, lr)
-    sched = make_schedule(lr_schedule, opt, num_steps)
-    order = torch.randperm(x.shape[0], generator=generator)
-    start = 0
-    with progress_bar(num_steps, "distill", progress) as bar:
-        for step in range(num_steps):
-            if start >= x.shape[0]:
-                order, start = torch.randperm(x.shape[0], generator=generator), 0
-            rows = order[start : start + batch_size]
-            start += batch_size
-            opt.zero_grad(set_to_none=True)
-            loss = loss_fn(student(x[rows]), *(t[rows] for t in target))
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"distill: the loss became {loss.item()} at step {step}. Try a lower lr "
-                                         f"(lr={lr} now) or standardized inputs.")
-            loss.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
-            if step % 50 == 0 or step == num_steps - 1:
-                bar.set_postfix(kl=f"{loss.item():.4g}", refresh=False)
-            bar.update()
+
+    def objective(batch, step):  # a batch of row indices
+        rows = batch[0]
+        loss = loss_fn(student(x[rows]), *(t[rows] for t in target))
+        return loss, loss.item()
+
+    rows = Data(x=torch.arange(x.shape[0], device=x.device), y=None, batch_size=batch_size)
+    descend(objective, params, rows, num_steps=num_steps, lr=lr, optimizer=optimizer, lr_schedule=lr_schedule,
+            seed=seed, method="distill", desc="distill", progress=progress, hint=" or standardized inputs")
     return student.eval()
 
 
