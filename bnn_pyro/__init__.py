@@ -3,6 +3,7 @@
 import importlib
 
 from bnn_pyro import acquisition, adversarial, calibration, conformal, datasets, io, likelihoods, metrics, priors, selective
+from bnn_pyro import curves  # mode connectivity: curves between two solutions (Garipov et al. 2018)
 from bnn_pyro.infer import distributed, fit
 from bnn_pyro.distill import distill
 from bnn_pyro.io import load
@@ -12,6 +13,7 @@ from bnn_pyro.posterior import Posterior
 __version__ = "0.1.0"
 __all__ = ["BNN", "Posterior", "fit", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io", "distributed",
            "acquisition", "selective", "adversarial", "calibration", "conformal", "sbc", "psis"]
+__all__ += ["curves"]
 
 
 def __getattr__(name: str):
