@@ -59,7 +59,6 @@ from bnn_pyro._checks import check_data, choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, progress_bar
 from bnn_pyro.infer._logjoint import LogJoint, _is_identity, build
 from bnn_pyro.infer.optim import make_optimizer, make_schedule
-from bnn_pyro.likelihoods import Bernoulli, Categorical
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -138,9 +137,7 @@ class Curve:
         ensemble's members), at ``ts`` (default ``num_points`` equally spaced values of ``t`` in ``[0, 1]``,
         ends included); ``sample_stats["t"]`` says where each draw lies. ``x``, ``y``: the training data
         (for ``to_inference_data``' log-likelihood; default: the data the curve was fitted on)."""
-        ref = next(iter(self.controls.values()))
-        ts = (torch.linspace(0.0, 1.0, positive_int("num_points", num_points), dtype=ref.dtype) if ts is None
-              else torch.as_tensor(ts, dtype=ref.dtype).reshape(-1))
+        ts = _grid(self, positive_int("num_points", num_points) if ts is None else ts)
         values = self.points(ts)
         samples = {n: values[n].unsqueeze(1) for n in self.latent_names}
         point = {n: values[n] for n in self.model.point_names}
@@ -258,12 +255,7 @@ def path_metrics(curve: Curve, data, ts=21) -> PathMetrics:
         raise TypeError("data: expected an (x, y) pair, e.g. path_metrics(curve, (x_test, y_test)).")
     model = curve.model
     x, y = _checked(model, *data)
-    ref = next(iter(curve.controls.values()))
-    if isinstance(ts, int) and not isinstance(ts, bool):
-        ts = torch.linspace(0.0, 1.0, positive_int("ts", ts), dtype=ref.dtype)
-    ts = torch.as_tensor(ts, dtype=ref.dtype).reshape(-1)
-    if ts.numel() == 0 or ((ts < 0) | (ts > 1)).any():
-        raise ValueError("ts: expected values of t in [0, 1] (or a number of equally spaced ones), e.g. ts=21.")
+    ts = _grid(curve, ts)
     joint = _joint(model, x.shape[0])
     classify = model.likelihood.task == "classification"
     out = {k: [] for k in ("loss", "nll", "score")}
@@ -374,6 +366,17 @@ def _supports(model: BNN) -> dict:
     """Latent sites that do not live on the whole real line -> the map from unconstrained values onto their support."""
     maps = {n: biject_to(d.support) for n, d in _joint(model, 1).priors.items()}
     return {n: t for n, t in maps.items() if not _is_identity(t)}
+
+
+def _grid(curve: Curve, ts) -> torch.Tensor:
+    """``ts`` equally spaced values of ``t`` in ``[0, 1]`` (an int), or the given values, checked."""
+    dtype = next(iter(curve.controls.values())).dtype
+    if isinstance(ts, int) and not isinstance(ts, bool):
+        return torch.linspace(0.0, 1.0, positive_int("ts", ts), dtype=dtype)
+    ts = torch.as_tensor(ts, dtype=dtype).reshape(-1)
+    if ts.numel() == 0 or not bool(((ts >= 0) & (ts <= 1)).all()):
+        raise ValueError("ts: expected values of t in [0, 1] (or a number of equally spaced ones), e.g. ts=21.")
+    return ts
 
 
 def _combine(controls: dict[str, torch.Tensor], coef: torch.Tensor) -> dict[str, torch.Tensor]:

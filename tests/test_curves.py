@@ -138,7 +138,7 @@ def test_fit_curve_lowers_the_expected_loss_below_the_straight_segment(fitted):
     assert bool((curve.points(torch.linspace(0, 1, 11))["sigma"] > 0).all())
 
 
-def test_curve_posterior_ensembles_along_the_curve(fitted):
+def test_curve_posterior_ensembles_along_the_curve(fitted, tmp_path):
     ens, curve, x, y = fitted
     post = curve.posterior(num_points=5)
     assert isinstance(post, bp.Posterior) and post.method == "curve"
@@ -150,6 +150,9 @@ def test_curve_posterior_ensembles_along_the_curve(fitted):
     assert torch.allclose(pred.mean_draws[[0, -1]], members.mean_draws, atol=1e-5)
     assert pred.mean.shape == (40,) and math.isfinite(bp.metrics.nll(post, x, y))
     assert bp.metrics.rmse(pred, y) < 0.5  # the data's sd is ~0.7; a fitted ensemble is well below
+    post.save(tmp_path / "curve.bnn")
+    again = bp.load(tmp_path / "curve.bnn", model=ens.model)
+    assert again.method == "curve" and torch.allclose(again.predict(x).mean, pred.mean)
     mid = curve.posterior(ts=[0.25, 0.75])
     assert mid.num_chains == 2 and mid.config["ts"] == [0.25, 0.75]
 
@@ -161,6 +164,9 @@ def test_fit_curve_from_a_bnn_and_value_dicts_with_a_polyline(fitted):
     poly = curves.fit_curve(model, x, y, ends=(w[0], w[1]), kind="polyline", num_bends=2, num_steps=20,
                             batch_size=16, seed=0, progress=False)
     assert poly.kind == "polyline" and poly.num_bends == 2 and poly.config["ends"] == {"start": "values", "end": "values"}
+    again = curves.fit_curve(model, x, y, ends=(w[0], w[1]), kind="polyline", num_bends=2, num_steps=20,
+                             batch_size=16, seed=0, progress=False)
+    assert all(torch.equal(poly.controls[n], again.controls[n]) for n in poly.controls)  # same seed, same curve
     at = poly.points(torch.tensor([0.0, 1.0]))
     assert all(torch.allclose(at[n], torch.stack(ws), atol=1e-6) for n, ws in
                ((n, [w[0][n], w[1][n]]) for n in model.sample_names))

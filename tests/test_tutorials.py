@@ -139,3 +139,17 @@ def test_06_calibration_checks(monkeypatch):
     assert finite(ns["reweighted"].mean) and ns["reweighted"].mean.shape == (5,)
     ranks = ns["result"].ranks
     assert ranks.shape == (1, 20) and int(ranks.min()) >= 0 and int(ranks.max()) <= 9
+
+
+def test_11_mode_connectivity(monkeypatch):
+    ns = run_notebook("11_mode_connectivity.ipynb", monkeypatch)
+    train, test = ns["train"], ns["test"]
+    assert set(train) == {"line", "Bezier", "polyline"} and ns["bezier"].kind == "bezier" and ns["poly"].kind == "polyline"
+    for name in train:  # every path has the same two ends, scored at the same 21 points
+        assert train[name].t.shape == (21,) and finite(train[name].loss) and finite(test[name].accuracy)
+        assert torch.allclose(train[name].loss[[0, -1]], train["line"].loss[[0, -1]], rtol=1e-5)
+        if name != "line":  # a trained curve lowers the average loss it was trained on below the straight segment's
+            assert train[name].loss.mean() < train["line"].loss.mean(), name
+    post = ns["on_curve"]
+    assert post.method == "curve" and (post.num_chains, post.num_draws) == (10, 1)
+    assert list(ns["summary"].columns) == ["test accuracy", "test NLL", "test ECE"] and ns["summary"].notna().all().all()
