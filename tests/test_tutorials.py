@@ -155,3 +155,17 @@ def test_10_compression(monkeypatch):
         error = (small.samples[name][0, 0] - draws.mean(0))[kept].abs()
         assert (error <= report.loc[name, "step"] / 2 * (1 + 1e-5)).all()  # the rule: within half a grid step
     assert ns["before_after"].between(0, 1).all() and len(ns["before_after"]) == 2
+
+
+def test_11_mode_connectivity(monkeypatch):
+    ns = run_notebook("11_mode_connectivity.ipynb", monkeypatch)
+    train, test = ns["train"], ns["test"]
+    assert set(train) == {"line", "Bezier", "polyline"} and ns["bezier"].kind == "bezier" and ns["poly"].kind == "polyline"
+    for name in train:  # every path has the same two ends, scored at the same 21 points
+        assert train[name].t.shape == (21,) and finite(train[name].loss) and finite(test[name].accuracy)
+        assert torch.allclose(train[name].loss[[0, -1]], train["line"].loss[[0, -1]], rtol=1e-5)
+        if name != "line":  # a trained curve lowers the average loss it was trained on below the straight segment's
+            assert train[name].loss.mean() < train["line"].loss.mean(), name
+    post = ns["on_curve"]
+    assert post.method == "curve" and (post.num_chains, post.num_draws) == (10, 1)
+    assert list(ns["summary"].columns) == ["test accuracy", "test NLL", "test ECE"] and ns["summary"].notna().all().all()
