@@ -56,9 +56,9 @@ import torch
 from torch.distributions import biject_to
 
 from bnn_pyro._checks import check_data, choice, positive, positive_int
-from bnn_pyro.infer._common import Data, clean_config, progress_bar
+from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._logjoint import LogJoint, _is_identity, build
-from bnn_pyro.infer.optim import make_optimizer, make_schedule
+from bnn_pyro.infer.driver import descend
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -201,31 +201,18 @@ def fit_curve(source, x, y, *, ends=(0, 1), kind="bezier", num_bends: int = 1, n
     alpha = torch.linspace(0.0, 1.0, num_bends + 2, dtype=model.dtype, device=model.device)[1:-1]
     bends = {n: (start[n] + alpha.reshape((-1,) + (1,) * start[n].dim()) * (end[n] - start[n])).requires_grad_()
              for n in start}
-    opt = make_optimizer(optimizer, list(bends.values()), lr)
-    sched = make_schedule(lr_schedule, opt, num_steps)
-    generator = torch.Generator().manual_seed(seed)
-    batches = data.batches(generator)
-    losses = torch.empty(num_steps)
-    with progress_bar(num_steps, f"curve ({kind.value})", progress) as bar:
-        for step in range(num_steps):
-            xb, yb = next(batches)
-            t = torch.rand(points_per_step, generator=generator).to(dtype=model.dtype, device=model.device)
-            controls = {n: torch.cat([start[n][None], bends[n], end[n][None]]) for n in start}
-            values = _constrain(supports, _combine(controls, coefficients(kind, t, num_bends)))
-            loss = -_log_joint(joint, model, values, xb, yb).mean() / data.size
-            value = loss.item()
-            if not math.isfinite(value):
-                raise FloatingPointError(f"fit_curve: the loss became {value} at step {step}; try a lower lr "
-                                         f"(lr={lr} now) or check that both ends are finite fits of this model.")
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
-            losses[step] = value
-            if step % 50 == 0 or step == num_steps - 1:
-                bar.set_postfix(loss=f"{value:.4g}", refresh=False)
-            bar.update()
+    draws_t = torch.Generator().manual_seed(seed)  # the values of t (the driver seeds the minibatch order)
+
+    def objective(batch, step):
+        t = torch.rand(points_per_step, generator=draws_t).to(dtype=model.dtype, device=model.device)
+        controls = {n: torch.cat([start[n][None], bends[n], end[n][None]]) for n in start}
+        values = _constrain(supports, _combine(controls, coefficients(kind, t, num_bends)))
+        loss = -_log_joint(joint, model, values, *batch).mean() / data.size
+        return loss, loss.item()
+
+    losses = descend(objective, list(bends.values()), data, num_steps=num_steps, lr=lr, optimizer=optimizer,
+                     lr_schedule=lr_schedule, seed=seed, method="fit_curve", desc=f"curve ({kind.value})",
+                     progress=progress, hint=", or check that both ends are finite fits of this model")
     controls = {n: torch.cat([start[n][None], bends[n].detach(), end[n][None]]) for n in start}
     config = clean_config(dict(kind=kind.value, num_bends=num_bends, num_steps=num_steps, lr=lr,
                                optimizer=getattr(optimizer, "value", optimizer),
