@@ -154,8 +154,10 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
         if key not in known and key not in _REFUSED_BY_ENGINE.get(kind, ()):
             close = difflib.get_close_matches(key, list(known), n=1)
             module, name = REGISTRY[kind]
+            takers = [m.value for m in Method if m is not kind and key in options(m)]
             raise TypeError(f"{key}: not an option of method={kind.value!r}; drop it"
                             + (f" (did you mean {close[0]!r}?)" if close else "")
+                            + (f", use a method that takes it ({', '.join(takers)})" if takers else "")
                             + f", or see help(bnn_pyro.infer.{module}.{name}) for the options.")
     data = _data(model, x, y, batch_size, dataset_size, kind)
     if data.one_shot and kind in _MULTI_PASS:

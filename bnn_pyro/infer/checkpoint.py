@@ -1,10 +1,12 @@
-"""Checkpoint and resume of the engines with their own step loop (``"svi"``, ``"sgld"``, ``"sghmc"``,
-``"csgmcmc"``).
+"""Checkpoint and resume of the iterative engines (``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``,
+``"ensemble"``, ``"variational_dropout"``, ``"sparse_vd"``; :data:`ENGINES`).
 
 ``bp.fit(..., checkpoint=FOLDER, checkpoint_every=N)`` writes one file per chain,
 ``FOLDER/chain{c}.ckpt``, every ``N`` steps and after the last one. A file holds the step, the
 chain's state (SVI: the Pyro parameter store's unconstrained values, the optimizer's and the
-learning-rate scheduler's state; SG-MCMC: position, momentum, step size, power-iteration vector),
+learning-rate scheduler's state; the other optimization engines, through :class:`StepCheckpoint`: the
+optimized tensors, optimizer and scheduler, their per-step records and early-stopping state; SG-MCMC:
+position, momentum, step size, power-iteration vector),
 everything recorded so far (losses, draws, statistics), and the random number generators (torch's
 global generator and Python's and NumPy's, which Pyro draws from, plus the chain's own noise
 generator). The minibatch stream is replayed from its seed up to the step, so a resumed run is
@@ -39,7 +41,10 @@ from safetensors.torch import load as load_tensors
 
 from bnn_pyro._checks import positive_int
 
-__all__ = ["Checkpoint", "CheckpointError", "write", "read", "FORMAT"]
+__all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "write", "read", "FORMAT", "ENGINES", "open_chains"]
+
+# the methods whose fit takes checkpoint= / checkpoint_every= / resume=
+ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "ensemble", "variational_dropout", "sparse_vd")
 
 FORMAT = "bnn_pyro.checkpoint"
 FORMAT_VERSION = 1
@@ -164,6 +169,61 @@ class Checkpoint:
     def save(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         rng_tensors, rng_meta = rng_state()
         write(self.path, {**tensors, **rng_tensors}, {**meta, "step": step, "run": self.run, "rng": rng_meta})
+
+
+def open_chains(checkpoint, *, every: int | None, resume: bool, num_chains: int, run: dict) -> list[Checkpoint | None]:
+    """One :class:`Checkpoint` per chain (``None`` each without ``checkpoint=``); the engines' shared checks."""
+    if checkpoint is None:
+        if every is not None or resume:
+            raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint "
+                             "files).")
+        return [None] * num_chains
+    return [Checkpoint(checkpoint, every=every, resume=resume, chain=c, run=run) for c in range(num_chains)]
+
+
+class StepCheckpoint:
+    """A run of :func:`~bnn_pyro.infer.driver.descend` as a checkpoint (its ``resumable``): the optimized
+    tensors ``params`` (by position), the optimizer, the scheduler, the losses, the engine's per-step
+    ``records`` (filled up to the step) and its ``extra`` state (an object with ``state_dict() -> (tensors,
+    meta)`` and ``load_state_dict(tensors, meta)``, e.g. early stopping's best state)."""
+
+    def __init__(self, ckpt: Checkpoint, params: list[torch.Tensor], records: dict[str, torch.Tensor] | None = None,
+                 extra=None):
+        self.ckpt, self.params, self.records, self.extra = ckpt, params, records or {}, extra
+
+    def due(self, step: int, num_steps: int) -> bool:
+        return self.ckpt.due(step, num_steps)
+
+    def save(self, step: int, opt, sched, losses: torch.Tensor) -> None:
+        tensors = {f"param/{i}": p for i, p in enumerate(self.params)}
+        tensors["losses"] = losses[:step]
+        tensors.update({f"record/{k}": v[:step] for k, v in self.records.items()})
+        meta = {"optimizer": flatten_state("optimizer", opt.state_dict(), tensors),
+                "scheduler": None if sched is None else flatten_state("scheduler", sched.state_dict(), tensors)}
+        if self.extra is not None:
+            extra_tensors, meta["extra"] = self.extra.state_dict()
+            tensors.update({f"extra/{k}": v for k, v in extra_tensors.items()})
+        self.ckpt.save(step, tensors, meta)
+
+    def restore(self, opt, sched, losses: torch.Tensor) -> int:
+        saved = self.ckpt.load()
+        if saved is None:
+            return 0
+        tensors, meta = saved
+        with torch.no_grad():
+            for i, p in enumerate(self.params):
+                p.copy_(tensors[f"param/{i}"])
+        opt.load_state_dict(unflatten_state(meta["optimizer"], tensors))
+        if sched is not None:
+            sched.load_state_dict(unflatten_state(meta["scheduler"], tensors))
+        step = meta["step"]
+        losses[:step] = tensors["losses"]
+        for k, v in self.records.items():
+            v[:step] = tensors[f"record/{k}"]
+        if self.extra is not None:
+            self.extra.load_state_dict({k[len("extra/"):]: v for k, v in tensors.items() if k.startswith("extra/")},
+                                       meta["extra"])
+        return step
 
 
 # ---------------------------------------------------------------------- the engines' states

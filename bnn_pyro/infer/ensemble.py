@@ -64,6 +64,7 @@ from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - i
 from bnn_pyro.infer.holdout import DEFAULT, describe, select_noise, split
 from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
+from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.driver import ChainRun, assemble, run_chains
 from bnn_pyro.infer.map_fit import map_chain
 from bnn_pyro.posterior import Posterior
@@ -88,6 +89,9 @@ def fit_ensemble(
     validation="default",
     seed: int = 0,
     progress: bool = True,
+    checkpoint: str | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
 ) -> Posterior:
     """Fit a deep ensemble: ``num_members`` MAP fits from different random starts (see the module docstring).
 
@@ -115,6 +119,10 @@ def fit_ensemble(
         the members' own noise estimates kept: overconfident on small data).
     seed, progress:
         Member ``k`` uses seed ``seed + k``; ``progress=False`` turns the progress bar off.
+    checkpoint, checkpoint_every, resume:
+        A folder for one checkpoint file per member, written every ``checkpoint_every`` steps and after the
+        last; ``resume=True`` continues each member from its file, bit-identically (early-stopping state
+        included; see :mod:`bnn_pyro.infer.checkpoint`).
 
     Returns
     -------
@@ -143,10 +151,14 @@ def fit_ensemble(
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
+    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_members,
+                        run=dict(method="ensemble", **config))
+
     def member(fitted, info):
         fit = map_chain(fitted, train, init=init, num_steps=num_steps, lr=lr, optimizer=optimizer,
                         lr_schedule=lr_schedule, seed=info.seed, progress=progress,
-                        desc=f"ensemble member {info.index}", holdout=holdout, adversarial_eps=eps, method="ensemble")
+                        desc=f"ensemble member {info.index}", holdout=holdout, adversarial_eps=eps, method="ensemble",
+                        ckpt=ckpts[info.index])
         history = {"loss": fit.loss, **({} if holdout is None else {"best_step": torch.tensor([fit.best_step])})}
         return ChainRun(fitted, {n: v.unsqueeze(0) for n, v in fit.sample.items()}, fit.point, history,
                         stats={"lp": fit.lp.unsqueeze(0)})

@@ -175,6 +175,17 @@ class BestOnHoldout:
             self._since += 1
         return self.patience is not None and self._since >= self.patience
 
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """For a checkpoint: the best state (a list of tensors) as tensors, the rest as JSON."""
+        state = {} if self.state is None else {str(i): t for i, t in enumerate(self.state)}
+        return state, {"best_score": self.best_score, "best_step": self.best_step, "scores": self.scores,
+                       "since": self._since, "has_state": self.state is not None}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        self.best_score, self.best_step, self._since = meta["best_score"], meta["best_step"], meta["since"]
+        self.scores = [tuple(s) for s in meta["scores"]]
+        self.state = [tensors[str(i)].clone() for i in range(len(tensors))] if meta["has_state"] else None
+
 
 # --------------------------------------------------------------------------------------- noise selection
 def noise_site(model) -> str | None:

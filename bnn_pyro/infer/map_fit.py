@@ -27,6 +27,7 @@ from pyro import poutine
 from bnn_pyro.infer._common import Data, point_values
 from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.checkpoint import StepCheckpoint
 from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
 from bnn_pyro.infer.driver import chain, descend
 
@@ -66,13 +67,13 @@ def fit_map(model, data: Data, *, seed: int = 0, **options) -> MapFit:
 
 def map_chain(fitted, data: Data, *, init, num_steps: int, lr: float, optimizer="adam", lr_schedule="constant",
               seed: int = 0, progress: bool = True, desc: str = "map", holdout: Holdout | None = None,
-              adversarial_eps: float = 0.0, polish_steps: int = 0, method: str = "map") -> MapFit:
+              adversarial_eps: float = 0.0, polish_steps: int = 0, method: str = "map", ckpt=None) -> MapFit:
     """One MAP fit of ``fitted`` (a chain's own copy) from ``init`` (resolved by
     :func:`~bnn_pyro.infer._init.resolve_init`); see :func:`minimize`."""
     pot = Potential(fitted, data, init=chain_start(fitted, init, seed))
     run = minimize(pot, pot.init, data, model=fitted, num_steps=num_steps, lr=lr, optimizer=optimizer,
                    lr_schedule=lr_schedule, seed=seed, progress=progress, desc=desc, holdout=holdout,
-                   adversarial_eps=adversarial_eps, polish_steps=polish_steps, method=method)
+                   adversarial_eps=adversarial_eps, polish_steps=polish_steps, method=method, ckpt=ckpt)
     with torch.no_grad():
         lp = -energy(pot, run.z, data.first()).detach()
         sample = {k: v.detach().clone() for k, v in pot.constrain(run.z).items()}
@@ -84,7 +85,7 @@ def map_chain(fitted, data: Data, *, init, num_steps: int, lr: float, optimizer=
 def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, num_steps: int, lr: float,
              optimizer="adam", lr_schedule="constant", seed: int = 0, progress: bool = True, desc: str = "map",
              holdout: Holdout | None = None, adversarial_eps: float = 0.0, polish_steps: int = 0,
-             jacobian: bool = True, fixed=(), method: str = "map") -> MapRun:
+             jacobian: bool = True, fixed=(), method: str = "map", ckpt=None) -> MapRun:
     """Minimize the potential energy from ``z`` (unconstrained site values); the model's deterministic
     parameters (``pyro.param`` sites) move along.
 
@@ -93,7 +94,8 @@ def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, n
     the best one kept (early stopping; the budget ``num_steps`` is run in full). ``polish_steps`` L-BFGS
     iterations on the full data follow (not for a loader; the result is kept only when it lowers the loss).
     Sites named in ``fixed`` keep their values. ``method`` names the engine in the error raised for a
-    non-finite loss.
+    non-finite loss. ``ckpt``: a :class:`~bnn_pyro.infer.checkpoint.Checkpoint` to save the run to and resume
+    it from (with the early-stopping state).
     """
     z = {k: v.detach().clone().requires_grad_(k not in fixed) for k, v in z.items()}
     loss_fn = energy if jacobian else (lambda p, zz, batch: p(zz, batch))
@@ -112,7 +114,8 @@ def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, n
                 best.record(step, heldout_score(model, pot.constrain(z), holdout), [p.detach() for p in params])
 
     losses = descend(objective, params, data, num_steps=num_steps, lr=lr, optimizer=optimizer, lr_schedule=lr_schedule,
-                     seed=seed, method=method, desc=desc, progress=progress, on_step=on_step)
+                     seed=seed, method=method, desc=desc, progress=progress, on_step=on_step,
+                     resumable=None if ckpt is None else StepCheckpoint(ckpt, params, extra=best))
     if holdout is not None and num_steps:
         with torch.no_grad():
             for p, kept in zip(params, best.state):

@@ -73,7 +73,7 @@ from bnn_pyro.infer._health import check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer import _density, _logjoint
 from bnn_pyro.infer import distributed as dp
-from bnn_pyro.infer.checkpoint import Checkpoint, restore_svi, save_svi
+from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
 from bnn_pyro.infer.driver import ChainRun, assemble, descend, run_chains, stack
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
@@ -240,16 +240,14 @@ def fit(
     if checkpoint is not None and sharing is not None:
         raise ValueError("checkpoint: not supported with empirical_bayes yet; pass checkpoint=None or "
                          "empirical_bayes=False.")
-    if checkpoint is None and (checkpoint_every is not None or resume):
-        raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint files).")
     fast = (flag("fast_path", fast_path) and elbo_kind is ElboKind.TRACE and estimator is Estimator.SAMPLE
             and sharing is None and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.MAP)
             and _logjoint.build(model, data.size) is not None)
     config["fast_path"] = fast
     x0, y0 = data.first()
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
-    ckpts = [None if checkpoint is None else Checkpoint(checkpoint, every=checkpoint_every, resume=resume, chain=c,
-                                                        run=dict(method="svi", **config)) for c in range(num_chains)]
+    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
+                        run=dict(method="svi", **config))
 
     def one_chain(fitted, info):
         c, chain_seed = info.index, info.seed

@@ -73,6 +73,7 @@ from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.reparam import Estimator, WeightNoise, _Gaussian
+from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
 from bnn_pyro.infer.driver import ChainRun, assemble, descend, run_chains
 from bnn_pyro.infer.optim import Schedule
 from bnn_pyro.model import BNN
@@ -187,7 +188,9 @@ class _Settings:
 def fit_variational_dropout(model, data: Data, *, num_steps: int | None = None, epochs: int | None = None,
                             lr: float = 1e-2, lr_schedule="cosine", init_log_sigma2: float = -10.0,
                             kl_warmup: float = 0.0, num_chains: int = 1, num_samples: int = 200,
-                            init_scale: float = 0.01, init=None, seed: int = 0, progress: bool = True) -> Posterior:
+                            init_scale: float = 0.01, init=None, seed: int = 0, progress: bool = True,
+                            checkpoint: str | None = None, checkpoint_every: int | None = None,
+                            resume: bool = False) -> Posterior:
     """Variational dropout, per-weight ``alpha <= 1`` (Kingma et al. 2015, variant B); see the module docstring.
 
     Parameters
@@ -216,17 +219,22 @@ def fit_variational_dropout(model, data: Data, *, num_steps: int | None = None, 
         site values or a :class:`~bnn_pyro.Posterior` (see :mod:`bnn_pyro.infer._init`).
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``); ``progress=False`` hides the progress bar.
+    checkpoint, checkpoint_every, resume:
+        A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps and after the
+        last; ``resume=True`` continues each chain from its file, bit-identically (see
+        :mod:`bnn_pyro.infer.checkpoint`).
     """
     return _fit(model, data, Variant.VARIATIONAL_DROPOUT, num_steps=num_steps, epochs=epochs, lr=lr,
                 lr_schedule=lr_schedule, init_log_sigma2=init_log_sigma2, kl_warmup=kl_warmup, threshold=None,
                 num_chains=num_chains, num_samples=num_samples, init_scale=init_scale, init=init, seed=seed,
-                progress=progress)
+                progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
 
 
 def fit_sparse_vd(model, data: Data, *, num_steps: int | None = None, epochs: int | None = None, lr: float = 1e-2,
                   lr_schedule="cosine", init_log_sigma2: float = -10.0, kl_warmup: float = 0.3,
                   threshold: float = 3.0, num_chains: int = 1, num_samples: int = 200, init_scale: float = 0.01,
-                  init=None, seed: int = 0, progress: bool = True) -> Posterior:
+                  init=None, seed: int = 0, progress: bool = True, checkpoint: str | None = None,
+                  checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
     """Sparse variational dropout (Molchanov et al. 2017); see the module docstring.
 
     Parameters are those of :func:`fit_variational_dropout`, plus ``threshold``: weights with
@@ -242,11 +250,12 @@ def fit_sparse_vd(model, data: Data, *, num_steps: int | None = None, epochs: in
     return _fit(model, data, Variant.SPARSE_VD, num_steps=num_steps, epochs=epochs, lr=lr, lr_schedule=lr_schedule,
                 init_log_sigma2=init_log_sigma2, kl_warmup=kl_warmup, threshold=float(threshold),
                 num_chains=num_chains, num_samples=num_samples, init_scale=init_scale, init=init, seed=seed,
-                progress=progress)
+                progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
 
 
 def _fit(model, data: Data, variant: Variant, *, num_steps, epochs, lr, lr_schedule, init_log_sigma2, kl_warmup,
-         threshold, num_chains, num_samples, init_scale, init, seed, progress) -> Posterior:
+         threshold, num_chains, num_samples, init_scale, init, seed, progress, checkpoint, checkpoint_every,
+         resume) -> Posterior:
     vd_names = vd_weight_names(model, variant)
     if num_steps is not None and epochs is not None:
         raise ValueError(f"{variant.value}: give num_steps= or epochs=, not both.")
@@ -282,13 +291,16 @@ def _fit(model, data: Data, variant: Variant, *, num_steps, epochs, lr, lr_sched
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
         dataset_size=data.size, seed=seed, prior="log-uniform",
         local_reparameterization=True, vd_weights=",".join(vd_names)))
+    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
+                        run=dict(method=variant.value, **config))
     runs = run_chains(model, num_chains, seed, lambda fitted, info: _run_chain(
-        fitted, data, settings, pot, init, vd_names, info.seed, progress, f"{variant.value} chain {info.index}"))
+        fitted, data, settings, pot, init, vd_names, info.seed, progress, f"{variant.value} chain {info.index}",
+        ckpts[info.index]))
     return assemble(runs, method=variant.value, config=config, data=data)
 
 
 def _run_chain(fitted, data: Data, settings: _Settings, pot: Potential, init, vd_names: list[str], seed: int,
-               progress: bool, desc: str):
+               progress: bool, desc: str, ckpt=None):
     """One restart (inside the driver's :func:`~bnn_pyro.infer.driver.chain`): Adam on the negative ELBO,
     then draws from ``q``."""
     others = [n for n in pot.init if n not in vd_names]
@@ -340,7 +352,8 @@ def _run_chain(fitted, data: Data, settings: _Settings, pot: Potential, init, vd
     losses = descend(objective, params, data, num_steps=settings.num_steps, lr=settings.lr,
                      lr_schedule=settings.lr_schedule, seed=seed, method=settings.variant.value, desc=desc,
                      progress=progress, quantity="ELBO", on_step=on_step, after_step=weights.project,
-                     opt=torch.optim.Adam(params, lr=settings.lr))
+                     opt=torch.optim.Adam(params, lr=settings.lr),
+                     resumable=None if ckpt is None else StepCheckpoint(ckpt, params, records=history))
     history = {"loss": losses, **history}
     draws = _draw(weights, settings.threshold, settings.num_samples)
     with torch.no_grad():

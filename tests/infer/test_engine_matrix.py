@@ -1,0 +1,102 @@
+"""What the driver (bnn_pyro/infer/driver.py) gives every registered method, checked method by method.
+
+* checkpoint/resume: every method that takes ``checkpoint=`` (:data:`bnn_pyro.infer.checkpoint.ENGINES`)
+  resumes bit-identically after a crash; every other method refuses ``checkpoint=`` with an error naming
+  the methods that take it.
+* the same seed gives the same draws, and ``progress=False`` prints nothing.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro.infer import Method
+from bnn_pyro.infer import checkpoint as ckpt_mod
+
+# the smallest runs that exercise each method's loop (several steps between checkpoints)
+TINY = {
+    "svi": dict(num_steps=12, num_samples=4, num_chains=2),
+    "nuts": dict(num_samples=4, num_warmup=4, num_chains=1, max_tree_depth=3),
+    "hmc": dict(num_samples=4, num_warmup=4, num_chains=1, num_leapfrog=3),
+    "metropolis": dict(num_samples=4, num_warmup=4, num_chains=1),
+    "sgld": dict(num_samples=4, num_warmup=6, thin=1),
+    "sghmc": dict(num_samples=4, num_warmup=6, thin=1),
+    "csgmcmc": dict(num_cycles=2, num_samples=4, thin=1),
+    "swa": dict(pretrain_steps=6, num_steps=6, collect_every=2),
+    "swag": dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2, num_samples=4, num_chains=1),
+    "mc_dropout": dict(num_steps=12, num_samples=4),
+    "variational_dropout": dict(num_steps=12, num_samples=4, num_chains=2),
+    "sparse_vd": dict(num_steps=12, num_samples=4),
+    "ensemble": dict(num_members=2, num_steps=12, lr=1.0),  # member 0 peaks on held-out rows at step 3 (of 12)
+    "laplace": dict(),
+}
+METHODS = [m.value for m in Method]
+
+
+def test_every_method_has_tiny_settings():
+    assert set(TINY) >= set(METHODS)  # a new method must be added to this matrix
+
+
+def _model() -> bp.BNN:
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.2))
+
+
+@pytest.fixture(scope="module")
+def toy():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(240, 1, generator=g) * 4 - 2  # 240 rows: the default held-out split (24 rows) applies
+    return x, torch.sin(x[:, 0]) + 0.1 * torch.randn(240, generator=g)
+
+
+def _fit(method, x, y, **extra):
+    return bp.fit(_model(), x, y, method=method, seed=3, progress=False, **TINY.get(method, {}), **extra)
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_checkpoint_resume_is_bit_identical_or_refused_by_name(method, toy, tmp_path, monkeypatch):
+    x, y = toy
+    takes = "checkpoint" in bp.infer.options(method)
+    assert takes == (method in ckpt_mod.ENGINES), "checkpoint.ENGINES must list exactly the methods that take it"
+    if not takes:
+        with pytest.raises(TypeError, match=rf"checkpoint: not an option of method='{method}'.*\(svi, "):
+            _fit(method, x, y, checkpoint=tmp_path)
+        return
+    whole = _fit(method, x, y)
+    saves = []
+    save = ckpt_mod.Checkpoint.save
+
+    def crashing(self, step, tensors, meta):  # the second save of chain 0 dies before writing
+        if self.path.name == "chain0.ckpt":
+            saves.append(step)
+            if len(saves) == 2:
+                raise _Crash(step)
+        return save(self, step, tensors, meta)
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt_mod.Checkpoint, "save", crashing)
+        with pytest.raises(_Crash):
+            _fit(method, x, y, checkpoint=tmp_path, checkpoint_every=4)
+    assert ckpt_mod.read(tmp_path / "chain0.ckpt")[1]["step"] == saves[0] < saves[1]
+    resumed = _fit(method, x, y, checkpoint=tmp_path, checkpoint_every=4, resume=True)
+    for name in whole.samples:
+        assert torch.equal(resumed.samples[name], whole.samples[name]), name
+    for name in whole.history:
+        assert torch.equal(resumed.history[name], whole.history[name]), name
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_same_seed_same_draws_and_progress_false_prints_nothing(method, toy, capfd):
+    x, y = toy
+    first, second = _fit(method, x, y), _fit(method, x, y)
+    out, err = capfd.readouterr()
+    assert out == "" and err == "", (out, err)
+    for name in first.samples:
+        assert torch.equal(first.samples[name], second.samples[name]), name
