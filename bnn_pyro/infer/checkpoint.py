@@ -8,9 +8,9 @@ learning-rate scheduler's state; the other optimization engines, through :class:
 optimized tensors, optimizer and scheduler, their per-step records and early-stopping state; SG-MCMC:
 position, momentum, step size, power-iteration vector),
 everything recorded so far (losses, draws, statistics), and the random number generators (torch's
-global generator and Python's and NumPy's, which Pyro draws from, plus the chain's own noise
-generator). The minibatch stream is replayed from its seed up to the step, so a resumed run is
-bit-identical to an uninterrupted one (for a ``DataLoader`` only if the loader itself is
+global generator and Python's and NumPy's, which Pyro draws from, every CUDA device's once CUDA is
+initialised, plus the chain's own noise generator). The minibatch stream is replayed from its seed
+up to the step, so a resumed run is bit-identical to an uninterrupted one (for a ``DataLoader`` only if the loader itself is
 deterministic). ``resume=True`` continues every chain from its file (chains without one start
 afresh); without it, an existing checkpoint in the folder is an error, so that none is overwritten.
 
@@ -87,10 +87,13 @@ def read(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, An
 
 
 def rng_state() -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The global generators Pyro draws from (torch, Python ``random``, NumPy) as tensors + JSON."""
+    """The global generators Pyro draws from (torch, Python ``random``, NumPy, and every CUDA device's once
+    CUDA is initialised) as tensors + JSON."""
     kind, keys, pos, has_gauss, gauss = np.random.get_state()
     version, internal, gauss_py = random.getstate()
     tensors = {"rng/torch": torch.get_rng_state(), "rng/numpy": torch.from_numpy(keys.astype(np.int64))}
+    if _cuda_in_use():
+        tensors.update({f"rng/cuda/{i}": state for i, state in enumerate(torch.cuda.get_rng_state_all())})
     meta = {"numpy": [kind, int(pos), int(has_gauss), float(gauss)], "random": [version, list(internal), gauss_py]}
     return tensors, meta
 
@@ -102,6 +105,17 @@ def set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Non
     np.random.set_state((kind, tensors["rng/numpy"].numpy().astype(np.uint32), pos, has_gauss, gauss))
     version, internal, gauss_py = meta["random"]
     random.setstate((version, tuple(internal), gauss_py))
+    cuda = [tensors[k] for k in sorted((k for k in tensors if k.startswith("rng/cuda/")), key=lambda k: int(k[9:]))]
+    if cuda:
+        if not torch.cuda.is_available() or torch.cuda.device_count() < len(cuda):
+            raise CheckpointError(f"resume: the checkpoint holds the random state of {len(cuda)} CUDA device(s), "
+                                  f"but this machine has {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+                                  "; resume it where it ran (a resumed run is bit-identical only on the same devices).")
+        torch.cuda.set_rng_state_all(cuda)
+
+
+def _cuda_in_use() -> bool:
+    return torch.cuda.is_available() and torch.cuda.is_initialized()
 
 
 def flatten_state(prefix: str, state: Any, tensors: dict[str, torch.Tensor]) -> Any:

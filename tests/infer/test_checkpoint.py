@@ -153,3 +153,46 @@ def test_killed_writer_leaves_a_complete_checkpoint(tmp_path):
         start = _complete(path) + 1
         assert start > done
     assert mid_write > 0  # at least one kill landed inside a write (with 16 MB writes, nearly all do)
+
+
+class _FakeCuda:
+    """torch.cuda as seen by the checkpoint's generator code on a 2-device machine (CPU tensors as states)."""
+
+    def __init__(self, states):
+        self.states, self.set = states, None
+
+    def patch(self, m):
+        m.setattr(torch.cuda, "is_available", lambda: True)
+        m.setattr(torch.cuda, "is_initialized", lambda: True)
+        m.setattr(torch.cuda, "device_count", lambda: len(self.states))
+        m.setattr(torch.cuda, "get_rng_state_all", lambda: [s.clone() for s in self.states])
+        m.setattr(torch.cuda, "set_rng_state_all", lambda states: setattr(self, "set", [s.clone() for s in states]))
+
+
+def test_cuda_generator_states_are_saved_and_restored_when_cuda_is_in_use(monkeypatch):
+    """The device logic on CPU: with CUDA initialised, every device's generator state goes into the checkpoint
+    and comes back on resume, in device order; a machine without those devices refuses to resume."""
+    states = [torch.arange(i, i + 10 * (i + 1), dtype=torch.uint8) for i in range(2)]  # device 1's is longer
+    fake = _FakeCuda(states)
+    with monkeypatch.context() as m:
+        fake.patch(m)
+        tensors, meta = ckpt_mod.rng_state()
+        assert [k for k in tensors if k.startswith("rng/cuda/")] == ["rng/cuda/0", "rng/cuda/1"]
+        ckpt_mod.set_rng_state(tensors, meta)
+    assert [torch.equal(a, b) for a, b in zip(fake.set, states)] == [True, True]
+    with monkeypatch.context() as m:
+        m.setattr(torch.cuda, "is_available", lambda: False)
+        with pytest.raises(ckpt_mod.CheckpointError, match=r"2 CUDA device\(s\), but this machine has 0"):
+            ckpt_mod.set_rng_state(tensors, meta)
+    cpu_tensors, _ = ckpt_mod.rng_state()  # here (CUDA not initialised, or no GPU): no CUDA entries
+    assert not torch.cuda.is_initialized() or torch.cuda.is_available()
+    assert all(not k.startswith("rng/cuda/") for k in cpu_tensors) or torch.cuda.is_initialized()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_generators_round_trip_on_a_real_device():
+    torch.zeros(1, device="cuda")  # initialise CUDA
+    tensors, meta = ckpt_mod.rng_state()
+    expected = torch.rand(3, device="cuda")
+    ckpt_mod.set_rng_state(tensors, meta)
+    assert torch.equal(torch.rand(3, device="cuda"), expected)
