@@ -18,7 +18,7 @@ from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, split
 from bnn_pyro.infer.laplace.approximation import (Hessian, LaplaceApproximation, Predictive, PriorPrecision, Settings,
                                                   Structure)
-from bnn_pyro.infer.laplace.curvature import checked, prior_terms, terms
+from bnn_pyro.infer.laplace.curvature import checked, prior_terms, solve, terms
 from bnn_pyro.infer.laplace.glm import CENTER
 from bnn_pyro.infer.laplace.marglik import NoiseTerms, log_evidence, optimize_precision
 from bnn_pyro.infer.laplace.noise import choose_noise, with_noise
@@ -231,8 +231,7 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
         z, noise = choose_noise(model, base, z, layout, lik.hess, prior.hess, holdout, site, s.hessian)
         lik, prior = terms(model, pots, z, data, layout, s)
     hess, gradient = checked(lik.hess + prior.hess, s), lik.grad + prior.grad
-    step = gradient / hess if hess.dim() == 1 else torch.cholesky_solve(gradient[:, None],
-                                                                        torch.linalg.cholesky(hess))[:, 0]
+    step = solve(hess, gradient)
     mean = z.clone()
     if float(gradient @ step) < 1.0:  # the quadratic model's mode, when within one posterior sd (package doc)
         mean[layout.active] -= step.to(z.dtype)
