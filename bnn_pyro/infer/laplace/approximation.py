@@ -100,7 +100,8 @@ class LaplaceApproximation:
         return out
 
     def covariance(self) -> torch.Tensor:
-        """``H^-1`` (``(k, k)``), or its diagonal for ``structure="diag"``."""
+        """``H^-1`` (``(k, k)``), or its diagonal for ``structure="diag"`` (dense for ``"kron"`` too: small nets
+        only; :func:`~.glm.functional_moments` gives ``J H^-1 J^T`` without it)."""
         if isinstance(self.precision, Kron):
             return self.precision.solve(torch.eye(len(self.active), dtype=torch.float64))
         if self.precision.dim() == 1:

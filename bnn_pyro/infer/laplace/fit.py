@@ -43,7 +43,8 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
     ----------
     structure:
         ``"last_layer"`` (default for a ``BNN``), ``"full"`` (default for a Pyro function; at most
-        ``MAX_FULL_DIM`` coordinates) or ``"diag"``.
+        ``MAX_FULL_DIM`` coordinates), ``"diag"``, or ``"kron"`` (a ``BNN``'s Linear and Conv2d layers, KFAC:
+        :mod:`bnn_pyro.infer.laplace.kfac`).
     hessian:
         ``"ggn"`` (default for a ``BNN``) or ``"fisher"`` (default, and the only choice, for a Pyro function).
     prior_precision:

@@ -12,6 +12,10 @@ A network linear in its covered weights (``structure="last_layer"`` when the las
 ``nn.Sequential`` is that ``nn.Linear``) stores no expansion point: its own draws are exactly the GLM's, and
 the plain forward pass is used.
 
+In function space (no draws): :func:`functional_moments` gives the linearized Gaussian ``N(f(x, w*), J H^-1 J^T)``
+of a :class:`~bnn_pyro.infer.laplace.LaplaceApproximation` and :func:`predictive_probs` a classifier's class
+probabilities from it, by MacKay's probit approximation or by sampling the logits.
+
 :class:`~bnn_pyro.Posterior` calls :func:`linearized_outputs` when ``post.config["predictive"] == "glm"``;
 the expansion point of chain ``c`` is stored as ``post.history[CENTER + site]`` shaped ``(chains, *shape)``.
 """
@@ -23,7 +27,7 @@ import math
 import torch
 
 from bnn_pyro._checks import choice, positive_int
-from bnn_pyro.infer.laplace.approximation import Link
+from bnn_pyro.infer.laplace.approximation import CHUNK, Link
 from bnn_pyro.infer.laplace.functional import output_jacobian
 from bnn_pyro.infer.laplace.kfac import layer_jacobians
 from bnn_pyro.infer.laplace.kron import Kron
@@ -75,6 +79,10 @@ def functional_moments(approx, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
     ``J H^-1 J^T`` ``(N, out, out)`` (float64), ``J`` the Jacobian in the covered coordinates at the expansion
     point ``w*``. For ``structure="kron"`` ``J`` comes from one backward pass per output (:mod:`.kfac`) and
     ``H^-1`` is applied factor by factor; otherwise by ``vmap(jacrev)``."""
+    rows = max(1, CHUNK // max(1, len(approx.active) * approx.model.output_dim(x)))  # Jacobians of ~32 MB
+    if x.shape[0] > rows:
+        parts = [functional_moments(approx, x[i : i + rows]) for i in range(0, x.shape[0], rows)]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     model, pot, z, active = approx.model, approx.potential, approx.expansion_point, approx.active
     was_training = model.training
     model.eval()
