@@ -115,7 +115,9 @@ def predictive_probs(approx, x: torch.Tensor, *, link: str = "probit", num_sampl
     ``sigmoid(mu / sqrt(1 + pi sigma^2 / 8))``, which is exact for the probit link ``Phi(sqrt(pi / 8) f)``
     (``E Phi(l f) = Phi(l mu / sqrt(1 + l^2 sigma^2))`` for ``f ~ N(mu, sigma^2)``) and within 0.04 of
     ``E sigmoid(f)`` (``|sigmoid(t) - Phi(sqrt(pi / 8) t)| <= 0.018``); a Categorical one
-    ``softmax(mu_k / sqrt(1 + pi Sigma_kk / 8))`` (the same scaling per class). ``link="mc"``: the average of
+    ``softmax(mu_k / sqrt(1 + pi Sigma_kk / 8))`` (the same scaling per class; it counts the variance of a shift
+common to every logit, which softmax ignores, so it can be far less confident than MC: digits NLL 0.72 against
+0.27, README "Laplace, KFAC"). ``link="mc"``: the average of
     ``num_samples`` softmax (sigmoid) draws of the linearized logits ``f ~ N(mu, Sigma)``.
 
     Example
