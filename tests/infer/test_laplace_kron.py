@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 
+import pyro
 import pyro.distributions as dist
 import pytest
 import torch
@@ -194,6 +195,20 @@ def test_kron_algebra_matches_its_dense_matrix():
     assert torch.allclose(h.functional_covariance(jac), jac @ torch.linalg.inv(dense) @ jac.transpose(1, 2))
     with pytest.raises(ValueError, match="not one number over the layer"):
         Kron(blocks, 18) + torch.linspace(1, 2, 18, dtype=torch.float64)
+
+
+def test_kron_needs_a_bnn_with_linear_or_conv_layers():
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(w * x[:, 0], 1.0), obs=y)
+
+    x = torch.randn(10, 1)
+    with pytest.raises(ValueError, match="structure='kron' needs a bp.BNN.*'full' or 'diag'"):
+        bp.fit(model, x, x[:, 0], method="laplace", structure="kron", progress=False)
+    norm_only = _net(torch.nn.LayerNorm(1), likelihood=bp.likelihoods.Gaussian(scale=1.0))
+    with pytest.raises(ValueError, match="no nn.Linear or nn.Conv2d layer"):
+        bp.fit(norm_only, x, x, method="laplace", structure="kron", num_steps=1, progress=False)
 
 
 # ------------------------------------------------------------------ the GLM predictive of a classifier

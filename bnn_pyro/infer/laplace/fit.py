@@ -152,9 +152,9 @@ def make_settings(model, data: Data, *, structure=None, hessian=None, prior_prec
     if not is_bnn and hessian is Hessian.GGN:
         raise ValueError("hessian='ggn' needs a bp.BNN (a network output f and a likelihood to differentiate); "
                          "for a Pyro function model use hessian='fisher' (the default there).")
-    if not is_bnn and structure is Structure.LAST_LAYER:
-        raise ValueError("structure='last_layer' needs a bp.BNN with an nn.Linear layer; for a Pyro function "
-                         "model use structure='full' or 'diag'.")
+    if not is_bnn and structure in (Structure.LAST_LAYER, Structure.KRON):
+        raise ValueError(f"structure={structure.value!r} needs a bp.BNN with nn.Linear (or nn.Conv2d) layers; for a "
+                         "Pyro function model use structure='full' or 'diag'.")
     if not is_bnn and predictive is Predictive.GLM:
         raise ValueError("predictive='glm' needs a bp.BNN (a network to linearize); for a Pyro function model use "
                          "predictive='nn' (the default there).")

@@ -46,10 +46,7 @@ def make_layout(model, pot: Potential, structure: Structure, exclude=()) -> Layo
         if len(active) > MAX_FULL_DIM:
             raise ValueError(f"structure='last_layer': the last Linear layer has {len(active)} parameters, more than "
                              f"MAX_FULL_DIM={MAX_FULL_DIM} for a dense Hessian; use structure='diag'.")
-    elif structure is Structure.KRON:
-        if not isinstance(model, BNN):
-            raise ValueError("structure='kron' needs a bp.BNN (its nn.Linear / nn.Conv2d layers); for a Pyro function "
-                             "model use structure='full' or 'diag'.")
+    elif structure is Structure.KRON:  # (a Pyro function model is refused by make_settings)
         active = torch.cat([coords[n] for n in kron_sites(model, pot)])
     else:
         if structure is Structure.FULL and pot.dim > MAX_FULL_DIM:
