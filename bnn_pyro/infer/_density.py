@@ -45,11 +45,13 @@ def laplace(approx, draws: dict[str, torch.Tensor]) -> torch.Tensor:
     pot = approx.potential
     z = pot.flatten(pot.unconstrain(draws)).double()[:, approx.active]
     r = z - approx.mean.double()[approx.active]
-    h = approx.precision.double()
-    if h.dim() == 1:
-        quad, logdet = (r * r * h).sum(-1), h.log().sum()
+    h = approx.precision
+    if hasattr(h, "quad"):  # a Kronecker-factored precision (structure="kron", laplace/kron.py)
+        quad, logdet = h.quad(r), h.logdet()
+    elif h.dim() == 1:
+        quad, logdet = (r * r * h.double()).sum(-1), h.double().log().sum()
     else:
-        chol = torch.linalg.cholesky(h)
+        chol = torch.linalg.cholesky(h.double())
         quad, logdet = ((r @ chol) ** 2).sum(-1), 2.0 * chol.diagonal().log().sum()
     return 0.5 * (logdet - quad - r.shape[-1] * math.log(2.0 * math.pi))
 

@@ -9,6 +9,7 @@ from enum import Enum
 import torch
 
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.laplace.kron import Kron
 
 MAX_FULL_DIM = 5000  # a dense float64 H of this size is 200 MB and its Cholesky takes seconds
 CHUNK = 2**22  # elements per Jacobian / Hessian-vector block
@@ -18,6 +19,7 @@ class Structure(str, Enum):
     FULL = "full"
     DIAG = "diag"
     LAST_LAYER = "last_layer"
+    KRON = "kron"  # KFAC: one Kronecker-factored block per Linear / Conv2d layer (.kfac, .kron)
 
 
 class Hessian(str, Enum):
@@ -28,6 +30,11 @@ class Hessian(str, Enum):
 class Predictive(str, Enum):
     GLM = "glm"  # the linearized network f(x, w*) + J(x) (w - w*) (Immer et al. 2021)
     NN = "nn"  # the network itself at each draw
+
+
+class Link(str, Enum):
+    PROBIT = "probit"  # MacKay's probit approximation of the GLM predictive's class probabilities
+    MC = "mc"  # Monte Carlo over the linearized logits
 
 
 class PriorPrecision(str, Enum):
@@ -47,7 +54,8 @@ class LaplaceApproximation:
         ``m``, flat, unconstrained, shaped ``(dim,)``: the MAP, as the mode of the quadratic model of
         ``U`` at ``expansion_point`` (see the module docstring).
     precision:
-        ``H`` on the covered coordinates (float64): ``(k, k)``, or ``(k,)`` for ``structure="diag"``.
+        ``H`` on the covered coordinates (float64): ``(k, k)``, ``(k,)`` for ``structure="diag"``, or a
+        :class:`~.kron.Kron` for ``structure="kron"``.
     active:
         Indices of the covered coordinates in ``mean``.
     expansion_point:
@@ -92,7 +100,10 @@ class LaplaceApproximation:
         return out
 
     def covariance(self) -> torch.Tensor:
-        """``H^-1`` (``(k, k)``), or its diagonal for ``structure="diag"``."""
+        """``H^-1`` (``(k, k)``), or its diagonal for ``structure="diag"`` (dense for ``"kron"`` too: small nets
+        only; :func:`~.glm.functional_moments` gives ``J H^-1 J^T`` without it)."""
+        if isinstance(self.precision, Kron):
+            return self.precision.solve(torch.eye(len(self.active), dtype=torch.float64))
         if self.precision.dim() == 1:
             return 1.0 / self.precision
         return torch.cholesky_inverse(torch.linalg.cholesky(self.precision))
@@ -101,7 +112,9 @@ class LaplaceApproximation:
         """Unconstrained draws ``(num_samples, dim)``."""
         g = torch.Generator().manual_seed(seed)
         eps = torch.randn(num_samples, len(self.active), generator=g, dtype=torch.float64)
-        if self.precision.dim() == 1:
+        if isinstance(self.precision, Kron):
+            step = self.precision.inv_sqrt(eps)
+        elif self.precision.dim() == 1:
             step = eps / self.precision.sqrt()
         else:  # L^-T eps has covariance (L L^T)^-1 = H^-1
             chol = torch.linalg.cholesky(self.precision)

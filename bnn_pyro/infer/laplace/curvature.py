@@ -13,6 +13,8 @@ from bnn_pyro.infer.laplace.approximation import CHUNK, Hessian, Settings, Struc
 from bnn_pyro.infer.laplace.fisher import fisher, fisher_traced
 from bnn_pyro.infer.laplace.functional import epoch
 from bnn_pyro.infer.laplace.ggn import ggn
+from bnn_pyro.infer.laplace.kfac import kfac
+from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.infer.laplace.structure import Layout
 from bnn_pyro.model import BNN
 
@@ -33,7 +35,7 @@ def terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> tuple[Term
 def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data) -> Terms:
     """Value, gradient and exact Hessian (or its diagonal) of the prior part of ``U`` (log-Jacobians included)."""
     x0, y0 = data.first()
-    active, diag = layout.active, s.structure is Structure.DIAG
+    active, diag = layout.active, s.structure in (Structure.DIAG, Structure.KRON)
     zr = z.detach().clone().requires_grad_()
     u = pot_prior(pot_prior.unflatten(zr), (x0[:1], y0[:1]))
     (g,) = torch.autograd.grad(u, zr, create_graph=True)
@@ -79,7 +81,15 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
         value += scale * (u.item() - up.item())
         gradient += scale * (gu - gp).double()
     diag = s.structure is Structure.DIAG
-    if not isinstance(model, BNN):
+    if s.structure is Structure.KRON:
+        was_training = model.training
+        model.eval()
+        try:
+            hess = kfac(model, pot, z.detach(), data, layout.coords, layout.where, len(layout.active),
+                        fisher=s.hessian is Hessian.FISHER)
+        finally:
+            model.train(was_training)
+    elif not isinstance(model, BNN):
         hess = fisher_traced(pot, zr, gp, data, layout, diag)
     else:
         was_training = model.training
@@ -91,8 +101,18 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
     return Terms(value, gradient[layout.active], hess)
 
 
-def checked(hess: torch.Tensor, s: Settings) -> torch.Tensor:
-    bad = bool((hess <= 0).any()) if hess.dim() == 1 else bool(torch.linalg.cholesky_ex(hess).info > 0)
+def solve(hess, g: torch.Tensor) -> torch.Tensor:
+    """``H^-1 g`` for a dense, diagonal or Kronecker-factored ``H``."""
+    if isinstance(hess, Kron):
+        return hess.solve(g)
+    return g / hess if hess.dim() == 1 else torch.cholesky_solve(g[:, None], torch.linalg.cholesky(hess))[:, 0]
+
+
+def checked(hess, s: Settings):
+    if isinstance(hess, Kron):
+        bad = not hess.is_positive_definite()
+    else:
+        bad = bool((hess <= 0).any()) if hess.dim() == 1 else bool(torch.linalg.cholesky_ex(hess).info > 0)
     if bad:
         raise ValueError(
             "laplace: the curvature at the MAP is not positive definite, so no Gaussian fits there. The MAP search "

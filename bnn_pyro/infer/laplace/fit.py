@@ -18,7 +18,7 @@ from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, split
 from bnn_pyro.infer.laplace.approximation import (Hessian, LaplaceApproximation, Predictive, PriorPrecision, Settings,
                                                   Structure)
-from bnn_pyro.infer.laplace.curvature import checked, prior_terms, terms
+from bnn_pyro.infer.laplace.curvature import checked, prior_terms, solve, terms
 from bnn_pyro.infer.laplace.glm import CENTER
 from bnn_pyro.infer.laplace.marglik import NoiseTerms, log_evidence, optimize_precision
 from bnn_pyro.infer.laplace.noise import choose_noise, with_noise
@@ -43,7 +43,8 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
     ----------
     structure:
         ``"last_layer"`` (default for a ``BNN``), ``"full"`` (default for a Pyro function; at most
-        ``MAX_FULL_DIM`` coordinates) or ``"diag"``.
+        ``MAX_FULL_DIM`` coordinates), ``"diag"``, or ``"kron"`` (a ``BNN``'s Linear and Conv2d layers, KFAC:
+        :mod:`bnn_pyro.infer.laplace.kfac`).
     hessian:
         ``"ggn"`` (default for a ``BNN``) or ``"fisher"`` (default, and the only choice, for a Pyro function).
     prior_precision:
@@ -151,9 +152,9 @@ def make_settings(model, data: Data, *, structure=None, hessian=None, prior_prec
     if not is_bnn and hessian is Hessian.GGN:
         raise ValueError("hessian='ggn' needs a bp.BNN (a network output f and a likelihood to differentiate); "
                          "for a Pyro function model use hessian='fisher' (the default there).")
-    if not is_bnn and structure is Structure.LAST_LAYER:
-        raise ValueError("structure='last_layer' needs a bp.BNN with an nn.Linear layer; for a Pyro function "
-                         "model use structure='full' or 'diag'.")
+    if not is_bnn and structure in (Structure.LAST_LAYER, Structure.KRON):
+        raise ValueError(f"structure={structure.value!r} needs a bp.BNN with nn.Linear (or nn.Conv2d) layers; for a "
+                         "Pyro function model use structure='full' or 'diag'.")
     if not is_bnn and predictive is Predictive.GLM:
         raise ValueError("predictive='glm' needs a bp.BNN (a network to linearize); for a Pyro function model use "
                          "predictive='nn' (the default there).")
@@ -231,8 +232,7 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
         z, noise = choose_noise(model, base, z, layout, lik.hess, prior.hess, holdout, site, s.hessian)
         lik, prior = terms(model, pots, z, data, layout, s)
     hess, gradient = checked(lik.hess + prior.hess, s), lik.grad + prior.grad
-    step = gradient / hess if hess.dim() == 1 else torch.cholesky_solve(gradient[:, None],
-                                                                        torch.linalg.cholesky(hess))[:, 0]
+    step = solve(hess, gradient)
     mean = z.clone()
     if float(gradient @ step) < 1.0:  # the quadratic model's mode, when within one posterior sd (package doc)
         mean[layout.active] -= step.to(z.dtype)

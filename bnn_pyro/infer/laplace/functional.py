@@ -46,6 +46,14 @@ def psd(mat: torch.Tensor) -> torch.Tensor:
     return (vecs * vals.clamp(min=0.0).unsqueeze(-2)) @ vecs.transpose(-1, -2)
 
 
+def psd_sqrt(mat: torch.Tensor) -> torch.Tensor:
+    """A square root ``L`` with ``L L^T = mat`` of the nearest PSD matrices (batched; symmetric)."""
+    if mat.shape[-1] == 1:
+        return mat.clamp(min=0.0).sqrt()
+    vals, vecs = torch.linalg.eigh(mat)
+    return (vecs * vals.clamp(min=0.0).sqrt().unsqueeze(-2)) @ vecs.transpose(-1, -2)
+
+
 def output_jacobian(model: BNN, pot: Potential, z, x, w_idx) -> tuple[torch.Tensor, torch.Tensor]:
     """``(f, J)`` at the flat unconstrained ``z``: the network outputs ``(B, out)`` and their per-example
     Jacobian ``(B, out, w)`` in the coordinates ``w_idx`` (float64), by ``vmap(jacrev)``."""

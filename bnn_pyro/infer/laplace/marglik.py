@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from bnn_pyro.infer.laplace.curvature import Terms
+from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.infer.laplace.priors import NormalSites
 from bnn_pyro.infer.laplace.structure import Layout
 
@@ -17,7 +18,9 @@ LOG_DELTA_MAX = math.log(1e8)  # prior precisions are searched in [1e-8, 1e8]
 
 def log_evidence(value, g: torch.Tensor, hess: torch.Tensor) -> torch.Tensor:
     """``-U + g^T H^-1 g / 2 - log det H / 2 + k log(2 pi) / 2``: the evidence of the quadratic model of ``U``."""
-    if hess.dim() == 1:
+    if isinstance(hess, Kron):
+        quad, logdet = hess.quad(g), hess.logdet()
+    elif hess.dim() == 1:
         quad, logdet = (g**2 / hess).sum(), hess.log().sum()
     else:
         chol = torch.linalg.cholesky(hess)
@@ -68,7 +71,7 @@ def optimize_precision(lik: Terms, prior1: Terms, normal: NormalSites, z, layout
         ratio = (noise.sigma0 / sigma) ** 2
         hyper = noise.prior.log_prob(sigma**-2 if noise.precision else sigma).double()
         value = noise.rss / (2 * sigma**2) + noise.count * (log_sigma + 0.5 * math.log(2 * math.pi)) - hyper
-        return value, lik.grad * ratio, lik.hess * ratio ** (noise.power / 2)
+        return value, lik.grad * ratio, lik.hess * ratio ** (noise.power / 2)  # (a Kron * a tensor is a Kron)
 
     def closure():
         opt.zero_grad()
@@ -76,7 +79,7 @@ def optimize_precision(lik: Terms, prior1: Terms, normal: NormalSites, z, layout
         shift = torch.where(on, delta[group.clamp(min=0)] - 1.0, torch.zeros_like(dev))
         lik_value, lik_grad, lik_hess = likelihood_part()
         hess0 = lik_hess + prior1.hess
-        hess = hess0 + shift if hess0.dim() == 1 else hess0 + torch.diag(shift)
+        hess = hess0 + shift if isinstance(hess0, Kron) or hess0.dim() == 1 else hess0 + torch.diag(shift)
         value = lik_value + prior1.value + ((delta - 1.0) * squares / 2 - counts * log_delta / 2).sum()
         loss = -log_evidence(value, lik_grad + prior1.grad + shift * dev, hess)
         loss.backward()

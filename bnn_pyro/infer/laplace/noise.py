@@ -19,6 +19,8 @@ import torch
 from bnn_pyro.infer.holdout import Holdout, maximize_on_log_grid
 from bnn_pyro.infer.laplace.approximation import Hessian
 from bnn_pyro.infer.laplace.functional import output_jacobian, site_values
+from bnn_pyro.infer.laplace.kfac import layer_jacobians
+from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.infer.laplace.structure import Layout
 from bnn_pyro.model import BNN
 
@@ -46,14 +48,19 @@ def choose_noise(model: BNN, pot, z: torch.Tensor, layout: Layout, lik_hess: tor
     ``z`` on the covered coordinates (the noise site is not among them)."""
     w_idx = layout.indices(model.sample_names)
     pos = layout.where[w_idx]
-    f, jac = output_jacobian(model, pot, z, holdout.x, w_idx)
+    if isinstance(lik_hess, Kron):  # the layers' Jacobians from one backward pass per output (.kfac)
+        f, jac = layer_jacobians(model, pot, z, holdout.x, layout.coords, layout.where, len(layout.active))
+    else:
+        f, jac = output_jacobian(model, pot, z, holdout.x, w_idx)
     value = site_values(model, pot, z)[1][site]
     sigma0 = float(value if site == "sigma" else value.rsqrt())
     power = 2 if hessian is Hessian.GGN else 4
     sigma, lpd = sigma0, float("nan")
     for _ in range(ROUNDS):
-        hess = prior_hess + (sigma0 / sigma) ** power * lik_hess
-        if hess.dim() == 1:
+        hess = (sigma0 / sigma) ** power * lik_hess + prior_hess
+        if isinstance(hess, Kron):
+            var = hess.functional_covariance(jac).diagonal(dim1=-2, dim2=-1)
+        elif hess.dim() == 1:
             var = (jac**2 * (1.0 / hess[pos])).sum(-1)
         else:
             cov = torch.cholesky_inverse(torch.linalg.cholesky(hess))[pos[:, None], pos]

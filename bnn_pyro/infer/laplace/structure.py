@@ -1,5 +1,6 @@
 """Structures of the Laplace precision: which coordinates it covers (``"full"``, ``"diag"``: every one;
-``"last_layer"``: the last ``nn.Linear`` layer) and how curvature blocks are stored (dense or diagonal)."""
+``"last_layer"``: the last ``nn.Linear`` layer; ``"kron"``: every ``nn.Linear`` and ``nn.Conv2d`` layer) and how
+curvature blocks are stored (dense, diagonal, or Kronecker-factored: :mod:`.kron`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace.approximation import MAX_FULL_DIM, Structure
+from bnn_pyro.infer.laplace.kfac import kron_sites
 from bnn_pyro.model import BNN
 
 
@@ -44,6 +46,8 @@ def make_layout(model, pot: Potential, structure: Structure, exclude=()) -> Layo
         if len(active) > MAX_FULL_DIM:
             raise ValueError(f"structure='last_layer': the last Linear layer has {len(active)} parameters, more than "
                              f"MAX_FULL_DIM={MAX_FULL_DIM} for a dense Hessian; use structure='diag'.")
+    elif structure is Structure.KRON:  # (a Pyro function model is refused by make_settings)
+        active = torch.cat([coords[n] for n in kron_sites(model, pot)])
     else:
         if structure is Structure.FULL and pot.dim > MAX_FULL_DIM:
             hint = (f" or structure='last_layer' (a dense Hessian over the last Linear layer's "
