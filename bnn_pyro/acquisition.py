@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from bnn_pyro._checks import positive_int
-from bnn_pyro.predictions import ClassificationPrediction, _entropy
+from bnn_pyro.predictions import ClassificationPrediction, _entropy, _mutual_information
 
 __all__ = ["STRATEGIES", "scores", "select", "acquire", "joint_mutual_information"]
 
@@ -55,7 +55,7 @@ def scores(pred: ClassificationPrediction, strategy: str = "bald", *, seed: int 
     p = _draws(pred)
     strategy = _strategy(strategy)
     if strategy in ("bald", "batchbald"):
-        return (_entropy(p.mean(0)) - _entropy(p).mean(0)).clamp_min(0.0)
+        return _mutual_information(p)  # exactly 0 where the draws agree (a point estimate's are all 0)
     if strategy == "entropy":
         return _entropy(p.mean(0))
     if strategy == "variation_ratios":

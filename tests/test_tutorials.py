@@ -169,3 +169,77 @@ def test_11_mode_connectivity(monkeypatch):
     post = ns["on_curve"]
     assert post.method == "curve" and (post.num_chains, post.num_draws) == (10, 1)
     assert list(ns["summary"].columns) == ["test accuracy", "test NLL", "test ECE"] and ns["summary"].notna().all().all()
+
+
+def test_07_active_learning(monkeypatch):
+    ns = run_notebook("07_active_learning.ipynb", monkeypatch)
+    from bnn_pyro import acquisition
+
+    engines, strategies, seeds = list(ns["ENGINES"]), ns["STRATEGIES"], ns["SEEDS"]
+    rounds, k, initial = ns["ROUNDS"], ns["K"], ns["INITIAL"]
+    assert len(engines) >= 2 and {"bald", "random"} <= set(strategies)
+    assert list(ns["labels_acquired"]) == [initial + k * r for r in range(rounds + 1)]
+    curves = ns["curves"]
+    assert set(curves) == {(m, s) for m in engines for s in strategies}
+    for acc in curves.values():
+        assert acc.shape == (len(seeds), rounds + 1) and ((acc >= 0) & (acc <= 1)).all()
+    for m in engines:  # round 0 is the same first fit for every strategy
+        assert len({tuple(curves[m, s][:, 0]) for s in strategies}) == 1
+    n_pool = len(ns["y_pool"])
+    for (m, s, seed), batches in ns["acquired"].items():
+        assert len(batches) == rounds and all(b.shape == (k,) for b in batches)
+        chosen = torch.cat([ns["initial_set"](seed), *batches])
+        assert len(set(chosen.tolist())) == initial + k * rounds and 0 <= int(chosen.min()) and int(chosen.max()) < n_pool
+    # BALD's first batch is what acquire() picks from the first posterior over the unlabelled pool
+    m, seed = engines[0], seeds[0]
+    unlabelled = torch.ones(n_pool, dtype=torch.bool)
+    unlabelled[ns["initial_set"](seed)] = False
+    pool = unlabelled.nonzero().flatten()
+    first = pool[acquisition.acquire(ns["first_posts"][m, seed], ns["x_pool"][pool], k, strategy="bald",
+                                     num_samples=ns["DRAWS"], seed=seed)]
+    assert torch.equal(first, ns["acquired"][m, "bald", seed][0])
+    assert not torch.equal(first, ns["acquired"][m, "random", seed][0])
+    # the table's areas are the trapezoid means of the curves, in [0, 1]
+    areas = ns["areas"]
+    assert set(areas.index) == set(curves)
+    for key, acc in curves.items():
+        budget = ns["labels_acquired"][-1] - ns["labels_acquired"][0]
+        expected = sum((acc[:, i] + acc[:, i + 1]) / 2 * k for i in range(rounds)) / budget
+        assert math.isclose(areas.loc[key, "area"], float(expected.mean()), rel_tol=1e-9)
+        assert 0 <= areas.loc[key, "area"] <= 1
+
+
+def test_08_ood_and_rejection(monkeypatch):
+    ns = run_notebook("08_ood_and_rejection.ipynb", monkeypatch)
+    from bnn_pyro import selective
+
+    engines, scores, ood = list(ns["ENGINES"]), ns["SCORES"], ns["ood"]
+    assert len(engines) >= 3 and set(scores) == {"entropy", "mutual_information", "max_prob"}
+    assert len(ood) == 3 and all(x.shape[1] == 64 for x in ood.values())
+    assert int(ns["y_train"].max()) < ns["KNOWN"] and int(ns["y_test"].max()) < ns["KNOWN"]
+    assert len(ood["held-out classes"]) == int((ns["y_all"] >= ns["KNOWN"]).sum())
+    for table in (ns["auroc"], ns["aupr"], ns["fpr95"]):
+        assert list(table.index) == engines and table.shape == (len(engines), len(ood) * len(scores))
+        assert ((table >= 0) & (table <= 1)).all().all()
+    # the table holds what ood_detection returns for the stored predictions
+    p = ns["preds"]["laplace"]
+    again = selective.ood_detection(p["in"], p["rotated"], score="mutual_information")
+    assert math.isclose(ns["auroc"].loc["laplace", ("rotated", "mutual_information")], again["auroc"], rel_tol=1e-12)
+    # FGSM: eps-sized moves inside the pixel bounds
+    eps, x_test = 0.1, ns["x_test"]
+    for name, x_adv in ns["x_adv"].items():
+        assert x_adv.shape == x_test.shape and x_adv.min() >= 0 and x_adv.max() <= 1, name
+        assert ((x_adv - x_test).abs() <= eps + 1e-6).all() and not torch.equal(x_adv, x_test), name
+    adv = ns["adversarial_table"]
+    assert list(adv.index) == engines and adv.notna().all().all()
+    # rejection: the curve starts at the plain accuracy and its mean is the table's area
+    table = ns["rejection_table"]
+    for name in engines:
+        for label in ns["REJECT_ON"]:
+            for score in scores:
+                fraction, acc = ns["curves"][name, label, score]
+                assert fraction[0] == 0 and math.isclose(float(acc[0]), table.loc[name, (label, "accuracy")])
+                assert math.isclose(float(acc.mean()), table.loc[name, (label, f"AUC {score}")], rel_tol=1e-12)
+    # a point estimate's draws agree: its mutual information is exactly 0, so it cannot rank anything
+    assert (ns["preds"]["map"]["in"].mutual_information == 0).all()
+    assert ns["auroc"].loc["map", ("rotated", "mutual_information")] == 0.5
