@@ -72,7 +72,9 @@ Example
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, replace
 from enum import Enum
+from typing import Callable
 
 import torch
 from pyro.infer.mcmc import MCMC
@@ -185,17 +187,15 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
     strategies = [init_strategy(fitted, chain_start(fitted, init, seed + c, points=c == 0)) for c in range(num_chains)]
     joint = _logjoint.build(fitted, data.size) if flag("fast_path", fast_path) else None
-    settings = dict(joint=joint, kind=kind, target_accept=float(target_accept), step_size=step_size,
-                    dense_mass=dense_mass,
-                    trajectory_length=trajectory_length, num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth,
-                    jit=jit)
+    settings = KernelSettings(kind=kind, joint=joint, target_accept=float(target_accept), step_size=step_size,
+                              dense_mass=dense_mass, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog,
+                              max_tree_depth=max_tree_depth, jit=jit)
 
     def run_chain(fitted, info):
         c = info.index
-        s = dict(settings, init_strategy=strategies[c]) if resume is None else dict(  # the chain's last draw,
+        s = replace(settings, init_strategy=strategies[c]) if resume is None else replace(  # the chain's last draw,
             settings, init_strategy=init_to_value(values={k: v[c, -1] for k, v in resume.samples.items()}),
-            resume_step=float(resume.sample_stats["step_size"][c, -1]),
-            resume_mass=resume.history["inverse_mass_matrix"][c])
+            resume=(float(resume.sample_stats["step_size"][c, -1]), resume.history["inverse_mass_matrix"][c]))
         bar = (f"{kind.value} chain {c}", info.line) if progress else None
         return _run_chain(fitted, data, s, num_samples, num_warmup, bar)
 
@@ -260,29 +260,46 @@ def _only(kind: Kernel, owner: Kernel, **options) -> None:
 
 
 # ---------------------------------------------------------------------- running chains
-def _make_kernel(model, s: dict):
-    if s["kind"] is Kernel.METROPOLIS:
-        return _Metropolis(model, init_strategy=s["init_strategy"], step_size=s["step_size"],
-                           target_accept_prob=s["target_accept"], dense=s["dense_mass"], jit=s["jit"],
-                           joint=s["joint"])
-    if s["kind"] is Kernel.NUTS and s["joint"] is not None:  # the fast path: NUTS over one flat vector
-        kernel = FlatNUTS(model, s["joint"], init_strategy=s["init_strategy"], step_size=s["step_size"],
-                          target_accept_prob=s["target_accept"], max_tree_depth=s["max_tree_depth"],
-                          dense_mass=s["dense_mass"], jit=s["jit"])
+@dataclass(frozen=True)
+class KernelSettings:
+    """One chain's kernel: the method, the compiled log joint (``None``: Pyro's path), the adaptation target,
+    the step size (``None``: found), the mass matrix, HMC's trajectory, NUTS's depth, the start, and
+    ``resume``: ``(step size, inverse mass matrix)`` of the chain being extended."""
+
+    kind: Kernel
+    joint: object | None
+    target_accept: float
+    step_size: float | None
+    dense_mass: bool
+    trajectory_length: float | None
+    num_leapfrog: int | None
+    max_tree_depth: int
+    jit: bool
+    init_strategy: Callable | None = None
+    resume: tuple[float, torch.Tensor] | None = None
+
+
+def _make_kernel(model, s: KernelSettings):
+    if s.kind is Kernel.METROPOLIS:
+        return _Metropolis(model, init_strategy=s.init_strategy, step_size=s.step_size,
+                           target_accept_prob=s.target_accept, dense=s.dense_mass, jit=s.jit, joint=s.joint)
+    if s.kind is Kernel.NUTS and s.joint is not None:  # the fast path: NUTS over one flat vector
+        kernel = FlatNUTS(model, s.joint, init_strategy=s.init_strategy, step_size=s.step_size,
+                          target_accept_prob=s.target_accept, max_tree_depth=s.max_tree_depth,
+                          dense_mass=s.dense_mass, jit=s.jit)
     else:
-        common = dict(step_size=s["step_size"] or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
-                      full_mass=s["dense_mass"], target_accept_prob=s["target_accept"],
-                      jit_compile=s["jit"] and s["joint"] is None,
-                      ignore_jit_warnings=True, init_strategy=s["init_strategy"])
-        kernel = (_NUTS(model, max_tree_depth=s["max_tree_depth"], **common) if s["kind"] is Kernel.NUTS
-                  else _HMC(model, trajectory_length=s["trajectory_length"], **common))
-        kernel.fixed_num_steps, kernel.joint, kernel.jit = s["num_leapfrog"], s["joint"], s["jit"]
-    if "resume_step" in s:
-        kernel.resume = (s["resume_step"], s["resume_mass"])
+        common = dict(step_size=s.step_size or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
+                      full_mass=s.dense_mass, target_accept_prob=s.target_accept, jit_compile=s.jit and s.joint is None,
+                      ignore_jit_warnings=True, init_strategy=s.init_strategy)
+        kernel = (_NUTS(model, max_tree_depth=s.max_tree_depth, **common) if s.kind is Kernel.NUTS
+                  else _HMC(model, trajectory_length=s.trajectory_length, **common))
+        kernel.fixed_num_steps, kernel.joint, kernel.jit = s.num_leapfrog, s.joint, s.jit
+    if s.resume is not None:
+        kernel.resume = s.resume
     return kernel
 
 
-def _run_chain(model, data: Data, settings: dict, num_samples: int, num_warmup: int, bar: tuple[str, int] | None):
+def _run_chain(model, data: Data, settings: KernelSettings, num_samples: int, num_warmup: int, bar: tuple[str, int] | None):
     """One chain (inside the driver's :func:`~bnn_pyro.infer.driver.chain`): its draws ``(num_samples, *shape)``,
     per-draw statistics and the fixed point values. ``bar``: the progress bar's label and terminal line
     (``None``: no bar)."""
