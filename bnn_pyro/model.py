@@ -321,18 +321,18 @@ class BNN(nn.Module):
         def one(p, b):
             return _functional(self._template, p, {**shared, **b}, x)
 
-        out = None
+        vmap_failed = False
         if self.vmappable:
             try:
                 out = torch.func.vmap(one, randomness="different")(flat, flat_buffers)
-            except RuntimeError as err:  # an op without a batching rule that torch cannot fall back for either
-                if "Batching rule not implemented" not in str(err):
-                    raise
-                object.__setattr__(self, "_loop_draws", True)  # remembered: the next call loops at once
-        if out is None:  # a loop over draws: the caller's chunk of draws (Posterior.predict) bounds the memory
-            size = math.prod(batch)
-            out = torch.stack([one({n: p[i] for n, p in flat.items()}, {n: b[i] for n, b in flat_buffers.items()})
-                               for i in range(size)])
+                return out.reshape(batch + out.shape[1:])
+            except RuntimeError:  # an op vmap cannot batch: the loop below gives the answer (or the net's own error)
+                vmap_failed = True
+        # a loop over draws, one at a time: the caller's chunk of draws (Posterior.predict) bounds the memory
+        out = torch.stack([one({n: p[i] for n, p in flat.items()}, {n: b[i] for n, b in flat_buffers.items()})
+                           for i in range(math.prod(batch))])
+        if vmap_failed:
+            object.__setattr__(self, "_loop_draws", True)  # remembered: the next call loops at once
         return out.reshape(batch + out.shape[1:])
 
     @property
