@@ -23,7 +23,7 @@ Example
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Callable
 
 import numpy as np
 import torch
@@ -183,6 +183,3 @@ def input_mismatch(net: nn.Module, x) -> str:
 
 def _layer(path: str, module: nn.Module) -> str:
     return f"{path!r}, {type(module).__name__}" if path else type(module).__name__
-
-
-InputsLike = Union[torch.Tensor, Inputs]

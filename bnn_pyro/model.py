@@ -69,8 +69,10 @@ class BNN(nn.Module):
     Parameters
     ----------
     net:
-        Any ``torch.nn.Module`` mapping ``x`` of shape ``(N, ...)`` to outputs ``(N, out)``. It is
-        copied; the user's module is never modified. Engines start from a re-draw of its
+        Any ``torch.nn.Module`` mapping ``x`` of shape ``(N, ...)`` to outputs ``(N, out)``, or
+        ``(N, T, out)`` for sequences (every position observed). ``x`` may be a tuple or dict of
+        tensors (``net(*x)``, ``net(**x)``); integer inputs stay integer for a net with an
+        ``nn.Embedding`` (:mod:`bnn_pyro.inputs`). It is copied; the user's module is never modified. Engines start from a re-draw of its
         parameters by each module's ``reset_parameters()`` under the fit's ``seed`` (``init="reset"``,
         the default), or from its current values with ``init="net"`` (a pretrained net).
     prior:
@@ -209,7 +211,8 @@ class BNN(nn.Module):
 
     # ---------------------------------------------------------------- the functional path
     def forward_draws(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Network outputs ``(S, N, out)`` for weights batched over draws ``(S, *shape)``.
+        """Network outputs ``(S, N, out)`` (or ``(S, N, T, out)``) for weights batched over draws ``(S, *shape)``;
+        a net :attr:`vmappable` says vmap cannot batch is evaluated one draw at a time.
 
         ``params`` must hold every Bayesian parameter with a leading draw dimension; missing
         deterministic parameters are taken from the model (their fitted values). It may also hold

@@ -201,6 +201,10 @@ def test_sequence_regression_with_learned_noise_equals_the_gaussian_density_by_h
     z = (y - f) / 0.7
     by_hand = (-0.5 * z**2 - math.log(0.7) - 0.5 * math.log(2 * math.pi)).sum((1, 2))
     torch.testing.assert_close(trace.nodes["obs"]["log_prob"], by_hand, rtol=1e-6, atol=1e-5)
+    post = _posterior(model, x, target, {k: v[None] for k, v in values.items()})
+    pred = post.predict(x, interval=None)  # one draw: the mean is f, the aleatoric sd sigma at every position
+    torch.testing.assert_close(pred.mean, f[..., 0] if classes == 1 else f, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(pred.aleatoric_std, torch.full(target.shape, 0.7), rtol=1e-6, atol=1e-6)
 
 
 def test_sequence_predictions_and_the_log_predictive_density_by_hand():
