@@ -120,15 +120,28 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
     return value
 
 
-def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None):
+def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None, keep_integer: bool = False):
     """Validate and convert ``x`` (and ``y`` when given) to tensors with matching lengths (on
-    ``device`` when given: the model's). ``x`` is cast to ``float_dtype`` (the model's; torch's
-    default dtype when not given) unless it already is floating and no ``float_dtype`` was given."""
-    x = as_tensor("x", x, device=device)
-    if float_dtype is not None:
-        x = x.to(float_dtype)  # e.g. float64 numpy data for a float32 net
-    elif not x.dtype.is_floating_point:
-        x = x.to(torch.get_default_dtype())
+    ``device`` when given: the model's). Floating ``x`` is cast to ``float_dtype`` (the model's) when
+    given; integer ``x`` is kept as it is with ``keep_integer`` (token ids for an ``nn.Embedding``),
+    else cast to ``float_dtype`` (torch's default dtype when not given). A tuple or dict of arrays
+    (a net taking several inputs) becomes a :class:`bnn_pyro.inputs.Inputs`, each tensor checked so."""
+    from bnn_pyro.inputs import Inputs, is_structured
+
+    def one(argname, value):
+        value = as_tensor(argname, value, device=device)
+        if value.dtype.is_floating_point:
+            return value if float_dtype is None else value.to(float_dtype)  # e.g. float64 numpy data, float32 net
+        if keep_integer and value.dtype != torch.bool:
+            return value
+        return value.to(float_dtype or torch.get_default_dtype())
+
+    if is_structured(x):
+        if not isinstance(x, Inputs):
+            x = Inputs(args=x) if isinstance(x, tuple) else Inputs(kwargs=_string_keys(x))
+        x = x.map(one)
+    else:
+        x = one("x", x)
     if y is None:
         return x, None
     y = as_tensor("y", y, device=device)
@@ -138,6 +151,14 @@ def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None):
             "Each row of x needs one row of y: check that both come from the same data set and split."
         )
     return x, y
+
+
+def _string_keys(x: dict) -> dict:
+    bad = [k for k in x if not isinstance(k, str) or not k.isidentifier()]
+    if bad:
+        raise TypeError(f"x: a dict input is passed to the net as keyword arguments, so its keys must be argument "
+                        f"names; got {bad!r}. Use the names of the net's forward arguments, e.g. {{'tokens': t}}.")
+    return x
 
 
 # torch parameterizations that exclude each other: the rebuilt Pyro distribution gets the first one present.

@@ -154,13 +154,14 @@ def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool |
     if x is not None:
         is_bnn = isinstance(post.model, BNN)
         x, y = check_data(x, y, device=post.model.device if is_bnn else None,
-                          float_dtype=post.model.dtype if is_bnn else None)
+                          float_dtype=post.model.dtype if is_bnn else None, keep_integer=is_bnn and post.model.integer_inputs)
         if is_bnn:
-            out = post.model.output_dim(x)  # a clear error for inputs the net cannot take
-            y = None if y is None else post.model.likelihood.check_target(y, out)
+            out = post.model.output_shape(x)  # a clear error for inputs the net cannot take
+            y = None if y is None else post.model.likelihood.check_output_target(y, out)
         if y is not None:
             groups["observed_data"] = {"obs": y.cpu().numpy()}
-        groups["constant_data"] = {"x": x.cpu().numpy()}
+        named = {"": x} if isinstance(x, torch.Tensor) else (x.kwargs or {str(i): t for i, t in enumerate(x.args)})
+        groups["constant_data"] = {"x" + (f"_{k}" if k else ""): t.cpu().numpy() for k, t in named.items()}
         if (log_likelihood or posterior_predictive) and not unbound:
             ll, pp = _pointwise(post, x, y if log_likelihood else None, seed, draws_per_chunk, points_per_chunk)
             if log_likelihood:
@@ -217,7 +218,7 @@ def function_draws(post: Posterior, x, *, draws_per_chunk: int = 64) -> torch.Te
     must record ``pyro.deterministic("f", ...)``.
     """
     _require_model(post, "evaluate the network in function space")
-    x, _ = check_data(x, None)
+    x = post.inputs(x) if isinstance(post.model, BNN) else check_data(x, None)[0]
     total = post.num_chains * post.num_draws
     with torch.no_grad():
         if isinstance(post.model, BNN):

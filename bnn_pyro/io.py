@@ -35,6 +35,7 @@ import torch
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save_file
 
+from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -102,6 +103,10 @@ def save(post: Posterior, path: str | os.PathLike) -> Path:
     groups["buffers"] = (post.model.buffers_dict() if isinstance(post.model, BNN)
                           else post.model.buffers if isinstance(post.model, UnboundModel) else {})
     data = {k: v for k, v in (("x", post.x), ("y", post.y)) if v is not None}
+    if isinstance(post.x, Inputs):  # several inputs: "x/0", "x/1" (a tuple) or "x/tokens" (a dict)
+        del data["x"]
+        named = post.x.kwargs or {str(i): t for i, t in enumerate(post.x.args)}
+        data.update({f"x/{k}": t for k, t in named.items()})
     for key, value in [(f"{g}/{n}", v) for g, d in groups.items() for n, v in d.items()] + list(data.items()):
         t = torch.as_tensor(value).detach().cpu().contiguous()
         ptr = t.untyped_storage().data_ptr()
@@ -113,7 +118,8 @@ def save(post: Posterior, path: str | os.PathLike) -> Path:
         raise TypeError(f"post.config must be JSON-friendly to be saved ({err}); store values as str, "
                         "int, float, bool, None, lists or dicts.") from None
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "method": post.method, "config": config,
-            "groups": {g: list(d) for g, d in groups.items()}, "data": sorted(data),
+            "groups": {g: list(d) for g, d in groups.items()}, "data": list(data),
+            "x_form": "tuple" if isinstance(post.x, Inputs) and post.x.args else "dict" if isinstance(post.x, Inputs) else "tensor",
             "model": fingerprint(post.model), "sha256": _digest(tensors)}
     return _write_atomic(path, tensors, {"bnn_pyro": json.dumps(meta)})
 
@@ -181,6 +187,9 @@ def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Poster
     try:
         groups = {g: {n: tensors[f"{g}/{n}"] for n in names} for g, names in meta["groups"].items()}
         data = {k: tensors[k] for k in meta["data"]}
+        parts = {k[2:]: v for k, v in data.items() if k.startswith("x/")}
+        if parts:  # in the order saved (a tuple's positions)
+            data["x"] = Inputs(args=tuple(parts.values())) if meta["x_form"] == "tuple" else Inputs(kwargs=parts)
         saved = meta["model"]
         method, config = meta["method"], meta["config"]
     except (KeyError, TypeError) as err:

@@ -2,7 +2,8 @@
 aggregated.
 
 Every likelihood is called inside the model as ``likelihood(f, y, dataset_size=N)`` where ``f`` is
-the network output shaped ``(..., batch, out)``. It samples its own noise sites (outside the data
+the network output shaped ``(..., batch, out)``, or ``(..., batch, T, out)`` for sequence outputs
+(``inner_dims=1``: each position is observed, and a row's log density sums over its positions). It samples its own noise sites (outside the data
 plate), opens ``pyro.plate("data", size=dataset_size, subsample=...)`` so that a minibatch of
 ``batch`` rows is scaled by ``dataset_size / batch`` (an unbiased ELBO), records ``f`` as the
 deterministic site ``"f"`` and observes ``"obs"``.
@@ -53,12 +54,46 @@ class Likelihood:
         """Aggregate a distribution batched over draws ``(S, N)`` into a prediction."""
         raise NotImplementedError
 
-    def __call__(self, f: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None):
+    def __call__(self, f: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None,
+                 inner_dims: int = 0):
         noise = {name: pyro.sample(name, prior) for name, prior in self.sites().items()}
-        n = f.shape[-2]
+        n = f.shape[-2 - inner_dims]
         with pyro.plate("data", size=dataset_size or n, subsample=torch.arange(n, device=f.device)):
-            pyro.deterministic("f", f, event_dim=1)
-            return pyro.sample("obs", self.distribution(f, noise), obs=y)
+            pyro.deterministic("f", f, event_dim=1 + inner_dims)
+            return pyro.sample("obs", self.observed(f, noise, inner_dims=inner_dims), obs=y)
+
+    def observed(self, f: torch.Tensor, noise: dict[str, torch.Tensor], *, inner_dims: int = 0) -> Distribution:
+        """:meth:`distribution` for outputs ``(..., N, *inner, out)`` with ``inner_dims`` dimensions between
+        the row and the output (a sequence's ``T``): the noise is lined up with them and they are folded
+        into the event, so that one row's log density is the sum over its positions (batch shape
+        ``(..., N)``). ``inner_dims=0`` is :meth:`distribution` itself."""
+        if not inner_dims:
+            return self.distribution(f, noise)
+        noise = {k: v.reshape(v.shape + (1,) * inner_dims) if isinstance(v, torch.Tensor) and v.dim() else v
+                 for k, v in noise.items()}
+        return self.distribution(f, noise).to_event(inner_dims)
+
+    def check_output_target(self, y: torch.Tensor, out_shape: torch.Size) -> torch.Tensor:
+        """:meth:`check_target` for a net whose rows have outputs ``out_shape``: ``(out,)``, or ``(T, ..., out)``
+        for sequences, where ``y`` is checked position by position (``y`` shaped ``(N, T, ...)`` followed by
+        what :meth:`check_target` takes for one position, e.g. ``(N, T)`` labels)."""
+        if len(out_shape) == 1:
+            return self.check_target(y, out_shape[-1])
+        inner = tuple(out_shape[:-1])
+        if tuple(y.shape[1 : 1 + len(inner)]) != inner:
+            raise ValueError(
+                f"{type(self).__name__}: the net returns outputs shaped (N, {', '.join(map(str, out_shape))}) per "
+                f"input, a sequence of {', '.join(map(str, inner))} positions, but y has shape {tuple(y.shape)}; "
+                f"a net must map (N, ...) inputs to (N, out) outputs, or to (N, T, out) outputs for sequences with y "
+                f"shaped (N, T) or (N, T, out). Reshape y to one target per position. Add a final Flatten or Linear "
+                f"layer if the net should return one output vector per row.")
+        flat = y.reshape((-1,) + tuple(y.shape[1 + len(inner):]))
+        try:
+            checked = self.check_target(flat, out_shape[-1])
+        except ValueError as err:
+            raise ValueError(f"{err} (y checked per position of the sequence output: y shaped {tuple(y.shape)}, "
+                             f"outputs {tuple(out_shape)} per row)") from None
+        return checked.reshape((y.shape[0],) + inner + tuple(checked.shape[1:]))
 
     def __repr__(self) -> str:
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
@@ -169,7 +204,7 @@ class Categorical(Likelihood):
         return y
 
     def summarize(self, d, *, interval=0.95):
-        return predictions.classification(d.probs)
+        return predictions.classification(_base(d).probs)
 
 
 class Bernoulli(Likelihood):
@@ -190,7 +225,13 @@ class Bernoulli(Likelihood):
         return y.to(torch.get_default_dtype())
 
     def summarize(self, d, *, interval=0.95):
-        return predictions.classification(torch.stack([1.0 - d.probs, d.probs], dim=-1))
+        probs = _base(d).probs
+        return predictions.classification(torch.stack([1.0 - probs, probs], dim=-1))
+
+
+def _base(d: Distribution) -> Distribution:
+    """The per-position distribution under the ``to_event`` of sequence outputs (:meth:`Likelihood.observed`)."""
+    return _base(d.base_dist) if isinstance(d, dist.Independent) else d
 
 
 def _noise_prior(argname: str, d, example: str):

@@ -90,7 +90,7 @@ def pit(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int
     if not isinstance(posterior, Posterior) or not isinstance(posterior.model, BNN):
         raise TypeError(f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
                         f"{type(posterior).__name__}{'' if not isinstance(posterior, Posterior) else ' of a Pyro function'}.")
-    x = _float_tensor("x", x)
+    x = posterior.inputs(x)
     y = as_tensor("y", y)
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}.")
@@ -154,7 +154,7 @@ def log_predictive_density(posterior: Posterior, x, y, *, num_samples: int | Non
     if not isinstance(posterior, Posterior):
         raise TypeError(f"posterior: expected a bnn_pyro.Posterior (what bp.fit returns), got "
                         f"{type(posterior).__name__}. For a prediction use metrics.nll(prediction, y).")
-    x = _float_tensor("x", x)
+    x = posterior.inputs(x) if isinstance(posterior.model, BNN) else _float_tensor("x", x)
     y = as_tensor("y", y)
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}. "
@@ -229,7 +229,9 @@ def accuracy(prediction, y) -> float:
     """Fraction of correct predictions: ``(1/N) sum_n 1[argmax_k p_nk = y_n]``.
 
     ``prediction`` is a :class:`~bnn_pyro.predictions.ClassificationPrediction` or probabilities
-    ``(N, K)`` (``(N,)`` means ``P(class 1)`` of a binary problem); ``y`` holds labels ``0..K-1``.
+    ``(N, K)`` (``(N,)`` means ``P(class 1)`` of a binary problem); ``y`` holds labels ``0..K-1``. For
+    sequence outputs ``(N, T, K)`` with labels ``(N, T)`` every position counts as one prediction (as
+    in :func:`nll`, :func:`brier`, :func:`reliability_curve` and :func:`ece`).
     """
     probs, labels = _probs_and_labels(prediction, y)
     return float((probs.argmax(-1) == labels).double().mean())
@@ -351,6 +353,13 @@ def _probs_and_labels(probs, y, argname: str = "prediction") -> tuple[torch.Tens
             raise ValueError(f"{argname}: a vector is read as P(class 1) of a binary problem and must lie in [0, 1]; "
                              "pass probabilities, not logits (torch.sigmoid).")
         probs = torch.stack([1.0 - probs, probs], -1)
+    if probs.dim() > 2:  # sequence outputs (N, T, K): every position is one prediction, with labels y (N, T)
+        y = as_tensor("y", y)
+        if tuple(y.shape) != tuple(probs.shape[:-1]):
+            raise ValueError(f"{argname}: expected class probabilities shaped (N, K), or (N, T, K) with labels y shaped "
+                             f"(N, T); got {tuple(probs.shape)} and y {tuple(y.shape)}. For sequences pass one label "
+                             f"per position, shaped {tuple(probs.shape[:-1])}.")
+        probs, y = probs.reshape(-1, probs.shape[-1]), y.reshape(-1)
     if probs.dim() != 2:
         raise ValueError(f"{argname}: expected class probabilities shaped (N, K), got shape {tuple(probs.shape)}.")
     if ((probs < 0) | (probs > 1)).any():
@@ -395,7 +404,7 @@ def _match_target(d, y: torch.Tensor, *, batch_dims: int) -> torch.Tensor:
     base = _unwrap(d)
     expected = tuple(d.batch_shape[batch_dims:]) + tuple(d.event_shape)
     if isinstance(base, dist.Categorical):
-        y = y.reshape(-1) if y.dim() == 2 and y.shape[1] == 1 else y
+        y = y.reshape(-1) if y.dim() == 2 and y.shape[1] == 1 and len(expected) == 1 else y
         if y.dtype.is_floating_point and not (y == y.round()).all():
             raise TypeError("y: this model is a classifier; pass integer class labels (y.long()).")
         y = y.long()

@@ -43,6 +43,7 @@ from bnn_pyro import priors as priors_mod
 from bnn_pyro._checks import choice, instance, pyro_distribution
 from bnn_pyro._linear_stack import linear_stack as _linear_stack, run_linear_stack as _run_linear_stack
 from bnn_pyro._upstream_private import pyro_context, reparametrize_module
+from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
 
@@ -68,8 +69,10 @@ class BNN(nn.Module):
     Parameters
     ----------
     net:
-        Any ``torch.nn.Module`` mapping ``x`` of shape ``(N, ...)`` to outputs ``(N, out)``. It is
-        copied; the user's module is never modified. Engines start from a re-draw of its
+        Any ``torch.nn.Module`` mapping ``x`` of shape ``(N, ...)`` to outputs ``(N, out)``, or
+        ``(N, T, out)`` for sequences (every position observed). ``x`` may be a tuple or dict of
+        tensors (``net(*x)``, ``net(**x)``); integer inputs stay integer for a net with an
+        ``nn.Embedding`` (:mod:`bnn_pyro.inputs`). It is copied; the user's module is never modified. Engines start from a re-draw of its
         parameters by each module's ``reset_parameters()`` under the fit's ``seed`` (``init="reset"``,
         the default), or from its current values with ``init="net"`` (a pretrained net).
     prior:
@@ -185,12 +188,13 @@ class BNN(nn.Module):
     def forward(self, x: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None):
         """The Pyro model: sample the weights, evaluate the net, observe ``y``."""
         params = self._sites()
-        f = self._evaluate(params, x)
-        if f.dim() > 2:  # weights carried plate dims (vectorized particles); the last one is "data"
-            if f.shape[-3] != 1:
+        f, lead = self._evaluate(params, x, with_lead=True)
+        if lead:  # weights carried plate dims (vectorized particles); the last one is "data"
+            if f.shape[lead - 1] != 1:
                 raise RuntimeError("weight samples must not be batched along the data plate.")
-            f = f.squeeze(-3)
-        return self.likelihood(f, y, dataset_size=dataset_size)
+            f, lead = f.squeeze(lead - 1), lead - 1
+        # outputs (N, T, ..., C): the dims between the row and the last belong to each row's observation
+        return self.likelihood(f, y, dataset_size=dataset_size, inner_dims=f.dim() - lead - 2)
 
     def _sites(self) -> dict[str, torch.Tensor]:
         """Every parameter's value in the current Pyro context: samples for Bayesian ones,
@@ -207,7 +211,8 @@ class BNN(nn.Module):
 
     # ---------------------------------------------------------------- the functional path
     def forward_draws(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
-        """Network outputs ``(S, N, out)`` for weights batched over draws ``(S, *shape)``.
+        """Network outputs ``(S, N, out)`` (or ``(S, N, T, out)``) for weights batched over draws ``(S, *shape)``;
+        a net :attr:`vmappable` says vmap cannot batch is evaluated one draw at a time.
 
         ``params`` must hold every Bayesian parameter with a leading draw dimension; missing
         deterministic parameters are taken from the model (their fitted values). It may also hold
@@ -236,7 +241,7 @@ class BNN(nn.Module):
 
     def _row_bytes(self, x: torch.Tensor) -> int | None:
         """Bytes of the widest layer output for one row of ``x`` and one draw (a Linear stack), or None."""
-        layers = _linear_stack(self._template) if x.dim() == 2 else None
+        layers = _linear_stack(self._template) if isinstance(x, torch.Tensor) and x.dim() == 2 else None
         if layers is None:
             return None
         widths = [x.shape[1]] + [self._template.get_submodule(path).out_features for path, act in layers if act is None]
@@ -285,13 +290,19 @@ class BNN(nn.Module):
         stats = [f"{name}.{k}" if name else k for name in norms for k in ("running_mean", "running_var")]
         return {n: buffers[n] for n in stats}
 
-    def _evaluate(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    def _evaluate(self, params: dict[str, torch.Tensor], x, *, with_lead: bool = False):
+        """The net at ``x`` for parameters batched over leading dims: outputs ``(*lead, N, *out)``
+        (with ``with_lead``, also the number of leading dims)."""
         own = self.buffers_dict()
         per_draw = {n: b for n, b in params.items() if n in own}  # e.g. BatchNorm statistics of each draw
         params = {n: p for n, p in params.items() if n not in own}
         batch_shapes = [p.shape[: p.dim() - len(self.param_shapes[n])] for n, p in params.items()]
         batch_shapes += [b.shape[: b.dim() - own[n].dim()] for n, b in per_draw.items()]
         batch = torch.broadcast_shapes(*batch_shapes)
+        out = self._evaluate_batched(params, own, per_draw, batch, x)
+        return (out, len(batch)) if with_lead else out
+
+    def _evaluate_batched(self, params, own, per_draw, batch, x) -> torch.Tensor:
         buffers = {**own, **per_draw}
         if not batch:
             if torch.jit.is_tracing():
@@ -300,10 +311,10 @@ class BNN(nn.Module):
                 # constants there (MCMC keeps them fixed).
                 fixed = {n: p.detach() if n in self.point_names else p for n, p in params.items()}
                 with reparametrize_module(self._template, {**fixed, **buffers}):
-                    return self._template(x)
-            return torch.func.functional_call(self._template, (params, buffers), (x,))
+                    return _call(self._template, x)
+            return _functional(self._template, params, buffers, x)
         flat = {n: p.expand(batch + self.param_shapes[n]).reshape((-1,) + self.param_shapes[n]) for n, p in params.items()}
-        layers = _linear_stack(self._template) if not per_draw and x.dim() == 2 else None
+        layers = _linear_stack(self._template) if not per_draw and isinstance(x, torch.Tensor) and x.dim() == 2 else None
         if layers is not None:  # batched matrix products: ~1.3x faster than vmap over functional_call here
             out = _run_linear_stack(layers, flat, x, self._template)
             return out.reshape(batch + out.shape[1:])
@@ -311,23 +322,56 @@ class BNN(nn.Module):
         flat_buffers = {n: b.expand(batch + own[n].shape).reshape((-1,) + own[n].shape) for n, b in per_draw.items()}
 
         def one(p, b):
-            return torch.func.functional_call(self._template, (p, {**shared, **b}), (x,))
+            return _functional(self._template, p, {**shared, **b}, x)
 
-        out = torch.func.vmap(one, randomness="different")(flat, flat_buffers)
+        vmap_failed = False
+        if self.vmappable:
+            try:
+                out = torch.func.vmap(one, randomness="different")(flat, flat_buffers)
+                return out.reshape(batch + out.shape[1:])
+            except RuntimeError:  # an op vmap cannot batch: the loop below gives the answer (or the net's own error)
+                vmap_failed = True
+        # a loop over draws, one at a time: the caller's chunk of draws (Posterior.predict) bounds the memory
+        out = torch.stack([one({n: p[i] for n, p in flat.items()}, {n: b[i] for n, b in flat_buffers.items()})
+                           for i in range(math.prod(batch))])
+        if vmap_failed:
+            object.__setattr__(self, "_loop_draws", True)  # remembered: the next call loops at once
         return out.reshape(batch + out.shape[1:])
 
-    def output_dim(self, x: torch.Tensor) -> int:
-        """Number of network outputs, found without computation (on the meta device)."""
+    @property
+    def vmappable(self) -> bool:
+        """Whether ``torch.func.vmap`` can batch the net over weight draws. Recurrent layers (``nn.RNN``,
+        ``nn.LSTM``, ``nn.GRU``) cannot (torch has no batching rule for their fused kernels), nor a net
+        whose vmap failed so once; for those, draws are evaluated in a loop, one at a time."""
+        return not self.__dict__.get("_loop_draws", False) and not any(
+            isinstance(m, nn.RNNBase) for m in self._template.modules())
+
+    @property
+    def integer_inputs(self) -> bool:
+        """Whether integer inputs stay integer (token ids): the net has an ``nn.Embedding``/``EmbeddingBag``.
+        Otherwise integer inputs are features, cast to :attr:`dtype`."""
+        return keeps_integers(self._template)
+
+    def output_shape(self, x) -> torch.Size:
+        """The shape of the network output for one row, ``(out,)`` or ``(T, ..., out)`` for sequence
+        outputs, found without computation (on the meta device). Token ids of ``x`` are checked against
+        the net's embeddings."""
+        check_token_ids(self._template, x)
         try:
-            out = self._template(x[:2].to("meta"))
-        except RuntimeError as err:
-            raise ValueError(_input_mismatch(self._template, x)) from err
-        if out.dim() != 2:
+            out = _call(self._template, x[:2].to("meta"))
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(input_mismatch(self._template, x)) from err
+        if not isinstance(out, torch.Tensor) or out.dim() < 2:
+            got = f"shape {tuple(out.shape)}" if isinstance(out, torch.Tensor) else f"a {type(out).__name__}"
             raise ValueError(
-                f"net must map (N, ...) inputs to (N, out) outputs; it returned shape {tuple(out.shape)} "
-                f"for input {tuple(x[:2].shape)}. Add a final Flatten or Linear layer."
+                f"net must map (N, ...) inputs to (N, out) outputs (or (N, T, out) for sequences); it returned {got} "
+                f"for {len(x[:2])} input rows. Add a final Flatten or Linear layer, or return one tensor from forward."
             )
-        return out.shape[-1]
+        return out.shape[1:]
+
+    def output_dim(self, x) -> int:
+        """Number of network outputs per row (per position, for sequence outputs ``(N, T, out)``)."""
+        return self.output_shape(x)[-1]
 
     @property
     def device(self) -> torch.device:
@@ -357,6 +401,17 @@ class BNN(nn.Module):
         )
 
 
+def _call(module: nn.Module, x):
+    """``module(x)``; several inputs as ``module(*args, **kwargs)`` (:class:`~bnn_pyro.inputs.Inputs`)."""
+    return x.call(module) if isinstance(x, Inputs) else module(x)
+
+
+def _functional(module: nn.Module, params, buffers, x):
+    if isinstance(x, Inputs):
+        return torch.func.functional_call(module, (params, buffers), x.args, x.kwargs)
+    return torch.func.functional_call(module, (params, buffers), (x,))
+
+
 @functools.cache
 def _posterior_names() -> frozenset[str]:
     """The public attributes of a Posterior: asked of a BNN, they mean the user meant the fit."""
@@ -372,37 +427,6 @@ def _nothing_random(names: list[str], selected: list[str]) -> str:
                 "choose some, e.g. bayesian=\"all\" or name patterns that match these names.")
     return (f"prior: gives no parameter a distribution (it returned None for every one of {selected}), so the BNN "
             "would have no random weights; return a distribution for at least one, e.g. prior=bp.priors.Normal(0., 1.).")
-
-
-_INPUT_SIZE = {nn.Linear: ("in_features", 1), nn.Conv1d: ("in_channels", 3), nn.Conv2d: ("in_channels", 4),
-               nn.Conv3d: ("in_channels", 5)}  # layer -> (its input size attribute, the dims of its input)
-
-
-def _input_mismatch(net: nn.Module, x: torch.Tensor) -> str:
-    """Why the net cannot take ``x``, in our words: the first layer of a Sequential net and what it expects."""
-    shape = tuple(x.shape)
-    hint = " x is 1-D: for N rows of one feature pass x.reshape(-1, 1), for one row x.reshape(1, -1)." if x.dim() == 1 else ""
-    path, first = "", net  # a single layer
-    if isinstance(net, nn.Sequential):
-        path, first = next(((p, m) for p, m in net.named_modules() if next(m.parameters(recurse=False), None) is not None),
-                           (None, None))
-    if type(first) in _INPUT_SIZE:
-        attr, ndim = _INPUT_SIZE[type(first)]
-        size = getattr(first, attr)
-        axis = -1 if ndim == 1 else 1
-        if x.dim() < 2 or x.shape[axis] != size or (ndim > 1 and x.dim() != ndim):
-            want = f"(N, {size})" if ndim == 1 else f"(N, {size}, {', '.join(['...'] * (ndim - 2))})"
-            return (f"x has shape {shape}, which the net cannot take (its first layer, {_layer(path, first)}, takes "
-                    f"inputs shaped {want}). Check that the feature dimensions of x match the net's first layer.{hint}")
-        return (f"x has shape {shape}, which the net cannot take (x fits its first layer, {_layer(path, first)}, but a "
-                "later layer does not fit the output of the one before; the error it raised is chained below). Check "
-                "the layer sizes of the net.")
-    return (f"x has shape {shape}, which the net cannot take (the error it raised is chained below). Check that the "
-            f"feature dimensions of x match the net's first layer.{hint}")
-
-
-def _layer(path: str, module: nn.Module) -> str:
-    return f"{path!r}, {type(module).__name__}" if path else type(module).__name__
 
 
 def _check_proper(name: str, d: Distribution) -> None:

@@ -175,14 +175,18 @@ def plot_reliability(post: Posterior, x=None, y=None, *, num_bins: int = 10, num
     num_bins = positive_int("num_bins", num_bins)
     if _task(post) == "regression":
         raise ValueError("plot_reliability is for classification; use plot_predictive for regression.")
-    x, y = (post.x, post.y) if x is None and y is None else check_data(x, y)
+    if x is not None or y is not None:  # token ids stay integer for a net with embeddings (bnn_pyro.inputs)
+        x, y = check_data(x, y, keep_integer=getattr(post.model, "integer_inputs", False))
+    else:
+        x, y = post.x, post.y
     if x is None or y is None:
         raise ValueError("x, y: no training data stored in this posterior; pass held-out x and labels y.")
     pred = post.predict(x, num_samples=num_samples, seed=seed)
     if not isinstance(pred, ClassificationPrediction):
         raise ValueError("plot_reliability is for classification; use plot_predictive for regression.")
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
-    _reliability_axes(top, bottom, pred, y.reshape(-1), num_bins, f"Reliability ({post.method})")
+    labels = y if pred.probs.dim() > 2 else y.reshape(-1)  # sequence outputs: one label per position (N, T)
+    _reliability_axes(top, bottom, pred, labels, num_bins, f"Reliability ({post.method})")
     return fig
 
 

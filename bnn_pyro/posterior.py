@@ -131,11 +131,7 @@ class Posterior:
         the draws: ``num_samples`` (default: as many as stored) are picked by systematic resampling
         (:func:`bnn_pyro.psis.resample`).
         """
-        is_bnn = isinstance(self.model, BNN)
-        x, _ = check_data(x, None, device=self.model.device if is_bnn else None,
-                          float_dtype=self.model.dtype if is_bnn else None)
-        if is_bnn:
-            self.model.output_dim(x)  # a clear error for inputs the net cannot take (computes nothing)
+        x = self.inputs(x)
         if interval is not None:
             interval = probability("interval", interval, suggestion="try 0.95 for a central 95% interval, or None")
         if weights is None:
@@ -160,6 +156,17 @@ class Posterior:
         finally:
             if seed is not None:
                 torch.set_rng_state(generator_state)
+
+    def inputs(self, x):
+        """``x`` checked and converted as the fit converted its training inputs (the model's device and
+        float dtype; token ids kept integer, :mod:`bnn_pyro.inputs`), with a clear error for inputs the net
+        cannot take (found without computation)."""
+        is_bnn = isinstance(self.model, BNN)
+        x, _ = check_data(x, None, device=self.model.device if is_bnn else None,
+                          float_dtype=self.model.dtype if is_bnn else None, keep_integer=is_bnn and self.model.integer_inputs)
+        if is_bnn:
+            self.model.output_shape(x)
+        return x
 
     def observation_distribution(self, x: torch.Tensor, idx: torch.Tensor | None = None, *,
                                  draws_per_chunk: int | None = None) -> dist.Distribution:
@@ -195,7 +202,7 @@ class Posterior:
         finally:
             model.train(was_training)
         noise = {n: flat[n][idx].unsqueeze(1) for n in model.likelihood.sites()}
-        return model.likelihood.distribution(f, noise)
+        return model.likelihood.observed(f, noise, inner_dims=f.dim() - 3)  # (S, N, T, ..., out): T, ... inner
 
     def trace_draw(self, i: int, x, y=None):
         """One run of a Pyro function model with every latent site fixed at pooled draw ``i`` and

@@ -205,7 +205,7 @@ def _target_data(post, x, y):
         return post.x, post.y
     is_bnn = isinstance(post.model, BNN)
     return check_data(x, y, device=post.model.device if is_bnn else None,
-                      float_dtype=post.model.dtype if is_bnn else None)
+                      float_dtype=post.model.dtype if is_bnn else None, keep_integer=is_bnn and post.model.integer_inputs)
 
 
 def _log_joint(post, x, y, idx: torch.Tensor) -> torch.Tensor:

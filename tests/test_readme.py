@@ -60,3 +60,17 @@ def test_compression_block_runs():
         exec(compile(code + "\n", "README compression", "exec"), namespace)
     assert namespace["small"].num_draws == 1 and namespace["post"].method == "sparse_vd"
     assert list(namespace["quantization_report"](namespace["post"]).index) == ["0.weight", "2.weight", "all"]
+
+
+@pytest.mark.skipif(not README.exists(), reason="README.md is not beside the tests (installed copy)")
+def test_sequence_models_block_runs():
+    code = _block("Sequence and embedding models")
+    for pattern, small in SHRINK.items():
+        code = re.sub(pattern, small, code)
+    namespace: dict = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # 20 SVI steps: the fit warns, as it should
+        exec(compile(code + "\n", "README sequence models", "exec"), namespace)
+    pred, post = namespace["pred"], namespace["post"]
+    assert post.x.dtype == namespace["torch"].int64 and pred.probs.shape == (5, 10, 4)
+    assert pred.mutual_information.shape == (5, 10)

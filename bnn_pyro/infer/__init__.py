@@ -75,6 +75,26 @@ _FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own key
 _MULTI_PASS = frozenset({Method.SWA, Method.SWAG, Method.LAPLACE})
 
 
+# Engines whose curvature takes per-example Jacobians of (N, out) outputs of one input tensor, batched by vmap:
+# they refuse several inputs (a tuple or dict), sequence outputs (N, T, out) and recurrent layers (no batching rule).
+_ONE_TENSOR_ROWS = frozenset({Method.LAPLACE})
+
+
+def _check_plain_rows(model: BNN, x, kind: Method) -> None:
+    from bnn_pyro.inputs import Inputs
+
+    shape = model.output_shape(x)
+    why = ("x is a tuple or dict of tensors" if isinstance(x, Inputs) else
+           f"the net returns sequence outputs (N, {', '.join(map(str, shape))})" if len(shape) > 1 else
+           "the net has recurrent layers (nn.RNN/LSTM/GRU), which torch.func.vmap cannot batch" if not model.vmappable
+           else None)
+    if why is not None:
+        raise ValueError(f"method={kind.value!r}: its curvature needs per-example Jacobians of (N, out) outputs of one "
+                         f"input tensor, batched by torch.func.vmap, but {why}. Use svi, nuts, hmc, metropolis, sgld, "
+                         "sghmc, csgmcmc, swa, swag or ensemble, which take such models (README: 'Sequence and "
+                         "embedding models').")
+
+
 def engine(method: str | Method) -> Callable[..., Posterior]:
     """The fitting function registered for ``method``: ``engine_fn(model, data: Data, **config) -> Posterior``."""
     module, name = REGISTRY[choice("method", method, Method)]
@@ -165,6 +185,8 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
                          "statistics), but a one-shot iterator or generator gives its batches only once. Pass a "
                          "re-iterable source (a DataLoader, an IterableDataset, an object whose __iter__ starts a "
                          "new pass), or use svi, sgld, sghmc, csgmcmc, ensemble or the dropout methods.")
+    if isinstance(model, BNN) and kind in _ONE_TENSOR_ROWS:
+        _check_plain_rows(model, data.first()[0], kind)
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
         if not isinstance(model, BNN):
             latent_sites(model, *data.first())  # runs the function once: a clear error for priors it cannot draw
@@ -175,7 +197,7 @@ def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
     if batch_size is not None:
         batch_size = positive_int("batch_size", batch_size)
     if isinstance(x, torch.utils.data.DataLoader) or (hasattr(x, "__iter__") and not hasattr(x, "shape")
-                                                         and not isinstance(x, (list, tuple))):
+                                                         and not isinstance(x, (list, tuple, dict))):
         if y is not None:
             raise ValueError("y: pass y=None when x is a DataLoader of (x, y) batches.")
         size = dataset_size
@@ -201,9 +223,10 @@ def _checked(model, x, y):
         raise ValueError("x: a batch of the loader holds no targets (its y is None); make every batch an (x, y) pair "
                          "of tensors, e.g. a DataLoader over TensorDataset(x, y).")
     bnn = isinstance(model, BNN)
-    x, y = check_data(x, y, device=model.device if bnn else None, float_dtype=model.dtype if bnn else None)
+    x, y = check_data(x, y, device=model.device if bnn else None, float_dtype=model.dtype if bnn else None,
+                      keep_integer=bnn and model.integer_inputs)
     if isinstance(model, BNN):
-        out_dim = model.output_dim(x)
+        out_shape = model.output_shape(x)
         if y is not None:
-            y = model.likelihood.check_target(y, out_dim)
+            y = model.likelihood.check_output_target(y, out_shape)
     return x, y

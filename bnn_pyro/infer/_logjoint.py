@@ -70,7 +70,7 @@ class LogJoint:
         f = self.model._evaluate(full, x)
         batch = self.batch_shape(values)
         noise = {n: values[n].reshape(batch + (1,)) if batch else values[n] for n in self._noise}
-        log_lik = self.model.likelihood.distribution(f, noise).log_prob(y)
+        log_lik = self.model.likelihood.observed(f, noise, inner_dims=f.dim() - len(batch) - 2).log_prob(y)
         return log_lik.sum(-1) * (self.dataset_size / x.shape[0])
 
     def __call__(self, values, x, y, points=None) -> torch.Tensor:
