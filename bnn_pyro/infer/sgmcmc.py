@@ -48,6 +48,27 @@ correction these methods are biased by ``O(eta)``; minibatch gradient noise, not
 ``1 / (eta lambda_min)`` steps: on a BNN the chains explore a mode's neighbourhood, not the whole
 posterior, so use several chains.
 
+Stability guard (``lr="auto"``, noise-free steps only). An exploration stage is SGD with momentum at the
+largest steps of the cycle, and a learned noise scale can fall fast there: on scikit-learn's diabetes (the
+benchmarks/uci.py protocol, split 0) it fell from 0.91 to 0.53 in 65 steps, the curvature grew 3-fold before
+the next estimate and the chain diverged at step 87. So each exploration step compares its step with the
+curvature along its last move, ``|grad_t - grad_t-1| / |z_t - z_t-1|`` (free: the gradients are computed
+anyway; on a quadratic it never exceeds ``lambda_max``, so the guard never fires there), and when
+``eta_t`` times it exceeds ``2 f`` the curvature is re-estimated and the peak step lowered to ``f / lambda``.
+
+Held-out rows (csgmcmc, ``validation=``; :mod:`bnn_pyro.infer.holdout`). Without noise, an exploration stage
+runs to the joint mode of the weights and a learned noise, where an over-parameterized net fits the training
+rows and the noise collapses to their residual (diabetes split 1: noise sd 0.15 in standardized units after
+4 cycles, curvature 80 times its start, against 0.64 in the posterior; test log-likelihood -9.7 nats per point
+and 95% coverage 0.46 where the other engines get about -5.5), and the short sampling stages at the cosine's
+small steps cannot climb back out. By default, when the model has a learned Gaussian noise and 10% of the
+rows make at least 20, those rows are held out: each exploration stage scores its state on them every
+``SCORE_EVERY`` steps (noise profiled out) and the sampling stage starts from the best one (momentum reset;
+``history["exploration_stop"]``: the step of each stage's best state), and the draws' noise is then chosen to
+maximize the held-out log predictive density, as for the engines that start from a point fit. The chain
+samples the other 90%. On diabetes splits 0-2 the default went from a divergence and -9.7 to -5.54 +- 0.05
+(coverage 0.92; benchmarks/results/uci_diabetes.md). ``validation=None``: the previous behaviour.
+
 Chains: ``num_chains`` independent runs, chain ``c`` seeded with ``seed + c`` (minibatch order and
 noise from generators of its own), one after another. With ``init="reset"`` (the default for a
 ``BNN``) every chain starts from its own re-draw of the layers' initializers (``reset_parameters()``

@@ -93,7 +93,7 @@ def _blr_type2_lpd(x, y, x_test, y_test) -> torch.Tensor:
     return dist.Normal(T1 @ mean, var.sqrt()).log_prob(y_test)
 
 
-@pytest.mark.slow  # the defaults: 10,000 steps on 357 rows; ~40 s idle (est.), 12 min at load 13 on 2 cores
+@pytest.mark.slow  # the defaults: 10,000 steps on 358 rows; ~40 s idle (est.), 12 min at load 13 on 2 cores
 def test_defaults_on_diabetes_are_as_good_as_exact_linear_regression():
     """The benchmark protocol (benchmarks/uci.py) on diabetes split 0, only ``method=`` set: 10-50-1 ReLU net,
     Normal(0, 1) prior, noise ~ HalfNormal(1) learned. The test log predictive density per point must not be
