@@ -117,3 +117,32 @@ def test_defaults_on_diabetes_are_as_good_as_exact_linear_regression():
     u = metrics.pit(post, split.x_test, split.y_test)
     coverage = float(((u - 0.5).abs() <= 0.475).double().mean())
     assert coverage >= 0.8, coverage  # 45 rows: 0.8 is 2.9 binomial sd below 0.95
+
+
+def test_resume_inside_an_exploration_stage_is_bit_identical(tmp_path, monkeypatch):
+    """The early-stopping state (the best held-out state so far) is checkpointed with the chain: a run that dies
+    when saving after step 180 (its last checkpoint at 120, in the middle of cycle 0's exploration) resumes exactly."""
+    from bnn_pyro.infer import sgmcmc as sgmcmc_mod
+
+    x, y = _sine()
+    whole = bp.fit(_mlp(), x, y, method="csgmcmc", **SHORT)
+    original = sgmcmc_mod.save_sgmcmc
+
+    def save(ckpt, step, state):
+        if step == 180:
+            raise RuntimeError("crash")
+        return original(ckpt, step, state)
+
+    with monkeypatch.context() as m:
+        m.setattr(sgmcmc_mod, "save_sgmcmc", save)
+        with pytest.raises(RuntimeError, match="crash"):
+            bp.fit(_mlp(), x, y, method="csgmcmc", checkpoint=tmp_path, checkpoint_every=60, **SHORT)
+    from bnn_pyro.infer import checkpoint as ckpt_mod
+
+    meta = ckpt_mod.read(tmp_path / "chain0.ckpt")[1]
+    assert meta["step"] == 120 and meta["best"]["step"] in (0, 50, 100)  # saved mid-stage, with its best state
+    resumed = bp.fit(_mlp(), x, y, method="csgmcmc", checkpoint=tmp_path, checkpoint_every=60, resume=True, **SHORT)
+    for group in ("samples", "sample_stats", "history"):
+        for name, value in getattr(whole, group).items():
+            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+    assert resumed.config["noise"] == whole.config["noise"]
