@@ -233,7 +233,8 @@ def restore_sgmcmc(ckpt: Checkpoint, state: dict[str, Any]) -> int:
         from bnn_pyro.infer.holdout import BestOnHoldout
 
         best = BestOnHoldout(every=meta["best"]["every"], patience=None)
-        best.best_score, best.best_step, best.state = meta["best"]["score"], meta["best"]["step"], tensors["best_z"].clone()
+        best.best_score, best.best_step = meta["best"]["score"], meta["best"]["step"]
+        best.state = tensors["best_z"].clone()
         best.scores = [tuple(x) for x in meta["best"]["scores"]]
         state["best"] = best
     state["noise_gen"].set_state(tensors["noise_gen"])
