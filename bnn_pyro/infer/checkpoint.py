@@ -284,7 +284,12 @@ def save_sgmcmc(ckpt: Checkpoint, step: int, state: dict[str, Any]) -> None:
                "steps": state["steps"][:step], "lps": torch.tensor(state["lps"], dtype=torch.float64)}
     if state["draws"]:
         tensors["draws"] = torch.stack(state["draws"])
-    ckpt.save(step, tensors, {"eta": state["eta"]})
+    meta = {"eta": state["eta"], "stops": list(state.get("stops", []))}
+    best = state.get("best")  # csgmcmc's early stopping within an exploration stage
+    if best is not None:
+        tensors["best_z"] = best.state
+        meta["best"] = dict(every=best.every, score=best.best_score, step=best.best_step, scores=best.scores)
+    ckpt.save(step, tensors, meta)
 
 
 def restore_sgmcmc(ckpt: Checkpoint, state: dict[str, Any]) -> int:
@@ -296,7 +301,16 @@ def restore_sgmcmc(ckpt: Checkpoint, state: dict[str, Any]) -> int:
     step = meta["step"]
     state.update(z=tensors["z"].clone(), v=tensors["v"].clone(), direction=tensors["direction"].clone(),
                  eta=meta["eta"], lps=tensors["lps"].tolist(),
-                 draws=list(tensors["draws"].clone()) if "draws" in tensors else [])
+                 draws=list(tensors["draws"].clone()) if "draws" in tensors else [],
+                 stops=list(meta.get("stops", [])), best=None)
+    if "best" in meta:
+        from bnn_pyro.infer.holdout import BestOnHoldout
+
+        best = BestOnHoldout(every=meta["best"]["every"], patience=None)
+        best.best_score, best.best_step = meta["best"]["score"], meta["best"]["step"]
+        best.state = tensors["best_z"].clone()
+        best.scores = [tuple(x) for x in meta["best"]["scores"]]
+        state["best"] = best
     state["noise_gen"].set_state(tensors["noise_gen"])
     state["potentials"][:step] = tensors["potentials"]
     state["steps"][:step] = tensors["steps"]

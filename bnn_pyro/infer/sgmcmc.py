@@ -48,6 +48,27 @@ correction these methods are biased by ``O(eta)``; minibatch gradient noise, not
 ``1 / (eta lambda_min)`` steps: on a BNN the chains explore a mode's neighbourhood, not the whole
 posterior, so use several chains.
 
+Stability guard (``lr="auto"``, noise-free steps only). An exploration stage is SGD with momentum at the
+largest steps of the cycle, and a learned noise scale can fall fast there: on scikit-learn's diabetes (the
+benchmarks/uci.py protocol, split 0) it fell from 0.91 to 0.53 in 65 steps, the curvature grew 3-fold before
+the next estimate and the chain diverged at step 87. So each exploration step compares its step with the
+curvature along its last move, ``|grad_t - grad_t-1| / |z_t - z_t-1|`` (free: the gradients are computed
+anyway; on a quadratic it never exceeds ``lambda_max``, so the guard never fires there), and when
+``eta_t`` times it exceeds ``2 f`` the curvature is re-estimated and the peak step lowered to ``f / lambda``.
+
+Held-out rows (csgmcmc, ``validation=``; :mod:`bnn_pyro.infer.holdout`). Without noise, an exploration stage
+runs to the joint mode of the weights and a learned noise, where an over-parameterized net fits the training
+rows and the noise collapses to their residual (diabetes split 1: noise sd 0.15 in standardized units after
+4 cycles, curvature 80 times its start, against 0.64 in the posterior; test log-likelihood -9.7 nats per point
+and 95% coverage 0.46 where the other engines get about -5.5), and the short sampling stages at the cosine's
+small steps cannot climb back out. By default, when the model has a learned Gaussian noise and 10% of the
+rows make at least 20, those rows are held out: each exploration stage scores its state on them every
+``SCORE_EVERY`` steps (noise profiled out) and the sampling stage starts from the best one (momentum reset;
+``history["exploration_stop"]``: the step of each stage's best state), and the draws' noise is then chosen to
+maximize the held-out log predictive density, as for the engines that start from a point fit. The chain
+samples the other 90%. On diabetes splits 0-2 the default went from a divergence and -9.7 to -5.54 +- 0.05
+(coverage 0.92; benchmarks/results/uci_diabetes.md). ``validation=None``: the previous behaviour.
+
 Chains: ``num_chains`` independent runs, chain ``c`` seeded with ``seed + c`` (minibatch order and
 noise from generators of its own), one after another. With ``init="reset"`` (the default for a
 ``BNN``) every chain starts from its own re-draw of the layers' initializers (``reset_parameters()``
@@ -87,12 +108,16 @@ from bnn_pyro.infer._common import Data, clean_config, point_values, progress_ba
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.checkpoint import Checkpoint, restore_sgmcmc, save_sgmcmc
+from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
+                                    split)
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan"]
 
 
 ADAPT_EVERY = 100  # lr="auto": steps between curvature estimates while the step may change
+SCORE_EVERY = 50  # csgmcmc with held-out rows: exploration steps between held-out scores
+GUARD = 2.0  # lr="auto", exploration: re-estimate the curvature when eta_t * (secant curvature) > GUARD * fraction
 
 
 def auto_fraction(friction: float) -> float:
@@ -192,7 +217,7 @@ def fit_sghmc(model, data: Data, *, lr: float | str = "auto", friction: float = 
 
 def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int = 4, exploration: float = 0.8,
                 num_samples: int = 200, thin: int = 10, friction: float = 0.1, num_chains: int = 1, init=None,
-                seed: int = 0, progress: bool = True,
+                validation="default", seed: int = 0, progress: bool = True,
                 checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
     """Cyclical SG-MCMC: cosine step-size cycles, each an exploration stage then a sampling stage.
 
@@ -213,6 +238,12 @@ def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int 
         ``K = ceil(num_samples / num_cycles * thin / (1 - exploration))`` steps.
     friction:
         ``alpha``: the default 0.1 is cSGHMC with SGD momentum 0.9; 1 is cSGLD.
+    validation:
+        Held-out rows that stop each exploration stage early (:mod:`bnn_pyro.infer.holdout`): by default
+        10% of the training rows when the model has a learned Gaussian noise (a ``BNN`` with
+        ``Gaussian(scale=<prior>)``), the data are tensors and at least 20 rows would be held out; the same
+        rows for every chain. See the module docstring. A fraction, an ``(x_val, y_val)`` pair (all rows
+        are then sampled on), or ``None`` (no early stopping: the exploration stages run to the joint mode).
     num_chains, init, seed, progress, checkpoint, checkpoint_every, resume:
         As in :func:`fit_sgld`.
     """
@@ -238,8 +269,14 @@ def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int 
                 fraction=(2.0 - alpha) / 2.0)
     settings = dict(num_cycles=num_cycles, exploration=float(exploration), cycle_length=length, num_samples=num_samples,
                     thin=thin, friction=alpha)
+    full = data
+    if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
+        holdout, why = None, "no learned Gaussian noise (pass validation=0.1 to stop the exploration stages early)"
+    else:
+        data, holdout, why = split(full, validation, seed=seed, method="csgmcmc", convert=full.convert)
+    settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
     return _fit(model, data, plan, lr, "csgmcmc", settings, num_chains, init, seed, progress,
-                dict(folder=checkpoint, every=checkpoint_every, resume=resume))
+                dict(folder=checkpoint, every=checkpoint_every, resume=resume), holdout=holdout, full=full)
 
 
 # ---------------------------------------------------------------------- plans and checks
@@ -283,7 +320,7 @@ def _chain_init(init, chain: int):
 
 # ---------------------------------------------------------------------- the sampler
 def _fit(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_chains, init, seed,
-         progress, checkpoint: dict) -> Posterior:
+         progress, checkpoint: dict, holdout: Holdout | None = None, full: Data | None = None) -> Posterior:
     num_chains = positive_int("num_chains", num_chains)
     folder = checkpoint.pop("folder")
     if folder is None and (checkpoint["every"] is not None or checkpoint["resume"]):
@@ -307,12 +344,17 @@ def _fit(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_cha
             if pot.dim == 0:
                 raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
                                  "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
-            run = _run_chain(pot, data, plan, lr, seed + chain, f"{method} chain {chain}", progress, ckpts[chain])
+            score = None if holdout is None else (
+                lambda z, pot=pot: heldout_score(fitted, pot.constrain(pot.unflatten(z)), holdout))
+            run = _run_chain(pot, data, plan, lr, seed + chain, f"{method} chain {chain}", progress, ckpts[chain],
+                             score)
             run["point"] = point_values(fitted, *data.first(), data.size)
         runs.append(run)
     stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
-    return Posterior(samples=stack("samples"), model=fitted, method=method, config=config, point=stack("point"),
-                     sample_stats=stack("stats"), history=stack("history"), x=data.x, y=data.y)
+    full = data if full is None else full
+    post = Posterior(samples=stack("samples"), model=fitted, method=method, config=config, point=stack("point"),
+                     sample_stats=stack("stats"), history=stack("history"), x=full.x, y=full.y)
+    return select_noise(post, holdout)
 
 
 def _largest_curvature(pot: Potential, z: torch.Tensor, batch, start: torch.Tensor, iters: int):
@@ -331,8 +373,9 @@ def _largest_curvature(pot: Potential, z: torch.Tensor, batch, start: torch.Tens
 
 
 def _run_chain(pot: Potential, data: Data, plan: Plan, lr, seed: int, name: str, progress: bool,
-               ckpt: Checkpoint | None = None) -> dict:
-    """One chain of the shared update (module docstring); returns draws, statistics and history."""
+               ckpt: Checkpoint | None = None, score=None) -> dict:
+    """One chain of the shared update (module docstring); returns draws, statistics and history.
+    ``score(z)``: the held-out score of a state, which stops noise-free (exploration) stages early."""
     z = pot.flatten(pot.init).detach().clone()
     v = torch.zeros_like(z)
     batches = data.batches(torch.Generator().manual_seed(seed))
@@ -341,28 +384,46 @@ def _run_chain(pot: Potential, data: Data, plan: Plan, lr, seed: int, name: str,
     eta = None if lr == "auto" else lr / data.size
     alpha, num_steps = plan.friction, len(plan.scale)
     scale, keep, noisy, adapt = plan.scale.tolist(), plan.keep.tolist(), plan.noisy.tolist(), plan.adapt.tolist()
-    draws, lps = [], []
+    draws, lps, stops = [], [], []
     potentials, steps = torch.empty(num_steps, dtype=torch.float64), torch.empty(num_steps, dtype=torch.float64)
-    start = 0
+    start, best, secant = 0, None, None
     if ckpt is not None:
         state = dict(noise_gen=noise_gen, potentials=potentials, steps=steps)
         start = restore_sgmcmc(ckpt, state)
         if start:
             z, v, direction, eta, draws, lps = (state[k] for k in ("z", "v", "direction", "eta", "draws", "lps"))
+            best, stops = state.get("best"), state.get("stops", [])
     for _ in range(start):  # replay the minibatch stream up to the restored step
         next(batches)
     bar = progress_bar(num_steps, name, progress)
     bar.update(start)
     for t in range(start, num_steps):
         batch = next(batches)
+        if score is not None:  # early stopping of the exploration stages on held-out rows
+            if not noisy[t] and best is None:
+                best = BestOnHoldout(every=SCORE_EVERY, patience=None)
+            if best is not None and (noisy[t] or t % SCORE_EVERY == 0 or best.state is None):
+                best.record(t, score(z), z)
+            if best is not None and noisy[t]:  # the stage has ended: go on from its best state
+                if best.best_step != t:
+                    z, v, secant = best.state.clone(), torch.zeros_like(v), None
+                stops.append(best.best_step)
+                best = None
         if lr == "auto" and adapt[t]:
             lam, direction = _largest_curvature(pot, z, batch, direction, iters=30 if eta is None else 10)
             eta = plan.fraction / lam if lam > 0 else (eta or 1.0 / data.size)
-        step = eta * scale[t]
         z.requires_grad_(True)
         u = pot(pot.unflatten(z), batch)
         (grad,) = torch.autograd.grad(u, z)
         z, u = z.detach(), float(u.detach())
+        if lr == "auto" and not noisy[t]:  # stability guard of the noise-free stages (module docstring)
+            if secant is not None and eta * scale[t] * _secant(z, grad, *secant) > GUARD * plan.fraction:
+                lam, direction = _largest_curvature(pot, z, batch, direction, iters=10)
+                eta = min(eta, plan.fraction / lam) if lam > 0 else eta
+            secant = (z.clone(), grad.clone())
+        else:
+            secant = None
+        step = eta * scale[t]
         if not (math.isfinite(u) and torch.isfinite(grad).all()):
             raise FloatingPointError(
                 f"{name} diverged at step {t}: the potential energy or its gradient is not finite (U = {u:.3g}, "
@@ -379,10 +440,21 @@ def _run_chain(pot: Potential, data: Data, plan: Plan, lr, seed: int, name: str,
         z.add_(v)
         if ckpt is not None and ckpt.due(t + 1, num_steps):
             save_sgmcmc(ckpt, t + 1, dict(z=z, v=v, direction=direction, eta=eta, draws=draws, lps=lps,
-                                          noise_gen=noise_gen, potentials=potentials, steps=steps))
+                                          noise_gen=noise_gen, potentials=potentials, steps=steps, best=best,
+                                          stops=stops))
         if t % 100 == 99 or t == num_steps - 1:
             bar.update(t + 1 - bar.n)
     bar.close()
     samples = {k: val.detach().clone() for k, val in pot.constrain(pot.unflatten(torch.stack(draws))).items()}
+    history = dict(potential=potentials, step_size=steps)
+    if score is not None:
+        history["exploration_stop"] = torch.tensor(stops, dtype=torch.long)
     return dict(samples=samples, stats=dict(lp=torch.tensor(lps, dtype=torch.float64), step_size=steps[plan.keep]),
-                history=dict(potential=potentials, step_size=steps))
+                history=history)
+
+
+def _secant(z: torch.Tensor, grad: torch.Tensor, z_prev: torch.Tensor, grad_prev: torch.Tensor) -> float:
+    """``|grad - grad_prev| / |z - z_prev|``: the curvature along the last move (at most ``lambda_max``
+    on a quadratic), free from the gradients already computed."""
+    dz = (z - z_prev).norm()
+    return float((grad - grad_prev).norm() / dz) if dz > 0 else 0.0

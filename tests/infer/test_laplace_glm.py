@@ -156,3 +156,20 @@ def test_marglik_improves_heldout_likelihood_over_a_misscaled_prior():
                       prior_precision=prior_precision)
         lpd[prior_precision] = float(bp.metrics.log_predictive_density(post, x_test, y_test).mean())
     assert lpd["marglik"] > lpd["model"] + 0.2, lpd
+
+
+@pytest.mark.slow  # two fits at the defaults; ~10 s each idle, ~90 s each at load 12 on 2 cores
+@pytest.mark.parametrize("structure", [None, "full"])
+def test_gap_data_is_more_uncertain_in_the_gap_than_on_the_data_at_the_defaults(structure):
+    """The zoo's mlp_regression (1-50-1 tanh, noise ~ HalfNormal(0.5) learned, 80 rows: no held-out rows), only
+    ``method=`` (and ``structure=``) set: the GLM predictive's epistemic sd inside the gap (|x| < 0.3) exceeds
+    that on the clusters (|x| >= 0.5), as NUTS's does (6.6x). Measured: last layer (the default) 3.28x, full
+    6.51x. ``structure="diag"`` gives 0.88x (3 restarts 0.86x, marglik prior precision 1.00x with a flat fit):
+    a diagonal precision drops the correlations that make combinations of weights free in the gap but pinned on
+    the data, so it is not asserted here (see the package docstring)."""
+    entry = bp.zoo.load("mlp_regression")
+    post = bp.fit(entry.model, entry.x, entry.y, method="laplace", structure=structure, seed=0, progress=False)
+    grid = torch.linspace(-2, 2, 401).reshape(-1, 1)
+    sd = post.predict(grid, seed=0).epistemic_std
+    on_data, gap = grid[:, 0].abs() >= 0.5, grid[:, 0].abs() < 0.3
+    assert sd[gap].mean() > sd[on_data].mean(), (structure, float(sd[gap].mean()), float(sd[on_data].mean()))
