@@ -139,3 +139,15 @@ def test_06_calibration_checks(monkeypatch):
     assert finite(ns["reweighted"].mean) and ns["reweighted"].mean.shape == (5,)
     ranks = ns["result"].ranks
     assert ranks.shape == (1, 20) and int(ranks.min()) >= 0 and int(ranks.max()) <= 9
+
+
+def test_09_bayesian_last_layer(monkeypatch):
+    ns = run_notebook("09_bayesian_last_layer.ipynb", monkeypatch)
+    table, posts = ns["table"], ns["posts"]
+    assert list(table.index) == ["deterministic", "svi", "laplace", "nuts"]
+    assert (table["accuracy"] > 0.9).all() and table.drop(columns=["ood_auroc_mi", "fit_seconds"]).notna().all().all()
+    for method, post in posts.items():
+        assert set(post.samples) == {"1.weight", "1.bias"} and post.method == method
+        fitted = dict(post.model.net.named_buffers())
+        assert all(torch.equal(fitted[n], v) for n, v in ns["frozen_before"].items()), method
+    assert ns["model"].frozen_names and not ns["model"].point_names
