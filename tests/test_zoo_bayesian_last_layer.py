@@ -87,7 +87,7 @@ def _ood_auroc(probs_in, probs_out) -> float:
     return bp.metrics.ood_auroc(entropy(probs_in), entropy(probs_out))
 
 
-@pytest.mark.slow  # card defaults; idle 2 cores: laplace ~10 s, svi ~15 s, nuts ~45 s
+@pytest.mark.slow  # card defaults, measured on a shared 2-core machine at load ~6: laplace 17 s, svi 19 s, nuts 92 s
 @pytest.mark.parametrize("method", ["laplace", "svi", "nuts"])
 def test_each_engine_at_the_card_defaults_beats_the_deterministic_net(entry, method):
     with torch.no_grad():
