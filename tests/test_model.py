@@ -227,3 +227,63 @@ def test_shape_errors_are_in_our_words_with_torchs_error_chained(net, x, match):
     with pytest.raises(ValueError, match=match) as info:
         model.output_dim(x)
     assert str(inner.value) not in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
+
+
+@pytest.mark.parametrize("body", [
+    lambda: nn.Sequential(nn.Linear(2, 4), nn.Tanh()),  # a Linear stack: batched matrix products
+    lambda: nn.Sequential(nn.Linear(2, 4), nn.LayerNorm(4), nn.Tanh()),  # the general (vmap) path
+])
+def test_parameters_with_requires_grad_false_are_frozen_constants(body):
+    torch.manual_seed(0)
+    backbone = body().requires_grad_(False)
+    net = nn.Sequential(backbone, nn.Linear(4, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())  # bayesian="all": frozen ones get no prior
+    frozen = [f"0.{n}" for n, _ in backbone.named_parameters()]
+    assert model.frozen_names == frozen and model.sample_names == ["1.weight", "1.bias"] and model.point_names == []
+    assert f"frozen={len(frozen)} tensors" in repr(model)
+    assert net[1].weight.requires_grad and not backbone[0].weight.requires_grad  # the user's net is not modified
+    x = torch.randn(30, 2)
+    tr = _trace(model, x, torch.randn(30))
+    assert not any(n in tr.nodes for n in frozen)  # neither sample nor param sites
+    w, b = torch.randn(3, 1, 4), torch.randn(3, 1)
+    with torch.no_grad():
+        expected = backbone(x) @ w.transpose(1, 2) + b[:, None]
+    torch.testing.assert_close(model.forward_draws({"1.weight": w, "1.bias": b}, x), expected)
+    # MAP by SVI trains what is not frozen (the same net unfrozen moves its first layer), never what is
+    y = torch.sin(3 * x[:, 0])
+    for post, moves in [(bp.fit(model, x, y, guide="map", num_steps=50, lr=0.05, progress=False), False),
+                        (bp.fit(bp.BNN(net.requires_grad_(True), prior=bp.priors.Normal(), likelihood=gaussian(),
+                                       bayesian=["1.*"]), x, y, guide="map", num_steps=50, lr=0.05, progress=False),
+                         True)]:
+        first = post.point["0.0.weight"][0] if moves else dict(post.model.net.named_buffers())["0.0.weight"]
+        assert torch.equal(first, backbone[0].weight) is not moves
+
+
+def test_frozen_parameters_cannot_be_selected():
+    frozen = nn.Linear(2, 3).requires_grad_(False)
+    net = nn.Sequential(frozen, nn.Tanh(), nn.Linear(3, 1))
+    with pytest.raises(ValueError, match=r"bayesian: the pattern '0\.\*' matches only frozen parameters.*"
+                                         r"requires_grad_\(True\)"):
+        bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian=["0.*"])
+    with pytest.raises(ValueError, match=r"no trainable parameters \(all 2 have requires_grad=False\)"):
+        bp.BNN(frozen, prior=bp.priors.Normal(), likelihood=gaussian())
+
+
+@pytest.mark.parametrize("method", [m.value for m in bp.infer.Method])
+def test_every_engine_keeps_frozen_parameters_and_draws_the_rest(method, tmp_path):
+    """Tiny runs of every registered engine: the frozen layer is bit-identical after the fit (and after a
+    save/load round trip), and the draws hold the trainable head only."""
+    torch.manual_seed(0)
+    x = torch.randn(60, 3)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    backbone = nn.Sequential(nn.Linear(3, 4), nn.Tanh()).requires_grad_(False)
+    model = bp.BNN(nn.Sequential(backbone, nn.Linear(4, 2)), prior=bp.priors.Normal(),
+                   likelihood=bp.likelihoods.Categorical())
+    tiny = dict(num_steps=60, num_samples=4, num_warmup=4, num_members=2, num_cycles=2, rank=3, num_chains=1,
+                pretrain_steps=30)
+    options = bp.infer.options(method)
+    post = bp.fit(model, x, y, method=method, progress=False, seed=0, **{k: v for k, v in tiny.items() if k in options})
+    assert set(post.samples) == {"1.weight", "1.bias"} and not post.point
+    for fitted in (post, bp.load(post.save(tmp_path / "post.bnn"), model=model)):
+        buffers = dict(fitted.model.net.named_buffers())
+        assert torch.equal(buffers["0.0.weight"], backbone[0].weight) and torch.equal(buffers["0.0.bias"], backbone[0].bias)

@@ -243,3 +243,15 @@ def test_08_ood_and_rejection(monkeypatch):
     # a point estimate's draws agree: its mutual information is exactly 0, so it cannot rank anything
     assert (ns["preds"]["map"]["in"].mutual_information == 0).all()
     assert ns["auroc"].loc["map", ("rotated", "mutual_information")] == 0.5
+
+
+def test_09_bayesian_last_layer(monkeypatch):
+    ns = run_notebook("09_bayesian_last_layer.ipynb", monkeypatch)
+    table, posts = ns["table"], ns["posts"]
+    assert list(table.index) == ["deterministic", "svi", "laplace", "nuts"]
+    assert (table["accuracy"] > 0.9).all() and table.drop(columns=["ood_auroc_mi", "fit_seconds"]).notna().all().all()
+    for method, post in posts.items():
+        assert set(post.samples) == {"1.weight", "1.bias"} and post.method == method
+        fitted = dict(post.model.net.named_buffers())
+        assert all(torch.equal(fitted[n], v) for n, v in ns["frozen_before"].items()), method
+    assert ns["model"].frozen_names and not ns["model"].point_names
