@@ -153,12 +153,14 @@ def test_a_pyro_function_model_is_refused():
         bp.fit(model, torch.ones(4, 1), torch.ones(4), method="subspace", progress=False)
 
 
-@pytest.mark.slow  # SWA (1,200 steps) and NUTS (200 draws) on a 10-dim model: ~1 min idle, ~6 min on a busy machine
+# SWA (1,200 steps) and NUTS (200 draws, ~600 leapfrog steps each) on a 10-dim model: 1,004 s wall on a 2-core
+# machine shared by ~8 jobs (a few minutes idle): over the ~60 s a slow test should take; see the report
+@pytest.mark.slow
 def test_more_uncertain_in_the_gap_than_on_the_data():
     """1-50-1 tanh net, known noise 0.1, the bundled gap data, the default rank-10 subspace and NUTS (shorter
     runs than the defaults): the functions in the subspace agree on the data and part in the gap. Measured
-    at seed 0: RATIO_MEASURED (the linearized posterior in this subspace: 4.3x at the default 2,000
-    pre-training steps, 5.6x at 1,000)."""
+    at seed 0: epistemic sd 0.094 in the gap, 0.033 on the clusters (2.9x; NUTS on all weights 6.6x), RMSE
+    0.095; the linearized posterior in the same kind of subspace gave 5.6x (1,000 pre-training steps)."""
     x, y = bp.datasets.toy_gap()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
