@@ -23,9 +23,6 @@ What is checked
 
 from __future__ import annotations
 
-import math
-
-import arviz as az
 import pytest
 import torch
 from torch import nn
@@ -33,7 +30,7 @@ from torch import nn
 import bnn_pyro as bp
 from bnn_pyro.infer import laplace as lap
 from bnn_pyro.infer._common import Data
-from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
+from blr import BLR, mcse_z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 HEAD = {"1.weight", "1.bias"}
 Z_MAX, PREC_TOL, MAP_TOL = 4.0, 1e-6, 1e-4  # MAP / precision tolerances derived in tests/infer/test_laplace.py
@@ -121,26 +118,10 @@ def _features_problem(n: int = 40):
     return x, y, model, BLR(x=feats, y=y, noise=NOISE, prior_scale=PRIOR_SCALE), phi
 
 
-def _z_scores(w: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> dict[str, float]:
-    """``w``: draws (chains, draws, dim) in float64."""
-    z = {}
-    for i in range(len(mean)):
-        ess = az.ess(w[..., i].numpy(), method="mean")
-        z[f"mean[{i}]"] = float((w[..., i].mean() - mean[i]) / (cov[i, i].sqrt() / math.sqrt(ess)))
-    centered = w - mean
-    for i in range(len(mean)):
-        for j in range(i, len(mean)):
-            prod = centered[..., i] * centered[..., j]
-            ess = az.ess(prod.numpy(), method="mean")
-            sd = math.sqrt(cov[i, i] * cov[j, j] + cov[i, j] ** 2)
-            z[f"cov[{i},{j}]"] = float((prod.mean() - cov[i, j]) / (sd / math.sqrt(ess)))
-    return z
-
-
 def _assert_exact_draws(post, exact: BLR, phi):
     c, n = post.num_chains, post.num_draws
     w = torch.cat([post.samples["1.weight"].reshape(c, n, -1), post.samples["1.bias"].reshape(c, n, 1)], -1).double()
-    z = _z_scores(w, exact.mean, exact.cov)
+    z = mcse_z_scores(w, exact.mean, exact.cov)
     bad = {k: round(v, 2) for k, v in z.items() if not abs(v) < Z_MAX}
     assert not bad, f"{post.method}: off by more than {Z_MAX} MCSE: {bad}"
     assert torch.equal(_backbone_values(post)["0.0.weight"], phi[0].weight)
