@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib.util
+import json
 import sys
 import tempfile
 import textwrap
@@ -226,7 +227,8 @@ def _fit_config(method: str, args) -> dict[str, object]:
 
 def _key_value(text: str) -> tuple[str, object]:
     """``--option KEY=VALUE``: VALUE is None (``none``, ``null``), a bool (``true``, ``false``; any
-    case), an int, a float, else the text itself."""
+    case), an int, a float, a JSON object (``{...}``: a dict option such as subspace's ``swa``), else the
+    text itself."""
     key, sep, raw = text.partition("=")
     key, raw = key.strip(), raw.strip()
     if not sep or not key.isidentifier():
@@ -241,6 +243,12 @@ def _key_value(text: str) -> tuple[str, object]:
             return key, kind(raw)
         except ValueError:
             pass
+    if raw.startswith("{"):
+        try:
+            return key, json.loads(raw)
+        except json.JSONDecodeError as err:
+            raise argparse.ArgumentTypeError(f"--option {key}: {raw!r} is not a JSON object ({err}); write e.g. "
+                                             f"{key}='{{\"pretrain_steps\": 100}}'.") from None
     return key, raw
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import math
 
+import arviz as az
 import torch
 
 import bnn_pyro as bp
@@ -84,3 +85,20 @@ def exact_mean_field_loss(q, blr: BLR) -> tuple[float, torch.Tensor]:
     params = [p for _, p in sorted(q.named_parameters())]
     grad = torch.cat([g.reshape(-1) for g in torch.autograd.grad(neg_elbo, params)])
     return neg_elbo.item(), grad.double()
+
+
+def mcse_z_scores(w, mean, cov) -> dict[str, float]:
+    """z = (estimate - exact) / MCSE for every mean coordinate and covariance entry of draws ``w`` shaped
+    ``(chains, draws, dim)`` against the exact ``mean`` and ``cov`` (MCSE from ArviZ's ESS of each quantity)."""
+    z = {}
+    for i in range(len(mean)):
+        ess = az.ess(w[..., i].numpy(), method="mean")
+        z[f"mean[{i}]"] = float((w[..., i].mean() - mean[i]) / (cov[i, i].sqrt() / math.sqrt(ess)))
+    centered = w - mean
+    for i in range(len(mean)):
+        for j in range(i, len(mean)):
+            prod = centered[..., i] * centered[..., j]
+            ess = az.ess(prod.numpy(), method="mean")
+            sd = math.sqrt(cov[i, i] * cov[j, j] + cov[i, j] ** 2)
+            z[f"cov[{i},{j}]"] = float((prod.mean() - cov[i, j]) / (sd / math.sqrt(ess)))
+    return z

@@ -218,6 +218,9 @@ TINY = {
     "sparse_vd": ["--steps", "5", "--samples", "5"],
     "ensemble": ["--chains", "2", "--steps", "5"],
     "laplace": ["--steps", "5", "--samples", "5", "--option", "polish_steps=1"],
+    "snapshot": ["--option", "num_cycles=2", "--option", "cycle_length=3"],
+    "subspace": ["--samples", "3", "--option", "rank=2", "--option", 'inner_options={"num_warmup": 3, "jit": false}',
+                 "--option", 'swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "rank": 2}'],
 }
 
 
@@ -261,6 +264,7 @@ def test_every_registered_method_fits_through_the_cli(method, zoo, tmp_path, cap
 @pytest.mark.parametrize("text, value", [
     ("lr=0.01", 0.01), ("rank=10", 10), ("jit=False", False), ("dense_mass=true", True), ("init=None", None),
     ("checkpoint=null", None), ("guide=low_rank", "low_rank"), ("lr=1e-3", 1e-3), ("lr_schedule= cosine ", "cosine"),
+    ('swa={"pretrain_steps": 3, "lr": 0.01}', {"pretrain_steps": 3, "lr": 0.01}),
 ])
 def test_option_values_are_parsed_as_documented(text, value):
     key, parsed = cli._key_value(text)

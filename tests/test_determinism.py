@@ -44,6 +44,10 @@ TINY = {
     Method.SPARSE_VD: dict(num_steps=3, num_samples=3),
     Method.ENSEMBLE: dict(num_members=2, num_steps=3),
     Method.LAPLACE: dict(num_steps=3, polish_steps=2, num_samples=3),
+    Method.SNAPSHOT: dict(num_cycles=2, cycle_length=3),
+    Method.SUBSPACE: dict(rank=2, num_samples=3, inner_options=dict(num_warmup=3, max_tree_depth=2,
+                                                                    chain_method="sequential"),
+                          swa=dict(pretrain_steps=3, num_steps=4, collect_every=1, rank=2)),
 }
 
 
@@ -69,7 +73,8 @@ def _fit(method: Method, seed: int, global_seed: int, build_seed: int = 123) -> 
 
 
 # Engines that take minibatches: their batch order must follow the seed too.
-_MINIBATCH = {Method.SVI, Method.SGLD, Method.SGHMC, Method.CSGMCMC, Method.SWA, Method.SWAG}
+_MINIBATCH = {Method.SVI, Method.SGLD, Method.SGHMC, Method.CSGMCMC, Method.SWA, Method.SWAG, Method.SNAPSHOT,
+              Method.SUBSPACE}
 
 
 def test_every_method_has_a_tiny_configuration():

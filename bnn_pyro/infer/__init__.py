@@ -37,6 +37,8 @@ class Method(str, Enum):
     SPARSE_VD = "sparse_vd"
     ENSEMBLE = "ensemble"
     LAPLACE = "laplace"
+    SNAPSHOT = "snapshot"
+    SUBSPACE = "subspace"
 
 
 # Method -> (module under bnn_pyro.infer, function): imported on first use, so that ``import bnn_pyro``
@@ -56,6 +58,8 @@ REGISTRY: dict[Method, tuple[str, str]] = {
     Method.SPARSE_VD: ("variational_dropout", "fit_sparse_vd"),
     Method.ENSEMBLE: ("ensemble", "fit_ensemble"),
     Method.LAPLACE: ("laplace", "fit_laplace"),
+    Method.SNAPSHOT: ("snapshot", "fit_snapshot"),
+    Method.SUBSPACE: ("subspace", "fit_subspace"),
 }
 
 
@@ -72,7 +76,7 @@ _FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own key
 
 
 # Engines that read the data in several passes (a one-shot iterator of batches cannot serve them).
-_MULTI_PASS = frozenset({Method.SWA, Method.SWAG, Method.LAPLACE})
+_MULTI_PASS = frozenset({Method.SWA, Method.SWAG, Method.LAPLACE, Method.SUBSPACE})
 
 
 # Engines whose curvature takes per-example Jacobians of (N, out) outputs of one input tensor, batched by vmap:
@@ -184,7 +188,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
         raise ValueError(f"x: method={kind.value!r} goes over the data more than once (fit, then curvature or "
                          "statistics), but a one-shot iterator or generator gives its batches only once. Pass a "
                          "re-iterable source (a DataLoader, an IterableDataset, an object whose __iter__ starts a "
-                         "new pass), or use svi, sgld, sghmc, csgmcmc, ensemble or the dropout methods.")
+                         "new pass), or use svi, sgld, sghmc, csgmcmc, snapshot, ensemble or the dropout methods.")
     if isinstance(model, BNN) and kind in _ONE_TENSOR_ROWS:
         _check_plain_rows(model, data.first()[0], kind)
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():

@@ -1,4 +1,4 @@
-"""Checkpoint and resume of the iterative engines (``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``,
+"""Checkpoint and resume of the iterative engines (``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``, ``"snapshot"``,
 ``"ensemble"``, ``"variational_dropout"``, ``"sparse_vd"``; :data:`ENGINES`).
 
 ``bp.fit(..., checkpoint=FOLDER, checkpoint_every=N)`` writes one file per chain,
@@ -44,7 +44,7 @@ from bnn_pyro._checks import positive_int
 __all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "write", "read", "FORMAT", "ENGINES", "open_chains"]
 
 # the methods whose fit takes checkpoint= / checkpoint_every= / resume=
-ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "ensemble", "variational_dropout", "sparse_vd")
+ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variational_dropout", "sparse_vd")
 
 FORMAT = "bnn_pyro.checkpoint"
 FORMAT_VERSION = 1

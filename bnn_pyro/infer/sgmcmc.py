@@ -112,7 +112,7 @@ from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, h
                                     split)
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan"]
+__all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "run_plan", "cosine_cycle"]
 
 
 ADAPT_EVERY = 100  # lr="auto": steps between curvature estimates while the step may change
@@ -195,7 +195,7 @@ def fit_sgld(model, data: Data, *, lr: float | str = "auto", num_samples: int = 
         :mod:`bnn_pyro.infer.checkpoint`).
     """
     plan, settings = _plan(lr, num_samples, num_warmup, thin, schedule, friction=1.0)
-    return _fit(model, data, plan, lr, "sgld", settings, num_chains, init, seed, progress,
+    return run_plan(model, data, plan, lr, "sgld", settings, num_chains, init, seed, progress,
                 dict(folder=checkpoint, every=checkpoint_every, resume=resume))
 
 
@@ -211,7 +211,7 @@ def fit_sghmc(model, data: Data, *, lr: float | str = "auto", friction: float = 
     """
     alpha = _fraction("friction", friction)
     plan, settings = _plan(lr, num_samples, num_warmup, thin, schedule, friction=alpha)
-    return _fit(model, data, plan, lr, "sghmc", settings, num_chains, init, seed, progress,
+    return run_plan(model, data, plan, lr, "sghmc", settings, num_chains, init, seed, progress,
                 dict(folder=checkpoint, every=checkpoint_every, resume=resume))
 
 
@@ -264,7 +264,7 @@ def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int 
     noisy = k >= length - sampling
     keep = noisy & ((length - 1 - k) % thin == 0)
     adapt = (k == 0) | (~noisy & (k % ADAPT_EVERY == 0))  # the start of a cycle, and while exploring
-    plan = Plan(scale=((torch.cos(math.pi * k / length) + 1) / 2).repeat(num_cycles), noisy=noisy.repeat(num_cycles),
+    plan = Plan(scale=cosine_cycle(length).repeat(num_cycles), noisy=noisy.repeat(num_cycles),
                 keep=keep.repeat(num_cycles), adapt=adapt.repeat(num_cycles), friction=alpha,
                 fraction=(2.0 - alpha) / 2.0)
     settings = dict(num_cycles=num_cycles, exploration=float(exploration), cycle_length=length, num_samples=num_samples,
@@ -275,11 +275,18 @@ def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int 
     else:
         data, holdout, why = split(full, validation, seed=seed, method="csgmcmc", convert=full.convert)
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
-    return _fit(model, data, plan, lr, "csgmcmc", settings, num_chains, init, seed, progress,
-                dict(folder=checkpoint, every=checkpoint_every, resume=resume), holdout=holdout, full=full)
+    return run_plan(model, data, plan, lr, "csgmcmc", settings, num_chains, init, seed, progress,
+                    dict(folder=checkpoint, every=checkpoint_every, resume=resume), holdout=holdout, full=full)
 
 
 # ---------------------------------------------------------------------- plans and checks
+def cosine_cycle(length: int) -> torch.Tensor:
+    """``(length,)`` float64 step multipliers of one cycle: ``(cos(pi k / K) + 1) / 2``, ``k = 0..K-1``
+    (1 at the start, ``(1 - cos(pi / K)) / 2`` at the last step); csgmcmc and snapshot ensembles repeat it."""
+    k = torch.arange(length, dtype=torch.float64)
+    return (torch.cos(math.pi * k / length) + 1) / 2
+
+
 def _check_lr(lr):
     if isinstance(lr, str):
         if lr != "auto":
@@ -319,8 +326,13 @@ def _chain_init(init, chain: int):
 
 
 # ---------------------------------------------------------------------- the sampler
-def _fit(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_chains, init, seed,
-         progress, checkpoint: dict, holdout: Holdout | None = None, full: Data | None = None) -> Posterior:
+def run_plan(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_chains, init, seed,
+             progress, checkpoint: dict, holdout: Holdout | None = None, full: Data | None = None) -> Posterior:
+    """Run ``num_chains`` chains of ``plan`` (the shared update of the module docstring) and assemble the
+    ``Posterior``; ``lr`` is ``"auto"`` or checked by the caller, ``settings`` go into ``post.config``,
+    ``checkpoint`` is ``dict(folder=..., every=..., resume=...)``; ``holdout`` (rows held out of ``data``,
+    ``full`` the whole set) scores csgmcmc's exploration stages. The engines here and snapshot ensembles
+    (:mod:`bnn_pyro.infer.snapshot`) are plans run by it."""
     num_chains = positive_int("num_chains", num_chains)
     folder = checkpoint.pop("folder")
     if folder is None and (checkpoint["every"] is not None or checkpoint["resume"]):

@@ -100,7 +100,7 @@ from bnn_pyro.infer.holdout import DEFAULT, BestOnHoldout, Holdout, describe, he
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_swa", "fit_swag", "SWAGMoments", "PretrainOptimizer"]
+__all__ = ["fit_swa", "fit_swag", "fit_moments", "SWAGMoments", "PretrainOptimizer"]
 
 _CURVATURE_POINTS, _POWER_ITERATIONS = 2048, 30
 
@@ -221,6 +221,12 @@ def fit_swag(model, data: Data, *, rank: int = 20, num_samples: int = 1000, scal
     """
     return _fit(model, data, swag=True, rank=rank, num_samples=num_samples, scale=scale, num_chains=num_chains,
                 **config)[0]
+
+
+def fit_moments(model, data: Data, **config) -> tuple[Posterior, list[SWAGMoments]]:
+    """The SWA/SWAG posterior (``swag=True|False`` and the options of :func:`fit_swag`) and each chain's
+    :class:`SWAGMoments`: the iterates' mean and deviations that subspace inference builds on."""
+    return _fit(model, data, **config)
 
 
 def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, scale: float = 1.0,

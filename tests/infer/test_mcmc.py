@@ -13,7 +13,6 @@ model. Seeds are fixed, so a run either passes or fails deterministically.
 import math
 import warnings
 
-import arviz as az
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -23,7 +22,7 @@ from pyro import poutine
 import bnn_pyro as bp
 from bnn_pyro.infer import driver, mcmc
 from bnn_pyro.infer._common import quiet_model
-from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
+from blr import BLR, mcse_z_scores as _z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 SIGMA, PRIOR_VAR, Z_MAX = 0.5, 1.0, 4.0
 
@@ -49,22 +48,6 @@ def _draws(post, names=("weight", "bias")):
     """Draws as (chains, draws, dim) in float64, weight then bias."""
     c, n = post.num_chains, post.num_draws
     return torch.cat([post.samples[k].reshape(c, n, -1) for k in names], -1).double()
-
-
-def _z_scores(w, mean, cov) -> dict[str, float]:
-    """z = (estimate - exact) / MCSE for every mean coordinate and covariance entry."""
-    z = {}
-    for i in range(len(mean)):
-        ess = az.ess(w[..., i].numpy(), method="mean")
-        z[f"mean[{i}]"] = float((w[..., i].mean() - mean[i]) / (cov[i, i].sqrt() / math.sqrt(ess)))
-    centered = w - mean
-    for i in range(len(mean)):
-        for j in range(i, len(mean)):
-            prod = centered[..., i] * centered[..., j]
-            ess = az.ess(prod.numpy(), method="mean")
-            sd = math.sqrt(cov[i, i] * cov[j, j] + cov[i, j] ** 2)
-            z[f"cov[{i},{j}]"] = float((prod.mean() - cov[i, j]) / (sd / math.sqrt(ess)))
-    return z
 
 
 def _assert_exact(post, x, y, names=("weight", "bias")):

@@ -1,0 +1,155 @@
+"""Snapshot ensembles (bnn_pyro/infer/snapshot.py): the cosine warm-restart schedule step by step, one
+snapshot per cycle, the held-out noise, checkpoint/resume, bad options, and a real spread at the defaults."""
+
+from __future__ import annotations
+
+import math
+
+import pyro.distributions as dist
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro.infer import sgmcmc as sgmcmc_mod
+from bnn_pyro.infer.snapshot import snapshot_plan
+
+
+def _mlp(hidden: int = 8, likelihood=None) -> bp.BNN:
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(1, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
+                  likelihood=likelihood or bp.likelihoods.Gaussian(scale=0.1))
+
+
+def _toy(n: int = 37):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 1, generator=g) * 4 - 2
+    return x, torch.sin(x[:, 0]) + 0.1 * torch.randn(n, generator=g)
+
+
+def _cosine(t: int, length: int) -> float:
+    """Huang et al. (2017), eq. 2: alpha(t) = alpha_0 / 2 (cos(pi mod(t, K) / K) + 1), t counted from 0."""
+    return 0.5 * (math.cos(math.pi * (t % length) / length) + 1.0)
+
+
+def test_a_given_lr_follows_the_cosine_restart_schedule_exactly():
+    x, y = _toy()
+    lr, cycles, length = 0.002, 3, 10
+    post = bp.fit(_mlp(), x, y, method="snapshot", lr=lr, num_cycles=cycles, cycle_length=length, seed=0,
+                  progress=False)
+    steps = post.history["step_size"][0]
+    expected = torch.tensor([lr / len(x) * _cosine(t, length) for t in range(cycles * length)], dtype=steps.dtype)
+    assert steps.shape == (cycles * length,)
+    assert torch.allclose(steps, expected, rtol=1e-12, atol=0), (steps, expected)
+    # one snapshot per cycle, the iterate entering the cycle's last step: its potential and step are those
+    last = torch.arange(length - 1, cycles * length, length)
+    assert post.samples["0.weight"].shape == (1, cycles, 8, 1) and post.num_draws == cycles
+    assert torch.equal(post.sample_stats["step_size"][0], steps[last])
+    assert torch.equal(post.sample_stats["lp"][0], -post.history["potential"][0, last])
+    assert post.config["num_cycles"] == cycles and post.config["cycle_length"] == length
+
+
+def test_the_plan_has_no_noise_and_keeps_one_iterate_per_cycle():
+    plan = snapshot_plan(num_cycles=4, cycle_length=250, friction=0.1)
+    assert not plan.noisy.any() and plan.keep.sum() == 4
+    assert plan.keep.nonzero().flatten().tolist() == [249, 499, 749, 999]
+    early = [1, 2, 4, 5, 8, 11, 16, 22, 32, 45, 64, 90]  # the first cycle only: curvature grows fastest there
+    assert plan.adapt.nonzero().flatten().tolist() == sorted([0, *early, 100, 200, 250, 350, 450, 500, 600, 700, 750,
+                                                              850, 950])
+    assert plan.fraction == (2 - 0.1) / 2 and plan.friction == 0.1  # csgmcmc's peak step
+
+
+def test_auto_lr_keeps_the_cosine_shape_between_curvature_estimates():
+    """At the default lr="auto" the peak step is re-estimated every 100 steps of a cycle; between two
+    estimates the step is that peak times the cosine factor, exactly."""
+    x, y = _toy()
+    length = 150
+    post = bp.fit(_mlp(), x, y, method="snapshot", num_cycles=2, cycle_length=length, seed=0, progress=False)
+    steps = post.history["step_size"][0]
+    cos = torch.tensor([_cosine(t, length) for t in range(2 * length)], dtype=steps.dtype)
+    starts = [0, 1, 2, 4, 5, 8, 11, 16, 22, 32, 45, 64, 90, 100, 150, 250, 300]  # estimates, then the end
+    for start, end in zip(starts, starts[1:]):
+        peak = steps[start:end] / cos[start:end]
+        assert torch.allclose(peak, peak[0].expand_as(peak), rtol=1e-12), (start, peak)
+    assert post.config["lr"] == "auto" and (steps > 0).all()
+
+
+def test_snapshots_differ_and_predict_averages_them():
+    x, y = _toy()
+    post = bp.fit(_mlp(), x, y, method="snapshot", num_cycles=3, cycle_length=60, seed=0, progress=False)
+    w = post.samples["0.weight"][0]
+    assert all(not torch.equal(w[i], w[j]) for i in range(3) for j in range(i + 1, 3))
+    pred = post.predict(x)
+    f = post.model.forward_draws({k: v[0] for k, v in post.samples.items()}, x)[..., 0]  # (snapshots, N)
+    assert torch.allclose(pred.mean, f.mean(0), atol=1e-6)
+    assert torch.allclose(pred.epistemic_std, f.std(0, unbiased=False), atol=1e-6)
+
+
+def test_learned_noise_is_chosen_on_held_out_rows():
+    """As for the other point-fit engines: 10% of >= 200 rows held out, the noise set where the snapshot
+    mixture predicts them best (bnn_pyro/infer/holdout.py), every training row kept in post.x."""
+    x, y = _toy(n=240)
+    model = _mlp(likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    post = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=50, seed=0, progress=False)
+    assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
+    assert post.config["noise"]["selected_on"] == "validation"
+    assert torch.equal(post.samples["sigma"], torch.full_like(post.samples["sigma"], post.config["noise"]["sigma"]))
+    assert post.x.shape[0] == 240
+    kept = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=50, seed=0, progress=False,
+                  validation=None)
+    assert "noise" not in kept.config and kept.config["validation"] == {"rows": 0}
+
+
+def test_resumed_run_is_bit_identical(tmp_path, monkeypatch):
+    x, y = _toy()
+    config = dict(method="snapshot", num_cycles=2, cycle_length=15, batch_size=8, seed=3, progress=False)
+    whole = bp.fit(_mlp(), x, y, **config)
+    original = sgmcmc_mod.save_sgmcmc
+
+    def crash(ckpt, step, *args):
+        if step == 25:
+            raise RuntimeError("crash")
+        return original(ckpt, step, *args)
+
+    with monkeypatch.context() as m:
+        m.setattr(sgmcmc_mod, "save_sgmcmc", crash)
+        with pytest.raises(RuntimeError, match="crash"):
+            bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, **config)
+    resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, resume=True, **config)
+    for group in ("samples", "sample_stats", "history"):
+        for name, value in getattr(whole, group).items():
+            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+
+
+@pytest.mark.parametrize("config, error, match", [
+    (dict(num_cycles=0), ValueError, "num_cycles"),
+    (dict(cycle_length=1), ValueError, r"cycle_length must be at least 2 .*default is 1000"),
+    (dict(cycle_length=2.5), (TypeError, ValueError), "cycle_length"),
+    (dict(friction=0.0), ValueError, r"friction must be a number in \(0, 1\]"),
+    (dict(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass 'auto' or a positive number"),
+    (dict(lr=-1.0), ValueError, "lr"),
+    (dict(validation=0.9), ValueError, r"validation: expected a fraction in \(0, 0.5\]"),
+    (dict(num_samples=5), TypeError, r"num_samples: not an option of method='snapshot'"),
+])
+def test_bad_options_are_named(config, error, match):
+    x, y = _toy()
+    with pytest.raises(error, match=match):
+        bp.fit(_mlp(), x, y, method="snapshot", progress=False, **config)
+
+
+@pytest.mark.slow  # the defaults: 5,000 steps; ~25 s idle, 100-200 s on a 2-core machine shared by 8 jobs
+def test_defaults_are_more_uncertain_in_the_gap_than_on_the_data():
+    """Only ``method=`` changes (1-50-1 tanh net, known noise 0.1, the bundled gap data): the snapshots
+    spread apart where there are no data (measured at seed 0: epistemic sd 0.090 in the gap, 0.033 on the
+    clusters, 2.74x; NUTS 6.6x) and fit the data (RMSE 0.106; the noise is 0.1)."""
+    x, y = bp.datasets.toy_gap()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    post = bp.fit(model, x, y, method="snapshot", seed=0, progress=False)
+    assert post.num_chains == 1 and post.num_draws == 5 and post.config["cycle_length"] == 1000
+    grid = torch.linspace(-2, 2, 401).reshape(-1, 1)
+    sd = post.predict(grid, seed=0).epistemic_std
+    on_data, gap = grid[:, 0].abs() >= 0.5, grid[:, 0].abs() < 0.3
+    assert sd[gap].mean() > 2 * sd[on_data].mean(), (sd[gap].mean(), sd[on_data].mean())
+    assert (post.predict(x).mean - y).pow(2).mean().sqrt() < 0.15
