@@ -88,7 +88,6 @@ Example
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from enum import Enum
@@ -100,12 +99,12 @@ from torch import nn
 from torch.distributions import constraints
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
+from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
                                     split)
-from bnn_pyro.infer.svi import make_optimizer, make_schedule
+from bnn_pyro.infer.driver import ChainRun, assemble, descend, run_chains
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -227,20 +226,16 @@ def fit_mc_dropout(
         data, holdout, why = split(full, validation, seed=seed, method="mc_dropout", convert=full.convert)
     sites = dropout_sites(model, data, dropout_inputs)
     init = resolve_init(model, init, data)
-    runs = []
-    for chain in range(num_chains):
-        fitted = copy.deepcopy(model)
-        with pyro.get_param_store().scope():
-            pyro.set_rng_seed(seed + chain)
-            pot = Potential(fitted, data, init=chain_start(fitted, init, seed + chain))
-            guide = DropoutGuide(pot, sites, p, learn=kind is not RateLearning.FIXED)
-            history = _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr,
-                                lr_schedule, seed + chain, progress, f"mc_dropout chain {chain}", holdout, fitted)
-            draws = guide.draw(num_samples, torch.Generator().manual_seed(seed + chain))
-            point = point_values(fitted, *data.first(), data.size)
+    def one_chain(fitted, info):
+        pot = Potential(fitted, data, init=chain_start(fitted, init, info.seed))
+        guide = DropoutGuide(pot, sites, p, learn=kind is not RateLearning.FIXED)
+        history = _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr,
+                            lr_schedule, info.seed, progress, f"mc_dropout chain {info.index}", holdout, fitted)
+        draws = guide.draw(num_samples, torch.Generator().manual_seed(info.seed))
         rates = {f"dropout_rate[{n}]": torch.full((num_samples,), r) for n, r in guide.rates_float().items()}
-        runs.append((fitted, draws, point, history, rates))
-    stack = lambda i: {n: torch.stack([r[i][n] for r in runs]) for n in runs[0][i]}  # noqa: E731
+        return ChainRun(fitted, draws, point_values(fitted, *data.first(), data.size), history, stats=rates)
+
+    runs = run_chains(model, num_chains, seed, one_chain)
     config = clean_config(dict(
         p=float(p), rate=kind.value, temperature=temperature if kind is RateLearning.CONCRETE else None,
         baseline_beta=beta if kind is RateLearning.REINFORCE else None, dropout_sites=",".join(sites),
@@ -250,8 +245,7 @@ def fit_mc_dropout(
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
-    post = Posterior(samples=stack(1), model=runs[-1][0], method="mc_dropout", config=config, point=stack(2),
-                     sample_stats=stack(4), history=stack(3), x=full.x, y=full.y)
+    post = assemble(runs, method="mc_dropout", config=config, data=full)
     return select_noise(post, holdout)
 
 
@@ -399,36 +393,27 @@ def _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particle
     with poutine.trace(param_only=True) as capture:  # a BNN's deterministic parameters are fitted too
         pot(guide.values, (x0, y0))
     params = guide.parameters() + [s["value"].unconstrained() for s in capture.trace.nodes.values()]
-    opt = make_optimizer(optimizer, params, lr)
-    sched = make_schedule(schedule, opt, num_steps)
-    generator = torch.Generator().manual_seed(seed)
-    batches = data.batches(generator)
-    losses, rates = torch.empty(num_steps), {k: torch.empty(num_steps) for k in guide.sites}
-    baseline = None
+    masks = torch.Generator().manual_seed(seed)  # the masks' uniforms (the driver seeds the minibatch order)
+    rates = {k: torch.empty(num_steps) for k in guide.sites}
+    baseline = []
     best = BestOnHoldout(every=max(1, num_steps // 50), patience=None)
     state = list(guide.values.values()) + list(guide.logits.values()) + params[len(guide.parameters()):]
-    with progress_bar(num_steps, desc, progress) as bar:
-        for step in range(num_steps):
-            noise = [guide.noise((), generator) for _ in range(num_particles)]
-            opt.zero_grad(set_to_none=True)
-            surrogate, loss, energy = objective(guide, pot, next(batches), noise, kind, temperature, baseline)
-            if not torch.isfinite(loss):
-                raise FloatingPointError(
-                    f"mc_dropout: the loss became {float(loss)} at step {step} (of {num_steps}). Try a lower lr "
-                    f"(lr={lr} now), standardized inputs and targets, or check the data for NaN/Inf values.")
-            surrogate.backward()
-            opt.step()
-            if sched is not None:
-                sched.step()
-            baseline = energy if baseline is None else beta * baseline + (1 - beta) * energy
-            losses[step] = loss
-            for k, r in guide.rates_float().items():
-                rates[k][step] = r
-            if holdout is not None and (best.due(step) or step == num_steps - 1):
-                best.record(step, _score(model, guide, pot, holdout), [t.detach() for t in state])
-            if step % 50 == 0 or step == num_steps - 1:
-                bar.set_postfix(loss=f"{float(loss):.4g}", refresh=False)
-            bar.update()
+
+    def step_loss(batch, step):
+        noise = [guide.noise((), masks) for _ in range(num_particles)]
+        last = baseline[0] if baseline else None  # REINFORCE's decaying average of the energy
+        surrogate, loss, energy = objective(guide, pot, batch, noise, kind, temperature, last)
+        baseline[:] = [energy if last is None else beta * last + (1 - beta) * energy]
+        return surrogate, float(loss)
+
+    def on_step(step, value):
+        for k, r in guide.rates_float().items():
+            rates[k][step] = r
+        if holdout is not None and (best.due(step) or step == num_steps - 1):
+            best.record(step, _score(model, guide, pot, holdout), [t.detach() for t in state])
+
+    losses = descend(step_loss, params, data, num_steps=num_steps, lr=lr, optimizer=optimizer, lr_schedule=schedule,
+                     seed=seed, method="mc_dropout", desc=desc, progress=progress, on_step=on_step)
     history = {"loss": losses}
     if holdout is not None:  # early stopping: back to the best-scoring state
         with torch.no_grad():

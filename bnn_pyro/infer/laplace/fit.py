@@ -4,7 +4,6 @@ at a time: held-out rows, MAP (:mod:`bnn_pyro.infer.map_fit`), curvature (:mod:`
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pyro
@@ -15,6 +14,7 @@ from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.driver import ChainRun, assemble, chain, run_chains
 from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, split
 from bnn_pyro.infer.laplace.approximation import (Hessian, LaplaceApproximation, Predictive, PriorPrecision, Settings,
                                                   Structure)
@@ -93,15 +93,17 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
     num_chains = positive_int("num_chains", num_chains)
     train, holdout, why = split(data, validation, seed=seed, method="laplace", convert=data.convert)
     x0, y0 = train.first()
-    runs = []
-    for chain in range(num_chains):
-        fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-        with pyro.get_param_store().scope():
-            approx = fit_chain(fitted, train, settings, seed + chain, progress, f"laplace chain {chain}", holdout)
-            draws = approx.sample(num_samples, seed=seed + chain)
-            runs.append((fitted, approx, draws, point_values(fitted, x0, y0, train.size),
-                         _density.laplace(approx, draws)))
-    approxes = [r[1] for r in runs]
+    approxes = []
+
+    def one_chain(fitted, info):
+        approx = fit_chain(fitted, train, settings, info.seed, progress, f"laplace chain {info.index}", holdout)
+        approxes.append(approx)
+        draws = approx.sample(num_samples, seed=info.seed)
+        return ChainRun(fitted, draws, point_values(fitted, x0, y0, train.size),
+                        history={"loss": approx.loss} if settings.num_steps else {},
+                        stats={"log_q": _density.laplace(approx, draws)})
+
+    runs = run_chains(model, num_chains, seed, one_chain)
     deltas = [a.prior_precision for a in approxes]
     fitted_delta = None if deltas[0] is None else (
         deltas[0]["all"] if num_chains == 1 and list(deltas[0]) == ["all"] else
@@ -121,14 +123,10 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
     ))
     if noise:  # JSON-friendly as it is (as the ensemble's record from holdout.select_noise)
         config["noise"] = noise[0] if num_chains == 1 else noise
-    samples = {n: torch.stack([r[2][n] for r in runs]) for n in runs[0][2]}
-    point = {n: torch.stack([r[3][n] for r in runs]) for n in runs[0][3]}
-    history = {"loss": torch.stack([a.loss for a in approxes])} if settings.num_steps else {}
-    if settings.predictive is Predictive.GLM and not _linear_in(runs[-1][0], approxes[0].linearized_sites()):
-        for name in approxes[0].linearized_sites():
-            history[CENTER + name] = torch.stack([a.center()[name] for a in approxes])
-    return Posterior(samples=samples, model=runs[-1][0], method="laplace", config=config, point=point,
-                     sample_stats={"log_q": torch.stack([r[4] for r in runs])}, history=history, x=data.x, y=data.y)
+    if settings.predictive is Predictive.GLM and not _linear_in(runs[-1].model, approxes[0].linearized_sites()):
+        for run, approx in zip(runs, approxes):  # where each chain's network is linearized
+            run.history.update({CENTER + name: approx.center()[name] for name in approx.linearized_sites()})
+    return assemble(runs, method="laplace", config=config, data=data)
 
 
 def laplace_approximation(model, data: Data, *, seed: int = 0, progress: bool = False, validation=None,
@@ -138,8 +136,7 @@ def laplace_approximation(model, data: Data, *, seed: int = 0, progress: bool = 
     ``.model``. No rows are held out unless ``validation`` says so (then the Gaussian is fitted on the rest)."""
     settings = make_settings(model, data, **config)
     train, holdout, _ = split(data, validation, seed=seed, method="laplace", convert=data.convert)
-    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    with pyro.get_param_store().scope():
+    with chain(model, seed) as fitted:
         return fit_chain(fitted, train, settings, seed, progress, "laplace", holdout)
 
 
