@@ -29,11 +29,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import fnmatch
 import functools
 import math
-from enum import Enum
-from typing import Callable, Sequence, Union
 
 import torch
 from pyro.distributions import ImproperUniform
@@ -43,27 +40,15 @@ from torch import nn
 from torch.distributions import Distribution
 
 from bnn_pyro import priors as priors_mod
-from bnn_pyro._checks import choice, instance, pyro_distribution
+from bnn_pyro._checks import instance, pyro_distribution
 from bnn_pyro._linear_stack import linear_stack as _linear_stack, run_linear_stack as _run_linear_stack
 from bnn_pyro._upstream_private import pyro_context, reparametrize_module
 from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
+from bnn_pyro.selection import Bayesian, SelectorLike, frozen_as_buffers, nothing_random, selector
 
 __all__ = ["BNN", "Bayesian"]
-
-_NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
-
-
-class Bayesian(str, Enum):
-    """Named choices for ``BNN(bayesian=...)``: which parameters get a prior."""
-
-    ALL = "all"
-    WEIGHTS = "weights"  # parameters whose name ends in "weight"; biases stay deterministic
-    NO_BATCHNORM = "no_batchnorm"  # everything except normalization layers' affine parameters
-
-
-SelectorLike = Union[str, Bayesian, Sequence[str], Callable[[str, nn.Module, torch.Tensor], bool]]
 
 
 class BNN(nn.Module):
@@ -132,8 +117,8 @@ class BNN(nn.Module):
         if isinstance(self.prior, Patterns):
             self.prior.check_names(list(every))
         self.likelihood = likelihood
-        select = _selector(bayesian, list(named), self.frozen_names)
-        self.net = _frozen_as_buffers(copy.deepcopy(net), self.frozen_names)
+        select = selector(bayesian, list(named), self.frozen_names)
+        self.net = frozen_as_buffers(copy.deepcopy(net), self.frozen_names)
         template = copy.deepcopy(self.net).to("meta")
         to_pyro_module_(self.net)
         object.__setattr__(self, "_template", template)  # unregistered: stateless, holds no data
@@ -166,7 +151,7 @@ class BNN(nn.Module):
                 )
             self.sample_names.append(name)
         if not self.sample_names:
-            raise ValueError(_nothing_random(list(named), selected))
+            raise ValueError(nothing_random(list(named), selected))
 
     def _add_hierarchical(self, name, module, attr, shape, spec: Hierarchical):
         hypers = {k: pyro_distribution(f"prior for {name!r} (hyper {k!r})", d) for k, d in spec.hyper.items()}
@@ -432,14 +417,6 @@ def _posterior_names() -> frozenset[str]:
     return frozenset(public | {f.name for f in dataclasses.fields(Posterior)})
 
 
-def _nothing_random(names: list[str], selected: list[str]) -> str:
-    if not selected:
-        return (f"bayesian: selects none of the net's parameters {names}, so the BNN would have no random weights; "
-                "choose some, e.g. bayesian=\"all\" or name patterns that match these names.")
-    return (f"prior: gives no parameter a distribution (it returned None for every one of {selected}), so the BNN "
-            "would have no random weights; return a distribution for at least one, e.g. prior=bp.priors.Normal(0., 1.).")
-
-
 def _check_proper(name: str, d: Distribution) -> None:
     while d is not None:
         if isinstance(d, ImproperUniform):
@@ -472,47 +449,3 @@ def _to_param_shape(name: str, d: Distribution, shape: torch.Size, *, exact: boo
         return expand_to(d, shape)
     k = len(shape) - len(d.event_shape)
     return d.expand(shape[:k]).to_event(k)
-
-
-def _frozen_as_buffers(net: nn.Module, names: list[str]) -> nn.Module:
-    """``net`` (a copy) with the parameters ``names`` turned into buffers of the same name and value."""
-    for name in names:
-        owner = net.get_submodule(name.rpartition(".")[0])
-        attr = name.rpartition(".")[2]
-        value = getattr(owner, attr).detach()
-        delattr(owner, attr)
-        owner.register_buffer(attr, value)
-    return net
-
-
-def _selector(bayesian: SelectorLike, names: list[str], frozen: Sequence[str] = ()
-              ) -> Callable[[str, nn.Module, torch.Tensor], bool]:
-    if callable(bayesian) and not isinstance(bayesian, str):
-        return bayesian
-    if isinstance(bayesian, str):
-        try:
-            kind = choice("bayesian", bayesian, Bayesian)
-        except ValueError as err:
-            raise ValueError(f"{err} For name patterns pass a list, e.g. bayesian=[{bayesian!r}].") from None
-        if kind is Bayesian.ALL:
-            return lambda name, module, param: True
-        if kind is Bayesian.WEIGHTS:
-            return lambda name, module, param: name.rpartition(".")[2].endswith("weight")
-        return lambda name, module, param: not isinstance(module, _NORM_LAYERS)
-    if not isinstance(bayesian, (list, tuple, set, frozenset)):
-        raise TypeError(f"bayesian: expected \"all\", \"weights\", \"no_batchnorm\", a list of name patterns or a "
-                        f"predicate (name, module, param) -> bool, got {type(bayesian).__name__} {bayesian!r}; pass e.g. "
-                        "bayesian=\"all\" or bayesian=[\"0.*\"].")
-    patterns = list(bayesian)
-    if not all(isinstance(p, str) for p in patterns):
-        raise TypeError("bayesian: a list must hold name patterns (str), e.g. ['0.*', '2.weight'].")
-    for pattern in patterns:
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in names) and any(
-                fnmatch.fnmatchcase(name, pattern) for name in frozen):
-            raise ValueError(f"bayesian: the pattern {pattern!r} matches only frozen parameters (requires_grad=False), "
-                             f"which stay fixed at the net's values; the trainable ones are {names}. Unfreeze them "
-                             "(.requires_grad_(True)) to make them Bayesian, or drop the pattern.")
-        if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-            raise ValueError(f"bayesian: the pattern {pattern!r} matches no parameter of the net; its parameters are "
-                             f"{names}. Check the pattern against these names (e.g. '0.*' or '*.weight').")
-    return lambda name, module, param: any(fnmatch.fnmatchcase(name, p) for p in patterns)
