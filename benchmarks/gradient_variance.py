@@ -32,6 +32,7 @@ from pyro.infer.autoguide import AutoNormal
 import bnn_pyro as bp
 from bnn_pyro.infer import svi
 from bnn_pyro.infer._common import call_model, init_strategy
+from bnn_pyro.infer.contract import Engine, Loop, run
 
 ESTIMATORS = [("sample", "trace"), ("sample", "mean_field"), ("local_reparam", "mean_field"), ("flipout", "mean_field")]
 N, B = 1000, 100
@@ -52,7 +53,9 @@ def trained_guide(model, x, y, steps: int) -> AutoNormal:
     guide(x[:B], y[:B])
     if steps:
         data = bp.infer._common.Data(x=x, y=y, batch_size=B)
-        svi._optimize(model, guide, data, svi.ElboKind.TRACE, steps, 1, False, "adam", 1e-2, "constant", 0, False, "")
+        state = svi._state(model, guide, guide, data, svi._loss_fn(svi.ElboKind.TRACE, 1, False))
+        loop = Loop(num_steps=steps, lr=1e-2, method="svi", desc="svi", progress=False)
+        run(Engine(init=None, step=svi._step, draws=None), state, data, loop, seed=0)
     return guide
 
 

@@ -54,6 +54,7 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -65,34 +66,38 @@ from bnn_pyro.infer.holdout import DEFAULT, describe, select_noise, split
 from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.checkpoint import open_chains
-from bnn_pyro.infer.driver import ChainRun, assemble, run_chains
-from bnn_pyro.infer.map_fit import map_chain
+from bnn_pyro.infer.contract import Loop, drive, entry
+from bnn_pyro.infer.driver import ChainRun
+from bnn_pyro.infer.map_fit import finish, map_engine, map_fit
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_ensemble", "EnsembleInit"]
+__all__ = ["fit_ensemble", "EnsembleConfig", "EnsembleInit"]
 
 
 EnsembleInit = Init  # the shared choices; the name is kept for backward compatibility
 
 
-def fit_ensemble(
-    model,
-    data: Data,
-    *,
-    num_members: int = 5,
-    num_steps: int = 1000,
-    lr: float = 1e-2,
-    optimizer="adam",
-    lr_schedule="constant",
-    init=None,
-    adversarial_eps: float = 0.0,
-    validation="default",
-    seed: int = 0,
-    progress: bool = True,
-    checkpoint: str | None = None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-) -> Posterior:
+@dataclass(frozen=True)
+class EnsembleConfig:
+    """The options of ``method="ensemble"`` and their defaults (documented in :func:`fit_ensemble`)."""
+
+    num_members: int = 5
+    num_steps: int = 1000
+    lr: float = 1e-2
+    optimizer: object = "adam"
+    lr_schedule: object = "constant"
+    init: object = None
+    adversarial_eps: float = 0.0
+    validation: object = "default"
+    seed: int = 0
+    progress: bool = True
+    checkpoint: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
+
+
+@entry(EnsembleConfig)
+def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     """Fit a deep ensemble: ``num_members`` MAP fits from different random starts (see the module docstring).
 
     Parameters
@@ -132,36 +137,38 @@ def fit_ensemble(
         each member's log joint ``-U_c`` at its mode (on the full data; on the first batch, scaled to
         the data set, for a loader).
     """
-    num_members = positive_int("num_members", num_members)
-    num_steps = positive_int("num_steps", num_steps)
-    lr = positive("lr", lr)
-    init = resolve_init(model, init, data)
+    num_members = positive_int("num_members", cfg.num_members)
+    num_steps = positive_int("num_steps", cfg.num_steps)
+    lr = positive("lr", cfg.lr)
+    init = resolve_init(model, cfg.init, data)
     try:
-        eps = float(adversarial_eps)
+        eps = float(cfg.adversarial_eps)
     except (TypeError, ValueError):
-        raise TypeError(f"adversarial_eps must be a number, got {adversarial_eps!r}.") from None
+        raise TypeError(f"adversarial_eps must be a number, got {cfg.adversarial_eps!r}.") from None
     if not (math.isfinite(eps) and eps >= 0.0):
-        raise ValueError(f"adversarial_eps must be a non-negative finite number, got {adversarial_eps!r}; "
+        raise ValueError(f"adversarial_eps must be a non-negative finite number, got {cfg.adversarial_eps!r}; "
                          "0 turns adversarial training off, the paper uses 1% of each input's range.")
-    train, holdout, why = split(data, validation, seed=seed, method="ensemble", convert=data.convert)
+    validation = cfg.validation
+    train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert)
     config = clean_config(dict(
-        num_members=num_members, num_steps=num_steps, lr=lr, optimizer=getattr(optimizer, "value", optimizer),
-        lr_schedule=getattr(lr_schedule, "value", lr_schedule),
+        num_members=num_members, num_steps=num_steps, lr=lr, optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
+        lr_schedule=getattr(cfg.lr_schedule, "value", cfg.lr_schedule),
         init=init if isinstance(init, str) else type(init).__name__, adversarial_eps=eps,
-        batch_size=data.batch_size, dataset_size=data.size, seed=seed,
+        batch_size=data.batch_size, dataset_size=data.size, seed=cfg.seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
-    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_members,
+    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_members,
                         run=dict(method="ensemble", **config))
 
-    def member(fitted, info):
-        fit = map_chain(fitted, train, init=init, num_steps=num_steps, lr=lr, optimizer=optimizer,
-                        lr_schedule=lr_schedule, seed=info.seed, progress=progress,
-                        desc=f"ensemble member {info.index}", holdout=holdout, adversarial_eps=eps, method="ensemble",
-                        ckpt=ckpts[info.index])
+    def member(state, history) -> ChainRun:
+        fit = map_fit(state, finish(state, train, history["loss"], holdout=holdout), train)
         history = {"loss": fit.loss, **({} if holdout is None else {"best_step": torch.tensor([fit.best_step])})}
-        return ChainRun(fitted, {n: v.unsqueeze(0) for n, v in fit.sample.items()}, fit.point, history,
+        return ChainRun(state.model, {n: v.unsqueeze(0) for n, v in fit.sample.items()}, fit.point, history,
                         stats={"lp": fit.lp.unsqueeze(0)})
 
-    post = assemble(run_chains(model, num_members, seed, member), method="ensemble", config=config, data=data)
+    engine = map_engine(train, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=eps, draws=member)
+    loop = Loop(num_steps=num_steps, lr=lr, method="ensemble", desc="ensemble member {index}",
+                optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, progress=cfg.progress)
+    post = drive(model, train, engine, loop, num_chains=num_members, seed=cfg.seed, config=config, checkpoints=ckpts,
+                 posterior_data=data)
     return select_noise(post, holdout)

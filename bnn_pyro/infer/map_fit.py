@@ -5,6 +5,8 @@
 early stopping on held-out rows (:class:`~bnn_pyro.infer.holdout.BestOnHoldout`), the fast-gradient-sign
 adversarial term of Lakshminarayanan et al. (2017), and an L-BFGS polish on the full data.
 :func:`fit_map` is one complete MAP fit of a model from a fresh start (its own copy and parameter store).
+Both run :func:`map_engine`, the search as an :class:`~bnn_pyro.infer.contract.Engine`, which deep ensembles
+drive one chain per member (:func:`~bnn_pyro.infer.contract.drive`).
 
 Coordinates. With ``jacobian=True`` (the default, as an ensemble member) the loss is
 ``U_c(w) = U(z) + log|det dw/dz|``: ``-log p`` in each latent site's own (constrained) coordinates, so that a
@@ -29,9 +31,11 @@ from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.checkpoint import StepCheckpoint
 from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
-from bnn_pyro.infer.driver import chain, descend
+from bnn_pyro.infer.contract import Engine, LossInfo, Loop, run
+from bnn_pyro.infer.driver import ChainInfo, chain
 
-__all__ = ["fit_map", "map_chain", "minimize", "MapFit", "MapRun", "energy", "adversarial_loss"]
+__all__ = ["fit_map", "map_engine", "map_state", "finish", "map_fit", "minimize", "MapFit", "MapRun", "MapState",
+           "energy", "adversarial_loss"]
 
 
 @dataclass
@@ -58,28 +62,98 @@ class MapFit:
     best_step: int
 
 
-def fit_map(model, data: Data, *, seed: int = 0, **options) -> MapFit:
-    """One MAP fit of a copy of ``model`` under ``seed`` (initial weights and minibatch order), in its own
-    parameter store (:func:`~bnn_pyro.infer.driver.chain`); ``options`` as :func:`map_chain`."""
-    with chain(model, seed) as fitted:
-        return map_chain(fitted, data, seed=seed, **options)
+@dataclass
+class MapState:
+    """A MAP search in progress: the potential, the unconstrained site values ``z`` (optimized unless
+    ``fixed``), the optimized tensors ``params`` (``z`` and the model's deterministic parameters), the loss
+    on a batch, and the early-stopping record on held-out rows."""
+
+    model: object
+    pot: Potential
+    z: dict[str, torch.Tensor]
+    params: list[torch.Tensor]
+    loss_fn: object
+    best: BestOnHoldout
+    num_steps: int
 
 
-def map_chain(fitted, data: Data, *, init, num_steps: int, lr: float, optimizer="adam", lr_schedule="constant",
-              seed: int = 0, progress: bool = True, desc: str = "map", holdout: Holdout | None = None,
-              adversarial_eps: float = 0.0, polish_steps: int = 0, method: str = "map", ckpt=None) -> MapFit:
-    """One MAP fit of ``fitted`` (a chain's own copy) from ``init`` (resolved by
-    :func:`~bnn_pyro.infer._init.resolve_init`); see :func:`minimize`."""
-    pot = Potential(fitted, data, init=chain_start(fitted, init, seed))
-    run = minimize(pot, pot.init, data, model=fitted, num_steps=num_steps, lr=lr, optimizer=optimizer,
-                   lr_schedule=lr_schedule, seed=seed, progress=progress, desc=desc, holdout=holdout,
-                   adversarial_eps=adversarial_eps, polish_steps=polish_steps, method=method, ckpt=ckpt)
+def map_state(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, num_steps: int, jacobian: bool = True,
+              fixed=()) -> MapState:
+    """The state of a MAP search from ``z``; the parameters are found by running the loss once on the first
+    batch (with ``jacobian=True`` the loss is :func:`energy`, else the potential itself)."""
+    z = {k: v.detach().clone().requires_grad_(k not in fixed) for k, v in z.items()}
+    loss_fn = energy if jacobian else (lambda p, zz, batch: p(zz, batch))
+    with poutine.trace(param_only=True) as capture:
+        loss_fn(pot, z, data.first())
+    params = [v for k, v in z.items() if k not in fixed] + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
+    return MapState(model, pot, z, params, loss_fn, BestOnHoldout(every=max(1, num_steps // 50), patience=None), num_steps)
+
+
+def map_engine(data: Data, *, init, num_steps: int, holdout: Holdout | None = None, adversarial_eps: float = 0.0,
+               draws=None) -> Engine:
+    """The MAP search as an :class:`~bnn_pyro.infer.contract.Engine`: each chain starts from ``init`` (resolved
+    by :func:`~bnn_pyro.infer._init.resolve_init`) under its seed; ``draws(state, history)`` makes the chain's
+    result (:func:`finish` first gives the kept state)."""
+    def init_state(fitted, chain) -> MapState:
+        pot = Potential(fitted, data, init=chain_start(fitted, init, chain.seed))
+        return map_state(pot, pot.init, data, model=fitted, num_steps=num_steps)
+
+    def step(state: MapState, batch, index: int):
+        if adversarial_eps > 0:
+            loss = adversarial_loss(state.pot, state.z, batch, adversarial_eps, state.loss_fn)
+        else:
+            loss = state.loss_fn(state.pot, state.z, batch)
+        return loss, LossInfo(loss.item())
+
+    def after(state: MapState, index: int, info: LossInfo) -> LossInfo:
+        if holdout is not None and (state.best.due(index) or index == state.num_steps - 1):
+            with torch.no_grad():
+                state.best.record(index, heldout_score(state.model, state.pot.constrain(state.z), holdout),
+                                  [p.detach() for p in state.params])
+        return info
+
+    return Engine(init=init_state, step=step, draws=draws, after=after,
+                  checkpoint=lambda state, ckpt, records: StepCheckpoint(ckpt, state.params, extra=state.best))
+
+
+def finish(state: MapState, data: Data, losses: torch.Tensor, *, holdout: Holdout | None,
+           polish_steps: int = 0) -> MapRun:
+    """The result of a MAP search that recorded ``losses``: the best state on the held-out rows (the last one without), then
+    ``polish_steps`` L-BFGS iterations on the full data (not for a loader; kept only when they lower the loss)."""
+    num_steps = state.num_steps
+    if holdout is not None and num_steps:
+        with torch.no_grad():
+            for p, kept in zip(state.params, state.best.state):
+                p.copy_(kept)
+    if polish_steps and data.loader is None:
+        _polish(lambda: state.loss_fn(state.pot, state.z, (data.x, data.y)), state.params, polish_steps)
+    best_step = state.best.best_step if holdout is not None and num_steps else num_steps - 1
+    return MapRun(z={k: v.detach() for k, v in state.z.items()}, loss=losses, best_step=best_step)
+
+
+def map_fit(state: MapState, run: MapRun, data: Data) -> MapFit:
+    """The :class:`MapFit` of a finished search (``lp`` on the full data, or the first batch of a loader)."""
     with torch.no_grad():
-        lp = -energy(pot, run.z, data.first()).detach()
-        sample = {k: v.detach().clone() for k, v in pot.constrain(run.z).items()}
+        lp = -energy(state.pot, run.z, data.first()).detach()
+        sample = {k: v.detach().clone() for k, v in state.pot.constrain(run.z).items()}
         x0, y0 = data.first()
-        point = point_values(fitted, x0, y0, data.size)
-    return MapFit(model=fitted, sample=sample, point=point, loss=run.loss, lp=lp, best_step=run.best_step)
+        point = point_values(state.model, x0, y0, data.size)
+    return MapFit(model=state.model, sample=sample, point=point, loss=run.loss, lp=lp, best_step=run.best_step)
+
+
+def fit_map(model, data: Data, *, init, num_steps: int, lr: float, optimizer="adam", lr_schedule="constant",
+            seed: int = 0, progress: bool = True, holdout: Holdout | None = None, adversarial_eps: float = 0.0,
+            polish_steps: int = 0, method: str = "map") -> MapFit:
+    """One MAP fit of a copy of ``model`` under ``seed`` (initial weights and minibatch order), in its own
+    parameter store (:func:`~bnn_pyro.infer.driver.chain`); ``init`` as resolved by
+    :func:`~bnn_pyro.infer._init.resolve_init`, the rest as :func:`minimize`."""
+    engine = map_engine(data, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=adversarial_eps)
+    loop = Loop(num_steps=num_steps, lr=lr, method=method, desc=method, optimizer=optimizer, lr_schedule=lr_schedule,
+                progress=progress)
+    with chain(model, seed) as fitted:
+        state = engine.init(fitted, ChainInfo(0, seed))
+        losses = run(engine, state, data, loop, seed=seed)["loss"]
+        return map_fit(state, finish(state, data, losses, holdout=holdout, polish_steps=polish_steps), data)
 
 
 def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, num_steps: int, lr: float,
@@ -97,33 +171,12 @@ def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, n
     non-finite loss. ``ckpt``: a :class:`~bnn_pyro.infer.checkpoint.Checkpoint` to save the run to and resume
     it from (with the early-stopping state).
     """
-    z = {k: v.detach().clone().requires_grad_(k not in fixed) for k, v in z.items()}
-    loss_fn = energy if jacobian else (lambda p, zz, batch: p(zz, batch))
-    with poutine.trace(param_only=True) as capture:
-        loss_fn(pot, z, data.first())
-    params = [v for k, v in z.items() if k not in fixed] + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-    best = BestOnHoldout(every=max(1, num_steps // 50), patience=None)
-
-    def objective(batch, step):
-        loss = adversarial_loss(pot, z, batch, adversarial_eps, loss_fn) if adversarial_eps > 0 else loss_fn(pot, z, batch)
-        return loss, loss.item()
-
-    def on_step(step, value):
-        if holdout is not None and (best.due(step) or step == num_steps - 1):
-            with torch.no_grad():
-                best.record(step, heldout_score(model, pot.constrain(z), holdout), [p.detach() for p in params])
-
-    losses = descend(objective, params, data, num_steps=num_steps, lr=lr, optimizer=optimizer, lr_schedule=lr_schedule,
-                     seed=seed, method=method, desc=desc, progress=progress, on_step=on_step,
-                     resumable=None if ckpt is None else StepCheckpoint(ckpt, params, extra=best))
-    if holdout is not None and num_steps:
-        with torch.no_grad():
-            for p, kept in zip(params, best.state):
-                p.copy_(kept)
-    if polish_steps and data.loader is None:
-        _polish(lambda: loss_fn(pot, z, (data.x, data.y)), params, polish_steps)
-    best_step = best.best_step if holdout is not None and num_steps else num_steps - 1
-    return MapRun(z={k: v.detach() for k, v in z.items()}, loss=losses, best_step=best_step)
+    state = map_state(pot, z, data, model=model, num_steps=num_steps, jacobian=jacobian, fixed=fixed)
+    engine = map_engine(data, init=None, num_steps=num_steps, holdout=holdout, adversarial_eps=adversarial_eps)
+    loop = Loop(num_steps=num_steps, lr=lr, method=method, desc=desc, optimizer=optimizer, lr_schedule=lr_schedule,
+                progress=progress)
+    losses = run(engine, state, data, loop, seed=seed, ckpt=ckpt)["loss"]
+    return finish(state, data, losses, holdout=holdout, polish_steps=polish_steps)
 
 
 def energy(pot: Potential, z: dict[str, torch.Tensor], batch) -> torch.Tensor:

@@ -58,6 +58,7 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from enum import Enum
 from functools import partial
 
@@ -74,7 +75,8 @@ from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer import _density, _logjoint
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
-from bnn_pyro.infer.driver import ChainRun, assemble, descend, run_chains, stack
+from bnn_pyro.infer.contract import Engine, Loop, LossInfo, drive, entry
+from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
 from bnn_pyro.infer.optim import Optimizer, Schedule, make_optimizer, make_schedule  # noqa: F401 (re-exported)
@@ -83,7 +85,7 @@ from bnn_pyro.infer.score import ScoreFunction, ScoreFunctionELBO
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "GuideKind", "ElboKind", "REINFORCE_PARTICLES"]
+__all__ = ["fit", "SVIConfig", "GuideKind", "ElboKind", "REINFORCE_PARTICLES"]
 
 REINFORCE_PARTICLES = 16  # num_particles' default with elbo="reinforce" (measured on exact BLR: see score.py)
 
@@ -101,35 +103,38 @@ class ElboKind(str, Enum):
     REINFORCE = "reinforce"
 
 
-def fit(
-    model,
-    data: Data,
-    *,
-    guide="mean_field",
-    elbo: str | None = None,
-    estimator: str = "sample",
-    empirical_bayes: bool | str = False,
-    num_steps: int | None = None,
-    epochs: int | None = None,
-    lr: float = 1e-2,
-    optimizer="adam",
-    lr_schedule="cosine",
-    num_particles: int | None = None,
-    vectorize_particles: bool | None = None,
-    num_chains: int = 1,
-    num_samples: int | None = None,
-    rank: int | None = None,
-    init=None,
-    init_scale: float = 0.01,
-    baseline_beta: float = 0.9,
-    seed: int = 0,
-    progress: bool = True,
-    distributed: bool = False,
-    checkpoint: str | None = None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-    fast_path: bool = True,
-) -> Posterior:
+@dataclass(frozen=True)
+class SVIConfig:
+    """The options of ``method="svi"`` and their defaults (documented in :func:`fit`)."""
+
+    guide: object = "mean_field"
+    elbo: str | None = None
+    estimator: str = "sample"
+    empirical_bayes: bool | str = False
+    num_steps: int | None = None
+    epochs: int | None = None
+    lr: float = 1e-2
+    optimizer: object = "adam"
+    lr_schedule: object = "cosine"
+    num_particles: int | None = None
+    vectorize_particles: bool | None = None
+    num_chains: int = 1
+    num_samples: int | None = None
+    rank: int | None = None
+    init: object = None
+    init_scale: float = 0.01
+    baseline_beta: float = 0.9
+    seed: int = 0
+    progress: bool = True
+    distributed: bool = False
+    checkpoint: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
+    fast_path: bool = True
+
+
+@entry(SVIConfig)
+def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     """Fit ``model`` by SVI and return a :class:`~bnn_pyro.Posterior` (see the module docstring).
 
     Parameters
@@ -182,14 +187,14 @@ def fit(
         step) where the model allows it; ``False`` forces Pyro's path. ``config["fast_path"]`` says
         which ran.
     """
-    if num_steps is not None and epochs is not None:
+    if cfg.num_steps is not None and cfg.epochs is not None:
         raise ValueError("svi: give num_steps= or epochs=, not both.")
-    reduce = None
-    if distributed:
+    num_steps, epochs, reduce = cfg.num_steps, cfg.epochs, None
+    if cfg.distributed:
         data, reduce = dp.prepare(data), dp.average_gradients
     if epochs is not None:
         epochs = positive_int("epochs", epochs)
-        if distributed:
+        if cfg.distributed:
             raise ValueError("epochs: not with distributed=True (the ranks' shards may need different numbers of "
                              "steps per epoch); give num_steps= instead.")
         if data.loader is not None and not hasattr(data.loader, "__len__"):
@@ -198,17 +203,20 @@ def fit(
         steps_per_epoch = math.ceil(data.size / (data.batch_size or data.size)) if data.loader is None else len(data.loader)
         num_steps = epochs * steps_per_epoch
     num_steps = positive_int("num_steps", 1000 if num_steps is None else num_steps)
-    num_chains = positive_int("num_chains", num_chains)
-    lr = positive("lr", lr)
-    guide_kind = guide if not isinstance(guide, str) else choice("guide", guide, GuideKind)
-    estimator = choice("estimator", estimator, Estimator)
-    sharing = resolve_empirical_bayes(empirical_bayes)
+    num_chains = positive_int("num_chains", cfg.num_chains)
+    lr = positive("lr", cfg.lr)
+    guide_kind = cfg.guide if not isinstance(cfg.guide, str) else choice("guide", cfg.guide, GuideKind)
+    estimator = choice("estimator", cfg.estimator, Estimator)
+    sharing = resolve_empirical_bayes(cfg.empirical_bayes)
+    elbo = cfg.elbo
     if elbo is None:
         elbo = "trace" if estimator is Estimator.SAMPLE else "mean_field"
     elbo_kind = choice("elbo", elbo, ElboKind)
+    num_particles = cfg.num_particles
     if num_particles is None:  # the score-function ELBO needs several draws for its leave-one-out baseline
         num_particles = REINFORCE_PARTICLES if elbo_kind is ElboKind.REINFORCE else 1
     num_particles = positive_int("num_particles", num_particles)
+    vectorize_particles = cfg.vectorize_particles
     if estimator is not Estimator.SAMPLE:
         check_estimator(model, guide_is_mean_field=guide_kind is GuideKind.MEAN_FIELD,
                         reinforce=elbo_kind is ElboKind.REINFORCE, vectorize_particles=vectorize_particles)
@@ -221,58 +229,101 @@ def fit(
             "elbo='reinforce' needs a guide with a density, but guide='map' is a point mass (its score is "
             "zero). Use elbo='trace' with guide='map', or guide='mean_field' with elbo='reinforce'."
         )
+    num_samples = cfg.num_samples
     if num_samples is None:
         num_samples = 1 if guide_kind is GuideKind.MAP else 1000
     num_samples = positive_int("num_samples", num_samples)
-    init = resolve_init(model, init, data)
+    init = resolve_init(model, cfg.init, data)
     if vectorize_particles is None:
         vectorize_particles = isinstance(model, BNN) and not _has_batchnorm(model)
+    optimizer, lr_schedule = cfg.optimizer, cfg.lr_schedule
     config = clean_config(dict(
         guide=getattr(guide_kind, "value", guide_kind), elbo=elbo_kind.value, num_steps=num_steps, lr=lr,
         optimizer=getattr(optimizer, "value", optimizer), lr_schedule=getattr(lr_schedule, "value", lr_schedule),
         num_particles=num_particles, vectorize_particles=vectorize_particles, num_chains=num_chains,
-        num_samples=num_samples, rank=rank, estimator=estimator.value,
+        num_samples=num_samples, rank=cfg.rank, estimator=estimator.value,
         empirical_bayes=False if sharing is None else sharing.value,
-        init=init if isinstance(init, str) else type(init).__name__, init_scale=init_scale,
-        batch_size=data.batch_size, dataset_size=data.size, seed=seed,
-        **(dp.config() if distributed else {}),
+        init=init if isinstance(init, str) else type(init).__name__, init_scale=cfg.init_scale,
+        batch_size=data.batch_size, dataset_size=data.size, seed=cfg.seed,
+        **(dp.config() if cfg.distributed else {}),
     ))
-    if checkpoint is not None and sharing is not None:
+    if cfg.checkpoint is not None and sharing is not None:
         raise ValueError("checkpoint: not supported with empirical_bayes yet; pass checkpoint=None or "
                          "empirical_bayes=False.")
-    fast = (flag("fast_path", fast_path) and elbo_kind is ElboKind.TRACE and estimator is Estimator.SAMPLE
+    fast = (flag("fast_path", cfg.fast_path) and elbo_kind is ElboKind.TRACE and estimator is Estimator.SAMPLE
             and sharing is None and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.MAP)
             and _logjoint.build(model, data.size) is not None)
     config["fast_path"] = fast
     x0, y0 = data.first()
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
-    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
+    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
                         run=dict(method="svi", **config))
 
-    def one_chain(fitted, info):
-        c, chain_seed = info.index, info.seed
-        start = chain_start(fitted, init, chain_seed)
-        q = _make_guide(fitted, guide_kind, init_strategy(fitted, start), init_scale, rank)
+    def init_state(fitted, info) -> _State:
+        start = chain_start(fitted, init, info.seed)
+        q = _make_guide(fitted, guide_kind, init_strategy(fitted, start), cfg.init_scale, cfg.rank)
         q_train, wrap = _handlers(q, elbo_kind, estimator)
         eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
         if eb is not None:
             wrap = _compose(wrap, eb)
         loss = _logjoint.svi_loss(_logjoint.build(fitted, data.size), q, num_particles) if fast else None
-        objective = _loss_fn(elbo_kind, num_particles, vectorize_particles, baseline_beta=baseline_beta,
+        objective = _loss_fn(elbo_kind, num_particles, vectorize_particles, baseline_beta=cfg.baseline_beta,
                              independent_sites=isinstance(q, autoguide.AutoNormal))
-        losses = _optimize(fitted, q_train, data, objective, num_steps, num_particles, vectorize_particles,
-                           optimizer, lr, lr_schedule, chain_seed, progress, f"svi chain {c}", wrap,
-                           None if eb is None else eb.record, reduce, ckpts[c], loss)
-        draws, log_q = _draw(q, names, num_samples, x0, y0, data.size, fitted)
-        return ChainRun(fitted, draws, point_values(fitted, x0, y0, data.size),
-                        history={**({} if eb is None else eb.history), "loss": losses},
+        return _state(fitted, q, q_train, data, objective, wrap, loss, eb)
+
+    def draws(state: _State, history) -> ChainRun:
+        samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
+        return ChainRun(state.model, samples, point_values(state.model, x0, y0, data.size),
+                        history={**({} if state.eb is None else state.eb.history), **history},
                         stats={} if log_q is None else {"log_q": log_q})  # log_q: for post.psis()
 
-    runs = run_chains(model, num_chains, seed, one_chain)
+    def record_scales(state: _State, step: int, info: LossInfo) -> LossInfo:
+        state.eb.record(step, num_steps)
+        return info
+
+    engine = Engine(init=init_state, step=_step, draws=draws, after=None if sharing is None else record_scales,
+                    checkpoint=lambda state, ckpt, records: _Resumable(ckpt))
+    loop = Loop(num_steps=num_steps, lr=lr, method="svi", desc="svi chain {index}", optimizer=optimizer,
+                lr_schedule=lr_schedule, quantity="ELBO", hint=", a smaller init_scale", progress=cfg.progress,
+                reduce=reduce)
+    post = drive(model, data, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts)
     if sharing is not None:  # the learned scales at the last step, per chain
         config["prior_scales"] = {k[len("prior_scale["):-1]: v[:, -1].tolist()
-                                  for k, v in stack(runs, "history").items() if k.startswith("prior_scale[")}
-    return check_svi(assemble(runs, method="svi", config=config, data=data), stacklevel=4)
+                                  for k, v in post.history.items() if k.startswith("prior_scale[")}
+    return check_svi(post, stacklevel=4)
+
+
+@dataclass
+class _State:
+    """One SVI chain: its model copy, the guide (and the guide as trained), the loss ``loss(model, guide, x, y)
+    -> (surrogate, value)`` on the (wrapped) model, the optimized tensors and the empirical-Bayes scales."""
+
+    model: object
+    guide: object
+    trained: object
+    fit_model: object
+    loss: object
+    params: list
+    eb: object = None
+
+
+def _state(model, guide, trained, data: Data, elbo, wrap=None, loss=None, eb=None) -> _State:
+    """An SVI chain's state for the ELBO ``elbo(model, guide, x, y) -> (surrogate, value)`` (see :func:`_loss_fn`),
+    or ``loss(x, y) -> (surrogate, value)`` in its place (the fast path). The parameters are found by running
+    the loss once on the first batch."""
+    loss_fn = elbo if loss is None else (lambda m, g, x, y: loss(x, y))
+    fit_model = partial(call_model, model, dataset_size=data.size)
+    if wrap is not None:  # effect handlers around the model (estimator, empirical Bayes)
+        fit_model = wrap(fit_model)
+    with poutine.trace(param_only=True) as param_capture:
+        loss_fn(fit_model, trained, *data.first())
+    params = [site["value"].unconstrained() for site in param_capture.trace.nodes.values()]
+    return _State(model, guide, trained, fit_model, loss_fn, params, eb)
+
+
+def _step(state: _State, batch, index: int):
+    loss, value = state.loss(state.fit_model, state.trained, *batch)
+    return loss, LossInfo(value)
 
 
 def _handlers(q, elbo_kind: ElboKind, estimator: Estimator):
@@ -330,33 +381,9 @@ def _loss_fn(kind: ElboKind, num_particles: int, vectorize: bool, *, independent
     return loss
 
 
-def _optimize(model, guide, data, elbo_kind, num_steps, num_particles, vectorize, optimizer, lr, schedule,
-              seed, progress, desc, wrap=None, on_step=None, reduce=None, ckpt=None, loss=None) -> torch.Tensor:
-    """The optimization loop; ``loss(x, y) -> (surrogate, value)`` replaces Pyro's ELBO (the fast path).
-    ``elbo_kind`` is an :class:`ElboKind` or a ready ``loss(model, guide, x, y)`` (see :func:`_loss_fn`)."""
-    if loss is not None:
-        loss_fn = lambda m, g, x, y: loss(x, y)  # noqa: E731
-    elif isinstance(elbo_kind, ElboKind):
-        loss_fn = _loss_fn(elbo_kind, num_particles, vectorize)
-    else:
-        loss_fn = elbo_kind
-    fit_model = partial(call_model, model, dataset_size=data.size)
-    if wrap is not None:  # effect handlers around the model (estimator, empirical Bayes)
-        fit_model = wrap(fit_model)
-    x0, y0 = data.first()
-    with poutine.trace(param_only=True) as param_capture:
-        loss_fn(fit_model, guide, x0, y0)
-    params = [site["value"].unconstrained() for site in param_capture.trace.nodes.values()]
-    return descend(lambda batch, step: loss_fn(fit_model, guide, *batch), params, data, num_steps=num_steps, lr=lr,
-                   optimizer=optimizer, lr_schedule=schedule, seed=seed, method="svi", desc=desc, progress=progress,
-                   quantity="ELBO", hint=", a smaller init_scale",
-                   on_step=None if on_step is None else (lambda step, value: on_step(step, num_steps)),
-                   reduce=reduce, resumable=None if ckpt is None else _Resumable(ckpt))
-
-
 class _Resumable:
     """An SVI chain's checkpoint (:func:`~bnn_pyro.infer.checkpoint.save_svi`: the parameter store,
-    optimizer, scheduler and losses) for :func:`~bnn_pyro.infer.driver.descend`."""
+    optimizer, scheduler and losses) for :func:`~bnn_pyro.infer.contract.run`."""
 
     def __init__(self, ckpt: Checkpoint):
         self.ckpt = ckpt

@@ -56,11 +56,13 @@ Example
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
 from enum import Enum
 from types import SimpleNamespace
+from typing import NamedTuple
 
 import pandas as pd
 import torch
@@ -73,14 +75,15 @@ from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.reparam import Estimator, WeightNoise, _Gaussian
-from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
-from bnn_pyro.infer.driver import ChainRun, assemble, descend, run_chains
+from bnn_pyro.infer.checkpoint import open_chains
+from bnn_pyro.infer.contract import Engine, Loop, drive, entry
+from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.optim import Schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_variational_dropout", "fit_sparse_vd", "sparsity_report", "kl_log_uniform", "vd_weight_names",
-           "Variant"]
+           "Variant", "VariationalDropoutConfig", "SparseVDConfig", "VDInfo", "SparseVDInfo"]
 
 KINGMA_C = (1.16145124, -1.50204118, 0.58629921)
 MOLCHANOV_K = (0.63576, 1.87320, 1.48695)
@@ -173,24 +176,52 @@ def _is_number(value) -> bool:
 
 
 @dataclass(frozen=True)
-class _Settings:
-    variant: Variant
-    num_steps: int
-    lr: float
-    lr_schedule: object
-    init_log_sigma2: float
-    threshold: float | None
-    kl_warmup: float
-    num_samples: int
-    init_scale: float
+class VariationalDropoutConfig:
+    """The options of ``method="variational_dropout"`` and their defaults (see :func:`fit_variational_dropout`)."""
+
+    num_steps: int | None = None
+    epochs: int | None = None
+    lr: float = 1e-2
+    lr_schedule: object = "cosine"
+    init_log_sigma2: float = -10.0
+    kl_warmup: float = 0.0
+    num_chains: int = 1
+    num_samples: int = 200
+    init_scale: float = 0.01
+    init: object = None
+    seed: int = 0
+    progress: bool = True
+    checkpoint: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
 
 
-def fit_variational_dropout(model, data: Data, *, num_steps: int | None = None, epochs: int | None = None,
-                            lr: float = 1e-2, lr_schedule="cosine", init_log_sigma2: float = -10.0,
-                            kl_warmup: float = 0.0, num_chains: int = 1, num_samples: int = 200,
-                            init_scale: float = 0.01, init=None, seed: int = 0, progress: bool = True,
-                            checkpoint: str | None = None, checkpoint_every: int | None = None,
-                            resume: bool = False) -> Posterior:
+@dataclass(frozen=True)
+class SparseVDConfig(VariationalDropoutConfig):
+    """The options of ``method="sparse_vd"``: those of variational dropout with a KL warm-up by default, and the
+    pruning ``threshold`` (see :func:`fit_sparse_vd`)."""
+
+    kl_warmup: float = 0.3
+    threshold: float = 3.0
+
+
+class VDInfo(NamedTuple):
+    """What a variational-dropout step records: the negative ELBO and the KL term of the VD weights."""
+
+    loss: float
+    kl: float
+
+
+class SparseVDInfo(NamedTuple):
+    """What a sparse-VD step records: the negative ELBO, the KL term and the pruned fraction after the update."""
+
+    loss: float
+    kl: float
+    sparsity: float
+
+
+@entry(VariationalDropoutConfig)
+def fit_variational_dropout(model, data: Data, cfg: VariationalDropoutConfig) -> Posterior:
     """Variational dropout, per-weight ``alpha <= 1`` (Kingma et al. 2015, variant B); see the module docstring.
 
     Parameters
@@ -224,17 +255,11 @@ def fit_variational_dropout(model, data: Data, *, num_steps: int | None = None, 
         last; ``resume=True`` continues each chain from its file, bit-identically (see
         :mod:`bnn_pyro.infer.checkpoint`).
     """
-    return _fit(model, data, Variant.VARIATIONAL_DROPOUT, num_steps=num_steps, epochs=epochs, lr=lr,
-                lr_schedule=lr_schedule, init_log_sigma2=init_log_sigma2, kl_warmup=kl_warmup, threshold=None,
-                num_chains=num_chains, num_samples=num_samples, init_scale=init_scale, init=init, seed=seed,
-                progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+    return _fit(model, data, Variant.VARIATIONAL_DROPOUT, cfg, threshold=None)
 
 
-def fit_sparse_vd(model, data: Data, *, num_steps: int | None = None, epochs: int | None = None, lr: float = 1e-2,
-                  lr_schedule="cosine", init_log_sigma2: float = -10.0, kl_warmup: float = 0.3,
-                  threshold: float = 3.0, num_chains: int = 1, num_samples: int = 200, init_scale: float = 0.01,
-                  init=None, seed: int = 0, progress: bool = True, checkpoint: str | None = None,
-                  checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
+@entry(SparseVDConfig)
+def fit_sparse_vd(model, data: Data, cfg: SparseVDConfig) -> Posterior:
     """Sparse variational dropout (Molchanov et al. 2017); see the module docstring.
 
     Parameters are those of :func:`fit_variational_dropout`, plus ``threshold``: weights with
@@ -244,36 +269,33 @@ def fit_sparse_vd(model, data: Data, *, num_steps: int | None = None, epochs: in
     ramp the net prunes itself into a worse optimum (digits, 64-100-10 MLP: test accuracy 0.936 and
     -ELBO 768 without it, 0.981 and 745 with it).
     """
+    threshold = cfg.threshold
     if not _is_number(threshold) or not math.isfinite(threshold):
         raise ValueError(f"threshold must be a finite number, the log alpha above which a weight is pruned "
                          f"(default 3.0), got {threshold!r}.")
-    return _fit(model, data, Variant.SPARSE_VD, num_steps=num_steps, epochs=epochs, lr=lr, lr_schedule=lr_schedule,
-                init_log_sigma2=init_log_sigma2, kl_warmup=kl_warmup, threshold=float(threshold),
-                num_chains=num_chains, num_samples=num_samples, init_scale=init_scale, init=init, seed=seed,
-                progress=progress, checkpoint=checkpoint, checkpoint_every=checkpoint_every, resume=resume)
+    return _fit(model, data, Variant.SPARSE_VD, cfg, threshold=float(threshold))
 
 
-def _fit(model, data: Data, variant: Variant, *, num_steps, epochs, lr, lr_schedule, init_log_sigma2, kl_warmup,
-         threshold, num_chains, num_samples, init_scale, init, seed, progress, checkpoint, checkpoint_every,
-         resume) -> Posterior:
+def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, threshold: float | None) -> Posterior:
     vd_names = vd_weight_names(model, variant)
+    num_steps, epochs, lr_schedule = cfg.num_steps, cfg.epochs, cfg.lr_schedule
     if num_steps is not None and epochs is not None:
         raise ValueError(f"{variant.value}: give num_steps= or epochs=, not both.")
     if epochs is not None:
         batch = data.batch_size or data.size
         per_epoch = len(data.loader) if data.loader is not None else math.ceil(data.size / batch)
         num_steps = positive_int("epochs", epochs) * per_epoch
-    if not _is_number(init_log_sigma2) or not math.isfinite(init_log_sigma2):
-        raise ValueError(f"init_log_sigma2 must be a finite number (e.g. -10.0), got {init_log_sigma2!r}.")
-    if not _is_number(kl_warmup) or not 0 <= kl_warmup <= 1:
-        raise ValueError(f"kl_warmup must be a fraction of the run in [0, 1] (e.g. 0.3), got {kl_warmup!r}.")
+    if not _is_number(cfg.init_log_sigma2) or not math.isfinite(cfg.init_log_sigma2):
+        raise ValueError(f"init_log_sigma2 must be a finite number (e.g. -10.0), got {cfg.init_log_sigma2!r}.")
+    if not _is_number(cfg.kl_warmup) or not 0 <= cfg.kl_warmup <= 1:
+        raise ValueError(f"kl_warmup must be a fraction of the run in [0, 1] (e.g. 0.3), got {cfg.kl_warmup!r}.")
     if isinstance(lr_schedule, str):
         choice("lr_schedule", lr_schedule, Schedule)
-    settings = _Settings(variant, positive_int("num_steps", 2000 if num_steps is None else num_steps),
-                         positive("lr", lr), lr_schedule, float(init_log_sigma2), threshold, float(kl_warmup),
-                         positive_int("num_samples", num_samples), positive("init_scale", init_scale))
-    num_chains = positive_int("num_chains", num_chains)
-    init = resolve_init(model, init, data)
+    num_steps = positive_int("num_steps", 2000 if num_steps is None else num_steps)
+    lr, num_samples = positive("lr", cfg.lr), positive_int("num_samples", cfg.num_samples)
+    init_scale, init_log_sigma2, kl_warmup = positive("init_scale", cfg.init_scale), float(cfg.init_log_sigma2), float(cfg.kl_warmup)
+    num_chains = positive_int("num_chains", cfg.num_chains)
+    init = resolve_init(model, cfg.init, data)
     hypers = [h for h in model.hyper_names if any(h.startswith(n + "_") for n in vd_names)]
     if hypers:
         warnings.warn(f"{variant.value}: the log-uniform prior replaces the model's prior on {vd_names}, so the "
@@ -285,83 +307,90 @@ def _fit(model, data: Data, variant: Variant, *, num_steps, epochs, lr, lr_sched
                          f"sites: {list(pot.init)}); is a layer shared? {variant.value} needs each Linear/Conv "
                          "weight once per forward pass; use method='svi' (guide='mean_field') for this net.")
     config = clean_config(dict(
-        num_steps=settings.num_steps, lr=settings.lr, lr_schedule=getattr(lr_schedule, "value", lr_schedule),
-        init_log_sigma2=settings.init_log_sigma2, kl_warmup=settings.kl_warmup, threshold=threshold,
-        num_chains=num_chains, num_samples=settings.num_samples, init_scale=settings.init_scale,
+        num_steps=num_steps, lr=lr, lr_schedule=getattr(lr_schedule, "value", lr_schedule),
+        init_log_sigma2=init_log_sigma2, kl_warmup=kl_warmup, threshold=threshold,
+        num_chains=num_chains, num_samples=num_samples, init_scale=init_scale,
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
-        dataset_size=data.size, seed=seed, prior="log-uniform",
+        dataset_size=data.size, seed=cfg.seed, prior="log-uniform",
         local_reparameterization=True, vd_weights=",".join(vd_names)))
-    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
+    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
                         run=dict(method=variant.value, **config))
-    runs = run_chains(model, num_chains, seed, lambda fitted, info: _run_chain(
-        fitted, data, settings, pot, init, vd_names, info.seed, progress, f"{variant.value} chain {info.index}",
-        ckpts[info.index]))
-    return assemble(runs, method=variant.value, config=config, data=data)
-
-
-def _run_chain(fitted, data: Data, settings: _Settings, pot: Potential, init, vd_names: list[str], seed: int,
-               progress: bool, desc: str, ckpt=None):
-    """One restart (inside the driver's :func:`~bnn_pyro.infer.driver.chain`): Adam on the negative ELBO,
-    then draws from ``q``."""
     others = [n for n in pot.init if n not in vd_names]
-    start = Potential(fitted, data, init=chain_start(fitted, init, seed)).init  # unconstrained
-    weights = _VDWeights({n: start[n] for n in vd_names}, settings.variant, settings.init_log_sigma2)
-    loc = {n: start[n].clone().requires_grad_() for n in others}
-    log_sd = {n: torch.full_like(start[n], math.log(settings.init_scale)).requires_grad_() for n in others}
+    warmup_steps = round(kl_warmup * num_steps)
+    x0, y0 = data.first()
 
-    def neg_elbo(x, y):
-        z = {n: loc[n] + log_sd[n].exp() * torch.randn_like(loc[n]) for n in others}
-        draws, sites = weights.draw()
-        values = {**pot.constrain(z), **draws}
-        run = WeightNoise(Estimator.LOCAL_REPARAM, sites).wrap(lambda x, y: call_model(fitted, x, y, data.size))
+    def init_state(fitted, chain) -> _State:
+        start = Potential(fitted, data, init=chain_start(fitted, init, chain.seed)).init  # unconstrained
+        weights = _VDWeights({n: start[n] for n in vd_names}, variant, init_log_sigma2)
+        loc = {n: start[n].clone().requires_grad_() for n in others}
+        log_sd = {n: torch.full_like(start[n], math.log(init_scale)).requires_grad_() for n in others}
+        state = _State(fitted, pot, data, weights, loc, log_sd, vd_names, others, [])
+        try:
+            with poutine.trace(param_only=True) as capture:
+                state.neg_elbo(x0, y0)
+        except ValueError as err:  # a layer the local reparameterization cannot serve (e.g. a tied weight)
+            raise ValueError(f"model: {variant.value} cannot fit this net ({err}). Variational dropout needs each "
+                             "Linear/Conv weight used once per forward pass by its own layer; use method='svi' "
+                             "(guide='mean_field') for this net.") from err
+        point_params = [s["value"].unconstrained() for s in capture.trace.nodes.values()]
+        state.params = list(weights.parameters()) + list(loc.values()) + list(log_sd.values()) + point_params
+        return state
+
+    def step(state: _State, batch, index: int):
+        rest, kl = state.neg_elbo(*batch)
+        loss = rest + kl
+        info = VDInfo(loss.item(), kl.item()) if threshold is None else SparseVDInfo(loss.item(), kl.item(), math.nan)
+        return (rest + min(1.0, (index + 1) / warmup_steps) * kl if warmup_steps else loss), info
+
+    def after(state: _State, index: int, info):
+        state.weights.project()
+        return info if threshold is None else info._replace(sparsity=_pruned_fraction(state.weights, threshold))
+
+    def draws(state: _State, history) -> ChainRun:
+        samples = _draw(state.weights, threshold, num_samples)
+        with torch.no_grad():
+            z = {n: state.loc[n] + state.log_sd[n].exp() * state.loc[n].new_empty((num_samples,) + state.loc[n].shape).normal_()
+                 for n in others}
+            samples.update({n: v.detach() for n, v in pot.constrain(z).items()})
+        return ChainRun(state.model, samples, point_values(state.model, x0, y0, data.size), history)
+
+    engine = Engine(init=init_state, step=step, draws=draws, info=VDInfo if threshold is None else SparseVDInfo,
+                    after=after)
+    loop = Loop(num_steps=num_steps, lr=lr, method=variant.value, desc=variant.value + " chain {index}",
+                optimizer=functools.partial(torch.optim.Adam, lr=lr), lr_schedule=lr_schedule, quantity="ELBO",
+                progress=cfg.progress)
+    return drive(model, data, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts)
+
+
+@dataclass
+class _State:
+    """One restart: its model copy, ``q`` of the VD weights and the Gaussians ``loc``/``log_sd`` of the other
+    latent sites (unconstrained), and the optimized tensors."""
+
+    model: object
+    pot: Potential
+    data: Data
+    weights: _VDWeights
+    loc: dict
+    log_sd: dict
+    vd_names: list
+    others: list
+    params: list
+
+    def neg_elbo(self, x, y):
+        """The negative ELBO on a batch less the VD weights' KL term, and that term."""
+        others = self.others
+        z = {n: self.loc[n] + self.log_sd[n].exp() * torch.randn_like(self.loc[n]) for n in others}
+        draws, sites = self.weights.draw()
+        values = {**self.pot.constrain(z), **draws}
+        run = WeightNoise(Estimator.LOCAL_REPARAM, sites).wrap(lambda x, y: call_model(self.model, x, y, self.data.size))
         with poutine.trace() as tr, poutine.condition(data=values):
             run(x, y)
-        log_joint = tr.trace.log_prob_sum(lambda name, site: name not in vd_names)  # likelihood scaled N / B
-        log_jac = sum((-pot.transforms[n].log_abs_det_jacobian(values[n], z[n])).sum()
-                      for n in others if n in pot.transforms)
-        entropy = sum(s.sum() for s in log_sd.values())  # of q(other), up to a constant
-        return -(log_joint + log_jac + entropy), weights.kl()
-
-    x0, y0 = data.first()
-    try:
-        with poutine.trace(param_only=True) as capture:
-            neg_elbo(x0, y0)
-    except ValueError as err:  # a layer the local reparameterization cannot serve (e.g. a tied weight)
-        raise ValueError(f"model: {settings.variant.value} cannot fit this net ({err}). Variational dropout "
-                         "needs each Linear/Conv weight used once per forward pass by its own layer; use "
-                         "method='svi' (guide='mean_field') for this net.") from err
-    point_params = [s["value"].unconstrained() for s in capture.trace.nodes.values()]
-    params = list(weights.parameters()) + list(loc.values()) + list(log_sd.values()) + point_params
-    history = {"kl": torch.empty(settings.num_steps)}
-    if settings.threshold is not None:
-        history["sparsity"] = torch.empty(settings.num_steps)
-    warmup_steps = round(settings.kl_warmup * settings.num_steps)
-    kl_now = []
-
-    def objective(batch, step):
-        rest, kl = neg_elbo(*batch)
-        loss = rest + kl
-        kl_now[:] = [kl.item()]
-        return (rest + min(1.0, (step + 1) / warmup_steps) * kl if warmup_steps else loss), loss.item()
-
-    def on_step(step, value):
-        history["kl"][step] = kl_now[0]
-        if "sparsity" in history:
-            history["sparsity"][step] = _pruned_fraction(weights, settings.threshold)
-
-    losses = descend(objective, params, data, num_steps=settings.num_steps, lr=settings.lr,
-                     lr_schedule=settings.lr_schedule, seed=seed, method=settings.variant.value, desc=desc,
-                     progress=progress, quantity="ELBO", on_step=on_step, after_step=weights.project,
-                     opt=torch.optim.Adam(params, lr=settings.lr),
-                     resumable=None if ckpt is None else StepCheckpoint(ckpt, params, records=history))
-    history = {"loss": losses, **history}
-    draws = _draw(weights, settings.threshold, settings.num_samples)
-    with torch.no_grad():
-        z = {n: loc[n] + log_sd[n].exp() * loc[n].new_empty((settings.num_samples,) + loc[n].shape).normal_()
-             for n in others}
-        draws.update({n: v.detach() for n, v in pot.constrain(z).items()})
-    point = point_values(fitted, x0, y0, data.size)
-    return ChainRun(fitted, draws, point, history)
+        log_joint = tr.trace.log_prob_sum(lambda name, site: name not in self.vd_names)  # likelihood scaled N / B
+        log_jac = sum((-self.pot.transforms[n].log_abs_det_jacobian(values[n], z[n])).sum()
+                      for n in others if n in self.pot.transforms)
+        entropy = sum(s.sum() for s in self.log_sd.values())  # of q(other), up to a constant
+        return -(log_joint + log_jac + entropy), self.weights.kl()
 
 
 @torch.no_grad()

@@ -1,0 +1,131 @@
+"""Same seed, same draws across a refactor: fits the engines rebuilt on the engine contract
+(bnn_pyro/infer/contract.py) in a spread of settings, saves every posterior's samples, history,
+sample statistics and point values, and compares two such files for bit-identity.
+
+Run it once on a checkout of the old code and once on the new one, then compare::
+
+    PYTHONPATH=/path/to/old/checkout python benchmarks/contract_parity.py save old.pt
+    python benchmarks/contract_parity.py save new.pt
+    python benchmarks/contract_parity.py compare old.pt new.pt
+
+Small models and short runs: it checks equality, not quality (a few seconds per case).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pyro
+import pyro.distributions as dist
+import torch
+
+import bnn_pyro as bp
+
+
+def _toy(n=120, classes=False):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 2, generator=g) * 4 - 2
+    if classes:
+        return x, (x[:, 0] * x[:, 1] > 0).long()
+    return x, torch.sin(x[:, 0]) + 0.3 * x[:, 1] + 0.1 * torch.randn(n, generator=g)
+
+
+def _bnn(noise=0.2, classes=False):
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2 if classes else 1))
+    lik = bp.likelihoods.Categorical() if classes else bp.likelihoods.Gaussian(scale=noise)
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=lik)
+
+
+def _pyro_fn(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    s = pyro.sample("s", dist.HalfNormal(1.0))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(x @ w, s), obs=y)
+
+
+def _stream(x, y, batch=40):
+    for _ in range(1000):
+        for i in range(0, x.shape[0], batch):
+            yield x[i : i + batch], y[i : i + batch]
+
+
+CASES = {
+    "svi_mean_field_fast": lambda: ("svi", dict(num_steps=30, num_samples=5, num_chains=2)),
+    "svi_mean_field_pyro": lambda: ("svi", dict(num_steps=30, num_samples=5, fast_path=False)),
+    "svi_full_rank_minibatch": lambda: ("svi", dict(guide="full_rank", num_steps=30, num_samples=5, batch_size=32)),
+    "svi_low_rank_particles": lambda: ("svi", dict(guide="low_rank", num_steps=20, num_samples=5, num_particles=3)),
+    "svi_map": lambda: ("svi", dict(guide="map", num_steps=30)),
+    "svi_reinforce": lambda: ("svi", dict(elbo="reinforce", num_steps=10, num_samples=5)),
+    "svi_local_reparam": lambda: ("svi", dict(estimator="local_reparam", num_steps=20, num_samples=5)),
+    "svi_empirical_bayes": lambda: ("svi", dict(empirical_bayes=True, num_steps=20, num_samples=5)),
+    "svi_learned_noise": lambda: ("svi", dict(num_steps=20, num_samples=5, _noise=True)),
+    "svi_pyro_function": lambda: ("svi", dict(num_steps=20, num_samples=5, _fn=True)),
+    "svi_stream": lambda: ("svi", dict(num_steps=20, num_samples=5, _stream=True)),
+    "svi_epochs": lambda: ("svi", dict(epochs=2, batch_size=50, num_samples=5)),
+    "ensemble_default": lambda: ("ensemble", dict(num_members=2, num_steps=30)),
+    "ensemble_no_validation_minibatch": lambda: ("ensemble", dict(num_members=2, num_steps=20, validation=None,
+                                                                  batch_size=32)),
+    "ensemble_adversarial_noise": lambda: ("ensemble", dict(num_members=2, num_steps=20, adversarial_eps=0.05,
+                                                            _noise=True)),
+    "ensemble_classes": lambda: ("ensemble", dict(num_members=2, num_steps=20, _classes=True)),
+    "ensemble_stream": lambda: ("ensemble", dict(num_members=2, num_steps=20, _stream=True)),
+    "variational_dropout": lambda: ("variational_dropout", dict(num_steps=30, num_samples=5, num_chains=2)),
+    "variational_dropout_warmup": lambda: ("variational_dropout", dict(num_steps=20, num_samples=5, kl_warmup=0.5,
+                                                                      batch_size=32)),
+    "sparse_vd": lambda: ("sparse_vd", dict(num_steps=30, num_samples=5)),
+    "sparse_vd_classes_epochs": lambda: ("sparse_vd", dict(epochs=3, batch_size=40, num_samples=5, _classes=True)),
+    "sparse_vd_stream": lambda: ("sparse_vd", dict(num_steps=20, num_samples=5, _stream=True)),
+    "laplace": lambda: ("laplace", dict(_small=True)),
+}
+
+
+def _fit(case: str):
+    method, config = CASES[case]()
+    classes, noise, fn, stream = (config.pop(k, False) for k in ("_classes", "_noise", "_fn", "_stream"))
+    if config.pop("_small", False):
+        config.update(num_steps=30, num_samples=5)
+    x, y = _toy(classes=classes)
+    model = _pyro_fn if fn else _bnn(noise=dist.HalfNormal(1.0) if noise else 0.2, classes=classes)
+    if stream:
+        return bp.fit(model, _stream(x, y), method=method, dataset_size=x.shape[0], seed=3, progress=False, **config)
+    return bp.fit(model, x, y, method=method, seed=3, progress=False, **config)
+
+
+def save(path: str) -> None:
+    print("bnn_pyro from", bp.__file__)
+    out = {}
+    for case in CASES:
+        post = _fit(case)
+        out[case] = {part: {k: v for k, v in getattr(post, part).items() if torch.is_tensor(v)}
+                     for part in ("samples", "history", "sample_stats", "point")}
+        out[case]["config"] = {k: repr(v) for k, v in post.config.items()}
+        print(case, "done")
+    torch.save(out, path)
+
+
+def compare(old_path: str, new_path: str) -> int:
+    old, new = torch.load(old_path), torch.load(new_path)
+    bad = 0
+    for case in old:
+        for part, tensors in old[case].items():
+            other = new[case][part]
+            for name, value in tensors.items():
+                same = name in other and (value == other[name] if isinstance(value, str) else
+                                          torch.equal(value, other[name]))
+                if not same:
+                    bad += 1
+                    print(f"DIFFERENT {case} {part}[{name!r}]: {value if isinstance(value, str) else ''} vs "
+                          f"{other.get(name, 'missing') if isinstance(value, str) else ''}")
+            for name in set(other) - set(tensors):
+                bad += 1
+                print(f"NEW {case} {part}[{name!r}]")
+    print(f"{len(old)} cases: " + ("all bit-identical" if not bad else f"{bad} differences"))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "save":
+        save(sys.argv[2])
+    else:
+        sys.exit(compare(sys.argv[2], sys.argv[3]))

@@ -1,0 +1,235 @@
+"""The engine contract: what a method declares (:class:`Declaration`), what an optimization engine
+provides (:class:`Engine`), and the one function that drives it (:func:`drive`).
+
+In the spirit of blackjax's ``SamplingAlgorithm(init, step)`` and posteriors' ``Transform(init, update)``,
+adapted to torch, where the optimizer's update is shared by every engine and so belongs to the driver:
+
+* A **declaration** says what ``bp.fit(..., method=...)`` may pass and what the engine can serve: its
+  configuration (a frozen dataclass of its options with their defaults) and its :class:`Capabilities`
+  (minibatches, one-shot streams, several passes over the data, per-example Jacobian rows, checkpoints,
+  chains, data-parallel). ``bp.fit`` checks option names and data against it before any fitting starts.
+* An **engine** (:class:`Engine`) is four functions over a state of its own: ``init(model, chain)`` builds
+  the state (whose ``params`` the optimizer updates) in a chain's copy of the model; ``step(state, batch,
+  index)`` gives the loss to minimize on one ``(x, y)`` batch and what the step records (a NamedTuple, its
+  first field ``loss``); ``after(state, index, info)`` runs after the optimizer's update (projections,
+  early stopping) and may complete the record; ``draws(state, history)`` turns the final state into the
+  chain's :class:`~bnn_pyro.infer.driver.ChainRun`.
+* :func:`drive` runs it: :func:`~bnn_pyro.infer.driver.run_chains` (copies, parameter stores, seeds) ->
+  :func:`~bnn_pyro.infer.driver.descend` (batches or streams, optimizer, schedule, progress, the non-finite
+  stop, data-parallel reduction, checkpoint/resume) -> :func:`~bnn_pyro.infer.driver.assemble`.
+
+Example
+-------
+>>> engine = Engine(init=lambda fitted, chain: State(...), step=lambda s, batch, i: (loss, LossInfo(loss.item())),
+...                 draws=lambda s, history: ChainRun(s.model, samples, history=history))
+>>> post = drive(model, data, engine, Loop(num_steps=1000, lr=1e-2, method="svi", desc="svi chain {index}"),
+...              num_chains=2, seed=0, config=config)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import inspect
+from dataclasses import dataclass, field
+from typing import Any, Callable, Generic, NamedTuple, Protocol, TypeVar
+
+import torch
+
+from bnn_pyro.infer._common import Data
+from bnn_pyro.infer.checkpoint import Checkpoint, StepCheckpoint
+from bnn_pyro.infer.driver import ChainInfo, ChainRun, Resumable, assemble, descend, run_chains
+from bnn_pyro.posterior import Posterior
+
+__all__ = ["Capabilities", "Declaration", "Engine", "LossInfo", "Loop", "State", "drive", "run", "entry"]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an engine can serve; ``bp.fit`` refuses the rest before fitting, naming the methods that can.
+
+    minibatches: it takes ``batch_size=`` and loaders of ``(x, y)`` batches.
+    one_shot: it consumes a one-shot iterator (a generator) of batches, in order, once.
+    multi_pass: it reads the data more than once (fit, then curvature or statistics): no one-shot streams.
+    jacobian_rows: its curvature takes per-example Jacobians of ``(N, out)`` outputs of one input tensor.
+    checkpoint: it takes ``checkpoint=`` / ``checkpoint_every=`` / ``resume=``.
+    chains: it runs several independent chains (restarts, members) as one posterior's chains.
+    data_parallel: it averages gradients over the ranks of a ``torch.distributed`` group (``distributed=``).
+    """
+
+    minibatches: bool = False
+    one_shot: bool = False
+    multi_pass: bool = False
+    jacobian_rows: bool = False
+    checkpoint: bool = False
+    chains: bool = True
+    data_parallel: bool = False
+
+    def __post_init__(self):
+        if self.one_shot and (self.multi_pass or not self.minibatches):
+            raise ValueError("Capabilities: one_shot needs minibatches and a single pass (multi_pass=False).")
+
+
+@dataclass(frozen=True)
+class Declaration:
+    """One registered method: where its fit function lives, its configuration and its capabilities.
+
+    ``config`` is the engine's frozen dataclass of options (engines on the contract); ``None`` reads the
+    options from the fit function's signature, following ``**config`` to ``passed_on`` (a function of the
+    same module) less the names in ``set_by_engine`` (engines not yet on the contract). ``refused_by_engine``:
+    names bp.fit hands over although they are not options, because the engine refuses them with a message
+    of its own (e.g. SWAG's ``rank`` given to SWA).
+    """
+
+    module: str
+    function: str
+    capabilities: Capabilities
+    config: type | None = None
+    passed_on: str | None = None
+    set_by_engine: frozenset = frozenset()
+    refused_by_engine: frozenset = frozenset()
+
+    def fit_function(self) -> Callable[..., Posterior]:
+        return getattr(importlib.import_module(f"bnn_pyro.infer.{self.module}"), self.function)
+
+    def options(self) -> dict[str, object]:
+        """The engine's own keyword options with their defaults (``bp.fit``'s keywords not included)."""
+        if self.config is not None:
+            return {f.name: _default(f) for f in dataclasses.fields(self.config)}
+        fn = self.fit_function()
+        found = _keywords(fn)
+        if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
+            if self.passed_on is None:
+                raise LookupError(f"{self.module}.{self.function} takes **config: declare the function it passes them "
+                                  "to (Declaration.passed_on), or a config dataclass, so that its options can be checked.")
+            inner = _keywords(getattr(importlib.import_module(fn.__module__), self.passed_on))
+            found.update({k: v for k, v in inner.items() if k not in self.set_by_engine and k not in found})
+        return found
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty
+
+
+def _keywords(fn) -> dict[str, object]:
+    """A fit function's keyword options (everything but ``model``, ``data`` and ``**config``)."""
+    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
+            if name not in ("model", "data") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+
+
+def entry(config_type: type):
+    """Decorate ``fit(model, data, config: config_type) -> Posterior`` into the engine's public function
+    ``fit(model, data, **options)``: the options become ``config_type(**options)`` and its signature lists
+    them as keyword-only parameters with their defaults (``help()``, ``inspect.signature``)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def fit(model, data: Data, **options) -> Posterior:
+            return fn(model, data, config_type(**options))
+
+        params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+                  inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Data")]
+        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=f.type)
+                   for f in dataclasses.fields(config_type)]
+        fit.__signature__ = inspect.Signature(params, return_annotation="Posterior")
+        fit.config_type = config_type
+        return fit
+    return wrap
+
+
+# ------------------------------------------------------------------------------------------ the engine
+class State(Protocol):
+    """An engine's state: whatever it needs, with the tensors the optimizer updates as ``params``."""
+
+    params: list[torch.Tensor]
+
+
+class LossInfo(NamedTuple):
+    """What a step records when the loss is all: the value of the objective on the step's batch."""
+
+    loss: float
+
+
+S = TypeVar("S", bound=State)
+Info = TypeVar("Info", bound=tuple)
+
+
+class Engine(NamedTuple, Generic[S, Info]):
+    """An optimization engine (see the module docstring). ``info`` is the NamedTuple type ``step`` returns:
+    every field becomes a ``history`` entry of shape ``(num_steps,)``; ``checkpoint(state, ckpt, records)``
+    gives the :class:`~bnn_pyro.infer.driver.Resumable` (by default the state's ``params``, the optimizer and
+    the records, :class:`~bnn_pyro.infer.checkpoint.StepCheckpoint`)."""
+
+    init: Callable[[Any, ChainInfo], S]
+    step: Callable[[S, tuple, int], "tuple[torch.Tensor, Info]"]
+    draws: Callable[[S, "dict[str, torch.Tensor]"], ChainRun]
+    info: type = LossInfo
+    after: Callable[[S, int, Info], Info] | None = None
+    checkpoint: Callable[[S, Checkpoint, "dict[str, torch.Tensor]"], Resumable] | None = None
+
+
+@dataclass(frozen=True)
+class Loop:
+    """How :func:`run` descends: ``num_steps`` optimizer steps of ``optimizer`` at ``lr`` under ``lr_schedule``
+    (as :func:`~bnn_pyro.infer.optim.make_optimizer` / ``make_schedule`` take them); ``method``, ``desc``
+    (``{index}`` becomes the chain), ``quantity`` and ``hint`` name the run in the progress bar and in the
+    non-finite stop; ``reduce`` averages gradients over data-parallel ranks."""
+
+    num_steps: int
+    lr: float
+    method: str
+    desc: str
+    optimizer: Any = "adam"
+    lr_schedule: Any = "constant"
+    quantity: str = "loss"
+    hint: str = ""
+    progress: bool = True
+    reduce: Callable | None = field(default=None, compare=False)
+
+
+def run(engine: Engine, state, data: Data, loop: Loop, *, seed: int, index: int = 0,
+        ckpt: Checkpoint | None = None) -> dict[str, torch.Tensor]:
+    """One chain's descent of ``engine`` from ``state``: ``loop.num_steps`` steps on ``data``'s batches (their
+    order seeded by ``seed``); returns the per-step records, one ``(num_steps,)`` tensor per field of
+    ``engine.info``."""
+    fields = engine.info._fields
+    records = {name: torch.empty(loop.num_steps) for name in fields[1:]}
+    last = [None]
+
+    def objective(batch, step):
+        loss, info = engine.step(state, batch, step)
+        last[0] = info
+        return loss, info[0]
+
+    def on_step(step, value):
+        info = last[0] if engine.after is None else engine.after(state, step, last[0])
+        for name in fields[1:]:
+            records[name][step] = getattr(info, name)
+
+    resumable = None
+    if ckpt is not None:
+        resumable = (engine.checkpoint(state, ckpt, records) if engine.checkpoint is not None
+                     else StepCheckpoint(ckpt, state.params, records=records))
+    losses = descend(objective, state.params, data, num_steps=loop.num_steps, lr=loop.lr, optimizer=loop.optimizer,
+                     lr_schedule=loop.lr_schedule, seed=seed, method=loop.method, desc=loop.desc.format(index=index),
+                     progress=loop.progress, quantity=loop.quantity, hint=loop.hint, on_step=on_step,
+                     reduce=loop.reduce, resumable=resumable)
+    return {fields[0]: losses, **records}
+
+
+def drive(model, data: Data, engine: Engine, loop: Loop, *, num_chains: int, seed: int, config: dict,
+          checkpoints: list[Checkpoint | None] | None = None, posterior_data: Data | None = None) -> Posterior:
+    """Fit ``model``: ``num_chains`` chains (seeds ``seed + c``, each in its own model copy and parameter store),
+    each ``engine.init`` -> :func:`run` -> ``engine.draws``, stacked into one :class:`~bnn_pyro.Posterior`
+    (method ``loop.method``, ``config``; its ``x``/``y`` from ``posterior_data``, by default ``data``).
+    ``checkpoints``: one :class:`~bnn_pyro.infer.checkpoint.Checkpoint` (or ``None``) per chain."""
+    def one_chain(fitted, info: ChainInfo) -> ChainRun:
+        state = engine.init(fitted, info)
+        history = run(engine, state, data, loop, seed=info.seed, index=info.index,
+                      ckpt=None if checkpoints is None else checkpoints[info.index])
+        return engine.draws(state, history)
+
+    runs = run_chains(model, num_chains, seed, one_chain, method=loop.method)
+    return assemble(runs, method=loop.method, config=config, data=data if posterior_data is None else posterior_data)
