@@ -1,14 +1,16 @@
 """Inference engines, assembled from one registry: ``bp.fit(model, x, y, method=..., **config)``.
 
 Each method family lives in its own module with the same shape: data and configuration in,
-:class:`~bnn_pyro.Posterior` out. Adding an engine means adding a module and one registry entry.
+:class:`~bnn_pyro.Posterior` out. Adding an engine means adding a module and one registry entry, a
+:class:`~bnn_pyro.infer.contract.Declaration` of its capabilities: ``bp.fit`` checks option names against
+the engine's declared configuration and the data against its capabilities before fitting.
 """
 
 from __future__ import annotations
 
 import difflib
-import importlib
 import inspect
+from dataclasses import replace
 from enum import Enum
 from typing import Callable
 
@@ -16,10 +18,11 @@ import torch
 
 from bnn_pyro._checks import check_data, choice, flag, positive_int
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
+from bnn_pyro.infer.contract import Capabilities, Declaration
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "Method", "REGISTRY", "engine", "options"]
+__all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options"]
 
 
 class Method(str, Enum):
@@ -41,47 +44,37 @@ class Method(str, Enum):
     SUBSPACE = "subspace"
 
 
-# Method -> (module under bnn_pyro.infer, function): imported on first use, so that ``import bnn_pyro``
-# stays light and each method family stays in its own module.
-REGISTRY: dict[Method, tuple[str, str]] = {
-    Method.SVI: ("svi", "fit"),
-    Method.NUTS: ("mcmc", "fit_nuts"),
-    Method.HMC: ("mcmc", "fit_hmc"),
-    Method.METROPOLIS: ("mcmc", "fit_metropolis"),
-    Method.SGLD: ("sgmcmc", "fit_sgld"),
-    Method.SGHMC: ("sgmcmc", "fit_sghmc"),
-    Method.CSGMCMC: ("sgmcmc", "fit_csgmcmc"),
-    Method.SWA: ("swag", "fit_swa"),
-    Method.SWAG: ("swag", "fit_swag"),
-    Method.MC_DROPOUT: ("dropout", "fit_mc_dropout"),
-    Method.VARIATIONAL_DROPOUT: ("variational_dropout", "fit_variational_dropout"),
-    Method.SPARSE_VD: ("variational_dropout", "fit_sparse_vd"),
-    Method.ENSEMBLE: ("ensemble", "fit_ensemble"),
-    Method.LAPLACE: ("laplace", "fit_laplace"),
-    Method.SNAPSHOT: ("snapshot", "fit_snapshot"),
-    Method.SUBSPACE: ("subspace", "fit_subspace"),
-}
+_STEPS = Capabilities(minibatches=True, one_shot=True)  # a step per batch, one pass over a stream
+_POINT_THEN_STATS = Capabilities(minibatches=True, multi_pass=True)  # a fit, then statistics over the data again
+_FULL_DATA = Capabilities()  # every step needs the whole data set
 
-
-# Engines whose function takes ``**config`` pass it on to one function of their module: their options are that
-# function's keywords, less those the engine sets itself.
-_PASSED_ON: dict[Method, tuple[str, frozenset]] = {
-    Method.NUTS: ("fit", frozenset({"kernel"})), Method.HMC: ("fit", frozenset({"kernel"})),
-    Method.METROPOLIS: ("fit", frozenset({"kernel"})),
-    Method.SWA: ("_fit", frozenset({"swag", "rank", "num_samples", "scale"})), Method.SWAG: ("_fit", frozenset({"swag"})),
+# Method -> its declaration: the function under bnn_pyro.infer (imported on first use, so that ``import bnn_pyro``
+# stays light and each method family stays in its own module), its capabilities, and, for engines not yet on
+# the contract (no config dataclass), the function their ``**config`` is passed on to.
+REGISTRY: dict[Method, Declaration] = {
+    Method.SVI: Declaration("svi", "fit", replace(_STEPS, checkpoint=True, data_parallel=True)),
+    Method.NUTS: Declaration("mcmc", "fit_nuts", _FULL_DATA, passed_on="fit", set_by_engine=frozenset({"kernel"})),
+    Method.HMC: Declaration("mcmc", "fit_hmc", _FULL_DATA, passed_on="fit", set_by_engine=frozenset({"kernel"})),
+    Method.METROPOLIS: Declaration("mcmc", "fit_metropolis", _FULL_DATA, passed_on="fit",
+                                   set_by_engine=frozenset({"kernel"})),
+    Method.SGLD: Declaration("sgmcmc", "fit_sgld", replace(_STEPS, checkpoint=True)),
+    Method.SGHMC: Declaration("sgmcmc", "fit_sghmc", replace(_STEPS, checkpoint=True)),
+    Method.CSGMCMC: Declaration("sgmcmc", "fit_csgmcmc", replace(_STEPS, checkpoint=True)),
+    # SWA takes SWAG's options less those of its Gaussian, which its engine refuses with a message of its own
+    Method.SWA: Declaration("swag", "fit_swa", _POINT_THEN_STATS, passed_on="_fit",
+                            set_by_engine=frozenset({"swag", "rank", "num_samples", "scale"}),
+                            refused_by_engine=frozenset({"rank", "num_samples", "scale"})),
+    Method.SWAG: Declaration("swag", "fit_swag", _POINT_THEN_STATS, passed_on="_fit", set_by_engine=frozenset({"swag"})),
+    Method.MC_DROPOUT: Declaration("dropout", "fit_mc_dropout", _STEPS),
+    Method.VARIATIONAL_DROPOUT: Declaration("variational_dropout", "fit_variational_dropout",
+                                            replace(_STEPS, checkpoint=True)),
+    Method.SPARSE_VD: Declaration("variational_dropout", "fit_sparse_vd", replace(_STEPS, checkpoint=True)),
+    Method.ENSEMBLE: Declaration("ensemble", "fit_ensemble", replace(_STEPS, checkpoint=True)),
+    Method.LAPLACE: Declaration("laplace", "fit_laplace", replace(_POINT_THEN_STATS, jacobian_rows=True)),
+    Method.SNAPSHOT: Declaration("snapshot", "fit_snapshot", replace(_STEPS, checkpoint=True)),
+    Method.SUBSPACE: Declaration("subspace", "fit_subspace", _POINT_THEN_STATS),
 }
-# SWAG's options passed to SWA: not options of swa, but its engine refuses them with a message of its own
-_REFUSED_BY_ENGINE = {Method.SWA: frozenset({"rank", "num_samples", "scale"})}
 _FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own keywords, for every method
-
-
-# Engines that read the data in several passes (a one-shot iterator of batches cannot serve them).
-_MULTI_PASS = frozenset({Method.SWA, Method.SWAG, Method.LAPLACE, Method.SUBSPACE})
-
-
-# Engines whose curvature takes per-example Jacobians of (N, out) outputs of one input tensor, batched by vmap:
-# they refuse several inputs (a tuple or dict), sequence outputs (N, T, out) and recurrent layers (no batching rule).
-_ONE_TENSOR_ROWS = frozenset({Method.LAPLACE})
 
 
 def _check_plain_rows(model: BNN, x, kind: Method) -> None:
@@ -99,33 +92,30 @@ def _check_plain_rows(model: BNN, x, kind: Method) -> None:
                          "embedding models').")
 
 
+def _check_stream(kind: Method) -> None:
+    """A one-shot iterator of batches: refused, naming the methods that take one, unless ``kind`` consumes it."""
+    can = REGISTRY[kind].capabilities
+    if can.one_shot:
+        return
+    takers = ", ".join(m.value for m in Method if REGISTRY[m].capabilities.one_shot)
+    why = ("goes over the data more than once (fit, then curvature or statistics)" if can.multi_pass else
+           "needs the full data set at every step")
+    raise ValueError(f"x: method={kind.value!r} {why}, but a one-shot iterator or generator gives its batches only "
+                     "once. " + ("Pass a re-iterable source (a DataLoader, an IterableDataset, an object whose "
+                                 "__iter__ starts a new pass), or use " if can.multi_pass else
+                                 "Pass the data as tensors x, y, or use ") + f"a method that takes a stream: {takers}.")
+
+
 def engine(method: str | Method) -> Callable[..., Posterior]:
     """The fitting function registered for ``method``: ``engine_fn(model, data: Data, **config) -> Posterior``."""
-    module, name = REGISTRY[choice("method", method, Method)]
-    return getattr(importlib.import_module(f"bnn_pyro.infer.{module}"), name)
+    return REGISTRY[choice("method", method, Method)].fit_function()
 
 
 def options(method: str | Method) -> dict[str, object]:
-    """The keyword options ``bp.fit(..., method=method)`` takes, with their defaults, read from the engine
-    function's signature (e.g. ``options("swag")``: ``{"batch_size": None, ..., "rank": 20, ...}``)."""
-    kind = choice("method", method, Method)
-    fn = engine(kind)
-    found = _keywords(fn)
-    if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
-        if kind not in _PASSED_ON:
-            raise LookupError(f"method {kind.value!r} takes **config; add to infer._PASSED_ON the function it passes "
-                              "them to, so that its options can be checked.")
-        target, fixed = _PASSED_ON[kind]
-        inner = _keywords(getattr(importlib.import_module(fn.__module__), target))
-        found.update({k: v for k, v in inner.items() if k not in fixed and k not in found})
+    """The keyword options ``bp.fit(..., method=method)`` takes, with their defaults, read from the engine's
+    declared configuration (e.g. ``options("swag")``: ``{"batch_size": None, ..., "rank": 20, ...}``)."""
     top = inspect.signature(fit).parameters
-    return {**{k: top[k].default for k in _FIT_OPTIONS}, **found}
-
-
-def _keywords(fn) -> dict[str, object]:
-    """An engine function's keyword options (everything but ``model``, ``data`` and ``**config``)."""
-    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
-            if name not in ("model", "data") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return {**{k: top[k].default for k in _FIT_OPTIONS}, **REGISTRY[choice("method", method, Method)].options()}
 
 
 def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None, dataset_size: int | None = None,
@@ -173,23 +163,20 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     for name, check in (("seed", lambda v: positive_int("seed", v, allow_zero=True)), ("progress", lambda v: flag("progress", v))):
         if name in config:
             config[name] = check(config[name])
-    known = options(kind)
+    known, declared = options(kind), REGISTRY[kind]
     for key in config:
-        if key not in known and key not in _REFUSED_BY_ENGINE.get(kind, ()):
+        if key not in known and key not in declared.refused_by_engine:
             close = difflib.get_close_matches(key, list(known), n=1)
-            module, name = REGISTRY[kind]
+            module, name = declared.module, declared.function
             takers = [m.value for m in Method if m is not kind and key in options(m)]
             raise TypeError(f"{key}: not an option of method={kind.value!r}; drop it"
                             + (f" (did you mean {close[0]!r}?)" if close else "")
                             + (f", use a method that takes it ({', '.join(takers)})" if takers else "")
                             + f", or see help(bnn_pyro.infer.{module}.{name}) for the options.")
     data = _data(model, x, y, batch_size, dataset_size, kind)
-    if data.one_shot and kind in _MULTI_PASS:
-        raise ValueError(f"x: method={kind.value!r} goes over the data more than once (fit, then curvature or "
-                         "statistics), but a one-shot iterator or generator gives its batches only once. Pass a "
-                         "re-iterable source (a DataLoader, an IterableDataset, an object whose __iter__ starts a "
-                         "new pass), or use svi, sgld, sghmc, csgmcmc, snapshot, ensemble or the dropout methods.")
-    if isinstance(model, BNN) and kind in _ONE_TENSOR_ROWS:
+    if data.one_shot:
+        _check_stream(kind)
+    if isinstance(model, BNN) and declared.capabilities.jacobian_rows:
         _check_plain_rows(model, data.first()[0], kind)
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
         if not isinstance(model, BNN):

@@ -73,19 +73,17 @@ class Capabilities:
 
 @dataclass(frozen=True)
 class Declaration:
-    """One registered method: where its fit function lives, its configuration and its capabilities.
-
-    ``config`` is the engine's frozen dataclass of options (engines on the contract); ``None`` reads the
-    options from the fit function's signature, following ``**config`` to ``passed_on`` (a function of the
-    same module) less the names in ``set_by_engine`` (engines not yet on the contract). ``refused_by_engine``:
-    names bp.fit hands over although they are not options, because the engine refuses them with a message
-    of its own (e.g. SWAG's ``rank`` given to SWA).
+    """One registered method: where its fit function lives (``bnn_pyro.infer.<module>.<function>``, imported on
+    first use) and its capabilities. Its configuration is the fit function's ``config_type`` (a frozen dataclass
+    of options and defaults, set by :func:`entry`) for engines on the contract; for the others it is read from
+    the function's signature, following ``**config`` to ``passed_on`` (a function of the same module) less the
+    names in ``set_by_engine``. ``refused_by_engine``: names bp.fit hands over although they are not options,
+    because the engine refuses them with a message of its own (e.g. SWAG's ``rank`` given to SWA).
     """
 
     module: str
     function: str
     capabilities: Capabilities
-    config: type | None = None
     passed_on: str | None = None
     set_by_engine: frozenset = frozenset()
     refused_by_engine: frozenset = frozenset()
@@ -95,9 +93,9 @@ class Declaration:
 
     def options(self) -> dict[str, object]:
         """The engine's own keyword options with their defaults (``bp.fit``'s keywords not included)."""
-        if self.config is not None:
-            return {f.name: _default(f) for f in dataclasses.fields(self.config)}
         fn = self.fit_function()
+        if hasattr(fn, "config_type"):
+            return {f.name: _default(f) for f in dataclasses.fields(fn.config_type)}
         found = _keywords(fn)
         if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
             if self.passed_on is None:

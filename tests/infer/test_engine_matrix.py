@@ -4,6 +4,9 @@
   resumes bit-identically after a crash; every other method refuses ``checkpoint=`` with an error naming
   the methods that take it.
 * the same seed gives the same draws, and ``progress=False`` prints nothing.
+* streaming: a one-shot generator of ``(x, y)`` batches with ``dataset_size`` is fitted by every method whose
+  declaration says it consumes one (a Posterior without training data), and refused by every other method
+  before fitting, with an error naming the methods that take a stream.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.infer import Method
+from bnn_pyro.infer import REGISTRY, Method
 from bnn_pyro.infer import checkpoint as ckpt_mod
 
 # the smallest runs that exercise each method's loop (several steps between checkpoints)
@@ -103,3 +106,27 @@ def test_same_seed_same_draws_and_progress_false_prints_nothing(method, toy, cap
     assert out == "" and err == "", (out, err)
     for name in first.samples:
         assert torch.equal(first.samples[name], second.samples[name]), name
+
+
+def _one_shot(x, y, batch=40):
+    """A generator of (x, y) batches: it can be consumed once only."""
+    while True:
+        for i in range(0, x.shape[0], batch):
+            yield x[i : i + batch], y[i : i + batch]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_one_shot_stream_is_fitted_or_refused_naming_the_alternatives(method, toy):
+    x, y = toy
+    takers = [m for m in METHODS if REGISTRY[Method(m)].capabilities.one_shot]
+    assert {"svi", "sgld", "ensemble"} <= set(takers) and "laplace" not in takers
+    stream = _one_shot(x, y)
+    if method not in takers:
+        with pytest.raises(ValueError, match=rf"^x: method='{method}' .*one-shot iterator") as err:
+            bp.fit(_model(), stream, method=method, dataset_size=len(x), seed=3, progress=False, **TINY[method])
+        assert all(m in str(err.value) for m in takers), str(err.value)
+        return
+    post = bp.fit(_model(), stream, method=method, dataset_size=len(x), seed=3, progress=False, **TINY[method])
+    assert post.x is None and post.y is None and post.config["dataset_size"] == len(x)
+    assert all(torch.isfinite(v).all() for v in post.samples.values())
+    assert post.predict(x[:5]).mean.shape[0] == 5  # a usable posterior: the stream held all the training data
