@@ -107,3 +107,13 @@ def test_drive_on_minibatches_ends_on_the_last_batch_mean():
     batches = data.batches(torch.Generator().manual_seed(0))  # the order the driver drew (seeded by the chain)
     last = [next(batches) for _ in range(4)][-1]
     assert post.samples["w"].item() == last[1].mean().item() == post.history["after"][0, -1].item()
+
+
+@pytest.mark.parametrize("method", ["nuts", "laplace"])
+def test_a_stream_is_refused_before_the_model_runs(method):
+    calls = []
+    model = lambda x, y=None: calls.append(1)  # noqa: E731 - never run: the capability check comes first
+    batches = ((torch.zeros(4, 1), torch.zeros(4)) for _ in range(3))
+    with pytest.raises(ValueError, match=rf"x: method='{method}' .*a method that takes a stream: svi, "):
+        bp.fit(model, batches, method=method, dataset_size=12)
+    assert calls == []
