@@ -5,7 +5,8 @@
 ``FOLDER/chain{c}.ckpt``, every ``N`` steps and after the last one. A file holds the step, the
 chain's state (SVI: the Pyro parameter store's unconstrained values, the optimizer's and the
 learning-rate scheduler's state; the other optimization engines, through :class:`StepCheckpoint`: the
-optimized tensors, optimizer and scheduler, their per-step records and early-stopping state; SG-MCMC:
+optimized tensors, optimizer and scheduler, their per-step records and extra state (:class:`ExtraState`:
+early stopping, an engine's own generator, e.g. MC dropout's masks, SWAG's moments); SG-MCMC:
 position, momentum, step size, power-iteration vector),
 everything recorded so far (losses, draws, statistics), and the random number generators (torch's
 global generator and Python's and NumPy's, which Pyro draws from, every CUDA device's once CUDA is

@@ -6,8 +6,8 @@
   chain. Chains run one after another or in forked processes (:class:`ChainMethod`; never forked once CUDA
   is initialised).
 * :func:`descend` — the gradient loop of the optimization-based engines: minibatches (full batch,
-  shuffled minibatches, a loader or a one-shot stream, replayed on resume), the optimizer and its
-  learning-rate schedule, the progress bar, the stop with advice when the loss stops being finite,
+  shuffled minibatches, a loader or a one-shot stream, replayed on resume; or an engine's own stream), the
+  optimizer and its learning-rate schedule, the progress bar, the stop with advice when the loss stops being finite,
   data-parallel gradient averaging, per-step callbacks and checkpoint/resume.
 * :class:`ChainRun` and :func:`assemble` — what a chain returns, and the one place where chains are
   stacked into the :class:`~bnn_pyro.Posterior` (every engine's draws shaped ``(chains, draws, ...)``).
