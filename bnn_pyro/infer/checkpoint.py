@@ -1,11 +1,12 @@
 """Checkpoint and resume of the iterative engines (``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``, ``"snapshot"``,
-``"ensemble"``, ``"variational_dropout"``, ``"sparse_vd"``; :data:`ENGINES`).
+``"ensemble"``, ``"variational_dropout"``, ``"sparse_vd"``, ``"swa"``, ``"swag"``, ``"mc_dropout"``; :data:`ENGINES`).
 
 ``bp.fit(..., checkpoint=FOLDER, checkpoint_every=N)`` writes one file per chain,
 ``FOLDER/chain{c}.ckpt``, every ``N`` steps and after the last one. A file holds the step, the
 chain's state (SVI: the Pyro parameter store's unconstrained values, the optimizer's and the
 learning-rate scheduler's state; the other optimization engines, through :class:`StepCheckpoint`: the
-optimized tensors, optimizer and scheduler, their per-step records and early-stopping state; SG-MCMC:
+optimized tensors, optimizer and scheduler, their per-step records and extra state (:class:`ExtraState`:
+early stopping, an engine's own generator, e.g. MC dropout's masks, SWAG's moments); SG-MCMC:
 position, momentum, step size, power-iteration vector),
 everything recorded so far (losses, draws, statistics), and the random number generators (torch's
 global generator and Python's and NumPy's, which Pyro draws from, every CUDA device's once CUDA is
@@ -41,10 +42,12 @@ from safetensors.torch import load as load_tensors
 
 from bnn_pyro._checks import positive_int
 
-__all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "write", "read", "FORMAT", "ENGINES", "open_chains"]
+__all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT", "ENGINES",
+           "open_chains"]
 
 # the methods whose fit takes checkpoint= / checkpoint_every= / resume=
-ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variational_dropout", "sparse_vd")
+ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variational_dropout", "sparse_vd", "swa",
+           "swag", "mc_dropout")
 
 FORMAT = "bnn_pyro.checkpoint"
 FORMAT_VERSION = 1
@@ -238,6 +241,48 @@ class StepCheckpoint:
             self.extra.load_state_dict({k[len("extra/"):]: v for k, v in tensors.items() if k.startswith("extra/")},
                                        meta["extra"])
         return step
+
+
+class ExtraState:
+    """Several pieces of an engine's state as the one ``extra`` of :class:`StepCheckpoint`, by name: a
+    ``torch.Generator``; a list (of tensors, updated in place, or of JSON values, replaced); or an object with
+    ``state_dict() -> (tensors, meta)`` and ``load_state_dict(tensors, meta)`` (e.g. early stopping's
+    :class:`~bnn_pyro.infer.holdout.BestOnHoldout`).
+
+    >>> extra = ExtraState(masks=generator, baseline=[], best=best)   # MC dropout's
+    """
+
+    def __init__(self, **parts):
+        self.parts = parts
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        tensors, meta = {}, {}
+        for name, part in self.parts.items():
+            if isinstance(part, torch.Generator):
+                tensors[f"{name}/state"], meta[name] = part.get_state(), "generator"
+            elif isinstance(part, list) and all(torch.is_tensor(v) for v in part):
+                tensors.update({f"{name}/{i}": v for i, v in enumerate(part)})
+                meta[name] = {"tensors": len(part)}
+            elif isinstance(part, list):
+                meta[name] = {"json": list(part)}
+            else:
+                own, meta[name] = part.state_dict()
+                tensors.update({f"{name}/{k}": v for k, v in own.items()})
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
+        for name, part in self.parts.items():
+            own = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}/")}
+            if isinstance(part, torch.Generator):
+                part.set_state(own["state"])
+            elif isinstance(part, list) and "json" in meta[name]:
+                part[:] = meta[name]["json"]
+            elif isinstance(part, list):
+                with torch.no_grad():
+                    for i, v in enumerate(part):
+                        v.copy_(own[str(i)])
+            else:
+                part.load_state_dict(own, meta[name])
 
 
 # ---------------------------------------------------------------------- the engines' states

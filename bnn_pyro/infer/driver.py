@@ -6,8 +6,8 @@
   chain. Chains run one after another or in forked processes (:class:`ChainMethod`; never forked once CUDA
   is initialised).
 * :func:`descend` — the gradient loop of the optimization-based engines: minibatches (full batch,
-  shuffled minibatches, a loader or a one-shot stream, replayed on resume), the optimizer and its
-  learning-rate schedule, the progress bar, the stop with advice when the loss stops being finite,
+  shuffled minibatches, a loader or a one-shot stream, replayed on resume; or an engine's own stream), the
+  optimizer and its learning-rate schedule, the progress bar, the stop with advice when the loss stops being finite,
   data-parallel gradient averaging, per-step callbacks and checkpoint/resume.
 * :class:`ChainRun` and :func:`assemble` — what a chain returns, and the one place where chains are
   stacked into the :class:`~bnn_pyro.Posterior` (every engine's draws shaped ``(chains, draws, ...)``).
@@ -184,7 +184,8 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
             optimizer="adam", lr_schedule="constant", seed: int, method: str, desc: str, progress: bool = True,
             quantity: str = "loss", hint: str = "", on_step: Callable[[int, float], None] | None = None,
             after_step: Callable[[], None] | None = None, reduce=None, resumable: Resumable | None = None,
-            opt=None) -> torch.Tensor:
+            opt=None, batches: Callable[[int], Iterator[tuple]] | None = None,
+            where: Callable[[int], str] | None = None) -> torch.Tensor:
     """Minimize ``objective`` over ``params`` for ``num_steps`` optimizer steps; returns the recorded losses.
 
     Parameters
@@ -207,22 +208,37 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
     resumable:
         Checkpoint/resume (:class:`Resumable`): the run continues from the saved step, the minibatch stream
         replayed up to it, so that a resumed run is bit-identical to an uninterrupted one.
+    batches:
+        ``batches(start)``: the stream of ``(x, y)`` batches from step ``start`` on (0, or the step a checkpoint
+        resumed from), for an engine that draws its own (e.g. SWAG's minibatches drawn with replacement, whose
+        generator the checkpoint restores). Default: ``data``'s, shuffled per epoch by ``seed``, replayed up to
+        ``start``.
+    where:
+        ``where(step)`` names the step in the error raised when the run diverges (default ``"step {step} (of
+        {num_steps}) of {desc}"``), e.g. the phase and learning rate of an engine that runs several phases.
     """
     losses = torch.empty(num_steps)
     if not num_steps:
         return losses
     opt = make_optimizer(optimizer, params, lr) if opt is None else opt
     sched = make_schedule(lr_schedule, opt, num_steps)
-    batches = data.batches(torch.Generator().manual_seed(seed))
     start = 0 if resumable is None else resumable.restore(opt, sched, losses)
-    for _ in range(start):  # replay the minibatch stream up to the restored step
-        next(batches)
-    advice = (f"Try a lower learning rate (lr={lr} now){hint}, standardized inputs and targets, or check the "
-              "batch for NaN/Inf values.")
+    if batches is None:
+        stream = data.batches(torch.Generator().manual_seed(seed))
+        for _ in range(start):  # replay the minibatch stream up to the restored step
+            next(stream)
+    else:
+        stream = batches(start)
+    where = where or (lambda step: f"step {step} (of {num_steps}) of {desc}")
+
+    def advice() -> str:  # the optimizer's rate at the failing step (a schedule or a later phase may have changed it)
+        return (f"Try a lower learning rate (lr={opt.param_groups[0]['lr']:.3g} now){hint}, standardized inputs and "
+                "targets, or check the batch for NaN/Inf values.")
+
     with progress_bar(num_steps, desc, progress) as bar:
         bar.update(start)
         for step in range(start, num_steps):
-            batch = next(batches)
+            batch = next(stream)
             opt.zero_grad(set_to_none=True)
             try:
                 loss, value = objective(batch, step)
@@ -230,14 +246,13 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
                 if step == start:
                     raise
                 first = str(err).splitlines()[0].rstrip(":")
-                raise FloatingPointError(f"{method}: the optimization diverged at step {step} (of {num_steps}) of "
-                                         f"{desc}: {first}. {advice}") from None
+                raise FloatingPointError(f"{method}: the optimization diverged at {where(step)}: {first}. {advice()}"
+                                         ) from None
             if reduce is not None:  # data-parallel: average gradients and loss over the ranks
                 loss.backward()
                 value = reduce(params, value)
             if not math.isfinite(value):
-                raise FloatingPointError(f"{method}: the {quantity} became {value} at step {step} (of {num_steps}) "
-                                         f"of {desc}. {advice}")
+                raise FloatingPointError(f"{method}: the {quantity} became {value} at {where(step)}. {advice()}")
             if reduce is None:
                 loss.backward()
             opt.step()

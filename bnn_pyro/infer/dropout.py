@@ -102,6 +102,7 @@ from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
                                     split)
 from bnn_pyro.infer.driver import ChainRun, assemble, descend, run_chains
@@ -151,6 +152,9 @@ def fit_mc_dropout(
     validation="default",
     seed: int = 0,
     progress: bool = True,
+    checkpoint: str | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool = False,
 ) -> Posterior:
     """Fit ``model`` by MC dropout and return a :class:`~bnn_pyro.Posterior` (see the module docstring).
 
@@ -194,6 +198,10 @@ def fit_mc_dropout(
         forward pass over the held-out rows per score.
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``), and a progress bar (``False``: off).
+    checkpoint, checkpoint_every, resume:
+        A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps and after the
+        last; ``resume=True`` continues each chain from its file, bit-identically (the masks' generator, the
+        REINFORCE baseline and early stopping included; see :mod:`bnn_pyro.infer.checkpoint`).
     """
     kind = choice("rate", rate, RateLearning)
     if not (isinstance(p, (int, float)) and 0.0 < p < 1.0):
@@ -226,16 +234,6 @@ def fit_mc_dropout(
         data, holdout, why = split(full, validation, seed=seed, method="mc_dropout", convert=full.convert)
     sites = dropout_sites(model, data, dropout_inputs)
     init = resolve_init(model, init, data)
-    def one_chain(fitted, info):
-        pot = Potential(fitted, data, init=chain_start(fitted, init, info.seed))
-        guide = DropoutGuide(pot, sites, p, learn=kind is not RateLearning.FIXED)
-        history = _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr,
-                            lr_schedule, info.seed, progress, f"mc_dropout chain {info.index}", holdout, fitted)
-        draws = guide.draw(num_samples, torch.Generator().manual_seed(info.seed))
-        rates = {f"dropout_rate[{n}]": torch.full((num_samples,), r) for n, r in guide.rates_float().items()}
-        return ChainRun(fitted, draws, point_values(fitted, *data.first(), data.size), history, stats=rates)
-
-    runs = run_chains(model, num_chains, seed, one_chain)
     config = clean_config(dict(
         p=float(p), rate=kind.value, temperature=temperature if kind is RateLearning.CONCRETE else None,
         baseline_beta=beta if kind is RateLearning.REINFORCE else None, dropout_sites=",".join(sites),
@@ -245,7 +243,20 @@ def fit_mc_dropout(
         batch_size=data.batch_size, dataset_size=data.size, seed=seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
-    post = assemble(runs, method="mc_dropout", config=config, data=full)
+    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
+                        run=dict(method="mc_dropout", **config))
+
+    def one_chain(fitted, info):
+        pot = Potential(fitted, data, init=chain_start(fitted, init, info.seed))
+        guide = DropoutGuide(pot, sites, p, learn=kind is not RateLearning.FIXED)
+        history = _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr,
+                            lr_schedule, info.seed, progress, f"mc_dropout chain {info.index}", holdout, fitted,
+                            ckpts[info.index])
+        draws = guide.draw(num_samples, torch.Generator().manual_seed(info.seed))
+        rates = {f"dropout_rate[{n}]": torch.full((num_samples,), r) for n, r in guide.rates_float().items()}
+        return ChainRun(fitted, draws, point_values(fitted, *data.first(), data.size), history, stats=rates)
+
+    post = assemble(run_chains(model, num_chains, seed, one_chain), method="mc_dropout", config=config, data=full)
     return select_noise(post, holdout)
 
 
@@ -388,7 +399,7 @@ def _score(model, guide: DropoutGuide, pot: Potential, holdout: Holdout) -> floa
 
 
 def _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr, schedule, seed,
-              progress, desc, holdout: Holdout | None = None, model=None) -> dict[str, torch.Tensor]:
+              progress, desc, holdout: Holdout | None = None, model=None, ckpt=None) -> dict[str, torch.Tensor]:
     x0, y0 = data.first()
     with poutine.trace(param_only=True) as capture:  # a BNN's deterministic parameters are fitted too
         pot(guide.values, (x0, y0))
@@ -412,8 +423,10 @@ def _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particle
         if holdout is not None and (best.due(step) or step == num_steps - 1):
             best.record(step, _score(model, guide, pot, holdout), [t.detach() for t in state])
 
+    extra = ExtraState(masks=masks, baseline=baseline, best=best)  # with the rates: what a checkpoint adds
     losses = descend(step_loss, params, data, num_steps=num_steps, lr=lr, optimizer=optimizer, lr_schedule=schedule,
-                     seed=seed, method="mc_dropout", desc=desc, progress=progress, on_step=on_step)
+                     seed=seed, method="mc_dropout", desc=desc, progress=progress, on_step=on_step,
+                     resumable=None if ckpt is None else StepCheckpoint(ckpt, params, rates, extra))
     history = {"loss": losses}
     if holdout is not None:  # early stopping: back to the best-scoring state
         with torch.no_grad():

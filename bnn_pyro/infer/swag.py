@@ -82,20 +82,20 @@ Example
 
 from __future__ import annotations
 
-import copy
 import math
 from dataclasses import dataclass
 from enum import Enum
 
-import pyro
 import torch
 from pyro import poutine
 
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer import _density
-from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
+from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
+from bnn_pyro.infer.driver import ChainInfo, ChainRun, assemble, descend, run_chains
 from bnn_pyro.infer.holdout import DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, select_noise, split
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -134,6 +134,15 @@ class SWAGMoments:
         self.count = n + 1
         if self.rank:
             self.deviations = torch.cat([self.deviations, (z - self.mean)[None]])[-self.rank :]
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """For a checkpoint (:class:`~bnn_pyro.infer.checkpoint.ExtraState`): the moments and deviations."""
+        return {"mean": self.mean, "sq_mean": self.sq_mean, "deviations": self.deviations}, {"count": self.count}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        device = self.mean.device
+        self.mean, self.sq_mean = tensors["mean"].to(device), tensors["sq_mean"].to(device)
+        self.deviations, self.count = tensors["deviations"].to(device), meta["count"]
 
     @property
     def variance(self) -> torch.Tensor:
@@ -195,6 +204,10 @@ def fit_swag(model, data: Data, *, rank: int = 20, num_samples: int = 1000, scal
         snapshot (default ``num_steps // 10``), steps between snapshots (default one epoch).
     lr, momentum:
         The constant SWA learning rate (``"auto"`` or a positive float) and SGD momentum (0.9).
+    checkpoint, checkpoint_every, resume:
+        A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps (counted over both
+        phases) and after the last; ``resume=True`` continues each chain from its file, bit-identically (phase and
+        optimizer, moments, early stopping, the chain's generator; see :mod:`bnn_pyro.infer.checkpoint`).
     num_chains, init, seed, progress:
         Independent runs (seeds ``seed + c``; default 3 for SWAG: MultiSWAG, see below; 1 for SWA);
         initial values (``"reset"``: the default for a BNN,
@@ -233,7 +246,8 @@ def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, 
          pretrain_steps: int = 2000, pretrain_optimizer="adam", pretrain_lr: float = 3e-2, num_steps: int | None = None,
          burn_in: int | None = None, collect_every: int | None = None, lr: float | str = "auto",
          momentum: float = 0.9, num_chains: int = 1, init=None, validation="default", seed: int = 0,
-         progress: bool = True) -> tuple[Posterior, list[SWAGMoments]]:
+         progress: bool = True, checkpoint: str | None = None, checkpoint_every: int | None = None,
+         resume: bool = False) -> tuple[Posterior, list[SWAGMoments]]:
     """The posterior and each chain's :class:`SWAGMoments` (what the tests check against theory)."""
     method = "swag" if swag else "swa"
     full = data
@@ -273,8 +287,6 @@ def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, 
         num_samples=positive_int("num_samples", num_samples), scale=positive("scale", scale),
         init=resolve_init(model, init, data))
     num_chains = positive_int("num_chains", num_chains)
-    runs = [_run_chain(model, data, settings, seed + c, progress, f"{method} chain {c}", holdout)
-            for c in range(num_chains)]
     config = clean_config(dict(
         pretrain_steps=settings.pretrain_steps, pretrain_optimizer=settings.pretrain_optimizer.value,
         pretrain_lr=settings.pretrain_lr, num_steps=num_steps, burn_in=burn_in, collect_every=collect_every,
@@ -284,98 +296,149 @@ def _fit(model, data: Data, *, swag: bool, rank: int = 0, num_samples: int = 1, 
         dataset_size=data.size, seed=seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
         **(dict(rank=rank, num_samples=settings.num_samples, scale=settings.scale) if swag else {})))
-    stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
-    post = Posterior(samples=stack("samples"), model=runs[-1]["model"], method=method, config=config,
-                     point=stack("point"), history=stack("history"), x=full.x, y=full.y,
-                     sample_stats=stack("stats") if all(r["stats"] for r in runs) else {},
-                     draw_buffers=stack("draw_buffers"))
-    return select_noise(post, holdout), [r["moments"] for r in runs]
+    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
+                        run=dict(method=method, **config))
+    moments, buffers = {}, {}  # per chain, beside its ChainRun (the chains run one after another, in this process)
+
+    def one_chain(fitted, info):
+        run, moments[info.index], buffers[info.index] = _chain(fitted, data, settings, info, progress, method, holdout,
+                                                               ckpts[info.index])
+        return run
+
+    runs = run_chains(model, num_chains, seed, one_chain)
+    draw_buffers = {k: torch.stack([buffers[c][k] for c in range(num_chains)]) for k in buffers[0]}
+    post = assemble(runs, method=method, config=config, data=full, draw_buffers=draw_buffers)
+    return select_noise(post, holdout), [moments[c] for c in range(num_chains)]
 
 
-def _run_chain(model, data: Data, s: _Settings, seed: int, progress: bool, desc: str,
-               holdout: Holdout | None = None) -> dict:
-    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    generator = torch.Generator().manual_seed(seed)
-    n = data.size
-    with pyro.get_param_store().scope():
-        pyro.set_rng_seed(seed)
-        start = chain_start(fitted, s.init, seed)
-        if isinstance(fitted, BNN):
-            fitted.train()  # BatchNorm and dropout behave as in training
-        pot = Potential(fitted, data, init=start)
-        z = pot.flatten(pot.init).clone().requires_grad_()
-        with poutine.trace(param_only=True) as capture:
-            pot(pot.unflatten(z), data.first())
-        point_params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-        params = [z] + point_params
+def _chain(fitted, data: Data, s: _Settings, info: ChainInfo, progress: bool, method: str,
+           holdout: Holdout | None, ckpt) -> tuple[ChainRun, SWAGMoments, dict[str, torch.Tensor]]:
+    """One chain: pre-training and the SWA phase in one :func:`descend` loop (:class:`_PhasedOptimizer`), the
+    snapshots collected after its steps. One generator draws the pre-training minibatches, ``lr="auto"``'s
+    probe, the SWA-phase minibatches and the SWAG draws, in that order; a checkpoint keeps its state."""
+    desc = f"{method} chain {info.index}"
+    generator = torch.Generator().manual_seed(info.seed)
+    start = chain_start(fitted, s.init, info.seed)
+    if isinstance(fitted, BNN):
+        fitted.train()  # BatchNorm and dropout behave as in training
+    pot = Potential(fitted, data, init=start)
+    z = pot.flatten(pot.init).clone().requires_grad_()
+    with poutine.trace(param_only=True) as capture:
+        pot(pot.unflatten(z), data.first())
+    point_params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
+    params = [z] + point_params
+    n, pretrain = data.size, s.pretrain_steps
 
-        def loss(batch):
-            return pot(pot.unflatten(z), batch) / n
+    def loss(batch):
+        return pot(pot.unflatten(z), batch) / n
 
-        batches = _minibatches(data, s.batch_size, generator)
-        total = s.pretrain_steps + s.num_steps
-        losses, lrs = torch.empty(total), torch.empty(total)
-        moments = SWAGMoments.empty(z, s.rank)
-        point_sum = [torch.zeros_like(p) for p in point_params]
-        best = BestOnHoldout(every=max(1, s.pretrain_steps // 50), patience=None)
-        with progress_bar(total, desc, progress) as bar:
-            if s.pretrain_optimizer is PretrainOptimizer.ADAM:
-                opt = torch.optim.Adam(params, lr=s.pretrain_lr)
-            else:
-                opt = torch.optim.SGD(params, lr=s.pretrain_lr, momentum=s.momentum)
-            decay = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(s.pretrain_steps, 1), s.pretrain_lr / 100)
-            for step in range(total):
-                if step == s.pretrain_steps:
-                    if holdout is not None and best.state is not None:  # early stopping: the best pre-trained state
-                        with torch.no_grad():
-                            for p, kept in zip(params, best.state):
-                                p.copy_(kept)
-                    lr = _auto_lr(loss, params, data, s, generator) if s.lr == "auto" else s.lr
-                    opt = torch.optim.SGD(params, lr=lr, momentum=s.momentum)
-                opt.zero_grad(set_to_none=True)
-                value = loss(next(batches))
-                if not torch.isfinite(value):
-                    phase = "pre-training" if step < s.pretrain_steps else "the SWA phase"
-                    raise FloatingPointError(
-                        f"{desc}: the loss U/N became {value.item()} at step {step} ({phase}, lr "
-                        f"{opt.param_groups[0]['lr']:.3g}). Try a smaller pretrain_lr or lr, standardized inputs "
-                        "and targets, or check the data for extreme values.")
-                value.backward()
-                opt.step()
-                losses[step], lrs[step] = value.detach(), opt.param_groups[0]["lr"]
-                if step < s.pretrain_steps:
-                    decay.step()
-                    if holdout is not None and (best.due(step) or step == s.pretrain_steps - 1):
-                        with torch.no_grad():
-                            score = heldout_score(fitted, pot.constrain(pot.unflatten(z.detach())), holdout)
-                        best.record(step, score, [p.detach() for p in params])
-                swa_step = step + 1 - s.pretrain_steps
-                if swa_step > s.burn_in and (swa_step - s.burn_in) % s.collect_every == 0:
-                    moments.collect(z)
-                    for acc, p in zip(point_sum, point_params):
-                        acc += p.detach()
-                if step % 50 == 0 or step == total - 1:
-                    bar.set_postfix(loss=f"{value.item():.4g}", refresh=False)
-                bar.update()
-        with torch.no_grad():
+    opt = _PhasedOptimizer(params, s)
+    lrs = torch.empty(pretrain + s.num_steps)
+    moments = SWAGMoments.empty(z, s.rank)
+    point_sum = [torch.zeros_like(p) for p in point_params]
+    best = BestOnHoldout(every=max(1, pretrain // 50), patience=None)
+
+    def start_swa():
+        if holdout is not None and best.state is not None:  # early stopping: the best pre-trained state
+            with torch.no_grad():
+                for p, kept in zip(params, best.state):
+                    p.copy_(kept)
+        opt.start_swa(_auto_lr(loss, params, data, s, generator) if s.lr == "auto" else s.lr)
+
+    def objective(batch, step):
+        lrs[step] = opt.param_groups[0]["lr"]
+        value = loss(batch)
+        return value, value.item()
+
+    def on_step(step, value):
+        if step < pretrain:
+            if holdout is not None and (best.due(step) or step == pretrain - 1):
+                with torch.no_grad():
+                    score = heldout_score(fitted, pot.constrain(pot.unflatten(z.detach())), holdout)
+                best.record(step, score, [p.detach() for p in params])
+            if step == pretrain - 1:
+                start_swa()
+            return
+        swa_step = step + 1 - pretrain
+        if swa_step > s.burn_in and (swa_step - s.burn_in) % s.collect_every == 0:
+            moments.collect(z)
             for acc, p in zip(point_sum, point_params):
-                p.copy_(acc / moments.count)  # deterministic parameters at their SWA average
-            mean = moments.mean[None].to(z.dtype)
-            average = {k: v.detach() for k, v in pot.constrain(pot.unflatten(mean)).items()}
-            flat = moments.sample(s.num_samples, s.scale, generator).to(z.dtype) if s.rank else mean
-            log_q = _density.swag(moments, flat, s.scale) if s.rank else None  # for post.psis()
-            samples = {k: v.detach() for k, v in pot.constrain(pot.unflatten(flat)).items()}
-            x0, y0 = data.first()
-            point = point_values(fitted, x0, y0, n)
+                acc += p.detach()
+
+    def where(step):
+        phase = "pre-training" if step < pretrain else "the SWA phase"
+        return f"step {step} ({phase}, lr {opt.param_groups[0]['lr']:.3g}) of {desc}"
+
+    if pretrain == 0:
+        start_swa()
+    extra = ExtraState(generator=generator, moments=moments, point_sum=point_sum, best=best)
+    losses = descend(objective, params, data, num_steps=pretrain + s.num_steps, lr=s.pretrain_lr, seed=info.seed,
+                     method=method, desc=desc, progress=progress, quantity="loss U/N",
+                     hint=": a smaller pretrain_lr or lr", on_step=on_step, opt=opt, where=where,
+                     batches=lambda first: _minibatches(data, s.batch_size, generator, first),
+                     resumable=None if ckpt is None else StepCheckpoint(ckpt, params, {"lr": lrs}, extra))
+    with torch.no_grad():
+        for acc, p in zip(point_sum, point_params):
+            p.copy_(acc / moments.count)  # deterministic parameters at their SWA average
+        mean = moments.mean[None].to(z.dtype)
+        average = {k: v.detach() for k, v in pot.constrain(pot.unflatten(mean)).items()}
+        flat = moments.sample(s.num_samples, s.scale, generator).to(z.dtype) if s.rank else mean
+        log_q = _density.swag(moments, flat, s.scale) if s.rank else None  # for post.psis()
+        samples = {k: v.detach() for k, v in pot.constrain(pot.unflatten(flat)).items()}
+        point = point_values(fitted, *data.first(), n)
     draw_buffers = _batchnorm_statistics(fitted, samples, average, data, s.batch_size)
-    return dict(samples=samples, point=point, draw_buffers=draw_buffers, model=fitted, moments=moments,
-                history={"loss": losses, "lr": lrs}, stats={} if log_q is None else {"log_q": log_q})
+    run = ChainRun(fitted, samples, point, {"loss": losses, "lr": lrs}, {} if log_q is None else {"log_q": log_q})
+    return run, moments, draw_buffers
 
 
-def _minibatches(data: Data, batch_size: int, generator: torch.Generator):
-    """Independent minibatches drawn with replacement (tensors), or the loader's own batches."""
+class _PhasedOptimizer:
+    """Both phases' optimizer: pre-training's (Adam, or SGD with momentum; rate on a cosine from ``pretrain_lr``
+    to 1% of it), then, from :meth:`start_swa`, SGD with heavy-ball momentum at a constant rate."""
+
+    def __init__(self, params: list[torch.Tensor], s: _Settings):
+        self.params, self.momentum, self.swa_lr = params, s.momentum, None
+        if s.pretrain_optimizer is PretrainOptimizer.ADAM:
+            self.inner = torch.optim.Adam(params, lr=s.pretrain_lr)
+        else:
+            self.inner = torch.optim.SGD(params, lr=s.pretrain_lr, momentum=s.momentum)
+        self.decay = torch.optim.lr_scheduler.CosineAnnealingLR(self.inner, max(s.pretrain_steps, 1),
+                                                                s.pretrain_lr / 100)
+
+    def start_swa(self, lr: float) -> None:
+        self.inner, self.decay, self.swa_lr = torch.optim.SGD(self.params, lr=lr, momentum=self.momentum), None, lr
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.inner.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        self.inner.step()
+        if self.decay is not None:
+            self.decay.step()
+
+    def state_dict(self) -> dict:
+        return {"swa_lr": self.swa_lr, "inner": self.inner.state_dict(),
+                "decay": None if self.decay is None else self.decay.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["swa_lr"] is not None:
+            self.start_swa(state["swa_lr"])
+        self.inner.load_state_dict(state["inner"])
+        if self.decay is not None:
+            self.decay.load_state_dict(state["decay"])
+
+
+def _minibatches(data: Data, batch_size: int, generator: torch.Generator, start: int = 0):
+    """The batches from step ``start`` on: minibatches drawn with replacement (tensors; a checkpoint restores the
+    generator), or the loader's own batches replayed up to ``start``."""
     if data.loader is not None:
-        yield from data.batches(generator)
+        batches = data.batches(generator)
+        for _ in range(start):
+            next(batches)
+        yield from batches
     while True:
         idx = torch.randint(data.x.shape[0], (batch_size,), generator=generator).to(data.x.device)
         yield data.x[idx], data.y[idx]
@@ -411,7 +474,8 @@ def _batchnorm_statistics(model, samples: dict[str, torch.Tensor], average: dict
                           batch_size: int) -> dict[str, torch.Tensor]:
     """BatchNorm statistics of each draw, ``(draws, *shape)`` (empty without BatchNorm); the model's
     own buffers get those of the SWA average."""
-    if not isinstance(model, BNN) or not _has_batchnorm(model):
+    if not isinstance(model, BNN) or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
+                                             m.track_running_stats for m in model.net.modules()):
         return {}
     if data.loader is not None:
         inputs = [xb for xb, _ in data._loader_batches()]
@@ -432,8 +496,3 @@ def _batchnorm_statistics(model, samples: dict[str, torch.Tensor], average: dict
             if name in own:
                 b.copy_(own[name])
     return {k: torch.stack([d[k] for d in per_draw]) for k in per_draw[0]}
-
-
-def _has_batchnorm(model: BNN) -> bool:
-    return any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats
-               for m in model.net.modules())

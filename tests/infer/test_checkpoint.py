@@ -196,3 +196,24 @@ def test_cuda_generators_round_trip_on_a_real_device():
     expected = torch.rand(3, device="cuda")
     ckpt_mod.set_rng_state(tensors, meta)
     assert torch.equal(torch.rand(3, device="cuda"), expected)
+
+
+def test_extra_state_round_trips_a_generator_lists_and_early_stopping_through_a_file(tmp_path):
+    from bnn_pyro.infer.holdout import BestOnHoldout
+
+    gen, sums, baseline, best = torch.Generator().manual_seed(7), [torch.zeros(3), torch.zeros(2, 2)], [], None
+    best = BestOnHoldout(2)
+    torch.rand(5, generator=gen)
+    sums[0] += torch.tensor([1.0, 2.0, 3.0])
+    baseline.append(0.1 + 0.2)  # a float that JSON must keep to the last bit
+    best.record(1, -3.5, [torch.ones(2)])
+    tensors, meta = ckpt_mod.ExtraState(gen=gen, sums=sums, baseline=baseline, best=best).state_dict()
+    ckpt_mod.write(tmp_path / "x.ckpt", tensors, meta)
+    expected = torch.rand(4, generator=gen)
+
+    fresh = torch.Generator().manual_seed(0), [torch.full((3,), 9.0), torch.zeros(2, 2)], [], BestOnHoldout(2)
+    ckpt_mod.ExtraState(gen=fresh[0], sums=fresh[1], baseline=fresh[2], best=fresh[3]).load_state_dict(
+        *ckpt_mod.read(tmp_path / "x.ckpt"))
+    assert torch.equal(torch.rand(4, generator=fresh[0]), expected)
+    assert torch.equal(fresh[1][0], sums[0]) and torch.equal(fresh[1][1], sums[1])
+    assert fresh[2] == [0.1 + 0.2] and fresh[3].best_step == 1 and torch.equal(fresh[3].state[0], torch.ones(2))

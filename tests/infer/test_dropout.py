@@ -446,3 +446,34 @@ def test_default_holds_nothing_out_without_a_noise_to_choose_but_an_explicit_fra
                   progress=False)
     assert post.config["validation"]["rows"] == 24 and "best_step" in post.history
     assert "noise" not in post.config  # nothing to choose for a classifier
+
+
+# ------------------------------------------------------------------ checkpoint/resume
+def test_resumed_run_is_bit_identical_with_its_masks_baseline_and_early_stopping(tmp_path, monkeypatch):
+    """A run that dies after its checkpoint of step 16 and is resumed equals an uninterrupted one exactly: the
+    masks' generator, REINFORCE's decaying baseline (one particle), the learned rates and early stopping's best
+    state come back from the file; the shuffled minibatches (32 rows) are replayed."""
+    from bnn_pyro.infer import checkpoint as ckpt_mod
+
+    x, y, model = _sine_with_learned_noise()
+    cfg = dict(method="mc_dropout", rate="reinforce", num_particles=1, num_steps=40, num_samples=20, num_chains=2,
+               batch_size=32, seed=2, progress=False)
+    whole = bp.fit(model, x, y, **cfg)
+    save = ckpt_mod.Checkpoint.save
+
+    def crashing(self, step, tensors, meta):
+        if self.path.name == "chain0.ckpt" and step == 24:
+            raise RuntimeError("crash")
+        return save(self, step, tensors, meta)
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt_mod.Checkpoint, "save", crashing)
+        with pytest.raises(RuntimeError, match="crash"):
+            bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=8, **cfg)
+    assert ckpt_mod.read(tmp_path / "chain0.ckpt")[1]["step"] == 16
+    resumed = bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=8, resume=True, **cfg)
+    assert resumed.config == whole.config and whole.config["validation"]["rows"] == 24
+    assert {"best_step", "dropout_rate[2.weight]"} <= set(whole.history)
+    for group in ("samples", "history", "sample_stats", "point"):
+        for name, value in getattr(whole, group).items():
+            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
