@@ -2,9 +2,8 @@
 
 Each entry says why no public API serves and the versions it was checked against (torch 2.13.0, pyro-ppl
 1.9.2, ArviZ 0.23.4). ``tests/test_upstream_private.py`` fails loudly, naming the entry, when an upgrade
-removes one. The kernels that subclass Pyro's (``bnn_pyro.infer._kernels``) also read their parent's own
-attributes (``_t``, ``_warmup_steps``, ``_mean_accept_prob``, ``_divergences``, ``_adapter``): those are
-listed in :data:`KERNEL_ATTRIBUTES` and checked by the same test.
+removes one. The MCMC kernels (``bnn_pyro.infer._kernels``) read Pyro's per-draw state through its public hooks,
+except the one value listed here (:func:`mean_accept_prob`).
 """
 
 from __future__ import annotations
@@ -17,8 +16,8 @@ import torch
 from torch import nn
 
 __all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "pyro_context",
-           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "arviz_logger", "arviz_log_level",
-           "KERNEL_ATTRIBUTES"]
+           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "mean_accept_prob", "arviz_logger",
+           "arviz_log_level"]
 
 
 # ------------------------------------------------------------------------------------------------ torch
@@ -84,13 +83,13 @@ def elbo_traces(elbo, model, guide, args, kwargs):
     return elbo._get_traces(model, guide, args, kwargs)
 
 
-# Attributes of Pyro's HMC/NUTS/RandomWalkKernel that bnn_pyro.infer._kernels' subclasses read or set
-# (checked by tests/test_upstream_private.py against pyro-ppl 1.9.2).
-KERNEL_ATTRIBUTES = {
-    "HMC": ("_initialize_model_properties", "_adapter", "_t", "_warmup_steps", "_mean_accept_prob",
-            "_divergences", "_accept_cnt"),
-    "WarmupAdapter": ("_step_size_adapt_scheme",),
-}
+def mean_accept_prob(kernel) -> float:
+    """``HMC._mean_accept_prob`` (also NUTS): Pyro's running mean of the acceptance probabilities of the draws
+    so far (restarted after warm-up). Why: the per-draw acceptance probability (ArviZ's ``acceptance_rate``)
+    is a local of ``HMC.sample``/``NUTS.sample``; the public ``logging()`` gives the mean rounded to 3
+    digits and ``diagnostics()`` the fraction of accepted draws. ``bnn_pyro.infer._kernels`` recovers each
+    draw's value from two consecutive means."""
+    return kernel._mean_accept_prob
 
 
 # ------------------------------------------------------------------------------------------------ ArviZ

@@ -9,8 +9,7 @@ import pytest
 import torch
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
-from pyro.infer.mcmc import HMC
-from pyro.infer.mcmc.adaptation import WarmupAdapter
+from pyro.infer.mcmc import HMC, NUTS
 from pyro.nn import PyroModule, PyroSample
 
 from bnn_pyro import _upstream_private as up
@@ -62,18 +61,22 @@ def test_pyro_autoguide_setup_loc_scale_and_elbo_surrogate():
         assert "log_prob" in model_trace.nodes["a"] and "log_prob" in guide_trace.nodes["a"]
 
 
-@pytest.mark.parametrize("cls, names", [(HMC, up.KERNEL_ATTRIBUTES["HMC"]),
-                                        (WarmupAdapter, up.KERNEL_ATTRIBUTES["WarmupAdapter"])])
-def test_pyro_kernel_attributes_read_by_the_mcmc_subclasses_exist(cls, names):
+@pytest.mark.parametrize("cls", [HMC, NUTS])
+def test_pyro_mean_accept_prob_is_the_running_mean_of_the_draws_acceptance(cls):
+    """The running mean that bnn_pyro.infer._kernels inverts per draw: after one warm-up step it is that
+    step's acceptance probability, a number in [0, 1] that moves with the next draw."""
     def model():
         pyro.sample("a", dist.Normal(0.0, 1.0))
 
-    obj = HMC(model)
-    obj.setup(warmup_steps=5)
-    if cls is WarmupAdapter:
-        obj = obj._adapter
-    missing = [n for n in names if not hasattr(obj, n)]
-    assert not missing, f"pyro {pyro.__version__}: {cls.__name__} lost {missing}; update bnn_pyro/infer/_kernels.py"
+    pyro.set_rng_seed(0)
+    kernel = cls(model, step_size=0.5, adapt_step_size=False)
+    kernel.setup(warmup_steps=5)
+    assert up.mean_accept_prob(kernel) == 0.0, f"pyro {pyro.__version__}: {cls.__name__} lost _mean_accept_prob"
+    params = kernel.sample(kernel.initial_params)
+    first = up.mean_accept_prob(kernel)
+    assert isinstance(first, float) and 0.0 < first <= 1.0
+    kernel.sample(params)
+    assert up.mean_accept_prob(kernel) != first
 
 
 def test_arviz_logger_is_the_one_arviz_logs_through():
