@@ -22,7 +22,7 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 
-from bnn_pyro import predictions
+from bnn_pyro import posterior_file, predictions
 from bnn_pyro._checks import check_data, positive_int, probability
 from bnn_pyro.model import BNN
 
@@ -250,9 +250,7 @@ class Posterior:
 
     def save(self, path):
         """Write this posterior to ``path`` (safe, atomic); read it with ``bp.load``. See :mod:`bnn_pyro.io`."""
-        from bnn_pyro import io
-
-        return io.save(self, path)
+        return posterior_file.save(self, path)
 
     def plot_trace(self, var_names=None, **kwargs):
         """Trace plot; see :func:`bnn_pyro.plots.plot_trace`."""
