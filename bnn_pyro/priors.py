@@ -340,13 +340,13 @@ def from_posterior(posterior, *, default: PriorLike | None = None) -> FromPoster
     if not isinstance(samples, Mapping):
         raise TypeError("posterior: expected a bnn_pyro.Posterior (the result of bp.fit), "
                         f"got {type(posterior).__name__}.")
-    from bnn_pyro.model import BNN  # here: bnn_pyro.model imports this module
-
     model = posterior.model
-    if isinstance(model, BNN):
-        names = list(model.sample_names)
-    elif getattr(model, "is_unbound", False) and model.fingerprint.get("kind") == "BNN":  # bp.load without model=
-        names = list(model.fingerprint["sample_names"])
+    if getattr(model, "is_unbound", False):  # bp.load without model=: the saved model's fingerprint
+        names = model.fingerprint.get("sample_names") if model.fingerprint.get("kind") == "BNN" else None
+    else:  # a bp.BNN's weight sites (this module is imported by bnn_pyro.model, so asks by name)
+        names = getattr(model, "sample_names", None)
+    if names is not None:
+        names = list(names)
     else:
         raise ValueError(
             f"from_posterior: the posterior's sites {sorted(samples)} are not the weight tensors of a bp.BNN "

@@ -196,10 +196,8 @@ def init_strategy(model, init):
     draw for a Pyro function), ``"prior"``, ``"median"``, a dict of site values, or a ``Posterior`` (its
     mean; its chain-0 deterministic values for sites it did not sample). Sites without a value (hyper and
     noise sites) start at their prior median."""
-    from bnn_pyro.posterior import Posterior
-
     median = init_fns.init_to_median(num_samples=15)
-    if isinstance(init, Posterior):
+    if hasattr(init, "samples") and hasattr(init, "point"):  # a Posterior (bnn_pyro.posterior imports this module's users)
         values = {k: v[0] for k, v in init.point.items()}
         values.update({k: v.mean((0, 1)) for k, v in init.samples.items()})
         return init_fns.init_to_value(values=values, fallback=median)
