@@ -15,7 +15,8 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
-__all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "pyro_context",
+__all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "fan_in_and_fan_out",
+           "validates_args", "set_validates_args", "pyro_context",
            "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "mean_accept_prob", "arviz_logger",
            "arviz_log_level"]
 
@@ -52,6 +53,29 @@ def global_module_hooks() -> bool:
 
     return bool(state._global_forward_hooks or state._global_forward_pre_hooks or state._global_backward_hooks
                 or state._global_backward_pre_hooks)
+
+
+def fan_in_and_fan_out(tensor: torch.Tensor) -> tuple[int, int]:
+    """``torch.nn.init._calculate_fan_in_and_fan_out``: a weight's fan-in and fan-out as torch's initializers
+    count them (convolution kernels included). Why: the fan-scaled priors (``bnn_pyro.priors``) must match
+    torch's own initialization scales; no public function returns the two numbers."""
+    from torch.nn.init import _calculate_fan_in_and_fan_out
+
+    return _calculate_fan_in_and_fan_out(tensor)
+
+
+def validates_args(d: torch.distributions.Distribution) -> bool:
+    """``Distribution._validate_args``: whether ``d`` checks its arguments and sample values. Why: a
+    distribution keeps the validation setting it was built with (``pyro.enable_validation`` later does not
+    change it); rebuilding or copying one must keep it, and no public getter exists."""
+    return bool(getattr(d, "_validate_args", False))
+
+
+def set_validates_args(d: torch.distributions.Distribution, value: bool) -> None:
+    """Set ``Distribution._validate_args`` on ``d`` (a copy the caller owns). Why: a BNN's priors are built
+    before the fit with validation on; a diverging MCMC trajectory must give a NaN density there, not raise
+    (``MCMC(disable_validation=True)`` does not reach them), and no public setter exists."""
+    d._validate_args = value
 
 
 # ------------------------------------------------------------------------------------------------- Pyro

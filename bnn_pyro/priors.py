@@ -39,6 +39,7 @@ from bnn_pyro._checks import positive as _positive
 from bnn_pyro._checks import positive_support as _positive_support
 from bnn_pyro._checks import pyro_distribution as _pyro_distribution
 from bnn_pyro._checks import real as _real
+from bnn_pyro._upstream_private import fan_in_and_fan_out
 
 __all__ = [
     "Prior",
@@ -144,7 +145,7 @@ class LayerwiseNormal(Prior):
         weight = getattr(module, "weight", None)
         ref = weight if isinstance(weight, torch.Tensor) and weight.dim() >= 2 else param
         if ref.dim() >= 2:
-            fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(ref)
+            fan_in, fan_out = fan_in_and_fan_out(ref)
         else:  # a lone vector (e.g. a bias without a weight): treat each entry as a unit
             fan_in = fan_out = 1
         std = {

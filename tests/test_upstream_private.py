@@ -84,3 +84,18 @@ def test_arviz_logger_is_the_one_arviz_logs_through():
 
     logger = up.arviz_logger()
     assert isinstance(logger, logging.Logger) and logger is getattr(arviz, "_log", logger)
+
+
+def test_torch_fan_in_and_fan_out_counts_as_torch_initializers_do():
+    assert up.fan_in_and_fan_out(torch.empty(50, 8)) == (8, 50)
+    assert up.fan_in_and_fan_out(torch.empty(16, 3, 5, 5)) == (3 * 25, 16 * 25)  # a convolution kernel
+
+
+def test_torch_distribution_validation_setting_is_read_and_switched_off():
+    checked = dist.Normal(0.0, 1.0, validate_args=True)
+    assert up.validates_args(checked) and not up.validates_args(dist.Normal(0.0, 1.0, validate_args=False))
+    with pytest.raises(ValueError):
+        checked.log_prob(torch.tensor(float("nan")))
+    up.set_validates_args(checked, False)
+    assert not up.validates_args(checked)
+    assert torch.isnan(checked.log_prob(torch.tensor(float("nan"))))

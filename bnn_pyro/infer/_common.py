@@ -16,6 +16,7 @@ from pyro.infer.autoguide import initialization as init_fns
 from pyro.poutine.util import site_is_subsample
 from tqdm.auto import tqdm
 
+from bnn_pyro._upstream_private import set_validates_args, validates_args
 from bnn_pyro.model import BNN
 
 __all__ = ["Data", "traced", "is_latent", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy",
@@ -233,10 +234,10 @@ class _NoValidation(poutine.messenger.Messenger):
 
 
 def unvalidated(d):
-    if not getattr(d, "_validate_args", False) and not hasattr(d, "base_dist"):
+    if not validates_args(d) and not hasattr(d, "base_dist"):
         return d
     d = copy.copy(d)
-    d._validate_args = False
+    set_validates_args(d, False)
     if hasattr(d, "base_dist"):
         d.base_dist = unvalidated(d.base_dist)
     return d
