@@ -85,8 +85,9 @@ from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._health import check_mcmc
 from bnn_pyro.infer._kernels import _HMC, DrawStats, _Metropolis, pyro_kernel, sample_stats  # noqa: F401 - _HMC: tests
 from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._common import Data, clean_config, init_strategy, point_values, progress_bar, quiet_model
+from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init
+from bnn_pyro.infer.training_data import Data
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
 from bnn_pyro.posterior import Posterior
 
