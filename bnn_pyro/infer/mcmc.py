@@ -52,7 +52,9 @@ spin and steal each other's time, Pyro's own parallel mode ran at 0.48x of one c
 another, with a warning, when only one core is available. ``config["chain_execution"]`` says which.
 Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
 
-Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names):
+Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names), recorded per draw
+as a typed :class:`~bnn_pyro.infer._kernels.DrawStats` through ``MCMC``'s public ``hook_fn`` and stacked at
+assembly:
 ``lp`` (log joint density up to a constant, unconstrained space), ``acceptance_rate``,
 ``step_size``; NUTS/HMC also ``diverging``, ``n_steps`` (leapfrog steps) and ``energy`` (the
 Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth`` (trajectory doublings
@@ -61,7 +63,8 @@ the kept ones).
 NUTS/HMC also keep ``history["inverse_mass_matrix"]``, the adapted (diagonal ``(chains, dim)`` or
 dense ``(chains, dim, dim)``) inverse mass matrix, so that ``bp.fit(..., resume=post, num_samples=K)``
 can extend the chains: each continues from its last draw with its adapted step size and mass matrix,
-without warm-up, and the ``K`` new draws are appended (also after ``post.save`` / ``bp.load``).
+without warm-up or step-size search (both adaptations off), and the ``K`` new draws are appended (also
+after ``post.save`` / ``bp.load``).
 
 Example
 -------
