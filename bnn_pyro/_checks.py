@@ -13,6 +13,8 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions.torch_distribution import TorchDistributionMixin
 
+from bnn_pyro._upstream_private import validates_args
+
 E = TypeVar("E", bound=Enum)
 
 
@@ -215,7 +217,7 @@ def _rebuild(argname: str, d, target: type):
         for k in present[1:]:
             del kwargs[k]
     try:
-        return target(**kwargs, validate_args=d._validate_args)
+        return target(**kwargs, validate_args=validates_args(d))
     except (TypeError, ValueError):
         return None
 

@@ -2,9 +2,8 @@
 
 Each entry says why no public API serves and the versions it was checked against (torch 2.13.0, pyro-ppl
 1.9.2, ArviZ 0.23.4). ``tests/test_upstream_private.py`` fails loudly, naming the entry, when an upgrade
-removes one. The kernels that subclass Pyro's (``bnn_pyro.infer._kernels``) also read their parent's own
-attributes (``_t``, ``_warmup_steps``, ``_mean_accept_prob``, ``_divergences``, ``_adapter``): those are
-listed in :data:`KERNEL_ATTRIBUTES` and checked by the same test.
+removes one. The MCMC kernels (``bnn_pyro.infer._kernels``) read Pyro's per-draw state through its public hooks,
+except the one value listed here (:func:`mean_accept_prob`).
 """
 
 from __future__ import annotations
@@ -16,9 +15,10 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
-__all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "pyro_context",
-           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "arviz_logger", "arviz_log_level",
-           "KERNEL_ATTRIBUTES"]
+__all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "fan_in_and_fan_out",
+           "validates_args", "set_validates_args", "pyro_context",
+           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "mean_accept_prob", "arviz_logger",
+           "arviz_log_level"]
 
 
 # ------------------------------------------------------------------------------------------------ torch
@@ -55,6 +55,29 @@ def global_module_hooks() -> bool:
                 or state._global_backward_pre_hooks)
 
 
+def fan_in_and_fan_out(tensor: torch.Tensor) -> tuple[int, int]:
+    """``torch.nn.init._calculate_fan_in_and_fan_out``: a weight's fan-in and fan-out as torch's initializers
+    count them (convolution kernels included). Why: the fan-scaled priors (``bnn_pyro.priors``) must match
+    torch's own initialization scales; no public function returns the two numbers."""
+    from torch.nn.init import _calculate_fan_in_and_fan_out
+
+    return _calculate_fan_in_and_fan_out(tensor)
+
+
+def validates_args(d: torch.distributions.Distribution) -> bool:
+    """``Distribution._validate_args``: whether ``d`` checks its arguments and sample values. Why: a
+    distribution keeps the validation setting it was built with (``pyro.enable_validation`` later does not
+    change it); rebuilding or copying one must keep it, and no public getter exists."""
+    return bool(getattr(d, "_validate_args", False))
+
+
+def set_validates_args(d: torch.distributions.Distribution, value: bool) -> None:
+    """Set ``Distribution._validate_args`` on ``d`` (a copy the caller owns). Why: a BNN's priors are built
+    before the fit with validation on; a diverging MCMC trajectory must give a NaN density there, not raise
+    (``MCMC(disable_validation=True)`` does not reach them), and no public setter exists."""
+    d._validate_args = value
+
+
 # ------------------------------------------------------------------------------------------------- Pyro
 def pyro_context(module) -> AbstractContextManager:
     """``PyroModule._pyro_context``: the context in which a ``PyroModule``'s ``PyroSample`` attributes are
@@ -84,13 +107,13 @@ def elbo_traces(elbo, model, guide, args, kwargs):
     return elbo._get_traces(model, guide, args, kwargs)
 
 
-# Attributes of Pyro's HMC/NUTS/RandomWalkKernel that bnn_pyro.infer._kernels' subclasses read or set
-# (checked by tests/test_upstream_private.py against pyro-ppl 1.9.2).
-KERNEL_ATTRIBUTES = {
-    "HMC": ("_initialize_model_properties", "_adapter", "_t", "_warmup_steps", "_mean_accept_prob",
-            "_divergences", "_accept_cnt"),
-    "WarmupAdapter": ("_step_size_adapt_scheme",),
-}
+def mean_accept_prob(kernel) -> float:
+    """``HMC._mean_accept_prob`` (also NUTS): Pyro's running mean of the acceptance probabilities of the draws
+    so far (restarted after warm-up). Why: the per-draw acceptance probability (ArviZ's ``acceptance_rate``)
+    is a local of ``HMC.sample``/``NUTS.sample``; the public ``logging()`` gives the mean rounded to 3
+    digits and ``diagnostics()`` the fraction of accepted draws. ``bnn_pyro.infer._kernels`` recovers each
+    draw's value from two consecutive means."""
+    return kernel._mean_accept_prob
 
 
 # ------------------------------------------------------------------------------------------------ ArviZ

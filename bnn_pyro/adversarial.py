@@ -62,7 +62,7 @@ def fgsm(post, x, y, eps: float, *, num_samples: int | None = 100, seed: int | N
         raise TypeError(f"x: FGSM perturbs real-valued inputs; got dtype {x.dtype}; pass float inputs (x.float()).")
     if bounds is not None and not (len(bounds) == 2 and float(bounds[0]) < float(bounds[1])):
         raise ValueError(f"bounds: expected (lo, hi) with lo < hi, got {bounds!r}; e.g. (0.0, 1.0) for pixels.")
-    idx = post._draw_index(num_samples, seed)
+    idx = post.draw_index(num_samples, seed)
     x_in = x.detach().clone().requires_grad_(True)
     with torch.enable_grad():
         loss = predictive_nll(post, x_in, y, idx).sum()

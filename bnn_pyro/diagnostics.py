@@ -221,20 +221,9 @@ def function_draws(post: Posterior, x, *, draws_per_chunk: int = 64) -> torch.Te
     x = post.inputs(x) if isinstance(post.model, BNN) else check_data(x, None)[0]
     total = post.num_chains * post.num_draws
     with torch.no_grad():
-        if isinstance(post.model, BNN):
-            model, flat = post.model, post.sample()
-            was_training = model.training
-            model.eval()
-            try:
-                chunks = []
-                for i in range(0, total, positive_int("draws_per_chunk", draws_per_chunk)):
-                    idx = torch.arange(i, min(i + draws_per_chunk, total))
-                    params = {n: flat[n][idx] for n in model.sample_names}
-                    params.update(post._point_per_draw(idx))
-                    chunks.append(model.forward_draws(params, x))
-            finally:
-                model.train(was_training)
-            f = torch.cat(chunks)
+        if isinstance(post.model, BNN):  # the network alone (not a Laplace fit's linearization), in chunks of draws
+            f = post.network_outputs(x, draws_per_chunk=positive_int("draws_per_chunk", draws_per_chunk),
+                                     linearized=False)
         else:
             traces = [post.trace_draw(i, x) for i in range(total)]
             if "f" not in traces[0].nodes:

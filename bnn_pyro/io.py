@@ -23,142 +23,23 @@ Example
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
-import secrets
 import struct
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 from safetensors.torch import load as load_tensors
-from safetensors.torch import save_file
 
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.posterior_file import (FORMAT, FORMAT_VERSION, ModelNotBoundError, PosteriorFileError, UnboundModel,
+                                     fingerprint, save)
+from bnn_pyro.tensor_files import digest
 
 __all__ = ["save", "load", "PosteriorFileError", "ModelNotBoundError", "UnboundModel", "FORMAT_VERSION"]
-
-FORMAT = "bnn_pyro.posterior"
-FORMAT_VERSION = 1
-_GROUPS = ("samples", "point", "sample_stats", "history", "draw_buffers", "buffers")  # the model's buffers last
-
-
-class PosteriorFileError(ValueError):
-    """The file is not a readable bnn_pyro posterior (corrupted, truncated, foreign or too new)."""
-
-
-class ModelNotBoundError(TypeError):
-    """A loaded posterior was asked for something that needs the model, which files do not store."""
-
-
-class UnboundModel:
-    """Stands in for the model of a posterior loaded without ``model=``; calling it explains why
-    that does not work and what to do."""
-
-    is_unbound = True
-
-    def __init__(self, path: str, fingerprint: dict[str, Any], buffers: dict[str, torch.Tensor] | None = None):
-        self.path, self.fingerprint, self.buffers = path, fingerprint, dict(buffers or {})
-        self.is_bnn = fingerprint.get("kind") == "BNN"
-
-    def __call__(self, *args, what: str = "predict", **kwargs):
-        raise ModelNotBoundError(
-            f"cannot {what}: this Posterior was loaded from {self.path!r} without its model (files store the "
-            "draws, not the Python code). Rebuild the model the same way and pass it: "
-            f"bp.load({self.path!r}, model=model)."
-        )
-
-    def __getattr__(self, name: str):  # e.g. .likelihood or .forward_draws of the missing BNN
-        if name.startswith("_"):
-            raise AttributeError(name)
-        self(what=f"use model.{name}")
-
-    def __repr__(self) -> str:
-        return f"UnboundModel(path={self.path!r}, kind={self.fingerprint.get('kind')!r})"
-
-
-def fingerprint(model) -> dict[str, Any]:
-    """What identifies a model across sessions: its sites and shapes, architecture and likelihood."""
-    if isinstance(model, UnboundModel):
-        return model.fingerprint
-    if isinstance(model, BNN):
-        return {"kind": "BNN", "sample_names": list(model.sample_names), "hyper_names": list(model.hyper_names),
-                "point_names": list(model.point_names),
-                "param_shapes": {n: list(s) for n, s in model.param_shapes.items()},
-                "noise_sites": sorted(model.likelihood.sites()), "likelihood": repr(model.likelihood),
-                "net": repr(model._template)}
-    return {"kind": "function", "name": f"{getattr(model, '__module__', '?')}.{getattr(model, '__qualname__', '?')}"}
-
-
-def save(post: Posterior, path: str | os.PathLike) -> Path:
-    """Write ``post`` to ``path`` atomically (see the module docstring) and return the path."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise FileNotFoundError(f"path: the folder {str(path.parent)!r} does not exist; create it first.")
-    tensors, seen = {}, set()
-    groups = {g: dict(getattr(post, g)) for g in _GROUPS[:-1]}
-    groups["buffers"] = (post.model.buffers_dict() if isinstance(post.model, BNN)
-                          else post.model.buffers if isinstance(post.model, UnboundModel) else {})
-    data = {k: v for k, v in (("x", post.x), ("y", post.y)) if v is not None}
-    if isinstance(post.x, Inputs):  # several inputs: "x/0", "x/1" (a tuple) or "x/tokens" (a dict)
-        del data["x"]
-        named = post.x.kwargs or {str(i): t for i, t in enumerate(post.x.args)}
-        data.update({f"x/{k}": t for k, t in named.items()})
-    for key, value in [(f"{g}/{n}", v) for g, d in groups.items() for n, v in d.items()] + list(data.items()):
-        t = torch.as_tensor(value).detach().cpu().contiguous()
-        ptr = t.untyped_storage().data_ptr()
-        tensors[key] = t.clone() if ptr in seen and t.numel() else t  # safetensors refuses shared storage
-        seen.add(ptr)
-    try:
-        config = json.loads(json.dumps(post.config))
-    except (TypeError, ValueError) as err:
-        raise TypeError(f"post.config must be JSON-friendly to be saved ({err}); store values as str, "
-                        "int, float, bool, None, lists or dicts.") from None
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "method": post.method, "config": config,
-            "groups": {g: list(d) for g, d in groups.items()}, "data": list(data),
-            "x_form": "tuple" if isinstance(post.x, Inputs) and post.x.args else "dict" if isinstance(post.x, Inputs) else "tensor",
-            "model": fingerprint(post.model), "sha256": _digest(tensors)}
-    return _write_atomic(path, tensors, {"bnn_pyro": json.dumps(meta)})
-
-
-def _write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
-    """Write a safetensors file to a temporary file beside ``path``, fsync it, rename it over ``path``.
-
-    The file gets the permissions the umask gives any new file (``0o644`` under the usual umask 022):
-    the temporary file is created exclusively (``O_EXCL``) with mode ``0o666`` less the umask, and
-    that mode is set again after safetensors has written it (``save_file`` leaves ``0o600``, as
-    ``tempfile.mkstemp`` would). Shared by :func:`save` and :mod:`bnn_pyro.infer.checkpoint`."""
-    tmp = _new_temporary(path)
-    try:
-        mode = tmp.stat().st_mode & 0o777
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.chmod(tmp, mode)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    _fsync_dir(path.parent)
-    return path
-
-
-def _new_temporary(path: Path) -> Path:
-    """An empty file ``.<name>.<random>.tmp`` beside ``path``, created by this call (never an existing
-    file or a link), with the permissions the umask gives a new file."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
-        try:
-            os.close(os.open(tmp, flags, 0o666))
-        except FileExistsError:
-            continue
-        return tmp
-    raise FileExistsError(f"path: could not create a temporary file in {str(path.parent)!r} (100 names taken); "
-                          "remove stale .*.tmp files there and try again.")
 
 
 def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Posterior:
@@ -182,7 +63,7 @@ def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Poster
         tensors = load_tensors(raw)
     except Exception as err:  # safetensors raises its own error type for malformed payloads
         raise PosteriorFileError(f"{str(path)!r}: the tensor data is unreadable ({err}); the file is corrupted.") from None
-    if _digest(tensors) != meta.get("sha256"):
+    if digest(tensors) != meta.get("sha256"):
         raise PosteriorFileError(f"{str(path)!r}: checksum mismatch; the file is corrupted. Save the posterior again.")
     try:
         groups = {g: {n: tensors[f"{g}/{n}"] for n in names} for g, names in meta["groups"].items()}
@@ -243,24 +124,3 @@ def _rebind(model, saved: dict[str, Any], groups, path: Path):
             if name in groups["buffers"]:
                 b.copy_(groups["buffers"][name])
     return model
-
-
-def _digest(tensors: dict[str, torch.Tensor]) -> str:
-    h = hashlib.sha256()
-    for key in sorted(tensors):
-        t = tensors[key]
-        h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-        if t.numel():
-            h.update(t.contiguous().reshape(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # e.g. Windows cannot open folders; the rename is still atomic there
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

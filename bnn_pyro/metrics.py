@@ -20,6 +20,7 @@ Example
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyro.distributions as dist
@@ -27,8 +28,10 @@ import torch
 
 from bnn_pyro._checks import as_tensor, positive_int
 from bnn_pyro.model import BNN
-from bnn_pyro.posterior import Posterior
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
+
+if TYPE_CHECKING:
+    from bnn_pyro.posterior import Posterior
 
 __all__ = [
     "rmse", "nll", "log_predictive_density", "test_log_likelihood", "accuracy", "ece", "reliability_curve",
@@ -87,14 +90,14 @@ def pit(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int
     of held-out data are uniform on ``[0, 1]``. Needs a :class:`~bnn_pyro.BNN` with one output and
     an observation distribution that has a CDF (e.g. ``Gaussian``).
     """
-    if not isinstance(posterior, Posterior) or not isinstance(posterior.model, BNN):
+    if not _is_posterior(posterior) or not isinstance(posterior.model, BNN):
         raise TypeError(f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
-                        f"{type(posterior).__name__}{'' if not isinstance(posterior, Posterior) else ' of a Pyro function'}.")
+                        f"{type(posterior).__name__}{'' if not _is_posterior(posterior) else ' of a Pyro function'}.")
     x = posterior.inputs(x)
     y = as_tensor("y", y)
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}.")
-    idx = posterior._draw_index(num_samples, seed)
+    idx = posterior.draw_index(num_samples, seed)
     with torch.no_grad():
         d = posterior.observation_distribution(x, idx)
         target = _match_target(d, y, batch_dims=1)
@@ -151,7 +154,7 @@ def log_predictive_density(posterior: Posterior, x, y, *, num_samples: int | Non
     -------
     >>> lpd = metrics.log_predictive_density(post, x_test, y_test)   # (N,)
     """
-    if not isinstance(posterior, Posterior):
+    if not _is_posterior(posterior):
         raise TypeError(f"posterior: expected a bnn_pyro.Posterior (what bp.fit returns), got "
                         f"{type(posterior).__name__}. For a prediction use metrics.nll(prediction, y).")
     x = posterior.inputs(x) if isinstance(posterior.model, BNN) else _float_tensor("x", x)
@@ -160,7 +163,7 @@ def log_predictive_density(posterior: Posterior, x, y, *, num_samples: int | Non
         raise ValueError(f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}. "
                          "Each row of x needs one row of y.")
     if draws is None:
-        idx = posterior._draw_index(num_samples, seed)
+        idx = posterior.draw_index(num_samples, seed)
     else:
         idx = torch.as_tensor(draws, dtype=torch.long).reshape(-1)
     with torch.no_grad():
@@ -199,7 +202,7 @@ def nll(prediction, *data, num_samples: int | None = None, seed: int | None = 0)
       same noise (a Gaussian likelihood with a fixed ``scale``) and an approximation when the noise
       is learned or heteroscedastic; use ``nll(posterior, x, y)`` for the exact value.
     """
-    if isinstance(prediction, Posterior):
+    if _is_posterior(prediction):
         if len(data) != 2:
             raise TypeError("nll(posterior, x, y): give the inputs x and the targets y "
                             f"(got {len(data)} positional argument(s) after the posterior).")
@@ -433,3 +436,9 @@ def _traced_obs(posterior: Posterior, x: torch.Tensor, idx: torch.Tensor) -> lis
                              "pyro.sample('obs', ..., obs=y) inside pyro.plate('data', ...).")
         fns.append(trace.nodes["obs"]["fn"])
     return fns
+
+
+def _is_posterior(obj) -> bool:
+    """Whether ``obj`` is a fitted :class:`~bnn_pyro.Posterior` (its draws and their predictive), known by its
+    interface: this module does not import :mod:`bnn_pyro.posterior`, whose plots use these metrics."""
+    return hasattr(obj, "observation_distribution") and hasattr(obj, "samples")

@@ -28,8 +28,6 @@ Example
 from __future__ import annotations
 
 import copy
-import dataclasses
-import functools
 import math
 
 import torch
@@ -171,7 +169,7 @@ class BNN(nn.Module):
         try:
             return super().__getattr__(name)  # nn.Module's: submodules, parameters, buffers
         except AttributeError:
-            if name not in _posterior_names():
+            if name not in _FIT_ATTRIBUTES:
                 raise
         call = {"predict": "post.predict(x)", "summary": "post.summary()"}.get(name, f"post.{name}")
         raise AttributeError(
@@ -408,13 +406,14 @@ def _functional(module: nn.Module, params, buffers, x):
     return torch.func.functional_call(module, (params, buffers), (x,))
 
 
-@functools.cache
-def _posterior_names() -> frozenset[str]:
-    """The public attributes of a Posterior: asked of a BNN, they mean the user meant the fit."""
-    from bnn_pyro.posterior import Posterior  # here: bnn_pyro.posterior imports this module
+_FIT_ATTRIBUTES: set[str] = set()  # declared by bnn_pyro.posterior through fit_attributes()
 
-    public = {n for n in dir(Posterior) if not n.startswith("_")}
-    return frozenset(public | {f.name for f in dataclasses.fields(Posterior)})
+
+def fit_attributes(names) -> None:
+    """Declare ``names`` as attributes of a fitted posterior: asked of a ``BNN``, each raises an
+    ``AttributeError`` that says to fit first. :mod:`bnn_pyro.posterior` declares every public name of
+    ``Posterior`` when it is defined (this module does not import it: it imports this one)."""
+    _FIT_ATTRIBUTES.update(names)
 
 
 def _check_proper(name: str, d: Distribution) -> None:

@@ -14,7 +14,7 @@ Example
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import pyro
@@ -22,9 +22,9 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 
-from bnn_pyro import predictions
+from bnn_pyro import posterior_file, predictions
 from bnn_pyro._checks import check_data, positive_int, probability
-from bnn_pyro.model import BNN
+from bnn_pyro.model import BNN, fit_attributes
 
 __all__ = ["Posterior"]
 
@@ -86,7 +86,10 @@ class Posterior:
         return f"Posterior(method={self.method!r}, chains={self.num_chains}, draws={self.num_draws}, sites=[{sites}{more}])"
 
     # ------------------------------------------------------------------ draws
-    def _draw_index(self, num_samples: int | None, seed: int | None) -> torch.Tensor:
+    def draw_index(self, num_samples: int | None = None, seed: int | None = None) -> torch.Tensor:
+        """Indices of pooled draws (chain-major, ``chain * num_draws + draw``): all of them in order without
+        ``num_samples``; else ``num_samples`` picked at random (without replacement while there are enough)
+        by a generator seeded by ``seed``. :meth:`sample`, :meth:`predict` and the metrics use it."""
         total = self.num_chains * self.num_draws
         if num_samples is None:
             return torch.arange(total)
@@ -102,10 +105,12 @@ class Posterior:
         Without ``num_samples`` every stored draw is returned in order; with it, draws are picked at
         random (without replacement while there are enough) with a generator seeded by ``seed``.
         """
-        idx = self._draw_index(num_samples, seed)
+        idx = self.draw_index(num_samples, seed)
         return {k: v.reshape((-1,) + v.shape[2:])[idx] for k, v in self.samples.items()}
 
-    def _point_per_draw(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
+    _draw_index = draw_index  # its name before it was public
+
+    def point_per_draw(self, idx: torch.Tensor) -> dict[str, torch.Tensor]:
         """Deterministic parameters (their chain's values) and per-draw buffers of pooled draws ``idx``."""
         chain = torch.div(idx, self.num_draws, rounding_mode="floor")
         values = {k: v[chain] for k, v in self.point.items()}
@@ -135,7 +140,7 @@ class Posterior:
         if interval is not None:
             interval = probability("interval", interval, suggestion="try 0.95 for a central 95% interval, or None")
         if weights is None:
-            idx = self._draw_index(num_samples, seed)
+            idx = self.draw_index(num_samples, seed)
         else:
             from bnn_pyro.psis import resample
 
@@ -171,23 +176,37 @@ class Posterior:
     def observation_distribution(self, x: torch.Tensor, idx: torch.Tensor | None = None, *,
                                  draws_per_chunk: int | None = None) -> dist.Distribution:
         """``p(y | x, w_s)`` batched over draws ``(S, N)`` for a :class:`~bnn_pyro.BNN` (all draws
-        by default). The network is evaluated ``draws_per_chunk`` draws at a time (default:
-        :meth:`BNN.draws_per_chunk`). A Laplace posterior with ``config["predictive"] == "glm"`` (its default)
-        evaluates the network linearized at its mode (:mod:`bnn_pyro.infer.laplace.glm`)."""
+        by default), from :meth:`network_outputs` (chunked; a Laplace fit's linearized network)."""
         if idx is None:
-            idx = torch.arange(self.num_chains * self.num_draws)
+            idx = self.draw_index()
+        f = self.network_outputs(x, idx, draws_per_chunk=draws_per_chunk)
+        noise = {n: self.samples[n].reshape((-1,) + self.samples[n].shape[2:])[idx].unsqueeze(1)
+                 for n in self.model.likelihood.sites()}
+        return self.model.likelihood.observed(f, noise, inner_dims=f.dim() - 3)  # (S, N, T, ..., out): T, ... inner
+
+    def network_outputs(self, x: torch.Tensor, idx: torch.Tensor | None = None, *, draws_per_chunk: int | None = None,
+                        linearized: bool = True) -> torch.Tensor:
+        """The network's output ``f(x)`` at pooled draws ``idx`` (all by default), shaped ``(S, N, ...)``, for a
+        :class:`~bnn_pyro.BNN` in eval mode: the one place where draws are pushed through the net in chunks.
+        Draws are evaluated ``draws_per_chunk`` at a time (default: :meth:`BNN.draws_per_chunk`, chunks whose
+        widest layer output stays near 8 MB) and, for a stack of Linear layers, the rows of ``x`` in chunks where
+        one draw over all of them exceeds that (:meth:`BNN.points_per_chunk`). A Laplace posterior with
+        ``config["predictive"] == "glm"`` (its default) evaluates the network linearized at its mode
+        (:mod:`bnn_pyro.infer.laplace.glm`) unless ``linearized=False``."""
+        if idx is None:
+            idx = self.draw_index()
         model: BNN = self.model
         flat = self.sample()
         params = {n: flat[n][idx] for n in model.sample_names}
         draws_per_chunk = (model.draws_per_chunk(x) if draws_per_chunk is None
                            else positive_int("draws_per_chunk", draws_per_chunk))
-        params.update(self._point_per_draw(idx))
+        params.update(self.point_per_draw(idx))
         was_training = model.training
         model.eval()
         rows = model.points_per_chunk(x)  # all rows, unless one draw over all of them exceeds the budget
         try:
             f = None
-            if self.config.get("predictive") == "glm":  # a Laplace fit's linearized network (its module documents it)
+            if linearized and self.config.get("predictive") == "glm":  # a Laplace fit's linearized network
                 from bnn_pyro.infer.laplace.glm import linearized_outputs
 
                 f = linearized_outputs(self, x, idx, params, draws_per_chunk, rows)
@@ -201,8 +220,7 @@ class Posterior:
                     f[i : i + chunk.shape[0], r : r + rows] = chunk
         finally:
             model.train(was_training)
-        noise = {n: flat[n][idx].unsqueeze(1) for n in model.likelihood.sites()}
-        return model.likelihood.observed(f, noise, inner_dims=f.dim() - 3)  # (S, N, T, ..., out): T, ... inner
+        return f
 
     def trace_draw(self, i: int, x, y=None):
         """One run of a Pyro function model with every latent site fixed at pooled draw ``i`` and
@@ -250,9 +268,7 @@ class Posterior:
 
     def save(self, path):
         """Write this posterior to ``path`` (safe, atomic); read it with ``bp.load``. See :mod:`bnn_pyro.io`."""
-        from bnn_pyro import io
-
-        return io.save(self, path)
+        return posterior_file.save(self, path)
 
     def plot_trace(self, var_names=None, **kwargs):
         """Trace plot; see :func:`bnn_pyro.plots.plot_trace`."""
@@ -295,3 +311,7 @@ def _unwrap(d):
     while isinstance(d, (dist.Independent, dist.MaskedDistribution)):
         d = d.base_dist
     return d
+
+
+# asked of an unfitted BNN, these names raise an error that says to fit first (bnn_pyro.model)
+fit_attributes({n for n in dir(Posterior) if not n.startswith("_")} | {f.name for f in fields(Posterior)})

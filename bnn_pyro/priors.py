@@ -39,6 +39,7 @@ from bnn_pyro._checks import positive as _positive
 from bnn_pyro._checks import positive_support as _positive_support
 from bnn_pyro._checks import pyro_distribution as _pyro_distribution
 from bnn_pyro._checks import real as _real
+from bnn_pyro._upstream_private import fan_in_and_fan_out
 
 __all__ = [
     "Prior",
@@ -144,7 +145,7 @@ class LayerwiseNormal(Prior):
         weight = getattr(module, "weight", None)
         ref = weight if isinstance(weight, torch.Tensor) and weight.dim() >= 2 else param
         if ref.dim() >= 2:
-            fan_in, fan_out = nn.init._calculate_fan_in_and_fan_out(ref)
+            fan_in, fan_out = fan_in_and_fan_out(ref)
         else:  # a lone vector (e.g. a bias without a weight): treat each entry as a unit
             fan_in = fan_out = 1
         std = {
@@ -340,13 +341,13 @@ def from_posterior(posterior, *, default: PriorLike | None = None) -> FromPoster
     if not isinstance(samples, Mapping):
         raise TypeError("posterior: expected a bnn_pyro.Posterior (the result of bp.fit), "
                         f"got {type(posterior).__name__}.")
-    from bnn_pyro.model import BNN  # here: bnn_pyro.model imports this module
-
     model = posterior.model
-    if isinstance(model, BNN):
-        names = list(model.sample_names)
-    elif getattr(model, "is_unbound", False) and model.fingerprint.get("kind") == "BNN":  # bp.load without model=
-        names = list(model.fingerprint["sample_names"])
+    if getattr(model, "is_unbound", False):  # bp.load without model=: the saved model's fingerprint
+        names = model.fingerprint.get("sample_names") if model.fingerprint.get("kind") == "BNN" else None
+    else:  # a bp.BNN's weight sites (this module is imported by bnn_pyro.model, so asks by name)
+        names = getattr(model, "sample_names", None)
+    if names is not None:
+        names = list(names)
     else:
         raise ValueError(
             f"from_posterior: the posterior's sites {sorted(samples)} are not the weight tensors of a bp.BNN "

@@ -129,7 +129,7 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
     """
     _require_density(post)
     x, y = _target_data(post, x, y)
-    idx = post._draw_index(num_samples, seed)
+    idx = post.draw_index(num_samples, seed)
     log_p = _log_joint(post, x, y, idx)
     log_q = post.sample_stats["log_q"].reshape(-1)[idx].double().cpu()
     log_r = (log_p - log_q).numpy()

@@ -210,7 +210,7 @@ class UCISplit:
 
         if isinstance(prediction, Posterior):
             pred = prediction.predict(self.x_test, num_samples=num_samples, seed=seed)
-            idx = prediction._draw_index(num_samples, seed)
+            idx = prediction.draw_index(num_samples, seed)
             lpd = metrics.log_predictive_density(prediction, self.x_test, self.y_test, draws=idx)
             ll = float(lpd.double().mean()) - float(torch.log(self.y_scaler.scale.double()))
         elif isinstance(prediction, RegressionPrediction):

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 import bnn_pyro as bp
-from bnn_pyro import io
+from bnn_pyro import io, tensor_files
 from bnn_pyro.io import ModelNotBoundError, PosteriorFileError
 
 
@@ -155,7 +155,7 @@ def test_failed_write_leaves_previous_file_intact(svi_post, mcmc_post, tmp_path,
         Path(filename).write_bytes(b"\x00" * 64)  # a partial write, then the process "dies"
         raise OSError("disk full")
 
-    monkeypatch.setattr(io, "save_file", crash_midway)
+    monkeypatch.setattr(tensor_files, "save_file", crash_midway)  # the writer io shares with checkpoints
     with pytest.raises(OSError, match="disk full"):
         mcmc_post.save(path)
     assert path.read_bytes() == before

@@ -9,8 +9,7 @@ import pytest
 import torch
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
-from pyro.infer.mcmc import HMC
-from pyro.infer.mcmc.adaptation import WarmupAdapter
+from pyro.infer.mcmc import HMC, NUTS
 from pyro.nn import PyroModule, PyroSample
 
 from bnn_pyro import _upstream_private as up
@@ -62,18 +61,22 @@ def test_pyro_autoguide_setup_loc_scale_and_elbo_surrogate():
         assert "log_prob" in model_trace.nodes["a"] and "log_prob" in guide_trace.nodes["a"]
 
 
-@pytest.mark.parametrize("cls, names", [(HMC, up.KERNEL_ATTRIBUTES["HMC"]),
-                                        (WarmupAdapter, up.KERNEL_ATTRIBUTES["WarmupAdapter"])])
-def test_pyro_kernel_attributes_read_by_the_mcmc_subclasses_exist(cls, names):
+@pytest.mark.parametrize("cls", [HMC, NUTS])
+def test_pyro_mean_accept_prob_is_the_running_mean_of_the_draws_acceptance(cls):
+    """The running mean that bnn_pyro.infer._kernels inverts per draw: after one warm-up step it is that
+    step's acceptance probability, a number in [0, 1] that moves with the next draw."""
     def model():
         pyro.sample("a", dist.Normal(0.0, 1.0))
 
-    obj = HMC(model)
-    obj.setup(warmup_steps=5)
-    if cls is WarmupAdapter:
-        obj = obj._adapter
-    missing = [n for n in names if not hasattr(obj, n)]
-    assert not missing, f"pyro {pyro.__version__}: {cls.__name__} lost {missing}; update bnn_pyro/infer/_kernels.py"
+    pyro.set_rng_seed(0)
+    kernel = cls(model, step_size=0.5, adapt_step_size=False)
+    kernel.setup(warmup_steps=5)
+    assert up.mean_accept_prob(kernel) == 0.0, f"pyro {pyro.__version__}: {cls.__name__} lost _mean_accept_prob"
+    params = kernel.sample(kernel.initial_params)
+    first = up.mean_accept_prob(kernel)
+    assert isinstance(first, float) and 0.0 < first <= 1.0
+    kernel.sample(params)
+    assert up.mean_accept_prob(kernel) != first
 
 
 def test_arviz_logger_is_the_one_arviz_logs_through():
@@ -81,3 +84,18 @@ def test_arviz_logger_is_the_one_arviz_logs_through():
 
     logger = up.arviz_logger()
     assert isinstance(logger, logging.Logger) and logger is getattr(arviz, "_log", logger)
+
+
+def test_torch_fan_in_and_fan_out_counts_as_torch_initializers_do():
+    assert up.fan_in_and_fan_out(torch.empty(50, 8)) == (8, 50)
+    assert up.fan_in_and_fan_out(torch.empty(16, 3, 5, 5)) == (3 * 25, 16 * 25)  # a convolution kernel
+
+
+def test_torch_distribution_validation_setting_is_read_and_switched_off():
+    checked = dist.Normal(0.0, 1.0, validate_args=True)
+    assert up.validates_args(checked) and not up.validates_args(dist.Normal(0.0, 1.0, validate_args=False))
+    with pytest.raises(ValueError):
+        checked.log_prob(torch.tensor(float("nan")))
+    up.set_validates_args(checked, False)
+    assert not up.validates_args(checked)
+    assert torch.isnan(checked.log_prob(torch.tensor(float("nan"))))

@@ -1,88 +1,129 @@
-"""Pyro's NUTS and HMC with per-draw statistics (leapfrog steps, tree depth, the Hamiltonian after the momentum
-refresh, acceptance of each draw) and an adaptive random-walk Metropolis kernel, for :mod:`bnn_pyro.infer.mcmc`.
+"""Pyro's NUTS and HMC with per-draw statistics, an adaptive random-walk Metropolis kernel, and the typed
+record of one draw (:class:`DrawStats`), for :mod:`bnn_pyro.infer.mcmc`.
 
-They subclass Pyro's kernels and read some of their private state (``_t``, ``_warmup_steps``,
-``_mean_accept_prob``, ``_divergences``, ``_adapter``): listed in
-:data:`bnn_pyro._upstream_private.KERNEL_ATTRIBUTES` and checked by tests/test_upstream_private.py.
+The statistics come through Pyro's public surface: the kernels' public ``setup``/``sample``/``diagnostics``
+and ``potential_fn``, the mass-matrix adapter's public properties, and poutine messengers that see the
+momentum and tree-direction sample sites. One value has no public source: the acceptance probability of a
+Pyro HMC/NUTS draw, recovered from Pyro's running mean (:func:`bnn_pyro._upstream_private.mean_accept_prob`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer.mcmc import HMC, NUTS, RandomWalkKernel
+from pyro.infer.mcmc import HMC, NUTS
 from pyro.infer.mcmc.adaptation import WarmupAdapter
+from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
+from bnn_pyro._upstream_private import mean_accept_prob
 from bnn_pyro.infer import _logjoint
 
-__all__ = ["_NUTS", "_HMC", "_Metropolis"]
+__all__ = ["DrawStats", "sample_stats", "_NUTS", "_HMC", "_Metropolis"]
+
+
+class DrawStats(NamedTuple):
+    """What one kept MCMC draw records (ArviZ's ``sample_stats`` names; ``None``: not defined for the kernel).
+
+    lp: log joint density up to a constant (unconstrained space); acceptance_rate: the draw's Metropolis
+    acceptance probability (NUTS: mean over the trajectory); step_size: the step (or proposal scale) used;
+    diverging: the trajectory's energy error exceeded the threshold (NUTS/HMC); n_steps: leapfrog steps
+    (gradient evaluations); energy: the Hamiltonian after the momentum refresh (for BFMI); tree_depth:
+    trajectory doublings tried (NUTS).
+    """
+
+    lp: float
+    acceptance_rate: float
+    step_size: float
+    diverging: bool | None = None
+    n_steps: int | None = None
+    energy: float | None = None
+    tree_depth: int | None = None
+
+
+def sample_stats(draws: list[DrawStats]) -> dict[str, torch.Tensor]:
+    """One chain's per-draw records as ``Posterior.sample_stats`` columns shaped ``(draws,)``: floats as
+    float32, counts as int64, flags as bool; fields that are ``None`` for the kernel are left out."""
+    return {name: torch.tensor([getattr(d, name) for d in draws]) for name in DrawStats._fields
+            if getattr(draws[0], name) is not None}
+
+
+class _SiteWatch(poutine.messenger.Messenger):
+    """Sees the auxiliary sample sites of one Pyro HMC/NUTS transition: counts the tree doublings
+    (``direction_t=...``) and keeps the unscaled momentum (``r_t=...``, standard normal)."""
+
+    def __init__(self):
+        super().__init__()
+        self.doublings, self.momenta = 0, []
+
+    def _pyro_post_sample(self, msg):
+        self.doublings += msg["name"].startswith("direction_")
+        if msg["name"].startswith("r_t="):
+            self.momenta.append(msg["value"])
 
 
 class _Counted:
-    """Mixin for Pyro's HMC/NUTS: counts leapfrog steps (gradient evaluations), records the
-    Hamiltonian after the momentum refresh, and keeps the last draw's statistics in ``stats``.
-    ``resume = (step_size, inverse_mass_matrix)`` replaces the adaptation's state after setup."""
+    """Mixin for Pyro's HMC/NUTS: counts leapfrog steps (gradient evaluations, by wrapping the public
+    ``potential_fn``), records the Hamiltonian after the momentum refresh, and keeps the last draw's
+    :class:`DrawStats` in ``stats``. ``fixed_num_steps``: HMC's leapfrog steps, kept through adaptation.
+    ``resume = inverse_mass_matrix``: set after setup (extending a posterior; the step size is passed to the
+    constructor with its adaptation off). The potential of each new state is evaluated once more (without
+    its gradient), which Pyro computes but keeps private: one extra evaluation per draw."""
 
     resume = None
-    joint = None  # a LogJoint: the fast path's potential energy replaces Pyro's
-    jit = False  # compile the fast path's potential
-
-    def _initialize_model_properties(self, model_args, model_kwargs):
-        super()._initialize_model_properties(model_args, model_kwargs)
-        if self.joint is not None:
-            self.potential_fn = _logjoint.potential(self.joint, self.transforms, *model_args, jit=self.jit)
+    fixed_num_steps = None
 
     def setup(self, warmup_steps, *args, **kwargs):
         super().setup(warmup_steps, *args, **kwargs)
+        params = self.initial_params
         if self.resume is not None:
-            self._adapter.step_size = self.resume[0]
             ((names, _),) = self.inverse_mass_matrix.items()
-            self.mass_matrix_adapter.inverse_mass_matrix = {names: self.resume[1].to(self._potential_energy_last.dtype)}
-        self._grad_evals, potential = 0, self.potential_fn
+            dtype = next(iter(params.values())).dtype
+            self.mass_matrix_adapter.inverse_mass_matrix = {names: self.resume.to(dtype)}
+        self._bp_warmup, self._bp_draws, self._bp_grad_evals, potential = warmup_steps, 0, 0, self.potential_fn
+        self._bp_mean_accept = 0.0
 
         def counted(z):
-            self._grad_evals += 1
+            self._bp_grad_evals += 1
             return potential(z)
 
         self.potential_fn = counted
+        self._bp_potential = self._evaluate(params)
 
-    def _sample_r(self, name):
-        r, r_unscaled = super()._sample_r(name)
-        self._energy = float(self._kinetic_energy(r_unscaled) + self._potential_energy_last)
-        return r, r_unscaled
+    def _evaluate(self, z) -> torch.Tensor:
+        evals = self._bp_grad_evals
+        with torch.no_grad():
+            u = self.potential_fn(z)
+        self._bp_grad_evals = evals  # not a leapfrog step
+        return u
 
     @property
     def num_steps(self):
-        fixed = getattr(self, "fixed_num_steps", None)
-        return fixed if fixed is not None else super().num_steps
+        return self.fixed_num_steps if self.fixed_num_steps is not None else super().num_steps
 
     def sample(self, params):
-        evals, mean, divs, step = self._grad_evals, self._mean_accept_prob, len(self._divergences), self.step_size
-        with _SiteCounter("direction_") as doublings:
+        evals, step, u0 = self._bp_grad_evals, self.step_size, self._bp_potential
+        with _SiteWatch() as watch:
             z = super().sample(params)
-        # Pyro keeps a running mean of the acceptance probability (restarted after warm-up), updated
-        # as mean += (a - mean) / n with the step counter already advanced; invert it for this draw.
-        n = self._t - self._warmup_steps if self._t > self._warmup_steps else self._t
-        accept = min(max(mean + n * (self._mean_accept_prob - mean), 0.0), 1.0)
-        self.stats = dict(lp=-float(self._potential_energy_last), acceptance_rate=accept,
-                          step_size=step, diverging=len(self._divergences) > divs, n_steps=self._grad_evals - evals,
-                          energy=self._energy)
-        if isinstance(self, NUTS):
-            self.stats["tree_depth"] = doublings.count
+        self._bp_draws += 1
+        kept = self._bp_draws > self._bp_warmup
+        n = self._bp_draws - self._bp_warmup if kept else self._bp_draws  # Pyro's running-mean count
+        before, self._bp_mean_accept = self._bp_mean_accept, mean_accept_prob(self)
+        accept = min(max(before + n * (self._bp_mean_accept - before), 0.0), 1.0)  # this draw's, from the mean
+        divergences = self.diagnostics()["divergences"] if kept else ()  # Pyro counts them after warm-up only
+        kinetic = 0.0
+        for r in watch.momenta:  # 1/2 |r|^2 of the standard-normal momentum (Pyro's kinetic energy)
+            kinetic = kinetic + r.dot(r)
+        self._bp_potential = self._evaluate(z)
+        self.stats = DrawStats(lp=-float(self._bp_potential), acceptance_rate=accept, step_size=step,
+                               diverging=bool(divergences) and divergences[-1] == n - 1,
+                               n_steps=self._bp_grad_evals - evals, energy=float(0.5 * kinetic + u0),
+                               tree_depth=watch.doublings if isinstance(self, NUTS) else None)
         return z
-
-
-class _SiteCounter(poutine.messenger.Messenger):
-    def __init__(self, prefix: str):
-        super().__init__()
-        self.prefix, self.count = prefix, 0
-
-    def _pyro_sample(self, msg):
-        self.count += msg["name"].startswith(self.prefix)
 
 
 class _NUTS(_Counted, NUTS):
@@ -93,7 +134,28 @@ class _HMC(_Counted, HMC):
     pass
 
 
-class _Metropolis(RandomWalkKernel):
+def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args, resume=None, **options):
+    """Pyro's ``NUTS`` (``kind="nuts"``) or ``HMC`` with the statistics of :class:`_Counted`, and the
+    starting point ``MCMC`` needs. With a ``joint`` (the fast path) the kernel gets the directly computed
+    potential energy through its public ``potential_fn`` argument; otherwise it traces ``model`` (compiled
+    by Pyro when ``jit``). ``resume = (step_size, inverse_mass_matrix)``: no adaptation, that state kept.
+    Returns ``(kernel, initial_params, transforms)`` (the last two ``None`` for the tracing path)."""
+    cls = _NUTS if kind == "nuts" else _HMC
+    if resume is not None:
+        options.update(step_size=resume[0], adapt_step_size=False, adapt_mass_matrix=False)
+    if joint is None:
+        kernel = cls(model, jit_compile=jit, ignore_jit_warnings=True, init_strategy=init_strategy, **options)
+        params = transforms = None
+    else:
+        params, _, transforms, _ = initialize_model(model, model_args=model_args, init_strategy=init_strategy,
+                                                    skip_jit_warnings=True)
+        kernel = cls(potential_fn=_logjoint.potential(joint, transforms, *model_args, jit=jit), transforms=transforms,
+                     **options)
+    kernel.resume = None if resume is None else resume[1]
+    return kernel, params, transforms
+
+
+class _Metropolis(MCMCKernel):
     """Random-walk Metropolis with a proposal ``w + h * L eps`` whose scale ``h`` (dual averaging
     toward ``target_accept_prob``) and shape ``L`` (the posterior standard deviations, or the
     Cholesky factor of the covariance when ``dense``) are adapted in Stan's warm-up windows by
@@ -102,9 +164,8 @@ class _Metropolis(RandomWalkKernel):
 
     def __init__(self, model, *, init_strategy, step_size=None, target_accept_prob=0.234, dense=False, jit=False,
                  joint=None):
-        super().__init__(model, init_step_size=float(step_size or 0.1), target_accept_prob=target_accept_prob)
-        self._init_strategy, self._jit, self._given_step, self._cov = init_strategy, jit, step_size is not None, None
-        self.joint = joint
+        self.model, self.joint, self.transforms = model, joint, None
+        self._init_strategy, self._jit, self._given_step, self._cov = init_strategy, jit, step_size, None
         self._adapter = WarmupAdapter(step_size or 0.1, adapt_step_size=True, target_accept_prob=target_accept_prob,
                                       adapt_mass_matrix=True, dense_mass=dense)
 
@@ -119,13 +180,34 @@ class _Metropolis(RandomWalkKernel):
         names = tuple(sorted(self._initial_params))
         size = sum(v.numel() for v in self._initial_params.values())
         optimal = 2.38 / math.sqrt(size)
-        self._adapter.configure(warmup_steps, initial_step_size=self.init_step_size if self._given_step else optimal,
-                                mass_matrix_shape={names: (size, size) if self._adapter.dense_mass else (size,)},
-                                find_reasonable_step_size_fn=lambda z: optimal,
+        starts = [float(self._given_step or optimal)]  # the first step size; after each window, the optimal one
+
+        def restart(z):
+            return starts.pop() if starts else optimal
+
+        self._adapter.configure(warmup_steps, mass_matrix_shape={names: (size, size) if self._adapter.dense_mass
+                                                                 else (size,)},
+                                find_reasonable_step_size_fn=restart,
                                 options=dict(dtype=self._energy_last.dtype, device=self._energy_last.device))
-        scheme = self._adapter._step_size_adapt_scheme  # dual averaging starts near 10 * the initial step
-        scheme.prox_center = math.log(10 * self._adapter.step_size)
-        scheme.reset()
+        self._adapter.reset_step_size_adaptation(self._initial_params)  # dual averaging starts near 10 * that step
+
+    @property
+    def initial_params(self):
+        return self._initial_params
+
+    @initial_params.setter
+    def initial_params(self, params):
+        self._initial_params = params
+
+    @property
+    def step_size(self) -> float:
+        return self._adapter.step_size
+
+    def logging(self):
+        return {"step size": f"{self.step_size:.2e}", "acc. prob": f"{self._mean_accept_prob:.3f}"}
+
+    def diagnostics(self):
+        return {"acceptance rate": self._accept_cnt / max(self._t - self._warmup_steps, 1)}
 
     def _noise(self, params):
         """``L eps`` with ``L L^T`` the adapted proposal covariance, unpacked into the sites."""
@@ -152,6 +234,5 @@ class _Metropolis(RandomWalkKernel):
             self._adapter.step(self._t - 1, params, accept_prob)
         n = self._t - self._warmup_steps if self._t > self._warmup_steps else self._t
         self._mean_accept_prob += (float(accept_prob) - self._mean_accept_prob) / n
-        self._log_step_size = math.log(self._adapter.step_size)  # read by RandomWalkKernel.logging
-        self.stats = dict(lp=-float(self._energy_last), acceptance_rate=float(accept_prob), step_size=step)
+        self.stats = DrawStats(lp=-float(self._energy_last), acceptance_rate=float(accept_prob), step_size=step)
         return params.copy()

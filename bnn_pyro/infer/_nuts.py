@@ -36,6 +36,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro.infer import _logjoint
+from bnn_pyro.infer._kernels import DrawStats
 
 __all__ = ["FlatNUTS"]
 
@@ -58,7 +59,7 @@ class FlatNUTS(MCMCKernel):
     """No-U-Turn sampler for a :class:`~bnn_pyro.infer._logjoint.LogJoint` (see the module docstring).
 
     ``resume = (step_size, inverse_mass_matrix)`` replaces the adapted state after setup (extending
-    a posterior); ``stats`` holds the last draw's statistics, in the names of ``bnn_pyro.infer.mcmc``.
+    a posterior); ``stats`` holds the last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`.
     """
 
     def __init__(self, model, joint, *, init_strategy, step_size=None, target_accept_prob=0.8, max_tree_depth=10,
@@ -142,8 +143,8 @@ class FlatNUTS(MCMCKernel):
             self._accept_sum += accept
             if self._diverged:
                 self._divergences.append(self._t - 1 - self._warmup_steps)
-        self.stats = dict(lp=-u, acceptance_rate=accept, step_size=step, diverging=self._diverged,
-                          n_steps=self._n_leapfrog, energy=h0, tree_depth=doublings)
+        self.stats = DrawStats(lp=-u, acceptance_rate=accept, step_size=step, diverging=self._diverged,
+                               n_steps=self._n_leapfrog, energy=h0, tree_depth=doublings)
         return self._unflatten(z)
 
     # ------------------------------------------------------------------ flat vectors and the mass matrix

@@ -20,7 +20,7 @@ entry (step, configuration, non-tensor state) and a SHA-256 of the tensors. Read
 raw tensor bytes only (nothing is unpickled). Writes go to a temporary file in the same folder, are
 fsynced and renamed over the previous file (``os.replace``): a process killed mid-write leaves the
 previous checkpoint intact. Files get the permissions the umask gives any new file (as
-:func:`bnn_pyro.io.save`, whose writer they share).
+:func:`bnn_pyro.io.save`: both write through :func:`bnn_pyro.tensor_files.write_atomic`).
 
 Example
 -------
@@ -41,6 +41,7 @@ import torch
 from safetensors.torch import load as load_tensors
 
 from bnn_pyro._checks import positive_int
+from bnn_pyro.tensor_files import digest, write_atomic
 
 __all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT", "ENGINES",
            "open_chains"]
@@ -59,18 +60,14 @@ class CheckpointError(ValueError):
 
 def write(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
     """Write ``tensors`` and the JSON-friendly ``meta`` to ``path`` atomically (module docstring)."""
-    from bnn_pyro.io import _digest, _write_atomic
-
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
-    header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": meta, "sha256": _digest(tensors)}
-    return _write_atomic(Path(path), tensors, {"bnn_pyro": json.dumps(header)})
+    header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": meta, "sha256": digest(tensors)}
+    return write_atomic(Path(path), tensors, {"bnn_pyro": json.dumps(header)})
 
 
 def read(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The tensors and metadata of a checkpoint written by :func:`write`; :class:`CheckpointError`
     for a truncated, corrupted or foreign file."""
-    from bnn_pyro.io import _digest
-
     path = Path(path)
     raw = path.read_bytes()
     try:
@@ -84,7 +81,7 @@ def read(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, An
     if header.get("format") != FORMAT or header.get("format_version", 0) > FORMAT_VERSION:
         raise CheckpointError(f"checkpoint: {str(path)!r} has format {header.get('format')!r} version "
                               f"{header.get('format_version')!r}; this bnn_pyro reads {FORMAT} up to {FORMAT_VERSION}.")
-    if _digest(tensors) != header.get("sha256"):
+    if digest(tensors) != header.get("sha256"):
         raise CheckpointError(f"checkpoint: {str(path)!r} fails its checksum (corrupted). Delete it to start afresh.")
     return tensors, header["meta"]
 

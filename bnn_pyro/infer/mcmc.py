@@ -52,7 +52,9 @@ spin and steal each other's time, Pyro's own parallel mode ran at 0.48x of one c
 another, with a warning, when only one core is available. ``config["chain_execution"]`` says which.
 Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
 
-Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names):
+Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names), recorded per draw
+as a typed :class:`~bnn_pyro.infer._kernels.DrawStats` through ``MCMC``'s public ``hook_fn`` and stacked at
+assembly:
 ``lp`` (log joint density up to a constant, unconstrained space), ``acceptance_rate``,
 ``step_size``; NUTS/HMC also ``diverging``, ``n_steps`` (leapfrog steps) and ``energy`` (the
 Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth`` (trajectory doublings
@@ -61,7 +63,8 @@ the kept ones).
 NUTS/HMC also keep ``history["inverse_mass_matrix"]``, the adapted (diagonal ``(chains, dim)`` or
 dense ``(chains, dim, dim)``) inverse mass matrix, so that ``bp.fit(..., resume=post, num_samples=K)``
 can extend the chains: each continues from its last draw with its adapted step size and mass matrix,
-without warm-up, and the ``K`` new draws are appended (also after ``post.save`` / ``bp.load``).
+without warm-up or step-size search (both adaptations off), and the ``K`` new draws are appended (also
+after ``post.save`` / ``bp.load``).
 
 Example
 -------
@@ -83,10 +86,11 @@ from pyro.infer.autoguide.initialization import init_to_value
 from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._health import check_mcmc
-from bnn_pyro.infer._kernels import _HMC, _NUTS, _Metropolis  # noqa: F401 - _HMC: tests build one directly
+from bnn_pyro.infer._kernels import _HMC, DrawStats, _Metropolis, pyro_kernel, sample_stats  # noqa: F401 - _HMC: tests
 from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._common import Data, clean_config, init_strategy, point_values, progress_bar, quiet_model
+from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init
+from bnn_pyro.infer.training_data import Data
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
 from bnn_pyro.posterior import Posterior
 
@@ -279,24 +283,28 @@ class KernelSettings:
     resume: tuple[float, torch.Tensor] | None = None
 
 
-def _make_kernel(model, s: KernelSettings):
+def _make_kernel(model, s: KernelSettings, model_args: tuple):
+    """The chain's kernel and, for Pyro's kernels on the fast path, the ``initial_params`` and ``transforms``
+    that ``MCMC`` needs with a kernel given its ``potential_fn`` (``None`` otherwise)."""
     if s.kind is Kernel.METROPOLIS:
-        return _Metropolis(model, init_strategy=s.init_strategy, step_size=s.step_size,
-                           target_accept_prob=s.target_accept, dense=s.dense_mass, jit=s.jit, joint=s.joint)
+        return _Metropolis(model, init_strategy=s.init_strategy, step_size=s.step_size, target_accept_prob=s.target_accept,
+                           dense=s.dense_mass, jit=s.jit, joint=s.joint), None, None
     if s.kind is Kernel.NUTS and s.joint is not None:  # the fast path: NUTS over one flat vector
         kernel = FlatNUTS(model, s.joint, init_strategy=s.init_strategy, step_size=s.step_size,
                           target_accept_prob=s.target_accept, max_tree_depth=s.max_tree_depth,
                           dense_mass=s.dense_mass, jit=s.jit)
-    else:
-        common = dict(step_size=s.step_size or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
-                      full_mass=s.dense_mass, target_accept_prob=s.target_accept, jit_compile=s.jit and s.joint is None,
-                      ignore_jit_warnings=True, init_strategy=s.init_strategy)
-        kernel = (_NUTS(model, max_tree_depth=s.max_tree_depth, **common) if s.kind is Kernel.NUTS
-                  else _HMC(model, trajectory_length=s.trajectory_length, **common))
-        kernel.fixed_num_steps, kernel.joint, kernel.jit = s.num_leapfrog, s.joint, s.jit
-    if s.resume is not None:
         kernel.resume = s.resume
-    return kernel
+        return kernel, None, None
+    options = dict(step_size=s.step_size or 1.0, adapt_step_size=True, adapt_mass_matrix=True, full_mass=s.dense_mass,
+                   target_accept_prob=s.target_accept)
+    if s.kind is Kernel.NUTS:
+        options["max_tree_depth"] = s.max_tree_depth
+    else:
+        options["trajectory_length"] = s.trajectory_length
+    kernel, params, transforms = pyro_kernel(s.kind.value, model, joint=s.joint, jit=s.jit, init_strategy=s.init_strategy,
+                                             model_args=model_args, resume=s.resume, **options)
+    kernel.fixed_num_steps = s.num_leapfrog
+    return kernel, params, transforms
 
 
 def _run_chain(model, data: Data, settings: KernelSettings, num_samples: int, num_warmup: int, bar: tuple[str, int] | None):
@@ -312,27 +320,27 @@ def _run_chain(model, data: Data, settings: KernelSettings, num_samples: int, nu
 
 
 def _run_chain_1(model, data, settings, num_samples, num_warmup, bar):
-    kernel = _make_kernel(quiet_model(model, data.size), settings)
-    stats, state = [], {}
+    kernel, initial_params, transforms = _make_kernel(quiet_model(model, data.size), settings, (data.x, data.y))
+    draws: list[DrawStats] = []
+    state = {}
     # our bar, labelled per chain like the other engines' (Pyro's own says only "Warmup"/"Sample")
     label, line = bar or ("", 0)
     shown = progress_bar(num_warmup + num_samples, label, bar is not None, position=line)
 
-    def record(kernel, params, stage, i):
+    def record(kernel, params, stage, i):  # MCMC's public per-draw hook
         if stage.startswith("Sample"):
-            stats.append(kernel.stats)
+            draws.append(kernel.stats)
             state["mass"] = getattr(kernel, "inverse_mass_matrix", None)
         if bar is not None:
             shown.set_postfix({"phase": stage.lower(), **kernel.logging()}, refresh=False)
             shown.update()
 
     mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=num_warmup, num_chains=1, hook_fn=record,
-                disable_progbar=True)
+                disable_progbar=True, initial_params=initial_params, transforms=transforms)
     with shown:
         mcmc.run(data.x, data.y)
     samples = {k: v.detach().clone() for k, v in mcmc.get_samples().items()}
     point = point_values(model, data.x, data.y, data.size)
-    table = {k: torch.tensor([row[k] for row in stats]) for k in stats[0]}
     mass = None if state["mass"] is None else next(iter(state["mass"].values())).detach().clone()
     history = {} if mass is None else {"inverse_mass_matrix": mass}  # NUTS/HMC: the adapted one, for resume=
-    return ChainRun(model, samples, point, history, stats=table)
+    return ChainRun(model, samples, point, history, stats=sample_stats(draws))

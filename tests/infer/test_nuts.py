@@ -84,7 +84,7 @@ def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth, mass)
         kernel._state = (z, float(u), g)
         params = kernel.sample(None)
         out.append(torch.cat([params["weight"].reshape(-1), params["bias"].reshape(-1)]))
-        steps.append(kernel.stats["n_steps"])
+        steps.append(kernel.stats.n_steps)
     w = torch.stack(out).double()
     assert not (w == start.double()).all(1).float().mean() > 0.5  # the draws moved
     assert max(steps) <= 2**max_tree_depth - 1
@@ -158,7 +158,7 @@ def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
     nan = float("nan")
     kernel._potential.leapfrog = lambda z, p, g, step, minv: (z + nan, p + nan, g + nan, p + nan, torch.tensor([nan, nan]))
     params = kernel.sample(before)
-    assert kernel.stats["diverging"] and kernel.stats["n_steps"] == 1 and kernel.stats["tree_depth"] == 1
+    assert kernel.stats.diverging and kernel.stats.n_steps == 1 and kernel.stats.tree_depth == 1
     for name, value in before.items():
         assert torch.equal(params[name], value)
 
