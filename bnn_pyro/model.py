@@ -41,6 +41,7 @@ from torch.distributions import Distribution
 
 from bnn_pyro import priors as priors_mod
 from bnn_pyro._checks import instance, pyro_distribution
+from bnn_pyro._placement import placed_like
 from bnn_pyro._linear_stack import linear_stack as _linear_stack, run_linear_stack as _run_linear_stack
 from bnn_pyro._upstream_private import pyro_context, reparametrize_module
 from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers
@@ -138,11 +139,11 @@ class BNN(nn.Module):
                 continue
             target = self.net.get_submodule(owner_path)
             if isinstance(spec, Hierarchical):
-                self._add_hierarchical(name, target, attr, param.shape, spec)
+                self._add_hierarchical(name, target, attr, param, spec)
             elif isinstance(spec, Distribution):
                 spec = pyro_distribution(f"prior for {name!r}", spec)
                 _check_proper(name, spec)
-                setattr(target, attr, PyroSample(_to_param_shape(name, spec, param.shape)))
+                setattr(target, attr, PyroSample(placed_like(_to_param_shape(name, spec, param.shape), param)))
             else:
                 raise TypeError(
                     f"prior for {name!r} returned {type(spec).__name__}; expected a "
@@ -153,8 +154,10 @@ class BNN(nn.Module):
         if not self.sample_names:
             raise ValueError(nothing_random(list(named), selected))
 
-    def _add_hierarchical(self, name, module, attr, shape, spec: Hierarchical):
-        hypers = {k: pyro_distribution(f"prior for {name!r} (hyper {k!r})", d) for k, d in spec.hyper.items()}
+    def _add_hierarchical(self, name, module, attr, param, spec: Hierarchical):
+        shape = param.shape
+        hypers = {k: placed_like(pyro_distribution(f"prior for {name!r} (hyper {k!r})", d), param)
+                  for k, d in spec.hyper.items()}
         for suffix, hyper in hypers.items():
             setattr(module, f"{attr}_{suffix}", PyroSample(hyper))
             self.hyper_names.append(f"{name}_{suffix}")
@@ -163,7 +166,8 @@ class BNN(nn.Module):
         _to_param_shape(name, pyro_distribution(argname, spec.conditional(values)), shape, exact=True)  # fail early
 
         def conditional(m, attr=attr, keys=tuple(hypers), make=spec.conditional):
-            return pyro_distribution(argname, make({k: getattr(m, f"{attr}_{k}") for k in keys}))
+            values = {k: getattr(m, f"{attr}_{k}") for k in keys}  # drawn on the model's device and dtype
+            return placed_like(pyro_distribution(argname, make(values)), values[keys[0]])
 
         setattr(module, attr, PyroSample(conditional))
 
