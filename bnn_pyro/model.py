@@ -388,6 +388,20 @@ class BNN(nn.Module):
             return t
         return next(iter(self.init_values.values()))  # never empty: a net without parameters is refused
 
+    def _apply(self, fn, recurse=True):
+        """``model.to(device, dtype)``, ``.double()``, ``.cuda()``: the parameters' initial values and the priors
+        move with the net's own tensors (they are not registered tensors of the module)."""
+        super()._apply(fn, recurse)
+        self.init_values = {n: fn(v) for n, v in self.init_values.items()}
+        like = next(iter(self.init_values.values()))
+        object.__setattr__(self, "_template", self._template.to(like.dtype))  # stays on the meta device
+        for module in self.net.modules():
+            priors = module.__dict__.get("_pyro_samples", {})
+            for name, prior in priors.items():
+                if isinstance(prior, Distribution):  # (conditional priors follow their hyper draws)
+                    priors[name] = placed_like(prior, like)
+        return self
+
     def train(self, mode: bool = True):
         super().train(mode)
         self._template.train(mode)

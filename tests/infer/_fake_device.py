@@ -29,6 +29,7 @@ FACTORIES = frozenset({torch.zeros, torch.ones, torch.empty, torch.full, torch.t
                        torch.arange, torch.linspace, torch.logspace, torch.randn, torch.rand, torch.randint,
                        torch.randperm, torch.scalar_tensor})
 _INDEXING = frozenset({torch.Tensor.__getitem__, torch.Tensor.__setitem__})
+_NOT_COMPUTING = frozenset({torch.Tensor.__deepcopy__})  # its memo holds every tensor copied so far
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
 
 
@@ -70,6 +71,9 @@ class FakeDevice(TorchFunctionMode):
                 return out
         if func is torch.Tensor.cpu:
             self._mark(outs)
+            return out
+        if func in _NOT_COMPUTING:
+            self._mark(outs[:1], bool(ins) and self.on_host(ins[0]))
             return out
         shaped = [t for t in ins if t.dim() > 0]
         floating = {t.dtype for t in shaped if t.is_floating_point()}

@@ -145,6 +145,21 @@ def test_bnn_on_the_meta_device_draws_every_site_there():
     assert {(v.device.type, v.dtype) for v in sites.values()} == {("meta", torch.float64)}
 
 
+def test_model_to_after_construction_moves_initial_values_and_priors():
+    """``model.double()`` / ``model.to(device)`` on a built BNN: its initial values and priors are not registered
+    tensors, and stayed float32 on the CPU before (the data were then silently cast back to float32)."""
+    model = _model().double()
+    assert model.dtype == torch.float64 and {v.dtype for v in model.init_values.values()} == {torch.float64}
+    x, y = _data(torch.float64)
+    post, _ = _checked_fit(model, x, y, "sgld", **SETTINGS["sgld"])
+    assert {v.dtype for v in post.samples.values()} == {torch.float64}
+    with pyro.validation_enabled(False):
+        moved = _model().to("meta")
+        trace = pyro.poutine.trace(moved).get_trace(torch.empty(4, 1, device="meta"))
+    assert moved.device.type == "meta"
+    assert {s["value"].device.type for n, s in trace.nodes.items() if s["type"] == "sample"} == {"meta"}
+
+
 # ---------------------------------------------------------------- no fork once CUDA is initialised
 def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -159,7 +174,8 @@ def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(driver, "_start", no_fork)
     x, y = _data()
     with pytest.warns(UserWarning, match="CUDA is initialised in this process"):
-        post = bp.fit(_model(), x, y, method="metropolis", seed=0, progress=False, **{**TINY["metropolis"], "num_chains": 2})
+        post = bp.fit(_model(), x, y, method="metropolis", seed=0, progress=False,
+                      **{**TINY["metropolis"], "num_chains": 2})
     assert post.config["chain_execution"] == "sequential" and post.num_chains == 2
 
 
@@ -172,3 +188,34 @@ def test_every_method_fits_and_predicts_on_cuda(method):
     assert {v.device.type for v in post.samples.values()} == {"cuda"}
     pred = post.predict(x[:5])
     assert pred.mean.device.type == "cuda" and bool(torch.isfinite(pred.std).all())
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.parametrize("method", ["svi", "sgld"])
+def test_resume_on_cuda_is_bit_identical(method, tmp_path, monkeypatch):
+    """The CUDA generators' states go into the checkpoints (tests/infer/test_checkpoint.py checks the saving on
+    CPU with a fake torch.cuda): a crashed CUDA run resumes to the same draws."""
+    from bnn_pyro.infer import checkpoint as ckpt_mod
+
+    x, y = _data(device="cuda")
+    run = dict(method=method, seed=3, progress=False, **SETTINGS[method])
+    whole = bp.fit(_model(device="cuda"), x, y, **run)
+    save, saves = ckpt_mod.Checkpoint.save, []
+
+    def crashing(self, step, tensors, meta):
+        saves.append(step)
+        if len(saves) == 2:
+            raise _Crash(step)
+        return save(self, step, tensors, meta)
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt_mod.Checkpoint, "save", crashing)
+        with pytest.raises(_Crash):
+            bp.fit(_model(device="cuda"), x, y, checkpoint=tmp_path, checkpoint_every=4, **run)
+    resumed = bp.fit(_model(device="cuda"), x, y, checkpoint=tmp_path, checkpoint_every=4, resume=True, **run)
+    for name in whole.samples:
+        assert torch.equal(resumed.samples[name], whole.samples[name]), name
