@@ -4,7 +4,9 @@ Each entry says why no public API serves and the versions it was checked against
 1.9.2, ArviZ 0.23.4). ``tests/test_upstream_private.py`` fails loudly, naming the entry, when an upgrade
 removes one. The kernels that subclass Pyro's (``bnn_pyro.infer._kernels``) also read their parent's own
 attributes (``_t``, ``_warmup_steps``, ``_mean_accept_prob``, ``_divergences``, ``_adapter``): those are
-listed in :data:`KERNEL_ATTRIBUTES` and checked by the same test.
+listed in :data:`KERNEL_ATTRIBUTES` and checked by the same test. ``BNN`` overrides ``nn.Module._apply``,
+through which torch routes ``to``, ``double``, ``cuda`` and ``cpu``, to move its initial values and priors
+(unregistered state) with the net; no public hook exists for that. Checked by the same test.
 """
 
 from __future__ import annotations

@@ -143,7 +143,7 @@ class BNN(nn.Module):
             elif isinstance(spec, Distribution):
                 spec = pyro_distribution(f"prior for {name!r}", spec)
                 _check_proper(name, spec)
-                setattr(target, attr, PyroSample(placed_like(_to_param_shape(name, spec, param.shape), param)))
+                self._set_prior(target, attr, placed_like(_to_param_shape(name, spec, param.shape), param))
             else:
                 raise TypeError(
                     f"prior for {name!r} returned {type(spec).__name__}; expected a "
@@ -159,7 +159,7 @@ class BNN(nn.Module):
         hypers = {k: placed_like(pyro_distribution(f"prior for {name!r} (hyper {k!r})", d), param)
                   for k, d in spec.hyper.items()}
         for suffix, hyper in hypers.items():
-            setattr(module, f"{attr}_{suffix}", PyroSample(hyper))
+            self._set_prior(module, f"{attr}_{suffix}", hyper)
             self.hyper_names.append(f"{name}_{suffix}")
         argname = f"prior for {name!r} (conditional)"
         values = {k: d.sample() for k, d in hypers.items()}
@@ -388,18 +388,22 @@ class BNN(nn.Module):
             return t
         return next(iter(self.init_values.values()))  # never empty: a net without parameters is refused
 
+    def _set_prior(self, module, attr: str, prior: Distribution) -> None:
+        """``module.attr ~ prior`` (a ``PyroSample``), remembered so that :meth:`_apply` can place it anew."""
+        setattr(module, attr, PyroSample(prior))
+        self.__dict__.setdefault("_priors", {})[(module, attr)] = prior
+
     def _apply(self, fn, recurse=True):
-        """``model.to(device, dtype)``, ``.double()``, ``.cuda()``: the parameters' initial values and the priors
-        move with the net's own tensors (they are not registered tensors of the module)."""
+        """``model.to(device, dtype)``, ``.double()``, ``.cuda()`` (torch routes them all through ``_apply``: see
+        bnn_pyro/_upstream_private.py): the parameters' initial values and the priors, which are not registered
+        tensors of the module, move with the net's own tensors. Conditional (hierarchical) priors follow their
+        hyper draws."""
         super()._apply(fn, recurse)
         self.init_values = {n: fn(v) for n, v in self.init_values.items()}
         like = next(iter(self.init_values.values()))
         object.__setattr__(self, "_template", self._template.to(like.dtype))  # stays on the meta device
-        for module in self.net.modules():
-            priors = module.__dict__.get("_pyro_samples", {})
-            for name, prior in priors.items():
-                if isinstance(prior, Distribution):  # (conditional priors follow their hyper draws)
-                    priors[name] = placed_like(prior, like)
+        for (module, attr), prior in list(self.__dict__.get("_priors", {}).items()):
+            self._set_prior(module, attr, placed_like(prior, like))
         return self
 
     def train(self, mode: bool = True):

@@ -81,3 +81,17 @@ def test_arviz_logger_is_the_one_arviz_logs_through():
 
     logger = up.arviz_logger()
     assert isinstance(logger, logging.Logger) and logger is getattr(arviz, "_log", logger)
+
+
+def test_torch_routes_module_to_double_cuda_and_cpu_through_apply():
+    """bnn_pyro.BNN overrides ``nn.Module._apply`` so that ``model.to(...)`` moves its initial values and priors."""
+    calls = []
+
+    class Probe(torch.nn.Linear):
+        def _apply(self, fn, recurse=True):
+            calls.append(fn)
+            return super()._apply(fn, recurse)
+
+    probe = Probe(1, 1)
+    probe.to(torch.float64), probe.double(), probe.float(), probe.cpu(), probe.to("meta")
+    assert len(calls) == 5

@@ -131,6 +131,7 @@ def test_placed_like_moves_every_tensor_of_a_distribution_to_the_device_and_dtyp
     assert draw.device.type == "meta" and draw.dtype == torch.float64
     assert prior.sample().device.type == "cpu"  # the caller's distribution is unchanged
     assert placed_like(prior, prior.sample()) is prior  # nothing to move: no copy
+    assert placed_like(prior, like) is placed  # remembered: a likelihood places its noise prior at every run
 
 
 def test_bnn_on_the_meta_device_draws_every_site_there():
