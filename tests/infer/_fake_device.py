@@ -4,7 +4,8 @@ On CUDA, a tensor that the package creates without ``device=`` (``torch.zeros(k,
 on the CPU, and the first operation that mixes it with the model's tensors fails. On a CPU-only machine both
 are CPU tensors and nothing fails. :class:`FakeDevice` tells them apart: every tensor created by a factory
 (``torch.zeros``, ``torch.tensor``, ``torch.randn``, ...) called from a file under ``roots`` without a
-``device=`` argument is *on the host*, and so is everything computed from host tensors only, and ``.cpu()``;
+``device=`` argument is *on the host*, and so is everything computed from host tensors only (``.cpu()``
+cannot be told apart here: on the CPU it returns the tensor itself);
 ``.to(device)`` / ``.to(tensor)`` put a tensor on the model's device. An operation that mixes host and
 model tensors (0-dim tensors aside: CUDA accepts CPU scalars) is recorded with the call sites under ``roots``.
 It also records operations that mix floating dtypes (a float32 tensor made with torch's default dtype meeting
@@ -69,8 +70,9 @@ class FakeDevice(TorchFunctionMode):
             if target is not None:  # an explicit device: the model's (the stand-in cannot tell "cpu" apart)
                 self._mark(outs, isinstance(target, torch.Tensor) and self.on_host(target))
                 return out
-        if func is torch.Tensor.cpu:
-            self._mark(outs)
+        if func is torch.Tensor.cpu:  # a copy on CUDA; on the CPU the tensor itself, which stays where it is
+            if out is not args[0]:
+                self._mark(outs)
             return out
         if func in _NOT_COMPUTING:
             self._mark(outs[:1], bool(ins) and self.on_host(ins[0]))
