@@ -357,10 +357,10 @@ def _supports(model: BNN) -> dict:
 
 def _grid(curve: Curve, ts) -> torch.Tensor:
     """``ts`` equally spaced values of ``t`` in ``[0, 1]`` (an int), or the given values, checked."""
-    dtype = next(iter(curve.controls.values())).dtype
+    ref = next(iter(curve.controls.values()))
     if isinstance(ts, int) and not isinstance(ts, bool):
-        return torch.linspace(0.0, 1.0, positive_int("ts", ts), dtype=dtype)
-    ts = torch.as_tensor(ts, dtype=dtype).reshape(-1)
+        return torch.linspace(0.0, 1.0, positive_int("ts", ts), dtype=ref.dtype, device=ref.device)
+    ts = torch.as_tensor(ts, dtype=ref.dtype, device=ref.device).reshape(-1)
     if ts.numel() == 0 or not bool(((ts >= 0) & (ts <= 1)).all()):
         raise ValueError("ts: expected values of t in [0, 1] (or a number of equally spaced ones), e.g. ts=21.")
     return ts

@@ -27,6 +27,7 @@ from torch.distributions import Distribution
 
 from bnn_pyro import predictions
 from bnn_pyro._checks import positive, positive_support, pyro_distribution
+from bnn_pyro._placement import placed_like
 
 __all__ = ["Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
 
@@ -56,7 +57,7 @@ class Likelihood:
 
     def __call__(self, f: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None,
                  inner_dims: int = 0):
-        noise = {name: pyro.sample(name, prior) for name, prior in self.sites().items()}
+        noise = {name: pyro.sample(name, placed_like(prior, f)) for name, prior in self.sites().items()}
         n = f.shape[-2 - inner_dims]
         with pyro.plate("data", size=dataset_size or n, subsample=torch.arange(n, device=f.device)):
             pyro.deterministic("f", f, event_dim=1 + inner_dims)

@@ -39,6 +39,7 @@ from torch.distributions import Distribution
 
 from bnn_pyro import priors as priors_mod
 from bnn_pyro._checks import instance, pyro_distribution
+from bnn_pyro._placement import placed_like
 from bnn_pyro._linear_stack import linear_stack as _linear_stack, run_linear_stack as _run_linear_stack
 from bnn_pyro._upstream_private import pyro_context, reparametrize_module
 from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers
@@ -136,11 +137,11 @@ class BNN(nn.Module):
                 continue
             target = self.net.get_submodule(owner_path)
             if isinstance(spec, Hierarchical):
-                self._add_hierarchical(name, target, attr, param.shape, spec)
+                self._add_hierarchical(name, target, attr, param, spec)
             elif isinstance(spec, Distribution):
                 spec = pyro_distribution(f"prior for {name!r}", spec)
                 _check_proper(name, spec)
-                setattr(target, attr, PyroSample(_to_param_shape(name, spec, param.shape)))
+                self._set_prior(target, attr, placed_like(_to_param_shape(name, spec, param.shape), param))
             else:
                 raise TypeError(
                     f"prior for {name!r} returned {type(spec).__name__}; expected a "
@@ -151,17 +152,20 @@ class BNN(nn.Module):
         if not self.sample_names:
             raise ValueError(nothing_random(list(named), selected))
 
-    def _add_hierarchical(self, name, module, attr, shape, spec: Hierarchical):
-        hypers = {k: pyro_distribution(f"prior for {name!r} (hyper {k!r})", d) for k, d in spec.hyper.items()}
+    def _add_hierarchical(self, name, module, attr, param, spec: Hierarchical):
+        shape = param.shape
+        hypers = {k: placed_like(pyro_distribution(f"prior for {name!r} (hyper {k!r})", d), param)
+                  for k, d in spec.hyper.items()}
         for suffix, hyper in hypers.items():
-            setattr(module, f"{attr}_{suffix}", PyroSample(hyper))
+            self._set_prior(module, f"{attr}_{suffix}", hyper)
             self.hyper_names.append(f"{name}_{suffix}")
         argname = f"prior for {name!r} (conditional)"
         values = {k: d.sample() for k, d in hypers.items()}
         _to_param_shape(name, pyro_distribution(argname, spec.conditional(values)), shape, exact=True)  # fail early
 
         def conditional(m, attr=attr, keys=tuple(hypers), make=spec.conditional):
-            return pyro_distribution(argname, make({k: getattr(m, f"{attr}_{k}") for k in keys}))
+            values = {k: getattr(m, f"{attr}_{k}") for k in keys}  # drawn on the model's device and dtype
+            return placed_like(pyro_distribution(argname, make(values)), values[keys[0]])
 
         setattr(module, attr, PyroSample(conditional))
 
@@ -381,6 +385,24 @@ class BNN(nn.Module):
         for t in self.net.parameters():  # deterministic parameters follow model.to(...)
             return t
         return next(iter(self.init_values.values()))  # never empty: a net without parameters is refused
+
+    def _set_prior(self, module, attr: str, prior: Distribution) -> None:
+        """``module.attr ~ prior`` (a ``PyroSample``), remembered so that :meth:`_apply` can place it anew."""
+        setattr(module, attr, PyroSample(prior))
+        self.__dict__.setdefault("_priors", {})[(module, attr)] = prior
+
+    def _apply(self, fn, recurse=True):
+        """``model.to(device, dtype)``, ``.double()``, ``.cuda()`` (torch routes them all through ``_apply``: see
+        bnn_pyro/_upstream_private.py): the parameters' initial values and the priors, which are not registered
+        tensors of the module, move with the net's own tensors. Conditional (hierarchical) priors follow their
+        hyper draws."""
+        super()._apply(fn, recurse)
+        self.init_values = {n: fn(v) for n, v in self.init_values.items()}
+        like = next(iter(self.init_values.values()))
+        object.__setattr__(self, "_template", self._template.to(like.dtype))  # stays on the meta device
+        for (module, attr), prior in list(self.__dict__.get("_priors", {}).items()):
+            self._set_prior(module, attr, placed_like(prior, like))
+        return self
 
     def train(self, mode: bool = True):
         super().train(mode)

@@ -99,3 +99,17 @@ def test_torch_distribution_validation_setting_is_read_and_switched_off():
     up.set_validates_args(checked, False)
     assert not up.validates_args(checked)
     assert torch.isnan(checked.log_prob(torch.tensor(float("nan"))))
+
+
+def test_torch_routes_module_to_double_cuda_and_cpu_through_apply():
+    """bnn_pyro.BNN overrides ``nn.Module._apply`` so that ``model.to(...)`` moves its initial values and priors."""
+    calls = []
+
+    class Probe(torch.nn.Linear):
+        def _apply(self, fn, recurse=True):
+            calls.append(fn)
+            return super()._apply(fn, recurse)
+
+    probe = Probe(1, 1)
+    probe.to(torch.float64), probe.double(), probe.float(), probe.cpu(), probe.to("meta")
+    assert len(calls) == 5

@@ -31,12 +31,12 @@ def autoguide(guide, trace, num_samples: int) -> torch.Tensor | None:
     from auxiliary variables of a richer family)."""
     if not isinstance(guide, (_autoguide.AutoNormal, _autoguide.AutoContinuous)):
         return None
-    total = torch.zeros(num_samples, dtype=torch.float64)
+    total = None  # float64 on the device of the draws
     for site in trace.nodes.values():
         if site["type"] == "sample" and site["infer"].get("is_auxiliary"):
-            lp = site["fn"].log_prob(site["value"])
-            total = total + lp.detach().double().reshape(num_samples, -1).sum(-1)
-    return total
+            lp = site["fn"].log_prob(site["value"]).detach().double().reshape(num_samples, -1).sum(-1)
+            total = lp if total is None else total + lp
+    return torch.zeros(num_samples, dtype=torch.float64) if total is None else total.cpu()  # a sample stat: CPU
 
 
 def laplace(approx, draws: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -53,7 +53,7 @@ def laplace(approx, draws: dict[str, torch.Tensor]) -> torch.Tensor:
     else:
         chol = torch.linalg.cholesky(h.double())
         quad, logdet = ((r @ chol) ** 2).sum(-1), 2.0 * chol.diagonal().log().sum()
-    return 0.5 * (logdet - quad - r.shape[-1] * math.log(2.0 * math.pi))
+    return (0.5 * (logdet - quad - r.shape[-1] * math.log(2.0 * math.pi))).cpu()  # a sample stat: on the CPU
 
 
 def swag(moments, flat: torch.Tensor, scale: float) -> torch.Tensor | None:

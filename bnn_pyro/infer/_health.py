@@ -127,7 +127,8 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
     draws = next(iter(samples.values())).shape[1]
     if draws < 2:
         return
-    moved = torch.zeros(next(iter(samples.values())).shape[:1] + (draws - 1,), dtype=torch.bool)
+    first = next(iter(samples.values()))
+    moved = torch.zeros(first.shape[:1] + (draws - 1,), dtype=torch.bool, device=first.device)
     for v in samples.values():
         moved |= (v[:, 1:] != v[:, :-1]).reshape(v.shape[0], draws - 1, -1).any(-1)
     for chain, rate in enumerate(moved.float().mean(1).tolist()):

@@ -153,10 +153,10 @@ def reset_values(model: BNN, seed: int, *, names: list[str] | None = None) -> di
     """Fresh values of a BNN's parameters from its layers' ``reset_parameters()``, seeded by ``seed``.
 
     Drawn on the CPU with their own generator state (torch's global one is left as it was), then moved
-    to the model's device: the same values on every machine and device. Parameters of modules without
+    to the model's device and dtype: the same values on every machine and device. Parameters of modules without
     ``reset_parameters`` keep the net's values; a warning names those among ``names`` (default: all).
     """
-    device = next(iter(model.init_values.values())).device
+    like = next(iter(model.init_values.values()))  # the model's device and dtype (also after model.to(...))
     net = copy.deepcopy(model._template).to_empty(device="cpu")
     covered = set()
     with torch.random.fork_rng(devices=[]):
@@ -166,7 +166,7 @@ def reset_values(model: BNN, seed: int, *, names: list[str] | None = None) -> di
             if own and callable(getattr(module, "reset_parameters", None)):
                 module.reset_parameters()
                 covered.update(f"{prefix}.{n}" if prefix else n for n in own)
-    values = {n: p.detach().to(device) for n, p in net.named_parameters()}
+    values = {n: p.detach().to(like) for n, p in net.named_parameters()}
     missing = [n for n in values if n not in covered]
     if any(n in (values if names is None else names) for n in missing):
         warnings.warn(f"init: parameters {missing} belong to modules without reset_parameters(), so every chain (or "

@@ -321,9 +321,10 @@ class DropoutGuide:
     def __init__(self, pot: Potential, sites: dict[str, _Site], p: float, *, learn: bool):
         self.pot = pot
         self.values = {k: v.clone().requires_grad_() for k, v in pot.init.items()}
-        self.device = next(iter(self.values.values())).device
+        like = next(iter(self.values.values()))  # the model's device and dtype
+        self.device = like.device
         self.sites = {k: _Site(k, s.units.to(self.device), s.size) for k, s in sites.items()}
-        self.logits = {k: torch.tensor(math.log(p / (1 - p)), device=self.device, requires_grad=learn) for k in sites}
+        self.logits = {k: like.new_tensor(math.log(p / (1 - p))).requires_grad_(learn) for k in sites}
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self.values.values()) + [t for t in self.logits.values() if t.requires_grad]
@@ -333,7 +334,8 @@ class DropoutGuide:
 
     def noise(self, shape: tuple, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Uniforms ``(*shape, units)`` per site: unit ``j`` is kept when ``u_j > p`` (hard masks)."""
-        return {k: torch.rand(shape + (s.size,), generator=generator).clamp(_EPS, 1 - _EPS).to(self.device)
+        like = next(iter(self.values.values()))  # drawn by the CPU generator, used on the model's device and dtype
+        return {k: torch.rand(shape + (s.size,), generator=generator).clamp(_EPS, 1 - _EPS).to(like)
                 for k, s in self.sites.items()}
 
     def keep(self, noise: dict[str, torch.Tensor], temperature: float | None = None) -> dict[str, torch.Tensor]:

@@ -203,13 +203,13 @@ def maximize_on_log_grid(objective, center: torch.Tensor) -> tuple[float, float]
     """``(s*, objective(s*))`` for a scalar ``s > 0``: ``objective`` maps a 1-D float64 tensor of candidates to
     their values. A log grid over ``[1e-3, 10] * center`` (121 points), then two refinements between the best
     point's neighbours (21 points each): a final spacing of ~1e-3 in ``log s``."""
-    log_s = torch.linspace(math.log(1e-3), math.log(10.0), 121, dtype=torch.float64) + torch.log(center)
+    on = dict(dtype=torch.float64, device=center.device)  # the candidates live where ``objective``'s data do
+    log_s = torch.linspace(math.log(1e-3), math.log(10.0), 121, **on) + torch.log(center.double())
     for _ in range(3):
         values = objective(log_s.exp())
         i = int(values.argmax())
         best = (float(log_s[i].exp()), float(values[i]))
-        log_s = torch.linspace(float(log_s[max(i - 1, 0)]), float(log_s[min(i + 1, len(log_s) - 1)]), 21,
-                               dtype=torch.float64)
+        log_s = torch.linspace(float(log_s[max(i - 1, 0)]), float(log_s[min(i + 1, len(log_s) - 1)]), 21, **on)
     return best
 
 
@@ -241,7 +241,7 @@ def select_noise(post, holdout: Holdout | None):
     base = d.base_dist if isinstance(d, dist.Independent) else d
     sigma, lpd = _best_scale(base.loc, holdout.y)
     support = post.model.likelihood.sites()[site].support
-    value = torch.tensor(sigma if site == "sigma" else sigma ** -2.0, dtype=post.samples[site].dtype)
+    value = post.samples[site].new_tensor(sigma if site == "sigma" else sigma ** -2.0)
     if not bool(support.check(value)):
         return post  # a prior that cannot hold it (e.g. a Uniform noise prior): keep the engine's estimate
     before = post.samples[site]

@@ -208,7 +208,7 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
             if name in pot.transforms and pot.transforms[name].inv(probe) is not probe:
                 raise ValueError(f"model: the weight site {name!r} has a constrained prior support; the subspace "
                                  "is built for real-valued weights (e.g. a Normal or Laplace prior).")
-            columns.append(torch.arange(start, start + n))
+            columns.append(torch.arange(start, start + n, device=probe.device))
             shapes[name] = shape
         start += n
     columns = torch.cat(columns)

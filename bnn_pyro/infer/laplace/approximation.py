@@ -103,7 +103,7 @@ class LaplaceApproximation:
         """``H^-1`` (``(k, k)``), or its diagonal for ``structure="diag"`` (dense for ``"kron"`` too: small nets
         only; :func:`~.glm.functional_moments` gives ``J H^-1 J^T`` without it)."""
         if isinstance(self.precision, Kron):
-            return self.precision.solve(torch.eye(len(self.active), dtype=torch.float64))
+            return self.precision.solve(torch.eye(len(self.active), dtype=torch.float64, device=self.mean.device))
         if self.precision.dim() == 1:
             return 1.0 / self.precision
         return torch.cholesky_inverse(torch.linalg.cholesky(self.precision))
@@ -111,7 +111,8 @@ class LaplaceApproximation:
     def sample_flat(self, num_samples: int, *, seed: int = 0) -> torch.Tensor:
         """Unconstrained draws ``(num_samples, dim)``."""
         g = torch.Generator().manual_seed(seed)
-        eps = torch.randn(num_samples, len(self.active), generator=g, dtype=torch.float64)
+        eps = torch.randn(num_samples, len(self.active), generator=g, dtype=torch.float64)  # on the CPU generator
+        eps = eps.to(self.mean.device)  # the same draws on every device
         if isinstance(self.precision, Kron):
             step = self.precision.inv_sqrt(eps)
         elif self.precision.dim() == 1:

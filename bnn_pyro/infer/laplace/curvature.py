@@ -50,18 +50,18 @@ def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data
             return torch.stack([torch.autograd.grad(g, zr, grad_outputs=r, retain_graph=True)[0] for r in v])
 
     if diag:  # a factorized prior has a diagonal Hessian, and then H 1 is that diagonal (checked: H s = (H 1) s)
-        sign = torch.randint(0, 2, (dim,), generator=torch.Generator().manual_seed(0)).to(zr.dtype) * 2 - 1
+        sign = torch.randint(0, 2, (dim,), generator=torch.Generator().manual_seed(0)).to(zr) * 2 - 1  # CPU draw
         h1, hs = hvp(torch.stack([torch.ones_like(zr), sign]))
         if torch.allclose(hs, h1 * sign, rtol=1e-5, atol=1e-6 * (1.0 + float(h1.abs().max()))):
             return Terms(u.item(), g[active].detach().double(), h1[active].detach().double())
-    hess = torch.zeros((k,) if diag else (k, k), dtype=torch.float64)
+    hess = torch.zeros((k,) if diag else (k, k), dtype=torch.float64, device=zr.device)
     step = max(1, CHUNK // dim)
     for i in range(0, k, step):
         cols = active[i : i + step]
-        basis = torch.zeros(len(cols), dim, dtype=zr.dtype)
-        basis[torch.arange(len(cols)), cols] = 1.0
+        basis = zr.new_zeros(len(cols), dim)
+        basis[torch.arange(len(cols), device=zr.device), cols] = 1.0
         rows = hvp(basis).detach().double()
-        hess[i : i + len(cols)] = rows[torch.arange(len(cols)), cols] if diag else rows[:, active]
+        hess[i : i + len(cols)] = rows[torch.arange(len(cols), device=zr.device), cols] if diag else rows[:, active]
     return Terms(u.item(), g[active].detach().double(), hess if diag else (hess + hess.T) / 2)
 
 
@@ -73,7 +73,7 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
     zr = z.detach().clone().requires_grad_()
     up = pot_prior(pot_prior.unflatten(zr), (x0[:1], y0[:1]))
     (gp,) = torch.autograd.grad(up, zr)
-    value, gradient = 0.0, torch.zeros(zr.numel(), dtype=torch.float64)
+    value, gradient = 0.0, torch.zeros(zr.numel(), dtype=torch.float64, device=zr.device)
     for xb, yb in epoch(data, data.batch_size or data.size):
         u = pot(pot.unflatten(zr), (xb, yb))
         (gu,) = torch.autograd.grad(u, zr)

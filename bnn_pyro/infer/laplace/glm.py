@@ -90,10 +90,10 @@ def functional_moments(approx, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         if isinstance(approx.precision, Kron):
             coords, start = {}, 0
             for name, shape in pot.shapes.items():
-                coords[name] = torch.arange(start, start + math.prod(shape))
+                coords[name] = torch.arange(start, start + math.prod(shape), device=z.device)
                 start += math.prod(shape)
-            where = torch.full((pot.dim,), -1, dtype=torch.long)
-            where[active] = torch.arange(len(active))
+            where = torch.full((pot.dim,), -1, dtype=torch.long, device=z.device)
+            where[active] = torch.arange(len(active), device=z.device)
             f, jac = layer_jacobians(model, pot, z, x, coords, where, len(active))
             cov = approx.precision.functional_covariance(jac)
         else:
@@ -135,9 +135,9 @@ common to every logit, which softmax ignores, so it can be far less confident th
     if link is Link.PROBIT:
         logits = mean / (1.0 + PROBIT * var).sqrt()
     else:
-        chol = torch.linalg.cholesky(cov + 1e-12 * torch.eye(cov.shape[-1], dtype=cov.dtype))
+        chol = torch.linalg.cholesky(cov + 1e-12 * torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device))
         eps = torch.randn((positive_int("num_samples", num_samples),) + mean.shape,
-                          generator=torch.Generator().manual_seed(seed), dtype=mean.dtype)
+                          generator=torch.Generator().manual_seed(seed), dtype=mean.dtype).to(mean.device)  # CPU draw
         logits = mean + torch.einsum("nop,snp->sno", chol, eps)
     if isinstance(likelihood, Bernoulli):
         p = torch.sigmoid(logits[..., 0])

@@ -175,8 +175,8 @@ def layer_jacobians(model: BNN, pot: Potential, z, x: torch.Tensor, coords, wher
     weights, _ = site_values(model, pot, z)
     f, rec = _forward(model, weights, x, layers)
     out = f.shape[-1]
-    eye = torch.eye(out, dtype=torch.float64).expand(f.shape[0], out, out)
-    jac = torch.zeros(f.shape[0], out, size, dtype=torch.float64)
+    eye = torch.eye(out, dtype=torch.float64, device=f.device).expand(f.shape[0], out, out)
+    jac = torch.zeros(f.shape[0], out, size, dtype=torch.float64, device=f.device)
     for c, grads in enumerate(rec.gradients(f, eye)):
         for layer, g in zip(layers, grads):
             jac[:, c][:, block_index(layer, coords, where)] = torch.einsum("bto,bti->boi", g, rec.inputs[layer.path])

@@ -106,7 +106,7 @@ class Kron:
 
     def _apply(self, v: torch.Tensor, power: float) -> torch.Tensor:
         """``H^power v`` for ``v`` shaped ``(..., size)`` (``power`` -1 or -1/2)."""
-        out = torch.zeros(v.shape, dtype=torch.float64)
+        out = torch.zeros(v.shape, dtype=torch.float64, device=v.device)
         for block, ev in zip(self.blocks, self.eigenvalues()):
             _, qg, _, qa = block.eig()
             rotated = qg.T @ v[..., block.index].double() @ qa
@@ -140,10 +140,11 @@ class Kron:
 
     def dense(self) -> torch.Tensor:
         """``H`` as a dense ``(size, size)`` matrix (for tests and small nets)."""
-        out = torch.zeros(self.size, self.size, dtype=torch.float64)
+        device = self.blocks[0].g.device if self.blocks else None
+        out = torch.zeros(self.size, self.size, dtype=torch.float64, device=device)
         for block, shift in zip(self.blocks, self.shift):
             pos = block.index.reshape(-1)
-            out[pos[:, None], pos] = self.scale * torch.kron(block.g, block.a) + shift * torch.eye(len(pos))
+            out[pos[:, None], pos] = self.scale * torch.kron(block.g, block.a) + shift * torch.eye(len(pos), device=device)
         return out
 
 

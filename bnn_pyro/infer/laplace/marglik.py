@@ -52,17 +52,18 @@ def optimize_precision(lik: Terms, prior1: Terms, normal: NormalSites, z, layout
     ``delta = 1``; ``U_delta`` differs from it by ``sum_g (delta_g - 1) |w_g - loc_g|^2 / 2 - n_g log(delta_g) / 2``,
     its gradient by ``(delta - 1)(w - loc)`` and its Hessian by ``(delta - 1) I``."""
     names = list(start)
-    group = torch.full((len(layout.active),), -1, dtype=torch.long)
-    dev = torch.zeros(len(layout.active), dtype=torch.float64)
+    on = dict(dtype=torch.float64, device=layout.device)  # float64 on the model's device, as the curvature
+    group = torch.full((len(layout.active),), -1, dtype=torch.long, device=layout.device)
+    dev = torch.zeros(len(layout.active), **on)
     for site, loc in normal.locs.items():
         pos = layout.where[layout.coords[site]]
         group[pos] = names.index(normal.group(site, start))
         dev[pos] = (z[layout.coords[site]] - loc.reshape(-1)).double()
-    on = group >= 0
-    squares = torch.zeros(len(names), dtype=torch.float64).index_add(0, group[on], dev[on] ** 2)
-    counts = torch.zeros(len(names), dtype=torch.float64).index_add(0, group[on], torch.ones_like(dev[on]))
-    log_delta = torch.tensor([math.log(start[g]) for g in names], dtype=torch.float64, requires_grad=True)
-    log_sigma = torch.tensor(math.log(noise.sigma0) if noise else 0.0, dtype=torch.float64, requires_grad=True)
+    covered = group >= 0
+    squares = torch.zeros(len(names), **on).index_add(0, group[covered], dev[covered] ** 2)
+    counts = torch.zeros(len(names), **on).index_add(0, group[covered], torch.ones_like(dev[covered]))
+    log_delta = torch.tensor([math.log(start[g]) for g in names], **on, requires_grad=True)
+    log_sigma = torch.tensor(math.log(noise.sigma0) if noise else 0.0, **on, requires_grad=True)
 
     def likelihood_part():
         if noise is None:
@@ -76,7 +77,7 @@ def optimize_precision(lik: Terms, prior1: Terms, normal: NormalSites, z, layout
     def closure():
         opt.zero_grad()
         delta = log_delta.exp()
-        shift = torch.where(on, delta[group.clamp(min=0)] - 1.0, torch.zeros_like(dev))
+        shift = torch.where(covered, delta[group.clamp(min=0)] - 1.0, torch.zeros_like(dev))
         lik_value, lik_grad, lik_hess = likelihood_part()
         hess0 = lik_hess + prior1.hess
         hess = hess0 + shift if isinstance(hess0, Kron) or hess0.dim() == 1 else hess0 + torch.diag(shift)

@@ -76,7 +76,7 @@ def choose_noise(model: BNN, pot, z: torch.Tensor, layout: Layout, lik_hess: tor
 
 def with_noise(pot, z: torch.Tensor, layout: Layout, site: str, sigma: float) -> torch.Tensor:
     """A copy of the flat unconstrained ``z`` with the noise site at ``sigma`` (``"precision"``: ``sigma^-2``)."""
-    value = torch.tensor(sigma if site == "sigma" else sigma**-2.0, dtype=z.dtype)
+    value = z.new_tensor(sigma if site == "sigma" else sigma**-2.0)
     z = z.clone()
     z[layout.coords[site]] = (pot.transforms[site](value) if site in pot.transforms else value).reshape(-1)
     return z

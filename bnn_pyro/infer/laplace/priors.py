@@ -88,7 +88,8 @@ def potentials(model, data: Data, base: Potential, z, normal: NormalSites | None
                 delta: dict[str, float] | None) -> tuple[Potential, Potential]:
     """``U`` and its prior part for ``model`` with its Normal priors at precision ``delta`` (per group;
     ``None``: the model's own priors), as Potentials at ``z``."""
-    scales = {} if delta is None else {s: torch.tensor(delta[normal.group(s, delta)] ** -0.5) for s in normal.locs}
+    scales = {} if delta is None else {s: loc.new_tensor(delta[normal.group(s, delta)] ** -0.5)
+                                        for s, loc in normal.locs.items()}
     locs = {} if normal is None else normal.locs
     with torch.no_grad():
         values = {k: v.detach() for k, v in base.constrain(base.unflatten(z)).items()}

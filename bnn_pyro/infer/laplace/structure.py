@@ -26,16 +26,21 @@ class Layout:
     def covered(self, names) -> list[str]:
         return [n for n in self.coords if n in set(names) and bool((self.where[self.coords[n]] >= 0).all())]
 
+    @property
+    def device(self) -> torch.device:
+        """The model's device: the index tensors and the float64 curvature buffers live there."""
+        return self.active.device
+
     def indices(self, names) -> torch.Tensor:
-        return torch.cat([torch.zeros(0, dtype=torch.long)] + [self.coords[n] for n in self.covered(names)])
+        return torch.cat([self.active.new_zeros(0)] + [self.coords[n] for n in self.covered(names)])
 
 
 def make_layout(model, pot: Potential, structure: Structure, exclude=()) -> Layout:
     """The covered coordinates (``full``/``diag``: all but the sites in ``exclude``), and the guard against a
     dense Hessian that is too large."""
-    coords, start = {}, 0
+    coords, start, device = {}, 0, next(iter(pot.init.values())).device
     for name, shape in pot.shapes.items():
-        coords[name] = torch.arange(start, start + math.prod(shape))
+        coords[name] = torch.arange(start, start + math.prod(shape), device=device)
         start += math.prod(shape)
     last = last_linear_sites(model, pot) if isinstance(model, BNN) else []
     if structure is Structure.LAST_LAYER:
@@ -55,9 +60,10 @@ def make_layout(model, pot: Potential, structure: Structure, exclude=()) -> Layo
             raise ValueError(f"structure='full' needs a dense {pot.dim} x {pot.dim} Hessian, but this model has "
                              f"{pot.dim} parameters, more than MAX_FULL_DIM={MAX_FULL_DIM}. Use structure='diag' "
                              f"(every parameter, a diagonal Hessian){hint}.")
-        active = torch.cat([torch.zeros(0, dtype=torch.long)] + [c for n, c in coords.items() if n not in exclude])
-    where = torch.full((pot.dim,), -1, dtype=torch.long)
-    where[active] = torch.arange(len(active))
+        active = torch.cat([torch.zeros(0, dtype=torch.long, device=device)]
+                           + [c for n, c in coords.items() if n not in exclude])
+    where = torch.full((pot.dim,), -1, dtype=torch.long, device=device)
+    where[active] = torch.arange(len(active), device=device)
     return Layout(coords, active, where)
 
 
@@ -73,7 +79,7 @@ def last_linear_sites(model: BNN, pot: Potential) -> list[str]:
 
 def zeros(layout: Layout, diag: bool) -> torch.Tensor:
     k = len(layout.active)
-    return torch.zeros((k,) if diag else (k, k), dtype=torch.float64)
+    return torch.zeros((k,) if diag else (k, k), dtype=torch.float64, device=layout.device)
 
 
 def add_block(hess, block, pos, diag: bool) -> None:

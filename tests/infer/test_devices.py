@@ -1,0 +1,222 @@
+"""Devices and dtypes, correct by construction: every engine's tensors follow the model's parameters.
+
+* every registered method fits a float64 model (``net.double()``, float64 data) and returns float64 draws and
+  float64 predictions, while :class:`FakeDevice` (tests/infer/_fake_device.py) checks that no tensor the package
+  creates without ``device=`` meets the model's tensors (what fails on CUDA) and that no float32 tensor made
+  with torch's default dtype meets the float64 ones;
+* priors and noise priors written with Python numbers (CPU, float32) are placed on the parameters' device and
+  dtype (checked on the ``meta`` device, which needs no GPU);
+* chains never fork once CUDA is initialised;
+* on a machine with CUDA, every method fits on ``cuda`` (skipped here: CI has no GPU).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro._placement import placed_like
+from bnn_pyro.infer import Method, driver
+
+sys.path.insert(0, os.path.dirname(__file__))
+from _fake_device import FakeDevice  # noqa: E402
+from test_engine_matrix import TINY  # noqa: E402  (the smallest runs of each method's loop)
+
+METHODS = [m.value for m in Method]
+PACKAGE = os.path.dirname(bp.__file__)
+# the default Laplace searches its MAP for thousands of steps: a short search exercises the same code
+SETTINGS = {**TINY, "laplace": dict(num_steps=50)}
+
+
+def _data(dtype=torch.float32, device="cpu", n=240):
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(n, 1, generator=g, dtype=torch.float64) * 4 - 2
+    y = torch.sin(x[:, 0]) + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+    return x.to(device=device, dtype=dtype), y.to(device=device, dtype=dtype)
+
+
+def _model(dtype=torch.float32, device="cpu", likelihood=None, prior=None, out=1) -> bp.BNN:
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, out)).to(device, dtype)
+    return bp.BNN(net, prior=prior or bp.priors.Normal(0.0, 1.0),
+                  likelihood=likelihood or bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+
+
+def _checked_fit(model, x, y, method, **options):
+    """The fit and a prediction under :class:`FakeDevice`; fails naming the call sites of any mix."""
+    fake = FakeDevice([PACKAGE])
+    with fake:
+        post = bp.fit(model, x, y, method=method, seed=3, progress=False, **options)
+        pred = post.predict(x[:5])
+    assert not fake.mixed_devices, f"{method}: tensors made without device= met the model's: {dict(fake.mixed_devices)}"
+    assert not fake.mixed_dtypes, f"{method}: float32 tensors met float64 ones: {dict(fake.mixed_dtypes)}"
+    return post, pred
+
+
+# ---------------------------------------------------------------- the checker itself can fail
+def test_fake_device_flags_a_buffer_made_without_device_and_passes_one_made_on_the_device():
+    def accumulate(w, on_device):
+        total = torch.zeros(w.shape, dtype=torch.float64, **({"device": w.device} if on_device else {}))
+        return total + w.double()
+
+    w = torch.randn(3)
+    for on_device in (False, True):
+        fake = FakeDevice([os.path.dirname(__file__)])
+        with fake:
+            accumulate(w, on_device)
+            torch.zeros(3).to(w.device) + w  # moved explicitly: fine
+            w + torch.ones(()) + w.new_zeros(3)  # a 0-dim host tensor (CUDA takes CPU scalars), a derived one: fine
+            torch.zeros(3) + torch.ones(3)  # host tensors among themselves: fine
+        assert bool(fake.mixed_devices) is not on_device, dict(fake.mixed_devices)
+        assert not fake.mixed_dtypes
+    fake = FakeDevice([os.path.dirname(__file__)])
+    with fake:
+        torch.randn(3, dtype=torch.float64) * torch.ones(3)
+    assert [k.split(":")[0] for k in fake.mixed_dtypes] == ["mul test_devices.py"]
+
+
+# ---------------------------------------------------------------- every engine, float64, devices followed
+def test_every_method_is_in_the_device_matrix():
+    assert set(SETTINGS) >= set(METHODS)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_fits_a_float64_model_with_buffers_on_the_models_device(method):
+    x, y = _data(torch.float64)
+    post, pred = _checked_fit(_model(torch.float64), x, y, method, **SETTINGS[method])
+    assert {v.dtype for v in post.samples.values()} == {torch.float64}
+    assert pred.mean.dtype == pred.std.dtype == pred.draws.dtype == torch.float64
+    assert bool(torch.isfinite(pred.mean).all() and torch.isfinite(pred.std).all())
+
+
+@pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores
+@pytest.mark.parametrize("options", [
+    dict(structure="full", prior_precision="marglik"),
+    dict(structure="diag", hessian="fisher"),
+    dict(structure="kron", predictive="glm"),
+    dict(structure="last_layer", predictive="nn"),
+], ids=lambda o: "-".join(map(str, o.values())))
+def test_laplace_structures_keep_float64_curvature_on_the_models_device(options):
+    x, y = _data(torch.float32)
+    post, pred = _checked_fit(_model(torch.float32), x, y, "laplace", num_steps=50, **options)
+    assert pred.mean.dtype == torch.float32 and bool(torch.isfinite(pred.std).all())
+
+
+@pytest.mark.slow
+def test_laplace_classification_probit_on_the_models_device():
+    x, y = _data(torch.float64)
+    labels = (y > 0).long()
+    model = _model(torch.float64, likelihood=bp.likelihoods.Categorical(), out=2)
+    post, pred = _checked_fit(model, x, labels, "laplace", num_steps=50)
+    assert pred.probs.dtype == torch.float64 and torch.allclose(pred.probs.sum(-1), torch.ones((), dtype=torch.float64))
+
+
+# ---------------------------------------------------------------- priors follow the parameters
+@pytest.mark.parametrize("prior", [
+    dist.Normal(0.0, 1.0),
+    dist.LogNormal(0.0, 1.0),  # a TransformedDistribution
+    bp.priors.ScaleMixtureNormal()("w", None, torch.zeros(1)),  # a MixtureSameFamily built with torch.tensor
+    dist.Normal(torch.zeros(3), 1.0).to_event(1),
+], ids=["normal", "lognormal", "mixture", "independent"])
+def test_placed_like_moves_every_tensor_of_a_distribution_to_the_device_and_dtype(prior):
+    like = torch.empty(3, dtype=torch.float64, device="meta")
+    placed = placed_like(prior, like)
+    draw = placed.sample()
+    assert draw.device.type == "meta" and draw.dtype == torch.float64
+    assert prior.sample().device.type == "cpu"  # the caller's distribution is unchanged
+    assert placed_like(prior, prior.sample()) is prior  # nothing to move: no copy
+    assert placed_like(prior, like) is placed  # remembered: a likelihood places its noise prior at every run
+
+
+def test_bnn_on_the_meta_device_draws_every_site_there():
+    """A net on another device and dtype than torch's defaults: every weight, hyper and noise site is drawn there,
+    though the priors were written with Python numbers."""
+    prior = {"0.*": bp.priors.HierarchicalNormal(), "2.*": dist.Laplace(0.0, 1.0)}
+    with pyro.validation_enabled(False):  # argument checks read values, which meta tensors have none of
+        model = _model(torch.float64, "meta", prior=bp.priors.as_prior(prior))
+        trace = pyro.poutine.trace(model).get_trace(torch.empty(4, 1, dtype=torch.float64, device="meta"))
+    sites = {n: s["value"] for n, s in trace.nodes.items() if s["type"] == "sample" and n != "data"}  # not the plate
+    assert {"0.weight", "2.bias", "sigma", "obs"} <= set(sites) and len(sites) > len(model.sample_names) + 1
+    assert {(v.device.type, v.dtype) for v in sites.values()} == {("meta", torch.float64)}
+
+
+def test_model_to_after_construction_moves_initial_values_and_priors():
+    """``model.double()`` / ``model.to(device)`` on a built BNN: its initial values and priors are not registered
+    tensors, and stayed float32 on the CPU before (the data were then silently cast back to float32)."""
+    model = _model().double()
+    assert model.dtype == torch.float64 and {v.dtype for v in model.init_values.values()} == {torch.float64}
+    x, y = _data(torch.float64)
+    post, _ = _checked_fit(model, x, y, "sgld", **SETTINGS["sgld"])
+    assert {v.dtype for v in post.samples.values()} == {torch.float64}
+    with pyro.validation_enabled(False):
+        moved = _model().to("meta")
+        trace = pyro.poutine.trace(moved).get_trace(torch.empty(4, 1, device="meta"))
+    assert moved.device.type == "meta"
+    assert {s["value"].device.type for n, s in trace.nodes.items() if s["type"] == "sample"} == {"meta"}
+
+
+# ---------------------------------------------------------------- no fork once CUDA is initialised
+def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(driver, "_cores", lambda: 4)
+    with pytest.raises(ValueError, match=r"chain_method='parallel' cannot run here: CUDA is initialised"):
+        driver.chain_execution(2, "parallel")
+
+    def no_fork(*args, **kwargs):
+        raise AssertionError("a chain was forked after CUDA was initialised")
+
+    monkeypatch.setattr(driver, "_start", no_fork)
+    x, y = _data()
+    with pytest.warns(UserWarning, match="CUDA is initialised in this process"):
+        post = bp.fit(_model(), x, y, method="metropolis", seed=0, progress=False,
+                      **{**TINY["metropolis"], "num_chains": 2})
+    assert post.config["chain_execution"] == "sequential" and post.num_chains == 2
+
+
+# ---------------------------------------------------------------- the engine matrix on a real GPU
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.parametrize("method", METHODS)
+def test_every_method_fits_and_predicts_on_cuda(method):
+    x, y = _data(device="cuda")
+    post = bp.fit(_model(device="cuda"), x, y, method=method, seed=3, progress=False, **SETTINGS[method])
+    assert {v.device.type for v in post.samples.values()} == {"cuda"}
+    pred = post.predict(x[:5])
+    assert pred.mean.device.type == "cuda" and bool(torch.isfinite(pred.std).all())
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.parametrize("method", ["svi", "sgld"])
+def test_resume_on_cuda_is_bit_identical(method, tmp_path, monkeypatch):
+    """The CUDA generators' states go into the checkpoints (tests/infer/test_checkpoint.py checks the saving on
+    CPU with a fake torch.cuda): a crashed CUDA run resumes to the same draws."""
+    from bnn_pyro.infer import checkpoint as ckpt_mod
+
+    x, y = _data(device="cuda")
+    run = dict(method=method, seed=3, progress=False, **SETTINGS[method])
+    whole = bp.fit(_model(device="cuda"), x, y, **run)
+    save, saves = ckpt_mod.Checkpoint.save, []
+
+    def crashing(self, step, tensors, meta):
+        saves.append(step)
+        if len(saves) == 2:
+            raise _Crash(step)
+        return save(self, step, tensors, meta)
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt_mod.Checkpoint, "save", crashing)
+        with pytest.raises(_Crash):
+            bp.fit(_model(device="cuda"), x, y, checkpoint=tmp_path, checkpoint_every=4, **run)
+    resumed = bp.fit(_model(device="cuda"), x, y, checkpoint=tmp_path, checkpoint_every=4, resume=True, **run)
+    for name in whole.samples:
+        assert torch.equal(resumed.samples[name], whole.samples[name]), name
