@@ -7,14 +7,15 @@
   ``_logjoint.flat_potential_and_grad``); "analytic" is ``_analytic.build``. Nets 1-50-1 with N = 200 and
   8-50-50-1 with N = 1,000.
 - ``svi``: ms per optimizer step of ``bp.fit(method="svi")`` (mean-field, Adam, lr 1e-2, full batch), 8-50-1,
-  N = 1,000, 1 and 8 particles: (time of 550 steps - time of 50) / 500, so set-up and drawing cancel. Both bnn_pyro
+  N = 1,000, 1 and 8 particles: (time of 50 + ``--svi-steps`` steps - time of 50) / ``--svi-steps``, so set-up and
+  drawing cancel. Both bnn_pyro
   paths use Pyro's ``Trace_ELBO`` estimator: ``w = loc + scale * eps`` and the Monte Carlo log density
   ``log p(y, w) - log q(w)`` at the draw. Baselines: a tight hand-written torch loop (plain tensors, one flat
   ``loc``/``log scale`` per layer, autograd, ``torch.optim.Adam(foreach=True)``), with the same sampled estimator
   ("hand, sampled") and with the closed-form KL ("hand, analytic KL", Bayes by Backprop's usual form).
 
-Each figure is the minimum of ``--repeats`` repetitions (the machine may be shared: minima are the least
-disturbed); ratios are to the baseline of the same row group, measured in the same run.
+Each figure is the minimum of ``--repeats`` repetitions, interleaved across implementations (the machine may be
+shared: minima are the least disturbed); ratios are to the baseline of the same row group, measured in the same run.
 
 Usage: ``python benchmarks/fast_path.py [--quick] [--out benchmarks/results]`` writes ``fast_path.md``.
 """
@@ -136,7 +137,7 @@ def hand_ms(widths, n, particles, *, analytic_kl: bool, steps=(50, 550)) -> floa
                 loss = (penalty - log_lik).mean()
             loss.backward()
             opt.step()
-            float(loss)  # the loss value, as every loop records it
+            loss.detach().item()  # the loss value, as every loop records it
         times.append(time.perf_counter() - start)
     return (times[1] - times[0]) / (steps[1] - steps[0]) * 1e3
 
@@ -147,34 +148,36 @@ def main(args) -> None:
     rows = []
     nuts = dict(transitions=3 if args.quick else args.transitions, step=args.step, depth=args.depth)
     for widths, n in (((1, 50, 1), 200), ((8, 50, 50, 1), 1000)):
-        figures = {}
-        for analytic in (False, True):
-            figures[analytic] = min(nuts_ms_per_leapfrog(widths, n, analytic=analytic, **nuts)
-                                    for _ in range(args.repeats))
+        runs = {False: [], True: []}
+        for _ in range(args.repeats):  # interleaved, so that a burst of load hits both
+            for analytic in runs:
+                runs[analytic].append(nuts_ms_per_leapfrog(widths, n, analytic=analytic, **nuts))
+        figures = {k: min(v) for k, v in runs.items()}
         net = "-".join(map(str, widths))
         rows.append(("nuts", f"{net}, N={n}", "generic (before)", figures[False], "ms/leapfrog", 1.0))
         rows.append(("nuts", f"{net}, N={n}", "analytic", figures[True], "ms/leapfrog", figures[True] / figures[False]))
-    steps = (5, 25) if args.quick else (50, 550)
+    steps = (5, 25) if args.quick else (50, 50 + args.svi_steps)
     for particles in (1, 8):
-        figures = {
-            "bnn_pyro, generic (before)": min(svi_fit_ms((8, 50, 1), 1000, particles, analytic=False, steps=steps)
-                                              for _ in range(args.repeats)),
-            "bnn_pyro, analytic": min(svi_fit_ms((8, 50, 1), 1000, particles, analytic=True, steps=steps)
-                                      for _ in range(args.repeats)),
-            "hand, sampled": min(hand_ms((8, 50, 1), 1000, particles, analytic_kl=False, steps=steps)
-                                 for _ in range(args.repeats)),
-            "hand, analytic KL": min(hand_ms((8, 50, 1), 1000, particles, analytic_kl=True, steps=steps)
-                                     for _ in range(args.repeats)),
+        impls = {
+            "bnn_pyro, generic (before)": lambda: svi_fit_ms((8, 50, 1), 1000, particles, analytic=False, steps=steps),
+            "bnn_pyro, analytic": lambda: svi_fit_ms((8, 50, 1), 1000, particles, analytic=True, steps=steps),
+            "hand, sampled": lambda: hand_ms((8, 50, 1), 1000, particles, analytic_kl=False, steps=steps),
+            "hand, analytic KL": lambda: hand_ms((8, 50, 1), 1000, particles, analytic_kl=True, steps=steps),
         }
+        runs = {name: [] for name in impls}
+        for _ in range(args.repeats):
+            for name, fn in impls.items():
+                runs[name].append(fn())
+        figures = {name: min(v) for name, v in runs.items()}
         base = figures["hand, sampled"]
         for name, value in figures.items():
             rows.append(("svi", f"8-50-1, N=1000, {particles} particle(s)", name, value, "ms/step", value / base))
     lines = ["| workload | setting | implementation | value | unit | ratio |", "|---|---|---|---|---|---|"]
     lines += [f"| {w} | {s} | {i} | {v:.4f} | {u} | {r:.2f} |" for w, s, i, v, u, r in rows]
     lines.append("")
-    lines.append(f"torch {torch.__version__}, 1 thread, minimum of {args.repeats} repeats; NUTS: step {args.step}, "
-                 f"depth <= {args.depth}, {nuts['transitions']} transitions; ratios: NUTS to the generic path, "
-                 "SVI to 'hand, sampled'.")
+    lines.append(f"torch {torch.__version__}, 1 thread, minimum of {args.repeats} interleaved repeats; NUTS: step "
+                 f"{args.step}, depth <= {args.depth}, {nuts['transitions']} transitions; SVI: {steps[1] - steps[0]} "
+                 "timed steps; ratios: NUTS to the generic path, SVI to 'hand, sampled'.")
     text = "\n".join(lines)
     print(text)
     if args.out:
@@ -190,5 +193,6 @@ if __name__ == "__main__":
     parser.add_argument("--transitions", type=int, default=10)
     parser.add_argument("--step", type=float, default=1e-3)
     parser.add_argument("--depth", type=int, default=7)
+    parser.add_argument("--svi-steps", type=int, default=500, help="timed SVI steps (after 50 untimed)")
     parser.add_argument("--out", default=None)
     main(parser.parse_args())

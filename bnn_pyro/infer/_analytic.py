@@ -21,8 +21,9 @@ of :data:`NOISE_PRIORS` (unconstrained by ``exp``, Pyro's ``biject_to`` for a po
 :func:`build` checks the result against the generic potential and its autograd gradient at a probe point
 before it is used.
 
-Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC and Metropolis through
-:func:`bnn_pyro.infer._logjoint.potential`, and by the mean-field SVI loss
+Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC through
+:func:`bnn_pyro.infer._logjoint.potential` (Metropolis, without gradients, keeps the generic one), and by
+the mean-field SVI loss
 (:func:`bnn_pyro.infer._logjoint.svi_loss`). ``tests/infer/test_analytic.py`` checks values and gradients
 against Pyro's log density and autograd in float64.
 """
@@ -33,10 +34,11 @@ import math
 import warnings
 from typing import Callable, NamedTuple
 
+import pyro
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributions import Independent, biject_to, transforms
+from torch.distributions import Independent, biject_to, transform_to, transforms
 
 from bnn_pyro._linear_stack import linear_stack, site
 from bnn_pyro.infer._common import unvalidated
@@ -133,8 +135,8 @@ class StackPotential:
         return theta[..., a:b].view(lead + shape)
 
     def __call__(self, theta: torch.Tensor, x: torch.Tensor | None = None, y: torch.Tensor | None = None):
-        single = x is None and theta.dim() == 1
-        x, y = (self.x, self._y) if x is None else (x, y.reshape(x.shape[0], -1))
+        single = theta.dim() == 1 and (x is None or (x is self.x and y is self.y))  # the bound data
+        x, y = (self.x, self._y) if x is None or single else (x, y.reshape(x.shape[0], -1))
         lead = theta.shape[:-1]
         batched = bool(lead)
         n = x.shape[0]
@@ -334,7 +336,7 @@ def _agrees(pot: StackPotential, joint, names, shapes, x, y) -> bool:
     return ok
 
 
-# ---------------------------------------------------------------------- HMC/Metropolis (dict sites) and SVI
+# ---------------------------------------------------------------------- HMC (dict sites) and SVI
 class _Potential(torch.autograd.Function):
     """``U(theta)`` whose backward returns the analytic gradient computed with it (no tape below it)."""
 
@@ -351,7 +353,7 @@ class _Potential(torch.autograd.Function):
 
 def site_potential(pot: StackPotential):
     """``z (site -> unconstrained value) -> U``, differentiable by autograd through the analytic gradient: the
-    potential of Pyro's HMC and of Metropolis."""
+    potential of Pyro's HMC."""
     names, shapes = pot._order, [pot._slots[n][2] for n in pot._order]
 
     def call(z: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -398,18 +400,40 @@ def mean_field_loss(joint, guide, num_particles: int, loc_scale, context):
     lead = (num_particles,) if num_particles > 1 else ()
 
     def loss(x, y):
-        with context(guide):
-            pairs = [loc_scale(guide, name) for name in names]
+        unconstrained = _store_params(names)
+        if unconstrained is None:  # not AutoNormal's names in the store: its own accessors
+            with context(guide):
+                pairs = [loc_scale(guide, name) for name in names]
+            locs, scales = [a for a, _ in pairs], [b for _, b in pairs]
+        else:
+            locs, scales = unconstrained
         if "pot" not in state:
-            shapes = {n: loc.shape for n, (loc, _) in zip(names, pairs)}
+            shapes = {n: loc.shape for n, loc in zip(names, locs)}
             state["pot"] = None if joint.model.point_names else build(joint, names, shapes, x, y)
         if state["pot"] is None:
             return None
-        loc = torch.cat([a.reshape(-1) for a, _ in pairs])
-        scale = torch.cat([b.reshape(-1) for _, b in pairs])
+        loc = torch.cat([a.reshape(-1) for a in locs])
+        scale = torch.cat([b.reshape(-1) for b in scales])
+        if unconstrained is not None:  # one transform of the flat vector (softplus for AutoNormal)
+            scale = transform_to(guide.scale_constraint)(scale)
         eps = torch.cat([torch.randn(lead + a.shape, dtype=a.dtype, device=a.device).reshape(lead + (-1,))
-                         for a, _ in pairs], -1)
+                         for a in locs], -1)
         value = _NegativeELBO.apply(loc, scale, eps, state["pot"], x, y)
         return value, value.detach().item()
 
     return loss
+
+
+def _store_params(names):
+    """``(locs, unconstrained scales)`` of an ``AutoNormal`` from Pyro's parameter store (its public
+    ``named_parameters``: unconstrained values, named ``<guide>.locs.<site>`` and ``<guide>.scales.<site>``), in
+    the order of ``names``; ``None`` where the store does not hold exactly those sites."""
+    found = {"locs": {}, "scales": {}}
+    for key, value in pyro.get_param_store().named_parameters():
+        for kind, table in found.items():
+            head, sep, site = key.partition(f".{kind}.")
+            if sep and head and "." not in head:
+                table[site] = value
+    if set(found["locs"]) != set(names) or set(found["scales"]) != set(names):
+        return None
+    return [found["locs"][n] for n in names], [found["scales"][n] for n in names]
