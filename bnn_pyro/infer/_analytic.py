@@ -273,8 +273,12 @@ def build(joint, names, shapes, x, y) -> StackPotential | None:
             refs = []
             for attr in ("weight", "bias"):
                 key = site(path, attr)
-                refs.append(key if key in joint.priors else constants.get(key) if getattr(linear, attr) is not None
-                            else None)
+                if getattr(linear, attr) is None:
+                    refs.append(None)
+                elif key in joint.priors or key in constants:
+                    refs.append(key if key in joint.priors else constants[key].to(x.dtype))
+                else:  # a parameter neither random nor a known constant
+                    return None
             if refs[0] is None:
                 return None
             ops.append(_Layer(*refs))
@@ -310,7 +314,7 @@ def build(joint, names, shapes, x, y) -> StackPotential | None:
     scale = None if noise is not None else float(model.likelihood.scale)
     pot = StackPotential(ops, slots, torch.cat(locs), torch.cat(precs), const, noise, scale, joint.dataset_size,
                          x, y)
-    return pot if _agrees(pot, joint, names, shapes, x, y) else None  # noqa
+    return pot if _agrees(pot, joint, names, shapes, x, y) else None
 
 
 def _agrees(pot: StackPotential, joint, names, shapes, x, y) -> bool:

@@ -48,6 +48,11 @@ def _net(act, hidden, d=3, out=1):
     return nn.Sequential(*layers, nn.Linear(widths[-1], out))
 
 
+def _frozen(net):
+    net[0].requires_grad_(False)  # constants for every engine
+    return net
+
+
 NOISE = {
     "fixed": lambda: bp.likelihoods.Gaussian(scale=0.3),
     "sigma": lambda: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
@@ -67,6 +72,7 @@ CASES = {  # name -> (net, likelihood, prior, bayesian, outputs)
     "tanh-1-layerwise-prior": (lambda: _net(nn.Tanh(), [7]), "fixed", bp.priors.LayerwiseNormal(), "all", 1),
     "tanh-1-shifted-prior": (lambda: _net(nn.Tanh(), [7]), "sigma", bp.priors.Normal(0.5, 2.0), "all", 1),
     "tanh-1-deterministic-biases": (lambda: _net(nn.Tanh(), [7]), "fixed", None, "weights", 1),
+    "tanh-1-frozen-first-layer": (lambda: _frozen(_net(nn.Tanh(), [7])), "fixed", None, "all", 1),
     "tanh-1-no-bias": (lambda: (torch.manual_seed(0), nn.Sequential(nn.Linear(3, 4, bias=False), nn.Tanh(),
                                                                     nn.Linear(4, 1, bias=False)))[1],
                        "fixed", None, "all", 1),
