@@ -10,7 +10,7 @@ from torch import nn
 
 from bnn_pyro._upstream_private import function_mode_active, global_module_hooks, module_hooks
 
-__all__ = ["linear_stack", "run_linear_stack"]
+__all__ = ["linear_stack", "run_linear_stack", "site"]
 
 
 _ELEMENTWISE = (nn.Identity, nn.Tanh, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.CELU, nn.SELU, nn.GELU, nn.SiLU,
@@ -21,11 +21,17 @@ _ELEMENTWISE = (nn.Identity, nn.Tanh, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, n
 def linear_stack(net: nn.Module) -> list[tuple[str, nn.Module | None]] | None:
     """``[(path, activation module or None for a Linear), ...]`` when ``net`` is a plain ``nn.Sequential``
     (nested ones included) of ``nn.Linear`` layers and parameter-free elementwise activations without
-    hooks, else ``None``: then weights batched over draws can run as batched matrix products."""
+    hooks, or one bare ``nn.Linear`` (path ``""``), else ``None``: then weights batched over draws can run as
+    batched matrix products. Parameter names are :func:`site` of a path."""
     layers = []
+    if type(net) is nn.Linear:
+        plain = not module_hooks(net) and not global_module_hooks() and not function_mode_active()
+        return [("", None)] if plain else None
 
     def walk(module: nn.Module, prefix: str) -> bool:
-        for name, child in module.named_children():
+        # not named_children(): it skips a module registered twice (one Tanh instance after two layers), which
+        # Sequential.forward runs twice
+        for name, child in module._modules.items():
             if module_hooks(child) or getattr(child, "inplace", False):  # in place: would write into the shared x
                 return False
             if type(child) is nn.Sequential:
@@ -42,6 +48,11 @@ def linear_stack(net: nn.Module) -> list[tuple[str, nn.Module | None]] | None:
     return layers if plain and not function_mode_active() and walk(net, "") and layers else None
 
 
+def site(path: str, attr: str) -> str:
+    """The parameter name of ``attr`` (``"weight"``, ``"bias"``) of the layer at ``path`` (``""``: the net itself)."""
+    return f"{path}.{attr}" if path else attr
+
+
 def run_linear_stack(layers, params: dict[str, torch.Tensor], x: torch.Tensor, template: nn.Module) -> torch.Tensor:
     """The stack of :func:`linear_stack` for weights with one leading draw dimension ``S``: ``(S, N, out)``."""
     has_bias = {path: template.get_submodule(path).bias is not None for path, act in layers if act is None}
@@ -51,7 +62,7 @@ def run_linear_stack(layers, params: dict[str, torch.Tensor], x: torch.Tensor, t
         if activation is not None:
             h = activation(h)
             continue
-        weight = params[f"{path}.weight"].transpose(1, 2)
-        bias = params[f"{path}.bias"] if f"{path}.bias" in params or has_bias[path] else None
+        weight = params[site(path, "weight")].transpose(1, 2)
+        bias = params[site(path, "bias")] if site(path, "bias") in params or has_bias[path] else None
         h = torch.bmm(h, weight) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, weight)
     return h

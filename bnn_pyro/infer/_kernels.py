@@ -174,8 +174,8 @@ class _Metropolis(MCMCKernel):
         self._initial_params, self.potential_fn, self.transforms, _ = initialize_model(
             self.model, model_args=args, model_kwargs=kwargs, init_strategy=self._init_strategy,
             jit_compile=self._jit and self.joint is None, skip_jit_warnings=True)
-        if self.joint is not None:
-            self.potential_fn = _logjoint.potential(self.joint, self.transforms, *args, jit=self._jit)
+        if self.joint is not None:  # no gradient needed: the generic potential (its seeded runs unchanged)
+            self.potential_fn = _logjoint.potential(self.joint, self.transforms, *args, jit=self._jit, analytic=False)
         self._energy_last = self.potential_fn(self._initial_params)
         names = tuple(sorted(self._initial_params))
         size = sum(v.numel() for v in self._initial_params.values())

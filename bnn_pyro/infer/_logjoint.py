@@ -33,6 +33,7 @@ from pyro.distributions.util import sum_rightmost
 from torch.distributions import Distribution, biject_to
 
 from bnn_pyro._upstream_private import autoguide_loc_scale, autoguide_setup, pyro_context
+from bnn_pyro.infer import _analytic
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.model import BNN
 
@@ -124,11 +125,20 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
     # the supports by construction; validating every density at every step cost ~0.3 ms of a ~2.5 ms step.
     # A NaN from a diverging optimization still stops the fit (svi checks that the loss is finite).
     joint = joint.unvalidated()
+    # a Linear-and-elementwise stack with Normal priors and a Gaussian likelihood: the analytic gradient
+    # (bnn_pyro.infer._analytic); it declines at the first call where it does not apply
+    analytic = [_analytic.mean_field_loss(joint, guide, num_particles, autoguide_loc_scale, pyro_context)
+                if normal else None]
 
     def loss(x, y):
         if guide.prototype_trace is None:
             autoguide_setup(guide, x, y, dataset_size=joint.dataset_size)
         with pyro.validation_enabled(False):
+            if analytic[0] is not None:
+                out = analytic[0](x, y)
+                if out is not None:
+                    return out
+                analytic[0] = None
             return _loss(x, y)
 
     def _loss(x, y):
@@ -155,15 +165,29 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
     return loss
 
 
-def potential(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor, *, jit: bool = False):
+def potential(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor, *, jit: bool = False,
+              analytic: bool = True):
     """``U(z) = -log p(T^-1(z), y | x) - log|det J|``: Pyro's potential energy in the unconstrained
     coordinates given by ``transforms`` (site -> constrained-to-unconstrained map, as returned by
     Pyro's ``initialize_model``); deterministic parameters stay fixed at the model's values.
+    With ``analytic`` (the default), for a Linear-and-elementwise stack with Normal priors and a Gaussian likelihood
+    it is the analytic potential of :mod:`bnn_pyro.infer._analytic` (its autograd gradient is the analytic one;
+    ``jit`` is then moot). Else
     ``jit=True`` compiles it with ``torch.jit.trace`` at the first call (the data and site shapes are
     fixed, as in MCMC): eager, the torch.distributions and ``functional_call`` overhead makes it
     ~1.7x slower than traced."""
     energy = _Energy(joint, transforms, x, y)
-    return _traced(energy) if jit else energy
+    generic = [None]
+
+    def call(z: dict[str, torch.Tensor]) -> torch.Tensor:
+        # at the first call: the analytic potential (bnn_pyro.infer._analytic) where the model allows it
+        if generic[0] is None:
+            names = list(z)
+            pot = _analytic.build(joint, names, {n: z[n].shape for n in names}, x, y) if analytic else None
+            generic[0] = (_traced(energy) if jit else energy) if pot is None else _analytic.site_potential(pot)
+        return generic[0](z)
+
+    return call
 
 
 def flat_potential_and_grad(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor,
@@ -220,6 +244,8 @@ class FlatPotential:
         ``g`` under the inverse mass matrix ``inverse_mass`` (a vector: diagonal; a matrix: dense).
         Returns ``(z, p, g, M^-1 p, tensor([U, kinetic energy]))`` at the new point; compiled, the
         whole step is one graph (the ~6 vector operations around the gradient cost ~15 us eagerly)."""
+        if not torch.is_tensor(step):
+            step = torch.tensor(step, dtype=z.dtype, device=z.device)
         if not self.compile:
             return _leapfrog(lambda t: self.eager(t)[::-1], z, p, g, step, inverse_mass)
         if self._step is None:

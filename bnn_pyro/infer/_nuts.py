@@ -4,9 +4,12 @@ Pyro's ``NUTS`` keeps the position, momentum and gradient as dicts of site tenso
 trees with a Python sample site per doubling: on the 1-50-1 MLP of ``benchmarks/performance.py``
 that bookkeeping costs about as much per leapfrog step (~0.45 ms) as the potential and its gradient
 together. This kernel runs the same algorithm on one flat tensor per quantity, with the potential
-and its gradient from ONE compiled call (:func:`bnn_pyro.infer._logjoint.flat_potential_and_grad`: each leapfrog step,
-gradient included, is one compiled graph, ~0.13 ms there) and the energies and turning checks as
-Python floats (~0.04 ms per step).
+and its gradient from ONE call: for a stack of ``nn.Linear`` layers and elementwise activations with
+Normal priors and a Gaussian likelihood the analytic one of :mod:`bnn_pyro.infer._analytic` (a forward
+and a hand-written backward, ~30 tensor operations per leapfrog step, eager: nothing traced), else the
+generic one recorded as one compiled graph (:func:`bnn_pyro.infer._logjoint.flat_potential_and_grad`);
+the energies and turning checks as Python floats (one host read of ``[U, kinetic]`` per leapfrog step,
+one per turning check).
 
 The transition is Stan's multinomial NUTS (Betancourt 2017, "A Conceptual Introduction to
 Hamiltonian Monte Carlo", appendix A; Stan's ``base_nuts``): trajectories doubled forward or
@@ -35,7 +38,7 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro.infer import _logjoint
+from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._kernels import DrawStats
 
 __all__ = ["FlatNUTS"]
@@ -80,8 +83,12 @@ class FlatNUTS(MCMCKernel):
         self._names = tuple(sorted(params))  # Pyro's order: a mass matrix is interchangeable with its kernel's
         self._shapes = [params[n].shape for n in self._names]
         self._sizes = [int(params[n].numel()) for n in self._names]
-        self._potential = _logjoint.flat_potential_and_grad(
-            self.joint, self.transforms, *args, shapes=dict(zip(self._names, self._shapes)), compile=self.jit)
+        shapes = dict(zip(self._names, self._shapes))
+        # the analytic potential and gradient (Linear-and-elementwise stacks, Normal priors, Gaussian likelihood),
+        # else the generic one recorded as one compiled graph
+        self._potential = (_analytic.build(self.joint, self._names, shapes, *args)
+                           or _logjoint.flat_potential_and_grad(self.joint, self.transforms, *args, shapes=shapes,
+                                                                compile=self.jit))
         z = self._flatten(params)
         u, g = self._potential(z)
         self._state = (z, float(u), g)
@@ -173,8 +180,8 @@ class FlatNUTS(MCMCKernel):
         return self._minv @ p if self._dense else self._minv * p
 
     # ------------------------------------------------------------------ one NUTS transition
-    def _leapfrog(self, state, step: torch.Tensor):
-        """One velocity-Verlet step of signed size ``step`` (a 0-dim tensor) from ``(z, p, g, u)``; returns
+    def _leapfrog(self, state, step: float):
+        """One velocity-Verlet step of signed size ``step`` from ``(z, p, g, u)``; returns
         the new state, ``M^-1 p`` and the Hamiltonian (``inf`` where it is NaN)."""
         z, p, g, _ = state
         z, p, g, sharp, energies = self._potential.leapfrog(z, p, g, step, self._minv)
@@ -189,7 +196,7 @@ class FlatNUTS(MCMCKernel):
         # the trajectory so far, as a tree whose "near" end is its backward end and "far" its forward end
         tree = _Tree(p, sharp, p, sharp, p, 0.0, (z, u, g), None)
         frontier = {1: start, -1: start}
-        signed = {d: torch.tensor(d * step, dtype=z.dtype, device=z.device) for d in (1, -1)}
+        signed = {1: step, -1: -step}
         for depth in range(self.max_tree_depth):
             direction = 1 if self._rng.random() > 0.5 else -1
             new = self._build(frontier[direction], depth, signed[direction], h0)
@@ -209,7 +216,7 @@ class FlatNUTS(MCMCKernel):
                 return tree.draw, depth + 1
         return tree.draw, self.max_tree_depth
 
-    def _build(self, state, depth: int, step: torch.Tensor, h0: float) -> _Tree | None:
+    def _build(self, state, depth: int, step: float, h0: float) -> _Tree | None:
         """A subtree of ``2**depth`` leapfrog steps from ``state`` (sign of ``step`` = direction), or
         ``None`` where it diverges or turns back (its states are then discarded)."""
         if depth == 0:
@@ -251,7 +258,7 @@ class FlatNUTS(MCMCKernel):
         def direction(step):
             p = self._momentum(z)
             h0 = u + 0.5 * float(p.dot(self._sharp(p)))
-            _, _, h = self._leapfrog((z, p, g, u), torch.tensor(step, dtype=z.dtype, device=z.device))
+            _, _, h = self._leapfrog((z, p, g, u), step)
             return 1 if threshold < h0 - h else -1
 
         first = direction(step)

@@ -39,7 +39,10 @@ the potential and its gradient recorded as one compiled graph when ``jit=True`` 
 trajectory's bookkeeping in Python floats: ~0.2 ms per leapfrog step on a 1-50-1 MLP with 200 points
 against ~0.8-1 ms for Pyro's ``NUTS`` with its own compiled potential, ~2.5x NumPyro's compiled
 sampler (``benchmarks/results/performance.md``). HMC and Metropolis keep Pyro's kernels with the
-fast potential (compiled with ``torch.jit.trace`` when ``jit=True``).
+fast potential (compiled with ``torch.jit.trace`` when ``jit=True``). For a stack of ``nn.Linear`` layers
+and elementwise activations with Normal priors and a Gaussian likelihood the potential and its gradient
+are analytic instead for NUTS and HMC (:mod:`bnn_pyro.infer._analytic`: nothing compiled, ``jit`` is moot);
+Metropolis, which needs no gradient, keeps the generic potential.
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` stay FIXED at chain 0's start, the same for
 every chain (:mod:`bnn_pyro.infer._init`: the net's values for ``init="net"``, chain 0 of ``init`` when

@@ -20,6 +20,7 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._common import quiet_model
+from bnn_pyro.infer._analytic import StackPotential
 from bnn_pyro.infer._nuts import FlatNUTS
 from blr import BLR
 from test_mcmc import SIGMA, PRIOR_VAR, Z_MAX, _assert_exact, _blr
@@ -42,6 +43,7 @@ def _kernel(x, y, **options):
     joint = _logjoint.build(_blr(x.shape[1]), len(x))
     kernel = FlatNUTS(model, joint, init_strategy=pyro.infer.autoguide.init_to_median, **options)
     kernel.setup(0, x, y)
+    assert isinstance(kernel._potential, StackPotential)  # the exact checks run on the analytic path
     return kernel
 
 
