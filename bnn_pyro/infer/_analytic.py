@@ -255,10 +255,11 @@ def _exp_transform(d) -> bool:
         isinstance(p, transforms.AffineTransform) and float(p.loc) == 0.0 and float(p.scale) == 1.0 for p in rest)
 
 
-def build(joint, names, shapes, x, y) -> StackPotential | None:
+def build(joint, names, shapes, x, y, reference=None) -> StackPotential | None:
     """A :class:`StackPotential` for ``joint`` (a :class:`~bnn_pyro.infer._logjoint.LogJoint`) over a flat vector
     laid out as ``names``/``shapes`` (unconstrained shapes), with data ``x, y``, or ``None`` where it does not apply
-    or disagrees with the generic potential at a probe point."""
+    or (given ``reference``, the generic potential of dict sites: :func:`bnn_pyro.infer._logjoint.analytic`)
+    disagrees with it at a probe point."""
     model = joint.model
     if not isinstance(x, torch.Tensor) or x.dim() != 2 or type(model.likelihood) is not Gaussian:
         return None
@@ -314,15 +315,11 @@ def build(joint, names, shapes, x, y) -> StackPotential | None:
     scale = None if noise is not None else float(model.likelihood.scale)
     pot = StackPotential(ops, slots, torch.cat(locs), torch.cat(precs), const, noise, scale, joint.dataset_size,
                          x, y)
-    return pot if _agrees(pot, joint, names, shapes, x, y) else None
+    return pot if reference is None or _agrees(pot, reference, names, shapes, x) else None
 
 
-def _agrees(pot: StackPotential, joint, names, shapes, x, y) -> bool:
-    """Whether ``pot`` gives the generic potential and its autograd gradient at a probe point."""
-    from bnn_pyro.infer._logjoint import _Energy  # the generic potential: the reference
-
-    inverse = {n: biject_to(d.support).inv for n, d in joint.priors.items()}
-    energy = _Energy(joint, inverse, x, y)
+def _agrees(pot: StackPotential, energy, names, shapes, x) -> bool:
+    """Whether ``pot`` gives the generic potential ``energy`` and its autograd gradient at a probe point."""
     g = torch.Generator(device=x.device).manual_seed(0)
     size = sum(torch.Size(shapes[n]).numel() for n in names)
     theta = (0.3 * torch.randn(size, generator=g, device=x.device, dtype=x.dtype)).requires_grad_()

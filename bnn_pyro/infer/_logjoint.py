@@ -183,11 +183,19 @@ def potential(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tenso
         # at the first call: the analytic potential (bnn_pyro.infer._analytic) where the model allows it
         if generic[0] is None:
             names = list(z)
-            pot = _analytic.build(joint, names, {n: z[n].shape for n in names}, x, y) if analytic else None
+            pot = (_analytic.build(joint, names, {n: z[n].shape for n in names}, x, y, reference=energy)
+                   if analytic else None)
             generic[0] = (_traced(energy) if jit else energy) if pot is None else _analytic.site_potential(pot)
         return generic[0](z)
 
     return call
+
+
+def analytic(joint: LogJoint, names, shapes: dict, x: torch.Tensor, y: torch.Tensor):
+    """The analytic potential of :mod:`bnn_pyro.infer._analytic` over a flat vector laid out as ``names``/``shapes``,
+    checked against the generic potential at a probe point, or ``None`` where it does not apply."""
+    inverse = {n: biject_to(d.support).inv for n, d in joint.priors.items()}
+    return _analytic.build(joint, names, shapes, x, y, reference=_Energy(joint, inverse, x, y))
 
 
 def flat_potential_and_grad(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor,

@@ -38,7 +38,7 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro.infer import _analytic, _logjoint
+from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._kernels import DrawStats
 
 __all__ = ["FlatNUTS"]
@@ -86,7 +86,7 @@ class FlatNUTS(MCMCKernel):
         shapes = dict(zip(self._names, self._shapes))
         # the analytic potential and gradient (Linear-and-elementwise stacks, Normal priors, Gaussian likelihood),
         # else the generic one recorded as one compiled graph
-        self._potential = (_analytic.build(self.joint, self._names, shapes, *args)
+        self._potential = (_logjoint.analytic(self.joint, self._names, shapes, *args)
                            or _logjoint.flat_potential_and_grad(self.joint, self.transforms, *args, shapes=shapes,
                                                                 compile=self.jit))
         z = self._flatten(params)
