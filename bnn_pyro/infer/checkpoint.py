@@ -225,6 +225,11 @@ class StepCheckpoint:
         if saved is None:
             return 0
         tensors, meta = saved
+        missing = [f"param/{i}" for i in range(len(self.params)) if f"param/{i}" not in tensors]
+        if missing or "optimizer" not in meta:  # e.g. an SG-MCMC file of bnn_pyro before its engines ran on descend
+            raise CheckpointError(f"resume: {str(self.ckpt.path)!r} holds another layout of this run's state (it lacks "
+                                  f"{missing or ['the optimizer state']}): it was written by another bnn_pyro version. "
+                                  "Resume it with the version that wrote it, or delete it to start afresh.")
         with torch.no_grad():
             for i, p in enumerate(self.params):
                 p.copy_(tensors[f"param/{i}"])

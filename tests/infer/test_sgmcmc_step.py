@@ -160,3 +160,25 @@ def test_resume_where_the_stability_guard_acts_is_bit_identical(tmp_path, monkey
     for group in ("samples", "sample_stats", "history"):
         for name, value in getattr(whole, group).items():
             assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+
+
+def test_a_checkpoint_of_another_layout_is_refused_by_name(tmp_path):
+    """A chain file without the optimized tensor and optimizer state (the SG-MCMC layout before these engines ran
+    on the driver: position ``z``, momentum ``v``, ``eta``) is refused with advice, not a KeyError."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(30, 1, generator=g)
+    y = x[:, 0] + 0.1 * torch.randn(30, generator=g)
+
+    def fit(**extra):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(1, 1))
+        model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+        return bp.fit(model, x, y, method="sgld", num_warmup=2, num_samples=2, thin=1, seed=0, progress=False,
+                      checkpoint=tmp_path, **extra)
+
+    fit()
+    tensors, meta = ckpt_mod.read(tmp_path / "chain0.ckpt")
+    old = {("z" if k == "param/0" else k): v for k, v in tensors.items() if not k.startswith("optimizer/")}
+    ckpt_mod.write(tmp_path / "chain0.ckpt", old, {k: v for k, v in meta.items() if k != "optimizer"})
+    with pytest.raises(ckpt_mod.CheckpointError, match=r"chain0.ckpt.*another bnn_pyro version.*delete it"):
+        fit(resume=True)
