@@ -4,13 +4,14 @@
 ``bp.fit(..., checkpoint=FOLDER, checkpoint_every=N)`` writes one file per chain,
 ``FOLDER/chain{c}.ckpt``, every ``N`` steps and after the last one. A file holds the step, the
 chain's state (SVI: the Pyro parameter store's unconstrained values, the optimizer's and the
-learning-rate scheduler's state; the other optimization engines, through :class:`StepCheckpoint`: the
-optimized tensors, optimizer and scheduler, their per-step records and extra state (:class:`ExtraState`:
-early stopping, an engine's own generator, e.g. MC dropout's masks, SWAG's moments); SG-MCMC:
-position, momentum, step size, power-iteration vector),
+learning-rate scheduler's state; the other engines, through :class:`StepCheckpoint`: the optimized
+tensors, optimizer and scheduler, their per-step records and extra state (:class:`ExtraState`: early
+stopping, an engine's own generator, e.g. MC dropout's masks, SWAG's moments); SG-MCMC and snapshot
+ensembles: the position, the :class:`~bnn_pyro.infer.sgmcmc_step.SGMCMC` optimizer's momentum, step size,
+power-iteration vector and noise generator, the draws kept so far and csgmcmc's held-out state),
 everything recorded so far (losses, draws, statistics), and the random number generators (torch's
 global generator and Python's and NumPy's, which Pyro draws from, every CUDA device's once CUDA is
-initialised, plus the chain's own noise generator). The minibatch stream is replayed from its seed
+initialised). The minibatch stream is replayed from its seed
 up to the step, so a resumed run is bit-identical to an uninterrupted one (for a ``DataLoader`` only if the loader itself is
 deterministic). ``resume=True`` continues every chain from its file (chains without one start
 afresh); without it, an existing checkpoint in the folder is an error, so that none is overwritten.
@@ -224,6 +225,11 @@ class StepCheckpoint:
         if saved is None:
             return 0
         tensors, meta = saved
+        missing = [f"param/{i}" for i in range(len(self.params)) if f"param/{i}" not in tensors]
+        if missing or "optimizer" not in meta:  # e.g. an SG-MCMC file of bnn_pyro before its engines ran on descend
+            raise CheckpointError(f"resume: {str(self.ckpt.path)!r} holds another layout of this run's state (it lacks "
+                                  f"{missing or ['the optimizer state']}): it was written by another bnn_pyro version. "
+                                  "Resume it with the version that wrote it, or delete it to start afresh.")
         with torch.no_grad():
             for i, p in enumerate(self.params):
                 p.copy_(tensors[f"param/{i}"])
@@ -316,44 +322,4 @@ def restore_svi(ckpt: Checkpoint, opt, sched, losses: torch.Tensor) -> int:
         sched.load_state_dict(unflatten_state(meta["scheduler"], tensors))
     step = meta["step"]
     losses[:step] = tensors["losses"]
-    return step
-
-
-def save_sgmcmc(ckpt: Checkpoint, step: int, state: dict[str, Any]) -> None:
-    """Save an SG-MCMC chain after ``step`` steps; ``state`` as kept by ``sgmcmc._run_chain``."""
-    tensors = {"z": state["z"], "v": state["v"], "direction": state["direction"],
-               "noise_gen": state["noise_gen"].get_state(), "potentials": state["potentials"][:step],
-               "steps": state["steps"][:step], "lps": torch.tensor(state["lps"], dtype=torch.float64)}
-    if state["draws"]:
-        tensors["draws"] = torch.stack(state["draws"])
-    meta = {"eta": state["eta"], "stops": list(state.get("stops", []))}
-    best = state.get("best")  # csgmcmc's early stopping within an exploration stage
-    if best is not None:
-        tensors["best_z"] = best.state
-        meta["best"] = dict(every=best.every, score=best.best_score, step=best.best_step, scores=best.scores)
-    ckpt.save(step, tensors, meta)
-
-
-def restore_sgmcmc(ckpt: Checkpoint, state: dict[str, Any]) -> int:
-    """Restore what :func:`save_sgmcmc` saved into ``state`` (if there is a file); returns the step."""
-    saved = ckpt.load()
-    if saved is None:
-        return 0
-    tensors, meta = saved
-    step = meta["step"]
-    state.update(z=tensors["z"].clone(), v=tensors["v"].clone(), direction=tensors["direction"].clone(),
-                 eta=meta["eta"], lps=tensors["lps"].tolist(),
-                 draws=list(tensors["draws"].clone()) if "draws" in tensors else [],
-                 stops=list(meta.get("stops", [])), best=None)
-    if "best" in meta:
-        from bnn_pyro.infer.holdout import BestOnHoldout
-
-        best = BestOnHoldout(every=meta["best"]["every"], patience=None)
-        best.best_score, best.best_step = meta["best"]["score"], meta["best"]["step"]
-        best.state = tensors["best_z"].clone()
-        best.scores = [tuple(x) for x in meta["best"]["scores"]]
-        state["best"] = best
-    state["noise_gen"].set_state(tensors["noise_gen"])
-    state["potentials"][:step] = tensors["potentials"]
-    state["steps"][:step] = tensors["steps"]
     return step

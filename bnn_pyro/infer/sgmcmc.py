@@ -70,14 +70,17 @@ samples the other 90%. On diabetes splits 0-2 the default went from a divergence
 (coverage 0.92; benchmarks/results/uci_diabetes.md). ``validation=None``: the previous behaviour.
 
 Chains: ``num_chains`` independent runs, chain ``c`` seeded with ``seed + c`` (minibatch order and
-noise from generators of its own), one after another. With ``init="reset"`` (the default for a
+noise from generators of its own), one after another, each in its own copy of the model
+(:func:`~bnn_pyro.infer.driver.run_chains`; its steps run by :func:`~bnn_pyro.infer.driver.descend` with the
+update as the optimizer :class:`~bnn_pyro.infer.sgmcmc_step.SGMCMC`). With ``init="reset"`` (the default for a
 ``BNN``) every chain starts from its own re-draw of the layers' initializers (``reset_parameters()``
 under seed ``seed + c``); with ``init="prior"`` (the default for a Pyro function) from its own prior
 draw, so that chains start apart and R-hat can flag chains that have not forgotten their start or
 sit in different modes. With ``init="net"`` chain 0 starts from the net's weights and every other
 chain from its own prior draw; any other ``init`` (``"median"``, a dict of site values, a
 :class:`~bnn_pyro.Posterior`) starts every chain there (:mod:`bnn_pyro.infer._init`). Deterministic
-parameters of a ``BNN`` stay fixed at chain 0's start, as in :mod:`bnn_pyro.infer.mcmc`.
+parameters of a ``BNN`` stay fixed at chain 0's start (every chain's copy gets them), as in
+:mod:`bnn_pyro.infer.mcmc`.
 
 Per-draw statistics (``(chains, draws)``): ``lp`` (``-U~`` of the draw on its minibatch) and
 ``step_size`` (``eta_t``). History (``(chains, steps)``): ``potential`` (``U~`` at every step) and
@@ -95,29 +98,27 @@ Example
 
 from __future__ import annotations
 
-import copy
 import math
-from dataclasses import dataclass
 from enum import Enum
 
-import pyro
 import torch
 
 from bnn_pyro._checks import choice, positive, positive_int
-from bnn_pyro.infer._common import Data, clean_config, point_values, progress_bar
+from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.checkpoint import Checkpoint, restore_sgmcmc, save_sgmcmc
+from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
+from bnn_pyro.infer.driver import ChainInfo, ChainRun, assemble, descend, run_chains
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
                                     split)
+from bnn_pyro.infer.sgmcmc_step import SGMCMC, Plan, largest_curvature
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "run_plan", "cosine_cycle"]
+__all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle"]
 
 
 ADAPT_EVERY = 100  # lr="auto": steps between curvature estimates while the step may change
 SCORE_EVERY = 50  # csgmcmc with held-out rows: exploration steps between held-out scores
-GUARD = 2.0  # lr="auto", exploration: re-estimate the curvature when eta_t * (secant curvature) > GUARD * fraction
 
 
 def auto_fraction(friction: float) -> float:
@@ -132,34 +133,6 @@ class Schedule(str, Enum):
 
     CONSTANT = "constant"  # one step size (stationary draws: ESS and R-hat apply as usual)
     POLYNOMIAL = "polynomial"  # times (1 + t / num_warmup)^-0.55 (Welling & Teh 2011's a (b + t)^-gamma)
-
-
-@dataclass(frozen=True)
-class Plan:
-    """Everything one chain does, step by step (``T`` steps).
-
-    Attributes
-    ----------
-    scale:
-        ``(T,)`` step-size multiplier: the step on ``U`` at step ``t`` is ``eta * scale[t]``.
-    noisy:
-        ``(T,)`` bool: add the Langevin noise at that step (False: exploration, i.e. SGD).
-    keep:
-        ``(T,)`` bool: store the state at the start of that step as a draw.
-    adapt:
-        ``(T,)`` bool: with ``lr="auto"``, set ``eta = fraction / lambda_max`` before that step.
-    friction:
-        ``alpha`` in (0, 1]: the fraction of the momentum removed per step (1: SGLD).
-    fraction:
-        ``eta * lambda_max`` that ``lr="auto"`` aims at.
-    """
-
-    scale: torch.Tensor
-    noisy: torch.Tensor
-    keep: torch.Tensor
-    adapt: torch.Tensor
-    friction: float
-    fraction: float
 
 
 # ---------------------------------------------------------------------- public engines
@@ -332,141 +305,134 @@ def run_plan(model, data: Data, plan: Plan, lr, method: str, settings: dict, num
     ``Posterior``; ``lr`` is ``"auto"`` or checked by the caller, ``settings`` go into ``post.config``,
     ``checkpoint`` is ``dict(folder=..., every=..., resume=...)``; ``holdout`` (rows held out of ``data``,
     ``full`` the whole set) scores csgmcmc's exploration stages. The engines here and snapshot ensembles
-    (:mod:`bnn_pyro.infer.snapshot`) are plans run by it."""
+    (:mod:`bnn_pyro.infer.snapshot`) are plans run by it: chains by :func:`~bnn_pyro.infer.driver.run_chains`
+    (each in its own copy of the model), their steps by :func:`~bnn_pyro.infer.driver.descend` with the
+    :class:`SGMCMC` optimizer, the ``Posterior`` by :func:`~bnn_pyro.infer.driver.assemble`."""
     num_chains = positive_int("num_chains", num_chains)
-    folder = checkpoint.pop("folder")
-    if folder is None and (checkpoint["every"] is not None or checkpoint["resume"]):
-        raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint files).")
     init = resolve_init(model, init, data)
-    fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     config = clean_config(dict(
         lr=lr, **settings, num_steps=len(plan.scale), num_chains=num_chains,
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
         dataset_size=data.size, seed=seed,
     ))
-    ckpts = [None if folder is None else Checkpoint(folder, chain=c, run=dict(method=method, **config), **checkpoint)
-             for c in range(num_chains)]  # all checked before any chain runs
-    runs = []
-    for chain in range(num_chains):
-        with pyro.get_param_store().scope():
-            pyro.set_rng_seed(seed + chain)
-            # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
-            pot = Potential(fitted, data, init=chain_start(fitted, _chain_init(init, chain), seed + chain,
-                                                           points=chain == 0))
-            if pot.dim == 0:
-                raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
-                                 "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
-            score = None if holdout is None else (
-                lambda z, pot=pot: heldout_score(fitted, pot.constrain(pot.unflatten(z)), holdout))
-            run = _run_chain(pot, data, plan, lr, seed + chain, f"{method} chain {chain}", progress, ckpts[chain],
-                             score)
-            run["point"] = point_values(fitted, *data.first(), data.size)
-        runs.append(run)
-    stack = lambda key: {n: torch.stack([r[key][n] for r in runs]) for n in runs[0][key]}  # noqa: E731
-    full = data if full is None else full
-    post = Posterior(samples=stack("samples"), model=fitted, method=method, config=config, point=stack("point"),
-                     sample_stats=stack("stats"), history=stack("history"), x=full.x, y=full.y)
+    ckpts = open_chains(checkpoint["folder"], every=checkpoint["every"], resume=checkpoint["resume"],
+                        num_chains=num_chains, run=dict(method=method, **config))  # all checked before any chain runs
+
+    def body(fitted, info: ChainInfo) -> ChainRun:
+        return _run_chain(fitted, info, data=data, plan=plan, lr=lr, method=method, init=init, seed=seed,
+                          progress=progress, ckpt=ckpts[info.index], holdout=holdout)
+
+    post = assemble(run_chains(model, num_chains, seed, body, method=method), method=method, config=config,
+                    data=data if full is None else full)
     return select_noise(post, holdout)
 
 
-def _largest_curvature(pot: Potential, z: torch.Tensor, batch, start: torch.Tensor, iters: int):
-    """``|lambda|_max`` of the Hessian of ``U`` at ``z`` on ``batch`` by power iteration on
-    Hessian-vector products (double backward), started from ``start``; returns it and its vector."""
-    z = z.detach().requires_grad_(True)
-    (grad,) = torch.autograd.grad(pot(pot.unflatten(z), batch), z, create_graph=True)
-    u, lam = start / start.norm(), 0.0
-    for _ in range(iters):
-        (hu,) = torch.autograd.grad(grad, z, u, retain_graph=True)
-        lam = float(hu @ u)
-        if not (math.isfinite(lam) and hu.norm() > 0):
-            break
-        u = hu.detach() / hu.norm()
-    return abs(lam), u.detach()
+def _run_chain(fitted, info: ChainInfo, *, data: Data, plan: Plan, lr, method: str, init, seed: int, progress: bool,
+               ckpt, holdout: Holdout | None) -> ChainRun:
+    """One chain in its own copy ``fitted`` of the model: ``descend`` runs the plan's steps, :class:`SGMCMC`
+    makes each update, :class:`_Chain` keeps the draws and records (and stops exploration stages early)."""
+    if info.index > 0:  # the deterministic parameters of chain 0's start: they stay fixed (module docstring)
+        chain_start(fitted, init, seed, points=True)
+    pot = Potential(fitted, data, init=chain_start(fitted, _chain_init(init, info.index), info.seed,
+                                                   points=info.index == 0))
+    if pot.dim == 0:
+        raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
+                         "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
+    walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
+    walk.opt = SGMCMC([walk.z], plan=plan, lr=None if lr == "auto" else lr / data.size, seed=info.seed,
+                      curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size)
+    records = dict(potential=walk.potentials, step_size=walk.steps)
+    descend(walk.objective, [walk.z], data, num_steps=len(plan.scale), lr=lr, seed=info.seed, method=method,
+            desc=walk.name, progress=progress, quantity="potential energy", on_step=walk.on_step,
+            after_step=walk.after_step, opt=walk.opt,
+            resumable=None if ckpt is None else StepCheckpoint(ckpt, [walk.z], records, extra=walk))
+    return walk.result(fitted, data)
 
 
-def _run_chain(pot: Potential, data: Data, plan: Plan, lr, seed: int, name: str, progress: bool,
-               ckpt: Checkpoint | None = None, score=None) -> dict:
-    """One chain of the shared update (module docstring); returns draws, statistics and history.
-    ``score(z)``: the held-out score of a state, which stops noise-free (exploration) stages early."""
-    z = pot.flatten(pot.init).detach().clone()
-    v = torch.zeros_like(z)
-    batches = data.batches(torch.Generator().manual_seed(seed))
-    noise_gen = torch.Generator(device=z.device).manual_seed(seed + 7919)  # apart from the batch stream
-    direction = torch.randn(z.shape, generator=noise_gen, dtype=z.dtype, device=z.device)
-    eta = None if lr == "auto" else lr / data.size
-    alpha, num_steps = plan.friction, len(plan.scale)
-    scale, keep, noisy, adapt = plan.scale.tolist(), plan.keep.tolist(), plan.noisy.tolist(), plan.adapt.tolist()
-    draws, lps, stops = [], [], []
-    potentials, steps = torch.empty(num_steps, dtype=torch.float64), torch.empty(num_steps, dtype=torch.float64)
-    start, best, secant = 0, None, None
-    if ckpt is not None:
-        state = dict(noise_gen=noise_gen, potentials=potentials, steps=steps)
-        start = restore_sgmcmc(ckpt, state)
-        if start:
-            z, v, direction, eta, draws, lps = (state[k] for k in ("z", "v", "direction", "eta", "draws", "lps"))
-            best, stops = state.get("best"), state.get("stops", [])
-    for _ in range(start):  # replay the minibatch stream up to the restored step
-        next(batches)
-    bar = progress_bar(num_steps, name, progress)
-    bar.update(start)
-    for t in range(start, num_steps):
-        batch = next(batches)
-        if score is not None:  # early stopping of the exploration stages on held-out rows
-            if not noisy[t] and best is None:
-                best = BestOnHoldout(every=SCORE_EVERY, patience=None)
-            if best is not None and (noisy[t] or t % SCORE_EVERY == 0 or best.state is None):
-                best.record(t, score(z), z)
-            if best is not None and noisy[t]:  # the stage has ended: go on from its best state
-                if best.best_step != t:
-                    z, v, secant = best.state.clone(), torch.zeros_like(v), None
-                stops.append(best.best_step)
-                best = None
-        if lr == "auto" and adapt[t]:
-            lam, direction = _largest_curvature(pot, z, batch, direction, iters=30 if eta is None else 10)
-            eta = plan.fraction / lam if lam > 0 else (eta or 1.0 / data.size)
-        z.requires_grad_(True)
-        u = pot(pot.unflatten(z), batch)
-        (grad,) = torch.autograd.grad(u, z)
-        z, u = z.detach(), float(u.detach())
-        if lr == "auto" and not noisy[t]:  # stability guard of the noise-free stages (module docstring)
-            if secant is not None and eta * scale[t] * _secant(z, grad, *secant) > GUARD * plan.fraction:
-                lam, direction = _largest_curvature(pot, z, batch, direction, iters=10)
-                eta = min(eta, plan.fraction / lam) if lam > 0 else eta
-            secant = (z.clone(), grad.clone())
-        else:
-            secant = None
-        step = eta * scale[t]
-        if not (math.isfinite(u) and torch.isfinite(grad).all()):
-            raise FloatingPointError(
-                f"{name} diverged at step {t}: the potential energy or its gradient is not finite (U = {u:.3g}, "
-                f"step size on U {step:.3g}). The step is too large for the curvature of the posterior; pass a "
-                f"smaller lr, e.g. lr={step * data.size / 10:.3g} (the step on U is lr / N).")
-        potentials[t], steps[t] = u, step
-        if keep[t]:
-            draws.append(z.clone())
-            lps.append(-u)
-        v.mul_(1.0 - alpha).add_(grad, alpha=-step)
-        if noisy[t]:
-            v.add_(torch.randn(z.shape, generator=noise_gen, dtype=z.dtype, device=z.device),
-                   alpha=math.sqrt(2.0 * alpha * step))
-        z.add_(v)
-        if ckpt is not None and ckpt.due(t + 1, num_steps):
-            save_sgmcmc(ckpt, t + 1, dict(z=z, v=v, direction=direction, eta=eta, draws=draws, lps=lps,
-                                          noise_gen=noise_gen, potentials=potentials, steps=steps, best=best,
-                                          stops=stops))
-        if t % 100 == 99 or t == num_steps - 1:
-            bar.update(t + 1 - bar.n)
-    bar.close()
-    samples = {k: val.detach().clone() for k, val in pot.constrain(pot.unflatten(torch.stack(draws))).items()}
-    history = dict(potential=potentials, step_size=steps)
-    if score is not None:
-        history["exploration_stop"] = torch.tensor(stops, dtype=torch.long)
-    return dict(samples=samples, stats=dict(lp=torch.tensor(lps, dtype=torch.float64), step_size=steps[plan.keep]),
-                history=history)
+class _Chain:
+    """One chain's state outside the optimizer and the hooks :func:`~bnn_pyro.infer.driver.descend` calls: the
+    potential ``U~`` of each step's minibatch (``objective``), the kept draws, the records ``potentials`` and
+    ``steps``, the divergence stop, and csgmcmc's held-out early stopping of the exploration stages. As the
+    checkpoint's ``extra`` state it saves the draws and the early-stopping state."""
 
+    def __init__(self, pot: Potential, plan: Plan, name: str, size: int, model, holdout: Holdout | None):
+        self.pot, self.plan, self.name, self.size, self.model, self.holdout = pot, plan, name, size, model, holdout
+        self.z = pot.flatten(pot.init).detach().clone().requires_grad_(True)
+        self.potentials = torch.empty(len(plan.scale), dtype=torch.float64)
+        self.steps = torch.empty(len(plan.scale), dtype=torch.float64)
+        self._keep, self._noisy = plan.keep.tolist(), plan.noisy.tolist()
+        self.draws, self.stops, self.best = [], [], None
+        self.opt, self.batch, self.t, self.u = None, None, 0, math.nan
 
-def _secant(z: torch.Tensor, grad: torch.Tensor, z_prev: torch.Tensor, grad_prev: torch.Tensor) -> float:
-    """``|grad - grad_prev| / |z - z_prev|``: the curvature along the last move (at most ``lambda_max``
-    on a quadratic), free from the gradients already computed."""
-    dz = (z - z_prev).norm()
-    return float((grad - grad_prev).norm() / dz) if dz > 0 else 0.0
+    def curvature(self, z: torch.Tensor, start: torch.Tensor, iters: int):
+        return largest_curvature(self.pot, z, self.batch, start, iters)
+
+    def objective(self, batch, t: int):
+        self.batch, self.t = batch, t
+        if self.holdout is not None:
+            self._early_stop(t)
+        self.opt.adapt()
+        u = self.pot(self.pot.unflatten(self.z), batch)
+        self.u = float(u.detach())
+        if not math.isfinite(self.u):
+            raise self._diverged(self.opt.planned_step)
+        if self._keep[t]:  # the state at the start of the step
+            self.draws.append(self.z.detach().clone())
+        return u, self.u
+
+    def after_step(self) -> None:
+        if not torch.isfinite(self.z.grad).all():
+            raise self._diverged(self.opt.step_size)
+
+    def on_step(self, t: int, u: float) -> None:
+        self.potentials[t], self.steps[t] = u, self.opt.step_size
+
+    def _diverged(self, step: float) -> FloatingPointError:
+        return FloatingPointError(
+            f"{self.name} diverged at step {self.t}: the potential energy or its gradient is not finite (U = "
+            f"{self.u:.3g}, step size on U {step:.3g}). The step is too large for the curvature of the posterior; "
+            f"pass a smaller lr, e.g. lr={step * self.size / 10:.3g} (the step on U is lr / N).")
+
+    def _early_stop(self, t: int) -> None:
+        """csgmcmc with held-out rows: score the exploration stage's states, and start the sampling stage from the
+        best one (module docstring)."""
+        noisy = self._noisy[t]
+        if not noisy and self.best is None:
+            self.best = BestOnHoldout(every=SCORE_EVERY, patience=None)
+        if self.best is None:
+            return
+        if noisy or t % SCORE_EVERY == 0 or self.best.state is None:
+            z = self.z.detach()
+            self.best.record(t, heldout_score(self.model, self.pot.constrain(self.pot.unflatten(z)), self.holdout), [z])
+        if noisy:  # the stage has ended: go on from its best state
+            if self.best.best_step != t:
+                with torch.no_grad():
+                    self.z.copy_(self.best.state[0])
+                self.opt.restart()
+            self.stops.append(self.best.best_step)
+            self.best = None
+
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors = {"draws": torch.stack(self.draws)} if self.draws else {}
+        meta = {"stops": list(self.stops), "best": None}
+        if self.best is not None:
+            best, meta["best"] = self.best.state_dict()
+            tensors.update({f"best/{k}": v for k, v in best.items()})
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        self.draws = list(tensors["draws"].clone()) if "draws" in tensors else []
+        self.stops, self.best = list(meta["stops"]), None
+        if meta["best"] is not None:
+            self.best = BestOnHoldout(every=SCORE_EVERY, patience=None)
+            self.best.load_state_dict({k[len("best/"):]: v for k, v in tensors.items() if k.startswith("best/")},
+                                      meta["best"])
+
+    def result(self, fitted, data: Data) -> ChainRun:
+        samples = self.pot.constrain(self.pot.unflatten(torch.stack(self.draws)))
+        history = dict(potential=self.potentials, step_size=self.steps)
+        if self.holdout is not None:
+            history["exploration_stop"] = torch.tensor(self.stops, dtype=torch.long)
+        stats = dict(lp=-self.potentials[self.plan.keep], step_size=self.steps[self.plan.keep])
+        return ChainRun(fitted, {k: v.detach().clone() for k, v in samples.items()},
+                        point_values(fitted, *data.first(), data.size), history, stats)

@@ -15,7 +15,6 @@ import torch
 
 import bnn_pyro as bp
 from bnn_pyro.infer import checkpoint as ckpt_mod
-from bnn_pyro.infer import sgmcmc as sgmcmc_mod
 from bnn_pyro.infer import svi as svi_mod
 
 
@@ -75,7 +74,7 @@ def test_sghmc_resumed_run_is_bit_identical(toy, tmp_path, monkeypatch):
     x, y = toy
     whole = bp.fit(_mlp(), x, y, **SGHMC)
     with monkeypatch.context() as m:  # dies at step 25 (of 32), after draws were kept; checkpoint at 20
-        _crash_at(m, sgmcmc_mod, "save_sgmcmc", 25)
+        _crash_at(m, ckpt_mod.Checkpoint, "save", 25)
         with pytest.raises(_Crash):
             bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, **SGHMC)
     resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, resume=True, **SGHMC)

@@ -124,25 +124,24 @@ def test_defaults_on_diabetes_are_as_good_as_exact_linear_regression():
 def test_resume_inside_an_exploration_stage_is_bit_identical(tmp_path, monkeypatch):
     """The early-stopping state (the best held-out state so far) is checkpointed with the chain: a run that dies
     when saving after step 180 (its last checkpoint at 120, in the middle of cycle 0's exploration) resumes exactly."""
-    from bnn_pyro.infer import sgmcmc as sgmcmc_mod
+    from bnn_pyro.infer import checkpoint as ckpt_mod
 
     x, y = _sine()
     whole = bp.fit(_mlp(), x, y, method="csgmcmc", **SHORT)
-    original = sgmcmc_mod.save_sgmcmc
+    original = ckpt_mod.Checkpoint.save
 
-    def save(ckpt, step, state):
+    def save(ckpt, step, tensors, meta):
         if step == 180:
             raise RuntimeError("crash")
-        return original(ckpt, step, state)
+        return original(ckpt, step, tensors, meta)
 
     with monkeypatch.context() as m:
-        m.setattr(sgmcmc_mod, "save_sgmcmc", save)
+        m.setattr(ckpt_mod.Checkpoint, "save", save)
         with pytest.raises(RuntimeError, match="crash"):
             bp.fit(_mlp(), x, y, method="csgmcmc", checkpoint=tmp_path, checkpoint_every=60, **SHORT)
-    from bnn_pyro.infer import checkpoint as ckpt_mod
 
     meta = ckpt_mod.read(tmp_path / "chain0.ckpt")[1]
-    assert meta["step"] == 120 and meta["best"]["step"] in (0, 50, 100)  # saved mid-stage, with its best state
+    assert meta["step"] == 120 and meta["extra"]["best"]["best_step"] in (0, 50, 100)  # saved mid-stage, with its best
     resumed = bp.fit(_mlp(), x, y, method="csgmcmc", checkpoint=tmp_path, checkpoint_every=60, resume=True, **SHORT)
     for group in ("samples", "sample_stats", "history"):
         for name, value in getattr(whole, group).items():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.infer import sgmcmc as sgmcmc_mod
+from bnn_pyro.infer import checkpoint as ckpt_mod
 from bnn_pyro.infer.snapshot import snapshot_plan
 
 
@@ -104,7 +104,7 @@ def test_resumed_run_is_bit_identical(tmp_path, monkeypatch):
     x, y = _toy()
     config = dict(method="snapshot", num_cycles=2, cycle_length=15, batch_size=8, seed=3, progress=False)
     whole = bp.fit(_mlp(), x, y, **config)
-    original = sgmcmc_mod.save_sgmcmc
+    original = ckpt_mod.Checkpoint.save
 
     def crash(ckpt, step, *args):
         if step == 25:
@@ -112,7 +112,7 @@ def test_resumed_run_is_bit_identical(tmp_path, monkeypatch):
         return original(ckpt, step, *args)
 
     with monkeypatch.context() as m:
-        m.setattr(sgmcmc_mod, "save_sgmcmc", crash)
+        m.setattr(ckpt_mod.Checkpoint, "save", crash)
         with pytest.raises(RuntimeError, match="crash"):
             bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, **config)
     resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, resume=True, **config)
