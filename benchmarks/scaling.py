@@ -113,8 +113,11 @@ def main(args) -> pd.DataFrame:
     for workload, factors in grid(args.quick).items():
         for factor, values in factors.items():
             for value in values:
-                s = dict(BASE, **({"n": 200} if workload == "nuts" else {}), **({"n": 10_000} if workload == "predict" else {}),
-                         **({"n": 2_000, "draws": 100} if workload == "predict" and args.quick else {}))
+                s = dict(BASE)
+                if workload == "nuts":
+                    s["n"] = 200
+                if workload == "predict":
+                    s.update(n=2_000, draws=100) if args.quick else s.update(n=10_000)
                 s[factor] = value
                 if workload == "svi":
                     cost, unit = svi_ms(s["n"], s["width"], s["depth"], s["particles"], args.quick, device), "ms/step"
