@@ -1,65 +1,97 @@
-"""Multi-chain throughput: one chain, two chains one after another, two chains in parallel.
+"""Multi-chain throughput: 1, 2, 4, 8 NUTS chains on this machine, bnn_pyro against NumPyro.
 
-Workload: HMC with exactly 20 leapfrog steps per draw on a 1-50-1 tanh BNN (Normal(0, 1) prior,
-Gaussian noise 0.1), N = 200, so every chain does the same number of gradient evaluations. The
-figure is leapfrog steps per second of wall time; ratios are to one chain, measured in the same run.
+Workload: NUTS on the 1-50-1 tanh BNN of ``_common`` (Normal(0, 1) prior, Gaussian noise 0.1),
+N = 200, every chain from the net's initial weights, tree depth <= ``--depth``, ``--draws`` warm-up
+plus ``--draws`` kept iterations per chain. Figure: chains x iterations (warm-up and kept) per second
+of wall time, and leapfrog steps per second (kept draws' mean trajectory length x all iterations x
+chains / wall), since the two samplers' trajectories differ in length.
 
-Usage: ``python benchmarks/chains.py [--draws 100] [--out benchmarks/results]`` writes
-``chains.md`` and ``chains.csv``.
+- bnn_pyro: ``bp.fit(..., method="nuts", num_chains=c)`` with its default ``chain_method="auto"``:
+  forked processes, at most one per core, one torch thread each (after an untimed warm call).
+- NumPyro (``numpyro_peer``, XLA's default threads, 8 host devices): ``chain_method="parallel"`` (its
+  default; ``pmap`` over host devices) and ``"vectorized"`` (``vmap``: all chains as one batched
+  computation), the compiled second run of each, its compile seconds subtracted.
+
+Usage: ``python benchmarks/chains.py [--quick] [--device cuda] [--out DIR] [--suffix _loaded]`` writes
+``chains{suffix}.md`` and ``.csv``; ``performance.py`` includes the same rows.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+import warnings
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 import bnn_pyro as bp
 
+sys.path.insert(0, str(Path(__file__).parent))
+import numpyro_peer  # noqa: E402
+from _common import bnn, check_device, markdown, now, regression, thread_note  # noqa: E402
 
-def workload(seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(200, 1, generator=g) * 4 - 2
-    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(200, generator=g)
-    torch.manual_seed(seed)
-    net = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
-    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1)), x, y
+MODEL = dict(d=1, width=50, depth=1, n=200)
 
 
-def run(chains: int, chain_method: str, draws: int) -> dict:
-    model, x, y = workload()
-    start = time.perf_counter()
-    post = bp.fit(model, x, y, method="hmc", num_leapfrog=20, step_size=1e-3, num_samples=draws, num_warmup=draws,
-                  num_chains=chains, chain_method=chain_method, seed=0, progress=False)
-    wall = time.perf_counter() - start
-    steps = chains * 2 * draws * 20
-    return dict(setting=f"{chains} chain(s), {chain_method}", execution=post.config["chain_execution"],
-                wall_s=round(wall, 2), leapfrog_per_s=round(steps / wall, 1))
+def ours(chains: int, draws: int, depth: int, device: str) -> dict:
+    x, y = regression(MODEL["n"], MODEL["d"], device=device)
+    model = bnn(MODEL["d"], device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # costs are measured here (and one core: sequential chains, with a warning)
+        start = now(device)
+        post = bp.fit(model, x, y, method="nuts", num_chains=chains, num_warmup=draws, num_samples=draws,
+                      max_tree_depth=depth, init="net", seed=0, progress=False)
+        wall = now(device) - start
+    steps = float(post.sample_stats["n_steps"].float().mean())
+    return dict(implementation=f"bnn_pyro, chain_method='auto' ({post.config['chain_execution']})", chains=chains,
+                threads=1, role="ours", wall_s=wall, mean_steps=steps)
+
+
+def throughput(args) -> list[dict]:
+    """Rows for every chain count in ``args.chains``: bnn_pyro, NumPyro parallel and vectorized."""
+    draws, depth = (10, 4) if args.quick else (100, 5)
+    ours(1, 3, depth, args.device)  # untimed: the process's one-time costs
+    rows = [ours(c, draws, depth, args.device) for c in args.chains]
+    jobs = [dict(MODEL, warmup=draws, draws=draws, tree_depth=depth, chains=c, chain_method=m)
+            for c in args.chains for m in ("parallel", "vectorized")]
+    for r in numpyro_peer.run(jobs, "default", args.device, host_devices=max(args.chains)) or []:
+        if r["run"] == 2:
+            rows.append(dict(implementation=f"NumPyro, chain_method='{r['chain_method']}' (compiled, compile excluded)",
+                             chains=r["chains"], threads="XLA default", role="baseline", wall_s=r["wall_s"] - r["compile_s"],
+                             mean_steps=r["mean_steps"], default=r["chain_method"] == "parallel", compile_s=r["compile_s"]))
+    for r in rows:
+        r["chain_iterations_per_s"] = r["chains"] * 2 * draws / r["wall_s"]
+        r["leapfrog_per_s"] = r["mean_steps"] * r["chains"] * 2 * draws / r["wall_s"]
+    return rows
 
 
 def main(args) -> pd.DataFrame:
-    rows = [run(1, "sequential", args.draws), run(2, "sequential", args.draws), run(2, "parallel", args.draws)]
-    table = pd.DataFrame(rows)
-    table["ratio_to_one_chain"] = (table["leapfrog_per_s"] / table["leapfrog_per_s"].iloc[0]).round(2)
+    table = pd.DataFrame(throughput(args)).round(3)
+    one = table[table.chains == 1].groupby("role").chain_iterations_per_s.first()
+    table["ratio_to_own_one_chain"] = (table.chain_iterations_per_s / table.role.map(one)).round(2)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "chains.csv", index=False)
-    (out / "chains.md").write_text(markdown(table))
+    table.to_csv(out / f"chains{args.suffix}.csv", index=False)
+    (out / f"chains{args.suffix}.md").write_text(f"device {args.device}, {thread_note()}; "
+                                                 f"{'quick' if args.quick else 'full'} settings\n\n"
+                                                 + (f"{args.note}\n\n" if args.note else "") + markdown(table.astype(object).fillna("")))
     print(table.to_string(index=False))
     return table
 
 
-def markdown(table: pd.DataFrame) -> str:
-    """A GitHub Markdown table (pandas' to_markdown needs the optional tabulate package)."""
-    rows = [list(table.columns), ["---"] * table.shape[1]] + table.astype(str).values.tolist()
-    return "".join("| " + " | ".join(map(str, r)) + " |\n" for r in rows)
-
-
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--draws", type=int, default=100, help="warm-up draws and kept draws per chain")
+    parser.add_argument("--quick", action="store_true", help="10 + 10 iterations per chain, 1 and 2 chains")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--chains", type=int, nargs="+", default=None, help="default 1 2 4 8 (1 2 with --quick)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    main(parser.parse_args())
+    parser.add_argument("--suffix", default="")
+    parser.add_argument("--note", default="")
+    args = parser.parse_args()
+    args.device = check_device(args.device)
+    args.chains = args.chains or ([1, 2] if args.quick else [1, 2, 4, 8])
+    started = time.perf_counter()
+    main(args)
+    print(f"whole run: {time.perf_counter() - started:.0f} s")

@@ -1,126 +1,73 @@
-"""Speed side by side: bnn_pyro's engines against stock Pyro, hand-written torch and the peers.
+"""Speed side by side: bnn_pyro against the tightest baselines an expert writes, at both sides' thread settings.
 
-Every workload and its baseline run in this one invocation, on a one-hidden-layer tanh MLP with a
-Normal(0, 1) prior on every weight and a Gaussian likelihood (sigma 0.1); ratios are to the
-baseline measured here, so they hold on any machine even where the absolute figures do not.
+Every workload and its baseline run in this one invocation on a tanh MLP (Normal(0, 1) prior on
+every weight, Gaussian likelihood, sigma 0.1; ``_common``); ratios are to the baseline measured here.
+Every torch workload is measured at 1 thread and at torch's default (one per core), NumPyro at XLA's
+default thread pool and at 1 thread; ``user default`` marks the setting a user gets without asking
+(``bp.fit``: ``num_threads=1``; ``Posterior.predict``, hand-written torch and stock Pyro: torch's
+default; NumPyro: XLA's). The summary table compares each side at its best setting and at its default.
 
-- ``svi``: one optimizer step (Adam, mean-field Gaussian, one particle), 8-50-1, N = 1,000 full
-  batch. bnn_pyro (fast path, and with ``fast_path=False``: Pyro's ``Trace_ELBO``), stock Pyro as a
-  user writes it (``PyroModule`` + ``AutoNormal`` + ``Trace_ELBO`` / ``JitTrace_ELBO``),
-  bayesian-torch if installed; baseline: a hand-written torch Bayes-by-Backprop loop.
-  ms per step = (time of 550 steps - time of 50) / 500, so set-up costs drop out.
-- ``particles``: the same step with 8 particles; baseline: one bnn_pyro particle (and a
-  hand-written batched ``bmm`` loop beside it).
-- ``nuts``: 1-50-1, N = 200, ``--nuts-warmup`` + ``--nuts-draws`` NUTS iterations, tree depth
-  <= ``--nuts-depth``, one chain, one thread; bnn_pyro (fast path, jit) and with Pyro's potential;
-  baseline: NumPyro on the identical model, data, start and settings, if installed: its second run
-  of the same MCMC object, compiled (its first run, compilation included, beside it). ESS is ArviZ's
-  bulk ESS of each weight (median over weights) per second of wall time (warm-up and compile
-  included); ms per leapfrog = wall / (mean leapfrog steps per kept draw x all iterations).
-- ``predict``: predictive mean and std at 10,000 points from 500 draws, each implementation in a
-  fresh process (peak RSS above the process's RSS before the call; an untimed call on 10 points
-  first); bnn_pyro's ``Posterior.predict(interval=None)`` (mean and std) and with 95% intervals,
-  Pyro's ``Predictive``; baseline: a hand-written loop over chunks of 50 draws with ``bmm``.
-- ``chains``: two NUTS chains in parallel against one (``benchmarks/chains.py``'s workload).
+- ``svi``: ms per Adam step, mean-field Gaussian, one particle, 8-50-1, N = 1,000 full batch
+  ((time of ``long`` steps - time of ``short``) / their difference, so set-up drops out). Baseline:
+  ``baselines.svi_loop`` (flat parameters, analytic KL, fused Adam); beside it the same loop with the
+  Monte Carlo KL (the estimator of bnn_pyro's default ``elbo="trace"``), bnn_pyro's fast path, its
+  ``elbo="mean_field"`` (analytic KL), stock Pyro (``AutoNormal`` + ``Trace_ELBO`` / ``JitTrace_ELBO``),
+  bayesian-torch if installed.
+- ``particles``: the same with 8 particles; baseline: the flat loop with one ``baddbmm`` per layer.
+- ``nuts``: 1-50-1, N = 200 and 8-50-50-1, N = 1,000; ``--nuts-warmup`` + ``--nuts-draws``, tree depth
+  <= ``--nuts-depth``, one chain, from the net's initial weights (``init="net"``). Baseline: NumPyro
+  on the identical model, data, start and settings (``numpyro_peer``), the second run of the same
+  MCMC with its XLA compile seconds subtracted (``ms_per_leapfrog_traceless``: JAX's tracing seconds
+  removed too, a lower bound); its first run (compilation included) beside it.
+  ms/leapfrog = wall / (mean leapfrog steps per kept draw x all iterations); ESS/s: ArviZ bulk ESS per
+  second of wall time (warm-up included), in weight space (median over weights) and in function space
+  (median over 5 test inputs of the network output f(x)). bnn_pyro's MCMC runs one torch thread per
+  chain whatever the setting, so it has one row.
+- ``predict``: predictive mean and std from 500 draws at 10,000 points, each implementation in a fresh
+  process (an untimed call on 10 points first; peak memory above the start: RSS on CPU,
+  ``torch.cuda.max_memory_allocated`` on CUDA); baseline ``baselines.predict_loop``.
+- ``chains``: chains x iterations per second for 1, 2, 4, 8 NUTS chains (``chains.py``).
 
-Usage: ``python benchmarks/performance.py [--quick] [--out benchmarks/results]`` writes
-``performance.md`` and ``performance.csv``. NumPyro, JAX and bayesian-torch are optional (the
-``bench`` extra, and ``pip install --no-deps bayesian-torch``); rows for a missing one are skipped.
+Usage: ``python benchmarks/performance.py [--quick] [--device cuda] [--out DIR] [--suffix _loaded]``
+writes ``performance{suffix}.md`` / ``.csv``. NumPyro and JAX (the ``bench`` extra) and bayesian-torch
+(``pip install --no-deps bayesian-torch``) are optional: rows for a missing one are skipped.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import statistics
+import platform
 import subprocess
 import sys
-import threading
 import time
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import torch
 
 import bnn_pyro as bp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from chains import markdown  # noqa: E402  (the shared Markdown writer)
-
-SIGMA = 0.1
-
-
-# ---------------------------------------------------------------------- data and models
-def regression(n: int, d: int, seed: int = 0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.rand(n, d, generator=g) * 4 - 2
-    y = torch.sin(2 * x.mean(1)) + SIGMA * torch.randn(n, generator=g)
-    return x, y
+import baselines  # noqa: E402
+import numpyro_peer  # noqa: E402
+from _common import (DEFAULT_THREADS, SIGMA, bnn, check_device, bulk_ess, forward_draws, markdown, now, per_step,  # noqa: E402
+                     probe_points, regression, thread_note, thread_settings, torch_threads)
 
 
-def mlp(d: int, width: int = 50, seed: int = 0, depth: int = 1) -> torch.nn.Sequential:
-    """A tanh MLP with ``depth`` hidden layers of ``width`` units."""
-    torch.manual_seed(seed)
-    layers, size = [], d
-    for _ in range(depth):
-        layers += [torch.nn.Linear(size, width), torch.nn.Tanh()]
-        size = width
-    return torch.nn.Sequential(*layers, torch.nn.Linear(size, 1))
-
-
-def bnn(d: int, width: int = 50, depth: int = 1) -> bp.BNN:
-    return bp.BNN(mlp(d, width, depth=depth), prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
-
-
-def per_step(run, short: int, long: int, repeats: int) -> float:
-    """Median over ``repeats`` of (time of ``long`` steps - time of ``short``) / (long - short), in ms."""
-    figures = []
-    run(2)  # untimed: compilation (JitTrace_ELBO) and first-call costs
-    for _ in range(repeats):
-        start = time.perf_counter()
-        run(short)
-        middle = time.perf_counter()
-        run(long)
-        end = time.perf_counter()
-        figures.append(((end - middle) - (middle - start)) / (long - short) * 1e3)
-    return statistics.median(figures)
+def row(workload, implementation, value, unit, *, threads, default, role="other", **extra) -> dict:
+    """``role``: "ours" (bnn_pyro's headline figure), "baseline" (the peer) or "other"."""
+    return dict(workload=workload, implementation=implementation, threads=threads, user_default=default,
+                value=value, unit=unit, role=role, **extra)
 
 
 # ---------------------------------------------------------------------- SVI
-def bbb_loop(x, y, particles: int = 1):
-    """Hand-written mean-field Bayes-by-Backprop: softplus scales, the Monte Carlo ELBO, Adam."""
-    d = x.shape[1]
-    shapes = [(50, d), (50,), (1, 50), (1,)]
-    net = mlp(d)
-    mu = [p.detach().clone().requires_grad_() for p in net.parameters()]
-    rho = [torch.full(s, -4.6, requires_grad=True) for s in shapes]  # softplus(-4.6) ~ 0.01
-    opt = torch.optim.Adam(mu + rho, lr=1e-2)
-    n = x.shape[0]
-
-    def run(steps):
-        for _ in range(steps):
-            opt.zero_grad()
-            scale = [torch.nn.functional.softplus(r) for r in rho]
-            eps = [torch.randn((particles,) + s) for s in shapes]
-            w = [m + s * e for m, s, e in zip(mu, scale, eps)]
-            h = torch.tanh(torch.baddbmm(w[1][:, None, :], x.expand(particles, n, d), w[0].transpose(1, 2)))
-            f = torch.baddbmm(w[3][:, None, :], h, w[2].transpose(1, 2))[..., 0]
-            log_lik = torch.distributions.Normal(f, SIGMA).log_prob(y).sum(-1)
-            log_prior = sum(torch.distributions.Normal(0.0, 1.0).log_prob(v).flatten(1).sum(-1) for v in w)
-            log_q = sum(torch.distributions.Normal(m, s).log_prob(v).flatten(1).sum(-1) for m, s, v in zip(mu, scale, w))
-            loss = -(log_lik + log_prior - log_q).mean()
-            loss.backward()
-            opt.step()
-
-    return run
-
-
-def bp_loop(x, y, particles: int = 1, fast_path: bool = True):
-    model = bnn(x.shape[1])
+def bp_loop(x, y, particles: int = 1, threads: int = 1, **options):
+    model = bnn(x.shape[1], device=x.device)
     return lambda steps: bp.fit(model, x, y, method="svi", num_steps=steps, num_particles=particles, num_samples=1,
-                                progress=False, fast_path=fast_path)
+                                progress=False, num_threads=threads, **options)
 
 
 def pyro_loop(x, y, jit: bool):
@@ -131,11 +78,13 @@ def pyro_loop(x, y, jit: bool):
     from pyro.infer.autoguide import AutoNormal
     from pyro.nn import PyroModule, PyroSample
 
+    dev = x.device
     net = PyroModule[torch.nn.Sequential](PyroModule[torch.nn.Linear](x.shape[1], 50), torch.nn.Tanh(),
-                                          PyroModule[torch.nn.Linear](50, 1))
+                                          PyroModule[torch.nn.Linear](50, 1)).to(dev)
+    zero, one = torch.zeros((), device=dev), torch.ones((), device=dev)
     for layer in (net[0], net[2]):
         for name, p in list(layer.named_parameters()):
-            setattr(layer, name, PyroSample(dist.Normal(0.0, 1.0).expand(p.shape).to_event(p.dim())))
+            setattr(layer, name, PyroSample(dist.Normal(zero, one).expand(p.shape).to_event(p.dim())))
 
     def model(x, y=None):
         f = net(x)[..., 0]
@@ -145,18 +94,13 @@ def pyro_loop(x, y, jit: bool):
     pyro.clear_param_store()
     guide = AutoNormal(model, init_scale=0.01)
     svi = SVI(model, guide, pyro.optim.Adam({"lr": 1e-2}), (JitTrace_ELBO if jit else Trace_ELBO)(ignore_jit_warnings=True))
-
-    def run(steps):
-        for _ in range(steps):
-            svi.step(x, y)
-
-    return run
+    return lambda steps: [svi.step(x, y) for _ in range(steps)]
 
 
 def bayesian_torch_loop(x, y):
     from bayesian_torch.layers import LinearReparameterization
 
-    layers = torch.nn.ModuleList([LinearReparameterization(x.shape[1], 50), LinearReparameterization(50, 1)])
+    layers = torch.nn.ModuleList([LinearReparameterization(x.shape[1], 50), LinearReparameterization(50, 1)]).to(x.device)
     opt = torch.optim.Adam(layers.parameters(), lr=1e-2)
 
     def run(steps):
@@ -164,174 +108,149 @@ def bayesian_torch_loop(x, y):
             opt.zero_grad()
             h, kl1 = layers[0](x)
             f, kl2 = layers[1](torch.tanh(h))
-            loss = -torch.distributions.Normal(f[:, 0], SIGMA).log_prob(y).sum() + kl1 + kl2
-            loss.backward()
+            (-torch.distributions.Normal(f[:, 0], SIGMA).log_prob(y).sum() + kl1 + kl2).backward()
             opt.step()
 
     return run
 
 
 def svi_rows(args) -> list[dict]:
-    x, y = regression(1000, 8)
-    short, long = (10, 60) if args.quick else (50, 550)
-    rows, reps = [], args.repeats
-    base = per_step(bbb_loop(x, y), short, long, reps)
-    rows.append(dict(workload="svi", implementation="hand-written torch BBB (baseline)", value=base))
-    rows.append(dict(workload="svi", implementation="bnn_pyro (fast path)", value=per_step(bp_loop(x, y), short, long, reps)))
-    rows.append(dict(workload="svi", implementation="bnn_pyro, fast_path=False",
-                     value=per_step(bp_loop(x, y, fast_path=False), short, long, reps)))
-    rows.append(dict(workload="svi", implementation="stock Pyro, Trace_ELBO", value=per_step(pyro_loop(x, y, False), short, long, reps)))
-    rows.append(dict(workload="svi", implementation="stock Pyro, JitTrace_ELBO", value=per_step(pyro_loop(x, y, True), short, long, reps)))
-    try:
-        rows.append(dict(workload="svi", implementation="bayesian-torch (KL per tensor)",
-                         value=per_step(bayesian_torch_loop(x, y), short, long, reps)))
-    except ImportError:
-        print("bayesian-torch is not installed: its row is skipped")
-    for r in rows:
-        r.update(unit="ms/step", baseline=base)
-    one = per_step(bp_loop(x, y, 1), short, long, reps)
-    part = [dict(workload="particles", implementation="bnn_pyro, 1 particle (baseline)", value=one)]
-    part.append(dict(workload="particles", implementation="bnn_pyro, 8 particles", value=per_step(bp_loop(x, y, 8), short, long, reps)))
-    part.append(dict(workload="particles", implementation="bnn_pyro, 8 particles, fast_path=False",
-                     value=per_step(bp_loop(x, y, 8, fast_path=False), short, long, reps)))
-    part.append(dict(workload="particles", implementation="hand-written bmm, 8 particles",
-                     value=per_step(bbb_loop(x, y, 8), short, long, reps)))
-    for r in part:
-        r.update(unit="ms/step", baseline=one)
-    return rows + part
-
-
-# ---------------------------------------------------------------------- NUTS
-def nuts_rows(args) -> list[dict]:
-    import arviz as az
-    import numpy as np
-
-    x, y = regression(200, 1)
-    warmup, draws, depth = args.nuts_warmup, args.nuts_draws, args.nuts_depth
-    found = {}
-    for label, fast in (("bnn_pyro (fast path, jit)", True), ("bnn_pyro, fast_path=False (Pyro's jit potential)", False)):
-        model = bnn(1)
-        # untimed: the process's one-time costs (lazy imports, TorchScript's first runs); NumPyro's are
-        # outside its timing too (imports, and its compiled second run is the baseline)
-        bp.fit(model, x, y, method="nuts", num_warmup=3, num_samples=3, seed=0, progress=False, fast_path=fast)
-        start = time.perf_counter()
-        post = bp.fit(model, x, y, method="nuts", num_warmup=warmup, num_samples=draws, max_tree_depth=depth,
-                      seed=0, progress=False, fast_path=fast)
-        wall = time.perf_counter() - start
-        w = np.concatenate([v.reshape(1, draws, -1).numpy() for v in post.samples.values()], axis=-1)
-        found[label] = (wall, float(post.sample_stats["n_steps"].float().mean()), w)
-    try:
-        found["NumPyro, first run (compilation included)"], found["NumPyro"] = numpyro_nuts(x, y, warmup, draws, depth)
-    except ImportError:
-        print("numpyro is not installed: its row is skipped")
+    x, y = regression(1000, 8, device=args.device)
+    short, long = (5, 45) if args.quick else (50, 550)
+    time_it = lambda run: per_step(run, short, long, args.repeats, args.device)  # noqa: E731
     rows = []
-    for label, (wall, steps, w) in found.items():
-        ess = float(np.median(az.ess(az.convert_to_dataset(w), method="bulk")["x"].values))
-        rows.append(dict(workload="nuts", implementation=label, value=ess / wall, unit="ESS/s (median weight)",
-                         ms_per_leapfrog=wall / (steps * (warmup + draws)) * 1e3, wall_s=wall, ess=ess))
-    base = rows[-1]["value"] if "NumPyro" in found else rows[0]["value"]
-    for r in rows:
-        r["baseline"] = base
-    if "NumPyro" in found:
-        rows[-1]["implementation"] = "NumPyro, compiled: second run of the same MCMC (baseline)"
+    for t in thread_settings():
+        user = t == DEFAULT_THREADS
+        with torch_threads(t):
+            for workload, p in (("svi", 1), ("particles", 8)):
+                rows.append(row(workload, f"hand-written flat loop, analytic KL, {p} particle{'s' * (p > 1)} (baseline)",
+                                time_it(baselines.svi_loop(x, y, particles=p)), "ms/step", threads=t, default=user, role="baseline"))
+                rows.append(row(workload, f"hand-written flat loop, Monte Carlo KL (Trace_ELBO's estimator), {p} particle{'s' * (p > 1)}",
+                                time_it(baselines.svi_loop(x, y, particles=p, kl="mc")), "ms/step", threads=t, default=user))
+                rows.append(row(workload, f"bnn_pyro (fast path, elbo='trace'), {p} particle{'s' * (p > 1)}",
+                                time_it(bp_loop(x, y, p, t)), "ms/step", threads=t, default=t == 1, role="ours"))
+            rows.append(row("svi", "bnn_pyro, elbo='mean_field' (analytic KL)", time_it(bp_loop(x, y, 1, t, elbo="mean_field")),
+                            "ms/step", threads=t, default=t == 1))
+            if not args.quick:
+                for jit in (False, True):
+                    rows.append(row("svi", f"stock Pyro, {'JitTrace_ELBO' if jit else 'Trace_ELBO'}", time_it(pyro_loop(x, y, jit)),
+                                    "ms/step", threads=t, default=user))
+            try:
+                rows.append(row("svi", "bayesian-torch (KL per tensor: not the ELBO)", time_it(bayesian_torch_loop(x, y)),
+                                "ms/step", threads=t, default=user))
+            except ImportError:
+                pass
     return rows
 
 
-def numpyro_nuts(x, y, warmup, draws, depth):
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    import numpyro
-    import numpyro.distributions as nd
-    from numpyro.infer import MCMC, NUTS, init_to_value
+# ---------------------------------------------------------------------- NUTS
+NUTS_MODELS = {"nuts 1-50-1, N=200": dict(d=1, width=50, depth=1, n=200),
+               "nuts 8-50-50-1, N=1000": dict(d=8, width=50, depth=2, n=1000)}
 
-    jax.config.update("jax_platform_name", "cpu")
-    net = mlp(1)
-    start = {"w1": net[0].weight, "b1": net[0].bias, "w2": net[2].weight, "b2": net[2].bias}
-    start = {k: jnp.asarray(v.detach().numpy()) for k, v in start.items()}
 
-    def model(x, y):
-        w = {k: numpyro.sample(k, nd.Normal(0.0, 1.0).expand(v.shape).to_event(v.ndim)) for k, v in start.items()}
-        f = jnp.tanh(x @ w["w1"].T + w["b1"]) @ w["w2"].T + w["b2"]
-        with numpyro.plate("data", x.shape[0]):
-            numpyro.sample("obs", nd.Normal(f[:, 0], SIGMA), obs=y)
+def nuts_rows(args) -> list[dict]:
+    warmup, draws, tree = args.nuts_warmup, args.nuts_draws, args.nuts_depth
+    rows, jobs = [], []
+    for workload, m in NUTS_MODELS.items():
+        x, y = regression(m["n"], m["d"], device=args.device)
+        model = bnn(m["d"], m["width"], m["depth"], device=args.device)
+        options = dict(method="nuts", max_tree_depth=tree, init="net", seed=0, progress=False)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", bp.diagnostics.DiagnosticWarning)  # costs are measured here, not fit quality
+            bp.fit(model, x, y, num_warmup=3, num_samples=3, **options)  # untimed: the process's one-time costs
+            start = now(args.device)
+            post = bp.fit(model, x, y, num_warmup=warmup, num_samples=draws, **options)
+            wall = now(args.device) - start
+        linear = sorted({int(k.split(".")[0]) for k in post.samples}, key=int)
+        layers = [tuple(post.samples[f"{i}.{p}"].cpu().numpy() for p in ("weight", "bias")) for i in linear]
+        flat = np.concatenate([v.reshape(1, draws, -1).cpu().numpy() for v in post.samples.values()], axis=-1)
+        steps = float(post.sample_stats["n_steps"].float().mean())
+        rows.append(_nuts_row(workload, "bnn_pyro (NUTS fast path)", wall, steps, warmup + draws,
+                              bulk_ess(flat), bulk_ess(forward_draws(layers, probe_points(m["d"]))), threads=1, default=True, role="ours"))
+        jobs.append(dict(m, warmup=warmup, draws=draws, tree_depth=tree, chains=1, chain_method="sequential", workload=workload))
+    for threads in ("default",) if args.quick else ("default", "1"):  # quick: XLA's default threads only
+        for r in numpyro_peer.run(jobs, threads, args.device) or []:
+            label = ("NumPyro, compiled (second run, compile excluded)" if r["run"] == 2
+                     else "NumPyro, first run (compilation included)")
+            if r["run"] == 1 and threads == "1":
+                continue
+            wall = r["wall_s"] - (r["compile_s"] if r["run"] == 2 else 0.0)
+            rows.append(_nuts_row(r["workload"], label, wall, r["mean_steps"], r["warmup"] + r["draws"], r["ess_weights"],
+                                  r["ess_function"], threads="XLA default" if threads == "default" else 1,
+                                  default=threads == "default", role="baseline" if r["run"] == 2 else "other",
+                                  compile_s=round(r["compile_s"], 2), trace_s=round(r["trace_s"], 2),
+                                  # tracing removed too: a lower bound on NumPyro's cost (JAX's trace events nest)
+                                  ms_per_leapfrog_traceless=max(wall - r["trace_s"], 0.0) / (r["mean_steps"] * (r["warmup"] + r["draws"])) * 1e3
+                                  if r["run"] == 2 else None))
+    return rows
 
-    kernel = NUTS(model, max_tree_depth=depth, target_accept_prob=0.8, init_strategy=init_to_value(values=start))
-    mcmc = MCMC(kernel, num_warmup=warmup, num_samples=draws, progress_bar=False)
-    runs = []
-    for seed in (0, 1):  # the first run compiles; the second reuses the compiled sampler
-        begin = time.perf_counter()
-        mcmc.run(jax.random.PRNGKey(seed), jnp.asarray(x.numpy()), jnp.asarray(y.numpy()), extra_fields=("num_steps",))
-        wall = time.perf_counter() - begin
-        samples = mcmc.get_samples()
-        w = np.concatenate([np.asarray(samples[k]).reshape(1, draws, -1) for k in start], axis=-1)
-        runs.append((wall, float(np.asarray(mcmc.get_extra_fields()["num_steps"]).mean()), w))
-    return runs[0], runs[1]
+
+def _nuts_row(workload, label, wall, steps, iterations, ess_w, ess_f, **extra) -> dict:
+    return row(workload, label, wall / (steps * iterations) * 1e3, "ms/leapfrog", wall_s=round(wall, 2),
+               ess_weights=round(ess_w, 1), ess_w_per_s=ess_w / wall, ess_f_per_s=ess_f / wall, ess_function=round(ess_f, 1),
+               **extra)
 
 
 # ---------------------------------------------------------------------- prediction
-def predict_child(kind: str, draws: int, points: int) -> dict:
-    """Run in a fresh process: one prediction, its wall time and peak RSS above the start. Each
-    implementation first runs once, untimed, on 10 points: lazy imports and first-call costs are
-    the process's, not the workload's."""
-    model = bnn(1)
+def predict_child(kind: str, draws: int, points: int, device: str) -> dict:
+    """In a fresh process: one prediction's wall time and peak memory above the start."""
+    dev = torch.device(device)
+    model = bnn(1, device=dev)
     g = torch.Generator().manual_seed(1)
-    samples = {n: 0.5 * torch.randn((1, draws) + s, generator=g) for n, s in model.param_shapes.items()}
-    x_train, y_train = regression(50, 1)
+    samples = {n: (0.5 * torch.randn((1, draws) + s, generator=g)).to(dev) for n, s in model.param_shapes.items()}
+    x_train, y_train = regression(50, 1, device=dev)
     post = bp.Posterior(samples=samples, model=model, method="svi", x=x_train, y=y_train)
-    x = regression(points, 1, seed=2)[0]
+    x = regression(points, 1, seed=2, device=dev)[0]
 
     def run(x):
-        if kind.startswith("bnn_pyro"):  # mean and std only, or with 95% intervals (quantiles of predictive draws)
+        if kind.startswith("bnn_pyro"):
             pred = post.predict(x, interval=0.95 if kind == "bnn_pyro_interval" else None)
             return pred.mean, pred.std
         if kind == "pyro":
             from pyro.infer import Predictive
 
-            flat = {n: v[0] for n, v in samples.items()}
-            out = Predictive(lambda x: model(x, dataset_size=len(x)), posterior_samples=flat,
-                             return_sites=["f", "obs"])(x)
+            out = Predictive(lambda x: model(x, dataset_size=len(x)), posterior_samples={n: v[0] for n, v in samples.items()},
+                             return_sites=["obs"])(x)
             return out["obs"].mean(0), out["obs"].std(0)
-        total, total_sq = torch.zeros(len(x)), torch.zeros(len(x))
-        w = {n: v[0] for n, v in samples.items()}
-        for i in range(0, draws, 50):
-            c = slice(i, i + 50)
-            h = torch.tanh(torch.baddbmm(w["0.bias"][c, None], x.expand(w["0.weight"][c].shape[0], -1, -1),
-                                         w["0.weight"][c].transpose(1, 2)))
-            f = torch.baddbmm(w["2.bias"][c, None], h, w["2.weight"][c].transpose(1, 2))[..., 0]
-            total += f.sum(0)
-            total_sq += f.pow(2).sum(0)
-        mean = total / draws
-        return mean, (total_sq / draws - mean**2 + SIGMA**2).clamp_min(0).sqrt()
+        return baselines.predict_loop([(samples[f"{i}.weight"][0], samples[f"{i}.bias"][0]) for i in (0, 2)], x)
 
     run(x[:10])
-    watch = RssWatch()
-    start = time.perf_counter()
+    watch = PeakMemory(dev)
+    start = now(dev)
     mean, std = run(x)
-    wall = time.perf_counter() - start
+    wall = now(dev) - start
     return dict(wall_s=wall, peak_mb=watch.stop(), mean0=float(mean[0]), std0=float(std[0]))
 
 
-class RssWatch:
-    """Peak resident memory above the current level, sampled every millisecond by a thread (the
-    process's lifetime peak, ``ru_maxrss``, would include the imports)."""
+class PeakMemory:
+    """Peak memory above the current level: CUDA's allocator statistics, or the resident set sampled
+    every millisecond by a thread on the CPU (the lifetime peak, ``ru_maxrss``, would include the imports)."""
 
-    def __init__(self):
+    def __init__(self, device: torch.device):
+        import resource
+        import threading
+
+        self.cuda, self.page = device.type == "cuda", resource.getpagesize()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+            self.before, self.device = torch.cuda.memory_allocated(device), device
+            return
         self.before = self.peak = self._rss()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True)
         self._thread.start()
 
-    @staticmethod
-    def _rss() -> int:
+    def _rss(self) -> int:
         with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * resource.getpagesize()
+            return int(f.read().split()[1]) * self.page
 
     def _watch(self):
         while not self._done.wait(0.001):
             self.peak = max(self.peak, self._rss())
 
     def stop(self) -> float:
+        if self.cuda:
+            return (torch.cuda.max_memory_allocated(self.device) - self.before) / 2**20
         self._done.set()
         self._thread.join()
         return (max(self.peak, self._rss()) - self.before) / 2**20
@@ -339,72 +258,115 @@ class RssWatch:
 
 def predict_rows(args) -> list[dict]:
     draws, points = (100, 2000) if args.quick else (500, 10000)
-    found = {}
-    for kind in ("hand-written chunked", "bnn_pyro", "bnn_pyro_interval", "pyro"):
-        best = None
-        for _ in range(args.repeats):
-            out = subprocess.run([sys.executable, __file__, "--predict-child", kind, str(draws), str(points)],
-                                 capture_output=True, text=True, check=True)
-            r = json.loads(out.stdout.strip().splitlines()[-1])
-            best = r if best is None or r["wall_s"] < best["wall_s"] else best
-        found[kind] = best
-    base = found["hand-written chunked"]
-    labels = {"hand-written chunked": "hand-written chunked bmm (baseline)",
-              "bnn_pyro": "bnn_pyro Posterior.predict(interval=None)",
+    labels = {"hand-written": "hand-written chunked bmm (baseline)", "bnn_pyro": "bnn_pyro Posterior.predict(interval=None)",
               "bnn_pyro_interval": "bnn_pyro Posterior.predict, with 95% intervals", "pyro": "Pyro Predictive"}
-    return [dict(workload="predict", implementation=labels[k], value=r["wall_s"] * 1e3, unit="ms", baseline=base["wall_s"] * 1e3,
-                 peak_mb=r["peak_mb"], memory_ratio=r["peak_mb"] / max(base["peak_mb"], 1.0)) for k, r in found.items()]
+    rows = []
+    for t in thread_settings():
+        for kind, label in labels.items():
+            best = None
+            for _ in range(1 if args.quick else args.repeats):
+                out = subprocess.run([sys.executable, __file__, "--predict-child", kind, str(draws), str(points), args.device,
+                                      str(t)], capture_output=True, text=True, check=True)
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                best = r if best is None or r["wall_s"] < best["wall_s"] else best
+            role = "baseline" if kind == "hand-written" else "ours" if kind == "bnn_pyro" else "other"
+            rows.append(row("predict", label, best["wall_s"] * 1e3, "ms", threads=t, default=t == DEFAULT_THREADS, role=role,
+                            peak_mb=round(best["peak_mb"], 1)))
+    return rows
 
 
 # ---------------------------------------------------------------------- chains
 def chain_rows(args) -> list[dict]:
     import chains
 
-    draws = 20 if args.quick else 100
-    one = chains.run(1, "sequential", draws)["leapfrog_per_s"]
-    two = chains.run(2, "parallel", draws)["leapfrog_per_s"]
-    return [dict(workload="chains", implementation="1 chain (baseline)", value=one, unit="leapfrog/s", baseline=one),
-            dict(workload="chains", implementation="2 chains, parallel", value=two, unit="leapfrog/s", baseline=one)]
+    return [row("chains", r["implementation"], r["chain_iterations_per_s"], "chains x iterations/s", threads=r["threads"],
+                default=r.get("default", True), chains=r["chains"], role=r["role"], leapfrog_per_s=r["leapfrog_per_s"],
+                wall_s=round(r["wall_s"], 2), compile_s=r.get("compile_s")) for r in chains.throughput(args)]
 
 
-TARGETS = {"svi": "<= 1.0x hand-written", "particles": "<= 2x one particle", "nuts": "within 3x of NumPyro ESS/s",
-           "predict": "<= 1.0x time, <= 1.5x memory", "chains": ">= 1.7x one chain"}
+# ---------------------------------------------------------------------- tables
+def summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per workload (and chain count): bnn_pyro's headline row against the baseline, each at its best
+    thread setting and at its user default; ratio = bnn_pyro / baseline (time: < 1 is faster)."""
+    out = []
+    for key, part in table.groupby("group", sort=False):
+        ours, base = part[part.role == "ours"], part[part.role == "baseline"]
+        if ours.empty or base.empty:
+            continue
+        r = dict(workload=key, unit=part.unit.iloc[0])
+        for side, rows in (("ours", ours), ("baseline", base)):
+            best = rows.loc[rows.value.idxmax() if rows.unit.iloc[0].endswith("/s") else rows.value.idxmin()]
+            user = rows[rows.user_default.astype(bool)].iloc[0] if rows.user_default.astype(bool).any() else best
+            r[f"{side} best (threads)"] = f"{best.value:.4g} ({best.threads})"
+            r[f"{side} default (threads)"] = f"{user.value:.4g} ({user.threads})"
+            r[f"_{side}_best"], r[f"_{side}_user"] = best.value, user.value
+        r["ratio at best"] = round(r.pop("_ours_best") / r.pop("_baseline_best"), 3)
+        r["ratio at defaults"] = round(r.pop("_ours_user") / r.pop("_baseline_user"), 3)
+        out.append(r)
+    return pd.DataFrame(out)
 
 
 def main(args) -> pd.DataFrame:
-    torch.set_num_threads(1)  # as bp.fit does by default: every implementation on one thread
+    started = time.perf_counter()
     rows = []
     for name, fn in (("svi", svi_rows), ("nuts", nuts_rows), ("predict", predict_rows), ("chains", chain_rows)):
         if name in args.only:
             print(f"running {name} ...", flush=True)
             rows += fn(args)
     table = pd.DataFrame(rows)
-    table["ratio"] = table["value"] / table["baseline"]
-    table["target"] = table["workload"].map(TARGETS)
-    columns = [c for c in ("workload", "implementation", "value", "unit", "ratio", "ms_per_leapfrog", "wall_s", "ess",
-                           "peak_mb", "memory_ratio", "target") if c in table]
-    table = table[columns].round(3)
+    chains = table["chains"] if "chains" in table else pd.Series(float("nan"), index=table.index)
+    table.insert(0, "group", [w if pd.isna(c) else f"{w} x{int(c)}" for w, c in zip(table.workload, chains)])
+    base = table[table.role == "baseline"].groupby("group").value
+    best = base.max().where(table.groupby("group").unit.first().str.endswith("/s"), base.min())
+    table["ratio"] = table.value / table.group.map(best)
+    order = {g: i for i, g in enumerate(dict.fromkeys(table.group))}  # sections in the order they ran
+    table = (table.assign(_o=table.group.map(order), _t=table.threads.astype(str)).sort_values(["_o", "_t"], kind="stable")
+             .drop(columns=["_o", "_t", "workload"]).round(4))
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "performance.csv", index=False)
-    header = (f"torch {torch.__version__}, {torch.get_num_threads()} threads, "
-              f"{'quick settings' if args.quick else 'full settings'}; ratio = value / the workload's baseline\n\n")
-    (out / "performance.md").write_text(header + markdown(table.fillna("")))
-    print(table.to_string(index=False))
+    name = f"performance{args.suffix}"
+    table.to_csv(out / f"{name}.csv", index=False)
+    header = (f"torch {torch.__version__}, device {args.device}, {platform.processor() or platform.machine()}, {thread_note()}; "
+              f"{'quick' if args.quick else 'full'} settings; whole run {time.perf_counter() - started:.0f} s. "
+              "ratio = value / the workload's baseline at its best thread setting.\n\n"
+              + (f"{args.note}\n\n" if args.note else ""))
+    (out / f"{name}.md").write_text(header + "## Summary: bnn_pyro / baseline\n\n" + markdown(summary(table))
+                                    + "\n## All rows\n\n" + markdown(table.astype(object).fillna("")))
+    print(summary(table).to_string(index=False))
+    print(f"whole run: {time.perf_counter() - started:.0f} s")
     return table
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="small workloads (a smoke run: all sections in < 2 min idle)")
+    p.add_argument("--device", default="cpu", help="torch device of every torch workload, e.g. cuda (default cpu)")
+    p.add_argument("--repeats", type=int, default=None, help="timed repetitions per row (default 3; with --quick 2, predict 1)")
+    p.add_argument("--nuts-warmup", type=int, default=None, help="default 300 (20 with --quick)")
+    p.add_argument("--nuts-draws", type=int, default=None, help="default 300 (20 with --quick)")
+    p.add_argument("--nuts-depth", type=int, default=None, help="max tree depth; default 6 (4 with --quick)")
+    p.add_argument("--chains", type=int, nargs="+", default=None, help="chain counts; default 1 2 4 8 (1 2 with --quick)")
+    p.add_argument("--only", nargs="+", default=["svi", "nuts", "predict", "chains"])
+    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    p.add_argument("--suffix", default="", help="appended to the output names, e.g. _loaded")
+    p.add_argument("--note", default="", help="a line written under the header (e.g. the machine's load)")
+    return p
+
+
+def resolve(args) -> argparse.Namespace:
+    """Fill the settings left unset from --quick; check --device."""
+    quick = args.quick
+    for name, full, small in (("repeats", 3, 2), ("nuts_warmup", 300, 20), ("nuts_draws", 300, 20), ("nuts_depth", 6, 4),
+                              ("chains", [1, 2, 4, 8], [1, 2])):
+        if getattr(args, name) is None:
+            setattr(args, name, small if quick else full)
+    args.device = check_device(args.device)
+    return args
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--predict-child":
-        torch.set_num_threads(1)
-        print(json.dumps(predict_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))))
+        torch.set_num_threads(int(sys.argv[6]))
+        print(json.dumps(predict_child(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), sys.argv[5])))
         sys.exit(0)
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="small settings (a smoke run)")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--nuts-warmup", type=int, default=300)
-    parser.add_argument("--nuts-draws", type=int, default=300)
-    parser.add_argument("--nuts-depth", type=int, default=6)
-    parser.add_argument("--only", nargs="+", default=["svi", "nuts", "predict", "chains"])
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    main(parser.parse_args())
+    main(resolve(parser().parse_args()))

@@ -11,17 +11,19 @@ of 50 units, Normal(0, 1) prior, Gaussian noise 0.1, one torch thread):
   identical; their extra wall time over their extra leapfrog steps. Against N, width and depth;
   base N = 200.
 - ``predict``: ms for ``Posterior.predict(x, interval=None)`` against the number of points, width,
-  depth and posterior draws; base 10,000 points, 500 draws.
+  depth and posterior draws; base 10,000 points, 500 draws (``--quick``: 2,000 and 100).
 
-Usage: ``python benchmarks/scaling.py [--quick] [--out benchmarks/results]`` writes ``scaling.csv``,
-``scaling.md`` and ``scaling.png`` (log-log curves, one row per workload and one column per factor,
+``--device cuda`` puts the model, data and draws on that device (timers read after a synchronize).
+
+Usage: ``python benchmarks/scaling.py [--quick] [--device cuda] [--out DIR] [--suffix _loaded]`` writes
+``scaling{suffix}.csv``, ``.md`` and ``.png`` (log-log curves, one row per workload and one column per factor,
 with the line of linear growth through each curve's first point).
 """
 
 from __future__ import annotations
 
 import argparse
-import time
+import sys
 import warnings
 from pathlib import Path
 
@@ -29,63 +31,66 @@ import pandas as pd
 import torch
 
 import bnn_pyro as bp
-from chains import markdown
-from performance import bnn, regression  # the same MLP, prior, noise and data as the performance table
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _common import bnn, check_device, markdown, now, regression, thread_note  # noqa: E402  (the performance table's MLP and data)
 
 BASE = dict(n=1000, width=50, depth=1, particles=1, draws=500)
 
 
-def model(width: int, depth: int, d: int = 8) -> bp.BNN:
-    return bnn(d, width, depth)
+def model(width: int, depth: int, device, d: int = 8) -> bp.BNN:
+    return bnn(d, width, depth, device=device)
 
 
-def data(n: int, d: int = 8, seed: int = 0):
-    return regression(n, d, seed)
+def data(n: int, device, d: int = 8, seed: int = 0):
+    return regression(n, d, seed, device=device)
 
 
-def svi_ms(n, width, depth, particles, quick: bool) -> float:
-    m, (x, y) = model(width, depth), data(n)
+def svi_ms(n, width, depth, particles, quick: bool, device) -> float:
+    m, (x, y) = model(width, depth, device), data(n, device)
     short, long = (5, 15) if quick else (10, 60)
 
     def run(steps):
-        start = time.perf_counter()
-        bp.fit(m, x, y, method="svi", num_steps=steps, num_particles=particles, num_samples=1, progress=False)
-        return time.perf_counter() - start
+        start = now(device)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", bp.diagnostics.DiagnosticWarning)  # short runs on purpose: costs, not quality
+            bp.fit(m, x, y, method="svi", num_steps=steps, num_particles=particles, num_samples=1, progress=False)
+        return now(device) - start
 
     run(2)
     return min(run(long) - run(short) for _ in range(2)) / (long - short) * 1e3
 
 
-def nuts_ms(n, width, depth, quick: bool) -> float:
-    m, (x, y) = model(width, depth), data(n)
+def nuts_ms(n, width, depth, quick: bool, device) -> float:
+    m, (x, y) = model(width, depth, device), data(n, device)
     # the extra draws must cost far more than the run-to-run noise of set-up and compilation (~0.1 s)
     warmup, short, long = (30, 5, 65) if quick else (50, 5, 205)
 
     def run(draws):
-        start = time.perf_counter()
+        start = now(device)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", bp.diagnostics.DiagnosticWarning)  # costs are measured here, not the fit's quality
             post = bp.fit(m, x, y, method="nuts", num_warmup=warmup, num_samples=draws, max_tree_depth=5, seed=0,
                           progress=False)
-        return time.perf_counter() - start, int(post.sample_stats["n_steps"].sum())
+        return now(device) - start, int(post.sample_stats["n_steps"].sum())
 
     run(short)  # untimed: first-call costs
     (t0, s0), (t1, s1) = run(short), run(long)
     return (t1 - t0) / (s1 - s0) * 1e3 if s1 - s0 >= 50 else float("nan")  # too few extra steps to time
 
 
-def predict_ms(points, width, depth, draws) -> float:
-    m = model(width, depth)
+def predict_ms(points, width, depth, draws, device) -> float:
+    m = model(width, depth, device)
     g = torch.Generator().manual_seed(1)
-    samples = {k: 0.3 * torch.randn((1, draws) + s, generator=g) for k, s in m.param_shapes.items()}
+    samples = {k: (0.3 * torch.randn((1, draws) + s, generator=g)).to(device) for k, s in m.param_shapes.items()}
     post = bp.Posterior(samples=samples, model=m, method="svi")
-    x = data(points, seed=2)[0]
+    x = data(points, device, seed=2)[0]
     post.predict(x[:10], interval=None)
     best = float("inf")
     for _ in range(2):
-        start = time.perf_counter()
+        start = now(device)
         post.predict(x, interval=None)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, now(device) - start)
     return best * 1e3
 
 
@@ -93,7 +98,7 @@ def grid(quick: bool) -> dict[str, dict[str, list[int]]]:
     if quick:
         return {"svi": {"n": [100, 1000], "width": [16, 64], "depth": [1, 2], "particles": [1, 4]},
                 "nuts": {"n": [100, 400], "width": [16, 64], "depth": [1, 2]},
-                "predict": {"n": [1000, 4000], "width": [16, 64], "depth": [1, 2], "draws": [50, 200]}}
+                "predict": {"n": [500, 2000], "width": [16, 64], "depth": [1, 2], "draws": [50, 200]}}
     return {"svi": {"n": [100, 1000, 10_000, 100_000], "width": [16, 64, 256, 1024], "depth": [1, 2, 4, 8],
                     "particles": [1, 2, 8, 32]},
             "nuts": {"n": [50, 200, 1000, 5000], "width": [16, 50, 200, 800], "depth": [1, 2, 4]},
@@ -102,28 +107,35 @@ def grid(quick: bool) -> dict[str, dict[str, list[int]]]:
 
 
 def main(args) -> pd.DataFrame:
+    device = check_device(args.device)
     torch.set_num_threads(1)  # as bp.fit does by default
     rows = []
     for workload, factors in grid(args.quick).items():
         for factor, values in factors.items():
             for value in values:
-                s = dict(BASE, **({"n": 200} if workload == "nuts" else {}), **({"n": 10_000} if workload == "predict" else {}))
+                s = dict(BASE)
+                if workload == "nuts":
+                    s["n"] = 200
+                if workload == "predict":
+                    s.update(n=2_000, draws=100) if args.quick else s.update(n=10_000)
                 s[factor] = value
                 if workload == "svi":
-                    cost, unit = svi_ms(s["n"], s["width"], s["depth"], s["particles"], args.quick), "ms/step"
+                    cost, unit = svi_ms(s["n"], s["width"], s["depth"], s["particles"], args.quick, device), "ms/step"
                 elif workload == "nuts":
-                    cost, unit = nuts_ms(s["n"], s["width"], s["depth"], args.quick), "ms/leapfrog"
+                    cost, unit = nuts_ms(s["n"], s["width"], s["depth"], args.quick, device), "ms/leapfrog"
                 else:
-                    cost, unit = predict_ms(s["n"], s["width"], s["depth"], s["draws"]), "ms"
+                    cost, unit = predict_ms(s["n"], s["width"], s["depth"], s["draws"], device), "ms"
                 rows.append(dict(workload=workload, factor=factor, value=value, cost=round(cost, 3), unit=unit))
                 print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "scaling.csv", index=False)
-    (out / "scaling.md").write_text(f"torch {torch.__version__}, 1 thread, {'quick' if args.quick else 'full'} settings; "
-                                    "one factor varied at a time (see benchmarks/scaling.py)\n\n" + markdown(table))
-    plot(table, out / "scaling.png")
+    table.to_csv(out / f"scaling{args.suffix}.csv", index=False)
+    (out / f"scaling{args.suffix}.md").write_text(
+        f"torch {torch.__version__}, device {device}, 1 thread ({thread_note()}), {'quick' if args.quick else 'full'} "
+        "settings; one factor varied at a time (see benchmarks/scaling.py)\n\n" + (f"{args.note}\n\n" if args.note else "")
+        + markdown(table))
+    plot(table, out / f"scaling{args.suffix}.png")
     return table
 
 
@@ -164,5 +176,8 @@ def plot(table: pd.DataFrame, path: Path) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small settings (a smoke run)")
+    parser.add_argument("--device", default="cpu", help="torch device of the models and data, e.g. cuda (default cpu)")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--suffix", default="", help="appended to the output names, e.g. _loaded")
+    parser.add_argument("--note", default="", help="a line written under the header (e.g. the machine's load)")
     main(parser.parse_args())

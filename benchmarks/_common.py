@@ -1,0 +1,142 @@
+"""What the speed benchmarks share: data, nets, devices, thread settings, timing, ESS and Markdown.
+
+Every benchmark builds the same tanh MLP (Normal(0, 1) prior on every weight, Gaussian noise
+``SIGMA``) on the same generated data, so the peers see identical models, data and starting weights.
+The data and the starting weights are drawn on the CPU from fixed seeds (the same numbers on every
+device) and moved once to ``device``; everything made inside a timed loop is made on the device.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+
+import numpy as np
+import pandas as pd
+import torch
+
+import bnn_pyro as bp
+
+SIGMA = 0.1
+# The torch intra-op threads a user gets (one per core unless OMP_NUM_THREADS says otherwise), read at
+# import, before any benchmark changes it.
+DEFAULT_THREADS = torch.get_num_threads()
+
+
+def regression(n: int, d: int, seed: int = 0, device="cpu"):
+    """``n`` points in [-2, 2]^d, ``y = sin(2 mean(x)) + SIGMA * noise``."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(n, d, generator=g) * 4 - 2
+    y = torch.sin(2 * x.mean(1)) + SIGMA * torch.randn(n, generator=g)
+    return x.to(device), y.to(device)
+
+
+def mlp(d: int, width: int = 50, seed: int = 0, depth: int = 1, device="cpu") -> torch.nn.Sequential:
+    """A tanh MLP ``d-width-...-width-1`` with ``depth`` hidden layers, torch's default initialisation."""
+    torch.manual_seed(seed)
+    layers, size = [], d
+    for _ in range(depth):
+        layers += [torch.nn.Linear(size, width), torch.nn.Tanh()]
+        size = width
+    return torch.nn.Sequential(*layers, torch.nn.Linear(size, 1)).to(device)
+
+
+def bnn(d: int, width: int = 50, depth: int = 1, device="cpu") -> bp.BNN:
+    return bp.BNN(mlp(d, width, depth=depth, device=device), prior=bp.priors.Normal(0.0, 1.0),
+                  likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
+
+
+def layer_shapes(d: int, width: int = 50, depth: int = 1) -> list[tuple[int, int]]:
+    """(out, in) of each Linear layer of :func:`mlp`."""
+    sizes = [d] + [width] * depth + [1]
+    return list(zip(sizes[1:], sizes[:-1]))
+
+
+def now(device) -> float:
+    """``time.perf_counter()`` once the device's queued work is done (CUDA runs asynchronously)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def check_device(name: str) -> str:
+    """``--device``: a torch device this machine has (a clear exit otherwise)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError as error:
+        raise SystemExit(f"--device: expected a torch device such as cpu or cuda, got {name!r} ({error}).")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
+                         "run on a machine with a GPU and a CUDA build of torch, or use --device cpu.")
+    return name
+
+
+def per_step(run, short: int, long: int, repeats: int, device="cpu") -> float:
+    """(fastest of ``repeats`` timings of ``long`` steps - fastest of ``short``) / (long - short), in ms:
+    set-up and first-call costs drop out, and the minimum of each keeps other processes' bursts out."""
+    shorts, longs = [], []
+    run(2)  # untimed: compilation and first-call costs
+    for _ in range(repeats):
+        start = now(device)
+        run(short)
+        middle = now(device)
+        run(long)
+        end = now(device)
+        shorts.append(middle - start)
+        longs.append(end - middle)
+    return (min(longs) - min(shorts)) / (long - short) * 1e3
+
+
+@contextmanager
+def torch_threads(n: int):
+    """Torch intra-op threads ``n`` inside the block, restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def thread_settings() -> list[int]:
+    """The torch thread settings every torch workload is measured at: 1 and the user's default."""
+    return sorted({1, DEFAULT_THREADS})
+
+
+def thread_note() -> str:
+    """What decides the thread counts on this machine, for the tables' headers."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    env = ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS") if k in os.environ)
+    return (f"{cores} cores; torch default {DEFAULT_THREADS} intra-op threads"
+            + (f" ({env})" if env else " (no thread variables set)"))
+
+
+# ---------------------------------------------------------------------- function space and ESS
+def forward_draws(layers: list[tuple[np.ndarray, np.ndarray]], x: np.ndarray) -> np.ndarray:
+    """The tanh MLP's output at ``x`` (points, d) for every draw: ``layers`` holds (W, b) per layer with
+    W (chains, draws, out, in) and b (chains, draws, out); returns (chains, draws, points)."""
+    h = np.broadcast_to(x, layers[0][0].shape[:2] + x.shape)
+    for i, (w, b) in enumerate(layers):
+        h = np.einsum("cspi,csoi->cspo", h, w) + b[:, :, None, :]
+        if i < len(layers) - 1:
+            h = np.tanh(h)
+    return h[..., 0]
+
+
+def bulk_ess(draws: np.ndarray) -> float:
+    """Median over the last axis of ArviZ's bulk ESS of ``draws`` (chains, draws, k)."""
+    import arviz as az
+
+    return float(np.median(az.ess(az.convert_to_dataset(draws), method="bulk")["x"].values))
+
+
+def probe_points(d: int) -> np.ndarray:
+    """The few inputs at which function-space ESS is measured (the same for every sampler)."""
+    return regression(5, d, seed=3)[0].numpy()
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """A GitHub Markdown table (pandas' to_markdown needs the optional tabulate package)."""
+    rows = [list(table.columns), ["---"] * table.shape[1]] + table.astype(str).values.tolist()
+    return "".join("| " + " | ".join(map(str, r)) + " |\n" for r in rows)
