@@ -36,10 +36,16 @@ def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data
     """Value, gradient and exact Hessian (or its diagonal) of the prior part of ``U`` (log-Jacobians included)."""
     x0, y0 = data.first()
     active, diag = layout.active, s.structure in (Structure.DIAG, Structure.KRON)
-    zr = z.detach().clone().requires_grad_()
-    u = pot_prior(pot_prior.unflatten(zr), (x0[:1], y0[:1]))
-    (g,) = torch.autograd.grad(u, zr, create_graph=True)
-    k, dim = len(active), zr.numel()
+    # derivatives in the covered coordinates only: sites without a covered coordinate enter as constants, so the
+    # Hessian-vector products below run through the covered sites' densities, not the whole prior
+    zr = z[active].detach().clone().requires_grad_()
+    fixed, moving = pot_prior.unflatten(z.detach()), pot_prior.unflatten(z.detach().index_copy(0, active, zr))
+    u = pot_prior({n: moving[n] if bool((layout.where[c] >= 0).any()) else fixed[n] for n, c in layout.coords.items()},
+                  (x0[:1], y0[:1]))
+    (g,) = torch.autograd.grad(u, zr, create_graph=True, allow_unused=True)
+    g = torch.zeros_like(zr) if g is None else g
+    k = dim = zr.numel()
+    active = torch.arange(k)  # positions in zr
 
     def hvp(v):
         if not g.requires_grad:  # a prior linear in z
@@ -53,7 +59,7 @@ def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data
         sign = torch.randint(0, 2, (dim,), generator=torch.Generator().manual_seed(0)).to(zr.dtype) * 2 - 1
         h1, hs = hvp(torch.stack([torch.ones_like(zr), sign]))
         if torch.allclose(hs, h1 * sign, rtol=1e-5, atol=1e-6 * (1.0 + float(h1.abs().max()))):
-            return Terms(u.item(), g[active].detach().double(), h1[active].detach().double())
+            return Terms(u.item(), g.detach().double(), h1.detach().double())
     hess = torch.zeros((k,) if diag else (k, k), dtype=torch.float64)
     step = max(1, CHUNK // dim)
     for i in range(0, k, step):
@@ -62,7 +68,7 @@ def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data
         basis[torch.arange(len(cols)), cols] = 1.0
         rows = hvp(basis).detach().double()
         hess[i : i + len(cols)] = rows[torch.arange(len(cols)), cols] if diag else rows[:, active]
-    return Terms(u.item(), g[active].detach().double(), hess if diag else (hess + hess.T) / 2)
+    return Terms(u.item(), g.detach().double(), hess if diag else (hess + hess.T) / 2)
 
 
 def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> Terms:
