@@ -28,7 +28,8 @@ def ggn(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, *
     out = model.output_dim(data.first()[0][:1])
     hess = None
     if len(w_idx) and layerwise_path:
-        hess = layerwise.gram(model, pot, z, data, layout, diag, lambda f, y: psd_sqrt(hess_lambda(f, y)), out)
+        hess = layerwise.gram(model, pot, z, data, layout, diag,  # psd_sqrt projects onto PSD itself
+                              lambda f, y: psd_sqrt(output_hessians(model, f, y, noise)), out)
     weights_done = hess is not None or not len(w_idx)
     hess = zeros(layout, diag) if hess is None else hess
 

@@ -76,6 +76,7 @@ def gram(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, 
         width = max(int(b.numel()) if conv else sum(b.shape) for b in blocks.values())
     else:
         width = int(blocks[layers[0].path].numel()) if single else len(layout.active)
+    acc = {}  # per layer (diag, single) the sums before they are placed among the covered coordinates
     for i, (xb, yb) in enumerate(epoch(data, max(1, CHUNK // max(1, out * width)))):
         try:
             f, rec, zw = _forward(model, pot, z, xb, w_idx, layers)
@@ -90,20 +91,13 @@ def gram(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, 
                 for layer, g in zip(layers, gc):
                     a = rec.inputs[layer.path]
                     square = (g[:, 0] ** 2).T @ a[:, 0] ** 2 if g.shape[1] == 1 else _jacobian(g, a).pow(2).sum(0)
-                    hess[blocks[layer.path].reshape(-1)] += square.reshape(-1)
-        elif single:  # sum_i K_i (x) a_i a_i^T, K_i = sum_c g_ic g_ic^T
+                    acc[layer.path] = acc.get(layer.path, 0.0) + square
+        elif single:  # sum_i K_i (x) a_i a_i^T, K_i = sum_c g_ic g_ic^T, as (o, p, i, j)
             g = torch.stack([gc[0][:, 0] for gc in grads], 1)  # (B, k, out_l)
             a = rec.inputs[layers[0].path][:, 0]  # (B, in)
-            if g.shape[1] == 1 and g.shape[2] == 1:  # one output: the Gram matrix of the rows g_i a_i
-                rows = g[:, 0] * a
-                block = rows.T @ rows
-            else:
-                k_mat = g.transpose(1, 2) @ g  # (B, out_l, out_l)
-                o, n_in = k_mat.shape[1], a.shape[1]
-                block = (k_mat[:, :, :, None] * a[:, None, None, :]).reshape(len(a), -1).T @ a  # (o p i, j)
-                block = block.reshape(o, o, n_in, n_in).permute(0, 2, 1, 3).reshape(o * n_in, o * n_in)
-            pos = blocks[layers[0].path].reshape(-1)
-            hess[pos[:, None], pos] += block
+            k_mat = g.transpose(1, 2) @ g  # (B, out_l, out_l)
+            block = (k_mat[:, :, :, None] * a[:, None, None, :]).reshape(len(a), -1).T @ a
+            acc["single"] = acc.get("single", 0.0) + block
         else:  # the Gram matrix of the rows L_i^T J_i
             rows = torch.zeros(f.shape[0], len(grads), len(layout.active), dtype=torch.float64)
             for c, gc in enumerate(grads):
@@ -111,6 +105,15 @@ def gram(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, 
                     rows[:, c][:, blocks[layer.path]] = _jacobian(g, rec.inputs[layer.path])
             rows = rows.flatten(0, 1)
             hess += rows.T @ rows
+    if diag:
+        for layer in layers:
+            if layer.path in acc:
+                hess[blocks[layer.path].reshape(-1)] += acc[layer.path].reshape(-1)
+    elif single and acc:
+        pos = blocks[layers[0].path].reshape(-1)
+        o = blocks[layers[0].path].shape[0]
+        n_in = len(pos) // o
+        hess[pos[:, None], pos] += acc["single"].reshape(o, o, n_in, n_in).permute(0, 2, 1, 3).reshape(len(pos), -1)
     return hess
 
 
@@ -140,6 +143,6 @@ def _agrees(f, rec, zw, dirs, layers, blocks, layout: Layout, w_idx) -> bool:
     *grads, expected = torch.autograd.grad(f, outs + [zw], grad_outputs=v[..., 0].to(f.dtype), retain_graph=True)
     got = torch.zeros(len(layout.active), dtype=torch.float64)
     for layer, g in zip(layers, grads):
-        got[blocks[layer.path]] += _jacobian(_locations(layer, g), rec.inputs[layer.path]).sum(0)
+        got[blocks[layer.path]] += torch.einsum("bto,bti->oi", _locations(layer, g), rec.inputs[layer.path])
     expected = expected.double()
     return float((got[layout.where[w_idx]] - expected).norm()) <= GUARD_RTOL * float(expected.norm()) + 1e-30
