@@ -14,9 +14,9 @@ never a dense matrix; a single layer without patches (the last layer of an MLP) 
 a factor ``out`` cheaper than the rows' Gram matrix.
 
 The path is taken when every covered weight site is the weight or bias of such a layer, each layer is called
-once per forward pass, and, on the first chunk of data, the rows contracted with random numbers equal autograd's
-gradient in the flat coordinates (which also catches a weight used outside its layer or a constrained weight
-site). Otherwise the caller falls back to ``vmap(jacrev)`` (:func:`.functional.output_jacobian`).
+once per forward pass, and, on the first chunk of data, the rows of the first direction summed over the chunk
+equal autograd's gradient in the flat coordinates from the same backward pass (which also catches a weight used
+outside its layer or a constrained weight site). Otherwise the caller falls back to ``vmap(jacrev)`` (:func:`.functional.output_jacobian`).
 """
 
 from __future__ import annotations
@@ -83,9 +83,14 @@ def gram(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, 
         except ValueError:  # a layer called twice per forward pass (a shared layer)
             return None
         dirs = directions(f.detach(), yb)
-        if i == 0 and not _agrees(f, rec, zw, dirs, layers, blocks, layout, w_idx):
-            return None
-        grads = list(rec.gradients(f, dirs))  # per direction, per layer: (B, T, out_l)
+        outs = [rec.outputs[layer.path] for layer in layers]
+        grads = []  # per direction, per layer: (B, T, out_l)
+        for c in range(dirs.shape[-1]):
+            check = [zw] if i == 0 and c == 0 else []
+            gc = torch.autograd.grad(f, outs + check, grad_outputs=dirs[..., c].to(f.dtype), retain_graph=True)
+            grads.append([_locations(layer, g) for layer, g in zip(layers, gc)])
+            if check and not _agrees(grads[0], gc[-1], rec, layers, blocks, layout, w_idx):
+                return None
         if diag:  # sum over examples and directions of the squared rows
             for gc in grads:
                 for layer, g in zip(layers, gc):
@@ -134,15 +139,11 @@ def _jacobian(g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bto,bti->boi", g, a)
 
 
-def _agrees(f, rec, zw, dirs, layers, blocks, layout: Layout, w_idx) -> bool:
-    """Whether the layer-wise Jacobian, contracted with random weights per example along the first direction,
-    is autograd's gradient in the flat coordinates of the covered weights."""
-    r = torch.randn(f.shape[0], generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    v = dirs[..., :1] * r[:, None, None]
-    outs = [rec.outputs[layer.path] for layer in layers]
-    *grads, expected = torch.autograd.grad(f, outs + [zw], grad_outputs=v[..., 0].to(f.dtype), retain_graph=True)
+def _agrees(grads, expected, rec, layers, blocks, layout: Layout, w_idx) -> bool:
+    """Whether the layer-wise Jacobians along the first direction, summed over the batch, are autograd's gradient
+    ``expected`` in the flat coordinates of the covered weights (from the same backward pass)."""
     got = torch.zeros(len(layout.active), dtype=torch.float64)
     for layer, g in zip(layers, grads):
-        got[blocks[layer.path]] += torch.einsum("bto,bti->oi", _locations(layer, g), rec.inputs[layer.path])
+        got[blocks[layer.path]] += torch.einsum("bto,bti->oi", g, rec.inputs[layer.path])
     expected = expected.double()
     return float((got[layout.where[w_idx]] - expected).norm()) <= GUARD_RTOL * float(expected.norm()) + 1e-30
