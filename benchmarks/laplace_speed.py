@@ -15,11 +15,12 @@ Cases (``--quick``: N = 200 and narrower nets, for a smoke run):
 
 The weights are those after 100 full-batch Adam steps from torch's initialization (seed 0), data from a random
 teacher net. Each timing is the minimum of ``--reps`` runs (default 3) after one untimed run: the machine may be
-shared, and the minimum is the least disturbed run (a first run over 60 s is the only one: its time is reported). Both sides run at 1 thread and at torch's default thread
-count (``--threads``). laplace-torch runs at its default backend (Curvlinops in 0.3) with a data loader of
-``--peer-batch`` rows; for ``diag`` also with its BackPACK backend (exact diagonal GGN by backpropagation), the
-fastest diagonal it offers; bnn_pyro chunks the data itself. ``--general`` also times bnn_pyro's general path
-(``vmap(jacrev)`` per-example Jacobians, what every net that is not a Linear/Conv2d stack gets; one run).
+shared, and the minimum is the least disturbed run (a first run over 60 s is the only one: its time is reported).
+Both sides run at 1 thread and at torch's default thread count (``--threads``). laplace-torch runs at its default
+backend (Curvlinops in 0.3) with a data loader of ``--peer-batch`` rows; for ``diag`` also with its BackPACK
+backend (exact diagonal GGN by backpropagation), the fastest diagonal it offers; bnn_pyro chunks the data itself.
+``--general`` also times bnn_pyro's general path (``vmap(jacrev)`` per-example Jacobians, what every net that is
+not a Linear/Conv2d stack gets; one run).
 
 Same answer: ``max |P_ours - P_peer| / max |P_peer|`` over the dense or diagonal posterior precision; for ``kron``
 (laplace-torch keeps separate weight and bias blocks, bnn_pyro one block per layer), ``P v`` for random ``v`` on
@@ -183,7 +184,8 @@ def main(args) -> list[dict]:
                 p_peer, t_peer = timed(peer(net, x, y, task, structure, batch), args.reps, peer_side=True)
                 row = dict(task=task, structure=structure, weights=weights, n=len(x), threads=torch.get_num_threads(),
                            ours_s=t_ours, peer_s=t_peer, ratio=t_ours / t_peer,
-                           difference=difference(p_ours, p_peer, net, structure), peer_backpack_s=None, ours_general_s=None)
+                           difference=difference(p_ours, p_peer, net, structure), peer_backpack_s=None,
+                           ours_general_s=None)
                 if structure == "diag":
                     row["peer_backpack_s"] = timed(peer(net, x, y, task, structure, batch, "backpack"), args.reps,
                                                    peer_side=True)[1]
@@ -214,7 +216,7 @@ def write(rows: list[dict], out: Path, args) -> None:
         f"`python benchmarks/laplace_speed.py {' '.join(args.argv)}`; torch {torch.__version__}, laplace-torch "
         f"{getattr(laplace, '__version__', '0.3')}, {platform.machine()}, git {commit}. Seconds of curvature + "
         f"posterior precision (laplace-torch: `fit` + `posterior_precision`), minimum of {args.reps} runs after an "
-        "untimed one; ratio = bnn_pyro / laplace-torch (default backend) in the same run; difference = relative "
+        "untimed one (a first run over 60 s is the only one); ratio = bnn_pyro / laplace-torch (default backend) in the same run; difference = relative "
         "difference of the two posterior precisions (benchmarks/laplace_speed.py's docstring).",
         "",
         "| task | structure | weights | N | threads | bnn_pyro s | laplace-torch s | ratio | laplace-torch BackPACK s "
@@ -224,7 +226,7 @@ def write(rows: list[dict], out: Path, args) -> None:
     for r in rows:
         opt = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
         lines.append(f"| {r['task']} | {r['structure']} | {r['weights']:,} | {r['n']:,} | {r['threads']} | "
-                     f"{r['ours_s']:.3f} | {r['peer_s']:.3f} | {r['ratio']:.2f}x | {opt(r['peer_backpack_s'])} | "
+                     f"{r['ours_s']:.3f} | {r['peer_s']:.3f} | {r['ratio']:.2g}x | {opt(r['peer_backpack_s'])} | "
                      f"{opt(r['ours_general_s'])} | {r['difference']:.1e} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 

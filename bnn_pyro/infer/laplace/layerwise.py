@@ -16,7 +16,8 @@ a factor ``out`` cheaper than the rows' Gram matrix.
 The path is taken when every covered weight site is the weight or bias of such a layer, each layer is called
 once per forward pass, and, on the first chunk of data, the rows of the first direction summed over the chunk
 equal autograd's gradient in the flat coordinates from the same backward pass (which also catches a weight used
-outside its layer or a constrained weight site). Otherwise the caller falls back to ``vmap(jacrev)`` (:func:`.functional.output_jacobian`).
+outside its layer or a constrained weight site). Otherwise the caller falls back to ``vmap(jacrev)``
+(:func:`.functional.output_jacobian`).
 """
 
 from __future__ import annotations
