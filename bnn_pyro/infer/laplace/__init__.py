@@ -53,7 +53,9 @@ but pinned on the data (its sd on the data is 4x the full one's), the failure of
 ``"last_layer"`` or ``"full"`` when in-between uncertainty matters.
 Layout of the package: :mod:`.structure` (which coordinates, dense or diagonal), the curvature
 backends :mod:`.ggn`, :mod:`.fisher` and :mod:`.kfac` (with :mod:`.curvature` for the prior part and the
-dispatch), :mod:`.kron` (the Kronecker-factored precision), :mod:`.marglik` (evidence and prior precision),
+dispatch; per-example Jacobians of ``nn.Linear`` / ``nn.Conv2d`` layers from one batched backward pass per
+output in :mod:`.layerwise`, ``vmap(jacrev)`` for any other net; benchmarks/laplace_speed.py times them against
+laplace-torch), :mod:`.kron` (the Kronecker-factored precision), :mod:`.marglik` (evidence and prior precision),
 :mod:`.noise` (noise on held-out rows), :mod:`.glm` (the linearized predictive), :mod:`.fit` (the factory).
 
 **Predictive** (``predictive=``). ``"glm"``, the default for a ``BNN`` and every structure (Immer, Korzepa &

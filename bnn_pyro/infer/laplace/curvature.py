@@ -36,10 +36,23 @@ def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data
     """Value, gradient and exact Hessian (or its diagonal) of the prior part of ``U`` (log-Jacobians included)."""
     x0, y0 = data.first()
     active, diag = layout.active, s.structure in (Structure.DIAG, Structure.KRON)
-    zr = z.detach().clone().requires_grad_()
-    u = pot_prior(pot_prior.unflatten(zr), (x0[:1], y0[:1]))
-    (g,) = torch.autograd.grad(u, zr, create_graph=True)
-    k, dim = len(active), zr.numel()
+    # derivatives in the covered coordinates only: sites without a covered coordinate enter as constants, so the
+    # Hessian-vector products below run through the covered sites' densities, not the whole prior
+    zr = z[active].detach().clone().requires_grad_()
+    values = pot_prior.unflatten(z.detach())
+    for name, coords in layout.coords.items():
+        pos = layout.where[coords]
+        if bool((pos >= 0).all()):
+            values[name] = zr[pos].reshape(values[name].shape)
+        elif bool((pos >= 0).any()):
+            keep = pos >= 0
+            values[name] = z.detach()[coords].index_copy(0, keep.nonzero()[:, 0], zr[pos[keep]]).reshape(
+                values[name].shape)
+    u = pot_prior(values, (x0[:1], y0[:1]))
+    (g,) = torch.autograd.grad(u, zr, create_graph=True, allow_unused=True)
+    g = torch.zeros_like(zr) if g is None else g
+    k = dim = zr.numel()
+    active = torch.arange(k, device=zr.device)  # positions in zr
 
     def hvp(v):
         if not g.requires_grad:  # a prior linear in z
@@ -49,11 +62,14 @@ def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data
         except RuntimeError:  # an operation without a batching rule: one vector at a time
             return torch.stack([torch.autograd.grad(g, zr, grad_outputs=r, retain_graph=True)[0] for r in v])
 
-    if diag:  # a factorized prior has a diagonal Hessian, and then H 1 is that diagonal (checked: H s = (H 1) s)
-        sign = torch.randint(0, 2, (dim,), generator=torch.Generator().manual_seed(0)).to(zr) * 2 - 1  # CPU draw
-        h1, hs = hvp(torch.stack([torch.ones_like(zr), sign]))
-        if torch.allclose(hs, h1 * sign, rtol=1e-5, atol=1e-6 * (1.0 + float(h1.abs().max()))):
-            return Terms(u.item(), g[active].detach().double(), h1[active].detach().double())
+    # a factorized prior has a diagonal Hessian, and then H 1 is that diagonal. Checked with a Gaussian vector v:
+    # H v = (H 1) v holds for every v when H is diagonal, and otherwise only on the null space of H - diag(H 1),
+    # which a Gaussian draw misses with probability 1 (a vector of random signs can sit in it: [[0, 1], [1, 0]])
+    v = torch.randn(dim, generator=torch.Generator().manual_seed(0), dtype=torch.float64).to(zr)  # CPU draw, moved
+    h1, hv = hvp(torch.stack([torch.ones_like(zr), v]))
+    if torch.allclose(hv, h1 * v, rtol=1e-5, atol=1e-6 * (1.0 + float(h1.abs().max()))):
+        h1 = h1.detach().double()
+        return Terms(u.item(), g.detach().double(), h1 if diag else torch.diag(h1))
     hess = torch.zeros((k,) if diag else (k, k), dtype=torch.float64, device=zr.device)
     step = max(1, CHUNK // dim)
     for i in range(0, k, step):
@@ -62,7 +78,7 @@ def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data
         basis[torch.arange(len(cols), device=zr.device), cols] = 1.0
         rows = hvp(basis).detach().double()
         hess[i : i + len(cols)] = rows[torch.arange(len(cols), device=zr.device), cols] if diag else rows[:, active]
-    return Terms(u.item(), g[active].detach().double(), hess if diag else (hess + hess.T) / 2)
+    return Terms(u.item(), g.detach().double(), hess if diag else (hess + hess.T) / 2)
 
 
 def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> Terms:

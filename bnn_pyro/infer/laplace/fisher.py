@@ -1,5 +1,6 @@
-"""Curvature backend: the empirical Fisher ``sum_i g_i g_i^T`` (a ``BNN`` by ``vmap(grad)``; a Pyro function
-one traced example at a time)."""
+"""Curvature backend: the empirical Fisher ``sum_i g_i g_i^T`` (a ``BNN``: per-example gradients from the layers,
+:mod:`.layerwise`, where every covered coordinate is a Linear / Conv2d weight, else by ``vmap(grad)``; a Pyro
+function one traced example at a time)."""
 
 from __future__ import annotations
 
@@ -8,15 +9,26 @@ from torch.func import grad, vmap
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.laplace import layerwise
 from bnn_pyro.infer.laplace.approximation import CHUNK
-from bnn_pyro.infer.laplace.functional import epoch, nll, site_values
+from bnn_pyro.infer.laplace.functional import epoch, nll, output_gradients, site_values
 from bnn_pyro.infer.laplace.structure import Layout, zeros
 from bnn_pyro.model import BNN
 
 
-def fisher(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool) -> torch.Tensor:
-    """Empirical Fisher ``sum_i g_i g_i^T``, per-example gradients by ``vmap(grad)``."""
+def fisher(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, *,
+           layerwise_path: bool = True) -> torch.Tensor:
+    """Empirical Fisher ``sum_i g_i g_i^T``: per-example gradients from the layers when every covered coordinate
+    is a weight of a Linear / Conv2d layer (``layerwise_path=False`` forces the general path), else by
+    ``vmap(grad)``."""
     active = layout.active
+    if layerwise_path and len(layout.indices(model.sample_names)) == len(active):
+        noise = site_values(model, pot, z)[1]
+        hess = layerwise.gram(model, pot, z, data, layout, diag,
+                              lambda f, y: output_gradients(model, f, y, noise)[..., None],
+                              model.output_dim(data.first()[0][:1]))
+        if hess is not None:
+            return hess
 
     def loglik(za, xi, yi):
         weights, noise = site_values(model, pot, z.index_copy(0, active, za))
@@ -38,5 +50,3 @@ def fisher_traced(pot: Potential, zr, grad_prior, data: Data, layout: Layout, di
         g = (-(gu - grad_prior) / data.size)[layout.active].double()
         hess += g**2 if diag else torch.outer(g, g)
     return hess
-
-

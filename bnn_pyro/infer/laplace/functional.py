@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pyro
 import torch
-from torch.func import jacrev, vmap
+from torch.func import grad, jacrev, vmap
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
@@ -38,6 +38,45 @@ def second_derivative(fn):
     points, 2.3 against 4.8 ms for 200 three-class points), and without forward-mode AD, whose first use
     imports torch's JVP decompositions and with them 18 calls of the deprecated ``torch.jit.script``."""
     return jacrev(jacrev(fn))
+
+
+def output_hessians(model: BNN, f: torch.Tensor, y, noise) -> torch.Tensor:
+    """``Lambda_i``, the Hessians ``(B, out, out)`` of ``-log p(y_i | f_i)`` in ``f_i`` for outputs ``f`` ``(B, out)``
+    (float64). The rows are independent, so the Hessian of the batch's summed loss is block-diagonal in the rows
+    and one backward pass per output gives every row's block: ``out`` passes instead of the ``B`` (vmapped)
+    per-row Hessians of :func:`second_derivative`, with the same values (tests/infer/test_laplace_layerwise.py)."""
+    if not rows_separate(model, f, y, noise):
+        return vmap(second_derivative(lambda fi, yi: nll(model, fi[None], yi[None], noise)))(f, y).double()
+    f = f.detach().requires_grad_()
+    with torch.enable_grad():
+        (g,) = torch.autograd.grad(nll(model, f, y, noise), f, create_graph=True)
+        cols = []
+        for c in range(f.shape[1]):
+            h = (torch.autograd.grad(g[:, c].sum(), f, retain_graph=True, allow_unused=True)[0]
+                 if g.requires_grad else None)
+            cols.append(torch.zeros_like(f) if h is None else h)
+    return torch.stack(cols, 1).detach().double()
+
+
+def output_gradients(model: BNN, f: torch.Tensor, y, noise) -> torch.Tensor:
+    """The gradients ``(B, out)`` of ``-log p(y_i | f_i)`` in ``f_i`` (float64), from the batch's summed loss where
+    its rows are separate (:func:`rows_separate`), else one row at a time (vmapped)."""
+    if not rows_separate(model, f, y, noise):
+        return vmap(grad(lambda fi, yi: nll(model, fi[None], yi[None], noise)))(f, y).double()
+    f = f.detach().requires_grad_()
+    with torch.enable_grad():
+        (g,) = torch.autograd.grad(nll(model, f, y, noise), f)
+    return g.double()
+
+
+def rows_separate(model: BNN, f: torch.Tensor, y, noise) -> bool:
+    """Whether the batch's log-likelihood terms are its rows' own (outputs ``(B, out)``, and as many terms as ``B``
+    single rows give; not, e.g., a ``(B, 1)`` target broadcast against ``(B,)`` outputs into ``B x B`` terms)."""
+    if f.dim() != 2:
+        return False
+    with torch.no_grad(), pyro.validation_enabled(False):
+        dist = model.likelihood.distribution
+        return dist(f, noise).log_prob(y).numel() == f.shape[0] * dist(f[:1], noise).log_prob(y[:1]).numel()
 
 
 def psd(mat: torch.Tensor) -> torch.Tensor:

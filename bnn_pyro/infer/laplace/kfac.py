@@ -26,11 +26,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.func import grad, vmap
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.laplace.functional import epoch, nll, psd_sqrt, second_derivative, site_values
+from bnn_pyro.infer.laplace.functional import epoch, output_gradients, output_hessians, psd_sqrt, site_values
 from bnn_pyro.infer.laplace.kron import Kron, KronBlock
 from bnn_pyro.model import BNN
 
@@ -145,16 +144,13 @@ def kfac(model: BNN, pot: Potential, z, data: Data, coords, where, size: int, fi
     weights, noise = site_values(model, pot, z)
     g_sum, a_sum, count = {}, {}, {}
 
-    def loss(fi, yi):
-        return nll(model, fi[None], yi[None], noise)
-
     for xb, yb in epoch(data, ROWS):
         f, rec = _forward(model, weights, xb, layers)
         fd = f.detach()
         if fisher:
-            directions = vmap(grad(loss))(fd, yb)[..., None]
+            directions = output_gradients(model, fd, yb, noise)[..., None]
         else:
-            directions = psd_sqrt(vmap(second_derivative(loss))(fd, yb).double())
+            directions = psd_sqrt(output_hessians(model, fd, yb, noise))
         for layer in layers:
             a = rec.inputs[layer.path]
             a_sum[layer.path] = a_sum.get(layer.path, 0.0) + torch.einsum("bti,btj->ij", a, a)

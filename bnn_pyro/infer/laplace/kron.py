@@ -116,6 +116,10 @@ class Kron:
     def solve(self, v: torch.Tensor) -> torch.Tensor:
         return self._apply(v, -1.0)
 
+    def matmul(self, v: torch.Tensor) -> torch.Tensor:
+        """``H v`` for ``v`` shaped ``(..., size)``."""
+        return self._apply(v, 1.0)
+
     def inv_sqrt(self, eps: torch.Tensor) -> torch.Tensor:
         """``H^-1/2 eps``: standard normal ``eps`` ``(S, size)`` becomes draws of ``N(0, H^-1)``."""
         return self._apply(eps, -0.5)
