@@ -105,7 +105,7 @@ def gram(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, 
             block = (k_mat[:, :, :, None] * a[:, None, None, :]).reshape(len(a), -1).T @ a
             acc["single"] = acc.get("single", 0.0) + block
         else:  # the Gram matrix of the rows L_i^T J_i
-            rows = torch.zeros(f.shape[0], len(grads), len(layout.active), dtype=torch.float64)
+            rows = torch.zeros(f.shape[0], len(grads), len(layout.active), dtype=torch.float64, device=f.device)
             for c, gc in enumerate(grads):
                 for layer, g in zip(layers, gc):
                     rows[:, c][:, blocks[layer.path]] = _jacobian(g, rec.inputs[layer.path])
@@ -143,7 +143,7 @@ def _jacobian(g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
 def _agrees(grads, expected, rec, layers, blocks, layout: Layout, w_idx) -> bool:
     """Whether the layer-wise Jacobians along the first direction, summed over the batch, are autograd's gradient
     ``expected`` in the flat coordinates of the covered weights (from the same backward pass)."""
-    got = torch.zeros(len(layout.active), dtype=torch.float64)
+    got = torch.zeros(len(layout.active), dtype=torch.float64, device=expected.device)
     for layer, g in zip(layers, grads):
         got[blocks[layer.path]] += torch.einsum("bto,bti->oi", g, rec.inputs[layer.path])
     expected = expected.double()
