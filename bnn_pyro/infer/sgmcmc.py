@@ -304,7 +304,7 @@ def run_plan(model, data: Data, plan: Plan, lr, method: str, settings: dict, num
     """Run ``num_chains`` chains of ``plan`` (the shared update of the module docstring) and assemble the
     ``Posterior``; ``lr`` is ``"auto"`` or checked by the caller, ``settings`` go into ``post.config``,
     ``checkpoint`` is ``dict(folder=..., every=..., resume=...)``; ``holdout`` (rows held out of ``data``,
-    ``full`` the whole set) scores csgmcmc's exploration stages. The engines here and snapshot ensembles
+    ``full`` the whole set) scores csgmcmc's exploration stages and a snapshot ensemble's cycles. The engines here and snapshot ensembles
     (:mod:`bnn_pyro.infer.snapshot`) are plans run by it: chains by :func:`~bnn_pyro.infer.driver.run_chains`
     (each in its own copy of the model), their steps by :func:`~bnn_pyro.infer.driver.descend` with the
     :class:`SGMCMC` optimizer, the ``Posterior`` by :func:`~bnn_pyro.infer.driver.assemble`."""
@@ -394,17 +394,19 @@ class _Chain:
             f"pass a smaller lr, e.g. lr={step * self.size / 10:.3g} (the step on U is lr / N).")
 
     def _early_stop(self, t: int) -> None:
-        """csgmcmc with held-out rows: score the exploration stage's states, and start the sampling stage from the
-        best one (module docstring)."""
+        """With held-out rows: score the states of a noise-free stage, and end the stage at its best one: csgmcmc's
+        sampling stage starts from it (module docstring); a snapshot ensemble's snapshot is it (a noise-free kept
+        step ends a cycle, :mod:`bnn_pyro.infer.snapshot`), and the next cycle starts from it."""
         noisy = self._noisy[t]
+        snapshot = self._keep[t] and not noisy
         if not noisy and self.best is None:
             self.best = BestOnHoldout(every=SCORE_EVERY, patience=None)
         if self.best is None:
             return
-        if noisy or t % SCORE_EVERY == 0 or self.best.state is None:
+        if noisy or snapshot or t % SCORE_EVERY == 0 or self.best.state is None:
             z = self.z.detach()
             self.best.record(t, heldout_score(self.model, self.pot.constrain(self.pot.unflatten(z)), self.holdout), [z])
-        if noisy:  # the stage has ended: go on from its best state
+        if noisy or snapshot:  # the stage has ended: go on from its best state
             if self.best.best_step != t:
                 with torch.no_grad():
                     self.z.copy_(self.best.state[0])
