@@ -36,9 +36,8 @@ The fast path (``fast_path=True``, the default): for a ``BNN`` without hierarchi
 BatchNorm the potential energy is computed directly in torch (:mod:`bnn_pyro.infer._logjoint`)
 instead of by tracing the model at every leapfrog step. NUTS then runs over one flat vector with
 the potential and its gradient recorded as one compiled graph when ``jit=True`` (the default), the
-trajectory's bookkeeping in Python floats: ~0.2 ms per leapfrog step on a 1-50-1 MLP with 200 points
-against ~0.8-1 ms for Pyro's ``NUTS`` with its own compiled potential, ~2.5x NumPyro's compiled
-sampler (``benchmarks/results/performance.md``). HMC and Metropolis keep Pyro's kernels with the
+trajectory's bookkeeping in Python floats (per-leapfrog times against Pyro's ``NUTS`` and NumPyro's
+compiled sampler: ``benchmarks/performance.py``, ``benchmarks/results/``). HMC and Metropolis keep Pyro's kernels with the
 fast potential (compiled with ``torch.jit.trace`` when ``jit=True``). For a stack of ``nn.Linear`` layers
 and elementwise activations with Normal priors and a Gaussian likelihood the potential and its gradient
 are analytic instead for NUTS and HMC (:mod:`bnn_pyro.infer._analytic`: nothing compiled, ``jit`` is moot);

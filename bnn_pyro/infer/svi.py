@@ -42,8 +42,9 @@ per parameter tensor or one shared; ``post.config["prior_scales"]`` holds the le
 The fast path (``fast_path=True``, the default): with ``elbo="trace"``, ``estimator="sample"`` and a
 mean-field or MAP guide on a ``BNN`` without hierarchical priors or BatchNorm, the ELBO is computed
 directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model and guide: the
-same estimator, the same draws for the same seed, ~1.6x faster per step
-(``benchmarks/results/performance.md``). ``config["fast_path"]`` says whether it ran.
+same estimator, the same draws for the same seed; for a mean-field guide on a stack of ``nn.Linear`` layers
+and elementwise activations with Normal priors and a Gaussian likelihood its gradient is analytic
+(:mod:`bnn_pyro.infer._analytic`; timings in ``benchmarks/results/fast_path.md``). ``config["fast_path"]`` says whether it ran.
 
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
@@ -183,8 +184,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         :mod:`bnn_pyro.infer.checkpoint`). Not with ``empirical_bayes``.
     fast_path:
         Evaluate the ELBO of a mean-field or MAP guide with ``elbo="trace"`` directly in torch
-        (:mod:`bnn_pyro.infer._logjoint`: the same estimator as Pyro's ``Trace_ELBO``, ~1.6x faster per
-        step) where the model allows it; ``False`` forces Pyro's path. ``config["fast_path"]`` says
+        (:mod:`bnn_pyro.infer._logjoint`: the same estimator as Pyro's ``Trace_ELBO``, faster per step) where the model allows it; ``False`` forces Pyro's path. ``config["fast_path"]`` says
         which ran.
     """
     if cfg.num_steps is not None and cfg.epochs is not None:
