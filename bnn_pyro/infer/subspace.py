@@ -6,8 +6,8 @@ inference for Bayesian deep learning. UAI.
 0. **Pre-training** (default, tensor data): a MAP fit by :func:`bnn_pyro.infer.map_fit.map_chain` on full
    batches (or reshuffled epochs of ``batch_size`` rows) with SWA's pre-training settings (``swa``'s
    ``pretrain_steps``, ``pretrain_optimizer``, ``pretrain_lr``: by default 2,000 Adam steps at ``3e-2``
-   decaying to 1% on a cosine), early-stopped on the SWA run's held-out rows when it holds some out; the SWA run starts there
-   with ``pretrain_steps=0``. Why: SWA's own pre-training draws its minibatches with replacement (the noise
+   decaying to 1% on a cosine), early-stopped on the SWA run's held-out rows when it holds some out; the
+   SWA run starts there with ``pretrain_steps=0``. Why: SWA's own pre-training draws its minibatches with replacement (the noise
    its SWA phase is built on), and on small data with a learned noise that noise keeps the net from fitting.
    On the zoo's ``mlp_regression`` (80 points, 1-50-1 tanh, ``sigma`` learned; seed 0) SWA's pre-training
    ended at train loss ``U/N`` 1.95, sigma 0.23 and test RMSE 0.29 (the data's noise is 0.1), and subspace
@@ -268,8 +268,9 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
 
 def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool) -> dict[str, torch.Tensor]:
     """The SWA run's starting point: ``swa``'s ``pretrain_steps`` steps of its ``pretrain_optimizer`` at
-    ``pretrain_lr`` (defaults 2,000, Adam, ``3e-2``) with a cosine decay, by the MAP engine on full batches (reshuffled epochs
-    of ``batch_size`` rows), early-stopped on the held-out rows the SWA run will hold out (same split)."""
+    ``pretrain_lr`` (defaults 2,000, Adam, ``3e-2``) with a cosine decay, by the MAP engine on full batches
+    (reshuffled epochs of ``batch_size`` rows), early-stopped on the held-out rows the SWA run will hold out
+    (the same split)."""
     train, holdout, _ = split(data, swa.get("validation", "default"), seed=seed, method="subspace",
                               convert=data.convert)
     fitted = copy.deepcopy(model)
