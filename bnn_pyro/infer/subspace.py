@@ -3,6 +3,20 @@
 Izmailov, P., Maddox, W. J., Kirichenko, P., Garipov, T., Vetrov, D. & Wilson, A. G. (2019). Subspace
 inference for Bayesian deep learning. UAI.
 
+0. **Pre-training** (default, tensor data): a MAP fit by :func:`bnn_pyro.infer.map_fit.map_chain` on full batches
+   (or reshuffled epochs of ``batch_size`` rows) with SWA's pre-training settings (``swa``'s ``pretrain_steps``,
+   ``pretrain_optimizer``, ``pretrain_lr``: by default 2,000 Adam steps at ``3e-2`` decaying to 1% on a cosine),
+   early-stopped on the SWA run's held-out rows when it holds some out; the SWA run starts there with
+   ``pretrain_steps=0``. Why: SWA's own pre-training draws its minibatches with replacement (the noise its SWA
+   phase is built on), and on small data with a learned noise that noise keeps the net from fitting. On the zoo's
+   ``mlp_regression`` (80 points, 1-50-1 tanh, ``sigma`` learned; seed 0) SWA's pre-training ended at train loss
+   ``U/N`` 1.95, sigma 0.23 and test RMSE 0.29 (the data's noise is 0.1), and subspace NUTS around that point gave
+   RMSE 0.66, test NLL +1.97, 95% coverage 0.76 (confidently wrong); the same schedule on full batches reached
+   ``U/N`` 1.19, sigma 0.096, RMSE 0.101 (seeds 1 and 2: sigma 0.125 and 0.106, RMSE 0.133 and 0.113 with
+   replacement; 0.096 and 0.100, 0.119 and 0.108 on full batches), and subspace NUTS from there (100 + 100 draws)
+   RMSE 0.108, NLL -0.80, coverage 0.935, gap/data sd 3.3. An explicit ``swa=dict(init=...)`` keeps SWA's own
+   pre-training (``pretrain_steps=0`` skips it); a loader of batches uses it too (its batches come in the loader's
+   order, not with replacement).
 1. **The subspace.** An SWA run (:mod:`bnn_pyro.infer.swag`, options in ``swa=``) gives the average
    ``w_hat`` of its iterates and the deviations ``D`` (``K x d``, the last ``K`` of them) of the iterates from
    the running average. Their principal components (the SVD ``D = U S V^T``) give the basis
@@ -33,7 +47,7 @@ Prior on z (``prior=``):
 - ``"isotropic"``: ``z ~ N(0, prior_scale^2 I)``, the paper's choice (their Section 4; the net's own prior
   is then not used for the weights).
 
-Cost: one SWA run (default 2,000 Adam steps and 200 epochs of SGD, as :func:`bnn_pyro.infer.swag.fit_swag`)
+Cost: the pre-training (2,000 Adam steps) and the SWA phase (200 epochs of SGD, as :func:`bnn_pyro.infer.swag.fit_swag`)
 plus the inner engine on a ``k``-dimensional model (each of its steps evaluates the net on the data, as
 for the full model). Cheap per step, not always per draw: on the gap data (rank 10, induced prior, 100
 warm-up draws) NUTS took ~600 leapfrog steps per draw (tree depth 8.4), because the data pin some
@@ -49,6 +63,7 @@ Example
 
 from __future__ import annotations
 
+import copy
 import math
 from enum import Enum
 
@@ -59,7 +74,10 @@ from pyro import poutine
 
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
+from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.holdout import split
+from bnn_pyro.infer.map_fit import map_chain
 from bnn_pyro.infer.swag import fit_moments
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -69,6 +87,8 @@ __all__ = ["fit_subspace", "Subspace", "SubspaceModel", "SubspacePrior", "INNER"
 # engines that fit a Pyro function model on the same data (the point-fit engines need a BNN)
 INNER = ("nuts", "hmc", "metropolis", "svi", "sgld", "sghmc", "csgmcmc")
 _FULL_DATA = ("nuts", "hmc", "metropolis")  # MCMC with an accept/reject step: the full data at every step
+# pre-training on full batches (or reshuffled epochs) by the MAP engine: swag.py's pre-training budget and rate
+_PRETRAIN_STEPS, _PRETRAIN_LR = 2000, 3e-2
 _SET_BY_SUBSPACE = ("seed", "progress", "batch_size", "dataset_size", "num_threads", "num_samples", "num_chains")
 
 
@@ -146,7 +166,9 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         prior_scale^2 I)``, ``prior_scale`` default 1).
     swa:
         Options of the SWA run that builds the subspace (:func:`bnn_pyro.infer.swag.fit_swag`'s: ``rank``,
-        the deviations kept, ``pretrain_steps``, ``num_steps``, ``lr``, ``validation``, ...; one chain).
+        the deviations kept, ``pretrain_steps``, ``num_steps``, ``lr``, ``validation``, ...; one chain). By
+        default the pre-training is a full-batch MAP fit (step 0 of the module docstring); an explicit ``init``
+        here runs SWA's own pre-training instead.
     seed, progress:
         Seeds both stages; ``progress=False`` turns the bars off. ``bp.fit``'s ``batch_size`` applies to the
         SWA run and to the stochastic-gradient inner engines (svi, sgld, sghmc, csgmcmc); nuts, hmc and
@@ -196,6 +218,8 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         raise ValueError(f"rank={rank} exceeds the {deviations} SWA deviations kept (swa['rank']); lower rank or "
                          f"pass swa=dict(rank={rank}) or more.")
 
+    if data.loader is None and "init" not in swa and swa.get("pretrain_steps") != 0:
+        swa.update(init=_map_start(model, data, swa, seed, progress), pretrain_steps=0)
     swa_post, (moments,) = fit_moments(model, data, swag=True, rank=deviations, num_samples=1, num_chains=1,
                                        seed=seed, progress=progress, **swa)
     bnn = swa_post.model
@@ -242,3 +266,21 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
     stats = {k: v for k, v in inner_post.sample_stats.items() if k != "log_q"}  # q(z) is not a density over w
     return Posterior(samples=samples, model=bnn, method="subspace", config=config, point=point, sample_stats=stats,
                      history=dict(inner_post.history), x=data.x, y=data.y)
+
+
+def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool) -> dict[str, torch.Tensor]:
+    """The SWA run's starting point: ``swa``'s ``pretrain_steps`` steps of its ``pretrain_optimizer`` at
+    ``pretrain_lr`` (defaults 2,000, Adam, ``3e-2``) with a cosine decay, by the MAP engine on full batches
+    (reshuffled epochs of ``batch_size`` rows), early-stopped on the held-out rows the SWA run will hold out
+    (the same split)."""
+    train, holdout, _ = split(data, swa.get("validation", "default"), seed=seed, method="subspace",
+                              convert=data.convert)
+    fitted = copy.deepcopy(model)
+    with pyro.get_param_store().scope():
+        pyro.set_rng_seed(seed)
+        steps = positive_int("swa['pretrain_steps']", swa.get("pretrain_steps", _PRETRAIN_STEPS))
+        run = map_chain(fitted, train, init=resolve_init(fitted, None, train), num_steps=steps,
+                        lr=swa.get("pretrain_lr", _PRETRAIN_LR), optimizer=swa.get("pretrain_optimizer", "adam"),
+                        lr_schedule="cosine", seed=seed, progress=progress, desc="subspace pre-training",
+                        holdout=holdout, method="subspace")
+    return {**run.point, **run.sample}
