@@ -3,7 +3,7 @@
 Izmailov, P., Maddox, W. J., Kirichenko, P., Garipov, T., Vetrov, D. & Wilson, A. G. (2019). Subspace
 inference for Bayesian deep learning. UAI.
 
-0. **Pre-training** (default, tensor data): a MAP fit by :func:`bnn_pyro.infer.map_fit.map_chain` on full batches
+0. **Pre-training** (default, tensor data): a MAP fit by :func:`bnn_pyro.infer.map_fit.fit_map` on full batches
    (or reshuffled epochs of ``batch_size`` rows) with SWA's pre-training settings (``swa``'s ``pretrain_steps``,
    ``pretrain_optimizer``, ``pretrain_lr``: by default 2,000 Adam steps at ``3e-2`` decaying to 1% on a cosine),
    early-stopped on the SWA run's held-out rows when it holds some out; the SWA run starts there with
@@ -63,7 +63,6 @@ Example
 
 from __future__ import annotations
 
-import copy
 import math
 from enum import Enum
 
@@ -77,7 +76,7 @@ from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.holdout import split
-from bnn_pyro.infer.map_fit import map_chain
+from bnn_pyro.infer.map_fit import fit_map
 from bnn_pyro.infer.swag import fit_moments
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -275,12 +274,8 @@ def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool) -> 
     (the same split)."""
     train, holdout, _ = split(data, swa.get("validation", "default"), seed=seed, method="subspace",
                               convert=data.convert)
-    fitted = copy.deepcopy(model)
-    with pyro.get_param_store().scope():
-        pyro.set_rng_seed(seed)
-        steps = positive_int("swa['pretrain_steps']", swa.get("pretrain_steps", _PRETRAIN_STEPS))
-        run = map_chain(fitted, train, init=resolve_init(fitted, None, train), num_steps=steps,
-                        lr=swa.get("pretrain_lr", _PRETRAIN_LR), optimizer=swa.get("pretrain_optimizer", "adam"),
-                        lr_schedule="cosine", seed=seed, progress=progress, desc="subspace pre-training",
-                        holdout=holdout, method="subspace")
+    steps = positive_int("swa['pretrain_steps']", swa.get("pretrain_steps", _PRETRAIN_STEPS))
+    run = fit_map(model, train, init=resolve_init(model, None, train), num_steps=steps,
+                  lr=swa.get("pretrain_lr", _PRETRAIN_LR), optimizer=swa.get("pretrain_optimizer", "adam"),
+                  lr_schedule="cosine", seed=seed, progress=progress, holdout=holdout, method="subspace")
     return {**run.point, **run.sample}
