@@ -123,6 +123,35 @@ def test_learned_noise_is_sampled_by_the_inner_engine():
     assert sigma.shape == (1, 30) and (sigma > 0).all() and sigma.std() > 0  # draws, not one point
 
 
+def test_with_200_rows_or_more_a_learned_noise_is_chosen_on_the_rows_swa_held_out():
+    """As every point-fit engine (bnn_pyro/infer/holdout.py): the inner engine samples on the 90% SWA trained on,
+    and the noise of every draw is set where the subspace predictive scores the held-out 10% best."""
+    from bnn_pyro.infer import holdout
+    from bnn_pyro.infer._common import Data
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(240, 1, generator=g) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + 0.2 * torch.randn(240, generator=g)
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
+                   likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)))
+    post = bp.fit(model, x, y, method="subspace", rank=2, num_samples=20, inner_options=dict(num_warmup=20),
+                  swa=dict(pretrain_steps=100, num_steps=30, collect_every=1), seed=0, progress=False)
+    assert post.config["inner_config"]["dataset_size"] == 216 and post.x.shape[0] == 240
+    sigma = post.config["noise"]["sigma"]
+    assert post.config["noise"]["selected_on"] == "validation" and torch.all(post.samples["sigma"] == sigma)
+    _, held, _ = holdout.split(Data(x=x, y=y), 0.1, seed=0, method="subspace")
+    d = post.observation_distribution(held.x)
+    f = (d.base_dist if isinstance(d, pyro.distributions.Independent) else d).loc.double()
+
+    def lpd(s):
+        log_p = pyro.distributions.Normal(f, s).log_prob(held.y.double())
+        return float((torch.logsumexp(log_p, 0) - math.log(len(f))).mean())
+
+    assert lpd(sigma) >= max(lpd(sigma * 1.05), lpd(sigma / 1.05))
+
+
 @pytest.mark.parametrize("config, error, match", [
     (dict(inner="laplace"), ValueError, r"inner: expected one of 'nuts', .* got 'laplace'; try inner='nuts'"),
     (dict(inner_options=dict(seed=3)), ValueError, r"inner_options: 'seed' is set by the subspace fit"),
