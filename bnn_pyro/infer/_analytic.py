@@ -121,7 +121,7 @@ class StackPotential:
         first = [i for i, op in enumerate(ops) if isinstance(op, _Layer) and any(
             isinstance(v, str) for v in (op.weight, op.bias))]
         self._first_random = first[0] if first else len(ops)
-        self._y = y.reshape(x.shape[0], -1)
+        self._y = y.reshape(x.shape[0], -1).to(loc.dtype)  # float64 targets of a float32 net (numpy data)
         self._buf, self._gbuf = loc.new_zeros(loc.shape), loc.new_zeros(loc.shape)
         self._views = {n: self._buf[a:b].view(shape) for n, (a, b, shape) in slots.items()}
         self._gviews = {n: self._gbuf[a:b].view(shape) for n, (a, b, shape) in slots.items()}
@@ -136,7 +136,7 @@ class StackPotential:
 
     def __call__(self, theta: torch.Tensor, x: torch.Tensor | None = None, y: torch.Tensor | None = None):
         single = theta.dim() == 1 and (x is None or (x is self.x and y is self.y))  # the bound data
-        x, y = (self.x, self._y) if x is None or single else (x, y.reshape(x.shape[0], -1))
+        x, y = (self.x, self._y) if x is None or single else (x, y.reshape(x.shape[0], -1).to(theta.dtype))
         lead = theta.shape[:-1]
         batched = bool(lead)
         n = x.shape[0]
