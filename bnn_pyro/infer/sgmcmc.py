@@ -361,9 +361,6 @@ class _Chain:
         self.potentials = torch.empty(len(plan.scale), dtype=torch.float64)
         self.steps = torch.empty(len(plan.scale), dtype=torch.float64)
         self._keep, self._noisy = plan.keep.tolist(), plan.noisy.tolist()
-        # a plan without noise (snapshot ensembles): a cycle's candidates are the states of its descent, where the
-        # step is at most half its peak; from the cycle's start, its first state (the last snapshot) could win again
-        self._settling = (plan.scale <= 0.5).tolist() if not any(self._noisy) else [True] * len(self._noisy)
         self.draws, self.stops, self.best = [], [], None
         self.opt, self.batch, self.t, self.u = None, None, 0, math.nan
 
@@ -402,7 +399,7 @@ class _Chain:
         step ends a cycle, :mod:`bnn_pyro.infer.snapshot`), and the next cycle starts from it."""
         noisy = self._noisy[t]
         snapshot = self._keep[t] and not noisy
-        if not noisy and self.best is None and self._settling[t]:
+        if not noisy and self.best is None:
             self.best = BestOnHoldout(every=SCORE_EVERY, patience=None)
         if self.best is None:
             return

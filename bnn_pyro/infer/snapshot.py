@@ -25,11 +25,9 @@ whose step factor ``(1 - cos(pi / K)) / 2`` (2.5e-6 at ``K = 1000``) leaves it w
 
 Held-out rows (:mod:`bnn_pyro.infer.holdout`, as csgmcmc's exploration stages): by default 10% of the
 training rows (tensor data of at least 200 rows) are held out and the run trains on the rest. Every cycle
-scores its states on them every 50 steps of its descent (where the step is at most half the peak; noise
-profiled out) and at its end, and its snapshot is the best-scoring of them (early stopping; the next cycle
-starts from it, momentum reset; ``history["exploration_stop"]``: the step of each snapshot). Scored from
-the cycle's start instead, the first state of every cycle (the previous snapshot) kept winning on diabetes:
-five identical snapshots, epistemic sd 0; a learned Gaussian noise (``sigma`` or ``precision``) of every snapshot is then
+scores its state on them every 50 steps (noise profiled out) and its snapshot is the best-scoring state of
+the cycle (early stopping; the next cycle starts from it, momentum reset; ``history["exploration_stop"]``:
+the step of each snapshot); a learned Gaussian noise (``sigma`` or ``precision``) of every snapshot is then
 set to the value that maximizes the held-out log predictive density of the snapshot mixture. Why: a cycle
 run to its end fits the training rows of a small data set far past the best held-out state (scikit-learn's
 diabetes, benchmarks/uci.py protocol, splits 0/1: test log-likelihood -5.90/-5.76 and RMSE 85/77 at cycle
