@@ -182,3 +182,21 @@ def test_with_held_out_rows_each_snapshot_is_its_cycles_best_scored_state(monkey
         assert (stops[c] - c * K) % sgmcmc.SCORE_EVERY == 0 or stops[c] == c * K + K - 1
         snapshot = {k: v[0, c] for k, v in post.samples.items()}  # the noise is profiled out of the score
         assert holdout.heldout_score(post.model, snapshot, held) == pytest.approx(max(cycle), rel=1e-6, abs=1e-9)
+
+
+def test_cycles_that_return_to_their_start_repeat_the_snapshot_and_the_fit_warns(monkeypatch):
+    """If no state of a later cycle scores better on the held-out rows than the snapshot it started from (forced
+    here: every score is lower than the one before), the cycle repeats that snapshot and the fit says so."""
+    from bnn_pyro.diagnostics import DiagnosticWarning
+    from bnn_pyro.infer import sgmcmc
+
+    calls = []
+    monkeypatch.setattr(sgmcmc, "heldout_score", lambda *args: calls.append(0) or -float(len(calls)))
+    x, y = _toy(n=240)
+    model = _mlp(likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    with pytest.warns(DiagnosticWarning, match=r"snapshot: 2 of 2 cycles after the first .* repeat it"):
+        post = bp.fit(model, x, y, method="snapshot", num_cycles=3, cycle_length=60, seed=0, progress=False)
+    assert post.history["exploration_stop"][0].tolist() == [0, 60, 120]
+    first, last = post.samples["0.weight"][0, 0], post.samples["0.weight"][0, 2]
+    # the same state, up to the cycle's last (near-zero) step taken after a snapshot is kept
+    assert float((first - last).abs().max()) < 1e-3 * float(first.abs().max())
