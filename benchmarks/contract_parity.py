@@ -8,6 +8,8 @@ Run it once on a checkout of the old code and once on the new one, then compare:
     python benchmarks/contract_parity.py save new.pt
     python benchmarks/contract_parity.py compare old.pt new.pt
 
+``save FILE mc_dropout laplace`` saves only the cases whose names start with those words.
+
 Small models and short runs: it checks equality, not quality (a few seconds per case).
 """
 
@@ -77,6 +79,21 @@ CASES = {
     "sparse_vd_classes_epochs": lambda: ("sparse_vd", dict(epochs=3, batch_size=40, num_samples=5, _classes=True)),
     "sparse_vd_stream": lambda: ("sparse_vd", dict(num_steps=20, num_samples=5, _stream=True)),
     "laplace": lambda: ("laplace", dict(_small=True)),
+    "laplace_learned_noise": lambda: ("laplace", dict(num_steps=30, num_samples=5, _noise=True, _rows=240)),
+    "laplace_marglik": lambda: ("laplace", dict(num_steps=30, num_samples=5, prior_precision="marglik",
+                                                validation=None, num_chains=2)),
+    "mc_dropout": lambda: ("mc_dropout", dict(num_steps=30, num_samples=5, num_chains=2)),
+    "mc_dropout_learned_noise": lambda: ("mc_dropout", dict(num_steps=30, num_samples=5, _noise=True, _rows=240)),
+    "mc_dropout_reinforce": lambda: ("mc_dropout", dict(rate="reinforce", num_steps=20, num_samples=5)),
+    "mc_dropout_reinforce_baseline": lambda: ("mc_dropout", dict(rate="reinforce", num_particles=1, baseline_beta=0.5,
+                                                                 num_steps=20, num_samples=5, batch_size=32)),
+    "mc_dropout_concrete_inputs": lambda: ("mc_dropout", dict(rate="concrete", temperature=0.2, dropout_inputs=True,
+                                                              num_steps=20, num_samples=5, num_particles=2)),
+    "mc_dropout_classes_epochs": lambda: ("mc_dropout", dict(epochs=3, batch_size=40, num_samples=5, validation=0.2,
+                                                             _classes=True)),
+    "mc_dropout_sgd_cosine_net": lambda: ("mc_dropout", dict(optimizer="sgd", lr_schedule="cosine", lr=0.002,
+                                                             init="net", p=0.3, num_steps=20, num_samples=5)),
+    "mc_dropout_stream": lambda: ("mc_dropout", dict(num_steps=20, num_samples=5, _stream=True)),
 }
 
 
@@ -85,17 +102,18 @@ def _fit(case: str):
     classes, noise, fn, stream = (config.pop(k, False) for k in ("_classes", "_noise", "_fn", "_stream"))
     if config.pop("_small", False):
         config.update(num_steps=30, num_samples=5)
-    x, y = _toy(classes=classes)
+    x, y = _toy(n=config.pop("_rows", 120), classes=classes)  # 240 rows: the default held-out split applies
     model = _pyro_fn if fn else _bnn(noise=dist.HalfNormal(1.0) if noise else 0.2, classes=classes)
     if stream:
         return bp.fit(model, _stream(x, y), method=method, dataset_size=x.shape[0], seed=3, progress=False, **config)
     return bp.fit(model, x, y, method=method, seed=3, progress=False, **config)
 
 
-def save(path: str) -> None:
+def save(path: str, prefixes: list[str]) -> None:
+    """Save the cases whose names start with one of ``prefixes`` (all cases without any)."""
     print("bnn_pyro from", bp.__file__)
     out = {}
-    for case in CASES:
+    for case in (c for c in CASES if not prefixes or c.startswith(tuple(prefixes))):
         post = _fit(case)
         out[case] = {part: {k: v for k, v in getattr(post, part).items() if torch.is_tensor(v)}
                      for part in ("samples", "history", "sample_stats", "point")}
@@ -106,7 +124,7 @@ def save(path: str) -> None:
 
 def compare(old_path: str, new_path: str) -> int:
     old, new = torch.load(old_path), torch.load(new_path)
-    bad = 0
+    bad, differing = 0, set()
     for case in old:
         for part, tensors in old[case].items():
             other = new[case][part]
@@ -115,17 +133,19 @@ def compare(old_path: str, new_path: str) -> int:
                                           torch.equal(value, other[name]))
                 if not same:
                     bad += 1
+                    differing.add(case)
                     print(f"DIFFERENT {case} {part}[{name!r}]: {value if isinstance(value, str) else ''} vs "
                           f"{other.get(name, 'missing') if isinstance(value, str) else ''}")
             for name in set(other) - set(tensors):
                 bad += 1
+                differing.add(case)
                 print(f"NEW {case} {part}[{name!r}]")
-    print(f"{len(old)} cases: " + ("all bit-identical" if not bad else f"{bad} differences"))
+    print(f"{len(old) - len(differing)}/{len(old)} cases bit-identical" + (f" ({bad} differences)" if bad else ""))
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "save":
-        save(sys.argv[2])
+        save(sys.argv[2], sys.argv[3:])
     else:
         sys.exit(compare(sys.argv[2], sys.argv[3]))

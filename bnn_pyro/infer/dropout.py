@@ -77,7 +77,8 @@ went from -5.76 to -5.43 (deep ensembles with the same rule: -5.37).
 Draws: ``num_samples`` per chain of every latent site, ``W = M diag(z)`` with fresh hard masks (the
 point-mass sites repeat their value); ``num_chains`` independent restarts (seeds ``seed + c``) are
 the chains. ``sample_stats["dropout_rate[<site>]"]`` holds each draw's rate and, for learned rates,
-``history["dropout_rate[<site>]"]`` its trajectory.
+``history["dropout_rate[<site>]"]`` its trajectory. The fit is an :class:`~bnn_pyro.infer.contract.Engine`
+(:func:`dropout_engine`, state :class:`DropoutState`) run by :func:`~bnn_pyro.infer.contract.drive`.
 
 Example
 -------
@@ -89,7 +90,7 @@ Example
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import pyro
@@ -102,14 +103,15 @@ from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
+from bnn_pyro.infer.checkpoint import Checkpoint, ExtraState, StepCheckpoint, open_chains
+from bnn_pyro.infer.contract import Engine, LossInfo, Loop, drive, entry
+from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
                                     split)
-from bnn_pyro.infer.driver import ChainRun, assemble, descend, run_chains
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_mc_dropout", "RateLearning"]
+__all__ = ["fit_mc_dropout", "RateLearning", "MCDropoutConfig", "DropoutState", "dropout_engine"]
 
 _LAYERS = (nn.Linear, nn.modules.conv._ConvNd)
 _EPS = 1e-6  # uniforms are kept in [eps, 1 - eps] so that the logistic noise stays finite
@@ -131,31 +133,34 @@ class _Site:
     size: int
 
 
-def fit_mc_dropout(
-    model,
-    data: Data,
-    *,
-    p: float = 0.1,
-    rate: str = "fixed",
-    temperature: float | None = None,
-    baseline_beta: float | None = None,
-    dropout_inputs: bool | None = None,
-    num_steps: int | None = None,
-    epochs: int | None = None,
-    lr: float = 1e-2,
-    optimizer="adam",
-    lr_schedule="constant",
-    num_particles: int | None = None,
-    num_chains: int = 1,
-    num_samples: int = 1000,
-    init=None,
-    validation="default",
-    seed: int = 0,
-    progress: bool = True,
-    checkpoint: str | None = None,
-    checkpoint_every: int | None = None,
-    resume: bool = False,
-) -> Posterior:
+@dataclass(frozen=True)
+class MCDropoutConfig:
+    """The options of ``method="mc_dropout"`` and their defaults (documented in :func:`fit_mc_dropout`)."""
+
+    p: float = 0.1
+    rate: str = "fixed"
+    temperature: float | None = None
+    baseline_beta: float | None = None
+    dropout_inputs: bool | None = None
+    num_steps: int | None = None
+    epochs: int | None = None
+    lr: float = 1e-2
+    optimizer: object = "adam"
+    lr_schedule: object = "constant"
+    num_particles: int | None = None
+    num_chains: int = 1
+    num_samples: int = 1000
+    init: object = None
+    validation: object = "default"
+    seed: int = 0
+    progress: bool = True
+    checkpoint: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
+
+
+@entry(MCDropoutConfig)
+def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
     """Fit ``model`` by MC dropout and return a :class:`~bnn_pyro.Posterior` (see the module docstring).
 
     Parameters
@@ -203,60 +208,53 @@ def fit_mc_dropout(
         last; ``resume=True`` continues each chain from its file, bit-identically (the masks' generator, the
         REINFORCE baseline and early stopping included; see :mod:`bnn_pyro.infer.checkpoint`).
     """
-    kind = choice("rate", rate, RateLearning)
+    kind = choice("rate", cfg.rate, RateLearning)
+    p = cfg.p
     if not (isinstance(p, (int, float)) and 0.0 < p < 1.0):
         raise ValueError(f"p: the drop rate must be a number in (0, 1), got {p!r}; try p=0.1 (p=0 is MAP: "
                          "method='svi', guide='map').")
-    for name, value, owner in (("temperature", temperature, RateLearning.CONCRETE),
-                               ("baseline_beta", baseline_beta, RateLearning.REINFORCE)):
+    for name, value, owner in (("temperature", cfg.temperature, RateLearning.CONCRETE),
+                               ("baseline_beta", cfg.baseline_beta, RateLearning.REINFORCE)):
         if value is not None and kind is not owner:
             raise ValueError(f"{name}= applies to rate={owner.value!r} only, not {kind.value!r}; drop it.")
-    temperature = positive("temperature", 0.1 if temperature is None else temperature)
-    beta = 0.9 if baseline_beta is None else baseline_beta
+    temperature = positive("temperature", 0.1 if cfg.temperature is None else cfg.temperature)
+    beta = 0.9 if cfg.baseline_beta is None else cfg.baseline_beta
     if not (isinstance(beta, (int, float)) and 0.0 <= beta < 1.0):
         raise ValueError(f"baseline_beta must be in [0, 1), got {beta!r}; try 0.9.")
+    num_steps, epochs = cfg.num_steps, cfg.epochs
     if num_steps is not None and epochs is not None:
         raise ValueError("mc_dropout: give num_steps= or epochs=, not both.")
     if epochs is not None:
         per_epoch = len(data.loader) if data.loader is not None else math.ceil(data.size / (data.batch_size or data.size))
         num_steps = positive_int("epochs", epochs) * per_epoch
-    num_steps = positive_int("num_steps", 3000 if num_steps is None else num_steps)
-    if num_particles is None:
-        num_particles = 4 if kind is RateLearning.REINFORCE else 1
-    num_particles = positive_int("num_particles", num_particles)
-    num_chains = positive_int("num_chains", num_chains)
-    num_samples = positive_int("num_samples", num_samples)
-    lr = positive("lr", lr)
-    full = data
+    num_particles = cfg.num_particles if cfg.num_particles is not None else 4 if kind is RateLearning.REINFORCE else 1
+    s = replace(cfg, rate=kind, temperature=temperature, baseline_beta=beta, epochs=None,
+                num_steps=positive_int("num_steps", 3000 if num_steps is None else num_steps),
+                num_particles=positive_int("num_particles", num_particles),
+                num_chains=positive_int("num_chains", cfg.num_chains),
+                num_samples=positive_int("num_samples", cfg.num_samples), lr=positive("lr", cfg.lr))
+    full, validation = data, cfg.validation
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         data, holdout, why = full, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"
     else:
-        data, holdout, why = split(full, validation, seed=seed, method="mc_dropout", convert=full.convert)
-    sites = dropout_sites(model, data, dropout_inputs)
-    init = resolve_init(model, init, data)
+        data, holdout, why = split(full, validation, seed=s.seed, method="mc_dropout", convert=full.convert)
+    sites = dropout_sites(model, data, s.dropout_inputs)
+    init = resolve_init(model, s.init, data)
     config = clean_config(dict(
         p=float(p), rate=kind.value, temperature=temperature if kind is RateLearning.CONCRETE else None,
         baseline_beta=beta if kind is RateLearning.REINFORCE else None, dropout_sites=",".join(sites),
-        num_steps=num_steps, lr=lr, optimizer=getattr(optimizer, "value", optimizer),
-        lr_schedule=getattr(lr_schedule, "value", lr_schedule), num_particles=num_particles, num_chains=num_chains,
-        num_samples=num_samples, init=init if isinstance(init, str) else type(init).__name__,
-        batch_size=data.batch_size, dataset_size=data.size, seed=seed,
+        num_steps=s.num_steps, lr=s.lr, optimizer=getattr(s.optimizer, "value", s.optimizer),
+        lr_schedule=getattr(s.lr_schedule, "value", s.lr_schedule), num_particles=s.num_particles,
+        num_chains=s.num_chains, num_samples=s.num_samples, init=init if isinstance(init, str) else type(init).__name__,
+        batch_size=data.batch_size, dataset_size=data.size, seed=s.seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
-    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
+    ckpts = open_chains(s.checkpoint, every=s.checkpoint_every, resume=s.resume, num_chains=s.num_chains,
                         run=dict(method="mc_dropout", **config))
-
-    def one_chain(fitted, info):
-        pot = Potential(fitted, data, init=chain_start(fitted, init, info.seed))
-        guide = DropoutGuide(pot, sites, p, learn=kind is not RateLearning.FIXED)
-        history = _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr,
-                            lr_schedule, info.seed, progress, f"mc_dropout chain {info.index}", holdout, fitted,
-                            ckpts[info.index])
-        draws = guide.draw(num_samples, torch.Generator().manual_seed(info.seed))
-        rates = {f"dropout_rate[{n}]": torch.full((num_samples,), r) for n, r in guide.rates_float().items()}
-        return ChainRun(fitted, draws, point_values(fitted, *data.first(), data.size), history, stats=rates)
-
-    post = assemble(run_chains(model, num_chains, seed, one_chain), method="mc_dropout", config=config, data=full)
+    loop = Loop(num_steps=s.num_steps, lr=s.lr, method="mc_dropout", desc="mc_dropout chain {index}",
+                optimizer=s.optimizer, lr_schedule=s.lr_schedule, progress=s.progress)
+    post = drive(model, data, dropout_engine(data, sites, init, s, holdout), loop, num_chains=s.num_chains,
+                 seed=s.seed, config=config, checkpoints=ckpts, posterior_data=full)
     return select_noise(post, holdout)
 
 
@@ -400,41 +398,74 @@ def _score(model, guide: DropoutGuide, pot: Potential, holdout: Holdout) -> floa
     return heldout_score(model, pot.constrain(guide.weights(keep)), holdout)
 
 
-def _optimize(guide, pot, data, kind, temperature, beta, num_steps, num_particles, optimizer, lr, schedule, seed,
-              progress, desc, holdout: Holdout | None = None, model=None, ckpt=None) -> dict[str, torch.Tensor]:
-    x0, y0 = data.first()
-    with poutine.trace(param_only=True) as capture:  # a BNN's deterministic parameters are fitted too
-        pot(guide.values, (x0, y0))
-    params = guide.parameters() + [s["value"].unconstrained() for s in capture.trace.nodes.values()]
-    masks = torch.Generator().manual_seed(seed)  # the masks' uniforms (the driver seeds the minibatch order)
-    rates = {k: torch.empty(num_steps) for k in guide.sites}
-    baseline = []
-    best = BestOnHoldout(every=max(1, num_steps // 50), patience=None)
-    state = list(guide.values.values()) + list(guide.logits.values()) + params[len(guide.parameters()):]
+@dataclass
+class DropoutState:
+    """One chain of MC dropout: its model copy and potential, the guide, the optimized tensors ``params`` (``M`` and
+    the point values, learned rate logits, the model's deterministic parameters), the masks' generator (seeded by the
+    chain's ``seed``, which also seeds its draws), REINFORCE's decaying baseline, early stopping's ``best`` record of
+    ``kept`` (values, every rate logit, deterministic parameters) and each dropout site's rate per step."""
 
-    def step_loss(batch, step):
-        noise = [guide.noise((), masks) for _ in range(num_particles)]
-        last = baseline[0] if baseline else None  # REINFORCE's decaying average of the energy
-        surrogate, loss, energy = objective(guide, pot, batch, noise, kind, temperature, last)
-        baseline[:] = [energy if last is None else beta * last + (1 - beta) * energy]
-        return surrogate, float(loss)
+    model: object
+    pot: Potential
+    guide: DropoutGuide
+    params: list[torch.Tensor]
+    kept: list[torch.Tensor]
+    masks: torch.Generator
+    baseline: list
+    best: BestOnHoldout
+    rates: dict[str, torch.Tensor]
+    seed: int
 
-    def on_step(step, value):
-        for k, r in guide.rates_float().items():
-            rates[k][step] = r
-        if holdout is not None and (best.due(step) or step == num_steps - 1):
-            best.record(step, _score(model, guide, pot, holdout), [t.detach() for t in state])
 
-    extra = ExtraState(masks=masks, baseline=baseline, best=best)  # with the rates: what a checkpoint adds
-    losses = descend(step_loss, params, data, num_steps=num_steps, lr=lr, optimizer=optimizer, lr_schedule=schedule,
-                     seed=seed, method="mc_dropout", desc=desc, progress=progress, on_step=on_step,
-                     resumable=None if ckpt is None else StepCheckpoint(ckpt, params, rates, extra))
-    history = {"loss": losses}
-    if holdout is not None:  # early stopping: back to the best-scoring state
-        with torch.no_grad():
-            for t, kept in zip(state, best.state):
-                t.copy_(kept)
-        history["best_step"] = torch.tensor([best.best_step])
-    if kind is not RateLearning.FIXED:
-        history.update({f"dropout_rate[{k}]": v for k, v in rates.items()})
-    return history
+def dropout_engine(data: Data, sites: dict[str, _Site], init, s: MCDropoutConfig, holdout: Holdout | None) -> Engine:
+    """MC dropout as an :class:`~bnn_pyro.infer.contract.Engine`, for the resolved options ``s`` (``rate`` a
+    :class:`RateLearning`, no ``None`` left but ``dropout_inputs``): a step minimizes :func:`objective` on a batch,
+    ``after`` records the rates and early stopping, ``draws`` goes back to the best held-out state and draws
+    ``num_samples`` with fresh masks; a checkpoint adds the rates, the masks' generator, the baseline and early
+    stopping to the optimized tensors."""
+    kind = s.rate
+
+    def init_state(fitted, chain) -> DropoutState:
+        pot = Potential(fitted, data, init=chain_start(fitted, init, chain.seed))
+        guide = DropoutGuide(pot, sites, s.p, learn=kind is not RateLearning.FIXED)
+        with poutine.trace(param_only=True) as capture:  # a BNN's deterministic parameters are fitted too
+            pot(guide.values, data.first())
+        points = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
+        return DropoutState(fitted, pot, guide, guide.parameters() + points,
+                            list(guide.values.values()) + list(guide.logits.values()) + points,
+                            torch.Generator().manual_seed(chain.seed), [],
+                            BestOnHoldout(every=max(1, s.num_steps // 50), patience=None),
+                            {k: torch.empty(s.num_steps) for k in guide.sites}, chain.seed)
+
+    def step(state: DropoutState, batch, index: int):
+        noise = [state.guide.noise((), state.masks) for _ in range(s.num_particles)]
+        last = state.baseline[0] if state.baseline else None  # REINFORCE's decaying average of the energy
+        surrogate, loss, energy = objective(state.guide, state.pot, batch, noise, kind, s.temperature, last)
+        state.baseline[:] = [energy if last is None else s.baseline_beta * last + (1 - s.baseline_beta) * energy]
+        return surrogate, LossInfo(float(loss))
+
+    def after(state: DropoutState, index: int, info: LossInfo) -> LossInfo:
+        for k, r in state.guide.rates_float().items():
+            state.rates[k][index] = r
+        if holdout is not None and (state.best.due(index) or index == s.num_steps - 1):
+            state.best.record(index, _score(state.model, state.guide, state.pot, holdout),
+                              [t.detach() for t in state.kept])
+        return info
+
+    def draws(state: DropoutState, history: dict[str, torch.Tensor]) -> ChainRun:
+        if holdout is not None:  # early stopping: back to the best-scoring state
+            with torch.no_grad():
+                for t, kept in zip(state.kept, state.best.state):
+                    t.copy_(kept)
+            history["best_step"] = torch.tensor([state.best.best_step])
+        if kind is not RateLearning.FIXED:
+            history.update({f"dropout_rate[{k}]": v for k, v in state.rates.items()})
+        samples = state.guide.draw(s.num_samples, torch.Generator().manual_seed(state.seed))
+        rates = {f"dropout_rate[{n}]": torch.full((s.num_samples,), r) for n, r in state.guide.rates_float().items()}
+        return ChainRun(state.model, samples, point_values(state.model, *data.first(), data.size), history, stats=rates)
+
+    def checkpoint(state: DropoutState, ckpt: Checkpoint, records) -> StepCheckpoint:
+        extra = ExtraState(masks=state.masks, baseline=state.baseline, best=state.best)
+        return StepCheckpoint(ckpt, state.params, state.rates, extra)
+
+    return Engine(init=init_state, step=step, draws=draws, after=after, checkpoint=checkpoint)
