@@ -70,7 +70,8 @@ REGISTRY: dict[Method, Declaration] = {
                                             replace(_STEPS, checkpoint=True)),
     Method.SPARSE_VD: Declaration("variational_dropout", "fit_sparse_vd", replace(_STEPS, checkpoint=True)),
     Method.ENSEMBLE: Declaration("ensemble", "fit_ensemble", replace(_STEPS, checkpoint=True)),
-    Method.LAPLACE: Declaration("laplace", "fit_laplace", replace(_POINT_THEN_STATS, jacobian_rows=True)),
+    Method.LAPLACE: Declaration("laplace", "fit_laplace", replace(_POINT_THEN_STATS, jacobian_rows=True,
+                                                                        checkpoint=True)),
     Method.SNAPSHOT: Declaration("snapshot", "fit_snapshot", replace(_STEPS, checkpoint=True)),
     Method.SUBSPACE: Declaration("subspace", "fit_subspace", _POINT_THEN_STATS),
 }

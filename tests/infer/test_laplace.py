@@ -398,3 +398,45 @@ def test_evidence_without_a_finite_optimum_clips_delta_with_a_warning(blr):
         approx = lap.laplace_approximation(blr.model(), Data(x=blr.x * 0.01, y=y), structure="full",
                                            prior_precision="marglik", **QUICK)
     assert approx.prior_precision["all"] == pytest.approx(1e8)
+
+
+# ------------------------------------------------------------------ checkpoint/resume of the MAP search
+@pytest.mark.parametrize("crash", ["map_search", "curvature"])
+def test_resumed_run_is_bit_identical_after_a_crash_in_or_after_the_map_search(crash, tmp_path, monkeypatch):
+    """Two chains, shuffled minibatches, held-out rows (early stopping and the noise chosen on them) and a marglik
+    round (a refit after the search): a run that dies in chain 0's MAP search (its last checkpoint at step 8 of 20),
+    or after the search, in the curvature (its checkpoint is the search's end), and is resumed equals an
+    uninterrupted run exactly."""
+    from bnn_pyro.infer import checkpoint as ckpt_mod
+    from bnn_pyro.infer.laplace import fit as fit_mod
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(240, 1, generator=g) * 4 - 2
+    y = torch.sin(2 * x[:, 0]) + 0.2 * torch.randn(240, generator=g)
+    model = _mlp(dist.HalfNormal(1.0))
+    cfg = dict(method="laplace", num_steps=20, lr=0.7, num_samples=20, num_chains=2, prior_precision="marglik",
+               batch_size=32, seed=2, progress=False)  # chain 0's search peaks on held-out rows before step 8
+    whole = bp.fit(model, x, y, **cfg)
+
+    def dies(*args, **kwargs):
+        raise RuntimeError("crash")
+
+    save, terms = ckpt_mod.Checkpoint.save, fit_mod.terms
+    with monkeypatch.context() as m:
+        if crash == "map_search":
+            m.setattr(ckpt_mod.Checkpoint, "save", lambda self, step, tensors, meta: dies() if step == 12 else
+                      save(self, step, tensors, meta))
+        else:
+            m.setattr(fit_mod, "terms", dies)
+        with pytest.raises(RuntimeError, match="crash"):
+            bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=4, **cfg)
+    assert ckpt_mod.read(tmp_path / "chain0.ckpt")[1]["step"] == (8 if crash == "map_search" else 20)
+    assert not (tmp_path / "chain1.ckpt").exists() and fit_mod.terms is terms
+    resumed = bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=4, resume=True, **cfg)
+    assert resumed.config == whole.config and whole.config["validation"]["rows"] == 24
+    assert whole.config["noise"][0]["selected_on"] == "validation" and whole.config["prior_precision_fitted"]
+    for group in ("samples", "history", "sample_stats", "point"):
+        for name, value in getattr(whole, group).items():
+            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+    with pytest.raises(FileExistsError, match="resume=True"):  # a finished run's files are never overwritten
+        bp.fit(model, x, y, checkpoint=tmp_path, **cfg)

@@ -9,6 +9,8 @@ A Gaussian at the posterior mode whose precision is the curvature there (MacKay 
    minibatches when ``batch_size`` is set), then, when no rows are held out, an L-BFGS polish on the full
    data. Deterministic (non-Bayesian) parameters are optimized along, then kept fixed. With held-out rows
    (``validation=``, below) the search keeps its best state on them (early stopping) and is not polished.
+   ``checkpoint=FOLDER`` saves the search every ``checkpoint_every`` steps; after a crash, in the search or in
+   what follows it, ``resume=True`` gives the uninterrupted run's result bit for bit (:mod:`bnn_pyro.infer.checkpoint`).
 2. **Curvature.** ``H = H_prior + H_lik`` at ``z*``; ``H_prior`` is the exact Hessian of ``-log p(z)``
    (autograd), ``H_lik`` by ``hessian=``:
 

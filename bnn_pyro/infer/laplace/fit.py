@@ -14,6 +14,7 @@ from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.driver import ChainRun, assemble, chain, run_chains
 from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, split
 from bnn_pyro.infer.laplace.approximation import (Hessian, LaplaceApproximation, Predictive, PriorPrecision, Settings,
@@ -35,7 +36,8 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
                 prior_precision: str | float = "model", predictive: str | None = None, validation="default",
                 num_samples: int = 1000, num_chains: int = 1, num_steps: int | None = None, lr: float = 1e-2,
                 polish_steps: int | None = None, marglik_rounds: int = 1, init=None, seed: int = 0,
-                progress: bool = True) -> Posterior:
+                progress: bool = True, checkpoint: str | None = None, checkpoint_every: int | None = None,
+                resume: bool = False) -> Posterior:
     """Fit a Laplace approximation of the posterior of ``model`` and return its draws as a
     :class:`~bnn_pyro.Posterior` (see :mod:`bnn_pyro.infer.laplace` for the method).
 
@@ -81,6 +83,13 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         see :mod:`bnn_pyro.infer._init`.
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``; the held-out rows use ``seed``), and a progress bar.
+    checkpoint, checkpoint_every, resume:
+        A folder for one checkpoint file per chain of the MAP search (the iterative part), written every
+        ``checkpoint_every`` Adam steps and after the last; ``resume=True`` continues each chain's search from its
+        file, bit-identically (optimizer, schedule and early stopping included; see
+        :mod:`bnn_pyro.infer.checkpoint`). What follows the search (polish, curvature, prior-precision rounds with
+        their shorter refits, noise) is recomputed from the saved end of the search, so a run that dies there
+        resumes bit-identically too.
 
     Example
     -------
@@ -92,11 +101,24 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
     num_samples = positive_int("num_samples", num_samples)
     num_chains = positive_int("num_chains", num_chains)
     train, holdout, why = split(data, validation, seed=seed, method="laplace", convert=data.convert)
+    head = dict(structure=settings.structure.value, hessian=settings.hessian.value,
+                prior_precision=getattr(settings.prior_precision, "value", settings.prior_precision))
+    tail = dict(
+        predictive=settings.predictive.value, num_samples=num_samples, num_chains=num_chains,
+        num_steps=settings.num_steps, lr=settings.lr, polish_steps=_polish(settings, holdout),
+        marglik_rounds=settings.marglik_rounds,
+        init=settings.init if isinstance(settings.init, str) else type(settings.init).__name__,
+        batch_size=data.batch_size, dataset_size=data.size, seed=seed,
+        validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
+    )
+    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
+                        run=dict(method="laplace", **clean_config({**head, **tail})))
     x0, y0 = train.first()
     approxes = []
 
     def one_chain(fitted, info):
-        approx = fit_chain(fitted, train, settings, info.seed, progress, f"laplace chain {info.index}", holdout)
+        approx = fit_chain(fitted, train, settings, info.seed, progress, f"laplace chain {info.index}", holdout,
+                           ckpt=ckpts[info.index])
         approxes.append(approx)
         draws = approx.sample(num_samples, seed=info.seed)
         return ChainRun(fitted, draws, point_values(fitted, x0, y0, train.size),
@@ -110,17 +132,8 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         {g: [d[g] for d in deltas] for g in deltas[0]})
     evidence = approxes[0].log_evidence if num_chains == 1 else [a.log_evidence for a in approxes]
     noise = [a.noise for a in approxes if a.noise is not None]
-    config = clean_config(dict(
-        structure=settings.structure.value, hessian=settings.hessian.value,
-        prior_precision=getattr(settings.prior_precision, "value", settings.prior_precision),
-        prior_precision_fitted=fitted_delta, log_evidence=evidence, dim=len(approxes[0].active),
-        predictive=settings.predictive.value, num_samples=num_samples, num_chains=num_chains,
-        num_steps=settings.num_steps, lr=settings.lr, polish_steps=_polish(settings, holdout),
-        marglik_rounds=settings.marglik_rounds,
-        init=settings.init if isinstance(settings.init, str) else type(settings.init).__name__,
-        batch_size=data.batch_size, dataset_size=data.size, seed=seed,
-        validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
-    ))
+    config = clean_config({**head, "prior_precision_fitted": fitted_delta, "log_evidence": evidence,
+                           "dim": len(approxes[0].active), **tail})
     if noise:  # JSON-friendly as it is (as the ensemble's record from holdout.select_noise)
         config["noise"] = noise[0] if num_chains == 1 else noise
     if settings.predictive is Predictive.GLM and not _linear_in(runs[-1].model, approxes[0].linearized_sites()):
@@ -185,17 +198,20 @@ def _polish(s: Settings, holdout: Holdout | None) -> int:
 
 
 def _map(pot: Potential, z, data: Data, s: Settings, steps: int, seed: int, progress: bool, desc: str,
-         holdout: Holdout | None, model, fixed=()):
-    """The shared MAP search on ``U(z)`` (unconstrained coordinates: Laplace's curvature is taken there)."""
+         holdout: Holdout | None, model, fixed=(), ckpt: Checkpoint | None = None):
+    """The shared MAP search on ``U(z)`` (unconstrained coordinates: Laplace's curvature is taken there), saved to
+    and resumed from ``ckpt`` (:func:`~bnn_pyro.infer.map_fit.minimize`)."""
     run = minimize(pot, pot.unflatten(z), data, model=model, num_steps=steps, lr=s.lr, lr_schedule="cosine",
                    seed=seed, progress=progress, desc=desc, holdout=holdout, polish_steps=_polish(s, holdout),
-                   jacobian=False, fixed=fixed, method="laplace")
+                   jacobian=False, fixed=fixed, method="laplace", ckpt=ckpt)
     return pot.flatten(run.z).detach(), run.loss
 
 
 def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: str,
-              holdout: Holdout | None = None) -> LaplaceApproximation:
-    """One chain: MAP, curvature, prior precision and noise; ``data`` are the training rows."""
+              holdout: Holdout | None = None, ckpt: Checkpoint | None = None) -> LaplaceApproximation:
+    """One chain: MAP, curvature, prior precision and noise; ``data`` are the training rows. ``ckpt`` checkpoints
+    the first MAP search; the refits of the prior-precision rounds are not (a resumed run recomputes them from the
+    end of that search: one-shot steps and short refits, deterministic given its state and generators)."""
     pyro.set_rng_seed(seed)
     base = Potential(model, data, init=chain_start(model, s.init, seed))
     marglik = s.prior_precision in (PriorPrecision.MARGLIK, PriorPrecision.MARGLIK_LAYERWISE)
@@ -206,7 +222,7 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
     normal = None if s.prior_precision is PriorPrecision.MODEL else normal_sites(model, base, layout, data)
     delta = None if not isinstance(s.prior_precision, float) else {"all": s.prior_precision}
     pots = potentials(model, data, base, z, normal, delta)
-    z, loss = _map(pots[0], z, data, s, s.num_steps, seed, progress, desc, holdout, model)
+    z, loss = _map(pots[0], z, data, s, s.num_steps, seed, progress, desc, holdout, model, ckpt=ckpt)
     lik, prior = terms(model, pots, z, data, layout, s)
     unit = None if not marglik else {g: 1.0 for g in normal.groups(s.prior_precision)}
     sigma = None
