@@ -16,7 +16,7 @@ from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.contract import Capabilities, Declaration, Engine, Loop, drive
 from bnn_pyro.infer.driver import ChainRun
 
-ON_CONTRACT = ["svi", "ensemble", "variational_dropout", "sparse_vd"]
+ON_CONTRACT = ["svi", "ensemble", "variational_dropout", "sparse_vd", "mc_dropout"]
 
 
 @pytest.mark.parametrize("method", list(Method))
