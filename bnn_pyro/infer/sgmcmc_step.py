@@ -1,7 +1,8 @@
-"""The update that SG-MCMC and snapshot ensembles share, as a ``torch.optim.Optimizer`` run by
-:func:`~bnn_pyro.infer.driver.descend`: SGD with momentum plus Gaussian noise, its step size per step from a
-:class:`Plan`, set from the curvature when ``lr="auto"`` and guarded in the noise-free steps. The methods, their
-references and the choice of the step are described in :mod:`bnn_pyro.infer.sgmcmc`.
+"""The update that SG-MCMC and snapshot ensembles share, as a ``torch.optim.Optimizer`` (the optimizer of their
+:class:`~bnn_pyro.infer.contract.Engine`): SGD with momentum plus Gaussian noise, its step size per step from a
+:class:`Plan`, set from the curvature when ``lr="auto"`` and guarded in the noise-free steps; and the plans of
+sgld/sghmc (:func:`langevin_plan`) and csgmcmc (:func:`cyclical_plan`) with the checks of their shared options.
+The methods, their references and the choice of the step are described in :mod:`bnn_pyro.infer.sgmcmc`.
 
 Example
 -------
