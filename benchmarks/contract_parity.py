@@ -8,7 +8,7 @@ Run it once on a checkout of the old code and once on the new one, then compare:
     python benchmarks/contract_parity.py save new.pt
     python benchmarks/contract_parity.py compare old.pt new.pt
 
-``save FILE mc_dropout laplace`` saves only the cases whose names start with those words.
+``save FILE sgld mc_dropout`` saves only the cases whose names start with those words.
 
 Small models and short runs: it checks equality, not quality (a few seconds per case).
 """
@@ -94,6 +94,25 @@ CASES = {
     "mc_dropout_sgd_cosine_net": lambda: ("mc_dropout", dict(optimizer="sgd", lr_schedule="cosine", lr=0.002,
                                                              init="net", p=0.3, num_steps=20, num_samples=5)),
     "mc_dropout_stream": lambda: ("mc_dropout", dict(num_steps=20, num_samples=5, _stream=True)),
+    "sgld_default_auto": lambda: ("sgld", dict(num_samples=10, thin=3, num_chains=2)),
+    "sgld_init_net": lambda: ("sgld", dict(num_samples=5, thin=2, num_chains=2, init="net")),
+    "sgld_lr_polynomial_minibatch": lambda: ("sgld", dict(lr=1e-2, schedule="polynomial", num_samples=10,
+                                                         num_warmup=15, batch_size=32)),
+    "sgld_stream": lambda: ("sgld", dict(num_samples=10, thin=2, num_warmup=10, _stream=True)),
+    "sgld_pyro_function_prior_init": lambda: ("sgld", dict(num_samples=10, thin=2, _fn=True)),
+    "sghmc_default_noise": lambda: ("sghmc", dict(num_samples=10, thin=3, _noise=True)),
+    "sghmc_friction_lr": lambda: ("sghmc", dict(lr=5e-3, friction=0.3, num_samples=8, thin=2, batch_size=40)),
+    "csgmcmc_default": lambda: ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=2, num_chains=2)),
+    "csgmcmc_holdout_noise": lambda: ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=10, _noise=True, _n=400)),
+    "csgmcmc_no_validation_cslgd": lambda: ("csgmcmc", dict(num_cycles=2, num_samples=6, thin=2, friction=1.0,
+                                                            validation=None, _noise=True, exploration=0.5)),
+    "csgmcmc_classes_lr": lambda: ("csgmcmc", dict(lr=0.05, num_cycles=2, num_samples=4, thin=3, _classes=True,
+                                                   batch_size=30)),
+    "snapshot_small": lambda: ("snapshot", dict(num_cycles=3, cycle_length=20, num_chains=2)),
+    "snapshot_holdout_noise": lambda: ("snapshot", dict(num_cycles=3, cycle_length=120, _noise=True, _n=400)),
+    "snapshot_lr_minibatch": lambda: ("snapshot", dict(lr=0.05, num_cycles=2, cycle_length=15, batch_size=32,
+                                                       validation=None)),
+    "snapshot_stream": lambda: ("snapshot", dict(num_cycles=2, cycle_length=10, _stream=True)),
 }
 
 
@@ -102,7 +121,8 @@ def _fit(case: str):
     classes, noise, fn, stream = (config.pop(k, False) for k in ("_classes", "_noise", "_fn", "_stream"))
     if config.pop("_small", False):
         config.update(num_steps=30, num_samples=5)
-    x, y = _toy(n=config.pop("_rows", 120), classes=classes)  # 240 rows: the default held-out split applies
+    n = config.pop("_n", config.pop("_rows", 120))  # 240 rows: the default held-out split applies
+    x, y = _toy(n=n, classes=classes)
     model = _pyro_fn if fn else _bnn(noise=dist.HalfNormal(1.0) if noise else 0.2, classes=classes)
     if stream:
         return bp.fit(model, _stream(x, y), method=method, dataset_size=x.shape[0], seed=3, progress=False, **config)
@@ -130,7 +150,7 @@ def compare(old_path: str, new_path: str) -> int:
             other = new[case][part]
             for name, value in tensors.items():
                 same = name in other and (value == other[name] if isinstance(value, str) else
-                                          torch.equal(value, other[name]))
+                                          value.dtype == other[name].dtype and torch.equal(value, other[name]))
                 if not same:
                     bad += 1
                     differing.add(case)

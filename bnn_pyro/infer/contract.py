@@ -158,7 +158,11 @@ class Engine(NamedTuple, Generic[S, Info]):
     """An optimization engine (see the module docstring). ``info`` is the NamedTuple type ``step`` returns:
     every field becomes a ``history`` entry of shape ``(num_steps,)``; ``checkpoint(state, ckpt, records)``
     gives the :class:`~bnn_pyro.infer.driver.Resumable` (by default the state's ``params``, the optimizer and
-    the records, :class:`~bnn_pyro.infer.checkpoint.StepCheckpoint`)."""
+    the records, :class:`~bnn_pyro.infer.checkpoint.StepCheckpoint`). ``optimizer(state)``: an engine's own
+    update as a torch optimizer built from its state (e.g. SG-MCMC's, seeded per chain and reading the state's
+    curvature; default: ``loop.optimizer`` over ``state.params`` at ``loop.lr``). ``record_dtype``: the dtype of
+    the history tensors (default torch's default dtype; e.g. ``torch.float64`` to keep a float64 model's values
+    exact)."""
 
     init: Callable[[Any, ChainInfo], S]
     step: Callable[[S, tuple, int], "tuple[torch.Tensor, Info]"]
@@ -166,6 +170,8 @@ class Engine(NamedTuple, Generic[S, Info]):
     info: type = LossInfo
     after: Callable[[S, int, Info], Info] | None = None
     checkpoint: Callable[[S, Checkpoint, "dict[str, torch.Tensor]"], Resumable] | None = None
+    optimizer: Callable[[S], torch.optim.Optimizer] | None = None
+    record_dtype: torch.dtype | None = None
 
 
 @dataclass(frozen=True)
@@ -193,7 +199,7 @@ def run(engine: Engine, state, data: Data, loop: Loop, *, seed: int, index: int 
     order seeded by ``seed``); returns the per-step records, one ``(num_steps,)`` tensor per field of
     ``engine.info``."""
     fields = engine.info._fields
-    records = {name: torch.empty(loop.num_steps) for name in fields[1:]}
+    records = {name: torch.empty(loop.num_steps, dtype=engine.record_dtype) for name in fields[1:]}
     last = [None]
 
     def objective(batch, step):
@@ -213,7 +219,8 @@ def run(engine: Engine, state, data: Data, loop: Loop, *, seed: int, index: int 
     losses = descend(objective, state.params, data, num_steps=loop.num_steps, lr=loop.lr, optimizer=loop.optimizer,
                      lr_schedule=loop.lr_schedule, seed=seed, method=loop.method, desc=loop.desc.format(index=index),
                      progress=loop.progress, quantity=loop.quantity, hint=loop.hint, on_step=on_step,
-                     reduce=loop.reduce, resumable=resumable)
+                     reduce=loop.reduce, resumable=resumable, record_dtype=engine.record_dtype,
+                     opt=None if engine.optimizer is None else engine.optimizer(state))
     return {fields[0]: losses, **records}
 
 

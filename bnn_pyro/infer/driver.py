@@ -185,7 +185,7 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
             quantity: str = "loss", hint: str = "", on_step: Callable[[int, float], None] | None = None,
             after_step: Callable[[], None] | None = None, reduce=None, resumable: Resumable | None = None,
             opt=None, batches: Callable[[int], Iterator[tuple]] | None = None,
-            where: Callable[[int], str] | None = None) -> torch.Tensor:
+            where: Callable[[int], str] | None = None, record_dtype: torch.dtype | None = None) -> torch.Tensor:
     """Minimize ``objective`` over ``params`` for ``num_steps`` optimizer steps; returns the recorded losses.
 
     Parameters
@@ -216,8 +216,10 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
     where:
         ``where(step)`` names the step in the error raised when the run diverges (default ``"step {step} (of
         {num_steps}) of {desc}"``), e.g. the phase and learning rate of an engine that runs several phases.
+    record_dtype:
+        The dtype of the returned losses (default torch's default dtype).
     """
-    losses = torch.empty(num_steps)
+    losses = torch.empty(num_steps, dtype=record_dtype)
     if not num_steps:
         return losses
     opt = make_optimizer(optimizer, params, lr) if opt is None else opt

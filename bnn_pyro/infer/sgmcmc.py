@@ -71,8 +71,8 @@ samples the other 90%. On diabetes splits 0-2 the default went from a divergence
 
 Chains: ``num_chains`` independent runs, chain ``c`` seeded with ``seed + c`` (minibatch order and
 noise from generators of its own), one after another, each in its own copy of the model
-(:func:`~bnn_pyro.infer.driver.run_chains`; its steps run by :func:`~bnn_pyro.infer.driver.descend` with the
-update as the optimizer :class:`~bnn_pyro.infer.sgmcmc_step.SGMCMC`). With ``init="reset"`` (the default for a
+(:func:`~bnn_pyro.infer.contract.drive` runs :func:`sgmcmc_engine`, whose update is the optimizer
+:class:`~bnn_pyro.infer.sgmcmc_step.SGMCMC`). With ``init="reset"`` (the default for a
 ``BNN``) every chain starts from its own re-draw of the layers' initializers (``reset_parameters()``
 under seed ``seed + c``); with ``init="prior"`` (the default for a Pyro function) from its own prior
 draw, so that chains start apart and R-hat can flag chains that have not forgotten their start or
@@ -99,33 +99,30 @@ Example
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from enum import Enum
+from typing import NamedTuple
 
 import torch
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro._checks import choice, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
-from bnn_pyro.infer.driver import ChainInfo, ChainRun, assemble, descend, run_chains
+from bnn_pyro.infer.contract import Engine, Loop, drive, entry
+from bnn_pyro.infer.driver import ChainInfo, ChainRun
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
                                     split)
-from bnn_pyro.infer.sgmcmc_step import SGMCMC, Plan, largest_curvature
+from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction, check_friction,  # noqa: F401
+                                        check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature)
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle"]
+__all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle",
+           "SGLDConfig", "SGHMCConfig", "CSGMCMCConfig", "RunOptions", "SGInfo"]
 
 
-ADAPT_EVERY = 100  # lr="auto": steps between curvature estimates while the step may change
 SCORE_EVERY = 50  # csgmcmc with held-out rows: exploration steps between held-out scores
-
-
-def auto_fraction(friction: float) -> float:
-    """``eta * lambda_max`` chosen by ``lr="auto"`` for sgld and sghmc: ``(2 - alpha) / 4``, at which
-    the stiffest direction's stationary variance is 8/7 of the exact one (full batch; see the module
-    docstring) and the step is 8 times below the stability limit ``2 (2 - alpha)``."""
-    return (2.0 - friction) / 4.0
 
 
 class Schedule(str, Enum):
@@ -135,11 +132,61 @@ class Schedule(str, Enum):
     POLYNOMIAL = "polynomial"  # times (1 + t / num_warmup)^-0.55 (Welling & Teh 2011's a (b + t)^-gamma)
 
 
+# ---------------------------------------------------------------------- options (frozen, checked by bp.fit)
+@dataclass(frozen=True)
+class RunOptions:
+    """The options every SG-MCMC method and snapshot ensembles take (see :func:`fit_sgld`)."""
+
+    lr: float | str = "auto"
+    num_chains: int = 1
+    init: object = None
+    seed: int = 0
+    progress: bool = True
+    checkpoint: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class SGLDConfig(RunOptions):
+    """The options of ``method="sgld"`` and their defaults (see :func:`fit_sgld`)."""
+
+    num_samples: int = 500
+    num_warmup: int | None = None
+    thin: int = 10
+    schedule: str = "constant"
+
+
+@dataclass(frozen=True)
+class SGHMCConfig(SGLDConfig):
+    """The options of ``method="sghmc"``: those of sgld and ``friction`` (see :func:`fit_sghmc`)."""
+
+    friction: float = 0.1
+
+
+@dataclass(frozen=True)
+class CSGMCMCConfig(RunOptions):
+    """The options of ``method="csgmcmc"`` and their defaults (see :func:`fit_csgmcmc`)."""
+
+    num_cycles: int = 4
+    exploration: float = 0.8
+    num_samples: int = 200
+    thin: int = 10
+    friction: float = 0.1
+    validation: object = "default"
+
+
+class SGInfo(NamedTuple):
+    """What a step records (``post.history``): the potential energy ``U~`` of the state entering the step on
+    its minibatch, and the step size ``eta_t`` on ``U`` that the update took."""
+
+    potential: float
+    step_size: float
+
+
 # ---------------------------------------------------------------------- public engines
-def fit_sgld(model, data: Data, *, lr: float | str = "auto", num_samples: int = 500, num_warmup: int | None = None,
-             thin: int = 10, num_chains: int = 1, schedule: str = "constant", init=None, seed: int = 0,
-             progress: bool = True,
-             checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
+@entry(SGLDConfig)
+def fit_sgld(model, data: Data, cfg: SGLDConfig) -> Posterior:
     """Stochastic gradient Langevin dynamics: ``z <- z - eta grad U~(z) + N(0, 2 eta I)``.
 
     Welling, M. & Teh, Y. W. (2011). Bayesian learning via stochastic gradient Langevin dynamics. ICML.
@@ -167,31 +214,24 @@ def fit_sgld(model, data: Data, *, lr: float | str = "auto", num_samples: int = 
         the last; ``resume=True`` continues each chain from its file, bit-identically (see
         :mod:`bnn_pyro.infer.checkpoint`).
     """
-    plan, settings = _plan(lr, num_samples, num_warmup, thin, schedule, friction=1.0)
-    return run_plan(model, data, plan, lr, "sgld", settings, num_chains, init, seed, progress,
-                dict(folder=checkpoint, every=checkpoint_every, resume=resume))
+    plan, settings = _plan(cfg, friction=1.0)
+    return run_plan(model, data, plan, "sgld", settings, cfg)
 
 
-def fit_sghmc(model, data: Data, *, lr: float | str = "auto", friction: float = 0.1, num_samples: int = 500,
-              num_warmup: int | None = None, thin: int = 10, num_chains: int = 1, schedule: str = "constant",
-              init=None, seed: int = 0, progress: bool = True,
-              checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
+@entry(SGHMCConfig)
+def fit_sghmc(model, data: Data, cfg: SGHMCConfig) -> Posterior:
     """Stochastic gradient HMC: ``v <- (1 - alpha) v - eta grad U~(z) + N(0, 2 alpha eta I)``, ``z <- z + v``.
 
     Chen, T., Fox, E. B. & Guestrin, C. (2014). Stochastic gradient Hamiltonian Monte Carlo. ICML
     (eq. 15 with ``beta_hat = 0``). ``friction`` is ``alpha`` in (0, 1] (default 0.1, i.e. SGD
     momentum 0.9; ``friction=1`` is SGLD). Other parameters as in :func:`fit_sgld`.
     """
-    alpha = _fraction("friction", friction)
-    plan, settings = _plan(lr, num_samples, num_warmup, thin, schedule, friction=alpha)
-    return run_plan(model, data, plan, lr, "sghmc", settings, num_chains, init, seed, progress,
-                dict(folder=checkpoint, every=checkpoint_every, resume=resume))
+    plan, settings = _plan(cfg, friction=check_friction("friction", cfg.friction))
+    return run_plan(model, data, plan, "sghmc", settings, cfg)
 
 
-def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int = 4, exploration: float = 0.8,
-                num_samples: int = 200, thin: int = 10, friction: float = 0.1, num_chains: int = 1, init=None,
-                validation="default", seed: int = 0, progress: bool = True,
-                checkpoint: str | None = None, checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
+@entry(CSGMCMCConfig)
+def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     """Cyclical SG-MCMC: cosine step-size cycles, each an exploration stage then a sampling stage.
 
     Zhang, R., Li, C., Zhang, J., Chen, C. & Wilson, A. G. (2020). Cyclical stochastic gradient MCMC
@@ -220,146 +260,106 @@ def fit_csgmcmc(model, data: Data, *, lr: float | str = "auto", num_cycles: int 
     num_chains, init, seed, progress, checkpoint, checkpoint_every, resume:
         As in :func:`fit_sgld`.
     """
-    _check_lr(lr)
-    num_cycles = positive_int("num_cycles", num_cycles)
-    num_samples = positive_int("num_samples", num_samples)
-    thin = positive_int("thin", thin)
-    alpha = _fraction("friction", friction)
+    check_lr(cfg.lr)
+    num_cycles = positive_int("num_cycles", cfg.num_cycles)
+    num_samples = positive_int("num_samples", cfg.num_samples)
+    thin = positive_int("thin", cfg.thin)
+    alpha, exploration, validation = check_friction("friction", cfg.friction), cfg.exploration, cfg.validation
     if isinstance(exploration, bool) or not (isinstance(exploration, (int, float)) and 0.0 <= exploration < 1.0):
         raise ValueError(f"exploration must be a fraction in [0, 1), got {exploration!r}; try 0.8 (Zhang et al.).")
     if num_samples % num_cycles:
         nearest = num_cycles * max(1, num_samples // num_cycles)
         raise ValueError(f"num_samples ({num_samples}) must be a multiple of num_cycles ({num_cycles}): every cycle "
                          f"gives num_samples / num_cycles draws; try num_samples={nearest}.")
-    sampling = num_samples // num_cycles * thin
-    length = math.ceil(sampling / (1.0 - exploration) - 1e-9)  # 500 / (1 - 0.8) is 2500.0000000000005
-    k = torch.arange(length, dtype=torch.float64)
-    noisy = k >= length - sampling
-    keep = noisy & ((length - 1 - k) % thin == 0)
-    adapt = (k == 0) | (~noisy & (k % ADAPT_EVERY == 0))  # the start of a cycle, and while exploring
-    plan = Plan(scale=cosine_cycle(length).repeat(num_cycles), noisy=noisy.repeat(num_cycles),
-                keep=keep.repeat(num_cycles), adapt=adapt.repeat(num_cycles), friction=alpha,
-                fraction=(2.0 - alpha) / 2.0)
-    settings = dict(num_cycles=num_cycles, exploration=float(exploration), cycle_length=length, num_samples=num_samples,
+    plan = cyclical_plan(num_cycles, num_samples, thin, exploration, alpha)
+    settings = dict(num_cycles=num_cycles, exploration=float(exploration), cycle_length=len(plan.scale) // num_cycles,
+                    num_samples=num_samples,
                     thin=thin, friction=alpha)
     full = data
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         holdout, why = None, "no learned Gaussian noise (pass validation=0.1 to stop the exploration stages early)"
     else:
-        data, holdout, why = split(full, validation, seed=seed, method="csgmcmc", convert=full.convert)
+        data, holdout, why = split(full, validation, seed=cfg.seed, method="csgmcmc", convert=full.convert)
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
-    return run_plan(model, data, plan, lr, "csgmcmc", settings, num_chains, init, seed, progress,
-                    dict(folder=checkpoint, every=checkpoint_every, resume=resume), holdout=holdout, full=full)
+    return run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
 
 
-# ---------------------------------------------------------------------- plans and checks
-def cosine_cycle(length: int) -> torch.Tensor:
-    """``(length,)`` float64 step multipliers of one cycle: ``(cos(pi k / K) + 1) / 2``, ``k = 0..K-1``
-    (1 at the start, ``(1 - cos(pi / K)) / 2`` at the last step); csgmcmc and snapshot ensembles repeat it."""
-    k = torch.arange(length, dtype=torch.float64)
-    return (torch.cos(math.pi * k / length) + 1) / 2
-
-
-def _check_lr(lr):
-    if isinstance(lr, str):
-        if lr != "auto":
-            raise ValueError(f"lr: unknown value {lr!r}; pass 'auto' or a positive number (e.g. 1e-4).")
-        return lr
-    return positive("lr", lr)
-
-
-def _fraction(name: str, value: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}; try 0.1 (SGD momentum 0.9) "
-                         "or 1 (no momentum: SGLD).")
-    return float(value)
-
-
-def _plan(lr, num_samples, num_warmup, thin, schedule, *, friction: float) -> tuple[Plan, dict]:
-    _check_lr(lr)
-    num_samples = positive_int("num_samples", num_samples)
-    thin = positive_int("thin", thin)
-    num_warmup = positive_int("num_warmup", num_samples * thin if num_warmup is None else num_warmup,
+def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
+    check_lr(cfg.lr)
+    num_samples = positive_int("num_samples", cfg.num_samples)
+    thin = positive_int("thin", cfg.thin)
+    num_warmup = positive_int("num_warmup", num_samples * thin if cfg.num_warmup is None else cfg.num_warmup,
                               allow_zero=True)
-    kind = choice("schedule", schedule, Schedule)
-    t = torch.arange(num_warmup + num_samples * thin, dtype=torch.float64)
-    scale = torch.ones_like(t)
-    if kind is Schedule.POLYNOMIAL:
-        scale = (1 + t / max(num_warmup, 1)) ** -0.55
-    keep = (t >= num_warmup) & ((t - num_warmup) % thin == thin - 1)
-    adapt = (t <= num_warmup) & ((t % ADAPT_EVERY == 0) | (t == num_warmup))
-    plan = Plan(scale=scale, noisy=torch.ones_like(t, dtype=torch.bool), keep=keep, adapt=adapt, friction=friction,
-                fraction=auto_fraction(friction))
+    kind = choice("schedule", cfg.schedule, Schedule)
+    plan = langevin_plan(num_warmup, num_samples, thin, kind is Schedule.POLYNOMIAL, friction)
     return plan, dict(num_samples=num_samples, num_warmup=num_warmup, thin=thin, schedule=kind.value, friction=friction)
 
 
-def _chain_init(init, chain: int):
-    """Chain 0 starts at ``init``; with ``init="net"`` the other chains start at prior draws."""
-    return "prior" if isinstance(init, str) and init == "net" and chain > 0 else init
-
-
-# ---------------------------------------------------------------------- the sampler
-def run_plan(model, data: Data, plan: Plan, lr, method: str, settings: dict, num_chains, init, seed,
-             progress, checkpoint: dict, holdout: Holdout | None = None, full: Data | None = None) -> Posterior:
-    """Run ``num_chains`` chains of ``plan`` (the shared update of the module docstring) and assemble the
-    ``Posterior``; ``lr`` is ``"auto"`` or checked by the caller, ``settings`` go into ``post.config``,
-    ``checkpoint`` is ``dict(folder=..., every=..., resume=...)``; ``holdout`` (rows held out of ``data``,
-    ``full`` the whole set) scores csgmcmc's exploration stages and a snapshot ensemble's cycles. The engines here and snapshot ensembles
-    (:mod:`bnn_pyro.infer.snapshot`) are plans run by it: chains by :func:`~bnn_pyro.infer.driver.run_chains`
-    (each in its own copy of the model), their steps by :func:`~bnn_pyro.infer.driver.descend` with the
-    :class:`SGMCMC` optimizer, the ``Posterior`` by :func:`~bnn_pyro.infer.driver.assemble`."""
-    num_chains = positive_int("num_chains", num_chains)
-    init = resolve_init(model, init, data)
+# ---------------------------------------------------------------------- the engine
+def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: RunOptions,
+             holdout: Holdout | None = None, full: Data | None = None) -> Posterior:
+    """Fit ``model`` by ``plan`` (the shared update of the module docstring) on ``data``: the engine of
+    :func:`sgmcmc_engine` driven by :func:`~bnn_pyro.infer.contract.drive` (``num_chains`` chains, each in its own
+    copy of the model). ``settings`` go into ``post.config``; ``holdout`` (rows held out of ``data``, ``full`` the
+    whole set) scores csgmcmc's exploration stages and a snapshot ensemble's cycles (:mod:`bnn_pyro.infer.snapshot`
+    runs its plan here too), and then selects a learned noise on them."""
+    lr, seed = cfg.lr, cfg.seed
+    num_chains = positive_int("num_chains", cfg.num_chains)
+    init = resolve_init(model, cfg.init, data)
     config = clean_config(dict(
         lr=lr, **settings, num_steps=len(plan.scale), num_chains=num_chains,
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
         dataset_size=data.size, seed=seed,
     ))
-    ckpts = open_chains(checkpoint["folder"], every=checkpoint["every"], resume=checkpoint["resume"],
+    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume,
                         num_chains=num_chains, run=dict(method=method, **config))  # all checked before any chain runs
-
-    def body(fitted, info: ChainInfo) -> ChainRun:
-        return _run_chain(fitted, info, data=data, plan=plan, lr=lr, method=method, init=init, seed=seed,
-                          progress=progress, ckpt=ckpts[info.index], holdout=holdout)
-
-    post = assemble(run_chains(model, num_chains, seed, body, method=method), method=method, config=config,
-                    data=data if full is None else full)
+    loop = Loop(num_steps=len(plan.scale), lr=lr, method=method, desc=method + " chain {index}",
+                quantity="potential energy", progress=cfg.progress)
+    post = drive(model, data, sgmcmc_engine(plan, lr, method, data, init, seed, holdout), loop, num_chains=num_chains,
+                 seed=seed, config=config, checkpoints=ckpts, posterior_data=full)
     return select_noise(post, holdout)
 
 
-def _run_chain(fitted, info: ChainInfo, *, data: Data, plan: Plan, lr, method: str, init, seed: int, progress: bool,
-               ckpt, holdout: Holdout | None) -> ChainRun:
-    """One chain in its own copy ``fitted`` of the model: ``descend`` runs the plan's steps, :class:`SGMCMC`
-    makes each update, :class:`_Chain` keeps the draws and records (and stops exploration stages early)."""
-    if info.index > 0:  # the deterministic parameters of chain 0's start: they stay fixed (module docstring)
-        chain_start(fitted, init, seed, points=True)
-    pot = Potential(fitted, data, init=chain_start(fitted, _chain_init(init, info.index), info.seed,
-                                                   points=info.index == 0))
-    if pot.dim == 0:
-        raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
-                         "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
-    walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
-    walk.opt = SGMCMC([walk.z], plan=plan, lr=None if lr == "auto" else lr / data.size, seed=info.seed,
-                      curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size)
-    records = dict(potential=walk.potentials, step_size=walk.steps)
-    descend(walk.objective, [walk.z], data, num_steps=len(plan.scale), lr=lr, seed=info.seed, method=method,
-            desc=walk.name, progress=progress, quantity="potential energy", on_step=walk.on_step,
-            after_step=walk.after_step, opt=walk.opt,
-            resumable=None if ckpt is None else StepCheckpoint(ckpt, [walk.z], records, extra=walk))
-    return walk.result(fitted, data)
+def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None) -> Engine:
+    """The :class:`~bnn_pyro.infer.contract.Engine` of ``plan``: its state is a :class:`_Chain` (the position ``z``
+    in unconstrained coordinates, updated by its :class:`SGMCMC` optimizer), a step evaluates ``U~`` on the batch
+    (first the held-out early stopping and the curvature estimate the plan marks, and keeping the draw the plan
+    marks), ``after`` checks the gradient and records the step size taken, and the kept draws become the chain's."""
+    def init_state(fitted, info: ChainInfo) -> _Chain:
+        if info.index > 0:  # the deterministic parameters of chain 0's start: they stay fixed (module docstring)
+            chain_start(fitted, init, seed, points=True)
+        start = "prior" if isinstance(init, str) and init == "net" and info.index > 0 else init  # module docstring
+        pot = Potential(fitted, data, init=chain_start(fitted, start, info.seed, points=info.index == 0))
+        if pot.dim == 0:
+            raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
+                             "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
+        walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
+        walk.opt = SGMCMC(walk.params, plan=plan, lr=None if lr == "auto" else lr / data.size, seed=info.seed,
+                          curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size)
+        return walk
+
+    def draws(walk: _Chain, history: dict[str, torch.Tensor]) -> ChainRun:
+        samples = walk.pot.constrain(walk.pot.unflatten(torch.stack(walk.draws)))
+        if holdout is not None:
+            history["exploration_stop"] = torch.tensor(walk.stops, dtype=torch.long)
+        stats = dict(lp=-history["potential"][plan.keep], step_size=history["step_size"][plan.keep])
+        return ChainRun(walk.model, {k: v.detach().clone() for k, v in samples.items()},
+                        point_values(walk.model, *data.first(), data.size), history, stats)
+
+    return Engine(init=init_state, step=_Chain.step, draws=draws, info=SGInfo, after=_Chain.after,
+                  checkpoint=lambda walk, ckpt, records: StepCheckpoint(ckpt, walk.params, records, extra=walk),
+                  optimizer=lambda walk: walk.opt, record_dtype=torch.float64)
 
 
 class _Chain:
-    """One chain's state outside the optimizer and the hooks :func:`~bnn_pyro.infer.driver.descend` calls: the
-    potential ``U~`` of each step's minibatch (``objective``), the kept draws, the records ``potentials`` and
-    ``steps``, the divergence stop, and csgmcmc's held-out early stopping of the exploration stages. As the
-    checkpoint's ``extra`` state it saves the draws and the early-stopping state."""
+    """One chain's state: the position ``z`` (``params``), its optimizer, the potential ``U~``, the kept draws, the
+    divergence stop, and the held-out early stopping of noise-free stages. As the checkpoint's ``extra`` state it
+    saves the draws and the early-stopping state (the optimizer saves the rest)."""
 
     def __init__(self, pot: Potential, plan: Plan, name: str, size: int, model, holdout: Holdout | None):
         self.pot, self.plan, self.name, self.size, self.model, self.holdout = pot, plan, name, size, model, holdout
         self.z = pot.flatten(pot.init).detach().clone().requires_grad_(True)
-        self.potentials = torch.empty(len(plan.scale), dtype=torch.float64)
-        self.steps = torch.empty(len(plan.scale), dtype=torch.float64)
+        self.params = [self.z]
         self._keep, self._noisy = plan.keep.tolist(), plan.noisy.tolist()
         self.draws, self.stops, self.best = [], [], None
         self.opt, self.batch, self.t, self.u = None, None, 0, math.nan
@@ -367,7 +367,7 @@ class _Chain:
     def curvature(self, z: torch.Tensor, start: torch.Tensor, iters: int):
         return largest_curvature(self.pot, z, self.batch, start, iters)
 
-    def objective(self, batch, t: int):
+    def step(self, batch, t: int) -> tuple[torch.Tensor, SGInfo]:
         self.batch, self.t = batch, t
         if self.holdout is not None:
             self._early_stop(t)
@@ -378,14 +378,12 @@ class _Chain:
             raise self._diverged(self.opt.planned_step)
         if self._keep[t]:  # the state at the start of the step
             self.draws.append(self.z.detach().clone())
-        return u, self.u
+        return u, SGInfo(self.u, math.nan)
 
-    def after_step(self) -> None:
+    def after(self, t: int, info: SGInfo) -> SGInfo:
         if not torch.isfinite(self.z.grad).all():
             raise self._diverged(self.opt.step_size)
-
-    def on_step(self, t: int, u: float) -> None:
-        self.potentials[t], self.steps[t] = u, self.opt.step_size
+        return info._replace(step_size=self.opt.step_size)
 
     def _diverged(self, step: float) -> FloatingPointError:
         return FloatingPointError(
@@ -429,12 +427,3 @@ class _Chain:
             self.best = BestOnHoldout(every=SCORE_EVERY, patience=None)
             self.best.load_state_dict({k[len("best/"):]: v for k, v in tensors.items() if k.startswith("best/")},
                                       meta["best"])
-
-    def result(self, fitted, data: Data) -> ChainRun:
-        samples = self.pot.constrain(self.pot.unflatten(torch.stack(self.draws)))
-        history = dict(potential=self.potentials, step_size=self.steps)
-        if self.holdout is not None:
-            history["exploration_stop"] = torch.tensor(self.stops, dtype=torch.long)
-        stats = dict(lp=-self.potentials[self.plan.keep], step_size=self.steps[self.plan.keep])
-        return ChainRun(fitted, {k: v.detach().clone() for k, v in samples.items()},
-                        point_values(fitted, *data.first(), data.size), history, stats)

@@ -1,7 +1,8 @@
-"""The update that SG-MCMC and snapshot ensembles share, as a ``torch.optim.Optimizer`` run by
-:func:`~bnn_pyro.infer.driver.descend`: SGD with momentum plus Gaussian noise, its step size per step from a
-:class:`Plan`, set from the curvature when ``lr="auto"`` and guarded in the noise-free steps. The methods, their
-references and the choice of the step are described in :mod:`bnn_pyro.infer.sgmcmc`.
+"""The update that SG-MCMC and snapshot ensembles share, as a ``torch.optim.Optimizer`` (the optimizer of their
+:class:`~bnn_pyro.infer.contract.Engine`): SGD with momentum plus Gaussian noise, its step size per step from a
+:class:`Plan`, set from the curvature when ``lr="auto"`` and guarded in the noise-free steps; and the plans of
+sgld/sghmc (:func:`langevin_plan`) and csgmcmc (:func:`cyclical_plan`) with the checks of their shared options.
+The methods, their references and the choice of the step are described in :mod:`bnn_pyro.infer.sgmcmc`.
 
 Example
 -------
@@ -19,11 +20,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bnn_pyro._checks import positive
+
 if TYPE_CHECKING:
     from bnn_pyro.infer._potential import Potential
 
-__all__ = ["Plan", "SGMCMC", "GUARD", "largest_curvature", "secant_curvature"]
+__all__ = ["Plan", "SGMCMC", "GUARD", "ADAPT_EVERY", "largest_curvature", "secant_curvature", "cosine_cycle",
+           "langevin_plan", "cyclical_plan", "auto_fraction", "check_lr", "check_friction"]
 
+ADAPT_EVERY = 100  # lr="auto": steps between curvature estimates while the step may change
 GUARD = 2.0  # lr="auto", exploration: re-estimate the curvature when eta_t * (secant curvature) > GUARD * fraction
 
 
@@ -183,3 +188,61 @@ def secant_curvature(z: torch.Tensor, grad: torch.Tensor, z_prev: torch.Tensor, 
     on a quadratic), free from the gradients already computed."""
     dz = (z - z_prev).norm()
     return float((grad - grad_prev).norm() / dz) if dz > 0 else 0.0
+
+
+def cosine_cycle(length: int) -> torch.Tensor:
+    """``(length,)`` float64 step multipliers of one cycle: ``(cos(pi k / K) + 1) / 2``, ``k = 0..K-1``
+    (1 at the start, ``(1 - cos(pi / K)) / 2`` at the last step); csgmcmc and snapshot ensembles repeat it."""
+    k = torch.arange(length, dtype=torch.float64)
+    return (torch.cos(math.pi * k / length) + 1) / 2
+
+
+def auto_fraction(friction: float) -> float:
+    """``eta * lambda_max`` chosen by ``lr="auto"`` for sgld and sghmc: ``(2 - alpha) / 4``, at which
+    the stiffest direction's stationary variance is 8/7 of the exact one (full batch; see
+    :mod:`bnn_pyro.infer.sgmcmc`) and the step is 8 times below the stability limit ``2 (2 - alpha)``."""
+    return (2.0 - friction) / 4.0
+
+
+def langevin_plan(num_warmup: int, num_samples: int, thin: int, polynomial: bool, friction: float) -> Plan:
+    """sgld's and sghmc's plan: ``num_warmup`` steps, then a draw every ``thin`` steps, all noisy; the step constant
+    or times ``(1 + t / num_warmup)^-0.55`` (``polynomial``); ``lr="auto"`` estimates it every ``ADAPT_EVERY``
+    warm-up steps and at the end of warm-up."""
+    t = torch.arange(num_warmup + num_samples * thin, dtype=torch.float64)
+    scale = (1 + t / max(num_warmup, 1)) ** -0.55 if polynomial else torch.ones_like(t)
+    keep = (t >= num_warmup) & ((t - num_warmup) % thin == thin - 1)
+    adapt = (t <= num_warmup) & ((t % ADAPT_EVERY == 0) | (t == num_warmup))
+    return Plan(scale=scale, noisy=torch.ones_like(t, dtype=torch.bool), keep=keep, adapt=adapt, friction=friction,
+                fraction=auto_fraction(friction))
+
+
+def cyclical_plan(num_cycles: int, num_samples: int, thin: int, exploration: float, friction: float) -> Plan:
+    """csgmcmc's plan: ``num_cycles`` cosine cycles of ``K = ceil(sampling / (1 - exploration))`` steps, each ending
+    in a noisy sampling stage of ``sampling = num_samples / num_cycles * thin`` steps that keeps a draw every
+    ``thin``; ``lr="auto"`` estimates the peak step at a cycle's start and every ``ADAPT_EVERY`` exploring steps."""
+    sampling = num_samples // num_cycles * thin
+    length = math.ceil(sampling / (1.0 - exploration) - 1e-9)  # 500 / (1 - 0.8) is 2500.0000000000005
+    k = torch.arange(length, dtype=torch.float64)
+    noisy = k >= length - sampling
+    keep = noisy & ((length - 1 - k) % thin == 0)
+    adapt = (k == 0) | (~noisy & (k % ADAPT_EVERY == 0))  # the start of a cycle, and while exploring
+    return Plan(scale=cosine_cycle(length).repeat(num_cycles), noisy=noisy.repeat(num_cycles),
+                keep=keep.repeat(num_cycles), adapt=adapt.repeat(num_cycles), friction=friction,
+                fraction=(2.0 - friction) / 2.0)
+
+
+def check_lr(lr: float | str) -> float | str:
+    """``lr=``: ``"auto"`` or a positive number (the learning rate on ``U / N``)."""
+    if isinstance(lr, str):
+        if lr != "auto":
+            raise ValueError(f"lr: unknown value {lr!r}; pass 'auto' or a positive number (e.g. 1e-4).")
+        return lr
+    return positive("lr", lr)
+
+
+def check_friction(name: str, value: float) -> float:
+    """``friction=`` (``alpha``): a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
+        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}; try 0.1 (SGD momentum 0.9) "
+                         "or 1 (no momentum: SGLD).")
+    return float(value)

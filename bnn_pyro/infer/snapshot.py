@@ -53,17 +53,20 @@ Example
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass
 
 import torch
 
 from bnn_pyro._checks import positive_int
 from bnn_pyro.diagnostics import DiagnosticWarning
 from bnn_pyro.infer._common import Data
+from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, split
-from bnn_pyro.infer.sgmcmc import ADAPT_EVERY, Plan, _check_lr, _fraction, cosine_cycle, run_plan
+from bnn_pyro.infer.sgmcmc import RunOptions, run_plan
+from bnn_pyro.infer.sgmcmc_step import ADAPT_EVERY, Plan, check_friction, check_lr, cosine_cycle
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_snapshot", "snapshot_plan"]
+__all__ = ["fit_snapshot", "snapshot_plan", "SnapshotConfig"]
 
 
 # lr="auto": extra curvature estimates early in the first cycle, at steps ~sqrt(2)^i, where the net leaves its
@@ -85,10 +88,18 @@ def snapshot_plan(num_cycles: int, cycle_length: int, friction: float) -> Plan:
                 adapt=adapt, friction=friction, fraction=(2.0 - friction) / 2.0)
 
 
-def fit_snapshot(model, data: Data, *, lr: float | str = "auto", num_cycles: int = 5, cycle_length: int = 1000,
-                 friction: float = 0.1, num_chains: int = 1, init=None, validation="default", seed: int = 0,
-                 progress: bool = True, checkpoint: str | None = None, checkpoint_every: int | None = None,
-                 resume: bool = False) -> Posterior:
+@dataclass(frozen=True)
+class SnapshotConfig(RunOptions):
+    """The options of ``method="snapshot"`` and their defaults (see :func:`fit_snapshot`)."""
+
+    num_cycles: int = 5
+    cycle_length: int = 1000
+    friction: float = 0.1
+    validation: object = "default"
+
+
+@entry(SnapshotConfig)
+def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     """Snapshot ensemble: SGD with cosine warm restarts, one snapshot per cycle (see the module docstring).
 
     Parameters
@@ -115,18 +126,17 @@ def fit_snapshot(model, data: Data, *, lr: float | str = "auto", num_cycles: int
     Posterior
         ``samples`` shaped ``(num_chains, num_cycles, *shape)``.
     """
-    _check_lr(lr)
-    num_cycles = positive_int("num_cycles", num_cycles)
-    cycle_length = positive_int("cycle_length", cycle_length)
+    check_lr(cfg.lr)
+    num_cycles = positive_int("num_cycles", cfg.num_cycles)
+    cycle_length = positive_int("cycle_length", cfg.cycle_length)
     if cycle_length < 2:
         raise ValueError(f"cycle_length must be at least 2 steps (a cosine cycle from the peak step down to near "
                          f"zero), got {cycle_length}; the default is 1000.")
-    alpha = _fraction("friction", friction)
-    train, holdout, why = split(data, validation, seed=seed, method="snapshot", convert=data.convert)
+    alpha, validation = check_friction("friction", cfg.friction), cfg.validation
+    train, holdout, why = split(data, validation, seed=cfg.seed, method="snapshot", convert=data.convert)
     settings = dict(num_cycles=num_cycles, cycle_length=cycle_length, friction=alpha,
                     validation=describe(holdout, validation if validation != "default" else DEFAULT, why))
-    post = run_plan(model, train, snapshot_plan(num_cycles, cycle_length, alpha), lr, "snapshot", settings,
-                    num_chains, init, seed, progress, dict(folder=checkpoint, every=checkpoint_every, resume=resume),
+    post = run_plan(model, train, snapshot_plan(num_cycles, cycle_length, alpha), "snapshot", settings, cfg,
                     holdout=holdout, full=data)
     _warn_repeated(post, num_cycles, cycle_length)
     return post
@@ -146,4 +156,4 @@ def _warn_repeated(post: Posterior, num_cycles: int, cycle_length: int) -> None:
             "better on the held-out rows than the snapshot they started from, so they repeat it (fewer distinct "
             "snapshots, less epistemic spread). The restarts at the peak step leave a good region without "
             "returning: try method='ensemble' (independent members), a smaller lr or a shorter cycle_length.",
-            DiagnosticWarning, stacklevel=3)
+            DiagnosticWarning, stacklevel=4)

@@ -16,7 +16,8 @@ from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.contract import Capabilities, Declaration, Engine, Loop, drive
 from bnn_pyro.infer.driver import ChainRun
 
-ON_CONTRACT = ["svi", "ensemble", "variational_dropout", "sparse_vd", "mc_dropout"]
+ON_CONTRACT = ["svi", "ensemble", "variational_dropout", "sparse_vd", "mc_dropout", "sgld", "sghmc", "csgmcmc",
+               "snapshot"]
 
 
 @pytest.mark.parametrize("method", list(Method))
@@ -97,6 +98,26 @@ def test_drive_runs_a_hand_written_engine_to_its_exact_answer_and_records_its_ty
     assert post.history["gap"].tolist() == [[1.0, 0.0, 0.0], [2.0, 0.0, 0.0]]
     assert post.history["after"].tolist() == [[4.0] * 3] * 2
     assert post.history["loss"][:, 0].tolist() == [0.5, 2.0]
+
+
+def test_an_engine_brings_its_own_optimizer_and_record_dtype():
+    """``Engine.optimizer(state)`` replaces the loop's optimizer (here SGD at lr=1, which lands on the mean in one
+    step, where the loop's lr=0.25 would not) and ``record_dtype`` is the history's dtype (float64 values kept)."""
+    y = torch.tensor([1.0, 2.0, 4.0, 9.0], dtype=torch.float64)
+    base = _mean_engine()
+
+    def init(model, chain):
+        return _Mean([torch.full((), float(chain.seed), dtype=torch.float64, requires_grad=True)])
+
+    engine = base._replace(init=init, optimizer=lambda state: torch.optim.SGD(state.params, lr=1.0),
+                           record_dtype=torch.float64)
+    loop = Loop(num_steps=2, lr=0.25, method="mean", desc="mean", optimizer="sgd", progress=False)
+    post = drive(lambda x, y=None: None, Data(x=torch.zeros(4, 1), y=y), engine, loop, num_chains=1, seed=5, config={})
+    assert post.samples["w"].item() == 4.0 and post.history["after"].tolist() == [[4.0, 4.0]]
+    assert all(v.dtype == torch.float64 for v in post.history.values())
+    assert post.history["loss"][0, 0].item() == 0.5  # 0.5 (5 - 4)^2
+    default = drive(lambda x, y=None: None, Data(x=torch.zeros(4, 1), y=y), base, loop, num_chains=1, seed=5, config={})
+    assert default.history["after"][0, 0].item() == 4.75 and default.history["loss"].dtype == torch.get_default_dtype()
 
 
 def test_drive_on_minibatches_ends_on_the_last_batch_mean():

@@ -462,3 +462,32 @@ def test_bad_arguments(method, kwargs, match):
     exact = _blr()
     with pytest.raises((ValueError, TypeError), match=match):
         bp.fit(exact.model(), exact.x, exact.y, method=method, progress=False, **kwargs)
+
+
+def test_steps_record_typed_float64_values_and_the_kept_ones_are_the_draw_statistics():
+    """Every step records :class:`~bnn_pyro.infer.sgmcmc.SGInfo` (``potential``, ``step_size``): the history holds
+    those fields in float64, so a float64 model's ``U~`` is kept to the last bit (the first record is ``U`` at the
+    given start, computed here independently, and it is not a float32 number); ``lp`` and ``step_size`` of the
+    draws are the records of the kept steps (warm-up 2, thin 2: steps 3, 5, 7)."""
+    from bnn_pyro.infer.sgmcmc import SGInfo
+
+    x = torch.linspace(-1, 1, 30, dtype=torch.float64)[:, None]
+    y = 0.3 * x[:, 0] + 0.1 * torch.sin(7 * x[:, 0])
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(torch.zeros(1, dtype=torch.float64), 1.0).to_event(1))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(x @ w, 0.2), obs=y)
+
+    start = {"w": torch.tensor([0.123456789], dtype=torch.float64)}
+    post = bp.fit(model, x, y, method="sgld", lr=1e-3, num_warmup=2, num_samples=3, thin=2, init=start, seed=0,
+                  progress=False)
+    assert list(post.history) == list(SGInfo._fields)
+    assert all(v.dtype == torch.float64 and v.shape == (1, 8) for v in post.history.values())
+    pot = Potential(model, Data(x=x, y=y), init=start)
+    u0 = pot(pot.init, (x, y)).item()
+    assert post.history["potential"][0, 0].item() == u0 != torch.tensor(u0, dtype=torch.float32).item()
+    torch.testing.assert_close(post.history["step_size"][0], torch.full((8,), 1e-3 / 30, dtype=torch.float64))
+    kept = [3, 5, 7]
+    assert torch.equal(post.sample_stats["lp"][0], -post.history["potential"][0, kept])
+    assert torch.equal(post.sample_stats["step_size"][0], post.history["step_size"][0, kept])
