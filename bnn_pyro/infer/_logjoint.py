@@ -286,7 +286,12 @@ class _Energy:
         # proposal), not a ValueError from a distribution
         self.joint = joint.unvalidated()
 
-    def __call__(self, z: dict[str, torch.Tensor], theta: torch.Tensor | None = None, runs=()) -> torch.Tensor:
+    def __call__(self, z: dict[str, torch.Tensor], theta: torch.Tensor | None = None, runs=(), *,
+                 batch: tuple | None = None, points: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+        """``U(z)`` on the bound data, or on ``batch = (x, y)`` (the likelihood scaled by ``N / len(x)``), with the
+        deterministic parameters at ``points`` (default: their values when this was built)."""
+        x, y = (self.x, self.y) if batch is None else batch
+        points = self.points if points is None else points
         with pyro.validation_enabled(False):
             joint, values, log_det = self.joint, {}, 0.0
             for name, t in self.inverse.items():
@@ -299,7 +304,7 @@ class _Energy:
             scored = {name for _, _, run_names, _ in runs for name in run_names}
             log_prior = sum(d.log_prob(theta[a:b]).sum() for a, b, _, d in runs)
             log_prior = log_prior + sum(d.log_prob(values[n]) for n, d in joint.priors.items() if n not in scored)
-            return -(log_prior + joint.log_likelihood(values, self.x, self.y, self.points) + log_det)
+            return -(log_prior + joint.log_likelihood(values, x, y, points) + log_det)
 
     def prior_runs(self, names: list[str], sizes: list[int]) -> list[tuple[int, int, tuple[str, ...], Distribution]]:
         """``(start, stop, site names, scalar prior)`` for each run of adjacent sites in a flat vector
