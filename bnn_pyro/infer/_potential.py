@@ -19,7 +19,8 @@ accepts the model (a ``BNN`` without hierarchical priors or BatchNorm) the same 
 
 - ``path == "analytic"``: a stack of ``nn.Linear`` layers and elementwise activations, Normal priors, a Gaussian
   likelihood and no deterministic parameters: value and gradient by hand (:mod:`bnn_pyro.infer._analytic`), as
-  one ``torch.autograd.Function``. A gradient taken with ``create_graph=True`` (Hessian-vector products: SG-MCMC's
+  one ``torch.autograd.Function`` (data that require a gradient, e.g. adversarial inputs, take the
+  ``"logjoint"`` path). A gradient taken with ``create_graph=True`` (Hessian-vector products: SG-MCMC's
   and SWAG's step-size rules) is recomputed by autograd through the ``"logjoint"`` path, so that second
   derivatives are exact too.
 - ``path == "logjoint"``: :class:`~bnn_pyro.infer._logjoint.LogJoint` in torch (eager, autograd): the same sites,
@@ -156,6 +157,9 @@ class _FastEnergy:
         if y is None:
             return None
         generic = _logjoint._Energy(joint, pot.transforms, x, y)
+        with torch.no_grad(), torch.random.fork_rng(devices=_cuda(pot.init)):
+            if generic(pot.init).dim():  # targets that broadcast against the outputs (y (N, 1) for f[..., 0])
+                return None  # keep Pyro's path, whatever it makes of them
         stack = None
         if not model.point_names:  # the analytic potential holds deterministic parameters as constants
             names = list(pot.shapes)
@@ -164,8 +168,8 @@ class _FastEnergy:
         return fast if fast._agrees(pot) else None
 
     def __call__(self, z: dict[str, torch.Tensor], batch: tuple) -> torch.Tensor:
-        if self.stack is None:
-            return self._generic(z, batch)
+        if self.stack is None or any(isinstance(t, torch.Tensor) and t.requires_grad for t in batch):
+            return self._generic(z, batch)  # a gradient in the data (adversarial training): autograd's
         theta = torch.cat([z[n].reshape(-1) for n in self.names])
         if not theta.requires_grad:
             return self.stack(theta, *batch)[0]
@@ -187,10 +191,9 @@ class _FastEnergy:
         """Value and gradient equal Pyro's at the starting point on the first batch (under the same random state,
         for a net that draws dropout masks); else warn: the caller keeps Pyro's path."""
         z = {k: v.clone().requires_grad_() for k, v in pot.init.items()}
-        devices = [v.device for v in z.values() if v.device.type == "cuda"][:1]
         results = []
         for fn in (pot._pyro, lambda v: self(v, pot._batch)):
-            with torch.random.fork_rng(devices=devices):
+            with torch.random.fork_rng(devices=_cuda(z)):
                 u = fn(z)
                 grads = torch.autograd.grad(u, list(z.values()), allow_unused=True)
             results.append([u.detach()] + [torch.zeros_like(v) if g is None else g for g, v in zip(grads, z.values())])
@@ -204,6 +207,11 @@ class _FastEnergy:
                           "using Pyro's traced potential (same values, slower). Please report this model.",
                           RuntimeWarning, stacklevel=4)
         return ok
+
+
+def _cuda(values: dict[str, torch.Tensor]) -> list[torch.device]:
+    """The CUDA device of ``values`` (whose random state a check must leave as it found it), if any."""
+    return [v.device for v in values.values() if v.device.type == "cuda"][:1]
 
 
 class _Analytic(torch.autograd.Function):

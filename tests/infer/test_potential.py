@@ -105,6 +105,18 @@ def test_potential_gradient_and_hvp_equal_pyro(case):
     _close(fast.flat_fn((x[:5], y[:5]))(flat), slow.flat_fn((x[:5], y[:5]))(flat))
 
 
+@pytest.mark.parametrize("case", ["tanh-fixed", "softsign-generic"])
+def test_gradient_in_the_inputs_equals_pyro(case):
+    """Adversarial training differentiates ``U`` in ``x``: the fast path gives Pyro's gradient there too."""
+    model, (x, y) = CASES[case][0](), _data()
+    grads = []
+    for fast_path in (True, False):
+        pot = Potential(model, Data(x=x, y=y), fast_path=fast_path)
+        xr = x[:9].clone().requires_grad_()
+        grads.append(torch.autograd.grad(pot(pot.init, (xr, y[:9])), xr)[0])
+    _close(grads[0], grads[1])
+
+
 def test_function_model_keeps_pyros_path():
     def model(x, y=None):
         w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=torch.float64), 1.0).to_event(1))
