@@ -63,9 +63,15 @@ class Potential:
     init:
         Initial values (see :func:`~bnn_pyro.infer._common.init_strategy`); ``"net"`` starts from a
         BNN's current weights.
+    fast_path:
+        ``True`` (default): evaluate ``U`` without tracing Pyro where the model allows it (see the module
+        docstring); ``False``: always Pyro's traced potential.
 
     Attributes
     ----------
+    path:
+        Which evaluation runs: ``"analytic"``, ``"logjoint"`` or ``"pyro"`` (:attr:`fast_path` is whether it is
+        one of the first two).
     init:
         Initial unconstrained values, one tensor per latent site.
     transforms:
