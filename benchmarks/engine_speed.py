@@ -40,6 +40,7 @@ from _common import markdown, regression, thread_note, torch_threads  # noqa: E4
 import bnn_pyro as bp  # noqa: E402
 from bnn_pyro.infer import _potential  # noqa: E402
 from bnn_pyro.infer._common import Data  # noqa: E402
+from bnn_pyro.infer._potential import Potential  # noqa: E402
 
 N, D, WIDTH, BATCH, SIGMA = 1000, 8, 50, 32, 0.1
 
@@ -151,8 +152,6 @@ def main(argv=None) -> pd.DataFrame:
     print(markdown(shown))
     return table
 
-
-Potential = _potential.Potential
 
 if __name__ == "__main__":
     main()

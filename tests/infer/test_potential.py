@@ -117,6 +117,26 @@ def test_gradient_in_the_inputs_equals_pyro(case):
     _close(grads[0], grads[1])
 
 
+@pytest.mark.parametrize("learned", [False, True])
+def test_float32_defaults_take_the_analytic_path(learned):
+    """A user's float32 model on 1,000 rows: the build-time check accepts the analytic path (rounding stays inside
+    its tolerance), and value and gradient equal Pyro's to float32 rounding."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 20), nn.Tanh(), nn.Linear(20, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
+                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0) if learned else 0.1))
+    x, y = (t.float() for t in _data(n=1000))
+    fast, slow = Potential(model, Data(x=x, y=y)), Potential(model, Data(x=x, y=y), fast_path=False)
+    assert fast.path == "analytic"
+    results = []
+    for pot in (fast, slow):
+        z = {k: v.clone().requires_grad_() for k, v in fast.init.items()}  # (a noise site's start is drawn)
+        u = pot(z, (x[:100], y[:100]))
+        results.append([u.detach(), *torch.autograd.grad(u, list(z.values()))])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * (1.0 + float(b.abs().max())))
+
+
 def test_function_model_keeps_pyros_path():
     def model(x, y=None):
         w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=torch.float64), 1.0).to_event(1))
