@@ -13,15 +13,37 @@ Example
 >>> u = pot(z, data.first())          # -log joint of that batch, likelihood scaled by N / B
 >>> u.backward()
 >>> draws = pot.constrain(z)           # values on each site's support (e.g. positive noise scales)
+
+The fast path. Tracing Pyro costs milliseconds of Python per call; where :func:`bnn_pyro.infer._logjoint.build`
+accepts the model (a ``BNN`` without hierarchical priors or BatchNorm) the same ``U`` is evaluated without Pyro:
+
+- ``path == "analytic"``: a stack of ``nn.Linear`` layers and elementwise activations, Normal priors, a Gaussian
+  likelihood and no deterministic parameters: value and gradient by hand (:mod:`bnn_pyro.infer._analytic`), as
+  one ``torch.autograd.Function`` (data that require a gradient, e.g. adversarial inputs, take the
+  ``"logjoint"`` path). A gradient taken with ``create_graph=True`` (Hessian-vector products: SG-MCMC's
+  and SWAG's step-size rules) is recomputed by autograd through the ``"logjoint"`` path, so that second
+  derivatives are exact too.
+- ``path == "logjoint"``: :class:`~bnn_pyro.infer._logjoint.LogJoint` in torch (eager, autograd): the same sites,
+  densities, log-Jacobians and ``N / B`` scaling; the net runs through ``functional_call`` as on Pyro's path, so a
+  stochastic module (``nn.Dropout`` in training mode) draws its masks from the same generator in the same order.
+  Deterministic parameters are read as Pyro reads them (``pyro.param`` in the net's Pyro context), so they get
+  gradients and a caller's ``poutine.trace(param_only=True)`` still finds them.
+- ``path == "pyro"``: Pyro's traced potential, for everything else or with ``fast_path=False``.
+
+The fast path is checked against Pyro's at the starting point on the first batch (value and gradient) when it is
+built; where they disagree it warns and keeps Pyro's. ``tests/infer/test_potential.py`` checks values, gradients and
+Hessian-vector products against Pyro's, and that every engine built on this class draws the same with either path.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from pyro.infer.mcmc.util import initialize_model
 
+from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._common import Data, init_strategy, quiet_model
 
 __all__ = ["Potential"]
@@ -39,9 +61,15 @@ class Potential:
     init:
         Initial values (see :func:`~bnn_pyro.infer._common.init_strategy`); ``"net"`` starts from a
         BNN's current weights.
+    fast_path:
+        ``True`` (default): evaluate ``U`` without tracing Pyro where the model allows it (see the module
+        docstring); ``False``: always Pyro's traced potential.
 
     Attributes
     ----------
+    path:
+        Which evaluation runs: ``"analytic"``, ``"logjoint"`` or ``"pyro"`` (:attr:`fast_path` is whether it is
+        one of the first two).
     init:
         Initial unconstrained values, one tensor per latent site.
     transforms:
@@ -50,23 +78,33 @@ class Potential:
         Site name -> shape, in a fixed order (that of :meth:`flatten`).
     """
 
-    def __init__(self, model, data: Data, *, init="net"):
+    def __init__(self, model, data: Data, *, init="net", fast_path: bool = True):
         self._batch = data.first()
         run = quiet_model(model, data.size)
 
         def bound():
             return run(*self._batch)
 
-        self.init, self._fn, self.transforms, _ = initialize_model(
+        self.init, self._pyro, self.transforms, _ = initialize_model(
             bound, model_args=(), init_strategy=init_strategy(model, init))
         self.init = {k: v.detach() for k, v in self.init.items()}
         self.shapes = {k: v.shape for k, v in self.init.items()}
+        self._fast = _FastEnergy.build(model, data.size, self) if fast_path else None
+        self.path = "pyro" if self._fast is None else self._fast.path
+
+    @property
+    def fast_path(self) -> bool:
+        """Whether ``U`` is evaluated without tracing Pyro (:attr:`path` ``"analytic"`` or ``"logjoint"``)."""
+        return self._fast is not None
 
     def __call__(self, z: dict[str, torch.Tensor], batch: tuple | None = None) -> torch.Tensor:
         """``U(z)`` on ``batch`` (``(x, y)``), or on the last batch given."""
         if batch is not None:
             self._batch = batch
-        return self._fn(z)
+        return self._energy(z)
+
+    def _energy(self, z: dict[str, torch.Tensor]) -> torch.Tensor:
+        return self._pyro(z) if self._fast is None else self._fast(z, self._batch)
 
     def constrain(self, z: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Map unconstrained values (with any leading batch dims) to each site's support."""
@@ -102,4 +140,100 @@ class Potential:
         """``U`` as a function of one flat vector (for Hessians and flat-space samplers)."""
         if batch is not None:
             self._batch = batch
-        return lambda flat: self._fn(self.unflatten(flat))
+        return lambda flat: self._energy(self.unflatten(flat))
+
+
+class _FastEnergy:
+    """``U(z; batch)`` without Pyro: the analytic potential or the generic :class:`~bnn_pyro.infer._logjoint.LogJoint`
+    (see the module docstring); :meth:`build` returns ``None`` where neither applies or they disagree with Pyro."""
+
+    def __init__(self, model, generic, stack):
+        self.model, self.generic, self.stack = model, generic, stack
+        self.path = "logjoint" if stack is None else "analytic"
+        self.names = list(stack._order) if stack is not None else None
+
+    @classmethod
+    def build(cls, model, dataset_size: int, pot: Potential) -> "_FastEnergy | None":
+        joint = _logjoint.build(model, dataset_size)
+        if joint is None or set(joint.priors) != set(pot.shapes):
+            return None
+        x, y = pot._batch
+        if y is None:
+            return None
+        generic = _logjoint._Energy(joint, pot.transforms, x, y)
+        with torch.no_grad(), torch.random.fork_rng(devices=_cuda(pot.init)):
+            if generic(pot.init).dim():  # targets that broadcast against the outputs (y (N, 1) for f[..., 0])
+                return None  # keep Pyro's path, whatever it makes of them
+        stack = None
+        if not model.point_names:  # the analytic potential holds deterministic parameters as constants
+            names = list(pot.shapes)
+            stack = _analytic.build(joint, names, pot.shapes, x, y, reference=generic)
+        fast = cls(model, generic, stack)
+        return fast if fast._agrees(pot) else None
+
+    def __call__(self, z: dict[str, torch.Tensor], batch: tuple) -> torch.Tensor:
+        if self.stack is None or any(isinstance(t, torch.Tensor) and t.requires_grad for t in batch):
+            return self._generic(z, batch)  # a gradient in the data (adversarial training): autograd's
+        theta = torch.cat([z[n].reshape(-1) for n in self.names])
+        if not theta.requires_grad:
+            return self.stack(theta, *batch)[0]
+        return _Analytic.apply(theta, self, *batch)
+
+    def _generic(self, z, batch) -> torch.Tensor:
+        # deterministic parameters read as Pyro reads them: pyro.param values, with gradients
+        points = _logjoint._point_params(self.model) if self.model.point_names else None
+        return self.generic(z, batch=batch, points=points)
+
+    def _generic_flat(self, theta: torch.Tensor, batch) -> torch.Tensor:
+        sizes = [self.stack._slots[n][1] - self.stack._slots[n][0] for n in self.names]
+        z = {n: part.reshape(self.stack._slots[n][2]) for n, part in zip(self.names, theta.split(sizes))}
+        return self._generic(z, batch)
+
+    def _agrees(self, pot: Potential) -> bool:
+        """Value and gradient equal Pyro's at the starting point on the first batch (under the same random state,
+        for a net that draws dropout masks); else warn: the caller keeps Pyro's path."""
+        z = {k: v.clone().requires_grad_() for k, v in pot.init.items()}
+        results = []
+        for fn in (pot._pyro, lambda v: self(v, pot._batch)):
+            with torch.random.fork_rng(devices=_cuda(z)):
+                u = fn(z)
+                grads = torch.autograd.grad(u, list(z.values()), allow_unused=True)
+            results.append([u.detach()] + [torch.zeros_like(v) if g is None else g for g, v in zip(grads, z.values())])
+        dtype = next(iter(z.values())).dtype
+        tol = 1e-9 if dtype == torch.float64 else 1e-4  # as _analytic's own check
+        scale = 1.0 + max(float(t.abs().max()) for t in results[0])
+        ok = all(bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= tol * scale
+                 for a, b in zip(*results))
+        if not ok:
+            warnings.warn("Potential: the fast log density disagrees with Pyro's on this model at the starting point; "
+                          "using Pyro's traced potential (same values, slower). Please report this model.",
+                          RuntimeWarning, stacklevel=4)
+        return ok
+
+
+def _cuda(values: dict[str, torch.Tensor]) -> list[torch.device]:
+    """The CUDA device of ``values`` (whose random state a check must leave as it found it), if any."""
+    return [v.device for v in values.values() if v.device.type == "cuda"][:1]
+
+
+class _Analytic(torch.autograd.Function):
+    """``U(theta)`` of the analytic potential; its backward returns the gradient computed with it. Under
+    ``create_graph=True`` (a Hessian-vector product follows) the gradient is recomputed by autograd through the
+    generic potential, so that it is itself differentiable (the analytic one is a constant to autograd)."""
+
+    @staticmethod
+    def forward(ctx, theta, fast, x, y):
+        u, grad = fast.stack(theta.detach(), x, y)
+        ctx.save_for_backward(theta)
+        ctx.fast, ctx.batch, ctx.grad = fast, (x, y), grad
+        return u
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        if torch.is_grad_enabled():  # create_graph=True
+            (theta,) = ctx.saved_tensors
+            u = ctx.fast._generic_flat(theta, ctx.batch)
+            (grad,) = torch.autograd.grad(u, theta, create_graph=True)
+        else:
+            grad = ctx.grad
+        return grad_output * grad, None, None, None

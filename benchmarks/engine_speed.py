@@ -1,0 +1,157 @@
+"""The engines built on ``Potential`` with its fast path on and forced off, side by side in one run.
+
+``Potential`` (bnn_pyro/infer/_potential.py) evaluates ``U(z; batch)`` for SG-MCMC, SWA/SWAG, ensembles, Laplace's MAP
+and MC dropout. With the fast path it is the analytic potential (a Linear/elementwise stack, Normal priors, Gaussian
+likelihood, no deterministic parameters) or the torch ``LogJoint`` (any other ``BNN`` without hierarchical priors);
+forced off it is Pyro's traced potential (``Potential(..., fast_path=False)``, here by making the fast path decline
+every model, as the tests do).
+
+- ``potential``: ms per call of ``U(z; batch)`` plus its backward on a minibatch of 32 of N = 1,000 rows, 8-50-1 tanh
+  MLP: fixed noise and learned noise (analytic), and the biases deterministic (``bayesian="weights"``: LogJoint).
+- ``fit``: ms per step of ``bp.fit`` for each engine at its defaults but for the step counts (minibatches of 32 where
+  the engine takes ``batch_size``), 8-50-1 tanh MLP, Normal(0, 1) prior, Gaussian noise sigma 0.1, N = 1,000:
+  (time of a fit of ``--long`` steps - time of one of ``--short``) / (long - short), so that set-up (tracing the
+  model, held-out split, curvature, drawing) cancels. Laplace's steps are its MAP search's Adam steps.
+
+Each figure is the minimum of ``--repeats`` repetitions, interleaved between the two paths (the machine may be shared:
+minima are the least disturbed); ratio = fast / Pyro's, measured in the same run. One torch thread.
+
+Usage: ``python benchmarks/engine_speed.py [--quick] [--out benchmarks/results] [--name engine_speed]`` writes
+``<name>.md`` and ``<name>.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import pyro
+import pyro.distributions as dist
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import markdown, regression, thread_note, torch_threads  # noqa: E402
+
+import bnn_pyro as bp  # noqa: E402
+from bnn_pyro.infer import _potential  # noqa: E402
+from bnn_pyro.infer._common import Data  # noqa: E402
+from bnn_pyro.infer._potential import Potential  # noqa: E402
+
+N, D, WIDTH, BATCH, SIGMA = 1000, 8, 50, 32, 0.1
+
+# engine -> kwargs of bp.fit for about ``steps`` optimizer steps
+ENGINES = {
+    "sgld": lambda steps: dict(batch_size=BATCH, num_warmup=10, num_samples=steps, thin=1),
+    "sghmc": lambda steps: dict(batch_size=BATCH, num_warmup=10, num_samples=steps, thin=1),
+    # two cycles, exploration 0.8, thin 1: 2 * ceil(num_samples / 2 / 0.2) = 5 * num_samples steps
+    "csgmcmc": lambda steps: dict(batch_size=BATCH, num_cycles=2, num_samples=2 * max(1, steps // 10), thin=1),
+    "swag": lambda steps: dict(batch_size=BATCH, pretrain_steps=steps // 2, num_steps=steps // 2, burn_in=0,
+                               collect_every=1, rank=5, num_samples=20),
+    "ensemble": lambda steps: dict(batch_size=BATCH, num_members=1, num_steps=steps),
+    "laplace": lambda steps: dict(num_steps=steps, num_samples=20),
+    "mc_dropout": lambda steps: dict(batch_size=BATCH, num_steps=steps, num_samples=20),
+}
+
+
+def model(kind: str = "fixed") -> bp.BNN:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(D, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 1))
+    noise = dist.HalfNormal(1.0) if kind == "learned" else SIGMA
+    bayesian = "weights" if kind == "deterministic biases" else "all"
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=noise),
+                  bayesian=bayesian)
+
+
+@contextmanager
+def pyro_path(off: bool):
+    """``Potential``'s fast path declines every model inside the block (``off``), as ``fast_path=False`` does."""
+    build = _potential._FastEnergy.__dict__["build"]
+    if off:
+        _potential._FastEnergy.build = classmethod(lambda cls, *args: None)
+    try:
+        yield
+    finally:
+        _potential._FastEnergy.build = build
+
+
+def time_potential(kind: str, calls: int, repeats: int, x, y) -> list[dict]:
+    pots = {}
+    for label, fast in (("fast", True), ("pyro", False)):
+        pyro.clear_param_store()
+        pots[label] = Potential(model(kind), Data(x=x, y=y, batch_size=BATCH), fast_path=fast)
+    g = torch.Generator().manual_seed(0)
+    batches = [(x[i], y[i]) for i in (torch.randint(N, (BATCH,), generator=g) for _ in range(calls))]
+    best = {label: float("inf") for label in pots}
+    for _ in range(repeats):
+        for label, pot in pots.items():  # interleaved
+            z = {k: v.clone().requires_grad_() for k, v in pot.init.items()}
+            pot(z, batches[0]).backward()  # untimed first call
+            start = time.perf_counter()
+            for batch in batches:
+                pot(z, batch).backward()
+            best[label] = min(best[label], (time.perf_counter() - start) / calls * 1e3)
+    return [dict(workload="potential", setting=f"8-50-1, {kind} noise" if kind != "deterministic biases"
+                 else "8-50-1, deterministic biases", path=f"{label} ({pots[label].path})", ms=best[label],
+                 unit="ms/call", ratio=best[label] / best["pyro"]) for label in pots]
+
+
+def time_engine(method: str, short: int, long: int, repeats: int, x, y) -> list[dict]:
+    def fit(steps: int, off: bool) -> float:
+        with pyro_path(off), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # short fits warn (ESS, convergence): not what is measured
+            start = time.perf_counter()
+            bp.fit(model(), x, y, method=method, seed=0, progress=False, **ENGINES[method](steps))
+            return time.perf_counter() - start
+
+    times = {(off, steps): float("inf") for off in (False, True) for steps in (short, long)}
+    for off in (False, True):
+        fit(short, off)  # untimed: first-call costs (imports, torch's first kernels) of this engine and path
+    for _ in range(repeats):
+        for off in (False, True):  # interleaved
+            for steps in (short, long):
+                times[off, steps] = min(times[off, steps], fit(steps, off))
+    ms = {off: (times[off, long] - times[off, short]) / (long - short) * 1e3 for off in (False, True)}
+    return [dict(workload="fit", setting=method, path="pyro" if off else "fast", ms=ms[off], unit="ms/step",
+                 ratio=ms[off] / ms[True]) for off in (False, True)]
+
+
+def main(argv=None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (a smoke run)")
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--name", default="engine_speed")
+    parser.add_argument("--note", default="", help="a line on the machine's conditions, for the table's footer")
+    args = parser.parse_args(argv)
+    repeats = args.repeats or (1 if args.quick else 3)
+    short, long, calls = (10, 30, 20) if args.quick else (20, 120, 200)
+    x, y = regression(N, D)
+    rows = []
+    with torch_threads(1):
+        for kind in ("fixed", "learned", "deterministic biases"):
+            rows += time_potential(kind, calls, repeats, x, y)
+            print(rows[-2], rows[-1], flush=True)
+        for method in ENGINES:
+            rows += time_engine(method, short, long, repeats, x, y)
+            print(rows[-2], rows[-1], flush=True)
+    table = pd.DataFrame(rows)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_csv(out / f"{args.name}.csv", index=False)
+    shown = table.assign(ms=table.ms.map("{:.3f}".format), ratio=table.ratio.map("{:.2f}".format))
+    footer = (f"torch {torch.__version__}, pyro {pyro.__version__}, 1 torch thread ({thread_note()}); minimum of "
+              f"{repeats} interleaved repeats; potential: {calls} calls; fit: ({long} - {short}) steps differenced; "
+              "ratio = fast / Pyro's path in the same run.")
+    (out / f"{args.name}.md").write_text(markdown(shown) + "\n\n" + footer + ("\n\n" + args.note if args.note else "")
+                                         + "\n")
+    print(markdown(shown))
+    return table
+
+
+if __name__ == "__main__":
+    main()
