@@ -20,7 +20,8 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro._upstream_private import mean_accept_prob
+from bnn_pyro._upstream_private import (hmc_state, load_hmc_state, load_warmup_adapter_state, mean_accept_prob,
+                                        warmup_adapter_state)
 from bnn_pyro.infer import _logjoint
 
 __all__ = ["DrawStats", "sample_stats", "_NUTS", "_HMC", "_Metropolis"]
@@ -124,6 +125,18 @@ class _Counted:
                                n_steps=self._bp_grad_evals - evals, energy=float(0.5 * kinetic + u0),
                                tree_depth=watch.doublings if isinstance(self, NUTS) else None)
         return z
+
+    # checkpoint/resume (bnn_pyro.infer.mcmc): Pyro's kernel state, then this mixin's counters
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors, meta = hmc_state(self)
+        tensors["bp_potential"] = self._bp_potential
+        meta["bp"] = [self._bp_draws, self._bp_grad_evals, self._bp_mean_accept]
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        load_hmc_state(self, tensors, meta)
+        self._bp_potential = tensors["bp_potential"]
+        self._bp_draws, self._bp_grad_evals, self._bp_mean_accept = meta["bp"]
 
 
 class _NUTS(_Counted, NUTS):
@@ -236,3 +249,16 @@ class _Metropolis(MCMCKernel):
         self._mean_accept_prob += (float(accept_prob) - self._mean_accept_prob) / n
         self.stats = DrawStats(lp=-float(self._energy_last), acceptance_rate=float(accept_prob), step_size=step)
         return params.copy()
+
+    # checkpoint/resume (bnn_pyro.infer.mcmc); the position is the caller's (``params``)
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors, adapter = warmup_adapter_state(self._adapter)
+        tensors = {f"adapter/{k}": v for k, v in tensors.items()}
+        tensors["energy"] = self._energy_last
+        return tensors, {"adapter": adapter, "counters": [self._t, self._accept_cnt, self._mean_accept_prob]}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        load_warmup_adapter_state(self._adapter, {k[8:]: v for k, v in tensors.items() if k.startswith("adapter/")},
+                                  meta["adapter"])
+        self._energy_last = tensors["energy"]
+        self._t, self._accept_cnt, self._mean_accept_prob = meta["counters"]

@@ -38,6 +38,7 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
+from bnn_pyro._upstream_private import load_warmup_adapter_state, warmup_adapter_state
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._kernels import DrawStats
 
@@ -153,6 +154,24 @@ class FlatNUTS(MCMCKernel):
         self.stats = DrawStats(lp=-u, acceptance_rate=accept, step_size=step, diverging=self._diverged,
                                n_steps=self._n_leapfrog, energy=h0, tree_depth=doublings)
         return self._unflatten(z)
+
+    # ------------------------------------------------------------------ checkpoint/resume (bnn_pyro.infer.mcmc)
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The chain's state after a transition: position, potential and gradient, the adaptation, the counters
+        and the Python generator of the trajectory choices (the global generators are the checkpoint's)."""
+        (z, u, g), (tensors, adapter) = self._state, warmup_adapter_state(self._adapter)
+        tensors = {**{f"adapter/{k}": v for k, v in tensors.items()}, "z": z, "grad": g}
+        version, internal, gauss = self._rng.getstate()
+        return tensors, {"adapter": adapter, "u": u, "rng": [version, list(internal), gauss],
+                         "counters": [self._t, self._mean_accept_prob, self._divergences, self._accept_sum]}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        load_warmup_adapter_state(self._adapter, {k[8:]: v for k, v in tensors.items() if k.startswith("adapter/")},
+                                  meta["adapter"])
+        self._state = (tensors["z"], meta["u"], tensors["grad"])
+        version, internal, gauss = meta["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self._t, self._mean_accept_prob, self._divergences, self._accept_sum = meta["counters"]
 
     # ------------------------------------------------------------------ flat vectors and the mass matrix
     def _flatten(self, params: dict) -> torch.Tensor:

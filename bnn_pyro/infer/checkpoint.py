@@ -49,7 +49,7 @@ __all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "wri
 
 # the methods whose fit takes checkpoint= / checkpoint_every= / resume=
 ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variational_dropout", "sparse_vd", "swa",
-           "swag", "mc_dropout")
+           "swag", "mc_dropout", "nuts", "hmc", "metropolis")
 
 FORMAT = "bnn_pyro.checkpoint"
 FORMAT_VERSION = 1
