@@ -157,8 +157,9 @@ def load_warmup_adapter_state(adapter, tensors: dict[str, torch.Tensor], meta: d
         if "n" in block:
             welford = masses._adapt_scheme[names]
             welford.n_samples = block["n"]
-            for key in ("_mean", "_m2"):
-                setattr(welford, key, tensors.get(f"welford/{i}/{key}", block.get(key)))
+            for key in ("_mean", "_m2"):  # a copy: Pyro adds to _m2 in place
+                value = tensors.get(f"welford/{i}/{key}")
+                setattr(welford, key, block.get(key) if value is None else value.clone())
     adapter.step_size, adapter._current_window = meta["step_size"], meta["window"]
     if meta["dual_averaging"] is not None:
         scheme = adapter._step_size_adapt_scheme
