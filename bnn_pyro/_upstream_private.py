@@ -3,7 +3,8 @@
 Each entry says why no public API serves and the versions it was checked against (torch 2.13.0, pyro-ppl
 1.9.2, ArviZ 0.23.4). ``tests/test_upstream_private.py`` fails loudly, naming the entry, when an upgrade
 removes one. The MCMC kernels (``bnn_pyro.infer._kernels``) read Pyro's per-draw state through its public hooks,
-except the one value listed here (:func:`mean_accept_prob`). ``BNN`` overrides ``nn.Module._apply``,
+except the one value listed here (:func:`mean_accept_prob`); their checkpoints read Pyro's warm-up and kernel
+state (:func:`warmup_adapter_state`, :func:`hmc_state`). ``BNN`` overrides ``nn.Module._apply``,
 through which torch routes ``to``, ``double``, ``cuda`` and ``cpu``, to move its initial values and priors
 (unregistered state) with the net; no public hook exists for that. Checked by the same test.
 """

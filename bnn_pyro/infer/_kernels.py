@@ -5,6 +5,8 @@ The statistics come through Pyro's public surface: the kernels' public ``setup``
 and ``potential_fn``, the mass-matrix adapter's public properties, and poutine messengers that see the
 momentum and tree-direction sample sites. One value has no public source: the acceptance probability of a
 Pyro HMC/NUTS draw, recovered from Pyro's running mean (:func:`bnn_pyro._upstream_private.mean_accept_prob`).
+Checkpoints (each kernel's ``state_dict``/``load_state_dict``) read Pyro's kernel and warm-up adapter state,
+which is private, through :func:`bnn_pyro._upstream_private.hmc_state` and ``warmup_adapter_state``.
 """
 
 from __future__ import annotations
@@ -149,7 +151,7 @@ class _HMC(_Counted, HMC):
 
 def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args, resume=None, **options):
     """Pyro's ``NUTS`` (``kind="nuts"``) or ``HMC`` with the statistics of :class:`_Counted`, and the
-    starting point ``MCMC`` needs. With a ``joint`` (the fast path) the kernel gets the directly computed
+    starting point such a kernel needs. With a ``joint`` (the fast path) the kernel gets the directly computed
     potential energy through its public ``potential_fn`` argument; otherwise it traces ``model`` (compiled
     by Pyro when ``jit``). ``resume = (step_size, inverse_mass_matrix)``: no adaptation, that state kept.
     Returns ``(kernel, initial_params, transforms)`` (the last two ``None`` for the tracing path)."""

@@ -22,8 +22,8 @@ merged halves, as Stan does since 2.26), at a divergence (energy error > 1000 or
 :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter` (dual averaging, Stan's windows), as in Pyro's
 kernel; the step size is reset by Pyro's heuristic after each mass-matrix window.
 
-It is a Pyro ``MCMCKernel``, so ``pyro.infer.MCMC`` runs it (hooks, transforms back to the
-constrained space); the progress bar is :mod:`bnn_pyro.infer.mcmc`'s, one per chain, with this
+It is a Pyro ``MCMCKernel`` (``pyro.infer.MCMC`` can run it; :mod:`bnn_pyro.infer.mcmc` drives it with its own
+loop, for checkpoints: :meth:`FlatNUTS.state_dict`); the progress bar is :mod:`bnn_pyro.infer.mcmc`'s, one per chain, with this
 kernel's :meth:`FlatNUTS.logging` (step size, mean acceptance) beside it. ``tests/infer/test_nuts.py`` checks it against exact posteriors.
 """
 

@@ -1,5 +1,6 @@
 """Checkpoint and resume of the iterative engines (``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``, ``"snapshot"``,
-``"ensemble"``, ``"variational_dropout"``, ``"sparse_vd"``, ``"swa"``, ``"swag"``, ``"mc_dropout"``; :data:`ENGINES`).
+``"ensemble"``, ``"variational_dropout"``, ``"sparse_vd"``, ``"swa"``, ``"swag"``, ``"mc_dropout"``, ``"nuts"``, ``"hmc"``,
+``"metropolis"``; :data:`ENGINES`; MCMC's kernel state: :mod:`bnn_pyro.infer.mcmc`).
 
 ``bp.fit(..., checkpoint=FOLDER, checkpoint_every=N)`` writes one file per chain,
 ``FOLDER/chain{c}.ckpt``, every ``N`` steps and after the last one. A file holds the step, the

@@ -1,7 +1,10 @@
 """Markov chain Monte Carlo: ``bp.fit(model, x, y, method="nuts" | "hmc" | "metropolis", ...)``.
 
 Every kernel targets the exact posterior ``p(w | x, y)`` in the unconstrained space of the latent
-sites, on the very model object SVI fits, run by Pyro's ``MCMC``:
+sites, on the very model object SVI fits. Each chain's kernel (a Pyro ``MCMCKernel``: ``setup``, ``sample``,
+``cleanup``) is driven by a short loop of ours that does what Pyro's ``MCMC`` does for one chain (validation
+off, draws mapped back to the constrained space) and adds checkpoint/resume, which ``MCMC`` cannot give
+(it starts every run at its first warm-up step):
 
 - ``"nuts"``: the No-U-Turn sampler (Hoffman & Gelman 2014), multinomial variant with Stan's
   generalized turning criterion: leapfrog trajectories doubled until they turn back, at most
@@ -55,8 +58,8 @@ another, with a warning, when only one core is available. ``config["chain_execut
 Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
 
 Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names), recorded per draw
-as a typed :class:`~bnn_pyro.infer._kernels.DrawStats` through ``MCMC``'s public ``hook_fn`` and stacked at
-assembly:
+as a typed :class:`~bnn_pyro.infer._kernels.DrawStats` (the kernel's ``stats`` after each kept draw) and
+stacked at assembly:
 ``lp`` (log joint density up to a constant, unconstrained space), ``acceptance_rate``,
 ``step_size``; NUTS/HMC also ``diverging``, ``n_steps`` (leapfrog steps) and ``energy`` (the
 Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth`` (trajectory doublings
@@ -67,6 +70,15 @@ dense ``(chains, dim, dim)``) inverse mass matrix, so that ``bp.fit(..., resume=
 can extend the chains: each continues from its last draw with its adapted step size and mass matrix,
 without warm-up or step-size search (both adaptations off), and the ``K`` new draws are appended (also
 after ``post.save`` / ``bp.load``).
+
+Checkpoint/resume (``checkpoint=FOLDER, checkpoint_every=N, resume=True``; :mod:`bnn_pyro.infer.checkpoint`), for
+every kernel, ``fast_path`` or not: every ``N`` iterations (warm-up included) and after the last, each chain
+writes ``FOLDER/chain{c}.ckpt`` atomically with its kernel's ``state_dict()`` (position, potential and gradient,
+step size, the dual-averaging and mass-matrix adaptation mid-window, counters, NUTS's trajectory generator),
+its iteration, the kept draws and statistics so far and the global generators. ``resume=True`` continues each
+chain from its file; the draws are bit-identical to an uninterrupted run (``tests/infer/test_checkpoint.py``
+crashes runs mid-warm-up and mid-sampling). Pyro's own HMC/NUTS state is read through
+:mod:`bnn_pyro._upstream_private` (private attributes; checked by a test).
 
 Example
 -------
@@ -307,7 +319,7 @@ class KernelSettings:
 
 def _make_kernel(model, s: KernelSettings, model_args: tuple):
     """The chain's kernel and, for Pyro's kernels on the fast path, the ``initial_params`` and ``transforms``
-    that ``MCMC`` needs with a kernel given its ``potential_fn`` (``None`` otherwise)."""
+    that a kernel given its ``potential_fn`` needs (``None`` otherwise)."""
     if s.kind is Kernel.METROPOLIS:
         return _Metropolis(model, init_strategy=s.init_strategy, step_size=s.step_size, target_accept_prob=s.target_accept,
                            dense=s.dense_mass, jit=s.jit, joint=s.joint), None, None
