@@ -26,7 +26,7 @@ from bnn_pyro._upstream_private import (hmc_state, load_hmc_state, load_warmup_a
                                         warmup_adapter_state)
 from bnn_pyro.infer import _logjoint
 
-__all__ = ["DrawStats", "sample_stats", "_NUTS", "_HMC", "_Metropolis"]
+__all__ = ["DrawStats", "sample_stats", "AdaptedKernel", "_NUTS", "_HMC", "_Metropolis"]
 
 
 class DrawStats(NamedTuple):
@@ -170,7 +170,38 @@ def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args
     return kernel, params, transforms
 
 
-class _Metropolis(MCMCKernel):
+class AdaptedKernel(MCMCKernel):
+    """What our kernels (:class:`_Metropolis`, :class:`~bnn_pyro.infer._nuts.FlatNUTS`) share: Pyro's
+    ``MCMCKernel`` starting point (``initial_params``), the step size and inverse mass matrix (or proposal
+    covariance) of their Pyro :class:`WarmupAdapter` ``self._adapter``, and its state for checkpoints."""
+
+    @property
+    def initial_params(self):
+        return self._initial_params
+
+    @initial_params.setter
+    def initial_params(self, params):
+        self._initial_params = params
+
+    @property
+    def step_size(self) -> float:
+        return self._adapter.step_size
+
+    @property
+    def inverse_mass_matrix(self) -> dict:
+        return self._adapter.mass_matrix_adapter.inverse_mass_matrix
+
+    def _adapter_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors, meta = warmup_adapter_state(self._adapter)
+        return {f"adapter/{k}": v for k, v in tensors.items()}, meta
+
+    def _load_adapter_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        prefix = "adapter/"
+        load_warmup_adapter_state(self._adapter, {k[len(prefix):]: v for k, v in tensors.items()
+                                                  if k.startswith(prefix)}, meta)
+
+
+class _Metropolis(AdaptedKernel):
     """Random-walk Metropolis with a proposal ``w + h * L eps`` whose scale ``h`` (dual averaging
     toward ``target_accept_prob``) and shape ``L`` (the posterior standard deviations, or the
     Cholesky factor of the covariance when ``dense``) are adapted in Stan's warm-up windows by
@@ -205,18 +236,6 @@ class _Metropolis(MCMCKernel):
                                 find_reasonable_step_size_fn=restart,
                                 options=dict(dtype=self._energy_last.dtype, device=self._energy_last.device))
         self._adapter.reset_step_size_adaptation(self._initial_params)  # dual averaging starts near 10 * that step
-
-    @property
-    def initial_params(self):
-        return self._initial_params
-
-    @initial_params.setter
-    def initial_params(self, params):
-        self._initial_params = params
-
-    @property
-    def step_size(self) -> float:
-        return self._adapter.step_size
 
     def logging(self):
         return {"step size": f"{self.step_size:.2e}", "acc. prob": f"{self._mean_accept_prob:.3f}"}
@@ -254,13 +273,11 @@ class _Metropolis(MCMCKernel):
 
     # checkpoint/resume (bnn_pyro.infer.mcmc); the position is the caller's (``params``)
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
-        tensors, adapter = warmup_adapter_state(self._adapter)
-        tensors = {f"adapter/{k}": v for k, v in tensors.items()}
+        tensors, adapter = self._adapter_state()
         tensors["energy"] = self._energy_last
         return tensors, {"adapter": adapter, "counters": [self._t, self._accept_cnt, self._mean_accept_prob]}
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        load_warmup_adapter_state(self._adapter, {k[8:]: v for k, v in tensors.items() if k.startswith("adapter/")},
-                                  meta["adapter"])
+        self._load_adapter_state(tensors, meta["adapter"])
         self._energy_last = tensors["energy"]
         self._t, self._accept_cnt, self._mean_accept_prob = meta["counters"]
