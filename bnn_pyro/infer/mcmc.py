@@ -66,7 +66,8 @@ Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth`` (tra
 tried, the last one included when it diverged or turned back; Stan's ``treedepth__`` counts only
 the kept ones).
 NUTS/HMC also keep ``history["inverse_mass_matrix"]``, the adapted (diagonal ``(chains, dim)`` or
-dense ``(chains, dim, dim)``) inverse mass matrix, so that ``bp.fit(..., resume=post, num_samples=K)``
+dense ``(chains, dim, dim)``) inverse mass matrix (Metropolis: the adapted proposal variances or covariance, which
+``step_size**2`` scales), so that ``bp.fit(..., resume=post, num_samples=K)``
 can extend the chains: each continues from its last draw with its adapted step size and mass matrix,
 without warm-up or step-size search (both adaptations off), and the ``K`` new draws are appended (also
 after ``post.save`` / ``bp.load``).
