@@ -234,7 +234,6 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         return _run_chain(fitted, data, s, num_samples, num_warmup, bar, ckpts[c])
 
     execution = chain_execution(num_chains, how, kind.value)
-    # one model for every chain: its deterministic parameters (fixed) come from chain 0's start
     config = clean_config(dict(
         kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
         target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
@@ -247,6 +246,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     run = {k: v for k, v in config.items() if k not in ("chain_method", "chain_execution")}
     ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume_files, num_chains=num_chains,
                         run=dict(method=kind.value, **run))
+    # one model for every chain: its deterministic parameters (fixed) come from chain 0's start
     runs = run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc")
     post = assemble(runs, method=kind.value, config=config, data=data)
     if resume is not None:  # append the new segment to the draws it continues
