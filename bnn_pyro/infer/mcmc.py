@@ -383,7 +383,7 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
                 shown.update()
             if ckpt is not None and ckpt.due(i + 1, total):
                 _save(ckpt, i + 1, kernel, params, kept, draws)
-        mass = getattr(kernel, "inverse_mass_matrix", None)  # NUTS/HMC: the adapted one, for resume=Posterior
+        mass = getattr(kernel, "inverse_mass_matrix", None)  # the adapted one (NUTS/HMC: for resume=Posterior)
         transforms = transforms or kernel.transforms or {}
         kernel.cleanup()
     samples = {k: torch.stack(v) for k, v in kept.items()}
