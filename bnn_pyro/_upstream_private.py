@@ -3,7 +3,8 @@
 Each entry says why no public API serves and the versions it was checked against (torch 2.13.0, pyro-ppl
 1.9.2, ArviZ 0.23.4). ``tests/test_upstream_private.py`` fails loudly, naming the entry, when an upgrade
 removes one. The MCMC kernels (``bnn_pyro.infer._kernels``) read Pyro's per-draw state through its public hooks,
-except the one value listed here (:func:`mean_accept_prob`). ``BNN`` overrides ``nn.Module._apply``,
+except the one value listed here (:func:`mean_accept_prob`); their checkpoints read Pyro's warm-up and kernel
+state (:func:`warmup_adapter_state`, :func:`hmc_state`). ``BNN`` overrides ``nn.Module._apply``,
 through which torch routes ``to``, ``double``, ``cuda`` and ``cpu``, to move its initial values and priors
 (unregistered state) with the net; no public hook exists for that. Checked by the same test.
 """
@@ -19,8 +20,8 @@ from torch import nn
 
 __all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "fan_in_and_fan_out",
            "validates_args", "set_validates_args", "pyro_context",
-           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "mean_accept_prob", "arviz_logger",
-           "arviz_log_level"]
+           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "mean_accept_prob", "warmup_adapter_state",
+           "load_warmup_adapter_state", "hmc_state", "load_hmc_state", "arviz_logger", "arviz_log_level"]
 
 
 # ------------------------------------------------------------------------------------------------ torch
@@ -116,6 +117,81 @@ def mean_accept_prob(kernel) -> float:
     digits and ``diagnostics()`` the fraction of accepted draws. ``bnn_pyro.infer._kernels`` recovers each
     draw's value from two consecutive means."""
     return kernel._mean_accept_prob
+
+
+
+def warmup_adapter_state(adapter) -> tuple[dict[str, torch.Tensor], dict]:
+    """The state of Pyro's ``WarmupAdapter`` mid-warm-up as ``(tensors, JSON meta)``: the step size, the
+    adaptation window it is in (``_current_window``), the dual-averaging scheme (``DualAveraging.prox_center``,
+    ``_x_avg``, ``_g_avg``, ``_t``), and per mass-matrix block the inverse mass matrix and its Welford
+    estimator (``BlockMassMatrix._adapt_scheme``: ``_mean``, ``_m2``, ``n_samples``). Why: checkpointing an
+    MCMC chain mid-warm-up (``bnn_pyro.infer.mcmc``) must store the adaptation exactly; Pyro's public surface
+    gives only the step size and the inverse mass matrix."""
+    meta, tensors = {"step_size": adapter.step_size, "window": adapter._current_window, "blocks": []}, {}
+    scheme = getattr(adapter, "_step_size_adapt_scheme", None)  # absent when the step size is not adapted
+    meta["dual_averaging"] = None if scheme is None else [
+        scheme.prox_center, float(scheme._x_avg), float(scheme._g_avg), scheme._t]
+    masses = adapter.mass_matrix_adapter
+    for i, (names, minv) in enumerate(masses.inverse_mass_matrix.items()):
+        tensors[f"minv/{i}"] = minv
+        welford, block = masses._adapt_scheme.get(names), {"names": list(names)}
+        if welford is not None:
+            block["n"] = welford.n_samples
+            for key in ("_mean", "_m2"):
+                value = getattr(welford, key)
+                if torch.is_tensor(value):
+                    tensors[f"welford/{i}/{key}"] = value
+                else:  # 0.0 before the first update
+                    block[key] = value
+        meta["blocks"].append(block)
+    return tensors, meta
+
+
+def load_warmup_adapter_state(adapter, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Restore what :func:`warmup_adapter_state` returned into an adapter configured for the same run (the
+    inverse mass matrix through Pyro's public setter, which recomputes its square roots and resets the
+    Welford estimator, then the estimator's running sums)."""
+    masses = adapter.mass_matrix_adapter
+    for i, block in enumerate(meta["blocks"]):
+        names = tuple(block["names"])
+        masses.inverse_mass_matrix = {names: tensors[f"minv/{i}"]}
+        if "n" in block:
+            welford = masses._adapt_scheme[names]
+            welford.n_samples = block["n"]
+            for key in ("_mean", "_m2"):  # a copy: Pyro adds to _m2 in place
+                value = tensors.get(f"welford/{i}/{key}")
+                setattr(welford, key, block.get(key) if value is None else value.clone())
+    adapter.step_size, adapter._current_window = meta["step_size"], meta["window"]
+    if meta["dual_averaging"] is not None:
+        scheme = adapter._step_size_adapt_scheme
+        scheme.prox_center, scheme._x_avg, scheme._g_avg, scheme._t = meta["dual_averaging"]
+
+
+_HMC_COUNTERS = ("_t", "_accept_cnt", "_mean_accept_prob", "_divergences")
+
+
+def hmc_state(kernel) -> tuple[dict[str, torch.Tensor], dict]:
+    """The per-iteration state of Pyro's ``HMC``/``NUTS`` as ``(tensors, JSON meta)``: the cached position,
+    potential energy and gradient (``_z_last``, ``_potential_energy_last``, ``_z_grads_last``), the counters
+    ``_t``, ``_accept_cnt``, ``_mean_accept_prob``, ``_divergences`` and the adapter
+    (:func:`warmup_adapter_state`). Why: as for the adapter; Pyro keeps these private and its ``MCMC`` cannot
+    start mid-run."""
+    tensors, adapter = warmup_adapter_state(kernel._adapter)
+    tensors = {f"adapter/{k}": v for k, v in tensors.items()}
+    tensors["potential"] = kernel._potential_energy_last
+    tensors.update({f"z/{k}": v for k, v in kernel._z_last.items()})
+    tensors.update({f"grad/{k}": v for k, v in kernel._z_grads_last.items()})
+    return tensors, {"adapter": adapter, **{k: getattr(kernel, k) for k in _HMC_COUNTERS}}
+
+
+def load_hmc_state(kernel, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+    """Restore what :func:`hmc_state` returned into a kernel set up for the same run."""
+    load_warmup_adapter_state(kernel._adapter, {k[8:]: v for k, v in tensors.items() if k.startswith("adapter/")},
+                              meta["adapter"])
+    part = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
+    kernel._cache(part("z/"), tensors["potential"], part("grad/"))
+    for key in _HMC_COUNTERS:
+        setattr(kernel, key, meta[key])
 
 
 # ------------------------------------------------------------------------------------------------ ArviZ

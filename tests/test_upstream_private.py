@@ -113,3 +113,43 @@ def test_torch_routes_module_to_double_cuda_and_cpu_through_apply():
     probe = Probe(1, 1)
     probe.to(torch.float64), probe.double(), probe.float(), probe.cpu(), probe.to("meta")
     assert len(calls) == 5
+
+
+def test_pyro_hmc_and_warmup_adapter_state_round_trip_mid_warmup():
+    """``hmc_state``/``warmup_adapter_state`` read Pyro's private warm-up state (window index, dual averaging,
+    Welford sums, cached position and gradient, counters) for MCMC checkpoints: a fresh kernel loaded with it
+    mid-window continues exactly as the original through the window's end (where the Welford sums become the
+    new mass matrix and the step-size search restarts) into sampling."""
+    import json
+
+    def model():
+        pyro.sample("a", dist.Normal(torch.zeros(3), torch.tensor([1.0, 2.0, 0.5])).to_event(1))
+
+    def kernel():
+        pyro.set_rng_seed(0)
+        k = HMC(model, step_size=0.3, num_steps=3)
+        k.setup(warmup_steps=40)  # Pyro's schedule: buffer 0-5, mass-matrix window 6-35 (draws 6-12 in it by draw 12)
+        return k
+
+    def run(k, params, steps):
+        out = []
+        for _ in range(steps):
+            params = k.sample(params)
+            out.append((params["a"], k.step_size, dict(k.inverse_mass_matrix)))
+        return out
+
+    first = kernel()
+    params = run(first, first.initial_params, 12)[-1][0]
+    tensors, meta = up.hmc_state(first)
+    json.dumps(meta)  # a checkpoint's metadata is JSON
+    assert meta["adapter"]["window"] == 1 and meta["adapter"]["blocks"][0]["n"] == 7, f"pyro {pyro.__version__}"
+    second = kernel()
+    up.load_hmc_state(second, tensors, meta)
+    rng = torch.get_rng_state()
+    expected = run(first, {"a": params}, 40)
+    torch.set_rng_state(rng)
+    got = run(second, {"a": torch.zeros(3)}, 40)  # the position comes from the restored cache
+    for (a, step, mass), (b, step_b, mass_b) in zip(expected, got):
+        assert torch.equal(a, b) and step == step_b
+        assert all(torch.equal(mass[k], mass_b[k]) for k in mass)
+    assert not torch.equal(next(iter(expected[-1][2].values())), torch.ones(3))  # the window's end adapted it

@@ -47,15 +47,16 @@ class Method(str, Enum):
 _STEPS = Capabilities(minibatches=True, one_shot=True)  # a step per batch, one pass over a stream
 _POINT_THEN_STATS = Capabilities(minibatches=True, multi_pass=True)  # a fit, then statistics over the data again
 _FULL_DATA = Capabilities()  # every step needs the whole data set
+_MCMC = replace(_FULL_DATA, checkpoint=True)
 
 # Method -> its declaration: the function under bnn_pyro.infer (imported on first use, so that ``import bnn_pyro``
 # stays light and each method family stays in its own module), its capabilities, and, for engines not yet on
 # the contract (no config dataclass), the function their ``**config`` is passed on to.
 REGISTRY: dict[Method, Declaration] = {
     Method.SVI: Declaration("svi", "fit", replace(_STEPS, checkpoint=True, data_parallel=True)),
-    Method.NUTS: Declaration("mcmc", "fit_nuts", _FULL_DATA, passed_on="fit", set_by_engine=frozenset({"kernel"})),
-    Method.HMC: Declaration("mcmc", "fit_hmc", _FULL_DATA, passed_on="fit", set_by_engine=frozenset({"kernel"})),
-    Method.METROPOLIS: Declaration("mcmc", "fit_metropolis", _FULL_DATA, passed_on="fit",
+    Method.NUTS: Declaration("mcmc", "fit_nuts", _MCMC, passed_on="fit", set_by_engine=frozenset({"kernel"})),
+    Method.HMC: Declaration("mcmc", "fit_hmc", _MCMC, passed_on="fit", set_by_engine=frozenset({"kernel"})),
+    Method.METROPOLIS: Declaration("mcmc", "fit_metropolis", _MCMC, passed_on="fit",
                                    set_by_engine=frozenset({"kernel"})),
     Method.SGLD: Declaration("sgmcmc", "fit_sgld", replace(_STEPS, checkpoint=True)),
     Method.SGHMC: Declaration("sgmcmc", "fit_sghmc", replace(_STEPS, checkpoint=True)),

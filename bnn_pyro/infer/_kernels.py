@@ -5,6 +5,8 @@ The statistics come through Pyro's public surface: the kernels' public ``setup``
 and ``potential_fn``, the mass-matrix adapter's public properties, and poutine messengers that see the
 momentum and tree-direction sample sites. One value has no public source: the acceptance probability of a
 Pyro HMC/NUTS draw, recovered from Pyro's running mean (:func:`bnn_pyro._upstream_private.mean_accept_prob`).
+Checkpoints (each kernel's ``state_dict``/``load_state_dict``) read Pyro's kernel and warm-up adapter state,
+which is private, through :func:`bnn_pyro._upstream_private.hmc_state` and ``warmup_adapter_state``.
 """
 
 from __future__ import annotations
@@ -20,10 +22,11 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro._upstream_private import mean_accept_prob
+from bnn_pyro._upstream_private import (hmc_state, load_hmc_state, load_warmup_adapter_state, mean_accept_prob,
+                                        warmup_adapter_state)
 from bnn_pyro.infer import _logjoint
 
-__all__ = ["DrawStats", "sample_stats", "_NUTS", "_HMC", "_Metropolis"]
+__all__ = ["DrawStats", "sample_stats", "AdaptedKernel", "_NUTS", "_HMC", "_Metropolis"]
 
 
 class DrawStats(NamedTuple):
@@ -125,6 +128,18 @@ class _Counted:
                                tree_depth=watch.doublings if isinstance(self, NUTS) else None)
         return z
 
+    # checkpoint/resume (bnn_pyro.infer.mcmc): Pyro's kernel state, then this mixin's counters
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors, meta = hmc_state(self)
+        tensors["bp_potential"] = self._bp_potential
+        meta["bp"] = [self._bp_draws, self._bp_grad_evals, self._bp_mean_accept]
+        return tensors, meta
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        load_hmc_state(self, tensors, meta)
+        self._bp_potential = tensors["bp_potential"]
+        self._bp_draws, self._bp_grad_evals, self._bp_mean_accept = meta["bp"]
+
 
 class _NUTS(_Counted, NUTS):
     pass
@@ -136,7 +151,7 @@ class _HMC(_Counted, HMC):
 
 def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args, resume=None, **options):
     """Pyro's ``NUTS`` (``kind="nuts"``) or ``HMC`` with the statistics of :class:`_Counted`, and the
-    starting point ``MCMC`` needs. With a ``joint`` (the fast path) the kernel gets the directly computed
+    starting point such a kernel needs. With a ``joint`` (the fast path) the kernel gets the directly computed
     potential energy through its public ``potential_fn`` argument; otherwise it traces ``model`` (compiled
     by Pyro when ``jit``). ``resume = (step_size, inverse_mass_matrix)``: no adaptation, that state kept.
     Returns ``(kernel, initial_params, transforms)`` (the last two ``None`` for the tracing path)."""
@@ -155,7 +170,38 @@ def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args
     return kernel, params, transforms
 
 
-class _Metropolis(MCMCKernel):
+class AdaptedKernel(MCMCKernel):
+    """What our kernels (:class:`_Metropolis`, :class:`~bnn_pyro.infer._nuts.FlatNUTS`) share: Pyro's
+    ``MCMCKernel`` starting point (``initial_params``), the step size and inverse mass matrix (or proposal
+    covariance) of their Pyro :class:`WarmupAdapter` ``self._adapter``, and its state for checkpoints."""
+
+    @property
+    def initial_params(self):
+        return self._initial_params
+
+    @initial_params.setter
+    def initial_params(self, params):
+        self._initial_params = params
+
+    @property
+    def step_size(self) -> float:
+        return self._adapter.step_size
+
+    @property
+    def inverse_mass_matrix(self) -> dict:
+        return self._adapter.mass_matrix_adapter.inverse_mass_matrix
+
+    def _adapter_state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors, meta = warmup_adapter_state(self._adapter)
+        return {f"adapter/{k}": v for k, v in tensors.items()}, meta
+
+    def _load_adapter_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        prefix = "adapter/"
+        load_warmup_adapter_state(self._adapter, {k[len(prefix):]: v for k, v in tensors.items()
+                                                  if k.startswith(prefix)}, meta)
+
+
+class _Metropolis(AdaptedKernel):
     """Random-walk Metropolis with a proposal ``w + h * L eps`` whose scale ``h`` (dual averaging
     toward ``target_accept_prob``) and shape ``L`` (the posterior standard deviations, or the
     Cholesky factor of the covariance when ``dense``) are adapted in Stan's warm-up windows by
@@ -191,18 +237,6 @@ class _Metropolis(MCMCKernel):
                                 options=dict(dtype=self._energy_last.dtype, device=self._energy_last.device))
         self._adapter.reset_step_size_adaptation(self._initial_params)  # dual averaging starts near 10 * that step
 
-    @property
-    def initial_params(self):
-        return self._initial_params
-
-    @initial_params.setter
-    def initial_params(self, params):
-        self._initial_params = params
-
-    @property
-    def step_size(self) -> float:
-        return self._adapter.step_size
-
     def logging(self):
         return {"step size": f"{self.step_size:.2e}", "acc. prob": f"{self._mean_accept_prob:.3f}"}
 
@@ -236,3 +270,14 @@ class _Metropolis(MCMCKernel):
         self._mean_accept_prob += (float(accept_prob) - self._mean_accept_prob) / n
         self.stats = DrawStats(lp=-float(self._energy_last), acceptance_rate=float(accept_prob), step_size=step)
         return params.copy()
+
+    # checkpoint/resume (bnn_pyro.infer.mcmc); the position is the caller's (``params``)
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        tensors, adapter = self._adapter_state()
+        tensors["energy"] = self._energy_last
+        return tensors, {"adapter": adapter, "counters": [self._t, self._accept_cnt, self._mean_accept_prob]}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        self._load_adapter_state(tensors, meta["adapter"])
+        self._energy_last = tensors["energy"]
+        self._t, self._accept_cnt, self._mean_accept_prob = meta["counters"]

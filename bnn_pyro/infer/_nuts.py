@@ -22,8 +22,8 @@ merged halves, as Stan does since 2.26), at a divergence (energy error > 1000 or
 :class:`~pyro.infer.mcmc.adaptation.WarmupAdapter` (dual averaging, Stan's windows), as in Pyro's
 kernel; the step size is reset by Pyro's heuristic after each mass-matrix window.
 
-It is a Pyro ``MCMCKernel``, so ``pyro.infer.MCMC`` runs it (hooks, transforms back to the
-constrained space); the progress bar is :mod:`bnn_pyro.infer.mcmc`'s, one per chain, with this
+It is a Pyro ``MCMCKernel`` (``pyro.infer.MCMC`` can run it; :mod:`bnn_pyro.infer.mcmc` drives it with its own
+loop, for checkpoints: :meth:`FlatNUTS.state_dict`); the progress bar is :mod:`bnn_pyro.infer.mcmc`'s, one per chain, with this
 kernel's :meth:`FlatNUTS.logging` (step size, mean acceptance) beside it. ``tests/infer/test_nuts.py`` checks it against exact posteriors.
 """
 
@@ -35,11 +35,10 @@ from collections import OrderedDict
 
 import torch
 from pyro.infer.mcmc.adaptation import WarmupAdapter
-from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro.infer import _logjoint
-from bnn_pyro.infer._kernels import DrawStats
+from bnn_pyro.infer._kernels import AdaptedKernel, DrawStats
 
 __all__ = ["FlatNUTS"]
 
@@ -58,7 +57,7 @@ class _Tree:
         self.rho, self.log_w, self.draw, self.frontier = rho, log_w, draw, frontier
 
 
-class FlatNUTS(MCMCKernel):
+class FlatNUTS(AdaptedKernel):
     """No-U-Turn sampler for a :class:`~bnn_pyro.infer._logjoint.LogJoint` (see the module docstring).
 
     ``resume = (step_size, inverse_mass_matrix)`` replaces the adapted state after setup (extending
@@ -106,22 +105,6 @@ class FlatNUTS(MCMCKernel):
         else:
             self._adapter.reset_step_size_adaptation(params)
 
-    @property
-    def initial_params(self):
-        return self._initial_params
-
-    @initial_params.setter
-    def initial_params(self, params):
-        self._initial_params = params
-
-    @property
-    def step_size(self) -> float:
-        return self._adapter.step_size
-
-    @property
-    def inverse_mass_matrix(self) -> dict:
-        return self._adapter.mass_matrix_adapter.inverse_mass_matrix
-
     def logging(self):
         return OrderedDict([("step size", f"{self.step_size:.2e}"), ("acc. prob", f"{self._mean_accept_prob:.3f}")])
 
@@ -153,6 +136,23 @@ class FlatNUTS(MCMCKernel):
         self.stats = DrawStats(lp=-u, acceptance_rate=accept, step_size=step, diverging=self._diverged,
                                n_steps=self._n_leapfrog, energy=h0, tree_depth=doublings)
         return self._unflatten(z)
+
+    # ------------------------------------------------------------------ checkpoint/resume (bnn_pyro.infer.mcmc)
+    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The chain's state after a transition: position, potential and gradient, the adaptation, the counters
+        and the Python generator of the trajectory choices (the global generators are the checkpoint's)."""
+        (z, u, g), (tensors, adapter) = self._state, self._adapter_state()
+        tensors = {**tensors, "z": z, "grad": g}
+        version, internal, gauss = self._rng.getstate()
+        return tensors, {"adapter": adapter, "u": u, "rng": [version, list(internal), gauss],
+                         "counters": [self._t, self._mean_accept_prob, self._divergences, self._accept_sum]}
+
+    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
+        self._load_adapter_state(tensors, meta["adapter"])
+        self._state = (tensors["z"], meta["u"], tensors["grad"])
+        version, internal, gauss = meta["rng"]
+        self._rng.setstate((version, tuple(internal), gauss))
+        self._t, self._mean_accept_prob, self._divergences, self._accept_sum = meta["counters"]
 
     # ------------------------------------------------------------------ flat vectors and the mass matrix
     def _flatten(self, params: dict) -> torch.Tensor:

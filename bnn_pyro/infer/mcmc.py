@@ -1,7 +1,10 @@
 """Markov chain Monte Carlo: ``bp.fit(model, x, y, method="nuts" | "hmc" | "metropolis", ...)``.
 
 Every kernel targets the exact posterior ``p(w | x, y)`` in the unconstrained space of the latent
-sites, on the very model object SVI fits, run by Pyro's ``MCMC``:
+sites, on the very model object SVI fits. Each chain's kernel (a Pyro ``MCMCKernel``: ``setup``, ``sample``,
+``cleanup``) is driven by a short loop of ours that does what Pyro's ``MCMC`` does for one chain (validation
+off, draws mapped back to the constrained space) and adds checkpoint/resume, which ``MCMC`` cannot give
+(it starts every run at its first warm-up step):
 
 - ``"nuts"``: the No-U-Turn sampler (Hoffman & Gelman 2014), multinomial variant with Stan's
   generalized turning criterion: leapfrog trajectories doubled until they turn back, at most
@@ -55,18 +58,28 @@ another, with a warning, when only one core is available. ``config["chain_execut
 Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
 
 Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names), recorded per draw
-as a typed :class:`~bnn_pyro.infer._kernels.DrawStats` through ``MCMC``'s public ``hook_fn`` and stacked at
-assembly:
+as a typed :class:`~bnn_pyro.infer._kernels.DrawStats` (the kernel's ``stats`` after each kept draw) and
+stacked at assembly:
 ``lp`` (log joint density up to a constant, unconstrained space), ``acceptance_rate``,
 ``step_size``; NUTS/HMC also ``diverging``, ``n_steps`` (leapfrog steps) and ``energy`` (the
 Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth`` (trajectory doublings
 tried, the last one included when it diverged or turned back; Stan's ``treedepth__`` counts only
 the kept ones).
 NUTS/HMC also keep ``history["inverse_mass_matrix"]``, the adapted (diagonal ``(chains, dim)`` or
-dense ``(chains, dim, dim)``) inverse mass matrix, so that ``bp.fit(..., resume=post, num_samples=K)``
+dense ``(chains, dim, dim)``) inverse mass matrix (Metropolis: the adapted proposal variances or covariance, which
+``step_size**2`` scales), so that ``bp.fit(..., resume=post, num_samples=K)``
 can extend the chains: each continues from its last draw with its adapted step size and mass matrix,
 without warm-up or step-size search (both adaptations off), and the ``K`` new draws are appended (also
 after ``post.save`` / ``bp.load``).
+
+Checkpoint/resume (``checkpoint=FOLDER, checkpoint_every=N, resume=True``; :mod:`bnn_pyro.infer.checkpoint`), for
+every kernel, ``fast_path`` or not: every ``N`` iterations (warm-up included) and after the last, each chain
+writes ``FOLDER/chain{c}.ckpt`` atomically with its kernel's ``state_dict()`` (position, potential and gradient,
+step size, the dual-averaging and mass-matrix adaptation mid-window, counters, NUTS's trajectory generator),
+its iteration, the kept draws and statistics so far and the global generators. ``resume=True`` continues each
+chain from its file; the draws are bit-identical to an uninterrupted run (``tests/infer/test_checkpoint.py``
+crashes runs mid-warm-up and mid-sampling). Pyro's own HMC/NUTS state is read through
+:mod:`bnn_pyro._upstream_private` (private attributes; checked by a test).
 
 Example
 -------
@@ -82,7 +95,7 @@ from enum import Enum
 from typing import Callable
 
 import torch
-from pyro.infer.mcmc import MCMC
+import pyro
 from pyro.infer.autoguide.initialization import init_to_value
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
@@ -92,6 +105,7 @@ from bnn_pyro.infer._kernels import _HMC, DrawStats, _Metropolis, pyro_kernel, s
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init
+from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
 from bnn_pyro.posterior import Posterior
@@ -111,7 +125,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         num_chains: int = 1, target_accept: float | None = None, step_size: float | None = None,
         trajectory_length: float | None = None, num_leapfrog: int | None = None, max_tree_depth: int | None = None,
         dense_mass: bool = False, jit: bool = True, init=None, chain_method="auto", seed: int = 0,
-        progress: bool = True, resume: Posterior | None = None, fast_path: bool = True) -> Posterior:
+        progress: bool = True, resume: Posterior | bool | None = None, fast_path: bool = True,
+        checkpoint: str | None = None, checkpoint_every: int | None = None) -> Posterior:
     """Sample the posterior of ``model`` by MCMC (see the module docstring).
 
     Parameters
@@ -154,14 +169,27 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         Random seed (chain ``c`` uses ``seed + c``), and a progress bar per chain, labelled
         ``"nuts chain 0"``, ... like the other engines' (parallel chains: one line each; ``False``: off).
     resume:
-        A NUTS/HMC :class:`Posterior` of this model to extend: each chain continues from its last
+        ``True`` (with ``checkpoint=``): continue each chain from its checkpoint file, bit-identically.
+        Or a NUTS/HMC :class:`Posterior` of this model to extend: each chain continues from its last
         draw with its adapted step size and inverse mass matrix (``history["inverse_mass_matrix"]``),
         without warm-up (``num_warmup`` must be omitted or 0), and ``num_samples`` new draws are
         appended. Pass a ``seed`` other than the first run's, or the new segment repeats its noise.
+    checkpoint, checkpoint_every:
+        A folder for one checkpoint file per chain (``chain{c}.ckpt``), written every ``checkpoint_every``
+        iterations (warm-up included) and after the last: the kernel's state (position, potential and
+        gradient, step size, dual-averaging and mass-matrix adaptation), the iteration, the draws and
+        statistics so far and the generators. ``resume=True`` continues every chain from its file; the
+        draws are bit-identical to an uninterrupted run's (see :mod:`bnn_pyro.infer.checkpoint`).
     """
     kind = choice("kernel", kernel, Kernel)
     num_samples = positive_int("num_samples", num_samples)
     dense_mass, jit = flag("dense_mass", dense_mass), flag("jit", jit)
+    resume_files = resume is True  # resume=True/False: from the checkpoint files; a Posterior: extend it
+    if isinstance(resume, bool):
+        resume = None
+    elif resume is not None and checkpoint is not None:
+        raise ValueError("resume: a Posterior to extend cannot be combined with checkpoint=; extend it without "
+                         "checkpoint=, or pass resume=True to continue a checkpointed run from its files.")
     if resume is not None:
         # the chains continue from their last draws; the deterministic parameters stay those of the run extended
         num_warmup, init = _check_resume(resume, kind, num_warmup, num_chains, dense_mass), resume
@@ -203,11 +231,9 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
             settings, init_strategy=init_to_value(values={k: v[c, -1] for k, v in resume.samples.items()}),
             resume=(float(resume.sample_stats["step_size"][c, -1]), resume.history["inverse_mass_matrix"][c]))
         bar = (f"{kind.value} chain {c}", info.line) if progress else None
-        return _run_chain(fitted, data, s, num_samples, num_warmup, bar)
+        return _run_chain(fitted, data, s, num_samples, num_warmup, bar, ckpts[c])
 
     execution = chain_execution(num_chains, how, kind.value)
-    # one model for every chain: its deterministic parameters (fixed) come from chain 0's start
-    runs = run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc")
     config = clean_config(dict(
         kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
         target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
@@ -216,6 +242,12 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         init=init if isinstance(init, str) else type(init).__name__,
         chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
     ))
+    # every chain's file checked before any chain runs; chain_method is not part of the run (same draws either way)
+    run = {k: v for k, v in config.items() if k not in ("chain_method", "chain_execution")}
+    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume_files, num_chains=num_chains,
+                        run=dict(method=kind.value, **run))
+    # one model for every chain: its deterministic parameters (fixed) come from chain 0's start
+    runs = run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc")
     post = assemble(runs, method=kind.value, config=config, data=data)
     if resume is not None:  # append the new segment to the draws it continues
         post.samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in post.samples.items()}
@@ -229,7 +261,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
 def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> int:
     """``resume=``: a NUTS/HMC posterior of the same kernel that stored its adapted mass matrix."""
     if not isinstance(resume, Posterior) or resume.method != kind.value or kind is Kernel.METROPOLIS:
-        raise ValueError(f"resume: expected a Posterior of method={kind.value!r} (nuts or hmc) to extend, got "
+        raise ValueError(f"resume: expected True (continue from the checkpoint= files) or a Posterior of "
+                         f"method={kind.value!r} (nuts or hmc) to extend, got "
                          f"{getattr(resume, 'method', type(resume).__name__)!r}; fit one with bp.fit(method='nuts').")
     if "inverse_mass_matrix" not in resume.history:
         raise ValueError("resume: this posterior has no history['inverse_mass_matrix'] (fitted before it was "
@@ -287,7 +320,7 @@ class KernelSettings:
 
 def _make_kernel(model, s: KernelSettings, model_args: tuple):
     """The chain's kernel and, for Pyro's kernels on the fast path, the ``initial_params`` and ``transforms``
-    that ``MCMC`` needs with a kernel given its ``potential_fn`` (``None`` otherwise)."""
+    that a kernel given its ``potential_fn`` needs (``None`` otherwise)."""
     if s.kind is Kernel.METROPOLIS:
         return _Metropolis(model, init_strategy=s.init_strategy, step_size=s.step_size, target_accept_prob=s.target_accept,
                            dense=s.dense_mass, jit=s.jit, joint=s.joint), None, None
@@ -309,40 +342,74 @@ def _make_kernel(model, s: KernelSettings, model_args: tuple):
     return kernel, params, transforms
 
 
-def _run_chain(model, data: Data, settings: KernelSettings, num_samples: int, num_warmup: int, bar: tuple[str, int] | None):
+def _run_chain(model, data: Data, settings: KernelSettings, num_samples: int, num_warmup: int,
+               bar: tuple[str, int] | None, ckpt: Checkpoint | None = None):
     """One chain (inside the driver's :func:`~bnn_pyro.infer.driver.chain`): its draws ``(num_samples, *shape)``,
     per-draw statistics and the fixed point values. ``bar``: the progress bar's label and terminal line
-    (``None``: no bar)."""
+    (``None``: no bar); ``ckpt``: the chain's checkpoint file (``None``: none)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one draw's tensors are small: extra intra-op threads only oversubscribe the cores
     try:
-        return _run_chain_1(model, data, settings, num_samples, num_warmup, bar)
+        return _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt)
     finally:
         torch.set_num_threads(threads)
 
 
-def _run_chain_1(model, data, settings, num_samples, num_warmup, bar):
-    kernel, initial_params, transforms = _make_kernel(quiet_model(model, data.size), settings, (data.x, data.y))
-    draws: list[DrawStats] = []
-    state = {}
-    # our bar, labelled per chain like the other engines' (Pyro's own says only "Warmup"/"Sample")
-    label, line = bar or ("", 0)
-    shown = progress_bar(num_warmup + num_samples, label, bar is not None, position=line)
-
-    def record(kernel, params, stage, i):  # MCMC's public per-draw hook
-        if stage.startswith("Sample"):
-            draws.append(kernel.stats)
-            state["mass"] = getattr(kernel, "inverse_mass_matrix", None)
-        if bar is not None:
-            shown.set_postfix({"phase": stage.lower(), **kernel.logging()}, refresh=False)
-            shown.update()
-
-    mcmc = MCMC(kernel, num_samples=num_samples, warmup_steps=num_warmup, num_chains=1, hook_fn=record,
-                disable_progbar=True, initial_params=initial_params, transforms=transforms)
-    with shown:
-        mcmc.run(data.x, data.y)
-    samples = {k: v.detach().clone() for k, v in mcmc.get_samples().items()}
+def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
+    """Our loop over Pyro's ``MCMCKernel`` interface (``setup``, ``sample``, ``cleanup``): what Pyro's ``MCMC``
+    does for one chain (distribution validation off, the draws mapped back to the constrained space), and
+    the checkpoint/resume that ``MCMC`` cannot give (it starts every run at its first warm-up step)."""
+    kernel, params, transforms = _make_kernel(quiet_model(model, data.size), settings, (data.x, data.y))
+    total = num_warmup + num_samples
+    label, line = bar or ("", 0)  # our bar, labelled per chain like the other engines' (Pyro's says "Warmup"/"Sample")
+    with progress_bar(total, label, bar is not None, position=line) as shown, pyro.validation_enabled(False):
+        if params is not None:
+            kernel.initial_params = params
+        kernel.setup(num_warmup, data.x.detach(), data.y.detach())
+        params = kernel.initial_params
+        kept, draws, start = {k: [] for k in sorted(params)}, [], 0
+        if ckpt is not None and (saved := ckpt.load()) is not None:
+            start, params = _restore(kernel, saved, kept, draws, next(iter(params.values())))
+            shown.update(start)
+        for i in range(start, total):
+            params = kernel.sample(params)
+            if i >= num_warmup:
+                draws.append(kernel.stats)
+                for k, v in kept.items():
+                    v.append(params[k].detach().clone())
+            if bar is not None:
+                shown.set_postfix({"phase": "warmup" if i < num_warmup else "sample", **kernel.logging()},
+                                  refresh=False)
+                shown.update()
+            if ckpt is not None and ckpt.due(i + 1, total):
+                _save(ckpt, i + 1, kernel, params, kept, draws)
+        mass = getattr(kernel, "inverse_mass_matrix", None)  # the adapted one (NUTS/HMC: for resume=Posterior)
+        transforms = transforms or kernel.transforms or {}
+        kernel.cleanup()
+    samples = {k: torch.stack(v) for k, v in kept.items()}
+    samples = {k: transforms[k].inv(v) if k in transforms else v for k, v in samples.items()}
     point = point_values(model, data.x, data.y, data.size)
-    mass = None if state["mass"] is None else next(iter(state["mass"].values())).detach().clone()
-    history = {} if mass is None else {"inverse_mass_matrix": mass}  # NUTS/HMC: the adapted one, for resume=
+    history = {} if mass is None else {"inverse_mass_matrix": next(iter(mass.values())).detach().clone()}
     return ChainRun(model, samples, point, history, stats=sample_stats(draws))
+
+
+def _save(ckpt, step: int, kernel, params: dict, kept: dict, draws: list[DrawStats]) -> None:
+    """The chain after ``step`` iterations (warm-up included): the kernel's state, the position, the kept draws
+    (unconstrained) and their statistics; the checkpoint adds the generators."""
+    tensors, meta = kernel.state_dict()
+    tensors = {f"kernel/{k}": v for k, v in tensors.items()}
+    tensors.update({f"position/{k}": v for k, v in params.items()})
+    tensors.update({f"draws/{k}": torch.stack(v) for k, v in kept.items() if v})
+    ckpt.save(step, tensors, {"kernel": meta, "stats": [list(d) for d in draws]})
+
+
+def _restore(kernel, saved, kept: dict, draws: list[DrawStats], like: torch.Tensor) -> tuple[int, dict]:
+    """Load what :func:`_save` wrote into a kernel set up for the same run; returns the step and the position."""
+    tensors, meta = saved
+    tensors = {k: v.to(like.device) for k, v in tensors.items()}
+    part = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
+    kernel.load_state_dict(part("kernel/"), meta["kernel"])
+    for k, v in part("draws/").items():
+        kept[k][:] = list(v)
+    draws[:] = [DrawStats(*d) for d in meta["stats"]]
+    return meta["step"], part("position/")

@@ -216,3 +216,78 @@ def test_extra_state_round_trips_a_generator_lists_and_early_stopping_through_a_
     assert torch.equal(torch.rand(4, generator=fresh[0]), expected)
     assert torch.equal(fresh[1][0], sums[0]) and torch.equal(fresh[1][1], sums[1])
     assert fresh[2] == [0.1 + 0.2] and fresh[3].best_step == 1 and torch.equal(fresh[3].state[0], torch.ones(2))
+
+
+# ---------------------------------------------------------------------- MCMC (bnn_pyro/infer/mcmc.py)
+# 12 warm-up iterations: Pyro's schedule for them is a 1-step buffer, one mass-matrix window (steps 1-10) and a
+# 1-step buffer, so a checkpoint every 5 iterations lands inside the window (step 5: the Welford estimator and the
+# dual averaging half-way), at its end (10) and in the sampling phase (15), then after the last iteration (20)
+MCMC = dict(num_warmup=12, num_samples=8, seed=4, progress=False)
+KERNELS = {
+    "nuts": dict(method="nuts", max_tree_depth=4),
+    "nuts_dense": dict(method="nuts", max_tree_depth=4, dense_mass=True),
+    "hmc": dict(method="hmc", num_leapfrog=4),
+    "metropolis": dict(method="metropolis"),
+    "nuts_pyro": dict(method="nuts", max_tree_depth=3, fast_path=False),  # Pyro's own kernel, traced model
+}
+_WHOLE = {}
+
+
+def _mcmc(x, y, case, **extra):
+    return bp.fit(_mlp(), x, y, **{**MCMC, **KERNELS[case], **extra})
+
+
+@pytest.mark.parametrize("crash, resumed_from", [(10, 5), (20, 15)], ids=["mid_warmup", "mid_sampling"])
+@pytest.mark.parametrize("case", KERNELS)
+def test_mcmc_resumed_run_is_bit_identical(case, crash, resumed_from, toy, tmp_path, monkeypatch):
+    """The chain dies when saving after ``crash`` iterations; resumed from the checkpoint ``resumed_from``
+    iterations in (inside the mass-matrix window, or among the kept draws), it gives exactly the draws,
+    statistics and adapted mass matrix of an uninterrupted run, on the fast path and on Pyro's kernels."""
+    x, y = toy
+    whole = _WHOLE.get(case) or _WHOLE.setdefault(case, _mcmc(x, y, case))
+    assert whole.config["fast_path"] == (case != "nuts_pyro")
+    with monkeypatch.context() as m:
+        _crash_at(m, ckpt_mod.Checkpoint, "save", crash)
+        with pytest.raises(_Crash):
+            _mcmc(x, y, case, checkpoint=tmp_path, checkpoint_every=5)
+    assert ckpt_mod.read(tmp_path / "chain0.ckpt")[1]["step"] == resumed_from
+    resumed = _mcmc(x, y, case, checkpoint=tmp_path, checkpoint_every=5, resume=True)
+    for group in ("samples", "sample_stats", "history"):
+        assert set(getattr(resumed, group)) == set(getattr(whole, group))
+        for name, value in getattr(whole, group).items():
+            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+
+
+def test_mcmc_chains_in_processes_resume_each_from_its_own_file(toy, tmp_path, monkeypatch):
+    x, y = toy
+    whole = _mcmc(x, y, "metropolis", num_chains=2)
+    with monkeypatch.context() as m:  # chain 0 dies (in its process, when the chains run in parallel); chain 1 ends
+        original = ckpt_mod.Checkpoint.save
+
+        def save(ckpt, step, *args):
+            if ckpt.path.name == "chain0.ckpt" and step == 15:
+                raise _Crash(step)
+            return original(ckpt, step, *args)
+
+        m.setattr(ckpt_mod.Checkpoint, "save", save)
+        with pytest.raises((_Crash, RuntimeError), match="_Crash|15"):
+            _mcmc(x, y, "metropolis", num_chains=2, checkpoint=tmp_path, checkpoint_every=5)
+    assert ckpt_mod.read(tmp_path / "chain0.ckpt")[1]["step"] == 10
+    resumed = _mcmc(x, y, "metropolis", num_chains=2, checkpoint=tmp_path, checkpoint_every=5, resume=True)
+    assert ckpt_mod.read(tmp_path / "chain1.ckpt")[1]["step"] == 20
+    for name, value in whole.samples.items():
+        assert torch.equal(resumed.samples[name], value), name
+
+
+def test_mcmc_checkpoint_errors_name_the_argument(toy, tmp_path):
+    x, y = toy
+    post = _mcmc(x, y, "hmc", checkpoint=tmp_path)  # saved once, after the last iteration (the default)
+    assert ckpt_mod.read(tmp_path / "chain0.ckpt")[1]["step"] == 20
+    with pytest.raises(ckpt_mod.CheckpointError, match="num_leapfrog"):
+        _mcmc(x, y, "hmc", checkpoint=tmp_path, resume=True, num_leapfrog=5)
+    with pytest.raises(ValueError, match="^resume: a Posterior to extend cannot be combined with checkpoint="):
+        bp.fit(_mlp(), x, y, method="hmc", num_samples=2, checkpoint=tmp_path, resume=post, progress=False)
+    with pytest.raises(ValueError, match="checkpoint=FOLDER"):
+        _mcmc(x, y, "hmc", resume=True)
+    with pytest.raises(ValueError, match="^resume: expected True"):
+        _mcmc(x, y, "hmc", resume="yes")

@@ -13,6 +13,7 @@ model. Seeds are fixed, so a run either passes or fails deterministically.
 import math
 import warnings
 
+import arviz as az
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -101,14 +102,43 @@ def test_hmc_default_leapfrog_count_is_bounded_and_explicit_settings_win():
     assert (steps != mcmc.DEFAULT_NUM_LEAPFROG).all() and given.config["num_leapfrog"] is None
 
 
+def _metropolis_acceptance(mean, cov, step: float, scale2: torch.Tensor, n: int = 400_000) -> tuple[float, float]:
+    """The exact stationary acceptance of the proposal ``w + step * sqrt(scale2) * eps`` on the Gaussian
+    posterior ``N(mean, cov)``: ``E[min(1, p(w') / p(w))]`` over ``w ~ N(mean, cov)``, ``eps ~ N(0, I)``, by
+    Monte Carlo with ``n`` independent draws (fixed seed); returns it and its standard error."""
+    g = torch.Generator().manual_seed(11)
+    mean, cov = mean.double(), cov.double()
+    w = mean + torch.randn(n, len(mean), generator=g, dtype=torch.float64) @ torch.linalg.cholesky(cov).T
+    moved = w + step * scale2.double().sqrt() * torch.randn(n, len(mean), generator=g, dtype=torch.float64)
+    precision = torch.linalg.inv(cov)
+    log_p = lambda v: -0.5 * (((v - mean) @ precision) * (v - mean)).sum(1)  # noqa: E731
+    accept = (log_p(moved) - log_p(w)).exp().clamp(max=1.0)
+    return accept.mean().item(), accept.std().item() / math.sqrt(n)
+
+
 @pytest.mark.slow  # ~7 s
 def test_metropolis_adapts_and_recovers_exact_posterior():
+    """Exact draws, and per chain the recorded acceptance equals the exact stationary acceptance of the proposal
+    the warm-up adapted (its step size and the proposal variances in ``history``), within Monte Carlo error:
+    ``z = (mean recorded - exact) / sqrt(MCSE^2 + se^2)``, MCSE from ArviZ's ESS of the recorded series, ``|z| < 4``.
+    No band around the 0.234 target is asserted: Pyro's warm-up schedule ends with 50 iterations of dual
+    averaging restarted after the last mass-matrix window, which guarantees none (measured at this setting, seeds
+    0-7: the adapted proposals' exact acceptance ranged 0.09-0.31 over 9 distinct chains, 3 below 0.15)."""
     x, y = _data(1)
     post = bp.fit(_blr(1), x, y, method="metropolis", num_samples=6000, num_warmup=1000, num_chains=2, seed=3,
                   progress=False)
-    accept = post.sample_stats["acceptance_rate"].mean().item()
-    assert 0.15 < accept < 0.35, accept  # tuned toward 0.234 (Pyro's default step accepted ~0.2% on a BNN)
     _assert_exact(post, x, y)
+    mean, cov = _exact(x, y)  # weight, then bias; the proposal's flat vector is in sorted site order
+    order = [0, 1] if sorted(post.samples) == ["weight", "bias"] else [1, 0]
+    mean, cov = mean[order], cov[order][:, order]
+    for c in range(post.num_chains):
+        step = post.sample_stats["step_size"][c]
+        assert (step == step[0]).all()  # fixed after warm-up
+        exact, se = _metropolis_acceptance(mean, cov, float(step[0]), post.history["inverse_mass_matrix"][c])
+        recorded = post.sample_stats["acceptance_rate"][c].double()
+        mcse = recorded.std().item() / math.sqrt(az.ess(recorded[None].numpy(), method="mean"))
+        z = (recorded.mean().item() - exact) / math.sqrt(mcse**2 + se**2)
+        assert abs(z) < Z_MAX, (c, recorded.mean().item(), exact, z)
 
 
 def test_plain_pyro_function_model_with_nuts():
