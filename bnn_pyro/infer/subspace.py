@@ -84,6 +84,7 @@ from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.driver import ChainRun, assemble
 from bnn_pyro.infer.holdout import noise_site, select_noise, split
 from bnn_pyro.infer.map_fit import fit_map
 from bnn_pyro.infer.swag import fit_moments
@@ -267,18 +268,17 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
                          **inner_options)
     samples = {k: v.detach().clone() for k, v in space.weights(inner_post.samples["z"]).items()}
     samples.update({k: v for k, v in inner_post.samples.items() if k != "z"})
-    chains = inner_post.num_chains
-    point = {k: v.expand(chains, *v.shape[1:]).clone() for k, v in swa_post.point.items()}
+    stats = {k: v for k, v in inner_post.sample_stats.items() if k != "log_q"}  # q(z) is not a density over w
+    runs = [ChainRun(bnn, {k: v[c] for k, v in samples.items()}, {k: v[0] for k, v in swa_post.point.items()},
+                     {k: v[c] for k, v in inner_post.history.items()}, {k: v[c] for k, v in stats.items()})
+            for c in range(inner_post.num_chains)]  # every chain: the SWA run's deterministic parameters
     config = clean_config(dict(
         rank=rank, inner=inner, prior=kind.value, prior_scale=scale if kind is SubspacePrior.ISOTROPIC else None,
         seed=seed, batch_size=data.batch_size, dataset_size=data.size,
         subspace=dict(rank=rank, deviations=int(moments.deviations.shape[0]),
                       singular_values=[float(s) for s in singular]),
         inner_config=inner_post.config, swa=swa_post.config))
-    stats = {k: v for k, v in inner_post.sample_stats.items() if k != "log_q"}  # q(z) is not a density over w
-    post = Posterior(samples=samples, model=bnn, method="subspace", config=config, point=point, sample_stats=stats,
-                     history=dict(inner_post.history), x=data.x, y=data.y)
-    return select_noise(post, holdout)
+    return select_noise(assemble(runs, method="subspace", config=config, data=data), holdout)
 
 
 def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool) -> dict[str, torch.Tensor]:

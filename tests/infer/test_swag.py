@@ -125,9 +125,9 @@ def location():
 def location_fit(location):
     """One SWAG run on the quadratic problem (lr='auto', full-size minibatches drawn with replacement)."""
     data = Data(x=location.x, y=location.y, batch_size=N)
-    post, moments = swag._fit(location.model, data, swag=True, rank=RANK, num_samples=4000, pretrain_steps=PRETRAIN,
-                              num_steps=BURN_IN + SNAPSHOTS * EVERY, burn_in=BURN_IN, collect_every=EVERY,
-                              seed=0, progress=False)
+    post, moments = swag.fit_moments(location.model, data, swag=True, rank=RANK, num_samples=4000,
+                                     pretrain_steps=PRETRAIN, num_steps=BURN_IN + SNAPSHOTS * EVERY, burn_in=BURN_IN,
+                                     collect_every=EVERY, seed=0, progress=False)
     lr = float(post.history["lr"][0, -1])
     modes = location.sgd_modes(lr, N)
     sigma = np.array([X[0, 0] for _, X in modes])  # eigenvalues of the SGD stationary covariance
@@ -281,7 +281,8 @@ SMALL = dict(pretrain_steps=50, num_steps=40, burn_in=0, collect_every=2, seed=0
 
 def test_swa_and_swag_on_linear_regression_work_with_the_whole_api(blr_model, linear_data, tmp_path):
     x, y = linear_data
-    post, moments = swag._fit(blr_model, Data(x=x, y=y), swag=True, rank=5, num_samples=50, num_chains=2, **SMALL)
+    post, moments = swag.fit_moments(blr_model, Data(x=x, y=y), swag=True, rank=5, num_samples=50, num_chains=2,
+                                     **SMALL)
     assert post.samples["weight"].shape == (2, 50, 1, 1) and post.point["bias"].shape == (2, 1)
     assert post.draw_buffers == {} and post.config["snapshots"] == 20 and post.config["rank"] == 5
     pred = post.predict(x)
