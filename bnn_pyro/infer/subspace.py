@@ -7,8 +7,9 @@ inference for Bayesian deep learning. UAI.
    (or reshuffled epochs of ``batch_size`` rows) with SWA's pre-training settings (``swa``'s ``pretrain_steps``,
    ``pretrain_optimizer``, ``pretrain_lr``: by default 2,000 Adam steps at ``3e-2`` decaying to 1% on a cosine),
    early-stopped on the SWA run's held-out rows when it holds some out; the SWA run starts there with
-   ``pretrain_steps=0``. Why: SWA's own pre-training draws its minibatches with replacement (the noise its SWA
-   phase is built on), and on small data with a learned noise that noise keeps the net from fitting. On the zoo's
+   ``pretrain_steps=0``. Why: SWA's own pre-training drew its minibatches with replacement (the noise its SWA
+   phase is built on) until SWA took the data's own batches for it too, and on small data with a learned noise
+   that noise kept the net from fitting (the MAP start stays the default, unchanged). On the zoo's
    ``mlp_regression`` (80 points, 1-50-1 tanh, ``sigma`` learned; seed 0) SWA's pre-training ended at train loss
    ``U/N`` 1.95, sigma 0.23 and test RMSE 0.29 (the data's noise is 0.1), and subspace NUTS around that point gave
    RMSE 0.66, test NLL +1.97, 95% coverage 0.76 (confidently wrong); the same schedule on full batches reached
@@ -16,7 +17,7 @@ inference for Bayesian deep learning. UAI.
    replacement; 0.096 and 0.100, 0.119 and 0.108 on full batches), and subspace NUTS from there (100 + 100 draws)
    RMSE 0.108, NLL -0.80, coverage 0.935, gap/data sd 3.3. An explicit ``swa=dict(init=...)`` keeps SWA's own
    pre-training (``pretrain_steps=0`` skips it); a loader of batches uses it too (its batches come in the loader's
-   order, not with replacement).
+   order).
 1. **The subspace.** An SWA run (:mod:`bnn_pyro.infer.swag`, options in ``swa=``) gives the average
    ``w_hat`` of its iterates and the deviations ``D`` (``K x d``, the last ``K`` of them) of the iterates from
    the running average. Their principal components (the SVD ``D = U S V^T``) give the basis
