@@ -170,13 +170,13 @@ def test_systematic_resampling_reproduces_the_weights():
 def test_swag_records_the_density_of_its_gaussian():
     """SWAG's log q equals N(z_SWA, scale (Sigma_diag + D^T D / (K - 1)) / 2) of its draws, built densely here."""
     from bnn_pyro.infer._common import Data
-    from bnn_pyro.infer.swag import _fit
+    from bnn_pyro.infer.swag import fit_moments
 
     from blr import flat_draws
 
     blr = make_blr(n=20, d=2)
-    post, moments = _fit(blr.model(), Data(blr.x, blr.y), swag=True, rank=5, num_samples=200, pretrain_steps=100,
-                         num_steps=120, burn_in=20, collect_every=10, progress=False)
+    post, moments = fit_moments(blr.model(), Data(blr.x, blr.y), swag=True, rank=5, num_samples=200,
+                                pretrain_steps=100, num_steps=120, burn_in=20, collect_every=10, progress=False)
     m, k = moments[0], moments[0].deviations.shape[0]
     cov = post.config["scale"] * (torch.diag(m.variance) + m.deviations.T @ m.deviations / (k - 1)) / 2
     expected = dist.MultivariateNormal(m.mean, covariance_matrix=cov).log_prob(flat_draws(post.samples))

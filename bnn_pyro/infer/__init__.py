@@ -61,11 +61,8 @@ REGISTRY: dict[Method, Declaration] = {
     Method.SGLD: Declaration("sgmcmc", "fit_sgld", replace(_STEPS, checkpoint=True)),
     Method.SGHMC: Declaration("sgmcmc", "fit_sghmc", replace(_STEPS, checkpoint=True)),
     Method.CSGMCMC: Declaration("sgmcmc", "fit_csgmcmc", replace(_STEPS, checkpoint=True)),
-    # SWA takes SWAG's options less those of its Gaussian, which its engine refuses with a message of its own
-    Method.SWA: Declaration("swag", "fit_swa", replace(_POINT_THEN_STATS, checkpoint=True), passed_on="_fit",
-                            set_by_engine=frozenset({"swag", "rank", "num_samples", "scale"}),
-                            refused_by_engine=frozenset({"rank", "num_samples", "scale"})),
-    Method.SWAG: Declaration("swag", "fit_swag", replace(_POINT_THEN_STATS, checkpoint=True), passed_on="_fit", set_by_engine=frozenset({"swag"})),
+    Method.SWA: Declaration("swag", "fit_swa", replace(_POINT_THEN_STATS, checkpoint=True)),
+    Method.SWAG: Declaration("swag", "fit_swag", replace(_POINT_THEN_STATS, checkpoint=True)),
     Method.MC_DROPOUT: Declaration("dropout", "fit_mc_dropout", replace(_STEPS, checkpoint=True)),
     Method.VARIATIONAL_DROPOUT: Declaration("variational_dropout", "fit_variational_dropout",
                                             replace(_STEPS, checkpoint=True)),
@@ -167,7 +164,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
             config[name] = check(config[name])
     known, declared = options(kind), REGISTRY[kind]
     for key in config:
-        if key not in known and key not in declared.refused_by_engine:
+        if key not in known and key not in declared.refused():
             close = difflib.get_close_matches(key, list(known), n=1)
             module, name = declared.module, declared.function
             takers = [m.value for m in Method if m is not kind and key in options(m)]

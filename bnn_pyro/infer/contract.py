@@ -13,7 +13,8 @@ adapted to torch, where the optimizer's update is shared by every engine and so 
   index)`` gives the loss to minimize on one ``(x, y)`` batch and what the step records (a NamedTuple, its
   first field ``loss``); ``after(state, index, info)`` runs after the optimizer's update (projections,
   early stopping) and may complete the record; ``draws(state, history)`` turns the final state into the
-  chain's :class:`~bnn_pyro.infer.driver.ChainRun`.
+  chain's :class:`~bnn_pyro.infer.driver.ChainRun` (an engine whose optimizer, batches or step names are its own,
+  as SWA's two phases, gives them too: see :class:`Engine`).
 * :func:`drive` runs it: :func:`~bnn_pyro.infer.driver.run_chains` (copies, parameter stores, seeds) ->
   :func:`~bnn_pyro.infer.driver.descend` (batches or streams, optimizer, schedule, progress, the non-finite
   stop, data-parallel reduction, checkpoint/resume) -> :func:`~bnn_pyro.infer.driver.assemble`.
@@ -33,7 +34,7 @@ import functools
 import importlib
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, NamedTuple, Protocol, TypeVar
+from typing import Any, Callable, Generic, Iterator, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -77,8 +78,7 @@ class Declaration:
     first use) and its capabilities. Its configuration is the fit function's ``config_type`` (a frozen dataclass
     of options and defaults, set by :func:`entry`) for engines on the contract; for the others it is read from
     the function's signature, following ``**config`` to ``passed_on`` (a function of the same module) less the
-    names in ``set_by_engine``. ``refused_by_engine``: names bp.fit hands over although they are not options,
-    because the engine refuses them with a message of its own (e.g. SWAG's ``rank`` given to SWA).
+    names in ``set_by_engine``.
     """
 
     module: str
@@ -86,10 +86,14 @@ class Declaration:
     capabilities: Capabilities
     passed_on: str | None = None
     set_by_engine: frozenset = frozenset()
-    refused_by_engine: frozenset = frozenset()
 
     def fit_function(self) -> Callable[..., Posterior]:
         return getattr(importlib.import_module(f"bnn_pyro.infer.{self.module}"), self.function)
+
+    def refused(self) -> frozenset:
+        """Names bp.fit hands over although they are not options, because the engine refuses them with a message
+        of its own: its config dataclass's ``REFUSED`` (e.g. SWAG's ``rank`` given to SWA; see :func:`entry`)."""
+        return frozenset(getattr(getattr(self.fit_function(), "config_type", None), "REFUSED", {}))
 
     def options(self) -> dict[str, object]:
         """The engine's own keyword options with their defaults (``bp.fit``'s keywords not included)."""
@@ -121,10 +125,17 @@ def _keywords(fn) -> dict[str, object]:
 def entry(config_type: type):
     """Decorate ``fit(model, data, config: config_type) -> Posterior`` into the engine's public function
     ``fit(model, data, **options)``: the options become ``config_type(**options)`` and its signature lists
-    them as keyword-only parameters with their defaults (``help()``, ``inspect.signature``)."""
+    them as keyword-only parameters with their defaults (``help()``, ``inspect.signature``). A name in the config
+    type's class-level ``REFUSED = {name: why}`` (e.g. a sibling method's option) is refused with
+    ``ValueError("{name}= {why}")`` rather than Python's unexpected-keyword error."""
+    refused = getattr(config_type, "REFUSED", {})
+
     def wrap(fn):
         @functools.wraps(fn)
         def fit(model, data: Data, **options) -> Posterior:
+            for name in options:
+                if name in refused:
+                    raise ValueError(f"{name}= {refused[name]}")
             return fn(model, data, config_type(**options))
 
         params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
@@ -158,11 +169,13 @@ class Engine(NamedTuple, Generic[S, Info]):
     """An optimization engine (see the module docstring). ``info`` is the NamedTuple type ``step`` returns:
     every field becomes a ``history`` entry of shape ``(num_steps,)``; ``checkpoint(state, ckpt, records)``
     gives the :class:`~bnn_pyro.infer.driver.Resumable` (by default the state's ``params``, the optimizer and
-    the records, :class:`~bnn_pyro.infer.checkpoint.StepCheckpoint`). ``optimizer(state)``: an engine's own
-    update as a torch optimizer built from its state (e.g. SG-MCMC's, seeded per chain and reading the state's
-    curvature; default: ``loop.optimizer`` over ``state.params`` at ``loop.lr``). ``record_dtype``: the dtype of
-    the history tensors (default torch's default dtype; e.g. ``torch.float64`` to keep a float64 model's values
-    exact)."""
+    the records, :class:`~bnn_pyro.infer.checkpoint.StepCheckpoint`). Optional: ``optimizer(state)``, an engine's
+    own update as a torch optimizer built from its state (e.g. SG-MCMC's, seeded per chain and reading the state's
+    curvature; SWA's two phases; default: ``loop.optimizer`` over ``state.params`` at ``loop.lr``);
+    ``record_dtype``, the dtype of the history tensors (default torch's default dtype; e.g. ``torch.float64`` to
+    keep a float64 model's values exact); ``batches(state, start)``, its batches from step ``start`` on (default
+    the data's, reshuffled every epoch by the chain's seed); ``where(state, step)``, the step's name in the error
+    raised when the run diverges."""
 
     init: Callable[[Any, ChainInfo], S]
     step: Callable[[S, tuple, int], "tuple[torch.Tensor, Info]"]
@@ -172,6 +185,8 @@ class Engine(NamedTuple, Generic[S, Info]):
     checkpoint: Callable[[S, Checkpoint, "dict[str, torch.Tensor]"], Resumable] | None = None
     optimizer: Callable[[S], torch.optim.Optimizer] | None = None
     record_dtype: torch.dtype | None = None
+    batches: Callable[[S, int], Iterator[tuple]] | None = None
+    where: Callable[[S, int], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -216,11 +231,13 @@ def run(engine: Engine, state, data: Data, loop: Loop, *, seed: int, index: int 
     if ckpt is not None:
         resumable = (engine.checkpoint(state, ckpt, records) if engine.checkpoint is not None
                      else StepCheckpoint(ckpt, state.params, records=records))
+    own = {name: functools.partial(getattr(engine, name), state) for name in ("batches", "where")
+           if getattr(engine, name) is not None}
     losses = descend(objective, state.params, data, num_steps=loop.num_steps, lr=loop.lr, optimizer=loop.optimizer,
                      lr_schedule=loop.lr_schedule, seed=seed, method=loop.method, desc=loop.desc.format(index=index),
                      progress=loop.progress, quantity=loop.quantity, hint=loop.hint, on_step=on_step,
                      reduce=loop.reduce, resumable=resumable, record_dtype=engine.record_dtype,
-                     opt=None if engine.optimizer is None else engine.optimizer(state))
+                     opt=None if engine.optimizer is None else engine.optimizer(state), **own)
     return {fields[0]: losses, **records}
 
 

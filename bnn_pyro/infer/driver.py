@@ -276,17 +276,20 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
 @dataclass
 class ChainRun:
     """One chain's result: its fitted model copy, draws ``(draws, *shape)`` per site, point-estimated
-    parameters, per-step ``history`` and per-draw ``stats``."""
+    parameters, per-step ``history``, per-draw ``stats`` and per-draw module ``buffers`` ``(draws, *shape)``
+    (e.g. BatchNorm statistics recomputed for each draw; the Posterior's ``draw_buffers``)."""
 
     model: object
     samples: dict[str, torch.Tensor]
     point: dict[str, torch.Tensor] = field(default_factory=dict)
     history: dict[str, torch.Tensor] = field(default_factory=dict)
     stats: dict[str, torch.Tensor] = field(default_factory=dict)
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def stack(runs: list[ChainRun], part: str) -> dict[str, torch.Tensor]:
-    """The chains' ``part`` (``"samples"``, ``"point"``, ``"history"``, ``"stats"``) stacked on a leading axis."""
+    """The chains' ``part`` (``"samples"``, ``"point"``, ``"history"``, ``"stats"``, ``"buffers"``) stacked on a
+    leading axis."""
     first = getattr(runs[0], part)
     return {k: torch.stack([getattr(r, part)[k] for r in runs]) for k in first}
 
@@ -295,4 +298,4 @@ def assemble(runs: list[ChainRun], *, method: str, config: dict, data: Data, **e
     """The :class:`~bnn_pyro.Posterior` of ``runs`` (the last chain's model is the posterior's model)."""
     return Posterior(samples=stack(runs, "samples"), model=runs[-1].model, method=method, config=config,
                      point=stack(runs, "point"), sample_stats=stack(runs, "stats"), history=stack(runs, "history"),
-                     x=data.x, y=data.y, **extra)
+                     draw_buffers=stack(runs, "buffers"), x=data.x, y=data.y, **extra)

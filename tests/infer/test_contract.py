@@ -52,7 +52,7 @@ def test_capabilities_refuse_a_stream_they_cannot_serve():
 
 def test_a_declaration_taking_config_without_its_target_is_an_error_naming_the_fix():
     with pytest.raises(LookupError, match=r"takes \*\*config: declare the function it passes them to"):
-        Declaration("swag", "fit_swa", Capabilities()).options()
+        Declaration("mcmc", "fit_nuts", Capabilities()).options()
 
 
 def test_unknown_option_names_the_methods_that_take_it():

@@ -221,7 +221,7 @@ def test_default_pretraining_is_a_full_batch_map_and_an_explicit_init_keeps_swa_
 @pytest.mark.slow
 def test_learned_noise_small_data_fits_at_the_default_pretraining():
     """The zoo's mlp_regression (80 points, 1-50-1 tanh, sigma ~ HalfNormal(0.5), data noise 0.1): SWA's own
-    pre-training (minibatches drawn with replacement) ended underfit there (seed 0: sigma 0.23, test RMSE 0.29)
+    pre-training (then on minibatches drawn with replacement) ended underfit there (seed 0: sigma 0.23, test RMSE 0.29)
     and the subspace around it was confidently wrong (RMSE 0.66, 95% coverage 0.76). At the default pre-training
     (full batches) it is not: seed 0 with 100 + 100 NUTS draws measured sigma 0.103, test RMSE 0.108, test NLL
     -0.80, 95% coverage 0.935 (NUTS on all weights: RMSE 0.097, NLL -0.79). This shorter run passes at seed 0."""

@@ -94,12 +94,13 @@ def test_moments_of_a_resumed_run_equal_the_uninterrupted_ones(toy, tmp_path, mo
     x, y = toy
     data = bp.infer.Data(x=x, y=y, batch_size=32)
     cfg = {k: v for k, v in SWAG.items() if k not in ("method", "batch_size")}
-    _, whole = swag._fit(_mlp(), data, swag=True, **cfg)
+    _, whole = swag.fit_moments(_mlp(), data, swag=True, **cfg)
     with monkeypatch.context() as m:
         _crash_at(m, 0, 20)
         with pytest.raises(_Crash):
-            swag._fit(_mlp(), data, swag=True, checkpoint=tmp_path, checkpoint_every=5, **cfg)
-    _, resumed = swag._fit(_mlp(), data, swag=True, checkpoint=tmp_path, checkpoint_every=5, resume=True, **cfg)
+            swag.fit_moments(_mlp(), data, swag=True, checkpoint=tmp_path, checkpoint_every=5, **cfg)
+    _, resumed = swag.fit_moments(_mlp(), data, swag=True, checkpoint=tmp_path, checkpoint_every=5, resume=True,
+                                  **cfg)
     for a, b in zip(resumed, whole):
         assert a.count == b.count == 6
         for part in ("mean", "sq_mean", "deviations"):
