@@ -24,7 +24,8 @@ before it is used.
 Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC through
 :func:`bnn_pyro.infer._logjoint.potential` (Metropolis, without gradients, keeps the generic one), and by
 the mean-field SVI loss
-(:func:`bnn_pyro.infer._logjoint.svi_loss`). ``tests/infer/test_analytic.py`` checks values and gradients
+(:func:`bnn_pyro.infer._logjoint.svi_loss`) and SVI's flat path (:mod:`bnn_pyro.infer._svi_flat`, through
+:func:`negative_elbo`). ``tests/infer/test_analytic.py`` checks values and gradients
 against Pyro's log density and autograd in float64.
 """
 

@@ -44,7 +44,12 @@ mean-field or MAP guide on a ``BNN`` without hierarchical priors or BatchNorm, t
 directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model and guide: the
 same estimator, the same draws for the same seed; for a mean-field guide on a stack of ``nn.Linear`` layers
 and elementwise activations with Normal priors and a Gaussian likelihood its gradient is analytic
-(:mod:`bnn_pyro.infer._analytic`; timings in ``benchmarks/results/fast_path.md``). ``config["fast_path"]`` says whether it ran.
+(:mod:`bnn_pyro.infer._analytic`) and the chain runs the flat path (:mod:`bnn_pyro.infer._svi_flat`: the guide's
+means and scales as two flat tensors, no autograd, Adam's fused kernel, a loop without per-step Pyro work; the
+values go back to the parameter store at checkpoints and at the end; not with ``distributed=True``). Fused Adam
+rounds differently from Pyro's path's multi-tensor Adam, so seeded losses and draws differ from
+``fast_path=False`` by float rounding (timings in ``benchmarks/results/fast_path.md``). ``config["fast_path"]``
+says whether it ran.
 
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
