@@ -22,7 +22,8 @@
 Each figure is the minimum of ``--repeats`` repetitions, interleaved across implementations (the machine may be
 shared: minima are the least disturbed); ratios are to the baseline of the same row group, measured in the same run.
 
-Usage: ``python benchmarks/fast_path.py [--quick] [--out benchmarks/results]`` writes ``fast_path.md``.
+Usage: ``python benchmarks/fast_path.py [--quick] [--only svi] [--out benchmarks/results]`` writes ``fast_path.md``
+(``fast_path_svi.md`` with ``--only svi``).
 """
 
 from __future__ import annotations
@@ -166,7 +167,8 @@ def main(args) -> None:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "fast_path.md").write_text(text + "\n")
+        name = "fast_path" if set(args.only) == {"nuts", "svi"} else "fast_path_" + "_".join(sorted(args.only))
+        (out / f"{name}.md").write_text(text + "\n" + (f"\n{args.note}\n" if args.note else ""))
 
 
 if __name__ == "__main__":
@@ -179,5 +181,6 @@ if __name__ == "__main__":
     parser.add_argument("--svi-steps", type=int, default=500, help="timed SVI steps (after 50 untimed)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads of the SVI rows")
     parser.add_argument("--only", nargs="+", default=["nuts", "svi"], choices=["nuts", "svi"])
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="folder of fast_path.md (fast_path_svi.md with --only svi)")
+    parser.add_argument("--note", default="", help="a line written under the table (e.g. the machine's load)")
     main(parser.parse_args())
