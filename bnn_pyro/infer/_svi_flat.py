@@ -149,6 +149,8 @@ class _Synced:
     def restore(self, opt, sched, losses: torch.Tensor) -> int:
         try:
             step = self.inner.restore(opt, sched, losses)
+        except CheckpointError:  # unreadable, or another run's: its own message
+            raise
         except ValueError as err:  # an optimizer state over other tensors than (loc, scale)
             raise CheckpointError(f"resume: {str(self.path)!r} holds the optimizer state of another layout of this "
                                   f"run ({err}): it was written by another bnn_pyro version or path. Resume it with "

@@ -118,3 +118,6 @@ def test_resume_is_bit_identical_and_refuses_another_layout(toy, tmp_path, monke
         _fit(x, y, **{**options, "num_steps": 10}, checkpoint=old)
     with pytest.raises(CheckpointError, match="another layout"):
         _fit(x, y, **{**options, "num_steps": 10}, checkpoint=old, resume=True)
+    with pytest.raises(CheckpointError, match=r"another run \(differs in \['lr'\]\)") as refused:
+        _fit(x, y, **{**options, "num_steps": 10, "lr": 0.02}, checkpoint=old, resume=True)
+    assert "another layout" not in str(refused.value)
