@@ -24,7 +24,8 @@ before it is used.
 Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC through
 :func:`bnn_pyro.infer._logjoint.potential` (Metropolis, without gradients, keeps the generic one), and by
 the mean-field SVI loss
-(:func:`bnn_pyro.infer._logjoint.svi_loss`). ``tests/infer/test_analytic.py`` checks values and gradients
+(:func:`bnn_pyro.infer._logjoint.svi_loss`) and SVI's flat path (:mod:`bnn_pyro.infer._svi_flat`, through
+:func:`negative_elbo`). ``tests/infer/test_analytic.py`` checks values and gradients
 against Pyro's log density and autograd in float64.
 """
 
@@ -44,7 +45,7 @@ from bnn_pyro._linear_stack import linear_stack, site
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.likelihoods import Gaussian
 
-__all__ = ["StackPotential", "build", "ACTIVATIONS", "NOISE_PRIORS"]
+__all__ = ["StackPotential", "build", "ACTIVATIONS", "NOISE_PRIORS", "negative_elbo", "store_params"]
 
 _aten = torch.ops.aten
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -367,23 +368,29 @@ def site_potential(pot: StackPotential):
     return call
 
 
+def negative_elbo(loc, scale, eps, pot: StackPotential, x, y):
+    """``(-ELBO, d/d loc, d/d scale)`` of a mean-field Gaussian ``q`` over ``theta`` at the standard-normal draws
+    ``eps`` (``(D,)``, or ``(P, D)``: ``P`` particles, averaged), by hand: ``z = loc + scale * eps`` (the
+    reparameterized estimator of Pyro's ``Trace_ELBO``), ``-ELBO = U(z) - sum log scale - |eps|^2 / 2 - D log(2 pi) / 2``;
+    ``d/d loc = grad U(z)``, ``d/d scale = grad U(z) * eps - 1 / scale``."""
+    z = torch.addcmul(loc, scale, eps)
+    u, grad = pot(z, x, y)
+    log_q = 0.5 * (eps * eps).sum(-1) + _HALF_LOG_2PI * eps.shape[-1]
+    if eps.dim() == 2:  # particles
+        u, log_q = u.mean(0), log_q.mean(0)
+        g_loc, g_scale = grad.mean(0), (grad * eps).mean(0) - scale.reciprocal()
+    else:
+        g_loc, g_scale = grad, grad * eps - scale.reciprocal()
+    return u - scale.log().sum() - log_q, g_loc, g_scale
+
+
 class _NegativeELBO(torch.autograd.Function):
-    """``-ELBO`` of a mean-field Gaussian ``q`` over ``theta``, with its gradient in ``(loc, scale)`` by hand:
-    ``z = loc + scale * eps`` (the reparameterized estimator of Pyro's ``Trace_ELBO``, particles averaged),
-    ``-ELBO = U(z) - sum log scale - |eps|^2 / 2 - D log(2 pi) / 2``; ``d/d loc = grad U(z)``,
-    ``d/d scale = grad U(z) * eps - 1 / scale``."""
+    """:func:`negative_elbo` as a function of ``(loc, scale)`` that autograd differentiates by its analytic gradient."""
 
     @staticmethod
     def forward(ctx, loc, scale, eps, pot, x, y):
-        z = torch.addcmul(loc, scale, eps)
-        u, grad = pot(z, x, y)
-        log_q = 0.5 * (eps * eps).sum(-1) + _HALF_LOG_2PI * eps.shape[-1]
-        if eps.dim() == 2:  # particles
-            u, log_q = u.mean(0), log_q.mean(0)
-            ctx.grads = grad.mean(0), (grad * eps).mean(0) - scale.reciprocal()
-        else:
-            ctx.grads = grad, grad * eps - scale.reciprocal()
-        return u - scale.log().sum() - log_q
+        value, *ctx.grads = negative_elbo(loc, scale, eps, pot, x, y)
+        return value
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -401,7 +408,7 @@ def mean_field_loss(joint, guide, num_particles: int, loc_scale, context):
     lead = (num_particles,) if num_particles > 1 else ()
 
     def loss(x, y):
-        unconstrained = _store_params(names)
+        unconstrained = store_params(names)
         if unconstrained is None:  # not AutoNormal's names in the store: its own accessors
             with context(guide):
                 pairs = [loc_scale(guide, name) for name in names]
@@ -425,7 +432,7 @@ def mean_field_loss(joint, guide, num_particles: int, loc_scale, context):
     return loss
 
 
-def _store_params(names):
+def store_params(names):
     """``(locs, unconstrained scales)`` of an ``AutoNormal`` from Pyro's parameter store (its public
     ``named_parameters``: unconstrained values, named ``<guide>.locs.<site>`` and ``<guide>.scales.<site>``), in
     the order of ``names``; ``None`` where the store does not hold exactly those sites."""

@@ -45,7 +45,7 @@ from bnn_pyro.infer.optim import make_optimizer, make_schedule
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["run_chains", "chain_execution", "ChainMethod", "ChainInfo", "chain", "descend", "ChainRun", "assemble",
-           "stack", "Resumable", "Objective"]
+           "stack", "Resumable", "Objective", "divergence_advice"]
 
 # the loss of one minibatch: (the tensor to differentiate, the value to record); ``step`` is the step index
 Objective = Callable[[tuple, int], "tuple[torch.Tensor, float]"]
@@ -234,8 +234,7 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
     where = where or (lambda step: f"step {step} (of {num_steps}) of {desc}")
 
     def advice() -> str:  # the optimizer's rate at the failing step (a schedule or a later phase may have changed it)
-        return (f"Try a lower learning rate (lr={opt.param_groups[0]['lr']:.3g} now){hint}, standardized inputs and "
-                "targets, or check the batch for NaN/Inf values.")
+        return divergence_advice(opt.param_groups[0]["lr"], hint)
 
     with progress_bar(num_steps, desc, progress) as bar:
         bar.update(start)
@@ -271,6 +270,13 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
                 bar.set_postfix(loss=f"{value:.4g}", refresh=False)
             bar.update()
     return losses
+
+
+def divergence_advice(lr: float, hint: str = "") -> str:
+    """What the non-finite stop of :func:`descend` advises (``lr``: the optimizer's rate now; ``hint``: the engine's
+    own advice, e.g. ``", a smaller init_scale"``)."""
+    return (f"Try a lower learning rate (lr={lr:.3g} now){hint}, standardized inputs and targets, or check the batch "
+            "for NaN/Inf values.")
 
 
 @dataclass

@@ -44,7 +44,12 @@ mean-field or MAP guide on a ``BNN`` without hierarchical priors or BatchNorm, t
 directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model and guide: the
 same estimator, the same draws for the same seed; for a mean-field guide on a stack of ``nn.Linear`` layers
 and elementwise activations with Normal priors and a Gaussian likelihood its gradient is analytic
-(:mod:`bnn_pyro.infer._analytic`; timings in ``benchmarks/results/fast_path.md``). ``config["fast_path"]`` says whether it ran.
+(:mod:`bnn_pyro.infer._analytic`) and the chain runs the flat path (:mod:`bnn_pyro.infer._svi_flat`: the guide's
+means and scales as two flat tensors, no autograd, Adam's fused kernel, a loop without per-step Pyro work; the
+values go back to the parameter store at checkpoints and at the end; not with ``distributed=True``). Fused Adam
+rounds differently from Pyro's path's multi-tensor Adam, so seeded losses and draws differ from
+``fast_path=False`` by float rounding (timings in ``benchmarks/results/fast_path.md``). ``config["fast_path"]``
+says whether it ran.
 
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
@@ -73,7 +78,7 @@ from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, latent_sites, point_values
 from bnn_pyro.infer._health import check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
-from bnn_pyro.infer import _density, _logjoint
+from bnn_pyro.infer import _density, _logjoint, _svi_flat
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, drive, entry
@@ -286,7 +291,14 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     loop = Loop(num_steps=num_steps, lr=lr, method="svi", desc="svi chain {index}", optimizer=optimizer,
                 lr_schedule=lr_schedule, quantity="ELBO", hint=", a smaller init_scale", progress=cfg.progress,
                 reduce=reduce)
-    post = drive(model, data, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts)
+    if fast and not cfg.distributed:  # a mean-field guide on the analytic potential: the flat path (_svi_flat)
+        def flat_of(state: _State):
+            return _svi_flat.FlatMeanField.of(_logjoint.build(state.model, data.size), state.guide, num_particles, x0, y0)
+
+        post = _svi_flat.drive(model, data, engine, loop, flat_of=flat_of, num_chains=num_chains, seed=cfg.seed,
+                               config=config, checkpoints=ckpts)
+    else:
+        post = drive(model, data, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts)
     if sharing is not None:  # the learned scales at the last step, per chain
         config["prior_scales"] = {k[len("prior_scale["):-1]: v[:, -1].tolist()
                                   for k, v in post.history.items() if k.startswith("prior_scale[")}

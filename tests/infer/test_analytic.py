@@ -19,7 +19,7 @@ from torch import nn
 
 import bnn_pyro as bp
 from bnn_pyro._linear_stack import linear_stack, run_linear_stack
-from bnn_pyro.infer import _analytic, _logjoint
+from bnn_pyro.infer import _analytic, _logjoint, _svi_flat
 from bnn_pyro.infer._common import call_model, quiet_model
 
 TOL = 1e-10
@@ -212,6 +212,38 @@ def test_mean_field_elbo_and_gradient_equal_pyro(case, num_particles):
     assert value == pytest.approx(float(expected), rel=TOL, abs=TOL)
     for a, b in zip(grads_fast, grads_pyro):
         _close(a, b, 1.0 + float(b.abs().max()))
+
+
+@pytest.mark.parametrize("num_particles", [1, 8])
+@pytest.mark.parametrize("case", ["tanh-1-sigma", "relu-3-lognormal", "tanh-1-two-outputs"])
+def test_flat_mean_field_step_equals_pyro(case, num_particles):
+    """SVI's flat path (bnn_pyro/infer/_svi_flat.py): one step gives Pyro's ``Trace_ELBO`` value at the same seed
+    and its gradient in every site's ``loc`` and unconstrained scale, written as ``loc.grad`` / ``rho.grad``."""
+    model, out = _model(case)
+    x, y = _data(out=out)
+    with pyro.get_param_store().scope():
+        guide = autoguide.AutoNormal(model)
+        guide(x, y, dataset_size=100)
+        g = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for _, p in pyro.get_param_store().named_parameters():
+                p.add_(0.2 * torch.randn(p.shape, generator=g))
+        joint = _logjoint.build(model, 100)
+        locs, scales = _analytic.store_params(list(joint.priors))
+        elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1)
+        pyro.set_rng_seed(3)
+        expected = elbo.differentiable_loss(lambda a, b: call_model(model, a, b, 100),
+                                            lambda a, b: guide(a, b, dataset_size=100), x, y)
+        grads = torch.autograd.grad(expected, locs + scales)
+        flat = _svi_flat.FlatMeanField.of(joint, guide, num_particles, x, y)
+        assert flat is not None
+        pyro.set_rng_seed(3)
+        value = flat.step(x, y)
+    sizes = [t.numel() for t in locs]
+    found = list(flat.loc.grad.split(sizes)) + list(flat.rho.grad.split(sizes))
+    _close(value, expected.detach(), 1.0 + abs(float(expected)))
+    for a, b in zip(found, grads):
+        _close(a, b.reshape(-1), 1.0 + float(b.abs().max()))
 
 
 def _spy(monkeypatch):

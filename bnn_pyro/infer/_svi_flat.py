@@ -1,0 +1,237 @@
+"""SVI's flat fast path: a mean-field guide over the analytic potential as two flat tensors and one lean loop.
+
+Where :mod:`bnn_pyro.infer._analytic` covers the model (a stack of ``nn.Linear`` layers and elementwise activations,
+Normal priors, a Gaussian likelihood) and the guide is ``AutoNormal``, an SVI chain keeps the guide's parameters as
+ONE flat tensor of means ``loc`` and ONE of unconstrained scales ``rho`` (``scale = softplus(rho)``, AutoNormal's
+constraint) and takes each step without Pyro, without autograd and without a Python loop over parameters:
+
+* the noise ``eps`` is drawn per site in the site order into a preallocated buffer, with the same generator calls as
+  ``AutoNormal`` (the same draws for the same seed as Pyro's path);
+* the negative ELBO and its gradient in ``(loc, scale)`` come from :func:`bnn_pyro.infer._analytic.negative_elbo`
+  (Pyro's ``Trace_ELBO`` estimator: the Monte Carlo ``log p(y, w) - log q(w)`` at ``w = loc + scale * eps``,
+  particles averaged), the chain rule through ``softplus`` by ATen's ``softplus_backward`` (autograd's formula);
+* one optimizer update over the two tensors (Adam and AdamW with their fused kernel where torch has one);
+* the loss is written into a preallocated tensor, on the parameters' device; the non-finite stop reads it every step
+  on the CPU and every :data:`CHECK_EVERY` steps on an accelerator (no host synchronisation per step there), naming
+  the first step whose loss was not finite.
+
+The values go back to Pyro's parameter store (so the guide, the draws and the :class:`~bnn_pyro.Posterior` are
+unchanged) at every checkpoint and at the end; a resumed run reads them from the store, so checkpoint/resume stays
+bit-identical. The update is the same as on Pyro's path but for the fused Adam kernel's float rounding.
+:func:`drive` is :func:`bnn_pyro.infer.contract.drive` with this loop in place of the driver's for the chains
+:meth:`FlatMeanField.of` accepts (``bp.fit(..., fast_path=False)`` keeps Pyro's path).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from pyro.distributions.transforms import SoftplusTransform
+from pyro.infer import autoguide
+from torch.distributions import transform_to
+
+from bnn_pyro._checks import choice
+from bnn_pyro.infer import _analytic, _logjoint, driver
+from bnn_pyro.infer._common import Data, progress_bar
+from bnn_pyro.infer.checkpoint import CheckpointError
+from bnn_pyro.infer.contract import Engine, Loop, run
+from bnn_pyro.infer.driver import Resumable, assemble, divergence_advice, run_chains
+from bnn_pyro.infer.optim import Optimizer, make_optimizer
+from bnn_pyro.posterior import Posterior
+
+__all__ = ["FlatMeanField", "descend", "drive", "CHECK_EVERY"]
+
+CHECK_EVERY = 50  # steps between the non-finite checks on an accelerator (every step on the CPU)
+
+_SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD = 1.0, 20.0  # torch.nn.functional.softplus's defaults (AutoNormal's constraint)
+
+
+class FlatMeanField:
+    """An ``AutoNormal`` guide's parameters as flat ``loc`` and ``rho`` (leaves, in the site order of its parameter
+    store tensors ``locs``/``scales``), with :meth:`step` the analytic negative ELBO on the potential ``pot``
+    (a :class:`~bnn_pyro.infer._analytic.StackPotential`). Build it with :meth:`of`."""
+
+    def __init__(self, pot: _analytic.StackPotential, locs: list[torch.Tensor], scales: list[torch.Tensor],
+                 num_particles: int):
+        self.pot, self._store = pot, (locs, scales)
+        self._sizes = [t.numel() for t in locs]
+        with torch.no_grad():
+            self.loc = torch.cat([t.reshape(-1) for t in locs]).requires_grad_()
+            self.rho = torch.cat([t.reshape(-1) for t in scales]).requires_grad_()
+        self.params = [self.loc, self.rho]
+        lead = (num_particles,) if num_particles > 1 else ()
+        self._eps = self.loc.new_empty(lead + self.loc.shape)
+        if lead:  # each site's (P, size) block drawn in one call, then laid side by side
+            self._blocks = list(self.loc.new_empty(num_particles * self.loc.numel()).split(
+                [num_particles * s for s in self._sizes]))
+            self._blocks = [b.view(num_particles, -1) for b in self._blocks]
+        else:
+            self._blocks = list(self._eps.split(self._sizes))
+
+    @classmethod
+    def of(cls, joint: _logjoint.LogJoint | None, guide, num_particles: int, x: torch.Tensor, y: torch.Tensor
+           ) -> "FlatMeanField | None":
+        """The flat state of ``guide`` (set up: its parameters in the store) on ``joint``'s analytic potential, or
+        ``None`` where this path does not apply (another guide or scale constraint, deterministic parameters, a
+        model the analytic potential does not cover or disagrees with at its probe point)."""
+        if joint is None or joint.model.point_names or type(guide) is not autoguide.AutoNormal:
+            return None
+        if type(transform_to(guide.scale_constraint)) is not SoftplusTransform:
+            return None
+        names = list(joint.priors)
+        stored = _analytic.store_params(names)
+        if stored is None:
+            return None
+        locs, scales = stored
+        pot = _logjoint.analytic(joint, names, {n: t.shape for n, t in zip(names, locs)}, x, y)
+        return None if pot is None else cls(pot, locs, scales, num_particles)
+
+    @property
+    def device(self) -> torch.device:
+        return self.loc.device
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The negative ELBO at a fresh draw on the batch ``(x, y)`` (a 0-dim tensor); sets ``loc.grad`` and
+        ``rho.grad`` to its gradient."""
+        with torch.no_grad():
+            for block in self._blocks:  # AutoNormal's draws: torch.randn per site, in the site order
+                block.normal_()
+            eps = self._eps if self._eps.dim() == 1 else torch.cat(self._blocks, -1, out=self._eps)
+            scale = F.softplus(self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
+            value, g_loc, g_scale = _analytic.negative_elbo(self.loc, scale, eps, self.pot, x, y)
+            self.loc.grad = g_loc
+            self.rho.grad = torch.ops.aten.softplus_backward(g_scale, self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
+        return value
+
+    def to_store(self) -> None:
+        """Write ``loc``/``rho`` into the guide's parameters in Pyro's store."""
+        with torch.no_grad():
+            for flat, tensors in zip(self.params, self._store):
+                for t, part in zip(tensors, flat.split(self._sizes)):
+                    t.copy_(part.view_as(t))
+
+    def from_store(self) -> None:
+        """Read ``loc``/``rho`` from the guide's parameters in Pyro's store (after a checkpoint restored them)."""
+        with torch.no_grad():
+            for flat, tensors in zip(self.params, self._store):
+                flat.copy_(torch.cat([t.reshape(-1) for t in tensors]))
+
+
+def _optimizer(optimizer, params: list[torch.Tensor], lr: float) -> torch.optim.Optimizer:
+    """:func:`~bnn_pyro.infer.optim.make_optimizer`'s optimizer, with Adam's and AdamW's fused kernel where this
+    torch has one for the parameters' device and dtype (one operation for the whole update)."""
+    if isinstance(optimizer, str):
+        kind = choice("optimizer", optimizer, Optimizer)
+        if kind in (Optimizer.ADAM, Optimizer.ADAMW):
+            try:
+                return (torch.optim.Adam if kind is Optimizer.ADAM else torch.optim.AdamW)(params, lr=lr, fused=True)
+            except (RuntimeError, TypeError):  # no fused kernel here: the multi-tensor one
+                pass
+    return make_optimizer(optimizer, params, lr)
+
+
+def _check_interval(device: torch.device) -> int:
+    """Steps between the non-finite checks: every step on the CPU (reading a CPU tensor costs no synchronisation),
+    :data:`CHECK_EVERY` on an accelerator."""
+    return 1 if device.type == "cpu" else CHECK_EVERY
+
+
+class _Synced:
+    """A :class:`~bnn_pyro.infer.driver.Resumable` of the parameter store (SVI's) around a :class:`FlatMeanField`:
+    saves see the flat values in the store, restores read them back."""
+
+    def __init__(self, inner: Resumable, flat: FlatMeanField, path):
+        self.inner, self.flat, self.path = inner, flat, path
+
+    def restore(self, opt, sched, losses: torch.Tensor) -> int:
+        try:
+            step = self.inner.restore(opt, sched, losses)
+        except CheckpointError:  # unreadable, or another run's: its own message
+            raise
+        except ValueError as err:  # an optimizer state over other tensors than (loc, scale)
+            raise CheckpointError(f"resume: {str(self.path)!r} holds the optimizer state of another layout of this "
+                                  f"run ({err}): it was written by another bnn_pyro version or path. Resume it with "
+                                  "the version that wrote it, or delete it to start afresh.") from None
+        self.flat.from_store()
+        return step
+
+    def due(self, step: int, num_steps: int) -> bool:
+        return self.inner.due(step, num_steps)
+
+    def save(self, step: int, opt, sched, losses: torch.Tensor) -> None:
+        self.flat.to_store()
+        self.inner.save(step, opt, sched, losses)
+
+
+def descend(flat: FlatMeanField, data: Data, loop: Loop, *, seed: int, index: int = 0,
+            resumable: Resumable | None = None) -> torch.Tensor:
+    """``loop.num_steps`` optimizer steps of ``flat`` on ``data``'s batches (the driver's stream: seeded by ``seed``,
+    replayed on resume), ``loop``'s optimizer (fused Adam, see :func:`_optimizer`), schedule, progress bar and
+    non-finite stop; returns the losses (as :func:`bnn_pyro.infer.driver.descend`, whose stream, schedule and
+    checkpoint order it keeps, so that a checkpoint resumes bit-identically)."""
+    num_steps, desc = loop.num_steps, loop.desc.format(index=index)
+    losses = torch.empty(num_steps)
+    opt = _optimizer(loop.optimizer, flat.params, loop.lr)
+    sched = driver.make_schedule(loop.lr_schedule, opt, num_steps)  # the driver's, as every engine's
+    start = 0 if resumable is None else resumable.restore(opt, sched, losses)
+    stream = data.batches(torch.Generator().manual_seed(seed))
+    for _ in range(start):  # replay the minibatch stream up to the restored step
+        next(stream)
+    on_cpu = flat.device.type == "cpu"
+    record = losses if on_cpu else losses.to(flat.device)  # written without a host synchronisation
+    every = _check_interval(flat.device)
+    checked = start
+
+    def check(stop: int, value: torch.Tensor) -> None:  # the losses of steps checked .. stop - 1 are finite, or stop
+        if math.isfinite(float(value)) if stop - checked == 1 else bool(torch.isfinite(record[checked:stop]).all()):
+            return
+        bad = checked + int((~torch.isfinite(record[checked:stop])).nonzero()[0, 0])
+        raise FloatingPointError(f"{loop.method}: the {loop.quantity} became {float(record[bad])} at step {bad} (of "
+                                 f"{num_steps}) of {desc}. {divergence_advice(opt.param_groups[0]['lr'], loop.hint)}")
+
+    with progress_bar(num_steps, desc, loop.progress) as bar:
+        bar.update(start)
+        for step in range(start, num_steps):
+            x, y = next(stream)
+            value = flat.step(x, y)
+            record[step] = value
+            due = resumable is not None and resumable.due(step + 1, num_steps)
+            if step + 1 - checked >= every or due or step == num_steps - 1:
+                check(step + 1, value)  # before the update, as the driver's stop
+                checked = step + 1
+            opt.step()
+            if sched is not None:
+                sched.step()
+            if due:
+                if not on_cpu:
+                    losses[:step + 1] = record[:step + 1].cpu()
+                resumable.save(step + 1, opt, sched, losses)
+            if step % 50 == 0 or step == num_steps - 1:
+                bar.set_postfix(loss=f"{float(value):.4g}", refresh=False)
+            bar.update()
+    if not on_cpu:
+        losses.copy_(record.cpu())
+    flat.to_store()
+    return losses
+
+
+def drive(model, data: Data, engine: Engine, loop: Loop, *, flat_of: Callable[[object], FlatMeanField | None],
+          num_chains: int, seed: int, config: dict, checkpoints=None) -> Posterior:
+    """:func:`bnn_pyro.infer.contract.drive` (one ``loss`` history per chain) where each chain whose state
+    ``flat_of(state)`` turns into a :class:`FlatMeanField` descends by :func:`descend`; the others by the driver."""
+    def one_chain(fitted, info):
+        state = engine.init(fitted, info)
+        ckpt = None if checkpoints is None else checkpoints[info.index]
+        flat = flat_of(state)
+        if flat is None:
+            history = run(engine, state, data, loop, seed=info.seed, index=info.index, ckpt=ckpt)
+        else:
+            resumable = None if ckpt is None else _Synced(engine.checkpoint(state, ckpt, {}), flat, ckpt.path)
+            history = {"loss": descend(flat, data, loop, seed=info.seed, index=info.index, resumable=resumable)}
+        return engine.draws(state, history)
+
+    runs = run_chains(model, num_chains, seed, one_chain, method=loop.method)
+    return assemble(runs, method=loop.method, config=config, data=data)
