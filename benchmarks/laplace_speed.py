@@ -16,6 +16,8 @@ Cases (``--quick``: N = 200 and narrower nets, for a smoke run):
 The weights are those after 100 full-batch Adam steps from torch's initialization (seed 0), data from a random
 teacher net. Each timing is the minimum of ``--reps`` runs (default 3) after one untimed run: the machine may be
 shared, and the minimum is the least disturbed run (a first run over 60 s is the only one: its time is reported).
+Within a repetition the sides take turns (bnn_pyro, laplace-torch, laplace-torch BackPACK), so that a change in the
+machine's load falls on both sides alike.
 Both sides run at 1 thread and at torch's default thread count (``--threads``). laplace-torch runs at its default
 backend (Curvlinops in 0.3) with a data loader of ``--peer-batch`` rows; for ``diag`` also with its BackPACK
 backend (exact diagonal GGN by backpropagation), the fastest diagonal it offers; bnn_pyro chunks the data itself.
@@ -24,7 +26,9 @@ not a Linear/Conv2d stack gets; one run).
 
 Same answer: ``max |P_ours - P_peer| / max |P_peer|`` over the dense or diagonal posterior precision; for ``kron``
 (laplace-torch keeps separate weight and bias blocks, bnn_pyro one block per layer), ``P v`` for random ``v`` on
-each layer's weights and on its biases, compared on the same coordinates (relative norm, worst block).
+each layer's weights and on its biases, compared on the same coordinates (relative norm, worst block). Both sides
+work in float32, so the two answers differ by their rounding: the table also gives each side's difference from
+bnn_pyro's answer on a float64 copy of the net and data (the same measure), the exact answer to ~1e-12.
 
 Usage::
 
@@ -133,27 +137,42 @@ def peer(net, x, y, task: str, structure: str, batch: int, backend: str | None =
     return run
 
 
-def timed(run, reps: int, peer_side: bool = False, slow: float = 60.0):
-    """(result of the untimed first run, minimum seconds over ``reps`` runs; a first run longer than ``slow``
-    seconds is the only one, and its time is reported)."""
-    start = time.perf_counter()
-    first = run()
-    elapsed = first[1] if peer_side else time.perf_counter() - start
-    if elapsed > slow:
-        return (first[0] if peer_side else first), elapsed
-    best = float("inf")
+def timed(runs: dict, reps: int, slow: float = 60.0) -> tuple[dict, dict]:
+    """Results of each side's untimed first run and its minimum seconds over ``reps`` runs, the sides taking turns
+    within each repetition so that they share the machine's load alike. ``runs``: name -> (callable, peer side?);
+    a peer side returns ``(result, seconds)`` (its own timing, constructor excluded). A side whose first run is
+    longer than ``slow`` seconds runs once, and that time is reported."""
+    first, best = {}, {}
+    for name, (run, peer_side) in runs.items():
+        start = time.perf_counter()
+        out = run()
+        first[name] = out[0] if peer_side else out
+        elapsed = out[1] if peer_side else time.perf_counter() - start
+        best[name] = elapsed if elapsed > slow else float("inf")
     for _ in range(reps):
-        if peer_side:
-            best = min(best, run()[1])
-        else:
+        for name, (run, peer_side) in runs.items():
+            if best[name] != float("inf") and best[name] > slow:
+                continue
             start = time.perf_counter()
-            run()
-            best = min(best, time.perf_counter() - start)
-    return (first[0] if peer_side else first), best
+            out = run()
+            best[name] = min(best[name], out[1] if peer_side else time.perf_counter() - start)
+    return first, best
+
+
+def reference(net, x, y, task: str, structure: str):
+    """bnn_pyro's posterior precision on a float64 copy of the net and data (the answer both float32 sides round)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        return ours(copy.deepcopy(net).double(), x.double(), y if task == "classification" else y.double(), task,
+                    structure)()
+    finally:
+        torch.set_default_dtype(old)
 
 
 def difference(p_ours, p_peer, net, structure: str) -> float:
-    """Relative difference of the two posterior precisions (module docstring)."""
+    """Relative difference of two posterior precisions (module docstring); ``p_peer`` laplace-torch's or, if it is
+    bnn_pyro's own (a float64 reference), compared the same way."""
     if structure != "kron":
         a, b = p_ours.double(), p_peer.double()
         return float((a - b).abs().max() / b.abs().max())
@@ -164,7 +183,8 @@ def difference(p_ours, p_peer, net, structure: str) -> float:
         v = torch.zeros(3, sum(q.numel() for q in net.parameters()), dtype=torch.float64)
         v[:, start:start + size] = torch.randn(3, size, generator=gen, dtype=torch.float64)
         mine = p_ours.matmul(v)[:, start:start + size]
-        theirs = p_peer.bmm(v.float()[:, None, :], exponent=1)[:, 0, start:start + size].double()
+        theirs = (p_peer.matmul(v) if isinstance(p_peer, Kron) else
+                  p_peer.bmm(v.float()[:, None, :], exponent=1)[:, 0].double())[:, start:start + size]
         worst = max(worst, float((mine - theirs).norm() / theirs.norm()))
         start += size
     return worst
@@ -180,15 +200,19 @@ def main(args) -> list[dict]:
             batch = min(args.peer_batch, len(x))
             for threads in args.threads:
                 torch.set_num_threads(default_threads if threads == "default" else int(threads))
-                p_ours, t_ours = timed(ours(net, x, y, task, structure), args.reps)
-                p_peer, t_peer = timed(peer(net, x, y, task, structure, batch), args.reps, peer_side=True)
-                row = dict(task=task, structure=structure, weights=weights, n=len(x), threads=torch.get_num_threads(),
-                           ours_s=t_ours, peer_s=t_peer, ratio=t_ours / t_peer,
-                           difference=difference(p_ours, p_peer, net, structure), peer_backpack_s=None,
-                           ours_general_s=None)
+                runs = {"ours": (ours(net, x, y, task, structure), False),
+                        "peer": (peer(net, x, y, task, structure, batch), True)}
                 if structure == "diag":
-                    row["peer_backpack_s"] = timed(peer(net, x, y, task, structure, batch, "backpack"), args.reps,
-                                                   peer_side=True)[1]
+                    runs["backpack"] = (peer(net, x, y, task, structure, batch, "backpack"), True)
+                first, best = timed(runs, args.reps)
+                exact = reference(net, x, y, task, structure)
+                row = dict(task=task, structure=structure, weights=weights, n=len(x), threads=torch.get_num_threads(),
+                           ours_s=best["ours"], peer_s=best["peer"], ratio=best["ours"] / best["peer"],
+                           peer_backpack_s=best.get("backpack"),
+                           ratio_backpack=best["ours"] / best["backpack"] if "backpack" in best else None,
+                           difference=difference(first["ours"], first["peer"], net, structure),
+                           ours_error=difference(first["ours"], exact, net, structure),
+                           peer_error=difference(exact, first["peer"], net, structure), ours_general_s=None)
                 if args.general and structure != "kron":
                     start = time.perf_counter()
                     ours(net, x, y, task, structure, general=True)()
@@ -216,18 +240,21 @@ def write(rows: list[dict], out: Path, args) -> None:
         f"`python benchmarks/laplace_speed.py {' '.join(args.argv)}`; torch {torch.__version__}, laplace-torch "
         f"{getattr(laplace, '__version__', '0.3')}, {platform.machine()}, git {commit}. Seconds of curvature + "
         f"posterior precision (laplace-torch: `fit` + `posterior_precision`), minimum of {args.reps} runs after an "
-        "untimed one (a first run over 60 s is the only one); ratio = bnn_pyro / laplace-torch (default backend) in the same run; difference = relative "
-        "difference of the two posterior precisions (benchmarks/laplace_speed.py's docstring).",
+        "untimed one (a first run over 60 s is the only one), the sides taking turns in each repetition; ratio = "
+        "bnn_pyro / laplace-torch (default backend; BackPACK for `diag`) in the same run; difference = relative "
+        "difference of the two posterior precisions, error = each side's difference from bnn_pyro's float64 answer "
+        "(benchmarks/laplace_speed.py's docstring).",
         "",
         "| task | structure | weights | N | threads | bnn_pyro s | laplace-torch s | ratio | laplace-torch BackPACK s "
-        "| bnn_pyro general path s | difference |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| ratio to BackPACK | bnn_pyro general path s | difference | bnn_pyro error | laplace-torch error |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        opt = lambda v: "" if v is None else f"{v:.3f}"  # noqa: E731
+        opt = lambda v, f="{:.3f}": "" if v is None else f.format(v)  # noqa: E731
         lines.append(f"| {r['task']} | {r['structure']} | {r['weights']:,} | {r['n']:,} | {r['threads']} | "
                      f"{r['ours_s']:.3f} | {r['peer_s']:.3f} | {r['ratio']:.2g}x | {opt(r['peer_backpack_s'])} | "
-                     f"{opt(r['ours_general_s'])} | {r['difference']:.1e} |")
+                     f"{opt(r['ratio_backpack'], '{:.2g}x')} | {opt(r['ours_general_s'])} | {r['difference']:.1e} | "
+                     f"{r['ours_error']:.1e} | {r['peer_error']:.1e} |")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
 
 

@@ -21,7 +21,8 @@ from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace import layerwise
 from bnn_pyro.infer.laplace.approximation import Structure
 from bnn_pyro.infer.laplace.fisher import fisher
-from bnn_pyro.infer.laplace.functional import nll, output_gradients, output_hessians, second_derivative, site_values
+from bnn_pyro.infer.laplace.functional import (hessian_sqrt, nll, output_gradients, output_hessians, psd,
+                                               second_derivative, site_values, softmax_cholesky)
 from bnn_pyro.infer.laplace.ggn import ggn
 from bnn_pyro.infer.laplace.structure import make_layout
 
@@ -34,6 +35,13 @@ def float64():
     torch.set_default_dtype(torch.float64)
     yield
     torch.set_default_dtype(old)
+
+
+class _Tempered(bp.likelihoods.Categorical):
+    """``Categorical(logits=f / 2)``: Hessian ``(diag(q) - q q^T) / 4`` at ``q = softmax(f / 2)``."""
+
+    def distribution(self, f, noise):
+        return dist.Categorical(logits=f / 2)
 
 
 def _mlp(out):
@@ -58,6 +66,9 @@ def _case(name):
     if name == "categorical":
         x, y = torch.randn(40, 3, generator=g), torch.randint(0, 4, (40,), generator=g)
         return _mlp(4), bp.likelihoods.Categorical(), x, y
+    if name == "tempered":  # a K-class likelihood whose output Hessian is not the softmax Hessian at f
+        x, y = torch.randn(40, 3, generator=g), torch.randint(0, 4, (40,), generator=g)
+        return _mlp(4), _Tempered(), x, y
     if name == "bernoulli":
         x, y = torch.randn(40, 3, generator=g), torch.randint(0, 2, (40,), generator=g).double()
         return _mlp(1), bp.likelihoods.Bernoulli(), x, y
@@ -79,7 +90,7 @@ def _rel(a, b):
 
 
 @pytest.mark.parametrize("structure", ["full", "diag", "last_layer"])
-@pytest.mark.parametrize("case", ["gaussian", "learned_noise", "categorical", "bernoulli", "conv"])
+@pytest.mark.parametrize("case", ["gaussian", "learned_noise", "categorical", "tempered", "bernoulli", "conv"])
 @pytest.mark.parametrize("backend", [ggn, fisher])
 def test_layerwise_path_equals_the_general_path(case, structure, backend):
     model, data, pot, z, layout = _setup(*_case(case), structure)
@@ -214,3 +225,32 @@ def test_the_default_fit_takes_the_fast_path_and_gives_the_general_answer(monkey
     general = lap.laplace_approximation(model, Data(x=x, y=y), num_steps=20, polish_steps=5)
     assert fast.structure is Structure.LAST_LAYER
     assert _rel(fast.precision, general.precision) < TOL
+
+
+def test_softmax_cholesky_factors_the_softmax_hessian():
+    """``L L^T = diag(p) - p p^T`` with ``L`` lower triangular and its last column zero, also for probabilities with
+    exact zeros and for a nearly one-hot row (float64: rounding ~1e-16, so 1e-13 fails only on a wrong term)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.softmax(torch.randn(50, 6, generator=g) * 3, -1)
+    p = torch.cat([p, torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0], [1.0, 0, 0, 0, 0, 0]]),
+                   torch.softmax(torch.tensor([[60.0, 0, -5, 0, 0, 1]]), -1)])
+    chol = softmax_cholesky(p)
+    expected = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+    assert torch.isfinite(chol).all()
+    assert float((chol @ chol.transpose(1, 2) - expected).abs().max()) < 1e-13
+    assert torch.equal(chol, chol.tril()) and torch.equal(chol[..., -1], torch.zeros_like(p))
+
+
+@pytest.mark.parametrize("case", ["categorical", "tempered", "gaussian"])
+def test_hessian_sqrt_is_a_square_root_of_the_output_hessians(case):
+    """``L L^T`` is the PSD-projected output Hessian; the closed form (``out - 1`` columns) is taken for the softmax
+    Hessian only: the tempered likelihood and a regression get the eigendecomposition (``out`` columns)."""
+    net, likelihood, x, y = _case(case)
+    model, data, pot, z, _ = _setup(net, likelihood, x, y, "full")
+    noise = site_values(model, pot, z)[1]
+    f = model.forward_draws(site_values(model, pot, z)[0], x).detach()
+    root = hessian_sqrt(model, f, y, noise)
+    lam = output_hessians(model, f, y, noise)
+    lam = lam.clamp(min=0.0) if lam.shape[-1] == 1 else psd(lam)
+    assert root.shape[-1] == (f.shape[1] - 1 if case == "categorical" else f.shape[1])
+    assert _rel(root @ root.transpose(1, 2), lam) < TOL

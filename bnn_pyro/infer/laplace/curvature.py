@@ -87,12 +87,15 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
     pot, pot_prior = pots
     x0, y0 = data.first()
     zr = z.detach().clone().requires_grad_()
-    up = pot_prior(pot_prior.unflatten(zr), (x0[:1], y0[:1]))
-    (gp,) = torch.autograd.grad(up, zr)
-    value, gradient = 0.0, torch.zeros(zr.numel(), dtype=torch.float64, device=zr.device)
+    za = z.detach()[layout.active].requires_grad_()  # gradients in the covered coordinates only (the last layer's
+    zc = z.detach().index_copy(0, layout.active, za)  # backward pass stops at that layer)
+    up = pot_prior(pot_prior.unflatten(zc), (x0[:1], y0[:1]))
+    (gp,) = torch.autograd.grad(up, za)
+    value, gradient = 0.0, torch.zeros(za.numel(), dtype=torch.float64, device=za.device)
     for xb, yb in epoch(data, data.batch_size or data.size):
-        u = pot(pot.unflatten(zr), (xb, yb))
-        (gu,) = torch.autograd.grad(u, zr)
+        zc = z.detach().index_copy(0, layout.active, za)
+        u = pot(pot.unflatten(zc), (xb, yb))
+        (gu,) = torch.autograd.grad(u, za)
         scale = xb.shape[0] / data.size  # U(batch) = U_prior + (N / B) (-log p(y_batch | z))
         value += scale * (u.item() - up.item())
         gradient += scale * (gu - gp).double()
@@ -114,7 +117,7 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
             hess = (ggn if s.hessian is Hessian.GGN else fisher)(model, pot, z.detach(), data, layout, diag)
         finally:
             model.train(was_training)
-    return Terms(value, gradient[layout.active], hess)
+    return Terms(value, gradient, hess)
 
 
 def solve(hess, g: torch.Tensor) -> torch.Tensor:

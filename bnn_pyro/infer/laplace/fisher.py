@@ -43,10 +43,10 @@ def fisher(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool
 
 def fisher_traced(pot: Potential, zr, grad_prior, data: Data, layout: Layout, diag: bool) -> torch.Tensor:
     """Empirical Fisher of a Pyro function model, one traced example at a time:
-    ``grad log p(y_i | z) = -(grad U({i}) - grad U_prior) / N``."""
+    ``grad log p(y_i | z) = -(grad U({i}) - grad U_prior) / N`` (``grad_prior`` on the covered coordinates)."""
     hess = zeros(layout, diag)
     for xb, yb in epoch(data, 1):
         (gu,) = torch.autograd.grad(pot(pot.unflatten(zr), (xb, yb)), zr)
-        g = (-(gu - grad_prior) / data.size)[layout.active].double()
+        g = (-(gu[layout.active] - grad_prior) / data.size).double()
         hess += g**2 if diag else torch.outer(g, g)
     return hess

@@ -93,6 +93,53 @@ def psd_sqrt(mat: torch.Tensor) -> torch.Tensor:
     return (vecs * vals.clamp(min=0.0).sqrt().unsqueeze(-2)) @ vecs.transpose(-1, -2)
 
 
+def hessian_sqrt(model: BNN, f: torch.Tensor, y, noise) -> torch.Tensor:
+    """A square root ``L`` ``(B, out, k)`` with ``L L^T = Lambda_i``, the output Hessians (:func:`output_hessians`)
+    projected onto the PSD matrices. Where ``Lambda_i`` is the softmax Hessian ``diag(p) - p p^T`` at
+    ``p = softmax(f_i)`` (a ``Categorical`` likelihood; :func:`is_softmax_hessian`), its Cholesky factor in closed
+    form (:func:`softmax_cholesky`) without its zero last column (``k = out - 1``: one backward pass fewer per batch,
+    no output Hessians, no batched eigendecomposition); otherwise :func:`psd_sqrt` (``k = out``)."""
+    if is_softmax_hessian(model, f, y, noise):
+        return softmax_cholesky(torch.softmax(f.detach().double(), -1))[..., :-1]
+    return psd_sqrt(output_hessians(model, f, y, noise))
+
+
+def is_softmax_hessian(model: BNN, f: torch.Tensor, y, noise) -> bool:
+    """Whether the Hessian of ``-log p(y_i | f_i)`` in ``f_i`` is ``diag(p_i) - p_i p_i^T``, ``p_i = softmax(f_i)``,
+    for every row (``f`` ``(B, out)``, ``out > 1``, rows separate): checked by one Hessian-vector product per row
+    with a Gaussian vector ``v_i`` (fixed seed), to the rounding of ``f``'s dtype. Symmetric matrices that differ
+    agree along ``v_i`` only on a proper subspace, which a Gaussian draw misses with probability 1."""
+    if f.dim() != 2 or f.shape[-1] < 2 or not rows_separate(model, f, y, noise):
+        return False
+    v = torch.randn(f.shape, generator=torch.Generator().manual_seed(0), dtype=f.dtype).to(f.device)
+    fr = f.detach().requires_grad_()
+    with torch.enable_grad():
+        (g,) = torch.autograd.grad(nll(model, fr, y, noise), fr, create_graph=True)
+        if not g.requires_grad:  # a loss linear in f
+            return False
+        (hv,) = torch.autograd.grad((g * v).sum(), fr, allow_unused=True)
+    if hv is None:
+        return False
+    p, v = torch.softmax(f.detach().double(), -1), v.double()
+    pv = p * v
+    expected = pv - p * pv.sum(-1, keepdim=True)
+    tol = 16 * torch.finfo(f.dtype).eps * v.abs().sum(-1, keepdim=True)
+    return bool(((hv.double() - expected).abs() <= tol).all())
+
+
+def softmax_cholesky(p: torch.Tensor) -> torch.Tensor:
+    """The lower-triangular ``L`` ``(B, K, K)`` with ``L L^T = diag(p) - p p^T`` for probability vectors ``p``
+    ``(B, K)``: with the tail masses ``r_j = sum_{k >= j} p_k`` (summed from the end, no cancellation),
+    ``L_jj = sqrt(p_j r_{j+1} / r_j)`` and ``L_ij = -p_i sqrt(p_j / (r_j r_{j+1}))`` for ``i > j``; the last column
+    is zero."""
+    r = p.flip(-1).cumsum(-1).flip(-1)
+    r_next = torch.cat([r[:, 1:], torch.zeros_like(r[:, :1])], -1)
+    tiny = torch.finfo(p.dtype).tiny
+    diagonal = torch.where(r > 0, p * r_next / r.clamp(min=tiny), 0.0).sqrt()
+    scale = torch.where(r_next > 0, p / (r * r_next).clamp(min=tiny), 0.0).sqrt()
+    return torch.tril(-p[:, :, None] * scale[:, None, :], -1) + torch.diag_embed(diagonal)
+
+
 def output_jacobian(model: BNN, pot: Potential, z, x, w_idx) -> tuple[torch.Tensor, torch.Tensor]:
     """``(f, J)`` at the flat unconstrained ``z``: the network outputs ``(B, out)`` and their per-example
     Jacobian ``(B, out, w)`` in the coordinates ``w_idx`` (float64), by ``vmap(jacrev)``."""

@@ -12,7 +12,7 @@ from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace import layerwise
 from bnn_pyro.infer.laplace.approximation import CHUNK
-from bnn_pyro.infer.laplace.functional import (epoch, nll, output_hessians, output_jacobian, psd, psd_sqrt,
+from bnn_pyro.infer.laplace.functional import (epoch, hessian_sqrt, nll, output_hessians, output_jacobian, psd,
                                                second_derivative, site_values)
 from bnn_pyro.infer.laplace.structure import Layout, add_block, zeros
 from bnn_pyro.model import BNN
@@ -28,8 +28,8 @@ def ggn(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, *
     out = model.output_dim(data.first()[0][:1])
     hess = None
     if len(w_idx) and layerwise_path:
-        hess = layerwise.gram(model, pot, z, data, layout, diag,  # psd_sqrt projects onto PSD itself
-                              lambda f, y: psd_sqrt(output_hessians(model, f, y, noise)), out)
+        hess = layerwise.gram(model, pot, z, data, layout, diag,  # hessian_sqrt projects onto PSD itself
+                              lambda f, y: hessian_sqrt(model, f, y, noise), out)
     weights_done = hess is not None or not len(w_idx)
     hess = zeros(layout, diag) if hess is None else hess
 

@@ -5,8 +5,9 @@ delivers for a whole batch at once (no per-example Jacobians).
 For a Linear layer ``s = W a + b`` and one datum, the GGN block of ``[W, b]`` (row-major) is exactly
 ``sum_c g_c g_c^T (x) a a^T``, with ``a`` the input (and a 1 for the bias) and ``g_c = (ds f)^T L_c`` the
 gradient at ``s`` of the output ``f`` in the direction ``L_c``, column ``c`` of a square root ``L L^T = Lambda``
-of the likelihood's Hessian in ``f`` (``I / sigma`` for a Gaussian, ``diag(sqrt p) - p sqrt(p)^T`` for a
-Categorical; in general by eigendecomposition; the empirical Fisher uses the gradient of ``-log p(y | f)``
+of the likelihood's Hessian in ``f`` (``I / sigma`` for a Gaussian, the closed-form Cholesky factor of
+``diag(p) - p p^T`` for a Categorical, :func:`.functional.hessian_sqrt`; in general by eigendecomposition; the
+empirical Fisher uses the gradient of ``-log p(y | f)``
 instead, one column). KFAC (Martens & Grosse 2015) replaces the sum over data of these Kronecker products by
 the Kronecker product of sums, ``G (x) A / N`` with ``G = sum_i sum_c g g^T``, ``A = sum_i a a^T``. It is the
 exact GGN block when one factor is the same for every datum: one datum; or ``G`` constant, as in the output
@@ -29,7 +30,7 @@ from torch import nn
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.laplace.functional import epoch, output_gradients, output_hessians, psd_sqrt, site_values
+from bnn_pyro.infer.laplace.functional import epoch, hessian_sqrt, output_gradients, site_values
 from bnn_pyro.infer.laplace.kron import Kron, KronBlock
 from bnn_pyro.model import BNN
 
@@ -150,7 +151,7 @@ def kfac(model: BNN, pot: Potential, z, data: Data, coords, where, size: int, fi
         if fisher:
             directions = output_gradients(model, fd, yb, noise)[..., None]
         else:
-            directions = psd_sqrt(output_hessians(model, fd, yb, noise))
+            directions = hessian_sqrt(model, fd, yb, noise)
         for layer in layers:
             a = rec.inputs[layer.path]
             a_sum[layer.path] = a_sum.get(layer.path, 0.0) + torch.einsum("bti,btj->ij", a, a)

@@ -14,9 +14,9 @@ never a dense matrix; a single layer without patches (the last layer of an MLP) 
 a factor ``out`` cheaper than the rows' Gram matrix.
 
 The path is taken when every covered weight site is the weight or bias of such a layer, each layer is called
-once per forward pass, and, on the first chunk of data, the rows of the first direction summed over the chunk
-equal autograd's gradient in the flat coordinates from the same backward pass (which also catches a weight used
-outside its layer or a constrained weight site). Otherwise the caller falls back to ``vmap(jacrev)``
+once per forward pass, and, on the first rows of the data, the layer-wise Jacobians along a Gaussian direction
+summed over the rows equal autograd's gradient in the flat coordinates from the same backward pass (which also
+catches a weight used outside its layer or a constrained weight site). Otherwise the caller falls back to ``vmap(jacrev)``
 (:func:`.functional.output_jacobian`).
 """
 
@@ -38,6 +38,7 @@ from bnn_pyro.model import BNN
 # directions(f, y) -> (B, out, k): the k output directions per example (float64)
 Directions = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 GUARD_RTOL = 1e-4  # layer-wise against autograd gradient, relative (float32 rounding ~1e-6; a missed term ~1)
+CHECK_ROWS = 16  # rows of the first batch on which the layer-wise Jacobians are checked against autograd
 
 
 def covered_layers(model: BNN, layout: Layout) -> list[Layer] | None:
@@ -73,32 +74,35 @@ def gram(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, 
     blocks = {layer.path: block_index(layer, layout.coords, layout.where) for layer in layers}
     conv = any(isinstance(layer.module, nn.Conv2d) for layer in layers)
     single = len(layers) == 1 and not conv
-    if diag:  # per-example Jacobians of a conv layer, else only the layers' inputs and output gradients
-        width = max(int(b.numel()) if conv else sum(b.shape) for b in blocks.values())
+    if diag and not conv:  # per row: the layers' inputs and summed squared output gradients, for one direction
+        rows = CHUNK // max(1, sum(sum(b.shape) for b in blocks.values()))
+    elif diag:  # per-example Jacobians of a conv layer, one direction at a time
+        rows = CHUNK // max(1, out * max(int(b.numel()) for b in blocks.values()))
     else:
-        width = int(blocks[layers[0].path].numel()) if single else len(layout.active)
-    acc = {}  # per layer (diag, single) the sums before they are placed among the covered coordinates
-    for i, (xb, yb) in enumerate(epoch(data, max(1, CHUNK // max(1, out * width)))):
-        try:
-            f, rec, zw = _forward(model, pot, z, xb, w_idx, layers)
-        except ValueError:  # a layer called twice per forward pass (a shared layer)
+        rows = CHUNK // max(1, out * (int(blocks[layers[0].path].numel()) if single else len(layout.active)))
+    try:
+        if not _wired(model, pot, z, data.first()[0][:CHECK_ROWS], w_idx, layers, blocks, layout):
             return None
+    except (ValueError, KeyError):  # a layer called twice per forward pass (a shared layer), or never
+        return None
+    acc = {}  # per layer (diag, single) the sums before they are placed among the covered coordinates
+    for xb, yb in epoch(data, max(1, rows)):
+        f, rec, _ = _forward(model, pot, z, xb, w_idx, layers)
         dirs = directions(f.detach(), yb)
         outs = [rec.outputs[layer.path] for layer in layers]
-        grads = []  # per direction, per layer: (B, T, out_l)
+        squares = {}  # diag, per layer without patches: sum over directions of the squared output gradients
+        grads = []  # per direction, per layer: (B, T, out_l) (not kept for the diagonal)
         for c in range(dirs.shape[-1]):
-            check = [zw] if i == 0 and c == 0 else []
-            gc = torch.autograd.grad(f, outs + check, grad_outputs=dirs[..., c].to(f.dtype), retain_graph=True)
-            grads.append([_locations(layer, g) for layer, g in zip(layers, gc)])
-            if check and not _agrees(grads[0], gc[-1], rec, layers, blocks, layout, w_idx):
-                return None
-        if diag:  # sum over examples and directions of the squared rows
-            for gc in grads:
-                for layer, g in zip(layers, gc):
-                    a = rec.inputs[layer.path]
-                    square = (g[:, 0] ** 2).T @ a[:, 0] ** 2 if g.shape[1] == 1 else _jacobian(g, a).pow(2).sum(0)
-                    acc[layer.path] = acc.get(layer.path, 0.0) + square
-        elif single:  # sum_i K_i (x) a_i a_i^T, K_i = sum_c g_ic g_ic^T, as (o, p, i, j)
+            gc = torch.autograd.grad(f, outs, grad_outputs=dirs[..., c].to(f.dtype), retain_graph=True)
+            if diag:
+                _add_squares(acc, squares, layers, gc, rec)
+            else:
+                grads.append([_locations(layer, g) for layer, g in zip(layers, gc)])
+        for path, sq in squares.items():  # (J_ic)_oj^2 = g_ico^2 a_ij^2: summed over directions, then one product
+            acc[path] = acc.get(path, 0.0) + sq.double().T @ rec.inputs[path][:, 0] ** 2
+        if diag:
+            continue
+        if single:  # sum_i K_i (x) a_i a_i^T, K_i = sum_c g_ic g_ic^T, as (o, p, i, j)
             g = torch.stack([gc[0][:, 0] for gc in grads], 1)  # (B, k, out_l)
             a = rec.inputs[layers[0].path][:, 0]  # (B, in)
             k_mat = g.transpose(1, 2) @ g  # (B, out_l, out_l)
@@ -133,6 +137,22 @@ def _forward(model: BNN, pot: Potential, z, x, w_idx, layers):
     return f, rec, zw
 
 
+def _add_squares(acc, squares, layers, gc, rec) -> None:
+    """Add one direction's squared per-example Jacobians of the layers: for a layer without patches only the squared
+    output gradients, into ``squares`` (float64, summed over the directions before the product with the squared
+    inputs); for a conv layer the squared Jacobians ``sum_t g_t a_t^T``, into ``acc``."""
+    for layer, g in zip(layers, gc):
+        a = rec.inputs[layer.path]
+        if a.shape[1] == 1:
+            g = g.reshape(g.shape[0], -1)
+            if layer.path in squares:  # in the net's dtype: a float32 net adds < k float32 roundings per entry
+                squares[layer.path].addcmul_(g, g)
+            else:
+                squares[layer.path] = g * g
+        else:
+            acc[layer.path] = acc.get(layer.path, 0.0) + _jacobian(_locations(layer, g), a).pow(2).sum(0)
+
+
 def _jacobian(g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     """Per-example Jacobian of a layer, ``sum_t g_t a_t^T``: ``(B, out_l, in)``."""
     if g.shape[1] == 1:
@@ -140,9 +160,24 @@ def _jacobian(g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     return torch.einsum("bto,bti->boi", g, a)
 
 
+def _wired(model: BNN, pot: Potential, z, x, w_idx, layers, blocks, layout: Layout) -> bool:
+    """Whether on the rows ``x`` the layer-wise Jacobians along a Gaussian direction (fixed seed), summed over the
+    rows, are autograd's gradient of the outputs along it in the flat coordinates of the covered weights (one
+    backward pass for both). A weight used outside its layer, or a constrained weight site, adds a term the layers
+    do not see; a Gaussian direction misses it with probability 0."""
+    f, rec, zw = _forward(model, pot, z, x, w_idx, layers)
+    v = torch.randn(f.shape, generator=torch.Generator().manual_seed(0), dtype=f.dtype).to(f.device)
+    *grads, expected = torch.autograd.grad(f, [rec.outputs[layer.path] for layer in layers] + [zw], grad_outputs=v,
+                                           allow_unused=True)
+    if expected is None or any(g is None for g in grads):
+        return False
+    return _agrees([_locations(layer, g) for layer, g in zip(layers, grads)], expected, rec, layers, blocks, layout,
+                   w_idx)
+
+
 def _agrees(grads, expected, rec, layers, blocks, layout: Layout, w_idx) -> bool:
-    """Whether the layer-wise Jacobians along the first direction, summed over the batch, are autograd's gradient
-    ``expected`` in the flat coordinates of the covered weights (from the same backward pass)."""
+    """Whether the layer-wise Jacobians ``grads`` (per layer, ``(B, T, out_l)``), summed over the batch, are
+    autograd's gradient ``expected`` in the flat coordinates of the covered weights (from the same backward pass)."""
     got = torch.zeros(len(layout.active), dtype=torch.float64, device=expected.device)
     for layer, g in zip(layers, grads):
         got[blocks[layer.path]] += torch.einsum("bto,bti->oi", g, rec.inputs[layer.path])
