@@ -108,11 +108,9 @@ class StackPotential:
     docstring); ``x, y`` default to the data given at build time (MCMC), and may be a minibatch (SVI; the
     likelihood is scaled by ``dataset_size / len(x)``). :meth:`leapfrog` is one velocity-Verlet step.
 
-    One unbatched ``theta`` on the bound data (NUTS's case, :meth:`_bound`) is copied into a buffer whose per-site
-    views (and those of a gradient buffer, filled by ``out=``) are made once, so that no slicing, reshaping or
-    concatenation is paid per call, and the energy's sums are written into one small buffer (``[likelihood term,
-    prior quadratic, 1, p . M^-1 p]``) that a leapfrog step reads back once, doing the scalar arithmetic in Python:
-    ~20 tensor operations per leapfrog step on a one-hidden-layer net with a fixed noise scale."""
+    One unbatched ``theta`` on the bound data (NUTS's case, :meth:`_bound`) goes into a buffer whose per-site views
+    (and a gradient buffer's, filled by ``out=``) are made once, and the energy's sums into a small buffer that a
+    leapfrog step reads back once, the scalar arithmetic in Python: ~20 tensor operations per leapfrog step."""
 
     def __init__(self, ops, slots, loc, precision, prior_const, noise, scale, dataset_size, x, y):
         self._ops, self._slots, self._loc, self._prec = ops, slots, loc, precision
@@ -127,22 +125,19 @@ class StackPotential:
         self._buf, self._gbuf = loc.new_zeros(loc.shape), loc.new_zeros(loc.shape)
         self._views = {n: self._buf[a:b].view(shape) for n, (a, b, shape) in slots.items()}
         self._gviews = {n: self._gbuf[a:b].view(shape) for n, (a, b, shape) in slots.items()}
-        self._transposed = {i: (self._views[op.weight] if isinstance(op.weight, str) else op.weight).t()
-                            for i, op in enumerate(ops) if isinstance(op, _Layer)}
         # the bound path's plan, resolved once: forward (layer: weight, its transpose, bias; or activation) and
-        # backward (gradient views, or None for a constant), the energy sums and their weights in U
+        # backward (gradient views; bias ones as (1, out), filled by ones(1, N) @ delta, cheaper than a column sum;
+        # None for a constant), the energy sums and their weights in U
+        site = lambda ref, views, other: views[ref] if isinstance(ref, str) else other  # noqa: E731
+        self._plan = [(site(op.weight, self._views, op.weight), site(op.weight, self._views, op.weight).t(),
+                       site(op.bias, self._views, op.bias)) if isinstance(op, _Layer) else op for op in ops]
+        self._grad_plan = [(site(op.weight, self._gviews, None),
+                            self._gviews[op.bias].view(1, -1) if isinstance(op.bias, str) else None)
+                           if isinstance(op, _Layer) else None for op in ops]
+        self._ones, self._ends_with_layer = loc.new_ones(1, x.shape[0]), isinstance(ops[-1], _Layer)
         n, count = x.shape[0], self._y.numel()
         factor = dataset_size / n
-        self._plan = [(_view(op.weight, self._views), self._transposed[i], _view(op.bias, self._views))
-                      if isinstance(op, _Layer) else op for i, op in enumerate(ops)]
-        # bias gradients as (1, out) views, filled by ones(1, N) @ delta (cheaper than a column sum)
-        self._grad_plan = [(_view(op.weight, self._gviews, None),
-                            None if _view(op.bias, self._gviews, None) is None else self._gviews[op.bias].view(1, -1))
-                           if isinstance(op, _Layer) else None for op in ops]
-        self._ones = loc.new_ones(1, x.shape[0])
-        self._ends_with_layer = isinstance(ops[-1], _Layer)
-        self._sums = loc.new_zeros(4)  # likelihood term, prior quadratic d . P d, 1 (the constant's slot), p . M^-1 p
-        self._sums[2] = 1.0
+        self._sums = loc.new_tensor([0.0, 0.0, 1.0, 0.0])  # likelihood term, d . P d, 1 (constant's slot), p . M^-1 p
         self._sum_lik, self._sum_prior, self._sum_kin, self._sum_u = (self._sums[0], self._sums[1], self._sums[3],
                                                                       self._sums[:3])
         if noise is None:  # U = inv_var factor / 2 |f - y|^2 + d . P d / 2 + const
@@ -156,10 +151,8 @@ class StackPotential:
         self._u_weights = loc.new_tensor([self._lik_weight, 0.5, self._u_const])
 
     def _param(self, theta, ref, lead):
-        if not isinstance(ref, str):
-            return ref
-        a, b, shape = self._slots[ref]
-        return theta[..., a:b].view(lead + shape)
+        a, b, shape = self._slots[ref] if isinstance(ref, str) else (None, None, None)
+        return ref if a is None else theta[..., a:b].view(lead + shape)
 
     def __call__(self, theta: torch.Tensor, x: torch.Tensor | None = None, y: torch.Tensor | None = None):
         if theta.dim() == 1 and (x is None or (x is self.x and y is self.y)):  # the bound data, one theta
@@ -167,9 +160,8 @@ class StackPotential:
             grad = self._bound()
             return torch.dot(self._sum_u, self._u_weights), grad
         x, y = (self.x, self._y) if x is None else (x, y.reshape(x.shape[0], -1).to(theta.dtype))
-        lead = theta.shape[:-1]
+        lead, n = theta.shape[:-1], x.shape[0]
         batched = bool(lead)
-        n = x.shape[0]
         h = x.expand(lead + x.shape) if batched else x
         saved = []
         for op in self._ops:  # forward
@@ -279,10 +271,8 @@ class StackPotential:
         half = -0.5 * float(step)
         dense = inverse_mass.dim() == 2
         p = p.add(g, alpha=half)
-        if dense:
-            torch.addmv(z, inverse_mass, p, alpha=float(step), out=self._buf)
-        else:
-            torch.addcmul(z, inverse_mass, p, value=float(step), out=self._buf)
+        (torch.addmv(z, inverse_mass, p, alpha=float(step), out=self._buf) if dense  # z + step M^-1 p, in the buffer
+         else torch.addcmul(z, inverse_mass, p, value=float(step), out=self._buf))
         z = self._buf.clone()
         g = self._bound()
         p.add_(g, alpha=half)
@@ -291,12 +281,6 @@ class StackPotential:
         lik, prior, _, kinetic = self._sums.tolist()
         return z, p, g, sharp, (self._lik_weight * lik + 0.5 * prior + self._u_const, 0.5 * kinetic)
 
-
-def _view(ref, views: dict, constant=...):
-    """``views[ref]`` for a site name, else the constant ``ref`` itself (or ``constant`` where one is given)."""
-    if isinstance(ref, str):
-        return views[ref]
-    return ref if constant is ... else constant
 
 
 def _affine(h, w, b):
