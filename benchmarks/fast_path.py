@@ -91,7 +91,7 @@ def nuts_ms_per_leapfrog(widths, n, *, analytic: bool, transitions: int, step: f
     steps, start = 0, time.perf_counter()
     for _ in range(transitions):
         kernel.sample(None)
-        steps += kernel.stats["n_steps"]
+        steps += kernel.stats.n_steps
     return (time.perf_counter() - start) / steps * 1e3
 
 

@@ -109,9 +109,9 @@ class StackPotential:
     docstring); ``x, y`` default to the data given at build time (MCMC), and may be a minibatch (SVI; the
     likelihood is scaled by ``dataset_size / len(x)``). :meth:`leapfrog` is one velocity-Verlet step.
 
-    One unbatched ``theta`` on the bound data (NUTS's case) is copied into a buffer whose per-site views (and
-    those of a gradient buffer, filled by ``out=``) are made once, so that no slicing, reshaping or
-    concatenation is paid per call: ~25 tensor operations per leapfrog step on a one-hidden-layer net."""
+    One unbatched ``theta`` on the bound data (NUTS's case, :meth:`_bound`) goes into a buffer whose per-site views
+    (and a gradient buffer's, filled by ``out=``) are made once, and the energy's sums into a small buffer that a
+    leapfrog step reads back once, the scalar arithmetic in Python: ~20 tensor operations per leapfrog step."""
 
     def __init__(self, ops, slots, loc, precision, prior_const, noise, scale, dataset_size, x, y):
         self._ops, self._slots, self._loc, self._prec = ops, slots, loc, precision
@@ -126,36 +126,50 @@ class StackPotential:
         self._buf, self._gbuf = loc.new_zeros(loc.shape), loc.new_zeros(loc.shape)
         self._views = {n: self._buf[a:b].view(shape) for n, (a, b, shape) in slots.items()}
         self._gviews = {n: self._gbuf[a:b].view(shape) for n, (a, b, shape) in slots.items()}
-        self._transposed = {i: (self._views[op.weight] if isinstance(op.weight, str) else op.weight).t()
-                            for i, op in enumerate(ops) if isinstance(op, _Layer)}
+        # the bound path's plan, resolved once: forward (layer: weight, its transpose, bias; or activation) and
+        # backward (gradient views; bias ones as (1, out), filled by ones(1, N) @ delta, cheaper than a column sum;
+        # None for a constant), the energy sums and their weights in U
+        site = lambda ref, views, other: views[ref] if isinstance(ref, str) else other  # noqa: E731
+        self._plan = [(site(op.weight, self._views, op.weight), site(op.weight, self._views, op.weight).t(),
+                       site(op.bias, self._views, op.bias)) if isinstance(op, _Layer) else op for op in ops]
+        self._grad_plan = [(site(op.weight, self._gviews, None),
+                            self._gviews[op.bias].view(1, -1) if isinstance(op.bias, str) else None)
+                           if isinstance(op, _Layer) else None for op in ops]
+        self._ones, self._ends_with_layer = loc.new_ones(1, x.shape[0]), isinstance(ops[-1], _Layer)
+        n, count = x.shape[0], self._y.numel()
+        factor = dataset_size / n
+        self._sums = loc.new_tensor([0.0, 0.0, 1.0, 0.0])  # likelihood term, d . P d, 1 (constant's slot), p . M^-1 p
+        self._sum_lik, self._sum_prior, self._sum_kin, self._sum_u = (self._sums[0], self._sums[1], self._sums[3],
+                                                                      self._sums[:3])
+        if noise is None:  # U = inv_var factor / 2 |f - y|^2 + d . P d / 2 + const
+            inv_var = scale ** -2
+            self._lik_weight, self._delta_scale = 0.5 * factor * inv_var, factor * inv_var
+            u_const = factor * count * (math.log(scale) + _HALF_LOG_2PI)
+        else:  # the likelihood term is the whole noise-dependent part of U, computed as a tensor
+            self._lik_weight, self._delta_scale = 1.0, None
+            u_const = factor * count * _HALF_LOG_2PI
+        self._u_const = prior_const + u_const
+        self._u_weights = loc.new_tensor([self._lik_weight, 0.5, self._u_const])
 
     def _param(self, theta, ref, lead):
-        if not isinstance(ref, str):
-            return ref
-        a, b, shape = self._slots[ref]
-        return theta[..., a:b].view(lead + shape)
+        a, b, shape = self._slots[ref] if isinstance(ref, str) else (None, None, None)
+        return ref if a is None else theta[..., a:b].view(lead + shape)
 
     def __call__(self, theta: torch.Tensor, x: torch.Tensor | None = None, y: torch.Tensor | None = None):
-        single = theta.dim() == 1 and (x is None or (x is self.x and y is self.y))  # the bound data
-        x, y = (self.x, self._y) if x is None or single else (x, y.reshape(x.shape[0], -1).to(theta.dtype))
-        lead = theta.shape[:-1]
-        batched = bool(lead)
-        n = x.shape[0]
-        if single:
+        if theta.dim() == 1 and (x is None or (x is self.x and y is self.y)):  # the bound data, one theta
             self._buf.copy_(theta)
-            view = lambda ref: self._views[ref] if isinstance(ref, str) else ref  # noqa: E731
-        else:
-            view = lambda ref: self._param(theta, ref, lead)  # noqa: E731
+            grad = self._bound()
+            return torch.dot(self._sum_u, self._u_weights), grad
+        x, y = (self.x, self._y) if x is None else (x, y.reshape(x.shape[0], -1).to(theta.dtype))
+        lead, n = theta.shape[:-1], x.shape[0]
+        batched = bool(lead)
         h = x.expand(lead + x.shape) if batched else x
         saved = []
-        for i, op in enumerate(self._ops):  # forward
+        for op in self._ops:  # forward
             if isinstance(op, _Layer):
-                w, b = view(op.weight), view(op.bias)
+                w, b = self._param(theta, op.weight, lead), self._param(theta, op.bias, lead)
                 saved.append((h, w))
-                if single:  # the weight's transposed view was made once
-                    h = h @ self._transposed[i] if b is None else torch.addmm(b, h, self._transposed[i])
-                else:
-                    h = _affine(h, w, b)
+                h = _affine(h, w, b)
             else:
                 a, h = h, op.forward(h)
                 saved.append((a, h))
@@ -170,59 +184,104 @@ class StackPotential:
             u_const = factor * count * (math.log(self._fixed_scale) + _HALF_LOG_2PI)
             delta = r * (factor * inv_var)
         else:
-            name, index, per_z, prior, score = self._noise
-            z = theta[..., index]
-            log_sigma = z * per_z  # sigma: z; precision: -z / 2
-            inv_var = torch.exp(-2.0 * log_sigma)
-            value = z.exp()
-            u_lik = factor * (0.5 * ss * inv_var + count * log_sigma) - prior.log_prob(value) - z  # prior, Jacobian
-            u_const = factor * count * _HALF_LOG_2PI
-            g_noise = factor * per_z * (count - ss * inv_var) - score(prior, value) - 1.0
-            if single:
-                self._gviews[name].copy_(g_noise)
-            else:
-                grads[name] = g_noise.unsqueeze(-1)
-            delta = r * (factor * (inv_var.view(lead + (1, 1)) if batched else inv_var))
+            u_lik, u_const, g_noise, delta_scale = self._noise_terms(theta, ss, count, factor)
+            grads[self._noise[0]] = g_noise.unsqueeze(-1)
+            delta = r * (delta_scale.view(lead + (1, 1)) if batched else delta_scale)
         for i in range(len(self._ops) - 1, self._first_random - 1, -1):  # backward
             op, (a, h) = self._ops[i], saved[i]
             if not isinstance(op, _Layer):
                 delta = op.backward(delta, a, h)
                 continue
             if isinstance(op.weight, str):
-                if single:
-                    torch.mm(delta.t(), a, out=self._gviews[op.weight])
-                else:
-                    grads[op.weight] = (delta.mT @ a).reshape(lead + (-1,))
+                grads[op.weight] = (delta.mT @ a).reshape(lead + (-1,))
             if isinstance(op.bias, str):
-                if single:
-                    torch.sum(delta, 0, out=self._gviews[op.bias])
-                else:
-                    grads[op.bias] = delta.sum(-2)
+                grads[op.bias] = delta.sum(-2)
             if i > self._first_random:
                 delta = delta @ h  # h is the weight here
         d = theta if self._zero_loc else theta - self._loc
         prior_grad = d * self._prec
-        if single:
-            grad = self._gbuf + prior_grad
-            u_prior = torch.dot(d, prior_grad)
-        else:
-            grad = torch.cat([grads[name] for name in self._order], -1).add_(prior_grad)
-            u_prior = (d * prior_grad).sum(-1)
+        grad = torch.cat([grads[name] for name in self._order], -1).add_(prior_grad)
+        u_prior = (d * prior_grad).sum(-1)
         u = torch.add(u_lik, u_prior, alpha=0.5).add_(self._prior_const + u_const)
         return u, grad
 
+    def _noise_terms(self, theta, ss, count: int, factor: float):
+        """A learned noise's part of U (likelihood, its prior, the Jacobian), its gradient in the noise's
+        unconstrained value, and ``factor / sigma^2`` (the scale of ``f - y`` in the backward pass)."""
+        _, index, per_z, prior, score = self._noise
+        z = theta[..., index]
+        log_sigma = z * per_z  # sigma: z; precision: -z / 2
+        inv_var = torch.exp(-2.0 * log_sigma)
+        value = z.exp()
+        u_lik = factor * (0.5 * ss * inv_var + count * log_sigma) - prior.log_prob(value) - z  # prior, Jacobian
+        g_noise = factor * per_z * (count - ss * inv_var) - score(prior, value) - 1.0
+        return u_lik, factor * count * _HALF_LOG_2PI, g_noise, factor * inv_var
+
+    def _bound(self) -> torch.Tensor:
+        """``grad U`` at the ``theta`` held in the buffer, on the bound data; leaves the likelihood term and the
+        prior quadratic in ``self._sums`` (``U = sums[:3] . [lik_weight, 1/2, const]``)."""
+        h, saved = self.x, []
+        for step in self._plan:  # forward: addmm with the transposed view made once
+            if type(step) is tuple:
+                _, wt, b = step
+                saved.append(h)
+                if b is None:
+                    h = torch.mm(h, wt)
+                elif wt.shape[0] == 1:  # one input: an outer product, cheaper elementwise than as a rank-1 GEMM
+                    h = torch.addcmul(b, h, wt)
+                else:
+                    h = torch.addmm(b, h, wt)
+            else:
+                a, h = h, step.forward(h)
+                saved.append((a, h))
+        # f - y; in place where h is a layer's fresh output (an activation's output is saved for its backward)
+        r = h.sub_(self._y) if self._ends_with_layer else h - self._y
+        flat = r.view(-1)
+        if self._noise is None:
+            torch.dot(flat, flat, out=self._sum_lik)
+            delta = r.mul_(self._delta_scale)
+        else:
+            u_lik, _, g_noise, delta_scale = self._noise_terms(self._buf, torch.dot(flat, flat), r.numel(),
+                                                               self.dataset_size / r.shape[0])
+            self._sum_lik.copy_(u_lik)
+            self._gviews[self._noise[0]].copy_(g_noise)
+            delta = r.mul_(delta_scale)
+        for i in range(len(self._plan) - 1, self._first_random - 1, -1):  # backward
+            step = self._plan[i]
+            if type(step) is not tuple:
+                a, h = saved[i]
+                delta = step.backward(delta, a, h)
+                continue
+            g_weight, g_bias = self._grad_plan[i]
+            if g_weight is not None:
+                torch.mm(delta.t(), saved[i], out=g_weight)
+            if g_bias is not None:
+                torch.mm(self._ones, delta, out=g_bias)
+            if i > self._first_random:
+                delta = torch.mm(delta, step[0])
+        theta = self._buf
+        d = theta if self._zero_loc else theta - self._loc
+        prior_grad = d * self._prec
+        torch.dot(d, prior_grad, out=self._sum_prior)
+        return torch.add(self._gbuf, prior_grad)
+
     def leapfrog(self, z, p, g, step, inverse_mass):
         """One velocity-Verlet step of signed size ``step`` (a float) from ``(z, p)`` with gradient ``g`` under
-        ``inverse_mass`` (a vector: diagonal; a matrix: dense). Returns ``(z, p, g, M^-1 p, tensor([U, kinetic]))``
-        at the new point, as :meth:`bnn_pyro.infer._logjoint.FlatPotential.leapfrog`."""
-        step = float(step)
+        ``inverse_mass`` (a vector: diagonal; a matrix: dense), on the bound data. Returns ``(z, p, g, M^-1 p,
+        (U, kinetic))`` at the new point, the energies as Python floats (one host read per step)."""
+        half = -0.5 * float(step)
         dense = inverse_mass.dim() == 2
-        p = p.add(g, alpha=-0.5 * step)
-        z = z.add(inverse_mass @ p, alpha=step) if dense else z.addcmul(inverse_mass, p, value=step)
-        u, g = self(z)
-        p = p.add(g, alpha=-0.5 * step)
+        p = p.add(g, alpha=half)
+        (torch.addmv(z, inverse_mass, p, alpha=float(step), out=self._buf) if dense  # z + step M^-1 p, in the buffer
+         else torch.addcmul(z, inverse_mass, p, value=float(step), out=self._buf))
+        z = self._buf.clone()
+        g = self._bound()
+        p.add_(g, alpha=half)
         sharp = inverse_mass @ p if dense else inverse_mass * p
-        return z, p, g, sharp, torch.stack([u, 0.5 * p.dot(sharp)])
+        torch.dot(p, sharp, out=self._sum_kin)
+        lik, prior, _, kinetic = self._sums.tolist()
+        return z, p, g, sharp, (self._lik_weight * lik + 0.5 * prior + self._u_const, 0.5 * kinetic)
+
 
 
 def _affine(h, w, b):

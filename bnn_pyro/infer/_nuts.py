@@ -6,10 +6,12 @@ that bookkeeping costs about as much per leapfrog step (~0.45 ms) as the potenti
 together. This kernel runs the same algorithm on one flat tensor per quantity, with the potential
 and its gradient from ONE call: for a stack of ``nn.Linear`` layers and elementwise activations with
 Normal priors and a Gaussian likelihood the analytic one of :mod:`bnn_pyro.infer._analytic` (a forward
-and a hand-written backward, ~30 tensor operations per leapfrog step, eager: nothing traced), else the
-generic one recorded as one compiled graph (:func:`bnn_pyro.infer._logjoint.flat_potential_and_grad`);
-the energies and turning checks as Python floats (one host read of ``[U, kinetic]`` per leapfrog step,
-one per turning check).
+and a hand-written backward, ~30 tensor operations per leapfrog step with the tree's bookkeeping, eager:
+nothing traced), else the generic one recorded as one compiled graph
+(:func:`bnn_pyro.infer._logjoint.flat_potential_and_grad`); the energies and turning checks as Python floats
+(one host read of the energies per leapfrog step, one per turning check: one matrix product for the six
+inner products, or a single inner product where two single states merge; see :func:`_u_turn`). Nothing is
+differentiated here: a transition runs under ``torch.no_grad``.
 
 The transition is Stan's multinomial NUTS (Betancourt 2017, "A Conceptual Introduction to
 Hamiltonian Monte Carlo", appendix A; Stan's ``base_nuts``): trajectories doubled forward or
@@ -48,13 +50,14 @@ MAX_ENERGY_ERROR = 1000.0  # Stan's divergence threshold
 class _Tree:
     """A trajectory segment: its ends (momentum and ``M^-1 p``; ``near`` is the end it started from),
     the sum ``rho`` of its momenta, ``log_w = log sum exp(H0 - H)`` over its states, the state drawn
-    from it (position, potential, gradient) and, to extend it, the full state at its far end."""
+    from it (position, potential, gradient), to extend it the full state at its far end, and for a
+    single state ``pp = p . M^-1 p`` (twice its kinetic energy, a float; ``None`` for longer segments)."""
 
-    __slots__ = ("near_p", "near_sharp", "far_p", "far_sharp", "rho", "log_w", "draw", "frontier")
+    __slots__ = ("near_p", "near_sharp", "far_p", "far_sharp", "rho", "log_w", "draw", "frontier", "pp")
 
-    def __init__(self, near_p, near_sharp, far_p, far_sharp, rho, log_w, draw, frontier):
+    def __init__(self, near_p, near_sharp, far_p, far_sharp, rho, log_w, draw, frontier, pp=None):
         self.near_p, self.near_sharp, self.far_p, self.far_sharp = near_p, near_sharp, far_p, far_sharp
-        self.rho, self.log_w, self.draw, self.frontier = rho, log_w, draw, frontier
+        self.rho, self.log_w, self.draw, self.frontier, self.pp = rho, log_w, draw, frontier, pp
 
 
 class FlatNUTS(AdaptedKernel):
@@ -112,15 +115,17 @@ class FlatNUTS(AdaptedKernel):
         kept = max(self._t - self._warmup_steps, 1)
         return {"divergences": self._divergences, "acceptance rate": self._accept_sum / kept}
 
+    @torch.no_grad()  # nothing here is differentiated: no autograd bookkeeping per operation
     def sample(self, params):
         z, u, g = self._state
         step = self.step_size
         self._mass()
         p = self._momentum(z)
         sharp = self._sharp(p)
-        h0 = u + 0.5 * float(p.dot(sharp))
+        pp = float(p.dot(sharp))
+        h0 = u + 0.5 * pp
         self._n_leapfrog, self._metro_sum, self._diverged = 0, 0.0, False
-        (z, u, g), doublings = self._transition(z, u, g, p, sharp, h0, step)
+        (z, u, g), doublings = self._transition(z, u, g, p, sharp, h0, step, pp)
         self._state = (z, u, g)
         accept = self._metro_sum / max(self._n_leapfrog, 1)
         if self._t < self._warmup_steps:
@@ -185,16 +190,17 @@ class FlatNUTS(AdaptedKernel):
         the new state, ``M^-1 p`` and the Hamiltonian (``inf`` where it is NaN)."""
         z, p, g, _ = state
         z, p, g, sharp, energies = self._potential.leapfrog(z, p, g, step, self._minv)
-        u, kinetic = energies.tolist()
+        # the analytic potential gives Python floats; the generic one a tensor [U, kinetic] (one host read either way)
+        u, kinetic = energies if type(energies) is tuple else energies.tolist()
         h = u + kinetic
-        return (z, p, g, u), sharp, (h if h == h else math.inf)
+        return (z, p, g, u), sharp, (h if h == h else math.inf), 2.0 * kinetic
 
-    def _transition(self, z, u, g, p, sharp, h0: float, step: float):
-        """Grow a trajectory from ``(z, p)`` (``sharp = M^-1 p``); return the drawn ``(z, u, g)`` and the
-        doublings tried."""
+    def _transition(self, z, u, g, p, sharp, h0: float, step: float, pp: float):
+        """Grow a trajectory from ``(z, p)`` (``sharp = M^-1 p``, ``pp = p . sharp``); return the drawn
+        ``(z, u, g)`` and the doublings tried."""
         start = (z, p, g, u)
         # the trajectory so far, as a tree whose "near" end is its backward end and "far" its forward end
-        tree = _Tree(p, sharp, p, sharp, p, 0.0, (z, u, g), None)
+        tree = _Tree(p, sharp, p, sharp, p, 0.0, (z, u, g), None, pp)
         frontier = {1: start, -1: start}
         signed = {1: step, -1: -step}
         for depth in range(self.max_tree_depth):
@@ -207,10 +213,10 @@ class FlatNUTS(AdaptedKernel):
             take = new.log_w > tree.log_w or self._rng.random() < math.exp(new.log_w - tree.log_w)
             draw, log_w, rho = (new.draw if take else tree.draw), _logaddexp(tree.log_w, new.log_w), tree.rho + new.rho
             if direction == 1:  # new continues from the forward end
-                turned = _u_turn(tree.near_sharp, tree.far_p, tree.far_sharp, tree.rho, new, rho)
+                turned = _u_turn(tree.near_sharp, tree.far_p, tree.far_sharp, tree, new)
                 tree = _Tree(tree.near_p, tree.near_sharp, new.far_p, new.far_sharp, rho, log_w, draw, None)
             else:  # new continues from the backward end
-                turned = _u_turn(tree.far_sharp, tree.near_p, tree.near_sharp, tree.rho, new, rho)
+                turned = _u_turn(tree.far_sharp, tree.near_p, tree.near_sharp, tree, new)
                 tree = _Tree(new.far_p, new.far_sharp, tree.far_p, tree.far_sharp, rho, log_w, draw, None)
             if turned:
                 return tree.draw, depth + 1
@@ -220,7 +226,7 @@ class FlatNUTS(AdaptedKernel):
         """A subtree of ``2**depth`` leapfrog steps from ``state`` (sign of ``step`` = direction), or
         ``None`` where it diverges or turns back (its states are then discarded)."""
         if depth == 0:
-            state, sharp, h = self._leapfrog(state, step)
+            state, sharp, h, pp = self._leapfrog(state, step)
             self._n_leapfrog += 1
             log_w = h0 - h
             self._metro_sum += 1.0 if log_w > 0 else math.exp(log_w)
@@ -228,7 +234,7 @@ class FlatNUTS(AdaptedKernel):
                 self._diverged = True
                 return None
             z, p, g, u = state
-            return _Tree(p, sharp, p, sharp, p, log_w, (z, u, g), state)
+            return _Tree(p, sharp, p, sharp, p, log_w, (z, u, g), state, pp)
         first = self._build(state, depth - 1, step, h0)
         if first is None:
             return None
@@ -238,9 +244,9 @@ class FlatNUTS(AdaptedKernel):
         log_w = _logaddexp(first.log_w, second.log_w)
         # uniform progressive sampling within a subtree: a state with probability proportional to exp(-H)
         draw = second.draw if self._rng.random() < math.exp(second.log_w - log_w) else first.draw
-        rho = first.rho + second.rho
-        if _u_turn(first.near_sharp, first.far_p, first.far_sharp, first.rho, second, rho):
+        if _u_turn(first.near_sharp, first.far_p, first.far_sharp, first, second):
             return None
+        rho = first.rho + second.rho
         return _Tree(first.near_p, first.near_sharp, second.far_p, second.far_sharp, rho, log_w, draw,
                      second.frontier)
 
@@ -258,7 +264,7 @@ class FlatNUTS(AdaptedKernel):
         def direction(step):
             p = self._momentum(z)
             h0 = u + 0.5 * float(p.dot(self._sharp(p)))
-            _, _, h = self._leapfrog((z, p, g, u), step)
+            _, _, h, _ = self._leapfrog((z, p, g, u), step)
             return 1 if threshold < h0 - h else -1
 
         first = direction(step)
@@ -270,16 +276,23 @@ class FlatNUTS(AdaptedKernel):
         return min(max(step, lo), hi)
 
 
-def _u_turn(old_far_sharp, old_end_p, old_end_sharp, old_rho, new: _Tree, rho) -> bool:
+def _u_turn(old_far_sharp, old_end_p, old_end_sharp, old: _Tree, new: _Tree) -> bool:
     """Whether the trajectory ``old + new`` turns back (``new`` grown outward from ``old``'s end
-    ``old_end``; ``old_far`` is old's other end; ``rho`` the momenta summed over both). Stan's three
-    generalized no-U-turn checks, ``p_sharp . rho > 0`` at both ends of: the whole trajectory;
-    ``old`` plus ``new``'s first state; ``old``'s last state plus ``new``. One matrix product gives
-    the six inner products."""
+    ``old_end``; ``old_far`` is old's other end). Stan's three generalized no-U-turn checks,
+    ``p_sharp . rho > 0`` at both ends of: the whole trajectory (``rho = old.rho + new.rho``);
+    ``old`` plus ``new``'s first state; ``old``'s last state plus ``new``. By linearity the six inner
+    products are sums of the 16 of one matrix product (ends' ``p_sharp`` x ``[old.rho, new.rho,
+    new.near_p, old_end_p]``), read back at once. Two single states need one: with ``c = sharp_1 . p_2
+    = p_1 . M^-1 p_2`` (``M^-1`` symmetric), every check is ``pp_1 + c > 0`` or ``c + pp_2 > 0``."""
+    if old.pp is not None and new.pp is not None:
+        c = float(torch.dot(old_end_sharp, new.far_p))
+        return not (old.pp + c > 0 and c + new.pp > 0)
     sharps = torch.stack([old_far_sharp, new.far_sharp, new.near_sharp, old_end_sharp])
-    rhos = torch.stack([rho, old_rho + new.near_p, new.rho + old_end_p])
-    d = (sharps @ rhos.T).tolist()
-    return not (d[0][0] > 0 and d[1][0] > 0 and d[0][1] > 0 and d[2][1] > 0 and d[3][2] > 0 and d[1][2] > 0)
+    vectors = torch.stack([old.rho, new.rho, new.near_p, old_end_p])
+    (a_old, a_new, a_near, _), (b_old, b_new, _, b_end), (c_old, _, c_near, _), (_, e_new, _, e_end) = (
+        torch.mm(sharps, vectors.t()).tolist())
+    return not (a_old + a_new > 0 and b_old + b_new > 0 and a_old + a_near > 0 and c_old + c_near > 0
+                and e_new + e_end > 0 and b_new + b_end > 0)
 
 
 def _logaddexp(a: float, b: float) -> float:

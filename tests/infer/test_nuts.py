@@ -175,3 +175,100 @@ def test_same_seed_same_draws_and_adaptation_reaches_the_target():
     # dual averaging toward 0.8: the mean acceptance statistic after warm-up lands near it (Stan's
     # multinomial NUTS typically ends a little above the target on Gaussian posteriors)
     assert 0.7 < float(runs[0].sample_stats["acceptance_rate"].mean()) < 0.99
+
+
+# ---------------------------------------------------------------------- the fast path's pieces, against direct formulas
+def _one_input_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
+
+
+def _three_input_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1), torch.nn.Sigmoid())
+
+
+@pytest.mark.parametrize("net, noise, d", [
+    (_one_input_net, "fixed", 1),  # one input: the first layer is an outer product (addcmul)
+    (_three_input_net, "sigma", 3),  # a learned noise; the net ends with an activation
+])
+@pytest.mark.parametrize("dense", [False, True])
+def test_a_leapfrog_step_equals_verlet_on_pyros_potential(net, noise, d, dense):
+    """``StackPotential.leapfrog`` against velocity Verlet written out on Pyro's potential energy and autograd
+    (float64): position, momentum, gradient, ``M^-1 p`` and the energies (Python floats) at the new point."""
+    from pyro.infer.mcmc.util import initialize_model
+
+    torch.set_default_dtype(torch.float64)
+    try:
+        g = torch.Generator().manual_seed(0)
+        x = torch.randn(20, d, generator=g)
+        y = torch.sin(x.sum(1)) + 0.1 * torch.randn(20, generator=g)
+        likelihood = bp.likelihoods.Gaussian(scale=0.3 if noise == "fixed" else pyro.distributions.HalfNormal(1.0))
+        model = bp.BNN(net(), prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
+        init, potential, _, _ = initialize_model(lambda: quiet_model(model, 20)(x, y), model_args=())
+        names = sorted(init)
+        shapes = {n: init[n].shape for n in names}
+        pot = _logjoint.analytic(_logjoint.build(model, 20), names, shapes, x, y)
+        assert isinstance(pot, StackPotential)
+
+        def u_and_grad(theta):
+            theta = theta.detach().requires_grad_()
+            parts = dict(zip(names, theta.split([init[n].numel() for n in names])))
+            u = potential({n: parts[n].reshape(shapes[n]) for n in names})
+            return float(u), torch.autograd.grad(u, theta)[0]
+
+        size = sum(v.numel() for v in init.values())
+        z = torch.cat([init[n].reshape(-1) for n in names]) + 0.3 * torch.randn(size, generator=g)
+        p = torch.randn(size, generator=g)
+        a = torch.randn(size, size, generator=g)
+        minv = a @ a.T / size + torch.eye(size) if dense else torch.rand(size, generator=g) + 0.5
+        step = -0.01  # a backward step: the sign is the direction
+        _, g0 = u_and_grad(z)
+        z1, p1, g1, sharp1, (u1, kinetic1) = pot.leapfrog(z, p, g0, step, minv)
+        mul = (lambda v: minv @ v) if dense else (lambda v: minv * v)
+        half = p - 0.5 * step * g0
+        z_ref = z + step * mul(half)
+        u_ref, g_ref = u_and_grad(z_ref)
+        p_ref = half - 0.5 * step * g_ref
+        for found, expected in ((z1, z_ref), (g1, g_ref), (p1, p_ref), (sharp1, mul(p_ref))):
+            assert torch.allclose(found, expected, rtol=1e-10, atol=1e-10)
+        assert type(u1) is float and u1 == pytest.approx(u_ref, rel=1e-10, abs=1e-10)
+        assert kinetic1 == pytest.approx(0.5 * float(p_ref @ mul(p_ref)), rel=1e-10)
+        u_call, g_call = pot(z_ref)  # the call on the bound data agrees with the step's energies
+        assert float(u_call) == pytest.approx(u_ref, rel=1e-10, abs=1e-10) and torch.allclose(g_call, g_ref, atol=1e-10)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_the_turning_checks_equal_stans_six_inner_products():
+    """``_u_turn`` (sums of one matrix product; one inner product for two single states) against Stan's
+    checks written out: ``p_sharp . rho > 0`` at both ends of the whole trajectory, of ``old`` plus ``new``'s
+    first state, and of ``old``'s last state plus ``new``, with the summed momenta formed first."""
+    from bnn_pyro.infer._nuts import _Tree, _u_turn
+
+    g = torch.Generator().manual_seed(0)
+    d = 5
+    minv = torch.rand(d, generator=g, dtype=torch.float64) + 0.5
+    checked = {True: 0, False: 0}
+    for trial in range(400):
+        single = trial % 2 == 0  # two single states, or two longer segments
+        ps = [torch.randn(d, generator=g, dtype=torch.float64) + 0.6 for _ in range(2 if single else 6)]
+        sharps = [minv * p for p in ps]
+        old_states, new_states = (ps[:1], ps[1:]) if single else (ps[:3], ps[3:])
+        old_sharps, new_sharps = (sharps[:1], sharps[1:]) if single else (sharps[:3], sharps[3:])
+        pp = (lambda p, s: float(p @ s)) if single else (lambda p, s: None)
+        old = _Tree(old_states[0], old_sharps[0], old_states[-1], old_sharps[-1], sum(old_states), 0.0, None, None,
+                    pp(old_states[0], old_sharps[0]))
+        new = _Tree(new_states[0], new_sharps[0], new_states[-1], new_sharps[-1], sum(new_states), 0.0, None, None,
+                    pp(new_states[0], new_sharps[0]))
+        # new grown from old's far end (old.far): old's other end is old.near
+        rho = old.rho + new.rho
+        products = [old.near_sharp @ rho, new.far_sharp @ rho,
+                    old.near_sharp @ (old.rho + new.near_p), new.near_sharp @ (old.rho + new.near_p),
+                    old.far_sharp @ (new.rho + old.far_p), new.far_sharp @ (new.rho + old.far_p)]
+        if min(abs(float(v)) for v in products) < 1e-9:
+            continue  # too close to zero to tell
+        expected = not all(float(v) > 0 for v in products)
+        assert _u_turn(old.near_sharp, old.far_p, old.far_sharp, old, new) == expected
+        checked[expected] += 1
+    assert min(checked.values()) > 20  # both outcomes exercised
