@@ -45,7 +45,7 @@ from bnn_pyro._linear_stack import linear_stack, site
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.likelihoods import Gaussian
 
-__all__ = ["StackPotential", "build", "ACTIVATIONS", "NOISE_PRIORS", "negative_elbo", "store_params"]
+__all__ = ["StackPotential", "build", "ACTIVATIONS", "NOISE_PRIORS"]
 
 _aten = torch.ops.aten
 _HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
@@ -425,82 +425,3 @@ def site_potential(pot: StackPotential):
 
     call.names, call.shapes = names, shapes
     return call
-
-
-def negative_elbo(loc, scale, eps, pot: StackPotential, x, y):
-    """``(-ELBO, d/d loc, d/d scale)`` of a mean-field Gaussian ``q`` over ``theta`` at the standard-normal draws
-    ``eps`` (``(D,)``, or ``(P, D)``: ``P`` particles, averaged), by hand: ``z = loc + scale * eps`` (the
-    reparameterized estimator of Pyro's ``Trace_ELBO``), ``-ELBO = U(z) - sum log scale - |eps|^2 / 2 - D log(2 pi) / 2``;
-    ``d/d loc = grad U(z)``, ``d/d scale = grad U(z) * eps - 1 / scale``."""
-    z = torch.addcmul(loc, scale, eps)
-    u, grad = pot(z, x, y)
-    log_q = 0.5 * (eps * eps).sum(-1) + _HALF_LOG_2PI * eps.shape[-1]
-    if eps.dim() == 2:  # particles
-        u, log_q = u.mean(0), log_q.mean(0)
-        g_loc, g_scale = grad.mean(0), (grad * eps).mean(0) - scale.reciprocal()
-    else:
-        g_loc, g_scale = grad, grad * eps - scale.reciprocal()
-    return u - scale.log().sum() - log_q, g_loc, g_scale
-
-
-class _NegativeELBO(torch.autograd.Function):
-    """:func:`negative_elbo` as a function of ``(loc, scale)`` that autograd differentiates by its analytic gradient."""
-
-    @staticmethod
-    def forward(ctx, loc, scale, eps, pot, x, y):
-        value, *ctx.grads = negative_elbo(loc, scale, eps, pot, x, y)
-        return value
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        g_loc, g_scale = ctx.grads
-        return grad_output * g_loc, grad_output * g_scale, None, None, None, None
-
-
-def mean_field_loss(joint, guide, num_particles: int, loc_scale, context):
-    """``loss(x, y) -> (loss, value) or None``: the negative ELBO of an ``AutoNormal`` ``guide`` on the analytic
-    potential (``None`` at the first call where it does not apply: the caller keeps its own loss). The guide's
-    noise is drawn per site in the site order, with the same calls as ``AutoNormal``: the same draws for the same
-    seed. ``loc_scale(guide, name)`` and ``context`` are the guide accessors of ``bnn_pyro._upstream_private``."""
-    names = list(joint.priors)
-    state = {}
-    lead = (num_particles,) if num_particles > 1 else ()
-
-    def loss(x, y):
-        unconstrained = store_params(names)
-        if unconstrained is None:  # not AutoNormal's names in the store: its own accessors
-            with context(guide):
-                pairs = [loc_scale(guide, name) for name in names]
-            locs, scales = [a for a, _ in pairs], [b for _, b in pairs]
-        else:
-            locs, scales = unconstrained
-        if "pot" not in state:
-            shapes = {n: loc.shape for n, loc in zip(names, locs)}
-            state["pot"] = None if joint.model.point_names else build(joint, names, shapes, x, y)
-        if state["pot"] is None:
-            return None
-        loc = torch.cat([a.reshape(-1) for a in locs])
-        scale = torch.cat([b.reshape(-1) for b in scales])
-        if unconstrained is not None:  # one transform of the flat vector (softplus for AutoNormal)
-            scale = transform_to(guide.scale_constraint)(scale)
-        eps = torch.cat([torch.randn(lead + a.shape, dtype=a.dtype, device=a.device).reshape(lead + (-1,))
-                         for a in locs], -1)
-        value = _NegativeELBO.apply(loc, scale, eps, state["pot"], x, y)
-        return value, value.detach().item()
-
-    return loss
-
-
-def store_params(names):
-    """``(locs, unconstrained scales)`` of an ``AutoNormal`` from Pyro's parameter store (its public
-    ``named_parameters``: unconstrained values, named ``<guide>.locs.<site>`` and ``<guide>.scales.<site>``), in
-    the order of ``names``; ``None`` where the store does not hold exactly those sites."""
-    found = {"locs": {}, "scales": {}}
-    for key, value in pyro.get_param_store().named_parameters():
-        for kind, table in found.items():
-            head, sep, site = key.partition(f".{kind}.")
-            if sep and head and "." not in head:
-                table[site] = value
-    if set(found["locs"]) != set(names) or set(found["scales"]) != set(names):
-        return None
-    return [found["locs"][n] for n in names], [found["scales"][n] for n in names]

@@ -35,7 +35,7 @@ from pyro.distributions.util import sum_rightmost
 from torch.distributions import Distribution, biject_to
 
 from bnn_pyro._upstream_private import autoguide_loc_scale, autoguide_setup, pyro_context
-from bnn_pyro.infer import _analytic
+from bnn_pyro.infer import _analytic, _analytic_elbo
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.model import BNN
 
@@ -129,7 +129,7 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
     joint = joint.unvalidated()
     # a Linear-and-elementwise stack with Normal priors and a Gaussian likelihood: the analytic gradient
     # (bnn_pyro.infer._analytic); it declines at the first call where it does not apply
-    analytic = [_analytic.mean_field_loss(joint, guide, num_particles, autoguide_loc_scale, pyro_context)
+    analytic = [_analytic_elbo.mean_field_loss(joint, guide, num_particles, autoguide_loc_scale, pyro_context)
                 if normal else None]
 
     def loss(x, y):

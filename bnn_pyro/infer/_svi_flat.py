@@ -7,7 +7,7 @@ constraint) and takes each step without Pyro, without autograd and without a Pyt
 
 * the noise ``eps`` is drawn per site in the site order into a preallocated buffer, with the same generator calls as
   ``AutoNormal`` (the same draws for the same seed as Pyro's path);
-* the negative ELBO and its gradient in ``(loc, scale)`` come from :func:`bnn_pyro.infer._analytic.negative_elbo`
+* the negative ELBO and its gradient in ``(loc, scale)`` come from :func:`bnn_pyro.infer._analytic_elbo.negative_elbo`
   (Pyro's ``Trace_ELBO`` estimator: the Monte Carlo ``log p(y, w) - log q(w)`` at ``w = loc + scale * eps``,
   particles averaged), the chain rule through ``softplus`` by ATen's ``softplus_backward`` (autograd's formula);
 * one optimizer update over the two tensors (Adam and AdamW with their fused kernel where torch has one);
@@ -34,7 +34,7 @@ from pyro.infer import autoguide
 from torch.distributions import transform_to
 
 from bnn_pyro._checks import choice
-from bnn_pyro.infer import _analytic, _logjoint, driver
+from bnn_pyro.infer import _analytic, _analytic_elbo, _logjoint, driver
 from bnn_pyro.infer._common import Data, progress_bar
 from bnn_pyro.infer.checkpoint import CheckpointError
 from bnn_pyro.infer.contract import Engine, Loop, run
@@ -82,7 +82,7 @@ class FlatMeanField:
         if type(transform_to(guide.scale_constraint)) is not SoftplusTransform:
             return None
         names = list(joint.priors)
-        stored = _analytic.store_params(names)
+        stored = _analytic_elbo.store_params(names)
         if stored is None:
             return None
         locs, scales = stored
@@ -101,7 +101,7 @@ class FlatMeanField:
                 block.normal_()
             eps = self._eps if self._eps.dim() == 1 else torch.cat(self._blocks, -1, out=self._eps)
             scale = F.softplus(self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
-            value, g_loc, g_scale = _analytic.negative_elbo(self.loc, scale, eps, self.pot, x, y)
+            value, g_loc, g_scale = _analytic_elbo.negative_elbo(self.loc, scale, eps, self.pot, x, y)
             self.loc.grad = g_loc
             self.rho.grad = torch.ops.aten.softplus_backward(g_scale, self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
         return value

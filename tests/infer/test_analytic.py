@@ -19,7 +19,7 @@ from torch import nn
 
 import bnn_pyro as bp
 from bnn_pyro._linear_stack import linear_stack, run_linear_stack
-from bnn_pyro.infer import _analytic, _logjoint, _svi_flat
+from bnn_pyro.infer import _analytic, _analytic_elbo, _logjoint, _svi_flat
 from bnn_pyro.infer._common import call_model, quiet_model
 
 TOL = 1e-10
@@ -198,13 +198,13 @@ def test_mean_field_elbo_and_gradient_equal_pyro(case, num_particles):
         grads_pyro = torch.autograd.grad(expected, params)
         calls = []
         loss = _logjoint.svi_loss(_logjoint.build(model, 100), guide, num_particles)
-        original = _analytic._NegativeELBO.forward
+        original = _analytic_elbo._NegativeELBO.forward
         pyro.set_rng_seed(3)
         try:
-            _analytic._NegativeELBO.forward = lambda *a: calls.append(1) or original(*a)
+            _analytic_elbo._NegativeELBO.forward = lambda *a: calls.append(1) or original(*a)
             actual, value = loss(x, y)
         finally:
-            _analytic._NegativeELBO.forward = original
+            _analytic_elbo._NegativeELBO.forward = original
         grads_fast = torch.autograd.grad(actual, params)
     assert calls  # the analytic estimator ran
     scale = 1.0 + abs(float(expected.detach()))
@@ -229,7 +229,7 @@ def test_flat_mean_field_step_equals_pyro(case, num_particles):
             for _, p in pyro.get_param_store().named_parameters():
                 p.add_(0.2 * torch.randn(p.shape, generator=g))
         joint = _logjoint.build(model, 100)
-        locs, scales = _analytic.store_params(list(joint.priors))
+        locs, scales = _analytic_elbo.store_params(list(joint.priors))
         elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1)
         pyro.set_rng_seed(3)
         expected = elbo.differentiable_loss(lambda a, b: call_model(model, a, b, 100),
