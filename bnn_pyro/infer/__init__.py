@@ -71,7 +71,7 @@ REGISTRY: dict[Method, Declaration] = {
     Method.LAPLACE: Declaration("laplace", "fit_laplace", replace(_POINT_THEN_STATS, jacobian_rows=True,
                                                                         checkpoint=True)),
     Method.SNAPSHOT: Declaration("snapshot", "fit_snapshot", replace(_STEPS, checkpoint=True)),
-    Method.SUBSPACE: Declaration("subspace", "fit_subspace", _POINT_THEN_STATS),
+    Method.SUBSPACE: Declaration("subspace", "fit_subspace", replace(_POINT_THEN_STATS, checkpoint=True)),
 }
 _FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own keywords, for every method
 

@@ -1,6 +1,7 @@
 """Checkpoint and resume of the iterative engines (``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``, ``"snapshot"``,
 ``"ensemble"``, ``"variational_dropout"``, ``"sparse_vd"``, ``"swa"``, ``"swag"``, ``"mc_dropout"``, ``"nuts"``, ``"hmc"``,
-``"metropolis"``, ``"laplace"``: its MAP search; :data:`ENGINES`; MCMC's kernel state: :mod:`bnn_pyro.infer.mcmc`).
+``"metropolis"``, ``"laplace"``: its MAP search, ``"subspace"``: each stage's own, :mod:`bnn_pyro.infer.subspace`;
+:data:`ENGINES`; MCMC's kernel state: :mod:`bnn_pyro.infer.mcmc`).
 
 ``bp.fit(..., checkpoint=FOLDER, checkpoint_every=N)`` writes one file per chain,
 ``FOLDER/chain{c}.ckpt``, every ``N`` steps and after the last one. A file holds the step, the
@@ -50,7 +51,7 @@ __all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "wri
 
 # the methods whose fit takes checkpoint= / checkpoint_every= / resume=
 ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variational_dropout", "sparse_vd", "swa",
-           "swag", "mc_dropout", "nuts", "hmc", "metropolis", "laplace")
+           "swag", "mc_dropout", "nuts", "hmc", "metropolis", "laplace", "subspace")
 
 FORMAT = "bnn_pyro.checkpoint"
 FORMAT_VERSION = 1

@@ -143,16 +143,16 @@ def map_fit(state: MapState, run: MapRun, data: Data) -> MapFit:
 
 def fit_map(model, data: Data, *, init, num_steps: int, lr: float, optimizer="adam", lr_schedule="constant",
             seed: int = 0, progress: bool = True, holdout: Holdout | None = None, adversarial_eps: float = 0.0,
-            polish_steps: int = 0, method: str = "map") -> MapFit:
+            polish_steps: int = 0, method: str = "map", ckpt=None) -> MapFit:
     """One MAP fit of a copy of ``model`` under ``seed`` (initial weights and minibatch order), in its own
     parameter store (:func:`~bnn_pyro.infer.driver.chain`); ``init`` as resolved by
-    :func:`~bnn_pyro.infer._init.resolve_init`, the rest as :func:`minimize`."""
+    :func:`~bnn_pyro.infer._init.resolve_init`, the rest (``ckpt`` too) as :func:`minimize`."""
     engine = map_engine(data, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=adversarial_eps)
     loop = Loop(num_steps=num_steps, lr=lr, method=method, desc=method, optimizer=optimizer, lr_schedule=lr_schedule,
                 progress=progress)
     with chain(model, seed) as fitted:
         state = engine.init(fitted, ChainInfo(0, seed))
-        losses = run(engine, state, data, loop, seed=seed)["loss"]
+        losses = run(engine, state, data, loop, seed=seed, ckpt=ckpt)["loss"]
         return map_fit(state, finish(state, data, losses, holdout=holdout, polish_steps=polish_steps), data)
 
 

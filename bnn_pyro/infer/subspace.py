@@ -64,6 +64,14 @@ warm-up draws) NUTS took ~600 leapfrog steps per draw (tree depth 8.4), because 
 directions of ``z`` while the prior alone bounds the others, which are wide in units of ``z``. BatchNorm
 running statistics of every draw are those of the SWA average.
 
+Checkpoint and resume (``checkpoint=FOLDER``, ``checkpoint_every=N``, ``resume=True``): each stage checkpoints
+itself, in its own sub-folder of ``FOLDER`` (created): ``FOLDER/map`` the MAP start (:mod:`bnn_pyro.infer.map_fit`),
+``FOLDER/swa`` the SWA run (pre-training and SWA phase, with its moments), ``FOLDER/inner`` the inner engine's
+chains, each every ``N`` of its own steps and after its last. ``FOLDER/subspace.ckpt`` records this fit's
+settings. After a crash in any stage, the same call with ``resume=True`` re-reads the finished stages' last
+checkpoints and continues the interrupted one: the result is bit-identical to an uninterrupted run's. A resume
+with other settings is an error (this fit's and each stage's own run identity).
+
 Example
 -------
 >>> post = bp.fit(model, x, y, method="subspace", rank=10, inner="nuts", num_samples=500, num_chains=2,
@@ -73,18 +81,21 @@ Example
 
 from __future__ import annotations
 
+import json
 import math
 from enum import Enum
+from pathlib import Path
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.checkpoint import Checkpoint, CheckpointError, read, write
 from bnn_pyro.infer.driver import ChainRun, assemble
 from bnn_pyro.infer.holdout import noise_site, select_noise, split
 from bnn_pyro.infer.map_fit import fit_map
@@ -99,7 +110,9 @@ INNER = ("nuts", "hmc", "metropolis", "svi", "sgld", "sghmc", "csgmcmc")
 _FULL_DATA = ("nuts", "hmc", "metropolis")  # MCMC with an accept/reject step: the full data at every step
 # pre-training on full batches (or reshuffled epochs) by the MAP engine: swag.py's pre-training budget and rate
 _PRETRAIN_STEPS, _PRETRAIN_LR = 2000, 3e-2
-_SET_BY_SUBSPACE = ("seed", "progress", "batch_size", "dataset_size", "num_threads", "num_samples", "num_chains")
+_SET_BY_SUBSPACE = ("seed", "progress", "batch_size", "dataset_size", "num_threads", "num_samples", "num_chains",
+                    "checkpoint", "checkpoint_every", "resume")
+STAGES = ("map", "swa", "inner")  # the sub-folders of checkpoint=FOLDER, one per stage
 
 
 class SubspacePrior(str, Enum):
@@ -154,7 +167,8 @@ class SubspaceModel:
 
 def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_samples: int | None = None,
                  num_chains: int = 1, inner_options: dict | None = None, prior: str = "induced", prior_scale: float | None = None, swa: dict | None = None, seed: int = 0,
-                 progress: bool = True) -> Posterior:
+                 progress: bool = True, checkpoint: str | None = None, checkpoint_every: int | None = None,
+                 resume: bool = False) -> Posterior:
     """Subspace inference: a PCA subspace of the SWA trajectory, then ``inner`` over its coordinates.
 
     Parameters
@@ -183,6 +197,10 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         Seeds both stages; ``progress=False`` turns the bars off. ``bp.fit``'s ``batch_size`` applies to the
         SWA run and to the stochastic-gradient inner engines (svi, sgld, sghmc, csgmcmc); nuts, hmc and
         metropolis see the full data at every step.
+    checkpoint, checkpoint_every, resume:
+        A folder (it must exist) for the stages' checkpoints, one sub-folder each (``map``, ``swa``, ``inner``),
+        written every ``checkpoint_every`` steps of each stage and after its last; ``resume=True`` continues
+        from them, bit-identically (module docstring; :mod:`bnn_pyro.infer.checkpoint`).
 
     Returns
     -------
@@ -217,7 +235,8 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
                          "drop it, or pass prior='isotropic'.")
     scale = positive("prior_scale", 1.0 if prior_scale is None else prior_scale)
     swa = dict(swa or {})
-    for key in ("swag", "num_chains", "num_samples", "scale", "seed", "progress"):
+    for key in ("swag", "num_chains", "num_samples", "scale", "seed", "progress", "checkpoint", "checkpoint_every",
+                "resume"):
         if key in swa:
             raise ValueError(f"swa: {key!r} is set by the subspace fit (one SWA chain builds the subspace); drop it.")
     num_weights = sum(math.prod(model.param_shapes[n]) for n in model.sample_names)
@@ -227,11 +246,14 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
     if rank > deviations:
         raise ValueError(f"rank={rank} exceeds the {deviations} SWA deviations kept (swa['rank']); lower rank or "
                          f"pass swa=dict(rank={rank}) or more.")
+    stages = _stages(checkpoint, checkpoint_every, resume, dict(
+        method="subspace", rank=rank, inner=inner, inner_options=inner_options, prior=kind.value, prior_scale=scale,
+        swa=dict(swa, rank=deviations), seed=seed, batch_size=data.batch_size, dataset_size=data.size))
 
     if data.loader is None and "init" not in swa and swa.get("pretrain_steps") != 0:
-        swa.update(init=_map_start(model, data, swa, seed, progress), pretrain_steps=0)
+        swa.update(init=_map_start(model, data, swa, seed, progress, stages["map"]), pretrain_steps=0)
     swa_post, (moments,) = fit_moments(model, data, swag=True, rank=deviations, num_samples=1, num_chains=1,
-                                       seed=seed, progress=progress, **swa)
+                                       seed=seed, progress=progress, **swa, **stages["swa"])
     bnn = swa_post.model
     pot = Potential(bnn, data, init="net")
     columns, shapes, start = [], {}, 0
@@ -262,11 +284,11 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
                                   convert=data.convert)
     if data.loader is not None:
         inner_post = fit(zmodel, data.loader, None, method=inner, dataset_size=data.size, seed=seed,
-                         progress=progress, **inner_options)
+                         progress=progress, **inner_options, **stages["inner"])
     else:
         batch = None if inner in _FULL_DATA else data.batch_size  # minibatches: for SWA and the SG engines
         inner_post = fit(zmodel, train.x, train.y, method=inner, batch_size=batch, seed=seed, progress=progress,
-                         **inner_options)
+                         **inner_options, **stages["inner"])
     samples = {k: v.detach().clone() for k, v in space.weights(inner_post.samples["z"]).items()}
     samples.update({k: v for k, v in inner_post.samples.items() if k != "z"})
     stats = {k: v for k, v in inner_post.sample_stats.items() if k != "log_q"}  # q(z) is not a density over w
@@ -282,15 +304,66 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
     return select_noise(assemble(runs, method="subspace", config=config, data=data), holdout)
 
 
-def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool) -> dict[str, torch.Tensor]:
+def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool, ckpt: dict) -> dict[str, torch.Tensor]:
     """The SWA run's starting point: ``swa``'s ``pretrain_steps`` steps of its ``pretrain_optimizer`` at
     ``pretrain_lr`` (defaults 2,000, Adam, ``3e-2``) with a cosine decay, by the MAP engine on full batches
     (reshuffled epochs of ``batch_size`` rows), early-stopped on the held-out rows the SWA run will hold out
-    (the same split)."""
+    (the same split); checkpointed with ``ckpt``'s options (:func:`_stages`; none when empty) under a run
+    identity made of these settings."""
     train, holdout, _ = split(data, swa.get("validation", "default"), seed=seed, method="subspace",
                               convert=data.convert)
     steps = positive_int("swa['pretrain_steps']", swa.get("pretrain_steps", _PRETRAIN_STEPS))
-    run = fit_map(model, train, init=resolve_init(model, None, train), num_steps=steps,
-                  lr=swa.get("pretrain_lr", _PRETRAIN_LR), optimizer=swa.get("pretrain_optimizer", "adam"),
-                  lr_schedule="cosine", seed=seed, progress=progress, holdout=holdout, method="subspace")
+    lr, optimizer = swa.get("pretrain_lr", _PRETRAIN_LR), swa.get("pretrain_optimizer", "adam")
+    identity = dict(method="subspace", stage="map", num_steps=steps, lr=lr, optimizer=optimizer, seed=seed,
+                    validation=swa.get("validation", "default"), batch_size=data.batch_size, dataset_size=data.size)
+    run = fit_map(model, train, init=resolve_init(model, None, train), num_steps=steps, lr=lr, optimizer=optimizer,
+                  lr_schedule="cosine", seed=seed, progress=progress, holdout=holdout, method="subspace",
+                  ckpt=Checkpoint(ckpt["checkpoint"], every=ckpt["checkpoint_every"], resume=ckpt["resume"], chain=0,
+                                  run=_plain(identity)) if ckpt else None)
     return {**run.point, **run.sample}
+
+
+def _stages(checkpoint, every, resume, identity: dict) -> dict[str, dict]:
+    """Each stage's checkpoint options (:data:`STAGES`; empty dicts without ``checkpoint``): its sub-folder of
+    ``checkpoint`` (created), ``every`` and ``resume``. ``identity`` (this fit's settings) is written to
+    ``checkpoint/subspace.ckpt``; a resume with other settings is refused before fitting."""
+    if checkpoint is None:
+        if every is not None or resume is not False:
+            raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint "
+                             "files).")
+        return {stage: {} for stage in STAGES}
+    folder, resume = Path(checkpoint), flag("resume", resume)
+    every = None if every is None else positive_int("checkpoint_every", every)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
+                                "(method='subspace' writes one sub-folder per stage in it).")
+    run, path = json.loads(json.dumps(_plain(identity))), folder / "subspace.ckpt"
+    if not resume and (path.exists() or any(any((folder / s).glob("*.ckpt")) for s in STAGES)):
+        raise FileExistsError(f"checkpoint: {str(folder)!r} holds the checkpoints of a subspace run. Pass resume=True "
+                              "to continue that run, or another (empty) folder to start a new one; it is never "
+                              "overwritten.")
+    if path.exists():
+        saved = read(path)[1].get("run", {})
+        if saved != run:
+            diff = sorted(k for k in set(run) | set(saved) if run.get(k) != saved.get(k))
+            raise CheckpointError(f"resume: {str(path)!r} belongs to another run (differs in {diff}). Resume with the "
+                                  "same method and configuration, or pass another checkpoint folder.")
+    else:
+        write(path, {}, {"run": run})
+    options = {}
+    for stage in STAGES:
+        (folder / stage).mkdir(exist_ok=True)
+        options[stage] = dict(checkpoint=str(folder / stage), checkpoint_every=every, resume=resume)
+    return options
+
+
+def _plain(value):
+    """``value`` as JSON for a run identity: numbers, strings, lists and dicts as they are, anything else (a
+    tensor, a Posterior as ``init``) by its type's name."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _plain(v) for k, v in value.items()}
+    return type(value).__name__

@@ -12,7 +12,8 @@ import torch
 from pyro import poutine
 
 import bnn_pyro as bp
-from bnn_pyro.infer.subspace import Subspace, SubspaceModel, SubspacePrior
+from bnn_pyro.infer import checkpoint as ckpt_mod
+from bnn_pyro.infer.subspace import STAGES, Subspace, SubspaceModel, SubspacePrior
 from blr import BLR, mcse_z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 # short inner runs are not meant to mix: their ESS warnings are expected
@@ -165,6 +166,10 @@ def test_with_200_rows_or_more_a_learned_noise_is_chosen_on_the_rows_swa_held_ou
     (dict(rank=5, swa=dict(rank=3)), ValueError, r"rank=5 exceeds the 3 SWA deviations kept"),
     (dict(swa=dict(num_chains=2)), ValueError, r"swa: 'num_chains' is set by the subspace fit"),
     (dict(num_chains=0), ValueError, "num_chains"),
+    (dict(inner_options=dict(checkpoint="x")), ValueError, r"inner_options: 'checkpoint' is set by the subspace fit"),
+    (dict(swa=dict(resume=True)), ValueError, r"swa: 'resume' is set by the subspace fit"),
+    (dict(checkpoint_every=5), ValueError, r"checkpoint_every= and resume= need checkpoint=FOLDER"),
+    (dict(checkpoint="no/such/folder"), FileNotFoundError, r"checkpoint: the folder 'no/such/folder' does not exist"),
 ])
 def test_bad_options_are_named(config, error, match):
     x, y = torch.linspace(-1, 1, 10)[:, None], torch.zeros(10)
@@ -231,3 +236,77 @@ def test_learned_noise_small_data_fits_at_the_default_pretraining():
     assert post.config["swa"]["pretrain_steps"] == 0
     assert post.samples["sigma"].median() < 0.15
     assert (post.predict(entry.x, seed=0).mean - entry.y).pow(2).mean().sqrt() < 0.15
+
+
+# checkpoint/resume: each stage (MAP start, SWA, inner NUTS) checkpoints itself in its sub-folder of FOLDER.
+# 240 rows: the MAP start early-stops on the default held-out rows (24), whose best state a resume must restore.
+# Steps per stage: MAP 6, SWA 8, NUTS 4 + 4; with checkpoint_every=3 each saves after steps 3, 6 and its last.
+CKPT_RUN = dict(method="subspace", rank=2, num_samples=4, inner_options=dict(num_warmup=4, max_tree_depth=2),
+                swa=dict(pretrain_steps=6, num_steps=8, collect_every=2, rank=3), seed=3, progress=False)
+
+
+@pytest.fixture(scope="module")
+def rows():
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(240, 1, generator=g) * 4 - 2
+    return x, torch.sin(x[:, 0]) + 0.1 * torch.randn(240, generator=g)
+
+
+class _Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("stage", ["swa", "inner"])
+def test_a_crash_in_the_swa_phase_or_the_inner_nuts_resumes_bit_identically(stage, rows, tmp_path, monkeypatch):
+    x, y = rows
+    whole = bp.fit(_mlp(), x, y, **CKPT_RUN)
+    save = ckpt_mod.Checkpoint.save
+
+    def crashing(self, step, tensors, meta):  # the stage dies when about to save after step 6 (its last save: 3)
+        if self.path.parent.name == stage and step == 6:
+            raise _Crash(step)
+        return save(self, step, tensors, meta)
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt_mod.Checkpoint, "save", crashing)
+        with pytest.raises(_Crash):
+            bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=3, **CKPT_RUN)
+    done = STAGES[: STAGES.index(stage)]
+    assert [ckpt_mod.read(tmp_path / s / "chain0.ckpt")[1]["step"] for s in done] == [6, 8][: len(done)]
+    assert ckpt_mod.read(tmp_path / stage / "chain0.ckpt")[1]["step"] == 3
+    assert not [f for s in STAGES[len(done) + 1 :] for f in (tmp_path / s).glob("*.ckpt")]  # later stages: none
+    saved = []
+
+    def recording(self, step, tensors, meta):
+        saved.append((self.path.parent.name, step))
+        return save(self, step, tensors, meta)
+
+    with monkeypatch.context() as m:
+        m.setattr(ckpt_mod.Checkpoint, "save", recording)
+        resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=3, resume=True, **CKPT_RUN)
+    later = [(s, step) for s in STAGES[len(done) + 1 :] for step in (3, 6, 8)]
+    assert saved == [(stage, 6), (stage, 8)] + later  # finished stages re-read, the crashed one continued from 3
+    for part in ("samples", "sample_stats", "history"):
+        got, want = getattr(resumed, part), getattr(whole, part)
+        assert set(got) == set(want) and want, part
+        for name in want:
+            assert torch.equal(got[name], want[name]), (part, name)
+    assert resumed.config == whole.config
+
+
+def test_a_resume_with_other_settings_is_refused_by_the_fit_and_by_each_stage(rows, tmp_path):
+    x, y = rows
+    run = dict(CKPT_RUN, checkpoint=tmp_path)
+    bp.fit(_mlp(), x, y, **run)
+    with pytest.raises(FileExistsError, match=r"holds the checkpoints of a subspace run. Pass resume=True"):
+        bp.fit(_mlp(), x, y, **run)
+    refused = r"subspace.ckpt' belongs to another run \(differs in \['prior'\]"
+    with pytest.raises(ckpt_mod.CheckpointError, match=refused):
+        bp.fit(_mlp(), x, y, resume=True, **dict(run, prior="isotropic"))
+    # each stage's own run identity, reached with the fit's record removed: the stage with the changed setting
+    changes = {"map": dict(swa=dict(run["swa"], pretrain_lr=1e-2)), "swa": dict(swa=dict(run["swa"], num_steps=10)),
+               "inner": dict(inner_options=dict(run["inner_options"], num_warmup=5))}
+    for stage, change in changes.items():
+        (tmp_path / "subspace.ckpt").unlink()
+        with pytest.raises(ckpt_mod.CheckpointError, match=rf"{stage}.chain0.ckpt' belongs to another run"):
+            bp.fit(_mlp(), x, y, resume=True, **dict(run, **change))
