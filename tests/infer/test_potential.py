@@ -264,3 +264,20 @@ def test_subspace_passes_fast_path_to_every_stage():
     assert fits[False].config["fast_path"] is False
     # the inner engine's model over z is a Pyro function: Pyro's path, so the whole fit is not on the fast path
     assert fits[True].config["inner_config"]["fast_path"] is False and fits[True].config["fast_path"] is False
+
+
+def test_laplace_records_a_rewritten_prior_on_pyros_path_and_the_gaussian_takes_the_option():
+    from bnn_pyro.infer.laplace import laplace_approximation
+
+    x, y = _data(n=20)
+
+    def model():
+        return _bnn(_mlp(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)), FIXED)
+
+    # a number prior_precision rewrites the prior: the MAP search's U is a Pyro function (Pyro's path)
+    post = bp.fit(model(), x, y, method="laplace", prior_precision=2.0, num_steps=5, num_samples=3, polish_steps=0,
+                  seed=0, progress=False)
+    assert post.config["potential"] == "analytic+pyro" and post.config["fast_path"] is False
+    for fast, path in ((True, "analytic"), (False, "pyro")):
+        approx = laplace_approximation(model(), Data(x=x, y=y), num_steps=5, polish_steps=0, fast_path=fast)
+        assert approx.potential.path == path
