@@ -16,9 +16,10 @@ with the same calls in the same order, so a fit with the fast path follows the s
 one without, up to float rounding (``tests/infer/test_logjoint.py`` checks values and gradients).
 
 Engines use it when :func:`build` accepts the model and fall back to Pyro otherwise;
-``bp.fit(..., fast_path=False)`` forces Pyro's path, and ``config["fast_path"]`` says which ran (svi and mcmc).
-The engines that move the weights themselves get it through :class:`bnn_pyro.infer._potential.Potential`
-(``Potential(..., fast_path=False)`` forces Pyro's there; ``pot.path`` says which runs).
+``bp.fit(..., fast_path=False)`` forces Pyro's path, and ``config["fast_path"]`` says which ran (every engine that
+takes the option). The engines that move the weights themselves get it through
+:class:`bnn_pyro.infer._potential.Potential` (``Potential(..., fast_path=False)`` forces Pyro's there; ``pot.path``
+says which runs, and ``config["potential"]`` records it: :class:`~bnn_pyro.infer._potential.Potentials`).
 """
 
 from __future__ import annotations

@@ -43,10 +43,11 @@ import warnings
 import torch
 from pyro.infer.mcmc.util import initialize_model
 
+from bnn_pyro._checks import flag
 from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._common import Data, init_strategy, quiet_model
 
-__all__ = ["Potential"]
+__all__ = ["Potential", "Potentials"]
 
 
 class Potential:
@@ -141,6 +142,37 @@ class Potential:
         if batch is not None:
             self._batch = batch
         return lambda flat: self._energy(self.unflatten(flat))
+
+
+class Potentials:
+    """The potentials of one fit, built with its ``fast_path`` option, and which path they took.
+
+    Every engine built on :class:`Potential` takes ``fast_path: bool = True`` and builds its potentials with
+    ``paths(model, data, init=...)``; after the fit, :meth:`record` writes ``config["fast_path"]`` (whether every
+    potential built took the fast path) and ``config["potential"]`` (their :attr:`Potential.path`, distinct paths
+    joined by ``"+"``, e.g. ``"analytic"``). The chains of a fit run in this process
+    (:func:`~bnn_pyro.infer.contract.drive`), so every chain's potential is counted.
+    """
+
+    def __init__(self, fast_path: bool = True):
+        self.fast_path = flag("fast_path", fast_path)
+        self.paths: list[str] = []
+
+    def __call__(self, model, data: Data, *, init="net") -> Potential:
+        pot = Potential(model, data, init=init, fast_path=self.fast_path)
+        self.paths.append(pot.path)
+        return pot
+
+    def record(self, config: dict, *stages: dict) -> dict:
+        """``config`` with ``"fast_path"`` and ``"potential"`` set (see the class docstring); returned. The configs
+        of sub-fits (``stages``, e.g. subspace inference's SWA and inner runs) count too: ``"fast_path"`` is then
+        whether this fit's potentials and every stage ran on the fast path, and ``"potential"`` is left to them."""
+        seen = list(dict.fromkeys(self.paths))
+        flags = [path != "pyro" for path in seen] + [bool(stage.get("fast_path")) for stage in stages]
+        config["fast_path"] = bool(flags) and all(flags)
+        if seen and not stages:
+            config["potential"] = "+".join(seen)
+        return config
 
 
 class _FastEnergy:

@@ -102,7 +102,7 @@ from torch.distributions import constraints
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
-from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, LossInfo, Loop, drive, entry
 from bnn_pyro.infer.driver import ChainRun
@@ -157,6 +157,7 @@ class MCDropoutConfig:
     checkpoint: str | None = None
     checkpoint_every: int | None = None
     resume: bool = False
+    fast_path: bool = True
 
 
 @entry(MCDropoutConfig)
@@ -207,6 +208,10 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
         A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps and after the
         last; ``resume=True`` continues each chain from its file, bit-identically (the masks' generator, the
         REINFORCE baseline and early stopping included; see :mod:`bnn_pyro.infer.checkpoint`).
+    fast_path:
+        ``True`` (default): the potential is evaluated without tracing Pyro where the model allows it (same
+        values); ``False`` forces Pyro's traced potential (see :class:`~bnn_pyro.infer._potential.Potentials`).
+        ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     """
     kind = choice("rate", cfg.rate, RateLearning)
     p = cfg.p
@@ -253,8 +258,10 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
                         run=dict(method="mc_dropout", **config))
     loop = Loop(num_steps=s.num_steps, lr=s.lr, method="mc_dropout", desc="mc_dropout chain {index}",
                 optimizer=s.optimizer, lr_schedule=s.lr_schedule, progress=s.progress)
-    post = drive(model, data, dropout_engine(data, sites, init, s, holdout), loop, num_chains=s.num_chains,
+    paths = Potentials(s.fast_path)
+    post = drive(model, data, dropout_engine(data, sites, init, s, holdout, paths), loop, num_chains=s.num_chains,
                  seed=s.seed, config=config, checkpoints=ckpts, posterior_data=full)
+    paths.record(post.config)
     return select_noise(post, holdout)
 
 
@@ -417,16 +424,18 @@ class DropoutState:
     seed: int
 
 
-def dropout_engine(data: Data, sites: dict[str, _Site], init, s: MCDropoutConfig, holdout: Holdout | None) -> Engine:
+def dropout_engine(data: Data, sites: dict[str, _Site], init, s: MCDropoutConfig, holdout: Holdout | None,
+                   paths: Potentials | None = None) -> Engine:
     """MC dropout as an :class:`~bnn_pyro.infer.contract.Engine`, for the resolved options ``s`` (``rate`` a
     :class:`RateLearning`, no ``None`` left but ``dropout_inputs``): a step minimizes :func:`objective` on a batch,
     ``after`` records the rates and early stopping, ``draws`` goes back to the best held-out state and draws
     ``num_samples`` with fresh masks; a checkpoint adds the rates, the masks' generator, the baseline and early
-    stopping to the optimized tensors."""
+    stopping to the optimized tensors. ``paths`` builds the potentials (by default with ``s.fast_path``)."""
     kind = s.rate
+    paths = Potentials(s.fast_path) if paths is None else paths
 
     def init_state(fitted, chain) -> DropoutState:
-        pot = Potential(fitted, data, init=chain_start(fitted, init, chain.seed))
+        pot = paths(fitted, data, init=chain_start(fitted, init, chain.seed))
         guide = DropoutGuide(pot, sites, s.p, learn=kind is not RateLearning.FIXED)
         with poutine.trace(param_only=True) as capture:  # a BNN's deterministic parameters are fitted too
             pot(guide.values, data.first())

@@ -62,6 +62,7 @@ from bnn_pyro._checks import positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
+from bnn_pyro.infer._potential import Potentials
 from bnn_pyro.infer.holdout import DEFAULT, describe, select_noise, split
 from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
@@ -94,6 +95,7 @@ class EnsembleConfig:
     checkpoint: str | None = None
     checkpoint_every: int | None = None
     resume: bool = False
+    fast_path: bool = True
 
 
 @entry(EnsembleConfig)
@@ -128,6 +130,10 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         A folder for one checkpoint file per member, written every ``checkpoint_every`` steps and after the
         last; ``resume=True`` continues each member from its file, bit-identically (early-stopping state
         included; see :mod:`bnn_pyro.infer.checkpoint`).
+    fast_path:
+        ``True`` (default): the potential is evaluated without tracing Pyro where the model allows it (same
+        values); ``False`` forces Pyro's traced potential (see :class:`~bnn_pyro.infer._potential.Potentials`).
+        ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
 
     Returns
     -------
@@ -166,9 +172,12 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         return ChainRun(state.model, {n: v.unsqueeze(0) for n, v in fit.sample.items()}, fit.point, history,
                         stats={"lp": fit.lp.unsqueeze(0)})
 
-    engine = map_engine(train, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=eps, draws=member)
+    paths = Potentials(cfg.fast_path)
+    engine = map_engine(train, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=eps, draws=member,
+                        paths=paths)
     loop = Loop(num_steps=num_steps, lr=lr, method="ensemble", desc="ensemble member {index}",
                 optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, progress=cfg.progress)
     post = drive(model, train, engine, loop, num_chains=num_members, seed=cfg.seed, config=config, checkpoints=ckpts,
                  posterior_data=data)
+    paths.record(post.config)
     return select_noise(post, holdout)

@@ -28,7 +28,7 @@ from pyro import poutine
 
 from bnn_pyro.infer._common import Data, point_values
 from bnn_pyro.infer._init import chain_start
-from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import StepCheckpoint
 from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
 from bnn_pyro.infer.contract import Engine, LossInfo, Loop, run
@@ -90,12 +90,15 @@ def map_state(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, 
 
 
 def map_engine(data: Data, *, init, num_steps: int, holdout: Holdout | None = None, adversarial_eps: float = 0.0,
-               draws=None) -> Engine:
+               draws=None, paths: Potentials | None = None) -> Engine:
     """The MAP search as an :class:`~bnn_pyro.infer.contract.Engine`: each chain starts from ``init`` (resolved
     by :func:`~bnn_pyro.infer._init.resolve_init`) under its seed; ``draws(state, history)`` makes the chain's
-    result (:func:`finish` first gives the kept state)."""
+    result (:func:`finish` first gives the kept state). ``paths`` builds the potentials (default: the fast path
+    where the model allows it)."""
+    paths = Potentials() if paths is None else paths
+
     def init_state(fitted, chain) -> MapState:
-        pot = Potential(fitted, data, init=chain_start(fitted, init, chain.seed))
+        pot = paths(fitted, data, init=chain_start(fitted, init, chain.seed))
         return map_state(pot, pot.init, data, model=fitted, num_steps=num_steps)
 
     def step(state: MapState, batch, index: int):
@@ -143,11 +146,13 @@ def map_fit(state: MapState, run: MapRun, data: Data) -> MapFit:
 
 def fit_map(model, data: Data, *, init, num_steps: int, lr: float, optimizer="adam", lr_schedule="constant",
             seed: int = 0, progress: bool = True, holdout: Holdout | None = None, adversarial_eps: float = 0.0,
-            polish_steps: int = 0, method: str = "map", ckpt=None) -> MapFit:
+            polish_steps: int = 0, method: str = "map", ckpt=None, paths: Potentials | None = None) -> MapFit:
     """One MAP fit of a copy of ``model`` under ``seed`` (initial weights and minibatch order), in its own
     parameter store (:func:`~bnn_pyro.infer.driver.chain`); ``init`` as resolved by
-    :func:`~bnn_pyro.infer._init.resolve_init`, the rest (``ckpt`` too) as :func:`minimize`."""
-    engine = map_engine(data, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=adversarial_eps)
+    :func:`~bnn_pyro.infer._init.resolve_init`, ``paths`` as :func:`map_engine`, the rest (``ckpt`` too) as
+    :func:`minimize`."""
+    engine = map_engine(data, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=adversarial_eps,
+                        paths=paths)
     loop = Loop(num_steps=num_steps, lr=lr, method=method, desc=method, optimizer=optimizer, lr_schedule=lr_schedule,
                 progress=progress)
     with chain(model, seed) as fitted:

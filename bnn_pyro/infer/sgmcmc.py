@@ -108,7 +108,7 @@ import torch
 from bnn_pyro._checks import choice, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
-from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
@@ -145,6 +145,7 @@ class RunOptions:
     checkpoint: str | None = None
     checkpoint_every: int | None = None
     resume: bool = False
+    fast_path: bool = True
 
 
 @dataclass(frozen=True)
@@ -213,6 +214,10 @@ def fit_sgld(model, data: Data, cfg: SGLDConfig) -> Posterior:
         A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps and after
         the last; ``resume=True`` continues each chain from its file, bit-identically (see
         :mod:`bnn_pyro.infer.checkpoint`).
+    fast_path:
+        ``True`` (default): the potential is evaluated without tracing Pyro where the model allows it
+        (:class:`~bnn_pyro.infer._potential.Potential`; same values); ``False`` forces Pyro's traced potential.
+        ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     """
     plan, settings = _plan(cfg, friction=1.0)
     return run_plan(model, data, plan, "sgld", settings, cfg)
@@ -257,7 +262,7 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
         ``Gaussian(scale=<prior>)``), the data are tensors and at least 20 rows would be held out; the same
         rows for every chain. See the module docstring. A fraction, an ``(x_val, y_val)`` pair (all rows
         are then sampled on), or ``None`` (no early stopping: the exploration stages run to the joint mode).
-    num_chains, init, seed, progress, checkpoint, checkpoint_every, resume:
+    num_chains, init, seed, progress, checkpoint, checkpoint_every, resume, fast_path:
         As in :func:`fit_sgld`.
     """
     check_lr(cfg.lr)
@@ -315,21 +320,27 @@ def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: Ru
                         num_chains=num_chains, run=dict(method=method, **config))  # all checked before any chain runs
     loop = Loop(num_steps=len(plan.scale), lr=lr, method=method, desc=method + " chain {index}",
                 quantity="potential energy", progress=cfg.progress)
-    post = drive(model, data, sgmcmc_engine(plan, lr, method, data, init, seed, holdout), loop, num_chains=num_chains,
-                 seed=seed, config=config, checkpoints=ckpts, posterior_data=full)
+    paths = Potentials(cfg.fast_path)
+    post = drive(model, data, sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths), loop,
+                 num_chains=num_chains, seed=seed, config=config, checkpoints=ckpts, posterior_data=full)
+    paths.record(post.config)
     return select_noise(post, holdout)
 
 
-def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None) -> Engine:
+def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None,
+                  paths: Potentials | None = None) -> Engine:
     """The :class:`~bnn_pyro.infer.contract.Engine` of ``plan``: its state is a :class:`_Chain` (the position ``z``
     in unconstrained coordinates, updated by its :class:`SGMCMC` optimizer), a step evaluates ``U~`` on the batch
     (first the held-out early stopping and the curvature estimate the plan marks, and keeping the draw the plan
-    marks), ``after`` checks the gradient and records the step size taken, and the kept draws become the chain's."""
+    marks), ``after`` checks the gradient and records the step size taken, and the kept draws become the chain's.
+    ``paths`` builds the potentials (default: the fast path where the model allows it)."""
+    paths = Potentials() if paths is None else paths
+
     def init_state(fitted, info: ChainInfo) -> _Chain:
         if info.index > 0:  # the deterministic parameters of chain 0's start: they stay fixed (module docstring)
             chain_start(fitted, init, seed, points=True)
         start = "prior" if isinstance(init, str) and init == "net" and info.index > 0 else init  # module docstring
-        pot = Potential(fitted, data, init=chain_start(fitted, start, info.seed, points=info.index == 0))
+        pot = paths(fitted, data, init=chain_start(fitted, start, info.seed, points=info.index == 0))
         if pot.dim == 0:
             raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
                              "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")

@@ -118,7 +118,7 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     validation:
         Held-out rows for the noise (:mod:`bnn_pyro.infer.holdout`): default 10% of tensor data of at least
         200 rows; a fraction, an ``(x_val, y_val)`` pair, or ``None``.
-    seed, progress, checkpoint, checkpoint_every, resume:
+    seed, progress, checkpoint, checkpoint_every, resume, fast_path:
         As in :func:`bnn_pyro.infer.sgmcmc.fit_sgld` (checkpoint/resume is bit-identical).
 
     Returns

@@ -94,7 +94,7 @@ from pyro import poutine
 from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import resolve_init
-from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, CheckpointError, read, write
 from bnn_pyro.infer.driver import ChainRun, assemble
 from bnn_pyro.infer.holdout import noise_site, select_noise, split
@@ -111,7 +111,7 @@ _FULL_DATA = ("nuts", "hmc", "metropolis")  # MCMC with an accept/reject step: t
 # pre-training on full batches (or reshuffled epochs) by the MAP engine: swag.py's pre-training budget and rate
 _PRETRAIN_STEPS, _PRETRAIN_LR = 2000, 3e-2
 _SET_BY_SUBSPACE = ("seed", "progress", "batch_size", "dataset_size", "num_threads", "num_samples", "num_chains",
-                    "checkpoint", "checkpoint_every", "resume")
+                    "fast_path", "checkpoint", "checkpoint_every", "resume")
 STAGES = ("map", "swa", "inner")  # the sub-folders of checkpoint=FOLDER, one per stage
 
 
@@ -167,8 +167,8 @@ class SubspaceModel:
 
 def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_samples: int | None = None,
                  num_chains: int = 1, inner_options: dict | None = None, prior: str = "induced", prior_scale: float | None = None, swa: dict | None = None, seed: int = 0,
-                 progress: bool = True, checkpoint: str | None = None, checkpoint_every: int | None = None,
-                 resume: bool = False) -> Posterior:
+                 progress: bool = True, fast_path: bool = True, checkpoint: str | None = None,
+                 checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
     """Subspace inference: a PCA subspace of the SWA trajectory, then ``inner`` over its coordinates.
 
     Parameters
@@ -197,6 +197,10 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         Seeds both stages; ``progress=False`` turns the bars off. ``bp.fit``'s ``batch_size`` applies to the
         SWA run and to the stochastic-gradient inner engines (svi, sgld, sghmc, csgmcmc); nuts, hmc and
         metropolis see the full data at every step.
+    fast_path:
+        Passed to every stage (MAP pre-training, SWA, the inner engine; ``False``: Pyro's traced potential
+        throughout). ``config["fast_path"]`` says whether every stage ran on the fast path (the inner engine's
+        model over ``z`` is a Pyro function: Pyro's path); each stage's own config says which ran there.
     checkpoint, checkpoint_every, resume:
         A folder (it must exist) for the stages' checkpoints, one sub-folder each (``map``, ``swa``, ``inner``),
         written every ``checkpoint_every`` steps of each stage and after its last; ``resume=True`` continues
@@ -235,8 +239,9 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
                          "drop it, or pass prior='isotropic'.")
     scale = positive("prior_scale", 1.0 if prior_scale is None else prior_scale)
     swa = dict(swa or {})
-    for key in ("swag", "num_chains", "num_samples", "scale", "seed", "progress", "checkpoint", "checkpoint_every",
-                "resume"):
+    paths = Potentials(fast_path)
+    for key in ("swag", "num_chains", "num_samples", "scale", "seed", "progress", "fast_path", "checkpoint",
+                "checkpoint_every", "resume"):
         if key in swa:
             raise ValueError(f"swa: {key!r} is set by the subspace fit (one SWA chain builds the subspace); drop it.")
     num_weights = sum(math.prod(model.param_shapes[n]) for n in model.sample_names)
@@ -251,11 +256,11 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         swa=dict(swa, rank=deviations), seed=seed, batch_size=data.batch_size, dataset_size=data.size))
 
     if data.loader is None and "init" not in swa and swa.get("pretrain_steps") != 0:
-        swa.update(init=_map_start(model, data, swa, seed, progress, stages["map"]), pretrain_steps=0)
+        swa.update(init=_map_start(model, data, swa, seed, progress, paths, stages["map"]), pretrain_steps=0)
     swa_post, (moments,) = fit_moments(model, data, swag=True, rank=deviations, num_samples=1, num_chains=1,
-                                       seed=seed, progress=progress, **swa, **stages["swa"])
+                                       seed=seed, progress=progress, fast_path=fast_path, **swa, **stages["swa"])
     bnn = swa_post.model
-    pot = Potential(bnn, data, init="net")
+    pot = Potential(bnn, data, init="net", fast_path=False)  # its sites and transforms only: U is not evaluated
     columns, shapes, start = [], {}, 0
     for name, shape in pot.shapes.items():
         n = math.prod(shape)
@@ -284,11 +289,11 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
                                   convert=data.convert)
     if data.loader is not None:
         inner_post = fit(zmodel, data.loader, None, method=inner, dataset_size=data.size, seed=seed,
-                         progress=progress, **inner_options, **stages["inner"])
+                         progress=progress, fast_path=fast_path, **inner_options, **stages["inner"])
     else:
         batch = None if inner in _FULL_DATA else data.batch_size  # minibatches: for SWA and the SG engines
         inner_post = fit(zmodel, train.x, train.y, method=inner, batch_size=batch, seed=seed, progress=progress,
-                         **inner_options, **stages["inner"])
+                         fast_path=fast_path, **inner_options, **stages["inner"])
     samples = {k: v.detach().clone() for k, v in space.weights(inner_post.samples["z"]).items()}
     samples.update({k: v for k, v in inner_post.samples.items() if k != "z"})
     stats = {k: v for k, v in inner_post.sample_stats.items() if k != "log_q"}  # q(z) is not a density over w
@@ -301,10 +306,12 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         subspace=dict(rank=rank, deviations=int(moments.deviations.shape[0]),
                       singular_values=[float(s) for s in singular]),
         inner_config=inner_post.config, swa=swa_post.config))
+    paths.record(config, swa_post.config, inner_post.config)
     return select_noise(assemble(runs, method="subspace", config=config, data=data), holdout)
 
 
-def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool, ckpt: dict) -> dict[str, torch.Tensor]:
+def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool, paths: Potentials,
+               ckpt: dict) -> dict[str, torch.Tensor]:
     """The SWA run's starting point: ``swa``'s ``pretrain_steps`` steps of its ``pretrain_optimizer`` at
     ``pretrain_lr`` (defaults 2,000, Adam, ``3e-2``) with a cosine decay, by the MAP engine on full batches
     (reshuffled epochs of ``batch_size`` rows), early-stopped on the held-out rows the SWA run will hold out
@@ -317,7 +324,7 @@ def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool, ckp
     identity = dict(method="subspace", stage="map", num_steps=steps, lr=lr, optimizer=optimizer, seed=seed,
                     validation=swa.get("validation", "default"), batch_size=data.batch_size, dataset_size=data.size)
     run = fit_map(model, train, init=resolve_init(model, None, train), num_steps=steps, lr=lr, optimizer=optimizer,
-                  lr_schedule="cosine", seed=seed, progress=progress, holdout=holdout, method="subspace",
+                  lr_schedule="cosine", seed=seed, progress=progress, holdout=holdout, method="subspace", paths=paths,
                   ckpt=Checkpoint(ckpt["checkpoint"], every=ckpt["checkpoint_every"], resume=ckpt["resume"], chain=0,
                                   run=_plain(identity)) if ckpt else None)
     return {**run.point, **run.sample}

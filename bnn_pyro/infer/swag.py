@@ -102,7 +102,7 @@ from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
-from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
@@ -141,6 +141,7 @@ class SWAConfig:
     checkpoint: str | None = None
     checkpoint_every: int | None = None
     resume: bool = False
+    fast_path: bool = True
 
 
 @dataclass(frozen=True)
@@ -199,6 +200,10 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
         its layers' ``reset_parameters()`` under the run's seed; ``"net"``: a BNN's weights; ``"prior"``,
         ``"median"``, a dict or a :class:`Posterior`; see :mod:`bnn_pyro.infer._init`); a progress bar
         (``False``: off).
+    fast_path:
+        ``True`` (default): the potential is evaluated without tracing Pyro where the model allows it (same
+        values); ``False`` forces Pyro's traced potential (see :class:`~bnn_pyro.infer._potential.Potentials`).
+        ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     validation:
         Held-out rows (:mod:`bnn_pyro.infer.holdout`; default 10% of the rows when that is at least 20 rows
         and the data are tensors, the same rows for every chain): pre-training keeps its state with the best
@@ -303,8 +308,10 @@ def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments
     moments: dict[int, SWAGMoments] = {}  # per chain (drive runs the chains one after another, in this process)
     loop = Loop(num_steps=s.pretrain_steps + num_steps, lr=s.pretrain_lr, method=method, desc=method + " chain {index}",
                 quantity="loss U/N", hint=": a smaller pretrain_lr or lr", progress=cfg.progress)
-    post = drive(model, data, _engine(data, s, holdout, moments, method), loop, num_chains=num_chains, seed=cfg.seed,
-                 config=config, checkpoints=ckpts, posterior_data=full)
+    paths = Potentials(cfg.fast_path)
+    post = drive(model, data, _engine(data, s, holdout, moments, method, paths), loop, num_chains=num_chains,
+                 seed=cfg.seed, config=config, checkpoints=ckpts, posterior_data=full)
+    paths.record(post.config)
     return select_noise(post, holdout), [moments[c] for c in range(num_chains)]
 
 
@@ -341,7 +348,8 @@ class _Chain:
         return self.pot(self.pot.unflatten(self.z), batch) / self.size
 
 
-def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, method: str) -> Engine:
+def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, method: str,
+            paths: Potentials) -> Engine:
     """Both phases of one chain as an :class:`~bnn_pyro.infer.contract.Engine`: pre-training, then the SWA phase
     whose snapshots :meth:`after` collects; ``draws`` makes the SWA point or the SWAG draws."""
     pretrain = s.pretrain_steps
@@ -351,7 +359,7 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
         start = chain_start(fitted, s.init, info.seed)
         if isinstance(fitted, BNN):
             fitted.train()  # BatchNorm and dropout behave as in training
-        pot = Potential(fitted, data, init=start)
+        pot = paths(fitted, data, init=start)
         z = pot.flatten(pot.init).clone().requires_grad_()
         with poutine.trace(param_only=True) as capture:
             pot(pot.unflatten(z), data.first())

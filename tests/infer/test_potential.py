@@ -193,6 +193,8 @@ ENGINES = {
     "sgld": dict(num_warmup=10, num_samples=5, thin=1),
     "sghmc": dict(num_warmup=10, num_samples=5, thin=1),
     "csgmcmc": dict(num_cycles=2, num_samples=4),
+    "snapshot": dict(num_cycles=2, cycle_length=10),
+    "swa": dict(pretrain_steps=20, num_steps=20, burn_in=0),
     "swag": dict(pretrain_steps=20, num_steps=20, burn_in=0, rank=2, num_samples=5),
     "ensemble": dict(num_members=2, num_steps=30),
     # no L-BFGS polish: it runs to a change of 1e-12 in U, so rounding decides its last iterations (~3e-8 apart)
@@ -203,25 +205,79 @@ ENGINES = {
 
 @pytest.mark.parametrize("learned", [False, True], ids=["fixed-noise", "learned-noise"])
 @pytest.mark.parametrize("method", list(ENGINES))
-def test_engine_draws_equal_with_the_fast_path_forced_off(method, learned, monkeypatch):
+def test_engine_draws_equal_with_the_fast_path_forced_off(method, learned):
+    """The default (fast path, recorded in the config) and ``bp.fit(..., fast_path=False)`` (Pyro's path) draw the
+    same, on a Linear stack where the fast path is the analytic one."""
     x, y = _data(n=30)
     likelihood = bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0) if learned else 0.3)
-    paths, build = [], _potential._FastEnergy.build.__func__
-
-    def spy(cls, *args):
-        fast = build(cls, *args)
-        paths.append("pyro" if fast is None else fast.path)
-        return fast
-
-    monkeypatch.setattr(_potential._FastEnergy, "build", classmethod(spy))
     fits = []
-    for forced_off in (False, True):
-        if forced_off:
-            monkeypatch.setattr(_potential._FastEnergy, "build", classmethod(lambda cls, *a: None))
+    for off in ({}, dict(fast_path=False)):  # the default a user gets, then Pyro's path forced
         model = _bnn(_mlp(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 1)), likelihood)
-        fits.append(bp.fit(model, x, y, method=method, seed=0, progress=False, **ENGINES[method]))
-    assert "analytic" in paths  # the fast path ran in the first fit
+        fits.append(bp.fit(model, x, y, method=method, seed=0, progress=False, **off, **ENGINES[method]))
     on, off = fits
+    assert on.config["fast_path"] is True and on.config["potential"] == "analytic"
+    assert off.config["fast_path"] is False and off.config["potential"] == "pyro"
     assert sorted(on.samples) == sorted(off.samples)
     for name in on.samples:
         torch.testing.assert_close(on.samples[name], off.samples[name], rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("method", ["sgld", "sghmc", "csgmcmc", "snapshot", "swa", "swag", "ensemble", "laplace",
+                                    "mc_dropout", "subspace"])
+def test_every_engine_on_potential_declares_fast_path(method):
+    assert bp.infer.options(method)["fast_path"] is True
+    with pytest.raises(TypeError, match="fast_path must be True or False"):
+        bp.fit(_bnn(_mlp(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 1)), FIXED), *_data(n=10), method=method,
+               fast_path="no", progress=False, **ENGINES.get(method, {}))
+
+
+def test_function_model_records_pyros_path():
+    def model(x, y=None, dataset_size=None):
+        w = pyro.sample("w", dist.Normal(torch.zeros(3, dtype=x.dtype), 1.0).to_event(1))
+        with pyro.plate("data", x.shape[0], subsample_size=x.shape[0]):
+            pyro.sample("obs", dist.Normal(x @ w, 0.3), obs=y)
+
+    post = bp.fit(model, *_data(n=20), method="sgld", num_warmup=2, num_samples=2, thin=1, seed=0, progress=False)
+    assert post.config["fast_path"] is False and post.config["potential"] == "pyro"
+
+
+def test_potentials_record_every_path_and_the_stages():
+    record = _potential.Potentials()
+    record.paths += ["analytic", "pyro", "analytic"]
+    assert record.record({}) == {"fast_path": False, "potential": "analytic+pyro"}
+    assert _potential.Potentials().record({}) == {"fast_path": False}  # none built: none ran fast
+    assert _potential.Potentials().record({}, {"fast_path": True}) == {"fast_path": True}
+    assert _potential.Potentials().record({}, {"fast_path": True}, {"fast_path": False}) == {"fast_path": False}
+
+
+def test_subspace_passes_fast_path_to_every_stage():
+    x = torch.linspace(-2, 2, 30, dtype=torch.float64)[:, None]
+    y = torch.sin(2 * x[:, 0])
+    fits = {}
+    for fast in (True, False):
+        model = _bnn(_mlp(nn.Linear(1, 6), nn.Tanh(), nn.Linear(6, 1)), FIXED)
+        fits[fast] = bp.fit(model, x, y, method="subspace", rank=2, inner="svi", num_samples=5,
+                            inner_options=dict(num_steps=5), swa=dict(rank=4, pretrain_steps=20, num_steps=20),
+                            seed=0, progress=False, **({} if fast else dict(fast_path=False)))
+    assert fits[True].config["swa"]["potential"] == "analytic" and fits[True].config["swa"]["fast_path"] is True
+    assert fits[False].config["swa"]["potential"] == "pyro" and fits[False].config["inner_config"]["fast_path"] is False
+    assert fits[False].config["fast_path"] is False
+    # the inner engine's model over z is a Pyro function: Pyro's path, so the whole fit is not on the fast path
+    assert fits[True].config["inner_config"]["fast_path"] is False and fits[True].config["fast_path"] is False
+
+
+def test_laplace_records_a_rewritten_prior_on_pyros_path_and_the_gaussian_takes_the_option():
+    from bnn_pyro.infer.laplace import laplace_approximation
+
+    x, y = _data(n=20)
+
+    def model():
+        return _bnn(_mlp(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)), FIXED)
+
+    # a number prior_precision rewrites the prior: the MAP search's U is a Pyro function (Pyro's path)
+    post = bp.fit(model(), x, y, method="laplace", prior_precision=2.0, num_steps=5, num_samples=3, polish_steps=0,
+                  seed=0, progress=False)
+    assert post.config["potential"] == "analytic+pyro" and post.config["fast_path"] is False
+    for fast, path in ((True, "analytic"), (False, "pyro")):
+        approx = laplace_approximation(model(), Data(x=x, y=y), num_steps=5, polish_steps=0, fast_path=fast)
+        assert approx.potential.path == path

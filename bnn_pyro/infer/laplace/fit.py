@@ -13,7 +13,7 @@ from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
-from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.driver import ChainRun, assemble, chain, run_chains
 from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, split
@@ -37,7 +37,7 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
                 num_samples: int = 1000, num_chains: int = 1, num_steps: int | None = None, lr: float = 1e-2,
                 polish_steps: int | None = None, marglik_rounds: int = 1, init=None, seed: int = 0,
                 progress: bool = True, checkpoint: str | None = None, checkpoint_every: int | None = None,
-                resume: bool = False) -> Posterior:
+                resume: bool = False, fast_path: bool = True) -> Posterior:
     """Fit a Laplace approximation of the posterior of ``model`` and return its draws as a
     :class:`~bnn_pyro.Posterior` (see :mod:`bnn_pyro.infer.laplace` for the method).
 
@@ -90,6 +90,12 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         :mod:`bnn_pyro.infer.checkpoint`). What follows the search (polish, curvature, prior-precision rounds with
         their shorter refits, noise) is recomputed from the saved end of the search, so a run that dies there
         resumes bit-identically too.
+    fast_path:
+        ``True`` (default): the potential ``U`` of the MAP search and curvature is evaluated without tracing Pyro
+        where the model allows it (same values; under a prior rewritten by ``prior_precision`` other than
+        ``"model"``, ``U`` is a Pyro function: Pyro's path); ``False`` forces Pyro's traced potential.
+        ``config["fast_path"]`` says whether every ``U`` built ran on the fast path, ``config["potential"]`` the
+        paths (:class:`~bnn_pyro.infer._potential.Potentials`).
 
     Example
     -------
@@ -114,11 +120,11 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
     ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
                         run=dict(method="laplace", **clean_config({**head, **tail})))
     x0, y0 = train.first()
-    approxes = []
+    approxes, paths = [], Potentials(fast_path)
 
     def one_chain(fitted, info):
         approx = fit_chain(fitted, train, settings, info.seed, progress, f"laplace chain {info.index}", holdout,
-                           ckpt=ckpts[info.index])
+                           ckpt=ckpts[info.index], paths=paths)
         approxes.append(approx)
         draws = approx.sample(num_samples, seed=info.seed)
         return ChainRun(fitted, draws, point_values(fitted, x0, y0, train.size),
@@ -136,6 +142,7 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
                            "dim": len(approxes[0].active), **tail})
     if noise:  # JSON-friendly as it is (as the ensemble's record from holdout.select_noise)
         config["noise"] = noise[0] if num_chains == 1 else noise
+    paths.record(config)
     if settings.predictive is Predictive.GLM and not _linear_in(runs[-1].model, approxes[0].linearized_sites()):
         for run, approx in zip(runs, approxes):  # where each chain's network is linearized
             run.history.update({CENTER + name: approx.center()[name] for name in approx.linearized_sites()})
@@ -143,14 +150,14 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
 
 
 def laplace_approximation(model, data: Data, *, seed: int = 0, progress: bool = False, validation=None,
-                          **config) -> LaplaceApproximation:
+                          fast_path: bool = True, **config) -> LaplaceApproximation:
     """The Gaussian itself (one chain) for the options of :func:`fit_laplace` except ``num_samples``,
     ``num_chains`` and ``predictive``; ``model`` is copied and the copy, with its fitted point values, is
     ``.model``. No rows are held out unless ``validation`` says so (then the Gaussian is fitted on the rest)."""
     settings = make_settings(model, data, **config)
     train, holdout, _ = split(data, validation, seed=seed, method="laplace", convert=data.convert)
     with chain(model, seed) as fitted:
-        return fit_chain(fitted, train, settings, seed, progress, "laplace", holdout)
+        return fit_chain(fitted, train, settings, seed, progress, "laplace", holdout, paths=Potentials(fast_path))
 
 
 def make_settings(model, data: Data, *, structure=None, hessian=None, prior_precision="model", num_steps=None,
@@ -208,12 +215,15 @@ def _map(pot: Potential, z, data: Data, s: Settings, steps: int, seed: int, prog
 
 
 def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: str,
-              holdout: Holdout | None = None, ckpt: Checkpoint | None = None) -> LaplaceApproximation:
+              holdout: Holdout | None = None, ckpt: Checkpoint | None = None,
+              paths: Potentials | None = None) -> LaplaceApproximation:
     """One chain: MAP, curvature, prior precision and noise; ``data`` are the training rows. ``ckpt`` checkpoints
     the first MAP search; the refits of the prior-precision rounds are not (a resumed run recomputes them from the
-    end of that search: one-shot steps and short refits, deterministic given its state and generators)."""
+    end of that search: one-shot steps and short refits, deterministic given its state and generators). ``paths``
+    builds the potentials (default: the fast path where the model allows it)."""
+    paths = Potentials() if paths is None else paths
     pyro.set_rng_seed(seed)
-    base = Potential(model, data, init=chain_start(model, s.init, seed))
+    base = paths(model, data, init=chain_start(model, s.init, seed))
     marglik = s.prior_precision in (PriorPrecision.MARGLIK, PriorPrecision.MARGLIK_LAYERWISE)
     site = noise_site(model) if holdout is not None or marglik else None
     site = site if site in base.shapes else None  # a learned Gaussian noise: a hyperparameter, not covered
@@ -221,7 +231,7 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
     z = base.flatten(base.init)
     normal = None if s.prior_precision is PriorPrecision.MODEL else normal_sites(model, base, layout, data)
     delta = None if not isinstance(s.prior_precision, float) else {"all": s.prior_precision}
-    pots = potentials(model, data, base, z, normal, delta)
+    pots = potentials(model, data, base, z, normal, delta, build=paths)
     z, loss = _map(pots[0], z, data, s, s.num_steps, seed, progress, desc, holdout, model, ckpt=ckpt)
     lik, prior = terms(model, pots, z, data, layout, s)
     unit = None if not marglik else {g: 1.0 for g in normal.groups(s.prior_precision)}
@@ -232,7 +242,7 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
         new, sigma = optimize_precision(lik, prior1, normal, z, layout, delta or normal.initial(unit), terms_noise)
         if sigma is not None:
             z = with_noise(base, z, layout, site, sigma)
-        pots = potentials(model, data, base, z, normal, new)
+        pots = potentials(model, data, base, z, normal, new, build=paths)
         z, _ = _map(pots[0], z, data, s, s.num_steps // 4, seed, False, desc, holdout, model,
                     fixed=[site] if site else ())
         lik, prior = terms(model, pots, z, data, layout, s)

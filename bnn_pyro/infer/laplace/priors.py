@@ -85,27 +85,29 @@ def normal_sites(model, pot: Potential, layout: Layout, data: Data) -> NormalSit
 
 
 def potentials(model, data: Data, base: Potential, z, normal: NormalSites | None,
-                delta: dict[str, float] | None) -> tuple[Potential, Potential]:
+                delta: dict[str, float] | None, build=Potential) -> tuple[Potential, Potential]:
     """``U`` and its prior part for ``model`` with its Normal priors at precision ``delta`` (per group;
-    ``None``: the model's own priors), as Potentials at ``z``."""
+    ``None``: the model's own priors), as Potentials at ``z``. ``U`` is made by ``build`` (:class:`Potential` or a
+    fit's :class:`~bnn_pyro.infer._potential.Potentials`, which records its path); the prior part, a Pyro function
+    of the sites alone (Pyro's path), by :class:`Potential`."""
     scales = {} if delta is None else {s: loc.new_tensor(delta[normal.group(s, delta)] ** -0.5)
                                         for s, loc in normal.locs.items()}
     locs = {} if normal is None else normal.locs
     with torch.no_grad():
         values = {k: v.detach() for k, v in base.constrain(base.unflatten(z)).items()}
 
-    def rewritten(observed):
+    def rewritten(observed, make):
         handler = Rewrite(scales, locs, observed)
 
         def run(x, y=None, dataset_size=None):
             with handler:
                 return call_model(model, x, y, dataset_size)
 
-        pot = Potential(run, data, init=values)
+        pot = make(run, data, init=values)
         if list(pot.shapes) != list(base.shapes):
             raise RuntimeError(f"laplace: the rewritten model has sites {list(pot.shapes)}, not {list(base.shapes)}.")
         return pot
 
-    return (base if delta is None else rewritten(True)), rewritten(False)
+    return (base if delta is None else rewritten(True, build)), rewritten(False, Potential)
 
 
