@@ -156,7 +156,10 @@ class StackPotential:
         return ref if a is None else theta[..., a:b].view(lead + shape)
 
     def __call__(self, theta: torch.Tensor, x: torch.Tensor | None = None, y: torch.Tensor | None = None):
-        if theta.dim() == 1 and (x is None or (x is self.x and y is self.y)):  # the bound data, one theta
+        # the bound data (no x given: NUTS/HMC), one theta. A caller passing batches (SVI, Potential) always takes the
+        # general path below, so that a batch gives the same floats whether or not it is the bound data's tensor
+        # (a stream of batches then equals a fit on the tensor, tests/infer/test_streaming.py)
+        if theta.dim() == 1 and x is None:
             self._buf.copy_(theta)
             grad = self._bound()
             return torch.dot(self._sum_u, self._u_weights), grad
