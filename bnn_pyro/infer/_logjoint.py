@@ -236,9 +236,10 @@ class FlatPotential:
         self._gradient = self._step = None
 
     def eager(self, theta: torch.Tensor):
-        theta = theta.detach().requires_grad_()
-        value = self.energy(theta)
-        (grad,) = torch.autograd.grad(value, theta)
+        with torch.enable_grad():  # NUTS runs its transitions under no_grad
+            theta = theta.detach().requires_grad_()
+            value = self.energy(theta)
+            (grad,) = torch.autograd.grad(value, theta)
         return value.detach(), grad
 
     def __call__(self, theta: torch.Tensor):

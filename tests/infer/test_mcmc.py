@@ -309,8 +309,13 @@ def test_mixed_chains_have_rhat_near_one():
                   progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no convergence warning at all
-        table = post.summary()
-    assert (table["r_hat"] < 1.01).all(), table["r_hat"]
+        post.summary()
+    # the unrounded rank-normalized split R-hat (ArviZ's summary table rounds it to 2 decimals, so "< 1.01" on the
+    # table meant < 1.005, which seed 6 missed on an earlier version of the sampler with ESS 1,500-2,100): the
+    # 1.01 criterion of Vehtari et al. (2021), several standard errors above 1 at these bulk ESS (1,300-2,100)
+    rhat = az.rhat(post.to_inference_data(log_likelihood=False))
+    worst = max(float(rhat[name].max()) for name in rhat.data_vars)
+    assert worst < 1.01, rhat
 
 
 def test_chains_started_apart_and_not_mixed_are_flagged():
