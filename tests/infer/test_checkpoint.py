@@ -130,9 +130,12 @@ def test_killed_writer_leaves_a_complete_checkpoint(tmp_path):
     the newest one reported or a later one. A leftover temporary file shows that a kill hit a write.
     The kill comes at a fraction of the writer's own cycle (timed between two of its writes), so the
     moments spread over the cycle however busy the machine is (fixed delays of 11-43 ms all landed in
-    the tensor's hashing on a loaded machine); the kills go on (at most 12) until one has hit a write."""
+    the tensor's hashing on a loaded machine); the kills go on until one has hit a write, at phases that sweep
+    the cycle ever more finely (at most 30: on an idle machine the write is a small part of the cycle, and 12
+    kills at six phases once all missed it)."""
     path, start, mid_write = tmp_path / "c.ckpt", 0, 0
-    for kill, phase in enumerate((0.5, 0.8, 0.3, 0.65, 0.95, 0.15) * 2):
+    sweep = [0.5, 0.8, 0.3, 0.65, 0.95, 0.15] + [(k + 0.5) / 24 for k in range(24)]
+    for kill, phase in enumerate(sweep):
         if kill >= 3 and mid_write > 0:
             break
         proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(start)], stdout=subprocess.PIPE,
