@@ -43,7 +43,8 @@ from bnn_pyro.infer.checkpoint import Checkpoint, StepCheckpoint
 from bnn_pyro.infer.driver import ChainInfo, ChainRun, Resumable, assemble, descend, run_chains
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["Capabilities", "Declaration", "Engine", "LossInfo", "Loop", "State", "drive", "run", "entry"]
+__all__ = ["Capabilities", "Declaration", "Engine", "LossInfo", "Loop", "State", "drive", "run", "entry", "RunOptions",
+           "PotentialRunOptions"]
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class Declaration:
         """The engine's own keyword options with their defaults (``bp.fit``'s keywords not included)."""
         fn = self.fit_function()
         if hasattr(fn, "config_type"):
-            return {f.name: _default(f) for f in dataclasses.fields(fn.config_type)}
+            return {f.name: _default(f) for f in _ordered_fields(fn.config_type)}
         found = _keywords(fn)
         if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
             if self.passed_on is None:
@@ -122,6 +123,37 @@ def _keywords(fn) -> dict[str, object]:
             if name not in ("model", "data") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
 
 
+@dataclass(frozen=True)
+class RunOptions:
+    """The options every optimization engine takes besides its own, the base of its config dataclass; :func:`entry`
+    lists them last in the engine's signature (its own options first, in their order): the seed, the progress bar
+    and checkpoint/resume (:mod:`bnn_pyro.infer.checkpoint`)."""
+
+    seed: int = 0
+    progress: bool = True
+    checkpoint: str | None = None
+    checkpoint_every: int | None = None
+    resume: bool = False
+
+
+@dataclass(frozen=True)
+class PotentialRunOptions(RunOptions):
+    """:class:`RunOptions` of an engine built on :class:`~bnn_pyro.infer._potential.Potential`, which also takes
+    ``fast_path`` (the analytic or torch potential where the model allows it; ``False``: Pyro's trace)."""
+
+    fast_path: bool = True
+
+
+_LAST = tuple(f.name for f in dataclasses.fields(PotentialRunOptions))
+
+
+def _ordered_fields(config_type: type) -> list[dataclasses.Field]:
+    """The config's fields with the shared :class:`RunOptions` ones last (a dataclass lists a base's first)."""
+    own = dataclasses.fields(config_type)
+    return [f for f in own if f.name not in _LAST] + sorted((f for f in own if f.name in _LAST),
+                                                             key=lambda f: _LAST.index(f.name))
+
+
 def entry(config_type: type):
     """Decorate ``fit(model, data, config: config_type) -> Posterior`` into the engine's public function
     ``fit(model, data, **options)``: the options become ``config_type(**options)`` and its signature lists
@@ -141,7 +173,7 @@ def entry(config_type: type):
         params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
                   inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Data")]
         params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=f.type)
-                   for f in dataclasses.fields(config_type)]
+                   for f in _ordered_fields(config_type)]
         fit.__signature__ = inspect.Signature(params, return_annotation="Posterior")
         fit.config_type = config_type
         return fit

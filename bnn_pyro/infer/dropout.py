@@ -104,7 +104,7 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, ExtraState, StepCheckpoint, open_chains
-from bnn_pyro.infer.contract import Engine, LossInfo, Loop, drive, entry
+from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
                                     split)
@@ -134,7 +134,7 @@ class _Site:
 
 
 @dataclass(frozen=True)
-class MCDropoutConfig:
+class MCDropoutConfig(PotentialRunOptions):
     """The options of ``method="mc_dropout"`` and their defaults (documented in :func:`fit_mc_dropout`)."""
 
     p: float = 0.1
@@ -152,12 +152,6 @@ class MCDropoutConfig:
     num_samples: int = 1000
     init: object = None
     validation: object = "default"
-    seed: int = 0
-    progress: bool = True
-    checkpoint: str | None = None
-    checkpoint_every: int | None = None
-    resume: bool = False
-    fast_path: bool = True
 
 
 @entry(MCDropoutConfig)

@@ -67,7 +67,7 @@ from bnn_pyro.infer.holdout import DEFAULT, describe, select_noise, split
 from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.checkpoint import open_chains
-from bnn_pyro.infer.contract import Loop, drive, entry
+from bnn_pyro.infer.contract import Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.map_fit import finish, map_engine, map_fit
 from bnn_pyro.posterior import Posterior
@@ -79,7 +79,7 @@ EnsembleInit = Init  # the shared choices; the name is kept for backward compati
 
 
 @dataclass(frozen=True)
-class EnsembleConfig:
+class EnsembleConfig(PotentialRunOptions):
     """The options of ``method="ensemble"`` and their defaults (documented in :func:`fit_ensemble`)."""
 
     num_members: int = 5
@@ -90,12 +90,6 @@ class EnsembleConfig:
     init: object = None
     adversarial_eps: float = 0.0
     validation: object = "default"
-    seed: int = 0
-    progress: bool = True
-    checkpoint: str | None = None
-    checkpoint_every: int | None = None
-    resume: bool = False
-    fast_path: bool = True
 
 
 @entry(EnsembleConfig)

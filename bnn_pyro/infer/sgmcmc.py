@@ -110,7 +110,7 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
-from bnn_pyro.infer.contract import Engine, Loop, drive, entry
+from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
                                     split)
@@ -119,7 +119,7 @@ from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle",
-           "SGLDConfig", "SGHMCConfig", "CSGMCMCConfig", "RunOptions", "SGInfo"]
+           "SGLDConfig", "SGHMCConfig", "CSGMCMCConfig", "SGOptions", "SGInfo"]
 
 
 SCORE_EVERY = 50  # csgmcmc with held-out rows: exploration steps between held-out scores
@@ -134,22 +134,16 @@ class Schedule(str, Enum):
 
 # ---------------------------------------------------------------------- options (frozen, checked by bp.fit)
 @dataclass(frozen=True)
-class RunOptions:
+class SGOptions(PotentialRunOptions):
     """The options every SG-MCMC method and snapshot ensembles take (see :func:`fit_sgld`)."""
 
     lr: float | str = "auto"
     num_chains: int = 1
     init: object = None
-    seed: int = 0
-    progress: bool = True
-    checkpoint: str | None = None
-    checkpoint_every: int | None = None
-    resume: bool = False
-    fast_path: bool = True
 
 
 @dataclass(frozen=True)
-class SGLDConfig(RunOptions):
+class SGLDConfig(SGOptions):
     """The options of ``method="sgld"`` and their defaults (see :func:`fit_sgld`)."""
 
     num_samples: int = 500
@@ -166,7 +160,7 @@ class SGHMCConfig(SGLDConfig):
 
 
 @dataclass(frozen=True)
-class CSGMCMCConfig(RunOptions):
+class CSGMCMCConfig(SGOptions):
     """The options of ``method="csgmcmc"`` and their defaults (see :func:`fit_csgmcmc`)."""
 
     num_cycles: int = 4
@@ -301,7 +295,7 @@ def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
 
 
 # ---------------------------------------------------------------------- the engine
-def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: RunOptions,
+def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: SGOptions,
              holdout: Holdout | None = None, full: Data | None = None) -> Posterior:
     """Fit ``model`` by ``plan`` (the shared update of the module docstring) on ``data``: the engine of
     :func:`sgmcmc_engine` driven by :func:`~bnn_pyro.infer.contract.drive` (``num_chains`` chains, each in its own

@@ -62,7 +62,7 @@ from bnn_pyro.diagnostics import DiagnosticWarning
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, split
-from bnn_pyro.infer.sgmcmc import RunOptions, run_plan
+from bnn_pyro.infer.sgmcmc import SGOptions, run_plan
 from bnn_pyro.infer.sgmcmc_step import ADAPT_EVERY, Plan, check_friction, check_lr, cosine_cycle
 from bnn_pyro.posterior import Posterior
 
@@ -89,7 +89,7 @@ def snapshot_plan(num_cycles: int, cycle_length: int, friction: float) -> Plan:
 
 
 @dataclass(frozen=True)
-class SnapshotConfig(RunOptions):
+class SnapshotConfig(SGOptions):
     """The options of ``method="snapshot"`` and their defaults (see :func:`fit_snapshot`)."""
 
     num_cycles: int = 5

@@ -81,7 +81,7 @@ from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer import _density, _logjoint, _svi_flat
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
-from bnn_pyro.infer.contract import Engine, Loop, LossInfo, drive, entry
+from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
@@ -110,7 +110,7 @@ class ElboKind(str, Enum):
 
 
 @dataclass(frozen=True)
-class SVIConfig:
+class SVIConfig(PotentialRunOptions):
     """The options of ``method="svi"`` and their defaults (documented in :func:`fit`)."""
 
     guide: object = "mean_field"
@@ -130,13 +130,7 @@ class SVIConfig:
     init: object = None
     init_scale: float = 0.01
     baseline_beta: float = 0.9
-    seed: int = 0
-    progress: bool = True
     distributed: bool = False
-    checkpoint: str | None = None
-    checkpoint_every: int | None = None
-    resume: bool = False
-    fast_path: bool = True
 
 
 @entry(SVIConfig)

@@ -104,7 +104,7 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
-from bnn_pyro.infer.contract import Engine, Loop, drive, entry
+from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
 from bnn_pyro.infer.holdout import DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, select_noise, split
 from bnn_pyro.infer.swag_state import PhasedOptimizer, PretrainOptimizer, SWAGMoments, auto_lr, batchnorm_statistics
@@ -119,7 +119,7 @@ _SWAG_ONLY = ("applies to method='swag' only: SWA keeps the averaged point, not 
 
 
 @dataclass(frozen=True)
-class SWAConfig:
+class SWAConfig(PotentialRunOptions):
     """The options of ``method="swa"`` and their defaults (see :func:`fit_swag`; SWAG's ``rank``, ``num_samples``
     and ``scale`` are refused)."""
 
@@ -136,12 +136,6 @@ class SWAConfig:
     num_chains: int = 1
     init: object = None
     validation: object = "default"
-    seed: int = 0
-    progress: bool = True
-    checkpoint: str | None = None
-    checkpoint_every: int | None = None
-    resume: bool = False
-    fast_path: bool = True
 
 
 @dataclass(frozen=True)

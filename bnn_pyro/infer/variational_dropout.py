@@ -76,7 +76,7 @@ from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.reparam import Estimator, WeightNoise, _Gaussian
 from bnn_pyro.infer.checkpoint import open_chains
-from bnn_pyro.infer.contract import Engine, Loop, drive, entry
+from bnn_pyro.infer.contract import Engine, Loop, RunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.optim import Schedule
 from bnn_pyro.model import BNN
@@ -176,7 +176,7 @@ def _is_number(value) -> bool:
 
 
 @dataclass(frozen=True)
-class VariationalDropoutConfig:
+class VariationalDropoutConfig(RunOptions):
     """The options of ``method="variational_dropout"`` and their defaults (see :func:`fit_variational_dropout`)."""
 
     num_steps: int | None = None
@@ -189,11 +189,6 @@ class VariationalDropoutConfig:
     num_samples: int = 200
     init_scale: float = 0.01
     init: object = None
-    seed: int = 0
-    progress: bool = True
-    checkpoint: str | None = None
-    checkpoint_every: int | None = None
-    resume: bool = False
 
 
 @dataclass(frozen=True)
