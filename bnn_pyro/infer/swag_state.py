@@ -155,7 +155,7 @@ def batchnorm_statistics(model, samples: dict[str, torch.Tensor], average: dict[
                                              m.track_running_stats for m in model.net.modules()):
         return {}
     if data.loader is not None:
-        inputs = [xb for xb, _ in data._loader_batches()]
+        inputs = [xb for xb, _ in data.loader_pass()]
     else:  # near-equal chunks: none of size 1, which training-mode BatchNorm refuses
         inputs = list(torch.tensor_split(data.x, math.ceil(data.x.shape[0] / batch_size)))
     was_training = model.training

@@ -48,7 +48,8 @@ class Data:
         xb, yb = batch
         return self.convert(xb, yb) if self.convert is not None else (xb, yb)
 
-    def _loader_batches(self):
+    def loader_pass(self) -> Iterator[tuple[torch.Tensor, torch.Tensor | None]]:
+        """One pass over the loader's batches, converted (a re-iterable loader; e.g. for BatchNorm statistics)."""
         for batch in self.loader:
             yield self._convert(batch)
 
@@ -77,7 +78,7 @@ class Data:
         while True:
             if self.loader is not None:
                 count = 0
-                for batch in self._loader_batches():
+                for batch in self.loader_pass():
                     count += 1
                     yield batch
                 if count == 0:
