@@ -23,16 +23,18 @@ Inside a subtree, iteratively (no recursion):
   (``k + 1`` divisible by ``2**m``) is checked at leaf ``k``, for ``m = 1 .. trailing_zeros(k + 1)``
   together, with Stan's two extra checks across its halves: the same set of checks as the recursion,
   so a subtree is rejected exactly when the recursive builder rejects it. The vectors they need live in
-  one preallocated buffer of shape ``(C, levels + 1, 5, D)``: per level, the momentum, ``M^-1 p`` and the
+  one preallocated buffer of shape ``(levels + 1, 5, C, D)``: per level, the momentum, ``M^-1 p`` and the
   prefix sum of momenta before the node's first leaf, and ``M^-1 p`` and the prefix sum before the first
-  half's last leaf (slot 0 holds the current leaf). By linearity every inner product of the checks is a
-  sum of entries of one Gram matrix of those vectors, so the checks completing at a leaf are one ``bmm``,
-  one product with a constant ``(+-1)`` selection matrix and one comparison (prefix sums restart at each
-  subtree, which bounds the cancellation of the differences).
+  half's last leaf (slot 0 holds the current leaf). Every vector a check's momentum sum needs is a signed
+  sum of those (prefix sums make the sums of momenta differences), so the checks completing at a leaf are
+  one matrix product with a constant ``(+-1)`` matrix (the momentum sums), one ``index_select`` (the
+  ``M^-1 p`` they are dotted with), one batched inner product and one comparison (prefix sums restart at
+  each subtree, which bounds the cancellation of the differences).
 
 At the top level the new subtree's draw wins with probability ``min(1, w_new / w_old)`` (biased progressive
 sampling) and the merged trajectory is checked with Stan's three criteria, as ``FlatNUTS._transition`` and
-``_u_turn`` do. Per leaf, about twenty tensor operations of bookkeeping beside the leapfrog step.
+``_u_turn`` do. Per lockstep leaf, about 25 top-level tensor operations of bookkeeping beside the leapfrog
+step, whatever C (``benchmarks/nuts_batched.py`` counts them).
 ``tests/infer/test_nuts_batched.py`` checks exact-draw invariance, a non-Gaussian target with closed-form
 moments, the subtree outcomes against the recursive builder of :mod:`bnn_pyro.infer._nuts` and the
 statistics against :class:`~bnn_pyro.infer._nuts.FlatNUTS`; ``benchmarks/nuts_batched.py`` measures it.
@@ -185,42 +187,63 @@ class _Subtree(NamedTuple):
 
 
 class _Buffers:
-    """The subtree's per-level vectors (see the module docstring) and, made once per transition, the views of
-    them that a leaf writes (levels starting at it, the first half it ends) and the checks read."""
+    """The subtree's per-level vectors (see the module docstring), laid out ``(levels + 1, 5, C, D)``: each vector
+    a contiguous block, those of slots ``0..t`` the rows of one ``(5 (t + 1), C * D)`` matrix; and the views of
+    them that a leaf writes (levels starting at it, the first half it ends) and the checks read, made on first use."""
 
     def __init__(self, c: int, d: int, levels: int, dtype, device):
-        q = torch.zeros(c, levels + 1, 5, d, dtype=dtype, device=device)
-        self.q, self.levels = q, levels
-        self.p, self.sharp, self.prev = q[:, 0, _P], q[:, 0, _SHARP], q[:, 0, _PREV]
-        self.leaf = q[:, 0:1, :_E_SHARP]  # the current leaf as a node's start: (p, sharp, prev)
-        self.starts = [q[:, 1:r + 1, :_E_SHARP] for r in range(levels + 1)]  # r levels starting at a leaf
-        self.half_end = q[:, 0, _SHARP:_E_SHARP]  # the current leaf as a first half's last: (sharp, prev)
-        self.ends = [q[:, m, _E_SHARP:] for m in range(levels + 1)]
-        self.gram = [None] + [(x, x.mT) for x in (q[:, :t + 1].view(c, 5 * (t + 1), d) for t in range(1, levels + 1))]
-        self.selection = [None] + [_selection(t, dtype, device) for t in range(1, levels + 1)]
+        q = torch.zeros(levels + 1, 5, c, d, dtype=dtype, device=device)
+        self.q, self._shape = q, (c, d)
+        self.p, self.sharp, self.prev = q[0, _P], q[0, _SHARP], q[0, _PREV]
+        self.leaf = q[0:1, :_E_SHARP]  # the current leaf as a node's start: (p, sharp, prev)
+        self.half_end = q[0, _SHARP:_E_SHARP]  # the current leaf as a first half's last: (sharp, prev)
+        self._starts, self._ends, self._checks = {}, {}, {}
+
+    def starts(self, r: int) -> Tensor:
+        """Slots ``1..r``' (p, sharp, prev): the ``r`` levels starting at the current leaf."""
+        if r not in self._starts:
+            self._starts[r] = self.q[1:r + 1, :_E_SHARP]
+        return self._starts[r]
+
+    def ends(self, m: int) -> Tensor:
+        """Slot ``m``'s (E sharp, E prev): level ``m``'s first half ends at the current leaf."""
+        if m not in self._ends:
+            self._ends[m] = self.q[m, _E_SHARP:]
+        return self._ends[m]
+
+    def checks(self, t: int) -> Tensor:
+        """The ``6 t`` inner products of the turning checks of levels ``1..t`` completing at the current leaf,
+        ``(6 t, C)``: the left vectors picked by index, the right ones combined by one matrix product."""
+        if t not in self._checks:
+            c, d = self._shape
+            left, right = _selection(t, self.q.dtype, self.q.device)
+            self._checks[t] = (self.q[:t + 1].view(5 * (t + 1), c * d), left, right.T, (6 * t, c, d))
+        rows, left, right, shape = self._checks[t]
+        return torch.linalg.vecdot(rows.index_select(0, left).view(shape), torch.mm(right, rows).view(shape))
 
 
 @functools.lru_cache(maxsize=None)
-def _selection(t: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """``(25 (t + 1)^2, 6 t)``: the six turning checks of each level ``m = 1..t`` completing at the current leaf
-    as signed sums of entries of the Gram matrix of slots ``0..t`` (flattened). Level ``m``'s node starts at
-    slot ``m``'s leaf ``s``, its second half at slot ``m - 1``'s (the current leaf for ``m = 1``), its first half
-    ends at the leaf slot ``m``'s ``E`` vectors saved; ``P_k`` (prefix sum up to the current leaf) is slot 0's
-    ``prev + p``. With ``rho = P_k - P_{s-1}``, ``rho_1 = first.rho + p_mid`` and ``rho_2 = second.rho +
-    p_{mid-1}``: ``sharp_s . rho``, ``sharp_k . rho``, ``sharp_s . rho_1``, ``sharp_mid . rho_1``,
-    ``sharp_{mid-1} . rho_2``, ``sharp_k . rho_2``, each > 0 where the node does not turn."""
-    n = 5 * (t + 1)
-    w = torch.zeros(n, n, 6 * t, dtype=torch.float64)
+def _selection(t: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
+    """The six turning checks of each level ``m = 1..t`` completing at the current leaf, over the columns
+    ``5 slot + component`` of slots ``0..t``: the left vector's column ``(6 t,)`` and the right vectors as signed
+    sums of columns ``(5 (t + 1), 6 t)``. Level ``m``'s node starts at slot ``m``'s leaf ``s``, its second half at
+    slot ``m - 1``'s (the current leaf for ``m = 1``), its first half ends at the leaf whose vectors slot ``m``'s
+    ``E`` components saved; ``P_k`` (the prefix sum up to the current leaf) is slot 0's ``prev + p``. With
+    ``rho = P_k - P_{s-1}``, ``rho_1 = first.rho + p_mid`` and ``rho_2 = second.rho + p_{mid-1}``: ``sharp_s .
+    rho``, ``sharp_k . rho``, ``sharp_s . rho_1``, ``sharp_mid . rho_1``, ``sharp_{mid-1} . rho_2``, ``sharp_k .
+    rho_2``, each > 0 where the node does not turn."""
+    left, right = [], torch.zeros(5 * (t + 1), 6 * t, dtype=torch.float64)
     for m in range(1, t + 1):
         rho = [(1, 0, _P), (1, 0, _PREV), (-1, m, _PREV)]
         rho_1 = [(1, m - 1, _PREV), (1, m - 1, _P), (-1, m, _PREV)]
         rho_2 = [(1, 0, _P), (1, 0, _PREV), (-1, m, _E_PREV)]
         checks = [((m, _SHARP), rho), ((0, _SHARP), rho), ((m, _SHARP), rho_1), ((m - 1, _SHARP), rho_1),
                   ((m, _E_SHARP), rho_2), ((0, _SHARP), rho_2)]
-        for i, ((slot, comp), terms) in enumerate(checks):
+        for (slot, comp), terms in checks:
             for sign, other, kind in terms:
-                w[5 * slot + comp, 5 * other + kind, 6 * (m - 1) + i] += sign
-    return w.view(n * n, 6 * t).to(dtype=dtype, device=device)
+                right[5 * other + kind, len(left)] += sign
+            left.append(5 * slot + comp)
+    return torch.tensor(left, device=device), right.to(dtype=dtype, device=device)
 
 
 def _trailing_zeros(k: int) -> int:
@@ -236,7 +259,7 @@ def _subtree(z: Tensor, p: Tensor, g: Tensor, depth: int, step: Tensor, h0: Tens
     gone = torch.empty(leaves + 1, c, dtype=torch.bool, device=z.device)  # row k: dead before leaf k
     gone[0] = dead
     rows, w_rows, u_rows = gone.unbind(0), log_ws.unbind(0), log_u.unbind(0)
-    buf.q[:, 0, :_E_SHARP:2].zero_()  # the prefix sum restarts: slot 0's p and prev
+    buf.q[0, :_E_SHARP:2].zero_()  # the prefix sum restarts: slot 0's p and prev
     total = torch.full_like(h0, -torch.inf)
     cand_z, cand_u, cand_g = z, h0, g
     done = leaves
@@ -255,14 +278,12 @@ def _subtree(z: Tensor, p: Tensor, g: Tensor, depth: int, step: Tensor, h0: Tens
         buf.sharp.copy_(sharp)
         starting = depth if k == 0 else _trailing_zeros(k)
         if starting:
-            buf.starts[starting].copy_(buf.leaf)
+            buf.starts(starting).copy_(buf.leaf)
         completing = _trailing_zeros(k + 1)
         if completing < depth:
-            buf.ends[completing + 1].copy_(buf.half_end)
+            buf.ends(completing + 1).copy_(buf.half_end)
         if completing:
-            x, xt = buf.gram[completing]
-            checks = torch.mm(torch.bmm(x, xt).view(c, -1), buf.selection[completing])
-            rows[k + 1].logical_or_((checks <= 0).any(-1))
+            rows[k + 1].logical_or_((buf.checks(completing) <= 0).any(0))
             if k + 1 < leaves and bool(rows[k + 1].all()):
                 done = k + 1
                 break
@@ -271,7 +292,7 @@ def _subtree(z: Tensor, p: Tensor, g: Tensor, depth: int, step: Tensor, h0: Tens
     return _Subtree(ok=~gone[done], n_steps=grown.sum(0), accept_sum=(log_ws.clamp(max=0).exp() * grown).sum(0),
                     diverged=(grown & (log_ws < -MAX_ENERGY_ERROR)).any(0), log_w=total,
                     draw=(cand_z, cand_u, cand_g), rho=buf.prev + buf.p,
-                    near=(buf.q[:, depth, _P], buf.q[:, depth, _SHARP]), far=(z, p, g, sharp))
+                    near=(buf.q[depth, _P], buf.q[depth, _SHARP]), far=(z, p, g, sharp))
 
 
 def _check(z, u, g, step, minv, max_tree_depth) -> None:
