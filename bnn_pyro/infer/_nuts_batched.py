@@ -213,13 +213,18 @@ class _Buffers:
 
     def checks(self, t: int) -> Tensor:
         """The ``6 t`` inner products of the turning checks of levels ``1..t`` completing at the current leaf,
-        ``(6 t, C)``: the left vectors picked by index, the right ones combined by one matrix product."""
+        ``(6 t, C)``: the left vectors gathered by index, the right ones combined by one matrix product, both
+        into buffers of their own."""
         if t not in self._checks:
             c, d = self._shape
             left, right = _selection(t, self.q.dtype, self.q.device)
-            self._checks[t] = (self.q[:t + 1].view(5 * (t + 1), c * d), left, right.T, (6 * t, c, d))
-        rows, left, right, shape = self._checks[t]
-        return torch.linalg.vecdot(rows.index_select(0, left).view(shape), torch.mm(right, rows).view(shape))
+            lefts, rights = self.q.new_empty(2, 6 * t, c, d).unbind(0)
+            self._checks[t] = (self.q[:t + 1].view(5 * (t + 1), c * d), left, right.T, lefts, rights,
+                               lefts.view(6 * t, c * d), rights.view(6 * t, c * d))
+        rows, left, right, lefts, rights, lefts_2d, rights_2d = self._checks[t]
+        torch.index_select(rows, 0, left, out=lefts_2d)
+        torch.mm(right, rows, out=rights_2d)
+        return torch.linalg.vecdot(lefts, rights)
 
 
 @functools.lru_cache(maxsize=None)

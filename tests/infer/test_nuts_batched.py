@@ -129,7 +129,8 @@ def test_several_transitions_on_a_banana_keep_its_closed_form_moments():
     # h: (exact mean, exact variance) from E x^2k = (2k - 1)!!
     exact = {"x": (lambda x, y: x, 0.0, 1.0), "y": (lambda x, y: y, b, 2 * b**2 + s**2),
              "x^2": (lambda x, y: x**2, 1.0, 2.0), "x y": (lambda x, y: x * y, 0.0, 15 * b**2 + s**2),
-             "y^2": (lambda x, y: y**2, 3 * b**2 + s**2, 105 * b**4 + 18 * b**2 * s**2 + 3 * s**4 - (3 * b**2 + s**2) ** 2),
+             "y^2": (lambda x, y: y**2, 3 * b**2 + s**2,
+                     105 * b**4 + 18 * b**2 * s**2 + 3 * s**4 - (3 * b**2 + s**2) ** 2),
              "x^2 y": (lambda x, y: x**2 * y, 3 * b, 105 * b**2 + 3 * s**2 - 9 * b**2)}
     minv = torch.tensor([1.0, 2.0], dtype=DT)
     moved, bad = [], {}
