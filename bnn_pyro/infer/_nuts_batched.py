@@ -229,9 +229,9 @@ class _Buffers:
 
 @functools.lru_cache(maxsize=None)
 def _selection(t: int, dtype: torch.dtype, device: torch.device) -> tuple[Tensor, Tensor]:
-    """The six turning checks of each level ``m = 1..t`` completing at the current leaf, over the columns
-    ``5 slot + component`` of slots ``0..t``: the left vector's column ``(6 t,)`` and the right vectors as signed
-    sums of columns ``(5 (t + 1), 6 t)``. Level ``m``'s node starts at slot ``m``'s leaf ``s``, its second half at
+    """The six turning checks of each level ``m = 1..t`` completing at the current leaf, over the rows
+    ``5 slot + component`` of slots ``0..t`` of the buffer: the left vector's row ``(6 t,)`` and the right vectors
+    as signed sums of rows ``(5 (t + 1), 6 t)``. Level ``m``'s node starts at slot ``m``'s leaf ``s``, its second half at
     slot ``m - 1``'s (the current leaf for ``m = 1``), its first half ends at the leaf whose vectors slot ``m``'s
     ``E`` components saved; ``P_k`` (the prefix sum up to the current leaf) is slot 0's ``prev + p``. With
     ``rho = P_k - P_{s-1}``, ``rho_1 = first.rho + p_mid`` and ``rho_2 = second.rho + p_{mid-1}``: ``sharp_s .

@@ -270,6 +270,27 @@ def test_same_generator_same_result_and_another_seed_differs():
     assert not torch.equal(runs[0][0], runs[2][0])
 
 
+def test_float32_chains_on_the_analytic_potential_of_a_bnn_model():
+    """The case it is built for: a float32 model's analytic potential (``StackPotential`` with theta (C, D)); the
+    outputs keep the interface's shapes and dtypes, and the draw's potential and gradient are the potential's."""
+    from test_nuts import _correlated, _kernel
+
+    x, y = _correlated()
+    pot = _kernel(x, y)._potential
+    c = 4
+    z = pot.x.new_zeros(c, 3) + 0.1 * torch.randn(c, 3, generator=torch.Generator().manual_seed(0))
+    u, g = pot(z)
+    step, minv, gen = torch.full((c,), 0.05), torch.ones(c, 3), torch.Generator().manual_seed(1)
+    for _ in range(3):
+        z, u, g, stats = nuts_transition(z, u, g, step, minv, leapfrog=batched_leapfrog(pot), generator=gen)
+    assert z.dtype == u.dtype == g.dtype == torch.float32 and z.shape == g.shape == (c, 3) and u.shape == (c,)
+    assert [t.dtype for t in stats] == [torch.float32, torch.int64, torch.bool, torch.float32, torch.int64]
+    assert all(t.shape == (c,) for t in stats)
+    u_ref, g_ref = pot(z)
+    assert torch.allclose(u, u_ref, rtol=1e-5) and torch.allclose(g, g_ref, rtol=1e-4, atol=1e-3)
+    _assert_tree_shape(stats, 10)
+
+
 def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
     c = 5
     z = _exact(c, seed=9)
