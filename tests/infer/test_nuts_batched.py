@@ -1,0 +1,327 @@
+"""The lockstep batched NUTS transition (bnn_pyro/infer/_nuts_batched.py) against exact answers and FlatNUTS.
+
+- One transition from exact draws: C chains started at independent exact draws of a correlated 3-D Gaussian
+  (closed-form potential and gradient) and ONE ``nuts_transition`` at a fixed step size are again C independent
+  exact draws if the kernel leaves the target invariant. Each mean coordinate, covariance entry and marginal
+  quantile (the fraction of draws below the exact quantile, a binomial proportion) gets a z-score with the exact
+  standard deviation; ``|z| < 4`` (as tests/infer/test_nuts.py) fails with probability ~6e-5 each.
+- Several transitions on a banana (non-Gaussian, closed-form moments).
+- Each subtree's outcome (rejected or not, steps, divergence, weight, momentum sum, frontier) equals the recursive
+  builder's of :class:`~bnn_pyro.infer._nuts.FlatNUTS` on the same states: the iterative turning checks are the
+  same set of checks.
+- The statistics' distribution (steps, acceptance, divergences, tree depth) equals FlatNUTS's and that of single
+  chains, within Monte Carlo error (two-sample z-scores).
+"""
+
+import math
+import random
+
+import pytest
+import torch
+
+from bnn_pyro.infer._nuts import FlatNUTS
+from bnn_pyro.infer._nuts_batched import _Buffers, _subtree, batched_leapfrog, nuts_transition
+
+Z_MAX = 4.0
+DT = torch.float64
+MEAN = torch.tensor([0.5, -1.0, 2.0], dtype=DT)
+COV = torch.tensor([[1.0, 0.8, 0.1], [0.8, 1.0, 0.0], [0.1, 0.0, 4.0]], dtype=DT)
+PREC = torch.linalg.inv(COV)
+TWIST = torch.tensor([[1.0, 0.2, 0.0], [0.0, 1.0, 0.3], [0.1, 0.0, 1.0]], dtype=DT)
+# diagonal: twice the marginal variances (M is neither I nor the covariance); dense: near the covariance, twisted
+MASSES = {"diagonal": 2.0 * COV.diagonal(), "dense": 1.5 * TWIST @ COV @ TWIST.T}
+
+
+def gaussian(theta):
+    d = theta - MEAN
+    grad = d @ PREC
+    return 0.5 * (d * grad).sum(-1), grad
+
+
+def banana(theta, b=1.0, s=0.5):
+    """``x ~ N(0, 1)``, ``y | x ~ N(b x^2, s^2)``."""
+    x, y = theta[..., 0], theta[..., 1]
+    r = (y - b * x**2) / s**2
+    u = 0.5 * x**2 + 0.5 * (y - b * x**2) ** 2 / s**2
+    return u, torch.stack([x - 2.0 * b * x * r, r], -1)
+
+
+def _limit(minv: torch.Tensor) -> float:
+    """The largest stable leapfrog step on the Gaussian: 2 / sqrt(largest eigenvalue of M^-1 P)."""
+    full = torch.diag(minv) if minv.dim() == 1 else minv
+    return 2.0 / float(torch.linalg.eigvals(full @ PREC).real.max().sqrt())
+
+
+def _exact(n: int, seed: int) -> torch.Tensor:
+    torch.manual_seed(seed)
+    return torch.distributions.MultivariateNormal(MEAN, COV).sample((n,))
+
+
+def _quantile_z(w: torch.Tensor, loc, scale) -> dict[str, float]:
+    """The fraction of draws below the exact marginal quantile at 0.1/0.5/0.9: a binomial proportion."""
+    z, n = {}, w.shape[0]
+    for level in (0.1, 0.5, 0.9):
+        q = torch.distributions.Normal(loc, scale).icdf(torch.tensor(level, dtype=DT))
+        z[f"P(w<q{level})"] = ((w < q).double().mean(0) - level) / math.sqrt(level * (1 - level) / n)
+    return {f"{k}[{i}]": float(v[i]) for k, v in z.items() for i in range(len(loc))}
+
+
+def _moment_z(w: torch.Tensor) -> dict[str, float]:
+    n, z = w.shape[0], {}
+    for i in range(3):
+        z[f"mean[{i}]"] = float((w[:, i].mean() - MEAN[i]) / (COV[i, i].sqrt() / math.sqrt(n)))
+    c = w - MEAN
+    for i in range(3):
+        for j in range(i, 3):
+            sd = math.sqrt(COV[i, i] * COV[j, j] + COV[i, j] ** 2)
+            z[f"cov[{i},{j}]"] = float(((c[:, i] * c[:, j]).mean() - COV[i, j]) / (sd / math.sqrt(n)))
+    return z
+
+
+def _transition(z, minv, step, seed, potential=gaussian, **options):
+    c = z.shape[0]
+    u, g = potential(z)
+    return nuts_transition(z, u, g, torch.full((c,), step, dtype=DT), minv.expand(c, *minv.shape),
+                           leapfrog=batched_leapfrog(potential), generator=torch.Generator().manual_seed(seed),
+                           **options)
+
+
+def _assert_tree_shape(stats, max_depth):
+    assert ((stats.tree_depth >= 1) & (stats.tree_depth <= max_depth)).all()
+    # the last doubling added between 1 and 2**(depth - 1) steps to the 2**(depth - 1) - 1 before it
+    assert (stats.n_steps >= 2 ** (stats.tree_depth - 1)).all() and (stats.n_steps < 2**stats.tree_depth).all()
+    assert ((stats.accept_prob >= 0) & (stats.accept_prob <= 1)).all()
+
+
+@pytest.mark.parametrize("scale, max_tree_depth, mass", [
+    (0.1, 1, "diagonal"), (0.1, 6, "diagonal"), (0.1, 3, "dense"),
+    (0.1, None, "dense"),  # the default max_tree_depth (10)
+    (1.15, 3, "diagonal"), (1.15, 6, "dense"),  # beyond the stability limit: some trajectories diverge
+])
+def test_one_transition_keeps_exact_draws_exact(scale, max_tree_depth, mass):
+    n = 4000
+    start = _exact(n, seed=0)
+    minv = MASSES[mass]
+    options = {} if max_tree_depth is None else {"max_tree_depth": max_tree_depth}
+    w, u, g, stats = _transition(start, minv, scale * _limit(minv), seed=1, **options)
+    u_ref, g_ref = gaussian(w)
+    assert torch.allclose(u, u_ref) and torch.allclose(g, g_ref)  # the draw's potential and gradient
+    _assert_tree_shape(stats, max_tree_depth or 10)
+    assert (w != start).any(1).double().mean() > 0.25  # the draws moved
+    if scale < 1:
+        assert not stats.diverging.any()
+        if max_tree_depth == 6:  # deep trees: some reach the cap
+            assert (stats.tree_depth == 6).any() and stats.n_steps.double().mean() > 16
+    else:
+        assert 0 < stats.diverging.double().mean() < 0.2
+    z = {**_moment_z(w), **_quantile_z(w, MEAN, COV.diagonal().sqrt())}
+    bad = {k: round(v, 2) for k, v in z.items() if not abs(v) < Z_MAX}
+    assert not bad, f"one batched NUTS transition moved exact draws off the target: {bad}"
+
+
+def test_several_transitions_on_a_banana_keep_its_closed_form_moments():
+    """x ~ N(0, 1), y = b x^2 + s eps: a curved target whose moments are Gaussian moments (b = 1, s = 0.5).
+    Chains start at exact draws; after each of five transitions (default depth) the C draws are exact again."""
+    n, b, s = 4000, 1.0, 0.5
+    torch.manual_seed(2)
+    x = torch.randn(n, dtype=DT)
+    w = torch.stack([x, b * x**2 + s * torch.randn(n, dtype=DT)], -1)
+    # h: (exact mean, exact variance) from E x^2k = (2k - 1)!!
+    exact = {"x": (lambda x, y: x, 0.0, 1.0), "y": (lambda x, y: y, b, 2 * b**2 + s**2),
+             "x^2": (lambda x, y: x**2, 1.0, 2.0), "x y": (lambda x, y: x * y, 0.0, 15 * b**2 + s**2),
+             "y^2": (lambda x, y: y**2, 3 * b**2 + s**2,
+                     105 * b**4 + 18 * b**2 * s**2 + 3 * s**4 - (3 * b**2 + s**2) ** 2),
+             "x^2 y": (lambda x, y: x**2 * y, 3 * b, 105 * b**2 + 3 * s**2 - 9 * b**2)}
+    minv = torch.tensor([1.0, 2.0], dtype=DT)
+    moved, bad = [], {}
+    for t in range(5):
+        before = w
+        w, _, _, stats = _transition(w, minv, 0.3, seed=10 + t, potential=banana)
+        _assert_tree_shape(stats, 10)
+        moved.append(float((w != before).any(1).double().mean()))
+        for name, (h, mean, var) in exact.items():
+            z = float((h(w[:, 0], w[:, 1]).mean() - mean) / math.sqrt(var / n))
+            if not abs(z) < Z_MAX:
+                bad[f"{name} after {t + 1}"] = round(z, 2)
+        bad.update({f"{k} after {t + 1}": round(v, 2) for k, v in _quantile_z(w[:, :1], torch.zeros(1, dtype=DT),
+                                                                             torch.ones(1, dtype=DT)).items()
+                    if not abs(v) < Z_MAX})
+    assert min(moved) > 0.5  # most draws move at every transition
+    assert not bad, f"batched NUTS moments off the banana's exact ones: {bad}"
+
+
+class _OneChain:
+    """The potential of FlatNUTS's recursive builder: :func:`batched_leapfrog` on one chain, energies as floats."""
+
+    def __init__(self, potential):
+        self._step = batched_leapfrog(potential)
+
+    def leapfrog(self, z, p, g, step, minv):
+        z, p, g, sharp, u, kinetic = self._step(z[None], p[None], g[None], torch.tensor([step], dtype=DT), minv[None])
+        return z[0], p[0], g[0], sharp[0], (float(u[0]), float(kinetic[0]))
+
+
+def _flat_nuts(potential, minv, max_tree_depth=10, seed=0) -> FlatNUTS:
+    """FlatNUTS's transition machinery on a given potential and mass, without a model (fixed step size)."""
+    kernel = FlatNUTS.__new__(FlatNUTS)
+    kernel._potential, kernel._minv, kernel.max_tree_depth = _OneChain(potential), minv, max_tree_depth
+    kernel._dense = minv.dim() == 2
+    kernel._factor = torch.linalg.cholesky(minv) if kernel._dense else minv.rsqrt()
+    kernel._rng = random.Random(seed)
+    kernel._n_leapfrog, kernel._metro_sum, kernel._diverged = 0, 0.0, False
+    return kernel
+
+
+@pytest.mark.parametrize("mass", ["diagonal", "dense"])
+@pytest.mark.parametrize("potential, depth", [(gaussian, 4), (banana, 5)])
+def test_subtrees_equal_the_recursive_builders(mass, potential, depth):
+    """Deterministic: from the same states, each chain's lockstep subtree is rejected (diverged or turned) exactly
+    when FlatNUTS's recursive ``_build`` returns None, after as many steps, and otherwise has the same weight,
+    momentum sum and frontier. Step sizes from 0.02 to 1.5x the stability limit: both outcomes, and divergences."""
+    c = 300
+    gen = torch.Generator().manual_seed(3)
+    minv = MASSES[mass] if potential is gaussian else MASSES[mass][:2] if mass == "diagonal" else MASSES[mass][:2, :2]
+    d = minv.shape[0]
+    z = torch.randn(c, d, generator=gen, dtype=DT) + (MEAN[:d] if potential is gaussian else 0.0)
+    p = torch.randn(c, d, generator=gen, dtype=DT) * 1.5
+    step = torch.exp(torch.empty(c, dtype=DT).uniform_(math.log(0.02), math.log(1.5 * _limit(MASSES[mass])),
+                                                       generator=gen))
+    step = torch.where(torch.rand(c, generator=gen) < 0.5, step, -step)
+    u, g = potential(z)
+    minvs = minv.expand(c, *minv.shape)
+    h0 = u + 0.5 * (p * (minvs * p if minv.dim() == 1 else (minvs @ p[..., None])[..., 0])).sum(-1)
+    dead = torch.rand(c, generator=gen) < 0.1  # chains that no longer grow: never ok, no steps counted
+    log_u = torch.rand(2**depth, c, generator=gen, dtype=DT).log()
+    new = _subtree(z, p, g, depth, step, h0, dead, log_u, batched_leapfrog(potential), minvs,
+                   _Buffers(c, d, depth, DT, z.device))
+    outcomes = {True: 0, False: 0}
+    for i in range(c):
+        if dead[i]:
+            assert not new.ok[i] and new.n_steps[i] == 0 and not new.diverged[i]
+            continue
+        kernel = _flat_nuts(potential, minv)
+        tree = FlatNUTS._build(kernel, (z[i], p[i], g[i], float(u[i])), depth, float(step[i]), float(h0[i]))
+        assert bool(new.ok[i]) == (tree is not None), i
+        assert int(new.n_steps[i]) == kernel._n_leapfrog and bool(new.diverged[i]) == kernel._diverged, i
+        assert float(new.accept_sum[i]) == pytest.approx(kernel._metro_sum, rel=1e-9, abs=1e-12)
+        if tree is not None:
+            assert float(new.log_w[i]) == pytest.approx(tree.log_w, rel=1e-9, abs=1e-12)
+            assert torch.allclose(new.rho[i], tree.rho) and torch.allclose(new.far[0][i], tree.frontier[0])
+            assert torch.allclose(new.near[0][i], tree.near_p) and torch.allclose(new.far[3][i], tree.far_sharp)
+        outcomes[tree is not None] += 1
+    assert min(outcomes.values()) > 20 and new.diverged.any()  # both outcomes, and divergences, exercised
+
+
+def _two_sample_z(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    se = math.sqrt(a.var() / len(a) + b.var() / len(b))
+    return 0.0 if se == 0 else float((a.mean() - b.mean()) / se)
+
+
+def _flat_nuts_stats(starts, minv, step, max_tree_depth, seed=0):
+    """FlatNUTS's transition from each start (momentum drawn as FlatNUTS.sample draws it): its statistics."""
+    torch.manual_seed(seed)
+    kernel, rows = _flat_nuts(gaussian, minv, max_tree_depth, seed), []
+    for z in starts:
+        u, g = gaussian(z)
+        p = kernel._momentum(z)
+        sharp = kernel._sharp(p)
+        pp = float(p @ sharp)
+        kernel._n_leapfrog, kernel._metro_sum, kernel._diverged = 0, 0.0, False
+        _, depth = kernel._transition(z, float(u), g, p, sharp, float(u) + 0.5 * pp, step, pp)
+        rows.append([kernel._n_leapfrog, kernel._metro_sum / kernel._n_leapfrog, kernel._diverged, depth])
+    return torch.tensor(rows, dtype=DT).T
+
+
+@pytest.mark.parametrize("scale, max_tree_depth, mass", [
+    pytest.param(0.25, 10, "dense", marks=pytest.mark.slow),  # ~10 s: deeper trees, 900 Python-level transitions
+    (1.15, 4, "diagonal"),
+])
+def test_statistics_equal_flat_nuts_and_single_chains(scale, max_tree_depth, mass):
+    """Mean steps, acceptance, divergence rate and tree depth of one batch of 4,000 chains against FlatNUTS's
+    transitions and against 300 single-chain (C = 1) calls, all from exact draws, within MC error."""
+    minv = MASSES[mass]
+    step = scale * _limit(minv)
+    _, _, _, batch = _transition(_exact(4000, seed=4), minv, step, seed=5, max_tree_depth=max_tree_depth)
+    batch = torch.stack([batch.n_steps.double(), batch.accept_prob, batch.diverging.double(),
+                         batch.tree_depth.double()])
+    flat = _flat_nuts_stats(_exact(600, seed=6), minv, step, max_tree_depth)
+    single = []
+    for i, z in enumerate(_exact(300, seed=7)):
+        _, _, _, s = _transition(z[None], minv, step, seed=100 + i, max_tree_depth=max_tree_depth)
+        single.append([float(s.n_steps[0]), float(s.accept_prob[0]), float(s.diverging[0]), float(s.tree_depth[0])])
+    single = torch.tensor(single, dtype=DT).T
+    names = ("n_steps", "accept_prob", "diverging", "tree_depth")
+    z = {f"{name} vs {other}": _two_sample_z(batch[i], ref[i])
+         for other, ref in (("FlatNUTS", flat), ("C=1", single)) for i, name in enumerate(names)}
+    bad = {k: round(v, 2) for k, v in z.items() if not abs(v) < Z_MAX}
+    assert not bad, f"batched NUTS statistics differ from FlatNUTS's / single chains': {bad}"
+    if scale > 1:
+        assert flat[2].mean() > 0 and batch[2].mean() > 0  # divergences on both sides
+
+
+def test_same_generator_same_result_and_another_seed_differs():
+    start = _exact(50, seed=8)
+    runs = [_transition(start, MASSES["dense"], 0.2, seed=s) for s in (0, 0, 1)]
+    for a, b in zip(runs[0][:3], runs[1][:3]):
+        assert torch.equal(a, b)
+    for a, b in zip(runs[0][3], runs[1][3]):
+        assert torch.equal(a, b)
+    assert not torch.equal(runs[0][0], runs[2][0])
+
+
+def test_float32_chains_on_the_analytic_potential_of_a_bnn_model():
+    """The case it is built for: a float32 model's analytic potential (``StackPotential`` with theta (C, D)); the
+    outputs keep the interface's shapes and dtypes, and the draw's potential and gradient are the potential's."""
+    from test_nuts import _correlated, _kernel
+
+    x, y = _correlated()
+    pot = _kernel(x, y)._potential
+    c = 4
+    z = pot.x.new_zeros(c, 3) + 0.1 * torch.randn(c, 3, generator=torch.Generator().manual_seed(0))
+    u, g = pot(z)
+    step, minv, gen = torch.full((c,), 0.05), torch.ones(c, 3), torch.Generator().manual_seed(1)
+    for _ in range(3):
+        z, u, g, stats = nuts_transition(z, u, g, step, minv, leapfrog=batched_leapfrog(pot), generator=gen)
+    assert z.dtype == u.dtype == g.dtype == torch.float32 and z.shape == g.shape == (c, 3) and u.shape == (c,)
+    assert [t.dtype for t in stats] == [torch.float32, torch.int64, torch.bool, torch.float32, torch.int64]
+    assert all(t.shape == (c,) for t in stats)
+    u_ref, g_ref = pot(z)
+    assert torch.allclose(u, u_ref, rtol=1e-5) and torch.allclose(g, g_ref, rtol=1e-4, atol=1e-3)
+    _assert_tree_shape(stats, 10)
+
+
+def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
+    c = 5
+    z = _exact(c, seed=9)
+    u, g = gaussian(z)
+    nan = float("nan")
+
+    def leapfrog(z, p, g, step, minv):
+        return z + nan, p + nan, g + nan, p + nan, u + nan, u + nan
+
+    out = nuts_transition(z, u, g, torch.full((c,), 0.1, dtype=DT), torch.ones(c, 3, dtype=DT), leapfrog=leapfrog,
+                          generator=torch.Generator().manual_seed(0))
+    for found, before in zip(out[:3], (z, u, g)):
+        assert torch.equal(found, before)
+    stats = out[3]
+    assert stats.diverging.all() and (stats.n_steps == 1).all() and (stats.tree_depth == 1).all()
+    assert (stats.accept_prob == 0).all() and stats.energy.isfinite().all()
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(z=torch.zeros(4)), "z must be a floating"),
+    (dict(g=torch.zeros(4, 2)), "g .* must have z's shape"),
+    (dict(u=torch.zeros(3)), "u .* must be shaped"),
+    (dict(step=0.1), "step must be a"),
+    (dict(step=torch.tensor([0.1, -0.1, 0.1, 0.1])), "every step size must be > 0"),
+    (dict(minv=torch.ones(3)), "minv must be"),
+    (dict(max_tree_depth=0), "max_tree_depth must be an int >= 1"),
+])
+def test_bad_input_names_the_argument(change, match):
+    args = dict(z=torch.zeros(4, 3), u=torch.zeros(4), g=torch.zeros(4, 3), step=torch.full((4,), 0.1),
+                minv=torch.ones(4, 3))
+    options = dict(max_tree_depth=change.pop("max_tree_depth", 10))
+    args.update(change)
+    with pytest.raises(ValueError, match=match):
+        nuts_transition(*args.values(), leapfrog=batched_leapfrog(gaussian), generator=torch.Generator(), **options)
