@@ -171,7 +171,7 @@ def main(argv=None) -> pd.DataFrame:
     x, y = regression(N, D)
     rows = []
     with torch_threads(1):
-        rows += time_hmc(*((5, 20) if args.quick else (10, 60)), repeats)
+        rows += time_hmc(*((5, 20) if args.quick else (10, 60)), repeats)  # as hmc_draws below
         print(rows[-2], rows[-1], flush=True)
         for kind in () if args.only else ("fixed", "learned", "deterministic biases"):
             rows += time_potential(kind, calls, repeats, x, y)
@@ -184,9 +184,11 @@ def main(argv=None) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / f"{args.name}.csv", index=False)
     shown = table.assign(ms=table.ms.map("{:.3f}".format), ratio=table.ratio.map("{:.2f}".format))
+    hmc_draws = (5, 20) if args.quick else (10, 60)
     footer = (f"torch {torch.__version__}, pyro {pyro.__version__}, 1 torch thread ({thread_note()}); minimum of "
-              f"{repeats} interleaved repeats; potential: {calls} calls; fit: ({long} - {short}) steps differenced; "
-              "ratio = fast / Pyro's path in the same run.")
+              f"{repeats} interleaved repeats; hmc: ({hmc_draws[1]} - {hmc_draws[0]}) draws of 16 leapfrog steps "
+              "differenced" + ("" if args.only else f"; potential: {calls} calls; fit: ({long} - {short}) steps "
+                               "differenced") + "; ratio = fast (flat) / Pyro's path in the same run.")
     (out / f"{args.name}.md").write_text(markdown(shown) + "\n\n" + footer + ("\n\n" + args.note if args.note else "")
                                          + "\n")
     print(markdown(shown))

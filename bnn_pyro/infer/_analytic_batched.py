@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BoundBatch", "leapfrog_from", "sharp"]
+__all__ = ["BoundBatch", "leapfrog_from", "one_chain_leapfrog", "sharp"]
 
 
 def sharp(minv: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -43,12 +43,23 @@ def leapfrog_from(potential):
     return leapfrog
 
 
+def one_chain_leapfrog(pot):
+    """The batched leapfrog interface for ONE chain (``C = 1``) over the unbatched bound-data step
+    :meth:`~bnn_pyro.infer._analytic.StackPotential.leapfrog` (fewer operations per step than the batched one at
+    ``C = 1``: ``mm`` rather than ``bmm``, no batch views; its energies are read back as floats)."""
+
+    def leapfrog(z, p, g, step, minv):
+        z, p, g, p_sharp, (u, kinetic) = pot.leapfrog(z[0], p[0], g[0], float(step[0]), minv[0])
+        return z.unsqueeze(0), p.unsqueeze(0), g.unsqueeze(0), p_sharp.unsqueeze(0), z.new_tensor([u]), \
+            z.new_tensor([kinetic])
+
+    return leapfrog
+
+
 class BoundBatch:
     """``C`` chains of a :class:`~bnn_pyro.infer._analytic.StackPotential` on its bound data (module docstring)."""
 
     def __init__(self, pot, chains: int):
-        from bnn_pyro.infer._analytic import _Layer  # noqa: PLC0415 - _analytic imports this module at import time
-
         self.pot, self.chains = pot, chains
         self.buf = pot._loc.new_zeros(chains, pot._loc.numel())
         views = {n: self.buf[:, a:b].view((chains,) + tuple(shape)) for n, (a, b, shape) in pot._slots.items()}
@@ -56,13 +67,13 @@ class BoundBatch:
         h = pot.x
         for op in pot._ops[:pot._first_random]:
             h = (torch.addmm(op.bias, h, op.weight.t()) if op.bias is not None else h @ op.weight.t()) \
-                if isinstance(op, _Layer) else op.forward(h)
+                if _is_layer(op) else op.forward(h)
         self._h0 = h
         # per op from the first random one: a layer as (weight (C, out, in) or constant (out, in), is it random,
         # bias (C, 1, out) or constant (out,) or None, bias random, weight's site, bias's site); else the activation
         self._plan = []
         for op in pot._ops[pot._first_random:]:
-            if not isinstance(op, _Layer):
+            if not _is_layer(op):
                 self._plan.append(op)
                 continue
             w_rand, b_rand = isinstance(op.weight, str), isinstance(op.bias, str)
@@ -106,7 +117,7 @@ class BoundBatch:
             w, w_rand, _, _, w_site, b_site = step
             a = saved[i]
             if w_site is not None:
-                grads[w_site] = (torch.bmm(delta.mT, a) if a.dim() == 3 else torch.matmul(delta.mT, a)).view(c, -1)
+                grads[w_site] = torch.bmm(delta.mT, a if a.dim() == 3 else a.expand(c, *a.shape)).view(c, -1)
             if b_site is not None:
                 grads[b_site] = delta.sum(1)
             if i > 0:
@@ -131,6 +142,11 @@ class BoundBatch:
         p.addcmul_(g, s, value=-0.5)
         p_sharp = sharp(minv, p)
         return z, p, g, p_sharp, u, torch.linalg.vecdot(p, p_sharp).mul_(0.5)
+
+
+def _is_layer(op) -> bool:
+    """Whether an op of the stack is a layer (``_analytic._Layer``: weight, bias) rather than an activation."""
+    return hasattr(op, "weight")
 
 
 def _forward(h, w, w_rand: bool, b, chains: int):

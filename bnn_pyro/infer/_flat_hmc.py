@@ -21,6 +21,7 @@ from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro.infer import _analytic, _logjoint
+from bnn_pyro.infer._analytic_batched import leapfrog_from, one_chain_leapfrog
 from bnn_pyro.infer._batched import BatchedChains, hmc_transition
 
 __all__ = ["FlatHMC", "analytic_applies", "flat_layout", "seeded_generator"]
@@ -51,9 +52,8 @@ def batched_target(joint, names, shapes: dict, x, y, transforms: dict, jit: bool
     """``(potential, leapfrog)`` of :mod:`bnn_pyro.infer._batched` for ONE chain: the analytic ones, else (the
     analytic potential disagreed with the generic one at its probe point, and warned) the generic compiled one."""
     pot = _logjoint.analytic(joint, names, shapes, x, y)
-    if pot is not None:
-        return pot.batch(1), pot.leapfrog_batch
-    from bnn_pyro.infer._analytic_batched import leapfrog_from  # noqa: PLC0415
+    if pot is not None:  # one chain: the unbatched bound-data step (benchmarks/engine_speed.py --only hmc)
+        return pot.batch(1), one_chain_leapfrog(pot)
 
     flat = _logjoint.flat_potential_and_grad(joint, transforms, x, y, shapes=shapes, compile=jit)
 

@@ -165,7 +165,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     fast_path:
         Evaluate the potential energy of a ``BNN`` directly in torch (:mod:`bnn_pyro.infer._logjoint`:
         the same function as Pyro's, without tracing the model at every leapfrog step) where the model
-        allows it, and for NUTS sample with :class:`~bnn_pyro.infer._nuts.FlatNUTS`; ``False`` forces
+        allows it, and for NUTS sample with :class:`~bnn_pyro.infer._nuts.FlatNUTS` (HMC on the analytic path:
+        :class:`~bnn_pyro.infer._flat_hmc.FlatHMC`); ``False`` forces
         Pyro's path (model tracing and Pyro's kernels). ``config["fast_path"]`` says which ran.
     init:
         Starting point: ``"reset"`` (the default for a ``BNN``: every layer's ``reset_parameters()``
