@@ -68,6 +68,9 @@ def hmc_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor, 
     ``trajectory_length``, ``max(1, int(length / step))`` per chain, as Pyro's ``HMC`` counts them), and a
     Metropolis accept per chain. A chain whose energy error exceeds 1000 or is NaN is diverging: its proposal is
     rejected (never raised)."""
+    if (num_steps is None) == (trajectory_length is None):
+        raise ValueError(f"hmc_transition: give num_steps= or trajectory_length=, one of the two (got {num_steps!r} "
+                         f"and {trajectory_length!r}).")
     p = momentum(minv, generator)
     h0 = u + 0.5 * torch.linalg.vecdot(p, sharp(minv, p))
     if trajectory_length is not None:

@@ -97,6 +97,9 @@ def test_a_diverging_transition_is_flagged_and_rejected_not_raised():
                                      leapfrog=leapfrog_from(_gaussian), generator=g, num_steps=10)
     assert stats.diverging.all() and torch.equal(z, start) and torch.equal(u1, u)
     assert (stats.accept_prob == 0).all()
+    with pytest.raises(ValueError, match="num_steps= or trajectory_length="):
+        hmc_transition(start, u, grad, step, torch.ones(50, 3, dtype=torch.float64), leapfrog=leapfrog_from(_gaussian),
+                       generator=g)
 
 
 # ---------------------------------------------------------------------- the batched analytic leapfrog
@@ -174,6 +177,15 @@ def test_vectorized_hmc_recovers_the_exact_posterior_with_the_other_executions_s
     assert (post.sample_stats["n_steps"] == 4).all()
     steps = post.sample_stats["step_size"]
     assert len(set(steps[:, -1].tolist())) == 4 and torch.equal(steps, steps[:, :1].expand_as(steps))
+
+
+@pytest.mark.slow  # ~11 s on a loaded 2-core machine
+def test_vectorized_nuts_recovers_the_exact_posterior():
+    pytest.importorskip("bnn_pyro.infer._nuts_batched", reason="the batched NUTS transition is merged separately")
+    x, y = _data(2)
+    post = bp.fit(_blr(2), x, y, **dict(VEC, method="nuts", num_leapfrog=None, num_samples=400, num_warmup=200, seed=1))
+    assert post.config["chain_execution"] == "vectorized" and post.sample_stats["tree_depth"].shape == (4, 400)
+    _assert_exact(post, x, y)
 
 
 def test_vectorized_same_seed_same_draws_and_dense_mass():
