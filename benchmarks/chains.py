@@ -7,7 +7,10 @@ of wall time, and leapfrog steps per second (kept draws' mean trajectory length 
 chains / wall), since the two samplers' trajectories differ in length.
 
 - bnn_pyro: ``bp.fit(..., method="nuts", num_chains=c)`` with its default ``chain_method="auto"``:
-  forked processes, at most one per core, one torch thread each (after an untimed warm call).
+  forked processes, at most one per core, one torch thread each (after an untimed warm call); and
+  ``chain_method="vectorized"`` (all chains as one batched computation in one process, one thread) for HMC with
+  ``2**depth - 1`` leapfrog steps per draw (NUTS's most) and, where ``bnn_pyro.infer._nuts_batched`` exists, NUTS;
+  HMC's process chains beside them (``chain_method="auto"``), same settings.
 - NumPyro (``numpyro_peer``, XLA's default threads, 8 host devices): ``chain_method="parallel"`` (its
   default; ``pmap`` over host devices) and ``"vectorized"`` (``vmap``: all chains as one batched
   computation), the compiled second run of each, its compile seconds subtracted.
@@ -35,25 +38,41 @@ from _common import bnn, check_device, markdown, now, regression, thread_note  #
 MODEL = dict(d=1, width=50, depth=1, n=200)
 
 
-def ours(chains: int, draws: int, depth: int, device: str) -> dict:
+def ours(chains: int, draws: int, depth: int, device: str, method: str = "nuts", how: str = "auto") -> dict:
     x, y = regression(MODEL["n"], MODEL["d"], device=device)
     model = bnn(MODEL["d"], device=device)
+    length = dict(max_tree_depth=depth) if method == "nuts" else dict(num_leapfrog=2**depth - 1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # costs are measured here (and one core: sequential chains, with a warning)
         start = now(device)
-        post = bp.fit(model, x, y, method="nuts", num_chains=chains, num_warmup=draws, num_samples=draws,
-                      max_tree_depth=depth, init="net", seed=0, progress=False)
+        post = bp.fit(model, x, y, method=method, num_chains=chains, num_warmup=draws, num_samples=draws, init="net",
+                      seed=0, progress=False, chain_method=how, **length)
         wall = now(device) - start
     steps = float(post.sample_stats["n_steps"].float().mean())
-    return dict(implementation=f"bnn_pyro, chain_method='auto' ({post.config['chain_execution']})", chains=chains,
-                threads=1, role="ours", wall_s=wall, mean_steps=steps)
+    return dict(implementation=f"bnn_pyro {method}, chain_method='{how}' ({post.config['chain_execution']})",
+                chains=chains, threads=1, role="ours" if (method, how) == ("nuts", "auto") else f"ours {method} {how}",
+                wall_s=wall, mean_steps=steps)
+
+
+def _variants() -> list[tuple[str, str]]:
+    """bnn_pyro's other rows: HMC vectorized and in processes; NUTS vectorized once its batched transition exists."""
+    try:
+        import bnn_pyro.infer._nuts_batched  # noqa: F401, PLC0415
+        nuts = [("nuts", "vectorized")]
+    except ImportError:
+        nuts = []
+    return nuts + [("hmc", "vectorized"), ("hmc", "auto")]
 
 
 def throughput(args) -> list[dict]:
     """Rows for every chain count in ``args.chains``: bnn_pyro, NumPyro parallel and vectorized."""
     draws, depth = (10, 4) if args.quick else (100, 5)
     ours(1, 3, depth, args.device)  # untimed: the process's one-time costs
+    ours(1, 3, depth, args.device, "hmc", "vectorized")
     rows = [ours(c, draws, depth, args.device) for c in args.chains]
+    rows += [ours(c, draws, depth, args.device, m, how) for m, how in _variants() for c in args.chains]
+    if getattr(args, "no_numpyro", False):
+        return _per_s(rows, draws)
     jobs = [dict(MODEL, warmup=draws, draws=draws, tree_depth=depth, chains=c, chain_method=m)
             for c in args.chains for m in ("parallel", "vectorized")]
     for r in numpyro_peer.run(jobs, "default", args.device, host_devices=max(args.chains)) or []:
@@ -61,6 +80,10 @@ def throughput(args) -> list[dict]:
             rows.append(dict(implementation=f"NumPyro, chain_method='{r['chain_method']}' (compiled, compile excluded)",
                              chains=r["chains"], threads="XLA default", role="baseline", wall_s=r["wall_s"] - r["compile_s"],
                              mean_steps=r["mean_steps"], default=r["chain_method"] == "parallel", compile_s=r["compile_s"]))
+    return _per_s(rows, draws)
+
+
+def _per_s(rows: list[dict], draws: int) -> list[dict]:
     for r in rows:
         r["chain_iterations_per_s"] = r["chains"] * 2 * draws / r["wall_s"]
         r["leapfrog_per_s"] = r["mean_steps"] * r["chains"] * 2 * draws / r["wall_s"]
@@ -89,6 +112,7 @@ if __name__ == "__main__":
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
     parser.add_argument("--suffix", default="")
     parser.add_argument("--note", default="")
+    parser.add_argument("--no-numpyro", action="store_true", help="bnn_pyro's rows only")
     args = parser.parse_args()
     args.device = check_device(args.device)
     args.chains = args.chains or ([1, 2] if args.quick else [1, 2, 4, 8])

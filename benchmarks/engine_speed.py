@@ -13,6 +13,11 @@ every model, as the tests do).
   (time of a fit of ``--long`` steps - time of one of ``--short``) / (long - short), so that set-up (tracing the
   model, held-out split, curvature, drawing) cancels. Laplace's steps are its MAP search's Adam steps.
 
+- ``hmc``: ms per leapfrog step of ``bp.fit(method="hmc")`` (16 leapfrog steps per draw, warm-up included) on the
+  1-50-1 tanh BNN of ``_common`` (N = 200, sigma 0.1): the flat kernel (``bnn_pyro/infer/_flat_hmc.py``, the default on
+  the analytic path) against Pyro's ``HMC`` over dicts of sites on the same analytic potential (the fast path before
+  it; here by making ``mcmc.analytic_applies`` decline); (long - short) draws differenced. ``--only hmc`` runs it alone.
+
 Each figure is the minimum of ``--repeats`` repetitions, interleaved between the two paths (the machine may be shared:
 minima are the least disturbed); ratio = fast / Pyro's, measured in the same run. One torch thread.
 
@@ -120,6 +125,38 @@ def time_engine(method: str, short: int, long: int, repeats: int, x, y) -> list[
                  ratio=ms[off] / ms[True]) for off in (False, True)]
 
 
+def time_hmc(short: int, long: int, repeats: int) -> list[dict]:
+    from _common import bnn, regression as data  # noqa: PLC0415
+    from bnn_pyro.infer import mcmc  # noqa: PLC0415
+
+    x, y = data(200, 1)
+    applies = mcmc.analytic_applies
+
+    def fit(draws: int, flat: bool) -> float:
+        mcmc.analytic_applies = applies if flat else (lambda *args: False)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                start = time.perf_counter()
+                bp.fit(bnn(1), x, y, method="hmc", num_leapfrog=16, num_warmup=5, num_samples=draws, seed=0,
+                       progress=False)
+                return time.perf_counter() - start
+        finally:
+            mcmc.analytic_applies = applies
+
+    times = {(flat, n): float("inf") for flat in (True, False) for n in (short, long)}
+    for flat in (True, False):
+        fit(short, flat)  # untimed first-call costs
+    for _ in range(repeats):
+        for flat in (True, False):  # interleaved
+            for n in (short, long):
+                times[flat, n] = min(times[flat, n], fit(n, flat))
+    ms = {flat: (times[flat, long] - times[flat, short]) / ((long - short) * 16) * 1e3 for flat in (True, False)}
+    return [dict(workload="hmc", setting="1-50-1, N=200, 16 leapfrog/draw",
+                 path="flat (FlatHMC)" if flat else "pyro HMC, analytic potential", ms=ms[flat], unit="ms/leapfrog",
+                 ratio=ms[flat] / ms[False]) for flat in (True, False)]
+
+
 def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (a smoke run)")
@@ -127,16 +164,19 @@ def main(argv=None) -> pd.DataFrame:
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
     parser.add_argument("--name", default="engine_speed")
     parser.add_argument("--note", default="", help="a line on the machine's conditions, for the table's footer")
+    parser.add_argument("--only", choices=["hmc"], default=None, help="only the HMC kernels' rows")
     args = parser.parse_args(argv)
     repeats = args.repeats or (1 if args.quick else 3)
     short, long, calls = (10, 30, 20) if args.quick else (20, 120, 200)
     x, y = regression(N, D)
     rows = []
     with torch_threads(1):
-        for kind in ("fixed", "learned", "deterministic biases"):
+        rows += time_hmc(*((5, 20) if args.quick else (10, 60)), repeats)  # as hmc_draws below
+        print(rows[-2], rows[-1], flush=True)
+        for kind in () if args.only else ("fixed", "learned", "deterministic biases"):
             rows += time_potential(kind, calls, repeats, x, y)
             print(rows[-2], rows[-1], flush=True)
-        for method in ENGINES:
+        for method in () if args.only else ENGINES:
             rows += time_engine(method, short, long, repeats, x, y)
             print(rows[-2], rows[-1], flush=True)
     table = pd.DataFrame(rows)
@@ -144,9 +184,11 @@ def main(argv=None) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     table.to_csv(out / f"{args.name}.csv", index=False)
     shown = table.assign(ms=table.ms.map("{:.3f}".format), ratio=table.ratio.map("{:.2f}".format))
+    hmc_draws = (5, 20) if args.quick else (10, 60)
     footer = (f"torch {torch.__version__}, pyro {pyro.__version__}, 1 torch thread ({thread_note()}); minimum of "
-              f"{repeats} interleaved repeats; potential: {calls} calls; fit: ({long} - {short}) steps differenced; "
-              "ratio = fast / Pyro's path in the same run.")
+              f"{repeats} interleaved repeats; hmc: ({hmc_draws[1]} - {hmc_draws[0]}) draws of 16 leapfrog steps "
+              "differenced" + ("" if args.only else f"; potential: {calls} calls; fit: ({long} - {short}) steps "
+                               "differenced") + "; ratio = fast (flat) / Pyro's path in the same run.")
     (out / f"{args.name}.md").write_text(markdown(shown) + "\n\n" + footer + ("\n\n" + args.note if args.note else "")
                                          + "\n")
     print(markdown(shown))

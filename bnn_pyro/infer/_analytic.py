@@ -21,8 +21,9 @@ of :data:`NOISE_PRIORS` (unconstrained by ``exp``, Pyro's ``biject_to`` for a po
 :func:`build` checks the result against the generic potential and its autograd gradient at a probe point
 before it is used.
 
-Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC through
-:func:`bnn_pyro.infer._logjoint.potential` (Metropolis, without gradients, keeps the generic one), and by
+Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC (:class:`~bnn_pyro.infer._flat_hmc.FlatHMC`; and
+``chain_method="vectorized"`` through :meth:`StackPotential.leapfrog_batch`; Pyro's HMC reaches it through
+:func:`bnn_pyro.infer._logjoint.potential`, Metropolis, without gradients, keeps the generic one), and by
 the mean-field SVI loss
 (:func:`bnn_pyro.infer._logjoint.svi_loss`) and SVI's flat path (:mod:`bnn_pyro.infer._svi_flat`, through
 :func:`negative_elbo`). ``tests/infer/test_analytic.py`` checks values and gradients
@@ -42,6 +43,7 @@ from torch import nn
 from torch.distributions import Independent, biject_to, transform_to, transforms
 
 from bnn_pyro._linear_stack import linear_stack, site
+from bnn_pyro.infer._analytic_batched import BoundBatch
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.likelihoods import Gaussian
 
@@ -107,7 +109,8 @@ class _Layer(NamedTuple):
 class StackPotential:
     """``potential(theta[, x, y]) -> (U, grad U)`` for ``theta`` shaped ``(D,)`` or ``(B, D)`` (see the module
     docstring); ``x, y`` default to the data given at build time (MCMC), and may be a minibatch (SVI; the
-    likelihood is scaled by ``dataset_size / len(x)``). :meth:`leapfrog` is one velocity-Verlet step.
+    likelihood is scaled by ``dataset_size / len(x)``). :meth:`leapfrog` is one velocity-Verlet step;
+    :meth:`leapfrog_batch` one for ``C`` chains at once.
 
     One unbatched ``theta`` on the bound data (NUTS's case, :meth:`_bound`) goes into a buffer whose per-site views
     (and a gradient buffer's, filled by ``out=``) are made once, and the energy's sums into a small buffer that a
@@ -150,6 +153,7 @@ class StackPotential:
             u_const = factor * count * _HALF_LOG_2PI
         self._u_const = prior_const + u_const
         self._u_weights = loc.new_tensor([self._lik_weight, 0.5, self._u_const])
+        self._batches = {}  # number of chains -> BoundBatch (leapfrog_batch)
 
     def _param(self, theta, ref, lead):
         a, b, shape = self._slots[ref] if isinstance(ref, str) else (None, None, None)
@@ -285,6 +289,19 @@ class StackPotential:
         lik, prior, _, kinetic = self._sums.tolist()
         return z, p, g, sharp, (self._lik_weight * lik + 0.5 * prior + self._u_const, 0.5 * kinetic)
 
+    def batch(self, chains: int):
+        """The bound data's potential for ``chains`` chains at once (:class:`~bnn_pyro.infer._analytic_batched.BoundBatch`,
+        made once per number of chains): ``batch(C)(theta (C, D)) -> (U (C,), grad (C, D))``."""
+        made = self._batches.get(chains)
+        if made is None:
+            made = self._batches[chains] = BoundBatch(self, chains)
+        return made
+
+    def leapfrog_batch(self, z, p, g, step, minv):
+        """One velocity-Verlet step of ``C`` chains on the bound data: ``z, p, g`` ``(C, D)``, ``step`` ``(C,)`` signed
+        step sizes, ``minv`` ``(C, D)`` or ``(C, D, D)``; returns ``(z, p, g, M^-1 p, U, kinetic)``, tensors (no host
+        read; :mod:`bnn_pyro.infer._analytic_batched`)."""
+        return self.batch(z.shape[0]).leapfrog(z, p, g, step, minv)
 
 
 def _affine(h, w, b):

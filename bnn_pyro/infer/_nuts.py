@@ -42,7 +42,7 @@ from pyro.infer.mcmc.util import initialize_model
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._kernels import AdaptedKernel, DrawStats
 
-__all__ = ["FlatNUTS"]
+__all__ = ["FlatNUTS", "search_step_size"]
 
 MAX_ENERGY_ERROR = 1000.0  # Stan's divergence threshold
 
@@ -267,13 +267,19 @@ class FlatNUTS(AdaptedKernel):
             _, _, h, _ = self._leapfrog((z, p, g, u), step)
             return 1 if threshold < h0 - h else -1
 
-        first = direction(step)
-        lo, hi = 1e-10, 1e10  # Pyro's HMC defaults (min_stepsize, max_stepsize)
-        while lo < step < hi:
-            step *= 2.0 ** first
-            if direction(step) != first:
-                break
-        return min(max(step, lo), hi)
+        return search_step_size(step, direction)
+
+
+def search_step_size(step: float, direction) -> float:
+    """The loop of Pyro's (and Stan's) step-size heuristic: ``direction(step)`` is +1 where one leapfrog step's
+    acceptance probability exceeds 0.8 (then double), else -1 (then halve), until it changes sign."""
+    first = direction(step)
+    lo, hi = 1e-10, 1e10  # Pyro's HMC defaults (min_stepsize, max_stepsize)
+    while lo < step < hi:
+        step *= 2.0 ** first
+        if direction(step) != first:
+            break
+    return min(max(step, lo), hi)
 
 
 def _u_turn(old_far_sharp, old_end_p, old_end_sharp, old: _Tree, new: _Tree) -> bool:

@@ -53,11 +53,14 @@ Objective = Callable[[tuple, int], "tuple[torch.Tensor, float]"]
 
 class ChainMethod(str, Enum):
     """How chains run: ``"sequential"`` in this process, ``"parallel"`` in forked processes (one per core),
-    ``"auto"`` parallel where it can be (fork available, 2+ cores, CUDA not initialised), else sequential."""
+    ``"auto"`` parallel where it can be (fork available, 2+ cores, CUDA not initialised), else sequential;
+    ``"vectorized"`` (MCMC's NUTS/HMC on the analytic fast path only: :mod:`bnn_pyro.infer._vectorized`) all chains
+    as one batched computation in this process, never chosen by ``"auto"`` (its draws differ from the others')."""
 
     AUTO = "auto"
     SEQUENTIAL = "sequential"
     PARALLEL = "parallel"
+    VECTORIZED = "vectorized"
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,11 @@ def run_chains(model, num_chains: int, seed: int, body: Callable[[object, ChainI
         with chain(model, seed + c, copy_model=copy_model) as fitted:
             return body(fitted, ChainInfo(c, seed + c, line))
 
-    if chain_execution(num_chains, how, method) == "sequential":
+    execution = chain_execution(num_chains, how, method)
+    if execution == "vectorized":  # MCMC runs its batched chains itself (bnn_pyro.infer._vectorized)
+        raise ValueError(f"chain_method='vectorized' applies to method='nuts' and 'hmc' only, not {method!r}; use "
+                         "chain_method='auto', 'parallel' or 'sequential'.")
+    if execution == "sequential":
         return [one(c, 0) for c in range(num_chains)]
 
     def remote(c: int, line: int) -> ChainRun:
@@ -99,11 +106,14 @@ def run_chains(model, num_chains: int, seed: int, body: Callable[[object, ChainI
 
 
 def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit") -> str:
-    """``"sequential"`` or ``"parallel"``: how :func:`run_chains` will run ``num_chains`` chains for ``how``.
+    """``"sequential"``, ``"parallel"`` or ``"vectorized"``: how ``num_chains`` chains will run for ``how``.
     ``"parallel"`` needs the fork start method, 2+ cores and no CUDA context in this process (a forked child
     cannot use its parent's CUDA context; the chain bodies are closures, which spawned processes cannot
-    receive), else it is an error; ``"auto"`` then falls back to sequential with a warning."""
+    receive), else it is an error; ``"auto"`` then falls back to sequential with a warning. ``"vectorized"`` is
+    returned for ``how="vectorized"`` only (whatever the cores)."""
     how = choice("chain_method", how, ChainMethod)
+    if how is ChainMethod.VECTORIZED:
+        return "vectorized"
     if num_chains == 1 or how is ChainMethod.SEQUENTIAL:
         return "sequential"
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()

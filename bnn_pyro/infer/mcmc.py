@@ -43,8 +43,10 @@ trajectory's bookkeeping in Python floats (per-leapfrog times against Pyro's ``N
 compiled sampler: ``benchmarks/performance.py``, ``benchmarks/results/``). HMC and Metropolis keep Pyro's kernels with the
 fast potential (compiled with ``torch.jit.trace`` when ``jit=True``). For a stack of ``nn.Linear`` layers
 and elementwise activations with Normal priors and a Gaussian likelihood the potential and its gradient
-are analytic instead for NUTS and HMC (:mod:`bnn_pyro.infer._analytic`: nothing compiled, ``jit`` is moot);
-Metropolis, which needs no gradient, keeps the generic potential.
+are analytic instead for NUTS and HMC (:mod:`bnn_pyro.infer._analytic`: nothing compiled, ``jit`` is moot),
+and HMC runs over one flat vector too (:mod:`bnn_pyro.infer._flat_hmc`: the same algorithm and adaptation as
+Pyro's ``HMC``, with its own seeded generator, so its draws differ from those of bnn_pyro before it for the same
+seed); Metropolis, which needs no gradient, keeps the generic potential.
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` stay FIXED at chain 0's start, the same for
 every chain (:mod:`bnn_pyro.infer._init`: the net's values for ``init="net"``, chain 0 of ``init`` when
@@ -56,6 +58,13 @@ thread each (two torch threads per process on two cores oversubscribe the cores:
 spin and steal each other's time, Pyro's own parallel mode ran at 0.48x of one chain), and one after
 another, with a warning, when only one core is available. ``config["chain_execution"]`` says which.
 Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
+``chain_method="vectorized"`` (NUTS and HMC on the analytic path only; never chosen by ``"auto"``) advances all
+chains together as ONE batched computation in this process, one torch thread (:mod:`bnn_pyro.infer._vectorized`):
+a small net is dispatch-bound, so ``C`` chains cost little more per leapfrog step than one. Each chain starts where
+chain ``c`` starts under the other executions and adapts on its own (step size and mass matrix), but the chains
+share one random stream seeded by ``seed``: the same seed gives the same draws, not those of the other executions.
+NUTS needs the batched transition of ``bnn_pyro.infer._nuts_batched`` (refused with a clear error where it is
+absent). One progress bar for all chains; ``checkpoint=`` writes ONE file, ``FOLDER/chain0.ckpt``, for the batch.
 
 Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names), recorded per draw
 as a typed :class:`~bnn_pyro.infer._kernels.DrawStats` (the kernel's ``stats`` after each kept draw) and
@@ -99,9 +108,10 @@ import pyro
 from pyro.infer.autoguide.initialization import init_to_value
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
-from bnn_pyro.infer import _logjoint
+from bnn_pyro.infer import _logjoint, _vectorized
 from bnn_pyro.infer._health import check_mcmc
 from bnn_pyro.infer._kernels import _HMC, DrawStats, _Metropolis, pyro_kernel, sample_stats  # noqa: F401 - _HMC: tests
+from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init
@@ -155,7 +165,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     fast_path:
         Evaluate the potential energy of a ``BNN`` directly in torch (:mod:`bnn_pyro.infer._logjoint`:
         the same function as Pyro's, without tracing the model at every leapfrog step) where the model
-        allows it, and for NUTS sample with :class:`~bnn_pyro.infer._nuts.FlatNUTS`; ``False`` forces
+        allows it, and for NUTS sample with :class:`~bnn_pyro.infer._nuts.FlatNUTS` (HMC on the analytic path:
+        :class:`~bnn_pyro.infer._flat_hmc.FlatHMC`); ``False`` forces
         Pyro's path (model tracing and Pyro's kernels). ``config["fast_path"]`` says which ran.
     init:
         Starting point: ``"reset"`` (the default for a ``BNN``: every layer's ``reset_parameters()``
@@ -164,7 +175,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         site values, or a :class:`Posterior` (its mean, e.g. of an SVI or MAP fit, and its point
         values); see :mod:`bnn_pyro.infer._init`.
     chain_method:
-        ``"auto"``, ``"parallel"`` (forked processes, one torch thread each) or ``"sequential"``.
+        ``"auto"``, ``"parallel"`` (forked processes, one torch thread each), ``"sequential"``, or
+        ``"vectorized"`` (NUTS/HMC on the analytic fast path: all chains as one batched computation; module docstring).
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``), and a progress bar per chain, labelled
         ``"nuts chain 0"``, ... like the other engines' (parallel chains: one line each; ``False``: off).
@@ -221,19 +233,23 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
     strategies = [init_strategy(fitted, chain_start(fitted, init, seed + c, points=c == 0)) for c in range(num_chains)]
     joint = _logjoint.build(fitted, data.size) if flag("fast_path", fast_path) else None
+    execution = chain_execution(num_chains, how, kind.value)
+    if execution == "vectorized":
+        _vectorized.check(kind.value, joint, data.x, data.y)
     settings = KernelSettings(kind=kind, joint=joint, target_accept=float(target_accept), step_size=step_size,
                               dense_mass=dense_mass, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog,
-                              max_tree_depth=max_tree_depth, jit=jit)
+                              max_tree_depth=max_tree_depth, jit=jit,
+                              flat_hmc=kind is Kernel.HMC and analytic_applies(joint, data.x, data.y))
 
-    def run_chain(fitted, info):
-        c = info.index
-        s = replace(settings, init_strategy=strategies[c]) if resume is None else replace(  # the chain's last draw,
+    def chain_settings(c: int) -> KernelSettings:
+        return replace(settings, init_strategy=strategies[c]) if resume is None else replace(  # the chain's last draw,
             settings, init_strategy=init_to_value(values={k: v[c, -1] for k, v in resume.samples.items()}),
             resume=(float(resume.sample_stats["step_size"][c, -1]), resume.history["inverse_mass_matrix"][c]))
-        bar = (f"{kind.value} chain {c}", info.line) if progress else None
-        return _run_chain(fitted, data, s, num_samples, num_warmup, bar, ckpts[c])
 
-    execution = chain_execution(num_chains, how, kind.value)
+    def run_chain(fitted, info):
+        bar = (f"{kind.value} chain {info.index}", info.line) if progress else None
+        return _run_chain(fitted, data, chain_settings(info.index), num_samples, num_warmup, bar, ckpts[info.index])
+
     config = clean_config(dict(
         kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
         target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
@@ -244,10 +260,14 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     ))
     # every chain's file checked before any chain runs; chain_method is not part of the run (same draws either way)
     run = {k: v for k, v in config.items() if k not in ("chain_method", "chain_execution")}
-    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume_files, num_chains=num_chains,
-                        run=dict(method=kind.value, **run))
+    batched = execution == "vectorized"  # its draws differ from the other executions': part of the run; one file
+    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume_files, num_chains=1 if batched else num_chains,
+                        run=dict(method=kind.value, **run, **({"chain_execution": execution} if batched else {})))
     # one model for every chain: its deterministic parameters (fixed) come from chain 0's start
-    runs = run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc")
+    runs = (_vectorized.run(fitted, data, [chain_settings(c) for c in range(num_chains)], kind=kind.value,
+                            num_samples=num_samples, num_warmup=num_warmup, seed=seed, progress=progress, ckpt=ckpts[0])
+            if batched else run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False,
+                                       method="mcmc"))
     post = assemble(runs, method=kind.value, config=config, data=data)
     if resume is not None:  # append the new segment to the draws it continues
         post.samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in post.samples.items()}
@@ -316,6 +336,7 @@ class KernelSettings:
     jit: bool
     init_strategy: Callable | None = None
     resume: tuple[float, torch.Tensor] | None = None
+    flat_hmc: bool = False  # HMC on the analytic path: FlatHMC (bnn_pyro.infer._flat_hmc), not Pyro's HMC
 
 
 def _make_kernel(model, s: KernelSettings, model_args: tuple):
@@ -328,6 +349,12 @@ def _make_kernel(model, s: KernelSettings, model_args: tuple):
         kernel = FlatNUTS(model, s.joint, init_strategy=s.init_strategy, step_size=s.step_size,
                           target_accept_prob=s.target_accept, max_tree_depth=s.max_tree_depth,
                           dense_mass=s.dense_mass, jit=s.jit)
+        kernel.resume = s.resume
+        return kernel, None, None
+    if s.flat_hmc:  # the fast path's HMC over one flat vector
+        kernel = FlatHMC(model, s.joint, init_strategy=s.init_strategy, step_size=s.step_size,
+                         target_accept_prob=s.target_accept, dense_mass=s.dense_mass, num_leapfrog=s.num_leapfrog,
+                         trajectory_length=s.trajectory_length, jit=s.jit)
         kernel.resume = s.resume
         return kernel, None, None
     options = dict(step_size=s.step_size or 1.0, adapt_step_size=True, adapt_mass_matrix=True, full_mass=s.dense_mass,

@@ -236,11 +236,13 @@ def test_svi_fit_follows_the_same_trajectory_with_and_without_the_fast_path(guid
         torch.testing.assert_close(fast.samples[name], plain.samples[name], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("method,options", [("hmc", dict(num_leapfrog=4, num_warmup=5)),
-                                            ("metropolis", dict(num_warmup=40))])
-def test_mcmc_draws_agree_with_and_without_the_fast_path(method, options):
+# HMC on the analytic path (e.g. "learned-noise") runs the flat kernel of bnn_pyro/infer/_flat_hmc.py, whose random
+# stream differs from Pyro's HMC: the fast potential under Pyro's HMC is checked on a model that path does not cover
+@pytest.mark.parametrize("method,options,case", [("hmc", dict(num_leapfrog=4, num_warmup=5), "laplace-prior"),
+                                                 ("metropolis", dict(num_warmup=40), "learned-noise")])
+def test_mcmc_draws_agree_with_and_without_the_fast_path(method, options, case):
     # HMC trajectories are chaotic, so rounding differences grow over long runs: a short run only
-    model, (x, y) = CASES["learned-noise"](), _data(n=120)
+    model, (x, y) = CASES[case](), _data(n=120)
     runs = [bp.fit(model, x, y, method=method, num_samples=5, seed=0, progress=False, fast_path=fast, **options) for fast in (True, False)]
     assert [r.config["fast_path"] for r in runs] == [True, False]
     for name in runs[1].samples:

@@ -1,0 +1,220 @@
+"""``C`` MCMC chains advanced together as ONE batched computation: the state of ``chain_method="vectorized"``.
+
+A small net is dispatch-bound (a few microseconds per tensor operation whatever its size), so ``C`` chains whose
+positions are the rows of one ``(C, D)`` tensor cost little more per leapfrog step than one chain (NumPyro's
+``chain_method="vectorized"``, blackjax's ``vmap`` over chains). The pieces:
+
+- a **leapfrog** ``leapfrog(z, p, g, step, minv) -> (z, p, g, sharp, u, kinetic)``: one velocity-Verlet step of
+  every chain; ``z, p, g, sharp`` ``(C, D)``, ``step`` ``(C,)`` signed step sizes, ``minv`` ``(C, D)`` diagonal or
+  ``(C, D, D)`` dense inverse mass; ``u`` ``(C,)`` the potential at the new points, ``kinetic`` ``(C,)``
+  ``0.5 p . M^-1 p``; tensors, no host read (:meth:`~bnn_pyro.infer._analytic.StackPotential.leapfrog_batch`, or
+  :func:`~bnn_pyro.infer._analytic_batched.leapfrog_from` for any batched potential);
+- a **transition** ``transition(z, u, g, step, minv, *, leapfrog, generator, **options) -> (z, u, g,
+  TransitionStats)``: one MCMC transition of every chain, its momentum drawn inside from ``generator``
+  (:func:`hmc_transition` here; NUTS's lockstep ``nuts_transition`` in ``bnn_pyro.infer._nuts_batched``);
+- :class:`BatchedChains`: the chains' flat state, one Pyro ``WarmupAdapter`` PER CHAIN (exactly the single-chain
+  adaptation of :class:`~bnn_pyro.infer._nuts.FlatNUTS`: dual averaging, Stan's windows, the step-size heuristic
+  after each mass-matrix window), per-chain step sizes and inverse mass matrices, one ``torch.Generator`` for every
+  random number, per-draw :class:`~bnn_pyro.infer._kernels.DrawStats` per chain, and checkpoints.
+
+The chains are exact and independent in distribution, but share one random stream: chain ``c``'s draws depend on
+how many chains run beside it (they differ from ``chain_method="sequential"``'s for the same seed).
+``tests/infer/test_batched.py`` checks the transition on 4,000 exact draws of a Gaussian at once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from functools import partial
+from typing import Callable, NamedTuple
+
+import torch
+from pyro.infer.mcmc.adaptation import WarmupAdapter
+from torch import Tensor
+
+from bnn_pyro._upstream_private import load_warmup_adapter_state, warmup_adapter_state
+from bnn_pyro.infer._analytic_batched import sharp
+from bnn_pyro.infer._kernels import DrawStats
+from bnn_pyro.infer._nuts import MAX_ENERGY_ERROR, search_step_size
+
+__all__ = ["TransitionStats", "BatchedChains", "hmc_transition", "momentum"]
+
+
+class TransitionStats(NamedTuple):
+    """One transition of ``C`` chains; every field a ``(C,)`` tensor."""
+
+    accept_prob: Tensor  # float: the draw's mean Metropolis acceptance (NUTS: over the trajectory)
+    n_steps: Tensor  # int64: leapfrog steps (gradient evaluations)
+    diverging: Tensor  # bool
+    energy: Tensor  # float: the Hamiltonian after the momentum refresh
+    tree_depth: Tensor | None  # int64 (NUTS) or None (HMC)
+
+
+def momentum(minv: Tensor, generator: torch.Generator) -> Tensor:
+    """``p ~ N(0, M)`` for every chain, ``M = minv^-1``: ``eps / sqrt(minv)`` (diagonal), or ``L^-T eps`` with
+    ``L L^T = minv`` (dense: ``M = L^-T L^-1``)."""
+    eps = torch.randn(minv.shape[:2], generator=generator, dtype=minv.dtype, device=minv.device)
+    if minv.dim() == 2:
+        return eps * minv.rsqrt()
+    factor = torch.linalg.cholesky(minv)
+    return torch.linalg.solve_triangular(factor.mT, eps.unsqueeze(-1), upper=True).squeeze(-1)
+
+
+def hmc_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor, *, leapfrog: Callable,
+                   generator: torch.Generator, num_steps: int | None = None,
+                   trajectory_length: float | None = None) -> tuple[Tensor, Tensor, Tensor, TransitionStats]:
+    """One HMC transition of every chain: a momentum refresh, ``num_steps`` leapfrog steps (or, given
+    ``trajectory_length``, ``max(1, int(length / step))`` per chain, as Pyro's ``HMC`` counts them), and a
+    Metropolis accept per chain. A chain whose energy error exceeds 1000 or is NaN is diverging: its proposal is
+    rejected (never raised)."""
+    if (num_steps is None) == (trajectory_length is None):
+        raise ValueError(f"hmc_transition: give num_steps= or trajectory_length=, one of the two (got {num_steps!r} "
+                         f"and {trajectory_length!r}).")
+    p = momentum(minv, generator)
+    h0 = u + 0.5 * torch.linalg.vecdot(p, sharp(minv, p))
+    if trajectory_length is not None:
+        counts = [max(1, int(trajectory_length / s)) for s in step.tolist()]
+    else:
+        counts = [num_steps] * z.shape[0]
+    most = max(counts)
+    active = None if min(counts) == most else torch.tensor(counts, device=z.device)
+    z1, p1, g1, u1, kinetic = z, p, g, u, None
+    for i in range(most):
+        z2, p2, g2, _, u2, k2 = leapfrog(z1, p1, g1, step, minv)
+        if active is None or i < min(counts):
+            z1, p1, g1, u1, kinetic = z2, p2, g2, u2, k2
+            continue
+        going = active > i  # chains with fewer steps keep the state after their last one
+        z1, p1, g1 = (torch.where(going.unsqueeze(-1), new, old) for new, old in ((z2, z1), (p2, p1), (g2, g1)))
+        u1, kinetic = torch.where(going, u2, u1), torch.where(going, k2, kinetic)
+    error = (u1 + kinetic - h0).nan_to_num(nan=math.inf)
+    accept_prob = torch.exp(-error).clamp(max=1.0)
+    accepted = torch.rand(z.shape[0], generator=generator, dtype=z.dtype, device=z.device) < accept_prob
+    z, g = torch.where(accepted.unsqueeze(-1), z1, z), torch.where(accepted.unsqueeze(-1), g1, g)
+    u = torch.where(accepted, u1, u)
+    n_steps = torch.tensor(counts, dtype=torch.int64, device=z.device)
+    return z, u, g, TransitionStats(accept_prob, n_steps, error > MAX_ENERGY_ERROR, h0, None)
+
+
+class BatchedChains:
+    """``C`` chains of one ``transition`` over a flat ``(C, D)`` state (see the module docstring).
+
+    ``potential(theta (C, D)) -> (U (C,), grad (C, D))`` and ``leapfrog`` evaluate the target; ``z`` is the chains'
+    start ``(C, D)``, laid out as the sites ``names`` of ``sizes`` elements; ``options`` go to ``transition`` (HMC:
+    ``num_steps`` or ``trajectory_length``; NUTS: ``max_tree_depth``). ``resume``: one ``(step_size, inverse mass
+    matrix)`` per chain replaces the adapted state (extending a posterior, without warm-up).
+    :meth:`sample` advances every chain; ``stats`` then holds the C :class:`DrawStats` of that draw."""
+
+    def __init__(self, potential: Callable, leapfrog: Callable, z: Tensor, *, names: tuple[str, ...], sizes: list[int],
+                 warmup_steps: int, transition: Callable, options: dict, generator: torch.Generator,
+                 step_size: float | None = None, target_accept_prob: float = 0.8, dense_mass: bool = False,
+                 resume: list[tuple[float, Tensor]] | None = None):
+        self.leapfrog, self.transition, self.options, self.generator = leapfrog, transition, options, generator
+        self.names, self.sizes, self._warmup_steps = names, sizes, warmup_steps
+        chains, size = z.shape
+        with torch.no_grad():
+            u, g = potential(z)
+        self.z, self.u, self.g = z.clone(), u.clone(), g.clone()
+        self._t, self._mean_accept = 0, [0.0] * chains
+        self._minv_parts, self._steps = None, None
+        self._adapters = [WarmupAdapter(step_size or 1.0, adapt_step_size=True, target_accept_prob=target_accept_prob,
+                                        adapt_mass_matrix=True, dense_mass=dense_mass) for _ in range(chains)]
+        for c, adapter in enumerate(self._adapters):
+            adapter.configure(warmup_steps, mass_matrix_shape={names: (size, size) if dense_mass else (size,)},
+                              find_reasonable_step_size_fn=partial(self._reasonable_step_size, c),
+                              options=dict(dtype=z.dtype, device=z.device))
+            if resume is not None:
+                adapter.step_size = resume[c][0]
+                adapter.mass_matrix_adapter.inverse_mass_matrix = {names: resume[c][1].to(z.dtype)}
+            else:
+                adapter.reset_step_size_adaptation(self._sites(c))
+
+    # ------------------------------------------------------------------ the adapted state, per chain
+    @property
+    def step_sizes(self) -> list[float]:
+        return [a.step_size for a in self._adapters]
+
+    @property
+    def inverse_mass_matrix(self) -> Tensor:
+        """The chains' inverse mass matrices, ``(C, D)`` or ``(C, D, D)``."""
+        mats = [a.mass_matrix_adapter.inverse_mass_matrix[self.names] for a in self._adapters]
+        held = self._minv_parts  # the tensors stacked last (held, so that an identity test is sound)
+        if held is None or any(m is not h for m, h in zip(mats, held)):  # restacked only when an adapter changed one
+            self._minv_parts, self._minv = mats, torch.stack(mats)
+        return self._minv
+
+    def _sites(self, c: int) -> dict[str, Tensor]:
+        return dict(zip(self.names, self.z[c].split(self.sizes)))
+
+    def _step_tensor(self, steps: list[float]) -> Tensor:
+        if self._steps is None or self._steps[0] != steps:
+            self._steps = (steps, torch.tensor(steps, dtype=self.z.dtype, device=self.z.device))
+        return self._steps[1]
+
+    # ------------------------------------------------------------------ one draw of every chain
+    @torch.no_grad()
+    def sample(self) -> Tensor:
+        """One transition of every chain (adapting during warm-up); returns the positions ``(C, D)``."""
+        steps = self.step_sizes
+        z, u, g, stats = self.transition(self.z, self.u, self.g, self._step_tensor(steps), self.inverse_mass_matrix,
+                                         leapfrog=self.leapfrog, generator=self.generator, **self.options)
+        self.z, self.u, self.g = z, u, g
+        columns = [stats.accept_prob, stats.n_steps, stats.diverging, stats.energy, -u]
+        if stats.tree_depth is not None:
+            columns.append(stats.tree_depth)
+        rows = torch.stack([col.to(torch.float64) for col in columns], 1).tolist()  # one host read
+        warm, self._t = self._t < self._warmup_steps, self._t + 1
+        n = self._t - self._warmup_steps if self._t > self._warmup_steps else self._t
+        self.stats = []
+        for c, (accept, n_steps, diverging, energy, lp, *depth) in enumerate(rows):
+            if warm:
+                self._adapters[c].step(self._t - 1, self._sites(c), torch.tensor(accept))
+            self._mean_accept[c] += (accept - self._mean_accept[c]) / n
+            self.stats.append(DrawStats(lp=lp, acceptance_rate=accept, step_size=steps[c], diverging=bool(diverging),
+                                        n_steps=int(n_steps), energy=energy,
+                                        tree_depth=int(depth[0]) if depth else None))
+        return z
+
+    def _reasonable_step_size(self, c: int, _sites=None) -> float:
+        """Pyro's heuristic for chain ``c`` at its current position and inverse mass matrix (as FlatNUTS runs it):
+        double or halve its step size until one leapfrog step's acceptance probability crosses 0.8."""
+        minv = self._adapters[c].mass_matrix_adapter.inverse_mass_matrix[self.names].unsqueeze(0)
+        z, g, u = self.z[c:c + 1], self.g[c:c + 1], float(self.u[c])
+        threshold = math.log(0.8)
+
+        def direction(step: float) -> int:
+            p = momentum(minv, self.generator)
+            h0 = u + 0.5 * float(torch.linalg.vecdot(p, sharp(minv, p)))
+            *_, u1, kinetic = self.leapfrog(z, p, g, z.new_tensor([step]), minv)
+            return 1 if threshold < h0 - float(u1 + kinetic) else -1  # NaN: halve
+
+        with torch.no_grad():
+            return search_step_size(self._adapters[c].step_size, direction)
+
+    def logging(self) -> OrderedDict:
+        """The progress bar's fields: the step sizes (range over chains) and the mean acceptance."""
+        lo, hi = min(self.step_sizes), max(self.step_sizes)
+        size = f"{lo:.2e}" if lo == hi else f"{lo:.2e}-{hi:.2e}"
+        return OrderedDict([("step size", size), ("acc. prob", f"{sum(self._mean_accept) / len(self._mean_accept):.3f}")])
+
+    # ------------------------------------------------------------------ checkpoint/resume
+    def state_dict(self) -> tuple[dict[str, Tensor], dict]:
+        """Positions, potentials, gradients, the generator, every chain's adaptation and the counters."""
+        tensors = {"z": self.z, "u": self.u, "grad": self.g, "generator": self.generator.get_state()}
+        adapters = []
+        for c, adapter in enumerate(self._adapters):
+            own, meta = warmup_adapter_state(adapter)
+            tensors.update({f"adapter{c}/{k}": v for k, v in own.items()})
+            adapters.append(meta)
+        return tensors, {"adapters": adapters, "counters": [self._t, list(self._mean_accept)]}
+
+    def load_state_dict(self, tensors: dict[str, Tensor], meta: dict) -> None:
+        for c, adapter in enumerate(self._adapters):
+            prefix = f"adapter{c}/"
+            load_warmup_adapter_state(adapter, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)},
+                                      meta["adapters"][c])
+        device = self.z.device
+        self.z, self.u, self.g = (tensors[k].to(device).clone() for k in ("z", "u", "grad"))
+        self.generator.set_state(tensors["generator"])
+        self._t, self._mean_accept = meta["counters"][0], list(meta["counters"][1])
