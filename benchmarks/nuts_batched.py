@@ -4,13 +4,14 @@ The 1-50-1 tanh BNN of ``_common.py`` (Normal(0, 1) prior, sigma 0.1, N = 200), 
 size (``--step``, no adaptation) and tree depth <= ``--depth``; FlatNUTS first takes ``--warm`` transitions from a
 prior draw (toward the posterior's bulk, where every tree reaches the depth cap) and all batched chains start from
 its state, each with its own momenta. FlatNUTS (one chain, the analytic bound-data leapfrog) against C = 1, 2,
-4, 8 chains in lockstep, whose leapfrog is the generic :func:`~bnn_pyro.infer._nuts_batched.batched_leapfrog` on
-``StackPotential.__call__`` with ``theta`` shaped (C, D) (the general batched path: ``baddbmm``/``bmm``).
+4, 8 chains in lockstep, whose leapfrog is the analytic batched one on the bound data
+(:meth:`~bnn_pyro.infer._analytic.StackPotential.leapfrog_batch`: ``baddbmm``/``bmm``, what
+``chain_method="vectorized"`` runs).
 Columns: ms per lockstep leapfrog step (one batched step of all C chains, masked ones included), ms per
 chain-leapfrog (the time over the steps the chains actually took: what a draw costs), chain-leapfrogs per second,
 the time per lockstep step outside the leapfrog calls (the transition's bookkeeping, timed in the same run), and
 aten operations per lockstep step (``torch.profiler``, top-level operations) in all and in one bare leapfrog
-step. The generic batched leapfrog is the part an analytic batched one would replace.
+step.
 
 Times are the thread's CPU time (``time.thread_time``), the minimum over ``--repeats``; a loaded machine inflates
 them all (shared cores and caches), so read the ratios. Usage:
@@ -33,7 +34,8 @@ from _common import bnn, regression
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._nuts_batched import batched_leapfrog, nuts_transition
+from bnn_pyro.infer._analytic_batched import one_chain_leapfrog
+from bnn_pyro.infer._nuts_batched import nuts_transition
 
 N = 200
 
@@ -74,7 +76,8 @@ class _Batched:
 
     def __init__(self, kernel, c: int, args):
         pot = kernel._potential
-        self.c, self.args, self.inner = c, args, batched_leapfrog(pot)
+        self.c, self.args = c, args
+        self.inner = pot.leapfrog_batch if c > 1 else one_chain_leapfrog(pot)  # as chain_method="vectorized" does
         self.z = kernel._state[0].expand(c, -1).clone()
         self.u, self.g = pot(self.z)
         self.step, self.minv = torch.full((c,), args.step), torch.ones_like(self.z)

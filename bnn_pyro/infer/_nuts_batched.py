@@ -41,7 +41,7 @@ statistics against :class:`~bnn_pyro.infer._nuts.FlatNUTS`; ``benchmarks/nuts_ba
 
 Usage::
 
-    step_fn = batched_leapfrog(potential)  # potential(theta (C, D)) -> (U (C,), grad U (C, D))
+    step_fn = leapfrog_from(potential)  # bnn_pyro.infer._analytic_batched;  # potential(theta (C, D)) -> (U (C,), grad U (C, D))
     z, u, g, stats = nuts_transition(z, u, g, step, minv, leapfrog=step_fn, generator=torch.Generator())
 """
 
@@ -53,50 +53,18 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
+from bnn_pyro.infer._analytic_batched import sharp
+from bnn_pyro.infer._batched import TransitionStats, momentum
 from bnn_pyro.infer._nuts import MAX_ENERGY_ERROR
 
-__all__ = ["TransitionStats", "nuts_transition", "batched_leapfrog"]
+__all__ = ["nuts_transition"]
 
 Leapfrog = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]]
-
-
-class TransitionStats(NamedTuple):  # moves to _batched.py at merge
-    """Per-chain statistics of one transition, each a ``(C,)`` tensor: mean acceptance ``min(1, exp(H0 - H))``
-    over the chain's leapfrog steps (float), the steps (int64), whether a subtree diverged (bool), the
-    Hamiltonian after the momentum refresh (float) and the doublings tried (int64)."""
-
-    accept_prob: Tensor
-    n_steps: Tensor
-    diverging: Tensor
-    energy: Tensor
-    tree_depth: Tensor | None
 
 
 # the five vectors a level's slot of the buffer holds: momentum, M^-1 p and the prefix sum of momenta before
 # the level's first leaf; M^-1 p and the prefix sum before the last leaf of the level's first half
 _P, _SHARP, _PREV, _E_SHARP, _E_PREV = range(5)
-
-
-def batched_leapfrog(potential: Callable[[Tensor], tuple[Tensor, Tensor]]) -> Leapfrog:
-    """One velocity-Verlet step for every chain from ``potential(theta (C, D)) -> (U (C,), grad U (C, D))``:
-    ``leapfrog(z, p, g, step, minv) -> (z, p, g, M^-1 p, U, kinetic)`` with signed per-chain steps ``(C,)`` and
-    ``minv`` ``(C, D)`` (diagonal) or ``(C, D, D)`` (dense). A generic form for any batched potential."""
-
-    def leapfrog(z, p, g, step, minv):
-        half = (-0.5 * step).unsqueeze(-1)
-        p = torch.addcmul(p, half, g)
-        z = torch.addcmul(z, step.unsqueeze(-1), _times(minv, p))
-        u, g = potential(z)
-        p = p.addcmul_(half, g)
-        sharp = _times(minv, p)
-        return z, p, g, sharp, u, 0.5 * torch.linalg.vecdot(p, sharp)
-
-    return leapfrog
-
-
-def _times(minv: Tensor, p: Tensor) -> Tensor:
-    """``M^-1 p`` per chain for a diagonal ``(C, D)`` or dense ``(C, D, D)`` inverse mass matrix."""
-    return minv * p if minv.dim() == 2 else torch.matmul(minv, p.unsqueeze(-1)).squeeze(-1)
 
 
 @torch.no_grad()  # nothing here is differentiated (a generic potential enables grad for itself)
@@ -108,18 +76,13 @@ def nuts_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor,
     ``p = L^-T eps`` with ``L`` the Cholesky factor of ``minv``, as FlatNUTS does).
 
     ``leapfrog(z, p, g, step, minv) -> (z, p, g, sharp, u, kinetic)``: one velocity-Verlet step for every chain
-    (signed ``(C,)`` steps; ``sharp = M^-1 p``; ``u``, ``kinetic`` ``(C,)``), e.g. :func:`batched_leapfrog`.
+    (signed ``(C,)`` steps; ``sharp = M^-1 p``; ``u``, ``kinetic`` ``(C,)``), e.g. :func:`~bnn_pyro.infer._analytic_batched.leapfrog_from`.
     Returns the drawn ``(z, u, g)`` and the :class:`TransitionStats`.
     """
     _check(z, u, g, step, minv, max_tree_depth)
     c, d = z.shape
-    eps = torch.randn(c, d, generator=generator, dtype=z.dtype, device=z.device)
-    if minv.dim() == 2:
-        p0 = eps * minv.rsqrt()
-    else:  # M = (L L^T)^-1 = L^-T L^-1, so p = L^-T eps has covariance M
-        factor = torch.linalg.cholesky(minv)
-        p0 = torch.linalg.solve_triangular(factor.mT, eps.unsqueeze(-1), upper=True).squeeze(-1)
-    sharp0 = _times(minv, p0)
+    p0 = momentum(minv, generator)
+    sharp0 = sharp(minv, p0)
     h0 = u + 0.5 * torch.linalg.vecdot(p0, sharp0)
     # the trajectory: its backward and forward ends as (z, p, g, M^-1 p) stacks, the sum of its momenta,
     # log sum exp(H0 - H) over its states and the state drawn from it

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._nuts_batched import _Buffers, _subtree, batched_leapfrog, nuts_transition
+from bnn_pyro.infer._analytic_batched import leapfrog_from
+from bnn_pyro.infer._nuts_batched import _Buffers, _subtree, nuts_transition
 
 Z_MAX = 4.0
 DT = torch.float64
@@ -82,7 +83,7 @@ def _transition(z, minv, step, seed, potential=gaussian, **options):
     c = z.shape[0]
     u, g = potential(z)
     return nuts_transition(z, u, g, torch.full((c,), step, dtype=DT), minv.expand(c, *minv.shape),
-                           leapfrog=batched_leapfrog(potential), generator=torch.Generator().manual_seed(seed),
+                           leapfrog=leapfrog_from(potential), generator=torch.Generator().manual_seed(seed),
                            **options)
 
 
@@ -151,10 +152,10 @@ def test_several_transitions_on_a_banana_keep_its_closed_form_moments():
 
 
 class _OneChain:
-    """The potential of FlatNUTS's recursive builder: :func:`batched_leapfrog` on one chain, energies as floats."""
+    """The potential of FlatNUTS's recursive builder: :func:`leapfrog_from` on one chain, energies as floats."""
 
     def __init__(self, potential):
-        self._step = batched_leapfrog(potential)
+        self._step = leapfrog_from(potential)
 
     def leapfrog(self, z, p, g, step, minv):
         z, p, g, sharp, u, kinetic = self._step(z[None], p[None], g[None], torch.tensor([step], dtype=DT), minv[None])
@@ -192,7 +193,7 @@ def test_subtrees_equal_the_recursive_builders(mass, potential, depth):
     h0 = u + 0.5 * (p * (minvs * p if minv.dim() == 1 else (minvs @ p[..., None])[..., 0])).sum(-1)
     dead = torch.rand(c, generator=gen) < 0.1  # chains that no longer grow: never ok, no steps counted
     log_u = torch.rand(2**depth, c, generator=gen, dtype=DT).log()
-    new = _subtree(z, p, g, depth, step, h0, dead, log_u, batched_leapfrog(potential), minvs,
+    new = _subtree(z, p, g, depth, step, h0, dead, log_u, leapfrog_from(potential), minvs,
                    _Buffers(c, d, depth, DT, z.device))
     outcomes = {True: 0, False: 0}
     for i in range(c):
@@ -282,7 +283,7 @@ def test_float32_chains_on_the_analytic_potential_of_a_bnn_model():
     u, g = pot(z)
     step, minv, gen = torch.full((c,), 0.05), torch.ones(c, 3), torch.Generator().manual_seed(1)
     for _ in range(3):
-        z, u, g, stats = nuts_transition(z, u, g, step, minv, leapfrog=batched_leapfrog(pot), generator=gen)
+        z, u, g, stats = nuts_transition(z, u, g, step, minv, leapfrog=leapfrog_from(pot), generator=gen)
     assert z.dtype == u.dtype == g.dtype == torch.float32 and z.shape == g.shape == (c, 3) and u.shape == (c,)
     assert [t.dtype for t in stats] == [torch.float32, torch.int64, torch.bool, torch.float32, torch.int64]
     assert all(t.shape == (c,) for t in stats)
@@ -324,4 +325,4 @@ def test_bad_input_names_the_argument(change, match):
     options = dict(max_tree_depth=change.pop("max_tree_depth", 10))
     args.update(change)
     with pytest.raises(ValueError, match=match):
-        nuts_transition(*args.values(), leapfrog=batched_leapfrog(gaussian), generator=torch.Generator(), **options)
+        nuts_transition(*args.values(), leapfrog=leapfrog_from(gaussian), generator=torch.Generator(), **options)
