@@ -18,6 +18,7 @@ from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._analytic_batched import one_chain_leapfrog
+from bnn_pyro.infer._nuts_batched import nuts_transition
 from bnn_pyro.infer._batched import BatchedChains, hmc_transition
 from bnn_pyro.infer._common import point_values, progress_bar, quiet_model
 from bnn_pyro.infer._flat_hmc import analytic_applies, flat_layout, seeded_generator
@@ -51,14 +52,6 @@ def _transition(kind: str, settings):
             return hmc_transition, {}
         return hmc_transition, (dict(num_steps=settings.num_leapfrog) if settings.num_leapfrog is not None
                                 else dict(trajectory_length=settings.trajectory_length))
-    # HOOK (issue 17): NUTS's lockstep batched transition is bnuts's bnn_pyro.infer._nuts_batched.nuts_transition,
-    # merged separately; until it is in this build, vectorized NUTS is refused with this error
-    try:
-        from bnn_pyro.infer._nuts_batched import nuts_transition  # noqa: PLC0415
-    except ImportError:
-        raise ValueError("chain_method='vectorized' for method='nuts' needs the batched NUTS transition "
-                         "(bnn_pyro.infer._nuts_batched), which this build lacks; use method='hmc' with "
-                         f"chain_method='vectorized', or {_INSTEAD}.") from None
     return nuts_transition, ({} if settings is None else dict(max_tree_depth=settings.max_tree_depth))
 
 

@@ -63,8 +63,8 @@ chains together as ONE batched computation in this process, one torch thread (:m
 a small net is dispatch-bound, so ``C`` chains cost little more per leapfrog step than one. Each chain starts where
 chain ``c`` starts under the other executions and adapts on its own (step size and mass matrix), but the chains
 share one random stream seeded by ``seed``: the same seed gives the same draws, not those of the other executions.
-NUTS needs the batched transition of ``bnn_pyro.infer._nuts_batched`` (refused with a clear error where it is
-absent). One progress bar for all chains; ``checkpoint=`` writes ONE file, ``FOLDER/chain0.ckpt``, for the batch.
+NUTS runs the lockstep transition of :mod:`bnn_pyro.infer._nuts_batched` (the chains double their trajectories
+together; a chain that turned or diverged waits, masked, until the last one stops). One progress bar for all chains; ``checkpoint=`` writes ONE file, ``FOLDER/chain0.ckpt``, for the batch.
 
 Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names), recorded per draw
 as a typed :class:`~bnn_pyro.infer._kernels.DrawStats` (the kernel's ``stats`` after each kept draw) and

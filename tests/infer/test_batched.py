@@ -181,7 +181,6 @@ def test_vectorized_hmc_recovers_the_exact_posterior_with_the_other_executions_s
 
 @pytest.mark.slow  # ~11 s on a loaded 2-core machine
 def test_vectorized_nuts_recovers_the_exact_posterior():
-    pytest.importorskip("bnn_pyro.infer._nuts_batched", reason="the batched NUTS transition is merged separately")
     x, y = _data(2)
     post = bp.fit(_blr(2), x, y, **dict(VEC, method="nuts", num_leapfrog=None, num_samples=400, num_warmup=200, seed=1))
     assert post.config["chain_execution"] == "vectorized" and post.sample_stats["tree_depth"].shape == (4, 400)
@@ -221,9 +220,12 @@ def test_pyros_hmc_runs_without_the_fast_path(monkeypatch):
     assert used
 
 
-def test_vectorized_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch):
+@pytest.mark.parametrize("method", ["hmc", "nuts"])
+def test_vectorized_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch, method):
     x, y = _data(2)
     config = dict(VEC, num_samples=8, num_warmup=12, seed=4)
+    if method == "nuts":
+        config.update(method="nuts", num_leapfrog=None, max_tree_depth=4)
     whole = bp.fit(_blr(2), x, y, **config)
     original = ckpt_mod.Checkpoint.save
     # the run dies when saving after `crash` iterations: mid-warm-up (the checkpoint at 5 is inside the mass-matrix
@@ -286,8 +288,3 @@ def test_vectorized_refuses_what_it_cannot_run():
         bp.fit(laplace, x, y, **VEC)
     with pytest.raises(ValueError, match="chain_method: unknown value"):
         bp.fit(_blr(2), x, y, **dict(VEC, chain_method="vectorised"))
-    try:
-        import bnn_pyro.infer._nuts_batched  # noqa: F401
-    except ImportError:  # until the batched NUTS transition is merged: a clear refusal
-        with pytest.raises(ValueError, match="needs the batched NUTS transition.*method='hmc'"):
-            bp.fit(_blr(2), x, y, **dict(VEC, method="nuts", num_leapfrog=None))
