@@ -15,6 +15,7 @@ from bnn_pyro.infer.laplace.functional import epoch
 from bnn_pyro.infer.laplace.ggn import ggn
 from bnn_pyro.infer.laplace.kfac import kfac
 from bnn_pyro.infer.laplace.kron import Kron
+from bnn_pyro.infer.laplace.priors import PriorPart
 from bnn_pyro.infer.laplace.structure import Layout
 from bnn_pyro.model import BNN
 
@@ -28,14 +29,20 @@ class Terms:
     hess: torch.Tensor
 
 
-def terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> tuple[Terms, Terms]:
+def terms(model, pots: tuple[Potential, PriorPart], z, data: Data, layout: Layout,
+          s: Settings) -> tuple[Terms, Terms]:
     return likelihood_terms(model, pots, z, data, layout, s), prior_terms(pots[1], z, layout, s, data)
 
 
-def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data) -> Terms:
-    """Value, gradient and exact Hessian (or its diagonal) of the prior part of ``U`` (log-Jacobians included)."""
+def prior_terms(prior: PriorPart, z, layout: Layout, s: Settings, data: Data) -> Terms:
+    """Value, gradient and exact Hessian (or its diagonal) of the prior part of ``U`` (log-Jacobians included): in
+    closed form for a factorized Normal prior (:mod:`.factorized`), else by Hessian-vector products."""
+    diag = s.structure in (Structure.DIAG, Structure.KRON)
+    if prior.closed is not None:
+        value, grad, hess = prior.closed.terms(z, layout.active)
+        return Terms(value, grad, hess if diag else torch.diag(hess))
     x0, y0 = data.first()
-    active, diag = layout.active, s.structure in (Structure.DIAG, Structure.KRON)
+    pot_prior, active = prior.pot, layout.active
     # derivatives in the covered coordinates only: sites without a covered coordinate enter as constants, so the
     # Hessian-vector products below run through the covered sites' densities, not the whole prior
     zr = z[active].detach().clone().requires_grad_()
@@ -84,20 +91,24 @@ def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data
 def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> Terms:
     """Value and gradient of ``-log p(y | z)`` (the potential minus its prior part, on any model) and its
     GGN or empirical Fisher."""
-    pot, pot_prior = pots
+    pot, prior = pots
     x0, y0 = data.first()
     zr = z.detach().clone().requires_grad_()
     za = z.detach()[layout.active].requires_grad_()  # gradients in the covered coordinates only (the last layer's
-    zc = z.detach().index_copy(0, layout.active, za)  # backward pass stops at that layer)
-    up = pot_prior(pot_prior.unflatten(zc), (x0[:1], y0[:1]))
-    (gp,) = torch.autograd.grad(up, za)
+    if prior.closed is not None:  # backward pass stops at that layer)
+        up, gp = prior.closed.terms(z, layout.active)[:2]
+    else:
+        zc = z.detach().index_copy(0, layout.active, za)
+        up = prior.pot(prior.pot.unflatten(zc), (x0[:1], y0[:1]))
+        (gp,) = torch.autograd.grad(up, za)
+        up = up.item()
     value, gradient = 0.0, torch.zeros(za.numel(), dtype=torch.float64, device=za.device)
     for xb, yb in epoch(data, data.batch_size or data.size):
         zc = z.detach().index_copy(0, layout.active, za)
         u = pot(pot.unflatten(zc), (xb, yb))
         (gu,) = torch.autograd.grad(u, za)
         scale = xb.shape[0] / data.size  # U(batch) = U_prior + (N / B) (-log p(y_batch | z))
-        value += scale * (u.item() - up.item())
+        value += scale * (u.item() - up)
         gradient += scale * (gu - gp).double()
     diag = s.structure is Structure.DIAG
     if s.structure is Structure.KRON:
