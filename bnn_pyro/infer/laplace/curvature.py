@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bnn_pyro.infer._analytic_ggn import likelihood_diagonal
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace.approximation import CHUNK, Hessian, Settings, Structure
@@ -90,8 +91,11 @@ def prior_terms(prior: PriorPart, z, layout: Layout, s: Settings, data: Data) ->
 
 def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> Terms:
     """Value and gradient of ``-log p(y | z)`` (the potential minus its prior part, on any model) and its
-    GGN or empirical Fisher."""
+    GGN or empirical Fisher; the diagonal GGN on the analytic potential in one pass (:func:`analytic_diagonal`)."""
     pot, prior = pots
+    fused = analytic_diagonal(pot, z, data, layout, s)
+    if fused is not None:
+        return fused
     x0, y0 = data.first()
     zr = z.detach().clone().requires_grad_()
     za = z.detach()[layout.active].requires_grad_()  # gradients in the covered coordinates only (the last layer's
@@ -109,7 +113,7 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
         (gu,) = torch.autograd.grad(u, za)
         scale = xb.shape[0] / data.size  # U(batch) = U_prior + (N / B) (-log p(y_batch | z))
         value += scale * (u.item() - up)
-        gradient += scale * (gu - gp).double()
+        gradient += scale * (gu.double() - gp.double())
     diag = s.structure is Structure.DIAG
     if s.structure is Structure.KRON:
         was_training = model.training
@@ -129,6 +133,28 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
         finally:
             model.train(was_training)
     return Terms(value, gradient, hess)
+
+
+def analytic_diagonal(pot: Potential, z, data: Data, layout: Layout, s: Settings) -> Terms | None:
+    """The likelihood's value, gradient and diagonal GGN from one forward and one backward pass per output
+    (:func:`~bnn_pyro.infer._analytic_ggn.likelihood_diagonal`), where ``U`` is on the analytic path (a Linear stack,
+    Normal priors, a Gaussian likelihood), ``structure="diag"``, ``hessian="ggn"`` and every covered coordinate is a
+    weight (a learned noise, if any, held fixed); else ``None``."""
+    stack = pot.stack
+    if stack is None or s.structure is not Structure.DIAG or s.hessian is not Hessian.GGN:
+        return None
+    weights = [n for n in stack._order if stack._noise is None or n != stack._noise[0]]
+    if not torch.equal(layout.active, torch.cat([layout.coords[n] for n in weights])):
+        return None
+    value, gradient = 0.0, torch.zeros(pot.dim, dtype=torch.float64, device=z.device)
+    hess = torch.zeros(pot.dim, dtype=torch.float64, device=z.device)
+    rows = max(1, CHUNK // max(1, sum(stack._slots[n][2][:1].numel() for n in weights)))  # the layers' widths per row
+    for xb, yb in epoch(data, rows):
+        u, g, h = likelihood_diagonal(stack, z.detach(), xb, yb)
+        value += u
+        gradient += g
+        hess += h
+    return Terms(value, gradient[layout.active], hess[layout.active])
 
 
 def solve(hess, g: torch.Tensor) -> torch.Tensor:
