@@ -69,13 +69,19 @@ def likelihood_diagonal(pot: StackPotential, theta: torch.Tensor, x: torch.Tenso
     grad = torch.zeros_like(theta)
     diag = torch.zeros(theta.shape, dtype=torch.float64, device=theta.device)
     for i, sq in squares.items():
-        a, op = saved[i][0], ops[i]
+        a, op, sq = saved[i][0], ops[i], sq.double()  # each float64 copy made once
         if isinstance(op.weight, str):
             start, stop, _ = pot._slots[op.weight]
-            diag[start:stop] = (sq.double().T @ a.double().square()).reshape(-1)
-            grad[start:stop] = (weighted[i].T @ a).reshape(-1)
+            torch.mm(sq.T, _squared64(a), out=diag[start:stop].view(-1, a.shape[1]))
+            torch.mm(weighted[i].T, a, out=grad[start:stop].view(-1, a.shape[1]))
         if isinstance(op.bias, str):
             start, stop, _ = pot._slots[op.bias]
-            diag[start:stop] = sq.double().sum(0)
-            grad[start:stop] = weighted[i].sum(0)
+            torch.sum(sq, 0, out=diag[start:stop])
+            torch.sum(weighted[i], 0, out=grad[start:stop])
     return value, grad.mul_(inv_var), diag.mul_(inv_var)
+
+
+def _squared64(a: torch.Tensor) -> torch.Tensor:
+    """``a^2`` in float64: a float32 ``a``'s float64 copy squared in place (one new tensor); a float64 ``a`` (the data,
+    or an activation that the backward pass reads) left as it is."""
+    return a.square() if a.dtype == torch.float64 else a.double().square_()
