@@ -132,31 +132,34 @@ def test_other_priors_keep_hessian_vector_products(prior, structure):
         assert float((dense - dense.diagonal().diag()).abs().max()) > 1e-3  # the hyper sites couple the weights
 
 
-def _function_model(hierarchical: bool):
+def _function_model(kind: str):
     def model(x, y=None):
         mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
-        w = pyro.sample("w", dist.Normal(mu if hierarchical else torch.zeros(3) + 0.2, 0.5 + torch.arange(3.0))
-                        .expand([3]).to_event(1))
+        loc = {"constant": torch.zeros(3) + 0.2, "hierarchical": mu,
+               "param": pyro.param("w_loc", lambda: torch.full((3,), 0.2))}[kind]
+        w = pyro.sample("w", dist.Normal(loc, 0.5 + torch.arange(3.0)).expand([3]).to_event(1))
         sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
         with pyro.plate("data", x.shape[0]):
             pyro.sample("obs", dist.Normal(x @ w + mu, sigma), obs=y)
     return model
 
 
-@pytest.mark.parametrize("hierarchical", [False, True])
-def test_pyro_function_model(hierarchical):
+@pytest.mark.parametrize("kind", ["constant", "hierarchical", "param"])
+def test_pyro_function_model(kind):
     """A Pyro function model: closed form where every prior is constant, none where a site's prior depends on
-    another site (``w ~ Normal(mu, .)``: no hyper_names to tell, the traced graph does); both right."""
-    g = torch.Generator().manual_seed(1)
-    x = torch.randn(20, 3, generator=g)
-    y = x @ torch.tensor([0.5, -1.0, 0.3]) + 0.1 * torch.randn(20, generator=g)
-    model, data = _function_model(hierarchical), Data(x=x, y=y)
-    base = Potential(model, data, init="prior")
-    z = base.flatten(base.init) + 0.3 * torch.randn(base.dim, generator=g)
-    layout = make_layout(model, base, Structure.FULL)
-    _, part = potentials(model, data, base, z, None, None)
-    assert (part.closed is None) == hierarchical
-    dense = _dense_prior_hessian(part, z, layout, data)
-    assert _close(prior_terms(part, z, layout, _settings("full"), data).hess, dense)
-    if not hierarchical:
-        _check_equal(part, z, layout, data, "full")
+    another site (``w ~ Normal(mu, .)``: no hyper_names to tell, the traced graph does) or on a trainable
+    ``pyro.param`` (whose value the closed form would not follow); both right."""
+    with pyro.get_param_store().scope():  # the model's pyro.param stays out of the global store
+        g = torch.Generator().manual_seed(1)
+        x = torch.randn(20, 3, generator=g)
+        y = x @ torch.tensor([0.5, -1.0, 0.3]) + 0.1 * torch.randn(20, generator=g)
+        model, data = _function_model(kind), Data(x=x, y=y)
+        base = Potential(model, data, init="prior")
+        z = base.flatten(base.init) + 0.3 * torch.randn(base.dim, generator=g)
+        layout = make_layout(model, base, Structure.FULL)
+        _, part = potentials(model, data, base, z, None, None)
+        assert (part.closed is None) == (kind != "constant")
+        dense = _dense_prior_hessian(part, z, layout, data)
+        assert _close(prior_terms(part, z, layout, _settings("full"), data).hess, dense)
+        if kind == "constant":
+            _check_equal(part, z, layout, data, "full")

@@ -8,9 +8,10 @@ unmasked, adds ``(z - loc)^2 / (2 scale^2) + log scale + log(2 pi) / 2`` per ele
 (:func:`build`, from one traced run of the prior on one row). A site of one element with another prior (a learned
 noise scale, unconstrained by its support's bijection as on Pyro's path) adds its own term
 ``-log p(t^-1(z)) + log|dt/dx|``, whose value and derivatives autograd gives at each call. Every site's prior must
-depend on no other latent site (checked on the traced run's graph). Anything else (a hyperprior, Laplace or StudentT
-weights, a site's own multivariate prior) makes :func:`build` return ``None``, and the caller keeps the
-Hessian-vector products of :func:`.curvature.prior_terms` (tests/infer/test_laplace_prior.py checks both agree).
+depend on no other latent site and no trainable parameter (checked on the traced run's graph). Anything else (a
+hyperprior, Laplace or StudentT weights, a site's own multivariate prior) makes :func:`build` return ``None``, and
+the caller keeps the Hessian-vector products of :func:`.curvature.prior_terms` (tests/infer/test_laplace_prior.py
+checks that both agree).
 """
 
 from __future__ import annotations
@@ -80,14 +81,17 @@ def build(run, data_first: tuple, dataset_size: int, pot: Potential, values: dic
     values at which the prior is traced (any point: only the distributions are read)."""
     x0, y0 = data_first
     leaves = {k: v.detach().clone().requires_grad_() for k, v in values.items()}
-    with torch.enable_grad(), pyro.get_param_store().scope():
-        trace = poutine.trace(poutine.condition(quiet_model(run, dataset_size), data=leaves)).get_trace(
-            x0[:1], None if y0 is None else y0[:1])
+    try:
+        with torch.enable_grad(), pyro.get_param_store().scope():
+            trace = poutine.trace(poutine.condition(quiet_model(run, dataset_size), data=leaves)).get_trace(
+                x0[:1], None if y0 is None else y0[:1])
+    except RuntimeError:  # e.g. a model that writes into a sampled value in place (autograd refuses it on a leaf):
+        return None  # the Hessian-vector products need no such trace
     dtype, device = torch.float64, next(iter(values.values())).device
     locs, precs, const, scalars, start = [], [], 0.0, [], 0
     for name, shape in pot.shapes.items():
         node, size = trace.nodes.get(name), math.prod(shape)
-        if node is None or node["mask"] is not None or not _unit(node["scale"]) or not _alone(node, name, leaves):
+        if node is None or node["mask"] is not None or not _unit(node["scale"]) or not _constant(node):
             return None
         params = _normal(node["fn"], shape) if _is_identity(pot.transforms.get(name)) else None
         if params is not None:
@@ -109,10 +113,7 @@ def _unit(scale) -> bool:
     return bool(scale == 1.0) if not isinstance(scale, torch.Tensor) else scale.numel() == 1 and bool(scale == 1.0)
 
 
-def _alone(node, name: str, leaves: dict) -> bool:
-    """Whether the site's log density depends on its own value only (no other latent site in its graph)."""
-    others = [v for k, v in leaves.items() if k != name]
-    lp = node["fn"].log_prob(node["value"]).sum()
-    if not others or not lp.requires_grad:
-        return True
-    return all(g is None for g in torch.autograd.grad(lp, others, allow_unused=True))
+def _constant(node) -> bool:
+    """Whether the site's prior is constant: its log density at a detached value needs no gradient, so it depends on
+    no other latent site (traced as leaves that require one) and on no trainable parameter."""
+    return not node["fn"].log_prob(node["value"].detach()).requires_grad
