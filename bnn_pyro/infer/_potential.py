@@ -98,6 +98,12 @@ class Potential:
         """Whether ``U`` is evaluated without tracing Pyro (:attr:`path` ``"analytic"`` or ``"logjoint"``)."""
         return self._fast is not None
 
+    @property
+    def stack(self) -> "_analytic.StackPotential | None":
+        """The analytic potential over :meth:`flatten`'s layout where :attr:`path` is ``"analytic"``, else ``None``
+        (Laplace's curvature step reads the net from it: :mod:`bnn_pyro.infer._analytic_ggn`)."""
+        return None if self._fast is None else self._fast.stack
+
     def __call__(self, z: dict[str, torch.Tensor], batch: tuple | None = None) -> torch.Tensor:
         """``U(z)`` on ``batch`` (``(x, y)``), or on the last batch given."""
         if batch is not None:

@@ -12,7 +12,8 @@ A Gaussian at the posterior mode whose precision is the curvature there (MacKay 
    ``checkpoint=FOLDER`` saves the search every ``checkpoint_every`` steps; after a crash, in the search or in
    what follows it, ``resume=True`` gives the uninterrupted run's result bit for bit (:mod:`bnn_pyro.infer.checkpoint`).
 2. **Curvature.** ``H = H_prior + H_lik`` at ``z*``; ``H_prior`` is the exact Hessian of ``-log p(z)``
-   (autograd), ``H_lik`` by ``hessian=``:
+   (in closed form for factorized Normal priors, :mod:`.factorized`; otherwise by autograd), ``H_lik`` by
+   ``hessian=``:
 
    - ``"ggn"`` (generalized Gauss-Newton; Martens 2014; Immer et al. 2021), for a ``BNN``:
      ``sum_i J_i^T Lambda_i J_i``, ``J_i = d f(x_i) / d w`` the Jacobian of the network output and

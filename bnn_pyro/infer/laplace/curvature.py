@@ -1,5 +1,7 @@
 """The parts of ``U`` at the MAP on the covered coordinates: value, gradient and curvature of the
-likelihood (by the backend of ``hessian=``: :mod:`.ggn` or :mod:`.fisher`) and of the prior (exact)."""
+likelihood (by the backend of ``hessian=``: :mod:`.ggn` or :mod:`.fisher`; the diagonal GGN of a net on the analytic
+potential in one pass, :mod:`bnn_pyro.infer._analytic_ggn`) and of the prior (exact: in closed form for factorized
+Normal priors, :mod:`.factorized`, else by Hessian-vector products)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from bnn_pyro.infer._analytic_ggn import likelihood_diagonal
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace.approximation import CHUNK, Hessian, Settings, Structure
@@ -15,6 +18,7 @@ from bnn_pyro.infer.laplace.functional import epoch
 from bnn_pyro.infer.laplace.ggn import ggn
 from bnn_pyro.infer.laplace.kfac import kfac
 from bnn_pyro.infer.laplace.kron import Kron
+from bnn_pyro.infer.laplace.priors import PriorPart
 from bnn_pyro.infer.laplace.structure import Layout
 from bnn_pyro.model import BNN
 
@@ -28,14 +32,20 @@ class Terms:
     hess: torch.Tensor
 
 
-def terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> tuple[Terms, Terms]:
+def terms(model, pots: tuple[Potential, PriorPart], z, data: Data, layout: Layout,
+          s: Settings) -> tuple[Terms, Terms]:
     return likelihood_terms(model, pots, z, data, layout, s), prior_terms(pots[1], z, layout, s, data)
 
 
-def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data) -> Terms:
-    """Value, gradient and exact Hessian (or its diagonal) of the prior part of ``U`` (log-Jacobians included)."""
+def prior_terms(prior: PriorPart, z, layout: Layout, s: Settings, data: Data) -> Terms:
+    """Value, gradient and exact Hessian (or its diagonal) of the prior part of ``U`` (log-Jacobians included): in
+    closed form for a factorized Normal prior (:mod:`.factorized`), else by Hessian-vector products."""
+    diag = s.structure in (Structure.DIAG, Structure.KRON)
+    if prior.closed is not None:
+        value, grad, hess = prior.closed.terms(z, layout.active)
+        return Terms(value, grad, hess if diag else torch.diag(hess))
     x0, y0 = data.first()
-    active, diag = layout.active, s.structure in (Structure.DIAG, Structure.KRON)
+    pot_prior, active = prior.pot, layout.active
     # derivatives in the covered coordinates only: sites without a covered coordinate enter as constants, so the
     # Hessian-vector products below run through the covered sites' densities, not the whole prior
     zr = z[active].detach().clone().requires_grad_()
@@ -83,22 +93,29 @@ def prior_terms(pot_prior: Potential, z, layout: Layout, s: Settings, data: Data
 
 def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> Terms:
     """Value and gradient of ``-log p(y | z)`` (the potential minus its prior part, on any model) and its
-    GGN or empirical Fisher."""
-    pot, pot_prior = pots
+    GGN or empirical Fisher; the diagonal GGN on the analytic potential in one pass (:func:`analytic_diagonal`)."""
+    pot, prior = pots
+    fused = analytic_diagonal(pot, z, data, layout, s)
+    if fused is not None:
+        return fused
     x0, y0 = data.first()
     zr = z.detach().clone().requires_grad_()
     za = z.detach()[layout.active].requires_grad_()  # gradients in the covered coordinates only (the last layer's
-    zc = z.detach().index_copy(0, layout.active, za)  # backward pass stops at that layer)
-    up = pot_prior(pot_prior.unflatten(zc), (x0[:1], y0[:1]))
-    (gp,) = torch.autograd.grad(up, za)
+    if prior.closed is not None:  # backward pass stops at that layer)
+        up, gp = prior.closed.terms(z, layout.active)[:2]
+    else:
+        zc = z.detach().index_copy(0, layout.active, za)
+        up = prior.pot(prior.pot.unflatten(zc), (x0[:1], y0[:1]))
+        (gp,) = torch.autograd.grad(up, za)
+        up = up.item()
     value, gradient = 0.0, torch.zeros(za.numel(), dtype=torch.float64, device=za.device)
     for xb, yb in epoch(data, data.batch_size or data.size):
         zc = z.detach().index_copy(0, layout.active, za)
         u = pot(pot.unflatten(zc), (xb, yb))
         (gu,) = torch.autograd.grad(u, za)
         scale = xb.shape[0] / data.size  # U(batch) = U_prior + (N / B) (-log p(y_batch | z))
-        value += scale * (u.item() - up.item())
-        gradient += scale * (gu - gp).double()
+        value += scale * (u.item() - up)
+        gradient += scale * (gu.double() - gp.double())
     diag = s.structure is Structure.DIAG
     if s.structure is Structure.KRON:
         was_training = model.training
@@ -118,6 +135,28 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
         finally:
             model.train(was_training)
     return Terms(value, gradient, hess)
+
+
+def analytic_diagonal(pot: Potential, z, data: Data, layout: Layout, s: Settings) -> Terms | None:
+    """The likelihood's value, gradient and diagonal GGN from one forward and one backward pass per output
+    (:func:`~bnn_pyro.infer._analytic_ggn.likelihood_diagonal`), where ``U`` is on the analytic path (a Linear stack,
+    Normal priors, a Gaussian likelihood), ``structure="diag"``, ``hessian="ggn"`` and every covered coordinate is a
+    weight (a learned noise, if any, held fixed); else ``None``."""
+    stack = pot.stack
+    if stack is None or s.structure is not Structure.DIAG or s.hessian is not Hessian.GGN:
+        return None
+    weights = [n for n in stack._order if stack._noise is None or n != stack._noise[0]]
+    if not torch.equal(layout.active, torch.cat([layout.coords[n] for n in weights])):
+        return None
+    value, gradient = 0.0, torch.zeros(pot.dim, dtype=torch.float64, device=z.device)
+    hess = torch.zeros(pot.dim, dtype=torch.float64, device=z.device)
+    rows = max(1, CHUNK // max(1, sum(stack._slots[n][2][:1].numel() for n in weights)))  # the layers' widths per row
+    for xb, yb in epoch(data, rows):
+        u, g, h = likelihood_diagonal(stack, z.detach(), xb, yb)
+        value += u
+        gradient += g
+        hess += h
+    return Terms(value, gradient[layout.active], hess[layout.active])
 
 
 def solve(hess, g: torch.Tensor) -> torch.Tensor:

@@ -47,6 +47,6 @@ def fisher_traced(pot: Potential, zr, grad_prior, data: Data, layout: Layout, di
     hess = zeros(layout, diag)
     for xb, yb in epoch(data, 1):
         (gu,) = torch.autograd.grad(pot(pot.unflatten(zr), (xb, yb)), zr)
-        g = (-(gu[layout.active] - grad_prior) / data.size).double()
+        g = -(gu[layout.active].double() - grad_prior.double()) / data.size
         hess += g**2 if diag else torch.outer(g, g)
     return hess

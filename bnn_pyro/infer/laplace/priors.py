@@ -11,6 +11,7 @@ from pyro import poutine
 
 from bnn_pyro.infer._common import Data, call_model
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.laplace import factorized
 from bnn_pyro.infer.laplace.approximation import PriorPrecision
 from bnn_pyro.infer.laplace.structure import Layout
 from bnn_pyro.model import BNN
@@ -84,12 +85,21 @@ def normal_sites(model, pot: Potential, layout: Layout, data: Data) -> NormalSit
     return NormalSites(locs, layer, precision)
 
 
+@dataclass
+class PriorPart:
+    """The prior part of ``U``: a :class:`Potential` of the sites alone (a Pyro function: Pyro's path) and, where the
+    prior is factorized Normal, its closed form (:mod:`.factorized`, built once; ``None``: Hessian-vector products)."""
+
+    pot: Potential
+    closed: factorized.FactorizedNormal | None
+
+
 def potentials(model, data: Data, base: Potential, z, normal: NormalSites | None,
-                delta: dict[str, float] | None, build=Potential) -> tuple[Potential, Potential]:
+                delta: dict[str, float] | None, build=Potential) -> tuple[Potential, PriorPart]:
     """``U`` and its prior part for ``model`` with its Normal priors at precision ``delta`` (per group;
-    ``None``: the model's own priors), as Potentials at ``z``. ``U`` is made by ``build`` (:class:`Potential` or a
+    ``None``: the model's own priors) at ``z``. ``U`` is made by ``build`` (:class:`Potential` or a
     fit's :class:`~bnn_pyro.infer._potential.Potentials`, which records its path); the prior part, a Pyro function
-    of the sites alone (Pyro's path), by :class:`Potential`."""
+    of the sites alone (Pyro's path), by :class:`Potential`, with its closed form where there is one."""
     scales = {} if delta is None else {s: loc.new_tensor(delta[normal.group(s, delta)] ** -0.5)
                                         for s, loc in normal.locs.items()}
     locs = {} if normal is None else normal.locs
@@ -106,8 +116,10 @@ def potentials(model, data: Data, base: Potential, z, normal: NormalSites | None
         pot = make(run, data, init=values)
         if list(pot.shapes) != list(base.shapes):
             raise RuntimeError(f"laplace: the rewritten model has sites {list(pot.shapes)}, not {list(base.shapes)}.")
-        return pot
+        return pot, run
 
-    return (base if delta is None else rewritten(True, build)), rewritten(False, Potential)
+    prior, run = rewritten(False, Potential)
+    return ((base if delta is None else rewritten(True, build)[0]),
+            PriorPart(prior, factorized.build(run, data.first(), data.size, prior, values)))
 
 
