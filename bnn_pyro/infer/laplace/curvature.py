@@ -5,6 +5,8 @@ Normal priors, :mod:`.factorized`, else by Hessian-vector products)."""
 
 from __future__ import annotations
 
+import contextlib
+
 from dataclasses import dataclass
 
 import torch
@@ -93,7 +95,26 @@ def prior_terms(prior: PriorPart, z, layout: Layout, s: Settings, data: Data) ->
 
 def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> Terms:
     """Value and gradient of ``-log p(y | z)`` (the potential minus its prior part, on any model) and its
-    GGN or empirical Fisher; the diagonal GGN on the analytic potential in one pass (:func:`analytic_diagonal`)."""
+    GGN or empirical Fisher; the diagonal GGN on the analytic potential in one pass (:func:`analytic_diagonal`).
+    The net runs in eval mode throughout (dropout off, BatchNorm on its running statistics): the curvature is that of
+    the deterministic net at the MAP, and so are the value and gradient."""
+    with _evaluating(model):
+        return _likelihood_terms(model, pots, z, data, layout, s)
+
+
+@contextlib.contextmanager
+def _evaluating(model):
+    was_training = getattr(model, "training", None)
+    if was_training is not None:
+        model.eval()
+    try:
+        yield
+    finally:
+        if was_training is not None:
+            model.train(was_training)
+
+
+def _likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> Terms:
     pot, prior = pots
     fused = analytic_diagonal(pot, z, data, layout, s)
     if fused is not None:
@@ -118,22 +139,12 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
         gradient += scale * (gu.double() - gp.double())
     diag = s.structure is Structure.DIAG
     if s.structure is Structure.KRON:
-        was_training = model.training
-        model.eval()
-        try:
-            hess = kfac(model, pot, z.detach(), data, layout.coords, layout.where, len(layout.active),
-                        fisher=s.hessian is Hessian.FISHER)
-        finally:
-            model.train(was_training)
+        hess = kfac(model, pot, z.detach(), data, layout.coords, layout.where, len(layout.active),
+                    fisher=s.hessian is Hessian.FISHER)
     elif not isinstance(model, BNN):
         hess = fisher_traced(pot, zr, gp, data, layout, diag)
     else:
-        was_training = model.training
-        model.eval()
-        try:
-            hess = (ggn if s.hessian is Hessian.GGN else fisher)(model, pot, z.detach(), data, layout, diag)
-        finally:
-            model.train(was_training)
+        hess = (ggn if s.hessian is Hessian.GGN else fisher)(model, pot, z.detach(), data, layout, diag)
     return Terms(value, gradient, hess)
 
 
