@@ -155,11 +155,34 @@ class StackPotential:
         a, b, shape = self._slots[ref] if isinstance(ref, str) else (None, None, None)
         return ref if a is None else theta[..., a:b].view(lead + shape)
 
-    def __call__(self, theta: torch.Tensor, x: torch.Tensor | None = None, y: torch.Tensor | None = None):
+    @property
+    def prior_loc(self) -> torch.Tensor:
+        """The Normal priors' means over ``theta`` (0 at a learned noise's slot)."""
+        return self._loc
+
+    @property
+    def prior_precision(self) -> torch.Tensor:
+        """The Normal priors' precisions over ``theta`` (0 at a learned noise's slot, whose prior is not Normal)."""
+        return self._prec
+
+    @property
+    def noise_index(self) -> int | None:
+        """The slot of a learned noise's unconstrained value in ``theta``, or None for a fixed noise scale."""
+        return None if self._noise is None else self._noise[1]
+
+    @property
+    def prior_const(self) -> float:
+        """The Normal priors' constant: ``sum (log scale + log(2 pi) / 2)`` over their elements."""
+        return self._prior_const
+
+    def __call__(self, theta: torch.Tensor, x: torch.Tensor | None = None, y: torch.Tensor | None = None, *,
+                 prior: bool = True):
         # the bound data (no x given: NUTS/HMC), one theta. A caller passing batches (SVI, Potential) always takes the
         # general path below, so that a batch gives the same floats whether or not it is the bound data's tensor
-        # (a stream of batches then equals a fit on the tensor, tests/infer/test_streaming.py)
-        if theta.dim() == 1 and x is None:
+        # (a stream of batches then equals a fit on the tensor, tests/infer/test_streaming.py). ``prior=False``
+        # leaves the Normal priors' terms out of U and its gradient (a learned noise's prior and Jacobian stay): the
+        # Monte Carlo part of the mean-field ELBO with a closed-form KL (_analytic_elbo)
+        if theta.dim() == 1 and x is None and prior:
             self._buf.copy_(theta)
             grad = self._bound()
             return torch.dot(self._sum_u, self._u_weights), grad
@@ -201,9 +224,12 @@ class StackPotential:
                 grads[op.bias] = delta.sum(-2)
             if i > self._first_random:
                 delta = delta @ h  # h is the weight here
+        grad = torch.cat([grads[name] for name in self._order], -1)
+        if not prior:
+            return u_lik + u_const, grad
         d = theta if self._zero_loc else theta - self._loc
         prior_grad = d * self._prec
-        grad = torch.cat([grads[name] for name in self._order], -1).add_(prior_grad)
+        grad.add_(prior_grad)
         u_prior = (d * prior_grad).sum(-1)
         u = torch.add(u_lik, u_prior, alpha=0.5).add_(self._prior_const + u_const)
         return u, grad
