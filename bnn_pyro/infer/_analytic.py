@@ -124,7 +124,8 @@ class StackPotential:
         first = [i for i, op in enumerate(ops) if isinstance(op, _Layer) and any(
             isinstance(v, str) for v in (op.weight, op.bias))]
         self._first_random = first[0] if first else len(ops)
-        # the general path folds the first layer's bias into its product where both are sites (the usual net)
+        # the general path folds the first layer's bias into its product where both are sites (the usual net) and
+        # theta is batched (SVI's particles)
         self._fold_first = isinstance(ops[0], _Layer) and all(isinstance(v, str) for v in (ops[0].weight, ops[0].bias))
         self._one_hidden = self._fold_first and len(ops) == 3 and not isinstance(ops[1], _Layer)
         self._y = y.reshape(x.shape[0], -1).to(loc.dtype)  # float64 targets of a float32 net (numpy data)
@@ -195,7 +196,8 @@ class StackPotential:
         lead, n = theta.shape[:-1], x.shape[0]
         batched = bool(lead)
         ops, saved, h = self._ops, [], x.expand(lead + x.shape) if batched else x
-        if self._fold_first:  # the first layer's bias as a column of ones on x: one product, no bias broadcast
+        fold = batched and self._fold_first  # (unbatched, the two concatenations cost more than they save)
+        if fold:  # the first layer's bias as a column of ones on x: one product, no bias broadcast
             op = ops[0]
             h = torch.cat([x, x.new_ones(n, 1)], 1)
             w = torch.cat([self._param(theta, op.weight, lead), self._param(theta, op.bias, lead).unsqueeze(-1)], -1)
@@ -230,7 +232,7 @@ class StackPotential:
             if not isinstance(op, _Layer):
                 delta = op.backward(delta, a, h)
                 continue
-            if i == 0 and self._fold_first:
+            if i == 0 and fold:
                 g = delta.mT @ a  # (lead, out, in + 1): the weight's gradient and, in the last column, the bias's
                 grads[op.weight], grads[op.bias] = g[..., :-1].reshape(lead + (-1,)), g[..., -1]
                 break
@@ -238,7 +240,7 @@ class StackPotential:
                 grads[op.weight] = (delta.mT @ a).reshape(lead + (-1,))
             if isinstance(op.bias, str):
                 grads[op.bias] = delta.sum(-2)
-            if i == 2 and self._one_hidden and h.shape[-2] == 1:  # one hidden layer, one output: see _one_output
+            if i == 2 and fold and self._one_hidden and h.shape[-2] == 1:  # one hidden layer, one output: see _one_output
                 self._one_output(grads, delta, saved[1], saved[0][0], h)
                 break
             if i > self._first_random:  # h is the weight here; one output: an outer product, elementwise
