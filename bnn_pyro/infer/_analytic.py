@@ -11,7 +11,10 @@ the backward pass is the activations' derivatives (ATen's own ``*_backward`` ker
 autograd runs), two matrix products per layer and the prior's gradient ``(w - m) / v``. About a dozen
 tensor operations per evaluation instead of ~80 TorchScript operations on the generic path, eager, so
 nothing is traced or frozen. ``theta`` may carry one leading batch axis (chains or ELBO particles):
-the layers then run as ``baddbmm``/``bmm``.
+the layers then run as ``baddbmm``/``bmm``, the first layer with its bias folded into the product (a column of
+ones on ``x``), and with one hidden layer and one output the first layer's gradient comes from one product over
+the activation's derivative (:meth:`StackPotential._one_output`): fewer passes over the ``(B, N, hidden)``
+activations than autograd makes (SVI with 8 particles: ~0.6-0.75x the evaluation's time before).
 
 Covered (anything else returns ``None`` from :func:`build` and keeps the generic path of
 :mod:`bnn_pyro.infer._logjoint`): priors ``Normal`` (any per-element loc and scale) on every random
