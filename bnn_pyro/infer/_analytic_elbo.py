@@ -1,7 +1,8 @@
 """The mean-field ELBO on the analytic potential (:mod:`bnn_pyro.infer._analytic`): its value and gradient by hand.
 
-:func:`negative_elbo` is Pyro's ``Trace_ELBO`` estimator for a mean-field Gaussian over the flat weights, with its
-gradient in ``(loc, scale)`` written out; :func:`mean_field_loss` serves it to SVI's loss as an autograd function,
+:func:`negative_elbo` is Pyro's ``Trace_ELBO`` estimator for a mean-field Gaussian over the flat weights (or, with
+``analytic_kl=True``, ``elbo="mean_field"``'s: the Normal priors' KL in closed form), with its gradient in
+``(loc, scale)`` written out; :func:`mean_field_loss` serves it to SVI's loss as an autograd function,
 and :mod:`bnn_pyro.infer._svi_flat` calls it directly; :func:`store_params` reads an ``AutoNormal``'s values from
 Pyro's parameter store.
 """
@@ -17,12 +18,18 @@ from bnn_pyro.infer._analytic import _HALF_LOG_2PI, StackPotential, build
 __all__ = ["negative_elbo", "mean_field_loss", "store_params"]
 
 
-def negative_elbo(loc, scale, eps, pot: StackPotential, x, y):
+def negative_elbo(loc, scale, eps, pot: StackPotential, x, y, *, analytic_kl: bool = False):
     """``(-ELBO, d/d loc, d/d scale)`` of a mean-field Gaussian ``q`` over ``theta`` at the standard-normal draws
     ``eps`` (``(D,)``, or ``(P, D)``: ``P`` particles, averaged), by hand: ``z = loc + scale * eps`` (the
     reparameterized estimator of Pyro's ``Trace_ELBO``), ``-ELBO = U(z) - sum log scale - |eps|^2 / 2 - D log(2 pi) / 2``;
-    ``d/d loc = grad U(z)``, ``d/d scale = grad U(z) * eps - 1 / scale``."""
+    ``d/d loc = grad U(z)``, ``d/d scale = grad U(z) * eps - 1 / scale``.
+
+    ``analytic_kl=True``: the estimator of ``elbo="mean_field"`` (:class:`~bnn_pyro.infer.reparam.MeanFieldELBO`,
+    Pyro's ``TraceMeanField_ELBO`` on Normal guide sites): ``KL(q || p)`` of every Normal-prior weight in closed form,
+    ``-ELBO = U_lik(z) + KL`` with ``U_lik`` the potential without the Normal priors (see :func:`_closed_kl`)."""
     z = torch.addcmul(loc, scale, eps)
+    if analytic_kl:
+        return _closed_kl(loc, scale, eps, z, pot, x, y)
     u, grad = pot(z, x, y)
     log_q = 0.5 * (eps * eps).sum(-1) + _HALF_LOG_2PI * eps.shape[-1]
     if eps.dim() == 2:  # particles
@@ -31,6 +38,31 @@ def negative_elbo(loc, scale, eps, pot: StackPotential, x, y):
     else:
         g_loc, g_scale = grad, grad * eps - scale.reciprocal()
     return u - scale.log().sum() - log_q, g_loc, g_scale
+
+
+def _closed_kl(loc, scale, eps, z, pot: StackPotential, x, y):
+    """:func:`negative_elbo` with the Normal priors' KL in closed form. Per weight with prior ``N(m, 1 / p)``:
+    ``KL = p (scale^2 + (loc - m)^2) / 2 - log scale - log(p) / 2 - 1/2``; a learned noise (prior not Normal, so
+    ``p = 0`` at its slot) keeps its Monte Carlo ``log q - log p`` (its prior and Jacobian are in ``U_lik``).
+    ``d/d loc = grad U_lik(z) + p (loc - m)``, ``d/d scale = grad U_lik(z) * eps - 1 / scale + p scale``."""
+    u, grad = pot(z, x, y, prior=False)
+    prec, noise = pot.prior_precision, pot.noise_index
+    d = loc - pot.prior_loc
+    pd = prec * d
+    weights = eps.shape[-1] - (noise is not None)
+    # sum over the weights of -log(p)/2 - 1/2 = sum (log prior scale) - 1/2 = prior_const - (log(2 pi)/2 + 1/2) each
+    const = pot.prior_const - weights * (_HALF_LOG_2PI + 0.5)
+    quad = torch.dot(prec, scale * scale) + torch.dot(pd, d)
+    if noise is not None:  # the noise's -log q besides -log scale: |eps|^2 / 2 + log(2 pi) / 2
+        e = eps[..., noise]
+        const = const - _HALF_LOG_2PI
+        u = u - 0.5 * e * e
+    if eps.dim() == 2:  # particles
+        u, g_lik, g_eps = u.mean(0), grad.mean(0), (grad * eps).mean(0)
+    else:
+        g_lik, g_eps = grad, grad * eps
+    value = u + 0.5 * quad - scale.log().sum() + const
+    return value, g_lik + pd, g_eps - scale.reciprocal() + prec * scale
 
 
 class _NegativeELBO(torch.autograd.Function):

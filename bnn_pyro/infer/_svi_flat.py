@@ -9,7 +9,9 @@ constraint) and takes each step without Pyro, without autograd and without a Pyt
   ``AutoNormal`` (the same draws for the same seed as Pyro's path);
 * the negative ELBO and its gradient in ``(loc, scale)`` come from :func:`bnn_pyro.infer._analytic_elbo.negative_elbo`
   (Pyro's ``Trace_ELBO`` estimator: the Monte Carlo ``log p(y, w) - log q(w)`` at ``w = loc + scale * eps``,
-  particles averaged), the chain rule through ``softplus`` by ATen's ``softplus_backward`` (autograd's formula);
+  particles averaged; with ``elbo="mean_field"`` the Normal priors' KL in closed form, as
+  :class:`~bnn_pyro.infer.reparam.MeanFieldELBO`), the chain rule through ``softplus`` by ATen's
+  ``softplus_backward`` (autograd's formula);
 * one optimizer update over the two tensors (Adam and AdamW with their fused kernel where torch has one);
 * the loss is written into a preallocated tensor, on the parameters' device; the non-finite stop reads it every step
   on the CPU and every :data:`CHECK_EVERY` steps on an accelerator (no host synchronisation per step there), naming
@@ -55,8 +57,8 @@ class FlatMeanField:
     (a :class:`~bnn_pyro.infer._analytic.StackPotential`). Build it with :meth:`of`."""
 
     def __init__(self, pot: _analytic.StackPotential, locs: list[torch.Tensor], scales: list[torch.Tensor],
-                 num_particles: int):
-        self.pot, self._store = pot, (locs, scales)
+                 num_particles: int, analytic_kl: bool = False):
+        self.pot, self._store, self.analytic_kl = pot, (locs, scales), analytic_kl
         self._sizes = [t.numel() for t in locs]
         with torch.no_grad():
             self.loc = torch.cat([t.reshape(-1) for t in locs]).requires_grad_()
@@ -72,11 +74,13 @@ class FlatMeanField:
             self._blocks = list(self._eps.split(self._sizes))
 
     @classmethod
-    def of(cls, joint: _logjoint.LogJoint | None, guide, num_particles: int, x: torch.Tensor, y: torch.Tensor
-           ) -> "FlatMeanField | None":
+    def of(cls, joint: _logjoint.LogJoint | None, guide, num_particles: int, x: torch.Tensor, y: torch.Tensor, *,
+           analytic_kl: bool = False) -> "FlatMeanField | None":
         """The flat state of ``guide`` (set up: its parameters in the store) on ``joint``'s analytic potential, or
         ``None`` where this path does not apply (another guide or scale constraint, deterministic parameters, a
-        model the analytic potential does not cover or disagrees with at its probe point)."""
+        model the analytic potential does not cover or disagrees with at its probe point). ``analytic_kl``: the
+        estimator of ``elbo="mean_field"`` (closed-form KL, see :func:`~bnn_pyro.infer._analytic_elbo.negative_elbo`)
+        instead of ``Trace_ELBO``'s."""
         if joint is None or joint.model.point_names or type(guide) is not autoguide.AutoNormal:
             return None
         if type(transform_to(guide.scale_constraint)) is not SoftplusTransform:
@@ -87,7 +91,16 @@ class FlatMeanField:
             return None
         locs, scales = stored
         pot = _logjoint.analytic(joint, names, {n: t.shape for n, t in zip(names, locs)}, x, y)
-        return None if pot is None else cls(pot, locs, scales, num_particles)
+        return None if pot is None else cls(pot, locs, scales, num_particles, analytic_kl)
+
+    @staticmethod
+    def covers(joint: _logjoint.LogJoint | None, x: torch.Tensor, y: torch.Tensor) -> bool:
+        """Whether :meth:`of` will build an ``AutoNormal`` guide's flat state on ``joint`` (before any guide
+        exists: its sites' shapes are the priors'); SVI asks it to decide up front where a fit takes this path."""
+        if joint is None or joint.model.point_names:
+            return False
+        shapes = {n: d.batch_shape + d.event_shape for n, d in joint.priors.items()}
+        return _logjoint.analytic(joint, list(shapes), shapes, x, y) is not None
 
     @property
     def device(self) -> torch.device:
@@ -101,7 +114,8 @@ class FlatMeanField:
                 block.normal_()
             eps = self._eps if self._eps.dim() == 1 else torch.cat(self._blocks, -1, out=self._eps)
             scale = F.softplus(self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
-            value, g_loc, g_scale = _analytic_elbo.negative_elbo(self.loc, scale, eps, self.pot, x, y)
+            value, g_loc, g_scale = _analytic_elbo.negative_elbo(self.loc, scale, eps, self.pot, x, y,
+                                                                 analytic_kl=self.analytic_kl)
             self.loc.grad = g_loc
             self.rho.grad = torch.ops.aten.softplus_backward(g_scale, self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
         return value

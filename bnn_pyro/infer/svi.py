@@ -42,11 +42,15 @@ per parameter tensor or one shared; ``post.config["prior_scales"]`` holds the le
 The fast path (``fast_path=True``, the default): with ``elbo="trace"``, ``estimator="sample"`` and a
 mean-field or MAP guide on a ``BNN`` without hierarchical priors or BatchNorm, the ELBO is computed
 directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model and guide: the
-same estimator, the same draws for the same seed; for a mean-field guide on a stack of ``nn.Linear`` layers
+same estimator, the same draws for the same seed (``elbo="mean_field"`` with a MAP guide is the same
+estimator, and takes it too); for a mean-field guide on a stack of ``nn.Linear`` layers
 and elementwise activations with Normal priors and a Gaussian likelihood its gradient is analytic
 (:mod:`bnn_pyro.infer._analytic`) and the chain runs the flat path (:mod:`bnn_pyro.infer._svi_flat`: the guide's
 means and scales as two flat tensors, no autograd, Adam's fused kernel, a loop without per-step Pyro work; the
-values go back to the parameter store at checkpoints and at the end; not with ``distributed=True``). Fused Adam
+values go back to the parameter store at checkpoints and at the end; not with ``distributed=True``). With
+``elbo="mean_field"`` and a mean-field guide the flat path computes the closed-form KL of
+:class:`~bnn_pyro.infer.reparam.MeanFieldELBO` (the same estimator and draws; learned noise by Monte Carlo) and is
+the only fast path: where it does not cover the model (or with ``distributed=True``) Pyro's path runs. Fused Adam
 rounds differently from Pyro's path's multi-tensor Adam, so seeded losses and draws differ from
 ``fast_path=False`` by float rounding (timings in ``benchmarks/results/fast_path.md``). ``config["fast_path"]``
 says whether it ran.
@@ -182,9 +186,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         after the last; ``resume=True`` continues each chain from its file, bit-identically (see
         :mod:`bnn_pyro.infer.checkpoint`). Not with ``empirical_bayes``.
     fast_path:
-        Evaluate the ELBO of a mean-field or MAP guide with ``elbo="trace"`` directly in torch
-        (:mod:`bnn_pyro.infer._logjoint`: the same estimator as Pyro's ``Trace_ELBO``, faster per step) where the model allows it; ``False`` forces Pyro's path. ``config["fast_path"]`` says
-        which ran.
+        Evaluate the ELBO of a mean-field or MAP guide with ``elbo="trace"`` (or ``"mean_field"``, see the module
+        docstring) directly in torch (:mod:`bnn_pyro.infer._logjoint`: the same estimator as Pyro's path, faster per
+        step) where the model allows it; ``False`` forces Pyro's path. ``config["fast_path"]`` says which ran.
     """
     if cfg.num_steps is not None and cfg.epochs is not None:
         raise ValueError("svi: give num_steps= or epochs=, not both.")
@@ -249,11 +253,15 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if cfg.checkpoint is not None and sharing is not None:
         raise ValueError("checkpoint: not supported with empirical_bayes yet; pass checkpoint=None or "
                          "empirical_bayes=False.")
-    fast = (flag("fast_path", cfg.fast_path) and elbo_kind is ElboKind.TRACE and estimator is Estimator.SAMPLE
-            and sharing is None and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.MAP)
-            and _logjoint.build(model, data.size) is not None)
-    config["fast_path"] = fast
     x0, y0 = data.first()
+    # elbo="mean_field" with a mean-field guide (closed-form KL) only where the flat path computes it; with a MAP
+    # guide it is Trace_ELBO's estimator (no KL of a point mass)
+    closed_kl = elbo_kind is ElboKind.MEAN_FIELD and guide_kind is GuideKind.MEAN_FIELD
+    fast = (flag("fast_path", cfg.fast_path) and elbo_kind is not ElboKind.REINFORCE and estimator is Estimator.SAMPLE
+            and sharing is None and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.MAP))
+    joint = _logjoint.build(model, data.size) if fast else None
+    fast = joint is not None and (not closed_kl or not cfg.distributed and _svi_flat.FlatMeanField.covers(joint, x0, y0))
+    config["fast_path"] = fast
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
     ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
                         run=dict(method="svi", **config))
@@ -265,7 +273,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
         if eb is not None:
             wrap = _compose(wrap, eb)
-        loss = _logjoint.svi_loss(_logjoint.build(fitted, data.size), q, num_particles) if fast else None
+        loss = _logjoint.svi_loss(_logjoint.build(fitted, data.size), q, num_particles) if fast and not closed_kl else None
         objective = _loss_fn(elbo_kind, num_particles, vectorize_particles, baseline_beta=cfg.baseline_beta,
                              independent_sites=isinstance(q, autoguide.AutoNormal))
         return _state(fitted, q, q_train, data, objective, wrap, loss, eb)
@@ -287,7 +295,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 reduce=reduce)
     if fast and not cfg.distributed:  # a mean-field guide on the analytic potential: the flat path (_svi_flat)
         def flat_of(state: _State):
-            return _svi_flat.FlatMeanField.of(_logjoint.build(state.model, data.size), state.guide, num_particles, x0, y0)
+            return _svi_flat.FlatMeanField.of(_logjoint.build(state.model, data.size), state.guide, num_particles, x0, y0,
+                                              analytic_kl=closed_kl)
 
         post = _svi_flat.drive(model, data, engine, loop, flat_of=flat_of, num_chains=num_chains, seed=cfg.seed,
                                config=config, checkpoints=ckpts)

@@ -54,8 +54,10 @@ def test_full_rank_recovers_exact_posterior(blr):
 
 
 @pytest.mark.slow
-def test_mean_field_recovers_known_underdispersed_optimum(blr):
-    post = bp.fit(blr.model(), blr.x, blr.y, guide="mean_field", **FIT)
+@pytest.mark.parametrize("elbo", ["trace", "mean_field"])  # Monte Carlo KL / closed form, both on the flat path
+def test_mean_field_recovers_known_underdispersed_optimum(blr, elbo):
+    post = bp.fit(blr.model(), blr.x, blr.y, guide="mean_field", elbo=elbo, **FIT)
+    assert post.config["fast_path"] is True and post.config["elbo"] == elbo
     mean, sd, corr = _moments(post)
     exact_sd = blr.cov.diag().sqrt()
     mf_sd = blr.precision.diag().rsqrt()  # the KL(q||p) optimum: 1 / sqrt(diag of the precision)
@@ -271,11 +273,12 @@ def test_full_rank_at_default_lr_and_schedule_recovers_exact_blr(blr200):
 
 
 @pytest.mark.slow  # ~10-20 s: 4,000 steps of a mean-field guide
-def test_mean_field_at_default_lr_and_schedule_recovers_its_exact_optimum(blr200):
+@pytest.mark.parametrize("elbo", [{}, {"elbo": "mean_field"}])  # the default (trace) and the closed-form KL
+def test_mean_field_at_default_lr_and_schedule_recovers_its_exact_optimum(blr200, elbo):
     """The mean-field Gaussian minimizing KL(q || p) has the exact posterior means and precisions equal to the
     diagonal of the exact precision matrix; the means are held to 0.2 of the (narrower) mean-field sd."""
-    post = bp.fit(blr200.model(), blr200.x, blr200.y, num_steps=4000, num_samples=4000, seed=0, progress=False)
-    assert post.config["guide"] == "mean_field"
+    post = bp.fit(blr200.model(), blr200.x, blr200.y, num_steps=4000, num_samples=4000, seed=0, progress=False, **elbo)
+    assert post.config["guide"] == "mean_field" and post.config["elbo"] == elbo.get("elbo", "trace")
     mean, sd, _ = _moments(post)
     mf_sd = blr200.precision.diag().rsqrt()
     assert ((mean - blr200.mean).abs() / mf_sd).max() < DEFAULT_MEAN_TOL
