@@ -32,6 +32,16 @@ def _seeded():
     pyro.set_rng_seed(0)
 
 
+@pytest.fixture
+def float64_default():
+    """torch's default dtype float64 for the test (exact comparisons at 1e-10), restored after it; a module takes it
+    for every test with ``pytestmark = pytest.mark.usefixtures("float64_default")``."""
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(before)
+
+
 def _linear_data(n: int = 40, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(n, 1, generator=g) * 4 - 2

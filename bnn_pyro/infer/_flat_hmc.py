@@ -17,12 +17,12 @@ the ``stats``/``state_dict`` that :mod:`bnn_pyro.infer.mcmc`'s loop reads, like
 from __future__ import annotations
 
 import torch
-from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._analytic_batched import leapfrog_from, one_chain_leapfrog
 from bnn_pyro.infer._batched import BatchedChains, hmc_transition
+from bnn_pyro.infer._kernels import AdaptedKernel
 
 __all__ = ["FlatHMC", "analytic_applies", "flat_layout", "seeded_generator"]
 
@@ -64,8 +64,9 @@ def batched_target(joint, names, shapes: dict, x, y, transforms: dict, jit: bool
     return potential, leapfrog_from(potential)
 
 
-class FlatHMC(MCMCKernel):
-    """HMC for one chain over a flat vector (module docstring). ``resume = (step_size, inverse_mass_matrix)``
+class FlatHMC(AdaptedKernel):
+    """HMC for one chain over a flat vector (module docstring); its step size and mass matrix are its one
+    :class:`~bnn_pyro.infer._batched.BatchedChains` chain's (``AdaptedKernel``'s ``initial_params`` kept). ``resume = (step_size, inverse_mass_matrix)``
     replaces the adapted state after setup; ``stats`` holds the last draw's :class:`DrawStats`."""
 
     def __init__(self, model, joint, *, init_strategy, step_size=None, target_accept_prob=0.8, dense_mass=False,
@@ -87,14 +88,6 @@ class FlatHMC(MCMCKernel):
                                     transition=hmc_transition, options=self._options, generator=seeded_generator(z),
                                     step_size=self._step_size, target_accept_prob=self._target, dense_mass=self._dense,
                                     resume=None if self.resume is None else [self.resume])
-
-    @property
-    def initial_params(self):
-        return self._initial_params
-
-    @initial_params.setter
-    def initial_params(self, params):
-        self._initial_params = params
 
     @property
     def step_size(self) -> float:

@@ -26,12 +26,7 @@ from bnn_pyro.infer._common import call_model, quiet_model
 TOL = 1e-10
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    before = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(before)
+pytestmark = pytest.mark.usefixtures("float64_default")  # tests/conftest.py
 
 
 def _data(n=30, d=3, out=1, seed=0):

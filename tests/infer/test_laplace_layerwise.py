@@ -29,12 +29,7 @@ from bnn_pyro.infer.laplace.structure import make_layout
 TOL = 1e-6
 
 
-@pytest.fixture(autouse=True)
-def float64():
-    old = torch.get_default_dtype()
-    torch.set_default_dtype(torch.float64)
-    yield
-    torch.set_default_dtype(old)
+pytestmark = pytest.mark.usefixtures("float64_default")  # tests/conftest.py
 
 
 class _Tempered(bp.likelihoods.Categorical):
