@@ -23,18 +23,26 @@ curvature grows as the net fits, and at a dozen steps early in the first cycle, 
 added: each snapshot is a point near a mode. The snapshot is the iterate that enters a cycle's last step,
 whose step factor ``(1 - cos(pi / K)) / 2`` (2.5e-6 at ``K = 1000``) leaves it where the cycle ended.
 
-Held-out rows (:mod:`bnn_pyro.infer.holdout`, as csgmcmc's exploration stages): by default 10% of the
-training rows (tensor data of at least 200 rows) are held out and the run trains on the rest. Every cycle
-scores the states it reaches on them every 50 steps and at its end (noise profiled out), and its snapshot is
-the best-scoring of those (early stopping within the cycle; the next cycle starts from it, momentum reset;
+Held-out rows (:mod:`bnn_pyro.infer.holdout`, as csgmcmc's exploration stages): by default 10% of the training
+rows (tensor data of at least 200 rows) are held out and the run trains on the rest. Every cycle scores the
+states it reaches on them every 50 steps and at its end (noise profiled out), and its snapshot is the
+best-scoring of those (early stopping within the cycle; the next cycle starts from it, momentum reset;
 ``history["exploration_stop"]``: the step of each snapshot); a learned Gaussian noise (``sigma`` or
 ``precision``) of every snapshot is then set to the value that maximizes the held-out log predictive density
-of the snapshot mixture. A cycle's own start, the previous snapshot, is not a candidate: every cycle adds a
-state of its own trajectory, so the ensemble has ``num_cycles`` distinct members. (It was a candidate before:
-on scikit-learn's diabetes and on digits every cycle after the first then found nothing better than the state
-it restarted from and repeated the first snapshot, so the "ensemble" was one early-stopped MAP with no
-epistemic spread.) With fewer rows, a loader or ``validation=None`` the cycles run to their ends and the
-snapshots keep their own (training-set) noise values.
+of the snapshot mixture. Why: a cycle run to its end fits the training rows of a small data set far past the
+best held-out state (scikit-learn's diabetes, benchmarks/uci.py protocol, splits 0/1: test log-likelihood
+-5.90/-5.76 at cycle ends, NUTS -5.54/-5.49; scoring only the second half of each cycle: -5.87/-5.74/-5.74 on
+splits 0-2). A cycle's own start, the previous snapshot, is not a candidate: every cycle adds a state of its
+own trajectory, so the ensemble has ``num_cycles`` distinct members. (It was a candidate before: on
+scikit-learn's diabetes and on digits every cycle after the first then found nothing better than the state it
+restarted from and repeated the first snapshot, so the "ensemble" was one early-stopped MAP with no epistemic
+spread.) On digits (zoo ``mlp_classifier``, seed 0) every later cycle's best state is now its first scored
+one, 50 steps after the restart (snapshots at steps 100, 1050, ..., 4050): five members 5-27% of the weights'
+scale apart, accuracy 0.981, NLL 0.062, ECE 0.025 (the repeated-MAP run: 0.981, 0.063, 0.023), but close in
+function space (mean mutual information 4e-4 nats). On diabetes (splits 0-2) the test log-likelihood went from
+-5.54 +- 0.05 to -5.58 +- 0.05 with an epistemic sd of 6.5 instead of 0
+(benchmarks/results/uci_diabetes_snapshot_distinct.md). With fewer rows, a loader or ``validation=None`` the
+cycles run to their ends and the snapshots keep their own (training-set) noise values.
 
 Per-draw statistics: ``lp`` (``-U~`` at the snapshot, on its minibatch) and ``step_size``; history
 (``(chains, steps)``): ``potential`` and ``step_size`` (``eta_k`` on ``U``, every step). With one run
