@@ -402,11 +402,12 @@ class _Chain:
         step ends a cycle, :mod:`bnn_pyro.infer.snapshot`), and the next cycle starts from it."""
         noisy = self._noisy[t]
         snapshot = self._keep[t] and not noisy
-        if not noisy and self.best is None:
+        first = not noisy and self.best is None  # a noise-free stage starts here
+        if first:
             self.best = BestOnHoldout(every=SCORE_EVERY, patience=None)
-        if self.best is None:
-            return
-        if noisy or snapshot or t % SCORE_EVERY == 0 or self.best.state is None:
+        if self.best is None or (first and not snapshot and not self.plan.score_start):
+            return  # a snapshot cycle's start (the previous snapshot) is no candidate for its snapshot
+        if noisy or snapshot or t % SCORE_EVERY == 0 or (self.best.state is None and self.plan.score_start):
             z = self.z.detach()
             self.best.record(t, heldout_score(self.model, self.pot.constrain(self.pot.unflatten(z)), self.holdout), [z])
         if noisy or snapshot:  # the stage has ended: go on from its best state

@@ -50,6 +50,9 @@ class Plan:
         ``alpha`` in (0, 1]: the fraction of the momentum removed per step (1: SGLD).
     fraction:
         ``eta * lambda_max`` that ``lr="auto"`` aims at.
+    score_start:
+        With held-out rows: whether a noise-free stage's first state competes for its best state (csgmcmc: True;
+        a snapshot ensemble: False, so that a cycle's snapshot is never the previous cycle's, which it starts from).
     """
 
     scale: torch.Tensor
@@ -58,6 +61,7 @@ class Plan:
     adapt: torch.Tensor
     friction: float
     fraction: float
+    score_start: bool = True
 
 
 class SGMCMC(torch.optim.Optimizer):
