@@ -1,7 +1,7 @@
 """``C`` MCMC chains advanced together as ONE batched computation: the state of ``chain_method="vectorized"``.
 
 A small net is dispatch-bound (a few microseconds per tensor operation whatever its size), so ``C`` chains whose
-positions are the rows of one ``(C, D)`` tensor cost little more per leapfrog step than one chain (NumPyro's
+positions are the rows of one ``(C, D)`` tensor cost less per chain than one chain at a time (NumPyro's
 ``chain_method="vectorized"``, blackjax's ``vmap`` over chains). The pieces:
 
 - a **leapfrog** ``leapfrog(z, p, g, step, minv) -> (z, p, g, sharp, u, kinetic)``: one velocity-Verlet step of

@@ -1,7 +1,7 @@
 """One NUTS transition of C chains advanced together, in lockstep, as one batched computation.
 
 A small net's leapfrog step is bound by dispatch (a few microseconds per tensor operation), not arithmetic,
-so C chains whose positions are the rows of one ``(C, D)`` tensor cost little more per step than one chain
+so C chains whose positions are the rows of one ``(C, D)`` tensor cost less per chain than one chain at a time
 (NumPyro's ``chain_method="vectorized"``). :func:`nuts_transition` is the Markov kernel of
 :class:`~bnn_pyro.infer._nuts.FlatNUTS` (Stan's multinomial NUTS) for every row at once: the same kernel per
 chain in distribution, not the same random stream. It is a pure function: the momentum and every uniform

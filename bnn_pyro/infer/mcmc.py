@@ -60,7 +60,9 @@ another, with a warning, when only one core is available. ``config["chain_execut
 Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
 ``chain_method="vectorized"`` (NUTS and HMC on the analytic path only; never chosen by ``"auto"``) advances all
 chains together as ONE batched computation in this process, one torch thread (:mod:`bnn_pyro.infer._vectorized`):
-a small net is dispatch-bound, so ``C`` chains cost little more per leapfrog step than one. Each chain starts where
+a small net is dispatch-bound, so a few chains cost little more per leapfrog step than one (at 8 chains on a
+1-50-1 net, N = 200, about half one chain's time per chain-leapfrog on one core: the batched passes turn
+arithmetic-bound; on 2 CPU cores forked processes are as fast or faster, ``benchmarks/results/performance.md``). Each chain starts where
 chain ``c`` starts under the other executions and adapts on its own (step size and mass matrix), but the chains
 share one random stream seeded by ``seed``: the same seed gives the same draws, not those of the other executions.
 NUTS runs the lockstep transition of :mod:`bnn_pyro.infer._nuts_batched` (the chains double their trajectories
