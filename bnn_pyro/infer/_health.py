@@ -173,9 +173,11 @@ def check_mixing(post, *, stacklevel: int = 2) -> None:
         problems.append(f"R-hat of {what} is up to {np.nanmax(rhat):.3g} (threshold {RHAT_FIT_MAX}): the chains "
                         "disagree, they have not mixed or sit in different modes")
     if problems:
+        other = ("a larger max_tree_depth if the trajectories hit the maximum" if post.method == "nuts" else
+                 "method='nuts' (with a larger max_tree_depth if its trajectories hit the maximum)")
         _warn(f"{post.method}: {'; and '.join(problems)} ({post.num_chains} chain(s) x {post.num_draws} draws). "
-              "Try more num_samples and num_warmup, more chains, or method='nuts' (with a larger max_tree_depth if "
-              "its trajectories hit the maximum); post.summary(space='function') shows every input.", stacklevel + 1)
+              f"Try more num_samples and num_warmup, more chains, or {other}; post.summary(space='function') shows "
+              "every input.", stacklevel + 1)
 
 
 def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = None, stacklevel: int = 2) -> None:
