@@ -23,6 +23,7 @@ from bnn_pyro.infer._analytic_batched import leapfrog_from, one_chain_leapfrog
 from bnn_pyro.infer._batched import hmc_transition
 from bnn_pyro.infer._common import quiet_model
 from test_mcmc import SIGMA, _assert_exact, _blr, _data
+from test_nuts import _one_input_net, _three_input_net
 
 N = 4000
 MEAN = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
@@ -103,16 +104,6 @@ def test_a_diverging_transition_is_flagged_and_rejected_not_raised():
 
 
 # ---------------------------------------------------------------------- the batched analytic leapfrog
-def _one_input_net():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
-
-
-def _three_input_net():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1), torch.nn.Sigmoid())
-
-
 @pytest.mark.parametrize("net, noise, d, bayesian", [
     (_one_input_net, "fixed", 1, "all"),  # one input: the first layer is an outer product
     (_three_input_net, "sigma", 3, "all"),  # a learned noise; the net ends with an activation
