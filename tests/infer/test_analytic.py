@@ -174,18 +174,26 @@ def test_one_activation_module_used_twice_counts_twice():
     torch.testing.assert_close(run_linear_stack(layers, params, x, net)[0], net(x), rtol=TOL, atol=TOL)
 
 
+def _perturbed_guide(model, x, y):
+    """An ``AutoNormal`` of ``model`` in the current param store, its parameters moved off their initial values
+    (seeded), the model's log joint, and the guide's flat ``loc`` and unconstrained scale tensors."""
+    guide = autoguide.AutoNormal(model)
+    guide(x, y, dataset_size=100)
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for _, p in pyro.get_param_store().named_parameters():
+            p.add_(0.2 * torch.randn(p.shape, generator=g))
+    joint = _logjoint.build(model, 100)
+    return (guide, joint) + tuple(_analytic_elbo.store_params(list(joint.priors)))
+
+
 @pytest.mark.parametrize("num_particles", [1, 8])
 @pytest.mark.parametrize("case", ["tanh-1-sigma", "relu-3-lognormal", "tanh-1-two-outputs"])
 def test_mean_field_elbo_and_gradient_equal_pyro(case, num_particles):
     model, out = _model(case)
     x, y = _data(out=out)
     with pyro.get_param_store().scope():
-        guide = autoguide.AutoNormal(model)
-        guide(x, y, dataset_size=100)
-        g = torch.Generator().manual_seed(2)
-        with torch.no_grad():
-            for _, p in pyro.get_param_store().named_parameters():
-                p.add_(0.2 * torch.randn(p.shape, generator=g))
+        guide = _perturbed_guide(model, x, y)[0]
         params = list(dict(pyro.get_param_store().named_parameters()).values())
         elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1)
         pyro.set_rng_seed(3)
@@ -208,19 +216,6 @@ def test_mean_field_elbo_and_gradient_equal_pyro(case, num_particles):
     assert value == pytest.approx(float(expected), rel=TOL, abs=TOL)
     for a, b in zip(grads_fast, grads_pyro):
         _close(a, b, 1.0 + float(b.abs().max()))
-
-
-def _perturbed_guide(model, x, y):
-    """An ``AutoNormal`` of ``model`` in the current param store, its parameters moved off their initial values
-    (seeded), the model's log joint, and the guide's flat ``loc`` and unconstrained scale tensors."""
-    guide = autoguide.AutoNormal(model)
-    guide(x, y, dataset_size=100)
-    g = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for _, p in pyro.get_param_store().named_parameters():
-            p.add_(0.2 * torch.randn(p.shape, generator=g))
-    joint = _logjoint.build(model, 100)
-    return (guide, joint) + tuple(_analytic_elbo.store_params(list(joint.priors)))
 
 
 @pytest.mark.parametrize("num_particles", [1, 8])
