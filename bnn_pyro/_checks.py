@@ -68,6 +68,21 @@ def positive_int(argname: str, value: int, *, allow_zero: bool = False) -> int:
     return int(value)
 
 
+SEED_MAX = 2**31 - 1
+
+
+def seed(argname: str, value: int) -> int:
+    """A seed in ``[0, SEED_MAX]``: NumPy's global generator (which ``pyro.set_rng_seed`` seeds) takes seeds below
+    ``2**32`` and the engines add offsets to a seed (the chain's index, a noise stream's shift), so seeds stop at
+    ``2**31 - 1``, which leaves room for them; torch alone would take 64 bits."""
+    value = positive_int(argname, value, allow_zero=True)
+    if value > SEED_MAX:
+        raise ValueError(f"{argname} must be at most 2**31 - 1 = {SEED_MAX}, got {value}; the engines seed NumPy's "
+                         f"generator, which takes 32-bit seeds (plus per-chain offsets). Pass a smaller seed, e.g. "
+                         f"{argname}={value % (SEED_MAX + 1)}.")
+    return value
+
+
 def flag(argname: str, value) -> bool:
     """A bool (``True``/``False``, or numpy's), never a truthy string or number."""
     if not isinstance(value, (bool, np.bool_)):

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bnn_pyro._checks import positive, positive_int
+from bnn_pyro._checks import positive, positive_int, seed as checked_seed
 from bnn_pyro.splits import (Standardizer, UCISplit, _float, load_uci, make_uci_splits, train_test_split,
                              write_uci_splits)
 
@@ -86,7 +86,7 @@ def heteroscedastic(n: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Te
     can recover ``sd(x)``. Returns ``x`` shaped ``(n, 1)`` and ``y`` shaped ``(n,)``.
     """
     n = positive_int("n", n)
-    g = torch.Generator().manual_seed(int(seed))
+    g = torch.Generator().manual_seed(checked_seed("seed", seed))
     dtype = torch.get_default_dtype()
     x = torch.rand(n, 1, generator=g, dtype=dtype) * 6.0 - 3.0
     eps = torch.randn(n, generator=g, dtype=dtype)
@@ -104,7 +104,7 @@ def two_moons(n: int = 200, noise: float = 0.1, seed: int = 0) -> tuple[torch.Te
     if n < 2:
         raise ValueError(f"n must be at least 2 (one point per class), got {n}.")
     noise = _nonnegative("noise", noise)
-    x, y = make_moons(n_samples=n, noise=noise, random_state=int(seed))
+    x, y = make_moons(n_samples=n, noise=noise, random_state=checked_seed("seed", seed))
     return _float(x), _labels(y)
 
 
@@ -125,7 +125,7 @@ def spirals(n: int = 200, noise: float = 0.2, turns: float = 1.5, seed: int = 0)
         raise ValueError(f"n must be at least 2 (one point per class), got {n}.")
     noise = _nonnegative("noise", noise)
     turns = positive("turns", turns)
-    g = torch.Generator().manual_seed(int(seed))
+    g = torch.Generator().manual_seed(checked_seed("seed", seed))
     dtype = torch.get_default_dtype()
     y = torch.cat([torch.zeros(n // 2, dtype=torch.int64), torch.ones(n - n // 2, dtype=torch.int64)])
     theta = 2 * math.pi * turns * torch.rand(n, generator=g, dtype=dtype).sqrt()

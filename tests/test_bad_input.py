@@ -240,6 +240,10 @@ CASES = [
          ValueError, r"bayesian: unknown value 'some'; choose one of"),
     Case("seed-string", lambda t: _fit(seed="0"), TypeError, r"seed must be an int, got str '0'.*pass a whole number"),
     Case("seed-float", lambda t: _mcmc(seed=1.5), TypeError, r"seed must be an int, got float 1\.5.*pass"),
+    Case("seed-2**63", lambda t: _fit(seed=2**63), ValueError,
+         r"seed must be at most 2\*\*31 - 1 = 2147483647, got 9223372036854775808.*32-bit seeds.*Pass a smaller seed"),
+    Case("seed-2**70-mcmc", lambda t: _mcmc(seed=2**70), ValueError, r"seed must be at most 2\*\*31 - 1"),
+    Case("seed-dataset", lambda t: bp.datasets.spirals(seed=2**63), ValueError, r"seed must be at most 2\*\*31 - 1"),
     Case("progress-string", lambda t: _fit(progress="no"), TypeError,
          r"progress must be True or False, got str 'no'.*pass progress=True"),
     Case("prior-pattern-matches-nothing", lambda t: _model(prior={"layer0.*": dist.Normal(0.0, 1.0)}), ValueError,
@@ -394,6 +398,13 @@ def _matches(pattern: str, message: str) -> bool:
     import re
 
     return re.search(pattern, message, re.DOTALL) is not None and re.search(ADVICE, message) is not None
+
+
+@pytest.mark.filterwarnings("ignore:nuts. 100.0% of the draws diverged")
+def test_the_largest_seed_fits_with_several_chains():
+    """The bound leaves room for the per-chain offsets: chain 1 of seed 2**31 - 1 seeds NumPy with 2**31."""
+    post = _mcmc(seed=2**31 - 1, num_chains=2, chain_method="sequential")
+    assert post.num_chains == 2
 
 
 def test_float64_numpy_data_fits_and_predicts_in_the_models_dtype():

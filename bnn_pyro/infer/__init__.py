@@ -16,7 +16,7 @@ from typing import Callable
 
 import torch
 
-from bnn_pyro._checks import check_data, choice, flag, positive_int
+from bnn_pyro._checks import check_data, choice, flag, positive_int, seed as checked_seed
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
 from bnn_pyro.infer.contract import Capabilities, Declaration
 from bnn_pyro.model import BNN
@@ -159,7 +159,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     if not (isinstance(model, BNN) or callable(model)):
         raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}; "
                         f"pass e.g. {example}.")
-    for name, check in (("seed", lambda v: positive_int("seed", v, allow_zero=True)), ("progress", lambda v: flag("progress", v))):
+    for name, check in (("seed", lambda v: checked_seed("seed", v)), ("progress", lambda v: flag("progress", v))):
         if name in config:
             config[name] = check(config[name])
     known, declared = options(kind), REGISTRY[kind]
