@@ -22,6 +22,7 @@ The splits, scaling and UCI-folder functions live in :mod:`bnn_pyro.splits` and 
 from __future__ import annotations
 
 import math
+import re
 from importlib import resources
 from pathlib import Path
 
@@ -184,6 +185,34 @@ def digits_images() -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ---------------------------------------------------------------------------------------- CSV
+def _read_table(path: Path, read_csv_kwargs: dict) -> pd.DataFrame:
+    """``pandas.read_csv``, its parse and decode errors re-raised as a ``ValueError`` naming the file and the line."""
+    try:
+        return pd.read_csv(path, **read_csv_kwargs)
+    except UnicodeDecodeError as err:
+        encoding = read_csv_kwargs.get("encoding") or "utf-8"
+        raise ValueError(f"path: {str(path)!r} is not a {encoding} text table: line {_undecodable_line(path, encoding)} "
+                         f"holds bytes that are not {encoding} ({err.reason}). Is it a CSV file? Pass a text table, or "
+                         "its encoding (encoding='latin-1').") from None
+    except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
+        reason = str(err).strip().removeprefix("Error tokenizing data. C error: ")
+        found = re.search(r"(?:line|row) (\d+)", reason)
+        where = f"line {found.group(1)}" if found else "a line pandas does not name"
+        raise ValueError(f"path: {str(path)!r} is not a readable CSV table ({where}: {reason}). Check that line (a "
+                         "row with extra fields, an unclosed quote), or pass the separator (sep=';').") from None
+
+
+def _undecodable_line(path: Path, encoding: str) -> int:
+    """The number (from 1) of the first line of ``path`` that does not decode as ``encoding``."""
+    with open(path, "rb") as f:
+        for number, line in enumerate(f, start=1):
+            try:
+                line.decode(encoding)
+            except UnicodeDecodeError:
+                return number
+    return number
+
+
 def load_csv(path, target: str, features: list[str] | None = None, *, task: str | None = None,
              **read_csv_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
     """Read a table with :func:`pandas.read_csv` and return ``(x, y)``.
@@ -204,7 +233,8 @@ def load_csv(path, target: str, features: list[str] | None = None, *, task: str 
 
     Returns ``x`` shaped ``(N, len(features))`` and ``y`` shaped ``(N,)``. Every column used must be
     numeric and complete: encode categories (``pandas.get_dummies``) and drop or impute missing
-    values first.
+    values first. A file pandas cannot parse or decode (a binary file, a row with extra fields) is a
+    ``ValueError`` naming the file and the line.
     """
     path = Path(path)
     if not path.is_file():
@@ -212,7 +242,7 @@ def load_csv(path, target: str, features: list[str] | None = None, *, task: str 
                                 (" (it is a folder)." if path.is_dir() else "; check the path."))
     if task not in (None, "regression", "classification"):
         raise ValueError(f"task: unknown value {task!r}; choose 'regression', 'classification' or None (infer).")
-    frame = pd.read_csv(path, **read_csv_kwargs)
+    frame = _read_table(path, read_csv_kwargs)
     columns = [str(c) for c in frame.columns]
     frame.columns = columns
     if features is None:

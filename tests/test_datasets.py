@@ -4,6 +4,8 @@ loaders; splits and standardization; UCI benchmark folders (a tiny fake one buil
 from __future__ import annotations
 
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -123,6 +125,26 @@ def test_load_csv_features_and_target_dtypes(csv_file):
     assert y.dtype == torch.float32 and y.tolist() == [10.5, 11.0, 12.25] and x[:, 0].tolist() == [2.0, 4.0, 6.0]
     _, y = datasets.load_csv(csv_file, target="label", features=["a"], task="regression")
     assert y.dtype == torch.float32
+
+
+@pytest.mark.parametrize("content, where", [
+    (b"a,b\n1,2\n\x7fELF\x02\x01\xf0\xff,\x00\n3,4\n", r"line 3 holds bytes that are not utf-8"),  # a binary file
+    (b"a,b\n1,2\n3,4,5\n", r"line 3: Expected 2 fields in line 3, saw 3"),
+])
+def test_load_csv_names_the_file_and_the_line_of_an_unreadable_table(tmp_path, content, where):
+    """A binary or ragged file was a raw UnicodeDecodeError / pandas ParserError that named no file."""
+    path = tmp_path / "table.csv"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"path: '.*table\.csv' is not a .*{where}") as info:
+        datasets.load_csv(path, target="b")
+    assert type(info.value) is ValueError  # not pandas' ParserError, not UnicodeDecodeError
+
+
+def test_load_csv_of_a_real_binary_file_names_it(tmp_path):
+    path = tmp_path / "python.csv"
+    path.write_bytes(Path(sys.executable).resolve().read_bytes()[:4096])
+    with pytest.raises(ValueError, match=r"path: '.*python\.csv' is not a utf-8 text table: line \d+"):
+        datasets.load_csv(path, target="b")
 
 
 def test_load_csv_errors(csv_file, tmp_path):
