@@ -1,58 +1,105 @@
 """Safetensors files written atomically, and the checksum their headers carry: the one writer of
 :mod:`bnn_pyro.io` (posterior files) and :mod:`bnn_pyro.infer.checkpoint` (checkpoints).
 
-A file goes to a temporary file in the same folder, is fsynced, then renamed over the target
-(``os.replace``) and the folder fsynced, so a crash mid-write leaves the previous file intact.
+A file is serialized in memory, written to a temporary file ``.<name>.<12 hex digits>.tmp`` in the same folder,
+fsynced, then renamed over the target (``os.replace``) and the folder fsynced, so a crash mid-write leaves the
+previous file intact. A write that fails (a full disk, no permission) is an ``OSError`` naming the path, and
+its temporary file is removed. The writer holds a lock on its temporary file (:mod:`bnn_pyro._locks`) while it
+writes; the lock dies with the process, so the next write into the folder removes the temporary files of
+writers that were killed (their lock is free) and leaves those of live writers alone.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import re
 import secrets
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors.torch import save as serialize
 
-__all__ = ["write_atomic", "digest"]
+from bnn_pyro._locks import LOCKS_WORK, same_file, try_lock
+
+__all__ = ["write_atomic", "digest", "remove_stale_temporaries"]
+
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{12}\.tmp")  # the names _new_temporary gives, and only those
 
 
 def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> Path:
     """Write a safetensors file to a temporary file beside ``path``, fsync it, rename it over ``path``.
 
-    The file gets the permissions the umask gives any new file (``0o644`` under the usual umask 022):
-    the temporary file is created exclusively (``O_EXCL``) with mode ``0o666`` less the umask, and
-    that mode is set again after safetensors has written it (``save_file`` leaves ``0o600``, as
-    ``tempfile.mkstemp`` would). Used by :mod:`bnn_pyro.io` and :mod:`bnn_pyro.infer.checkpoint`."""
-    tmp = _new_temporary(path)
+    The file gets the permissions the umask gives any new file (``0o644`` under the usual umask 022): the
+    temporary file is created exclusively (``O_EXCL``) with mode ``0o666`` less the umask. An ``OSError``
+    while writing (e.g. ``ENOSPC``) is raised again as an ``OSError`` with the same ``errno`` that names
+    ``path`` and says the previous file is unchanged."""
+    payload = serialize(tensors, metadata=metadata)
+    remove_stale_temporaries(path.parent)
+    fd, tmp = _new_temporary(path)
     try:
-        mode = tmp.stat().st_mode & 0o777
-        save_file(tensors, str(tmp), metadata=metadata)
-        os.chmod(tmp, mode)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        _write_all(fd, payload)
+        os.fsync(fd)
         os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        raise OSError(err.errno, f"could not write {str(path)!r} ({err.strerror or err}); the previous file there, "
+                                 "if any, is unchanged. Free disk space or fix the folder's permissions and save "
+                                 "again", str(path)) from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+    finally:
+        os.close(fd)  # releases the lock that marked the temporary file as live
     _fsync_dir(path.parent)
     return path
 
 
-def _new_temporary(path: Path) -> Path:
-    """An empty file ``.<name>.<random>.tmp`` beside ``path``, created by this call (never an existing
-    file or a link), with the permissions the umask gives a new file."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+def _write_all(fd: int, payload: bytes) -> None:
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _new_temporary(path: Path) -> tuple[int, Path]:
+    """An empty file ``.<name>.<random>.tmp`` beside ``path``, created by this call (never an existing file or a
+    link), with the permissions the umask gives a new file; open (the descriptor) and locked."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         tmp = path.parent / f".{path.name}.{secrets.token_hex(6)}.tmp"
         try:
-            os.close(os.open(tmp, flags, 0o666))
+            fd = os.open(tmp, flags, 0o666)
         except FileExistsError:
             continue
-        return tmp
+        if try_lock(fd) and same_file(fd, tmp):  # not taken for a stale one by a cleaner in the instant between
+            return fd, tmp
+        os.close(fd)
     raise FileExistsError(f"path: could not create a temporary file in {str(path.parent)!r} (100 names taken); "
                           "remove stale .*.tmp files there and try again.")
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files of :func:`write_atomic` in ``folder`` whose writer is gone (killed mid-write:
+    its lock is free); a live writer's file (locked) and every other file stay. Returns the removed paths."""
+    if not LOCKS_WORK:  # no way to tell a live writer's file from a dead one's
+        return []
+    removed = []
+    for tmp in folder.glob(".*.tmp"):
+        if not _TEMPORARY.fullmatch(tmp.name):
+            continue
+        try:
+            fd = os.open(tmp, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError:  # gone meanwhile (renamed into place), or a link
+            continue
+        try:
+            if try_lock(fd) and same_file(fd, tmp):
+                tmp.unlink()
+                removed.append(tmp)
+        except OSError:
+            pass  # removed by another cleaner, or a folder we may not write: left alone
+        finally:
+            os.close(fd)
+    return removed
 
 
 def digest(tensors: dict[str, torch.Tensor]) -> str:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -148,19 +151,67 @@ def test_malicious_pickle_executes_nothing(tmp_path):
 
 
 def test_failed_write_leaves_previous_file_intact(svi_post, mcmc_post, tmp_path, monkeypatch):
+    """A full disk mid-write (the writer fails with ENOSPC after a partial write): an OSError naming the path,
+    the previous file unchanged, no temporary file left. Safetensors' own error type used to escape."""
     path = svi_post.save(tmp_path / "post.bnn")
     before = path.read_bytes()
 
-    def crash_midway(tensors, filename, metadata=None):
-        Path(filename).write_bytes(b"\x00" * 64)  # a partial write, then the process "dies"
-        raise OSError("disk full")
+    def disk_full(fd, payload):
+        os.write(fd, bytes(payload[:64]))  # a partial write, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(tensor_files, "save_file", crash_midway)  # the writer io shares with checkpoints
-    with pytest.raises(OSError, match="disk full"):
+    monkeypatch.setattr(tensor_files, "_write_all", disk_full)  # the writer io shares with checkpoints
+    with pytest.raises(OSError, match=r"could not write '.*post\.bnn' \(No space left on device\); the "
+                                      r"previous file there, if any, is unchanged\. Free disk space") as info:
         mcmc_post.save(path)
+    assert type(info.value) is OSError and info.value.errno == errno.ENOSPC and info.value.filename == str(path)
     assert path.read_bytes() == before
     assert sorted(os.listdir(tmp_path)) == ["post.bnn"]  # no temporary file left behind
     _assert_same(svi_post, bp.load(path))
+
+
+_KILLED_WRITER = """
+import os, sys
+from pathlib import Path
+from bnn_pyro import tensor_files
+fd, tmp = tensor_files._new_temporary(Path(sys.argv[1]))
+os.write(fd, b"partial")
+print(tmp, flush=True)
+sys.stdin.read()  # killed here, mid-write
+"""
+
+
+def _writer_holding_a_temporary(path: Path) -> tuple[subprocess.Popen, Path]:
+    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    return proc, Path(proc.stdout.readline().strip())
+
+
+def test_next_save_removes_stale_temporaries_of_killed_writers_only(svi_post, tmp_path):
+    """SIGKILL mid-save left ``.post.bnn.*.tmp`` files behind; the next save into the folder removes those of
+    dead writers, and leaves a live writer's temporary file and files that are not ours alone."""
+    path = tmp_path / "post.bnn"
+    dead = []
+    for _ in range(3):
+        proc, tmp = _writer_holding_a_temporary(path)
+        proc.kill()
+        proc.wait(timeout=30)
+        dead.append(tmp)
+    live_proc, live = _writer_holding_a_temporary(tmp_path / "other.bnn")
+    foreign = [tmp_path / ".notes.tmp", tmp_path / ".post.bnn.zzzzzzzzzzzz.tmp", tmp_path / "post.bnn.tmp"]
+    for f in foreign:
+        f.write_text("not ours")
+    try:
+        assert all(t.exists() for t in dead) and live.exists()
+        svi_post.save(path)
+        assert not any(t.exists() for t in dead)
+        assert live.exists() and all(f.read_text() == "not ours" for f in foreign)
+    finally:
+        live_proc.kill()
+        live_proc.wait(timeout=30)
+    _assert_same(svi_post, bp.load(path))
+    bp.load(path).save(path)  # the live writer is dead now: its file goes too
+    assert not live.exists() and all(f.exists() for f in foreign)
 
 
 def test_save_rejects_bad_destination_and_config(svi_post, tmp_path):
