@@ -23,6 +23,8 @@ import argparse
 import difflib
 import importlib.util
 import json
+import os
+import shutil
 import sys
 import tempfile
 import textwrap
@@ -275,6 +277,20 @@ def _print_summaries(post) -> None:
 
 
 def _write_outputs(post, entry, out: Path) -> list[Path]:
+    """Write the outputs into a hidden folder in ``out``, then move them into ``out``: an interrupted or failed
+    write leaves no partial file there (and, with ``--overwrite``, the previous run's files unchanged)."""
+    final, out = out, Path(tempfile.mkdtemp(prefix=".bnn-pyro-", dir=out))  # moved into place once all are written
+    try:
+        moved = []
+        for path in _write_all_outputs(post, entry, out):
+            os.replace(path, final / path.name)
+            moved.append(final / path.name)
+        return moved
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
+
+
+def _write_all_outputs(post, entry, out: Path) -> list[Path]:
     import arviz as az
     import matplotlib
 
@@ -428,6 +444,22 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, TypeError, FloatingPointError, OSError) as err:
         print(f"bnn-pyro: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, the shell's status for SIGINT (128 + 2), no traceback
+        print(f"bnn-pyro: interrupted{_after_interrupt(args)}", file=sys.stderr)
+        return 130
+
+
+def _after_interrupt(args) -> str:
+    """What an interrupted command left: ``fit`` writes its outputs only once all are complete (none otherwise),
+    and a fit with ``--option checkpoint=FOLDER`` resumes from its checkpoints."""
+    if args.command != "fit":
+        return ""
+    text = f"; nothing was written to --out {args.out!r}"
+    folder = dict(args.option).get("checkpoint")
+    if folder is not None and any(Path(folder).rglob("*.ckpt")):
+        text += (f"; the fit's checkpoints are in {str(folder)!r}: run the same command with --option resume=true "
+                 "to continue it")
+    return text + "."
 
 
 if __name__ == "__main__":

@@ -7,6 +7,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import inspect
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
@@ -290,3 +295,45 @@ def test_malformed_option_exits_with_usage(text, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         cli.main(["fit", "mlp_regression", "--out", str(tmp_path), "--option", text])
     assert stop.value.code == 2 and "expected KEY=VALUE" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------- Ctrl-C
+def test_ctrl_c_during_a_fit_stops_with_one_line_and_status_130(tmp_path):
+    """SIGINT to `bnn-pyro fit` was a Python traceback and death by signal; now: one line that says nothing was
+    written and how to resume from the checkpoint, exit status 130, no output file."""
+    out, ckpt = tmp_path / "out", tmp_path / "ckpt"
+    ckpt.mkdir()
+    command = [sys.executable, "-m", "bnn_pyro.cli", "fit", "mlp_regression", "--method", "svi", "--chains", "1",
+               "--steps", "1000000", "--no-progress", "--out", str(out), "--option", f"checkpoint={ckpt}",
+               "--option", "checkpoint_every=20"]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (ckpt / "chain0.ckpt").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (ckpt / "chain0.ckpt").exists(), proc.communicate(timeout=5)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert re.fullmatch(rf"bnn-pyro: interrupted; nothing was written to --out '{re.escape(str(out))}'; the fit's "
+                        rf"checkpoints are in '{re.escape(str(ckpt))}': run the same command with --option "
+                        r"resume=true to continue it\.", lines[0]), lines[0]
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_ctrl_c_while_writing_outputs_leaves_no_partial_file(zoo, tmp_path, capsys, monkeypatch):
+    """Interrupted between two output files: none of this run's files appear in --out, and with --overwrite the
+    previous run's files stay as they were."""
+    (tmp_path / "trace.png").write_bytes(b"an old plot")
+
+    def interrupted(fig, path):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_savefig", interrupted)  # after posterior.bnn and inference_data.nc are written
+    assert _fit("mlp_regression", "svi", tmp_path, "--steps", "5", "--samples", "5", "--overwrite") == 130
+    assert capsys.readouterr().err == f"bnn-pyro: interrupted; nothing was written to --out {str(tmp_path)!r}.\n"
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.png"] and (tmp_path / "trace.png").read_bytes() == b"an old plot"
