@@ -35,19 +35,21 @@ from safetensors.torch import load as load_tensors
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.posterior_file import (FORMAT, FORMAT_VERSION, ModelNotBoundError, PosteriorFileError, UnboundModel,
-                                     fingerprint, save)
+from bnn_pyro.posterior_file import (FORMAT, FORMAT_VERSION, GROUPS as _GROUP_NAMES, ModelMismatchError,
+                                     ModelNotBoundError, PosteriorFileError, UnboundModel, fingerprint, save)
 from bnn_pyro.tensor_files import digest
 
-__all__ = ["save", "load", "PosteriorFileError", "ModelNotBoundError", "UnboundModel", "FORMAT_VERSION"]
+__all__ = ["save", "load", "PosteriorFileError", "ModelMismatchError", "ModelNotBoundError", "UnboundModel", "FORMAT_VERSION"]
 
 
 def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Posterior:
     """Read a posterior written by :meth:`Posterior.save`; ``model=`` re-binds it for prediction.
 
-    Raises :class:`PosteriorFileError` (a ``ValueError`` naming the path) for a corrupted,
-    truncated, foreign or newer-format file, and a ``ValueError`` when ``model`` does not match
-    the model the posterior was fitted with.
+    Raises :class:`PosteriorFileError` (a ``ValueError`` naming the path, and the field where one is at fault)
+    for a corrupted, truncated, edited, foreign or newer-format file, and its subclass
+    :class:`ModelMismatchError` when ``model`` differs from the model the posterior was fitted with (the net,
+    the prior of a site, the likelihood: the message names what differs). The checksum covers the tensors and,
+    from format version 2 on, the metadata; files of version 1 (bnn_pyro before it) still load.
 
     Example
     -------
@@ -63,22 +65,82 @@ def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Poster
         tensors = load_tensors(raw)
     except Exception as err:  # safetensors raises its own error type for malformed payloads
         raise PosteriorFileError(f"{str(path)!r}: the tensor data is unreadable ({err}); the file is corrupted.") from None
-    if digest(tensors) != meta.get("sha256"):
-        raise PosteriorFileError(f"{str(path)!r}: checksum mismatch; the file is corrupted. Save the posterior again.")
-    try:
-        groups = {g: {n: tensors[f"{g}/{n}"] for n in names} for g, names in meta["groups"].items()}
-        data = {k: tensors[k] for k in meta["data"]}
-        parts = {k[2:]: v for k, v in data.items() if k.startswith("x/")}
-        if parts:  # in the order saved (a tuple's positions)
-            data["x"] = Inputs(args=tuple(parts.values())) if meta["x_form"] == "tuple" else Inputs(kwargs=parts)
-        saved = meta["model"]
-        method, config = meta["method"], meta["config"]
-    except (KeyError, TypeError) as err:
-        raise PosteriorFileError(f"{str(path)!r}: incomplete bnn_pyro metadata (missing {err}); the file is corrupted.") from None
+    covered = {k: v for k, v in meta.items() if k != "sha256"} if meta["format_version"] >= 2 else None
+    if digest(tensors, covered) != meta.get("sha256"):
+        raise PosteriorFileError(f"{str(path)!r}: checksum mismatch (field 'sha256': the tensors or the metadata "
+                                 "changed after saving); the file is corrupted or was edited. Save the posterior again.")
+    groups, data = _contents(meta, tensors, path)
+    saved, method, config = meta["model"], meta["method"], meta["config"]
     bound = UnboundModel(str(path), saved, groups["buffers"]) if model is None else _rebind(model, saved, groups, path)
     return Posterior(samples=groups["samples"], model=bound, method=method, config=config, point=groups["point"],
                      sample_stats=groups["sample_stats"], history=groups["history"], x=data.get("x"), y=data.get("y"),
                      draw_buffers=groups.get("draw_buffers", {}))  # absent from files written before it existed
+
+
+def _contents(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path):
+    """The groups and the data of a file's metadata, each field checked: a :class:`PosteriorFileError` naming the
+    field for one that is missing, of the wrong type, names an absent tensor, or holds tensors whose shapes do
+    not fit the draws and the model (a file edited by hand would otherwise fail later, inside ``predict``)."""
+
+    def bad(field: str, what: str) -> PosteriorFileError:
+        return PosteriorFileError(f"{str(path)!r}: field {field!r} {what}; the file is corrupted or was edited. "
+                                  "Save the posterior again.")
+
+    expected = {"method": str, "config": dict, "groups": dict, "data": list, "x_form": str, "model": dict}
+    for field, kind in expected.items():
+        if not isinstance(meta.get(field), kind):
+            raise bad(field, f"is {'missing' if field not in meta else type(meta[field]).__name__}, expected a "
+                             f"{kind.__name__}")
+    if meta["x_form"] not in ("tuple", "dict", "tensor"):
+        raise bad("x_form", f"is {meta['x_form']!r}, expected 'tuple', 'dict' or 'tensor'")
+    if meta["model"].get("kind") not in ("BNN", "function"):
+        raise bad("model", f"has kind {meta['model'].get('kind')!r}, expected 'BNN' or 'function'")
+    required = ("samples", "point", "sample_stats", "history", "buffers")
+    for g in (*required, *meta["groups"]):
+        names = meta["groups"].get(g)
+        if g not in _GROUP_NAMES or not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+            raise bad(f"groups.{g}", "is missing or unknown" if g not in meta["groups"] or g not in _GROUP_NAMES
+                      else "is not a list of names")
+        absent = [n for n in names if f"{g}/{n}" not in tensors]
+        if absent:
+            raise bad(f"groups.{g}", f"names tensors the file does not hold ({absent})")
+    absent = [k for k in meta["data"] if not isinstance(k, str) or k not in tensors]
+    if absent:
+        raise bad("data", f"names tensors the file does not hold ({absent})")
+    groups = {g: {n: tensors[f"{g}/{n}"] for n in names} for g, names in meta["groups"].items()}
+    _check_shapes(groups, meta["model"], bad)
+    data = {k: tensors[k] for k in meta["data"]}
+    parts = {k[2:]: v for k, v in data.items() if k.startswith("x/")}
+    if parts:  # in the order saved (a tuple's positions)
+        data["x"] = Inputs(args=tuple(parts.values())) if meta["x_form"] == "tuple" else Inputs(kwargs=parts)
+    rows = {k: int(v.shape[0]) for k, v in data.items() if torch.is_tensor(v) and v.dim()}
+    if len(set(rows.values())) > 1:
+        raise bad("data", f"holds inputs and targets of different numbers of rows ({rows})")
+    return groups, data
+
+
+def _check_shapes(groups, model: dict[str, Any], bad) -> None:
+    """Every draw tensor shaped ``(chains, draws, *shape)`` with the same chains and draws, floating point;
+    for a BNN, every site's and point parameter's shape that of the model's parameter."""
+    lead = {n: tuple(t.shape[:2]) for n, t in groups["samples"].items()}
+    if any(t.dim() < 2 for t in groups["samples"].values()) or len(set(lead.values())) > 1:
+        raise bad("groups.samples", f"holds draws that are not shaped (chains, draws, ...) alike ({lead})")
+    chains, draws = next(iter(lead.values()), (None, None))
+    for g in ("samples", "draw_buffers") if lead else ():
+        for n, t in groups.get(g, {}).items():
+            if t.dim() < 2 or tuple(t.shape[:2]) != (chains, draws) or not t.is_floating_point():
+                raise bad(f"groups.{g}", f"holds {n!r} as {t.dtype} {tuple(t.shape)}; expected floating point draws "
+                                         f"shaped ({chains}, {draws}, ...) like the other sites")
+    if model.get("kind") != "BNN":
+        return
+    shapes = model.get("param_shapes")
+    if not isinstance(shapes, dict):
+        raise bad("model.param_shapes", "is missing")
+    for g, lead_dims in (("samples", 2), ("point", 1)):
+        for n, t in groups[g].items():
+            if n in shapes and list(t.shape[lead_dims:]) != shapes[n]:
+                raise bad(f"groups.{g}", f"holds {n!r} shaped {tuple(t.shape)}, but the model's parameter is shaped "
+                                         f"{tuple(shapes[n])}")
 
 
 def _metadata(raw: bytes, path: Path) -> dict[str, Any]:
@@ -107,14 +169,21 @@ def _rebind(model, saved: dict[str, Any], groups, path: Path):
     given = fingerprint(model)
     if saved.get("kind") == "function" or given["kind"] == "function":
         if given["kind"] != saved.get("kind"):
-            raise ValueError(f"model: {str(path)!r} was fitted with a {saved.get('kind')} model, got a {given['kind']} "
-                             "model. Pass the same kind of model it was fitted with.")
+            raise ModelMismatchError(f"model: {str(path)!r} was fitted with a {saved.get('kind')} model, got a "
+                                     f"{given['kind']} model. Pass the same kind of model it was fitted with.")
         return model
-    diff = [k for k in saved if saved[k] != given.get(k)]
+    diff = []
+    for key in saved:  # a file of format version 1 holds no prior: it is not compared
+        old, new = saved[key], given.get(key)
+        if isinstance(old, dict) and isinstance(new, dict):  # by site: name the sites that differ
+            diff += [f"{key} of {name!r}: saved {old.get(name, 'none')!s}, given {new.get(name, 'none')!s}"
+                     for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+        elif old != new:
+            diff.append(f"{key}: saved {old!r}, given {new!r}")
     if diff:
-        details = "; ".join(f"{k}: saved {saved[k]!r}, given {given.get(k)!r}" for k in diff)
-        raise ValueError(f"model: does not match the model the posterior in {str(path)!r} was fitted with ({details}). "
-                         "Build the model with the same net, prior selection and likelihood.")
+        shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
+        raise ModelMismatchError(f"model: does not match the model the posterior in {str(path)!r} was fitted with "
+                                 f"({shown}). Build the model with the same net, prior and likelihood.")
     model = copy.deepcopy(model)  # the user's model is never modified
     with torch.no_grad():
         for name, p in model.net.named_parameters():

@@ -248,6 +248,17 @@ class BNN(nn.Module):
         """Current values of the deterministic (non-Bayesian) parameters."""
         return {name: p.detach() for name, p in self.net.named_parameters() if name in self.point_names}
 
+    def prior_distributions(self, *, seed: int = 0) -> dict[str, Distribution]:
+        """Each random site's prior distribution, by site name (weights and hyper sites), as the model draws them:
+        a hierarchical prior's conditional at hyper values drawn under ``seed`` (the caller's generators are
+        kept). What identifies the prior of a saved posterior or a checkpoint (:mod:`bnn_pyro.posterior_file`)."""
+        import pyro.poutine as poutine
+
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            trace = poutine.trace(self._sites).get_trace()
+        return {name: site["fn"] for name, site in trace.nodes.items() if site["type"] == "sample"}
+
     def buffers_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.net.named_buffers())
 

@@ -6,6 +6,7 @@ model, and the errors. It works on any object with a posterior's fields and does
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -20,15 +21,20 @@ from bnn_pyro.tensor_files import digest, write_atomic
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
 
-__all__ = ["save", "fingerprint", "PosteriorFileError", "ModelNotBoundError", "UnboundModel", "FORMAT", "FORMAT_VERSION"]
+__all__ = ["save", "fingerprint", "describe", "PosteriorFileError", "ModelMismatchError", "ModelNotBoundError", "UnboundModel", "FORMAT", "FORMAT_VERSION", "GROUPS"]
 
 FORMAT = "bnn_pyro.posterior"
-FORMAT_VERSION = 1
-_GROUPS = ("samples", "point", "sample_stats", "history", "draw_buffers", "buffers")  # the model's buffers last
+FORMAT_VERSION = 2  # 2: the checksum covers the metadata too, and the model's fingerprint its prior (1 still loads)
+GROUPS = ("samples", "point", "sample_stats", "history", "draw_buffers", "buffers")  # the model's buffers last
 
 
 class PosteriorFileError(ValueError):
-    """The file is not a readable bnn_pyro posterior (corrupted, truncated, foreign or too new)."""
+    """The file is not a readable bnn_pyro posterior (corrupted, truncated, edited, foreign or too new), or the
+    model given to load it with is not the one it was fitted with (:class:`ModelMismatchError`)."""
+
+
+class ModelMismatchError(PosteriorFileError):
+    """``bp.load(path, model=model)``: ``model`` differs from the fitted one (architecture, prior or likelihood)."""
 
 
 class ModelNotBoundError(TypeError):
@@ -62,7 +68,10 @@ class UnboundModel:
 
 
 def fingerprint(model) -> dict[str, Any]:
-    """What identifies a model across sessions: its sites and shapes, architecture and likelihood."""
+    """What identifies a model across sessions: its sites and shapes, architecture, prior and likelihood.
+
+    The prior is each random site's distribution as the model draws it (:meth:`~bnn_pyro.BNN.prior_distributions`,
+    described by :func:`describe`), so a lambda or a custom ``Prior`` is compared by what it gives, not by its code."""
     if isinstance(model, UnboundModel):
         return model.fingerprint
     if isinstance(model, BNN):
@@ -70,8 +79,45 @@ def fingerprint(model) -> dict[str, Any]:
                 "point_names": list(model.point_names),
                 "param_shapes": {n: list(s) for n, s in model.param_shapes.items()},
                 "noise_sites": sorted(model.likelihood.sites()), "likelihood": repr(model.likelihood),
-                "net": repr(model._template)}
+                "net": repr(model._template),
+                "prior": {name: describe(d) for name, d in model.prior_distributions().items()}}
     return {"kind": "function", "name": f"{getattr(model, '__module__', '?')}.{getattr(model, '__qualname__', '?')}"}
+
+
+def describe(d) -> str:
+    """A distribution (or a transform) as text that is equal for equal ones: its type, shapes, parameters (a
+    constant tensor by its value, any other by a hash of its values to 6 significant digits) and inner
+    distributions and transforms, e.g. ``Independent(Normal(loc=0, scale=1; batch (3, 1)); 2)``."""
+    if isinstance(d, torch.distributions.Independent):
+        return f"Independent({describe(d.base_dist)}; {d.reinterpreted_batch_ndims})"
+    parts = []
+    for name in getattr(d, "arg_constraints", {}):  # every form (probs and logits): lazily derived ones too
+        try:
+            value = getattr(d, name)
+        except (AttributeError, NotImplementedError):
+            continue
+        if torch.is_tensor(value) or isinstance(value, (int, float)):
+            parts.append(f"{name}={_values(torch.as_tensor(value))}")
+    for value in vars(d).values():  # inner distributions (a base, a mixture's parts) and transforms
+        if isinstance(value, (torch.distributions.Distribution, torch.distributions.Transform)):
+            parts.append(describe(value))
+        elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.distributions.Transform):
+            parts += [describe(t) for t in value]
+    if not isinstance(d, torch.distributions.Distribution):  # a transform: its own tensors (an affine's loc, scale)
+        parts += [f"{k}={_values(torch.as_tensor(v))}" for k, v in sorted(vars(d).items())
+                  if not k.startswith("_") and (torch.is_tensor(v) or isinstance(v, (int, float)))
+                  and not isinstance(v, bool)]
+        return f"{type(d).__name__}({', '.join(parts)})"
+    shapes = f"; batch {tuple(d.batch_shape)}" + (f", event {tuple(d.event_shape)}" if d.event_shape else "")
+    return f"{type(d).__name__}({', '.join(parts)}{shapes})"
+
+
+def _values(t: torch.Tensor) -> str:
+    t = t.detach().to("cpu", torch.float64)
+    if t.numel() and bool((t == t.reshape(-1)[0]).all()):
+        return f"{t.reshape(-1)[0].item():.6g}"
+    rounded = [f"{v:.6g}" for v in t.reshape(-1).tolist()]
+    return "#" + hashlib.sha256(",".join(rounded).encode()).hexdigest()[:12]
 
 
 def save(post: Posterior, path: str | os.PathLike) -> Path:
@@ -80,7 +126,7 @@ def save(post: Posterior, path: str | os.PathLike) -> Path:
     if not path.parent.is_dir():
         raise FileNotFoundError(f"path: the folder {str(path.parent)!r} does not exist; create it first.")
     tensors, seen = {}, set()
-    groups = {g: dict(getattr(post, g)) for g in _GROUPS[:-1]}
+    groups = {g: dict(getattr(post, g)) for g in GROUPS[:-1]}
     groups["buffers"] = (post.model.buffers_dict() if isinstance(post.model, BNN)
                           else post.model.buffers if isinstance(post.model, UnboundModel) else {})
     data = {k: v for k, v in (("x", post.x), ("y", post.y)) if v is not None}
@@ -101,5 +147,6 @@ def save(post: Posterior, path: str | os.PathLike) -> Path:
     meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "method": post.method, "config": config,
             "groups": {g: list(d) for g, d in groups.items()}, "data": list(data),
             "x_form": "tuple" if isinstance(post.x, Inputs) and post.x.args else "dict" if isinstance(post.x, Inputs) else "tensor",
-            "model": fingerprint(post.model), "sha256": digest(tensors)}
+            "model": fingerprint(post.model)}
+    meta["sha256"] = digest(tensors, meta)  # the checksum covers the metadata too (format version 2)
     return write_atomic(path, tensors, {"bnn_pyro": json.dumps(meta)})

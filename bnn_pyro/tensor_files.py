@@ -12,6 +12,7 @@ writers that were killed (their lock is free) and leaves those of live writers a
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import secrets
@@ -102,9 +103,12 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
     return removed
 
 
-def digest(tensors: dict[str, torch.Tensor]) -> str:
-    """SHA-256 over the tensors' names, dtypes, shapes and bytes, in name order (stored in the file's header)."""
+def digest(tensors: dict[str, torch.Tensor], header: dict | None = None) -> str:
+    """SHA-256 over ``header`` (JSON with sorted keys, when given: the metadata the checksum protects) and the
+    tensors' names, dtypes, shapes and bytes, in name order (stored in the file's header)."""
     h = hashlib.sha256()
+    if header is not None:
+        h.update(json.dumps(header, sort_keys=True, separators=(",", ":")).encode() + b"|")
     for key in sorted(tensors):
         t = tensors[key]
         h.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())

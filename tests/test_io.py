@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import errno
 import json
+import re
 import os
 import struct
 import subprocess
 import sys
 from pathlib import Path
 
+import pyro.distributions as dist
 import pytest
 import torch
 from safetensors.torch import save_file
 
 import bnn_pyro as bp
 from bnn_pyro import io, tensor_files
-from bnn_pyro.io import ModelNotBoundError, PosteriorFileError
+from bnn_pyro.io import ModelMismatchError, ModelNotBoundError, PosteriorFileError
 
 
 def _assert_same(a: bp.Posterior, b: bp.Posterior) -> None:
@@ -67,8 +69,26 @@ def test_rebinding_to_a_different_model_is_refused(saved):
         bp.load(saved, model=other)
     wider = bp.BNN(torch.nn.Linear(1, 2), prior=bp.priors.Normal(0.0, 1.0),
                    likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights")
-    with pytest.raises(ValueError, match=r"param_shapes: saved \{'weight': \[1, 1\]"):
+    with pytest.raises(ModelMismatchError, match=r"param_shapes of 'weight': saved \[1, 1\], given \[2, 1\]"):
         bp.load(saved, model=wider)
+
+
+@pytest.mark.parametrize("prior, differs", [
+    (bp.priors.Normal(0.0, 0.5), r"prior of 'weight': saved Independent\(Normal\(loc=0, scale=1; batch \(1, 1\)\); 2\), "
+                                 r"given Independent\(Normal\(loc=0, scale=0.5; batch \(1, 1\)\); 2\)"),
+    (bp.priors.StudentT(), r"prior of 'weight': saved Independent\(Normal.*given Independent\(StudentT\(df=3"),
+    (lambda name, module, param: dist.Laplace(0.0, 1.0), r"prior of 'weight': .*given Independent\(Laplace\(loc=0"),
+])
+def test_loading_with_a_model_whose_prior_differs_is_refused_naming_the_site(saved, prior, differs):
+    """A model with another prior loaded without a word (the fingerprint held no prior); now it is refused,
+    naming the site and both priors. The same prior given another way (a lambda) is accepted."""
+    other = bp.BNN(torch.nn.Linear(1, 1), prior=prior, likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights")
+    with pytest.raises(ModelMismatchError, match=rf"model: does not match the model the posterior in '.*svi\.bnn' was "
+                                                 rf"fitted with \({differs}"):
+        bp.load(saved, model=other)
+    same = bp.BNN(torch.nn.Linear(1, 1), prior=lambda name, module, param: dist.Normal(0.0, 1.0),
+                  likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights")
+    assert bp.load(saved, model=same).method == "svi"
 
 
 def test_function_model_round_trip_and_rebind(function_post, tmp_path, linear_data):
@@ -113,7 +133,7 @@ def _rewrite_metadata(src: Path, dst: Path, change) -> None:
 def test_newer_format_version_is_refused(saved, tmp_path):
     newer = tmp_path / "newer.bnn"
     _rewrite_metadata(saved, newer, lambda meta: meta.update(format_version=io.FORMAT_VERSION + 1))
-    with pytest.raises(PosteriorFileError, match=r"newer.bnn.*format version 2 by a newer bnn_pyro.*Upgrade"):
+    with pytest.raises(PosteriorFileError, match=rf"newer.bnn.*format version {io.FORMAT_VERSION + 1} by a newer bnn_pyro.*Upgrade"):
         bp.load(newer)
 
 
@@ -254,3 +274,106 @@ def test_written_files_get_the_permissions_of_the_umask(svi_post, tmp_path, umas
             checkpoint.write(path, {"w": torch.ones(3)}, {"step": 1})
         assert path.stat().st_mode & 0o777 == mode, oct(path.stat().st_mode)
     assert os.listdir(tmp_path) == ["out.bnn"]  # no temporary file left behind
+
+
+# ---------------------------------------------------------------------- edited headers (issue 27, item 4)
+def _header(path: Path) -> tuple[dict, dict]:
+    raw = path.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    from safetensors.torch import load
+
+    return json.loads(json.loads(raw[8 : 8 + size])["__metadata__"]["bnn_pyro"]), load(raw)
+
+
+def _edited(src: Path, dst: Path, change, *, reseal: bool) -> Path:
+    """``src`` with its metadata (and tensors) changed by ``change(meta, tensors)``; ``reseal``: with the checksum
+    recomputed as the writer computes it (an edit made consistently, e.g. by someone who read this code)."""
+    meta, tensors = _header(src)
+    change(meta, tensors)
+    if reseal:
+        meta["sha256"] = tensor_files.digest(tensors, {k: v for k, v in meta.items() if k != "sha256"})
+    save_file(tensors, dst, metadata={"bnn_pyro": json.dumps(meta)})
+    return dst
+
+
+def test_an_edited_method_in_the_header_fails_the_checksum(saved, tmp_path):
+    """The header's method edited from "svi" to "hmc" loaded and reported "hmc": the checksum covered only the
+    tensors."""
+    edited = _edited(saved, tmp_path / "edited.bnn", lambda meta, t: meta.update(method="hmc"), reseal=False)
+    with pytest.raises(PosteriorFileError, match=r"edited\.bnn': checksum mismatch \(field 'sha256': the tensors or "
+                                                 r"the metadata changed after saving\).*was edited"):
+        bp.load(edited)
+
+
+def _drop_sample_name(meta, tensors):
+    meta["groups"]["samples"].append("ghost")
+
+
+def _wider_weight(meta, tensors):
+    tensors["samples/weight"] = torch.zeros(2, 100, 3, 1)
+    meta["model"]["param_shapes"]["weight"] = [1, 1]
+
+
+def _float_draws_as_int(meta, tensors):
+    tensors["samples/weight"] = tensors["samples/weight"].to(torch.int64)
+
+
+def _fewer_targets(meta, tensors):
+    tensors["y"] = tensors["y"][:3]
+
+
+def _point_reshaped(meta, tensors):
+    tensors["point/bias"] = torch.zeros(2, 5)
+
+
+@pytest.mark.parametrize("change, field, what", [
+    (lambda m, t: m.update(method=7), "method", r"is int, expected a str"),
+    (lambda m, t: m.pop("config"), "config", r"is missing, expected a dict"),
+    (lambda m, t: m.update(x_form="list"), "x_form", r"is 'list', expected 'tuple', 'dict' or 'tensor'"),
+    (lambda m, t: m["model"].update(kind="Net"), "model", r"has kind 'Net'"),
+    (lambda m, t: m["groups"].pop("point"), "groups.point", r"is missing or unknown"),
+    (lambda m, t: m["groups"].update(extras=[]), "groups.extras", r"is missing or unknown"),
+    (_drop_sample_name, "groups.samples", r"names tensors the file does not hold \(\['ghost'\]\)"),
+    (lambda m, t: m["data"].append("z"), "data", r"names tensors the file does not hold \(\['z'\]\)"),
+    (_wider_weight, "groups.samples", r"holds 'weight' shaped \(2, 100, 3, 1\), but the model's parameter is "
+                                      r"shaped \(1, 1\)"),
+    (_float_draws_as_int, "groups.samples", r"holds 'weight' as torch.int64 \(2, 100, 1, 1\); expected floating"),
+    (_point_reshaped, "groups.point", r"holds 'bias' shaped \(2, 5\), but the model's parameter is shaped \(1,\)"),
+    (_fewer_targets, "data", r"holds inputs and targets of different numbers of rows \(\{'x': 40, 'y': 3\}\)"),
+])
+def test_a_consistently_edited_header_is_refused_naming_the_field(saved, tmp_path, change, field, what):
+    """Headers edited consistently (checksum recomputed) crashed later with raw torch errors inside predict, or
+    AttributeError/KeyError inside io.py; now every such file is a PosteriorFileError naming the file and field."""
+    edited = _edited(saved, tmp_path / "edited.bnn", change, reseal=True)
+    with pytest.raises(PosteriorFileError, match=rf"edited\.bnn': field '{re.escape(field)}' {what}.*Save the "
+                                                 r"posterior again") as info:
+        bp.load(edited)
+    assert type(info.value) is PosteriorFileError
+
+
+# ---------------------------------------------------------------------- files of format version 1
+FORMAT1 = Path(__file__).parent / "data" / "posterior_format1.bnn"  # written by bnn_pyro at ce53e88 (see README there)
+
+
+def test_a_file_of_format_version_1_still_loads_and_predicts():
+    """Format version 1 (the checksum covered only the tensors; the fingerprint held no prior) still loads: a
+    1-1 linear BNN fitted by SVI (4 draws, seed 0) with the code of commit ce53e88, whose predictive mean at
+    x = 0.5 (seed 0) was 0.4027 there."""
+    meta, _ = _header(FORMAT1)
+    assert meta["format_version"] == 1 and "prior" not in meta["model"]
+    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    post = bp.load(FORMAT1, model=model)
+    assert post.method == "svi" and post.samples["weight"].shape == (1, 4, 1, 1)
+    assert post.predict(torch.tensor([[0.5]]), seed=0).mean.item() == pytest.approx(0.4027, abs=5e-5)
+    with pytest.raises(ModelMismatchError, match=r"likelihood: saved 'Gaussian\(scale=0.1, precision=None\)', given 'Gaussian\(scale=0.2"):
+        bp.load(FORMAT1, model=bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
+                                      likelihood=bp.likelihoods.Gaussian(scale=0.2)))
+
+
+def test_a_file_of_format_version_1_with_an_edited_tensor_is_refused(tmp_path):
+    raw = bytearray(FORMAT1.read_bytes())
+    raw[-3] ^= 0xFF
+    bad = tmp_path / "old.bnn"
+    bad.write_bytes(bytes(raw))
+    with pytest.raises(PosteriorFileError, match=r"old\.bnn': checksum mismatch"):
+        bp.load(bad)
