@@ -15,9 +15,35 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-__all__ = ["LOCKS_WORK", "try_lock", "unlock", "same_file"]
+__all__ = ["LOCKS_WORK", "try_lock", "unlock", "same_file", "keep_from_children", "release"]
 
 LOCKS_WORK = fcntl is not None
+_HELD: set[int] = set()  # descriptors whose lock belongs to this process alone (keep_from_children)
+
+
+def keep_from_children(fd: int) -> None:
+    """Close ``fd`` in every child forked while it is held (e.g. a fit's chain workers): a lock lives as long as
+    any copy of its descriptor, so a worker that outlives the fit would otherwise keep the folder locked."""
+    _HELD.add(fd)
+
+
+def release(fd: int) -> None:
+    """Close ``fd`` (and with it its lock), held with :func:`keep_from_children`."""
+    _HELD.discard(fd)
+    os.close(fd)
+
+
+def _close_held_in_child() -> None:
+    for fd in list(_HELD):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _HELD.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 def try_lock(fd: int) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from contextlib import nullcontext
 from dataclasses import replace
 from enum import Enum
 from typing import Callable
@@ -18,6 +19,7 @@ import torch
 
 from bnn_pyro._checks import check_data, choice, flag, positive_int, seed as checked_seed
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
+from bnn_pyro.infer.checkpoint_folder import guard
 from bnn_pyro.infer.contract import Capabilities, Declaration
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -177,10 +179,13 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
         _check_stream(kind)
     if isinstance(model, BNN) and declared.capabilities.jacobian_rows:
         _check_plain_rows(model, data.first()[0], kind)
+    folder = config.get("checkpoint")  # one writer per folder, and its checkpoints' model and data checked
+    held = nullcontext() if folder is None else guard(folder, model=model, data=data, resume=config.get("resume", False))
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
         if not isinstance(model, BNN):
             latent_sites(model, *data.first())  # runs the function once: a clear error for priors it cannot draw
-        return engine(kind)(model, data, **config)
+        with held:
+            return engine(kind)(model, data, **config)
 
 
 def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:

@@ -47,7 +47,7 @@ from bnn_pyro._checks import positive_int
 from bnn_pyro.tensor_files import digest, write_atomic
 
 __all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT", "ENGINES",
-           "open_chains"]
+           "open_chains", "check_shapes"]
 
 # the methods whose fit takes checkpoint= / checkpoint_every= / resume=
 ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variational_dropout", "sparse_vd", "swa",
@@ -148,6 +148,16 @@ def unflatten_state(state: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return state
 
 
+def check_shapes(path: Path, expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
+    """Refuse to resume from ``path`` when a saved tensor's shape is not this run's (another net: the folder's
+    identity, :mod:`bnn_pyro.infer.checkpoint_folder`, usually says so first; files without one get here)."""
+    for key, own in expected.items():
+        if key in tensors and tensors[key].shape != own.shape:
+            raise CheckpointError(f"resume: {str(path)!r} holds {key} shaped {tuple(tensors[key].shape)}; this run's is "
+                                  f"shaped {tuple(own.shape)}: the checkpoint belongs to another model. Resume with "
+                                  "the model it was written for, or pass another checkpoint folder.")
+
+
 class Checkpoint:
     """One chain's checkpoint file: :meth:`load` (the saved state, or ``None``) and :meth:`due` /
     :meth:`save` inside the step loop. ``run`` identifies the run (method and configuration):
@@ -232,6 +242,7 @@ class StepCheckpoint:
             raise CheckpointError(f"resume: {str(self.ckpt.path)!r} holds another layout of this run's state (it lacks "
                                   f"{missing or ['the optimizer state']}): it was written by another bnn_pyro version. "
                                   "Resume it with the version that wrote it, or delete it to start afresh.")
+        check_shapes(self.ckpt.path, {f"param/{i}": p for i, p in enumerate(self.params)}, tensors)
         with torch.no_grad():
             for i, p in enumerate(self.params):
                 p.copy_(tensors[f"param/{i}"])
@@ -311,6 +322,7 @@ def restore_svi(ckpt: Checkpoint, opt, sched, losses: torch.Tensor) -> int:
         return 0
     tensors, meta = saved
     store = dict(pyro.get_param_store().named_parameters())
+    check_shapes(ckpt.path, {f"param/{n}": p for n, p in store.items()}, tensors)
     with torch.no_grad():
         for key, value in tensors.items():
             if key.startswith("param/"):

@@ -234,7 +234,7 @@ def test_vectorized_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch, me
             m.setattr(ckpt_mod.Checkpoint, "save", save)
             with pytest.raises(RuntimeError, match="crash"):
                 bp.fit(_blr(2), x, y, checkpoint=folder, checkpoint_every=5, **config)
-        assert sorted(p.name for p in folder.iterdir()) == ["chain0.ckpt"]  # one file for the batch
+        assert sorted(p.name for p in folder.iterdir()) == [".lock", "chain0.ckpt", "identity.ckpt"]  # one for the batch
         assert ckpt_mod.read(folder / "chain0.ckpt")[1]["step"] == resumed_from
         resumed = bp.fit(_blr(2), x, y, checkpoint=folder, checkpoint_every=5, resume=True, **config)
         for group in ("samples", "sample_stats", "history"):
