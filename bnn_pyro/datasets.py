@@ -196,8 +196,8 @@ def _read_table(path: Path, read_csv_kwargs: dict) -> pd.DataFrame:
                          "its encoding (encoding='latin-1').") from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
         reason = str(err).strip().removeprefix("Error tokenizing data. C error: ")
-        found = re.search(r"(?:line|row) (\d+)", reason)
-        where = f"line {found.group(1)}" if found else "a line pandas does not name"
+        found = re.search(r"(line|row) (\d+)", reason)
+        where = f"{found.group(1)} {found.group(2)}" if found else "a line pandas does not name"
         raise ValueError(f"path: {str(path)!r} is not a readable CSV table ({where}: {reason}). Check that line (a "
                          "row with extra fields, an unclosed quote), or pass the separator (sep=';').") from None
 

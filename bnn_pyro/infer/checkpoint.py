@@ -19,7 +19,8 @@ deterministic). ``resume=True`` continues every chain from its file (chains with
 afresh); without it, an existing checkpoint in the folder is an error, so that none is overwritten.
 
 Format: a safetensors file (tensors; byte tensors for the generator states) with one JSON metadata
-entry (step, configuration, non-tensor state) and a SHA-256 of the tensors. Reading parses JSON and
+entry (step, configuration, non-tensor state) and a SHA-256 of the tensors and the metadata (format version 2;
+files of version 1, whose checksum covers the tensors only, still resume). Reading parses JSON and
 raw tensor bytes only (nothing is unpickled). Writes go to a temporary file in the same folder, are
 fsynced and renamed over the previous file (``os.replace``): a process killed mid-write leaves the
 previous checkpoint intact. Files get the permissions the umask gives any new file (as
@@ -54,7 +55,7 @@ ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variation
            "swag", "mc_dropout", "nuts", "hmc", "metropolis", "laplace", "subspace")
 
 FORMAT = "bnn_pyro.checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the checksum covers the metadata too (1 still resumes)
 
 
 class CheckpointError(ValueError):
@@ -64,7 +65,8 @@ class CheckpointError(ValueError):
 def write(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
     """Write ``tensors`` and the JSON-friendly ``meta`` to ``path`` atomically (module docstring)."""
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
-    header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": meta, "sha256": digest(tensors)}
+    header = {"format": FORMAT, "format_version": FORMAT_VERSION, "meta": meta}
+    header["sha256"] = digest(tensors, header)
     return write_atomic(Path(path), tensors, {"bnn_pyro": json.dumps(header)})
 
 
@@ -81,11 +83,15 @@ def read(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, An
         raise CheckpointError(f"checkpoint: {str(path)!r} is not a readable bnn_pyro checkpoint (truncated or "
                               "foreign file). Delete it to start afresh, or pass the folder of an intact run."
                               ) from None
-    if header.get("format") != FORMAT or header.get("format_version", 0) > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint: {str(path)!r} has format {header.get('format')!r} version "
-                              f"{header.get('format_version')!r}; this bnn_pyro reads {FORMAT} up to {FORMAT_VERSION}.")
-    if digest(tensors) != header.get("sha256"):
-        raise CheckpointError(f"checkpoint: {str(path)!r} fails its checksum (corrupted). Delete it to start afresh.")
+    header = header if isinstance(header, dict) else {}
+    kind, version = header.get("format"), header.get("format_version")
+    if kind != FORMAT or not isinstance(version, int) or version > FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint: {str(path)!r} has format {kind!r} version {version!r}; this bnn_pyro "
+                              f"reads {FORMAT} up to {FORMAT_VERSION}.")
+    covered = {k: v for k, v in header.items() if k != "sha256"} if version >= 2 else None
+    if digest(tensors, covered) != header.get("sha256") or not isinstance(header.get("meta"), dict):
+        raise CheckpointError(f"checkpoint: {str(path)!r} fails its checksum (the tensors or the metadata changed "
+                              "after writing: corrupted or edited). Delete it to start afresh.")
     return tensors, header["meta"]
 
 

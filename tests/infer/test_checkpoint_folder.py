@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
+from bnn_pyro import tensor_files
 from bnn_pyro.infer import checkpoint as ckpt_mod
 from bnn_pyro.infer.checkpoint_folder import IDENTITY, CheckpointInUseError
 
@@ -128,3 +129,39 @@ def test_one_process_holds_the_lock_once_per_fit(toy, tmp_path):
         bp.fit(_mlp(), x, y, checkpoint=tmp_path, **{**SVI, "num_steps": "6"})
     bp.fit(_mlp(), x, y, checkpoint=tmp_path, **SVI)
     bp.fit(_mlp(), x, y, checkpoint=tmp_path, resume=True, **SVI)
+
+
+# ---------------------------------------------------------------------- the checkpoint file's header
+def _rewrite(path, change) -> None:
+    import json
+    import struct
+
+    from safetensors.torch import load, save_file
+
+    raw = path.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(json.loads(raw[8 : 8 + size])["__metadata__"]["bnn_pyro"])
+    change(header)
+    tensors = load(raw)
+    save_file(tensors, path, metadata={"bnn_pyro": json.dumps(header)})
+
+
+def test_an_edited_checkpoint_header_fails_the_checksum(tmp_path):
+    """The checksum covered the tensors only: an edited step or configuration was read as if written."""
+    path = ckpt_mod.write(tmp_path / "c.ckpt", {"w": torch.ones(3)}, {"step": 4, "run": {"lr": 0.1}})
+    _rewrite(path, lambda h: h["meta"].update(step=2))
+    with pytest.raises(ckpt_mod.CheckpointError, match=r"c\.ckpt' fails its checksum \(the tensors or the metadata"):
+        ckpt_mod.read(path)
+
+
+def test_a_checkpoint_of_format_version_1_still_reads(tmp_path):
+    """Version 1 (checksum over the tensors only), as bnn_pyro wrote it before: still read."""
+    tensors = {"w": torch.ones(3)}
+    path = ckpt_mod.write(tmp_path / "c.ckpt", tensors, {"step": 4})
+
+    def as_version_1(header):
+        header.update(format_version=1, sha256=tensor_files.digest(tensors))
+
+    _rewrite(path, as_version_1)
+    got, meta = ckpt_mod.read(path)
+    assert meta == {"step": 4} and torch.equal(got["w"], tensors["w"])
