@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bnn_pyro._checks import as_tensor, check_data
+from bnn_pyro._checks import as_tensor, check_data, seed as checked_seed
 
 __all__ = ["train_test_split", "Standardizer", "UCISplit", "load_uci", "make_uci_splits", "write_uci_splits"]
 
@@ -45,7 +45,7 @@ def train_test_split(x, y, test_fraction: float = 0.2, seed: int = 0, stratify: 
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}; e.g. 0.2 for 20% test data.")
     if n < 2:
         raise ValueError(f"x, y: a split needs at least 2 rows, got {n}.")
-    g = torch.Generator().manual_seed(int(seed))
+    g = torch.Generator().manual_seed(checked_seed("seed", seed))
     if not stratify:
         train, test = _random_rows(n, test_fraction, g)
     else:
@@ -341,7 +341,8 @@ def _regression_arrays(x, y, n_splits, test_fraction) -> tuple[torch.Tensor, tor
 def _split_rows(n: int, n_splits: int, test_fraction: float, seed: int):
     """Split ``k`` draws its rows from a generator seeded by ``seed + k`` (the rows of
     ``train_test_split(x, y, test_fraction, seed=seed + k)``)."""
-    return [_random_rows(n, test_fraction, torch.Generator().manual_seed(int(seed) + k)) for k in range(n_splits)]
+    seed = checked_seed("seed", seed)
+    return [_random_rows(n, test_fraction, torch.Generator().manual_seed(seed + k)) for k in range(n_splits)]
 
 
 def make_uci_splits(x, y, n_splits: int = 20, *, test_fraction: float = 0.1, seed: int = 0) -> list[UCISplit]:

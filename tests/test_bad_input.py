@@ -244,6 +244,8 @@ CASES = [
          r"seed must be at most 2\*\*31 - 1 = 2147483647, got 9223372036854775808.*32-bit seeds.*Pass a smaller seed"),
     Case("seed-2**70-mcmc", lambda t: _mcmc(seed=2**70), ValueError, r"seed must be at most 2\*\*31 - 1"),
     Case("seed-dataset", lambda t: bp.datasets.spirals(seed=2**63), ValueError, r"seed must be at most 2\*\*31 - 1"),
+    Case("seed-split", lambda t: bp.splits.make_uci_splits(X, Y, 2, seed=2**64), ValueError,
+         r"seed must be at most 2\*\*31 - 1"),
     Case("progress-string", lambda t: _fit(progress="no"), TypeError,
          r"progress must be True or False, got str 'no'.*pass progress=True"),
     Case("prior-pattern-matches-nothing", lambda t: _model(prior={"layer0.*": dist.Normal(0.0, 1.0)}), ValueError,
