@@ -184,6 +184,13 @@ def _rebind(model, saved: dict[str, Any], groups, path: Path):
         shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
         raise ModelMismatchError(f"model: does not match the model the posterior in {str(path)!r} was fitted with "
                                  f"({shown}). Build the model with the same net, prior and likelihood.")
+    own = dict(model.net.named_buffers())
+    odd = {n: (tuple(t.shape), tuple(own[n].shape)) for n, t in groups["buffers"].items()
+           if n in own and t.shape != own[n].shape}
+    if odd:
+        raise PosteriorFileError(f"{str(path)!r}: field 'groups.buffers' holds buffers shaped unlike the model's "
+                                 f"(name: (saved, model's): {odd}); the file was edited, or the model differs. Build "
+                                 "the model the same way, or save the posterior again.")
     model = copy.deepcopy(model)  # the user's model is never modified
     with torch.no_grad():
         for name, p in model.net.named_parameters():

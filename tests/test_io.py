@@ -377,3 +377,24 @@ def test_a_file_of_format_version_1_with_an_edited_tensor_is_refused(tmp_path):
     bad.write_bytes(bytes(raw))
     with pytest.raises(PosteriorFileError, match=r"old\.bnn': checksum mismatch"):
         bp.load(bad)
+
+
+def test_an_edited_buffer_shape_is_refused_naming_the_field(tmp_path):
+    """A buffer (BatchNorm's running mean) reshaped in a resealed file was a raw size error from copy_."""
+    def model():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1))
+        return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+
+    x = torch.linspace(-1, 1, 10).unsqueeze(-1)
+    post = bp.fit(model(), x, x.squeeze(-1), method="svi", num_steps=2, num_samples=2, num_chains=1, progress=False)
+    path = post.save(tmp_path / "bn.bnn")
+    assert bp.load(path, model=model()).predict(x, seed=0).mean.shape == (10,)
+
+    def reshaped(meta, tensors):
+        tensors["buffers/1.running_mean"] = torch.zeros(5)
+
+    edited = _edited(path, tmp_path / "edited.bnn", reshaped, reseal=True)
+    with pytest.raises(PosteriorFileError, match=r"edited\.bnn': field 'groups\.buffers' holds buffers shaped unlike "
+                                                 r"the model's .*'1\.running_mean': \(\(5,\), \(3,\)\)"):
+        bp.load(edited, model=model())
