@@ -63,7 +63,8 @@ def guard(folder, *, model, data: Data, resume) -> Iterator[None]:
             raise CheckpointInUseError(
                 f"checkpoint: {str(folder)!r} is in use by another fit ({holder}); two fits writing one folder would "
                 "overwrite each other's checkpoints. Wait for that fit to end (the lock goes with its process, "
-                "even a killed one) or pass another folder.")
+                "even a killed one) or pass another folder (torch.distributed ranks: one folder each, e.g. "
+                "checkpoint=f'run/rank{bp.distributed.rank()}').")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}".encode(), 0)
