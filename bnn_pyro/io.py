@@ -2,15 +2,15 @@
 
 A file is a `safetensors <https://huggingface.co/docs/safetensors>`_ file: the tensors (samples,
 point, sample_stats, history, per-draw buffers, the model's buffers, x, y) plus one JSON metadata
-entry (format and version, method, config, a SHA-256 of the tensors and a fingerprint of the
-model). Loading parses JSON and raw tensor bytes only; it never unpickles, so it never runs code
+entry (format and version, method, config, a fingerprint of the model, and a SHA-256 of the tensors and,
+from format version 2, of the metadata itself; every field is checked on load). Loading parses JSON and raw tensor bytes only; it never unpickles, so it never runs code
 from the file. Writing goes to a temporary file in the same folder, is fsynced, then renamed over
 the target (``os.replace``), so a crash mid-save leaves the previous file intact; the file gets the
 permissions the umask gives any new file (``0o644`` under umask 022).
 
 The model itself (its Python code) is not stored. ``bp.load(path, model=model)`` re-binds the
 posterior to a model built the same way, after checking its fingerprint (site names and shapes,
-the net's architecture, the likelihood); without ``model=`` the posterior supports
+the net's architecture, each site's prior, the likelihood); without ``model=`` the posterior supports
 ``summary``/``to_inference_data`` of its samples, and ``predict`` explains that it needs a model.
 
 Example

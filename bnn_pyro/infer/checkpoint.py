@@ -17,6 +17,8 @@ initialised). The minibatch stream is replayed from its seed
 up to the step, so a resumed run is bit-identical to an uninterrupted one (for a ``DataLoader`` only if the loader itself is
 deterministic). ``resume=True`` continues every chain from its file (chains without one start
 afresh); without it, an existing checkpoint in the folder is an error, so that none is overwritten.
+``bp.fit`` also holds the folder's lock (one writer at a time) and checks on resume that the model and data are
+those the checkpoints were written for (:mod:`bnn_pyro.infer.checkpoint_folder`).
 
 Format: a safetensors file (tensors; byte tensors for the generator states) with one JSON metadata
 entry (step, configuration, non-tensor state) and a SHA-256 of the tensors and the metadata (format version 2;
