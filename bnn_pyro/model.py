@@ -250,11 +250,13 @@ class BNN(nn.Module):
 
     def prior_distributions(self, *, seed: int = 0) -> dict[str, Distribution]:
         """Each random site's prior distribution, by site name (weights and hyper sites), as the model draws them:
-        a hierarchical prior's conditional at hyper values drawn under ``seed`` (the caller's generators are
-        kept). What identifies the prior of a saved posterior or a checkpoint (:mod:`bnn_pyro.posterior_file`)."""
+        a hierarchical prior's conditional at hyper values drawn under ``seed`` (the caller's generators and Pyro
+        parameter store are kept). What identifies the prior of a saved posterior or a checkpoint (:mod:`bnn_pyro.posterior_file`)."""
+        import pyro
         import pyro.poutine as poutine
 
-        with torch.random.fork_rng(devices=[]):
+        # the caller's generators and parameter store are kept (deterministic parameters are pyro.param sites)
+        with torch.random.fork_rng(devices=[]), pyro.get_param_store().scope(), torch.no_grad():
             torch.manual_seed(seed)
             trace = poutine.trace(self._sites).get_trace()
         return {name: site["fn"] for name, site in trace.nodes.items() if site["type"] == "sample"}

@@ -287,3 +287,20 @@ def test_every_engine_keeps_frozen_parameters_and_draws_the_rest(method, tmp_pat
     for fitted in (post, bp.load(post.save(tmp_path / "post.bnn"), model=model)):
         buffers = dict(fitted.model.net.named_buffers())
         assert torch.equal(buffers["0.0.weight"], backbone[0].weight) and torch.equal(buffers["0.0.bias"], backbone[0].bias)
+
+
+def test_prior_distributions_draw_each_site_and_keep_the_callers_state():
+    """What a saved posterior's and a checkpoint's fingerprint reads: every random site's distribution (hyper
+    sites too), without touching the caller's generators or Pyro parameter store (saving registered the
+    deterministic parameters there)."""
+
+    pyro.clear_param_store()
+    pyro.param("mine", torch.ones(2))
+    model = bp.BNN(torch.nn.Linear(2, 3), prior=bp.priors.HierarchicalNormal(), likelihood=bp.likelihoods.Gaussian(scale=0.1),
+                   bayesian="weights")
+    state = torch.get_rng_state()
+    first, again = model.prior_distributions(), model.prior_distributions()
+    assert list(first) == ["weight_scale", "weight"] and list(pyro.get_param_store().keys()) == ["mine"]
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(first["weight"].base_dist.scale, again["weight"].base_dist.scale)  # drawn under one seed
+    pyro.clear_param_store()
