@@ -1,7 +1,7 @@
 """Safetensors files written atomically, and the checksum their headers carry: the one writer of
 :mod:`bnn_pyro.io` (posterior files) and :mod:`bnn_pyro.infer.checkpoint` (checkpoints).
 
-A file is serialized in memory, written to a temporary file ``.<name>.<12 hex digits>.tmp`` in the same folder,
+A file is written piece by piece (its header, then each tensor's bytes) to a temporary file ``.<name>.<12 hex digits>.tmp`` in the same folder,
 fsynced, then renamed over the target (``os.replace``) and the folder fsynced, so a crash mid-write leaves the
 previous file intact. A write that fails (a full disk, no permission) is an ``OSError`` naming the path, and
 its temporary file is removed. The writer holds a lock on its temporary file (:mod:`bnn_pyro._locks`) while it
@@ -19,7 +19,6 @@ import secrets
 from pathlib import Path
 
 import torch
-from safetensors.torch import save as serialize
 
 from bnn_pyro._locks import LOCKS_WORK, same_file, try_lock
 
@@ -35,11 +34,13 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
     temporary file is created exclusively (``O_EXCL``) with mode ``0o666`` less the umask. An ``OSError``
     while writing (e.g. ``ENOSPC``) is raised again as an ``OSError`` with the same ``errno`` that names
     ``path`` and says the previous file is unchanged."""
-    payload = serialize(tensors, metadata=metadata)
+    header, parts = _layout(tensors, metadata)
     remove_stale_temporaries(path.parent)
     fd, tmp = _new_temporary(path)
     try:
-        _write_all(fd, payload)
+        _write_all(fd, header)
+        for part in parts:  # each tensor's bytes as they are in memory: no copy of the whole file is made
+            _write_all(fd, part)
         os.fsync(fd)
         os.replace(tmp, path)
     except OSError as err:
@@ -56,10 +57,36 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
     return path
 
 
-def _write_all(fd: int, payload: bytes) -> None:
-    view = memoryview(payload)
+def _write_all(fd: int, payload) -> None:
+    view = memoryview(payload).cast("B")
     while view:
         view = view[os.write(fd, view):]
+
+
+# the safetensors names of the dtypes a posterior or checkpoint holds (the format's spec, safetensors' README)
+_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+           torch.bool: "BOOL"}
+
+
+def _layout(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[bytes, list]:
+    """A safetensors file as its header (length, JSON, padded to 8 bytes) and each tensor's bytes (views of the
+    tensors, in name order, back to back): written piece by piece, it needs no second copy of the data in memory.
+    ``safetensors`` reads it back (and checks the layout: every byte covered, no holes)."""
+    entries, parts, offset = {"__metadata__": dict(metadata)}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().resolve_conj().resolve_neg().contiguous()
+        if t.dtype not in _DTYPES:
+            raise TypeError(f"cannot store {name!r} of dtype {t.dtype} in a bnn_pyro file; store it as one of "
+                            f"{sorted(str(d) for d in _DTYPES)}.")
+        size = t.numel() * t.element_size()
+        entries[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        if size:
+            parts.append(t.reshape(-1).view(torch.uint8).numpy())
+        offset += size
+    text = json.dumps(entries, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text, parts
 
 
 def _new_temporary(path: Path) -> tuple[int, Path]:
