@@ -120,17 +120,18 @@ def _contents(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
 
 
 def _check_shapes(groups, model: dict[str, Any], bad) -> None:
-    """Every draw tensor shaped ``(chains, draws, *shape)`` with the same chains and draws, floating point;
-    for a BNN, every site's and point parameter's shape that of the model's parameter."""
+    """Every draw tensor shaped ``(chains, draws, *shape)`` with the same chains and draws (the sites' draws
+    floating point); for a BNN, every site's and point parameter's shape that of the model's parameter."""
     lead = {n: tuple(t.shape[:2]) for n, t in groups["samples"].items()}
     if any(t.dim() < 2 for t in groups["samples"].values()) or len(set(lead.values())) > 1:
         raise bad("groups.samples", f"holds draws that are not shaped (chains, draws, ...) alike ({lead})")
     chains, draws = next(iter(lead.values()), (None, None))
     for g in ("samples", "draw_buffers") if lead else ():
         for n, t in groups.get(g, {}).items():
-            if t.dim() < 2 or tuple(t.shape[:2]) != (chains, draws) or not t.is_floating_point():
-                raise bad(f"groups.{g}", f"holds {n!r} as {t.dtype} {tuple(t.shape)}; expected floating point draws "
-                                         f"shaped ({chains}, {draws}, ...) like the other sites")
+            if t.dim() < 2 or tuple(t.shape[:2]) != (chains, draws) or g == "samples" and not t.is_floating_point():
+                kind = "floating point draws" if g == "samples" else "per-draw buffers"  # a buffer may be a count
+                raise bad(f"groups.{g}", f"holds {n!r} as {t.dtype} {tuple(t.shape)}; expected {kind} shaped "
+                                         f"({chains}, {draws}, ...) like the sites' draws")
     if model.get("kind") != "BNN":
         return
     shapes = model.get("param_shapes")
