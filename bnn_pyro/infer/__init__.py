@@ -18,6 +18,7 @@ import torch
 
 from bnn_pyro._checks import check_data, choice, flag, positive_int
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
+from bnn_pyro.infer._health import check_targets
 from bnn_pyro.infer.contract import Capabilities, Declaration
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -177,6 +178,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
         _check_stream(kind)
     if isinstance(model, BNN) and declared.capabilities.jacobian_rows:
         _check_plain_rows(model, data.first()[0], kind)
+    check_targets(model, data.y)  # raw-unit targets under a too-small fixed noise: said before a long fit
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
         if not isinstance(model, BNN):
             latent_sites(model, *data.first())  # runs the function once: a clear error for priors it cannot draw
