@@ -352,5 +352,5 @@ def refit_config(cfg, **chosen):
     """An engine config (a :class:`~bnn_pyro.infer.contract.RunOptions` dataclass) for the refit on all rows: no
     rows held out, no checkpoint (the refit is recomputed from the fit that chose; a resumed run resumes that
     fit), and the ``chosen`` options (e.g. ``num_steps``); options given as ``None`` keep the config's value."""
-    return replace(cfg, validation=None, checkpoint=None, resume=False,
+    return replace(cfg, validation=None, checkpoint=None, checkpoint_every=None, resume=False,
                    **{k: v for k, v in chosen.items() if v is not None})

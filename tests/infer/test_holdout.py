@@ -125,15 +125,21 @@ def _overfitting_setup(n=240):
 
 
 @pytest.mark.slow
-def test_ensemble_default_sets_the_noise_on_held_out_rows():
+def test_ensemble_default_sets_the_noise_on_held_out_rows(monkeypatch):
     """True noise sd 0.5. Members fitted on all rows learn the training residual (below 0.5); the default holds
     24 rows out and sets sigma to maximize their predictive density. The sd of an sd estimated from n = 24 residuals
     is ~0.5 / sqrt(2n) = 0.072: the tolerance 0.2 (log ratio < 0.35) is ~2.5 of those plus the net's misfit."""
     model, x, y = _overfitting_setup()
     config = dict(method="ensemble", num_members=2, num_steps=800, lr=0.02, seed=0, progress=False)
+    from bnn_pyro.infer import ensemble
+
+    final = bp.fit(model, x, y, **config)
+    assert final.config["validation"]["final_fit_rows"] == 240
+    monkeypatch.setattr(ensemble, "refit", lambda post, again: post)  # the fit that chose, before the refit
     post = bp.fit(model, x, y, **config)
     assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
     noise = post.config["noise"]
+    assert final.config["noise"] == noise and torch.all(final.samples["sigma"] == noise["sigma"])
     assert torch.all(post.samples["sigma"] == noise["sigma"])
     assert abs(math.log(noise["sigma"] / 0.5)) < 0.35, noise
     # its held-out density is the mixture's best over sigma

@@ -128,7 +128,8 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
             batch_size=data.batch_size, dataset_size=data.size, seed=seed,
             validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
         )
-        ckpts = open_chains(ckpt_folder, every=checkpoint_every, resume=resume, num_chains=num_chains,
+        ckpts = open_chains(ckpt_folder, every=checkpoint_every if ckpt_folder else None,
+                            resume=resume and bool(ckpt_folder), num_chains=num_chains,
                             run=dict(method="laplace", **clean_config({**head, **tail})))
         x0, y0 = train.first()
         approxes, paths = [], Potentials(fast_path)
