@@ -99,6 +99,7 @@ Example
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -115,7 +116,8 @@ from bnn_pyro.infer.driver import ChainInfo, ChainRun
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
                                     split)
 from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction, check_friction,  # noqa: F401
-                                        check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature)
+                                        check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature,
+                                        SHRINK)
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle",
@@ -314,20 +316,42 @@ def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: SG
                         num_chains=num_chains, run=dict(method=method, **config))  # all checked before any chain runs
     loop = Loop(num_steps=len(plan.scale), lr=lr, method=method, desc=method + " chain {index}",
                 quantity="potential energy", progress=cfg.progress)
-    paths = Potentials(cfg.fast_path)
-    post = drive(model, data, sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths), loop,
+    paths, recoveries = Potentials(cfg.fast_path), {}
+    post = drive(model, data, sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries), loop,
                  num_chains=num_chains, seed=seed, config=config, checkpoints=ckpts, posterior_data=full)
     paths.record(post.config)
+    _report_recoveries(post, method, recoveries)
     return select_noise(post, holdout)
 
 
+def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, float]]]) -> None:
+    """``post.config["divergence_recovery"]`` (per chain that recovered: the steps and the smaller step sizes on
+    ``U`` it went on with) and a warning, for chains that diverged under ``lr="auto"`` and recovered
+    (:meth:`~bnn_pyro.infer.sgmcmc_step.SGMCMC.recover`)."""
+    from bnn_pyro.diagnostics import DiagnosticWarning
+
+    events = {c: r for c, r in sorted(recoveries.items()) if r}
+    if not events:
+        return
+    post.config["divergence_recovery"] = {str(c): [{"step": t, "step_size": eta} for t, eta in r]
+                                          for c, r in events.items()}
+    where = "; ".join(f"chain {c} at step{'s' if len(r) > 1 else ''} {', '.join(str(t) for t, _ in r)} "
+                      f"(step size on U now {r[-1][1]:.3g})" for c, r in events.items())
+    warnings.warn(f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
+                  f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
+                  "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
+                  f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
+                  "lr / N).", DiagnosticWarning, stacklevel=6)  # the user's bp.fit call
+
+
 def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None,
-                  paths: Potentials | None = None) -> Engine:
+                  paths: Potentials | None = None, recoveries: dict | None = None) -> Engine:
     """The :class:`~bnn_pyro.infer.contract.Engine` of ``plan``: its state is a :class:`_Chain` (the position ``z``
     in unconstrained coordinates, updated by its :class:`SGMCMC` optimizer), a step evaluates ``U~`` on the batch
     (first the held-out early stopping and the curvature estimate the plan marks, and keeping the draw the plan
     marks), ``after`` checks the gradient and records the step size taken, and the kept draws become the chain's.
-    ``paths`` builds the potentials (default: the fast path where the model allows it)."""
+    ``paths`` builds the potentials (default: the fast path where the model allows it); ``recoveries[chain]``
+    receives the chain's divergence recoveries under ``lr="auto"``."""
     paths = Potentials() if paths is None else paths
 
     def init_state(fitted, info: ChainInfo) -> _Chain:
@@ -339,12 +363,15 @@ def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, hold
             raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
                              "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
         walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
+        walk.index = info.index
         walk.opt = SGMCMC(walk.params, plan=plan, lr=None if lr == "auto" else lr / data.size, seed=info.seed,
                           curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size)
         return walk
 
     def draws(walk: _Chain, history: dict[str, torch.Tensor]) -> ChainRun:
         samples = walk.pot.constrain(walk.pot.unflatten(torch.stack(walk.draws)))
+        if recoveries is not None:
+            recoveries[walk.index] = list(walk.opt.recoveries)
         if holdout is not None:
             history["exploration_stop"] = torch.tensor(walk.stops, dtype=torch.long)
         stats = dict(lp=-history["potential"][plan.keep], step_size=history["step_size"][plan.keep])
@@ -367,7 +394,7 @@ class _Chain:
         self.params = [self.z]
         self._keep, self._noisy = plan.keep.tolist(), plan.noisy.tolist()
         self.draws, self.stops, self.best = [], [], None
-        self.opt, self.batch, self.t, self.u = None, None, 0, math.nan
+        self.opt, self.batch, self.t, self.u, self.index = None, None, 0, math.nan, 0
 
     def curvature(self, z: torch.Tensor, start: torch.Tensor, iters: int):
         return largest_curvature(self.pot, z, self.batch, start, iters)
@@ -380,7 +407,11 @@ class _Chain:
         u = self.pot(self.pot.unflatten(self.z), batch)
         self.u = float(u.detach())
         if not math.isfinite(self.u):
-            raise self._diverged(self.opt.planned_step)
+            planned = self.opt.planned_step
+            if self.opt.recover() is None:  # a fixed lr, or lr="auto" out of recoveries (SGMCMC.recover)
+                raise self._diverged(planned)
+            u = self.pot(self.pot.unflatten(self.z), batch)  # the last finite point, on the same batch
+            self.u = float(u.detach())
         if self._keep[t]:  # the state at the start of the step
             self.draws.append(self.z.detach().clone())
         return u, SGInfo(self.u, math.nan)
