@@ -48,13 +48,23 @@ correction these methods are biased by ``O(eta)``; minibatch gradient noise, not
 ``1 / (eta lambda_min)`` steps: on a BNN the chains explore a mode's neighbourhood, not the whole
 posterior, so use several chains.
 
-Stability guard (``lr="auto"``, noise-free steps only). An exploration stage is SGD with momentum at the
+Stability guard (``lr="auto"``: noise-free steps, and sgld's and sghmc's warm-up steps on full-batch
+gradients). An exploration stage is SGD with momentum at the
 largest steps of the cycle, and a learned noise scale can fall fast there: on scikit-learn's diabetes (the
 benchmarks/uci.py protocol, split 0) it fell from 0.91 to 0.53 in 65 steps, the curvature grew 3-fold before
 the next estimate and the chain diverged at step 87. So each exploration step compares its step with the
 curvature along its last move, ``|grad_t - grad_t-1| / |z_t - z_t-1|`` (free: the gradients are computed
 anyway; on a quadratic it never exceeds ``lambda_max``, so the guard never fires there), and when
 ``eta_t`` times it exceeds ``2 f`` the curvature is re-estimated and the peak step lowered to ``f / lambda``.
+sgld's and sghmc's warm-up has the same hazard between its estimates 100 steps apart (the step is set at the
+start, where the net has not fitted and a learned noise sits at its prior's scale; the curvature grows as
+``1 / sigma^2`` while the noise falls), so the guard runs in their warm-up steps too when the gradients are
+full-batch (the default; between minibatches the secant measures gradient noise, not curvature). The draws
+after warm-up keep one step. Should a chain still diverge under ``lr="auto"`` it recovers: it goes back to its
+last finite state with a step 4 times smaller (at most 8 times), the fit warns, and
+``post.config["divergence_recovery"]`` lists the steps and the smaller step sizes
+(:meth:`~bnn_pyro.infer.sgmcmc_step.SGMCMC.recover`). A number ``lr`` is the user's: a divergence stops the
+fit with an error that suggests a smaller one.
 
 Held-out rows (csgmcmc, ``validation=``; :mod:`bnn_pyro.infer.holdout`). Without noise, an exploration stage
 runs to the joint mode of the weights and a learned noise, where an over-parameterized net fits the training
@@ -365,7 +375,8 @@ def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, hold
         walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
         walk.index = info.index
         walk.opt = SGMCMC(walk.params, plan=plan, lr=None if lr == "auto" else lr / data.size, seed=info.seed,
-                          curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size)
+                          curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size,
+                          guard_noisy=data.loader is None and (data.batch_size or data.size) >= data.size)
         return walk
 
     def draws(walk: _Chain, history: dict[str, torch.Tensor]) -> ChainRun:

@@ -55,6 +55,10 @@ class Plan:
     score_start:
         With held-out rows: whether a noise-free stage's first state competes for its best state (csgmcmc: True;
         a snapshot ensemble: False, so that a cycle's snapshot is never the previous cycle's, which it starts from).
+    guard:
+        ``(T,)`` bool: the steps where ``lr="auto"``'s stability guard runs (:class:`SGMCMC`); ``None``: the
+        noise-free ones. sgld's and sghmc's plan guards every warm-up step too (their step may change there
+        anyway), where the curvature can outgrow the last estimate before the next one (a learned noise falling).
     """
 
     scale: torch.Tensor
@@ -64,6 +68,7 @@ class Plan:
     friction: float
     fraction: float
     score_start: bool = True
+    guard: torch.Tensor | None = None
 
 
 class SGMCMC(torch.optim.Optimizer):
@@ -92,6 +97,9 @@ class SGMCMC(torch.optim.Optimizer):
         ``z`` on the current minibatch by power iteration from ``start`` (needed with ``lr=None``).
     fallback:
         ``eta`` when the first estimate is not positive.
+    guard_noisy:
+        Whether the guard may run in noisy steps that ``plan.guard`` marks: only when the gradients are full-batch
+        (a secant between two minibatches' gradients measures their noise, not the curvature).
 
     ``state_dict()`` holds the state (momentum ``v``, the power iteration's vector, the guard's last point and
     gradient, the last finite point, the step's cap, the step index ``t``), ``eta`` and the noise generator: a
@@ -103,7 +111,8 @@ class SGMCMC(torch.optim.Optimizer):
     non-finite gradient in :meth:`step` does the same instead of moving. ``recoveries`` lists ``(t, eta)``.
     """
 
-    def __init__(self, params, *, plan: Plan, lr: float | None, seed: int, curvature=None, fallback: float = 1.0):
+    def __init__(self, params, *, plan: Plan, lr: float | None, seed: int, curvature=None, fallback: float = 1.0,
+                 guard_noisy: bool = True):
         super().__init__(params, dict(eta=lr))
         if len(self.param_groups) != 1 or len(self.param_groups[0]["params"]) != 1:
             raise ValueError("SGMCMC updates one flat tensor: pass params=[z].")
@@ -114,6 +123,8 @@ class SGMCMC(torch.optim.Optimizer):
         self.plan, self.curvature, self.fallback, self.step_size = plan, curvature, fallback, None
         self.recoveries: list[tuple[int, float]] = []
         self._scale, self._noisy, self._adapt = plan.scale.tolist(), plan.noisy.tolist(), plan.adapt.tolist()
+        guard = ~plan.noisy if plan.guard is None else plan.guard & (~plan.noisy | guard_noisy)
+        self._guard = guard.tolist()
         self.noise = torch.Generator(device=z.device).manual_seed(seed + 7919)
         self.state[z].update(t=0, momentum=torch.zeros_like(z), secant=None, good=None, cap=math.inf,
                              direction=torch.randn(z.shape, generator=self.noise, dtype=z.dtype, device=z.device))
@@ -176,7 +187,7 @@ class SGMCMC(torch.optim.Optimizer):
                     return loss
             else:
                 state["good"] = z.clone()
-        if self.curvature is not None and not self._noisy[t]:  # the stability guard (bnn_pyro.infer.sgmcmc's docstring)
+        if self.curvature is not None and self._guard[t]:  # the stability guard (bnn_pyro.infer.sgmcmc's docstring)
             if (state["secant"] is not None
                     and group["eta"] * self._scale[t] * secant_curvature(z, grad, *state["secant"]) > GUARD * fraction):
                 lam, state["direction"] = self.curvature(z, state["direction"], 10)
@@ -250,7 +261,7 @@ def langevin_plan(num_warmup: int, num_samples: int, thin: int, polynomial: bool
     keep = (t >= num_warmup) & ((t - num_warmup) % thin == thin - 1)
     adapt = (t <= num_warmup) & ((t % ADAPT_EVERY == 0) | (t == num_warmup))
     return Plan(scale=scale, noisy=torch.ones_like(t, dtype=torch.bool), keep=keep, adapt=adapt, friction=friction,
-                fraction=auto_fraction(friction))
+                fraction=auto_fraction(friction), guard=t < num_warmup)
 
 
 def cyclical_plan(num_cycles: int, num_samples: int, thin: int, exploration: float, friction: float) -> Plan:

@@ -457,7 +457,8 @@ def test_auto_step_that_diverges_steps_back_warns_and_records_the_smaller_step(m
     assert any(w.filename == __file__ for w in record)  # at the user's bp.fit call
     events = post.config["divergence_recovery"]["0"]
     first = float(post.history["step_size"][0, 0])
-    assert [e["step_size"] for e in events] == pytest.approx([first * 0.25 ** (k + 1) for k in range(len(events))])
+    sizes = [e["step_size"] for e in events]  # each 4 times below the one that diverged (the guard may lower it too)
+    assert sizes[0] <= 0.25 * first * (1 + 1e-12) and all(b == pytest.approx(0.25 * a) for a, b in zip(sizes, sizes[1:]))
     assert 1 <= len(events) <= sgmcmc_step.MAX_RECOVERIES
     assert torch.all(post.sample_stats["step_size"] == events[-1]["step_size"])  # warm-up absorbed them all
     assert all(bool(torch.isfinite(v).all()) for v in post.samples.values())
