@@ -123,8 +123,8 @@ from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
-from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
-                                    split)
+from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, refit,
+                                    refit_config, select_noise, split)
 from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction, check_friction,  # noqa: F401
                                         check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature,
                                         SHRINK)
@@ -292,7 +292,10 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     else:
         data, holdout, why = split(full, validation, seed=cfg.seed, method="csgmcmc", convert=full.convert)
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
-    return run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
+    post = run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
+    # then every row, each exploration stage stopped where the held-out rows stopped it (holdout.refit)
+    return refit(post, lambda chosen: run_plan(model, full, plan, "csgmcmc", settings, refit_config(cfg),
+                                               stops=chosen.stops))
 
 
 def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
@@ -308,12 +311,15 @@ def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
 
 # ---------------------------------------------------------------------- the engine
 def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: SGOptions,
-             holdout: Holdout | None = None, full: Data | None = None) -> Posterior:
+             holdout: Holdout | None = None, full: Data | None = None, stops: list[list[int]] | None = None
+             ) -> Posterior:
     """Fit ``model`` by ``plan`` (the shared update of the module docstring) on ``data``: the engine of
     :func:`sgmcmc_engine` driven by :func:`~bnn_pyro.infer.contract.drive` (``num_chains`` chains, each in its own
     copy of the model). ``settings`` go into ``post.config``; ``holdout`` (rows held out of ``data``, ``full`` the
     whole set) scores csgmcmc's exploration stages and a snapshot ensemble's cycles (:mod:`bnn_pyro.infer.snapshot`
-    runs its plan here too), and then selects a learned noise on them."""
+    runs its plan here too), and then selects a learned noise on them. ``stops`` (per chain, the step of each
+    noise-free stage's kept state, chosen so on held-out rows before) replays those stops on every row
+    (:func:`~bnn_pyro.infer.holdout.refit`)."""
     lr, seed = cfg.lr, cfg.seed
     num_chains = positive_int("num_chains", cfg.num_chains)
     init = resolve_init(model, cfg.init, data)
@@ -327,8 +333,9 @@ def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: SG
     loop = Loop(num_steps=len(plan.scale), lr=lr, method=method, desc=method + " chain {index}",
                 quantity="potential energy", progress=cfg.progress)
     paths, recoveries = Potentials(cfg.fast_path), {}
-    post = drive(model, data, sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries), loop,
-                 num_chains=num_chains, seed=seed, config=config, checkpoints=ckpts, posterior_data=full)
+    engine = sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries, stops)
+    post = drive(model, data, engine, loop, num_chains=num_chains, seed=seed, config=config, checkpoints=ckpts,
+                 posterior_data=full)
     paths.record(post.config)
     _report_recoveries(post, method, recoveries)
     return select_noise(post, holdout)
@@ -355,13 +362,15 @@ def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, 
 
 
 def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None,
-                  paths: Potentials | None = None, recoveries: dict | None = None) -> Engine:
+                  paths: Potentials | None = None, recoveries: dict | None = None,
+                  stops: list[list[int]] | None = None) -> Engine:
     """The :class:`~bnn_pyro.infer.contract.Engine` of ``plan``: its state is a :class:`_Chain` (the position ``z``
     in unconstrained coordinates, updated by its :class:`SGMCMC` optimizer), a step evaluates ``U~`` on the batch
     (first the held-out early stopping and the curvature estimate the plan marks, and keeping the draw the plan
     marks), ``after`` checks the gradient and records the step size taken, and the kept draws become the chain's.
     ``paths`` builds the potentials (default: the fast path where the model allows it); ``recoveries[chain]``
-    receives the chain's divergence recoveries under ``lr="auto"``."""
+    receives the chain's divergence recoveries under ``lr="auto"``; ``stops[chain]`` replays stops chosen before
+    (:meth:`_Chain.replay_stop`)."""
     paths = Potentials() if paths is None else paths
 
     def init_state(fitted, info: ChainInfo) -> _Chain:
@@ -374,6 +383,7 @@ def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, hold
                              "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
         walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
         walk.index = info.index
+        walk.replay = None if stops is None else list(stops[info.index])
         walk.opt = SGMCMC(walk.params, plan=plan, lr=None if lr == "auto" else lr / data.size, seed=info.seed,
                           curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size,
                           guard_noisy=data.loader is None and (data.batch_size or data.size) >= data.size)
@@ -383,7 +393,7 @@ def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, hold
         samples = walk.pot.constrain(walk.pot.unflatten(torch.stack(walk.draws)))
         if recoveries is not None:
             recoveries[walk.index] = list(walk.opt.recoveries)
-        if holdout is not None:
+        if holdout is not None or stops is not None:  # chosen on held-out rows, or replayed
             history["exploration_stop"] = torch.tensor(walk.stops, dtype=torch.long)
         stats = dict(lp=-history["potential"][plan.keep], step_size=history["step_size"][plan.keep])
         return ChainRun(walk.model, {k: v.detach().clone() for k, v in samples.items()},
@@ -406,6 +416,7 @@ class _Chain:
         self._keep, self._noisy = plan.keep.tolist(), plan.noisy.tolist()
         self.draws, self.stops, self.best = [], [], None
         self.opt, self.batch, self.t, self.u, self.index = None, None, 0, math.nan, 0
+        self.replay, self.saved, self.in_stage = None, None, False
 
     def curvature(self, z: torch.Tensor, start: torch.Tensor, iters: int):
         return largest_curvature(self.pot, z, self.batch, start, iters)
@@ -414,6 +425,8 @@ class _Chain:
         self.batch, self.t = batch, t
         if self.holdout is not None:
             self._early_stop(t)
+        elif self.replay is not None:
+            self.replay_stop(t)
         self.opt.adapt()
         u = self.pot(self.pot.unflatten(self.z), batch)
         self.u = float(u.detach())
@@ -459,6 +472,25 @@ class _Chain:
                 self.opt.restart()
             self.stops.append(self.best.best_step)
             self.best = None
+
+    def replay_stop(self, t: int) -> None:
+        """Without held-out rows, the stops a fit with them chose (``self.replay``: the step of each noise-free
+        stage's kept state, in order): keep the state at the start of that step and end the stage from it, as
+        :meth:`_early_stop` did (the refit on all rows, :func:`~bnn_pyro.infer.holdout.refit`)."""
+        noisy = self._noisy[t]
+        snapshot = self._keep[t] and not noisy
+        if not noisy and not self.in_stage:
+            self.in_stage, self.saved = True, None
+        if self.in_stage and self.replay and self.replay[0] == t:
+            self.saved = self.z.detach().clone()
+        if self.in_stage and (noisy or snapshot):  # the stage has ended: go on from its replayed state
+            stop = self.replay.pop(0) if self.replay else t
+            if stop != t and self.saved is not None:
+                with torch.no_grad():
+                    self.z.copy_(self.saved)
+                self.opt.restart()
+            self.stops.append(stop)
+            self.in_stage, self.saved = False, None
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         tensors = {"draws": torch.stack(self.draws)} if self.draws else {}

@@ -232,3 +232,36 @@ def test_a_given_pair_is_not_refitted():
     post = bp.fit(model, x[:216], y[:216], method="ensemble", num_members=1, num_steps=50, seed=0, progress=False,
                   validation=(x[216:], y[216:]))
     assert post.config["validation"] == {"rows": 24, "source": "given"}
+
+
+@pytest.mark.parametrize("method, options", [
+    ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=2)),
+    ("snapshot", dict(num_cycles=2, cycle_length=40)),
+])
+def test_cyclical_engines_refit_every_row_replaying_the_stages_stops(method, options):
+    model, x, y = _learned_noise()
+    post = bp.fit(model, x, y, method=method, seed=0, progress=False, **options)
+    record = post.config["validation"]
+    assert record["rows"] == 24 and record["final_fit_rows"] == 240 and post.config["dataset_size"] == 240
+    assert post.history["exploration_stop"].tolist() == record["chosen"]["stops"]  # the refit stopped there too
+    assert torch.all(post.samples["sigma"] == record["chosen"]["sigma"])
+
+
+def test_replayed_stops_reproduce_the_run_that_chose_them():
+    """A run on all rows that chose its stops on a given held-out pair, and a run on the same rows that replays
+    those stops without held-out rows: the same weights, draw for draw (the noise aside, which the first one
+    chose on the pair)."""
+    from bnn_pyro.infer import sgmcmc
+
+    model, x, y = _learned_noise(264)
+    options = dict(num_cycles=2, num_samples=10, thin=2, seed=0, progress=False)
+    chose = bp.fit(model, x[:240], y[:240], method="csgmcmc", validation=(x[240:], y[240:]), **options)
+    stops = chose.history["exploration_stop"].tolist()
+    assert chose.config["validation"] == {"rows": 24, "source": "given"}
+    assert any(t % 50 != 40 for t in stops[0])  # a stage stopped before its end (step 40 of each 50): a real replay
+    cfg = sgmcmc.CSGMCMCConfig(validation=None, **options)
+    plan = sgmcmc.cyclical_plan(2, 10, 2, cfg.exploration, cfg.friction)
+    replayed = sgmcmc.run_plan(model, Data(x[:240], y[:240]), plan, "csgmcmc", {}, cfg, stops=stops)
+    assert replayed.history["exploration_stop"].tolist() == stops
+    for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        assert torch.equal(replayed.samples[name], chose.samples[name]), name
