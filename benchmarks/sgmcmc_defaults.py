@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 rows.append(one(method, split, dataset))
                 print(rows[-1], flush=True)
                 pd.DataFrame(rows).to_csv(out / "sgmcmc_defaults.csv", index=False)
-    table = pd.read_csv(out / "sgmcmc_defaults.csv").fillna({"error": ""}) if args.summary_only else pd.DataFrame(rows)
+    table = pd.read_csv(out / "sgmcmc_defaults.csv", dtype={"error": "string"}).fillna({"error": ""}) if args.summary_only else pd.DataFrame(rows)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     header = (f"# sgld / sghmc at their defaults on the regression benchmark's splits\n\n"
               f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, commit {_commit()}, {platform.machine()} "
