@@ -270,9 +270,10 @@ class Chosen:
     """What held-out rows chose for the refit on all rows (:func:`refit`).
 
     ``num_steps``: the stopping point scaled to all rows (:func:`scaled_steps` of the median over chains of
-    ``best_step + 1``; the pre-training steps of SWA/SWAG), ``None`` where the engine recorded none. ``sigma``: the chosen noise sd per chain (one
-    value repeated for engines that choose one for all draws), ``None`` without a learned Gaussian noise.
-    ``stops``: per chain, the engine's per-stage stopping steps (csgmcmc and snapshot cycles), else ``None``."""
+    ``best_step + 1``: the engines take one ``num_steps`` for all chains; the pre-training steps of SWA/SWAG),
+    ``None`` where the engine recorded none. ``sigma``: the chosen noise sd per chain (one value repeated for
+    engines that choose one for all draws), ``None`` without a learned Gaussian noise. ``stops``: per chain, the
+    step of each noise-free stage's kept state (csgmcmc's exploration stages, snapshot's cycles), else ``None``."""
 
     num_steps: int | None
     sigma: list[float] | None
