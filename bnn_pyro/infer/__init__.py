@@ -19,6 +19,7 @@ import torch
 
 from bnn_pyro._checks import check_data, choice, flag, positive_int, seed as checked_seed
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
+from bnn_pyro.infer._health import check_targets
 from bnn_pyro.infer.checkpoint_folder import guard
 from bnn_pyro.infer.contract import Capabilities, Declaration
 from bnn_pyro.model import BNN
@@ -179,6 +180,7 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
         _check_stream(kind)
     if isinstance(model, BNN) and declared.capabilities.jacobian_rows:
         _check_plain_rows(model, data.first()[0], kind)
+    check_targets(model, data.y)  # raw-unit targets under a too-small fixed noise: said before a long fit
     folder = config.get("checkpoint")  # one writer per folder, and its checkpoints' model and data checked
     held = nullcontext() if folder is None else guard(folder, model=model, data=data, resume=config.get("resume", False))
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():

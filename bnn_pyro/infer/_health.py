@@ -16,6 +16,9 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
 - :func:`check_elbo` (SVI): a loss still falling (or rising) at the end of the run.
 - :func:`check_predictive` (any engine): a posterior predictive that fits the training data no
   better than a constant, as the prior's does (posterior ~ prior).
+- :func:`check_targets` (any engine, before the fit, from ``bp.fit``): regression targets in raw units
+  (their sd far above the O(1) outputs of a unit-prior net) under a fixed Gaussian noise far below
+  their sd; :func:`check_elbo` then gives the same advice instead of "more steps".
 
 The thresholds are module constants; each one's docstring says where it comes from.
 """
@@ -33,7 +36,7 @@ from bnn_pyro._upstream_private import arviz_log_level
 __all__ = ["check_mcmc", "check_svi", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
            "DIVERGENCE_MAX", "ACCEPT_MIN", "TREE_DEPTH_MAX_FRACTION", "ESS_MIN", "RHAT_FIT_MAX", "ELBO_WINDOW",
            "ELBO_MIN_WINDOW", "ELBO_TREND_Z", "ELBO_TREND_NATS", "FIT_GAIN_MIN", "PREDICTIVE_DRAWS",
-           "PREDICTIVE_ROWS"]
+           "PREDICTIVE_ROWS", "check_targets", "unscaled_targets", "TARGET_SD_MAX", "NOISE_FRACTION_MIN"]
 
 DIVERGENCE_MAX = 0.01
 """Warn when more than 1% of the kept draws diverged."""
@@ -180,10 +183,13 @@ def check_mixing(post, *, stacklevel: int = 2) -> None:
               "every input.", stacklevel + 1)
 
 
-def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = None, stacklevel: int = 2) -> None:
+def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = None, advice: str | None = None,
+               stacklevel: int = 2) -> None:
     """Warn when the loss (negative ELBO) of a chain ``losses[c]`` still falls, or rises, at the end of
     the run: the mean over the last :data:`ELBO_WINDOW` of the steps differs from the mean over the
-    previous one by more than :data:`ELBO_TREND_Z` standard errors and :data:`ELBO_TREND_NATS`."""
+    previous one by more than :data:`ELBO_TREND_Z` standard errors and :data:`ELBO_TREND_NATS`.
+    ``advice`` replaces the usual "more num_steps / another lr" where the cause is known to be elsewhere
+    (:func:`unscaled_targets`): more steps do not fix a likelihood that does not fit the targets' units."""
     losses = torch.as_tensor(losses).double().reshape(-1, torch.as_tensor(losses).shape[-1])
     steps = losses.shape[-1]
     width = max(int(steps * ELBO_WINDOW), min(ELBO_MIN_WINDOW, steps // 2))
@@ -206,13 +212,13 @@ def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = 
     if change > 0:
         _warn(f"{method}: the ELBO has not converged: the loss fell by {change:.3g} nats {where}, "
               f"{change / se if se > 0 else math.inf:.1f} standard errors of its noise (thresholds {ELBO_TREND_Z:g} "
-              f"and {ELBO_TREND_NATS:g} nat). Try more num_steps, or a higher lr{lr_now}; post.history['loss'] "
-              "shows the trace.", stacklevel + 1)
+              f"and {ELBO_TREND_NATS:g} nat). " + (advice or f"Try more num_steps, or a higher lr{lr_now}")
+              + "; post.history['loss'] shows the trace.", stacklevel + 1)
     else:
         _warn(f"{method}: the ELBO got worse at the end of the run: the loss rose by {-change:.3g} nats {where} "
               f"(thresholds {ELBO_TREND_Z:g} standard errors and {ELBO_TREND_NATS:g} nat): the optimizer is "
-              f"unstable. Try a lower lr{lr_now} or lr_schedule='cosine'; post.history['loss'] shows the trace.",
-              stacklevel + 1)
+              "unstable. " + (advice or f"Try a lower lr{lr_now} or lr_schedule='cosine'")
+              + "; post.history['loss'] shows the trace.", stacklevel + 1)
 
 
 def check_predictive(post, *, advice: str = "", stacklevel: int = 2) -> None:
@@ -323,6 +329,50 @@ _SVI_ADVICE = ("A mean-field guide on a wide net and a small data set can make t
 def check_svi(post, *, stacklevel: int = 2):
     """Every SVI check (:func:`check_elbo` on ``history["loss"]``, :func:`check_predictive`); returns ``post``."""
     if "loss" in post.history:
-        check_elbo(post.history["loss"], method=post.method, lr=post.config.get("lr"), stacklevel=stacklevel + 1)
+        unscaled = unscaled_targets(post.model, post.y)
+        check_elbo(post.history["loss"], method=post.method, lr=post.config.get("lr"), stacklevel=stacklevel + 1,
+                   advice=None if unscaled is None else f"The cause is likely the units, not the budget: {unscaled}")
     check_predictive(post, advice=_SVI_ADVICE, stacklevel=stacklevel + 1)
     return post
+
+
+TARGET_SD_MAX = 10.0
+""":func:`unscaled_targets`: targets whose standard deviation exceeds 10 are in raw units for a BNN whose
+weights have unit-scale priors: such a net's outputs, a priori, are O(1) (a sum of unit-variance terms
+through bounded or unit-slope activations), so reaching them takes weights far out in the prior's tails."""
+NOISE_FRACTION_MIN = 0.1
+"""... and the fixed Gaussian noise is below a tenth of that sd: the likelihood then claims the net explains
+more than 99% of the targets' variance in their raw units, its curvature is ``(sd_y / scale)^2`` times
+that of a standardized fit (the step sizes that suit the prior are far too large for it), and the fit
+ends worse than predicting the mean."""
+
+
+def unscaled_targets(model, y) -> str | None:
+    """What is wrong, when regression targets ``y`` are in raw units under a fixed Gaussian noise far below
+    their spread (:data:`TARGET_SD_MAX`, :data:`NOISE_FRACTION_MIN`), and what to do; else ``None``.
+    Only a ``BNN`` with a homoscedastic ``Gaussian(scale=<number>)`` likelihood is judged: a learned noise
+    adapts to the units (the prior's mismatch remains, but the fit does not break)."""
+    from bnn_pyro.likelihoods import Gaussian
+    from bnn_pyro.model import BNN
+
+    if y is None or not isinstance(model, BNN) or type(model.likelihood) is not Gaussian:
+        return None
+    scale = model.likelihood.scale
+    if not isinstance(scale, (int, float)) or y.shape[0] < 2 or not y.dtype.is_floating_point:
+        return None
+    sd = float(y.double().reshape(y.shape[0], -1).std(0, correction=0).max())
+    if not (sd > TARGET_SD_MAX and scale < NOISE_FRACTION_MIN * sd):
+        return None
+    return (f"the targets y have standard deviation {sd:.3g} (raw units; above {TARGET_SD_MAX:g}) but the "
+            f"likelihood's fixed noise is Gaussian(scale={scale:g}), {sd / scale:.3g} times smaller: a unit-prior net "
+            "cannot reach such targets and the likelihood is too sharp to optimize or sample. Standardize y "
+            "(from bnn_pyro.splits import Standardizer; ys = Standardizer.fit(y); fit on ys.transform(y); map predictions back with "
+            "ys.inverse(pred.mean) and ys.inverse_std(pred.std)) and set the noise in standardized units, or learn "
+            "it: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)).")
+
+
+def check_targets(model, y, *, stacklevel: int = 2) -> None:
+    """Warn before a fit when :func:`unscaled_targets` finds raw-unit targets under a too-small fixed noise."""
+    problem = unscaled_targets(model, y)
+    if problem is not None:
+        _warn(f"unscaled targets: {problem}", stacklevel + 1)

@@ -63,7 +63,7 @@ from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
 from bnn_pyro.infer._potential import Potentials
-from bnn_pyro.infer.holdout import DEFAULT, describe, select_noise, split
+from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, select_noise, split
 from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.checkpoint import open_chains
@@ -116,8 +116,11 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         least 20 rows and the data are tensors), the same rows for every member. Each member keeps its state
         with the best held-out likelihood (scored every ``num_steps // 50`` steps: early stopping), and a
         learned Gaussian noise is then set to the value that maximizes the held-out log predictive density
-        of the ensemble's mixture. A fraction, an ``(x_val, y_val)`` pair, or ``None`` (all rows trained on,
-        the members' own noise estimates kept: overconfident on small data).
+        of the ensemble's mixture. Then the members are trained again on every row for the chosen number of
+        epochs (the median over members of the best step, scaled to all rows), and the chosen noise replaces
+        theirs (:func:`~bnn_pyro.infer.holdout.refit`; cost: a second fit). A fraction, an ``(x_val, y_val)``
+        pair (no refit: every row is fitted already), or ``None`` (all rows trained on, the members' own noise
+        estimates kept: overconfident on small data).
     seed, progress:
         Member ``k`` uses seed ``seed + k``; ``progress=False`` turns the progress bar off.
     checkpoint, checkpoint_every, resume:
@@ -137,6 +140,11 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         each member's log joint ``-U_c`` at its mode (on the full data; on the first batch, scaled to
         the data set, for a loader).
     """
+    # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
+    return refit(_fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, num_steps=chosen.num_steps)))
+
+
+def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     num_members = positive_int("num_members", cfg.num_members)
     num_steps = positive_int("num_steps", cfg.num_steps)
     lr = positive("lr", cfg.lr)

@@ -19,8 +19,17 @@ identifiable. With ``validation=`` (the default ``0.1`` for those engines):
    s)``, one scalar for all draws, found on a log grid. The draws' noise sites are replaced by it and
    ``post.config["noise"]`` records how it was chosen.
 
-The cost: 10% fewer training rows and a forward pass over the held-out rows per evaluation (cheap next to
-the training steps). ``validation=None`` turns it all off (the noise is then the engine's own estimate, e.g.
+4. :func:`refit` then fits again on *every* training row with what was chosen (the published protocols'
+   last step, e.g. Hernandez-Lobato & Adams 2015, Gal & Ghahramani 2016): the stopping point scaled to the
+   full data (the same number of epochs: ``steps * ceil(N_all / B) / ceil(N_train / B)`` for minibatches of
+   ``B`` rows, the same number of steps for full-batch training) and the chosen noise. The posterior
+   returned is the refit; ``post.config["validation"]["chosen"]`` records what the held-out rows chose and
+   ``["final_fit_rows"]`` that the final fit used all rows. Without the refit the posterior is fitted on 90%
+   of the rows: on Bayesian linear regression with 200 rows, Laplace's mean sat 2.6 posterior sd off the
+   exact one.
+
+The cost: a second fit (on all rows, without scoring), and a forward pass over the held-out rows per
+evaluation of the first. ``validation=None`` turns it all off (the noise is then the engine's own estimate, e.g.
 the MAP's); ``validation=(x_val, y_val)`` uses given held-out data and trains on every training row. A
 known noise (``Gaussian(scale=0.1)``) is the user's setting and is never changed; a heteroscedastic
 likelihood's noise is a network output and is left to the early-stopped fit.
@@ -34,7 +43,8 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import pyro.distributions as dist
 import torch
@@ -43,7 +53,7 @@ from pyro import poutine
 from bnn_pyro.infer._common import Data, quiet_model
 
 __all__ = ["Holdout", "split", "heldout_score", "BestOnHoldout", "select_noise", "maximize_on_log_grid", "DEFAULT",
-           "MIN_ROWS"]
+           "MIN_ROWS", "Chosen", "chosen", "refit", "scaled_steps", "refit_config"]
 
 DEFAULT = 0.1  # the held-out fraction of the training rows for the engines that use one by default
 MIN_ROWS = 20  # fewer held-out rows make early stopping and the noise estimate too noisy (sd of a noise sd ~1/sqrt(2n))
@@ -252,3 +262,96 @@ def select_noise(post, holdout: Holdout | None):
                             "heldout_lpd": lpd, "engine_sigma_median": float(
                                 (before if site == "sigma" else before.rsqrt()).median())}
     return post
+
+
+# ------------------------------------------------------------------------------------ refit on all rows
+@dataclass(frozen=True)
+class Chosen:
+    """What held-out rows chose for the refit on all rows (:func:`refit`).
+
+    ``num_steps``: the stopping point scaled to all rows (:func:`scaled_steps` of the median over chains of
+    ``best_step + 1``: the engines take one ``num_steps`` for all chains; the pre-training steps of SWA/SWAG),
+    ``None`` where the engine recorded none. ``sigma``: the chosen noise sd per chain (one value repeated for
+    engines that choose one for all draws), ``None`` without a learned Gaussian noise. ``stops``: per chain, the
+    step of each noise-free stage's kept state (csgmcmc's exploration stages, snapshot's cycles), else ``None``."""
+
+    num_steps: int | None
+    sigma: list[float] | None
+    stops: list[list[int]] | None = None
+
+    def record(self) -> dict:
+        """The JSON-friendly ``post.config["validation"]["chosen"]`` entry."""
+        out = {}
+        if self.num_steps is not None:
+            out["num_steps"] = self.num_steps
+        if self.sigma is not None:
+            out["sigma"] = self.sigma[0] if len(set(self.sigma)) == 1 else list(self.sigma)
+        if self.stops is not None:
+            out["stops"] = [list(s) for s in self.stops]
+        return out
+
+
+def scaled_steps(steps: int, *, rows_train: int, rows_all: int, batch_size: int | None) -> int:
+    """``steps`` on ``rows_train`` rows as the same number of epochs on ``rows_all`` rows: unchanged for
+    full-batch training (a step is an epoch), ``steps * ceil(rows_all / B) / ceil(rows_train / B)`` (rounded)
+    for minibatches of ``B`` rows."""
+    if not steps or not batch_size or batch_size >= rows_all:
+        return int(steps)
+    per_epoch = math.ceil(rows_all / batch_size) / math.ceil(rows_train / batch_size)
+    return max(1, int(round(steps * per_epoch)))
+
+
+def chosen(post) -> Chosen:
+    """What the held-out rows of the fit ``post`` chose: its ``history["best_step"]`` (early stopping) scaled to
+    all rows, its ``history["exploration_stop"]`` (per-stage stops), and its noise (``config["noise"]``)."""
+    rows_all = int(post.x.shape[0])
+    rows_train = rows_all - int(post.config["validation"]["rows"])
+    steps = None
+    if "best_step" in post.history:
+        best = post.history["best_step"].reshape(post.history["best_step"].shape[0], -1)[:, -1].double() + 1
+        steps = scaled_steps(int(best.median().round()), rows_train=rows_train, rows_all=rows_all,
+                             batch_size=post.config.get("batch_size"))
+    stops = None
+    if "exploration_stop" in post.history:
+        stops = [[int(t) for t in row] for row in post.history["exploration_stop"].reshape(
+            post.history["exploration_stop"].shape[0], -1)]
+    noise = post.config.get("noise")
+    sigma = None
+    records = noise if isinstance(noise, list) else [noise] * post.num_chains if noise else []
+    if records and all(r.get("selected_on") == "validation" for r in records):
+        sigma = [float(r["sigma"]) for r in records]
+    return Chosen(num_steps=steps, sigma=sigma, stops=stops)
+
+
+def refit(post, fit_again: Callable[[Chosen], object]):
+    """The posterior to return after a fit that chose things on held-out rows split off the training rows:
+    ``fit_again(chosen(post))``, the same engine on every row (no rows held out) with the stopping point and
+    noise chosen, its draws' learned noise set to the chosen value (as :func:`select_noise` did); ``post``
+    itself when no rows were split off (none held out, or a given ``(x_val, y_val)`` pair: every training row
+    was fitted already). ``config["validation"]`` keeps the split's record and adds ``"chosen"`` and
+    ``"final_fit_rows"``; ``config["noise"]`` keeps the choice's record."""
+    described = post.config.get("validation") or {}
+    if not described.get("rows") or described.get("source") != "split" or post.x is None:
+        return post
+    choice = chosen(post)
+    final = fit_again(choice)
+    noise = post.config.get("noise")
+    site = noise_site(final.model)
+    if choice.sigma is not None and site is not None and site in final.samples:
+        values = [s if site == "sigma" else s ** -2.0 for s in choice.sigma]
+        drawn = final.samples[site]
+        target = drawn.new_tensor(values).reshape(-1, *([1] * (drawn.dim() - 1))).expand_as(drawn).clone()
+        if not torch.allclose(drawn, target):  # an engine that does not take the noise in: set it, as select_noise
+            final.samples[site] = target
+            final.sample_stats = {k: v for k, v in final.sample_stats.items() if k != "log_q"}
+        final.config["noise"] = noise
+    final.config["validation"] = {**described, "chosen": choice.record(), "final_fit_rows": int(post.x.shape[0])}
+    return final
+
+
+def refit_config(cfg, **chosen):
+    """An engine config (a :class:`~bnn_pyro.infer.contract.RunOptions` dataclass) for the refit on all rows: no
+    rows held out, no checkpoint (the refit is recomputed from the fit that chose; a resumed run resumes that
+    fit), and the ``chosen`` options (e.g. ``num_steps``); options given as ``None`` keep the config's value."""
+    return replace(cfg, validation=None, checkpoint=None, checkpoint_every=None, resume=False,
+                   **{k: v for k, v in chosen.items() if v is not None})

@@ -48,13 +48,24 @@ correction these methods are biased by ``O(eta)``; minibatch gradient noise, not
 ``1 / (eta lambda_min)`` steps: on a BNN the chains explore a mode's neighbourhood, not the whole
 posterior, so use several chains.
 
-Stability guard (``lr="auto"``, noise-free steps only). An exploration stage is SGD with momentum at the
+Stability guard (``lr="auto"``: noise-free steps, and sgld's and sghmc's warm-up steps on full-batch
+gradients). An exploration stage is SGD with momentum at the
 largest steps of the cycle, and a learned noise scale can fall fast there: on scikit-learn's diabetes (the
 benchmarks/uci.py protocol, split 0) it fell from 0.91 to 0.53 in 65 steps, the curvature grew 3-fold before
 the next estimate and the chain diverged at step 87. So each exploration step compares its step with the
 curvature along its last move, ``|grad_t - grad_t-1| / |z_t - z_t-1|`` (free: the gradients are computed
 anyway; on a quadratic it never exceeds ``lambda_max``, so the guard never fires there), and when
 ``eta_t`` times it exceeds ``2 f`` the curvature is re-estimated and the peak step lowered to ``f / lambda``.
+sgld's and sghmc's warm-up has the same hazard between its estimates 100 steps apart (the step is set at the
+start, where the net has not fitted and a learned noise sits at its prior's scale; the curvature grows as
+``1 / sigma^2`` while the noise falls: on make_friedman1, the benchmarks/uci.py protocol's split 0, 13-fold
+within 25 steps, and sghmc diverged at step 33), so the guard runs in their warm-up steps too when the gradients
+are full-batch (the default; between minibatches the secant measures gradient noise, not curvature). The draws
+after warm-up keep one step. Should a chain still diverge under ``lr="auto"`` it recovers: it goes back to its
+last finite state with a step 4 times smaller (at most 8 times), the fit warns, and
+``post.config["divergence_recovery"]`` lists the steps and the smaller step sizes
+(:meth:`~bnn_pyro.infer.sgmcmc_step.SGMCMC.recover`). A number ``lr`` is the user's: a divergence stops the
+fit with an error that suggests a smaller one.
 
 Held-out rows (csgmcmc, ``validation=``; :mod:`bnn_pyro.infer.holdout`). Without noise, an exploration stage
 runs to the joint mode of the weights and a learned noise, where an over-parameterized net fits the training
@@ -99,6 +110,7 @@ Example
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -112,10 +124,11 @@ from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
-from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, select_noise,
-                                    split)
+from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, refit,
+                                    refit_config, select_noise, split)
 from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction, check_friction,  # noqa: F401
-                                        check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature)
+                                        check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature,
+                                        SHRINK)
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle",
@@ -280,7 +293,10 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     else:
         data, holdout, why = split(full, validation, seed=cfg.seed, method="csgmcmc", convert=full.convert)
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
-    return run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
+    post = run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
+    # then every row, each exploration stage stopped where the held-out rows stopped it (holdout.refit)
+    return refit(post, lambda chosen: run_plan(model, full, plan, "csgmcmc", settings, refit_config(cfg),
+                                               stops=chosen.stops))
 
 
 def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
@@ -296,12 +312,15 @@ def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
 
 # ---------------------------------------------------------------------- the engine
 def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: SGOptions,
-             holdout: Holdout | None = None, full: Data | None = None) -> Posterior:
+             holdout: Holdout | None = None, full: Data | None = None, stops: list[list[int]] | None = None
+             ) -> Posterior:
     """Fit ``model`` by ``plan`` (the shared update of the module docstring) on ``data``: the engine of
     :func:`sgmcmc_engine` driven by :func:`~bnn_pyro.infer.contract.drive` (``num_chains`` chains, each in its own
     copy of the model). ``settings`` go into ``post.config``; ``holdout`` (rows held out of ``data``, ``full`` the
     whole set) scores csgmcmc's exploration stages and a snapshot ensemble's cycles (:mod:`bnn_pyro.infer.snapshot`
-    runs its plan here too), and then selects a learned noise on them."""
+    runs its plan here too), and then selects a learned noise on them. ``stops`` (per chain, the step of each
+    noise-free stage's kept state, chosen so on held-out rows before) replays those stops on every row
+    (:func:`~bnn_pyro.infer.holdout.refit`)."""
     lr, seed = cfg.lr, cfg.seed
     num_chains = positive_int("num_chains", cfg.num_chains)
     init = resolve_init(model, cfg.init, data)
@@ -314,20 +333,45 @@ def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: SG
                         num_chains=num_chains, run=dict(method=method, **config))  # all checked before any chain runs
     loop = Loop(num_steps=len(plan.scale), lr=lr, method=method, desc=method + " chain {index}",
                 quantity="potential energy", progress=cfg.progress)
-    paths = Potentials(cfg.fast_path)
-    post = drive(model, data, sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths), loop,
-                 num_chains=num_chains, seed=seed, config=config, checkpoints=ckpts, posterior_data=full)
+    paths, recoveries = Potentials(cfg.fast_path), {}
+    engine = sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries, stops)
+    post = drive(model, data, engine, loop, num_chains=num_chains, seed=seed, config=config, checkpoints=ckpts,
+                 posterior_data=full)
     paths.record(post.config)
+    _report_recoveries(post, method, recoveries)
     return select_noise(post, holdout)
 
 
+def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, float]]]) -> None:
+    """``post.config["divergence_recovery"]`` (per chain that recovered: the steps and the smaller step sizes on
+    ``U`` it went on with) and a warning, for chains that diverged under ``lr="auto"`` and recovered
+    (:meth:`~bnn_pyro.infer.sgmcmc_step.SGMCMC.recover`)."""
+    from bnn_pyro.diagnostics import DiagnosticWarning
+
+    events = {c: r for c, r in sorted(recoveries.items()) if r}
+    if not events:
+        return
+    post.config["divergence_recovery"] = {str(c): [{"step": t, "step_size": eta} for t, eta in r]
+                                          for c, r in events.items()}
+    where = "; ".join(f"chain {c} at step{'s' if len(r) > 1 else ''} {', '.join(str(t) for t, _ in r)} "
+                      f"(step size on U now {r[-1][1]:.3g})" for c, r in events.items())
+    warnings.warn(f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
+                  f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
+                  "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
+                  f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
+                  "lr / N).", DiagnosticWarning, stacklevel=6)  # the user's bp.fit call
+
+
 def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None,
-                  paths: Potentials | None = None) -> Engine:
+                  paths: Potentials | None = None, recoveries: dict | None = None,
+                  stops: list[list[int]] | None = None) -> Engine:
     """The :class:`~bnn_pyro.infer.contract.Engine` of ``plan``: its state is a :class:`_Chain` (the position ``z``
     in unconstrained coordinates, updated by its :class:`SGMCMC` optimizer), a step evaluates ``U~`` on the batch
     (first the held-out early stopping and the curvature estimate the plan marks, and keeping the draw the plan
     marks), ``after`` checks the gradient and records the step size taken, and the kept draws become the chain's.
-    ``paths`` builds the potentials (default: the fast path where the model allows it)."""
+    ``paths`` builds the potentials (default: the fast path where the model allows it); ``recoveries[chain]``
+    receives the chain's divergence recoveries under ``lr="auto"``; ``stops[chain]`` replays stops chosen before
+    (:meth:`_Chain.replay_stop`)."""
     paths = Potentials() if paths is None else paths
 
     def init_state(fitted, info: ChainInfo) -> _Chain:
@@ -339,13 +383,18 @@ def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, hold
             raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
                              "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
         walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
+        walk.index = info.index
+        walk.replay = None if stops is None else list(stops[info.index])
         walk.opt = SGMCMC(walk.params, plan=plan, lr=None if lr == "auto" else lr / data.size, seed=info.seed,
-                          curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size)
+                          curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size,
+                          guard_noisy=data.loader is None and (data.batch_size or data.size) >= data.size)
         return walk
 
     def draws(walk: _Chain, history: dict[str, torch.Tensor]) -> ChainRun:
         samples = walk.pot.constrain(walk.pot.unflatten(torch.stack(walk.draws)))
-        if holdout is not None:
+        if recoveries is not None:
+            recoveries[walk.index] = list(walk.opt.recoveries)
+        if holdout is not None or stops is not None:  # chosen on held-out rows, or replayed
             history["exploration_stop"] = torch.tensor(walk.stops, dtype=torch.long)
         stats = dict(lp=-history["potential"][plan.keep], step_size=history["step_size"][plan.keep])
         return ChainRun(walk.model, {k: v.detach().clone() for k, v in samples.items()},
@@ -367,7 +416,8 @@ class _Chain:
         self.params = [self.z]
         self._keep, self._noisy = plan.keep.tolist(), plan.noisy.tolist()
         self.draws, self.stops, self.best = [], [], None
-        self.opt, self.batch, self.t, self.u = None, None, 0, math.nan
+        self.opt, self.batch, self.t, self.u, self.index = None, None, 0, math.nan, 0
+        self.replay, self.saved, self.in_stage = None, None, False
 
     def curvature(self, z: torch.Tensor, start: torch.Tensor, iters: int):
         return largest_curvature(self.pot, z, self.batch, start, iters)
@@ -376,11 +426,17 @@ class _Chain:
         self.batch, self.t = batch, t
         if self.holdout is not None:
             self._early_stop(t)
+        elif self.replay is not None:
+            self.replay_stop(t)
         self.opt.adapt()
         u = self.pot(self.pot.unflatten(self.z), batch)
         self.u = float(u.detach())
         if not math.isfinite(self.u):
-            raise self._diverged(self.opt.planned_step)
+            planned = self.opt.planned_step
+            if self.opt.recover() is None:  # a fixed lr, or lr="auto" out of recoveries (SGMCMC.recover)
+                raise self._diverged(planned)
+            u = self.pot(self.pot.unflatten(self.z), batch)  # the last finite point, on the same batch
+            self.u = float(u.detach())
         if self._keep[t]:  # the state at the start of the step
             self.draws.append(self.z.detach().clone())
         return u, SGInfo(self.u, math.nan)
@@ -417,6 +473,25 @@ class _Chain:
                 self.opt.restart()
             self.stops.append(self.best.best_step)
             self.best = None
+
+    def replay_stop(self, t: int) -> None:
+        """Without held-out rows, the stops a fit with them chose (``self.replay``: the step of each noise-free
+        stage's kept state, in order): keep the state at the start of that step and end the stage from it, as
+        :meth:`_early_stop` did (the refit on all rows, :func:`~bnn_pyro.infer.holdout.refit`)."""
+        noisy = self._noisy[t]
+        snapshot = self._keep[t] and not noisy
+        if not noisy and not self.in_stage:
+            self.in_stage, self.saved = True, None
+        if self.in_stage and self.replay and self.replay[0] == t:
+            self.saved = self.z.detach().clone()
+        if self.in_stage and (noisy or snapshot):  # the stage has ended: go on from its replayed state
+            stop = self.replay.pop(0) if self.replay else t
+            if stop != t and self.saved is not None:
+                with torch.no_grad():
+                    self.z.copy_(self.saved)
+                self.opt.restart()
+            self.stops.append(stop)
+            self.in_stage, self.saved = False, None
 
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         tensors = {"draws": torch.stack(self.draws)} if self.draws else {}

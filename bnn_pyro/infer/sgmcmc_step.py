@@ -25,11 +25,13 @@ from bnn_pyro._checks import positive
 if TYPE_CHECKING:
     from bnn_pyro.infer._potential import Potential
 
-__all__ = ["Plan", "SGMCMC", "GUARD", "ADAPT_EVERY", "largest_curvature", "secant_curvature", "cosine_cycle",
+__all__ = ["Plan", "SGMCMC", "GUARD", "ADAPT_EVERY", "SHRINK", "MAX_RECOVERIES", "largest_curvature", "secant_curvature", "cosine_cycle",
            "langevin_plan", "cyclical_plan", "auto_fraction", "check_lr", "check_friction"]
 
 ADAPT_EVERY = 100  # lr="auto": steps between curvature estimates while the step may change
 GUARD = 2.0  # lr="auto", exploration: re-estimate the curvature when eta_t * (secant curvature) > GUARD * fraction
+SHRINK = 0.25  # lr="auto", after a divergence: the step (and its cap from then on) times this
+MAX_RECOVERIES = 8  # lr="auto": divergences a chain recovers from (the step then 4^-8 = 1.5e-5 of the first) before it stops
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class Plan:
     score_start:
         With held-out rows: whether a noise-free stage's first state competes for its best state (csgmcmc: True;
         a snapshot ensemble: False, so that a cycle's snapshot is never the previous cycle's, which it starts from).
+    guard:
+        ``(T,)`` bool: the steps where ``lr="auto"``'s stability guard runs (:class:`SGMCMC`); ``None``: the
+        noise-free ones. sgld's and sghmc's plan guards every warm-up step too (their step may change there
+        anyway), where the curvature can outgrow the last estimate before the next one (a learned noise falling).
     """
 
     scale: torch.Tensor
@@ -62,6 +68,7 @@ class Plan:
     friction: float
     fraction: float
     score_start: bool = True
+    guard: torch.Tensor | None = None
 
 
 class SGMCMC(torch.optim.Optimizer):
@@ -90,13 +97,22 @@ class SGMCMC(torch.optim.Optimizer):
         ``z`` on the current minibatch by power iteration from ``start`` (needed with ``lr=None``).
     fallback:
         ``eta`` when the first estimate is not positive.
+    guard_noisy:
+        Whether the guard may run in noisy steps that ``plan.guard`` marks: only when the gradients are full-batch
+        (a secant between two minibatches' gradients measures their noise, not the curvature).
 
     ``state_dict()`` holds the state (momentum ``v``, the power iteration's vector, the guard's last point and
-    gradient, the step index ``t``), ``eta`` and the noise generator: a restored optimizer continues exactly.
-    After :meth:`step`, ``step_size`` is the ``eta_t`` it used.
+    gradient, the last finite point, the step's cap, the step index ``t``), ``eta`` and the noise generator: a
+    restored optimizer continues exactly. After :meth:`step`, ``step_size`` is the ``eta_t`` it used.
+
+    Divergence recovery (``lr=None`` only: the default must not crash; a step the user chose is theirs to change):
+    :meth:`recover` puts ``z`` back at the last point whose potential and gradient were finite, zeroes the
+    momentum and multiplies ``eta`` by :data:`SHRINK`, which also caps every later curvature estimate; a
+    non-finite gradient in :meth:`step` does the same instead of moving. ``recoveries`` lists ``(t, eta)``.
     """
 
-    def __init__(self, params, *, plan: Plan, lr: float | None, seed: int, curvature=None, fallback: float = 1.0):
+    def __init__(self, params, *, plan: Plan, lr: float | None, seed: int, curvature=None, fallback: float = 1.0,
+                 guard_noisy: bool = True):
         super().__init__(params, dict(eta=lr))
         if len(self.param_groups) != 1 or len(self.param_groups[0]["params"]) != 1:
             raise ValueError("SGMCMC updates one flat tensor: pass params=[z].")
@@ -105,9 +121,12 @@ class SGMCMC(torch.optim.Optimizer):
                              "step estimates it (plan.adapt[0]); or pass lr, the step on U.")
         (z,) = self.param_groups[0]["params"]
         self.plan, self.curvature, self.fallback, self.step_size = plan, curvature, fallback, None
+        self.recoveries: list[tuple[int, float]] = []
         self._scale, self._noisy, self._adapt = plan.scale.tolist(), plan.noisy.tolist(), plan.adapt.tolist()
+        guard = ~plan.noisy if plan.guard is None else plan.guard & (~plan.noisy | guard_noisy)
+        self._guard = guard.tolist()
         self.noise = torch.Generator(device=z.device).manual_seed(seed + 7919)
-        self.state[z].update(t=0, momentum=torch.zeros_like(z), secant=None,
+        self.state[z].update(t=0, momentum=torch.zeros_like(z), secant=None, good=None, cap=math.inf,
                              direction=torch.randn(z.shape, generator=self.noise, dtype=z.dtype, device=z.device))
 
     def _parts(self):
@@ -128,7 +147,22 @@ class SGMCMC(torch.optim.Optimizer):
         if self.curvature is None or not self._adapt[state["t"]]:
             return
         lam, state["direction"] = self.curvature(z, state["direction"], 30 if group["eta"] is None else 10)
-        group["eta"] = self.plan.fraction / lam if lam > 0 else (group["eta"] or self.fallback)
+        group["eta"] = min(self.plan.fraction / lam if lam > 0 else (group["eta"] or self.fallback), state["cap"])
+
+    def recover(self) -> float | None:
+        """After a divergence at step ``t``: back to the last finite point, momentum zeroed, ``eta`` (and its cap)
+        times :data:`SHRINK`; returns the new ``eta``, or ``None`` when it cannot (a fixed ``lr``, no finite point
+        yet, or :data:`MAX_RECOVERIES` used)."""
+        group, z, state = self._parts()
+        if self.curvature is None or state["good"] is None or len(self.recoveries) >= MAX_RECOVERIES:
+            return None
+        with torch.no_grad():
+            z.copy_(state["good"])
+        state["momentum"].zero_()
+        state["secant"] = None
+        group["eta"] = state["cap"] = group["eta"] * SHRINK
+        self.recoveries.append((state["t"], group["eta"]))
+        return group["eta"]
 
     def restart(self) -> None:
         """Momentum to zero and the guard's last point forgotten (the chain jumped, e.g. to a held-out best)."""
@@ -144,7 +178,16 @@ class SGMCMC(torch.optim.Optimizer):
                 loss = closure()
         group, z, state = self._parts()
         t, grad, alpha, fraction = state["t"], z.grad, self.plan.friction, self.plan.fraction
-        if self.curvature is not None and not self._noisy[t]:  # the stability guard (bnn_pyro.infer.sgmcmc's docstring)
+        if self.curvature is not None:  # lr="auto": the point to come back to after a divergence
+            if not bool(torch.isfinite(grad).all()):
+                if self.recover() is not None:
+                    self.step_size = group["eta"] * self._scale[t]
+                    grad.zero_()  # the step is skipped; the next one starts from the restored point
+                    state["t"] = t + 1
+                    return loss
+            else:
+                state["good"] = z.clone()
+        if self.curvature is not None and self._guard[t]:  # the stability guard (bnn_pyro.infer.sgmcmc's docstring)
             if (state["secant"] is not None
                     and group["eta"] * self._scale[t] * secant_curvature(z, grad, *state["secant"]) > GUARD * fraction):
                 lam, state["direction"] = self.curvature(z, state["direction"], 10)
@@ -163,11 +206,12 @@ class SGMCMC(torch.optim.Optimizer):
         return loss
 
     def state_dict(self):
-        return {**super().state_dict(), "noise": self.noise.get_state()}
+        return {**super().state_dict(), "noise": self.noise.get_state(), "recoveries": list(self.recoveries)}
 
     def load_state_dict(self, state_dict) -> None:
         state_dict = dict(state_dict)
         self.noise.set_state(state_dict.pop("noise"))
+        self.recoveries = [tuple(r) for r in state_dict.pop("recoveries", [])]
         super().load_state_dict(state_dict)
 
 
@@ -217,7 +261,7 @@ def langevin_plan(num_warmup: int, num_samples: int, thin: int, polynomial: bool
     keep = (t >= num_warmup) & ((t - num_warmup) % thin == thin - 1)
     adapt = (t <= num_warmup) & ((t % ADAPT_EVERY == 0) | (t == num_warmup))
     return Plan(scale=scale, noisy=torch.ones_like(t, dtype=torch.bool), keep=keep, adapt=adapt, friction=friction,
-                fraction=auto_fraction(friction))
+                fraction=auto_fraction(friction), guard=t < num_warmup)
 
 
 def cyclical_plan(num_cycles: int, num_samples: int, thin: int, exploration: float, friction: float) -> Plan:

@@ -64,7 +64,7 @@ import torch
 from bnn_pyro._checks import positive_int
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.contract import entry
-from bnn_pyro.infer.holdout import DEFAULT, describe, split
+from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
 from bnn_pyro.infer.sgmcmc import SGOptions, run_plan
 from bnn_pyro.infer.sgmcmc_step import ADAPT_EVERY, Plan, check_friction, check_lr, cosine_cycle
 from bnn_pyro.posterior import Posterior
@@ -121,8 +121,10 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
         layers' initializers under the run's seed; ``"prior"``, ``"net"``, ``"median"``, a dict, a Posterior).
     validation:
         Held-out rows (:mod:`bnn_pyro.infer.holdout`) that pick each cycle's snapshot among its own states and
-        then the noise: default 10% of tensor data of at least 200 rows; a fraction, an ``(x_val, y_val)`` pair,
-        or ``None`` (every snapshot is its cycle's end).
+        then the noise: default 10% of tensor data of at least 200 rows. Then the run is repeated on every row,
+        each cycle's snapshot taken at the step chosen, and the chosen noise replaces the run's
+        (:func:`~bnn_pyro.infer.holdout.refit`; cost: a second run). A fraction, an ``(x_val, y_val)`` pair (no
+        refit: every row is trained on already), or ``None`` (every snapshot is its cycle's end).
     seed, progress, checkpoint, checkpoint_every, resume, fast_path:
         As in :func:`bnn_pyro.infer.sgmcmc.fit_sgld` (checkpoint/resume is bit-identical).
 
@@ -141,6 +143,9 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     train, holdout, why = split(data, validation, seed=cfg.seed, method="snapshot", convert=data.convert)
     settings = dict(num_cycles=num_cycles, cycle_length=cycle_length, friction=alpha,
                     validation=describe(holdout, validation if validation != "default" else DEFAULT, why))
-    return run_plan(model, train, snapshot_plan(num_cycles, cycle_length, alpha), "snapshot", settings, cfg,
-                    holdout=holdout, full=data)
+    plan = snapshot_plan(num_cycles, cycle_length, alpha)
+    post = run_plan(model, train, plan, "snapshot", settings, cfg, holdout=holdout, full=data)
+    # then every row, each cycle's snapshot taken at the step the held-out rows chose (holdout.refit)
+    return refit(post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg),
+                                               stops=chosen.stops))
 

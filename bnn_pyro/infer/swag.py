@@ -106,7 +106,8 @@ from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
-from bnn_pyro.infer.holdout import DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, select_noise, split
+from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, refit, refit_config,
+                                    select_noise, split)
 from bnn_pyro.infer.swag_state import PhasedOptimizer, PretrainOptimizer, SWAGMoments, auto_lr, batchnorm_statistics
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -203,9 +204,12 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
         and the data are tensors, the same rows for every chain): pre-training keeps its state with the best
         held-out likelihood (scored every ``pretrain_steps // 50`` steps: early stopping) and the SWA phase
         starts from it; at the end a learned Gaussian noise is set to the value that maximizes the held-out log
-        predictive density of the SWAG predictive (every chain's draws). A fraction, an ``(x_val, y_val)``
-        pair, or ``None`` (every row trained on, the noise at its SWA value: overconfident on small data).
-        Costs 10% of the rows and a forward pass over the held-out rows per score.
+        predictive density of the SWAG predictive (every chain's draws). Then the whole run is repeated on every
+        row, pre-training for the chosen number of epochs (the median best step, scaled to all rows), and the
+        chosen noise replaces the SWA one (:func:`~bnn_pyro.infer.holdout.refit`). A fraction, an ``(x_val,
+        y_val)`` pair (no refit: every row is trained on already), or ``None`` (every row trained on, the noise
+        at its SWA value: overconfident on small data). Costs a second run and a forward pass over the held-out
+        rows per score.
 
     Why three chains by default (MultiSWAG; Wilson & Izmailov 2020, "Bayesian Deep Learning and a
     Probabilistic Perspective of Generalization"): one SWAG run describes one basin, and its spread is
@@ -247,7 +251,20 @@ class _Settings:
 
 
 def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments]]:
-    """The posterior and each chain's :class:`SWAGMoments`."""
+    """The posterior and each chain's :class:`SWAGMoments`: chosen on held-out rows (the pre-training's stopping
+    point, the noise), then fitted on every row with them (:func:`~bnn_pyro.infer.holdout.refit`)."""
+    first = _run_once(model, data, cfg)
+    final = []
+
+    def again(chosen) -> Posterior:
+        final.append(_run_once(model, data, refit_config(cfg, pretrain_steps=chosen.num_steps)))
+        return final[0][0]
+
+    post = refit(first[0], again)
+    return (post, final[0][1]) if final else first
+
+
+def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments]]:
     swag = isinstance(cfg, SWAGConfig)
     method = "swag" if swag else "swa"
     full = data
@@ -421,6 +438,8 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
             samples = {k: v.detach() for k, v in pot.constrain(pot.unflatten(flat)).items()}
             point = point_values(fitted, *data.first(), data.size)
         buffers = batchnorm_statistics(fitted, samples, average, data, s.batch_size)
+        if holdout is not None and state.best.state is not None:  # the pre-training step kept (holdout.refit)
+            history["best_step"] = torch.tensor([state.best.best_step])
         return ChainRun(fitted, samples, point, history, {} if log_q is None else {"log_q": log_q}, buffers)
 
     return Engine(init=init, step=step, draws=draws, info=SWAInfo, after=after, checkpoint=checkpoint,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 
+import pyro.distributions as dist
 import pytest
 import torch
 
@@ -143,3 +144,40 @@ def test_checks_leave_the_global_random_state_alone(blr):
     state = torch.get_rng_state()
     _health.check_predictive(post)
     assert torch.equal(state, torch.get_rng_state())
+
+
+# ------------------------------------------------------------------ raw-unit targets under a small fixed noise
+def _raw_units(n: int = 100):
+    """Targets in raw units (sd ~55, as the issue's public regression sets: 55-77) of a wiggly function."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 1, generator=g)
+    return x, 150.0 + 55.0 * torch.sin(2 * x[:, 0]) + 5.0 * torch.randn(n, generator=g)
+
+
+def test_raw_unit_targets_under_the_default_noise_warn_with_their_sd_and_the_noise_before_the_fit():
+    x, y = _raw_units()
+    sd = float(y.std(correction=0))
+    with pytest.warns(DiagnosticWarning) as record:
+        bp.fit(_mlp(), x, y, method="svi", num_steps=200, lr=0.01, seed=0, progress=False)
+    messages = _messages(record)
+    first = [m for m in messages if m.startswith("unscaled targets")]
+    assert first and f"standard deviation {sd:.3g}" in first[0] and "Gaussian(scale=0.1)" in first[0], messages
+    assert "Standardizer" in first[0] and "HalfNormal" in first[0]  # what to do: standardize, or learn the noise
+    elbo = [m for m in messages if "ELBO has not converged" in m]  # 200 steps: still falling, for another reason
+    assert elbo and "Try more num_steps" not in elbo[0] and "units" in elbo[0], messages
+    assert record[0].filename == __file__  # the warning points at the user's bp.fit call
+
+
+def test_standardized_targets_or_a_learned_noise_or_a_noise_in_their_units_do_not_warn():
+    x, y = _raw_units()
+    z = (y - y.mean()) / y.std()
+
+    def model(likelihood):
+        net = torch.nn.Sequential(torch.nn.Linear(1, 20), torch.nn.Tanh(), torch.nn.Linear(20, 1))
+        return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
+
+    assert _health.unscaled_targets(_mlp(), y) is not None  # the raw targets under the default scale 0.1: flagged
+    assert _health.unscaled_targets(_mlp(), z) is None  # standardized: the README's setting
+    assert _health.unscaled_targets(model(bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))), y) is None
+    assert _health.unscaled_targets(model(bp.likelihoods.Gaussian(scale=10.0)), y) is None  # noise in y's units
+    _quiet(lambda: _health.check_targets(_mlp(), z))

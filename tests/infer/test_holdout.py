@@ -125,15 +125,21 @@ def _overfitting_setup(n=240):
 
 
 @pytest.mark.slow
-def test_ensemble_default_sets_the_noise_on_held_out_rows():
+def test_ensemble_default_sets_the_noise_on_held_out_rows(monkeypatch):
     """True noise sd 0.5. Members fitted on all rows learn the training residual (below 0.5); the default holds
     24 rows out and sets sigma to maximize their predictive density. The sd of an sd estimated from n = 24 residuals
     is ~0.5 / sqrt(2n) = 0.072: the tolerance 0.2 (log ratio < 0.35) is ~2.5 of those plus the net's misfit."""
     model, x, y = _overfitting_setup()
     config = dict(method="ensemble", num_members=2, num_steps=800, lr=0.02, seed=0, progress=False)
+    from bnn_pyro.infer import ensemble
+
+    final = bp.fit(model, x, y, **config)
+    assert final.config["validation"]["final_fit_rows"] == 240
+    monkeypatch.setattr(ensemble, "refit", lambda post, again: post)  # the fit that chose, before the refit
     post = bp.fit(model, x, y, **config)
     assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
     noise = post.config["noise"]
+    assert final.config["noise"] == noise and torch.all(final.samples["sigma"] == noise["sigma"])
     assert torch.all(post.samples["sigma"] == noise["sigma"])
     assert abs(math.log(noise["sigma"] / 0.5)) < 0.35, noise
     # its held-out density is the mixture's best over sigma
@@ -152,3 +158,110 @@ def test_ensemble_known_noise_is_never_changed():
     post = bp.fit(model, x, y, method="ensemble", num_members=2, num_steps=100, seed=0, progress=False)
     assert post.config["validation"]["rows"] == 24 and "noise" not in post.config
     assert set(post.samples) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+
+
+# ------------------------------------------------------------------------------- the refit on all rows
+def test_scaled_steps_keep_the_number_of_epochs():
+    assert ho.scaled_steps(120, rows_train=180, rows_all=200, batch_size=None) == 120  # full batch: a step is an epoch
+    assert ho.scaled_steps(120, rows_train=180, rows_all=200, batch_size=200) == 120
+    # 18 steps per epoch on 180 rows, 20 on 200: 120 steps are 6.67 epochs, 133.3 steps on all rows
+    assert ho.scaled_steps(120, rows_train=180, rows_all=200, batch_size=10) == 133
+    assert ho.scaled_steps(0, rows_train=180, rows_all=200, batch_size=10) == 0
+
+
+def test_laplace_defaults_are_the_exact_posterior_of_blr_with_200_rows():
+    """Known noise: nothing to choose, so nothing is held out and every row is fitted (before: 10% held out and an
+    early-stopped MAP, the mean 2.6 posterior sd off). The GGN Laplace of BLR is its exact posterior, so the only
+    error is Monte Carlo: the mean of 1,000 independent draws has sd 1/sqrt(1000) = 0.032 posterior sd, and the
+    tolerance 0.13 is 4 of those; a sample sd's relative sd is 1/sqrt(2 * 1000) = 0.022, tolerance 0.09."""
+    from blr import flat_draws, make_blr
+
+    blr = make_blr(n=200, d=2, noise=0.5, correlation=0.5, seed=0)
+    post = bp.fit(blr.model(), blr.x, blr.y, method="laplace", seed=0, progress=False)
+    assert post.config["validation"]["rows"] == 0 and "no learned Gaussian noise" in post.config["validation"]["reason"]
+    w = flat_draws(post.samples)
+    sd = blr.cov.diagonal().sqrt()
+    assert ((w.mean(0) - blr.mean).abs() / sd).max() < 4 / math.sqrt(1000)
+    assert ((w.std(0) / sd).log().abs()).max() < 4 / math.sqrt(2 * 1000)
+
+
+def _learned_noise(n=240):
+    x, y = _data(n)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
+                  likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))), x, y
+
+
+@pytest.mark.parametrize("method, options, steps", [
+    ("ensemble", dict(num_members=2, num_steps=150), "num_steps"),
+    ("mc_dropout", dict(num_steps=150, num_samples=20), "num_steps"),
+    ("swag", dict(pretrain_steps=100, num_steps=60, rank=2, num_chains=1, num_samples=10), "pretrain_steps"),
+])
+def test_the_final_fit_is_the_fit_on_every_row_with_what_the_held_out_rows_chose(method, options, steps):
+    """The default holds 24 of 240 rows out to choose the stopping point and the noise, then returns the engine's
+    fit on all 240 rows for the chosen number of steps (full batch: the same number of epochs), with the chosen
+    noise: bit for bit the fit a user would run by hand with validation=None."""
+    model, x, y = _learned_noise()
+    post = bp.fit(model, x, y, method=method, seed=0, progress=False, **options)
+    record = post.config["validation"]
+    assert record["rows"] == 24 and record["source"] == "split" and record["final_fit_rows"] == 240
+    chosen = record["chosen"]
+    assert 1 <= chosen["num_steps"] <= options[steps] and chosen["sigma"] == post.config["noise"]["sigma"]
+    assert post.config[steps] == chosen["num_steps"]
+    by_hand = bp.fit(model, x, y, method=method, seed=0, progress=False, validation=None,
+                     **{**options, steps: chosen["num_steps"]})
+    for name in ("0.weight", "2.weight"):
+        assert torch.equal(post.samples[name], by_hand.samples[name]), name
+    assert torch.all(post.samples["sigma"] == chosen["sigma"])  # the chosen noise, not the refit's own estimate
+    assert not torch.all(by_hand.samples["sigma"] == chosen["sigma"])
+
+
+def test_laplace_with_a_learned_noise_refits_every_row_with_the_chosen_noise_fixed():
+    model, x, y = _learned_noise()
+    post = bp.fit(model, x, y, method="laplace", seed=0, progress=False)
+    record = post.config["validation"]
+    assert record["rows"] == 24 and record["final_fit_rows"] == 240 and post.config["polish_steps"] == 0
+    sigma = record["chosen"]["sigma"]
+    assert post.config["noise"]["sigma"] == sigma and torch.allclose(post.samples["sigma"], torch.tensor(sigma))
+    assert post.config["num_steps"] == record["chosen"]["num_steps"] <= 1000
+    assert "log_q" in post.sample_stats  # the Gaussian was fitted with the noise in: its density still holds
+
+
+def test_a_given_pair_is_not_refitted():
+    model, x, y = _learned_noise()
+    post = bp.fit(model, x[:216], y[:216], method="ensemble", num_members=1, num_steps=50, seed=0, progress=False,
+                  validation=(x[216:], y[216:]))
+    assert post.config["validation"] == {"rows": 24, "source": "given"}
+
+
+@pytest.mark.parametrize("method, options", [
+    ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=2)),
+    ("snapshot", dict(num_cycles=2, cycle_length=40)),
+])
+def test_cyclical_engines_refit_every_row_replaying_the_stages_stops(method, options):
+    model, x, y = _learned_noise()
+    post = bp.fit(model, x, y, method=method, seed=0, progress=False, **options)
+    record = post.config["validation"]
+    assert record["rows"] == 24 and record["final_fit_rows"] == 240 and post.config["dataset_size"] == 240
+    assert post.history["exploration_stop"].tolist() == record["chosen"]["stops"]  # the refit stopped there too
+    assert torch.all(post.samples["sigma"] == record["chosen"]["sigma"])
+
+
+def test_replayed_stops_reproduce_the_run_that_chose_them():
+    """A run on all rows that chose its stops on a given held-out pair, and a run on the same rows that replays
+    those stops without held-out rows: the same weights, draw for draw (the noise aside, which the first one
+    chose on the pair)."""
+    from bnn_pyro.infer import sgmcmc
+
+    model, x, y = _learned_noise(264)
+    options = dict(num_cycles=2, num_samples=10, thin=2, seed=0, progress=False)
+    chose = bp.fit(model, x[:240], y[:240], method="csgmcmc", validation=(x[240:], y[240:]), **options)
+    stops = chose.history["exploration_stop"].tolist()
+    assert chose.config["validation"] == {"rows": 24, "source": "given"}
+    assert any(t % 50 != 40 for t in stops[0])  # a stage stopped before its end (step 40 of each 50): a real replay
+    cfg = sgmcmc.CSGMCMCConfig(validation=None, **options)
+    plan = sgmcmc.cyclical_plan(2, 10, 2, cfg.exploration, cfg.friction)
+    replayed = sgmcmc.run_plan(model, Data(x[:240], y[:240]), plan, "csgmcmc", {}, cfg, stops=stops)
+    assert replayed.history["exploration_stop"].tolist() == stops
+    for name in ("0.weight", "0.bias", "2.weight", "2.bias"):
+        assert torch.equal(replayed.samples[name], chose.samples[name]), name

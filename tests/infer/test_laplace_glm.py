@@ -119,7 +119,7 @@ def _friedman(n, seed):
     return (x - 0.5) / 0.29, (y - 14.4) / 4.9  # standardized (Friedman #1 moments)
 
 
-def test_default_holds_out_rows_and_chooses_the_noise_there():
+def test_default_holds_out_rows_and_chooses_the_noise_there(monkeypatch):
     """At the defaults on 300 rows: 30 held out, no polish, and the learned noise set on them (all draws) to
     the maximizer of the held-out density of the GLM predictive (:func:`best_sigma`, tested above); with
     ``validation=None`` the MAP's noise and the L-BFGS polish (the former default)."""
@@ -127,8 +127,14 @@ def test_default_holds_out_rows_and_chooses_the_noise_there():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(5, 20), torch.nn.ReLU(), torch.nn.Linear(20, 1))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    from bnn_pyro.infer.laplace import fit as laplace_fit
+
+    final = bp.fit(model, x, y, method="laplace", num_steps=100, num_samples=200, seed=0, progress=False)
+    assert final.config["validation"]["final_fit_rows"] == 300 and final.config["polish_steps"] == 0
+    monkeypatch.setattr(laplace_fit, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(model, x, y, method="laplace", num_steps=100, num_samples=200, seed=0, progress=False)
     assert post.config["validation"] == {"rows": 30, "source": "split", "fraction": 0.1}
+    assert final.config["noise"]["sigma"] == post.config["noise"]["sigma"]
     assert post.config["polish_steps"] == 0 and post.config["predictive"] == "glm"
     noise = post.config["noise"]
     assert noise["selected_on"] == "validation" and torch.all(post.samples["sigma"] == noise["sigma"])

@@ -442,6 +442,29 @@ def test_divergence_stops_with_a_clear_error():
         bp.fit(exact.model(), exact.x, exact.y, method="sgld", lr=50.0, num_samples=50, progress=False)
 
 
+def test_auto_step_that_diverges_steps_back_warns_and_records_the_smaller_step(monkeypatch):
+    """lr="auto" is the default and must not crash: forced to eta * lambda_max = 20 (5 times the stability limit
+    2 (2 - alpha) = 3.8 of sghmc's friction 0.1), the chain diverges, goes back to its last finite state with a
+    step 4 times smaller, twice (20 / 16 = 1.25 is stable), and finishes with finite draws that all use the last
+    step; the warning and post.config say so."""
+    from bnn_pyro.diagnostics import DiagnosticWarning
+    from bnn_pyro.infer import sgmcmc_step
+
+    exact = _blr()
+    monkeypatch.setattr(sgmcmc_step, "auto_fraction", lambda friction: 20.0)
+    with pytest.warns(DiagnosticWarning, match=r"sghmc: lr='auto' diverged \(chain 0 at step") as record:
+        post = bp.fit(exact.model(), exact.x, exact.y, method="sghmc", num_samples=100, seed=0, progress=False)
+    assert any(w.filename == __file__ for w in record)  # at the user's bp.fit call
+    events = post.config["divergence_recovery"]["0"]
+    first = float(post.history["step_size"][0, 0])
+    sizes = [e["step_size"] for e in events]  # each 4 times below the one that diverged (the guard may lower it too)
+    assert sizes[0] <= 0.25 * first * (1 + 1e-12) and all(b == pytest.approx(0.25 * a) for a, b in zip(sizes, sizes[1:]))
+    assert 1 <= len(events) <= sgmcmc_step.MAX_RECOVERIES
+    assert torch.all(post.sample_stats["step_size"] == events[-1]["step_size"])  # warm-up absorbed them all
+    assert all(bool(torch.isfinite(v).all()) for v in post.samples.values())
+    assert bool(torch.isfinite(post.history["potential"]).all())
+
+
 # ------------------------------------------------------------------ argument errors
 @pytest.mark.parametrize("method, kwargs, match", [
     ("sgld", dict(lr=-1e-3), "lr must be a positive finite number"),

@@ -35,9 +35,15 @@ def _mlp(scale=None, hidden=16):
 SHORT = dict(num_cycles=2, num_samples=20, thin=5, seed=0, progress=False)  # cycles of 250 steps, 200 exploring
 
 
-def test_exploration_stages_stop_at_their_best_heldout_state_and_the_noise_is_chosen_there():
+def test_exploration_stages_stop_at_their_best_heldout_state_and_the_noise_is_chosen_there(monkeypatch):
+    from bnn_pyro.infer import sgmcmc
+
     x, y = _sine()
+    final = bp.fit(_mlp(), x, y, method="csgmcmc", **SHORT)
+    assert final.config["validation"]["final_fit_rows"] == 240 and final.config["dataset_size"] == 240
+    monkeypatch.setattr(sgmcmc, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(_mlp(), x, y, method="csgmcmc", **SHORT)
+    assert final.config["noise"] == post.config["noise"]
     assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
     assert post.config["dataset_size"] == 216 and post.x.shape[0] == 240  # sampled on the other 90%
     K, explore = post.config["cycle_length"], 200

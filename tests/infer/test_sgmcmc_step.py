@@ -84,6 +84,32 @@ def test_auto_step_and_guard_follow_the_curvature():
     assert calls == [30]  # the secant curvature (at most 3 on this quadratic) keeps the guard quiet
 
 
+@pytest.mark.parametrize("full_batch", [True, False])
+def test_warm_up_guard_catches_curvature_that_outgrew_the_first_estimate_on_full_batch_gradients(full_batch):
+    """sghmc's warm-up (noisy steps): the first estimate says lambda = 0.03 but U = 50 z^2 has curvature 100 (a
+    learned noise that fell). eta * 100 = 3,167 times the aim: on full-batch gradients the guard sees the secant
+    curvature 100 at the second step, re-estimates (100) and lowers eta to fraction / 100; between minibatches
+    (``guard_noisy=False``) the secant is not trusted and the step stays until the next planned estimate."""
+    estimates = iter([0.03] + [100.0] * 10)
+
+    def curvature(z, start, iters):
+        return next(estimates), start
+
+    plan = sgmcmc_step.langevin_plan(num_warmup=20, num_samples=5, thin=1, polynomial=False, friction=0.1)
+    z = torch.tensor([1e-3], dtype=torch.float64, requires_grad=True)
+    opt = SGMCMC([z], plan=plan, lr=None, seed=0, curvature=curvature, guard_noisy=full_batch)
+    used = []
+    for _ in range(3):
+        opt.zero_grad(set_to_none=True)
+        (50.0 * z @ z).backward()
+        opt.adapt()
+        opt.step()
+        used.append(opt.step_size)
+    fraction = sgmcmc_step.auto_fraction(0.1)
+    later = fraction / 100.0 if full_batch else fraction / 0.03  # the guard acts at the first step with a secant
+    assert used == pytest.approx([fraction / 0.03, later, later])
+
+
 def test_state_dict_round_trip_continues_exactly(monkeypatch):
     """Through the checkpoint's JSON + tensors encoding: eta, momentum, step index, the guard's last point and the
     noise generator come back, so 3 more steps from the restored optimizer equal 3 more steps of the original.

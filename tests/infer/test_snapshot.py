@@ -85,13 +85,19 @@ def test_snapshots_differ_and_predict_averages_them():
     assert torch.allclose(pred.epistemic_std, f.std(0, unbiased=False), atol=1e-6)
 
 
-def test_learned_noise_is_chosen_on_held_out_rows():
+def test_learned_noise_is_chosen_on_held_out_rows(monkeypatch):
     """As for the other point-fit engines: 10% of >= 200 rows held out, the noise set where the snapshot
     mixture predicts them best (bnn_pyro/infer/holdout.py), every training row kept in post.x."""
     x, y = _toy(n=240)
     model = _mlp(likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    from bnn_pyro.infer import snapshot
+
+    final = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=50, seed=0, progress=False)
+    assert final.config["validation"]["final_fit_rows"] == 240
+    monkeypatch.setattr(snapshot, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=50, seed=0, progress=False)
     assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
+    assert final.config["noise"] == post.config["noise"]
     assert post.config["noise"]["selected_on"] == "validation"
     assert torch.equal(post.samples["sigma"], torch.full_like(post.samples["sigma"], post.config["noise"]["sigma"]))
     assert post.x.shape[0] == 240
@@ -167,8 +173,9 @@ def test_with_held_out_rows_each_snapshot_is_its_cycles_best_scored_state(monkey
     snapshot is the best-scoring of those states (early stopping within the cycle): a cycle run to its end overfits
     a small data set (diabetes: test LL -5.90 at the cycle ends, NUTS -5.54). The cycle's start (the previous
     snapshot, or the random start) is not scored: it is no candidate."""
-    from bnn_pyro.infer import holdout, sgmcmc
+    from bnn_pyro.infer import holdout, sgmcmc, snapshot
 
+    monkeypatch.setattr(snapshot, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     scores = []
 
     def recording(model, values, held):

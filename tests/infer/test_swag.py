@@ -419,12 +419,16 @@ def _heldout_lpd(post, x, y, sigma):
 
 
 @pytest.mark.parametrize("method", ["swa", "swag"])
-def test_default_holds_rows_out_and_sets_the_noise_on_them(method):
-    from bnn_pyro.infer import holdout
+def test_default_holds_rows_out_and_sets_the_noise_on_them(method, monkeypatch):
+    from bnn_pyro.infer import holdout, swag
 
     x, y = _sine()
     extra = dict(rank=3, num_samples=40, num_chains=1) if method == "swag" else {}
+    final = bp.fit(_learned_noise_mlp(), x, y, method=method, **extra, **SMALL)
+    assert _validation(final)["final_fit_rows"] == 240 and final.config["dataset_size"] == 240
+    monkeypatch.setattr(swag, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(_learned_noise_mlp(), x, y, method=method, **extra, **SMALL)
+    assert post.config["noise"]["sigma"] == final.config["noise"]["sigma"]
     assert _validation(post) == {"rows": 24, "source": "split", "fraction": 0.1}
     assert post.config["dataset_size"] == 216  # the fit saw the other 90%
     _, held, _ = holdout.split(Data(x=x, y=y), 0.1, seed=0, method=method)

@@ -65,6 +65,8 @@ class LaplaceApproximation:
         ``delta`` per group when the Normal priors were replaced (``None``: the model's prior).
     noise:
         How a learned Gaussian noise was chosen on held-out rows (:mod:`.noise`), or ``None``.
+    best_step:
+        The step of the MAP search kept (early stopping on held-out rows; the last step without them).
     log_evidence:
         Laplace estimate of ``log p(y)`` of the covered coordinates (the others held at the MAP).
     """
@@ -80,6 +82,7 @@ class LaplaceApproximation:
     log_evidence: float = float("nan")
     loss: torch.Tensor = field(default_factory=lambda: torch.empty(0), repr=False)
     noise: dict | None = None
+    best_step: int = -1
 
     def center(self) -> dict[str, torch.Tensor]:
         """The expansion point on every latent site's support (where the GLM predictive linearizes)."""

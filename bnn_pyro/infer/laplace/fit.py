@@ -5,6 +5,7 @@ at a time: held-out rows, MAP (:mod:`bnn_pyro.infer.map_fit`), curvature (:mod:`
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pyro
 import torch
@@ -16,7 +17,7 @@ from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.driver import ChainRun, assemble, chain, run_chains
-from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, split
+from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, refit, split
 from bnn_pyro.infer.laplace.approximation import (Hessian, LaplaceApproximation, Predictive, PriorPrecision, Settings,
                                                   Structure)
 from bnn_pyro.infer.laplace.curvature import checked, prior_terms, solve, terms
@@ -58,13 +59,17 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
         per chunk of draws); ``"nn"``: the network itself at each draw (the default, and only choice, for a
         Pyro function model).
     validation:
-        Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows (when that is at
-        least 20 rows and the data are tensors), the same for every chain. The MAP search keeps the state with
-        the best held-out likelihood (scored every ``num_steps // 50`` steps: early stopping), and a learned
-        homoscedastic Gaussian noise is set to the value that maximizes the held-out log predictive density of
-        the GLM predictive (:mod:`bnn_pyro.infer.laplace.noise`; cost: 10% fewer training rows, one held-out
-        Jacobian and one more curvature pass). A fraction, an ``(x_val, y_val)`` pair, or ``None`` (all rows
-        trained on, the noise at the MAP: overconfident on small data).
+        Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows when the model has a
+        learned homoscedastic Gaussian noise to choose (and that is at least 20 rows of tensor data), the same
+        for every chain; none otherwise (a known noise leaves nothing to choose, and the Laplace approximation
+        belongs at the mode, which early stopping would leave). The MAP search keeps the state with the best
+        held-out likelihood (scored every ``num_steps // 50`` steps: early stopping), and the noise is set to the
+        value that maximizes the held-out log predictive density of the GLM predictive
+        (:mod:`bnn_pyro.infer.laplace.noise`). Then the approximation is fitted again on every row
+        (:func:`~bnn_pyro.infer.holdout.refit`): the MAP search for the chosen number of epochs with the chosen
+        noise fixed, and its curvature (cost: a second MAP search). A fraction (the same, also for a known
+        noise: early stopping alone), an ``(x_val, y_val)`` pair (no refit: every row is fitted already), or
+        ``None`` (all rows, the noise at the MAP: overconfident on small data).
     num_samples, num_chains:
         Draws per chain from the Gaussian, and independent restarts (chains).
     num_steps, lr:
@@ -106,47 +111,63 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
                              init=init, predictive=predictive)
     num_samples = positive_int("num_samples", num_samples)
     num_chains = positive_int("num_chains", num_chains)
-    train, holdout, why = split(data, validation, seed=seed, method="laplace", convert=data.convert)
-    head = dict(structure=settings.structure.value, hessian=settings.hessian.value,
-                prior_precision=getattr(settings.prior_precision, "value", settings.prior_precision))
-    tail = dict(
-        predictive=settings.predictive.value, num_samples=num_samples, num_chains=num_chains,
-        num_steps=settings.num_steps, lr=settings.lr, polish_steps=_polish(settings, holdout),
-        marglik_rounds=settings.marglik_rounds,
-        init=settings.init if isinstance(settings.init, str) else type(settings.init).__name__,
-        batch_size=data.batch_size, dataset_size=data.size, seed=seed,
-        validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
-    )
-    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume, num_chains=num_chains,
-                        run=dict(method="laplace", **clean_config({**head, **tail})))
-    x0, y0 = train.first()
-    approxes, paths = [], Potentials(fast_path)
+    if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
+        train, holdout, why = data, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"
+    else:
+        train, holdout, why = split(data, validation, seed=seed, method="laplace", convert=data.convert)
 
-    def one_chain(fitted, info):
-        approx = fit_chain(fitted, train, settings, info.seed, progress, f"laplace chain {info.index}", holdout,
-                           ckpt=ckpts[info.index], paths=paths)
-        approxes.append(approx)
-        draws = approx.sample(num_samples, seed=info.seed)
-        return ChainRun(fitted, draws, point_values(fitted, x0, y0, train.size),
-                        history={"loss": approx.loss} if settings.num_steps else {},
-                        stats={"log_q": _density.laplace(approx, draws)})
+    def run(settings: Settings, train: Data, holdout: Holdout | None, why: str | None, ckpt_folder: str | None,
+            sigma: list[float] | None = None) -> Posterior:
+        head = dict(structure=settings.structure.value, hessian=settings.hessian.value,
+                    prior_precision=getattr(settings.prior_precision, "value", settings.prior_precision))
+        tail = dict(
+            predictive=settings.predictive.value, num_samples=num_samples, num_chains=num_chains,
+            num_steps=settings.num_steps, lr=settings.lr, polish_steps=_polish(settings, holdout),
+            marglik_rounds=settings.marglik_rounds,
+            init=settings.init if isinstance(settings.init, str) else type(settings.init).__name__,
+            batch_size=data.batch_size, dataset_size=data.size, seed=seed,
+            validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
+        )
+        ckpts = open_chains(ckpt_folder, every=checkpoint_every if ckpt_folder else None,
+                            resume=resume and bool(ckpt_folder), num_chains=num_chains,
+                            run=dict(method="laplace", **clean_config({**head, **tail})))
+        x0, y0 = train.first()
+        approxes, paths = [], Potentials(fast_path)
 
-    runs = run_chains(model, num_chains, seed, one_chain)
-    deltas = [a.prior_precision for a in approxes]
-    fitted_delta = None if deltas[0] is None else (
-        deltas[0]["all"] if num_chains == 1 and list(deltas[0]) == ["all"] else
-        {g: [d[g] for d in deltas] for g in deltas[0]})
-    evidence = approxes[0].log_evidence if num_chains == 1 else [a.log_evidence for a in approxes]
-    noise = [a.noise for a in approxes if a.noise is not None]
-    config = clean_config({**head, "prior_precision_fitted": fitted_delta, "log_evidence": evidence,
-                           "dim": len(approxes[0].active), **tail})
-    if noise:  # JSON-friendly as it is (as the ensemble's record from holdout.select_noise)
-        config["noise"] = noise[0] if num_chains == 1 else noise
-    paths.record(config)
-    if settings.predictive is Predictive.GLM and not _linear_in(runs[-1].model, approxes[0].linearized_sites()):
-        for run, approx in zip(runs, approxes):  # where each chain's network is linearized
-            run.history.update({CENTER + name: approx.center()[name] for name in approx.linearized_sites()})
-    return assemble(runs, method="laplace", config=config, data=data)
+        def one_chain(fitted, info):
+            approx = fit_chain(fitted, train, settings, info.seed, progress, f"laplace chain {info.index}", holdout,
+                               ckpt=ckpts[info.index], paths=paths, noise=None if sigma is None else sigma[info.index])
+            approxes.append(approx)
+            draws = approx.sample(num_samples, seed=info.seed)
+            return ChainRun(fitted, draws, point_values(fitted, x0, y0, train.size),
+                            history={"loss": approx.loss, **({} if holdout is None else
+                                                             {"best_step": torch.tensor([approx.best_step])})}
+                            if settings.num_steps else {},
+                            stats={"log_q": _density.laplace(approx, draws)})
+
+        runs = run_chains(model, num_chains, seed, one_chain)
+        deltas = [a.prior_precision for a in approxes]
+        fitted_delta = None if deltas[0] is None else (
+            deltas[0]["all"] if num_chains == 1 and list(deltas[0]) == ["all"] else
+            {g: [d[g] for d in deltas] for g in deltas[0]})
+        evidence = approxes[0].log_evidence if num_chains == 1 else [a.log_evidence for a in approxes]
+        noise = [a.noise for a in approxes if a.noise is not None]
+        config = clean_config({**head, "prior_precision_fitted": fitted_delta, "log_evidence": evidence,
+                               "dim": len(approxes[0].active), **tail})
+        if noise:  # JSON-friendly as it is (as the ensemble's record from holdout.select_noise)
+            config["noise"] = noise[0] if num_chains == 1 else noise
+        paths.record(config)
+        if settings.predictive is Predictive.GLM and not _linear_in(runs[-1].model, approxes[0].linearized_sites()):
+            for run, approx in zip(runs, approxes):  # where each chain's network is linearized
+                run.history.update({CENTER + name: approx.center()[name] for name in approx.linearized_sites()})
+        return assemble(runs, method="laplace", config=config, data=data)
+
+    post = run(settings, train, holdout, why, checkpoint)
+    # the refit on every row (holdout.refit): the stopping point scaled, no polish (it would undo the stopping),
+    # the chosen noise fixed; not checkpointed (it is recomputed from the search that chose them)
+    return refit(post, lambda chosen: run(
+        replace(settings, num_steps=settings.num_steps if chosen.num_steps is None else chosen.num_steps,
+                polish_steps=_polish(settings, holdout)), data, None, None, None, chosen.sigma))
 
 
 def laplace_approximation(model, data: Data, *, seed: int = 0, progress: bool = False, validation=None,
@@ -211,13 +232,15 @@ def _map(pot: Potential, z, data: Data, s: Settings, steps: int, seed: int, prog
     run = minimize(pot, pot.unflatten(z), data, model=model, num_steps=steps, lr=s.lr, lr_schedule="cosine",
                    seed=seed, progress=progress, desc=desc, holdout=holdout, polish_steps=_polish(s, holdout),
                    jacobian=False, fixed=fixed, method="laplace", ckpt=ckpt)
-    return pot.flatten(run.z).detach(), run.loss
+    return pot.flatten(run.z).detach(), run.loss, run.best_step
 
 
 def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: str,
               holdout: Holdout | None = None, ckpt: Checkpoint | None = None,
-              paths: Potentials | None = None) -> LaplaceApproximation:
-    """One chain: MAP, curvature, prior precision and noise; ``data`` are the training rows. ``ckpt`` checkpoints
+              paths: Potentials | None = None, noise: float | None = None) -> LaplaceApproximation:
+    """One chain: MAP, curvature, prior precision and noise; ``data`` are the training rows. ``noise``: a learned
+    Gaussian noise's sd chosen before (on held-out rows, for the refit on all rows: :func:`~bnn_pyro.infer.holdout.refit`),
+    held fixed through the MAP search and the curvature. ``ckpt`` checkpoints
     the first MAP search; the refits of the prior-precision rounds are not (a resumed run recomputes them from the
     end of that search: one-shot steps and short refits, deterministic given its state and generators). ``paths``
     builds the potentials (default: the fast path where the model allows it)."""
@@ -225,33 +248,39 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
     pyro.set_rng_seed(seed)
     base = paths(model, data, init=chain_start(model, s.init, seed))
     marglik = s.prior_precision in (PriorPrecision.MARGLIK, PriorPrecision.MARGLIK_LAYERWISE)
-    site = noise_site(model) if holdout is not None or marglik else None
+    site = noise_site(model) if holdout is not None or marglik or noise is not None else None
     site = site if site in base.shapes else None  # a learned Gaussian noise: a hyperparameter, not covered
     layout = make_layout(model, base, s.structure, exclude=[site] if site else [])
     z = base.flatten(base.init)
     normal = None if s.prior_precision is PriorPrecision.MODEL else normal_sites(model, base, layout, data)
     delta = None if not isinstance(s.prior_precision, float) else {"all": s.prior_precision}
     pots = potentials(model, data, base, z, normal, delta, build=paths)
-    z, loss = _map(pots[0], z, data, s, s.num_steps, seed, progress, desc, holdout, model, ckpt=ckpt)
+    if site is not None and noise is not None:
+        z = with_noise(base, z, layout, site, noise)
+    z, loss, best_step = _map(pots[0], z, data, s, s.num_steps, seed, progress, desc, holdout, model, ckpt=ckpt,
+                              fixed=[site] if site is not None and noise is not None else ())
     lik, prior = terms(model, pots, z, data, layout, s)
     unit = None if not marglik else {g: 1.0 for g in normal.groups(s.prior_precision)}
     sigma = None
     for _ in range(s.marglik_rounds if marglik else 0):
         prior1 = prior_terms(potentials(model, data, base, z, normal, unit)[1], z, layout, s, data)
-        terms_noise = None if site is None else _noise_terms(model, base, z, lik, data, site, s)
+        terms_noise = None if site is None or noise is not None else _noise_terms(model, base, z, lik, data, site, s)
         new, sigma = optimize_precision(lik, prior1, normal, z, layout, delta or normal.initial(unit), terms_noise)
         if sigma is not None:
             z = with_noise(base, z, layout, site, sigma)
         pots = potentials(model, data, base, z, normal, new, build=paths)
-        z, _ = _map(pots[0], z, data, s, s.num_steps // 4, seed, False, desc, holdout, model,
+        z, _, _ = _map(pots[0], z, data, s, s.num_steps // 4, seed, False, desc, holdout, model,
                     fixed=[site] if site else ())
         lik, prior = terms(model, pots, z, data, layout, s)
         done = delta is not None and all(abs(math.log(new[g] / delta[g])) < 1e-3 for g in new)
         delta = new
         if done:
             break
-    noise = None if sigma is None else {"selected_on": "marglik", "sigma": sigma}
-    if site is not None and holdout is not None:
+    chosen, noise = noise, None if sigma is None else {"selected_on": "marglik", "sigma": sigma}
+    if chosen is not None and site is not None:
+        z, noise = with_noise(base, z, layout, site, chosen), {"selected_on": "validation", "sigma": chosen}
+        lik, prior = terms(model, pots, z, data, layout, s)
+    elif site is not None and holdout is not None:
         z, noise = choose_noise(model, base, z, layout, lik.hess, prior.hess, holdout, site, s.hessian)
         lik, prior = terms(model, pots, z, data, layout, s)
     hess, gradient = checked(lik.hess + prior.hess, s), lik.grad + prior.grad
@@ -264,7 +293,7 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
     evidence = log_evidence(lik.value + prior.value, gradient, hess)
     return LaplaceApproximation(mean=mean, precision=hess, active=layout.active, expansion_point=z,
                                 structure=s.structure, potential=base, model=model, prior_precision=delta,
-                                log_evidence=float(evidence), loss=loss, noise=noise)
+                                log_evidence=float(evidence), loss=loss, noise=noise, best_step=best_step)
 
 
 def _noise_terms(model, pot: Potential, z, lik, data: Data, site: str, s: Settings) -> NoiseTerms:
