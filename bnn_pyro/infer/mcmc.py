@@ -10,9 +10,10 @@ off, draws mapped back to the constrained space) and adds checkpoint/resume, whi
   generalized turning criterion: leapfrog trajectories doubled until they turn back, at most
   ``2**max_tree_depth - 1`` steps per draw. On the fast path it is our own kernel over one flat
   vector (:mod:`bnn_pyro.infer._nuts`); otherwise Pyro's ``NUTS``.
-- ``"hmc"``: Hamiltonian Monte Carlo (Neal 2011; Pyro's ``HMC``): exactly ``num_leapfrog`` steps per
-  draw (default :data:`DEFAULT_NUM_LEAPFROG` = 32), kept fixed through adaptation, or a trajectory of
-  fixed length ``trajectory_length``. Pyro turns a length into ``length / step_size`` steps after
+- ``"hmc"``: Hamiltonian Monte Carlo (Neal 2011; Pyro's ``HMC``): ``num_leapfrog`` steps per draw on
+  average (default :data:`DEFAULT_NUM_LEAPFROG` = 32), kept through adaptation, or a trajectory of
+  fixed length ``trajectory_length``; each draw's count is jittered uniformly within +-``leapfrog_jitter``
+  (default 50%) of it, since a fixed count resonates on some posteriors (see ``fit``). Pyro turns a length into ``length / step_size`` steps after
   adaptation, so a length costs more the smaller the adapted step: Stan's ``2 * pi`` (this engine's
   default before) is 3,000-6,000 steps per draw at a BNN's step sizes of 1e-3 to 2e-3, and took 772 s
   for 2 x (50 + 50) on the README's quickstart model (NUTS: 99 s for 2 x (200 + 200)); at the default
@@ -122,9 +123,11 @@ from bnn_pyro.infer.training_data import Data
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_LEAPFROG"]
+__all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_LEAPFROG",
+           "DEFAULT_LEAPFROG_JITTER"]
 
 DEFAULT_NUM_LEAPFROG = 32  # HMC's leapfrog steps per draw when neither num_leapfrog nor trajectory_length is given
+DEFAULT_LEAPFROG_JITTER = 0.5  # HMC: each draw's leapfrog count uniform within +-50% of it (breaks resonance)
 
 
 class Kernel(str, Enum):
@@ -135,7 +138,8 @@ class Kernel(str, Enum):
 
 def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup: int | None = None,
         num_chains: int = 1, target_accept: float | None = None, step_size: float | None = None,
-        trajectory_length: float | None = None, num_leapfrog: int | None = None, max_tree_depth: int | None = None,
+        trajectory_length: float | None = None, num_leapfrog: int | None = None,
+        leapfrog_jitter: float | None = None, max_tree_depth: int | None = None,
         dense_mass: bool = False, jit: bool = True, init=None, chain_method="auto", seed: int = 0,
         progress: bool = True, resume: Posterior | bool | None = None, fast_path: bool = True,
         checkpoint: str | None = None, checkpoint_every: int | None = None) -> Posterior:
@@ -157,6 +161,14 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         through adaptation (default :data:`DEFAULT_NUM_LEAPFROG` = 32 when neither is given).
         ``trajectory_length``: a fixed length, i.e. ``length / step_size`` steps per draw at the adapted
         step size, unbounded (thousands per draw where the step is small, as in BNNs).
+    leapfrog_jitter:
+        HMC only: each draw's number of leapfrog steps is drawn uniformly from the integers within
+        ``(1 -+ leapfrog_jitter)`` times its count (``num_leapfrog``, or ``length / step size``), so its mean stays
+        that count (default :data:`DEFAULT_LEAPFROG_JITTER` = 0.5, e.g. 16-48 steps around 32; ``0``: fixed). A
+        fixed count resonates: where the trajectory turns some direction of the posterior by about a multiple of
+        pi, draw after draw returns next to its start (on an exact Gaussian posterior some seeds gave a bulk ESS
+        of 2 of 500 draws); a count that varies breaks the repetition (Neal 2011, sec. 5.4.2.2). Each draw's count
+        is ``sample_stats["n_steps"]``, drawn from the chain's seeded stream (reproducible, checkpointed).
     max_tree_depth:
         NUTS only: at most ``2**max_tree_depth - 1`` leapfrog steps per draw (default 10).
     dense_mass:
@@ -218,13 +230,20 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         raise ValueError(f"target_accept must be a probability in (0, 1), got {target_accept!r}; try 0.8 "
                          "(NUTS/HMC; 0.9-0.99 when there are divergences) or 0.234 (Metropolis).")
     step_size = None if step_size is None else positive("step_size", step_size)
-    _only(kind, Kernel.HMC, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog)
+    _only(kind, Kernel.HMC, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog,
+          leapfrog_jitter=leapfrog_jitter)
     _only(kind, Kernel.NUTS, max_tree_depth=max_tree_depth)
     if trajectory_length is not None and num_leapfrog is not None:
         raise ValueError("hmc: give trajectory_length= or num_leapfrog=, not both.")
     trajectory_length = None if trajectory_length is None else positive("trajectory_length", trajectory_length)
     num_leapfrog = None if num_leapfrog is None else positive_int("num_leapfrog", num_leapfrog)
     max_tree_depth = positive_int("max_tree_depth", 10 if max_tree_depth is None else max_tree_depth)
+    if kind is Kernel.HMC:
+        leapfrog_jitter = DEFAULT_LEAPFROG_JITTER if leapfrog_jitter is None else leapfrog_jitter
+        if not (isinstance(leapfrog_jitter, (int, float)) and 0.0 <= leapfrog_jitter < 1.0):
+            raise ValueError(f"leapfrog_jitter must be a fraction in [0, 1), got {leapfrog_jitter!r}; try "
+                             f"{DEFAULT_LEAPFROG_JITTER} (the default), or 0 for a fixed number of leapfrog steps.")
+        leapfrog_jitter = float(leapfrog_jitter)
     if kind is Kernel.HMC and trajectory_length is None and num_leapfrog is None:
         num_leapfrog = DEFAULT_NUM_LEAPFROG  # bounded cost per draw, not 2 * pi / (a BNN's tiny step)
     if data.loader is not None or (data.batch_size is not None and data.batch_size < data.x.shape[0]):
@@ -240,7 +259,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         _vectorized.check(kind.value, joint, data.x, data.y)
     settings = KernelSettings(kind=kind, joint=joint, target_accept=float(target_accept), step_size=step_size,
                               dense_mass=dense_mass, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog,
-                              max_tree_depth=max_tree_depth, jit=jit,
+                              max_tree_depth=max_tree_depth, jit=jit, leapfrog_jitter=leapfrog_jitter or 0.0,
                               flat_hmc=kind is Kernel.HMC and analytic_applies(joint, data.x, data.y))
 
     def chain_settings(c: int) -> KernelSettings:
@@ -255,7 +274,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     config = clean_config(dict(
         kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
         target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
-        num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth if kind is Kernel.NUTS else None,
+        num_leapfrog=num_leapfrog, leapfrog_jitter=leapfrog_jitter,
+        max_tree_depth=max_tree_depth if kind is Kernel.NUTS else None,
         dense_mass=dense_mass, jit=jit, fast_path=joint is not None,
         init=init if isinstance(init, str) else type(init).__name__,
         chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
@@ -339,6 +359,7 @@ class KernelSettings:
     init_strategy: Callable | None = None
     resume: tuple[float, torch.Tensor] | None = None
     flat_hmc: bool = False  # HMC on the analytic path: FlatHMC (bnn_pyro.infer._flat_hmc), not Pyro's HMC
+    leapfrog_jitter: float = 0.0  # HMC: each draw's leapfrog count varies by this fraction (jittered_steps)
 
 
 def _make_kernel(model, s: KernelSettings, model_args: tuple):
@@ -356,7 +377,7 @@ def _make_kernel(model, s: KernelSettings, model_args: tuple):
     if s.flat_hmc:  # the fast path's HMC over one flat vector
         kernel = FlatHMC(model, s.joint, init_strategy=s.init_strategy, step_size=s.step_size,
                          target_accept_prob=s.target_accept, dense_mass=s.dense_mass, num_leapfrog=s.num_leapfrog,
-                         trajectory_length=s.trajectory_length, jit=s.jit)
+                         trajectory_length=s.trajectory_length, jit=s.jit, leapfrog_jitter=s.leapfrog_jitter)
         kernel.resume = s.resume
         return kernel, None, None
     options = dict(step_size=s.step_size or 1.0, adapt_step_size=True, adapt_mass_matrix=True, full_mass=s.dense_mass,
@@ -367,7 +388,7 @@ def _make_kernel(model, s: KernelSettings, model_args: tuple):
         options["trajectory_length"] = s.trajectory_length
     kernel, params, transforms = pyro_kernel(s.kind.value, model, joint=s.joint, jit=s.jit, init_strategy=s.init_strategy,
                                              model_args=model_args, resume=s.resume, **options)
-    kernel.fixed_num_steps = s.num_leapfrog
+    kernel.fixed_num_steps, kernel.leapfrog_jitter = s.num_leapfrog, s.leapfrog_jitter
     return kernel, params, transforms
 
 

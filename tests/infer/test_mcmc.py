@@ -71,8 +71,8 @@ def test_nuts_recovers_exact_posterior():
 
 def test_hmc_with_fixed_leapfrog_count_recovers_exact_posterior():
     x, y = _data(2)
-    post = bp.fit(_blr(2), x, y, method="hmc", num_samples=1000, num_warmup=300, num_leapfrog=4, seed=2,
-                  progress=False)
+    post = bp.fit(_blr(2), x, y, method="hmc", num_samples=1000, num_warmup=300, num_leapfrog=4, leapfrog_jitter=0,
+                  seed=2, progress=False)
     assert (post.sample_stats["n_steps"] == 4).all()  # a fixed count, not length / adapted step size
     _assert_exact(post, x, y)
 
@@ -91,15 +91,39 @@ def test_hmc_default_leapfrog_count_is_bounded_and_explicit_settings_win():
 
     default = run()
     assert f"(default :data:`DEFAULT_NUM_LEAPFROG` = {mcmc.DEFAULT_NUM_LEAPFROG} when" in mcmc.fit.__doc__
-    assert (default.sample_stats["n_steps"] == mcmc.DEFAULT_NUM_LEAPFROG).all()
+    steps = default.sample_stats["n_steps"]  # jittered within +-50% of the default count (see the ESS test below)
+    assert ((steps >= mcmc.DEFAULT_NUM_LEAPFROG // 2) & (steps <= mcmc.DEFAULT_NUM_LEAPFROG * 3 // 2)).all()
     assert default.config["num_leapfrog"] == mcmc.DEFAULT_NUM_LEAPFROG
+    assert (run(leapfrog_jitter=0).sample_stats["n_steps"] == mcmc.DEFAULT_NUM_LEAPFROG).all()
     # here Stan's 2 * pi trajectory would cost more than the default: the bound is not vacuous
     assert (2 * math.pi / default.sample_stats["step_size"] > mcmc.DEFAULT_NUM_LEAPFROG).all()
-    assert (run(num_leapfrog=5).sample_stats["n_steps"] == 5).all()
-    given = run(trajectory_length=1.5)
+    assert (run(num_leapfrog=5, leapfrog_jitter=0).sample_stats["n_steps"] == 5).all()
+    given = run(trajectory_length=1.5, leapfrog_jitter=0)
     steps, expected = given.sample_stats["n_steps"].double(), 1.5 / given.sample_stats["step_size"].double()
     assert ((steps - expected.floor()).abs() <= 1).all(), (steps, expected)  # Pyro's int(length / step size)
     assert (steps != mcmc.DEFAULT_NUM_LEAPFROG).all() and given.config["num_leapfrog"] is None
+
+
+@pytest.mark.parametrize("fast_path", [True, False])
+def test_hmc_defaults_mix_on_an_exact_gaussian_posterior_for_every_seed(fast_path):
+    """A fixed number of leapfrog steps resonates: on this exact Gaussian posterior (Bayesian linear regression,
+    5 correlated inputs, 200 rows, known noise) HMC's 32 fixed steps gave a bulk ESS of 22, 38, 15, 24 and 2 of
+    500 draws for seeds 0-4 (seed 2's mean 1.1 sd off). The defaults jitter each draw's count (16-48 steps), and
+    every seed mixes: bulk ESS >= 50 of 500 for each coordinate (measured 300-540 on both paths), its mean within
+    the MCSE tolerance of the exact one, and the mean count near 32 (the cost per draw stays that of 32)."""
+    from blr import make_blr
+
+    blr = make_blr(n=200, d=5, noise=1.0, seed=0)
+    seeds = range(5) if fast_path else range(4, 5)  # Pyro's path (~10 s a seed): the worst seed of the fixed count
+    for seed in seeds:
+        post = bp.fit(blr.model(), blr.x, blr.y, method="hmc", num_samples=500, num_chains=1, seed=seed,
+                      progress=False, fast_path=fast_path)
+        draws = _draws(post)
+        ess = [float(az.ess(draws[..., i].numpy())) for i in range(draws.shape[-1])]
+        assert min(ess) >= 50, (seed, ess)
+        z = _z_scores(draws, blr.mean, blr.cov)
+        assert all(abs(z[f"mean[{i}]"]) < Z_MAX for i in range(6)), (seed, z)
+        assert abs(post.sample_stats["n_steps"].double().mean() - mcmc.DEFAULT_NUM_LEAPFROG) < 2
 
 
 def _metropolis_acceptance(mean, cov, step: float, scale2: torch.Tensor, n: int = 400_000) -> tuple[float, float]:
