@@ -54,7 +54,8 @@ every chain (:mod:`bnn_pyro.infer._init`: the net's values for ``init="net"``, c
 it is a :class:`~bnn_pyro.Posterior`, else re-drawn by ``reset_parameters()`` under ``seed``);
 ``Posterior.point`` holds them.
 
-Chains: ``chain_method="auto"`` runs them in parallel, one forked process per core with one torch
+Chains: :data:`DEFAULT_NUM_CHAINS` = 4 by default, so that R-hat is defined at the defaults (with one chain it
+is NaN, and the health check says so). ``chain_method="auto"`` (the default) runs them in parallel, one forked process per core with one torch
 thread each (two torch threads per process on two cores oversubscribe the cores: OpenMP threads
 spin and steal each other's time, Pyro's own parallel mode ran at 0.48x of one chain), and one after
 another, with a warning, when only one core is available. ``config["chain_execution"]`` says which.
@@ -123,9 +124,10 @@ from bnn_pyro.infer.training_data import Data
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_LEAPFROG",
+__all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_CHAINS", "DEFAULT_NUM_LEAPFROG",
            "DEFAULT_LEAPFROG_JITTER"]
 
+DEFAULT_NUM_CHAINS = 4  # chains at the defaults: R-hat needs two or more (Stan runs 4, PyMC at least 2)
 DEFAULT_NUM_LEAPFROG = 32  # HMC's leapfrog steps per draw when neither num_leapfrog nor trajectory_length is given
 DEFAULT_LEAPFROG_JITTER = 0.5  # HMC: each draw's leapfrog count uniform within +-50% of it (breaks resonance)
 
@@ -137,7 +139,7 @@ class Kernel(str, Enum):
 
 
 def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup: int | None = None,
-        num_chains: int = 1, target_accept: float | None = None, step_size: float | None = None,
+        num_chains: int | None = None, target_accept: float | None = None, step_size: float | None = None,
         trajectory_length: float | None = None, num_leapfrog: int | None = None,
         leapfrog_jitter: float | None = None, max_tree_depth: int | None = None,
         dense_mass: bool = False, jit: bool = True, init=None, chain_method="auto", seed: int = 0,
@@ -150,7 +152,11 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     kernel:
         ``"nuts"``, ``"hmc"`` or ``"metropolis"`` (``bp.fit``'s ``method`` sets it).
     num_samples, num_warmup, num_chains:
-        Kept draws per chain, warm-up (adaptation) steps per chain (default ``num_samples``), chains.
+        Kept draws per chain, warm-up (adaptation) steps per chain (default ``num_samples``), and chains
+        (default :data:`DEFAULT_NUM_CHAINS` = 4, as Stan: R-hat, the chains' agreement, needs at least two and is
+        NaN for one; each chain starts from its own point, so chains stuck in different modes show up). On two
+        cores ``chain_method="auto"`` runs them two at a time; four chains cost about twice one chain's wall time
+        there (``benchmarks/results/mcmc_default_chains.md``).
     target_accept:
         Acceptance probability the step size is tuned toward, in (0, 1): default 0.8 (NUTS, HMC),
         0.234 (Metropolis).
@@ -222,7 +228,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         num_chains = resume.num_chains
     num_warmup = positive_int("num_warmup", num_samples if num_warmup is None else num_warmup,
                               allow_zero=resume is not None)
-    num_chains = positive_int("num_chains", num_chains)
+    num_chains = positive_int("num_chains", DEFAULT_NUM_CHAINS if num_chains is None else num_chains)
     how = choice("chain_method", chain_method, ChainMethod)
     if target_accept is None:
         target_accept = 0.234 if kind is Kernel.METROPOLIS else 0.8
@@ -313,7 +319,7 @@ def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> i
         raise ValueError(f"num_warmup: must be omitted or 0 with resume= (the chains keep their adapted step size "
                          f"and mass matrix), got {num_warmup!r}.")
     dense = resume.history["inverse_mass_matrix"].dim() == 3
-    if num_chains not in (1, resume.num_chains) or dense_mass != dense:
+    if num_chains not in (None, resume.num_chains) or dense_mass != dense:
         raise ValueError(f"resume: num_chains and dense_mass must be those of the posterior extended "
                          f"({resume.num_chains} chains, dense_mass={dense}); omit num_chains to keep them.")
     return 0

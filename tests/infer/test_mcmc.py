@@ -71,7 +71,7 @@ def test_nuts_recovers_exact_posterior():
 
 def test_hmc_with_fixed_leapfrog_count_recovers_exact_posterior():
     x, y = _data(2)
-    post = bp.fit(_blr(2), x, y, method="hmc", num_samples=1000, num_warmup=300, num_leapfrog=4, leapfrog_jitter=0,
+    post = bp.fit(_blr(2), x, y, method="hmc", num_chains=1, num_samples=1000, num_warmup=300, num_leapfrog=4, leapfrog_jitter=0,
                   seed=2, progress=False)
     assert (post.sample_stats["n_steps"] == 4).all()  # a fixed count, not length / adapted step size
     _assert_exact(post, x, y)
@@ -87,7 +87,7 @@ def test_hmc_default_leapfrog_count_is_bounded_and_explicit_settings_win():
     y = x @ torch.tensor([1.0, -1.0]) + 0.3 + SIGMA * torch.randn(400, generator=g)
 
     def run(**options):
-        return bp.fit(_blr(2), x, y, method="hmc", num_samples=10, num_warmup=30, seed=5, progress=False, **options)
+        return bp.fit(_blr(2), x, y, method="hmc", num_chains=1, num_samples=10, num_warmup=30, seed=5, progress=False, **options)
 
     default = run()
     assert f"(default :data:`DEFAULT_NUM_LEAPFROG` = {mcmc.DEFAULT_NUM_LEAPFROG} when" in mcmc.fit.__doc__
@@ -124,6 +124,23 @@ def test_hmc_defaults_mix_on_an_exact_gaussian_posterior_for_every_seed(fast_pat
         z = _z_scores(draws, blr.mean, blr.cov)
         assert all(abs(z[f"mean[{i}]"]) < Z_MAX for i in range(6)), (seed, z)
         assert abs(post.sample_stats["n_steps"].double().mean() - mcmc.DEFAULT_NUM_LEAPFROG) < 2
+
+
+@pytest.mark.parametrize("method", ["nuts", "hmc", "metropolis"])
+def test_defaults_run_several_chains_so_that_r_hat_is_defined(method):
+    """At the defaults (num_chains, chain_method) R-hat is finite: one chain by default left it NaN with no warning.
+    The chains run as chain_method='auto' chooses (forked processes here), with the draws of sequential chains."""
+    x, y = _data(2)
+    post = bp.fit(_blr(2), x, y, method=method, num_samples=100, seed=0, progress=False)
+    assert post.num_chains == mcmc.DEFAULT_NUM_CHAINS == 4 and post.config["chain_method"] == "auto"
+    table = post.summary()
+    assert len(table) and table["r_hat"].notna().all(), table
+    if method != "metropolis":  # 100 + 100 Metropolis draws have not mixed (R-hat ~2: what the chains are for)
+        assert (table["r_hat"] < 1.1).all(), table
+    assert post.config["chain_execution"] == driver.chain_execution(4, "auto", "mcmc")
+    sequential = bp.fit(_blr(2), x, y, method=method, num_samples=100, seed=0, progress=False,
+                        chain_method="sequential")
+    assert all(torch.equal(post.samples[k], v) for k, v in sequential.samples.items())
 
 
 def _metropolis_acceptance(mean, cov, step: float, scale2: torch.Tensor, n: int = 400_000) -> tuple[float, float]:
@@ -175,7 +192,7 @@ def test_plain_pyro_function_model_with_nuts():
             return pyro.sample("obs", dist.Normal(f, SIGMA), obs=y)
 
     x, y = _data(2)
-    post = bp.fit(blr, x, y, method="nuts", num_samples=600, num_warmup=200, seed=4, progress=False)
+    post = bp.fit(blr, x, y, method="nuts", num_chains=1, num_samples=600, num_warmup=200, seed=4, progress=False)
     assert set(post.samples) == {"w", "b"} and post.samples["w"].shape == (1, 600, 2)
     _assert_exact(post, x, y, names=("w", "b"))
 
@@ -206,7 +223,7 @@ def test_jit_on_and_off():
     """Both paths run; the model traced by torch.jit computes the same log density as the eager
     model (chains themselves drift apart after a few draws: float rounding differs between the paths)."""
     x, y = _data(2)
-    runs = [bp.fit(_blr(2), x, y, method="nuts", num_samples=40, num_warmup=40, jit=jit, seed=5, progress=False)
+    runs = [bp.fit(_blr(2), x, y, method="nuts", num_chains=1, num_samples=40, num_warmup=40, jit=jit, seed=5, progress=False)
             for jit in (True, False)]
     assert runs[0].config["jit"] and not runs[1].config["jit"]
     for post in runs:
@@ -316,13 +333,13 @@ def test_bad_arguments(kwargs, match):
 def test_bad_hmc_and_method_arguments():
     x, y = _data(2)
     with pytest.raises(ValueError, match="trajectory_length= or num_leapfrog=, not both"):
-        bp.fit(_blr(2), x, y, method="hmc", trajectory_length=1.0, num_leapfrog=3)
+        bp.fit(_blr(2), x, y, method="hmc", num_chains=1, trajectory_length=1.0, num_leapfrog=3)
     with pytest.raises(ValueError, match="max_tree_depth= applies to method='nuts' only"):
-        bp.fit(_blr(2), x, y, method="hmc", max_tree_depth=5)
+        bp.fit(_blr(2), x, y, method="hmc", num_chains=1, max_tree_depth=5)
     with pytest.raises(ValueError, match="method: unknown value 'mala'"):
         bp.fit(_blr(2), x, y, method="mala")
     with pytest.raises(ValueError, match="mcmc needs the full data"):
-        bp.fit(_blr(2), x, y, method="nuts", batch_size=10)
+        bp.fit(_blr(2), x, y, method="nuts", num_chains=1, batch_size=10)
 
 
 # ------------------------------------------------------------------ R-hat on real runs
