@@ -271,7 +271,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     point_estimate, points = _point_estimate(fitted, data, init, seed=seed, progress=progress, method=kind.value)
     # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
     strategies = [init_strategy(fitted, chain_start(fitted, init, seed + c, points=c == 0)) for c in range(num_chains)]
-    set_points(fitted, points)  # the MAP's deterministic parameters (none unless point_estimate == "map")
+    if points:  # the MAP's deterministic parameters (point_estimate == "map")
+        set_points(fitted, points)
     joint = _logjoint.build(fitted, data.size) if flag("fast_path", fast_path) else None
     execution = chain_execution(num_chains, how, kind.value)
     if execution == "vectorized":
