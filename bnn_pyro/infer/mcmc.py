@@ -450,7 +450,8 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
     with progress_bar(total, label, bar is not None, position=line) as shown, pyro.validation_enabled(False):
         if params is not None:
             kernel.initial_params = params
-        kernel.setup(num_warmup, data.x.detach(), data.y.detach())
+        with _logjoint.recording():  # Pyro's jit_compile (a traced model) records its graph at the first call, in setup
+            kernel.setup(num_warmup, data.x.detach(), data.y.detach())
         params = kernel.initial_params
         kept, draws, start = {k: [] for k in sorted(params)}, [], 0
         if ckpt is not None and (saved := ckpt.load()) is not None:

@@ -185,6 +185,26 @@ def test_deterministic_parameters_from_a_posterior_given_as_init_are_kept():
     assert "point_estimate" not in plain.config  # no deterministic parameters
 
 
+def _plain_model(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", size=len(x)):
+        return pyro.sample("obs", dist.Normal(w * x[:, 0], 0.5), obs=y)
+
+
+@pytest.mark.parametrize("method, options", [("metropolis", {}), ("hmc", dict(fast_path=False, num_leapfrog=3))])
+def test_a_traced_model_emits_no_torch_jit_deprecation_warning(method, options):
+    """Metropolis on a plain model (and Pyro's kernels on a traced model) compile it with torch.jit.trace, which
+    torch 2.13 deprecates: the user saw a DeprecationWarning from torch on every fit. (The test suite's setup.cfg
+    filter is overridden here by 'always'.)"""
+    x = torch.linspace(-1, 1, 30)[:, None]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        model = _plain_model if method == "metropolis" else _blr(1)
+        bp.fit(model, x, 0.5 * x[:, 0], method=method, num_samples=5, num_warmup=5, num_chains=1, seed=0,
+               progress=False, **options)
+    assert not [str(w.message) for w in record if issubclass(w.category, DeprecationWarning)]
+
+
 def _metropolis_acceptance(mean, cov, step: float, scale2: torch.Tensor, n: int = 400_000) -> tuple[float, float]:
     """The exact stationary acceptance of the proposal ``w + step * sqrt(scale2) * eps`` on the Gaussian
     posterior ``N(mean, cov)``: ``E[min(1, p(w') / p(w))]`` over ``w ~ N(mean, cov)``, ``eps ~ N(0, I)``, by
