@@ -166,8 +166,8 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         Kept draws per chain, warm-up (adaptation) steps per chain (default ``num_samples``), and chains
         (default :data:`DEFAULT_NUM_CHAINS` = 4, as Stan: R-hat, the chains' agreement, needs at least two and is
         NaN for one; each chain starts from its own point, so chains stuck in different modes show up). On two
-        cores ``chain_method="auto"`` runs them two at a time; four chains cost about twice one chain's wall time
-        there (``benchmarks/results/mcmc_default_chains.md``).
+        cores ``chain_method="auto"`` runs them two at a time; what four chains cost against one is measured in
+        ``benchmarks/mcmc_default_chains.py`` (``benchmarks/results/``).
     target_accept:
         Acceptance probability the step size is tuned toward, in (0, 1): default 0.8 (NUTS, HMC),
         0.234 (Metropolis).
