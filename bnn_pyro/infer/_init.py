@@ -103,7 +103,8 @@ def _check_values(model, values: dict[str, torch.Tensor], data: Data, whose: str
     """Every name a latent site or a parameter of ``model``, with that site's (per-draw) shape."""
     x0, y0 = data.first()
     shapes = {name: site["value"].shape for name, site in traced(model, x0, y0).nodes.items()
-              if site["type"] == "param" or is_latent(site)}
+              if site["type"] == "param" or is_latent(site)
+              or (site["type"] == "sample" and site["infer"].get("_deterministic"))}  # MCMC keeps pyro.deterministic
     if isinstance(model, BNN):
         shapes.update(model.param_shapes)
     unknown = [n for n in values if n not in shapes]

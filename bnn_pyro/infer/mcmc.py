@@ -109,12 +109,14 @@ Example
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable
 
 import torch
 import pyro
+from pyro import poutine
 from pyro.infer.autoguide.initialization import init_to_value
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
@@ -312,6 +314,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
             if batched else run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False,
                                        method="mcmc"))
     post = assemble(runs, method=kind.value, config=config, data=data)
+    post.samples.update(deterministic_sites(fitted, post.samples, data))
     if resume is not None:  # append the new segment to the draws it continues
         post.samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in post.samples.items()}
         post.sample_stats = {k: torch.cat([resume.sample_stats[k].to(v.dtype), v], dim=1)
@@ -333,6 +336,35 @@ def _point_estimate(fitted, data: Data, init, *, seed: int, progress: bool, meth
     mode = fit_map(fitted, data, init=init, num_steps=POINT_MAP_STEPS, lr=POINT_MAP_LR, seed=seed,
                    progress=progress, polish_steps=POINT_MAP_POLISH, method=f"{method} point estimate (map)")
     return "map", {n: v for n, v in mode.point.items() if n not in given}
+
+
+def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> dict[str, torch.Tensor]:
+    """The ``pyro.deterministic`` sites of a Pyro function model other than ``"f"`` (e.g. eight schools' ``theta =
+    mu + tau * eta``) at every draw of ``samples``, shaped ``(chains, draws, *shape)``, as Pyro's ``MCMC`` and
+    ArviZ users expect beside the sampled sites. Each draw replays the model on the training data with its
+    sites conditioned. A ``BNN`` has none but ``"f"`` (its network output, ``N`` values per draw, which
+    ``post.predict`` and ``summary(space="function")`` compute), so it is skipped."""
+    if isinstance(model, BNN) or not samples:
+        return {}
+    first = next(iter(samples.values()))
+    chains, draws = first.shape[:2]
+
+    def replay(c: int, d: int) -> dict[str, torch.Tensor]:
+        with torch.no_grad(), pyro.validation_enabled(False), pyro.get_param_store().scope():
+            conditioned = poutine.condition(model, data={k: v[c, d] for k, v in samples.items()})
+            trace = poutine.trace(conditioned).get_trace(data.x, data.y, **_size_kwargs(model, data))
+        return {name: site["value"].detach() for name, site in trace.nodes.items()
+                if site["type"] == "sample" and site["infer"].get("_deterministic") and name != "f"
+                and name not in samples}
+
+    if not replay(0, 0):
+        return {}
+    rows = [[replay(c, d) for d in range(draws)] for c in range(chains)]
+    return {name: torch.stack([torch.stack([row[name] for row in chain]) for chain in rows]) for name in rows[0][0]}
+
+
+def _size_kwargs(model, data: Data) -> dict:
+    return {"dataset_size": data.size} if "dataset_size" in inspect.signature(model).parameters else {}
 
 
 def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> int:

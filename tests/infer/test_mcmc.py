@@ -205,6 +205,30 @@ def test_a_traced_model_emits_no_torch_jit_deprecation_warning(method, options):
     assert not [str(w.message) for w in record if issubclass(w.category, DeprecationWarning)]
 
 
+def _schools_like(x, y=None):
+    """Eight schools' non-centred shape: theta = mu + tau * eta, recorded with pyro.deterministic."""
+    mu, tau = pyro.sample("mu", dist.Normal(0.0, 5.0)), pyro.sample("tau", dist.HalfNormal(5.0))
+    with pyro.plate("data", size=len(x)):
+        eta = pyro.sample("eta", dist.Normal(0.0, 1.0))
+        theta = pyro.deterministic("theta", mu + tau * eta)
+        return pyro.sample("obs", dist.Normal(theta, 10.0), obs=y)
+
+
+def test_deterministic_sites_of_a_plain_model_are_kept_in_samples_and_inference_data():
+    """pyro.deterministic sites other than 'f' were dropped from post.samples and the InferenceData."""
+    x, y = torch.zeros(8, 1), torch.tensor([28.0, 8.0, -3.0, 7.0, -1.0, 1.0, 18.0, 12.0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a short run: the health warnings
+        post = bp.fit(_schools_like, x, y, method="metropolis", num_samples=20, num_chains=2, seed=0, progress=False)
+    theta = post.samples["theta"]
+    assert theta.shape == (2, 20, 8)
+    assert torch.allclose(theta, post.samples["mu"][..., None] + post.samples["tau"][..., None] * post.samples["eta"])
+    assert "theta" in post.to_inference_data().posterior and "theta[7]" in post.summary().index
+    again = bp.fit(_schools_like, x, y, method="metropolis", init=post, num_samples=5, num_chains=1, seed=1,
+                   progress=False)  # a posterior with deterministic sites is a valid init
+    assert again.samples["theta"].shape == (1, 5, 8)
+
+
 def _metropolis_acceptance(mean, cov, step: float, scale2: torch.Tensor, n: int = 400_000) -> tuple[float, float]:
     """The exact stationary acceptance of the proposal ``w + step * sqrt(scale2) * eps`` on the Gaussian
     posterior ``N(mean, cov)``: ``E[min(1, p(w') / p(w))]`` over ``w ~ N(mean, cov)``, ``eps ~ N(0, I)``, by
