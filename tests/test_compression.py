@@ -100,7 +100,7 @@ def test_each_chain_gets_its_own_grid(tmp_path):
 
 
 def test_unsupported_posteriors_are_refused_with_the_supported_list():
-    post, _ = _hand_made(method="nuts", num_chains=1, config={})
+    post, _ = _hand_made(method="nuts", config={})
     with pytest.raises(ValueError, match="sparse_vd, variational_dropout, svi"):
         quantization_report(post)
     post, _ = _hand_made(method="svi", config={"guide": "low_rank"})

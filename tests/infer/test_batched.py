@@ -218,7 +218,7 @@ def test_vectorized_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch, me
     x, y = _data(2)
     config = dict(VEC, num_samples=8, num_warmup=12, seed=4)
     if method == "nuts":
-        config.update(method="nuts", num_chains=1, num_leapfrog=None, max_tree_depth=4)
+        config.update(method="nuts", num_leapfrog=None, max_tree_depth=4)
     whole = bp.fit(_blr(2), x, y, **config)
     original = ckpt_mod.Checkpoint.save
     # the run dies when saving after `crash` iterations: mid-warm-up (the checkpoint at 5 is inside the mass-matrix

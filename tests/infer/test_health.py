@@ -120,7 +120,7 @@ def _plain_posterior(shift: float, num_chains: int = 4, draws: int = 500) -> bp.
     theta = torch.randn(num_chains, draws, 3, generator=g)
     theta[0, :, 1] += shift
     return bp.Posterior(samples={"a": torch.randn(num_chains, draws, generator=g), "theta": theta},
-                        model=lambda x, y=None: None, method="metropolis", num_chains=1,
+                        model=lambda x, y=None: None, method="metropolis",
                         sample_stats={"lp": torch.randn(num_chains, draws, generator=g)})
 
 
