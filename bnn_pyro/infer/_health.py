@@ -177,8 +177,12 @@ def check_mixing(post, *, stacklevel: int = 2) -> None:
         problems.append(f"R-hat of {worst_rhat} is up to {np.nanmax(rhat):.3g} (threshold {RHAT_FIT_MAX}): the "
                         "chains disagree, they have not mixed or sit in different modes")
     if post.num_chains == 1:
-        problems.append(f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started "
-                        f"elsewhere would agree on {what} is unchecked; run num_chains >= 2 (the default is 4)")
+        note = (f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started elsewhere "
+                f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4)")
+        if not problems:  # nothing else to fix: the note alone, without the mixing advice
+            _warn(f"{post.method}: {note} ({post.num_draws} draws).", stacklevel + 1)
+            return
+        problems.append(note)
     if problems:
         other = ("a larger max_tree_depth if the trajectories hit the maximum" if post.method == "nuts" else
                  "method='nuts' (with a larger max_tree_depth if its trajectories hit the maximum)")
