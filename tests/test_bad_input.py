@@ -73,7 +73,7 @@ def _walled(x, y=None):
 
 
 def _nuts_diverging():
-    return bp.fit(_walled, X, Y, method="nuts", num_samples=10, num_warmup=5, init={"w": torch.tensor(0.0)}, jit=False,
+    return bp.fit(_walled, X, Y, method="nuts", num_chains=1, num_samples=10, num_warmup=5, init={"w": torch.tensor(0.0)}, jit=False,
                   progress=False, seed=0)  # 8 of 10 draws diverge (measured)
 
 
@@ -133,7 +133,7 @@ def _categorical(out: int = 3) -> bp.BNN:
 
 
 def _metropolis_all_rejected():
-    return bp.fit(_model(), X, Y, method="metropolis", num_samples=20, num_warmup=1, step_size=1e4, jit=False,
+    return bp.fit(_model(), X, Y, method="metropolis", num_chains=1, num_samples=20, num_warmup=1, step_size=1e4, jit=False,
                   progress=False,
                   seed=0)
 
@@ -178,7 +178,7 @@ CASES = [
          r"y: pass y=None when x is a DataLoader"),
     Case("y-missing-regression", lambda t: bp.fit(_model(), X), ValueError,
          r"y: svi fits the model to targets, but y is None; pass them.*bp\.fit\(model, x, y"),
-    Case("y-missing-classification-nuts", lambda t: bp.fit(_categorical(), X, method="nuts"), ValueError,
+    Case("y-missing-classification-nuts", lambda t: bp.fit(_categorical(), X, method="nuts", num_chains=1), ValueError,
          r"y: nuts fits the model to targets, but y is None.*DataLoader of \(x, y\) batches"),
     Case("loader-batches-without-y", lambda t: _fit(x=torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X),
                                                                                    batch_size=4), y=None),
@@ -199,6 +199,10 @@ CASES = [
          ValueError, r"optimizer: unknown value.*choose one of"),
     Case("unknown-kernel-option", lambda t: _mcmc(num_leapfrog=3), ValueError,
          r"num_leapfrog= applies to method='hmc' only.*drop it"),
+    Case("leapfrog-jitter-out-of-range", lambda t: _mcmc(method="hmc", leapfrog_jitter=1.5), ValueError,
+         r"leapfrog_jitter must be a fraction in \[0, 1\), got 1.5; try 0.5 \(the default\), or 0 for a fixed"),
+    Case("leapfrog-jitter-for-nuts", lambda t: _mcmc(leapfrog_jitter=0.5), ValueError,
+         r"leapfrog_jitter= applies to method='hmc' only.*drop it"),
     Case("num-steps-zero", lambda t: _fit(num_steps=0), ValueError, r"num_steps must be a positive int, got 0.*pass"),
     Case("num-steps-float", lambda t: _fit(num_steps=2.5),
          TypeError, r"num_steps must be an int, got float 2\.5.*pass"),
@@ -225,7 +229,7 @@ CASES = [
          r"prior for 'weight'.*batch_shape \(3,\).*does not fit.*Return a scalar distribution"),
     Case("improper-prior-bnn", lambda t: _model(prior=lambda n, m, p: IMPROPER),
          ValueError, r"prior for 'weight' is improper \(ImproperUniform\).*Use a proper, wide prior"),
-    Case("improper-prior-function", lambda t: bp.fit(_improper_model, X, Y, method="nuts", num_samples=2,
+    Case("improper-prior-function", lambda t: bp.fit(_improper_model, X, Y, method="nuts", num_chains=1, num_samples=2,
                                                             progress=False),
          ValueError, r"model: a prior cannot be sampled.*improper priors are not supported.*Use a proper"),
     Case("option-of-another-engine", lambda t: _mcmc(num_steps=10), TypeError,
@@ -302,7 +306,7 @@ CASES = [
          r"same net architecture"),
     Case("init-dict-unknown-site", lambda t: _fit(init={"w": torch.zeros(1, 1)}), ValueError,
          r"init: the dict's sites \['w'\] are not sites or parameters of this model \(its sites: \['weight', 'bias'"),
-    Case("init-dict-wrong-shape", lambda t: _mcmc(method="hmc", init={"weight": torch.zeros(3)}), ValueError,
+    Case("init-dict-wrong-shape", lambda t: _mcmc(method="hmc", num_chains=1, init={"weight": torch.zeros(3)}), ValueError,
          r"init: the dict's site 'weight' has shape \(3,\).*this model's 'weight' has shape \(1, 1\)"),
     Case("init-wrong-type", lambda t: _fit(init=5), TypeError,
          r"init: expected 'reset', 'net', 'prior', 'median', a dict of site values or a bp\.Posterior, got int.*pass"),

@@ -140,7 +140,7 @@ def test_a_torch_prior_fits():
     x = torch.linspace(-1, 1, 8)[:, None]
     model = bp.BNN(nn.Linear(1, 1), prior=torch.distributions.Normal(0.0, 1.0),
                    likelihood=bp.likelihoods.Gaussian(scale=torch.distributions.HalfNormal(1.0)))
-    post = bp.fit(model, x, 2 * x[:, 0], method="nuts", num_samples=5, num_warmup=5, progress=False, seed=0)
+    post = bp.fit(model, x, 2 * x[:, 0], method="nuts", num_chains=1, num_samples=5, num_warmup=5, progress=False, seed=0)
     assert set(post.samples) == {"weight", "bias", "sigma"} and torch.isfinite(post.predict(x).mean).all()
 
 

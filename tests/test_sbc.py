@@ -67,7 +67,7 @@ def test_bad_arguments():
         sbc.chi_square(torch.zeros(10, dtype=torch.long), NUM_DRAWS, bins=3)
     with pytest.raises(ValueError, match="num_draws"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 5 draws: the engine rightly warns that the chain barely moved
-        sbc.run(_model(1), X, method="metropolis", num_replications=1, num_draws=20, num_warmup=10, num_samples=5)
+        sbc.run(_model(1), X, method="metropolis", num_chains=1, num_replications=1, num_draws=20, num_warmup=10, num_samples=5)
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from bnn_pyro._upstream_private import load_warmup_adapter_state, warmup_adapter_state
 from bnn_pyro.infer._analytic_batched import sharp
-from bnn_pyro.infer._kernels import DrawStats
+from bnn_pyro.infer._kernels import DrawStats, jittered_steps
 from bnn_pyro.infer._nuts import MAX_ENERGY_ERROR, search_step_size
 
 __all__ = ["TransitionStats", "BatchedChains", "hmc_transition", "momentum"]
@@ -63,20 +63,24 @@ def momentum(minv: Tensor, generator: torch.Generator) -> Tensor:
 
 def hmc_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor, *, leapfrog: Callable,
                    generator: torch.Generator, num_steps: int | None = None,
-                   trajectory_length: float | None = None) -> tuple[Tensor, Tensor, Tensor, TransitionStats]:
+                   trajectory_length: float | None = None,
+                   jitter: float = 0.0) -> tuple[Tensor, Tensor, Tensor, TransitionStats]:
     """One HMC transition of every chain: a momentum refresh, ``num_steps`` leapfrog steps (or, given
-    ``trajectory_length``, ``max(1, int(length / step))`` per chain, as Pyro's ``HMC`` counts them), and a
-    Metropolis accept per chain. A chain whose energy error exceeds 1000 or is NaN is diverging: its proposal is
-    rejected (never raised)."""
+    ``trajectory_length``, ``max(1, int(length / step))`` per chain, as Pyro's ``HMC`` counts them), each chain's
+    count jittered by :func:`~bnn_pyro.infer._kernels.jittered_steps` when ``jitter > 0``, and a Metropolis accept per chain. A chain whose
+    energy error exceeds 1000 or is NaN is diverging: its proposal is rejected (never raised)."""
     if (num_steps is None) == (trajectory_length is None):
         raise ValueError(f"hmc_transition: give num_steps= or trajectory_length=, one of the two (got {num_steps!r} "
                          f"and {trajectory_length!r}).")
-    p = momentum(minv, generator)
-    h0 = u + 0.5 * torch.linalg.vecdot(p, sharp(minv, p))
     if trajectory_length is not None:
         counts = [max(1, int(trajectory_length / s)) for s in step.tolist()]
     else:
         counts = [num_steps] * z.shape[0]
+    if jitter > 0:
+        uniform = torch.rand(z.shape[0], generator=generator, dtype=torch.float64).tolist()
+        counts = [jittered_steps(n, jitter, v) for n, v in zip(counts, uniform)]
+    p = momentum(minv, generator)
+    h0 = u + 0.5 * torch.linalg.vecdot(p, sharp(minv, p))
     most = max(counts)
     active = None if min(counts) == most else torch.tensor(counts, device=z.device)
     z1, p1, g1, u1, kinetic = z, p, g, u, None

@@ -7,6 +7,7 @@ through its own integrator and a differentiable potential (autograd per step). O
 :class:`~bnn_pyro.infer._batched.BatchedChains` (``C = 1``): the batched analytic leapfrog, Pyro's
 ``WarmupAdapter`` (dual averaging, Stan's windows, the step-size heuristic after each window), a fixed number of
 leapfrog steps per draw (``num_leapfrog``) or ``max(1, int(trajectory_length / step_size))`` as Pyro counts them,
+jittered per draw (``leapfrog_jitter``),
 a Metropolis accept, divergences (energy error > 1000 or NaN) rejected. Its random numbers come from a
 ``torch.Generator`` seeded from the chain's seeded global generator, so its draws differ from Pyro's ``HMC``'s
 for the same seed (same target). :class:`FlatHMC` has Pyro's ``MCMCKernel`` interface (``setup``, ``sample``) and
@@ -70,12 +71,13 @@ class FlatHMC(AdaptedKernel):
     replaces the adapted state after setup; ``stats`` holds the last draw's :class:`DrawStats`."""
 
     def __init__(self, model, joint, *, init_strategy, step_size=None, target_accept_prob=0.8, dense_mass=False,
-                 num_leapfrog=None, trajectory_length=None, jit=True):
+                 num_leapfrog=None, trajectory_length=None, jit=True, leapfrog_jitter=0.0):
         self.model, self.joint, self.jit, self.resume, self.transforms = model, joint, jit, None, None
         self._init_strategy, self._step_size, self._target, self._dense = (init_strategy, step_size,
                                                                            target_accept_prob, dense_mass)
         self._options = (dict(num_steps=num_leapfrog) if num_leapfrog is not None
                          else dict(trajectory_length=trajectory_length))
+        self._options["jitter"] = leapfrog_jitter
 
     def setup(self, warmup_steps, *args, **kwargs):
         params, _, self.transforms, _ = initialize_model(self.model, model_args=args, model_kwargs=kwargs,

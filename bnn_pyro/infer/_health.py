@@ -10,9 +10,11 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
   trajectories cut off at ``max_tree_depth``.
 - :func:`check_mixing` (MCMC): too few effective draws, or chains that disagree, in function space
   (``f`` at the training inputs that ``post.summary(space="function")`` reports, by the same
-  ArviZ estimators; the log density
-  ``lp`` for a model without an ``f`` site or a posterior without training inputs). Weight-space
-  R-hat is not used: BNN weights are permutation- and sign-symmetric, so it is nearly always bad.
+  ArviZ estimators). A network's weight-space R-hat is not used: BNN weights are permutation- and
+  sign-symmetric, so it is nearly always bad. A model without an ``f`` site (a plain Pyro model, e.g.
+  eight schools), or a posterior without training inputs, is checked on every element of its sampled
+  (and ``pyro.deterministic``) sites and on the log density ``lp``: there the parameters are what the
+  user reads. With one chain R-hat is undefined (NaN), and the check says so.
 - :func:`check_elbo` (SVI): a loss still falling (or rising) at the end of the run.
 - :func:`check_predictive` (any engine): a posterior predictive that fits the training data no
   better than a constant, as the prior's does (posterior ~ prior).
@@ -145,7 +147,9 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
 def check_mixing(post, *, stacklevel: int = 2) -> None:
     """Warn when the chains of an MCMC posterior give fewer than :data:`ESS_MIN` effective draws
     (bulk ESS, chains together) or disagree (R-hat above :data:`RHAT_FIT_MAX`), measured on ``f``
-    at the training inputs of ``post.summary(space="function")``, else on the log density ``lp``."""
+    at the training inputs of ``post.summary(space="function")``; without an ``f`` site or training inputs, on
+    every element of ``post.samples`` and the log density ``lp`` (the worst one is named). With one chain, R-hat
+    is NaN: the warning says so, whether or not the ESS is low."""
     import arviz as az
     import numpy as np
 
@@ -160,27 +164,59 @@ def check_mixing(post, *, stacklevel: int = 2) -> None:
         data = from_dict(posterior={"f": function_draws(post, post.x[rows]).double().cpu().numpy()})
         with arviz_log_level(logging.ERROR):  # ArviZ logs a shape complaint for one chain; R-hat is not used then
             ess, rhat = az.ess(data)["f"].values.ravel(), az.rhat(data)["f"].values.ravel()
-        what = f"f(x) at {len(rows)} training inputs"
-    except ValueError:  # a Pyro function without an 'f' site, or no training inputs: the log density
-        if "lp" not in post.sample_stats:
+        what = worst_ess = worst_rhat = f"f(x) at {len(rows)} training inputs"
+    except ValueError:  # a Pyro function without an 'f' site, or no training inputs: its parameters and lp
+        ess, rhat, names = _parameter_diagnostics(post)
+        if not names:
             return
-        data = from_dict(posterior={"lp": post.sample_stats["lp"].double().cpu().numpy()})
-        with arviz_log_level(logging.ERROR):
-            ess, rhat = np.atleast_1d(az.ess(data)["lp"].values), np.atleast_1d(az.rhat(data)["lp"].values)
-        what = "the log density lp"
+        what = "the parameters and the log density lp"
+        worst_ess = f"{what} (worst: {names[int(np.nanargmin(ess))]})" if np.isfinite(ess).any() else what
+        worst_rhat = f"{what} (worst: {names[int(np.nanargmax(rhat))]})" if np.isfinite(rhat).any() else what
     problems = []
     if np.isfinite(ess).any() and np.nanmin(ess) < ESS_MIN:
-        problems.append(f"the bulk ESS of {what} is {np.nanmin(ess):.0f} at worst (threshold {ESS_MIN} in all), so "
-                        "Monte Carlo errors of means and intervals exceed 10% of the posterior sd")
+        problems.append(f"the bulk ESS of {worst_ess} is {np.nanmin(ess):.0f} at worst (threshold {ESS_MIN} in all), "
+                        "so Monte Carlo errors of means and intervals exceed 10% of the posterior sd")
     if post.num_chains > 1 and np.isfinite(rhat).any() and np.nanmax(rhat) > RHAT_FIT_MAX:
-        problems.append(f"R-hat of {what} is up to {np.nanmax(rhat):.3g} (threshold {RHAT_FIT_MAX}): the chains "
-                        "disagree, they have not mixed or sit in different modes")
+        problems.append(f"R-hat of {worst_rhat} is up to {np.nanmax(rhat):.3g} (threshold {RHAT_FIT_MAX}): the "
+                        "chains disagree, they have not mixed or sit in different modes")
+    if post.num_chains == 1:
+        note = (f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started elsewhere "
+                f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4)")
+        if not problems:  # nothing else to fix: the note alone, without the mixing advice
+            _warn(f"{post.method}: {note} ({post.num_draws} draws).", stacklevel + 1)
+            return
+        problems.append(note)
     if problems:
         other = ("a larger max_tree_depth if the trajectories hit the maximum" if post.method == "nuts" else
                  "method='nuts' (with a larger max_tree_depth if its trajectories hit the maximum)")
         _warn(f"{post.method}: {'; and '.join(problems)} ({post.num_chains} chain(s) x {post.num_draws} draws). "
               f"Try more num_samples and num_warmup, more chains, or {other}; post.summary(space='function') shows "
               "every input.", stacklevel + 1)
+
+
+def _parameter_diagnostics(post) -> tuple["np.ndarray", "np.ndarray", list[str]]:
+    """Bulk ESS and R-hat of every element of ``post.samples`` (sampled and deterministic sites) and of
+    ``sample_stats["lp"]``, with their names (``"theta[3]"``, ``"lp"``)."""
+    import arviz as az
+    import numpy as np
+
+    from bnn_pyro.diagnostics import from_dict
+
+    columns = {}
+    for name, value in post.samples.items():
+        flat = value.reshape(post.num_chains, post.num_draws, -1)
+        for i in range(flat.shape[-1]):
+            columns[name if flat.shape[-1] == 1 and value.dim() == 2 else f"{name}[{i}]"] = flat[..., i]
+    if "lp" in post.sample_stats:
+        columns["lp"] = post.sample_stats["lp"]
+    if not columns:
+        return np.zeros(0), np.zeros(0), []
+    names = list(columns)
+    stacked = torch.stack([columns[n].double().cpu() for n in names], -1).numpy()  # (chains, draws, K)
+    data = from_dict(posterior={"v": stacked})
+    with arviz_log_level(logging.ERROR):  # ArviZ logs a shape complaint for one chain
+        ess, rhat = az.ess(data)["v"].values.ravel(), az.rhat(data)["v"].values.ravel()
+    return ess, rhat, names
 
 
 def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = None, advice: str | None = None,

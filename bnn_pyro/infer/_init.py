@@ -39,7 +39,7 @@ from bnn_pyro._checks import choice
 from bnn_pyro.infer._common import Data, is_latent, traced
 from bnn_pyro.model import BNN
 
-__all__ = ["Init", "resolve_init", "chain_start", "reset_values"]
+__all__ = ["Init", "resolve_init", "chain_start", "reset_values", "set_points"]
 
 
 class Init(str, Enum):
@@ -103,7 +103,8 @@ def _check_values(model, values: dict[str, torch.Tensor], data: Data, whose: str
     """Every name a latent site or a parameter of ``model``, with that site's (per-draw) shape."""
     x0, y0 = data.first()
     shapes = {name: site["value"].shape for name, site in traced(model, x0, y0).nodes.items()
-              if site["type"] == "param" or is_latent(site)}
+              if site["type"] == "param" or is_latent(site)
+              or (site["type"] == "sample" and site["infer"].get("_deterministic"))}  # MCMC keeps pyro.deterministic
     if isinstance(model, BNN):
         shapes.update(model.param_shapes)
     unknown = [n for n in values if n not in shapes]
@@ -130,7 +131,7 @@ def chain_start(model, init, seed: int, *, points: bool = True):
         return init
     if isinstance(init, Posterior):
         if points:
-            _set_points(model, {n: v[0] for n, v in init.point.items()})
+            set_points(model, {n: v[0] for n, v in init.point.items()})
         return init
     reset = init == Init.RESET.value if isinstance(init, str) else False
     if not (reset or (points and model.point_names)):
@@ -138,11 +139,12 @@ def chain_start(model, init, seed: int, *, points: bool = True):
     fresh = reset_values(model, seed, names=None if reset else model.point_names)
     if points:
         given = init if isinstance(init, dict) else {}
-        _set_points(model, {n: given.get(n, fresh[n]) for n in model.point_names})
+        set_points(model, {n: given.get(n, fresh[n]) for n in model.point_names})
     return {n: fresh[n] for n in model.sample_names} if reset else init
 
 
-def _set_points(model: BNN, values: dict[str, torch.Tensor]) -> None:
+def set_points(model: BNN, values: dict[str, torch.Tensor]) -> None:
+    """Copy ``values`` into the net's parameters of those names (a BNN's deterministic parameters)."""
     with torch.no_grad():
         for name, p in model.net.named_parameters():
             if name in values:

@@ -26,7 +26,7 @@ from bnn_pyro._upstream_private import (hmc_state, load_hmc_state, load_warmup_a
                                         warmup_adapter_state)
 from bnn_pyro.infer import _logjoint
 
-__all__ = ["DrawStats", "sample_stats", "AdaptedKernel", "_NUTS", "_HMC", "_Metropolis"]
+__all__ = ["DrawStats", "sample_stats", "jittered_steps", "AdaptedKernel", "_NUTS", "_HMC", "_Metropolis"]
 
 
 class DrawStats(NamedTuple):
@@ -55,6 +55,21 @@ def sample_stats(draws: list[DrawStats]) -> dict[str, torch.Tensor]:
             if getattr(draws[0], name) is not None}
 
 
+def jittered_steps(num_steps: int, jitter: float, uniform: float) -> int:
+    """One draw's leapfrog count: uniform over the integers from ``ceil((1 - jitter) * num_steps)`` to
+    ``floor((1 + jitter) * num_steps)`` (at least 1), picked by ``uniform`` in [0, 1); its mean is ``num_steps``.
+
+    A fixed count resonates: on a Gaussian (any posterior's leading order) a trajectory of ``L`` steps of size
+    ``h`` turns each direction of frequency ``w`` by an angle near ``L h w``; where that angle is near a multiple of
+    ``pi`` the draw returns next to where it started, draw after draw, and the chain barely moves along that
+    direction. A count that varies from draw to draw breaks the repetition (Neal 2011, "MCMC using Hamiltonian
+    dynamics", sec. 5.4.2.2; Stan jitters the step size instead, ``stepsize_jitter``, which would also disturb its
+    adaptation)."""
+    lo = max(1, math.ceil((1.0 - jitter) * num_steps))
+    hi = max(lo, math.floor((1.0 + jitter) * num_steps))
+    return lo + min(int(uniform * (hi - lo + 1)), hi - lo)
+
+
 class _SiteWatch(poutine.messenger.Messenger):
     """Sees the auxiliary sample sites of one Pyro HMC/NUTS transition: counts the tree doublings
     (``direction_t=...``) and keeps the unscaled momentum (``r_t=...``, standard normal)."""
@@ -79,6 +94,8 @@ class _Counted:
 
     resume = None
     fixed_num_steps = None
+    leapfrog_jitter = 0.0  # HMC: each draw's leapfrog count drawn by jittered_steps around num_steps
+    _bp_jittered = None
 
     def setup(self, warmup_steps, *args, **kwargs):
         super().setup(warmup_steps, *args, **kwargs)
@@ -106,10 +123,16 @@ class _Counted:
 
     @property
     def num_steps(self):
+        if self._bp_jittered is not None:
+            return self._bp_jittered
         return self.fixed_num_steps if self.fixed_num_steps is not None else super().num_steps
 
     def sample(self, params):
         evals, step, u0 = self._bp_grad_evals, self.step_size, self._bp_potential
+        if self.leapfrog_jitter > 0 and not isinstance(self, NUTS):  # from the chain's seeded global generator
+            self._bp_jittered = None  # the un-jittered count first
+            uniform = float(torch.rand((), dtype=torch.float64))
+            self._bp_jittered = jittered_steps(self.num_steps, self.leapfrog_jitter, uniform)
         with _SiteWatch() as watch:
             z = super().sample(params)
         self._bp_draws += 1

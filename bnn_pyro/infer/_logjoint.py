@@ -40,7 +40,7 @@ from bnn_pyro.infer import _analytic, _analytic_elbo
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.model import BNN
 
-__all__ = ["LogJoint", "build", "svi_loss", "potential", "flat_potential_and_grad", "FlatPotential"]
+__all__ = ["LogJoint", "build", "svi_loss", "potential", "flat_potential_and_grad", "FlatPotential", "recording"]
 
 
 class LogJoint:
@@ -368,7 +368,7 @@ def _compiled(fn, args: tuple, eager, what: str):
     args = tuple(a.detach() for a in args)
     try:
         recorded = make_fx(fn)(*args)
-        with _recording():
+        with recording():
             module = torch.jit.freeze(torch.jit.trace(_Call(recorded), args, check_trace=False).eval())
         first = args[0]
         g = torch.Generator(device=first.device).manual_seed(0)
@@ -391,7 +391,7 @@ def _compiled(fn, args: tuple, eager, what: str):
 
 
 @contextlib.contextmanager
-def _recording():
+def recording():
     """Silences, while TorchScript records a graph, its ``TracerWarning``s (a recording fixes Python branches:
     :func:`_compiled` checks the graph against the eager values) and torch 2.13's deprecation of
     ``torch.jit.trace`` (``trace_method`` when tracing a module) and ``torch.jit.freeze``, and nothing else.
@@ -442,7 +442,7 @@ def _traced(fn):
     def call(z: dict[str, torch.Tensor]) -> torch.Tensor:
         if not compiled:
             names = list(z)
-            with _recording():
+            with recording():
                 graph = torch.jit.trace(lambda *v: fn(dict(zip(names, v))), tuple(z[n].detach() for n in names),
                                         check_trace=False)
             compiled.update(names=names, graph=graph)

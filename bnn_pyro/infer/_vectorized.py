@@ -50,8 +50,9 @@ def _transition(kind: str, settings):
     if kind == "hmc":
         if settings is None:
             return hmc_transition, {}
-        return hmc_transition, (dict(num_steps=settings.num_leapfrog) if settings.num_leapfrog is not None
-                                else dict(trajectory_length=settings.trajectory_length))
+        length = (dict(num_steps=settings.num_leapfrog) if settings.num_leapfrog is not None
+                  else dict(trajectory_length=settings.trajectory_length))
+        return hmc_transition, dict(length, jitter=settings.leapfrog_jitter)
     return nuts_transition, ({} if settings is None else dict(max_tree_depth=settings.max_tree_depth))
 
 

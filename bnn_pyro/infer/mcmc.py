@@ -10,9 +10,10 @@ off, draws mapped back to the constrained space) and adds checkpoint/resume, whi
   generalized turning criterion: leapfrog trajectories doubled until they turn back, at most
   ``2**max_tree_depth - 1`` steps per draw. On the fast path it is our own kernel over one flat
   vector (:mod:`bnn_pyro.infer._nuts`); otherwise Pyro's ``NUTS``.
-- ``"hmc"``: Hamiltonian Monte Carlo (Neal 2011; Pyro's ``HMC``): exactly ``num_leapfrog`` steps per
-  draw (default :data:`DEFAULT_NUM_LEAPFROG` = 32), kept fixed through adaptation, or a trajectory of
-  fixed length ``trajectory_length``. Pyro turns a length into ``length / step_size`` steps after
+- ``"hmc"``: Hamiltonian Monte Carlo (Neal 2011; Pyro's ``HMC``): ``num_leapfrog`` steps per draw on
+  average (default :data:`DEFAULT_NUM_LEAPFROG` = 32), kept through adaptation, or a trajectory of
+  fixed length ``trajectory_length``; each draw's count is jittered uniformly within +-``leapfrog_jitter``
+  (default 50%) of it, since a fixed count resonates on some posteriors (see ``fit``). Pyro turns a length into ``length / step_size`` steps after
   adaptation, so a length costs more the smaller the adapted step: Stan's ``2 * pi`` (this engine's
   default before) is 3,000-6,000 steps per draw at a BNN's step sizes of 1e-3 to 2e-3, and took 772 s
   for 2 x (50 + 50) on the README's quickstart model (NUTS: 99 s for 2 x (200 + 200)); at the default
@@ -48,12 +49,19 @@ and HMC runs over one flat vector too (:mod:`bnn_pyro.infer._flat_hmc`: the same
 Pyro's ``HMC``, with its own seeded generator, so its draws differ from those of bnn_pyro before it for the same
 seed); Metropolis, which needs no gradient, keeps the generic potential.
 
-Deterministic (non-Bayesian) parameters of a ``BNN`` stay FIXED at chain 0's start, the same for
-every chain (:mod:`bnn_pyro.infer._init`: the net's values for ``init="net"``, chain 0 of ``init`` when
-it is a :class:`~bnn_pyro.Posterior`, else re-drawn by ``reset_parameters()`` under ``seed``);
-``Posterior.point`` holds them.
+Deterministic (non-Bayesian) parameters of a ``BNN`` (those its prior leaves out, e.g. biases under a prior
+that returns ``None`` for them) are not sampled: they stay FIXED, the same for every chain, at a point
+estimate. Unless ``init`` gives them (a :class:`~bnn_pyro.Posterior`, e.g. of an SVI fit, which learns them:
+its chain-0 values; or a dict naming every one), that estimate is the joint MAP of the whole model (weights
+and deterministic parameters together, :func:`~bnn_pyro.infer.map_fit.fit_map` from chain 0's start,
+:data:`POINT_MAP_STEPS` Adam steps and an L-BFGS polish) fitted before sampling: MCMC then samples the weights
+given the same deterministic parameters SVI would learn, not given the random values ``reset_parameters()``
+drew (which shifted the weights' posterior to compensate: on a linear model with a deterministic intercept
+of 0.33 +- 0.03 four seeds kept -0.58, -0.14, 0.19 and -0.30). ``Posterior.point`` holds them and
+``config["point_estimate"]`` says how they were set (``"map"``, ``"init"``; absent without them).
 
-Chains: ``chain_method="auto"`` runs them in parallel, one forked process per core with one torch
+Chains: :data:`DEFAULT_NUM_CHAINS` = 4 by default, so that R-hat is defined at the defaults (with one chain it
+is NaN, and the health check says so). ``chain_method="auto"`` (the default) runs them in parallel, one forked process per core with one torch
 thread each (two torch threads per process on two cores oversubscribe the cores: OpenMP threads
 spin and steal each other's time, Pyro's own parallel mode ran at 0.48x of one chain), and one after
 another, with a warning, when only one core is available. ``config["chain_execution"]`` says which.
@@ -101,12 +109,14 @@ Example
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Callable
 
 import torch
 import pyro
+from pyro import poutine
 from pyro.infer.autoguide.initialization import init_to_value
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
@@ -116,15 +126,23 @@ from bnn_pyro.infer._kernels import _HMC, DrawStats, _Metropolis, pyro_kernel, s
 from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
-from bnn_pyro.infer._init import chain_start, resolve_init
+from bnn_pyro.infer._init import chain_start, resolve_init, set_points
+from bnn_pyro.infer.map_fit import fit_map
+from bnn_pyro.model import BNN
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_LEAPFROG"]
+__all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_CHAINS", "DEFAULT_NUM_LEAPFROG",
+           "DEFAULT_LEAPFROG_JITTER"]
 
+POINT_MAP_STEPS = 300  # Adam steps (lr POINT_MAP_LR) of the MAP that sets a BNN's deterministic parameters
+POINT_MAP_LR = 1e-2
+POINT_MAP_POLISH = 100  # L-BFGS iterations after them (kept only when they lower the loss)
+DEFAULT_NUM_CHAINS = 4  # chains at the defaults: R-hat needs two or more (Stan runs 4, PyMC at least 2)
 DEFAULT_NUM_LEAPFROG = 32  # HMC's leapfrog steps per draw when neither num_leapfrog nor trajectory_length is given
+DEFAULT_LEAPFROG_JITTER = 0.5  # HMC: each draw's leapfrog count uniform within +-50% of it (breaks resonance)
 
 
 class Kernel(str, Enum):
@@ -134,8 +152,9 @@ class Kernel(str, Enum):
 
 
 def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup: int | None = None,
-        num_chains: int = 1, target_accept: float | None = None, step_size: float | None = None,
-        trajectory_length: float | None = None, num_leapfrog: int | None = None, max_tree_depth: int | None = None,
+        num_chains: int | None = None, target_accept: float | None = None, step_size: float | None = None,
+        trajectory_length: float | None = None, num_leapfrog: int | None = None,
+        leapfrog_jitter: float | None = None, max_tree_depth: int | None = None,
         dense_mass: bool = False, jit: bool = True, init=None, chain_method="auto", seed: int = 0,
         progress: bool = True, resume: Posterior | bool | None = None, fast_path: bool = True,
         checkpoint: str | None = None, checkpoint_every: int | None = None) -> Posterior:
@@ -146,7 +165,11 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     kernel:
         ``"nuts"``, ``"hmc"`` or ``"metropolis"`` (``bp.fit``'s ``method`` sets it).
     num_samples, num_warmup, num_chains:
-        Kept draws per chain, warm-up (adaptation) steps per chain (default ``num_samples``), chains.
+        Kept draws per chain, warm-up (adaptation) steps per chain (default ``num_samples``), and chains
+        (default :data:`DEFAULT_NUM_CHAINS` = 4, as Stan: R-hat, the chains' agreement, needs at least two and is
+        NaN for one; each chain starts from its own point, so chains stuck in different modes show up). On two
+        cores ``chain_method="auto"`` runs them two at a time; what four chains cost against one is measured in
+        ``benchmarks/mcmc_default_chains.py`` (``benchmarks/results/``).
     target_accept:
         Acceptance probability the step size is tuned toward, in (0, 1): default 0.8 (NUTS, HMC),
         0.234 (Metropolis).
@@ -157,6 +180,14 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         through adaptation (default :data:`DEFAULT_NUM_LEAPFROG` = 32 when neither is given).
         ``trajectory_length``: a fixed length, i.e. ``length / step_size`` steps per draw at the adapted
         step size, unbounded (thousands per draw where the step is small, as in BNNs).
+    leapfrog_jitter:
+        HMC only: each draw's number of leapfrog steps is drawn uniformly from the integers within
+        ``(1 -+ leapfrog_jitter)`` times its count (``num_leapfrog``, or ``length / step size``), so its mean stays
+        that count (default :data:`DEFAULT_LEAPFROG_JITTER` = 0.5, e.g. 16-48 steps around 32; ``0``: fixed). A
+        fixed count resonates: where the trajectory turns some direction of the posterior by about a multiple of
+        pi, draw after draw returns next to its start (on an exact Gaussian posterior some seeds gave a bulk ESS
+        of 2 of 500 draws); a count that varies breaks the repetition (Neal 2011, sec. 5.4.2.2). Each draw's count
+        is ``sample_stats["n_steps"]``, drawn from the chain's seeded stream (reproducible, checkpointed).
     max_tree_depth:
         NUTS only: at most ``2**max_tree_depth - 1`` leapfrog steps per draw (default 10).
     dense_mass:
@@ -210,7 +241,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         num_chains = resume.num_chains
     num_warmup = positive_int("num_warmup", num_samples if num_warmup is None else num_warmup,
                               allow_zero=resume is not None)
-    num_chains = positive_int("num_chains", num_chains)
+    num_chains = positive_int("num_chains", DEFAULT_NUM_CHAINS if num_chains is None else num_chains)
     how = choice("chain_method", chain_method, ChainMethod)
     if target_accept is None:
         target_accept = 0.234 if kind is Kernel.METROPOLIS else 0.8
@@ -218,13 +249,20 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         raise ValueError(f"target_accept must be a probability in (0, 1), got {target_accept!r}; try 0.8 "
                          "(NUTS/HMC; 0.9-0.99 when there are divergences) or 0.234 (Metropolis).")
     step_size = None if step_size is None else positive("step_size", step_size)
-    _only(kind, Kernel.HMC, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog)
+    _only(kind, Kernel.HMC, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog,
+          leapfrog_jitter=leapfrog_jitter)
     _only(kind, Kernel.NUTS, max_tree_depth=max_tree_depth)
     if trajectory_length is not None and num_leapfrog is not None:
         raise ValueError("hmc: give trajectory_length= or num_leapfrog=, not both.")
     trajectory_length = None if trajectory_length is None else positive("trajectory_length", trajectory_length)
     num_leapfrog = None if num_leapfrog is None else positive_int("num_leapfrog", num_leapfrog)
     max_tree_depth = positive_int("max_tree_depth", 10 if max_tree_depth is None else max_tree_depth)
+    if kind is Kernel.HMC:
+        leapfrog_jitter = DEFAULT_LEAPFROG_JITTER if leapfrog_jitter is None else leapfrog_jitter
+        if not (isinstance(leapfrog_jitter, (int, float)) and 0.0 <= leapfrog_jitter < 1.0):
+            raise ValueError(f"leapfrog_jitter must be a fraction in [0, 1), got {leapfrog_jitter!r}; try "
+                             f"{DEFAULT_LEAPFROG_JITTER} (the default), or 0 for a fixed number of leapfrog steps.")
+        leapfrog_jitter = float(leapfrog_jitter)
     if kind is Kernel.HMC and trajectory_length is None and num_leapfrog is None:
         num_leapfrog = DEFAULT_NUM_LEAPFROG  # bounded cost per draw, not 2 * pi / (a BNN's tiny step)
     if data.loader is not None or (data.batch_size is not None and data.batch_size < data.x.shape[0]):
@@ -232,15 +270,18 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
                          "or use a stochastic-gradient method for minibatches.")
     init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
+    point_estimate, points = _point_estimate(fitted, data, init, seed=seed, progress=progress, method=kind.value)
     # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
     strategies = [init_strategy(fitted, chain_start(fitted, init, seed + c, points=c == 0)) for c in range(num_chains)]
+    if points:  # the MAP's deterministic parameters (point_estimate == "map")
+        set_points(fitted, points)
     joint = _logjoint.build(fitted, data.size) if flag("fast_path", fast_path) else None
     execution = chain_execution(num_chains, how, kind.value)
     if execution == "vectorized":
         _vectorized.check(kind.value, joint, data.x, data.y)
     settings = KernelSettings(kind=kind, joint=joint, target_accept=float(target_accept), step_size=step_size,
                               dense_mass=dense_mass, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog,
-                              max_tree_depth=max_tree_depth, jit=jit,
+                              max_tree_depth=max_tree_depth, jit=jit, leapfrog_jitter=leapfrog_jitter or 0.0,
                               flat_hmc=kind is Kernel.HMC and analytic_applies(joint, data.x, data.y))
 
     def chain_settings(c: int) -> KernelSettings:
@@ -255,10 +296,12 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
     config = clean_config(dict(
         kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
         target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
-        num_leapfrog=num_leapfrog, max_tree_depth=max_tree_depth if kind is Kernel.NUTS else None,
+        num_leapfrog=num_leapfrog, leapfrog_jitter=leapfrog_jitter,
+        max_tree_depth=max_tree_depth if kind is Kernel.NUTS else None,
         dense_mass=dense_mass, jit=jit, fast_path=joint is not None,
         init=init if isinstance(init, str) else type(init).__name__,
         chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
+        **({} if point_estimate is None else {"point_estimate": point_estimate}),
     ))
     # every chain's file checked before any chain runs; chain_method is not part of the run (same draws either way)
     run = {k: v for k, v in config.items() if k not in ("chain_method", "chain_execution")}
@@ -271,6 +314,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
             if batched else run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False,
                                        method="mcmc"))
     post = assemble(runs, method=kind.value, config=config, data=data)
+    post.samples.update(deterministic_sites(fitted, post.samples, data))
     if resume is not None:  # append the new segment to the draws it continues
         post.samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in post.samples.items()}
         post.sample_stats = {k: torch.cat([resume.sample_stats[k].to(v.dtype), v], dim=1)
@@ -278,6 +322,49 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         config.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
                       extended_by=num_samples)
     return check_mcmc(post, target_accept=float(target_accept), stacklevel=5)
+
+
+def _point_estimate(fitted, data: Data, init, *, seed: int, progress: bool, method: str):
+    """How a BNN's deterministic parameters are set (module docstring): ``(None, {})`` without them;
+    ``("init", {})`` when ``init`` gives them (a Posterior, or a dict naming every one); else ``("map", values)``,
+    the joint MAP's values of those that ``init`` does not name."""
+    if not isinstance(fitted, BNN) or not fitted.point_names:
+        return None, {}
+    given = set(init) if isinstance(init, dict) else set()
+    if isinstance(init, Posterior) or given >= set(fitted.point_names):
+        return "init", {}
+    mode = fit_map(fitted, data, init=init, num_steps=POINT_MAP_STEPS, lr=POINT_MAP_LR, seed=seed,
+                   progress=progress, polish_steps=POINT_MAP_POLISH, method=f"{method} point estimate (map)")
+    return "map", {n: v for n, v in mode.point.items() if n not in given}
+
+
+def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> dict[str, torch.Tensor]:
+    """The ``pyro.deterministic`` sites of a Pyro function model other than ``"f"`` (e.g. eight schools' ``theta =
+    mu + tau * eta``) at every draw of ``samples``, shaped ``(chains, draws, *shape)``, as Pyro's ``MCMC`` and
+    ArviZ users expect beside the sampled sites. Each draw replays the model on the training data with its
+    sites conditioned. A ``BNN`` has none but ``"f"`` (its network output, ``N`` values per draw, which
+    ``post.predict`` and ``summary(space="function")`` compute), so it is skipped."""
+    if isinstance(model, BNN) or not samples:
+        return {}
+    first = next(iter(samples.values()))
+    chains, draws = first.shape[:2]
+
+    def replay(c: int, d: int) -> dict[str, torch.Tensor]:
+        with torch.no_grad(), pyro.validation_enabled(False), pyro.get_param_store().scope():
+            conditioned = poutine.condition(model, data={k: v[c, d] for k, v in samples.items()})
+            trace = poutine.trace(conditioned).get_trace(data.x, data.y, **_size_kwargs(model, data))
+        return {name: site["value"].detach() for name, site in trace.nodes.items()
+                if site["type"] == "sample" and site["infer"].get("_deterministic") and name != "f"
+                and name not in samples}
+
+    if not replay(0, 0):
+        return {}
+    rows = [[replay(c, d) for d in range(draws)] for c in range(chains)]
+    return {name: torch.stack([torch.stack([row[name] for row in chain]) for chain in rows]) for name in rows[0][0]}
+
+
+def _size_kwargs(model, data: Data) -> dict:
+    return {"dataset_size": data.size} if "dataset_size" in inspect.signature(model).parameters else {}
 
 
 def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> int:
@@ -293,7 +380,7 @@ def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> i
         raise ValueError(f"num_warmup: must be omitted or 0 with resume= (the chains keep their adapted step size "
                          f"and mass matrix), got {num_warmup!r}.")
     dense = resume.history["inverse_mass_matrix"].dim() == 3
-    if num_chains not in (1, resume.num_chains) or dense_mass != dense:
+    if num_chains not in (None, resume.num_chains) or dense_mass != dense:
         raise ValueError(f"resume: num_chains and dense_mass must be those of the posterior extended "
                          f"({resume.num_chains} chains, dense_mass={dense}); omit num_chains to keep them.")
     return 0
@@ -339,6 +426,7 @@ class KernelSettings:
     init_strategy: Callable | None = None
     resume: tuple[float, torch.Tensor] | None = None
     flat_hmc: bool = False  # HMC on the analytic path: FlatHMC (bnn_pyro.infer._flat_hmc), not Pyro's HMC
+    leapfrog_jitter: float = 0.0  # HMC: each draw's leapfrog count varies by this fraction (jittered_steps)
 
 
 def _make_kernel(model, s: KernelSettings, model_args: tuple):
@@ -356,7 +444,7 @@ def _make_kernel(model, s: KernelSettings, model_args: tuple):
     if s.flat_hmc:  # the fast path's HMC over one flat vector
         kernel = FlatHMC(model, s.joint, init_strategy=s.init_strategy, step_size=s.step_size,
                          target_accept_prob=s.target_accept, dense_mass=s.dense_mass, num_leapfrog=s.num_leapfrog,
-                         trajectory_length=s.trajectory_length, jit=s.jit)
+                         trajectory_length=s.trajectory_length, jit=s.jit, leapfrog_jitter=s.leapfrog_jitter)
         kernel.resume = s.resume
         return kernel, None, None
     options = dict(step_size=s.step_size or 1.0, adapt_step_size=True, adapt_mass_matrix=True, full_mass=s.dense_mass,
@@ -367,7 +455,7 @@ def _make_kernel(model, s: KernelSettings, model_args: tuple):
         options["trajectory_length"] = s.trajectory_length
     kernel, params, transforms = pyro_kernel(s.kind.value, model, joint=s.joint, jit=s.jit, init_strategy=s.init_strategy,
                                              model_args=model_args, resume=s.resume, **options)
-    kernel.fixed_num_steps = s.num_leapfrog
+    kernel.fixed_num_steps, kernel.leapfrog_jitter = s.num_leapfrog, s.leapfrog_jitter
     return kernel, params, transforms
 
 
@@ -394,7 +482,8 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
     with progress_bar(total, label, bar is not None, position=line) as shown, pyro.validation_enabled(False):
         if params is not None:
             kernel.initial_params = params
-        kernel.setup(num_warmup, data.x.detach(), data.y.detach())
+        with _logjoint.recording():  # Pyro's jit_compile (a traced model) records its graph at the first call, in setup
+            kernel.setup(num_warmup, data.x.detach(), data.y.detach())
         params = kernel.initial_params
         kept, draws, start = {k: [] for k in sorted(params)}, [], 0
         if ckpt is not None and (saved := ckpt.load()) is not None:

@@ -304,7 +304,7 @@ def _spy(monkeypatch):
 
 
 @pytest.mark.parametrize("method, options", [
-    ("nuts", dict(num_warmup=10)), ("hmc", dict(num_warmup=10)),
+    ("nuts", dict(num_warmup=10, num_chains=1)), ("hmc", dict(num_warmup=10, num_chains=1)),  # a spy in this process
     ("svi", dict(num_steps=5, num_samples=3)), ("svi", dict(num_steps=5, num_samples=3, num_particles=4))])
 def test_the_engines_use_it_at_their_defaults(monkeypatch, method, options):
     torch.set_default_dtype(torch.float32)

@@ -165,7 +165,8 @@ def test_vectorized_hmc_recovers_the_exact_posterior_with_the_other_executions_s
     assert post.samples["weight"].shape == (4, 500, 1, 2) and post.samples["bias"].shape == (4, 500, 1)
     mass = post.history["inverse_mass_matrix"]
     assert mass.shape == (4, 3) and (mass > 0).all() and not torch.equal(mass[0], mass[1])  # adapted per chain
-    assert (post.sample_stats["n_steps"] == 4).all()
+    counts = post.sample_stats["n_steps"]  # jittered per chain and draw within 4 +- 50%: chains of unequal lengths
+    assert ((counts >= 2) & (counts <= 6)).all() and (counts != counts[:1]).any(dim=0).float().mean() > 0.5
     steps = post.sample_stats["step_size"]
     assert len(set(steps[:, -1].tolist())) == 4 and torch.equal(steps, steps[:, :1].expand_as(steps))
 
@@ -192,11 +193,12 @@ def test_default_flat_single_chain_hmc_recovers_the_exact_posterior(monkeypatch)
     original = _flat_hmc.FlatHMC.setup
     monkeypatch.setattr(_flat_hmc.FlatHMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
     x, y = _data(2)
-    post = bp.fit(_blr(2), x, y, method="hmc", num_samples=600, num_warmup=300, seed=0, progress=False)  # defaults
+    post = bp.fit(_blr(2), x, y, method="hmc", num_samples=600, num_warmup=300, num_chains=1, seed=0,
+                  progress=False)  # defaults otherwise
     assert used and post.config["fast_path"] is True
-    assert (post.sample_stats["n_steps"] == bp.infer.mcmc.DEFAULT_NUM_LEAPFROG).all()
-    # a fixed trajectory can nearly repeat the Gaussian's period at some adapted step sizes (seeds 2 and 3 here, and
-    # for Pyro's HMC others): the exactness check is informative only with a fair ESS, so that is checked first
+    steps, count = post.sample_stats["n_steps"], bp.infer.mcmc.DEFAULT_NUM_LEAPFROG  # jittered: count +- 50%
+    assert ((steps >= count // 2) & (steps <= count * 3 // 2)).all() and len(steps.unique()) > 1
+    # the exactness check is informative only with a fair ESS, so that is checked first
     weights = post.samples["weight"].reshape(1, 600, 2).numpy()
     assert min(float(az.ess(weights[..., i])) for i in range(2)) > 100
     _assert_exact(post, x, y)
@@ -207,7 +209,7 @@ def test_pyros_hmc_runs_without_the_fast_path(monkeypatch):
     original = _kernels._HMC.setup
     monkeypatch.setattr(_kernels._HMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
     x, y = _data(2)
-    bp.fit(_blr(2), x, y, method="hmc", num_samples=3, num_warmup=3, num_leapfrog=2, progress=False, fast_path=False)
+    bp.fit(_blr(2), x, y, method="hmc", num_chains=1, num_samples=3, num_warmup=3, num_leapfrog=2, progress=False, fast_path=False)
     assert used
 
 

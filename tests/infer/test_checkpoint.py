@@ -225,7 +225,7 @@ def test_extra_state_round_trips_a_generator_lists_and_early_stopping_through_a_
 # 12 warm-up iterations: Pyro's schedule for them is a 1-step buffer, one mass-matrix window (steps 1-10) and a
 # 1-step buffer, so a checkpoint every 5 iterations lands inside the window (step 5: the Welford estimator and the
 # dual averaging half-way), at its end (10) and in the sampling phase (15), then after the last iteration (20)
-MCMC = dict(num_warmup=12, num_samples=8, seed=4, progress=False)
+MCMC = dict(num_warmup=12, num_samples=8, num_chains=1, seed=4, progress=False)
 KERNELS = {
     "nuts": dict(method="nuts", max_tree_depth=4),
     "nuts_dense": dict(method="nuts", max_tree_depth=4, dense_mass=True),

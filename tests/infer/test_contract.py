@@ -60,7 +60,7 @@ def test_unknown_option_names_the_methods_that_take_it():
     with pytest.raises(TypeError, match=r"threshold: not an option of method='svi'.*\(sparse_vd\)"):
         bp.fit(lambda x, y=None: None, x, y, method="svi", threshold=3.0)
     with pytest.raises(TypeError, match=r"num_members: not an option of method='nuts'.*\(ensemble\)"):
-        bp.fit(lambda x, y=None: None, x, y, method="nuts", num_members=3)
+        bp.fit(lambda x, y=None: None, x, y, method="nuts", num_chains=1, num_members=3)
 
 
 class _Gap(NamedTuple):

@@ -68,16 +68,29 @@ def test_default_init_redraws_the_weights_under_each_chains_seed(method):
 
 
 @pytest.mark.filterwarnings("ignore::bnn_pyro.diagnostics.DiagnosticWarning")  # 2 draws: not meant to mix
-def test_mcmc_fixes_deterministic_parameters_at_the_start_that_init_chooses():
+def test_mcmc_fixes_deterministic_parameters_at_the_joint_map_unless_init_gives_them():
+    """Not at the start that init chooses (a random draw under init='reset'): at the joint MAP fitted from it
+    (bnn_pyro.infer.mcmc's module docstring), the same for every chain; a dict naming them keeps its values."""
+    from bnn_pyro.infer import mcmc
+    from bnn_pyro.infer._common import Data
+    from bnn_pyro.infer.map_fit import fit_map
+
     model, (x, y) = _model(), _data()
     config = dict(method="metropolis", num_samples=2, num_warmup=2, num_chains=2, chain_method="sequential",
                   seed=5, progress=False)
-    net = bp.fit(model, x, y, init="net", **config)
-    reset = bp.fit(model, x, y, **config)
-    fresh = reset_values(model, 5)  # chain 0's draw: the chains share one set of fixed parameters
+    for init in ("net", "reset"):
+        post = bp.fit(model, x, y, init=init, **config)
+        mode = fit_map(model, Data(x, y), init=init, num_steps=mcmc.POINT_MAP_STEPS, lr=mcmc.POINT_MAP_LR, seed=5,
+                       progress=False, polish_steps=mcmc.POINT_MAP_POLISH)
+        assert post.config["point_estimate"] == "map"
+        for name in model.point_names:
+            assert torch.equal(post.point[name], mode.point[name].expand_as(post.point[name])), (init, name)
+            assert not torch.equal(mode.point[name], reset_values(model, 5)[name])  # not chain 0's random start
+    given = {name: torch.full(model.param_shapes[name], 0.25) for name in model.point_names}
+    post = bp.fit(model, x, y, init=given, **config)
+    assert post.config["point_estimate"] == "init"
     for name in model.point_names:
-        assert torch.equal(net.point[name], model.init_values[name].expand_as(net.point[name]))
-        assert torch.equal(reset.point[name], fresh[name].expand_as(reset.point[name]))
+        assert torch.equal(post.point[name], given[name].expand_as(post.point[name]))
 
 
 def test_a_dict_may_set_deterministic_parameters_and_numbers_are_accepted():

@@ -98,7 +98,7 @@ def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth, mass)
 @pytest.mark.parametrize("dense_mass, jit", [(False, False), (True, True)])
 def test_fit_recovers_exact_posterior(dense_mass, jit):
     x, y = _correlated(n=30, d=2, seed=1)
-    post = bp.fit(_blr(2), x, y, method="nuts", num_samples=800, num_warmup=200, seed=4, progress=False,
+    post = bp.fit(_blr(2), x, y, method="nuts", num_chains=1, num_samples=800, num_warmup=200, seed=4, progress=False,
                   dense_mass=dense_mass, jit=jit)
     assert post.config["fast_path"] is True
     mass = post.history["inverse_mass_matrix"]
@@ -144,7 +144,7 @@ def test_resume_across_the_fast_and_the_plain_path():
     """Both NUTS kernels lay out the mass matrix alike (sites in sorted order), so either extends the other."""
     x, y = _correlated(n=30)
     model = _blr(2)
-    fast = bp.fit(model, x, y, method="nuts", num_samples=5, num_warmup=40, seed=0, progress=False)
+    fast = bp.fit(model, x, y, method="nuts", num_chains=1, num_samples=5, num_warmup=40, seed=0, progress=False)
     plain = bp.fit(model, x, y, method="nuts", resume=fast, num_samples=5, seed=1, progress=False, fast_path=False)
     again = bp.fit(model, x, y, method="nuts", resume=plain, num_samples=5, seed=2, progress=False)
     assert [p.config["fast_path"] for p in (fast, plain, again)] == [True, False, True]
@@ -168,7 +168,7 @@ def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
 def test_same_seed_same_draws_and_adaptation_reaches_the_target():
     x, y = _correlated(n=30)
     model = _blr(2)  # one model: init="net" starts at its weights
-    runs = [bp.fit(model, x, y, method="nuts", num_samples=200, num_warmup=200, seed=7, progress=False)
+    runs = [bp.fit(model, x, y, method="nuts", num_chains=1, num_samples=200, num_warmup=200, seed=7, progress=False)
             for _ in range(2)]
     for name in runs[0].samples:
         assert torch.equal(runs[0].samples[name], runs[1].samples[name])
