@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+import numpy as np
 import pandas as pd
 import torch
 
@@ -273,9 +274,10 @@ def _table(rows: pd.DataFrame, task: str, n_splits: int, ood: bool) -> pd.DataFr
         ok = group[group["error"] == ""]
         entry: dict[str, Any] = {}
         for name in numeric:
-            values = ok[name].astype(float)
-            entry[name] = values.mean() if len(values) else math.nan
-            entry[f"{name}_se"] = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+            values = ok[name].to_numpy(dtype=float)
+            with np.errstate(invalid="ignore"):  # an infinite k-hat: mean inf, SE NaN
+                entry[name] = values.mean() if len(values) else math.nan
+                entry[f"{name}_se"] = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.nan
         entry["splits_ok"] = len(ok)
         errors = group.loc[group["error"] != "", "error"]
         entry["error"] = errors.iloc[0] if len(errors) else ""
