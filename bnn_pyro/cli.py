@@ -387,7 +387,7 @@ def _compare(args) -> int:
           + (f"{splits}-fold cross-validation" if splits else "the entry's test split"))
     result = bp.compare(source.model, source.x, source.y, methods=methods, test=None if splits else source.test,
                         splits=splits, options=options, seed=args.seed, progress=not args.no_progress,
-                        cache=out / "cache")
+                        cache=out / "cache", time_limit=args.time_limit)
     result.table = sources.to_original_units(result.table, source.y_scale)
     result.rows = sources.to_original_units(result.rows, source.y_scale)
     with pd.option_context("display.width", 140, "display.max_columns", 12, "display.max_colwidth", 40):
@@ -499,6 +499,8 @@ def _compare_parser(sub, methods: list[str]) -> None:
     compare.add_argument("--option", type=_method_key_value, action="append", default=[], metavar="METHOD:KEY=VALUE",
                          help="a setting of one method, repeatable, e.g. --option nuts:num_samples=200 (default: none)")
     compare.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    compare.add_argument("--time-limit", type=_positive_int, metavar="SECONDS",
+                         help="stop a fit after this many seconds of wall time; it becomes an error row (default: none)")
     compare.add_argument("--out", required=True, metavar="FOLDER",
                          help="folder for the table, the figures and cache/, created if missing; an existing one must "
                               "be empty unless --resume or --overwrite is given (required)")

@@ -30,6 +30,7 @@ import torch
 
 from bnn_pyro._checks import check_data, choice, flag, positive_int
 from bnn_pyro.comparison.cache import Cache, fingerprint
+from bnn_pyro.comparison.limits import FitTimeout, time_limit
 from bnn_pyro.comparison.scoring import CLASSIFICATION, DIAGNOSTICS, REGRESSION, diagnose, score
 from bnn_pyro.infer import Method, fit, unfit_reason
 from bnn_pyro.model import BNN
@@ -105,7 +106,8 @@ class Comparison:
 
 def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | None = None, test: tuple | None = None,
             splits: int | Sequence[Split] | None = None, ood=None, options: dict[str, dict] | None = None,
-            seed: int = 0, progress: bool = True, cache: str | os.PathLike | None = None) -> Comparison:
+            seed: int = 0, progress: bool = True, cache: str | os.PathLike | None = None,
+            time_limit: float | None = None) -> Comparison:
     """Fit ``model`` with every method in ``methods`` and tabulate held-out quality, cost and diagnostics.
 
     Parameters
@@ -137,7 +139,11 @@ def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | N
         One progress bar over the fits (the engines' own bars are off unless ``options`` turns them on).
     cache:
         A folder: each method's row and posterior on each split is written there as soon as it is done, and
-        a rerun with the same arguments reuses them instead of fitting again (see ``docs/compare.md``).
+        a rerun with the same arguments reuses them instead of fitting again (see ``docs/compare.md``). Rows with
+        an error are not kept: a rerun tries those fits again.
+    time_limit:
+        Seconds of wall time per fit; a longer fit is stopped and becomes an error row (``FitTimeout``). It uses
+        ``SIGALRM``: the main thread of a Unix process only. ``None``: no limit.
 
     A method that fails (an error from ``bp.fit`` or from scoring) becomes a row with its ``error`` text; the
     others go on. Ctrl-C stops the comparison; with ``cache`` a rerun resumes it.
@@ -162,8 +168,9 @@ def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | N
                                                                       *(() if ood is None else (ood,))))
                 row, post = store.row(method, i, key), None
                 if row is None:
-                    row, post = _run(model, method, settings, x_train, y_train, x_test, y_test, ood)
-                    store.write(method, i, key, row, post)
+                    row, post = _run(model, method, settings, x_train, y_train, x_test, y_test, ood, time_limit)
+                    if not row["error"]:
+                        store.write(method, i, key, row, post)
                 elif i == 0 and not row["error"]:
                     post = store.posterior(method, i, model)
                 if i == 0 and post is not None:
@@ -176,21 +183,25 @@ def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | N
                       total_s=time.perf_counter() - started)
 
 
-def _run(model, method: str, settings: dict, x_train, y_train, x_test, y_test, ood) -> tuple[dict, Posterior | None]:
+def _run(model, method: str, settings: dict, x_train, y_train, x_test, y_test, ood,
+         seconds: float | None) -> tuple[dict, Posterior | None]:
     """Fit and score one method on one split: ``(row, posterior)``, or an error row and ``None``."""
-    row: dict[str, Any] = {"fit_s": math.nan, "error": "", "warnings": ""}
+    row: dict[str, Any] = {"fit_s": math.nan, "score_s": math.nan, "error": "", "warnings": ""}
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             start = time.perf_counter()
-            post = fit(model, x_train, y_train, method=method, **settings)
+            with time_limit(seconds):
+                post = fit(model, x_train, y_train, method=method, **settings)
             row["fit_s"] = time.perf_counter() - start
         row["warnings"] = " / ".join(dict.fromkeys(str(w.message).strip().splitlines()[0] for w in caught
                                                    if not issubclass(w.category, _QUIET) and str(w.message).strip()))
+        start = time.perf_counter()
         row.update(score(post, x_test, y_test, ood=ood))
         row.update(diagnose(post))
+        row["score_s"] = time.perf_counter() - start
         return row, post
-    except Exception as err:  # noqa: BLE001 - any failure becomes the method's row; the table goes on
+    except (Exception, FitTimeout) as err:  # noqa: BLE001 - any failure becomes the method's row; the table goes on
         text = str(err).strip().splitlines()
         row["error"] = f"{type(err).__name__}: {text[0] if text else ''}"
         return row, None
@@ -261,12 +272,12 @@ def _task(model, y) -> str:
 def _table(rows: pd.DataFrame, task: str, n_splits: int, ood: bool) -> pd.DataFrame:
     """One row per method: the split's values, or mean and SE over the splits without an error."""
     metrics = list(REGRESSION if task == "regression" else CLASSIFICATION) + (["ood_auroc"] if ood else [])
-    numeric = ["fit_s", *metrics, *DIAGNOSTICS]
+    numeric = ["fit_s", "score_s", *metrics, *DIAGNOSTICS]
     for name in numeric + ["test_ll_se"]:
         if name not in rows:
             rows[name] = math.nan
     if n_splits == 1:
-        table = rows.set_index("method")[["fit_s", "test_ll", "test_ll_se", *metrics[1:], *DIAGNOSTICS, "error",
+        table = rows.set_index("method")[["fit_s", "score_s", "test_ll", "test_ll_se", *metrics[1:], *DIAGNOSTICS, "error",
                                           "warnings"]]
         return table.astype({c: float for c in numeric + ["test_ll_se"]})
     out = {}

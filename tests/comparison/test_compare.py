@@ -130,7 +130,7 @@ def test_a_resumed_run_equals_an_uninterrupted_one(reg_model, tmp_path, monkeypa
     calls.clear()
     resumed = bp.compare(reg_model, x, y, splits=3, methods=methods, options=options, progress=False, cache=tmp_path)
     assert calls == ["laplace", "svi", "laplace"]  # only what the interrupted run had not finished
-    columns = [c for c in whole.table.columns if not c.startswith("fit_s")]
+    columns = [c for c in whole.table.columns if not c.startswith(("fit_s", "score_s"))]  # wall times differ
     pd.testing.assert_frame_equal(resumed.table[columns], whole.table[columns], rtol=1e-6)
     for method in methods:  # the first split's posteriors come back from the cache
         assert torch.allclose(resumed.posteriors[method].predict(x, seed=0).mean, whole.posteriors[method].predict(x, seed=0).mean)
@@ -138,6 +138,19 @@ def test_a_resumed_run_equals_an_uninterrupted_one(reg_model, tmp_path, monkeypa
     changed = bp.compare(reg_model, x, y, splits=3, methods=["svi"], options={"svi": {**TINY["svi"], "lr": 0.02}},
                          progress=False, cache=tmp_path)
     assert calls == ["svi"] * 3 and changed.table.loc["svi", "test_ll"] != whole.table.loc["svi", "test_ll"]
+
+
+def test_a_fit_past_the_time_limit_is_an_error_row_that_a_rerun_tries_again(reg_model, tmp_path):
+    x, y = _regression()
+    options = {"svi": {"num_steps": 10**7}, "laplace": TINY["laplace"]}
+    first = bp.compare(reg_model, x, y, test=(x, y), methods=["svi", "laplace"], options=options, progress=False,
+                       time_limit=0.5, cache=tmp_path)
+    assert first.table.loc["svi", "error"] == "FitTimeout: stopped after 0.5 s of wall time (the time limit)"
+    assert first.table.loc["laplace", "error"] == "" and sorted(p.name for p in tmp_path.glob("*.json")) == [
+        "laplace__split0.json"]  # the error row is not cached: a rerun (with a longer limit) tries it again
+    import signal
+
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
 
 
 def test_classification_columns_and_ood_auroc(clf_model):
