@@ -390,8 +390,9 @@ def _compare(args) -> int:
                         cache=out / "cache", time_limit=args.time_limit)
     result.table = sources.to_original_units(result.table, source.y_scale)
     result.rows = sources.to_original_units(result.rows, source.y_scale)
-    with pd.option_context("display.width", 140, "display.max_columns", 12, "display.max_colwidth", 40):
-        print(result.table.drop(columns="warnings").round(4))
+    shown = result.table[[c for c in result.table.columns if c != "warnings" and not c.endswith("_se")]]
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_colwidth", 40):
+        print(shown.round(4).to_string())  # standard errors and warnings: in table.csv and table.md
     print(f"\n{len(result.table)} methods in {result.total_s:.1f} s; writing to {out}/")
     for path in result.save(out):
         print(f"  {path.name}")
