@@ -300,13 +300,19 @@ def _table(rows: pd.DataFrame, task: str, n_splits: int, ood: bool) -> pd.DataFr
 
 
 def markdown(table: pd.DataFrame) -> str:
-    """``table`` as a GitHub Markdown table (numbers to 4 significant digits, empty cells for NaN)."""
-    def cell(value) -> str:
+    """``table`` as a GitHub Markdown table: numbers to 4 significant digits, a column ``c`` with ``c_se`` beside
+    it as ``mean ± se`` cells, empty cells for NaN."""
+    def cell(value, se=math.nan) -> str:
         if isinstance(value, float):
-            return "" if math.isnan(value) else f"{value:.4g}"
+            if math.isnan(value):
+                return ""
+            return f"{value:.4g}" if math.isnan(se) else f"{value:.4g} ± {se:.2g}"
         return str(value).replace("|", "/").replace("\n", " ")
 
-    header = [table.index.name or ""] + [str(c) for c in table.columns]
+    columns = [c for c in table.columns if not (str(c).endswith("_se") and str(c)[:-3] in table.columns)]
+    header = [table.index.name or ""] + [f"{c} ± se" if f"{c}_se" in table.columns else str(c) for c in columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join([str(i)] + [cell(v) for v in r]) + " |" for i, r in zip(table.index, table.itertuples(index=False))]
+    for name, row in table.iterrows():
+        cells = [cell(row[c], row[f"{c}_se"] if f"{c}_se" in table.columns else math.nan) for c in columns]
+        lines.append("| " + " | ".join([str(name)] + cells) + " |")
     return "\n".join(lines) + "\n"
