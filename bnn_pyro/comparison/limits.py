@@ -21,7 +21,9 @@ def time_limit(seconds: float | None):
 
     It uses ``SIGALRM`` (a Unix interval timer), so it needs the main thread of a Unix process; elsewhere it
     raises ``ValueError`` saying so rather than silently not limiting. The previous handler and timer are
-    restored on exit.
+    restored on exit. An alarm that lands inside a first import (torch and Pyro import some modules lazily, at
+    a first optimizer step or compile) leaves that module half-initialized for the rest of the process: give
+    limits well above a fit's start-up, not fractions of a second.
     """
     if not seconds:
         yield
