@@ -58,6 +58,9 @@ def run_entry(name: str, methods: list[str] | None, *, time_limit: float | None,
     return result, f"load average before: {load[0]:.1f} (1 min), after: {os.getloadavg()[0]:.1f}"
 
 
+COMMIT = _commit()  # read at start: the code that runs, even if the tree moves on during a long run
+
+
 def report(name: str, result: bp.Comparison, load: str, time_limit: float | None) -> str:
     t = result.table
     fits = t["fit_s"].fillna(0).sum()
@@ -65,7 +68,7 @@ def report(name: str, result: bp.Comparison, load: str, time_limit: float | None
     timing = pd.DataFrame({"fit_s": t["fit_s"], "score_s": t["score_s"], "fit / swa fit": t["fit_s"] / base,
                            "error": t["error"].str.slice(0, 80)})
     head = [f"# bp.compare on the zoo entry {name}", "",
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, git {_commit()}, "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, git {COMMIT}, "
             f"{platform.machine()} ({os.cpu_count()} cores shared with other jobs; {load}), torch {torch.__version__}, "
             "bp.fit's default of one torch thread per fit.",
             f"Every method that applies, at the entry's settings where its card sets them, else the method's "
