@@ -95,12 +95,12 @@ def test_predictive_interval_of_one_gaussian_is_mean_plus_minus_1_96_sd(reg_mode
     assert lower == pytest.approx(f - z * sigma, abs=1e-5) and upper == pytest.approx(f + z * sigma, abs=1e-5)
 
 
-def test_a_failing_method_becomes_an_error_row_and_the_table_is_kept(reg_model, tmp_path):
+def test_a_failing_method_becomes_an_error_row_and_the_table_is_kept(reg_model, tmp_path, capsys):
     x, y = _regression()
     x_test, y_test = _regression(30, seed=1)
     result = bp.compare(reg_model, x, y, test=(x_test, y_test), methods=["svi", "laplace"],
-                        options={"svi": {**TINY["svi"], "guide": "no_such_guide"}, "laplace": TINY["laplace"]},
-                        progress=False)
+                        options={"svi": {**TINY["svi"], "guide": "no_such_guide"}, "laplace": TINY["laplace"]})
+    assert "compare: laplace" in capsys.readouterr().err  # the default progress bar, over the methods
     assert result.table.loc["svi", "error"].startswith("ValueError: ") and "guide" in result.table.loc["svi", "error"]
     assert math.isnan(result.table.loc["svi", "test_ll"]) and "svi" not in result.posteriors
     assert result.table.loc["laplace", "error"] == "" and math.isfinite(result.table.loc["laplace", "test_ll"])
