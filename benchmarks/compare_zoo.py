@@ -44,7 +44,8 @@ def _commit() -> str:
         return "unknown"
 
 
-def run_entry(name: str, methods: list[str] | None, *, time_limit: float | None, quick: bool) -> tuple[bp.Comparison, str]:
+def run_entry(name: str, methods: list[str] | None, *, time_limit: float | None,
+              quick: bool) -> tuple[bp.Comparison, str]:
     source = sources.from_zoo(name, methods, zoo.load)
     options = source.options
     if quick:
@@ -76,7 +77,8 @@ def report(name: str, result: bp.Comparison, load: str, time_limit: float | None
             f"Total wall time of bp.compare: {result.total_s:.0f} s, of which fits {fits:.0f} s; the rest "
             f"(scoring on all draws, function-space diagnostics, PSIS) {result.total_s - fits:.0f} s "
             f"({(result.total_s - fits) / result.total_s:.0%}).", "", "## Time per method", "",
-            markdown(timing.round(3)), "## The table", "", markdown(t.drop(columns="warnings")), "## Health warnings", ""]
+            markdown(timing.round(3)), "## The table", "", markdown(t.drop(columns="warnings")),
+            "## Health warnings", ""]
     warned = [f"- **{m}**: {w}" for m, w in t["warnings"].items() if w]
     return "\n".join(head + (warned or ["none"])) + "\n"
 

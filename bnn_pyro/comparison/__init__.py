@@ -277,8 +277,8 @@ def _table(rows: pd.DataFrame, task: str, n_splits: int, ood: bool) -> pd.DataFr
         if name not in rows:
             rows[name] = math.nan
     if n_splits == 1:
-        table = rows.set_index("method")[["fit_s", "score_s", "test_ll", "test_ll_se", *metrics[1:], *DIAGNOSTICS, "error",
-                                          "warnings"]]
+        columns = ["fit_s", "score_s", "test_ll", "test_ll_se", *metrics[1:], *DIAGNOSTICS, "error", "warnings"]
+        table = rows.set_index("method")[columns]
         return table.astype({c: float for c in numeric + ["test_ll_se"]})
     out = {}
     for method, group in rows.groupby("method", sort=False):
