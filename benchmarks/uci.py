@@ -6,12 +6,13 @@ Protocol (Hernandez-Lobato & Adams 2015; Gal & Ghahramani 2016), per train/test 
 - net ``Linear(D, 50) - ReLU - Linear(50, 1)`` (initial weights from ``torch.manual_seed(split)``),
   prior ``bp.priors.Normal(0, 1)``, likelihood ``bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))``
   (observation noise learned, site ``"sigma"``);
-- ``bp.fit(model, x_train, y_train, method=m, seed=split, progress=False)``: each engine at ITS
-  defaults (``--option method:key=value`` overrides one setting, for experiments only);
+- ``bp.compare(model, splits=[split], methods=[m], seed=split)`` (so ``bp.fit(..., seed=split)``): each
+  engine at ITS defaults (``--option method:key=value`` overrides one setting, for experiments only); the
+  fit, its time limit, its captured warnings and its error row are ``bp.compare``'s;
 - metrics on the test rows, in ORIGINAL units: RMSE of the predictive mean and the test
-  log-likelihood per point (both from ``UCISplit.metrics``, the exact mixture over posterior draws),
-  coverage of the exact central 95% interval of the predictive mixture (from ``metrics.pit``), the regression
-  calibration error (``metrics.regression_calibration_error`` of ``metrics.pit``: mean
+  log-likelihood per point (``bp.compare``'s, the exact mixture over posterior draws, converted by
+  ``bnn_pyro.comparison.sources.to_original_units``), coverage of the exact central 95% interval of the
+  predictive mixture (``metrics.predictive_interval``), and, added here, the regression calibration error (``metrics.regression_calibration_error`` of ``metrics.pit``: mean
   |empirical - nominal| coverage of central intervals at 0.1..0.9), the mean epistemic sd and the
   mean aleatoric (noise) sd of the predictive, and the wall time of ``bp.fit``.
 
@@ -44,13 +45,9 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import math
 import platform
-import signal
 import subprocess
-import time
-import warnings
 from pathlib import Path
 
 import pandas as pd
@@ -59,6 +56,7 @@ import torch
 
 import bnn_pyro as bp
 from bnn_pyro import metrics
+from bnn_pyro.comparison import sources
 
 METRICS = ["test_ll", "rmse", "coverage_95", "calibration_error", "epistemic_sd", "noise_sd", "time_s"]
 LABELS = {"test_ll": "test LL", "rmse": "RMSE", "coverage_95": "95% cov.", "calibration_error": "cal. err.",
@@ -100,65 +98,31 @@ def make_model(input_dim: int, seed: int) -> bp.BNN:
 
 
 # ---------------------------------------------------------------------------------------- one fit
-def evaluate(post: bp.Posterior, split: bp.datasets.UCISplit) -> dict[str, float]:
-    """Test metrics of a posterior on ``split`` in original units (see the module docstring)."""
-    scores = split.metrics(post)
+def extra_metrics(post: bp.Posterior, split: bp.datasets.UCISplit) -> dict[str, float]:
+    """What the protocol adds to ``bp.compare``'s columns, in original units: the regression calibration error
+    (from ``metrics.pit``), the mean epistemic sd and the mean aleatoric (noise) sd of the predictive."""
     pred = post.predict(split.x_test, interval=None, seed=0)
     s = float(split.y_scaler.scale)
-    u = metrics.pit(post, split.x_test, split.y_test)
-    # coverage of the exact central 95% interval of the predictive mixture, from its CDF at the targets (an
-    # interval from the quantiles of predictive draws is too narrow for a 5-member ensemble's 5 draws)
-    return dict(test_ll=scores["test_ll"], rmse=scores["rmse"],
-                coverage_95=float(((u - 0.5).abs() <= 0.475).double().mean()),
-                calibration_error=metrics.regression_calibration_error(u),
+    return dict(calibration_error=metrics.regression_calibration_error(metrics.pit(post, split.x_test, split.y_test)),
                 epistemic_sd=float(pred.epistemic_std.double().mean()) * s,
                 noise_sd=float(pred.aleatoric_std.double().mean()) * s)
 
 
-class FitTimeout(BaseException):
-    """A fit ran past ``max_fit_seconds`` (a BaseException, so that no engine's ``except Exception`` eats it)."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float | None):
-    """Raise :class:`FitTimeout` in the main thread after ``seconds`` of wall time (none: no limit)."""
-    if not seconds:
-        yield
-        return
-
-    def stop(signum, frame):
-        raise FitTimeout(f"stopped after {seconds:g} s of wall time (--max-fit-seconds)")
-
-    previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def run_one(method: str, split: bp.datasets.UCISplit, options: dict | None = None, *,
             max_fit_seconds: float | None = None) -> dict:
-    """Fit ``method`` on one split and score it; a failure (or a fit longer than ``max_fit_seconds``)
+    """Fit ``method`` on one split with ``bp.compare`` (its fit, time limit, captured warnings, error row and
+    scores) and convert its scores to original units; a failure (or a fit longer than ``max_fit_seconds``)
     becomes a row with its ``error`` text."""
-    row = dict(method=method, split=split.split, n_train=split.x_train.shape[0], n_test=split.x_test.shape[0],
-               error="", warnings="")
-    model = make_model(split.x_train.shape[1], split.split)
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always")
-            start = time.perf_counter()
-            with time_limit(max_fit_seconds):
-                post = bp.fit(model, split.x_train, split.y_train, method=method, seed=split.split, progress=False,
-                              **(options or {}))
-            row["time_s"] = time.perf_counter() - start
-            row.update(evaluate(post, split))
-        texts = sorted({str(w.message).splitlines()[0][:120] for w in caught
-                        if not issubclass(w.category, (DeprecationWarning, FutureWarning))})
-        row["warnings"] = " / ".join(texts)
-    except (Exception, FitTimeout) as err:  # noqa: BLE001 - the benchmark records any failure and goes on
-        row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
+    row = dict(method=method, split=split.split, n_train=split.x_train.shape[0], n_test=split.x_test.shape[0])
+    result = bp.compare(make_model(split.x_train.shape[1], split.split),
+                        splits=[(split.x_train, split.y_train, split.x_test, split.y_test)], methods=[method],
+                        options={method: options or {}}, seed=split.split, progress=False,
+                        time_limit=max_fit_seconds)
+    scored = sources.to_original_units(result.table, float(split.y_scaler.scale)).loc[method]
+    row.update(error=scored["error"], warnings=scored["warnings"])
+    if not row["error"]:
+        row.update(test_ll=scored["test_ll"], rmse=scored["rmse"], coverage_95=scored["coverage_95"],
+                   time_s=scored["fit_s"], **extra_metrics(result.posteriors[method], split))
     return row
 
 

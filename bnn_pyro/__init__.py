@@ -4,6 +4,7 @@ import importlib
 
 from bnn_pyro import (acquisition, adversarial, calibration, compression, conformal, curves, datasets, inputs, io,
                       likelihoods, metrics, priors, selective)
+from bnn_pyro.comparison import Comparison, compare
 from bnn_pyro.infer import distributed, fit
 from bnn_pyro.distill import distill
 from bnn_pyro.io import load
@@ -11,7 +12,7 @@ from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __version__ = "0.1.0"
-__all__ = ["BNN", "Posterior", "fit", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io", "distributed",
+__all__ = ["BNN", "Posterior", "fit", "compare", "Comparison", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io", "distributed",
            "acquisition", "selective", "adversarial", "calibration", "compression", "conformal", "curves", "sbc", "psis", "inputs"]
 
 

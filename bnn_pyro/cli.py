@@ -5,7 +5,9 @@ predictive uncertainty grows inside the gap. ``bnn-pyro zoo`` lists the model zo
 ``bnn-pyro zoo NAME`` prints an entry's card. ``bnn-pyro fit ENTRY --method nuts --chains 2 --out DIR``
 fits a zoo entry by any registered method (``--option KEY=VALUE`` sets the method's other options),
 prints its function-space summary and metrics, and writes the posterior, its InferenceData and plots
-into ``DIR`` (which must be new or empty, unless ``--overwrite``). Bad arguments exit with status 2
+into ``DIR`` (which must be new or empty, unless ``--overwrite``). ``bnn-pyro compare ENTRY_OR_CSV --methods
+svi,nuts --out DIR`` runs :func:`bnn_pyro.compare` on a zoo entry or a CSV file and writes its table and
+figures. Bad arguments exit with status 2
 and a message, never a traceback, before any fitting.
 
 Example
@@ -358,6 +360,69 @@ def _output_folder(text: str, *, overwrite: bool) -> Path:
     return out
 
 
+# ---------------------------------------------------------------------- compare
+_COMPARE_OUTPUTS = ("table.csv", "table.md", "rows.csv", "test_ll.png", "predictive.png", "reliability.png")
+
+
+def _compare(args) -> int:
+    """``bnn-pyro compare``: :func:`bnn_pyro.compare` on a zoo entry or a CSV file; the table printed and saved."""
+    import shutil
+
+    import pandas as pd
+
+    import bnn_pyro as bp
+    from bnn_pyro import zoo
+    from bnn_pyro.comparison import sources
+    from bnn_pyro.infer import Method
+
+    methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
+    if Path(args.source).suffix.lower() == ".csv" or Path(args.source).is_file():
+        source = sources.from_csv(args.source, target=args.target, task=args.task, seed=args.seed)
+    else:
+        if args.target is not None or args.task is not None:
+            raise _Usage("--target and --task are for a CSV file; a zoo entry has its own target and task.")
+        source = sources.from_zoo(_entry_name(args.source, zoo.list()), methods, zoo.load)
+    options = source.options
+    for method, (key, value) in args.option:
+        known = _method_options(method) if method in [m.value for m in Method] else None
+        if known is None or key not in known:
+            raise _Usage(f"--option {method}:{key}: " + (f"not a method; choose one of {', '.join(m.value for m in Method)}."
+                                                          if known is None else f"not an option of {method}; choose "
+                                                          f"one of: {', '.join(known)}."))
+        options.setdefault(method, {})[key] = value
+    out = Path(args.out)
+    present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if present and not (args.overwrite or args.resume):
+        raise _Usage(f"--out {args.out!r} already exists and is not empty ({', '.join(present[:3])}"
+                     f"{', ...' if len(present) > 3 else ''}); choose a new folder, pass --resume to go on from its "
+                     f"cache/, or --overwrite to replace {', '.join(_COMPARE_OUTPUTS)} and cache/ (other files are kept).")
+    if args.overwrite and (out / "cache").is_dir():
+        shutil.rmtree(out / "cache")
+    splits = args.splits if args.splits is not None else (None if source.test is not None else 5)
+    print(f"bnn-pyro compare: {source.title}; "
+          + (f"{splits}-fold cross-validation" if splits else "the entry's test split"))
+    result = bp.compare(source.model, source.x, source.y, methods=methods, test=None if splits else source.test,
+                        splits=splits, options=options, seed=args.seed, progress=not args.no_progress,
+                        cache=out / "cache", time_limit=args.time_limit)
+    result.table = sources.to_original_units(result.table, source.y_scale)
+    result.rows = sources.to_original_units(result.rows, source.y_scale)
+    shown = result.table[[c for c in result.table.columns if c != "warnings" and not c.endswith("_se")]]
+    with pd.option_context("display.width", 200, "display.max_columns", None, "display.max_colwidth", 40):
+        print(shown.round(4).to_string())  # standard errors and warnings: in table.csv and table.md
+    print(f"\n{len(result.table)} methods in {result.total_s:.1f} s; writing to {out}/")
+    for path in result.save(out):
+        print(f"  {path.name}")
+    return 0
+
+
+def _method_key_value(text: str) -> tuple[str, tuple[str, object]]:
+    """``--option METHOD:KEY=VALUE`` (VALUE read as for ``bnn-pyro fit --option``)."""
+    method, sep, pair = text.partition(":")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"expected METHOD:KEY=VALUE, got {text!r}; e.g. --option nuts:num_samples=200")
+    return method.strip(), _key_value(pair)
+
+
 class _Usage(ValueError):
     """A bad command-line argument found after parsing: a message and exit status 2."""
 
@@ -423,7 +488,48 @@ def _parser() -> argparse.ArgumentParser:
                           "keep every other file (default: refuse)")
     fit.add_argument("--no-progress", action="store_true", help="hide the progress bars (default: shown)")
     fit.set_defaults(run=_fit)
+    _compare_parser(sub, methods)
     return parser
+
+
+def _compare_parser(sub, methods: list[str]) -> None:
+    compare = sub.add_parser("compare", help="fit every method to a zoo entry or a CSV file and tabulate them",
+                             description="bp.compare from the command line: fit each method (default: every one "
+                                         "that applies) on the entry's test split or on k folds, print the table "
+                                         "(test log-likelihood, errors, calibration, diagnostics, fit time) and write "
+                                         "table.csv, table.md, rows.csv and the figures into --out; each fit is "
+                                         "cached in --out/cache as it ends.",
+                             epilog="example: bnn-pyro compare mlp_regression --methods svi,laplace,ensemble --out "
+                                    "runs/cmp; bnn-pyro compare data.csv --target price --splits 5 --out runs/price")
+    compare.add_argument("source", metavar="ENTRY_OR_CSV",
+                         help="a zoo entry (see `bnn-pyro zoo`) or a CSV file of numeric columns (its model: the UCI "
+                              "protocol's 50-unit ReLU MLP on standardized columns; regression scores in the "
+                              "target's units)")
+    compare.add_argument("--methods", metavar="M1,M2,...",
+                         help=f"comma-separated methods from {', '.join(methods)} (default: every method that "
+                              "applies to the model, each at the entry's settings, else its defaults)")
+    compare.add_argument("--target", help="CSV only: the target column (default: the last column)")
+    compare.add_argument("--task", choices=["regression", "classification"],
+                         help="CSV only: the task (default: classification for an integer target, else regression)")
+    compare.add_argument("--splits", type=_positive_int, metavar="K",
+                         help="k-fold cross-validation with K folds (default: the entry's test split; a CSV: 5)")
+    compare.add_argument("--option", type=_method_key_value, action="append", default=[], metavar="METHOD:KEY=VALUE",
+                         help="a setting of one method, repeatable, e.g. --option nuts:num_samples=200 (default: none)")
+    compare.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
+    compare.add_argument("--time-limit", type=_positive_int, metavar="SECONDS",
+                         help="stop a fit after this many seconds of wall time; it becomes an error row (default: none)")
+    compare.add_argument("--out", required=True, metavar="FOLDER",
+                         help="folder for the table, the figures and cache/, created if missing; an existing one must "
+                              "be empty unless --resume or --overwrite is given (required)")
+    group = compare.add_mutually_exclusive_group()
+    group.add_argument("--resume", action="store_true",
+                       help="go on from --out/cache: fits already done there are not repeated (default: refuse a "
+                            "non-empty --out)")
+    group.add_argument("--overwrite", action="store_true",
+                       help="write into a non-empty --out: replace the files this command writes and its cache/, "
+                            "keep every other file (default: refuse)")
+    compare.add_argument("--no-progress", action="store_true", help="hide the progress bar (default: shown)")
+    compare.set_defaults(run=_compare)
 
 
 def _positive_int(text: str) -> int:

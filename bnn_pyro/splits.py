@@ -23,7 +23,7 @@ import torch
 
 from bnn_pyro._checks import as_tensor, check_data, seed as checked_seed
 
-__all__ = ["train_test_split", "Standardizer", "UCISplit", "load_uci", "make_uci_splits", "write_uci_splits"]
+__all__ = ["train_test_split", "k_fold", "Standardizer", "UCISplit", "load_uci", "make_uci_splits", "write_uci_splits"]
 
 
 def _float(a) -> torch.Tensor:
@@ -65,6 +65,23 @@ def train_test_split(x, y, test_fraction: float = 0.2, seed: int = 0, stratify: 
             raise ValueError(f"test_fraction={test_fraction} leaves no test rows when stratified over classes of "
                              "these sizes; raise test_fraction.")
     return x[train], y[train], x[test], y[test]
+
+
+def k_fold(x, y, k: int = 5, *, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """``k`` train/test splits ``(x_train, y_train, x_test, y_test)`` in which every row is a test row once.
+
+    The rows are shuffled by a ``torch.Generator`` seeded by ``seed`` and cut into ``k`` folds whose sizes
+    differ by at most one; split ``i`` tests on fold ``i`` and trains on the others (no stratification).
+    """
+    x, y = check_data(x, y)
+    n = x.shape[0]
+    if isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= n:
+        raise ValueError(f"k: expected an integer number of folds between 2 and the number of rows ({n}), got {k!r}; "
+                         "e.g. k=5.")
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
+    folds = torch.tensor_split(order, k)
+    return [(x[torch.cat(folds[:i] + folds[i + 1:])], y[torch.cat(folds[:i] + folds[i + 1:])], x[f], y[f])
+            for i, f in enumerate(folds)]
 
 
 @dataclass(frozen=True)

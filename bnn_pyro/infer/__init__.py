@@ -25,7 +25,7 @@ from bnn_pyro.infer.contract import Capabilities, Declaration
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options"]
+__all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options", "unfit_reason"]
 
 
 class Method(str, Enum):
@@ -66,10 +66,11 @@ REGISTRY: dict[Method, Declaration] = {
     Method.CSGMCMC: Declaration("sgmcmc", "fit_csgmcmc", replace(_STEPS, checkpoint=True)),
     Method.SWA: Declaration("swag", "fit_swa", replace(_POINT_THEN_STATS, checkpoint=True)),
     Method.SWAG: Declaration("swag", "fit_swag", replace(_POINT_THEN_STATS, checkpoint=True)),
-    Method.MC_DROPOUT: Declaration("dropout", "fit_mc_dropout", replace(_STEPS, checkpoint=True)),
+    Method.MC_DROPOUT: Declaration("dropout", "fit_mc_dropout", replace(_STEPS, checkpoint=True, layers=True)),
     Method.VARIATIONAL_DROPOUT: Declaration("variational_dropout", "fit_variational_dropout",
-                                            replace(_STEPS, checkpoint=True)),
-    Method.SPARSE_VD: Declaration("variational_dropout", "fit_sparse_vd", replace(_STEPS, checkpoint=True)),
+                                            replace(_STEPS, checkpoint=True, layers=True)),
+    Method.SPARSE_VD: Declaration("variational_dropout", "fit_sparse_vd", replace(_STEPS, checkpoint=True,
+                                                                                  layers=True)),
     Method.ENSEMBLE: Declaration("ensemble", "fit_ensemble", replace(_STEPS, checkpoint=True)),
     Method.LAPLACE: Declaration("laplace", "fit_laplace", replace(_POINT_THEN_STATS, jacobian_rows=True,
                                                                         checkpoint=True)),
@@ -106,6 +107,28 @@ def _check_stream(kind: Method) -> None:
                      "once. " + ("Pass a re-iterable source (a DataLoader, an IterableDataset, an object whose "
                                  "__iter__ starts a new pass), or use " if can.multi_pass else
                                  "Pass the data as tensors x, y, or use ") + f"a method that takes a stream: {takers}.")
+
+
+def unfit_reason(method: str | Method, model, x) -> str | None:
+    """Why ``method`` cannot fit ``model`` on inputs ``x`` (a batch of rows), from its declared capabilities, or
+    ``None`` when its declaration allows it (the fit itself may still refuse a setting, e.g. a prior). Used to pick
+    the methods that apply to a model (``bp.compare(methods=None)``).
+
+    Example
+    -------
+    >>> [m.value for m in Method if unfit_reason(m, model, x) is None]
+    """
+    kind = choice("method", method, Method)
+    can = REGISTRY[kind].capabilities
+    if can.layers and not isinstance(model, BNN):
+        return (f"method={kind.value!r} acts on the nn.Linear/nn.Conv layers of a bp.BNN; a Pyro function model has "
+                "none")
+    if can.jacobian_rows and isinstance(model, BNN):
+        try:
+            _check_plain_rows(model, x, kind)
+        except ValueError as err:
+            return str(err)
+    return None
 
 
 def engine(method: str | Method) -> Callable[..., Posterior]:

@@ -58,6 +58,8 @@ class Capabilities:
     checkpoint: it takes ``checkpoint=`` / ``checkpoint_every=`` / ``resume=``.
     chains: it runs several independent chains (restarts, members) as one posterior's chains.
     data_parallel: it averages gradients over the ranks of a ``torch.distributed`` group (``distributed=``).
+    layers: it acts on the ``nn.Linear``/``nn.Conv`` layers of a :class:`~bnn_pyro.BNN` (dropout masks, per-weight
+    variances), so a Pyro function model, which has no layers, is not for it.
     """
 
     minibatches: bool = False
@@ -67,6 +69,7 @@ class Capabilities:
     checkpoint: bool = False
     chains: bool = True
     data_parallel: bool = False
+    layers: bool = False
 
     def __post_init__(self):
         if self.one_shot and (self.multi_pass or not self.minibatches):
