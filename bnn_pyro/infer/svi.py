@@ -82,7 +82,7 @@ from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, latent_sites, point_values
 from bnn_pyro.infer._health import check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
-from bnn_pyro.infer import _density, _logjoint, _svi_flat
+from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_start
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
@@ -95,8 +95,12 @@ from bnn_pyro.infer.score import ScoreFunction, ScoreFunctionELBO
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "SVIConfig", "GuideKind", "ElboKind", "REINFORCE_PARTICLES"]
+__all__ = ["fit", "SVIConfig", "GuideKind", "ElboKind", "REINFORCE_PARTICLES", "DEFAULT_STEPS",
+           "DEFAULT_STEPS_FUNCTION", "LAPLACE"]
 
+DEFAULT_STEPS = 1000  # num_steps' default for a BNN
+DEFAULT_STEPS_FUNCTION = 5000  # ... and for a Pyro function model (measured: tests/infer/test_reference_posteriors.py)
+LAPLACE = "laplace"  # init= value: start at the Laplace approximation (svi_start; the default for a Pyro function)
 REINFORCE_PARTICLES = 16  # num_particles' default with elbo="reinforce" (measured on exact BLR: see score.py)
 
 
@@ -153,8 +157,10 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         ``False`` (default), ``True`` (one learned prior scale per parameter tensor) or ``"shared"``
         (one learned multiplier of every prior scale).
     num_steps, epochs:
-        Length of the run in optimizer steps, or in passes over the data (one of the two;
-        default 1,000 steps).
+        Length of the run in optimizer steps, or in passes over the data (one of the two; default 1,000
+        steps for a ``BNN``, 5,000 for a Pyro function model: from the Laplace start, the non-centered eight
+        schools posterior needs more than 1,000 steps at ``lr=1e-2`` to move its scale ``tau`` from the joint mode
+        to the posterior's bulk).
     lr, optimizer, lr_schedule:
         Learning rate (default 1e-2); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
         ``params -> torch.optim.Optimizer``; ``"cosine"`` (the default: to 1% of ``lr`` at the last step,
@@ -168,9 +174,12 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     init, init_scale:
         Initial guide location: ``"reset"`` (the default for a ``BNN``: every layer's
         ``reset_parameters()`` under chain ``c``'s seed ``seed + c``), ``"net"`` (the net's current
-        weights: pass a pretrained net to start from it), ``"prior"`` (a prior draw; the default for a
-        Pyro function), ``"median"``, a dict of site values, or a :class:`Posterior` (its mean); see
-        :mod:`bnn_pyro.infer._init`. ``init_scale`` is the initial guide standard deviation.
+        weights: pass a pretrained net to start from it), ``"laplace"`` (the posterior mode by L-BFGS and the
+        Laplace covariance there as the guide's location and scales: the default for a Pyro function, whose
+        parameters may live on any scale; see :mod:`bnn_pyro.infer.svi_start`), ``"prior"`` (a prior draw),
+        ``"median"``, a dict of site values, or a :class:`Posterior` (its mean); see :mod:`bnn_pyro.infer._init`.
+        ``init_scale`` is the initial guide standard deviation (with ``"laplace"``, where no Laplace scales are
+        set: a guide callable, or more than ``svi_start.MAX_DIM`` coordinates).
     baseline_beta:
         With ``elbo="reinforce"`` and ``num_particles=1`` only: the decay of the average past cost used as
         the baseline (with several particles the baseline is leave-one-out; see :mod:`bnn_pyro.infer.score`).
@@ -205,7 +214,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                              "IterableDataset give num_steps= instead.")
         steps_per_epoch = math.ceil(data.size / (data.batch_size or data.size)) if data.loader is None else len(data.loader)
         num_steps = epochs * steps_per_epoch
-    num_steps = positive_int("num_steps", 1000 if num_steps is None else num_steps)
+    if num_steps is None:  # a Pyro function model's sites on their own scales need a longer run (svi_start)
+        num_steps = DEFAULT_STEPS if isinstance(model, BNN) else DEFAULT_STEPS_FUNCTION
+    num_steps = positive_int("num_steps", num_steps)
     num_chains = positive_int("num_chains", cfg.num_chains)
     lr = positive("lr", cfg.lr)
     guide_kind = cfg.guide if not isinstance(cfg.guide, str) else choice("guide", cfg.guide, GuideKind)
@@ -236,7 +247,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if num_samples is None:
         num_samples = 1 if guide_kind is GuideKind.MAP else 1000
     num_samples = positive_int("num_samples", num_samples)
-    init = resolve_init(model, cfg.init, data)
+    # a Pyro function model starts at the Laplace approximation by default (svi_start's docstring says why)
+    laplace = (cfg.init is None and not isinstance(model, BNN)) or (isinstance(cfg.init, str) and cfg.init == LAPLACE)
+    init = LAPLACE if laplace else resolve_init(model, cfg.init, data)
     if vectorize_particles is None:
         vectorize_particles = isinstance(model, BNN) and not _has_batchnorm(model)
     optimizer, lr_schedule = cfg.optimizer, cfg.lr_schedule
@@ -263,12 +276,19 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     fast = joint is not None and (not closed_kl or not cfg.distributed and _svi_flat.FlatMeanField.covers(joint, x0, y0))
     config["fast_path"] = fast
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
+    warm_starts: list[svi_start.LaplaceStart] = []
     ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
                         run=dict(method="svi", **config))
 
     def init_state(fitted, info) -> _State:
-        start = chain_start(fitted, init, info.seed)
-        q = _make_guide(fitted, guide_kind, init_strategy(fitted, start), cfg.init_scale, cfg.rank)
+        if laplace:
+            start = svi_start.laplace_start(fitted, data)
+            q = _make_guide(fitted, guide_kind, start.init_loc_fn(), cfg.init_scale, cfg.rank)
+            start.set_scales(q, x0, y0)
+            warm_starts.append(start)
+        else:
+            q = _make_guide(fitted, guide_kind, init_strategy(fitted, chain_start(fitted, init, info.seed)),
+                            cfg.init_scale, cfg.rank)
         q_train, wrap = _handlers(q, elbo_kind, estimator)
         eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
         if eb is not None:
@@ -305,6 +325,10 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if sharing is not None:  # the learned scales at the last step, per chain
         config["prior_scales"] = {k[len("prior_scale["):-1]: v[:, -1].tolist()
                                   for k, v in post.history.items() if k.startswith("prior_scale[")}
+    if warm_starts:
+        config["init_converged"] = all(s.converged for s in warm_starts)
+        if isinstance(guide_kind, GuideKind):
+            svi_start.check_start(warm_starts[0], guide_kind.value, stacklevel=4)
     return check_svi(post, stacklevel=4)
 
 
