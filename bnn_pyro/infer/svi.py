@@ -96,10 +96,9 @@ from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit", "SVIConfig", "GuideKind", "ElboKind", "REINFORCE_PARTICLES", "DEFAULT_STEPS",
-           "DEFAULT_STEPS_FUNCTION", "LAPLACE"]
+           "LAPLACE"]
 
-DEFAULT_STEPS = 1000  # num_steps' default for a BNN
-DEFAULT_STEPS_FUNCTION = 5000  # ... and for a Pyro function model (measured: tests/infer/test_reference_posteriors.py)
+DEFAULT_STEPS = 5000  # num_steps' default (fit's docstring says why)
 LAPLACE = "laplace"  # init= value: start at the Laplace approximation (svi_start; the default for a Pyro function)
 REINFORCE_PARTICLES = 16  # num_particles' default with elbo="reinforce" (measured on exact BLR: see score.py)
 
@@ -157,10 +156,12 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         ``False`` (default), ``True`` (one learned prior scale per parameter tensor) or ``"shared"``
         (one learned multiplier of every prior scale).
     num_steps, epochs:
-        Length of the run in optimizer steps, or in passes over the data (one of the two; default 1,000
-        steps for a ``BNN``, 5,000 for a Pyro function model: from the Laplace start, the non-centered eight
-        schools posterior needs more than 1,000 steps at ``lr=1e-2`` to move its scale ``tau`` from the joint mode
-        to the posterior's bulk).
+        Length of the run in optimizer steps, or in passes over the data (one of the two; default 5,000
+        steps). Why 5,000: with 1,000 a mean-field guide on a small, low-noise regression set still underfits (its
+        learned noise too large; ``benchmarks/results/svi_defaults.md``: test LL well below Laplace's and the
+        ensemble's, a gap that 5,000 steps closes), and from the Laplace start the non-centered eight schools
+        posterior needs more than 1,000 steps at ``lr=1e-2`` to move its scale ``tau`` from the joint mode to the
+        posterior's bulk (``tests/infer/test_reference_posteriors.py``).
     lr, optimizer, lr_schedule:
         Learning rate (default 1e-2); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
         ``params -> torch.optim.Optimizer``; ``"cosine"`` (the default: to 1% of ``lr`` at the last step,
@@ -214,9 +215,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                              "IterableDataset give num_steps= instead.")
         steps_per_epoch = math.ceil(data.size / (data.batch_size or data.size)) if data.loader is None else len(data.loader)
         num_steps = epochs * steps_per_epoch
-    if num_steps is None:  # a Pyro function model's sites on their own scales need a longer run (svi_start)
-        num_steps = DEFAULT_STEPS if isinstance(model, BNN) else DEFAULT_STEPS_FUNCTION
-    num_steps = positive_int("num_steps", num_steps)
+    num_steps = positive_int("num_steps", DEFAULT_STEPS if num_steps is None else num_steps)
     num_chains = positive_int("num_chains", cfg.num_chains)
     lr = positive("lr", cfg.lr)
     guide_kind = cfg.guide if not isinstance(cfg.guide, str) else choice("guide", cfg.guide, GuideKind)
