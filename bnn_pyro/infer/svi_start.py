@@ -152,7 +152,10 @@ def _guide_param_names(guide, *args, **kwargs) -> dict[str, str]:
 def laplace_start(model, data: Data, *, max_iter: int = MAX_ITER) -> LaplaceStart:
     """The mode of ``model``'s posterior on ``data`` in unconstrained coordinates (L-BFGS from the prior median)
     and, up to :data:`MAX_DIM` coordinates, the Laplace covariance there (see the module docstring)."""
-    pot = Potential(model, data, init="median", fast_path=False)
+    try:
+        pot = Potential(model, data, init="median", fast_path=False)
+    except ValueError:  # Pyro found no start with a finite log density: the guide starts at the prior median
+        return LaplaceStart(values={}, z={}, shapes={}, cov=None, precision=None, converged=False)
     energy = pot.flat_fn()
     flat = pot.flatten(pot.init).clone().requires_grad_()
     opt = torch.optim.LBFGS([flat], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
