@@ -74,6 +74,7 @@ def main() -> None:
                         help="friedman1_low_noise (module constant LOW_NOISE) or benchmarks/uci.py's datasets")
     parser.add_argument("--splits", type=int, default=3)
     parser.add_argument("--variant", action="append", default=[], help="name:key=value,... (replaces the defaults)")
+    parser.add_argument("--baselines", default=",".join(BASELINES), help="comma list (laplace is the reference)")
     parser.add_argument("--note", default="")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args()
@@ -83,7 +84,7 @@ def main() -> None:
     rows = []
     for dataset in args.dataset.split(","):
         for split in _splits(dataset, args.splits):
-            jobs = [(m, m, {}) for m in BASELINES] + [(name, "svi", opts) for name, opts in variants.items()]
+            jobs = [(m, m, {}) for m in args.baselines.split(",") if m] + [(name, "svi", opts) for name, opts in variants.items()]
             map_post = map_time = None
             for label, method, opts in jobs:
                 if opts.get("init") == MAP_START:
@@ -112,17 +113,20 @@ def report(rows: pd.DataFrame, note: str) -> str:
              f"{platform.machine()} ({torch.get_num_threads()} torch thread(s): bp.fit's default). {note}", "",
              "Protocol: benchmarks/uci.py's (ReLU 50 net, Normal(0, 1) prior, learned noise, 90/10 splits, metrics "
              "in original units). Every variant on the same splits in one run; 'LL - laplace' is the paired "
-             "per-split difference of test LL to Laplace's (mean ± SE).", ""]
+             "per-split difference of test LL to Laplace's, 'time / svi' the per-split ratio of fit time to the 'svi' row's "
+             "(mean ± SE; the machine's load changes during a run, so only these ratios compare).", ""]
     for dataset, group in rows.groupby("dataset", sort=False):
         ok = group[group["error"].fillna("") == ""]
         base = ok[ok["variant"] == "laplace"].set_index("split")["test_ll"]
+        svi_time = ok[ok["variant"] == "svi"].set_index("split")["time_s"]
         lines += [f"## {dataset}", "", "| variant | test LL | RMSE | noise sd | epist. sd | LL - laplace | fit time s | "
-                  "splits ok | warnings |", "|---|---|---|---|---|---|---|---|---|"]
+                  "time / svi | splits ok | warnings |", "|---|---|---|---|---|---|---|---|---|---|"]
         for variant, v in group.groupby("variant", sort=False):
             good = v[v["error"].fillna("") == ""]
             diff = good.set_index("split")["test_ll"] - base
             cells = [variant] + [_ms(good[m]) for m in ("test_ll", "rmse", "noise_sd", "epistemic_sd")]
-            cells += [_ms(diff.dropna()), _ms(good["time_s"], 1), f"{len(good)}/{len(v)}",
+            ratio = (good.set_index("split")["time_s"] / svi_time).dropna()
+            cells += [_ms(diff.dropna()), _ms(good["time_s"], 1), _ms(ratio, 2), f"{len(good)}/{len(v)}",
                       (v["error"].fillna("").iloc[0] or " / ".join(sorted({t for w in good["warnings"].fillna("")
                                                                            for t in w.split(" / ") if t})))[:160]]
             lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
