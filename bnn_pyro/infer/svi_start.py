@@ -15,9 +15,10 @@ What each guide gets, in the unconstrained coordinates the autoguides work in:
 - every guide: the mode as its location (through ``init_to_value``);
 - ``AutoMultivariateNormal`` (``guide="full_rank"``): the Laplace covariance ``H^-1`` (its Cholesky factor split
   into Pyro's ``scale`` and unit ``scale_tril``);
-- ``AutoNormal`` (``"mean_field"``) and ``AutoLowRankMultivariateNormal`` (``"low_rank"``, its diagonal):
-  ``1 / sqrt(diag H)``, the scales the mean-field optimum takes on a Gaussian posterior (KL(q || p) matches the
-  precision's diagonal, not the covariance's).
+- ``AutoLowRankMultivariateNormal`` (``"low_rank"``): the Laplace covariance's best rank-``rank`` description
+  (:func:`_low_rank`);
+- ``AutoNormal`` (``"mean_field"``): ``1 / sqrt(diag H)``, the scales the mean-field optimum takes on a Gaussian
+  posterior (KL(q || p) matches the precision's diagonal, not the covariance's).
 
 The Hessian is dense, so it is taken only up to :data:`MAX_DIM` latent coordinates (beyond that, the mode and
 ``init_scale``). Where the search does not end at a finite mode with a positive definite Hessian, the guide keeps
@@ -46,16 +47,18 @@ from pyro.infer.autoguide import initialization as init_fns
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 
-__all__ = ["LaplaceStart", "laplace_start", "check_start", "MAX_DIM", "MAX_ITER", "SHRINK_MAX"]
+__all__ = ["LaplaceStart", "laplace_start", "check_start", "MAX_DIM", "MAX_ITER", "NEWTON_STEPS", "SHRINK_MAX"]
 
 MAX_DIM = 2000
 """Largest number of latent coordinates whose dense Hessian is taken (``MAX_DIM`` gradient passes and a
 ``MAX_DIM**2`` matrix; a Pyro function model is rarely larger)."""
 MAX_ITER = 500
 """L-BFGS iterations at most for the mode (each with a strong-Wolfe line search)."""
+NEWTON_STEPS = 5
+"""Newton steps after L-BFGS (each one Hessian: ``dim`` gradient passes)."""
 SHRINK_MAX = 1.5
-""":func:`check_start` warns when a guide without correlations (mean-field, or low-rank, whose factor may not cover
-them) would be at least this many times too narrow in some coordinate at the Laplace approximation: its sds are
+""":func:`check_start` warns when a mean-field guide would be at least this many times too narrow in some coordinate
+at the Laplace approximation: its sds are
 then at most two thirds of the posterior's there (on a Gaussian posterior, exactly ``1 / sqrt(H_ii)`` against
 ``sqrt(cov_ii)``; MacKay 2003, section 33.5), which no amount of fitting changes."""
 
@@ -113,9 +116,12 @@ class LaplaceStart:
             scale = chol.diagonal()
             store[names["scale"]] = scale.to(store[names["scale"]])
             store[names["scale_tril"]] = (chol / scale[:, None]).to(store[names["scale_tril"]])
-        else:  # low rank: the diagonal part carries the mean-field scales, the factor starts at zero
-            store[names["scale"]] = diag_sd[order].to(store[names["scale"]])
-            store[names["cov_factor"]] = torch.zeros_like(store[names["cov_factor"]])
+        else:  # low rank: cov = diag(s) (W W^T + I) diag(s) (Pyro's parameterization)
+            factor = store[names["cov_factor"]]
+            scale, factor_value = _low_rank(self.cov[order][:, order], factor.shape[-1])
+            store[names["scale"]] = scale.to(factor)
+            with torch.no_grad():  # a plain nn.Parameter, which the store holds as the same tensor: set in place
+                factor.unconstrained().copy_(factor_value.to(factor))
         return True
 
     def _offsets(self) -> dict[str, tuple[int, int]]:
@@ -141,6 +147,18 @@ class LaplaceStart:
         return order
 
 
+def _low_rank(cov: torch.Tensor, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pyro's ``(scale, cov_factor)`` for ``cov ~ F F^T + D`` with ``F = cov_factor * scale[:, None]`` and
+    ``D = scale**2``: ``F`` from the top ``rank`` eigenpairs of ``cov``, ``D`` the rest of each variance (at least
+    1% of it), so that every marginal variance is exact and the leading correlations are kept (probabilistic PCA's
+    split). Not ``F = 0``: the ELBO's gradient in ``F`` vanishes there, a saddle that the fit leaves only slowly."""
+    values, vectors = torch.linalg.eigh(cov)
+    factor = vectors.flip(1)[:, :rank] * values.flip(0)[:rank].clamp_min(0.0).sqrt()
+    diag = (cov.diagonal() - factor.pow(2).sum(-1)).clamp_min(0.01 * cov.diagonal())
+    scale = diag.sqrt()
+    return scale, factor / scale[:, None]
+
+
 def _guide_param_names(guide, *args, **kwargs) -> dict[str, str]:
     """The guide's parameters' names in Pyro's store, keyed by their name inside the guide (``"scale"``,
     ``"scales.beta"``: the store prefixes them with the guide's own name)."""
@@ -150,14 +168,33 @@ def _guide_param_names(guide, *args, **kwargs) -> dict[str, str]:
 
 
 def laplace_start(model, data: Data, *, max_iter: int = MAX_ITER) -> LaplaceStart:
-    """The mode of ``model``'s posterior on ``data`` in unconstrained coordinates (L-BFGS from the prior median)
-    and, up to :data:`MAX_DIM` coordinates, the Laplace covariance there (see the module docstring)."""
+    """The mode of ``model``'s posterior on ``data`` in unconstrained coordinates (L-BFGS from the prior median, then
+    Newton steps) and, up to :data:`MAX_DIM` coordinates, the Laplace covariance there (see the module docstring).
+    Deterministic: the prior median is estimated under a fixed seed, apart from the caller's random state."""
     try:
-        pot = Potential(model, data, init="median", fast_path=False)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            pot = Potential(model, data, init="median", fast_path=False)
     except ValueError:  # Pyro found no start with a finite log density: the guide starts at the prior median
         return LaplaceStart(values={}, z={}, shapes={}, cov=None, precision=None, converged=False)
     energy = pot.flat_fn()
-    flat = pot.flatten(pot.init).clone().requires_grad_()
+    start = pot.flatten(pot.init).detach().clone()
+    mode = _lbfgs(energy, start, max_iter)
+    ok = mode is not None
+    mode = start if mode is None else mode
+    cov = precision = None
+    if ok and mode.numel() <= MAX_DIM:
+        mode, precision = _newton(energy, mode)
+        ok = precision is not None
+        cov = None if precision is None else torch.cholesky_inverse(torch.linalg.cholesky(precision))
+    z = pot.unflatten(mode)
+    values = {k: v.detach() for k, v in pot.constrain(z).items()}
+    return LaplaceStart(values=values, z=z, shapes=dict(pot.shapes), cov=cov, precision=precision, converged=ok)
+
+
+def _lbfgs(energy, start: torch.Tensor, max_iter: int) -> torch.Tensor | None:
+    """L-BFGS with a strong-Wolfe line search from ``start``; ``None`` where it ends at a non-finite point."""
+    flat = start.clone().requires_grad_()
     opt = torch.optim.LBFGS([flat], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
                             tolerance_grad=1e-9, tolerance_change=1e-12, history_size=20)
 
@@ -167,31 +204,47 @@ def laplace_start(model, data: Data, *, max_iter: int = MAX_ITER) -> LaplaceStar
         value.backward()
         return value
 
-    start = flat.detach().clone()
     try:
         opt.step(closure)
-        ok = bool(torch.isfinite(flat).all() and torch.isfinite(energy(flat)))
+        finite = bool(torch.isfinite(flat).all() and torch.isfinite(energy(flat)))
     except (RuntimeError, ValueError):  # a line search into a region where the model cannot be evaluated
-        ok = False
-    mode = flat.detach().clone() if ok else start
-    cov = precision = None
-    if ok and mode.numel() <= MAX_DIM:
+        return None
+    return flat.detach().clone() if finite else None
+
+
+def _newton(energy, mode: torch.Tensor, steps: int = NEWTON_STEPS):
+    """Newton steps (halved until the energy does not rise) from ``mode``: L-BFGS in float32 stops early on a badly
+    conditioned posterior (a coefficient of a covariate near 100 against the intercept). Returns the point and its
+    Hessian (float64, symmetrized), or ``(mode, None)`` where the Hessian is not positive definite there."""
+    hess = None
+    for _ in range(steps + 1):
         hess = torch.autograd.functional.hessian(energy, mode).double()
         hess = (hess + hess.T) / 2
-        try:
-            cov = torch.cholesky_inverse(torch.linalg.cholesky(hess))
-            precision = hess
-        except RuntimeError:  # not positive definite: not a mode (a saddle, or a flat direction)
-            ok = False
-    z = pot.unflatten(mode)
-    values = {k: v.detach() for k, v in pot.constrain(z).items()}
-    return LaplaceStart(values=values, z=z, shapes=dict(pot.shapes), cov=cov, precision=precision,
-                        converged=ok)
+        chol, info = torch.linalg.cholesky_ex(hess)
+        if info != 0:  # not positive definite: not a mode (a saddle, or a flat direction)
+            return mode, None
+        x = mode.clone().requires_grad_()
+        value = energy(x)
+        (grad,) = torch.autograd.grad(value, x)
+        step = torch.cholesky_solve(grad.double()[:, None], chol)[:, 0].to(mode)
+        if not bool(torch.isfinite(step).all()) or float(step.abs().max()) == 0.0:
+            break
+        for _ in range(20):
+            trial = mode - step
+            with torch.no_grad():
+                trial_value = energy(trial)
+            if bool(torch.isfinite(trial_value)) and float(trial_value) <= float(value.detach()):
+                mode = trial.detach()
+                break
+            step = step / 2
+        else:
+            break
+    return mode, hess
 
 
 def check_start(start: LaplaceStart, guide: str, *, stacklevel: int = 2) -> None:
-    """Warn when the search for the mode did not end at one, and when ``guide`` (``"mean_field"`` or
-    ``"low_rank"``) cannot represent the posterior's correlations at the mode (:data:`SHRINK_MAX`)."""
+    """Warn when the search for the mode did not end at one, and when ``guide`` is ``"mean_field"`` and cannot
+    represent the posterior's correlations at the mode (:data:`SHRINK_MAX`)."""
     import warnings
 
     from bnn_pyro.diagnostics import DiagnosticWarning
@@ -202,7 +255,7 @@ def check_start(start: LaplaceStart, guide: str, *, stacklevel: int = 2) -> None
                       "init='prior' or 'median' with more num_steps.", DiagnosticWarning, stacklevel=stacklevel + 1)
         return
     shrink = start.mean_field_shrink()
-    if guide in ("mean_field", "low_rank") and shrink >= SHRINK_MAX:
+    if guide == "mean_field" and shrink >= SHRINK_MAX:
         warnings.warn(f"svi: the posterior's correlations at its mode (the Laplace approximation) make a {guide} guide "
                       f"up to {shrink:.3g}x too narrow in some coordinate (threshold {SHRINK_MAX:g}x): it cannot "
                       "represent them, so its sds are too small whatever num_steps. Use guide='full_rank', "
