@@ -55,6 +55,13 @@ rounds differently from Pyro's path's multi-tensor Adam, so seeded losses and dr
 ``fast_path=False`` by float rounding (timings in ``benchmarks/results/fast_path.md``). ``config["fast_path"]``
 says whether it ran.
 
+Start (``init=``): a ``BNN``'s guide starts at its layers' fresh initialization (``"reset"``); a Pyro function model's
+at the Laplace approximation (``"laplace"``, :mod:`bnn_pyro.infer.svi_start`: the mode by L-BFGS and Newton steps,
+the guide's scales from the Hessian there), because its parameters may live on any scale and Adam moves each by about
+``lr`` per step: from a prior draw, a regression on a covariate near 100 ended hundreds of posterior sds from the
+exact answer after 1,000 steps (``tests/infer/test_reference_posteriors.py``). ``config["init_converged"]`` says
+whether the mode was found; a mean-field guide too narrow for the posterior's correlations there is warned about.
+
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
 Each fit runs in its own scope of Pyro's parameter store, so fits never interfere.
