@@ -15,7 +15,8 @@ published model definitions, with our own data (eight schools is Rubin's 1981 pu
   of 61 points per axis over +-7 sd of the Laplace approximation (in its whitened coordinates), trapezoid weights.
 
 Each summary stores, per parameter (flattened, e.g. ``beta[2]``), the posterior mean and sd, and how they were
-computed. Quadrature errors are below 1e-6 sd (checked by halving the grid spacing when written).
+computed. Quadrature errors are below 1e-6 sd (each checked against a coarser grid when written: 2,001 points
+against 4,001, 41^3 against 61^3).
 """
 
 from __future__ import annotations
