@@ -35,7 +35,7 @@ import torch
 
 from bnn_pyro._upstream_private import arviz_log_level
 
-__all__ = ["check_mcmc", "check_svi", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
+__all__ = ["check_mcmc", "check_svi", "svi_advice", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
            "DIVERGENCE_MAX", "ACCEPT_MIN", "TREE_DEPTH_MAX_FRACTION", "ESS_MIN", "RHAT_FIT_MAX", "ELBO_WINDOW",
            "ELBO_MIN_WINDOW", "ELBO_TREND_Z", "ELBO_TREND_NATS", "FIT_GAIN_MIN", "PREDICTIVE_DRAWS",
            "PREDICTIVE_ROWS", "check_targets", "unscaled_targets", "TARGET_SD_MAX", "NOISE_FRACTION_MIN"]
@@ -357,18 +357,35 @@ def check_mcmc(post, *, target_accept: float, stacklevel: int = 2):
     return post
 
 
-_SVI_ADVICE = ("A mean-field guide on a wide net and a small data set can make the prior the best ELBO (Coker et al. "
-               "2022, 'Wide mean-field Bayesian neural networks ignore the data'): try guide='low_rank' or "
-               "'full_rank', more num_steps if the ELBO is still falling, or method='nuts'.")
+def svi_advice(post) -> str:
+    """What to try after an SVI fit that failed a check, for its guide and model: a mean-field guide on a ``BNN``
+    may have found the prior as its best ELBO (Coker et al. 2022); a Pyro function model is most often a run too
+    short for parameters on very different scales (Adam moves each by about ``lr`` per step)."""
+    from bnn_pyro.model import BNN
+
+    guide = post.config.get("guide")
+    if not isinstance(post.model, BNN):
+        start = ("" if post.config.get("init") == "laplace" else
+                 "init='laplace' (the mode and the Laplace covariance as the start, the default for a Pyro function), ")
+        return ("On a Pyro function model the guide moves each parameter by about lr per step, so parameters on very "
+                f"different scales (a coefficient of 1,000 next to a noise scale of 1) need a good start: try {start}"
+                "standardized covariates (and targets), more num_steps (the ELBO trace in post.history['loss'] "
+                "should be flat at the end), or method='nuts' for the exact posterior of a small model.")
+    if guide == "mean_field":
+        return ("A mean-field guide on a wide net and a small data set can make the prior the best ELBO (Coker et al. "
+                "2022, 'Wide mean-field Bayesian neural networks ignore the data'): try guide='low_rank' or "
+                "'full_rank', more num_steps if the ELBO is still falling, or method='nuts'.")
+    return "Try more num_steps if the ELBO is still falling, a smaller lr if it is noisy, or method='nuts'."
 
 
 def check_svi(post, *, stacklevel: int = 2):
-    """Every SVI check (:func:`check_elbo` on ``history["loss"]``, :func:`check_predictive`); returns ``post``."""
+    """Every SVI check (:func:`check_elbo` on ``history["loss"]``, :func:`check_predictive` with
+    :func:`svi_advice`); returns ``post``."""
     if "loss" in post.history:
         unscaled = unscaled_targets(post.model, post.y)
         check_elbo(post.history["loss"], method=post.method, lr=post.config.get("lr"), stacklevel=stacklevel + 1,
                    advice=None if unscaled is None else f"The cause is likely the units, not the budget: {unscaled}")
-    check_predictive(post, advice=_SVI_ADVICE, stacklevel=stacklevel + 1)
+    check_predictive(post, advice=svi_advice(post), stacklevel=stacklevel + 1)
     return post
 
 

@@ -55,6 +55,13 @@ rounds differently from Pyro's path's multi-tensor Adam, so seeded losses and dr
 ``fast_path=False`` by float rounding (timings in ``benchmarks/results/fast_path.md``). ``config["fast_path"]``
 says whether it ran.
 
+Start (``init=``): a ``BNN``'s guide starts at its layers' fresh initialization (``"reset"``); a Pyro function model's
+at the Laplace approximation (``"laplace"``, :mod:`bnn_pyro.infer.svi_start`: the mode by L-BFGS and Newton steps,
+the guide's scales from the Hessian there), because its parameters may live on any scale and Adam moves each by about
+``lr`` per step: from a prior draw, a regression on a covariate near 100 ended hundreds of posterior sds from the
+exact answer after 1,000 steps (``tests/infer/test_reference_posteriors.py``). ``config["init_converged"]`` says
+whether the mode was found; a mean-field guide too narrow for the posterior's correlations there is warned about.
+
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
 Each fit runs in its own scope of Pyro's parameter store, so fits never interfere.
@@ -82,7 +89,7 @@ from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, latent_sites, point_values
 from bnn_pyro.infer._health import check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
-from bnn_pyro.infer import _density, _logjoint, _svi_flat
+from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_start
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
@@ -95,8 +102,11 @@ from bnn_pyro.infer.score import ScoreFunction, ScoreFunctionELBO
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "SVIConfig", "GuideKind", "ElboKind", "REINFORCE_PARTICLES"]
+__all__ = ["fit", "SVIConfig", "GuideKind", "ElboKind", "REINFORCE_PARTICLES", "DEFAULT_STEPS",
+           "LAPLACE"]
 
+DEFAULT_STEPS = 5000  # num_steps' default (fit's docstring says why)
+LAPLACE = "laplace"  # init= value: start at the Laplace approximation (svi_start; the default for a Pyro function)
 REINFORCE_PARTICLES = 16  # num_particles' default with elbo="reinforce" (measured on exact BLR: see score.py)
 
 
@@ -153,8 +163,12 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         ``False`` (default), ``True`` (one learned prior scale per parameter tensor) or ``"shared"``
         (one learned multiplier of every prior scale).
     num_steps, epochs:
-        Length of the run in optimizer steps, or in passes over the data (one of the two;
-        default 1,000 steps).
+        Length of the run in optimizer steps, or in passes over the data (one of the two; default 5,000
+        steps). Why 5,000: with 1,000 a mean-field guide on a small, low-noise regression set still underfits (its
+        learned noise too large; ``benchmarks/results/svi_defaults.md``: test LL well below Laplace's and the
+        ensemble's, a gap that 5,000 steps closes), and from the Laplace start the non-centered eight schools
+        posterior needs more than 1,000 steps at ``lr=1e-2`` to move its scale ``tau`` from the joint mode to the
+        posterior's bulk (``tests/infer/test_reference_posteriors.py``).
     lr, optimizer, lr_schedule:
         Learning rate (default 1e-2); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
         ``params -> torch.optim.Optimizer``; ``"cosine"`` (the default: to 1% of ``lr`` at the last step,
@@ -168,9 +182,12 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     init, init_scale:
         Initial guide location: ``"reset"`` (the default for a ``BNN``: every layer's
         ``reset_parameters()`` under chain ``c``'s seed ``seed + c``), ``"net"`` (the net's current
-        weights: pass a pretrained net to start from it), ``"prior"`` (a prior draw; the default for a
-        Pyro function), ``"median"``, a dict of site values, or a :class:`Posterior` (its mean); see
-        :mod:`bnn_pyro.infer._init`. ``init_scale`` is the initial guide standard deviation.
+        weights: pass a pretrained net to start from it), ``"laplace"`` (the posterior mode by L-BFGS and the
+        Laplace covariance there as the guide's location and scales: the default for a Pyro function, whose
+        parameters may live on any scale; see :mod:`bnn_pyro.infer.svi_start`), ``"prior"`` (a prior draw),
+        ``"median"``, a dict of site values, or a :class:`Posterior` (its mean); see :mod:`bnn_pyro.infer._init`.
+        ``init_scale`` is the initial guide standard deviation (with ``"laplace"``, where no Laplace scales are
+        set: a guide callable, or more than ``svi_start.MAX_DIM`` coordinates).
     baseline_beta:
         With ``elbo="reinforce"`` and ``num_particles=1`` only: the decay of the average past cost used as
         the baseline (with several particles the baseline is leave-one-out; see :mod:`bnn_pyro.infer.score`).
@@ -205,7 +222,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                              "IterableDataset give num_steps= instead.")
         steps_per_epoch = math.ceil(data.size / (data.batch_size or data.size)) if data.loader is None else len(data.loader)
         num_steps = epochs * steps_per_epoch
-    num_steps = positive_int("num_steps", 1000 if num_steps is None else num_steps)
+    num_steps = positive_int("num_steps", DEFAULT_STEPS if num_steps is None else num_steps)
     num_chains = positive_int("num_chains", cfg.num_chains)
     lr = positive("lr", cfg.lr)
     guide_kind = cfg.guide if not isinstance(cfg.guide, str) else choice("guide", cfg.guide, GuideKind)
@@ -236,7 +253,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if num_samples is None:
         num_samples = 1 if guide_kind is GuideKind.MAP else 1000
     num_samples = positive_int("num_samples", num_samples)
-    init = resolve_init(model, cfg.init, data)
+    # a Pyro function model starts at the Laplace approximation by default (svi_start's docstring says why)
+    laplace = (cfg.init is None and not isinstance(model, BNN)) or (isinstance(cfg.init, str) and cfg.init == LAPLACE)
+    init = LAPLACE if laplace else resolve_init(model, cfg.init, data)
     if vectorize_particles is None:
         vectorize_particles = isinstance(model, BNN) and not _has_batchnorm(model)
     optimizer, lr_schedule = cfg.optimizer, cfg.lr_schedule
@@ -263,12 +282,19 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     fast = joint is not None and (not closed_kl or not cfg.distributed and _svi_flat.FlatMeanField.covers(joint, x0, y0))
     config["fast_path"] = fast
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
+    warm_starts: list[svi_start.LaplaceStart] = []
     ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
                         run=dict(method="svi", **config))
 
     def init_state(fitted, info) -> _State:
-        start = chain_start(fitted, init, info.seed)
-        q = _make_guide(fitted, guide_kind, init_strategy(fitted, start), cfg.init_scale, cfg.rank)
+        if laplace:
+            start = svi_start.laplace_start(fitted, data)
+            q = _make_guide(fitted, guide_kind, start.init_loc_fn(), cfg.init_scale, cfg.rank)
+            start.set_scales(q, x0, y0)
+            warm_starts.append(start)
+        else:
+            q = _make_guide(fitted, guide_kind, init_strategy(fitted, chain_start(fitted, init, info.seed)),
+                            cfg.init_scale, cfg.rank)
         q_train, wrap = _handlers(q, elbo_kind, estimator)
         eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
         if eb is not None:
@@ -305,6 +331,10 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if sharing is not None:  # the learned scales at the last step, per chain
         config["prior_scales"] = {k[len("prior_scale["):-1]: v[:, -1].tolist()
                                   for k, v in post.history.items() if k.startswith("prior_scale[")}
+    if warm_starts:
+        config["init_converged"] = all(s.converged for s in warm_starts)
+        if isinstance(guide_kind, GuideKind):
+            svi_start.check_start(warm_starts[0], guide_kind.value, stacklevel=4)
     return check_svi(post, stacklevel=4)
 
 

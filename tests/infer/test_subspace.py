@@ -99,9 +99,12 @@ def test_inner_svi_gives_a_usual_posterior_over_the_weights(tmp_path):
                   seed=0, progress=False)
     assert set(post.samples) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert post.samples["0.weight"].shape == (2, 20, 6, 1) and post.num_chains == 2
-    # every draw lies on the 2-dim affine subspace: the centred draws have rank 2
+    # every draw lies on the 2-dim affine subspace: the centred draws have rank 2, up to the float32 rounding of
+    # w = w_hat + P z (relative to |w|, not to the draws' spread: the inner SVI's Laplace start, the default for
+    # its Pyro function over z, puts both chains at one mode, so the spread is the posterior's, ~0.1 of |w|)
     flat = torch.cat([v.reshape(40, -1) for v in post.samples.values()], 1).double()
-    assert torch.linalg.matrix_rank(flat - flat.mean(0), rtol=1e-6) == 2
+    rounding = torch.finfo(torch.float32).eps * float(flat.abs().max()) * flat.shape[0]
+    assert torch.linalg.matrix_rank(flat - flat.mean(0), atol=rounding, rtol=0.0) == 2
     pred = post.predict(x)
     assert pred.mean.shape == (30,) and torch.isfinite(pred.mean).all()
     idata = post.to_inference_data()

@@ -307,7 +307,7 @@ def test_schedule_spans_the_real_number_of_steps(blr, monkeypatch):
     assert made[0][1] is None and made[0][2].param_groups[0]["lr"] == 1e-2 and post.config["lr_schedule"] == "constant"
     made.clear()
     bp.fit(blr.model(), blr.x, blr.y, num_samples=5, progress=False)  # num_steps=None
-    assert made[0][0] == 1000 and made[0][2].param_groups[0]["lr"] == pytest.approx(1e-4)
+    assert made[0][0] == svi_mod.DEFAULT_STEPS == 5000 and made[0][2].param_groups[0]["lr"] == pytest.approx(1e-4)
 
 
 @pytest.mark.slow  # ~20-40 s: 2,000 steps of 16 vectorized particles
