@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bnn_pyro._checks import positive, positive_int
+from bnn_pyro._checks import flag, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
@@ -89,6 +89,7 @@ class EnsembleConfig(PotentialRunOptions):
     lr_schedule: object = "constant"
     init: object = None
     adversarial_eps: float = 0.0
+    anchored: bool = True
     validation: object = "default"
 
 
@@ -148,12 +149,13 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     if not (math.isfinite(eps) and eps >= 0.0):
         raise ValueError(f"adversarial_eps must be a non-negative finite number, got {cfg.adversarial_eps!r}; "
                          "0 turns adversarial training off, the paper uses 1% of each input's range.")
+    anchored = flag("anchored", cfg.anchored)
     validation = cfg.validation
     train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert)
     config = clean_config(dict(
         num_members=num_members, num_steps=num_steps, lr=lr, optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
         lr_schedule=getattr(cfg.lr_schedule, "value", cfg.lr_schedule),
-        init=init if isinstance(init, str) else type(init).__name__, adversarial_eps=eps,
+        init=init if isinstance(init, str) else type(init).__name__, adversarial_eps=eps, anchored=anchored,
         batch_size=data.batch_size, dataset_size=data.size, seed=cfg.seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
@@ -168,7 +170,8 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
 
     paths = Potentials(cfg.fast_path)
     engine = map_engine(train, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=eps, draws=member,
-                        paths=paths)
+                        paths=paths, anchored=anchored,
+                        from_anchor=anchored and cfg.init is None)
     loop = Loop(num_steps=num_steps, lr=lr, method="ensemble", desc="ensemble member {index}",
                 optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, progress=cfg.progress)
     post = drive(model, train, engine, loop, num_chains=num_members, seed=cfg.seed, config=config, checkpoints=ckpts,
