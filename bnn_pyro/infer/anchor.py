@@ -37,7 +37,7 @@ from pyro import poutine
 from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._potential import Potential
 
-__all__ = ["anchor", "tilt", "ANCHOR_SEED_OFFSET"]
+__all__ = ["anchor", "tilt", "anchor_start", "ANCHOR_SEED_OFFSET"]
 
 ANCHOR_SEED_OFFSET = 7919  # the anchor's seed is the chain's plus this, so that it is not the start's draw
 
@@ -59,6 +59,18 @@ def anchor(model, pot: Potential, batch: tuple, *, seed: int) -> tuple[dict[str,
                         if name in w0 and site["type"] == "sample")  # conditioning marks them observed
         grads = torch.autograd.grad(log_prior, list(w0.values())) if real else []
     return {name: g.detach() for name, g in zip(real, grads)}, {k: v.detach() for k, v in w0.items()}
+
+
+def anchor_start(model) -> bool:
+    """Whether a member with no ``init=`` given starts at its anchor: for a ``BNN`` with a classification
+    likelihood. Elsewhere it starts where ``init`` says (the layers' initializers) and only its objective is
+    tilted. Why: started at a prior draw of a regression net, whose function is far from the data, the joint
+    fit of a noise scale (a learned ``sigma`` site, or a heteroscedastic net's scale output) explains the misfit
+    as noise and stays there. Measured (benchmarks/uci.py protocol, scikit-learn's diabetes, splits 0-4): test
+    RMSE 79.6 vs 57.3 for unanchored members, test log-likelihood -5.95 vs -5.50; started at the initializers,
+    anchored: 57.7 and -5.50. A classification likelihood has no noise to absorb the misfit, and the start at
+    the anchor is what keeps the anchor's spread where held-out early stopping ends the fit early."""
+    return getattr(getattr(model, "likelihood", None), "task", None) == "classification"
 
 
 def tilt(z: dict[str, torch.Tensor], g: dict[str, torch.Tensor]) -> torch.Tensor | float:

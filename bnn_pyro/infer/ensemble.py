@@ -66,6 +66,7 @@ from bnn_pyro.infer._potential import Potentials
 from bnn_pyro.infer.holdout import DEFAULT, describe, select_noise, split
 from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
+from bnn_pyro.infer.anchor import anchor_start
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
@@ -150,12 +151,14 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         raise ValueError(f"adversarial_eps must be a non-negative finite number, got {cfg.adversarial_eps!r}; "
                          "0 turns adversarial training off, the paper uses 1% of each input's range.")
     anchored = flag("anchored", cfg.anchored)
+    from_anchor = anchored and cfg.init is None and anchor_start(model)
     validation = cfg.validation
     train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert)
     config = clean_config(dict(
         num_members=num_members, num_steps=num_steps, lr=lr, optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
         lr_schedule=getattr(cfg.lr_schedule, "value", cfg.lr_schedule),
         init=init if isinstance(init, str) else type(init).__name__, adversarial_eps=eps, anchored=anchored,
+        start="anchor" if from_anchor else (init if isinstance(init, str) else type(init).__name__),
         batch_size=data.batch_size, dataset_size=data.size, seed=cfg.seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
@@ -171,7 +174,7 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     paths = Potentials(cfg.fast_path)
     engine = map_engine(train, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=eps, draws=member,
                         paths=paths, anchored=anchored,
-                        from_anchor=anchored and cfg.init is None)
+                        from_anchor=from_anchor)
     loop = Loop(num_steps=num_steps, lr=lr, method="ensemble", desc="ensemble member {index}",
                 optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, progress=cfg.progress)
     post = drive(model, train, engine, loop, num_chains=num_members, seed=cfg.seed, config=config, checkpoints=ckpts,
