@@ -93,23 +93,18 @@ def map_state(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, 
 
 
 def map_engine(data: Data, *, init, num_steps: int, holdout: Holdout | None = None, adversarial_eps: float = 0.0,
-               draws=None, paths: Potentials | None = None, anchored: bool = False,
-               from_anchor: bool = False) -> Engine:
+               draws=None, paths: Potentials | None = None, anchored: bool = False) -> Engine:
     """The MAP search as an :class:`~bnn_pyro.infer.contract.Engine`: each chain starts from ``init`` (resolved
     by :func:`~bnn_pyro.infer._init.resolve_init`) under its seed; ``draws(state, history)`` makes the chain's
     result (:func:`finish` first gives the kept state). ``paths`` builds the potentials (default: the fast path
     where the model allows it). ``anchored=True``: each chain's objective is tilted toward its own prior draw
-    (:mod:`bnn_pyro.infer.anchor`, drawn under the chain's seed), and with ``from_anchor=True`` its weights start
-    there (other sites as ``init`` says)."""
+    (:mod:`bnn_pyro.infer.anchor`, drawn under the chain's seed); it still starts where ``init`` says."""
     paths = Potentials() if paths is None else paths
 
     def init_state(fitted, chain) -> MapState:
         pot = paths(fitted, data, init=chain_start(fitted, init, chain.seed))
-        if not anchored:
-            return map_state(pot, pot.init, data, model=fitted, num_steps=num_steps)
-        g, w0 = anchor(fitted, pot, data.first(), seed=chain.seed)
-        z = {**pot.init, **w0} if from_anchor else pot.init
-        return map_state(pot, z, data, model=fitted, num_steps=num_steps, tilted=g)
+        g = anchor(fitted, pot, data.first(), seed=chain.seed)[0] if anchored else None
+        return map_state(pot, pot.init, data, model=fitted, num_steps=num_steps, tilted=g)
 
     def step(state: MapState, batch, index: int):
         if adversarial_eps > 0:

@@ -76,7 +76,7 @@ def test_anchored_members_are_the_closed_form_randomized_maps_by_default():
     model = blr.model()
     post = bp.fit(model, blr.x, blr.y, method="ensemble", num_members=3, num_steps=1000, seed=5, validation=None,
                   **FAST)
-    assert post.config["anchored"] is True and post.config["start"] == "reset"  # regression: from the initializers
+    assert post.config["anchored"] is True and post.config["init"] == "reset"
     pot = Potential(model, Data(x=blr.x, y=blr.y))
     X, y = blr.design, blr.y.double()
     for k in range(3):
@@ -101,20 +101,6 @@ def test_anchor_draws_differ_by_seed_and_leave_the_global_generator_alone():
     _, b = anchor(model, pot, (blr.x, blr.y), seed=1)
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(a["weight"], a_again["weight"]) and not torch.equal(a["weight"], b["weight"])
-
-
-def test_classification_members_start_at_their_anchors_by_default():
-    x, y = bp.datasets.two_moons(n=40, seed=0)
-    model = bp.BNN(_mlp(out=2, inputs=2, hidden=8), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Categorical())
-    post = bp.fit(model, x, y, method="ensemble", num_members=2, num_steps=1, lr=1e-9, seed=4, progress=False)
-    assert post.config["start"] == "anchor"
-    pot = Potential(model, Data(x=x, y=y))
-    for k in range(2):  # one step of lr 1e-9: each member is still at its own prior draw
-        _, w0 = anchor(model, pot, (x, y), seed=4 + k)
-        torch.testing.assert_close(post.samples["0.weight"][k, 0], w0["0.weight"], rtol=0, atol=1e-6)
-    post = bp.fit(model, x, y, method="ensemble", num_members=2, num_steps=1, seed=4, init="reset", progress=False)
-    assert post.config["start"] == "reset"  # an init= given is kept
 
 
 def test_anchoring_leaves_a_learned_noise_scale_to_its_map_objective():
