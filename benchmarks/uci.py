@@ -243,7 +243,7 @@ def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dic
              "Protocol and metrics: benchmarks/uci.py's docstring; every engine at its defaults"
              + (f" except {options}" if options else "") + ".",
              f"Mean ± standard error over splits. Measured with torch {torch.__version__} on {platform.machine()} "
-             f"(bp.fit's default of one torch thread), git {_commit()}." + (f" {note}" if note else "")]
+             f"(bp.fit's default of one torch thread), git {git_commit()}." + (f" {note}" if note else "")]
     (out / f"uci_{name}.md").write_text(markdown(summary, f"UCI protocol: {name}", notes))
     plot(out)
     return summary
@@ -265,7 +265,7 @@ def parse_options(items: list[str]) -> dict[str, dict]:
     return options
 
 
-def _commit() -> str:
+def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               cwd=Path(__file__).parent, check=True).stdout.strip()

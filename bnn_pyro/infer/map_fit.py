@@ -29,6 +29,7 @@ from pyro import poutine
 from bnn_pyro.infer._common import Data, point_values
 from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential, Potentials
+from bnn_pyro.infer.anchor import anchor, tilt
 from bnn_pyro.infer.checkpoint import StepCheckpoint
 from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
 from bnn_pyro.infer.contract import Engine, LossInfo, Loop, run
@@ -78,11 +79,13 @@ class MapState:
 
 
 def map_state(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, num_steps: int, jacobian: bool = True,
-              fixed=()) -> MapState:
+              fixed=(), tilted: dict[str, torch.Tensor] | None = None) -> MapState:
     """The state of a MAP search from ``z``; the parameters are found by running the loss once on the first
-    batch (with ``jacobian=True`` the loss is :func:`energy`, else the potential itself)."""
+    batch (with ``jacobian=True`` the loss is :func:`energy`, else the potential itself; ``tilted``, a prior
+    anchor from :func:`~bnn_pyro.infer.anchor.anchor`, adds ``<z, g>`` to it)."""
     z = {k: v.detach().clone().requires_grad_(k not in fixed) for k, v in z.items()}
-    loss_fn = energy if jacobian else (lambda p, zz, batch: p(zz, batch))
+    base = energy if jacobian else (lambda p, zz, batch: p(zz, batch))
+    loss_fn = base if not tilted else (lambda p, zz, batch: base(p, zz, batch) + tilt(zz, tilted))
     with poutine.trace(param_only=True) as capture:
         loss_fn(pot, z, data.first())
     params = [v for k, v in z.items() if k not in fixed] + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
@@ -90,16 +93,18 @@ def map_state(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, 
 
 
 def map_engine(data: Data, *, init, num_steps: int, holdout: Holdout | None = None, adversarial_eps: float = 0.0,
-               draws=None, paths: Potentials | None = None) -> Engine:
+               draws=None, paths: Potentials | None = None, anchored: bool = False) -> Engine:
     """The MAP search as an :class:`~bnn_pyro.infer.contract.Engine`: each chain starts from ``init`` (resolved
     by :func:`~bnn_pyro.infer._init.resolve_init`) under its seed; ``draws(state, history)`` makes the chain's
     result (:func:`finish` first gives the kept state). ``paths`` builds the potentials (default: the fast path
-    where the model allows it)."""
+    where the model allows it). ``anchored=True``: each chain's objective is tilted toward its own prior draw
+    (:mod:`bnn_pyro.infer.anchor`, drawn under the chain's seed); it still starts where ``init`` says."""
     paths = Potentials() if paths is None else paths
 
     def init_state(fitted, chain) -> MapState:
         pot = paths(fitted, data, init=chain_start(fitted, init, chain.seed))
-        return map_state(pot, pot.init, data, model=fitted, num_steps=num_steps)
+        g = anchor(fitted, pot, data.first(), seed=chain.seed)[0] if anchored else None
+        return map_state(pot, pot.init, data, model=fitted, num_steps=num_steps, tilted=g)
 
     def step(state: MapState, batch, index: int):
         if adversarial_eps > 0:

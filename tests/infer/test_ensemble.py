@@ -25,6 +25,7 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.anchor import anchor
 from bnn_pyro.infer.ensemble import _adversarial_loss, _energy, _reset_values
 from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 from conftest import _linear_data, linreg
@@ -46,7 +47,8 @@ def _mlp(out: int = 1, inputs: int = 1, hidden: int = 16) -> torch.nn.Module:
 # ------------------------------------------------------------------ known answers
 def test_every_member_reaches_the_posterior_mode_and_the_predictive_is_the_mixture():
     blr = make_blr(n=20, d=2, noise=0.5)
-    post = bp.fit(blr.model(), blr.x, blr.y, method="ensemble", num_members=3, num_steps=250, seed=0, **FAST)
+    post = bp.fit(blr.model(), blr.x, blr.y, method="ensemble", num_members=3, num_steps=250, seed=0, anchored=False,
+                  **FAST)
     assert post.method == "ensemble" and (post.num_chains, post.num_draws) == (3, 1)
     assert post.samples["weight"].shape == (3, 1, 1, 2) and post.history["loss"].shape == (3, 250)
     start = post.history["loss"][:, 0]
@@ -66,6 +68,49 @@ def test_every_member_reaches_the_posterior_mode_and_the_predictive_is_the_mixtu
     torch.testing.assert_close(post.sample_stats["lp"], -post.history["loss"][:, -1:], rtol=1e-4, atol=1e-4)
 
 
+def test_anchored_members_are_the_closed_form_randomized_maps_by_default():
+    # Pearce et al. (2020): member k minimizes |y - X w|^2 / (2 s^2) + |w - w0_k|^2 / (2 p^2), w0_k ~ N(0, p^2 I),
+    # whose minimizer is C (X^T y / s^2 + w0_k / p^2) (C the posterior covariance). Before anchoring every
+    # member went to the same mode, blr.mean.
+    blr = make_blr(n=20, d=2, noise=0.5, prior_scale=0.7)
+    model = blr.model()
+    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_members=3, num_steps=1000, seed=5, validation=None,
+                  **FAST)
+    assert post.config["anchored"] is True and post.config["init"] == "reset"
+    pot = Potential(model, Data(x=blr.x, y=blr.y))
+    X, y = blr.design, blr.y.double()
+    for k in range(3):
+        g, w0 = anchor(model, pot, (blr.x, blr.y), seed=5 + k)
+        w0 = torch.cat([w0["weight"].reshape(-1), w0["bias"].reshape(-1)]).double()
+        g = torch.cat([g["weight"].reshape(-1), g["bias"].reshape(-1)]).double()
+        torch.testing.assert_close(g, -w0 / 0.7**2)  # the Gaussian prior's score at the anchor
+        exact = blr.cov @ (X.T @ y / 0.5**2 + w0 / 0.7**2)
+        err = (_members(post)[k] - exact).abs().max().item()
+        assert err < OPT_TOL, (k, err)
+        assert (exact - blr.mean).abs().max() > 100 * OPT_TOL  # the test tells anchored and plain MAP apart
+
+
+def test_anchor_draws_differ_by_seed_and_leave_the_global_generator_alone():
+    blr = make_blr(n=10, d=3)
+    model = blr.model()
+    pot = Potential(model, Data(x=blr.x, y=blr.y))
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    _, a = anchor(model, pot, (blr.x, blr.y), seed=0)
+    _, a_again = anchor(model, pot, (blr.x, blr.y), seed=0)
+    _, b = anchor(model, pot, (blr.x, blr.y), seed=1)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(a["weight"], a_again["weight"]) and not torch.equal(a["weight"], b["weight"])
+
+
+def test_anchoring_leaves_a_learned_noise_scale_to_its_map_objective():
+    model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0),
+                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    blr = make_blr(n=10, d=2)
+    g, w0 = anchor(model, Potential(model, Data(x=blr.x, y=blr.y)), (blr.x, blr.y), seed=0)
+    assert set(g) == set(w0) == {"weight", "bias"}
+
+
 def _joint_mode(blr, n_extra: float = 0.0):
     """Mode of (w, sigma) under sigma ~ HalfNormal(1) by coordinate ascent; ``n_extra=-1`` gives the
     mode of (w, log sigma) instead."""
@@ -83,7 +128,8 @@ def test_learned_noise_is_fitted_per_member_at_the_joint_mode():
     blr = make_blr(n=20, d=2, noise=0.5, seed=1)
     model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0),
                    likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
-    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_members=2, num_steps=250, seed=3, **FAST)
+    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_members=2, num_steps=250, seed=3, anchored=False,
+                  **FAST)
     assert post.samples["sigma"].shape == (2, 1)
     w, sigma = _joint_mode(blr)
     _, sigma_log = _joint_mode(blr, n_extra=-1.0)
@@ -96,7 +142,7 @@ def test_learned_noise_is_fitted_per_member_at_the_joint_mode():
 
 def test_plain_pyro_function_model_starts_from_prior_draws():
     x, y = _linear_data()
-    post = bp.fit(linreg, x, y, method="ensemble", num_members=2, num_steps=300, seed=0, **FAST)
+    post = bp.fit(linreg, x, y, method="ensemble", num_members=2, num_steps=300, seed=0, anchored=False, **FAST)
     assert post.config["init"] == "prior" and set(post.samples) == {"w", "b"}
     design = torch.cat([x, torch.ones(len(x), 1)], 1).double()  # linreg: Normal(0, 1) priors, noise 0.1
     mode = torch.linalg.solve(design.T @ design / 0.01 + torch.eye(2, dtype=torch.double), design.T @ y.double() / 0.01)

@@ -1,0 +1,67 @@
+"""benchmarks/classification.py on iris with tiny budgets: the row's numbers are recomputed by hand here (the
+script is loaded from its file: benchmarks/ is no package)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from bnn_pyro import metrics
+
+_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def cls():
+    sys.path.insert(0, str(_DIR))  # the script imports its sibling uci.py
+    try:
+        spec = importlib.util.spec_from_file_location("benchmarks_classification", _DIR / "classification.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(_DIR))
+    return module
+
+
+def test_split_is_standardized_on_its_training_rows(cls):
+    x, y = cls.load_dataset("iris")
+    s = cls.make_split(x, y, 3)
+    assert len(s["x_test"]) == 30 and len(s["x_train"]) == 120
+    torch.testing.assert_close(s["x_train"].mean(0), torch.zeros(4), atol=1e-5, rtol=0)
+    torch.testing.assert_close(s["x_train"].std(0), torch.ones(4), atol=1e-5, rtol=0)
+
+
+def test_row_scores_recomputed_by_hand(cls):
+    from sklearn.linear_model import LogisticRegression
+
+    data = cls.load_dataset("iris")
+    row = cls.run_one("logreg", data, 0)
+    assert row["error"] == ""
+    s = cls.make_split(*data, 0)
+    clf = LogisticRegression(C=1.0, max_iter=5000).fit(s["x_train"].numpy(), s["y_train"].numpy())
+    p = torch.tensor(clf.predict_proba(s["x_test"].numpy()), dtype=torch.float64)
+    assert row["accuracy"] == pytest.approx(float((p.argmax(-1) == s["y_test"]).double().mean()))
+    assert row["nll"] == pytest.approx(float(-p[torch.arange(len(p)), s["y_test"]].log().mean()), rel=1e-6)
+    noise = cls.ood_inputs(s, 0)["noise"]
+    assert noise.std().item() == pytest.approx(3.0, rel=0.1)
+    h = lambda q: -(q * q.log()).sum(-1)
+    p_noise = torch.tensor(clf.predict_proba(noise.numpy()), dtype=torch.float64)
+    assert row["auroc_noise_entropy"] == pytest.approx(metrics.ood_auroc(h(p), h(p_noise)))
+    assert math.isnan(row["auroc_noise_mi"])  # logistic regression has no mutual information
+    keep = s["y_train"] < 2
+    clf2 = LogisticRegression(C=1.0, max_iter=5000).fit(s["x_train"][keep].numpy(), s["y_train"][keep].numpy())
+    held = s["y_test"] == 2
+    q = torch.tensor(clf2.predict_proba(s["x_test"].numpy()), dtype=torch.float64)
+    assert row["auroc_class_entropy"] == pytest.approx(metrics.ood_auroc(h(q[~held]), h(q[held])))
+
+
+def test_an_engine_row_has_every_score(cls):
+    row = cls.run_one("ensemble", cls.load_dataset("iris"), 1, {"num_members": 2, "num_steps": 20})
+    assert row["error"] == ""
+    for m in cls.METRICS:
+        assert 0.0 <= row[m] and math.isfinite(row[m]), m
