@@ -46,10 +46,12 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro import metrics
 
+from bnn_pyro.comparison.limits import FitTimeout, time_limit
+
 try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.classification
-    from uci import FitTimeout, git_commit, parse_options, time_limit
+    from uci import git_commit, parse_options
 except ImportError:  # pragma: no cover
-    from benchmarks.uci import FitTimeout, git_commit, parse_options, time_limit
+    from benchmarks.uci import git_commit, parse_options
 
 DATASETS = ("breast_cancer", "wine", "iris", "digits", "synthetic")
 OOD = ("noise", "far", "class")
