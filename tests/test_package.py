@@ -24,3 +24,17 @@ def test_bundled_data_loads_from_the_installed_copy():
     x, y = bp.datasets.toy_gap()
     assert x.shape == (80, 1) and y.shape == (80,)
     assert not ((x[:, 0] > -0.5) & (x[:, 0] < 0.5)).any()  # the gap is empty
+
+
+def test_every_subpackage_is_declared_in_setup_cfg():
+    """A non-editable install (CI's `pip install .`) ships only the packages setup.cfg lists: a subpackage left
+    out imports from a source checkout and fails from an installed copy."""
+    import configparser
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    cfg = configparser.ConfigParser()
+    cfg.read(root / "setup.cfg")
+    declared = {name.strip() for name in cfg["options"]["packages"].split(",")}
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "bnn_pyro").rglob("__init__.py")}
+    assert found <= declared, f"add to setup.cfg's packages: {sorted(found - declared)}"
