@@ -5,6 +5,8 @@
 early stopping on held-out rows (:class:`~bnn_pyro.infer.holdout.BestOnHoldout`), the fast-gradient-sign
 adversarial term of Lakshminarayanan et al. (2017), and an L-BFGS polish on the full data.
 :func:`fit_map` is one complete MAP fit of a model from a fresh start (its own copy and parameter store).
+:func:`estimate_points` uses it to set a BNN's deterministic parameters (those its prior leaves out) before the
+samplers (MCMC, SG-MCMC) run, which sample only the Bayesian ones: at the joint MAP, never at a random start.
 Both run :func:`map_engine`, the search as an :class:`~bnn_pyro.infer.contract.Engine`, which deep ensembles
 drive one chain per member (:func:`~bnn_pyro.infer.contract.drive`).
 
@@ -34,9 +36,11 @@ from bnn_pyro.infer.checkpoint import StepCheckpoint
 from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
 from bnn_pyro.infer.contract import Engine, LossInfo, Loop, run
 from bnn_pyro.infer.driver import ChainInfo, chain
+from bnn_pyro.model import BNN
+from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_map", "map_engine", "map_state", "finish", "map_fit", "minimize", "MapFit", "MapRun", "MapState",
-           "energy", "adversarial_loss"]
+           "energy", "adversarial_loss", "estimate_points", "POINT_MAP_STEPS", "POINT_MAP_LR", "POINT_MAP_POLISH"]
 
 
 @dataclass
@@ -232,3 +236,24 @@ def _polish(loss, params, max_iter: int) -> None:
         if not after <= before:  # also when NaN
             for p, v in zip(params, saved):
                 p.copy_(v)
+
+
+POINT_MAP_STEPS = 300  # Adam steps (lr POINT_MAP_LR) of the MAP that sets a BNN's deterministic parameters
+POINT_MAP_LR = 1e-2
+POINT_MAP_POLISH = 100  # L-BFGS iterations after them (kept only when they lower the loss)
+
+
+def estimate_points(fitted, data: Data, init, *, seed: int, progress: bool, method: str):
+    """How a sampler sets a BNN's deterministic parameters (those its prior leaves out; the sampler keeps them
+    fixed): ``(None, {})`` without them; ``("init", {})`` when ``init`` gives them (a Posterior, or a dict naming
+    every one); else ``("map", values)``, the joint MAP's values (:data:`POINT_MAP_STEPS` Adam steps and an
+    L-BFGS polish from ``init``) of those that ``init`` does not name. A random start would fit another model:
+    the Bayesian weights shift to compensate for a bias frozen at a random value."""
+    if not isinstance(fitted, BNN) or not fitted.point_names:
+        return None, {}
+    given = set(init) if isinstance(init, dict) else set()
+    if isinstance(init, Posterior) or given >= set(fitted.point_names):
+        return "init", {}
+    mode = fit_map(fitted, data, init=init, num_steps=POINT_MAP_STEPS, lr=POINT_MAP_LR, seed=seed,
+                   progress=progress, polish_steps=POINT_MAP_POLISH, method=f"{method} point estimate (map)")
+    return "map", {n: v for n, v in mode.point.items() if n not in given}

@@ -53,8 +53,8 @@ Deterministic (non-Bayesian) parameters of a ``BNN`` (those its prior leaves out
 that returns ``None`` for them) are not sampled: they stay FIXED, the same for every chain, at a point
 estimate. Unless ``init`` gives them (a :class:`~bnn_pyro.Posterior`, e.g. of an SVI fit, which learns them:
 its chain-0 values; or a dict naming every one), that estimate is the joint MAP of the whole model (weights
-and deterministic parameters together, :func:`~bnn_pyro.infer.map_fit.fit_map` from chain 0's start,
-:data:`POINT_MAP_STEPS` Adam steps and an L-BFGS polish) fitted before sampling: MCMC then samples the weights
+and deterministic parameters together, from chain 0's start: :func:`~bnn_pyro.infer.map_fit.estimate_points`,
+shared with SG-MCMC) fitted before sampling: MCMC then samples the weights
 given the same deterministic parameters SVI would learn, not given the random values ``reset_parameters()``
 drew (which shifted the weights' posterior to compensate: on a linear model with a deterministic intercept
 of 0.33 +- 0.03 four seeds kept -0.58, -0.14, 0.19 and -0.30). ``Posterior.point`` holds them and
@@ -127,7 +127,7 @@ from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
-from bnn_pyro.infer.map_fit import fit_map
+from bnn_pyro.infer.map_fit import estimate_points
 from bnn_pyro.model import BNN
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.training_data import Data
@@ -137,9 +137,6 @@ from bnn_pyro.posterior import Posterior
 __all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_CHAINS", "DEFAULT_NUM_LEAPFROG",
            "DEFAULT_LEAPFROG_JITTER"]
 
-POINT_MAP_STEPS = 300  # Adam steps (lr POINT_MAP_LR) of the MAP that sets a BNN's deterministic parameters
-POINT_MAP_LR = 1e-2
-POINT_MAP_POLISH = 100  # L-BFGS iterations after them (kept only when they lower the loss)
 DEFAULT_NUM_CHAINS = 4  # chains at the defaults: R-hat needs two or more (Stan runs 4, PyMC at least 2)
 DEFAULT_NUM_LEAPFROG = 32  # HMC's leapfrog steps per draw when neither num_leapfrog nor trajectory_length is given
 DEFAULT_LEAPFROG_JITTER = 0.5  # HMC: each draw's leapfrog count uniform within +-50% of it (breaks resonance)
@@ -270,7 +267,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
                          "or use a stochastic-gradient method for minibatches.")
     init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    point_estimate, points = _point_estimate(fitted, data, init, seed=seed, progress=progress, method=kind.value)
+    point_estimate, points = estimate_points(fitted, data, init, seed=seed, progress=progress, method=kind.value)
     # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
     strategies = [init_strategy(fitted, chain_start(fitted, init, seed + c, points=c == 0)) for c in range(num_chains)]
     if points:  # the MAP's deterministic parameters (point_estimate == "map")
@@ -322,20 +319,6 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         config.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
                       extended_by=num_samples)
     return check_mcmc(post, target_accept=float(target_accept), stacklevel=5)
-
-
-def _point_estimate(fitted, data: Data, init, *, seed: int, progress: bool, method: str):
-    """How a BNN's deterministic parameters are set (module docstring): ``(None, {})`` without them;
-    ``("init", {})`` when ``init`` gives them (a Posterior, or a dict naming every one); else ``("map", values)``,
-    the joint MAP's values of those that ``init`` does not name."""
-    if not isinstance(fitted, BNN) or not fitted.point_names:
-        return None, {}
-    given = set(init) if isinstance(init, dict) else set()
-    if isinstance(init, Posterior) or given >= set(fitted.point_names):
-        return "init", {}
-    mode = fit_map(fitted, data, init=init, num_steps=POINT_MAP_STEPS, lr=POINT_MAP_LR, seed=seed,
-                   progress=progress, polish_steps=POINT_MAP_POLISH, method=f"{method} point estimate (map)")
-    return "map", {n: v for n, v in mode.point.items() if n not in given}
 
 
 def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> dict[str, torch.Tensor]:

@@ -119,13 +119,14 @@ import torch
 
 from bnn_pyro._checks import choice, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
-from bnn_pyro.infer._init import chain_start, resolve_init
+from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, refit,
                                     refit_config, select_noise, split)
+from bnn_pyro.infer.map_fit import estimate_points
 from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction, check_friction,  # noqa: F401
                                         check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature,
                                         SHRINK)
@@ -324,17 +325,19 @@ def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: SG
     lr, seed = cfg.lr, cfg.seed
     num_chains = positive_int("num_chains", cfg.num_chains)
     init = resolve_init(model, cfg.init, data)
+    # a BNN's deterministic parameters: fixed at the joint MAP (or init's values), never at a random start
+    point_estimate, points = estimate_points(model, data, init, seed=seed, progress=cfg.progress, method=method)
     config = clean_config(dict(
         lr=lr, **settings, num_steps=len(plan.scale), num_chains=num_chains,
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
-        dataset_size=data.size, seed=seed,
+        dataset_size=data.size, seed=seed, **({} if point_estimate is None else {"point_estimate": point_estimate}),
     ))
     ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume,
                         num_chains=num_chains, run=dict(method=method, **config))  # all checked before any chain runs
     loop = Loop(num_steps=len(plan.scale), lr=lr, method=method, desc=method + " chain {index}",
                 quantity="potential energy", progress=cfg.progress)
     paths, recoveries = Potentials(cfg.fast_path), {}
-    engine = sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries, stops)
+    engine = sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries, stops, points)
     post = drive(model, data, engine, loop, num_chains=num_chains, seed=seed, config=config, checkpoints=ckpts,
                  posterior_data=full)
     paths.record(post.config)
@@ -364,21 +367,25 @@ def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, 
 
 def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None,
                   paths: Potentials | None = None, recoveries: dict | None = None,
-                  stops: list[list[int]] | None = None) -> Engine:
+                  stops: list[list[int]] | None = None, points: dict[str, torch.Tensor] | None = None) -> Engine:
     """The :class:`~bnn_pyro.infer.contract.Engine` of ``plan``: its state is a :class:`_Chain` (the position ``z``
     in unconstrained coordinates, updated by its :class:`SGMCMC` optimizer), a step evaluates ``U~`` on the batch
     (first the held-out early stopping and the curvature estimate the plan marks, and keeping the draw the plan
     marks), ``after`` checks the gradient and records the step size taken, and the kept draws become the chain's.
     ``paths`` builds the potentials (default: the fast path where the model allows it); ``recoveries[chain]``
     receives the chain's divergence recoveries under ``lr="auto"``; ``stops[chain]`` replays stops chosen before
-    (:meth:`_Chain.replay_stop`)."""
+    (:meth:`_Chain.replay_stop`); ``points`` are the values of a BNN's deterministic parameters
+    (:func:`~bnn_pyro.infer.map_fit.estimate_points`), set in every chain over those of its start."""
     paths = Potentials() if paths is None else paths
 
     def init_state(fitted, info: ChainInfo) -> _Chain:
         if info.index > 0:  # the deterministic parameters of chain 0's start: they stay fixed (module docstring)
             chain_start(fitted, init, seed, points=True)
         start = "prior" if isinstance(init, str) and init == "net" and info.index > 0 else init  # module docstring
-        pot = paths(fitted, data, init=chain_start(fitted, start, info.seed, points=info.index == 0))
+        begin = chain_start(fitted, start, info.seed, points=info.index == 0)
+        if points:
+            set_points(fitted, points)
+        pot = paths(fitted, data, init=begin)
         if pot.dim == 0:
             raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
                              "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")

@@ -71,7 +71,7 @@ def test_default_init_redraws_the_weights_under_each_chains_seed(method):
 def test_mcmc_fixes_deterministic_parameters_at_the_joint_map_unless_init_gives_them():
     """Not at the start that init chooses (a random draw under init='reset'): at the joint MAP fitted from it
     (bnn_pyro.infer.mcmc's module docstring), the same for every chain; a dict naming them keeps its values."""
-    from bnn_pyro.infer import mcmc
+    from bnn_pyro.infer import map_fit
     from bnn_pyro.infer._common import Data
     from bnn_pyro.infer.map_fit import fit_map
 
@@ -80,8 +80,8 @@ def test_mcmc_fixes_deterministic_parameters_at_the_joint_map_unless_init_gives_
                   seed=5, progress=False)
     for init in ("net", "reset"):
         post = bp.fit(model, x, y, init=init, **config)
-        mode = fit_map(model, Data(x, y), init=init, num_steps=mcmc.POINT_MAP_STEPS, lr=mcmc.POINT_MAP_LR, seed=5,
-                       progress=False, polish_steps=mcmc.POINT_MAP_POLISH)
+        mode = fit_map(model, Data(x, y), init=init, num_steps=map_fit.POINT_MAP_STEPS, lr=map_fit.POINT_MAP_LR, seed=5,
+                       progress=False, polish_steps=map_fit.POINT_MAP_POLISH)
         assert post.config["point_estimate"] == "map"
         for name in model.point_names:
             assert torch.equal(post.point[name], mode.point[name].expand_as(post.point[name])), (init, name)
