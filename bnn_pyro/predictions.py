@@ -172,7 +172,8 @@ def summarize(source: PredictiveDraws, task: str, *, interval: float | None = 0.
     parts = []
     for rows in source.chunks():
         means, variances = source.moments(rows)
-        parts.append((means.mean(0), means.var(0, correction=0), variances.mean(0)))
+        epistemic, mean = torch.var_mean(means, 0, correction=0)
+        parts.append((mean, epistemic, variances.mean(0)))
     mean, epistemic, aleatoric = (torch.cat(p) for p in zip(*parts))
     return RegressionPrediction(mean, (epistemic + aleatoric).sqrt(), epistemic.sqrt(), aleatoric.sqrt(),
                                 interval=interval, source=source)
