@@ -26,7 +26,7 @@ from pyro import poutine
 from bnn_pyro import posterior_file, predictions
 from bnn_pyro._checks import check_data, positive_int, probability
 from bnn_pyro.model import BNN, fit_attributes
-from bnn_pyro.predictive_draws import NetworkDraws, seeded
+from bnn_pyro.predictive_draws import NetworkDraws
 
 __all__ = ["Posterior"]
 
@@ -164,9 +164,14 @@ class Posterior:
                                  f"draws = {total}), got {torch.as_tensor(weights).numel()}; e.g. post.psis().weights.")
             idx = resample(weights, total if num_samples is None else positive_int("num_samples", num_samples), seed=seed)
         base_seed = int(torch.randint(2**62, ())) if seed is None else seed
-        if not isinstance(self.model, BNN):
-            with torch.no_grad(), seeded(base_seed, 0, torch.device("cpu")):
-                return self._predict_traced(x, idx, interval)
+        if not isinstance(self.model, BNN):  # a Pyro function model: one trace per draw, arrays in memory
+            state = torch.get_rng_state()
+            torch.manual_seed(base_seed)  # every device's generator, as the traces sample wherever the model runs
+            try:
+                with torch.no_grad():
+                    return self._predict_traced(x, idx, interval)
+            finally:
+                torch.set_rng_state(state)
         task = self.model.likelihood.task
         source = self.predictive_draws(x, idx, seed=base_seed, draws_per_chunk=draws_per_chunk,
                                        points_per_chunk=points_per_chunk)

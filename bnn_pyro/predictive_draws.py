@@ -101,7 +101,7 @@ class AffineDraws(PredictiveDraws):
 class NetworkDraws(PredictiveDraws):
     """``p(y | x, w_s)`` of a :class:`~bnn_pyro.BNN` posterior at ``x`` for pooled draws ``idx``, evaluated
     block by block: the rows of a block for all draws, ``draws_per_chunk`` draws at a time (default
-    :meth:`BNN.draws_per_chunk`), and within a block, rows in pieces where one draw over all of them exceeds
+    :meth:`BNN.draws_per_chunk` of the block's rows), and within a block, rows in pieces where one draw over all of them exceeds
     :meth:`BNN.points_per_chunk`'s budget. It keeps references (the posterior, ``x``, ``idx``), not copies.
 
     ``linearized(x, idx, params, draws_per_chunk, rows)``, if given, returns the outputs of a linearized net
@@ -116,8 +116,7 @@ class NetworkDraws(PredictiveDraws):
         model = post.model
         self.post, self.x, self.idx, self.seed = post, x, idx, seed
         self.observe, self.probs_of = observe, probs_of
-        self.draws_per_chunk = draws_per_chunk or model.draws_per_chunk(x)
-        self.rows_per_draw = model.points_per_chunk(x)
+        self.draws_per_chunk = draws_per_chunk  # None: from each block's rows (BNN.draws_per_chunk)
         self.linearized = linearized
         self.num_draws, self.num_rows = len(idx), x.shape[0]
         out = model.output_shape(x).numel() if x.shape[0] else 1
@@ -134,21 +133,22 @@ class NetworkDraws(PredictiveDraws):
     def outputs(self, rows: slice) -> torch.Tensor:
         """The network's outputs ``(S, r, ...)`` at rows ``rows`` of ``x``, for every draw."""
         model, x = self.post.model, self.x[rows]
+        per_chunk, rows_per_draw = self.draws_per_chunk or model.draws_per_chunk(x), model.points_per_chunk(x)
         f, was_training = None, model.training
         model.eval()
         try:
-            for i in range(0, self.num_draws, self.draws_per_chunk):
-                draws = slice(i, min(i + self.draws_per_chunk, self.num_draws))
+            for i in range(0, self.num_draws, per_chunk):
+                draws = slice(i, min(i + per_chunk, self.num_draws))
                 params, chunk = self._params(draws), None
                 if self.linearized is not None:  # a Laplace fit's linearized network
-                    chunk = self.linearized(x, self.idx[draws], params, self.draws_per_chunk, self.rows_per_draw)
+                    chunk = self.linearized(x, self.idx[draws], params, per_chunk, rows_per_draw)
                 if chunk is None:
-                    for r in range(0, x.shape[0], self.rows_per_draw):
-                        piece = model.forward_draws(params, x[r : r + self.rows_per_draw])
+                    for r in range(0, x.shape[0], rows_per_draw):
+                        piece = model.forward_draws(params, x[r : r + rows_per_draw])
                         if f is None:  # allocated once: small chunk outputs kept between the chunks' large
                             # temporaries fragment the C heap (RSS grew to ~1 GB for 20 MB of output)
                             f = piece.new_empty((self.num_draws, x.shape[0]) + piece.shape[2:])
-                        f[draws, r : r + self.rows_per_draw] = piece
+                        f[draws, r : r + rows_per_draw] = piece
                 else:
                     if f is None:
                         f = chunk.new_empty((self.num_draws, x.shape[0]) + chunk.shape[2:])
