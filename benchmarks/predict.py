@@ -20,7 +20,8 @@ every millisecond by a thread (``performance.PeakMemory``) and ``maxrss_mb``, ``
 peak after the call minus the resident set before it (an upper bound that no sampling can miss).
 
 Usage: ``python benchmarks/predict.py [--quick] [--repeats 3] [--only speed memory] [--memory-points N]
-[--memory-repeats R] [--note TEXT] [--suffix _loaded]`` writes ``benchmarks/results/predict{suffix}.md`` / ``.csv``.
+[--memory-draws S] [--memory-kinds ...] [--memory-repeats R] [--note TEXT] [--suffix _loaded]``. An earlier
+revision is measured by putting its ``bnn_pyro`` first on ``PYTHONPATH`` (``git archive REV bnn_pyro | tar -x -C DIR``). writes ``benchmarks/results/predict{suffix}.md`` / ``.csv``.
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ def _rss_mb() -> float:
 
 def case_rows(case: str, args) -> list[dict]:
     draws, points, kinds = CASES[case]
-    if case == "memory" and args.memory_points:
-        points = args.memory_points
+    if case == "memory":
+        points, draws, kinds = args.memory_points or points, args.memory_draws or draws, args.memory_kinds or kinds
     if args.quick:
         draws, points = QUICK[case]
     rows = []
@@ -171,6 +172,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per row; the fastest is kept (default 3)")
     p.add_argument("--only", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--memory-points", type=int, default=None, help="points of the memory case (default 1,000,000)")
+    p.add_argument("--memory-draws", type=int, default=None, help="draws of the memory case (default 1,000)")
+    p.add_argument("--memory-kinds", nargs="+", default=None, choices=list(KINDS), help="implementations of the memory case")
     p.add_argument("--memory-repeats", type=int, default=None, help="fresh processes per memory row (default --repeats)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results"))
     p.add_argument("--suffix", default="", help="appended to the result files' names, e.g. _loaded")
