@@ -91,7 +91,7 @@ class RegressionPrediction:
         if "draws" in self._cache:
             return quantiles(self._cache["draws"], levels)
         source = self._source("draws")
-        return torch.cat([quantiles(source.samples(r), levels) for r in source.chunks(aligned=True)], 1)
+        return _by_block(source, lambda r: (quantiles(source.samples(r), levels),), aligned=True, dim=1)[0]
 
     def _bounds(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         if "bounds" in self._cache or self.interval is None:
@@ -164,19 +164,33 @@ class ClassificationPrediction:
 def summarize(source: PredictiveDraws, task: str, *, interval: float | None = 0.95):
     """The prediction of ``task`` (``"regression"`` or ``"classification"``) from ``source``, block by block."""
     if task == "classification":
-        parts = [_classification_block(source.probs(rows)) for rows in source.chunks()]
-        probs, entropy, aleatoric, mi = (torch.cat(p) for p in zip(*parts))
+        probs, entropy, aleatoric, mi = _by_block(source, lambda rows: _classification_block(source.probs(rows)))
         return ClassificationPrediction(probs, probs.argmax(-1), entropy, aleatoric, mi, source=source)
     if interval is not None and not 0.0 < interval < 1.0:
         raise ValueError(f"interval must lie in (0, 1) or be None, got {interval}; e.g. 0.95 for a 95% interval.")
-    parts = []
-    for rows in source.chunks():
+
+    def moments(rows):
         means, variances = source.moments(rows)
         epistemic, mean = torch.var_mean(means, 0, correction=0)
-        parts.append((mean, epistemic, variances.mean(0)))
-    mean, epistemic, aleatoric = (torch.cat(p) for p in zip(*parts))
+        return mean, epistemic, variances.mean(0)
+
+    mean, epistemic, aleatoric = _by_block(source, moments)
     return RegressionPrediction(mean, (epistemic + aleatoric).sqrt(), epistemic.sqrt(), aleatoric.sqrt(),
                                 interval=interval, source=source)
+
+
+def _by_block(source: PredictiveDraws, block, *, aligned: bool = False, dim: int = 0) -> tuple[torch.Tensor, ...]:
+    """``block(rows)`` (a tuple of per-row results, rows along ``dim``) for every block, written into results
+    allocated once: small results kept between the blocks' large temporaries would fragment the C heap (the
+    resident set grew by about a block per block, 3.3 GB for 1,000 draws x 1,000,000 points)."""
+    out = None
+    for rows in source.chunks(aligned=aligned):
+        parts = block(rows)
+        if out is None:
+            out = tuple(p.new_empty(p.shape[:dim] + (source.num_rows,) + p.shape[dim + 1:]) for p in parts)
+        for o, p in zip(out, parts):
+            o.narrow(dim, rows.start, rows.stop - rows.start).copy_(p)
+    return out
 
 
 def regression(means: torch.Tensor, variances: torch.Tensor, y_draws: torch.Tensor, *, interval: float | None = 0.95):

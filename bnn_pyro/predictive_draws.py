@@ -134,7 +134,10 @@ class NetworkDraws(PredictiveDraws):
         """The network's outputs ``(S, r, ...)`` at rows ``rows`` of ``x``, for every draw."""
         model, x = self.post.model, self.x[rows]
         per_chunk, rows_per_draw = self.draws_per_chunk or model.draws_per_chunk(x), model.points_per_chunk(x)
-        f, was_training = None, model.training
+        # the block's outputs allocated first, before the net's temporaries: the hole the previous block's left
+        # in the C heap is reused instead of growing the heap (the resident set grew by a block per block)
+        f = torch.empty((self.num_draws, x.shape[0]) + model.output_shape(x), dtype=model.dtype, device=x.device)
+        was_training = model.training
         model.eval()
         try:
             for i in range(0, self.num_draws, per_chunk):
@@ -144,14 +147,8 @@ class NetworkDraws(PredictiveDraws):
                     chunk = self.linearized(x, self.idx[draws], params, per_chunk, rows_per_draw)
                 if chunk is None:
                     for r in range(0, x.shape[0], rows_per_draw):
-                        piece = model.forward_draws(params, x[r : r + rows_per_draw])
-                        if f is None:  # allocated once: small chunk outputs kept between the chunks' large
-                            # temporaries fragment the C heap (RSS grew to ~1 GB for 20 MB of output)
-                            f = piece.new_empty((self.num_draws, x.shape[0]) + piece.shape[2:])
-                        f[draws, r : r + rows_per_draw] = piece
+                        f[draws, r : r + rows_per_draw] = model.forward_draws(params, x[r : r + rows_per_draw])
                 else:
-                    if f is None:
-                        f = chunk.new_empty((self.num_draws, x.shape[0]) + chunk.shape[2:])
                     f[draws] = chunk
         finally:
             model.train(was_training)
