@@ -182,7 +182,7 @@ def summarize(source: PredictiveDraws, task: str, *, interval: float | None = 0.
 def _by_block(source: PredictiveDraws, block, *, aligned: bool = False, dim: int = 0) -> tuple[torch.Tensor, ...]:
     """``block(rows)`` (a tuple of per-row results, rows along ``dim``) for every block, written into results
     allocated once: small results kept between the blocks' large temporaries would fragment the C heap (the
-    resident set grew by about a block per block, 3.3 GB for 1,000 draws x 1,000,000 points)."""
+    resident set grew by about a block per block; ``benchmarks/results/predict_1m_loaded.md``)."""
     out = None
     for rows in source.chunks(aligned=aligned):
         parts = block(rows)
@@ -207,7 +207,7 @@ def classification(probs: torch.Tensor):
 def quantiles(y: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
     """``torch.quantile(y, levels, dim=0)`` (linear interpolation; NaN where a column holds NaN), the same
     numbers, from the few order statistics each level needs (``topk`` from the nearer end) instead of
-    sorting every column: ~3x faster for a 95% interval over 500 draws."""
+    sorting every column: a tail level reads a few of the draws' order statistics, not all of them."""
     n = y.shape[0]
     levels = levels.to(y.dtype)
     if ((levels < 0) | (levels > 1)).any():

@@ -183,7 +183,7 @@ class NetworkDraws(PredictiveDraws):
 def seeded(seed: int, block: int, device: torch.device):
     """Seed torch's global generator (of ``device``) by ``(seed, block)`` inside the context and restore the
     caller's state on exit: ``Distribution.sample`` takes no generator. (The state is set from a seeded
-    ``torch.Generator``: ``torch.manual_seed`` costs ~1 ms a call, as much as sampling a block.)"""
+    ``torch.Generator``: ``torch.manual_seed`` goes through torch's compiler guard on every call.)"""
     mixed = (seed * 0x9E3779B97F4A7C15 + block) % 2**63  # distinct, spread seeds per (seed, block)
     if device.type not in ("cpu", "cuda"):
         with torch.random.fork_rng(devices=[device], device_type=device.type):
