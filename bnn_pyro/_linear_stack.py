@@ -6,6 +6,7 @@ torch function mode) keeps the general path."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from bnn_pyro._upstream_private import function_mode_active, global_module_hooks, module_hooks
@@ -53,16 +54,34 @@ def site(path: str, attr: str) -> str:
     return f"{path}.{attr}" if path else attr
 
 
+# in-place forms of common activations, used where no gradient is recorded (prediction): an out-of-place
+# activation allocates a fresh block of the chunk's size each time, whose pages are faulted in anew
+_IN_PLACE = {nn.Tanh: lambda m, h: h.tanh_(), nn.Sigmoid: lambda m, h: h.sigmoid_(), nn.ReLU: lambda m, h: h.relu_(),
+             nn.Identity: lambda m, h: h, nn.SiLU: lambda m, h: F.silu(h, inplace=True),
+             nn.LeakyReLU: lambda m, h: F.leaky_relu_(h, m.negative_slope), nn.ELU: lambda m, h: F.elu_(h, m.alpha)}
+
+
 def run_linear_stack(layers, params: dict[str, torch.Tensor], x: torch.Tensor, template: nn.Module) -> torch.Tensor:
-    """The stack of :func:`linear_stack` for weights with one leading draw dimension ``S``: ``(S, N, out)``."""
+    """The stack of :func:`linear_stack` for weights with one leading draw dimension ``S``: ``(S, N, out)``.
+
+    Without autograd (no gradient recorded, as in prediction) activations run in place on the layer outputs
+    this function made, and a first layer with one input is an outer product (``addcmul``) rather than a
+    batched matrix product with inner dimension 1, which BLAS runs slowly."""
     has_bias = {path: template.get_submodule(path).bias is not None for path, act in layers if act is None}
     size = next(iter(params.values())).shape[0]
-    h = x.expand((size,) + x.shape)
+    tracked = torch.is_grad_enabled() and (x.requires_grad or any(p.requires_grad for p in params.values()))
+    h, owned = x.expand((size,) + x.shape), False  # owned: a tensor made here, free to overwrite
     for path, activation in layers:
         if activation is not None:
-            h = activation(h)
+            inplace = _IN_PLACE.get(type(activation)) if owned and not tracked else None
+            h = activation(h) if inplace is None else inplace(activation, h)
+            owned = True
             continue
         weight = params[site(path, "weight")].transpose(1, 2)
         bias = params[site(path, "bias")] if site(path, "bias") in params or has_bias[path] else None
-        h = torch.bmm(h, weight) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, weight)
+        if not owned and not tracked and weight.shape[1] == 1:  # the inputs x (N, 1) times each draw's row
+            h = x * weight if bias is None else torch.addcmul(bias.unsqueeze(1), x, weight)
+        else:
+            h = torch.bmm(h, weight) if bias is None else torch.baddbmm(bias.unsqueeze(1), h, weight)
+        owned = True
     return h

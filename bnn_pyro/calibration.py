@@ -151,15 +151,8 @@ class ScaleRecalibration:
         return cls(float((z**2).mean().sqrt()))
 
     def __call__(self, pred: RegressionPrediction) -> RegressionPrediction:
-        pred, s, m = _regression(pred), self.factor, pred.mean
-
-        def spread(t):
-            return None if t is None else m + s * (t - m)
-
-        return dataclasses.replace(pred, std=s * pred.std, epistemic_std=s * pred.epistemic_std,
-                                   aleatoric_std=s * pred.aleatoric_std, lower=spread(pred.lower),
-                                   upper=spread(pred.upper), draws=spread(pred.draws),
-                                   mean_draws=spread(pred.mean_draws))
+        pred = _regression(pred)
+        return pred.affine((1.0 - self.factor) * pred.mean, self.factor)  # m + s (y - m), draws and bounds alike
 
 
 def pit(pred: RegressionPrediction, y) -> torch.Tensor:
@@ -195,5 +188,5 @@ class QuantileRecalibration:
             warnings.warn(f"the predictive draws are too narrow for a recalibrated {interval:.0%} interval: "
                           f"{outside:.1%} of the held-out targets fell outside all draws, and this interval cannot reach beyond "
                           "them; use ScaleRecalibration, or predict with more draws.", UserWarning, stacklevel=2)
-        q = torch.quantile(pred.draws, levels.to(pred.draws.dtype), dim=0)
+        q = pred.quantiles(levels)  # block by block: never all draws x points at once
         return dataclasses.replace(pred, lower=q[0], upper=q[1], interval=interval)

@@ -55,6 +55,12 @@ class Likelihood:
         """Aggregate a distribution batched over draws ``(S, N)`` into a prediction."""
         raise NotImplementedError
 
+    def probs(self, d: Distribution) -> torch.Tensor:
+        """Class probabilities ``(S, N, ..., K)`` of a classification likelihood's distribution batched over
+        draws (what its predictions average); regression likelihoods use ``d.mean``, ``d.variance`` and
+        ``d.sample()`` instead."""
+        raise NotImplementedError(f"{type(self).__name__} is not a classification likelihood.")
+
     def __call__(self, f: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None,
                  inner_dims: int = 0):
         noise = {name: pyro.sample(name, placed_like(prior, f)) for name, prior in self.sites().items()}
@@ -205,7 +211,10 @@ class Categorical(Likelihood):
         return y
 
     def summarize(self, d, *, interval=0.95):
-        return predictions.classification(_base(d).probs)
+        return predictions.classification(self.probs(d))
+
+    def probs(self, d):
+        return _base(d).probs
 
 
 class Bernoulli(Likelihood):
@@ -226,8 +235,11 @@ class Bernoulli(Likelihood):
         return y.to(torch.get_default_dtype())
 
     def summarize(self, d, *, interval=0.95):
-        probs = _base(d).probs
-        return predictions.classification(torch.stack([1.0 - probs, probs], dim=-1))
+        return predictions.classification(self.probs(d))
+
+    def probs(self, d):
+        p = _base(d).probs
+        return torch.stack([1.0 - p, p], dim=-1)
 
 
 def _base(d: Distribution) -> Distribution:

@@ -15,6 +15,7 @@ Example
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
+from functools import partial
 from typing import Any, Callable
 
 import pyro
@@ -25,6 +26,7 @@ from pyro import poutine
 from bnn_pyro import posterior_file, predictions
 from bnn_pyro._checks import check_data, positive_int, probability
 from bnn_pyro.model import BNN, fit_attributes
+from bnn_pyro.predictive_draws import NetworkDraws
 
 __all__ = ["Posterior"]
 
@@ -119,19 +121,29 @@ class Posterior:
 
     # ------------------------------------------------------------------ prediction
     def predict(self, x, *, num_samples: int | None = None, interval: float | None = 0.95, seed: int | None = None,
-                draws_per_chunk: int | None = None, weights: torch.Tensor | None = None):
-        """Posterior predictive summary at ``x``.
+                draws_per_chunk: int | None = None, weights: torch.Tensor | None = None,
+                points_per_chunk: int | None = None):
+        """Posterior predictive summary at ``x``, in memory bounded by a chunk size, not by draws x points.
 
         Returns a :class:`~bnn_pyro.predictions.RegressionPrediction` (``mean``, ``std``,
         ``epistemic_std``, ``aleatoric_std``, ``lower``/``upper`` of the central ``interval``,
-        ``draws``) or a :class:`~bnn_pyro.predictions.ClassificationPrediction` (``probs``,
-        ``predicted``, ``entropy``, ``mutual_information``, ``draws``), by the likelihood's task.
-        ``interval=None`` (regression): moments only, no ``lower``/``upper`` (their quantiles sort every
-        point's draws: ~a quarter of the time for a small net).
-        ``num_samples`` limits the number of posterior draws used (all by default); draws are
-        evaluated ``draws_per_chunk`` at a time to bound memory (default: :meth:`BNN.draws_per_chunk`,
-        chunks whose widest layer output stays near 8 MB; for a stack of Linear layers, also the rows
-        of ``x`` in chunks where one draw over all of them exceeds that, :meth:`BNN.points_per_chunk`).
+        ``draws``, ``mean_draws``) or a :class:`~bnn_pyro.predictions.ClassificationPrediction` (``probs``,
+        ``predicted``, ``entropy``, ``aleatoric_entropy``, ``mutual_information``, ``draws``), by the likelihood's task.
+
+        Every statistic is computed over blocks of ``points_per_chunk`` rows of ``x`` (all draws of a block at
+        once: a row's statistics depend on its draws only, so they equal the unchunked computation). Default:
+        as many rows as keep one block's per-draw network outputs near 32 MB
+        (:data:`~bnn_pyro.predictive_draws.CHUNK_BYTES`), e.g. 8,388 rows for 1,000 draws of one float32
+        output; lower it to lower the peak memory. Within a block the net runs ``draws_per_chunk`` draws at a time
+        (default: :meth:`BNN.draws_per_chunk`, widest layer output near 8 MB; for a stack of Linear layers the rows
+        too, :meth:`BNN.points_per_chunk`). ``lower``/``upper`` are computed when first read (another pass over the
+        net: quantiles of predictive samples, block by block); ``interval=None`` (regression): no interval.
+        ``draws``/``mean_draws`` (``S x N`` values) are produced again when first read, from the same
+        predictive samples as the interval: a prediction keeps references to this posterior and ``x``, not
+        per-draw arrays.
+
+        ``num_samples`` limits the number of posterior draws used (all by default); ``seed`` seeds their choice
+        and the predictive samples of ``y`` (default: a seed drawn from torch's global generator).
         ``weights`` (one non-negative number per stored draw, ``(chains, draws)``, e.g. :meth:`psis`'s) reweights
         the draws: ``num_samples`` (default: as many as stored) are picked by systematic resampling
         (:func:`bnn_pyro.psis.resample`).
@@ -139,6 +151,8 @@ class Posterior:
         x = self.inputs(x)
         if interval is not None:
             interval = probability("interval", interval, suggestion="try 0.95 for a central 95% interval, or None")
+        if points_per_chunk is not None:
+            points_per_chunk = positive_int("points_per_chunk", points_per_chunk)
         if weights is None:
             idx = self.draw_index(num_samples, seed)
         else:
@@ -149,18 +163,43 @@ class Posterior:
                 raise ValueError(f"weights: expected one per stored draw ({self.num_chains} chains x {self.num_draws} "
                                  f"draws = {total}), got {torch.as_tensor(weights).numel()}; e.g. post.psis().weights.")
             idx = resample(weights, total if num_samples is None else positive_int("num_samples", num_samples), seed=seed)
-        generator_state = torch.get_rng_state()
-        if seed is not None:
-            torch.manual_seed(seed)
-        try:
-            with torch.no_grad():
-                if isinstance(self.model, BNN):
-                    d = self.observation_distribution(x, idx, draws_per_chunk=draws_per_chunk)
-                    return self.model.likelihood.summarize(d, interval=interval)
-                return self._predict_traced(x, idx, interval)
-        finally:
-            if seed is not None:
-                torch.set_rng_state(generator_state)
+        base_seed = int(torch.randint(2**62, ())) if seed is None else seed
+        if not isinstance(self.model, BNN):  # a Pyro function model: one trace per draw, arrays in memory
+            state = torch.get_rng_state()
+            torch.manual_seed(base_seed)  # every device's generator, as the traces sample wherever the model runs
+            try:
+                with torch.no_grad():
+                    return self._predict_traced(x, idx, interval)
+            finally:
+                torch.set_rng_state(state)
+        task = self.model.likelihood.task
+        source = self.predictive_draws(x, idx, seed=base_seed, draws_per_chunk=draws_per_chunk,
+                                       points_per_chunk=points_per_chunk)
+        with torch.no_grad():
+            return predictions.summarize(source, task, interval=interval)
+
+    def predictive_draws(self, x: torch.Tensor, idx: torch.Tensor, *, seed: int = 0, draws_per_chunk: int | None = None,
+                         points_per_chunk: int | None = None, linearized: bool = True) -> NetworkDraws:
+        """The per-draw predictive quantities of a :class:`~bnn_pyro.BNN` at (checked) ``x`` for pooled draws
+        ``idx``, produced block by block (:class:`~bnn_pyro.predictive_draws.NetworkDraws`): what
+        :meth:`predict` summarizes and what :meth:`network_outputs` and :meth:`observation_distribution` return
+        whole."""
+        if draws_per_chunk is not None:
+            draws_per_chunk = positive_int("draws_per_chunk", draws_per_chunk)
+        likelihood = self.model.likelihood
+        noise = {n: self.samples[n].reshape((-1,) + self.samples[n].shape[2:])[idx].unsqueeze(1) for n in likelihood.sites()}
+
+        def observe(f):  # (S, N, T, ..., out): T, ... inner
+            return likelihood.observed(f, noise, inner_dims=f.dim() - 3)
+
+        probs = likelihood.probs if likelihood.task == "classification" else None
+        glm = None
+        if linearized and self.config.get("predictive") == "glm":  # a Laplace fit's linearized network
+            from bnn_pyro.infer.laplace.glm import linearized_outputs
+
+            glm = partial(linearized_outputs, self)
+        return NetworkDraws(self, x, idx, seed=seed, draws_per_chunk=draws_per_chunk, points_per_chunk=points_per_chunk,
+                            linearized=glm, observe=observe, probs_of=probs)
 
     def inputs(self, x):
         """``x`` checked and converted as the fit converted its training inputs (the model's device and
@@ -177,50 +216,21 @@ class Posterior:
                                  draws_per_chunk: int | None = None) -> dist.Distribution:
         """``p(y | x, w_s)`` batched over draws ``(S, N)`` for a :class:`~bnn_pyro.BNN` (all draws
         by default), from :meth:`network_outputs` (chunked; a Laplace fit's linearized network)."""
-        if idx is None:
-            idx = self.draw_index()
-        f = self.network_outputs(x, idx, draws_per_chunk=draws_per_chunk)
-        noise = {n: self.samples[n].reshape((-1,) + self.samples[n].shape[2:])[idx].unsqueeze(1)
-                 for n in self.model.likelihood.sites()}
-        return self.model.likelihood.observed(f, noise, inner_dims=f.dim() - 3)  # (S, N, T, ..., out): T, ... inner
+        idx = self.draw_index() if idx is None else idx
+        return self.predictive_draws(x, idx, draws_per_chunk=draws_per_chunk).distribution(slice(None))
 
     def network_outputs(self, x: torch.Tensor, idx: torch.Tensor | None = None, *, draws_per_chunk: int | None = None,
                         linearized: bool = True) -> torch.Tensor:
         """The network's output ``f(x)`` at pooled draws ``idx`` (all by default), shaped ``(S, N, ...)``, for a
-        :class:`~bnn_pyro.BNN` in eval mode: the one place where draws are pushed through the net in chunks.
-        Draws are evaluated ``draws_per_chunk`` at a time (default: :meth:`BNN.draws_per_chunk`, chunks whose
-        widest layer output stays near 8 MB) and, for a stack of Linear layers, the rows of ``x`` in chunks where
-        one draw over all of them exceeds that (:meth:`BNN.points_per_chunk`). A Laplace posterior with
-        ``config["predictive"] == "glm"`` (its default) evaluates the network linearized at its mode
-        (:mod:`bnn_pyro.infer.laplace.glm`) unless ``linearized=False``."""
-        if idx is None:
-            idx = self.draw_index()
-        model: BNN = self.model
-        flat = self.sample()
-        params = {n: flat[n][idx] for n in model.sample_names}
-        draws_per_chunk = (model.draws_per_chunk(x) if draws_per_chunk is None
-                           else positive_int("draws_per_chunk", draws_per_chunk))
-        params.update(self.point_per_draw(idx))
-        was_training = model.training
-        model.eval()
-        rows = model.points_per_chunk(x)  # all rows, unless one draw over all of them exceeds the budget
-        try:
-            f = None
-            if linearized and self.config.get("predictive") == "glm":  # a Laplace fit's linearized network
-                from bnn_pyro.infer.laplace.glm import linearized_outputs
-
-                f = linearized_outputs(self, x, idx, params, draws_per_chunk, rows)
-            for i in range(0, len(idx) if f is None else 0, draws_per_chunk):
-                draws = {n: p[i : i + draws_per_chunk] for n, p in params.items()}
-                for r in range(0, x.shape[0], rows):
-                    chunk = model.forward_draws(draws, x[r : r + rows])
-                    if f is None:  # the output for every draw, allocated once: small chunk outputs kept between
-                        # the chunks' large temporaries fragment the C heap (RSS grew to ~1 GB for 20 MB of output)
-                        f = chunk.new_empty((len(idx), x.shape[0]) + chunk.shape[2:])
-                    f[i : i + chunk.shape[0], r : r + rows] = chunk
-        finally:
-            model.train(was_training)
-        return f
+        :class:`~bnn_pyro.BNN` in eval mode (:class:`~bnn_pyro.predictive_draws.NetworkDraws`: the one place
+        where draws are pushed through the net in chunks). Draws are evaluated ``draws_per_chunk`` at a time
+        (default: :meth:`BNN.draws_per_chunk`, chunks whose widest layer output stays near 8 MB) and, for a stack
+        of Linear layers, the rows of ``x`` in chunks where one draw over all of them exceeds that
+        (:meth:`BNN.points_per_chunk`). A Laplace posterior with ``config["predictive"] == "glm"`` (its default)
+        evaluates the network linearized at its mode (:mod:`bnn_pyro.infer.laplace.glm`) unless
+        ``linearized=False``."""
+        idx = self.draw_index() if idx is None else idx
+        return self.predictive_draws(x, idx, draws_per_chunk=draws_per_chunk, linearized=linearized).outputs(slice(None))
 
     def trace_draw(self, i: int, x, y=None):
         """One run of a Pyro function model with every latent site fixed at pooled draw ``i`` and

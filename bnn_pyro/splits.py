@@ -13,7 +13,6 @@ Example
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,14 +194,8 @@ class UCISplit:
         if not isinstance(prediction, RegressionPrediction):
             raise TypeError(f"prediction: expected a RegressionPrediction (post.predict(split.x_test)), got "
                             f"{type(prediction).__name__}.")
-        inv, sd = self.y_scaler.inverse, self.y_scaler.inverse_std
-        return dataclasses.replace(
-            prediction, mean=inv(prediction.mean), std=sd(prediction.std), epistemic_std=sd(prediction.epistemic_std),
-            aleatoric_std=sd(prediction.aleatoric_std),
-            lower=None if prediction.lower is None else inv(prediction.lower),
-            upper=None if prediction.upper is None else inv(prediction.upper),
-            draws=inv(prediction.draws), mean_draws=inv(prediction.mean_draws),
-        )
+        self.y_scaler._check(prediction.mean)  # the columns it was fitted on
+        return prediction.affine(self.y_scaler.mean, self.y_scaler.scale)  # z * scale + mean, lazily
 
     def metrics(self, prediction, *, num_samples: int | None = None, seed: int | None = 0) -> dict[str, float]:
         """Test RMSE and test log-likelihood in ORIGINAL units: ``{"rmse": ..., "test_ll": ...}``.

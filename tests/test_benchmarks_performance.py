@@ -16,7 +16,7 @@ import pytest
 import torch
 
 _BENCH = str(Path(__file__).resolve().parents[1] / "benchmarks")
-_NAMES = ("_common", "baselines", "numpyro_peer", "performance")
+_NAMES = ("_common", "baselines", "numpyro_peer", "performance", "predict")
 
 
 @pytest.fixture(scope="module")
@@ -91,6 +91,21 @@ def test_predict_loop_gives_the_moments_of_all_draws_at_once(bench):
     assert torch.allclose(f, exact, atol=1e-12)  # forward_draws (numpy, for ESS) is the same MLP
     assert torch.allclose(mean, exact.mean(0), atol=1e-12)
     assert torch.allclose(std, (exact.var(0, unbiased=False) + common.SIGMA**2).sqrt(), atol=1e-12)
+
+
+def test_predict_benchmark_loop_and_posterior_predict_compute_the_same_moments(bench):
+    # benchmarks/predict.py's per-draw loop is the baseline of Posterior.predict: the same mean and std
+    common, predict = bench["_common"], bench["predict"]
+    import bnn_pyro as bp
+
+    model = common.bnn(1, width=6)
+    g = torch.Generator().manual_seed(1)
+    samples = {n: torch.randn((1, 13) + s, generator=g) for n, s in model.param_shapes.items()}
+    x = torch.randn(17, 1, generator=g)
+    mean, std = predict.loop([(samples[f"{i}.weight"][0], samples[f"{i}.bias"][0]) for i in (0, 2)], x)
+    pred = bp.Posterior(samples=samples, model=model, method="svi").predict(x)
+    torch.testing.assert_close(mean, pred.mean, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(std, pred.std, rtol=1e-4, atol=1e-5)  # sum of squares vs two-pass variance
 
 
 def test_summary_compares_each_side_at_its_best_and_at_its_default_threads(bench):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -167,8 +168,7 @@ def test_nll_of_a_prediction_is_the_mixture_over_draws():
 
 def test_interval_coverage_counts_targets_inside_the_bounds():
     pred = _gaussian_prediction(torch.zeros(1, 4), torch.ones(1, 4))
-    pred = predictions.RegressionPrediction(**{**pred.__dict__, "lower": torch.tensor([-1.0, -1.0, 0.0, 0.0]),
-                                               "upper": torch.tensor([1.0, 1.0, 2.0, 2.0])})
+    pred = dataclasses.replace(pred, lower=torch.tensor([-1.0, -1.0, 0.0, 0.0]), upper=torch.tensor([1.0, 1.0, 2.0, 2.0]))
     assert metrics.interval_coverage(pred, torch.tensor([0.0, 1.0, 2.5, -0.1])) == 0.5
 
 

@@ -121,6 +121,27 @@ def test_forward_draws_matches_one_draw_at_a_time(make_net, bayesian, stacked):
             assert torch.allclose(batched[a, b], tr.nodes["f"]["value"], atol=1e-6)
 
 
+@pytest.mark.parametrize("make_net", [
+    lambda: nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 5), nn.Sigmoid(), nn.Linear(5, 2)),  # 1 input
+    lambda: nn.Sequential(nn.Linear(3, 5, bias=False), nn.LeakyReLU(0.2), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2)),
+    lambda: nn.Sequential(nn.Tanh(), nn.Linear(1, 5), nn.ELU(0.5), nn.Linear(5, 5), nn.SiLU(), nn.GELU(), nn.Linear(5, 2)),
+])
+def test_linear_stack_without_autograd_equals_the_tracked_path(make_net):
+    # without autograd the stack runs activations in place and a one-input first layer as an outer product:
+    # the same outputs as the tracked path, x untouched, and gradients still flow where they are recorded
+    model = bp.BNN(make_net(), prior=bp.priors.Normal(), likelihood=gaussian())
+    draws = {n: torch.randn(4, *model.param_shapes[n], requires_grad=True) for n in model.sample_names}
+    x = torch.randn(7, model._template[0 if isinstance(model._template[0], nn.Linear) else 1].in_features)
+    before = x.clone()
+    tracked = model.forward_draws(draws, x)
+    with torch.no_grad():
+        fast = model.forward_draws(draws, x)
+    torch.testing.assert_close(fast, tracked.detach(), rtol=1e-6, atol=1e-6)
+    assert torch.equal(x, before) and tracked.requires_grad and not fast.requires_grad
+    tracked.sum().backward()  # in-place work would have broken the graph ("modified by an inplace operation")
+    assert all(p.grad is not None for p in draws.values())
+
+
 def test_only_plain_sequential_stacks_run_as_batched_products():
     from bnn_pyro.model import _linear_stack
 

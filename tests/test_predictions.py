@@ -39,3 +39,16 @@ def test_mutual_information_closed_forms():
     probs = torch.tensor([[[0.5, 0.5, 0.0]], [[0.5, 0.0, 0.5]]], dtype=torch.float64)
     # p_bar = (1/2, 1/4, 1/4): H = 1.5 log 2; each draw's H = log 2
     assert math.isclose(float(classification(probs).mutual_information), 0.5 * math.log(2.0), rel_tol=1e-12)
+
+
+def test_quantiles_equal_torch_quantile():
+    # order statistics from topk at the nearer end give torch.quantile's numbers, ties and NaN included
+    from bnn_pyro.predictions import quantiles
+
+    g = torch.Generator().manual_seed(0)
+    for n in (1, 2, 7, 500):
+        y = torch.randn(n, 300, 2, generator=g)
+        y[:, :10] = y[:, :10].round()  # ties
+        y[0, 20, 0] = float("nan")
+        levels = torch.tensor([0.0, 0.025, 0.3, 0.5, 0.975, 1.0])
+        torch.testing.assert_close(quantiles(y, levels), torch.quantile(y, levels, dim=0), rtol=0, atol=0, equal_nan=True)
