@@ -150,3 +150,4 @@ class Settings:
     marglik_rounds: int
     init: object
     predictive: Predictive = Predictive.GLM
+    round_steps: int | None = None  # MAP steps after each prior-precision round; None: num_steps // 4

@@ -164,10 +164,12 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
 
     post = run(settings, train, holdout, why, checkpoint)
     # the refit on every row (holdout.refit): the stopping point scaled, no polish (it would undo the stopping),
-    # the chosen noise fixed; not checkpointed (it is recomputed from the search that chose them)
+    # the chosen noise fixed; the MAP search after each prior-precision round as long as in the fit that chose
+    # (it is not early-stopped there); not checkpointed (it is recomputed from the search that chose them)
     return refit(post, lambda chosen: run(
         replace(settings, num_steps=settings.num_steps if chosen.num_steps is None else chosen.num_steps,
-                polish_steps=_polish(settings, holdout)), data, None, None, None, chosen.sigma))
+                polish_steps=_polish(settings, holdout), round_steps=settings.num_steps // 4),
+        data, None, None, None, chosen.sigma))
 
 
 def laplace_approximation(model, data: Data, *, seed: int = 0, progress: bool = False, validation=None,
@@ -269,8 +271,8 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
         if sigma is not None:
             z = with_noise(base, z, layout, site, sigma)
         pots = potentials(model, data, base, z, normal, new, build=paths)
-        z, _, _ = _map(pots[0], z, data, s, s.num_steps // 4, seed, False, desc, holdout, model,
-                    fixed=[site] if site else ())
+        steps = s.num_steps // 4 if s.round_steps is None else s.round_steps
+        z, _, _ = _map(pots[0], z, data, s, steps, seed, False, desc, holdout, model, fixed=[site] if site else ())
         lik, prior = terms(model, pots, z, data, layout, s)
         done = delta is not None and all(abs(math.log(new[g] / delta[g])) < 1e-3 for g in new)
         delta = new
