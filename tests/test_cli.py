@@ -306,7 +306,8 @@ def test_ctrl_c_during_a_fit_stops_with_one_line_and_status_130(tmp_path):
     command = [sys.executable, "-m", "bnn_pyro.cli", "fit", "mlp_regression", "--method", "svi", "--chains", "1",
                "--steps", "1000000", "--no-progress", "--out", str(out), "--option", f"checkpoint={ckpt}",
                "--option", "checkpoint_every=20"]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # cwd: the installed package, not the checkout's bnn_pyro/ (which has no models/: setup.cfg maps it in)
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
         deadline = time.monotonic() + 120
         while not (ckpt / "chain0.ckpt").exists() and proc.poll() is None and time.monotonic() < deadline:
