@@ -171,8 +171,10 @@ def summarize(source: PredictiveDraws, task: str, *, interval: float | None = 0.
 
     def moments(rows):
         means, variances = source.moments(rows)
-        epistemic, mean = torch.var_mean(means, 0, correction=0)
-        return mean, epistemic, variances.mean(0)
+        # two passes (the mean, then the mean squared deviation): as stable as Welford, and several times faster
+        # than torch.var_mean's reduction over the leading (draw) dimension
+        mean = means.mean(0)
+        return mean, (means - mean).square_().mean(0), variances.mean(0)
 
     mean, epistemic, aleatoric = _by_block(source, moments)
     return RegressionPrediction(mean, (epistemic + aleatoric).sqrt(), epistemic.sqrt(), aleatoric.sqrt(),

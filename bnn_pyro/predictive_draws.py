@@ -15,6 +15,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+import pyro
 import torch
 from torch.distributions import Distribution
 
@@ -155,7 +156,9 @@ class NetworkDraws(PredictiveDraws):
         return f
 
     def distribution(self, rows: slice) -> Distribution:
-        return self.observe(self.outputs(rows))
+        f = self.outputs(rows)
+        with pyro.validation_enabled(False):  # the net's outputs and the posterior's noise draws: checked already
+            return self.observe(f)
 
     def moments(self, rows):
         d = self.distribution(rows)
