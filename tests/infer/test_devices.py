@@ -220,3 +220,33 @@ def test_resume_on_cuda_is_bit_identical(method, tmp_path, monkeypatch):
     resumed = bp.fit(_model(device="cuda"), x, y, checkpoint=tmp_path, checkpoint_every=4, resume=True, **run)
     for name in whole.samples:
         assert torch.equal(resumed.samples[name], whole.samples[name]), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.parametrize("method", ["nuts", "hmc"])
+def test_vectorized_chains_run_on_cuda(method):
+    """chain_method='vectorized' (the batched leapfrog of _analytic_batched / _nuts_batched) on CUDA tensors: the
+    draws stay on the device, are finite, and every chain moved."""
+    x, y = _data(device="cuda")
+    model = bp.BNN(torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)).cuda(),
+                   prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    post = bp.fit(model, x, y, method=method, num_chains=3, chain_method="vectorized", num_warmup=30,
+                  num_samples=20, seed=0, progress=False, **({"max_tree_depth": 5} if method == "nuts" else {}))
+    assert post.config["chain_execution"] == "vectorized"
+    for name, v in post.samples.items():
+        assert v.device.type == "cuda" and bool(torch.isfinite(v).all()), name
+        assert bool((v[:, 0] != v[:, -1]).any()), name
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+def test_chunked_prediction_on_cuda_equals_the_unchunked_one():
+    """predict's blocks of rows and its seeded predictive noise (per block of rows, on the CUDA generator) give the
+    same statistics and draws whatever the chunk size, on the device."""
+    x, y = _data(device="cuda")
+    post = bp.fit(_model(device="cuda"), x, y, method="svi", seed=0, progress=False, **SETTINGS["svi"])
+    whole = post.predict(x, num_samples=50, seed=1)
+    small = post.predict(x, num_samples=50, seed=1, points_per_chunk=7)
+    assert whole.mean.device.type == "cuda"
+    for name in ("mean", "std", "epistemic_std", "lower", "upper"):
+        assert torch.allclose(getattr(whole, name), getattr(small, name), atol=1e-5), name
+    assert torch.equal(whole.draws, small.draws)
