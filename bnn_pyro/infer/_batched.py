@@ -77,7 +77,7 @@ def hmc_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor, 
     else:
         counts = [num_steps] * z.shape[0]
     if jitter > 0:
-        uniform = torch.rand(z.shape[0], generator=generator, dtype=torch.float64).tolist()
+        uniform = torch.rand(z.shape[0], generator=generator, dtype=torch.float64, device=generator.device).tolist()
         counts = [jittered_steps(n, jitter, v) for n, v in zip(counts, uniform)]
     p = momentum(minv, generator)
     h0 = u + 0.5 * torch.linalg.vecdot(p, sharp(minv, p))

@@ -162,6 +162,8 @@ def test_model_to_after_construction_moves_initial_values_and_priors():
 
 
 # ---------------------------------------------------------------- no fork once CUDA is initialised
+@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates CUDA on a machine without one (patching a real "
+                    "device's state breaks torch.manual_seed); on a GPU the tests below run the real thing")
 def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
