@@ -24,7 +24,7 @@ import torch
 from pyro import poutine
 
 from bnn_pyro import posterior_file, predictions
-from bnn_pyro._checks import check_data, positive_int, probability
+from bnn_pyro._checks import check_data, positive_int, probability, seed as check_seed
 from bnn_pyro.model import BNN, fit_attributes
 from bnn_pyro.predictive_draws import NetworkDraws
 
@@ -93,6 +93,8 @@ class Posterior:
         ``num_samples``; else ``num_samples`` picked at random (without replacement while there are enough)
         by a generator seeded by ``seed``. :meth:`sample`, :meth:`predict` and the metrics use it."""
         total = self.num_chains * self.num_draws
+        if seed is not None:
+            seed = check_seed("seed", seed)
         if num_samples is None:
             return torch.arange(total)
         num_samples = positive_int("num_samples", num_samples)
@@ -153,6 +155,8 @@ class Posterior:
             interval = probability("interval", interval, suggestion="try 0.95 for a central 95% interval, or None")
         if points_per_chunk is not None:
             points_per_chunk = positive_int("points_per_chunk", points_per_chunk)
+        if seed is not None:
+            seed = check_seed("seed", seed)
         if weights is None:
             idx = self.draw_index(num_samples, seed)
         else:

@@ -48,7 +48,7 @@ import torch
 from pyro import poutine
 from torch.distributions import biject_to
 
-from bnn_pyro._checks import check_data
+from bnn_pyro._checks import check_data, seed as check_seed
 from bnn_pyro.model import BNN
 
 __all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX"]
@@ -171,7 +171,7 @@ def resample(weights: torch.Tensor, num_samples: int, *, seed: int | None = None
     if not bool((w >= 0).all()) or not float(w.sum()) > 0:
         raise ValueError("weights: expected non-negative numbers with a positive sum, one per stored draw "
                          "(chains * draws), e.g. PSISResult.weights.")
-    g = torch.Generator().manual_seed(0 if seed is None else seed)
+    g = torch.Generator().manual_seed(0 if seed is None else check_seed("seed", seed))
     u = (torch.arange(num_samples, dtype=torch.float64) + torch.rand((), generator=g, dtype=torch.float64)) / num_samples
     cdf = (w / w.sum()).cumsum(0)
     return torch.searchsorted(cdf, u.clamp_max(float(cdf[-1]) - 1e-15)).clamp_max(len(w) - 1)

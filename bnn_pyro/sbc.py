@@ -29,7 +29,7 @@ import pyro
 import torch
 from pyro import poutine
 
-from bnn_pyro._checks import check_data, positive_int
+from bnn_pyro._checks import SEED_MAX, check_data, positive_int, seed as check_seed
 
 __all__ = ["SBCResult", "run", "ranks", "chi_square", "plot"]
 
@@ -81,6 +81,11 @@ def run(model, x, *, method: str, num_replications: int = 100, num_draws: int = 
 
     num_replications = positive_int("num_replications", num_replications)
     num_draws = positive_int("num_draws", num_draws)
+    seed = check_seed("seed", seed)
+    if seed + num_replications - 1 > SEED_MAX:  # replication r fits with seed + r
+        raise ValueError(f"seed: replication r uses seed + r, so seed + num_replications - 1 must be at most "
+                         f"2**31 - 1 = {SEED_MAX}; got seed={seed} with num_replications={num_replications}. Pass a "
+                         "smaller seed, e.g. seed=0.")
     x, _ = check_data(x, None)
     truths, kept, names = [], [], None
     for r in range(num_replications):

@@ -434,3 +434,22 @@ def test_every_method_refuses_a_fit_without_targets(method, likelihood):
     with pytest.raises(ValueError, match=rf"y: {method} fits the model to targets, but y is None; pass them") as info:
         bp.fit(model, X, method=method, progress=False)
     assert Path(str(info.traceback[-1].path)).resolve() == PACKAGE.resolve() / "infer" / "__init__.py"
+
+
+@pytest.mark.parametrize("bad", [2**31, 2**63, 2**70, -1])
+def test_seeds_after_the_fit_are_checked_too(bad):
+    """predict, sample, PSIS resampling and SBC take seeds as bp.fit does: [0, 2**31 - 1], or a ValueError naming
+    the argument (2**63 was a raw torch overflow error in predict)."""
+    import bnn_pyro.psis as psis_module
+    import bnn_pyro.sbc as sbc_module
+
+    x = torch.linspace(-1, 1, 8)[:, None]
+    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(0.1))
+    post = bp.Posterior(samples={n: torch.zeros((1, 3) + s) for n, s in model.param_shapes.items()}, model=model,
+                        method="svi")
+    calls = [lambda: post.predict(x, seed=bad), lambda: post.sample(2, seed=bad),
+             lambda: psis_module.resample(torch.ones(3), 2, seed=bad),
+             lambda: sbc_module.run(model, x, method="svi", num_replications=1, seed=bad)]
+    for call in calls:
+        with pytest.raises(ValueError, match="seed"):
+            call()
