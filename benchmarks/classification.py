@@ -49,9 +49,9 @@ from bnn_pyro import metrics
 from bnn_pyro.comparison.limits import FitTimeout, time_limit
 
 try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.classification
-    from uci import git_commit, parse_options
+    from uci import git_commit, parse_options, summarize as uci_summarize
 except ImportError:  # pragma: no cover
-    from benchmarks.uci import git_commit, parse_options
+    from benchmarks.uci import git_commit, parse_options, summarize as uci_summarize
 
 DATASETS = ("breast_cancer", "wine", "iris", "digits", "synthetic")
 OOD = ("noise", "far", "class")
@@ -161,19 +161,8 @@ def run_one(method: str, data: tuple, split: int, options: dict | None = None, *
 
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per method: mean and standard error (ddof 1) of each metric over the successful splits."""
-    out = []
-    for method, group in rows.groupby("method", sort=False):
-        ok = group[group["error"].fillna("") == ""]
-        entry = dict(method=method, splits_ok=len(ok), splits=len(group))
-        for m in METRICS:
-            v = ok[m].astype(float).dropna() if m in ok else pd.Series(dtype=float)
-            entry[m] = v.mean() if len(v) else math.nan
-            entry[f"{m}_se"] = v.std(ddof=1) / math.sqrt(len(v)) if len(v) > 1 else math.nan
-        errors = group.loc[group["error"].fillna("") != "", "error"]
-        entry["error"] = errors.iloc[0] if len(errors) else ""
-        out.append(entry)
-    return pd.DataFrame(out)
+    """One row per method: mean and standard error of each metric over the successful splits (uci's summary)."""
+    return uci_summarize(rows, METRICS)
 
 
 def markdown(summary: pd.DataFrame, title: str, notes: list[str]) -> str:

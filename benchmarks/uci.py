@@ -127,14 +127,15 @@ def run_one(method: str, split: bp.datasets.UCISplit, options: dict | None = Non
 
 
 # ---------------------------------------------------------------------------------------- tables
-def summarize(rows: pd.DataFrame) -> pd.DataFrame:
-    """One row per method: mean and standard error (ddof 1) of each metric over the successful splits."""
+def summarize(rows: pd.DataFrame, metrics: list[str] | None = None) -> pd.DataFrame:
+    """One row per method: mean and standard error (ddof 1) of each metric (default :data:`METRICS`) over the
+    successful splits where it was measured."""
     out = []
     for method, group in rows.groupby("method", sort=False):
         ok = group[group["error"].fillna("") == ""]
         entry = dict(method=method, splits_ok=len(ok), splits=len(group))
-        for m in METRICS:
-            values = ok[m].astype(float) if m in ok else pd.Series(dtype=float)
+        for m in METRICS if metrics is None else metrics:
+            values = ok[m].astype(float).dropna() if m in ok else pd.Series(dtype=float)
             entry[m] = values.mean() if len(values) else math.nan
             entry[f"{m}_se"] = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.nan
         errors = group.loc[group["error"].fillna("") != "", "error"]
