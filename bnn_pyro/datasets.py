@@ -231,8 +231,14 @@ def load_csv(path, target: str, features: list[str] | None = None, *, task: str 
     read_csv_kwargs:
         Passed on to :func:`pandas.read_csv` (e.g. ``sep=";"``).
 
-    Returns ``x`` shaped ``(N, len(features))`` and ``y`` shaped ``(N,)``. Every column used must be
-    numeric and complete: encode categories (``pandas.get_dummies``) and drop or impute missing
+    Returns
+    -------
+    tuple[torch.Tensor, torch.Tensor]
+        ``x`` shaped ``(N, len(features))`` and ``y`` shaped ``(N,)``.
+
+    Notes
+    -----
+    Every column used must be numeric and complete: encode categories (``pandas.get_dummies``) and drop or impute missing
     values first. A file pandas cannot parse or decode (a binary file, a row with extra fields) is a
     ``ValueError`` naming the file and the line.
     """

@@ -124,6 +124,8 @@ class Gaussian(_RegressionMixin, Likelihood):
     precision:
         Alternatively, a distribution over the precision ``1 / sigma**2`` (site ``"precision"``).
 
+    Notes
+    -----
     A distribution must have positive support; a ``torch.distributions`` one is converted to the
     ``pyro.distributions`` one of the same name.
     """

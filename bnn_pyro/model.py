@@ -71,10 +71,6 @@ class BNN(nn.Module):
         Which parameters get a prior: ``"all"`` (default), ``"weights"``, ``"no_batchnorm"``, a list
         of name patterns (``["0.*", "2.weight"]``) or a predicate ``(name, module, param) -> bool``.
 
-    At least one parameter must get a distribution (else the net is not Bayesian: an error says
-    so). A ``torch.distributions`` prior is converted to the ``pyro.distributions`` one of the same
-    name; a dict pattern that matches no parameter is an error that lists the parameter names.
-
     Attributes
     ----------
     sample_names:
@@ -87,6 +83,12 @@ class BNN(nn.Module):
     frozen_names:
         The net's parameters with ``requires_grad=False``: constants (buffers of the copy) at the net's
         values for every engine; neither ``prior`` nor ``bayesian=`` applies to them.
+
+    Notes
+    -----
+    At least one parameter must get a distribution (else the net is not Bayesian: an error says
+    so). A ``torch.distributions`` prior is converted to the ``pyro.distributions`` one of the same
+    name; a dict pattern that matches no parameter is an error that lists the parameter names.
 
     A ``BNN`` is the model, not a fit: ``predict``, ``summary`` and the other methods of
     :class:`~bnn_pyro.Posterior` belong to the object ``bp.fit(model, x, y, method=...)`` returns.

@@ -145,6 +145,8 @@ def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | N
         Seconds of wall time per fit; a longer fit is stopped and becomes an error row (``FitTimeout``). It uses
         ``SIGALRM``: the main thread of a Unix process only. ``None``: no limit.
 
+    Notes
+    -----
     A method that fails (an error from ``bp.fit`` or from scoring) becomes a row with its ``error`` text; the
     others go on. Ctrl-C stops the comparison; with ``cache`` a rerun resumes it.
     """
