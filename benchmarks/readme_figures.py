@@ -89,7 +89,7 @@ def main(args) -> pd.DataFrame:
         dict(figure="epistemic sd of f at x = -1.5 (on the data)", value=round(sd_data, 3)),
         dict(figure="gap / data epistemic sd", value=round(sd_gap / sd_data, 1)),
     ]
-    messages = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0][:200]}" for w in caught
+    messages = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0][:400]}" for w in caught
                        if w.category.__name__ == "DiagnosticWarning"})
     frame = pd.DataFrame(rows)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
