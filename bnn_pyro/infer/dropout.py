@@ -80,8 +80,8 @@ the chains. ``sample_stats["dropout_rate[<site>]"]`` holds each draw's rate and,
 ``history["dropout_rate[<site>]"]`` its trajectory. The fit is an :class:`~bnn_pyro.infer.contract.Engine`
 (:func:`dropout_engine`, state :class:`DropoutState`) run by :func:`~bnn_pyro.infer.contract.drive`.
 
-Example
--------
+Examples
+--------
 >>> post = bp.fit(model, x, y, method="mc_dropout", seed=0)                 # p = 0.1 on hidden units
 >>> post = bp.fit(model, x, y, method="mc_dropout", rate="concrete", num_chains=4)
 >>> post.history["dropout_rate[2.weight]"][:, -1]                          # fitted rate per chain

@@ -48,8 +48,8 @@ Per-draw statistics: ``lp`` (``-U~`` at the snapshot, on its minibatch) and ``st
 (``(chains, steps)``): ``potential`` and ``step_size`` (``eta_k`` on ``U``, every step). With one run
 R-hat and ESS describe snapshots, not a Markov chain: read them with care.
 
-Example
--------
+Examples
+--------
 >>> post = bp.fit(model, x, y, method="snapshot", num_cycles=5, cycle_length=1000, seed=0)
 >>> post.samples["0.weight"].shape       # (1, 5, 50, 1): run, snapshot, *shape
 >>> post.history["step_size"][0, :1000]  # the first cosine cycle

@@ -72,8 +72,8 @@ settings. After a crash in any stage, the same call with ``resume=True`` re-read
 checkpoints and continues the interrupted one: the result is bit-identical to an uninterrupted run's. A resume
 with other settings is an error (this fit's and each stage's own run identity).
 
-Example
--------
+Examples
+--------
 >>> post = bp.fit(model, x, y, method="subspace", rank=10, inner="nuts", num_samples=500, num_chains=2,
 ...               inner_options=dict(num_warmup=500), seed=0)
 >>> post.config["subspace"]["singular_values"]     # the SWA iterates' spread along each direction
