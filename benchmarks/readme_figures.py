@@ -44,6 +44,8 @@ def quickstart_code() -> str:
 
 def main(args) -> pd.DataFrame:
     load_before = os.getloadavg()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).parent).stdout.strip()  # the code that runs: read before the run
     walls: list[tuple[str, float]] = []
     fit = bp.fit
 
@@ -92,8 +94,6 @@ def main(args) -> pd.DataFrame:
     messages = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0][:400]}" for w in caught
                        if w.category.__name__ == "DiagnosticWarning"})
     frame = pd.DataFrame(rows)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
     load_after = os.getloadavg()
     header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, {os.cpu_count()} CPU cores "
               f"(affinity {len(os.sched_getaffinity(0))}), {thread_note()}, torch {torch.__version__}; load average "
