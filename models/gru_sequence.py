@@ -4,7 +4,7 @@ The input is a sequence of ``T`` token ids (``nn.Embedding`` reads them as integ
 cast to float), the output one class distribution per position, shaped ``(N, T, vocab)``; the
 likelihood observes every position and a sequence's log density is the sum over its positions. The
 recurrent layer (``nn.GRU``) cannot be batched over weight draws by ``torch.func.vmap``: predictions
-loop over draws in bounded chunks (README, "Sequence and embedding models").
+loop over draws in bounded chunks (docs/guide/models.md, "Sequence and embedding models").
 
 Measured (1 torch thread on a busy 2-core machine; wall times inflated by other work): the card's
 SVI default took ~40 s and reached test accuracy 1.00 (NLL 0.32 per sequence of 10 tokens, ECE

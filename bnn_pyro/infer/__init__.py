@@ -91,7 +91,7 @@ def _check_plain_rows(model: BNN, x, kind: Method) -> None:
     if why is not None:
         raise ValueError(f"method={kind.value!r}: its curvature needs per-example Jacobians of (N, out) outputs of one "
                          f"input tensor, batched by torch.func.vmap, but {why}. Use svi, nuts, hmc, metropolis, sgld, "
-                         "sghmc, csgmcmc, swa, swag or ensemble, which take such models (README: 'Sequence and "
+                         "sghmc, csgmcmc, swa, swag or ensemble, which take such models (docs/guide/models.md: 'Sequence and "
                          "embedding models').")
 
 

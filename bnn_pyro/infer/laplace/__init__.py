@@ -43,7 +43,7 @@ GGN block for one datum, and for the output layer of a Gaussian regression (so a
 posterior); elsewhere an approximation (tests/infer/test_laplace_kron.py states how close). Evidence, prior
 precision (``delta`` per layer must be one number: ``Normal`` priors, ``"marglik"``/``"marglik_layerwise"``),
 draws and the held-out noise use the eigendecompositions of the factors (:mod:`.kron`), so memory grows with the
-layer widths squared, not the parameter count squared. Measured at defaults otherwise (README, "Laplace, KFAC"):
+layer widths squared, not the parameter count squared. Measured at defaults otherwise (docs/engines.md, "Laplace, KFAC"):
 diabetes test LL -5.51 for both (3 splits of benchmarks/uci.py), gap data 0.81 against 0.83 for
 ``"last_layer"``, digits NLL 0.27 against 0.39 (benchmarks/laplace_structures.py): better on classification
 only, so ``"last_layer"`` stays the default.

@@ -117,7 +117,7 @@ def predictive_probs(approx, x: torch.Tensor, *, link: str = "probit", num_sampl
     ``E sigmoid(f)`` (``|sigmoid(t) - Phi(sqrt(pi / 8) t)| <= 0.018``); a Categorical one
     ``softmax(mu_k / sqrt(1 + pi Sigma_kk / 8))`` (the same scaling per class; it counts the variance of a shift
 common to every logit, which softmax ignores, so it can be far less confident than MC: digits NLL 0.72 against
-0.27, README "Laplace, KFAC"). ``link="mc"``: the average of
+0.27, docs/engines.md "Laplace, KFAC"). ``link="mc"``: the average of
     ``num_samples`` softmax (sigmoid) draws of the linearized logits ``f ~ N(mu, Sigma)``.
 
     Example
