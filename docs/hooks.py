@@ -31,7 +31,8 @@ def _options_page() -> str:
              "Every keyword option `bp.fit(model, x, y, method=...)` takes, with its default, read at build time from",
              "`bnn_pyro.infer.options(method)` (each engine's declared configuration). What each option means is in",
              "the engine's documentation ([bp.fit and the engines](fit.md)); `bp.infer.options(method)` returns",
-             "the same dictionary in Python.", ""]
+             "the same dictionary in Python. A default of `None` means the engine decides at fit time from the model",
+             "and the data (e.g. SVI's `num_steps`, MCMC's `num_chains`); the engine's documentation says how.", ""]
     for method in infer.Method:
         lines += [f"## `{method.value}`", "", "| option | default |", "|---|---|"]
         for name, default in infer.options(method).items():
