@@ -318,7 +318,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
                              for k, v in post.sample_stats.items()}
         config.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
                       extended_by=num_samples)
-    return check_mcmc(post, target_accept=float(target_accept), stacklevel=5)
+    return check_mcmc(post, target_accept=float(target_accept))
 
 
 def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> dict[str, torch.Tensor]:

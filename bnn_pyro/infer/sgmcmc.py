@@ -110,7 +110,6 @@ Example
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -131,6 +130,7 @@ from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction
                                         check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature,
                                         SHRINK)
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle",
            "SGLDConfig", "SGHMCConfig", "CSGMCMCConfig", "SGOptions", "SGInfo"]
@@ -358,11 +358,11 @@ def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, 
                                           for c, r in events.items()}
     where = "; ".join(f"chain {c} at step{'s' if len(r) > 1 else ''} {', '.join(str(t) for t, _ in r)} "
                       f"(step size on U now {r[-1][1]:.3g})" for c, r in events.items())
-    warnings.warn(f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
+    warn(f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
                   f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
                   "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
                   f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
-                  "lr / N).", DiagnosticWarning, stacklevel=6)  # the user's bp.fit call
+                  "lr / N).", DiagnosticWarning)  # the user's bp.fit call
 
 
 def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None,

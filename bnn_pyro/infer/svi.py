@@ -334,8 +334,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if warm_starts:
         config["init_converged"] = all(s.converged for s in warm_starts)
         if isinstance(guide_kind, GuideKind):
-            svi_start.check_start(warm_starts[0], guide_kind.value, stacklevel=4)
-    return check_svi(post, stacklevel=4)
+            svi_start.check_start(warm_starts[0], guide_kind.value)
+    return check_svi(post)
 
 
 @dataclass
