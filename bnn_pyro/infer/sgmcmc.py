@@ -78,7 +78,7 @@ rows make at least 20, those rows are held out: each exploration stage scores it
 ``history["exploration_stop"]``: the step of each stage's best state), and the draws' noise is then chosen to
 maximize the held-out log predictive density, as for the engines that start from a point fit. The chain
 samples the other 90%. On diabetes splits 0-2 the default went from a divergence and -9.7 to -5.54 +- 0.05
-(coverage 0.92; benchmarks/results/uci_diabetes.md). ``validation=None``: the previous behaviour.
+(coverage 0.92; benchmarks/results/uci/diabetes.md). ``validation=None``: the previous behaviour.
 
 Chains: ``num_chains`` independent runs, chain ``c`` seeded with ``seed + c`` (minibatch order and
 noise from generators of its own), one after another, each in its own copy of the model
