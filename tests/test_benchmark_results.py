@@ -77,3 +77,21 @@ def test_the_index_and_manifests_links_resolve_and_list_every_script():
     index = INDEX.read_text()
     unlisted = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py")) if f"[{p.name}]({p.name})" not in index]
     assert not unlisted, f"benchmarks/README.md does not list {unlisted}"
+
+
+def test_write_result_heads_a_result_with_its_date_commit_machine_threads_and_load(tmp_path, monkeypatch):
+    import importlib.util
+    import platform
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    spec = importlib.util.spec_from_file_location("benchmarks_common", ROOT / "benchmarks" / "_common.py")
+    common = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(common)
+    assert common.results_dir("speed", tmp_path / "out") == tmp_path / "out"
+    assert common.RESULTS / "speed" == ROOT / "benchmarks" / "results" / "speed"  # the default folder
+    path = common.write_result(tmp_path / "out" / "results.md", "| a |\n|---|\n| 1 |\n")
+    head, body = path.read_text().split("\n\n", 1)
+    assert re.match(r"Run \d{4}-\d\d-\d\d \d\d:\d\d UTC; commit [0-9a-f]{7,}|Run .*; commit unknown", head)
+    assert platform.machine() in head and "intra-op threads" in head and "torch " in head
+    assert re.search(r"load average \(1/5/15 min\) at start [\d.]+ / [\d.]+ / [\d.]+, at end ", head)
+    assert body == "| a |\n|---|\n| 1 |\n"
