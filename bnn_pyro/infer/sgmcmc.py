@@ -97,7 +97,7 @@ Per-draw statistics (``(chains, draws)``): ``lp`` (``-U~`` of the draw on its mi
 ``step_size`` (``eta_t``). History (``(chains, steps)``): ``potential`` (``U~`` at every step) and
 ``step_size``. A non-finite ``U~`` or gradient stops the fit with a ``FloatingPointError`` naming
 the chain and the step: the chain diverged, so pass a smaller ``lr``. Each step costs one Pyro
-potential evaluation and its gradient (2-4 ms for a 1-50-1 net on 80 points on one CPU core); the
+potential evaluation and its gradient (measured: ``benchmarks/results/docstring_figures/results.md``); the
 defaults run 10,000 steps per chain.
 
 Example
