@@ -186,7 +186,7 @@ class QuantileRecalibration:
         if levels[0] <= 0.0 or levels[1] >= 1.0:
             outside = float(((self.pit_values <= 0.0) | (self.pit_values >= 1.0)).double().mean())
             warn(f"the predictive draws are too narrow for a recalibrated {interval:.0%} interval: "
-                          f"{outside:.1%} of the held-out targets fell outside all draws, and this interval cannot reach beyond "
-                          "them; use ScaleRecalibration, or predict with more draws.", UserWarning)
+                 f"{outside:.1%} of the held-out targets fell outside all draws, and this interval cannot reach beyond "
+                 "them; use ScaleRecalibration, or predict with more draws.", UserWarning)
         q = pred.quantiles(levels)  # block by block: never all draws x points at once
         return dataclasses.replace(pred, lower=q[0], upper=q[1], interval=interval)

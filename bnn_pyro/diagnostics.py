@@ -148,10 +148,10 @@ def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool |
               "sample_stats": sample_stats(post)}
     unbound = getattr(post.model, "is_unbound", False)
     if x is None and (log_likelihood or posterior_predictive):
-        user_warnings.warn("to_inference_data: no data for the log_likelihood and posterior_predictive groups (the fit "
-                      "streamed its batches, so the posterior holds no training data); LOO and WAIC need them: pass "
-                      "x= and y= (e.g. a subset that fits in memory), or log_likelihood=False, "
-                      "posterior_predictive=False to silence this.", UserWarning)
+        user_warnings.warn(
+            "to_inference_data: no data for the log_likelihood and posterior_predictive groups (the fit streamed its "
+            "batches, so the posterior holds no training data); LOO and WAIC need them: pass x= and y= (e.g. a subset "
+            "that fits in memory), or log_likelihood=False, posterior_predictive=False to silence this.", UserWarning)
     if x is not None:
         is_bnn = isinstance(post.model, BNN)
         x, y = check_data(x, y, device=post.model.device if is_bnn else None,

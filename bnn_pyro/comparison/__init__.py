@@ -227,7 +227,7 @@ def _splits(x, y, test, splits, seed: int) -> list[Split]:
         return k_fold(x, y, splits, seed=seed)
     if test is None:
         warn("bp.compare: no test= or splits= given, so every score is taken on the training rows (in-sample: "
-                      "it rewards overfitting). Pass test=(x_test, y_test) or splits=5.", UserWarning)
+             "it rewards overfitting). Pass test=(x_test, y_test) or splits=5.", UserWarning)
         return [(x, y, x, y)]
     if not (isinstance(test, (list, tuple)) and len(test) == 2):
         raise ValueError(f"test: expected a pair (x_test, y_test), got {type(test).__name__}"

@@ -424,7 +424,7 @@ def _agrees(pot: StackPotential, energy, names, shapes, x) -> bool:
     ok = abs(float(u) - float(ref)) <= tol * scale and float((grad - ref_grad).abs().max()) <= tol * scale
     if not ok:
         warn("fast path: the analytic potential disagrees with the generic one on this model; using the "
-                      "generic path (same values, slower).", RuntimeWarning)
+             "generic path (same values, slower).", RuntimeWarning)
     return ok
 
 

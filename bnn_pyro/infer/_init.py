@@ -172,8 +172,8 @@ def reset_values(model: BNN, seed: int, *, names: list[str] | None = None) -> di
     missing = [n for n in values if n not in covered]
     if any(n in (values if names is None else names) for n in missing):
         warn(f"init: parameters {missing} belong to modules without reset_parameters(), so every chain (or "
-                      "ensemble member) starts them at the net's current values, which seed= does not control. Give "
-                      "those modules a reset_parameters(), seed torch before building the net, or use init='prior' "
-                      "(sites) or init='net' (the net's values, without this warning).", UserWarning)
+             "ensemble member) starts them at the net's current values, which seed= does not control. Give "
+             "those modules a reset_parameters(), seed torch before building the net, or use init='prior' "
+             "(sites) or init='net' (the net's values, without this warning).", UserWarning)
     values.update({n: model.init_values[n].clone() for n in missing})
     return values

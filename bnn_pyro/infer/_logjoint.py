@@ -387,7 +387,7 @@ def _compiled(fn, args: tuple, eager, what: str):
         raise RuntimeError("the compiled graph's values differ from the eager ones")
     except Exception as err:  # noqa: BLE001 - any failure to record: the eager version still works
         warn(f"fast path: could not compile {what} ({type(err).__name__}: {err}); using the eager "
-                      "version (slower, same values).", RuntimeWarning)
+             "version (slower, same values).", RuntimeWarning)
         return eager
 
 

@@ -244,8 +244,8 @@ class _FastEnergy:
                  for a, b in zip(*results))
         if not ok:
             warn("Potential: the fast log density disagrees with Pyro's on this model at the starting point; "
-                          "using Pyro's traced potential (same values, slower). Please report this model.",
-                          RuntimeWarning)
+                 "using Pyro's traced potential (same values, slower). Please report this model.",
+                 RuntimeWarning)
         return ok
 
 

@@ -126,7 +126,7 @@ def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit"
         raise ValueError(f"chain_method='parallel' cannot run here: {why}. It needs the 'fork' start method, 2+ "
                          "cores and no CUDA context; use chain_method='auto' or 'sequential'.")
     warn(f"{method}: {why}, so the {num_chains} chains run one after another "
-                  "(config['chain_execution'] = 'sequential').")
+         "(config['chain_execution'] = 'sequential').")
     return "sequential"
 
 

@@ -359,10 +359,10 @@ def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, 
     where = "; ".join(f"chain {c} at step{'s' if len(r) > 1 else ''} {', '.join(str(t) for t, _ in r)} "
                       f"(step size on U now {r[-1][1]:.3g})" for c, r in events.items())
     warn(f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
-                  f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
-                  "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
-                  f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
-                  "lr / N).", DiagnosticWarning)  # the user's bp.fit call
+         f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
+         "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
+         f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
+         "lr / N).", DiagnosticWarning)  # the user's bp.fit call
 
 
 def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None,

@@ -250,13 +250,13 @@ def check_start(start: LaplaceStart, guide: str) -> None:
 
     if not start.converged:
         warn("svi: init='laplace' found no finite mode with a positive definite Hessian, so the guide started "
-                      "at the mode search's end point with init_scale; check post.history['loss'], or pass "
-                      "init='prior' or 'median' with more num_steps.", DiagnosticWarning)
+             "at the mode search's end point with init_scale; check post.history['loss'], or pass "
+             "init='prior' or 'median' with more num_steps.", DiagnosticWarning)
         return
     shrink = start.mean_field_shrink()
     if guide == "mean_field" and shrink >= SHRINK_MAX:
         warn(f"svi: the posterior's correlations at its mode (the Laplace approximation) make a {guide} guide "
-                      f"up to {shrink:.3g}x too narrow in some coordinate (threshold {SHRINK_MAX:g}x): it cannot "
-                      "represent them, so its sds are too small whatever num_steps. Use guide='full_rank', "
-                      "method='nuts', or standardize (center) the covariates so that the coefficients decorrelate.",
-                      DiagnosticWarning)
+             f"up to {shrink:.3g}x too narrow in some coordinate (threshold {SHRINK_MAX:g}x): it cannot "
+             "represent them, so its sds are too small whatever num_steps. Use guide='full_rank', "
+             "method='nuts', or standardize (center) the covariates so that the coefficients decorrelate.",
+             DiagnosticWarning)

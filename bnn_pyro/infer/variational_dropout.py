@@ -294,7 +294,7 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
     hypers = [h for h in model.hyper_names if any(h.startswith(n + "_") for n in vd_names)]
     if hypers:
         warn(f"{variant.value}: the log-uniform prior replaces the model's prior on {vd_names}, so the "
-                      f"hyper sites {hypers} no longer touch the data; their posterior is their prior.", UserWarning)
+             f"hyper sites {hypers} no longer touch the data; their posterior is their prior.", UserWarning)
     pot = Potential(model, data, init="net")  # the latent sites and their transforms
     missing = [n for n in vd_names if n not in pot.init]
     if missing:  # e.g. a module used twice in the net: its sites are named after another path

@@ -95,9 +95,9 @@ def optimize_precision(lik: Terms, prior1: Terms, normal: NormalSites, z, layout
     bounded = log_delta.detach().clamp(-LOG_DELTA_MAX, LOG_DELTA_MAX)
     if (bounded != log_delta).any():
         warn(f"prior_precision: the evidence keeps growing as delta goes to 0 or infinity for group(s) "
-                      f"{[g for g, b, v in zip(names, bounded, log_delta) if b != v]}; delta is clipped to "
-                      f"[1e-8, 1e8]. A delta at 1e8 switches those weights off: the data prefer them at the prior "
-                      "location.")
+             f"{[g for g, b, v in zip(names, bounded, log_delta) if b != v]}; delta is clipped to "
+             f"[1e-8, 1e8]. A delta at 1e8 switches those weights off: the data prefer them at the prior "
+             "location.")
     if noise is not None and not torch.isfinite(log_sigma):
         raise FloatingPointError("noise: the evidence search failed (non-finite sigma). Use validation= (noise on "
                                  "held-out rows) or a known noise, Gaussian(scale=...).")
