@@ -10,7 +10,7 @@ overhead (total minus the fits) as a fraction of the total.
 
 Usage::
 
-    python benchmarks/compare_zoo.py                        # both entries, full settings, into benchmarks/results/compare_zoo/
+    python benchmarks/compare_zoo.py                  # both entries, full settings (benchmarks/results/compare_zoo/)
     python benchmarks/compare_zoo.py --entries mlp_regression --methods svi,laplace --quick   # smoke test
 
 writes ``<entry>.md`` (the run's provenance, timings, then the table) and the figures ``<entry>_*.png``.

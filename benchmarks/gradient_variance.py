@@ -11,8 +11,9 @@ scale of one layer's weight or bias) is the variance summed over the group's coo
 gives the plain estimator's variance divided by each estimator's (higher is better), and the
 milliseconds per gradient step (single-threaded, median of interleaved repetitions).
 
-Usage: ``python benchmarks/gradient_variance.py [--draws 200] [--out DIR]`` writes ``results.md`` (headed by the run's
-provenance) and ``results.csv`` in ``benchmarks/results/gradient_variance/`` (one row per state, minibatch mode, estimator
+Usage: ``python benchmarks/gradient_variance.py [--draws 200] [--out DIR]`` writes ``results.md`` (headed by the
+run's provenance) and ``results.csv`` in ``benchmarks/results/gradient_variance/`` (one row per state, minibatch
+mode, estimator
 and group, with the raw variance and the ratio).
 """
 

@@ -12,8 +12,8 @@ folder; each side runs in a child process of its own (``PYTHONPATH`` set to its 
 ``--repeats`` times; each figure is the minimum over repeats. Times are the measuring thread's CPU time
 (``time.thread_time``), which a busy machine inflates less than wall time (it still inflates it: shared caches).
 
-Usage: ``python benchmarks/leapfrog_ab.py [--before REV] [--repeats 3] [--out DIR]`` writes ``results.md`` (headed by the
-run's provenance) in ``benchmarks/results/leapfrog_ab/``.
+Usage: ``python benchmarks/leapfrog_ab.py [--before REV] [--repeats 3] [--out DIR]`` writes ``results.md``
+(headed by the run's provenance) in ``benchmarks/results/leapfrog_ab/``.
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def main(args) -> str:
     text = "\n".join(lines) + ("\n\n" + args.note if args.note else "")
     print(text)
     sys.path.insert(0, str(HERE))
-    from _common import results_dir, write_result  # here: it imports this checkout's bnn_pyro, which the sides do not use
+    from _common import results_dir, write_result  # here: it imports this checkout's bnn_pyro (unused by the sides)
 
     write_result(results_dir("leapfrog_ab", args.out) / "results.md", text + "\n")
     return text

@@ -29,7 +29,8 @@ default; NumPyro: XLA's). The summary table compares each side at its best setti
 - ``chains``: chains x iterations per second for 1, 2, 4, 8 NUTS chains (``chains.py``).
 
 Usage: ``python benchmarks/performance.py [--quick] [--device cuda] [--out DIR] [--name run1]``
-writes ``NAME.md`` (headed by the run's provenance) / ``.csv`` in ``benchmarks/results/performance/``. NumPyro and JAX (the ``bench`` extra) and bayesian-torch
+writes ``NAME.md`` (headed by the run's provenance) / ``.csv`` in ``benchmarks/results/performance/``. NumPyro and
+JAX (the ``bench`` extra) and bayesian-torch
 (``pip install --no-deps bayesian-torch``) are optional: rows for a missing one are skipped.
 """
 

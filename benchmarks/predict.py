@@ -21,7 +21,8 @@ peak after the call minus the resident set before it (an upper bound that no sam
 
 Usage: ``python benchmarks/predict.py [--quick] [--repeats 3] [--only speed memory] [--memory-points N]
 [--memory-draws S] [--memory-kinds ...] [--memory-repeats R] [--note TEXT] [--name speed]``. An earlier
-revision is measured by putting its ``bnn_pyro`` first on ``PYTHONPATH`` (``git archive REV bnn_pyro | tar -x -C DIR``). writes ``NAME.md`` (headed by the run's provenance) / ``.csv`` in ``benchmarks/results/predict/``.
+revision is measured by putting its ``bnn_pyro`` first on ``PYTHONPATH`` (``git archive REV bnn_pyro | tar -x -C
+DIR``). Writes ``NAME.md`` (headed by the run's provenance) / ``.csv`` in ``benchmarks/results/predict/``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import bnn_pyro as bp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import baselines  # noqa: E402
-from _common import DEFAULT_THREADS, SIGMA, bnn, markdown, regression, results_dir, thread_note, thread_settings, write_result  # noqa: E402
+from _common import (DEFAULT_THREADS, SIGMA, bnn, markdown, regression, results_dir, thread_note,  # noqa: E402
+                     thread_settings, write_result)
 from performance import PeakMemory  # noqa: E402
 
 KINDS = {"loop": "hand-written loop over draws (addmm, tanh_, addmm, running sums)",

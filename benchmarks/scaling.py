@@ -16,7 +16,8 @@ of 50 units, Normal(0, 1) prior, Gaussian noise 0.1, one torch thread):
 ``--device cuda`` puts the model, data and draws on that device (timers read after a synchronize).
 
 Usage: ``python benchmarks/scaling.py [--quick] [--device cuda] [--out DIR] [--name results]`` writes ``NAME.csv``,
-``.md`` (headed by the run's provenance) and ``.png`` in ``benchmarks/results/scaling/`` (log-log curves, one row per workload and one column per factor,
+``.md`` (headed by the run's provenance) and ``.png`` in ``benchmarks/results/scaling/``
+(log-log curves, one row per workload and one column per factor,
 with the line of linear growth through each curve's first point).
 """
 
@@ -33,7 +34,8 @@ import torch
 import bnn_pyro as bp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import bnn, check_device, markdown, now, regression, results_dir, thread_note, write_result  # noqa: E402  (the performance table's MLP and data)
+# the performance table's MLP and data
+from _common import bnn, check_device, markdown, now, regression, results_dir, thread_note, write_result  # noqa: E402
 
 BASE = dict(n=1000, width=50, depth=1, particles=1, draws=500)
 

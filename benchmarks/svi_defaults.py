@@ -7,9 +7,10 @@ name:key=value,key=value``); the baselines are ``laplace`` and ``ensemble`` at t
 
 Usage::
 
-    python benchmarks/svi_defaults.py --dataset friedman1_low_noise,friedman1 --splits 3   # into benchmarks/results/svi_defaults/
+    python benchmarks/svi_defaults.py --dataset friedman1_low_noise,friedman1 --splits 3
 
-writes ``splits.csv`` (one row per dataset, split and variant) and ``results.md`` (headed by the run's provenance; per dataset:
+writes, in ``benchmarks/results/svi_defaults/``, ``splits.csv`` (one row per dataset, split and variant) and
+``results.md`` (headed by the run's provenance; per dataset:
 mean ± SE over splits, and the paired test-LL difference to Laplace on the same splits).
 """
 

@@ -224,8 +224,8 @@ class BNN(nn.Module):
         """How many weight draws to evaluate at once on ``x``: for a stack of Linear layers and
         activations, as many as keep the widest layer's output near ``budget_bytes`` (at most 64, at
         least 1), else 64. Chunks of a few MB run faster than chunks of ~128 MB (measured:
-        ``benchmarks/results/docstring_figures/results.md``), likely because the allocator reuses small blocks, which stay in
-        cache, where large ones are mapped and faulted in anew."""
+        ``benchmarks/results/docstring_figures/results.md``), likely because the allocator reuses small
+        blocks, which stay in cache, where large ones are mapped and faulted in anew."""
         row = self._row_bytes(x)
         return 64 if row is None else max(1, min(64, budget_bytes // max(x.shape[0] * row, 1)))
 

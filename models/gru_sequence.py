@@ -8,7 +8,8 @@ loop over draws in bounded chunks (README, "Sequence and embedding models").
 
 The card's SVI default reaches a test accuracy far above the most frequent label's and the copy-the-current-token
 rule's; NUTS runs on the compiled log density (``jit=True``, the default; much slower per leapfrog step without it),
-and the card's 100 + 100 draws at depth 5 take minutes. Measured figures: benchmarks/results/docstring_figures/results.md.
+and the card's 100 + 100 draws at depth 5 take minutes. Measured figures:
+benchmarks/results/docstring_figures/results.md.
 """
 
 import torch

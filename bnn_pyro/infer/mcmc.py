@@ -41,7 +41,8 @@ BatchNorm the potential energy is computed directly in torch (:mod:`bnn_pyro.inf
 instead of by tracing the model at every leapfrog step. NUTS then runs over one flat vector with
 the potential and its gradient recorded as one compiled graph when ``jit=True`` (the default), the
 trajectory's bookkeeping in Python floats (per-leapfrog times against Pyro's ``NUTS`` and NumPyro's
-compiled sampler: ``benchmarks/performance.py``, ``benchmarks/results/performance/``). HMC and Metropolis keep Pyro's kernels with the
+compiled sampler: ``benchmarks/performance.py``, ``benchmarks/results/performance/``). HMC and Metropolis keep Pyro's
+kernels with the
 fast potential (compiled with ``torch.jit.trace`` when ``jit=True``). For a stack of ``nn.Linear`` layers
 and elementwise activations with Normal priors and a Gaussian likelihood the potential and its gradient
 are analytic instead for NUTS and HMC (:mod:`bnn_pyro.infer._analytic`: nothing compiled, ``jit`` is moot),
@@ -70,7 +71,8 @@ Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
 chains together as ONE batched computation in this process, one torch thread (:mod:`bnn_pyro.infer._vectorized`):
 a small net is dispatch-bound, so a few chains cost little more per leapfrog step than one (at 8 chains on a
 1-50-1 net, N = 200, about half one chain's time per chain-leapfrog on one core: the batched passes turn
-arithmetic-bound; on 2 CPU cores forked processes are as fast or faster, ``benchmarks/results/performance/run1.md``). Each chain starts where
+arithmetic-bound; on 2 CPU cores forked processes are as fast or faster,
+``benchmarks/results/performance/run1.md``). Each chain starts where
 chain ``c`` starts under the other executions and adapts on its own (step size and mass matrix), but the chains
 share one random stream seeded by ``seed``: the same seed gives the same draws, not those of the other executions.
 NUTS runs the lockstep transition of :mod:`bnn_pyro.infer._nuts_batched` (the chains double their trajectories

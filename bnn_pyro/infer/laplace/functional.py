@@ -34,8 +34,8 @@ def nll(model: BNN, f, y, noise):
 
 def second_derivative(fn):
     """``torch.func.hessian(fn)`` (in the first argument) as reverse-over-reverse ``jacrev(jacrev(fn))``:
-    the same values, faster on these few outputs per datum (measured: ``benchmarks/results/docstring_figures/results.md``),
-    and without forward-mode AD, whose first use
+    the same values, faster on these few outputs per datum (measured:
+    ``benchmarks/results/docstring_figures/results.md``), and without forward-mode AD, whose first use
     imports torch's JVP decompositions and with them 18 calls of the deprecated ``torch.jit.script``."""
     return jacrev(jacrev(fn))
 
