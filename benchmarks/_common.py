@@ -8,9 +8,13 @@ device) and moved once to ``device``; everything made inside a timed loop is mad
 
 from __future__ import annotations
 
+import datetime
 import os
+import platform
+import subprocess
 import time
 from contextlib import contextmanager
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -19,6 +23,10 @@ import torch
 import bnn_pyro as bp
 
 SIGMA = 0.1
+RESULTS = Path(__file__).resolve().parent / "results"
+"""benchmarks/results/: one folder per benchmark (see benchmarks/README.md)."""
+# The load average when the benchmark started (this module is imported before any measuring), for the header.
+START_LOAD = os.getloadavg() if hasattr(os, "getloadavg") else None
 # The torch intra-op threads a user gets (one per core unless OMP_NUM_THREADS says otherwise), read at
 # import, before any benchmark changes it.
 DEFAULT_THREADS = torch.get_num_threads()
@@ -140,3 +148,58 @@ def markdown(table: pd.DataFrame) -> str:
     """A GitHub Markdown table (pandas' to_markdown needs the optional tabulate package)."""
     rows = [list(table.columns), ["---"] * table.shape[1]] + table.astype(str).values.tolist()
     return "".join("| " + " | ".join(map(str, r)) + " |\n" for r in rows)
+
+
+# ---------------------------------------------------------------------- where results go, and their header
+def results_dir(benchmark: str, out: str | os.PathLike | None = None) -> Path:
+    """The folder a benchmark writes into, created: ``out`` when given (``--out``), else
+    ``benchmarks/results/<benchmark>/``."""
+    folder = Path(out) if out is not None else RESULTS / benchmark
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _git(*args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
+                              timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu model unknown"
+
+
+def _load(values) -> str:
+    return "unknown" if values is None else " / ".join(f"{v:.2f}" for v in values)
+
+
+def provenance() -> str:
+    """One line for the top of a result: when (UTC), which code (commit, and whether the tree had uncommitted
+    changes to bnn_pyro/ or benchmarks/), which machine, which torch and thread settings, and the load average
+    (1/5/15 min) at the start (this module's import) and at the end (now)."""
+    commit = _git("rev-parse", "--short=10", "HEAD") or "unknown"
+    dirty = _git("status", "--porcelain", "--", "bnn_pyro", "benchmarks", "models")
+    code = commit + (" with uncommitted changes" if dirty else "")
+    end = os.getloadavg() if hasattr(os, "getloadavg") else None
+    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"Run {when}; commit {code}; {platform.machine()} {_cpu_model()}, {thread_note()}; "
+            f"torch {torch.__version__}; load average (1/5/15 min) at start {_load(START_LOAD)}, at end {_load(end)}.")
+
+
+def write_result(path: str | os.PathLike, text: str) -> Path:
+    """Write a Markdown result with :func:`provenance` as its first paragraph (CSV files stay plain tables; the
+    Markdown result written beside them carries their header)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(provenance() + "\n\n" + text)
+    return path

@@ -8,8 +8,9 @@ the rounds of each side, beside each other, with after / before, and the median 
 baseline measured in the same run (robust to the load moving between runs); the baselines' own after / before shows
 how much the load moved.
 
-Usage: ``python benchmarks/before_after.py --before main --rounds 3 --suffix _loaded -- --quick --only svi``
-(arguments after ``--`` go to ``performance.py``) writes ``before_after{suffix}.md`` / ``.csv`` in ``--out``.
+Usage: ``python benchmarks/before_after.py --before main --rounds 3 --name svi -- --quick --only svi``
+(arguments after ``--`` go to ``performance.py``) writes ``NAME.md`` / ``.csv`` (default ``results``) in ``--out``
+(default ``benchmarks/results/before_after/``), the Markdown headed by the run's provenance.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import pandas as pd
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
-from _common import markdown, thread_note  # noqa: E402
+from _common import markdown, results_dir, thread_note, write_result  # noqa: E402
 
 ROOT = HERE.parent
 
@@ -43,10 +44,10 @@ def run_once(side: str, library: Path | None, out: Path, index: int, extra: list
     env = dict(os.environ)
     if library is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(library)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    suffix = f"_{side}_{index}"
-    cmd = [sys.executable, str(HERE / "performance.py"), *extra, "--out", str(out), "--suffix", suffix]
+    name = f"{side}_{index}"
+    cmd = [sys.executable, str(HERE / "performance.py"), *extra, "--out", str(out), "--name", name]
     subprocess.run(cmd, check=True, env=env, stdout=subprocess.DEVNULL)
-    table = pd.read_csv(out / f"performance{suffix}.csv")
+    table = pd.read_csv(out / f"{name}.csv")
     return table.assign(side=side, round=index)
 
 
@@ -69,11 +70,12 @@ def main(args, extra: list[str]) -> pd.DataFrame:
     ratios = grouped.ratio.median().unstack("side")[["before", "after"]].add_prefix("ratio to baseline, ")
     wide = wide.join(ratios).reset_index()
     wide.insert(5, "after / before", (wide["after"] / wide["before"]).round(3))
-    rows.to_csv(Path(args.out) / f"before_after{args.suffix}.csv", index=False)
+    out = results_dir("before_after", args.out)
+    rows.to_csv(out / f"{args.name}.csv", index=False)
     header = (f"before: bnn_pyro at {commit[:10]} ({args.before}); after: this tree; {args.rounds} rounds interleaved "
               f"(before, after, before, ...); `performance.py {' '.join(extra)}`; medians over rounds; {thread_note()}; "
               f"whole run {time.perf_counter() - started:.0f} s.\n\n" + (f"{args.note}\n\n" if args.note else ""))
-    (Path(args.out) / f"before_after{args.suffix}.md").write_text(header + markdown(wide.round(4)))
+    write_result(out / f"{args.name}.md", header + markdown(wide.round(4)))
     print(wide.to_string(index=False))
     return wide
 
@@ -82,8 +84,8 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--before", default="main", help="the commit to compare with (default main)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
-    p.add_argument("--out", default=str(HERE / "results"))
-    p.add_argument("--suffix", default="", help="appended to the output names, e.g. _loaded")
+    p.add_argument("--out", default=None, help="the folder written (default benchmarks/results/before_after/)")
+    p.add_argument("--name", default="results", help="the result files' name, NAME.md and NAME.csv (default results)")
     p.add_argument("--note", default="", help="a line written under the header (e.g. the machine's load)")
     return p
 

@@ -15,8 +15,8 @@ chains / wall), since the two samplers' trajectories differ in length.
   default; ``pmap`` over host devices) and ``"vectorized"`` (``vmap``: all chains as one batched
   computation), the compiled second run of each, its compile seconds subtracted.
 
-Usage: ``python benchmarks/chains.py [--quick] [--device cuda] [--out DIR] [--suffix _loaded]`` writes
-``chains{suffix}.md`` and ``.csv``; ``performance.py`` includes the same rows.
+Usage: ``python benchmarks/chains.py [--quick] [--device cuda] [--out DIR] [--name vectorized]`` writes ``NAME.md``
+and ``.csv`` (default ``results``) in ``benchmarks/results/chains/``; ``performance.py`` includes the same rows.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import bnn_pyro as bp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import numpyro_peer  # noqa: E402
-from _common import bnn, check_device, markdown, now, regression, thread_note  # noqa: E402
+from _common import bnn, check_device, markdown, now, regression, results_dir, thread_note, write_result  # noqa: E402
 
 MODEL = dict(d=1, width=50, depth=1, n=200)
 
@@ -89,10 +89,9 @@ def main(args) -> pd.DataFrame:
     table = pd.DataFrame(throughput(args)).round(3)
     one = table[table.chains == 1].groupby("role").chain_iterations_per_s.first()
     table["ratio_to_own_one_chain"] = (table.chain_iterations_per_s / table.role.map(one)).round(2)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / f"chains{args.suffix}.csv", index=False)
-    (out / f"chains{args.suffix}.md").write_text(f"device {args.device}, {thread_note()}; "
+    out = results_dir("chains", args.out)
+    table.to_csv(out / f"{args.name}.csv", index=False)
+    write_result(out / f"{args.name}.md", f"device {args.device}, {thread_note()}; "
                                                  f"{'quick' if args.quick else 'full'} settings\n\n"
                                                  + (f"{args.note}\n\n" if args.note else "") + markdown(table.astype(object).fillna("")))
     print(table.to_string(index=False))
@@ -104,8 +103,8 @@ if __name__ == "__main__":
     parser.add_argument("--quick", action="store_true", help="10 + 10 iterations per chain, 1 and 2 chains")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--chains", type=int, nargs="+", default=None, help="default 1 2 4 8 (1 2 with --quick)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    parser.add_argument("--suffix", default="")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/chains/)")
+    parser.add_argument("--name", default="results", help="the result files' name (default results)")
     parser.add_argument("--note", default="")
     parser.add_argument("--no-numpyro", action="store_true", help="bnn_pyro's rows only")
     args = parser.parse_args()

@@ -26,8 +26,9 @@ Usage::
     python benchmarks/classification.py --dataset breast_cancer,wine --splits 3 --methods ensemble,swag
     python benchmarks/classification.py --dataset iris --quick --methods all --max-fit-seconds 300
 
-writes ``classification_<dataset>_splits.csv`` (one row per split and engine, appended as each fit ends) and
-``classification_<dataset>.md`` / ``.csv`` (mean ± standard error over splits) to ``--out``.
+writes ``<dataset>_splits.csv`` (one row per split and engine, appended as each fit ends) and ``<dataset>.md`` /
+``.csv`` (mean ± standard error over splits; the Markdown headed by the run's provenance) to ``--out`` (default
+``benchmarks/results/classification/``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.clas
     from uci import git_commit, parse_options, summarize as uci_summarize
 except ImportError:  # pragma: no cover
     from benchmarks.uci import git_commit, parse_options, summarize as uci_summarize
+from _common import results_dir, write_result  # noqa: E402 - uci put benchmarks/ on sys.path
 
 DATASETS = ("breast_cancer", "wine", "iris", "digits", "synthetic")
 OOD = ("noise", "far", "class")
@@ -188,7 +190,7 @@ def run(name: str, methods: list[str], splits: list[int], out: Path, *, options:
     """Every method on every split of ``name``; rows appended as each fit ends, the summary rewritten per split."""
     out.mkdir(parents=True, exist_ok=True)
     data = load_dataset(name)
-    per_split = out / f"classification_{name}_splits.csv"
+    per_split = out / f"{name}_splits.csv"
     per_split.unlink(missing_ok=True)
     rows = []
     for split in splits:
@@ -200,14 +202,14 @@ def run(name: str, methods: list[str], splits: list[int], out: Path, *, options:
             status = row["error"] or " ".join(f"{m} {row.get(m, math.nan):.3f}" for m in METRICS[:5])
             print(f"[{name}] split {split} {method:12s} {status}", flush=True)
         summary = summarize(pd.DataFrame(rows))
-        summary.to_csv(out / f"classification_{name}.csv", index=False)
+        summary.to_csv(out / f"{name}.csv", index=False)
         x, y = data
         notes = [f"Data: {name}, N = {len(x)}, D = {x.shape[1]}, K = {int(y.max()) + 1}, splits {splits[:len(rows) // len(methods) or 1]}. "
                  "Protocol and metrics: benchmarks/classification.py's docstring; every engine at its defaults"
                  + (f" except {options}" if options else "") + ".",
                  f"Mean ± standard error over splits. torch {torch.__version__} on {platform.machine()}, "
                  f"{torch.get_num_threads()} torch thread(s) in this process, git {git_commit()}." + (f" {note}" if note else "")]
-        (out / f"classification_{name}.md").write_text(markdown(summary, f"Classification: {name}", notes))
+        write_result(out / f"{name}.md", markdown(summary, f"Classification: {name}", notes))
     return summary
 
 
@@ -221,7 +223,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     parser.add_argument("--quick", action="store_true", help="1 split (smoke test)")
     parser.add_argument("--max-fit-seconds", type=float)
     parser.add_argument("--note", default="")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/classification/)")
     args = parser.parse_args(argv)
     engines = [m.value for m in bp.infer.Method]
     methods = ["logreg"] + engines if args.methods == "all" else args.methods.split(",")
@@ -231,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     splits = list(range(1 if args.quick else args.splits))
     options = parse_options(args.option)
     np.seterr(all="ignore")
-    return {name: run(name, methods, splits, Path(args.out), options=options, note=args.note,
+    return {name: run(name, methods, splits, results_dir("classification", args.out), options=options, note=args.note,
                       max_fit_seconds=args.max_fit_seconds) for name in args.dataset.split(",")}
 
 

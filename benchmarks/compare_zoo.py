@@ -10,15 +10,16 @@ overhead (total minus the fits) as a fraction of the total.
 
 Usage::
 
-    python benchmarks/compare_zoo.py --out benchmarks/results                       # both entries, full settings
+    python benchmarks/compare_zoo.py                  # both entries, full settings (benchmarks/results/compare_zoo/)
     python benchmarks/compare_zoo.py --entries mlp_regression --methods svi,laplace --quick   # smoke test
 
-writes ``compare_<entry>.md`` (timings, then the table) and the figures ``compare_<entry>_*.png``.
+writes ``<entry>.md`` (the run's provenance, timings, then the table) and the figures ``<entry>_*.png``.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import datetime
 import os
 import platform
@@ -31,6 +32,9 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro import zoo
 from bnn_pyro.comparison import markdown, sources
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import results_dir, write_result  # noqa: E402
 
 BASELINE = "swa"
 QUICK = {"num_steps": 50, "num_samples": 20}  # --quick: options that exist are shrunk to these
@@ -89,20 +93,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--methods", default=None, help="comma-separated (default: every method that applies)")
     parser.add_argument("--time-limit", type=float, default=900.0, help="seconds per fit (default: %(default)s)")
     parser.add_argument("--quick", action="store_true", help="tiny budgets: a smoke test, not a measurement")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/compare_zoo/)")
     args = parser.parse_args(argv)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir("compare_zoo", args.out)
     methods = None if args.methods is None else args.methods.split(",")
     for name in args.entries.split(","):
         result, load = run_entry(name, methods, time_limit=args.time_limit, quick=args.quick)
-        (out / f"compare_{name}.md").write_text(report(name, result, load, args.time_limit))
+        write_result(out / f"{name}.md", report(name, result, load, args.time_limit))
         import matplotlib.pyplot as plt
 
         for figure, fig in result.plot().items():
-            fig.savefig(out / f"compare_{name}_{figure}.png", dpi=90, bbox_inches="tight")
+            fig.savefig(out / f"{name}_{figure}.png", dpi=90, bbox_inches="tight")
             plt.close(fig)
-        print(f"wrote {out / f'compare_{name}.md'}", flush=True)
+        print(f"wrote {out / f'{name}.md'}", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ ranks each step does half the likelihood work per process plus one all-reduce of
 gradients, so the ratio is at most 2 and falls when the cores are busy with other work: the load
 average is recorded with the table.
 
-Usage: ``python benchmarks/distributed.py [--steps 300] [--global-batch 2000 10000] [--out benchmarks/results]`` writes
-``distributed.md`` and ``distributed.csv``.
+Usage: ``python benchmarks/distributed.py [--steps 300] [--global-batch 2000 10000] [--out DIR]`` writes
+``results.md`` (headed by the run's provenance) and ``results.csv`` in ``benchmarks/results/distributed/``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,9 @@ import pandas as pd
 import torch
 
 import bnn_pyro as bp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import results_dir, write_result  # noqa: E402
 
 ROWS, FEATURES = 10_000, 16
 
@@ -84,11 +87,10 @@ def main(args) -> pd.DataFrame:
         part["ratio_to_1_rank"] = (part["steps_per_s"] / part["steps_per_s"].iloc[1]).round(2)
         tables.append(part)
     table = pd.concat(tables, ignore_index=True)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "distributed.csv", index=False)
+    out = results_dir("distributed", args.out)
+    table.to_csv(out / "results.csv", index=False)
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
-    (out / "distributed.md").write_text(markdown(table) + f"\nLoad average (1/5/15 min) at the end of the run: {load}; "
+    write_result(out / "results.md", markdown(table) + f"\nLoad average (1/5/15 min) at the end of the run: {load}; "
                                         f"{os.cpu_count()} CPUs, one torch thread per process.\n")
     print(table.to_string(index=False))
     return table
@@ -105,7 +107,7 @@ if __name__ == "__main__":
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--global-batch", type=int, nargs="+", default=[2_000, 10_000],
                         help="global batch sizes to run (each row set has its own one-process baseline)")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/distributed/)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)  # one rank, under torchrun
     cli = parser.parse_args()
     if cli.worker:

@@ -21,8 +21,8 @@ every model, as the tests do).
 Each figure is the minimum of ``--repeats`` repetitions, interleaved between the two paths (the machine may be shared:
 minima are the least disturbed); ratio = fast / Pyro's, measured in the same run. One torch thread.
 
-Usage: ``python benchmarks/engine_speed.py [--quick] [--out benchmarks/results] [--name engine_speed]`` writes
-``<name>.md`` and ``<name>.csv``.
+Usage: ``python benchmarks/engine_speed.py [--quick] [--out DIR] [--name hmc]`` writes ``<name>.md`` (headed by the
+run's provenance) and ``<name>.csv`` (default ``results``) in ``benchmarks/results/engine_speed/``.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ import pyro.distributions as dist
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import markdown, regression, thread_note, torch_threads  # noqa: E402
+from _common import markdown, regression, results_dir, thread_note, torch_threads, write_result  # noqa: E402
 
 import bnn_pyro as bp  # noqa: E402
 from bnn_pyro.infer import _potential  # noqa: E402
@@ -161,8 +161,8 @@ def main(argv=None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="fewer steps and repeats (a smoke run)")
     parser.add_argument("--repeats", type=int, default=None)
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
-    parser.add_argument("--name", default="engine_speed")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/engine_speed/)")
+    parser.add_argument("--name", default="results", help="the result files' name (default results)")
     parser.add_argument("--note", default="", help="a line on the machine's conditions, for the table's footer")
     parser.add_argument("--only", choices=["hmc"], default=None, help="only the HMC kernels' rows")
     args = parser.parse_args(argv)
@@ -180,8 +180,7 @@ def main(argv=None) -> pd.DataFrame:
             rows += time_engine(method, short, long, repeats, x, y)
             print(rows[-2], rows[-1], flush=True)
     table = pd.DataFrame(rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir("engine_speed", args.out)
     table.to_csv(out / f"{args.name}.csv", index=False)
     shown = table.assign(ms=table.ms.map("{:.3f}".format), ratio=table.ratio.map("{:.2f}".format))
     hmc_draws = (5, 20) if args.quick else (10, 60)
@@ -189,7 +188,7 @@ def main(argv=None) -> pd.DataFrame:
               f"{repeats} interleaved repeats; hmc: ({hmc_draws[1]} - {hmc_draws[0]}) draws of 16 leapfrog steps "
               "differenced" + ("" if args.only else f"; potential: {calls} calls; fit: ({long} - {short}) steps "
                                "differenced") + "; ratio = fast (flat) / Pyro's path in the same run.")
-    (out / f"{args.name}.md").write_text(markdown(shown) + "\n\n" + footer + ("\n\n" + args.note if args.note else "")
+    write_result(out / f"{args.name}.md", markdown(shown) + "\n\n" + footer + ("\n\n" + args.note if args.note else "")
                                          + "\n")
     print(markdown(shown))
     return table

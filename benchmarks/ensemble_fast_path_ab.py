@@ -14,8 +14,9 @@ ensemble's defaults on each path from the same start, and at some steps evaluate
 gradient at the fast path's weights, in float32 and (on a float64 copy of the model) in float64; as a control, a
 second fast-path trajectory starts one float32 ulp away in one bias.
 
-Usage: ``python benchmarks/ensemble_fast_path_ab.py [--seeds 12] [--out benchmarks/results]`` writes
-``ensemble_fast_path_ab.csv`` (one row per seed and path, appended as fits finish) and ``ensemble_fast_path_ab.md``;
+Usage: ``python benchmarks/ensemble_fast_path_ab.py [--seeds 12] [--out DIR]`` writes, in
+``benchmarks/results/ensemble_fast_path_ab/``, ``results.csv`` (one row per seed and path, appended as fits finish)
+and ``results.md`` (headed by the run's provenance);
 ``--summarize`` only rewrites the Markdown from an existing CSV (and the trajectory table).
 """
 
@@ -24,13 +25,12 @@ from __future__ import annotations
 import argparse
 import copy
 import time
-from pathlib import Path
 
 import pandas as pd
 import torch
 
 import bnn_pyro as bp
-from _common import markdown
+from _common import markdown, results_dir, write_result
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential
@@ -110,9 +110,8 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
 
 def main(args) -> None:
     torch.set_num_threads(1)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    csv = out / "ensemble_fast_path_ab.csv"
+    out = results_dir("ensemble_fast_path_ab", args.out)
+    csv = out / "results.csv"
     reg = bp.zoo.load("mlp_regression")
     traj = trajectory(reg)
     print(traj.to_string())
@@ -130,7 +129,7 @@ def main(args) -> None:
         rows = pd.DataFrame(found)
     table = summary(rows)
     seeds = rows.seed.nunique()
-    (out / "ensemble_fast_path_ab.md").write_text(
+    write_result(out / "results.md",
         f"# Ensemble at its defaults, fast path vs Pyro's path, paired over {seeds} seeds\n\n"
         f"`python benchmarks/ensemble_fast_path_ab.py --seeds {seeds}` (one thread; zoo mlp_regression). Per metric: "
         "each path's mean over seeds, the mean paired difference and its standard error. Within a path the "
@@ -147,5 +146,5 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", type=int, default=12)
     parser.add_argument("--summarize", action="store_true")
     parser.add_argument("--trajectory", action="store_true")
-    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results"))
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/ensemble_fast_path_ab/)")
     main(parser.parse_args())

@@ -22,8 +22,8 @@
 Each figure is the minimum of ``--repeats`` repetitions, interleaved across implementations (the machine may be
 shared: minima are the least disturbed); ratios are to the baseline of the same row group, measured in the same run.
 
-Usage: ``python benchmarks/fast_path.py [--quick] [--only svi] [--out benchmarks/results]`` writes ``fast_path.md``
-(``fast_path_svi.md`` with ``--only svi``).
+Usage: ``python benchmarks/fast_path.py [--quick] [--only svi] [--out DIR]`` writes ``results.md`` (``svi.md`` with
+``--only svi``), headed by the run's provenance, in ``benchmarks/results/fast_path/``.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import time
 from contextlib import contextmanager, nullcontext
-from pathlib import Path
 
 import pyro
 import torch
@@ -164,11 +163,9 @@ def main(args) -> None:
                  "flat loop with the same (Monte Carlo KL) estimator at the same thread setting.")
     text = "\n".join(lines)
     print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        name = "fast_path" if set(args.only) == {"nuts", "svi"} else "fast_path_" + "_".join(sorted(args.only))
-        (out / f"{name}.md").write_text(text + "\n" + (f"\n{args.note}\n" if args.note else ""))
+    out = common.results_dir("fast_path", args.out)
+    name = "results" if set(args.only) == {"nuts", "svi"} else "_".join(sorted(args.only))
+    common.write_result(out / f"{name}.md", text + "\n" + (f"\n{args.note}\n" if args.note else ""))
 
 
 if __name__ == "__main__":
@@ -181,6 +178,7 @@ if __name__ == "__main__":
     parser.add_argument("--svi-steps", type=int, default=500, help="timed SVI steps (after 50 untimed)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads of the SVI rows")
     parser.add_argument("--only", nargs="+", default=["nuts", "svi"], choices=["nuts", "svi"])
-    parser.add_argument("--out", default=None, help="folder of fast_path.md (fast_path_svi.md with --only svi)")
+    parser.add_argument("--out", default=None, help="the folder of results.md (svi.md with --only svi); default "
+                        "benchmarks/results/fast_path/")
     parser.add_argument("--note", default="", help="a line written under the table (e.g. the machine's load)")
     main(parser.parse_args())

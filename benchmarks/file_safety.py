@@ -16,7 +16,8 @@ Variants take turns within each repetition, so a change in the machine's load fa
 Usage::
 
     python benchmarks/file_safety.py [--sizes 8 64 256] [--rows 100000 1000000] [--reps 3]
-        [--out benchmarks/results/file_safety]
+        [--out DIR]      # writes results.md (headed by the run's provenance) and results.csv in
+                         # benchmarks/results/file_safety/
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
-from _common import markdown
+from _common import markdown, results_dir, write_result
 
 _CHILD = r"""
 import json, os, resource, sys, time
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", type=float, nargs="+", default=[8, 64, 256])
     parser.add_argument("--rows", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results/file_safety")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/file_safety/)")
     args = parser.parse_args(argv)
     load = os.getloadavg()
     start = time.perf_counter()
@@ -131,9 +132,9 @@ def main(argv: list[str] | None = None) -> None:
               f"if any); {platform.processor() or platform.machine()}, {os.cpu_count()} cores; 1 torch thread; "
               f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; minimum of {args.reps} repetitions; "
               f"whole run {time.perf_counter() - start:.0f} s; temporary folder on {tempfile.gettempdir()}.")
-    out = Path(args.out)
-    table.to_csv(out.with_suffix(".csv"), index=False)
-    out.with_suffix(".md").write_text(f"{header}\n\n{markdown(table)}\n")
+    out = results_dir("file_safety", args.out)
+    table.to_csv(out / "results.csv", index=False)
+    write_result(out / "results.md", f"{header}\n\n{markdown(table)}\n")
     print(header)
     print(table.to_string(index=False))
 

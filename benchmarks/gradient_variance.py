@@ -11,14 +11,16 @@ scale of one layer's weight or bias) is the variance summed over the group's coo
 gives the plain estimator's variance divided by each estimator's (higher is better), and the
 milliseconds per gradient step (single-threaded, median of interleaved repetitions).
 
-Usage: ``python benchmarks/gradient_variance.py [--draws 200] [--out benchmarks/results]`` writes
-``gradient_variance.md`` and ``gradient_variance.csv`` (one row per state, minibatch mode, estimator
+Usage: ``python benchmarks/gradient_variance.py [--draws 200] [--out DIR]`` writes ``results.md`` (headed by the
+run's provenance) and ``results.csv`` in ``benchmarks/results/gradient_variance/`` (one row per state, minibatch
+mode, estimator
 and group, with the raw variance and the ratio).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import statistics
 import time
 from functools import partial
@@ -33,6 +35,9 @@ import bnn_pyro as bp
 from bnn_pyro.infer import svi
 from bnn_pyro.infer._common import call_model, init_strategy
 from bnn_pyro.infer.contract import Engine, Loop, run
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import results_dir, write_result  # noqa: E402
 
 ESTIMATORS = [("sample", "trace"), ("sample", "mean_field"), ("local_reparam", "mean_field"), ("flipout", "mean_field")]
 N, B = 1000, 100
@@ -114,10 +119,9 @@ def main(args) -> pd.DataFrame:
     table["ratio_to_sample"] = [plain.loc[(r.state, r.minibatch, r.group), "variance"] / r.variance
                                 for r in table.itertuples()]
     table["ms_per_step"] = [timing[r.state][(r.estimator, r.elbo)] for r in table.itertuples()]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "gradient_variance.csv", index=False)
-    (out / "gradient_variance.md").write_text(markdown(table, args))
+    out = results_dir("gradient_variance", args.out)
+    table.to_csv(out / "results.csv", index=False)
+    write_result(out / "results.md", markdown(table, args))
     print(markdown(table, args))
     return table
 
@@ -140,5 +144,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=200, help="gradient draws per estimator and setting")
     parser.add_argument("--train-steps", type=int, default=2000, help="plain SVI steps for the 'trained' state")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/gradient_variance/)")
     main(parser.parse_args())

@@ -32,8 +32,9 @@ bnn_pyro's answer on a float64 copy of the net and data (the same measure), the 
 
 Usage::
 
-    python benchmarks/laplace_speed.py [--quick] [--general] [--out benchmarks/results/laplace_speed]
+    python benchmarks/laplace_speed.py [--quick] [--general] [--out DIR] [--name results]
 
+writes ``NAME.md`` (headed by the run's provenance) and ``NAME.csv`` in ``benchmarks/results/laplace_speed/``. It
 needs laplace-torch (the ``bench`` extra; install it with ``pip install --no-deps laplace-torch`` and its light
 dependencies one by one, so that pip cannot replace torch).
 """
@@ -41,6 +42,7 @@ dependencies one by one, so that pip cannot replace torch).
 from __future__ import annotations
 
 import argparse
+import sys
 import copy
 import csv
 import platform
@@ -61,6 +63,9 @@ from bnn_pyro.infer.laplace import curvature
 from bnn_pyro.infer.laplace.fit import make_settings
 from bnn_pyro.infer.laplace.ggn import ggn
 from bnn_pyro.infer.laplace.kron import Kron
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import results_dir, write_result  # noqa: E402
 from bnn_pyro.infer.laplace.priors import potentials
 from bnn_pyro.infer.laplace.structure import make_layout
 
@@ -223,6 +228,7 @@ def main(args) -> list[dict]:
 
 
 def write(rows: list[dict], out: Path, args) -> None:
+    """``out.csv`` and ``out.md`` (``out`` without its suffix)."""
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.with_suffix(".csv"), "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -255,7 +261,7 @@ def write(rows: list[dict], out: Path, args) -> None:
                      f"{r['ours_s']:.3f} | {r['peer_s']:.3f} | {r['ratio']:.2g}x | {opt(r['peer_backpack_s'])} | "
                      f"{opt(r['ratio_backpack'], '{:.2g}x')} | {opt(r['ours_general_s'])} | {r['difference']:.1e} | "
                      f"{r['ours_error']:.1e} | {r['peer_error']:.1e} |")
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    write_result(out.with_suffix(".md"), "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
@@ -269,9 +275,9 @@ if __name__ == "__main__":
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--peer-batch", type=int, default=250, help="rows per batch of laplace-torch's loader")
     parser.add_argument("--general", action="store_true", help="also time bnn_pyro's vmap(jacrev) path (slow)")
-    parser.add_argument("--out", type=Path, default=None, help="write OUT.md and OUT.csv")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/laplace_speed/)")
+    parser.add_argument("--name", default="results", help="the result files' name, NAME.md and NAME.csv")
     args = parser.parse_args()
     args.argv = sys.argv[1:]
     result = main(args)
-    if args.out is not None:
-        write(result, args.out, args)
+    write(result, results_dir("laplace_speed", args.out) / args.name, args)

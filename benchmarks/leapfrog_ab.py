@@ -12,7 +12,8 @@ folder; each side runs in a child process of its own (``PYTHONPATH`` set to its 
 ``--repeats`` times; each figure is the minimum over repeats. Times are the measuring thread's CPU time
 (``time.thread_time``), which a busy machine inflates less than wall time (it still inflates it: shared caches).
 
-Usage: ``python benchmarks/leapfrog_ab.py [--before REV] [--repeats 3] [--out DIR]`` writes ``leapfrog_ab.md``.
+Usage: ``python benchmarks/leapfrog_ab.py [--before REV] [--repeats 3] [--out DIR]`` writes ``results.md``
+(headed by the run's provenance) in ``benchmarks/results/leapfrog_ab/``.
 """
 
 from __future__ import annotations
@@ -127,10 +128,10 @@ def main(args) -> str:
                  f"columns. Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.")
     text = "\n".join(lines) + ("\n\n" + args.note if args.note else "")
     print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "leapfrog_ab.md").write_text(text + "\n")
+    sys.path.insert(0, str(HERE))
+    from _common import results_dir, write_result  # here: it imports this checkout's bnn_pyro (unused by the sides)
+
+    write_result(results_dir("leapfrog_ab", args.out) / "results.md", text + "\n")
     return text
 
 
@@ -143,5 +144,5 @@ if __name__ == "__main__":
     parser.add_argument("--step", type=float, default=1e-3)
     parser.add_argument("--depth", type=int, default=7)
     parser.add_argument("--note", default="")
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/leapfrog_ab/)")
     main(parser.parse_args())

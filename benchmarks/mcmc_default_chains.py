@@ -9,8 +9,8 @@ thread each) and, for NUTS/HMC, four chains ``chain_method="vectorized"`` (one b
 The three are interleaved round by round (``--rounds``), so that a shared machine's load falls on each alike, and
 the figure is the median wall time per round and its ratio to the one-chain row of the same method.
 
-Usage: ``python benchmarks/mcmc_default_chains.py [--quick] [--out DIR] [--suffix _loaded]`` writes
-``mcmc_default_chains{suffix}.md`` and ``.csv``.
+Usage: ``python benchmarks/mcmc_default_chains.py [--quick] [--out DIR] [--name results]`` writes ``NAME.md``
+(headed by the run's provenance) and ``NAME.csv`` in ``benchmarks/results/mcmc_default_chains/``.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pandas as pd
 import bnn_pyro as bp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import bnn, markdown, regression, thread_note  # noqa: E402
+from _common import bnn, markdown, regression, results_dir, thread_note, write_result  # noqa: E402
 
 METHODS = {"nuts": {}, "hmc": {}, "metropolis": {}}
 
@@ -73,10 +73,9 @@ def main(args) -> pd.DataFrame:
               f"(affinity {len(os.sched_getaffinity(0))}), {thread_note()}, load average at the end "
               f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}; {args.draws} + {args.draws} iterations per chain, NUTS "
               f"max_tree_depth={args.depth}, {args.rounds} interleaved rounds (median)")
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / f"mcmc_default_chains{args.suffix}.csv", index=False)
-    (out / f"mcmc_default_chains{args.suffix}.md").write_text(header + "\n\n" + (f"{args.note}\n\n" if args.note else "")
+    out = results_dir("mcmc_default_chains", args.out)
+    table.to_csv(out / f"{args.name}.csv", index=False)
+    write_result(out / f"{args.name}.md", header + "\n\n" + (f"{args.note}\n\n" if args.note else "")
                                                              + markdown(table.astype(object)))
     print(header)
     print(table.to_string(index=False))
@@ -89,8 +88,8 @@ if __name__ == "__main__":
     parser.add_argument("--draws", type=int, default=100)
     parser.add_argument("--depth", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    parser.add_argument("--suffix", default="")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/mcmc_default_chains/)")
+    parser.add_argument("--name", default="results", help="the result files' name (default results)")
     parser.add_argument("--note", default="")
     args = parser.parse_args()
     if args.quick:

@@ -15,7 +15,8 @@ step.
 
 Times are the thread's CPU time (``time.thread_time``), the minimum over ``--repeats``; a loaded machine inflates
 them all (shared cores and caches), so read the ratios. Usage:
-``python benchmarks/nuts_batched.py [--chains 1 2 4 8] [--out benchmarks/results --name nuts_batched_loaded]``.
+``python benchmarks/nuts_batched.py [--chains 1 2 4 8] [--out DIR] [--name results]`` writes ``NAME.md`` (headed by
+the run's provenance) in ``benchmarks/results/nuts_batched/``.
 """
 
 from __future__ import annotations
@@ -24,13 +25,12 @@ import argparse
 import os
 import time
 from collections import Counter
-from pathlib import Path
 
 import pyro
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from _common import bnn, regression
+from _common import bnn, regression, results_dir, write_result
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._nuts import FlatNUTS
@@ -145,10 +145,7 @@ def main(args) -> str:
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."]
     text = "\n".join(lines) + ("\n\n" + args.note if args.note else "")
     print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{args.name}.md").write_text(text + "\n")
+    write_result(results_dir("nuts_batched", args.out) / f"{args.name}.md", text + "\n")
     return text
 
 
@@ -161,6 +158,6 @@ if __name__ == "__main__":
     parser.add_argument("--depth", type=int, default=7)
     parser.add_argument("--warm", type=int, default=10)
     parser.add_argument("--note", default="")
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--name", default="nuts_batched")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/nuts_batched/)")
+    parser.add_argument("--name", default="results", help="the result file's name (default results)")
     main(parser.parse_args())

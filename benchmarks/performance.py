@@ -28,8 +28,9 @@ default; NumPyro: XLA's). The summary table compares each side at its best setti
   ``torch.cuda.max_memory_allocated`` on CUDA); baseline ``baselines.predict_loop``.
 - ``chains``: chains x iterations per second for 1, 2, 4, 8 NUTS chains (``chains.py``).
 
-Usage: ``python benchmarks/performance.py [--quick] [--device cuda] [--out DIR] [--suffix _loaded]``
-writes ``performance{suffix}.md`` / ``.csv``. NumPyro and JAX (the ``bench`` extra) and bayesian-torch
+Usage: ``python benchmarks/performance.py [--quick] [--device cuda] [--out DIR] [--name run1]``
+writes ``NAME.md`` (headed by the run's provenance) / ``.csv`` in ``benchmarks/results/performance/``. NumPyro and
+JAX (the ``bench`` extra) and bayesian-torch
 (``pip install --no-deps bayesian-torch``) are optional: rows for a missing one are skipped.
 """
 
@@ -54,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import baselines  # noqa: E402
 import numpyro_peer  # noqa: E402
 from _common import (DEFAULT_THREADS, SIGMA, bnn, check_device, bulk_ess, forward_draws, markdown, now, per_step,  # noqa: E402
-                     probe_points, regression, thread_note, thread_settings, torch_threads)
+                     probe_points, regression, results_dir, thread_note, thread_settings, torch_threads, write_result)
 
 
 def row(workload, implementation, value, unit, *, threads, default, role="other", **extra) -> dict:
@@ -325,15 +326,14 @@ def main(args) -> pd.DataFrame:
     order = {g: i for i, g in enumerate(dict.fromkeys(table.group))}  # sections in the order they ran
     table = (table.assign(_o=table.group.map(order), _t=table.threads.astype(str)).sort_values(["_o", "_t"], kind="stable")
              .drop(columns=["_o", "_t", "workload"]).round(4))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    name = f"performance{args.suffix}"
+    out = results_dir("performance", args.out)
+    name = args.name
     table.to_csv(out / f"{name}.csv", index=False)
     header = (f"torch {torch.__version__}, device {args.device}, {platform.processor() or platform.machine()}, {thread_note()}; "
               f"{'quick' if args.quick else 'full'} settings; whole run {time.perf_counter() - started:.0f} s. "
               "ratio = value / the workload's baseline at its best thread setting.\n\n"
               + (f"{args.note}\n\n" if args.note else ""))
-    (out / f"{name}.md").write_text(header + "## Summary: bnn_pyro / baseline\n\n" + markdown(summary(table))
+    write_result(out / f"{name}.md", header + "## Summary: bnn_pyro / baseline\n\n" + markdown(summary(table))
                                     + "\n## All rows\n\n" + markdown(table.astype(object).fillna("")))
     print(summary(table).to_string(index=False))
     print(f"whole run: {time.perf_counter() - started:.0f} s")
@@ -350,8 +350,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--nuts-depth", type=int, default=None, help="max tree depth; default 6 (4 with --quick)")
     p.add_argument("--chains", type=int, nargs="+", default=None, help="chain counts; default 1 2 4 8 (1 2 with --quick)")
     p.add_argument("--only", nargs="+", default=["svi", "nuts", "predict", "chains"])
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    p.add_argument("--suffix", default="", help="appended to the output names, e.g. _loaded")
+    p.add_argument("--out", default=None, help="the folder written (default benchmarks/results/performance/)")
+    p.add_argument("--name", default="results", help="the result files' name, NAME.md and NAME.csv (default results)")
     p.add_argument("--note", default="", help="a line written under the header (e.g. the machine's load)")
     return p
 

@@ -20,8 +20,9 @@ every millisecond by a thread (``performance.PeakMemory``) and ``maxrss_mb``, ``
 peak after the call minus the resident set before it (an upper bound that no sampling can miss).
 
 Usage: ``python benchmarks/predict.py [--quick] [--repeats 3] [--only speed memory] [--memory-points N]
-[--memory-draws S] [--memory-kinds ...] [--memory-repeats R] [--note TEXT] [--suffix _loaded]``. An earlier
-revision is measured by putting its ``bnn_pyro`` first on ``PYTHONPATH`` (``git archive REV bnn_pyro | tar -x -C DIR``). writes ``benchmarks/results/predict{suffix}.md`` / ``.csv``.
+[--memory-draws S] [--memory-kinds ...] [--memory-repeats R] [--note TEXT] [--name speed]``. An earlier
+revision is measured by putting its ``bnn_pyro`` first on ``PYTHONPATH`` (``git archive REV bnn_pyro | tar -x -C
+DIR``). Writes ``NAME.md`` (headed by the run's provenance) / ``.csv`` in ``benchmarks/results/predict/``.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ import bnn_pyro as bp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import baselines  # noqa: E402
-from _common import DEFAULT_THREADS, SIGMA, bnn, markdown, regression, thread_note, thread_settings  # noqa: E402
+from _common import (DEFAULT_THREADS, SIGMA, bnn, markdown, regression, results_dir, thread_note,  # noqa: E402
+                     thread_settings, write_result)
 from performance import PeakMemory  # noqa: E402
 
 KINDS = {"loop": "hand-written loop over draws (addmm, tanh_, addmm, running sums)",
@@ -158,10 +160,9 @@ def main(args) -> pd.DataFrame:
               "ratio = wall time / the tighter hand-written baseline's at the same thread setting (role baseline). "
               "mean_vs_loop: mean absolute difference of the predictive mean from the loop's.\n\n"
               + (f"{args.note}\n\n" if args.note else ""))
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / f"predict{args.suffix}.csv", index=False)
-    (out / f"predict{args.suffix}.md").write_text(header + markdown(table))
+    out = results_dir("predict", args.out)
+    table.to_csv(out / f"{args.name}.csv", index=False)
+    write_result(out / f"{args.name}.md", header + markdown(table))
     print(f"whole run: {time.perf_counter() - started:.0f} s")
     return table
 
@@ -175,8 +176,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-draws", type=int, default=None, help="draws of the memory case (default 1,000)")
     p.add_argument("--memory-kinds", nargs="+", default=None, choices=list(KINDS), help="implementations of the memory case")
     p.add_argument("--memory-repeats", type=int, default=None, help="fresh processes per memory row (default --repeats)")
-    p.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    p.add_argument("--suffix", default="", help="appended to the result files' names, e.g. _loaded")
+    p.add_argument("--out", default=None, help="the folder written (default benchmarks/results/predict/)")
+    p.add_argument("--name", default="results", help="the result files' name, NAME.md and NAME.csv (default results)")
     p.add_argument("--note", default="", help="a line for the header (e.g. what else ran on the machine)")
     return p
 

@@ -15,8 +15,9 @@ of 50 units, Normal(0, 1) prior, Gaussian noise 0.1, one torch thread):
 
 ``--device cuda`` puts the model, data and draws on that device (timers read after a synchronize).
 
-Usage: ``python benchmarks/scaling.py [--quick] [--device cuda] [--out DIR] [--suffix _loaded]`` writes
-``scaling{suffix}.csv``, ``.md`` and ``.png`` (log-log curves, one row per workload and one column per factor,
+Usage: ``python benchmarks/scaling.py [--quick] [--device cuda] [--out DIR] [--name results]`` writes ``NAME.csv``,
+``.md`` (headed by the run's provenance) and ``.png`` in ``benchmarks/results/scaling/``
+(log-log curves, one row per workload and one column per factor,
 with the line of linear growth through each curve's first point).
 """
 
@@ -33,7 +34,8 @@ import torch
 import bnn_pyro as bp
 
 sys.path.insert(0, str(Path(__file__).parent))
-from _common import bnn, check_device, markdown, now, regression, thread_note  # noqa: E402  (the performance table's MLP and data)
+# the performance table's MLP and data
+from _common import bnn, check_device, markdown, now, regression, results_dir, thread_note, write_result  # noqa: E402
 
 BASE = dict(n=1000, width=50, depth=1, particles=1, draws=500)
 
@@ -128,14 +130,13 @@ def main(args) -> pd.DataFrame:
                 rows.append(dict(workload=workload, factor=factor, value=value, cost=round(cost, 3), unit=unit))
                 print(rows[-1], flush=True)
     table = pd.DataFrame(rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / f"scaling{args.suffix}.csv", index=False)
-    (out / f"scaling{args.suffix}.md").write_text(
+    out = results_dir("scaling", args.out)
+    table.to_csv(out / f"{args.name}.csv", index=False)
+    write_result(out / f"{args.name}.md",
         f"torch {torch.__version__}, device {device}, 1 thread ({thread_note()}), {'quick' if args.quick else 'full'} "
         "settings; one factor varied at a time (see benchmarks/scaling.py)\n\n" + (f"{args.note}\n\n" if args.note else "")
         + markdown(table))
-    plot(table, out / f"scaling{args.suffix}.png")
+    plot(table, out / f"{args.name}.png")
     return table
 
 
@@ -177,7 +178,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small settings (a smoke run)")
     parser.add_argument("--device", default="cpu", help="torch device of the models and data, e.g. cuda (default cpu)")
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
-    parser.add_argument("--suffix", default="", help="appended to the output names, e.g. _loaded")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/scaling/)")
+    parser.add_argument("--name", default="results", help="the result files' name (default results)")
     parser.add_argument("--note", default="", help="a line written under the header (e.g. the machine's load)")
     main(parser.parse_args())

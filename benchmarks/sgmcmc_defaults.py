@@ -12,7 +12,8 @@ Usage::
 
     python benchmarks/sgmcmc_defaults.py --datasets diabetes,friedman1,heteroscedastic --splits 8 --methods sghmc
 
-writes ``sgmcmc_defaults.csv`` and ``sgmcmc_defaults.md`` in ``--out`` (default ``benchmarks/results``).
+writes ``results.csv`` and ``results.md`` (headed by the run's provenance) in ``--out`` (default
+``benchmarks/results/sgmcmc_defaults/``).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 
 import bnn_pyro as bp
 import uci  # benchmarks/ is the script's folder
-from _common import markdown
+from _common import markdown, results_dir, write_result
 
 
 def one(method: str, split, dataset: str) -> dict:
@@ -64,21 +65,20 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--datasets", default="diabetes,friedman1,heteroscedastic")
     parser.add_argument("--methods", default="sghmc")
     parser.add_argument("--splits", type=int, default=8)
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/sgmcmc_defaults/)")
     parser.add_argument("--summary-only", action="store_true", help="rewrite the .md from the .csv")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     rows = []
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir("sgmcmc_defaults", args.out)
     for dataset in [] if args.summary_only else args.datasets.split(","):
         splits = uci.make_splits(dataset=dataset, n_splits=args.splits)
         for method in args.methods.split(","):
             for split in splits:
                 rows.append(one(method, split, dataset))
                 print(rows[-1], flush=True)
-                pd.DataFrame(rows).to_csv(out / "sgmcmc_defaults.csv", index=False)
-    table = pd.read_csv(out / "sgmcmc_defaults.csv", dtype={"error": "string"}).fillna({"error": ""}) if args.summary_only else pd.DataFrame(rows)
+                pd.DataFrame(rows).to_csv(out / "results.csv", index=False)
+    table = pd.read_csv(out / "results.csv", dtype={"error": "string"}).fillna({"error": ""}) if args.summary_only else pd.DataFrame(rows)
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     header = (f"# sgld / sghmc at their defaults on the regression benchmark's splits\n\n"
               f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, commit {_commit()}, {platform.machine()} "
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
               f"Finished {int(table.finished.sum())} of {len(table)} fits; recoveries from a divergence: "
               f"{int(table.recoveries.sum())}; fits whose step fell during warm-up (a later estimate or the guard): "
               f"{int(table.step_fell_in_warmup.sum())}.\n\n")
-    (out / "sgmcmc_defaults.md").write_text(header + markdown(table.round(3)) + "\n")
+    write_result(out / "results.md", header + markdown(table.round(3)) + "\n")
     return table
 
 

@@ -10,8 +10,8 @@ rows per second of fit wall time and peak RSS, with ratios to the in-memory run 
 The stream's wall time includes making its batches (its stand-in for reading them from disk); the
 baseline's tensor is built before the clock starts, but its peak RSS includes building it.
 
-Usage: ``python benchmarks/streaming.py [--rows 1000000] [--out benchmarks/results]`` writes
-``streaming.md`` and ``streaming.csv``.
+Usage: ``python benchmarks/streaming.py [--rows 1000000] [--out DIR]`` writes ``results.md`` (headed by the run's
+provenance) and ``results.csv`` in ``benchmarks/results/streaming/``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ import pandas as pd
 import torch
 
 import bnn_pyro as bp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
+from _common import results_dir, write_result  # noqa: E402
 
 FEATURES, BATCH = 16, 1000
 METHODS = {
@@ -89,11 +92,10 @@ def main(args) -> pd.DataFrame:
     base = table[table["data"] == "tensor"].set_index("method")
     table["throughput_ratio_to_tensor"] = (table["rows_per_s"] / table["method"].map(base["rows_per_s"])).round(2)
     table["peak_rss_ratio_to_tensor"] = (table["peak_rss_mb"] / table["method"].map(base["peak_rss_mb"])).round(2)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    table.to_csv(out / "streaming.csv", index=False)
+    out = results_dir("streaming", args.out)
+    table.to_csv(out / "results.csv", index=False)
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
-    (out / "streaming.md").write_text(markdown(table) + f"\nLoad average (1/5/15 min) at the end of the run: {load}; "
+    write_result(out / "results.md", markdown(table) + f"\nLoad average (1/5/15 min) at the end of the run: {load}; "
                                       f"{os.cpu_count()} CPUs, one torch thread per fit.\n")
     print(table.to_string(index=False))
     return table
@@ -108,7 +110,7 @@ def markdown(table: pd.DataFrame) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/streaming/)")
     parser.add_argument("--case", help=argparse.SUPPRESS)  # "method,source": one fit, JSON on stdout
     cli = parser.parse_args()
     if cli.case:

@@ -7,9 +7,10 @@ name:key=value,key=value``); the baselines are ``laplace`` and ``ensemble`` at t
 
 Usage::
 
-    python benchmarks/svi_defaults.py --dataset friedman1_low_noise,friedman1 --splits 3 --out benchmarks/results
+    python benchmarks/svi_defaults.py --dataset friedman1_low_noise,friedman1 --splits 3
 
-writes ``svi_defaults_splits.csv`` (one row per dataset, split and variant) and ``svi_defaults.md`` (per dataset:
+writes, in ``benchmarks/results/svi_defaults/``, ``splits.csv`` (one row per dataset, split and variant) and
+``results.md`` (headed by the run's provenance; per dataset:
 mean ± SE over splits, and the paired test-LL difference to Laplace on the same splits).
 """
 
@@ -21,13 +22,13 @@ import math
 import platform
 import subprocess
 import time
-from pathlib import Path
 
 import pandas as pd
 import torch
 
 import bnn_pyro as bp
 from uci import make_model, make_splits, run_one
+from _common import results_dir, write_result  # noqa: E402 - uci put benchmarks/ on sys.path
 
 BASELINES = ("laplace", "ensemble")
 MAP_STEPS = 1000
@@ -76,11 +77,10 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], help="name:key=value,... (replaces the defaults)")
     parser.add_argument("--baselines", default=",".join(BASELINES), help="comma list (laplace is the reference)")
     parser.add_argument("--note", default="")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/svi_defaults/)")
     args = parser.parse_args()
     variants = dict(_parse_variant(v) for v in args.variant) if args.variant else DEFAULT_VARIANTS
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    out = results_dir("svi_defaults", args.out)
     rows = []
     for dataset in args.dataset.split(","):
         for split in _splits(dataset, args.splits):
@@ -102,8 +102,8 @@ def main() -> None:
                 rows.append(row)
                 print(dataset, split.split, label, f"{row.get('test_ll', math.nan):.3f}", f"{row.get('rmse', math.nan):.3f}",
                       f"{row.get('time_s', math.nan):.1f}s", row["error"], row["warnings"][:100], flush=True)
-                pd.DataFrame(rows).to_csv(out / "svi_defaults_splits.csv", index=False)
-    (out / "svi_defaults.md").write_text(report(pd.DataFrame(rows), args.note))
+                pd.DataFrame(rows).to_csv(out / "splits.csv", index=False)
+    write_result(out / "results.md", report(pd.DataFrame(rows), args.note))
 
 
 def report(rows: pd.DataFrame, note: str) -> str:

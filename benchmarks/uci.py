@@ -29,16 +29,16 @@ splits from ``bp.datasets.make_uci_splits`` (split k from seed k); or any folder
 
 Usage::
 
-    python benchmarks/uci.py --dataset diabetes --splits 20 --methods all --out benchmarks/results
+    python benchmarks/uci.py --dataset diabetes --splits 20 --methods all   # into benchmarks/results/uci/
     python benchmarks/uci.py --dataset diabetes --quick                     # 2 splits, smoke test
     python benchmarks/uci.py --path UCI_Datasets/yacht/data --methods svi,nuts --splits 5
     python benchmarks/uci.py --dataset friedman1 --methods svi --option svi:num_steps=2000
     python benchmarks/uci.py --dataset diabetes --splits 5 --only-splits 3,4 --out part2   # then merge with --resume
 
-writes ``uci_<dataset>_splits.csv`` (one row per split and engine, appended as each fit ends, so a
-partial run is kept; ``--resume`` goes on from it), ``uci_<dataset>.csv`` and ``uci_<dataset>.md``
-(the summary, rewritten after each split) and
-``uci_test_ll.png`` (test LL per engine with SE bars, one panel per dataset summary in ``--out``).
+writes, in ``--out`` (default ``benchmarks/results/uci/``), ``<dataset>_splits.csv`` (one row per split and engine,
+appended as each fit ends, so a partial run is kept; ``--resume`` goes on from it), ``<dataset>.csv`` and
+``<dataset>.md`` (the summary, rewritten after each split, headed by the run's provenance) and ``test_ll.png`` (test
+LL per engine with SE bars, one panel per dataset summary in ``--out``).
 """
 
 from __future__ import annotations
@@ -48,6 +48,7 @@ import ast
 import math
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -57,6 +58,9 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro import metrics
 from bnn_pyro.comparison import sources
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when this file is loaded by path
+from _common import results_dir, write_result  # noqa: E402
 
 METRICS = ["test_ll", "rmse", "coverage_95", "calibration_error", "epistemic_sd", "noise_sd", "time_s"]
 LABELS = {"test_ll": "test LL", "rmse": "RMSE", "coverage_95": "95% cov.", "calibration_error": "cal. err.",
@@ -166,8 +170,11 @@ def _cell(mean: float, se: float, metric: str) -> str:
 
 
 def plot(out: Path) -> Path | None:
-    """Test LL per engine with SE bars, one panel per ``uci_<dataset>.csv`` summary in ``out``."""
-    files = sorted(p for p in out.glob("uci_*.csv") if not p.stem.endswith("_splits"))
+    """Test LL per engine with SE bars, one panel per ``<dataset>.csv`` summary in ``out`` (a summary: its ``.md``
+    is this script's table for that dataset; other CSVs in the folder, e.g. a ``<dataset>_before.csv`` kept for
+    reference, are left out)."""
+    files = sorted(p for p in out.glob("*.csv") if p.with_suffix(".md").exists()
+                   and f"# UCI protocol: {p.stem}\n" in p.with_suffix(".md").read_text())
     if not files:
         return None
     import matplotlib
@@ -182,11 +189,11 @@ def plot(out: Path) -> Path | None:
         ax.errorbar(table["test_ll"], range(len(table)), xerr=table["test_ll_se"].fillna(0), fmt="o", capsize=3)
         ax.set_yticks(range(len(table)), table["method"])
         ax.invert_yaxis()
-        ax.set_title(file.stem.removeprefix("uci_"))
+        ax.set_title(file.stem)
         ax.set_xlabel("test LL per point (mean ± SE over splits)")
         ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    path = out / "uci_test_ll.png"
+    path = out / "test_ll.png"
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
@@ -197,11 +204,11 @@ def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: 
         options: dict[str, dict] | None = None, resume: bool = False, note: str = "",
         max_fit_seconds: float | None = None, verbose: bool = True) -> pd.DataFrame:
     """Every method on every split (splits outer, so a partial run has every engine on the same splits).
-    Per-split rows are appended to ``uci_<name>_splits.csv`` as each fit ends and the summary is
+    Per-split rows are appended to ``<name>_splits.csv`` as each fit ends and the summary is
     rewritten after each split; ``resume=True`` keeps the rows already there and fits only the
     (split, method) pairs they lack. Returns the summary."""
     out.mkdir(parents=True, exist_ok=True)
-    per_split = out / f"uci_{name}_splits.csv"
+    per_split = out / f"{name}_splits.csv"
     rows = []
     if resume and per_split.exists():
         rows = read_rows(per_split).to_dict("records")
@@ -225,7 +232,7 @@ def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: 
 
 
 def read_rows(path: Path) -> pd.DataFrame:
-    """The per-split rows of a ``uci_<name>_splits.csv`` (empty error/warning cells as "")."""
+    """The per-split rows of a ``<name>_splits.csv`` (empty error/warning cells as "")."""
     rows = pd.read_csv(path, dtype={"error": str, "warnings": str})
     rows[["error", "warnings"]] = rows[["error", "warnings"]].fillna("")
     return rows
@@ -233,10 +240,10 @@ def read_rows(path: Path) -> pd.DataFrame:
 
 def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dict | None,
                   note: str = "") -> pd.DataFrame:
-    """``uci_<name>.csv`` and ``.md`` from the per-split rows, and the plot."""
+    """``<name>.csv`` and ``.md`` from the per-split rows, and the plot."""
     rows = rows[rows["split"].isin([s.split for s in splits])]
     summary = summarize(rows)
-    summary.to_csv(out / f"uci_{name}.csv", index=False)
+    summary.to_csv(out / f"{name}.csv", index=False)
     d = splits[0].x_train.shape[1]
     n = splits[0].x_train.shape[0] + splits[0].x_test.shape[0]
     done = sorted(set(int(k) for k in rows["split"]))
@@ -245,7 +252,7 @@ def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dic
              + (f" except {options}" if options else "") + ".",
              f"Mean ± standard error over splits. Measured with torch {torch.__version__} on {platform.machine()} "
              f"(bp.fit's default of one torch thread), git {git_commit()}." + (f" {note}" if note else "")]
-    (out / f"uci_{name}.md").write_text(markdown(summary, f"UCI protocol: {name}", notes))
+    write_result(out / f"{name}.md", markdown(summary, f"UCI protocol: {name}", notes))
     plot(out)
     return summary
 
@@ -283,13 +290,13 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     parser.add_argument("--option", action="append", default=[], help="method:key=value, for experiments")
     parser.add_argument("--quick", action="store_true", help="2 splits (smoke test)")
     parser.add_argument("--only-splits", help="a comma list of split numbers to run, e.g. 3,4 (of the --splits)")
-    parser.add_argument("--resume", action="store_true", help="keep the rows of uci_<dataset>_splits.csv in --out "
+    parser.add_argument("--resume", action="store_true", help="keep the rows of <dataset>_splits.csv in --out "
                         "and fit only the missing (split, method) pairs")
-    parser.add_argument("--summarize", action="store_true", help="fit nothing: rebuild uci_<dataset>.md/.csv and "
-                        "the plot from the rows of uci_<dataset>_splits.csv in --out (e.g. after merging partial runs)")
+    parser.add_argument("--summarize", action="store_true", help="fit nothing: rebuild <dataset>.md/.csv and "
+                        "the plot from the rows of <dataset>_splits.csv in --out (e.g. after merging partial runs)")
     parser.add_argument("--max-fit-seconds", type=float, help="record a fit that runs longer as an error and go on")
     parser.add_argument("--note", default="", help="a line added to the Markdown summary (e.g. the machine's load)")
-    parser.add_argument("--out", default="benchmarks/results")
+    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/uci/)")
     args = parser.parse_args(argv)
     methods = [m.value for m in bp.infer.Method] if args.methods == "all" else args.methods.split(",")
     for m in methods:
@@ -302,7 +309,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
                  dict(path=args.path)}
     else:
         names = {name: dict(dataset=name) for name in args.dataset.split(",")}
-    summaries = {}
+    summaries, out = {}, results_dir("uci", args.out)
     for name, source in names.items():
         splits = make_splits(n_splits=n_splits, **source)
         if args.only_splits:
@@ -311,11 +318,11 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
             if not splits:
                 raise SystemExit(f"--only-splits: none of {sorted(keep)} is among the splits 0..{n_splits - 1}.")
         if args.summarize:
-            rows = read_rows(Path(args.out) / f"uci_{name}_splits.csv")
+            rows = read_rows(out / f"{name}_splits.csv")
             rows = rows[rows["method"].isin(methods)]
-            summaries[name] = write_summary(rows, splits, name, Path(args.out), options, args.note)
+            summaries[name] = write_summary(rows, splits, name, out, options, args.note)
         else:
-            summaries[name] = run(splits, methods, name, Path(args.out), options=options, resume=args.resume,
+            summaries[name] = run(splits, methods, name, out, options=options, resume=args.resume,
                                   note=args.note, max_fit_seconds=args.max_fit_seconds)
     return summaries
 

@@ -36,7 +36,6 @@ Example
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +43,7 @@ import torch
 from bnn_pyro._checks import probability
 from bnn_pyro.metrics import _probs_and_labels, _regression_target
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, _entropy
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["TemperatureScaling", "VectorScaling", "ScaleRecalibration", "QuantileRecalibration", "pit"]
 
@@ -185,8 +185,8 @@ class QuantileRecalibration:
         levels = torch.quantile(self.pit_values, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
         if levels[0] <= 0.0 or levels[1] >= 1.0:
             outside = float(((self.pit_values <= 0.0) | (self.pit_values >= 1.0)).double().mean())
-            warnings.warn(f"the predictive draws are too narrow for a recalibrated {interval:.0%} interval: "
-                          f"{outside:.1%} of the held-out targets fell outside all draws, and this interval cannot reach beyond "
-                          "them; use ScaleRecalibration, or predict with more draws.", UserWarning, stacklevel=2)
+            warn(f"the predictive draws are too narrow for a recalibrated {interval:.0%} interval: "
+                 f"{outside:.1%} of the held-out targets fell outside all draws, and this interval cannot reach beyond "
+                 "them; use ScaleRecalibration, or predict with more draws.", UserWarning)
         q = pred.quantiles(levels)  # block by block: never all draws x points at once
         return dataclasses.replace(pred, lower=q[0], upper=q[1], interval=interval)

@@ -310,7 +310,8 @@ def _write_all_outputs(post, entry, out: Path) -> list[Path]:
         written.append(path)
 
     params = _trace_params(post)
-    axes = az.plot_trace(diagnostics.from_dict(posterior=plots.scalars(post, params)), compact=False)
+    with plots.arviz_plotting():
+        axes = az.plot_trace(diagnostics.from_dict(posterior=plots.scalars(post, params)), compact=False)
     axes.ravel()[0].figure.tight_layout()
     written.append(_savefig(axes.ravel()[0].figure, out / "trace.png"))
     x_plot = entry.x if entry.x_test is None else entry.x_test

@@ -35,6 +35,7 @@ import torch
 from bnn_pyro._checks import check_data, choice, flag, positive_int
 from bnn_pyro._upstream_private import arviz_log_level
 from bnn_pyro.model import BNN
+from bnn_pyro import user_warnings
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
@@ -147,10 +148,10 @@ def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool |
               "sample_stats": sample_stats(post)}
     unbound = getattr(post.model, "is_unbound", False)
     if x is None and (log_likelihood or posterior_predictive):
-        warnings.warn("to_inference_data: no data for the log_likelihood and posterior_predictive groups (the fit "
-                      "streamed its batches, so the posterior holds no training data); LOO and WAIC need them: pass "
-                      "x= and y= (e.g. a subset that fits in memory), or log_likelihood=False, "
-                      "posterior_predictive=False to silence this.", UserWarning, stacklevel=2)
+        user_warnings.warn(
+            "to_inference_data: no data for the log_likelihood and posterior_predictive groups (the fit streamed its "
+            "batches, so the posterior holds no training data); LOO and WAIC need them: pass x= and y= (e.g. a subset "
+            "that fits in memory), or log_likelihood=False, posterior_predictive=False to silence this.", UserWarning)
     if x is not None:
         is_bnn = isinstance(post.model, BNN)
         x, y = check_data(x, y, device=post.model.device if is_bnn else None,
@@ -288,7 +289,7 @@ def summary(post: Posterior, *, space: str = "weights", x=None, var_names: Seque
                                     "(independent restarts for SVI) to check convergence between chains.")
     if warn:
         for message in _problems(post, table, kind):
-            warnings.warn(" ".join([message] + table.attrs["notes"]), DiagnosticWarning, stacklevel=3)
+            user_warnings.warn(" ".join([message] + table.attrs["notes"]), DiagnosticWarning)
     return table
 
 

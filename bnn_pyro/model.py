@@ -225,9 +225,9 @@ class BNN(nn.Module):
     def draws_per_chunk(self, x: torch.Tensor, budget_bytes: int = 8 * 2**20) -> int:
         """How many weight draws to evaluate at once on ``x``: for a stack of Linear layers and
         activations, as many as keep the widest layer's output near ``budget_bytes`` (at most 64, at
-        least 1), else 64. Chunks of a few MB ran ~1.7x faster than chunks of ~128 MB here (0.95 vs
-        1.65 s for 500 draws of a 1-50-1 MLP at 10,000 points), likely because the allocator reuses
-        small blocks, which stay in cache, where large ones are mapped and faulted in anew."""
+        least 1), else 64. Chunks of a few MB run faster than chunks of ~128 MB (measured:
+        ``benchmarks/results/docstring_figures/results.md``), likely because the allocator reuses small
+        blocks, which stay in cache, where large ones are mapped and faulted in anew."""
         row = self._row_bytes(x)
         return 64 if row is None else max(1, min(64, budget_bytes // max(x.shape[0] * row, 1)))
 
@@ -327,7 +327,7 @@ class BNN(nn.Module):
             return _functional(self._template, params, buffers, x)
         flat = {n: p.expand(batch + self.param_shapes[n]).reshape((-1,) + self.param_shapes[n]) for n, p in params.items()}
         layers = _linear_stack(self._template) if not per_draw and isinstance(x, torch.Tensor) and x.dim() == 2 else None
-        if layers is not None:  # batched matrix products: ~1.3x faster than vmap over functional_call here
+        if layers is not None:  # batched matrix products: faster than vmap over functional_call (docstring_figures)
             frozen = {n: own[n].expand((math.prod(batch),) + own[n].shape) for n in self.frozen_names}
             out = _run_linear_stack(layers, {**frozen, **flat}, x, self._template)
             return out.reshape(batch + out.shape[1:])

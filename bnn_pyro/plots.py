@@ -18,13 +18,16 @@ Example
 
 from __future__ import annotations
 
+import contextlib
 import re
-from typing import TYPE_CHECKING, Sequence
+import warnings
+from typing import TYPE_CHECKING, Iterator, Sequence
 
 import arviz as az
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+from matplotlib import MatplotlibDeprecationWarning
 from matplotlib.figure import Figure
 
 from bnn_pyro import diagnostics, metrics, selective
@@ -34,10 +37,24 @@ from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
 
-__all__ = ["plot_trace", "plot_rank", "plot_energy", "plot_pair", "plot_predictive", "plot_reliability",
+__all__ = ["arviz_plotting", "plot_trace", "plot_rank", "plot_energy", "plot_pair", "plot_predictive", "plot_reliability",
            "plot_calibration", "plot_rejection"]
 
 _SCALAR = re.compile(r"^(?P<name>.+?)(\[(?P<index>[\d,\s]*)\])?$")
+
+
+@contextlib.contextmanager
+def arviz_plotting() -> Iterator[None]:
+    """Around a call of an ArviZ plot function: ignore the ``MatplotlibDeprecationWarning`` s that ArviZ's own
+    code triggers (ArviZ 0.23 calls Matplotlib APIs that Matplotlib 3.10+ deprecates, about 20 warnings per
+    plot once warnings are shown), and nothing else.
+
+    Only warnings attributed to ArviZ's modules are ignored, and only inside the ``with`` block
+    (``warnings.catch_warnings`` restores the filters on exit), so a user's own Matplotlib code, before or
+    after, still shows its deprecations."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=MatplotlibDeprecationWarning, module=r"arviz(\.|$)")
+        yield
 
 
 def _figure(axes) -> Figure:
@@ -93,13 +110,17 @@ def plot_trace(post: Posterior, var_names: Sequence[str] | None = None, **kwargs
     unknown = [n for n in var_names or [] if n not in post.samples]
     if unknown:
         raise ValueError(f"var_names: unknown site(s) {unknown}; this posterior has {list(post.samples)}.")
-    return _figure(az.plot_trace(_samples_only(post), var_names=var_names, compact=True, **kwargs))
+    with arviz_plotting():
+        axes = az.plot_trace(_samples_only(post), var_names=var_names, compact=True, **kwargs)
+    return _figure(axes)
 
 
 def plot_rank(post: Posterior, params: Sequence[str] | None = None, *, limit: int = 8, **kwargs) -> Figure:
     """ArviZ rank plot (rank histograms per chain; flat when chains mix) of chosen scalars."""
     data = scalars(post, params, limit=positive_int("limit", limit))
-    return _figure(az.plot_rank(_samples_only(post, data), **kwargs))
+    with arviz_plotting():
+        axes = az.plot_rank(_samples_only(post, data), **kwargs)
+    return _figure(axes)
 
 
 def plot_pair(post: Posterior, params: Sequence[str] | None = None, *, limit: int = 4, **kwargs) -> Figure:
@@ -109,7 +130,9 @@ def plot_pair(post: Posterior, params: Sequence[str] | None = None, *, limit: in
         raise ValueError(f"params: a pair plot needs at least 2 scalars, got {list(data)}; name two, "
                          "e.g. ['0.weight[0, 0]', '0.bias[0]'].")
     kwargs.setdefault("divergences", "diverging" in diagnostics.sample_stats(post))
-    return _figure(az.plot_pair(_samples_only(post, data), **kwargs))
+    with arviz_plotting():
+        axes = az.plot_pair(_samples_only(post, data), **kwargs)
+    return _figure(axes)
 
 
 def plot_energy(post: Posterior, **kwargs) -> Figure:
@@ -120,7 +143,9 @@ def plot_energy(post: Posterior, **kwargs) -> Figure:
             f"this posterior (method={post.method!r}) has {sorted(post.sample_stats) or 'no sample stats'}. "
             "Use plot_trace or plot_rank instead."
         )
-    return _figure(az.plot_energy(_samples_only(post), **kwargs))
+    with arviz_plotting():
+        axes = az.plot_energy(_samples_only(post), **kwargs)
+    return _figure(axes)
 
 
 def plot_predictive(post: Posterior, x=None, *, interval: float = 0.95, num_samples: int | None = None,

@@ -184,7 +184,7 @@ def summarize(source: PredictiveDraws, task: str, *, interval: float | None = 0.
 def _by_block(source: PredictiveDraws, block, *, aligned: bool = False, dim: int = 0) -> tuple[torch.Tensor, ...]:
     """``block(rows)`` (a tuple of per-row results, rows along ``dim``) for every block, written into results
     allocated once: small results kept between the blocks' large temporaries would fragment the C heap (the
-    resident set grew by about a block per block; ``benchmarks/results/predict_1m_loaded.md``)."""
+    resident set grew by about a block per block; ``benchmarks/results/predict/one_million_points.md``)."""
     out = None
     for rows in source.chunks(aligned=aligned):
         parts = block(rows)

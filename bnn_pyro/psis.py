@@ -40,7 +40,6 @@ Example
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +49,7 @@ from torch.distributions import biject_to
 
 from bnn_pyro._checks import check_data, seed as check_seed
 from bnn_pyro.model import BNN
+from bnn_pyro import user_warnings
 
 __all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX"]
 
@@ -154,12 +154,12 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
     if warn and not result.reliable:
         from bnn_pyro.diagnostics import DiagnosticWarning
 
-        warnings.warn(
+        user_warnings.warn(
             f"psis: Pareto k_hat = {result.k_hat:.2f} > {K_HAT_MAX} for this {post.method} approximation (ESS of the "
             f"weights {result.ess:.0f} of {len(idx)}): q misses posterior mass (usually it is too narrow), so its "
             "means, intervals and predictions, and importance-reweighted ones, are unreliable (Yao et al. 2018). "
             "Try a richer approximation (svi guide='full_rank' or 'low_rank'; laplace structure='full'), a longer "
-            "fit, or an MCMC method (method='nuts').", DiagnosticWarning, stacklevel=3)
+            "fit, or an MCMC method (method='nuts').", DiagnosticWarning)
     return result
 
 

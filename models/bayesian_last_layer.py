@@ -1,6 +1,7 @@
 """A Bayesian last layer on a pretrained, frozen feature extractor (8x8 digits).
 
-A deterministic MLP is trained by plain torch (Adam, cross-entropy; 8.5 s on a shared 2-core machine at load 6) on the
+A deterministic MLP is trained by plain torch (Adam, cross-entropy; seconds, measured in
+benchmarks/results/docstring_figures/results.md) on the
 training digits; its hidden layers become a frozen backbone (``requires_grad_(False)``: every engine keeps
 them at the trained values) and a fresh ``nn.Linear`` head on its features is the only Bayesian part
 (``bayesian=["1.*"]``). The head's posterior is a Bayesian multinomial logistic regression on learned

@@ -4,7 +4,8 @@ Each reference is one JSON file ``models/reference/<name>.json`` (posteriordb st
 ``models/reference/README.md``): the function-space summary of the posterior at fixed inputs
 (mean, sd and their Monte Carlo standard errors, R-hat and ESS of ``f(x)``) and the provenance
 (engine, settings, seed, diagnostics, versions, date, wall time). The NUTS reference (8 chains x
-2,000 iterations) takes about 25 minutes on an idle 2-core machine; the analytic one a second.
+2,000 iterations) takes tens of minutes, the analytic one a second (measured:
+benchmarks/results/docstring_figures/results.md).
 """
 
 from __future__ import annotations

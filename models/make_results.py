@@ -1,6 +1,6 @@
 """Fit every zoo entry with its default method and settings; write ``models/results/README.md``.
 
-``python -m bnn_pyro.models.make_results`` (a few minutes on 2 cores). The table is generated,
+``python -m bnn_pyro.models.make_results`` (minutes). The table is generated,
 never edited by hand: wall time is the fit alone (not data loading or evaluation), metrics are on
 each entry's held-out data (``Entry.evaluate``).
 """

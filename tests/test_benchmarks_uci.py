@@ -41,7 +41,7 @@ def test_runner_end_to_end_matches_a_hand_computation(uci, tmp_path):
     for method, options in CHEAP.items():
         argv += [f"--option={method}:{k}={v}" for k, v in options.items()]
     summary = uci.main(argv)["tiny"]
-    rows = pd.read_csv(out / "uci_tiny_splits.csv", keep_default_na=False)
+    rows = pd.read_csv(out / "tiny_splits.csv", keep_default_na=False)
     assert list(rows["method"]) == ["svi", "mc_dropout", "swa"] * 2 and list(rows["split"]) == [0, 0, 0, 1, 1, 1]
     assert (rows.loc[rows["method"] == "swa", "error"].str.contains("not_an_option")).all()
     assert (rows.loc[rows["method"] != "swa", "error"] == "").all()
@@ -64,7 +64,7 @@ def test_runner_end_to_end_matches_a_hand_computation(uci, tmp_path):
         assert float(row["epistemic_sd"]) == pytest.approx(epistemic, rel=1e-5)
 
     # the summary is the mean and standard error (ddof 1) of the per-split values, in the CSV and the Markdown
-    table = pd.read_csv(out / "uci_tiny.csv", keep_default_na=False).set_index("method")
+    table = pd.read_csv(out / "tiny.csv", keep_default_na=False).set_index("method")
     for method in ("svi", "mc_dropout"):
         for metric in uci.METRICS:
             values = [float(v) for v in rows.loc[rows["method"] == method, metric]]
@@ -73,15 +73,15 @@ def test_runner_end_to_end_matches_a_hand_computation(uci, tmp_path):
             assert float(table.loc[method, f"{metric}_se"]) == pytest.approx(se, rel=1e-9, abs=1e-12)
         assert table.loc[method, "splits_ok"] == 2
     assert table.loc["swa", "splits_ok"] == 0 and "not_an_option" in table.loc["swa", "error"]
-    text = (out / "uci_tiny.md").read_text()
+    text = (out / "tiny.md").read_text()
     ll, ll_se = summary.set_index("method").loc["svi", ["test_ll", "test_ll_se"]]
     assert f"| svi | {ll:.3f} ± {ll_se:.3f} |" in text
-    assert (out / "uci_test_ll.png").stat().st_size > 0
+    assert (out / "test_ll.png").stat().st_size > 0
 
     # --resume fits only the pairs missing from the per-split file (here the last two) and rebuilds the table
-    rows.iloc[:4].to_csv(out / "uci_tiny_splits.csv", index=False)
+    rows.iloc[:4].to_csv(out / "tiny_splits.csv", index=False)
     again = uci.main(argv + ["--resume"])["tiny"]
-    redone = pd.read_csv(out / "uci_tiny_splits.csv", keep_default_na=False)
+    redone = pd.read_csv(out / "tiny_splits.csv", keep_default_na=False)
     assert list(zip(redone["method"], redone["split"])) == list(zip(rows["method"], rows["split"]))
     assert float(redone.loc[4, "test_ll"]) == pytest.approx(float(rows.loc[4, "test_ll"]), rel=1e-6)  # same seed, same fit
     timing = ["time_s", "time_s_se"]  # wall times differ between runs; everything else is the same

@@ -109,3 +109,29 @@ def test_rejection_plot_has_one_curve_per_score(classifier_post):
         f"max_prob (area {selective.rejection_auc(pred, y, score='max_prob'):.3f})"]
     assert len(ax.lines[0].get_xdata()) == len(y)
     plt.close(fig)
+
+
+def _user_deprecated_matplotlib_call():
+    """The deprecated Matplotlib call that ArviZ 0.23 makes in its plots, made here by "the user"."""
+    from matplotlib import cbook
+
+    cbook.normalize_kwargs({"lw": 1}, alias_mapping={"linewidth": ["lw"]})
+
+
+def test_arviz_plots_emit_no_deprecation_warnings_while_the_users_own_matplotlib_code_still_does(mcmc_post,
+                                                                                                classifier_post):
+    import warnings
+
+    from matplotlib import MatplotlibDeprecationWarning
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")  # as -W always / -W error::DeprecationWarning would show them
+        mcmc_post.plot_trace()
+        mcmc_post.plot_rank()
+        classifier_post.plot_pair(["weight[0, 0]", "bias[2]"])
+        mcmc_post.plot_energy()
+        ours = [w for w in record if issubclass(w.category, DeprecationWarning)]
+        _user_deprecated_matplotlib_call()
+        users = [w for w in record if issubclass(w.category, MatplotlibDeprecationWarning)]
+    assert not ours, [f"{w.filename}:{w.lineno}: {w.message}" for w in ours]
+    assert len(users) == 1 and users[0].filename == __file__  # the filter ended with our plot calls

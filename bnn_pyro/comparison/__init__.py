@@ -33,9 +33,11 @@ from bnn_pyro.comparison.cache import Cache, fingerprint
 from bnn_pyro.comparison.limits import FitTimeout, time_limit
 from bnn_pyro.comparison.scoring import CLASSIFICATION, DIAGNOSTICS, REGRESSION, diagnose, score
 from bnn_pyro.infer import Method, fit, unfit_reason
+from bnn_pyro.infer.progress import progress_bar
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.splits import k_fold
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["compare", "Comparison"]
 
@@ -159,9 +161,8 @@ def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | N
     task = _task(model, data[0][1])
     store = Cache(cache)
     rows, posteriors = [], {}
-    from tqdm.auto import tqdm
 
-    with tqdm(total=len(data) * len(methods), disable=not progress, dynamic_ncols=True) as bar:
+    with progress_bar(len(data) * len(methods), "compare", progress, leave=True) as bar:
         for i, (x_train, y_train, x_test, y_test) in enumerate(data):
             for method in methods:
                 bar.set_description(f"compare: {method}" + (f", split {i + 1}/{len(data)}" if len(data) > 1 else ""))
@@ -227,8 +228,8 @@ def _splits(x, y, test, splits, seed: int) -> list[Split]:
     if splits is not None:
         return k_fold(x, y, splits, seed=seed)
     if test is None:
-        warnings.warn("bp.compare: no test= or splits= given, so every score is taken on the training rows (in-sample: "
-                      "it rewards overfitting). Pass test=(x_test, y_test) or splits=5.", UserWarning, stacklevel=3)
+        warn("bp.compare: no test= or splits= given, so every score is taken on the training rows (in-sample: "
+             "it rewards overfitting). Pass test=(x_test, y_test) or splits=5.", UserWarning)
         return [(x, y, x, y)]
     if not (isinstance(test, (list, tuple)) and len(test) == 2):
         raise ValueError(f"test: expected a pair (x_test, y_test), got {type(test).__name__}"

@@ -14,7 +14,7 @@ nothing is traced or frozen. ``theta`` may carry one leading batch axis (chains 
 the layers then run as ``baddbmm``/``bmm``, the first layer with its bias folded into the product (a column of
 ones on ``x``), and with one hidden layer and one output the first layer's gradient comes from one product over
 the activation's derivative (:meth:`StackPotential._one_output`): fewer passes over the ``(B, N, hidden)``
-activations than autograd makes (SVI with 8 particles: ~0.6-0.75x the evaluation's time before).
+activations than autograd makes (measured: ``benchmarks/results/docstring_figures/results.md``).
 
 Covered (anything else returns ``None`` from :func:`build` and keeps the generic path of
 :mod:`bnn_pyro.infer._logjoint`): priors ``Normal`` (any per-element loc and scale) on every random
@@ -36,7 +36,6 @@ against Pyro's log density and autograd in float64.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import NamedTuple
 
 import pyro
@@ -49,6 +48,7 @@ from bnn_pyro.infer._analytic_batched import BoundBatch
 from bnn_pyro.infer._analytic_ops import ACTIVATIONS, NOISE_PRIORS, _activation
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.likelihoods import Gaussian
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["StackPotential", "build", "ACTIVATIONS", "NOISE_PRIORS"]
 
@@ -423,8 +423,8 @@ def _agrees(pot: StackPotential, energy, names, shapes, x) -> bool:
     ref = ref.detach()
     ok = abs(float(u) - float(ref)) <= tol * scale and float((grad - ref_grad).abs().max()) <= tol * scale
     if not ok:
-        warnings.warn("fast path: the analytic potential disagrees with the generic one on this model; using the "
-                      "generic path (same values, slower).", RuntimeWarning, stacklevel=3)
+        warn("fast path: the analytic potential disagrees with the generic one on this model; using the "
+             "generic path (same values, slower).", RuntimeWarning)
     return ok
 
 

@@ -13,9 +13,9 @@ import torch
 from pyro import poutine
 from pyro.infer.autoguide import initialization as init_fns
 from pyro.poutine.util import site_is_subsample
-from tqdm.auto import tqdm
 
 from bnn_pyro._upstream_private import set_validates_args, validates_args
+from bnn_pyro.infer.progress import progress_bar  # noqa: F401 - its former home; engines import it from here
 from bnn_pyro.infer.training_data import Data  # noqa: F401 - its former home; engines import it from here
 from bnn_pyro.model import BNN
 
@@ -77,12 +77,6 @@ def is_latent(site: dict) -> bool:
 def latent_sites(model: Callable, x, y) -> list[str]:
     """Names of the unobserved, non-deterministic sample sites of one run of ``model(x, y)``."""
     return [name for name, site in traced(model, x, y).nodes.items() if is_latent(site)]
-
-
-def progress_bar(total: int, desc: str, enabled: bool, position: int | None = None):
-    """A tqdm bar (a no-op when ``enabled`` is False); ``position``: its terminal line, for bars drawn
-    side by side by several processes (parallel MCMC chains)."""
-    return tqdm(total=total, desc=desc, disable=not enabled, leave=False, dynamic_ncols=True, position=position)
 
 
 def clean_config(config: dict) -> dict:

@@ -29,11 +29,11 @@ from __future__ import annotations
 
 import logging
 import math
-import warnings
 
 import torch
 
 from bnn_pyro._upstream_private import arviz_log_level
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["check_mcmc", "check_svi", "svi_advice", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
            "DIVERGENCE_MAX", "ACCEPT_MIN", "TREE_DEPTH_MAX_FRACTION", "ESS_MIN", "RHAT_FIT_MAX", "ELBO_WINDOW",
@@ -93,14 +93,14 @@ PREDICTIVE_ROWS = 1000
 the posterior and prior draws over these rows)."""
 
 
-def _warn(message: str, stacklevel: int) -> None:
+def _warn(message: str) -> None:
     from bnn_pyro.diagnostics import DiagnosticWarning
 
-    warnings.warn(message, DiagnosticWarning, stacklevel=stacklevel + 1)
+    warn(message, DiagnosticWarning)
 
 
 def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], *,
-                  target_accept: float, max_tree_depth: int | None = None, stacklevel: int = 2) -> None:
+                  target_accept: float, max_tree_depth: int | None = None) -> None:
     """Warn about divergences above :data:`DIVERGENCE_MAX` of the draws, a Metropolis chain with an
     acceptance below :data:`ACCEPT_MIN`, and NUTS draws at ``max_tree_depth`` above
     :data:`TREE_DEPTH_MAX_FRACTION`. ``samples`` and ``stats`` are shaped ``(chains, draws, ...)``."""
@@ -109,8 +109,7 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
         frac = float(diverging.float().mean())
         _warn(f"{kind}: {100 * frac:.1f}% of the draws diverged ({int(diverging.sum())} of {diverging.numel()}; "
               f"threshold {100 * DIVERGENCE_MAX:.0f}%), so the draws may be biased. Try a higher target_accept "
-              f"(now {target_accept}; e.g. 0.95), more num_warmup, or a reparameterized (non-centered) prior.",
-              stacklevel + 1)
+              f"(now {target_accept}; e.g. 0.95), more num_warmup, or a reparameterized (non-centered) prior.")
     depth = stats.get("tree_depth")
     if max_tree_depth is not None and depth is not None and depth.numel():
         capped = depth >= max_tree_depth
@@ -125,8 +124,7 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
                   "draws are correlated and each costs the maximum. The draws remain valid; check the ESS "
                   "(post.summary(space='function')). Try a larger max_tree_depth (e.g. "
                   f"{max_tree_depth + 2}), a longer num_warmup, dense_mass=True, or a narrower prior or "
-                  "standardized inputs and targets (a better-scaled posterior allows larger steps).",
-                  stacklevel + 1)
+                  "standardized inputs and targets (a better-scaled posterior allows larger steps).")
     if kind != "metropolis" or not samples:
         return
     draws = next(iter(samples.values())).shape[1]
@@ -140,11 +138,10 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
         if rate < ACCEPT_MIN:
             _warn(f"metropolis: chain {chain} accepted {100 * rate:.1f}% of its {draws - 1} proposals after warm-up "
                   f"(threshold {100 * ACCEPT_MIN:.0f}%): it barely moved, so its draws do not describe the posterior. "
-                  "Try more num_warmup (the step size adapts during warm-up), a smaller step_size, or method='nuts'.",
-                  stacklevel + 1)
+                  "Try more num_warmup (the step size adapts during warm-up), a smaller step_size, or method='nuts'.")
 
 
-def check_mixing(post, *, stacklevel: int = 2) -> None:
+def check_mixing(post) -> None:
     """Warn when the chains of an MCMC posterior give fewer than :data:`ESS_MIN` effective draws
     (bulk ESS, chains together) or disagree (R-hat above :data:`RHAT_FIT_MAX`), measured on ``f``
     at the training inputs of ``post.summary(space="function")``; without an ``f`` site or training inputs, on
@@ -183,7 +180,7 @@ def check_mixing(post, *, stacklevel: int = 2) -> None:
         note = (f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started elsewhere "
                 f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4)")
         if not problems:  # nothing else to fix: the note alone, without the mixing advice
-            _warn(f"{post.method}: {note} ({post.num_draws} draws).", stacklevel + 1)
+            _warn(f"{post.method}: {note} ({post.num_draws} draws).")
             return
         problems.append(note)
     if problems:
@@ -191,7 +188,7 @@ def check_mixing(post, *, stacklevel: int = 2) -> None:
                  "method='nuts' (with a larger max_tree_depth if its trajectories hit the maximum)")
         _warn(f"{post.method}: {'; and '.join(problems)} ({post.num_chains} chain(s) x {post.num_draws} draws). "
               f"Try more num_samples and num_warmup, more chains, or {other}; post.summary(space='function') shows "
-              "every input.", stacklevel + 1)
+              "every input.")
 
 
 def _parameter_diagnostics(post) -> tuple["np.ndarray", "np.ndarray", list[str]]:
@@ -219,8 +216,7 @@ def _parameter_diagnostics(post) -> tuple["np.ndarray", "np.ndarray", list[str]]
     return ess, rhat, names
 
 
-def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = None, advice: str | None = None,
-               stacklevel: int = 2) -> None:
+def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = None, advice: str | None = None) -> None:
     """Warn when the loss (negative ELBO) of a chain ``losses[c]`` still falls, or rises, at the end of
     the run: the mean over the last :data:`ELBO_WINDOW` of the steps differs from the mean over the
     previous one by more than :data:`ELBO_TREND_Z` standard errors and :data:`ELBO_TREND_NATS`.
@@ -249,15 +245,15 @@ def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = 
         _warn(f"{method}: the ELBO has not converged: the loss fell by {change:.3g} nats {where}, "
               f"{change / se if se > 0 else math.inf:.1f} standard errors of its noise (thresholds {ELBO_TREND_Z:g} "
               f"and {ELBO_TREND_NATS:g} nat). " + (advice or f"Try more num_steps, or a higher lr{lr_now}")
-              + "; post.history['loss'] shows the trace.", stacklevel + 1)
+              + "; post.history['loss'] shows the trace.")
     else:
         _warn(f"{method}: the ELBO got worse at the end of the run: the loss rose by {-change:.3g} nats {where} "
               f"(thresholds {ELBO_TREND_Z:g} standard errors and {ELBO_TREND_NATS:g} nat): the optimizer is "
               "unstable. " + (advice or f"Try a lower lr{lr_now} or lr_schedule='cosine'")
-              + "; post.history['loss'] shows the trace.", stacklevel + 1)
+              + "; post.history['loss'] shows the trace.")
 
 
-def check_predictive(post, *, advice: str = "", stacklevel: int = 2) -> None:
+def check_predictive(post, *, advice: str = "") -> None:
     """Warn when the posterior is (close to) the prior in what it predicts at the training data: its
     predictive fits them less than :data:`FIT_GAIN_MIN` better than the best constant predictor,
     *and* its draws fit them, on average, less than :data:`FIT_GAIN_MIN` better than prior draws do
@@ -305,7 +301,7 @@ def check_predictive(post, *, advice: str = "", stacklevel: int = 2) -> None:
               + (f"its draws fit them only {100 * moved:.0f}% better than prior draws. " if moved < FIT_GAIN_MIN else
                  f"f varies over the draws at the training inputs by {spread:.2g}x the variance of y (a posterior "
                  "informed by the data is surer of f where it has seen data than the data's own spread). ")
-              + f"{advice or 'Try a longer run or another method (e.g. nuts).'}", stacklevel + 1)
+              + f"{advice or 'Try a longer run or another method (e.g. nuts).'}")
 
 
 def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
@@ -349,11 +345,11 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
         losses.append(loss)
     return torch.cat(outs), torch.cat(losses), classes
 
-def check_mcmc(post, *, target_accept: float, stacklevel: int = 2):
+def check_mcmc(post, *, target_accept: float):
     """Every MCMC check (:func:`check_sampler`, :func:`check_mixing`) on a finished posterior; returns it."""
     check_sampler(post.method, post.samples, post.sample_stats, target_accept=target_accept,
-                  max_tree_depth=post.config.get("max_tree_depth"), stacklevel=stacklevel + 1)
-    check_mixing(post, stacklevel=stacklevel + 1)
+                  max_tree_depth=post.config.get("max_tree_depth"))
+    check_mixing(post)
     return post
 
 
@@ -378,14 +374,14 @@ def svi_advice(post) -> str:
     return "Try more num_steps if the ELBO is still falling, a smaller lr if it is noisy, or method='nuts'."
 
 
-def check_svi(post, *, stacklevel: int = 2):
+def check_svi(post):
     """Every SVI check (:func:`check_elbo` on ``history["loss"]``, :func:`check_predictive` with
     :func:`svi_advice`); returns ``post``."""
     if "loss" in post.history:
         unscaled = unscaled_targets(post.model, post.y)
-        check_elbo(post.history["loss"], method=post.method, lr=post.config.get("lr"), stacklevel=stacklevel + 1,
+        check_elbo(post.history["loss"], method=post.method, lr=post.config.get("lr"),
                    advice=None if unscaled is None else f"The cause is likely the units, not the budget: {unscaled}")
-    check_predictive(post, advice=svi_advice(post), stacklevel=stacklevel + 1)
+    check_predictive(post, advice=svi_advice(post))
     return post
 
 
@@ -424,8 +420,8 @@ def unscaled_targets(model, y) -> str | None:
             "it: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)).")
 
 
-def check_targets(model, y, *, stacklevel: int = 2) -> None:
+def check_targets(model, y) -> None:
     """Warn before a fit when :func:`unscaled_targets` finds raw-unit targets under a too-small fixed noise."""
     problem = unscaled_targets(model, y)
     if problem is not None:
-        _warn(f"unscaled targets: {problem}", stacklevel + 1)
+        _warn(f"unscaled targets: {problem}")

@@ -30,7 +30,6 @@ Example
 from __future__ import annotations
 
 import copy
-import warnings
 from enum import Enum
 
 import torch
@@ -38,6 +37,7 @@ import torch
 from bnn_pyro._checks import choice
 from bnn_pyro.infer._common import Data, is_latent, traced
 from bnn_pyro.model import BNN
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["Init", "resolve_init", "chain_start", "reset_values", "set_points"]
 
@@ -171,9 +171,9 @@ def reset_values(model: BNN, seed: int, *, names: list[str] | None = None) -> di
     values = {n: p.detach().to(like) for n, p in net.named_parameters()}
     missing = [n for n in values if n not in covered]
     if any(n in (values if names is None else names) for n in missing):
-        warnings.warn(f"init: parameters {missing} belong to modules without reset_parameters(), so every chain (or "
-                      "ensemble member) starts them at the net's current values, which seed= does not control. Give "
-                      "those modules a reset_parameters(), seed torch before building the net, or use init='prior' "
-                      "(sites) or init='net' (the net's values, without this warning).", UserWarning, stacklevel=3)
+        warn(f"init: parameters {missing} belong to modules without reset_parameters(), so every chain (or "
+             "ensemble member) starts them at the net's current values, which seed= does not control. Give "
+             "those modules a reset_parameters(), seed torch before building the net, or use init='prior' "
+             "(sites) or init='net' (the net's values, without this warning).", UserWarning)
     values.update({n: model.init_values[n].clone() for n in missing})
     return values

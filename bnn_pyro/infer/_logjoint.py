@@ -39,6 +39,7 @@ from bnn_pyro._upstream_private import autoguide_loc_scale, autoguide_setup, pyr
 from bnn_pyro.infer import _analytic, _analytic_elbo
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.model import BNN
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["LogJoint", "build", "svi_loss", "potential", "flat_potential_and_grad", "FlatPotential", "recording"]
 
@@ -385,8 +386,8 @@ def _compiled(fn, args: tuple, eager, what: str):
                 continue
         raise RuntimeError("the compiled graph's values differ from the eager ones")
     except Exception as err:  # noqa: BLE001 - any failure to record: the eager version still works
-        warnings.warn(f"fast path: could not compile {what} ({type(err).__name__}: {err}); using the eager "
-                      "version (slower, same values).", RuntimeWarning, stacklevel=4)
+        warn(f"fast path: could not compile {what} ({type(err).__name__}: {err}); using the eager "
+             "version (slower, same values).", RuntimeWarning)
         return eager
 
 

@@ -38,7 +38,6 @@ Hessian-vector products against Pyro's, and that every engine built on this clas
 from __future__ import annotations
 
 import math
-import warnings
 
 import torch
 from pyro.infer.mcmc.util import initialize_model
@@ -46,6 +45,7 @@ from pyro.infer.mcmc.util import initialize_model
 from bnn_pyro._checks import flag
 from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._common import Data, init_strategy, quiet_model
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["Potential", "Potentials"]
 
@@ -243,9 +243,9 @@ class _FastEnergy:
         ok = all(bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= tol * scale
                  for a, b in zip(*results))
         if not ok:
-            warnings.warn("Potential: the fast log density disagrees with Pyro's on this model at the starting point; "
-                          "using Pyro's traced potential (same values, slower). Please report this model.",
-                          RuntimeWarning, stacklevel=4)
+            warn("Potential: the fast log density disagrees with Pyro's on this model at the starting point; "
+                 "using Pyro's traced potential (same values, slower). Please report this model.",
+                 RuntimeWarning)
         return ok
 
 

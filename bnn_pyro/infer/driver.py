@@ -31,7 +31,6 @@ import math
 import multiprocessing as mp
 import os
 import traceback
-import warnings
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Callable, Iterator, Protocol
@@ -43,6 +42,7 @@ from bnn_pyro._checks import choice
 from bnn_pyro.infer._common import Data, progress_bar
 from bnn_pyro.infer.optim import make_optimizer, make_schedule
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["run_chains", "chain_execution", "ChainMethod", "ChainInfo", "chain", "descend", "ChainRun", "assemble",
            "stack", "Resumable", "Objective", "divergence_advice"]
@@ -125,8 +125,8 @@ def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit"
     if how is ChainMethod.PARALLEL:
         raise ValueError(f"chain_method='parallel' cannot run here: {why}. It needs the 'fork' start method, 2+ "
                          "cores and no CUDA context; use chain_method='auto' or 'sequential'.")
-    warnings.warn(f"{method}: {why}, so the {num_chains} chains run one after another "
-                  "(config['chain_execution'] = 'sequential').", stacklevel=4)
+    warn(f"{method}: {why}, so the {num_chains} chains run one after another "
+         "(config['chain_execution'] = 'sequential').")
     return "sequential"
 
 

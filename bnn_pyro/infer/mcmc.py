@@ -41,7 +41,8 @@ BatchNorm the potential energy is computed directly in torch (:mod:`bnn_pyro.inf
 instead of by tracing the model at every leapfrog step. NUTS then runs over one flat vector with
 the potential and its gradient recorded as one compiled graph when ``jit=True`` (the default), the
 trajectory's bookkeeping in Python floats (per-leapfrog times against Pyro's ``NUTS`` and NumPyro's
-compiled sampler: ``benchmarks/performance.py``, ``benchmarks/results/``). HMC and Metropolis keep Pyro's kernels with the
+compiled sampler: ``benchmarks/performance.py``, ``benchmarks/results/performance/``). HMC and Metropolis keep Pyro's
+kernels with the
 fast potential (compiled with ``torch.jit.trace`` when ``jit=True``). For a stack of ``nn.Linear`` layers
 and elementwise activations with Normal priors and a Gaussian likelihood the potential and its gradient
 are analytic instead for NUTS and HMC (:mod:`bnn_pyro.infer._analytic`: nothing compiled, ``jit`` is moot),
@@ -70,7 +71,8 @@ Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
 chains together as ONE batched computation in this process, one torch thread (:mod:`bnn_pyro.infer._vectorized`):
 a small net is dispatch-bound, so a few chains cost little more per leapfrog step than one (at 8 chains on a
 1-50-1 net, N = 200, about half one chain's time per chain-leapfrog on one core: the batched passes turn
-arithmetic-bound; on 2 CPU cores forked processes are as fast or faster, ``benchmarks/results/performance.md``). Each chain starts where
+arithmetic-bound; on 2 CPU cores forked processes are as fast or faster,
+``benchmarks/results/performance/run1.md``). Each chain starts where
 chain ``c`` starts under the other executions and adapts on its own (step size and mass matrix), but the chains
 share one random stream seeded by ``seed``: the same seed gives the same draws, not those of the other executions.
 NUTS runs the lockstep transition of :mod:`bnn_pyro.infer._nuts_batched` (the chains double their trajectories
@@ -166,7 +168,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
         (default :data:`DEFAULT_NUM_CHAINS` = 4, as Stan: R-hat, the chains' agreement, needs at least two and is
         NaN for one; each chain starts from its own point, so chains stuck in different modes show up). On two
         cores ``chain_method="auto"`` runs them two at a time; what four chains cost against one is measured in
-        ``benchmarks/mcmc_default_chains.py`` (``benchmarks/results/``).
+        ``benchmarks/mcmc_default_chains.py`` (``benchmarks/results/mcmc_default_chains/``).
     target_accept:
         Acceptance probability the step size is tuned toward, in (0, 1): default 0.8 (NUTS, HMC),
         0.234 (Metropolis).
@@ -318,7 +320,7 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
                              for k, v in post.sample_stats.items()}
         config.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
                       extended_by=num_samples)
-    return check_mcmc(post, target_accept=float(target_accept), stacklevel=5)
+    return check_mcmc(post, target_accept=float(target_accept))
 
 
 def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> dict[str, torch.Tensor]:

@@ -78,7 +78,7 @@ rows make at least 20, those rows are held out: each exploration stage scores it
 ``history["exploration_stop"]``: the step of each stage's best state), and the draws' noise is then chosen to
 maximize the held-out log predictive density, as for the engines that start from a point fit. The chain
 samples the other 90%. On diabetes splits 0-2 the default went from a divergence and -9.7 to -5.54 +- 0.05
-(coverage 0.92; benchmarks/results/uci_diabetes.md). ``validation=None``: the previous behaviour.
+(coverage 0.92; benchmarks/results/uci/diabetes.md). ``validation=None``: the previous behaviour.
 
 Chains: ``num_chains`` independent runs, chain ``c`` seeded with ``seed + c`` (minibatch order and
 noise from generators of its own), one after another, each in its own copy of the model
@@ -97,7 +97,7 @@ Per-draw statistics (``(chains, draws)``): ``lp`` (``-U~`` of the draw on its mi
 ``step_size`` (``eta_t``). History (``(chains, steps)``): ``potential`` (``U~`` at every step) and
 ``step_size``. A non-finite ``U~`` or gradient stops the fit with a ``FloatingPointError`` naming
 the chain and the step: the chain diverged, so pass a smaller ``lr``. Each step costs one Pyro
-potential evaluation and its gradient (2-4 ms for a 1-50-1 net on 80 points on one CPU core); the
+potential evaluation and its gradient (measured: ``benchmarks/results/docstring_figures/results.md``); the
 defaults run 10,000 steps per chain.
 
 Example
@@ -110,7 +110,6 @@ Example
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 from enum import Enum
 from typing import NamedTuple
@@ -131,6 +130,7 @@ from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction
                                         check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature,
                                         SHRINK)
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle",
            "SGLDConfig", "SGHMCConfig", "CSGMCMCConfig", "SGOptions", "SGInfo"]
@@ -358,11 +358,11 @@ def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, 
                                           for c, r in events.items()}
     where = "; ".join(f"chain {c} at step{'s' if len(r) > 1 else ''} {', '.join(str(t) for t, _ in r)} "
                       f"(step size on U now {r[-1][1]:.3g})" for c, r in events.items())
-    warnings.warn(f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
-                  f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
-                  "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
-                  f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
-                  "lr / N).", DiagnosticWarning, stacklevel=6)  # the user's bp.fit call
+    warn(f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
+         f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
+         "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
+         f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
+         "lr / N).", DiagnosticWarning)  # the user's bp.fit call
 
 
 def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None,

@@ -41,7 +41,7 @@ one, 50 steps after the restart (snapshots at steps 100, 1050, ..., 4050): five 
 scale apart, accuracy 0.981, NLL 0.062, ECE 0.025 (the repeated-MAP run: 0.981, 0.063, 0.023), but close in
 function space (mean mutual information 4e-4 nats). On diabetes (splits 0-2) the test log-likelihood went from
 -5.54 +- 0.05 to -5.58 +- 0.05 with an epistemic sd of 6.5 instead of 0
-(benchmarks/results/uci_diabetes_snapshot_distinct.md). With fewer rows, a loader or ``validation=None`` the
+(benchmarks/results/uci/diabetes_snapshot_distinct.md). With fewer rows, a loader or ``validation=None`` the
 cycles run to their ends and the snapshots keep their own (training-set) noise values.
 
 Per-draw statistics: ``lp`` (``-U~`` at the snapshot, on its minibatch) and ``step_size``; history

@@ -52,7 +52,7 @@ values go back to the parameter store at checkpoints and at the end; not with ``
 :class:`~bnn_pyro.infer.reparam.MeanFieldELBO` (the same estimator and draws; learned noise by Monte Carlo) and is
 the only fast path: where it does not cover the model (or with ``distributed=True``) Pyro's path runs. Fused Adam
 rounds differently from Pyro's path's multi-tensor Adam, so seeded losses and draws differ from
-``fast_path=False`` by float rounding (timings in ``benchmarks/results/fast_path.md``). ``config["fast_path"]``
+``fast_path=False`` by float rounding (timings in ``benchmarks/results/fast_path/results.md``). ``config["fast_path"]``
 says whether it ran.
 
 Start (``init=``): a ``BNN``'s guide starts at its layers' fresh initialization (``"reset"``); a Pyro function model's
@@ -165,7 +165,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     num_steps, epochs:
         Length of the run in optimizer steps, or in passes over the data (one of the two; default 5,000
         steps). Why 5,000: with 1,000 a mean-field guide on a small, low-noise regression set still underfits (its
-        learned noise too large; ``benchmarks/results/svi_defaults.md``: test LL well below Laplace's and the
+        learned noise too large; ``benchmarks/results/svi_defaults/results.md``: test LL well below Laplace's and the
         ensemble's, a gap that 5,000 steps closes), and from the Laplace start the non-centered eight schools
         posterior needs more than 1,000 steps at ``lr=1e-2`` to move its scale ``tau`` from the joint mode to the
         posterior's bulk (``tests/infer/test_reference_posteriors.py``).
@@ -334,8 +334,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if warm_starts:
         config["init_converged"] = all(s.converged for s in warm_starts)
         if isinstance(guide_kind, GuideKind):
-            svi_start.check_start(warm_starts[0], guide_kind.value, stacklevel=4)
-    return check_svi(post, stacklevel=4)
+            svi_start.check_start(warm_starts[0], guide_kind.value)
+    return check_svi(post)
 
 
 @dataclass

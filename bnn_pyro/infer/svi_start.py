@@ -46,6 +46,7 @@ from pyro.infer.autoguide import initialization as init_fns
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["LaplaceStart", "laplace_start", "check_start", "MAX_DIM", "MAX_ITER", "NEWTON_STEPS", "SHRINK_MAX"]
 
@@ -242,22 +243,20 @@ def _newton(energy, mode: torch.Tensor, steps: int = NEWTON_STEPS):
     return mode, hess
 
 
-def check_start(start: LaplaceStart, guide: str, *, stacklevel: int = 2) -> None:
+def check_start(start: LaplaceStart, guide: str) -> None:
     """Warn when the search for the mode did not end at one, and when ``guide`` is ``"mean_field"`` and cannot
     represent the posterior's correlations at the mode (:data:`SHRINK_MAX`)."""
-    import warnings
-
     from bnn_pyro.diagnostics import DiagnosticWarning
 
     if not start.converged:
-        warnings.warn("svi: init='laplace' found no finite mode with a positive definite Hessian, so the guide started "
-                      "at the mode search's end point with init_scale; check post.history['loss'], or pass "
-                      "init='prior' or 'median' with more num_steps.", DiagnosticWarning, stacklevel=stacklevel + 1)
+        warn("svi: init='laplace' found no finite mode with a positive definite Hessian, so the guide started "
+             "at the mode search's end point with init_scale; check post.history['loss'], or pass "
+             "init='prior' or 'median' with more num_steps.", DiagnosticWarning)
         return
     shrink = start.mean_field_shrink()
     if guide == "mean_field" and shrink >= SHRINK_MAX:
-        warnings.warn(f"svi: the posterior's correlations at its mode (the Laplace approximation) make a {guide} guide "
-                      f"up to {shrink:.3g}x too narrow in some coordinate (threshold {SHRINK_MAX:g}x): it cannot "
-                      "represent them, so its sds are too small whatever num_steps. Use guide='full_rank', "
-                      "method='nuts', or standardize (center) the covariates so that the coefficients decorrelate.",
-                      DiagnosticWarning, stacklevel=stacklevel + 1)
+        warn(f"svi: the posterior's correlations at its mode (the Laplace approximation) make a {guide} guide "
+             f"up to {shrink:.3g}x too narrow in some coordinate (threshold {SHRINK_MAX:g}x): it cannot "
+             "represent them, so its sds are too small whatever num_steps. Use guide='full_rank', "
+             "method='nuts', or standardize (center) the covariates so that the coefficients decorrelate.",
+             DiagnosticWarning)

@@ -74,7 +74,7 @@ the mean test log-likelihood per point went from -11.8 (SWA) and about -11.5 (SW
 them to -5.54 (SWA) and -5.53 (SWAG, three chains) with them: the SWA-phase noise estimate of an
 overfitted net (sd ~0.5 in standardized units) is replaced by the held-out one (~0.75-0.9). Pre-training on
 the full batch instead of minibatches drawn with replacement left that unchanged within its standard error
-(-5.540 ± 0.033 and -5.543 ± 0.054; 95% coverage 0.92 and 0.91; ``benchmarks/results/uci_diabetes.md``).
+(-5.540 ± 0.033 and -5.543 ± 0.054; 95% coverage 0.92 and 0.91; ``benchmarks/results/uci/diabetes.md``).
 
 References: P. Izmailov, D. Podoprikhin, T. Garipov, D. Vetrov, A. G. Wilson (2018), "Averaging
 Weights Leads to Wider Optima and Better Generalization"; W. J. Maddox, T. Garipov, P. Izmailov,

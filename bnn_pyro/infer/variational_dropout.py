@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import functools
 import math
-import warnings
 from dataclasses import dataclass
 from enum import Enum
 from types import SimpleNamespace
@@ -81,6 +80,7 @@ from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.optim import Schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.user_warnings import warn
 
 __all__ = ["fit_variational_dropout", "fit_sparse_vd", "sparsity_report", "kl_log_uniform", "vd_weight_names",
            "Variant", "VariationalDropoutConfig", "SparseVDConfig", "VDInfo", "SparseVDInfo"]
@@ -293,8 +293,8 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
     init = resolve_init(model, cfg.init, data)
     hypers = [h for h in model.hyper_names if any(h.startswith(n + "_") for n in vd_names)]
     if hypers:
-        warnings.warn(f"{variant.value}: the log-uniform prior replaces the model's prior on {vd_names}, so the "
-                      f"hyper sites {hypers} no longer touch the data; their posterior is their prior.", UserWarning)
+        warn(f"{variant.value}: the log-uniform prior replaces the model's prior on {vd_names}, so the "
+             f"hyper sites {hypers} no longer touch the data; their posterior is their prior.", UserWarning)
     pot = Potential(model, data, init="net")  # the latent sites and their transforms
     missing = [n for n in vd_names if n not in pot.init]
     if missing:  # e.g. a module used twice in the net: its sites are named after another path

@@ -142,7 +142,7 @@ def test_laplace_start_bad_input_and_large_models():
 
 def test_bnn_defaults():
     """A BNN keeps init='reset' (the Laplace start is opt-in there: a BNN's Hessian at a MAP is rarely positive
-    definite in float32) and runs 5,000 steps by default (benchmarks/results/svi_defaults.md)."""
+    definite in float32) and runs 5,000 steps by default (benchmarks/results/svi_defaults/results.md)."""
     net = torch.nn.Linear(1, 1)
     model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=0.5))
     x = torch.linspace(-1, 1, 20)[:, None]

@@ -34,8 +34,8 @@ def nll(model: BNN, f, y, noise):
 
 def second_derivative(fn):
     """``torch.func.hessian(fn)`` (in the first argument) as reverse-over-reverse ``jacrev(jacrev(fn))``:
-    the same values, faster on these few outputs per datum (measured: 2.1 against 6.6 ms for 80 Gaussian
-    points, 2.3 against 4.8 ms for 200 three-class points), and without forward-mode AD, whose first use
+    the same values, faster on these few outputs per datum (measured:
+    ``benchmarks/results/docstring_figures/results.md``), and without forward-mode AD, whose first use
     imports torch's JVP decompositions and with them 18 calls of the deprecated ``torch.jit.script``."""
     return jacrev(jacrev(fn))
 

@@ -7,7 +7,8 @@ the expansion point ``w*``,
 so that for a Gaussian likelihood the predictive is ``N(f(x, w*), J Sigma J^T + sigma^2)`` (sampled), and for
 classification the MC GLM predictive (the softmax / sigmoid of linearized logits). The Jacobian-vector
 products ``J(x) (w_s - w*)`` are taken for a chunk of draws at once by the double-backward trick
-(:func:`torch.autograd.functional.jvp`; ~1.7x the cost of the plain forward pass, measured on a 10-50-1 MLP).
+(:func:`torch.autograd.functional.jvp`; its cost against a plain forward pass:
+``benchmarks/results/docstring_figures/results.md``).
 A network linear in its covered weights (``structure="last_layer"`` when the last module of an
 ``nn.Sequential`` is that ``nn.Linear``) stores no expansion point: its own draws are exactly the GLM's, and
 the plain forward pass is used.

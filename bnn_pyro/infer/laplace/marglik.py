@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import dataclass
 
 import torch
@@ -12,6 +11,7 @@ from bnn_pyro.infer.laplace.curvature import Terms
 from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.infer.laplace.priors import NormalSites
 from bnn_pyro.infer.laplace.structure import Layout
+from bnn_pyro.user_warnings import warn
 
 LOG_DELTA_MAX = math.log(1e8)  # prior precisions are searched in [1e-8, 1e8]
 
@@ -94,10 +94,10 @@ def optimize_precision(lik: Terms, prior1: Terms, normal: NormalSites, z, layout
                                  "prior_precision=1.0, or use prior_precision='model'.")
     bounded = log_delta.detach().clamp(-LOG_DELTA_MAX, LOG_DELTA_MAX)
     if (bounded != log_delta).any():
-        warnings.warn(f"prior_precision: the evidence keeps growing as delta goes to 0 or infinity for group(s) "
-                      f"{[g for g, b, v in zip(names, bounded, log_delta) if b != v]}; delta is clipped to "
-                      f"[1e-8, 1e8]. A delta at 1e8 switches those weights off: the data prefer them at the prior "
-                      "location.", stacklevel=5)
+        warn(f"prior_precision: the evidence keeps growing as delta goes to 0 or infinity for group(s) "
+             f"{[g for g, b, v in zip(names, bounded, log_delta) if b != v]}; delta is clipped to "
+             f"[1e-8, 1e8]. A delta at 1e8 switches those weights off: the data prefer them at the prior "
+             "location.")
     if noise is not None and not torch.isfinite(log_sigma):
         raise FloatingPointError("noise: the evidence search failed (non-finite sigma). Use validation= (noise on "
                                  "held-out rows) or a known noise, Gaussian(scale=...).")

@@ -1,0 +1,109 @@
+"""bnn_pyro's warnings name the user's line (bnn_pyro/user_warnings.py): a health warning at the end of ``bp.fit``,
+one from ``Posterior.summary``, an option warning raised while ``bp.fit`` resolves ``init=``, and a
+DeprecationWarning, each attributed to this file and to the line of the call that raised it."""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro import user_warnings
+from bnn_pyro.diagnostics import DiagnosticWarning
+
+
+def _data():
+    x = torch.linspace(-2, 2, 40).unsqueeze(-1)
+    return x, torch.sin(2 * x).squeeze(-1)
+
+
+def _model(*modules: torch.nn.Module) -> bp.BNN:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1), *modules)
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+
+
+def _next_line() -> int:
+    """The line after the caller's current one: where the call under test sits."""
+    return inspect.currentframe().f_back.f_lineno + 1
+
+
+def _where(record, category) -> set[tuple[str, int]]:
+    return {(w.filename, w.lineno) for w in record if issubclass(w.category, category)}
+
+
+def test_a_health_warning_at_the_end_of_fit_and_one_from_summary_point_at_the_callers_lines():
+    x, y = _data()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        fit_line = _next_line()
+        post = bp.fit(_model(), x, y, method="nuts", num_samples=10, num_warmup=10, num_chains=1, seed=0,
+                      progress=False)
+        assert _where(record, DiagnosticWarning) == {(__file__, fit_line)}  # was ("sys", 1) before
+        record.clear()
+        summary_line = _next_line()
+        post.summary(space="function")
+    assert _where(record, DiagnosticWarning) == {(__file__, summary_line)}
+
+
+class _Shift(torch.nn.Module):
+    """A module with a parameter and no reset_parameters(): ``init="reset"`` cannot redraw it."""
+
+    def __init__(self):
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, h):
+        return h + self.shift
+
+
+def test_an_option_warning_raised_while_fit_resolves_init_points_at_the_fit_call():
+    x, y = _data()
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        line = _next_line()
+        bp.fit(_model(_Shift()), x, y, method="svi", num_chains=2, num_steps=5, init="reset", seed=0, progress=False)
+    init_warnings = [w for w in record if "reset_parameters" in str(w.message)]
+    assert init_warnings and {(w.filename, w.lineno) for w in init_warnings} == {(__file__, line)}
+
+
+def test_a_deprecation_warning_points_at_the_user_so_that_python_shows_it_in_scripts():
+    """Python shows a DeprecationWarning by default only when it is attributed to ``__main__``: the user's code."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        line = _next_line()
+        user_warnings.warn("an old option name", DeprecationWarning)
+    assert [(w.filename, w.lineno, w.category) for w in record] == [(__file__, line, DeprecationWarning)]
+
+
+def test_find_stack_level_skips_every_bnn_pyro_frame_up_to_the_outermost():
+    """Called through bnn_pyro code that calls back into the user's code that calls bnn_pyro again (a custom
+    prior inside ``bp.fit``), the warning goes to the outer user frame that entered bnn_pyro first."""
+    namespace = {"__name__": "bnn_pyro.fake_inner", "user_warnings": user_warnings}
+    inner = compile("def lib(callback):\n    return callback()\n", user_warnings.PACKAGE_DIR + "fake_inner.py", "exec")
+    exec(inner, namespace)
+
+    def user_callback():
+        user_warnings.warn("from a callback", UserWarning)
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        line = _next_line()
+        namespace["lib"](user_callback)
+    assert [(w.filename, w.lineno) for w in record] == [(__file__, line)]
+
+
+def test_every_warning_in_the_library_goes_through_user_warnings():
+    """A ``warnings.warn`` with a hand-counted ``stacklevel`` goes stale when a call path changes; only
+    user_warnings.py itself calls it."""
+    import re
+    from pathlib import Path
+
+    package = Path(user_warnings.__file__).parent
+    direct = [f"{path.relative_to(package.parent)}:{number}"
+              for path in sorted(package.rglob("*.py")) if path.name != "user_warnings.py"
+              for number, line in enumerate(path.read_text().splitlines(), 1)
+              if re.search(r"\bwarnings\.warn\(|stacklevel=", line)]
+    assert not direct, f"use bnn_pyro.user_warnings.warn instead of warnings.warn / stacklevel at {direct}"
