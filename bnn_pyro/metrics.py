@@ -26,7 +26,7 @@ import numpy as np
 import pyro.distributions as dist
 import torch
 
-from bnn_pyro._checks import as_tensor, positive_int
+from bnn_pyro.utils.checks import as_tensor, positive_int
 from bnn_pyro.model import BNN
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
 

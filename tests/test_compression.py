@@ -1,4 +1,4 @@
-"""Tests for bnn_pyro/compression.py: bit precision from posterior variances, and what sparse VD compresses.
+"""Tests for bnn_pyro/tools/compression.py: bit precision from posterior variances, and what sparse VD compresses.
 
 The bit rule is checked exactly on a hand-made posterior whose draws have known sample means and sds
 (``mu + sigma z`` with ``z`` standardized to sample mean 0 and sample sd 1), and as invariants on
@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 import bnn_pyro as bp
-from bnn_pyro.compression import quantization_report, quantize
+from bnn_pyro.tools.compression import quantization_report, quantize
 from bnn_pyro.infer.variational_dropout import sparsity_report
 
 

@@ -1,4 +1,4 @@
-"""Tests for bnn_pyro/curves.py: mode connectivity (Garipov et al. 2018).
+"""Tests for bnn_pyro/tools/curves.py: mode connectivity (Garipov et al. 2018).
 
 Known answers. The Bezier and polyline formulas are checked exactly at t = 0, 1/4, 1/2, 1 (the
 coefficients are polynomials with exact binary values there). The curve's objective is checked

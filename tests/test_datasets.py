@@ -1,4 +1,4 @@
-"""bnn_pyro.datasets: shapes, dtypes and generating processes of the toy sets; scikit-learn and CSV
+"""bnn_pyro.data.datasets: shapes, dtypes and generating processes of the toy sets; scikit-learn and CSV
 loaders; splits and standardization; UCI benchmark folders (a tiny fake one built in tmp_path)."""
 
 from __future__ import annotations

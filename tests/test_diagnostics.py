@@ -1,4 +1,4 @@
-"""bnn_pyro.diagnostics: InferenceData for every engine, summaries and their warnings."""
+"""bnn_pyro.posterior.diagnostics: InferenceData for every engine, summaries and their warnings."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.diagnostics import DiagnosticWarning, function_draws, to_inference_data
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning, function_draws, to_inference_data
 
 SUMMARY_COLUMNS = ["mean", "sd", "hdi_3%", "hdi_97%", "mcse_mean", "mcse_sd", "ess_bulk", "ess_tail", "r_hat"]
 

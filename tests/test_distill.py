@@ -1,4 +1,4 @@
-"""Tests for bnn_pyro/distill.py: a deterministic student trained on a posterior's predictive.
+"""Tests for bnn_pyro/tools/distill.py: a deterministic student trained on a posterior's predictive.
 
 Regression, known answer. The teacher is Bayesian linear regression (tests/blr.py) given by
 ``S = 4000`` exact posterior draws ``w_s ~ N(m, C)``. Its Bayesian model average at ``x`` (with
@@ -22,7 +22,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.distill import _gaussian_kl
+from bnn_pyro.tools.distill import _gaussian_kl
 from blr import make_blr
 
 S, NOISE = 4000, 0.5

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 import bnn_pyro as bp
-from bnn_pyro import io, tensor_files
+from bnn_pyro import io
+from bnn_pyro.posterior import tensor_files
 from bnn_pyro.io import ModelMismatchError, ModelNotBoundError, PosteriorFileError
 
 
@@ -193,7 +194,7 @@ def test_failed_write_leaves_previous_file_intact(svi_post, mcmc_post, tmp_path,
 _KILLED_WRITER = """
 import os, sys
 from pathlib import Path
-from bnn_pyro import tensor_files
+from bnn_pyro.posterior import tensor_files
 fd, tmp = tensor_files._new_temporary(Path(sys.argv[1]))
 os.write(fd, b"partial")
 print(tmp, flush=True)

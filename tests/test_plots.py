@@ -1,4 +1,4 @@
-"""bnn_pyro.plots: every plot draws on a figure and returns it; bad requests get clear errors."""
+"""bnn_pyro.posterior.plots: every plot draws on a figure and returns it; bad requests get clear errors."""
 
 from __future__ import annotations
 

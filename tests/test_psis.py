@@ -1,4 +1,4 @@
-"""Pareto-smoothed importance sampling (bnn_pyro/psis.py) against exact posteriors.
+"""Pareto-smoothed importance sampling (bnn_pyro/posterior/psis.py) against exact posteriors.
 
 Bayesian linear regression (tests/blr.py) has a Gaussian posterior N(m, C) in closed form, so a q built
 from it, too narrow or slightly off, has a known answer; a Gamma precision with Normal observations is
@@ -16,10 +16,10 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.diagnostics import DiagnosticWarning
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer._common import Data
-from bnn_pyro.psis import _log_joint, resample
+from bnn_pyro.posterior.psis import _log_joint, resample
 
 from blr import make_blr
 

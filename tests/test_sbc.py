@@ -1,4 +1,4 @@
-"""Simulation-based calibration (bnn_pyro/sbc.py) of nuts, hmc, metropolis and sgld.
+"""Simulation-based calibration (bnn_pyro/tools/sbc.py) of nuts, hmc, metropolis and sgld.
 
 The model is Bayesian linear regression with one input, ``K`` outputs and fixed noise: ``Linear(1, K)``
 with ``Normal(0, 1)`` priors. Its ``K`` outputs are independent under the prior and the likelihood, so

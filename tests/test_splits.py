@@ -1,4 +1,4 @@
-"""Random UCI-style splits from arrays (bnn_pyro/splits.py: make_uci_splits, write_uci_splits).
+"""Random UCI-style splits from arrays (bnn_pyro/data/splits.py: make_uci_splits, write_uci_splits).
 load_uci, train_test_split and Standardizer are tested in test_datasets.py."""
 
 from __future__ import annotations

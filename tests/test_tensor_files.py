@@ -1,4 +1,4 @@
-"""The atomic safetensors writer (bnn_pyro/tensor_files.py): what it writes safetensors reads back exactly."""
+"""The atomic safetensors writer (bnn_pyro/posterior/tensor_files.py): what it writes safetensors reads back exactly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load
 
-from bnn_pyro import tensor_files
+from bnn_pyro.posterior import tensor_files
 
 
 def test_every_dtype_and_shape_round_trips_through_safetensors(tmp_path):

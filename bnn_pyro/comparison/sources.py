@@ -30,7 +30,7 @@ class Source:
 
 
 def from_zoo(name: str, methods: list[str] | None, load: Callable) -> Source:
-    """The zoo entry ``name`` (``load`` is :func:`bnn_pyro.zoo.load`): its test split, and its settings for the
+    """The zoo entry ``name`` (``load`` is :func:`bnn_pyro.data.zoo.load`): its test split, and its settings for the
     methods compared (its ``fit_defaults``, less the seed and progress bar, which the comparison sets)."""
     entry = load(name)
     options = {m: {k: v for k, v in s.items() if k not in ("seed", "progress")} for m, s in entry.fit_defaults.items()

@@ -16,7 +16,7 @@ Example
 >>> uci.metrics(post)                                 # {'rmse': ..., 'test_ll': ...} in original units
 >>> splits = bp.datasets.make_uci_splits(x, y, n_splits=20)   # your own random 90/10 splits
 
-The splits, scaling and UCI-folder functions live in :mod:`bnn_pyro.splits` and are re-exported here.
+The splits, scaling and UCI-folder functions live in :mod:`bnn_pyro.data.splits` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bnn_pyro._checks import positive, positive_int, seed as checked_seed
-from bnn_pyro.splits import (Standardizer, UCISplit, _float, load_uci, make_uci_splits, train_test_split,
+from bnn_pyro.utils.checks import positive, positive_int, seed as checked_seed
+from bnn_pyro.data.splits import (Standardizer, UCISplit, _float, load_uci, make_uci_splits, train_test_split,
                              write_uci_splits)
 
 __all__ = [

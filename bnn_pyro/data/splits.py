@@ -1,7 +1,7 @@
 """Train/test splits and standardization: random splits, the UCI regression benchmark's split
 folders (Hernandez-Lobato & Adams 2015; Gal & Ghahramani 2016), and making your own.
 
-Everything here is re-exported by :mod:`bnn_pyro.datasets` (``bp.datasets.load_uci`` etc.).
+Everything here is re-exported by :mod:`bnn_pyro.data.datasets` (``bp.datasets.load_uci`` etc.).
 
 Example
 -------
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bnn_pyro._checks import as_tensor, check_data, seed as checked_seed
+from bnn_pyro.utils.checks import as_tensor, check_data, seed as checked_seed
 
 __all__ = ["train_test_split", "k_fold", "Standardizer", "UCISplit", "load_uci", "make_uci_splits", "write_uci_splits"]
 

@@ -35,7 +35,7 @@ from enum import Enum
 
 import torch
 
-from bnn_pyro._checks import choice
+from bnn_pyro.utils.checks import choice
 from bnn_pyro.infer._common import Data, is_latent, traced
 from bnn_pyro.model import BNN
 

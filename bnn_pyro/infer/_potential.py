@@ -43,7 +43,7 @@ import warnings
 import torch
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro._checks import flag
+from bnn_pyro.utils.checks import flag
 from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._common import Data, init_strategy, quiet_model
 

@@ -39,7 +39,7 @@ from typing import Callable, Iterator, Protocol
 import pyro
 import torch
 
-from bnn_pyro._checks import choice
+from bnn_pyro.utils.checks import choice
 from bnn_pyro.infer._common import Data, progress_bar
 from bnn_pyro.infer.optim import make_optimizer, make_schedule
 from bnn_pyro.posterior import Posterior

@@ -247,7 +247,7 @@ def check_start(start: LaplaceStart, guide: str, *, stacklevel: int = 2) -> None
     represent the posterior's correlations at the mode (:data:`SHRINK_MAX`)."""
     import warnings
 
-    from bnn_pyro.diagnostics import DiagnosticWarning
+    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
     if not start.converged:
         warnings.warn("svi: init='laplace' found no finite mode with a positive definite Hessian, so the guide started "

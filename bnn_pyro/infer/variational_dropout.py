@@ -70,7 +70,7 @@ import torch.nn.functional as F
 from pyro import poutine
 from torch import nn
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential

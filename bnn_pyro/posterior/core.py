@@ -23,8 +23,9 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 
-from bnn_pyro import posterior_file, predictions
-from bnn_pyro._checks import check_data, positive_int, probability, seed as check_seed
+from bnn_pyro import predictions
+from bnn_pyro.posterior import posterior_file
+from bnn_pyro.utils.checks import check_data, positive_int, probability, seed as check_seed
 from bnn_pyro.model import BNN, fit_attributes
 from bnn_pyro.predictive_draws import NetworkDraws
 
@@ -148,7 +149,7 @@ class Posterior:
         and the predictive samples of ``y`` (default: a seed drawn from torch's global generator).
         ``weights`` (one non-negative number per stored draw, ``(chains, draws)``, e.g. :meth:`psis`'s) reweights
         the draws: ``num_samples`` (default: as many as stored) are picked by systematic resampling
-        (:func:`bnn_pyro.psis.resample`).
+        (:func:`bnn_pyro.posterior.psis.resample`).
         """
         x = self.inputs(x)
         if interval is not None:
@@ -160,7 +161,7 @@ class Posterior:
         if weights is None:
             idx = self.draw_index(num_samples, seed)
         else:
-            from bnn_pyro.psis import resample
+            from bnn_pyro.posterior.psis import resample
 
             total = self.num_chains * self.num_draws
             if torch.as_tensor(weights).numel() != total:
@@ -260,23 +261,23 @@ class Posterior:
         )
 
     # ------------------------------------------------------------------ diagnostics, plots, files
-    # Thin delegations: the work lives in bnn_pyro.diagnostics, bnn_pyro.plots and bnn_pyro.io.
+    # Thin delegations: the work lives in bnn_pyro.posterior.diagnostics, bnn_pyro.posterior.plots and bnn_pyro.io.
     def to_inference_data(self, **kwargs):
-        """An ``arviz.InferenceData``; see :func:`bnn_pyro.diagnostics.to_inference_data`."""
-        from bnn_pyro import diagnostics
+        """An ``arviz.InferenceData``; see :func:`bnn_pyro.posterior.diagnostics.to_inference_data`."""
+        from bnn_pyro.posterior import diagnostics
 
         return diagnostics.to_inference_data(self, **kwargs)
 
     def psis(self, x=None, y=None, *, num_samples: int | None = None, seed: int = 0, warn: bool = True):
         """Pareto-smoothed importance sampling check of an approximate posterior (k-hat, weights,
-        reweighted predictions); see :func:`bnn_pyro.psis.psis`."""
-        from bnn_pyro import psis
+        reweighted predictions); see :func:`bnn_pyro.posterior.psis.psis`."""
+        from bnn_pyro.posterior import psis
 
         return psis.psis(self, x, y, num_samples=num_samples, seed=seed, warn=warn)
 
     def summary(self, *, space: str = "weights", x=None, var_names=None, warn: bool = True):
-        """ArviZ summary table with convergence warnings; see :func:`bnn_pyro.diagnostics.summary`."""
-        from bnn_pyro import diagnostics
+        """ArviZ summary table with convergence warnings; see :func:`bnn_pyro.posterior.diagnostics.summary`."""
+        from bnn_pyro.posterior import diagnostics
 
         return diagnostics.summary(self, space=space, x=x, var_names=var_names, warn=warn)
 
@@ -285,38 +286,38 @@ class Posterior:
         return posterior_file.save(self, path)
 
     def plot_trace(self, var_names=None, **kwargs):
-        """Trace plot; see :func:`bnn_pyro.plots.plot_trace`."""
-        from bnn_pyro import plots
+        """Trace plot; see :func:`bnn_pyro.posterior.plots.plot_trace`."""
+        from bnn_pyro.posterior import plots
 
         return plots.plot_trace(self, var_names, **kwargs)
 
     def plot_rank(self, params=None, **kwargs):
-        """Rank plot; see :func:`bnn_pyro.plots.plot_rank`."""
-        from bnn_pyro import plots
+        """Rank plot; see :func:`bnn_pyro.posterior.plots.plot_rank`."""
+        from bnn_pyro.posterior import plots
 
         return plots.plot_rank(self, params, **kwargs)
 
     def plot_pair(self, params=None, **kwargs):
-        """Pair plot of chosen weights; see :func:`bnn_pyro.plots.plot_pair`."""
-        from bnn_pyro import plots
+        """Pair plot of chosen weights; see :func:`bnn_pyro.posterior.plots.plot_pair`."""
+        from bnn_pyro.posterior import plots
 
         return plots.plot_pair(self, params, **kwargs)
 
     def plot_energy(self, **kwargs):
-        """Energy plot (HMC/NUTS); see :func:`bnn_pyro.plots.plot_energy`."""
-        from bnn_pyro import plots
+        """Energy plot (HMC/NUTS); see :func:`bnn_pyro.posterior.plots.plot_energy`."""
+        from bnn_pyro.posterior import plots
 
         return plots.plot_energy(self, **kwargs)
 
     def plot_predictive(self, x=None, **kwargs):
-        """Predictive band for 1-D regression; see :func:`bnn_pyro.plots.plot_predictive`."""
-        from bnn_pyro import plots
+        """Predictive band for 1-D regression; see :func:`bnn_pyro.posterior.plots.plot_predictive`."""
+        from bnn_pyro.posterior import plots
 
         return plots.plot_predictive(self, x, **kwargs)
 
     def plot_reliability(self, x=None, y=None, **kwargs):
-        """Reliability diagram for classification; see :func:`bnn_pyro.plots.plot_reliability`."""
-        from bnn_pyro import plots
+        """Reliability diagram for classification; see :func:`bnn_pyro.posterior.plots.plot_reliability`."""
+        from bnn_pyro.posterior import plots
 
         return plots.plot_reliability(self, x, y, **kwargs)
 

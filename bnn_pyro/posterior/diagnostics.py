@@ -32,8 +32,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bnn_pyro._checks import check_data, choice, flag, positive_int
-from bnn_pyro._upstream_private import arviz_log_level
+from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
+from bnn_pyro.utils.upstream_private import arviz_log_level
 from bnn_pyro.model import BNN
 
 if TYPE_CHECKING:
@@ -66,7 +66,7 @@ class Space(str, Enum):
 
 class DiagnosticWarning(UserWarning):
     """A convergence problem found by :func:`summary` (divergences, high R-hat, low ESS), or an approximation
-    that misses posterior mass found by :func:`bnn_pyro.psis.psis` (Pareto k-hat > 0.7)."""
+    that misses posterior mass found by :func:`bnn_pyro.posterior.psis.psis` (Pareto k-hat > 0.7)."""
 
 
 def _require_model(post: Posterior, what: str) -> None:
@@ -76,7 +76,7 @@ def _require_model(post: Posterior, what: str) -> None:
 
 def sample_stats(post: Posterior) -> dict[str, np.ndarray]:
     """The engine's per-draw statistics under ArviZ's names, each ``(chains, draws)`` (without ``log_q``, the
-    density of an approximation at its draws, which :mod:`bnn_pyro.psis` reads)."""
+    density of an approximation at its draws, which :mod:`bnn_pyro.posterior.psis` reads)."""
     shape = (post.num_chains, post.num_draws)
     out = {}
     for name, value in post.sample_stats.items():

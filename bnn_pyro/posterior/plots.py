@@ -3,7 +3,7 @@ and of a classifier's predictions: reliability before/after calibration, rejecti
 
 Every function takes a posterior (or, for the last two, predictions and labels) and returns the
 ``matplotlib.figure.Figure`` it drew on (never calls ``plt.show``). Trace, rank, energy and pair plots
-are ArviZ's, fed by :func:`bnn_pyro.diagnostics.to_inference_data`. Scalars are named as in ``post.summary()``:
+are ArviZ's, fed by :func:`bnn_pyro.posterior.diagnostics.to_inference_data`. Scalars are named as in ``post.summary()``:
 ``"sigma"``, ``"0.weight[3, 0]"``; a bare name of a tensor site means all of its entries.
 
 Example
@@ -27,8 +27,10 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
-from bnn_pyro import diagnostics, metrics, selective
-from bnn_pyro._checks import check_data, positive_int
+from bnn_pyro import metrics
+from bnn_pyro.posterior import diagnostics
+from bnn_pyro.tasks import selective
+from bnn_pyro.utils.checks import check_data, positive_int
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
 
 if TYPE_CHECKING:
@@ -209,7 +211,7 @@ def _reliability_axes(top, bottom, pred, y, num_bins: int, title: str) -> None:
 
 def plot_calibration(before, after, y, *, num_bins: int = 10) -> Figure:
     """Reliability diagrams side by side: a prediction ``before`` and ``after`` post-hoc calibration
-    (e.g. :class:`bnn_pyro.calibration.TemperatureScaling`), on the same held-out labels ``y``."""
+    (e.g. :class:`bnn_pyro.tasks.calibration.TemperatureScaling`), on the same held-out labels ``y``."""
     num_bins = positive_int("num_bins", num_bins)
     fig, axes = plt.subplots(2, 2, figsize=(9, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]})
     for column, (pred, title) in enumerate([(before, "Before"), (after, "After")]):
@@ -220,7 +222,7 @@ def plot_calibration(before, after, y, *, num_bins: int = 10) -> Figure:
 def plot_rejection(pred, y, scores: Sequence[str] = ("entropy", "mutual_information", "max_prob"), *,
                    ax=None) -> Figure:
     """Accuracy against the fraction of inputs rejected (the most uncertain first), one line per
-    uncertainty score of :mod:`bnn_pyro.selective`; the legend gives each curve's area."""
+    uncertainty score of :mod:`bnn_pyro.tasks.selective`; the legend gives each curve's area."""
     fig, ax = (plt.subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax))
     for score in scores:
         fraction, accuracy = selective.rejection_curve(pred, y, score=score)

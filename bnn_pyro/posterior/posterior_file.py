@@ -16,7 +16,7 @@ import torch
 
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN
-from bnn_pyro.tensor_files import digest, write_atomic
+from bnn_pyro.posterior.tensor_files import digest, write_atomic
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior

@@ -9,7 +9,7 @@ is (Yao, Vehtari, Simpson & Gelman 2018, "Yes, but did it work?: Evaluating vari
 - ``0.5 <= k_hat <= 0.7``: usable; reweighted estimates are better than ``q``'s own but noisier.
 - ``k_hat > 0.7``: the ratios have (nearly) infinite variance: ``q`` misses mass the posterior has
   (typically ``q`` is too narrow), and neither ``q`` nor reweighting can be trusted. A
-  :class:`~bnn_pyro.diagnostics.DiagnosticWarning` says so, with what to try.
+  :class:`~bnn_pyro.posterior.diagnostics.DiagnosticWarning` says so, with what to try.
 
 The ratios are taken in the UNCONSTRAINED coordinates ``z = T^-1(w)`` in which every ``q`` here is
 defined (``T = biject_to(support)``, e.g. ``sigma = exp(z)`` for a learned noise scale)::
@@ -48,7 +48,7 @@ import torch
 from pyro import poutine
 from torch.distributions import biject_to
 
-from bnn_pyro._checks import check_data, seed as check_seed
+from bnn_pyro.utils.checks import check_data, seed as check_seed
 from bnn_pyro.model import BNN
 
 __all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX"]
@@ -125,7 +125,7 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
         How many of the stored draws to use (all by default; a random subset otherwise, chosen with
         ``seed``). ``q``'s draws are the ones the fit stored: to use more, fit with more ``num_samples``.
     warn:
-        Warn (:class:`~bnn_pyro.diagnostics.DiagnosticWarning`) when ``k_hat > 0.7``.
+        Warn (:class:`~bnn_pyro.posterior.diagnostics.DiagnosticWarning`) when ``k_hat > 0.7``.
     """
     _require_density(post)
     x, y = _target_data(post, x, y)
@@ -152,7 +152,7 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
                         log_weights=torch.from_numpy(log_w).reshape(post.num_chains, post.num_draws),
                         num_draws=len(idx), posterior=post)
     if warn and not result.reliable:
-        from bnn_pyro.diagnostics import DiagnosticWarning
+        from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
         warnings.warn(
             f"psis: Pareto k_hat = {result.k_hat:.2f} > {K_HAT_MAX} for this {post.method} approximation (ESS of the "

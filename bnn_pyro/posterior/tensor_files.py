@@ -4,7 +4,7 @@
 A file is written piece by piece (its header, then each tensor's bytes) to a temporary file ``.<name>.<12 hex digits>.tmp`` in the same folder,
 fsynced, then renamed over the target (``os.replace``) and the folder fsynced, so a crash mid-write leaves the
 previous file intact. A write that fails (a full disk, no permission) is an ``OSError`` naming the path, and
-its temporary file is removed. The writer holds a lock on its temporary file (:mod:`bnn_pyro._locks`) while it
+its temporary file is removed. The writer holds a lock on its temporary file (:mod:`bnn_pyro.utils.locks`) while it
 writes; the lock dies with the process, so the next write into the folder removes the temporary files of
 writers that were killed (their lock is free) and leaves those of live writers alone.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from bnn_pyro._locks import LOCKS_WORK, same_file, try_lock
+from bnn_pyro.utils.locks import LOCKS_WORK, same_file, try_lock
 
 __all__ = ["write_atomic", "digest", "remove_stale_temporaries"]
 

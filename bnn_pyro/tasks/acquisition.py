@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from bnn_pyro._checks import positive_int
+from bnn_pyro.utils.checks import positive_int
 from bnn_pyro.predictions import ClassificationPrediction, _entropy, _mutual_information
 
 __all__ = ["STRATEGIES", "scores", "select", "acquire", "joint_mutual_information"]

@@ -7,7 +7,7 @@ mixture over draws ``w_s`` (the Bayesian model average), not one network's loss:
 
 (optionally clipped to ``bounds``). Attacking the model average is what fools the averaged
 prediction; compare engines by accuracy and by how their uncertainty rises on ``x_adv``
-(e.g. :func:`bnn_pyro.selective.ood_detection` of clean vs perturbed inputs).
+(e.g. :func:`bnn_pyro.tasks.selective.ood_detection` of clean vs perturbed inputs).
 
 Example
 -------
@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from bnn_pyro._checks import check_data, positive
+from bnn_pyro.utils.checks import check_data, positive
 from bnn_pyro.metrics import _match_target, _traced_obs
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bnn_pyro._checks import probability
+from bnn_pyro.utils.checks import probability
 from bnn_pyro.metrics import _probs_and_labels, _regression_target
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, _entropy
 

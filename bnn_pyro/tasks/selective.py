@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from bnn_pyro import metrics
-from bnn_pyro._checks import as_tensor, probability
+from bnn_pyro.utils.checks import as_tensor, probability
 from bnn_pyro.predictions import ClassificationPrediction
 
 __all__ = ["SCORES", "uncertainty", "rejection_curve", "rejection_auc", "ood_aupr", "ood_fpr_at_tpr", "ood_detection"]

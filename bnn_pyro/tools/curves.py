@@ -55,7 +55,7 @@ from enum import Enum
 import torch
 from torch.distributions import biject_to
 
-from bnn_pyro._checks import check_data, choice, positive, positive_int
+from bnn_pyro.utils.checks import check_data, choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._logjoint import LogJoint, _is_identity, build
 from bnn_pyro.infer.driver import descend

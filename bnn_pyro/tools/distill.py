@@ -37,7 +37,7 @@ import math
 import torch
 from torch import nn
 
-from bnn_pyro._checks import check_data, positive, positive_int
+from bnn_pyro.utils.checks import check_data, positive, positive_int
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.predictions import ClassificationPrediction
 

@@ -29,7 +29,7 @@ import pyro
 import torch
 from pyro import poutine
 
-from bnn_pyro._checks import SEED_MAX, check_data, positive_int, seed as check_seed
+from bnn_pyro.utils.checks import SEED_MAX, check_data, positive_int, seed as check_seed
 
 __all__ = ["SBCResult", "run", "ranks", "chi_square", "plot"]
 

@@ -13,7 +13,7 @@ import pyro.distributions as dist
 import torch
 from pyro.distributions.torch_distribution import TorchDistributionMixin
 
-from bnn_pyro._upstream_private import validates_args
+from bnn_pyro.utils.upstream_private import validates_args
 
 E = TypeVar("E", bound=Enum)
 

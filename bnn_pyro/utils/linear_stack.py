@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bnn_pyro._upstream_private import function_mode_active, global_module_hooks, module_hooks
+from bnn_pyro.utils.upstream_private import function_mode_active, global_module_hooks, module_hooks
 
 __all__ = ["linear_stack", "run_linear_stack", "site"]
 

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from bnn_pyro._checks import choice, positive_int
+from bnn_pyro.utils.checks import choice, positive_int
 from bnn_pyro.infer.laplace.approximation import CHUNK, Link
 from bnn_pyro.infer.laplace.functional import output_jacobian
 from bnn_pyro.infer.laplace.kfac import layer_jacobians
