@@ -31,7 +31,7 @@ import pandas as pd
 import torch
 
 from bnn_pyro.utils.checks import positive, positive_int, seed as checked_seed
-from bnn_pyro.data.splits import (Standardizer, UCISplit, _float, load_uci, make_uci_splits, train_test_split,
+from bnn_pyro.data.splits import (Standardizer, UCISplit, as_float_tensor, load_uci, make_uci_splits, train_test_split,
                              write_uci_splits)
 
 __all__ = [
@@ -106,7 +106,7 @@ def two_moons(n: int = 200, noise: float = 0.1, seed: int = 0) -> tuple[torch.Te
         raise ValueError(f"n must be at least 2 (one point per class), got {n}.")
     noise = _nonnegative("noise", noise)
     x, y = make_moons(n_samples=n, noise=noise, random_state=checked_seed("seed", seed))
-    return _float(x), _labels(y)
+    return as_float_tensor(x), _labels(y)
 
 
 def spirals(n: int = 200, noise: float = 0.2, turns: float = 1.5, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -173,8 +173,8 @@ def load_sklearn(name: str) -> tuple[torch.Tensor, torch.Tensor]:
                          "For your own data use load_csv(path, target=...).")
     bunch = loaders[name]()
     x = bunch.data / 16.0 if name == "digits" else bunch.data
-    y = _float(bunch.target) if SKLEARN_DATASETS[name] == "regression" else _labels(bunch.target)
-    return _float(x), y
+    y = as_float_tensor(bunch.target) if SKLEARN_DATASETS[name] == "regression" else _labels(bunch.target)
+    return as_float_tensor(x), y
 
 
 def digits_images() -> tuple[torch.Tensor, torch.Tensor]:
@@ -266,7 +266,7 @@ def load_csv(path, target: str, features: list[str] | None = None, *, task: str 
     holes = [c for c in used if frame[c].isna().any()]
     if holes:
         raise ValueError(f"column(s) {holes} in {str(path)!r} have missing values; drop or impute those rows first.")
-    x = _float(frame[features].to_numpy(dtype=np.float64))
+    x = as_float_tensor(frame[features].to_numpy(dtype=np.float64))
     column = frame[target]
     integer = pd.api.types.is_integer_dtype(column) or pd.api.types.is_bool_dtype(column)
     if task == "classification" or (task is None and integer):
@@ -275,4 +275,4 @@ def load_csv(path, target: str, features: list[str] | None = None, *, task: str 
             raise ValueError(f"target: column {target!r} holds non-integer values, which cannot be class labels; "
                              "use task='regression'.")
         return x, _labels(np.asarray(values, dtype=np.float64).astype(np.int64))
-    return x, _float(column.to_numpy(dtype=np.float64))
+    return x, as_float_tensor(column.to_numpy(dtype=np.float64))

@@ -25,7 +25,8 @@ from bnn_pyro.utils.checks import as_tensor, check_data, seed as checked_seed
 __all__ = ["train_test_split", "k_fold", "Standardizer", "UCISplit", "load_uci", "make_uci_splits", "write_uci_splits"]
 
 
-def _float(a) -> torch.Tensor:
+def as_float_tensor(a) -> torch.Tensor:
+    """An array-like (numpy, a DataFrame's values) as a tensor of the default float dtype (shared with :mod:`.datasets`)."""
     return torch.tensor(np.asarray(a), dtype=torch.get_default_dtype())
 
 # ---------------------------------------------------------------------------------------- splits, scaling
@@ -309,7 +310,7 @@ def load_uci(path, split: int = 0) -> UCISplit:
         raise ValueError(f"index_train_{split}.txt and index_test_{split}.txt in {str(folder)!r} share rows.")
     if not np.isfinite(data).all():
         raise ValueError(f"data.txt in {str(folder)!r} holds NaN or Inf values.")
-    x, y = _float(data[:, features]), _float(data[:, target[0]])
+    x, y = as_float_tensor(data[:, features]), as_float_tensor(data[:, target[0]])
     return _standardized_split(x, y, torch.as_tensor(train), torch.as_tensor(test), split=int(split),
                                n_splits=n_splits, path=os.fspath(folder))
 

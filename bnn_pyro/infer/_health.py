@@ -317,7 +317,8 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
     from pyro import poutine
 
     from bnn_pyro.model import BNN
-    from bnn_pyro.posterior import Posterior, _unwrap
+    from bnn_pyro.posterior import Posterior
+    from bnn_pyro.utils.targets import base_distribution
 
     if source is None:
         return None
@@ -332,10 +333,10 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
             batched = False
     except KeyError:  # no "obs" site: nothing to compare
         return None
-    classes = isinstance(_unwrap(fns[0]), (torch.distributions.Categorical, torch.distributions.Bernoulli))
+    classes = isinstance(base_distribution(fns[0]), (torch.distributions.Categorical, torch.distributions.Bernoulli))
     outs, losses = [], []
     for fn in fns:
-        b = _unwrap(fn)
+        b = base_distribution(fn)
         out = (torch.stack([1 - b.probs, b.probs], -1) if isinstance(b, torch.distributions.Bernoulli)
                else b.probs if classes else fn.mean).double()
         out = out if batched else out.unsqueeze(0)

@@ -25,7 +25,9 @@ from pyro import poutine
 
 from bnn_pyro import predictions
 from bnn_pyro.posterior import posterior_file
+from bnn_pyro.posterior.linearized import linearized_outputs
 from bnn_pyro.utils.checks import check_data, positive_int, probability, seed as check_seed
+from bnn_pyro.utils.targets import base_distribution
 from bnn_pyro.model import BNN, fit_attributes
 from bnn_pyro.predictive_draws import NetworkDraws
 
@@ -200,8 +202,6 @@ class Posterior:
         probs = likelihood.probs if likelihood.task == "classification" else None
         glm = None
         if linearized and self.config.get("predictive") == "glm":  # a Laplace fit's linearized network
-            from bnn_pyro.infer.laplace.glm import linearized_outputs
-
             glm = partial(linearized_outputs, self)
         return NetworkDraws(self, x, idx, seed=seed, draws_per_chunk=draws_per_chunk, points_per_chunk=points_per_chunk,
                             linearized=glm, observe=observe, probs_of=probs)
@@ -232,7 +232,7 @@ class Posterior:
         (default: :meth:`BNN.draws_per_chunk`, chunks whose widest layer output stays near 8 MB) and, for a stack
         of Linear layers, the rows of ``x`` in chunks where one draw over all of them exceeds that
         (:meth:`BNN.points_per_chunk`). A Laplace posterior with ``config["predictive"] == "glm"`` (its default)
-        evaluates the network linearized at its mode (:mod:`bnn_pyro.infer.laplace.glm`) unless
+        evaluates the network linearized at its mode (:mod:`bnn_pyro.posterior.linearized`) unless
         ``linearized=False``."""
         idx = self.draw_index() if idx is None else idx
         return self.predictive_draws(x, idx, draws_per_chunk=draws_per_chunk, linearized=linearized).outputs(slice(None))
@@ -250,7 +250,7 @@ class Posterior:
     def _predict_traced(self, x, idx, interval):
         """Prediction for a plain Pyro function model: one conditioned trace per draw."""
         fns = [self.trace_draw(i, x).nodes["obs"]["fn"] for i in idx.tolist()]
-        base = [_unwrap(fn) for fn in fns]
+        base = [base_distribution(fn) for fn in fns]
         if isinstance(base[0], dist.Categorical):
             return predictions.classification(torch.stack([d.probs for d in base]))
         if isinstance(base[0], dist.Bernoulli):
@@ -320,12 +320,6 @@ class Posterior:
         from bnn_pyro.posterior import plots
 
         return plots.plot_reliability(self, x, y, **kwargs)
-
-
-def _unwrap(d):
-    while isinstance(d, (dist.Independent, dist.MaskedDistribution)):
-        d = d.base_dist
-    return d
 
 
 # asked of an unfitted BNN, these names raise an error that says to fit first (bnn_pyro.model)

@@ -46,7 +46,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from pyro import poutine
-from torch.distributions import biject_to
+from torch.distributions import Distribution, biject_to
 
 from bnn_pyro.utils.checks import check_data, seed as check_seed
 from bnn_pyro.model import BNN
@@ -224,14 +224,14 @@ def _log_joint(post, x, y, idx: torch.Tensor) -> torch.Tensor:
 
 
 def _bnn_log_prior(post, flat, idx, x, y) -> torch.Tensor:
-    """The prior (with Jacobians) of a BNN's latent sites: batched from the sites' own priors where none
-    depends on another site, else one trace per draw."""
-    from bnn_pyro.infer import _logjoint
-
-    joint = _logjoint.build(post.model, x.shape[0])
-    if joint is not None:
+    """The prior (with Jacobians) of a BNN's latent sites: batched from the sites' own priors
+    (:meth:`~bnn_pyro.BNN.prior_distributions` and the likelihood's noise sites) where none depends on another
+    site (no hyper sites), else one trace per draw."""
+    model = post.model
+    priors = None if model.hyper_names else {**model.prior_distributions(), **model.likelihood.sites()}
+    if priors is not None and all(isinstance(prior, Distribution) for prior in priors.values()):
         total = torch.zeros(len(idx), dtype=torch.float64)
-        for name, prior in joint.priors.items():
+        for name, prior in priors.items():
             w = flat[name][idx]
             total += prior.log_prob(w).double().reshape(len(idx), -1).sum(-1).cpu() + _log_jacobian(prior, w, len(idx))
         return total

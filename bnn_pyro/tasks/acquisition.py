@@ -28,7 +28,7 @@ from __future__ import annotations
 import torch
 
 from bnn_pyro.utils.checks import positive_int
-from bnn_pyro.predictions import ClassificationPrediction, _entropy, _mutual_information
+from bnn_pyro.predictions import ClassificationPrediction, entropy, mutual_information
 
 __all__ = ["STRATEGIES", "scores", "select", "acquire", "joint_mutual_information"]
 
@@ -55,9 +55,9 @@ def scores(pred: ClassificationPrediction, strategy: str = "bald", *, seed: int 
     p = _draws(pred)
     strategy = _strategy(strategy)
     if strategy in ("bald", "batchbald"):
-        return _mutual_information(p)  # exactly 0 where the draws agree (a point estimate's are all 0)
+        return mutual_information(p)  # exactly 0 where the draws agree (a point estimate's are all 0)
     if strategy == "entropy":
-        return _entropy(p.mean(0))
+        return entropy(p.mean(0))
     if strategy == "variation_ratios":
         votes = torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).sum(0)  # (N, K)
         return 1.0 - votes.max(-1).values.double() / p.shape[0]
@@ -73,7 +73,7 @@ def joint_mutual_information(pred: ClassificationPrediction, indices) -> float:
     joint = torch.ones(p.shape[0], 1, dtype=torch.float64)
     for i in idx.tolist():
         joint = (joint[:, :, None] * p[:, i, None, :]).reshape(p.shape[0], -1)
-    return float(_entropy(joint.mean(0)) - _entropy(p[:, idx]).mean(0).sum())
+    return float(entropy(joint.mean(0)) - entropy(p[:, idx]).mean(0).sum())
 
 
 def select(pred: ClassificationPrediction, k: int, strategy: str = "bald", *, seed: int | None = 0,
@@ -98,7 +98,7 @@ def select(pred: ClassificationPrediction, k: int, strategy: str = "bald", *, se
 
 def _batchbald(p: torch.Tensor, k: int) -> torch.Tensor:
     s, n, c = p.shape
-    expected = _entropy(p).mean(0)  # (N,) E_s H[p_s(y_n)]
+    expected = entropy(p).mean(0)  # (N,) E_s H[p_s(y_n)]
     joint = torch.ones(s, 1, dtype=torch.float64)  # per-draw probability of each configuration of the batch
     chosen: list[int] = []
     taken = torch.zeros(n, dtype=torch.bool)
@@ -109,7 +109,7 @@ def _batchbald(p: torch.Tensor, k: int) -> torch.Tensor:
         for r in range(0, n, rows):
             # P(configuration, y_candidate) = (1/S) sum_s joint_s(config) p_s(y_candidate)
             table = torch.einsum("sc,snk->nck", joint, p[:, r : r + rows]) / s
-            h[r : r + rows] = _entropy(table.reshape(table.shape[0], -1))
+            h[r : r + rows] = entropy(table.reshape(table.shape[0], -1))
         gain = h - base - expected
         gain[taken] = -float("inf")
         best = int(gain.argmax())

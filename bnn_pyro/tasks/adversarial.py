@@ -23,7 +23,7 @@ import math
 import torch
 
 from bnn_pyro.utils.checks import check_data, positive
-from bnn_pyro.metrics import _match_target, _traced_obs
+from bnn_pyro.utils.targets import match_target, traced_obs
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -35,9 +35,9 @@ def predictive_nll(post, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) ->
     differentiable in ``x`` (no ``no_grad``)."""
     if isinstance(post.model, BNN):
         d = post.observation_distribution(x, idx)
-        log_p = d.log_prob(_match_target(d, y, batch_dims=1))
+        log_p = d.log_prob(match_target(d, y, batch_dims=1))
     else:
-        log_p = torch.stack([fn.log_prob(_match_target(fn, y, batch_dims=0)) for fn in _traced_obs(post, x, idx)])
+        log_p = torch.stack([fn.log_prob(match_target(fn, y, batch_dims=0)) for fn in traced_obs(post, x, idx)])
     if log_p.dim() > 2:
         log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
     return -(torch.logsumexp(log_p, 0) - math.log(log_p.shape[0]))

@@ -42,14 +42,14 @@ from dataclasses import dataclass
 import torch
 
 from bnn_pyro.utils.checks import probability
-from bnn_pyro.metrics import _probs_and_labels, _regression_target
-from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, _entropy
+from bnn_pyro.utils.targets import probs_and_labels, regression_target
+from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, entropy
 
 __all__ = ["TemperatureScaling", "VectorScaling", "ScaleRecalibration", "QuantileRecalibration", "pit"]
 
 
 def _log_probs(pred) -> torch.Tensor:
-    probs, _ = _probs_and_labels(pred, torch.zeros(_rows(pred), dtype=torch.long), argname="pred")
+    probs, _ = probs_and_labels(pred, torch.zeros(_rows(pred), dtype=torch.long), argname="pred")
     return probs.clamp_min(torch.finfo(torch.float64).tiny).log()
 
 
@@ -75,7 +75,7 @@ def _calibrated(pred, log_probs: torch.Tensor):
     if not isinstance(pred, ClassificationPrediction):
         return probs
     probs = probs.to(pred.probs.dtype)
-    return dataclasses.replace(pred, probs=probs, predicted=probs.argmax(-1), entropy=_entropy(probs))
+    return dataclasses.replace(pred, probs=probs, predicted=probs.argmax(-1), entropy=entropy(probs))
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ class TemperatureScaling:
     def fit(cls, pred, y) -> TemperatureScaling:
         """The temperature minimizing the NLL of held-out labels ``y`` (LBFGS on ``log T``, float64)."""
         z = _log_probs(pred)
-        _, labels = _probs_and_labels(pred, y, argname="pred")
+        _, labels = probs_and_labels(pred, y, argname="pred")
         log_t = torch.zeros((), dtype=torch.float64, requires_grad=True)
         _minimize([log_t], lambda: torch.nn.functional.cross_entropy(z / log_t.exp(), labels))
         return cls(float(log_t.detach().exp()))
@@ -109,7 +109,7 @@ class VectorScaling:
     def fit(cls, pred, y) -> VectorScaling:
         """Weights and biases minimizing the NLL of held-out labels ``y`` (LBFGS, float64)."""
         z = _log_probs(pred)
-        _, labels = _probs_and_labels(pred, y, argname="pred")
+        _, labels = probs_and_labels(pred, y, argname="pred")
         k = z.shape[1]
         w = torch.ones(k, dtype=torch.float64, requires_grad=True)
         b = torch.zeros(k - 1, dtype=torch.float64, requires_grad=True)
@@ -132,7 +132,7 @@ def _regression(pred, y=None):
     if not isinstance(pred, RegressionPrediction):
         raise TypeError(f"pred: expected a RegressionPrediction (post.predict(x) of a regression model), got "
                         f"{type(pred).__name__}; for a classifier use TemperatureScaling or VectorScaling.")
-    return pred if y is None else (pred, _regression_target(y, pred.mean.shape, "pred").to(pred.mean.dtype))
+    return pred if y is None else (pred, regression_target(y, pred.mean.shape, "pred").to(pred.mean.dtype))
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from bnn_pyro.utils.checks import positive_int, probability
-from bnn_pyro.metrics import _probs_and_labels, _regression_target
+from bnn_pyro.utils.targets import probs_and_labels, regression_target
 from bnn_pyro.predictions import RegressionPrediction
 
 __all__ = ["REGRESSION_SCORES", "conformal_quantile", "ConformalRegressor", "ConformalClassifier"]
@@ -82,7 +82,7 @@ class ConformalRegressor:
         if score not in REGRESSION_SCORES:
             raise ValueError(f"score: unknown value {score!r}; choose one of "
                              f"{', '.join(map(repr, REGRESSION_SCORES))}.")
-        y = _regression_target(y, pred.mean.shape, "pred").to(pred.mean.dtype)
+        y = regression_target(y, pred.mean.shape, "pred").to(pred.mean.dtype)
         scores = (y - pred.mean).abs() / _regression_scale(pred, score)
         return cls(conformal_quantile(scores, alpha), float(alpha), score)
 
@@ -121,7 +121,7 @@ class ConformalClassifier:
         if not (float(lam) >= 0.0 and math.isfinite(float(lam))):
             raise ValueError(f"lam: expected a finite penalty >= 0, got {lam!r}; 0 gives APS, e.g. 0.01 for RAPS.")
         k_reg = positive_int("k_reg", k_reg, allow_zero=True)
-        probs, labels = _probs_and_labels(pred, y, argname="pred")
+        probs, labels = probs_and_labels(pred, y, argname="pred")
         u = _uniforms(len(labels), randomized, seed)
         scores = _aps_scores(probs, u, float(lam), k_reg).gather(1, labels[:, None])[:, 0]
         return cls(float(conformal_quantile(scores, alpha)), float(alpha), bool(randomized), float(lam), k_reg)
@@ -129,7 +129,7 @@ class ConformalClassifier:
     def __call__(self, pred, *, seed: int | None = 1) -> torch.Tensor:
         """The prediction sets: ``sets[n, k]`` is True when class ``k`` is in row ``n``'s set.
         ``seed`` draws the randomization ``u`` of the test rows (use a seed other than the fit's)."""
-        probs = _probs_and_labels(pred, torch.zeros(_rows(pred), dtype=torch.long), argname="pred")[0]
+        probs = probs_and_labels(pred, torch.zeros(_rows(pred), dtype=torch.long), argname="pred")[0]
         u = _uniforms(probs.shape[0], self.randomized, seed)
         return _aps_scores(probs, u, self.lam, self.k_reg) <= self.quantile
 

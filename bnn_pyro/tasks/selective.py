@@ -28,6 +28,7 @@ import torch
 
 from bnn_pyro import metrics
 from bnn_pyro.utils.checks import as_tensor, probability
+from bnn_pyro.utils.targets import probs_and_labels
 from bnn_pyro.predictions import ClassificationPrediction
 
 __all__ = ["SCORES", "uncertainty", "rejection_curve", "rejection_auc", "ood_aupr", "ood_fpr_at_tpr", "ood_detection"]
@@ -57,7 +58,7 @@ def rejection_curve(pred: ClassificationPrediction, y, *, score: str = "entropy"
     and ``accuracy[r]`` the accuracy on the ``N - r`` inputs with the lowest score. ``scores`` (a
     tensor ``(N,)``) replaces the named ``score``. Ties are broken by input order (a stable sort).
     """
-    probs, labels = metrics._probs_and_labels(pred, y)
+    probs, labels = probs_and_labels(pred, y)
     u = uncertainty(pred if scores is None else scores, score)
     if u.shape[0] != labels.shape[0]:
         raise ValueError(f"scores has {u.shape[0]} entries but there are {labels.shape[0]} labels; give one per input.")
