@@ -208,6 +208,42 @@ def test_an_import_of_a_submodule_runs_its_packages_init(tmp_path):
     assert edges == {"bnn_pyro.infer.laplace.glm": 2, "bnn_pyro.infer.laplace": 2, "bnn_pyro.infer": 2}
 
 
+# The layers of docs/layout.md, bottom first: a module may import its own layer and those below, never one above.
+LAYERS = [
+    ("bnn_pyro.utils", "bnn_pyro.inputs", "bnn_pyro.predictive_draws", "bnn_pyro.predictions"),  # leaf helpers, types
+    ("bnn_pyro.priors", "bnn_pyro.selection", "bnn_pyro.likelihoods", "bnn_pyro.model", "bnn_pyro.metrics"),  # model
+    ("bnn_pyro.posterior",),  # the Posterior, its diagnostics, plots and files
+    ("bnn_pyro.infer", "bnn_pyro.io"),  # the engines; bp.load
+    ("bnn_pyro.tasks", "bnn_pyro.tools", "bnn_pyro.data", "bnn_pyro.comparison", "bnn_pyro.cli"),  # users of posteriors
+    ("bnn_pyro",),  # the package's __init__: the API assembled
+]
+
+
+def _layer(module: str) -> int:
+    """The index in :data:`LAYERS` of the longest prefix of ``module``."""
+    found = [(len(p), i) for i, layer in enumerate(LAYERS) for p in layer if module == p or module.startswith(p + ".")]
+    assert found, f"{module} is in no layer of LAYERS: add it (and to docs/layout.md)"
+    return max(found)[1]
+
+
+def test_no_import_runs_up_a_layer():
+    modules = _modules()
+    upward = [f"{path.relative_to(PACKAGE.parent)}:{line}: {module} (layer {_layer(module)}) imports {target} "
+              f"(layer {_layer(target)})"
+              for module, path in modules.items() for target, line in _imports(module, path, modules).items()
+              if _layer(target) > _layer(module)]
+    if upward:
+        pytest.fail("imports that run up a layer (docs/layout.md):\n  " + "\n  ".join(sorted(upward)))
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from bnn_pyro.tasks import selective\n")  # a lazy import counts too
+    edges = _imports("bnn_pyro.posterior.plots", source, _modules())
+    assert {_layer(t) for t in edges} == {4} and _layer("bnn_pyro.posterior.plots") == 2
+    assert _layer("bnn_pyro.utils.checks") == 0 and _layer("bnn_pyro") == 5 and _layer("bnn_pyro.infer.laplace.glm") == 3
+
+
 def _private_imports() -> list[str]:
     modules = _modules()
     found = []

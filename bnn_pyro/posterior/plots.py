@@ -29,7 +29,6 @@ from matplotlib.figure import Figure
 
 from bnn_pyro import metrics
 from bnn_pyro.posterior import diagnostics
-from bnn_pyro.tasks import selective
 from bnn_pyro.utils.checks import check_data, positive_int
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
 
@@ -225,7 +224,7 @@ def plot_rejection(pred, y, scores: Sequence[str] = ("entropy", "mutual_informat
     uncertainty score of :mod:`bnn_pyro.tasks.selective`; the legend gives each curve's area."""
     fig, ax = (plt.subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax))
     for score in scores:
-        fraction, accuracy = selective.rejection_curve(pred, y, score=score)
+        fraction, accuracy = metrics.rejection_curve(pred, y, score=score)
         ax.plot(fraction.numpy(), accuracy.numpy(), label=f"{score} (area {float(accuracy.mean()):.3f})")
     ax.set(xlabel="fraction rejected", ylabel="accuracy of the rest", xlim=(0, 1), title="Rejection curve")
     ax.legend(loc="lower right", fontsize="small")

@@ -27,48 +27,11 @@ from __future__ import annotations
 import torch
 
 from bnn_pyro import metrics
-from bnn_pyro.utils.checks import as_tensor, probability
-from bnn_pyro.utils.targets import probs_and_labels
+from bnn_pyro.metrics import UNCERTAINTY_SCORES as SCORES, rejection_curve, uncertainty  # shared with bnn_pyro.posterior.plots
 from bnn_pyro.predictions import ClassificationPrediction
+from bnn_pyro.utils.checks import probability
 
 __all__ = ["SCORES", "uncertainty", "rejection_curve", "rejection_auc", "ood_aupr", "ood_fpr_at_tpr", "ood_detection"]
-
-SCORES = ("entropy", "mutual_information", "aleatoric_entropy", "max_prob")
-
-
-def uncertainty(pred, score: str = "entropy") -> torch.Tensor:
-    """The score ``(N,)`` (float64) of a ``ClassificationPrediction``; a 1-D tensor passes through."""
-    if score not in SCORES:
-        raise ValueError(f"score: unknown value {score!r}; choose one of {', '.join(map(repr, SCORES))}.")
-    if isinstance(pred, ClassificationPrediction):
-        value = 1.0 - pred.probs.max(-1).values if score == "max_prob" else getattr(pred, score)
-    else:
-        value = as_tensor("scores", pred)
-    if value.dim() != 1:
-        raise ValueError(f"scores: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
-                         "pass a ClassificationPrediction or e.g. pred.entropy.")
-    return value.double()
-
-
-def rejection_curve(pred: ClassificationPrediction, y, *, score: str = "entropy",
-                    scores=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Accuracy of the retained inputs against the fraction rejected (the most uncertain first).
-
-    Returns ``(fraction_rejected, accuracy)``, each ``(N,)`` float64: ``fraction_rejected[r] = r / N``
-    and ``accuracy[r]`` the accuracy on the ``N - r`` inputs with the lowest score. ``scores`` (a
-    tensor ``(N,)``) replaces the named ``score``. Ties are broken by input order (a stable sort).
-    """
-    probs, labels = probs_and_labels(pred, y)
-    u = uncertainty(pred if scores is None else scores, score)
-    if u.shape[0] != labels.shape[0]:
-        raise ValueError(f"scores has {u.shape[0]} entries but there are {labels.shape[0]} labels; give one per input.")
-    order = torch.sort(u, stable=True).indices  # most certain first
-    correct = (probs.argmax(-1) == labels).double()[order]
-    n = len(correct)
-    kept = torch.arange(n, 0, -1, dtype=torch.float64)  # N - r inputs kept at r rejected
-    accuracy = correct.cumsum(0).flip(0)[:n] / kept  # accuracy of the first N - r in certainty order
-    return torch.arange(n, dtype=torch.float64) / n, accuracy
-
 
 def rejection_auc(pred: ClassificationPrediction, y, *, score: str = "entropy", scores=None) -> float:
     """Area under the :func:`rejection_curve`: ``(1/N) sum_{r=0}^{N-1} accuracy(r / N)``, in ``[0, 1]``."""
