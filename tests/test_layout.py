@@ -17,7 +17,8 @@ from bnn_pyro.utils import moved
 # bnn_pyro.__all__ and the lazily imported names as of a7736d0, before the layout change: each must stay reachable
 BEFORE = ["BNN", "Posterior", "fit", "compare", "Comparison", "load", "distill", "priors", "likelihoods", "datasets",
           "metrics", "diagnostics", "plots", "io", "distributed", "acquisition", "selective", "adversarial",
-          "calibration", "compression", "conformal", "curves", "sbc", "psis", "inputs", "zoo"]
+          "calibration", "compression", "conformal", "curves", "sbc", "psis", "inputs", "zoo",
+          "splits", "predictions", "model", "posterior", "infer"]  # reached before as set by the package's own imports
 # the public modules that moved, by their old path (private ones, bnn_pyro._checks and the like, are not aliased)
 OLD_PATHS = ["bnn_pyro." + m for m in ("posterior_file", "tensor_files", "diagnostics", "psis", "plots", "acquisition",
                                        "selective", "adversarial", "calibration", "conformal", "compression", "curves",
@@ -31,11 +32,22 @@ def test_every_name_users_reached_is_reached_the_same_way_without_a_warning(name
         value = getattr(bp, name)
         exec(f"from bnn_pyro import {name} as imported", scope := {})
     assert scope["imported"] is value
-    assert name in bp.__all__ or name in bp.LAZY
+    assert name in bp.__all__ or name in bp.LAZY or name in ("predictions", "model", "posterior", "infer")
+
+
+@pytest.mark.parametrize("name", ["posterior_file", "tensor_files"])
+def test_a_moved_module_reached_as_an_attribute_before_warns_and_gives_the_new_module(name):
+    bp.__dict__.pop(name, None)  # set by an earlier import of the old dotted path, if any
+    with pytest.warns(DeprecationWarning, match=f"bnn_pyro.{name} moved to bnn_pyro.posterior.{name}") as record:
+        value = getattr(bp, name)
+    assert value is importlib.import_module(f"bnn_pyro.posterior.{name}")
+    assert record[0].filename == __file__
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        bp.no_such_name
 
 
 def test_all_lists_names_that_exist_and_the_lazy_ones_are_seen_statically():
-    assert set(BEFORE) <= set(bp.__all__) | set(bp.LAZY)
+    assert set(BEFORE) - {"predictions", "model", "posterior", "infer"} <= set(bp.__all__) | set(bp.LAZY)
     for name in bp.__all__:
         assert getattr(bp, name) is not None
     source = Path(bp.__file__).read_text()
