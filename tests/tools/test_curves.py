@@ -237,7 +237,7 @@ def test_the_readme_section_runs_as_written():
     import re
     from pathlib import Path
 
-    readme = Path(__file__).resolve().parents[1] / "README.md"
+    readme = Path(__file__).resolve().parents[2] / "README.md"
     if not readme.exists():
         pytest.skip("README.md is not beside the tests (installed copy)")
     section = readme.read_text().split("## Mode connectivity", 1)[1]
