@@ -92,7 +92,7 @@ class _Reader:
     def edge(self, target: str, line: int) -> None:
         """``target`` and the package ``__init__`` files its import runs (those of packages the module is not in)."""
         parts = target.split(".")
-        for i in range(2, len(parts) + 1):
+        for i in range(1 if target == "bnn_pyro" else 2, len(parts) + 1):  # `import bnn_pyro` itself is an edge
             name = ".".join(parts[:i])
             if name in self.modules and name != self.module and (name == target or not self.inside(name)):
                 self.edges.setdefault(name, line)
@@ -206,6 +206,8 @@ def test_an_import_of_a_submodule_runs_its_packages_init(tmp_path):
     source.write_text("def f():\n    from bnn_pyro.infer.laplace.glm import functional_moments\n")
     edges = _imports("bnn_pyro.posterior.core", source, _modules())
     assert edges == {"bnn_pyro.infer.laplace.glm": 2, "bnn_pyro.infer.laplace": 2, "bnn_pyro.infer": 2}
+    source.write_text("def f():\n    import bnn_pyro as bp\n")  # the package itself (its __init__ imports everything)
+    assert _imports("bnn_pyro.comparison.sources", source, _modules()) == {"bnn_pyro": 2}
 
 
 # The layers of docs/layout.md, bottom first: a module may import its own layer and those below, never one above.
@@ -214,8 +216,8 @@ LAYERS = [
     ("bnn_pyro.priors", "bnn_pyro.selection", "bnn_pyro.likelihoods", "bnn_pyro.model", "bnn_pyro.metrics"),  # model
     ("bnn_pyro.posterior",),  # the Posterior, its diagnostics, plots and files
     ("bnn_pyro.infer", "bnn_pyro.io"),  # the engines; bp.load
-    ("bnn_pyro.tasks", "bnn_pyro.tools", "bnn_pyro.data", "bnn_pyro.comparison", "bnn_pyro.cli"),  # users of posteriors
-    ("bnn_pyro",),  # the package's __init__: the API assembled
+    ("bnn_pyro.tasks", "bnn_pyro.tools", "bnn_pyro.data", "bnn_pyro.comparison"),  # users of posteriors
+    ("bnn_pyro", "bnn_pyro.cli"),  # the package's __init__ (the API assembled) and the command line over it
 ]
 
 
