@@ -79,6 +79,20 @@ def test_an_old_dotted_path_gives_the_new_module_and_warns_at_the_importers_line
         exec(compile(f"import {old}", "user_script.py", "exec"), {})  # once per path: the second import is silent
 
 
+def test_an_old_path_does_not_replace_the_attribute_of_the_same_name():
+    """``bnn_pyro.distill`` was the module of ``bp.distill``, the function: importing the old path (which sets the
+    submodule as an attribute of its package) must leave the function in place."""
+    function = bp.distill
+    assert callable(function) and not isinstance(function, type(bp))
+    sys.modules.pop("bnn_pyro.distill", None)
+    with pytest.deprecated_call():
+        import bnn_pyro.distill  # noqa: F401
+    assert bp.distill is function
+    from bnn_pyro.distill import distill
+
+    assert distill is function
+
+
 def test_from_an_old_path_import_a_name_and_isinstance_agree():
     sys.modules.pop("bnn_pyro.splits", None)
     with pytest.deprecated_call():

@@ -9,7 +9,9 @@ deprecated and never warns: only the dotted module paths moved.
 How: one meta-path finder (PEP 451), appended to ``sys.meta_path`` by ``bnn_pyro/__init__.py`` so that it is only
 asked about names the package's own folders do not hold. For an old path it returns a spec whose loader hands
 back the already imported new module (``create_module``) and restores that module's own ``__spec__``, which
-the import system overwrites with the alias spec (``exec_module``).
+the import system overwrites with the alias spec (``exec_module``). The import system then sets the module as an
+attribute of ``bnn_pyro``; where that name already holds something else (``bp.distill`` is the function, the old
+``bnn_pyro.distill`` was its module) the package's module class keeps the attribute as it was.
 
 Remove :data:`MOVED` (and this module) in the release after 0.1.
 """
@@ -24,6 +26,8 @@ import warnings
 from types import ModuleType
 
 __all__ = ["MOVED", "MovedModuleFinder", "install"]
+
+_PACKAGE = "bnn_pyro"
 
 # old dotted path -> new dotted path (the layout of docs/layout.md); private modules (bnn_pyro._checks, ...) are
 # not listed: they were never public
@@ -62,7 +66,21 @@ class MovedModuleFinder(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(fullname, _AliasLoader(new))
 
 
+class _Package(ModuleType):
+    """``bnn_pyro``'s module class: an old path imported as a submodule does not replace an attribute of the same
+    name that is not a module (``import bnn_pyro.distill`` leaves ``bp.distill``, the function, in place)."""
+
+    def __setattr__(self, name: str, value) -> None:
+        current = self.__dict__.get(name)
+        if (isinstance(value, ModuleType) and f"{_PACKAGE}.{name}" in MOVED and current is not None
+                and not isinstance(current, ModuleType)):
+            return
+        super().__setattr__(name, value)
+
+
 def install() -> None:
-    """Append the finder to ``sys.meta_path`` once (a second ``install`` is a no-op)."""
+    """Append the finder to ``sys.meta_path`` once (a second ``install`` is a no-op) and give ``bnn_pyro`` the
+    module class that keeps its attributes."""
+    sys.modules[_PACKAGE].__class__ = _Package
     if not any(isinstance(f, MovedModuleFinder) for f in sys.meta_path):
         sys.meta_path.append(MovedModuleFinder())
