@@ -123,3 +123,16 @@ def test_a_fresh_interpreter_warns_once_for_an_old_path(tmp_path):
     assert run.stdout.strip() == "bnn_pyro.data.splits"
     assert run.stderr.count("DeprecationWarning: bnn_pyro.splits moved to bnn_pyro.data.splits") == 1
     assert "old_user.py:1:" in run.stderr
+
+
+def test_importing_the_package_leaves_arviz_and_matplotlib_for_first_use(tmp_path):
+    """bp.diagnostics, bp.plots and bp.psis import on first use (ArviZ and matplotlib take seconds); their
+    TYPE_CHECKING imports in bnn_pyro/__init__.py must not make them eager."""
+    code = ("import sys, bnn_pyro as bp\n"
+            "print(sorted(m for m in ('arviz', 'matplotlib') if m in sys.modules))\n"
+            "bp.diagnostics\n"
+            "print(sorted(m for m in ('arviz', 'matplotlib') if m in sys.modules))\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr[-2000:]
+    before, after = run.stdout.split("\n")[:2]
+    assert before == "[]" and "'arviz'" in after  # the check itself sees an import when there is one
