@@ -1,6 +1,6 @@
 """What the file-safety work costs: the atomic writer and the checkpoint folder's data fingerprint.
 
-1. **Writer.** :func:`bnn_pyro.tensor_files.write_atomic` serializes the file in memory and writes it itself (so a
+1. **Writer.** :func:`bnn_pyro.posterior.tensor_files.write_atomic` serializes the file in memory and writes it itself (so a
    full disk is an ``OSError`` naming the path, and the temporary file carries a lock that marks it live). Its
    baseline is what it did before: ``safetensors.torch.save_file`` straight to the temporary file (safetensors
    writes through its own temporary file and rename), then fsync and rename. Each variant runs in a fresh
@@ -40,7 +40,7 @@ import json, os, resource, sys, time
 from pathlib import Path
 import torch
 from safetensors.torch import save_file
-from bnn_pyro import tensor_files
+from bnn_pyro.posterior import tensor_files
 
 variant, size_mb, reps, folder = sys.argv[1], float(sys.argv[2]), int(sys.argv[3]), Path(sys.argv[4])
 torch.set_num_threads(1)

@@ -44,7 +44,7 @@ _WIDTH = 100  # card text is wrapped to this many columns
 
 def _demo(args) -> int:
     import bnn_pyro as bp
-    from bnn_pyro import datasets
+    from bnn_pyro.data import datasets
 
     x, y = datasets.toy_gap()
     net = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
@@ -72,7 +72,7 @@ def _demo(args) -> int:
 
 # ---------------------------------------------------------------------- zoo
 def _zoo(args) -> int:
-    from bnn_pyro import zoo
+    from bnn_pyro.data import zoo
 
     names = zoo.list()
     if args.entry is not None:
@@ -92,7 +92,7 @@ def _entry_name(name: str, names: list[str]) -> str:
 
 def _print_card(name: str) -> None:
     """An entry's card, one labelled paragraph per field, then its reference posterior (if any)."""
-    from bnn_pyro import zoo
+    from bnn_pyro.data import zoo
 
     card = zoo.card(name)
     print(f"{name}: {card.pop('title')}\n")
@@ -149,7 +149,7 @@ def _field(label: str, text: str) -> None:
 def _fit(args) -> int:
     import pandas as pd
 
-    from bnn_pyro import zoo
+    from bnn_pyro.data import zoo
 
     name = _entry_name(args.entry, zoo.list())
     method = args.method or zoo.card(name)["default_method"]
@@ -299,7 +299,7 @@ def _write_all_outputs(post, entry, out: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from bnn_pyro import diagnostics, plots
+    from bnn_pyro.posterior import diagnostics, plots
 
     written = [post.save(out / "posterior.bnn")]
     path = out / "inference_data.nc"
@@ -372,7 +372,7 @@ def _compare(args) -> int:
     import pandas as pd
 
     import bnn_pyro as bp
-    from bnn_pyro import zoo
+    from bnn_pyro.data import zoo
     from bnn_pyro.comparison import sources
     from bnn_pyro.infer import Method
 

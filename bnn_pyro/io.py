@@ -35,9 +35,9 @@ from safetensors.torch import load as load_tensors
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.posterior_file import (FORMAT, FORMAT_VERSION, GROUPS as _GROUP_NAMES, ModelMismatchError,
+from bnn_pyro.posterior.posterior_file import (FORMAT, FORMAT_VERSION, GROUPS as _GROUP_NAMES, ModelMismatchError,
                                      ModelNotBoundError, PosteriorFileError, UnboundModel, fingerprint, save)
-from bnn_pyro.tensor_files import digest
+from bnn_pyro.posterior.tensor_files import digest
 
 __all__ = ["save", "load", "PosteriorFileError", "ModelMismatchError", "ModelNotBoundError", "UnboundModel", "FORMAT_VERSION"]
 

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch.distributions import Distribution
 
 from bnn_pyro import predictions
-from bnn_pyro._checks import positive, positive_support, pyro_distribution
-from bnn_pyro._placement import placed_like
+from bnn_pyro.utils.checks import positive, positive_support, pyro_distribution
+from bnn_pyro.utils.placement import placed_like
 
 __all__ = ["Likelihood", "Gaussian", "HeteroscedasticGaussian", "Categorical", "Bernoulli"]
 

@@ -26,7 +26,9 @@ import numpy as np
 import pyro.distributions as dist
 import torch
 
-from bnn_pyro._checks import as_tensor, positive_int
+from bnn_pyro.utils.checks import as_tensor, positive_int
+from bnn_pyro.utils.targets import (base_distribution, float_tensor, match_target, probs_and_labels,
+                                    regression_target, traced_obs)
 from bnn_pyro.model import BNN
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
 
@@ -36,9 +38,9 @@ if TYPE_CHECKING:
 __all__ = [
     "rmse", "nll", "log_predictive_density", "test_log_likelihood", "accuracy", "ece", "reliability_curve",
     "brier", "interval_coverage", "ood_auroc", "pit", "regression_calibration_error", "predictive_interval",
+    "UNCERTAINTY_SCORES", "uncertainty", "rejection_curve",
 ]
 
-_PROB_ATOL = 1e-3  # rows of probabilities must sum to 1 within this (float32 softmax over many classes)
 
 
 # ---------------------------------------------------------------------------------------- regression
@@ -57,8 +59,8 @@ def rmse(pred_or_mean, y) -> float:
         raise TypeError("pred_or_mean: rmse is for regression; for a ClassificationPrediction use accuracy, nll, "
                         "brier or ece.")
     mean = pred_or_mean.mean if isinstance(pred_or_mean, RegressionPrediction) else pred_or_mean
-    mean = _float_tensor("pred_or_mean", mean)
-    y = _regression_target(y, mean.shape, "pred_or_mean")
+    mean = float_tensor("pred_or_mean", mean)
+    y = regression_target(y, mean.shape, "pred_or_mean")
     return float(((mean.double() - y.double()) ** 2).mean().sqrt())
 
 
@@ -75,7 +77,7 @@ def interval_coverage(prediction: RegressionPrediction, y) -> float:
     if prediction.lower is None:
         raise ValueError("prediction: has no interval (it was made with interval=None); "
                          "predict with post.predict(x, interval=0.95) to score its coverage.")
-    y = _regression_target(y, prediction.lower.shape, "prediction")
+    y = regression_target(y, prediction.lower.shape, "prediction")
     inside = (prediction.lower <= y) & (y <= prediction.upper)
     return float(inside.double().mean())
 
@@ -100,14 +102,14 @@ def pit(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int
     idx = posterior.draw_index(num_samples, seed)
     with torch.no_grad():
         d = posterior.observation_distribution(x, idx)
-        target = _match_target(d, y, batch_dims=1)
+        target = match_target(d, y, batch_dims=1)
         if target.dim() != 1 or not target.dtype.is_floating_point:
             raise ValueError(f"y: pit needs one real-valued output per row, got the model's target shape "
                              f"{tuple(target.shape)}.")
         try:
-            cdf = _unwrap(d).cdf(target)
+            cdf = base_distribution(d).cdf(target)
         except NotImplementedError:
-            raise ValueError(f"posterior: its observation distribution {type(_unwrap(d)).__name__} has no CDF; "
+            raise ValueError(f"posterior: its observation distribution {type(base_distribution(d)).__name__} has no CDF; "
                              "pit needs a likelihood such as bp.likelihoods.Gaussian.") from None
     return cdf.double().reshape(cdf.shape[0], -1).mean(0)
 
@@ -132,7 +134,7 @@ def predictive_interval(posterior: Posterior, x, *, level: float = 0.95, num_sam
         raise ValueError(f"level: expected a probability in (0, 1), e.g. 0.95, got {level}.")
     x = posterior.inputs(x)
     with torch.no_grad():
-        d = _unwrap(posterior.observation_distribution(x, posterior.draw_index(num_samples, seed)))
+        d = base_distribution(posterior.observation_distribution(x, posterior.draw_index(num_samples, seed)))
         if d.batch_shape[2:].numel() != 1:
             raise ValueError(f"posterior: predictive_interval needs one real-valued output per row, got a "
                              f"predictive of shape {tuple(d.batch_shape[1:])} per draw.")
@@ -164,11 +166,11 @@ def regression_calibration_error(pit_values, levels=None) -> float:
     predictives both score high. Even a calibrated predictive scores above 0 on finite data: each
     ``coverage_c`` has a standard error of ``sqrt(c (1 - c) / N)``.
     """
-    u = _float_tensor("pit_values", pit_values).double().reshape(-1)
+    u = float_tensor("pit_values", pit_values).double().reshape(-1)
     if u.numel() == 0 or not ((u >= 0) & (u <= 1)).all():
         raise ValueError("pit_values: expected probabilities in [0, 1] (metrics.pit(post, x, y)), "
                          f"got {u.numel()} values{'' if u.numel() == 0 else f' in {float(u.min())}..{float(u.max())}'}.")
-    c = torch.arange(1, 10, dtype=torch.float64) / 10 if levels is None else _float_tensor("levels", levels).double()
+    c = torch.arange(1, 10, dtype=torch.float64) / 10 if levels is None else float_tensor("levels", levels).double()
     c = c.reshape(-1)
     if c.numel() == 0 or not ((c > 0) & (c < 1)).all():
         raise ValueError(f"levels: expected nominal coverages in (0, 1), e.g. [0.1, ..., 0.9], got {c.tolist()}.")
@@ -198,7 +200,7 @@ def log_predictive_density(posterior: Posterior, x, y, *, num_samples: int | Non
     if not _is_posterior(posterior):
         raise TypeError(f"posterior: expected a bnn_pyro.Posterior (what bp.fit returns), got "
                         f"{type(posterior).__name__}. For a prediction use metrics.nll(prediction, y).")
-    x = posterior.inputs(x) if isinstance(posterior.model, BNN) else _float_tensor("x", x)
+    x = posterior.inputs(x) if isinstance(posterior.model, BNN) else float_tensor("x", x)
     y = as_tensor("y", y)
     if y.shape[0] != x.shape[0]:
         raise ValueError(f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}. "
@@ -210,9 +212,9 @@ def log_predictive_density(posterior: Posterior, x, y, *, num_samples: int | Non
     with torch.no_grad():
         if isinstance(posterior.model, BNN):
             d = posterior.observation_distribution(x, idx)
-            log_p = d.log_prob(_match_target(d, y, batch_dims=1))
+            log_p = d.log_prob(match_target(d, y, batch_dims=1))
         else:
-            log_p = torch.stack([fn.log_prob(_match_target(fn, y, batch_dims=0)) for fn in _traced_obs(posterior, x, idx)])
+            log_p = torch.stack([fn.log_prob(match_target(fn, y, batch_dims=0)) for fn in traced_obs(posterior, x, idx)])
     if log_p.dim() != 2:
         log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
     return torch.logsumexp(log_p, 0) - math.log(log_p.shape[0])
@@ -253,7 +255,7 @@ def nll(prediction, *data, num_samples: int | None = None, seed: int | None = 0)
                         f"got {len(data)} positional argument(s) after the prediction.")
     (y,) = data
     if isinstance(prediction, RegressionPrediction):
-        y = _regression_target(y, prediction.mean.shape, "prediction")
+        y = regression_target(y, prediction.mean.shape, "prediction")
         scale = prediction.aleatoric_std.double()
         if not (scale > 0).all():
             raise ValueError("prediction: its aleatoric_std has zeros, so the mixture density is undefined; "
@@ -263,7 +265,7 @@ def nll(prediction, *data, num_samples: int | None = None, seed: int | None = 0)
             log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
         lpd = torch.logsumexp(log_p, 0) - math.log(log_p.shape[0])
         return float(-lpd.mean())
-    probs, labels = _probs_and_labels(prediction, y)
+    probs, labels = probs_and_labels(prediction, y)
     picked = probs.gather(1, labels[:, None])[:, 0].clamp_min(torch.finfo(torch.float64).tiny)
     return float(-picked.log().mean())
 
@@ -277,7 +279,7 @@ def accuracy(prediction, y) -> float:
     sequence outputs ``(N, T, K)`` with labels ``(N, T)`` every position counts as one prediction (as
     in :func:`nll`, :func:`brier`, :func:`reliability_curve` and :func:`ece`).
     """
-    probs, labels = _probs_and_labels(prediction, y)
+    probs, labels = probs_and_labels(prediction, y)
     return float((probs.argmax(-1) == labels).double().mean())
 
 
@@ -287,7 +289,7 @@ def brier(probs, y) -> float:
     Lower is better. For two classes this is twice the binary form ``(1/N) sum_n (p_n1 - y_n)^2``.
     ``probs``: a ``ClassificationPrediction`` or probabilities ``(N, K)`` (``(N,)``: ``P(class 1)``).
     """
-    probs, labels = _probs_and_labels(probs, y, argname="probs")
+    probs, labels = probs_and_labels(probs, y, argname="probs")
     onehot = torch.nn.functional.one_hot(labels, probs.shape[1]).double()
     return float(((probs - onehot) ** 2).sum(-1).mean())
 
@@ -304,7 +306,7 @@ def reliability_curve(probs, y, n_bins: int = 15) -> tuple[torch.Tensor, torch.T
     correct in each bin (float64; NaN for empty bins), and the number of rows per bin (int64).
     """
     n_bins = positive_int("n_bins", n_bins)
-    probs, labels = _probs_and_labels(probs, y, argname="probs")
+    probs, labels = probs_and_labels(probs, y, argname="probs")
     confidence, predicted = probs.max(-1)
     correct = (predicted == labels).double()
     # the same edges (numpy's linspace) and the same rule (left-closed bins) as np.digitize
@@ -359,6 +361,46 @@ def ood_auroc(scores_in, scores_out, *, score: str = "entropy") -> float:
     return float(wins / (len(a) * len(b)))
 
 
+# ---------------------------------------------------------------------------------------- selective prediction
+# (bnn_pyro.tasks.selective re-exports these; they live here so that bnn_pyro.posterior.plots draws the curve
+# without importing the tasks layer)
+UNCERTAINTY_SCORES = ("entropy", "mutual_information", "aleatoric_entropy", "max_prob")
+
+
+def uncertainty(pred, score: str = "entropy") -> torch.Tensor:
+    """The score ``(N,)`` (float64) of a ``ClassificationPrediction``; a 1-D tensor passes through."""
+    if score not in UNCERTAINTY_SCORES:
+        raise ValueError(f"score: unknown value {score!r}; choose one of {', '.join(map(repr, UNCERTAINTY_SCORES))}.")
+    if isinstance(pred, ClassificationPrediction):
+        value = 1.0 - pred.probs.max(-1).values if score == "max_prob" else getattr(pred, score)
+    else:
+        value = as_tensor("scores", pred)
+    if value.dim() != 1:
+        raise ValueError(f"scores: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
+                         "pass a ClassificationPrediction or e.g. pred.entropy.")
+    return value.double()
+
+
+def rejection_curve(pred: ClassificationPrediction, y, *, score: str = "entropy",
+                    scores=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accuracy of the retained inputs against the fraction rejected (the most uncertain first).
+
+    Returns ``(fraction_rejected, accuracy)``, each ``(N,)`` float64: ``fraction_rejected[r] = r / N``
+    and ``accuracy[r]`` the accuracy on the ``N - r`` inputs with the lowest score. ``scores`` (a
+    tensor ``(N,)``) replaces the named ``score``. Ties are broken by input order (a stable sort).
+    """
+    probs, labels = probs_and_labels(pred, y)
+    u = uncertainty(pred if scores is None else scores, score)
+    if u.shape[0] != labels.shape[0]:
+        raise ValueError(f"scores has {u.shape[0]} entries but there are {labels.shape[0]} labels; give one per input.")
+    order = torch.sort(u, stable=True).indices  # most certain first
+    correct = (probs.argmax(-1) == labels).double()[order]
+    n = len(correct)
+    kept = torch.arange(n, 0, -1, dtype=torch.float64)  # N - r inputs kept at r rejected
+    accuracy = correct.cumsum(0).flip(0)[:n] / kept  # accuracy of the first N - r in certainty order
+    return torch.arange(n, dtype=torch.float64) / n, accuracy
+
+
 # ---------------------------------------------------------------------------------------- checks
 def _scores(argname: str, value, score: str) -> torch.Tensor:
     if isinstance(value, ClassificationPrediction):
@@ -368,115 +410,6 @@ def _scores(argname: str, value, score: str) -> torch.Tensor:
         raise ValueError(f"{argname}: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
                          "e.g. pred.entropy or pred.mutual_information.")
     return value.double()
-
-
-def _float_tensor(argname: str, value) -> torch.Tensor:
-    value = as_tensor(argname, value)
-    return value if value.dtype.is_floating_point else value.to(torch.get_default_dtype())
-
-
-def _regression_target(y, shape: torch.Size, argname: str) -> torch.Tensor:
-    y = _float_tensor("y", y)
-    if len(shape) == 1 and y.dim() == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if tuple(y.shape) != tuple(shape):
-        raise ValueError(f"y has shape {tuple(y.shape)} but {argname} predicts shape {tuple(shape)}; "
-                         "pass the targets of the inputs you predicted at, with one column per output.")
-    return y
-
-
-def _probs_and_labels(probs, y, argname: str = "prediction") -> tuple[torch.Tensor, torch.Tensor]:
-    if isinstance(probs, RegressionPrediction):
-        raise TypeError(f"{argname}: this metric is for classification, got a RegressionPrediction; "
-                        "use rmse, nll or interval_coverage.")
-    if isinstance(probs, ClassificationPrediction):
-        probs = probs.probs
-    probs = _float_tensor(argname, probs).double()
-    if probs.dim() == 1:
-        if ((probs < 0) | (probs > 1)).any():
-            raise ValueError(f"{argname}: a vector is read as P(class 1) of a binary problem and must lie in [0, 1]; "
-                             "pass probabilities, not logits (torch.sigmoid).")
-        probs = torch.stack([1.0 - probs, probs], -1)
-    if probs.dim() > 2:  # sequence outputs (N, T, K): every position is one prediction, with labels y (N, T)
-        y = as_tensor("y", y)
-        if tuple(y.shape) != tuple(probs.shape[:-1]):
-            raise ValueError(f"{argname}: expected class probabilities shaped (N, K), or (N, T, K) with labels y shaped "
-                             f"(N, T); got {tuple(probs.shape)} and y {tuple(y.shape)}. For sequences pass one label "
-                             f"per position, shaped {tuple(probs.shape[:-1])}.")
-        probs, y = probs.reshape(-1, probs.shape[-1]), y.reshape(-1)
-    if probs.dim() != 2:
-        raise ValueError(f"{argname}: expected class probabilities shaped (N, K), got shape {tuple(probs.shape)}.")
-    if ((probs < 0) | (probs > 1)).any():
-        raise ValueError(f"{argname}: probabilities must lie in [0, 1], found values in "
-                         f"[{float(probs.min()):.3g}, {float(probs.max()):.3g}]; pass softmax(logits), not logits.")
-    sums = probs.sum(-1)
-    bad = ((sums - 1.0).abs() > _PROB_ATOL).nonzero().flatten()
-    if len(bad):
-        raise ValueError(f"{argname}: each row of probabilities must sum to 1 (within {_PROB_ATOL}); {len(bad)} row(s) "
-                         f"do not (first: row {int(bad[0])} sums to {float(sums[bad[0]]):.4g}). "
-                         "Normalize with probs / probs.sum(-1, keepdim=True) or use softmax(logits, -1).")
-    y = as_tensor("y", y)
-    if y.dim() == 2 and y.shape[1] == 1:
-        y = y[:, 0]
-    if y.dim() != 1:
-        raise ValueError(f"y: expected integer class labels shaped (N,), got shape {tuple(y.shape)} "
-                         "(for one-hot labels pass y.argmax(-1)).")
-    if y.dtype.is_floating_point:
-        if not (y == y.round()).all():
-            raise TypeError(f"y: expected integer class labels, got non-integer values of dtype {y.dtype}; "
-                            "pass labels 0..K-1 as y.long().")
-        y = y.long()
-    y = y.long()
-    if y.shape[0] != probs.shape[0]:
-        raise ValueError(f"y has {y.shape[0]} labels but {argname} has {probs.shape[0]} rows; "
-                         "pass the labels of the inputs you predicted at.")
-    k = probs.shape[1]
-    if y.min() < 0 or y.max() >= k:
-        raise ValueError(f"y: labels must lie in 0..{k - 1} for {k} classes, found {int(y.min())}..{int(y.max())}.")
-    return probs, y
-
-
-def _unwrap(d):
-    while isinstance(d, (dist.Independent, dist.MaskedDistribution, dist.ExpandedDistribution)):
-        d = d.base_dist
-    return d
-
-
-def _match_target(d, y: torch.Tensor, *, batch_dims: int) -> torch.Tensor:
-    """``y`` in the layout ``d.log_prob`` expects: labels for Categorical, floats otherwise, and
-    ``(N, 1)`` squeezed for a single output. ``batch_dims`` leading dims of ``d`` are draws."""
-    base = _unwrap(d)
-    expected = tuple(d.batch_shape[batch_dims:]) + tuple(d.event_shape)
-    if isinstance(base, dist.Categorical):
-        y = y.reshape(-1) if y.dim() == 2 and y.shape[1] == 1 and len(expected) == 1 else y
-        if y.dtype.is_floating_point and not (y == y.round()).all():
-            raise TypeError("y: this model is a classifier; pass integer class labels (y.long()).")
-        y = y.long()
-        k = base.probs.shape[-1]
-        if y.min() < 0 or y.max() >= k:
-            raise ValueError(f"y: labels must lie in 0..{k - 1} for {k} classes, found {int(y.min())}..{int(y.max())}.")
-    else:
-        if isinstance(base, dist.Bernoulli) and not ((y == 0) | (y == 1)).all():
-            raise ValueError("y: this model is a binary (Bernoulli) classifier; pass 0/1 labels.")
-        y = y.to(torch.get_default_dtype()) if not y.dtype.is_floating_point else y
-        if len(expected) == 1 and y.dim() == 2 and y.shape[1] == 1:
-            y = y[:, 0]
-    if tuple(y.shape) != expected:
-        raise ValueError(f"y has shape {tuple(y.shape)} but the model predicts shape {expected} at x; "
-                         "pass one row of y per row of x, one column per output.")
-    return y
-
-
-def _traced_obs(posterior: Posterior, x: torch.Tensor, idx: torch.Tensor) -> list:
-    """The observation distribution of a plain Pyro function model, one conditioned trace per draw."""
-    fns = []
-    for i in idx.tolist():
-        trace = posterior.trace_draw(i, x)
-        if "obs" not in trace.nodes:
-            raise ValueError("posterior: the model has no sample site 'obs'; record observations as "
-                             "pyro.sample('obs', ..., obs=y) inside pyro.plate('data', ...).")
-        fns.append(trace.nodes["obs"]["fn"])
-    return fns
 
 
 def _is_posterior(obj) -> bool:

@@ -38,10 +38,10 @@ from torch import nn
 from torch.distributions import Distribution
 
 from bnn_pyro import priors as priors_mod
-from bnn_pyro._checks import instance, pyro_distribution
-from bnn_pyro._placement import placed_like
-from bnn_pyro._linear_stack import linear_stack as _linear_stack, run_linear_stack as _run_linear_stack
-from bnn_pyro._upstream_private import pyro_context, reparametrize_module
+from bnn_pyro.utils.checks import instance, pyro_distribution
+from bnn_pyro.utils.placement import placed_like
+from bnn_pyro.utils.linear_stack import linear_stack as _linear_stack, run_linear_stack as _run_linear_stack
+from bnn_pyro.utils.upstream_private import pyro_context, reparametrize_module
 from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
@@ -253,7 +253,7 @@ class BNN(nn.Module):
     def prior_distributions(self, *, seed: int = 0) -> dict[str, Distribution]:
         """Each random site's prior distribution, by site name (weights and hyper sites), as the model draws them:
         a hierarchical prior's conditional at hyper values drawn under ``seed`` (the caller's generators and Pyro
-        parameter store are kept). What identifies the prior of a saved posterior or a checkpoint (:mod:`bnn_pyro.posterior_file`)."""
+        parameter store are kept). What identifies the prior of a saved posterior or a checkpoint (:mod:`bnn_pyro.posterior.posterior_file`)."""
         import pyro
         import pyro.poutine as poutine
 
@@ -408,7 +408,7 @@ class BNN(nn.Module):
 
     def _apply(self, fn, recurse=True):
         """``model.to(device, dtype)``, ``.double()``, ``.cuda()`` (torch routes them all through ``_apply``: see
-        bnn_pyro/_upstream_private.py): the parameters' initial values and the priors, which are not registered
+        bnn_pyro/utils/upstream_private.py): the parameters' initial values and the priors, which are not registered
         tensors of the module, move with the net's own tensors. Conditional (hierarchical) priors follow their
         hyper draws."""
         super()._apply(fn, recurse)

@@ -22,7 +22,8 @@ import torch
 
 from bnn_pyro.predictive_draws import AffineDraws, PredictiveDraws, StoredDraws
 
-__all__ = ["RegressionPrediction", "ClassificationPrediction", "regression", "classification", "summarize", "quantiles"]
+__all__ = ["RegressionPrediction", "ClassificationPrediction", "regression", "classification", "summarize", "quantiles",
+           "entropy", "mutual_information"]
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -230,14 +231,15 @@ def quantiles(y: torch.Tensor, levels: torch.Tensor) -> torch.Tensor:
 
 def _classification_block(probs: torch.Tensor):
     average = probs.mean(0)
-    return average, _entropy(average), _entropy(probs).mean(0), _mutual_information(probs)
+    return average, entropy(average), entropy(probs).mean(0), mutual_information(probs)
 
 
-def _entropy(p: torch.Tensor) -> torch.Tensor:
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """Entropy ``-sum_k p_k log p_k`` over the last dimension (``0 log 0 = 0``), in nats."""
     return -(p * p.clamp_min(torch.finfo(p.dtype).tiny).log()).sum(-1)
 
 
-def _mutual_information(probs: torch.Tensor) -> torch.Tensor:
+def mutual_information(probs: torch.Tensor) -> torch.Tensor:
     """``I[y; w] = E_s KL(p_s || p_bar)`` per input from per-draw probabilities ``(S, N, K)``.
 
     Equal to ``H[p_bar] - E_s H[p_s]``, but that difference of two nearly equal entropies leaves

@@ -106,7 +106,7 @@ class NetworkDraws(PredictiveDraws):
     :meth:`BNN.points_per_chunk`'s budget. It keeps references (the posterior, ``x``, ``idx``), not copies.
 
     ``linearized(x, idx, params, draws_per_chunk, rows)``, if given, returns the outputs of a linearized net
-    (:func:`bnn_pyro.infer.laplace.glm.linearized_outputs`), or ``None`` for the plain forward pass.
+    (:func:`bnn_pyro.posterior.linearized.linearized_outputs`), or ``None`` for the plain forward pass.
     ``observe(f)`` maps outputs ``(S, r, ...)`` of every draw to their distribution (the likelihood with the
     draws' noise); ``probs_of(d)`` gives class probabilities."""
 

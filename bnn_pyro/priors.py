@@ -33,13 +33,13 @@ import torch
 from torch import nn
 from torch.distributions import Distribution
 
-from bnn_pyro._checks import choice as _choice
-from bnn_pyro._checks import instance as _instance
-from bnn_pyro._checks import positive as _positive
-from bnn_pyro._checks import positive_support as _positive_support
-from bnn_pyro._checks import pyro_distribution as _pyro_distribution
-from bnn_pyro._checks import real as _real
-from bnn_pyro._upstream_private import fan_in_and_fan_out
+from bnn_pyro.utils.checks import choice as _choice
+from bnn_pyro.utils.checks import instance as _instance
+from bnn_pyro.utils.checks import positive as _positive
+from bnn_pyro.utils.checks import positive_support as _positive_support
+from bnn_pyro.utils.checks import pyro_distribution as _pyro_distribution
+from bnn_pyro.utils.checks import real as _real
+from bnn_pyro.utils.upstream_private import fan_in_and_fan_out
 
 __all__ = [
     "Prior",

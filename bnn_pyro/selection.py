@@ -15,7 +15,7 @@ from typing import Callable, Sequence, Union
 import torch
 from torch import nn
 
-from bnn_pyro._checks import choice
+from bnn_pyro.utils.checks import choice
 
 __all__ = ["Bayesian", "SelectorLike", "selector", "frozen_as_buffers", "nothing_random", "NORM_LAYERS"]
 

@@ -9,7 +9,7 @@ returns ``(m, L^-1)`` (float64; weights first, then the bias), the yardstick for
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.zoo import Entry
+from bnn_pyro.data.zoo import Entry
 
 CARD = {
     "title": "Bayesian linear regression (exact posterior)",

@@ -12,7 +12,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from bnn_pyro.zoo import Entry
+from bnn_pyro.data.zoo import Entry
 
 CARD = {
     "title": "Explicit two-hidden-layer BNN (NumPyro's BNN example as a Pyro function)",

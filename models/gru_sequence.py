@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import bnn_pyro as bp
-from bnn_pyro.zoo import Entry
+from bnn_pyro.data.zoo import Entry
 
 CARD = {
     "title": "GRU sequence classifier (lagged recall of generated tokens)",

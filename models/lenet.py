@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import bnn_pyro as bp
-from bnn_pyro.zoo import Entry
+from bnn_pyro.data.zoo import Entry
 
 CARD = {
     "title": "LeNet-style conv BNN on 8x8 digits",

@@ -8,7 +8,7 @@ uncertainty and the mutual information between label and weights its epistemic p
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.zoo import Entry
+from bnn_pyro.data.zoo import Entry
 
 CARD = {
     "title": "MLP classifier (two moons; digits with dataset='digits')",

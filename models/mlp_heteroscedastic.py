@@ -10,7 +10,7 @@ variance over draws of ``mu`` (epistemic: ``pred.epistemic_std``, it grows away 
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.zoo import Entry
+from bnn_pyro.data.zoo import Entry
 
 CARD = {
     "title": "Heteroscedastic MLP regression (aleatoric vs epistemic)",

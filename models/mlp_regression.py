@@ -9,7 +9,7 @@ import pyro.distributions as dist
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.zoo import Entry
+from bnn_pyro.data.zoo import Entry
 
 CARD = {
     "title": "MLP regression on 1-D data with a gap (learned noise)",

@@ -8,7 +8,7 @@ reports per-layer sparsity (``bnn_pyro.infer.variational_dropout.sparsity_report
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.zoo import Entry
+from bnn_pyro.data.zoo import Entry
 
 CARD = {
     "title": "Sparse variational dropout MLP on 8x8 digits",

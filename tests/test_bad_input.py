@@ -440,8 +440,8 @@ def test_every_method_refuses_a_fit_without_targets(method, likelihood):
 def test_seeds_after_the_fit_are_checked_too(bad):
     """predict, sample, PSIS resampling and SBC take seeds as bp.fit does: [0, 2**31 - 1], or a ValueError naming
     the argument (2**63 was a raw torch overflow error in predict)."""
-    import bnn_pyro.psis as psis_module
-    import bnn_pyro.sbc as sbc_module
+    import bnn_pyro.posterior.psis as psis_module
+    import bnn_pyro.tools.sbc as sbc_module
 
     x = torch.linspace(-1, 1, 8)[:, None]
     model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(0.1))

@@ -36,7 +36,7 @@ def test_bad_arguments_exit_with_a_message(argv, capsys):
 # ---------------------------------------------------------------------- zoo and fit
 @pytest.fixture
 def zoo():
-    return pytest.importorskip("bnn_pyro.zoo", reason="the model zoo (bnn_pyro/zoo.py) is not installed")
+    return pytest.importorskip("bnn_pyro.data.zoo", reason="the model zoo (bnn_pyro/data/zoo.py) is not installed")
 
 
 def test_zoo_lists_every_entry_with_its_title(zoo, capsys):

@@ -27,7 +27,7 @@ import bnn_pyro as bp
 from bnn_pyro.infer import Method
 
 # Runs this short are not meant to converge: the samplers' divergence / acceptance warnings are expected.
-pytestmark = pytest.mark.filterwarnings("ignore::bnn_pyro.diagnostics.DiagnosticWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")
 
 TINY = {
     Method.SVI: dict(num_steps=3, num_samples=3),

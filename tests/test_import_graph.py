@@ -1,9 +1,13 @@
-"""The package's own modules import one another without cycles, and each imports on its own.
+"""The package's own modules import one another without cycles, never import another module's private names,
+and each imports on its own.
 
-The static check reads every ``import`` of a ``bnn_pyro`` module in ``bnn_pyro/``, those inside functions
-(lazy imports) included and those under ``if TYPE_CHECKING:`` left out, and fails naming a cycle with the
-file and line of each edge. The dynamic check imports each module in a fresh interpreter state: one
-process loads the third-party libraries once, then forks a child per module that imports only that one.
+The static checks read every ``import`` of a ``bnn_pyro`` module in ``bnn_pyro/``, those inside functions (lazy
+imports) included and those under ``if TYPE_CHECKING:`` left out. An import of ``bnn_pyro.a.b.c`` from outside the
+package ``bnn_pyro.a`` also runs ``bnn_pyro/a/__init__.py`` and ``bnn_pyro/a/b/__init__.py``, so it counts as an
+import of those too (the circle ``posterior -> infer.laplace.glm -> infer -> posterior`` is one that way). A cycle
+fails naming the file and line of each edge; private names fail listing every offender. The dynamic check imports
+each module in a fresh interpreter state: one process loads the third-party libraries once, then forks a child per
+module that imports only that one.
 """
 
 from __future__ import annotations
@@ -21,6 +25,35 @@ import bnn_pyro
 
 PACKAGE = Path(bnn_pyro.__file__).parent
 
+# Private names still imported across bnn_pyro's modules, all inside or into bnn_pyro/infer/, whose files other work
+# of issue 29 is rewriting: (importing module, owner, private name). THIS SET MUST SHRINK TO EMPTY; nothing may be
+# added to it (test_the_known_private_imports_still_exist makes a removed one leave the set).
+KNOWN_PRIVATE_IMPORTS = {
+    # being removed by the samplers branch (_kernels._HMC, _analytic._Layer, _logjoint._is_identity) and the contract
+    # branch (reparam._Gaussian, kfac._Recorder)
+    ("bnn_pyro.infer.mcmc", "bnn_pyro.infer._kernels", "_HMC"),
+    ("bnn_pyro.infer._analytic_ggn", "bnn_pyro.infer._analytic", "_Layer"),
+    ("bnn_pyro.infer.laplace.factorized", "bnn_pyro.infer._logjoint", "_is_identity"),
+    ("bnn_pyro.tools.curves", "bnn_pyro.infer._logjoint", "_is_identity"),
+    ("bnn_pyro.infer.variational_dropout", "bnn_pyro.infer.reparam", "_Gaussian"),
+    ("bnn_pyro.infer.laplace.layerwise", "bnn_pyro.infer.laplace.kfac", "_Recorder"),
+    # found by this test among infer's own private modules (not on those branches' lists): give them public names
+    ("bnn_pyro.infer._analytic", "bnn_pyro.infer._analytic_ops", "_activation"),
+    ("bnn_pyro.infer._analytic_elbo", "bnn_pyro.infer._analytic", "_HALF_LOG_2PI"),
+    ("bnn_pyro.infer._analytic_ggn", "bnn_pyro.infer._analytic", "_HALF_LOG_2PI"),
+    ("bnn_pyro.infer._analytic_ggn", "bnn_pyro.infer._analytic", "_affine"),
+    ("bnn_pyro.infer._potential", "bnn_pyro.infer._logjoint", "_Energy"),
+    ("bnn_pyro.infer._potential", "bnn_pyro.infer._logjoint", "_point_params"),
+    ("bnn_pyro.infer.laplace.factorized", "bnn_pyro.infer._analytic", "_normal"),
+    ("bnn_pyro.infer.laplace.layerwise", "bnn_pyro.infer.laplace.kfac", "_locations"),
+    ("bnn_pyro.infer.mcmc", "bnn_pyro.infer._kernels", "_Metropolis"),
+    # tools/ reaching infer's private modules: Data, clean_config, torch_threads (infer/_common.py) and LogJoint, build
+    # (infer/_logjoint.py) need public homes inside infer/, which is being restructured
+    ("bnn_pyro.tools.curves", "bnn_pyro.infer", "_common"),
+    ("bnn_pyro.tools.curves", "bnn_pyro.infer", "_logjoint"),
+    ("bnn_pyro.tools.distill", "bnn_pyro.infer", "_common"),
+}
+
 
 def _modules() -> dict[str, Path]:
     found = {}
@@ -30,40 +63,95 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imports(module: str, path: Path, modules: dict[str, Path]) -> dict[str, int]:
-    """The package's modules that ``module`` imports anywhere in its file -> the line of the first import.
-    ``from pkg import name`` counts as importing ``pkg.name`` when that is a module, else ``pkg``."""
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    edges: dict[str, int] = {}
+def _is_private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
 
-    def owner(name: str) -> str | None:
-        while name and name not in modules:
+
+class _Reader:
+    """One module's imports of the package: ``edges`` (module -> line of the first import) and ``private``
+    (``(line, owner module, private name)`` for each private name of another module that it reaches)."""
+
+    def __init__(self, module: str, path: Path, modules: dict[str, Path]):
+        self.module, self.modules = module, modules
+        self.package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        self.edges: dict[str, int] = {}
+        self.private: list[tuple[int, str, str]] = []
+        self.bound: dict[str, str] = {}  # local name -> the package module it is bound to (for `mod._name`)
+        tree = ast.parse(path.read_text(), filename=str(path))
+        self.visit(tree)
+        self.attributes(tree)
+
+    def owner(self, name: str) -> str | None:
+        while name and name not in self.modules:
             name = name.rpartition(".")[0]
         return name or None
 
-    def visit(node: ast.AST) -> None:
+    def inside(self, package: str) -> bool:
+        return self.module == package or self.module.startswith(package + ".")
+
+    def edge(self, target: str, line: int) -> None:
+        """``target`` and the package ``__init__`` files its import runs (those of packages the module is not in)."""
+        parts = target.split(".")
+        for i in range(1 if target == "bnn_pyro" else 2, len(parts) + 1):  # `import bnn_pyro` itself is an edge
+            name = ".".join(parts[:i])
+            if name in self.modules and name != self.module and (name == target or not self.inside(name)):
+                self.edges.setdefault(name, line)
+
+    def check_private_module(self, target: str, line: int) -> None:
+        """A private module (``infer._logjoint``) may be imported only from inside its own package."""
+        parts = target.split(".")
+        for i, part in enumerate(parts[1:], start=1):
+            if _is_private(part) and not self.inside(".".join(parts[:i])):
+                self.private.append((line, ".".join(parts[:i]), part))
+                return
+
+    def visit(self, node: ast.AST) -> None:
         if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
             for child in node.orelse:
-                visit(child)
+                self.visit(child)
             return
-        names: list[str] = []
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            for alias in node.names:
+                if alias.name.split(".")[0] == "bnn_pyro" and (target := self.owner(alias.name)):
+                    self.edge(target, node.lineno)
+                    self.check_private_module(target, node.lineno)
+                    if alias.asname:
+                        self.bound[alias.asname] = target
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                parts = self.package.split(".")[: len(self.package.split(".")) - node.level + 1]
                 base = ".".join(parts + ([base] if base else []))
-            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
-        for name in names:
-            target = owner(name) if name.split(".")[0] == "bnn_pyro" else None
-            if target is not None and target != module:
-                edges.setdefault(target, node.lineno)
+            if base.split(".")[0] == "bnn_pyro":
+                for alias in node.names:
+                    full = f"{base}.{alias.name}"
+                    target = full if full in self.modules else self.owner(base)
+                    if target is None:
+                        continue
+                    if target != self.module:
+                        self.edge(target, node.lineno)
+                    self.check_private_module(target, node.lineno)
+                    if target == full:
+                        self.bound[alias.asname or alias.name] = full
+                    elif _is_private(alias.name) and target != self.module:
+                        self.private.append((node.lineno, target, alias.name))
         for child in ast.iter_child_nodes(node):
-            visit(child)
+            self.visit(child)
 
-    visit(ast.parse(path.read_text(), filename=str(path)))
-    return edges
+    def attributes(self, tree: ast.AST) -> None:
+        """``metrics._probs_and_labels`` where ``metrics`` was imported as a package module."""
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _is_private(node.attr)
+                    and (owner := self.bound.get(node.value.id)) and owner != self.module):
+                if f"{owner}.{node.attr}" not in self.modules or not self.inside(owner):
+                    self.private.append((node.lineno, owner, node.attr))
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> dict[str, int]:
+    """The package's modules that ``module`` imports anywhere in its file (and the package ``__init__`` files
+    that those imports run) -> the line of the first import. ``from pkg import name`` counts as importing
+    ``pkg.name`` when that is a module, else ``pkg``."""
+    return _Reader(module, path, modules).edges
 
 
 def _cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
@@ -92,8 +180,9 @@ def _cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
 def test_the_package_import_graph_has_no_cycle():
     modules = _modules()
     graph = {m: _imports(m, p, modules) for m, p in modules.items()}
-    assert {"bnn_pyro.posterior", "bnn_pyro.model", "bnn_pyro.io", "bnn_pyro.infer.mcmc"} <= set(graph)
-    assert "bnn_pyro.model" in graph["bnn_pyro.posterior"]  # the graph sees real imports
+    assert {"bnn_pyro.posterior.core", "bnn_pyro.model", "bnn_pyro.io", "bnn_pyro.infer.mcmc"} <= set(graph)
+    assert "bnn_pyro.model" in graph["bnn_pyro.posterior.core"]  # the graph sees real imports
+    assert "bnn_pyro.posterior" in graph["bnn_pyro.infer.mcmc"]  # and the package __init__ files they run
     cycle = _cycle(graph)
     if cycle:
         edges = [f"{a} -> {b} ({modules[a].relative_to(PACKAGE.parent)}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
@@ -105,10 +194,101 @@ def test_the_cycle_finder_finds_a_cycle_and_its_lines():
     assert _cycle(graph) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b": 1}, "b": {}}) is None
     modules = _modules()
-    source = PACKAGE / "posterior.py"  # a lazy import inside a function counts; a TYPE_CHECKING one does not
-    tree_edges = _imports("bnn_pyro.posterior", source, modules)
-    assert "bnn_pyro.plots" in tree_edges and "bnn_pyro.infer.laplace.glm" in tree_edges
-    assert "bnn_pyro.posterior" not in _imports("bnn_pyro.plots", PACKAGE / "plots.py", modules)
+    source = PACKAGE / "posterior" / "core.py"  # a lazy import inside a function counts; a TYPE_CHECKING one does not
+    tree_edges = _imports("bnn_pyro.posterior.core", source, modules)
+    assert "bnn_pyro.posterior.plots" in tree_edges and "bnn_pyro.posterior.psis" in tree_edges
+    assert "bnn_pyro.posterior" not in tree_edges  # its own package's __init__ is not an edge
+    assert "bnn_pyro.posterior.core" not in _imports("bnn_pyro.posterior.plots", PACKAGE / "posterior" / "plots.py", modules)
+
+
+def test_an_import_of_a_submodule_runs_its_packages_init(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from bnn_pyro.infer.laplace.glm import functional_moments\n")
+    edges = _imports("bnn_pyro.posterior.core", source, _modules())
+    assert edges == {"bnn_pyro.infer.laplace.glm": 2, "bnn_pyro.infer.laplace": 2, "bnn_pyro.infer": 2}
+    source.write_text("def f():\n    import bnn_pyro as bp\n")  # the package itself (its __init__ imports everything)
+    assert _imports("bnn_pyro.comparison.sources", source, _modules()) == {"bnn_pyro": 2}
+
+
+# The layers of docs/layout.md, bottom first: a module may import its own layer and those below, never one above.
+LAYERS = [
+    ("bnn_pyro.utils", "bnn_pyro.inputs", "bnn_pyro.predictive_draws", "bnn_pyro.predictions"),  # leaf helpers, types
+    ("bnn_pyro.priors", "bnn_pyro.selection", "bnn_pyro.likelihoods", "bnn_pyro.model", "bnn_pyro.metrics"),  # model
+    ("bnn_pyro.posterior",),  # the Posterior, its diagnostics, plots and files
+    ("bnn_pyro.infer", "bnn_pyro.io"),  # the engines; bp.load
+    ("bnn_pyro.tasks", "bnn_pyro.tools", "bnn_pyro.data", "bnn_pyro.comparison"),  # users of posteriors
+    ("bnn_pyro", "bnn_pyro.cli"),  # the package's __init__ (the API assembled) and the command line over it
+]
+
+
+def _layer(module: str) -> int:
+    """The index in :data:`LAYERS` of the longest prefix of ``module``."""
+    found = [(len(p), i) for i, layer in enumerate(LAYERS) for p in layer if module == p or module.startswith(p + ".")]
+    assert found, f"{module} is in no layer of LAYERS: add it (and to docs/layout.md)"
+    return max(found)[1]
+
+
+def test_no_import_runs_up_a_layer():
+    modules = _modules()
+    upward = [f"{path.relative_to(PACKAGE.parent)}:{line}: {module} (layer {_layer(module)}) imports {target} "
+              f"(layer {_layer(target)})"
+              for module, path in modules.items() for target, line in _imports(module, path, modules).items()
+              if _layer(target) > _layer(module)]
+    if upward:
+        pytest.fail("imports that run up a layer (docs/layout.md):\n  " + "\n  ".join(sorted(upward)))
+
+
+def test_the_layer_check_sees_an_upward_import(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("def f():\n    from bnn_pyro.tasks import selective\n")  # a lazy import counts too
+    edges = _imports("bnn_pyro.posterior.plots", source, _modules())
+    assert {_layer(t) for t in edges} == {4} and _layer("bnn_pyro.posterior.plots") == 2
+    assert _layer("bnn_pyro.utils.checks") == 0 and _layer("bnn_pyro") == 5 and _layer("bnn_pyro.infer.laplace.glm") == 3
+
+
+def _private_imports() -> list[str]:
+    modules = _modules()
+    found = []
+    for module, path in modules.items():
+        for line, owner, name in _Reader(module, path, modules).private:
+            if (module, owner, name) not in KNOWN_PRIVATE_IMPORTS:
+                found.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {owner}.{name}")
+    return sorted(set(found))
+
+
+def test_no_module_imports_another_modules_private_name():
+    offenders = _private_imports()
+    if offenders:
+        pytest.fail("private names imported across bnn_pyro's modules (give what is shared a public name in a small "
+                    "internal module, e.g. bnn_pyro/utils/):\n  " + "\n  ".join(offenders))
+
+
+def test_the_known_private_imports_still_exist():
+    """Each known exception is still in use: one that was removed must leave the set (so the set only shrinks)."""
+    modules = _modules()
+    used = {(module, owner, name) for module, path in modules.items() for _, owner, name in _Reader(module, path, modules).private}
+    assert not KNOWN_PRIVATE_IMPORTS - used, f"no longer imported, remove from KNOWN_PRIVATE_IMPORTS: {KNOWN_PRIVATE_IMPORTS - used}"
+
+
+def test_the_private_name_finder_sees_each_form(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text(textwrap.dedent("""
+        from bnn_pyro.metrics import _probs_and_labels, accuracy
+        from bnn_pyro import predictions
+        from bnn_pyro.infer import _logjoint
+        import bnn_pyro.infer._common as common
+        from bnn_pyro.utils.checks import positive
+        def f():
+            return predictions._entropy, predictions.__name__
+        if TYPE_CHECKING:
+            from bnn_pyro.model import _secret
+    """))
+    private = sorted((o, n) for _, o, n in _Reader("bnn_pyro.tasks.m", source, _modules()).private)
+    assert private == [("bnn_pyro.infer", "_common"), ("bnn_pyro.infer", "_logjoint"),
+                       ("bnn_pyro.metrics", "_probs_and_labels"), ("bnn_pyro.predictions", "_entropy")]
+    inside = _Reader("bnn_pyro.infer.mcmc", source, _modules()).private  # infer's own private modules are its own
+    assert sorted((o, n) for _, o, n in inside) == [("bnn_pyro.metrics", "_probs_and_labels"),
+                                                    ("bnn_pyro.predictions", "_entropy")]
 
 
 @pytest.mark.slow

@@ -17,7 +17,8 @@ import torch
 from safetensors.torch import save_file
 
 import bnn_pyro as bp
-from bnn_pyro import io, tensor_files
+from bnn_pyro import io
+from bnn_pyro.posterior import tensor_files
 from bnn_pyro.io import ModelMismatchError, ModelNotBoundError, PosteriorFileError
 
 
@@ -193,7 +194,7 @@ def test_failed_write_leaves_previous_file_intact(svi_post, mcmc_post, tmp_path,
 _KILLED_WRITER = """
 import os, sys
 from pathlib import Path
-from bnn_pyro import tensor_files
+from bnn_pyro.posterior import tensor_files
 fd, tmp = tensor_files._new_temporary(Path(sys.argv[1]))
 os.write(fd, b"partial")
 print(tmp, flush=True)
@@ -398,3 +399,26 @@ def test_an_edited_buffer_shape_is_refused_naming_the_field(tmp_path):
     with pytest.raises(PosteriorFileError, match=r"edited\.bnn': field 'groups\.buffers' holds buffers shaped unlike "
                                                  r"the model's .*'1\.running_mean': \(\(5,\), \(3,\)\)"):
         bp.load(edited, model=model())
+
+
+# ---------------------------------------------------------------------- a Laplace posterior from before the layout change
+LAPLACE_A7736D0 = Path(__file__).parent / "data" / "posterior_laplace_glm_a7736d0.bnn"
+
+
+def test_a_laplace_posterior_saved_before_the_layout_change_predicts_the_same():
+    """Written by the code of commit a7736d0 (before bnn_pyro's modules moved into subpackages and the linearized
+    predictive moved to bnn_pyro/posterior/linearized.py): a 1-4-1 tanh MLP, 12 rows of sin(x) + noise, Laplace
+    with structure="diag" (every weight covered, so the GLM predictive linearizes at the stored mode), 6 draws,
+    seed 0. There the predictive mean at x = -1, 0.5, 2 (seed 0) was the first list below, the plain forward
+    pass of the same draws the second: the file stores no module path, and the GLM path still runs."""
+    torch.manual_seed(1)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    post = bp.load(LAPLACE_A7736D0, model=model)
+    assert post.method == "laplace" and post.config["predictive"] == "glm"
+    assert any(k.startswith("linearized_at/") for k in post.history)  # the expansion point the GLM path reads
+    x = torch.tensor([[-1.0], [0.5], [2.0]])
+    glm = post.predict(x, seed=0).mean.flatten().tolist()
+    plain = post.network_outputs(x, linearized=False).mean(0).flatten().tolist()
+    assert glm == pytest.approx([-0.82213, 0.51204, 1.19934], abs=5e-5)
+    assert plain == pytest.approx([-0.90784, 0.69774, 1.23098], abs=5e-5)

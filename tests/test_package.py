@@ -29,12 +29,14 @@ def test_bundled_data_loads_from_the_installed_copy():
 def test_every_subpackage_is_declared_in_setup_cfg():
     """A non-editable install (CI's `pip install .`) ships only the packages setup.cfg lists: a subpackage left
     out imports from a source checkout and fails from an installed copy."""
-    import configparser
     from pathlib import Path
 
+    from setuptools.config.setupcfg import read_configuration
+
     root = Path(__file__).resolve().parents[1]
-    cfg = configparser.ConfigParser()
-    cfg.read(root / "setup.cfg")
-    declared = {name.strip() for name in cfg["options"]["packages"].split(",")}
+    # read as setuptools reads it: a value wrapped over lines is one name per line, so a wrapped comma list
+    # gives names like "bnn_pyro.posterior," that no folder has (a non-editable install then fails)
+    declared = set(read_configuration(root / "setup.cfg")["options"]["packages"])
+    assert all(name.isidentifier() for d in declared for name in d.split(".")), declared
     found = {".".join(p.parent.relative_to(root).parts) for p in (root / "bnn_pyro").rglob("__init__.py")}
     assert found <= declared, f"add to setup.cfg's packages: {sorted(found - declared)}"

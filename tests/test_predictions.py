@@ -7,7 +7,7 @@ import math
 import torch
 
 from bnn_pyro import acquisition, metrics, selective
-from bnn_pyro.predictions import _entropy, classification
+from bnn_pyro.predictions import classification, entropy
 
 
 def test_identical_draws_have_exactly_zero_mutual_information():
@@ -26,7 +26,7 @@ def test_mutual_information_is_total_minus_expected_entropy():
     g = torch.Generator().manual_seed(1)
     probs = (3 * torch.randn(40, 30, 5, generator=g, dtype=torch.float64)).softmax(-1)
     pred = classification(probs)
-    expected = _entropy(probs.mean(0)) - _entropy(probs).mean(0)
+    expected = entropy(probs.mean(0)) - entropy(probs).mean(0)
     torch.testing.assert_close(pred.mutual_information, expected, rtol=0, atol=1e-12)
     assert torch.allclose(pred.entropy - pred.aleatoric_entropy, expected, atol=1e-12)
 

@@ -11,7 +11,7 @@ from torch import nn
 
 import bnn_pyro as bp
 from bnn_pyro import predictive_draws
-from bnn_pyro.predictions import _entropy, _mutual_information
+from bnn_pyro.predictions import entropy, mutual_information
 from bnn_pyro.predictive_draws import CHUNK_BYTES, NOISE_ROWS, NetworkDraws
 
 
@@ -83,9 +83,9 @@ def test_classification_blocks_equal_the_unchunked_computation(likelihood, outpu
         pred = post.predict(x, points_per_chunk=chunk)
         close = dict(rtol=1e-6, atol=1e-6)  # the net's rounding depends on the block's rows (BLAS blocking)
         torch.testing.assert_close(pred.probs, probs.mean(0), **close)
-        torch.testing.assert_close(pred.entropy, _entropy(probs.mean(0)), **close)
-        torch.testing.assert_close(pred.aleatoric_entropy, _entropy(probs).mean(0), **close)
-        torch.testing.assert_close(pred.mutual_information, _mutual_information(probs), **close)
+        torch.testing.assert_close(pred.entropy, entropy(probs.mean(0)), **close)
+        torch.testing.assert_close(pred.aleatoric_entropy, entropy(probs).mean(0), **close)
+        torch.testing.assert_close(pred.mutual_information, mutual_information(probs), **close)
         torch.testing.assert_close(pred.draws, probs, **close)
         assert torch.equal(pred.predicted, pred.probs.argmax(-1))
 

@@ -1,4 +1,4 @@
-"""Every private name of torch, Pyro and ArviZ that bnn_pyro relies on (bnn_pyro/_upstream_private.py) still
+"""Every private name of torch, Pyro and ArviZ that bnn_pyro relies on (bnn_pyro/utils/upstream_private.py) still
 exists and behaves as used: an upgrade that removes one fails here, naming it, before anything else breaks."""
 
 import logging
@@ -12,7 +12,7 @@ from pyro.infer.autoguide import AutoNormal
 from pyro.infer.mcmc import HMC, NUTS
 from pyro.nn import PyroModule, PyroSample
 
-from bnn_pyro import _upstream_private as up
+from bnn_pyro.utils import upstream_private as up
 
 
 def test_torch_reparametrize_module_swaps_parameters_inside_the_context():

@@ -1,4 +1,4 @@
-"""bnn_pyro's warnings name the user's line (bnn_pyro/user_warnings.py): a health warning at the end of ``bp.fit``,
+"""bnn_pyro's warnings name the user's line (bnn_pyro/utils/user_warnings.py): a health warning at the end of ``bp.fit``,
 one from ``Posterior.summary``, an option warning raised while ``bp.fit`` resolves ``init=``, and a
 DeprecationWarning, each attributed to this file and to the line of the call that raised it."""
 
@@ -10,7 +10,7 @@ import warnings
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro import user_warnings
+from bnn_pyro.utils import user_warnings
 from bnn_pyro.diagnostics import DiagnosticWarning
 
 
@@ -106,4 +106,4 @@ def test_every_warning_in_the_library_goes_through_user_warnings():
               for path in sorted(package.rglob("*.py")) if path.name != "user_warnings.py"
               for number, line in enumerate(path.read_text().splitlines(), 1)
               if re.search(r"\bwarnings\.warn\(|stacklevel=", line)]
-    assert not direct, f"use bnn_pyro.user_warnings.warn instead of warnings.warn / stacklevel at {direct}"
+    assert not direct, f"use bnn_pyro.utils.user_warnings.warn instead of warnings.warn / stacklevel at {direct}"

@@ -28,7 +28,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bnn_pyro._checks import check_data, choice, flag, positive_int
+from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
 from bnn_pyro.comparison.cache import Cache, fingerprint
 from bnn_pyro.comparison.limits import FitTimeout, time_limit
 from bnn_pyro.comparison.scoring import CLASSIFICATION, DIAGNOSTICS, REGRESSION, diagnose, score
@@ -36,8 +36,8 @@ from bnn_pyro.infer import Method, fit, unfit_reason
 from bnn_pyro.infer.progress import progress_bar
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.splits import k_fold
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.data.splits import k_fold
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["compare", "Comparison"]
 
@@ -125,7 +125,7 @@ def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | N
         ``(x_test, y_test)``: the held-out rows. With neither ``test`` nor ``splits`` the scores are taken on
         the training rows (in-sample; a warning says so).
     splits:
-        An integer ``k``: k-fold cross-validation of ``(x, y)`` (:func:`bnn_pyro.splits.k_fold`, shuffled by
+        An integer ``k``: k-fold cross-validation of ``(x, y)`` (:func:`bnn_pyro.data.splits.k_fold`, shuffled by
         ``seed``); or a list of ``(x_train, y_train, x_test, y_test)``. The table holds the mean and standard
         error over the splits (the UCI protocol for any data).
     ood:

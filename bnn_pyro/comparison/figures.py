@@ -10,7 +10,8 @@ import pandas as pd
 import torch
 from matplotlib.figure import Figure
 
-from bnn_pyro import metrics, plots
+from bnn_pyro import metrics
+from bnn_pyro.posterior import plots
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["test_ll", "predictive_bands", "reliability"]

@@ -81,7 +81,7 @@ def diagnose(post: Posterior) -> dict[str, float]:
                 row["ess_bulk_min"] = float(table["ess_bulk"].min())
             except (ValueError, TypeError):  # a model without an "f" site
                 pass
-    from bnn_pyro import diagnostics  # ArviZ: imported on first use
+    from bnn_pyro.posterior import diagnostics  # ArviZ: imported on first use
 
     diverging = diagnostics.sample_stats(post).get("diverging")  # under ArviZ's name, whatever the engine's
     if diverging is not None:

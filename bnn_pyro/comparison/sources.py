@@ -30,7 +30,7 @@ class Source:
 
 
 def from_zoo(name: str, methods: list[str] | None, load: Callable) -> Source:
-    """The zoo entry ``name`` (``load`` is :func:`bnn_pyro.zoo.load`): its test split, and its settings for the
+    """The zoo entry ``name`` (``load`` is :func:`bnn_pyro.data.zoo.load`): its test split, and its settings for the
     methods compared (its ``fit_defaults``, less the seed and progress bar, which the comparison sets)."""
     entry = load(name)
     options = {m: {k: v for k, v in s.items() if k not in ("seed", "progress")} for m, s in entry.fit_defaults.items()
@@ -44,7 +44,9 @@ def from_csv(path: str, *, target: str | None, task: str | None, seed: int) -> S
     standardized over all rows (regression targets too: scores are converted back by :func:`to_original_units`).
     The model is the UCI protocol's (Hernandez-Lobato & Adams 2015): ``Linear(D, 50) - ReLU - Linear(50, out)``
     with a ``Normal(0, 1)`` prior, a learned Gaussian noise ``sigma ~ HalfNormal(1)`` or a categorical likelihood."""
-    import bnn_pyro as bp
+    from bnn_pyro import likelihoods, priors
+    from bnn_pyro.data import datasets
+    from bnn_pyro.model import BNN
 
     if target is None:
         columns = pd.read_csv(path, nrows=0).columns
@@ -52,18 +54,18 @@ def from_csv(path: str, *, target: str | None, task: str | None, seed: int) -> S
             raise ValueError(f"{path}: a CSV with a target column and at least one feature column is needed; "
                              f"found columns {list(columns)}.")
         target = str(columns[-1])
-    x, y = bp.datasets.load_csv(path, target, task=task)
+    x, y = datasets.load_csv(path, target, task=task)
     x = (x - x.mean(0)) / x.std(0).clamp_min(1e-12)
     scale = 1.0
     torch.manual_seed(seed)
     if y.dtype.is_floating_point:
         scale = float(y.std())
         y = (y - y.mean()) / scale
-        out, likelihood = 1, bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
+        out, likelihood = 1, likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
     else:
-        out, likelihood = int(y.max()) + 1, bp.likelihoods.Categorical()
+        out, likelihood = int(y.max()) + 1, likelihoods.Categorical()
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 50), torch.nn.ReLU(), torch.nn.Linear(50, out))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
+    model = BNN(net, prior=priors.Normal(0.0, 1.0), likelihood=likelihood)
     return Source(f"{Path(path).name}: target {target!r}, {x.shape[0]} rows x {x.shape[1]} features", model, x, y,
                   None, y_scale=scale)
 

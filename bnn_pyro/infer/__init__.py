@@ -17,7 +17,7 @@ from typing import Callable
 
 import torch
 
-from bnn_pyro._checks import check_data, choice, flag, positive_int, seed as checked_seed
+from bnn_pyro.utils.checks import check_data, choice, flag, positive_int, seed as checked_seed
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
 from bnn_pyro.infer._health import check_targets
 from bnn_pyro.infer.checkpoint_folder import guard

@@ -1,7 +1,7 @@
 """The analytic fast path: potential energy and its gradient by hand for a stack of ``nn.Linear`` layers and
 elementwise activations with Normal priors and a Gaussian likelihood (fixed or learned noise).
 
-For such a :class:`~bnn_pyro.BNN` (``bnn_pyro._linear_stack.linear_stack`` recognises the net) the potential
+For such a :class:`~bnn_pyro.BNN` (``bnn_pyro.utils.linear_stack.linear_stack`` recognises the net) the potential
 energy over the unconstrained site values ``theta`` laid out in one flat vector,
 
     U(theta) = -log p(w) - log p(s) - log|ds/dz| - (N_total / N) sum_i log Normal(y_i; f(x_i; w), s),
@@ -43,12 +43,12 @@ import torch
 from torch import nn
 from torch.distributions import Independent, biject_to, transform_to, transforms
 
-from bnn_pyro._linear_stack import linear_stack, site
+from bnn_pyro.utils.linear_stack import linear_stack, site
 from bnn_pyro.infer._analytic_batched import BoundBatch
 from bnn_pyro.infer._analytic_ops import ACTIVATIONS, NOISE_PRIORS, _activation
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.likelihoods import Gaussian
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["StackPotential", "build", "ACTIVATIONS", "NOISE_PRIORS"]
 

@@ -83,7 +83,7 @@ def mean_field_loss(joint, guide, num_particles: int, loc_scale, context):
     """``loss(x, y) -> (loss, value) or None``: the negative ELBO of an ``AutoNormal`` ``guide`` on the analytic
     potential (``None`` at the first call where it does not apply: the caller keeps its own loss). The guide's
     noise is drawn per site in the site order, with the same calls as ``AutoNormal``: the same draws for the same
-    seed. ``loc_scale(guide, name)`` and ``context`` are the guide accessors of ``bnn_pyro._upstream_private``."""
+    seed. ``loc_scale(guide, name)`` and ``context`` are the guide accessors of ``bnn_pyro.utils.upstream_private``."""
     names = list(joint.priors)
     state = {}
     lead = (num_particles,) if num_particles > 1 else ()

@@ -33,7 +33,7 @@ import torch
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 from torch import Tensor
 
-from bnn_pyro._upstream_private import load_warmup_adapter_state, warmup_adapter_state
+from bnn_pyro.utils.upstream_private import load_warmup_adapter_state, warmup_adapter_state
 from bnn_pyro.infer._analytic_batched import sharp
 from bnn_pyro.infer._kernels import DrawStats, jittered_steps
 from bnn_pyro.infer._nuts import MAX_ENERGY_ERROR, search_step_size

@@ -14,7 +14,7 @@ from pyro import poutine
 from pyro.infer.autoguide import initialization as init_fns
 from pyro.poutine.util import site_is_subsample
 
-from bnn_pyro._upstream_private import set_validates_args, validates_args
+from bnn_pyro.utils.upstream_private import set_validates_args, validates_args
 from bnn_pyro.infer.progress import progress_bar  # noqa: F401 - its former home; engines import it from here
 from bnn_pyro.infer.training_data import Data  # noqa: F401 - its former home; engines import it from here
 from bnn_pyro.model import BNN

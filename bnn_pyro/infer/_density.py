@@ -1,6 +1,6 @@
 """The density of an approximate posterior ``q`` at its own draws, recorded by the engines that have one.
 
-:func:`bnn_pyro.psis.psis` (Pareto-smoothed importance sampling, Yao et al. 2018) needs ``log q(z)`` of
+:func:`bnn_pyro.posterior.psis.psis` (Pareto-smoothed importance sampling, Yao et al. 2018) needs ``log q(z)`` of
 every draw. Each engine whose approximation is a distribution with a density records it, at the time
 it draws, as ``post.sample_stats["log_q"]`` ``(chains, draws)``: the log density in the UNCONSTRAINED
 coordinates ``z = T^-1(w)`` of the latent sites (``T = biject_to(support)``, Pyro's convention, in which

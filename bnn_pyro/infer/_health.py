@@ -1,6 +1,6 @@
 """End-of-fit health checks: warnings about a finished fit that the user should not miss.
 
-Every check issues a :class:`~bnn_pyro.diagnostics.DiagnosticWarning` that says what was seen, the
+Every check issues a :class:`~bnn_pyro.posterior.diagnostics.DiagnosticWarning` that says what was seen, the
 threshold, and what to try. They run at the end of every fit of the engines that call them, so a
 fit that cannot be trusted is flagged even when nobody looks at :func:`bnn_pyro.summary`. Each is
 cheap: no extra fits, at most one pass of :data:`PREDICTIVE_DRAWS` posterior and as many prior
@@ -32,8 +32,8 @@ import math
 
 import torch
 
-from bnn_pyro._upstream_private import arviz_log_level
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.upstream_private import arviz_log_level
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["check_mcmc", "check_svi", "svi_advice", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
            "DIVERGENCE_MAX", "ACCEPT_MIN", "TREE_DEPTH_MAX_FRACTION", "ESS_MIN", "RHAT_FIT_MAX", "ELBO_WINDOW",
@@ -94,7 +94,7 @@ the posterior and prior draws over these rows)."""
 
 
 def _warn(message: str) -> None:
-    from bnn_pyro.diagnostics import DiagnosticWarning
+    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
     warn(message, DiagnosticWarning)
 
@@ -150,7 +150,7 @@ def check_mixing(post) -> None:
     import arviz as az
     import numpy as np
 
-    from bnn_pyro.diagnostics import NUM_FUNCTION_INPUTS, from_dict, function_draws
+    from bnn_pyro.posterior.diagnostics import NUM_FUNCTION_INPUTS, from_dict, function_draws
 
     if post.num_draws < 2:
         return
@@ -197,7 +197,7 @@ def _parameter_diagnostics(post) -> tuple["np.ndarray", "np.ndarray", list[str]]
     import arviz as az
     import numpy as np
 
-    from bnn_pyro.diagnostics import from_dict
+    from bnn_pyro.posterior.diagnostics import from_dict
 
     columns = {}
     for name, value in post.samples.items():
@@ -313,7 +313,8 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
     from pyro import poutine
 
     from bnn_pyro.model import BNN
-    from bnn_pyro.posterior import Posterior, _unwrap
+    from bnn_pyro.posterior import Posterior
+    from bnn_pyro.utils.targets import base_distribution
 
     if source is None:
         return None
@@ -328,10 +329,10 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
             batched = False
     except KeyError:  # no "obs" site: nothing to compare
         return None
-    classes = isinstance(_unwrap(fns[0]), (torch.distributions.Categorical, torch.distributions.Bernoulli))
+    classes = isinstance(base_distribution(fns[0]), (torch.distributions.Categorical, torch.distributions.Bernoulli))
     outs, losses = [], []
     for fn in fns:
-        b = _unwrap(fn)
+        b = base_distribution(fn)
         out = (torch.stack([1 - b.probs, b.probs], -1) if isinstance(b, torch.distributions.Bernoulli)
                else b.probs if classes else fn.mean).double()
         out = out if batched else out.unsqueeze(0)
@@ -415,7 +416,7 @@ def unscaled_targets(model, y) -> str | None:
     return (f"the targets y have standard deviation {sd:.3g} (raw units; above {TARGET_SD_MAX:g}) but the "
             f"likelihood's fixed noise is Gaussian(scale={scale:g}), {sd / scale:.3g} times smaller: a unit-prior net "
             "cannot reach such targets and the likelihood is too sharp to optimize or sample. Standardize y "
-            "(from bnn_pyro.splits import Standardizer; ys = Standardizer.fit(y); fit on ys.transform(y); map predictions back with "
+            "(from bnn_pyro.data.splits import Standardizer; ys = Standardizer.fit(y); fit on ys.transform(y); map predictions back with "
             "ys.inverse(pred.mean) and ys.inverse_std(pred.std)) and set the noise in standardized units, or learn "
             "it: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)).")
 

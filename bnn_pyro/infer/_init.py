@@ -34,10 +34,10 @@ from enum import Enum
 
 import torch
 
-from bnn_pyro._checks import choice
+from bnn_pyro.utils.checks import choice
 from bnn_pyro.infer._common import Data, is_latent, traced
 from bnn_pyro.model import BNN
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["Init", "resolve_init", "chain_start", "reset_values", "set_points"]
 

@@ -4,9 +4,9 @@ record of one draw (:class:`DrawStats`), for :mod:`bnn_pyro.infer.mcmc`.
 The statistics come through Pyro's public surface: the kernels' public ``setup``/``sample``/``diagnostics``
 and ``potential_fn``, the mass-matrix adapter's public properties, and poutine messengers that see the
 momentum and tree-direction sample sites. One value has no public source: the acceptance probability of a
-Pyro HMC/NUTS draw, recovered from Pyro's running mean (:func:`bnn_pyro._upstream_private.mean_accept_prob`).
+Pyro HMC/NUTS draw, recovered from Pyro's running mean (:func:`bnn_pyro.utils.upstream_private.mean_accept_prob`).
 Checkpoints (each kernel's ``state_dict``/``load_state_dict``) read Pyro's kernel and warm-up adapter state,
-which is private, through :func:`bnn_pyro._upstream_private.hmc_state` and ``warmup_adapter_state``.
+which is private, through :func:`bnn_pyro.utils.upstream_private.hmc_state` and ``warmup_adapter_state``.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro._upstream_private import (hmc_state, load_hmc_state, load_warmup_adapter_state, mean_accept_prob,
+from bnn_pyro.utils.upstream_private import (hmc_state, load_hmc_state, load_warmup_adapter_state, mean_accept_prob,
                                         warmup_adapter_state)
 from bnn_pyro.infer import _logjoint
 

@@ -35,11 +35,11 @@ import torch
 from pyro.distributions.util import sum_rightmost
 from torch.distributions import Distribution, biject_to
 
-from bnn_pyro._upstream_private import autoguide_loc_scale, autoguide_setup, pyro_context
+from bnn_pyro.utils.upstream_private import autoguide_loc_scale, autoguide_setup, pyro_context
 from bnn_pyro.infer import _analytic, _analytic_elbo
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.model import BNN
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["LogJoint", "build", "svi_loss", "potential", "flat_potential_and_grad", "FlatPotential", "recording"]
 

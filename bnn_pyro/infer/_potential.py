@@ -42,10 +42,10 @@ import math
 import torch
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro._checks import flag
+from bnn_pyro.utils.checks import flag
 from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._common import Data, init_strategy, quiet_model
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["Potential", "Potentials"]
 

@@ -35,7 +35,7 @@ from pyro.distributions.transforms import SoftplusTransform
 from pyro.infer import autoguide
 from torch.distributions import transform_to
 
-from bnn_pyro._checks import choice
+from bnn_pyro.utils.checks import choice
 from bnn_pyro.infer import _analytic, _analytic_elbo, _logjoint, driver
 from bnn_pyro.infer._common import Data, progress_bar
 from bnn_pyro.infer.checkpoint import CheckpointError

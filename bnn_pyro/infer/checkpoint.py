@@ -26,7 +26,7 @@ files of version 1, whose checksum covers the tensors only, still resume). Readi
 raw tensor bytes only (nothing is unpickled). Writes go to a temporary file in the same folder, are
 fsynced and renamed over the previous file (``os.replace``): a process killed mid-write leaves the
 previous checkpoint intact. Files get the permissions the umask gives any new file (as
-:func:`bnn_pyro.io.save`: both write through :func:`bnn_pyro.tensor_files.write_atomic`).
+:func:`bnn_pyro.io.save`: both write through :func:`bnn_pyro.posterior.tensor_files.write_atomic`).
 
 Example
 -------
@@ -46,8 +46,8 @@ import numpy as np
 import torch
 from safetensors.torch import load as load_tensors
 
-from bnn_pyro._checks import positive_int
-from bnn_pyro.tensor_files import digest, write_atomic
+from bnn_pyro.utils.checks import positive_int
+from bnn_pyro.posterior.tensor_files import digest, write_atomic
 
 __all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT", "ENGINES",
            "open_chains", "check_shapes"]

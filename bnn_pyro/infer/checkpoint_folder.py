@@ -2,12 +2,12 @@
 data its checkpoints belong to. :func:`guard` holds both for the length of a fit; ``bp.fit`` enters it before
 any engine runs, so every engine (and every stage of ``"subspace"``) gets them.
 
-- **One writer.** ``FOLDER/.lock`` is locked (``fcntl.flock``, :mod:`bnn_pyro._locks`) for the whole fit and
+- **One writer.** ``FOLDER/.lock`` is locked (``fcntl.flock``, :mod:`bnn_pyro.utils.locks`) for the whole fit and
   names the process holding it. A second fit on the folder is refused (:class:`CheckpointInUseError`) instead of
   overwriting the first one's state. The OS releases the lock when its process ends, killed or not, so a lock
   left by a crash never blocks a resume, and nothing has to guess whether its holder is alive.
 - **Identity.** ``FOLDER/identity.ckpt`` holds the fingerprint of the model (net, sites and shapes, prior and
-  likelihood: :func:`bnn_pyro.posterior_file.fingerprint`) and of the data (shapes, dtypes and a SHA-256 of
+  likelihood: :func:`bnn_pyro.posterior.posterior_file.fingerprint`) and of the data (shapes, dtypes and a SHA-256 of
   ``x`` and ``y``; for a loader, the dataset size and the first batch's shapes and dtypes). ``resume=True`` on a
   folder holding checkpoints checks them first and refuses another model or data with a
   :class:`~bnn_pyro.infer.checkpoint.CheckpointError` that names what differs (a wider net was a raw size error
@@ -28,11 +28,11 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from bnn_pyro._locks import keep_from_children, release, try_lock
+from bnn_pyro.utils.locks import keep_from_children, release, try_lock
 from bnn_pyro.infer.checkpoint import CheckpointError, read, write
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.inputs import Inputs
-from bnn_pyro.posterior_file import fingerprint
+from bnn_pyro.posterior.posterior_file import fingerprint
 
 __all__ = ["guard", "identity", "CheckpointInUseError", "IDENTITY", "LOCK"]
 

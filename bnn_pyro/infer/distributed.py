@@ -37,7 +37,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from bnn_pyro._checks import check_data
+from bnn_pyro.utils.checks import check_data
 from bnn_pyro.infer._common import Data
 from bnn_pyro.posterior import Posterior
 

@@ -38,11 +38,11 @@ from typing import Callable, Iterator, Protocol
 import pyro
 import torch
 
-from bnn_pyro._checks import choice
+from bnn_pyro.utils.checks import choice
 from bnn_pyro.infer._common import Data, progress_bar
 from bnn_pyro.infer.optim import make_optimizer, make_schedule
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["run_chains", "chain_execution", "ChainMethod", "ChainInfo", "chain", "descend", "ChainRun", "assemble",
            "stack", "Resumable", "Objective", "divergence_advice"]

@@ -99,7 +99,7 @@ from pyro import poutine
 from torch import nn
 from torch.distributions import constraints
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials

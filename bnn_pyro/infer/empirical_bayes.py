@@ -45,7 +45,7 @@ import torch
 from pyro import poutine
 from pyro.distributions import constraints
 
-from bnn_pyro._checks import choice
+from bnn_pyro.utils.checks import choice
 from bnn_pyro.model import BNN
 
 __all__ = ["Sharing", "LearnedPriorScales", "resolve"]

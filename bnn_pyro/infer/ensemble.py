@@ -65,7 +65,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bnn_pyro._checks import flag, positive, positive_int
+from bnn_pyro.utils.checks import flag, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)

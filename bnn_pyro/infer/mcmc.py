@@ -100,7 +100,7 @@ step size, the dual-averaging and mass-matrix adaptation mid-window, counters, N
 its iteration, the kept draws and statistics so far and the global generators. ``resume=True`` continues each
 chain from its file; the draws are bit-identical to an uninterrupted run (``tests/infer/test_checkpoint.py``
 crashes runs mid-warm-up and mid-sampling). Pyro's own HMC/NUTS state is read through
-:mod:`bnn_pyro._upstream_private` (private attributes; checked by a test).
+:mod:`bnn_pyro.utils.upstream_private` (private attributes; checked by a test).
 
 Example
 -------
@@ -121,7 +121,7 @@ import pyro
 from pyro import poutine
 from pyro.infer.autoguide.initialization import init_to_value
 
-from bnn_pyro._checks import choice, flag, positive, positive_int
+from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _logjoint, _vectorized
 from bnn_pyro.infer._health import check_mcmc
 from bnn_pyro.infer._kernels import _HMC, DrawStats, _Metropolis, pyro_kernel, sample_stats  # noqa: F401 - _HMC: tests

@@ -17,7 +17,7 @@ from enum import Enum
 
 import torch
 
-from bnn_pyro._checks import choice
+from bnn_pyro.utils.checks import choice
 
 __all__ = ["Optimizer", "Schedule", "make_optimizer", "make_schedule", "FINAL_LR_FRACTION"]
 

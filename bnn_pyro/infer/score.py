@@ -53,7 +53,7 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO
 from pyro.infer.inspect import get_dependencies
 
-from bnn_pyro._upstream_private import elbo_traces
+from bnn_pyro.utils.upstream_private import elbo_traces
 
 __all__ = ["ScoreFunction", "ScoreFunctionELBO"]
 

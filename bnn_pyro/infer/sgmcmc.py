@@ -116,7 +116,7 @@ from typing import NamedTuple
 
 import torch
 
-from bnn_pyro._checks import choice, positive_int
+from bnn_pyro.utils.checks import choice, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._potential import Potential, Potentials
@@ -130,7 +130,7 @@ from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction
                                         check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature,
                                         SHRINK)
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle",
            "SGLDConfig", "SGHMCConfig", "CSGMCMCConfig", "SGOptions", "SGInfo"]
@@ -349,7 +349,7 @@ def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, 
     """``post.config["divergence_recovery"]`` (per chain that recovered: the steps and the smaller step sizes on
     ``U`` it went on with) and a warning, for chains that diverged under ``lr="auto"`` and recovered
     (:meth:`~bnn_pyro.infer.sgmcmc_step.SGMCMC.recover`)."""
-    from bnn_pyro.diagnostics import DiagnosticWarning
+    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
     events = {c: r for c, r in sorted(recoveries.items()) if r}
     if not events:

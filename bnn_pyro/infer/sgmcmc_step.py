@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bnn_pyro._checks import positive
+from bnn_pyro.utils.checks import positive
 
 if TYPE_CHECKING:
     from bnn_pyro.infer._potential import Potential

@@ -61,7 +61,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bnn_pyro._checks import positive_int
+from bnn_pyro.utils.checks import positive_int
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split

@@ -85,7 +85,7 @@ from pyro import poutine
 from pyro.infer import Trace_ELBO
 from pyro.infer import autoguide
 
-from bnn_pyro._checks import choice, flag, positive, positive_int
+from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, latent_sites, point_values
 from bnn_pyro.infer._health import check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init

@@ -46,7 +46,7 @@ from pyro.infer.autoguide import initialization as init_fns
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["LaplaceStart", "laplace_start", "check_start", "MAX_DIM", "MAX_ITER", "NEWTON_STEPS", "SHRINK_MAX"]
 
@@ -246,7 +246,7 @@ def _newton(energy, mode: torch.Tensor, steps: int = NEWTON_STEPS):
 def check_start(start: LaplaceStart, guide: str) -> None:
     """Warn when the search for the mode did not end at one, and when ``guide`` is ``"mean_field"`` and cannot
     represent the posterior's correlations at the mode (:data:`SHRINK_MAX`)."""
-    from bnn_pyro.diagnostics import DiagnosticWarning
+    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
     if not start.converged:
         warn("svi: init='laplace' found no finite mode with a positive definite Hessian, so the guide started "

@@ -98,7 +98,7 @@ from typing import ClassVar, NamedTuple
 import torch
 from pyro import poutine
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init

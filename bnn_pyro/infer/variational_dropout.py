@@ -69,7 +69,7 @@ import torch.nn.functional as F
 from pyro import poutine
 from torch import nn
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
@@ -80,7 +80,7 @@ from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.optim import Schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["fit_variational_dropout", "fit_sparse_vd", "sparsity_report", "kl_log_uniform", "vd_weight_names",
            "Variant", "VariationalDropoutConfig", "SparseVDConfig", "VDInfo", "SparseVDInfo"]

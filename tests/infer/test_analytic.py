@@ -19,7 +19,7 @@ from torch import nn
 from torch.distributions import biject_to
 
 import bnn_pyro as bp
-from bnn_pyro._linear_stack import linear_stack, run_linear_stack
+from bnn_pyro.utils.linear_stack import linear_stack, run_linear_stack
 from bnn_pyro.infer import _analytic, _analytic_elbo, _logjoint, _svi_flat
 from bnn_pyro.infer._common import call_model, quiet_model
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro import tensor_files
+from bnn_pyro.posterior import tensor_files
 from bnn_pyro.infer import checkpoint as ckpt_mod
 from bnn_pyro.infer.checkpoint_folder import IDENTITY, CheckpointInUseError
 

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro._placement import placed_like
+from bnn_pyro.utils.placement import placed_like
 from bnn_pyro.infer import Method, driver
 
 sys.path.insert(0, os.path.dirname(__file__))

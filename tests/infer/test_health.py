@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.diagnostics import DiagnosticWarning
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 from bnn_pyro.infer import _health
 from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 

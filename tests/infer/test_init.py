@@ -67,7 +67,7 @@ def test_default_init_redraws_the_weights_under_each_chains_seed(method):
     assert (starts[0]["2.bias"] - 3.0).abs().item() > 1.0  # not the net's own value
 
 
-@pytest.mark.filterwarnings("ignore::bnn_pyro.diagnostics.DiagnosticWarning")  # 2 draws: not meant to mix
+@pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")  # 2 draws: not meant to mix
 def test_mcmc_fixes_deterministic_parameters_at_the_joint_map_unless_init_gives_them():
     """Not at the start that init chooses (a random draw under init='reset'): at the joint MAP fitted from it
     (bnn_pyro.infer.mcmc's module docstring), the same for every chain; a dict naming them keeps its values."""

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.diagnostics import DiagnosticWarning
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 from bnn_pyro.infer import svi_start
 from reference.posteriors import ALL, flat_draws, kidiq
 

@@ -447,7 +447,7 @@ def test_auto_step_that_diverges_steps_back_warns_and_records_the_smaller_step(m
     2 (2 - alpha) = 3.8 of sghmc's friction 0.1), the chain diverges, goes back to its last finite state with a
     step 4 times smaller, twice (20 / 16 = 1.25 is stable), and finishes with finite draws that all use the last
     step; the warning and post.config say so."""
-    from bnn_pyro.diagnostics import DiagnosticWarning
+    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
     from bnn_pyro.infer import sgmcmc_step
 
     exact = _blr()

@@ -17,7 +17,7 @@ from bnn_pyro.infer.subspace import STAGES, Subspace, SubspaceModel, SubspacePri
 from blr import BLR, mcse_z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 # short inner runs are not meant to mix: their ESS warnings are expected
-pytestmark = pytest.mark.filterwarnings("ignore::bnn_pyro.diagnostics.DiagnosticWarning")
+pytestmark = pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")
 
 SIGMA, Z_MAX = 0.5, 4.0
 SMALL_SWA = dict(pretrain_steps=200, num_steps=300, collect_every=1)

@@ -56,7 +56,7 @@ from scipy.linalg import solve_discrete_lyapunov
 
 import bnn_pyro as bp
 from bnn_pyro.infer import swag
-from bnn_pyro.diagnostics import function_draws
+from bnn_pyro.posterior.diagnostics import function_draws
 from bnn_pyro.infer._common import Data
 from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 

@@ -10,7 +10,7 @@ from dataclasses import replace
 import pyro
 import torch
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init

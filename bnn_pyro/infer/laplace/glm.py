@@ -19,6 +19,8 @@ probabilities from it, by MacKay's probit approximation or by sampling the logit
 
 :class:`~bnn_pyro.Posterior` calls :func:`linearized_outputs` when ``post.config["predictive"] == "glm"``;
 the expansion point of chain ``c`` is stored as ``post.history[CENTER + site]`` shaped ``(chains, *shape)``.
+Both live in :mod:`bnn_pyro.posterior.linearized` (the posterior layer, which never imports ``infer``) and are
+re-exported here.
 """
 
 from __future__ import annotations
@@ -27,48 +29,15 @@ import math
 
 import torch
 
-from bnn_pyro._checks import choice, positive_int
+from bnn_pyro.utils.checks import choice, positive_int
 from bnn_pyro.infer.laplace.approximation import CHUNK, Link
 from bnn_pyro.infer.laplace.functional import output_jacobian
 from bnn_pyro.infer.laplace.kfac import layer_jacobians
 from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.likelihoods import Bernoulli, Categorical
+from bnn_pyro.posterior.linearized import CENTER, linearized_outputs
 
 __all__ = ["linearized_outputs", "functional_moments", "predictive_probs", "CENTER"]
-
-CENTER = "linearized_at/"  # history keys of the expansion point, one per covered weight site
-
-
-def linearized_outputs(post, x: torch.Tensor, idx: torch.Tensor, params: dict[str, torch.Tensor],
-                       draws_per_chunk: int, rows: int) -> torch.Tensor | None:
-    """Outputs ``(len(idx), N, out)`` of the linearized net for pooled draws ``idx``; ``params`` holds every
-    parameter of those draws (``(len(idx), *shape)``), as for :meth:`BNN.forward_draws`. ``None`` when no
-    expansion point is stored (a net linear in its covered weights: the plain forward pass is exact)."""
-    model = post.model
-    names = [k[len(CENTER):] for k in post.history if k.startswith(CENTER)]
-    if not names:
-        return None
-    chain = torch.div(idx, post.num_draws, rounding_mode="floor")
-    f = None
-    for i in range(0, len(idx), draws_per_chunk):
-        draws = {n: p[i : i + draws_per_chunk] for n, p in params.items()}
-        center = tuple(post.history[CENTER + n][chain[i : i + draws_per_chunk]].to(draws[n]) for n in names)
-        tangent = tuple(draws[n] - c for n, c in zip(names, center))
-        fixed = {n: v for n, v in draws.items() if n not in names}
-        for r in range(0, x.shape[0], rows):
-            xr = x[r : r + rows]
-
-            def net(*weights, xr=xr):
-                return model.forward_draws({**fixed, **dict(zip(names, weights))}, xr)
-
-            with torch.enable_grad():
-                f0, jv = torch.autograd.functional.jvp(net, center, tangent)
-            chunk = (f0 + jv).detach()
-            if f is None:
-                f = chunk.new_empty((len(idx), x.shape[0]) + chunk.shape[2:])
-            f[i : i + chunk.shape[0], r : r + rows] = chunk
-    return f
-
 
 # ------------------------------------------------------------------ the linearized Gaussian in function space
 PROBIT = math.pi / 8.0  # lambda^2: sigmoid(t) ~ Phi(sqrt(pi / 8) t) (MacKay 1992)

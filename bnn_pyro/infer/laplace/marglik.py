@@ -11,7 +11,7 @@ from bnn_pyro.infer.laplace.curvature import Terms
 from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.infer.laplace.priors import NormalSites
 from bnn_pyro.infer.laplace.structure import Layout
-from bnn_pyro.user_warnings import warn
+from bnn_pyro.utils.user_warnings import warn
 
 LOG_DELTA_MAX = math.log(1e8)  # prior precisions are searched in [1e-8, 1e8]
 

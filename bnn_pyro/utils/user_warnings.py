@@ -1,0 +1,55 @@
+"""Warnings that point at the user's line.
+
+``warnings.warn(..., stacklevel=k)`` needs ``k`` to be the number of frames between the warning and the user's
+code, which differs per call path (``bp.fit`` -> engine -> health check, ``Posterior.summary`` -> diagnostics, the
+CLI, ...) and breaks whenever a helper is added in between: a ``k`` too large points at ``sys:1`` or at Python's
+own frames, one too small at bnn_pyro's. :func:`warn` instead counts the frames: it attributes the warning to
+the caller of the outermost ``bnn_pyro`` frame on the stack (pandas' ``find_stack_level`` does the same for
+pandas). The *outermost* one, not the first frame outside the package, so that a warning raised inside a
+callback that Pyro or torch calls on bnn_pyro's behalf (a potential, a poutine handler) still points at the
+user's ``bp.fit`` line rather than at Pyro's internals.
+
+Usage::
+
+    from bnn_pyro.utils.user_warnings import warn
+
+    warn("svi: the ELBO has not converged ...", DiagnosticWarning)
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+"""Frames whose file lies under this folder are bnn_pyro's own (the zoo in ``models/`` is a user of the library)."""
+
+
+def find_stack_level() -> int:
+    """The ``stacklevel`` that, passed to ``warnings.warn`` by this function's caller, names the line that
+    called into bnn_pyro: one past the outermost frame whose file is under :data:`PACKAGE_DIR`.
+
+    Returns 1 (the caller itself) when no frame beyond the caller is bnn_pyro's (code outside the package
+    calling this function directly)."""
+    frame = sys._getframe(1)  # the caller of find_stack_level: stacklevel 1
+    level, outermost = 1, 0
+    while frame is not None:
+        if frame.f_code.co_filename.startswith(PACKAGE_DIR):
+            outermost = level
+        frame, level = frame.f_back, level + 1
+    return min(outermost + 1, level - 1)  # level - 1: the outermost frame of all (nothing called it)
+
+
+def warn(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn(message, category)`` attributed to the user's line (see :func:`find_stack_level`), so that
+    ``-W error``, ``warnings.filterwarnings(module=...)`` and the printed ``file:line`` all refer to the user's
+    call, whichever path inside bnn_pyro raised it.
+
+    Parameters
+    ----------
+    message:
+        The warning's text: what happened, why it matters, and what to try.
+    category:
+        A ``Warning`` subclass; ``UserWarning`` by default, as ``warnings.warn``'s."""
+    warnings.warn(message, category, stacklevel=find_stack_level())
