@@ -9,7 +9,6 @@ plots and files); ``infer/`` (the engines); ``io`` (``bp.load``) and the users o
 from __future__ import annotations
 
 import importlib
-import warnings
 from typing import TYPE_CHECKING
 
 from bnn_pyro import inputs, io, likelihoods, metrics, priors
@@ -47,7 +46,9 @@ def __getattr__(name: str):
         return importlib.import_module(LAZY[name])
     new = _moved.MOVED.get(f"bnn_pyro.{name}")
     if new is not None:
-        warnings.warn(f"bnn_pyro.{name} moved to {new}; import it from there. The old name stops working in the next "
-                      "release.", DeprecationWarning, stacklevel=2)
+        from bnn_pyro.utils.user_warnings import warn
+
+        warn(f"bnn_pyro.{name} moved to {new}; import it from there. The old name stops working in the next release.",
+             DeprecationWarning)
         return importlib.import_module(new)
     raise AttributeError(f"module 'bnn_pyro' has no attribute {name!r}")
