@@ -33,6 +33,9 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import os
+import sys
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, NamedTuple, Protocol, TypeVar
 
@@ -44,7 +47,7 @@ from bnn_pyro.infer.driver import ChainInfo, ChainRun, Resumable, assemble, desc
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["Capabilities", "Declaration", "Engine", "LossInfo", "Loop", "State", "drive", "run", "entry", "RunOptions",
-           "PotentialRunOptions"]
+           "PotentialRunOptions", "renamed_options"]
 
 
 @dataclass(frozen=True)
@@ -96,8 +99,10 @@ class Declaration:
 
     def refused(self) -> frozenset:
         """Names bp.fit hands over although they are not options, because the engine refuses them with a message
-        of its own: its config dataclass's ``REFUSED`` (e.g. SWAG's ``rank`` given to SWA; see :func:`entry`)."""
-        return frozenset(getattr(getattr(self.fit_function(), "config_type", None), "REFUSED", {}))
+        of its own (its config dataclass's ``REFUSED``, e.g. SWAG's ``swag_rank`` given to SWA) or takes them as
+        deprecated aliases of renamed options (its ``RENAMED``; see :func:`entry`)."""
+        config_type = getattr(self.fit_function(), "config_type", None)
+        return frozenset(getattr(config_type, "REFUSED", {})) | frozenset(getattr(config_type, "RENAMED", {}))
 
     def options(self) -> dict[str, object]:
         """The engine's own keyword options with their defaults (``bp.fit``'s keywords not included)."""
@@ -157,13 +162,46 @@ def _ordered_fields(config_type: type) -> list[dataclasses.Field]:
                                                              key=lambda f: _LAST.index(f.name))
 
 
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # bnn_pyro/
+
+
+def _user_stacklevel() -> int:
+    """The ``stacklevel`` of the first caller outside the ``bnn_pyro`` package (the user's line), counted from the
+    function that calls this one (what ``warnings.warn(skip_file_prefixes=...)`` does on Python >= 3.12)."""
+    frame, level = sys._getframe(2), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def renamed_options(options: dict, renamed: dict[str, str]) -> dict:
+    """``options`` with each deprecated name of ``renamed = {old: new}`` replaced by its new name, warning once per
+    name (a ``FutureWarning`` at the user's line: shown by default, the old name works for one more release).
+    Both names at once is an error: the two would silently disagree."""
+    out = dict(options)
+    for old, new in renamed.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ValueError(f"{old}= is the old name of {new}=; pass only {new}= (got both {old}={out[old]!r} and "
+                             f"{new}={out[new]!r}).")
+        warnings.warn(f"{old}= is renamed {new}= (one name per concept across bp.fit: docs/options.md); "
+                      f"{old}= still works in this release and will be removed in the next. Write "
+                      f"{new}={out[old]!r}.", FutureWarning, stacklevel=_user_stacklevel())
+        out[new] = out.pop(old)
+    return out
+
+
 def entry(config_type: type):
     """Decorate ``fit(model, data, config: config_type) -> Posterior`` into the engine's public function
     ``fit(model, data, **options)``: the options become ``config_type(**options)`` and its signature lists
     them as keyword-only parameters with their defaults (``help()``, ``inspect.signature``). A name in the config
     type's class-level ``REFUSED = {name: why}`` (e.g. a sibling method's option) is refused with
-    ``ValueError("{name}= {why}")`` rather than Python's unexpected-keyword error."""
+    ``ValueError("{name}= {why}")`` rather than Python's unexpected-keyword error. A name in its class-level
+    ``RENAMED = {old: new}`` is a deprecated alias: it is taken as ``new`` with a ``FutureWarning`` at the user's
+    line (:func:`renamed_options`), and not listed among the options."""
     refused = getattr(config_type, "REFUSED", {})
+    renamed = getattr(config_type, "RENAMED", {})
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -171,7 +209,7 @@ def entry(config_type: type):
             for name in options:
                 if name in refused:
                     raise ValueError(f"{name}= {refused[name]}")
-            return fn(model, data, config_type(**options))
+            return fn(model, data, config_type(**renamed_options(options, renamed)))
 
         params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
                   inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Data")]
