@@ -102,7 +102,11 @@ class Declaration:
         of its own (its config dataclass's ``REFUSED``, e.g. SWAG's ``swag_rank`` given to SWA) or takes them as
         deprecated aliases of renamed options (its ``RENAMED``; see :func:`entry`)."""
         config_type = getattr(self.fit_function(), "config_type", None)
-        return frozenset(getattr(config_type, "REFUSED", {})) | frozenset(getattr(config_type, "RENAMED", {}))
+        return frozenset(getattr(config_type, "REFUSED", {})) | frozenset(self.renamed())
+
+    def renamed(self) -> dict[str, str]:
+        """The deprecated option names the engine still takes, ``{old: new}`` (its config's ``RENAMED``)."""
+        return dict(getattr(getattr(self.fit_function(), "config_type", None), "RENAMED", {}))
 
     def options(self) -> dict[str, object]:
         """The engine's own keyword options with their defaults (``bp.fit``'s keywords not included)."""

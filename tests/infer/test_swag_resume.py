@@ -79,7 +79,7 @@ def test_swa_without_pretraining_resumes_in_its_only_phase(toy, tmp_path, monkey
     """``pretrain_steps=0``: the switch to SGD (and ``lr="auto"``'s probe) comes before the first step."""
     x, y = toy
     cfg = {**SWAG, "method": "swa", "pretrain_steps": 0, "num_chains": 1}
-    for key in ("rank", "num_samples"):
+    for key in ("swag_rank", "num_samples"):
         cfg.pop(key)
     whole = bp.fit(_mlp(), x, y, **cfg)
     with monkeypatch.context() as m:
