@@ -67,17 +67,19 @@ VALUES = {
     "num_chains": 2, "num_samples": 4, "guide_rank": 2, "init_scale": 0.02, "baseline_beta": 0.5,
     "num_warmup": 2, "target_accept": 0.9, "step_size": 0.01, "trajectory_length": 0.05, "num_leapfrog": 3,
     "leapfrog_jitter": 0.2, "max_tree_depth": 3, "dense_mass": True, "jit": False, "chain_method": "sequential",
-    "thin": 2, "friction": 0.2, "num_cycles": 3, "exploration": 0.5, "validation": 0.25,
+    "thin": 2, "friction": 0.2, "num_cycles": 3, "exploration": 0.5, "validation": "<20 rows of its own>",
     "pretrain_steps": 2, "pretrain_optimizer": "sgd", "pretrain_lr": 0.01, "num_steps": 5, "burn_in": 1,
     "collect_every": 2, "momentum": 0.5, "swag_rank": 3, "scale": 0.5,
     "p": 0.2, "rate": "concrete", "temperature": 0.2, "dropout_inputs": True,
     "init_log_sigma2": -8.0, "kl_warmup": 0.5, "threshold": 2.0, "adversarial_eps": 0.05, "anchored": False,
     "structure": "diag", "hessian": "fisher", "prior_precision": "marglik", "predictive": "nn", "polish_steps": 2,
     "marglik_rounds": 2, "cycle_length": 4, "rank": 3, "inner": "svi", "inner_options": {"num_steps": 3},
-    "prior": "isotropic", "prior_scale": 2.0, "swa": {"pretrain_steps": 2, "num_steps": 5, "collect_every": 1,
-                                                      "rank": 3},
+    "prior": "isotropic", "prior_scale": 2.0, "swa": {"num_steps": 5, "collect_every": 1, "rank": 3},
 }
-METHOD_VALUES = {("sgld", "lr_schedule"): "polynomial", ("sghmc", "lr_schedule"): "polynomial"}
+METHOD_VALUES = {("sgld", "lr_schedule"): "polynomial", ("sghmc", "lr_schedule"): "polynomial",
+                 ("csgmcmc", "num_cycles"): 1}  # num_samples (2) must be a multiple of it
+# What the posterior's config records for a value given, where it records a description rather than the value.
+RECORDED = {("svi", "empirical_bayes"): "tensor"}
 COMPANIONS = {
     ("svi", "guide_rank"): dict(guide="low_rank"), ("svi", "baseline_beta"): dict(elbo="reinforce", num_particles=1),
     ("svi", "elbo"): dict(guide="mean_field"), ("svi", "estimator"): dict(guide="mean_field"),
@@ -88,12 +90,15 @@ COMPANIONS = {
     ("checkpoint_every", None): "checkpoint", ("resume", None): "checkpoint",
 }
 # Settings the tiny budget fixes that an option under test replaces (they cannot be given together).
-DROPS = {"epochs": ("num_steps",), "inner": ("inner_options",)}
+DROPS = {"epochs": ("num_steps",), "inner": ("inner_options",), "trajectory_length": ("num_leapfrog",)}
 # Options that are listed but not yet honoured, left to the engineer who converts their engine to contract.entry
 # (issue 29 item 2): the test expects them to fail until then, and flags them when they start working.
-PENDING = {("metropolis", name): "metropolis lists HMC/NUTS options it refuses (contract conversion pending)"
-           for name in ("num_leapfrog", "trajectory_length", "max_tree_depth", "leapfrog_jitter", "dense_mass",
-                        "target_accept", "step_size", "jit")}
+PENDING = {**{("metropolis", name): "metropolis lists HMC/NUTS options it refuses (contract conversion pending)"
+              for name in ("num_leapfrog", "trajectory_length", "max_tree_depth", "leapfrog_jitter", "dense_mass",
+                           "target_accept", "step_size", "jit")},
+           **{("nuts", name): "nuts lists HMC's options it refuses (contract conversion pending)"
+              for name in ("num_leapfrog", "trajectory_length", "leapfrog_jitter")},
+           ("hmc", "max_tree_depth"): "hmc lists NUTS's max_tree_depth, which it refuses (contract conversion pending)"}
 
 
 def _cases():
@@ -115,9 +120,13 @@ def _kwargs(method: str, name: str, tmp_path) -> dict:
     kwargs.setdefault("progress", False)
     kwargs.update(COMPANIONS.get((method, name), {}))
     if COMPANIONS.get((name, None)) == "checkpoint" or name == "checkpoint":
+        (tmp_path / "ckpt").mkdir()
         kwargs["checkpoint"] = str(tmp_path / "ckpt")
     if name == "checkpoint":
         value = str(tmp_path / "ckpt")
+    if name == "validation":  # rows of its own: a fraction of 24 rows holds out fewer than the 20 required
+        x_val = torch.linspace(-0.95, 0.95, 20).unsqueeze(-1)
+        value = (x_val, torch.sin(3 * x_val))
     if name == "num_chains" and method in ("nuts", "hmc", "metropolis"):
         kwargs["chain_method"] = "sequential"  # no worker processes in a unit test
     kwargs[name] = value
@@ -166,7 +175,8 @@ def test_each_listed_option_is_accepted_and_takes_effect(method, name, tmp_path)
     assert isinstance(post, bp.Posterior)
     value = kwargs[name]
     if name in post.config and name not in ("init", "validation", "checkpoint"):
-        assert _same(post.config[name], value), (name, post.config[name], value)
+        expected = RECORDED.get((method, name), value)
+        assert _same(post.config[name], expected), (name, post.config[name], expected)
     if name == "num_chains":
         assert post.num_chains == value
     if name == "num_samples" and method not in ("ensemble", "swa"):
@@ -196,7 +206,7 @@ def test_every_name_a_method_does_not_list_is_refused(method):
     listed, renamed = options(method), REGISTRY[Method(method)].renamed()
     for name in sorted(_every_name() - set(listed) - set(renamed)):
         value = VALUES.get(name, 1)
-        with pytest.raises((TypeError, ValueError), match=rf"^{name}(:|=)"):
+        with pytest.raises((TypeError, ValueError), match=rf"^{name}(:|=)|drop {name}="):
             bp.fit(_model(), x, y, method=method, progress=False, **{name: value})
 
 
