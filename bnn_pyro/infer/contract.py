@@ -42,7 +42,7 @@ from typing import Any, Callable, Generic, Iterator, NamedTuple, Protocol, TypeV
 import torch
 
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer.checkpoint import Checkpoint, StepCheckpoint
+from bnn_pyro.infer.checkpoint import RENAMED_OPTIONS, Checkpoint, StepCheckpoint
 from bnn_pyro.infer.driver import ChainInfo, ChainRun, Resumable, assemble, descend, run_chains
 from bnn_pyro.posterior import Posterior
 
@@ -206,6 +206,7 @@ def entry(config_type: type):
     line (:func:`renamed_options`), and not listed among the options."""
     refused = getattr(config_type, "REFUSED", {})
     renamed = getattr(config_type, "RENAMED", {})
+    RENAMED_OPTIONS.update(renamed.items())  # checkpoints written under the old names still resume
 
     def wrap(fn):
         @functools.wraps(fn)

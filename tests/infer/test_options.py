@@ -313,3 +313,28 @@ def test_an_option_that_does_not_apply_is_refused_with_its_reason(method, name):
     assert name not in options(method)
     with pytest.raises(ValueError, match=rf"^{name}= does not apply: "):
         bp.fit(_model(), *_data(), method=method, progress=False, **{name: VALUES[name]})
+
+
+@pytest.mark.parametrize("method, old, new", [("sgld", "schedule", "lr_schedule"), ("ensemble", "num_members", "num_chains"),
+                                              ("swag", "rank", "swag_rank")])
+def test_a_checkpoint_written_under_an_old_name_still_resumes(method, old, new, tmp_path):
+    """A checkpoint folder of a run from before a rename (its run description holds the old name) resumes."""
+    from bnn_pyro.infer.checkpoint import read, write
+
+    x, y = _data()
+    kwargs = {**TINY[method], new: OLD_VALUES[new], "progress": False, "checkpoint": str(tmp_path)}
+    whole = bp.fit(_model(), x, y, method=method, **kwargs)
+    for path in tmp_path.glob("chain*.ckpt"):  # as the files were written before the rename
+        tensors, meta = read(path)
+        assert new in meta["run"]
+        meta["run"][old] = meta["run"].pop(new)
+        write(path, tensors, meta)
+    again = bp.fit(_model(), x, y, method=method, **kwargs, resume=True)
+    for name, draws in whole.samples.items():
+        assert torch.equal(again.samples[name], draws), name
+    for path in tmp_path.glob("chain*.ckpt"):  # a real difference is still refused
+        tensors, meta = read(path)
+        meta["run"]["seed"] = 99
+        write(path, tensors, meta)
+    with pytest.raises(ValueError, match=r"belongs to another run \(differs in \['seed'\]\)"):
+        bp.fit(_model(), x, y, method=method, **kwargs, resume=True)
