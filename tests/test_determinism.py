@@ -38,7 +38,7 @@ TINY = {
     Method.SGHMC: dict(num_samples=3, num_warmup=3, thin=1),
     Method.CSGMCMC: dict(num_cycles=1, num_samples=3, thin=1),
     Method.SWA: dict(pretrain_steps=3, num_steps=4, collect_every=1),
-    Method.SWAG: dict(pretrain_steps=3, num_steps=4, collect_every=1, rank=2, num_samples=3),
+    Method.SWAG: dict(pretrain_steps=3, num_steps=4, collect_every=1, swag_rank=2, num_samples=3),
     Method.MC_DROPOUT: dict(num_steps=3, num_samples=3),
     Method.VARIATIONAL_DROPOUT: dict(num_steps=3, num_samples=3),
     Method.SPARSE_VD: dict(num_steps=3, num_samples=3),
@@ -158,7 +158,7 @@ _PROCESS = textwrap.dedent("""
                                       chain_method="sequential", jit=False)),  # the fast path, uncompiled: 6 s less
         "metropolis-deterministic-biases": (weights, dict(method="metropolis", num_samples=3, num_warmup=3)),
         "sgld": (model, dict(method="sgld", num_samples=3, num_warmup=3, thin=1)),
-        "swag": (model, dict(method="swag", pretrain_steps=3, num_steps=4, collect_every=1, rank=2, num_samples=3)),
+        "swag": (model, dict(method="swag", pretrain_steps=3, num_steps=4, collect_every=1, swag_rank=2, num_samples=3)),
         "mc_dropout": (model, dict(method="mc_dropout", num_steps=3, num_samples=3)),
         "sparse_vd": (model, dict(method="sparse_vd", num_steps=3, num_samples=3)),
         "ensemble": (model, dict(method="ensemble", num_chains=2, num_steps=3)),

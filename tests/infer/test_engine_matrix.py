@@ -28,7 +28,7 @@ TINY = {
     "sghmc": dict(num_samples=4, num_warmup=6, thin=1),
     "csgmcmc": dict(num_cycles=2, num_samples=4, thin=1),
     "swa": dict(pretrain_steps=6, num_steps=6, collect_every=2),
-    "swag": dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2, num_samples=4, num_chains=1),
+    "swag": dict(pretrain_steps=6, num_steps=6, collect_every=2, swag_rank=2, num_samples=4, num_chains=1),
     "mc_dropout": dict(num_steps=12, num_samples=4),
     "variational_dropout": dict(num_steps=12, num_samples=4, num_chains=2),
     "sparse_vd": dict(num_steps=12, num_samples=4),

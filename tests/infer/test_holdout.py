@@ -195,7 +195,7 @@ def _learned_noise(n=240):
 @pytest.mark.parametrize("method, options, steps", [
     ("ensemble", dict(num_chains=2, num_steps=150), "num_steps"),
     ("mc_dropout", dict(num_steps=150, num_samples=20), "num_steps"),
-    ("swag", dict(pretrain_steps=100, num_steps=60, rank=2, num_chains=1, num_samples=10), "pretrain_steps"),
+    ("swag", dict(pretrain_steps=100, num_steps=60, swag_rank=2, num_chains=1, num_samples=10), "pretrain_steps"),
 ])
 def test_the_final_fit_is_the_fit_on_every_row_with_what_the_held_out_rows_chose(method, options, steps):
     """The default holds 24 of 240 rows out to choose the stopping point and the noise, then returns the engine's
