@@ -158,7 +158,8 @@ _PROCESS = textwrap.dedent("""
                                       chain_method="sequential", jit=False)),  # the fast path, uncompiled: 6 s less
         "metropolis-deterministic-biases": (weights, dict(method="metropolis", num_samples=3, num_warmup=3)),
         "sgld": (model, dict(method="sgld", num_samples=3, num_warmup=3, thin=1)),
-        "swag": (model, dict(method="swag", pretrain_steps=3, num_steps=4, collect_every=1, swag_rank=2, num_samples=3)),
+        "swag": (model, dict(method="swag", pretrain_steps=3, num_steps=4, collect_every=1, swag_rank=2,
+                             num_samples=3)),
         "mc_dropout": (model, dict(method="mc_dropout", num_steps=3, num_samples=3)),
         "sparse_vd": (model, dict(method="sparse_vd", num_steps=3, num_samples=3)),
         "ensemble": (model, dict(method="ensemble", num_chains=2, num_steps=3)),

@@ -323,7 +323,8 @@ def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
                               allow_zero=True)
     kind = choice("lr_schedule", cfg.lr_schedule, Schedule)
     plan = langevin_plan(num_warmup, num_samples, thin, kind is Schedule.POLYNOMIAL, friction)
-    return plan, dict(num_samples=num_samples, num_warmup=num_warmup, thin=thin, lr_schedule=kind.value, friction=friction)
+    return plan, dict(num_samples=num_samples, num_warmup=num_warmup, thin=thin, lr_schedule=kind.value,
+                      friction=friction)
 
 
 # ---------------------------------------------------------------------- the engine

@@ -294,8 +294,8 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
     if swag:
         rank = positive_int("swag_rank", rank)
         if rank < 2:
-            raise ValueError(f"swag_rank must be at least 2 (the low-rank part divides by swag_rank - 1), got {rank}; the "
-                             "default is 20. For the averaged point alone use method='swa'.")
+            raise ValueError(f"swag_rank must be at least 2 (the low-rank part divides by swag_rank - 1), got {rank}; "
+                             "the default is 20. For the averaged point alone use method='swa'.")
     needed = max(rank, 1)
     if snapshots < needed:
         raise ValueError(

@@ -20,7 +20,6 @@ from bnn_pyro.infer import REGISTRY, Method, options
 from bnn_pyro.infer.contract import RunOptions, entry, renamed_options
 from bnn_pyro.infer.optim import AUTO_LR_REFUSED, DEFAULT_SCHEDULE
 
-FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")
 
 
 def _data(n=24):
@@ -315,8 +314,8 @@ def test_an_option_that_does_not_apply_is_refused_with_its_reason(method, name):
         bp.fit(_model(), *_data(), method=method, progress=False, **{name: VALUES[name]})
 
 
-@pytest.mark.parametrize("method, old, new", [("sgld", "schedule", "lr_schedule"), ("ensemble", "num_members", "num_chains"),
-                                              ("swag", "rank", "swag_rank")])
+@pytest.mark.parametrize("method, old, new", [("sgld", "schedule", "lr_schedule"), ("swag", "rank", "swag_rank"),
+                                              ("ensemble", "num_members", "num_chains")])
 def test_a_checkpoint_written_under_an_old_name_still_resumes(method, old, new, tmp_path):
     """A checkpoint folder of a run from before a rename (its run description holds the old name) resumes."""
     from bnn_pyro.infer.checkpoint import read, write
