@@ -151,6 +151,7 @@ def test_every_option_has_a_value_in_the_table():
         assert value != default, (method, name)
 
 
+@pytest.mark.slow  # about 300 tiny fits: ~5 minutes on 2 shared cores
 @pytest.mark.parametrize("method, name", list(_cases()))
 def test_each_listed_option_is_accepted_and_takes_effect(method, name, tmp_path):
     """Every name ``options(method)`` lists, set to a valid non-default value, is accepted by ``bp.fit``; where the
