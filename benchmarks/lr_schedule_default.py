@@ -12,7 +12,8 @@ Usage::
     python benchmarks/lr_schedule_default.py --splits 3 --out benchmarks/results/lr_schedule_default
 
 writes ``lr_schedule_default.csv`` (one row per dataset, method, split and variant) and ``lr_schedule_default.md``
-(per dataset and method: mean ± SE over splits of each variant, and the paired after - before difference).
+(per dataset and method: mean ± SE over splits of each variant, and the paired after - before difference);
+``--datasets diabetes --methods ensemble --splits 10 --name NAME`` narrows a run and names its files.
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ METHODS = ("ensemble", "mc_dropout")
 METRICS = {"regression": ("test_ll", "rmse", "coverage_95"), "classification": ("nll", "accuracy", "ece")}
 
 
-def _rows(dataset: str, splits: int) -> list[dict]:
+def _rows(dataset: str, splits: int, methods: list[str]) -> list[dict]:
     rows = []
     if dataset == "diabetes":
         for split in uci.make_splits(dataset="diabetes", n_splits=splits):
-            for method in METHODS:
+            for method in methods:
                 for variant, options in VARIANTS.items():
                     row = uci.run_one(method, split, options)
                     rows.append(dict(dataset=dataset, task="regression", variant=variant, **row))
@@ -52,7 +53,7 @@ def _rows(dataset: str, splits: int) -> list[dict]:
     else:
         data = classification.load_dataset(dataset)
         for split in range(splits):
-            for method in METHODS:
+            for method in methods:
                 for variant, options in VARIANTS.items():
                     row = classification.run_one(method, data, split, options)
                     rows.append(dict(dataset=dataset, task="classification", variant=variant, **row))
@@ -88,6 +89,8 @@ def markdown(rows: pd.DataFrame, header: list[str]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--datasets", default="diabetes,wine")
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--name", default="lr_schedule_default", help="file name stem of the results")
     parser.add_argument("--splits", type=int, default=3)
     parser.add_argument("--note", default="")
     parser.add_argument("--out", default="benchmarks/results/lr_schedule_default")
@@ -96,10 +99,10 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     load = os.getloadavg()
     start = time.time()
-    rows = pd.DataFrame([r for d in args.datasets.split(",") for r in _rows(d, args.splits)])
+    rows = pd.DataFrame([r for d in args.datasets.split(",") for r in _rows(d, args.splits, args.methods.split(","))])
     if "time_s" not in rows and "fit_s" in rows:
         rows["time_s"] = rows["fit_s"]
-    rows.to_csv(out / "lr_schedule_default.csv", index=False)
+    rows.to_csv(out / f"{args.name}.csv", index=False)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     header = [
         "# lr_schedule default: constant (before) vs cosine (after) for ensemble and MC dropout",
@@ -112,8 +115,8 @@ def main() -> None:
         "Higher is better for test LL and accuracy; lower for RMSE, NLL and ECE; 95% coverage is best near 0.95. "
         "Means ± standard errors over splits; the last row of each table is the paired difference.",
     ]
-    (out / "lr_schedule_default.md").write_text(markdown(rows, header))
-    print((out / "lr_schedule_default.md").read_text())
+    (out / f"{args.name}.md").write_text(markdown(rows, header))
+    print((out / f"{args.name}.md").read_text())
 
 
 if __name__ == "__main__":
