@@ -104,7 +104,7 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
-from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
+from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry, renamed_options
 from bnn_pyro.infer.optim import check_lr
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, refit, refit_config,
@@ -239,7 +239,9 @@ def fit_moments(model, data: Data, *, swag: bool, **options) -> tuple[Posterior,
     """The SWA/SWAG posterior (``swag=True|False`` and the options of :func:`fit_swag`; ``num_chains`` defaults
     to 1 here) and each chain's :class:`SWAGMoments`: the iterates' mean and deviations that subspace inference
     builds on (and that the tests check against theory)."""
-    return _run(model, data, (SWAGConfig if swag else SWAConfig)(**{"num_chains": 1, **options}))
+    config_type = SWAGConfig if swag else SWAConfig  # old option names as bp.fit takes them (contract.entry)
+    options = renamed_options(options, getattr(config_type, "RENAMED", {}))
+    return _run(model, data, config_type(**{"num_chains": 1, **options}))
 
 
 @dataclass(frozen=True)

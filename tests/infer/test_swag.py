@@ -369,7 +369,7 @@ def test_defaults_fit_a_small_classification_mlp():
      r"15 snapshot.*swag_rank=20.*lower swag_rank"),
     ("swa", dict(swag_rank=5), ValueError, r"swag_rank= applies to method='swag' only"),
     ("swa", dict(rank=5), ValueError, r"rank= \(SWAG's swag_rank=\) applies to method='swag' only"),
-    ("swag", dict(lr="fast"), ValueError, r"lr: expected 'auto' or a positive number"),
+    ("swag", dict(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass a positive number .* or 'auto'"),
     ("swag", dict(lr=-1.0), ValueError, "lr must be a positive"),
     ("swag", dict(momentum=1.0), ValueError, r"momentum must be a number in \[0, 1\)"),
     ("swag", dict(pretrain_optimizer="lbfgs"), ValueError, r"pretrain_optimizer: unknown value 'lbfgs'.*'adam'"),

@@ -38,7 +38,7 @@ def toy():
 
 
 # 12 pre-training steps then 12 SWA-phase steps; checkpoints after steps 5, 10, 15, 20 and 24
-SWAG = dict(method="swag", pretrain_steps=12, num_steps=12, burn_in=0, collect_every=2, rank=3, num_samples=8,
+SWAG = dict(method="swag", pretrain_steps=12, num_steps=12, burn_in=0, collect_every=2, swag_rank=3, num_samples=8,
             num_chains=2, batch_size=32, seed=4, progress=False)
 
 
