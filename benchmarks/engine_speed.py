@@ -56,8 +56,8 @@ ENGINES = {
     # two cycles, exploration 0.8, thin 1: 2 * ceil(num_samples / 2 / 0.2) = 5 * num_samples steps
     "csgmcmc": lambda steps: dict(batch_size=BATCH, num_cycles=2, num_samples=2 * max(1, steps // 10), thin=1),
     "swag": lambda steps: dict(batch_size=BATCH, pretrain_steps=steps // 2, num_steps=steps // 2, burn_in=0,
-                               collect_every=1, rank=5, num_samples=20),
-    "ensemble": lambda steps: dict(batch_size=BATCH, num_members=1, num_steps=steps),
+                               collect_every=1, swag_rank=5, num_samples=20),
+    "ensemble": lambda steps: dict(batch_size=BATCH, num_chains=1, num_steps=steps),
     "laplace": lambda steps: dict(num_steps=steps, num_samples=20),
     "mc_dropout": lambda steps: dict(batch_size=BATCH, num_steps=steps, num_samples=20),
 }

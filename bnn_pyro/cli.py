@@ -16,7 +16,7 @@ Example
 
     bnn-pyro zoo mlp_regression
     bnn-pyro fit mlp_regression --method nuts --chains 2 --samples 200 --out runs/mlp
-    bnn-pyro fit mlp_regression --method swag --steps 500 --option rank=10 --out runs/swag
+    bnn-pyro fit mlp_regression --method swag --steps 500 --option swag_rank=10 --out runs/swag
 """
 
 from __future__ import annotations
@@ -178,9 +178,9 @@ def _fit(args) -> int:
 
 # ---------------------------------------------------------------------- methods and their options
 # Flags with a name of their own -> the options they set (the first one the method has).
-_FLAGS = {"--chains": ("num_chains", "num_members"), "--samples": ("num_samples",), "--warmup": ("num_warmup",),
+# The flags carry the library's option names and, when not given, its defaults (docs/options.md).
+_FLAGS = {"--chains": ("num_chains",), "--samples": ("num_samples",), "--warmup": ("num_warmup",),
           "--steps": ("num_steps",), "--seed": ("seed",), "--no-progress": ("progress",)}
-_DEFAULT_CHAINS = 2  # for methods with num_chains; an ensemble keeps its own number of members
 
 
 _FIT_OPTIONS = ("batch_size", "num_threads")  # bp.fit's own keywords that the CLI offers, for every method
@@ -197,6 +197,8 @@ def _method_options(method: str) -> dict[str, object]:
 def _fit_config(method: str, args) -> dict[str, object]:
     """``bp.fit`` keywords from the flags and ``--option KEY=VALUE`` pairs, checked against the method's
     options; a flag or key the method does not have is a usage error naming what it has."""
+    from bnn_pyro import infer
+
     options = _method_options(method)
     given = {"--chains": args.chains, "--samples": args.samples, "--warmup": args.warmup, "--steps": args.steps,
              "--seed": args.seed, "--no-progress": False if args.no_progress else None}
@@ -209,8 +211,6 @@ def _fit_config(method: str, args) -> dict[str, object]:
                          f"{', '.join(options)}.")
         if value is not None:
             config[names[0]] = value
-    if args.chains is None and "num_chains" in options:
-        config["num_chains"] = _DEFAULT_CHAINS
     for key, default in (("seed", 0), ("progress", True)):
         if key in options:
             config.setdefault(key, default)
@@ -218,7 +218,7 @@ def _fit_config(method: str, args) -> dict[str, object]:
         flag = next((f for f, names in _FLAGS.items() if key in names), None)
         if flag is not None:
             raise _Usage(f"--option {key}: set it with {flag} instead (see `bnn-pyro fit --help`).")
-        if key not in options:
+        if key not in options and key not in infer.REGISTRY[infer.Method(method)].renamed():  # old names warn
             close = difflib.get_close_matches(key, options, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
             raise _Usage(f"--option {key}: not an option of method {method!r}; {hint}choose one of: "
@@ -458,15 +458,16 @@ def _parser() -> argparse.ArgumentParser:
                          description="Fit a zoo entry with the entry's settings for --method (else the method's "
                                      "defaults), overridden by the flags below; print the function-space summary "
                                      "and metrics; write posterior.bnn, inference_data.nc and plots into --out.",
-                         epilog="example: bnn-pyro fit mlp_regression --method swag --steps 500 --option rank=10 "
+                         epilog="example: bnn-pyro fit mlp_regression --method swag --steps 500 --option swag_rank=10 "
                                 "--out runs/swag")
     fit.add_argument("entry", metavar="ENTRY", help="a zoo entry (see `bnn-pyro zoo`)")
     fit.add_argument("--method", choices=methods, metavar="METHOD",
                      help=f"inference method, one of {', '.join(methods)} (default: the entry's card's default "
                           "method, see `bnn-pyro zoo ENTRY`)")
     fit.add_argument("--chains", type=_positive_int,
-                     help=f"chains (MCMC), independent restarts (SVI and the other optimizers) or members "
-                          f"(ensemble) (default: {_DEFAULT_CHAINS}; ensemble: its own number of members)")
+                     help="num_chains: chains (MCMC), independent restarts (SVI and the other optimizers) or "
+                          "members (ensemble) (default: the entry's setting, else the method's own, e.g. 4 for "
+                          "nuts/hmc/metropolis, 5 for ensemble, 1 for svi)")
     fit.add_argument("--samples", type=_positive_int,
                      help="draws per chain (default: the entry's setting for the method, else the method's)")
     fit.add_argument("--warmup", type=_positive_int,

@@ -362,7 +362,7 @@ def from_posterior(posterior, *, default: PriorLike | None = None) -> FromPoster
         draws = draws.reshape((-1,) + draws.shape[2:])
         if draws.shape[0] < 2:
             raise ValueError(f"from_posterior: {name!r} has {draws.shape[0]} draw; a spread needs at least 2. Fit with "
-                             "more draws (num_samples=, num_chains= or num_members=).")
+                             "more draws (num_samples= or num_chains=).")
         loc[name], scale[name] = draws.mean(0), draws.std(0)
         bad = ~(torch.isfinite(scale[name]) & (scale[name] > 0))
         if bad.any():

@@ -61,7 +61,7 @@ def test_row_scores_recomputed_by_hand(cls):
 
 
 def test_an_engine_row_has_every_score(cls):
-    row = cls.run_one("ensemble", cls.load_dataset("iris"), 1, {"num_members": 2, "num_steps": 20})
+    row = cls.run_one("ensemble", cls.load_dataset("iris"), 1, {"num_chains": 2, "num_steps": 20})
     assert row["error"] == ""
     for m in cls.METRICS:
         assert 0.0 <= row[m] and math.isfinite(row[m]), m

@@ -76,7 +76,7 @@ def test_sequential_updating_reproduces_the_joint_posterior():
     z_var = (var_b - joint.cov.diagonal()) / sd_var
     assert (z_mean.abs() < Z_MAX).all() and (z_var.abs() < Z_MAX).all(), (z_mean, z_var)
 
-    fit_b = bp.fit(model_b, xb, yb, method="ensemble", num_members=1, num_steps=250, lr=0.1, lr_schedule="cosine",
+    fit_b = bp.fit(model_b, xb, yb, method="ensemble", num_chains=1, num_steps=250, lr=0.1, lr_schedule="cosine",
                    anchored=False, progress=False)  # a plain MAP member (anchored ones sit at a prior draw's tilt)
     map_b = _flat({k: v[0, 0] for k, v in fit_b.samples.items()})
     assert (map_b - mean_b).abs().max() < 1e-4

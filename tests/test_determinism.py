@@ -38,11 +38,11 @@ TINY = {
     Method.SGHMC: dict(num_samples=3, num_warmup=3, thin=1),
     Method.CSGMCMC: dict(num_cycles=1, num_samples=3, thin=1),
     Method.SWA: dict(pretrain_steps=3, num_steps=4, collect_every=1),
-    Method.SWAG: dict(pretrain_steps=3, num_steps=4, collect_every=1, rank=2, num_samples=3),
+    Method.SWAG: dict(pretrain_steps=3, num_steps=4, collect_every=1, swag_rank=2, num_samples=3),
     Method.MC_DROPOUT: dict(num_steps=3, num_samples=3),
     Method.VARIATIONAL_DROPOUT: dict(num_steps=3, num_samples=3),
     Method.SPARSE_VD: dict(num_steps=3, num_samples=3),
-    Method.ENSEMBLE: dict(num_members=2, num_steps=3),
+    Method.ENSEMBLE: dict(num_chains=2, num_steps=3),
     Method.LAPLACE: dict(num_steps=3, polish_steps=2, num_samples=3),
     Method.SNAPSHOT: dict(num_cycles=2, cycle_length=3),
     Method.SUBSPACE: dict(rank=2, num_samples=3, inner_options=dict(num_warmup=3, max_tree_depth=2,
@@ -158,10 +158,11 @@ _PROCESS = textwrap.dedent("""
                                       chain_method="sequential", jit=False)),  # the fast path, uncompiled: 6 s less
         "metropolis-deterministic-biases": (weights, dict(method="metropolis", num_samples=3, num_warmup=3)),
         "sgld": (model, dict(method="sgld", num_samples=3, num_warmup=3, thin=1)),
-        "swag": (model, dict(method="swag", pretrain_steps=3, num_steps=4, collect_every=1, rank=2, num_samples=3)),
+        "swag": (model, dict(method="swag", pretrain_steps=3, num_steps=4, collect_every=1, swag_rank=2,
+                             num_samples=3)),
         "mc_dropout": (model, dict(method="mc_dropout", num_steps=3, num_samples=3)),
         "sparse_vd": (model, dict(method="sparse_vd", num_steps=3, num_samples=3)),
-        "ensemble": (model, dict(method="ensemble", num_members=2, num_steps=3)),
+        "ensemble": (model, dict(method="ensemble", num_chains=2, num_steps=3)),
         "laplace": (model, dict(method="laplace", num_steps=3, polish_steps=2, num_samples=3)),
     }
     out = {"net": digest(dict(net.named_parameters()))}

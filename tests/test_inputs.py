@@ -347,8 +347,8 @@ def test_laplace_refuses_sequence_outputs_and_recurrent_nets_clearly():
     ("hmc", dict(num_samples=3, num_warmup=3, num_leapfrog=3, jit=False)), ("metropolis", dict(num_samples=5, num_warmup=5)),
     ("sgld", dict(num_samples=5, num_warmup=5)), ("sghmc", dict(num_samples=5, num_warmup=5)),
     ("csgmcmc", dict(num_cycles=2, num_samples=4, thin=2)), ("swa", dict(pretrain_steps=5, num_steps=5)),
-    ("swag", dict(pretrain_steps=5, num_steps=12, rank=3, num_samples=4, num_chains=1)),
-    ("ensemble", dict(num_members=2, num_steps=5)),
+    ("swag", dict(pretrain_steps=5, num_steps=12, swag_rank=3, num_samples=4, num_chains=1)),
+    ("ensemble", dict(num_chains=2, num_steps=5)),
 ])
 def test_the_other_engines_fit_a_gru_on_token_ids(method, options):
     """The README's list of engines that take recurrent, integer-input, sequence-output models."""

@@ -300,7 +300,7 @@ def test_every_engine_keeps_frozen_parameters_and_draws_the_rest(method, tmp_pat
     backbone = nn.Sequential(nn.Linear(3, 4), nn.Tanh()).requires_grad_(False)
     model = bp.BNN(nn.Sequential(backbone, nn.Linear(4, 2)), prior=bp.priors.Normal(),
                    likelihood=bp.likelihoods.Categorical())
-    tiny = dict(num_steps=60, num_samples=4, num_warmup=4, num_members=2, num_cycles=2, rank=3, num_chains=1,
+    tiny = dict(num_steps=60, num_samples=4, num_warmup=4, num_cycles=2, swag_rank=3, num_chains=1,
                 pretrain_steps=30)
     options = bp.infer.options(method)
     post = bp.fit(model, x, y, method=method, progress=False, seed=0, **{k: v for k, v in tiny.items() if k in options})

@@ -138,9 +138,13 @@ def engine(method: str | Method) -> Callable[..., Posterior]:
 
 def options(method: str | Method) -> dict[str, object]:
     """The keyword options ``bp.fit(..., method=method)`` takes, with their defaults, read from the engine's
-    declared configuration (e.g. ``options("swag")``: ``{"batch_size": None, ..., "rank": 20, ...}``)."""
+    declared configuration (e.g. ``options("swag")``: ``{"batch_size": None, ..., "swag_rank": 20, ...}``): exactly
+    those, so ``batch_size`` and ``dataset_size`` (minibatches, loaders) only for a method that takes minibatches.
+    Renamed options' old names (:func:`~bnn_pyro.infer.contract.entry`'s ``RENAMED``) are taken but not listed."""
+    kind = choice("method", method, Method)
     top = inspect.signature(fit).parameters
-    return {**{k: top[k].default for k in _FIT_OPTIONS}, **REGISTRY[choice("method", method, Method)].options()}
+    own = [k for k in _FIT_OPTIONS if REGISTRY[kind].capabilities.minibatches or k == "num_threads"]
+    return {**{k: top[k].default for k in own}, **REGISTRY[kind].options()}
 
 
 def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None, dataset_size: int | None = None,

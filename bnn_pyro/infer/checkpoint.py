@@ -50,7 +50,7 @@ from bnn_pyro.utils.checks import positive_int
 from bnn_pyro.posterior.tensor_files import digest, write_atomic
 
 __all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT", "ENGINES",
-           "open_chains", "check_shapes"]
+           "open_chains", "check_shapes", "RENAMED_OPTIONS", "current_names"]
 
 # the methods whose fit takes checkpoint= / checkpoint_every= / resume=
 ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variational_dropout", "sparse_vd", "swa",
@@ -62,6 +62,22 @@ FORMAT_VERSION = 2  # 2: the checksum covers the metadata too (1 still resumes)
 
 class CheckpointError(ValueError):
     """A checkpoint file is unreadable, or does not belong to the run that tries to resume from it."""
+
+
+RENAMED_OPTIONS: set[tuple[str, str]] = set()
+"""``(old, new)``: every engine's renamed options (its config's ``RENAMED``, registered by
+:func:`bnn_pyro.infer.contract.entry`), so that a file written before a rename still resumes."""
+
+
+def current_names(saved: dict, run: dict) -> dict:
+    """``saved`` (a file's run description) with the options renamed since it was written under their new names:
+    ``old`` becomes ``new`` where the file has ``old`` but not ``new`` and this ``run`` has ``new`` but not ``old``
+    (so one old name renamed differently by two engines, e.g. ``rank``, follows the engine's own)."""
+    out = dict(saved)
+    for old, new in RENAMED_OPTIONS:
+        if old in out and new not in out and new in run and old not in run:
+            out[new] = out.pop(old)
+    return out
 
 
 def write(path: str | os.PathLike, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Path:
@@ -190,8 +206,9 @@ class Checkpoint:
         if not (self.resume and self.path.exists()):
             return None
         tensors, meta = read(self.path)
-        if meta.get("run") != self.run:
-            diff = sorted(k for k in set(self.run) | set(meta.get("run", {})) if self.run.get(k) != meta["run"].get(k))
+        saved = current_names(meta.get("run", {}), self.run)
+        if saved != self.run:
+            diff = sorted(k for k in set(self.run) | set(saved) if self.run.get(k) != saved.get(k))
             raise CheckpointError(f"resume: {str(self.path)!r} belongs to another run (differs in {diff}). Resume with "
                                   "the same method and configuration, or pass another checkpoint folder.")
         set_rng_state(tensors, meta["rng"])

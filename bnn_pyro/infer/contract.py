@@ -39,12 +39,13 @@ from typing import Any, Callable, Generic, Iterator, NamedTuple, Protocol, TypeV
 import torch
 
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer.checkpoint import Checkpoint, StepCheckpoint
+from bnn_pyro.infer.checkpoint import RENAMED_OPTIONS, Checkpoint, StepCheckpoint
 from bnn_pyro.infer.driver import ChainInfo, ChainRun, Resumable, assemble, descend, run_chains
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["Capabilities", "Declaration", "Engine", "LossInfo", "Loop", "State", "drive", "run", "entry", "RunOptions",
-           "PotentialRunOptions"]
+           "PotentialRunOptions", "renamed_options"]
 
 
 @dataclass(frozen=True)
@@ -96,8 +97,14 @@ class Declaration:
 
     def refused(self) -> frozenset:
         """Names bp.fit hands over although they are not options, because the engine refuses them with a message
-        of its own: its config dataclass's ``REFUSED`` (e.g. SWAG's ``rank`` given to SWA; see :func:`entry`)."""
-        return frozenset(getattr(getattr(self.fit_function(), "config_type", None), "REFUSED", {}))
+        of its own (its config dataclass's ``REFUSED``, e.g. SWAG's ``swag_rank`` given to SWA) or takes them as
+        deprecated aliases of renamed options (its ``RENAMED``; see :func:`entry`)."""
+        config_type = getattr(self.fit_function(), "config_type", None)
+        return frozenset(getattr(config_type, "REFUSED", {})) | frozenset(self.renamed())
+
+    def renamed(self) -> dict[str, str]:
+        """The deprecated option names the engine still takes, ``{old: new}`` (its config's ``RENAMED``)."""
+        return dict(getattr(getattr(self.fit_function(), "config_type", None), "RENAMED", {}))
 
     def options(self) -> dict[str, object]:
         """The engine's own keyword options with their defaults (``bp.fit``'s keywords not included)."""
@@ -157,13 +164,35 @@ def _ordered_fields(config_type: type) -> list[dataclasses.Field]:
                                                              key=lambda f: _LAST.index(f.name))
 
 
+def renamed_options(options: dict, renamed: dict[str, str]) -> dict:
+    """``options`` with each deprecated name of ``renamed = {old: new}`` replaced by its new name, warning once per
+    name (a ``FutureWarning`` at the user's line: shown by default, the old name works for one more release).
+    Both names at once is an error: the two would silently disagree."""
+    out = dict(options)
+    for old, new in renamed.items():
+        if old not in out:
+            continue
+        if new in out:
+            raise ValueError(f"{old}= is the old name of {new}=; pass only {new}= (got both {old}={out[old]!r} and "
+                             f"{new}={out[new]!r}).")
+        warn(f"{old}= is renamed {new}= (one name per concept across bp.fit: docs/options.md); "
+             f"{old}= still works in this release and will be removed in the next. Write {new}={out[old]!r}.",
+             FutureWarning)
+        out[new] = out.pop(old)
+    return out
+
+
 def entry(config_type: type):
     """Decorate ``fit(model, data, config: config_type) -> Posterior`` into the engine's public function
     ``fit(model, data, **options)``: the options become ``config_type(**options)`` and its signature lists
     them as keyword-only parameters with their defaults (``help()``, ``inspect.signature``). A name in the config
     type's class-level ``REFUSED = {name: why}`` (e.g. a sibling method's option) is refused with
-    ``ValueError("{name}= {why}")`` rather than Python's unexpected-keyword error."""
+    ``ValueError("{name}= {why}")`` rather than Python's unexpected-keyword error. A name in its class-level
+    ``RENAMED = {old: new}`` is a deprecated alias: it is taken as ``new`` with a ``FutureWarning`` at the user's
+    line (:func:`renamed_options`), and not listed among the options."""
     refused = getattr(config_type, "REFUSED", {})
+    renamed = getattr(config_type, "RENAMED", {})
+    RENAMED_OPTIONS.update(renamed.items())  # checkpoints written under the old names still resume
 
     def wrap(fn):
         @functools.wraps(fn)
@@ -171,7 +200,7 @@ def entry(config_type: type):
             for name in options:
                 if name in refused:
                     raise ValueError(f"{name}= {refused[name]}")
-            return fn(model, data, config_type(**options))
+            return fn(model, data, config_type(**renamed_options(options, renamed)))
 
         params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
                   inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Data")]

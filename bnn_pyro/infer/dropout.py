@@ -105,6 +105,7 @@ from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
+from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, check_lr
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, refit,
                                     refit_config, select_noise, split)
@@ -146,7 +147,7 @@ class MCDropoutConfig(PotentialRunOptions):
     epochs: int | None = None
     lr: float = 1e-2
     optimizer: object = "adam"
-    lr_schedule: object = "constant"
+    lr_schedule: object = DEFAULT_SCHEDULE
     num_particles: int | None = None
     num_chains: int = 1
     num_samples: int = 1000
@@ -172,8 +173,9 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
     num_steps, epochs:
         Run length in optimizer steps or passes over the data (one of the two; default 3,000 steps).
     lr, optimizer, lr_schedule:
-        The optimizer, learning rate and schedule, with the choices of :func:`bnn_pyro.infer.svi.fit`; here
-        Adam at 1e-2 with a constant learning rate by default (SVI decays it).
+        The optimizer, learning rate and schedule, with the choices and defaults of :func:`bnn_pyro.infer.svi.fit`:
+        Adam at 1e-2, its rate annealed to 1% on a cosine (every optimizing engine's default; why, and what ``lr``
+        means: :mod:`bnn_pyro.infer.optim`).
     num_particles:
         Masks per step (the loss is their mean). Default 1, and 4 for ``rate="reinforce"``, whose
         leave-one-out baseline needs at least 2 (with one particle the decaying-average baseline
@@ -239,7 +241,7 @@ def _fit(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
                 num_steps=positive_int("num_steps", 3000 if num_steps is None else num_steps),
                 num_particles=positive_int("num_particles", num_particles),
                 num_chains=positive_int("num_chains", cfg.num_chains),
-                num_samples=positive_int("num_samples", cfg.num_samples), lr=positive("lr", cfg.lr))
+                num_samples=positive_int("num_samples", cfg.num_samples), lr=check_lr(cfg.lr, method="mc_dropout"))
     full, validation = data, cfg.validation
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         data, holdout, why = full, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"

@@ -3,7 +3,7 @@ r"""Deep ensembles: ``bp.fit(model, x, y, method="ensemble", ...)``.
 Lakshminarayanan, B., Pritzel, A. & Blundell, C. (2017). Simple and scalable predictive uncertainty
 estimation using deep ensembles. NeurIPS.
 
-Each of ``num_members`` members ``k`` is a MAP fit of the model from its own random start (seed
+Each of ``num_chains`` members ``k`` is a MAP fit of the model from its own random start (seed
 ``seed + k``: initial weights and minibatch order), by default *anchored* (``anchored=True``; Pearce et al.
 2020, :mod:`bnn_pyro.infer.anchor`): its objective below gets the term ``<w, grad log p(w_0^(k))>`` for its own
 prior draw ``w_0^(k)``, which for a Gaussian prior turns the weight decay ``|w - mu|^2 / (2 s^2)`` into
@@ -52,7 +52,7 @@ input's range; ``eps`` here is in input units (e.g. ``0.04`` for standardized in
 
 Example
 -------
->>> post = bp.fit(model, x, y, method="ensemble", num_members=5, num_steps=2000, lr=1e-2, seed=0)
+>>> post = bp.fit(model, x, y, method="ensemble", num_chains=5, num_steps=2000, lr=1e-2, seed=0)
 >>> post.samples["0.weight"].shape        # (5, 1, 50, 1): member, draw, *shape
 >>> pred = post.predict(x_test)            # mixture mean, std = sqrt(aleatoric + epistemic)
 >>> post.history["loss"]                   # (members, steps): U_c on each step's minibatch
@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -77,6 +78,7 @@ from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.map_fit import finish, map_engine, map_fit
+from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, check_lr
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit_ensemble", "EnsembleConfig", "EnsembleInit"]
@@ -89,11 +91,13 @@ EnsembleInit = Init  # the shared choices; the name is kept for backward compati
 class EnsembleConfig(PotentialRunOptions):
     """The options of ``method="ensemble"`` and their defaults (documented in :func:`fit_ensemble`)."""
 
-    num_members: int = 5
+    RENAMED: ClassVar[dict[str, str]] = {"num_members": "num_chains"}  # deprecated alias, one release
+
+    num_chains: int = 5
     num_steps: int = 1000
     lr: float = 1e-2
     optimizer: object = "adam"
-    lr_schedule: object = "constant"
+    lr_schedule: object = DEFAULT_SCHEDULE
     init: object = None
     adversarial_eps: float = 0.0
     anchored: bool = True
@@ -102,16 +106,18 @@ class EnsembleConfig(PotentialRunOptions):
 
 @entry(EnsembleConfig)
 def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
-    """Fit a deep ensemble: ``num_members`` MAP fits from different random starts (see the module docstring).
+    """Fit a deep ensemble: ``num_chains`` MAP fits from different random starts (see the module docstring).
 
     Parameters
     ----------
-    num_members:
-        Number of members ``K`` (the paper uses 5); each becomes one chain of one draw.
+    num_chains:
+        Number of members ``K`` (the paper uses 5); each becomes one chain of one draw (``num_chains``, as every
+        engine names its independent runs; formerly ``num_members``, still taken with a ``FutureWarning``).
     num_steps, lr, optimizer, lr_schedule:
         Optimizer steps per member and the optimizer, as in :func:`bnn_pyro.infer.svi.fit`
-        (``"adam"``/``"adamw"``/``"sgd"`` or a callable; ``"constant"``/``"cosine"``/``"exponential"``
-        or a callable). Minibatches come from ``bp.fit(..., batch_size=...)``.
+        (``"adam"``/``"adamw"``/``"sgd"`` or a callable; ``"cosine"``, the default of every optimizing engine,
+        ``"constant"``/``"exponential"`` or a callable: :mod:`bnn_pyro.infer.optim` states what ``lr`` means and
+        why cosine). Minibatches come from ``bp.fit(..., batch_size=...)``.
     init:
         ``"reset"`` (re-run the layers' initializers; default for a ``BNN``) or ``"prior"`` (a prior
         draw; default for a Pyro function model), or one start for every member (``"net"``,
@@ -146,8 +152,8 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     Returns
     -------
     Posterior
-        ``samples`` shaped ``(num_members, 1, *shape)``, ``point`` ``(num_members, *shape)``,
-        ``history["loss"]`` ``(num_members, num_steps)``, ``sample_stats["lp"]`` ``(num_members, 1)``:
+        ``samples`` shaped ``(num_chains, 1, *shape)``, ``point`` ``(num_chains, *shape)``,
+        ``history["loss"]`` ``(num_chains, num_steps)``, ``sample_stats["lp"]`` ``(num_chains, 1)``:
         each member's log joint ``-U_c`` at its mode (on the full data; on the first batch, scaled to
         the data set, for a loader).
     """
@@ -156,9 +162,9 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
 
 
 def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
-    num_members = positive_int("num_members", cfg.num_members)
+    num_chains = positive_int("num_chains", cfg.num_chains)
     num_steps = positive_int("num_steps", cfg.num_steps)
-    lr = positive("lr", cfg.lr)
+    lr = check_lr(cfg.lr, method="ensemble")
     init = resolve_init(model, cfg.init, data)
     try:
         eps = float(cfg.adversarial_eps)
@@ -171,13 +177,13 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     validation = cfg.validation
     train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert)
     config = clean_config(dict(
-        num_members=num_members, num_steps=num_steps, lr=lr, optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
+        num_chains=num_chains, num_steps=num_steps, lr=lr, optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
         lr_schedule=getattr(cfg.lr_schedule, "value", cfg.lr_schedule),
         init=init if isinstance(init, str) else type(init).__name__, adversarial_eps=eps, anchored=anchored,
         batch_size=data.batch_size, dataset_size=data.size, seed=cfg.seed,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     ))
-    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_members,
+    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
                         run=dict(method="ensemble", **config))
 
     def member(state, history) -> ChainRun:
@@ -191,7 +197,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
                         paths=paths, anchored=anchored)
     loop = Loop(num_steps=num_steps, lr=lr, method="ensemble", desc="ensemble member {index}",
                 optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, progress=cfg.progress)
-    post = drive(model, train, engine, loop, num_chains=num_members, seed=cfg.seed, config=config, checkpoints=ckpts,
+    post = drive(model, train, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts,
                  posterior_data=data)
     paths.record(post.config)
     return select_noise(post, holdout)

@@ -1,9 +1,40 @@
-"""Optimizers and learning-rate schedules of the engines with their own optimization loop.
+"""Optimizers, learning rates and learning-rate schedules of the engines with their own optimization loop.
 
 ``make_optimizer`` turns ``optimizer=`` (``"adam"``, ``"adamw"``, ``"sgd"`` or a callable) into a torch
 optimizer; ``make_schedule`` turns ``lr_schedule=`` (``"constant"``, ``"cosine"``, ``"exponential"`` or a
 callable) into a scheduler stepped once per optimizer step. Shared by svi, ensemble, MC dropout,
-variational dropout and distillation (each engine keeps its own default schedule).
+variational dropout and distillation.
+
+What ``lr`` means (the one statement every engine's docstring points to)
+-----------------------------------------------------------------------
+``lr`` is the step size of the engine's update on the **mean loss per datum** ``U / N``, with ``U`` the negative
+log joint (minus the ELBO for variational engines) and ``N`` the number of training rows:
+
+* SGD-type updates (sgld, sghmc, csgmcmc, snapshot, and the collection phase of swa/swag) move ``z`` by
+  ``lr`` times the gradient of ``U / N``, i.e. by ``eta = lr / N`` times the gradient of ``U``; so ``lr`` is the
+  learning rate SGD would use on the mean training loss, whatever ``N``.
+* Adam (svi, variational_dropout, sparse_vd, mc_dropout, ensemble; ``optimizer="adam"``/``"adamw"``) divides the
+  gradient by its running RMS, so its step is invariant to the loss's scale: ``lr`` is then roughly each
+  parameter's step per iteration, the same on ``U`` or ``U / N``. ``optimizer="sgd"`` on these engines is plain
+  SGD on their loss as each engine states it.
+
+``lr="auto"`` sets the step from a curvature estimate: ``lambda``, the largest eigenvalue of the loss's Hessian
+(power iteration on Hessian-vector products), sets a step ``f / lambda`` a safe factor below SGD's stability
+limit (the factor ``f`` and its reason: sgld/sghmc/csgmcmc/snapshot in :mod:`bnn_pyro.infer.sgmcmc`, swa/swag in
+:mod:`bnn_pyro.infer.swag`). It is
+accepted where the update is SGD-type, whose stability limit curvature sets (``lr * lambda < 2`` for gradient
+descent); it is refused, with the one message :data:`AUTO_LR_REFUSED`, where the update is Adam's, whose step
+the curvature does not bound.
+
+Schedule default
+----------------
+``lr_schedule="cosine"`` (:data:`DEFAULT_SCHEDULE`) for every engine whose loop is an optimizer's (svi,
+variational_dropout, sparse_vd, mc_dropout, ensemble): the rate goes from ``lr`` down to 1% of it on a half
+cosine (Loshchilov & Hutter 2017, SGDR; the annealing of Robbins-Monro step sizes to a point estimate), so that
+the optimizer's own jitter, about ``lr`` per step for Adam, ends well below the posterior's spread.
+The samplers sgld and sghmc take the same ``lr_schedule=`` name with their own choices (``"constant"``: a
+stationary chain whose draws ESS and R-hat describe; ``"polynomial"``: Welling & Teh 2011's decay), not a cosine
+to 1%, which would freeze the chain at its end; csgmcmc, snapshot and swa/swag have their schedules built in.
 
 Example
 -------
@@ -17,11 +48,16 @@ from enum import Enum
 
 import torch
 
-from bnn_pyro.utils.checks import choice
+from bnn_pyro.utils.checks import choice, positive
 
-__all__ = ["Optimizer", "Schedule", "make_optimizer", "make_schedule", "FINAL_LR_FRACTION"]
+__all__ = ["Optimizer", "Schedule", "make_optimizer", "make_schedule", "FINAL_LR_FRACTION", "DEFAULT_SCHEDULE",
+           "AUTO_LR_REFUSED", "check_lr"]
 
 FINAL_LR_FRACTION = 0.01  # "cosine" and "exponential" end at this fraction of the initial rate
+DEFAULT_SCHEDULE = "cosine"  # every optimizing engine's lr_schedule default (see the module docstring)
+AUTO_LR_REFUSED = ("lr: 'auto' sets an SGD step from the loss's curvature (methods sgld, sghmc, csgmcmc, snapshot, "
+                   "swa, swag); method={method!r} steps with its optimizer= (Adam by default, whose step the curvature "
+                   "does not bound). Pass a number, e.g. lr=1e-2 (what lr means: bnn_pyro.infer.optim).")
 
 
 class Optimizer(str, Enum):
@@ -34,6 +70,19 @@ class Schedule(str, Enum):
     CONSTANT = "constant"
     COSINE = "cosine"
     EXPONENTIAL = "exponential"
+
+
+def check_lr(lr: float | str, *, method: str, auto: bool = False) -> float | str:
+    """``lr=`` (see the module docstring): a positive finite number, or ``"auto"`` where ``auto`` (an engine with
+    a curvature-set step); ``"auto"`` elsewhere is refused with :data:`AUTO_LR_REFUSED`."""
+    if isinstance(lr, str):
+        if lr != "auto":
+            raise ValueError(f"lr: unknown value {lr!r}; pass a positive number (e.g. 1e-2)"
+                             + (" or 'auto' (a step from the curvature)." if auto else "."))
+        if not auto:
+            raise ValueError(AUTO_LR_REFUSED.format(method=method))
+        return lr
+    return positive("lr", lr)
 
 
 def make_optimizer(optimizer, params, lr):

@@ -36,7 +36,7 @@ chain (ESS and R-hat apply as for any MCMC).
 For csgmcmc the peak step uses ``f = (2 - alpha) / 2``, re-estimated at the start of every cycle and
 every 100 steps of its exploration stage. A number ``lr`` instead fixes
 ``eta = lr / N``: ``lr`` is then the learning rate that SGD would use on the mean loss ``U / N``
-(``schedule="polynomial"`` lets it decay as ``(1 + t / num_warmup)^-0.55``, Welling & Teh's
+(``lr_schedule="polynomial"`` lets it decay as ``(1 + t / num_warmup)^-0.55``, Welling & Teh's
 ``a (b + t)^-gamma``). Why ``f``: for a Gaussian posterior with precision ``A`` the full-batch
 recursion above is linear, stable for ``eta lambda_max(A) < 2 (2 - alpha)``, and its stationary law
 is ``N(mean, (A (I - eta A / (2 (2 - alpha))))^-1)`` (SGLD: ``(A (I - eta A / 2))^-1``) instead of the
@@ -112,7 +112,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -151,6 +151,13 @@ class Schedule(str, Enum):
 class SGOptions(PotentialRunOptions):
     """The options every SG-MCMC method and snapshot ensembles take (see :func:`fit_sgld`)."""
 
+    REFUSED: ClassVar[dict[str, str]] = {
+        "optimizer": "does not apply: the update is the sampler's own (Langevin or SGHMC step on U); choose its step "
+                     "with lr= (bnn_pyro.infer.optim says what lr means).",
+        "lr_schedule": "does not apply: csgmcmc and snapshot follow their built-in cyclical cosine (num_cycles=, "
+                       "and exploration= for csgmcmc); lr= sets its peak.",
+    }
+
     lr: float | str = "auto"
     num_chains: int = 1
     init: object = None
@@ -160,10 +167,13 @@ class SGOptions(PotentialRunOptions):
 class SGLDConfig(SGOptions):
     """The options of ``method="sgld"`` and their defaults (see :func:`fit_sgld`)."""
 
+    REFUSED: ClassVar[dict[str, str]] = {"optimizer": SGOptions.REFUSED["optimizer"]}
+    RENAMED: ClassVar[dict[str, str]] = {"schedule": "lr_schedule"}  # deprecated alias, one release (contract.entry)
+
     num_samples: int = 500
     num_warmup: int | None = None
     thin: int = 10
-    schedule: str = "constant"
+    lr_schedule: str = "constant"
 
 
 @dataclass(frozen=True)
@@ -205,14 +215,19 @@ def fit_sgld(model, data: Data, cfg: SGLDConfig) -> Posterior:
     ----------
     lr:
         ``"auto"`` (default; see the module docstring) or the learning rate on the mean loss
-        ``U / N``: the step on ``U`` is then ``eta = lr / N``.
+        ``U / N``: the step on ``U`` is then ``eta = lr / N`` (as stated for every engine in
+        :mod:`bnn_pyro.infer.optim`).
     num_samples, num_warmup, thin:
         Draws kept per chain, burn-in steps before the first one (default ``num_samples * thin``),
         and steps between kept draws: ``num_warmup + num_samples * thin`` steps per chain.
     num_chains:
         Independent chains (seeds ``seed + c``); see the module docstring for their starting points.
-    schedule:
-        ``"constant"`` (default) or ``"polynomial"``: the step times ``(1 + t / num_warmup)^-0.55``.
+    lr_schedule:
+        ``"constant"`` (default: one step size, so that the kept draws form one stationary Markov chain whose ESS
+        and R-hat mean what they do for any MCMC) or ``"polynomial"``: the step times ``(1 + t / num_warmup)^-0.55``
+        (Welling & Teh 2011). Formerly ``schedule``, still taken with a ``FutureWarning``. The optimizing
+        engines' ``"cosine"`` default (:mod:`bnn_pyro.infer.optim`) is not offered: a step annealed to 1% freezes
+        a sampler's chain.
     init:
         ``"reset"`` (default for a ``BNN``), ``"net"``, ``"prior"`` (default for a Pyro function),
         ``"median"``, a dict of site values or a ``Posterior`` (see the module docstring).
@@ -306,9 +321,10 @@ def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
     thin = positive_int("thin", cfg.thin)
     num_warmup = positive_int("num_warmup", num_samples * thin if cfg.num_warmup is None else cfg.num_warmup,
                               allow_zero=True)
-    kind = choice("schedule", cfg.schedule, Schedule)
+    kind = choice("lr_schedule", cfg.lr_schedule, Schedule)
     plan = langevin_plan(num_warmup, num_samples, thin, kind is Schedule.POLYNOMIAL, friction)
-    return plan, dict(num_samples=num_samples, num_warmup=num_warmup, thin=thin, schedule=kind.value, friction=friction)
+    return plan, dict(num_samples=num_samples, num_warmup=num_warmup, thin=thin, lr_schedule=kind.value,
+                      friction=friction)
 
 
 # ---------------------------------------------------------------------- the engine

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from bnn_pyro.infer import optim
 from bnn_pyro.utils.checks import positive
 
 if TYPE_CHECKING:
@@ -280,12 +281,8 @@ def cyclical_plan(num_cycles: int, num_samples: int, thin: int, exploration: flo
 
 
 def check_lr(lr: float | str) -> float | str:
-    """``lr=``: ``"auto"`` or a positive number (the learning rate on ``U / N``)."""
-    if isinstance(lr, str):
-        if lr != "auto":
-            raise ValueError(f"lr: unknown value {lr!r}; pass 'auto' or a positive number (e.g. 1e-4).")
-        return lr
-    return positive("lr", lr)
+    """``lr=``: ``"auto"`` or a positive number (the learning rate on ``U / N``; :mod:`bnn_pyro.infer.optim`)."""
+    return optim.check_lr(lr, method="sgmcmc", auto=True)
 
 
 def check_friction(name: str, value: float) -> float:

@@ -257,7 +257,7 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
 
     if data.loader is None and "init" not in swa and swa.get("pretrain_steps") != 0:
         swa.update(init=_map_start(model, data, swa, seed, progress, paths, stages["map"]), pretrain_steps=0)
-    swa_post, (moments,) = fit_moments(model, data, swag=True, rank=deviations, num_samples=1, num_chains=1,
+    swa_post, (moments,) = fit_moments(model, data, swag=True, swag_rank=deviations, num_samples=1, num_chains=1,
                                        seed=seed, progress=progress, fast_path=fast_path, **swa, **stages["swa"])
     bnn = swa_post.model
     pot = Potential(bnn, data, init="net", fast_path=False)  # its sites and transforms only: U is not evaluated

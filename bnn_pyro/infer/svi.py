@@ -4,7 +4,7 @@ Maximizes the evidence lower bound ``ELBO(q) = E_q[log p(y, w | x)] - E_q[log q(
 ``q`` with a torch optimizer, on minibatches scaled by ``dataset_size / batch`` (unbiased).
 
 Guides (``guide=``): ``"mean_field"`` (``AutoNormal``: independent Gaussians), ``"low_rank"``
-(``AutoLowRankMultivariateNormal``, ``rank=``), ``"full_rank"`` (``AutoMultivariateNormal``),
+(``AutoLowRankMultivariateNormal``, ``guide_rank=``), ``"full_rank"`` (``AutoMultivariateNormal``),
 ``"map"`` (``AutoDelta``: a point mass, i.e. MAP), an ``AutoGuide`` class, or any guide callable.
 
 ELBOs (``elbo=``):
@@ -78,6 +78,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 from functools import partial
+from typing import ClassVar
 
 import pyro
 import torch
@@ -96,6 +97,7 @@ from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions,
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
+from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, check_lr
 from bnn_pyro.infer.optim import Optimizer, Schedule, make_optimizer, make_schedule  # noqa: F401 (re-exported)
 from bnn_pyro.infer.reparam import Estimator, GaussianSites, MeanFieldELBO, WeightNoise, check_estimator
 from bnn_pyro.infer.score import ScoreFunction, ScoreFunctionELBO
@@ -127,6 +129,8 @@ class ElboKind(str, Enum):
 class SVIConfig(PotentialRunOptions):
     """The options of ``method="svi"`` and their defaults (documented in :func:`fit`)."""
 
+    RENAMED: ClassVar[dict[str, str]] = {"rank": "guide_rank"}  # deprecated alias, one release (contract.entry)
+
     guide: object = "mean_field"
     elbo: str | None = None
     estimator: str = "sample"
@@ -135,12 +139,12 @@ class SVIConfig(PotentialRunOptions):
     epochs: int | None = None
     lr: float = 1e-2
     optimizer: object = "adam"
-    lr_schedule: object = "cosine"
+    lr_schedule: object = DEFAULT_SCHEDULE
     num_particles: int | None = None
     vectorize_particles: bool | None = None
     num_chains: int = 1
     num_samples: int | None = None
-    rank: int | None = None
+    guide_rank: int | None = None
     init: object = None
     init_scale: float = 0.01
     baseline_beta: float = 0.9
@@ -154,7 +158,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     Parameters
     ----------
     guide, elbo:
-        See the module docstring. ``rank`` sets the low-rank guide's rank (default ``sqrt(dim)``).
+        See the module docstring. ``guide_rank`` sets the low-rank guide's rank (default ``sqrt(dim)``; formerly
+        ``rank``, still taken with a ``FutureWarning``).
         ``elbo`` defaults to ``"trace"``, or ``"mean_field"`` with a local ``estimator``.
     estimator:
         ``"sample"`` (default), ``"local_reparam"`` or ``"flipout"`` (``guide="mean_field"`` and a
@@ -170,7 +175,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         posterior needs more than 1,000 steps at ``lr=1e-2`` to move its scale ``tau`` from the joint mode to the
         posterior's bulk (``tests/infer/test_reference_posteriors.py``).
     lr, optimizer, lr_schedule:
-        Learning rate (default 1e-2); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
+        Learning rate (default 1e-2; what ``lr`` means: :mod:`bnn_pyro.infer.optim`, where ``"auto"`` is refused for
+        Adam); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
         ``params -> torch.optim.Optimizer``; ``"cosine"`` (the default: to 1% of ``lr`` at the last step,
         see the module docstring), ``"constant"``,
         ``"exponential"`` (to 1% of ``lr``) or a callable ``optimizer -> LRScheduler``.
@@ -224,7 +230,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         num_steps = epochs * steps_per_epoch
     num_steps = positive_int("num_steps", DEFAULT_STEPS if num_steps is None else num_steps)
     num_chains = positive_int("num_chains", cfg.num_chains)
-    lr = positive("lr", cfg.lr)
+    lr = check_lr(cfg.lr, method="svi")
     guide_kind = cfg.guide if not isinstance(cfg.guide, str) else choice("guide", cfg.guide, GuideKind)
     estimator = choice("estimator", cfg.estimator, Estimator)
     sharing = resolve_empirical_bayes(cfg.empirical_bayes)
@@ -263,7 +269,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         guide=getattr(guide_kind, "value", guide_kind), elbo=elbo_kind.value, num_steps=num_steps, lr=lr,
         optimizer=getattr(optimizer, "value", optimizer), lr_schedule=getattr(lr_schedule, "value", lr_schedule),
         num_particles=num_particles, vectorize_particles=vectorize_particles, num_chains=num_chains,
-        num_samples=num_samples, rank=cfg.rank, estimator=estimator.value,
+        num_samples=num_samples, guide_rank=cfg.guide_rank, estimator=estimator.value,
         empirical_bayes=False if sharing is None else sharing.value,
         init=init if isinstance(init, str) else type(init).__name__, init_scale=cfg.init_scale,
         batch_size=data.batch_size, dataset_size=data.size, seed=cfg.seed,
@@ -289,12 +295,12 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     def init_state(fitted, info) -> _State:
         if laplace:
             start = svi_start.laplace_start(fitted, data)
-            q = _make_guide(fitted, guide_kind, start.init_loc_fn(), cfg.init_scale, cfg.rank)
+            q = _make_guide(fitted, guide_kind, start.init_loc_fn(), cfg.init_scale, cfg.guide_rank)
             start.set_scales(q, x0, y0)
             warm_starts.append(start)
         else:
             q = _make_guide(fitted, guide_kind, init_strategy(fitted, chain_start(fitted, init, info.seed)),
-                            cfg.init_scale, cfg.rank)
+                            cfg.init_scale, cfg.guide_rank)
         q_train, wrap = _handlers(q, elbo_kind, estimator)
         eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
         if eb is not None:

@@ -18,7 +18,7 @@ Each collected ``z_i`` (``i = 1..m``) updates the running moments
 
     ``mean_i = ((i - 1) mean_{i-1} + z_i) / i``,  ``sq_i = ((i - 1) sq_{i-1} + z_i^2) / i``,
 
-and appends the deviation ``z_i - mean_i`` to ``D``, which keeps the last ``rank`` (``K``) of them.
+and appends the deviation ``z_i - mean_i`` to ``D``, which keeps the last ``swag_rank`` (``K``) of them.
 
 - ``"swa"`` (Izmailov et al. 2018): the answer is the point ``z_SWA = mean_m``, one draw per chain.
   SWA is an estimate of a (wide) mode, not a distribution: ``predict`` gives the plug-in prediction
@@ -104,7 +104,8 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
-from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
+from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry, renamed_options
+from bnn_pyro.infer.optim import check_lr
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
 from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, refit, refit_config,
                                     select_noise, split)
@@ -117,14 +118,21 @@ __all__ = ["fit_swa", "fit_swag", "fit_moments", "SWAConfig", "SWAGConfig", "SWA
 
 _SWAG_ONLY = ("applies to method='swag' only: SWA keeps the averaged point, not a distribution. Drop it, or use "
               "method='swag'.")
+_BUILT_IN = {  # options of the other optimizing engines that SWA's two phases fix
+    "optimizer": "does not apply: the collection phase is SGD with momentum by definition (Izmailov et al. 2018; "
+                 "momentum=); pretrain_optimizer= chooses the pre-training's.",
+    "lr_schedule": "does not apply: pre-training anneals pretrain_lr on a cosine, the collection phase keeps lr "
+                   "constant (SWA's schedule).",
+}
 
 
 @dataclass(frozen=True)
 class SWAConfig(PotentialRunOptions):
-    """The options of ``method="swa"`` and their defaults (see :func:`fit_swag`; SWAG's ``rank``, ``num_samples``
-    and ``scale`` are refused)."""
+    """The options of ``method="swa"`` and their defaults (see :func:`fit_swag`; SWAG's ``swag_rank`` (formerly
+    ``rank``), ``num_samples`` and ``scale`` are refused)."""
 
-    REFUSED: ClassVar[dict[str, str]] = {name: _SWAG_ONLY for name in ("rank", "num_samples", "scale")}
+    REFUSED: ClassVar[dict[str, str]] = {**{name: _SWAG_ONLY for name in ("swag_rank", "num_samples", "scale")},
+                                         "rank": "(SWAG's swag_rank=) " + _SWAG_ONLY, **_BUILT_IN}
 
     pretrain_steps: int = 2000
     pretrain_optimizer: object = "adam"
@@ -143,9 +151,10 @@ class SWAConfig(PotentialRunOptions):
 class SWAGConfig(SWAConfig):
     """The options of ``method="swag"`` and their defaults (see :func:`fit_swag`)."""
 
-    REFUSED: ClassVar[dict[str, str]] = {}
+    REFUSED: ClassVar[dict[str, str]] = _BUILT_IN
+    RENAMED: ClassVar[dict[str, str]] = {"rank": "swag_rank"}  # deprecated alias, one release (contract.entry)
 
-    rank: int = 20
+    swag_rank: int = 20
     num_samples: int = 1000
     scale: float = 1.0
     num_chains: int = 3
@@ -161,7 +170,7 @@ class SWAInfo(NamedTuple):
 @entry(SWAConfig)
 def fit_swa(model, data: Data, cfg: SWAConfig) -> Posterior:
     """``bp.fit(..., method="swa")``: the SWA point, one draw per chain. Options as :func:`fit_swag`
-    except ``rank``, ``num_samples`` and ``scale``; ``num_chains`` defaults to 1."""
+    except ``swag_rank``, ``num_samples`` and ``scale``; ``num_chains`` defaults to 1."""
     return _run(model, data, cfg)[0]
 
 
@@ -171,8 +180,9 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
 
     Parameters
     ----------
-    rank, num_samples, scale:
-        ``K``, the number of deviations kept (at least 2); draws per chain (each costs one pass over
+    swag_rank, num_samples, scale:
+        ``K``, the number of deviations kept (at least 2; the rank of the covariance's low-rank part; formerly
+        ``rank``, still taken with a ``FutureWarning``); draws per chain (each costs one pass over
         the data when the net has BatchNorm); the factor on the covariance. ``scale=1`` here is Maddox
         et al.'s recommended ``scale=0.5``: their code draws ``mean + sqrt(scale) (diag part + low-rank
         part)``, whose covariance is ``scale (Sigma_diag + D^T D / (K - 1))``; ours already halves the sum.
@@ -184,7 +194,8 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
         SWA phase: SGD steps (default 200 epochs of ``ceil(N / B)`` steps), steps before the first
         snapshot (default ``num_steps // 10``), steps between snapshots (default one epoch).
     lr, momentum:
-        The constant SWA learning rate (``"auto"`` or a positive float) and SGD momentum (0.9).
+        The constant SWA learning rate (``"auto"`` or a positive float: what ``lr`` means is stated once in
+        :mod:`bnn_pyro.infer.optim`) and SGD momentum (0.9).
     checkpoint, checkpoint_every, resume:
         A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps (counted over both
         phases) and after the last; ``resume=True`` continues each chain from its file, bit-identically (phase and
@@ -228,7 +239,9 @@ def fit_moments(model, data: Data, *, swag: bool, **options) -> tuple[Posterior,
     """The SWA/SWAG posterior (``swag=True|False`` and the options of :func:`fit_swag`; ``num_chains`` defaults
     to 1 here) and each chain's :class:`SWAGMoments`: the iterates' mean and deviations that subspace inference
     builds on (and that the tests check against theory)."""
-    return _run(model, data, (SWAGConfig if swag else SWAConfig)(**{"num_chains": 1, **options}))
+    config_type = SWAGConfig if swag else SWAConfig  # old option names as bp.fit takes them (contract.entry)
+    options = renamed_options(options, getattr(config_type, "RENAMED", {}))
+    return _run(model, data, config_type(**{"num_chains": 1, **options}))
 
 
 @dataclass(frozen=True)
@@ -279,25 +292,22 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
     num_steps = positive_int("num_steps", 200 * epoch if cfg.num_steps is None else cfg.num_steps)
     burn_in = positive_int("burn_in", num_steps // 10 if cfg.burn_in is None else cfg.burn_in, allow_zero=True)
     snapshots = (num_steps - burn_in) // collect_every if burn_in < num_steps else 0
-    rank, num_samples, scale = (cfg.rank, cfg.num_samples, cfg.scale) if swag else (0, 1, 1.0)
+    rank, num_samples, scale = (cfg.swag_rank, cfg.num_samples, cfg.scale) if swag else (0, 1, 1.0)
     if swag:
-        rank = positive_int("rank", rank)
+        rank = positive_int("swag_rank", rank)
         if rank < 2:
-            raise ValueError(f"rank must be at least 2 (the low-rank part divides by rank - 1), got {rank}; the "
-                             "default is 20. For the averaged point alone use method='swa'.")
+            raise ValueError(f"swag_rank must be at least 2 (the low-rank part divides by swag_rank - 1), got {rank}; "
+                             "the default is 20. For the averaged point alone use method='swa'.")
     needed = max(rank, 1)
     if snapshots < needed:
         raise ValueError(
             f"collect schedule: num_steps={num_steps}, burn_in={burn_in}, collect_every={collect_every} collect "
-            f"{snapshots} snapshot(s), but {method} needs at least {needed}" + (f" (rank={rank})" if swag else "")
-            + ". Lengthen num_steps, shorten burn_in or collect_every" + (", or lower rank." if swag else "."))
+            f"{snapshots} snapshot(s), but {method} needs at least {needed}" + (f" (swag_rank={rank})" if swag else "")
+            + ". Lengthen num_steps, shorten burn_in or collect_every" + (", or lower swag_rank." if swag else "."))
     momentum, lr = cfg.momentum, cfg.lr
     if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
         raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}; the default is 0.9.")
-    if not (isinstance(lr, str) and lr == "auto"):
-        if isinstance(lr, str):
-            raise ValueError(f"lr: expected 'auto' or a positive number, got {lr!r}.")
-        lr = positive("lr", lr)
+    lr = check_lr(lr, method=method, auto=True)
     s = _Settings(
         batch_size=batch, pretrain_steps=positive_int("pretrain_steps", cfg.pretrain_steps, allow_zero=True),
         pretrain_optimizer=choice("pretrain_optimizer", cfg.pretrain_optimizer, PretrainOptimizer),
@@ -313,7 +323,7 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
         batch_size=batch, sampling="loader order" if data.loader is not None else _sampling(data, batch),
         dataset_size=data.size, seed=cfg.seed,
         validation=describe(holdout, cfg.validation if cfg.validation != "default" else DEFAULT, why),
-        **(dict(rank=rank, num_samples=s.num_samples, scale=s.scale) if swag else {})))
+        **(dict(swag_rank=rank, num_samples=s.num_samples, scale=s.scale) if swag else {})))
     ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
                         run=dict(method=method, **config))
     moments: dict[int, SWAGMoments] = {}  # per chain (drive runs the chains one after another, in this process)

@@ -56,12 +56,11 @@ Example
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from enum import Enum
 from types import SimpleNamespace
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 import pandas as pd
 import torch
@@ -77,7 +76,7 @@ from bnn_pyro.infer.reparam import Estimator, WeightNoise, _Gaussian
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Engine, Loop, RunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
-from bnn_pyro.infer.optim import Schedule
+from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, Schedule, check_lr
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.user_warnings import warn
@@ -179,10 +178,16 @@ def _is_number(value) -> bool:
 class VariationalDropoutConfig(RunOptions):
     """The options of ``method="variational_dropout"`` and their defaults (see :func:`fit_variational_dropout`)."""
 
+    REFUSED: ClassVar[dict[str, str]] = {
+        "fast_path": "does not apply: variational dropout always evaluates its ELBO by its own local "
+                     "reparameterization of each layer's pre-activations (Kingma et al. 2015), with no Pyro trace "
+                     "to fall back to."}
+
     num_steps: int | None = None
     epochs: int | None = None
     lr: float = 1e-2
-    lr_schedule: object = "cosine"
+    optimizer: object = "adam"
+    lr_schedule: object = DEFAULT_SCHEDULE
     init_log_sigma2: float = -10.0
     kl_warmup: float = 0.0
     num_chains: int = 1
@@ -223,10 +228,12 @@ def fit_variational_dropout(model, data: Data, cfg: VariationalDropoutConfig) ->
     ----------
     num_steps, epochs:
         Length of the run in Adam steps, or passes over the data (one of the two; default 2,000 steps).
-    lr, lr_schedule:
-        Adam's learning rate and its schedule: ``"cosine"`` (default: to 1% of ``lr``, so that Adam's
-        own jitter, about ``lr`` per step, ends well below the posterior's spread), ``"constant"``,
-        ``"exponential"`` or a callable ``optimizer -> LRScheduler`` (as in SVI).
+    lr, optimizer, lr_schedule:
+        The learning rate (what ``lr`` means: :mod:`bnn_pyro.infer.optim`), the optimizer (``"adam"``, the
+        default, ``"adamw"``, ``"sgd"`` or a callable ``params -> Optimizer``, as in SVI) and its schedule:
+        ``"cosine"`` (default, as every optimizing engine's: to 1% of ``lr``, so that Adam's own jitter, about
+        ``lr`` per step, ends well below the posterior's spread), ``"constant"``, ``"exponential"`` or a callable
+        ``optimizer -> LRScheduler`` (as in SVI). No ``fast_path``: the local reparameterization is the only path.
     kl_warmup:
         Fraction of the run over which the KL term's weight rises linearly from 0 to 1 (annealing;
         0 = the ELBO throughout). ``history["loss"]`` is always the full negative ELBO.
@@ -287,7 +294,7 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
     if isinstance(lr_schedule, str):
         choice("lr_schedule", lr_schedule, Schedule)
     num_steps = positive_int("num_steps", 2000 if num_steps is None else num_steps)
-    lr, num_samples = positive("lr", cfg.lr), positive_int("num_samples", cfg.num_samples)
+    lr, num_samples = check_lr(cfg.lr, method=variant.value), positive_int("num_samples", cfg.num_samples)
     init_scale, init_log_sigma2, kl_warmup = positive("init_scale", cfg.init_scale), float(cfg.init_log_sigma2), float(cfg.kl_warmup)
     num_chains = positive_int("num_chains", cfg.num_chains)
     init = resolve_init(model, cfg.init, data)
@@ -302,7 +309,8 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
                          f"sites: {list(pot.init)}); is a layer shared? {variant.value} needs each Linear/Conv "
                          "weight once per forward pass; use method='svi' (guide='mean_field') for this net.")
     config = clean_config(dict(
-        num_steps=num_steps, lr=lr, lr_schedule=getattr(lr_schedule, "value", lr_schedule),
+        num_steps=num_steps, lr=lr, optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
+        lr_schedule=getattr(lr_schedule, "value", lr_schedule),
         init_log_sigma2=init_log_sigma2, kl_warmup=kl_warmup, threshold=threshold,
         num_chains=num_chains, num_samples=num_samples, init_scale=init_scale,
         init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
@@ -352,7 +360,7 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
     engine = Engine(init=init_state, step=step, draws=draws, info=VDInfo if threshold is None else SparseVDInfo,
                     after=after)
     loop = Loop(num_steps=num_steps, lr=lr, method=variant.value, desc=variant.value + " chain {index}",
-                optimizer=functools.partial(torch.optim.Adam, lr=lr), lr_schedule=lr_schedule, quantity="ELBO",
+                optimizer=cfg.optimizer, lr_schedule=lr_schedule, quantity="ELBO",
                 progress=cfg.progress)
     return drive(model, data, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts)
 

@@ -38,7 +38,7 @@ along the curve.
 
 Example
 -------
->>> ens = bp.fit(model, x, y, method="ensemble", num_members=2, seed=0)
+>>> ens = bp.fit(model, x, y, method="ensemble", num_chains=2, seed=0)
 >>> curve = bp.curves.fit_curve(ens, x, y, ends=(0, 1), num_steps=1000, seed=0)
 >>> on_curve = bp.curves.path_metrics(curve, (x_test, y_test))              # t = 0, 0.05, ..., 1
 >>> on_line = bp.curves.path_metrics(curve.line(), (x_test, y_test))

@@ -16,8 +16,8 @@ import bnn_pyro.comparison as comparison
 from bnn_pyro.infer import REGISTRY, Method, unfit_reason
 
 TINY = {"svi": dict(num_steps=40, num_samples=30), "laplace": dict(num_steps=40, num_samples=30),
-        "ensemble": dict(num_members=2, num_steps=40), "nuts": dict(num_samples=8, num_warmup=8, max_tree_depth=3),
-        "swag": dict(pretrain_steps=20, num_steps=20, collect_every=2, rank=3, num_samples=30, num_chains=2)}
+        "ensemble": dict(num_chains=2, num_steps=40), "nuts": dict(num_samples=8, num_warmup=8, max_tree_depth=3),
+        "swag": dict(pretrain_steps=20, num_steps=20, collect_every=2, swag_rank=3, num_samples=30, num_chains=2)}
 
 
 def _regression(n: int = 40, seed: int = 0):

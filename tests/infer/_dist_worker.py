@@ -20,7 +20,7 @@ if __name__ == "__main__":
     xs, ys = bp.distributed.shard(x, y)
     post = bp.fit(model(), xs, ys, method="svi", distributed=True, **SVI)
     minibatched = bp.fit(model(), xs, ys, method="svi", distributed=True, batch_size=BATCH, **SVI)
-    members = bp.fit(model(), x, y, method="ensemble", num_members=1, **{**ENSEMBLE, "seed": ENSEMBLE["seed"] + rank})
+    members = bp.fit(model(), x, y, method="ensemble", num_chains=1, **{**ENSEMBLE, "seed": ENSEMBLE["seed"] + rank})
     merged = bp.distributed.gather_posterior(members)
     torch.save({"loss": post.history["loss"], "samples": post.samples, "config": post.config,
                 "minibatch_loss": minibatched.history["loss"], "minibatch_samples": minibatched.samples,

@@ -25,7 +25,7 @@ def test_declared_capabilities_agree_with_the_declared_options(method):
     can, opts = REGISTRY[method].capabilities, bp.infer.options(method)
     assert can.checkpoint == ("checkpoint" in opts) == (method.value in ckpt_mod.ENGINES)
     assert can.data_parallel == ("distributed" in opts)
-    assert can.chains == bool({"num_chains", "num_members"} & set(opts))
+    assert can.chains == ("num_chains" in opts)
     assert not (can.one_shot and can.multi_pass)
 
 
@@ -59,7 +59,9 @@ def test_unknown_option_names_the_methods_that_take_it():
     x, y = torch.zeros(4, 1), torch.zeros(4)
     with pytest.raises(TypeError, match=r"threshold: not an option of method='svi'.*\(sparse_vd\)"):
         bp.fit(lambda x, y=None: None, x, y, method="svi", threshold=3.0)
-    with pytest.raises(TypeError, match=r"num_members: not an option of method='nuts'.*\(ensemble\)"):
+    with pytest.raises(TypeError, match=r"friction: not an option of method='nuts'.*\(sghmc, csgmcmc, snapshot\)"):
+        bp.fit(lambda x, y=None: None, x, y, method="nuts", num_chains=1, friction=0.1)
+    with pytest.raises(TypeError, match=r"num_members: not an option of method='nuts'"):  # ensemble's former name
         bp.fit(lambda x, y=None: None, x, y, method="nuts", num_chains=1, num_members=3)
 
 

@@ -95,7 +95,7 @@ def test_minibatched_data_parallel_svi_equals_one_process_on_the_global_batches(
 @pytest.mark.slow
 def test_ensemble_members_on_ranks_gather_into_the_one_process_posterior(ranks):
     x, y = data()
-    single = bp.fit(model(), x, y, method="ensemble", num_members=2, **ENSEMBLE)
+    single = bp.fit(model(), x, y, method="ensemble", num_chains=2, **ENSEMBLE)
     for result in ranks:
         assert result["ensemble_chains"] == 2
         for name, draws in single.samples.items():

@@ -28,11 +28,11 @@ TINY = {
     "sghmc": dict(num_samples=4, num_warmup=6, thin=1),
     "csgmcmc": dict(num_cycles=2, num_samples=4, thin=1),
     "swa": dict(pretrain_steps=6, num_steps=6, collect_every=2),
-    "swag": dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2, num_samples=4, num_chains=1),
+    "swag": dict(pretrain_steps=6, num_steps=6, collect_every=2, swag_rank=2, num_samples=4, num_chains=1),
     "mc_dropout": dict(num_steps=12, num_samples=4),
     "variational_dropout": dict(num_steps=12, num_samples=4, num_chains=2),
     "sparse_vd": dict(num_steps=12, num_samples=4),
-    "ensemble": dict(num_members=2, num_steps=12, lr=1.0),  # member 0 peaks on held-out rows at step 3 (of 12)
+    "ensemble": dict(num_chains=2, num_steps=12, lr=1.0),  # member 0 peaks on held-out rows at step 3 (of 12)
     "laplace": dict(num_steps=12, lr=1.0, num_samples=4),  # its MAP search peaks on held-out rows at step 3 (of 12)
     "snapshot": dict(num_cycles=2, cycle_length=6),
     "subspace": dict(rank=2, num_samples=4, inner_options=dict(num_warmup=4, max_tree_depth=2),

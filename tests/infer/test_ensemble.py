@@ -47,7 +47,7 @@ def _mlp(out: int = 1, inputs: int = 1, hidden: int = 16) -> torch.nn.Module:
 # ------------------------------------------------------------------ known answers
 def test_every_member_reaches_the_posterior_mode_and_the_predictive_is_the_mixture():
     blr = make_blr(n=20, d=2, noise=0.5)
-    post = bp.fit(blr.model(), blr.x, blr.y, method="ensemble", num_members=3, num_steps=250, seed=0, anchored=False,
+    post = bp.fit(blr.model(), blr.x, blr.y, method="ensemble", num_chains=3, num_steps=250, seed=0, anchored=False,
                   **FAST)
     assert post.method == "ensemble" and (post.num_chains, post.num_draws) == (3, 1)
     assert post.samples["weight"].shape == (3, 1, 1, 2) and post.history["loss"].shape == (3, 250)
@@ -74,7 +74,7 @@ def test_anchored_members_are_the_closed_form_randomized_maps_by_default():
     # member went to the same mode, blr.mean.
     blr = make_blr(n=20, d=2, noise=0.5, prior_scale=0.7)
     model = blr.model()
-    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_members=3, num_steps=1000, seed=5, validation=None,
+    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_chains=3, num_steps=1000, seed=5, validation=None,
                   **FAST)
     assert post.config["anchored"] is True and post.config["init"] == "reset"
     pot = Potential(model, Data(x=blr.x, y=blr.y))
@@ -128,7 +128,7 @@ def test_learned_noise_is_fitted_per_member_at_the_joint_mode():
     blr = make_blr(n=20, d=2, noise=0.5, seed=1)
     model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0),
                    likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
-    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_members=2, num_steps=250, seed=3, anchored=False,
+    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_chains=2, num_steps=250, seed=3, anchored=False,
                   **FAST)
     assert post.samples["sigma"].shape == (2, 1)
     w, sigma = _joint_mode(blr)
@@ -142,7 +142,7 @@ def test_learned_noise_is_fitted_per_member_at_the_joint_mode():
 
 def test_plain_pyro_function_model_starts_from_prior_draws():
     x, y = _linear_data()
-    post = bp.fit(linreg, x, y, method="ensemble", num_members=2, num_steps=300, seed=0, anchored=False, **FAST)
+    post = bp.fit(linreg, x, y, method="ensemble", num_chains=2, num_steps=300, seed=0, anchored=False, **FAST)
     assert post.config["init"] == "prior" and set(post.samples) == {"w", "b"}
     design = torch.cat([x, torch.ones(len(x), 1)], 1).double()  # linreg: Normal(0, 1) priors, noise 0.1
     mode = torch.linalg.solve(design.T @ design / 0.01 + torch.eye(2, dtype=torch.double), design.T @ y.double() / 0.01)
@@ -162,7 +162,7 @@ def test_heteroscedastic_members_learn_input_dependent_noise():
     x, y = bp.datasets.heteroscedastic(n=100, seed=0)
     model = bp.BNN(_mlp(out=2, hidden=16), prior=bp.priors.Normal(0.0, 1.0),
                    likelihood=bp.likelihoods.HeteroscedasticGaussian())
-    post = bp.fit(model, x, y, method="ensemble", num_members=2, num_steps=200, lr=0.05, seed=0, progress=False)
+    post = bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=200, lr=0.05, seed=0, progress=False)
     aleatoric = post.predict(torch.tensor([[-2.5], [2.5]])).aleatoric_std
     truth = bp.datasets.heteroscedastic_noise_sd(torch.tensor([-2.5, 2.5]))
     assert ((aleatoric / truth).log().abs() < math.log(2.0)).all(), (aleatoric, truth)  # within a factor of 2
@@ -174,7 +174,7 @@ def test_deterministic_parameters_are_per_member_and_every_view_works(tmp_path):
     x, y = bp.datasets.toy_gap()
     model = bp.BNN(_mlp(hidden=8), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1),
                    bayesian="weights")  # biases are point estimates: one per member
-    post = bp.fit(model, x, y, method="ensemble", num_members=3, num_steps=60, batch_size=40, seed=0, progress=False)
+    post = bp.fit(model, x, y, method="ensemble", num_chains=3, num_steps=60, batch_size=40, seed=0, progress=False)
     assert post.point["0.bias"].shape == (3, 8) and not torch.equal(post.point["0.bias"][0], post.point["0.bias"][1])
     pred = post.predict(x[:5])
     by_member = torch.stack([post.model.forward_draws(
@@ -198,7 +198,7 @@ def test_deterministic_parameters_are_per_member_and_every_view_works(tmp_path):
 def test_two_moons_classification_smoke():
     x, y = bp.datasets.two_moons(n=60, seed=0)
     model = bp.BNN(_mlp(out=2, inputs=2), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
-    post = bp.fit(model, x, y, method="ensemble", num_members=2, num_steps=100, lr=0.1, seed=0, progress=False)
+    post = bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=100, lr=0.1, seed=0, progress=False)
     pred = post.predict(x)
     assert pred.probs.shape == (60, 2) and (pred.predicted == y).float().mean() > 0.85  # a linear boundary: 0.83
 
@@ -235,7 +235,7 @@ def test_adversarial_inputs_raise_the_loss_and_are_trained_on():
     clean = _energy(pot, z, (blr.x, blr.y)).item()
     both = _adversarial_loss(pot, z, (blr.x, blr.y), eps=0.05).item()
     assert both > clean  # (U(x) + U(x')) / 2 > U(x): the sign step climbs the loss
-    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_members=1, num_steps=100, adversarial_eps=0.05, seed=0,
+    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_chains=1, num_steps=100, adversarial_eps=0.05, seed=0,
                   **FAST)
     assert post.config["adversarial_eps"] == 0.05
     # the adversarial objective is not the posterior: its minimizer sits measurably away from the mode
@@ -243,7 +243,7 @@ def test_adversarial_inputs_raise_the_loss_and_are_trained_on():
 
 
 @pytest.mark.parametrize("kwargs, error, match", [
-    (dict(num_members=0), ValueError, "num_members must be a positive int"),
+    (dict(num_chains=0), ValueError, "num_chains must be a positive int"),
     (dict(num_steps=2.5), TypeError, "num_steps must be an int"),
     (dict(lr=-1.0), ValueError, "lr must be a positive"),
     (dict(init="zeros"), ValueError, "init: unknown value 'zeros'"),

@@ -130,7 +130,7 @@ def test_ensemble_default_sets_the_noise_on_held_out_rows(monkeypatch):
     24 rows out and sets sigma to maximize their predictive density. The sd of an sd estimated from n = 24 residuals
     is ~0.5 / sqrt(2n) = 0.072: the tolerance 0.2 (log ratio < 0.35) is ~2.5 of those plus the net's misfit."""
     model, x, y = _overfitting_setup()
-    config = dict(method="ensemble", num_members=2, num_steps=800, lr=0.02, seed=0, progress=False)
+    config = dict(method="ensemble", num_chains=2, num_steps=800, lr=0.02, seed=0, progress=False)
     from bnn_pyro.infer import ensemble
 
     final = bp.fit(model, x, y, **config)
@@ -155,7 +155,7 @@ def test_ensemble_known_noise_is_never_changed():
     x, y = _data(240)
     model = bp.BNN(torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
                    prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.3))
-    post = bp.fit(model, x, y, method="ensemble", num_members=2, num_steps=100, seed=0, progress=False)
+    post = bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=100, seed=0, progress=False)
     assert post.config["validation"]["rows"] == 24 and "noise" not in post.config
     assert set(post.samples) == {"0.weight", "0.bias", "2.weight", "2.bias"}
 
@@ -193,9 +193,9 @@ def _learned_noise(n=240):
 
 
 @pytest.mark.parametrize("method, options, steps", [
-    ("ensemble", dict(num_members=2, num_steps=150), "num_steps"),
+    ("ensemble", dict(num_chains=2, num_steps=150), "num_steps"),
     ("mc_dropout", dict(num_steps=150, num_samples=20), "num_steps"),
-    ("swag", dict(pretrain_steps=100, num_steps=60, rank=2, num_chains=1, num_samples=10), "pretrain_steps"),
+    ("swag", dict(pretrain_steps=100, num_steps=60, swag_rank=2, num_chains=1, num_samples=10), "pretrain_steps"),
 ])
 def test_the_final_fit_is_the_fit_on_every_row_with_what_the_held_out_rows_chose(method, options, steps):
     """The default holds 24 of 240 rows out to choose the stopping point and the noise, then returns the engine's
@@ -229,7 +229,7 @@ def test_laplace_with_a_learned_noise_refits_every_row_with_the_chosen_noise_fix
 
 def test_a_given_pair_is_not_refitted():
     model, x, y = _learned_noise()
-    post = bp.fit(model, x[:216], y[:216], method="ensemble", num_members=1, num_steps=50, seed=0, progress=False,
+    post = bp.fit(model, x[:216], y[:216], method="ensemble", num_chains=1, num_steps=50, seed=0, progress=False,
                   validation=(x[216:], y[216:]))
     assert post.config["validation"] == {"rows": 24, "source": "given"}
 

@@ -47,7 +47,7 @@ def _close(a: dict, b: dict) -> bool:
 @pytest.mark.parametrize("method", list(TINY))
 def test_init_net_starts_every_chain_from_the_nets_own_weights(method):
     model, (x, y) = _model(), _data()
-    chains = dict(num_members=2) if method == "ensemble" else dict(num_chains=2)
+    chains = dict(num_chains=2) if method == "ensemble" else dict(num_chains=2)
     post = bp.fit(model, x, y, method=method, init="net", seed=3, progress=False, **chains, **TINY[method])
     assert post.config["init"] == "net"
     for start in _starts(post):
@@ -57,7 +57,7 @@ def test_init_net_starts_every_chain_from_the_nets_own_weights(method):
 @pytest.mark.parametrize("method", list(TINY))
 def test_default_init_redraws_the_weights_under_each_chains_seed(method):
     model, (x, y) = _model(), _data()
-    chains = dict(num_members=2) if method == "ensemble" else dict(num_chains=2)
+    chains = dict(num_chains=2) if method == "ensemble" else dict(num_chains=2)
     post = bp.fit(model, x, y, method=method, seed=3, progress=False, **chains, **TINY[method])
     assert post.config["init"] == "reset"
     starts = _starts(post)

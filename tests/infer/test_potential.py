@@ -195,8 +195,8 @@ ENGINES = {
     "csgmcmc": dict(num_cycles=2, num_samples=4),
     "snapshot": dict(num_cycles=2, cycle_length=10),
     "swa": dict(pretrain_steps=20, num_steps=20, burn_in=0),
-    "swag": dict(pretrain_steps=20, num_steps=20, burn_in=0, rank=2, num_samples=5),
-    "ensemble": dict(num_members=2, num_steps=30),
+    "swag": dict(pretrain_steps=20, num_steps=20, burn_in=0, swag_rank=2, num_samples=5),
+    "ensemble": dict(num_chains=2, num_steps=30),
     # no L-BFGS polish: it runs to a change of 1e-12 in U, so rounding decides its last iterations (~3e-8 apart)
     "laplace": dict(num_steps=30, structure="diag", num_samples=5, polish_steps=0),
     "mc_dropout": dict(num_steps=30, num_samples=5),

@@ -428,12 +428,12 @@ def test_chains_started_in_different_modes_are_flagged_by_r_hat():
 
 def test_polynomial_schedule_and_a_fixed_learning_rate():
     exact = _blr()
-    post = bp.fit(exact.model(), exact.x, exact.y, method="sgld", lr=0.01, schedule="polynomial", num_warmup=10,
+    post = bp.fit(exact.model(), exact.x, exact.y, method="sgld", lr=0.01, lr_schedule="polynomial", num_warmup=10,
                   num_samples=5, thin=2, progress=False)
     t = torch.arange(20, dtype=torch.float64)
     torch.testing.assert_close(post.history["step_size"][0], 0.01 / 40 * (1 + t / 10) ** -0.55)
     torch.testing.assert_close(post.sample_stats["step_size"][0], post.history["step_size"][0, 11::2])
-    assert post.config["lr"] == 0.01 and post.config["schedule"] == "polynomial"
+    assert post.config["lr"] == 0.01 and post.config["lr_schedule"] == "polynomial"
 
 
 def test_divergence_stops_with_a_clear_error():
@@ -473,7 +473,7 @@ def test_auto_step_that_diverges_steps_back_warns_and_records_the_smaller_step(m
     ("sgld", dict(thin=0), "thin must be a positive int"),
     ("sgld", dict(num_warmup=-5), "num_warmup must be a non-negative int"),
     ("sgld", dict(num_chains=0), "num_chains must be a positive int"),
-    ("sgld", dict(schedule="linear"), "schedule: unknown value 'linear'"),
+    ("sgld", dict(lr_schedule="linear"), "lr_schedule: unknown value 'linear'"),
     ("sgld", dict(init="pretrained", num_samples=1, num_warmup=0), "init: unknown value 'pretrained'"),
     ("sghmc", dict(friction=0.0), r"friction must be a number in \(0, 1\]"),
     ("sghmc", dict(friction=1.5), r"friction must be a number in \(0, 1\]"),

@@ -125,7 +125,7 @@ def location():
 def location_fit(location):
     """One SWAG run on the quadratic problem (lr='auto', full-size minibatches drawn with replacement)."""
     data = Data(x=location.x, y=location.y, batch_size=N)
-    post, moments = swag.fit_moments(location.model, data, swag=True, rank=RANK, num_samples=4000,
+    post, moments = swag.fit_moments(location.model, data, swag=True, swag_rank=RANK, num_samples=4000,
                                      pretrain_steps=PRETRAIN, num_steps=BURN_IN + SNAPSHOTS * EVERY, burn_in=BURN_IN,
                                      collect_every=EVERY, seed=0, progress=False)
     lr = float(post.history["lr"][0, -1])
@@ -219,7 +219,7 @@ def bn_fit():
     y = torch.tanh(x[:, 0] - x[:, 1]) + 0.3 * torch.randn(60, generator=g)
     model = _bn_model()
     post = bp.fit(model, x, y, method="swag", batch_size=20, pretrain_steps=40, num_steps=40, burn_in=0,
-                  collect_every=5, rank=4, num_samples=6, num_chains=2, seed=0, progress=False)
+                  collect_every=5, swag_rank=4, num_samples=6, num_chains=2, seed=0, progress=False)
     return model, post, x, y
 
 
@@ -281,10 +281,10 @@ SMALL = dict(pretrain_steps=50, num_steps=40, burn_in=0, collect_every=2, seed=0
 
 def test_swa_and_swag_on_linear_regression_work_with_the_whole_api(blr_model, linear_data, tmp_path):
     x, y = linear_data
-    post, moments = swag.fit_moments(blr_model, Data(x=x, y=y), swag=True, rank=5, num_samples=50, num_chains=2,
+    post, moments = swag.fit_moments(blr_model, Data(x=x, y=y), swag=True, swag_rank=5, num_samples=50, num_chains=2,
                                      **SMALL)
     assert post.samples["weight"].shape == (2, 50, 1, 1) and post.point["bias"].shape == (2, 1)
-    assert post.draw_buffers == {} and post.config["snapshots"] == 20 and post.config["rank"] == 5
+    assert post.draw_buffers == {} and post.config["snapshots"] == 20 and post.config["swag_rank"] == 5
     pred = post.predict(x)
     assert pred.mean.shape == (40,) and (pred.epistemic_std > 0).all()
     assert set(post.to_inference_data().groups()) >= {"posterior", "log_likelihood", "posterior_predictive"}
@@ -306,7 +306,7 @@ def test_function_model_and_classification(linear_data):
     from conftest import linreg
 
     x, y = linear_data
-    post = bp.fit(linreg, x, y, method="swag", rank=3, num_samples=20, **SMALL)
+    post = bp.fit(linreg, x, y, method="swag", swag_rank=3, num_samples=20, **SMALL)
     assert set(post.samples) == {"w", "b"} and post.samples["w"].shape == (3, 20)  # 3 chains: the MultiSWAG default
     assert post.predict(x[:5]).mean.shape == (5,)
 
@@ -314,7 +314,7 @@ def test_function_model_and_classification(linear_data):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
-    post = bp.fit(model, xc, yc, method="swag", rank=3, num_samples=20, **SMALL)
+    post = bp.fit(model, xc, yc, method="swag", swag_rank=3, num_samples=20, **SMALL)
     pred = post.predict(xc)
     assert pred.probs.shape == (60, 2) and torch.allclose(pred.probs.sum(-1), torch.ones(60))
 
@@ -323,15 +323,15 @@ def test_dataloader_input(blr_model, linear_data):
     x, y = linear_data
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=10, shuffle=True,
                                          generator=torch.Generator().manual_seed(0))
-    post = bp.fit(blr_model, loader, method="swag", rank=3, num_samples=10, **SMALL)
+    post = bp.fit(blr_model, loader, method="swag", swag_rank=3, num_samples=10, **SMALL)
     assert post.config["sampling"] == "loader order" and post.config["collect_every"] == 2
     assert post.samples["weight"].shape == (3, 10, 1, 1) and post.x is None
 
 
 def test_seeds_make_runs_reproducible(blr_model, linear_data):
     x, y = linear_data
-    a = bp.fit(blr_model, x, y, method="swag", rank=3, num_samples=5, **SMALL)
-    b = bp.fit(blr_model, x, y, method="swag", rank=3, num_samples=5, **SMALL)
+    a = bp.fit(blr_model, x, y, method="swag", swag_rank=3, num_samples=5, **SMALL)
+    b = bp.fit(blr_model, x, y, method="swag", swag_rank=3, num_samples=5, **SMALL)
     assert torch.equal(a.samples["weight"], b.samples["weight"]) and torch.equal(a.history["loss"], b.history["loss"])
 
 
@@ -345,7 +345,7 @@ def test_defaults_fit_a_small_regression_mlp():
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
     post = bp.fit(model, x, y, method="swag", progress=False)
     assert (post.predict(x).mean - y).pow(2).mean().sqrt() < 0.2
-    assert post.num_draws == 1000 and post.config["rank"] == 20 and post.config["snapshots"] == 180
+    assert post.num_draws == 1000 and post.config["swag_rank"] == 20 and post.config["snapshots"] == 180
 
 
 @pytest.mark.slow  # the defaults: 2,400 steps, ~8 s idle, ~35 s on a loaded 2-core machine
@@ -361,13 +361,15 @@ def test_defaults_fit_a_small_classification_mlp():
 
 # ------------------------------------------------------------------ errors
 @pytest.mark.parametrize("method, config, error, match", [
-    ("swag", dict(rank=1), ValueError, r"rank must be at least 2.*method='swa'"),
-    ("swag", dict(rank=0), ValueError, "rank must be a positive int"),
+    ("swag", dict(swag_rank=1), ValueError, r"swag_rank must be at least 2.*method='swa'"),
+    ("swag", dict(swag_rank=0), ValueError, "swag_rank must be a positive int"),
     ("swag", dict(num_steps=10, collect_every=20), ValueError, r"collect schedule.*collect 0 snapshot.*Lengthen"),
     ("swag", dict(num_steps=100, burn_in=100), ValueError, r"burn_in=100.*0 snapshot"),
-    ("swag", dict(num_steps=30, burn_in=0, collect_every=2, rank=20), ValueError, r"15 snapshot.*rank=20.*lower rank"),
-    ("swa", dict(rank=5), ValueError, r"rank= applies to method='swag' only"),
-    ("swag", dict(lr="fast"), ValueError, r"lr: expected 'auto' or a positive number"),
+    ("swag", dict(num_steps=30, burn_in=0, collect_every=2, swag_rank=20), ValueError,
+     r"15 snapshot.*swag_rank=20.*lower swag_rank"),
+    ("swa", dict(swag_rank=5), ValueError, r"swag_rank= applies to method='swag' only"),
+    ("swa", dict(rank=5), ValueError, r"rank= \(SWAG's swag_rank=\) applies to method='swag' only"),
+    ("swag", dict(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass a positive number .* or 'auto'"),
     ("swag", dict(lr=-1.0), ValueError, "lr must be a positive"),
     ("swag", dict(momentum=1.0), ValueError, r"momentum must be a number in \[0, 1\)"),
     ("swag", dict(pretrain_optimizer="lbfgs"), ValueError, r"pretrain_optimizer: unknown value 'lbfgs'.*'adam'"),
@@ -423,7 +425,7 @@ def test_default_holds_rows_out_and_sets_the_noise_on_them(method, monkeypatch):
     from bnn_pyro.infer import holdout, swag
 
     x, y = _sine()
-    extra = dict(rank=3, num_samples=40, num_chains=1) if method == "swag" else {}
+    extra = dict(swag_rank=3, num_samples=40, num_chains=1) if method == "swag" else {}
     final = bp.fit(_learned_noise_mlp(), x, y, method=method, **extra, **SMALL)
     assert _validation(final)["final_fit_rows"] == 240 and final.config["dataset_size"] == 240
     monkeypatch.setattr(swag, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
@@ -443,7 +445,7 @@ def test_default_holds_rows_out_and_sets_the_noise_on_them(method, monkeypatch):
 
 def test_validation_none_is_the_previous_path_and_a_given_pair_trains_on_every_row():
     x, y = _sine()
-    old = bp.fit(_learned_noise_mlp(), x, y, method="swag", rank=3, num_samples=40, num_chains=1, validation=None,
+    old = bp.fit(_learned_noise_mlp(), x, y, method="swag", swag_rank=3, num_samples=40, num_chains=1, validation=None,
                  **SMALL)
     assert _validation(old) == {"rows": 0} and "noise" not in old.config
     assert old.config["dataset_size"] == 240 and old.samples["sigma"].std() > 0  # the noise is SWAG's own draws

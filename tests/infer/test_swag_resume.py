@@ -38,7 +38,7 @@ def toy():
 
 
 # 12 pre-training steps then 12 SWA-phase steps; checkpoints after steps 5, 10, 15, 20 and 24
-SWAG = dict(method="swag", pretrain_steps=12, num_steps=12, burn_in=0, collect_every=2, rank=3, num_samples=8,
+SWAG = dict(method="swag", pretrain_steps=12, num_steps=12, burn_in=0, collect_every=2, swag_rank=3, num_samples=8,
             num_chains=2, batch_size=32, seed=4, progress=False)
 
 
@@ -79,7 +79,7 @@ def test_swa_without_pretraining_resumes_in_its_only_phase(toy, tmp_path, monkey
     """``pretrain_steps=0``: the switch to SGD (and ``lr="auto"``'s probe) comes before the first step."""
     x, y = toy
     cfg = {**SWAG, "method": "swa", "pretrain_steps": 0, "num_chains": 1}
-    for key in ("rank", "num_samples"):
+    for key in ("swag_rank", "num_samples"):
         cfg.pop(key)
     whole = bp.fit(_mlp(), x, y, **cfg)
     with monkeypatch.context() as m:

@@ -175,7 +175,7 @@ def test_swag_records_the_density_of_its_gaussian():
     from blr import flat_draws
 
     blr = make_blr(n=20, d=2)
-    post, moments = fit_moments(blr.model(), Data(blr.x, blr.y), swag=True, rank=5, num_samples=200,
+    post, moments = fit_moments(blr.model(), Data(blr.x, blr.y), swag=True, swag_rank=5, num_samples=200,
                                 pretrain_steps=100, num_steps=120, burn_in=20, collect_every=10, progress=False)
     m, k = moments[0], moments[0].deviations.shape[0]
     cov = post.config["scale"] * (torch.diag(m.variance) + m.deviations.T @ m.deviations / (k - 1)) / 2

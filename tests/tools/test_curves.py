@@ -120,7 +120,7 @@ def _with_points(model, points):
 @pytest.fixture(scope="module")
 def fitted():
     model, x, y = _regression()
-    ens = bp.fit(model, x, y, method="ensemble", num_members=2, num_steps=300, seed=0, progress=False)
+    ens = bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=300, seed=0, progress=False)
     curve = curves.fit_curve(ens, x, y, num_steps=200, seed=0, progress=False)
     return ens, curve, x, y
 
@@ -218,7 +218,7 @@ def test_a_trained_curve_removes_the_barrier_of_the_straight_line(seed):
     net = torch.nn.Sequential(torch.nn.Linear(2, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
                               torch.nn.Linear(32, 2))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
-    ens = bp.fit(model, x, y, method="ensemble", num_members=2, num_steps=600, anchored=False, seed=seed,
+    ens = bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=600, anchored=False, seed=seed,
                  progress=False)  # MAP members: the modes whose connection the curve is about
     curve = curves.fit_curve(ens, x, y, seed=seed, progress=False)  # the defaults: quadratic Bezier, 1000 steps
     on_curve, on_line = (curves.path_metrics(c, (x, y), ts=21) for c in (curve, curve.line()))

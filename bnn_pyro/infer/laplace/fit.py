@@ -26,6 +26,7 @@ from bnn_pyro.infer.laplace.marglik import NoiseTerms, log_evidence, optimize_pr
 from bnn_pyro.infer.laplace.noise import choose_noise, with_noise
 from bnn_pyro.infer.laplace.priors import normal_sites, potentials
 from bnn_pyro.infer.laplace.structure import make_layout
+from bnn_pyro.infer.optim import check_lr
 from bnn_pyro.infer.map_fit import minimize
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -206,7 +207,7 @@ def make_settings(model, data: Data, *, structure=None, hessian=None, prior_prec
     return Settings(structure=structure, hessian=hessian, prior_precision=prior_precision,
                     num_steps=positive_int("num_steps", default_steps if num_steps is None else num_steps,
                                            allow_zero=True),
-                    lr=positive("lr", lr),
+                    lr=check_lr(lr, method="laplace"),
                     polish_steps=None if polish_steps is None else positive_int("polish_steps", polish_steps,
                                                                                   allow_zero=True),
                     marglik_rounds=positive_int("marglik_rounds", marglik_rounds),
