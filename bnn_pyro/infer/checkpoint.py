@@ -1,7 +1,6 @@
-"""Checkpoint and resume of the iterative engines (``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``, ``"snapshot"``,
-``"ensemble"``, ``"variational_dropout"``, ``"sparse_vd"``, ``"swa"``, ``"swag"``, ``"mc_dropout"``, ``"nuts"``, ``"hmc"``,
-``"metropolis"``, ``"laplace"``: its MAP search, ``"subspace"``: each stage's own, :mod:`bnn_pyro.infer.subspace`;
-:data:`ENGINES`; MCMC's kernel state: :mod:`bnn_pyro.infer.mcmc`).
+"""Checkpoint and resume of the iterative engines: every method whose declaration says ``checkpoint=True``
+(:class:`~bnn_pyro.infer.contract.Capabilities`; Laplace: its MAP search, subspace: each stage's own,
+:mod:`bnn_pyro.infer.subspace`; MCMC's kernel state: :mod:`bnn_pyro.infer.mcmc`).
 
 ``bp.fit(..., checkpoint=FOLDER, checkpoint_every=N)`` writes one file per chain,
 ``FOLDER/chain{c}.ckpt``, every ``N`` steps and after the last one. A file holds the step, the
@@ -49,12 +48,8 @@ from safetensors.torch import load as load_tensors
 from bnn_pyro._checks import positive_int
 from bnn_pyro.tensor_files import digest, write_atomic
 
-__all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT", "ENGINES",
+__all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT",
            "open_chains", "check_shapes"]
-
-# the methods whose fit takes checkpoint= / checkpoint_every= / resume=
-ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variational_dropout", "sparse_vd", "swa",
-           "swag", "mc_dropout", "nuts", "hmc", "metropolis", "laplace", "subspace")
 
 FORMAT = "bnn_pyro.checkpoint"
 FORMAT_VERSION = 2  # 2: the checksum covers the metadata too (1 still resumes)

@@ -60,6 +60,14 @@ class Capabilities:
     data_parallel: it averages gradients over the ranks of a ``torch.distributed`` group (``distributed=``).
     layers: it acts on the ``nn.Linear``/``nn.Conv`` layers of a :class:`~bnn_pyro.BNN` (dropout masks, per-weight
     variances), so a Pyro function model, which has no layers, is not for it.
+    markov_chain: its draws are the states of Markov chains (MCMC, SG-MCMC), not draws from an approximation ``q``
+    with a density: PSIS (:mod:`bnn_pyro.psis`) has no ratio ``p / q`` to check, and R-hat/ESS judge it instead.
+    accept_reject: each draw is one proposal accepted or rejected whole (random-walk Metropolis, MALA): the health
+    check flags a chain that (almost) never moved after warm-up.
+    function_model: it fits a Pyro function ``model(x, y=None)`` with only its latent sites (no network, no
+    ``pyro.param`` point fit), so it can be subspace inference's inner engine (over the subspace's coordinates).
+
+    Facts about a method are read from here (or its config type), never from lists of method names.
     """
 
     minibatches: bool = False
@@ -70,6 +78,9 @@ class Capabilities:
     chains: bool = True
     data_parallel: bool = False
     layers: bool = False
+    markov_chain: bool = False
+    accept_reject: bool = False
+    function_model: bool = False
 
     def __post_init__(self):
         if self.one_shot and (self.multi_pass or not self.minibatches):
@@ -80,16 +91,13 @@ class Capabilities:
 class Declaration:
     """One registered method: where its fit function lives (``bnn_pyro.infer.<module>.<function>``, imported on
     first use) and its capabilities. Its configuration is the fit function's ``config_type`` (a frozen dataclass
-    of options and defaults, set by :func:`entry`) for engines on the contract; for the others it is read from
-    the function's signature, following ``**config`` to ``passed_on`` (a function of the same module) less the
-    names in ``set_by_engine``.
+    of options and defaults, set by :func:`entry`); a fit function not made by :func:`entry` has its options
+    read from its keyword-only signature (and may not take ``**config``).
     """
 
     module: str
     function: str
     capabilities: Capabilities
-    passed_on: str | None = None
-    set_by_engine: frozenset = frozenset()
 
     def fit_function(self) -> Callable[..., Posterior]:
         return getattr(importlib.import_module(f"bnn_pyro.infer.{self.module}"), self.function)
@@ -104,14 +112,10 @@ class Declaration:
         fn = self.fit_function()
         if hasattr(fn, "config_type"):
             return {f.name: _default(f) for f in _ordered_fields(fn.config_type)}
-        found = _keywords(fn)
         if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
-            if self.passed_on is None:
-                raise LookupError(f"{self.module}.{self.function} takes **config: declare the function it passes them "
-                                  "to (Declaration.passed_on), or a config dataclass, so that its options can be checked.")
-            inner = _keywords(getattr(importlib.import_module(fn.__module__), self.passed_on))
-            found.update({k: v for k, v in inner.items() if k not in self.set_by_engine and k not in found})
-        return found
+            raise LookupError(f"{self.module}.{self.function} takes **config: make it an engine with a config "
+                              "dataclass (contract.entry), so that its options can be listed and checked.")
+        return _keywords(fn)
 
 
 def _default(f: dataclasses.Field):
@@ -137,6 +141,10 @@ class RunOptions:
     checkpoint: str | None = None
     checkpoint_every: int | None = None
     resume: bool = False
+
+    def keywords(self) -> dict[str, Any]:
+        """The options as keywords, ``{field: value}`` (shallow: an ``init`` Posterior is passed, not copied)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 @dataclass(frozen=True)

@@ -92,6 +92,7 @@ import torch
 from pyro import poutine
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
+from bnn_pyro.infer import REGISTRY, Method
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
@@ -103,16 +104,19 @@ from bnn_pyro.infer.swag import fit_moments
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_subspace", "Subspace", "SubspaceModel", "SubspacePrior", "INNER"]
+__all__ = ["fit_subspace", "Subspace", "SubspaceModel", "SubspacePrior", "inner_engines"]
 
-# engines that fit a Pyro function model on the same data (the point-fit engines need a BNN)
-INNER = ("nuts", "hmc", "metropolis", "svi", "sgld", "sghmc", "csgmcmc")
-_FULL_DATA = ("nuts", "hmc", "metropolis")  # MCMC with an accept/reject step: the full data at every step
 # pre-training on full batches (or reshuffled epochs) by the MAP engine: swag.py's pre-training budget and rate
 _PRETRAIN_STEPS, _PRETRAIN_LR = 2000, 3e-2
 _SET_BY_SUBSPACE = ("seed", "progress", "batch_size", "dataset_size", "num_threads", "num_samples", "num_chains",
                     "fast_path", "checkpoint", "checkpoint_every", "resume")
 STAGES = ("map", "swa", "inner")  # the sub-folders of checkpoint=FOLDER, one per stage
+
+
+def inner_engines() -> tuple[str, ...]:
+    """The methods that can run over the subspace's coordinates: those whose declaration says they fit a Pyro
+    function model (``Capabilities.function_model``; the point-fit engines need a ``BNN``)."""
+    return tuple(m.value for m, declared in REGISTRY.items() if declared.capabilities.function_model)
 
 
 class SubspacePrior(str, Enum):
@@ -181,7 +185,7 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         rank 10 and 7.3x at rank 20 (NUTS on all weights: 6.6x): the top few directions of the SGD iterates
         change the fit on the data, the next ones bend the function in the gap.
     inner, num_samples, num_chains, inner_options:
-        The engine run over ``z`` (``"nuts"`` by default; see :data:`INNER`), its draws per chain (default: the
+        The engine run over ``z`` (``"nuts"`` by default; see :func:`inner_engines`), its draws per chain (default: the
         engine's own), its chains (default 1), and its other options (e.g. ``dict(num_warmup=500)``); ``seed``,
         ``progress`` and the data settings come from this fit. NUTS and HMC adapt a dense mass matrix by
         default here (``dense_mass=True``: ``k`` is small); pass ``dense_mass=False`` to change it.
@@ -218,8 +222,8 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         raise TypeError(f"model: method='subspace' needs a bnn_pyro.BNN (its weight sites span the subspace), got "
                         f"{type(model).__name__}; wrap the net as bp.BNN(net, prior=..., likelihood=...).")
     rank = positive_int("rank", rank)
-    if not (isinstance(inner, str) and inner in INNER):
-        raise ValueError(f"inner: expected one of {', '.join(map(repr, INNER))} (an engine that fits a Pyro "
+    if not (isinstance(inner, str) and inner in inner_engines()):
+        raise ValueError(f"inner: expected one of {', '.join(map(repr, inner_engines()))} (an engine that fits a Pyro "
                          f"function model), got {inner!r}; try inner='nuts'.")
     inner_options = dict(inner_options or {})
     known = options(inner)
@@ -291,7 +295,8 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         inner_post = fit(zmodel, data.loader, None, method=inner, dataset_size=data.size, seed=seed,
                          progress=progress, fast_path=fast_path, **inner_options, **stages["inner"])
     else:
-        batch = None if inner in _FULL_DATA else data.batch_size  # minibatches: for SWA and the SG engines
+        # minibatches for the engines that take them (SVI, SG-MCMC); MCMC's accept/reject needs the full data
+        batch = data.batch_size if REGISTRY[Method(inner)].capabilities.minibatches else None
         inner_post = fit(zmodel, train.x, train.y, method=inner, batch_size=batch, seed=seed, progress=progress,
                          fast_path=fast_path, **inner_options, **stages["inner"])
     samples = {k: v.detach().clone() for k, v in space.weights(inner_post.samples["z"]).items()}

@@ -1,6 +1,6 @@
 """What the driver (bnn_pyro/infer/driver.py) gives every registered method, checked method by method.
 
-* checkpoint/resume: every method that takes ``checkpoint=`` (:data:`bnn_pyro.infer.checkpoint.ENGINES`)
+* checkpoint/resume: every method that takes ``checkpoint=`` (its declaration's ``Capabilities.checkpoint``)
   resumes bit-identically after a crash; every other method refuses ``checkpoint=`` with an error naming
   the methods that take it.
 * the same seed gives the same draws, and ``progress=False`` prints nothing.
@@ -70,7 +70,7 @@ class _Crash(Exception):
 def test_checkpoint_resume_is_bit_identical_or_refused_by_name(method, toy, tmp_path, monkeypatch):
     x, y = toy
     takes = "checkpoint" in bp.infer.options(method)
-    assert takes == (method in ckpt_mod.ENGINES), "checkpoint.ENGINES must list exactly the methods that take it"
+    assert takes == bp.infer.REGISTRY[bp.infer.Method(method)].capabilities.checkpoint, "declared checkpoint=True"
     if not takes:
         with pytest.raises(TypeError, match=rf"checkpoint: not an option of method='{method}'.*\(svi, "):
             _fit(method, x, y, checkpoint=tmp_path)
