@@ -212,6 +212,7 @@ TINY = {
     "nuts": ["--samples", "5", "--warmup", "5", "--option", "max_tree_depth=3", "--option", "jit=false"],
     "hmc": ["--samples", "5", "--warmup", "5", "--option", "num_leapfrog=3", "--option", "jit=false"],
     "metropolis": ["--samples", "5", "--warmup", "5"],
+    "mala": ["--samples", "5", "--warmup", "5"],
     "sgld": ["--samples", "3", "--warmup", "3", "--option", "thin=1"],
     "sghmc": ["--samples", "3", "--warmup", "3", "--option", "thin=1"],
     "csgmcmc": ["--samples", "2", "--option", "num_cycles=2", "--option", "thin=1"],

@@ -34,6 +34,7 @@ TINY = {
     Method.NUTS: dict(num_samples=3, num_warmup=3, max_tree_depth=2, chain_method="sequential"),
     Method.HMC: dict(num_samples=3, num_warmup=3, num_leapfrog=2, chain_method="sequential"),
     Method.METROPOLIS: dict(num_samples=5, num_warmup=5, chain_method="sequential"),
+    Method.MALA: dict(num_samples=5, num_warmup=5, chain_method="sequential"),
     Method.SGLD: dict(num_samples=3, num_warmup=3, thin=1),
     Method.SGHMC: dict(num_samples=3, num_warmup=3, thin=1),
     Method.CSGMCMC: dict(num_cycles=1, num_samples=3, thin=1),

@@ -44,6 +44,7 @@ REGISTRY: dict[str, Declaration] = {
     "nuts": Declaration("mcmc", "fit_nuts", _MCMC),
     "hmc": Declaration("mcmc", "fit_hmc", _MCMC),
     "metropolis": Declaration("mcmc", "fit_metropolis", replace(_MCMC, accept_reject=True)),
+    "mala": Declaration("mala", "fit_mala", replace(_MCMC, accept_reject=True)),
     "sgld": Declaration("sgmcmc", "fit_sgld", _SG_MCMC),
     "sghmc": Declaration("sgmcmc", "fit_sghmc", _SG_MCMC),
     "csgmcmc": Declaration("sgmcmc", "fit_csgmcmc", _SG_MCMC),

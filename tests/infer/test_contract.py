@@ -16,7 +16,7 @@ from bnn_pyro.infer.contract import Capabilities, Declaration, Engine, Loop, dri
 from bnn_pyro.infer.driver import ChainRun
 
 ON_CONTRACT = ["svi", "ensemble", "variational_dropout", "sparse_vd", "mc_dropout", "sgld", "sghmc", "csgmcmc",
-               "snapshot", "nuts", "hmc", "metropolis"]
+               "snapshot", "nuts", "hmc", "metropolis", "mala"]
 
 
 @pytest.mark.parametrize("method", list(Method))

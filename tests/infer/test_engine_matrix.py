@@ -24,6 +24,7 @@ TINY = {
     "nuts": dict(num_samples=4, num_warmup=4, num_chains=1, max_tree_depth=3),
     "hmc": dict(num_samples=4, num_warmup=4, num_chains=1, num_leapfrog=3),
     "metropolis": dict(num_samples=4, num_warmup=4, num_chains=1),
+    "mala": dict(num_samples=4, num_warmup=4, num_chains=1),
     "sgld": dict(num_samples=4, num_warmup=6, thin=1),
     "sghmc": dict(num_samples=4, num_warmup=6, thin=1),
     "csgmcmc": dict(num_cycles=2, num_samples=4, thin=1),

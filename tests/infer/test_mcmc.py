@@ -426,8 +426,8 @@ def test_bad_hmc_and_method_arguments():
         assert name not in bp.infer.options(method)
         with pytest.raises(TypeError, match=rf"{name}: not an option of method='{method}'"):
             bp.fit(_blr(2), x, y, method=method, num_chains=1, **{name: 5})
-    with pytest.raises(ValueError, match="method: unknown value 'mala'"):
-        bp.fit(_blr(2), x, y, method="mala")
+    with pytest.raises(ValueError, match="method: unknown value 'langevin'"):
+        bp.fit(_blr(2), x, y, method="langevin")
     with pytest.raises(ValueError, match="nuts needs the full data"):
         bp.fit(_blr(2), x, y, method="nuts", num_chains=1, batch_size=10)
 

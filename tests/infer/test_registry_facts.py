@@ -72,4 +72,4 @@ def test_checkpoints_and_resume_extension_follow_the_declarations():
         assert declared.capabilities.checkpoint == ("checkpoint" in bp.infer.options(method)), method
         if declared.capabilities.markov_chain and not declared.capabilities.minibatches:
             assert issubclass(declared.fit_function().config_type, mcmc.MCMCConfig), method
-    assert set(mcmc.extendable_methods()) == {"nuts", "hmc"}
+    assert set(mcmc.extendable_methods()) == {"nuts", "hmc", "mala"}
