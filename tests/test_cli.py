@@ -225,7 +225,7 @@ TINY = {
     "ensemble": ["--chains", "2", "--steps", "5"],
     "laplace": ["--steps", "5", "--samples", "5", "--option", "polish_steps=1"],
     "snapshot": ["--option", "num_cycles=2", "--option", "cycle_length=3"],
-    "subspace": ["--samples", "3", "--option", "rank=2", "--option", 'inner_options={"num_warmup": 3, "jit": false}',
+    "subspace": ["--samples", "3", "--option", "subspace_dim=2", "--option", 'inner_options={"num_warmup": 3, "jit": false}',
                  "--option", 'swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "rank": 2}'],
 }
 

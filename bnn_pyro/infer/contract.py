@@ -33,6 +33,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, NamedTuple, Protocol, TypeVar
 
@@ -104,8 +105,10 @@ class Declaration:
 
     def refused(self) -> frozenset:
         """Names bp.fit hands over although they are not options, because the engine refuses them with a message
-        of its own: its config dataclass's ``REFUSED`` (e.g. SWAG's ``rank`` given to SWA; see :func:`entry`)."""
-        return frozenset(getattr(getattr(self.fit_function(), "config_type", None), "REFUSED", {}))
+        of its own or takes them as former names: its config dataclass's ``REFUSED`` (e.g. SWAG's ``rank`` given to
+        SWA) and ``RENAMED`` (see :func:`entry`)."""
+        config = getattr(self.fit_function(), "config_type", None)
+        return frozenset(getattr(config, "REFUSED", {})) | frozenset(getattr(config, "RENAMED", {}))
 
     def options(self) -> dict[str, object]:
         """The engine's own keyword options with their defaults (``bp.fit``'s keywords not included)."""
@@ -170,15 +173,23 @@ def entry(config_type: type):
     ``fit(model, data, **options)``: the options become ``config_type(**options)`` and its signature lists
     them as keyword-only parameters with their defaults (``help()``, ``inspect.signature``). A name in the config
     type's class-level ``REFUSED = {name: why}`` (e.g. a sibling method's option) is refused with
-    ``ValueError("{name}= {why}")`` rather than Python's unexpected-keyword error."""
-    refused = getattr(config_type, "REFUSED", {})
+    ``ValueError("{name}= {why}")`` rather than Python's unexpected-keyword error; one in ``RENAMED = {old: new}``
+    (an option renamed, kept one release) is passed on as ``new`` with a ``DeprecationWarning``."""
+    refused, renamed = getattr(config_type, "REFUSED", {}), getattr(config_type, "RENAMED", {})
 
     def wrap(fn):
         @functools.wraps(fn)
         def fit(model, data: Data, **options) -> Posterior:
-            for name in options:
+            for name in list(options):
                 if name in refused:
                     raise ValueError(f"{name}= {refused[name]}")
+                if name in renamed:  # a former name, kept one release
+                    new = renamed[name]
+                    if new in options:
+                        raise TypeError(f"{name}: the former name of {new}=; pass {new}= only.")
+                    warnings.warn(f"{name}= is deprecated; its name is now {new}= (the old name goes in the next "
+                                  "release).", DeprecationWarning, stacklevel=3)  # the user's bp.fit(...) line
+                    options[new] = options.pop(name)
             return fn(model, data, config_type(**options))
 
         params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),

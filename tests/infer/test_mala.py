@@ -97,7 +97,7 @@ def test_mala_is_subspace_inference_s_inner_engine_by_its_declaration():
     net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.2))
     x = torch.linspace(-2, 2, 40)[:, None]
-    post = bp.fit(model, x, torch.sin(x[:, 0]), method="subspace", inner="mala", rank=2, num_samples=4,
+    post = bp.fit(model, x, torch.sin(x[:, 0]), method="subspace", inner="mala", subspace_dim=2, num_samples=4,
                   inner_options=dict(num_warmup=4), swa=dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2),
                   progress=False)
     assert post.config["inner_config"]["kernel"] == "mala" and post.num_draws == 4
