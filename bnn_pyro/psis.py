@@ -180,7 +180,7 @@ def resample(weights: torch.Tensor, num_samples: int, *, seed: int | None = None
 def _require_density(post) -> None:
     if "log_q" in post.sample_stats:
         return
-    from bnn_pyro.infer import REGISTRY  # the registry's fact about the method (one-way: bnn_pyro.infer never imports psis)
+    from bnn_pyro.infer.registry import REGISTRY  # the registry's fact about the method
 
     method = post.method
     declared = REGISTRY.get(method) if isinstance(method, str) else None

@@ -11,8 +11,6 @@ from __future__ import annotations
 import difflib
 import inspect
 from contextlib import nullcontext
-from dataclasses import replace
-from enum import Enum
 from typing import Callable
 
 import torch
@@ -21,48 +19,14 @@ from bnn_pyro._checks import check_data, choice, flag, positive_int, seed as che
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
 from bnn_pyro.infer._health import check_targets
 from bnn_pyro.infer.checkpoint_folder import guard
-from bnn_pyro.infer.contract import Capabilities, Declaration
+from bnn_pyro.infer.declaration import Capabilities, Declaration
+from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options", "unfit_reason"]
 
 
-_STEPS = Capabilities(minibatches=True, one_shot=True)  # a step per batch, one pass over a stream
-_POINT_THEN_STATS = Capabilities(minibatches=True, multi_pass=True)  # a fit, then statistics over the data again
-_FULL_DATA = Capabilities()  # every step needs the whole data set
-
-_MCMC = replace(_FULL_DATA, checkpoint=True, markov_chain=True, function_model=True)  # the full data at every step
-_SG_MCMC = replace(_STEPS, checkpoint=True, markov_chain=True, function_model=True)
-
-# method name -> its declaration: the function under bnn_pyro.infer (imported on first use, so that ``import bnn_pyro``
-# stays light and each method family stays in its own module) and its capabilities. One line per method: the
-# Method enum, the option lists and every fact about a method (checkpoints, PSIS, subspace's inner engines, health
-# checks) are derived from it.
-REGISTRY: dict[str, Declaration] = {
-    "svi": Declaration("svi", "fit", replace(_STEPS, checkpoint=True, data_parallel=True, function_model=True)),
-    "nuts": Declaration("mcmc", "fit_nuts", _MCMC),
-    "hmc": Declaration("mcmc", "fit_hmc", _MCMC),
-    "metropolis": Declaration("mcmc", "fit_metropolis", replace(_MCMC, accept_reject=True)),
-    "mala": Declaration("mala", "fit_mala", replace(_MCMC, accept_reject=True)),
-    "sgld": Declaration("sgmcmc", "fit_sgld", _SG_MCMC),
-    "sghmc": Declaration("sgmcmc", "fit_sghmc", _SG_MCMC),
-    "csgmcmc": Declaration("sgmcmc", "fit_csgmcmc", _SG_MCMC),
-    "swa": Declaration("swag", "fit_swa", replace(_POINT_THEN_STATS, checkpoint=True)),
-    "swag": Declaration("swag", "fit_swag", replace(_POINT_THEN_STATS, checkpoint=True)),
-    "mc_dropout": Declaration("dropout", "fit_mc_dropout", replace(_STEPS, checkpoint=True, layers=True)),
-    "variational_dropout": Declaration("variational_dropout", "fit_variational_dropout",
-                                       replace(_STEPS, checkpoint=True, layers=True)),
-    "sparse_vd": Declaration("variational_dropout", "fit_sparse_vd", replace(_STEPS, checkpoint=True, layers=True)),
-    "ensemble": Declaration("ensemble", "fit_ensemble", replace(_STEPS, checkpoint=True)),
-    "laplace": Declaration("laplace", "fit_laplace", replace(_POINT_THEN_STATS, jacobian_rows=True, checkpoint=True)),
-    "snapshot": Declaration("snapshot", "fit_snapshot", replace(_STEPS, checkpoint=True)),
-    "subspace": Declaration("subspace", "fit_subspace", replace(_POINT_THEN_STATS, checkpoint=True)),
-}
-
-Method = Enum("Method", {name.upper(): name for name in REGISTRY}, type=str, module=__name__)
-Method.__doc__ = "The registered methods, one member per :data:`REGISTRY` entry (``Method.NUTS == \"nuts\"``)."
-REGISTRY: dict[Method, Declaration] = {Method(name): declared for name, declared in REGISTRY.items()}
 _FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own keywords, for every method
 
 

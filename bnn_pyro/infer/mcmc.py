@@ -78,7 +78,7 @@ from pyro import poutine
 from pyro.infer.autoguide.initialization import init_to_value
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
-from bnn_pyro.infer import REGISTRY, Method, _logjoint, _vectorized
+from bnn_pyro.infer import _logjoint, _vectorized
 from bnn_pyro.infer._health import check_mcmc
 from bnn_pyro.infer._kernels import _HMC, DrawStats, _Metropolis, pyro_kernel, sample_stats  # noqa: F401 - _HMC: tests
 from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
@@ -87,6 +87,7 @@ from bnn_pyro.infer._common import clean_config, init_strategy, point_values, pr
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.map_fit import estimate_points
+from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.model import BNN
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.training_data import Data

@@ -95,7 +95,7 @@ import torch
 from pyro import poutine
 
 from bnn_pyro._checks import choice, flag, positive, positive_int
-from bnn_pyro.infer import REGISTRY, Method
+from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials

@@ -1,4 +1,4 @@
-"""Facts about a method are read from its declaration (bnn_pyro/infer/__init__.py's REGISTRY), never from lists of
+"""Facts about a method are read from its declaration (bnn_pyro/infer/registry.py's REGISTRY), never from lists of
 method names: checkpoints, PSIS's Markov-chain refusal, subspace's inner engines, the accept/reject health check,
 the chains that resume=Posterior extends. Each test walks the registry and, where it can, flips a declared fact to
 show that the behaviour follows the declaration."""
