@@ -104,7 +104,7 @@ from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainRun, assemble
 from bnn_pyro.infer.holdout import noise_site, select_noise, split
 from bnn_pyro.infer.map_fit import fit_map
-from bnn_pyro.infer.swag import fit_moments
+from bnn_pyro.infer.swag import SWAConfig, fit_moments
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
@@ -215,7 +215,8 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
         ``"induced"`` (default: the net's prior at ``w_hat + P z``) or ``"isotropic"`` (``z ~ N(0,
         prior_scale^2 I)``, ``prior_scale`` default 1).
     swa:
-        Options of the SWA run that builds the subspace (:func:`bnn_pyro.infer.swag.fit_swag`'s: ``rank``,
+        Options of the SWA run that builds the subspace, as ``bp.infer.swag.SWAGConfig(...)`` (the fields given
+        away from their defaults) or a dict (:func:`bnn_pyro.infer.swag.fit_swag`'s options: ``rank``,
         the deviations kept, ``pretrain_steps``, ``num_steps``, ``lr``, ``validation``, ...; one chain). By
         default the pre-training is a full-batch MAP fit (step 0 of the module docstring); an explicit ``init``
         here runs SWA's own pre-training instead.
@@ -255,6 +256,23 @@ def _inner_method(inner) -> tuple[str, dict]:
                     f"bp.infer.mcmc.NUTSConfig(num_warmup=500)), got {type(inner).__name__}.")
 
 
+def _swa_options(swa) -> dict:
+    """``swa=`` as a dict of the SWA run's options: a dict as it is, or a SWA/SWAG config
+    (``bp.infer.swag.SWAGConfig(num_steps=...)``) whose fields set away from their defaults (the others keep this
+    fit's defaults, e.g. its MAP pre-training)."""
+    if swa is None or isinstance(swa, dict):
+        return dict(swa or {})
+    if isinstance(swa, SWAConfig):
+        return {f.name: getattr(swa, f.name) for f in dataclasses.fields(swa) if not _is_default(getattr(swa, f.name), f)}
+    raise TypeError(f"swa: expected the SWA run's options as bp.infer.swag.SWAGConfig(...) or a dict, got "
+                    f"{type(swa).__name__}; e.g. swa=SWAGConfig(num_steps=2000, rank=20).")
+
+
+def _is_default(value, f: dataclasses.Field) -> bool:
+    return value is f.default or (isinstance(value, (bool, int, float, str)) and type(value) is type(f.default)
+                                  and value == f.default)
+
+
 def _fit_subspace(model, data: Data, *, subspace_dim, inner, num_samples, num_chains, inner_options, prior,
                   prior_scale, swa, seed, progress, fast_path, checkpoint, checkpoint_every, resume) -> Posterior:
     """:func:`fit_subspace` on its options as keywords."""
@@ -285,7 +303,7 @@ def _fit_subspace(model, data: Data, *, subspace_dim, inner, num_samples, num_ch
         raise ValueError("prior_scale: applies to prior='isotropic' only (the induced prior is the net's own); "
                          "drop it, or pass prior='isotropic'.")
     scale = positive("prior_scale", 1.0 if prior_scale is None else prior_scale)
-    swa = dict(swa or {})
+    swa = _swa_options(swa)
     paths = Potentials(fast_path)
     for key in ("swag", "num_chains", "num_samples", "scale", "seed", "progress", "fast_path", "checkpoint",
                 "checkpoint_every", "resume"):

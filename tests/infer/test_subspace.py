@@ -180,7 +180,7 @@ def test_bad_options_are_named(config, error, match):
         bp.fit(_mlp(), x, y, method="subspace", progress=False, **config)
 
 
-def test_rank_is_the_deprecated_name_of_subspace_dim_and_a_typed_inner_config_equals_its_options(rows):
+def test_rank_is_the_deprecated_name_of_subspace_dim_and_typed_configs_equal_their_dicts(rows):
     x, y = rows
     small = dict(num_samples=3, swa=dict(pretrain_steps=4, num_steps=4, collect_every=1, rank=2), seed=0,
                  progress=False)
@@ -188,8 +188,12 @@ def test_rank_is_the_deprecated_name_of_subspace_dim_and_a_typed_inner_config_eq
         old = bp.fit(_mlp(), x, y, method="subspace", rank=2, inner_options=dict(num_warmup=3, max_tree_depth=2),
                      **small)
     assert caught[0].filename == __file__  # the warning points at the user's bp.fit(...) line
-    new = bp.fit(_mlp(), x, y, method="subspace", subspace_dim=2, **small,
+    from bnn_pyro.infer.swag import SWAGConfig
+
+    typed = dict(small, swa=SWAGConfig(pretrain_steps=4, num_steps=4, collect_every=1, rank=2))
+    new = bp.fit(_mlp(), x, y, method="subspace", subspace_dim=2, **typed,
                  inner=bp.infer.mcmc.NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True))
+    assert old.config["swa"] == new.config["swa"]
     assert old.config["subspace"]["rank"] == new.config["subspace"]["rank"] == 2
     assert old.config["inner_config"] == new.config["inner_config"]
     for name, value in old.samples.items():
@@ -200,6 +204,8 @@ def test_rank_is_the_deprecated_name_of_subspace_dim_and_a_typed_inner_config_eq
         bp.fit(_mlp(), x, y, method="subspace", inner=bp.infer.mcmc.NUTSConfig(seed=5), progress=False)
     from bnn_pyro.infer.laplace.fit import LaplaceConfig  # a typed config, of an engine that is not an inner one
 
+    with pytest.raises(TypeError, match=r"swa: expected the SWA run's options as bp.infer.swag.SWAGConfig"):
+        bp.fit(_mlp(), x, y, method="subspace", swa=[("num_steps", 4)], progress=False)
     with pytest.raises(TypeError, match=r"inner: expected one of 'svi', 'nuts', .* or the config of one"):
         bp.fit(_mlp(), x, y, method="subspace", inner=LaplaceConfig(), progress=False)
 
