@@ -485,7 +485,7 @@ def _check_resume(resume, config: MCMCConfig, num_warmup, num_chains, dense_mass
     matrix."""
     method = type(config).METHOD
     if not isinstance(resume, Posterior) or resume.method != method or not type(config).EXTENDS:
-        takers = [m for m, cls in extendable_methods().items()]
+        takers = list(extendable_methods())
         raise ValueError(f"resume: expected True (continue from the checkpoint= files) or a Posterior of "
                          f"method={method!r} ({' or '.join(takers)}) to extend, got "
                          f"{getattr(resume, 'method', type(resume).__name__)!r}; fit one with bp.fit(method='nuts').")
