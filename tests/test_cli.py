@@ -212,6 +212,7 @@ TINY = {
     "nuts": ["--samples", "5", "--warmup", "5", "--option", "max_tree_depth=3", "--option", "jit=false"],
     "hmc": ["--samples", "5", "--warmup", "5", "--option", "num_leapfrog=3", "--option", "jit=false"],
     "metropolis": ["--samples", "5", "--warmup", "5"],
+    "mala": ["--samples", "5", "--warmup", "5"],
     "sgld": ["--samples", "3", "--warmup", "3", "--option", "thin=1"],
     "sghmc": ["--samples", "3", "--warmup", "3", "--option", "thin=1"],
     "csgmcmc": ["--samples", "2", "--option", "num_cycles=2", "--option", "thin=1"],
@@ -224,7 +225,7 @@ TINY = {
     "ensemble": ["--chains", "2", "--steps", "5"],
     "laplace": ["--steps", "5", "--samples", "5", "--option", "polish_steps=1"],
     "snapshot": ["--option", "num_cycles=2", "--option", "cycle_length=3"],
-    "subspace": ["--samples", "3", "--option", "rank=2", "--option", 'inner_options={"num_warmup": 3, "jit": false}',
+    "subspace": ["--samples", "3", "--option", "subspace_dim=2", "--option", 'inner_options={"num_warmup": 3, "jit": false}',
                  "--option", 'swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "rank": 2}'],
 }
 

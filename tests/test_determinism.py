@@ -34,6 +34,7 @@ TINY = {
     Method.NUTS: dict(num_samples=3, num_warmup=3, max_tree_depth=2, chain_method="sequential"),
     Method.HMC: dict(num_samples=3, num_warmup=3, num_leapfrog=2, chain_method="sequential"),
     Method.METROPOLIS: dict(num_samples=5, num_warmup=5, chain_method="sequential"),
+    Method.MALA: dict(num_samples=5, num_warmup=5, chain_method="sequential"),
     Method.SGLD: dict(num_samples=3, num_warmup=3, thin=1),
     Method.SGHMC: dict(num_samples=3, num_warmup=3, thin=1),
     Method.CSGMCMC: dict(num_cycles=1, num_samples=3, thin=1),
@@ -45,7 +46,7 @@ TINY = {
     Method.ENSEMBLE: dict(num_chains=2, num_steps=3),
     Method.LAPLACE: dict(num_steps=3, polish_steps=2, num_samples=3),
     Method.SNAPSHOT: dict(num_cycles=2, cycle_length=3),
-    Method.SUBSPACE: dict(rank=2, num_samples=3, inner_options=dict(num_warmup=3, max_tree_depth=2,
+    Method.SUBSPACE: dict(subspace_dim=2, num_samples=3, inner_options=dict(num_warmup=3, max_tree_depth=2,
                                                                     chain_method="sequential"),
                           swa=dict(pretrain_steps=3, num_steps=4, collect_every=1, rank=2)),
 }

@@ -11,7 +11,7 @@ import torch
 
 import bnn_pyro as bp
 from bnn_pyro.utils import user_warnings
-from bnn_pyro.diagnostics import DiagnosticWarning
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 
 def _data():

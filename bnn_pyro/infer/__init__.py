@@ -11,8 +11,6 @@ from __future__ import annotations
 import difflib
 import inspect
 from contextlib import nullcontext
-from dataclasses import replace
-from enum import Enum
 from typing import Callable
 
 import torch
@@ -21,62 +19,14 @@ from bnn_pyro.utils.checks import check_data, choice, flag, positive_int, seed a
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
 from bnn_pyro.infer._health import check_targets
 from bnn_pyro.infer.checkpoint_folder import guard
-from bnn_pyro.infer.contract import Capabilities, Declaration
+from bnn_pyro.infer.declaration import Capabilities, Declaration
+from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
 __all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options", "unfit_reason"]
 
 
-class Method(str, Enum):
-    SVI = "svi"
-    NUTS = "nuts"
-    HMC = "hmc"
-    METROPOLIS = "metropolis"
-    SGLD = "sgld"
-    SGHMC = "sghmc"
-    CSGMCMC = "csgmcmc"
-    SWA = "swa"
-    SWAG = "swag"
-    MC_DROPOUT = "mc_dropout"
-    VARIATIONAL_DROPOUT = "variational_dropout"
-    SPARSE_VD = "sparse_vd"
-    ENSEMBLE = "ensemble"
-    LAPLACE = "laplace"
-    SNAPSHOT = "snapshot"
-    SUBSPACE = "subspace"
-
-
-_STEPS = Capabilities(minibatches=True, one_shot=True)  # a step per batch, one pass over a stream
-_POINT_THEN_STATS = Capabilities(minibatches=True, multi_pass=True)  # a fit, then statistics over the data again
-_FULL_DATA = Capabilities()  # every step needs the whole data set
-_MCMC = replace(_FULL_DATA, checkpoint=True)
-
-# Method -> its declaration: the function under bnn_pyro.infer (imported on first use, so that ``import bnn_pyro``
-# stays light and each method family stays in its own module), its capabilities, and, for engines not yet on
-# the contract (no config dataclass), the function their ``**config`` is passed on to.
-REGISTRY: dict[Method, Declaration] = {
-    Method.SVI: Declaration("svi", "fit", replace(_STEPS, checkpoint=True, data_parallel=True)),
-    Method.NUTS: Declaration("mcmc", "fit_nuts", _MCMC, passed_on="fit", set_by_engine=frozenset({"kernel"})),
-    Method.HMC: Declaration("mcmc", "fit_hmc", _MCMC, passed_on="fit", set_by_engine=frozenset({"kernel"})),
-    Method.METROPOLIS: Declaration("mcmc", "fit_metropolis", _MCMC, passed_on="fit",
-                                   set_by_engine=frozenset({"kernel"})),
-    Method.SGLD: Declaration("sgmcmc", "fit_sgld", replace(_STEPS, checkpoint=True)),
-    Method.SGHMC: Declaration("sgmcmc", "fit_sghmc", replace(_STEPS, checkpoint=True)),
-    Method.CSGMCMC: Declaration("sgmcmc", "fit_csgmcmc", replace(_STEPS, checkpoint=True)),
-    Method.SWA: Declaration("swag", "fit_swa", replace(_POINT_THEN_STATS, checkpoint=True)),
-    Method.SWAG: Declaration("swag", "fit_swag", replace(_POINT_THEN_STATS, checkpoint=True)),
-    Method.MC_DROPOUT: Declaration("dropout", "fit_mc_dropout", replace(_STEPS, checkpoint=True, layers=True)),
-    Method.VARIATIONAL_DROPOUT: Declaration("variational_dropout", "fit_variational_dropout",
-                                            replace(_STEPS, checkpoint=True, layers=True)),
-    Method.SPARSE_VD: Declaration("variational_dropout", "fit_sparse_vd", replace(_STEPS, checkpoint=True,
-                                                                                  layers=True)),
-    Method.ENSEMBLE: Declaration("ensemble", "fit_ensemble", replace(_STEPS, checkpoint=True)),
-    Method.LAPLACE: Declaration("laplace", "fit_laplace", replace(_POINT_THEN_STATS, jacobian_rows=True,
-                                                                        checkpoint=True)),
-    Method.SNAPSHOT: Declaration("snapshot", "fit_snapshot", replace(_STEPS, checkpoint=True)),
-    Method.SUBSPACE: Declaration("subspace", "fit_subspace", replace(_POINT_THEN_STATS, checkpoint=True)),
-}
 _FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own keywords, for every method
 
 
@@ -170,12 +120,10 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     batch_size:
         Minibatch size (random reshuffling every epoch); the full data by default.
     num_threads:
-        Torch intra-op threads during the fit (restored afterwards). One, the default, is fastest
-        for the small tensors of typical BNNs, whose steps are dominated by Python overhead: extra
-        OpenMP threads only spin against other work for the cores (measured on 2 busy cores: 50
-        variational-dropout steps on digits took 15.4 s with 2 threads, 2.2 s with 1). ``None``
-        keeps torch's setting (large nets, idle many-core machines). MCMC chains in worker
-        processes always use one thread each.
+        Torch intra-op threads during the fit (restored afterwards). One by default: a typical BNN's
+        steps are small tensors dominated by Python overhead, where extra OpenMP threads only contend
+        for the cores. ``None`` keeps torch's setting (large nets, many idle cores). MCMC chains in
+        worker processes always use one thread each.
 
     Example
     -------

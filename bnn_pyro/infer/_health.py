@@ -6,8 +6,8 @@ fit that cannot be trusted is flagged even when nobody looks at :func:`bnn_pyro.
 cheap: no extra fits, at most one pass of :data:`PREDICTIVE_DRAWS` posterior and as many prior
 draws over :data:`PREDICTIVE_ROWS` training rows.
 
-- :func:`check_sampler` (MCMC): divergences, a Metropolis chain that (almost) never moved, NUTS
-  trajectories cut off at ``max_tree_depth``.
+- :func:`check_sampler` (MCMC): divergences, a chain of an accept/reject kernel (Metropolis, MALA) that (almost)
+  never moved, NUTS trajectories cut off at ``max_tree_depth``.
 - :func:`check_mixing` (MCMC): too few effective draws, or chains that disagree, in function space
   (``f`` at the training inputs that ``post.summary(space="function")`` reports, by the same
   ArviZ estimators). A network's weight-space R-hat is not used: BNN weights are permutation- and
@@ -100,9 +100,10 @@ def _warn(message: str) -> None:
 
 
 def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], *,
-                  target_accept: float, max_tree_depth: int | None = None) -> None:
-    """Warn about divergences above :data:`DIVERGENCE_MAX` of the draws, a Metropolis chain with an
-    acceptance below :data:`ACCEPT_MIN`, and NUTS draws at ``max_tree_depth`` above
+                  target_accept: float, max_tree_depth: int | None = None, acceptance: bool = False) -> None:
+    """Warn about divergences above :data:`DIVERGENCE_MAX` of the draws, a chain of an accept/reject kernel
+    (``acceptance``: the method's declaration says ``accept_reject``) that moved on fewer than :data:`ACCEPT_MIN` of
+    its draws, and NUTS draws at ``max_tree_depth`` above
     :data:`TREE_DEPTH_MAX_FRACTION`. ``samples`` and ``stats`` are shaped ``(chains, draws, ...)``."""
     diverging = stats.get("diverging")
     if diverging is not None and diverging.numel() and diverging.float().mean() > DIVERGENCE_MAX:
@@ -125,7 +126,7 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
                   "(post.summary(space='function')). Try a larger max_tree_depth (e.g. "
                   f"{max_tree_depth + 2}), a longer num_warmup, dense_mass=True, or a narrower prior or "
                   "standardized inputs and targets (a better-scaled posterior allows larger steps).")
-    if kind != "metropolis" or not samples:
+    if not acceptance or not samples:
         return
     draws = next(iter(samples.values())).shape[1]
     if draws < 2:
@@ -136,7 +137,7 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
         moved |= (v[:, 1:] != v[:, :-1]).reshape(v.shape[0], draws - 1, -1).any(-1)
     for chain, rate in enumerate(moved.float().mean(1).tolist()):
         if rate < ACCEPT_MIN:
-            _warn(f"metropolis: chain {chain} accepted {100 * rate:.1f}% of its {draws - 1} proposals after warm-up "
+            _warn(f"{kind}: chain {chain} accepted {100 * rate:.1f}% of its {draws - 1} proposals after warm-up "
                   f"(threshold {100 * ACCEPT_MIN:.0f}%): it barely moved, so its draws do not describe the posterior. "
                   "Try more num_warmup (the step size adapts during warm-up), a smaller step_size, or method='nuts'.")
 
@@ -346,10 +347,12 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
         losses.append(loss)
     return torch.cat(outs), torch.cat(losses), classes
 
-def check_mcmc(post, *, target_accept: float):
-    """Every MCMC check (:func:`check_sampler`, :func:`check_mixing`) on a finished posterior; returns it."""
+def check_mcmc(post, *, target_accept: float, acceptance: bool = False):
+    """Every MCMC check (:func:`check_sampler`, :func:`check_mixing`) on a finished posterior; returns it.
+    ``acceptance``: the method's kernel accepts or rejects each proposal whole (its declaration's
+    ``accept_reject``)."""
     check_sampler(post.method, post.samples, post.sample_stats, target_accept=target_accept,
-                  max_tree_depth=post.config.get("max_tree_depth"))
+                  max_tree_depth=post.config.get("max_tree_depth"), acceptance=acceptance)
     check_mixing(post)
     return post
 

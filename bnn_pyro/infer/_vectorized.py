@@ -46,7 +46,7 @@ def check(kind: str, joint, x, y) -> None:
 
 
 def _transition(kind: str, settings):
-    """The batched transition of ``kind`` and its options."""
+    """The batched transition of ``kind`` and its options (``settings``: the engine's config)."""
     if kind == "hmc":
         if settings is None:
             return hmc_transition, {}
@@ -84,12 +84,12 @@ def _run(fitted, data, settings, kind, num_samples, num_warmup, seed, progress, 
         raise ValueError("chain_method='vectorized': the analytic potential does not agree with the model's on this "
                          f"model; {_INSTEAD}.")
     z = torch.stack([torch.cat([p[n].detach().reshape(-1) for n in names]) for p in starts])
-    transition, options = _transition(kind, first)
+    transition, options = _transition(kind, first.config)
     leapfrog = pot.leapfrog_batch if len(settings) > 1 else one_chain_leapfrog(pot)  # C = 1: FlatHMC's step
     chains = BatchedChains(pot.batch(len(settings)), leapfrog, z, names=names, sizes=sizes,
                            warmup_steps=num_warmup, transition=transition, options=options,
-                           generator=seeded_generator(z), step_size=first.step_size,
-                           target_accept_prob=first.target_accept, dense_mass=first.dense_mass,
+                           generator=seeded_generator(z), step_size=first.config.step_size,
+                           target_accept_prob=first.config.target_accept, dense_mass=first.config.dense_mass,
                            resume=None if first.resume is None else [s.resume for s in settings])
     total, kept, draws, start = num_warmup + num_samples, [], [], 0
     label = f"{kind} chains 0-{len(settings) - 1}" if len(settings) > 1 else f"{kind} chain 0"

@@ -1,7 +1,6 @@
-"""Checkpoint and resume of the iterative engines (``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``, ``"snapshot"``,
-``"ensemble"``, ``"variational_dropout"``, ``"sparse_vd"``, ``"swa"``, ``"swag"``, ``"mc_dropout"``, ``"nuts"``, ``"hmc"``,
-``"metropolis"``, ``"laplace"``: its MAP search, ``"subspace"``: each stage's own, :mod:`bnn_pyro.infer.subspace`;
-:data:`ENGINES`; MCMC's kernel state: :mod:`bnn_pyro.infer.mcmc`).
+"""Checkpoint and resume of the iterative engines: every method whose declaration says ``checkpoint=True``
+(:class:`~bnn_pyro.infer.contract.Capabilities`; Laplace: its MAP search, subspace: each stage's own,
+:mod:`bnn_pyro.infer.subspace`; MCMC's kernel state: :mod:`bnn_pyro.infer.mcmc`).
 
 ``bp.fit(..., checkpoint=FOLDER, checkpoint_every=N)`` writes one file per chain,
 ``FOLDER/chain{c}.ckpt``, every ``N`` steps and after the last one. A file holds the step, the
@@ -46,15 +45,12 @@ import numpy as np
 import torch
 from safetensors.torch import load as load_tensors
 
+from bnn_pyro.infer.declaration import RENAMED_OPTIONS
 from bnn_pyro.utils.checks import positive_int
 from bnn_pyro.posterior.tensor_files import digest, write_atomic
 
-__all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT", "ENGINES",
-           "open_chains", "check_shapes", "RENAMED_OPTIONS", "current_names"]
-
-# the methods whose fit takes checkpoint= / checkpoint_every= / resume=
-ENGINES = ("svi", "sgld", "sghmc", "csgmcmc", "snapshot", "ensemble", "variational_dropout", "sparse_vd", "swa",
-           "swag", "mc_dropout", "nuts", "hmc", "metropolis", "laplace", "subspace")
+__all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT",
+           "open_chains", "check_shapes", "current_names"]
 
 FORMAT = "bnn_pyro.checkpoint"
 FORMAT_VERSION = 2  # 2: the checksum covers the metadata too (1 still resumes)
@@ -62,11 +58,6 @@ FORMAT_VERSION = 2  # 2: the checksum covers the metadata too (1 still resumes)
 
 class CheckpointError(ValueError):
     """A checkpoint file is unreadable, or does not belong to the run that tries to resume from it."""
-
-
-RENAMED_OPTIONS: set[tuple[str, str]] = set()
-"""``(old, new)``: every engine's renamed options (its config's ``RENAMED``, registered by
-:func:`bnn_pyro.infer.contract.entry`), so that a file written before a rename still resumes."""
 
 
 def current_names(saved: dict, run: dict) -> dict:

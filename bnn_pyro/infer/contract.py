@@ -29,187 +29,21 @@ Example
 
 from __future__ import annotations
 
-import dataclasses
 import functools
-import importlib
-import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterator, NamedTuple, Protocol, TypeVar
 
 import torch
 
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer.checkpoint import RENAMED_OPTIONS, Checkpoint, StepCheckpoint
+from bnn_pyro.infer.checkpoint import Checkpoint, StepCheckpoint
+from bnn_pyro.infer.declaration import (Capabilities, Declaration, PotentialRunOptions, RunOptions, entry,
+                                        renamed_options)
 from bnn_pyro.infer.driver import ChainInfo, ChainRun, Resumable, assemble, descend, run_chains
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["Capabilities", "Declaration", "Engine", "LossInfo", "Loop", "State", "drive", "run", "entry", "RunOptions",
            "PotentialRunOptions", "renamed_options"]
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What an engine can serve; ``bp.fit`` refuses the rest before fitting, naming the methods that can.
-
-    minibatches: it takes ``batch_size=`` and loaders of ``(x, y)`` batches.
-    one_shot: it consumes a one-shot iterator (a generator) of batches, in order, once.
-    multi_pass: it reads the data more than once (fit, then curvature or statistics): no one-shot streams.
-    jacobian_rows: its curvature takes per-example Jacobians of ``(N, out)`` outputs of one input tensor.
-    checkpoint: it takes ``checkpoint=`` / ``checkpoint_every=`` / ``resume=``.
-    chains: it runs several independent chains (restarts, members) as one posterior's chains.
-    data_parallel: it averages gradients over the ranks of a ``torch.distributed`` group (``distributed=``).
-    layers: it acts on the ``nn.Linear``/``nn.Conv`` layers of a :class:`~bnn_pyro.BNN` (dropout masks, per-weight
-    variances), so a Pyro function model, which has no layers, is not for it.
-    """
-
-    minibatches: bool = False
-    one_shot: bool = False
-    multi_pass: bool = False
-    jacobian_rows: bool = False
-    checkpoint: bool = False
-    chains: bool = True
-    data_parallel: bool = False
-    layers: bool = False
-
-    def __post_init__(self):
-        if self.one_shot and (self.multi_pass or not self.minibatches):
-            raise ValueError("Capabilities: one_shot needs minibatches and a single pass (multi_pass=False).")
-
-
-@dataclass(frozen=True)
-class Declaration:
-    """One registered method: where its fit function lives (``bnn_pyro.infer.<module>.<function>``, imported on
-    first use) and its capabilities. Its configuration is the fit function's ``config_type`` (a frozen dataclass
-    of options and defaults, set by :func:`entry`) for engines on the contract; for the others it is read from
-    the function's signature, following ``**config`` to ``passed_on`` (a function of the same module) less the
-    names in ``set_by_engine``.
-    """
-
-    module: str
-    function: str
-    capabilities: Capabilities
-    passed_on: str | None = None
-    set_by_engine: frozenset = frozenset()
-
-    def fit_function(self) -> Callable[..., Posterior]:
-        return getattr(importlib.import_module(f"bnn_pyro.infer.{self.module}"), self.function)
-
-    def refused(self) -> frozenset:
-        """Names bp.fit hands over although they are not options, because the engine refuses them with a message
-        of its own (its config dataclass's ``REFUSED``, e.g. SWAG's ``swag_rank`` given to SWA) or takes them as
-        deprecated aliases of renamed options (its ``RENAMED``; see :func:`entry`)."""
-        config_type = getattr(self.fit_function(), "config_type", None)
-        return frozenset(getattr(config_type, "REFUSED", {})) | frozenset(self.renamed())
-
-    def renamed(self) -> dict[str, str]:
-        """The deprecated option names the engine still takes, ``{old: new}`` (its config's ``RENAMED``)."""
-        return dict(getattr(getattr(self.fit_function(), "config_type", None), "RENAMED", {}))
-
-    def options(self) -> dict[str, object]:
-        """The engine's own keyword options with their defaults (``bp.fit``'s keywords not included)."""
-        fn = self.fit_function()
-        if hasattr(fn, "config_type"):
-            return {f.name: _default(f) for f in _ordered_fields(fn.config_type)}
-        found = _keywords(fn)
-        if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
-            if self.passed_on is None:
-                raise LookupError(f"{self.module}.{self.function} takes **config: declare the function it passes them "
-                                  "to (Declaration.passed_on), or a config dataclass, so that its options can be checked.")
-            inner = _keywords(getattr(importlib.import_module(fn.__module__), self.passed_on))
-            found.update({k: v for k, v in inner.items() if k not in self.set_by_engine and k not in found})
-        return found
-
-
-def _default(f: dataclasses.Field):
-    if f.default is not dataclasses.MISSING:
-        return f.default
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else inspect.Parameter.empty
-
-
-def _keywords(fn) -> dict[str, object]:
-    """A fit function's keyword options (everything but ``model``, ``data`` and ``**config``)."""
-    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
-            if name not in ("model", "data") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """The options every optimization engine takes besides its own, the base of its config dataclass; :func:`entry`
-    lists them last in the engine's signature (its own options first, in their order): the seed, the progress bar
-    and checkpoint/resume (:mod:`bnn_pyro.infer.checkpoint`)."""
-
-    seed: int = 0
-    progress: bool = True
-    checkpoint: str | None = None
-    checkpoint_every: int | None = None
-    resume: bool = False
-
-
-@dataclass(frozen=True)
-class PotentialRunOptions(RunOptions):
-    """:class:`RunOptions` of an engine built on :class:`~bnn_pyro.infer._potential.Potential`, which also takes
-    ``fast_path`` (the analytic or torch potential where the model allows it; ``False``: Pyro's trace)."""
-
-    fast_path: bool = True
-
-
-_LAST = tuple(f.name for f in dataclasses.fields(PotentialRunOptions))
-
-
-def _ordered_fields(config_type: type) -> list[dataclasses.Field]:
-    """The config's fields with the shared :class:`RunOptions` ones last (a dataclass lists a base's first)."""
-    own = dataclasses.fields(config_type)
-    return [f for f in own if f.name not in _LAST] + sorted((f for f in own if f.name in _LAST),
-                                                             key=lambda f: _LAST.index(f.name))
-
-
-def renamed_options(options: dict, renamed: dict[str, str]) -> dict:
-    """``options`` with each deprecated name of ``renamed = {old: new}`` replaced by its new name, warning once per
-    name (a ``FutureWarning`` at the user's line: shown by default, the old name works for one more release).
-    Both names at once is an error: the two would silently disagree."""
-    out = dict(options)
-    for old, new in renamed.items():
-        if old not in out:
-            continue
-        if new in out:
-            raise ValueError(f"{old}= is the old name of {new}=; pass only {new}= (got both {old}={out[old]!r} and "
-                             f"{new}={out[new]!r}).")
-        warn(f"{old}= is renamed {new}= (one name per concept across bp.fit: docs/options.md); "
-             f"{old}= still works in this release and will be removed in the next. Write {new}={out[old]!r}.",
-             FutureWarning)
-        out[new] = out.pop(old)
-    return out
-
-
-def entry(config_type: type):
-    """Decorate ``fit(model, data, config: config_type) -> Posterior`` into the engine's public function
-    ``fit(model, data, **options)``: the options become ``config_type(**options)`` and its signature lists
-    them as keyword-only parameters with their defaults (``help()``, ``inspect.signature``). A name in the config
-    type's class-level ``REFUSED = {name: why}`` (e.g. a sibling method's option) is refused with
-    ``ValueError("{name}= {why}")`` rather than Python's unexpected-keyword error. A name in its class-level
-    ``RENAMED = {old: new}`` is a deprecated alias: it is taken as ``new`` with a ``FutureWarning`` at the user's
-    line (:func:`renamed_options`), and not listed among the options."""
-    refused = getattr(config_type, "REFUSED", {})
-    renamed = getattr(config_type, "RENAMED", {})
-    RENAMED_OPTIONS.update(renamed.items())  # checkpoints written under the old names still resume
-
-    def wrap(fn):
-        @functools.wraps(fn)
-        def fit(model, data: Data, **options) -> Posterior:
-            for name in options:
-                if name in refused:
-                    raise ValueError(f"{name}= {refused[name]}")
-            return fn(model, data, config_type(**renamed_options(options, renamed)))
-
-        params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-                  inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Data")]
-        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=f.type)
-                   for f in _ordered_fields(config_type)]
-        fit.__signature__ = inspect.Signature(params, return_annotation="Posterior")
-        fit.config_type = config_type
-        return fit
-    return wrap
 
 
 # ------------------------------------------------------------------------------------------ the engine

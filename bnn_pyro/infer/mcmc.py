@@ -1,106 +1,63 @@
-"""Markov chain Monte Carlo: ``bp.fit(model, x, y, method="nuts" | "hmc" | "metropolis", ...)``.
+"""Markov chain Monte Carlo: ``bp.fit(model, x, y, method="nuts" | "hmc" | "metropolis", ...)``, and the chain
+runner every MCMC engine shares (a new kernel plugs in as described in ``docs/adding_an_engine.md``).
 
-Every kernel targets the exact posterior ``p(w | x, y)`` in the unconstrained space of the latent
-sites, on the very model object SVI fits. Each chain's kernel (a Pyro ``MCMCKernel``: ``setup``, ``sample``,
-``cleanup``) is driven by a short loop of ours that does what Pyro's ``MCMC`` does for one chain (validation
-off, draws mapped back to the constrained space) and adds checkpoint/resume, which ``MCMC`` cannot give
-(it starts every run at its first warm-up step):
+Every kernel targets the exact posterior ``p(w | x, y)`` in the unconstrained space of the latent sites, on the
+very model object SVI fits. Each engine declares a frozen config (a subclass of :class:`MCMCConfig`) that says
+which :class:`ChainKernel` to build; :func:`sample` runs the chains: for each, a short loop of ours that does
+what Pyro's ``MCMC`` does (validation off, draws mapped back to the constrained space) and adds
+checkpoint/resume, which ``MCMC`` cannot give (it starts every run at its first warm-up step).
 
-- ``"nuts"``: the No-U-Turn sampler (Hoffman & Gelman 2014), multinomial variant with Stan's
-  generalized turning criterion: leapfrog trajectories doubled until they turn back, at most
-  ``2**max_tree_depth - 1`` steps per draw. On the fast path it is our own kernel over one flat
-  vector (:mod:`bnn_pyro.infer._nuts`); otherwise Pyro's ``NUTS``.
-- ``"hmc"``: Hamiltonian Monte Carlo (Neal 2011; Pyro's ``HMC``): ``num_leapfrog`` steps per draw on
-  average (default :data:`DEFAULT_NUM_LEAPFROG` = 32), kept through adaptation, or a trajectory of
-  fixed length ``trajectory_length``; each draw's count is jittered uniformly within +-``leapfrog_jitter``
-  (default 50%) of it, since a fixed count resonates on some posteriors (see ``fit``). Pyro turns a length into ``length / step_size`` steps after
-  adaptation, so a length costs more the smaller the adapted step: Stan's ``2 * pi`` (this engine's
-  default before) is 3,000-6,000 steps per draw at a BNN's step sizes of 1e-3 to 2e-3, and took 772 s
-  for 2 x (50 + 50) on the README's quickstart model (NUTS: 99 s for 2 x (200 + 200)); at the default
-  32 steps the same run took 24 s on a busy 2-core machine. Choose HMC over NUTS for a fixed, known
-  cost per draw (``num_leapfrog`` gradient evaluations: a time budget, comparing samplers per
-  gradient) or when a trajectory length known to suit the posterior is given; otherwise NUTS, which
-  chooses each draw's length itself and on the fast path runs a compiled flat-vector kernel. At a
-  BNN's small adapted step 32 steps are a short trajectory, so the draws are cheap but strongly
-  autocorrelated (that 24 s run: R-hat of f(x) up to 1.4, bulk ESS 5-71 of 100 draws): raise
-  ``num_leapfrog`` and the draws, or use NUTS.
-- ``"metropolis"``: random-walk Metropolis (a subclass of Pyro's ``RandomWalkKernel``). The proposal
-  is ``w' = w + h * s * eps``, ``eps ~ N(0, I)``; during warm-up ``h`` is tuned by dual averaging
-  toward acceptance ``target_accept`` (default 0.234, Roberts, Gelman & Gilks 1997) and ``s`` is the
-  posterior standard deviation estimated in Stan's windows (``dense_mass=True``: the Cholesky factor
-  of the covariance, i.e. adaptive Metropolis, Haario et al. 2001).
+- ``"nuts"``: the No-U-Turn sampler (Hoffman & Gelman 2014), multinomial variant with Stan's generalized
+  turning criterion: trajectories doubled until they turn back, at most ``2**max_tree_depth - 1`` leapfrog steps
+  per draw. Fast path: our kernel over one flat vector (:mod:`bnn_pyro.infer._nuts`); otherwise Pyro's ``NUTS``.
+- ``"hmc"``: Hamiltonian Monte Carlo (Neal 2011): ``num_leapfrog`` steps per draw on average (default
+  :data:`DEFAULT_NUM_LEAPFROG` = 32: a bounded cost per draw), or a fixed ``trajectory_length``, i.e.
+  ``length / step_size`` steps at the adapted step size; each draw's count is jittered uniformly within
+  +-``leapfrog_jitter`` (default 50%) of it, because a fixed count resonates (Neal 2011, sec. 5.4.2.2). Choose it
+  over NUTS for a fixed, known cost per draw; at a BNN's small adapted step 32 steps are a short trajectory, so
+  raise ``num_leapfrog`` (or use NUTS) when the draws are strongly autocorrelated.
+- ``"metropolis"``: random-walk Metropolis, ``w' = w + h * s * eps``, ``eps ~ N(0, I)``; ``h`` is tuned by dual
+  averaging toward ``target_accept`` (default 0.234, Roberts, Gelman & Gilks 1997) and ``s`` is the posterior
+  standard deviation estimated in Stan's windows (``dense_mass=True``: the Cholesky factor of the covariance,
+  i.e. adaptive Metropolis, Haario et al. 2001).
 
-NUTS and HMC adapt the step size (dual averaging toward ``target_accept``, default 0.8) and a
-diagonal (or, with ``dense_mass``, dense) mass matrix during ``num_warmup`` steps. A diverging
-trajectory (energy error > 1000 or NaN) is rejected and counted in ``sample_stats["diverging"]``;
-it never raises: the model runs with distribution validation off, including the priors that a
-``BNN`` built before the fit (they keep the validation setting they were made with).
+NUTS and HMC adapt the step size (dual averaging toward ``target_accept``, default 0.8, Stan's) and a diagonal
+(``dense_mass``: dense) mass matrix during ``num_warmup`` steps. A diverging trajectory (energy error > 1000 or
+NaN) is rejected and counted in ``sample_stats["diverging"]``; it never raises: the model runs with
+distribution validation off, including the priors a ``BNN`` built before the fit.
 
-The fast path (``fast_path=True``, the default): for a ``BNN`` without hierarchical priors or
-BatchNorm the potential energy is computed directly in torch (:mod:`bnn_pyro.infer._logjoint`)
-instead of by tracing the model at every leapfrog step. NUTS then runs over one flat vector with
-the potential and its gradient recorded as one compiled graph when ``jit=True`` (the default), the
-trajectory's bookkeeping in Python floats (per-leapfrog times against Pyro's ``NUTS`` and NumPyro's
-compiled sampler: ``benchmarks/performance.py``, ``benchmarks/results/performance/``). HMC and Metropolis keep Pyro's
-kernels with the
-fast potential (compiled with ``torch.jit.trace`` when ``jit=True``). For a stack of ``nn.Linear`` layers
-and elementwise activations with Normal priors and a Gaussian likelihood the potential and its gradient
-are analytic instead for NUTS and HMC (:mod:`bnn_pyro.infer._analytic`: nothing compiled, ``jit`` is moot),
-and HMC runs over one flat vector too (:mod:`bnn_pyro.infer._flat_hmc`: the same algorithm and adaptation as
-Pyro's ``HMC``, with its own seeded generator, so its draws differ from those of bnn_pyro before it for the same
-seed); Metropolis, which needs no gradient, keeps the generic potential.
+Fast path (``fast_path=True``, the default): for a ``BNN`` without hierarchical priors or BatchNorm the
+potential energy is computed directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model
+at every step, compiled when ``jit=True``; for a stack of ``nn.Linear`` layers and elementwise activations with
+Normal priors and a Gaussian likelihood it is analytic (:mod:`bnn_pyro.infer._analytic`) and HMC runs over one
+flat vector (:mod:`bnn_pyro.infer._flat_hmc`). ``fast_path=False``: Pyro's tracing path and kernels.
 
-Deterministic (non-Bayesian) parameters of a ``BNN`` (those its prior leaves out, e.g. biases under a prior
-that returns ``None`` for them) are not sampled: they stay FIXED, the same for every chain, at a point
-estimate. Unless ``init`` gives them (a :class:`~bnn_pyro.Posterior`, e.g. of an SVI fit, which learns them:
-its chain-0 values; or a dict naming every one), that estimate is the joint MAP of the whole model (weights
-and deterministic parameters together, from chain 0's start: :func:`~bnn_pyro.infer.map_fit.estimate_points`,
-shared with SG-MCMC) fitted before sampling: MCMC then samples the weights
-given the same deterministic parameters SVI would learn, not given the random values ``reset_parameters()``
-drew (which shifted the weights' posterior to compensate: on a linear model with a deterministic intercept
-of 0.33 +- 0.03 four seeds kept -0.58, -0.14, 0.19 and -0.30). ``Posterior.point`` holds them and
-``config["point_estimate"]`` says how they were set (``"map"``, ``"init"``; absent without them).
+Deterministic (non-Bayesian) parameters of a ``BNN`` are not sampled: they stay fixed, the same for every chain,
+at the values ``init`` gives (a :class:`~bnn_pyro.Posterior`'s chain-0 values, or a dict naming every one), else
+at the joint MAP fitted from chain 0's start before sampling (:func:`~bnn_pyro.infer.map_fit.estimate_points`),
+so that the weights are sampled given the parameters SVI would learn, not given a random initialization.
+``Posterior.point`` holds them and ``config["point_estimate"]`` says how they were set.
 
-Chains: :data:`DEFAULT_NUM_CHAINS` = 4 by default, so that R-hat is defined at the defaults (with one chain it
-is NaN, and the health check says so). ``chain_method="auto"`` (the default) runs them in parallel, one forked process per core with one torch
-thread each (two torch threads per process on two cores oversubscribe the cores: OpenMP threads
-spin and steal each other's time, Pyro's own parallel mode ran at 0.48x of one chain), and one after
-another, with a warning, when only one core is available. ``config["chain_execution"]`` says which.
-Chain ``c`` is seeded with ``seed + c`` either way, so both give the same draws.
-``chain_method="vectorized"`` (NUTS and HMC on the analytic path only; never chosen by ``"auto"``) advances all
-chains together as ONE batched computation in this process, one torch thread (:mod:`bnn_pyro.infer._vectorized`):
-a small net is dispatch-bound, so a few chains cost little more per leapfrog step than one (at 8 chains on a
-1-50-1 net, N = 200, about half one chain's time per chain-leapfrog on one core: the batched passes turn
-arithmetic-bound; on 2 CPU cores forked processes are as fast or faster,
-``benchmarks/results/performance/run1.md``). Each chain starts where
-chain ``c`` starts under the other executions and adapts on its own (step size and mass matrix), but the chains
-share one random stream seeded by ``seed``: the same seed gives the same draws, not those of the other executions.
-NUTS runs the lockstep transition of :mod:`bnn_pyro.infer._nuts_batched` (the chains double their trajectories
-together; a chain that turned or diverged waits, masked, until the last one stops). One progress bar for all chains; ``checkpoint=`` writes ONE file, ``FOLDER/chain0.ckpt``, for the batch.
+Chains: :data:`DEFAULT_NUM_CHAINS` = 4, so that R-hat is defined at the defaults. ``chain_method="auto"`` runs
+them in forked processes, one torch thread each (more threads per process oversubscribe the cores), and one
+after another, with a warning, on one core; ``config["chain_execution"]`` says which. Chain ``c`` is seeded
+with ``seed + c`` either way, so both give the same draws. ``chain_method="vectorized"`` (NUTS and HMC on the
+analytic path only; never chosen by ``"auto"``) advances all chains as one batched computation in this process
+(:mod:`bnn_pyro.infer._vectorized`); the chains share one random stream seeded by ``seed``, so its draws differ
+from the other executions', and ``checkpoint=`` writes one file, ``FOLDER/chain0.ckpt``, for the batch.
 
-Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names), recorded per draw
-as a typed :class:`~bnn_pyro.infer._kernels.DrawStats` (the kernel's ``stats`` after each kept draw) and
-stacked at assembly:
-``lp`` (log joint density up to a constant, unconstrained space), ``acceptance_rate``,
-``step_size``; NUTS/HMC also ``diverging``, ``n_steps`` (leapfrog steps) and ``energy`` (the
-Hamiltonian after the momentum refresh, for BFMI); NUTS also ``tree_depth`` (trajectory doublings
-tried, the last one included when it diverged or turned back; Stan's ``treedepth__`` counts only
-the kept ones).
-NUTS/HMC also keep ``history["inverse_mass_matrix"]``, the adapted (diagonal ``(chains, dim)`` or
-dense ``(chains, dim, dim)``) inverse mass matrix (Metropolis: the adapted proposal variances or covariance, which
-``step_size**2`` scales), so that ``bp.fit(..., resume=post, num_samples=K)``
-can extend the chains: each continues from its last draw with its adapted step size and mass matrix,
-without warm-up or step-size search (both adaptations off), and the ``K`` new draws are appended (also
-after ``post.save`` / ``bp.load``).
+Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``) are the kernel's typed
+:class:`~bnn_pyro.infer._kernels.DrawStats` after each kept draw, whose field names are ArviZ's: ``lp``,
+``acceptance_rate``, ``step_size``; NUTS/HMC also ``diverging``, ``n_steps``, ``energy``; NUTS also
+``tree_depth`` (doublings tried, the last one included when it diverged or turned back). A kernel with an
+adapted mass matrix keeps it in ``history["inverse_mass_matrix"]`` so that ``bp.fit(..., resume=post,
+num_samples=K)`` can extend the chains (NUTS, HMC): each continues from its last draw with its adapted step
+size and mass matrix, without warm-up, and the ``K`` new draws are appended.
 
-Checkpoint/resume (``checkpoint=FOLDER, checkpoint_every=N, resume=True``; :mod:`bnn_pyro.infer.checkpoint`), for
-every kernel, ``fast_path`` or not: every ``N`` iterations (warm-up included) and after the last, each chain
-writes ``FOLDER/chain{c}.ckpt`` atomically with its kernel's ``state_dict()`` (position, potential and gradient,
-step size, the dual-averaging and mass-matrix adaptation mid-window, counters, NUTS's trajectory generator),
-its iteration, the kept draws and statistics so far and the global generators. ``resume=True`` continues each
-chain from its file; the draws are bit-identical to an uninterrupted run (``tests/infer/test_checkpoint.py``
-crashes runs mid-warm-up and mid-sampling). Pyro's own HMC/NUTS state is read through
-:mod:`bnn_pyro.utils.upstream_private` (private attributes; checked by a test).
+Checkpoint/resume (``checkpoint=FOLDER, checkpoint_every=N, resume=True``; :mod:`bnn_pyro.infer.checkpoint`):
+every ``N`` iterations (warm-up included) and after the last, each chain writes ``FOLDER/chain{c}.ckpt``
+atomically with its kernel's ``state_dict()``, its iteration, the kept draws and statistics so far and the
+global generators; ``resume=True`` continues each chain from its file, bit-identically to an uninterrupted run.
 
 Example
 -------
@@ -113,8 +70,7 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass, replace
-from enum import Enum
-from typing import Callable
+from typing import Any, Callable, ClassVar, Protocol
 
 import torch
 import pyro
@@ -129,159 +85,332 @@ from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
+from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.map_fit import estimate_points
+from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.model import BNN
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit", "fit_nuts", "fit_hmc", "fit_metropolis", "Kernel", "ChainMethod", "DEFAULT_NUM_CHAINS", "DEFAULT_NUM_LEAPFROG",
-           "DEFAULT_LEAPFROG_JITTER"]
+__all__ = ["sample", "fit_nuts", "fit_hmc", "fit_metropolis", "MCMCConfig", "NUTSConfig", "HMCConfig",
+           "MetropolisConfig", "ChainKernel", "KernelSettings", "extendable_methods", "ChainMethod", "DEFAULT_NUM_CHAINS",
+           "DEFAULT_NUM_LEAPFROG", "DEFAULT_LEAPFROG_JITTER"]
 
 DEFAULT_NUM_CHAINS = 4  # chains at the defaults: R-hat needs two or more (Stan runs 4, PyMC at least 2)
 DEFAULT_NUM_LEAPFROG = 32  # HMC's leapfrog steps per draw when neither num_leapfrog nor trajectory_length is given
 DEFAULT_LEAPFROG_JITTER = 0.5  # HMC: each draw's leapfrog count uniform within +-50% of it (breaks resonance)
 
 
-class Kernel(str, Enum):
-    NUTS = "nuts"
-    HMC = "hmc"
-    METROPOLIS = "metropolis"
+# ---------------------------------------------------------------------- the kernel interface
+class ChainKernel(Protocol):
+    """What the chain runner (:func:`sample`) reads from one chain's kernel; a new MCMC engine implements it.
+
+    A kernel holds its own state (position-independent: the potential, step size, adaptation, counters) and is
+    driven as ``setup`` (init), then ``sample`` once per iteration: warm-up iterations adapt (step size, mass
+    matrix) inside ``sample``, kept ones do not. Pyro's ``MCMCKernel`` subclasses fit it as they are.
+
+    initial_params:
+        The chain's start, ``{site: unconstrained tensor}``, set by ``setup`` (or before it, for a kernel built on
+        a potential function, by the factory that returns it).
+    transforms:
+        ``{site: constrained-to-unconstrained transform}`` after ``setup`` (``None``/empty: the identity).
+    stats:
+        The last draw's :class:`~bnn_pyro.infer._kernels.DrawStats` (ArviZ's ``sample_stats`` names; ``None``
+        fields are left out of the posterior).
+    setup(warmup_steps, x, y):
+        Build the potential on the data, the start and the adaptation schedule of ``warmup_steps`` iterations.
+    sample(params) -> params:
+        One iteration from ``params`` (a dict like ``initial_params``); returns the next state's position.
+    logging() -> dict:
+        A few strings for the progress bar (step size, acceptance).
+    state_dict() -> (tensors, meta); load_state_dict(tensors, meta):
+        Everything but the position needed to continue bit-identically (checkpoints); ``meta`` is JSON.
+    cleanup():
+        Release what ``setup`` built.
+    inverse_mass_matrix (optional):
+        ``{sites: tensor}`` of the adapted metric, kept in ``history`` so that ``resume=Posterior`` can extend.
+    """
+
+    initial_params: dict
+    transforms: dict | None
+    stats: DrawStats
+
+    def setup(self, warmup_steps: int, *args) -> None: ...
+    def sample(self, params: dict) -> dict: ...
+    def logging(self) -> dict: ...
+    def state_dict(self) -> tuple[dict, dict]: ...
+    def load_state_dict(self, tensors: dict, meta: dict) -> None: ...
+    def cleanup(self) -> None: ...
 
 
-def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup: int | None = None,
-        num_chains: int | None = None, target_accept: float | None = None, step_size: float | None = None,
-        trajectory_length: float | None = None, num_leapfrog: int | None = None,
-        leapfrog_jitter: float | None = None, max_tree_depth: int | None = None,
-        dense_mass: bool = False, jit: bool = True, init=None, chain_method="auto", seed: int = 0,
-        progress: bool = True, resume: Posterior | bool | None = None, fast_path: bool = True,
-        checkpoint: str | None = None, checkpoint_every: int | None = None) -> Posterior:
-    """Sample the posterior of ``model`` by MCMC (see the module docstring).
+@dataclass(frozen=True)
+class KernelSettings:
+    """One chain's kernel: the engine's validated ``config``, the compiled log joint ``joint`` (``None``: Pyro's
+    tracing path), the chain's start ``init_strategy``, and ``resume``: ``(step size, inverse mass matrix)`` of
+    the chain being extended (``None``: adapt from scratch)."""
 
-    Parameters
+    config: "MCMCConfig"
+    joint: object | None
+    init_strategy: Callable | None = None
+    resume: tuple[float, torch.Tensor] | None = None
+
+
+# ---------------------------------------------------------------------- the configs
+@dataclass(frozen=True)
+class MCMCConfig(PotentialRunOptions):
+    """The options every MCMC engine takes; an engine subclasses it with its own options, its ``METHOD`` and
+    :meth:`kernel` (and, where it has extra checks or records, :meth:`checked` and :meth:`recorded`).
+
+    Attributes
     ----------
-    kernel:
-        ``"nuts"``, ``"hmc"`` or ``"metropolis"`` (``bp.fit``'s ``method`` sets it).
     num_samples, num_warmup, num_chains:
-        Kept draws per chain, warm-up (adaptation) steps per chain (default ``num_samples``), and chains
-        (default :data:`DEFAULT_NUM_CHAINS` = 4, as Stan: R-hat, the chains' agreement, needs at least two and is
-        NaN for one; each chain starts from its own point, so chains stuck in different modes show up). On two
-        cores ``chain_method="auto"`` runs them two at a time; what four chains cost against one is measured in
-        ``benchmarks/mcmc_default_chains.py`` (``benchmarks/results/mcmc_default_chains/``).
+        Kept draws per chain; warm-up (adaptation) iterations per chain (default ``num_samples``); chains
+        (default :data:`DEFAULT_NUM_CHAINS` = 4, as Stan: R-hat needs at least two; each chain starts from its own
+        point, so chains stuck in different modes show up).
     target_accept:
-        Acceptance probability the step size is tuned toward, in (0, 1): default 0.8 (NUTS, HMC),
-        0.234 (Metropolis).
+        The acceptance probability the step size is tuned toward, in (0, 1) (the engine's default, with its
+        reference, is its config's).
     step_size:
-        Initial step size (adapted during warm-up); found by Pyro's heuristic when omitted.
-    trajectory_length, num_leapfrog:
-        HMC only, one of the two. ``num_leapfrog``: exactly this many leapfrog steps per draw, fixed
-        through adaptation (default :data:`DEFAULT_NUM_LEAPFROG` = 32 when neither is given).
-        ``trajectory_length``: a fixed length, i.e. ``length / step_size`` steps per draw at the adapted
-        step size, unbounded (thousands per draw where the step is small, as in BNNs).
-    leapfrog_jitter:
-        HMC only: each draw's number of leapfrog steps is drawn uniformly from the integers within
-        ``(1 -+ leapfrog_jitter)`` times its count (``num_leapfrog``, or ``length / step size``), so its mean stays
-        that count (default :data:`DEFAULT_LEAPFROG_JITTER` = 0.5, e.g. 16-48 steps around 32; ``0``: fixed). A
-        fixed count resonates: where the trajectory turns some direction of the posterior by about a multiple of
-        pi, draw after draw returns next to its start (on an exact Gaussian posterior some seeds gave a bulk ESS
-        of 2 of 500 draws); a count that varies breaks the repetition (Neal 2011, sec. 5.4.2.2). Each draw's count
-        is ``sample_stats["n_steps"]``, drawn from the chain's seeded stream (reproducible, checkpointed).
-    max_tree_depth:
-        NUTS only: at most ``2**max_tree_depth - 1`` leapfrog steps per draw (default 10).
+        Initial step size (adapted during warm-up); found by a heuristic when omitted.
     dense_mass:
         A dense mass matrix (or proposal covariance) instead of a diagonal one.
     jit:
-        Compile the potential energy (and, for NUTS on the fast path, its gradient) once per chain:
-        faster per step for a fraction of a second of compiling. ``False`` evaluates it eagerly.
-    fast_path:
-        Evaluate the potential energy of a ``BNN`` directly in torch (:mod:`bnn_pyro.infer._logjoint`:
-        the same function as Pyro's, without tracing the model at every leapfrog step) where the model
-        allows it, and for NUTS sample with :class:`~bnn_pyro.infer._nuts.FlatNUTS` (HMC on the analytic path:
-        :class:`~bnn_pyro.infer._flat_hmc.FlatHMC`); ``False`` forces
-        Pyro's path (model tracing and Pyro's kernels). ``config["fast_path"]`` says which ran.
+        Compile the potential energy once per chain (``False``: evaluate it eagerly).
     init:
-        Starting point: ``"reset"`` (the default for a ``BNN``: every layer's ``reset_parameters()``
-        under chain ``c``'s seed ``seed + c``), ``"net"`` (a BNN's current weights, every chain),
-        ``"prior"`` (a prior draw per chain; the default for a Pyro function), ``"median"``, a dict of
-        site values, or a :class:`Posterior` (its mean, e.g. of an SVI or MAP fit, and its point
-        values); see :mod:`bnn_pyro.infer._init`.
+        Starting point: ``"reset"`` (a ``BNN``'s default: every layer's ``reset_parameters()`` under chain ``c``'s
+        seed), ``"net"``, ``"prior"`` (a Pyro function's default), ``"median"``, a dict of site values, or a
+        :class:`Posterior` (its mean and point values); see :mod:`bnn_pyro.infer._init`.
     chain_method:
         ``"auto"``, ``"parallel"`` (forked processes, one torch thread each), ``"sequential"``, or
-        ``"vectorized"`` (NUTS/HMC on the analytic fast path: all chains as one batched computation; module docstring).
+        ``"vectorized"`` (NUTS/HMC on the analytic fast path; module docstring).
     seed, progress:
-        Random seed (chain ``c`` uses ``seed + c``), and a progress bar per chain, labelled
-        ``"nuts chain 0"``, ... like the other engines' (parallel chains: one line each; ``False``: off).
+        Chain ``c`` uses ``seed + c``; a progress bar per chain (``False``: off).
     resume:
-        ``True`` (with ``checkpoint=``): continue each chain from its checkpoint file, bit-identically.
-        Or a NUTS/HMC :class:`Posterior` of this model to extend: each chain continues from its last
-        draw with its adapted step size and inverse mass matrix (``history["inverse_mass_matrix"]``),
-        without warm-up (``num_warmup`` must be omitted or 0), and ``num_samples`` new draws are
-        appended. Pass a ``seed`` other than the first run's, or the new segment repeats its noise.
+        ``True`` (with ``checkpoint=``): continue each chain from its file, bit-identically. Or a
+        :class:`Posterior` of the same method to extend (engines whose ``EXTENDS`` is true): each chain
+        continues from its last draw with its adapted step size and inverse mass matrix, without warm-up
+        (``num_warmup`` omitted or 0), and ``num_samples`` new draws are appended; pass another ``seed``.
+    fast_path:
+        Evaluate the potential directly in torch where the model allows it (module docstring); ``False``:
+        Pyro's path. ``config["fast_path"]`` says which ran.
     checkpoint, checkpoint_every:
-        A folder for one checkpoint file per chain (``chain{c}.ckpt``), written every ``checkpoint_every``
-        iterations (warm-up included) and after the last: the kernel's state (position, potential and
-        gradient, step size, dual-averaging and mass-matrix adaptation), the iteration, the draws and
-        statistics so far and the generators. ``resume=True`` continues every chain from its file; the
-        draws are bit-identical to an uninterrupted run's (see :mod:`bnn_pyro.infer.checkpoint`).
+        A folder for one file per chain (``chain{c}.ckpt``), written every ``checkpoint_every`` iterations
+        (warm-up included) and after the last (:mod:`bnn_pyro.infer.checkpoint`).
     """
-    kind = choice("kernel", kernel, Kernel)
-    num_samples = positive_int("num_samples", num_samples)
-    dense_mass, jit = flag("dense_mass", dense_mass), flag("jit", jit)
+
+    METHOD: ClassVar[str] = ""  # the registered method name: config["kernel"], progress bars, messages
+    EXTENDS: ClassVar[bool] = False  # resume=Posterior extends its chains (its kernel honours KernelSettings.resume)
+
+    num_samples: int = 1000
+    num_warmup: int | None = None
+    num_chains: int | None = None
+    target_accept: float | None = 0.8
+    step_size: float | None = None
+    dense_mass: bool = False
+    jit: bool = True
+    init: Any = None
+    chain_method: str = "auto"
+    resume: Any = False
+
+    def checked(self) -> "MCMCConfig":
+        """The config with this engine's own options validated and their ``None`` defaults resolved."""
+        return self
+
+    def recorded(self) -> dict:
+        """This engine's own entries of ``Posterior.config`` (the shared ones are written by :func:`sample`)."""
+        return {}
+
+    def kernel(self, model, chain: KernelSettings, model_args: tuple) -> tuple[ChainKernel, dict | None, dict | None]:
+        """One chain's kernel on ``model`` (validation off) and, for a kernel built on a potential function, the
+        ``initial_params`` and ``transforms`` it needs (``None`` otherwise)."""
+        raise NotImplementedError(f"{type(self).__name__}.kernel: an MCMC engine's config builds its kernel.")
+
+
+def _default(config, name: str):
+    value = getattr(config, name)
+    return type(config).__dataclass_fields__[name].default if value is None else value
+
+
+# the entries that NUTS, HMC and Metropolis recorded before each engine had a config of its own (kept so that
+# their checkpoints' run identities, and their posteriors' config, are unchanged)
+_SHARED_RECORD = dict(trajectory_length=None, num_leapfrog=None, leapfrog_jitter=None, max_tree_depth=None)
+
+
+@dataclass(frozen=True)
+class NUTSConfig(MCMCConfig):
+    """NUTS's options (:class:`MCMCConfig`'s and ``max_tree_depth``: at most ``2**max_tree_depth - 1`` leapfrog
+    steps per draw, default 10 as Stan and Pyro). ``target_accept`` 0.8: Stan's default."""
+
+    METHOD: ClassVar[str] = "nuts"
+    EXTENDS: ClassVar[bool] = True
+    max_tree_depth: int | None = 10
+
+    def checked(self) -> "NUTSConfig":
+        return replace(self, max_tree_depth=positive_int("max_tree_depth", _default(self, "max_tree_depth")))
+
+    def recorded(self) -> dict:
+        return dict(_SHARED_RECORD, max_tree_depth=self.max_tree_depth)
+
+    def kernel(self, model, chain, model_args):
+        if chain.joint is not None:  # the fast path: NUTS over one flat vector
+            kernel = FlatNUTS(model, chain.joint, init_strategy=chain.init_strategy, step_size=self.step_size,
+                              target_accept_prob=self.target_accept, max_tree_depth=self.max_tree_depth,
+                              dense_mass=self.dense_mass, jit=self.jit)
+            kernel.resume = chain.resume
+            return kernel, None, None
+        return pyro_kernel("nuts", model, joint=None, jit=self.jit, init_strategy=chain.init_strategy,
+                           model_args=model_args, resume=chain.resume, **_pyro_options(self),
+                           max_tree_depth=self.max_tree_depth)
+
+
+@dataclass(frozen=True)
+class HMCConfig(MCMCConfig):
+    """HMC's options: :class:`MCMCConfig`'s and
+
+    trajectory_length, num_leapfrog:
+        One of the two. ``num_leapfrog``: this many leapfrog steps per draw on average, fixed through adaptation
+        (default :data:`DEFAULT_NUM_LEAPFROG` = 32 when neither is given: a bounded cost per draw).
+        ``trajectory_length``: a fixed length, i.e. ``length / step_size`` steps per draw at the adapted step size
+        (unbounded: thousands per draw where the step is small, as in BNNs).
+    leapfrog_jitter:
+        Each draw's number of leapfrog steps is uniform over the integers within ``(1 -+ leapfrog_jitter)`` times
+        its count, so its mean stays that count (default :data:`DEFAULT_LEAPFROG_JITTER` = 0.5, e.g. 16-48 around
+        32; ``0``: fixed): a fixed count resonates where the trajectory turns a direction of the posterior by about
+        a multiple of pi (Neal 2011, sec. 5.4.2.2). Each draw's count is ``sample_stats["n_steps"]``.
+
+    ``target_accept`` 0.8: Stan's default.
+    """
+
+    METHOD: ClassVar[str] = "hmc"
+    EXTENDS: ClassVar[bool] = True
+    trajectory_length: float | None = None
+    num_leapfrog: int | None = None
+    leapfrog_jitter: float | None = DEFAULT_LEAPFROG_JITTER
+
+    def checked(self) -> "HMCConfig":
+        length, steps, jitter = self.trajectory_length, self.num_leapfrog, _default(self, "leapfrog_jitter")
+        if length is not None and steps is not None:
+            raise ValueError("hmc: give trajectory_length= or num_leapfrog=, not both.")
+        if not (isinstance(jitter, (int, float)) and not isinstance(jitter, bool) and 0.0 <= jitter < 1.0):
+            raise ValueError(f"leapfrog_jitter must be a fraction in [0, 1), got {jitter!r}; try "
+                             f"{DEFAULT_LEAPFROG_JITTER} (the default), or 0 for a fixed number of leapfrog steps.")
+        length = None if length is None else positive("trajectory_length", length)
+        steps = (DEFAULT_NUM_LEAPFROG if length is None else None) if steps is None else positive_int("num_leapfrog",
+                                                                                                      steps)
+        return replace(self, trajectory_length=length, num_leapfrog=steps, leapfrog_jitter=float(jitter))
+
+    def recorded(self) -> dict:
+        return dict(_SHARED_RECORD, trajectory_length=self.trajectory_length, num_leapfrog=self.num_leapfrog,
+                    leapfrog_jitter=self.leapfrog_jitter)
+
+    def kernel(self, model, chain, model_args):
+        if analytic_applies(chain.joint, *model_args):  # the fast path's HMC over one flat vector
+            kernel = FlatHMC(model, chain.joint, init_strategy=chain.init_strategy, step_size=self.step_size,
+                             target_accept_prob=self.target_accept, dense_mass=self.dense_mass,
+                             num_leapfrog=self.num_leapfrog, trajectory_length=self.trajectory_length, jit=self.jit,
+                             leapfrog_jitter=self.leapfrog_jitter)
+            kernel.resume = chain.resume
+            return kernel, None, None
+        kernel, params, transforms = pyro_kernel("hmc", model, joint=chain.joint, jit=self.jit,
+                                                 init_strategy=chain.init_strategy, model_args=model_args,
+                                                 resume=chain.resume, **_pyro_options(self),
+                                                 trajectory_length=self.trajectory_length)
+        kernel.fixed_num_steps, kernel.leapfrog_jitter = self.num_leapfrog, self.leapfrog_jitter
+        return kernel, params, transforms
+
+
+@dataclass(frozen=True)
+class MetropolisConfig(MCMCConfig):
+    """Random-walk Metropolis's options (:class:`MCMCConfig`'s); ``target_accept`` 0.234: the optimal acceptance
+    of a random walk in many dimensions (Roberts, Gelman & Gilks 1997)."""
+
+    METHOD: ClassVar[str] = "metropolis"
+    target_accept: float | None = 0.234
+
+    def recorded(self) -> dict:
+        return dict(_SHARED_RECORD)
+
+    def kernel(self, model, chain, model_args):
+        return _Metropolis(model, init_strategy=chain.init_strategy, step_size=self.step_size,
+                           target_accept_prob=self.target_accept, dense=self.dense_mass, jit=self.jit,
+                           joint=chain.joint), None, None
+
+
+def _pyro_options(config: MCMCConfig) -> dict:
+    """Pyro's HMC/NUTS options shared by both kernels."""
+    return dict(step_size=config.step_size or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
+                full_mass=config.dense_mass, target_accept_prob=config.target_accept)
+
+
+@entry(NUTSConfig)
+def fit_nuts(model, data: Data, config: NUTSConfig) -> Posterior:
+    """``bp.fit(..., method="nuts")``: sample the posterior of ``model`` by NUTS (module docstring; options:
+    :class:`NUTSConfig`)."""
+    return sample(model, data, config)
+
+
+@entry(HMCConfig)
+def fit_hmc(model, data: Data, config: HMCConfig) -> Posterior:
+    """``bp.fit(..., method="hmc")``: sample the posterior of ``model`` by HMC (module docstring; options:
+    :class:`HMCConfig`, e.g. ``num_leapfrog``, default :data:`DEFAULT_NUM_LEAPFROG` = 32)."""
+    return sample(model, data, config)
+
+
+@entry(MetropolisConfig)
+def fit_metropolis(model, data: Data, config: MetropolisConfig) -> Posterior:
+    """``bp.fit(..., method="metropolis")``: sample the posterior of ``model`` by random-walk Metropolis (module
+    docstring; options: :class:`MetropolisConfig`)."""
+    return sample(model, data, config)
+
+
+def sample(model, data: Data, config: MCMCConfig) -> Posterior:
+    """Run the chains of the MCMC engine ``config`` declares (its :meth:`MCMCConfig.kernel`) on ``model`` and
+    ``data`` and return them as a :class:`Posterior` (module docstring), after the MCMC health checks that the
+    method's declaration asks for (:class:`~bnn_pyro.infer.contract.Capabilities`)."""
+    method, c = type(config).METHOD, config
+    num_samples = positive_int("num_samples", c.num_samples)
+    dense_mass, jit = flag("dense_mass", c.dense_mass), flag("jit", c.jit)
+    resume, init, num_warmup, num_chains = c.resume, c.init, c.num_warmup, c.num_chains
     resume_files = resume is True  # resume=True/False: from the checkpoint files; a Posterior: extend it
     if isinstance(resume, bool):
         resume = None
-    elif resume is not None and checkpoint is not None:
+    elif resume is not None and c.checkpoint is not None:
         raise ValueError("resume: a Posterior to extend cannot be combined with checkpoint=; extend it without "
                          "checkpoint=, or pass resume=True to continue a checkpointed run from its files.")
     if resume is not None:
         # the chains continue from their last draws; the deterministic parameters stay those of the run extended
-        num_warmup, init = _check_resume(resume, kind, num_warmup, num_chains, dense_mass), resume
+        num_warmup, init = _check_resume(resume, config, num_warmup, num_chains, dense_mass), resume
         num_chains = resume.num_chains
     num_warmup = positive_int("num_warmup", num_samples if num_warmup is None else num_warmup,
                               allow_zero=resume is not None)
     num_chains = positive_int("num_chains", DEFAULT_NUM_CHAINS if num_chains is None else num_chains)
-    how = choice("chain_method", chain_method, ChainMethod)
-    if target_accept is None:
-        target_accept = 0.234 if kind is Kernel.METROPOLIS else 0.8
+    how = choice("chain_method", c.chain_method, ChainMethod)
+    target_accept = _default(c, "target_accept")
     if not (isinstance(target_accept, (int, float)) and 0.0 < target_accept < 1.0):
-        raise ValueError(f"target_accept must be a probability in (0, 1), got {target_accept!r}; try 0.8 "
-                         "(NUTS/HMC; 0.9-0.99 when there are divergences) or 0.234 (Metropolis).")
-    step_size = None if step_size is None else positive("step_size", step_size)
-    _only(kind, Kernel.HMC, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog,
-          leapfrog_jitter=leapfrog_jitter)
-    _only(kind, Kernel.NUTS, max_tree_depth=max_tree_depth)
-    if trajectory_length is not None and num_leapfrog is not None:
-        raise ValueError("hmc: give trajectory_length= or num_leapfrog=, not both.")
-    trajectory_length = None if trajectory_length is None else positive("trajectory_length", trajectory_length)
-    num_leapfrog = None if num_leapfrog is None else positive_int("num_leapfrog", num_leapfrog)
-    max_tree_depth = positive_int("max_tree_depth", 10 if max_tree_depth is None else max_tree_depth)
-    if kind is Kernel.HMC:
-        leapfrog_jitter = DEFAULT_LEAPFROG_JITTER if leapfrog_jitter is None else leapfrog_jitter
-        if not (isinstance(leapfrog_jitter, (int, float)) and 0.0 <= leapfrog_jitter < 1.0):
-            raise ValueError(f"leapfrog_jitter must be a fraction in [0, 1), got {leapfrog_jitter!r}; try "
-                             f"{DEFAULT_LEAPFROG_JITTER} (the default), or 0 for a fixed number of leapfrog steps.")
-        leapfrog_jitter = float(leapfrog_jitter)
-    if kind is Kernel.HMC and trajectory_length is None and num_leapfrog is None:
-        num_leapfrog = DEFAULT_NUM_LEAPFROG  # bounded cost per draw, not 2 * pi / (a BNN's tiny step)
+        raise ValueError(f"target_accept must be a probability in (0, 1), got {target_accept!r}; try "
+                         f"{type(c).__dataclass_fields__['target_accept'].default} (the {method} default; "
+                         "0.9-0.99 for NUTS/HMC when there are divergences).")
+    step_size = None if c.step_size is None else positive("step_size", c.step_size)
+    config = replace(c, target_accept=float(target_accept), step_size=step_size, dense_mass=dense_mass,
+                     jit=jit).checked()
     if data.loader is not None or (data.batch_size is not None and data.batch_size < data.x.shape[0]):
-        raise ValueError("mcmc needs the full data set at every step: drop batch_size= and pass tensors, "
+        raise ValueError(f"{method} needs the full data set at every step: drop batch_size= and pass tensors, "
                          "or use a stochastic-gradient method for minibatches.")
+    seed, progress = c.seed, c.progress
     init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
-    point_estimate, points = estimate_points(fitted, data, init, seed=seed, progress=progress, method=kind.value)
+    point_estimate, points = estimate_points(fitted, data, init, seed=seed, progress=progress, method=method)
     # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
     strategies = [init_strategy(fitted, chain_start(fitted, init, seed + c, points=c == 0)) for c in range(num_chains)]
     if points:  # the MAP's deterministic parameters (point_estimate == "map")
         set_points(fitted, points)
-    joint = _logjoint.build(fitted, data.size) if flag("fast_path", fast_path) else None
-    execution = chain_execution(num_chains, how, kind.value)
+    joint = _logjoint.build(fitted, data.size) if flag("fast_path", c.fast_path) else None
+    execution = chain_execution(num_chains, how, method)
     if execution == "vectorized":
-        _vectorized.check(kind.value, joint, data.x, data.y)
-    settings = KernelSettings(kind=kind, joint=joint, target_accept=float(target_accept), step_size=step_size,
-                              dense_mass=dense_mass, trajectory_length=trajectory_length, num_leapfrog=num_leapfrog,
-                              max_tree_depth=max_tree_depth, jit=jit, leapfrog_jitter=leapfrog_jitter or 0.0,
-                              flat_hmc=kind is Kernel.HMC and analytic_applies(joint, data.x, data.y))
+        _vectorized.check(method, joint, data.x, data.y)
+    settings = KernelSettings(config=config, joint=joint)
 
     def chain_settings(c: int) -> KernelSettings:
         return replace(settings, init_strategy=strategies[c]) if resume is None else replace(  # the chain's last draw,
@@ -289,38 +418,37 @@ def fit(model, data: Data, *, kernel="nuts", num_samples: int = 1000, num_warmup
             resume=(float(resume.sample_stats["step_size"][c, -1]), resume.history["inverse_mass_matrix"][c]))
 
     def run_chain(fitted, info):
-        bar = (f"{kind.value} chain {info.index}", info.line) if progress else None
+        bar = (f"{method} chain {info.index}", info.line) if progress else None
         return _run_chain(fitted, data, chain_settings(info.index), num_samples, num_warmup, bar, ckpts[info.index])
 
-    config = clean_config(dict(
-        kernel=kind.value, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
-        target_accept=float(target_accept), step_size=step_size, trajectory_length=trajectory_length,
-        num_leapfrog=num_leapfrog, leapfrog_jitter=leapfrog_jitter,
-        max_tree_depth=max_tree_depth if kind is Kernel.NUTS else None,
-        dense_mass=dense_mass, jit=jit, fast_path=joint is not None,
-        init=init if isinstance(init, str) else type(init).__name__,
+    record = clean_config(dict(
+        kernel=method, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
+        target_accept=config.target_accept, step_size=step_size, **config.recorded(), dense_mass=dense_mass, jit=jit,
+        fast_path=joint is not None, init=init if isinstance(init, str) else type(init).__name__,
         chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
         **({} if point_estimate is None else {"point_estimate": point_estimate}),
     ))
     # every chain's file checked before any chain runs; chain_method is not part of the run (same draws either way)
-    run = {k: v for k, v in config.items() if k not in ("chain_method", "chain_execution")}
+    run = {k: v for k, v in record.items() if k not in ("chain_method", "chain_execution")}
     batched = execution == "vectorized"  # its draws differ from the other executions': part of the run; one file
-    ckpts = open_chains(checkpoint, every=checkpoint_every, resume=resume_files, num_chains=1 if batched else num_chains,
-                        run=dict(method=kind.value, **run, **({"chain_execution": execution} if batched else {})))
+    ckpts = open_chains(c.checkpoint, every=c.checkpoint_every, resume=resume_files,
+                        num_chains=1 if batched else num_chains,
+                        run=dict(method=method, **run, **({"chain_execution": execution} if batched else {})))
     # one model for every chain: its deterministic parameters (fixed) come from chain 0's start
-    runs = (_vectorized.run(fitted, data, [chain_settings(c) for c in range(num_chains)], kind=kind.value,
+    runs = (_vectorized.run(fitted, data, [chain_settings(c) for c in range(num_chains)], kind=method,
                             num_samples=num_samples, num_warmup=num_warmup, seed=seed, progress=progress, ckpt=ckpts[0])
             if batched else run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False,
                                        method="mcmc"))
-    post = assemble(runs, method=kind.value, config=config, data=data)
+    post = assemble(runs, method=method, config=record, data=data)
     post.samples.update(deterministic_sites(fitted, post.samples, data))
     if resume is not None:  # append the new segment to the draws it continues
         post.samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in post.samples.items()}
         post.sample_stats = {k: torch.cat([resume.sample_stats[k].to(v.dtype), v], dim=1)
                              for k, v in post.sample_stats.items()}
-        config.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
+        record.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
                       extended_by=num_samples)
-    return check_mcmc(post, target_accept=float(target_accept))
+    can = REGISTRY[Method(method)].capabilities
+    return check_mcmc(post, target_accept=config.target_accept, acceptance=can.accept_reject)
 
 
 def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> dict[str, torch.Tensor]:
@@ -352,11 +480,14 @@ def _size_kwargs(model, data: Data) -> dict:
     return {"dataset_size": data.size} if "dataset_size" in inspect.signature(model).parameters else {}
 
 
-def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> int:
-    """``resume=``: a NUTS/HMC posterior of the same kernel that stored its adapted mass matrix."""
-    if not isinstance(resume, Posterior) or resume.method != kind.value or kind is Kernel.METROPOLIS:
+def _check_resume(resume, config: MCMCConfig, num_warmup, num_chains, dense_mass) -> int:
+    """``resume=``: a posterior of the same method, one that extends (``EXTENDS``), which stored its adapted mass
+    matrix."""
+    method = type(config).METHOD
+    if not isinstance(resume, Posterior) or resume.method != method or not type(config).EXTENDS:
+        takers = list(extendable_methods())
         raise ValueError(f"resume: expected True (continue from the checkpoint= files) or a Posterior of "
-                         f"method={kind.value!r} (nuts or hmc) to extend, got "
+                         f"method={method!r} ({' or '.join(takers)}) to extend, got "
                          f"{getattr(resume, 'method', type(resume).__name__)!r}; fit one with bp.fit(method='nuts').")
     if "inverse_mass_matrix" not in resume.history:
         raise ValueError("resume: this posterior has no history['inverse_mass_matrix'] (fitted before it was "
@@ -371,79 +502,17 @@ def _check_resume(resume, kind: Kernel, num_warmup, num_chains, dense_mass) -> i
     return 0
 
 
-def fit_nuts(model, data: Data, **config) -> Posterior:
-    """``bp.fit(..., method="nuts")``: :func:`fit` with ``kernel="nuts"``."""
-    return fit(model, data, kernel=Kernel.NUTS, **config)
-
-
-def fit_hmc(model, data: Data, **config) -> Posterior:
-    """``bp.fit(..., method="hmc")``: :func:`fit` with ``kernel="hmc"``."""
-    return fit(model, data, kernel=Kernel.HMC, **config)
-
-
-def fit_metropolis(model, data: Data, **config) -> Posterior:
-    """``bp.fit(..., method="metropolis")``: :func:`fit` with ``kernel="metropolis"``."""
-    return fit(model, data, kernel=Kernel.METROPOLIS, **config)
-
-
-def _only(kind: Kernel, owner: Kernel, **options) -> None:
-    for name, value in options.items():
-        if value is not None and kind is not owner:
-            raise ValueError(f"{name}= applies to method={owner.value!r} only, not {kind.value!r}; drop it.")
+def extendable_methods() -> dict[str, type]:
+    """The MCMC methods whose chains ``resume=Posterior`` extends, from their configs' ``EXTENDS``."""
+    found = {}
+    for method, declared in REGISTRY.items():
+        config = getattr(declared.fit_function(), "config_type", None) if declared.capabilities.markov_chain else None
+        if isinstance(config, type) and issubclass(config, MCMCConfig) and config.EXTENDS:
+            found[method.value] = config
+    return found
 
 
 # ---------------------------------------------------------------------- running chains
-@dataclass(frozen=True)
-class KernelSettings:
-    """One chain's kernel: the method, the compiled log joint (``None``: Pyro's path), the adaptation target,
-    the step size (``None``: found), the mass matrix, HMC's trajectory, NUTS's depth, the start, and
-    ``resume``: ``(step size, inverse mass matrix)`` of the chain being extended."""
-
-    kind: Kernel
-    joint: object | None
-    target_accept: float
-    step_size: float | None
-    dense_mass: bool
-    trajectory_length: float | None
-    num_leapfrog: int | None
-    max_tree_depth: int
-    jit: bool
-    init_strategy: Callable | None = None
-    resume: tuple[float, torch.Tensor] | None = None
-    flat_hmc: bool = False  # HMC on the analytic path: FlatHMC (bnn_pyro.infer._flat_hmc), not Pyro's HMC
-    leapfrog_jitter: float = 0.0  # HMC: each draw's leapfrog count varies by this fraction (jittered_steps)
-
-
-def _make_kernel(model, s: KernelSettings, model_args: tuple):
-    """The chain's kernel and, for Pyro's kernels on the fast path, the ``initial_params`` and ``transforms``
-    that a kernel given its ``potential_fn`` needs (``None`` otherwise)."""
-    if s.kind is Kernel.METROPOLIS:
-        return _Metropolis(model, init_strategy=s.init_strategy, step_size=s.step_size, target_accept_prob=s.target_accept,
-                           dense=s.dense_mass, jit=s.jit, joint=s.joint), None, None
-    if s.kind is Kernel.NUTS and s.joint is not None:  # the fast path: NUTS over one flat vector
-        kernel = FlatNUTS(model, s.joint, init_strategy=s.init_strategy, step_size=s.step_size,
-                          target_accept_prob=s.target_accept, max_tree_depth=s.max_tree_depth,
-                          dense_mass=s.dense_mass, jit=s.jit)
-        kernel.resume = s.resume
-        return kernel, None, None
-    if s.flat_hmc:  # the fast path's HMC over one flat vector
-        kernel = FlatHMC(model, s.joint, init_strategy=s.init_strategy, step_size=s.step_size,
-                         target_accept_prob=s.target_accept, dense_mass=s.dense_mass, num_leapfrog=s.num_leapfrog,
-                         trajectory_length=s.trajectory_length, jit=s.jit, leapfrog_jitter=s.leapfrog_jitter)
-        kernel.resume = s.resume
-        return kernel, None, None
-    options = dict(step_size=s.step_size or 1.0, adapt_step_size=True, adapt_mass_matrix=True, full_mass=s.dense_mass,
-                   target_accept_prob=s.target_accept)
-    if s.kind is Kernel.NUTS:
-        options["max_tree_depth"] = s.max_tree_depth
-    else:
-        options["trajectory_length"] = s.trajectory_length
-    kernel, params, transforms = pyro_kernel(s.kind.value, model, joint=s.joint, jit=s.jit, init_strategy=s.init_strategy,
-                                             model_args=model_args, resume=s.resume, **options)
-    kernel.fixed_num_steps, kernel.leapfrog_jitter = s.num_leapfrog, s.leapfrog_jitter
-    return kernel, params, transforms
-
-
 def _run_chain(model, data: Data, settings: KernelSettings, num_samples: int, num_warmup: int,
                bar: tuple[str, int] | None, ckpt: Checkpoint | None = None):
     """One chain (inside the driver's :func:`~bnn_pyro.infer.driver.chain`): its draws ``(num_samples, *shape)``,
@@ -458,10 +527,9 @@ def _run_chain(model, data: Data, settings: KernelSettings, num_samples: int, nu
 
 
 def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
-    """Our loop over Pyro's ``MCMCKernel`` interface (``setup``, ``sample``, ``cleanup``): what Pyro's ``MCMC``
-    does for one chain (distribution validation off, the draws mapped back to the constrained space), and
+    """Our loop over a :class:`ChainKernel` (Pyro's ``MCMCKernel`` interface): what Pyro's ``MCMC`` does for one chain (distribution validation off, the draws mapped back to the constrained space), and
     the checkpoint/resume that ``MCMC`` cannot give (it starts every run at its first warm-up step)."""
-    kernel, params, transforms = _make_kernel(quiet_model(model, data.size), settings, (data.x, data.y))
+    kernel, params, transforms = settings.config.kernel(quiet_model(model, data.size), settings, (data.x, data.y))
     total = num_warmup + num_samples
     label, line = bar or ("", 0)  # our bar, labelled per chain like the other engines' (Pyro's says "Warmup"/"Sample")
     with progress_bar(total, label, bar is not None, position=line) as shown, pyro.validation_enabled(False):

@@ -22,7 +22,7 @@ inference for Bayesian deep learning. UAI.
    ``w_hat`` of its iterates and the deviations ``D`` (``K x d``, the last ``K`` of them) of the iterates from
    the running average. Their principal components (the SVD ``D = U S V^T``) give the basis
 
-       ``P = V_k S_k / sqrt(K - 1)``   (``d x k``, ``k = rank``),
+       ``P = V_k S_k / sqrt(K - 1)``   (``d x k``, ``k = subspace_dim``),
 
    so that ``w = w_hat + P z`` moves along the ``k`` directions in which SGD wandered most, ``z_j = 1``
    being one standard deviation of the iterates along direction ``j`` (the paper's PCA subspace). The
@@ -52,7 +52,7 @@ Prior on z (``prior=``):
 - ``"induced"`` (default): the net's own prior restricted to the subspace, ``p(z) ∝ p_w(w_hat + P z)``
   (the weight sites' log prior is evaluated at the conditioned values). The posterior over ``z`` is then
   the net's posterior conditioned on ``w`` lying in the subspace: when the subspace is the whole weight
-  space (``rank = d``) it is exactly the net's posterior, mapped by an affine bijection (the test suite
+  space (``subspace_dim = d``) it is exactly the net's posterior, mapped by an affine bijection (the test suite
   checks this against Bayesian linear regression's closed form).
 - ``"isotropic"``: ``z ~ N(0, prior_scale^2 I)``, the paper's choice (their Section 4; the net's own prior
   is then not used for the weights).
@@ -74,45 +74,53 @@ with other settings is an error (this fit's and each stage's own run identity).
 
 Examples
 --------
->>> post = bp.fit(model, x, y, method="subspace", rank=10, inner="nuts", num_samples=500, num_chains=2,
-...               inner_options=dict(num_warmup=500), seed=0)
+>>> post = bp.fit(model, x, y, method="subspace", subspace_dim=10, num_samples=500, num_chains=2,
+...               inner=bp.infer.mcmc.NUTSConfig(num_warmup=500, dense_mass=True), seed=0)
 >>> post.config["subspace"]["singular_values"]     # the SWA iterates' spread along each direction
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro import poutine
 
+from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, CheckpointError, read, write
+from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainRun, assemble
 from bnn_pyro.infer.holdout import noise_site, select_noise, split
 from bnn_pyro.infer.map_fit import fit_map
-from bnn_pyro.infer.swag import fit_moments
+from bnn_pyro.infer.swag import SWAConfig, fit_moments
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_subspace", "Subspace", "SubspaceModel", "SubspacePrior", "INNER"]
+__all__ = ["fit_subspace", "SubspaceConfig", "Subspace", "SubspaceModel", "SubspacePrior", "inner_engines"]
 
-# engines that fit a Pyro function model on the same data (the point-fit engines need a BNN)
-INNER = ("nuts", "hmc", "metropolis", "svi", "sgld", "sghmc", "csgmcmc")
-_FULL_DATA = ("nuts", "hmc", "metropolis")  # MCMC with an accept/reject step: the full data at every step
 # pre-training on full batches (or reshuffled epochs) by the MAP engine: swag.py's pre-training budget and rate
 _PRETRAIN_STEPS, _PRETRAIN_LR = 2000, 3e-2
 _SET_BY_SUBSPACE = ("seed", "progress", "batch_size", "dataset_size", "num_threads", "num_samples", "num_chains",
                     "fast_path", "checkpoint", "checkpoint_every", "resume")
 STAGES = ("map", "swa", "inner")  # the sub-folders of checkpoint=FOLDER, one per stage
+
+
+def inner_engines() -> tuple[str, ...]:
+    """The methods that can run over the subspace's coordinates: those whose declaration says they fit a Pyro
+    function model (``Capabilities.function_model``; the point-fit engines need a ``BNN``)."""
+    return tuple(m.value for m, declared in REGISTRY.items() if declared.capabilities.function_model)
 
 
 class SubspacePrior(str, Enum):
@@ -165,31 +173,50 @@ class SubspaceModel:
             return self.bnn(x, y, dataset_size=dataset_size)  # deterministic parameters: fixed, not trained
 
 
-def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_samples: int | None = None,
-                 num_chains: int = 1, inner_options: dict | None = None, prior: str = "induced", prior_scale: float | None = None, swa: dict | None = None, seed: int = 0,
-                 progress: bool = True, fast_path: bool = True, checkpoint: str | None = None,
-                 checkpoint_every: int | None = None, resume: bool = False) -> Posterior:
+@dataclass(frozen=True)
+class SubspaceConfig(PotentialRunOptions):
+    """The options of ``bp.fit(..., method="subspace")``, each described in :func:`fit_subspace`; ``rank``, the
+    former name of ``subspace_dim``, is accepted for one release with a ``DeprecationWarning``."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"rank": "subspace_dim"}
+
+    subspace_dim: int = 10
+    inner: Any = "nuts"
+    num_samples: int | None = None
+    num_chains: int = 1
+    inner_options: dict | None = None
+    prior: str = "induced"
+    prior_scale: float | None = None
+    swa: dict | None = None
+
+
+@entry(SubspaceConfig)
+def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
     """Subspace inference: a PCA subspace of the SWA trajectory, then ``inner`` over its coordinates.
 
     Parameters
     ----------
-    rank:
+    subspace_dim:
         ``k``, the subspace's dimension (default 10; the paper uses 5 to 20); at most the number of SWA
-        deviations kept (``swa["rank"]``, default ``max(20, rank)``) and the number of weights. Why 10: on the
+        deviations kept (``swa["rank"]``, default ``max(20, subspace_dim)``) and the number of weights. ``rank=``,
+        its former name, still works for one release with a ``DeprecationWarning``. Why 10: on the
         bundled gap data (1-50-1 tanh net, noise 0.1, seed 0) the linearized posterior in the subspace is
         1.55x more uncertain in the gap than on the data at rank 5 (NUTS over z at rank 5: 1.55x too), 4.3x at
         rank 10 and 7.3x at rank 20 (NUTS on all weights: 6.6x): the top few directions of the SGD iterates
         change the fit on the data, the next ones bend the function in the gap.
     inner, num_samples, num_chains, inner_options:
-        The engine run over ``z`` (``"nuts"`` by default; see :data:`INNER`), its draws per chain (default: the
-        engine's own), its chains (default 1), and its other options (e.g. ``dict(num_warmup=500)``); ``seed``,
+        The engine run over ``z``: a method name (``"nuts"`` by default; see :func:`inner_engines`) or that
+        engine's typed config with its options (e.g. ``bp.infer.mcmc.NUTSConfig(num_warmup=500)``: all its options
+        are passed on, its defaults included, so ``dense_mass`` is then the config's); its draws per chain (default: the engine's own), its
+        chains (default 1), and, as a dict, further options of it (e.g. ``dict(num_warmup=500)``); ``seed``,
         ``progress`` and the data settings come from this fit. NUTS and HMC adapt a dense mass matrix by
         default here (``dense_mass=True``: ``k`` is small); pass ``dense_mass=False`` to change it.
     prior, prior_scale:
         ``"induced"`` (default: the net's prior at ``w_hat + P z``) or ``"isotropic"`` (``z ~ N(0,
         prior_scale^2 I)``, ``prior_scale`` default 1).
     swa:
-        Options of the SWA run that builds the subspace (:func:`bnn_pyro.infer.swag.fit_swag`'s: ``rank``,
+        Options of the SWA run that builds the subspace, as ``bp.infer.swag.SWAGConfig(...)`` (the fields given
+        away from their defaults) or a dict (:func:`bnn_pyro.infer.swag.fit_swag`'s options: ``rank``,
         the deviations kept, ``pretrain_steps``, ``num_steps``, ``lr``, ``validation``, ...; one chain). By
         default the pre-training is a full-batch MAP fit (step 0 of the module docstring); an explicit ``init``
         here runs SWA's own pre-training instead.
@@ -212,16 +239,54 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         The inner engine's chains and draws over the net's sites; ``config["subspace"]`` records the rank,
         the prior and the singular values, ``config["inner"]`` the inner engine's configuration.
     """
+    return _fit_subspace(model, data, **config.keywords())
+
+
+def _inner_method(inner) -> tuple[str, dict]:
+    """``inner=`` as a method name and the options its typed config gives: all of them (its defaults included, e.g.
+    ``dense_mass=False``) but those this fit sets (seed, chains, draws, checkpoints, ...), which are passed on, to be
+    refused by name, only where they differ from their defaults."""
+    if isinstance(inner, str) or not dataclasses.is_dataclass(inner):
+        return inner, {}
+    for method, declared in REGISTRY.items():
+        if declared.capabilities.function_model and getattr(declared.fit_function(), "config_type", None) is type(inner):
+            return method.value, {f.name: getattr(inner, f.name) for f in dataclasses.fields(inner)
+                                  if f.name not in _SET_BY_SUBSPACE or getattr(inner, f.name) != f.default}
+    raise TypeError(f"inner: expected one of {', '.join(map(repr, inner_engines()))} or the config of one (e.g. "
+                    f"bp.infer.mcmc.NUTSConfig(num_warmup=500)), got {type(inner).__name__}.")
+
+
+def _swa_options(swa) -> dict:
+    """``swa=`` as a dict of the SWA run's options: a dict as it is, or a SWA/SWAG config
+    (``bp.infer.swag.SWAGConfig(num_steps=...)``) whose fields set away from their defaults (the others keep this
+    fit's defaults, e.g. its MAP pre-training)."""
+    if swa is None or isinstance(swa, dict):
+        return dict(swa or {})
+    if isinstance(swa, SWAConfig):
+        return {f.name: getattr(swa, f.name) for f in dataclasses.fields(swa) if not _is_default(getattr(swa, f.name), f)}
+    raise TypeError(f"swa: expected the SWA run's options as bp.infer.swag.SWAGConfig(...) or a dict, got "
+                    f"{type(swa).__name__}; e.g. swa=SWAGConfig(num_steps=2000, rank=20).")
+
+
+def _is_default(value, f: dataclasses.Field) -> bool:
+    return value is f.default or (isinstance(value, (bool, int, float, str)) and type(value) is type(f.default)
+                                  and value == f.default)
+
+
+def _fit_subspace(model, data: Data, *, subspace_dim, inner, num_samples, num_chains, inner_options, prior,
+                  prior_scale, swa, seed, progress, fast_path, checkpoint, checkpoint_every, resume) -> Posterior:
+    """:func:`fit_subspace` on its options as keywords."""
     from bnn_pyro.infer import fit, options
 
     if not isinstance(model, BNN):
         raise TypeError(f"model: method='subspace' needs a bnn_pyro.BNN (its weight sites span the subspace), got "
                         f"{type(model).__name__}; wrap the net as bp.BNN(net, prior=..., likelihood=...).")
-    rank = positive_int("rank", rank)
-    if not (isinstance(inner, str) and inner in INNER):
-        raise ValueError(f"inner: expected one of {', '.join(map(repr, INNER))} (an engine that fits a Pyro "
+    rank = positive_int("subspace_dim", subspace_dim)
+    inner, typed = _inner_method(inner)
+    if not (isinstance(inner, str) and inner in inner_engines()):
+        raise ValueError(f"inner: expected one of {', '.join(map(repr, inner_engines()))} (an engine that fits a Pyro "
                          f"function model), got {inner!r}; try inner='nuts'.")
-    inner_options = dict(inner_options or {})
+    inner_options = {**typed, **(inner_options or {})}
     known = options(inner)
     for key in inner_options:
         if key in _SET_BY_SUBSPACE:
@@ -238,7 +303,7 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         raise ValueError("prior_scale: applies to prior='isotropic' only (the induced prior is the net's own); "
                          "drop it, or pass prior='isotropic'.")
     scale = positive("prior_scale", 1.0 if prior_scale is None else prior_scale)
-    swa = dict(swa or {})
+    swa = _swa_options(swa)
     paths = Potentials(fast_path)
     for key in ("swag", "num_chains", "num_samples", "scale", "seed", "progress", "fast_path", "checkpoint",
                 "checkpoint_every", "resume"):
@@ -246,11 +311,11 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
             raise ValueError(f"swa: {key!r} is set by the subspace fit (one SWA chain builds the subspace); drop it.")
     num_weights = sum(math.prod(model.param_shapes[n]) for n in model.sample_names)
     if rank > num_weights:
-        raise ValueError(f"rank={rank} exceeds the number of weights with a prior ({num_weights}); lower it.")
+        raise ValueError(f"subspace_dim={rank} exceeds the number of weights with a prior ({num_weights}); lower it.")
     deviations = positive_int("swa['rank']", swa.pop("rank", max(20, rank)))
     if rank > deviations:
-        raise ValueError(f"rank={rank} exceeds the {deviations} SWA deviations kept (swa['rank']); lower rank or "
-                         f"pass swa=dict(rank={rank}) or more.")
+        raise ValueError(f"subspace_dim={rank} exceeds the {deviations} SWA deviations kept (swa['rank']); lower "
+                         f"subspace_dim or pass swa=dict(rank={rank}) or more.")
     stages = _stages(checkpoint, checkpoint_every, resume, dict(
         method="subspace", rank=rank, inner=inner, inner_options=inner_options, prior=kind.value, prior_scale=scale,
         swa=dict(swa, rank=deviations), seed=seed, batch_size=data.batch_size, dataset_size=data.size))
@@ -276,8 +341,9 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
     dtype = pot.init[next(iter(shapes))].dtype
     space, singular = Subspace.from_deviations(moments.mean[columns], moments.deviations[:, columns], rank, shapes)
     if not singular[rank - 1] > 1e-8 * singular[0]:
-        raise ValueError(f"rank={rank}: the SWA deviations span only {int((singular > 1e-8 * singular[0]).sum())} "
-                         "directions; lower rank, or collect more snapshots (swa=dict(num_steps=...)).")
+        raise ValueError(f"subspace_dim={rank}: the SWA deviations span only "
+                         f"{int((singular > 1e-8 * singular[0]).sum())} directions; lower subspace_dim, or collect more "
+                         "snapshots (swa=dict(num_steps=...)).")
     space = Subspace(space.center.to(dtype), space.basis.to(dtype), shapes)
 
     if inner in ("nuts", "hmc"):
@@ -291,7 +357,8 @@ def fit_subspace(model, data: Data, *, rank: int = 10, inner: str = "nuts", num_
         inner_post = fit(zmodel, data.loader, None, method=inner, dataset_size=data.size, seed=seed,
                          progress=progress, fast_path=fast_path, **inner_options, **stages["inner"])
     else:
-        batch = None if inner in _FULL_DATA else data.batch_size  # minibatches: for SWA and the SG engines
+        # minibatches for the engines that take them (SVI, SG-MCMC); MCMC's accept/reject needs the full data
+        batch = data.batch_size if REGISTRY[Method(inner)].capabilities.minibatches else None
         inner_post = fit(zmodel, train.x, train.y, method=inner, batch_size=batch, seed=seed, progress=progress,
                          fast_path=fast_path, **inner_options, **stages["inner"])
     samples = {k: v.detach().clone() for k, v in space.weights(inner_post.samples["z"]).items()}

@@ -62,7 +62,6 @@ _NO_DENSITY = {
     "mc_dropout": "MC dropout's draws are a network under random masks: a discrete mixture of point masses in "
                   "weight space, with no density",
 }
-_MARKOV = ("nuts", "hmc", "metropolis", "sgld", "sghmc", "csgmcmc")
 
 
 @dataclass(frozen=True)
@@ -181,8 +180,11 @@ def resample(weights: torch.Tensor, num_samples: int, *, seed: int | None = None
 def _require_density(post) -> None:
     if "log_q" in post.sample_stats:
         return
+    from bnn_pyro.infer.registry import REGISTRY  # the registry's fact about the method
+
     method = post.method
-    if method in _MARKOV:
+    declared = REGISTRY.get(method) if isinstance(method, str) else None
+    if declared is not None and declared.capabilities.markov_chain:
         raise ValueError(f"psis: method {method!r} draws from a Markov chain, not from an approximation q with a "
                          "density, so there is no importance ratio p / q to check; use post.summary() (R-hat, ESS) "
                          "for its convergence instead.")

@@ -1,6 +1,6 @@
 """What the driver (bnn_pyro/infer/driver.py) gives every registered method, checked method by method.
 
-* checkpoint/resume: every method that takes ``checkpoint=`` (:data:`bnn_pyro.infer.checkpoint.ENGINES`)
+* checkpoint/resume: every method that takes ``checkpoint=`` (its declaration's ``Capabilities.checkpoint``)
   resumes bit-identically after a crash; every other method refuses ``checkpoint=`` with an error naming
   the methods that take it.
 * the same seed gives the same draws, and ``progress=False`` prints nothing.
@@ -24,6 +24,7 @@ TINY = {
     "nuts": dict(num_samples=4, num_warmup=4, num_chains=1, max_tree_depth=3),
     "hmc": dict(num_samples=4, num_warmup=4, num_chains=1, num_leapfrog=3),
     "metropolis": dict(num_samples=4, num_warmup=4, num_chains=1),
+    "mala": dict(num_samples=4, num_warmup=4, num_chains=1),
     "sgld": dict(num_samples=4, num_warmup=6, thin=1),
     "sghmc": dict(num_samples=4, num_warmup=6, thin=1),
     "csgmcmc": dict(num_cycles=2, num_samples=4, thin=1),
@@ -35,7 +36,7 @@ TINY = {
     "ensemble": dict(num_chains=2, num_steps=12, lr=1.0),  # member 0 peaks on held-out rows at step 3 (of 12)
     "laplace": dict(num_steps=12, lr=1.0, num_samples=4),  # its MAP search peaks on held-out rows at step 3 (of 12)
     "snapshot": dict(num_cycles=2, cycle_length=6),
-    "subspace": dict(rank=2, num_samples=4, inner_options=dict(num_warmup=4, max_tree_depth=2),
+    "subspace": dict(subspace_dim=2, num_samples=4, inner_options=dict(num_warmup=4, max_tree_depth=2),
                      swa=dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2)),
 }
 METHODS = [m.value for m in Method]
@@ -70,7 +71,7 @@ class _Crash(Exception):
 def test_checkpoint_resume_is_bit_identical_or_refused_by_name(method, toy, tmp_path, monkeypatch):
     x, y = toy
     takes = "checkpoint" in bp.infer.options(method)
-    assert takes == (method in ckpt_mod.ENGINES), "checkpoint.ENGINES must list exactly the methods that take it"
+    assert takes == bp.infer.REGISTRY[bp.infer.Method(method)].capabilities.checkpoint, "declared checkpoint=True"
     if not takes:
         with pytest.raises(TypeError, match=rf"checkpoint: not an option of method='{method}'.*\(svi, "):
             _fit(method, x, y, checkpoint=tmp_path)

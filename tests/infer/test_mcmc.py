@@ -90,7 +90,7 @@ def test_hmc_default_leapfrog_count_is_bounded_and_explicit_settings_win():
         return bp.fit(_blr(2), x, y, method="hmc", num_chains=1, num_samples=10, num_warmup=30, seed=5, progress=False, **options)
 
     default = run()
-    assert f"(default :data:`DEFAULT_NUM_LEAPFROG` = {mcmc.DEFAULT_NUM_LEAPFROG} when" in mcmc.fit.__doc__
+    assert f"(default :data:`DEFAULT_NUM_LEAPFROG` = {mcmc.DEFAULT_NUM_LEAPFROG} when" in mcmc.HMCConfig.__doc__
     steps = default.sample_stats["n_steps"]  # jittered within +-50% of the default count (see the ESS test below)
     assert ((steps >= mcmc.DEFAULT_NUM_LEAPFROG // 2) & (steps <= mcmc.DEFAULT_NUM_LEAPFROG * 3 // 2)).all()
     assert default.config["num_leapfrog"] == mcmc.DEFAULT_NUM_LEAPFROG
@@ -406,7 +406,6 @@ def test_diverging_trajectory_is_rejected_not_raised():
     (dict(target_accept=1.0), r"target_accept must be a probability in \(0, 1\)"),
     (dict(target_accept=0.0), r"target_accept must be a probability in \(0, 1\)"),
     (dict(step_size=-0.1), "step_size must be a positive"),
-    (dict(num_leapfrog=5), "num_leapfrog= applies to method='hmc' only"),
     (dict(init="pretrained"), "init: unknown value 'pretrained'"),
     (dict(chain_method="threads"), "chain_method: unknown value 'threads'"),
 ])
@@ -420,11 +419,16 @@ def test_bad_hmc_and_method_arguments():
     x, y = _data(2)
     with pytest.raises(ValueError, match="trajectory_length= or num_leapfrog=, not both"):
         bp.fit(_blr(2), x, y, method="hmc", num_chains=1, trajectory_length=1.0, num_leapfrog=3)
-    with pytest.raises(ValueError, match="max_tree_depth= applies to method='nuts' only"):
+    with pytest.raises(TypeError, match=r"max_tree_depth: not an option of method='hmc'.*\(nuts\)"):
         bp.fit(_blr(2), x, y, method="hmc", num_chains=1, max_tree_depth=5)
-    with pytest.raises(ValueError, match="method: unknown value 'mala'"):
-        bp.fit(_blr(2), x, y, method="mala")
-    with pytest.raises(ValueError, match="mcmc needs the full data"):
+    for method, name in (("nuts", "num_leapfrog"), ("metropolis", "num_leapfrog"), ("metropolis", "max_tree_depth"),
+                         ("metropolis", "trajectory_length")):  # a kernel's options are its own, listed by options()
+        assert name not in bp.infer.options(method)
+        with pytest.raises(TypeError, match=rf"{name}: not an option of method='{method}'"):
+            bp.fit(_blr(2), x, y, method=method, num_chains=1, **{name: 5})
+    with pytest.raises(ValueError, match="method: unknown value 'langevin'"):
+        bp.fit(_blr(2), x, y, method="langevin")
+    with pytest.raises(ValueError, match="nuts needs the full data"):
         bp.fit(_blr(2), x, y, method="nuts", num_chains=1, batch_size=10)
 
 

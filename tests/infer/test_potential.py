@@ -256,7 +256,7 @@ def test_subspace_passes_fast_path_to_every_stage():
     fits = {}
     for fast in (True, False):
         model = _bnn(_mlp(nn.Linear(1, 6), nn.Tanh(), nn.Linear(6, 1)), FIXED)
-        fits[fast] = bp.fit(model, x, y, method="subspace", rank=2, inner="svi", num_samples=5,
+        fits[fast] = bp.fit(model, x, y, method="subspace", subspace_dim=2, inner="svi", num_samples=5,
                             inner_options=dict(num_steps=5), swa=dict(rank=4, pretrain_steps=20, num_steps=20),
                             seed=0, progress=False, **({} if fast else dict(fast_path=False)))
     assert fits[True].config["swa"]["potential"] == "analytic" and fits[True].config["swa"]["fast_path"] is True

@@ -81,7 +81,7 @@ def test_full_rank_subspace_recovers_the_exact_blr_posterior():
     bias): every mean and covariance entry within Z_MAX Monte Carlo standard errors (ESS-based)."""
     x, y = _blr_data()
     exact = BLR(x=x, y=y, noise=SIGMA, prior_scale=1.0)
-    post = bp.fit(exact.model(), x, y, method="subspace", rank=3, num_samples=500,
+    post = bp.fit(exact.model(), x, y, method="subspace", subspace_dim=3, num_samples=500,
                   inner_options=dict(num_warmup=200), swa=SMALL_SWA, seed=1, progress=False)
     assert post.method == "subspace" and post.num_chains == 1 and post.num_draws == 500
     w = torch.cat([post.samples["weight"].reshape(1, 500, 2), post.samples["bias"].reshape(1, 500, 1)], -1).double()
@@ -94,7 +94,7 @@ def test_full_rank_subspace_recovers_the_exact_blr_posterior():
 def test_inner_svi_gives_a_usual_posterior_over_the_weights(tmp_path):
     x = torch.linspace(-2, 2, 30)[:, None]
     y = torch.sin(2 * x[:, 0])
-    post = bp.fit(_mlp(), x, y, method="subspace", rank=2, inner="svi", num_samples=20, num_chains=2,
+    post = bp.fit(_mlp(), x, y, method="subspace", subspace_dim=2, inner="svi", num_samples=20, num_chains=2,
                   inner_options=dict(num_steps=50), swa=dict(pretrain_steps=50, num_steps=30, collect_every=1),
                   seed=0, progress=False)
     assert set(post.samples) == {"0.weight", "0.bias", "2.weight", "2.bias"}
@@ -121,7 +121,7 @@ def test_learned_noise_is_sampled_by_the_inner_engine():
     net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
                    likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)))
-    post = bp.fit(model, x, y, method="subspace", rank=2, num_samples=30, inner_options=dict(num_warmup=30),
+    post = bp.fit(model, x, y, method="subspace", subspace_dim=2, num_samples=30, inner_options=dict(num_warmup=30),
                   swa=dict(pretrain_steps=100, num_steps=30, collect_every=1), seed=0, progress=False)
     sigma = post.samples["sigma"]
     assert sigma.shape == (1, 30) and (sigma > 0).all() and sigma.std() > 0  # draws, not one point
@@ -140,7 +140,7 @@ def test_with_200_rows_or_more_a_learned_noise_is_chosen_on_the_rows_swa_held_ou
     net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
                    likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)))
-    post = bp.fit(model, x, y, method="subspace", rank=2, num_samples=20, inner_options=dict(num_warmup=20),
+    post = bp.fit(model, x, y, method="subspace", subspace_dim=2, num_samples=20, inner_options=dict(num_warmup=20),
                   swa=dict(pretrain_steps=100, num_steps=30, collect_every=1), seed=0, progress=False)
     assert post.config["inner_config"]["dataset_size"] == 216 and post.x.shape[0] == 240
     sigma = post.config["noise"]["sigma"]
@@ -157,16 +157,16 @@ def test_with_200_rows_or_more_a_learned_noise_is_chosen_on_the_rows_swa_held_ou
 
 
 @pytest.mark.parametrize("config, error, match", [
-    (dict(inner="laplace"), ValueError, r"inner: expected one of 'nuts', .* got 'laplace'; try inner='nuts'"),
+    (dict(inner="laplace"), ValueError, r"inner: expected one of 'svi', 'nuts', .* got 'laplace'; try inner='nuts'"),
     (dict(inner_options=dict(seed=3)), ValueError, r"inner_options: 'seed' is set by the subspace fit"),
     (dict(inner_options=dict(num_samples=3)), ValueError, r"inner_options: 'num_samples' is set by the subspace"),
     (dict(inner_options=dict(num_step=3)), TypeError, r"inner_options: 'num_step' is not an option of method='nuts'"),
     (dict(prior="flat"), ValueError, r"prior: unknown value 'flat'; choose one of 'induced', 'isotropic'"),
     (dict(prior_scale=2.0), ValueError, r"prior_scale: applies to prior='isotropic' only"),
     (dict(prior="isotropic", prior_scale=-1.0), ValueError, "prior_scale"),
-    (dict(rank=0), ValueError, "rank must be a positive int"),
-    (dict(rank=20), ValueError, r"rank=20 exceeds the number of weights with a prior \(19\)"),
-    (dict(rank=5, swa=dict(rank=3)), ValueError, r"rank=5 exceeds the 3 SWA deviations kept"),
+    (dict(subspace_dim=0), ValueError, "subspace_dim must be a positive int"),
+    (dict(subspace_dim=20), ValueError, r"subspace_dim=20 exceeds the number of weights with a prior \(19\)"),
+    (dict(subspace_dim=5, swa=dict(rank=3)), ValueError, r"subspace_dim=5 exceeds the 3 SWA deviations kept"),
     (dict(swa=dict(num_chains=2)), ValueError, r"swa: 'num_chains' is set by the subspace fit"),
     (dict(num_chains=0), ValueError, "num_chains"),
     (dict(inner_options=dict(checkpoint="x")), ValueError, r"inner_options: 'checkpoint' is set by the subspace fit"),
@@ -178,6 +178,36 @@ def test_bad_options_are_named(config, error, match):
     x, y = torch.linspace(-1, 1, 10)[:, None], torch.zeros(10)
     with pytest.raises(error, match=match):
         bp.fit(_mlp(), x, y, method="subspace", progress=False, **config)
+
+
+def test_rank_is_the_deprecated_name_of_subspace_dim_and_typed_configs_equal_their_dicts(rows):
+    x, y = rows
+    small = dict(num_samples=3, swa=dict(pretrain_steps=4, num_steps=4, collect_every=1, rank=2), seed=0,
+                 progress=False)
+    with pytest.warns(DeprecationWarning, match=r"rank= is deprecated; its name is now subspace_dim=") as caught:
+        old = bp.fit(_mlp(), x, y, method="subspace", rank=2, inner_options=dict(num_warmup=3, max_tree_depth=2),
+                     **small)
+    assert caught[0].filename == __file__  # the warning points at the user's bp.fit(...) line
+    from bnn_pyro.infer.swag import SWAGConfig
+
+    typed = dict(small, swa=SWAGConfig(pretrain_steps=4, num_steps=4, collect_every=1, rank=2))
+    new = bp.fit(_mlp(), x, y, method="subspace", subspace_dim=2, **typed,
+                 inner=bp.infer.mcmc.NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True))
+    assert old.config["swa"] == new.config["swa"]
+    assert old.config["subspace"]["rank"] == new.config["subspace"]["rank"] == 2
+    assert old.config["inner_config"] == new.config["inner_config"]
+    for name, value in old.samples.items():
+        assert torch.equal(new.samples[name], value), name
+    with pytest.raises(TypeError, match=r"rank: the former name of subspace_dim=; pass subspace_dim= only"):
+        bp.fit(_mlp(), x, y, method="subspace", rank=2, subspace_dim=2, progress=False)
+    with pytest.raises(ValueError, match=r"inner_options: 'seed' is set by the subspace fit"):
+        bp.fit(_mlp(), x, y, method="subspace", inner=bp.infer.mcmc.NUTSConfig(seed=5), progress=False)
+    from bnn_pyro.infer.laplace.fit import LaplaceConfig  # a typed config, of an engine that is not an inner one
+
+    with pytest.raises(TypeError, match=r"swa: expected the SWA run's options as bp.infer.swag.SWAGConfig"):
+        bp.fit(_mlp(), x, y, method="subspace", swa=[("num_steps", 4)], progress=False)
+    with pytest.raises(TypeError, match=r"inner: expected one of 'svi', 'nuts', .* or the config of one"):
+        bp.fit(_mlp(), x, y, method="subspace", inner=LaplaceConfig(), progress=False)
 
 
 def test_a_pyro_function_model_is_refused():
@@ -217,7 +247,7 @@ def test_more_uncertain_in_the_gap_than_on_the_data():
 def test_default_pretraining_is_a_full_batch_map_and_an_explicit_init_keeps_swa_own():
     x = torch.linspace(-2, 2, 30)[:, None]
     y = torch.sin(2 * x[:, 0])
-    small = dict(rank=2, num_samples=5, inner_options=dict(num_warmup=5, max_tree_depth=3), seed=0, progress=False)
+    small = dict(subspace_dim=2, num_samples=5, inner_options=dict(num_warmup=5, max_tree_depth=3), seed=0, progress=False)
     swa = dict(pretrain_steps=20, num_steps=30, collect_every=1)
     post = bp.fit(_mlp(), x, y, method="subspace", swa=swa, **small)
     assert post.config["swa"]["pretrain_steps"] == 0 and post.config["swa"]["init"] == "dict"
@@ -244,7 +274,7 @@ def test_learned_noise_small_data_fits_at_the_default_pretraining():
 # checkpoint/resume: each stage (MAP start, SWA, inner NUTS) checkpoints itself in its sub-folder of FOLDER.
 # 240 rows: the MAP start early-stops on the default held-out rows (24), whose best state a resume must restore.
 # Steps per stage: MAP 6, SWA 8, NUTS 4 + 4; with checkpoint_every=3 each saves after steps 3, 6 and its last.
-CKPT_RUN = dict(method="subspace", rank=2, num_samples=4, inner_options=dict(num_warmup=4, max_tree_depth=2),
+CKPT_RUN = dict(method="subspace", subspace_dim=2, num_samples=4, inner_options=dict(num_warmup=4, max_tree_depth=2),
                 swa=dict(pretrain_steps=6, num_steps=8, collect_every=2, rank=3), seed=3, progress=False)
 
 

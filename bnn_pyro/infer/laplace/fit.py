@@ -5,7 +5,8 @@ at a time: held-out rows, MAP (:mod:`bnn_pyro.infer.map_fit`), curvature (:mod:`
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Any
 
 import pyro
 import torch
@@ -16,6 +17,7 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
+from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainRun, assemble, chain, run_chains
 from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, refit, split
 from bnn_pyro.infer.laplace.approximation import (Hessian, LaplaceApproximation, Predictive, PriorPrecision, Settings,
@@ -34,12 +36,27 @@ from bnn_pyro.posterior import Posterior
 POLISH_STEPS = 100  # L-BFGS iterations after Adam when no rows are held out
 
 
-def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str | None = None,
-                prior_precision: str | float = "model", predictive: str | None = None, validation="default",
-                num_samples: int = 1000, num_chains: int = 1, num_steps: int | None = None, lr: float = 1e-2,
-                polish_steps: int | None = None, marglik_rounds: int = 1, init=None, seed: int = 0,
-                progress: bool = True, checkpoint: str | None = None, checkpoint_every: int | None = None,
-                resume: bool = False, fast_path: bool = True) -> Posterior:
+@dataclass(frozen=True)
+class LaplaceConfig(PotentialRunOptions):
+    """The options of ``bp.fit(..., method="laplace")``, with their defaults; each is described in
+    :func:`fit_laplace`."""
+
+    structure: str | None = None
+    hessian: str | None = None
+    prior_precision: str | float = "model"
+    predictive: str | None = None
+    validation: Any = "default"
+    num_samples: int = 1000
+    num_chains: int = 1
+    num_steps: int | None = None
+    lr: float = 1e-2
+    polish_steps: int | None = None
+    marglik_rounds: int = 1
+    init: Any = None
+
+
+@entry(LaplaceConfig)
+def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
     """Fit a Laplace approximation of the posterior of ``model`` and return its draws as a
     :class:`~bnn_pyro.Posterior` (see :mod:`bnn_pyro.infer.laplace` for the method).
 
@@ -107,6 +124,13 @@ def fit_laplace(model, data: Data, *, structure: str | None = None, hessian: str
     -------
     >>> post = bp.fit(model, x, y, method="laplace", prior_precision="marglik", seed=0)
     """
+    return _fit_laplace(model, data, **config.keywords())
+
+
+def _fit_laplace(model, data: Data, *, structure, hessian, prior_precision, predictive, validation, num_samples,
+                 num_chains, num_steps, lr, polish_steps, marglik_rounds, init, seed, progress, checkpoint,
+                 checkpoint_every, resume, fast_path) -> Posterior:
+    """:func:`fit_laplace` on its options as keywords."""
     settings = make_settings(model, data, structure=structure, hessian=hessian, prior_precision=prior_precision,
                              num_steps=num_steps, lr=lr, polish_steps=polish_steps, marglik_rounds=marglik_rounds,
                              init=init, predictive=predictive)

@@ -1,0 +1,47 @@
+"""Files written before the MCMC engines had typed configs still work (issue 29 item 6): posteriors and
+checkpoints that bnn_pyro at commit a7736d0 wrote (tests/data/main_mcmc/, made by
+tests/data/make_main_mcmc_files.py from that commit) load, and a checkpointed run that it left half-way resumes
+with today's code to exactly the draws its uninterrupted run gave."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+import bnn_pyro as bp
+
+DATA = Path(__file__).parent.parent / "data"
+_spec = importlib.util.spec_from_file_location("make_main_mcmc_files", DATA / "make_main_mcmc_files.py")
+made = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(made)
+
+
+@pytest.mark.parametrize("kernel", list(made.RUNS))
+def test_a_checkpoint_written_before_resumes_to_the_draws_of_the_run_it_interrupted(kernel, tmp_path):
+    whole = bp.load(DATA / "main_mcmc" / f"{kernel}.bnn")  # main's uninterrupted run
+    assert whole.method == kernel and whole.num_draws == made.COMMON["num_samples"]
+    folder = tmp_path / kernel
+    shutil.copytree(DATA / "main_mcmc" / kernel, folder)  # never written in place
+    model, x, y = made.blr_problem()
+    resumed = bp.fit(model, x, y, **made.RUNS[kernel], **made.COMMON, checkpoint=str(folder), checkpoint_every=5,
+                     resume=True)
+    assert resumed.config == whole.config
+    for group in ("samples", "sample_stats", "history"):
+        assert set(getattr(resumed, group)) == set(getattr(whole, group)), group
+        for name, value in getattr(whole, group).items():
+            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+
+
+@pytest.mark.parametrize("kernel", list(made.RUNS))
+def test_posteriors_written_before_load_with_their_model_and_predict(kernel):
+    """(The format-1 file, tests/data/posterior_format1.bnn, is tested in tests/test_io.py.)"""
+    model, x, y = made.blr_problem()
+    post = bp.load(DATA / "main_mcmc" / f"{kernel}.bnn", model=model)
+    assert post.config["kernel"] == kernel and post.samples["weight"].shape == (1, 8, 1, 2)
+    pred = post.predict(x[:5], seed=0)
+    assert pred.mean.shape == (5,) and torch.isfinite(pred.mean).all()
+    assert (pred.mean - y[:5]).abs().max() < 2.0  # a fit of this regression, not garbage
