@@ -10,6 +10,7 @@ from dataclasses import replace
 from enum import Enum
 
 from bnn_pyro.infer.declaration import Capabilities, Declaration
+from bnn_pyro.posterior import psis
 
 __all__ = ["REGISTRY", "Method"]
 
@@ -48,3 +49,12 @@ REGISTRY: dict[str, Declaration] = {
 Method = Enum("Method", {name.upper(): name for name in REGISTRY}, type=str, module=__name__)
 Method.__doc__ = "The registered methods, one member per :data:`REGISTRY` entry (``Method.NUTS == \"nuts\"``)."
 REGISTRY: dict[Method, Declaration] = {Method(name): declared for name, declared in REGISTRY.items()}
+
+
+def _is_markov_chain(method: str) -> bool:
+    declared = REGISTRY.get(method)
+    return declared is not None and declared.capabilities.markov_chain
+
+
+psis.is_markov_chain = _is_markov_chain  # PSIS's Markov-chain refusal reads the declarations (the posterior layer
+# does not import this one)

@@ -41,6 +41,7 @@ Example
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import torch
@@ -177,14 +178,21 @@ def resample(weights: torch.Tensor, num_samples: int, *, seed: int | None = None
 
 
 # ----------------------------------------------------------------------------------------- internals
+def _no_method_facts(method: str) -> bool:
+    return False
+
+
+is_markov_chain: Callable[[str], bool] = _no_method_facts
+"""``is_markov_chain(method)``: does the method draw from a Markov chain (no density q to weigh against)? Set by
+:mod:`bnn_pyro.infer.registry` to read each method's declaration (``Capabilities.markov_chain``): the posterior layer
+does not import the engines' layer, the registry hands the fact down."""
+
+
 def _require_density(post) -> None:
     if "log_q" in post.sample_stats:
         return
-    from bnn_pyro.infer.registry import REGISTRY  # the registry's fact about the method
-
     method = post.method
-    declared = REGISTRY.get(method) if isinstance(method, str) else None
-    if declared is not None and declared.capabilities.markov_chain:
+    if isinstance(method, str) and is_markov_chain(method):
         raise ValueError(f"psis: method {method!r} draws from a Markov chain, not from an approximation q with a "
                          "density, so there is no importance ratio p / q to check; use post.summary() (R-hat, ESS) "
                          "for its convergence instead.")
