@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BoundBatch", "leapfrog_from", "one_chain_leapfrog", "sharp"]
+__all__ = ["BoundBatch", "OneChain", "leapfrog_from", "sharp"]
 
 
 def sharp(minv: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -43,17 +43,22 @@ def leapfrog_from(potential):
     return leapfrog
 
 
-def one_chain_leapfrog(pot):
-    """The batched leapfrog interface for ONE chain (``C = 1``) over the unbatched bound-data step
-    :meth:`~bnn_pyro.infer._analytic.StackPotential.leapfrog` (fewer operations per step than the batched one at
-    ``C = 1``: ``mm`` rather than ``bmm``, no batch views; its energies are read back as floats)."""
+class OneChain:
+    """The batched leapfrog interface for ONE chain (``C = 1``) over a potential's unbatched step ``pot.leapfrog(z,
+    p, g, step, minv) -> (z, p, g, M^-1 p, energies)`` (``(D,)`` vectors, a float step; energies Python floats, e.g.
+    :meth:`~bnn_pyro.infer._analytic.StackPotential.leapfrog`, or a tensor ``[U, kinetic]``, e.g. the compiled
+    :meth:`~bnn_pyro.infer._logjoint.FlatPotential.leapfrog`): fewer operations per step than the batched one at
+    ``C = 1`` (``mm`` rather than ``bmm``, no batch views). :func:`~bnn_pyro.infer._nuts.nuts_transition` calls
+    :attr:`unbatched` directly."""
 
-    def leapfrog(z, p, g, step, minv):
-        z, p, g, p_sharp, (u, kinetic) = pot.leapfrog(z[0], p[0], g[0], float(step[0]), minv[0])
-        return z.unsqueeze(0), p.unsqueeze(0), g.unsqueeze(0), p_sharp.unsqueeze(0), z.new_tensor([u]), \
-            z.new_tensor([kinetic])
+    def __init__(self, pot):
+        self.pot, self.unbatched = pot, pot.leapfrog
 
-    return leapfrog
+    def __call__(self, z, p, g, step, minv):
+        z, p, g, p_sharp, energies = self.unbatched(z[0], p[0], g[0], float(step[0]), minv[0])
+        u, kinetic = (z.new_tensor([energies[0]]), z.new_tensor([energies[1]])) if type(energies) is tuple \
+            else (energies[0:1], energies[1:2])
+        return z.unsqueeze(0), p.unsqueeze(0), g.unsqueeze(0), p_sharp.unsqueeze(0), u, kinetic
 
 
 class BoundBatch:
