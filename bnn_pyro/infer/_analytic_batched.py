@@ -150,7 +150,7 @@ class BoundBatch:
 
 
 def _is_layer(op) -> bool:
-    """Whether an op of the stack is a layer (``_analytic._Layer``: weight, bias) rather than an activation."""
+    """Whether an op of the stack is a layer (``_analytic_ops.Layer``: weight, bias) rather than an activation."""
     return hasattr(op, "weight")
 
 

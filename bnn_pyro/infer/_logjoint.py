@@ -40,7 +40,7 @@ from bnn_pyro.infer import _analytic, _analytic_elbo
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.model import BNN
 
-__all__ = ["LogJoint", "build", "svi_loss", "potential", "flat_potential_and_grad", "FlatPotential", "recording"]
+__all__ = ["LogJoint", "build", "svi_loss", "potential", "flat_potential_and_grad", "FlatPotential", "recording", "is_identity"]
 
 
 class LogJoint:
@@ -122,7 +122,7 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
         return None
     normal = isinstance(guide, autoguide.AutoNormal)
     transforms = {name: biject_to(d.support) for name, d in joint.priors.items()}
-    transforms = {name: None if _is_identity(t) else t for name, t in transforms.items()}
+    transforms = {name: None if is_identity(t) else t for name, t in transforms.items()}
     shape = torch.Size([num_particles]) if num_particles > 1 else torch.Size()
     # argument validation off: the data were checked when the fit started and the guide's draws lie in
     # the supports by construction; validating every density at every step cost ~0.3 ms of a ~2.5 ms step.
@@ -283,7 +283,7 @@ class _Energy:
     ``theta`` and ``runs`` (:meth:`prior_runs`) the runs' sites are scored on slices of ``theta``."""
 
     def __init__(self, joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor):
-        self.inverse = {name: None if _is_identity(transforms.get(name)) else transforms[name].inv
+        self.inverse = {name: None if is_identity(transforms.get(name)) else transforms[name].inv
                         for name in joint.priors}
         self.points, self.x, self.y = joint.model.point_values(), x, y
         # validation off, as on Pyro's path: a diverging trajectory's NaN gives a NaN energy (a rejected
@@ -325,7 +325,7 @@ class _Energy:
         return runs
 
 
-def _is_identity(t) -> bool:
+def is_identity(t) -> bool:
     """Whether ``t`` (a transform, or None) leaves values unchanged, with no Jacobian."""
     transforms = torch.distributions.transforms
     while isinstance(t, (transforms.IndependentTransform, transforms._InverseTransform)):

@@ -122,7 +122,7 @@ from pyro.infer.autoguide.initialization import init_to_value
 from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _logjoint, _vectorized
 from bnn_pyro.infer._health import check_mcmc
-from bnn_pyro.infer._kernels import _HMC, DrawStats, _Metropolis, pyro_kernel, sample_stats  # noqa: F401 - _HMC: tests
+from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
 from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
@@ -416,7 +416,7 @@ def _make_kernel(model, s: KernelSettings, model_args: tuple):
     """The chain's kernel and, for Pyro's kernels on the fast path, the ``initial_params`` and ``transforms``
     that a kernel given its ``potential_fn`` needs (``None`` otherwise)."""
     if s.kind is Kernel.METROPOLIS:
-        return _Metropolis(model, init_strategy=s.init_strategy, step_size=s.step_size, target_accept_prob=s.target_accept,
+        return Metropolis(model, init_strategy=s.init_strategy, step_size=s.step_size, target_accept_prob=s.target_accept,
                            dense=s.dense_mass, jit=s.jit, joint=s.joint), None, None
     if s.kind is Kernel.NUTS and s.joint is not None:  # the fast path: NUTS over one flat vector
         kernel = FlatNUTS(model, s.joint, init_strategy=s.init_strategy, step_size=s.step_size,

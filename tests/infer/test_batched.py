@@ -206,8 +206,8 @@ def test_default_flat_single_chain_hmc_recovers_the_exact_posterior(monkeypatch)
 
 def test_pyros_hmc_runs_without_the_fast_path(monkeypatch):
     used = []
-    original = _kernels._HMC.setup
-    monkeypatch.setattr(_kernels._HMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
+    original = _kernels.PyroHMC.setup
+    monkeypatch.setattr(_kernels.PyroHMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
     x, y = _data(2)
     bp.fit(_blr(2), x, y, method="hmc", num_chains=1, num_samples=3, num_warmup=3, num_leapfrog=2, progress=False, fast_path=False)
     assert used
