@@ -14,7 +14,7 @@ nothing is traced or frozen. ``theta`` may carry one leading batch axis (chains 
 the layers then run as ``baddbmm``/``bmm``, the first layer with its bias folded into the product (a column of
 ones on ``x``), and with one hidden layer and one output the first layer's gradient comes from one product over
 the activation's derivative (:meth:`StackPotential._one_output`): fewer passes over the ``(B, N, hidden)``
-activations than autograd makes (SVI with 8 particles: ~0.6-0.75x the evaluation's time before).
+activations than autograd makes.
 
 Covered (anything else returns ``None`` from :func:`build` and keeps the generic path of
 :mod:`bnn_pyro.infer._logjoint`): priors ``Normal`` (any per-element loc and scale) on every random

@@ -2,8 +2,8 @@
 
 ``StackPotential.leapfrog_batch(z, p, g, step, minv)`` advances ``C`` chains (``z, p, g`` shaped ``(C, D)``,
 ``step`` ``(C,)`` signed step sizes, ``minv`` ``(C, D)`` diagonal or ``(C, D, D)`` dense inverse mass) by one
-velocity-Verlet step as ONE batched computation: a small net is dispatch-bound (a few microseconds per tensor
-operation whatever its size), so ``C`` chains cost little more than one. :class:`BoundBatch` holds what is made
+velocity-Verlet step as ONE batched computation: a small net is dispatch-bound (each tensor operation costs about
+the same whatever its size), so ``C`` chains cost little more than one. :class:`BoundBatch` holds what is made
 once per ``C``: a ``(C, D)`` buffer for the position with per-site views (weights ``(C, out, in)``, biases
 ``(C, 1, out)``), the plan of the forward and backward pass and the output of the layers before the first random
 one (constant: computed once). Per evaluation: one ``baddbmm`` per layer (``addcmul`` for a layer with one input,

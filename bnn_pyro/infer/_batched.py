@@ -1,6 +1,6 @@
 """``C`` MCMC chains advanced together as ONE batched computation: the state of ``chain_method="vectorized"``.
 
-A small net is dispatch-bound (a few microseconds per tensor operation whatever its size), so ``C`` chains whose
+A small net is dispatch-bound (each tensor operation costs about the same whatever its size), so ``C`` chains whose
 positions are the rows of one ``(C, D)`` tensor cost less per chain than one chain at a time (NumPyro's
 ``chain_method="vectorized"``, blackjax's ``vmap`` over chains). The pieces:
 

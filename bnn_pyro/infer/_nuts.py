@@ -13,8 +13,8 @@ One builder serves one chain and ``C``:
 - **Vectors batched, scalars on the host.** Positions, momenta, gradients and ``M^-1 p`` are tensors, ``(C, D)``
   (or ``(D,)`` for one chain whose leapfrog is unbatched: :class:`~bnn_pyro.infer._analytic_batched.OneChain`);
   the per-chain scalars (energies, log weights, masks, counts) are Python floats read back once per leapfrog
-  step. A small net's step is bound by dispatch (a few microseconds per tensor operation), so a scalar kept as a
-  float costs nothing where a ``(C,)`` tensor costs one operation per use.
+  step. A small net's step is bound by the dispatch of tensor operations, not their arithmetic, so a scalar kept
+  as a float costs no operation where a ``(C,)`` tensor costs one per use.
 - **Lockstep, masked.** All chains double together: at depth ``j`` each chain still running picks a direction and
   builds a subtree of ``2**j`` leapfrog steps from that end, with its own signed step. A chain whose subtree
   diverges or turns is marked done; its later leapfrog steps are still computed (one batched call) but unused,

@@ -73,7 +73,7 @@ a small net is dispatch-bound, so a few chains cost little more per leapfrog ste
 arithmetic-bound; on 2 CPU cores forked processes are as fast or faster, ``benchmarks/results/performance.md``). Each chain starts where
 chain ``c`` starts under the other executions and adapts on its own (step size and mass matrix), but the chains
 share one random stream seeded by ``seed``: the same seed gives the same draws, not those of the other executions.
-NUTS runs the lockstep transition of :mod:`bnn_pyro.infer._nuts_batched` (the chains double their trajectories
+NUTS runs the lockstep case of the one transition of :mod:`bnn_pyro.infer._nuts` (the chains double their trajectories
 together; a chain that turned or diverged waits, masked, until the last one stops). One progress bar for all chains; ``checkpoint=`` writes ONE file, ``FOLDER/chain0.ckpt``, for the batch.
 
 Per-draw statistics (``Posterior.sample_stats``, shaped ``(chains, draws)``, ArviZ names), recorded per draw

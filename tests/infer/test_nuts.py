@@ -286,3 +286,15 @@ def test_the_turning_checks_equal_stans_six_inner_products():
     some = merges[False][:6]  # several merges of one chain: one check
     for i in range(len(some) - 2):
         assert _turned(some[i:i + 3], True) == [any(expect[False][i:i + 3])]
+
+
+def test_a_checkpoint_of_the_recursive_kernel_is_refused_naming_the_version():
+    """Before the one NUTS builder, a one-chain NUTS checkpoint held the recursive kernel's state (its Python
+    generator under "rng"): this version cannot continue it and says which version can."""
+    from bnn_pyro.infer.checkpoint import CheckpointError
+
+    x, y = _correlated()
+    kernel = _kernel(x, y)
+    old_meta = {"adapter": {}, "u": 0.0, "rng": [3, [0] * 625, None], "counters": [10, 0.8, [], 0.0]}
+    with pytest.raises(CheckpointError, match="recursive NUTS kernel .* a7736d0.*Resume it with the version"):
+        kernel.load_state_dict({"z": kernel.chains.z[0], "grad": kernel.chains.g[0]}, old_meta)
