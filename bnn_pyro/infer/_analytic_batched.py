@@ -49,12 +49,15 @@ class OneChain:
     :meth:`~bnn_pyro.infer._analytic.StackPotential.leapfrog`, or a tensor ``[U, kinetic]``, e.g. the compiled
     :meth:`~bnn_pyro.infer._logjoint.FlatPotential.leapfrog`): fewer operations per step than the batched one at
     ``C = 1`` (``mm`` rather than ``bmm``, no batch views). :func:`~bnn_pyro.infer._nuts.nuts_transition` calls
-    :attr:`unbatched` directly."""
+    :attr:`unbatched` directly. ``batched``: a batched leapfrog to run instead for the batched interface (a generic
+    potential's: :func:`leapfrog_from` over its value and gradient, fewer conversions than its compiled step's)."""
 
-    def __init__(self, pot):
-        self.pot, self.unbatched = pot, pot.leapfrog
+    def __init__(self, pot, batched=None):
+        self.pot, self.unbatched, self._batched = pot, pot.leapfrog, batched
 
     def __call__(self, z, p, g, step, minv):
+        if self._batched is not None:
+            return self._batched(z, p, g, step, minv)
         z, p, g, p_sharp, energies = self.unbatched(z[0], p[0], g[0], float(step[0]), minv[0])
         u, kinetic = (z.new_tensor([energies[0]]), z.new_tensor([energies[1]])) if type(energies) is tuple \
             else (energies[0:1], energies[1:2])

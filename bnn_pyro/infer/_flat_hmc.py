@@ -22,7 +22,7 @@ import torch
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro.infer import _analytic, _logjoint
-from bnn_pyro.infer._analytic_batched import OneChain
+from bnn_pyro.infer._analytic_batched import OneChain, leapfrog_from
 from bnn_pyro.infer._batched import BatchedChains, hmc_transition
 from bnn_pyro.infer._kernels import AdaptedKernel
 from bnn_pyro.infer.checkpoint import CheckpointError
@@ -54,7 +54,8 @@ def seeded_generator(like: torch.Tensor) -> torch.Generator:
 def batched_target(joint, names, shapes: dict, x, y, transforms: dict, jit: bool):
     """``(potential, leapfrog)`` of :mod:`bnn_pyro.infer._batched` for ONE chain: the analytic ones, else (the
     analytic potential does not apply, or disagreed with the generic one at its probe point, and warned) the generic
-    compiled ones. The leapfrog is a :class:`~bnn_pyro.infer._analytic_batched.OneChain` over the unbatched step."""
+    compiled ones. The leapfrog is a :class:`~bnn_pyro.infer._analytic_batched.OneChain` over the unbatched step
+    (the generic potential's batched interface: :func:`~bnn_pyro.infer._analytic_batched.leapfrog_from`)."""
     pot = _logjoint.analytic(joint, names, shapes, x, y)
     if pot is not None:
         return pot.batch(1), OneChain(pot)
@@ -64,7 +65,7 @@ def batched_target(joint, names, shapes: dict, x, y, transforms: dict, jit: bool
         u, g = flat(theta[0])
         return u.reshape(1), g.unsqueeze(0)
 
-    return potential, OneChain(flat)
+    return potential, OneChain(flat, batched=leapfrog_from(potential))
 
 
 class OneChainKernel(AdaptedKernel):
