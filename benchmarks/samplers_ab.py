@@ -74,17 +74,18 @@ def _child(settings: dict) -> list[dict]:
         kernel.setup(0, x, y)
         adapter = kernel.chains._adapters[0] if hasattr(kernel, "chains") else kernel._adapter
         adapter.step_size = step
-        kernel.sample(None)  # first-call costs
+        for _ in range(settings["warm"]):  # first-call costs; from the prior draw toward the posterior's bulk
+            kernel.sample(None)
         return kernel
 
-    def timed(kernel, transitions: int) -> tuple[float, float]:
-        """ms per leapfrog step and per transition"""
+    def timed(kernel, transitions: int) -> tuple[float, float, float]:
+        """ms per leapfrog step, ms per transition, leapfrog steps per transition"""
         steps, start = 0, time.thread_time()
         for _ in range(transitions):
             kernel.sample(None)
             steps += kernel.stats.n_steps
         spent = (time.thread_time() - start) * 1e3
-        return spent / steps, spent / transitions
+        return spent / steps, spent / transitions, steps / transitions
 
     rows = []
     for label, widths, n, prior in NETS:
@@ -104,7 +105,7 @@ def _child(settings: dict) -> list[dict]:
             import warnings
 
             spent = {}
-            for k in (settings["svi_steps"] // 10, settings["svi_steps"]):
+            for k in (settings["svi_steps"] // 10, settings["svi_steps"] // 10, settings["svi_steps"]):  # 1st: warm-up
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     start = time.thread_time()
@@ -112,7 +113,9 @@ def _child(settings: dict) -> list[dict]:
                     spent[k] = time.thread_time() - start
             short, long_ = sorted(spent)
             row["svi 1 chain: ms/step"] = (spent[long_] - spent[short]) / (long_ - short) * 1e3
-        row["nuts 1 chain: ms/leapfrog"] = timed(deep, settings["transitions"])[0]
+        per_leapfrog, _, length = timed(deep, settings["transitions"])
+        row["nuts 1 chain: ms/leapfrog"] = per_leapfrog
+        row[f"nuts 1 chain: leapfrog steps/transition (<= {2 ** settings['depth'] - 1})"] = length
         row["nuts 1 chain: ms/transition, depth <= 2"] = timed(shallow, 20 * settings["transitions"])[1]
         row["hmc 1 chain: ms/leapfrog"] = timed(hmc, settings["transitions"])[0]
         row["hmc 1 chain: ms/transition, 4 steps"] = timed(hmc_short, 20 * settings["transitions"])[1]
@@ -153,7 +156,7 @@ def _run(tree: Path, settings: dict) -> list[dict]:
 
 def main(args) -> str:
     settings = dict(transitions=args.transitions, step=args.step, depth=args.depth, chains=args.chains,
-                    num_leapfrog=args.num_leapfrog, svi_steps=args.svi_steps)
+                    num_leapfrog=args.num_leapfrog, svi_steps=args.svi_steps, warm=args.warm)
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "before.tar"
@@ -177,8 +180,8 @@ def main(args) -> str:
               f"- load average: {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
               f"- settings: step {args.step}, NUTS depth <= {args.depth}, HMC {args.num_leapfrog} leapfrog steps, "
               f"SVI {args.svi_steps // 10} and {args.svi_steps} steps, "
-              f"{args.transitions} transitions per figure (20x that for the per-transition figures), minimum of "
-              f"{args.repeats} alternating repeats of thread CPU time",
+              f"{args.warm} transitions before timing a kernel, {args.transitions} transitions per figure (20x that "
+              f"for the per-transition figures), minimum of {args.repeats} alternating repeats of thread CPU time",
               f"- command: `python benchmarks/samplers_ab.py --before {args.before} --repeats {args.repeats}`", ""]
     lines = ["| net | measure | before ms | after ms | after / before |", "|---|---|---|---|---|"]
     for i, row in enumerate(runs["after"][0]):
@@ -186,6 +189,10 @@ def main(args) -> str:
             if key == "net":
                 continue
             before, after = (min(r[i][key] for r in runs[side]) for side in ("before", "after"))
+            if "steps/transition" in key:  # a count, not a time (its mean over the repeats)
+                before, after = (sum(r[i][key] for r in runs[side]) / len(runs[side]) for side in ("before", "after"))
+                lines.append(f"| {row['net']} | {key} | {before:.1f} | {after:.1f} | |")
+                continue
             lines.append(f"| {row['net']} | {key} | {before:.4f} | {after:.4f} | {after / before:.2f} |")
     text = "\n".join(header + lines) + ("\n\n" + args.note if args.note else "") + "\n"
     print(text)
@@ -206,6 +213,7 @@ if __name__ == "__main__":
     parser.add_argument("--num-leapfrog", type=int, default=64)
     parser.add_argument("--chains", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--svi-steps", type=int, default=2000)
+    parser.add_argument("--warm", type=int, default=5, help="transitions before timing a kernel")
     parser.add_argument("--note", default="")
     parser.add_argument("--out", default=None)
     parser.add_argument("--name", default="samplers_ab")
