@@ -9,7 +9,7 @@ chains / wall), since the two samplers' trajectories differ in length.
 - bnn_pyro: ``bp.fit(..., method="nuts", num_chains=c)`` with its default ``chain_method="auto"``:
   forked processes, at most one per core, one torch thread each (after an untimed warm call); and
   ``chain_method="vectorized"`` (all chains as one batched computation in one process, one thread) for HMC with
-  ``2**depth - 1`` leapfrog steps per draw (NUTS's most) and NUTS (lockstep, :mod:`bnn_pyro.infer._nuts_batched`);
+  ``2**depth - 1`` leapfrog steps per draw (NUTS's most) and NUTS (lockstep, :func:`bnn_pyro.infer._nuts.nuts_transition`);
   HMC's process chains beside them (``chain_method="auto"``), same settings.
 - NumPyro (``numpyro_peer``, XLA's default threads, 8 host devices): ``chain_method="parallel"`` (its
   default; ``pmap`` over host devices) and ``"vectorized"`` (``vmap``: all chains as one batched

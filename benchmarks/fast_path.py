@@ -84,8 +84,8 @@ def nuts_ms_per_leapfrog(widths, n, *, analytic: bool, transitions: int, step: f
     else:
         with generic_path():
             kernel.setup(0, x, y)
-    assert isinstance(kernel._potential, _analytic.StackPotential) == analytic
-    kernel._adapter.step_size = step
+    assert isinstance(kernel.chains.leapfrog.pot, _analytic.StackPotential) == analytic
+    kernel.chains._adapters[0].step_size = step
     kernel.sample(None)  # compiles the generic path's graphs
     steps, start = 0, time.perf_counter()
     for _ in range(transitions):

@@ -55,24 +55,29 @@ def _child(settings: dict) -> list[dict]:
                           init_strategy=pyro.infer.autoguide.init_to_sample, max_tree_depth=settings["depth"])
         torch.manual_seed(1)
         kernel.setup(0, x, y)
-        kernel._adapter.step_size = settings["step"]
+        chains = getattr(kernel, "chains", None)  # the one-chain kernel over BatchedChains (after the one NUTS)
+        (chains._adapters[0] if chains is not None else kernel._adapter).step_size = settings["step"]
         kernel.sample(None)  # first-call costs
         steps, start = 0, time.thread_time()
         for _ in range(settings["transitions"]):
             kernel.sample(None)
             steps += kernel.stats.n_steps
         nuts = (time.thread_time() - start) / steps * 1e3
-        z, _, g = kernel._state
+        if chains is not None:
+            z, g, pot, minv = chains.z[0], chains.g[0], chains.leapfrog.pot, chains.inverse_mass_matrix[0]
+        else:
+            (z, _, g), pot = kernel._state, kernel._potential
+            kernel._mass()
+            minv = kernel._minv
         p = torch.randn_like(z)
-        kernel._mass()
         calls = settings["calls"]
         start = time.thread_time()
         for _ in range(calls):
-            kernel._potential(z)
+            pot(z)
         potential = (time.thread_time() - start) / calls * 1e3
         start = time.thread_time()
         for _ in range(calls):
-            kernel._potential.leapfrog(z, p, g, settings["step"], kernel._minv)
+            pot.leapfrog(z, p, g, settings["step"], minv)
         leapfrog = (time.thread_time() - start) / calls * 1e3
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             counted = 0

@@ -1,4 +1,4 @@
-"""Lockstep batched NUTS (:func:`bnn_pyro.infer._nuts_batched.nuts_transition`) against FlatNUTS, per leapfrog step.
+"""Lockstep batched NUTS (:func:`bnn_pyro.infer._nuts.nuts_transition`) against FlatNUTS, per leapfrog step.
 
 The 1-50-1 tanh BNN of ``_common.py`` (Normal(0, 1) prior, sigma 0.1, N = 200), one torch thread, a fixed step
 size (``--step``, no adaptation) and tree depth <= ``--depth``; FlatNUTS first takes ``--warm`` transitions from a
@@ -34,8 +34,8 @@ from _common import bnn, regression, results_dir, write_result
 from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._analytic_batched import one_chain_leapfrog
-from bnn_pyro.infer._nuts_batched import nuts_transition
+from bnn_pyro.infer._analytic_batched import OneChain
+from bnn_pyro.infer._nuts import nuts_transition
 
 N = 200
 
@@ -55,7 +55,7 @@ def _flat(args):
                       init_strategy=pyro.infer.autoguide.init_to_sample, max_tree_depth=args.depth)
     torch.manual_seed(1)
     kernel.setup(0, x, y)
-    kernel._adapter.step_size = args.step
+    kernel.chains._adapters[0].step_size = args.step
     for _ in range(args.warm):  # from the prior draw toward the posterior's bulk, where the trees are deep
         kernel.sample(None)
 
@@ -75,10 +75,10 @@ class _Batched:
     thread time in the transition less the thread time inside the leapfrog calls, measured in the same run)."""
 
     def __init__(self, kernel, c: int, args):
-        pot = kernel._potential
+        pot = kernel.chains.leapfrog.pot
         self.c, self.args = c, args
-        self.inner = pot.leapfrog_batch if c > 1 else one_chain_leapfrog(pot)  # as chain_method="vectorized" does
-        self.z = kernel._state[0].expand(c, -1).clone()
+        self.inner = pot.leapfrog_batch if c > 1 else OneChain(pot)  # as chain_method="vectorized" does
+        self.z = kernel.chains.z.expand(c, -1).clone()
         self.u, self.g = pot(self.z)
         self.step, self.minv = torch.full((c,), args.step), torch.ones_like(self.z)
         self.gen = torch.Generator().manual_seed(c)
@@ -98,7 +98,7 @@ class _Batched:
             self.z, self.u, self.g, stats = nuts_transition(self.z, self.u, self.g, self.step, self.minv,
                                                             leapfrog=self.leapfrog, generator=self.gen,
                                                             max_tree_depth=self.args.depth)
-            steps += int(stats.n_steps.sum())
+            steps += sum(stats.n_steps)
         return steps
 
     def timed(self) -> tuple[float, float, float]:

@@ -36,7 +36,6 @@ against Pyro's log density and autograd in float64.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import pyro
 import torch
@@ -45,20 +44,12 @@ from torch.distributions import Independent, biject_to, transform_to, transforms
 
 from bnn_pyro.utils.linear_stack import linear_stack, site
 from bnn_pyro.infer._analytic_batched import BoundBatch
-from bnn_pyro.infer._analytic_ops import ACTIVATIONS, NOISE_PRIORS, _activation
+from bnn_pyro.infer._analytic_ops import ACTIVATIONS, HALF_LOG_2PI, NOISE_PRIORS, Layer, activation, affine
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.likelihoods import Gaussian
 from bnn_pyro.utils.user_warnings import warn
 
-__all__ = ["StackPotential", "build", "ACTIVATIONS", "NOISE_PRIORS"]
-
-_HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)
-
-
-class _Layer(NamedTuple):
-    weight: str | torch.Tensor  # a site name (a slot of theta), or a constant
-    bias: str | torch.Tensor | None
-
+__all__ = ["StackPotential", "build", "normal_loc_scale", "ACTIVATIONS", "NOISE_PRIORS"]
 
 class StackPotential:
     """``potential(theta[, x, y]) -> (U, grad U)`` for ``theta`` shaped ``(D,)`` or ``(B, D)`` (see the module
@@ -76,13 +67,13 @@ class StackPotential:
         self.dataset_size, self.x, self.y = dataset_size, x, y
         self._zero_loc = not bool(loc.any())
         self._order = list(slots)  # the layout: site name -> (start, stop, shape)
-        first = [i for i, op in enumerate(ops) if isinstance(op, _Layer) and any(
+        first = [i for i, op in enumerate(ops) if isinstance(op, Layer) and any(
             isinstance(v, str) for v in (op.weight, op.bias))]
         self._first_random = first[0] if first else len(ops)
         # the general path folds the first layer's bias into its product where both are sites (the usual net) and
         # theta is batched (SVI's particles)
-        self._fold_first = isinstance(ops[0], _Layer) and all(isinstance(v, str) for v in (ops[0].weight, ops[0].bias))
-        self._one_hidden = self._fold_first and len(ops) == 3 and not isinstance(ops[1], _Layer)
+        self._fold_first = isinstance(ops[0], Layer) and all(isinstance(v, str) for v in (ops[0].weight, ops[0].bias))
+        self._one_hidden = self._fold_first and len(ops) == 3 and not isinstance(ops[1], Layer)
         self._y = y.reshape(x.shape[0], -1).to(loc.dtype)  # float64 targets of a float32 net (numpy data)
         self._buf, self._gbuf = loc.new_zeros(loc.shape), loc.new_zeros(loc.shape)
         self._views = {n: self._buf[a:b].view(shape) for n, (a, b, shape) in slots.items()}
@@ -92,11 +83,11 @@ class StackPotential:
         # None for a constant), the energy sums and their weights in U
         site = lambda ref, views, other: views[ref] if isinstance(ref, str) else other  # noqa: E731
         self._plan = [(site(op.weight, self._views, op.weight), site(op.weight, self._views, op.weight).t(),
-                       site(op.bias, self._views, op.bias)) if isinstance(op, _Layer) else op for op in ops]
+                       site(op.bias, self._views, op.bias)) if isinstance(op, Layer) else op for op in ops]
         self._grad_plan = [(site(op.weight, self._gviews, None),
                             self._gviews[op.bias].view(1, -1) if isinstance(op.bias, str) else None)
-                           if isinstance(op, _Layer) else None for op in ops]
-        self._ones, self._ends_with_layer = loc.new_ones(1, x.shape[0]), isinstance(ops[-1], _Layer)
+                           if isinstance(op, Layer) else None for op in ops]
+        self._ones, self._ends_with_layer = loc.new_ones(1, x.shape[0]), isinstance(ops[-1], Layer)
         n, count = x.shape[0], self._y.numel()
         factor = dataset_size / n
         self._sums = loc.new_tensor([0.0, 0.0, 1.0, 0.0])  # likelihood term, d . P d, 1 (constant's slot), p . M^-1 p
@@ -105,10 +96,10 @@ class StackPotential:
         if noise is None:  # U = inv_var factor / 2 |f - y|^2 + d . P d / 2 + const
             inv_var = scale ** -2
             self._lik_weight, self._delta_scale = 0.5 * factor * inv_var, factor * inv_var
-            u_const = factor * count * (math.log(scale) + _HALF_LOG_2PI)
+            u_const = factor * count * (math.log(scale) + HALF_LOG_2PI)
         else:  # the likelihood term is the whole noise-dependent part of U, computed as a tensor
             self._lik_weight, self._delta_scale = 1.0, None
-            u_const = factor * count * _HALF_LOG_2PI
+            u_const = factor * count * HALF_LOG_2PI
         self._u_const = prior_const + u_const
         self._u_weights = loc.new_tensor([self._lik_weight, 0.5, self._u_const])
         self._batches = {}  # number of chains -> BoundBatch (leapfrog_batch)
@@ -160,11 +151,11 @@ class StackPotential:
             saved.append((h, w))
             h = h @ w.mT  # (lead, N, out): matmul broadcasts x over the particles
         for op in ops[len(saved):]:  # forward
-            if isinstance(op, _Layer):
+            if isinstance(op, Layer):
                 w, b = self._param(theta, op.weight, lead), self._param(theta, op.bias, lead)
                 saved.append((h, w))
-                h = _affine(h, w, b)
-            elif op.inplace is not None and saved and isinstance(ops[len(saved) - 1], _Layer):
+                h = affine(h, w, b)
+            elif op.inplace is not None and saved and isinstance(ops[len(saved) - 1], Layer):
                 saved.append((None, op.inplace(h)))  # a layer's fresh output; the backward reads only the result
             else:
                 a, h = h, op.forward(h)
@@ -177,7 +168,7 @@ class StackPotential:
         if self._noise is None:
             inv_var = self._fixed_scale ** -2
             u_lik = ss * (0.5 * factor * inv_var)
-            u_const = factor * count * (math.log(self._fixed_scale) + _HALF_LOG_2PI)
+            u_const = factor * count * (math.log(self._fixed_scale) + HALF_LOG_2PI)
             delta = r.mul_(factor * inv_var)
         else:
             u_lik, u_const, g_noise, delta_scale = self._noise_terms(theta, ss, count, factor)
@@ -185,7 +176,7 @@ class StackPotential:
             delta = r.mul_(delta_scale.view(lead + (1, 1)) if batched else delta_scale)
         for i in range(len(ops) - 1, self._first_random - 1, -1):  # backward
             op, (a, h) = ops[i], saved[i]
-            if not isinstance(op, _Layer):
+            if not isinstance(op, Layer):
                 delta = op.backward(delta, a, h)
                 continue
             if i == 0 and fold:
@@ -233,7 +224,7 @@ class StackPotential:
         value = z.exp()
         u_lik = factor * (0.5 * ss * inv_var + count * log_sigma) - prior.log_prob(value) - z  # prior, Jacobian
         g_noise = factor * per_z * (count - ss * inv_var) - score(prior, value) - 1.0
-        return u_lik, factor * count * _HALF_LOG_2PI, g_noise, factor * inv_var
+        return u_lik, factor * count * HALF_LOG_2PI, g_noise, factor * inv_var
 
     def _bound(self) -> torch.Tensor:
         """``grad U`` at the ``theta`` held in the buffer, on the bound data; leaves the likelihood term and the
@@ -315,17 +306,7 @@ class StackPotential:
         return self.batch(z.shape[0]).leapfrog(z, p, g, step, minv)
 
 
-def _affine(h, w, b):
-    """``h @ w^T + b`` for ``h`` ``(N, in)`` or ``(B, N, in)`` and ``w`` ``(out, in)`` or ``(B, out, in)``."""
-    if w.dim() == 2 and h.dim() == 2:
-        return h @ w.t() if b is None else torch.addmm(b, h, w.t())
-    if w.dim() == 3 and b is not None and b.dim() == 2:
-        return torch.baddbmm(b.unsqueeze(-2), h, w.mT)
-    out = h @ w.mT
-    return out if b is None else out + (b.unsqueeze(-2) if b.dim() == 2 else b)
-
-
-def _normal(d, shape: torch.Size):
+def normal_loc_scale(d, shape: torch.Size):
     """``(loc, scale)`` of a Normal prior over a parameter of ``shape`` (wrapped in ``Independent``), else None."""
     while isinstance(d, Independent):
         d = d.base_dist
@@ -373,12 +354,12 @@ def build(joint, names, shapes, x, y, reference=None) -> StackPotential | None:
                     return None
             if refs[0] is None:
                 return None
-            ops.append(_Layer(*refs))
+            ops.append(Layer(*refs))
         elif type(act) is not nn.Identity:
-            activation = _activation(act)
-            if activation is None:
+            elementwise = activation(act)
+            if elementwise is None:
                 return None
-            ops.append(activation)
+            ops.append(elementwise)
     dtype, device = x.dtype, x.device
     slots, start, locs, precs, const, noise = {}, 0, [], [], 0.0, None
     noise_sites = model.likelihood.sites()
@@ -395,13 +376,13 @@ def build(joint, names, shapes, x, y, reference=None) -> StackPotential | None:
             locs.append(torch.zeros(1, dtype=dtype, device=device))
             precs.append(torch.zeros(1, dtype=dtype, device=device))
         else:
-            params = _normal(prior, shape)
+            params = normal_loc_scale(prior, shape)
             if params is None:
                 return None
             loc, scale = (p.to(dtype=dtype, device=device).reshape(-1) for p in params)
             locs.append(loc)
             precs.append(scale ** -2)
-            const += float((scale.log() + _HALF_LOG_2PI).sum())
+            const += float((scale.log() + HALF_LOG_2PI).sum())
         start += size
     scale = None if noise is not None else float(model.likelihood.scale)
     pot = StackPotential(ops, slots, torch.cat(locs), torch.cat(precs), const, noise, scale, joint.dataset_size,

@@ -2,8 +2,8 @@
 
 ``StackPotential.leapfrog_batch(z, p, g, step, minv)`` advances ``C`` chains (``z, p, g`` shaped ``(C, D)``,
 ``step`` ``(C,)`` signed step sizes, ``minv`` ``(C, D)`` diagonal or ``(C, D, D)`` dense inverse mass) by one
-velocity-Verlet step as ONE batched computation: a small net is dispatch-bound (a few microseconds per tensor
-operation whatever its size), so ``C`` chains cost little more than one. :class:`BoundBatch` holds what is made
+velocity-Verlet step as ONE batched computation: a small net is dispatch-bound (each tensor operation costs about
+the same whatever its size), so ``C`` chains cost little more than one. :class:`BoundBatch` holds what is made
 once per ``C``: a ``(C, D)`` buffer for the position with per-site views (weights ``(C, out, in)``, biases
 ``(C, 1, out)``), the plan of the forward and backward pass and the output of the layers before the first random
 one (constant: computed once). Per evaluation: one ``baddbmm`` per layer (``addcmul`` for a layer with one input,
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["BoundBatch", "leapfrog_from", "one_chain_leapfrog", "sharp"]
+__all__ = ["BoundBatch", "OneChain", "leapfrog_from", "sharp"]
 
 
 def sharp(minv: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
@@ -43,17 +43,25 @@ def leapfrog_from(potential):
     return leapfrog
 
 
-def one_chain_leapfrog(pot):
-    """The batched leapfrog interface for ONE chain (``C = 1``) over the unbatched bound-data step
-    :meth:`~bnn_pyro.infer._analytic.StackPotential.leapfrog` (fewer operations per step than the batched one at
-    ``C = 1``: ``mm`` rather than ``bmm``, no batch views; its energies are read back as floats)."""
+class OneChain:
+    """The batched leapfrog interface for ONE chain (``C = 1``) over a potential's unbatched step ``pot.leapfrog(z,
+    p, g, step, minv) -> (z, p, g, M^-1 p, energies)`` (``(D,)`` vectors, a float step; energies Python floats, e.g.
+    :meth:`~bnn_pyro.infer._analytic.StackPotential.leapfrog`, or a tensor ``[U, kinetic]``, e.g. the compiled
+    :meth:`~bnn_pyro.infer._logjoint.FlatPotential.leapfrog`): fewer operations per step than the batched one at
+    ``C = 1`` (``mm`` rather than ``bmm``, no batch views). :func:`~bnn_pyro.infer._nuts.nuts_transition` calls
+    :attr:`unbatched` directly. ``batched``: a batched leapfrog to run instead for the batched interface (a generic
+    potential's: :func:`leapfrog_from` over its value and gradient, fewer conversions than its compiled step's)."""
 
-    def leapfrog(z, p, g, step, minv):
-        z, p, g, p_sharp, (u, kinetic) = pot.leapfrog(z[0], p[0], g[0], float(step[0]), minv[0])
-        return z.unsqueeze(0), p.unsqueeze(0), g.unsqueeze(0), p_sharp.unsqueeze(0), z.new_tensor([u]), \
-            z.new_tensor([kinetic])
+    def __init__(self, pot, batched=None):
+        self.pot, self.unbatched, self._batched = pot, pot.leapfrog, batched
 
-    return leapfrog
+    def __call__(self, z, p, g, step, minv):
+        if self._batched is not None:
+            return self._batched(z, p, g, step, minv)
+        z, p, g, p_sharp, energies = self.unbatched(z[0], p[0], g[0], float(step[0]), minv[0])
+        u, kinetic = (z.new_tensor([energies[0]]), z.new_tensor([energies[1]])) if type(energies) is tuple \
+            else (energies[0:1], energies[1:2])
+        return z.unsqueeze(0), p.unsqueeze(0), g.unsqueeze(0), p_sharp.unsqueeze(0), u, kinetic
 
 
 class BoundBatch:
@@ -145,7 +153,7 @@ class BoundBatch:
 
 
 def _is_layer(op) -> bool:
-    """Whether an op of the stack is a layer (``_analytic._Layer``: weight, bias) rather than an activation."""
+    """Whether an op of the stack is a layer (``_analytic_ops.Layer``: weight, bias) rather than an activation."""
     return hasattr(op, "weight")
 
 

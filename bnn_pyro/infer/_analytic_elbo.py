@@ -13,7 +13,8 @@ import pyro
 import torch
 from torch.distributions import transform_to
 
-from bnn_pyro.infer._analytic import _HALF_LOG_2PI, StackPotential, build
+from bnn_pyro.infer._analytic import StackPotential, build
+from bnn_pyro.infer._analytic_ops import HALF_LOG_2PI
 
 __all__ = ["negative_elbo", "mean_field_loss", "store_params"]
 
@@ -31,7 +32,7 @@ def negative_elbo(loc, scale, eps, pot: StackPotential, x, y, *, analytic_kl: bo
     if analytic_kl:
         return _closed_kl(loc, scale, eps, z, pot, x, y)
     u, grad = pot(z, x, y)
-    log_q = 0.5 * (eps * eps).sum(-1) + _HALF_LOG_2PI * eps.shape[-1]
+    log_q = 0.5 * (eps * eps).sum(-1) + HALF_LOG_2PI * eps.shape[-1]
     if eps.dim() == 2:  # particles
         u, log_q = u.mean(0), log_q.mean(0)
         g_loc, g_scale = grad.mean(0), (grad * eps).mean(0) - scale.reciprocal()
@@ -51,11 +52,11 @@ def _closed_kl(loc, scale, eps, z, pot: StackPotential, x, y):
     pd = prec * d
     weights = eps.shape[-1] - (noise is not None)
     # sum over the weights of -log(p)/2 - 1/2 = sum (log prior scale) - 1/2 = prior_const - (log(2 pi)/2 + 1/2) each
-    const = pot.prior_const - weights * (_HALF_LOG_2PI + 0.5)
+    const = pot.prior_const - weights * (HALF_LOG_2PI + 0.5)
     quad = torch.dot(prec, scale * scale) + torch.dot(pd, d)
     if noise is not None:  # the noise's -log q besides -log scale: |eps|^2 / 2 + log(2 pi) / 2
         e = eps[..., noise]
-        const = const - _HALF_LOG_2PI
+        const = const - HALF_LOG_2PI
         u = u - 0.5 * e * e
     if eps.dim() == 2:  # particles
         u, g_lik, g_eps = u.mean(0), grad.mean(0), (grad * eps).mean(0)

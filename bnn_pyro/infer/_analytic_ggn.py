@@ -21,7 +21,8 @@ import math
 
 import torch
 
-from bnn_pyro.infer._analytic import _HALF_LOG_2PI, StackPotential, _affine, _Layer
+from bnn_pyro.infer._analytic import StackPotential
+from bnn_pyro.infer._analytic_ops import HALF_LOG_2PI, Layer, affine
 
 __all__ = ["likelihood_diagonal"]
 
@@ -35,10 +36,10 @@ def likelihood_diagonal(pot: StackPotential, theta: torch.Tensor, x: torch.Tenso
     y = y.reshape(x.shape[0], -1).to(theta.dtype)
     h, saved = x, []
     for op in ops:  # forward, keeping each layer's input and weight, each activation's input and output
-        if isinstance(op, _Layer):
+        if isinstance(op, Layer):
             w = pot._param(theta, op.weight, ())
             saved.append((h, w))
-            h = _affine(h, w, pot._param(theta, op.bias, ()))
+            h = affine(h, w, pot._param(theta, op.bias, ()))
         else:
             a, h = h, op.forward(h)
             saved.append((a, h))
@@ -49,14 +50,14 @@ def likelihood_diagonal(pot: StackPotential, theta: torch.Tensor, x: torch.Tenso
         _, index, per_z, _, _ = pot._noise
         log_sigma = float(theta[index]) * per_z
     inv_var = math.exp(-2.0 * log_sigma)
-    value = 0.5 * inv_var * float(torch.dot(r.reshape(-1), r.reshape(-1))) + r.numel() * (log_sigma + _HALF_LOG_2PI)
+    value = 0.5 * inv_var * float(torch.dot(r.reshape(-1), r.reshape(-1))) + r.numel() * (log_sigma + HALF_LOG_2PI)
     squares, weighted = {}, {}  # layer index -> sum_o G_o^2, sum_o G_o r_o
     for o in range(r.shape[1]):
         delta = torch.zeros_like(r)
         delta[:, o] = 1.0
         for i in range(len(ops) - 1, first - 1, -1):
             op = ops[i]
-            if not isinstance(op, _Layer):
+            if not isinstance(op, Layer):
                 delta = op.backward(delta, *saved[i])
                 continue
             if i in squares:

@@ -1,18 +1,39 @@
-"""The elementwise pieces of the analytic fast path (:mod:`bnn_pyro.infer._analytic`): each covered activation's
-forward and backward (ATen's own derivative kernels, the formulas autograd runs), and the score
-``d log p(v) / d log v`` of each covered prior on a learned noise scale or precision."""
+"""The pieces of the analytic fast path (:mod:`bnn_pyro.infer._analytic`) that its potential, ELBO and GGN share: a
+layer of the stack (:class:`Layer`) and its affine map, each covered activation's forward and backward (ATen's own
+derivative kernels, the formulas autograd runs), and the score ``d log p(v) / d log v`` of each covered prior on a
+learned noise scale or precision."""
 
 from __future__ import annotations
 
+import math
 from typing import Callable, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ACTIVATIONS", "NOISE_PRIORS"]
+__all__ = ["ACTIVATIONS", "NOISE_PRIORS", "HALF_LOG_2PI", "Layer", "activation", "affine"]
 
 _aten = torch.ops.aten
+
+HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)  # a standard normal's log-density constant
+
+
+class Layer(NamedTuple):
+    """A layer of the stack: ``h @ weight^T + bias``."""
+
+    weight: str | torch.Tensor  # a site name (a slot of theta), or a constant
+    bias: str | torch.Tensor | None
+
+
+def affine(h, w, b):
+    """``h @ w^T + b`` for ``h`` ``(N, in)`` or ``(B, N, in)`` and ``w`` ``(out, in)`` or ``(B, out, in)``."""
+    if w.dim() == 2 and h.dim() == 2:
+        return h @ w.t() if b is None else torch.addmm(b, h, w.t())
+    if w.dim() == 3 and b is not None and b.dim() == 2:
+        return torch.baddbmm(b.unsqueeze(-2), h, w.mT)
+    out = h @ w.mT
+    return out if b is None else out + (b.unsqueeze(-2) if b.dim() == 2 else b)
 
 
 class _Activation(NamedTuple):
@@ -24,7 +45,7 @@ class _Activation(NamedTuple):
     inplace: Callable[[torch.Tensor], torch.Tensor] | None = None
 
 
-def _activation(m: nn.Module) -> _Activation | None:
+def activation(m: nn.Module) -> _Activation | None:
     kind = type(m)
     if kind is nn.Tanh:
         return _Activation(torch.tanh, lambda g, a, h: _aten.tanh_backward(g, h), torch.tanh_)

@@ -1,6 +1,6 @@
 """``C`` MCMC chains advanced together as ONE batched computation: the state of ``chain_method="vectorized"``.
 
-A small net is dispatch-bound (a few microseconds per tensor operation whatever its size), so ``C`` chains whose
+A small net is dispatch-bound (each tensor operation costs about the same whatever its size), so ``C`` chains whose
 positions are the rows of one ``(C, D)`` tensor cost less per chain than one chain at a time (NumPyro's
 ``chain_method="vectorized"``, blackjax's ``vmap`` over chains). The pieces:
 
@@ -11,9 +11,9 @@ positions are the rows of one ``(C, D)`` tensor cost less per chain than one cha
   :func:`~bnn_pyro.infer._analytic_batched.leapfrog_from` for any batched potential);
 - a **transition** ``transition(z, u, g, step, minv, *, leapfrog, generator, **options) -> (z, u, g,
   TransitionStats)``: one MCMC transition of every chain, its momentum drawn inside from ``generator``
-  (:func:`hmc_transition` here; NUTS's lockstep ``nuts_transition`` in ``bnn_pyro.infer._nuts_batched``);
-- :class:`BatchedChains`: the chains' flat state, one Pyro ``WarmupAdapter`` PER CHAIN (exactly the single-chain
-  adaptation of :class:`~bnn_pyro.infer._nuts.FlatNUTS`: dual averaging, Stan's windows, the step-size heuristic
+  (:func:`hmc_transition` here; NUTS's :func:`~bnn_pyro.infer._nuts.nuts_transition`);
+- :class:`BatchedChains`: the chains' flat state, one Pyro ``WarmupAdapter`` PER CHAIN (the one-chain kernels of
+  :mod:`bnn_pyro.infer._flat_hmc` are its ``C = 1`` case: dual averaging, Stan's windows, the step-size heuristic
   after each mass-matrix window), per-chain step sizes and inverse mass matrices, one ``torch.Generator`` for every
   random number, per-draw :class:`~bnn_pyro.infer._kernels.DrawStats` per chain, and checkpoints.
 
@@ -36,19 +36,32 @@ from torch import Tensor
 from bnn_pyro.utils.upstream_private import load_warmup_adapter_state, warmup_adapter_state
 from bnn_pyro.infer._analytic_batched import sharp
 from bnn_pyro.infer._kernels import DrawStats, jittered_steps
-from bnn_pyro.infer._nuts import MAX_ENERGY_ERROR, search_step_size
 
-__all__ = ["TransitionStats", "BatchedChains", "hmc_transition", "momentum"]
+__all__ = ["TransitionStats", "BatchedChains", "hmc_transition", "momentum", "search_step_size", "MAX_ENERGY_ERROR"]
+
+MAX_ENERGY_ERROR = 1000.0  # Stan's divergence threshold: a larger energy error (or NaN) is a divergence
 
 
 class TransitionStats(NamedTuple):
-    """One transition of ``C`` chains; every field a ``(C,)`` tensor."""
+    """One transition of ``C`` chains; every field a ``(C,)`` tensor or a list of ``C`` Python numbers."""
 
-    accept_prob: Tensor  # float: the draw's mean Metropolis acceptance (NUTS: over the trajectory)
-    n_steps: Tensor  # int64: leapfrog steps (gradient evaluations)
-    diverging: Tensor  # bool
-    energy: Tensor  # float: the Hamiltonian after the momentum refresh
-    tree_depth: Tensor | None  # int64 (NUTS) or None (HMC)
+    accept_prob: Tensor | list  # float: the draw's mean Metropolis acceptance (NUTS: over the trajectory)
+    n_steps: Tensor | list  # int: leapfrog steps (gradient evaluations)
+    diverging: Tensor | list  # bool
+    energy: Tensor | list  # float: the Hamiltonian after the momentum refresh
+    tree_depth: Tensor | list | None  # int (NUTS) or None (HMC)
+
+
+def search_step_size(step: float, direction) -> float:
+    """The loop of Pyro's (and Stan's) step-size heuristic: ``direction(step)`` is +1 where one leapfrog step's
+    acceptance probability exceeds 0.8 (then double), else -1 (then halve), until it changes sign."""
+    first = direction(step)
+    lo, hi = 1e-10, 1e10  # Pyro's HMC defaults (min_stepsize, max_stepsize)
+    while lo < step < hi:
+        step *= 2.0 ** first
+        if direction(step) != first:
+            break
+    return min(max(step, lo), hi)
 
 
 def momentum(minv: Tensor, generator: torch.Generator) -> Tensor:
@@ -164,24 +177,24 @@ class BatchedChains:
         z, u, g, stats = self.transition(self.z, self.u, self.g, self._step_tensor(steps), self.inverse_mass_matrix,
                                          leapfrog=self.leapfrog, generator=self.generator, **self.options)
         self.z, self.u, self.g = z, u, g
-        columns = [stats.accept_prob, stats.n_steps, stats.diverging, stats.energy, -u]
+        columns = [stats.accept_prob, stats.n_steps, stats.diverging, stats.energy, u]
         if stats.tree_depth is not None:
             columns.append(stats.tree_depth)
-        rows = torch.stack([col.to(torch.float64) for col in columns], 1).tolist()  # one host read
+        rows = _rows(columns)
         warm, self._t = self._t < self._warmup_steps, self._t + 1
         n = self._t - self._warmup_steps if self._t > self._warmup_steps else self._t
         self.stats = []
-        for c, (accept, n_steps, diverging, energy, lp, *depth) in enumerate(rows):
+        for c, (accept, n_steps, diverging, energy, potential, *depth) in enumerate(rows):
             if warm:
                 self._adapters[c].step(self._t - 1, self._sites(c), torch.tensor(accept))
             self._mean_accept[c] += (accept - self._mean_accept[c]) / n
-            self.stats.append(DrawStats(lp=lp, acceptance_rate=accept, step_size=steps[c], diverging=bool(diverging),
+            self.stats.append(DrawStats(lp=-potential, acceptance_rate=accept, step_size=steps[c], diverging=bool(diverging),
                                         n_steps=int(n_steps), energy=energy,
                                         tree_depth=int(depth[0]) if depth else None))
         return z
 
     def _reasonable_step_size(self, c: int, _sites=None) -> float:
-        """Pyro's heuristic for chain ``c`` at its current position and inverse mass matrix (as FlatNUTS runs it):
+        """Pyro's heuristic for chain ``c`` at its current position and inverse mass matrix:
         double or halve its step size until one leapfrog step's acceptance probability crosses 0.8."""
         minv = self._adapters[c].mass_matrix_adapter.inverse_mass_matrix[self.names].unsqueeze(0)
         z, g, u = self.z[c:c + 1], self.g[c:c + 1], float(self.u[c])
@@ -222,3 +235,17 @@ class BatchedChains:
         self.z, self.u, self.g = (tensors[k].to(device).clone() for k in ("z", "u", "grad"))
         self.generator.set_state(tensors["generator"])
         self._t, self._mean_accept = meta["counters"][0], list(meta["counters"][1])
+
+
+def _rows(columns: list) -> list[list[float]]:
+    """Per chain, the values of ``columns`` (each a ``(C,)`` tensor or a list of ``C`` numbers): tensors read back
+    together (one host read)."""
+    tensors = [i for i, col in enumerate(columns) if isinstance(col, Tensor)]
+    if len(tensors) == 1:
+        read = [columns[tensors[0]].tolist()]
+    else:
+        read = torch.stack([columns[i].to(torch.float64) for i in tensors]).tolist() if tensors else []
+    columns = list(columns)
+    for i, values in zip(tensors, read):
+        columns[i] = values
+    return [list(row) for row in zip(*columns)]

@@ -1,18 +1,19 @@
-"""HMC over one flat vector: the fast path's HMC kernel for ``bp.fit(..., method="hmc")``.
+"""The one-chain kernels of the fast path: ``method="hmc"`` and ``method="nuts"`` over one flat vector.
 
-Pyro's ``HMC`` keeps the position, momentum and gradient as dicts of site tensors and runs each leapfrog step
-through its own integrator and a differentiable potential (autograd per step). On the analytic path (a stack of
-``nn.Linear`` layers and elementwise activations, Normal priors, Gaussian likelihood:
-:mod:`bnn_pyro.infer._analytic`) this kernel runs the same algorithm as ONE chain of
-:class:`~bnn_pyro.infer._batched.BatchedChains` (``C = 1``): the batched analytic leapfrog, Pyro's
-``WarmupAdapter`` (dual averaging, Stan's windows, the step-size heuristic after each window), a fixed number of
-leapfrog steps per draw (``num_leapfrog``) or ``max(1, int(trajectory_length / step_size))`` as Pyro counts them,
-jittered per draw (``leapfrog_jitter``),
-a Metropolis accept, divergences (energy error > 1000 or NaN) rejected. Its random numbers come from a
-``torch.Generator`` seeded from the chain's seeded global generator, so its draws differ from Pyro's ``HMC``'s
-for the same seed (same target). :class:`FlatHMC` has Pyro's ``MCMCKernel`` interface (``setup``, ``sample``) and
-the ``stats``/``state_dict`` that :mod:`bnn_pyro.infer.mcmc`'s loop reads, like
-:class:`~bnn_pyro.infer._nuts.FlatNUTS`.
+Pyro's ``HMC`` and ``NUTS`` keep the position, momentum and gradient as dicts of site tensors and run each
+leapfrog step through a differentiable potential (autograd per step). The fast path's kernels run the same
+algorithms as ONE chain of :class:`~bnn_pyro.infer._batched.BatchedChains` (``C = 1``), with the transitions that
+``chain_method="vectorized"`` runs for ``C`` chains: :func:`~bnn_pyro.infer._batched.hmc_transition` (a fixed number
+of leapfrog steps per draw, ``num_leapfrog``, or ``max(1, int(trajectory_length / step_size))`` as Pyro counts them,
+jittered per draw by ``leapfrog_jitter``; a Metropolis accept) and :func:`~bnn_pyro.infer._nuts.nuts_transition`;
+Pyro's ``WarmupAdapter`` (dual averaging, Stan's windows, the step-size heuristic after each window); divergences
+(energy error > 1000 or NaN) rejected, never raised. The potential and its gradient are the analytic ones of
+:mod:`bnn_pyro.infer._analytic` for a stack of ``nn.Linear`` layers and elementwise activations with Normal priors
+and a Gaussian likelihood (a forward and a hand-written backward, eager), else the generic one recorded as one
+compiled graph (:func:`bnn_pyro.infer._logjoint.flat_potential_and_grad`). Random numbers come from a
+``torch.Generator`` seeded from the chain's seeded global generator, so the draws differ from Pyro's kernels' for
+the same seed (same target). :class:`OneChainKernel` has Pyro's ``MCMCKernel`` interface (``setup``, ``sample``) and
+the ``stats``/``state_dict`` that :mod:`bnn_pyro.infer.mcmc`'s loop reads.
 """
 
 from __future__ import annotations
@@ -21,11 +22,12 @@ import torch
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro.infer import _analytic, _logjoint
-from bnn_pyro.infer._analytic_batched import leapfrog_from, one_chain_leapfrog
+from bnn_pyro.infer._analytic_batched import OneChain, leapfrog_from
 from bnn_pyro.infer._batched import BatchedChains, hmc_transition
 from bnn_pyro.infer._kernels import AdaptedKernel
+from bnn_pyro.infer.checkpoint import CheckpointError
 
-__all__ = ["FlatHMC", "analytic_applies", "flat_layout", "seeded_generator"]
+__all__ = ["OneChainKernel", "FlatHMC", "analytic_applies", "batched_target", "flat_layout", "seeded_generator"]
 
 
 def analytic_applies(joint, x, y) -> bool:
@@ -51,33 +53,33 @@ def seeded_generator(like: torch.Tensor) -> torch.Generator:
 
 def batched_target(joint, names, shapes: dict, x, y, transforms: dict, jit: bool):
     """``(potential, leapfrog)`` of :mod:`bnn_pyro.infer._batched` for ONE chain: the analytic ones, else (the
-    analytic potential disagreed with the generic one at its probe point, and warned) the generic compiled one."""
+    analytic potential does not apply, or disagreed with the generic one at its probe point, and warned) the generic
+    compiled ones. The leapfrog is a :class:`~bnn_pyro.infer._analytic_batched.OneChain` over the unbatched step
+    (the generic potential's batched interface: :func:`~bnn_pyro.infer._analytic_batched.leapfrog_from`)."""
     pot = _logjoint.analytic(joint, names, shapes, x, y)
-    if pot is not None:  # one chain: the unbatched bound-data step (benchmarks/engine_speed.py --only hmc)
-        return pot.batch(1), one_chain_leapfrog(pot)
-
+    if pot is not None:
+        return pot.batch(1), OneChain(pot)
     flat = _logjoint.flat_potential_and_grad(joint, transforms, x, y, shapes=shapes, compile=jit)
 
     def potential(theta):
         u, g = flat(theta[0])
         return u.reshape(1), g.unsqueeze(0)
 
-    return potential, leapfrog_from(potential)
+    return potential, OneChain(flat, batched=leapfrog_from(potential))
 
 
-class FlatHMC(AdaptedKernel):
-    """HMC for one chain over a flat vector (module docstring); its step size and mass matrix are its one
-    :class:`~bnn_pyro.infer._batched.BatchedChains` chain's (``AdaptedKernel``'s ``initial_params`` kept). ``resume = (step_size, inverse_mass_matrix)``
-    replaces the adapted state after setup; ``stats`` holds the last draw's :class:`DrawStats`."""
+class OneChainKernel(AdaptedKernel):
+    """One chain of a batched ``transition`` over a flat vector (module docstring); its step size and mass matrix
+    are its one :class:`~bnn_pyro.infer._batched.BatchedChains` chain's. ``resume = (step_size,
+    inverse_mass_matrix)`` replaces the adapted state after setup (extending a posterior); ``stats`` holds the
+    last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`."""
 
-    def __init__(self, model, joint, *, init_strategy, step_size=None, target_accept_prob=0.8, dense_mass=False,
-                 num_leapfrog=None, trajectory_length=None, jit=True, leapfrog_jitter=0.0):
+    def __init__(self, model, joint, *, transition, options: dict, init_strategy, step_size=None,
+                 target_accept_prob=0.8, dense_mass=False, jit=True):
         self.model, self.joint, self.jit, self.resume, self.transforms = model, joint, jit, None, None
+        self._transition, self._options = transition, options
         self._init_strategy, self._step_size, self._target, self._dense = (init_strategy, step_size,
                                                                            target_accept_prob, dense_mass)
-        self._options = (dict(num_steps=num_leapfrog) if num_leapfrog is not None
-                         else dict(trajectory_length=trajectory_length))
-        self._options["jitter"] = leapfrog_jitter
 
     def setup(self, warmup_steps, *args, **kwargs):
         params, _, self.transforms, _ = initialize_model(self.model, model_args=args, model_kwargs=kwargs,
@@ -87,8 +89,9 @@ class FlatHMC(AdaptedKernel):
         potential, leapfrog = batched_target(self.joint, self._names, self._shapes, *args, self.transforms, self.jit)
         z = torch.cat([params[n].detach().reshape(-1) for n in self._names]).unsqueeze(0)
         self.chains = BatchedChains(potential, leapfrog, z, names=self._names, sizes=sizes, warmup_steps=warmup_steps,
-                                    transition=hmc_transition, options=self._options, generator=seeded_generator(z),
-                                    step_size=self._step_size, target_accept_prob=self._target, dense_mass=self._dense,
+                                    transition=self._transition, options=self._options,
+                                    generator=seeded_generator(z), step_size=self._step_size,
+                                    target_accept_prob=self._target, dense_mass=self._dense,
                                     resume=None if self.resume is None else [self.resume])
 
     @property
@@ -111,4 +114,20 @@ class FlatHMC(AdaptedKernel):
         return self.chains.state_dict()
 
     def load_state_dict(self, tensors, meta):
+        if "rng" in meta:  # the recursive NUTS kernel's checkpoint (bnn_pyro before the one NUTS builder)
+            raise CheckpointError("checkpoint: this NUTS checkpoint was written by the recursive NUTS kernel of an "
+                                  "earlier bnn_pyro (up to commit a7736d0), whose state this version cannot continue. "
+                                  "Resume it with the version that wrote it, or delete it to start afresh.")
         self.chains.load_state_dict(tensors, meta)
+
+
+class FlatHMC(OneChainKernel):
+    """HMC for one chain over a flat vector: :func:`~bnn_pyro.infer._batched.hmc_transition` at ``C = 1``
+    (module docstring)."""
+
+    def __init__(self, model, joint, *, init_strategy, step_size=None, target_accept_prob=0.8, dense_mass=False,
+                 num_leapfrog=None, trajectory_length=None, jit=True, leapfrog_jitter=0.0):
+        options = dict(num_steps=num_leapfrog) if num_leapfrog is not None else dict(trajectory_length=trajectory_length)
+        super().__init__(model, joint, transition=hmc_transition, options=dict(options, jitter=leapfrog_jitter),
+                         init_strategy=init_strategy, step_size=step_size, target_accept_prob=target_accept_prob,
+                         dense_mass=dense_mass, jit=jit)

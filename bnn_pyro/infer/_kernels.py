@@ -26,7 +26,7 @@ from bnn_pyro.utils.upstream_private import (hmc_state, load_hmc_state, load_war
                                         warmup_adapter_state)
 from bnn_pyro.infer import _logjoint
 
-__all__ = ["DrawStats", "sample_stats", "jittered_steps", "AdaptedKernel", "_NUTS", "_HMC", "_Metropolis"]
+__all__ = ["DrawStats", "sample_stats", "jittered_steps", "AdaptedKernel", "PyroNUTS", "PyroHMC", "Metropolis"]
 
 
 class DrawStats(NamedTuple):
@@ -164,11 +164,11 @@ class _Counted:
         self._bp_draws, self._bp_grad_evals, self._bp_mean_accept = meta["bp"]
 
 
-class _NUTS(_Counted, NUTS):
+class PyroNUTS(_Counted, NUTS):
     pass
 
 
-class _HMC(_Counted, HMC):
+class PyroHMC(_Counted, HMC):
     pass
 
 
@@ -178,7 +178,7 @@ def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args
     potential energy through its public ``potential_fn`` argument; otherwise it traces ``model`` (compiled
     by Pyro when ``jit``). ``resume = (step_size, inverse_mass_matrix)``: no adaptation, that state kept.
     Returns ``(kernel, initial_params, transforms)`` (the last two ``None`` for the tracing path)."""
-    cls = _NUTS if kind == "nuts" else _HMC
+    cls = PyroNUTS if kind == "nuts" else PyroHMC
     if resume is not None:
         options.update(step_size=resume[0], adapt_step_size=False, adapt_mass_matrix=False)
     if joint is None:
@@ -194,7 +194,7 @@ def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args
 
 
 class AdaptedKernel(MCMCKernel):
-    """What our kernels (:class:`_Metropolis`, :class:`~bnn_pyro.infer._nuts.FlatNUTS`) share: Pyro's
+    """What our kernels (:class:`Metropolis`, :class:`~bnn_pyro.infer._nuts.FlatNUTS`) share: Pyro's
     ``MCMCKernel`` starting point (``initial_params``), the step size and inverse mass matrix (or proposal
     covariance) of their Pyro :class:`WarmupAdapter` ``self._adapter``, and its state for checkpoints."""
 
@@ -224,7 +224,7 @@ class AdaptedKernel(MCMCKernel):
                                                   if k.startswith(prefix)}, meta)
 
 
-class _Metropolis(AdaptedKernel):
+class Metropolis(AdaptedKernel):
     """Random-walk Metropolis with a proposal ``w + h * L eps`` whose scale ``h`` (dual averaging
     toward ``target_accept_prob``) and shape ``L`` (the posterior standard deviations, or the
     Cholesky factor of the covariance when ``dense``) are adapted in Stan's warm-up windows by

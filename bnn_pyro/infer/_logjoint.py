@@ -1,8 +1,8 @@
 """The fast path: a ``BNN``'s log joint density evaluated directly in torch, without tracing Pyro.
 
 Pyro computes a log joint by running the model under effect handlers (a trace, a replay, a
-condition, plates, scaling), which costs milliseconds of Python per evaluation: on an 8-50-1 MLP
-that is ~75% of an SVI step and of a NUTS leapfrog step. For a :class:`~bnn_pyro.BNN` whose every
+condition, plates, scaling): Python work per evaluation that, on a small net, outweighs the tensor
+arithmetic of the density (``benchmarks/fast_path.py`` measures it). For a :class:`~bnn_pyro.BNN` whose every
 latent site has a fixed prior (no hierarchical prior: its sites' priors depend on other sites) the
 same density is a short torch function of the site values::
 
@@ -41,7 +41,7 @@ from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.model import BNN
 from bnn_pyro.utils.user_warnings import warn
 
-__all__ = ["LogJoint", "build", "svi_loss", "potential", "flat_potential_and_grad", "FlatPotential", "recording"]
+__all__ = ["LogJoint", "build", "svi_loss", "potential", "flat_potential_and_grad", "FlatPotential", "recording", "is_identity"]
 
 
 class LogJoint:
@@ -123,10 +123,10 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
         return None
     normal = isinstance(guide, autoguide.AutoNormal)
     transforms = {name: biject_to(d.support) for name, d in joint.priors.items()}
-    transforms = {name: None if _is_identity(t) else t for name, t in transforms.items()}
+    transforms = {name: None if is_identity(t) else t for name, t in transforms.items()}
     shape = torch.Size([num_particles]) if num_particles > 1 else torch.Size()
     # argument validation off: the data were checked when the fit started and the guide's draws lie in
-    # the supports by construction; validating every density at every step cost ~0.3 ms of a ~2.5 ms step.
+    # the supports by construction, so a check of every density at every step would only add work.
     # A NaN from a diverging optimization still stops the fit (svi checks that the loss is finite).
     joint = joint.unvalidated()
     # a Linear-and-elementwise stack with Normal priors and a Gaussian likelihood: the analytic gradient
@@ -178,8 +178,7 @@ def potential(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tenso
     it is the analytic potential of :mod:`bnn_pyro.infer._analytic` (its autograd gradient is the analytic one;
     ``jit`` is then moot). Else
     ``jit=True`` compiles it with ``torch.jit.trace`` at the first call (the data and site shapes are
-    fixed, as in MCMC): eager, the torch.distributions and ``functional_call`` overhead makes it
-    ~1.7x slower than traced."""
+    fixed, as in MCMC), which removes the torch.distributions and ``functional_call`` overhead of every call."""
     energy = _Energy(joint, transforms, x, y)
     generic = [None]
 
@@ -213,9 +212,9 @@ def flat_potential_and_grad(joint: LogJoint, transforms: dict, x: torch.Tensor, 
 
     ``compile=True`` records the value and the gradient together as one graph of tensor operations
     (``make_fx`` of ``torch.func.grad_and_value``: no autograd tape at run time), then freezes it with
-    TorchScript (constants such as the data and the prior's parameters folded in): on the 1-50-1 MLP
-    of ``benchmarks/performance.py`` ~0.15 ms per call, against ~0.45 ms for a traced potential plus
-    ``autograd.grad`` and ~0.8 ms eager. Where the model cannot be recorded that way, it warns and falls
+    TorchScript (constants such as the data and the prior's parameters folded in): no tracing of the model and
+    no autograd tape per call (``benchmarks/performance.py`` compares it with a traced potential plus
+    ``autograd.grad`` and with the eager one). Where the model cannot be recorded that way, it warns and falls
     back to the eager gradient (same values)."""
     energy = _Energy(joint, transforms, x, y)
     names, sizes = list(shapes), [int(torch.Size(s).numel()) for s in shapes.values()]
@@ -256,7 +255,7 @@ class FlatPotential:
         """One velocity-Verlet step of (signed, 0-dim tensor) size ``step`` from ``(z, p)`` with gradient
         ``g`` under the inverse mass matrix ``inverse_mass`` (a vector: diagonal; a matrix: dense).
         Returns ``(z, p, g, M^-1 p, tensor([U, kinetic energy]))`` at the new point; compiled, the
-        whole step is one graph (the ~6 vector operations around the gradient cost ~15 us eagerly)."""
+        whole step is one graph (the vector operations around the gradient are not dispatched one by one)."""
         if not torch.is_tensor(step):
             step = torch.tensor(step, dtype=z.dtype, device=z.device)
         if not self.compile:
@@ -284,7 +283,7 @@ class _Energy:
     ``theta`` and ``runs`` (:meth:`prior_runs`) the runs' sites are scored on slices of ``theta``."""
 
     def __init__(self, joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor):
-        self.inverse = {name: None if _is_identity(transforms.get(name)) else transforms[name].inv
+        self.inverse = {name: None if is_identity(transforms.get(name)) else transforms[name].inv
                         for name in joint.priors}
         self.points, self.x, self.y = joint.model.point_values(), x, y
         # validation off, as on Pyro's path: a diverging trajectory's NaN gives a NaN energy (a rejected
@@ -326,7 +325,7 @@ class _Energy:
         return runs
 
 
-def _is_identity(t) -> bool:
+def is_identity(t) -> bool:
     """Whether ``t`` (a transform, or None) leaves values unchanged, with no Jacobian."""
     transforms = torch.distributions.transforms
     while isinstance(t, (transforms.IndependentTransform, transforms._InverseTransform)):
@@ -396,15 +395,10 @@ def recording():
     """Silences, while TorchScript records a graph, its ``TracerWarning``s (a recording fixes Python branches:
     :func:`_compiled` checks the graph against the eager values) and torch 2.13's deprecation of
     ``torch.jit.trace`` (``trace_method`` when tracing a module) and ``torch.jit.freeze``, and nothing else.
-    TorchScript stays because no supported path keeps its speed (medians, 1-50-1 MLP, N = 200, one thread):
-    one leapfrog step with its gradient took 0.33 ms frozen by TorchScript, 0.78 ms as the same ``make_fx``
-    graph run by ``torch.fx``, 1.07 ms eager; the traced potential plus ``autograd.grad`` 0.92 ms, against
-    1.25 ms (``torch.fx``) and 1.43 ms eager. ``torch.compile`` matched TorchScript only after a ~7.5 s
-    compile in every chain's process (measured for issue 6). Measured again for issue 15 (torch 2.13, one thread,
-    N = 200, learned noise, a loaded 2-core machine; nets that are not Linear stacks, which the analytic potential
-    now leaves to this path), value and gradient per call: 1-50-1 Softsign MLP 0.55 ms frozen, 2.0 ms ``torch.fx``,
-    5.0 ms eager autograd; a residual 1-50-50-1 net 0.47 / 1.4 / 6.1 ms; HMC's traced potential plus autograd 1.0 and
-    1.7 ms against 9.0 and 10.5 ms eager. So setup.cfg bounds torch below 2.14, which deprecates TorchScript."""
+    TorchScript stays because no supported path keeps its speed: the same ``make_fx`` graph run by ``torch.fx`` and
+    the eager gradient are several times slower per call, and ``torch.compile`` matches it only after a compile of
+    seconds in every chain's process (measured for issues 6 and 15; ``benchmarks/performance.py``). So setup.cfg
+    bounds torch below 2.14, which deprecates TorchScript."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings("ignore", message=r"`torch\.jit\.(trace|trace_method|freeze)` is deprecated",

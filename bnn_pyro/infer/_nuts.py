@@ -1,306 +1,312 @@
-"""NUTS over one flat vector: the fast path's sampler for ``bp.fit(..., method="nuts")``.
+"""NUTS: one transition of one chain or of ``C`` chains in lockstep, and the one-chain kernel of ``method="nuts"``.
 
-Pyro's ``NUTS`` keeps the position, momentum and gradient as dicts of site tensors and builds its
-trees with a Python sample site per doubling: on the 1-50-1 MLP of ``benchmarks/performance.py``
-that bookkeeping costs about as much per leapfrog step (~0.45 ms) as the potential and its gradient
-together. This kernel runs the same algorithm on one flat tensor per quantity, with the potential
-and its gradient from ONE call: for a stack of ``nn.Linear`` layers and elementwise activations with
-Normal priors and a Gaussian likelihood the analytic one of :mod:`bnn_pyro.infer._analytic` (a forward
-and a hand-written backward, ~30 tensor operations per leapfrog step with the tree's bookkeeping, eager:
-nothing traced), else the generic one recorded as one compiled graph
-(:func:`bnn_pyro.infer._logjoint.flat_potential_and_grad`); the energies and turning checks as Python floats
-(one host read of the energies per leapfrog step, one per turning check: one matrix product for the six
-inner products, or a single inner product where two single states merge; see :func:`_u_turn`). Nothing is
-differentiated here: a transition runs under ``torch.no_grad``.
+:func:`nuts_transition` is Stan's multinomial NUTS (Betancourt 2017, "A Conceptual Introduction to Hamiltonian
+Monte Carlo", appendix A; Stan's ``base_nuts``) for every chain at once. Trajectories are doubled forward or
+backward at random; within a new subtree a state is drawn with probability proportional to ``exp(-H)``, and the
+new subtree's draw replaces the current one with probability ``min(1, w_new / w_old)`` (biased progressive
+sampling); doubling stops at a U-turn (the generalized criterion ``p_sharp . rho <= 0`` at either end, checked
+also across the merged halves, as Stan does since 2.26), at a divergence (energy error > ``MAX_ENERGY_ERROR`` or
+NaN), or after ``max_tree_depth`` doublings. Nothing is differentiated: it runs under ``torch.no_grad``.
 
-The transition is Stan's multinomial NUTS (Betancourt 2017, "A Conceptual Introduction to
-Hamiltonian Monte Carlo", appendix A; Stan's ``base_nuts``): trajectories doubled forward or
-backward at random; within a new subtree a state is drawn with probability proportional to
-``exp(-H)`` (uniform progressive sampling), and the new subtree's draw replaces the current one
-with probability ``min(1, w_new / w_old)`` (biased progressive sampling); doubling stops at a
-U-turn (generalized criterion ``p_sharp . rho <= 0`` at either end, checked also across the
-merged halves, as Stan does since 2.26), at a divergence (energy error > 1000 or NaN), or at
-``max_tree_depth`` doublings. Step size and mass matrix are adapted by Pyro's own
-:class:`~pyro.infer.mcmc.adaptation.WarmupAdapter` (dual averaging, Stan's windows), as in Pyro's
-kernel; the step size is reset by Pyro's heuristic after each mass-matrix window.
+One builder serves one chain and ``C``:
 
-It is a Pyro ``MCMCKernel`` (``pyro.infer.MCMC`` can run it; :mod:`bnn_pyro.infer.mcmc` drives it with its own
-loop, for checkpoints: :meth:`FlatNUTS.state_dict`); the progress bar is :mod:`bnn_pyro.infer.mcmc`'s, one per chain, with this
-kernel's :meth:`FlatNUTS.logging` (step size, mean acceptance) beside it. ``tests/infer/test_nuts.py`` checks it against exact posteriors.
+- **Vectors batched, scalars on the host.** Positions, momenta, gradients and ``M^-1 p`` are tensors, ``(C, D)``
+  (or ``(D,)`` for one chain whose leapfrog is unbatched: :class:`~bnn_pyro.infer._analytic_batched.OneChain`);
+  the per-chain scalars (energies, log weights, masks, counts) are Python floats read back once per leapfrog
+  step. A small net's step is bound by the dispatch of tensor operations, not their arithmetic, so a scalar kept
+  as a float costs no operation where a ``(C,)`` tensor costs one per use.
+- **Lockstep, masked.** All chains double together: at depth ``j`` each chain still running picks a direction and
+  builds a subtree of ``2**j`` leapfrog steps from that end, with its own signed step. A chain whose subtree
+  diverges or turns is marked done; its later leapfrog steps are still computed (one batched call) but unused,
+  exactly as the recursive builder discards that subtree. The subtree ends when every chain is done.
+- **Iterative subtrees.** Leaf ``k`` completes the balanced nodes of sizes ``2, 4, .., 2**t`` that end at it
+  (``t`` = trailing zeros of ``k + 1``); each is merged from the pending first half of its level, and the
+  Stan checks of all ``t`` merges are one matrix product of the ends' ``M^-1 p`` with the halves' momentum sums
+  and end momenta (by linearity, each check is a sum of two of its entries). Where both halves are single states
+  the check needs one inner product: with ``c = sharp_1 . p_2`` (``M^-1`` symmetric) and ``pp = p . M^-1 p``
+  (twice the kinetic energy, which the leapfrog returns), it turns where ``pp_1 + c <= 0`` or ``c + pp_2 <= 0``.
+  The state drawn from a subtree is chosen by streaming: the new leaf replaces the candidate with probability
+  ``exp(log_w - W)``, ``W = log sum exp(H0 - H)`` so far (uniform progressive sampling).
+
+Every random number comes from ``generator`` (momenta, directions, multinomial choices); step sizes and inverse
+mass matrices are per chain; adaptation is the caller's (:class:`~bnn_pyro.infer._batched.BatchedChains`).
+:class:`FlatNUTS` is ``method="nuts"``'s kernel for one chain (its ``C = 1`` case); ``chain_method="vectorized"``
+runs ``C`` chains through the same transition. ``tests/infer/test_nuts.py`` checks it against exact posteriors
+and Pyro's ``NUTS``; ``tests/infer/test_nuts_batched.py`` against closed forms at ``C`` chains.
+
+Usage::
+
+    z, u, g, stats = nuts_transition(z, u, g, step, minv, leapfrog=leapfrog, generator=torch.Generator())
 """
 
 from __future__ import annotations
 
 import math
-import random
-from collections import OrderedDict
+from typing import Callable, NamedTuple
 
 import torch
-from pyro.infer.mcmc.adaptation import WarmupAdapter
-from pyro.infer.mcmc.util import initialize_model
+from torch import Tensor
 
-from bnn_pyro.infer import _logjoint
-from bnn_pyro.infer._kernels import AdaptedKernel, DrawStats
+from bnn_pyro.infer._analytic_batched import sharp
+from bnn_pyro.infer._batched import MAX_ENERGY_ERROR, TransitionStats, momentum
+from bnn_pyro.infer._flat_hmc import OneChainKernel
 
-__all__ = ["FlatNUTS", "search_step_size"]
+__all__ = ["FlatNUTS", "nuts_transition"]
 
-MAX_ENERGY_ERROR = 1000.0  # Stan's divergence threshold
-
-
-class _Tree:
-    """A trajectory segment: its ends (momentum and ``M^-1 p``; ``near`` is the end it started from),
-    the sum ``rho`` of its momenta, ``log_w = log sum exp(H0 - H)`` over its states, the state drawn
-    from it (position, potential, gradient), to extend it the full state at its far end, and for a
-    single state ``pp = p . M^-1 p`` (twice its kinetic energy, a float; ``None`` for longer segments)."""
-
-    __slots__ = ("near_p", "near_sharp", "far_p", "far_sharp", "rho", "log_w", "draw", "frontier", "pp")
-
-    def __init__(self, near_p, near_sharp, far_p, far_sharp, rho, log_w, draw, frontier, pp=None):
-        self.near_p, self.near_sharp, self.far_p, self.far_sharp = near_p, near_sharp, far_p, far_sharp
-        self.rho, self.log_w, self.draw, self.frontier, self.pp = rho, log_w, draw, frontier, pp
+Leapfrog = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple]
 
 
-class FlatNUTS(AdaptedKernel):
-    """No-U-Turn sampler for a :class:`~bnn_pyro.infer._logjoint.LogJoint` (see the module docstring).
-
-    ``resume = (step_size, inverse_mass_matrix)`` replaces the adapted state after setup (extending
-    a posterior); ``stats`` holds the last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`.
-    """
+class FlatNUTS(OneChainKernel):
+    """NUTS for one chain over a flat vector: :func:`nuts_transition` at ``C = 1``, adapted by
+    :class:`~bnn_pyro.infer._batched.BatchedChains` (Pyro's ``WarmupAdapter``: dual averaging, Stan's windows, the
+    step-size heuristic after each mass-matrix window). ``max_tree_depth``: at most ``2**max_tree_depth - 1``
+    leapfrog steps per draw (10: Stan's and Pyro's default)."""
 
     def __init__(self, model, joint, *, init_strategy, step_size=None, target_accept_prob=0.8, max_tree_depth=10,
                  dense_mass=False, jit=True):
-        self.model, self.joint, self.max_tree_depth, self.jit = model, joint, max_tree_depth, jit
-        self._init_strategy, self.resume, self.transforms = init_strategy, None, None
-        self._adapter = WarmupAdapter(step_size or 1.0, adapt_step_size=True, target_accept_prob=target_accept_prob,
-                                      adapt_mass_matrix=True, dense_mass=dense_mass)
-        self._minv = None
-
-    # ------------------------------------------------------------------ MCMCKernel interface
-    def setup(self, warmup_steps, *args, **kwargs):
-        self._warmup_steps, self._t, self._mean_accept_prob = warmup_steps, 0, 0.0
-        self._divergences, self._accept_sum = [], 0.0
-        params, _, self.transforms, _ = initialize_model(self.model, model_args=args, model_kwargs=kwargs,
-                                                         init_strategy=self._init_strategy, skip_jit_warnings=True)
-        self._initial_params = params
-        self._names = tuple(sorted(params))  # Pyro's order: a mass matrix is interchangeable with its kernel's
-        self._shapes = [params[n].shape for n in self._names]
-        self._sizes = [int(params[n].numel()) for n in self._names]
-        shapes = dict(zip(self._names, self._shapes))
-        # the analytic potential and gradient (Linear-and-elementwise stacks, Normal priors, Gaussian likelihood),
-        # else the generic one recorded as one compiled graph
-        self._potential = (_logjoint.analytic(self.joint, self._names, shapes, *args)
-                           or _logjoint.flat_potential_and_grad(self.joint, self.transforms, *args, shapes=shapes,
-                                                                compile=self.jit))
-        z = self._flatten(params)
-        u, g = self._potential(z)
-        self._state = (z, float(u), g)
-        # Python's generator for the many scalar uniforms (direction, multinomial choices): cheap per call,
-        # seeded from torch's seeded generator, and leaves the caller's random module alone
-        self._rng = random.Random(int(torch.randint(2**62, ())))
-        size = z.numel()
-        self._adapter.configure(warmup_steps, mass_matrix_shape={self._names: (size, size) if self._adapter.dense_mass
-                                                                 else (size,)},
-                                find_reasonable_step_size_fn=self._reasonable_step_size,
-                                options=dict(dtype=z.dtype, device=z.device))
-        if self.resume is not None:
-            self._adapter.step_size = self.resume[0]
-            self._adapter.mass_matrix_adapter.inverse_mass_matrix = {self._names: self.resume[1].to(z.dtype)}
-        else:
-            self._adapter.reset_step_size_adaptation(params)
-
-    def logging(self):
-        return OrderedDict([("step size", f"{self.step_size:.2e}"), ("acc. prob", f"{self._mean_accept_prob:.3f}")])
-
-    def diagnostics(self):
-        kept = max(self._t - self._warmup_steps, 1)
-        return {"divergences": self._divergences, "acceptance rate": self._accept_sum / kept}
-
-    @torch.no_grad()  # nothing here is differentiated: no autograd bookkeeping per operation
-    def sample(self, params):
-        z, u, g = self._state
-        step = self.step_size
-        self._mass()
-        p = self._momentum(z)
-        sharp = self._sharp(p)
-        pp = float(p.dot(sharp))
-        h0 = u + 0.5 * pp
-        self._n_leapfrog, self._metro_sum, self._diverged = 0, 0.0, False
-        (z, u, g), doublings = self._transition(z, u, g, p, sharp, h0, step, pp)
-        self._state = (z, u, g)
-        accept = self._metro_sum / max(self._n_leapfrog, 1)
-        if self._t < self._warmup_steps:
-            self._adapter.step(self._t, self._unflatten(z), torch.tensor(accept))
-        self._t += 1
-        kept = self._t > self._warmup_steps
-        n = self._t - self._warmup_steps if kept else self._t
-        self._mean_accept_prob += (accept - self._mean_accept_prob) / n
-        if kept:
-            self._accept_sum += accept
-            if self._diverged:
-                self._divergences.append(self._t - 1 - self._warmup_steps)
-        self.stats = DrawStats(lp=-u, acceptance_rate=accept, step_size=step, diverging=self._diverged,
-                               n_steps=self._n_leapfrog, energy=h0, tree_depth=doublings)
-        return self._unflatten(z)
-
-    # ------------------------------------------------------------------ checkpoint/resume (bnn_pyro.infer.mcmc)
-    def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
-        """The chain's state after a transition: position, potential and gradient, the adaptation, the counters
-        and the Python generator of the trajectory choices (the global generators are the checkpoint's)."""
-        (z, u, g), (tensors, adapter) = self._state, self._adapter_state()
-        tensors = {**tensors, "z": z, "grad": g}
-        version, internal, gauss = self._rng.getstate()
-        return tensors, {"adapter": adapter, "u": u, "rng": [version, list(internal), gauss],
-                         "counters": [self._t, self._mean_accept_prob, self._divergences, self._accept_sum]}
-
-    def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
-        self._load_adapter_state(tensors, meta["adapter"])
-        self._state = (tensors["z"], meta["u"], tensors["grad"])
-        version, internal, gauss = meta["rng"]
-        self._rng.setstate((version, tuple(internal), gauss))
-        self._t, self._mean_accept_prob, self._divergences, self._accept_sum = meta["counters"]
-
-    # ------------------------------------------------------------------ flat vectors and the mass matrix
-    def _flatten(self, params: dict) -> torch.Tensor:
-        return torch.cat([params[n].detach().reshape(-1) for n in self._names])
-
-    def _unflatten(self, z: torch.Tensor) -> dict:
-        return {n: part.reshape(s) for n, part, s in zip(self._names, z.split(self._sizes), self._shapes)}
-
-    def _mass(self):
-        """Cache ``M^-1`` and the factor that draws momenta ``p ~ N(0, M)`` when the adapter changes it."""
-        minv = self.inverse_mass_matrix[self._names]
-        if minv is not self._minv:
-            self._minv = minv
-            self._dense = minv.dim() == 2
-            self._factor = torch.linalg.cholesky(minv) if self._dense else minv.rsqrt()
-
-    def _momentum(self, z: torch.Tensor) -> torch.Tensor:
-        eps = torch.randn_like(z)
-        if not self._dense:
-            return eps * self._factor
-        # M = (L L^T)^-1 = L^-T L^-1, so p = L^-T eps has covariance M
-        return torch.linalg.solve_triangular(self._factor.T, eps[:, None], upper=True)[:, 0]
-
-    def _sharp(self, p: torch.Tensor) -> torch.Tensor:
-        return self._minv @ p if self._dense else self._minv * p
-
-    # ------------------------------------------------------------------ one NUTS transition
-    def _leapfrog(self, state, step: float):
-        """One velocity-Verlet step of signed size ``step`` from ``(z, p, g, u)``; returns
-        the new state, ``M^-1 p`` and the Hamiltonian (``inf`` where it is NaN)."""
-        z, p, g, _ = state
-        z, p, g, sharp, energies = self._potential.leapfrog(z, p, g, step, self._minv)
-        # the analytic potential gives Python floats; the generic one a tensor [U, kinetic] (one host read either way)
-        u, kinetic = energies if type(energies) is tuple else energies.tolist()
-        h = u + kinetic
-        return (z, p, g, u), sharp, (h if h == h else math.inf), 2.0 * kinetic
-
-    def _transition(self, z, u, g, p, sharp, h0: float, step: float, pp: float):
-        """Grow a trajectory from ``(z, p)`` (``sharp = M^-1 p``, ``pp = p . sharp``); return the drawn
-        ``(z, u, g)`` and the doublings tried."""
-        start = (z, p, g, u)
-        # the trajectory so far, as a tree whose "near" end is its backward end and "far" its forward end
-        tree = _Tree(p, sharp, p, sharp, p, 0.0, (z, u, g), None, pp)
-        frontier = {1: start, -1: start}
-        signed = {1: step, -1: -step}
-        for depth in range(self.max_tree_depth):
-            direction = 1 if self._rng.random() > 0.5 else -1
-            new = self._build(frontier[direction], depth, signed[direction], h0)
-            if new is None:  # diverged or turned inside the new subtree: its states are not used
-                return tree.draw, depth + 1
-            frontier[direction] = new.frontier
-            # biased progressive sampling: the new subtree's draw wins with probability min(1, w_new / w_old)
-            take = new.log_w > tree.log_w or self._rng.random() < math.exp(new.log_w - tree.log_w)
-            draw, log_w, rho = (new.draw if take else tree.draw), _logaddexp(tree.log_w, new.log_w), tree.rho + new.rho
-            if direction == 1:  # new continues from the forward end
-                turned = _u_turn(tree.near_sharp, tree.far_p, tree.far_sharp, tree, new)
-                tree = _Tree(tree.near_p, tree.near_sharp, new.far_p, new.far_sharp, rho, log_w, draw, None)
-            else:  # new continues from the backward end
-                turned = _u_turn(tree.far_sharp, tree.near_p, tree.near_sharp, tree, new)
-                tree = _Tree(new.far_p, new.far_sharp, tree.far_p, tree.far_sharp, rho, log_w, draw, None)
-            if turned:
-                return tree.draw, depth + 1
-        return tree.draw, self.max_tree_depth
-
-    def _build(self, state, depth: int, step: float, h0: float) -> _Tree | None:
-        """A subtree of ``2**depth`` leapfrog steps from ``state`` (sign of ``step`` = direction), or
-        ``None`` where it diverges or turns back (its states are then discarded)."""
-        if depth == 0:
-            state, sharp, h, pp = self._leapfrog(state, step)
-            self._n_leapfrog += 1
-            log_w = h0 - h
-            self._metro_sum += 1.0 if log_w > 0 else math.exp(log_w)
-            if -log_w > MAX_ENERGY_ERROR:
-                self._diverged = True
-                return None
-            z, p, g, u = state
-            return _Tree(p, sharp, p, sharp, p, log_w, (z, u, g), state, pp)
-        first = self._build(state, depth - 1, step, h0)
-        if first is None:
-            return None
-        second = self._build(first.frontier, depth - 1, step, h0)
-        if second is None:
-            return None
-        log_w = _logaddexp(first.log_w, second.log_w)
-        # uniform progressive sampling within a subtree: a state with probability proportional to exp(-H)
-        draw = second.draw if self._rng.random() < math.exp(second.log_w - log_w) else first.draw
-        if _u_turn(first.near_sharp, first.far_p, first.far_sharp, first, second):
-            return None
-        rho = first.rho + second.rho
-        return _Tree(first.near_p, first.near_sharp, second.far_p, second.far_sharp, rho, log_w, draw,
-                     second.frontier)
-
-    # ------------------------------------------------------------------ step size heuristic
-    def _reasonable_step_size(self, params: dict) -> float:
-        """Pyro's (and Stan's) heuristic: double or halve the step size until one leapfrog step's
-        acceptance probability crosses 0.8."""
-        step = self.step_size
-        z = self._flatten(params)
-        u, g = self._potential(z)
-        u = float(u)
-        self._mass()
-        threshold = math.log(0.8)
-
-        def direction(step):
-            p = self._momentum(z)
-            h0 = u + 0.5 * float(p.dot(self._sharp(p)))
-            _, _, h, _ = self._leapfrog((z, p, g, u), step)
-            return 1 if threshold < h0 - h else -1
-
-        return search_step_size(step, direction)
+        super().__init__(model, joint, transition=nuts_transition, options=dict(max_tree_depth=max_tree_depth),
+                         init_strategy=init_strategy, step_size=step_size, target_accept_prob=target_accept_prob,
+                         dense_mass=dense_mass, jit=jit)
 
 
-def search_step_size(step: float, direction) -> float:
-    """The loop of Pyro's (and Stan's) step-size heuristic: ``direction(step)`` is +1 where one leapfrog step's
-    acceptance probability exceeds 0.8 (then double), else -1 (then halve), until it changes sign."""
-    first = direction(step)
-    lo, hi = 1e-10, 1e10  # Pyro's HMC defaults (min_stepsize, max_stepsize)
-    while lo < step < hi:
-        step *= 2.0 ** first
-        if direction(step) != first:
+class _Node(NamedTuple):
+    """A trajectory segment, its states in the order they were grown: the momentum and ``M^-1 p`` of its first
+    (``near``) and last (``far``) states and the sum ``rho`` of its momenta; ``pp``: for a single state, ``p . M^-1
+    p`` per chain (a list of floats; ``None`` for longer segments)."""
+
+    near_p: Tensor
+    near_sharp: Tensor
+    far_p: Tensor
+    far_sharp: Tensor
+    rho: Tensor
+    pp: list | None = None
+
+
+class _Subtree(NamedTuple):
+    ok: list  # per chain: completed without a divergence or a turn (and the chain was growing)
+    n_steps: list  # leapfrog steps the chain took in it (up to and including a failing one)
+    accept_sum: list  # sum of min(1, exp(H0 - H)) over those steps
+    diverged: list
+    log_w: list  # log sum exp(H0 - H) over its leaves
+    draw: tuple  # (z, g) tensors and u (a list): the state drawn from it
+    node: _Node  # its ends and momentum sum
+    frontier: tuple  # (z, p, g, M^-1 p) of its last state
+
+
+def nuts_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor, *, leapfrog: Leapfrog,
+                    generator: torch.Generator, max_tree_depth: int = 10) -> tuple[Tensor, Tensor, Tensor,
+                                                                                   TransitionStats]:
+    """One NUTS transition of every chain: ``z``, ``g`` (C, D), ``u`` (C,), ``step`` (C,) > 0; momentum ``p ~ N(0,
+    M)`` drawn here from ``generator`` (:func:`~bnn_pyro.infer._batched.momentum`).
+
+    ``leapfrog(z, p, g, step, minv) -> (z, p, g, sharp, u, kinetic)``: one velocity-Verlet step of every chain
+    (signed ``(C,)`` steps; ``sharp = M^-1 p``; ``u``, ``kinetic`` ``(C,)``), e.g.
+    :func:`~bnn_pyro.infer._analytic_batched.leapfrog_from`. A :class:`~bnn_pyro.infer._analytic_batched.OneChain`
+    leapfrog at ``C = 1`` is run unbatched (``(D,)`` vectors, a float step). Returns the drawn ``(z, u, g)`` and the
+    :class:`~bnn_pyro.infer._batched.TransitionStats` (lists of ``C`` Python numbers).
+    """
+    if torch.is_grad_enabled():  # nothing here is differentiated (a generic potential enables grad for itself)
+        with torch.no_grad():
+            return nuts_transition(z, u, g, step, minv, leapfrog=leapfrog, generator=generator,
+                                   max_tree_depth=max_tree_depth)
+    steps = step.tolist() if isinstance(step, Tensor) else None  # one host read
+    _check(z, u, g, step, steps, minv, max_tree_depth)
+    c = z.shape[0]
+    p0 = momentum(minv, generator)
+    sharp0 = sharp(minv, p0)
+    u0, pp0 = torch.stack([u, torch.linalg.vecdot(p0, sharp0)]).tolist()  # one host read
+    h0 = [a + 0.5 * b for a, b in zip(u0, pp0)]
+    one = c == 1 and hasattr(leapfrog, "unbatched")
+    if one:  # one chain, unbatched: (D,) vectors and a float step
+        step_fn, signed = _unbatched(leapfrog.unbatched, minv[0]), {True: steps[0], False: -steps[0]}
+        z, g, p0, sharp0 = z[0], g[0], p0[0], sharp0[0]
+    else:
+        step_fn, signed = _batched(leapfrog, minv), {True: step, False: -step}
+    # the trajectory: its backward and forward ends (z, p, g, M^-1 p) and its states' momentum sum
+    ends = {False: (z, p0, g, sharp0), True: (z, p0, g, sharp0)}
+    rho, log_w, draw_z, draw_g, draw_u = p0, [0.0] * c, z, g, u0
+    running = [True] * c
+    depth, n_steps, accept, diverging = [max_tree_depth] * c, [0] * c, [0.0] * c, [False] * c
+    # the uniforms of every doubling's direction and merge, and of the first two subtrees' leaves: one draw (a
+    # shallow tree needs no other); a deeper subtree draws its leaves' when it starts
+    first = torch.rand(2 * max_tree_depth + 3, c, generator=generator, dtype=z.dtype, device=z.device).tolist()
+    directions, merges = first[:max_tree_depth], first[max_tree_depth:2 * max_tree_depth]
+    for j in range(max_tree_depth):
+        leaves = (first[2 * max_tree_depth:2 * max_tree_depth + 1] if j == 0 else first[2 * max_tree_depth + 1:]
+                  if j == 1 else torch.rand(2 ** j, c, generator=generator, dtype=z.dtype, device=z.device).tolist())
+        forward = [v < 0.5 for v in directions[j]]
+        begin = _pick(forward, ends[True], ends[False])
+        step_j = _pick_step(forward, signed, step)
+        new = _subtree(begin, j, step_j, h0, [not r for r in running], leaves, step_fn)
+        for i in range(c):
+            n_steps[i] += new.n_steps[i]
+            accept[i] += new.accept_sum[i]
+            diverging[i] = diverging[i] or new.diverged[i]
+        # biased progressive sampling: the new subtree's draw wins with probability min(1, w_new / w_old)
+        take = [ok and (nw > w or uni < math.exp(nw - w))
+                for ok, nw, w, uni in zip(new.ok, new.log_w, log_w, merges[j])]
+        draw_z, draw_g = _pick(take, new.draw[0], draw_z), _pick(take, new.draw[1], draw_g)
+        draw_u = [nu if t else du for t, nu, du in zip(take, new.draw[2], draw_u)]
+        log_w = [_logaddexp(w, nw) if ok else w for ok, w, nw in zip(new.ok, log_w, new.log_w)]
+        # the trajectory as the first half of a merge: its other end first, the end the subtree grew from last
+        back, front = ends[False][1::2], ends[True][1::2]  # (p, M^-1 p) of the backward and forward ends
+        old = _Node(*_pick(forward, back, front), *_pick(forward, front, back), rho, pp0 if j == 0 else None)
+        turned = _turned([(old, new.node)], one)
+        rho = _pick(new.ok, rho + new.node.rho, rho)
+        grows_forward = [ok and f for ok, f in zip(new.ok, forward)]
+        grows_backward = [ok and not f for ok, f in zip(new.ok, forward)]
+        ends = {True: _pick(grows_forward, new.frontier, ends[True]),
+                False: _pick(grows_backward, new.frontier, ends[False])}
+        for i in range(c):
+            if running[i] and not (new.ok[i] and not turned[i]):
+                running[i], depth[i] = False, j + 1
+        if not any(running):
             break
-    return min(max(step, lo), hi)
+    accept = [a / max(n, 1) for a, n in zip(accept, n_steps)]
+    stats = TransitionStats(accept, n_steps, diverging, h0, depth)
+    if one:
+        draw_z, draw_g = draw_z.unsqueeze(0), draw_g.unsqueeze(0)
+    return draw_z, u.new_tensor(draw_u), draw_g, stats
 
 
-def _u_turn(old_far_sharp, old_end_p, old_end_sharp, old: _Tree, new: _Tree) -> bool:
-    """Whether the trajectory ``old + new`` turns back (``new`` grown outward from ``old``'s end
-    ``old_end``; ``old_far`` is old's other end). Stan's three generalized no-U-turn checks,
-    ``p_sharp . rho > 0`` at both ends of: the whole trajectory (``rho = old.rho + new.rho``);
-    ``old`` plus ``new``'s first state; ``old``'s last state plus ``new``. By linearity the six inner
-    products are sums of the 16 of one matrix product (ends' ``p_sharp`` x ``[old.rho, new.rho,
-    new.near_p, old_end_p]``), read back at once. Two single states need one: with ``c = sharp_1 . p_2
-    = p_1 . M^-1 p_2`` (``M^-1`` symmetric), every check is ``pp_1 + c > 0`` or ``c + pp_2 > 0``."""
-    if old.pp is not None and new.pp is not None:
-        c = float(torch.dot(old_end_sharp, new.far_p))
-        return not (old.pp + c > 0 and c + new.pp > 0)
-    sharps = torch.stack([old_far_sharp, new.far_sharp, new.near_sharp, old_end_sharp])
-    vectors = torch.stack([old.rho, new.rho, new.near_p, old_end_p])
-    (a_old, a_new, a_near, _), (b_old, b_new, _, b_end), (c_old, _, c_near, _), (_, e_new, _, e_end) = (
-        torch.mm(sharps, vectors.t()).tolist())
-    return not (a_old + a_new > 0 and b_old + b_new > 0 and a_old + a_near > 0 and c_old + c_near > 0
-                and e_new + e_end > 0 and b_new + b_end > 0)
+def _subtree(begin: tuple, depth: int, step, h0: list, done: list, uniforms: list, step_fn) -> _Subtree:
+    """``2**depth`` lockstep leapfrog steps from ``begin = (z, p, g, M^-1 p)`` with signed steps ``step``; ``done``
+    (per chain): chains not growing; ``uniforms`` (``2**depth`` rows of ``C``): the multinomial choices."""
+    c, leaves = len(h0), 1 << depth
+    z, p, g, _ = begin
+    gone, n, acc, div, total = list(done), [0] * c, [0.0] * c, [False] * c, [-math.inf] * c
+    cand_z, cand_g, cand_u = z, g, list(h0)
+    pending: list[_Node | None] = [None] * depth  # level m: the completed first half of a node of size 2**(m + 1)
+    node = None
+    for k in range(leaves):
+        z, p, g, s, us, kinetic = step_fn(z, p, g, step)
+        take = [False] * c
+        for i in range(c):
+            if gone[i]:
+                continue
+            log_w = h0[i] - us[i] - kinetic[i]
+            if log_w != log_w:  # NaN energy: a divergence
+                log_w = -math.inf
+            n[i] += 1
+            acc[i] += 1.0 if log_w > 0 else math.exp(log_w)
+            if log_w < -MAX_ENERGY_ERROR:
+                div[i] = gone[i] = True
+                continue
+            total[i] = w = _logaddexp(total[i], log_w)
+            # streaming multinomial choice: the new leaf replaces the candidate with probability exp(log_w - W)
+            if uniforms[k][i] < math.exp(log_w - w):
+                take[i], cand_u[i] = True, us[i]
+        cand_z, cand_g = _pick(take, z, cand_z), _pick(take, g, cand_g)
+        node = _Node(p, s, p, s, p, [2.0 * v for v in kinetic])
+        merges = []
+        level = 0
+        while level < depth and (k + 1) >> level & 1 == 0:  # the nodes of size 2**(level + 1) ending at leaf k
+            first = pending[level]
+            pending[level] = None
+            merges.append((first, node))
+            node = _Node(first.near_p, first.near_sharp, node.far_p, node.far_sharp, first.rho + node.rho)
+            level += 1
+        if level < depth:
+            pending[level] = node
+        if merges:
+            for i, t in enumerate(_turned(merges, c == 1 and z.dim() == 1)):
+                gone[i] = gone[i] or t
+            if k + 1 < leaves and all(gone):
+                break
+    return _Subtree(ok=[not x for x in gone], n_steps=n, accept_sum=acc, diverged=div, log_w=total,
+                    draw=(cand_z, cand_g, cand_u), node=node, frontier=(z, p, g, s))
+
+
+def _turned(merges: list[tuple[_Node, _Node]], unbatched: bool) -> list[bool]:
+    """Per chain, whether any of the ``merges`` (first half, second half) turns back: Stan's three checks of each,
+    ``p_sharp . rho > 0`` at both ends of the whole (``rho = first.rho + second.rho``), of ``first`` plus second's
+    first state and of first's last state plus ``second``. The six inner products of a merge are sums of the 16
+    of the ends' ``M^-1 p`` with ``[first.rho, second.rho, second.near_p, first.far_p]``: one matrix product for
+    all merges, read back at once; two single states need one inner product (module docstring)."""
+    if len(merges) == 1 and merges[0][0].pp is not None and merges[0][1].pp is not None:
+        first, second = merges[0]
+        dots = torch.linalg.vecdot(first.far_sharp, second.near_p).tolist()
+        dots = [dots] if unbatched else dots
+        return [not (a + d > 0 and d + b > 0) for a, d, b in zip(first.pp, dots, second.pp)]
+    sharps = torch.stack([v for f, s in merges for v in (f.near_sharp, s.far_sharp, s.near_sharp, f.far_sharp)], -2)
+    vectors = torch.stack([v for f, s in merges for v in (f.rho, s.rho, s.near_p, f.far_p)], -2)
+    products = (sharps @ vectors.mT).tolist()
+    turned = []
+    for rows in ([products] if unbatched else products):
+        ok = True
+        for m in range(len(merges)):
+            (a0, a1, a2, _), (b0, b1, _, b3), (c0, _, c2, _), (_, e1, _, e3) = (r[4 * m:4 * m + 4]
+                                                                                for r in rows[4 * m:4 * m + 4])
+            ok = ok and (a0 + a1 > 0 and b0 + b1 > 0 and a0 + a2 > 0 and c0 + c2 > 0 and e1 + e3 > 0 and b1 + b3 > 0)
+        turned.append(not ok)
+    return turned
+
+
+def _batched(leapfrog: Leapfrog, minv: Tensor):
+    """The batched leapfrog with its energies read back as lists (one host read)."""
+
+    def step_fn(z, p, g, step):
+        z, p, g, s, u, kinetic = leapfrog(z, p, g, step, minv)
+        us, kin = torch.stack([u, kinetic]).tolist()
+        return z, p, g, s, us, kin
+
+    return step_fn
+
+
+def _unbatched(leapfrog, minv: Tensor):
+    """One chain's unbatched leapfrog ``(z, p, g, step, minv) -> (z, p, g, sharp, energies)`` (energies: Python
+    floats, or a tensor ``[U, kinetic]``) with its energies as one-element lists."""
+
+    def step_fn(z, p, g, step):
+        z, p, g, s, energies = leapfrog(z, p, g, step, minv)
+        u, kinetic = energies if type(energies) is tuple else energies.tolist()
+        return z, p, g, s, [u], [kinetic]
+
+    return step_fn
+
+
+def _pick(mask: list, new, old):
+    """Per chain, ``new`` where ``mask`` else ``old``: a tensor ``(C, ...)`` or a tuple of them; no operation
+    where every chain agrees (always at one chain)."""
+    if all(mask):
+        return new
+    if not any(mask):
+        return old
+    if isinstance(new, tuple):
+        return tuple(_pick(mask, a, b) for a, b in zip(new, old))
+    where = torch.tensor(mask, device=new.device).view(-1, *[1] * (new.dim() - 1))
+    return torch.where(where, new, old)
+
+
+def _pick_step(forward: list, signed: dict, step):
+    """The signed step sizes: ``+step`` forward, ``-step`` backward, per chain."""
+    if all(forward) or not any(forward):
+        return signed[forward[0]]
+    return torch.where(torch.tensor(forward, device=step.device), step, -step)
 
 
 def _logaddexp(a: float, b: float) -> float:
     top = max(a, b)
     return top + math.log1p(math.exp(-abs(a - b))) if top > -math.inf else -math.inf
+
+
+def _check(z, u, g, step, steps, minv, max_tree_depth) -> None:
+    """Clear errors for bad input (``steps``: the step sizes read back)."""
+    if not (isinstance(z, Tensor) and z.dim() == 2 and z.is_floating_point()):
+        raise ValueError(f"nuts_transition: z must be a floating (C, D) tensor of positions, one row per chain; got "
+                         f"{type(z).__name__} {tuple(getattr(z, 'shape', ()))}. Stack the chains' flat vectors.")
+    c, d = z.shape
+    if tuple(g.shape) != (c, d):
+        raise ValueError(f"nuts_transition: g (the gradients) must have z's shape {(c, d)}; got {tuple(g.shape)}.")
+    if tuple(u.shape) != (c,):
+        raise ValueError(f"nuts_transition: u (the potentials) must be shaped (C,) = {(c,)}; got {tuple(u.shape)}.")
+    if not isinstance(step, Tensor) or tuple(step.shape) != (c,):
+        raise ValueError(f"nuts_transition: step must be a (C,) = {(c,)} tensor of step sizes, one per chain; got "
+                         f"{type(step).__name__} {tuple(getattr(step, 'shape', ()))}. Try step.expand(C).")
+    if not all(v > 0 for v in steps):
+        raise ValueError(f"nuts_transition: every step size must be > 0 (the direction is drawn here); got {steps[:8]}.")
+    if tuple(minv.shape) not in ((c, d), (c, d, d)):
+        raise ValueError(f"nuts_transition: minv must be a (C, D) = {(c, d)} diagonal or (C, D, D) dense inverse "
+                         f"mass matrix per chain; got {tuple(minv.shape)}.")
+    if isinstance(max_tree_depth, bool) or not isinstance(max_tree_depth, int) or max_tree_depth < 1:
+        raise ValueError(f"nuts_transition: max_tree_depth must be an int >= 1 (doublings); got {max_tree_depth!r}.")

@@ -26,7 +26,6 @@ bit-identical. The update is the same as on Pyro's path but for the fused Adam k
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import torch
@@ -37,10 +36,10 @@ from torch.distributions import transform_to
 
 from bnn_pyro.utils.checks import choice
 from bnn_pyro.infer import _analytic, _analytic_elbo, _logjoint, driver
-from bnn_pyro.infer._common import Data, progress_bar
+from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.checkpoint import CheckpointError
 from bnn_pyro.infer.contract import Engine, Loop, run
-from bnn_pyro.infer.driver import Resumable, assemble, divergence_advice, run_chains
+from bnn_pyro.infer.driver import Resumable, assemble, run_chains
 from bnn_pyro.infer.optim import Optimizer, make_optimizer
 from bnn_pyro.posterior import Posterior
 
@@ -182,52 +181,16 @@ class _Synced:
 
 def descend(flat: FlatMeanField, data: Data, loop: Loop, *, seed: int, index: int = 0,
             resumable: Resumable | None = None) -> torch.Tensor:
-    """``loop.num_steps`` optimizer steps of ``flat`` on ``data``'s batches (the driver's stream: seeded by ``seed``,
-    replayed on resume), ``loop``'s optimizer (fused Adam, see :func:`_optimizer`), schedule, progress bar and
-    non-finite stop; returns the losses (as :func:`bnn_pyro.infer.driver.descend`, whose stream, schedule and
-    checkpoint order it keeps, so that a checkpoint resumes bit-identically)."""
-    num_steps, desc = loop.num_steps, loop.desc.format(index=index)
-    losses = torch.empty(num_steps)
+    """:func:`bnn_pyro.infer.driver.descend` of ``flat`` on ``data``'s batches through its hooks for a hand-written
+    gradient (:meth:`FlatMeanField.step` sets it; ``backward=False``) and a loss recorded on the parameters' device,
+    checked every :func:`_check_interval` steps; ``loop``'s optimizer (fused Adam, see :func:`_optimizer`),
+    schedule and progress bar. Returns the losses; the flat values go back to Pyro's parameter store."""
     opt = _optimizer(loop.optimizer, flat.params, loop.lr)
-    sched = driver.make_schedule(loop.lr_schedule, opt, num_steps)  # the driver's, as every engine's
-    start = 0 if resumable is None else resumable.restore(opt, sched, losses)
-    stream = data.batches(torch.Generator().manual_seed(seed))
-    for _ in range(start):  # replay the minibatch stream up to the restored step
-        next(stream)
-    on_cpu = flat.device.type == "cpu"
-    record = losses if on_cpu else losses.to(flat.device)  # written without a host synchronisation
-    every = _check_interval(flat.device)
-    checked = start
-
-    def check(stop: int, value: torch.Tensor) -> None:  # the losses of steps checked .. stop - 1 are finite, or stop
-        if math.isfinite(float(value)) if stop - checked == 1 else bool(torch.isfinite(record[checked:stop]).all()):
-            return
-        bad = checked + int((~torch.isfinite(record[checked:stop])).nonzero()[0, 0])
-        raise FloatingPointError(f"{loop.method}: the {loop.quantity} became {float(record[bad])} at step {bad} (of "
-                                 f"{num_steps}) of {desc}. {divergence_advice(opt.param_groups[0]['lr'], loop.hint)}")
-
-    with progress_bar(num_steps, desc, loop.progress) as bar:
-        bar.update(start)
-        for step in range(start, num_steps):
-            x, y = next(stream)
-            value = flat.step(x, y)
-            record[step] = value
-            due = resumable is not None and resumable.due(step + 1, num_steps)
-            if step + 1 - checked >= every or due or step == num_steps - 1:
-                check(step + 1, value)  # before the update, as the driver's stop
-                checked = step + 1
-            opt.step()
-            if sched is not None:
-                sched.step()
-            if due:
-                if not on_cpu:
-                    losses[:step + 1] = record[:step + 1].cpu()
-                resumable.save(step + 1, opt, sched, losses)
-            if step % 50 == 0 or step == num_steps - 1:
-                bar.set_postfix(loss=f"{float(value):.4g}", refresh=False)
-            bar.update()
-    if not on_cpu:
-        losses.copy_(record.cpu())
+    losses = driver.descend(lambda batch, step: (None, flat.step(*batch)), flat.params, data,
+                            num_steps=loop.num_steps, lr=loop.lr, opt=opt, lr_schedule=loop.lr_schedule, seed=seed,
+                            method=loop.method, desc=loop.desc.format(index=index), progress=loop.progress,
+                            quantity=loop.quantity, hint=loop.hint, resumable=resumable, backward=False,
+                            check_every=_check_interval(flat.device))
     flat.to_store()
     return losses
 

@@ -17,8 +17,8 @@ import torch
 from pyro.infer.mcmc.util import initialize_model
 
 from bnn_pyro.infer import _logjoint
-from bnn_pyro.infer._analytic_batched import one_chain_leapfrog
-from bnn_pyro.infer._nuts_batched import nuts_transition
+from bnn_pyro.infer._analytic_batched import OneChain
+from bnn_pyro.infer._nuts import nuts_transition
 from bnn_pyro.infer._batched import BatchedChains, hmc_transition
 from bnn_pyro.infer._common import point_values, progress_bar, quiet_model
 from bnn_pyro.infer._flat_hmc import analytic_applies, flat_layout, seeded_generator
@@ -85,7 +85,7 @@ def _run(fitted, data, settings, kind, num_samples, num_warmup, seed, progress, 
                          f"model; {_INSTEAD}.")
     z = torch.stack([torch.cat([p[n].detach().reshape(-1) for n in names]) for p in starts])
     transition, options = _transition(kind, first.config)
-    leapfrog = pot.leapfrog_batch if len(settings) > 1 else one_chain_leapfrog(pot)  # C = 1: FlatHMC's step
+    leapfrog = pot.leapfrog_batch if len(settings) > 1 else OneChain(pot)  # C = 1: FlatHMC's step
     chains = BatchedChains(pot.batch(len(settings)), leapfrog, z, names=names, sizes=sizes,
                            warmup_steps=num_warmup, transition=transition, options=options,
                            generator=seeded_generator(z), step_size=first.config.step_size,

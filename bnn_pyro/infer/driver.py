@@ -195,13 +195,15 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
             quantity: str = "loss", hint: str = "", on_step: Callable[[int, float], None] | None = None,
             after_step: Callable[[], None] | None = None, reduce=None, resumable: Resumable | None = None,
             opt=None, batches: Callable[[int], Iterator[tuple]] | None = None,
-            where: Callable[[int], str] | None = None, record_dtype: torch.dtype | None = None) -> torch.Tensor:
+            where: Callable[[int], str] | None = None, record_dtype: torch.dtype | None = None,
+            backward: bool = True, check_every: int = 1) -> torch.Tensor:
     """Minimize ``objective`` over ``params`` for ``num_steps`` optimizer steps; returns the recorded losses.
 
     Parameters
     ----------
     objective:
-        ``objective(batch, step) -> (tensor to differentiate, value to record)`` on one ``(x, y)`` batch.
+        ``objective(batch, step) -> (tensor to differentiate, value to record)`` on one ``(x, y)`` batch. The
+        value is a float, or a 0-dim tensor recorded where it lies (no host read per step; see ``check_every``).
     params, optimizer, lr, lr_schedule:
         The tensors to optimize; ``optimizer`` and ``lr_schedule`` as :func:`~bnn_pyro.infer.optim.make_optimizer`
         and :func:`~bnn_pyro.infer.optim.make_schedule` take them (or a ready optimizer as ``opt``).
@@ -228,6 +230,12 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
         {num_steps}) of {desc}"``), e.g. the phase and learning rate of an engine that runs several phases.
     record_dtype:
         The dtype of the returned losses (default torch's default dtype).
+    backward, check_every:
+        The hooks of a hand-written gradient (e.g. SVI's flat mean-field step, :mod:`bnn_pyro.infer._svi_flat`):
+        ``backward=False``: ``objective`` has set the parameters' ``.grad`` itself and returns ``(None, value)``;
+        a tensor value's finiteness is checked every ``check_every`` steps (and before a checkpoint and at the
+        last step), naming the first step whose value was not: an accelerator then synchronises once per
+        ``check_every`` steps, not per step. Default ``True``, 1: autograd, a check before every update.
     """
     losses = torch.empty(num_steps, dtype=record_dtype)
     if not num_steps:
@@ -246,6 +254,14 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
     def advice() -> str:  # the optimizer's rate at the failing step (a schedule or a later phase may have changed it)
         return divergence_advice(opt.param_groups[0]["lr"], hint)
 
+    record, checked = None, start  # tensor values: recorded in `record` (on their device), checked up to `checked`
+
+    def check(stop: int, value: torch.Tensor) -> None:  # the values of steps checked .. stop - 1 are finite, or stop
+        if math.isfinite(float(value)) if stop - checked == 1 else bool(torch.isfinite(record[checked:stop]).all()):
+            return
+        bad = checked + int((~torch.isfinite(record[checked:stop])).nonzero()[0, 0])
+        raise FloatingPointError(f"{method}: the {quantity} became {float(record[bad])} at {where(bad)}. {advice()}")
+
     with progress_bar(num_steps, desc, progress) as bar:
         bar.update(start)
         for step in range(start, num_steps):
@@ -260,25 +276,39 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
                 raise FloatingPointError(f"{method}: the optimization diverged at {where(step)}: {first}. {advice()}"
                                          ) from None
             if reduce is not None:  # data-parallel: average gradients and loss over the ranks
-                loss.backward()
+                if backward:
+                    loss.backward()
                 value = reduce(params, value)
-            if not math.isfinite(value):
+            due = resumable is not None and resumable.due(step + 1, num_steps)
+            if isinstance(value, torch.Tensor):
+                if record is None:
+                    record = losses if value.device.type == "cpu" else losses.to(value.device)
+                record[step] = value
+                if step + 1 - checked >= check_every or due or step == num_steps - 1:
+                    check(step + 1, value)  # before the update
+                    checked = step + 1
+            elif not math.isfinite(value):
                 raise FloatingPointError(f"{method}: the {quantity} became {value} at {where(step)}. {advice()}")
-            if reduce is None:
+            if backward and reduce is None:
                 loss.backward()
             opt.step()
             if sched is not None:
                 sched.step()
             if after_step is not None:
                 after_step()
-            losses[step] = value
+            if record is None:
+                losses[step] = value
             if on_step is not None:
                 on_step(step, value)
-            if resumable is not None and resumable.due(step + 1, num_steps):
+            if due:
+                if record is not None and record is not losses:
+                    losses[:step + 1] = record[:step + 1].cpu()
                 resumable.save(step + 1, opt, sched, losses)
             if step % 50 == 0 or step == num_steps - 1:
-                bar.set_postfix(loss=f"{value:.4g}", refresh=False)
+                bar.set_postfix(loss=f"{float(value):.4g}", refresh=False)
             bar.update()
+    if record is not None and record is not losses:
+        losses.copy_(record.cpu())
     return losses
 
 

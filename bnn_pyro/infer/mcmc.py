@@ -80,7 +80,7 @@ from pyro.infer.autoguide.initialization import init_to_value
 from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _logjoint, _vectorized
 from bnn_pyro.infer._health import check_mcmc
-from bnn_pyro.infer._kernels import _HMC, DrawStats, _Metropolis, pyro_kernel, sample_stats  # noqa: F401 - _HMC: tests
+from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
 from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
@@ -333,7 +333,7 @@ class MetropolisConfig(MCMCConfig):
         return dict(_SHARED_RECORD)
 
     def kernel(self, model, chain, model_args):
-        return _Metropolis(model, init_strategy=chain.init_strategy, step_size=self.step_size,
+        return Metropolis(model, init_strategy=chain.init_strategy, step_size=self.step_size,
                            target_accept_prob=self.target_accept, dense=self.dense_mass, jit=self.jit,
                            joint=chain.joint), None, None
 

@@ -57,7 +57,7 @@ from torch.distributions import biject_to
 
 from bnn_pyro.utils.checks import check_data, choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
-from bnn_pyro.infer._logjoint import LogJoint, _is_identity, build
+from bnn_pyro.infer._logjoint import LogJoint, is_identity, build
 from bnn_pyro.infer.driver import descend
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -352,7 +352,7 @@ def _constrain(supports: dict, z: dict[str, torch.Tensor]) -> dict[str, torch.Te
 def _supports(model: BNN) -> dict:
     """Latent sites that do not live on the whole real line -> the map from unconstrained values onto their support."""
     maps = {n: biject_to(d.support) for n, d in _joint(model, 1).priors.items()}
-    return {n: t for n, t in maps.items() if not _is_identity(t)}
+    return {n: t for n, t in maps.items() if not is_identity(t)}
 
 
 def _grid(curve: Curve, ts) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 
 import bnn_pyro as bp
 from bnn_pyro.infer import _flat_hmc, _kernels, _logjoint, checkpoint as ckpt_mod
-from bnn_pyro.infer._analytic_batched import leapfrog_from, one_chain_leapfrog
+from bnn_pyro.infer._analytic_batched import leapfrog_from, OneChain
 from bnn_pyro.infer._batched import hmc_transition
 from bnn_pyro.infer._common import quiet_model
 from test_mcmc import SIGMA, _assert_exact, _blr, _data
@@ -141,7 +141,7 @@ def test_leapfrog_batch_equals_separate_unbatched_leapfrogs(net, noise, d, bayes
             assert float(batched[4][c]) == pytest.approx(uc, rel=1e-12, abs=1e-12)
             assert float(batched[5][c]) == pytest.approx(kinetic, rel=1e-12, abs=1e-12)
             # FlatHMC's one-chain step (the unbatched bound-data step behind the batched interface)
-            one = one_chain_leapfrog(pot)(z[c:c + 1], p[c:c + 1], g0[c:c + 1], step[c:c + 1], minv[c:c + 1])
+            one = OneChain(pot)(z[c:c + 1], p[c:c + 1], g0[c:c + 1], step[c:c + 1], minv[c:c + 1])
             for found, expected in zip(one, batched):
                 torch.testing.assert_close(found, expected[c:c + 1], rtol=1e-12, atol=1e-12)
     finally:
@@ -206,8 +206,8 @@ def test_default_flat_single_chain_hmc_recovers_the_exact_posterior(monkeypatch)
 
 def test_pyros_hmc_runs_without_the_fast_path(monkeypatch):
     used = []
-    original = _kernels._HMC.setup
-    monkeypatch.setattr(_kernels._HMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
+    original = _kernels.PyroHMC.setup
+    monkeypatch.setattr(_kernels.PyroHMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
     x, y = _data(2)
     bp.fit(_blr(2), x, y, method="hmc", num_chains=1, num_samples=3, num_warmup=3, num_leapfrog=2, progress=False, fast_path=False)
     assert used

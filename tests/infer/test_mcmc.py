@@ -21,7 +21,7 @@ import torch
 from pyro import poutine
 
 import bnn_pyro as bp
-from bnn_pyro.infer import driver, mcmc
+from bnn_pyro.infer import _kernels, driver, mcmc
 from bnn_pyro.infer._common import quiet_model
 from blr import BLR, mcse_z_scores as _z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
@@ -392,7 +392,7 @@ def test_diverging_trajectory_is_rejected_not_raised():
     quiet = quiet_model(model, len(x))
     assert torch.isnan(poutine.trace(poutine.condition(quiet, data=nan)).get_trace(x, y).log_prob_sum())
     # end to end: a huge fixed step diverges on every draw; the draws are rejected and counted
-    kernel = mcmc._HMC(quiet, step_size=1e3, num_steps=10, adapt_step_size=False, adapt_mass_matrix=False)
+    kernel = _kernels.PyroHMC(quiet, step_size=1e3, num_steps=10, adapt_step_size=False, adapt_mass_matrix=False)
     with pyro.get_param_store().scope():
         pyro.set_rng_seed(0)
         pyro.infer.MCMC(kernel, num_samples=5, warmup_steps=1, disable_progbar=True).run(x, y)

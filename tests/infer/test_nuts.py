@@ -43,7 +43,7 @@ def _kernel(x, y, **options):
     joint = _logjoint.build(_blr(x.shape[1]), len(x))
     kernel = FlatNUTS(model, joint, init_strategy=pyro.infer.autoguide.init_to_median, **options)
     kernel.setup(0, x, y)
-    assert isinstance(kernel._potential, StackPotential)  # the exact checks run on the analytic path
+    assert isinstance(kernel.chains.leapfrog.pot, StackPotential)  # the exact checks run on the analytic path
     return kernel
 
 
@@ -70,20 +70,22 @@ def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth, mass)
     torch.manual_seed(0)
     start = torch.distributions.MultivariateNormal(exact.mean, exact.cov).sample((N_START,)).float()
     kernel = _kernel(x, y, max_tree_depth=max_tree_depth, dense_mass=mass == "dense")
-    kernel._adapter.step_size = step_size
+    chains = kernel.chains
+    adapter = chains._adapters[0]
+    adapter.step_size = step_size
     assert kernel._names == ("bias", "weight")  # the flat vector: bias first, then the weights
     order = [2, 0, 1]  # exact.cov is (weight, weight, bias)
     cov = exact.cov[order][:, order].float()
     if mass == "diagonal":
-        kernel._adapter.mass_matrix_adapter.inverse_mass_matrix = {kernel._names: 2.0 * cov.diagonal()}
+        adapter.mass_matrix_adapter.inverse_mass_matrix = {kernel._names: 2.0 * cov.diagonal()}
     elif mass == "dense":
         twist = torch.tensor([[1.0, 0.2, 0.0], [0.0, 1.0, 0.3], [0.1, 0.0, 1.0]])
-        kernel._adapter.mass_matrix_adapter.inverse_mass_matrix = {kernel._names: 1.5 * twist @ cov @ twist.T}
+        adapter.mass_matrix_adapter.inverse_mass_matrix = {kernel._names: 1.5 * twist @ cov @ twist.T}
     out, steps = [], []
     for w in start:
-        z = torch.cat([w[-1:], w[:-1]])
-        u, g = kernel._potential(z)
-        kernel._state = (z, float(u), g)
+        z = torch.cat([w[-1:], w[:-1]])[None]
+        u, g = chains.leapfrog.pot.batch(1)(z)
+        chains.z, chains.u, chains.g = z, u.clone(), g.clone()
         params = kernel.sample(None)
         out.append(torch.cat([params["weight"].reshape(-1), params["bias"].reshape(-1)]))
         steps.append(kernel.stats.n_steps)
@@ -155,10 +157,11 @@ def test_resume_across_the_fast_and_the_plain_path():
 def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
     x, y = _correlated()
     kernel = _kernel(x, y)
-    z0, _, _ = kernel._state
-    before = {k: v.clone() for k, v in kernel._unflatten(z0).items()}
+    z0 = kernel.chains.z[0]
+    before = {k: v.clone().reshape(kernel._shapes[k]) for k, v in zip(kernel._names, z0.split(kernel.chains.sizes))}
     nan = float("nan")
-    kernel._potential.leapfrog = lambda z, p, g, step, minv: (z + nan, p + nan, g + nan, p + nan, torch.tensor([nan, nan]))
+    kernel.chains.leapfrog.unbatched = lambda z, p, g, step, minv: (z + nan, p + nan, g + nan, p + nan,
+                                                                     torch.tensor([nan, nan]))
     params = kernel.sample(before)
     assert kernel.stats.diverging and kernel.stats.n_steps == 1 and kernel.stats.tree_depth == 1
     for name, value in before.items():
@@ -241,27 +244,28 @@ def test_a_leapfrog_step_equals_verlet_on_pyros_potential(net, noise, d, dense):
 
 
 def test_the_turning_checks_equal_stans_six_inner_products():
-    """``_u_turn`` (sums of one matrix product; one inner product for two single states) against Stan's
-    checks written out: ``p_sharp . rho > 0`` at both ends of the whole trajectory, of ``old`` plus ``new``'s
-    first state, and of ``old``'s last state plus ``new``, with the summed momenta formed first."""
-    from bnn_pyro.infer._nuts import _Tree, _u_turn
+    """``_turned`` (sums of one matrix product; one inner product for two single states) against Stan's checks
+    written out: ``p_sharp . rho > 0`` at both ends of the whole trajectory, of ``old`` plus ``new``'s first state,
+    and of ``old``'s last state plus ``new``, with the summed momenta formed first. One chain unbatched, the same
+    merges as ``C`` chains at once, and several merges of one chain at once (turned where any one turns)."""
+    from bnn_pyro.infer._nuts import _Node, _turned
 
     g = torch.Generator().manual_seed(0)
     d = 5
     minv = torch.rand(d, generator=g, dtype=torch.float64) + 0.5
-    checked = {True: 0, False: 0}
+    checked, merges, expect = {True: 0, False: 0}, {True: [], False: []}, {True: [], False: []}
     for trial in range(400):
         single = trial % 2 == 0  # two single states, or two longer segments
         ps = [torch.randn(d, generator=g, dtype=torch.float64) + 0.6 for _ in range(2 if single else 6)]
         sharps = [minv * p for p in ps]
         old_states, new_states = (ps[:1], ps[1:]) if single else (ps[:3], ps[3:])
         old_sharps, new_sharps = (sharps[:1], sharps[1:]) if single else (sharps[:3], sharps[3:])
-        pp = (lambda p, s: float(p @ s)) if single else (lambda p, s: None)
-        old = _Tree(old_states[0], old_sharps[0], old_states[-1], old_sharps[-1], sum(old_states), 0.0, None, None,
+        pp = (lambda p, s: [float(p @ s)]) if single else (lambda p, s: None)
+        old = _Node(old_states[0], old_sharps[0], old_states[-1], old_sharps[-1], sum(old_states),
                     pp(old_states[0], old_sharps[0]))
-        new = _Tree(new_states[0], new_sharps[0], new_states[-1], new_sharps[-1], sum(new_states), 0.0, None, None,
+        new = _Node(new_states[0], new_sharps[0], new_states[-1], new_sharps[-1], sum(new_states),
                     pp(new_states[0], new_sharps[0]))
-        # new grown from old's far end (old.far): old's other end is old.near
+        # new grown from old's far end: old's other end is its near one
         rho = old.rho + new.rho
         products = [old.near_sharp @ rho, new.far_sharp @ rho,
                     old.near_sharp @ (old.rho + new.near_p), new.near_sharp @ (old.rho + new.near_p),
@@ -269,6 +273,28 @@ def test_the_turning_checks_equal_stans_six_inner_products():
         if min(abs(float(v)) for v in products) < 1e-9:
             continue  # too close to zero to tell
         expected = not all(float(v) > 0 for v in products)
-        assert _u_turn(old.near_sharp, old.far_p, old.far_sharp, old, new) == expected
+        assert _turned([(old, new)], True) == [expected]
         checked[expected] += 1
+        merges[single].append((old, new))
+        expect[single].append(expected)
     assert min(checked.values()) > 20  # both outcomes exercised
+    for single in (True, False):  # the same merges as C chains in lockstep
+        nodes = merges[single]
+        stacked = [_Node(*(torch.stack([getattr(n[k], f) for n in nodes]) for f in _Node._fields[:5]),
+                         [n[k].pp[0] for n in nodes] if single else None) for k in (0, 1)]
+        assert _turned([tuple(stacked)], False) == expect[single]
+    some = merges[False][:6]  # several merges of one chain: one check
+    for i in range(len(some) - 2):
+        assert _turned(some[i:i + 3], True) == [any(expect[False][i:i + 3])]
+
+
+def test_a_checkpoint_of_the_recursive_kernel_is_refused_naming_the_version():
+    """Before the one NUTS builder, a one-chain NUTS checkpoint held the recursive kernel's state (its Python
+    generator under "rng"): this version cannot continue it and says which version can."""
+    from bnn_pyro.infer.checkpoint import CheckpointError
+
+    x, y = _correlated()
+    kernel = _kernel(x, y)
+    old_meta = {"adapter": {}, "u": 0.0, "rng": [3, [0] * 625, None], "counters": [10, 0.8, [], 0.0]}
+    with pytest.raises(CheckpointError, match="recursive NUTS kernel .* a7736d0.*Resume it with the version"):
+        kernel.load_state_dict({"z": kernel.chains.z[0], "grad": kernel.chains.g[0]}, old_meta)

@@ -1,4 +1,4 @@
-"""The lockstep batched NUTS transition (bnn_pyro/infer/_nuts_batched.py) against exact answers and FlatNUTS.
+"""NUTS's one transition (bnn_pyro/infer/_nuts.py) for C chains in lockstep, against exact answers and one chain.
 
 - One transition from exact draws: C chains started at independent exact draws of a correlated 3-D Gaussian
   (closed-form potential and gradient) and ONE ``nuts_transition`` at a fixed step size are again C independent
@@ -6,22 +6,20 @@
   quantile (the fraction of draws below the exact quantile, a binomial proportion) gets a z-score with the exact
   standard deviation; ``|z| < 4`` (as tests/infer/test_nuts.py) fails with probability ~6e-5 each.
 - Several transitions on a banana (non-Gaussian, closed-form moments).
-- Each subtree's outcome (rejected or not, steps, divergence, weight, momentum sum, frontier) equals the recursive
-  builder's of :class:`~bnn_pyro.infer._nuts.FlatNUTS` on the same states: the iterative turning checks are the
-  same set of checks.
-- The statistics' distribution (steps, acceptance, divergences, tree depth) equals FlatNUTS's and that of single
-  chains, within Monte Carlo error (two-sample z-scores).
+- One chain run unbatched (``(D,)`` vectors, a float step: what ``method="nuts"`` runs per chain) and batched
+  (``(1, D)``) give the same draw and statistics from the same generator.
+- The statistics' distribution (steps, acceptance, divergences, tree depth) of C chains in lockstep equals that
+  of single chains, within Monte Carlo error (two-sample z-scores): the masking of finished chains is exact.
 """
 
 import math
-import random
 
 import pytest
 import torch
 
-from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._analytic_batched import leapfrog_from
-from bnn_pyro.infer._nuts_batched import _Buffers, _subtree, nuts_transition
+from bnn_pyro.infer._analytic_batched import OneChain, leapfrog_from
+from bnn_pyro.infer._batched import TransitionStats
+from bnn_pyro.infer._nuts import nuts_transition
 
 Z_MAX = 4.0
 DT = torch.float64
@@ -79,12 +77,30 @@ def _moment_z(w: torch.Tensor) -> dict[str, float]:
     return z
 
 
-def _transition(z, minv, step, seed, potential=gaussian, **options):
+class _Unbatched:
+    """A potential's unbatched leapfrog (``(D,)`` vectors, a float step, energies as floats), as the analytic
+    potential has it: :func:`leapfrog_from` on one chain."""
+
+    def __init__(self, potential):
+        self._step = leapfrog_from(potential)
+
+    def leapfrog(self, z, p, g, step, minv):
+        z, p, g, sharp, u, kinetic = self._step(z[None], p[None], g[None], torch.tensor([step], dtype=DT), minv[None])
+        return z[0], p[0], g[0], sharp[0], (float(u[0]), float(kinetic[0]))
+
+
+def _as_tensors(stats: TransitionStats) -> TransitionStats:
+    return TransitionStats(*(torch.tensor(v, dtype=dtype) for v, dtype in
+                             zip(stats, (DT, torch.int64, torch.bool, DT, torch.int64))))
+
+
+def _transition(z, minv, step, seed, potential=gaussian, unbatched=False, **options):
     c = z.shape[0]
     u, g = potential(z)
-    return nuts_transition(z, u, g, torch.full((c,), step, dtype=DT), minv.expand(c, *minv.shape),
-                           leapfrog=leapfrog_from(potential), generator=torch.Generator().manual_seed(seed),
-                           **options)
+    leapfrog = OneChain(_Unbatched(potential)) if unbatched else leapfrog_from(potential)
+    z, u, g, stats = nuts_transition(z, u, g, torch.full((c,), step, dtype=DT), minv.expand(c, *minv.shape),
+                                     leapfrog=leapfrog, generator=torch.Generator().manual_seed(seed), **options)
+    return z, u, g, _as_tensors(stats)
 
 
 def _assert_tree_shape(stats, max_depth):
@@ -151,66 +167,20 @@ def test_several_transitions_on_a_banana_keep_its_closed_form_moments():
     assert not bad, f"batched NUTS moments off the banana's exact ones: {bad}"
 
 
-class _OneChain:
-    """The potential of FlatNUTS's recursive builder: :func:`leapfrog_from` on one chain, energies as floats."""
-
-    def __init__(self, potential):
-        self._step = leapfrog_from(potential)
-
-    def leapfrog(self, z, p, g, step, minv):
-        z, p, g, sharp, u, kinetic = self._step(z[None], p[None], g[None], torch.tensor([step], dtype=DT), minv[None])
-        return z[0], p[0], g[0], sharp[0], (float(u[0]), float(kinetic[0]))
-
-
-def _flat_nuts(potential, minv, max_tree_depth=10, seed=0) -> FlatNUTS:
-    """FlatNUTS's transition machinery on a given potential and mass, without a model (fixed step size)."""
-    kernel = FlatNUTS.__new__(FlatNUTS)
-    kernel._potential, kernel._minv, kernel.max_tree_depth = _OneChain(potential), minv, max_tree_depth
-    kernel._dense = minv.dim() == 2
-    kernel._factor = torch.linalg.cholesky(minv) if kernel._dense else minv.rsqrt()
-    kernel._rng = random.Random(seed)
-    kernel._n_leapfrog, kernel._metro_sum, kernel._diverged = 0, 0.0, False
-    return kernel
-
-
 @pytest.mark.parametrize("mass", ["diagonal", "dense"])
-@pytest.mark.parametrize("potential, depth", [(gaussian, 4), (banana, 5)])
-def test_subtrees_equal_the_recursive_builders(mass, potential, depth):
-    """Deterministic: from the same states, each chain's lockstep subtree is rejected (diverged or turned) exactly
-    when FlatNUTS's recursive ``_build`` returns None, after as many steps, and otherwise has the same weight,
-    momentum sum and frontier. Step sizes from 0.02 to 1.5x the stability limit: both outcomes, and divergences."""
-    c = 300
-    gen = torch.Generator().manual_seed(3)
-    minv = MASSES[mass] if potential is gaussian else MASSES[mass][:2] if mass == "diagonal" else MASSES[mass][:2, :2]
-    d = minv.shape[0]
-    z = torch.randn(c, d, generator=gen, dtype=DT) + (MEAN[:d] if potential is gaussian else 0.0)
-    p = torch.randn(c, d, generator=gen, dtype=DT) * 1.5
-    step = torch.exp(torch.empty(c, dtype=DT).uniform_(math.log(0.02), math.log(1.5 * _limit(MASSES[mass])),
-                                                       generator=gen))
-    step = torch.where(torch.rand(c, generator=gen) < 0.5, step, -step)
-    u, g = potential(z)
-    minvs = minv.expand(c, *minv.shape)
-    h0 = u + 0.5 * (p * (minvs * p if minv.dim() == 1 else (minvs @ p[..., None])[..., 0])).sum(-1)
-    dead = torch.rand(c, generator=gen) < 0.1  # chains that no longer grow: never ok, no steps counted
-    log_u = torch.rand(2**depth, c, generator=gen, dtype=DT).log()
-    new = _subtree(z, p, g, depth, step, h0, dead, log_u, leapfrog_from(potential), minvs,
-                   _Buffers(c, d, depth, DT, z.device))
-    outcomes = {True: 0, False: 0}
-    for i in range(c):
-        if dead[i]:
-            assert not new.ok[i] and new.n_steps[i] == 0 and not new.diverged[i]
-            continue
-        kernel = _flat_nuts(potential, minv)
-        tree = FlatNUTS._build(kernel, (z[i], p[i], g[i], float(u[i])), depth, float(step[i]), float(h0[i]))
-        assert bool(new.ok[i]) == (tree is not None), i
-        assert int(new.n_steps[i]) == kernel._n_leapfrog and bool(new.diverged[i]) == kernel._diverged, i
-        assert float(new.accept_sum[i]) == pytest.approx(kernel._metro_sum, rel=1e-9, abs=1e-12)
-        if tree is not None:
-            assert float(new.log_w[i]) == pytest.approx(tree.log_w, rel=1e-9, abs=1e-12)
-            assert torch.allclose(new.rho[i], tree.rho) and torch.allclose(new.far[0][i], tree.frontier[0])
-            assert torch.allclose(new.near[0][i], tree.near_p) and torch.allclose(new.far[3][i], tree.far_sharp)
-        outcomes[tree is not None] += 1
-    assert min(outcomes.values()) > 20 and new.diverged.any()  # both outcomes, and divergences, exercised
+@pytest.mark.parametrize("scale, max_tree_depth", [(0.3, 10), (1.15, 4)])
+def test_one_chain_unbatched_equals_batched(mass, scale, max_tree_depth):
+    """Deterministic: one chain run on ``(D,)`` vectors with a float step (the per-chain path of method="nuts")
+    gives exactly the draw and statistics of the same chain as a ``(1, D)`` batch, from the same generator."""
+    minv = MASSES[mass]
+    step = scale * _limit(minv)
+    for i, z in enumerate(_exact(40, seed=11)):
+        one, batch = (_transition(z[None], minv, step, seed=i, unbatched=flag, max_tree_depth=max_tree_depth)
+                      for flag in (True, False))
+        for a, b in zip(one[:3], batch[:3]):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+        for a, b in zip(one[3], batch[3]):
+            torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
 
 
 def _two_sample_z(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -219,46 +189,29 @@ def _two_sample_z(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.0 if se == 0 else float((a.mean() - b.mean()) / se)
 
 
-def _flat_nuts_stats(starts, minv, step, max_tree_depth, seed=0):
-    """FlatNUTS's transition from each start (momentum drawn as FlatNUTS.sample draws it): its statistics."""
-    torch.manual_seed(seed)
-    kernel, rows = _flat_nuts(gaussian, minv, max_tree_depth, seed), []
-    for z in starts:
-        u, g = gaussian(z)
-        p = kernel._momentum(z)
-        sharp = kernel._sharp(p)
-        pp = float(p @ sharp)
-        kernel._n_leapfrog, kernel._metro_sum, kernel._diverged = 0, 0.0, False
-        _, depth = kernel._transition(z, float(u), g, p, sharp, float(u) + 0.5 * pp, step, pp)
-        rows.append([kernel._n_leapfrog, kernel._metro_sum / kernel._n_leapfrog, kernel._diverged, depth])
-    return torch.tensor(rows, dtype=DT).T
-
-
 @pytest.mark.parametrize("scale, max_tree_depth, mass", [
     pytest.param(0.25, 10, "dense", marks=pytest.mark.slow),  # ~10 s: deeper trees, 900 Python-level transitions
     (1.15, 4, "diagonal"),
 ])
-def test_statistics_equal_flat_nuts_and_single_chains(scale, max_tree_depth, mass):
-    """Mean steps, acceptance, divergence rate and tree depth of one batch of 4,000 chains against FlatNUTS's
-    transitions and against 300 single-chain (C = 1) calls, all from exact draws, within MC error."""
+def test_statistics_equal_single_chains(scale, max_tree_depth, mass):
+    """Mean steps, acceptance, divergence rate and tree depth of one batch of 4,000 chains against 600 single-chain
+    (C = 1, unbatched: method="nuts"'s path) calls, all from exact draws, within MC error."""
     minv = MASSES[mass]
     step = scale * _limit(minv)
     _, _, _, batch = _transition(_exact(4000, seed=4), minv, step, seed=5, max_tree_depth=max_tree_depth)
     batch = torch.stack([batch.n_steps.double(), batch.accept_prob, batch.diverging.double(),
                          batch.tree_depth.double()])
-    flat = _flat_nuts_stats(_exact(600, seed=6), minv, step, max_tree_depth)
     single = []
-    for i, z in enumerate(_exact(300, seed=7)):
-        _, _, _, s = _transition(z[None], minv, step, seed=100 + i, max_tree_depth=max_tree_depth)
+    for i, z in enumerate(_exact(600, seed=7)):
+        _, _, _, s = _transition(z[None], minv, step, seed=100 + i, unbatched=True, max_tree_depth=max_tree_depth)
         single.append([float(s.n_steps[0]), float(s.accept_prob[0]), float(s.diverging[0]), float(s.tree_depth[0])])
     single = torch.tensor(single, dtype=DT).T
     names = ("n_steps", "accept_prob", "diverging", "tree_depth")
-    z = {f"{name} vs {other}": _two_sample_z(batch[i], ref[i])
-         for other, ref in (("FlatNUTS", flat), ("C=1", single)) for i, name in enumerate(names)}
+    z = {f"{name} vs C=1": _two_sample_z(batch[i], single[i]) for i, name in enumerate(names)}
     bad = {k: round(v, 2) for k, v in z.items() if not abs(v) < Z_MAX}
-    assert not bad, f"batched NUTS statistics differ from FlatNUTS's / single chains': {bad}"
+    assert not bad, f"lockstep NUTS statistics differ from single chains': {bad}"
     if scale > 1:
-        assert flat[2].mean() > 0 and batch[2].mean() > 0  # divergences on both sides
+        assert single[2].mean() > 0 and batch[2].mean() > 0  # divergences on both sides
 
 
 def test_same_generator_same_result_and_another_seed_differs():
@@ -277,7 +230,7 @@ def test_float32_chains_on_the_analytic_potential_of_a_bnn_model():
     from test_nuts import _correlated, _kernel
 
     x, y = _correlated()
-    pot = _kernel(x, y)._potential
+    pot = _kernel(x, y).chains.leapfrog.pot
     c = 4
     z = pot.x.new_zeros(c, 3) + 0.1 * torch.randn(c, 3, generator=torch.Generator().manual_seed(0))
     u, g = pot(z)
@@ -285,8 +238,9 @@ def test_float32_chains_on_the_analytic_potential_of_a_bnn_model():
     for _ in range(3):
         z, u, g, stats = nuts_transition(z, u, g, step, minv, leapfrog=leapfrog_from(pot), generator=gen)
     assert z.dtype == u.dtype == g.dtype == torch.float32 and z.shape == g.shape == (c, 3) and u.shape == (c,)
-    assert [t.dtype for t in stats] == [torch.float32, torch.int64, torch.bool, torch.float32, torch.int64]
-    assert all(t.shape == (c,) for t in stats)
+    assert [type(v) for v in stats.n_steps + stats.tree_depth] == [int] * 2 * c
+    assert all(len(v) == c for v in stats) and all(type(v) is bool for v in stats.diverging)
+    stats = _as_tensors(stats)
     u_ref, g_ref = pot(z)
     assert torch.allclose(u, u_ref, rtol=1e-5) and torch.allclose(g, g_ref, rtol=1e-4, atol=1e-3)
     _assert_tree_shape(stats, 10)
@@ -305,7 +259,7 @@ def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
                           generator=torch.Generator().manual_seed(0))
     for found, before in zip(out[:3], (z, u, g)):
         assert torch.equal(found, before)
-    stats = out[3]
+    stats = _as_tensors(out[3])
     assert stats.diverging.all() and (stats.n_steps == 1).all() and (stats.tree_depth == 1).all()
     assert (stats.accept_prob == 0).all() and stats.energy.isfinite().all()
 

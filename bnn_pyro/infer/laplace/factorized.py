@@ -23,9 +23,9 @@ import pyro
 import torch
 from pyro import poutine
 
-from bnn_pyro.infer._analytic import _normal
+from bnn_pyro.infer._analytic import normal_loc_scale
 from bnn_pyro.infer._common import quiet_model
-from bnn_pyro.infer._logjoint import _is_identity
+from bnn_pyro.infer._logjoint import is_identity
 from bnn_pyro.infer._potential import Potential
 
 _HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
@@ -93,7 +93,7 @@ def build(run, data_first: tuple, dataset_size: int, pot: Potential, values: dic
         node, size = trace.nodes.get(name), math.prod(shape)
         if node is None or node["mask"] is not None or not _unit(node["scale"]) or not _constant(node):
             return None
-        params = _normal(node["fn"], shape) if _is_identity(pot.transforms.get(name)) else None
+        params = normal_loc_scale(node["fn"], shape) if is_identity(pot.transforms.get(name)) else None
         if params is not None:
             loc, scale = (p.detach().to(dtype=dtype, device=device).reshape(-1) for p in params)
             locs.append(loc)

@@ -1,0 +1,62 @@
+"""The driver's gradient loop (bnn_pyro/infer/driver.py ``descend``) and its hooks for a hand-written gradient.
+
+``backward=False`` with an objective that sets ``.grad`` itself must take exactly the steps autograd takes; tensor
+values are recorded where they lie and checked every ``check_every`` steps, the non-finite stop naming the first
+bad step (as SVI's flat path, bnn_pyro/infer/_svi_flat.py, relies on).
+"""
+
+import pytest
+import torch
+
+from bnn_pyro.infer.driver import descend
+from bnn_pyro.infer.training_data import Data
+
+TARGET = torch.tensor([1.0, -2.0, 0.5])
+
+
+def _data() -> Data:
+    x = torch.linspace(-1.0, 1.0, 8).unsqueeze(-1)
+    return Data(x=x, y=x.squeeze(-1), batch_size=4)
+
+
+def _run(by_hand: bool, **options):
+    w = torch.zeros(3, requires_grad=True)
+
+    def autograd(batch, step):
+        loss = 0.5 * ((w - TARGET) ** 2).sum() * batch[0].abs().mean()
+        return loss, float(loss.detach())
+
+    def hand_written(batch, step):  # the same loss, its gradient set without autograd
+        with torch.no_grad():
+            scale = batch[0].abs().mean()
+            w.grad = (w - TARGET) * scale
+            return None, 0.5 * ((w - TARGET) ** 2).sum() * scale
+
+    losses = descend(hand_written if by_hand else autograd, [w], _data(), num_steps=12, lr=0.1, seed=0,
+                     method="test", desc="chain 0", progress=False, backward=not by_hand, **options)
+    return w.detach(), losses
+
+
+@pytest.mark.parametrize("check_every", [1, 5])
+def test_a_hand_written_gradient_takes_autograds_steps(check_every):
+    w_auto, losses_auto = _run(False)
+    w_hand, losses_hand = _run(True, check_every=check_every)
+    assert torch.equal(w_auto, w_hand)
+    torch.testing.assert_close(losses_hand, losses_auto, rtol=0, atol=0)
+    assert losses_hand[-1] < losses_hand[0]  # it descended
+
+
+@pytest.mark.parametrize("check_every", [1, 4])
+def test_a_non_finite_tensor_value_stops_the_run_naming_its_step(check_every):
+    w, updates = torch.zeros(2, requires_grad=True), []
+
+    def objective(batch, step):
+        w.grad = torch.ones_like(w)
+        return None, torch.tensor(float("nan") if step == 5 else 1.0)
+
+    with pytest.raises(FloatingPointError, match=r"the loss became nan at step 5 \(of 12\) of chain 0"):
+        descend(objective, [w], _data(), num_steps=12, lr=0.1, seed=0, method="test", desc="chain 0",
+                progress=False, backward=False, check_every=check_every,
+                after_step=lambda: updates.append(1))
+    # checked every step: stopped before step 5's update; every 4 steps: at the check after step 7
+    assert len(updates) == (5 if check_every == 1 else 7)
