@@ -25,30 +25,11 @@ import bnn_pyro
 
 PACKAGE = Path(bnn_pyro.__file__).parent
 
-# Private names still imported across bnn_pyro's modules, all inside or into bnn_pyro/infer/, whose files other work
-# of issue 29 is rewriting: (importing module, owner, private name). THIS SET MUST SHRINK TO EMPTY; nothing may be
+# Private names still imported across bnn_pyro's modules: (importing module, owner, private name). THIS SET MUST SHRINK TO EMPTY; nothing may be
 # added to it (test_the_known_private_imports_still_exist makes a removed one leave the set).
 KNOWN_PRIVATE_IMPORTS = {
-    # being removed by the samplers branch (_kernels._HMC, _analytic._Layer, _logjoint._is_identity) and the contract
-    # branch (reparam._Gaussian, kfac._Recorder)
-    ("bnn_pyro.infer.mcmc", "bnn_pyro.infer._kernels", "_HMC"),
-    ("bnn_pyro.infer._analytic_ggn", "bnn_pyro.infer._analytic", "_Layer"),
-    ("bnn_pyro.infer.laplace.factorized", "bnn_pyro.infer._logjoint", "_is_identity"),
-    ("bnn_pyro.tools.curves", "bnn_pyro.infer._logjoint", "_is_identity"),
-    ("bnn_pyro.infer.variational_dropout", "bnn_pyro.infer.reparam", "_Gaussian"),
-    ("bnn_pyro.infer.laplace.layerwise", "bnn_pyro.infer.laplace.kfac", "_Recorder"),
-    # found by this test among infer's own private modules (not on those branches' lists): give them public names
-    ("bnn_pyro.infer._analytic", "bnn_pyro.infer._analytic_ops", "_activation"),
-    ("bnn_pyro.infer._analytic_elbo", "bnn_pyro.infer._analytic", "_HALF_LOG_2PI"),
-    ("bnn_pyro.infer._analytic_ggn", "bnn_pyro.infer._analytic", "_HALF_LOG_2PI"),
-    ("bnn_pyro.infer._analytic_ggn", "bnn_pyro.infer._analytic", "_affine"),
-    ("bnn_pyro.infer._potential", "bnn_pyro.infer._logjoint", "_Energy"),
-    ("bnn_pyro.infer._potential", "bnn_pyro.infer._logjoint", "_point_params"),
-    ("bnn_pyro.infer.laplace.factorized", "bnn_pyro.infer._analytic", "_normal"),
-    ("bnn_pyro.infer.laplace.layerwise", "bnn_pyro.infer.laplace.kfac", "_locations"),
-    ("bnn_pyro.infer.mcmc", "bnn_pyro.infer._kernels", "_Metropolis"),
-    # tools/ reaching infer's private modules: Data, clean_config, torch_threads (infer/_common.py) and LogJoint, build
-    # (infer/_logjoint.py) need public homes inside infer/, which is being restructured
+    # tools/ reaching infer's private modules: Data, clean_config, torch_threads (infer/_common.py) and LogJoint, build,
+    # is_identity (infer/_logjoint.py) need public homes inside infer/ (a public module for the log joint)
     ("bnn_pyro.tools.curves", "bnn_pyro.infer", "_common"),
     ("bnn_pyro.tools.curves", "bnn_pyro.infer", "_logjoint"),
     ("bnn_pyro.tools.distill", "bnn_pyro.infer", "_common"),

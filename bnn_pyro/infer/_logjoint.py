@@ -107,7 +107,7 @@ def build(model, dataset_size: int) -> LogJoint | None:
     return LogJoint(model, priors, dataset_size)
 
 
-def _point_params(model: BNN) -> dict[str, torch.Tensor]:
+def point_params(model: BNN) -> dict[str, torch.Tensor]:
     """The deterministic parameters as SVI learns them (their ``pyro.param`` values)."""
     with pyro_context(model.net):
         return {name: attrgetter(name)(model.net) for name in model.point_names}
@@ -161,7 +161,7 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
                 if t is not None:
                     elbo = elbo + sum_rightmost(t.log_abs_det_jacobian(z, w), event_dim)
                 elbo = elbo - q.log_prob(z)
-            points = _point_params(joint.model)
+            points = point_params(joint.model)
         elbo = elbo + joint(values, x, y, points)
         value = -elbo.mean() if num_particles > 1 else -elbo
         return value, value.detach().item()
@@ -179,7 +179,7 @@ def potential(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tenso
     ``jit`` is then moot). Else
     ``jit=True`` compiles it with ``torch.jit.trace`` at the first call (the data and site shapes are
     fixed, as in MCMC), which removes the torch.distributions and ``functional_call`` overhead of every call."""
-    energy = _Energy(joint, transforms, x, y)
+    energy = Energy(joint, transforms, x, y)
     generic = [None]
 
     def call(z: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -198,7 +198,7 @@ def analytic(joint: LogJoint, names, shapes: dict, x: torch.Tensor, y: torch.Ten
     """The analytic potential of :mod:`bnn_pyro.infer._analytic` over a flat vector laid out as ``names``/``shapes``,
     checked against the generic potential at a probe point, or ``None`` where it does not apply."""
     inverse = {n: biject_to(d.support).inv for n, d in joint.priors.items()}
-    return _analytic.build(joint, names, shapes, x, y, reference=_Energy(joint, inverse, x, y))
+    return _analytic.build(joint, names, shapes, x, y, reference=Energy(joint, inverse, x, y))
 
 
 def flat_potential_and_grad(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor,
@@ -216,7 +216,7 @@ def flat_potential_and_grad(joint: LogJoint, transforms: dict, x: torch.Tensor, 
     no autograd tape per call (``benchmarks/performance.py`` compares it with a traced potential plus
     ``autograd.grad`` and with the eager one). Where the model cannot be recorded that way, it warns and falls
     back to the eager gradient (same values)."""
-    energy = _Energy(joint, transforms, x, y)
+    energy = Energy(joint, transforms, x, y)
     names, sizes = list(shapes), [int(torch.Size(s).numel()) for s in shapes.values()]
     runs = energy.prior_runs(names, sizes)
 
@@ -278,7 +278,7 @@ def _leapfrog(gradient, z, p, g, step, inverse_mass):
     return z, p, g, p_sharp, torch.stack([u, 0.5 * p.dot(p_sharp)])
 
 
-class _Energy:
+class Energy:
     """The potential energy of :func:`potential` as ``energy(z)`` (site -> unconstrained value); with
     ``theta`` and ``runs`` (:meth:`prior_runs`) the runs' sites are scored on slices of ``theta``."""
 

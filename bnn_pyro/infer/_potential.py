@@ -198,7 +198,7 @@ class _FastEnergy:
         x, y = pot._batch
         if y is None:
             return None
-        generic = _logjoint._Energy(joint, pot.transforms, x, y)
+        generic = _logjoint.Energy(joint, pot.transforms, x, y)
         with torch.no_grad(), torch.random.fork_rng(devices=_cuda(pot.init)):
             if generic(pot.init).dim():  # targets that broadcast against the outputs (y (N, 1) for f[..., 0])
                 return None  # keep Pyro's path, whatever it makes of them
@@ -219,7 +219,7 @@ class _FastEnergy:
 
     def _generic(self, z, batch) -> torch.Tensor:
         # deterministic parameters read as Pyro reads them: pyro.param values, with gradients
-        points = _logjoint._point_params(self.model) if self.model.point_names else None
+        points = _logjoint.point_params(self.model) if self.model.point_names else None
         return self.generic(z, batch=batch, points=points)
 
     def _generic_flat(self, theta: torch.Tensor, batch) -> torch.Tensor:

@@ -90,7 +90,7 @@ class Estimator(str, Enum):
 
 
 @dataclass
-class _Gaussian:
+class RecordedGaussian:
     """A registered draw ``value = loc + scale * eps`` of the guide site ``name``."""
 
     name: str
@@ -110,7 +110,7 @@ class GaussianSites(poutine.messenger.Messenger):
         if not isinstance(guide, AutoNormal):
             raise TypeError(f"GaussianSites needs a pyro AutoNormal guide, got {type(guide).__name__}.")
         self.guide = guide
-        self.registry: dict[int, _Gaussian] = {}
+        self.registry: dict[int, RecordedGaussian] = {}
         self._pending: dict[str, tuple] = {}
 
     def __enter__(self):
@@ -148,7 +148,7 @@ class GaussianSites(poutine.messenger.Messenger):
         while isinstance(fn, torch.distributions.Independent):
             fn = fn.base_dist
         if isinstance(fn, torch.distributions.Normal) and not msg["is_observed"] and msg["value"] is not None:
-            self.registry[id(msg["value"])] = _Gaussian(msg["name"], msg["value"], fn.loc, fn.scale)
+            self.registry[id(msg["value"])] = RecordedGaussian(msg["name"], msg["value"], fn.loc, fn.scale)
 
 
 # ---------------------------------------------------------------------- model side
@@ -197,7 +197,7 @@ class WeightNoise(TorchFunctionMode):
                 self._use(g, func, noisy=False)
         return func(*args, **kwargs)
 
-    def _use(self, g: _Gaussian, func, *, noisy: bool) -> None:
+    def _use(self, g: RecordedGaussian, func, *, noisy: bool) -> None:
         key = id(g.value)
         if key in self._noisy or (noisy and key in self._plain):
             raise ValueError(
@@ -207,7 +207,7 @@ class WeightNoise(TorchFunctionMode):
                 "no other use). Use estimator='sample' for this net.")
         (self._noisy if noisy else self._plain).add(key)
 
-    def _layer(self, func, x, gw: _Gaussian, b, gb: _Gaussian | None, rest, options):
+    def _layer(self, func, x, gw: RecordedGaussian, b, gb: RecordedGaussian | None, rest, options):
         n = self._num_examples
         is_linear = _LAYERS[func] == "linear"
         batched = x.dim() >= 2 if is_linear else x.dim() == gw.value.dim()

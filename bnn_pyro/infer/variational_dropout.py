@@ -72,7 +72,7 @@ from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.reparam import Estimator, WeightNoise, _Gaussian
+from bnn_pyro.infer.reparam import Estimator, WeightNoise, RecordedGaussian
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Engine, Loop, RunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
@@ -134,7 +134,7 @@ class _VDWeights(nn.Module):
         for i, name in enumerate(self.names):
             loc, scale = self.theta[i], self.scale(i)
             values[name] = loc + scale * torch.randn_like(loc)
-            registry[id(values[name])] = _Gaussian(name, values[name], loc, scale)
+            registry[id(values[name])] = RecordedGaussian(name, values[name], loc, scale)
         return values, SimpleNamespace(registry=registry)
 
     def log_alpha(self, i: int) -> torch.Tensor:

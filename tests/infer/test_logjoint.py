@@ -137,7 +137,7 @@ def test_compiled_leapfrog_step_equals_the_eager_one(case, dense):
 def test_adjacent_sites_with_one_scalar_prior_are_scored_together(case, runs):
     model, (x, y) = CASES[case](), _data()
     init, _, transforms, _ = initialize_model(lambda: quiet_model(model, 40)(x, y), model_args=())
-    energy = _logjoint._Energy(_logjoint.build(model, 40), transforms, x, y)
+    energy = _logjoint.Energy(_logjoint.build(model, 40), transforms, x, y)
     names = sorted(init)
     found = energy.prior_runs(names, [init[n].numel() for n in names])
     assert [r[2] for r in found] == runs

@@ -82,7 +82,7 @@ def block_index(layer: Layer, coords: dict[str, torch.Tensor], where: torch.Tens
     return where[torch.cat(cols, 1)]
 
 
-class _Recorder:
+class Recorder:
     """Forward hooks that keep each layer's input (as ``(B, T, in)`` patches) and output (in the graph)."""
 
     def __init__(self, layers: list[Layer]):
@@ -111,7 +111,7 @@ class _Recorder:
         outs = [self.outputs[layer.path] for layer in self.layers]
         for c in range(directions.shape[-1]):
             grads = torch.autograd.grad(f, outs, grad_outputs=directions[..., c].to(f.dtype), retain_graph=True)
-            yield [_locations(layer, g.detach()) for layer, g in zip(self.layers, grads)]
+            yield [locations(layer, g.detach()) for layer, g in zip(self.layers, grads)]
 
 
 def _patches(layer: Layer, x: torch.Tensor) -> torch.Tensor:
@@ -124,7 +124,7 @@ def _patches(layer: Layer, x: torch.Tensor) -> torch.Tensor:
     return torch.cat(parts, -1).double()
 
 
-def _locations(layer: Layer, g: torch.Tensor) -> torch.Tensor:
+def locations(layer: Layer, g: torch.Tensor) -> torch.Tensor:
     if isinstance(layer.module, nn.Conv2d):
         return g.flatten(2).transpose(1, 2).double()
     return g.reshape(g.shape[0], -1, g.shape[-1]).double()
@@ -132,7 +132,7 @@ def _locations(layer: Layer, g: torch.Tensor) -> torch.Tensor:
 
 def _forward(model: BNN, weights: dict[str, torch.Tensor], x: torch.Tensor, layers: list[Layer]):
     params = {n: w.detach().requires_grad_() for n, w in weights.items()}  # outputs in the graph
-    rec = _Recorder(layers)
+    rec = Recorder(layers)
     with rec, torch.enable_grad():
         f = model.forward_draws(params, x)
     return f, rec

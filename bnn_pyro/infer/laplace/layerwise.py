@@ -31,7 +31,7 @@ from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace.approximation import CHUNK
 from bnn_pyro.infer.laplace.functional import epoch, site_values
-from bnn_pyro.infer.laplace.kfac import Layer, _locations, _Recorder, block_index
+from bnn_pyro.infer.laplace.kfac import Layer, locations, Recorder, block_index
 from bnn_pyro.infer.laplace.structure import Layout, zeros
 from bnn_pyro.model import BNN
 
@@ -97,7 +97,7 @@ def gram(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, 
             if diag:
                 _add_squares(acc, squares, layers, gc, rec)
             else:
-                grads.append([_locations(layer, g) for layer, g in zip(layers, gc)])
+                grads.append([locations(layer, g) for layer, g in zip(layers, gc)])
         for path, sq in squares.items():  # (J_ic)_oj^2 = g_ico^2 a_ij^2: summed over directions, then one product
             acc[path] = acc.get(path, 0.0) + sq.double().T @ rec.inputs[path][:, 0] ** 2
         if diag:
@@ -130,7 +130,7 @@ def gram(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, 
 def _forward(model: BNN, pot: Potential, z, x, w_idx, layers):
     """The net at ``x`` with its covered weights from the leaf ``zw`` and the layers' inputs and outputs recorded."""
     zw = z[w_idx].detach().clone().requires_grad_()
-    rec = _Recorder(layers)
+    rec = Recorder(layers)
     with rec, torch.enable_grad():
         weights = site_values(model, pot, z.detach().index_copy(0, w_idx, zw))[0]
         f = model.forward_draws(weights, x)
@@ -150,7 +150,7 @@ def _add_squares(acc, squares, layers, gc, rec) -> None:
             else:
                 squares[layer.path] = g * g
         else:
-            acc[layer.path] = acc.get(layer.path, 0.0) + _jacobian(_locations(layer, g), a).pow(2).sum(0)
+            acc[layer.path] = acc.get(layer.path, 0.0) + _jacobian(locations(layer, g), a).pow(2).sum(0)
 
 
 def _jacobian(g: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
@@ -171,7 +171,7 @@ def _wired(model: BNN, pot: Potential, z, x, w_idx, layers, blocks, layout: Layo
                                            allow_unused=True)
     if expected is None or any(g is None for g in grads):
         return False
-    return _agrees([_locations(layer, g) for layer, g in zip(layers, grads)], expected, rec, layers, blocks, layout,
+    return _agrees([locations(layer, g) for layer, g in zip(layers, grads)], expected, rec, layers, blocks, layout,
                    w_idx)
 
 
