@@ -52,8 +52,8 @@ TINY = {
     "ensemble": dict(num_chains=2, num_steps=3, validation=None),
     "laplace": dict(num_steps=3, num_samples=3, polish_steps=1, validation=None),
     "snapshot": dict(num_cycles=2, cycle_length=3, validation=None),
-    "subspace": dict(rank=2, num_samples=3, inner_options={"num_warmup": 3, "max_tree_depth": 2},
-                     swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "rank": 3}),
+    "subspace": dict(subspace_dim=2, num_samples=3, inner_options={"num_warmup": 3, "max_tree_depth": 2},
+                     swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "swag_rank": 3}),
 }
 
 # A valid non-default value per option name, and, where one option needs another, its companions
@@ -72,8 +72,8 @@ VALUES = {
     "p": 0.2, "rate": "concrete", "temperature": 0.2, "dropout_inputs": True,
     "init_log_sigma2": -8.0, "kl_warmup": 0.5, "threshold": 2.0, "adversarial_eps": 0.05, "anchored": False,
     "structure": "diag", "hessian": "fisher", "prior_precision": "marglik", "predictive": "nn", "polish_steps": 2,
-    "marglik_rounds": 2, "cycle_length": 4, "rank": 3, "inner": "svi", "inner_options": {"num_steps": 3},
-    "prior": "isotropic", "prior_scale": 2.0, "swa": {"num_steps": 5, "collect_every": 1, "rank": 3},
+    "marglik_rounds": 2, "cycle_length": 4, "subspace_dim": 3, "inner": "svi", "inner_options": {"num_steps": 3},
+    "prior": "isotropic", "prior_scale": 2.0, "swa": {"num_steps": 5, "collect_every": 1, "swag_rank": 3},
 }
 METHOD_VALUES = {("sgld", "lr_schedule"): "polynomial", ("sghmc", "lr_schedule"): "polynomial",
                  ("csgmcmc", "num_cycles"): 1}  # num_samples (2) must be a multiple of it
@@ -212,13 +212,13 @@ def test_every_name_a_method_does_not_list_is_refused(method):
 
 # ------------------------------------------------------------------------------------------ deprecated names
 RENAMES = [(m.value, old, new) for m in Method for old, new in REGISTRY[m].renamed().items()]
-OLD_VALUES = {"num_chains": 2, "lr_schedule": "polynomial", "guide_rank": 2, "swag_rank": 3}
+OLD_VALUES = {"num_chains": 2, "lr_schedule": "polynomial", "guide_rank": 2, "swag_rank": 3, "subspace_dim": 2}
 
 
 def test_the_renames_are_the_documented_ones():
     assert set(RENAMES) == {("svi", "rank", "guide_rank"), ("sgld", "schedule", "lr_schedule"),
                             ("sghmc", "schedule", "lr_schedule"), ("swag", "rank", "swag_rank"),
-                            ("ensemble", "num_members", "num_chains")}
+                            ("ensemble", "num_members", "num_chains"), ("subspace", "rank", "subspace_dim")}
 
 
 @pytest.mark.parametrize("method, old, new", RENAMES)
@@ -234,7 +234,8 @@ def test_an_old_name_still_works_warns_at_the_callers_line_and_is_not_listed(met
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)  # the new name: no warning
         new_post = bp.fit(_model(), x, y, method=method, **base, **{new: value})
-    assert old_post.config == new_post.config and _same(new_post.config[new], value)
+    recorded = new if new in new_post.config else old  # subspace records subspace_dim under "rank" (its checkpoints)
+    assert old_post.config == new_post.config and _same(new_post.config[recorded], value)
     for name, draws in new_post.samples.items():
         assert torch.equal(old_post.samples[name], draws), name
     assert old not in options(method) and new in options(method)

@@ -182,15 +182,15 @@ def test_bad_options_are_named(config, error, match):
 
 def test_rank_is_the_deprecated_name_of_subspace_dim_and_typed_configs_equal_their_dicts(rows):
     x, y = rows
-    small = dict(num_samples=3, swa=dict(pretrain_steps=4, num_steps=4, collect_every=1, rank=2), seed=0,
+    small = dict(num_samples=3, swa=dict(pretrain_steps=4, num_steps=4, collect_every=1, swag_rank=2), seed=0,
                  progress=False)
-    with pytest.warns(DeprecationWarning, match=r"rank= is deprecated; its name is now subspace_dim=") as caught:
+    with pytest.warns(FutureWarning, match=r"rank= is renamed subspace_dim=") as caught:
         old = bp.fit(_mlp(), x, y, method="subspace", rank=2, inner_options=dict(num_warmup=3, max_tree_depth=2),
                      **small)
     assert caught[0].filename == __file__  # the warning points at the user's bp.fit(...) line
     from bnn_pyro.infer.swag import SWAGConfig
 
-    typed = dict(small, swa=SWAGConfig(pretrain_steps=4, num_steps=4, collect_every=1, rank=2))
+    typed = dict(small, swa=SWAGConfig(pretrain_steps=4, num_steps=4, collect_every=1, swag_rank=2))
     new = bp.fit(_mlp(), x, y, method="subspace", subspace_dim=2, **typed,
                  inner=bp.infer.mcmc.NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True))
     assert old.config["swa"] == new.config["swa"]
@@ -198,7 +198,7 @@ def test_rank_is_the_deprecated_name_of_subspace_dim_and_typed_configs_equal_the
     assert old.config["inner_config"] == new.config["inner_config"]
     for name, value in old.samples.items():
         assert torch.equal(new.samples[name], value), name
-    with pytest.raises(TypeError, match=r"rank: the former name of subspace_dim=; pass subspace_dim= only"):
+    with pytest.raises(ValueError, match=r"rank= is the old name of subspace_dim=; pass only subspace_dim="):
         bp.fit(_mlp(), x, y, method="subspace", rank=2, subspace_dim=2, progress=False)
     with pytest.raises(ValueError, match=r"inner_options: 'seed' is set by the subspace fit"):
         bp.fit(_mlp(), x, y, method="subspace", inner=bp.infer.mcmc.NUTSConfig(seed=5), progress=False)
