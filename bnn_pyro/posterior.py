@@ -26,7 +26,7 @@ from pyro import poutine
 from bnn_pyro import posterior_file, predictions
 from bnn_pyro._checks import check_data, positive_int, probability, seed as check_seed
 from bnn_pyro.model import BNN, fit_attributes
-from bnn_pyro.predictive_draws import NetworkDraws
+from bnn_pyro.predictive_draws import NetworkDraws, Observation
 
 __all__ = ["Posterior"]
 
@@ -192,10 +192,7 @@ class Posterior:
             draws_per_chunk = positive_int("draws_per_chunk", draws_per_chunk)
         likelihood = self.model.likelihood
         noise = {n: self.samples[n].reshape((-1,) + self.samples[n].shape[2:])[idx].unsqueeze(1) for n in likelihood.sites()}
-
-        def observe(f):  # (S, N, T, ..., out): T, ... inner
-            return likelihood.observed(f, noise, inner_dims=f.dim() - 3)
-
+        observe = Observation(likelihood, noise)
         probs = likelihood.probs if likelihood.task == "classification" else None
         glm = None
         if linearized and self.config.get("predictive") == "glm":  # a Laplace fit's linearized network

@@ -58,6 +58,38 @@ def test_regression_blocks_equal_the_unchunked_computation(case):
     assert pred.mean.shape == ((601,) if outputs == 1 or case == "heteroscedastic" else (601, outputs))
 
 
+@pytest.mark.parametrize("case", list(REGRESSION))
+def test_moments_streamed_over_chunks_of_draws_equal_the_unchunked_computation(case):
+    # 2,000 rows x 16 hidden units: the net runs one draw at a time; the moments are combined over chunks of
+    # draws (the default 64: 64 + 64 + 64 + 8; 7; 1), each chunk with its own draws' noise
+    inputs, outputs, likelihood = REGRESSION[case]
+    post = _posterior(inputs, outputs, likelihood(), draws=200)
+    x = torch.randn(2000, inputs, generator=torch.Generator().manual_seed(1))
+    d = post.observation_distribution(x)
+    m, v = d.mean.double(), d.variance.double()
+    for per_chunk in (None, 7, 1):
+        pred = post.predict(x, draws_per_chunk=per_chunk, interval=None)
+        torch.testing.assert_close(pred.mean.double(), m.mean(0), rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(pred.epistemic_std.double(), m.var(0, correction=0).sqrt(), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pred.aleatoric_std.double(), v.mean(0).sqrt(), rtol=1e-6, atol=1e-6)
+
+
+def test_draw_moments_combine_chunks_without_cancellation():
+    # float32 draws 1,000 + 0.1 z: a sum of squares minus a squared sum would lose the variance (0.01) to
+    # rounding of the squares (~1e6 each, float32 spacing 0.06); the pairwise combine keeps it to the
+    # rounding of the values themselves (spacing 6e-5, against a spread of 0.1)
+    g = torch.Generator().manual_seed(0)
+    means = 1000.0 + 0.1 * torch.randn(300, 50, generator=g)
+    variances = torch.rand(300, 50, generator=g)
+    moments = predictive_draws.DrawMoments()
+    for m, v in zip(means.split(64), variances.split(64)):
+        moments.add(m, v)
+    mean, epistemic, aleatoric = moments.result()
+    torch.testing.assert_close(mean.double(), means.double().mean(0), rtol=1e-7, atol=1e-4)
+    torch.testing.assert_close(epistemic.double(), means.double().var(0, correction=0), rtol=1e-3, atol=0)
+    torch.testing.assert_close(aleatoric.double(), variances.double().mean(0), rtol=1e-6, atol=0)
+
+
 def test_predictive_samples_are_noise_about_each_draw_independent_across_blocks():
     post = _posterior(2, 1, bp.likelihoods.Gaussian(scale=0.1), draws=200)
     x = torch.randn(3 * NOISE_ROWS, 2, generator=torch.Generator().manual_seed(2))
@@ -91,15 +123,26 @@ def test_classification_blocks_equal_the_unchunked_computation(likelihood, outpu
 
 
 class _Spy:
-    """Counts the blocks NetworkDraws evaluates and the largest one's bytes."""
+    """Counts the blocks NetworkDraws evaluates (a block's outputs of every draw, or its moments streamed over
+    chunks of draws) and the bytes of the largest network output it formed (a block's, or a chunk's)."""
 
     def __init__(self, monkeypatch):
         self.outputs, self.samples, self.largest = 0, 0, 0
         outputs, samples = NetworkDraws.outputs, NetworkDraws.samples
+        moment_summary, chunk_outputs = NetworkDraws.moment_summary, NetworkDraws._chunk_outputs
 
         def spy_outputs(source, rows):
             f = outputs(source, rows)
             self.outputs += 1
+            self.largest = max(self.largest, f.numel() * f.element_size())
+            return f
+
+        def spy_moment_summary(source, rows):
+            self.outputs += 1
+            return moment_summary(source, rows)
+
+        def spy_chunk_outputs(source, *args, **kwargs):
+            f = chunk_outputs(source, *args, **kwargs)
             self.largest = max(self.largest, f.numel() * f.element_size())
             return f
 
@@ -108,6 +151,8 @@ class _Spy:
             return samples(source, rows)
 
         monkeypatch.setattr(NetworkDraws, "outputs", spy_outputs)
+        monkeypatch.setattr(NetworkDraws, "moment_summary", spy_moment_summary)
+        monkeypatch.setattr(NetworkDraws, "_chunk_outputs", spy_chunk_outputs)
         monkeypatch.setattr(NetworkDraws, "samples", spy_samples)
 
 
@@ -135,7 +180,10 @@ def test_memory_per_block_is_set_by_the_chunk_size_not_by_draws_times_points(mon
     pred.lower
     assert spy.largest <= 2**20 and spy.samples == -(-20_000 // 1280)  # samples: whole blocks of 256 rows
     spy.largest = 0
-    post.predict(x, points_per_chunk=1000).mean
+    post.predict(x, points_per_chunk=1000).mean  # streamed over chunks of 64 draws (BNN.draws_per_chunk)
+    assert spy.largest == 64 * 1000 * 4
+    spy.largest = 0
+    post.predict(x, points_per_chunk=1000).mean_draws  # the per-draw means: every draw of a block at once
     assert spy.largest == 200 * 1000 * 4
 
 
