@@ -121,7 +121,7 @@ def test_forward_draws_matches_one_draw_at_a_time(make_net, bayesian, stacked):
             assert torch.allclose(batched[a, b], tr.nodes["f"]["value"], atol=1e-6)
 
 
-@pytest.mark.parametrize("rows", [7, 4000])  # batched products; one draw at a time (4,000 x 5 >= 2**14 elements)
+@pytest.mark.parametrize("rows", [7, 16_000])  # batched products; one draw at a time (16,000 x 5 >= 2**16 elements)
 @pytest.mark.parametrize("make_net", [
     lambda: nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 5), nn.Sigmoid(), nn.Linear(5, 2)),  # 1 input
     lambda: nn.Sequential(nn.Linear(3, 5, bias=False), nn.LeakyReLU(0.2), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2)),
@@ -139,7 +139,7 @@ def test_linear_stack_without_autograd_equals_the_tracked_path(make_net, rows):
     model = bp.BNN(make_net(), prior=bp.priors.Normal(), likelihood=gaussian())
     draws = {n: torch.randn(4, *model.param_shapes[n], requires_grad=True) for n in model.sample_names}
     x = torch.randn(rows, model._template[0 if isinstance(model._template[0], nn.Linear) else 1].in_features)
-    assert runs_per_draw(_linear_stack(model._template), x, model._template) == (rows == 4000)
+    assert runs_per_draw(_linear_stack(model._template), x, model._template) == (rows == 16_000)
     before = x.clone()
     tracked = model.forward_draws(draws, x)
     with torch.no_grad():

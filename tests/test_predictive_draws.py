@@ -60,11 +60,11 @@ def test_regression_blocks_equal_the_unchunked_computation(case):
 
 @pytest.mark.parametrize("case", list(REGRESSION))
 def test_moments_streamed_over_chunks_of_draws_equal_the_unchunked_computation(case):
-    # 2,000 rows x 16 hidden units: the net runs one draw at a time; the moments are combined over chunks of
+    # 4,100 rows x 16 hidden units: the net runs one draw at a time; the moments are combined over chunks of
     # draws (the default 64: 64 + 64 + 64 + 8; 7; 1), each chunk with its own draws' noise
     inputs, outputs, likelihood = REGRESSION[case]
     post = _posterior(inputs, outputs, likelihood(), draws=200)
-    x = torch.randn(2000, inputs, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(4100, inputs, generator=torch.Generator().manual_seed(1))
     d = post.observation_distribution(x)
     m, v = d.mean.double(), d.variance.double()
     for per_chunk in (None, 7, 1):
