@@ -17,6 +17,7 @@ parts whose size is draws x points) are produced again from the source when firs
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -82,6 +83,26 @@ class RegressionPrediction:
             source = self._source("mean_draws")
             self._cache["mean_draws"] = torch.cat([source.moments(r)[0] for r in source.chunks()], 1)
         return self._cache["mean_draws"]
+
+    @torch.no_grad()
+    def blocks(self, of: str = "draws") -> Iterator[tuple[slice, torch.Tensor]]:
+        """``(rows, values)`` over blocks of rows, ``values`` the per-draw array ``of`` (``"draws"``: predictive
+        samples, ``"mean_draws"``: per-draw means) at those rows, ``(S, r, ...)``: what a per-row statistic of the
+        draws reads in memory bounded by the block size. One block of every row where that array was read (and
+        kept) already; otherwise produced block by block from the source, as the array would be (the same
+        predictive samples), and not kept."""
+        if of not in ("draws", "mean_draws"):
+            raise ValueError(f"of: expected 'draws' or 'mean_draws', got {of!r}.")
+        if of in self._cache:
+            yield slice(0, self._cache[of].shape[1]), self._cache[of]
+            return
+        source = self._source(of)
+        if of == "draws":
+            for rows in source.chunks(aligned=True):
+                yield rows, source.samples(rows)
+        else:
+            for rows in source.chunks():
+                yield rows, source.moments(rows)[0]
 
     @torch.no_grad()
     def quantiles(self, levels) -> torch.Tensor:
@@ -154,11 +175,27 @@ class ClassificationPrediction:
     @torch.no_grad()
     def draws(self) -> torch.Tensor:
         if "draws" not in self._cache:
-            if self.source is None:
-                raise ValueError("draws: this prediction was built without per-draw values; predict with "
-                                 "post.predict(x), or pass draws= when building it by hand.")
-            self._cache["draws"] = torch.cat([self.source.probs(r) for r in self.source.chunks()], 1)
+            source = self._source()
+            self._cache["draws"] = torch.cat([source.probs(r) for r in source.chunks()], 1)
         return self._cache["draws"]
+
+    @torch.no_grad()
+    def blocks(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        """``(rows, probs)`` over blocks of rows, ``probs`` the per-draw class probabilities at those rows
+        ``(S, r, K)``: what a per-row statistic of the draws reads in memory bounded by the block size. One block
+        of every row where ``draws`` was read already; otherwise produced block by block, and not kept."""
+        if "draws" in self._cache:
+            yield slice(0, self._cache["draws"].shape[1]), self._cache["draws"]
+            return
+        source = self._source()
+        for rows in source.chunks():
+            yield rows, source.probs(rows)
+
+    def _source(self) -> PredictiveDraws:
+        if self.source is None:
+            raise ValueError("draws: this prediction was built without per-draw values; predict with "
+                             "post.predict(x), or pass draws= when building it by hand.")
+        return self.source
 
 
 def summarize(source: PredictiveDraws, task: str, *, interval: float | None = 0.95):

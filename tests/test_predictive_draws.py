@@ -209,3 +209,49 @@ def test_affine_maps_every_statistic_and_draw_lazily():
     torch.testing.assert_close(moved.mean_draws, 1.5 + 2.0 * pred.mean_draws)
     torch.testing.assert_close(moved.std, 2.0 * pred.std)
     torch.testing.assert_close(pred.affine(1.5, 2.0).upper, 1.5 + 2.0 * pred.upper)  # read before the draws
+
+
+def test_what_reads_every_draw_reads_it_block_by_block(monkeypatch):
+    """PIT, the mixture NLL of a prediction and the predictive band read the per-draw arrays block by block
+    (here blocks of 256 rows, 3 of them): the same numbers as from the whole arrays, which are never formed."""
+    from bnn_pyro import calibration, metrics, plots
+    from bnn_pyro.predictions import RegressionPrediction
+
+    monkeypatch.setattr(predictive_draws, "CHUNK_BYTES", 4096)  # 40 draws x 4 bytes: 25 rows, 256 with samples
+    post = _posterior(1, 1, bp.likelihoods.Gaussian(scale=0.3))
+    x = torch.randn(700, 1, generator=torch.Generator().manual_seed(1))
+    y = torch.randn(700, generator=torch.Generator().manual_seed(2))
+    pred, whole = post.predict(x, seed=4), post.predict(x, seed=4)
+    u = calibration.pit(pred, y)
+    assert torch.equal(u, (whole.draws < y).double().mean(0) + 0.5 * (whole.draws == y).double().mean(0))
+    log_p = torch.distributions.Normal(whole.mean_draws.double(), whole.aleatoric_std.double()).log_prob(y.double())
+    expected = -float((torch.logsumexp(log_p, 0) - torch.log(torch.tensor(40.0))).mean())
+    assert metrics.nll(pred, y) == pytest.approx(expected, rel=1e-6)
+    assert "draws" not in pred._cache and "mean_draws" not in pred._cache
+
+    def whole_array(self):
+        raise AssertionError("read every draw at every point at once")
+
+    monkeypatch.setattr(RegressionPrediction, "mean_draws", property(whole_array))
+    monkeypatch.setattr(RegressionPrediction, "draws", property(whole_array))
+    post.x, post.y = x, y
+    plots.plot_predictive(post, x[:300])
+    plots.plt.close("all")
+
+
+def test_acquisition_reads_the_pools_draws_block_by_block(monkeypatch):
+    from bnn_pyro import acquisition
+
+    monkeypatch.setattr(predictive_draws, "CHUNK_BYTES", 4096)  # 40 draws x 3 classes x 4 bytes: 8 rows a block
+    post = _posterior(2, 3, bp.likelihoods.Categorical())
+    pool = torch.randn(90, 2, generator=torch.Generator().manual_seed(1))
+    pred, whole = post.predict(pool), post.predict(pool)
+    whole.draws  # read: one block of every row
+    assert pred.source.chunk_rows() == 8
+    for strategy in ("bald", "entropy", "variation_ratios"):
+        torch.testing.assert_close(acquisition.scores(pred, strategy), acquisition.scores(whole, strategy),
+                                   rtol=1e-5, atol=1e-7)  # float32 nets: BLAS rounds by block size
+    assert torch.equal(acquisition.select(pred, 3, "batchbald"), acquisition.select(whole, 3, "batchbald"))
+    assert acquisition.joint_mutual_information(pred, [3, 50, 89]) == pytest.approx(
+        acquisition.joint_mutual_information(whole, [3, 50, 89]), rel=1e-5)
+    assert "draws" not in pred._cache
