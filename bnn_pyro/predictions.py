@@ -36,7 +36,11 @@ class RegressionPrediction:
     (``S x N`` values) when first read and kept; read them only when you need every draw.
 
     Built by hand (``lower``, ``upper``, ``draws``, ``mean_draws`` given as tensors, no ``source``) or by
-    ``dataclasses.replace(pred, lower=..., upper=..., interval=...)``, the given values are used as they are."""
+    ``dataclasses.replace(pred, lower=..., upper=..., interval=...)``, the given values are used as they are.
+
+    A prediction pickles with the posterior and inputs its ``source`` refers to (so that what was not read can
+    be produced after loading, the same predictive samples from the same seed); to keep only the summaries,
+    read what you need and store those tensors."""
 
     mean: torch.Tensor
     std: torch.Tensor

@@ -255,3 +255,19 @@ def test_acquisition_reads_the_pools_draws_block_by_block(monkeypatch):
     assert acquisition.joint_mutual_information(pred, [3, 50, 89]) == pytest.approx(
         acquisition.joint_mutual_information(whole, [3, 50, 89]), rel=1e-5)
     assert "draws" not in pred._cache
+
+
+@pytest.mark.parametrize("likelihood, outputs", [(lambda: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)), 1),
+                                                 (bp.likelihoods.Categorical, 3)])
+def test_a_prediction_pickles_and_its_lazy_parts_are_the_same_after_loading(likelihood, outputs):
+    # the source holds the posterior, x and the likelihood with each draw's noise (a class, not a closure, which
+    # pickle refused: "Can't pickle local object"); what was not read is produced after loading, from the same seed
+    import pickle
+
+    post = _posterior(2, outputs, likelihood())
+    x = torch.randn(300, 2, generator=torch.Generator().manual_seed(1))
+    pred = post.predict(x, seed=2)
+    loaded = pickle.loads(pickle.dumps(pred))
+    assert isinstance(loaded.source, NetworkDraws) and torch.equal(loaded.draws, pred.draws)
+    if outputs == 1:
+        assert torch.equal(loaded.lower, pred.lower) and torch.equal(loaded.mean, pred.mean)
