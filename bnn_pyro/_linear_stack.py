@@ -107,8 +107,8 @@ def run_linear_stack(layers, params: dict[str, torch.Tensor], x: torch.Tensor, t
 
 def _per_draw(layers, params: dict[str, torch.Tensor], x: torch.Tensor, has_bias: dict[str, bool], size: int):
     """:func:`run_linear_stack` without autograd, one draw at a time: each Linear layer one ``addmm`` (``mm``
-    without a bias) into a buffer of that layer reused for every draw, the last one into the draw's slice of
-    the result, activations in place where they can be."""
+    without a bias; ``addcmul``, an outer product, for a layer with one input) into a buffer of that layer reused
+    for every draw, the last one into the draw's slice of the result, activations in place where they can be."""
     linears = [i for i, (path, act) in enumerate(layers) if act is None]
     buffers: dict[int, torch.Tensor] = {}
     out = None
@@ -130,7 +130,10 @@ def _per_draw(layers, params: dict[str, torch.Tensor], x: torch.Tensor, has_bias
                 target = buffers[i]
             else:
                 target = buffers[i] = h.new_empty(shape)
-            h = torch.mm(h, weight, out=target) if bias is None else torch.addmm(bias, h, weight, out=target)
+            if weight.shape[0] == 1:  # one input: an outer product, which addcmul runs faster than BLAS's addmm
+                h = torch.mul(h, weight, out=target) if bias is None else torch.addcmul(bias, h, weight, out=target)
+            else:
+                h = torch.mm(h, weight, out=target) if bias is None else torch.addmm(bias, h, weight, out=target)
             owned = True
         if h is not row:  # activations after the last Linear that could not run in place
             row.copy_(h)
