@@ -6,12 +6,15 @@ Classification reports the Bayesian model average ``p(y | x) = E_s[p(y | x, w_s)
 (total uncertainty), and the mutual information between ``y`` and the weights (epistemic part):
 ``MI = H[E_s p_s] - E_s H[p_s]``.
 
-Memory. The summaries are computed block by block over the rows of ``x`` (every draw of a block at once, from
-a :class:`~bnn_pyro.predictive_draws.PredictiveDraws` source), so peak memory is set by the block size, not by
-draws x points. A statistic of one row depends only on that row's draws, so a block's statistics are exactly
+Memory. The summaries are computed block by block over the rows of ``x`` (from a
+:class:`~bnn_pyro.predictive_draws.PredictiveDraws` source; the regression moments streamed over chunks of draws,
+the rest with every draw of a block at once), so peak memory is set by the block size, not by draws x points.
+A statistic of one row depends only on that row's draws, so a block's statistics are exactly
 those of the unchunked computation. What is not read costs nothing: ``lower``/``upper`` (quantiles of
 predictive samples) are computed when first read, and ``draws``/``mean_draws`` (``(S, N, ...)``, the only
-parts whose size is draws x points) are produced again from the source when first read, then kept.
+parts whose size is draws x points) are produced again from the source when first read, then kept;
+``blocks`` gives them a block of rows at a time without keeping them (what a per-row statistic of the draws
+reads: PIT, acquisition scores, a predictive band). See ``docs/predict.md``.
 """
 
 from __future__ import annotations
