@@ -109,27 +109,32 @@ def _per_draw(layers, params: dict[str, torch.Tensor], x: torch.Tensor, has_bias
     """:func:`run_linear_stack` without autograd, one draw at a time: each Linear layer one ``addmm`` (``mm``
     without a bias; ``addcmul``, an outer product, for a layer with one input) into a buffer of that layer reused
     for every draw, the last one into the draw's slice of the result, activations in place where they can be."""
-    linears = [i for i, (path, act) in enumerate(layers) if act is None]
+    last = max(i for i, (path, act) in enumerate(layers) if act is None)
+    steps = []  # per layer: (activation, None, None, None) or (None, weights (S, in, out), biases (S, out) | None, i)
+    for i, (path, activation) in enumerate(layers):
+        if activation is not None:
+            steps.append((activation, None, None, i))
+            continue
+        bias = params[site(path, "bias")] if site(path, "bias") in params or has_bias[path] else None
+        steps.append((None, params[site(path, "weight")].transpose(1, 2), bias, i))
     buffers: dict[int, torch.Tensor] = {}
     out = None
     for s in range(size):
         h, owned, row = x, False, None
-        for i, (path, activation) in enumerate(layers):
+        for activation, weights, biases, i in steps:
             if activation is not None:
                 inplace = _IN_PLACE.get(type(activation)) if owned else None
                 h = activation(h) if inplace is None else inplace(activation, h)
                 owned = True
                 continue
-            weight = params[site(path, "weight")][s].T
-            bias = params[site(path, "bias")][s] if site(path, "bias") in params or has_bias[path] else None
-            shape = (h.shape[0], weight.shape[1])
-            if i == linears[-1]:
-                out = h.new_empty((size,) + shape) if out is None else out
+            weight, bias = weights[s], None if biases is None else biases[s]
+            if i == last:
+                out = h.new_empty((size, h.shape[0], weight.shape[1])) if out is None else out
                 target = row = out[s]
             elif i in buffers:
                 target = buffers[i]
             else:
-                target = buffers[i] = h.new_empty(shape)
+                target = buffers[i] = h.new_empty((h.shape[0], weight.shape[1]))
             if weight.shape[0] == 1:  # one input: an outer product, which addcmul runs faster than BLAS's addmm
                 h = torch.mul(h, weight, out=target) if bias is None else torch.addcmul(bias, h, weight, out=target)
             else:
