@@ -61,12 +61,12 @@ _IN_PLACE = {nn.Tanh: lambda m, h: h.tanh_(), nn.Sigmoid: lambda m, h: h.sigmoid
              nn.LeakyReLU: lambda m, h: F.leaky_relu_(h, m.negative_slope), nn.ELU: lambda m, h: F.elu_(h, m.alpha)}
 
 
-PER_DRAW_ELEMENTS = 2**16
+PER_DRAW_ELEMENTS = 2**15
 """Without autograd, the draws run one at a time (``addmm`` per layer into reused buffers) once one draw's widest
 layer output over the rows has at least this many elements: a draw's work then outweighs the Python cost of its
 few calls, and its buffers are reused draw after draw instead of a batch of draws' outputs being allocated; below
-it, batched products (``baddbmm``) amortize the per-call cost over the draws. The two break even near 50,000
-elements (``benchmarks/results/predict/``)."""
+it, batched products (``baddbmm``) amortize the per-call cost over the draws. Batched products were faster at
+16,500 elements and one draw at a time from 50,000 (``benchmarks/results/predict/``, the ``rule`` case)."""
 
 
 def runs_per_draw(layers, x: torch.Tensor, template: nn.Module) -> bool:

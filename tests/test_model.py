@@ -121,7 +121,7 @@ def test_forward_draws_matches_one_draw_at_a_time(make_net, bayesian, stacked):
             assert torch.allclose(batched[a, b], tr.nodes["f"]["value"], atol=1e-6)
 
 
-@pytest.mark.parametrize("rows", [7, 16_000])  # batched products; one draw at a time (16,000 x 5 >= 2**16 elements)
+@pytest.mark.parametrize("rows", [7, 16_000])  # batched products; one draw at a time (16,000 x 5 >= 2**15 elements)
 @pytest.mark.parametrize("make_net", [
     lambda: nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 5), nn.Sigmoid(), nn.Linear(5, 2)),  # 1 input
     lambda: nn.Sequential(nn.Linear(3, 5, bias=False), nn.LeakyReLU(0.2), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2)),
