@@ -260,10 +260,12 @@ def nll(prediction, *data, num_samples: int | None = None, seed: int | None = 0)
         if not (scale > 0).all():
             raise ValueError("prediction: its aleatoric_std has zeros, so the mixture density is undefined; "
                              "use nll(posterior, x, y) or a likelihood with observation noise.")
-        log_p = dist.Normal(prediction.mean_draws.double(), scale).log_prob(y.double())
-        if log_p.dim() > 2:
-            log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
-        lpd = torch.logsumexp(log_p, 0) - math.log(log_p.shape[0])
+        lpd = torch.empty(prediction.mean.shape[0], dtype=torch.float64)
+        for rows, means in prediction.blocks("mean_draws"):  # block by block: never every draw at every point
+            log_p = dist.Normal(means.double(), scale[rows]).log_prob(y[rows].double())
+            if log_p.dim() > 2:
+                log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
+            lpd[rows] = torch.logsumexp(log_p, 0) - math.log(log_p.shape[0])
         return float(-lpd.mean())
     probs, labels = probs_and_labels(prediction, y)
     picked = probs.gather(1, labels[:, None])[:, 0].clamp_min(torch.finfo(torch.float64).tiny)

@@ -41,6 +41,7 @@ from bnn_pyro import priors as priors_mod
 from bnn_pyro.utils.checks import instance, pyro_distribution
 from bnn_pyro.utils.placement import placed_like
 from bnn_pyro.utils.linear_stack import linear_stack as _linear_stack, run_linear_stack as _run_linear_stack
+from bnn_pyro.utils.linear_stack import runs_per_draw as _runs_per_draw
 from bnn_pyro.utils.upstream_private import pyro_context, reparametrize_module
 from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers
 from bnn_pyro.likelihoods import Likelihood
@@ -224,12 +225,19 @@ class BNN(nn.Module):
 
     def draws_per_chunk(self, x: torch.Tensor, budget_bytes: int = 8 * 2**20) -> int:
         """How many weight draws to evaluate at once on ``x``: for a stack of Linear layers and
-        activations, as many as keep the widest layer's output near ``budget_bytes`` (at most 64, at
-        least 1), else 64. Chunks of a few MB run faster than chunks of ~128 MB (measured:
-        ``benchmarks/results/docstring_figures/results.md``), likely because the allocator reuses small
-        blocks, which stay in cache, where large ones are mapped and faulted in anew."""
+        activations, as many as keep the chunk's widest layer output near ``budget_bytes`` (at most 64, at
+        least 1), else 64. Without autograd, where the stack runs one draw at a time
+        (:func:`bnn_pyro.utils.linear_stack.runs_per_draw`), only the chunk's outputs grow with the draws (the
+        layers' buffers hold one draw), so the budget is on the outputs. Small chunks stay in cache where large
+        ones are mapped and faulted in anew; 64 bounds the per-draw parameters gathered at once."""
         row = self._row_bytes(x)
-        return 64 if row is None else max(1, min(64, budget_bytes // max(x.shape[0] * row, 1)))
+        if row is None:
+            return 64
+        layers = _linear_stack(self._template)
+        if not torch.is_grad_enabled() and _runs_per_draw(layers, x, self._template):
+            row = self._template.get_submodule(layers[max(i for i, (p, a) in enumerate(layers) if a is None)][0])
+            row = row.out_features * x.element_size()
+        return max(1, min(64, budget_bytes // max(x.shape[0] * row, 1)))
 
     def points_per_chunk(self, x: torch.Tensor, budget_bytes: int = 8 * 2**20) -> int:
         """How many rows of ``x`` to evaluate at once: all of them, unless one draw's widest layer output

@@ -6,17 +6,21 @@ Classification reports the Bayesian model average ``p(y | x) = E_s[p(y | x, w_s)
 (total uncertainty), and the mutual information between ``y`` and the weights (epistemic part):
 ``MI = H[E_s p_s] - E_s H[p_s]``.
 
-Memory. The summaries are computed block by block over the rows of ``x`` (every draw of a block at once, from
-a :class:`~bnn_pyro.predictive_draws.PredictiveDraws` source), so peak memory is set by the block size, not by
-draws x points. A statistic of one row depends only on that row's draws, so a block's statistics are exactly
+Memory. The summaries are computed block by block over the rows of ``x`` (from a
+:class:`~bnn_pyro.predictive_draws.PredictiveDraws` source; the regression moments streamed over chunks of draws,
+the rest with every draw of a block at once), so peak memory is set by the block size, not by draws x points.
+A statistic of one row depends only on that row's draws, so a block's statistics are exactly
 those of the unchunked computation. What is not read costs nothing: ``lower``/``upper`` (quantiles of
 predictive samples) are computed when first read, and ``draws``/``mean_draws`` (``(S, N, ...)``, the only
-parts whose size is draws x points) are produced again from the source when first read, then kept.
+parts whose size is draws x points) are produced again from the source when first read, then kept;
+``blocks`` gives them a block of rows at a time without keeping them (what a per-row statistic of the draws
+reads: PIT, acquisition scores, a predictive band). See ``docs/predict.md``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import torch
 
@@ -36,7 +40,11 @@ class RegressionPrediction:
     (``S x N`` values) when first read and kept; read them only when you need every draw.
 
     Built by hand (``lower``, ``upper``, ``draws``, ``mean_draws`` given as tensors, no ``source``) or by
-    ``dataclasses.replace(pred, lower=..., upper=..., interval=...)``, the given values are used as they are."""
+    ``dataclasses.replace(pred, lower=..., upper=..., interval=...)``, the given values are used as they are.
+
+    A prediction pickles with the posterior and inputs its ``source`` refers to (so that what was not read can
+    be produced after loading, the same predictive samples from the same seed); to keep only the summaries,
+    read what you need and store those tensors."""
 
     mean: torch.Tensor
     std: torch.Tensor
@@ -83,6 +91,26 @@ class RegressionPrediction:
             source = self._source("mean_draws")
             self._cache["mean_draws"] = torch.cat([source.moments(r)[0] for r in source.chunks()], 1)
         return self._cache["mean_draws"]
+
+    @torch.no_grad()
+    def blocks(self, of: str = "draws") -> Iterator[tuple[slice, torch.Tensor]]:
+        """``(rows, values)`` over blocks of rows, ``values`` the per-draw array ``of`` (``"draws"``: predictive
+        samples, ``"mean_draws"``: per-draw means) at those rows, ``(S, r, ...)``: what a per-row statistic of the
+        draws reads in memory bounded by the block size. One block of every row where that array was read (and
+        kept) already; otherwise produced block by block from the source, as the array would be (the same
+        predictive samples), and not kept."""
+        if of not in ("draws", "mean_draws"):
+            raise ValueError(f"of: expected 'draws' or 'mean_draws', got {of!r}.")
+        if of in self._cache:
+            yield slice(0, self._cache[of].shape[1]), self._cache[of]
+            return
+        source = self._source(of)
+        if of == "draws":
+            for rows in source.chunks(aligned=True):
+                yield rows, source.samples(rows)
+        else:
+            for rows in source.chunks():
+                yield rows, source.moments(rows)[0]
 
     @torch.no_grad()
     def quantiles(self, levels) -> torch.Tensor:
@@ -155,11 +183,27 @@ class ClassificationPrediction:
     @torch.no_grad()
     def draws(self) -> torch.Tensor:
         if "draws" not in self._cache:
-            if self.source is None:
-                raise ValueError("draws: this prediction was built without per-draw values; predict with "
-                                 "post.predict(x), or pass draws= when building it by hand.")
-            self._cache["draws"] = torch.cat([self.source.probs(r) for r in self.source.chunks()], 1)
+            source = self._source()
+            self._cache["draws"] = torch.cat([source.probs(r) for r in source.chunks()], 1)
         return self._cache["draws"]
+
+    @torch.no_grad()
+    def blocks(self) -> Iterator[tuple[slice, torch.Tensor]]:
+        """``(rows, probs)`` over blocks of rows, ``probs`` the per-draw class probabilities at those rows
+        ``(S, r, K)``: what a per-row statistic of the draws reads in memory bounded by the block size. One block
+        of every row where ``draws`` was read already; otherwise produced block by block, and not kept."""
+        if "draws" in self._cache:
+            yield slice(0, self._cache["draws"].shape[1]), self._cache["draws"]
+            return
+        source = self._source()
+        for rows in source.chunks():
+            yield rows, source.probs(rows)
+
+    def _source(self) -> PredictiveDraws:
+        if self.source is None:
+            raise ValueError("draws: this prediction was built without per-draw values; predict with "
+                             "post.predict(x), or pass draws= when building it by hand.")
+        return self.source
 
 
 def summarize(source: PredictiveDraws, task: str, *, interval: float | None = 0.95):
@@ -170,14 +214,7 @@ def summarize(source: PredictiveDraws, task: str, *, interval: float | None = 0.
     if interval is not None and not 0.0 < interval < 1.0:
         raise ValueError(f"interval must lie in (0, 1) or be None, got {interval}; e.g. 0.95 for a 95% interval.")
 
-    def moments(rows):
-        means, variances = source.moments(rows)
-        # two passes (the mean, then the mean squared deviation): as stable as Welford, and several times faster
-        # than torch.var_mean's reduction over the leading (draw) dimension
-        mean = means.mean(0)
-        return mean, (means - mean).square_().mean(0), variances.mean(0)
-
-    mean, epistemic, aleatoric = _by_block(source, moments)
+    mean, epistemic, aleatoric = _by_block(source, source.moment_summary)
     return RegressionPrediction(mean, (epistemic + aleatoric).sqrt(), epistemic.sqrt(), aleatoric.sqrt(),
                                 interval=interval, source=source)
 

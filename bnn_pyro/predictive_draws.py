@@ -19,7 +19,8 @@ import pyro
 import torch
 from torch.distributions import Distribution
 
-__all__ = ["NOISE_ROWS", "CHUNK_BYTES", "PredictiveDraws", "StoredDraws", "NetworkDraws", "AffineDraws"]
+__all__ = ["NOISE_ROWS", "CHUNK_BYTES", "PredictiveDraws", "StoredDraws", "NetworkDraws", "AffineDraws", "DrawMoments",
+           "Observation", "evaluating"]
 
 NOISE_ROWS = 256  # rows whose predictive noise comes from one seeded generator (the unit of reproducibility)
 CHUNK_BYTES = 32 * 2**20  # default size of one block's per-draw outputs (all draws x its rows)
@@ -60,6 +61,64 @@ class PredictiveDraws:
         """Per-draw class probabilities ``(S, r, ..., K)``."""
         raise NotImplementedError
 
+    def moment_summary(self, rows: slice) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Over the draws, at rows ``rows``: the mean and the variance of the per-draw predictive means (the
+        predictive mean and the epistemic variance), and the mean of the per-draw variances (the aleatoric
+        variance), each ``(r, ...)``. Here from :meth:`moments` by two passes (the mean, then the mean squared
+        deviation: as stable as Welford); :class:`NetworkDraws` streams over chunks of draws instead."""
+        means, variances = self.moments(rows)
+        moments = DrawMoments()
+        moments.add(means, variances)
+        return moments.result()
+
+
+class DrawMoments:
+    """Mean and variance over draws of per-draw means, and the mean of per-draw variances, accumulated chunk of
+    draws by chunk: within a chunk by two passes (its mean, then its sum of squared deviations), across chunks by
+    the pairwise update of Chan, Golub & LeVeque (1979): with ``n`` draws so far and ``k`` in the chunk,
+    ``delta = mean_chunk - mean``, ``mean += delta k / (n + k)``, ``M2 += M2_chunk + delta^2 n k / (n + k)``.
+    Never a sum of squares minus a squared sum, so nothing cancels however large the mean is against the spread;
+    memory is three arrays of one row block, whatever the number of draws."""
+
+    def __init__(self):
+        self.count = 0
+
+    def add(self, means: torch.Tensor, variances: torch.Tensor) -> None:
+        """Add a chunk of draws: per-draw means and variances ``(k, r, ...)``."""
+        k = means.shape[0]
+        mean = means.mean(0)
+        if self.count == 0 or self.buffer.shape != means.shape:
+            self.buffer = torch.empty_like(means, memory_format=torch.contiguous_format)
+        m2 = torch.sub(means, mean, out=self.buffer).square_().sum(0)
+        total = variances.sum(0)
+        if not self.count:
+            self.mean, self.m2, self.variance_sum = mean, m2, total
+        else:
+            n = self.count
+            delta = mean.sub_(self.mean)
+            self.mean.add_(delta, alpha=k / (n + k))
+            self.m2.add_(m2).addcmul_(delta, delta, value=n * k / (n + k))
+            self.variance_sum.add_(total)
+        self.count += k
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(mean, epistemic variance, aleatoric variance)``: the variances over draws divide by the number of
+        draws (the draws are the distribution, not a sample from it)."""
+        return self.mean, self.m2 / self.count, self.variance_sum / self.count
+
+
+class Observation:
+    """``p(y | f, noise_s)`` for the network outputs ``f`` of draws ``draws`` (``(k, r, T, ..., out)``): the
+    likelihood with each draw's noise values (``noise``: site name to ``(S, 1, ...)`` over all draws). A class,
+    not a closure, so that a prediction's source pickles."""
+
+    def __init__(self, likelihood, noise: dict[str, torch.Tensor]):
+        self.likelihood, self.noise = likelihood, noise
+
+    def __call__(self, f: torch.Tensor, draws: slice = slice(None)) -> Distribution:
+        noise = {n: v[draws] for n, v in self.noise.items()}
+        return self.likelihood.observed(f, noise, inner_dims=f.dim() - 3)
+
 
 class StoredDraws(PredictiveDraws):
     """Per-draw arrays already in memory (``(S, N, ...)``; any may be ``None``): a Pyro function model's
@@ -94,6 +153,11 @@ class AffineDraws(PredictiveDraws):
     def moments(self, rows):
         m, v = self.base.moments(rows)
         return self.shift[rows] + self.scale[rows] * m, self.scale[rows].square() * v
+
+    def moment_summary(self, rows):
+        m, epistemic, aleatoric = self.base.moment_summary(rows)
+        square = self.scale[rows].square()
+        return self.shift[rows] + self.scale[rows] * m, square * epistemic, square * aleatoric
 
     def samples(self, rows):
         return self.shift[rows] + self.scale[rows] * self.base.samples(rows)
@@ -138,22 +202,41 @@ class NetworkDraws(PredictiveDraws):
         # the block's outputs allocated first, before the net's temporaries: the hole the previous block's left
         # in the C heap is reused instead of growing the heap (the resident set grew by a block per block)
         f = torch.empty((self.num_draws, x.shape[0]) + model.output_shape(x), dtype=model.dtype, device=x.device)
-        was_training = model.training
-        model.eval()
-        try:
-            for i in range(0, self.num_draws, per_chunk):
-                draws = slice(i, min(i + per_chunk, self.num_draws))
-                params, chunk = self._params(draws), None
-                if self.linearized is not None:  # a Laplace fit's linearized network
-                    chunk = self.linearized(x, self.idx[draws], params, per_chunk, rows_per_draw)
-                if chunk is None:
-                    for r in range(0, x.shape[0], rows_per_draw):
-                        f[draws, r : r + rows_per_draw] = model.forward_draws(params, x[r : r + rows_per_draw])
-                else:
-                    f[draws] = chunk
-        finally:
-            model.train(was_training)
+        with evaluating(model):
+            for draws in _slices(self.num_draws, per_chunk):
+                self._chunk_outputs(draws, x, per_chunk, rows_per_draw, out=f[draws])
         return f
+
+    def _chunk_outputs(self, draws: slice, x: torch.Tensor, per_chunk: int, rows_per_draw: int,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
+        """The outputs ``(k, r, ...)`` of draws ``draws`` at ``x`` (written into ``out`` if given), the rows in
+        pieces of ``rows_per_draw``; the model in eval mode (the caller's :func:`evaluating`)."""
+        model, params = self.post.model, self._params(draws)
+        if self.linearized is not None:  # a Laplace fit's linearized network
+            chunk = self.linearized(x, self.idx[draws], params, per_chunk, rows_per_draw)
+            if chunk is not None:
+                return chunk if out is None else out.copy_(chunk)
+        if out is None:
+            if rows_per_draw >= x.shape[0]:
+                return model.forward_draws(params, x)
+            out = torch.empty((draws.stop - draws.start, x.shape[0]) + model.output_shape(x), dtype=model.dtype,
+                              device=x.device)
+        for r in range(0, x.shape[0], rows_per_draw):
+            out[:, r : r + rows_per_draw] = model.forward_draws(params, x[r : r + rows_per_draw])
+        return out
+
+    def moment_summary(self, rows):
+        """:meth:`PredictiveDraws.moment_summary` streamed over chunks of draws (:class:`DrawMoments`): the
+        ``(S, r)`` per-draw arrays are never formed, only one chunk's (``draws_per_chunk`` draws)."""
+        model, x = self.post.model, self.x[rows]
+        per_chunk, rows_per_draw = self.draws_per_chunk or model.draws_per_chunk(x), model.points_per_chunk(x)
+        moments = DrawMoments()
+        # the net's outputs and the posterior's noise draws: checked already
+        with evaluating(model), pyro.validation_enabled(False):
+            for draws in _slices(self.num_draws, per_chunk):
+                d = self.observe(self._chunk_outputs(draws, x, per_chunk, rows_per_draw), draws)
+                moments.add(d.mean, d.variance)
+        return moments.result()
 
     def distribution(self, rows: slice) -> Distribution:
         f = self.outputs(rows)
@@ -174,12 +257,28 @@ class NetworkDraws(PredictiveDraws):
             block = rows.start + start
             if block % NOISE_ROWS:
                 raise ValueError(f"rows: predictive samples start at a multiple of {NOISE_ROWS} rows, got {rows.start}.")
-            with seeded(self.seed, block // NOISE_ROWS, f.device):
+            # the net's outputs and the posterior's noise draws: checked already
+            with seeded(self.seed, block // NOISE_ROWS, f.device), pyro.validation_enabled(False):
                 piece = self.observe(f[:, start : start + NOISE_ROWS]).sample()
             if y is None:
                 y = piece.new_empty((f.shape[0], f.shape[1]) + piece.shape[2:])
             y[:, start : start + NOISE_ROWS] = piece
         return y
+
+
+def _slices(total: int, step: int) -> Iterator[slice]:
+    return (slice(i, min(i + step, total)) for i in range(0, total, step))
+
+
+@contextmanager
+def evaluating(model: torch.nn.Module):
+    """``model`` in eval mode inside the context (dropout off, BatchNorm's running statistics), its mode restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 @contextmanager

@@ -121,17 +121,25 @@ def test_forward_draws_matches_one_draw_at_a_time(make_net, bayesian, stacked):
             assert torch.allclose(batched[a, b], tr.nodes["f"]["value"], atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [7, 16_000])  # batched products; one draw at a time (16,000 x 5 >= 2**15 elements)
 @pytest.mark.parametrize("make_net", [
     lambda: nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 5), nn.Sigmoid(), nn.Linear(5, 2)),  # 1 input
     lambda: nn.Sequential(nn.Linear(3, 5, bias=False), nn.LeakyReLU(0.2), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2)),
     lambda: nn.Sequential(nn.Tanh(), nn.Linear(1, 5), nn.ELU(0.5), nn.Linear(5, 5), nn.SiLU(), nn.GELU(), nn.Linear(5, 2)),
+    lambda: nn.Sequential(nn.Linear(2, 5), nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 2), nn.GELU()),  # ends in an activation
+    lambda: nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2, bias=False), nn.Sigmoid()),
 ])
-def test_linear_stack_without_autograd_equals_the_tracked_path(make_net):
-    # without autograd the stack runs activations in place and a one-input first layer as an outer product:
-    # the same outputs as the tracked path, x untouched, and gradients still flow where they are recorded
+def test_linear_stack_without_autograd_equals_the_tracked_path(make_net, rows):
+    # without autograd the stack runs activations in place and a one-input first layer as an outer product, or
+    # one draw at a time into reused buffers: the same outputs as the tracked path, x untouched, and gradients
+    # still flow where they are recorded
+    from bnn_pyro._linear_stack import runs_per_draw
+    from bnn_pyro.model import _linear_stack
+
     model = bp.BNN(make_net(), prior=bp.priors.Normal(), likelihood=gaussian())
     draws = {n: torch.randn(4, *model.param_shapes[n], requires_grad=True) for n in model.sample_names}
-    x = torch.randn(7, model._template[0 if isinstance(model._template[0], nn.Linear) else 1].in_features)
+    x = torch.randn(rows, model._template[0 if isinstance(model._template[0], nn.Linear) else 1].in_features)
+    assert runs_per_draw(_linear_stack(model._template), x, model._template) == (rows == 16_000)
     before = x.clone()
     tracked = model.forward_draws(draws, x)
     with torch.no_grad():

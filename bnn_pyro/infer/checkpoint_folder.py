@@ -8,7 +8,8 @@ any engine runs, so every engine (and every stage of ``"subspace"``) gets them.
   left by a crash never blocks a resume, and nothing has to guess whether its holder is alive.
 - **Identity.** ``FOLDER/identity.ckpt`` holds the fingerprint of the model (net, sites and shapes, prior and
   likelihood: :func:`bnn_pyro.posterior.posterior_file.fingerprint`) and of the data (shapes, dtypes and a SHA-256 of
-  ``x`` and ``y``; for a loader, the dataset size and the first batch's shapes and dtypes). ``resume=True`` on a
+  ``x`` and ``y``; for a loader, the dataset size, the first batch's shapes and dtypes, and a SHA-256 of its
+  dataset where it has one that is indexable and finite: :func:`dataset_hash`). ``resume=True`` on a
   folder holding checkpoints checks them first and refuses another model or data with a
   :class:`~bnn_pyro.infer.checkpoint.CheckpointError` that names what differs (a wider net was a raw size error
   from ``copy_``; other targets continued silently). A folder written before identities existed resumes
@@ -34,7 +35,7 @@ from bnn_pyro.infer.training_data import Data
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.posterior.posterior_file import fingerprint
 
-__all__ = ["guard", "identity", "CheckpointInUseError", "IDENTITY", "LOCK"]
+__all__ = ["guard", "identity", "dataset_hash", "CheckpointInUseError", "IDENTITY", "LOCK"]
 
 IDENTITY = "identity.ckpt"
 LOCK = ".lock"
@@ -75,14 +76,69 @@ def guard(folder, *, model, data: Data, resume) -> Iterator[None]:
 
 
 def identity(model, data: Data) -> dict[str, Any]:
-    """The model's fingerprint and the data's (shapes, dtypes, SHA-256; a loader: its size and first batch)."""
+    """The model's fingerprint and the data's (shapes, dtypes, SHA-256; a loader: its size, first batch and
+    :func:`dataset_hash`)."""
     if data.loader is not None:
         xb, yb = data.first()
         seen = {"loader": type(data.loader).__name__, "dataset_size": data.size,
-                "first batch": {"x": _described(xb, hash_values=False), "y": _described(yb, hash_values=False)}}
+                "first batch": {"x": _described(xb, hash_values=False), "y": _described(yb, hash_values=False)},
+                "dataset": dataset_hash(data.loader)}
     else:
         seen = {"x": _described(data.x), "y": _described(data.y)}
     return {"model": fingerprint(model), "data": seen}
+
+
+def dataset_hash(loader) -> str:
+    """``"sha256:..."`` of the dataset behind ``loader`` (a ``torch.utils.data.DataLoader``'s ``dataset``), or a
+    sentence saying why it is not hashed.
+
+    Hashed: a map-style dataset (``__len__`` and ``__getitem__``, not an ``IterableDataset``), item by item in
+    index order, whatever order the loader draws them in: every tensor's dtype, shape and bytes, numbers and
+    strings by value, through tuples, lists and dicts (a ``TensorDataset`` by its tensors at once). An item of
+    another type (e.g. a PIL image) counts by its type only. Reading the items is one pass over the dataset
+    (without the loader's workers or collation), made once when a checkpointed fit starts.
+    Not hashed: an ``IterableDataset`` or a loader without a dataset (a generator, an iterator of batches): it
+    has no index to read it by, reading it would consume a stream, and it may have no end."""
+    from torch.utils.data import IterableDataset, TensorDataset
+
+    dataset = getattr(loader, "dataset", None)
+    if dataset is None or isinstance(dataset, IterableDataset) or not (
+            hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        return ("not hashed: an iterable loader or dataset (no index to read it by without consuming it, and it "
+                "may have no end)")
+    digest = hashlib.sha256()
+    if type(dataset) is TensorDataset:
+        _feed(digest, dataset.tensors)
+    else:
+        for i in range(len(dataset)):
+            _feed(digest, dataset[i])
+    return "sha256:" + digest.hexdigest()[:16]
+
+
+def _feed(digest, value) -> None:
+    """Add ``value`` (tensors, arrays, numbers, strings, and tuples, lists and dicts of them) to ``digest``."""
+    if isinstance(value, np.ndarray):
+        value = torch.from_numpy(np.ascontiguousarray(value))
+    if torch.is_tensor(value):
+        t = value.detach().cpu().contiguous()
+        digest.update(f"{t.dtype} {tuple(t.shape)}|".encode())
+        if t.numel():
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().data)
+    elif isinstance(value, (tuple, list)):
+        digest.update(f"{type(value).__name__}{len(value)}(".encode())
+        for v in value:
+            _feed(digest, v)
+        digest.update(b")")
+    elif isinstance(value, dict):
+        digest.update(f"dict{len(value)}(".encode())
+        for k in sorted(value, key=repr):
+            digest.update(f"{k!r}:".encode())
+            _feed(digest, value[k])
+        digest.update(b")")
+    elif isinstance(value, (bool, int, float, complex, str, bytes, np.generic)) or value is None:
+        digest.update(f"{type(value).__name__}:{value!r}|".encode())
+    else:
+        digest.update(f"<{type(value).__module__}.{type(value).__qualname__}>|".encode())
 
 
 def _described(value, *, hash_values: bool = True):
@@ -105,6 +161,8 @@ def _check_or_record(folder: Path, given: dict[str, Any], resume: bool) -> None:
         return  # the engine refuses: an existing run is never overwritten
     if holds_run and path.exists():
         saved = read(path)[1].get("identity", {})
+        if "loader" in saved.get("data", {}) and "dataset" not in saved["data"]:  # recorded before loaders were hashed
+            given = {**given, "data": {k: v for k, v in given["data"].items() if k != "dataset"}}
         diff = differences(saved, given)
         if diff:
             shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")

@@ -29,7 +29,7 @@ from bnn_pyro.posterior.linearized import linearized_outputs
 from bnn_pyro.utils.checks import check_data, positive_int, probability, seed as check_seed
 from bnn_pyro.utils.targets import base_distribution
 from bnn_pyro.model import BNN, fit_attributes
-from bnn_pyro.predictive_draws import NetworkDraws
+from bnn_pyro.predictive_draws import NetworkDraws, Observation
 
 __all__ = ["Posterior"]
 
@@ -140,8 +140,10 @@ class Posterior:
         as many rows as keep one block's per-draw network outputs near 32 MB
         (:data:`~bnn_pyro.predictive_draws.CHUNK_BYTES`), e.g. 8,388 rows for 1,000 draws of one float32
         output; lower it to lower the peak memory. Within a block the net runs ``draws_per_chunk`` draws at a time
-        (default: :meth:`BNN.draws_per_chunk`, widest layer output near 8 MB; for a stack of Linear layers the rows
-        too, :meth:`BNN.points_per_chunk`). ``lower``/``upper`` are computed when first read (another pass over the
+        (default: :meth:`BNN.draws_per_chunk`, at most 64; for a stack of Linear layers the rows too,
+        :meth:`BNN.points_per_chunk`), and the mean, sd and epistemic/aleatoric split are accumulated chunk of
+        draws by chunk (Chan's pairwise combine, :class:`~bnn_pyro.predictive_draws.DrawMoments`): one pass, no
+        draws x rows array. ``lower``/``upper`` are computed when first read (another pass over the
         net: quantiles of predictive samples, block by block); ``interval=None`` (regression): no interval.
         ``draws``/``mean_draws`` (``S x N`` values) are produced again when first read, from the same
         predictive samples as the interval: a prediction keeps references to this posterior and ``x``, not
@@ -195,10 +197,7 @@ class Posterior:
             draws_per_chunk = positive_int("draws_per_chunk", draws_per_chunk)
         likelihood = self.model.likelihood
         noise = {n: self.samples[n].reshape((-1,) + self.samples[n].shape[2:])[idx].unsqueeze(1) for n in likelihood.sites()}
-
-        def observe(f):  # (S, N, T, ..., out): T, ... inner
-            return likelihood.observed(f, noise, inner_dims=f.dim() - 3)
-
+        observe = Observation(likelihood, noise)
         probs = likelihood.probs if likelihood.task == "classification" else None
         glm = None
         if linearized and self.config.get("predictive") == "glm":  # a Laplace fit's linearized network

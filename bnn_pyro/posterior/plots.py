@@ -33,7 +33,7 @@ from matplotlib.figure import Figure
 from bnn_pyro import metrics
 from bnn_pyro.posterior import diagnostics
 from bnn_pyro.utils.checks import check_data, positive_int
-from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
+from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, quantiles
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
@@ -178,7 +178,11 @@ def plot_predictive(post: Posterior, x=None, *, interval: float = 0.95, num_samp
     order = x[:, 0].argsort()
     grid = x[order, 0].numpy()
     alpha = (1 - interval) / 2
-    q = torch.quantile(pred.mean_draws[:, order], torch.tensor([alpha, 1 - alpha], dtype=pred.mean.dtype), dim=0)
+    levels = torch.tensor([alpha, 1 - alpha], dtype=pred.mean.dtype)
+    q = torch.empty((2,) + pred.mean.shape, dtype=pred.mean.dtype)
+    for rows, means in pred.blocks("mean_draws"):  # block by block: never every draw at every point at once
+        q[:, rows] = quantiles(means, levels)
+    q = q[:, order]
     fig, ax = (plt.subplots(figsize=(7, 4)) if ax is None else (ax.figure, ax))
     ax.fill_between(grid, pred.lower[order].numpy(), pred.upper[order].numpy(), color="C0", alpha=0.2,
                     label=f"total {interval:.0%} (with noise)")

@@ -1,8 +1,9 @@
 """Active learning: which unlabelled inputs to label next, from a classifier's posterior draws.
 
 Every score reads the per-draw class probabilities ``p_s(y | x)`` (``pred.draws``, shaped
-``(S, N, K)``) of a :class:`~bnn_pyro.predictions.ClassificationPrediction`, whichever engine made it.
-Higher means "label this one first".
+``(S, N, K)``) of a :class:`~bnn_pyro.predictions.ClassificationPrediction`, whichever engine made it, block
+by block of inputs (:meth:`~bnn_pyro.predictions.ClassificationPrediction.blocks`), so a large pool never
+holds every draw at every input at once. Higher means "label this one first".
 
 * ``"bald"``: the mutual information between the label and the weights (Houlsby et al. 2011),
   ``I[y; w | x] = H[(1/S) sum_s p_s] - (1/S) sum_s H[p_s]``: high where the draws disagree.
@@ -36,11 +37,11 @@ STRATEGIES = ("bald", "entropy", "variation_ratios", "random", "batchbald")
 _CHUNK = 2**22  # entries of the (configurations, candidates, K) joint table computed at a time
 
 
-def _draws(pred) -> torch.Tensor:
+def _checked(pred) -> ClassificationPrediction:
     if not isinstance(pred, ClassificationPrediction):
         raise TypeError(f"pred: expected a ClassificationPrediction (post.predict(x) of a classifier), got "
                         f"{type(pred).__name__}; pass post.predict(pool_x) of a classifier.")
-    return pred.draws.double()
+    return pred
 
 
 def _strategy(strategy: str) -> str:
@@ -49,31 +50,55 @@ def _strategy(strategy: str) -> str:
     return strategy
 
 
+def _per_row(pred: ClassificationPrediction, score) -> torch.Tensor:
+    """``score(p)`` (float64 per-draw probabilities ``(S, r, K)`` of a block of rows -> ``(r,)``) for every
+    row, block by block (:meth:`ClassificationPrediction.blocks`): never every draw at every input at once."""
+    out = torch.empty(pred.probs.shape[0], dtype=torch.float64)
+    for rows, p in pred.blocks():
+        out[rows] = score(p.double())
+    return out
+
+
 def scores(pred: ClassificationPrediction, strategy: str = "bald", *, seed: int | None = 0) -> torch.Tensor:
-    """One acquisition score per input, shaped ``(N,)`` (float64; higher = acquire first).
-    ``"batchbald"`` scores one input alone, which is its BALD score."""
-    p = _draws(pred)
+    """One acquisition score per input, shaped ``(N,)`` (float64; higher = acquire first), computed block by
+    block of inputs. ``"batchbald"`` scores one input alone, which is its BALD score."""
+    pred = _checked(pred)
     strategy = _strategy(strategy)
     if strategy in ("bald", "batchbald"):
-        return mutual_information(p)  # exactly 0 where the draws agree (a point estimate's are all 0)
+        return _per_row(pred, mutual_information)  # exactly 0 where the draws agree (a point estimate's are all 0)
     if strategy == "entropy":
-        return entropy(p.mean(0))
+        return _per_row(pred, lambda p: entropy(p.mean(0)))
     if strategy == "variation_ratios":
-        votes = torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).sum(0)  # (N, K)
-        return 1.0 - votes.max(-1).values.double() / p.shape[0]
+        def ratios(p):
+            votes = torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).sum(0)  # (r, K)
+            return 1.0 - votes.max(-1).values.double() / p.shape[0]
+        return _per_row(pred, ratios)
     g = torch.Generator().manual_seed(0 if seed is None else seed)
-    return torch.rand(p.shape[1], generator=g, dtype=torch.float64)
+    return torch.rand(pred.probs.shape[0], generator=g, dtype=torch.float64)
+
+
+def _columns(pred: ClassificationPrediction, indices: list[int]) -> torch.Tensor:
+    """The per-draw probabilities of the inputs ``indices`` (float64 ``(S, len(indices), K)``), block by block."""
+    wanted = torch.as_tensor(indices, dtype=torch.long)
+    out = None
+    for rows, p in pred.blocks():
+        inside = (wanted >= rows.start) & (wanted < rows.stop)
+        if out is None:
+            out = torch.empty((p.shape[0], len(indices), p.shape[-1]), dtype=torch.float64)
+        if inside.any():
+            out[:, inside] = p[:, wanted[inside] - rows.start].double()
+    return out
 
 
 def joint_mutual_information(pred: ClassificationPrediction, indices) -> float:
     """``I[y_i1, ..., y_im; w]`` of the inputs ``indices``: the joint entropy of their labels under the
     predictive minus the sum of their expected per-draw entropies (exact, ``K^m`` configurations)."""
-    p = _draws(pred)
     idx = torch.as_tensor(indices, dtype=torch.long).reshape(-1)
+    p = _columns(_checked(pred), idx.tolist())
     joint = torch.ones(p.shape[0], 1, dtype=torch.float64)
-    for i in idx.tolist():
+    for i in range(len(idx)):
         joint = (joint[:, :, None] * p[:, i, None, :]).reshape(p.shape[0], -1)
-    return float(entropy(joint.mean(0)) - entropy(p[:, idx]).mean(0).sum())
+    return float(entropy(joint.mean(0)) - entropy(p).mean(0).sum())
 
 
 def select(pred: ClassificationPrediction, k: int, strategy: str = "bald", *, seed: int | None = 0,
@@ -81,42 +106,52 @@ def select(pred: ClassificationPrediction, k: int, strategy: str = "bald", *, se
     """Indices (``LongTensor (k,)``) of the ``k`` inputs to label next: the top-``k`` scores, or for
     ``"batchbald"`` the greedy joint choice (see the module's docstring)."""
     k = positive_int("k", k)
-    p = _draws(pred)
+    pred = _checked(pred)
     strategy = _strategy(strategy)
-    if k > p.shape[1]:
-        raise ValueError(f"k: asked for {k} inputs but the pool has only {p.shape[1]}; pass k <= len(pool_x).")
+    n, c = pred.probs.shape[0], pred.probs.shape[-1]
+    if k > n:
+        raise ValueError(f"k: asked for {k} inputs but the pool has only {n}; pass k <= len(pool_x).")
     if strategy != "batchbald":
         return scores(pred, strategy, seed=seed).topk(k).indices
     positive_int("max_configurations", max_configurations)
-    if p.shape[-1] ** (k - 1) > max_configurations:
-        raise ValueError(f"k: exact BatchBALD with {p.shape[-1]} classes tracks {p.shape[-1]}^(k-1) = "
-                         f"{p.shape[-1] ** (k - 1)} label configurations, more than max_configurations="
+    if c ** (k - 1) > max_configurations:
+        raise ValueError(f"k: exact BatchBALD with {c} classes tracks {c}^(k-1) = "
+                         f"{c ** (k - 1)} label configurations, more than max_configurations="
                          f"{max_configurations}; use a smaller k (acquire in several rounds), raise "
                          "max_configurations, or strategy='bald'.")
-    return _batchbald(p, k)
+    return _batchbald(pred, k)
 
 
-def _batchbald(p: torch.Tensor, k: int) -> torch.Tensor:
-    s, n, c = p.shape
-    expected = entropy(p).mean(0)  # (N,) E_s H[p_s(y_n)]
-    joint = torch.ones(s, 1, dtype=torch.float64)  # per-draw probability of each configuration of the batch
+def _batchbald(pred: ClassificationPrediction, k: int) -> torch.Tensor:
+    """Greedy BatchBALD over the pool's blocks: each pick reads the per-draw probabilities block by block
+    (:meth:`ClassificationPrediction.blocks`; produced again per pick unless ``pred.draws`` was read), so memory
+    is one block and the batch's joint table, never every draw at every input."""
+    n = pred.probs.shape[0]
+    expected = _per_row(pred, lambda p: entropy(p).mean(0))  # (N,) E_s H[p_s(y_n)]
+    joint = None  # per-draw probability of each configuration of the batch so far, (S, configurations)
     chosen: list[int] = []
     taken = torch.zeros(n, dtype=torch.bool)
     base = 0.0  # sum of expected entropies of the batch so far
     for _ in range(k):
         h = torch.empty(n, dtype=torch.float64)
-        rows = max(1, _CHUNK // (joint.shape[1] * c))
-        for r in range(0, n, rows):
-            # P(configuration, y_candidate) = (1/S) sum_s joint_s(config) p_s(y_candidate)
-            table = torch.einsum("sc,snk->nck", joint, p[:, r : r + rows]) / s
-            h[r : r + rows] = entropy(table.reshape(table.shape[0], -1))
+        for rows, block in pred.blocks():
+            p = block.double()
+            s, c = p.shape[0], p.shape[-1]
+            if joint is None:
+                joint = torch.ones(s, 1, dtype=torch.float64)
+            step = max(1, _CHUNK // (joint.shape[1] * c))
+            for r in range(0, p.shape[1], step):
+                # P(configuration, y_candidate) = (1/S) sum_s joint_s(config) p_s(y_candidate)
+                table = torch.einsum("sc,snk->nck", joint, p[:, r : r + step]) / s
+                h[rows.start + r : rows.start + r + table.shape[0]] = entropy(table.reshape(table.shape[0], -1))
         gain = h - base - expected
         gain[taken] = -float("inf")
         best = int(gain.argmax())
         chosen.append(best)
         taken[best] = True
         base += float(expected[best])
-        joint = (joint[:, :, None] * p[:, best, None, :]).reshape(s, -1)
+        p_best = _columns(pred, [best])[:, 0]
+        joint = (joint[:, :, None] * p_best[:, None, :]).reshape(joint.shape[0], -1)
     return torch.tensor(chosen, dtype=torch.long)
 
 

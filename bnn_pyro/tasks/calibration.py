@@ -157,10 +157,14 @@ class ScaleRecalibration:
 
 def pit(pred: RegressionPrediction, y) -> torch.Tensor:
     """Probability integral transform ``F_n(y_n)`` per target: the fraction of predictive draws below
-    ``y_n`` (ties counted as halves), float64, shaped like ``pred.mean``."""
+    ``y_n`` (ties counted as halves), float64, shaped like ``pred.mean``. Read block by block
+    (:meth:`RegressionPrediction.blocks`), in memory bounded by the block size, not draws x points."""
     pred, y = _regression(pred, y)
-    below = (pred.draws < y).double().mean(0)
-    return below + 0.5 * (pred.draws == y).double().mean(0)
+    out = torch.empty(pred.mean.shape, dtype=torch.float64, device=pred.mean.device)
+    for rows, draws in pred.blocks("draws"):
+        target = y[rows]
+        out[rows] = (draws < target).double().mean(0) + 0.5 * (draws == target).double().mean(0)
+    return out
 
 
 @dataclass(frozen=True)

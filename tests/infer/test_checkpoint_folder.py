@@ -165,3 +165,67 @@ def test_a_checkpoint_of_format_version_1_still_reads(tmp_path):
     _rewrite(path, as_version_1)
     got, meta = ckpt_mod.read(path)
     assert meta == {"step": 4} and torch.equal(got["w"], tensors["w"])
+
+
+class _Items(torch.utils.data.Dataset):
+    """A map-style dataset that is not a TensorDataset: items read one by one."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return {"x": self.x[i], "y": self.y[i].numpy(), "row": i}
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __iter__(self):
+        return iter(zip(self.x, self.y))
+
+
+def test_a_loaders_dataset_is_hashed_where_it_is_indexable_and_finite(toy):
+    from bnn_pyro.infer.checkpoint_folder import dataset_hash
+
+    x, y = toy
+    loader = torch.utils.data.DataLoader
+
+    def tensors(x, y, **kwargs):
+        return dataset_hash(loader(torch.utils.data.TensorDataset(x, y), batch_size=8, **kwargs))
+
+    base = tensors(x, y)
+    assert base.startswith("sha256:") and base == tensors(x.clone(), y.clone(), shuffle=True)  # values, not order
+    assert tensors(x, y + 1.0) != base and tensors(x[:30], y[:30]) != base and tensors(x.double(), y) != base
+    items = dataset_hash(loader(_Items(x, y), batch_size=8))
+    assert items.startswith("sha256:") and items == dataset_hash(loader(_Items(x.clone(), y.clone())))
+    changed = y.clone()
+    changed[17] += 1e-3  # one value of one item
+    assert dataset_hash(loader(_Items(x, changed), batch_size=8)) != items
+    for unindexed in (loader(_Stream(x, y), batch_size=8), iter([(x, y)])):
+        assert dataset_hash(unindexed).startswith("not hashed: an iterable loader or dataset")
+
+
+def test_resume_with_a_loader_over_other_data_is_refused(toy, tmp_path):
+    x, y = toy
+
+    def loader(y):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16)
+
+    bp.fit(_mlp(), loader(y), checkpoint=tmp_path, checkpoint_every=3, **SVI)
+    before = (tmp_path / "chain0.ckpt").read_bytes()
+    with pytest.raises(ckpt_mod.CheckpointError, match=r"data\.dataset: saved sha256:[0-9a-f]{16}, given sha256:"):
+        bp.fit(_mlp(), loader(-y), checkpoint=tmp_path, checkpoint_every=3, resume=True, **SVI)  # same shapes
+    assert (tmp_path / "chain0.ckpt").read_bytes() == before
+    post = bp.fit(_mlp(), loader(y.clone()), checkpoint=tmp_path, checkpoint_every=3, resume=True, **SVI)
+    assert post.history["loss"].shape == (1, 6)
+    # a folder recorded before loaders' datasets were hashed resumes (its other fields still checked)
+    saved = ckpt_mod.read(tmp_path / IDENTITY)[1]["identity"]
+    del saved["data"]["dataset"]
+    ckpt_mod.write(tmp_path / IDENTITY, {}, {"identity": saved})
+    bp.fit(_mlp(), loader(y), checkpoint=tmp_path, checkpoint_every=3, resume=True, **SVI)
+    with pytest.raises(ckpt_mod.CheckpointError, match=r"model\.net"):
+        bp.fit(_mlp(width=9), loader(y), checkpoint=tmp_path, checkpoint_every=3, resume=True, **SVI)
