@@ -212,7 +212,7 @@ CASES = [
     Case("batch-size-zero", lambda t: _fit(batch_size=0), ValueError, r"batch_size must be a positive int.*pass"),
     Case("lr-negative", lambda t: _fit(lr=-0.1), ValueError, r"lr must be a positive finite number, got -0\.1.*pass"),
     Case("lr-nan", lambda t: _fit(lr=float("nan")), ValueError, r"lr must be a positive finite number, got nan.*pass"),
-    Case("lr-string", lambda t: _fit(lr="fast"), TypeError, r"lr must be a positive number, got 'fast'.*pass"),
+    Case("lr-string", lambda t: _fit(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass a positive number"),
     Case("fast-path-string-svi", lambda t: _fit(fast_path="no"), TypeError,
          r"fast_path must be True or False, got str 'no'.*pass fast_path=True or fast_path=False"),
     Case("fast-path-int-mcmc", lambda t: _mcmc(fast_path=0), TypeError,

@@ -139,7 +139,7 @@ def test_resumed_run_is_bit_identical(tmp_path, monkeypatch, held_out, length, e
     (dict(cycle_length=1), ValueError, r"cycle_length must be at least 2 .*default is 1000"),
     (dict(cycle_length=2.5), (TypeError, ValueError), "cycle_length"),
     (dict(friction=0.0), ValueError, r"friction must be a number in \(0, 1\]"),
-    (dict(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass 'auto' or a positive number"),
+    (dict(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass a positive number \(e.g. 1e-2\) or 'auto'"),
     (dict(lr=-1.0), ValueError, "lr"),
     (dict(validation=0.9), ValueError, r"validation: expected a fraction in \(0, 0.5\]"),
     (dict(num_samples=5), TypeError, r"num_samples: not an option of method='snapshot'"),
