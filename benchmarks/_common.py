@@ -73,7 +73,7 @@ def check_device(name: str) -> str:
     try:
         device = torch.device(name)
     except RuntimeError as error:
-        raise SystemExit(f"--device: expected a torch device such as cpu or cuda, got {name!r} ({error}).")
+        raise SystemExit(f"--device: expected a torch device such as cpu or cuda, got {name!r} ({error}).") from error
     if device.type == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
                          "run on a machine with a GPU and a CUDA build of torch, or use --device cpu.")

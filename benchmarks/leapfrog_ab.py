@@ -119,7 +119,7 @@ def main(args) -> str:
     lines = ["| net | side | NUTS ms/leapfrog | potential+gradient ms | bare leapfrog ms | aten ops/leapfrog |",
              "|---|---|---|---|---|---|"]
     best = {}
-    for i, (widths, n) in enumerate(NETS):
+    for i, (_widths, n) in enumerate(NETS):
         for name, reps in runs.items():
             best[name, i] = {k: min(r[i][k] for r in reps) for k in keys}
             b = best[name, i]

@@ -49,7 +49,7 @@ def child(short: int, long: int) -> list[dict]:
     x, y = regression(200, 1)
     rows = []
     for method, extra in METHODS.items():
-        def fit(n: int) -> float:
+        def fit(n: int, method=method, extra=extra) -> float:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 start = time.perf_counter()

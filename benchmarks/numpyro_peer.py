@@ -73,7 +73,7 @@ def _child(jobs: list[dict]) -> list[dict]:
             start[f"w{i}"] = jnp.asarray(layer.weight.detach().numpy())
             start[f"b{i}"] = jnp.asarray(layer.bias.detach().numpy())
 
-        def model(x, y):
+        def model(x, y, net=net, start=start):
             h = x
             for i in range(len(net)):
                 w = numpyro.sample(f"w{i}", nd.Normal(0.0, 1.0).expand(start[f"w{i}"].shape).to_event(2))

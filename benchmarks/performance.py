@@ -207,7 +207,7 @@ def predict_child(kind: str, draws: int, points: int, device: str) -> dict:
         if kind.startswith("bnn_pyro"):
             pred = post.predict(x, interval=0.95 if kind == "bnn_pyro_interval" else None)
             if kind == "bnn_pyro_interval":
-                pred.lower, pred.upper  # computed when first read
+                _ = pred.lower, pred.upper  # computed when first read
             return pred.mean, pred.std
         if kind == "pyro":
             from pyro.infer import Predictive

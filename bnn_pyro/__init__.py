@@ -24,7 +24,7 @@ from bnn_pyro.tools.distill import distill
 from bnn_pyro.utils import moved as _moved
 
 if TYPE_CHECKING:  # imported on first use (ArviZ and matplotlib take seconds); seen by static analysis
-    from bnn_pyro.data import zoo
+    from bnn_pyro.data import zoo  # noqa: F401 - bp.zoo (lazy), named for static readers
     from bnn_pyro.posterior import diagnostics, plots, psis
     from bnn_pyro.tools import sbc
 

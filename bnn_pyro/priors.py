@@ -372,7 +372,7 @@ def from_posterior(posterior, *, default: PriorLike | None = None) -> FromPoster
     return FromPosterior(loc, scale, default=default)
 
 
-PriorLike = Union[Prior, Callable, Mapping[str, object], Distribution]
+PriorLike = Prior | Callable | Mapping[str, object] | Distribution
 
 
 def as_prior(prior: PriorLike) -> Callable:

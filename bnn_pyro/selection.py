@@ -30,7 +30,7 @@ class Bayesian(str, Enum):
     NO_BATCHNORM = "no_batchnorm"  # everything except normalization layers' affine parameters
 
 
-SelectorLike = Union[str, Bayesian, Sequence[str], Callable[[str, nn.Module, torch.Tensor], bool]]
+SelectorLike = str | Bayesian | Sequence[str] | Callable[[str, nn.Module, torch.Tensor], bool]
 
 
 def nothing_random(names: list[str], selected: list[str]) -> str:

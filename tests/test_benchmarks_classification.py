@@ -49,7 +49,9 @@ def test_row_scores_recomputed_by_hand(cls):
     assert row["nll"] == pytest.approx(float(-p[torch.arange(len(p)), s["y_test"]].log().mean()), rel=1e-6)
     noise = cls.ood_inputs(s, 0)["noise"]
     assert noise.std().item() == pytest.approx(3.0, rel=0.1)
-    h = lambda q: -(q * q.log()).sum(-1)
+    def h(q):
+        return -(q * q.log()).sum(-1)
+
     p_noise = torch.tensor(clf.predict_proba(noise.numpy()), dtype=torch.float64)
     assert row["auroc_noise_entropy"] == pytest.approx(metrics.ood_auroc(h(p), h(p_noise)))
     assert math.isnan(row["auroc_noise_mi"])  # logistic regression has no mutual information

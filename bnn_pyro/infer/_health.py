@@ -29,11 +29,15 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from bnn_pyro.utils.upstream_private import arviz_log_level
 from bnn_pyro.utils.user_warnings import warn
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = ["check_mcmc", "check_svi", "svi_advice", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
            "DIVERGENCE_MAX", "ACCEPT_MIN", "TREE_DEPTH_MAX_FRACTION", "ESS_MIN", "RHAT_FIT_MAX", "ELBO_WINDOW",

@@ -148,7 +148,7 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
     def _loss(x, y):
         values, elbo = {}, 0.0
         with pyro_context(guide):
-            for name, d in joint.priors.items():
+            for name, _d in joint.priors.items():
                 event_dim = joint._event_dims[name]
                 if not normal:  # a point mass: no entropy, no Jacobian (the value lives on the support)
                     values[name] = attrgetter(name)(guide)

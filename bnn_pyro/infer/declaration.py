@@ -13,9 +13,13 @@ import functools
 import importlib
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from bnn_pyro.utils.user_warnings import warn
+
+if TYPE_CHECKING:  # annotations only: this module imports no engine, driver or posterior
+    from bnn_pyro.infer.training_data import Data
+    from bnn_pyro.posterior import Posterior
 
 __all__ = ["Capabilities", "Declaration", "RunOptions", "PotentialRunOptions", "entry", "renamed_options",
            "RENAMED_OPTIONS"]

@@ -41,7 +41,7 @@ def linearized_outputs(post, x: torch.Tensor, idx: torch.Tensor, params: dict[st
         for r in range(0, x.shape[0], rows):
             xr = x[r : r + rows]
 
-            def net(*weights, xr=xr):
+            def net(*weights, xr=xr, fixed=fixed):
                 return model.forward_draws({**fixed, **dict(zip(names, weights))}, xr)
 
             with torch.enable_grad():

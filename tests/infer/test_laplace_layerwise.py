@@ -97,7 +97,9 @@ def test_layerwise_path_equals_the_general_path(case, structure, backend):
     # the fast path was taken: everywhere but the empirical Fisher with a covered noise coordinate
     noise_covered = case == "learned_noise" and structure != "last_layer"
     if not (backend is fisher and noise_covered):
-        directions = (lambda f, yy: torch.ones(f.shape[0], f.shape[1], 1))
+        def directions(f, yy):
+            return torch.ones(f.shape[0], f.shape[1], 1)
+
         assert layerwise.gram(model, pot, z, data, layout, diag, directions, model.output_dim(data.x[:1])) is not None
 
 
@@ -172,7 +174,9 @@ def test_nets_that_are_not_linear_stacks_fall_back_to_the_general_path(net, stru
     x, y = torch.randn(30, 3, generator=g), torch.randn(30, generator=g)
     model, data, pot, z, layout = _setup(net(), bp.likelihoods.Gaussian(scale=0.5), x, y, structure)
     diag = structure == "diag"
-    ones = (lambda f, yy: torch.ones(f.shape[0], f.shape[1], 1))
+    def ones(f, yy):
+        return torch.ones(f.shape[0], f.shape[1], 1)
+
     assert layerwise.gram(model, pot, z, data, layout, diag, ones, 1) is None
     fast, general = ggn(model, pot, z, data, layout, diag), ggn(model, pot, z, data, layout, diag,
                                                                 layerwise_path=False)

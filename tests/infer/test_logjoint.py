@@ -182,7 +182,7 @@ def _guide_with_spread(model, x, y, kind):
     guide(x, y, dataset_size=100)  # set up, then move the parameters away from their initial values
     g = torch.Generator().manual_seed(2)
     with torch.no_grad():
-        for name, p in pyro.get_param_store().named_parameters():
+        for _name, p in pyro.get_param_store().named_parameters():
             p.add_(0.2 * torch.randn(p.shape, generator=g))
     return guide
 

@@ -27,7 +27,7 @@ def _stream(batch_size, *, start=0, generator=None):
 
 def test_pretraining_takes_the_full_data_then_the_swa_phase_draws_rows_with_replacement():
     batches = list(islice(_stream(None), PRETRAIN + 3))
-    for xb, yb in batches[:PRETRAIN]:
+    for _xb, yb in batches[:PRETRAIN]:
         assert torch.equal(yb, torch.arange(N, dtype=torch.float32))  # every row, in order, at every step
     g = torch.Generator().manual_seed(SEED)  # the chain's generator: nothing drew from it during pre-training
     for xb, yb in batches[PRETRAIN:]:
