@@ -101,6 +101,7 @@ from torch.distributions import constraints
 
 from bnn_pyro._checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
+from bnn_pyro.infer._health import check_off_data
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, ExtraState, StepCheckpoint, open_chains
@@ -210,8 +211,18 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
         ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     """
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
-    return refit(_fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(
+    post = refit(_fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(
         replace(cfg, epochs=None), num_steps=chosen.num_steps)))
+    return check_off_data(post, OFF_DATA, stacklevel=STACKLEVEL)
+
+
+OFF_DATA = ("its spread comes from dropping the fitted net's own hidden units at a fixed rate p, so each logit's "
+            "spread is a fixed fraction of its units' own contributions wherever the input is, and grows away from "
+            "the data no faster than the logit itself (for a ReLU net, exactly so along every ray from the origin, "
+            "biases aside), whatever p.")
+"""The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for classification (module docstring:
+"Off-data inputs")."""
+STACKLEVEL = 4  # fit_mc_dropout <- contract.entry's wrapper <- bp.fit <- the user's line
 
 
 def _fit(model, data: Data, cfg: MCDropoutConfig) -> Posterior:

@@ -63,6 +63,7 @@ import torch
 
 from bnn_pyro._checks import positive_int
 from bnn_pyro.infer._common import Data
+from bnn_pyro.infer._health import check_off_data
 from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
 from bnn_pyro.infer.sgmcmc import SGOptions, run_plan
@@ -146,6 +147,14 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     plan = snapshot_plan(num_cycles, cycle_length, alpha)
     post = run_plan(model, train, plan, "snapshot", settings, cfg, holdout=holdout, full=data)
     # then every row, each cycle's snapshot taken at the step the held-out rows chose (holdout.refit)
-    return refit(post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg),
+    post = refit(post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg),
                                                stops=chosen.stops))
+    return check_off_data(post, OFF_DATA, stacklevel=4)  # fit_snapshot <- entry's wrapper <- bp.fit <- the user
+
+
+OFF_DATA = ("every snapshot minimizes the same objective, whose prior term pulls the weight directions that no "
+            "training row constrains toward the prior's mode, the same point for every snapshot (as plain MAP "
+            "ensemble members; the default ensemble anchors each member at its own prior draw).")
+"""The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for a classification fit (module
+docstring: "Off-data inputs")."""
 

@@ -98,11 +98,13 @@ from typing import ClassVar, NamedTuple
 import torch
 from pyro import poutine
 
-from bnn_pyro._checks import choice, positive, positive_int
+from bnn_pyro._checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
+from bnn_pyro.infer._health import check_off_data
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
+from bnn_pyro.infer.anchor import anchor
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
@@ -137,6 +139,7 @@ class SWAConfig(PotentialRunOptions):
     num_chains: int = 1
     init: object = None
     validation: object = "default"
+    anchored: bool = False
 
 
 @dataclass(frozen=True)
@@ -162,7 +165,7 @@ class SWAInfo(NamedTuple):
 def fit_swa(model, data: Data, cfg: SWAConfig) -> Posterior:
     """``bp.fit(..., method="swa")``: the SWA point, one draw per chain. Options as :func:`fit_swag`
     except ``rank``, ``num_samples`` and ``scale``; ``num_chains`` defaults to 1."""
-    return _run(model, data, cfg)[0]
+    return _checked(_run(model, data, cfg)[0], cfg)
 
 
 @entry(SWAGConfig)
@@ -221,7 +224,21 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
     (and raising the collection learning rate made one chain worse: 3x, 10x, 19x the ``"auto"`` rate gave
     0.83x, 0.60x, 0.50x). Cost: three times one run; ``num_chains=1`` is the single-basin SWAG of Maddox et al.
     """
-    return _run(model, data, cfg)[0]
+    return _checked(_run(model, data, cfg)[0], cfg)
+
+
+OFF_DATA = ("its spread is SGD's minibatch gradient noise around one mode per chain, which is zero in the weight "
+            "directions that no training row's gradient reaches, where the posterior keeps the prior's spread, and "
+            "its chains differ there only by their initializers' small draws (anchored=True tilts each chain "
+            "toward its own prior draw).")
+"""The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for a classification fit without
+anchoring (module docstring: "Off-data inputs")."""
+
+
+def _checked(post: Posterior, cfg: SWAConfig) -> Posterior:
+    """``post``, after the off-data note of a classification fit without anchoring (stack: this function <- fit_swag
+    <- contract.entry's wrapper <- bp.fit <- the user's line)."""
+    return post if cfg.anchored else check_off_data(post, OFF_DATA, stacklevel=5)
 
 
 def fit_moments(model, data: Data, *, swag: bool, **options) -> tuple[Posterior, list[SWAGMoments]]:
@@ -248,6 +265,7 @@ class _Settings:
     num_samples: int  # draws per chain (1 for SWA)
     scale: float
     init: object
+    anchored: bool
 
 
 def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments]]:
@@ -304,14 +322,14 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
         pretrain_lr=positive("pretrain_lr", cfg.pretrain_lr), num_steps=num_steps, burn_in=burn_in,
         collect_every=collect_every, lr=lr, momentum=float(momentum), rank=rank,
         num_samples=positive_int("num_samples", num_samples), scale=positive("scale", scale),
-        init=resolve_init(model, cfg.init, data))
+        init=resolve_init(model, cfg.init, data), anchored=flag("anchored", cfg.anchored))
     num_chains = positive_int("num_chains", cfg.num_chains)
     config = clean_config(dict(
         pretrain_steps=s.pretrain_steps, pretrain_optimizer=s.pretrain_optimizer.value, pretrain_lr=s.pretrain_lr,
         num_steps=num_steps, burn_in=burn_in, collect_every=collect_every, snapshots=snapshots, lr=lr,
         momentum=s.momentum, num_chains=num_chains, init=s.init if isinstance(s.init, str) else type(s.init).__name__,
         batch_size=batch, sampling="loader order" if data.loader is not None else _sampling(data, batch),
-        dataset_size=data.size, seed=cfg.seed,
+        dataset_size=data.size, seed=cfg.seed, anchored=s.anchored,
         validation=describe(holdout, cfg.validation if cfg.validation != "default" else DEFAULT, why),
         **(dict(rank=rank, num_samples=s.num_samples, scale=s.scale) if swag else {})))
     ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
@@ -320,10 +338,22 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
     loop = Loop(num_steps=s.pretrain_steps + num_steps, lr=s.pretrain_lr, method=method, desc=method + " chain {index}",
                 quantity="loss U/N", hint=": a smaller pretrain_lr or lr", progress=cfg.progress)
     paths = Potentials(cfg.fast_path)
-    post = drive(model, data, _engine(data, s, holdout, moments, method, paths), loop, num_chains=num_chains,
-                 seed=cfg.seed, config=config, checkpoints=ckpts, posterior_data=full)
+    densities: dict[int, torch.Tensor | None] = {}
+    post = drive(model, data, _engine(data, s, holdout, moments, method, paths, densities), loop,
+                 num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts, posterior_data=full)
     paths.record(post.config)
+    log_q = [densities.get(c) for c in range(num_chains)]
+    if all(q is not None for q in log_q):  # for post.psis(); absent when one chain's q is degenerate (a coordinate
+        post.sample_stats["log_q"] = torch.stack(log_q)  # that never moved: an anchored dead unit's weights)
     return select_noise(post, holdout), [moments[c] for c in range(num_chains)]
+
+
+def _flat_tilt(fitted, pot: Potential, data: Data, seed: int) -> torch.Tensor:
+    """The chain's prior anchor (:func:`~bnn_pyro.infer.anchor.anchor` under its seed) as a flat vector in
+    ``z``'s order, zero on the constrained sites that anchoring leaves out."""
+    g = anchor(fitted, pot, data.first(), seed=seed)[0]
+    return pot.flatten({k: g[k] if k in g else torch.zeros(shape, dtype=pot.init[k].dtype)
+                        for k, shape in pot.shapes.items()}).detach()
 
 
 def _sampling(data: Data, batch: int) -> str:
@@ -353,16 +383,19 @@ class _Chain:
     point_sum: list[torch.Tensor]
     best: BestOnHoldout
     size: int  # N, the training rows
+    tilt: torch.Tensor | None = None  # the flat prior anchor g (anchored=True; zero on constrained sites)
 
     def loss(self, batch) -> torch.Tensor:
-        """``U / N`` on ``batch`` (the likelihood scaled to the full data)."""
-        return self.pot(self.pot.unflatten(self.z), batch) / self.size
+        """``U / N`` on ``batch`` (the likelihood scaled to the full data), plus ``<z, g> / N`` when anchored."""
+        u = self.pot(self.pot.unflatten(self.z), batch)
+        return (u if self.tilt is None else u + self.z @ self.tilt) / self.size
 
 
 def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, method: str,
-            paths: Potentials) -> Engine:
+            paths: Potentials, densities: dict) -> Engine:
     """Both phases of one chain as an :class:`~bnn_pyro.infer.contract.Engine`: pre-training, then the SWA phase
-    whose snapshots :meth:`after` collects; ``draws`` makes the SWA point or the SWAG draws."""
+    whose snapshots :meth:`after` collects; ``draws`` makes the SWA point or the SWAG draws (and puts their
+    ``log q`` in ``densities[chain]``, ``None`` where ``q`` is degenerate)."""
     pretrain = s.pretrain_steps
 
     def init(fitted, info: ChainInfo) -> _Chain:
@@ -380,7 +413,8 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
                               pretrain_steps=pretrain, momentum=s.momentum)
         state = _Chain(fitted, info.index, info.seed, pot, z, point_params, params, opt, generator,
                        SWAGMoments.empty(z, s.rank), [torch.zeros_like(p) for p in point_params],
-                       BestOnHoldout(every=max(1, pretrain // 50), patience=None), data.size)
+                       BestOnHoldout(every=max(1, pretrain // 50), patience=None), data.size,
+                       _flat_tilt(fitted, pot, data, info.seed) if s.anchored else None)
         if pretrain == 0:
             start_swa(state)
         return state
@@ -440,7 +474,8 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
         buffers = batchnorm_statistics(fitted, samples, average, data, s.batch_size)
         if holdout is not None and state.best.state is not None:  # the pre-training step kept (holdout.refit)
             history["best_step"] = torch.tensor([state.best.best_step])
-        return ChainRun(fitted, samples, point, history, {} if log_q is None else {"log_q": log_q}, buffers)
+        densities[state.index] = log_q
+        return ChainRun(fitted, samples, point, history, {}, buffers)
 
     return Engine(init=init, step=step, draws=draws, info=SWAInfo, after=after, checkpoint=checkpoint,
                   optimizer=lambda state: state.opt, batches=lambda state, start: _batches(data, s, state, start),
