@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import time
 import warnings
@@ -183,11 +184,20 @@ def _cell(mean: float, se: float, metric: str) -> str:
     return f"{mean:.{d}f}" if not math.isfinite(se) else f"{mean:.{d}f} ± {se:.{d}f}"
 
 
+def subset(data: tuple[torch.Tensor, torch.Tensor], max_rows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """At most ``max_rows`` rows of ``data``, drawn at random (seed 0) before the splits; all of them for ``None``."""
+    x, y = data
+    if max_rows is None or max_rows >= len(x):
+        return x, y
+    keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:max_rows]
+    return x[keep], y[keep]
+
+
 def run(name: str, methods: list[str], splits: list[int], out: Path, *, options: dict | None = None,
-        note: str = "", max_fit_seconds: float | None = None) -> pd.DataFrame:
+        note: str = "", max_fit_seconds: float | None = None, max_rows: int | None = None) -> pd.DataFrame:
     """Every method on every split of ``name``; rows appended as each fit ends, the summary rewritten per split."""
     out.mkdir(parents=True, exist_ok=True)
-    data = load_dataset(name)
+    data = subset(load_dataset(name), max_rows)
     per_split = out / f"classification_{name}_splits.csv"
     per_split.unlink(missing_ok=True)
     rows = []
@@ -205,8 +215,11 @@ def run(name: str, methods: list[str], splits: list[int], out: Path, *, options:
         notes = [f"Data: {name}, N = {len(x)}, D = {x.shape[1]}, K = {int(y.max()) + 1}, splits {splits[:len(rows) // len(methods) or 1]}. "
                  "Protocol and metrics: benchmarks/classification.py's docstring; every engine at its defaults"
                  + (f" except {options}" if options else "") + ".",
-                 f"Mean ± standard error over splits. torch {torch.__version__} on {platform.machine()}, "
-                 f"{torch.get_num_threads()} torch thread(s) in this process, git {git_commit()}." + (f" {note}" if note else "")]
+                 f"Mean ± standard error over splits. Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+                 f"torch {torch.__version__} on {platform.machine()} ({os.cpu_count()} CPUs, load average "
+                 f"{os.getloadavg()[0]:.1f} at writing), {torch.get_num_threads()} torch thread(s) in this process, "
+                 f"git {git_commit()}." + (f" Rows: a random {len(data[0])} of the set's." if max_rows else "")
+                 + (f" {note}" if note else "")]
         (out / f"classification_{name}.md").write_text(markdown(summary, f"Classification: {name}", notes))
     return summary
 
@@ -220,6 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     parser.add_argument("--option", action="append", default=[], help="method:key=value, for experiments")
     parser.add_argument("--quick", action="store_true", help="1 split (smoke test)")
     parser.add_argument("--max-fit-seconds", type=float)
+    parser.add_argument("--max-rows", type=int, help="a random subset of this many rows (seed 0), e.g. for digits")
     parser.add_argument("--note", default="")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
@@ -232,7 +246,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     options = parse_options(args.option)
     np.seterr(all="ignore")
     return {name: run(name, methods, splits, Path(args.out), options=options, note=args.note,
-                      max_fit_seconds=args.max_fit_seconds) for name in args.dataset.split(",")}
+                      max_fit_seconds=args.max_fit_seconds, max_rows=args.max_rows) for name in args.dataset.split(",")}
 
 
 if __name__ == "__main__":

@@ -213,13 +213,21 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
     post = refit(_fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(
         replace(cfg, epochs=None), num_steps=chosen.num_steps)))
-    return check_off_data(post, OFF_DATA, stacklevel=STACKLEVEL)
+    return post if _inputs_dropped(model, post) else check_off_data(post, OFF_DATA, stacklevel=STACKLEVEL)
 
 
-OFF_DATA = ("its spread comes from dropping the fitted net's own hidden units at a fixed rate p, so each logit's "
-            "spread is a fixed fraction of its units' own contributions wherever the input is, and grows away from "
-            "the data no faster than the logit itself (for a ReLU net, exactly so along every ray from the origin, "
-            "biases aside), whatever p.")
+def _inputs_dropped(model, post: Posterior) -> bool:
+    """Whether the masks reach the raw inputs (the first layer's weight is among ``config["dropout_sites"]``)."""
+    first = next((f"{path}.weight" if path else "weight" for path, m in model.net.named_modules()
+                  if isinstance(m, _LAYERS)), None)
+    return first in str(post.config.get("dropout_sites", "")).split(",")
+
+
+OFF_DATA = ("with the input layer kept whole (dropout_inputs=None, the default) its spread comes from dropping the "
+            "fitted net's own hidden units at a fixed rate p, so each logit's spread is a fixed fraction of its "
+            "units' own contributions wherever the input is, and grows away from the data no faster than the logit "
+            "itself (for a ReLU net, exactly so along every ray from the origin, biases aside), whatever p; "
+            "dropout_inputs=True lets the masks reach the input directions, at a cost in test log loss.")
 """The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for classification (module docstring:
 "Off-data inputs")."""
 STACKLEVEL = 4  # fit_mc_dropout <- contract.entry's wrapper <- bp.fit <- the user's line

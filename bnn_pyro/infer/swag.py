@@ -152,6 +152,7 @@ class SWAGConfig(SWAConfig):
     num_samples: int = 1000
     scale: float = 1.0
     num_chains: int = 3
+    anchored: bool = True
 
 
 class SWAInfo(NamedTuple):
