@@ -44,6 +44,17 @@ function space (mean mutual information 4e-4 nats). On diabetes (splits 0-2) the
 (benchmarks/results/uci_diabetes_snapshot_distinct.md). With fewer rows, a loader or ``validation=None`` the
 cycles run to their ends and the snapshots keep their own (training-set) noise values.
 
+Off-data inputs (classification; issue 26, ``docs/ood.md``). Every snapshot is a point near a mode of the same
+objective, reached without noise: in the weight directions that no training row constrains, only the prior's
+term acts, and it pulls every snapshot toward the same point, the prior's mode (as plain MAP ensemble members,
+which :mod:`bnn_pyro.infer.ensemble` anchors at their own prior draws to avoid it). The snapshots therefore
+agree with each other far from the data, and the predictive is as sure there as on test rows: the AUROC of the
+predictive entropy / mutual information separating Gaussian-noise inputs (sd 3, standardized) from test rows
+was 0.44 / 0.55 on wine and 0.50 / 0.58 on breast_cancer (``benchmarks/classification.py``, split 0;
+``benchmarks/results/classification/``). A classification fit says so
+(:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`). Anchoring each cycle at its own prior draw
+is the analogue of the ensemble's remedy; it is not implemented.
+
 Per-draw statistics: ``lp`` (``-U~`` at the snapshot, on its minibatch) and ``step_size``; history
 (``(chains, steps)``): ``potential`` and ``step_size`` (``eta_k`` on ``U``, every step). With one run
 R-hat and ESS describe snapshots, not a Markov chain: read them with care.
