@@ -19,12 +19,14 @@ The classification companion of ``benchmarks/uci.py`` (issue 26). Per dataset an
 
 Data (nothing downloaded): scikit-learn's ``breast_cancer`` (569 x 30, 2 classes), ``wine`` (178 x 13, 3),
 ``iris`` (150 x 4, 3), ``digits`` (1797 x 64, 10 classes, the 8x8 images flattened: the image set) and
-``synthetic`` (``make_classification``: 600 x 20, 3 classes, 10 informative, random_state 0).
+``synthetic`` (``make_classification``: 600 x 20, 3 classes, 10 informative, random_state 0). ``--max-rows``
+keeps a random subset (seed 0, drawn before the splits) where time needs it.
 
 Usage::
 
     python benchmarks/classification.py --dataset breast_cancer,wine --splits 3 --methods ensemble,swag
     python benchmarks/classification.py --dataset iris --quick --methods all --max-fit-seconds 300
+    python benchmarks/classification.py --dataset digits --max-rows 600 --quick --out benchmarks/results/classification
 
 writes ``classification_<dataset>_splits.csv`` (one row per split and engine, appended as each fit ends) and
 ``classification_<dataset>.md`` / ``.csv`` (mean ± standard error over splits) to ``--out``.
