@@ -267,9 +267,9 @@ def _checked(post: Posterior, cfg: SWAConfig) -> Posterior:
 
 def fit_moments(model, data: Data, *, swag: bool, **options) -> tuple[Posterior, list[SWAGMoments]]:
     """The SWA/SWAG posterior (``swag=True|False`` and the options of :func:`fit_swag`; ``num_chains`` defaults
-    to 1 here) and each chain's :class:`SWAGMoments`: the iterates' mean and deviations that subspace inference
-    builds on (and that the tests check against theory)."""
-    return _run(model, data, (SWAGConfig if swag else SWAConfig)(**{"num_chains": 1, **options}))
+    to 1 and ``anchored`` to ``False`` here: one plain SGD trajectory) and each chain's :class:`SWAGMoments`: the
+    iterates' mean and deviations that subspace inference builds on (and that the tests check against theory)."""
+    return _run(model, data, (SWAGConfig if swag else SWAConfig)(**{"num_chains": 1, "anchored": False, **options}))
 
 
 @dataclass(frozen=True)

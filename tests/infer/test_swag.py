@@ -470,6 +470,7 @@ def test_swag_defaults_are_more_uncertain_in_the_gap_than_on_the_data():
     assert sd[gap].mean() > 2 * sd[on_data].mean(), (sd[gap].mean(), sd[on_data].mean())
 
 
+@pytest.mark.slow  # four runs of 4,000 SGD steps (the averaging error must be well below the anchors' spread)
 def test_anchored_swa_averages_around_the_closed_form_randomized_map():
     # anchored=True tilts each chain's objective toward its own prior draw w0 (bnn_pyro/infer/anchor.py, as the
     # ensemble's members): on Bayesian linear regression the tilted mode is C (X^T y / s^2 + w0 / p^2), an exact
@@ -483,8 +484,10 @@ def test_anchored_swa_averages_around_the_closed_form_randomized_map():
     X, y = blr.design, blr.y.double()
     opts = dict(method="swa", num_chains=2, num_steps=4000, seed=3, validation=None, progress=False)
     anchored = bp.fit(blr.model(), blr.x, blr.y, anchored=True, **opts)
-    plain = bp.fit(blr.model(), blr.x, blr.y, **opts)
+    plain = bp.fit(blr.model(), blr.x, blr.y, **opts)  # SWA's default: plain chains
+    default_swag = bp.fit(blr.model(), blr.x, blr.y, **{**opts, "method": "swag"})  # SWAG's default: anchored
     assert anchored.config["anchored"] is True and plain.config["anchored"] is False
+    assert default_swag.config["anchored"] is True
 
     def point(post, c):
         return torch.cat([post.samples["weight"][c].reshape(-1), post.samples["bias"][c].reshape(-1)]).double()
@@ -502,3 +505,8 @@ def test_anchored_swa_averages_around_the_closed_form_randomized_map():
         assert err < 0.06, (c, err)  # the anchored chain averages around its randomized MAP ...
         assert ((exact - blr.mean) / sd).abs().max() > 0.3  # ... which is far from the plain mode, where
         assert ((point(plain, c) - blr.mean) / sd).abs().max() < 0.06  # plain SWA averages
+        # SWAG at its default draws around the same point: the mean of its 1,000 draws adds an error of at most
+        # ~0.03 posterior sd (its covariance is at most ~the posterior's at lr="auto"), so 0.15 is ~4 sd of both
+        swag_mean = torch.cat([default_swag.samples["weight"][c].mean(0).reshape(-1),
+                               default_swag.samples["bias"][c].mean(0).reshape(-1)]).double()
+        assert ((swag_mean - exact) / sd).abs().max() < 0.15, c
