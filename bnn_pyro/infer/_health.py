@@ -436,15 +436,15 @@ def check_targets(model, y, *, stacklevel: int = 2) -> None:
 
 
 def check_off_data(post, reason: str, *, stacklevel: int = 2):
-    """Warn, for a classification fit (a ``BNN`` whose likelihood's ``task`` is ``"classification"``), that the
-    engine's predictive cannot tell inputs far from the training data apart from the data (its entropy and
-    mutual information stay as low there as on test rows), and why: ``reason``, the engine's structural limit,
+    """Warn, for a classification fit (a ``BNN`` whose likelihood's ``task`` is ``"classification"``), that nothing
+    in the engine makes its predictive less sure on inputs far from the training data (its entropy and mutual
+    information rise there only by accident of the input's direction), and why: ``reason``, the engine's structural limit,
     one sentence. Regression fits and plain Pyro models are not judged. Returns ``post``."""
     likelihood = getattr(post.model, "likelihood", None)
     if getattr(likelihood, "task", None) != "classification":
         return post
     _warn(f"{post.method}: off-data uncertainty is not represented: {reason} So the predictive's entropy and mutual "
-          "information do not rise on inputs unlike the training data (noise inputs are separated from test rows "
-          "no better than by chance; docs/ood.md). For out-of-distribution detection use method='ensemble' "
+          "information need not rise on inputs unlike the training data (on three tabular sets, Gaussian-noise inputs "
+          "were told apart from test rows at about chance level; docs/ood.md). For out-of-distribution detection use method='ensemble' "
           "(anchored members, the default), 'laplace' or 'nuts'.", stacklevel + 1)
     return post
