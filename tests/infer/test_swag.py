@@ -456,8 +456,9 @@ def test_validation_none_is_the_previous_path_and_a_given_pair_trains_on_every_r
 @pytest.mark.slow  # the defaults: 3 chains of 2,200 steps; ~25 s idle, minutes on a loaded 2-core machine
 def test_swag_defaults_are_more_uncertain_in_the_gap_than_on_the_data():
     """Only ``method=`` changes (1-50-1 tanh net, known noise 0.1): the epistemic sd inside the gap
-    (|x| < 0.3) is larger than on the clusters (measured 2.03x at seed 0, each chain alone 0.55-0.66x; with the
-    earlier pre-training on minibatches drawn with replacement 3.95x and 1.06x; NUTS 6.6x)."""
+    (|x| < 0.3) is more than 4x that on the clusters. Measured with anchored chains (the default): 5.6x, 8.1x,
+    9.1x at seeds 0, 1, 2; with plain chains (``anchored=False``, the earlier default) 2.03x, 1.39x, 0.61x, each
+    chain alone 0.55-0.66x; NUTS 6.6x. 4x sits between the two groups of seeds."""
     x, y = bp.datasets.toy_gap()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
@@ -467,7 +468,8 @@ def test_swag_defaults_are_more_uncertain_in_the_gap_than_on_the_data():
     grid = torch.linspace(-2, 2, 401).reshape(-1, 1)
     sd = post.predict(grid, seed=0).epistemic_std
     on_data, gap = grid[:, 0].abs() >= 0.5, grid[:, 0].abs() < 0.3
-    assert sd[gap].mean() > 2 * sd[on_data].mean(), (sd[gap].mean(), sd[on_data].mean())
+    assert post.config["anchored"] is True
+    assert sd[gap].mean() > 4 * sd[on_data].mean(), (sd[gap].mean(), sd[on_data].mean())
 
 
 @pytest.mark.slow  # four runs of 4,000 SGD steps (the averaging error must be well below the anchors' spread)
