@@ -124,7 +124,7 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._health import check_off_data
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
-from bnn_pyro.infer.anchor import anchor
+from bnn_pyro.infer.anchor import anchor, flat_tilt
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
@@ -375,14 +375,6 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
     return select_noise(post, holdout), [moments[c] for c in range(num_chains)]
 
 
-def _flat_tilt(fitted, pot: Potential, data: Data, seed: int) -> torch.Tensor:
-    """The chain's prior anchor (:func:`~bnn_pyro.infer.anchor.anchor` under its seed) as a flat vector in
-    ``z``'s order, zero on the constrained sites that anchoring leaves out."""
-    g = anchor(fitted, pot, data.first(), seed=seed)[0]
-    return pot.flatten({k: g[k] if k in g else torch.zeros(shape, dtype=pot.init[k].dtype)
-                        for k, shape in pot.shapes.items()}).detach()
-
-
 def _sampling(data: Data, batch: int) -> str:
     """How tensor data are batched (``config["sampling"]``; :func:`_batches`)."""
     whole = data.batch_size is None or data.batch_size >= data.size
@@ -441,7 +433,7 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
         state = _Chain(fitted, info.index, info.seed, pot, z, point_params, params, opt, generator,
                        SWAGMoments.empty(z, s.rank), [torch.zeros_like(p) for p in point_params],
                        BestOnHoldout(every=max(1, pretrain // 50), patience=None), data.size,
-                       _flat_tilt(fitted, pot, data, info.seed) if s.anchored else None)
+                       flat_tilt(anchor(fitted, pot, data.first(), seed=info.seed)[0], pot) if s.anchored else None)
         if pretrain == 0:
             start_swa(state)
         return state

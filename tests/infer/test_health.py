@@ -226,10 +226,10 @@ def _classifier():
     ("mc_dropout", dict(num_steps=20, num_samples=10), "dropping the fitted net's own hidden units"),
     ("swag", dict(pretrain_steps=10, num_steps=40, rank=2, num_samples=10, num_chains=1, anchored=False),
      "gradient noise"),
-    ("snapshot", dict(num_cycles=2, cycle_length=10), "every snapshot minimizes the same objective"),
+    ("snapshot", dict(num_cycles=2, cycle_length=10, anchored=False), "every snapshot minimizes the same objective"),
 ])
 def test_classification_fits_of_structurally_limited_engines_say_so_at_fit_time(method, options, says):
-    # issue 26: MC dropout, snapshot ensembles and SWAG without anchoring separate noise inputs from test rows no
+    # issue 26: MC dropout, and snapshot ensembles and SWAG without anchoring, separate noise inputs from test rows no
     # better than chance (docs/ood.md), for reasons the engines state; the fit says so, at the user's line
     x, y = _two_class()
     with pytest.warns(DiagnosticWarning, match="off-data uncertainty is not represented") as record:
@@ -245,6 +245,7 @@ def test_classification_fits_of_structurally_limited_engines_say_so_at_fit_time(
     ("ensemble", dict(num_members=2, num_steps=20)),  # anchored members keep the prior's spread
     ("swag", dict(pretrain_steps=10, num_steps=40, rank=2, num_samples=10, num_chains=1)),  # anchored by default
     ("mc_dropout", dict(num_steps=20, num_samples=10, dropout_inputs=True)),  # masks reach the input directions
+    ("snapshot", dict(num_cycles=2, cycle_length=10)),  # anchored cycles by default
 ])
 def test_regression_fits_and_anchored_engines_do_not_warn_about_off_data(method, options):
     x, y = _two_class()
