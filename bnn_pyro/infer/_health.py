@@ -22,8 +22,8 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
   (their sd far above the O(1) outputs of a unit-prior net) under a fixed Gaussian noise far below
   their sd; :func:`check_elbo` then gives the same advice instead of "more steps".
 - :func:`check_off_data` (classification fits of engines whose spread cannot grow away from the data, for a
-  structural reason the engine states: MC dropout, SWAG and SWA without anchoring, snapshot ensembles): says
-  so at fit time, with what to use instead (``docs/ood.md``).
+  structural reason the engine states: MC dropout with its inputs kept whole; SWAG, SWA and snapshot ensembles
+  without anchoring): says so at fit time, with what to use instead (``docs/ood.md``).
 
 The thresholds are module constants; each one's docstring says where it comes from.
 """
