@@ -19,12 +19,14 @@ The classification companion of ``benchmarks/uci.py`` (issue 26). Per dataset an
 
 Data (nothing downloaded): scikit-learn's ``breast_cancer`` (569 x 30, 2 classes), ``wine`` (178 x 13, 3),
 ``iris`` (150 x 4, 3), ``digits`` (1797 x 64, 10 classes, the 8x8 images flattened: the image set) and
-``synthetic`` (``make_classification``: 600 x 20, 3 classes, 10 informative, random_state 0).
+``synthetic`` (``make_classification``: 600 x 20, 3 classes, 10 informative, random_state 0). ``--max-rows``
+keeps a random subset (seed 0, drawn before the splits) where time needs it.
 
 Usage::
 
     python benchmarks/classification.py --dataset breast_cancer,wine --splits 3 --methods ensemble,swag
     python benchmarks/classification.py --dataset iris --quick --methods all --max-fit-seconds 300
+    python benchmarks/classification.py --dataset digits --max-rows 600 --quick --out benchmarks/results/classification
 
 writes ``<dataset>_splits.csv`` (one row per split and engine, appended as each fit ends) and ``<dataset>.md`` /
 ``.csv`` (mean ± standard error over splits; the Markdown headed by the run's provenance) to ``--out`` (default
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import platform
 import time
 import warnings
@@ -185,11 +188,20 @@ def _cell(mean: float, se: float, metric: str) -> str:
     return f"{mean:.{d}f}" if not math.isfinite(se) else f"{mean:.{d}f} ± {se:.{d}f}"
 
 
+def subset(data: tuple[torch.Tensor, torch.Tensor], max_rows: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """At most ``max_rows`` rows of ``data``, drawn at random (seed 0) before the splits; all of them for ``None``."""
+    x, y = data
+    if max_rows is None or max_rows >= len(x):
+        return x, y
+    keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:max_rows]
+    return x[keep], y[keep]
+
+
 def run(name: str, methods: list[str], splits: list[int], out: Path, *, options: dict | None = None,
-        note: str = "", max_fit_seconds: float | None = None) -> pd.DataFrame:
+        note: str = "", max_fit_seconds: float | None = None, max_rows: int | None = None) -> pd.DataFrame:
     """Every method on every split of ``name``; rows appended as each fit ends, the summary rewritten per split."""
     out.mkdir(parents=True, exist_ok=True)
-    data = load_dataset(name)
+    data = subset(load_dataset(name), max_rows)
     per_split = out / f"{name}_splits.csv"
     per_split.unlink(missing_ok=True)
     rows = []
@@ -207,8 +219,11 @@ def run(name: str, methods: list[str], splits: list[int], out: Path, *, options:
         notes = [f"Data: {name}, N = {len(x)}, D = {x.shape[1]}, K = {int(y.max()) + 1}, splits {splits[:len(rows) // len(methods) or 1]}. "
                  "Protocol and metrics: benchmarks/classification.py's docstring; every engine at its defaults"
                  + (f" except {options}" if options else "") + ".",
-                 f"Mean ± standard error over splits. torch {torch.__version__} on {platform.machine()}, "
-                 f"{torch.get_num_threads()} torch thread(s) in this process, git {git_commit()}." + (f" {note}" if note else "")]
+                 f"Mean ± standard error over splits. Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+                 f"torch {torch.__version__} on {platform.machine()} ({os.cpu_count()} CPUs, load average "
+                 f"{os.getloadavg()[0]:.1f} at writing), {torch.get_num_threads()} torch thread(s) in this process, "
+                 f"git {git_commit()}." + (f" Rows: a random {len(data[0])} of the set's." if max_rows else "")
+                 + (f" {note}" if note else "")]
         write_result(out / f"{name}.md", markdown(summary, f"Classification: {name}", notes))
     return summary
 
@@ -222,6 +237,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     parser.add_argument("--option", action="append", default=[], help="method:key=value, for experiments")
     parser.add_argument("--quick", action="store_true", help="1 split (smoke test)")
     parser.add_argument("--max-fit-seconds", type=float)
+    parser.add_argument("--max-rows", type=int, help="a random subset of this many rows (seed 0), e.g. for digits")
     parser.add_argument("--note", default="")
     parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/classification/)")
     args = parser.parse_args(argv)
@@ -234,7 +250,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     options = parse_options(args.option)
     np.seterr(all="ignore")
     return {name: run(name, methods, splits, results_dir("classification", args.out), options=options, note=args.note,
-                      max_fit_seconds=args.max_fit_seconds) for name in args.dataset.split(",")}
+                      max_fit_seconds=args.max_fit_seconds, max_rows=args.max_rows) for name in args.dataset.split(",")}
 
 
 if __name__ == "__main__":

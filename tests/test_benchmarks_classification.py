@@ -67,3 +67,14 @@ def test_an_engine_row_has_every_score(cls):
     assert row["error"] == ""
     for m in cls.METRICS:
         assert 0.0 <= row[m] and math.isfinite(row[m]), m
+
+
+def test_max_rows_takes_a_fixed_random_subset_of_distinct_rows(cls):
+    x, y = cls.load_dataset("iris")
+    xs, ys = cls.subset((x, y), 50)
+    again, _ = cls.subset((x, y), 50)
+    assert xs.shape == (50, 4) and torch.equal(xs, again)  # seed 0: the same rows every run
+    rows = {tuple(r) for r in x.tolist()}
+    assert all(tuple(r) in rows for r in xs.tolist()) and len(set(ys.tolist())) == 3  # real rows, every class
+    assert not torch.equal(xs, x[:50])  # drawn at random, not the first rows (iris is sorted by class)
+    assert cls.subset((x, y), None)[0] is x and cls.subset((x, y), 10_000)[0] is x

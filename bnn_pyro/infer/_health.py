@@ -21,6 +21,9 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
 - :func:`check_targets` (any engine, before the fit, from ``bp.fit``): regression targets in raw units
   (their sd far above the O(1) outputs of a unit-prior net) under a fixed Gaussian noise far below
   their sd; :func:`check_elbo` then gives the same advice instead of "more steps".
+- :func:`check_off_data` (classification fits of engines whose spread cannot grow away from the data, for a
+  structural reason the engine states: MC dropout with its inputs kept whole; SWAG, SWA and snapshot ensembles
+  without anchoring): says so at fit time, with what to use instead (``docs/ood.md``).
 
 The thresholds are module constants; each one's docstring says where it comes from.
 """
@@ -42,7 +45,8 @@ if TYPE_CHECKING:
 __all__ = ["check_mcmc", "check_svi", "svi_advice", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
            "DIVERGENCE_MAX", "ACCEPT_MIN", "TREE_DEPTH_MAX_FRACTION", "ESS_MIN", "RHAT_FIT_MAX", "ELBO_WINDOW",
            "ELBO_MIN_WINDOW", "ELBO_TREND_Z", "ELBO_TREND_NATS", "FIT_GAIN_MIN", "PREDICTIVE_DRAWS",
-           "PREDICTIVE_ROWS", "check_targets", "unscaled_targets", "TARGET_SD_MAX", "NOISE_FRACTION_MIN"]
+           "PREDICTIVE_ROWS", "check_targets", "unscaled_targets", "TARGET_SD_MAX", "NOISE_FRACTION_MIN",
+           "check_off_data"]
 
 DIVERGENCE_MAX = 0.01
 """Warn when more than 1% of the kept draws diverged."""
@@ -433,3 +437,18 @@ def check_targets(model, y) -> None:
     problem = unscaled_targets(model, y)
     if problem is not None:
         _warn(f"unscaled targets: {problem}")
+
+
+def check_off_data(post, reason: str):
+    """Warn, for a classification fit (a ``BNN`` whose likelihood's ``task`` is ``"classification"``), that nothing
+    in the engine makes its predictive less sure on inputs far from the training data (its entropy and mutual
+    information rise there only by accident of the input's direction), and why: ``reason``, the engine's structural limit,
+    one sentence. Regression fits and plain Pyro models are not judged. Returns ``post``."""
+    likelihood = getattr(post.model, "likelihood", None)
+    if getattr(likelihood, "task", None) != "classification":
+        return post
+    _warn(f"{post.method}: off-data uncertainty is not represented: {reason} So the predictive's entropy and mutual "
+          "information need not rise on inputs unlike the training data (on three tabular sets, Gaussian-noise inputs "
+          "were told apart from test rows at about chance level; docs/ood.md). For out-of-distribution detection use method='ensemble' "
+          "(anchored members, the default), 'laplace' or 'nuts'.")
+    return post

@@ -46,7 +46,7 @@ from pyro import poutine
 from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._potential import Potential
 
-__all__ = ["anchor", "tilt", "ANCHOR_SEED_OFFSET"]
+__all__ = ["anchor", "tilt", "flat_tilt", "ANCHOR_SEED_OFFSET"]
 
 ANCHOR_SEED_OFFSET = 7919  # the anchor's seed is the chain's plus this, so that it is not the start's draw
 
@@ -73,6 +73,13 @@ def anchor(model, pot: Potential, batch: tuple, *, seed: int) -> tuple[dict[str,
 def tilt(z: dict[str, torch.Tensor], g: dict[str, torch.Tensor]) -> torch.Tensor | float:
     """``<z, g>`` summed over the anchored sites (0 without any)."""
     return sum((z[name] * v).sum() for name, v in g.items())
+
+
+def flat_tilt(g: dict[str, torch.Tensor], pot: Potential) -> torch.Tensor:
+    """The tilt ``g`` of :func:`anchor` as one flat vector in the order of ``pot.flatten``, zero on the sites it
+    leaves out (the constrained ones)."""
+    return pot.flatten({k: g[k] if k in g else torch.zeros(shape, dtype=pot.init[k].dtype)
+                        for k, shape in pot.shapes.items()}).detach()
 
 
 def _is_identity(pot: Potential, name: str) -> bool:

@@ -406,6 +406,8 @@ def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, hold
             raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
                              "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
         walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
+        if plan.anchors is not None:  # a per-step linear tilt of U~ (snapshot ensembles' anchored cycles)
+            walk.tilts = plan.anchors(fitted, pot, data.first(), info.seed)
         walk.index = info.index
         walk.replay = None if stops is None else list(stops[info.index])
         walk.opt = SGMCMC(walk.params, plan=plan, lr=None if lr == "auto" else lr / data.size, seed=info.seed,
@@ -441,6 +443,7 @@ class _Chain:
         self.draws, self.stops, self.best = [], [], None
         self.opt, self.batch, self.t, self.u, self.index = None, None, 0, math.nan, 0
         self.replay, self.saved, self.in_stage = None, None, False
+        self.tilts = None
 
     def curvature(self, z: torch.Tensor, start: torch.Tensor, iters: int):
         return largest_curvature(self.pot, z, self.batch, start, iters)
@@ -452,17 +455,22 @@ class _Chain:
         elif self.replay is not None:
             self.replay_stop(t)
         self.opt.adapt()
-        u = self.pot(self.pot.unflatten(self.z), batch)
+        u = self._energy(batch, t)
         self.u = float(u.detach())
         if not math.isfinite(self.u):
             planned = self.opt.planned_step
             if self.opt.recover() is None:  # a fixed lr, or lr="auto" out of recoveries (SGMCMC.recover)
                 raise self._diverged(planned)
-            u = self.pot(self.pot.unflatten(self.z), batch)  # the last finite point, on the same batch
+            u = self._energy(batch, t)  # the last finite point, on the same batch
             self.u = float(u.detach())
         if self._keep[t]:  # the state at the start of the step
             self.draws.append(self.z.detach().clone())
         return u, SGInfo(self.u, math.nan)
+
+    def _energy(self, batch, t: int) -> torch.Tensor:
+        """``U~`` on ``batch``, plus the plan's tilt ``<z, g_t>`` at step ``t`` where it has one."""
+        u = self.pot(self.pot.unflatten(self.z), batch)
+        return u if self.tilts is None else u + self.z @ self.tilts(t)
 
     def after(self, t: int, info: SGInfo) -> SGInfo:
         if not torch.isfinite(self.z.grad).all():

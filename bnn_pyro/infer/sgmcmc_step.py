@@ -70,6 +70,7 @@ class Plan:
     fraction: float
     score_start: bool = True
     guard: torch.Tensor | None = None
+    anchors: object = None  # (model, pot, batch, seed) -> (t -> the flat tilt g_t of step t), or None: plain U~
 
 
 class SGMCMC(torch.optim.Optimizer):

@@ -208,3 +208,53 @@ def test_standardized_targets_or_a_learned_noise_or_a_noise_in_their_units_do_no
     assert _health.unscaled_targets(model(bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))), y) is None
     assert _health.unscaled_targets(model(bp.likelihoods.Gaussian(scale=10.0)), y) is None  # noise in y's units
     _quiet(lambda: _health.check_targets(_mlp(), z))
+
+
+def _two_class(n: int = 60):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 2, generator=g)
+    return x, (x[:, 0] > 0).long()
+
+
+def _classifier():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
+
+
+@pytest.mark.parametrize("method, options, says", [
+    ("mc_dropout", dict(num_steps=20, num_samples=10), "dropping the fitted net's own hidden units"),
+    ("swag", dict(pretrain_steps=10, num_steps=40, rank=2, num_samples=10, num_chains=1, anchored=False),
+     "gradient noise"),
+    ("snapshot", dict(num_cycles=2, cycle_length=10, anchored=False), "every snapshot minimizes the same objective"),
+])
+def test_classification_fits_of_structurally_limited_engines_say_so_at_fit_time(method, options, says):
+    # issue 26: MC dropout, and snapshot ensembles and SWAG without anchoring, separate noise inputs from test rows no
+    # better than chance (docs/ood.md), for reasons the engines state; the fit says so, at the user's line
+    x, y = _two_class()
+    with pytest.warns(DiagnosticWarning, match="off-data uncertainty is not represented") as record:
+        bp.fit(_classifier(), x, y, method=method, seed=0, progress=False, **options)
+    (w,) = [w for w in record if "off-data" in str(w.message)]
+    text = str(w.message)
+    assert text.startswith(f"{method}: ") and says in text and "method='ensemble'" in text and "docs/ood.md" in text
+    assert w.filename == __file__
+
+
+@pytest.mark.parametrize("method, options", [
+    ("mc_dropout", dict(num_steps=20, num_samples=10)),  # regression: nothing to say
+    ("ensemble", dict(num_members=2, num_steps=20)),  # anchored members keep the prior's spread
+    ("swag", dict(pretrain_steps=10, num_steps=40, rank=2, num_samples=10, num_chains=1)),  # anchored by default
+    ("mc_dropout", dict(num_steps=20, num_samples=10, dropout_inputs=True)),  # masks reach the input directions
+    ("snapshot", dict(num_cycles=2, cycle_length=10)),  # anchored cycles by default
+])
+def test_regression_fits_and_anchored_engines_do_not_warn_about_off_data(method, options):
+    x, y = _two_class()
+    model = _classifier()
+    if method == "mc_dropout" and "dropout_inputs" not in options:
+        model = bp.BNN(torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)),
+                       prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.5))
+        y = x[:, :1]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        bp.fit(model, x, y, method=method, seed=0, progress=False, **options)
+    assert not [w for w in record if "off-data" in str(w.message)]

@@ -194,7 +194,9 @@ def test_with_held_out_rows_each_snapshot_is_its_cycles_best_scored_state(monkey
     for c in range(2):
         cycle = scores[c * per_cycle:(c + 1) * per_cycle]
         assert c * K < stops[c] <= c * K + K - 1
-        assert (stops[c] - c * K) % sgmcmc.SCORE_EVERY == 0 or stops[c] == c * K + K - 1
+        # scored at the steps t with t % SCORE_EVERY == 0 (counted over the run, as sgmcmc's _early_stop does; the
+        # same as "from the cycle's start" when K is a multiple of it) and at the cycle's last step
+        assert stops[c] % sgmcmc.SCORE_EVERY == 0 or stops[c] == c * K + K - 1
         snapshot = {k: v[0, c] for k, v in post.samples.items()}  # the noise is profiled out of the score
         assert holdout.heldout_score(post.model, snapshot, held) == pytest.approx(max(cycle), rel=1e-6, abs=1e-9)
 
@@ -248,3 +250,34 @@ def test_snapshots_are_distinct_at_the_defaults_with_held_out_rows(task):
     starts = torch.arange(5) * 1000
     assert ((stops > starts) & (stops < starts + 1000)).all(), stops
     _assert_distinct(post)
+
+
+def test_anchored_cycles_end_at_their_closed_form_randomized_maps():
+    # anchored=True tilts cycle c toward its own prior draw w0_c (bnn_pyro/infer/anchor.py): on Bayesian linear
+    # regression its objective's minimizer is C (X^T y / s^2 + w0_c / p^2), an exact posterior draw (Pearce et al.
+    # 2020), and a noise-free cycle ends there; plain cycles all end at the one mode, blr.mean.
+    from blr import make_blr
+    from bnn_pyro.infer._common import Data
+    from bnn_pyro.infer._potential import Potential
+    from bnn_pyro.infer.anchor import anchor
+    from bnn_pyro.infer.snapshot import ANCHOR_CYCLE_OFFSET
+
+    blr = make_blr(n=20, d=2, noise=0.5, prior_scale=0.7)
+    opts = dict(method="snapshot", num_cycles=3, cycle_length=500, seed=4, validation=None, progress=False)
+    post = bp.fit(blr.model(), blr.x, blr.y, anchored=True, **opts)
+    plain = bp.fit(blr.model(), blr.x, blr.y, anchored=False, **opts)
+    assert post.config["anchored"] is True and plain.config["anchored"] is False
+    model = blr.model()
+    pot = Potential(model, Data(x=blr.x, y=blr.y))
+    X, y = blr.design, blr.y.double()
+
+    def snap(p, c):
+        return torch.cat([p.samples["weight"][0, c].reshape(-1), p.samples["bias"][0, c].reshape(-1)]).double()
+
+    for c in range(3):
+        _, w0 = anchor(model, pot, (blr.x, blr.y), seed=4 + c * ANCHOR_CYCLE_OFFSET)
+        w0 = torch.cat([w0["weight"].reshape(-1), w0["bias"].reshape(-1)]).double()
+        exact = blr.cov @ (X.T @ y / 0.5**2 + w0 / 0.7**2)
+        assert (snap(post, c) - exact).abs().max() < 1e-4, c  # optimization tolerance (the ensemble test's)
+        assert (exact - blr.mean).abs().max() > 1e-2  # the test tells anchored and plain cycles apart
+        assert (snap(plain, c) - blr.mean).abs().max() < 1e-4
