@@ -15,7 +15,7 @@ prediction's cost does not depend on where the draws came from).
   the baseline of the ratios. Ours: ``post.predict(x)`` reading ``mean``, ``std``, ``epistemic_std`` and
   ``aleatoric_std`` (the call a user makes; the split comes from the same pass, and the default
   ``interval=0.95`` is computed only when read), and the same reading ``lower``/``upper`` too.
-- ``rule``: the rule of ``bnn_pyro._linear_stack.PER_DRAW_ELEMENTS`` (one draw at a time from 2**15 elements of
+- ``rule``: the rule of ``bnn_pyro.utils.linear_stack.PER_DRAW_ELEMENTS`` (one draw at a time from 2**15 elements of
   one draw's widest layer output): ``post.predict(x).std`` for 500 draws at 330, 1,000, 3,000 and 10,000
   points (16,500 to 500,000 elements), one draw at a time against batched products, at 1 thread.
 - ``memory``: 1,000 draws x 1,000,000 points (one (draws, points) float32 array would be 4 GB): ours

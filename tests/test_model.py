@@ -133,7 +133,7 @@ def test_linear_stack_without_autograd_equals_the_tracked_path(make_net, rows):
     # without autograd the stack runs activations in place and a one-input first layer as an outer product, or
     # one draw at a time into reused buffers: the same outputs as the tracked path, x untouched, and gradients
     # still flow where they are recorded
-    from bnn_pyro._linear_stack import runs_per_draw
+    from bnn_pyro.utils.linear_stack import runs_per_draw
     from bnn_pyro.model import _linear_stack
 
     model = bp.BNN(make_net(), prior=bp.priors.Normal(), likelihood=gaussian())
