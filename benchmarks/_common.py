@@ -51,8 +51,11 @@ def mlp(d: int, width: int = 50, seed: int = 0, depth: int = 1, device="cpu") ->
 
 
 def bnn(d: int, width: int = 50, depth: int = 1, device="cpu") -> bp.BNN:
-    return bp.BNN(mlp(d, width, depth=depth, device=device), prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
+    return bp.BNN(
+        mlp(d, width, depth=depth, device=device),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=SIGMA),
+    )
 
 
 def layer_shapes(d: int, width: int = 50, depth: int = 1) -> list[tuple[int, int]]:
@@ -75,8 +78,10 @@ def check_device(name: str) -> str:
     except RuntimeError as error:
         raise SystemExit(f"--device: expected a torch device such as cpu or cuda, got {name!r} ({error}).") from error
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
-                         "run on a machine with a GPU and a CUDA build of torch, or use --device cpu.")
+        raise SystemExit(
+            "--device cuda: torch sees no CUDA device here (torch.cuda.is_available() is False); "
+            "run on a machine with a GPU and a CUDA build of torch, or use --device cpu."
+        )
     return name
 
 
@@ -115,9 +120,12 @@ def thread_settings() -> list[int]:
 def thread_note() -> str:
     """What decides the thread counts on this machine, for the tables' headers."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    env = ", ".join(f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS") if k in os.environ)
-    return (f"{cores} cores; torch default {DEFAULT_THREADS} intra-op threads"
-            + (f" ({env})" if env else " (no thread variables set)"))
+    env = ", ".join(
+        f"{k}={os.environ[k]}" for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "XLA_FLAGS") if k in os.environ
+    )
+    return f"{cores} cores; torch default {DEFAULT_THREADS} intra-op threads" + (
+        f" ({env})" if env else " (no thread variables set)"
+    )
 
 
 # ---------------------------------------------------------------------- function space and ESS
@@ -161,8 +169,9 @@ def results_dir(benchmark: str, out: str | os.PathLike | None = None) -> Path:
 
 def _git(*args: str) -> str | None:
     try:
-        done = subprocess.run(["git", *args], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True,
-                              timeout=10)
+        done = subprocess.run(
+            ["git", *args], cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
@@ -191,9 +200,11 @@ def provenance() -> str:
     dirty = _git("status", "--porcelain", "--", "bnn_pyro", "benchmarks", "models")
     code = commit + (" with uncommitted changes" if dirty else "")
     end = os.getloadavg() if hasattr(os, "getloadavg") else None
-    when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    return (f"Run {when}; commit {code}; {platform.machine()} {_cpu_model()}, {thread_note()}; "
-            f"torch {torch.__version__}; load average (1/5/15 min) at start {_load(START_LOAD)}, at end {_load(end)}.")
+    when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return (
+        f"Run {when}; commit {code}; {platform.machine()} {_cpu_model()}, {thread_note()}; "
+        f"torch {torch.__version__}; load average (1/5/15 min) at start {_load(START_LOAD)}, at end {_load(end)}."
+    )
 
 
 def write_result(path: str | os.PathLike, text: str) -> Path:

@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import torch
-
 from _common import SIGMA, layer_shapes, mlp
 
 
@@ -21,8 +20,8 @@ def _forward(w: torch.Tensor, x: torch.Tensor, shapes) -> torch.Tensor:
     """The MLP at ``x`` (N, d) for each row of the flat draws ``w`` (P, D): (P, N)."""
     p, start, h = w.shape[0], 0, x
     for i, (out, inp) in enumerate(shapes):
-        weight = w[:, start:start + out * inp].view(p, out, inp)
-        bias = w[:, start + out * inp:start + out * inp + out].view(p, 1, out)
+        weight = w[:, start : start + out * inp].view(p, out, inp)
+        bias = w[:, start + out * inp : start + out * inp + out].view(p, 1, out)
         start += out * inp + out
         if p == 1:
             h = torch.addmm(bias[0], h, weight[0].T)
@@ -52,13 +51,26 @@ def negative_elbo(mu, rho, eps, x, y, shapes, kl: str = "analytic") -> torch.Ten
     return nll + (0.5 * (w.square() - eps.square())).sum() / eps.shape[0] - scale.log().sum()  # constants cancel
 
 
-def svi_loop(x: torch.Tensor, y: torch.Tensor, *, particles: int = 1, kl: str = "analytic", width: int = 50,
-             depth: int = 1, lr: float = 1e-2):
+def svi_loop(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    particles: int = 1,
+    kl: str = "analytic",
+    width: int = 50,
+    depth: int = 1,
+    lr: float = 1e-2,
+):
     """``run(steps)``: ``steps`` Adam steps on the negative ELBO of mean-field VI (see the module)."""
     d, dev = x.shape[1], x.device
     shapes = layer_shapes(d, width, depth)
-    start = torch.cat([torch.cat([layer.weight.flatten(), layer.bias]) for layer in mlp(d, width, depth=depth, device=dev)
-                       if isinstance(layer, torch.nn.Linear)]).detach()
+    start = torch.cat(
+        [
+            torch.cat([layer.weight.flatten(), layer.bias])
+            for layer in mlp(d, width, depth=depth, device=dev)
+            if isinstance(layer, torch.nn.Linear)
+        ]
+    ).detach()
     mu = start.clone().requires_grad_()
     rho = torch.full_like(start, -4.6).requires_grad_()  # softplus(-4.6) ~ 0.01
     opt = _adam([mu, rho], lr)
@@ -83,7 +95,7 @@ def predict_loop(layers: list[tuple[torch.Tensor, torch.Tensor]], x: torch.Tenso
         for i in range(0, draws, chunk):
             h = x.expand(min(chunk, draws - i), -1, -1)
             for j, (w, b) in enumerate(layers):
-                h = torch.baddbmm(b[i:i + chunk, None], h, w[i:i + chunk].transpose(1, 2))
+                h = torch.baddbmm(b[i : i + chunk, None], h, w[i : i + chunk].transpose(1, 2))
                 if j < len(layers) - 1:
                     h.tanh_()
             f = h[..., 0]

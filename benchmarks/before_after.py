@@ -34,7 +34,9 @@ ROOT = HERE.parent
 
 def export(ref: str, folder: Path) -> str:
     """The library at ``ref`` (a commit, branch or tag) written into ``folder``; returns the full commit id."""
-    commit = subprocess.run(["git", "rev-parse", ref], cwd=ROOT, check=True, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", ref], cwd=ROOT, check=True, capture_output=True, text=True
+    ).stdout.strip()
     archive = subprocess.run(["git", "archive", commit, "bnn_pyro"], cwd=ROOT, check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
     return commit
@@ -72,9 +74,11 @@ def main(args, extra: list[str]) -> pd.DataFrame:
     wide.insert(5, "after / before", (wide["after"] / wide["before"]).round(3))
     out = results_dir("before_after", args.out)
     rows.to_csv(out / f"{args.name}.csv", index=False)
-    header = (f"before: bnn_pyro at {commit[:10]} ({args.before}); after: this tree; {args.rounds} rounds interleaved "
-              f"(before, after, before, ...); `performance.py {' '.join(extra)}`; medians over rounds; {thread_note()}; "
-              f"whole run {time.perf_counter() - started:.0f} s.\n\n" + (f"{args.note}\n\n" if args.note else ""))
+    header = (
+        f"before: bnn_pyro at {commit[:10]} ({args.before}); after: this tree; {args.rounds} rounds interleaved "
+        f"(before, after, before, ...); `performance.py {' '.join(extra)}`; medians over rounds; {thread_note()}; "
+        f"whole run {time.perf_counter() - started:.0f} s.\n\n" + (f"{args.note}\n\n" if args.note else "")
+    )
     write_result(out / f"{args.name}.md", header + markdown(wide.round(4)))
     print(wide.to_string(index=False))
     return wide
@@ -93,4 +97,4 @@ def parser() -> argparse.ArgumentParser:
 if __name__ == "__main__":
     argv = sys.argv[1:]
     split = argv.index("--") if "--" in argv else len(argv)
-    main(parser().parse_args(argv[:split]), argv[split + 1:])
+    main(parser().parse_args(argv[:split]), argv[split + 1 :])

@@ -45,13 +45,30 @@ def ours(chains: int, draws: int, depth: int, device: str, method: str = "nuts",
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # costs are measured here (and one core: sequential chains, with a warning)
         start = now(device)
-        post = bp.fit(model, x, y, method=method, num_chains=chains, num_warmup=draws, num_samples=draws, init="net",
-                      seed=0, progress=False, chain_method=how, **length)
+        post = bp.fit(
+            model,
+            x,
+            y,
+            method=method,
+            num_chains=chains,
+            num_warmup=draws,
+            num_samples=draws,
+            init="net",
+            seed=0,
+            progress=False,
+            chain_method=how,
+            **length,
+        )
         wall = now(device) - start
     steps = float(post.sample_stats["n_steps"].float().mean())
-    return dict(implementation=f"bnn_pyro {method}, chain_method='{how}' ({post.config['chain_execution']})",
-                chains=chains, threads=1, role="ours" if (method, how) == ("nuts", "auto") else f"ours {method} {how}",
-                wall_s=wall, mean_steps=steps)
+    return dict(
+        implementation=f"bnn_pyro {method}, chain_method='{how}' ({post.config['chain_execution']})",
+        chains=chains,
+        threads=1,
+        role="ours" if (method, how) == ("nuts", "auto") else f"ours {method} {how}",
+        wall_s=wall,
+        mean_steps=steps,
+    )
 
 
 def _variants() -> list[tuple[str, str]]:
@@ -68,13 +85,25 @@ def throughput(args) -> list[dict]:
     rows += [ours(c, draws, depth, args.device, m, how) for m, how in _variants() for c in args.chains]
     if getattr(args, "no_numpyro", False):
         return _per_s(rows, draws)
-    jobs = [dict(MODEL, warmup=draws, draws=draws, tree_depth=depth, chains=c, chain_method=m)
-            for c in args.chains for m in ("parallel", "vectorized")]
+    jobs = [
+        dict(MODEL, warmup=draws, draws=draws, tree_depth=depth, chains=c, chain_method=m)
+        for c in args.chains
+        for m in ("parallel", "vectorized")
+    ]
     for r in numpyro_peer.run(jobs, "default", args.device, host_devices=max(args.chains)) or []:
         if r["run"] == 2:
-            rows.append(dict(implementation=f"NumPyro, chain_method='{r['chain_method']}' (compiled, compile excluded)",
-                             chains=r["chains"], threads="XLA default", role="baseline", wall_s=r["wall_s"] - r["compile_s"],
-                             mean_steps=r["mean_steps"], default=r["chain_method"] == "parallel", compile_s=r["compile_s"]))
+            rows.append(
+                dict(
+                    implementation=f"NumPyro, chain_method='{r['chain_method']}' (compiled, compile excluded)",
+                    chains=r["chains"],
+                    threads="XLA default",
+                    role="baseline",
+                    wall_s=r["wall_s"] - r["compile_s"],
+                    mean_steps=r["mean_steps"],
+                    default=r["chain_method"] == "parallel",
+                    compile_s=r["compile_s"],
+                )
+            )
     return _per_s(rows, draws)
 
 
@@ -91,9 +120,13 @@ def main(args) -> pd.DataFrame:
     table["ratio_to_own_one_chain"] = (table.chain_iterations_per_s / table.role.map(one)).round(2)
     out = results_dir("chains", args.out)
     table.to_csv(out / f"{args.name}.csv", index=False)
-    write_result(out / f"{args.name}.md", f"device {args.device}, {thread_note()}; "
-                                                 f"{'quick' if args.quick else 'full'} settings\n\n"
-                                                 + (f"{args.note}\n\n" if args.note else "") + markdown(table.astype(object).fillna("")))
+    write_result(
+        out / f"{args.name}.md",
+        f"device {args.device}, {thread_note()}; "
+        f"{'quick' if args.quick else 'full'} settings\n\n"
+        + (f"{args.note}\n\n" if args.note else "")
+        + markdown(table.astype(object).fillna("")),
+    )
     print(table.to_string(index=False))
     return table
 

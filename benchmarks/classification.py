@@ -49,19 +49,21 @@ import torch
 
 import bnn_pyro as bp
 from bnn_pyro import metrics
-
 from bnn_pyro.comparison.limits import FitTimeout, time_limit
 
 try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.classification
-    from uci import git_commit, parse_options, summarize as uci_summarize
+    from uci import git_commit, parse_options
+    from uci import summarize as uci_summarize
 except ImportError:  # pragma: no cover
-    from benchmarks.uci import git_commit, parse_options, summarize as uci_summarize
+    from benchmarks.uci import git_commit, parse_options
+    from benchmarks.uci import summarize as uci_summarize
 from _common import results_dir, write_result  # noqa: E402 - uci put benchmarks/ on sys.path
 
 DATASETS = ("breast_cancer", "wine", "iris", "digits", "synthetic")
 OOD = ("noise", "far", "class")
-METRICS = ["accuracy", "nll", "ece"] + [f"auroc_{kind}_{score}" for kind in OOD for score in ("entropy", "mi")] + \
-          ["time_s"]
+METRICS = (
+    ["accuracy", "nll", "ece"] + [f"auroc_{kind}_{score}" for kind in OOD for score in ("entropy", "mi")] + ["time_s"]
+)
 
 
 def load_dataset(name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,13 +129,15 @@ def _fit(method: str, x, y, num_classes: int, split: int, options: dict):
 
         clf = LogisticRegression(C=1.0, max_iter=5000).fit(x.numpy(), y.numpy())
         return lambda xs: torch.tensor(clf.predict_proba(xs.numpy()), dtype=torch.float64)
-    post = bp.fit(make_model(x.shape[1], num_classes, split), x, y, method=method, seed=split, progress=False,
-                  **options)
+    post = bp.fit(
+        make_model(x.shape[1], num_classes, split), x, y, method=method, seed=split, progress=False, **options
+    )
     return lambda xs: post.predict(xs, seed=0)
 
 
-def run_one(method: str, data: tuple, split: int, options: dict | None = None, *,
-            max_fit_seconds: float | None = None) -> dict:
+def run_one(
+    method: str, data: tuple, split: int, options: dict | None = None, *, max_fit_seconds: float | None = None
+) -> dict:
     """Fit and score ``method`` on one split (a failure becomes a row with its ``error`` text)."""
     x, y = data
     s = make_split(x, y, split)
@@ -148,17 +152,26 @@ def run_one(method: str, data: tuple, split: int, options: dict | None = None, *
             row["time_s"] = time.perf_counter() - start
             out = predict(s["x_test"])
             probs = out if isinstance(out, torch.Tensor) else out.probs
-            row.update(accuracy=metrics.accuracy(probs, s["y_test"]), nll=metrics.nll(probs, s["y_test"]),
-                       ece=metrics.ece(probs, s["y_test"]))
+            row.update(
+                accuracy=metrics.accuracy(probs, s["y_test"]),
+                nll=metrics.nll(probs, s["y_test"]),
+                ece=metrics.ece(probs, s["y_test"]),
+            )
             row.update(_aurocs(predict, s["x_test"], ood_inputs(s, split)))
             if k >= 3:  # held-out class: the last one
                 keep, held = s["y_train"] < k - 1, s["y_test"] == k - 1
                 with time_limit(max_fit_seconds):
                     predict_wo = _fit(method, s["x_train"][keep], s["y_train"][keep], k - 1, split, options or {})
-                row.update({n: v for n, v in _aurocs(predict_wo, s["x_test"][~held],
-                                                     {"class": s["x_test"][held]}).items()})
-        texts = sorted({str(w.message).splitlines()[0][:120] for w in caught
-                        if not issubclass(w.category, (DeprecationWarning, FutureWarning))})
+                row.update(
+                    {n: v for n, v in _aurocs(predict_wo, s["x_test"][~held], {"class": s["x_test"][held]}).items()}
+                )
+        texts = sorted(
+            {
+                str(w.message).splitlines()[0][:120]
+                for w in caught
+                if not issubclass(w.category, (DeprecationWarning, FutureWarning))
+            }
+        )
         row["warnings"] = " / ".join(texts)
     except (Exception, FitTimeout) as err:  # noqa: BLE001 - the benchmark records any failure and goes on
         row["error"] = f"{type(err).__name__}: {str(err).splitlines()[0][:200] if str(err) else ''}"
@@ -197,8 +210,17 @@ def subset(data: tuple[torch.Tensor, torch.Tensor], max_rows: int | None) -> tup
     return x[keep], y[keep]
 
 
-def run(name: str, methods: list[str], splits: list[int], out: Path, *, options: dict | None = None,
-        note: str = "", max_fit_seconds: float | None = None, max_rows: int | None = None) -> pd.DataFrame:
+def run(
+    name: str,
+    methods: list[str],
+    splits: list[int],
+    out: Path,
+    *,
+    options: dict | None = None,
+    note: str = "",
+    max_fit_seconds: float | None = None,
+    max_rows: int | None = None,
+) -> pd.DataFrame:
     """Every method on every split of ``name``; rows appended as each fit ends, the summary rewritten per split."""
     out.mkdir(parents=True, exist_ok=True)
     data = subset(load_dataset(name), max_rows)
@@ -207,8 +229,10 @@ def run(name: str, methods: list[str], splits: list[int], out: Path, *, options:
     rows = []
     for split in splits:
         for method in methods:
-            row = dict(dataset=name, **run_one(method, data, split, (options or {}).get(method),
-                                               max_fit_seconds=max_fit_seconds))
+            row = dict(
+                dataset=name,
+                **run_one(method, data, split, (options or {}).get(method), max_fit_seconds=max_fit_seconds),
+            )
             rows.append(row)
             pd.DataFrame([row]).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
             status = row["error"] or " ".join(f"{m} {row.get(m, math.nan):.3f}" for m in METRICS[:5])
@@ -216,14 +240,18 @@ def run(name: str, methods: list[str], splits: list[int], out: Path, *, options:
         summary = summarize(pd.DataFrame(rows))
         summary.to_csv(out / f"{name}.csv", index=False)
         x, y = data
-        notes = [f"Data: {name}, N = {len(x)}, D = {x.shape[1]}, K = {int(y.max()) + 1}, splits {splits[:len(rows) // len(methods) or 1]}. "
-                 "Protocol and metrics: benchmarks/classification.py's docstring; every engine at its defaults"
-                 + (f" except {options}" if options else "") + ".",
-                 f"Mean ± standard error over splits. Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
-                 f"torch {torch.__version__} on {platform.machine()} ({os.cpu_count()} CPUs, load average "
-                 f"{os.getloadavg()[0]:.1f} at writing), {torch.get_num_threads()} torch thread(s) in this process, "
-                 f"git {git_commit()}." + (f" Rows: a random {len(data[0])} of the set's." if max_rows else "")
-                 + (f" {note}" if note else "")]
+        notes = [
+            f"Data: {name}, N = {len(x)}, D = {x.shape[1]}, K = {int(y.max()) + 1}, splits {splits[: len(rows) // len(methods) or 1]}. "
+            "Protocol and metrics: benchmarks/classification.py's docstring; every engine at its defaults"
+            + (f" except {options}" if options else "")
+            + ".",
+            f"Mean ± standard error over splits. Written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; "
+            f"torch {torch.__version__} on {platform.machine()} ({os.cpu_count()} CPUs, load average "
+            f"{os.getloadavg()[0]:.1f} at writing), {torch.get_num_threads()} torch thread(s) in this process, "
+            f"git {git_commit()}."
+            + (f" Rows: a random {len(data[0])} of the set's." if max_rows else "")
+            + (f" {note}" if note else ""),
+        ]
         write_result(out / f"{name}.md", markdown(summary, f"Classification: {name}", notes))
     return summary
 
@@ -232,8 +260,11 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", default="breast_cancer", help=f"comma list of {', '.join(DATASETS)}")
     parser.add_argument("--splits", type=int, default=5)
-    parser.add_argument("--methods", default="logreg,ensemble,swag,snapshot,mc_dropout",
-                        help="'all' (every engine) or a comma list; 'logreg' is the scikit-learn reference")
+    parser.add_argument(
+        "--methods",
+        default="logreg,ensemble,swag,snapshot,mc_dropout",
+        help="'all' (every engine) or a comma list; 'logreg' is the scikit-learn reference",
+    )
     parser.add_argument("--option", action="append", default=[], help="method:key=value, for experiments")
     parser.add_argument("--quick", action="store_true", help="1 split (smoke test)")
     parser.add_argument("--max-fit-seconds", type=float)
@@ -249,8 +280,19 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     splits = list(range(1 if args.quick else args.splits))
     options = parse_options(args.option)
     np.seterr(all="ignore")
-    return {name: run(name, methods, splits, results_dir("classification", args.out), options=options, note=args.note,
-                      max_fit_seconds=args.max_fit_seconds, max_rows=args.max_rows) for name in args.dataset.split(",")}
+    return {
+        name: run(
+            name,
+            methods,
+            splits,
+            results_dir("classification", args.out),
+            options=options,
+            note=args.note,
+            max_fit_seconds=args.max_fit_seconds,
+            max_rows=args.max_rows,
+        )
+        for name in args.dataset.split(",")
+    }
 
 
 if __name__ == "__main__":

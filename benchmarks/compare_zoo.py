@@ -19,11 +19,11 @@ writes ``<entry>.md`` (the run's provenance, timings, then the table) and the fi
 from __future__ import annotations
 
 import argparse
-import sys
 import datetime
 import os
 import platform
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -42,14 +42,16 @@ QUICK = {"num_steps": 50, "num_samples": 20}  # --quick: options that exist are 
 
 def _commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
 
-def run_entry(name: str, methods: list[str] | None, *, time_limit: float | None,
-              quick: bool) -> tuple[bp.Comparison, str]:
+def run_entry(
+    name: str, methods: list[str] | None, *, time_limit: float | None, quick: bool
+) -> tuple[bp.Comparison, str]:
     source = sources.from_zoo(name, methods, zoo.load)
     options = source.options
     if quick:
@@ -58,8 +60,16 @@ def run_entry(name: str, methods: list[str] | None, *, time_limit: float | None,
             known = bp.infer.options(m)
             options[m] = {**options.get(m, {}), **{k: v for k, v in QUICK.items() if k in known}}
     load = os.getloadavg()
-    result = bp.compare(source.model, source.x, source.y, test=source.test, methods=methods, options=options,
-                        time_limit=time_limit, progress=True)
+    result = bp.compare(
+        source.model,
+        source.x,
+        source.y,
+        test=source.test,
+        methods=methods,
+        options=options,
+        time_limit=time_limit,
+        progress=True,
+    )
     return result, f"load average before: {load[0]:.1f} (1 min), after: {os.getloadavg()[0]:.1f}"
 
 
@@ -70,19 +80,36 @@ def report(name: str, result: bp.Comparison, load: str, time_limit: float | None
     t = result.table
     fits = t["fit_s"].fillna(0).sum()
     base = t.loc[BASELINE, "fit_s"] if BASELINE in t.index else float("nan")
-    timing = pd.DataFrame({"fit_s": t["fit_s"], "score_s": t["score_s"], "fit / swa fit": t["fit_s"] / base,
-                           "error": t["error"].str.slice(0, 80)})
-    head = [f"# bp.compare on the zoo entry {name}", "",
-            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, git {COMMIT}, "
-            f"{platform.machine()} ({os.cpu_count()} cores shared with other jobs; {load}), torch {torch.__version__}, "
-            "bp.fit's default of one torch thread per fit.",
-            f"Every method that applies, at the entry's settings where its card sets them, else the method's "
-            f"defaults; the entry's test split; seed 0; time limit per fit: {time_limit or 'none'} s.", "",
-            f"Total wall time of bp.compare: {result.total_s:.0f} s, of which fits {fits:.0f} s; the rest "
-            f"(scoring on all draws, function-space diagnostics, PSIS) {result.total_s - fits:.0f} s "
-            f"({(result.total_s - fits) / result.total_s:.0%}).", "", "## Time per method", "",
-            markdown(timing.round(3)), "## The table", "", markdown(t.drop(columns="warnings")),
-            "## Health warnings", ""]
+    timing = pd.DataFrame(
+        {
+            "fit_s": t["fit_s"],
+            "score_s": t["score_s"],
+            "fit / swa fit": t["fit_s"] / base,
+            "error": t["error"].str.slice(0, 80),
+        }
+    )
+    head = [
+        f"# bp.compare on the zoo entry {name}",
+        "",
+        f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, git {COMMIT}, "
+        f"{platform.machine()} ({os.cpu_count()} cores shared with other jobs; {load}), torch {torch.__version__}, "
+        "bp.fit's default of one torch thread per fit.",
+        f"Every method that applies, at the entry's settings where its card sets them, else the method's "
+        f"defaults; the entry's test split; seed 0; time limit per fit: {time_limit or 'none'} s.",
+        "",
+        f"Total wall time of bp.compare: {result.total_s:.0f} s, of which fits {fits:.0f} s; the rest "
+        f"(scoring on all draws, function-space diagnostics, PSIS) {result.total_s - fits:.0f} s "
+        f"({(result.total_s - fits) / result.total_s:.0%}).",
+        "",
+        "## Time per method",
+        "",
+        markdown(timing.round(3)),
+        "## The table",
+        "",
+        markdown(t.drop(columns="warnings")),
+        "## Health warnings",
+        "",
+    ]
     warned = [f"- **{m}**: {w}" for m, w in t["warnings"].items() if w]
     return "\n".join(head + (warned or ["none"])) + "\n"
 

@@ -66,52 +66,76 @@ CASES = {
     "svi_stream": lambda: ("svi", dict(num_steps=20, num_samples=5, _stream=True)),
     "svi_epochs": lambda: ("svi", dict(epochs=2, batch_size=50, num_samples=5)),
     "ensemble_default": lambda: ("ensemble", dict(num_chains=2, num_steps=30)),
-    "ensemble_no_validation_minibatch": lambda: ("ensemble", dict(num_chains=2, num_steps=20, validation=None,
-                                                                  batch_size=32)),
-    "ensemble_adversarial_noise": lambda: ("ensemble", dict(num_chains=2, num_steps=20, adversarial_eps=0.05,
-                                                            _noise=True)),
+    "ensemble_no_validation_minibatch": lambda: (
+        "ensemble",
+        dict(num_chains=2, num_steps=20, validation=None, batch_size=32),
+    ),
+    "ensemble_adversarial_noise": lambda: (
+        "ensemble",
+        dict(num_chains=2, num_steps=20, adversarial_eps=0.05, _noise=True),
+    ),
     "ensemble_classes": lambda: ("ensemble", dict(num_chains=2, num_steps=20, _classes=True)),
     "ensemble_stream": lambda: ("ensemble", dict(num_chains=2, num_steps=20, _stream=True)),
     "variational_dropout": lambda: ("variational_dropout", dict(num_steps=30, num_samples=5, num_chains=2)),
-    "variational_dropout_warmup": lambda: ("variational_dropout", dict(num_steps=20, num_samples=5, kl_warmup=0.5,
-                                                                      batch_size=32)),
+    "variational_dropout_warmup": lambda: (
+        "variational_dropout",
+        dict(num_steps=20, num_samples=5, kl_warmup=0.5, batch_size=32),
+    ),
     "sparse_vd": lambda: ("sparse_vd", dict(num_steps=30, num_samples=5)),
     "sparse_vd_classes_epochs": lambda: ("sparse_vd", dict(epochs=3, batch_size=40, num_samples=5, _classes=True)),
     "sparse_vd_stream": lambda: ("sparse_vd", dict(num_steps=20, num_samples=5, _stream=True)),
     "laplace": lambda: ("laplace", dict(_small=True)),
     "laplace_learned_noise": lambda: ("laplace", dict(num_steps=30, num_samples=5, _noise=True, _rows=240)),
-    "laplace_marglik": lambda: ("laplace", dict(num_steps=30, num_samples=5, prior_precision="marglik",
-                                                validation=None, num_chains=2)),
+    "laplace_marglik": lambda: (
+        "laplace",
+        dict(num_steps=30, num_samples=5, prior_precision="marglik", validation=None, num_chains=2),
+    ),
     "mc_dropout": lambda: ("mc_dropout", dict(num_steps=30, num_samples=5, num_chains=2)),
     "mc_dropout_learned_noise": lambda: ("mc_dropout", dict(num_steps=30, num_samples=5, _noise=True, _rows=240)),
     "mc_dropout_reinforce": lambda: ("mc_dropout", dict(rate="reinforce", num_steps=20, num_samples=5)),
-    "mc_dropout_reinforce_baseline": lambda: ("mc_dropout", dict(rate="reinforce", num_particles=1, baseline_beta=0.5,
-                                                                 num_steps=20, num_samples=5, batch_size=32)),
-    "mc_dropout_concrete_inputs": lambda: ("mc_dropout", dict(rate="concrete", temperature=0.2, dropout_inputs=True,
-                                                              num_steps=20, num_samples=5, num_particles=2)),
-    "mc_dropout_classes_epochs": lambda: ("mc_dropout", dict(epochs=3, batch_size=40, num_samples=5, validation=0.2,
-                                                             _classes=True)),
-    "mc_dropout_sgd_cosine_net": lambda: ("mc_dropout", dict(optimizer="sgd", lr_schedule="cosine", lr=0.002,
-                                                             init="net", p=0.3, num_steps=20, num_samples=5)),
+    "mc_dropout_reinforce_baseline": lambda: (
+        "mc_dropout",
+        dict(rate="reinforce", num_particles=1, baseline_beta=0.5, num_steps=20, num_samples=5, batch_size=32),
+    ),
+    "mc_dropout_concrete_inputs": lambda: (
+        "mc_dropout",
+        dict(rate="concrete", temperature=0.2, dropout_inputs=True, num_steps=20, num_samples=5, num_particles=2),
+    ),
+    "mc_dropout_classes_epochs": lambda: (
+        "mc_dropout",
+        dict(epochs=3, batch_size=40, num_samples=5, validation=0.2, _classes=True),
+    ),
+    "mc_dropout_sgd_cosine_net": lambda: (
+        "mc_dropout",
+        dict(optimizer="sgd", lr_schedule="cosine", lr=0.002, init="net", p=0.3, num_steps=20, num_samples=5),
+    ),
     "mc_dropout_stream": lambda: ("mc_dropout", dict(num_steps=20, num_samples=5, _stream=True)),
     "sgld_default_auto": lambda: ("sgld", dict(num_samples=10, thin=3, num_chains=2)),
     "sgld_init_net": lambda: ("sgld", dict(num_samples=5, thin=2, num_chains=2, init="net")),
-    "sgld_lr_polynomial_minibatch": lambda: ("sgld", dict(lr=1e-2, lr_schedule="polynomial", num_samples=10,
-                                                         num_warmup=15, batch_size=32)),
+    "sgld_lr_polynomial_minibatch": lambda: (
+        "sgld",
+        dict(lr=1e-2, lr_schedule="polynomial", num_samples=10, num_warmup=15, batch_size=32),
+    ),
     "sgld_stream": lambda: ("sgld", dict(num_samples=10, thin=2, num_warmup=10, _stream=True)),
     "sgld_pyro_function_prior_init": lambda: ("sgld", dict(num_samples=10, thin=2, _fn=True)),
     "sghmc_default_noise": lambda: ("sghmc", dict(num_samples=10, thin=3, _noise=True)),
     "sghmc_friction_lr": lambda: ("sghmc", dict(lr=5e-3, friction=0.3, num_samples=8, thin=2, batch_size=40)),
     "csgmcmc_default": lambda: ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=2, num_chains=2)),
     "csgmcmc_holdout_noise": lambda: ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=10, _noise=True, _n=400)),
-    "csgmcmc_no_validation_cslgd": lambda: ("csgmcmc", dict(num_cycles=2, num_samples=6, thin=2, friction=1.0,
-                                                            validation=None, _noise=True, exploration=0.5)),
-    "csgmcmc_classes_lr": lambda: ("csgmcmc", dict(lr=0.05, num_cycles=2, num_samples=4, thin=3, _classes=True,
-                                                   batch_size=30)),
+    "csgmcmc_no_validation_cslgd": lambda: (
+        "csgmcmc",
+        dict(num_cycles=2, num_samples=6, thin=2, friction=1.0, validation=None, _noise=True, exploration=0.5),
+    ),
+    "csgmcmc_classes_lr": lambda: (
+        "csgmcmc",
+        dict(lr=0.05, num_cycles=2, num_samples=4, thin=3, _classes=True, batch_size=30),
+    ),
     "snapshot_small": lambda: ("snapshot", dict(num_cycles=3, cycle_length=20, num_chains=2)),
     "snapshot_holdout_noise": lambda: ("snapshot", dict(num_cycles=3, cycle_length=120, _noise=True, _n=400)),
-    "snapshot_lr_minibatch": lambda: ("snapshot", dict(lr=0.05, num_cycles=2, cycle_length=15, batch_size=32,
-                                                       validation=None)),
+    "snapshot_lr_minibatch": lambda: (
+        "snapshot",
+        dict(lr=0.05, num_cycles=2, cycle_length=15, batch_size=32, validation=None),
+    ),
     "snapshot_stream": lambda: ("snapshot", dict(num_cycles=2, cycle_length=10, _stream=True)),
 }
 
@@ -135,8 +159,10 @@ def save(path: str, prefixes: list[str]) -> None:
     out = {}
     for case in (c for c in CASES if not prefixes or c.startswith(tuple(prefixes))):
         post = _fit(case)
-        out[case] = {part: {k: v for k, v in getattr(post, part).items() if torch.is_tensor(v)}
-                     for part in ("samples", "history", "sample_stats", "point")}
+        out[case] = {
+            part: {k: v for k, v in getattr(post, part).items() if torch.is_tensor(v)}
+            for part in ("samples", "history", "sample_stats", "point")
+        }
         out[case]["config"] = {k: repr(v) for k, v in post.config.items()}
         print(case, "done")
     torch.save(out, path)
@@ -149,13 +175,18 @@ def compare(old_path: str, new_path: str) -> int:
         for part, tensors in old[case].items():
             other = new[case][part]
             for name, value in tensors.items():
-                same = name in other and (value == other[name] if isinstance(value, str) else
-                                          value.dtype == other[name].dtype and torch.equal(value, other[name]))
+                same = name in other and (
+                    value == other[name]
+                    if isinstance(value, str)
+                    else value.dtype == other[name].dtype and torch.equal(value, other[name])
+                )
                 if not same:
                     bad += 1
                     differing.add(case)
-                    print(f"DIFFERENT {case} {part}[{name!r}]: {value if isinstance(value, str) else ''} vs "
-                          f"{other.get(name, 'missing') if isinstance(value, str) else ''}")
+                    print(
+                        f"DIFFERENT {case} {part}[{name!r}]: {value if isinstance(value, str) else ''} vs "
+                        f"{other.get(name, 'missing') if isinstance(value, str) else ''}"
+                    )
             for name in set(other) - set(tensors):
                 bad += 1
                 differing.add(case)

@@ -55,8 +55,15 @@ ENGINES = {
     "sghmc": lambda steps: dict(batch_size=BATCH, num_warmup=10, num_samples=steps, thin=1),
     # two cycles, exploration 0.8, thin 1: 2 * ceil(num_samples / 2 / 0.2) = 5 * num_samples steps
     "csgmcmc": lambda steps: dict(batch_size=BATCH, num_cycles=2, num_samples=2 * max(1, steps // 10), thin=1),
-    "swag": lambda steps: dict(batch_size=BATCH, pretrain_steps=steps // 2, num_steps=steps // 2, burn_in=0,
-                               collect_every=1, swag_rank=5, num_samples=20),
+    "swag": lambda steps: dict(
+        batch_size=BATCH,
+        pretrain_steps=steps // 2,
+        num_steps=steps // 2,
+        burn_in=0,
+        collect_every=1,
+        swag_rank=5,
+        num_samples=20,
+    ),
     "ensemble": lambda steps: dict(batch_size=BATCH, num_chains=1, num_steps=steps),
     "laplace": lambda steps: dict(num_steps=steps, num_samples=20),
     "mc_dropout": lambda steps: dict(batch_size=BATCH, num_steps=steps, num_samples=20),
@@ -68,8 +75,9 @@ def model(kind: str = "fixed") -> bp.BNN:
     net = torch.nn.Sequential(torch.nn.Linear(D, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 1))
     noise = dist.HalfNormal(1.0) if kind == "learned" else SIGMA
     bayesian = "weights" if kind == "deterministic biases" else "all"
-    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=noise),
-                  bayesian=bayesian)
+    return bp.BNN(
+        net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=noise), bayesian=bayesian
+    )
 
 
 @contextmanager
@@ -100,9 +108,17 @@ def time_potential(kind: str, calls: int, repeats: int, x, y) -> list[dict]:
             for batch in batches:
                 pot(z, batch).backward()
             best[label] = min(best[label], (time.perf_counter() - start) / calls * 1e3)
-    return [dict(workload="potential", setting=f"8-50-1, {kind} noise" if kind != "deterministic biases"
-                 else "8-50-1, deterministic biases", path=f"{label} ({pots[label].path})", ms=best[label],
-                 unit="ms/call", ratio=best[label] / best["pyro"]) for label in pots]
+    return [
+        dict(
+            workload="potential",
+            setting=f"8-50-1, {kind} noise" if kind != "deterministic biases" else "8-50-1, deterministic biases",
+            path=f"{label} ({pots[label].path})",
+            ms=best[label],
+            unit="ms/call",
+            ratio=best[label] / best["pyro"],
+        )
+        for label in pots
+    ]
 
 
 def time_engine(method: str, short: int, long: int, repeats: int, x, y) -> list[dict]:
@@ -121,12 +137,23 @@ def time_engine(method: str, short: int, long: int, repeats: int, x, y) -> list[
             for steps in (short, long):
                 times[off, steps] = min(times[off, steps], fit(steps, off))
     ms = {off: (times[off, long] - times[off, short]) / (long - short) * 1e3 for off in (False, True)}
-    return [dict(workload="fit", setting=method, path="pyro" if off else "fast", ms=ms[off], unit="ms/step",
-                 ratio=ms[off] / ms[True]) for off in (False, True)]
+    return [
+        dict(
+            workload="fit",
+            setting=method,
+            path="pyro" if off else "fast",
+            ms=ms[off],
+            unit="ms/step",
+            ratio=ms[off] / ms[True],
+        )
+        for off in (False, True)
+    ]
 
 
 def time_hmc(short: int, long: int, repeats: int) -> list[dict]:
-    from _common import bnn, regression as data  # noqa: PLC0415
+    from _common import bnn  # noqa: PLC0415
+    from _common import regression as data
+
     from bnn_pyro.infer import mcmc  # noqa: PLC0415
 
     x, y = data(200, 1)
@@ -138,8 +165,9 @@ def time_hmc(short: int, long: int, repeats: int) -> list[dict]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 start = time.perf_counter()
-                bp.fit(bnn(1), x, y, method="hmc", num_leapfrog=16, num_warmup=5, num_samples=draws, seed=0,
-                       progress=False)
+                bp.fit(
+                    bnn(1), x, y, method="hmc", num_leapfrog=16, num_warmup=5, num_samples=draws, seed=0, progress=False
+                )
                 return time.perf_counter() - start
         finally:
             mcmc.analytic_applies = applies
@@ -152,9 +180,17 @@ def time_hmc(short: int, long: int, repeats: int) -> list[dict]:
             for n in (short, long):
                 times[flat, n] = min(times[flat, n], fit(n, flat))
     ms = {flat: (times[flat, long] - times[flat, short]) / ((long - short) * 16) * 1e3 for flat in (True, False)}
-    return [dict(workload="hmc", setting="1-50-1, N=200, 16 leapfrog/draw",
-                 path="flat (FlatHMC)" if flat else "pyro HMC, analytic potential", ms=ms[flat], unit="ms/leapfrog",
-                 ratio=ms[flat] / ms[False]) for flat in (True, False)]
+    return [
+        dict(
+            workload="hmc",
+            setting="1-50-1, N=200, 16 leapfrog/draw",
+            path="flat (FlatHMC)" if flat else "pyro HMC, analytic potential",
+            ms=ms[flat],
+            unit="ms/leapfrog",
+            ratio=ms[flat] / ms[False],
+        )
+        for flat in (True, False)
+    ]
 
 
 def main(argv=None) -> pd.DataFrame:
@@ -184,12 +220,16 @@ def main(argv=None) -> pd.DataFrame:
     table.to_csv(out / f"{args.name}.csv", index=False)
     shown = table.assign(ms=table.ms.map("{:.3f}".format), ratio=table.ratio.map("{:.2f}".format))
     hmc_draws = (5, 20) if args.quick else (10, 60)
-    footer = (f"torch {torch.__version__}, pyro {pyro.__version__}, 1 torch thread ({thread_note()}); minimum of "
-              f"{repeats} interleaved repeats; hmc: ({hmc_draws[1]} - {hmc_draws[0]}) draws of 16 leapfrog steps "
-              "differenced" + ("" if args.only else f"; potential: {calls} calls; fit: ({long} - {short}) steps "
-                               "differenced") + "; ratio = fast (flat) / Pyro's path in the same run.")
-    write_result(out / f"{args.name}.md", markdown(shown) + "\n\n" + footer + ("\n\n" + args.note if args.note else "")
-                                         + "\n")
+    footer = (
+        f"torch {torch.__version__}, pyro {pyro.__version__}, 1 torch thread ({thread_note()}); minimum of "
+        f"{repeats} interleaved repeats; hmc: ({hmc_draws[1]} - {hmc_draws[0]}) draws of 16 leapfrog steps "
+        "differenced"
+        + ("" if args.only else f"; potential: {calls} calls; fit: ({long} - {short}) steps differenced")
+        + "; ratio = fast (flat) / Pyro's path in the same run."
+    )
+    write_result(
+        out / f"{args.name}.md", markdown(shown) + "\n\n" + footer + ("\n\n" + args.note if args.note else "") + "\n"
+    )
     print(markdown(shown))
     return table
 

@@ -28,9 +28,9 @@ import time
 
 import pandas as pd
 import torch
+from _common import markdown, results_dir, write_result
 
 import bnn_pyro as bp
-from _common import markdown, results_dir, write_result
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential
@@ -48,14 +48,24 @@ def one(reg, seed: int, fast_path: bool) -> dict:
     sd = post.predict(grid).epistemic_std  # each member once
     scores = reg.evaluate(post, num_samples=None)
     gap, data = float(sd[in_gap].mean()), float(sd[on_data].mean())
-    return dict(seed=seed, fast_path=fast_path, potential=post.config["potential"], gap_sd=gap, data_sd=data,
-                gap_data_ratio=gap / data, rmse=scores["rmse"], test_nll=-scores["test_log_likelihood"],
-                train_loss=float(-post.sample_stats["lp"].mean()), sigma=float(post.samples["sigma"].median()),
-                wall_s=wall)
+    return dict(
+        seed=seed,
+        fast_path=fast_path,
+        potential=post.config["potential"],
+        gap_sd=gap,
+        data_sd=data,
+        gap_data_ratio=gap / data,
+        rmse=scores["rmse"],
+        test_nll=-scores["test_log_likelihood"],
+        train_loss=float(-post.sample_stats["lp"].mean()),
+        sigma=float(post.samples["sigma"].median()),
+        wall_s=wall,
+    )
 
 
 def trajectory(reg, steps=(0, 10, 50, 100, 200, 300, 500, 700, 1000)) -> pd.DataFrame:
     """Both paths' loss and gradient at the same weights along one member's Adam trajectory (module docstring)."""
+
     def potentials(model, x, y):
         init = chain_start(model, "reset", 0)
         return [Potential(model, Data(x=x, y=y), init=init, fast_path=fast) for fast in (True, False)]
@@ -70,8 +80,10 @@ def trajectory(reg, steps=(0, 10, 50, 100, 200, 300, 500, 700, 1000)) -> pd.Data
     fast64, pyro64 = potentials(copy.deepcopy(reg.model).double(), x.double(), y.double())
     start = fast.init
     nudged = {k: torch.nextafter(v, v + 1) if k == "2.bias" else v for k, v in start.items()}
-    runs = {name: ({k: v.clone().requires_grad_() for k, v in z.items()}, pot)
-            for name, z, pot in (("fast", start, fast), ("pyro", start, pyro), ("nudged", nudged, fast))}
+    runs = {
+        name: ({k: v.clone().requires_grad_() for k, v in z.items()}, pot)
+        for name, z, pot in (("fast", start, fast), ("pyro", start, pyro), ("nudged", nudged, fast))
+    }
     opts = {name: torch.optim.Adam(list(z.values()), lr=1e-2) for name, (z, _) in runs.items()}
     rows = []
     for step in range(max(steps) + 1):
@@ -79,16 +91,29 @@ def trajectory(reg, steps=(0, 10, 50, 100, 200, 300, 500, 700, 1000)) -> pd.Data
             z = runs["fast"][0]
             (uf, gf), (up, gp) = value_grad(fast, z, (x, y)), value_grad(pyro, z, (x, y))
             z64 = {k: v.detach().double() for k, v in z.items()}
-            (u64, g64), (u64p, g64p) = value_grad(fast64, z64, (x.double(), y.double())), \
-                value_grad(pyro64, z64, (x.double(), y.double()))
-            dist = {n: max(float((runs["fast"][0][k] - runs[n][0][k]).detach().abs().max()) for k in z)
-                    for n in ("pyro", "nudged")}
-            rows.append({"step": step, "U": round(uf, 3), "dU f32": abs(uf - up),
-                         "max dgrad f32": float((gf - gp).abs().max()), "max grad": float(gp.abs().max()),
-                         "dU f64": abs(u64 - u64p), "max dgrad f64": float((g64 - g64p).abs().max()),
-                         "f32 grad err vs f64 (fast / pyro)": f"{float((gf.double() - g64).abs().max()):.1e} / "
-                                                              f"{float((gp.double() - g64).abs().max()):.1e}",
-                         "max dz fast-pyro": dist["pyro"], "max dz fast-nudged": dist["nudged"]})
+            (u64, g64), (u64p, g64p) = (
+                value_grad(fast64, z64, (x.double(), y.double())),
+                value_grad(pyro64, z64, (x.double(), y.double())),
+            )
+            dist = {
+                n: max(float((runs["fast"][0][k] - runs[n][0][k]).detach().abs().max()) for k in z)
+                for n in ("pyro", "nudged")
+            }
+            rows.append(
+                {
+                    "step": step,
+                    "U": round(uf, 3),
+                    "dU f32": abs(uf - up),
+                    "max dgrad f32": float((gf - gp).abs().max()),
+                    "max grad": float(gp.abs().max()),
+                    "dU f64": abs(u64 - u64p),
+                    "max dgrad f64": float((g64 - g64p).abs().max()),
+                    "f32 grad err vs f64 (fast / pyro)": f"{float((gf.double() - g64).abs().max()):.1e} / "
+                    f"{float((gp.double() - g64).abs().max()):.1e}",
+                    "max dz fast-pyro": dist["pyro"],
+                    "max dz fast-nudged": dist["nudged"],
+                }
+            )
         for name, (z, pot) in runs.items():
             opts[name].zero_grad()
             energy(pot, z, (x, y)).backward()
@@ -102,10 +127,16 @@ def summary(rows: pd.DataFrame) -> pd.DataFrame:
     seeds = fast.index.intersection(slow.index)
     diff = fast.loc[seeds] - slow.loc[seeds]
     n = len(seeds)
-    return pd.DataFrame({"metric": METRICS, "fast (mean)": fast.loc[seeds].mean(),
-                         "pyro (mean)": slow.loc[seeds].mean(),
-                         "fast - pyro": diff.mean(), "SE": diff.std(ddof=1) / n ** 0.5,
-                         "z": diff.mean() / (diff.std(ddof=1) / n ** 0.5)}).round(4)
+    return pd.DataFrame(
+        {
+            "metric": METRICS,
+            "fast (mean)": fast.loc[seeds].mean(),
+            "pyro (mean)": slow.loc[seeds].mean(),
+            "fast - pyro": diff.mean(),
+            "SE": diff.std(ddof=1) / n**0.5,
+            "z": diff.mean() / (diff.std(ddof=1) / n**0.5),
+        }
+    ).round(4)
 
 
 def main(args) -> None:
@@ -129,15 +160,18 @@ def main(args) -> None:
         rows = pd.DataFrame(found)
     table = summary(rows)
     seeds = rows.seed.nunique()
-    write_result(out / "results.md",
+    write_result(
+        out / "results.md",
         f"# Ensemble at its defaults, fast path vs Pyro's path, paired over {seeds} seeds\n\n"
         f"`python benchmarks/ensemble_fast_path_ab.py --seeds {seeds}` (one thread; zoo mlp_regression). Per metric: "
         "each path's mean over seeds, the mean paired difference and its standard error. Within a path the "
         f"gap/data ratio ranges {rows.gap_data_ratio.min():.1f}-{rows.gap_data_ratio.max():.1f} over seeds (sd "
-        f"{rows.groupby('fast_path').gap_data_ratio.std().mean():.2f}).\n\n" + markdown(table)
+        f"{rows.groupby('fast_path').gap_data_ratio.std().mean():.2f}).\n\n"
+        + markdown(table)
         + "\nOne member's Adam trajectory (seed 0; `trajectory()`): both paths' loss and gradient at the same "
         "weights, and how far apart the trajectories drift (fast vs Pyro; fast vs fast started one ulp away).\n\n"
-        + markdown(traj.astype(object).map(lambda v: f"{v:.2e}" if isinstance(v, float) else v)))
+        + markdown(traj.astype(object).map(lambda v: f"{v:.2e}" if isinstance(v, float) else v)),
+    )
     print(table.to_string())
 
 
@@ -146,5 +180,7 @@ if __name__ == "__main__":
     parser.add_argument("--seeds", type=int, default=12)
     parser.add_argument("--summarize", action="store_true")
     parser.add_argument("--trajectory", action="store_true")
-    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/ensemble_fast_path_ab/)")
+    parser.add_argument(
+        "--out", default=None, help="the folder written (default benchmarks/results/ensemble_fast_path_ab/)"
+    )
     main(parser.parse_args())

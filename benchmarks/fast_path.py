@@ -32,11 +32,11 @@ import argparse
 import time
 from contextlib import contextmanager, nullcontext
 
+import _common as common
+import baselines
 import pyro
 import torch
 
-import _common as common
-import baselines
 import bnn_pyro as bp
 from bnn_pyro.infer import _analytic, _logjoint, _svi_flat
 from bnn_pyro.infer._common import quiet_model
@@ -56,8 +56,11 @@ def mlp(widths) -> bp.BNN:
     layers = []
     for a, b in zip(widths[:-1], widths[1:]):
         layers += [torch.nn.Linear(a, b), torch.nn.Tanh()]
-    return bp.BNN(torch.nn.Sequential(*layers[:-1]), prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
+    return bp.BNN(
+        torch.nn.Sequential(*layers[:-1]),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=SIGMA),
+    )
 
 
 @contextmanager
@@ -76,8 +79,9 @@ def nuts_ms_per_leapfrog(widths, n, *, analytic: bool, transitions: int, step: f
     x, y = regression(n, widths[0])
     model = mlp(widths)
     joint = _logjoint.build(model, n)
-    kernel = FlatNUTS(quiet_model(model, n), joint, init_strategy=pyro.infer.autoguide.init_to_sample,
-                      max_tree_depth=depth)
+    kernel = FlatNUTS(
+        quiet_model(model, n), joint, init_strategy=pyro.infer.autoguide.init_to_sample, max_tree_depth=depth
+    )
     torch.manual_seed(1)
     if analytic:
         kernel.setup(0, x, y)
@@ -113,8 +117,18 @@ def svi_run(particles: int, path: str, x, y):
 
     def run(steps: int):
         with context():
-            bp.fit(model, x, y, method="svi", num_steps=steps, num_particles=particles, num_samples=1, seed=0,
-                   progress=False, num_threads=torch.get_num_threads())
+            bp.fit(
+                model,
+                x,
+                y,
+                method="svi",
+                num_steps=steps,
+                num_particles=particles,
+                num_samples=1,
+                seed=0,
+                progress=False,
+                num_threads=torch.get_num_threads(),
+            )
 
     return run
 
@@ -142,7 +156,9 @@ def main(args) -> None:
                 "bnn_pyro, generic (Pyro-free, autograd)": svi_run(particles, "generic", x, y),
                 "bnn_pyro, analytic through autograd (before)": svi_run(particles, "autograd", x, y),
                 "bnn_pyro, flat (default)": svi_run(particles, "flat", x, y),
-                "hand, flat loop, Monte Carlo KL (same estimator)": baselines.svi_loop(x, y, particles=particles, kl="mc"),
+                "hand, flat loop, Monte Carlo KL (same estimator)": baselines.svi_loop(
+                    x, y, particles=particles, kl="mc"
+                ),
                 "hand, flat loop, analytic KL": baselines.svi_loop(x, y, particles=particles),
             }
             runs = {name: [] for name in impls}
@@ -152,15 +168,25 @@ def main(args) -> None:
             figures = {name: min(v) for name, v in runs.items()}
             base = figures["hand, flat loop, Monte Carlo KL (same estimator)"]
             for name, value in figures.items():
-                rows.append(("svi", f"8-50-1, N=1000, {particles} particle(s), {threads} thread(s)", name, value,
-                             "ms/step", value / base))
+                rows.append(
+                    (
+                        "svi",
+                        f"8-50-1, N=1000, {particles} particle(s), {threads} thread(s)",
+                        name,
+                        value,
+                        "ms/step",
+                        value / base,
+                    )
+                )
     lines = ["| workload | setting | implementation | value | unit | ratio |", "|---|---|---|---|---|---|"]
     lines += [f"| {w} | {s} | {i} | {v:.4f} | {u} | {r:.2f} |" for w, s, i, v, u, r in rows]
     lines.append("")
-    lines.append(f"torch {torch.__version__}, minimum of {args.repeats} interleaved repeats; NUTS: 1 thread, step "
-                 f"{args.step}, depth <= {args.depth}, {nuts['transitions']} transitions; SVI: (time of {steps[1]} steps - "
-                 f"time of {steps[0]}) / {steps[1] - steps[0]}; ratios: NUTS to the generic path, SVI to the hand-written "
-                 "flat loop with the same (Monte Carlo KL) estimator at the same thread setting.")
+    lines.append(
+        f"torch {torch.__version__}, minimum of {args.repeats} interleaved repeats; NUTS: 1 thread, step "
+        f"{args.step}, depth <= {args.depth}, {nuts['transitions']} transitions; SVI: (time of {steps[1]} steps - "
+        f"time of {steps[0]}) / {steps[1] - steps[0]}; ratios: NUTS to the generic path, SVI to the hand-written "
+        "flat loop with the same (Monte Carlo KL) estimator at the same thread setting."
+    )
     text = "\n".join(lines)
     print(text)
     out = common.results_dir("fast_path", args.out)
@@ -178,7 +204,10 @@ if __name__ == "__main__":
     parser.add_argument("--svi-steps", type=int, default=500, help="timed SVI steps (after 50 untimed)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="torch threads of the SVI rows")
     parser.add_argument("--only", nargs="+", default=["nuts", "svi"], choices=["nuts", "svi"])
-    parser.add_argument("--out", default=None, help="the folder of results.md (svi.md with --only svi); default "
-                        "benchmarks/results/fast_path/")
+    parser.add_argument(
+        "--out",
+        default=None,
+        help="the folder of results.md (svi.md with --only svi); default benchmarks/results/fast_path/",
+    )
     parser.add_argument("--note", default="", help="a line written under the table (e.g. the machine's load)")
     main(parser.parse_args())

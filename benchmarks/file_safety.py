@@ -75,14 +75,25 @@ def _writer_rows(sizes: list[float], reps: int, folder: Path) -> list[dict]:
     for size in sizes:
         got = {}
         for variant in ("save_file (before)", "write_atomic"):  # a fresh process each: peak memory is its own
-            out = subprocess.run([sys.executable, "-c", _CHILD, variant, str(size), str(reps), str(folder)],
-                                 capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(
+                [sys.executable, "-c", _CHILD, variant, str(size), str(reps), str(folder)],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
             got[variant] = json.loads(out.strip().splitlines()[-1])
         base = got["save_file (before)"]
         for variant, m in got.items():
-            rows.append({"case": "writer", "size (MB)": size, "variant": variant, "seconds": round(m["seconds"], 4),
-                         "ratio to baseline": round(m["seconds"] / base["seconds"], 3),
-                         "extra peak memory (MB)": round(m["extra_peak_mb"], 1)})
+            rows.append(
+                {
+                    "case": "writer",
+                    "size (MB)": size,
+                    "variant": variant,
+                    "seconds": round(m["seconds"], 4),
+                    "ratio to baseline": round(m["seconds"] / base["seconds"], 3),
+                    "extra peak memory (MB)": round(m["extra_peak_mb"], 1),
+                }
+            )
     return rows
 
 
@@ -94,8 +105,11 @@ def _fingerprint_rows(row_counts: list[int], reps: int, folder: Path) -> list[di
     from bnn_pyro.infer.training_data import Data
 
     torch.set_num_threads(1)
-    model = bp.BNN(torch.nn.Sequential(torch.nn.Linear(10, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1)),
-                   prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    model = bp.BNN(
+        torch.nn.Sequential(torch.nn.Linear(10, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1)),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+    )
     rows = []
     for n in row_counts:
         x, y = torch.randn(n, 10), torch.randn(n)
@@ -109,9 +123,16 @@ def _fingerprint_rows(row_counts: list[int], reps: int, folder: Path) -> list[di
             times["identity(model, data)"].append(time.perf_counter() - start)
         base = min(times["torch.save of x, y (baseline)"])
         for variant, t in times.items():
-            rows.append({"case": "fingerprint", "size (MB)": round(n * 11 * 4 / 2**20, 1), "variant": variant,
-                         "seconds": round(min(t), 4), "ratio to baseline": round(min(t) / base, 3),
-                         "extra peak memory (MB)": None})
+            rows.append(
+                {
+                    "case": "fingerprint",
+                    "size (MB)": round(n * 11 * 4 / 2**20, 1),
+                    "variant": variant,
+                    "seconds": round(min(t), 4),
+                    "ratio to baseline": round(min(t) / base, 3),
+                    "extra peak memory (MB)": None,
+                }
+            )
     return rows
 
 
@@ -128,10 +149,12 @@ def main(argv: list[str] | None = None) -> None:
         rows = _writer_rows(args.sizes, args.reps, Path(folder)) + _fingerprint_rows(args.rows, args.reps, Path(folder))
     table = pd.DataFrame(rows)
     commit = subprocess.run(["git", "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True).stdout.strip()
-    header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; bnn_pyro at {commit} (plus uncommitted changes, "
-              f"if any); {platform.processor() or platform.machine()}, {os.cpu_count()} cores; 1 torch thread; "
-              f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; minimum of {args.reps} repetitions; "
-              f"whole run {time.perf_counter() - start:.0f} s; temporary folder on {tempfile.gettempdir()}.")
+    header = (
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; bnn_pyro at {commit} (plus uncommitted changes, "
+        f"if any); {platform.processor() or platform.machine()}, {os.cpu_count()} cores; 1 torch thread; "
+        f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; minimum of {args.reps} repetitions; "
+        f"whole run {time.perf_counter() - start:.0f} s; temporary folder on {tempfile.gettempdir()}."
+    )
     out = results_dir("file_safety", args.out)
     table.to_csv(out / "results.csv", index=False)
     write_result(out / "results.md", f"{header}\n\n{markdown(table)}\n")

@@ -20,8 +20,8 @@ and group, with the raw variance and the ratio).
 from __future__ import annotations
 
 import argparse
-import sys
 import statistics
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -83,8 +83,14 @@ def gradient_variance(model, guide, x, y, draws: int, fixed: bool, generator) ->
             for n, g in zip(names, torch.autograd.grad(surrogate, params)):
                 grads[n].append(g.reshape(-1).double())
         for n in names:
-            rows.append(dict(estimator=estimator, elbo=elbo, group=n.replace("_unconstrained", ""),
-                             variance=torch.stack(grads[n]).var(0).sum().item()))
+            rows.append(
+                dict(
+                    estimator=estimator,
+                    elbo=elbo,
+                    group=n.replace("_unconstrained", ""),
+                    variance=torch.stack(grads[n]).var(0).sum().item(),
+                )
+            )
     return rows
 
 
@@ -116,8 +122,9 @@ def main(args) -> pd.DataFrame:
             timing[state] = step_times(model, guide, x, y)
     table = pd.DataFrame(rows)
     plain = table[table.estimator.eq("sample") & table.elbo.eq("trace")].set_index(["state", "minibatch", "group"])
-    table["ratio_to_sample"] = [plain.loc[(r.state, r.minibatch, r.group), "variance"] / r.variance
-                                for r in table.itertuples()]
+    table["ratio_to_sample"] = [
+        plain.loc[(r.state, r.minibatch, r.group), "variance"] / r.variance for r in table.itertuples()
+    ]
     table["ms_per_step"] = [timing[r.state][(r.estimator, r.elbo)] for r in table.itertuples()]
     out = results_dir("gradient_variance", args.out)
     table.to_csv(out / "results.csv", index=False)
@@ -128,15 +135,22 @@ def main(args) -> pd.DataFrame:
 
 def markdown(table: pd.DataFrame, args) -> str:
     """Variance ratios (plain / estimator) per group, one row per state, minibatch mode and estimator."""
-    wide = table.pivot_table(index=["state", "minibatch", "estimator", "elbo"], columns="group",
-                             values="ratio_to_sample", sort=False).round(1).reset_index()
+    wide = (
+        table.pivot_table(
+            index=["state", "minibatch", "estimator", "elbo"], columns="group", values="ratio_to_sample", sort=False
+        )
+        .round(1)
+        .reset_index()
+    )
     ms = table.groupby(["state", "estimator", "elbo"], sort=False)["ms_per_step"].first()
     wide["ms_per_step"] = [ms.get((r.state, r.estimator, r.elbo)) for r in wide.itertuples()]
     rows = [list(wide.columns), ["---"] * wide.shape[1]] + wide.astype(str).values.tolist()
-    head = (f"Gradient variance of the plain estimator divided by each estimator's (higher is better), summed per "
-            f"parameter group; 8-50-1 tanh BNN, N = {N}, minibatch {B}, {args.draws} draws per cell, guide states "
-            f"'init' and 'trained' ({args.train_steps} plain SVI steps). ms_per_step: one gradient step, "
-            "single-threaded, median of interleaved repetitions.\n\n")
+    head = (
+        f"Gradient variance of the plain estimator divided by each estimator's (higher is better), summed per "
+        f"parameter group; 8-50-1 tanh BNN, N = {N}, minibatch {B}, {args.draws} draws per cell, guide states "
+        f"'init' and 'trained' ({args.train_steps} plain SVI steps). ms_per_step: one gradient step, "
+        "single-threaded, median of interleaved repetitions.\n\n"
+    )
     return head + "".join("| " + " | ".join(map(str, r)) + " |\n" for r in rows)
 
 
@@ -144,5 +158,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--draws", type=int, default=200, help="gradient draws per estimator and setting")
     parser.add_argument("--train-steps", type=int, default=2000, help="plain SVI steps for the 'trained' state")
-    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/gradient_variance/)")
+    parser.add_argument(
+        "--out", default=None, help="the folder written (default benchmarks/results/gradient_variance/)"
+    )
     main(parser.parse_args())

@@ -42,11 +42,11 @@ dependencies one by one, so that pip cannot replace torch).
 from __future__ import annotations
 
 import argparse
-import sys
 import copy
 import csv
 import platform
 import subprocess
+import sys
 import time
 from contextlib import nullcontext
 from functools import partial
@@ -66,6 +66,7 @@ from bnn_pyro.infer.laplace.kron import Kron
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
 from _common import results_dir, write_result  # noqa: E402
+
 from bnn_pyro.infer.laplace.priors import potentials
 from bnn_pyro.infer.laplace.structure import make_layout
 
@@ -129,11 +130,19 @@ def peer(net, x, y, task: str, structure: str, batch: int, backend: str | None =
     extra, noise = {}, ({} if task == "classification" else {"sigma_noise": SIGMA})
     if backend == "backpack":
         from laplace.curvature import BackPackGGN
+
         extra["backend"] = BackPackGGN
 
     def run():
-        la = Laplace(copy.deepcopy(net), task, subset_of_weights=subset, hessian_structure=shape,
-                     prior_precision=DELTA, **extra, **noise)
+        la = Laplace(
+            copy.deepcopy(net),
+            task,
+            subset_of_weights=subset,
+            hessian_structure=shape,
+            prior_precision=DELTA,
+            **extra,
+            **noise,
+        )
         start = time.perf_counter()
         la.fit(loader, progress_bar=False)
         precision = la.posterior_precision
@@ -169,8 +178,9 @@ def reference(net, x, y, task: str, structure: str):
     old = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        return ours(copy.deepcopy(net).double(), x.double(), y if task == "classification" else y.double(), task,
-                    structure)()
+        return ours(
+            copy.deepcopy(net).double(), x.double(), y if task == "classification" else y.double(), task, structure
+        )()
     finally:
         torch.set_default_dtype(old)
 
@@ -186,10 +196,13 @@ def difference(p_ours, p_peer, net, structure: str) -> float:
     for p in net.parameters():  # laplace-torch's parameter order: each layer's weight, then its bias
         size = p.numel()
         v = torch.zeros(3, sum(q.numel() for q in net.parameters()), dtype=torch.float64)
-        v[:, start:start + size] = torch.randn(3, size, generator=gen, dtype=torch.float64)
-        mine = p_ours.matmul(v)[:, start:start + size]
-        theirs = (p_peer.matmul(v) if isinstance(p_peer, Kron) else
-                  p_peer.bmm(v.float()[:, None, :], exponent=1)[:, 0].double())[:, start:start + size]
+        v[:, start : start + size] = torch.randn(3, size, generator=gen, dtype=torch.float64)
+        mine = p_ours.matmul(v)[:, start : start + size]
+        theirs = (
+            p_peer.matmul(v)
+            if isinstance(p_peer, Kron)
+            else p_peer.bmm(v.float()[:, None, :], exponent=1)[:, 0].double()
+        )[:, start : start + size]
         worst = max(worst, float((mine - theirs).norm() / theirs.norm()))
         start += size
     return worst
@@ -205,19 +218,30 @@ def main(args) -> list[dict]:
             batch = min(args.peer_batch, len(x))
             for threads in args.threads:
                 torch.set_num_threads(default_threads if threads == "default" else int(threads))
-                runs = {"ours": (ours(net, x, y, task, structure), False),
-                        "peer": (peer(net, x, y, task, structure, batch), True)}
+                runs = {
+                    "ours": (ours(net, x, y, task, structure), False),
+                    "peer": (peer(net, x, y, task, structure, batch), True),
+                }
                 if structure == "diag":
                     runs["backpack"] = (peer(net, x, y, task, structure, batch, "backpack"), True)
                 first, best = timed(runs, args.reps)
                 exact = reference(net, x, y, task, structure)
-                row = dict(task=task, structure=structure, weights=weights, n=len(x), threads=torch.get_num_threads(),
-                           ours_s=best["ours"], peer_s=best["peer"], ratio=best["ours"] / best["peer"],
-                           peer_backpack_s=best.get("backpack"),
-                           ratio_backpack=best["ours"] / best["backpack"] if "backpack" in best else None,
-                           difference=difference(first["ours"], first["peer"], net, structure),
-                           ours_error=difference(first["ours"], exact, net, structure),
-                           peer_error=difference(exact, first["peer"], net, structure), ours_general_s=None)
+                row = dict(
+                    task=task,
+                    structure=structure,
+                    weights=weights,
+                    n=len(x),
+                    threads=torch.get_num_threads(),
+                    ours_s=best["ours"],
+                    peer_s=best["peer"],
+                    ratio=best["ours"] / best["peer"],
+                    peer_backpack_s=best.get("backpack"),
+                    ratio_backpack=best["ours"] / best["backpack"] if "backpack" in best else None,
+                    difference=difference(first["ours"], first["peer"], net, structure),
+                    ours_error=difference(first["ours"], exact, net, structure),
+                    peer_error=difference(exact, first["peer"], net, structure),
+                    ours_general_s=None,
+                )
                 if args.general and structure != "kron":
                     start = time.perf_counter()
                     ours(net, x, y, task, structure, general=True)()
@@ -257,10 +281,12 @@ def write(rows: list[dict], out: Path, args) -> None:
     ]
     for r in rows:
         opt = lambda v, f="{:.3f}": "" if v is None else f.format(v)  # noqa: E731
-        lines.append(f"| {r['task']} | {r['structure']} | {r['weights']:,} | {r['n']:,} | {r['threads']} | "
-                     f"{r['ours_s']:.3f} | {r['peer_s']:.3f} | {r['ratio']:.2g}x | {opt(r['peer_backpack_s'])} | "
-                     f"{opt(r['ratio_backpack'], '{:.2g}x')} | {opt(r['ours_general_s'])} | {r['difference']:.1e} | "
-                     f"{r['ours_error']:.1e} | {r['peer_error']:.1e} |")
+        lines.append(
+            f"| {r['task']} | {r['structure']} | {r['weights']:,} | {r['n']:,} | {r['threads']} | "
+            f"{r['ours_s']:.3f} | {r['peer_s']:.3f} | {r['ratio']:.2g}x | {opt(r['peer_backpack_s'])} | "
+            f"{opt(r['ratio_backpack'], '{:.2g}x')} | {opt(r['ours_general_s'])} | {r['difference']:.1e} | "
+            f"{r['ours_error']:.1e} | {r['peer_error']:.1e} |"
+        )
     write_result(out.with_suffix(".md"), "\n".join(lines) + "\n")
 
 

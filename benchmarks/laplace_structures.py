@@ -37,10 +37,13 @@ def gap(structure: str, seed: int) -> dict:
     start = time.perf_counter()
     post = bp.fit(model, x_tr, y_tr, method="laplace", structure=structure, seed=seed, progress=False)
     seconds = time.perf_counter() - start
-    return dict(rmse=bp.metrics.rmse(post.predict(x_te), y_te),
-                test_ll=bp.metrics.test_log_likelihood(post, x_te, y_te),
-                gap_sd=float(post.predict(torch.linspace(-0.4, 0.4, 9)[:, None]).epistemic_std.mean()),
-                data_sd=float(post.predict(x_tr).epistemic_std.mean()), seconds=seconds)
+    return dict(
+        rmse=bp.metrics.rmse(post.predict(x_te), y_te),
+        test_ll=bp.metrics.test_log_likelihood(post, x_te, y_te),
+        gap_sd=float(post.predict(torch.linspace(-0.4, 0.4, 9)[:, None]).epistemic_std.mean()),
+        data_sd=float(post.predict(x_tr).epistemic_std.mean()),
+        seconds=seconds,
+    )
 
 
 def digits(structure: str, seed: int) -> dict:
@@ -50,15 +53,20 @@ def digits(structure: str, seed: int) -> dict:
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(144, 10))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
     start = time.perf_counter()
-    approx = lap.laplace_approximation(model, Data(x=x_tr, y=y_tr), structure=structure, seed=seed,
-                                       validation="default")  # bp.fit's held-out rows (early stopping)
+    approx = lap.laplace_approximation(
+        model, Data(x=x_tr, y=y_tr), structure=structure, seed=seed, validation="default"
+    )  # bp.fit's held-out rows (early stopping)
     seconds = time.perf_counter() - start
     out = dict(seconds=seconds)
     for link in ("mc", "probit"):
         probs = lap.predictive_probs(approx, x_te, link=link)
-        out.update({f"{link}_accuracy": bp.metrics.accuracy(probs, y_te),
-                    f"{link}_nll": float(-probs[torch.arange(len(y_te)), y_te].log().mean()),
-                    f"{link}_ece": bp.metrics.ece(probs, y_te)})
+        out.update(
+            {
+                f"{link}_accuracy": bp.metrics.accuracy(probs, y_te),
+                f"{link}_nll": float(-probs[torch.arange(len(y_te)), y_te].log().mean()),
+                f"{link}_ece": bp.metrics.ece(probs, y_te),
+            }
+        )
     return out
 
 

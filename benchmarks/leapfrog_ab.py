@@ -39,20 +39,24 @@ def _child(settings: dict) -> list[dict]:
 
     import pyro
     import torch
+    from fast_path import mlp, regression
     from torch.profiler import ProfilerActivity, profile
 
     from bnn_pyro.infer import _logjoint
     from bnn_pyro.infer._common import quiet_model
     from bnn_pyro.infer._nuts import FlatNUTS
-    from fast_path import mlp, regression
 
     torch.set_num_threads(1)
     rows = []
     for widths, n in NETS:
         x, y = regression(n, widths[0])
         model = mlp(widths)
-        kernel = FlatNUTS(quiet_model(model, n), _logjoint.build(model, n),
-                          init_strategy=pyro.infer.autoguide.init_to_sample, max_tree_depth=settings["depth"])
+        kernel = FlatNUTS(
+            quiet_model(model, n),
+            _logjoint.build(model, n),
+            init_strategy=pyro.infer.autoguide.init_to_sample,
+            max_tree_depth=settings["depth"],
+        )
         torch.manual_seed(1)
         kernel.setup(0, x, y)
         chains = getattr(kernel, "chains", None)  # the one-chain kernel over BatchedChains (after the one NUTS)
@@ -84,20 +88,38 @@ def _child(settings: dict) -> list[dict]:
             for _ in range(2):
                 kernel.sample(None)
                 counted += kernel.stats.n_steps
-        ops = Counter(e.name for e in prof.events() if e.name.startswith("aten::")
-                      and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
-        rows.append(dict(net="-".join(map(str, widths)), n=n, nuts_ms_per_leapfrog=nuts, potential_ms=potential,
-                         leapfrog_ms=leapfrog, aten_ops_per_leapfrog=sum(ops.values()) / counted))
+        ops = Counter(
+            e.name
+            for e in prof.events()
+            if e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+        )
+        rows.append(
+            dict(
+                net="-".join(map(str, widths)),
+                n=n,
+                nuts_ms_per_leapfrog=nuts,
+                potential_ms=potential,
+                leapfrog_ms=leapfrog,
+                aten_ops_per_leapfrog=sum(ops.values()) / counted,
+            )
+        )
     return rows
 
 
 def _run(tree: Path, settings: dict) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(HERE)]))
-    code = ("import sys, json, bnn_pyro; tree = sys.argv[1]; "
-            "assert bnn_pyro.__file__.startswith(tree), f'imported {bnn_pyro.__file__}, not from {tree}'; "
-            "from leapfrog_ab import _child; print(json.dumps(_child(json.loads(sys.argv[2]))))")
-    out = subprocess.run([sys.executable, "-c", code, str(tree), json.dumps(settings)], env=env,
-                         cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    code = (
+        "import sys, json, bnn_pyro; tree = sys.argv[1]; "
+        "assert bnn_pyro.__file__.startswith(tree), f'imported {bnn_pyro.__file__}, not from {tree}'; "
+        "from leapfrog_ab import _child; print(json.dumps(_child(json.loads(sys.argv[2]))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tree), json.dumps(settings)],
+        env=env,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise SystemExit(f"the run on {tree} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -116,21 +138,27 @@ def main(args) -> str:
             for name, tree in sides.items():
                 runs[name].append(_run(tree, settings))
     keys = ("nuts_ms_per_leapfrog", "potential_ms", "leapfrog_ms", "aten_ops_per_leapfrog")
-    lines = ["| net | side | NUTS ms/leapfrog | potential+gradient ms | bare leapfrog ms | aten ops/leapfrog |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        "| net | side | NUTS ms/leapfrog | potential+gradient ms | bare leapfrog ms | aten ops/leapfrog |",
+        "|---|---|---|---|---|---|",
+    ]
     best = {}
     for i, (_widths, n) in enumerate(NETS):
         for name, reps in runs.items():
             best[name, i] = {k: min(r[i][k] for r in reps) for k in keys}
             b = best[name, i]
-            lines.append(f"| {reps[0][i]['net']}, N={n} | {name} | {b['nuts_ms_per_leapfrog']:.4f} | "
-                         f"{b['potential_ms']:.4f} | {b['leapfrog_ms']:.4f} | {b['aten_ops_per_leapfrog']:.1f} |")
+            lines.append(
+                f"| {reps[0][i]['net']}, N={n} | {name} | {b['nuts_ms_per_leapfrog']:.4f} | "
+                f"{b['potential_ms']:.4f} | {b['leapfrog_ms']:.4f} | {b['aten_ops_per_leapfrog']:.1f} |"
+            )
         before, after = (best[name, i]["nuts_ms_per_leapfrog"] for name in runs)
         lines.append(f"| {reps[0][i]['net']}, N={n} | ratio after / before | {after / before:.2f} | | | |")
     lines.append("")
-    lines.append(f"Thread CPU time, minimum of {args.repeats} alternating repeats, 1 thread; step {args.step}, depth <= "
-                 f"{args.depth}, {args.transitions} transitions; {args.calls} calls for the potential and leapfrog "
-                 f"columns. Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.")
+    lines.append(
+        f"Thread CPU time, minimum of {args.repeats} alternating repeats, 1 thread; step {args.step}, depth <= "
+        f"{args.depth}, {args.transitions} transitions; {args.calls} calls for the potential and leapfrog "
+        f"columns. Load average at the end: {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."
+    )
     text = "\n".join(lines) + ("\n\n" + args.note if args.note else "")
     print(text)
     sys.path.insert(0, str(HERE))

@@ -72,16 +72,26 @@ def markdown(rows: pd.DataFrame, header: list[str]) -> str:
     before, after = VARIANTS
     for (dataset, method), group in rows.groupby(["dataset", "method"], sort=False):
         metrics = METRICS[group["task"].iloc[0]]
-        lines += [f"## {dataset}, {method}", "", "| variant | " + " | ".join(metrics) + " | fit s | errors |",
-                  "|---" * (len(metrics) + 3) + "|"]
+        lines += [
+            f"## {dataset}, {method}",
+            "",
+            "| variant | " + " | ".join(metrics) + " | fit s | errors |",
+            "|---" * (len(metrics) + 3) + "|",
+        ]
         for variant in VARIANTS:
             v = group[group["variant"] == variant]
             errors = int((v["error"].fillna("") != "").sum())
-            lines.append(f"| {variant} | " + " | ".join(_cell(v[m]) for m in metrics)
-                         + f" | {_cell(v['time_s'] if 'time_s' in v else v.get('fit_s'))} | {errors} |")
+            lines.append(
+                f"| {variant} | "
+                + " | ".join(_cell(v[m]) for m in metrics)
+                + f" | {_cell(v['time_s'] if 'time_s' in v else v.get('fit_s'))} | {errors} |"
+            )
         paired = group.pivot(index="split", columns="variant", values=list(metrics))
-        lines.append("| after - before (paired) | " + " | ".join(_cell(paired[m][after] - paired[m][before])
-                                                             for m in metrics) + " | | |")
+        lines.append(
+            "| after - before (paired) | "
+            + " | ".join(_cell(paired[m][after] - paired[m][before]) for m in metrics)
+            + " | | |"
+        )
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -107,7 +117,7 @@ def main() -> None:
     header = [
         "# lr_schedule default: constant (before) vs cosine (after) for ensemble and MC dropout",
         "",
-        f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {commit} (plus the working "
+        f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; commit {commit} (plus the working "
         f"tree); machine {platform.machine()}, {thread_note()}; fits use bp.fit's default num_threads=1; load "
         f"average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; whole run {time.time() - start:.0f} s. "
         f"{args.splits} splits per dataset, both variants on the same splits and seeds (paired). {args.note}",

@@ -41,63 +41,95 @@ def child(short: int, long: int) -> list[dict]:
     import warnings
 
     import torch
+    from _common import bnn, regression
 
     import bnn_pyro as bp
-    from _common import bnn, regression
 
     torch.set_num_threads(1)
     x, y = regression(200, 1)
     rows = []
     for method, extra in METHODS.items():
+
         def fit(n: int, method=method, extra=extra) -> float:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 start = time.perf_counter()
-                bp.fit(bnn(1), x, y, method=method, num_samples=n // 2, num_warmup=n - n // 2, num_chains=1,
-                       seed=0, progress=False, **extra)
+                bp.fit(
+                    bnn(1),
+                    x,
+                    y,
+                    method=method,
+                    num_samples=n // 2,
+                    num_warmup=n - n // 2,
+                    num_chains=1,
+                    seed=0,
+                    progress=False,
+                    **extra,
+                )
                 return time.perf_counter() - start
 
         fit(short)  # first fit in the process: imports, compilation and allocator warm-up, not timed
         t_short, t_long = fit(short), fit(long)
-        rows.append(dict(method=method, ms_per_iteration=(t_long - t_short) / (long - short) * 1e3,
-                         setup_s=t_short, library=bp.__file__))
+        rows.append(
+            dict(
+                method=method,
+                ms_per_iteration=(t_long - t_short) / (long - short) * 1e3,
+                setup_s=t_short,
+                library=bp.__file__,
+            )
+        )
     return rows
 
 
 def main(args) -> pd.DataFrame:
     with tempfile.TemporaryDirectory() as tmp:
         before = Path(tmp)
-        archive = subprocess.run(["git", "-C", str(ROOT), "archive", args.before, "bnn_pyro"], check=True,
-                                 capture_output=True).stdout
+        archive = subprocess.run(
+            ["git", "-C", str(ROOT), "archive", args.before, "bnn_pyro"], check=True, capture_output=True
+        ).stdout
         subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
         rows = []
         for r in range(args.rounds):
             for side, path in (("before", before), ("after", ROOT)):
                 env = dict(os.environ, PYTHONPATH=f"{path}{os.pathsep}{HERE}")
-                code = (f"import json, sys; sys.path[:0] = [{str(path)!r}, {str(HERE)!r}]; "
-                        f"from mcmc_contract_ab import child; print(json.dumps(child({args.short}, {args.long})))")
-                out = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp, check=True,
-                                     capture_output=True, text=True).stdout.strip().splitlines()[-1]
+                code = (
+                    f"import json, sys; sys.path[:0] = [{str(path)!r}, {str(HERE)!r}]; "
+                    f"from mcmc_contract_ab import child; print(json.dumps(child({args.short}, {args.long})))"
+                )
+                out = (
+                    subprocess.run(
+                        [sys.executable, "-c", code], env=env, cwd=tmp, check=True, capture_output=True, text=True
+                    )
+                    .stdout.strip()
+                    .splitlines()[-1]
+                )
                 for row in json.loads(out):
                     assert row.pop("library").startswith(str(path)), (side, path)
                     rows.append(dict(row, side=side, round=r))
     raw = pd.DataFrame(rows)
     med = raw.groupby(["method", "side"])[["ms_per_iteration", "setup_s"]].median().unstack("side")
-    table = pd.DataFrame({
-        "before ms/iter": med[("ms_per_iteration", "before")], "after ms/iter": med[("ms_per_iteration", "after")],
-        "after / before": med[("ms_per_iteration", "after")] / med[("ms_per_iteration", "before")],
-        "before setup s": med[("setup_s", "before")], "after setup s": med[("setup_s", "after")],
-    }).reset_index()
+    table = pd.DataFrame(
+        {
+            "before ms/iter": med[("ms_per_iteration", "before")],
+            "after ms/iter": med[("ms_per_iteration", "after")],
+            "after / before": med[("ms_per_iteration", "after")] / med[("ms_per_iteration", "before")],
+            "before setup s": med[("setup_s", "before")],
+            "after setup s": med[("setup_s", "after")],
+        }
+    ).reset_index()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     raw.to_csv(out / "mcmc_contract_ab.csv", index=False)
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()
-    header = (f"# MCMC before ({args.before}) and after the typed-config contract\n\n"
-              f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC; commit {commit} (after) vs "
-              f"{args.before} (before); machine {platform.machine()} {os.cpu_count()} cores, {platform.python_version()}; "
-              f"one torch thread per side; load average at the end {os.getloadavg()[0]:.1f}; {args.rounds} rounds, "
-              f"{args.short} vs {args.long} iterations differenced. {args.note}\n\n")
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    header = (
+        f"# MCMC before ({args.before}) and after the typed-config contract\n\n"
+        f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; commit {commit} (after) vs "
+        f"{args.before} (before); machine {platform.machine()} {os.cpu_count()} cores, {platform.python_version()}; "
+        f"one torch thread per side; load average at the end {os.getloadavg()[0]:.1f}; {args.rounds} rounds, "
+        f"{args.short} vs {args.long} iterations differenced. {args.note}\n\n"
+    )
     (out / "mcmc_contract_ab.md").write_text(header + markdown(table.round(3)) + "\n")
     print(header + markdown(table.round(3)))
     return table

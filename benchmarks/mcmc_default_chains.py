@@ -39,8 +39,19 @@ def run(method: str, chains: int, how: str, draws: int, depth: int) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # short runs: the health warnings
         start = time.perf_counter()
-        bp.fit(bnn(1), x, y, method=method, num_chains=chains, chain_method=how, num_warmup=draws, num_samples=draws,
-               seed=0, progress=False, **options)
+        bp.fit(
+            bnn(1),
+            x,
+            y,
+            method=method,
+            num_chains=chains,
+            chain_method=how,
+            num_warmup=draws,
+            num_samples=draws,
+            seed=0,
+            progress=False,
+            **options,
+        )
         return time.perf_counter() - start
 
 
@@ -59,24 +70,37 @@ def main(args) -> pd.DataFrame:
                 times.setdefault((method, chains, how), []).append(run(method, chains, how, args.draws, args.depth))
     rows = []
     for (method, chains, how), walls in times.items():
-        rows.append(dict(method=method, num_chains=chains, chain_method=how, default=chains == 4 and how == "auto",
-                         median_wall_s=pd.Series(walls).median(), walls_s=" ".join(f"{w:.1f}" for w in walls)))
+        rows.append(
+            dict(
+                method=method,
+                num_chains=chains,
+                chain_method=how,
+                default=chains == 4 and how == "auto",
+                median_wall_s=pd.Series(walls).median(),
+                walls_s=" ".join(f"{w:.1f}" for w in walls),
+            )
+        )
     table = pd.DataFrame(rows)
     one = table[table.num_chains == 1].set_index("method").median_wall_s
     table["ratio_to_one_chain"] = (table.median_wall_s / table.method.map(one)).round(2)
     table["per_chain_ratio"] = (table.ratio_to_one_chain / table.num_chains).round(2)
     table = table.round(2)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
     load = os.getloadavg()
-    header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, {os.cpu_count()} CPU cores "
-              f"(affinity {len(os.sched_getaffinity(0))}), {thread_note()}, load average at the end "
-              f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}; {args.draws} + {args.draws} iterations per chain, NUTS "
-              f"max_tree_depth={args.depth}, {args.rounds} interleaved rounds (median)")
+    header = (
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, {os.cpu_count()} CPU cores "
+        f"(affinity {len(os.sched_getaffinity(0))}), {thread_note()}, load average at the end "
+        f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f}; {args.draws} + {args.draws} iterations per chain, NUTS "
+        f"max_tree_depth={args.depth}, {args.rounds} interleaved rounds (median)"
+    )
     out = results_dir("mcmc_default_chains", args.out)
     table.to_csv(out / f"{args.name}.csv", index=False)
-    write_result(out / f"{args.name}.md", header + "\n\n" + (f"{args.note}\n\n" if args.note else "")
-                                                             + markdown(table.astype(object)))
+    write_result(
+        out / f"{args.name}.md",
+        header + "\n\n" + (f"{args.note}\n\n" if args.note else "") + markdown(table.astype(object)),
+    )
     print(header)
     print(table.to_string(index=False))
     return table
@@ -88,7 +112,9 @@ if __name__ == "__main__":
     parser.add_argument("--draws", type=int, default=100)
     parser.add_argument("--depth", type=int, default=5)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/mcmc_default_chains/)")
+    parser.add_argument(
+        "--out", default=None, help="the folder written (default benchmarks/results/mcmc_default_chains/)"
+    )
     parser.add_argument("--name", default="results", help="the result files' name (default results)")
     parser.add_argument("--note", default="")
     args = parser.parse_args()

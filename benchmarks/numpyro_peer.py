@@ -36,8 +36,13 @@ def run(jobs: list[dict], threads: str = "default", device: str = "cpu", host_de
     flags = [f"--xla_force_host_platform_device_count={host_devices}"] + ([ONE_THREAD] if threads == "1" else [])
     env["XLA_FLAGS"] = " ".join([env.get("XLA_FLAGS", "")] + flags).strip()
     env["JAX_PLATFORMS"] = "cuda" if str(device).startswith("cuda") else "cpu"
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), json.dumps(jobs)], env=env, cwd=HERE,
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), json.dumps(jobs)],
+        env=env,
+        cwd=HERE,
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         tail = out.stderr.strip().splitlines()[-1:] or ["no output"]
         print(f"NumPyro rows skipped: the NumPyro process failed ({tail[0]})")
@@ -51,9 +56,8 @@ def _child(jobs: list[dict]) -> list[dict]:
     import numpy as np
     import numpyro
     import numpyro.distributions as nd
-    from numpyro.infer import MCMC, NUTS, init_to_value
-
     from _common import bulk_ess, forward_draws, mlp, probe_points, regression
+    from numpyro.infer import MCMC, NUTS, init_to_value
 
     spent = {"compile": 0.0, "trace": 0.0}
 
@@ -83,10 +87,17 @@ def _child(jobs: list[dict]) -> list[dict]:
             with numpyro.plate("data", x.shape[0]):
                 numpyro.sample("obs", nd.Normal(h[:, 0], 0.1), obs=y)
 
-        kernel = NUTS(model, max_tree_depth=job["tree_depth"], target_accept_prob=0.8,
-                      init_strategy=init_to_value(values=start))
-        mcmc = MCMC(kernel, num_warmup=job["warmup"], num_samples=job["draws"], num_chains=job["chains"],
-                    chain_method=job["chain_method"], progress_bar=False)
+        kernel = NUTS(
+            model, max_tree_depth=job["tree_depth"], target_accept_prob=0.8, init_strategy=init_to_value(values=start)
+        )
+        mcmc = MCMC(
+            kernel,
+            num_warmup=job["warmup"],
+            num_samples=job["draws"],
+            num_chains=job["chains"],
+            chain_method=job["chain_method"],
+            progress_bar=False,
+        )
         xj, yj = jnp.asarray(x.numpy()), jnp.asarray(y.numpy())
         for seed in (0, 1):
             spent.update(compile=0.0, trace=0.0)
@@ -98,9 +109,20 @@ def _child(jobs: list[dict]) -> list[dict]:
             steps = np.asarray(mcmc.get_extra_fields(group_by_chain=True)["num_steps"])
             layers = [(np.asarray(samples[f"w{i}"]), np.asarray(samples[f"b{i}"])) for i in range(len(net))]
             flat = np.concatenate([np.asarray(samples[k]).reshape(job["chains"], job["draws"], -1) for k in start], -1)
-            results.append(dict(job, run=seed + 1, wall_s=wall, compile_s=spent["compile"], trace_s=spent["trace"], mean_steps=float(steps.mean()),
-                                devices=len(jax.devices()), platform=jax.devices()[0].platform,
-                                ess_weights=bulk_ess(flat), ess_function=bulk_ess(forward_draws(layers, probe_points(job["d"])))))
+            results.append(
+                dict(
+                    job,
+                    run=seed + 1,
+                    wall_s=wall,
+                    compile_s=spent["compile"],
+                    trace_s=spent["trace"],
+                    mean_steps=float(steps.mean()),
+                    devices=len(jax.devices()),
+                    platform=jax.devices()[0].platform,
+                    ess_weights=bulk_ess(flat),
+                    ess_function=bulk_ess(forward_draws(layers, probe_points(job["d"]))),
+                )
+            )
     return results
 
 

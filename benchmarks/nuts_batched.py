@@ -28,14 +28,13 @@ from collections import Counter
 
 import pyro
 import torch
+from _common import bnn, regression, results_dir, write_result
 from torch.profiler import ProfilerActivity, profile
 
-from _common import bnn, regression, results_dir, write_result
 from bnn_pyro.infer import _logjoint
-from bnn_pyro.infer._common import quiet_model
-from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._analytic_batched import OneChain
-from bnn_pyro.infer._nuts import nuts_transition
+from bnn_pyro.infer._common import quiet_model
+from bnn_pyro.infer._nuts import FlatNUTS, nuts_transition
 
 N = 200
 
@@ -43,16 +42,25 @@ N = 200
 def _top_level_ops(run) -> int:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run()
-    return sum(Counter(e.name for e in prof.events() if e.name.startswith("aten::")
-                       and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))).values())
+    return sum(
+        Counter(
+            e.name
+            for e in prof.events()
+            if e.name.startswith("aten::") and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))
+        ).values()
+    )
 
 
 def _flat(args):
     """FlatNUTS on the model, set up at a fixed step and warmed up, and a function timing it (ms per leapfrog)."""
     x, y = regression(N, 1)
     model = bnn(1)
-    kernel = FlatNUTS(quiet_model(model, N), _logjoint.build(model, N),
-                      init_strategy=pyro.infer.autoguide.init_to_sample, max_tree_depth=args.depth)
+    kernel = FlatNUTS(
+        quiet_model(model, N),
+        _logjoint.build(model, N),
+        init_strategy=pyro.infer.autoguide.init_to_sample,
+        max_tree_depth=args.depth,
+    )
     torch.manual_seed(1)
     kernel.setup(0, x, y)
     kernel.chains._adapters[0].step_size = args.step
@@ -95,9 +103,16 @@ class _Batched:
     def transitions(self, n: int) -> int:
         steps = 0
         for _ in range(n):
-            self.z, self.u, self.g, stats = nuts_transition(self.z, self.u, self.g, self.step, self.minv,
-                                                            leapfrog=self.leapfrog, generator=self.gen,
-                                                            max_tree_depth=self.args.depth)
+            self.z, self.u, self.g, stats = nuts_transition(
+                self.z,
+                self.u,
+                self.g,
+                self.step,
+                self.minv,
+                leapfrog=self.leapfrog,
+                generator=self.gen,
+                max_tree_depth=self.args.depth,
+            )
             steps += sum(stats.n_steps)
         return steps
 
@@ -129,20 +144,36 @@ def main(args) -> str:
     for side in sides:
         lock, chain, book = best[side.c]
         ops, leap_ops = side.counts()
-        rows.append(dict(chains=side.c, lockstep_ms=lock, chain_leapfrog_ms=chain, chain_leapfrogs_per_s=1e3 / chain,
-                         bookkeeping_ms=book, ops_per_lockstep=ops, leapfrog_ops=leap_ops))
-    lines = ["| chains | ms / lockstep leapfrog | ms / chain-leapfrog | chain-leapfrogs / s | vs FlatNUTS per "
-             "chain-leapfrog | ms / lockstep step outside the leapfrog | aten ops / lockstep step (leapfrog's) |",
-             "|---|---|---|---|---|---|---|",
-             f"| FlatNUTS (1) | {flat_ms:.4f} | {flat_ms:.4f} | {1e3 / flat_ms:.0f} | 1.00 | | |"]
+        rows.append(
+            dict(
+                chains=side.c,
+                lockstep_ms=lock,
+                chain_leapfrog_ms=chain,
+                chain_leapfrogs_per_s=1e3 / chain,
+                bookkeeping_ms=book,
+                ops_per_lockstep=ops,
+                leapfrog_ops=leap_ops,
+            )
+        )
+    lines = [
+        "| chains | ms / lockstep leapfrog | ms / chain-leapfrog | chain-leapfrogs / s | vs FlatNUTS per "
+        "chain-leapfrog | ms / lockstep step outside the leapfrog | aten ops / lockstep step (leapfrog's) |",
+        "|---|---|---|---|---|---|---|",
+        f"| FlatNUTS (1) | {flat_ms:.4f} | {flat_ms:.4f} | {1e3 / flat_ms:.0f} | 1.00 | | |",
+    ]
     for r in rows:
-        lines.append(f"| {r['chains']} | {r['lockstep_ms']:.4f} | {r['chain_leapfrog_ms']:.4f} | "
-                     f"{r['chain_leapfrogs_per_s']:.0f} | {r['chain_leapfrog_ms'] / flat_ms:.2f} | "
-                     f"{r['bookkeeping_ms']:.4f} | {r['ops_per_lockstep']:.1f} ({r['leapfrog_ops']}) |")
-    lines += ["", f"1-50-1 tanh BNN, N = {N}, float32, 1 torch thread; step {args.step}, depth <= {args.depth}, "
-              f"{args.warm} FlatNUTS warm-up transitions, {args.transitions} transitions per repeat, minimum of "
-              f"{args.repeats} repeats of thread CPU time, FlatNUTS and each C alternating. Load average at the end: "
-              f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores."]
+        lines.append(
+            f"| {r['chains']} | {r['lockstep_ms']:.4f} | {r['chain_leapfrog_ms']:.4f} | "
+            f"{r['chain_leapfrogs_per_s']:.0f} | {r['chain_leapfrog_ms'] / flat_ms:.2f} | "
+            f"{r['bookkeeping_ms']:.4f} | {r['ops_per_lockstep']:.1f} ({r['leapfrog_ops']}) |"
+        )
+    lines += [
+        "",
+        f"1-50-1 tanh BNN, N = {N}, float32, 1 torch thread; step {args.step}, depth <= {args.depth}, "
+        f"{args.warm} FlatNUTS warm-up transitions, {args.transitions} transitions per repeat, minimum of "
+        f"{args.repeats} repeats of thread CPU time, FlatNUTS and each C alternating. Load average at the end: "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.",
+    ]
     text = "\n".join(lines) + ("\n\n" + args.note if args.note else "")
     print(text)
     write_result(results_dir("nuts_batched", args.out) / f"{args.name}.md", text + "\n")

@@ -52,19 +52,32 @@ import bnn_pyro as bp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import baselines  # noqa: E402
-from _common import (DEFAULT_THREADS, SIGMA, bnn, markdown, regression, results_dir, thread_note,  # noqa: E402
-                     thread_settings, write_result)
+from _common import (
+    DEFAULT_THREADS,
+    SIGMA,
+    bnn,
+    markdown,
+    regression,
+    results_dir,
+    thread_note,  # noqa: E402
+    thread_settings,
+    write_result,
+)
 from performance import PeakMemory  # noqa: E402
 
-KINDS = {"loop": "hand-written loop over draws (addmm, tanh_, addmm, running sums)",
-         "bmm": "hand-written chunked baddbmm (baselines.predict_loop)",
-         "bnn_pyro": "bnn_pyro post.predict(x): mean, std, epistemic_std, aleatoric_std",
-         "bnn_pyro_interval": "bnn_pyro post.predict(x): mean, std, lower, upper",
-         "per_draw": "bnn_pyro post.predict(x).std, the stack one draw at a time",
-         "batched": "bnn_pyro post.predict(x).std, the stack as batched products"}
-CASES = {"speed": (500, [10_000], ["loop", "bmm", "bnn_pyro", "bnn_pyro_interval"]),
-         "rule": (500, [330, 1_000, 3_000, 10_000], ["per_draw", "batched"]),
-         "memory": (1_000, [1_000_000], ["bnn_pyro", "bnn_pyro_interval"])}
+KINDS = {
+    "loop": "hand-written loop over draws (addmm, tanh_, addmm, running sums)",
+    "bmm": "hand-written chunked baddbmm (baselines.predict_loop)",
+    "bnn_pyro": "bnn_pyro post.predict(x): mean, std, epistemic_std, aleatoric_std",
+    "bnn_pyro_interval": "bnn_pyro post.predict(x): mean, std, lower, upper",
+    "per_draw": "bnn_pyro post.predict(x).std, the stack one draw at a time",
+    "batched": "bnn_pyro post.predict(x).std, the stack as batched products",
+}
+CASES = {
+    "speed": (500, [10_000], ["loop", "bmm", "bnn_pyro", "bnn_pyro_interval"]),
+    "rule": (500, [330, 1_000, 3_000, 10_000], ["per_draw", "batched"]),
+    "memory": (1_000, [1_000_000], ["bnn_pyro", "bnn_pyro_interval"]),
+}
 QUICK = {"speed": (100, [2_000]), "rule": (100, [330, 3_000]), "memory": (100, [100_000])}
 
 
@@ -126,8 +139,14 @@ def child(kind: str, draws: int, points: int, threads: int, calls: int) -> dict:
         cpus.append(time.process_time() - start_cpu)
     peak = watch.stop()
     maxrss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - before
-    return dict(wall_s=min(walls), cpu_s=min(cpus), peak_mb=peak, maxrss_mb=maxrss,
-                mean_sum=float(mean.double().sum()), std_sum=float(std.double().sum()))
+    return dict(
+        wall_s=min(walls),
+        cpu_s=min(cpus),
+        peak_mb=peak,
+        maxrss_mb=maxrss,
+        mean_sum=float(mean.double().sum()),
+        std_sum=float(std.double().sum()),
+    )
 
 
 def _rss_mb() -> float:
@@ -139,8 +158,11 @@ def case_rows(case: str, args) -> list[dict]:
     draws, sizes, kinds = CASES[case]
     repeats = args.repeats
     if case == "memory":
-        sizes, draws, kinds = [args.memory_points] if args.memory_points else sizes, args.memory_draws or draws, \
-            args.memory_kinds or kinds
+        sizes, draws, kinds = (
+            [args.memory_points] if args.memory_points else sizes,
+            args.memory_draws or draws,
+            args.memory_kinds or kinds,
+        )
         repeats = args.memory_repeats or args.repeats
     if args.quick:
         draws, sizes = QUICK[case]
@@ -151,8 +173,16 @@ def case_rows(case: str, args) -> list[dict]:
             runs: dict[str, list[dict]] = {k: [] for k in kinds}
             for _ in range(repeats):
                 for kind in kinds:
-                    cmd = [sys.executable, __file__, "--child", kind, str(draws), str(points), str(threads),
-                           str(args.calls)]
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        kind,
+                        str(draws),
+                        str(points),
+                        str(threads),
+                        str(args.calls),
+                    ]
                     out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                     runs[kind].append(json.loads(out.stdout.strip().splitlines()[-1]))
             hand = [k for k in ("loop", "bmm") if k in runs] or [kinds[-1]]
@@ -161,16 +191,27 @@ def case_rows(case: str, args) -> list[dict]:
                 rs = runs[kind]
                 wall = [r["wall_s"] / b["wall_s"] for r, b in zip(rs, runs[baseline])]
                 cpu = [r["cpu_s"] / b["cpu_s"] for r, b in zip(rs, runs[baseline])]
-                agree = abs(rs[0]["mean_sum"] - runs["loop"][0]["mean_sum"]) / points if "loop" in runs else float("nan")
-                rows.append(dict(case=case, draws=draws, points=points, threads=threads, implementation=KINDS[kind],
-                                 role="baseline" if kind == baseline else "ours" if kind.startswith("bnn") else "other",
-                                 cpu_s=round(min(r["cpu_s"] for r in rs), 4),
-                                 cpu_ratio=f"{statistics.median(cpu):.3f} [{min(cpu):.3f}, {max(cpu):.3f}]",
-                                 wall_s=round(min(r["wall_s"] for r in rs), 4),
-                                 wall_ratio=f"{statistics.median(wall):.3f} [{min(wall):.3f}, {max(wall):.3f}]",
-                                 peak_mb=round(max(r["peak_mb"] for r in rs), 1),
-                                 maxrss_mb=round(max(r["maxrss_mb"] for r in rs), 1), mean_vs_loop=f"{agree:.1e}"))
-            print(pd.DataFrame(rows[-len(kinds):]).to_string(index=False), flush=True)
+                agree = (
+                    abs(rs[0]["mean_sum"] - runs["loop"][0]["mean_sum"]) / points if "loop" in runs else float("nan")
+                )
+                rows.append(
+                    dict(
+                        case=case,
+                        draws=draws,
+                        points=points,
+                        threads=threads,
+                        implementation=KINDS[kind],
+                        role="baseline" if kind == baseline else "ours" if kind.startswith("bnn") else "other",
+                        cpu_s=round(min(r["cpu_s"] for r in rs), 4),
+                        cpu_ratio=f"{statistics.median(cpu):.3f} [{min(cpu):.3f}, {max(cpu):.3f}]",
+                        wall_s=round(min(r["wall_s"] for r in rs), 4),
+                        wall_ratio=f"{statistics.median(wall):.3f} [{min(wall):.3f}, {max(wall):.3f}]",
+                        peak_mb=round(max(r["peak_mb"] for r in rs), 1),
+                        maxrss_mb=round(max(r["maxrss_mb"] for r in rs), 1),
+                        mean_vs_loop=f"{agree:.1e}",
+                    )
+                )
+            print(pd.DataFrame(rows[-len(kinds) :]).to_string(index=False), flush=True)
     return rows
 
 
@@ -178,23 +219,29 @@ def main(args) -> pd.DataFrame:
     started = time.perf_counter()
     load = os.getloadavg()
     # the revision measured: the one checked out when the run starts
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                           cwd=Path(__file__).parent).stdout.strip()
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=no"],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+    ).stdout.strip()
     table = pd.DataFrame([r for case in args.only for r in case_rows(case, args)])
-    header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}{' (with uncommitted changes)' if dirty else ''}; "
-              f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {thread_note()}; "
-              f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end "
-              f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; {'quick' if args.quick else 'full'} settings, "
-              f"{args.repeats} rounds of fresh processes per row (implementations alternating), the fastest of "
-              f"{args.calls} calls per process; whole run {time.perf_counter() - started:.0f} s.\n"
-              "cpu_s / wall_s: the fastest over the rounds. cpu_ratio / wall_ratio: the median over the rounds of "
-              "the time / the baseline's time in the same round, [the smallest, the largest]; the baseline (role "
-              "baseline) is the tighter hand-written loop at the same thread setting (the rule case: batched "
-              "products). mean_vs_loop: mean absolute difference of the predictive mean from the loop's. peak_mb, "
-              "maxrss_mb: the largest over the rounds.\n\n"
-              + (f"{args.note}\n\n" if args.note else ""))
+    header = (
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}{' (with uncommitted changes)' if dirty else ''}; "
+        f"torch {torch.__version__}, {platform.processor() or platform.machine()}, {thread_note()}; "
+        f"load average at start {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, at end "
+        f"{' '.join(f'{v:.2f}' for v in os.getloadavg())}; {'quick' if args.quick else 'full'} settings, "
+        f"{args.repeats} rounds of fresh processes per row (implementations alternating), the fastest of "
+        f"{args.calls} calls per process; whole run {time.perf_counter() - started:.0f} s.\n"
+        "cpu_s / wall_s: the fastest over the rounds. cpu_ratio / wall_ratio: the median over the rounds of "
+        "the time / the baseline's time in the same round, [the smallest, the largest]; the baseline (role "
+        "baseline) is the tighter hand-written loop at the same thread setting (the rule case: batched "
+        "products). mean_vs_loop: mean absolute difference of the predictive mean from the loop's. peak_mb, "
+        "maxrss_mb: the largest over the rounds.\n\n" + (f"{args.note}\n\n" if args.note else "")
+    )
     out = results_dir("predict", args.out)
     table.to_csv(out / f"{args.name}.csv", index=False)
     write_result(out / f"{args.name}.md", header + markdown(table))
@@ -210,8 +257,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--only", nargs="+", default=list(CASES), choices=list(CASES))
     p.add_argument("--memory-points", type=int, default=None, help="points of the memory case (default 1,000,000)")
     p.add_argument("--memory-draws", type=int, default=None, help="draws of the memory case (default 1,000)")
-    p.add_argument("--memory-kinds", nargs="+", default=None, choices=list(KINDS), help="implementations of the memory case")
-    p.add_argument("--memory-repeats", type=int, default=None, help="fresh processes per memory row (default --repeats)")
+    p.add_argument(
+        "--memory-kinds", nargs="+", default=None, choices=list(KINDS), help="implementations of the memory case"
+    )
+    p.add_argument(
+        "--memory-repeats", type=int, default=None, help="fresh processes per memory row (default --repeats)"
+    )
     p.add_argument("--out", default=None, help="the folder written (default benchmarks/results/predict/)")
     p.add_argument("--name", default="results", help="the result files' name, NAME.md and NAME.csv (default results)")
     p.add_argument("--note", default="", help="a line for the header (e.g. what else ran on the machine)")

@@ -44,8 +44,9 @@ def quickstart_code() -> str:
 
 def main(args) -> pd.DataFrame:
     load_before = os.getloadavg()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).parent).stdout.strip()  # the code that runs: read before the run
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+    ).stdout.strip()  # the code that runs: read before the run
     walls: list[tuple[str, float]] = []
     fit = bp.fit
 
@@ -80,8 +81,10 @@ def main(args) -> pd.DataFrame:
     rows = [dict(figure=f"{method} fit wall time (s)", value=round(wall, 1)) for method, wall in walls]
     rows += [
         dict(figure="NUTS chains x kept draws", value=f"{depth.shape[0]} x {depth.shape[1]}"),
-        dict(figure="NUTS adapted step size per chain",
-             value=" ".join(f"{float(s):.2g}" for s in step) if step is not None else "n/a"),
+        dict(
+            figure="NUTS adapted step size per chain",
+            value=" ".join(f"{float(s):.2g}" for s in step) if step is not None else "n/a",
+        ),
         dict(figure="share of kept draws at max_tree_depth 10", value=round(float((depth >= 10).float().mean()), 3)),
         dict(figure="divergent transitions", value=int(torch.as_tensor(stats["diverging"]).sum())),
         dict(figure="R-hat of f(x), min-max", value=f"{table.r_hat.min():.2f}-{table.r_hat.max():.2f}"),
@@ -91,18 +94,29 @@ def main(args) -> pd.DataFrame:
         dict(figure="epistemic sd of f at x = -1.5 (on the data)", value=round(sd_data, 3)),
         dict(figure="gap / data epistemic sd", value=round(sd_gap / sd_data, 1)),
     ]
-    messages = sorted({f"{w.category.__name__}: {str(w.message).splitlines()[0][:400]}" for w in caught
-                       if w.category.__name__ == "DiagnosticWarning"})
+    messages = sorted(
+        {
+            f"{w.category.__name__}: {str(w.message).splitlines()[0][:400]}"
+            for w in caught
+            if w.category.__name__ == "DiagnosticWarning"
+        }
+    )
     frame = pd.DataFrame(rows)
     load_after = os.getloadavg()
-    header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, {os.cpu_count()} CPU cores "
-              f"(affinity {len(os.sched_getaffinity(0))}), {thread_note()}, torch {torch.__version__}; load average "
-              f"(1/5/15 min) before {load_before[0]:.1f} / {load_before[1]:.1f} / {load_before[2]:.1f}, after "
-              f"{load_after[0]:.1f} / {load_after[1]:.1f} / {load_after[2]:.1f}; README.md's quickstart block, run once "
-              f"as written")
+    header = (
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, commit {commit}, {os.cpu_count()} CPU cores "
+        f"(affinity {len(os.sched_getaffinity(0))}), {thread_note()}, torch {torch.__version__}; load average "
+        f"(1/5/15 min) before {load_before[0]:.1f} / {load_before[1]:.1f} / {load_before[2]:.1f}, after "
+        f"{load_after[0]:.1f} / {load_after[1]:.1f} / {load_after[2]:.1f}; README.md's quickstart block, run once "
+        f"as written"
+    )
     frame.to_csv(out / "quickstart.csv", index=False)
-    body = markdown(frame.astype(object)) + "\n\nDiagnosticWarnings raised by the fits:\n\n" + (
-        "\n".join(f"- {m}" for m in messages) or "- none") + "\n"
+    body = (
+        markdown(frame.astype(object))
+        + "\n\nDiagnosticWarnings raised by the fits:\n\n"
+        + ("\n".join(f"- {m}" for m in messages) or "- none")
+        + "\n"
+    )
     (out / "quickstart.md").write_text(header + "\n\n" + body)
     print(header)
     print(frame.to_string(index=False))

@@ -39,8 +39,11 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-NETS = (("1-50-1, N=200", (1, 50, 1), 200, "normal"), ("8-50-50-1, N=1000", (8, 50, 50, 1), 1000, "normal"),
-        ("1-50-1, N=200, Laplace prior (generic)", (1, 50, 1), 200, "laplace"))
+NETS = (
+    ("1-50-1, N=200", (1, 50, 1), 200, "normal"),
+    ("8-50-50-1, N=1000", (8, 50, 50, 1), 1000, "normal"),
+    ("1-50-1, N=200, Laplace prior (generic)", (1, 50, 1), 200, "laplace"),
+)
 
 
 def _child(settings: dict) -> list[dict]:
@@ -49,13 +52,13 @@ def _child(settings: dict) -> list[dict]:
 
     import pyro
     import torch
+    from fast_path import SIGMA, mlp, regression
 
     import bnn_pyro as bp
     from bnn_pyro.infer import _logjoint
     from bnn_pyro.infer._common import quiet_model
     from bnn_pyro.infer._flat_hmc import FlatHMC
     from bnn_pyro.infer._nuts import FlatNUTS
-    from fast_path import SIGMA, mlp, regression
 
     analytic_batched = importlib.import_module("bnn_pyro.infer._analytic_batched")
     one_chain = getattr(analytic_batched, "OneChain", None) or analytic_batched.one_chain_leapfrog
@@ -68,8 +71,12 @@ def _child(settings: dict) -> list[dict]:
     step = settings["step"]
 
     def kernel_of(cls, model, n, x, y, **options):
-        kernel = cls(quiet_model(model, n), _logjoint.build(model, n), init_strategy=pyro.infer.autoguide.init_to_sample,
-                     **options)
+        kernel = cls(
+            quiet_model(model, n),
+            _logjoint.build(model, n),
+            init_strategy=pyro.infer.autoguide.init_to_sample,
+            **options,
+        )
         torch.manual_seed(1)
         kernel.setup(0, x, y)
         adapter = kernel.chains._adapters[0] if hasattr(kernel, "chains") else kernel._adapter
@@ -93,8 +100,9 @@ def _child(settings: dict) -> list[dict]:
         model = mlp(widths)
         if prior == "laplace":  # the same net under another prior: no analytic potential
             torch.manual_seed(0)
-            net = torch.nn.Sequential(torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(),
-                                      torch.nn.Linear(widths[1], widths[2]))
+            net = torch.nn.Sequential(
+                torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(), torch.nn.Linear(widths[1], widths[2])
+            )
             model = bp.BNN(net, prior=bp.priors.Laplace(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
         deep = kernel_of(FlatNUTS, model, n, x, y, max_tree_depth=settings["depth"])
         shallow = kernel_of(FlatNUTS, model, n, x, y, max_tree_depth=2)
@@ -129,12 +137,14 @@ def _child(settings: dict) -> list[dict]:
                 z = z + 1e-3 * torch.randn(z.shape, generator=gen)
                 u, g = pot.batch(c)(z)
                 minv, steps_c = torch.ones_like(z), torch.full((c,), step)
-                nuts_transition(z, u, g, steps_c, minv, leapfrog=leapfrog, generator=gen,
-                                max_tree_depth=settings["depth"])
+                nuts_transition(
+                    z, u, g, steps_c, minv, leapfrog=leapfrog, generator=gen, max_tree_depth=settings["depth"]
+                )
                 lock, start = 0, time.thread_time()
                 for _ in range(settings["transitions"]):
-                    z, u, g, stats = nuts_transition(z, u, g, steps_c, minv, leapfrog=leapfrog, generator=gen,
-                                                     max_tree_depth=settings["depth"])
+                    z, u, g, stats = nuts_transition(
+                        z, u, g, steps_c, minv, leapfrog=leapfrog, generator=gen, max_tree_depth=settings["depth"]
+                    )
                     lock += 2 ** int(max(stats.tree_depth)) - 1  # lockstep steps: the deepest chain's tree
                 spent = (time.thread_time() - start) * 1e3
                 row[f"nuts {c} chains lockstep: ms/lockstep leapfrog"] = spent / lock
@@ -144,19 +154,33 @@ def _child(settings: dict) -> list[dict]:
 
 def _run(tree: Path, settings: dict) -> list[dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(HERE)]))
-    code = ("import sys, json, bnn_pyro; tree = sys.argv[1]; "
-            "assert bnn_pyro.__file__.startswith(tree), f'imported {bnn_pyro.__file__}, not from {tree}'; "
-            "from samplers_ab import _child; print(json.dumps(_child(json.loads(sys.argv[2]))))")
-    out = subprocess.run([sys.executable, "-c", code, str(tree), json.dumps(settings)], env=env,
-                         cwd=tempfile.gettempdir(), capture_output=True, text=True)
+    code = (
+        "import sys, json, bnn_pyro; tree = sys.argv[1]; "
+        "assert bnn_pyro.__file__.startswith(tree), f'imported {bnn_pyro.__file__}, not from {tree}'; "
+        "from samplers_ab import _child; print(json.dumps(_child(json.loads(sys.argv[2]))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tree), json.dumps(settings)],
+        env=env,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
         raise SystemExit(f"the run on {tree} failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def main(args) -> str:
-    settings = dict(transitions=args.transitions, step=args.step, depth=args.depth, chains=args.chains,
-                    num_leapfrog=args.num_leapfrog, svi_steps=args.svi_steps, warm=args.warm)
+    settings = dict(
+        transitions=args.transitions,
+        step=args.step,
+        depth=args.depth,
+        chains=args.chains,
+        num_leapfrog=args.num_leapfrog,
+        svi_steps=args.svi_steps,
+        warm=args.warm,
+    )
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         archive = Path(tmp) / "before.tar"
@@ -168,21 +192,26 @@ def main(args) -> str:
         for _ in range(args.repeats):  # alternating, so that a burst of load hits both sides
             for name, tree in sides.items():
                 runs[name].append(_run(tree, settings))
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                            text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "bnn_pyro"], cwd=ROOT, capture_output=True,
-                           text=True).stdout.strip()
-    header = [f"# samplers A/B: {args.before} (before) against {commit}{' + uncommitted changes' if dirty else ''} "
-              "(after)", "",
-              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-              f"- machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
-              f"{platform.python_version()}; torch threads: 1 per side",
-              f"- load average: {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
-              f"- settings: step {args.step}, NUTS depth <= {args.depth}, HMC {args.num_leapfrog} leapfrog steps, "
-              f"SVI {args.svi_steps // 10} and {args.svi_steps} steps, "
-              f"{args.warm} transitions before timing a kernel, {args.transitions} transitions per figure (20x that "
-              f"for the per-transition figures), minimum of {args.repeats} alternating repeats of thread CPU time",
-              f"- command: `python benchmarks/samplers_ab.py --before {args.before} --repeats {args.repeats}`", ""]
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "bnn_pyro"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.strip()
+    header = [
+        f"# samplers A/B: {args.before} (before) against {commit}{' + uncommitted changes' if dirty else ''} (after)",
+        "",
+        f"- date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+        f"- machine: {platform.machine()}, {os.cpu_count()} cores, {platform.python_implementation()} "
+        f"{platform.python_version()}; torch threads: 1 per side",
+        f"- load average: {load_start:.1f} at the start, {os.getloadavg()[0]:.1f} at the end",
+        f"- settings: step {args.step}, NUTS depth <= {args.depth}, HMC {args.num_leapfrog} leapfrog steps, "
+        f"SVI {args.svi_steps // 10} and {args.svi_steps} steps, "
+        f"{args.warm} transitions before timing a kernel, {args.transitions} transitions per figure (20x that "
+        f"for the per-transition figures), minimum of {args.repeats} alternating repeats of thread CPU time",
+        f"- command: `python benchmarks/samplers_ab.py --before {args.before} --repeats {args.repeats}`",
+        "",
+    ]
     lines = ["| net | measure | before ms | after ms | after / before |", "|---|---|---|---|---|"]
     for i, row in enumerate(runs["after"][0]):
         for key in row:

@@ -55,7 +55,9 @@ def svi_ms(n, width, depth, particles, quick: bool, device) -> float:
     def run(steps):
         start = now(device)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", bp.diagnostics.DiagnosticWarning)  # short runs on purpose: costs, not quality
+            warnings.simplefilter(
+                "ignore", bp.diagnostics.DiagnosticWarning
+            )  # short runs on purpose: costs, not quality
             bp.fit(m, x, y, method="svi", num_steps=steps, num_particles=particles, num_samples=1, progress=False)
         return now(device) - start
 
@@ -71,9 +73,12 @@ def nuts_ms(n, width, depth, quick: bool, device) -> float:
     def run(draws):
         start = now(device)
         with warnings.catch_warnings():
-            warnings.simplefilter("ignore", bp.diagnostics.DiagnosticWarning)  # costs are measured here, not the fit's quality
-            post = bp.fit(m, x, y, method="nuts", num_warmup=warmup, num_samples=draws, max_tree_depth=5, seed=0,
-                          progress=False)
+            warnings.simplefilter(
+                "ignore", bp.diagnostics.DiagnosticWarning
+            )  # costs are measured here, not the fit's quality
+            post = bp.fit(
+                m, x, y, method="nuts", num_warmup=warmup, num_samples=draws, max_tree_depth=5, seed=0, progress=False
+            )
         return now(device) - start, int(post.sample_stats["n_steps"].sum())
 
     run(short)  # untimed: first-call costs
@@ -98,14 +103,26 @@ def predict_ms(points, width, depth, draws, device) -> float:
 
 def grid(quick: bool) -> dict[str, dict[str, list[int]]]:
     if quick:
-        return {"svi": {"n": [100, 1000], "width": [16, 64], "depth": [1, 2], "particles": [1, 4]},
-                "nuts": {"n": [100, 400], "width": [16, 64], "depth": [1, 2]},
-                "predict": {"n": [500, 2000], "width": [16, 64], "depth": [1, 2], "draws": [50, 200]}}
-    return {"svi": {"n": [100, 1000, 10_000, 100_000], "width": [16, 64, 256, 1024], "depth": [1, 2, 4, 8],
-                    "particles": [1, 2, 8, 32]},
-            "nuts": {"n": [50, 200, 1000, 5000], "width": [16, 50, 200, 800], "depth": [1, 2, 4]},
-            "predict": {"n": [1000, 10_000, 100_000], "width": [16, 64, 256], "depth": [1, 2, 4],
-                        "draws": [100, 500, 2000]}}
+        return {
+            "svi": {"n": [100, 1000], "width": [16, 64], "depth": [1, 2], "particles": [1, 4]},
+            "nuts": {"n": [100, 400], "width": [16, 64], "depth": [1, 2]},
+            "predict": {"n": [500, 2000], "width": [16, 64], "depth": [1, 2], "draws": [50, 200]},
+        }
+    return {
+        "svi": {
+            "n": [100, 1000, 10_000, 100_000],
+            "width": [16, 64, 256, 1024],
+            "depth": [1, 2, 4, 8],
+            "particles": [1, 2, 8, 32],
+        },
+        "nuts": {"n": [50, 200, 1000, 5000], "width": [16, 50, 200, 800], "depth": [1, 2, 4]},
+        "predict": {
+            "n": [1000, 10_000, 100_000],
+            "width": [16, 64, 256],
+            "depth": [1, 2, 4],
+            "draws": [100, 500, 2000],
+        },
+    }
 
 
 def main(args) -> pd.DataFrame:
@@ -132,10 +149,13 @@ def main(args) -> pd.DataFrame:
     table = pd.DataFrame(rows)
     out = results_dir("scaling", args.out)
     table.to_csv(out / f"{args.name}.csv", index=False)
-    write_result(out / f"{args.name}.md",
+    write_result(
+        out / f"{args.name}.md",
         f"torch {torch.__version__}, device {device}, 1 thread ({thread_note()}), {'quick' if args.quick else 'full'} "
-        "settings; one factor varied at a time (see benchmarks/scaling.py)\n\n" + (f"{args.note}\n\n" if args.note else "")
-        + markdown(table))
+        "settings; one factor varied at a time (see benchmarks/scaling.py)\n\n"
+        + (f"{args.note}\n\n" if args.note else "")
+        + markdown(table),
+    )
     plot(table, out / f"{args.name}.png")
     return table
 
@@ -149,11 +169,17 @@ def plot(table: pd.DataFrame, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = {"n": "data points N", "width": "hidden width", "depth": "hidden layers", "particles": "ELBO particles",
-              "draws": "posterior draws"}
+    labels = {
+        "n": "data points N",
+        "width": "hidden width",
+        "depth": "hidden layers",
+        "particles": "ELBO particles",
+        "draws": "posterior draws",
+    }
     workloads = list(dict.fromkeys(table.workload))
-    fig, axes = plt.subplots(len(workloads), len(labels), figsize=(3.2 * len(labels), 2.6 * len(workloads)),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(workloads), len(labels), figsize=(3.2 * len(labels), 2.6 * len(workloads)), squeeze=False
+    )
     for row, workload in zip(axes, workloads):
         for ax, (factor, label) in zip(row, labels.items()):
             part = table[(table.workload == workload) & (table.factor == factor)].sort_values("value")

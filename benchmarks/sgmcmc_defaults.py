@@ -24,20 +24,29 @@ import platform
 import subprocess
 import time
 import warnings
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pandas as pd
 import torch
-
-import bnn_pyro as bp
 import uci  # benchmarks/ is the script's folder
 from _common import markdown, results_dir, write_result
 
+import bnn_pyro as bp
+
 
 def one(method: str, split, dataset: str) -> dict:
-    row = dict(dataset=dataset, method=method, split=split.split, finished=False, recoveries=0, step_fell_in_warmup=False,
-               test_ll=float("nan"), time_s=float("nan"), error="")
+    row = dict(
+        dataset=dataset,
+        method=method,
+        split=split.split,
+        finished=False,
+        recoveries=0,
+        step_fell_in_warmup=False,
+        test_ll=float("nan"),
+        time_s=float("nan"),
+        error="",
+    )
     model = uci.make_model(split.x_train.shape[1], split.split)
     start = time.perf_counter()
     try:
@@ -49,15 +58,22 @@ def one(method: str, split, dataset: str) -> dict:
         return row
     row["time_s"] = time.perf_counter() - start
     warm = post.history["step_size"][0, : post.config["num_warmup"]]
-    row.update(finished=True, test_ll=uci.evaluate(post, split)["test_ll"],
-               recoveries=sum(len(v) for v in post.config.get("divergence_recovery", {}).values()),
-               step_fell_in_warmup=bool((warm[1:] < warm[:-1]).any()))
+    row.update(
+        finished=True,
+        test_ll=uci.evaluate(post, split)["test_ll"],
+        recoveries=sum(len(v) for v in post.config.get("divergence_recovery", {}).values()),
+        step_fell_in_warmup=bool((warm[1:] < warm[:-1]).any()),
+    )
     return row
 
 
 def _commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                          cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    return (
+        subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=Path(__file__).parent
+        ).stdout.strip()
+        or "unknown"
+    )
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -78,16 +94,22 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 rows.append(one(method, split, dataset))
                 print(rows[-1], flush=True)
                 pd.DataFrame(rows).to_csv(out / "results.csv", index=False)
-    table = pd.read_csv(out / "results.csv", dtype={"error": "string"}).fillna({"error": ""}) if args.summary_only else pd.DataFrame(rows)
+    table = (
+        pd.read_csv(out / "results.csv", dtype={"error": "string"}).fillna({"error": ""})
+        if args.summary_only
+        else pd.DataFrame(rows)
+    )
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    header = (f"# sgld / sghmc at their defaults on the regression benchmark's splits\n\n"
-              f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC, commit {_commit()}, {platform.machine()} "
-              f"{os.cpu_count()} cores, 1 torch thread, load average {load:.1f} at the end (shared machine). "
-              f"Protocol of benchmarks/uci.py; `python benchmarks/sgmcmc_defaults.py --datasets {args.datasets} "
-              f"--methods {args.methods} --splits {args.splits}`.\n\n"
-              f"Finished {int(table.finished.sum())} of {len(table)} fits; recoveries from a divergence: "
-              f"{int(table.recoveries.sum())}; fits whose step fell during warm-up (a later estimate or the guard): "
-              f"{int(table.step_fell_in_warmup.sum())}.\n\n")
+    header = (
+        f"# sgld / sghmc at their defaults on the regression benchmark's splits\n\n"
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, commit {_commit()}, {platform.machine()} "
+        f"{os.cpu_count()} cores, 1 torch thread, load average {load:.1f} at the end (shared machine). "
+        f"Protocol of benchmarks/uci.py; `python benchmarks/sgmcmc_defaults.py --datasets {args.datasets} "
+        f"--methods {args.methods} --splits {args.splits}`.\n\n"
+        f"Finished {int(table.finished.sum())} of {len(table)} fits; recoveries from a divergence: "
+        f"{int(table.recoveries.sum())}; fits whose step fell during warm-up (a later estimate or the guard): "
+        f"{int(table.step_fell_in_warmup.sum())}.\n\n"
+    )
     write_result(out / "results.md", header + markdown(table.round(3)) + "\n")
     return table
 

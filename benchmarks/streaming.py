@@ -77,16 +77,26 @@ def case(method: str, source: str, rows: int) -> dict:
         bp.fit(model(), x, y, batch_size=BATCH, **config)
     wall = time.perf_counter() - start
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-    return dict(method=method, data=source, rows=rows, wall_s=round(wall, 2), rows_per_s=round(rows / wall),
-                peak_rss_mb=round(peak_mb))
+    return dict(
+        method=method,
+        data=source,
+        rows=rows,
+        wall_s=round(wall, 2),
+        rows_per_s=round(rows / wall),
+        peak_rss_mb=round(peak_mb),
+    )
 
 
 def main(args) -> pd.DataFrame:
     rows = []
     for method in METHODS:
         for source in ("tensor", "stream"):
-            done = subprocess.run([sys.executable, __file__, "--case", f"{method},{source}", "--rows", str(args.rows)],
-                                  capture_output=True, text=True, check=True)
+            done = subprocess.run(
+                [sys.executable, __file__, "--case", f"{method},{source}", "--rows", str(args.rows)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
             rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
     table = pd.DataFrame(rows)
     base = table[table["data"] == "tensor"].set_index("method")
@@ -95,8 +105,11 @@ def main(args) -> pd.DataFrame:
     out = results_dir("streaming", args.out)
     table.to_csv(out / "results.csv", index=False)
     load = " / ".join(f"{v:.2f}" for v in os.getloadavg())
-    write_result(out / "results.md", markdown(table) + f"\nLoad average (1/5/15 min) at the end of the run: {load}; "
-                                      f"{os.cpu_count()} CPUs, one torch thread per fit.\n")
+    write_result(
+        out / "results.md",
+        markdown(table) + f"\nLoad average (1/5/15 min) at the end of the run: {load}; "
+        f"{os.cpu_count()} CPUs, one torch thread per fit.\n",
+    )
     print(table.to_string(index=False))
     return table
 

@@ -25,10 +25,10 @@ import time
 
 import pandas as pd
 import torch
+from _common import results_dir, write_result  # noqa: E402 - uci put benchmarks/ on sys.path
+from uci import make_model, make_splits, run_one
 
 import bnn_pyro as bp
-from uci import make_model, make_splits, run_one
-from _common import results_dir, write_result  # noqa: E402 - uci put benchmarks/ on sys.path
 
 BASELINES = ("laplace", "ensemble")
 MAP_STEPS = 1000
@@ -71,8 +71,11 @@ def _parse_variant(text: str) -> tuple[str, dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--dataset", default="friedman1_low_noise,friedman1",
-                        help="friedman1_low_noise (module constant LOW_NOISE) or benchmarks/uci.py's datasets")
+    parser.add_argument(
+        "--dataset",
+        default="friedman1_low_noise,friedman1",
+        help="friedman1_low_noise (module constant LOW_NOISE) or benchmarks/uci.py's datasets",
+    )
     parser.add_argument("--splits", type=int, default=3)
     parser.add_argument("--variant", action="append", default=[], help="name:key=value,... (replaces the defaults)")
     parser.add_argument("--baselines", default=",".join(BASELINES), help="comma list (laplace is the reference)")
@@ -84,15 +87,24 @@ def main() -> None:
     rows = []
     for dataset in args.dataset.split(","):
         for split in _splits(dataset, args.splits):
-            jobs = [(m, m, {}) for m in args.baselines.split(",") if m] + [(name, "svi", opts) for name, opts in variants.items()]
+            jobs = [(m, m, {}) for m in args.baselines.split(",") if m] + [
+                (name, "svi", opts) for name, opts in variants.items()
+            ]
             map_post = map_time = None
             for label, method, opts in jobs:
                 if opts.get("init") == MAP_START:
                     if map_post is None:
                         start = time.perf_counter()
-                        map_post = bp.fit(make_model(split.x_train.shape[1], split.split), split.x_train, split.y_train,
-                                          method="svi", guide="map", num_steps=MAP_STEPS, seed=split.split,
-                                          progress=False)
+                        map_post = bp.fit(
+                            make_model(split.x_train.shape[1], split.split),
+                            split.x_train,
+                            split.y_train,
+                            method="svi",
+                            guide="map",
+                            num_steps=MAP_STEPS,
+                            seed=split.split,
+                            progress=False,
+                        )
                         map_time = time.perf_counter() - start
                     opts = {**opts, "init": map_post}
                 row = run_one(method, split, opts)
@@ -100,35 +112,61 @@ def main() -> None:
                     row["time_s"] += map_time
                 row.update(dataset=dataset, variant=label)
                 rows.append(row)
-                print(dataset, split.split, label, f"{row.get('test_ll', math.nan):.3f}", f"{row.get('rmse', math.nan):.3f}",
-                      f"{row.get('time_s', math.nan):.1f}s", row["error"], row["warnings"][:100], flush=True)
+                print(
+                    dataset,
+                    split.split,
+                    label,
+                    f"{row.get('test_ll', math.nan):.3f}",
+                    f"{row.get('rmse', math.nan):.3f}",
+                    f"{row.get('time_s', math.nan):.1f}s",
+                    row["error"],
+                    row["warnings"][:100],
+                    flush=True,
+                )
                 pd.DataFrame(rows).to_csv(out / "splits.csv", index=False)
     write_result(out / "results.md", report(pd.DataFrame(rows), args.note))
 
 
 def report(rows: pd.DataFrame, note: str) -> str:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    lines = ["# Mean-field SVI at its defaults against Laplace and the ensemble, with candidate remedies", "",
-             f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, git {commit}, torch {torch.__version__} on "
-             f"{platform.machine()} ({torch.get_num_threads()} torch thread(s): bp.fit's default). {note}", "",
-             "Protocol: benchmarks/uci.py's (ReLU 50 net, Normal(0, 1) prior, learned noise, 90/10 splits, metrics "
-             "in original units). Every variant on the same splits in one run; 'LL - laplace' is the paired "
-             "per-split difference of test LL to Laplace's, 'time / svi' the per-split ratio of fit time to the 'svi' row's "
-             "(mean ± SE; the machine's load changes during a run, so only these ratios compare).", ""]
+    lines = [
+        "# Mean-field SVI at its defaults against Laplace and the ensemble, with candidate remedies",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, git {commit}, torch {torch.__version__} on "
+        f"{platform.machine()} ({torch.get_num_threads()} torch thread(s): bp.fit's default). {note}",
+        "",
+        "Protocol: benchmarks/uci.py's (ReLU 50 net, Normal(0, 1) prior, learned noise, 90/10 splits, metrics "
+        "in original units). Every variant on the same splits in one run; 'LL - laplace' is the paired "
+        "per-split difference of test LL to Laplace's, 'time / svi' the per-split ratio of fit time to the 'svi' row's "
+        "(mean ± SE; the machine's load changes during a run, so only these ratios compare).",
+        "",
+    ]
     for dataset, group in rows.groupby("dataset", sort=False):
         ok = group[group["error"].fillna("") == ""]
         base = ok[ok["variant"] == "laplace"].set_index("split")["test_ll"]
         svi_time = ok[ok["variant"] == "svi"].set_index("split")["time_s"]
-        lines += [f"## {dataset}", "", "| variant | test LL | RMSE | noise sd | epist. sd | LL - laplace | fit time s | "
-                  "time / svi | splits ok | warnings |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"## {dataset}",
+            "",
+            "| variant | test LL | RMSE | noise sd | epist. sd | LL - laplace | fit time s | "
+            "time / svi | splits ok | warnings |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for variant, v in group.groupby("variant", sort=False):
             good = v[v["error"].fillna("") == ""]
             diff = good.set_index("split")["test_ll"] - base
             cells = [variant] + [_ms(good[m]) for m in ("test_ll", "rmse", "noise_sd", "epistemic_sd")]
             ratio = (good.set_index("split")["time_s"] / svi_time).dropna()
-            cells += [_ms(diff.dropna()), _ms(good["time_s"], 1), _ms(ratio, 2), f"{len(good)}/{len(v)}",
-                      (v["error"].fillna("").iloc[0] or " / ".join(sorted({t for w in good["warnings"].fillna("")
-                                                                           for t in w.split(" / ") if t})))[:160]]
+            cells += [
+                _ms(diff.dropna()),
+                _ms(good["time_s"], 1),
+                _ms(ratio, 2),
+                f"{len(good)}/{len(v)}",
+                (
+                    v["error"].fillna("").iloc[0]
+                    or " / ".join(sorted({t for w in good["warnings"].fillna("") for t in w.split(" / ") if t}))
+                )[:160],
+            ]
             lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
         lines.append("")
     return "\n".join(lines) + "\n"

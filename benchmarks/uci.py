@@ -63,8 +63,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when t
 from _common import results_dir, write_result  # noqa: E402
 
 METRICS = ["test_ll", "rmse", "coverage_95", "calibration_error", "epistemic_sd", "noise_sd", "time_s"]
-LABELS = {"test_ll": "test LL", "rmse": "RMSE", "coverage_95": "95% cov.", "calibration_error": "cal. err.",
-          "epistemic_sd": "epist. sd", "noise_sd": "noise sd", "time_s": "fit time s"}
+LABELS = {
+    "test_ll": "test LL",
+    "rmse": "RMSE",
+    "coverage_95": "95% cov.",
+    "calibration_error": "cal. err.",
+    "epistemic_sd": "epist. sd",
+    "noise_sd": "noise sd",
+    "time_s": "fit time s",
+}
 
 
 # ---------------------------------------------------------------------------------------- data
@@ -79,12 +86,15 @@ def load_dataset(name: str) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.tensor(x, dtype=torch.get_default_dtype()), torch.tensor(y, dtype=torch.get_default_dtype())
     if name == "heteroscedastic":
         return bp.datasets.heteroscedastic(n=500, seed=0)
-    raise ValueError(f"--dataset: unknown dataset {name!r}; choose diabetes, friedman1 or heteroscedastic, "
-                     "or give a folder in the load_uci layout with --path.")
+    raise ValueError(
+        f"--dataset: unknown dataset {name!r}; choose diabetes, friedman1 or heteroscedastic, "
+        "or give a folder in the load_uci layout with --path."
+    )
 
 
-def make_splits(*, dataset: str | None = None, path: str | None = None, x=None, y=None,
-                n_splits: int = 20) -> list[bp.datasets.UCISplit]:
+def make_splits(
+    *, dataset: str | None = None, path: str | None = None, x=None, y=None, n_splits: int = 20
+) -> list[bp.datasets.UCISplit]:
     """The first ``n_splits`` splits of a folder (``path``), of arrays ``(x, y)`` or of a built-in dataset."""
     if path is not None:
         first = bp.datasets.load_uci(path, 0)
@@ -107,26 +117,39 @@ def extra_metrics(post: bp.Posterior, split: bp.datasets.UCISplit) -> dict[str, 
     (from ``metrics.pit``), the mean epistemic sd and the mean aleatoric (noise) sd of the predictive."""
     pred = post.predict(split.x_test, interval=None, seed=0)
     s = float(split.y_scaler.scale)
-    return dict(calibration_error=metrics.regression_calibration_error(metrics.pit(post, split.x_test, split.y_test)),
-                epistemic_sd=float(pred.epistemic_std.double().mean()) * s,
-                noise_sd=float(pred.aleatoric_std.double().mean()) * s)
+    return dict(
+        calibration_error=metrics.regression_calibration_error(metrics.pit(post, split.x_test, split.y_test)),
+        epistemic_sd=float(pred.epistemic_std.double().mean()) * s,
+        noise_sd=float(pred.aleatoric_std.double().mean()) * s,
+    )
 
 
-def run_one(method: str, split: bp.datasets.UCISplit, options: dict | None = None, *,
-            max_fit_seconds: float | None = None) -> dict:
+def run_one(
+    method: str, split: bp.datasets.UCISplit, options: dict | None = None, *, max_fit_seconds: float | None = None
+) -> dict:
     """Fit ``method`` on one split with ``bp.compare`` (its fit, time limit, captured warnings, error row and
     scores) and convert its scores to original units; a failure (or a fit longer than ``max_fit_seconds``)
     becomes a row with its ``error`` text."""
     row = dict(method=method, split=split.split, n_train=split.x_train.shape[0], n_test=split.x_test.shape[0])
-    result = bp.compare(make_model(split.x_train.shape[1], split.split),
-                        splits=[(split.x_train, split.y_train, split.x_test, split.y_test)], methods=[method],
-                        options={method: options or {}}, seed=split.split, progress=False,
-                        time_limit=max_fit_seconds)
+    result = bp.compare(
+        make_model(split.x_train.shape[1], split.split),
+        splits=[(split.x_train, split.y_train, split.x_test, split.y_test)],
+        methods=[method],
+        options={method: options or {}},
+        seed=split.split,
+        progress=False,
+        time_limit=max_fit_seconds,
+    )
     scored = sources.to_original_units(result.table, float(split.y_scaler.scale)).loc[method]
     row.update(error=scored["error"], warnings=scored["warnings"])
     if not row["error"]:
-        row.update(test_ll=scored["test_ll"], rmse=scored["rmse"], coverage_95=scored["coverage_95"],
-                   time_s=scored["fit_s"], **extra_metrics(result.posteriors[method], split))
+        row.update(
+            test_ll=scored["test_ll"],
+            rmse=scored["rmse"],
+            coverage_95=scored["coverage_95"],
+            time_s=scored["fit_s"],
+            **extra_metrics(result.posteriors[method], split),
+        )
     return row
 
 
@@ -173,8 +196,11 @@ def plot(out: Path) -> Path | None:
     """Test LL per engine with SE bars, one panel per ``<dataset>.csv`` summary in ``out`` (a summary: its ``.md``
     is this script's table for that dataset; other CSVs in the folder, e.g. a ``<dataset>_before.csv`` kept for
     reference, are left out)."""
-    files = sorted(p for p in out.glob("*.csv") if p.with_suffix(".md").exists()
-                   and f"# UCI protocol: {p.stem}\n" in p.with_suffix(".md").read_text())
+    files = sorted(
+        p
+        for p in out.glob("*.csv")
+        if p.with_suffix(".md").exists() and f"# UCI protocol: {p.stem}\n" in p.with_suffix(".md").read_text()
+    )
     if not files:
         return None
     import matplotlib
@@ -200,9 +226,18 @@ def plot(out: Path) -> Path | None:
 
 
 # ---------------------------------------------------------------------------------------- driver
-def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: Path, *,
-        options: dict[str, dict] | None = None, resume: bool = False, note: str = "",
-        max_fit_seconds: float | None = None, verbose: bool = True) -> pd.DataFrame:
+def run(
+    splits: list[bp.datasets.UCISplit],
+    methods: list[str],
+    name: str,
+    out: Path,
+    *,
+    options: dict[str, dict] | None = None,
+    resume: bool = False,
+    note: str = "",
+    max_fit_seconds: float | None = None,
+    verbose: bool = True,
+) -> pd.DataFrame:
     """Every method on every split (splits outer, so a partial run has every engine on the same splits).
     Per-split rows are appended to ``<name>_splits.csv`` as each fit ends and the summary is
     rewritten after each split; ``resume=True`` keeps the rows already there and fits only the
@@ -219,13 +254,16 @@ def run(splits: list[bp.datasets.UCISplit], methods: list[str], name: str, out: 
         for method in methods:
             if (split.split, method) in done:
                 continue
-            row = dict(dataset=name, **run_one(method, split, (options or {}).get(method),
-                                               max_fit_seconds=max_fit_seconds))
+            row = dict(
+                dataset=name, **run_one(method, split, (options or {}).get(method), max_fit_seconds=max_fit_seconds)
+            )
             rows.append(row)
             pd.DataFrame([row]).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
             if verbose:
-                status = row["error"] or (f"LL {row['test_ll']:.3f}  RMSE {row['rmse']:.3f}  cov {row['coverage_95']:.2f}"
-                                          f"  cal {row['calibration_error']:.3f}  {row['time_s']:.1f}s")
+                status = row["error"] or (
+                    f"LL {row['test_ll']:.3f}  RMSE {row['rmse']:.3f}  cov {row['coverage_95']:.2f}"
+                    f"  cal {row['calibration_error']:.3f}  {row['time_s']:.1f}s"
+                )
                 print(f"[{name}] split {split.split} {method:20s} {status}", flush=True)
         summary = write_summary(pd.DataFrame(rows), splits, name, out, options, note)
     return summary
@@ -238,8 +276,9 @@ def read_rows(path: Path) -> pd.DataFrame:
     return rows
 
 
-def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dict | None,
-                  note: str = "") -> pd.DataFrame:
+def write_summary(
+    rows: pd.DataFrame, splits, name: str, out: Path, options: dict | None, note: str = ""
+) -> pd.DataFrame:
     """``<name>.csv`` and ``.md`` from the per-split rows, and the plot."""
     rows = rows[rows["split"].isin([s.split for s in splits])]
     summary = summarize(rows)
@@ -247,11 +286,14 @@ def write_summary(rows: pd.DataFrame, splits, name: str, out: Path, options: dic
     d = splits[0].x_train.shape[1]
     n = splits[0].x_train.shape[0] + splits[0].x_test.shape[0]
     done = sorted(set(int(k) for k in rows["split"]))
-    notes = [f"Data: {name}, N = {n}, D = {d}, split(s) {done} ({splits[0].path}). "
-             "Protocol and metrics: benchmarks/uci.py's docstring; every engine at its defaults"
-             + (f" except {options}" if options else "") + ".",
-             f"Mean ± standard error over splits. Measured with torch {torch.__version__} on {platform.machine()} "
-             f"(bp.fit's default of one torch thread), git {git_commit()}." + (f" {note}" if note else "")]
+    notes = [
+        f"Data: {name}, N = {n}, D = {d}, split(s) {done} ({splits[0].path}). "
+        "Protocol and metrics: benchmarks/uci.py's docstring; every engine at its defaults"
+        + (f" except {options}" if options else "")
+        + ".",
+        f"Mean ± standard error over splits. Measured with torch {torch.__version__} on {platform.machine()} "
+        f"(bp.fit's default of one torch thread), git {git_commit()}." + (f" {note}" if note else ""),
+    ]
     write_result(out / f"{name}.md", markdown(summary, f"UCI protocol: {name}", notes))
     plot(out)
     return summary
@@ -275,8 +317,13 @@ def parse_options(items: list[str]) -> dict[str, dict]:
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -290,10 +337,17 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     parser.add_argument("--option", action="append", default=[], help="method:key=value, for experiments")
     parser.add_argument("--quick", action="store_true", help="2 splits (smoke test)")
     parser.add_argument("--only-splits", help="a comma list of split numbers to run, e.g. 3,4 (of the --splits)")
-    parser.add_argument("--resume", action="store_true", help="keep the rows of <dataset>_splits.csv in --out "
-                        "and fit only the missing (split, method) pairs")
-    parser.add_argument("--summarize", action="store_true", help="fit nothing: rebuild <dataset>.md/.csv and "
-                        "the plot from the rows of <dataset>_splits.csv in --out (e.g. after merging partial runs)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the rows of <dataset>_splits.csv in --out and fit only the missing (split, method) pairs",
+    )
+    parser.add_argument(
+        "--summarize",
+        action="store_true",
+        help="fit nothing: rebuild <dataset>.md/.csv and "
+        "the plot from the rows of <dataset>_splits.csv in --out (e.g. after merging partial runs)",
+    )
     parser.add_argument("--max-fit-seconds", type=float, help="record a fit that runs longer as an error and go on")
     parser.add_argument("--note", default="", help="a line added to the Markdown summary (e.g. the machine's load)")
     parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/uci/)")
@@ -305,8 +359,11 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     n_splits = 2 if args.quick else args.splits
     options = parse_options(args.option)
     if args.path:
-        names = {Path(args.path).resolve().name if Path(args.path).name != "data" else Path(args.path).resolve().parent.name:
-                 dict(path=args.path)}
+        names = {
+            Path(args.path).resolve().name
+            if Path(args.path).name != "data"
+            else Path(args.path).resolve().parent.name: dict(path=args.path)
+        }
     else:
         names = {name: dict(dataset=name) for name in args.dataset.split(",")}
     summaries, out = {}, results_dir("uci", args.out)
@@ -322,8 +379,16 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
             rows = rows[rows["method"].isin(methods)]
             summaries[name] = write_summary(rows, splits, name, out, options, args.note)
         else:
-            summaries[name] = run(splits, methods, name, out, options=options, resume=args.resume,
-                                  note=args.note, max_fit_seconds=args.max_fit_seconds)
+            summaries[name] = run(
+                splits,
+                methods,
+                name,
+                out,
+                options=options,
+                resume=args.resume,
+                note=args.note,
+                max_fit_seconds=args.max_fit_seconds,
+            )
     return summaries
 
 

@@ -29,12 +29,43 @@ if TYPE_CHECKING:  # imported on first use (ArviZ and matplotlib take seconds); 
     from bnn_pyro.tools import sbc
 
 __version__ = "0.1.0"
-__all__ = ["BNN", "Posterior", "fit", "compare", "Comparison", "load", "distill", "priors", "likelihoods", "datasets", "metrics", "diagnostics", "plots", "io", "distributed",
-           "acquisition", "selective", "adversarial", "calibration", "compression", "conformal", "curves", "sbc", "psis", "inputs", "splits"]
+__all__ = [
+    "BNN",
+    "Posterior",
+    "fit",
+    "compare",
+    "Comparison",
+    "load",
+    "distill",
+    "priors",
+    "likelihoods",
+    "datasets",
+    "metrics",
+    "diagnostics",
+    "plots",
+    "io",
+    "distributed",
+    "acquisition",
+    "selective",
+    "adversarial",
+    "calibration",
+    "compression",
+    "conformal",
+    "curves",
+    "sbc",
+    "psis",
+    "inputs",
+    "splits",
+]
 
 # bp.<name> -> the module it names, imported on first use
-LAZY = {"diagnostics": "bnn_pyro.posterior.diagnostics", "plots": "bnn_pyro.posterior.plots",
-        "psis": "bnn_pyro.posterior.psis", "zoo": "bnn_pyro.data.zoo", "sbc": "bnn_pyro.tools.sbc"}
+LAZY = {
+    "diagnostics": "bnn_pyro.posterior.diagnostics",
+    "plots": "bnn_pyro.posterior.plots",
+    "psis": "bnn_pyro.posterior.psis",
+    "zoo": "bnn_pyro.data.zoo",
+    "sbc": "bnn_pyro.tools.sbc",
+}
 
 _moved.install()  # `import bnn_pyro.posterior_file` and the other old paths: the new module, with a DeprecationWarning
 
@@ -48,7 +79,9 @@ def __getattr__(name: str):
     if new is not None:
         from bnn_pyro.utils.user_warnings import warn
 
-        warn(f"bnn_pyro.{name} moved to {new}; import it from there. The old name stops working in the next release.",
-             DeprecationWarning)
+        warn(
+            f"bnn_pyro.{name} moved to {new}; import it from there. The old name stops working in the next release.",
+            DeprecationWarning,
+        )
         return importlib.import_module(new)
     raise AttributeError(f"module 'bnn_pyro' has no attribute {name!r}")

@@ -51,22 +51,39 @@ def _demo(args) -> int:
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
     print(f"bnn-pyro demo: {len(x)} points with a gap in (-0.5, 0.5); 1-50-1 tanh BNN, Normal(0, 1) prior")
     start = time.perf_counter()
-    post = bp.fit(model, x, y, method="svi", guide=args.guide, num_steps=args.steps, lr=0.03, lr_schedule="cosine",
-                  num_samples=500, seed=args.seed, progress=not args.no_progress)
-    print(f"fitted by SVI ({args.guide} guide, {args.steps} steps) in {time.perf_counter() - start:.1f} s; "
-          f"final negative ELBO {post.history['loss'][0, -50:].mean():.1f}")
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="svi",
+        guide=args.guide,
+        num_steps=args.steps,
+        lr=0.03,
+        lr_schedule="cosine",
+        num_samples=500,
+        seed=args.seed,
+        progress=not args.no_progress,
+    )
+    print(
+        f"fitted by SVI ({args.guide} guide, {args.steps} steps) in {time.perf_counter() - start:.1f} s; "
+        f"final negative ELBO {post.history['loss'][0, -50:].mean():.1f}"
+    )
     grid = torch.tensor([[-1.5], [-0.75], [0.0], [0.75], [1.5], [3.0]])
     pred = post.predict(grid, seed=args.seed)
     print(f"\n{'x':>6} {'region':>9} {'mean':>7} {'epistemic':>10} {'aleatoric':>10} {'95% interval':>18}")
     for i, v in enumerate(grid[:, 0].tolist()):
         region = "gap" if abs(v) < 0.5 else ("outside" if abs(v) > 2 else "data")
-        print(f"{v:6.2f} {region:>9} {pred.mean[i]:7.3f} {pred.epistemic_std[i]:10.3f} {pred.aleatoric_std[i]:10.3f} "
-              f"   [{pred.lower[i]:6.2f}, {pred.upper[i]:6.2f}]")
+        print(
+            f"{v:6.2f} {region:>9} {pred.mean[i]:7.3f} {pred.epistemic_std[i]:10.3f} {pred.aleatoric_std[i]:10.3f} "
+            f"   [{pred.lower[i]:6.2f}, {pred.upper[i]:6.2f}]"
+        )
     train = post.predict(x, seed=args.seed)
     rmse = (train.mean - y).pow(2).mean().sqrt()
     print(f"\ntraining RMSE {rmse:.3f} (noise sd 0.1)")
-    print("Gaussian variational families are known to understate the uncertainty between clusters "
-          "(Foong et al. 2019); refit with method='nuts' to compare.")
+    print(
+        "Gaussian variational families are known to understate the uncertainty between clusters "
+        "(Foong et al. 2019); refit with method='nuts' to compare."
+    )
     return 0
 
 
@@ -100,8 +117,11 @@ def _print_card(name: str) -> None:
     references = card.pop("references")
     for key, text in card.items():  # summary, prior, likelihood, data (and any field added later)
         _field(key, str(text))
-    _field("default", f"method {method!r}; the entry's settings per method (`bnn-pyro fit {name} --method M` "
-                      "starts from those of M; flags and --option override them):")
+    _field(
+        "default",
+        f"method {method!r}; the entry's settings per method (`bnn-pyro fit {name} --method M` "
+        "starts from those of M; flags and --option override them):",
+    )
     for m, config in settings.items():
         _field(f"  {m}", _pairs(config))
     print("references:")
@@ -117,15 +137,25 @@ def _print_card(name: str) -> None:
 def _print_reference(ref: dict) -> None:
     prov, accept = ref["provenance"], ref["acceptance"]
     print("\nreference posterior (bp.zoo.reference):")
-    _field("  engine", f"{prov['engine']}; settings {_pairs(prov.get('settings', {}))}"
-                       + (f"; hyper-parameters {_pairs(ref['hyper'])}" if ref.get("hyper") else ""))
-    run = [f"{prov['divergences']} divergent transitions" if "divergences" in prov else None,
-           f"{prov['wall_time_s']:.0f} s" if "wall_time_s" in prov else None, prov.get("date"), prov.get("note")]
+    _field(
+        "  engine",
+        f"{prov['engine']}; settings {_pairs(prov.get('settings', {}))}"
+        + (f"; hyper-parameters {_pairs(ref['hyper'])}" if ref.get("hyper") else ""),
+    )
+    run = [
+        f"{prov['divergences']} divergent transitions" if "divergences" in prov else None,
+        f"{prov['wall_time_s']:.0f} s" if "wall_time_s" in prov else None,
+        prov.get("date"),
+        prov.get("note"),
+    ]
     if any(run):
         _field("  run", "; ".join(r for r in run if r))
     checks = accept.get("checks")
-    checks = ", ".join(f"{k}: {'pass' if ok else 'FAIL'}" for k, ok in checks.items()) if checks else accept.get(
-        "criteria", "")
+    checks = (
+        ", ".join(f"{k}: {'pass' if ok else 'FAIL'}" for k, ok in checks.items())
+        if checks
+        else accept.get("criteria", "")
+    )
     _field("  accepted", f"{'yes' if accept.get('accepted') else 'NO'} ({checks})")
     f = ref["f"]
     columns = [c for c in ("mean", "sd", "r_hat", "ess_bulk") if c in f]
@@ -141,8 +171,11 @@ def _pairs(config: dict) -> str:
 
 
 def _field(label: str, text: str) -> None:
-    print(textwrap.fill(text, _WIDTH, initial_indent=f"{label + ':':<13}", subsequent_indent=" " * 13,
-                        break_on_hyphens=False))
+    print(
+        textwrap.fill(
+            text, _WIDTH, initial_indent=f"{label + ':':<13}", subsequent_indent=" " * 13, break_on_hyphens=False
+        )
+    )
 
 
 # ---------------------------------------------------------------------- fit
@@ -158,8 +191,10 @@ def _fit(args) -> int:
 
     entry = zoo.load(name)
     shown = ", ".join(f"{k}={v!r}" for k, v in overrides.items() if k != "progress")
-    print(f"bnn-pyro fit: {entry.name} ({entry.card['title']}) by {method} ({shown}; other settings: the entry's, "
-          "else the method's)")
+    print(
+        f"bnn-pyro fit: {entry.name} ({entry.card['title']}) by {method} ({shown}; other settings: the entry's, "
+        "else the method's)"
+    )
     start = time.perf_counter()
     post = entry.fit(method=method, **overrides)
     print(f"fitted in {time.perf_counter() - start:.1f} s: {post!r}\n")
@@ -179,8 +214,14 @@ def _fit(args) -> int:
 # ---------------------------------------------------------------------- methods and their options
 # Flags with a name of their own -> the options they set (the first one the method has).
 # The flags carry the library's option names and, when not given, its defaults (docs/options.md).
-_FLAGS = {"--chains": ("num_chains",), "--samples": ("num_samples",), "--warmup": ("num_warmup",),
-          "--steps": ("num_steps",), "--seed": ("seed",), "--no-progress": ("progress",)}
+_FLAGS = {
+    "--chains": ("num_chains",),
+    "--samples": ("num_samples",),
+    "--warmup": ("num_warmup",),
+    "--steps": ("num_steps",),
+    "--seed": ("seed",),
+    "--no-progress": ("progress",),
+}
 
 
 _FIT_OPTIONS = ("batch_size", "num_threads")  # bp.fit's own keywords that the CLI offers, for every method
@@ -200,15 +241,23 @@ def _fit_config(method: str, args) -> dict[str, object]:
     from bnn_pyro import infer
 
     options = _method_options(method)
-    given = {"--chains": args.chains, "--samples": args.samples, "--warmup": args.warmup, "--steps": args.steps,
-             "--seed": args.seed, "--no-progress": False if args.no_progress else None}
+    given = {
+        "--chains": args.chains,
+        "--samples": args.samples,
+        "--warmup": args.warmup,
+        "--steps": args.steps,
+        "--seed": args.seed,
+        "--no-progress": False if args.no_progress else None,
+    }
     config = {}
     for flag, value in given.items():
         names = [n for n in _FLAGS[flag] if n in options]
         if value is not None and not names:
-            raise _Usage(f"{flag} does not apply to method {method!r} (it has no {' or '.join(_FLAGS[flag])} "
-                         f"option); drop {flag}, or set one of its options with --option KEY=VALUE: "
-                         f"{', '.join(options)}.")
+            raise _Usage(
+                f"{flag} does not apply to method {method!r} (it has no {' or '.join(_FLAGS[flag])} "
+                f"option); drop {flag}, or set one of its options with --option KEY=VALUE: "
+                f"{', '.join(options)}."
+            )
         if value is not None:
             config[names[0]] = value
     for key, default in (("seed", 0), ("progress", True)):
@@ -221,8 +270,9 @@ def _fit_config(method: str, args) -> dict[str, object]:
         if key not in options and key not in infer.REGISTRY[infer.Method(method)].renamed():  # old names warn
             close = difflib.get_close_matches(key, options, n=1)
             hint = f"did you mean {close[0]!r}? " if close else ""
-            raise _Usage(f"--option {key}: not an option of method {method!r}; {hint}choose one of: "
-                         f"{', '.join(options)}.")
+            raise _Usage(
+                f"--option {key}: not an option of method {method!r}; {hint}choose one of: {', '.join(options)}."
+            )
         if key in config:
             raise _Usage(f"--option {key} is given twice; keep one.")
         config[key] = value
@@ -236,8 +286,9 @@ def _key_value(text: str) -> tuple[str, object]:
     key, sep, raw = text.partition("=")
     key, raw = key.strip(), raw.strip()
     if not sep or not key.isidentifier():
-        raise argparse.ArgumentTypeError(f"expected KEY=VALUE with KEY an option name, got {text!r}; "
-                                         "e.g. --option lr=0.01")
+        raise argparse.ArgumentTypeError(
+            f"expected KEY=VALUE with KEY an option name, got {text!r}; e.g. --option lr=0.01"
+        )
     if raw.lower() in ("none", "null"):
         return key, None
     if raw.lower() in ("true", "false"):
@@ -251,8 +302,9 @@ def _key_value(text: str) -> tuple[str, object]:
         try:
             return key, json.loads(raw)
         except json.JSONDecodeError as err:
-            raise argparse.ArgumentTypeError(f"--option {key}: {raw!r} is not a JSON object ({err}); write e.g. "
-                                             f"{key}='{{\"pretrain_steps\": 100}}'.") from None
+            raise argparse.ArgumentTypeError(
+                f"--option {key}: {raw!r} is not a JSON object ({err}); write e.g. {key}='{{\"pretrain_steps\": 100}}'."
+            ) from None
     return key, raw
 
 
@@ -262,15 +314,19 @@ def _print_summaries(post) -> None:
         warnings.simplefilter("always")
         try:
             table = post.summary(space="function")
-            print("summary in function space (f(x) at up to 20 training inputs; weight-space R-hat misleads "
-                  "for BNNs, whose weights can be permuted and sign-flipped without changing f):")
+            print(
+                "summary in function space (f(x) at up to 20 training inputs; weight-space R-hat misleads "
+                "for BNNs, whose weights can be permuted and sign-flipped without changing f):"
+            )
         except ValueError as err:  # a Pyro function model without the site "f"
             print(f"function-space summary unavailable ({err}); weight-space summary:")
             table = post.summary(space="weights")
         print(table.round(3).to_string())
         weights = post.summary(space="weights", warn=False)
-        print(f"\nweight space ({len(weights)} scalars): max R-hat {weights['r_hat'].max():.3f}, "
-              f"min bulk ESS {weights['ess_bulk'].min():.0f}, min tail ESS {weights['ess_tail'].min():.0f}")
+        print(
+            f"\nweight space ({len(weights)} scalars): max R-hat {weights['r_hat'].max():.3f}, "
+            f"min bulk ESS {weights['ess_bulk'].min():.0f}, min tail ESS {weights['ess_tail'].min():.0f}"
+        )
     for note in table.attrs.get("notes", []):
         print(f"note: {note}")
     for w in caught:
@@ -349,9 +405,11 @@ def _output_folder(text: str, *, overwrite: bool) -> Path:
     present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if present and not overwrite:
         shown = ", ".join(present[:3]) + (", ..." if len(present) > 3 else "")
-        raise _Usage(f"--out {text!r} already exists and is not empty ({len(present)} entries: {shown}); choose a "
-                     f"new or empty folder, or pass --overwrite to replace the files this command writes "
-                     f"({', '.join(_OUTPUTS)}) and keep every other file.")
+        raise _Usage(
+            f"--out {text!r} already exists and is not empty ({len(present)} entries: {shown}); choose a "
+            f"new or empty folder, or pass --overwrite to replace the files this command writes "
+            f"({', '.join(_OUTPUTS)}) and keep every other file."
+        )
     try:
         out.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
@@ -372,8 +430,8 @@ def _compare(args) -> int:
     import pandas as pd
 
     import bnn_pyro as bp
-    from bnn_pyro.data import zoo
     from bnn_pyro.comparison import sources
+    from bnn_pyro.data import zoo
     from bnn_pyro.infer import Method
 
     methods = None if args.methods is None else [m.strip() for m in args.methods.split(",") if m.strip()]
@@ -387,24 +445,43 @@ def _compare(args) -> int:
     for method, (key, value) in args.option:
         known = _method_options(method) if method in [m.value for m in Method] else None
         if known is None or key not in known:
-            raise _Usage(f"--option {method}:{key}: " + (f"not a method; choose one of {', '.join(m.value for m in Method)}."
-                                                          if known is None else f"not an option of {method}; choose "
-                                                          f"one of: {', '.join(known)}."))
+            raise _Usage(
+                f"--option {method}:{key}: "
+                + (
+                    f"not a method; choose one of {', '.join(m.value for m in Method)}."
+                    if known is None
+                    else f"not an option of {method}; choose one of: {', '.join(known)}."
+                )
+            )
         options.setdefault(method, {})[key] = value
     out = Path(args.out)
     present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if present and not (args.overwrite or args.resume):
-        raise _Usage(f"--out {args.out!r} already exists and is not empty ({', '.join(present[:3])}"
-                     f"{', ...' if len(present) > 3 else ''}); choose a new folder, pass --resume to go on from its "
-                     f"cache/, or --overwrite to replace {', '.join(_COMPARE_OUTPUTS)} and cache/ (other files are kept).")
+        raise _Usage(
+            f"--out {args.out!r} already exists and is not empty ({', '.join(present[:3])}"
+            f"{', ...' if len(present) > 3 else ''}); choose a new folder, pass --resume to go on from its "
+            f"cache/, or --overwrite to replace {', '.join(_COMPARE_OUTPUTS)} and cache/ (other files are kept)."
+        )
     if args.overwrite and (out / "cache").is_dir():
         shutil.rmtree(out / "cache")
     splits = args.splits if args.splits is not None else (None if source.test is not None else 5)
-    print(f"bnn-pyro compare: {source.title}; "
-          + (f"{splits}-fold cross-validation" if splits else "the entry's test split"))
-    result = bp.compare(source.model, source.x, source.y, methods=methods, test=None if splits else source.test,
-                        splits=splits, options=options, seed=args.seed, progress=not args.no_progress,
-                        cache=out / "cache", time_limit=args.time_limit)
+    print(
+        f"bnn-pyro compare: {source.title}; "
+        + (f"{splits}-fold cross-validation" if splits else "the entry's test split")
+    )
+    result = bp.compare(
+        source.model,
+        source.x,
+        source.y,
+        methods=methods,
+        test=None if splits else source.test,
+        splits=splits,
+        options=options,
+        seed=args.seed,
+        progress=not args.no_progress,
+        cache=out / "cache",
+        time_limit=args.time_limit,
+    )
     result.table = sources.to_original_units(result.table, source.y_scale)
     result.rows = sources.to_original_units(result.rows, source.y_scale)
     shown = result.table[[c for c in result.table.columns if c != "warnings" and not c.endswith("_se")]]
@@ -434,60 +511,101 @@ def _parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(prog="bnn-pyro", description="Bayesian neural networks in Pyro.")
     sub = parser.add_subparsers(dest="command", required=True)
-    demo = sub.add_parser("demo", help="fit a BNN to the bundled 1-D gap data and show its uncertainty",
-                          description="Fit a 1-50-1 tanh BNN to the bundled gap data by SVI and print how its "
-                                      "predictive uncertainty grows inside the gap.")
-    demo.add_argument("--guide", default="low_rank", choices=["mean_field", "low_rank", "full_rank", "map"],
-                      help="the SVI guide (variational family) (default: %(default)s)")
+    demo = sub.add_parser(
+        "demo",
+        help="fit a BNN to the bundled 1-D gap data and show its uncertainty",
+        description="Fit a 1-50-1 tanh BNN to the bundled gap data by SVI and print how its "
+        "predictive uncertainty grows inside the gap.",
+    )
+    demo.add_argument(
+        "--guide",
+        default="low_rank",
+        choices=["mean_field", "low_rank", "full_rank", "map"],
+        help="the SVI guide (variational family) (default: %(default)s)",
+    )
     demo.add_argument("--steps", type=_positive_int, default=3000, help="SVI optimizer steps (default: %(default)s)")
     demo.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     demo.add_argument("--no-progress", action="store_true", help="hide the progress bar (default: shown)")
     demo.set_defaults(run=_demo)
 
-    zoo = sub.add_parser("zoo", help="list the model zoo's entries, or print one entry's card",
-                         description="Without NAME: one line per zoo entry. With NAME: the entry's card (what it "
-                                     "shows, prior, likelihood, data and where it comes from, references, default "
-                                     "method and settings) and its reference posterior, if it has one.")
-    zoo.add_argument("entry", nargs="?", metavar="NAME",
-                     help="the entry whose card to print (default: none, list every entry)")
+    zoo = sub.add_parser(
+        "zoo",
+        help="list the model zoo's entries, or print one entry's card",
+        description="Without NAME: one line per zoo entry. With NAME: the entry's card (what it "
+        "shows, prior, likelihood, data and where it comes from, references, default "
+        "method and settings) and its reference posterior, if it has one.",
+    )
+    zoo.add_argument(
+        "entry", nargs="?", metavar="NAME", help="the entry whose card to print (default: none, list every entry)"
+    )
     zoo.set_defaults(run=_zoo)
 
     methods = [m.value for m in Method]
-    fit = sub.add_parser("fit", help="fit a zoo entry; print its summary and metrics; write posterior, "
-                                     "InferenceData and plots into --out",
-                         description="Fit a zoo entry with the entry's settings for --method (else the method's "
-                                     "defaults), overridden by the flags below; print the function-space summary "
-                                     "and metrics; write posterior.bnn, inference_data.nc and plots into --out.",
-                         epilog="example: bnn-pyro fit mlp_regression --method swag --steps 500 --option swag_rank=10 "
-                                "--out runs/swag")
+    fit = sub.add_parser(
+        "fit",
+        help="fit a zoo entry; print its summary and metrics; write posterior, InferenceData and plots into --out",
+        description="Fit a zoo entry with the entry's settings for --method (else the method's "
+        "defaults), overridden by the flags below; print the function-space summary "
+        "and metrics; write posterior.bnn, inference_data.nc and plots into --out.",
+        epilog="example: bnn-pyro fit mlp_regression --method swag --steps 500 --option swag_rank=10 --out runs/swag",
+    )
     fit.add_argument("entry", metavar="ENTRY", help="a zoo entry (see `bnn-pyro zoo`)")
-    fit.add_argument("--method", choices=methods, metavar="METHOD",
-                     help=f"inference method, one of {', '.join(methods)} (default: the entry's card's default "
-                          "method, see `bnn-pyro zoo ENTRY`)")
-    fit.add_argument("--chains", type=_positive_int,
-                     help="num_chains: chains (MCMC), independent restarts (SVI and the other optimizers) or "
-                          "members (ensemble) (default: the entry's setting, else the method's own, e.g. 4 for "
-                          "nuts/hmc/metropolis, 5 for ensemble, 1 for svi)")
-    fit.add_argument("--samples", type=_positive_int,
-                     help="draws per chain (default: the entry's setting for the method, else the method's)")
-    fit.add_argument("--warmup", type=_positive_int,
-                     help="warm-up steps per chain, for nuts, hmc, metropolis, sgld and sghmc (default: the "
-                          "entry's setting, else the method's)")
-    fit.add_argument("--steps", type=_positive_int,
-                     help="optimizer steps, for svi, swa, swag, the dropout methods, ensemble and laplace "
-                          "(default: the entry's setting, else the method's)")
-    fit.add_argument("--option", type=_key_value, action="append", default=[], metavar="KEY=VALUE",
-                     help="any other option of the method (the README's Engines table lists the main ones; an "
-                          "unknown KEY is an error that lists them all), repeatable, e.g. --option lr=0.01 "
-                          "--option guide=low_rank; VALUE is read as None (none, null), a bool (true, false), an "
-                          "int, a float, else a string (default: none)")
+    fit.add_argument(
+        "--method",
+        choices=methods,
+        metavar="METHOD",
+        help=f"inference method, one of {', '.join(methods)} (default: the entry's card's default "
+        "method, see `bnn-pyro zoo ENTRY`)",
+    )
+    fit.add_argument(
+        "--chains",
+        type=_positive_int,
+        help="num_chains: chains (MCMC), independent restarts (SVI and the other optimizers) or "
+        "members (ensemble) (default: the entry's setting, else the method's own, e.g. 4 for "
+        "nuts/hmc/metropolis, 5 for ensemble, 1 for svi)",
+    )
+    fit.add_argument(
+        "--samples",
+        type=_positive_int,
+        help="draws per chain (default: the entry's setting for the method, else the method's)",
+    )
+    fit.add_argument(
+        "--warmup",
+        type=_positive_int,
+        help="warm-up steps per chain, for nuts, hmc, metropolis, sgld and sghmc (default: the "
+        "entry's setting, else the method's)",
+    )
+    fit.add_argument(
+        "--steps",
+        type=_positive_int,
+        help="optimizer steps, for svi, swa, swag, the dropout methods, ensemble and laplace "
+        "(default: the entry's setting, else the method's)",
+    )
+    fit.add_argument(
+        "--option",
+        type=_key_value,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other option of the method (the README's Engines table lists the main ones; an "
+        "unknown KEY is an error that lists them all), repeatable, e.g. --option lr=0.01 "
+        "--option guide=low_rank; VALUE is read as None (none, null), a bool (true, false), an "
+        "int, a float, else a string (default: none)",
+    )
     fit.add_argument("--seed", type=int, help="random seed (default: 0)")
-    fit.add_argument("--out", required=True, metavar="FOLDER",
-                     help="folder for posterior.bnn, inference_data.nc and the plots, created if missing; "
-                          "an existing one must be empty unless --overwrite is given (required)")
-    fit.add_argument("--overwrite", action="store_true",
-                     help="write into a non-empty --out: replace the files this command writes there and "
-                          "keep every other file (default: refuse)")
+    fit.add_argument(
+        "--out",
+        required=True,
+        metavar="FOLDER",
+        help="folder for posterior.bnn, inference_data.nc and the plots, created if missing; "
+        "an existing one must be empty unless --overwrite is given (required)",
+    )
+    fit.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --out: replace the files this command writes there and "
+        "keep every other file (default: refuse)",
+    )
     fit.add_argument("--no-progress", action="store_true", help="hide the progress bars (default: shown)")
     fit.set_defaults(run=_fit)
     _compare_parser(sub, methods)
@@ -495,41 +613,76 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _compare_parser(sub, methods: list[str]) -> None:
-    compare = sub.add_parser("compare", help="fit every method to a zoo entry or a CSV file and tabulate them",
-                             description="bp.compare from the command line: fit each method (default: every one "
-                                         "that applies) on the entry's test split or on k folds, print the table "
-                                         "(test log-likelihood, errors, calibration, diagnostics, fit time) and write "
-                                         "table.csv, table.md, rows.csv and the figures into --out; each fit is "
-                                         "cached in --out/cache as it ends.",
-                             epilog="example: bnn-pyro compare mlp_regression --methods svi,laplace,ensemble --out "
-                                    "runs/cmp; bnn-pyro compare data.csv --target price --splits 5 --out runs/price")
-    compare.add_argument("source", metavar="ENTRY_OR_CSV",
-                         help="a zoo entry (see `bnn-pyro zoo`) or a CSV file of numeric columns (its model: the UCI "
-                              "protocol's 50-unit ReLU MLP on standardized columns; regression scores in the "
-                              "target's units)")
-    compare.add_argument("--methods", metavar="M1,M2,...",
-                         help=f"comma-separated methods from {', '.join(methods)} (default: every method that "
-                              "applies to the model, each at the entry's settings, else its defaults)")
+    compare = sub.add_parser(
+        "compare",
+        help="fit every method to a zoo entry or a CSV file and tabulate them",
+        description="bp.compare from the command line: fit each method (default: every one "
+        "that applies) on the entry's test split or on k folds, print the table "
+        "(test log-likelihood, errors, calibration, diagnostics, fit time) and write "
+        "table.csv, table.md, rows.csv and the figures into --out; each fit is "
+        "cached in --out/cache as it ends.",
+        epilog="example: bnn-pyro compare mlp_regression --methods svi,laplace,ensemble --out "
+        "runs/cmp; bnn-pyro compare data.csv --target price --splits 5 --out runs/price",
+    )
+    compare.add_argument(
+        "source",
+        metavar="ENTRY_OR_CSV",
+        help="a zoo entry (see `bnn-pyro zoo`) or a CSV file of numeric columns (its model: the UCI "
+        "protocol's 50-unit ReLU MLP on standardized columns; regression scores in the "
+        "target's units)",
+    )
+    compare.add_argument(
+        "--methods",
+        metavar="M1,M2,...",
+        help=f"comma-separated methods from {', '.join(methods)} (default: every method that "
+        "applies to the model, each at the entry's settings, else its defaults)",
+    )
     compare.add_argument("--target", help="CSV only: the target column (default: the last column)")
-    compare.add_argument("--task", choices=["regression", "classification"],
-                         help="CSV only: the task (default: classification for an integer target, else regression)")
-    compare.add_argument("--splits", type=_positive_int, metavar="K",
-                         help="k-fold cross-validation with K folds (default: the entry's test split; a CSV: 5)")
-    compare.add_argument("--option", type=_method_key_value, action="append", default=[], metavar="METHOD:KEY=VALUE",
-                         help="a setting of one method, repeatable, e.g. --option nuts:num_samples=200 (default: none)")
+    compare.add_argument(
+        "--task",
+        choices=["regression", "classification"],
+        help="CSV only: the task (default: classification for an integer target, else regression)",
+    )
+    compare.add_argument(
+        "--splits",
+        type=_positive_int,
+        metavar="K",
+        help="k-fold cross-validation with K folds (default: the entry's test split; a CSV: 5)",
+    )
+    compare.add_argument(
+        "--option",
+        type=_method_key_value,
+        action="append",
+        default=[],
+        metavar="METHOD:KEY=VALUE",
+        help="a setting of one method, repeatable, e.g. --option nuts:num_samples=200 (default: none)",
+    )
     compare.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
-    compare.add_argument("--time-limit", type=_positive_int, metavar="SECONDS",
-                         help="stop a fit after this many seconds of wall time; it becomes an error row (default: none)")
-    compare.add_argument("--out", required=True, metavar="FOLDER",
-                         help="folder for the table, the figures and cache/, created if missing; an existing one must "
-                              "be empty unless --resume or --overwrite is given (required)")
+    compare.add_argument(
+        "--time-limit",
+        type=_positive_int,
+        metavar="SECONDS",
+        help="stop a fit after this many seconds of wall time; it becomes an error row (default: none)",
+    )
+    compare.add_argument(
+        "--out",
+        required=True,
+        metavar="FOLDER",
+        help="folder for the table, the figures and cache/, created if missing; an existing one must "
+        "be empty unless --resume or --overwrite is given (required)",
+    )
     group = compare.add_mutually_exclusive_group()
-    group.add_argument("--resume", action="store_true",
-                       help="go on from --out/cache: fits already done there are not repeated (default: refuse a "
-                            "non-empty --out)")
-    group.add_argument("--overwrite", action="store_true",
-                       help="write into a non-empty --out: replace the files this command writes and its cache/, "
-                            "keep every other file (default: refuse)")
+    group.add_argument(
+        "--resume",
+        action="store_true",
+        help="go on from --out/cache: fits already done there are not repeated (default: refuse a non-empty --out)",
+    )
+    group.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="write into a non-empty --out: replace the files this command writes and its cache/, "
+        "keep every other file (default: refuse)",
+    )
     compare.add_argument("--no-progress", action="store_true", help="hide the progress bar (default: shown)")
     compare.set_defaults(run=_compare)
 
@@ -565,8 +718,10 @@ def _after_interrupt(args) -> str:
     text = f"; nothing was written to --out {args.out!r}"
     folder = dict(args.option).get("checkpoint")
     if folder is not None and any(Path(folder).rglob("*.ckpt")):
-        text += (f"; the fit's checkpoints are in {str(folder)!r}: run the same command with --option resume=true "
-                 "to continue it")
+        text += (
+            f"; the fit's checkpoints are in {str(folder)!r}: run the same command with --option resume=true "
+            "to continue it"
+        )
     return text + "."
 
 

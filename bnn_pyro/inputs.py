@@ -23,7 +23,7 @@ Example
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -46,8 +46,10 @@ class Inputs:
             raise ValueError("x: expected a non-empty tuple of tensors or a non-empty dict of tensors.")
         rows = {t.shape[0] if t.dim() else None for t in self.tensors()}
         if len(rows) != 1 or None in rows:
-            raise ValueError(f"x: every tensor of a {'tuple' if self.args else 'dict'} input must have the same first "
-                             f"(row) dimension; got shapes {self._shapes()}. Give each tensor one row per example.")
+            raise ValueError(
+                f"x: every tensor of a {'tuple' if self.args else 'dict'} input must have the same first "
+                f"(row) dimension; got shapes {self._shapes()}. Give each tensor one row per example."
+            )
 
     @classmethod
     def of(cls, x) -> tuple | dict:
@@ -57,10 +59,12 @@ class Inputs:
     def tensors(self) -> list[torch.Tensor]:
         return list(self.args) + list(self.kwargs.values())
 
-    def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> "Inputs":
+    def map(self, fn: Callable[[str, torch.Tensor], torch.Tensor]) -> Inputs:
         """``fn(argname, tensor)`` applied to every tensor (``argname``: ``"x[0]"``, ``"x['tokens']"``)."""
-        return Inputs(tuple(fn(f"x[{i}]", t) for i, t in enumerate(self.args)),
-                      {k: fn(f"x[{k!r}]", t) for k, t in self.kwargs.items()})
+        return Inputs(
+            tuple(fn(f"x[{i}]", t) for i, t in enumerate(self.args)),
+            {k: fn(f"x[{k!r}]", t) for k, t in self.kwargs.items()},
+        )
 
     def call(self, fn: Callable):
         """``fn(*args, **kwargs)``."""
@@ -77,13 +81,14 @@ class Inputs:
     def device(self) -> torch.device:
         return self.tensors()[0].device
 
-    def __getitem__(self, index) -> "Inputs":
+    def __getitem__(self, index) -> Inputs:
         if isinstance(index, tuple):
             raise IndexError("Inputs index rows only (x[rows]); index the tensors themselves for more.")
         return self.map(lambda name, t: t[index])
 
-    def to(self, *args, **kwargs) -> "Inputs":
+    def to(self, *args, **kwargs) -> Inputs:
         """Every tensor ``.to(...)``; a dtype applies to floating tensors only (token ids stay integer)."""
+
         def move(name, t):
             if not t.dtype.is_floating_point:
                 return t.to(device=_device_of(args, kwargs)) if _device_of(args, kwargs) is not None else t
@@ -145,40 +150,60 @@ def check_token_ids(net: nn.Module, x) -> None:
         lo, hi = int(t.min()), int(t.max())
         if lo < 0 or hi >= max(sizes):
             name = "x" if key is None else f"x[{key!r}]"
-            raise ValueError(f"{name}: token ids must lie in 0..{max(sizes) - 1} (the net's nn.Embedding has "
-                             f"num_embeddings={max(sizes)}); found ids in {lo}..{hi}. Map unknown tokens to a "
-                             "reserved id, or build the embedding with a larger num_embeddings.")
+            raise ValueError(
+                f"{name}: token ids must lie in 0..{max(sizes) - 1} (the net's nn.Embedding has "
+                f"num_embeddings={max(sizes)}); found ids in {lo}..{hi}. Map unknown tokens to a "
+                "reserved id, or build the embedding with a larger num_embeddings."
+            )
 
 
-_INPUT_SIZE = {nn.Linear: ("in_features", 1), nn.Conv1d: ("in_channels", 3), nn.Conv2d: ("in_channels", 4),
-               nn.Conv3d: ("in_channels", 5)}  # layer -> (its input size attribute, the dims of its input)
+_INPUT_SIZE = {
+    nn.Linear: ("in_features", 1),
+    nn.Conv1d: ("in_channels", 3),
+    nn.Conv2d: ("in_channels", 4),
+    nn.Conv3d: ("in_channels", 5),
+}  # layer -> (its input size attribute, the dims of its input)
 
 
 def input_mismatch(net: nn.Module, x) -> str:
     """Why the net cannot take ``x``, in our words: the first layer of a Sequential net and what it expects."""
     if isinstance(x, Inputs):
-        return (f"x ({x!r}) is not what the net's forward takes (the error it raised is chained below). A tuple is "
-                "passed as positional arguments, net(*x); a dict as keyword arguments, net(**x): check them against "
-                "the signature of its forward.")
+        return (
+            f"x ({x!r}) is not what the net's forward takes (the error it raised is chained below). A tuple is "
+            "passed as positional arguments, net(*x); a dict as keyword arguments, net(**x): check them against "
+            "the signature of its forward."
+        )
     shape = tuple(x.shape)
-    hint = " x is 1-D: for N rows of one feature pass x.reshape(-1, 1), for one row x.reshape(1, -1)." if x.dim() == 1 else ""
+    hint = (
+        " x is 1-D: for N rows of one feature pass x.reshape(-1, 1), for one row x.reshape(1, -1)."
+        if x.dim() == 1
+        else ""
+    )
     path, first = "", net  # a single layer
     if isinstance(net, nn.Sequential):
-        path, first = next(((p, m) for p, m in net.named_modules() if next(m.parameters(recurse=False), None) is not None),
-                           (None, None))
+        path, first = next(
+            ((p, m) for p, m in net.named_modules() if next(m.parameters(recurse=False), None) is not None),
+            (None, None),
+        )
     if type(first) in _INPUT_SIZE:
         attr, ndim = _INPUT_SIZE[type(first)]
         size = getattr(first, attr)
         axis = -1 if ndim == 1 else 1
         if x.dim() < 2 or x.shape[axis] != size or (ndim > 1 and x.dim() != ndim):
             want = f"(N, {size})" if ndim == 1 else f"(N, {size}, {', '.join(['...'] * (ndim - 2))})"
-            return (f"x has shape {shape}, which the net cannot take (its first layer, {_layer(path, first)}, takes "
-                    f"inputs shaped {want}). Check that the feature dimensions of x match the net's first layer.{hint}")
-        return (f"x has shape {shape}, which the net cannot take (x fits its first layer, {_layer(path, first)}, but a "
-                "later layer does not fit the output of the one before; the error it raised is chained below). Check "
-                "the layer sizes of the net.")
-    return (f"x has shape {shape}, which the net cannot take (the error it raised is chained below). Check that the "
-            f"feature dimensions of x match the net's first layer.{hint}")
+            return (
+                f"x has shape {shape}, which the net cannot take (its first layer, {_layer(path, first)}, takes "
+                f"inputs shaped {want}). Check that the feature dimensions of x match the net's first layer.{hint}"
+            )
+        return (
+            f"x has shape {shape}, which the net cannot take (x fits its first layer, {_layer(path, first)}, but a "
+            "later layer does not fit the output of the one before; the error it raised is chained below). Check "
+            "the layer sizes of the net."
+        )
+    return (
+        f"x has shape {shape}, which the net cannot take (the error it raised is chained below). Check that the "
+        f"feature dimensions of x match the net's first layer.{hint}"
+    )
 
 
 def _layer(path: str, module: nn.Module) -> str:

@@ -26,8 +26,9 @@ import copy
 import json
 import os
 import struct
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from safetensors.torch import load as load_tensors
@@ -35,11 +36,30 @@ from safetensors.torch import load as load_tensors
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.posterior.posterior_file import (FORMAT, FORMAT_VERSION, GROUPS as _GROUP_NAMES, ModelMismatchError,
-                                     ModelNotBoundError, PosteriorFileError, UnboundModel, fingerprint, save)
+from bnn_pyro.posterior.posterior_file import (
+    FORMAT,
+    FORMAT_VERSION,
+    ModelMismatchError,
+    ModelNotBoundError,
+    PosteriorFileError,
+    UnboundModel,
+    fingerprint,
+    save,
+)
+from bnn_pyro.posterior.posterior_file import (
+    GROUPS as _GROUP_NAMES,
+)
 from bnn_pyro.posterior.tensor_files import digest
 
-__all__ = ["save", "load", "PosteriorFileError", "ModelMismatchError", "ModelNotBoundError", "UnboundModel", "FORMAT_VERSION"]
+__all__ = [
+    "save",
+    "load",
+    "PosteriorFileError",
+    "ModelMismatchError",
+    "ModelNotBoundError",
+    "UnboundModel",
+    "FORMAT_VERSION",
+]
 
 
 def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Posterior:
@@ -57,24 +77,39 @@ def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Poster
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"path: {str(path)!r} does not exist or is not a file; check the path (files are "
-                                "written by post.save(path)).")
+        raise FileNotFoundError(
+            f"path: {str(path)!r} does not exist or is not a file; check the path (files are "
+            "written by post.save(path))."
+        )
     raw = path.read_bytes()
     meta = _metadata(raw, path)
     try:
         tensors = load_tensors(raw)
     except Exception as err:  # safetensors raises its own error type for malformed payloads
-        raise PosteriorFileError(f"{str(path)!r}: the tensor data is unreadable ({err}); the file is corrupted.") from None
+        raise PosteriorFileError(
+            f"{str(path)!r}: the tensor data is unreadable ({err}); the file is corrupted."
+        ) from None
     covered = {k: v for k, v in meta.items() if k != "sha256"} if meta["format_version"] >= 2 else None
     if digest(tensors, covered) != meta.get("sha256"):
-        raise PosteriorFileError(f"{str(path)!r}: checksum mismatch (field 'sha256': the tensors or the metadata "
-                                 "changed after saving); the file is corrupted or was edited. Save the posterior again.")
+        raise PosteriorFileError(
+            f"{str(path)!r}: checksum mismatch (field 'sha256': the tensors or the metadata "
+            "changed after saving); the file is corrupted or was edited. Save the posterior again."
+        )
     groups, data = _contents(meta, tensors, path)
     saved, method, config = meta["model"], meta["method"], meta["config"]
     bound = UnboundModel(str(path), saved, groups["buffers"]) if model is None else _rebind(model, saved, groups, path)
-    return Posterior(samples=groups["samples"], model=bound, method=method, config=config, point=groups["point"],
-                     sample_stats=groups["sample_stats"], history=groups["history"], x=data.get("x"), y=data.get("y"),
-                     draw_buffers=groups.get("draw_buffers", {}))  # absent from files written before it existed
+    return Posterior(
+        samples=groups["samples"],
+        model=bound,
+        method=method,
+        config=config,
+        point=groups["point"],
+        sample_stats=groups["sample_stats"],
+        history=groups["history"],
+        x=data.get("x"),
+        y=data.get("y"),
+        draw_buffers=groups.get("draw_buffers", {}),
+    )  # absent from files written before it existed
 
 
 def _contents(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path):
@@ -83,14 +118,17 @@ def _contents(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
     not fit the draws and the model (a file edited by hand would otherwise fail later, inside ``predict``)."""
 
     def bad(field: str, what: str) -> PosteriorFileError:
-        return PosteriorFileError(f"{str(path)!r}: field {field!r} {what}; the file is corrupted or was edited. "
-                                  "Save the posterior again.")
+        return PosteriorFileError(
+            f"{str(path)!r}: field {field!r} {what}; the file is corrupted or was edited. Save the posterior again."
+        )
 
     expected = {"method": str, "config": dict, "groups": dict, "data": list, "x_form": str, "model": dict}
     for field, kind in expected.items():
         if not isinstance(meta.get(field), kind):
-            raise bad(field, f"is {'missing' if field not in meta else type(meta[field]).__name__}, expected a "
-                             f"{kind.__name__}")
+            raise bad(
+                field,
+                f"is {'missing' if field not in meta else type(meta[field]).__name__}, expected a {kind.__name__}",
+            )
     if meta["x_form"] not in ("tuple", "dict", "tensor"):
         raise bad("x_form", f"is {meta['x_form']!r}, expected 'tuple', 'dict' or 'tensor'")
     if meta["model"].get("kind") not in ("BNN", "function"):
@@ -99,8 +137,12 @@ def _contents(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path
     for g in (*required, *meta["groups"]):
         names = meta["groups"].get(g)
         if g not in _GROUP_NAMES or not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
-            raise bad(f"groups.{g}", "is missing or unknown" if g not in meta["groups"] or g not in _GROUP_NAMES
-                      else "is not a list of names")
+            raise bad(
+                f"groups.{g}",
+                "is missing or unknown"
+                if g not in meta["groups"] or g not in _GROUP_NAMES
+                else "is not a list of names",
+            )
         absent = [n for n in names if f"{g}/{n}" not in tensors]
         if absent:
             raise bad(f"groups.{g}", f"names tensors the file does not hold ({absent})")
@@ -130,8 +172,11 @@ def _check_shapes(groups, model: dict[str, Any], bad) -> None:
         for n, t in groups.get(g, {}).items():
             if t.dim() < 2 or tuple(t.shape[:2]) != (chains, draws) or g == "samples" and not t.is_floating_point():
                 kind = "floating point draws" if g == "samples" else "per-draw buffers"  # a buffer may be a count
-                raise bad(f"groups.{g}", f"holds {n!r} as {t.dtype} {tuple(t.shape)}; expected {kind} shaped "
-                                         f"({chains}, {draws}, ...) like the sites' draws")
+                raise bad(
+                    f"groups.{g}",
+                    f"holds {n!r} as {t.dtype} {tuple(t.shape)}; expected {kind} shaped "
+                    f"({chains}, {draws}, ...) like the sites' draws",
+                )
     if model.get("kind") != "BNN":
         return
     shapes = model.get("param_shapes")
@@ -140,29 +185,39 @@ def _check_shapes(groups, model: dict[str, Any], bad) -> None:
     for g, lead_dims in (("samples", 2), ("point", 1)):
         for n, t in groups[g].items():
             if n in shapes and list(t.shape[lead_dims:]) != shapes[n]:
-                raise bad(f"groups.{g}", f"holds {n!r} shaped {tuple(t.shape)}, but the model's parameter is shaped "
-                                         f"{tuple(shapes[n])}")
+                raise bad(
+                    f"groups.{g}",
+                    f"holds {n!r} shaped {tuple(t.shape)}, but the model's parameter is shaped {tuple(shapes[n])}",
+                )
 
 
 def _metadata(raw: bytes, path: Path) -> dict[str, Any]:
     where = str(path)
     if len(raw) < 8:
-        raise PosteriorFileError(f"{where!r}: the file is empty or truncated ({len(raw)} bytes); it is no bnn_pyro posterior. "
-                                 "Save the posterior again with post.save(path).")
+        raise PosteriorFileError(
+            f"{where!r}: the file is empty or truncated ({len(raw)} bytes); it is no bnn_pyro posterior. "
+            "Save the posterior again with post.save(path)."
+        )
     (size,) = struct.unpack("<Q", raw[:8])
     if size > len(raw) - 8:
-        raise PosteriorFileError(f"{where!r}: the file is truncated or not a bnn_pyro posterior (header of {size} bytes, "
-                                 f"file of {len(raw)}). Save the posterior again with post.save(path).")
+        raise PosteriorFileError(
+            f"{where!r}: the file is truncated or not a bnn_pyro posterior (header of {size} bytes, "
+            f"file of {len(raw)}). Save the posterior again with post.save(path)."
+        )
     try:
         meta = json.loads(json.loads(raw[8 : 8 + size])["__metadata__"]["bnn_pyro"])
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise PosteriorFileError(f"{where!r}: not a bnn_pyro posterior file (no bnn_pyro header). Files are written by "
-                                 "Posterior.save; pickles and plain safetensors files are not read.") from None
+        raise PosteriorFileError(
+            f"{where!r}: not a bnn_pyro posterior file (no bnn_pyro header). Files are written by "
+            "Posterior.save; pickles and plain safetensors files are not read."
+        ) from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not isinstance(meta.get("format_version"), int):
         raise PosteriorFileError(f"{where!r}: not a bnn_pyro posterior file (format {meta.get('format')!r}).")
     if meta["format_version"] > FORMAT_VERSION:
-        raise PosteriorFileError(f"{where!r}: written in format version {meta['format_version']} by a newer bnn_pyro; "
-                                 f"this version reads up to {FORMAT_VERSION}. Upgrade bnn_pyro to load it.")
+        raise PosteriorFileError(
+            f"{where!r}: written in format version {meta['format_version']} by a newer bnn_pyro; "
+            f"this version reads up to {FORMAT_VERSION}. Upgrade bnn_pyro to load it."
+        )
     return meta
 
 
@@ -170,28 +225,40 @@ def _rebind(model, saved: dict[str, Any], groups, path: Path):
     given = fingerprint(model)
     if saved.get("kind") == "function" or given["kind"] == "function":
         if given["kind"] != saved.get("kind"):
-            raise ModelMismatchError(f"model: {str(path)!r} was fitted with a {saved.get('kind')} model, got a "
-                                     f"{given['kind']} model. Pass the same kind of model it was fitted with.")
+            raise ModelMismatchError(
+                f"model: {str(path)!r} was fitted with a {saved.get('kind')} model, got a "
+                f"{given['kind']} model. Pass the same kind of model it was fitted with."
+            )
         return model
     diff = []
     for key in saved:  # a file of format version 1 holds no prior: it is not compared
         old, new = saved[key], given.get(key)
         if isinstance(old, dict) and isinstance(new, dict):  # by site: name the sites that differ
-            diff += [f"{key} of {name!r}: saved {old.get(name, 'none')!s}, given {new.get(name, 'none')!s}"
-                     for name in sorted(set(old) | set(new)) if old.get(name) != new.get(name)]
+            diff += [
+                f"{key} of {name!r}: saved {old.get(name, 'none')!s}, given {new.get(name, 'none')!s}"
+                for name in sorted(set(old) | set(new))
+                if old.get(name) != new.get(name)
+            ]
         elif old != new:
             diff.append(f"{key}: saved {old!r}, given {new!r}")
     if diff:
         shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
-        raise ModelMismatchError(f"model: does not match the model the posterior in {str(path)!r} was fitted with "
-                                 f"({shown}). Build the model with the same net, prior and likelihood.")
+        raise ModelMismatchError(
+            f"model: does not match the model the posterior in {str(path)!r} was fitted with "
+            f"({shown}). Build the model with the same net, prior and likelihood."
+        )
     own = dict(model.net.named_buffers())
-    odd = {n: (tuple(t.shape), tuple(own[n].shape)) for n, t in groups["buffers"].items()
-           if n in own and t.shape != own[n].shape}
+    odd = {
+        n: (tuple(t.shape), tuple(own[n].shape))
+        for n, t in groups["buffers"].items()
+        if n in own and t.shape != own[n].shape
+    }
     if odd:
-        raise PosteriorFileError(f"{str(path)!r}: field 'groups.buffers' holds buffers shaped unlike the model's "
-                                 f"(name: (saved, model's): {odd}); the file was edited, or the model differs. Build "
-                                 "the model the same way, or save the posterior again.")
+        raise PosteriorFileError(
+            f"{str(path)!r}: field 'groups.buffers' holds buffers shaped unlike the model's "
+            f"(name: (saved, model's): {odd}); the file was edited, or the model differs. Build "
+            "the model the same way, or save the posterior again."
+        )
     model = copy.deepcopy(model)  # the user's model is never modified
     with torch.no_grad():
         for name, p in model.net.named_parameters():

@@ -61,8 +61,9 @@ class Likelihood:
         ``d.sample()`` instead."""
         raise NotImplementedError(f"{type(self).__name__} is not a classification likelihood.")
 
-    def __call__(self, f: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None,
-                 inner_dims: int = 0):
+    def __call__(
+        self, f: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None, inner_dims: int = 0
+    ):
         noise = {name: pyro.sample(name, placed_like(prior, f)) for name, prior in self.sites().items()}
         n = f.shape[-2 - inner_dims]
         with pyro.plate("data", size=dataset_size or n, subsample=torch.arange(n, device=f.device)):
@@ -76,8 +77,10 @@ class Likelihood:
         ``(..., N)``). ``inner_dims=0`` is :meth:`distribution` itself."""
         if not inner_dims:
             return self.distribution(f, noise)
-        noise = {k: v.reshape(v.shape + (1,) * inner_dims) if isinstance(v, torch.Tensor) and v.dim() else v
-                 for k, v in noise.items()}
+        noise = {
+            k: v.reshape(v.shape + (1,) * inner_dims) if isinstance(v, torch.Tensor) and v.dim() else v
+            for k, v in noise.items()
+        }
         return self.distribution(f, noise).to_event(inner_dims)
 
     def check_output_target(self, y: torch.Tensor, out_shape: torch.Size) -> torch.Tensor:
@@ -93,13 +96,16 @@ class Likelihood:
                 f"input, a sequence of {', '.join(map(str, inner))} positions, but y has shape {tuple(y.shape)}; "
                 f"a net must map (N, ...) inputs to (N, out) outputs, or to (N, T, out) outputs for sequences with y "
                 f"shaped (N, T) or (N, T, out). Reshape y to one target per position. Add a final Flatten or Linear "
-                f"layer if the net should return one output vector per row.")
-        flat = y.reshape((-1,) + tuple(y.shape[1 + len(inner):]))
+                f"layer if the net should return one output vector per row."
+            )
+        flat = y.reshape((-1,) + tuple(y.shape[1 + len(inner) :]))
         try:
             checked = self.check_target(flat, out_shape[-1])
         except ValueError as err:
-            raise ValueError(f"{err} (y checked per position of the sequence output: y shaped {tuple(y.shape)}, "
-                             f"outputs {tuple(out_shape)} per row)") from None
+            raise ValueError(
+                f"{err} (y checked per position of the sequence output: y shaped {tuple(y.shape)}, "
+                f"outputs {tuple(out_shape)} per row)"
+            ) from None
         return checked.reshape((y.shape[0],) + inner + tuple(checked.shape[1:]))
 
     def __repr__(self) -> str:
@@ -139,9 +145,11 @@ class Gaussian(_RegressionMixin, Likelihood):
             )
         if precision is not None:
             if isinstance(precision, (int, float)) and not isinstance(precision, bool):
-                raise TypeError(f"precision: expected a distribution over the precision 1 / sigma**2 (learned noise), "
-                                f"got the number {precision!r}; for known noise pass scale=1 / sqrt(precision), e.g. "
-                                f"scale={precision ** -0.5 if precision > 0 else 0.1:.3g}.")
+                raise TypeError(
+                    f"precision: expected a distribution over the precision 1 / sigma**2 (learned noise), "
+                    f"got the number {precision!r}; for known noise pass scale=1 / sqrt(precision), e.g. "
+                    f"scale={precision**-0.5 if precision > 0 else 0.1:.3g}."
+                )
             self.scale, self.precision = None, _noise_prior("precision", precision, "dist.Gamma(2.0, 0.1)")
         elif isinstance(scale, Distribution):
             self.scale, self.precision = _noise_prior("scale", scale, "dist.HalfNormal(1.0)"), None
@@ -203,8 +211,10 @@ class Categorical(Likelihood):
         y = _integer_labels(y.reshape(-1) if y.dim() == 2 and y.shape[1] == 1 else y, "Categorical")
         if y.dim() != 1:
             one_hot = " If y is one-hot, pass y.argmax(1)." if y.dim() == 2 and y.shape[1] == out_dim else ""
-            raise ValueError(f"Categorical: y must be a vector of labels shaped (N,), got shape {tuple(y.shape)}; "
-                             f"pass one integer class label per row.{one_hot}")
+            raise ValueError(
+                f"Categorical: y must be a vector of labels shaped (N,), got shape {tuple(y.shape)}; "
+                f"pass one integer class label per row.{one_hot}"
+            )
         if y.min() < 0 or y.max() >= out_dim:
             raise ValueError(
                 f"Categorical: labels must lie in 0..{out_dim - 1} for a net with {out_dim} outputs; "
@@ -233,7 +243,9 @@ class Bernoulli(Likelihood):
             raise ValueError(f"Bernoulli needs a net with 1 output (a logit), this net has {out_dim}. Use Categorical.")
         y = _integer_labels(y.reshape(-1) if y.dim() == 2 and y.shape[1] == 1 else y, "Bernoulli", allow_float=True)
         if y.dim() != 1 or not ((y == 0) | (y == 1)).all():
-            raise ValueError("Bernoulli: y must be a vector of 0/1 labels shaped (N,). Use Categorical for more classes.")
+            raise ValueError(
+                "Bernoulli: y must be a vector of 0/1 labels shaped (N,). Use Categorical for more classes."
+            )
         return y.to(torch.get_default_dtype())
 
     def summarize(self, d, *, interval=0.95):

@@ -26,21 +26,39 @@ import numpy as np
 import pyro.distributions as dist
 import torch
 
-from bnn_pyro.utils.checks import as_tensor, positive_int
-from bnn_pyro.utils.targets import (base_distribution, float_tensor, match_target, probs_and_labels,
-                                    regression_target, traced_obs)
 from bnn_pyro.model import BNN
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
+from bnn_pyro.utils.checks import as_tensor, positive_int
+from bnn_pyro.utils.targets import (
+    base_distribution,
+    float_tensor,
+    match_target,
+    probs_and_labels,
+    regression_target,
+    traced_obs,
+)
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
 
 __all__ = [
-    "rmse", "nll", "log_predictive_density", "test_log_likelihood", "accuracy", "ece", "reliability_curve",
-    "brier", "interval_coverage", "ood_auroc", "pit", "regression_calibration_error", "predictive_interval",
-    "UNCERTAINTY_SCORES", "uncertainty", "rejection_curve",
+    "rmse",
+    "nll",
+    "log_predictive_density",
+    "test_log_likelihood",
+    "accuracy",
+    "ece",
+    "reliability_curve",
+    "brier",
+    "interval_coverage",
+    "ood_auroc",
+    "pit",
+    "regression_calibration_error",
+    "predictive_interval",
+    "UNCERTAINTY_SCORES",
+    "uncertainty",
+    "rejection_curve",
 ]
-
 
 
 # ---------------------------------------------------------------------------------------- regression
@@ -56,8 +74,9 @@ def rmse(pred_or_mean, y) -> float:
     >>> metrics.rmse(post.predict(x_test), y_test)
     """
     if isinstance(pred_or_mean, ClassificationPrediction):
-        raise TypeError("pred_or_mean: rmse is for regression; for a ClassificationPrediction use accuracy, nll, "
-                        "brier or ece.")
+        raise TypeError(
+            "pred_or_mean: rmse is for regression; for a ClassificationPrediction use accuracy, nll, brier or ece."
+        )
     mean = pred_or_mean.mean if isinstance(pred_or_mean, RegressionPrediction) else pred_or_mean
     mean = float_tensor("pred_or_mean", mean)
     y = regression_target(y, mean.shape, "pred_or_mean")
@@ -72,11 +91,15 @@ def interval_coverage(prediction: RegressionPrediction, y) -> float:
     ``sqrt(0.95 * 0.05 / N)``.
     """
     if not isinstance(prediction, RegressionPrediction):
-        raise TypeError(f"prediction: expected a RegressionPrediction (post.predict(x) of a regression model), got "
-                        f"{type(prediction).__name__}.")
+        raise TypeError(
+            f"prediction: expected a RegressionPrediction (post.predict(x) of a regression model), got "
+            f"{type(prediction).__name__}."
+        )
     if prediction.lower is None:
-        raise ValueError("prediction: has no interval (it was made with interval=None); "
-                         "predict with post.predict(x, interval=0.95) to score its coverage.")
+        raise ValueError(
+            "prediction: has no interval (it was made with interval=None); "
+            "predict with post.predict(x, interval=0.95) to score its coverage."
+        )
     y = regression_target(y, prediction.lower.shape, "prediction")
     inside = (prediction.lower <= y) & (y <= prediction.upper)
     return float(inside.double().mean())
@@ -93,8 +116,10 @@ def pit(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int
     an observation distribution that has a CDF (e.g. ``Gaussian``).
     """
     if not _is_posterior(posterior) or not isinstance(posterior.model, BNN):
-        raise TypeError(f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
-                        f"{type(posterior).__name__}{'' if not _is_posterior(posterior) else ' of a Pyro function'}.")
+        raise TypeError(
+            f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
+            f"{type(posterior).__name__}{'' if not _is_posterior(posterior) else ' of a Pyro function'}."
+        )
     x = posterior.inputs(x)
     y = as_tensor("y", y)
     if y.shape[0] != x.shape[0]:
@@ -104,18 +129,22 @@ def pit(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int
         d = posterior.observation_distribution(x, idx)
         target = match_target(d, y, batch_dims=1)
         if target.dim() != 1 or not target.dtype.is_floating_point:
-            raise ValueError(f"y: pit needs one real-valued output per row, got the model's target shape "
-                             f"{tuple(target.shape)}.")
+            raise ValueError(
+                f"y: pit needs one real-valued output per row, got the model's target shape {tuple(target.shape)}."
+            )
         try:
             cdf = base_distribution(d).cdf(target)
         except NotImplementedError:
-            raise ValueError(f"posterior: its observation distribution {type(base_distribution(d)).__name__} has no CDF; "
-                             "pit needs a likelihood such as bp.likelihoods.Gaussian.") from None
+            raise ValueError(
+                f"posterior: its observation distribution {type(base_distribution(d)).__name__} has no CDF; "
+                "pit needs a likelihood such as bp.likelihoods.Gaussian."
+            ) from None
     return cdf.double().reshape(cdf.shape[0], -1).mean(0)
 
 
-def predictive_interval(posterior: Posterior, x, *, level: float = 0.95, num_samples: int | None = None,
-                        seed: int | None = 0) -> tuple[torch.Tensor, torch.Tensor]:
+def predictive_interval(
+    posterior: Posterior, x, *, level: float = 0.95, num_samples: int | None = None, seed: int | None = 0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The exact central ``level`` interval of the predictive mixture at ``x``: ``(lower, upper)``, each ``(N,)``.
 
     ``F(t) = (1/S) sum_s F(t | x_n, w_s)`` is the mixture's CDF over the posterior draws (each with its own
@@ -127,8 +156,10 @@ def predictive_interval(posterior: Posterior, x, *, level: float = 0.95, num_sam
     and an inverse CDF (e.g. ``Gaussian``); ``ValueError`` otherwise.
     """
     if not _is_posterior(posterior) or not isinstance(posterior.model, BNN):
-        raise TypeError(f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
-                        f"{type(posterior).__name__}{'' if not _is_posterior(posterior) else ' of a Pyro function'}.")
+        raise TypeError(
+            f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
+            f"{type(posterior).__name__}{'' if not _is_posterior(posterior) else ' of a Pyro function'}."
+        )
     level = float(level)
     if not 0.0 < level < 1.0:
         raise ValueError(f"level: expected a probability in (0, 1), e.g. 0.95, got {level}.")
@@ -136,8 +167,10 @@ def predictive_interval(posterior: Posterior, x, *, level: float = 0.95, num_sam
     with torch.no_grad():
         d = base_distribution(posterior.observation_distribution(x, posterior.draw_index(num_samples, seed)))
         if d.batch_shape[2:].numel() != 1:
-            raise ValueError(f"posterior: predictive_interval needs one real-valued output per row, got a "
-                             f"predictive of shape {tuple(d.batch_shape[1:])} per draw.")
+            raise ValueError(
+                f"posterior: predictive_interval needs one real-valued output per row, got a "
+                f"predictive of shape {tuple(d.batch_shape[1:])} per draw."
+            )
         bounds = []
         for q in ((1 - level) / 2, (1 + level) / 2):
             try:
@@ -149,8 +182,10 @@ def predictive_interval(posterior: Posterior, x, *, level: float = 0.95, num_sam
                     below = below.reshape(d.batch_shape[0], -1).mean(0) < q
                     lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
             except NotImplementedError:
-                raise ValueError(f"posterior: its observation distribution {type(d).__name__} has no CDF or inverse "
-                                 "CDF; predictive_interval needs a likelihood such as bp.likelihoods.Gaussian.") from None
+                raise ValueError(
+                    f"posterior: its observation distribution {type(d).__name__} has no CDF or inverse "
+                    "CDF; predictive_interval needs a likelihood such as bp.likelihoods.Gaussian."
+                ) from None
             bounds.append((lo + hi) / 2)
     return bounds[0], bounds[1]
 
@@ -168,8 +203,10 @@ def regression_calibration_error(pit_values, levels=None) -> float:
     """
     u = float_tensor("pit_values", pit_values).double().reshape(-1)
     if u.numel() == 0 or not ((u >= 0) & (u <= 1)).all():
-        raise ValueError("pit_values: expected probabilities in [0, 1] (metrics.pit(post, x, y)), "
-                         f"got {u.numel()} values{'' if u.numel() == 0 else f' in {float(u.min())}..{float(u.max())}'}.")
+        raise ValueError(
+            "pit_values: expected probabilities in [0, 1] (metrics.pit(post, x, y)), "
+            f"got {u.numel()} values{'' if u.numel() == 0 else f' in {float(u.min())}..{float(u.max())}'}."
+        )
     c = torch.arange(1, 10, dtype=torch.float64) / 10 if levels is None else float_tensor("levels", levels).double()
     c = c.reshape(-1)
     if c.numel() == 0 or not ((c > 0) & (c < 1)).all():
@@ -179,8 +216,15 @@ def regression_calibration_error(pit_values, levels=None) -> float:
 
 
 # ---------------------------------------------------------------------------------------- densities
-def log_predictive_density(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int | None = 0,
-                           draws: torch.Tensor | None = None) -> torch.Tensor:
+def log_predictive_density(
+    posterior: Posterior,
+    x,
+    y,
+    *,
+    num_samples: int | None = None,
+    seed: int | None = 0,
+    draws: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Pointwise log posterior predictive density, shaped ``(N,)``.
 
     ``log p(y_n | x_n, D) ~= log (1/S) sum_s p(y_n | x_n, w_s) = logsumexp_s log p(y_n | x_n, w_s) - log S``
@@ -198,13 +242,17 @@ def log_predictive_density(posterior: Posterior, x, y, *, num_samples: int | Non
     >>> lpd = metrics.log_predictive_density(post, x_test, y_test)   # (N,)
     """
     if not _is_posterior(posterior):
-        raise TypeError(f"posterior: expected a bnn_pyro.Posterior (what bp.fit returns), got "
-                        f"{type(posterior).__name__}. For a prediction use metrics.nll(prediction, y).")
+        raise TypeError(
+            f"posterior: expected a bnn_pyro.Posterior (what bp.fit returns), got "
+            f"{type(posterior).__name__}. For a prediction use metrics.nll(prediction, y)."
+        )
     x = posterior.inputs(x) if isinstance(posterior.model, BNN) else float_tensor("x", x)
     y = as_tensor("y", y)
     if y.shape[0] != x.shape[0]:
-        raise ValueError(f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}. "
-                         "Each row of x needs one row of y.")
+        raise ValueError(
+            f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}. "
+            "Each row of x needs one row of y."
+        )
     if draws is None:
         idx = posterior.draw_index(num_samples, seed)
     else:
@@ -214,7 +262,9 @@ def log_predictive_density(posterior: Posterior, x, y, *, num_samples: int | Non
             d = posterior.observation_distribution(x, idx)
             log_p = d.log_prob(match_target(d, y, batch_dims=1))
         else:
-            log_p = torch.stack([fn.log_prob(match_target(fn, y, batch_dims=0)) for fn in traced_obs(posterior, x, idx)])
+            log_p = torch.stack(
+                [fn.log_prob(match_target(fn, y, batch_dims=0)) for fn in traced_obs(posterior, x, idx)]
+            )
     if log_p.dim() != 2:
         log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
     return torch.logsumexp(log_p, 0) - math.log(log_p.shape[0])
@@ -247,19 +297,25 @@ def nll(prediction, *data, num_samples: int | None = None, seed: int | None = 0)
     """
     if _is_posterior(prediction):
         if len(data) != 2:
-            raise TypeError("nll(posterior, x, y): give the inputs x and the targets y "
-                            f"(got {len(data)} positional argument(s) after the posterior).")
+            raise TypeError(
+                "nll(posterior, x, y): give the inputs x and the targets y "
+                f"(got {len(data)} positional argument(s) after the posterior)."
+            )
         return -test_log_likelihood(prediction, *data, num_samples=num_samples, seed=seed)
     if len(data) != 1:
-        raise TypeError("nll(prediction, y): give the targets y only (or call nll(posterior, x, y)); "
-                        f"got {len(data)} positional argument(s) after the prediction.")
+        raise TypeError(
+            "nll(prediction, y): give the targets y only (or call nll(posterior, x, y)); "
+            f"got {len(data)} positional argument(s) after the prediction."
+        )
     (y,) = data
     if isinstance(prediction, RegressionPrediction):
         y = regression_target(y, prediction.mean.shape, "prediction")
         scale = prediction.aleatoric_std.double()
         if not (scale > 0).all():
-            raise ValueError("prediction: its aleatoric_std has zeros, so the mixture density is undefined; "
-                             "use nll(posterior, x, y) or a likelihood with observation noise.")
+            raise ValueError(
+                "prediction: its aleatoric_std has zeros, so the mixture density is undefined; "
+                "use nll(posterior, x, y) or a likelihood with observation noise."
+            )
         lpd = torch.empty(prediction.mean.shape[0], dtype=torch.float64)
         for rows, means in prediction.blocks("mean_draws"):  # block by block: never every draw at every point
             log_p = dist.Normal(means.double(), scale[rows]).log_prob(y[rows].double())
@@ -378,13 +434,16 @@ def uncertainty(pred, score: str = "entropy") -> torch.Tensor:
     else:
         value = as_tensor("scores", pred)
     if value.dim() != 1:
-        raise ValueError(f"scores: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
-                         "pass a ClassificationPrediction or e.g. pred.entropy.")
+        raise ValueError(
+            f"scores: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
+            "pass a ClassificationPrediction or e.g. pred.entropy."
+        )
     return value.double()
 
 
-def rejection_curve(pred: ClassificationPrediction, y, *, score: str = "entropy",
-                    scores=None) -> tuple[torch.Tensor, torch.Tensor]:
+def rejection_curve(
+    pred: ClassificationPrediction, y, *, score: str = "entropy", scores=None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Accuracy of the retained inputs against the fraction rejected (the most uncertain first).
 
     Returns ``(fraction_rejected, accuracy)``, each ``(N,)`` float64: ``fraction_rejected[r] = r / N``
@@ -409,8 +468,10 @@ def _scores(argname: str, value, score: str) -> torch.Tensor:
         value = getattr(value, score)
     value = as_tensor(argname, value)
     if value.dim() != 1:
-        raise ValueError(f"{argname}: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
-                         "e.g. pred.entropy or pred.mutual_information.")
+        raise ValueError(
+            f"{argname}: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
+            "e.g. pred.entropy or pred.mutual_information."
+        )
     return value.double()
 
 

@@ -38,15 +38,16 @@ from torch import nn
 from torch.distributions import Distribution
 
 from bnn_pyro import priors as priors_mod
-from bnn_pyro.utils.checks import instance, pyro_distribution
-from bnn_pyro.utils.placement import placed_like
-from bnn_pyro.utils.linear_stack import linear_stack as _linear_stack, run_linear_stack as _run_linear_stack
-from bnn_pyro.utils.linear_stack import runs_per_draw as _runs_per_draw
-from bnn_pyro.utils.upstream_private import pyro_context, reparametrize_module
 from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
 from bnn_pyro.selection import Bayesian, SelectorLike, frozen_as_buffers, nothing_random, selector
+from bnn_pyro.utils.checks import instance, pyro_distribution
+from bnn_pyro.utils.linear_stack import linear_stack as _linear_stack
+from bnn_pyro.utils.linear_stack import run_linear_stack as _run_linear_stack
+from bnn_pyro.utils.linear_stack import runs_per_draw as _runs_per_draw
+from bnn_pyro.utils.placement import placed_like
+from bnn_pyro.utils.upstream_private import pyro_context, reparametrize_module
 
 __all__ = ["BNN", "Bayesian"]
 
@@ -100,8 +101,10 @@ class BNN(nn.Module):
         instance("net", net, "torch.nn.Linear(1, 1)")
         instance("likelihood", likelihood, "bp.likelihoods.Gaussian(scale=0.1)")
         if not isinstance(net, nn.Module):
-            raise TypeError(f"net: expected a torch.nn.Module, got {type(net).__name__}; pass a module, e.g. "
-                            "torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1)).")
+            raise TypeError(
+                f"net: expected a torch.nn.Module, got {type(net).__name__}; pass a module, e.g. "
+                "torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))."
+            )
         if not isinstance(likelihood, Likelihood):
             raise TypeError(
                 f"likelihood: expected a bnn_pyro.likelihoods.Likelihood, got {type(likelihood).__name__}. "
@@ -112,9 +115,11 @@ class BNN(nn.Module):
         self.frozen_names = [name for name in every if name not in named]
         if not named:
             what = "parameters" if not every else f"trainable parameters (all {len(every)} have requires_grad=False)"
-            raise ValueError(f"net has no {what} ({type(net).__name__}), so there is nothing to be Bayesian about; "
-                             "give a net with at least one layer with weights, e.g. torch.nn.Linear, or unfreeze the "
-                             "layers to make Bayesian (.requires_grad_(True)).")
+            raise ValueError(
+                f"net has no {what} ({type(net).__name__}), so there is nothing to be Bayesian about; "
+                "give a net with at least one layer with weights, e.g. torch.nn.Linear, or unfreeze the "
+                "layers to make Bayesian (.requires_grad_(True))."
+            )
         self.prior = priors_mod.as_prior(prior)
         if isinstance(self.prior, Patterns):
             self.prior.check_names(list(every))
@@ -157,8 +162,10 @@ class BNN(nn.Module):
 
     def _add_hierarchical(self, name, module, attr, param, spec: Hierarchical):
         shape = param.shape
-        hypers = {k: placed_like(pyro_distribution(f"prior for {name!r} (hyper {k!r})", d), param)
-                  for k, d in spec.hyper.items()}
+        hypers = {
+            k: placed_like(pyro_distribution(f"prior for {name!r} (hyper {k!r})", d), param)
+            for k, d in spec.hyper.items()
+        }
         for suffix, hyper in hypers.items():
             self._set_prior(module, f"{attr}_{suffix}", hyper)
             self.hyper_names.append(f"{name}_{suffix}")
@@ -181,7 +188,7 @@ class BNN(nn.Module):
         call = {"predict": "post.predict(x)", "summary": "post.summary()"}.get(name, f"post.{name}")
         raise AttributeError(
             f"model.{name}: this BNN is not fitted; {name} belongs to the Posterior that bp.fit returns. Fit it "
-            f"first, then use the posterior: post = bp.fit(model, x, y, method=\"svi\") (or \"nuts\", ...), then {call}."
+            f'first, then use the posterior: post = bp.fit(model, x, y, method="svi") (or "nuts", ...), then {call}.'
         ) from None
 
     # ---------------------------------------------------------------- the Pyro model
@@ -286,8 +293,11 @@ class BNN(nn.Module):
         come from the model. Returns ``{buffer name: statistic}`` (empty without BatchNorm); the
         model's own buffers are left untouched.
         """
-        norms = {name: m for name, m in self._template.named_modules()
-                 if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats}
+        norms = {
+            name: m
+            for name, m in self._template.named_modules()
+            if isinstance(m, nn.modules.batchnorm._BatchNorm) and m.track_running_stats
+        }
         if not norms:
             return {}
         buffers = {n: b.clone() for n, b in self.buffers_dict().items()}
@@ -333,8 +343,12 @@ class BNN(nn.Module):
                 with reparametrize_module(self._template, {**fixed, **buffers}):
                     return _call(self._template, x)
             return _functional(self._template, params, buffers, x)
-        flat = {n: p.expand(batch + self.param_shapes[n]).reshape((-1,) + self.param_shapes[n]) for n, p in params.items()}
-        layers = _linear_stack(self._template) if not per_draw and isinstance(x, torch.Tensor) and x.dim() == 2 else None
+        flat = {
+            n: p.expand(batch + self.param_shapes[n]).reshape((-1,) + self.param_shapes[n]) for n, p in params.items()
+        }
+        layers = (
+            _linear_stack(self._template) if not per_draw and isinstance(x, torch.Tensor) and x.dim() == 2 else None
+        )
         if layers is not None:  # batched matrix products: faster than vmap over functional_call (docstring_figures)
             frozen = {n: own[n].expand((math.prod(batch),) + own[n].shape) for n in self.frozen_names}
             out = _run_linear_stack(layers, {**frozen, **flat}, x, self._template)
@@ -353,8 +367,12 @@ class BNN(nn.Module):
             except RuntimeError:  # an op vmap cannot batch: the loop below gives the answer (or the net's own error)
                 vmap_failed = True
         # a loop over draws, one at a time: the caller's chunk of draws (Posterior.predict) bounds the memory
-        out = torch.stack([one({n: p[i] for n, p in flat.items()}, {n: b[i] for n, b in flat_buffers.items()})
-                           for i in range(math.prod(batch))])
+        out = torch.stack(
+            [
+                one({n: p[i] for n, p in flat.items()}, {n: b[i] for n, b in flat_buffers.items()})
+                for i in range(math.prod(batch))
+            ]
+        )
         if vmap_failed:
             object.__setattr__(self, "_loop_draws", True)  # remembered: the next call loops at once
         return out.reshape(batch + out.shape[1:])
@@ -365,7 +383,8 @@ class BNN(nn.Module):
         ``nn.LSTM``, ``nn.GRU``) cannot (torch has no batching rule for their fused kernels), nor a net
         whose vmap failed so once; for those, draws are evaluated in a loop, one at a time."""
         return not self.__dict__.get("_loop_draws", False) and not any(
-            isinstance(m, nn.RNNBase) for m in self._template.modules())
+            isinstance(m, nn.RNNBase) for m in self._template.modules()
+        )
 
     @property
     def integer_inputs(self) -> bool:
@@ -436,7 +455,8 @@ class BNN(nn.Module):
         return (
             f"prior={self.prior!r}, likelihood={self.likelihood!r}, bayesian={len(self.sample_names)} tensors "
             f"({sum(math.prod(self.param_shapes[n]) for n in self.sample_names)} weights), "
-            f"deterministic={self.point_names}" + (f", frozen={len(self.frozen_names)} tensors" if self.frozen_names else "")
+            f"deterministic={self.point_names}"
+            + (f", frozen={len(self.frozen_names)} tensors" if self.frozen_names else "")
         )
 
 
@@ -481,7 +501,7 @@ def _to_param_shape(name: str, d: Distribution, shape: torch.Size, *, exact: boo
         fits = False
     if exact:
         fits = d.event_shape == shape and d.batch_shape == ()
-    if not fits or (d.event_shape and d.event_shape != shape[len(shape) - len(d.event_shape):]):
+    if not fits or (d.event_shape and d.event_shape != shape[len(shape) - len(d.event_shape) :]):
         raise ValueError(
             f"prior for {name!r}: the distribution has batch_shape {tuple(d.batch_shape)} and event_shape "
             f"{tuple(d.event_shape)}, which does not fit the parameter's shape {tuple(shape)}. Return a scalar "

@@ -19,15 +19,23 @@ reads: PIT, acquisition scores, a predictive band). See ``docs/predict.md``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator
 
 import torch
 
 from bnn_pyro.predictive_draws import AffineDraws, PredictiveDraws, StoredDraws
 
-__all__ = ["RegressionPrediction", "ClassificationPrediction", "regression", "classification", "summarize", "quantiles",
-           "entropy", "mutual_information"]
+__all__ = [
+    "RegressionPrediction",
+    "ClassificationPrediction",
+    "regression",
+    "classification",
+    "summarize",
+    "quantiles",
+    "entropy",
+    "mutual_information",
+]
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -54,12 +62,28 @@ class RegressionPrediction:
     source: PredictiveDraws | None = field(repr=False)
     _cache: dict = field(init=False, repr=False)
 
-    def __init__(self, mean: torch.Tensor, std: torch.Tensor, epistemic_std: torch.Tensor, aleatoric_std: torch.Tensor,
-                 lower: torch.Tensor | None = None, upper: torch.Tensor | None = None, interval: float | None = None,
-                 draws: torch.Tensor | None = None, mean_draws: torch.Tensor | None = None, *,
-                 source: PredictiveDraws | None = None):
-        for name, value in (("mean", mean), ("std", std), ("epistemic_std", epistemic_std),
-                            ("aleatoric_std", aleatoric_std), ("interval", interval), ("source", source)):
+    def __init__(
+        self,
+        mean: torch.Tensor,
+        std: torch.Tensor,
+        epistemic_std: torch.Tensor,
+        aleatoric_std: torch.Tensor,
+        lower: torch.Tensor | None = None,
+        upper: torch.Tensor | None = None,
+        interval: float | None = None,
+        draws: torch.Tensor | None = None,
+        mean_draws: torch.Tensor | None = None,
+        *,
+        source: PredictiveDraws | None = None,
+    ):
+        for name, value in (
+            ("mean", mean),
+            ("std", std),
+            ("epistemic_std", epistemic_std),
+            ("aleatoric_std", aleatoric_std),
+            ("interval", interval),
+            ("source", source),
+        ):
             object.__setattr__(self, name, value)
         cache = {"draws": draws, "mean_draws": mean_draws}
         if lower is not None or upper is not None:
@@ -132,8 +156,10 @@ class RegressionPrediction:
 
     def _source(self, name: str) -> PredictiveDraws:
         if self.source is None:
-            raise ValueError(f"{name}: this prediction was built without per-draw values; predict with "
-                             "post.predict(x), or pass draws= and mean_draws= when building it by hand.")
+            raise ValueError(
+                f"{name}: this prediction was built without per-draw values; predict with "
+                "post.predict(x), or pass draws= and mean_draws= when building it by hand."
+            )
         return self.source
 
     def affine(self, shift, scale) -> RegressionPrediction:
@@ -143,8 +169,10 @@ class RegressionPrediction:
         shift = torch.as_tensor(shift, dtype=self.mean.dtype, device=self.mean.device)
         scale = torch.as_tensor(scale, dtype=self.mean.dtype, device=self.mean.device)
         if not (scale > 0).all():
-            raise ValueError("scale: expected positive values (a change of units or a spread about the mean); "
-                             f"got a minimum of {float(scale.min()):.3g}.")
+            raise ValueError(
+                "scale: expected positive values (a change of units or a spread about the mean); "
+                f"got a minimum of {float(scale.min()):.3g}."
+            )
 
         def move(t):
             return None if t is None else shift + scale * t
@@ -152,9 +180,18 @@ class RegressionPrediction:
         sd = torch.broadcast_to(scale, self.mean.shape)
         source = None if self.source is None else AffineDraws(self.source, shift, scale, self.mean.shape)
         lower, upper = self._cache.get("bounds", (None, None))
-        return RegressionPrediction(move(self.mean), sd * self.std, sd * self.epistemic_std, sd * self.aleatoric_std,
-                                    move(lower), move(upper), self.interval, move(self._cache.get("draws")),
-                                    move(self._cache.get("mean_draws")), source=source)
+        return RegressionPrediction(
+            move(self.mean),
+            sd * self.std,
+            sd * self.epistemic_std,
+            sd * self.aleatoric_std,
+            move(lower),
+            move(upper),
+            self.interval,
+            move(self._cache.get("draws")),
+            move(self._cache.get("mean_draws")),
+            source=source,
+        )
 
 
 @dataclass(frozen=True, eq=False, init=False)
@@ -170,12 +207,25 @@ class ClassificationPrediction:
     source: PredictiveDraws | None = field(repr=False)
     _cache: dict = field(init=False, repr=False)
 
-    def __init__(self, probs: torch.Tensor, predicted: torch.Tensor, entropy: torch.Tensor,
-                 aleatoric_entropy: torch.Tensor, mutual_information: torch.Tensor, draws: torch.Tensor | None = None,
-                 *, source: PredictiveDraws | None = None):
-        for name, value in (("probs", probs), ("predicted", predicted), ("entropy", entropy),
-                            ("aleatoric_entropy", aleatoric_entropy), ("mutual_information", mutual_information),
-                            ("source", source)):
+    def __init__(
+        self,
+        probs: torch.Tensor,
+        predicted: torch.Tensor,
+        entropy: torch.Tensor,
+        aleatoric_entropy: torch.Tensor,
+        mutual_information: torch.Tensor,
+        draws: torch.Tensor | None = None,
+        *,
+        source: PredictiveDraws | None = None,
+    ):
+        for name, value in (
+            ("probs", probs),
+            ("predicted", predicted),
+            ("entropy", entropy),
+            ("aleatoric_entropy", aleatoric_entropy),
+            ("mutual_information", mutual_information),
+            ("source", source),
+        ):
             object.__setattr__(self, name, value)
         object.__setattr__(self, "_cache", {} if draws is None else {"draws": draws})
 
@@ -201,8 +251,10 @@ class ClassificationPrediction:
 
     def _source(self) -> PredictiveDraws:
         if self.source is None:
-            raise ValueError("draws: this prediction was built without per-draw values; predict with "
-                             "post.predict(x), or pass draws= when building it by hand.")
+            raise ValueError(
+                "draws: this prediction was built without per-draw values; predict with "
+                "post.predict(x), or pass draws= when building it by hand."
+            )
         return self.source
 
 
@@ -215,8 +267,9 @@ def summarize(source: PredictiveDraws, task: str, *, interval: float | None = 0.
         raise ValueError(f"interval must lie in (0, 1) or be None, got {interval}; e.g. 0.95 for a 95% interval.")
 
     mean, epistemic, aleatoric = _by_block(source, source.moment_summary)
-    return RegressionPrediction(mean, (epistemic + aleatoric).sqrt(), epistemic.sqrt(), aleatoric.sqrt(),
-                                interval=interval, source=source)
+    return RegressionPrediction(
+        mean, (epistemic + aleatoric).sqrt(), epistemic.sqrt(), aleatoric.sqrt(), interval=interval, source=source
+    )
 
 
 def _by_block(source: PredictiveDraws, block, *, aligned: bool = False, dim: int = 0) -> tuple[torch.Tensor, ...]:
@@ -227,7 +280,7 @@ def _by_block(source: PredictiveDraws, block, *, aligned: bool = False, dim: int
     for rows in source.chunks(aligned=aligned):
         parts = block(rows)
         if out is None:
-            out = tuple(p.new_empty(p.shape[:dim] + (source.num_rows,) + p.shape[dim + 1:]) for p in parts)
+            out = tuple(p.new_empty(p.shape[:dim] + (source.num_rows,) + p.shape[dim + 1 :]) for p in parts)
         for o, p in zip(out, parts):
             o.narrow(dim, rows.start, rows.stop - rows.start).copy_(p)
     return out

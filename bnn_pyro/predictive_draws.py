@@ -12,15 +12,24 @@ reading ``draws`` twice, or ``lower`` then ``draws``, sees the same samples.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Callable, Iterator
 
 import pyro
 import torch
 from torch.distributions import Distribution
 
-__all__ = ["NOISE_ROWS", "CHUNK_BYTES", "PredictiveDraws", "StoredDraws", "NetworkDraws", "AffineDraws", "DrawMoments",
-           "Observation", "evaluating"]
+__all__ = [
+    "NOISE_ROWS",
+    "CHUNK_BYTES",
+    "PredictiveDraws",
+    "StoredDraws",
+    "NetworkDraws",
+    "AffineDraws",
+    "DrawMoments",
+    "Observation",
+    "evaluating",
+]
 
 NOISE_ROWS = 256  # rows whose predictive noise comes from one seeded generator (the unit of reproducibility)
 CHUNK_BYTES = 32 * 2**20  # default size of one block's per-draw outputs (all draws x its rows)
@@ -174,10 +183,19 @@ class NetworkDraws(PredictiveDraws):
     ``observe(f)`` maps outputs ``(S, r, ...)`` of every draw to their distribution (the likelihood with the
     draws' noise); ``probs_of(d)`` gives class probabilities."""
 
-    def __init__(self, post, x: torch.Tensor, idx: torch.Tensor, *, seed: int, draws_per_chunk: int | None = None,
-                 points_per_chunk: int | None = None, linearized: Callable | None = None,
-                 observe: Callable[[torch.Tensor], Distribution] | None = None,
-                 probs_of: Callable[[Distribution], torch.Tensor] | None = None):
+    def __init__(
+        self,
+        post,
+        x: torch.Tensor,
+        idx: torch.Tensor,
+        *,
+        seed: int,
+        draws_per_chunk: int | None = None,
+        points_per_chunk: int | None = None,
+        linearized: Callable | None = None,
+        observe: Callable[[torch.Tensor], Distribution] | None = None,
+        probs_of: Callable[[Distribution], torch.Tensor] | None = None,
+    ):
         model = post.model
         self.post, self.x, self.idx, self.seed = post, x, idx, seed
         self.observe, self.probs_of = observe, probs_of
@@ -207,8 +225,9 @@ class NetworkDraws(PredictiveDraws):
                 self._chunk_outputs(draws, x, per_chunk, rows_per_draw, out=f[draws])
         return f
 
-    def _chunk_outputs(self, draws: slice, x: torch.Tensor, per_chunk: int, rows_per_draw: int,
-                       out: torch.Tensor | None = None) -> torch.Tensor:
+    def _chunk_outputs(
+        self, draws: slice, x: torch.Tensor, per_chunk: int, rows_per_draw: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The outputs ``(k, r, ...)`` of draws ``draws`` at ``x`` (written into ``out`` if given), the rows in
         pieces of ``rows_per_draw``; the model in eval mode (the caller's :func:`evaluating`)."""
         model, params = self.post.model, self._params(draws)
@@ -219,8 +238,9 @@ class NetworkDraws(PredictiveDraws):
         if out is None:
             if rows_per_draw >= x.shape[0]:
                 return model.forward_draws(params, x)
-            out = torch.empty((draws.stop - draws.start, x.shape[0]) + model.output_shape(x), dtype=model.dtype,
-                              device=x.device)
+            out = torch.empty(
+                (draws.stop - draws.start, x.shape[0]) + model.output_shape(x), dtype=model.dtype, device=x.device
+            )
         for r in range(0, x.shape[0], rows_per_draw):
             out[:, r : r + rows_per_draw] = model.forward_draws(params, x[r : r + rows_per_draw])
         return out
@@ -256,7 +276,9 @@ class NetworkDraws(PredictiveDraws):
         for start in range(0, f.shape[1], NOISE_ROWS):
             block = rows.start + start
             if block % NOISE_ROWS:
-                raise ValueError(f"rows: predictive samples start at a multiple of {NOISE_ROWS} rows, got {rows.start}.")
+                raise ValueError(
+                    f"rows: predictive samples start at a multiple of {NOISE_ROWS} rows, got {rows.start}."
+                )
             # the net's outputs and the posterior's noise draws: checked already
             with seeded(self.seed, block // NOISE_ROWS, f.device), pyro.validation_enabled(False):
                 piece = self.observe(f[:, start : start + NOISE_ROWS]).sample()

@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import fnmatch
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Callable, Mapping, Union
 
 import pyro.distributions as dist
 import torch
@@ -219,7 +219,9 @@ class Horseshoe(Prior):
 
         def conditional(h):
             tau = _lift(h["tau"], len(shape))
-            lam = h["lambda"].reshape(h["lambda"].shape[: h["lambda"].dim() - len(units)] + (1,) * (len(shape) - len(units)) + units)
+            lam = h["lambda"].reshape(
+                h["lambda"].shape[: h["lambda"].dim() - len(units)] + (1,) * (len(shape) - len(units)) + units
+            )
             return expand_to(dist.Normal(0.0, tau * lam), shape)
 
         return Hierarchical(
@@ -241,8 +243,10 @@ class Patterns(Prior):
     def __init__(self, table: Mapping[str, object], default: object = None):
         for pattern in table:
             if not isinstance(pattern, str):
-                raise TypeError(f"prior: a dict prior maps name patterns (str) to distributions, got the key "
-                                f"{pattern!r}; use patterns such as {{'0.*': dist.Normal(0., 1.)}}.")
+                raise TypeError(
+                    f"prior: a dict prior maps name patterns (str) to distributions, got the key "
+                    f"{pattern!r}; use patterns such as {{'0.*': dist.Normal(0., 1.)}}."
+                )
         self.table = {pattern: _as_choice(f"prior[{pattern!r}]", choice) for pattern, choice in table.items()}
         self.default = _as_choice("default", default)
 
@@ -256,13 +260,17 @@ class Patterns(Prior):
         for pattern in self.table:
             matched = [n for n in names if fnmatch.fnmatchcase(n, pattern)]
             if not matched:
-                raise ValueError(f"prior: the pattern {pattern!r} matches no parameter of the net; its parameters "
-                                 f"are {names}. Check the pattern against these names (e.g. '0.*' or '*.weight').")
+                raise ValueError(
+                    f"prior: the pattern {pattern!r} matches no parameter of the net; its parameters "
+                    f"are {names}. Check the pattern against these names (e.g. '0.*' or '*.weight')."
+                )
             if all(taken[n] != pattern for n in matched):
                 earlier = sorted({taken[n] for n in matched})
-                raise ValueError(f"prior: the pattern {pattern!r} is never used: every parameter it matches "
-                                 f"({matched}) is matched first by {earlier} (the first matching pattern wins). "
-                                 "Move the more specific pattern before it.")
+                raise ValueError(
+                    f"prior: the pattern {pattern!r} is never used: every parameter it matches "
+                    f"({matched}) is matched first by {earlier} (the first matching pattern wins). "
+                    "Move the more specific pattern before it."
+                )
 
     def __call__(self, name, module, param):
         for pattern, choice in self.table.items():
@@ -339,8 +347,9 @@ def from_posterior(posterior, *, default: PriorLike | None = None) -> FromPoster
     """
     samples = getattr(posterior, "samples", None)
     if not isinstance(samples, Mapping):
-        raise TypeError("posterior: expected a bnn_pyro.Posterior (the result of bp.fit), "
-                        f"got {type(posterior).__name__}.")
+        raise TypeError(
+            f"posterior: expected a bnn_pyro.Posterior (the result of bp.fit), got {type(posterior).__name__}."
+        )
     model = posterior.model
     if getattr(model, "is_unbound", False):  # bp.load without model=: the saved model's fingerprint
         names = model.fingerprint.get("sample_names") if model.fingerprint.get("kind") == "BNN" else None
@@ -361,14 +370,18 @@ def from_posterior(posterior, *, default: PriorLike | None = None) -> FromPoster
         draws = samples[name].detach()
         draws = draws.reshape((-1,) + draws.shape[2:])
         if draws.shape[0] < 2:
-            raise ValueError(f"from_posterior: {name!r} has {draws.shape[0]} draw; a spread needs at least 2. Fit with "
-                             "more draws (num_samples= or num_chains=).")
+            raise ValueError(
+                f"from_posterior: {name!r} has {draws.shape[0]} draw; a spread needs at least 2. Fit with "
+                "more draws (num_samples= or num_chains=)."
+            )
         loc[name], scale[name] = draws.mean(0), draws.std(0)
         bad = ~(torch.isfinite(scale[name]) & (scale[name] > 0))
         if bad.any():
-            raise ValueError(f"from_posterior: {int(bad.sum())} entries of {name!r} have zero or non-finite spread "
-                             "over the draws (a point mass cannot be a Normal prior). Use a posterior with spread in "
-                             "every weight.")
+            raise ValueError(
+                f"from_posterior: {int(bad.sum())} entries of {name!r} have zero or non-finite spread "
+                "over the draws (a point mass cannot be a Normal prior). Use a posterior with spread in "
+                "every weight."
+            )
     return FromPosterior(loc, scale, default=default)
 
 
@@ -415,8 +428,10 @@ def _as_choice(argname: str, choice):
     if choice is None or isinstance(choice, Hierarchical) or (callable(choice) and not isinstance(choice, type)):
         return choice
     _instance(argname, choice, "dist.Normal(0., 1.)")
-    raise TypeError(f"{argname}: expected a Distribution, a prior or None, got {type(choice).__name__} {choice!r}; "
-                    "use e.g. dist.Normal(0., 1.) (import pyro.distributions as dist).")
+    raise TypeError(
+        f"{argname}: expected a Distribution, a prior or None, got {type(choice).__name__} {choice!r}; "
+        "use e.g. dist.Normal(0., 1.) (import pyro.distributions as dist)."
+    )
 
 
 def _resolve(choice, name, module, param):

@@ -9,8 +9,8 @@ them buffers of the model's own copy of the net, so no engine draws, trains or r
 from __future__ import annotations
 
 import fnmatch
+from collections.abc import Callable, Sequence
 from enum import Enum
-from typing import Callable, Sequence, Union
 
 import torch
 from torch import nn
@@ -35,10 +35,14 @@ SelectorLike = str | Bayesian | Sequence[str] | Callable[[str, nn.Module, torch.
 
 def nothing_random(names: list[str], selected: list[str]) -> str:
     if not selected:
-        return (f"bayesian: selects none of the net's parameters {names}, so the BNN would have no random weights; "
-                "choose some, e.g. bayesian=\"all\" or name patterns that match these names.")
-    return (f"prior: gives no parameter a distribution (it returned None for every one of {selected}), so the BNN "
-            "would have no random weights; return a distribution for at least one, e.g. prior=bp.priors.Normal(0., 1.).")
+        return (
+            f"bayesian: selects none of the net's parameters {names}, so the BNN would have no random weights; "
+            'choose some, e.g. bayesian="all" or name patterns that match these names.'
+        )
+    return (
+        f"prior: gives no parameter a distribution (it returned None for every one of {selected}), so the BNN "
+        "would have no random weights; return a distribution for at least one, e.g. prior=bp.priors.Normal(0., 1.)."
+    )
 
 
 def frozen_as_buffers(net: nn.Module, names: list[str]) -> nn.Module:
@@ -52,8 +56,9 @@ def frozen_as_buffers(net: nn.Module, names: list[str]) -> nn.Module:
     return net
 
 
-def selector(bayesian: SelectorLike, names: list[str], frozen: Sequence[str] = ()
-              ) -> Callable[[str, nn.Module, torch.Tensor], bool]:
+def selector(
+    bayesian: SelectorLike, names: list[str], frozen: Sequence[str] = ()
+) -> Callable[[str, nn.Module, torch.Tensor], bool]:
     if callable(bayesian) and not isinstance(bayesian, str):
         return bayesian
     if isinstance(bayesian, str):
@@ -67,19 +72,26 @@ def selector(bayesian: SelectorLike, names: list[str], frozen: Sequence[str] = (
             return lambda name, module, param: name.rpartition(".")[2].endswith("weight")
         return lambda name, module, param: not isinstance(module, NORM_LAYERS)
     if not isinstance(bayesian, (list, tuple, set, frozenset)):
-        raise TypeError(f"bayesian: expected \"all\", \"weights\", \"no_batchnorm\", a list of name patterns or a "
-                        f"predicate (name, module, param) -> bool, got {type(bayesian).__name__} {bayesian!r}; pass e.g. "
-                        "bayesian=\"all\" or bayesian=[\"0.*\"].")
+        raise TypeError(
+            f'bayesian: expected "all", "weights", "no_batchnorm", a list of name patterns or a '
+            f"predicate (name, module, param) -> bool, got {type(bayesian).__name__} {bayesian!r}; pass e.g. "
+            'bayesian="all" or bayesian=["0.*"].'
+        )
     patterns = list(bayesian)
     if not all(isinstance(p, str) for p in patterns):
         raise TypeError("bayesian: a list must hold name patterns (str), e.g. ['0.*', '2.weight'].")
     for pattern in patterns:
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names) and any(
-                fnmatch.fnmatchcase(name, pattern) for name in frozen):
-            raise ValueError(f"bayesian: the pattern {pattern!r} matches only frozen parameters (requires_grad=False), "
-                             f"which stay fixed at the net's values; the trainable ones are {names}. Unfreeze them "
-                             "(.requires_grad_(True)) to make them Bayesian, or drop the pattern.")
+            fnmatch.fnmatchcase(name, pattern) for name in frozen
+        ):
+            raise ValueError(
+                f"bayesian: the pattern {pattern!r} matches only frozen parameters (requires_grad=False), "
+                f"which stay fixed at the net's values; the trainable ones are {names}. Unfreeze them "
+                "(.requires_grad_(True)) to make them Bayesian, or drop the pattern."
+            )
         if not any(fnmatch.fnmatchcase(name, pattern) for name in names):
-            raise ValueError(f"bayesian: the pattern {pattern!r} matches no parameter of the net; its parameters are "
-                             f"{names}. Check the pattern against these names (e.g. '0.*' or '*.weight').")
+            raise ValueError(
+                f"bayesian: the pattern {pattern!r} matches no parameter of the net; its parameters are "
+                f"{names}. Check the pattern against these names (e.g. '0.*' or '*.weight')."
+            )
     return lambda name, module, param: any(fnmatch.fnmatchcase(name, p) for p in patterns)

@@ -27,12 +27,16 @@ ROOT = Path(__file__).resolve().parents[1]
 def _options_page() -> str:
     from bnn_pyro import infer
 
-    lines = ["# Options per method", "",
-             "Every keyword option `bp.fit(model, x, y, method=...)` takes, with its default, read at build time from",
-             "`bnn_pyro.infer.options(method)` (each engine's declared configuration). What each option means is in",
-             "the engine's documentation ([bp.fit and the engines](fit.md)); `bp.infer.options(method)` returns",
-             "the same dictionary in Python. A default of `None` means the engine decides at fit time from the model",
-             "and the data (e.g. SVI's `num_steps`, MCMC's `num_chains`); the engine's documentation says how.", ""]
+    lines = [
+        "# Options per method",
+        "",
+        "Every keyword option `bp.fit(model, x, y, method=...)` takes, with its default, read at build time from",
+        "`bnn_pyro.infer.options(method)` (each engine's declared configuration). What each option means is in",
+        "the engine's documentation ([bp.fit and the engines](fit.md)); `bp.infer.options(method)` returns",
+        "the same dictionary in Python. A default of `None` means the engine decides at fit time from the model",
+        "and the data (e.g. SVI's `num_steps`, MCMC's `num_chains`); the engine's documentation says how.",
+        "",
+    ]
     for method in infer.Method:
         lines += [f"## `{method.value}`", "", "| option | default |", "|---|---|"]
         for name, default in infer.options(method).items():
@@ -55,9 +59,17 @@ def _cli_page() -> str:
     os.environ["COLUMNS"] = "100"  # argparse wraps its help at the terminal's width: fix it for the page
     top = _help(["--help"])
     commands = re.search(r"\{([a-z,]+)\}", top).group(1).split(",")
-    lines = ["# Command line: `bnn-pyro`", "",
-             "The help of `bnn-pyro` and of each command, rendered at build time from `bnn_pyro.cli.main`. What the",
-             "commands do, with examples: [Zoo and CLI](../zoo_and_cli.md).", "", "```text", top, "```", ""]
+    lines = [
+        "# Command line: `bnn-pyro`",
+        "",
+        "The help of `bnn-pyro` and of each command, rendered at build time from `bnn_pyro.cli.main`. What the",
+        "commands do, with examples: [Zoo and CLI](../zoo_and_cli.md).",
+        "",
+        "```text",
+        top,
+        "```",
+        "",
+    ]
     for command in commands:
         lines += [f"## `bnn-pyro {command}`", "", "```text", _help([command, "--help"]), "```", ""]
     return "\n".join(lines)
@@ -65,8 +77,13 @@ def _cli_page() -> str:
 
 def _benchmarks_index() -> str:
     results = sorted(p.relative_to(ROOT / "benchmarks") for p in (ROOT / "benchmarks" / "results").rglob("*.md"))
-    return "\n".join(["# Benchmark results", "", "Every result file under `benchmarks/results/`:", ""]
-                     + [f"- [{p}]({p.as_posix()})" for p in results]) + "\n"
+    return (
+        "\n".join(
+            ["# Benchmark results", "", "Every result file under `benchmarks/results/`:", ""]
+            + [f"- [{p}]({p.as_posix()})" for p in results]
+        )
+        + "\n"
+    )
 
 
 def _mounted(folder: str, config, *, suffixes: tuple[str, ...] | None = None) -> list[File]:
@@ -74,8 +91,14 @@ def _mounted(folder: str, config, *, suffixes: tuple[str, ...] | None = None) ->
     files = []
     for path in sorted(base.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and (suffixes is None or path.suffix in suffixes):
-            files.append(File(path.relative_to(ROOT).as_posix(), src_dir=str(ROOT), dest_dir=config.site_dir,
-                              use_directory_urls=config.use_directory_urls))
+            files.append(
+                File(
+                    path.relative_to(ROOT).as_posix(),
+                    src_dir=str(ROOT),
+                    dest_dir=config.site_dir,
+                    use_directory_urls=config.use_directory_urls,
+                )
+            )
     return files
 
 

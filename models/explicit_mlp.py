@@ -17,19 +17,22 @@ from bnn_pyro.data.zoo import Entry
 CARD = {
     "title": "Explicit two-hidden-layer BNN (NumPyro's BNN example as a Pyro function)",
     "summary": "A hand-written Pyro model, one sample site per weight matrix (w1, w2, w3) and a learned "
-               "observation precision: the zoo and every engine take plain Pyro functions, not only nn.Modules.",
+    "observation precision: the zoo and every engine take plain Pyro functions, not only nn.Modules.",
     "prior": "Normal(0, 1) on every weight matrix (no biases), as in the NumPyro example; Gamma(3, 1) on "
-             "the observation precision.",
+    "the observation precision.",
     "likelihood": "Gaussian, sigma = 1 / sqrt(prec_obs), prec_obs learned (site 'prec_obs').",
     "default_method": "nuts",
-    "default_settings": {"nuts": {"num_samples": 150, "num_warmup": 150, "num_chains": 2, "max_tree_depth": 7,
-                                  "init": "prior"},
-                         "svi": {"guide": "mean_field", "num_steps": 2000, "lr": 0.02, "num_samples": 200}},
+    "default_settings": {
+        "nuts": {"num_samples": 150, "num_warmup": 150, "num_chains": 2, "max_tree_depth": 7, "init": "prior"},
+        "svi": {"guide": "mean_field", "num_steps": 2000, "lr": 0.02, "num_samples": 200},
+    },
     "data": "Synthetic, as in NumPyro's examples/bnn.py: N = 50 inputs on [-1, 1] with features (1, x, x^2), "
-            "y = X W + 0.5 (0.5 + x)^2 sin(4x) + N(0, 0.05^2), W ~ 0.5 N(0, I) (numpy seed 0), y standardized; "
-            "test: 100 inputs on [-1.3, 1.3] with the noise-free function, standardized alike.",
-    "references": ["NumPyro examples: Bayesian neural network, https://num.pyro.ai/en/stable/examples/bnn.html",
-                   "Neal, R. M. (1996). Bayesian Learning for Neural Networks. Springer."],
+    "y = X W + 0.5 (0.5 + x)^2 sin(4x) + N(0, 0.05^2), W ~ 0.5 N(0, I) (numpy seed 0), y standardized; "
+    "test: 100 inputs on [-1.3, 1.3] with the noise-free function, standardized alike.",
+    "references": [
+        "NumPyro examples: Bayesian neural network, https://num.pyro.ai/en/stable/examples/bnn.html",
+        "Neal, R. M. (1996). Bayesian Learning for Neural Networks. Springer.",
+    ],
 }
 
 
@@ -61,5 +64,14 @@ def build(*, hidden: int = 5, seed: int = 0) -> Entry:
     x, y, x_test, y_test = make_data()
     fn = partial(model, hidden=hidden)
     defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
-    return Entry(name="explicit_mlp", model=fn, x=x, y=y, x_test=x_test, y_test=y_test, task="regression",
-                 fit_defaults=defaults, card=CARD)
+    return Entry(
+        name="explicit_mlp",
+        model=fn,
+        x=x,
+        y=y,
+        x_test=x_test,
+        y_test=y_test,
+        task="regression",
+        fit_defaults=defaults,
+        card=CARD,
+    )

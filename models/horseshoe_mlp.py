@@ -14,21 +14,30 @@ from bnn_pyro.data.zoo import Entry
 CARD = {
     "title": "Horseshoe MLP: automatic input relevance",
     "summary": "A horseshoe prior on the weights shrinks the 8 irrelevant inputs of a 10-input regression "
-               "toward zero; the first layer's local scales rank the inputs.",
+    "toward zero; the first layer's local scales rank the inputs.",
     "prior": "bp.priors.Horseshoe(global_scale=0.1) on the weights (per-layer tau, per-input-unit lambda): "
-             "sparsity with heavy tails, so relevant inputs are not shrunk; Normal(0, 1) on the biases.",
+    "sparsity with heavy tails, so relevant inputs are not shrunk; Normal(0, 1) on the biases.",
     "likelihood": "Gaussian, noise sigma ~ HalfNormal(0.5) (site 'sigma'), learned.",
     "default_method": "svi",
-    "default_settings": {"svi": {"guide": "mean_field", "num_steps": 2500, "lr": 0.02, "lr_schedule": "cosine",
-                                 "num_particles": 4, "num_samples": 500},
-                         "nuts": {"num_samples": 200, "num_warmup": 300, "num_chains": 2, "max_tree_depth": 8,
-                                  "target_accept": 0.95}},
+    "default_settings": {
+        "svi": {
+            "guide": "mean_field",
+            "num_steps": 2500,
+            "lr": 0.02,
+            "lr_schedule": "cosine",
+            "num_particles": 4,
+            "num_samples": 500,
+        },
+        "nuts": {"num_samples": 200, "num_warmup": 300, "num_chains": 2, "max_tree_depth": 8, "target_accept": 0.95},
+    },
     "data": "Synthetic: x ~ N(0, I_10), y = sin(2 x_0) + 0.5 x_1 + N(0, 0.1^2); 200 training points "
-            "(torch seed 0), 200 test points (seed 1). Only inputs 0 and 1 are relevant.",
-    "references": ["Carvalho, C. M., Polson, N. G. & Scott, J. G. (2010). The horseshoe estimator for sparse "
-                   "signals. Biometrika 97(2).",
-                   "Ghosh, S., Yao, J. & Doshi-Velez, F. (2019). Model selection in Bayesian neural networks via "
-                   "horseshoe priors. JMLR 20(182)."],
+    "(torch seed 0), 200 test points (seed 1). Only inputs 0 and 1 are relevant.",
+    "references": [
+        "Carvalho, C. M., Polson, N. G. & Scott, J. G. (2010). The horseshoe estimator for sparse "
+        "signals. Biometrika 97(2).",
+        "Ghosh, S., Yao, J. & Doshi-Velez, F. (2019). Model selection in Bayesian neural networks via "
+        "horseshoe priors. JMLR 20(182).",
+    ],
 }
 
 
@@ -53,5 +62,15 @@ def build(*, hidden: int = 20, global_scale: float = 0.1, seed: int = 0) -> Entr
         return scale.median(0).values
 
     defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
-    return Entry(name="horseshoe_mlp", model=model, x=x, y=y, x_test=x_test, y_test=y_test, task="regression",
-                 fit_defaults=defaults, card=CARD, extras={"input_relevance": input_relevance})
+    return Entry(
+        name="horseshoe_mlp",
+        model=model,
+        x=x,
+        y=y,
+        x_test=x_test,
+        y_test=y_test,
+        task="regression",
+        fit_defaults=defaults,
+        card=CARD,
+        extras={"input_relevance": input_relevance},
+    )

@@ -28,8 +28,11 @@ FOLDER = Path(__file__).resolve().parent / "reference"
 
 # name -> (hyper-parameters of the entry, reference inputs, engine settings)
 NUTS_REFERENCES = {
-    "mlp_regression": dict(hyper={"hidden": 10}, x=torch.linspace(-2.5, 2.5, 15)[:, None],
-                           settings=dict(num_samples=1500, num_warmup=500, num_chains=8, max_tree_depth=7, seed=0)),
+    "mlp_regression": dict(
+        hyper={"hidden": 10},
+        x=torch.linspace(-2.5, 2.5, 15)[:, None],
+        settings=dict(num_samples=1500, num_warmup=500, num_chains=8, max_tree_depth=7, seed=0),
+    ),
 }
 
 
@@ -41,9 +44,15 @@ def function_summary(f: np.ndarray) -> dict[str, list]:
     moments larger than ArviZ's MCSE (from its ESS estimate) says: on mlp_regression the chain-level SEs were
     1.2-2x ArviZ's; the spread between the chains' own moments shows it."""
     ds = az.convert_to_dataset({"f": f})
-    stats = dict(mean=f.mean((0, 1)), sd=f.std((0, 1), ddof=1), mcse_mean=az.mcse(ds, method="mean")["f"].values,
-                 mcse_sd=az.mcse(ds, method="sd")["f"].values, ess_bulk=az.ess(ds, method="bulk")["f"].values,
-                 ess_tail=az.ess(ds, method="tail")["f"].values, r_hat=az.rhat(ds)["f"].values)
+    stats = dict(
+        mean=f.mean((0, 1)),
+        sd=f.std((0, 1), ddof=1),
+        mcse_mean=az.mcse(ds, method="mean")["f"].values,
+        mcse_sd=az.mcse(ds, method="sd")["f"].values,
+        ess_bulk=az.ess(ds, method="bulk")["f"].values,
+        ess_tail=az.ess(ds, method="tail")["f"].values,
+        r_hat=az.rhat(ds)["f"].values,
+    )
     out = {k: np.asarray(v, dtype=float).reshape(-1).tolist() for k, v in stats.items()}
     out["chain_mean"] = np.asarray(f.mean(1), dtype=float).tolist()
     out["chain_sd"] = np.asarray(f.std(1, ddof=1), dtype=float).tolist()
@@ -63,10 +72,18 @@ def chain_se(summary: dict, stat: str) -> list[float]:
 
 
 def provenance(**fields) -> dict:
-    return dict(fields, versions={"python": platform.python_version(), "torch": torch.__version__,
-                                  "pyro": pyro.__version__, "arviz": az.__version__, "bnn_pyro": bp.__version__},
-                machine=f"{platform.machine()}, {torch.get_num_threads()} torch threads",
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+    return dict(
+        fields,
+        versions={
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "pyro": pyro.__version__,
+            "arviz": az.__version__,
+            "bnn_pyro": bp.__version__,
+        },
+        machine=f"{platform.machine()}, {torch.get_num_threads()} torch threads",
+        date=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    )
 
 
 def exact_blr(num_draws: int = 1000, seed: int = 0) -> dict:
@@ -79,13 +96,23 @@ def exact_blr(num_draws: int = 1000, seed: int = 0) -> dict:
     draws = mean + torch.randn(num_draws, 3, generator=g, dtype=torch.double) @ torch.linalg.cholesky(cov).T
     zeros = [0.0] * len(x)
     return dict(
-        name="bayesian_linear_regression", hyper={}, x=x.tolist(),
-        f=dict(mean=(X1 @ mean).tolist(), sd=torch.einsum("ij,jk,ik->i", X1, cov, X1).sqrt().tolist(),
-               mcse_mean=zeros, mcse_sd=zeros),
+        name="bayesian_linear_regression",
+        hyper={},
+        x=x.tolist(),
+        f=dict(
+            mean=(X1 @ mean).tolist(),
+            sd=torch.einsum("ij,jk,ik->i", X1, cov, X1).sqrt().tolist(),
+            mcse_mean=zeros,
+            mcse_sd=zeros,
+        ),
         draws={"weight": draws[:, :2].tolist(), "bias": draws[:, 2].tolist()},
-        provenance=provenance(engine="analytic (conjugate Gaussian posterior, closed form)", seed=seed,
-                              settings={"num_draws": num_draws}, note="f moments are exact (MCSE 0); draws are "
-                              "iid from the exact posterior via its Cholesky factor, seeded generator."),
+        provenance=provenance(
+            engine="analytic (conjugate Gaussian posterior, closed form)",
+            seed=seed,
+            settings={"num_draws": num_draws},
+            note="f moments are exact (MCSE 0); draws are "
+            "iid from the exact posterior via its Cholesky factor, seeded generator.",
+        ),
         acceptance={"accepted": True, "criteria": "exact"},
     )
 
@@ -101,25 +128,44 @@ def nuts_reference(name: str, hyper: dict, x: torch.Tensor, settings: dict) -> d
     stats = post.sample_stats
     divergences = int(stats["diverging"].sum())
     total = post.num_chains * post.num_draws
-    checks = {"max_r_hat_f < 1.05": max(summary["r_hat"]) < 1.05, "min_ess_bulk_f >= 100": min(summary["ess_bulk"]) >= 100,
-              "divergences <= 1% of draws": divergences <= 0.01 * total}
+    checks = {
+        "max_r_hat_f < 1.05": max(summary["r_hat"]) < 1.05,
+        "min_ess_bulk_f >= 100": min(summary["ess_bulk"]) >= 100,
+        "divergences <= 1% of draws": divergences <= 0.01 * total,
+    }
     return dict(
-        name=name, hyper=hyper, x=x.tolist(), f=summary,
+        name=name,
+        hyper=hyper,
+        x=x.tolist(),
+        f=summary,
         provenance=provenance(
-            engine=("bnn_pyro NUTS (" + ("flat-vector multinomial NUTS, compiled leapfrog" if post.config["fast_path"]
-                                         else "Pyro NUTS, multinomial, jit") + ", diagonal mass matrix)"),
+            engine=(
+                "bnn_pyro NUTS ("
+                + (
+                    "flat-vector multinomial NUTS, compiled leapfrog"
+                    if post.config["fast_path"]
+                    else "Pyro NUTS, multinomial, jit"
+                )
+                + ", diagonal mass matrix)"
+            ),
             seed=settings["seed"],
-            settings=settings, wall_time_s=round(wall, 1), divergences=divergences,
-            max_r_hat_weights=float(weights["r_hat"].max()), min_ess_bulk_weights=float(weights["ess_bulk"].min()),
+            settings=settings,
+            wall_time_s=round(wall, 1),
+            divergences=divergences,
+            max_r_hat_weights=float(weights["r_hat"].max()),
+            min_ess_bulk_weights=float(weights["ess_bulk"].min()),
             mean_tree_depth=float(stats["tree_depth"].float().mean()),
             mean_leapfrog_steps=float(stats["n_steps"].float().mean()),
-            step_size=[float(s) for s in stats["step_size"][:, -1]], config=post.config),
+            step_size=[float(s) for s in stats["step_size"][:, -1]],
+            config=post.config,
+        ),
         acceptance={"accepted": all(checks.values()), "checks": checks},
     )
 
 
 def dumps(ref: dict) -> str:
     """Compact, diff-friendly JSON: one top-level key per line, floats to 6 significant digits."""
+
     def rounded(v):
         if isinstance(v, float):
             return float(f"{v:.6g}")

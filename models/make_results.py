@@ -54,7 +54,9 @@ def main() -> None:
         "held-out data: RMSE and mean test log-likelihood (log predictive density per point) for regression; "
         "accuracy, NLL per point and ECE (15 bins) for classification. Wall time is the fit alone. "
         "These are short default runs, not tuned results; MCMC rows use few draws (see each card).\n\n"
-        + table(rows) + "\n")
+        + table(rows)
+        + "\n"
+    )
     print(f"wrote {OUT}")
 
 

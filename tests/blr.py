@@ -12,9 +12,8 @@ The mean-field (KL(q || p)) optimum of a Gaussian posterior keeps the mean ``m``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import math
+from dataclasses import dataclass
 
 import arviz as az
 import torch
@@ -48,11 +47,14 @@ class BLR:
 
     def model(self) -> bp.BNN:
         net = torch.nn.Linear(self.x.shape[1], 1)
-        return bp.BNN(net, prior=bp.priors.Normal(0.0, self.prior_scale), likelihood=bp.likelihoods.Gaussian(scale=self.noise))
+        return bp.BNN(
+            net, prior=bp.priors.Normal(0.0, self.prior_scale), likelihood=bp.likelihoods.Gaussian(scale=self.noise)
+        )
 
 
-def make_blr(n: int = 20, d: int = 2, noise: float = 1.0, prior_scale: float = 1.0, seed: int = 0,
-             correlation: float = 0.9) -> BLR:
+def make_blr(
+    n: int = 20, d: int = 2, noise: float = 1.0, prior_scale: float = 1.0, seed: int = 0, correlation: float = 0.9
+) -> BLR:
     """Data whose input columns have the given correlation, so that the posterior is correlated
     and the mean-field answer differs visibly from the exact one."""
     g = torch.Generator().manual_seed(seed)

@@ -59,15 +59,20 @@ def blr_model():
     """Bayesian linear regression as a BNN: a Normal prior on the weight; the bias stays a point
     estimate (``bayesian="weights"``), so posteriors carry ``point`` values too."""
     torch.manual_seed(0)
-    return bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights")
+    return bp.BNN(
+        torch.nn.Linear(1, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+        bayesian="weights",
+    )
 
 
 @pytest.fixture(scope="session")
 def svi_post(blr_model, linear_data):
     x, y = linear_data
-    return bp.fit(blr_model, x, y, method="svi", num_chains=2, num_steps=200, num_samples=100, lr=0.05,
-                  progress=False, seed=0)
+    return bp.fit(
+        blr_model, x, y, method="svi", num_chains=2, num_steps=200, num_samples=100, lr=0.05, progress=False, seed=0
+    )
 
 
 @pytest.fixture(scope="session")
@@ -92,12 +97,12 @@ def linreg(x, y=None):
 @pytest.fixture(scope="session")
 def function_post(linear_data):
     x, y = linear_data
-    return bp.fit(linreg, x, y, method="svi", num_chains=2, num_steps=100, num_samples=20, lr=0.05,
-                  progress=False)
+    return bp.fit(linreg, x, y, method="svi", num_chains=2, num_steps=100, num_samples=20, lr=0.05, progress=False)
 
 
-def hand_posterior(model, x, y, *, chains=2, draws=200, shift=0.0, divergences=0, rho=0.0, seed=0,
-                   stat_names=None) -> bp.Posterior:
+def hand_posterior(
+    model, x, y, *, chains=2, draws=200, shift=0.0, divergences=0, rho=0.0, seed=0, stat_names=None
+) -> bp.Posterior:
     """A Posterior built by hand, as an MCMC engine would return it: AR(1) draws with
     autocorrelation ``rho``, chain ``c`` shifted by ``c * shift``, and HMC-style sample stats."""
     g = torch.Generator().manual_seed(seed)
@@ -119,8 +124,16 @@ def hand_posterior(model, x, y, *, chains=2, draws=200, shift=0.0, divergences=0
         "energy": torch.randn(chains, draws, generator=g) + 10.0,
     }
     point = {"bias": torch.full((chains, 1), -0.3)}
-    return bp.Posterior(samples={"weight": w}, model=model, method="nuts", config={"num_samples": draws},
-                        point=point, sample_stats=stats, x=x, y=y)
+    return bp.Posterior(
+        samples={"weight": w},
+        model=model,
+        method="nuts",
+        config={"num_samples": draws},
+        point=point,
+        sample_stats=stats,
+        x=x,
+        y=y,
+    )
 
 
 @pytest.fixture(scope="session")

@@ -22,8 +22,11 @@ CITED = re.compile(r"benchmarks/results/[\w./-]*")
 def _text_files():
     for path in sorted(ROOT.rglob("*")):
         rel = path.relative_to(ROOT)
-        hidden = [p for p in rel.parts[:-1] if (p.startswith(".") and p != ".ci") or p.endswith(".egg-info")
-                  or p in ("build", "dist", "__pycache__")]
+        hidden = [
+            p
+            for p in rel.parts[:-1]
+            if (p.startswith(".") and p != ".ci") or p.endswith(".egg-info") or p in ("build", "dist", "__pycache__")
+        ]
         if hidden or not path.is_file() or path.suffix not in TEXT_SUFFIXES or str(rel) in NOT_CHECKED:
             continue
         if RESULTS in path.parents:  # the results' own notes cite by relative names, checked below
@@ -36,7 +39,7 @@ def _citations():
         for number, line in enumerate(text.splitlines(), 1):
             for match in CITED.finditer(line):
                 cited = match.group(0).rstrip(".")
-                after = line[match.end():match.end() + 1]
+                after = line[match.end() : match.end() + 1]
                 if after in "<{*" and after:  # a template such as results/<benchmark>/ or {suffix}
                     continue
                 yield f"{rel}:{number}", cited
@@ -70,9 +73,12 @@ def test_every_result_is_in_the_index_and_its_folders_manifest(folder):
 
 def test_the_index_and_manifests_links_resolve_and_list_every_script():
     pages = [INDEX] + [folder / "MANIFEST.md" for folder in _folders()]
-    broken = [f"{page.relative_to(ROOT)}: {link}" for page in pages
-              for link in re.findall(r"\]\(([^)#]+)\)", page.read_text())
-              if not link.startswith("http") and not (page.parent / link).exists()]
+    broken = [
+        f"{page.relative_to(ROOT)}: {link}"
+        for page in pages
+        for link in re.findall(r"\]\(([^)#]+)\)", page.read_text())
+        if not link.startswith("http") and not (page.parent / link).exists()
+    ]
     assert not broken, broken
     index = INDEX.read_text()
     unlisted = [p.name for p in sorted((ROOT / "benchmarks").glob("*.py")) if f"[{p.name}]({p.name})" not in index]

@@ -49,6 +49,7 @@ def test_row_scores_recomputed_by_hand(cls):
     assert row["nll"] == pytest.approx(float(-p[torch.arange(len(p)), s["y_test"]].log().mean()), rel=1e-6)
     noise = cls.ood_inputs(s, 0)["noise"]
     assert noise.std().item() == pytest.approx(3.0, rel=0.1)
+
     def h(q):
         return -(q * q.log()).sum(-1)
 

@@ -38,7 +38,7 @@ def _net_at(net, w: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``net``'s output at ``x`` with its parameters replaced by the flat vector ``w`` (layer order)."""
     params, start = {}, 0
     for name, p in net.named_parameters():
-        params[name] = w[start:start + p.numel()].view_as(p)
+        params[name] = w[start : start + p.numel()].view_as(p)
         start += p.numel()
     return torch.func.functional_call(net, params, (x,))[:, 0]
 
@@ -73,21 +73,25 @@ def test_negative_elbo_is_the_negative_elbo_without_the_likelihood_constant(benc
     if kl == "analytic":
         div = torch.distributions.kl_divergence(Normal(mu, scale), Normal(0.0, 1.0)).sum()
     else:
-        div = torch.stack([Normal(mu, scale).log_prob(w[p]).sum() - Normal(0.0, 1.0).log_prob(w[p]).sum()
-                           for p in range(3)]).mean()
+        div = torch.stack(
+            [Normal(mu, scale).log_prob(w[p]).sum() - Normal(0.0, 1.0).log_prob(w[p]).sum() for p in range(3)]
+        ).mean()
     assert torch.allclose(got, nll - constant + div, rtol=1e-12)
 
 
 def test_predict_loop_gives_the_moments_of_all_draws_at_once(bench):
     common, baselines = bench["_common"], bench["baselines"]
     g = torch.Generator().manual_seed(1)
-    layers = [(torch.randn(13, 6, 2, generator=g, dtype=torch.float64), torch.randn(13, 6, generator=g, dtype=torch.float64)),
-              (torch.randn(13, 1, 6, generator=g, dtype=torch.float64), torch.randn(13, 1, generator=g, dtype=torch.float64))]
+    layers = [
+        (torch.randn(13, 6, 2, generator=g, dtype=torch.float64), torch.randn(13, 6, generator=g, dtype=torch.float64)),
+        (torch.randn(13, 1, 6, generator=g, dtype=torch.float64), torch.randn(13, 1, generator=g, dtype=torch.float64)),
+    ]
     x = torch.randn(17, 2, generator=g, dtype=torch.float64)
     mean, std = baselines.predict_loop(layers, x, chunk=4)  # 13 draws: the last chunk is short
     f = torch.from_numpy(common.forward_draws([(w[None].numpy(), b[None].numpy()) for w, b in layers], x.numpy()))[0]
-    exact = torch.stack([torch.tanh(x @ layers[0][0][s].T + layers[0][1][s]) @ layers[1][0][s].T + layers[1][1][s]
-                         for s in range(13)])[..., 0]
+    exact = torch.stack(
+        [torch.tanh(x @ layers[0][0][s].T + layers[0][1][s]) @ layers[1][0][s].T + layers[1][1][s] for s in range(13)]
+    )[..., 0]
     assert torch.allclose(f, exact, atol=1e-12)  # forward_draws (numpy, for ESS) is the same MLP
     assert torch.allclose(mean, exact.mean(0), atol=1e-12)
     assert torch.allclose(std, (exact.var(0, unbiased=False) + common.SIGMA**2).sqrt(), atol=1e-12)
@@ -109,16 +113,34 @@ def test_predict_benchmark_loop_and_posterior_predict_compute_the_same_moments(b
 
 
 def test_summary_compares_each_side_at_its_best_and_at_its_default_threads(bench):
-    table = pd.DataFrame([
-        dict(group="svi", role="baseline", threads=1, user_default=False, value=2.0, unit="ms/step"),
-        dict(group="svi", role="baseline", threads=2, user_default=True, value=8.0, unit="ms/step"),
-        dict(group="svi", role="ours", threads=1, user_default=True, value=3.0, unit="ms/step"),
-        dict(group="svi", role="ours", threads=2, user_default=False, value=6.0, unit="ms/step"),
-        dict(group="svi", role="other", threads=1, user_default=True, value=0.5, unit="ms/step"),
-        dict(group="chains x2", role="ours", threads=1, user_default=True, value=30.0, unit="chains x iterations/s"),
-        dict(group="chains x2", role="baseline", threads=1, user_default=True, value=10.0, unit="chains x iterations/s"),
-        dict(group="chains x2", role="baseline", threads=1, user_default=False, value=60.0, unit="chains x iterations/s"),
-    ])
+    table = pd.DataFrame(
+        [
+            dict(group="svi", role="baseline", threads=1, user_default=False, value=2.0, unit="ms/step"),
+            dict(group="svi", role="baseline", threads=2, user_default=True, value=8.0, unit="ms/step"),
+            dict(group="svi", role="ours", threads=1, user_default=True, value=3.0, unit="ms/step"),
+            dict(group="svi", role="ours", threads=2, user_default=False, value=6.0, unit="ms/step"),
+            dict(group="svi", role="other", threads=1, user_default=True, value=0.5, unit="ms/step"),
+            dict(
+                group="chains x2", role="ours", threads=1, user_default=True, value=30.0, unit="chains x iterations/s"
+            ),
+            dict(
+                group="chains x2",
+                role="baseline",
+                threads=1,
+                user_default=True,
+                value=10.0,
+                unit="chains x iterations/s",
+            ),
+            dict(
+                group="chains x2",
+                role="baseline",
+                threads=1,
+                user_default=False,
+                value=60.0,
+                unit="chains x iterations/s",
+            ),
+        ]
+    )
     out = bench["performance"].summary(table).set_index("workload")
     assert out.loc["svi", "ratio at best"] == pytest.approx(3.0 / 2.0)  # lower is better: each side's minimum
     assert out.loc["svi", "ratio at defaults"] == pytest.approx(3.0 / 8.0)

@@ -36,8 +36,18 @@ def _tiny(tmp_path: Path) -> Path:
 
 def test_runner_end_to_end_matches_a_hand_computation(uci, tmp_path):
     folder, out = _tiny(tmp_path), tmp_path / "results"
-    argv = ["--path", str(folder), "--splits", "2", "--methods", "svi,mc_dropout,swa", "--out", str(out),
-            "--option", "swa:not_an_option=1"]  # swa fails on purpose: its error is recorded and the run goes on
+    argv = [
+        "--path",
+        str(folder),
+        "--splits",
+        "2",
+        "--methods",
+        "svi,mc_dropout,swa",
+        "--out",
+        str(out),
+        "--option",
+        "swa:not_an_option=1",
+    ]  # swa fails on purpose: its error is recorded and the run goes on
     for method, options in CHEAP.items():
         argv += [f"--option={method}:{k}={v}" for k, v in options.items()]
     summary = uci.main(argv)["tiny"]
@@ -49,8 +59,9 @@ def test_runner_end_to_end_matches_a_hand_computation(uci, tmp_path):
     # per split: the same fit by hand (the protocol's model and seeds) gives the same numbers
     for k in range(2):
         split = bp.datasets.load_uci(folder, split=k)
-        post = bp.fit(uci.make_model(2, k), split.x_train, split.y_train, method="svi", seed=k, progress=False,
-                      **CHEAP["svi"])
+        post = bp.fit(
+            uci.make_model(2, k), split.x_train, split.y_train, method="svi", seed=k, progress=False, **CHEAP["svi"]
+        )
         row = rows[(rows["method"] == "svi") & (rows["split"] == k)].iloc[0]
         scores = split.metrics(post)
         pred = post.predict(split.x_test, seed=0)
@@ -83,7 +94,9 @@ def test_runner_end_to_end_matches_a_hand_computation(uci, tmp_path):
     again = uci.main(argv + ["--resume"])["tiny"]
     redone = pd.read_csv(out / "tiny_splits.csv", keep_default_na=False)
     assert list(zip(redone["method"], redone["split"])) == list(zip(rows["method"], rows["split"]))
-    assert float(redone.loc[4, "test_ll"]) == pytest.approx(float(rows.loc[4, "test_ll"]), rel=1e-6)  # same seed, same fit
+    assert float(redone.loc[4, "test_ll"]) == pytest.approx(
+        float(rows.loc[4, "test_ll"]), rel=1e-6
+    )  # same seed, same fit
     timing = ["time_s", "time_s_se"]  # wall times differ between runs; everything else is the same
     pd.testing.assert_frame_equal(again.drop(columns=timing), summary.drop(columns=timing), rtol=1e-6)
     # --summarize fits nothing and rebuilds the same summary from the per-split rows
@@ -99,10 +112,13 @@ def test_a_fit_past_the_time_limit_is_recorded_and_the_alarm_is_cleared(uci):
 
 def test_option_parsing_and_bad_names(uci):
     assert uci.parse_options(["svi:num_steps=10", "svi:guide=full_rank", "nuts:step_size=1e-3"]) == {
-        "svi": {"num_steps": 10, "guide": "full_rank"}, "nuts": {"step_size": 1e-3}}
+        "svi": {"num_steps": 10, "guide": "full_rank"},
+        "nuts": {"step_size": 1e-3},
+    }
     with pytest.raises(SystemExit, match="method:key=value"):
         uci.parse_options(["num_steps=10"])
     with pytest.raises(SystemExit, match="unknown method 'bogus'"):
         uci.main(["--methods", "svi,bogus"])
-    assert math.isnan(uci.summarize(pd.DataFrame([dict(method="svi", split=0, error="E: x", warnings="")]))
-                      .loc[0, "test_ll"])
+    assert math.isnan(
+        uci.summarize(pd.DataFrame([dict(method="svi", split=0, error="E: x", warnings="")])).loc[0, "test_ll"]
+    )

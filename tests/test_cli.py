@@ -84,20 +84,39 @@ def test_fit_without_method_uses_the_cards_default_method(zoo, tmp_path, capsys)
 
     card = zoo.card("mlp_classifier")
     assert card["default_method"] == "svi"  # not nuts, so the test tells the card's default from a fixed one
-    assert cli.main(["fit", "mlp_classifier", "--chains", "1", "--steps", "20", "--samples", "20", "--out",
-                     str(tmp_path), "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "fit",
+                "mlp_classifier",
+                "--chains",
+                "1",
+                "--steps",
+                "20",
+                "--samples",
+                "20",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert " by svi (" in capsys.readouterr().out
     post = bp.load(tmp_path / "posterior.bnn", model=zoo.load("mlp_classifier").model)
     assert post.method == card["default_method"]
 
 
-@pytest.mark.parametrize("argv", [
-    ["fit", "mlp_regression", "--method", "sgd"],            # unknown method
-    ["fit", "mlp_regression", "--samples", "0"],             # non-positive counts
-    ["fit", "mlp_regression", "--chains", "-1"],
-    ["fit", "mlp_regression", "--steps", "ten"],
-    ["fit", "mlp_regression", "--method", "svi"],            # --out is required
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["fit", "mlp_regression", "--method", "sgd"],  # unknown method
+        ["fit", "mlp_regression", "--samples", "0"],  # non-positive counts
+        ["fit", "mlp_regression", "--chains", "-1"],
+        ["fit", "mlp_regression", "--steps", "ten"],
+        ["fit", "mlp_regression", "--method", "svi"],  # --out is required
+    ],
+)
 def test_fit_bad_arguments_exit_with_a_message(argv, tmp_path, capsys):
     if "--out" not in argv and argv[-1] != "svi":
         argv = argv + ["--out", str(tmp_path)]
@@ -121,10 +140,13 @@ def test_fit_unwritable_out_dir_fails_before_fitting(zoo, tmp_path, capsys):
     assert "not a writable folder" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--method", "nuts", "--steps", "10"], "--steps"),
-    (["--method", "svi", "--warmup", "10"], "--warmup"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--method", "nuts", "--steps", "10"], "--steps"),
+        (["--method", "svi", "--warmup", "10"], "--warmup"),
+    ],
+)
 def test_fit_options_of_the_wrong_engine_are_refused(zoo, argv, message, tmp_path, capsys):
     assert cli.main(["fit", "mlp_regression", "--out", str(tmp_path), *argv]) == 2
     assert message in capsys.readouterr().err
@@ -217,16 +239,36 @@ TINY = {
     "sghmc": ["--samples", "3", "--warmup", "3", "--option", "thin=1"],
     "csgmcmc": ["--samples", "2", "--option", "num_cycles=2", "--option", "thin=1"],
     "swa": ["--steps", "4", "--option", "pretrain_steps=3", "--option", "collect_every=1"],
-    "swag": ["--steps", "4", "--samples", "5", "--option", "pretrain_steps=3", "--option", "swag_rank=2",
-             "--option", "collect_every=1", "--option", "burn_in=0"],
+    "swag": [
+        "--steps",
+        "4",
+        "--samples",
+        "5",
+        "--option",
+        "pretrain_steps=3",
+        "--option",
+        "swag_rank=2",
+        "--option",
+        "collect_every=1",
+        "--option",
+        "burn_in=0",
+    ],
     "mc_dropout": ["--steps", "5", "--samples", "5"],
     "variational_dropout": ["--steps", "5", "--samples", "5"],
     "sparse_vd": ["--steps", "5", "--samples", "5"],
     "ensemble": ["--chains", "2", "--steps", "5"],
     "laplace": ["--steps", "5", "--samples", "5", "--option", "polish_steps=1"],
     "snapshot": ["--option", "num_cycles=2", "--option", "cycle_length=3"],
-    "subspace": ["--samples", "3", "--option", "subspace_dim=2", "--option", 'inner_options={"num_warmup": 3, "jit": false}',
-                 "--option", 'swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "rank": 2}'],
+    "subspace": [
+        "--samples",
+        "3",
+        "--option",
+        "subspace_dim=2",
+        "--option",
+        'inner_options={"num_warmup": 3, "jit": false}',
+        "--option",
+        'swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "rank": 2}',
+    ],
 }
 
 
@@ -250,8 +292,9 @@ def test_flags_and_options_map_to_the_method_s_own_option_names(method):
     for flag, option in (("--samples", "num_samples"), ("--warmup", "num_warmup"), ("--steps", "num_steps")):
         if flag in TINY[method]:
             assert config[option] == int(TINY[method][TINY[method].index(flag) + 1])
-    inspect.signature(engine(method)).bind(None, None, **{k: v for k, v in config.items()
-                                                          if k not in cli._FIT_OPTIONS})  # Python accepts them
+    inspect.signature(engine(method)).bind(
+        None, None, **{k: v for k, v in config.items() if k not in cli._FIT_OPTIONS}
+    )  # Python accepts them
 
 
 @pytest.mark.parametrize("method", [m.value for m in Method])
@@ -267,24 +310,37 @@ def test_every_registered_method_fits_through_the_cli(method, zoo, tmp_path, cap
     assert post.method == method and post.num_chains == 2
 
 
-@pytest.mark.parametrize("text, value", [
-    ("lr=0.01", 0.01), ("rank=10", 10), ("jit=False", False), ("dense_mass=true", True), ("init=None", None),
-    ("checkpoint=null", None), ("guide=low_rank", "low_rank"), ("lr=1e-3", 1e-3), ("lr_schedule= cosine ", "cosine"),
-    ('swa={"pretrain_steps": 3, "lr": 0.01}', {"pretrain_steps": 3, "lr": 0.01}),
-])
+@pytest.mark.parametrize(
+    "text, value",
+    [
+        ("lr=0.01", 0.01),
+        ("rank=10", 10),
+        ("jit=False", False),
+        ("dense_mass=true", True),
+        ("init=None", None),
+        ("checkpoint=null", None),
+        ("guide=low_rank", "low_rank"),
+        ("lr=1e-3", 1e-3),
+        ("lr_schedule= cosine ", "cosine"),
+        ('swa={"pretrain_steps": 3, "lr": 0.01}', {"pretrain_steps": 3, "lr": 0.01}),
+    ],
+)
 def test_option_values_are_parsed_as_documented(text, value):
     key, parsed = cli._key_value(text)
     assert key == text.split("=")[0] and parsed == value and type(parsed) is type(value)
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--method", "swag", "--option", "swag_rnak=4"], "did you mean 'swag_rank'"),
-    (["--method", "svi", "--option", "num_samples=4"], "set it with --samples"),
-    (["--method", "svi", "--option", "lr=0.1", "--option", "lr=0.2"], "given twice"),
-    (["--method", "csgmcmc", "--warmup", "10"], "--warmup does not apply to method 'csgmcmc'"),
-    (["--method", "ensemble", "--samples", "10"], "--samples does not apply to method 'ensemble'"),
-    (["--method", "swa", "--option", "rank=3"], "not an option of method 'swa'"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--method", "swag", "--option", "swag_rnak=4"], "did you mean 'swag_rank'"),
+        (["--method", "svi", "--option", "num_samples=4"], "set it with --samples"),
+        (["--method", "svi", "--option", "lr=0.1", "--option", "lr=0.2"], "given twice"),
+        (["--method", "csgmcmc", "--warmup", "10"], "--warmup does not apply to method 'csgmcmc'"),
+        (["--method", "ensemble", "--samples", "10"], "--samples does not apply to method 'ensemble'"),
+        (["--method", "swa", "--option", "rank=3"], "not an option of method 'swa'"),
+    ],
+)
 def test_options_the_method_does_not_have_are_refused(zoo, argv, message, tmp_path, capsys):
     assert cli.main(["fit", "mlp_regression", "--out", str(tmp_path / "run"), "--no-progress", *argv]) == 2
     err = capsys.readouterr().err
@@ -304,9 +360,26 @@ def test_ctrl_c_during_a_fit_stops_with_one_line_and_status_130(tmp_path):
     written and how to resume from the checkpoint, exit status 130, no output file."""
     out, ckpt = tmp_path / "out", tmp_path / "ckpt"
     ckpt.mkdir()
-    command = [sys.executable, "-m", "bnn_pyro.cli", "fit", "mlp_regression", "--method", "svi", "--chains", "1",
-               "--steps", "1000000", "--no-progress", "--out", str(out), "--option", f"checkpoint={ckpt}",
-               "--option", "checkpoint_every=20"]
+    command = [
+        sys.executable,
+        "-m",
+        "bnn_pyro.cli",
+        "fit",
+        "mlp_regression",
+        "--method",
+        "svi",
+        "--chains",
+        "1",
+        "--steps",
+        "1000000",
+        "--no-progress",
+        "--out",
+        str(out),
+        "--option",
+        f"checkpoint={ckpt}",
+        "--option",
+        "checkpoint_every=20",
+    ]
     # cwd: the installed package, not the checkout's bnn_pyro/ (which has no models/: setup.cfg maps it in)
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     try:
@@ -321,9 +394,12 @@ def test_ctrl_c_during_a_fit_stops_with_one_line_and_status_130(tmp_path):
     assert proc.returncode == 130, err
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert re.fullmatch(rf"bnn-pyro: interrupted; nothing was written to --out '{re.escape(str(out))}'; the fit's "
-                        rf"checkpoints are in '{re.escape(str(ckpt))}': run the same command with --option "
-                        r"resume=true to continue it\.", lines[0]), lines[0]
+    assert re.fullmatch(
+        rf"bnn-pyro: interrupted; nothing was written to --out '{re.escape(str(out))}'; the fit's "
+        rf"checkpoints are in '{re.escape(str(ckpt))}': run the same command with --option "
+        r"resume=true to continue it\.",
+        lines[0],
+    ), lines[0]
     assert not out.exists() or not any(out.iterdir())
 
 
@@ -338,4 +414,6 @@ def test_ctrl_c_while_writing_outputs_leaves_no_partial_file(zoo, tmp_path, caps
     monkeypatch.setattr(cli, "_savefig", interrupted)  # after posterior.bnn and inference_data.nc are written
     assert _fit("mlp_regression", "svi", tmp_path, "--steps", "5", "--samples", "5", "--overwrite") == 130
     assert capsys.readouterr().err == f"bnn-pyro: interrupted; nothing was written to --out {str(tmp_path)!r}.\n"
-    assert [p.name for p in tmp_path.iterdir()] == ["trace.png"] and (tmp_path / "trace.png").read_bytes() == b"an old plot"
+    assert [p.name for p in tmp_path.iterdir()] == ["trace.png"] and (
+        tmp_path / "trace.png"
+    ).read_bytes() == b"an old plot"

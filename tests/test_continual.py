@@ -20,10 +20,10 @@ import math
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import BLR
 from pyro import poutine
 
 import bnn_pyro as bp
-from blr import BLR
 
 NOISE, PRIOR, S, Z_MAX = 0.5, 1.0, 4000, 4.0
 
@@ -40,8 +40,11 @@ def _orthogonal_task(n: int, scales, seed: int):
 def _draws_posterior(blr: BLR, draws: int, seed: int) -> bp.Posterior:
     g = torch.Generator().manual_seed(seed)
     w = (blr.mean + torch.randn(draws, 3, generator=g, dtype=torch.double) * blr.cov.diagonal().sqrt()).float()
-    return bp.Posterior(samples={"weight": w[:, :2].reshape(1, draws, 1, 2), "bias": w[:, 2].reshape(1, draws, 1)},
-                        model=blr.model(), method="exact")
+    return bp.Posterior(
+        samples={"weight": w[:, :2].reshape(1, draws, 1, 2), "bias": w[:, 2].reshape(1, draws, 1)},
+        model=blr.model(),
+        method="exact",
+    )
 
 
 def _flat(d: dict) -> torch.Tensor:
@@ -69,15 +72,26 @@ def test_sequential_updating_reproduces_the_joint_posterior():
     mean_b, var_b = (lam * mu + b) / (lam + p), 1.0 / (lam + p)
 
     lam0, mu0, v_a = 1.0 / task_a.cov.diagonal(), task_a.mean, task_a.cov.diagonal()
-    sd_mean = ((lam0 / (lam0 + p)) ** 2 * v_a / S
-               + ((mu0 - joint.mean) / (lam0 + p)) ** 2 * lam0**2 * 2 / (S - 1)).sqrt()
+    sd_mean = (
+        (lam0 / (lam0 + p)) ** 2 * v_a / S + ((mu0 - joint.mean) / (lam0 + p)) ** 2 * lam0**2 * 2 / (S - 1)
+    ).sqrt()
     sd_var = lam0 * math.sqrt(2 / (S - 1)) / (lam0 + p) ** 2
     z_mean = (mean_b - joint.mean) / sd_mean
     z_var = (var_b - joint.cov.diagonal()) / sd_var
     assert (z_mean.abs() < Z_MAX).all() and (z_var.abs() < Z_MAX).all(), (z_mean, z_var)
 
-    fit_b = bp.fit(model_b, xb, yb, method="ensemble", num_chains=1, num_steps=250, lr=0.1, lr_schedule="cosine",
-                   anchored=False, progress=False)  # a plain MAP member (anchored ones sit at a prior draw's tilt)
+    fit_b = bp.fit(
+        model_b,
+        xb,
+        yb,
+        method="ensemble",
+        num_chains=1,
+        num_steps=250,
+        lr=0.1,
+        lr_schedule="cosine",
+        anchored=False,
+        progress=False,
+    )  # a plain MAP member (anchored ones sit at a prior draw's tilt)
     map_b = _flat({k: v[0, 0] for k, v in fit_b.samples.items()})
     assert (map_b - mean_b).abs().max() < 1e-4
 
@@ -95,8 +109,11 @@ def test_mean_field_svi_posterior_carries_over(svi_post, linear_data):
     likelihood = bp.likelihoods.Gaussian(scale=0.1)
     with pytest.raises(ValueError, match="parameter 'bias' that the posterior has no draws of"):
         bp.BNN(torch.nn.Linear(1, 1), prior=prior, likelihood=likelihood)  # bayesian="all" asks for the bias too
-    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.from_posterior(svi_post, default=bp.priors.Normal(0.0, 1.0)),
-                   likelihood=likelihood)
+    model = bp.BNN(
+        torch.nn.Linear(1, 1),
+        prior=bp.priors.from_posterior(svi_post, default=bp.priors.Normal(0.0, 1.0)),
+        likelihood=likelihood,
+    )
     assert model.sample_names == ["weight", "bias"]
     model = bp.BNN(torch.nn.Linear(1, 1), prior=prior, likelihood=likelihood, bayesian="weights")
     post = bp.fit(model, x[:20], y[:20], method="svi", num_steps=100, lr=0.05, num_samples=50, progress=False)
@@ -106,12 +123,19 @@ def test_mean_field_svi_posterior_carries_over(svi_post, linear_data):
 def test_only_weight_sites_carry_over(linear_data, tmp_path):
     """Noise and hyper sites stay with the new model's likelihood and prior; a loaded posterior
     without its model still knows which sites are weights."""
-    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.HierarchicalNormal(),
-                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    model = bp.BNN(
+        torch.nn.Linear(1, 1),
+        prior=bp.priors.HierarchicalNormal(),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    )
     g = torch.Generator().manual_seed(0)
-    samples = {"weight": torch.randn(2, 10, 1, 1, generator=g), "weight_scale": torch.rand(2, 10, generator=g) + 0.5,
-               "bias": torch.randn(2, 10, 1, generator=g), "bias_scale": torch.rand(2, 10, generator=g) + 0.5,
-               "sigma": torch.rand(2, 10, generator=g) + 0.1}
+    samples = {
+        "weight": torch.randn(2, 10, 1, 1, generator=g),
+        "weight_scale": torch.rand(2, 10, generator=g) + 0.5,
+        "bias": torch.randn(2, 10, 1, generator=g),
+        "bias_scale": torch.rand(2, 10, generator=g) + 0.5,
+        "sigma": torch.rand(2, 10, generator=g) + 0.1,
+    }
     post = bp.Posterior(samples=samples, model=model, method="hand", x=linear_data[0], y=linear_data[1])
     assert set(bp.priors.from_posterior(post).loc) == {"weight", "bias"}
     loaded = bp.load(post.save(tmp_path / "task_a.bnn"))

@@ -46,9 +46,12 @@ TINY = {
     Method.ENSEMBLE: dict(num_chains=2, num_steps=3),
     Method.LAPLACE: dict(num_steps=3, polish_steps=2, num_samples=3),
     Method.SNAPSHOT: dict(num_cycles=2, cycle_length=3),
-    Method.SUBSPACE: dict(subspace_dim=2, num_samples=3, inner_options=dict(num_warmup=3, max_tree_depth=2,
-                                                                    chain_method="sequential"),
-                          swa=dict(pretrain_steps=3, num_steps=4, collect_every=1, rank=2)),
+    Method.SUBSPACE: dict(
+        subspace_dim=2,
+        num_samples=3,
+        inner_options=dict(num_warmup=3, max_tree_depth=2, chain_method="sequential"),
+        swa=dict(pretrain_steps=3, num_steps=4, collect_every=1, rank=2),
+    ),
 }
 
 
@@ -68,14 +71,30 @@ def _fit(method: Method, seed: int, global_seed: int, build_seed: int = 123) -> 
     x, y = _data()
     model = _model(build_seed)
     torch.manual_seed(global_seed)  # the caller's global generator: engines must not depend on its state
-    post = bp.fit(model, x, y, method=method.value, batch_size=6 if method in _MINIBATCH else None, seed=seed,
-                  progress=False, **TINY[method])
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method=method.value,
+        batch_size=6 if method in _MINIBATCH else None,
+        seed=seed,
+        progress=False,
+        **TINY[method],
+    )
     return post.samples
 
 
 # Engines that take minibatches: their batch order must follow the seed too.
-_MINIBATCH = {Method.SVI, Method.SGLD, Method.SGHMC, Method.CSGMCMC, Method.SWA, Method.SWAG, Method.SNAPSHOT,
-              Method.SUBSPACE}
+_MINIBATCH = {
+    Method.SVI,
+    Method.SGLD,
+    Method.SGHMC,
+    Method.CSGMCMC,
+    Method.SWA,
+    Method.SWAG,
+    Method.SNAPSHOT,
+    Method.SUBSPACE,
+}
 
 
 def test_every_method_has_a_tiny_configuration():
@@ -108,8 +127,10 @@ def test_parallel_chains_equal_sequential_chains():
     """Chain c is seeded with seed + c in its own process or in this one: the same draws."""
     x, y = _data()
     config = dict(TINY[Method.NUTS], num_chains=2)
-    runs = {how: bp.fit(_model(), x, y, method="nuts", seed=3, progress=False, **dict(config, chain_method=how)).samples
-            for how in ("sequential", "parallel")}
+    runs = {
+        how: bp.fit(_model(), x, y, method="nuts", seed=3, progress=False, **dict(config, chain_method=how)).samples
+        for how in ("sequential", "parallel")
+    }
     for name, draws in runs["sequential"].items():
         assert draws.shape[0] == 2 and torch.equal(draws, runs["parallel"][name]), name
 
@@ -178,8 +199,12 @@ def test_two_fresh_processes_give_bit_identical_draws_whatever_torch_drew_before
     """``seed=`` alone fixes a fit: each process seeds torch differently (and draws a different
     number of random numbers) before building its nets, as a user who does not seed torch would."""
     env = dict(os.environ, PYTHONHASHSEED="0", MPLBACKEND="Agg")
-    procs = [subprocess.Popen([sys.executable, "-c", _PROCESS, str(k)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=env) for k in (1, 2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _PROCESS, str(k)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+        )
+        for k in (1, 2)
+    ]
     outputs = []
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=300)

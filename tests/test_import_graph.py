@@ -122,8 +122,13 @@ class _Reader:
     def attributes(self, tree: ast.AST) -> None:
         """``metrics._probs_and_labels`` where ``metrics`` was imported as a package module."""
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and _is_private(node.attr)
-                    and (owner := self.bound.get(node.value.id)) and owner != self.module):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and _is_private(node.attr)
+                and (owner := self.bound.get(node.value.id))
+                and owner != self.module
+            ):
                 if f"{owner}.{node.attr}" not in self.modules or not self.inside(owner):
                     self.private.append((node.lineno, owner, node.attr))
 
@@ -145,7 +150,7 @@ def _cycle(graph: dict[str, dict[str, int]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return path[path.index(nxt) :] + [nxt]
             if nxt not in state and (found := walk(nxt)):
                 return found
         state[node] = 2
@@ -166,7 +171,9 @@ def test_the_package_import_graph_has_no_cycle():
     assert "bnn_pyro.posterior" in graph["bnn_pyro.infer.mcmc"]  # and the package __init__ files they run
     cycle = _cycle(graph)
     if cycle:
-        edges = [f"{a} -> {b} ({modules[a].relative_to(PACKAGE.parent)}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:])]
+        edges = [
+            f"{a} -> {b} ({modules[a].relative_to(PACKAGE.parent)}:{graph[a][b]})" for a, b in zip(cycle, cycle[1:])
+        ]
         pytest.fail("import cycle among bnn_pyro's modules:\n  " + "\n  ".join(edges))
 
 
@@ -179,7 +186,9 @@ def test_the_cycle_finder_finds_a_cycle_and_its_lines():
     tree_edges = _imports("bnn_pyro.posterior.core", source, modules)
     assert "bnn_pyro.posterior.plots" in tree_edges and "bnn_pyro.posterior.psis" in tree_edges
     assert "bnn_pyro.posterior" not in tree_edges  # its own package's __init__ is not an edge
-    assert "bnn_pyro.posterior.core" not in _imports("bnn_pyro.posterior.plots", PACKAGE / "posterior" / "plots.py", modules)
+    assert "bnn_pyro.posterior.core" not in _imports(
+        "bnn_pyro.posterior.plots", PACKAGE / "posterior" / "plots.py", modules
+    )
 
 
 def test_an_import_of_a_submodule_runs_its_packages_init(tmp_path):
@@ -211,10 +220,13 @@ def _layer(module: str) -> int:
 
 def test_no_import_runs_up_a_layer():
     modules = _modules()
-    upward = [f"{path.relative_to(PACKAGE.parent)}:{line}: {module} (layer {_layer(module)}) imports {target} "
-              f"(layer {_layer(target)})"
-              for module, path in modules.items() for target, line in _imports(module, path, modules).items()
-              if _layer(target) > _layer(module)]
+    upward = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {module} (layer {_layer(module)}) imports {target} "
+        f"(layer {_layer(target)})"
+        for module, path in modules.items()
+        for target, line in _imports(module, path, modules).items()
+        if _layer(target) > _layer(module)
+    ]
     if upward:
         pytest.fail("imports that run up a layer (docs/layout.md):\n  " + "\n  ".join(sorted(upward)))
 
@@ -224,7 +236,9 @@ def test_the_layer_check_sees_an_upward_import(tmp_path):
     source.write_text("def f():\n    from bnn_pyro.tasks import selective\n")  # a lazy import counts too
     edges = _imports("bnn_pyro.posterior.plots", source, _modules())
     assert {_layer(t) for t in edges} == {4} and _layer("bnn_pyro.posterior.plots") == 2
-    assert _layer("bnn_pyro.utils.checks") == 0 and _layer("bnn_pyro") == 5 and _layer("bnn_pyro.infer.laplace.glm") == 3
+    assert (
+        _layer("bnn_pyro.utils.checks") == 0 and _layer("bnn_pyro") == 5 and _layer("bnn_pyro.infer.laplace.glm") == 3
+    )
 
 
 def _private_imports() -> list[str]:
@@ -240,20 +254,29 @@ def _private_imports() -> list[str]:
 def test_no_module_imports_another_modules_private_name():
     offenders = _private_imports()
     if offenders:
-        pytest.fail("private names imported across bnn_pyro's modules (give what is shared a public name in a small "
-                    "internal module, e.g. bnn_pyro/utils/):\n  " + "\n  ".join(offenders))
+        pytest.fail(
+            "private names imported across bnn_pyro's modules (give what is shared a public name in a small "
+            "internal module, e.g. bnn_pyro/utils/):\n  " + "\n  ".join(offenders)
+        )
 
 
 def test_the_known_private_imports_still_exist():
     """Each known exception is still in use: one that was removed must leave the set (so the set only shrinks)."""
     modules = _modules()
-    used = {(module, owner, name) for module, path in modules.items() for _, owner, name in _Reader(module, path, modules).private}
-    assert not KNOWN_PRIVATE_IMPORTS - used, f"no longer imported, remove from KNOWN_PRIVATE_IMPORTS: {KNOWN_PRIVATE_IMPORTS - used}"
+    used = {
+        (module, owner, name)
+        for module, path in modules.items()
+        for _, owner, name in _Reader(module, path, modules).private
+    }
+    assert not KNOWN_PRIVATE_IMPORTS - used, (
+        f"no longer imported, remove from KNOWN_PRIVATE_IMPORTS: {KNOWN_PRIVATE_IMPORTS - used}"
+    )
 
 
 def test_the_private_name_finder_sees_each_form(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text(textwrap.dedent("""
+    source.write_text(
+        textwrap.dedent("""
         from bnn_pyro.metrics import _probs_and_labels, accuracy
         from bnn_pyro import predictions
         from bnn_pyro.infer import _logjoint
@@ -263,13 +286,20 @@ def test_the_private_name_finder_sees_each_form(tmp_path):
             return predictions._entropy, predictions.__name__
         if TYPE_CHECKING:
             from bnn_pyro.model import _secret
-    """))
+    """)
+    )
     private = sorted((o, n) for _, o, n in _Reader("bnn_pyro.tasks.m", source, _modules()).private)
-    assert private == [("bnn_pyro.infer", "_common"), ("bnn_pyro.infer", "_logjoint"),
-                       ("bnn_pyro.metrics", "_probs_and_labels"), ("bnn_pyro.predictions", "_entropy")]
+    assert private == [
+        ("bnn_pyro.infer", "_common"),
+        ("bnn_pyro.infer", "_logjoint"),
+        ("bnn_pyro.metrics", "_probs_and_labels"),
+        ("bnn_pyro.predictions", "_entropy"),
+    ]
     inside = _Reader("bnn_pyro.infer.mcmc", source, _modules()).private  # infer's own private modules are its own
-    assert sorted((o, n) for _, o, n in inside) == [("bnn_pyro.metrics", "_probs_and_labels"),
-                                                    ("bnn_pyro.predictions", "_entropy")]
+    assert sorted((o, n) for _, o, n in inside) == [
+        ("bnn_pyro.metrics", "_probs_and_labels"),
+        ("bnn_pyro.predictions", "_entropy"),
+    ]
 
 
 @pytest.mark.slow
@@ -297,7 +327,8 @@ def test_every_module_imports_on_its_own_in_a_fresh_interpreter(tmp_path):
     env = dict(os.environ, MPLBACKEND="Agg", OMP_NUM_THREADS="1")
     # run outside the checkout: ``python -c`` puts the working directory first on sys.path, where the source tree's
     # bnn_pyro (without bnn_pyro.models, which setup.cfg maps from models/) would shadow the installed package
-    run = subprocess.run([sys.executable, "-c", script, *modules], capture_output=True, text=True, env=env, timeout=600,
-                         cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-c", script, *modules], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
+    )
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     assert "FAILED []" in run.stdout

@@ -60,8 +60,11 @@ def _tokens(n=30, t=6, vocab=5, seed=0):
 
 def _tagger_model(rnn=None, likelihood=None, classes=3):
     torch.manual_seed(0)
-    return bp.BNN(Tagger(rnn=rnn, classes=classes), prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=likelihood or bp.likelihoods.Categorical())
+    return bp.BNN(
+        Tagger(rnn=rnn, classes=classes),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=likelihood or bp.likelihoods.Categorical(),
+    )
 
 
 def _draws(model, num, seed=0):
@@ -94,8 +97,13 @@ def test_integer_features_of_a_net_without_embedding_are_still_cast_to_float():
     assert post.x.dtype == torch.float32 and torch.equal(post.x, x.float())
 
 
-@pytest.mark.parametrize("ids, match", [(-1, r"x: token ids must lie in 0\.\.4.*found ids in -1\.\.4"),
-                                        (5, r"x: token ids must lie in 0\.\.4 .*num_embeddings=5.*found ids in 0\.\.5")])
+@pytest.mark.parametrize(
+    "ids, match",
+    [
+        (-1, r"x: token ids must lie in 0\.\.4.*found ids in -1\.\.4"),
+        (5, r"x: token ids must lie in 0\.\.4 .*num_embeddings=5.*found ids in 0\.\.5"),
+    ],
+)
 def test_token_ids_outside_the_embedding_are_refused_clearly(ids, match):
     x, y = _tokens()
     x[0, 0] = ids
@@ -212,7 +220,9 @@ def test_sequence_predictions_and_the_log_predictive_density_by_hand():
     model = _tagger_model()
     params = _draws(model, 5)
     post = _posterior(model, x, y, params)
-    f = torch.stack([torch.func.functional_call(Tagger(), {n: p[s] for n, p in params.items()}, (x,)) for s in range(5)])
+    f = torch.stack(
+        [torch.func.functional_call(Tagger(), {n: p[s] for n, p in params.items()}, (x,)) for s in range(5)]
+    )
     probs = torch.softmax(f, -1)  # (S, N, T, C)
     pred = post.predict(x)
     torch.testing.assert_close(pred.probs, probs.mean(0), rtol=1e-6, atol=1e-6)
@@ -247,7 +257,9 @@ def test_vectorized_particles_on_sequence_outputs_equal_one_particle_at_a_time()
         for s in range(3):
             one = poutine.trace(poutine.condition(model, data={n: p[s] for n, p in params.items()})).get_trace(x, y)
             one.compute_log_prob()
-            torch.testing.assert_close(trace.nodes["obs"]["log_prob"][s], one.nodes["obs"]["log_prob"], rtol=0, atol=1e-5)
+            torch.testing.assert_close(
+                trace.nodes["obs"]["log_prob"][s], one.nodes["obs"]["log_prob"], rtol=0, atol=1e-5
+            )
 
 
 # ------------------------------------------------------------------------------------------ nets vmap cannot batch
@@ -279,15 +291,22 @@ def test_lstm_predictions_loop_over_draws_and_equal_a_manual_loop_and_a_vmappabl
     assert not model.vmappable and _tagger_model().vmappable
     params = _draws(model, 7)
     f = model.forward_draws(params, x)
-    manual = torch.stack([torch.func.functional_call(Tagger(rnn="lstm"), {n: p[s] for n, p in params.items()}, (x,))
-                          for s in range(7)])
+    manual = torch.stack(
+        [torch.func.functional_call(Tagger(rnn="lstm"), {n: p[s] for n, p in params.items()}, (x,)) for s in range(7)]
+    )
     assert torch.equal(f, manual)  # the loop is the manual loop, exactly
     torch.manual_seed(0)
     hand = bp.BNN(HandLSTM(), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
     assert hand.vmappable
-    rename = {"rnn.weight_ih_l0": "w_ih", "rnn.weight_hh_l0": "w_hh", "rnn.bias_ih_l0": "b_ih", "rnn.bias_hh_l0": "b_hh"}
-    torch.testing.assert_close(hand.forward_draws({rename.get(n, n): p for n, p in params.items()}, x), f,
-                               rtol=1e-5, atol=1e-5)  # vmap over the hand-written cell: the same function
+    rename = {
+        "rnn.weight_ih_l0": "w_ih",
+        "rnn.weight_hh_l0": "w_hh",
+        "rnn.bias_ih_l0": "b_ih",
+        "rnn.bias_hh_l0": "b_hh",
+    }
+    torch.testing.assert_close(
+        hand.forward_draws({rename.get(n, n): p for n, p in params.items()}, x), f, rtol=1e-5, atol=1e-5
+    )  # vmap over the hand-written cell: the same function
     post = _posterior(model, x, y, params)
     whole, chunked = post.predict(x), post.predict(x, draws_per_chunk=3)  # chunks of 3, 3 and 1 draws
     assert torch.equal(whole.draws, chunked.draws) and torch.equal(whole.probs, chunked.probs)
@@ -308,7 +327,9 @@ def test_a_net_whose_vmap_fails_falls_back_to_the_loop_once_and_remembers():
     x = torch.randn(6, 2)
     f = model.forward_draws(params, x)
     assert not model.vmappable  # remembered
-    torch.testing.assert_close(f, torch.stack([x @ params["lin.weight"][s].T + params["lin.bias"][s] for s in range(4)]))
+    torch.testing.assert_close(
+        f, torch.stack([x @ params["lin.weight"][s].T + params["lin.bias"][s] for s in range(4)])
+    )
 
 
 class _NoVmap(torch.autograd.Function):
@@ -322,11 +343,14 @@ class _NoVmap(torch.autograd.Function):
 
 
 # ------------------------------------------------------------------------------------------ engines
-@pytest.mark.parametrize("method, options", [
-    ("svi", dict(num_steps=3, num_samples=4, num_particles=2, fast_path=False)),  # Pyro's vectorized ELBO
-    ("svi", dict(num_steps=3, num_samples=4)),  # the fast log joint
-    ("nuts", dict(num_samples=3, num_warmup=3, max_tree_depth=2, jit=False)),  # jit=True: the slow test below
-])
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("svi", dict(num_steps=3, num_samples=4, num_particles=2, fast_path=False)),  # Pyro's vectorized ELBO
+        ("svi", dict(num_steps=3, num_samples=4)),  # the fast log joint
+        ("nuts", dict(num_samples=3, num_warmup=3, max_tree_depth=2, jit=False)),  # jit=True: the slow test below
+    ],
+)
 def test_engines_fit_a_gru_on_token_ids(method, options):
     x, y = _tokens(n=12)
     post = bp.fit(_tagger_model(rnn="gru"), x, y, method=method, progress=False, seed=0, **options)
@@ -342,14 +366,20 @@ def test_laplace_refuses_sequence_outputs_and_recurrent_nets_clearly():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, options", [
-    ("nuts", dict(num_samples=3, num_warmup=3, max_tree_depth=2)),  # the default jit=True: ~10-25 s of compiling
-    ("hmc", dict(num_samples=3, num_warmup=3, num_leapfrog=3, jit=False)), ("metropolis", dict(num_samples=5, num_warmup=5)),
-    ("sgld", dict(num_samples=5, num_warmup=5)), ("sghmc", dict(num_samples=5, num_warmup=5)),
-    ("csgmcmc", dict(num_cycles=2, num_samples=4, thin=2)), ("swa", dict(pretrain_steps=5, num_steps=5)),
-    ("swag", dict(pretrain_steps=5, num_steps=12, swag_rank=3, num_samples=4, num_chains=1)),
-    ("ensemble", dict(num_chains=2, num_steps=5)),
-])
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("nuts", dict(num_samples=3, num_warmup=3, max_tree_depth=2)),  # the default jit=True: ~10-25 s of compiling
+        ("hmc", dict(num_samples=3, num_warmup=3, num_leapfrog=3, jit=False)),
+        ("metropolis", dict(num_samples=5, num_warmup=5)),
+        ("sgld", dict(num_samples=5, num_warmup=5)),
+        ("sghmc", dict(num_samples=5, num_warmup=5)),
+        ("csgmcmc", dict(num_cycles=2, num_samples=4, thin=2)),
+        ("swa", dict(pretrain_steps=5, num_steps=5)),
+        ("swag", dict(pretrain_steps=5, num_steps=12, swag_rank=3, num_samples=4, num_chains=1)),
+        ("ensemble", dict(num_chains=2, num_steps=5)),
+    ],
+)
 def test_the_other_engines_fit_a_gru_on_token_ids(method, options):
     """The README's list of engines that take recurrent, integer-input, sequence-output models."""
     x, y = _tokens(n=12)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import errno
 import json
-import re
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -18,8 +18,8 @@ from safetensors.torch import save_file
 
 import bnn_pyro as bp
 from bnn_pyro import io
-from bnn_pyro.posterior import tensor_files
 from bnn_pyro.io import ModelMismatchError, ModelNotBoundError, PosteriorFileError
+from bnn_pyro.posterior import tensor_files
 
 
 def _assert_same(a: bp.Posterior, b: bp.Posterior) -> None:
@@ -64,31 +64,54 @@ def test_unbound_posterior_summarizes_but_asks_for_model_to_predict(saved, linea
 
 
 def test_rebinding_to_a_different_model_is_refused(saved):
-    other = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=0.5), bayesian="weights")
+    other = bp.BNN(
+        torch.nn.Linear(1, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.5),
+        bayesian="weights",
+    )
     with pytest.raises(ValueError, match=r"model: does not match.*likelihood: saved 'Gaussian\(scale=0.1"):
         bp.load(saved, model=other)
-    wider = bp.BNN(torch.nn.Linear(1, 2), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights")
+    wider = bp.BNN(
+        torch.nn.Linear(1, 2),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+        bayesian="weights",
+    )
     with pytest.raises(ModelMismatchError, match=r"param_shapes of 'weight': saved \[1, 1\], given \[2, 1\]"):
         bp.load(saved, model=wider)
 
 
-@pytest.mark.parametrize("prior, differs", [
-    (bp.priors.Normal(0.0, 0.5), r"prior of 'weight': saved Independent\(Normal\(loc=0, scale=1; batch \(1, 1\)\); 2\), "
-                                 r"given Independent\(Normal\(loc=0, scale=0.5; batch \(1, 1\)\); 2\)"),
-    (bp.priors.StudentT(), r"prior of 'weight': saved Independent\(Normal.*given Independent\(StudentT\(df=3"),
-    (lambda name, module, param: dist.Laplace(0.0, 1.0), r"prior of 'weight': .*given Independent\(Laplace\(loc=0"),
-])
+@pytest.mark.parametrize(
+    "prior, differs",
+    [
+        (
+            bp.priors.Normal(0.0, 0.5),
+            r"prior of 'weight': saved Independent\(Normal\(loc=0, scale=1; batch \(1, 1\)\); 2\), "
+            r"given Independent\(Normal\(loc=0, scale=0.5; batch \(1, 1\)\); 2\)",
+        ),
+        (bp.priors.StudentT(), r"prior of 'weight': saved Independent\(Normal.*given Independent\(StudentT\(df=3"),
+        (lambda name, module, param: dist.Laplace(0.0, 1.0), r"prior of 'weight': .*given Independent\(Laplace\(loc=0"),
+    ],
+)
 def test_loading_with_a_model_whose_prior_differs_is_refused_naming_the_site(saved, prior, differs):
     """A model with another prior loaded without a word (the fingerprint held no prior); now it is refused,
     naming the site and both priors. The same prior given another way (a lambda) is accepted."""
-    other = bp.BNN(torch.nn.Linear(1, 1), prior=prior, likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights")
-    with pytest.raises(ModelMismatchError, match=rf"model: does not match the model the posterior in '.*svi\.bnn' was "
-                                                 rf"fitted with \({differs}"):
+    other = bp.BNN(
+        torch.nn.Linear(1, 1), prior=prior, likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights"
+    )
+    with pytest.raises(
+        ModelMismatchError,
+        match=rf"model: does not match the model the posterior in '.*svi\.bnn' was "
+        rf"fitted with \({differs}",
+    ):
         bp.load(saved, model=other)
-    same = bp.BNN(torch.nn.Linear(1, 1), prior=lambda name, module, param: dist.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights")
+    same = bp.BNN(
+        torch.nn.Linear(1, 1),
+        prior=lambda name, module, param: dist.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+        bayesian="weights",
+    )
     assert bp.load(saved, model=same).method == "svi"
 
 
@@ -98,8 +121,9 @@ def test_function_model_round_trip_and_rebind(function_post, tmp_path, linear_da
     path = function_post.save(tmp_path / "fn.bnn")
     loaded = bp.load(path, model=linreg)
     _assert_same(function_post, loaded)
-    assert torch.equal(function_post.predict(linear_data[0][:5], seed=1).mean,
-                       loaded.predict(linear_data[0][:5], seed=1).mean)
+    assert torch.equal(
+        function_post.predict(linear_data[0][:5], seed=1).mean, loaded.predict(linear_data[0][:5], seed=1).mean
+    )
 
 
 def test_truncated_file_is_a_clear_error(saved, tmp_path):
@@ -134,7 +158,9 @@ def _rewrite_metadata(src: Path, dst: Path, change) -> None:
 def test_newer_format_version_is_refused(saved, tmp_path):
     newer = tmp_path / "newer.bnn"
     _rewrite_metadata(saved, newer, lambda meta: meta.update(format_version=io.FORMAT_VERSION + 1))
-    with pytest.raises(PosteriorFileError, match=rf"newer.bnn.*format version {io.FORMAT_VERSION + 1} by a newer bnn_pyro.*Upgrade"):
+    with pytest.raises(
+        PosteriorFileError, match=rf"newer.bnn.*format version {io.FORMAT_VERSION + 1} by a newer bnn_pyro.*Upgrade"
+    ):
         bp.load(newer)
 
 
@@ -182,8 +208,11 @@ def test_failed_write_leaves_previous_file_intact(svi_post, mcmc_post, tmp_path,
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
     monkeypatch.setattr(tensor_files, "_write_all", disk_full)  # the writer io shares with checkpoints
-    with pytest.raises(OSError, match=r"could not write '.*post\.bnn' \(No space left on device\); the "
-                                      r"previous file there, if any, is unchanged\. Free disk space") as info:
+    with pytest.raises(
+        OSError,
+        match=r"could not write '.*post\.bnn' \(No space left on device\); the "
+        r"previous file there, if any, is unchanged\. Free disk space",
+    ) as info:
         mcmc_post.save(path)
     assert type(info.value) is OSError and info.value.errno == errno.ENOSPC and info.value.filename == str(path)
     assert path.read_bytes() == before
@@ -203,8 +232,9 @@ sys.stdin.read()  # killed here, mid-write
 
 
 def _writer_holding_a_temporary(path: Path) -> tuple[subprocess.Popen, Path]:
-    proc = subprocess.Popen([sys.executable, "-c", _KILLED_WRITER, str(path)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _KILLED_WRITER, str(path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     return proc, Path(proc.stdout.readline().strip())
 
 
@@ -301,8 +331,11 @@ def test_an_edited_method_in_the_header_fails_the_checksum(saved, tmp_path):
     """The header's method edited from "svi" to "hmc" loaded and reported "hmc": the checksum covered only the
     tensors."""
     edited = _edited(saved, tmp_path / "edited.bnn", lambda meta, t: meta.update(method="hmc"), reseal=False)
-    with pytest.raises(PosteriorFileError, match=r"edited\.bnn': checksum mismatch \(field 'sha256': the tensors or "
-                                                 r"the metadata changed after saving\).*was edited"):
+    with pytest.raises(
+        PosteriorFileError,
+        match=r"edited\.bnn': checksum mismatch \(field 'sha256': the tensors or "
+        r"the metadata changed after saving\).*was edited",
+    ):
         bp.load(edited)
 
 
@@ -327,27 +360,37 @@ def _point_reshaped(meta, tensors):
     tensors["point/bias"] = torch.zeros(2, 5)
 
 
-@pytest.mark.parametrize("change, field, what", [
-    (lambda m, t: m.update(method=7), "method", r"is int, expected a str"),
-    (lambda m, t: m.pop("config"), "config", r"is missing, expected a dict"),
-    (lambda m, t: m.update(x_form="list"), "x_form", r"is 'list', expected 'tuple', 'dict' or 'tensor'"),
-    (lambda m, t: m["model"].update(kind="Net"), "model", r"has kind 'Net'"),
-    (lambda m, t: m["groups"].pop("point"), "groups.point", r"is missing or unknown"),
-    (lambda m, t: m["groups"].update(extras=[]), "groups.extras", r"is missing or unknown"),
-    (_drop_sample_name, "groups.samples", r"names tensors the file does not hold \(\['ghost'\]\)"),
-    (lambda m, t: m["data"].append("z"), "data", r"names tensors the file does not hold \(\['z'\]\)"),
-    (_wider_weight, "groups.samples", r"holds 'weight' shaped \(2, 100, 3, 1\), but the model's parameter is "
-                                      r"shaped \(1, 1\)"),
-    (_float_draws_as_int, "groups.samples", r"holds 'weight' as torch.int64 \(2, 100, 1, 1\); expected floating"),
-    (_point_reshaped, "groups.point", r"holds 'bias' shaped \(2, 5\), but the model's parameter is shaped \(1,\)"),
-    (_fewer_targets, "data", r"holds inputs and targets of different numbers of rows \(\{'x': 40, 'y': 3\}\)"),
-])
+@pytest.mark.parametrize(
+    "change, field, what",
+    [
+        (lambda m, t: m.update(method=7), "method", r"is int, expected a str"),
+        (lambda m, t: m.pop("config"), "config", r"is missing, expected a dict"),
+        (lambda m, t: m.update(x_form="list"), "x_form", r"is 'list', expected 'tuple', 'dict' or 'tensor'"),
+        (lambda m, t: m["model"].update(kind="Net"), "model", r"has kind 'Net'"),
+        (lambda m, t: m["groups"].pop("point"), "groups.point", r"is missing or unknown"),
+        (lambda m, t: m["groups"].update(extras=[]), "groups.extras", r"is missing or unknown"),
+        (_drop_sample_name, "groups.samples", r"names tensors the file does not hold \(\['ghost'\]\)"),
+        (lambda m, t: m["data"].append("z"), "data", r"names tensors the file does not hold \(\['z'\]\)"),
+        (
+            _wider_weight,
+            "groups.samples",
+            r"holds 'weight' shaped \(2, 100, 3, 1\), but the model's parameter is "
+            r"shaped \(1, 1\)",
+        ),
+        (_float_draws_as_int, "groups.samples", r"holds 'weight' as torch.int64 \(2, 100, 1, 1\); expected floating"),
+        (_point_reshaped, "groups.point", r"holds 'bias' shaped \(2, 5\), but the model's parameter is shaped \(1,\)"),
+        (_fewer_targets, "data", r"holds inputs and targets of different numbers of rows \(\{'x': 40, 'y': 3\}\)"),
+    ],
+)
 def test_a_consistently_edited_header_is_refused_naming_the_field(saved, tmp_path, change, field, what):
     """Headers edited consistently (checksum recomputed) crashed later with raw torch errors inside predict, or
     AttributeError/KeyError inside io.py; now every such file is a PosteriorFileError naming the file and field."""
     edited = _edited(saved, tmp_path / "edited.bnn", change, reseal=True)
-    with pytest.raises(PosteriorFileError, match=rf"edited\.bnn': field '{re.escape(field)}' {what}.*Save the "
-                                                 r"posterior again") as info:
+    with pytest.raises(
+        PosteriorFileError,
+        match=rf"edited\.bnn': field '{re.escape(field)}' {what}.*Save the "
+        r"posterior again",
+    ) as info:
         bp.load(edited)
     assert type(info.value) is PosteriorFileError
 
@@ -362,13 +405,22 @@ def test_a_file_of_format_version_1_still_loads_and_predicts():
     x = 0.5 (seed 0) was 0.4027 there."""
     meta, _ = _header(FORMAT1)
     assert meta["format_version"] == 1 and "prior" not in meta["model"]
-    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    model = bp.BNN(
+        torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1)
+    )
     post = bp.load(FORMAT1, model=model)
     assert post.method == "svi" and post.samples["weight"].shape == (1, 4, 1, 1)
     assert post.predict(torch.tensor([[0.5]]), seed=0).mean.item() == pytest.approx(0.4027, abs=5e-5)
-    with pytest.raises(ModelMismatchError, match=r"likelihood: saved 'Gaussian\(scale=0.1, precision=None\)', given 'Gaussian\(scale=0.2"):
-        bp.load(FORMAT1, model=bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
-                                      likelihood=bp.likelihoods.Gaussian(scale=0.2)))
+    with pytest.raises(
+        ModelMismatchError,
+        match=r"likelihood: saved 'Gaussian\(scale=0.1, precision=None\)', given 'Gaussian\(scale=0.2",
+    ):
+        bp.load(
+            FORMAT1,
+            model=bp.BNN(
+                torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.2)
+            ),
+        )
 
 
 def test_a_file_of_format_version_1_with_an_edited_tensor_is_refused(tmp_path):
@@ -382,6 +434,7 @@ def test_a_file_of_format_version_1_with_an_edited_tensor_is_refused(tmp_path):
 
 def test_an_edited_buffer_shape_is_refused_naming_the_field(tmp_path):
     """A buffer (BatchNorm's running mean) reshaped in a resealed file was a raw size error from copy_."""
+
     def model():
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1))
@@ -396,8 +449,11 @@ def test_an_edited_buffer_shape_is_refused_naming_the_field(tmp_path):
         tensors["buffers/1.running_mean"] = torch.zeros(5)
 
     edited = _edited(path, tmp_path / "edited.bnn", reshaped, reseal=True)
-    with pytest.raises(PosteriorFileError, match=r"edited\.bnn': field 'groups\.buffers' holds buffers shaped unlike "
-                                                 r"the model's .*'1\.running_mean': \(\(5,\), \(3,\)\)"):
+    with pytest.raises(
+        PosteriorFileError,
+        match=r"edited\.bnn': field 'groups\.buffers' holds buffers shaped unlike "
+        r"the model's .*'1\.running_mean': \(\(5,\), \(3,\)\)",
+    ):
         bp.load(edited, model=model())
 
 

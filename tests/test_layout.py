@@ -15,14 +15,62 @@ import bnn_pyro as bp
 from bnn_pyro.utils import moved
 
 # bnn_pyro.__all__ and the lazily imported names as of a7736d0, before the layout change: each must stay reachable
-BEFORE = ["BNN", "Posterior", "fit", "compare", "Comparison", "load", "distill", "priors", "likelihoods", "datasets",
-          "metrics", "diagnostics", "plots", "io", "distributed", "acquisition", "selective", "adversarial",
-          "calibration", "compression", "conformal", "curves", "sbc", "psis", "inputs", "zoo",
-          "splits", "predictions", "model", "posterior", "infer"]  # reached before as set by the package's own imports
+BEFORE = [
+    "BNN",
+    "Posterior",
+    "fit",
+    "compare",
+    "Comparison",
+    "load",
+    "distill",
+    "priors",
+    "likelihoods",
+    "datasets",
+    "metrics",
+    "diagnostics",
+    "plots",
+    "io",
+    "distributed",
+    "acquisition",
+    "selective",
+    "adversarial",
+    "calibration",
+    "compression",
+    "conformal",
+    "curves",
+    "sbc",
+    "psis",
+    "inputs",
+    "zoo",
+    "splits",
+    "predictions",
+    "model",
+    "posterior",
+    "infer",
+]  # reached before as set by the package's own imports
 # the public modules that moved, by their old path (private ones, bnn_pyro._checks and the like, are not aliased)
-OLD_PATHS = ["bnn_pyro." + m for m in ("posterior_file", "tensor_files", "diagnostics", "psis", "plots", "acquisition",
-                                       "selective", "adversarial", "calibration", "conformal", "compression", "curves",
-                                       "distill", "sbc", "datasets", "splits", "zoo")]
+OLD_PATHS = [
+    "bnn_pyro." + m
+    for m in (
+        "posterior_file",
+        "tensor_files",
+        "diagnostics",
+        "psis",
+        "plots",
+        "acquisition",
+        "selective",
+        "adversarial",
+        "calibration",
+        "conformal",
+        "compression",
+        "curves",
+        "distill",
+        "sbc",
+        "datasets",
+        "splits",
+        "zoo",
+    )
+]
 
 
 @pytest.mark.parametrize("name", BEFORE)
@@ -128,10 +176,12 @@ def test_a_fresh_interpreter_warns_once_for_an_old_path(tmp_path):
 def test_importing_the_package_leaves_arviz_and_matplotlib_for_first_use(tmp_path):
     """bp.diagnostics, bp.plots and bp.psis import on first use (ArviZ and matplotlib take seconds); their
     TYPE_CHECKING imports in bnn_pyro/__init__.py must not make them eager."""
-    code = ("import sys, bnn_pyro as bp\n"
-            "print(sorted(m for m in ('arviz', 'matplotlib') if m in sys.modules))\n"
-            "bp.diagnostics\n"
-            "print(sorted(m for m in ('arviz', 'matplotlib') if m in sys.modules))\n")
+    code = (
+        "import sys, bnn_pyro as bp\n"
+        "print(sorted(m for m in ('arviz', 'matplotlib') if m in sys.modules))\n"
+        "bp.diagnostics\n"
+        "print(sorted(m for m in ('arviz', 'matplotlib') if m in sys.modules))\n"
+    )
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert run.returncode == 0, run.stderr[-2000:]
     before, after = run.stdout.split("\n")[:2]

@@ -56,8 +56,8 @@ def test_regression_prediction_is_the_law_of_total_variance():
     pred = predictions.regression(means, variances, y, interval=0.9)
     assert pred.mean.item() == 1.0
     assert pred.epistemic_std.item() == pytest.approx(1.0)  # population variance of (0, 2)
-    assert pred.aleatoric_std.item() == pytest.approx(2.0 ** 0.5)
-    assert pred.std.item() == pytest.approx(3.0 ** 0.5)
+    assert pred.aleatoric_std.item() == pytest.approx(2.0**0.5)
+    assert pred.std.item() == pytest.approx(3.0**0.5)
     assert torch.allclose(pred.lower, torch.quantile(y, 0.05, dim=0))
 
 
@@ -82,12 +82,42 @@ def test_bernoulli_reports_two_class_probabilities():
 @pytest.mark.parametrize(
     "likelihood, out, y, error, match",
     [
-        (bp.likelihoods.Categorical(), 3, torch.tensor([0.0, 1.0, 2.0, 1.0]), TypeError, r"Categorical: y must hold integer class labels \(torch.long\), got dtype torch.float32.*y.long\(\)"),
-        (bp.likelihoods.Categorical(), 3, torch.tensor([0, 1, 3, 1]), ValueError, r"labels must lie in 0..2 for a net with 3 outputs; found labels in 0..3"),
+        (
+            bp.likelihoods.Categorical(),
+            3,
+            torch.tensor([0.0, 1.0, 2.0, 1.0]),
+            TypeError,
+            r"Categorical: y must hold integer class labels \(torch.long\), got dtype torch.float32.*y.long\(\)",
+        ),
+        (
+            bp.likelihoods.Categorical(),
+            3,
+            torch.tensor([0, 1, 3, 1]),
+            ValueError,
+            r"labels must lie in 0..2 for a net with 3 outputs; found labels in 0..3",
+        ),
         (bp.likelihoods.Categorical(), 3, torch.tensor([0, -1, 2, 1]), ValueError, r"labels must lie in 0..2"),
-        (bp.likelihoods.Bernoulli(), 1, torch.tensor([0.0, 1.0, 0.5, 1.0]), TypeError, r"Bernoulli: y must hold integer class labels"),
-        (bp.likelihoods.Bernoulli(), 1, torch.tensor([0, 1, 2, 1]), ValueError, r"Bernoulli: y must be a vector of 0/1 labels"),
-        (bp.likelihoods.Gaussian(scale=1.0), 2, torch.randn(4), ValueError, r"Gaussian: y has shape \(4,\) but the net predicts 2 output\(s\) per row, so y must be shaped \(4, 2\)"),
+        (
+            bp.likelihoods.Bernoulli(),
+            1,
+            torch.tensor([0.0, 1.0, 0.5, 1.0]),
+            TypeError,
+            r"Bernoulli: y must hold integer class labels",
+        ),
+        (
+            bp.likelihoods.Bernoulli(),
+            1,
+            torch.tensor([0, 1, 2, 1]),
+            ValueError,
+            r"Bernoulli: y must be a vector of 0/1 labels",
+        ),
+        (
+            bp.likelihoods.Gaussian(scale=1.0),
+            2,
+            torch.randn(4),
+            ValueError,
+            r"Gaussian: y has shape \(4,\) but the net predicts 2 output\(s\) per row, so y must be shaped \(4, 2\)",
+        ),
     ],
 )
 def test_bad_targets_are_explained(likelihood, out, y, error, match):
@@ -99,14 +129,20 @@ def test_bad_targets_are_explained(likelihood, out, y, error, match):
 def test_torch_noise_priors_become_pyro_ones_and_must_be_positive():
     td = torch.distributions
     f, y = torch.randn(6, 1), torch.randn(6)
-    for likelihood, site, pyro_prior in [(bp.likelihoods.Gaussian(scale=td.HalfNormal(2.0)), "sigma", dist.HalfNormal(2.0)),
-                                         (bp.likelihoods.Gaussian(precision=td.Gamma(2.0, 1.0)), "precision",
-                                          dist.Gamma(2.0, 1.0))]:
+    for likelihood, site, pyro_prior in [
+        (bp.likelihoods.Gaussian(scale=td.HalfNormal(2.0)), "sigma", dist.HalfNormal(2.0)),
+        (bp.likelihoods.Gaussian(precision=td.Gamma(2.0, 1.0)), "precision", dist.Gamma(2.0, 1.0)),
+    ]:
         tr = _obs(likelihood, f, y)
         fn, value = tr.nodes[site]["fn"], tr.nodes[site]["value"]
         assert type(fn) is type(pyro_prior) and torch.allclose(fn.log_prob(value), pyro_prior.log_prob(value))
-    for positive in [dist.LogNormal(0.0, 1.0), dist.InverseGamma(2.0, 1.0), dist.Uniform(0.01, 1.0), dist.Exponential(1.0),
-                     dist.HalfCauchy(1.0)]:
+    for positive in [
+        dist.LogNormal(0.0, 1.0),
+        dist.InverseGamma(2.0, 1.0),
+        dist.Uniform(0.01, 1.0),
+        dist.Exponential(1.0),
+        dist.HalfCauchy(1.0),
+    ]:
         assert bp.likelihoods.Gaussian(scale=positive).sites()["sigma"] is positive
     for real in [dist.Normal(0.0, 1.0), dist.Uniform(-1.0, 1.0), td.StudentT(3.0)]:
         with pytest.raises(ValueError, match=r"scale: \w+ has support .*must be positive"):

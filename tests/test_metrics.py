@@ -145,15 +145,17 @@ def test_rmse_closed_form():
     y = torch.tensor([3.0, 4.0])
     assert metrics.rmse(torch.zeros(2), y) == pytest.approx(math.sqrt(12.5))
     assert metrics.rmse(_gaussian_prediction(torch.zeros(1, 2), torch.ones(1, 2)), y[:, None]) == pytest.approx(
-        math.sqrt(12.5))
+        math.sqrt(12.5)
+    )
 
 
 def test_nll_of_one_gaussian_matches_the_closed_form():
     mu, sigma = torch.tensor([0.5, -1.0, 2.0]), torch.tensor([0.3, 1.0, 2.5])
     y = torch.tensor([0.1, 0.0, 5.0])
     pred = _gaussian_prediction(mu[None], (sigma**2)[None])
-    expected = float((0.5 * torch.log(2 * math.pi * sigma.double() ** 2) + (y - mu).double() ** 2
-                      / (2 * sigma.double() ** 2)).mean())
+    expected = float(
+        (0.5 * torch.log(2 * math.pi * sigma.double() ** 2) + (y - mu).double() ** 2 / (2 * sigma.double() ** 2)).mean()
+    )
     assert metrics.nll(pred, y) == pytest.approx(expected, rel=1e-6)
 
 
@@ -168,7 +170,9 @@ def test_nll_of_a_prediction_is_the_mixture_over_draws():
 
 def test_interval_coverage_counts_targets_inside_the_bounds():
     pred = _gaussian_prediction(torch.zeros(1, 4), torch.ones(1, 4))
-    pred = dataclasses.replace(pred, lower=torch.tensor([-1.0, -1.0, 0.0, 0.0]), upper=torch.tensor([1.0, 1.0, 2.0, 2.0]))
+    pred = dataclasses.replace(
+        pred, lower=torch.tensor([-1.0, -1.0, 0.0, 0.0]), upper=torch.tensor([1.0, 1.0, 2.0, 2.0])
+    )
     assert metrics.interval_coverage(pred, torch.tensor([0.0, 1.0, 2.5, -0.1])) == 0.5
 
 
@@ -176,8 +180,9 @@ def test_interval_coverage_counts_targets_inside_the_bounds():
 def _linear_posterior(weights, biases, *, scale=0.5):
     """A BNN ``y = w x + b + N(0, scale^2)`` whose posterior is the given draws (one chain)."""
     torch.manual_seed(0)
-    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=scale))
+    model = bp.BNN(
+        torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=scale)
+    )
     w = torch.tensor(weights).reshape(1, -1, 1, 1)
     b = torch.tensor(biases).reshape(1, -1, 1)
     return bp.Posterior(samples={"weight": w, "bias": b}, model=model, method="hand")
@@ -197,7 +202,10 @@ def test_log_predictive_density_of_one_draw_is_the_gaussian_log_density():
 
 def test_log_predictive_density_is_the_mixture_over_draws():
     post = _linear_posterior([1.2, 0.8], [0.3, -0.1])
-    p = (dist.Normal(1.2 * X[:, 0] + 0.3, 0.5).log_prob(Y).exp() + dist.Normal(0.8 * X[:, 0] - 0.1, 0.5).log_prob(Y).exp()) / 2
+    p = (
+        dist.Normal(1.2 * X[:, 0] + 0.3, 0.5).log_prob(Y).exp()
+        + dist.Normal(0.8 * X[:, 0] - 0.1, 0.5).log_prob(Y).exp()
+    ) / 2
     torch.testing.assert_close(metrics.log_predictive_density(post, X, Y[:, None]), p.log())
     # with fixed noise, the prediction-based mixture is exact too
     assert metrics.nll(post.predict(X), Y) == pytest.approx(metrics.nll(post, X, Y), rel=1e-5)
@@ -213,21 +221,28 @@ def test_log_predictive_density_of_a_plain_pyro_model():
         with pyro.plate("data", x.shape[0]):
             return pyro.sample("obs", dist.Normal(w * x[:, 0] + b, 0.5), obs=y)
 
-    post = bp.Posterior(samples={"w": torch.tensor([[1.2, 0.8]]), "b": torch.tensor([[0.3, -0.1]])}, model=linreg,
-                        method="hand")
-    torch.testing.assert_close(metrics.log_predictive_density(post, X, Y),
-                               metrics.log_predictive_density(_linear_posterior([1.2, 0.8], [0.3, -0.1]), X, Y))
+    post = bp.Posterior(
+        samples={"w": torch.tensor([[1.2, 0.8]]), "b": torch.tensor([[0.3, -0.1]])}, model=linreg, method="hand"
+    )
+    torch.testing.assert_close(
+        metrics.log_predictive_density(post, X, Y),
+        metrics.log_predictive_density(_linear_posterior([1.2, 0.8], [0.3, -0.1]), X, Y),
+    )
 
 
-@pytest.mark.parametrize("likelihood, outputs, classes",
-                         [(bp.likelihoods.Categorical(), 3, 3), (bp.likelihoods.Bernoulli(), 1, 2)])
+@pytest.mark.parametrize(
+    "likelihood, outputs, classes", [(bp.likelihoods.Categorical(), 3, 3), (bp.likelihoods.Bernoulli(), 1, 2)]
+)
 def test_classifier_nll_from_posterior_equals_nll_of_its_prediction(likelihood, outputs, classes):
     """For a classifier the prediction's probabilities are the exact model average, so both routes agree."""
     g = torch.Generator().manual_seed(3)
     torch.manual_seed(0)
     model = bp.BNN(torch.nn.Linear(2, outputs), prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
-    post = bp.Posterior(samples={"weight": torch.randn(2, 5, outputs, 2, generator=g),
-                                 "bias": torch.randn(2, 5, outputs, generator=g)}, model=model, method="hand")
+    post = bp.Posterior(
+        samples={"weight": torch.randn(2, 5, outputs, 2, generator=g), "bias": torch.randn(2, 5, outputs, generator=g)},
+        model=model,
+        method="hand",
+    )
     x, y = torch.randn(20, 2, generator=g), torch.randint(classes, (20,), generator=g)
     assert metrics.nll(post, x, y) == pytest.approx(metrics.nll(post.predict(x), y), rel=1e-5)
 
@@ -240,8 +255,16 @@ def test_metrics_is_reachable_from_the_package():
 @pytest.mark.parametrize(
     "call, error, message",
     [
-        (lambda: metrics.ece(torch.tensor([[0.5, 0.6]]), torch.tensor([0])), ValueError, r"probs: each row .* sum to 1"),
-        (lambda: metrics.brier(torch.tensor([[2.0, -1.0]]), torch.tensor([0])), ValueError, r"probs: .*\[0, 1\].*softmax"),
+        (
+            lambda: metrics.ece(torch.tensor([[0.5, 0.6]]), torch.tensor([0])),
+            ValueError,
+            r"probs: each row .* sum to 1",
+        ),
+        (
+            lambda: metrics.brier(torch.tensor([[2.0, -1.0]]), torch.tensor([0])),
+            ValueError,
+            r"probs: .*\[0, 1\].*softmax",
+        ),
         (lambda: metrics.accuracy(PROBS, LABELS[:3]), ValueError, r"y has 3 labels but prediction has 4 rows"),
         (lambda: metrics.accuracy(PROBS, torch.tensor([0, 1, 2, 3])), ValueError, r"labels must lie in 0..2"),
         (lambda: metrics.accuracy(PROBS, torch.tensor([0.5, 1, 2, 0])), TypeError, r"y: expected integer class labels"),
@@ -252,13 +275,20 @@ def test_metrics_is_reachable_from_the_package():
         (lambda: metrics.nll(PROBS), TypeError, r"nll\(prediction, y\)"),
         (lambda: metrics.nll(_linear_posterior([1.0], [0.0]), X), TypeError, r"nll\(posterior, x, y\)"),
         (lambda: metrics.log_predictive_density(PROBS, X, Y), TypeError, r"posterior: expected a bnn_pyro.Posterior"),
-        (lambda: metrics.log_predictive_density(_linear_posterior([1.0], [0.0]), X, Y[:2]), ValueError,
-         r"x has 3, y has 2"),
+        (
+            lambda: metrics.log_predictive_density(_linear_posterior([1.0], [0.0]), X, Y[:2]),
+            ValueError,
+            r"x has 3, y has 2",
+        ),
         (lambda: metrics.interval_coverage(PROBS, LABELS), TypeError, r"prediction: expected a RegressionPrediction"),
         (lambda: metrics.ood_auroc(torch.zeros(2, 2), torch.zeros(2)), ValueError, r"scores_in: expected one score"),
         (lambda: metrics.ood_auroc(torch.zeros(2), torch.tensor([])), ValueError, r"scores_out is empty"),
         (lambda: metrics.ood_auroc(torch.zeros(2), torch.zeros(2), score="max"), ValueError, r"score: unknown value"),
-        (lambda: metrics.brier(torch.tensor([[float("nan"), 1.0]]), torch.tensor([0])), ValueError, r"probs contains NaN"),
+        (
+            lambda: metrics.brier(torch.tensor([[float("nan"), 1.0]]), torch.tensor([0])),
+            ValueError,
+            r"probs contains NaN",
+        ),
     ],
 )
 def test_bad_input_gets_a_clear_error(call, error, message):

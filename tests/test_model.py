@@ -38,7 +38,15 @@ def test_sites_follow_the_conventions():
     model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
     x, y = torch.randn(5, 3), torch.randn(5)
     tr = _trace(model, x, y)
-    assert [n for n in tr.nodes if tr.nodes[n]["type"] == "sample"] == ["0.weight", "0.bias", "2.weight", "2.bias", "data", "f", "obs"]
+    assert [n for n in tr.nodes if tr.nodes[n]["type"] == "sample"] == [
+        "0.weight",
+        "0.bias",
+        "2.weight",
+        "2.bias",
+        "data",
+        "f",
+        "obs",
+    ]
     assert tr.nodes["0.weight"]["fn"].event_shape == (4, 3)
     assert tr.nodes["obs"]["is_observed"] and tr.nodes["f"]["value"].shape == (5, 1)
     assert [f.name for f in tr.nodes["obs"]["cond_indep_stack"]] == ["data"]
@@ -61,7 +69,10 @@ def test_user_net_is_copied_not_modified():
     "net, x",
     [
         (Custom(), torch.randn(4, 1, 8)),
-        (nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 1)), torch.randn(4, 1, 6, 6)),
+        (
+            nn.Sequential(nn.Conv2d(1, 2, 3), nn.BatchNorm2d(2), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 4 * 4, 1)),
+            torch.randn(4, 1, 6, 6),
+        ),
         (nn.Sequential(nn.Sequential(nn.Linear(2, 3), nn.Tanh()), nn.Linear(3, 1)), torch.randn(4, 2)),
     ],
     ids=["custom-conv1d", "conv2d-batchnorm", "nested"],
@@ -71,7 +82,9 @@ def test_any_module_becomes_a_model_and_fits(net, x):
     y = torch.randn(4)
     tr = _trace(model, x, y)
     assert set(model.sample_names) <= set(tr.nodes)
-    assert all("BatchNorm" not in type(model.net.get_submodule(n.rpartition(".")[0])).__name__ for n in model.sample_names)
+    assert all(
+        "BatchNorm" not in type(model.net.get_submodule(n.rpartition(".")[0])).__name__ for n in model.sample_names
+    )
     post = bp.fit(model, x, y, num_steps=3, num_samples=4, progress=False)
     pred = post.predict(x)
     assert pred.mean.shape == (4,) and torch.isfinite(pred.std).all()
@@ -95,17 +108,25 @@ def test_selector_by_patterns_and_predicate():
     assert by_name.sample_names == ["2.weight", "2.bias"]
     by_fn = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian=lambda n, m, p: p.dim() == 2)
     assert by_fn.sample_names == ["0.weight", "2.weight"]
-    with pytest.raises(ValueError, match="bayesian: unknown value 'some'; choose one of 'all', 'weights', 'no_batchnorm'"):
+    with pytest.raises(
+        ValueError, match="bayesian: unknown value 'some'; choose one of 'all', 'weights', 'no_batchnorm'"
+    ):
         bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian="some")
 
 
-@pytest.mark.parametrize("make_net, bayesian, stacked", [
-    (lambda: nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2)), "all", True),
-    (lambda: nn.Sequential(nn.Sequential(nn.Linear(2, 5, bias=False), nn.GELU()), nn.ReLU(), nn.Linear(5, 2)),
-     "all", True),
-    (lambda: nn.Sequential(nn.Linear(2, 5), nn.LeakyReLU(0.2), nn.Linear(5, 2)), "weights", True),  # fixed biases
-    (lambda: nn.Sequential(nn.Linear(2, 5), nn.Dropout(0.0), nn.Linear(5, 2)), "all", False),  # vmap path
-])
+@pytest.mark.parametrize(
+    "make_net, bayesian, stacked",
+    [
+        (lambda: nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2)), "all", True),
+        (
+            lambda: nn.Sequential(nn.Sequential(nn.Linear(2, 5, bias=False), nn.GELU()), nn.ReLU(), nn.Linear(5, 2)),
+            "all",
+            True,
+        ),
+        (lambda: nn.Sequential(nn.Linear(2, 5), nn.LeakyReLU(0.2), nn.Linear(5, 2)), "weights", True),  # fixed biases
+        (lambda: nn.Sequential(nn.Linear(2, 5), nn.Dropout(0.0), nn.Linear(5, 2)), "all", False),  # vmap path
+    ],
+)
 def test_forward_draws_matches_one_draw_at_a_time(make_net, bayesian, stacked):
     from bnn_pyro.model import _linear_stack
 
@@ -122,19 +143,28 @@ def test_forward_draws_matches_one_draw_at_a_time(make_net, bayesian, stacked):
 
 
 @pytest.mark.parametrize("rows", [7, 16_000])  # batched products; one draw at a time (16,000 x 5 >= 2**15 elements)
-@pytest.mark.parametrize("make_net", [
-    lambda: nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 5), nn.Sigmoid(), nn.Linear(5, 2)),  # 1 input
-    lambda: nn.Sequential(nn.Linear(3, 5, bias=False), nn.LeakyReLU(0.2), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2)),
-    lambda: nn.Sequential(nn.Tanh(), nn.Linear(1, 5), nn.ELU(0.5), nn.Linear(5, 5), nn.SiLU(), nn.GELU(), nn.Linear(5, 2)),
-    lambda: nn.Sequential(nn.Linear(2, 5), nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 2), nn.GELU()),  # ends in an activation
-    lambda: nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2, bias=False), nn.Sigmoid()),
-])
+@pytest.mark.parametrize(
+    "make_net",
+    [
+        lambda: nn.Sequential(nn.Linear(1, 5), nn.Tanh(), nn.Linear(5, 5), nn.Sigmoid(), nn.Linear(5, 2)),  # 1 input
+        lambda: nn.Sequential(
+            nn.Linear(3, 5, bias=False), nn.LeakyReLU(0.2), nn.Linear(5, 4), nn.ReLU(), nn.Linear(4, 2)
+        ),
+        lambda: nn.Sequential(
+            nn.Tanh(), nn.Linear(1, 5), nn.ELU(0.5), nn.Linear(5, 5), nn.SiLU(), nn.GELU(), nn.Linear(5, 2)
+        ),
+        lambda: nn.Sequential(
+            nn.Linear(2, 5), nn.Linear(5, 5), nn.Tanh(), nn.Linear(5, 2), nn.GELU()
+        ),  # ends in an activation
+        lambda: nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2, bias=False), nn.Sigmoid()),
+    ],
+)
 def test_linear_stack_without_autograd_equals_the_tracked_path(make_net, rows):
     # without autograd the stack runs activations in place and a one-input first layer as an outer product, or
     # one draw at a time into reused buffers: the same outputs as the tracked path, x untouched, and gradients
     # still flow where they are recorded
-    from bnn_pyro.utils.linear_stack import runs_per_draw
     from bnn_pyro.model import _linear_stack
+    from bnn_pyro.utils.linear_stack import runs_per_draw
 
     model = bp.BNN(make_net(), prior=bp.priors.Normal(), likelihood=gaussian())
     draws = {n: torch.randn(4, *model.param_shapes[n], requires_grad=True) for n in model.sample_names}
@@ -196,12 +226,18 @@ def test_bad_models_are_explained():
         bp.BNN(lambda x: x, prior=bp.priors.Normal(), likelihood=gaussian())
     with pytest.raises(TypeError, match="likelihood: expected a bnn_pyro.likelihoods.Likelihood.*Gaussian"):
         bp.BNN(nn.Linear(1, 1), prior=bp.priors.Normal(), likelihood="gaussian")
-    with pytest.raises(TypeError, match=r"prior for '0.weight' returned float; expected a pyro.distributions.Distribution"):
+    with pytest.raises(
+        TypeError, match=r"prior for '0.weight' returned float; expected a pyro.distributions.Distribution"
+    ):
         bp.BNN(nn.Sequential(nn.Linear(1, 1)), prior=lambda n, m, p: 1.0, likelihood=gaussian())
     with pytest.raises(ValueError, match=r"prior for 'weight': .*batch_shape \(3,\).*parameter's shape \(1, 2\)"):
         bp.BNN(nn.Linear(2, 1), prior=lambda n, m, p: dist.Normal(torch.zeros(3), 1.0), likelihood=gaussian())
     with pytest.raises(ValueError, match=r"net must map \(N, \.\.\.\) inputs to \(N, out\) outputs"):
-        bp.fit(bp.BNN(nn.Conv1d(1, 1, 2), prior=bp.priors.Normal(), likelihood=gaussian()), torch.randn(4, 1, 5), torch.randn(4))
+        bp.fit(
+            bp.BNN(nn.Conv1d(1, 1, 2), prior=bp.priors.Normal(), likelihood=gaussian()),
+            torch.randn(4, 1, 5),
+            torch.randn(4),
+        )
 
 
 def test_parameters_no_dict_pattern_matches_stay_deterministic_and_are_listed():
@@ -220,7 +256,9 @@ def test_posterior_attributes_on_an_unfitted_bnn_say_to_fit_first():
     names = {n for n in dir(bp.Posterior) if not n.startswith("_")} | {f.name for f in dataclasses.fields(bp.Posterior)}
     assert {"predict", "summary", "to_inference_data", "sample", "samples", "plot_trace", "save"} <= names
     for name in sorted(names):
-        with pytest.raises(AttributeError, match=rf"model\.{name}: this BNN is not fitted.*post = bp\.fit\(model, x, y"):
+        with pytest.raises(
+            AttributeError, match=rf"model\.{name}: this BNN is not fitted.*post = bp\.fit\(model, x, y"
+        ):
             getattr(model, name)
     assert not hasattr(model, "predict")  # still an AttributeError: duck typing keeps working
     with pytest.raises(AttributeError, match="'BNN' object has no attribute 'no_such_thing'"):
@@ -239,16 +277,37 @@ class _Broken(nn.Module):
         return self.b(self.a(x))
 
 
-@pytest.mark.parametrize("net, x, match", [
-    (nn.Linear(3, 1), torch.ones(8), r"x has shape \(8,\), which the net cannot take \(its first layer, Linear, takes inputs shaped \(N, 3\)\).*1-D"),
-    (nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)), torch.ones(8, 2),
-     r"x has shape \(8, 2\).*first layer, '0', Linear, takes inputs shaped \(N, 3\)"),
-    (nn.Sequential(nn.Conv2d(3, 2, 3), nn.Flatten(), nn.Linear(2 * 3 * 3, 1)), torch.ones(8, 1, 5, 5),
-     r"x has shape \(8, 1, 5, 5\).*first layer, '0', Conv2d, takes inputs shaped \(N, 3, \.\.\., \.\.\.\)"),
-    (nn.Sequential(nn.Linear(2, 3), nn.Linear(4, 1)), torch.ones(8, 2),
-     r"x fits its first layer, '0', Linear, but a later layer does not fit.*Check the layer sizes"),
-    (_Broken(), torch.ones(8, 2), r"x has shape \(8, 2\), which the net cannot take \(the error it raised is chained"),
-], ids=["linear-1d", "sequential-features", "conv-channels", "sequential-broken", "custom-broken"])
+@pytest.mark.parametrize(
+    "net, x, match",
+    [
+        (
+            nn.Linear(3, 1),
+            torch.ones(8),
+            r"x has shape \(8,\), which the net cannot take \(its first layer, Linear, takes inputs shaped \(N, 3\)\).*1-D",
+        ),
+        (
+            nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)),
+            torch.ones(8, 2),
+            r"x has shape \(8, 2\).*first layer, '0', Linear, takes inputs shaped \(N, 3\)",
+        ),
+        (
+            nn.Sequential(nn.Conv2d(3, 2, 3), nn.Flatten(), nn.Linear(2 * 3 * 3, 1)),
+            torch.ones(8, 1, 5, 5),
+            r"x has shape \(8, 1, 5, 5\).*first layer, '0', Conv2d, takes inputs shaped \(N, 3, \.\.\., \.\.\.\)",
+        ),
+        (
+            nn.Sequential(nn.Linear(2, 3), nn.Linear(4, 1)),
+            torch.ones(8, 2),
+            r"x fits its first layer, '0', Linear, but a later layer does not fit.*Check the layer sizes",
+        ),
+        (
+            _Broken(),
+            torch.ones(8, 2),
+            r"x has shape \(8, 2\), which the net cannot take \(the error it raised is chained",
+        ),
+    ],
+    ids=["linear-1d", "sequential-features", "conv-channels", "sequential-broken", "custom-broken"],
+)
 def test_shape_errors_are_in_our_words_with_torchs_error_chained(net, x, match):
     model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
     with pytest.raises(RuntimeError) as inner:
@@ -258,10 +317,13 @@ def test_shape_errors_are_in_our_words_with_torchs_error_chained(net, x, match):
     assert str(inner.value) not in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
 
 
-@pytest.mark.parametrize("body", [
-    lambda: nn.Sequential(nn.Linear(2, 4), nn.Tanh()),  # a Linear stack: batched matrix products
-    lambda: nn.Sequential(nn.Linear(2, 4), nn.LayerNorm(4), nn.Tanh()),  # the general (vmap) path
-])
+@pytest.mark.parametrize(
+    "body",
+    [
+        lambda: nn.Sequential(nn.Linear(2, 4), nn.Tanh()),  # a Linear stack: batched matrix products
+        lambda: nn.Sequential(nn.Linear(2, 4), nn.LayerNorm(4), nn.Tanh()),  # the general (vmap) path
+    ],
+)
 def test_parameters_with_requires_grad_false_are_frozen_constants(body):
     torch.manual_seed(0)
     backbone = body().requires_grad_(False)
@@ -280,10 +342,21 @@ def test_parameters_with_requires_grad_false_are_frozen_constants(body):
     torch.testing.assert_close(model.forward_draws({"1.weight": w, "1.bias": b}, x), expected)
     # MAP by SVI trains what is not frozen (the same net unfrozen moves its first layer), never what is
     y = torch.sin(3 * x[:, 0])
-    for post, moves in [(bp.fit(model, x, y, guide="map", num_steps=50, lr=0.05, progress=False), False),
-                        (bp.fit(bp.BNN(net.requires_grad_(True), prior=bp.priors.Normal(), likelihood=gaussian(),
-                                       bayesian=["1.*"]), x, y, guide="map", num_steps=50, lr=0.05, progress=False),
-                         True)]:
+    for post, moves in [
+        (bp.fit(model, x, y, guide="map", num_steps=50, lr=0.05, progress=False), False),
+        (
+            bp.fit(
+                bp.BNN(net.requires_grad_(True), prior=bp.priors.Normal(), likelihood=gaussian(), bayesian=["1.*"]),
+                x,
+                y,
+                guide="map",
+                num_steps=50,
+                lr=0.05,
+                progress=False,
+            ),
+            True,
+        ),
+    ]:
         first = post.point["0.0.weight"][0] if moves else dict(post.model.net.named_buffers())["0.0.weight"]
         assert torch.equal(first, backbone[0].weight) is not moves
 
@@ -291,8 +364,11 @@ def test_parameters_with_requires_grad_false_are_frozen_constants(body):
 def test_frozen_parameters_cannot_be_selected():
     frozen = nn.Linear(2, 3).requires_grad_(False)
     net = nn.Sequential(frozen, nn.Tanh(), nn.Linear(3, 1))
-    with pytest.raises(ValueError, match=r"bayesian: the pattern '0\.\*' matches only frozen parameters.*"
-                                         r"requires_grad_\(True\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"bayesian: the pattern '0\.\*' matches only frozen parameters.*"
+        r"requires_grad_\(True\)",
+    ):
         bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian(), bayesian=["0.*"])
     with pytest.raises(ValueError, match=r"no trainable parameters \(all 2 have requires_grad=False\)"):
         bp.BNN(frozen, prior=bp.priors.Normal(), likelihood=gaussian())
@@ -306,16 +382,18 @@ def test_every_engine_keeps_frozen_parameters_and_draws_the_rest(method, tmp_pat
     x = torch.randn(60, 3)
     y = (x[:, 0] + x[:, 1] > 0).long()
     backbone = nn.Sequential(nn.Linear(3, 4), nn.Tanh()).requires_grad_(False)
-    model = bp.BNN(nn.Sequential(backbone, nn.Linear(4, 2)), prior=bp.priors.Normal(),
-                   likelihood=bp.likelihoods.Categorical())
-    tiny = dict(num_steps=60, num_samples=4, num_warmup=4, num_cycles=2, swag_rank=3, num_chains=1,
-                pretrain_steps=30)
+    model = bp.BNN(
+        nn.Sequential(backbone, nn.Linear(4, 2)), prior=bp.priors.Normal(), likelihood=bp.likelihoods.Categorical()
+    )
+    tiny = dict(num_steps=60, num_samples=4, num_warmup=4, num_cycles=2, swag_rank=3, num_chains=1, pretrain_steps=30)
     options = bp.infer.options(method)
     post = bp.fit(model, x, y, method=method, progress=False, seed=0, **{k: v for k, v in tiny.items() if k in options})
     assert set(post.samples) == {"1.weight", "1.bias"} and not post.point
     for fitted in (post, bp.load(post.save(tmp_path / "post.bnn"), model=model)):
         buffers = dict(fitted.model.net.named_buffers())
-        assert torch.equal(buffers["0.0.weight"], backbone[0].weight) and torch.equal(buffers["0.0.bias"], backbone[0].bias)
+        assert torch.equal(buffers["0.0.weight"], backbone[0].weight) and torch.equal(
+            buffers["0.0.bias"], backbone[0].bias
+        )
 
 
 def test_prior_distributions_draw_each_site_and_keep_the_callers_state():
@@ -325,8 +403,12 @@ def test_prior_distributions_draw_each_site_and_keep_the_callers_state():
 
     pyro.clear_param_store()
     pyro.param("mine", torch.ones(2))
-    model = bp.BNN(torch.nn.Linear(2, 3), prior=bp.priors.HierarchicalNormal(), likelihood=bp.likelihoods.Gaussian(scale=0.1),
-                   bayesian="weights")
+    model = bp.BNN(
+        torch.nn.Linear(2, 3),
+        prior=bp.priors.HierarchicalNormal(),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+        bayesian="weights",
+    )
     state = torch.get_rng_state()
     first, again = model.prior_distributions(), model.prior_distributions()
     assert list(first) == ["weight_scale", "weight"] and list(pyro.get_param_store().keys()) == ["mine"]

@@ -51,4 +51,6 @@ def test_quantiles_equal_torch_quantile():
         y[:, :10] = y[:, :10].round()  # ties
         y[0, 20, 0] = float("nan")
         levels = torch.tensor([0.0, 0.025, 0.3, 0.5, 0.975, 1.0])
-        torch.testing.assert_close(quantiles(y, levels), torch.quantile(y, levels, dim=0), rtol=0, atol=0, equal_nan=True)
+        torch.testing.assert_close(
+            quantiles(y, levels), torch.quantile(y, levels, dim=0), rtol=0, atol=0, equal_nan=True
+        )

@@ -12,7 +12,7 @@ from torch import nn
 import bnn_pyro as bp
 from bnn_pyro import predictive_draws
 from bnn_pyro.predictions import entropy, mutual_information
-from bnn_pyro.predictive_draws import CHUNK_BYTES, NOISE_ROWS, NetworkDraws
+from bnn_pyro.predictive_draws import NOISE_ROWS, NetworkDraws
 
 
 def _posterior(inputs: int, outputs: int, likelihood, draws: int = 40, seed: int = 0) -> bp.Posterior:
@@ -249,16 +249,20 @@ def test_acquisition_reads_the_pools_draws_block_by_block(monkeypatch):
     whole.draws  # read: one block of every row
     assert pred.source.chunk_rows() == 8
     for strategy in ("bald", "entropy", "variation_ratios"):
-        torch.testing.assert_close(acquisition.scores(pred, strategy), acquisition.scores(whole, strategy),
-                                   rtol=1e-5, atol=1e-7)  # float32 nets: BLAS rounds by block size
+        torch.testing.assert_close(
+            acquisition.scores(pred, strategy), acquisition.scores(whole, strategy), rtol=1e-5, atol=1e-7
+        )  # float32 nets: BLAS rounds by block size
     assert torch.equal(acquisition.select(pred, 3, "batchbald"), acquisition.select(whole, 3, "batchbald"))
     assert acquisition.joint_mutual_information(pred, [3, 50, 89]) == pytest.approx(
-        acquisition.joint_mutual_information(whole, [3, 50, 89]), rel=1e-5)
+        acquisition.joint_mutual_information(whole, [3, 50, 89]), rel=1e-5
+    )
     assert "draws" not in pred._cache
 
 
-@pytest.mark.parametrize("likelihood, outputs", [(lambda: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)), 1),
-                                                 (bp.likelihoods.Categorical, 3)])
+@pytest.mark.parametrize(
+    "likelihood, outputs",
+    [(lambda: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)), 1), (bp.likelihoods.Categorical, 3)],
+)
 def test_a_prediction_pickles_and_its_lazy_parts_are_the_same_after_loading(likelihood, outputs):
     # the source holds the posterior, x and the likelihood with each draw's noise (a class, not a closure, which
     # pickle refused: "Can't pickle local object"); what was not read is produced after loading, from the same seed

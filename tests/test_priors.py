@@ -24,8 +24,11 @@ def _prior_sites(prior, **kwargs):
 
 @pytest.mark.parametrize(
     "scaling, std0, std2",
-    [("radford", 1 / math.sqrt(4), 1 / math.sqrt(10)), ("xavier", math.sqrt(2 / 14), math.sqrt(2 / 11)),
-     ("kaiming", math.sqrt(2 / 4), math.sqrt(2 / 10))],
+    [
+        ("radford", 1 / math.sqrt(4), 1 / math.sqrt(10)),
+        ("xavier", math.sqrt(2 / 14), math.sqrt(2 / 11)),
+        ("kaiming", math.sqrt(2 / 4), math.sqrt(2 / 10)),
+    ],
 )
 def test_layerwise_normal_scales_by_fan(scaling, std0, std2):
     _, sites = _prior_sites(bp.priors.LayerwiseNormal(scaling, scale=2.0))
@@ -35,13 +38,21 @@ def test_layerwise_normal_scales_by_fan(scaling, std0, std2):
 
 def test_iid_priors_have_the_right_log_density():
     w = torch.randn(1, 10)
-    for prior, ref in [(bp.priors.Normal(1.0, 2.0), dist.Normal(1.0, 2.0)), (bp.priors.Laplace(0.0, 0.5), dist.Laplace(0.0, 0.5)),
-                       (bp.priors.StudentT(3.0, 0.0, 1.5), dist.StudentT(3.0, 0.0, 1.5))]:
+    for prior, ref in [
+        (bp.priors.Normal(1.0, 2.0), dist.Normal(1.0, 2.0)),
+        (bp.priors.Laplace(0.0, 0.5), dist.Laplace(0.0, 0.5)),
+        (bp.priors.StudentT(3.0, 0.0, 1.5), dist.StudentT(3.0, 0.0, 1.5)),
+    ]:
         _, sites = _prior_sites(prior)
         assert torch.allclose(sites["2.weight"]["fn"].log_prob(w), ref.log_prob(w).sum())
     _, sites = _prior_sites(bp.priors.ScaleMixtureNormal(0.25, 1.0, 0.01))
     v = torch.tensor([[0.0] * 9 + [0.5]])
-    mix = torch.logsumexp(torch.stack([math.log(0.25) + dist.Normal(0, 1.0).log_prob(v), math.log(0.75) + dist.Normal(0, 0.01).log_prob(v)]), 0)
+    mix = torch.logsumexp(
+        torch.stack(
+            [math.log(0.25) + dist.Normal(0, 1.0).log_prob(v), math.log(0.75) + dist.Normal(0, 0.01).log_prob(v)]
+        ),
+        0,
+    )
     assert torch.allclose(sites["2.weight"]["fn"].log_prob(v), mix.sum())
 
 
@@ -80,7 +91,9 @@ def test_full_shape_distribution_and_bad_prior_arguments():
     assert sites["2.weight"]["fn"].event_shape == (1, 10)
     with pytest.raises(ValueError, match="scale must be a positive finite number"):
         bp.priors.Normal(0.0, -1.0)
-    with pytest.raises(ValueError, match="scaling: unknown value 'lecun'; choose one of 'radford', 'xavier', 'kaiming'"):
+    with pytest.raises(
+        ValueError, match="scaling: unknown value 'lecun'; choose one of 'radford', 'xavier', 'kaiming'"
+    ):
         bp.priors.LayerwiseNormal("lecun")
     with pytest.raises(TypeError, match="prior: expected a bnn_pyro.priors.Prior, a callable"):
         bp.BNN(NET, prior=3.0, likelihood=bp.likelihoods.Gaussian(scale=1.0))
@@ -96,10 +109,13 @@ TORCH_DISTRIBUTIONS = [
     torch.distributions.Independent(torch.distributions.Normal(torch.zeros(3), 2.0), 1),
     torch.distributions.LogNormal(0.0, 0.5),
     torch.distributions.Uniform(-1.0, 3.0),
-    torch.distributions.MixtureSameFamily(torch.distributions.Categorical(torch.tensor([0.3, 0.7])),
-                                          torch.distributions.Normal(torch.tensor([-1.0, 2.0]), torch.tensor([0.5, 1.0]))),
-    torch.distributions.TransformedDistribution(torch.distributions.Normal(0.0, 1.0),
-                                                [torch.distributions.transforms.AffineTransform(1.0, 3.0)]),
+    torch.distributions.MixtureSameFamily(
+        torch.distributions.Categorical(torch.tensor([0.3, 0.7])),
+        torch.distributions.Normal(torch.tensor([-1.0, 2.0]), torch.tensor([0.5, 1.0])),
+    ),
+    torch.distributions.TransformedDistribution(
+        torch.distributions.Normal(0.0, 1.0), [torch.distributions.transforms.AffineTransform(1.0, 3.0)]
+    ),
 ]
 
 
@@ -121,7 +137,10 @@ def test_torch_priors_give_the_same_model_as_pyro_priors():
     cases = [
         (td.Laplace(0.0, 2.0), dist.Laplace(0.0, 2.0)),
         ({"0.*": td.Normal(0.0, 3.0), "*": td.StudentT(3.0)}, {"0.*": dist.Normal(0.0, 3.0), "*": dist.StudentT(3.0)}),
-        (lambda n, m, p: td.Normal(0.0, 0.5) if p.dim() == 2 else None, lambda n, m, p: dist.Normal(0.0, 0.5) if p.dim() == 2 else None),
+        (
+            lambda n, m, p: td.Normal(0.0, 0.5) if p.dim() == 2 else None,
+            lambda n, m, p: dist.Normal(0.0, 0.5) if p.dim() == 2 else None,
+        ),
         (bp.priors.HierarchicalNormal(td.HalfNormal(2.0)), bp.priors.HierarchicalNormal(dist.HalfNormal(2.0))),
     ]
     for torch_prior, pyro_prior in cases:
@@ -138,16 +157,25 @@ def test_torch_priors_give_the_same_model_as_pyro_priors():
 
 def test_a_torch_prior_fits():
     x = torch.linspace(-1, 1, 8)[:, None]
-    model = bp.BNN(nn.Linear(1, 1), prior=torch.distributions.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=torch.distributions.HalfNormal(1.0)))
-    post = bp.fit(model, x, 2 * x[:, 0], method="nuts", num_chains=1, num_samples=5, num_warmup=5, progress=False, seed=0)
+    model = bp.BNN(
+        nn.Linear(1, 1),
+        prior=torch.distributions.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=torch.distributions.HalfNormal(1.0)),
+    )
+    post = bp.fit(
+        model, x, 2 * x[:, 0], method="nuts", num_chains=1, num_samples=5, num_warmup=5, progress=False, seed=0
+    )
     assert set(post.samples) == {"weight", "bias", "sigma"} and torch.isfinite(post.predict(x).mean).all()
 
 
 def test_dict_patterns_are_checked_against_the_parameter_names():
     patterns = bp.priors.Patterns({"0.*": dist.Normal(0.0, 1.0), "*.bias": None, "2.weight": dist.Laplace(0.0, 1.0)})
     patterns.check_names(["0.weight", "0.bias", "2.weight", "2.bias"])  # every pattern decides some parameter
-    with pytest.raises(ValueError, match=r"pattern '2\.weight' matches no parameter.*\['0\.weight', '0\.bias', '2\.bias'\]"):
+    with pytest.raises(
+        ValueError, match=r"pattern '2\.weight' matches no parameter.*\['0\.weight', '0\.bias', '2\.bias'\]"
+    ):
         patterns.check_names(["0.weight", "0.bias", "2.bias"])
-    with pytest.raises(ValueError, match=r"pattern '\*\.bias' is never used.*\['0\.bias'\].*matched first by \['0\.\*'\]"):
+    with pytest.raises(
+        ValueError, match=r"pattern '\*\.bias' is never used.*\['0\.bias'\].*matched first by \['0\.\*'\]"
+    ):
         patterns.check_names(["0.weight", "0.bias", "2.weight"])

@@ -22,8 +22,11 @@ TASKS = ("regression", "binary", "multiclass")
 def _model(d: int, k: int, task: str) -> bp.BNN:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(d, 3), torch.nn.Tanh(), torch.nn.Linear(3, k))
-    likelihood = {"regression": bp.likelihoods.Gaussian(scale=0.5), "binary": bp.likelihoods.Bernoulli(),
-                  "multiclass": bp.likelihoods.Categorical()}[task]
+    likelihood = {
+        "regression": bp.likelihoods.Gaussian(scale=0.5),
+        "binary": bp.likelihoods.Bernoulli(),
+        "multiclass": bp.likelihoods.Categorical(),
+    }[task]
     return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
 
 
@@ -33,18 +36,32 @@ def _targets(n: int, k: int, task: str, g: torch.Generator) -> torch.Tensor:
     return torch.randint(0, 2 if task == "binary" else k, (n,), generator=g)
 
 
-shapes = st.fixed_dictionaries(dict(
-    n=st.integers(1, 12), d=st.integers(1, 3), k=st.integers(1, 3), m=st.integers(1, 5),
-    batch_size=st.one_of(st.none(), st.integers(1, 14)), task=st.sampled_from(TASKS),
-)).map(lambda s: dict(s, k=1 if s["task"] == "binary" else max(s["k"], 2) if s["task"] == "multiclass" else s["k"]))
+shapes = st.fixed_dictionaries(
+    dict(
+        n=st.integers(1, 12),
+        d=st.integers(1, 3),
+        k=st.integers(1, 3),
+        m=st.integers(1, 5),
+        batch_size=st.one_of(st.none(), st.integers(1, 14)),
+        task=st.sampled_from(TASKS),
+    )
+).map(lambda s: dict(s, k=1 if s["task"] == "binary" else max(s["k"], 2) if s["task"] == "multiclass" else s["k"]))
 
 
 def _fit(s, y=None, num_samples=3):
     g = torch.Generator().manual_seed(s["n"] * 100 + s["d"] * 10 + s["k"])
     x = torch.randn(s["n"], s["d"], generator=g)
     y = _targets(s["n"], s["k"], s["task"], g) if y is None else y
-    return bp.fit(_model(s["d"], s["k"], s["task"]), x, y, method="svi", num_steps=2, num_samples=num_samples,
-                  batch_size=s["batch_size"], progress=False)
+    return bp.fit(
+        _model(s["d"], s["k"], s["task"]),
+        x,
+        y,
+        method="svi",
+        num_steps=2,
+        num_samples=num_samples,
+        batch_size=s["batch_size"],
+        progress=False,
+    )
 
 
 @SETTINGS

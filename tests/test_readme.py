@@ -89,6 +89,12 @@ def test_readme_is_a_front_page_whose_links_resolve():
     assert local, "the README links into the docs"
     missing = [t for t in local if not (ROOT / t).exists()]
     assert not missing, f"README links to files that do not exist: {missing}"
-    for section in ("## Set up", "## Quickstart", "## Engines", "## Custom priors", "## Switching SVI and MCMC",
-                    "## Trace plots, R-hat and function-space diagnostics"):
+    for section in (
+        "## Set up",
+        "## Quickstart",
+        "## Engines",
+        "## Custom priors",
+        "## Switching SVI and MCMC",
+        "## Trace plots, R-hat and function-space diagnostics",
+    ):
         assert section in text, f"README section {section!r} is missing"

@@ -112,7 +112,9 @@ def test_03_diagnostics(monkeypatch):
 def test_04_classification(monkeypatch):
     ns = run_notebook("04_classification.ipynb", monkeypatch)
     pred = ns["pred"]
-    assert finite(pred.probs) and torch.allclose(pred.probs.sum(-1), torch.ones(len(pred.probs), dtype=pred.probs.dtype))
+    assert finite(pred.probs) and torch.allclose(
+        pred.probs.sum(-1), torch.ones(len(pred.probs), dtype=pred.probs.dtype)
+    )
     assert (ns["pred_map"].mutual_information.abs() < 1e-6).all()  # one network: no disagreement
     assert ns["metrics"].accuracy(pred, ns["y_te"]) > 0.7
     auroc = ns["auroc"]
@@ -164,7 +166,9 @@ def test_10_compression(monkeypatch):
 def test_11_mode_connectivity(monkeypatch):
     ns = run_notebook("11_mode_connectivity.ipynb", monkeypatch)
     train, test = ns["train"], ns["test"]
-    assert set(train) == {"line", "Bezier", "polyline"} and ns["bezier"].kind == "bezier" and ns["poly"].kind == "polyline"
+    assert (
+        set(train) == {"line", "Bezier", "polyline"} and ns["bezier"].kind == "bezier" and ns["poly"].kind == "polyline"
+    )
     for name in train:  # every path has the same two ends, scored at the same 21 points
         assert train[name].t.shape == (21,) and finite(train[name].loss) and finite(test[name].accuracy)
         assert torch.allclose(train[name].loss[[0, -1]], train["line"].loss[[0, -1]], rtol=1e-5)
@@ -172,7 +176,9 @@ def test_11_mode_connectivity(monkeypatch):
             assert train[name].loss.mean() < train["line"].loss.mean(), name
     post = ns["on_curve"]
     assert post.method == "curve" and (post.num_chains, post.num_draws) == (10, 1)
-    assert list(ns["summary"].columns) == ["test accuracy", "test NLL", "test ECE"] and ns["summary"].notna().all().all()
+    assert (
+        list(ns["summary"].columns) == ["test accuracy", "test NLL", "test ECE"] and ns["summary"].notna().all().all()
+    )
 
 
 def test_07_active_learning(monkeypatch):
@@ -193,14 +199,19 @@ def test_07_active_learning(monkeypatch):
     for (_m, _s, seed), batches in ns["acquired"].items():
         assert len(batches) == rounds and all(b.shape == (k,) for b in batches)
         chosen = torch.cat([ns["initial_set"](seed), *batches])
-        assert len(set(chosen.tolist())) == initial + k * rounds and 0 <= int(chosen.min()) and int(chosen.max()) < n_pool
+        assert (
+            len(set(chosen.tolist())) == initial + k * rounds and 0 <= int(chosen.min()) and int(chosen.max()) < n_pool
+        )
     # BALD's first batch is what acquire() picks from the first posterior over the unlabelled pool
     m, seed = engines[0], seeds[0]
     unlabelled = torch.ones(n_pool, dtype=torch.bool)
     unlabelled[ns["initial_set"](seed)] = False
     pool = unlabelled.nonzero().flatten()
-    first = pool[acquisition.acquire(ns["first_posts"][m, seed], ns["x_pool"][pool], k, strategy="bald",
-                                     num_samples=ns["DRAWS"], seed=seed)]
+    first = pool[
+        acquisition.acquire(
+            ns["first_posts"][m, seed], ns["x_pool"][pool], k, strategy="bald", num_samples=ns["DRAWS"], seed=seed
+        )
+    ]
     assert torch.equal(first, ns["acquired"][m, "bald", seed][0])
     assert not torch.equal(first, ns["acquired"][m, "random", seed][0])
     # the table's areas are the trapezoid means of the curves, in [0, 1]

@@ -65,6 +65,7 @@ def test_pyro_autoguide_setup_loc_scale_and_elbo_surrogate():
 def test_pyro_mean_accept_prob_is_the_running_mean_of_the_draws_acceptance(cls):
     """The running mean that bnn_pyro.infer._kernels inverts per draw: after one warm-up step it is that
     step's acceptance probability, a number in [0, 1] that moves with the next draw."""
+
     def model():
         pyro.sample("a", dist.Normal(0.0, 1.0))
 

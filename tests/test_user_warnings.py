@@ -10,8 +10,8 @@ import warnings
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.utils import user_warnings
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
+from bnn_pyro.utils import user_warnings
 
 
 def _data():
@@ -39,8 +39,9 @@ def test_a_health_warning_at_the_end_of_fit_and_one_from_summary_point_at_the_ca
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         fit_line = _next_line()
-        post = bp.fit(_model(), x, y, method="nuts", num_samples=10, num_warmup=10, num_chains=1, seed=0,
-                      progress=False)
+        post = bp.fit(
+            _model(), x, y, method="nuts", num_samples=10, num_warmup=10, num_chains=1, seed=0, progress=False
+        )
         assert _where(record, DiagnosticWarning) == {(__file__, fit_line)}  # was ("sys", 1) before
         record.clear()
         summary_line = _next_line()
@@ -103,8 +104,11 @@ def test_every_warning_in_the_library_goes_through_user_warnings():
     from pathlib import Path
 
     package = Path(user_warnings.PACKAGE_DIR)
-    direct = [f"{path.relative_to(package.parent)}:{number}"
-              for path in sorted(package.rglob("*.py")) if path.name not in ("user_warnings.py", "moved.py")
-              for number, line in enumerate(path.read_text().splitlines(), 1)
-              if re.search(r"\bwarnings\.warn\(|stacklevel=", line)]
+    direct = [
+        f"{path.relative_to(package.parent)}:{number}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name not in ("user_warnings.py", "moved.py")
+        for number, line in enumerate(path.read_text().splitlines(), 1)
+        if re.search(r"\bwarnings\.warn\(|stacklevel=", line)
+    ]
     assert not direct, f"use bnn_pyro.utils.user_warnings.warn instead of warnings.warn / stacklevel at {direct}"

@@ -20,23 +20,24 @@ import math
 import os
 import time
 import warnings
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import torch
 
-from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
 from bnn_pyro.comparison.cache import Cache, fingerprint
 from bnn_pyro.comparison.limits import FitTimeout, time_limit
 from bnn_pyro.comparison.scoring import CLASSIFICATION, DIAGNOSTICS, REGRESSION, diagnose, score
+from bnn_pyro.data.splits import k_fold
 from bnn_pyro.infer import Method, fit, unfit_reason
 from bnn_pyro.infer.progress import progress_bar
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.data.splits import k_fold
+from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
 from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["compare", "Comparison"]
@@ -106,10 +107,21 @@ class Comparison:
         return paths
 
 
-def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | None = None, test: tuple | None = None,
-            splits: int | Sequence[Split] | None = None, ood=None, options: dict[str, dict] | None = None,
-            seed: int = 0, progress: bool = True, cache: str | os.PathLike | None = None,
-            time_limit: float | None = None) -> Comparison:
+def compare(
+    model: BNN | Callable,
+    x=None,
+    y=None,
+    *,
+    methods: Sequence[str] | None = None,
+    test: tuple | None = None,
+    splits: int | Sequence[Split] | None = None,
+    ood=None,
+    options: dict[str, dict] | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    cache: str | os.PathLike | None = None,
+    time_limit: float | None = None,
+) -> Comparison:
     """Fit ``model`` with every method in ``methods`` and tabulate held-out quality, cost and diagnostics.
 
     Parameters
@@ -167,8 +179,13 @@ def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | N
             for method in methods:
                 bar.set_description(f"compare: {method}" + (f", split {i + 1}/{len(data)}" if len(data) > 1 else ""))
                 settings = {"seed": seed + i, "progress": False, **options[method]}
-                key = fingerprint(method, settings, seed + i, model, (x_train, y_train, x_test, y_test,
-                                                                      *(() if ood is None else (ood,))))
+                key = fingerprint(
+                    method,
+                    settings,
+                    seed + i,
+                    model,
+                    (x_train, y_train, x_test, y_test, *(() if ood is None else (ood,))),
+                )
                 row, post = store.row(method, i, key), None
                 if row is None:
                     row, post = _run(model, method, settings, x_train, y_train, x_test, y_test, ood, time_limit)
@@ -182,12 +199,14 @@ def compare(model: BNN | Callable, x=None, y=None, *, methods: Sequence[str] | N
                 bar.update()
     rows = pd.DataFrame(rows)
     table = _table(rows, task, len(data), ood is not None)
-    return Comparison(table=table, posteriors=posteriors, rows=rows, task=task, test=data[0],
-                      total_s=time.perf_counter() - started)
+    return Comparison(
+        table=table, posteriors=posteriors, rows=rows, task=task, test=data[0], total_s=time.perf_counter() - started
+    )
 
 
-def _run(model, method: str, settings: dict, x_train, y_train, x_test, y_test, ood,
-         seconds: float | None) -> tuple[dict, Posterior | None]:
+def _run(
+    model, method: str, settings: dict, x_train, y_train, x_test, y_test, ood, seconds: float | None
+) -> tuple[dict, Posterior | None]:
     """Fit and score one method on one split: ``(row, posterior)``, or an error row and ``None``."""
     row: dict[str, Any] = {"fit_s": math.nan, "score_s": math.nan, "error": "", "warnings": ""}
     try:
@@ -197,8 +216,13 @@ def _run(model, method: str, settings: dict, x_train, y_train, x_test, y_test, o
             with time_limit(seconds):
                 post = fit(model, x_train, y_train, method=method, **settings)
             row["fit_s"] = time.perf_counter() - start
-        row["warnings"] = " / ".join(dict.fromkeys(str(w.message).strip().splitlines()[0] for w in caught
-                                                   if not issubclass(w.category, _QUIET) and str(w.message).strip()))
+        row["warnings"] = " / ".join(
+            dict.fromkeys(
+                str(w.message).strip().splitlines()[0]
+                for w in caught
+                if not issubclass(w.category, _QUIET) and str(w.message).strip()
+            )
+        )
         start = time.perf_counter()
         row.update(score(post, x_test, y_test, ood=ood))
         row.update(diagnose(post))
@@ -212,28 +236,40 @@ def _run(model, method: str, settings: dict, x_train, y_train, x_test, y_test, o
 
 def _splits(x, y, test, splits, seed: int) -> list[Split]:
     if splits is not None and test is not None:
-        raise ValueError("test: give test=(x_test, y_test) or splits=, not both; with splits every split holds its "
-                         "own test rows.")
+        raise ValueError(
+            "test: give test=(x_test, y_test) or splits=, not both; with splits every split holds its own test rows."
+        )
     if isinstance(splits, (list, tuple)):
         if x is not None or y is not None:
-            raise ValueError("x, y: with splits= a list of (x_train, y_train, x_test, y_test), leave x and y out; "
-                             "or pass x, y with splits=k for k-fold cross-validation.")
+            raise ValueError(
+                "x, y: with splits= a list of (x_train, y_train, x_test, y_test), leave x and y out; "
+                "or pass x, y with splits=k for k-fold cross-validation."
+            )
         if not splits or not all(isinstance(s, (list, tuple)) and len(s) == 4 for s in splits):
-            raise ValueError("splits: expected an integer k (k-fold) or a non-empty list of (x_train, y_train, x_test, "
-                             "y_test) tuples, e.g. [bp.datasets.train_test_split(x, y, seed=s) for s in range(5)].")
+            raise ValueError(
+                "splits: expected an integer k (k-fold) or a non-empty list of (x_train, y_train, x_test, "
+                "y_test) tuples, e.g. [bp.datasets.train_test_split(x, y, seed=s) for s in range(5)]."
+            )
         return [tuple(s) for s in splits]
     if x is None or y is None:
-        raise ValueError("x, y: the training data are missing; pass bp.compare(model, x, y, test=(x_test, y_test)), "
-                         "or splits= a list of (x_train, y_train, x_test, y_test).")
+        raise ValueError(
+            "x, y: the training data are missing; pass bp.compare(model, x, y, test=(x_test, y_test)), "
+            "or splits= a list of (x_train, y_train, x_test, y_test)."
+        )
     if splits is not None:
         return k_fold(x, y, splits, seed=seed)
     if test is None:
-        warn("bp.compare: no test= or splits= given, so every score is taken on the training rows (in-sample: "
-             "it rewards overfitting). Pass test=(x_test, y_test) or splits=5.", UserWarning)
+        warn(
+            "bp.compare: no test= or splits= given, so every score is taken on the training rows (in-sample: "
+            "it rewards overfitting). Pass test=(x_test, y_test) or splits=5.",
+            UserWarning,
+        )
         return [(x, y, x, y)]
     if not (isinstance(test, (list, tuple)) and len(test) == 2):
-        raise ValueError(f"test: expected a pair (x_test, y_test), got {type(test).__name__}"
-                         f"{' of length ' + str(len(test)) if isinstance(test, (list, tuple)) else ''}.")
+        raise ValueError(
+            f"test: expected a pair (x_test, y_test), got {type(test).__name__}"
+            f"{' of length ' + str(len(test)) if isinstance(test, (list, tuple)) else ''}."
+        )
     return [(x, y, *test)]
 
 
@@ -249,8 +285,10 @@ def _methods(model, methods, x, y) -> list[str]:
         methods = [methods]
     chosen = [choice("methods", m, Method).value for m in methods]
     if not chosen or len(set(chosen)) != len(chosen):
-        raise ValueError(f"methods: expected distinct method names, got {list(methods)}; e.g. ['svi', 'nuts'], "
-                         "or None for every method that applies.")
+        raise ValueError(
+            f"methods: expected distinct method names, got {list(methods)}; e.g. ['svi', 'nuts'], "
+            "or None for every method that applies."
+        )
     return chosen
 
 
@@ -260,8 +298,10 @@ def _options(options, methods: list[str]) -> dict[str, dict]:
         raise TypeError("options: expected a dict of method -> dict of settings, e.g. {'nuts': {'num_samples': 200}}.")
     extra = [m for m in options if choice("options", m, Method).value not in methods]
     if extra:
-        raise ValueError(f"options: settings for {extra}, which are not compared here (methods: {methods}); drop them "
-                         "or add those methods.")
+        raise ValueError(
+            f"options: settings for {extra}, which are not compared here (methods: {methods}); drop them "
+            "or add those methods."
+        )
     return {m: dict(options.get(m, options.get(Method(m), {}))) for m in methods}
 
 
@@ -305,6 +345,7 @@ def _table(rows: pd.DataFrame, task: str, n_splits: int, ood: bool) -> pd.DataFr
 def markdown(table: pd.DataFrame) -> str:
     """``table`` as a GitHub Markdown table: numbers to 4 significant digits, a column ``c`` with ``c_se`` beside
     it as ``mean ± se`` cells, empty cells for NaN."""
+
     def cell(value, se=math.nan) -> str:
         if isinstance(value, float):
             if math.isnan(value):

@@ -11,8 +11,7 @@ import torch
 from matplotlib.figure import Figure
 
 from bnn_pyro import metrics
-from bnn_pyro.posterior import plots
-from bnn_pyro.posterior import Posterior
+from bnn_pyro.posterior import Posterior, plots
 
 __all__ = ["test_ll", "predictive_bands", "reliability"]
 
@@ -61,8 +60,9 @@ def predictive_bands(posteriors: dict[str, Posterior], x_test: torch.Tensor, y_t
     return fig
 
 
-def reliability(posteriors: dict[str, Posterior], x_test: torch.Tensor, y_test: torch.Tensor, *,
-                num_bins: int = 10) -> Figure:
+def reliability(
+    posteriors: dict[str, Posterior], x_test: torch.Tensor, y_test: torch.Tensor, *, num_bins: int = 10
+) -> Figure:
     """One reliability diagram per method (classification): accuracy against confidence on the test data."""
     fig, axes = _grid(len(posteriors))
     for ax, (method, post) in zip(axes, posteriors.items()):

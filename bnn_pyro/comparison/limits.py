@@ -29,8 +29,10 @@ def time_limit(seconds: float | None):
         yield
         return
     if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
-        raise ValueError("time_limit: a wall-time limit needs SIGALRM, i.e. the main thread of a Unix process; pass "
-                         "time_limit=None here.")
+        raise ValueError(
+            "time_limit: a wall-time limit needs SIGALRM, i.e. the main thread of a Unix process; pass "
+            "time_limit=None here."
+        )
 
     def stop(signum, frame):
         raise FitTimeout(f"stopped after {seconds:g} s of wall time (the time limit)")

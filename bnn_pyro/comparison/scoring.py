@@ -35,17 +35,26 @@ def score(post: Posterior, x_test, y_test, *, ood=None) -> dict[str, float]:
     plus ``test_ll_se``: the standard error of ``test_ll`` over the test points (sd of the pointwise log
     predictive density / sqrt(N))."""
     lpd = metrics.log_predictive_density(post, x_test, y_test).double()
-    row = {"test_ll": float(lpd.mean()),
-           "test_ll_se": float(lpd.std() / math.sqrt(len(lpd))) if len(lpd) > 1 else math.nan}
+    row = {
+        "test_ll": float(lpd.mean()),
+        "test_ll_se": float(lpd.std() / math.sqrt(len(lpd))) if len(lpd) > 1 else math.nan,
+    }
     pred = post.predict(x_test, seed=0)
     if isinstance(pred, ClassificationPrediction):
-        row.update(accuracy=metrics.accuracy(pred, y_test), nll=metrics.nll(pred, y_test),
-                   ece=metrics.ece(pred, y_test), brier=metrics.brier(pred, y_test))
+        row.update(
+            accuracy=metrics.accuracy(pred, y_test),
+            nll=metrics.nll(pred, y_test),
+            ece=metrics.ece(pred, y_test),
+            brier=metrics.brier(pred, y_test),
+        )
     else:
         lower, upper = _interval(post, x_test, pred)
         y = torch.as_tensor(y_test).reshape(lower.shape).double()
-        row.update(rmse=metrics.rmse(pred, y_test), coverage_95=float(((lower <= y) & (y <= upper)).double().mean()),
-                   width_95=float((upper - lower).mean()))
+        row.update(
+            rmse=metrics.rmse(pred, y_test),
+            coverage_95=float(((lower <= y) & (y <= upper)).double().mean()),
+            width_95=float((upper - lower).mean()),
+        )
     if ood is not None:
         row["ood_auroc"] = metrics.ood_auroc(_ood_score(pred), _ood_score(post.predict(ood, seed=0)))
     return row

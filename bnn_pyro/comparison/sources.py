@@ -4,9 +4,10 @@ CSV file with a target column (the UCI protocol's model on standardized columns)
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pandas as pd
 import pyro.distributions as dist
@@ -33,8 +34,11 @@ def from_zoo(name: str, methods: list[str] | None, load: Callable) -> Source:
     """The zoo entry ``name`` (``load`` is :func:`bnn_pyro.data.zoo.load`): its test split, and its settings for the
     methods compared (its ``fit_defaults``, less the seed and progress bar, which the comparison sets)."""
     entry = load(name)
-    options = {m: {k: v for k, v in s.items() if k not in ("seed", "progress")} for m, s in entry.fit_defaults.items()
-               if methods is None or m in methods}
+    options = {
+        m: {k: v for k, v in s.items() if k not in ("seed", "progress")}
+        for m, s in entry.fit_defaults.items()
+        if methods is None or m in methods
+    }
     test = None if entry.x_test is None else (entry.x_test, entry.y_test)
     return Source(f"{entry.name}: {entry.card['title']}", entry.model, entry.x, entry.y, test, options)
 
@@ -51,8 +55,10 @@ def from_csv(path: str, *, target: str | None, task: str | None, seed: int) -> S
     if target is None:
         columns = pd.read_csv(path, nrows=0).columns
         if len(columns) < 2:
-            raise ValueError(f"{path}: a CSV with a target column and at least one feature column is needed; "
-                             f"found columns {list(columns)}.")
+            raise ValueError(
+                f"{path}: a CSV with a target column and at least one feature column is needed; "
+                f"found columns {list(columns)}."
+            )
         target = str(columns[-1])
     x, y = datasets.load_csv(path, target, task=task)
     x = (x - x.mean(0)) / x.std(0).clamp_min(1e-12)
@@ -66,8 +72,14 @@ def from_csv(path: str, *, target: str | None, task: str | None, seed: int) -> S
         out, likelihood = int(y.max()) + 1, likelihoods.Categorical()
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 50), torch.nn.ReLU(), torch.nn.Linear(50, out))
     model = BNN(net, prior=priors.Normal(0.0, 1.0), likelihood=likelihood)
-    return Source(f"{Path(path).name}: target {target!r}, {x.shape[0]} rows x {x.shape[1]} features", model, x, y,
-                  None, y_scale=scale)
+    return Source(
+        f"{Path(path).name}: target {target!r}, {x.shape[0]} rows x {x.shape[1]} features",
+        model,
+        x,
+        y,
+        None,
+        y_scale=scale,
+    )
 
 
 def to_original_units(table: pd.DataFrame, scale: float) -> pd.DataFrame:

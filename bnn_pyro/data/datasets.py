@@ -30,18 +30,43 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bnn_pyro.utils.checks import positive, positive_int, seed as checked_seed
-from bnn_pyro.data.splits import (Standardizer, UCISplit, as_float_tensor, load_uci, make_uci_splits, train_test_split,
-                             write_uci_splits)
+from bnn_pyro.data.splits import (
+    Standardizer,
+    UCISplit,
+    as_float_tensor,
+    load_uci,
+    make_uci_splits,
+    train_test_split,
+    write_uci_splits,
+)
+from bnn_pyro.utils.checks import positive, positive_int
+from bnn_pyro.utils.checks import seed as checked_seed
 
 __all__ = [
-    "toy_gap", "heteroscedastic", "heteroscedastic_mean", "heteroscedastic_noise_sd", "two_moons", "spirals",
-    "load_sklearn", "digits_images", "load_csv", "train_test_split", "Standardizer", "UCISplit", "load_uci",
-    "make_uci_splits", "write_uci_splits", "SKLEARN_DATASETS",
+    "toy_gap",
+    "heteroscedastic",
+    "heteroscedastic_mean",
+    "heteroscedastic_noise_sd",
+    "two_moons",
+    "spirals",
+    "load_sklearn",
+    "digits_images",
+    "load_csv",
+    "train_test_split",
+    "Standardizer",
+    "UCISplit",
+    "load_uci",
+    "make_uci_splits",
+    "write_uci_splits",
+    "SKLEARN_DATASETS",
 ]
 
-SKLEARN_DATASETS = {"diabetes": "regression", "breast_cancer": "classification", "digits": "classification",
-                    "wine": "classification"}
+SKLEARN_DATASETS = {
+    "diabetes": "regression",
+    "breast_cancer": "classification",
+    "digits": "classification",
+    "wine": "classification",
+}
 
 
 def _labels(a) -> torch.Tensor:
@@ -165,12 +190,18 @@ def load_sklearn(name: str) -> tuple[torch.Tensor, torch.Tensor]:
     """
     import sklearn.datasets as skd
 
-    loaders = {"diabetes": lambda: skd.load_diabetes(scaled=False), "breast_cancer": skd.load_breast_cancer,
-               "digits": skd.load_digits, "wine": skd.load_wine}
+    loaders = {
+        "diabetes": lambda: skd.load_diabetes(scaled=False),
+        "breast_cancer": skd.load_breast_cancer,
+        "digits": skd.load_digits,
+        "wine": skd.load_wine,
+    }
     if name not in loaders:
         valid = ", ".join(repr(k) for k in SKLEARN_DATASETS)
-        raise ValueError(f"name: unknown scikit-learn dataset {name!r}; choose one of {valid}. "
-                         "For your own data use load_csv(path, target=...).")
+        raise ValueError(
+            f"name: unknown scikit-learn dataset {name!r}; choose one of {valid}. "
+            "For your own data use load_csv(path, target=...)."
+        )
     bunch = loaders[name]()
     x = bunch.data / 16.0 if name == "digits" else bunch.data
     y = as_float_tensor(bunch.target) if SKLEARN_DATASETS[name] == "regression" else _labels(bunch.target)
@@ -191,15 +222,19 @@ def _read_table(path: Path, read_csv_kwargs: dict) -> pd.DataFrame:
         return pd.read_csv(path, **read_csv_kwargs)
     except UnicodeDecodeError as err:
         encoding = read_csv_kwargs.get("encoding") or "utf-8"
-        raise ValueError(f"path: {str(path)!r} is not a {encoding} text table: line {_undecodable_line(path, encoding)} "
-                         f"holds bytes that are not {encoding} ({err.reason}). Is it a CSV file? Pass a text table, or "
-                         "its encoding (encoding='latin-1').") from None
+        raise ValueError(
+            f"path: {str(path)!r} is not a {encoding} text table: line {_undecodable_line(path, encoding)} "
+            f"holds bytes that are not {encoding} ({err.reason}). Is it a CSV file? Pass a text table, or "
+            "its encoding (encoding='latin-1')."
+        ) from None
     except (pd.errors.ParserError, pd.errors.EmptyDataError) as err:
         reason = str(err).strip().removeprefix("Error tokenizing data. C error: ")
         found = re.search(r"(line|row) (\d+)", reason)
         where = f"{found.group(1)} {found.group(2)}" if found else "a line pandas does not name"
-        raise ValueError(f"path: {str(path)!r} is not a readable CSV table ({where}: {reason}). Check that line (a "
-                         "row with extra fields, an unclosed quote), or pass the separator (sep=';').") from None
+        raise ValueError(
+            f"path: {str(path)!r} is not a readable CSV table ({where}: {reason}). Check that line (a "
+            "row with extra fields, an unclosed quote), or pass the separator (sep=';')."
+        ) from None
 
 
 def _undecodable_line(path: Path, encoding: str) -> int:
@@ -213,8 +248,9 @@ def _undecodable_line(path: Path, encoding: str) -> int:
     return number
 
 
-def load_csv(path, target: str, features: list[str] | None = None, *, task: str | None = None,
-             **read_csv_kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+def load_csv(
+    path, target: str, features: list[str] | None = None, *, task: str | None = None, **read_csv_kwargs
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Read a table with :func:`pandas.read_csv` and return ``(x, y)``.
 
     Parameters
@@ -244,8 +280,9 @@ def load_csv(path, target: str, features: list[str] | None = None, *, task: str 
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"path: no CSV file at {str(path)!r}" +
-                                (" (it is a folder)." if path.is_dir() else "; check the path."))
+        raise FileNotFoundError(
+            f"path: no CSV file at {str(path)!r}" + (" (it is a folder)." if path.is_dir() else "; check the path.")
+        )
     if task not in (None, "regression", "classification"):
         raise ValueError(f"task: unknown value {task!r}; choose 'regression', 'classification' or None (infer).")
     frame = _read_table(path, read_csv_kwargs)
@@ -254,21 +291,26 @@ def load_csv(path, target: str, features: list[str] | None = None, *, task: str 
     if features is None:
         features = [c for c in columns if c != target]
     elif isinstance(features, str):
-        raise TypeError(f"features must be a list of column names, got the string {features!r}; "
-                        f"write features=[{features!r}].")
+        raise TypeError(
+            f"features must be a list of column names, got the string {features!r}; write features=[{features!r}]."
+        )
     features = list(features)
     missing = [c for c in [target, *features] if c not in columns]
     if missing:
-        raise ValueError(f"{'target' if target in missing else 'features'}: column(s) {missing} not in "
-                         f"{str(path)!r}; available columns: {columns}.")
+        raise ValueError(
+            f"{'target' if target in missing else 'features'}: column(s) {missing} not in "
+            f"{str(path)!r}; available columns: {columns}."
+        )
     if not features:
         raise ValueError(f"features: no feature columns left in {str(path)!r} besides the target {target!r}.")
     used = features + [target]
     text = [c for c in used if not pd.api.types.is_numeric_dtype(frame[c])]
     if text:
-        raise ValueError(f"column(s) {text} in {str(path)!r} are not numeric (dtypes "
-                         f"{[str(frame[c].dtype) for c in text]}); encode them first, e.g. with pandas.get_dummies "
-                         "or Series.astype('category').cat.codes, or leave them out of features.")
+        raise ValueError(
+            f"column(s) {text} in {str(path)!r} are not numeric (dtypes "
+            f"{[str(frame[c].dtype) for c in text]}); encode them first, e.g. with pandas.get_dummies "
+            "or Series.astype('category').cat.codes, or leave them out of features."
+        )
     holes = [c for c in used if frame[c].isna().any()]
     if holes:
         raise ValueError(f"column(s) {holes} in {str(path)!r} have missing values; drop or impute those rows first.")
@@ -278,7 +320,9 @@ def load_csv(path, target: str, features: list[str] | None = None, *, task: str 
     if task == "classification" or (task is None and integer):
         values = column.to_numpy()
         if not np.all(np.asarray(values, dtype=np.float64) == np.round(np.asarray(values, dtype=np.float64))):
-            raise ValueError(f"target: column {target!r} holds non-integer values, which cannot be class labels; "
-                             "use task='regression'.")
+            raise ValueError(
+                f"target: column {target!r} holds non-integer values, which cannot be class labels; "
+                "use task='regression'."
+            )
         return x, _labels(np.asarray(values, dtype=np.float64).astype(np.int64))
     return x, as_float_tensor(column.to_numpy(dtype=np.float64))

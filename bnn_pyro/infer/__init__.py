@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import difflib
 import inspect
+from collections.abc import Callable
 from contextlib import nullcontext
-from typing import Callable
 
 import torch
 
-from bnn_pyro.utils.checks import check_data, choice, flag, positive_int, seed as checked_seed
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
 from bnn_pyro.infer._health import check_targets
 from bnn_pyro.infer.checkpoint_folder import guard
@@ -23,6 +22,8 @@ from bnn_pyro.infer.declaration import Capabilities, Declaration
 from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
+from bnn_pyro.utils.checks import seed as checked_seed
 
 __all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options", "unfit_reason"]
 
@@ -34,15 +35,22 @@ def _check_plain_rows(model: BNN, x, kind: Method) -> None:
     from bnn_pyro.inputs import Inputs
 
     shape = model.output_shape(x)
-    why = ("x is a tuple or dict of tensors" if isinstance(x, Inputs) else
-           f"the net returns sequence outputs (N, {', '.join(map(str, shape))})" if len(shape) > 1 else
-           "the net has recurrent layers (nn.RNN/LSTM/GRU), which torch.func.vmap cannot batch" if not model.vmappable
-           else None)
+    why = (
+        "x is a tuple or dict of tensors"
+        if isinstance(x, Inputs)
+        else f"the net returns sequence outputs (N, {', '.join(map(str, shape))})"
+        if len(shape) > 1
+        else "the net has recurrent layers (nn.RNN/LSTM/GRU), which torch.func.vmap cannot batch"
+        if not model.vmappable
+        else None
+    )
     if why is not None:
-        raise ValueError(f"method={kind.value!r}: its curvature needs per-example Jacobians of (N, out) outputs of one "
-                         f"input tensor, batched by torch.func.vmap, but {why}. Use svi, nuts, hmc, metropolis, sgld, "
-                         "sghmc, csgmcmc, swa, swag or ensemble, which take such models (docs/guide/models.md: 'Sequence and "
-                         "embedding models').")
+        raise ValueError(
+            f"method={kind.value!r}: its curvature needs per-example Jacobians of (N, out) outputs of one "
+            f"input tensor, batched by torch.func.vmap, but {why}. Use svi, nuts, hmc, metropolis, sgld, "
+            "sghmc, csgmcmc, swa, swag or ensemble, which take such models (docs/guide/models.md: 'Sequence and "
+            "embedding models')."
+        )
 
 
 def _check_stream(kind: Method) -> None:
@@ -51,12 +59,22 @@ def _check_stream(kind: Method) -> None:
     if can.one_shot:
         return
     takers = ", ".join(m.value for m in Method if REGISTRY[m].capabilities.one_shot)
-    why = ("goes over the data more than once (fit, then curvature or statistics)" if can.multi_pass else
-           "needs the full data set at every step")
-    raise ValueError(f"x: method={kind.value!r} {why}, but a one-shot iterator or generator gives its batches only "
-                     "once. " + ("Pass a re-iterable source (a DataLoader, an IterableDataset, an object whose "
-                                 "__iter__ starts a new pass), or use " if can.multi_pass else
-                                 "Pass the data as tensors x, y, or use ") + f"a method that takes a stream: {takers}.")
+    why = (
+        "goes over the data more than once (fit, then curvature or statistics)"
+        if can.multi_pass
+        else "needs the full data set at every step"
+    )
+    raise ValueError(
+        f"x: method={kind.value!r} {why}, but a one-shot iterator or generator gives its batches only "
+        "once. "
+        + (
+            "Pass a re-iterable source (a DataLoader, an IterableDataset, an object whose "
+            "__iter__ starts a new pass), or use "
+            if can.multi_pass
+            else "Pass the data as tensors x, y, or use "
+        )
+        + f"a method that takes a stream: {takers}."
+    )
 
 
 def unfit_reason(method: str | Method, model, x) -> str | None:
@@ -71,8 +89,7 @@ def unfit_reason(method: str | Method, model, x) -> str | None:
     kind = choice("method", method, Method)
     can = REGISTRY[kind].capabilities
     if can.layers and not isinstance(model, BNN):
-        return (f"method={kind.value!r} acts on the nn.Linear/nn.Conv layers of a bp.BNN; a Pyro function model has "
-                "none")
+        return f"method={kind.value!r} acts on the nn.Linear/nn.Conv layers of a bp.BNN; a Pyro function model has none"
     if can.jacobian_rows and isinstance(model, BNN):
         try:
             _check_plain_rows(model, x, kind)
@@ -97,8 +114,17 @@ def options(method: str | Method) -> dict[str, object]:
     return {**{k: top[k].default for k in own}, **REGISTRY[kind].options()}
 
 
-def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None, dataset_size: int | None = None,
-        num_threads: int | None = 1, **config) -> Posterior:
+def fit(
+    model,
+    x,
+    y=None,
+    *,
+    method: str = "svi",
+    batch_size: int | None = None,
+    dataset_size: int | None = None,
+    num_threads: int | None = 1,
+    **config,
+) -> Posterior:
     """Fit ``model`` to data with the engine named by ``method`` and return a :class:`Posterior`.
 
     Parameters
@@ -132,11 +158,15 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
     kind = choice("method", method, Method)
     example = "bp.BNN(net, prior=bp.priors.Normal(0., 1.), likelihood=bp.likelihoods.Gaussian(scale=0.1))"
     if isinstance(model, torch.nn.Module) and not isinstance(model, BNN):
-        raise TypeError(f"model: got the plain torch module {type(model).__name__}, which has no prior or likelihood; "
-                        f"make it a Bayesian model first: model = {example}, with net your module.")
+        raise TypeError(
+            f"model: got the plain torch module {type(model).__name__}, which has no prior or likelihood; "
+            f"make it a Bayesian model first: model = {example}, with net your module."
+        )
     if not (isinstance(model, BNN) or callable(model)):
-        raise TypeError(f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}; "
-                        f"pass e.g. {example}.")
+        raise TypeError(
+            f"model: expected a bnn_pyro.BNN or a Pyro function model(x, y=None), got {type(model).__name__}; "
+            f"pass e.g. {example}."
+        )
     for name, check in (("seed", lambda v: checked_seed("seed", v)), ("progress", lambda v: flag("progress", v))):
         if name in config:
             config[name] = check(config[name])
@@ -146,10 +176,12 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
             close = difflib.get_close_matches(key, list(known), n=1)
             module, name = declared.module, declared.function
             takers = [m.value for m in Method if m is not kind and key in options(m)]
-            raise TypeError(f"{key}: not an option of method={kind.value!r}; drop it"
-                            + (f" (did you mean {close[0]!r}?)" if close else "")
-                            + (f", use a method that takes it ({', '.join(takers)})" if takers else "")
-                            + f", or see help(bnn_pyro.infer.{module}.{name}) for the options.")
+            raise TypeError(
+                f"{key}: not an option of method={kind.value!r}; drop it"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + (f", use a method that takes it ({', '.join(takers)})" if takers else "")
+                + f", or see help(bnn_pyro.infer.{module}.{name}) for the options."
+            )
     data = _data(model, x, y, batch_size, dataset_size, kind)
     if data.one_shot:
         _check_stream(kind)
@@ -157,7 +189,9 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
         _check_plain_rows(model, data.first()[0], kind)
     check_targets(model, data.y)  # raw-unit targets under a too-small fixed noise: said before a long fit
     folder = config.get("checkpoint")  # one writer per folder, and its checkpoints' model and data checked
-    held = nullcontext() if folder is None else guard(folder, model=model, data=data, resume=config.get("resume", False))
+    held = (
+        nullcontext() if folder is None else guard(folder, model=model, data=data, resume=config.get("resume", False))
+    )
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
         if not isinstance(model, BNN):
             latent_sites(model, *data.first())  # runs the function once: a clear error for priors it cannot draw
@@ -168,8 +202,9 @@ def fit(model, x, y=None, *, method: str = "svi", batch_size: int | None = None,
 def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
     if batch_size is not None:
         batch_size = positive_int("batch_size", batch_size)
-    if isinstance(x, torch.utils.data.DataLoader) or (hasattr(x, "__iter__") and not hasattr(x, "shape")
-                                                         and not isinstance(x, (list, tuple, dict))):
+    if isinstance(x, torch.utils.data.DataLoader) or (
+        hasattr(x, "__iter__") and not hasattr(x, "shape") and not isinstance(x, (list, tuple, dict))
+    ):
         if y is not None:
             raise ValueError("y: pass y=None when x is a DataLoader of (x, y) batches.")
         size = dataset_size
@@ -177,13 +212,20 @@ def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
             size = len(x.dataset)
         if size is None:
             raise ValueError("dataset_size: required when x is an iterable of batches without a dataset length.")
-        data = Data(x=None, y=None, loader=x, dataset_size=positive_int("dataset_size", size),
-                    convert=lambda xb, yb: _checked(model, xb, yb))
+        data = Data(
+            x=None,
+            y=None,
+            loader=x,
+            dataset_size=positive_int("dataset_size", size),
+            convert=lambda xb, yb: _checked(model, xb, yb),
+        )
         data.batch_size = data.first()[0].shape[0]
         return data
     if y is None:
-        raise ValueError(f"y: {kind.value} fits the model to targets, but y is None; pass them, as in "
-                         f"bp.fit(model, x, y, method={kind.value!r}), or x as a DataLoader of (x, y) batches.")
+        raise ValueError(
+            f"y: {kind.value} fits the model to targets, but y is None; pass them, as in "
+            f"bp.fit(model, x, y, method={kind.value!r}), or x as a DataLoader of (x, y) batches."
+        )
     x, y = _checked(model, x, y)
     if dataset_size is not None:
         raise ValueError("dataset_size: only for DataLoader input; with tensors the size is len(x).")
@@ -192,11 +234,18 @@ def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
 
 def _checked(model, x, y):
     if y is None:  # only a loader's batch gets here without y
-        raise ValueError("x: a batch of the loader holds no targets (its y is None); make every batch an (x, y) pair "
-                         "of tensors, e.g. a DataLoader over TensorDataset(x, y).")
+        raise ValueError(
+            "x: a batch of the loader holds no targets (its y is None); make every batch an (x, y) pair "
+            "of tensors, e.g. a DataLoader over TensorDataset(x, y)."
+        )
     bnn = isinstance(model, BNN)
-    x, y = check_data(x, y, device=model.device if bnn else None, float_dtype=model.dtype if bnn else None,
-                      keep_integer=bnn and model.integer_inputs)
+    x, y = check_data(
+        x,
+        y,
+        device=model.device if bnn else None,
+        float_dtype=model.dtype if bnn else None,
+        keep_integer=bnn and model.integer_inputs,
+    )
     if isinstance(model, BNN):
         out_shape = model.output_shape(x)
         if y is not None:

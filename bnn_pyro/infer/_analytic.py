@@ -37,19 +37,19 @@ from __future__ import annotations
 
 import math
 
-import pyro
 import torch
 from torch import nn
-from torch.distributions import Independent, biject_to, transform_to, transforms
+from torch.distributions import Independent, biject_to, transforms
 
-from bnn_pyro.utils.linear_stack import linear_stack, site
 from bnn_pyro.infer._analytic_batched import BoundBatch
 from bnn_pyro.infer._analytic_ops import ACTIVATIONS, HALF_LOG_2PI, NOISE_PRIORS, Layer, activation, affine
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.likelihoods import Gaussian
+from bnn_pyro.utils.linear_stack import linear_stack, site
 from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["StackPotential", "build", "normal_loc_scale", "ACTIVATIONS", "NOISE_PRIORS"]
+
 
 class StackPotential:
     """``potential(theta[, x, y]) -> (U, grad U)`` for ``theta`` shaped ``(D,)`` or ``(B, D)`` (see the module
@@ -67,8 +67,11 @@ class StackPotential:
         self.dataset_size, self.x, self.y = dataset_size, x, y
         self._zero_loc = not bool(loc.any())
         self._order = list(slots)  # the layout: site name -> (start, stop, shape)
-        first = [i for i, op in enumerate(ops) if isinstance(op, Layer) and any(
-            isinstance(v, str) for v in (op.weight, op.bias))]
+        first = [
+            i
+            for i, op in enumerate(ops)
+            if isinstance(op, Layer) and any(isinstance(v, str) for v in (op.weight, op.bias))
+        ]
         self._first_random = first[0] if first else len(ops)
         # the general path folds the first layer's bias into its product where both are sites (the usual net) and
         # theta is batched (SVI's particles)
@@ -82,19 +85,37 @@ class StackPotential:
         # backward (gradient views; bias ones as (1, out), filled by ones(1, N) @ delta, cheaper than a column sum;
         # None for a constant), the energy sums and their weights in U
         site = lambda ref, views, other: views[ref] if isinstance(ref, str) else other  # noqa: E731
-        self._plan = [(site(op.weight, self._views, op.weight), site(op.weight, self._views, op.weight).t(),
-                       site(op.bias, self._views, op.bias)) if isinstance(op, Layer) else op for op in ops]
-        self._grad_plan = [(site(op.weight, self._gviews, None),
-                            self._gviews[op.bias].view(1, -1) if isinstance(op.bias, str) else None)
-                           if isinstance(op, Layer) else None for op in ops]
+        self._plan = [
+            (
+                site(op.weight, self._views, op.weight),
+                site(op.weight, self._views, op.weight).t(),
+                site(op.bias, self._views, op.bias),
+            )
+            if isinstance(op, Layer)
+            else op
+            for op in ops
+        ]
+        self._grad_plan = [
+            (
+                site(op.weight, self._gviews, None),
+                self._gviews[op.bias].view(1, -1) if isinstance(op.bias, str) else None,
+            )
+            if isinstance(op, Layer)
+            else None
+            for op in ops
+        ]
         self._ones, self._ends_with_layer = loc.new_ones(1, x.shape[0]), isinstance(ops[-1], Layer)
         n, count = x.shape[0], self._y.numel()
         factor = dataset_size / n
         self._sums = loc.new_tensor([0.0, 0.0, 1.0, 0.0])  # likelihood term, d . P d, 1 (constant's slot), p . M^-1 p
-        self._sum_lik, self._sum_prior, self._sum_kin, self._sum_u = (self._sums[0], self._sums[1], self._sums[3],
-                                                                      self._sums[:3])
+        self._sum_lik, self._sum_prior, self._sum_kin, self._sum_u = (
+            self._sums[0],
+            self._sums[1],
+            self._sums[3],
+            self._sums[:3],
+        )
         if noise is None:  # U = inv_var factor / 2 |f - y|^2 + d . P d / 2 + const
-            inv_var = scale ** -2
+            inv_var = scale**-2
             self._lik_weight, self._delta_scale = 0.5 * factor * inv_var, factor * inv_var
             u_const = factor * count * (math.log(scale) + HALF_LOG_2PI)
         else:  # the likelihood term is the whole noise-dependent part of U, computed as a tensor
@@ -128,8 +149,9 @@ class StackPotential:
         """The Normal priors' constant: ``sum (log scale + log(2 pi) / 2)`` over their elements."""
         return self._prior_const
 
-    def __call__(self, theta: torch.Tensor, x: torch.Tensor | None = None, y: torch.Tensor | None = None, *,
-                 prior: bool = True):
+    def __call__(
+        self, theta: torch.Tensor, x: torch.Tensor | None = None, y: torch.Tensor | None = None, *, prior: bool = True
+    ):
         # the bound data (no x given: NUTS/HMC), one theta. A caller passing batches (SVI, Potential) always takes the
         # general path below, so that a batch gives the same floats whether or not it is the bound data's tensor
         # (a stream of batches then equals a fit on the tensor, tests/infer/test_streaming.py). ``prior=False``
@@ -150,7 +172,7 @@ class StackPotential:
             w = torch.cat([self._param(theta, op.weight, lead), self._param(theta, op.bias, lead).unsqueeze(-1)], -1)
             saved.append((h, w))
             h = h @ w.mT  # (lead, N, out): matmul broadcasts x over the particles
-        for op in ops[len(saved):]:  # forward
+        for op in ops[len(saved) :]:  # forward
             if isinstance(op, Layer):
                 w, b = self._param(theta, op.weight, lead), self._param(theta, op.bias, lead)
                 saved.append((h, w))
@@ -166,7 +188,7 @@ class StackPotential:
         factor = self.dataset_size / n
         grads = {}
         if self._noise is None:
-            inv_var = self._fixed_scale ** -2
+            inv_var = self._fixed_scale**-2
             u_lik = ss * (0.5 * factor * inv_var)
             u_const = factor * count * (math.log(self._fixed_scale) + HALF_LOG_2PI)
             delta = r.mul_(factor * inv_var)
@@ -187,7 +209,9 @@ class StackPotential:
                 grads[op.weight] = (delta.mT @ a).reshape(lead + (-1,))
             if isinstance(op.bias, str):
                 grads[op.bias] = delta.sum(-2)
-            if i == 2 and fold and self._one_hidden and h.shape[-2] == 1:  # one hidden layer, one output: see _one_output
+            if (
+                i == 2 and fold and self._one_hidden and h.shape[-2] == 1
+            ):  # one hidden layer, one output: see _one_output
                 self._one_output(grads, delta, saved[1], saved[0][0], h)
                 break
             if i > self._first_random:  # h is the weight here; one output: an outer product, elementwise
@@ -250,8 +274,9 @@ class StackPotential:
             torch.dot(flat, flat, out=self._sum_lik)
             delta = r.mul_(self._delta_scale)
         else:
-            u_lik, _, g_noise, delta_scale = self._noise_terms(self._buf, torch.dot(flat, flat), r.numel(),
-                                                               self.dataset_size / r.shape[0])
+            u_lik, _, g_noise, delta_scale = self._noise_terms(
+                self._buf, torch.dot(flat, flat), r.numel(), self.dataset_size / r.shape[0]
+            )
             self._sum_lik.copy_(u_lik)
             self._gviews[self._noise[0]].copy_(g_noise)
             delta = r.mul_(delta_scale)
@@ -281,8 +306,11 @@ class StackPotential:
         half = -0.5 * float(step)
         dense = inverse_mass.dim() == 2
         p = p.add(g, alpha=half)
-        (torch.addmv(z, inverse_mass, p, alpha=float(step), out=self._buf) if dense  # z + step M^-1 p, in the buffer
-         else torch.addcmul(z, inverse_mass, p, value=float(step), out=self._buf))
+        (
+            torch.addmv(z, inverse_mass, p, alpha=float(step), out=self._buf)
+            if dense  # z + step M^-1 p, in the buffer
+            else torch.addcmul(z, inverse_mass, p, value=float(step), out=self._buf)
+        )
         z = self._buf.clone()
         g = self._bound()
         p.add_(g, alpha=half)
@@ -324,7 +352,8 @@ def _exp_transform(d) -> bool:
     parts = t.parts if isinstance(t, transforms.ComposeTransform) else [t]
     rest = parts[1:]
     return isinstance(parts[0], transforms.ExpTransform) and all(
-        isinstance(p, transforms.AffineTransform) and float(p.loc) == 0.0 and float(p.scale) == 1.0 for p in rest)
+        isinstance(p, transforms.AffineTransform) and float(p.loc) == 0.0 and float(p.scale) == 1.0 for p in rest
+    )
 
 
 def build(joint, names, shapes, x, y, reference=None) -> StackPotential | None:
@@ -381,12 +410,11 @@ def build(joint, names, shapes, x, y, reference=None) -> StackPotential | None:
                 return None
             loc, scale = (p.to(dtype=dtype, device=device).reshape(-1) for p in params)
             locs.append(loc)
-            precs.append(scale ** -2)
+            precs.append(scale**-2)
             const += float((scale.log() + HALF_LOG_2PI).sum())
         start += size
     scale = None if noise is not None else float(model.likelihood.scale)
-    pot = StackPotential(ops, slots, torch.cat(locs), torch.cat(precs), const, noise, scale, joint.dataset_size,
-                         x, y)
+    pot = StackPotential(ops, slots, torch.cat(locs), torch.cat(precs), const, noise, scale, joint.dataset_size, x, y)
     return pot if reference is None or _agrees(pot, reference, names, shapes, x) else None
 
 
@@ -404,8 +432,11 @@ def _agrees(pot: StackPotential, energy, names, shapes, x) -> bool:
     ref = ref.detach()
     ok = abs(float(u) - float(ref)) <= tol * scale and float((grad - ref_grad).abs().max()) <= tol * scale
     if not ok:
-        warn("fast path: the analytic potential disagrees with the generic one on this model; using the "
-             "generic path (same values, slower).", RuntimeWarning)
+        warn(
+            "fast path: the analytic potential disagrees with the generic one on this model; using the "
+            "generic path (same values, slower).",
+            RuntimeWarning,
+        )
     return ok
 
 

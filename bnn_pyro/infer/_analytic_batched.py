@@ -59,8 +59,11 @@ class OneChain:
         if self._batched is not None:
             return self._batched(z, p, g, step, minv)
         z, p, g, p_sharp, energies = self.unbatched(z[0], p[0], g[0], float(step[0]), minv[0])
-        u, kinetic = (z.new_tensor([energies[0]]), z.new_tensor([energies[1]])) if type(energies) is tuple \
+        u, kinetic = (
+            (z.new_tensor([energies[0]]), z.new_tensor([energies[1]]))
+            if type(energies) is tuple
             else (energies[0:1], energies[1:2])
+        )
         return z.unsqueeze(0), p.unsqueeze(0), g.unsqueeze(0), p_sharp.unsqueeze(0), u, kinetic
 
 
@@ -73,14 +76,17 @@ class BoundBatch:
         views = {n: self.buf[:, a:b].view((chains,) + tuple(shape)) for n, (a, b, shape) in pot._slots.items()}
         # the layers before the first random one see the same input for every chain: their output is a constant
         h = pot.x
-        for op in pot._ops[:pot._first_random]:
-            h = (torch.addmm(op.bias, h, op.weight.t()) if op.bias is not None else h @ op.weight.t()) \
-                if _is_layer(op) else op.forward(h)
+        for op in pot._ops[: pot._first_random]:
+            h = (
+                (torch.addmm(op.bias, h, op.weight.t()) if op.bias is not None else h @ op.weight.t())
+                if _is_layer(op)
+                else op.forward(h)
+            )
         self._h0 = h
         # per op from the first random one: a layer as (weight (C, out, in) or constant (out, in), is it random,
         # bias (C, 1, out) or constant (out,) or None, bias random, weight's site, bias's site); else the activation
         self._plan = []
-        for op in pot._ops[pot._first_random:]:
+        for op in pot._ops[pot._first_random :]:
             if not _is_layer(op):
                 self._plan.append(op)
                 continue
@@ -113,7 +119,9 @@ class BoundBatch:
         if pot._noise is None:
             u_lik, delta = ss * pot._lik_weight, r.mul_(pot._delta_scale)
         else:
-            u_lik, _, g_noise, delta_scale = pot._noise_terms(self.buf, ss, flat.shape[1], pot.dataset_size / r.shape[1])
+            u_lik, _, g_noise, delta_scale = pot._noise_terms(
+                self.buf, ss, flat.shape[1], pot.dataset_size / r.shape[1]
+            )
             grads[pot._noise[0]] = g_noise.unsqueeze(-1)
             delta = r.mul_(delta_scale.view(c, 1, 1))
         for i in range(len(self._plan) - 1, -1, -1):  # backward

@@ -106,8 +106,9 @@ def mean_field_loss(joint, guide, num_particles: int, loc_scale, context):
         scale = torch.cat([b.reshape(-1) for b in scales])
         if unconstrained is not None:  # one transform of the flat vector (softplus for AutoNormal)
             scale = transform_to(guide.scale_constraint)(scale)
-        eps = torch.cat([torch.randn(lead + a.shape, dtype=a.dtype, device=a.device).reshape(lead + (-1,))
-                         for a in locs], -1)
+        eps = torch.cat(
+            [torch.randn(lead + a.shape, dtype=a.dtype, device=a.device).reshape(lead + (-1,)) for a in locs], -1
+        )
         value = _NegativeELBO.apply(loc, scale, eps, state["pot"], x, y)
         return value, value.detach().item()
 

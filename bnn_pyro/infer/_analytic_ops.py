@@ -6,7 +6,8 @@ learned noise scale or precision."""
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -55,18 +56,21 @@ def activation(m: nn.Module) -> _Activation | None:
         return _Activation(torch.relu, lambda g, a, h: _aten.threshold_backward(g, h, 0), torch.relu_)
     if kind is nn.LeakyReLU:
         slope = m.negative_slope
-        return _Activation(lambda a: F.leaky_relu(a, slope),
-                           lambda g, a, h: _aten.leaky_relu_backward(g, a, slope, False))
+        return _Activation(
+            lambda a: F.leaky_relu(a, slope), lambda g, a, h: _aten.leaky_relu_backward(g, a, slope, False)
+        )
     if kind is nn.GELU:
         approx = m.approximate
-        return _Activation(lambda a: F.gelu(a, approximate=approx),
-                           lambda g, a, h: _aten.gelu_backward(g, a, approximate=approx))
+        return _Activation(
+            lambda a: F.gelu(a, approximate=approx), lambda g, a, h: _aten.gelu_backward(g, a, approximate=approx)
+        )
     if kind is nn.SiLU:
         return _Activation(F.silu, lambda g, a, h: _aten.silu_backward(g, a))
     if kind is nn.Softplus:
         beta, threshold = m.beta, m.threshold
-        return _Activation(lambda a: F.softplus(a, beta, threshold),
-                           lambda g, a, h: _aten.softplus_backward(g, a, beta, threshold))
+        return _Activation(
+            lambda a: F.softplus(a, beta, threshold), lambda g, a, h: _aten.softplus_backward(g, a, beta, threshold)
+        )
     if kind is nn.ELU:
         alpha = m.alpha
         return _Activation(lambda a: F.elu(a, alpha), lambda g, a, h: _aten.elu_backward(g, alpha, 1, 1, False, a))
@@ -77,10 +81,10 @@ ACTIVATIONS = (nn.Identity, nn.Tanh, nn.Sigmoid, nn.ReLU, nn.LeakyReLU, nn.GELU,
 
 # d log p(v) / d log v for the noise priors covered (v = sigma or the precision, v = exp(z))
 NOISE_PRIORS: dict[str, Callable] = {
-    "HalfNormal": lambda d, v: -(v / d.scale) ** 2,
-    "HalfCauchy": lambda d, v: -2.0 * v * v / (v * v + d.scale ** 2),
+    "HalfNormal": lambda d, v: -((v / d.scale) ** 2),
+    "HalfCauchy": lambda d, v: -2.0 * v * v / (v * v + d.scale**2),
     "Exponential": lambda d, v: -d.rate * v,
     "Gamma": lambda d, v: (d.concentration - 1.0) - d.rate * v,
     "InverseGamma": lambda d, v: -(d.concentration + 1.0) + d.rate / v,
-    "LogNormal": lambda d, v: -(v.log() - d.loc) / d.scale ** 2 - 1.0,
+    "LogNormal": lambda d, v: -(v.log() - d.loc) / d.scale**2 - 1.0,
 }

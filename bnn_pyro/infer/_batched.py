@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from functools import partial
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import torch
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 from torch import Tensor
 
-from bnn_pyro.utils.upstream_private import load_warmup_adapter_state, warmup_adapter_state
 from bnn_pyro.infer._analytic_batched import sharp
 from bnn_pyro.infer._kernels import DrawStats, jittered_steps
+from bnn_pyro.utils.upstream_private import load_warmup_adapter_state, warmup_adapter_state
 
 __all__ = ["TransitionStats", "BatchedChains", "hmc_transition", "momentum", "search_step_size", "MAX_ENERGY_ERROR"]
 
@@ -58,7 +59,7 @@ def search_step_size(step: float, direction) -> float:
     first = direction(step)
     lo, hi = 1e-10, 1e10  # Pyro's HMC defaults (min_stepsize, max_stepsize)
     while lo < step < hi:
-        step *= 2.0 ** first
+        step *= 2.0**first
         if direction(step) != first:
             break
     return min(max(step, lo), hi)
@@ -74,17 +75,28 @@ def momentum(minv: Tensor, generator: torch.Generator) -> Tensor:
     return torch.linalg.solve_triangular(factor.mT, eps.unsqueeze(-1), upper=True).squeeze(-1)
 
 
-def hmc_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor, *, leapfrog: Callable,
-                   generator: torch.Generator, num_steps: int | None = None,
-                   trajectory_length: float | None = None,
-                   jitter: float = 0.0) -> tuple[Tensor, Tensor, Tensor, TransitionStats]:
+def hmc_transition(
+    z: Tensor,
+    u: Tensor,
+    g: Tensor,
+    step: Tensor,
+    minv: Tensor,
+    *,
+    leapfrog: Callable,
+    generator: torch.Generator,
+    num_steps: int | None = None,
+    trajectory_length: float | None = None,
+    jitter: float = 0.0,
+) -> tuple[Tensor, Tensor, Tensor, TransitionStats]:
     """One HMC transition of every chain: a momentum refresh, ``num_steps`` leapfrog steps (or, given
     ``trajectory_length``, ``max(1, int(length / step))`` per chain, as Pyro's ``HMC`` counts them), each chain's
     count jittered by :func:`~bnn_pyro.infer._kernels.jittered_steps` when ``jitter > 0``, and a Metropolis accept per chain. A chain whose
     energy error exceeds 1000 or is NaN is diverging: its proposal is rejected (never raised)."""
     if (num_steps is None) == (trajectory_length is None):
-        raise ValueError(f"hmc_transition: give num_steps= or trajectory_length=, one of the two (got {num_steps!r} "
-                         f"and {trajectory_length!r}).")
+        raise ValueError(
+            f"hmc_transition: give num_steps= or trajectory_length=, one of the two (got {num_steps!r} "
+            f"and {trajectory_length!r})."
+        )
     if trajectory_length is not None:
         counts = [max(1, int(trajectory_length / s)) for s in step.tolist()]
     else:
@@ -123,10 +135,23 @@ class BatchedChains:
     matrix)`` per chain replaces the adapted state (extending a posterior, without warm-up).
     :meth:`sample` advances every chain; ``stats`` then holds the C :class:`DrawStats` of that draw."""
 
-    def __init__(self, potential: Callable, leapfrog: Callable, z: Tensor, *, names: tuple[str, ...], sizes: list[int],
-                 warmup_steps: int, transition: Callable, options: dict, generator: torch.Generator,
-                 step_size: float | None = None, target_accept_prob: float = 0.8, dense_mass: bool = False,
-                 resume: list[tuple[float, Tensor]] | None = None):
+    def __init__(
+        self,
+        potential: Callable,
+        leapfrog: Callable,
+        z: Tensor,
+        *,
+        names: tuple[str, ...],
+        sizes: list[int],
+        warmup_steps: int,
+        transition: Callable,
+        options: dict,
+        generator: torch.Generator,
+        step_size: float | None = None,
+        target_accept_prob: float = 0.8,
+        dense_mass: bool = False,
+        resume: list[tuple[float, Tensor]] | None = None,
+    ):
         self.leapfrog, self.transition, self.options, self.generator = leapfrog, transition, options, generator
         self.names, self.sizes, self._warmup_steps = names, sizes, warmup_steps
         chains, size = z.shape
@@ -135,12 +160,23 @@ class BatchedChains:
         self.z, self.u, self.g = z.clone(), u.clone(), g.clone()
         self._t, self._mean_accept = 0, [0.0] * chains
         self._minv_parts, self._steps = None, None
-        self._adapters = [WarmupAdapter(step_size or 1.0, adapt_step_size=True, target_accept_prob=target_accept_prob,
-                                        adapt_mass_matrix=True, dense_mass=dense_mass) for _ in range(chains)]
+        self._adapters = [
+            WarmupAdapter(
+                step_size or 1.0,
+                adapt_step_size=True,
+                target_accept_prob=target_accept_prob,
+                adapt_mass_matrix=True,
+                dense_mass=dense_mass,
+            )
+            for _ in range(chains)
+        ]
         for c, adapter in enumerate(self._adapters):
-            adapter.configure(warmup_steps, mass_matrix_shape={names: (size, size) if dense_mass else (size,)},
-                              find_reasonable_step_size_fn=partial(self._reasonable_step_size, c),
-                              options=dict(dtype=z.dtype, device=z.device))
+            adapter.configure(
+                warmup_steps,
+                mass_matrix_shape={names: (size, size) if dense_mass else (size,)},
+                find_reasonable_step_size_fn=partial(self._reasonable_step_size, c),
+                options=dict(dtype=z.dtype, device=z.device),
+            )
             if resume is not None:
                 adapter.step_size = resume[c][0]
                 adapter.mass_matrix_adapter.inverse_mass_matrix = {names: resume[c][1].to(z.dtype)}
@@ -174,8 +210,16 @@ class BatchedChains:
     def sample(self) -> Tensor:
         """One transition of every chain (adapting during warm-up); returns the positions ``(C, D)``."""
         steps = self.step_sizes
-        z, u, g, stats = self.transition(self.z, self.u, self.g, self._step_tensor(steps), self.inverse_mass_matrix,
-                                         leapfrog=self.leapfrog, generator=self.generator, **self.options)
+        z, u, g, stats = self.transition(
+            self.z,
+            self.u,
+            self.g,
+            self._step_tensor(steps),
+            self.inverse_mass_matrix,
+            leapfrog=self.leapfrog,
+            generator=self.generator,
+            **self.options,
+        )
         self.z, self.u, self.g = z, u, g
         columns = [stats.accept_prob, stats.n_steps, stats.diverging, stats.energy, u]
         if stats.tree_depth is not None:
@@ -188,16 +232,24 @@ class BatchedChains:
             if warm:
                 self._adapters[c].step(self._t - 1, self._sites(c), torch.tensor(accept))
             self._mean_accept[c] += (accept - self._mean_accept[c]) / n
-            self.stats.append(DrawStats(lp=-potential, acceptance_rate=accept, step_size=steps[c], diverging=bool(diverging),
-                                        n_steps=int(n_steps), energy=energy,
-                                        tree_depth=int(depth[0]) if depth else None))
+            self.stats.append(
+                DrawStats(
+                    lp=-potential,
+                    acceptance_rate=accept,
+                    step_size=steps[c],
+                    diverging=bool(diverging),
+                    n_steps=int(n_steps),
+                    energy=energy,
+                    tree_depth=int(depth[0]) if depth else None,
+                )
+            )
         return z
 
     def _reasonable_step_size(self, c: int, _sites=None) -> float:
         """Pyro's heuristic for chain ``c`` at its current position and inverse mass matrix:
         double or halve its step size until one leapfrog step's acceptance probability crosses 0.8."""
         minv = self._adapters[c].mass_matrix_adapter.inverse_mass_matrix[self.names].unsqueeze(0)
-        z, g, u = self.z[c:c + 1], self.g[c:c + 1], float(self.u[c])
+        z, g, u = self.z[c : c + 1], self.g[c : c + 1], float(self.u[c])
         threshold = math.log(0.8)
 
         def direction(step: float) -> int:
@@ -213,7 +265,9 @@ class BatchedChains:
         """The progress bar's fields: the step sizes (range over chains) and the mean acceptance."""
         lo, hi = min(self.step_sizes), max(self.step_sizes)
         size = f"{lo:.2e}" if lo == hi else f"{lo:.2e}-{hi:.2e}"
-        return OrderedDict([("step size", size), ("acc. prob", f"{sum(self._mean_accept) / len(self._mean_accept):.3f}")])
+        return OrderedDict(
+            [("step size", size), ("acc. prob", f"{sum(self._mean_accept) / len(self._mean_accept):.3f}")]
+        )
 
     # ------------------------------------------------------------------ checkpoint/resume
     def state_dict(self) -> tuple[dict[str, Tensor], dict]:
@@ -229,8 +283,9 @@ class BatchedChains:
     def load_state_dict(self, tensors: dict[str, Tensor], meta: dict) -> None:
         for c, adapter in enumerate(self._adapters):
             prefix = f"adapter{c}/"
-            load_warmup_adapter_state(adapter, {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)},
-                                      meta["adapters"][c])
+            load_warmup_adapter_state(
+                adapter, {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}, meta["adapters"][c]
+            )
         device = self.z.device
         self.z, self.u, self.g = (tensors[k].to(device).clone() for k in ("z", "u", "grad"))
         self.generator.set_state(tensors["generator"])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import inspect
-from typing import Callable
+from collections.abc import Callable
 
 import pyro
 import torch
@@ -14,13 +14,25 @@ from pyro import poutine
 from pyro.infer.autoguide import initialization as init_fns
 from pyro.poutine.util import site_is_subsample
 
-from bnn_pyro.utils.upstream_private import set_validates_args, validates_args
 from bnn_pyro.infer.progress import progress_bar  # noqa: F401 - its former home; engines import it from here
 from bnn_pyro.infer.training_data import Data  # noqa: F401 - its former home; engines import it from here
 from bnn_pyro.model import BNN
+from bnn_pyro.utils.upstream_private import set_validates_args, validates_args
 
-__all__ = ["Data", "traced", "is_latent", "latent_sites", "call_model", "progress_bar", "clean_config", "init_strategy",
-           "point_values", "quiet_model", "torch_threads", "unvalidated"]
+__all__ = [
+    "Data",
+    "traced",
+    "is_latent",
+    "latent_sites",
+    "call_model",
+    "progress_bar",
+    "clean_config",
+    "init_strategy",
+    "point_values",
+    "quiet_model",
+    "torch_threads",
+    "unvalidated",
+]
 
 
 def call_model(model: Callable, x, y, dataset_size: int | None):
@@ -60,18 +72,22 @@ def traced(model: Callable, x, y):
         with torch.no_grad(), pyro.get_param_store().scope():
             return poutine.trace(model).get_trace(x, y)
     except NotImplementedError as err:  # e.g. ImproperUniform: engines draw every site once to find it
-        raise ValueError(f"model: a prior cannot be sampled ({err}); every engine draws from the prior to find the "
-                         "sites and initialize them, so improper priors are not supported. Use a proper, wide prior "
-                         "instead, e.g. dist.Normal(0., 100.).") from None
+        raise ValueError(
+            f"model: a prior cannot be sampled ({err}); every engine draws from the prior to find the "
+            "sites and initialize them, so improper priors are not supported. Use a proper, wide prior "
+            "instead, e.g. dist.Normal(0., 100.)."
+        ) from None
 
 
 def is_latent(site: dict) -> bool:
     """Whether a trace site is an unobserved, non-deterministic sample site (what engines infer)."""
-    return (site["type"] == "sample"
-            and not site["is_observed"]
-            and not site_is_subsample(site)
-            and not site["infer"].get("_deterministic", False)
-            and not site["infer"].get("is_auxiliary", False))
+    return (
+        site["type"] == "sample"
+        and not site["is_observed"]
+        and not site_is_subsample(site)
+        and not site["infer"].get("_deterministic", False)
+        and not site["infer"].get("is_auxiliary", False)
+    )
 
 
 def latent_sites(model: Callable, x, y) -> list[str]:
@@ -82,6 +98,7 @@ def latent_sites(model: Callable, x, y) -> list[str]:
 def clean_config(config: dict) -> dict:
     """A JSON-friendly copy of an engine's configuration (callables and objects as their repr; dicts of such
     values, e.g. ``config["validation"]``, kept as dicts)."""
+
     def clean(v):
         if isinstance(v, (bool, int, float, str, type(None))):
             return v
@@ -99,7 +116,9 @@ def init_strategy(model, init):
     mean; its chain-0 deterministic values for sites it did not sample). Sites without a value (hyper and
     noise sites) start at their prior median."""
     median = init_fns.init_to_median(num_samples=15)
-    if hasattr(init, "samples") and hasattr(init, "point"):  # a Posterior (bnn_pyro.posterior imports this module's users)
+    if hasattr(init, "samples") and hasattr(
+        init, "point"
+    ):  # a Posterior (bnn_pyro.posterior imports this module's users)
         values = {k: v[0] for k, v in init.point.items()}
         values.update({k: v.mean((0, 1)) for k, v in init.samples.items()})
         return init_fns.init_to_value(values=values, fallback=median)
@@ -111,8 +130,10 @@ def init_strategy(model, init):
         return init_fns.init_to_sample
     if init == "median":
         return median
-    raise ValueError(f"init: unknown value {init!r}; choose 'reset', 'net', 'prior', 'median', a dict of site values, "
-                     "or a Posterior (e.g. of an SVI or MAP fit).")
+    raise ValueError(
+        f"init: unknown value {init!r}; choose 'reset', 'net', 'prior', 'median', a dict of site values, "
+        "or a Posterior (e.g. of an SVI or MAP fit)."
+    )
 
 
 def point_values(model, x, y, dataset_size: int | None) -> dict[str, torch.Tensor]:

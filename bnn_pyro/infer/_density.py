@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import math
 
-import torch
 import pyro.distributions as dist
+import torch
 from pyro.infer import autoguide as _autoguide
 
 __all__ = ["autoguide", "laplace", "swag"]
@@ -63,6 +63,10 @@ def swag(moments, flat: torch.Tensor, scale: float) -> torch.Tensor | None:
     k = moments.deviations.shape[0]
     if not bool((var > 0).all()) or k < 2:
         return None
-    q = dist.LowRankMultivariateNormal(moments.mean, moments.deviations.T * math.sqrt(scale / (2.0 * (k - 1))),
-                                       var * (scale / 2.0), validate_args=False)
+    q = dist.LowRankMultivariateNormal(
+        moments.mean,
+        moments.deviations.T * math.sqrt(scale / (2.0 * (k - 1))),
+        var * (scale / 2.0),
+        validate_args=False,
+    )
     return q.log_prob(flat.double().to(moments.mean.device)).cpu()

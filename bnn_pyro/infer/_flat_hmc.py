@@ -74,25 +74,51 @@ class OneChainKernel(AdaptedKernel):
     inverse_mass_matrix)`` replaces the adapted state after setup (extending a posterior); ``stats`` holds the
     last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`."""
 
-    def __init__(self, model, joint, *, transition, options: dict, init_strategy, step_size=None,
-                 target_accept_prob=0.8, dense_mass=False, jit=True):
+    def __init__(
+        self,
+        model,
+        joint,
+        *,
+        transition,
+        options: dict,
+        init_strategy,
+        step_size=None,
+        target_accept_prob=0.8,
+        dense_mass=False,
+        jit=True,
+    ):
         self.model, self.joint, self.jit, self.resume, self.transforms = model, joint, jit, None, None
         self._transition, self._options = transition, options
-        self._init_strategy, self._step_size, self._target, self._dense = (init_strategy, step_size,
-                                                                           target_accept_prob, dense_mass)
+        self._init_strategy, self._step_size, self._target, self._dense = (
+            init_strategy,
+            step_size,
+            target_accept_prob,
+            dense_mass,
+        )
 
     def setup(self, warmup_steps, *args, **kwargs):
-        params, _, self.transforms, _ = initialize_model(self.model, model_args=args, model_kwargs=kwargs,
-                                                         init_strategy=self._init_strategy, skip_jit_warnings=True)
+        params, _, self.transforms, _ = initialize_model(
+            self.model, model_args=args, model_kwargs=kwargs, init_strategy=self._init_strategy, skip_jit_warnings=True
+        )
         self.initial_params = params
         self._names, self._shapes, sizes = flat_layout(params)
         potential, leapfrog = batched_target(self.joint, self._names, self._shapes, *args, self.transforms, self.jit)
         z = torch.cat([params[n].detach().reshape(-1) for n in self._names]).unsqueeze(0)
-        self.chains = BatchedChains(potential, leapfrog, z, names=self._names, sizes=sizes, warmup_steps=warmup_steps,
-                                    transition=self._transition, options=self._options,
-                                    generator=seeded_generator(z), step_size=self._step_size,
-                                    target_accept_prob=self._target, dense_mass=self._dense,
-                                    resume=None if self.resume is None else [self.resume])
+        self.chains = BatchedChains(
+            potential,
+            leapfrog,
+            z,
+            names=self._names,
+            sizes=sizes,
+            warmup_steps=warmup_steps,
+            transition=self._transition,
+            options=self._options,
+            generator=seeded_generator(z),
+            step_size=self._step_size,
+            target_accept_prob=self._target,
+            dense_mass=self._dense,
+            resume=None if self.resume is None else [self.resume],
+        )
 
     @property
     def step_size(self) -> float:
@@ -108,16 +134,20 @@ class OneChainKernel(AdaptedKernel):
     def sample(self, params):
         z = self.chains.sample()[0]
         self.stats = self.chains.stats[0]
-        return {n: part.reshape(s) for n, part, s in zip(self._names, z.split(self.chains.sizes), self._shapes.values())}
+        return {
+            n: part.reshape(s) for n, part, s in zip(self._names, z.split(self.chains.sizes), self._shapes.values())
+        }
 
     def state_dict(self):
         return self.chains.state_dict()
 
     def load_state_dict(self, tensors, meta):
         if "rng" in meta:  # the recursive NUTS kernel's checkpoint (bnn_pyro before the one NUTS builder)
-            raise CheckpointError("checkpoint: this NUTS checkpoint was written by the recursive NUTS kernel of an "
-                                  "earlier bnn_pyro (up to commit a7736d0), whose state this version cannot continue. "
-                                  "Resume it with the version that wrote it, or delete it to start afresh.")
+            raise CheckpointError(
+                "checkpoint: this NUTS checkpoint was written by the recursive NUTS kernel of an "
+                "earlier bnn_pyro (up to commit a7736d0), whose state this version cannot continue. "
+                "Resume it with the version that wrote it, or delete it to start afresh."
+            )
         self.chains.load_state_dict(tensors, meta)
 
 
@@ -125,9 +155,31 @@ class FlatHMC(OneChainKernel):
     """HMC for one chain over a flat vector: :func:`~bnn_pyro.infer._batched.hmc_transition` at ``C = 1``
     (module docstring)."""
 
-    def __init__(self, model, joint, *, init_strategy, step_size=None, target_accept_prob=0.8, dense_mass=False,
-                 num_leapfrog=None, trajectory_length=None, jit=True, leapfrog_jitter=0.0):
-        options = dict(num_steps=num_leapfrog) if num_leapfrog is not None else dict(trajectory_length=trajectory_length)
-        super().__init__(model, joint, transition=hmc_transition, options=dict(options, jitter=leapfrog_jitter),
-                         init_strategy=init_strategy, step_size=step_size, target_accept_prob=target_accept_prob,
-                         dense_mass=dense_mass, jit=jit)
+    def __init__(
+        self,
+        model,
+        joint,
+        *,
+        init_strategy,
+        step_size=None,
+        target_accept_prob=0.8,
+        dense_mass=False,
+        num_leapfrog=None,
+        trajectory_length=None,
+        jit=True,
+        leapfrog_jitter=0.0,
+    ):
+        options = (
+            dict(num_steps=num_leapfrog) if num_leapfrog is not None else dict(trajectory_length=trajectory_length)
+        )
+        super().__init__(
+            model,
+            joint,
+            transition=hmc_transition,
+            options=dict(options, jitter=leapfrog_jitter),
+            init_strategy=init_strategy,
+            step_size=step_size,
+            target_accept_prob=target_accept_prob,
+            dense_mass=dense_mass,
+            jit=jit,
+        )

@@ -42,11 +42,32 @@ from bnn_pyro.utils.user_warnings import warn
 if TYPE_CHECKING:
     import numpy as np
 
-__all__ = ["check_mcmc", "check_svi", "svi_advice", "check_sampler", "check_mixing", "check_elbo", "check_predictive",
-           "DIVERGENCE_MAX", "ACCEPT_MIN", "TREE_DEPTH_MAX_FRACTION", "ESS_MIN", "RHAT_FIT_MAX", "ELBO_WINDOW",
-           "ELBO_MIN_WINDOW", "ELBO_TREND_Z", "ELBO_TREND_NATS", "FIT_GAIN_MIN", "PREDICTIVE_DRAWS",
-           "PREDICTIVE_ROWS", "check_targets", "unscaled_targets", "TARGET_SD_MAX", "NOISE_FRACTION_MIN",
-           "check_off_data"]
+__all__ = [
+    "check_mcmc",
+    "check_svi",
+    "svi_advice",
+    "check_sampler",
+    "check_mixing",
+    "check_elbo",
+    "check_predictive",
+    "DIVERGENCE_MAX",
+    "ACCEPT_MIN",
+    "TREE_DEPTH_MAX_FRACTION",
+    "ESS_MIN",
+    "RHAT_FIT_MAX",
+    "ELBO_WINDOW",
+    "ELBO_MIN_WINDOW",
+    "ELBO_TREND_Z",
+    "ELBO_TREND_NATS",
+    "FIT_GAIN_MIN",
+    "PREDICTIVE_DRAWS",
+    "PREDICTIVE_ROWS",
+    "check_targets",
+    "unscaled_targets",
+    "TARGET_SD_MAX",
+    "NOISE_FRACTION_MIN",
+    "check_off_data",
+]
 
 DIVERGENCE_MAX = 0.01
 """Warn when more than 1% of the kept draws diverged."""
@@ -107,8 +128,15 @@ def _warn(message: str) -> None:
     warn(message, DiagnosticWarning)
 
 
-def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, torch.Tensor], *,
-                  target_accept: float, max_tree_depth: int | None = None, acceptance: bool = False) -> None:
+def check_sampler(
+    kind: str,
+    samples: dict[str, torch.Tensor],
+    stats: dict[str, torch.Tensor],
+    *,
+    target_accept: float,
+    max_tree_depth: int | None = None,
+    acceptance: bool = False,
+) -> None:
     """Warn about divergences above :data:`DIVERGENCE_MAX` of the draws, a chain of an accept/reject kernel
     (``acceptance``: the method's declaration says ``accept_reject``) that moved on fewer than :data:`ACCEPT_MIN` of
     its draws, and NUTS draws at ``max_tree_depth`` above
@@ -116,9 +144,11 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
     diverging = stats.get("diverging")
     if diverging is not None and diverging.numel() and diverging.float().mean() > DIVERGENCE_MAX:
         frac = float(diverging.float().mean())
-        _warn(f"{kind}: {100 * frac:.1f}% of the draws diverged ({int(diverging.sum())} of {diverging.numel()}; "
-              f"threshold {100 * DIVERGENCE_MAX:.0f}%), so the draws may be biased. Try a higher target_accept "
-              f"(now {target_accept}; e.g. 0.95), more num_warmup, or a reparameterized (non-centered) prior.")
+        _warn(
+            f"{kind}: {100 * frac:.1f}% of the draws diverged ({int(diverging.sum())} of {diverging.numel()}; "
+            f"threshold {100 * DIVERGENCE_MAX:.0f}%), so the draws may be biased. Try a higher target_accept "
+            f"(now {target_accept}; e.g. 0.95), more num_warmup, or a reparameterized (non-centered) prior."
+        )
     depth = stats.get("tree_depth")
     if max_tree_depth is not None and depth is not None and depth.numel():
         capped = depth >= max_tree_depth
@@ -127,13 +157,15 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
         frac = float(capped.float().mean())
         if frac > TREE_DEPTH_MAX_FRACTION:
             step = float(stats["step_size"].float().median()) if "step_size" in stats else math.nan
-            _warn(f"{kind}: {100 * frac:.0f}% of the draws stopped at max_tree_depth={max_tree_depth} "
-                  f"({2 ** max_tree_depth - 1} leapfrog steps; threshold {100 * TREE_DEPTH_MAX_FRACTION:.0f}%): the "
-                  f"trajectories were cut off before they turned back (adapted step size {step:.2g}), so successive "
-                  "draws are correlated and each costs the maximum. The draws remain valid; check the ESS "
-                  "(post.summary(space='function')). Try a larger max_tree_depth (e.g. "
-                  f"{max_tree_depth + 2}), a longer num_warmup, dense_mass=True, or a narrower prior or "
-                  "standardized inputs and targets (a better-scaled posterior allows larger steps).")
+            _warn(
+                f"{kind}: {100 * frac:.0f}% of the draws stopped at max_tree_depth={max_tree_depth} "
+                f"({2**max_tree_depth - 1} leapfrog steps; threshold {100 * TREE_DEPTH_MAX_FRACTION:.0f}%): the "
+                f"trajectories were cut off before they turned back (adapted step size {step:.2g}), so successive "
+                "draws are correlated and each costs the maximum. The draws remain valid; check the ESS "
+                "(post.summary(space='function')). Try a larger max_tree_depth (e.g. "
+                f"{max_tree_depth + 2}), a longer num_warmup, dense_mass=True, or a narrower prior or "
+                "standardized inputs and targets (a better-scaled posterior allows larger steps)."
+            )
     if not acceptance or not samples:
         return
     draws = next(iter(samples.values())).shape[1]
@@ -145,9 +177,11 @@ def check_sampler(kind: str, samples: dict[str, torch.Tensor], stats: dict[str, 
         moved |= (v[:, 1:] != v[:, :-1]).reshape(v.shape[0], draws - 1, -1).any(-1)
     for chain, rate in enumerate(moved.float().mean(1).tolist()):
         if rate < ACCEPT_MIN:
-            _warn(f"{kind}: chain {chain} accepted {100 * rate:.1f}% of its {draws - 1} proposals after warm-up "
-                  f"(threshold {100 * ACCEPT_MIN:.0f}%): it barely moved, so its draws do not describe the posterior. "
-                  "Try more num_warmup (the step size adapts during warm-up), a smaller step_size, or method='nuts'.")
+            _warn(
+                f"{kind}: chain {chain} accepted {100 * rate:.1f}% of its {draws - 1} proposals after warm-up "
+                f"(threshold {100 * ACCEPT_MIN:.0f}%): it barely moved, so its draws do not describe the posterior. "
+                "Try more num_warmup (the step size adapts during warm-up), a smaller step_size, or method='nuts'."
+            )
 
 
 def check_mixing(post) -> None:
@@ -180,27 +214,38 @@ def check_mixing(post) -> None:
         worst_rhat = f"{what} (worst: {names[int(np.nanargmax(rhat))]})" if np.isfinite(rhat).any() else what
     problems = []
     if np.isfinite(ess).any() and np.nanmin(ess) < ESS_MIN:
-        problems.append(f"the bulk ESS of {worst_ess} is {np.nanmin(ess):.0f} at worst (threshold {ESS_MIN} in all), "
-                        "so Monte Carlo errors of means and intervals exceed 10% of the posterior sd")
+        problems.append(
+            f"the bulk ESS of {worst_ess} is {np.nanmin(ess):.0f} at worst (threshold {ESS_MIN} in all), "
+            "so Monte Carlo errors of means and intervals exceed 10% of the posterior sd"
+        )
     if post.num_chains > 1 and np.isfinite(rhat).any() and np.nanmax(rhat) > RHAT_FIT_MAX:
-        problems.append(f"R-hat of {worst_rhat} is up to {np.nanmax(rhat):.3g} (threshold {RHAT_FIT_MAX}): the "
-                        "chains disagree, they have not mixed or sit in different modes")
+        problems.append(
+            f"R-hat of {worst_rhat} is up to {np.nanmax(rhat):.3g} (threshold {RHAT_FIT_MAX}): the "
+            "chains disagree, they have not mixed or sit in different modes"
+        )
     if post.num_chains == 1:
-        note = (f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started elsewhere "
-                f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4)")
+        note = (
+            f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started elsewhere "
+            f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4)"
+        )
         if not problems:  # nothing else to fix: the note alone, without the mixing advice
             _warn(f"{post.method}: {note} ({post.num_draws} draws).")
             return
         problems.append(note)
     if problems:
-        other = ("a larger max_tree_depth if the trajectories hit the maximum" if post.method == "nuts" else
-                 "method='nuts' (with a larger max_tree_depth if its trajectories hit the maximum)")
-        _warn(f"{post.method}: {'; and '.join(problems)} ({post.num_chains} chain(s) x {post.num_draws} draws). "
-              f"Try more num_samples and num_warmup, more chains, or {other}; post.summary(space='function') shows "
-              "every input.")
+        other = (
+            "a larger max_tree_depth if the trajectories hit the maximum"
+            if post.method == "nuts"
+            else "method='nuts' (with a larger max_tree_depth if its trajectories hit the maximum)"
+        )
+        _warn(
+            f"{post.method}: {'; and '.join(problems)} ({post.num_chains} chain(s) x {post.num_draws} draws). "
+            f"Try more num_samples and num_warmup, more chains, or {other}; post.summary(space='function') shows "
+            "every input."
+        )
 
 
-def _parameter_diagnostics(post) -> tuple["np.ndarray", "np.ndarray", list[str]]:
+def _parameter_diagnostics(post) -> tuple[np.ndarray, np.ndarray, list[str]]:
     """Bulk ESS and R-hat of every element of ``post.samples`` (sampled and deterministic sites) and of
     ``sample_stats["lp"]``, with their names (``"theta[3]"``, ``"lp"``)."""
     import arviz as az
@@ -225,7 +270,9 @@ def _parameter_diagnostics(post) -> tuple["np.ndarray", "np.ndarray", list[str]]
     return ess, rhat, names
 
 
-def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = None, advice: str | None = None) -> None:
+def check_elbo(
+    losses: torch.Tensor, *, method: str = "svi", lr: float | None = None, advice: str | None = None
+) -> None:
     """Warn when the loss (negative ELBO) of a chain ``losses[c]`` still falls, or rises, at the end of
     the run: the mean over the last :data:`ELBO_WINDOW` of the steps differs from the mean over the
     previous one by more than :data:`ELBO_TREND_Z` standard errors and :data:`ELBO_TREND_NATS`.
@@ -251,15 +298,21 @@ def check_elbo(losses: torch.Tensor, *, method: str = "svi", lr: float | None = 
     where = f"over the last {width} of {steps} steps (chain {chain})"
     lr_now = "" if lr is None else f" (lr={lr:g} now)"
     if change > 0:
-        _warn(f"{method}: the ELBO has not converged: the loss fell by {change:.3g} nats {where}, "
-              f"{change / se if se > 0 else math.inf:.1f} standard errors of its noise (thresholds {ELBO_TREND_Z:g} "
-              f"and {ELBO_TREND_NATS:g} nat). " + (advice or f"Try more num_steps, or a higher lr{lr_now}")
-              + "; post.history['loss'] shows the trace.")
+        _warn(
+            f"{method}: the ELBO has not converged: the loss fell by {change:.3g} nats {where}, "
+            f"{change / se if se > 0 else math.inf:.1f} standard errors of its noise (thresholds {ELBO_TREND_Z:g} "
+            f"and {ELBO_TREND_NATS:g} nat). "
+            + (advice or f"Try more num_steps, or a higher lr{lr_now}")
+            + "; post.history['loss'] shows the trace."
+        )
     else:
-        _warn(f"{method}: the ELBO got worse at the end of the run: the loss rose by {-change:.3g} nats {where} "
-              f"(thresholds {ELBO_TREND_Z:g} standard errors and {ELBO_TREND_NATS:g} nat): the optimizer is "
-              "unstable. " + (advice or f"Try a lower lr{lr_now} or lr_schedule='cosine'")
-              + "; post.history['loss'] shows the trace.")
+        _warn(
+            f"{method}: the ELBO got worse at the end of the run: the loss rose by {-change:.3g} nats {where} "
+            f"(thresholds {ELBO_TREND_Z:g} standard errors and {ELBO_TREND_NATS:g} nat): the optimizer is "
+            "unstable. "
+            + (advice or f"Try a lower lr{lr_now} or lr_schedule='cosine'")
+            + "; post.history['loss'] shows the trace."
+        )
 
 
 def check_predictive(post, *, advice: str = "") -> None:
@@ -305,12 +358,17 @@ def check_predictive(post, *, advice: str = "") -> None:
     # regression: the spread of f over the draws at the data, against the spread of the data themselves
     spread = math.nan if classes else float(means.var(0, correction=0).mean()) / baseline
     if moved < FIT_GAIN_MIN or spread >= 1.0:
-        _warn(f"{post.method}: the posterior ignores the data: its predictive fits the training data no better than "
-              f"a constant ({what}: {100 * gain:.0f}% better; threshold {100 * FIT_GAIN_MIN:.0f}%), and "
-              + (f"its draws fit them only {100 * moved:.0f}% better than prior draws. " if moved < FIT_GAIN_MIN else
-                 f"f varies over the draws at the training inputs by {spread:.2g}x the variance of y (a posterior "
-                 "informed by the data is surer of f where it has seen data than the data's own spread). ")
-              + f"{advice or 'Try a longer run or another method (e.g. nuts).'}")
+        _warn(
+            f"{post.method}: the posterior ignores the data: its predictive fits the training data no better than "
+            f"a constant ({what}: {100 * gain:.0f}% better; threshold {100 * FIT_GAIN_MIN:.0f}%), and "
+            + (
+                f"its draws fit them only {100 * moved:.0f}% better than prior draws. "
+                if moved < FIT_GAIN_MIN
+                else f"f varies over the draws at the training inputs by {spread:.2g}x the variance of y (a posterior "
+                "informed by the data is surer of f where it has seen data than the data's own spread). "
+            )
+            + f"{advice or 'Try a longer run or another method (e.g. nuts).'}"
+        )
 
 
 def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
@@ -342,8 +400,13 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
     outs, losses = [], []
     for fn in fns:
         b = base_distribution(fn)
-        out = (torch.stack([1 - b.probs, b.probs], -1) if isinstance(b, torch.distributions.Bernoulli)
-               else b.probs if classes else fn.mean).double()
+        out = (
+            torch.stack([1 - b.probs, b.probs], -1)
+            if isinstance(b, torch.distributions.Bernoulli)
+            else b.probs
+            if classes
+            else fn.mean
+        ).double()
         out = out if batched else out.unsqueeze(0)
         if classes:
             labels = y.reshape(-1).long()
@@ -355,12 +418,19 @@ def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
         losses.append(loss)
     return torch.cat(outs), torch.cat(losses), classes
 
+
 def check_mcmc(post, *, target_accept: float, acceptance: bool = False):
     """Every MCMC check (:func:`check_sampler`, :func:`check_mixing`) on a finished posterior; returns it.
     ``acceptance``: the method's kernel accepts or rejects each proposal whole (its declaration's
     ``accept_reject``)."""
-    check_sampler(post.method, post.samples, post.sample_stats, target_accept=target_accept,
-                  max_tree_depth=post.config.get("max_tree_depth"), acceptance=acceptance)
+    check_sampler(
+        post.method,
+        post.samples,
+        post.sample_stats,
+        target_accept=target_accept,
+        max_tree_depth=post.config.get("max_tree_depth"),
+        acceptance=acceptance,
+    )
     check_mixing(post)
     return post
 
@@ -373,16 +443,23 @@ def svi_advice(post) -> str:
 
     guide = post.config.get("guide")
     if not isinstance(post.model, BNN):
-        start = ("" if post.config.get("init") == "laplace" else
-                 "init='laplace' (the mode and the Laplace covariance as the start, the default for a Pyro function), ")
-        return ("On a Pyro function model the guide moves each parameter by about lr per step, so parameters on very "
-                f"different scales (a coefficient of 1,000 next to a noise scale of 1) need a good start: try {start}"
-                "standardized covariates (and targets), more num_steps (the ELBO trace in post.history['loss'] "
-                "should be flat at the end), or method='nuts' for the exact posterior of a small model.")
+        start = (
+            ""
+            if post.config.get("init") == "laplace"
+            else "init='laplace' (the mode and the Laplace covariance as the start, the default for a Pyro function), "
+        )
+        return (
+            "On a Pyro function model the guide moves each parameter by about lr per step, so parameters on very "
+            f"different scales (a coefficient of 1,000 next to a noise scale of 1) need a good start: try {start}"
+            "standardized covariates (and targets), more num_steps (the ELBO trace in post.history['loss'] "
+            "should be flat at the end), or method='nuts' for the exact posterior of a small model."
+        )
     if guide == "mean_field":
-        return ("A mean-field guide on a wide net and a small data set can make the prior the best ELBO (Coker et al. "
-                "2022, 'Wide mean-field Bayesian neural networks ignore the data'): try guide='low_rank' or "
-                "'full_rank', more num_steps if the ELBO is still falling, or method='nuts'.")
+        return (
+            "A mean-field guide on a wide net and a small data set can make the prior the best ELBO (Coker et al. "
+            "2022, 'Wide mean-field Bayesian neural networks ignore the data'): try guide='low_rank' or "
+            "'full_rank', more num_steps if the ELBO is still falling, or method='nuts'."
+        )
     return "Try more num_steps if the ELBO is still falling, a smaller lr if it is noisy, or method='nuts'."
 
 
@@ -391,8 +468,12 @@ def check_svi(post):
     :func:`svi_advice`); returns ``post``."""
     if "loss" in post.history:
         unscaled = unscaled_targets(post.model, post.y)
-        check_elbo(post.history["loss"], method=post.method, lr=post.config.get("lr"),
-                   advice=None if unscaled is None else f"The cause is likely the units, not the budget: {unscaled}")
+        check_elbo(
+            post.history["loss"],
+            method=post.method,
+            lr=post.config.get("lr"),
+            advice=None if unscaled is None else f"The cause is likely the units, not the budget: {unscaled}",
+        )
     check_predictive(post, advice=svi_advice(post))
     return post
 
@@ -424,12 +505,14 @@ def unscaled_targets(model, y) -> str | None:
     sd = float(y.double().reshape(y.shape[0], -1).std(0, correction=0).max())
     if not (sd > TARGET_SD_MAX and scale < NOISE_FRACTION_MIN * sd):
         return None
-    return (f"the targets y have standard deviation {sd:.3g} (raw units; above {TARGET_SD_MAX:g}) but the "
-            f"likelihood's fixed noise is Gaussian(scale={scale:g}), {sd / scale:.3g} times smaller: a unit-prior net "
-            "cannot reach such targets and the likelihood is too sharp to optimize or sample. Standardize y "
-            "(from bnn_pyro.data.splits import Standardizer; ys = Standardizer.fit(y); fit on ys.transform(y); map predictions back with "
-            "ys.inverse(pred.mean) and ys.inverse_std(pred.std)) and set the noise in standardized units, or learn "
-            "it: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)).")
+    return (
+        f"the targets y have standard deviation {sd:.3g} (raw units; above {TARGET_SD_MAX:g}) but the "
+        f"likelihood's fixed noise is Gaussian(scale={scale:g}), {sd / scale:.3g} times smaller: a unit-prior net "
+        "cannot reach such targets and the likelihood is too sharp to optimize or sample. Standardize y "
+        "(from bnn_pyro.data.splits import Standardizer; ys = Standardizer.fit(y); fit on ys.transform(y); map predictions back with "
+        "ys.inverse(pred.mean) and ys.inverse_std(pred.std)) and set the noise in standardized units, or learn "
+        "it: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))."
+    )
 
 
 def check_targets(model, y) -> None:
@@ -447,8 +530,10 @@ def check_off_data(post, reason: str):
     likelihood = getattr(post.model, "likelihood", None)
     if getattr(likelihood, "task", None) != "classification":
         return post
-    _warn(f"{post.method}: off-data uncertainty is not represented: {reason} So the predictive's entropy and mutual "
-          "information need not rise on inputs unlike the training data (on three tabular sets, Gaussian-noise inputs "
-          "were told apart from test rows at about chance level; docs/ood.md). For out-of-distribution detection use method='ensemble' "
-          "(anchored members, the default), 'laplace' or 'nuts'.")
+    _warn(
+        f"{post.method}: off-data uncertainty is not represented: {reason} So the predictive's entropy and mutual "
+        "information need not rise on inputs unlike the training data (on three tabular sets, Gaussian-noise inputs "
+        "were told apart from test rows at about chance level; docs/ood.md). For out-of-distribution detection use method='ensemble' "
+        "(anchored members, the default), 'laplace' or 'nuts'."
+    )
     return post

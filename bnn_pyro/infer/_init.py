@@ -34,9 +34,9 @@ from enum import Enum
 
 import torch
 
-from bnn_pyro.utils.checks import choice
 from bnn_pyro.infer._common import Data, is_latent, traced
 from bnn_pyro.model import BNN
+from bnn_pyro.utils.checks import choice
 from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["Init", "resolve_init", "chain_start", "reset_values", "set_points"]
@@ -51,9 +51,11 @@ class Init(str, Enum):
     MEDIAN = "median"  # the prior median
 
 
-_ADVICE = ("init= must come from a fit of this same model (same net architecture, prior and likelihood). To start "
-           "from a net's own weights, build the model from that net and pass init='net'; otherwise use "
-           "init='reset' (the default) or init='prior'")
+_ADVICE = (
+    "init= must come from a fit of this same model (same net architecture, prior and likelihood). To start "
+    "from a net's own weights, build the model from that net and pass init='net'; otherwise use "
+    "init='reset' (the default) or init='prior'"
+)
 
 
 def resolve_init(model, init, data: Data):
@@ -72,8 +74,10 @@ def resolve_init(model, init, data: Data):
     if isinstance(init, str):
         kind = choice("init", init, Init)
         if kind is Init.RESET and not is_bnn:
-            raise ValueError("init='reset' re-runs the layers' initializers of a bp.BNN's net; this model is a Pyro "
-                             "function. Use init='prior' (a prior draw per chain) or 'median'.")
+            raise ValueError(
+                "init='reset' re-runs the layers' initializers of a bp.BNN's net; this model is a Pyro "
+                "function. Use init='prior' (a prior draw per chain) or 'median'."
+            )
         return kind.value
     if isinstance(init, Posterior):
         values = {n: v.mean((0, 1)) for n, v in init.samples.items()}
@@ -86,13 +90,17 @@ def resolve_init(model, init, data: Data):
             try:
                 values[name] = torch.as_tensor(value, dtype=value.dtype if torch.is_tensor(value) else _dtype(model))
             except (TypeError, ValueError, RuntimeError):
-                raise TypeError(f"init: the value for {name!r} is a {type(value).__name__}; pass a tensor (or a number) "
-                                "per site name, e.g. init={'0.weight': torch.zeros(50, 1)}.") from None
+                raise TypeError(
+                    f"init: the value for {name!r} is a {type(value).__name__}; pass a tensor (or a number) "
+                    "per site name, e.g. init={'0.weight': torch.zeros(50, 1)}."
+                ) from None
         _check_values(model, values, data, "the dict's")
         return values
-    raise TypeError(f"init: expected 'reset', 'net', 'prior', 'median', a dict of site values or a bp.Posterior, got "
-                    f"{type(init).__name__}; pass e.g. init='net' (the net's own weights) or init=post (a fit of this "
-                    "model).")
+    raise TypeError(
+        f"init: expected 'reset', 'net', 'prior', 'median', a dict of site values or a bp.Posterior, got "
+        f"{type(init).__name__}; pass e.g. init='net' (the net's own weights) or init=post (a fit of this "
+        "model)."
+    )
 
 
 def _dtype(model) -> torch.dtype:
@@ -102,19 +110,27 @@ def _dtype(model) -> torch.dtype:
 def _check_values(model, values: dict[str, torch.Tensor], data: Data, whose: str) -> None:
     """Every name a latent site or a parameter of ``model``, with that site's (per-draw) shape."""
     x0, y0 = data.first()
-    shapes = {name: site["value"].shape for name, site in traced(model, x0, y0).nodes.items()
-              if site["type"] == "param" or is_latent(site)
-              or (site["type"] == "sample" and site["infer"].get("_deterministic"))}  # MCMC keeps pyro.deterministic
+    shapes = {
+        name: site["value"].shape
+        for name, site in traced(model, x0, y0).nodes.items()
+        if site["type"] == "param"
+        or is_latent(site)
+        or (site["type"] == "sample" and site["infer"].get("_deterministic"))
+    }  # MCMC keeps pyro.deterministic
     if isinstance(model, BNN):
         shapes.update(model.param_shapes)
     unknown = [n for n in values if n not in shapes]
     if unknown:
-        raise ValueError(f"init: {whose} sites {unknown} are not sites or parameters of this model (its sites: "
-                         f"{list(shapes)}); {_ADVICE}.")
+        raise ValueError(
+            f"init: {whose} sites {unknown} are not sites or parameters of this model (its sites: "
+            f"{list(shapes)}); {_ADVICE}."
+        )
     for name, value in values.items():
         if value.shape != shapes[name]:
-            raise ValueError(f"init: {whose} site {name!r} has shape {tuple(value.shape)} (per draw), but this model's "
-                             f"{name!r} has shape {tuple(shapes[name])}; {_ADVICE}.")
+            raise ValueError(
+                f"init: {whose} site {name!r} has shape {tuple(value.shape)} (per draw), but this model's "
+                f"{name!r} has shape {tuple(shapes[name])}; {_ADVICE}."
+            )
 
 
 def chain_start(model, init, seed: int, *, points: bool = True):
@@ -171,9 +187,12 @@ def reset_values(model: BNN, seed: int, *, names: list[str] | None = None) -> di
     values = {n: p.detach().to(like) for n, p in net.named_parameters()}
     missing = [n for n in values if n not in covered]
     if any(n in (values if names is None else names) for n in missing):
-        warn(f"init: parameters {missing} belong to modules without reset_parameters(), so every chain (or "
-             "ensemble member) starts them at the net's current values, which seed= does not control. Give "
-             "those modules a reset_parameters(), seed torch before building the net, or use init='prior' "
-             "(sites) or init='net' (the net's values, without this warning).", UserWarning)
+        warn(
+            f"init: parameters {missing} belong to modules without reset_parameters(), so every chain (or "
+            "ensemble member) starts them at the net's current values, which seed= does not control. Give "
+            "those modules a reset_parameters(), seed torch before building the net, or use init='prior' "
+            "(sites) or init='net' (the net's values, without this warning).",
+            UserWarning,
+        )
     values.update({n: model.init_values[n].clone() for n in missing})
     return values

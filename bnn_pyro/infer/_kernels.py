@@ -22,9 +22,14 @@ from pyro.infer.mcmc.adaptation import WarmupAdapter
 from pyro.infer.mcmc.mcmc_kernel import MCMCKernel
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro.utils.upstream_private import (hmc_state, load_hmc_state, load_warmup_adapter_state, mean_accept_prob,
-                                        warmup_adapter_state)
 from bnn_pyro.infer import _logjoint
+from bnn_pyro.utils.upstream_private import (
+    hmc_state,
+    load_hmc_state,
+    load_warmup_adapter_state,
+    mean_accept_prob,
+    warmup_adapter_state,
+)
 
 __all__ = ["DrawStats", "sample_stats", "jittered_steps", "AdaptedKernel", "PyroNUTS", "PyroHMC", "Metropolis"]
 
@@ -51,8 +56,11 @@ class DrawStats(NamedTuple):
 def sample_stats(draws: list[DrawStats]) -> dict[str, torch.Tensor]:
     """One chain's per-draw records as ``Posterior.sample_stats`` columns shaped ``(draws,)``: floats as
     float32, counts as int64, flags as bool; fields that are ``None`` for the kernel are left out."""
-    return {name: torch.tensor([getattr(d, name) for d in draws]) for name in DrawStats._fields
-            if getattr(draws[0], name) is not None}
+    return {
+        name: torch.tensor([getattr(d, name) for d in draws])
+        for name in DrawStats._fields
+        if getattr(draws[0], name) is not None
+    }
 
 
 def jittered_steps(num_steps: int, jitter: float, uniform: float) -> int:
@@ -145,10 +153,15 @@ class _Counted:
         for r in watch.momenta:  # 1/2 |r|^2 of the standard-normal momentum (Pyro's kinetic energy)
             kinetic = kinetic + r.dot(r)
         self._bp_potential = self._evaluate(z)
-        self.stats = DrawStats(lp=-float(self._bp_potential), acceptance_rate=accept, step_size=step,
-                               diverging=bool(divergences) and divergences[-1] == n - 1,
-                               n_steps=self._bp_grad_evals - evals, energy=float(0.5 * kinetic + u0),
-                               tree_depth=watch.doublings if isinstance(self, NUTS) else None)
+        self.stats = DrawStats(
+            lp=-float(self._bp_potential),
+            acceptance_rate=accept,
+            step_size=step,
+            diverging=bool(divergences) and divergences[-1] == n - 1,
+            n_steps=self._bp_grad_evals - evals,
+            energy=float(0.5 * kinetic + u0),
+            tree_depth=watch.doublings if isinstance(self, NUTS) else None,
+        )
         return z
 
     # checkpoint/resume (bnn_pyro.infer.mcmc): Pyro's kernel state, then this mixin's counters
@@ -185,10 +198,12 @@ def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args
         kernel = cls(model, jit_compile=jit, ignore_jit_warnings=True, init_strategy=init_strategy, **options)
         params = transforms = None
     else:
-        params, _, transforms, _ = initialize_model(model, model_args=model_args, init_strategy=init_strategy,
-                                                    skip_jit_warnings=True)
-        kernel = cls(potential_fn=_logjoint.potential(joint, transforms, *model_args, jit=jit), transforms=transforms,
-                     **options)
+        params, _, transforms, _ = initialize_model(
+            model, model_args=model_args, init_strategy=init_strategy, skip_jit_warnings=True
+        )
+        kernel = cls(
+            potential_fn=_logjoint.potential(joint, transforms, *model_args, jit=jit), transforms=transforms, **options
+        )
     kernel.resume = None if resume is None else resume[1]
     return kernel, params, transforms
 
@@ -220,8 +235,9 @@ class AdaptedKernel(MCMCKernel):
 
     def _load_adapter_state(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         prefix = "adapter/"
-        load_warmup_adapter_state(self._adapter, {k[len(prefix):]: v for k, v in tensors.items()
-                                                  if k.startswith(prefix)}, meta)
+        load_warmup_adapter_state(
+            self._adapter, {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}, meta
+        )
 
 
 class Metropolis(AdaptedKernel):
@@ -231,18 +247,29 @@ class Metropolis(AdaptedKernel):
     Pyro's :class:`WarmupAdapter`. After each window ``h`` restarts at ``2.38 / sqrt(d)``, the
     optimal scale for a Gaussian target of dimension ``d`` (Gelman, Roberts & Gilks 1996)."""
 
-    def __init__(self, model, *, init_strategy, step_size=None, target_accept_prob=0.234, dense=False, jit=False,
-                 joint=None):
+    def __init__(
+        self, model, *, init_strategy, step_size=None, target_accept_prob=0.234, dense=False, jit=False, joint=None
+    ):
         self.model, self.joint, self.transforms = model, joint, None
         self._init_strategy, self._jit, self._given_step, self._cov = init_strategy, jit, step_size, None
-        self._adapter = WarmupAdapter(step_size or 0.1, adapt_step_size=True, target_accept_prob=target_accept_prob,
-                                      adapt_mass_matrix=True, dense_mass=dense)
+        self._adapter = WarmupAdapter(
+            step_size or 0.1,
+            adapt_step_size=True,
+            target_accept_prob=target_accept_prob,
+            adapt_mass_matrix=True,
+            dense_mass=dense,
+        )
 
     def setup(self, warmup_steps, *args, **kwargs):
         self._warmup_steps, self._t, self._accept_cnt, self._mean_accept_prob = warmup_steps, 0, 0, 0.0
         self._initial_params, self.potential_fn, self.transforms, _ = initialize_model(
-            self.model, model_args=args, model_kwargs=kwargs, init_strategy=self._init_strategy,
-            jit_compile=self._jit and self.joint is None, skip_jit_warnings=True)
+            self.model,
+            model_args=args,
+            model_kwargs=kwargs,
+            init_strategy=self._init_strategy,
+            jit_compile=self._jit and self.joint is None,
+            skip_jit_warnings=True,
+        )
         if self.joint is not None:  # no gradient needed: the generic potential (its seeded runs unchanged)
             self.potential_fn = _logjoint.potential(self.joint, self.transforms, *args, jit=self._jit, analytic=False)
         self._energy_last = self.potential_fn(self._initial_params)
@@ -254,10 +281,12 @@ class Metropolis(AdaptedKernel):
         def restart(z):
             return starts.pop() if starts else optimal
 
-        self._adapter.configure(warmup_steps, mass_matrix_shape={names: (size, size) if self._adapter.dense_mass
-                                                                 else (size,)},
-                                find_reasonable_step_size_fn=restart,
-                                options=dict(dtype=self._energy_last.dtype, device=self._energy_last.device))
+        self._adapter.configure(
+            warmup_steps,
+            mass_matrix_shape={names: (size, size) if self._adapter.dense_mass else (size,)},
+            find_reasonable_step_size_fn=restart,
+            options=dict(dtype=self._energy_last.dtype, device=self._energy_last.device),
+        )
         self._adapter.reset_step_size_adaptation(self._initial_params)  # dual averaging starts near 10 * that step
 
     def logging(self):

@@ -35,13 +35,22 @@ import torch
 from pyro.distributions.util import sum_rightmost
 from torch.distributions import Distribution, biject_to
 
-from bnn_pyro.utils.upstream_private import autoguide_loc_scale, autoguide_setup, pyro_context
 from bnn_pyro.infer import _analytic, _analytic_elbo
 from bnn_pyro.infer._common import unvalidated
 from bnn_pyro.model import BNN
+from bnn_pyro.utils.upstream_private import autoguide_loc_scale, autoguide_setup, pyro_context
 from bnn_pyro.utils.user_warnings import warn
 
-__all__ = ["LogJoint", "build", "svi_loss", "potential", "flat_potential_and_grad", "FlatPotential", "recording", "is_identity"]
+__all__ = [
+    "LogJoint",
+    "build",
+    "svi_loss",
+    "potential",
+    "flat_potential_and_grad",
+    "FlatPotential",
+    "recording",
+    "is_identity",
+]
 
 
 class LogJoint:
@@ -65,8 +74,13 @@ class LogJoint:
     def log_prior(self, values: dict[str, torch.Tensor]) -> torch.Tensor:
         return sum(d.log_prob(values[name]) for name, d in self.priors.items())
 
-    def log_likelihood(self, values: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-                       points: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    def log_likelihood(
+        self,
+        values: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        points: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """The minibatch log-likelihood scaled by ``dataset_size / len(x)``; ``points`` are the
         deterministic parameters' values (default: the model's current ones)."""
         params = {n: values[n] for n in self.model.sample_names}
@@ -81,7 +95,7 @@ class LogJoint:
     def __call__(self, values, x, y, points=None) -> torch.Tensor:
         return self.log_prior(values) + self.log_likelihood(values, x, y, points)
 
-    def unvalidated(self) -> "LogJoint":
+    def unvalidated(self) -> LogJoint:
         """The same density with argument validation off in every prior (see ``svi_loss`` and ``potential``)."""
         return LogJoint(self.model, {n: unvalidated(d) for n, d in self.priors.items()}, self.dataset_size)
 
@@ -131,8 +145,11 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
     joint = joint.unvalidated()
     # a Linear-and-elementwise stack with Normal priors and a Gaussian likelihood: the analytic gradient
     # (bnn_pyro.infer._analytic); it declines at the first call where it does not apply
-    analytic = [_analytic_elbo.mean_field_loss(joint, guide, num_particles, autoguide_loc_scale, pyro_context)
-                if normal else None]
+    analytic = [
+        _analytic_elbo.mean_field_loss(joint, guide, num_particles, autoguide_loc_scale, pyro_context)
+        if normal
+        else None
+    ]
 
     def loss(x, y):
         if guide.prototype_trace is None:
@@ -169,8 +186,9 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
     return loss
 
 
-def potential(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor, *, jit: bool = False,
-              analytic: bool = True):
+def potential(
+    joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor, *, jit: bool = False, analytic: bool = True
+):
     """``U(z) = -log p(T^-1(z), y | x) - log|det J|``: Pyro's potential energy in the unconstrained
     coordinates given by ``transforms`` (site -> constrained-to-unconstrained map, as returned by
     Pyro's ``initialize_model``); deterministic parameters stay fixed at the model's values.
@@ -186,8 +204,11 @@ def potential(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tenso
         # at the first call: the analytic potential (bnn_pyro.infer._analytic) where the model allows it
         if generic[0] is None:
             names = list(z)
-            pot = (_analytic.build(joint, names, {n: z[n].shape for n in names}, x, y, reference=energy)
-                   if analytic else None)
+            pot = (
+                _analytic.build(joint, names, {n: z[n].shape for n in names}, x, y, reference=energy)
+                if analytic
+                else None
+            )
             generic[0] = (_traced(energy) if jit else energy) if pot is None else _analytic.site_potential(pot)
         return generic[0](z)
 
@@ -201,8 +222,15 @@ def analytic(joint: LogJoint, names, shapes: dict, x: torch.Tensor, y: torch.Ten
     return _analytic.build(joint, names, shapes, x, y, reference=Energy(joint, inverse, x, y))
 
 
-def flat_potential_and_grad(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor,
-                            shapes: dict[str, torch.Size], *, compile: bool = True):
+def flat_potential_and_grad(
+    joint: LogJoint,
+    transforms: dict,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    shapes: dict[str, torch.Size],
+    *,
+    compile: bool = True,
+):
     """``theta -> (U(theta), grad U(theta))`` over ONE flat vector that holds the sites of ``shapes`` (name ->
     unconstrained shape) in that order: the potential of :func:`potential` and its gradient in one call.
 
@@ -246,8 +274,12 @@ class FlatPotential:
         if not self.compile:
             return self.eager(theta)
         if self._gradient is None:
-            self._gradient = _compiled(torch.func.grad_and_value(self.energy), (theta.detach(),),
-                                       lambda t: self.eager(t)[::-1], "the potential's gradient")
+            self._gradient = _compiled(
+                torch.func.grad_and_value(self.energy),
+                (theta.detach(),),
+                lambda t: self.eager(t)[::-1],
+                "the potential's gradient",
+            )
         grad, value = self._gradient(theta.detach())
         return value, grad
 
@@ -261,9 +293,12 @@ class FlatPotential:
         if not self.compile:
             return _leapfrog(lambda t: self.eager(t)[::-1], z, p, g, step, inverse_mass)
         if self._step is None:
-            self._step = _compiled(partial(_leapfrog, torch.func.grad_and_value(self.energy)),
-                                   (z, p, g, step, inverse_mass),
-                                   partial(_leapfrog, lambda t: self.eager(t)[::-1]), "the leapfrog step")
+            self._step = _compiled(
+                partial(_leapfrog, torch.func.grad_and_value(self.energy)),
+                (z, p, g, step, inverse_mass),
+                partial(_leapfrog, lambda t: self.eager(t)[::-1]),
+                "the leapfrog step",
+            )
         return self._step(z, p, g, step, inverse_mass)
 
 
@@ -283,15 +318,23 @@ class Energy:
     ``theta`` and ``runs`` (:meth:`prior_runs`) the runs' sites are scored on slices of ``theta``."""
 
     def __init__(self, joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor):
-        self.inverse = {name: None if is_identity(transforms.get(name)) else transforms[name].inv
-                        for name in joint.priors}
+        self.inverse = {
+            name: None if is_identity(transforms.get(name)) else transforms[name].inv for name in joint.priors
+        }
         self.points, self.x, self.y = joint.model.point_values(), x, y
         # validation off, as on Pyro's path: a diverging trajectory's NaN gives a NaN energy (a rejected
         # proposal), not a ValueError from a distribution
         self.joint = joint.unvalidated()
 
-    def __call__(self, z: dict[str, torch.Tensor], theta: torch.Tensor | None = None, runs=(), *,
-                 batch: tuple | None = None, points: dict[str, torch.Tensor] | None = None) -> torch.Tensor:
+    def __call__(
+        self,
+        z: dict[str, torch.Tensor],
+        theta: torch.Tensor | None = None,
+        runs=(),
+        *,
+        batch: tuple | None = None,
+        points: dict[str, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """``U(z)`` on the bound data, or on ``batch = (x, y)`` (the likelihood scaled by ``N / len(x)``), with the
         deterministic parameters at ``points`` (default: their values when this was built)."""
         x, y = (self.x, self.y) if batch is None else batch
@@ -303,8 +346,9 @@ class Energy:
                     values[name] = z[name]
                     continue
                 values[name] = t(z[name])
-                log_det = log_det + sum_rightmost(t.log_abs_det_jacobian(z[name], values[name]),
-                                                  joint._event_dims[name])
+                log_det = log_det + sum_rightmost(
+                    t.log_abs_det_jacobian(z[name], values[name]), joint._event_dims[name]
+                )
             scored = {name for _, _, run_names, _ in runs for name in run_names}
             log_prior = sum(d.log_prob(theta[a:b]).sum() for a, b, _, d in runs)
             log_prior = log_prior + sum(d.log_prob(values[n]) for n, d in joint.priors.items() if n not in scored)
@@ -345,8 +389,13 @@ def _scalar_prior(d: Distribution) -> Distribution | None:
     try:
         scalar = type(base)(**{k: v.reshape(-1)[0] for k, v in params.items()}, validate_args=False)
         # a fixed probe on the real line (only sites without a transform are grouped), elementwise
-        probe = torch.linspace(-3.0, 3.0, base.batch_shape.numel(), dtype=params[next(iter(params))].dtype,
-                               device=params[next(iter(params))].device).reshape(base.batch_shape)
+        probe = torch.linspace(
+            -3.0,
+            3.0,
+            base.batch_shape.numel(),
+            dtype=params[next(iter(params))].dtype,
+            device=params[next(iter(params))].device,
+        ).reshape(base.batch_shape)
         same = torch.allclose(scalar.log_prob(probe), base.log_prob(probe), rtol=1e-6, atol=1e-6)
     except Exception:  # noqa: BLE001 - a distribution these arguments do not build: score it per site
         return None
@@ -385,8 +434,11 @@ def _compiled(fn, args: tuple, eager, what: str):
                 continue
         raise RuntimeError("the compiled graph's values differ from the eager ones")
     except Exception as err:  # noqa: BLE001 - any failure to record: the eager version still works
-        warn(f"fast path: could not compile {what} ({type(err).__name__}: {err}); using the eager "
-             "version (slower, same values).", RuntimeWarning)
+        warn(
+            f"fast path: could not compile {what} ({type(err).__name__}: {err}); using the eager "
+            "version (slower, same values).",
+            RuntimeWarning,
+        )
         return eager
 
 
@@ -401,8 +453,9 @@ def recording():
     bounds torch below 2.14, which deprecates TorchScript."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
-        warnings.filterwarnings("ignore", message=r"`torch\.jit\.(trace|trace_method|freeze)` is deprecated",
-                                category=DeprecationWarning)
+        warnings.filterwarnings(
+            "ignore", message=r"`torch\.jit\.(trace|trace_method|freeze)` is deprecated", category=DeprecationWarning
+        )
         yield
 
 
@@ -415,8 +468,10 @@ def _unoptimized(method):
 
 
 def _close(found, expected) -> bool:
-    return all(torch.allclose(a, b, rtol=1e-4, atol=1e-5 * (1.0 + float(b.nan_to_num().abs().max())), equal_nan=True)
-               for a, b in zip(found, expected))
+    return all(
+        torch.allclose(a, b, rtol=1e-4, atol=1e-5 * (1.0 + float(b.nan_to_num().abs().max())), equal_nan=True)
+        for a, b in zip(found, expected)
+    )
 
 
 class _Call(torch.nn.Module):
@@ -438,8 +493,9 @@ def _traced(fn):
         if not compiled:
             names = list(z)
             with recording():
-                graph = torch.jit.trace(lambda *v: fn(dict(zip(names, v))), tuple(z[n].detach() for n in names),
-                                        check_trace=False)
+                graph = torch.jit.trace(
+                    lambda *v: fn(dict(zip(names, v))), tuple(z[n].detach() for n in names), check_trace=False
+                )
             compiled.update(names=names, graph=graph)
         return compiled["graph"](*(z[n] for n in compiled["names"]))
 

@@ -42,7 +42,8 @@ Usage::
 from __future__ import annotations
 
 import math
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -62,11 +63,29 @@ class FlatNUTS(OneChainKernel):
     step-size heuristic after each mass-matrix window). ``max_tree_depth``: at most ``2**max_tree_depth - 1``
     leapfrog steps per draw (10: Stan's and Pyro's default)."""
 
-    def __init__(self, model, joint, *, init_strategy, step_size=None, target_accept_prob=0.8, max_tree_depth=10,
-                 dense_mass=False, jit=True):
-        super().__init__(model, joint, transition=nuts_transition, options=dict(max_tree_depth=max_tree_depth),
-                         init_strategy=init_strategy, step_size=step_size, target_accept_prob=target_accept_prob,
-                         dense_mass=dense_mass, jit=jit)
+    def __init__(
+        self,
+        model,
+        joint,
+        *,
+        init_strategy,
+        step_size=None,
+        target_accept_prob=0.8,
+        max_tree_depth=10,
+        dense_mass=False,
+        jit=True,
+    ):
+        super().__init__(
+            model,
+            joint,
+            transition=nuts_transition,
+            options=dict(max_tree_depth=max_tree_depth),
+            init_strategy=init_strategy,
+            step_size=step_size,
+            target_accept_prob=target_accept_prob,
+            dense_mass=dense_mass,
+            jit=jit,
+        )
 
 
 class _Node(NamedTuple):
@@ -93,9 +112,17 @@ class _Subtree(NamedTuple):
     frontier: tuple  # (z, p, g, M^-1 p) of its last state
 
 
-def nuts_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor, *, leapfrog: Leapfrog,
-                    generator: torch.Generator, max_tree_depth: int = 10) -> tuple[Tensor, Tensor, Tensor,
-                                                                                   TransitionStats]:
+def nuts_transition(
+    z: Tensor,
+    u: Tensor,
+    g: Tensor,
+    step: Tensor,
+    minv: Tensor,
+    *,
+    leapfrog: Leapfrog,
+    generator: torch.Generator,
+    max_tree_depth: int = 10,
+) -> tuple[Tensor, Tensor, Tensor, TransitionStats]:
     """One NUTS transition of every chain: ``z``, ``g`` (C, D), ``u`` (C,), ``step`` (C,) > 0; momentum ``p ~ N(0,
     M)`` drawn here from ``generator`` (:func:`~bnn_pyro.infer._batched.momentum`).
 
@@ -107,8 +134,9 @@ def nuts_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor,
     """
     if torch.is_grad_enabled():  # nothing here is differentiated (a generic potential enables grad for itself)
         with torch.no_grad():
-            return nuts_transition(z, u, g, step, minv, leapfrog=leapfrog, generator=generator,
-                                   max_tree_depth=max_tree_depth)
+            return nuts_transition(
+                z, u, g, step, minv, leapfrog=leapfrog, generator=generator, max_tree_depth=max_tree_depth
+            )
     steps = step.tolist() if isinstance(step, Tensor) else None  # one host read
     _check(z, u, g, step, steps, minv, max_tree_depth)
     c = z.shape[0]
@@ -130,10 +158,15 @@ def nuts_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor,
     # the uniforms of every doubling's direction and merge, and of the first two subtrees' leaves: one draw (a
     # shallow tree needs no other); a deeper subtree draws its leaves' when it starts
     first = torch.rand(2 * max_tree_depth + 3, c, generator=generator, dtype=z.dtype, device=z.device).tolist()
-    directions, merges = first[:max_tree_depth], first[max_tree_depth:2 * max_tree_depth]
+    directions, merges = first[:max_tree_depth], first[max_tree_depth : 2 * max_tree_depth]
     for j in range(max_tree_depth):
-        leaves = (first[2 * max_tree_depth:2 * max_tree_depth + 1] if j == 0 else first[2 * max_tree_depth + 1:]
-                  if j == 1 else torch.rand(2 ** j, c, generator=generator, dtype=z.dtype, device=z.device).tolist())
+        leaves = (
+            first[2 * max_tree_depth : 2 * max_tree_depth + 1]
+            if j == 0
+            else first[2 * max_tree_depth + 1 :]
+            if j == 1
+            else torch.rand(2**j, c, generator=generator, dtype=z.dtype, device=z.device).tolist()
+        )
         forward = [v < 0.5 for v in directions[j]]
         begin = _pick(forward, ends[True], ends[False])
         step_j = _pick_step(forward, signed, step)
@@ -143,8 +176,9 @@ def nuts_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor,
             accept[i] += new.accept_sum[i]
             diverging[i] = diverging[i] or new.diverged[i]
         # biased progressive sampling: the new subtree's draw wins with probability min(1, w_new / w_old)
-        take = [ok and (nw > w or uni < math.exp(nw - w))
-                for ok, nw, w, uni in zip(new.ok, new.log_w, log_w, merges[j])]
+        take = [
+            ok and (nw > w or uni < math.exp(nw - w)) for ok, nw, w, uni in zip(new.ok, new.log_w, log_w, merges[j])
+        ]
         draw_z, draw_g = _pick(take, new.draw[0], draw_z), _pick(take, new.draw[1], draw_g)
         draw_u = [nu if t else du for t, nu, du in zip(take, new.draw[2], draw_u)]
         log_w = [_logaddexp(w, nw) if ok else w for ok, w, nw in zip(new.ok, log_w, new.log_w)]
@@ -155,8 +189,10 @@ def nuts_transition(z: Tensor, u: Tensor, g: Tensor, step: Tensor, minv: Tensor,
         rho = _pick(new.ok, rho + new.node.rho, rho)
         grows_forward = [ok and f for ok, f in zip(new.ok, forward)]
         grows_backward = [ok and not f for ok, f in zip(new.ok, forward)]
-        ends = {True: _pick(grows_forward, new.frontier, ends[True]),
-                False: _pick(grows_backward, new.frontier, ends[False])}
+        ends = {
+            True: _pick(grows_forward, new.frontier, ends[True]),
+            False: _pick(grows_backward, new.frontier, ends[False]),
+        }
         for i in range(c):
             if running[i] and not (new.ok[i] and not turned[i]):
                 running[i], depth[i] = False, j + 1
@@ -213,8 +249,16 @@ def _subtree(begin: tuple, depth: int, step, h0: list, done: list, uniforms: lis
                 gone[i] = gone[i] or t
             if k + 1 < leaves and all(gone):
                 break
-    return _Subtree(ok=[not x for x in gone], n_steps=n, accept_sum=acc, diverged=div, log_w=total,
-                    draw=(cand_z, cand_g, cand_u), node=node, frontier=(z, p, g, s))
+    return _Subtree(
+        ok=[not x for x in gone],
+        n_steps=n,
+        accept_sum=acc,
+        diverged=div,
+        log_w=total,
+        draw=(cand_z, cand_g, cand_u),
+        node=node,
+        frontier=(z, p, g, s),
+    )
 
 
 def _turned(merges: list[tuple[_Node, _Node]], unbatched: bool) -> list[bool]:
@@ -232,11 +276,12 @@ def _turned(merges: list[tuple[_Node, _Node]], unbatched: bool) -> list[bool]:
     vectors = torch.stack([v for f, s in merges for v in (f.rho, s.rho, s.near_p, f.far_p)], -2)
     products = (sharps @ vectors.mT).tolist()
     turned = []
-    for rows in ([products] if unbatched else products):
+    for rows in [products] if unbatched else products:
         ok = True
         for m in range(len(merges)):
-            (a0, a1, a2, _), (b0, b1, _, b3), (c0, _, c2, _), (_, e1, _, e3) = (r[4 * m:4 * m + 4]
-                                                                                for r in rows[4 * m:4 * m + 4])
+            (a0, a1, a2, _), (b0, b1, _, b3), (c0, _, c2, _), (_, e1, _, e3) = (
+                r[4 * m : 4 * m + 4] for r in rows[4 * m : 4 * m + 4]
+            )
             ok = ok and (a0 + a1 > 0 and b0 + b1 > 0 and a0 + a2 > 0 and c0 + c2 > 0 and e1 + e3 > 0 and b1 + b3 > 0)
         turned.append(not ok)
     return turned
@@ -293,20 +338,28 @@ def _logaddexp(a: float, b: float) -> float:
 def _check(z, u, g, step, steps, minv, max_tree_depth) -> None:
     """Clear errors for bad input (``steps``: the step sizes read back)."""
     if not (isinstance(z, Tensor) and z.dim() == 2 and z.is_floating_point()):
-        raise ValueError(f"nuts_transition: z must be a floating (C, D) tensor of positions, one row per chain; got "
-                         f"{type(z).__name__} {tuple(getattr(z, 'shape', ()))}. Stack the chains' flat vectors.")
+        raise ValueError(
+            f"nuts_transition: z must be a floating (C, D) tensor of positions, one row per chain; got "
+            f"{type(z).__name__} {tuple(getattr(z, 'shape', ()))}. Stack the chains' flat vectors."
+        )
     c, d = z.shape
     if tuple(g.shape) != (c, d):
         raise ValueError(f"nuts_transition: g (the gradients) must have z's shape {(c, d)}; got {tuple(g.shape)}.")
     if tuple(u.shape) != (c,):
         raise ValueError(f"nuts_transition: u (the potentials) must be shaped (C,) = {(c,)}; got {tuple(u.shape)}.")
     if not isinstance(step, Tensor) or tuple(step.shape) != (c,):
-        raise ValueError(f"nuts_transition: step must be a (C,) = {(c,)} tensor of step sizes, one per chain; got "
-                         f"{type(step).__name__} {tuple(getattr(step, 'shape', ()))}. Try step.expand(C).")
+        raise ValueError(
+            f"nuts_transition: step must be a (C,) = {(c,)} tensor of step sizes, one per chain; got "
+            f"{type(step).__name__} {tuple(getattr(step, 'shape', ()))}. Try step.expand(C)."
+        )
     if not all(v > 0 for v in steps):
-        raise ValueError(f"nuts_transition: every step size must be > 0 (the direction is drawn here); got {steps[:8]}.")
+        raise ValueError(
+            f"nuts_transition: every step size must be > 0 (the direction is drawn here); got {steps[:8]}."
+        )
     if tuple(minv.shape) not in ((c, d), (c, d, d)):
-        raise ValueError(f"nuts_transition: minv must be a (C, D) = {(c, d)} diagonal or (C, D, D) dense inverse "
-                         f"mass matrix per chain; got {tuple(minv.shape)}.")
+        raise ValueError(
+            f"nuts_transition: minv must be a (C, D) = {(c, d)} diagonal or (C, D, D) dense inverse "
+            f"mass matrix per chain; got {tuple(minv.shape)}."
+        )
     if isinstance(max_tree_depth, bool) or not isinstance(max_tree_depth, int) or max_tree_depth < 1:
         raise ValueError(f"nuts_transition: max_tree_depth must be an int >= 1 (doublings); got {max_tree_depth!r}.")

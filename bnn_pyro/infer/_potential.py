@@ -42,9 +42,9 @@ import math
 import torch
 from pyro.infer.mcmc.util import initialize_model
 
-from bnn_pyro.utils.checks import flag
 from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._common import Data, init_strategy, quiet_model
+from bnn_pyro.utils.checks import flag
 from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["Potential", "Potentials"]
@@ -87,7 +87,8 @@ class Potential:
             return run(*self._batch)
 
         self.init, self._pyro, self.transforms, _ = initialize_model(
-            bound, model_args=(), init_strategy=init_strategy(model, init))
+            bound, model_args=(), init_strategy=init_strategy(model, init)
+        )
         self.init = {k: v.detach() for k, v in self.init.items()}
         self.shapes = {k: v.shape for k, v in self.init.items()}
         self._fast = _FastEnergy.build(model, data.size, self) if fast_path else None
@@ -99,7 +100,7 @@ class Potential:
         return self._fast is not None
 
     @property
-    def stack(self) -> "_analytic.StackPotential | None":
+    def stack(self) -> _analytic.StackPotential | None:
         """The analytic potential over :meth:`flatten`'s layout where :attr:`path` is ``"analytic"``, else ``None``
         (Laplace's curvature step reads the net from it: :mod:`bnn_pyro.infer._analytic_ggn`)."""
         return None if self._fast is None else self._fast.stack
@@ -191,7 +192,7 @@ class _FastEnergy:
         self.names = list(stack._order) if stack is not None else None
 
     @classmethod
-    def build(cls, model, dataset_size: int, pot: Potential) -> "_FastEnergy | None":
+    def build(cls, model, dataset_size: int, pot: Potential) -> _FastEnergy | None:
         joint = _logjoint.build(model, dataset_size)
         if joint is None or set(joint.priors) != set(pot.shapes):
             return None
@@ -240,12 +241,13 @@ class _FastEnergy:
         dtype = next(iter(z.values())).dtype
         tol = 1e-9 if dtype == torch.float64 else 1e-4  # as _analytic's own check
         scale = 1.0 + max(float(t.abs().max()) for t in results[0])
-        ok = all(bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= tol * scale
-                 for a, b in zip(*results))
+        ok = all(bool(torch.isfinite(a).all()) and float((a - b).abs().max()) <= tol * scale for a, b in zip(*results))
         if not ok:
-            warn("Potential: the fast log density disagrees with Pyro's on this model at the starting point; "
-                 "using Pyro's traced potential (same values, slower). Please report this model.",
-                 RuntimeWarning)
+            warn(
+                "Potential: the fast log density disagrees with Pyro's on this model at the starting point; "
+                "using Pyro's traced potential (same values, slower). Please report this model.",
+                RuntimeWarning,
+            )
         return ok
 
 

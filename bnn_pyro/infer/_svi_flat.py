@@ -26,7 +26,7 @@ bit-identical. The update is the same as on Pyro's path but for the fused Adam k
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +34,6 @@ from pyro.distributions.transforms import SoftplusTransform
 from pyro.infer import autoguide
 from torch.distributions import transform_to
 
-from bnn_pyro.utils.checks import choice
 from bnn_pyro.infer import _analytic, _analytic_elbo, _logjoint, driver
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.checkpoint import CheckpointError
@@ -42,6 +41,7 @@ from bnn_pyro.infer.contract import Engine, Loop, run
 from bnn_pyro.infer.driver import Resumable, assemble, run_chains
 from bnn_pyro.infer.optim import Optimizer, make_optimizer
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice
 
 __all__ = ["FlatMeanField", "descend", "drive", "CHECK_EVERY"]
 
@@ -55,8 +55,14 @@ class FlatMeanField:
     store tensors ``locs``/``scales``), with :meth:`step` the analytic negative ELBO on the potential ``pot``
     (a :class:`~bnn_pyro.infer._analytic.StackPotential`). Build it with :meth:`of`."""
 
-    def __init__(self, pot: _analytic.StackPotential, locs: list[torch.Tensor], scales: list[torch.Tensor],
-                 num_particles: int, analytic_kl: bool = False):
+    def __init__(
+        self,
+        pot: _analytic.StackPotential,
+        locs: list[torch.Tensor],
+        scales: list[torch.Tensor],
+        num_particles: int,
+        analytic_kl: bool = False,
+    ):
         self.pot, self._store, self.analytic_kl = pot, (locs, scales), analytic_kl
         self._sizes = [t.numel() for t in locs]
         with torch.no_grad():
@@ -66,15 +72,24 @@ class FlatMeanField:
         lead = (num_particles,) if num_particles > 1 else ()
         self._eps = self.loc.new_empty(lead + self.loc.shape)
         if lead:  # each site's (P, size) block drawn in one call, then laid side by side
-            self._blocks = list(self.loc.new_empty(num_particles * self.loc.numel()).split(
-                [num_particles * s for s in self._sizes]))
+            self._blocks = list(
+                self.loc.new_empty(num_particles * self.loc.numel()).split([num_particles * s for s in self._sizes])
+            )
             self._blocks = [b.view(num_particles, -1) for b in self._blocks]
         else:
             self._blocks = list(self._eps.split(self._sizes))
 
     @classmethod
-    def of(cls, joint: _logjoint.LogJoint | None, guide, num_particles: int, x: torch.Tensor, y: torch.Tensor, *,
-           analytic_kl: bool = False) -> "FlatMeanField | None":
+    def of(
+        cls,
+        joint: _logjoint.LogJoint | None,
+        guide,
+        num_particles: int,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        *,
+        analytic_kl: bool = False,
+    ) -> FlatMeanField | None:
         """The flat state of ``guide`` (set up: its parameters in the store) on ``joint``'s analytic potential, or
         ``None`` where this path does not apply (another guide or scale constraint, deterministic parameters, a
         model the analytic potential does not cover or disagrees with at its probe point). ``analytic_kl``: the
@@ -113,8 +128,9 @@ class FlatMeanField:
                 block.normal_()
             eps = self._eps if self._eps.dim() == 1 else torch.cat(self._blocks, -1, out=self._eps)
             scale = F.softplus(self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
-            value, g_loc, g_scale = _analytic_elbo.negative_elbo(self.loc, scale, eps, self.pot, x, y,
-                                                                 analytic_kl=self.analytic_kl)
+            value, g_loc, g_scale = _analytic_elbo.negative_elbo(
+                self.loc, scale, eps, self.pot, x, y, analytic_kl=self.analytic_kl
+            )
             self.loc.grad = g_loc
             self.rho.grad = torch.ops.aten.softplus_backward(g_scale, self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
         return value
@@ -165,9 +181,11 @@ class _Synced:
         except CheckpointError:  # unreadable, or another run's: its own message
             raise
         except ValueError as err:  # an optimizer state over other tensors than (loc, scale)
-            raise CheckpointError(f"resume: {str(self.path)!r} holds the optimizer state of another layout of this "
-                                  f"run ({err}): it was written by another bnn_pyro version or path. Resume it with "
-                                  "the version that wrote it, or delete it to start afresh.") from None
+            raise CheckpointError(
+                f"resume: {str(self.path)!r} holds the optimizer state of another layout of this "
+                f"run ({err}): it was written by another bnn_pyro version or path. Resume it with "
+                "the version that wrote it, or delete it to start afresh."
+            ) from None
         self.flat.from_store()
         return step
 
@@ -179,26 +197,51 @@ class _Synced:
         self.inner.save(step, opt, sched, losses)
 
 
-def descend(flat: FlatMeanField, data: Data, loop: Loop, *, seed: int, index: int = 0,
-            resumable: Resumable | None = None) -> torch.Tensor:
+def descend(
+    flat: FlatMeanField, data: Data, loop: Loop, *, seed: int, index: int = 0, resumable: Resumable | None = None
+) -> torch.Tensor:
     """:func:`bnn_pyro.infer.driver.descend` of ``flat`` on ``data``'s batches through its hooks for a hand-written
     gradient (:meth:`FlatMeanField.step` sets it; ``backward=False``) and a loss recorded on the parameters' device,
     checked every :func:`_check_interval` steps; ``loop``'s optimizer (fused Adam, see :func:`_optimizer`),
     schedule and progress bar. Returns the losses; the flat values go back to Pyro's parameter store."""
     opt = _optimizer(loop.optimizer, flat.params, loop.lr)
-    losses = driver.descend(lambda batch, step: (None, flat.step(*batch)), flat.params, data,
-                            num_steps=loop.num_steps, lr=loop.lr, opt=opt, lr_schedule=loop.lr_schedule, seed=seed,
-                            method=loop.method, desc=loop.desc.format(index=index), progress=loop.progress,
-                            quantity=loop.quantity, hint=loop.hint, resumable=resumable, backward=False,
-                            check_every=_check_interval(flat.device))
+    losses = driver.descend(
+        lambda batch, step: (None, flat.step(*batch)),
+        flat.params,
+        data,
+        num_steps=loop.num_steps,
+        lr=loop.lr,
+        opt=opt,
+        lr_schedule=loop.lr_schedule,
+        seed=seed,
+        method=loop.method,
+        desc=loop.desc.format(index=index),
+        progress=loop.progress,
+        quantity=loop.quantity,
+        hint=loop.hint,
+        resumable=resumable,
+        backward=False,
+        check_every=_check_interval(flat.device),
+    )
     flat.to_store()
     return losses
 
 
-def drive(model, data: Data, engine: Engine, loop: Loop, *, flat_of: Callable[[object], FlatMeanField | None],
-          num_chains: int, seed: int, config: dict, checkpoints=None) -> Posterior:
+def drive(
+    model,
+    data: Data,
+    engine: Engine,
+    loop: Loop,
+    *,
+    flat_of: Callable[[object], FlatMeanField | None],
+    num_chains: int,
+    seed: int,
+    config: dict,
+    checkpoints=None,
+) -> Posterior:
     """:func:`bnn_pyro.infer.contract.drive` (one ``loss`` history per chain) where each chain whose state
     ``flat_of(state)`` turns into a :class:`FlatMeanField` descends by :func:`descend`; the others by the driver."""
+
     def one_chain(fitted, info):
         state = engine.init(fitted, info)
         ckpt = None if checkpoints is None else checkpoints[info.index]

@@ -51,7 +51,9 @@ __all__ = ["anchor", "tilt", "flat_tilt", "ANCHOR_SEED_OFFSET"]
 ANCHOR_SEED_OFFSET = 7919  # the anchor's seed is the chain's plus this, so that it is not the start's draw
 
 
-def anchor(model, pot: Potential, batch: tuple, *, seed: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+def anchor(
+    model, pot: Potential, batch: tuple, *, seed: int
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The tilt ``g = grad_w log p(w)`` at one prior draw ``w_0`` (drawn under ``seed``), and ``w_0``, for the
     real-valued latent sites of ``pot`` (constrained sites are left out). Torch's global generator is left as it
     was."""
@@ -64,8 +66,11 @@ def anchor(model, pot: Potential, batch: tuple, *, seed: int) -> tuple[dict[str,
             draw = poutine.trace(run).get_trace(x, y)
         w0 = {name: draw.nodes[name]["value"].detach().clone().requires_grad_() for name in real}
         trace = poutine.trace(poutine.condition(run, data=w0)).get_trace(x, y)
-        log_prior = sum(site["fn"].log_prob(site["value"]).sum() for name, site in trace.nodes.items()
-                        if name in w0 and site["type"] == "sample")  # conditioning marks them observed
+        log_prior = sum(
+            site["fn"].log_prob(site["value"]).sum()
+            for name, site in trace.nodes.items()
+            if name in w0 and site["type"] == "sample"
+        )  # conditioning marks them observed
         grads = torch.autograd.grad(log_prior, list(w0.values())) if real else []
     return {name: g.detach() for name, g in zip(real, grads)}, {k: v.detach() for k, v in w0.items()}
 
@@ -78,8 +83,9 @@ def tilt(z: dict[str, torch.Tensor], g: dict[str, torch.Tensor]) -> torch.Tensor
 def flat_tilt(g: dict[str, torch.Tensor], pot: Potential) -> torch.Tensor:
     """The tilt ``g`` of :func:`anchor` as one flat vector in the order of ``pot.flatten``, zero on the sites it
     leaves out (the constrained ones)."""
-    return pot.flatten({k: g[k] if k in g else torch.zeros(shape, dtype=pot.init[k].dtype)
-                        for k, shape in pot.shapes.items()}).detach()
+    return pot.flatten(
+        {k: g[k] if k in g else torch.zeros(shape, dtype=pot.init[k].dtype) for k, shape in pot.shapes.items()}
+    ).detach()
 
 
 def _is_identity(pot: Potential, name: str) -> bool:

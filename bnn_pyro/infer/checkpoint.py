@@ -46,11 +46,21 @@ import torch
 from safetensors.torch import load as load_tensors
 
 from bnn_pyro.infer.declaration import RENAMED_OPTIONS
-from bnn_pyro.utils.checks import positive_int
 from bnn_pyro.posterior.tensor_files import digest, write_atomic
+from bnn_pyro.utils.checks import positive_int
 
-__all__ = ["Checkpoint", "CheckpointError", "StepCheckpoint", "ExtraState", "write", "read", "FORMAT",
-           "open_chains", "check_shapes", "current_names"]
+__all__ = [
+    "Checkpoint",
+    "CheckpointError",
+    "StepCheckpoint",
+    "ExtraState",
+    "write",
+    "read",
+    "FORMAT",
+    "open_chains",
+    "check_shapes",
+    "current_names",
+]
 
 FORMAT = "bnn_pyro.checkpoint"
 FORMAT_VERSION = 2  # 2: the checksum covers the metadata too (1 still resumes)
@@ -89,18 +99,23 @@ def read(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, An
         header = json.loads(json.loads(raw[8 : 8 + size])["__metadata__"]["bnn_pyro"])
         tensors = load_tensors(raw)
     except Exception:  # truncated, not safetensors, or no bnn_pyro header
-        raise CheckpointError(f"checkpoint: {str(path)!r} is not a readable bnn_pyro checkpoint (truncated or "
-                              "foreign file). Delete it to start afresh, or pass the folder of an intact run."
-                              ) from None
+        raise CheckpointError(
+            f"checkpoint: {str(path)!r} is not a readable bnn_pyro checkpoint (truncated or "
+            "foreign file). Delete it to start afresh, or pass the folder of an intact run."
+        ) from None
     header = header if isinstance(header, dict) else {}
     kind, version = header.get("format"), header.get("format_version")
     if kind != FORMAT or not isinstance(version, int) or version > FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint: {str(path)!r} has format {kind!r} version {version!r}; this bnn_pyro "
-                              f"reads {FORMAT} up to {FORMAT_VERSION}.")
+        raise CheckpointError(
+            f"checkpoint: {str(path)!r} has format {kind!r} version {version!r}; this bnn_pyro "
+            f"reads {FORMAT} up to {FORMAT_VERSION}."
+        )
     covered = {k: v for k, v in header.items() if k != "sha256"} if version >= 2 else None
     if digest(tensors, covered) != header.get("sha256") or not isinstance(header.get("meta"), dict):
-        raise CheckpointError(f"checkpoint: {str(path)!r} fails its checksum (the tensors or the metadata changed "
-                              "after writing: corrupted or edited). Delete it to start afresh.")
+        raise CheckpointError(
+            f"checkpoint: {str(path)!r} fails its checksum (the tensors or the metadata changed "
+            "after writing: corrupted or edited). Delete it to start afresh."
+        )
     return tensors, header["meta"]
 
 
@@ -126,9 +141,11 @@ def set_rng_state(tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> Non
     cuda = [tensors[k] for k in sorted((k for k in tensors if k.startswith("rng/cuda/")), key=lambda k: int(k[9:]))]
     if cuda:
         if not torch.cuda.is_available() or torch.cuda.device_count() < len(cuda):
-            raise CheckpointError(f"resume: the checkpoint holds the random state of {len(cuda)} CUDA device(s), "
-                                  f"but this machine has {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
-                                  "; resume it where it ran (a resumed run is bit-identical only on the same devices).")
+            raise CheckpointError(
+                f"resume: the checkpoint holds the random state of {len(cuda)} CUDA device(s), "
+                f"but this machine has {torch.cuda.device_count() if torch.cuda.is_available() else 0}"
+                "; resume it where it ran (a resumed run is bit-identical only on the same devices)."
+            )
         torch.cuda.set_rng_state_all(cuda)
 
 
@@ -148,8 +165,10 @@ def flatten_state(prefix: str, state: Any, tensors: dict[str, torch.Tensor]) -> 
         return [flatten_state(f"{prefix}/{i}", v, tensors) for i, v in enumerate(state)]
     if state is None or isinstance(state, (bool, int, float, str)):
         return state
-    raise TypeError(f"checkpoint: cannot store a {type(state).__name__} in the optimizer or scheduler state "
-                    f"({prefix}); use a built-in optimizer and lr_schedule, or checkpoint=None.")
+    raise TypeError(
+        f"checkpoint: cannot store a {type(state).__name__} in the optimizer or scheduler state "
+        f"({prefix}); use a built-in optimizer and lr_schedule, or checkpoint=None."
+    )
 
 
 def unflatten_state(state: Any, tensors: dict[str, torch.Tensor]) -> Any:
@@ -168,9 +187,11 @@ def check_shapes(path: Path, expected: dict[str, torch.Tensor], tensors: dict[st
     identity, :mod:`bnn_pyro.infer.checkpoint_folder`, usually says so first; files without one get here)."""
     for key, own in expected.items():
         if key in tensors and tensors[key].shape != own.shape:
-            raise CheckpointError(f"resume: {str(path)!r} holds {key} shaped {tuple(tensors[key].shape)}; this run's is "
-                                  f"shaped {tuple(own.shape)}: the checkpoint belongs to another model. Resume with "
-                                  "the model it was written for, or pass another checkpoint folder.")
+            raise CheckpointError(
+                f"resume: {str(path)!r} holds {key} shaped {tuple(tensors[key].shape)}; this run's is "
+                f"shaped {tuple(own.shape)}: the checkpoint belongs to another model. Resume with "
+                "the model it was written for, or pass another checkpoint folder."
+            )
 
 
 class Checkpoint:
@@ -181,14 +202,18 @@ class Checkpoint:
     def __init__(self, folder: str | os.PathLike, *, every: int | None, resume: bool, chain: int, run: dict):
         folder = Path(folder)
         if not folder.is_dir():
-            raise FileNotFoundError(f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
-                                    "(checkpoint= names a folder that gets one file per chain).")
+            raise FileNotFoundError(
+                f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
+                "(checkpoint= names a folder that gets one file per chain)."
+            )
         self.path = folder / f"chain{chain}.ckpt"
         self.every = None if every is None else positive_int("checkpoint_every", every)
         self.run = json.loads(json.dumps(run))
         if not resume and self.path.exists():
-            raise FileExistsError(f"checkpoint: {str(self.path)!r} already exists. Pass resume=True to continue that "
-                                  "run, or another (empty) folder to start a new one; it is never overwritten.")
+            raise FileExistsError(
+                f"checkpoint: {str(self.path)!r} already exists. Pass resume=True to continue that "
+                "run, or another (empty) folder to start a new one; it is never overwritten."
+            )
         self.resume = resume
 
     def load(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
@@ -200,8 +225,10 @@ class Checkpoint:
         saved = current_names(meta.get("run", {}), self.run)
         if saved != self.run:
             diff = sorted(k for k in set(self.run) | set(saved) if self.run.get(k) != saved.get(k))
-            raise CheckpointError(f"resume: {str(self.path)!r} belongs to another run (differs in {diff}). Resume with "
-                                  "the same method and configuration, or pass another checkpoint folder.")
+            raise CheckpointError(
+                f"resume: {str(self.path)!r} belongs to another run (differs in {diff}). Resume with "
+                "the same method and configuration, or pass another checkpoint folder."
+            )
         set_rng_state(tensors, meta["rng"])
         return tensors, meta
 
@@ -218,8 +245,9 @@ def open_chains(checkpoint, *, every: int | None, resume: bool, num_chains: int,
     """One :class:`Checkpoint` per chain (``None`` each without ``checkpoint=``); the engines' shared checks."""
     if checkpoint is None:
         if every is not None or resume:
-            raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint "
-                             "files).")
+            raise ValueError(
+                "checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint files)."
+            )
         return [None] * num_chains
     return [Checkpoint(checkpoint, every=every, resume=resume, chain=c, run=run) for c in range(num_chains)]
 
@@ -230,8 +258,9 @@ class StepCheckpoint:
     ``records`` (filled up to the step) and its ``extra`` state (an object with ``state_dict() -> (tensors,
     meta)`` and ``load_state_dict(tensors, meta)``, e.g. early stopping's best state)."""
 
-    def __init__(self, ckpt: Checkpoint, params: list[torch.Tensor], records: dict[str, torch.Tensor] | None = None,
-                 extra=None):
+    def __init__(
+        self, ckpt: Checkpoint, params: list[torch.Tensor], records: dict[str, torch.Tensor] | None = None, extra=None
+    ):
         self.ckpt, self.params, self.records, self.extra = ckpt, params, records or {}, extra
 
     def due(self, step: int, num_steps: int) -> bool:
@@ -241,8 +270,10 @@ class StepCheckpoint:
         tensors = {f"param/{i}": p for i, p in enumerate(self.params)}
         tensors["losses"] = losses[:step]
         tensors.update({f"record/{k}": v[:step] for k, v in self.records.items()})
-        meta = {"optimizer": flatten_state("optimizer", opt.state_dict(), tensors),
-                "scheduler": None if sched is None else flatten_state("scheduler", sched.state_dict(), tensors)}
+        meta = {
+            "optimizer": flatten_state("optimizer", opt.state_dict(), tensors),
+            "scheduler": None if sched is None else flatten_state("scheduler", sched.state_dict(), tensors),
+        }
         if self.extra is not None:
             extra_tensors, meta["extra"] = self.extra.state_dict()
             tensors.update({f"extra/{k}": v for k, v in extra_tensors.items()})
@@ -255,9 +286,11 @@ class StepCheckpoint:
         tensors, meta = saved
         missing = [f"param/{i}" for i in range(len(self.params)) if f"param/{i}" not in tensors]
         if missing or "optimizer" not in meta:  # e.g. an SG-MCMC file of bnn_pyro before its engines ran on descend
-            raise CheckpointError(f"resume: {str(self.ckpt.path)!r} holds another layout of this run's state (it lacks "
-                                  f"{missing or ['the optimizer state']}): it was written by another bnn_pyro version. "
-                                  "Resume it with the version that wrote it, or delete it to start afresh.")
+            raise CheckpointError(
+                f"resume: {str(self.ckpt.path)!r} holds another layout of this run's state (it lacks "
+                f"{missing or ['the optimizer state']}): it was written by another bnn_pyro version. "
+                "Resume it with the version that wrote it, or delete it to start afresh."
+            )
         check_shapes(self.ckpt.path, {f"param/{i}": p for i, p in enumerate(self.params)}, tensors)
         with torch.no_grad():
             for i, p in enumerate(self.params):
@@ -270,8 +303,9 @@ class StepCheckpoint:
         for k, v in self.records.items():
             v[:step] = tensors[f"record/{k}"]
         if self.extra is not None:
-            self.extra.load_state_dict({k[len("extra/"):]: v for k, v in tensors.items() if k.startswith("extra/")},
-                                       meta["extra"])
+            self.extra.load_state_dict(
+                {k[len("extra/") :]: v for k, v in tensors.items() if k.startswith("extra/")}, meta["extra"]
+            )
         return step
 
 
@@ -304,7 +338,7 @@ class ExtraState:
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         for name, part in self.parts.items():
-            own = {k[len(name) + 1:]: v for k, v in tensors.items() if k.startswith(f"{name}/")}
+            own = {k[len(name) + 1 :]: v for k, v in tensors.items() if k.startswith(f"{name}/")}
             if isinstance(part, torch.Generator):
                 part.set_state(own["state"])
             elif isinstance(part, list) and "json" in meta[name]:
@@ -324,8 +358,10 @@ def save_svi(ckpt: Checkpoint, step: int, opt, sched, losses: torch.Tensor) -> N
 
     tensors = {f"param/{n}": p for n, p in pyro.get_param_store().named_parameters()}
     tensors["losses"] = losses[:step]
-    meta = {"optimizer": flatten_state("optimizer", opt.state_dict(), tensors),
-            "scheduler": None if sched is None else flatten_state("scheduler", sched.state_dict(), tensors)}
+    meta = {
+        "optimizer": flatten_state("optimizer", opt.state_dict(), tensors),
+        "scheduler": None if sched is None else flatten_state("scheduler", sched.state_dict(), tensors),
+    }
     ckpt.save(step, tensors, meta)
 
 
@@ -342,7 +378,7 @@ def restore_svi(ckpt: Checkpoint, opt, sched, losses: torch.Tensor) -> int:
     with torch.no_grad():
         for key, value in tensors.items():
             if key.startswith("param/"):
-                name = key[len("param/"):]
+                name = key[len("param/") :]
                 if name in store:
                     store[name].copy_(value)
                 else:  # created after the first step (e.g. a REINFORCE baseline)

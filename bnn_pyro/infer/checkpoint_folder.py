@@ -22,18 +22,19 @@ import hashlib
 import os
 import socket
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
-from bnn_pyro.utils.locks import keep_from_children, release, try_lock
 from bnn_pyro.infer.checkpoint import CheckpointError, read, write
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.posterior.posterior_file import fingerprint
+from bnn_pyro.utils.locks import keep_from_children, release, try_lock
 
 __all__ = ["guard", "identity", "dataset_hash", "CheckpointInUseError", "IDENTITY", "LOCK"]
 
@@ -49,13 +50,16 @@ class CheckpointInUseError(CheckpointError):
 def guard(folder, *, model, data: Data, resume) -> Iterator[None]:
     """Hold ``folder``'s lock for the fit, and check (``resume=True``) or record the model and data it is for."""
     if not isinstance(folder, (str, os.PathLike)):
-        raise TypeError(f"checkpoint: expected the path of a folder, got {type(folder).__name__}; pass e.g. "
-                        "checkpoint='runs/fit1'.")
+        raise TypeError(
+            f"checkpoint: expected the path of a folder, got {type(folder).__name__}; pass e.g. checkpoint='runs/fit1'."
+        )
     folder = Path(folder)
     resume = isinstance(resume, (bool, np.bool_)) and bool(resume)  # anything else: the engine's own error
     if not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
-                                "(checkpoint= names a folder that gets one file per chain).")
+        raise FileNotFoundError(
+            f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
+            "(checkpoint= names a folder that gets one file per chain)."
+        )
     fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
     keep_from_children(fd)  # chain workers forked during the fit must not keep the lock after it
     try:
@@ -65,10 +69,14 @@ def guard(folder, *, model, data: Data, resume) -> Iterator[None]:
                 f"checkpoint: {str(folder)!r} is in use by another fit ({holder}); two fits writing one folder would "
                 "overwrite each other's checkpoints. Wait for that fit to end (the lock goes with its process, "
                 "even a killed one) or pass another folder (torch.distributed ranks: one folder each, e.g. "
-                "checkpoint=f'run/rank{bp.distributed.rank()}').")
+                "checkpoint=f'run/rank{bp.distributed.rank()}')."
+            )
         os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}, since "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S %Z')}".encode(), 0)
+        os.pwrite(
+            fd,
+            f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S %Z')}".encode(),
+            0,
+        )
         _check_or_record(folder, identity(model, data), resume)
         yield
     finally:
@@ -80,9 +88,12 @@ def identity(model, data: Data) -> dict[str, Any]:
     :func:`dataset_hash`)."""
     if data.loader is not None:
         xb, yb = data.first()
-        seen = {"loader": type(data.loader).__name__, "dataset_size": data.size,
-                "first batch": {"x": _described(xb, hash_values=False), "y": _described(yb, hash_values=False)},
-                "dataset": dataset_hash(data.loader)}
+        seen = {
+            "loader": type(data.loader).__name__,
+            "dataset_size": data.size,
+            "first batch": {"x": _described(xb, hash_values=False), "y": _described(yb, hash_values=False)},
+            "dataset": dataset_hash(data.loader),
+        }
     else:
         seen = {"x": _described(data.x), "y": _described(data.y)}
     return {"model": fingerprint(model), "data": seen}
@@ -102,10 +113,15 @@ def dataset_hash(loader) -> str:
     from torch.utils.data import IterableDataset, TensorDataset
 
     dataset = getattr(loader, "dataset", None)
-    if dataset is None or isinstance(dataset, IterableDataset) or not (
-            hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        return ("not hashed: an iterable loader or dataset (no index to read it by without consuming it, and it "
-                "may have no end)")
+    if (
+        dataset is None
+        or isinstance(dataset, IterableDataset)
+        or not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__"))
+    ):
+        return (
+            "not hashed: an iterable loader or dataset (no index to read it by without consuming it, and it "
+            "may have no end)"
+        )
     digest = hashlib.sha256()
     if type(dataset) is TensorDataset:
         _feed(digest, dataset.tensors)
@@ -166,9 +182,11 @@ def _check_or_record(folder: Path, given: dict[str, Any], resume: bool) -> None:
         diff = differences(saved, given)
         if diff:
             shown = "; ".join(diff[:4]) + (f"; and {len(diff) - 4} more" if len(diff) > 4 else "")
-            raise CheckpointError(f"resume: the checkpoints in {str(folder)!r} belong to another model or data "
-                                  f"({shown}). Resume with the model and data that run was fitted to, or pass "
-                                  "another checkpoint folder.")
+            raise CheckpointError(
+                f"resume: the checkpoints in {str(folder)!r} belong to another model or data "
+                f"({shown}). Resume with the model and data that run was fitted to, or pass "
+                "another checkpoint folder."
+            )
         return
     write(path, {}, {"identity": given})
 
@@ -176,10 +194,14 @@ def _check_or_record(folder: Path, given: dict[str, Any], resume: bool) -> None:
 def differences(saved: Any, given: Any, where: str = "") -> list[str]:
     """What differs between two nested dicts of JSON values, by path: ``["data.y: saved ..., given ..."]``."""
     if isinstance(saved, dict) and isinstance(given, dict):
-        return [d for k in sorted(set(saved) | set(given), key=str)
-                for d in differences(saved.get(k, "none"), given.get(k, "none"), f"{where}.{k}" if where else k)]
+        return [
+            d
+            for k in sorted(set(saved) | set(given), key=str)
+            for d in differences(saved.get(k, "none"), given.get(k, "none"), f"{where}.{k}" if where else k)
+        ]
     if saved == given:
         return []
+
     def show(v):  # text on one line (a net's repr spans several)
         return " ".join(v.split()) if isinstance(v, str) else repr(v)
 

@@ -30,20 +30,39 @@ Example
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generic, Iterator, NamedTuple, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 import torch
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.checkpoint import Checkpoint, StepCheckpoint
-from bnn_pyro.infer.declaration import (Capabilities, Declaration, PotentialRunOptions, RunOptions, entry,
-                                        renamed_options)
+from bnn_pyro.infer.declaration import (
+    Capabilities,
+    Declaration,
+    PotentialRunOptions,
+    RunOptions,
+    entry,
+    renamed_options,
+)
 from bnn_pyro.infer.driver import ChainInfo, ChainRun, Resumable, assemble, descend, run_chains
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["Capabilities", "Declaration", "Engine", "LossInfo", "Loop", "State", "drive", "run", "entry", "RunOptions",
-           "PotentialRunOptions", "renamed_options"]
+__all__ = [
+    "Capabilities",
+    "Declaration",
+    "Engine",
+    "LossInfo",
+    "Loop",
+    "State",
+    "drive",
+    "run",
+    "entry",
+    "RunOptions",
+    "PotentialRunOptions",
+    "renamed_options",
+]
 
 
 # ------------------------------------------------------------------------------------------ the engine
@@ -76,11 +95,11 @@ class Engine(NamedTuple, Generic[S, Info]):
     raised when the run diverges."""
 
     init: Callable[[Any, ChainInfo], S]
-    step: Callable[[S, tuple, int], "tuple[torch.Tensor, Info]"]
-    draws: Callable[[S, "dict[str, torch.Tensor]"], ChainRun]
+    step: Callable[[S, tuple, int], tuple[torch.Tensor, Info]]
+    draws: Callable[[S, dict[str, torch.Tensor]], ChainRun]
     info: type = LossInfo
     after: Callable[[S, int, Info], Info] | None = None
-    checkpoint: Callable[[S, Checkpoint, "dict[str, torch.Tensor]"], Resumable] | None = None
+    checkpoint: Callable[[S, Checkpoint, dict[str, torch.Tensor]], Resumable] | None = None
     optimizer: Callable[[S], torch.optim.Optimizer] | None = None
     record_dtype: torch.dtype | None = None
     batches: Callable[[S, int], Iterator[tuple]] | None = None
@@ -106,8 +125,9 @@ class Loop:
     reduce: Callable | None = field(default=None, compare=False)
 
 
-def run(engine: Engine, state, data: Data, loop: Loop, *, seed: int, index: int = 0,
-        ckpt: Checkpoint | None = None) -> dict[str, torch.Tensor]:
+def run(
+    engine: Engine, state, data: Data, loop: Loop, *, seed: int, index: int = 0, ckpt: Checkpoint | None = None
+) -> dict[str, torch.Tensor]:
     """One chain's descent of ``engine`` from ``state``: ``loop.num_steps`` steps on ``data``'s batches (their
     order seeded by ``seed``); returns the per-step records, one ``(num_steps,)`` tensor per field of
     ``engine.info``."""
@@ -127,28 +147,68 @@ def run(engine: Engine, state, data: Data, loop: Loop, *, seed: int, index: int 
 
     resumable = None
     if ckpt is not None:
-        resumable = (engine.checkpoint(state, ckpt, records) if engine.checkpoint is not None
-                     else StepCheckpoint(ckpt, state.params, records=records))
-    own = {name: functools.partial(getattr(engine, name), state) for name in ("batches", "where")
-           if getattr(engine, name) is not None}
-    losses = descend(objective, state.params, data, num_steps=loop.num_steps, lr=loop.lr, optimizer=loop.optimizer,
-                     lr_schedule=loop.lr_schedule, seed=seed, method=loop.method, desc=loop.desc.format(index=index),
-                     progress=loop.progress, quantity=loop.quantity, hint=loop.hint, on_step=on_step,
-                     reduce=loop.reduce, resumable=resumable, record_dtype=engine.record_dtype,
-                     opt=None if engine.optimizer is None else engine.optimizer(state), **own)
+        resumable = (
+            engine.checkpoint(state, ckpt, records)
+            if engine.checkpoint is not None
+            else StepCheckpoint(ckpt, state.params, records=records)
+        )
+    own = {
+        name: functools.partial(getattr(engine, name), state)
+        for name in ("batches", "where")
+        if getattr(engine, name) is not None
+    }
+    losses = descend(
+        objective,
+        state.params,
+        data,
+        num_steps=loop.num_steps,
+        lr=loop.lr,
+        optimizer=loop.optimizer,
+        lr_schedule=loop.lr_schedule,
+        seed=seed,
+        method=loop.method,
+        desc=loop.desc.format(index=index),
+        progress=loop.progress,
+        quantity=loop.quantity,
+        hint=loop.hint,
+        on_step=on_step,
+        reduce=loop.reduce,
+        resumable=resumable,
+        record_dtype=engine.record_dtype,
+        opt=None if engine.optimizer is None else engine.optimizer(state),
+        **own,
+    )
     return {fields[0]: losses, **records}
 
 
-def drive(model, data: Data, engine: Engine, loop: Loop, *, num_chains: int, seed: int, config: dict,
-          checkpoints: list[Checkpoint | None] | None = None, posterior_data: Data | None = None) -> Posterior:
+def drive(
+    model,
+    data: Data,
+    engine: Engine,
+    loop: Loop,
+    *,
+    num_chains: int,
+    seed: int,
+    config: dict,
+    checkpoints: list[Checkpoint | None] | None = None,
+    posterior_data: Data | None = None,
+) -> Posterior:
     """Fit ``model``: ``num_chains`` chains (seeds ``seed + c``, each in its own model copy and parameter store),
     each ``engine.init`` -> :func:`run` -> ``engine.draws``, stacked into one :class:`~bnn_pyro.Posterior`
     (method ``loop.method``, ``config``; its ``x``/``y`` from ``posterior_data``, by default ``data``).
     ``checkpoints``: one :class:`~bnn_pyro.infer.checkpoint.Checkpoint` (or ``None``) per chain."""
+
     def one_chain(fitted, info: ChainInfo) -> ChainRun:
         state = engine.init(fitted, info)
-        history = run(engine, state, data, loop, seed=info.seed, index=info.index,
-                      ckpt=None if checkpoints is None else checkpoints[info.index])
+        history = run(
+            engine,
+            state,
+            data,
+            loop,
+            seed=info.seed,
+            index=info.index,
+            ckpt=None if checkpoints is None else checkpoints[info.index],
+        )
         return engine.draws(state, history)
 
     runs = run_chains(model, num_chains, seed, one_chain, method=loop.method)

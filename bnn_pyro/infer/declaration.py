@@ -12,8 +12,9 @@ import dataclasses
 import functools
 import importlib
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from bnn_pyro.utils.user_warnings import warn
 
@@ -21,8 +22,15 @@ if TYPE_CHECKING:  # annotations only: this module imports no engine, driver or 
     from bnn_pyro.infer.training_data import Data
     from bnn_pyro.posterior import Posterior
 
-__all__ = ["Capabilities", "Declaration", "RunOptions", "PotentialRunOptions", "entry", "renamed_options",
-           "RENAMED_OPTIONS"]
+__all__ = [
+    "Capabilities",
+    "Declaration",
+    "RunOptions",
+    "PotentialRunOptions",
+    "entry",
+    "renamed_options",
+    "RENAMED_OPTIONS",
+]
 
 RENAMED_OPTIONS: set[tuple[str, str]] = set()
 """``(old, new)``: every engine's renamed options (its config's ``RENAMED``, registered by :func:`entry`), so that a
@@ -101,8 +109,10 @@ class Declaration:
         if hasattr(fn, "config_type"):
             return {f.name: _default(f) for f in _ordered_fields(fn.config_type)}
         if any(p.kind is p.VAR_KEYWORD for p in inspect.signature(fn).parameters.values()):
-            raise LookupError(f"{self.module}.{self.function} takes **config: make it an engine with a config "
-                              "dataclass (contract.entry), so that its options can be listed and checked.")
+            raise LookupError(
+                f"{self.module}.{self.function} takes **config: make it an engine with a config "
+                "dataclass (contract.entry), so that its options can be listed and checked."
+            )
         return _keywords(fn)
 
 
@@ -114,8 +124,11 @@ def _default(f: dataclasses.Field):
 
 def _keywords(fn) -> dict[str, object]:
     """A fit function's keyword options (everything but ``model``, ``data`` and ``**config``)."""
-    return {name: p.default for name, p in inspect.signature(fn).parameters.items()
-            if name not in ("model", "data") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
+    return {
+        name: p.default
+        for name, p in inspect.signature(fn).parameters.items()
+        if name not in ("model", "data") and p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)
+    }
 
 
 @dataclass(frozen=True)
@@ -149,8 +162,9 @@ _LAST = tuple(f.name for f in dataclasses.fields(PotentialRunOptions))
 def _ordered_fields(config_type: type) -> list[dataclasses.Field]:
     """The config's fields with the shared :class:`RunOptions` ones last (a dataclass lists a base's first)."""
     own = dataclasses.fields(config_type)
-    return [f for f in own if f.name not in _LAST] + sorted((f for f in own if f.name in _LAST),
-                                                             key=lambda f: _LAST.index(f.name))
+    return [f for f in own if f.name not in _LAST] + sorted(
+        (f for f in own if f.name in _LAST), key=lambda f: _LAST.index(f.name)
+    )
 
 
 def renamed_options(options: dict, renamed: dict[str, str]) -> dict:
@@ -162,11 +176,15 @@ def renamed_options(options: dict, renamed: dict[str, str]) -> dict:
         if old not in out:
             continue
         if new in out:
-            raise ValueError(f"{old}= is the old name of {new}=; pass only {new}= (got both {old}={out[old]!r} and "
-                             f"{new}={out[new]!r}).")
-        warn(f"{old}= is renamed {new}= (one name per concept across bp.fit: docs/options.md); "
-             f"{old}= still works in this release and will be removed in the next. Write {new}={out[old]!r}.",
-             FutureWarning)
+            raise ValueError(
+                f"{old}= is the old name of {new}=; pass only {new}= (got both {old}={out[old]!r} and "
+                f"{new}={out[new]!r})."
+            )
+        warn(
+            f"{old}= is renamed {new}= (one name per concept across bp.fit: docs/options.md); "
+            f"{old}= still works in this release and will be removed in the next. Write {new}={out[old]!r}.",
+            FutureWarning,
+        )
         out[new] = out.pop(old)
     return out
 
@@ -190,11 +208,16 @@ def entry(config_type: type):
                     raise ValueError(f"{name}= {refused[name]}")
             return fn(model, data, config_type(**renamed_options(options, renamed)))
 
-        params = [inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
-                  inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Data")]
-        params += [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=f.type)
-                   for f in _ordered_fields(config_type)]
+        params = [
+            inspect.Parameter("model", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+            inspect.Parameter("data", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation="Data"),
+        ]
+        params += [
+            inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=_default(f), annotation=f.type)
+            for f in _ordered_fields(config_type)
+        ]
         fit.__signature__ = inspect.Signature(params, return_annotation="Posterior")
         fit.config_type = config_type
         return fit
+
     return wrap

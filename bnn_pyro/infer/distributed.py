@@ -37,9 +37,9 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from bnn_pyro.utils.checks import check_data
 from bnn_pyro.infer._common import Data
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import check_data
 
 __all__ = ["init", "shard", "gather_posterior", "is_ready", "rank", "world_size"]
 
@@ -54,7 +54,8 @@ def _require(what: str) -> None:
         raise RuntimeError(
             f"{what}: no torch.distributed process group in this process. Launch with "
             "`torchrun --nproc_per_node=2 script.py` and call bp.distributed.init() (or "
-            "torch.distributed.init_process_group('gloo' on CPU, 'nccl' on CUDA)) before fitting.")
+            "torch.distributed.init_process_group('gloo' on CPU, 'nccl' on CUDA)) before fitting."
+        )
 
 
 def init(backend: str | None = None) -> tuple[int, int]:
@@ -84,8 +85,9 @@ def shard(x, y=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     parts = torch.tensor_split(torch.arange(x.shape[0]), dist.get_world_size())
     idx = parts[dist.get_rank()]
     if len(idx) == 0:
-        raise ValueError(f"x: {x.shape[0]} rows cannot be split over {dist.get_world_size()} ranks; "
-                         "give at least one row per rank.")
+        raise ValueError(
+            f"x: {x.shape[0]} rows cannot be split over {dist.get_world_size()} ranks; give at least one row per rank."
+        )
     return x[idx.to(x.device)], None if y is None else y[idx.to(y.device)]
 
 
@@ -161,5 +163,7 @@ def _same_on_all_ranks(name: str, layout: list) -> None:
     codes = [torch.zeros_like(code) for _ in lengths]
     dist.all_gather(codes, code)
     if any(not torch.equal(c, codes[0]) for c in codes):
-        raise ValueError(f"post.{name}: the ranks' posteriors differ in sites or shapes; fit the same model "
-                         "with the same method, num_samples and num_chains on every rank.")
+        raise ValueError(
+            f"post.{name}: the ranks' posteriors differ in sites or shapes; fit the same model "
+            "with the same method, num_samples and num_chains on every rank."
+        )

@@ -31,21 +31,34 @@ import math
 import multiprocessing as mp
 import os
 import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Callable, Iterator, Protocol
+from typing import Protocol
 
 import pyro
 import torch
 
-from bnn_pyro.utils.checks import choice
 from bnn_pyro.infer._common import Data, progress_bar
 from bnn_pyro.infer.optim import make_optimizer, make_schedule
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice
 from bnn_pyro.utils.user_warnings import warn
 
-__all__ = ["run_chains", "chain_execution", "ChainMethod", "ChainInfo", "chain", "descend", "ChainRun", "assemble",
-           "stack", "Resumable", "Objective", "divergence_advice"]
+__all__ = [
+    "run_chains",
+    "chain_execution",
+    "ChainMethod",
+    "ChainInfo",
+    "chain",
+    "descend",
+    "ChainRun",
+    "assemble",
+    "stack",
+    "Resumable",
+    "Objective",
+    "divergence_advice",
+]
 
 # the loss of one minibatch: (the tensor to differentiate, the value to record); ``step`` is the step index
 Objective = Callable[[tuple, int], "tuple[torch.Tensor, float]"]
@@ -73,21 +86,31 @@ class ChainInfo:
     line: int = 0
 
 
-def run_chains(model, num_chains: int, seed: int, body: Callable[[object, ChainInfo], "ChainRun"], *,
-               how: ChainMethod | str = ChainMethod.SEQUENTIAL, copy_model: bool = True,
-               method: str = "fit") -> list["ChainRun"]:
+def run_chains(
+    model,
+    num_chains: int,
+    seed: int,
+    body: Callable[[object, ChainInfo], ChainRun],
+    *,
+    how: ChainMethod | str = ChainMethod.SEQUENTIAL,
+    copy_model: bool = True,
+    method: str = "fit",
+) -> list[ChainRun]:
     """``body(fitted, info)`` for chains ``0 .. num_chains - 1``, each inside :func:`chain` (with
     ``copy_model=False`` every chain uses ``model`` itself, e.g. MCMC's shared deterministic parameters).
     ``how``: see :class:`ChainMethod` and :func:`chain_execution`; a forked chain's model copy stays in its
     process (its :class:`ChainRun` comes back with ``model`` set to this process's ``model``)."""
+
     def one(c: int, line: int) -> ChainRun:
         with chain(model, seed + c, copy_model=copy_model) as fitted:
             return body(fitted, ChainInfo(c, seed + c, line))
 
     execution = chain_execution(num_chains, how, method)
     if execution == "vectorized":  # MCMC runs its batched chains itself (bnn_pyro.infer._vectorized)
-        raise ValueError(f"chain_method='vectorized' applies to method='nuts' and 'hmc' only, not {method!r}; use "
-                         "chain_method='auto', 'parallel' or 'sequential'.")
+        raise ValueError(
+            f"chain_method='vectorized' applies to method='nuts' and 'hmc' only, not {method!r}; use "
+            "chain_method='auto', 'parallel' or 'sequential'."
+        )
     if execution == "sequential":
         return [one(c, 0) for c in range(num_chains)]
 
@@ -120,13 +143,21 @@ def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit"
     can_fork = "fork" in mp.get_all_start_methods() and _cores() > 1 and not cuda
     if can_fork:
         return "parallel"
-    why = ("CUDA is initialised in this process (forked processes cannot use it)" if cuda else
-           f"only {_cores()} core available" if _cores() < 2 else "the 'fork' start method is unavailable")
+    why = (
+        "CUDA is initialised in this process (forked processes cannot use it)"
+        if cuda
+        else f"only {_cores()} core available"
+        if _cores() < 2
+        else "the 'fork' start method is unavailable"
+    )
     if how is ChainMethod.PARALLEL:
-        raise ValueError(f"chain_method='parallel' cannot run here: {why}. It needs the 'fork' start method, 2+ "
-                         "cores and no CUDA context; use chain_method='auto' or 'sequential'.")
-    warn(f"{method}: {why}, so the {num_chains} chains run one after another "
-         "(config['chain_execution'] = 'sequential').")
+        raise ValueError(
+            f"chain_method='parallel' cannot run here: {why}. It needs the 'fork' start method, 2+ "
+            "cores and no CUDA context; use chain_method='auto' or 'sequential'."
+        )
+    warn(
+        f"{method}: {why}, so the {num_chains} chains run one after another (config['chain_execution'] = 'sequential')."
+    )
     return "sequential"
 
 
@@ -163,8 +194,10 @@ def _finish(index: int, process, receive, method: str):
         status, value = "error", f"the process died (exit code {process.join() or process.exitcode})"
     process.join()
     if status != "ok":
-        raise RuntimeError(f"{method}: chain {index} failed in its process: {value}\n"
-                           "Try chain_method='sequential' to debug it in this process.")
+        raise RuntimeError(
+            f"{method}: chain {index} failed in its process: {value}\n"
+            "Try chain_method='sequential' to debug it in this process."
+        )
     return value
 
 
@@ -190,13 +223,32 @@ class Resumable(Protocol):
     def save(self, step: int, opt, sched, losses: torch.Tensor) -> None: ...
 
 
-def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num_steps: int, lr: float,
-            optimizer="adam", lr_schedule="constant", seed: int, method: str, desc: str, progress: bool = True,
-            quantity: str = "loss", hint: str = "", on_step: Callable[[int, float], None] | None = None,
-            after_step: Callable[[], None] | None = None, reduce=None, resumable: Resumable | None = None,
-            opt=None, batches: Callable[[int], Iterator[tuple]] | None = None,
-            where: Callable[[int], str] | None = None, record_dtype: torch.dtype | None = None,
-            backward: bool = True, check_every: int = 1) -> torch.Tensor:
+def descend(
+    objective: Objective,
+    params: list[torch.Tensor],
+    data: Data,
+    *,
+    num_steps: int,
+    lr: float,
+    optimizer="adam",
+    lr_schedule="constant",
+    seed: int,
+    method: str,
+    desc: str,
+    progress: bool = True,
+    quantity: str = "loss",
+    hint: str = "",
+    on_step: Callable[[int, float], None] | None = None,
+    after_step: Callable[[], None] | None = None,
+    reduce=None,
+    resumable: Resumable | None = None,
+    opt=None,
+    batches: Callable[[int], Iterator[tuple]] | None = None,
+    where: Callable[[int], str] | None = None,
+    record_dtype: torch.dtype | None = None,
+    backward: bool = True,
+    check_every: int = 1,
+) -> torch.Tensor:
     """Minimize ``objective`` over ``params`` for ``num_steps`` optimizer steps; returns the recorded losses.
 
     Parameters
@@ -273,8 +325,9 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
                 if step == start:
                     raise
                 first = str(err).splitlines()[0].rstrip(":")
-                raise FloatingPointError(f"{method}: the optimization diverged at {where(step)}: {first}. {advice()}"
-                                         ) from None
+                raise FloatingPointError(
+                    f"{method}: the optimization diverged at {where(step)}: {first}. {advice()}"
+                ) from None
             if reduce is not None:  # data-parallel: average gradients and loss over the ranks
                 if backward:
                     loss.backward()
@@ -302,7 +355,7 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
                 on_step(step, value)
             if due:
                 if record is not None and record is not losses:
-                    losses[:step + 1] = record[:step + 1].cpu()
+                    losses[: step + 1] = record[: step + 1].cpu()
                 resumable.save(step + 1, opt, sched, losses)
             if step % 50 == 0 or step == num_steps - 1:
                 bar.set_postfix(loss=f"{float(value):.4g}", refresh=False)
@@ -315,8 +368,10 @@ def descend(objective: Objective, params: list[torch.Tensor], data: Data, *, num
 def divergence_advice(lr: float, hint: str = "") -> str:
     """What the non-finite stop of :func:`descend` advises (``lr``: the optimizer's rate now; ``hint``: the engine's
     own advice, e.g. ``", a smaller init_scale"``)."""
-    return (f"Try a lower learning rate (lr={lr:.3g} now){hint}, standardized inputs and targets, or check the batch "
-            "for NaN/Inf values.")
+    return (
+        f"Try a lower learning rate (lr={lr:.3g} now){hint}, standardized inputs and targets, or check the batch "
+        "for NaN/Inf values."
+    )
 
 
 @dataclass
@@ -342,6 +397,16 @@ def stack(runs: list[ChainRun], part: str) -> dict[str, torch.Tensor]:
 
 def assemble(runs: list[ChainRun], *, method: str, config: dict, data: Data, **extra) -> Posterior:
     """The :class:`~bnn_pyro.Posterior` of ``runs`` (the last chain's model is the posterior's model)."""
-    return Posterior(samples=stack(runs, "samples"), model=runs[-1].model, method=method, config=config,
-                     point=stack(runs, "point"), sample_stats=stack(runs, "stats"), history=stack(runs, "history"),
-                     draw_buffers=stack(runs, "buffers"), x=data.x, y=data.y, **extra)
+    return Posterior(
+        samples=stack(runs, "samples"),
+        model=runs[-1].model,
+        method=method,
+        config=config,
+        point=stack(runs, "point"),
+        sample_stats=stack(runs, "stats"),
+        history=stack(runs, "history"),
+        draw_buffers=stack(runs, "buffers"),
+        x=data.x,
+        y=data.y,
+        **extra,
+    )

@@ -119,19 +119,29 @@ from pyro import poutine
 from torch import nn
 from torch.distributions import constraints
 
-from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._health import check_off_data
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
-from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, check_lr
 from bnn_pyro.infer.driver import ChainRun
-from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, refit,
-                                    refit_config, select_noise, split)
+from bnn_pyro.infer.holdout import (
+    DEFAULT,
+    BestOnHoldout,
+    Holdout,
+    describe,
+    heldout_score,
+    noise_site,
+    refit,
+    refit_config,
+    select_noise,
+    split,
+)
+from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, check_lr
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice, positive, positive_int
 
 __all__ = ["fit_mc_dropout", "RateLearning", "MCDropoutConfig", "DropoutState", "dropout_engine"]
 
@@ -233,23 +243,29 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
         ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     """
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
-    post = refit(_fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(
-        replace(cfg, epochs=None), num_steps=chosen.num_steps)))
+    post = refit(
+        _fit(model, data, cfg),
+        lambda chosen: _fit(model, data, refit_config(replace(cfg, epochs=None), num_steps=chosen.num_steps)),
+    )
     return post if _inputs_dropped(model, post) else check_off_data(post, OFF_DATA)
 
 
 def _inputs_dropped(model, post: Posterior) -> bool:
     """Whether the masks reach the raw inputs (the first layer's weight is among ``config["dropout_sites"]``)."""
-    first = next((f"{path}.weight" if path else "weight" for path, m in model.net.named_modules()
-                  if isinstance(m, _LAYERS)), None)
+    first = next(
+        (f"{path}.weight" if path else "weight" for path, m in model.net.named_modules() if isinstance(m, _LAYERS)),
+        None,
+    )
     return first in str(post.config.get("dropout_sites", "")).split(",")
 
 
-OFF_DATA = ("with the input layer kept whole (dropout_inputs=None, the default) its spread comes from dropping the "
-            "fitted net's own hidden units at a fixed rate p, so each logit's spread is a fixed fraction of its "
-            "units' own contributions wherever the input is, and grows away from the data no faster than the logit "
-            "itself (for a ReLU net, exactly so along every ray from the origin, biases aside), whatever p; "
-            "dropout_inputs=True lets the masks reach the input directions, at a cost in test log loss.")
+OFF_DATA = (
+    "with the input layer kept whole (dropout_inputs=None, the default) its spread comes from dropping the "
+    "fitted net's own hidden units at a fixed rate p, so each logit's spread is a fixed fraction of its "
+    "units' own contributions wherever the input is, and grows away from the data no faster than the logit "
+    "itself (for a ReLU net, exactly so along every ray from the origin, biases aside), whatever p; "
+    "dropout_inputs=True lets the masks reach the input directions, at a cost in test log loss."
+)
 """The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for classification (module docstring:
 "Off-data inputs")."""
 
@@ -258,10 +274,14 @@ def _fit(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
     kind = choice("rate", cfg.rate, RateLearning)
     p = cfg.p
     if not (isinstance(p, (int, float)) and 0.0 < p < 1.0):
-        raise ValueError(f"p: the drop rate must be a number in (0, 1), got {p!r}; try p=0.1 (p=0 is MAP: "
-                         "method='svi', guide='map').")
-    for name, value, owner in (("temperature", cfg.temperature, RateLearning.CONCRETE),
-                               ("baseline_beta", cfg.baseline_beta, RateLearning.REINFORCE)):
+        raise ValueError(
+            f"p: the drop rate must be a number in (0, 1), got {p!r}; try p=0.1 (p=0 is MAP: "
+            "method='svi', guide='map')."
+        )
+    for name, value, owner in (
+        ("temperature", cfg.temperature, RateLearning.CONCRETE),
+        ("baseline_beta", cfg.baseline_beta, RateLearning.REINFORCE),
+    ):
         if value is not None and kind is not owner:
             raise ValueError(f"{name}= applies to rate={owner.value!r} only, not {kind.value!r}; drop it.")
     temperature = positive("temperature", 0.1 if cfg.temperature is None else cfg.temperature)
@@ -272,14 +292,23 @@ def _fit(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
     if num_steps is not None and epochs is not None:
         raise ValueError("mc_dropout: give num_steps= or epochs=, not both.")
     if epochs is not None:
-        per_epoch = len(data.loader) if data.loader is not None else math.ceil(data.size / (data.batch_size or data.size))
+        per_epoch = (
+            len(data.loader) if data.loader is not None else math.ceil(data.size / (data.batch_size or data.size))
+        )
         num_steps = positive_int("epochs", epochs) * per_epoch
     num_particles = cfg.num_particles if cfg.num_particles is not None else 4 if kind is RateLearning.REINFORCE else 1
-    s = replace(cfg, rate=kind, temperature=temperature, baseline_beta=beta, epochs=None,
-                num_steps=positive_int("num_steps", 3000 if num_steps is None else num_steps),
-                num_particles=positive_int("num_particles", num_particles),
-                num_chains=positive_int("num_chains", cfg.num_chains),
-                num_samples=positive_int("num_samples", cfg.num_samples), lr=check_lr(cfg.lr, method="mc_dropout"))
+    s = replace(
+        cfg,
+        rate=kind,
+        temperature=temperature,
+        baseline_beta=beta,
+        epochs=None,
+        num_steps=positive_int("num_steps", 3000 if num_steps is None else num_steps),
+        num_particles=positive_int("num_particles", num_particles),
+        num_chains=positive_int("num_chains", cfg.num_chains),
+        num_samples=positive_int("num_samples", cfg.num_samples),
+        lr=check_lr(cfg.lr, method="mc_dropout"),
+    )
     full, validation = data, cfg.validation
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         data, holdout, why = full, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"
@@ -287,22 +316,55 @@ def _fit(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
         data, holdout, why = split(full, validation, seed=s.seed, method="mc_dropout", convert=full.convert)
     sites = dropout_sites(model, data, s.dropout_inputs)
     init = resolve_init(model, s.init, data)
-    config = clean_config(dict(
-        p=float(p), rate=kind.value, temperature=temperature if kind is RateLearning.CONCRETE else None,
-        baseline_beta=beta if kind is RateLearning.REINFORCE else None, dropout_sites=",".join(sites),
-        num_steps=s.num_steps, lr=s.lr, optimizer=getattr(s.optimizer, "value", s.optimizer),
-        lr_schedule=getattr(s.lr_schedule, "value", s.lr_schedule), num_particles=s.num_particles,
-        num_chains=s.num_chains, num_samples=s.num_samples, init=init if isinstance(init, str) else type(init).__name__,
-        batch_size=data.batch_size, dataset_size=data.size, seed=s.seed,
-        validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
-    ))
-    ckpts = open_chains(s.checkpoint, every=s.checkpoint_every, resume=s.resume, num_chains=s.num_chains,
-                        run=dict(method="mc_dropout", **config))
-    loop = Loop(num_steps=s.num_steps, lr=s.lr, method="mc_dropout", desc="mc_dropout chain {index}",
-                optimizer=s.optimizer, lr_schedule=s.lr_schedule, progress=s.progress)
+    config = clean_config(
+        dict(
+            p=float(p),
+            rate=kind.value,
+            temperature=temperature if kind is RateLearning.CONCRETE else None,
+            baseline_beta=beta if kind is RateLearning.REINFORCE else None,
+            dropout_sites=",".join(sites),
+            num_steps=s.num_steps,
+            lr=s.lr,
+            optimizer=getattr(s.optimizer, "value", s.optimizer),
+            lr_schedule=getattr(s.lr_schedule, "value", s.lr_schedule),
+            num_particles=s.num_particles,
+            num_chains=s.num_chains,
+            num_samples=s.num_samples,
+            init=init if isinstance(init, str) else type(init).__name__,
+            batch_size=data.batch_size,
+            dataset_size=data.size,
+            seed=s.seed,
+            validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
+        )
+    )
+    ckpts = open_chains(
+        s.checkpoint,
+        every=s.checkpoint_every,
+        resume=s.resume,
+        num_chains=s.num_chains,
+        run=dict(method="mc_dropout", **config),
+    )
+    loop = Loop(
+        num_steps=s.num_steps,
+        lr=s.lr,
+        method="mc_dropout",
+        desc="mc_dropout chain {index}",
+        optimizer=s.optimizer,
+        lr_schedule=s.lr_schedule,
+        progress=s.progress,
+    )
     paths = Potentials(s.fast_path)
-    post = drive(model, data, dropout_engine(data, sites, init, s, holdout, paths), loop, num_chains=s.num_chains,
-                 seed=s.seed, config=config, checkpoints=ckpts, posterior_data=full)
+    post = drive(
+        model,
+        data,
+        dropout_engine(data, sites, init, s, holdout, paths),
+        loop,
+        num_chains=s.num_chains,
+        seed=s.seed,
+        config=config,
+        checkpoints=ckpts,
+        posterior_data=full,
+    )
     paths.record(post.config)
     return select_noise(post, holdout)
 
@@ -315,7 +377,8 @@ def dropout_sites(model, data: Data, dropout_inputs: bool | None) -> dict[str, _
             f"mc_dropout: needs a bp.BNN whose Bayesian weights sit in nn.Linear or nn.Conv layers (the masks "
             f"drop their input units); got {type(model).__name__} {getattr(model, '__name__', '')!r}, a Pyro "
             "function model, which has no layers to drop. Use method='svi' with guide='mean_field' (or "
-            "guide='map') for it, or wrap a torch net as bp.BNN(net, prior=..., likelihood=...).")
+            "guide='map') for it, or wrap a torch net as bp.BNN(net, prior=..., likelihood=...)."
+        )
     x0, y0 = data.first()
     with torch.no_grad(), pyro.get_param_store().scope():
         trace = poutine.trace(model).get_trace(x0[:2], None if y0 is None else y0[:2])
@@ -329,22 +392,27 @@ def dropout_sites(model, data: Data, dropout_inputs: bool | None) -> dict[str, _
         while isinstance(support, constraints.independent):
             support = support.base_constraint
         if support is not constraints.real:
-            raise ValueError(f"mc_dropout: the prior of {name!r} has support {support}, but W = M diag(z) puts "
-                             "dropped weights at 0; give the weights a prior on the real line (e.g. "
-                             "bp.priors.Normal(0., 1.)).")
+            raise ValueError(
+                f"mc_dropout: the prior of {name!r} has support {support}, but W = M diag(z) puts "
+                "dropped weights at 0; give the weights a prior on the real line (e.g. "
+                "bp.priors.Normal(0., 1.))."
+            )
         found[name] = (i == 0, _site(name, module))
     if not found:
         raise ValueError(
             f"mc_dropout: this BNN has no Bayesian weight of an nn.Linear or nn.Conv layer (Bayesian sites: "
             f"{model.sample_names or 'none'}; layers: {[p for p, _ in layers] or 'none'}), so there are no "
             "input units to drop. Give those weights a prior (bayesian='all' or 'weights'), or use "
-            "method='svi' with guide='mean_field' for this model.")
+            "method='svi' with guide='mean_field' for this model."
+        )
     only_input = all(first for first, _ in found.values())
     keep_inputs = only_input if dropout_inputs is None else bool(dropout_inputs)
     sites = {n: s for n, (first, s) in found.items() if keep_inputs or not first}
     if not sites:
-        raise ValueError(f"mc_dropout: dropout_inputs=False leaves no layer to drop: {list(found)} reads the raw "
-                         "inputs and is the only Bayesian Linear/Conv weight. Pass dropout_inputs=True (or None).")
+        raise ValueError(
+            f"mc_dropout: dropout_inputs=False leaves no layer to drop: {list(found)} reads the raw "
+            "inputs and is the only Bayesian Linear/Conv weight. Pass dropout_inputs=True (or None)."
+        )
     return sites
 
 
@@ -382,8 +450,10 @@ class DropoutGuide:
     def noise(self, shape: tuple, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """Uniforms ``(*shape, units)`` per site: unit ``j`` is kept when ``u_j > p`` (hard masks)."""
         like = next(iter(self.values.values()))  # drawn by the CPU generator, used on the model's device and dtype
-        return {k: torch.rand(shape + (s.size,), generator=generator).clamp(_EPS, 1 - _EPS).to(like)
-                for k, s in self.sites.items()}
+        return {
+            k: torch.rand(shape + (s.size,), generator=generator).clamp(_EPS, 1 - _EPS).to(like)
+            for k, s in self.sites.items()
+        }
 
     def keep(self, noise: dict[str, torch.Tensor], temperature: float | None = None) -> dict[str, torch.Tensor]:
         """Keep masks from uniforms: hard ``1[u > p]`` (no gradient to ``p``), or relaxed (Concrete)."""
@@ -402,24 +472,41 @@ class DropoutGuide:
 
     def log_q(self, keep: dict[str, torch.Tensor]) -> torch.Tensor:
         """``log q(z)`` of hard masks, summed over sites and units."""
-        return sum((z * torch.nn.functional.logsigmoid(-self.logits[k]) + (1 - z) * torch.nn.functional.logsigmoid(
-            self.logits[k])).sum(-1) for k, z in keep.items())
+        return sum(
+            (
+                z * torch.nn.functional.logsigmoid(-self.logits[k])
+                + (1 - z) * torch.nn.functional.logsigmoid(self.logits[k])
+            ).sum(-1)
+            for k, z in keep.items()
+        )
 
     def entropy(self) -> torch.Tensor:
         """``sum_l K_l H(p_l)``: the mask entropy (the finite part of ``q``'s entropy)."""
-        return sum(s.size * torch.distributions.Bernoulli(logits=self.logits[k]).entropy() for k, s in self.sites.items())
+        return sum(
+            s.size * torch.distributions.Bernoulli(logits=self.logits[k]).entropy() for k, s in self.sites.items()
+        )
 
     @torch.no_grad()
     def draw(self, num_samples: int, generator: torch.Generator) -> dict[str, torch.Tensor]:
         """``num_samples`` draws of every latent site (constrained), with fresh hard masks."""
         keep = self.keep(self.noise((num_samples,), generator))
         values = self.weights(keep)
-        values = {k: v.detach() if k in keep else v.detach().expand((num_samples,) + v.shape).clone() for k, v in values.items()}
+        values = {
+            k: v.detach() if k in keep else v.detach().expand((num_samples,) + v.shape).clone()
+            for k, v in values.items()
+        }
         return self.pot.constrain(values)
 
 
-def objective(guide: DropoutGuide, pot: Potential, batch, noise: list[dict], kind: RateLearning, temperature: float,
-              baseline: float | None = None) -> tuple[torch.Tensor, torch.Tensor, float]:
+def objective(
+    guide: DropoutGuide,
+    pot: Potential,
+    batch,
+    noise: list[dict],
+    kind: RateLearning,
+    temperature: float,
+    baseline: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """``(surrogate, loss, energy)`` for one step: ``loss`` estimates ``L`` (mean over the particles
     in ``noise``), ``energy`` the mean ``U``; ``surrogate``'s gradient is the estimator of ``grad L``
     for ``kind`` (see the module docstring). ``baseline`` is REINFORCE's with one particle (with
@@ -466,8 +553,14 @@ class DropoutState:
     seed: int
 
 
-def dropout_engine(data: Data, sites: dict[str, _Site], init, s: MCDropoutConfig, holdout: Holdout | None,
-                   paths: Potentials | None = None) -> Engine:
+def dropout_engine(
+    data: Data,
+    sites: dict[str, _Site],
+    init,
+    s: MCDropoutConfig,
+    holdout: Holdout | None,
+    paths: Potentials | None = None,
+) -> Engine:
     """MC dropout as an :class:`~bnn_pyro.infer.contract.Engine`, for the resolved options ``s`` (``rate`` a
     :class:`RateLearning`, no ``None`` left but ``dropout_inputs``): a step minimizes :func:`objective` on a batch,
     ``after`` records the rates and early stopping, ``draws`` goes back to the best held-out state and draws
@@ -482,11 +575,18 @@ def dropout_engine(data: Data, sites: dict[str, _Site], init, s: MCDropoutConfig
         with poutine.trace(param_only=True) as capture:  # a BNN's deterministic parameters are fitted too
             pot(guide.values, data.first())
         points = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-        return DropoutState(fitted, pot, guide, guide.parameters() + points,
-                            list(guide.values.values()) + list(guide.logits.values()) + points,
-                            torch.Generator().manual_seed(chain.seed), [],
-                            BestOnHoldout(every=max(1, s.num_steps // 50), patience=None),
-                            {k: torch.empty(s.num_steps) for k in guide.sites}, chain.seed)
+        return DropoutState(
+            fitted,
+            pot,
+            guide,
+            guide.parameters() + points,
+            list(guide.values.values()) + list(guide.logits.values()) + points,
+            torch.Generator().manual_seed(chain.seed),
+            [],
+            BestOnHoldout(every=max(1, s.num_steps // 50), patience=None),
+            {k: torch.empty(s.num_steps) for k in guide.sites},
+            chain.seed,
+        )
 
     def step(state: DropoutState, batch, index: int):
         noise = [state.guide.noise((), state.masks) for _ in range(s.num_particles)]
@@ -499,8 +599,9 @@ def dropout_engine(data: Data, sites: dict[str, _Site], init, s: MCDropoutConfig
         for k, r in state.guide.rates_float().items():
             state.rates[k][index] = r
         if holdout is not None and (state.best.due(index) or index == s.num_steps - 1):
-            state.best.record(index, _score(state.model, state.guide, state.pot, holdout),
-                              [t.detach() for t in state.kept])
+            state.best.record(
+                index, _score(state.model, state.guide, state.pot, holdout), [t.detach() for t in state.kept]
+            )
         return info
 
     def draws(state: DropoutState, history: dict[str, torch.Tensor]) -> ChainRun:

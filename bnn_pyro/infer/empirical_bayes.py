@@ -45,8 +45,8 @@ import torch
 from pyro import poutine
 from pyro.distributions import constraints
 
-from bnn_pyro.utils.checks import choice
 from bnn_pyro.model import BNN
+from bnn_pyro.utils.checks import choice
 
 __all__ = ["Sharing", "LearnedPriorScales", "resolve"]
 
@@ -94,9 +94,11 @@ class LearnedPriorScales(poutine.messenger.Messenger):
     def __init__(self, model, x, y, dataset_size: int | None, sharing: Sharing):
         super().__init__()
         if not isinstance(model, BNN):
-            raise ValueError(f"empirical_bayes: needs a bp.BNN, whose weight sites and priors are known; got a "
-                             f"{type(model).__name__}. In a Pyro function model, make the prior scale a "
-                             "pyro.param(..., constraint=constraints.positive) yourself: SVI learns it.")
+            raise ValueError(
+                f"empirical_bayes: needs a bp.BNN, whose weight sites and priors are known; got a "
+                f"{type(model).__name__}. In a Pyro function model, make the prior scale a "
+                "pyro.param(..., constraint=constraints.positive) yourself: SVI learns it."
+            )
         self.sharing = sharing
         self.base_scales = _base_scales(model, x, y, dataset_size)
         self._multipliers: dict[str, torch.Tensor] = {}
@@ -107,8 +109,9 @@ class LearnedPriorScales(poutine.messenger.Messenger):
 
     def __enter__(self):
         one = torch.tensor(1.0)
-        self._multipliers = {s: pyro.param(self.param_name(s), one, constraint=constraints.positive)
-                             for s in self.base_scales}
+        self._multipliers = {
+            s: pyro.param(self.param_name(s), one, constraint=constraints.positive) for s in self.base_scales
+        }
         return super().__enter__()
 
     def _pyro_sample(self, msg):
@@ -150,19 +153,25 @@ def _base_scales(model: BNN, x, y, dataset_size) -> dict[str, float]:
     for name in model.sample_names:
         hyper = [h for h in model.hyper_names if h.startswith(f"{name}_")]
         if hyper:
-            raise ValueError(f"empirical_bayes: the prior of {name!r} is hierarchical (hyper sites {hyper}), so its "
-                             "scale is already inferred. Use empirical_bayes=False, or a non-hierarchical prior "
-                             "such as bp.priors.Normal.")
+            raise ValueError(
+                f"empirical_bayes: the prior of {name!r} is hierarchical (hyper sites {hyper}), so its "
+                "scale is already inferred. Use empirical_bayes=False, or a non-hierarchical prior "
+                "such as bp.priors.Normal."
+            )
         fn = trace.nodes[name]["fn"]
         while isinstance(fn, torch.distributions.Independent):
             fn = fn.base_dist
         if _family(fn) is None:
-            raise ValueError(f"empirical_bayes: the prior of {name!r} is {type(fn).__name__}, which has no scale to "
-                             "learn. Use a prior with one (bp.priors.Normal, LayerwiseNormal, Laplace, StudentT), "
-                             "or empirical_bayes=False.")
+            raise ValueError(
+                f"empirical_bayes: the prior of {name!r} is {type(fn).__name__}, which has no scale to "
+                "learn. Use a prior with one (bp.priors.Normal, LayerwiseNormal, Laplace, StudentT), "
+                "or empirical_bayes=False."
+            )
         scale = fn.scale.reshape(-1)
         if not torch.all(scale == scale[0]):
-            raise ValueError(f"empirical_bayes: the prior scale of {name!r} varies within the tensor; it learns one "
-                             "scale per tensor. Use a prior with one scale per tensor, or empirical_bayes=False.")
+            raise ValueError(
+                f"empirical_bayes: the prior scale of {name!r} varies within the tensor; it learns one "
+                "scale per tensor. Use a prior with one scale per tensor, or empirical_bayes=False."
+            )
         scales[name] = float(scale[0])
     return scales

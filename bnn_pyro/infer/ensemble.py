@@ -66,20 +66,20 @@ from typing import ClassVar
 
 import torch
 
-from bnn_pyro.utils.checks import flag, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
 from bnn_pyro.infer._potential import Potentials
-from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, select_noise, split
-from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
-from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
+from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, select_noise, split
+from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
+from bnn_pyro.infer.map_fit import energy as _energy  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.map_fit import finish, map_engine, map_fit
 from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, check_lr
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import flag, positive_int
 
 __all__ = ["fit_ensemble", "EnsembleConfig", "EnsembleInit"]
 
@@ -158,7 +158,9 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         the data set, for a loader).
     """
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
-    return refit(_fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, num_steps=chosen.num_steps)))
+    return refit(
+        _fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, num_steps=chosen.num_steps))
+    )
 
 
 def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
@@ -171,33 +173,78 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     except (TypeError, ValueError):
         raise TypeError(f"adversarial_eps must be a number, got {cfg.adversarial_eps!r}.") from None
     if not (math.isfinite(eps) and eps >= 0.0):
-        raise ValueError(f"adversarial_eps must be a non-negative finite number, got {cfg.adversarial_eps!r}; "
-                         "0 turns adversarial training off, the paper uses 1% of each input's range.")
+        raise ValueError(
+            f"adversarial_eps must be a non-negative finite number, got {cfg.adversarial_eps!r}; "
+            "0 turns adversarial training off, the paper uses 1% of each input's range."
+        )
     anchored = flag("anchored", cfg.anchored)
     validation = cfg.validation
     train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert)
-    config = clean_config(dict(
-        num_chains=num_chains, num_steps=num_steps, lr=lr, optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
-        lr_schedule=getattr(cfg.lr_schedule, "value", cfg.lr_schedule),
-        init=init if isinstance(init, str) else type(init).__name__, adversarial_eps=eps, anchored=anchored,
-        batch_size=data.batch_size, dataset_size=data.size, seed=cfg.seed,
-        validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
-    ))
-    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
-                        run=dict(method="ensemble", **config))
+    config = clean_config(
+        dict(
+            num_chains=num_chains,
+            num_steps=num_steps,
+            lr=lr,
+            optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
+            lr_schedule=getattr(cfg.lr_schedule, "value", cfg.lr_schedule),
+            init=init if isinstance(init, str) else type(init).__name__,
+            adversarial_eps=eps,
+            anchored=anchored,
+            batch_size=data.batch_size,
+            dataset_size=data.size,
+            seed=cfg.seed,
+            validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
+        )
+    )
+    ckpts = open_chains(
+        cfg.checkpoint,
+        every=cfg.checkpoint_every,
+        resume=cfg.resume,
+        num_chains=num_chains,
+        run=dict(method="ensemble", **config),
+    )
 
     def member(state, history) -> ChainRun:
         fit = map_fit(state, finish(state, train, history["loss"], holdout=holdout), train)
         history = {"loss": fit.loss, **({} if holdout is None else {"best_step": torch.tensor([fit.best_step])})}
-        return ChainRun(state.model, {n: v.unsqueeze(0) for n, v in fit.sample.items()}, fit.point, history,
-                        stats={"lp": fit.lp.unsqueeze(0)})
+        return ChainRun(
+            state.model,
+            {n: v.unsqueeze(0) for n, v in fit.sample.items()},
+            fit.point,
+            history,
+            stats={"lp": fit.lp.unsqueeze(0)},
+        )
 
     paths = Potentials(cfg.fast_path)
-    engine = map_engine(train, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=eps, draws=member,
-                        paths=paths, anchored=anchored)
-    loop = Loop(num_steps=num_steps, lr=lr, method="ensemble", desc="ensemble member {index}",
-                optimizer=cfg.optimizer, lr_schedule=cfg.lr_schedule, progress=cfg.progress)
-    post = drive(model, train, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts,
-                 posterior_data=data)
+    engine = map_engine(
+        train,
+        init=init,
+        num_steps=num_steps,
+        holdout=holdout,
+        adversarial_eps=eps,
+        draws=member,
+        paths=paths,
+        anchored=anchored,
+    )
+    loop = Loop(
+        num_steps=num_steps,
+        lr=lr,
+        method="ensemble",
+        desc="ensemble member {index}",
+        optimizer=cfg.optimizer,
+        lr_schedule=cfg.lr_schedule,
+        progress=cfg.progress,
+    )
+    post = drive(
+        model,
+        train,
+        engine,
+        loop,
+        num_chains=num_chains,
+        seed=cfg.seed,
+        config=config,
+        checkpoints=ckpts,
+        posterior_data=data,
+    )
     paths.record(post.config)
     return select_noise(post, holdout)

@@ -43,8 +43,8 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable
 
 import pyro.distributions as dist
 import torch
@@ -52,8 +52,21 @@ from pyro import poutine
 
 from bnn_pyro.infer._common import Data, quiet_model
 
-__all__ = ["Holdout", "split", "heldout_score", "BestOnHoldout", "select_noise", "maximize_on_log_grid", "DEFAULT",
-           "MIN_ROWS", "Chosen", "chosen", "refit", "scaled_steps", "refit_config"]
+__all__ = [
+    "Holdout",
+    "split",
+    "heldout_score",
+    "BestOnHoldout",
+    "select_noise",
+    "maximize_on_log_grid",
+    "DEFAULT",
+    "MIN_ROWS",
+    "Chosen",
+    "chosen",
+    "refit",
+    "scaled_steps",
+    "refit_config",
+]
 
 DEFAULT = 0.1  # the held-out fraction of the training rows for the engines that use one by default
 MIN_ROWS = 20  # fewer held-out rows make early stopping and the noise estimate too noisy (sd of a noise sd ~1/sqrt(2n))
@@ -72,8 +85,9 @@ class Holdout:
         return self.x.shape[0]
 
 
-def split(data: Data, validation, *, seed: int, method: str, convert=None,
-          default=DEFAULT) -> tuple[Data, Holdout | None, str | None]:
+def split(
+    data: Data, validation, *, seed: int, method: str, convert=None, default=DEFAULT
+) -> tuple[Data, Holdout | None, str | None]:
     """``(train, holdout, reason)``: the data to fit on, the held-out rows (or ``None``) and, when none are
     held out under the default, why (for ``post.config``).
 
@@ -88,27 +102,35 @@ def split(data: Data, validation, *, seed: int, method: str, convert=None,
         return data, None, None
     if isinstance(validation, (tuple, list)):
         if len(validation) != 2:
-            raise ValueError(f"validation: expected a fraction such as 0.1, None, or an (x_val, y_val) pair, got a "
-                             f"{type(validation).__name__} of {len(validation)}.")
+            raise ValueError(
+                f"validation: expected a fraction such as 0.1, None, or an (x_val, y_val) pair, got a "
+                f"{type(validation).__name__} of {len(validation)}."
+            )
         x, y = convert(*validation) if convert is not None else validation
         if x.shape[0] < 1:
             raise ValueError("validation: the (x_val, y_val) pair holds no rows.")
         return data, Holdout(x, y), None
     if isinstance(validation, bool) or not isinstance(validation, (int, float)) or not 0.0 < validation <= 0.5:
-        raise ValueError(f"validation: expected a fraction in (0, 0.5] of the training rows to hold out (e.g. 0.1), "
-                         f"None to hold none out, or an (x_val, y_val) pair; got {validation!r}.")
+        raise ValueError(
+            f"validation: expected a fraction in (0, 0.5] of the training rows to hold out (e.g. 0.1), "
+            f"None to hold none out, or an (x_val, y_val) pair; got {validation!r}."
+        )
     if data.loader is not None:
         if is_default:
             return data, None, "a loader of batches: no rows set aside (pass validation=(x_val, y_val))"
-        raise ValueError(f"validation={validation}: rows cannot be set aside from a loader of batches; pass "
-                         f"validation=(x_val, y_val) with held-out tensors, or validation=None.")
+        raise ValueError(
+            f"validation={validation}: rows cannot be set aside from a loader of batches; pass "
+            f"validation=(x_val, y_val) with held-out tensors, or validation=None."
+        )
     n = data.x.shape[0]
     rows = int(round(validation * n))
     if rows < MIN_ROWS or n - rows < MIN_ROWS:
         if is_default:
             return data, None, f"{n} rows: fewer than {MIN_ROWS} would be held out"
-        raise ValueError(f"validation={validation}: {n} training rows give {rows} held-out rows, fewer than "
-                         f"{MIN_ROWS}; hold out a larger fraction, pass validation=(x_val, y_val), or None.")
+        raise ValueError(
+            f"validation={validation}: {n} training rows give {rows} held-out rows, fewer than "
+            f"{MIN_ROWS}; hold out a larger fraction, pass validation=(x_val, y_val), or None."
+        )
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(int(seed)))
     held, kept = perm[:rows].sort().values, perm[rows:].sort().values
     held_d, kept_d = held.to(data.x.device), kept.to(data.x.device)
@@ -188,8 +210,13 @@ class BestOnHoldout:
     def state_dict(self) -> tuple[dict[str, torch.Tensor], dict]:
         """For a checkpoint: the best state (a list of tensors) as tensors, the rest as JSON."""
         state = {} if self.state is None else {str(i): t for i, t in enumerate(self.state)}
-        return state, {"best_score": self.best_score, "best_step": self.best_step, "scores": self.scores,
-                       "since": self._since, "has_state": self.state is not None}
+        return state, {
+            "best_score": self.best_score,
+            "best_step": self.best_step,
+            "scores": self.scores,
+            "since": self._since,
+            "has_state": self.state is not None,
+        }
 
     def load_state_dict(self, tensors: dict[str, torch.Tensor], meta: dict) -> None:
         self.best_score, self.best_step, self._since = meta["best_score"], meta["best_step"], meta["since"]
@@ -251,16 +278,20 @@ def select_noise(post, holdout: Holdout | None):
     base = d.base_dist if isinstance(d, dist.Independent) else d
     sigma, lpd = _best_scale(base.loc, holdout.y)
     support = post.model.likelihood.sites()[site].support
-    value = post.samples[site].new_tensor(sigma if site == "sigma" else sigma ** -2.0)
+    value = post.samples[site].new_tensor(sigma if site == "sigma" else sigma**-2.0)
     if not bool(support.check(value)):
         return post  # a prior that cannot hold it (e.g. a Uniform noise prior): keep the engine's estimate
     before = post.samples[site]
     post.samples[site] = torch.full_like(before, float(value))
     # the density q recorded at each draw (for post.psis) no longer describes draws whose noise was replaced
     post.sample_stats = {k: v for k, v in post.sample_stats.items() if k != "log_q"}
-    post.config["noise"] = {"selected_on": "validation", site: float(value), "sigma": sigma,
-                            "heldout_lpd": lpd, "engine_sigma_median": float(
-                                (before if site == "sigma" else before.rsqrt()).median())}
+    post.config["noise"] = {
+        "selected_on": "validation",
+        site: float(value),
+        "sigma": sigma,
+        "heldout_lpd": lpd,
+        "engine_sigma_median": float((before if site == "sigma" else before.rsqrt()).median()),
+    }
     return post
 
 
@@ -309,12 +340,18 @@ def chosen(post) -> Chosen:
     steps = None
     if "best_step" in post.history:
         best = post.history["best_step"].reshape(post.history["best_step"].shape[0], -1)[:, -1].double() + 1
-        steps = scaled_steps(int(best.median().round()), rows_train=rows_train, rows_all=rows_all,
-                             batch_size=post.config.get("batch_size"))
+        steps = scaled_steps(
+            int(best.median().round()),
+            rows_train=rows_train,
+            rows_all=rows_all,
+            batch_size=post.config.get("batch_size"),
+        )
     stops = None
     if "exploration_stop" in post.history:
-        stops = [[int(t) for t in row] for row in post.history["exploration_stop"].reshape(
-            post.history["exploration_stop"].shape[0], -1)]
+        stops = [
+            [int(t) for t in row]
+            for row in post.history["exploration_stop"].reshape(post.history["exploration_stop"].shape[0], -1)
+        ]
     noise = post.config.get("noise")
     sigma = None
     records = noise if isinstance(noise, list) else [noise] * post.num_chains if noise else []
@@ -338,7 +375,7 @@ def refit(post, fit_again: Callable[[Chosen], object]):
     noise = post.config.get("noise")
     site = noise_site(final.model)
     if choice.sigma is not None and site is not None and site in final.samples:
-        values = [s if site == "sigma" else s ** -2.0 for s in choice.sigma]
+        values = [s if site == "sigma" else s**-2.0 for s in choice.sigma]
         drawn = final.samples[site]
         target = drawn.new_tensor(values).reshape(-1, *([1] * (drawn.dim() - 1))).expand_as(drawn).clone()
         if not torch.allclose(drawn, target):  # an engine that does not take the noise in: set it, as select_noise
@@ -353,5 +390,11 @@ def refit_config(cfg, **chosen):
     """An engine config (a :class:`~bnn_pyro.infer.contract.RunOptions` dataclass) for the refit on all rows: no
     rows held out, no checkpoint (the refit is recomputed from the fit that chose; a resumed run resumes that
     fit), and the ``chosen`` options (e.g. ``num_steps``); options given as ``None`` keep the config's value."""
-    return replace(cfg, validation=None, checkpoint=None, checkpoint_every=None, resume=False,
-                   **{k: v for k, v in chosen.items() if v is not None})
+    return replace(
+        cfg,
+        validation=None,
+        checkpoint=None,
+        checkpoint_every=None,
+        resume=False,
+        **{k: v for k, v in chosen.items() if v is not None},
+    )

@@ -59,28 +59,49 @@ class MALAKernel(AdaptedKernel):
     def __init__(self, model, joint, *, init_strategy, step_size, target_accept_prob, dense_mass, jit, resume):
         self.model, self.joint, self.jit, self.resume, self.transforms = model, joint, jit, resume, None
         self._init_strategy, self._given_step, self._chol = init_strategy, step_size, (None, None)
-        self._adapter = WarmupAdapter(step_size or 1.0, adapt_step_size=True, target_accept_prob=target_accept_prob,
-                                      adapt_mass_matrix=True, dense_mass=dense_mass)
+        self._adapter = WarmupAdapter(
+            step_size or 1.0,
+            adapt_step_size=True,
+            target_accept_prob=target_accept_prob,
+            adapt_mass_matrix=True,
+            dense_mass=dense_mass,
+        )
 
     def setup(self, warmup_steps, *args, **kwargs):
         self._warmup, self._t, self._mean_accept = warmup_steps, 0, 0.0
         params, potential_fn, self.transforms, _ = initialize_model(
-            self.model, model_args=args, model_kwargs=kwargs, init_strategy=self._init_strategy,
-            jit_compile=self.jit and self.joint is None, skip_jit_warnings=True)
+            self.model,
+            model_args=args,
+            model_kwargs=kwargs,
+            init_strategy=self._init_strategy,
+            jit_compile=self.jit and self.joint is None,
+            skip_jit_warnings=True,
+        )
         self._initial_params, self._names = params, tuple(sorted(params))
         shapes = {n: params[n].shape for n in self._names}
         self._sizes = [params[n].numel() for n in self._names]
-        self._potential = None if self.joint is None else (  # fast path: analytic, else the compiled log joint
-            _logjoint.analytic(self.joint, self._names, shapes, *args)
-            or _logjoint.flat_potential_and_grad(self.joint, self.transforms, *args, shapes=shapes, compile=self.jit))
+        self._potential = (
+            None
+            if self.joint is None
+            # fast path: analytic, else the compiled log joint
+            else (
+                _logjoint.analytic(self.joint, self._names, shapes, *args)
+                or _logjoint.flat_potential_and_grad(
+                    self.joint, self.transforms, *args, shapes=shapes, compile=self.jit
+                )
+            )
+        )
         if self._potential is None:  # Pyro's traced potential, differentiated by autograd
             self._potential = lambda z: _value_and_grad(potential_fn, self._unflatten, z)
         z = self._flatten(params)
         u, g = self._potential(z)
         self._state = (z, float(u), g)
-        self._adapter.configure(warmup_steps, mass_matrix_shape={
-            self._names: (z.numel(),) * (2 if self._adapter.dense_mass else 1)},
-            find_reasonable_step_size_fn=self._reasonable_step_size, options=dict(dtype=z.dtype, device=z.device))
+        self._adapter.configure(
+            warmup_steps,
+            mass_matrix_shape={self._names: (z.numel(),) * (2 if self._adapter.dense_mass else 1)},
+            find_reasonable_step_size_fn=self._reasonable_step_size,
+            options=dict(dtype=z.dtype, device=z.device),
+        )
         if self.resume is not None:
             self._adapter.step_size = self.resume[0]
             self._adapter.mass_matrix_adapter.inverse_mass_matrix = {self._names: self.resume[1].to(z.dtype)}
@@ -123,8 +144,12 @@ class MALAKernel(AdaptedKernel):
         new = mean + step * (chol * eps if chol.dim() == 1 else chol @ eps)
         u_new, g_new = self._potential(new)
         back = new - 0.5 * step**2 * (inv_mass * g_new if inv_mass.dim() == 1 else inv_mass @ g_new)
-        log_ratio = u - float(u_new) + 0.5 * float(eps @ eps) - 0.5 * float(self._whiten(z - back, chol).square().sum()
-                                                                            / step**2)
+        log_ratio = (
+            u
+            - float(u_new)
+            + 0.5 * float(eps @ eps)
+            - 0.5 * float(self._whiten(z - back, chol).square().sum() / step**2)
+        )
         accept = min(1.0, torch.tensor(log_ratio).nan_to_num(float("-inf")).exp().item())
         return (new.detach(), float(u_new), g_new.detach()), accept
 
@@ -178,9 +203,20 @@ class MALAConfig(MCMCConfig):
     target_accept: float | None = 0.574
 
     def kernel(self, model, chain: KernelSettings, model_args: tuple):
-        return MALAKernel(model, chain.joint, init_strategy=chain.init_strategy, step_size=self.step_size,
-                          target_accept_prob=self.target_accept, dense_mass=self.dense_mass, jit=self.jit,
-                          resume=chain.resume), None, None
+        return (
+            MALAKernel(
+                model,
+                chain.joint,
+                init_strategy=chain.init_strategy,
+                step_size=self.step_size,
+                target_accept_prob=self.target_accept,
+                dense_mass=self.dense_mass,
+                jit=self.jit,
+                resume=chain.resume,
+            ),
+            None,
+            None,
+        )
 
 
 @entry(MALAConfig)

@@ -33,14 +33,29 @@ from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.anchor import anchor, tilt
 from bnn_pyro.infer.checkpoint import StepCheckpoint
-from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
-from bnn_pyro.infer.contract import Engine, LossInfo, Loop, run
+from bnn_pyro.infer.contract import Engine, Loop, LossInfo, run
 from bnn_pyro.infer.driver import ChainInfo, chain
+from bnn_pyro.infer.holdout import BestOnHoldout, Holdout, heldout_score
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["fit_map", "map_engine", "map_state", "finish", "map_fit", "minimize", "MapFit", "MapRun", "MapState",
-           "energy", "adversarial_loss", "estimate_points", "POINT_MAP_STEPS", "POINT_MAP_LR", "POINT_MAP_POLISH"]
+__all__ = [
+    "fit_map",
+    "map_engine",
+    "map_state",
+    "finish",
+    "map_fit",
+    "minimize",
+    "MapFit",
+    "MapRun",
+    "MapState",
+    "energy",
+    "adversarial_loss",
+    "estimate_points",
+    "POINT_MAP_STEPS",
+    "POINT_MAP_LR",
+    "POINT_MAP_POLISH",
+]
 
 
 @dataclass
@@ -82,8 +97,17 @@ class MapState:
     num_steps: int
 
 
-def map_state(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, num_steps: int, jacobian: bool = True,
-              fixed=(), tilted: dict[str, torch.Tensor] | None = None) -> MapState:
+def map_state(
+    pot: Potential,
+    z: dict[str, torch.Tensor],
+    data: Data,
+    *,
+    model,
+    num_steps: int,
+    jacobian: bool = True,
+    fixed=(),
+    tilted: dict[str, torch.Tensor] | None = None,
+) -> MapState:
     """The state of a MAP search from ``z``; the parameters are found by running the loss once on the first
     batch (with ``jacobian=True`` the loss is :func:`energy`, else the potential itself; ``tilted``, a prior
     anchor from :func:`~bnn_pyro.infer.anchor.anchor`, adds ``<z, g>`` to it)."""
@@ -92,12 +116,25 @@ def map_state(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, 
     loss_fn = base if not tilted else (lambda p, zz, batch: base(p, zz, batch) + tilt(zz, tilted))
     with poutine.trace(param_only=True) as capture:
         loss_fn(pot, z, data.first())
-    params = [v for k, v in z.items() if k not in fixed] + [site["value"].unconstrained() for site in capture.trace.nodes.values()]
-    return MapState(model, pot, z, params, loss_fn, BestOnHoldout(every=max(1, num_steps // 50), patience=None), num_steps)
+    params = [v for k, v in z.items() if k not in fixed] + [
+        site["value"].unconstrained() for site in capture.trace.nodes.values()
+    ]
+    return MapState(
+        model, pot, z, params, loss_fn, BestOnHoldout(every=max(1, num_steps // 50), patience=None), num_steps
+    )
 
 
-def map_engine(data: Data, *, init, num_steps: int, holdout: Holdout | None = None, adversarial_eps: float = 0.0,
-               draws=None, paths: Potentials | None = None, anchored: bool = False) -> Engine:
+def map_engine(
+    data: Data,
+    *,
+    init,
+    num_steps: int,
+    holdout: Holdout | None = None,
+    adversarial_eps: float = 0.0,
+    draws=None,
+    paths: Potentials | None = None,
+    anchored: bool = False,
+) -> Engine:
     """The MAP search as an :class:`~bnn_pyro.infer.contract.Engine`: each chain starts from ``init`` (resolved
     by :func:`~bnn_pyro.infer._init.resolve_init`) under its seed; ``draws(state, history)`` makes the chain's
     result (:func:`finish` first gives the kept state). ``paths`` builds the potentials (default: the fast path
@@ -120,16 +157,25 @@ def map_engine(data: Data, *, init, num_steps: int, holdout: Holdout | None = No
     def after(state: MapState, index: int, info: LossInfo) -> LossInfo:
         if holdout is not None and (state.best.due(index) or index == state.num_steps - 1):
             with torch.no_grad():
-                state.best.record(index, heldout_score(state.model, state.pot.constrain(state.z), holdout),
-                                  [p.detach() for p in state.params])
+                state.best.record(
+                    index,
+                    heldout_score(state.model, state.pot.constrain(state.z), holdout),
+                    [p.detach() for p in state.params],
+                )
         return info
 
-    return Engine(init=init_state, step=step, draws=draws, after=after,
-                  checkpoint=lambda state, ckpt, records: StepCheckpoint(ckpt, state.params, extra=state.best))
+    return Engine(
+        init=init_state,
+        step=step,
+        draws=draws,
+        after=after,
+        checkpoint=lambda state, ckpt, records: StepCheckpoint(ckpt, state.params, extra=state.best),
+    )
 
 
-def finish(state: MapState, data: Data, losses: torch.Tensor, *, holdout: Holdout | None,
-           polish_steps: int = 0) -> MapRun:
+def finish(
+    state: MapState, data: Data, losses: torch.Tensor, *, holdout: Holdout | None, polish_steps: int = 0
+) -> MapRun:
     """The result of a MAP search that recorded ``losses``: the best state on the held-out rows (the last one without), then
     ``polish_steps`` L-BFGS iterations on the full data (not for a loader; kept only when they lower the loss)."""
     num_steps = state.num_steps
@@ -153,27 +199,67 @@ def map_fit(state: MapState, run: MapRun, data: Data) -> MapFit:
     return MapFit(model=state.model, sample=sample, point=point, loss=run.loss, lp=lp, best_step=run.best_step)
 
 
-def fit_map(model, data: Data, *, init, num_steps: int, lr: float, optimizer="adam", lr_schedule="constant",
-            seed: int = 0, progress: bool = True, holdout: Holdout | None = None, adversarial_eps: float = 0.0,
-            polish_steps: int = 0, method: str = "map", ckpt=None, paths: Potentials | None = None) -> MapFit:
+def fit_map(
+    model,
+    data: Data,
+    *,
+    init,
+    num_steps: int,
+    lr: float,
+    optimizer="adam",
+    lr_schedule="constant",
+    seed: int = 0,
+    progress: bool = True,
+    holdout: Holdout | None = None,
+    adversarial_eps: float = 0.0,
+    polish_steps: int = 0,
+    method: str = "map",
+    ckpt=None,
+    paths: Potentials | None = None,
+) -> MapFit:
     """One MAP fit of a copy of ``model`` under ``seed`` (initial weights and minibatch order), in its own
     parameter store (:func:`~bnn_pyro.infer.driver.chain`); ``init`` as resolved by
     :func:`~bnn_pyro.infer._init.resolve_init`, ``paths`` as :func:`map_engine`, the rest (``ckpt`` too) as
     :func:`minimize`."""
-    engine = map_engine(data, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=adversarial_eps,
-                        paths=paths)
-    loop = Loop(num_steps=num_steps, lr=lr, method=method, desc=method, optimizer=optimizer, lr_schedule=lr_schedule,
-                progress=progress)
+    engine = map_engine(
+        data, init=init, num_steps=num_steps, holdout=holdout, adversarial_eps=adversarial_eps, paths=paths
+    )
+    loop = Loop(
+        num_steps=num_steps,
+        lr=lr,
+        method=method,
+        desc=method,
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        progress=progress,
+    )
     with chain(model, seed) as fitted:
         state = engine.init(fitted, ChainInfo(0, seed))
         losses = run(engine, state, data, loop, seed=seed, ckpt=ckpt)["loss"]
         return map_fit(state, finish(state, data, losses, holdout=holdout, polish_steps=polish_steps), data)
 
 
-def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, num_steps: int, lr: float,
-             optimizer="adam", lr_schedule="constant", seed: int = 0, progress: bool = True, desc: str = "map",
-             holdout: Holdout | None = None, adversarial_eps: float = 0.0, polish_steps: int = 0,
-             jacobian: bool = True, fixed=(), method: str = "map", ckpt=None) -> MapRun:
+def minimize(
+    pot: Potential,
+    z: dict[str, torch.Tensor],
+    data: Data,
+    *,
+    model,
+    num_steps: int,
+    lr: float,
+    optimizer="adam",
+    lr_schedule="constant",
+    seed: int = 0,
+    progress: bool = True,
+    desc: str = "map",
+    holdout: Holdout | None = None,
+    adversarial_eps: float = 0.0,
+    polish_steps: int = 0,
+    jacobian: bool = True,
+    fixed=(),
+    method: str = "map",
+    ckpt=None,
+) -> MapRun:
     """Minimize the potential energy from ``z`` (unconstrained site values); the model's deterministic
     parameters (``pyro.param`` sites) move along.
 
@@ -187,8 +273,15 @@ def minimize(pot: Potential, z: dict[str, torch.Tensor], data: Data, *, model, n
     """
     state = map_state(pot, z, data, model=model, num_steps=num_steps, jacobian=jacobian, fixed=fixed)
     engine = map_engine(data, init=None, num_steps=num_steps, holdout=holdout, adversarial_eps=adversarial_eps)
-    loop = Loop(num_steps=num_steps, lr=lr, method=method, desc=desc, optimizer=optimizer, lr_schedule=lr_schedule,
-                progress=progress)
+    loop = Loop(
+        num_steps=num_steps,
+        lr=lr,
+        method=method,
+        desc=desc,
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        progress=progress,
+    )
     losses = run(engine, state, data, loop, seed=seed, ckpt=ckpt)["loss"]
     return finish(state, data, losses, holdout=holdout, polish_steps=polish_steps)
 
@@ -208,8 +301,10 @@ def adversarial_loss(pot: Potential, z, batch, eps: float, loss_fn=None) -> torc
     loss_fn = energy if loss_fn is None else loss_fn
     x, y = batch
     if not x.dtype.is_floating_point:
-        raise TypeError(f"adversarial_eps > 0 perturbs the inputs, which must be floating point; got {x.dtype}. "
-                        "Use adversarial_eps=0 for integer (e.g. token) inputs.")
+        raise TypeError(
+            f"adversarial_eps > 0 perturbs the inputs, which must be floating point; got {x.dtype}. "
+            "Use adversarial_eps=0 for integer (e.g. token) inputs."
+        )
     x = x.detach().requires_grad_()
     clean = loss_fn(pot, z, (x, y))
     (grad,) = torch.autograd.grad(clean, x, retain_graph=True)
@@ -219,8 +314,15 @@ def adversarial_loss(pot: Potential, z, batch, eps: float, loss_fn=None) -> torc
 def _polish(loss, params, max_iter: int) -> None:
     """L-BFGS on the full data; the first-order result is kept when L-BFGS does not lower the loss."""
     saved = [p.detach().clone() for p in params]
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, history_size=20, line_search_fn="strong_wolfe",
-                            tolerance_grad=1e-10, tolerance_change=1e-12)
+    opt = torch.optim.LBFGS(
+        params,
+        lr=1.0,
+        max_iter=max_iter,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-10,
+        tolerance_change=1e-12,
+    )
 
     def closure():
         opt.zero_grad(set_to_none=True)
@@ -254,6 +356,15 @@ def estimate_points(fitted, data: Data, init, *, seed: int, progress: bool, meth
     given = set(init) if isinstance(init, dict) else set()
     if isinstance(init, Posterior) or given >= set(fitted.point_names):
         return "init", {}
-    mode = fit_map(fitted, data, init=init, num_steps=POINT_MAP_STEPS, lr=POINT_MAP_LR, seed=seed,
-                   progress=progress, polish_steps=POINT_MAP_POLISH, method=f"{method} point estimate (map)")
+    mode = fit_map(
+        fitted,
+        data,
+        init=init,
+        num_steps=POINT_MAP_STEPS,
+        lr=POINT_MAP_LR,
+        seed=seed,
+        progress=progress,
+        polish_steps=POINT_MAP_POLISH,
+        method=f"{method} point estimate (map)",
+    )
     return "map", {n: v for n, v in mode.point.items() if n not in given}

@@ -69,34 +69,49 @@ from __future__ import annotations
 
 import copy
 import inspect
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
-import torch
 import pyro
+import torch
 from pyro import poutine
 from pyro.infer.autoguide.initialization import init_to_value
 
-from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _logjoint, _vectorized
-from bnn_pyro.infer._health import check_mcmc
-from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
-from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
-from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
+from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
+from bnn_pyro.infer._health import check_mcmc
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
+from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
+from bnn_pyro.infer._nuts import FlatNUTS
+from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
+from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
 from bnn_pyro.infer.map_fit import estimate_points
 from bnn_pyro.infer.registry import REGISTRY, Method
-from bnn_pyro.model import BNN
-from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.training_data import Data
-from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
+from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 
-__all__ = ["sample", "fit_nuts", "fit_hmc", "fit_metropolis", "MCMCConfig", "NUTSConfig", "HMCConfig",
-           "MetropolisConfig", "ChainKernel", "KernelSettings", "extendable_methods", "ChainMethod", "DEFAULT_NUM_CHAINS",
-           "DEFAULT_NUM_LEAPFROG", "DEFAULT_LEAPFROG_JITTER"]
+__all__ = [
+    "sample",
+    "fit_nuts",
+    "fit_hmc",
+    "fit_metropolis",
+    "MCMCConfig",
+    "NUTSConfig",
+    "HMCConfig",
+    "MetropolisConfig",
+    "ChainKernel",
+    "KernelSettings",
+    "extendable_methods",
+    "ChainMethod",
+    "DEFAULT_NUM_CHAINS",
+    "DEFAULT_NUM_LEAPFROG",
+    "DEFAULT_LEAPFROG_JITTER",
+]
 
 DEFAULT_NUM_CHAINS = 4  # chains at the defaults: R-hat needs two or more (Stan runs 4, PyMC at least 2)
 DEFAULT_NUM_LEAPFROG = 32  # HMC's leapfrog steps per draw when neither num_leapfrog nor trajectory_length is given
@@ -151,7 +166,7 @@ class KernelSettings:
     tracing path), the chain's start ``init_strategy``, and ``resume``: ``(step size, inverse mass matrix)`` of
     the chain being extended (``None``: adapt from scratch)."""
 
-    config: "MCMCConfig"
+    config: MCMCConfig
     joint: object | None
     init_strategy: Callable | None = None
     resume: tuple[float, torch.Tensor] | None = None
@@ -214,7 +229,7 @@ class MCMCConfig(PotentialRunOptions):
     chain_method: str = "auto"
     resume: Any = False
 
-    def checked(self) -> "MCMCConfig":
+    def checked(self) -> MCMCConfig:
         """The config with this engine's own options validated and their ``None`` defaults resolved."""
         return self
 
@@ -247,7 +262,7 @@ class NUTSConfig(MCMCConfig):
     EXTENDS: ClassVar[bool] = True
     max_tree_depth: int | None = 10
 
-    def checked(self) -> "NUTSConfig":
+    def checked(self) -> NUTSConfig:
         return replace(self, max_tree_depth=positive_int("max_tree_depth", _default(self, "max_tree_depth")))
 
     def recorded(self) -> dict:
@@ -255,14 +270,29 @@ class NUTSConfig(MCMCConfig):
 
     def kernel(self, model, chain, model_args):
         if chain.joint is not None:  # the fast path: NUTS over one flat vector
-            kernel = FlatNUTS(model, chain.joint, init_strategy=chain.init_strategy, step_size=self.step_size,
-                              target_accept_prob=self.target_accept, max_tree_depth=self.max_tree_depth,
-                              dense_mass=self.dense_mass, jit=self.jit)
+            kernel = FlatNUTS(
+                model,
+                chain.joint,
+                init_strategy=chain.init_strategy,
+                step_size=self.step_size,
+                target_accept_prob=self.target_accept,
+                max_tree_depth=self.max_tree_depth,
+                dense_mass=self.dense_mass,
+                jit=self.jit,
+            )
             kernel.resume = chain.resume
             return kernel, None, None
-        return pyro_kernel("nuts", model, joint=None, jit=self.jit, init_strategy=chain.init_strategy,
-                           model_args=model_args, resume=chain.resume, **_pyro_options(self),
-                           max_tree_depth=self.max_tree_depth)
+        return pyro_kernel(
+            "nuts",
+            model,
+            joint=None,
+            jit=self.jit,
+            init_strategy=chain.init_strategy,
+            model_args=model_args,
+            resume=chain.resume,
+            **_pyro_options(self),
+            max_tree_depth=self.max_tree_depth,
+        )
 
 
 @dataclass(frozen=True)
@@ -289,34 +319,56 @@ class HMCConfig(MCMCConfig):
     num_leapfrog: int | None = None
     leapfrog_jitter: float | None = DEFAULT_LEAPFROG_JITTER
 
-    def checked(self) -> "HMCConfig":
+    def checked(self) -> HMCConfig:
         length, steps, jitter = self.trajectory_length, self.num_leapfrog, _default(self, "leapfrog_jitter")
         if length is not None and steps is not None:
             raise ValueError("hmc: give trajectory_length= or num_leapfrog=, not both.")
         if not (isinstance(jitter, (int, float)) and not isinstance(jitter, bool) and 0.0 <= jitter < 1.0):
-            raise ValueError(f"leapfrog_jitter must be a fraction in [0, 1), got {jitter!r}; try "
-                             f"{DEFAULT_LEAPFROG_JITTER} (the default), or 0 for a fixed number of leapfrog steps.")
+            raise ValueError(
+                f"leapfrog_jitter must be a fraction in [0, 1), got {jitter!r}; try "
+                f"{DEFAULT_LEAPFROG_JITTER} (the default), or 0 for a fixed number of leapfrog steps."
+            )
         length = None if length is None else positive("trajectory_length", length)
-        steps = (DEFAULT_NUM_LEAPFROG if length is None else None) if steps is None else positive_int("num_leapfrog",
-                                                                                                      steps)
+        steps = (
+            (DEFAULT_NUM_LEAPFROG if length is None else None) if steps is None else positive_int("num_leapfrog", steps)
+        )
         return replace(self, trajectory_length=length, num_leapfrog=steps, leapfrog_jitter=float(jitter))
 
     def recorded(self) -> dict:
-        return dict(_SHARED_RECORD, trajectory_length=self.trajectory_length, num_leapfrog=self.num_leapfrog,
-                    leapfrog_jitter=self.leapfrog_jitter)
+        return dict(
+            _SHARED_RECORD,
+            trajectory_length=self.trajectory_length,
+            num_leapfrog=self.num_leapfrog,
+            leapfrog_jitter=self.leapfrog_jitter,
+        )
 
     def kernel(self, model, chain, model_args):
         if analytic_applies(chain.joint, *model_args):  # the fast path's HMC over one flat vector
-            kernel = FlatHMC(model, chain.joint, init_strategy=chain.init_strategy, step_size=self.step_size,
-                             target_accept_prob=self.target_accept, dense_mass=self.dense_mass,
-                             num_leapfrog=self.num_leapfrog, trajectory_length=self.trajectory_length, jit=self.jit,
-                             leapfrog_jitter=self.leapfrog_jitter)
+            kernel = FlatHMC(
+                model,
+                chain.joint,
+                init_strategy=chain.init_strategy,
+                step_size=self.step_size,
+                target_accept_prob=self.target_accept,
+                dense_mass=self.dense_mass,
+                num_leapfrog=self.num_leapfrog,
+                trajectory_length=self.trajectory_length,
+                jit=self.jit,
+                leapfrog_jitter=self.leapfrog_jitter,
+            )
             kernel.resume = chain.resume
             return kernel, None, None
-        kernel, params, transforms = pyro_kernel("hmc", model, joint=chain.joint, jit=self.jit,
-                                                 init_strategy=chain.init_strategy, model_args=model_args,
-                                                 resume=chain.resume, **_pyro_options(self),
-                                                 trajectory_length=self.trajectory_length)
+        kernel, params, transforms = pyro_kernel(
+            "hmc",
+            model,
+            joint=chain.joint,
+            jit=self.jit,
+            init_strategy=chain.init_strategy,
+            model_args=model_args,
+            resume=chain.resume,
+            **_pyro_options(self),
+            trajectory_length=self.trajectory_length,
+        )
         kernel.fixed_num_steps, kernel.leapfrog_jitter = self.num_leapfrog, self.leapfrog_jitter
         return kernel, params, transforms
 
@@ -333,15 +385,30 @@ class MetropolisConfig(MCMCConfig):
         return dict(_SHARED_RECORD)
 
     def kernel(self, model, chain, model_args):
-        return Metropolis(model, init_strategy=chain.init_strategy, step_size=self.step_size,
-                           target_accept_prob=self.target_accept, dense=self.dense_mass, jit=self.jit,
-                           joint=chain.joint), None, None
+        return (
+            Metropolis(
+                model,
+                init_strategy=chain.init_strategy,
+                step_size=self.step_size,
+                target_accept_prob=self.target_accept,
+                dense=self.dense_mass,
+                jit=self.jit,
+                joint=chain.joint,
+            ),
+            None,
+            None,
+        )
 
 
 def _pyro_options(config: MCMCConfig) -> dict:
     """Pyro's HMC/NUTS options shared by both kernels."""
-    return dict(step_size=config.step_size or 1.0, adapt_step_size=True, adapt_mass_matrix=True,
-                full_mass=config.dense_mass, target_accept_prob=config.target_accept)
+    return dict(
+        step_size=config.step_size or 1.0,
+        adapt_step_size=True,
+        adapt_mass_matrix=True,
+        full_mass=config.dense_mass,
+        target_accept_prob=config.target_accept,
+    )
 
 
 @entry(NUTSConfig)
@@ -377,27 +444,35 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
     if isinstance(resume, bool):
         resume = None
     elif resume is not None and c.checkpoint is not None:
-        raise ValueError("resume: a Posterior to extend cannot be combined with checkpoint=; extend it without "
-                         "checkpoint=, or pass resume=True to continue a checkpointed run from its files.")
+        raise ValueError(
+            "resume: a Posterior to extend cannot be combined with checkpoint=; extend it without "
+            "checkpoint=, or pass resume=True to continue a checkpointed run from its files."
+        )
     if resume is not None:
         # the chains continue from their last draws; the deterministic parameters stay those of the run extended
         num_warmup, init = _check_resume(resume, config, num_warmup, num_chains, dense_mass), resume
         num_chains = resume.num_chains
-    num_warmup = positive_int("num_warmup", num_samples if num_warmup is None else num_warmup,
-                              allow_zero=resume is not None)
+    num_warmup = positive_int(
+        "num_warmup", num_samples if num_warmup is None else num_warmup, allow_zero=resume is not None
+    )
     num_chains = positive_int("num_chains", DEFAULT_NUM_CHAINS if num_chains is None else num_chains)
     how = choice("chain_method", c.chain_method, ChainMethod)
     target_accept = _default(c, "target_accept")
     if not (isinstance(target_accept, (int, float)) and 0.0 < target_accept < 1.0):
-        raise ValueError(f"target_accept must be a probability in (0, 1), got {target_accept!r}; try "
-                         f"{type(c).__dataclass_fields__['target_accept'].default} (the {method} default; "
-                         "0.9-0.99 for NUTS/HMC when there are divergences).")
+        raise ValueError(
+            f"target_accept must be a probability in (0, 1), got {target_accept!r}; try "
+            f"{type(c).__dataclass_fields__['target_accept'].default} (the {method} default; "
+            "0.9-0.99 for NUTS/HMC when there are divergences)."
+        )
     step_size = None if c.step_size is None else positive("step_size", c.step_size)
-    config = replace(c, target_accept=float(target_accept), step_size=step_size, dense_mass=dense_mass,
-                     jit=jit).checked()
+    config = replace(
+        c, target_accept=float(target_accept), step_size=step_size, dense_mass=dense_mass, jit=jit
+    ).checked()
     if data.loader is not None or (data.batch_size is not None and data.batch_size < data.x.shape[0]):
-        raise ValueError(f"{method} needs the full data set at every step: drop batch_size= and pass tensors, "
-                         "or use a stochastic-gradient method for minibatches.")
+        raise ValueError(
+            f"{method} needs the full data set at every step: drop batch_size= and pass tensors, "
+            "or use a stochastic-gradient method for minibatches."
+        )
     seed, progress = c.seed, c.progress
     init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
@@ -413,40 +488,78 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
     settings = KernelSettings(config=config, joint=joint)
 
     def chain_settings(c: int) -> KernelSettings:
-        return replace(settings, init_strategy=strategies[c]) if resume is None else replace(  # the chain's last draw,
-            settings, init_strategy=init_to_value(values={k: v[c, -1] for k, v in resume.samples.items()}),
-            resume=(float(resume.sample_stats["step_size"][c, -1]), resume.history["inverse_mass_matrix"][c]))
+        return (
+            replace(settings, init_strategy=strategies[c])
+            if resume is None
+            else replace(  # the chain's last draw,
+                settings,
+                init_strategy=init_to_value(values={k: v[c, -1] for k, v in resume.samples.items()}),
+                resume=(float(resume.sample_stats["step_size"][c, -1]), resume.history["inverse_mass_matrix"][c]),
+            )
+        )
 
     def run_chain(fitted, info):
         bar = (f"{method} chain {info.index}", info.line) if progress else None
         return _run_chain(fitted, data, chain_settings(info.index), num_samples, num_warmup, bar, ckpts[info.index])
 
-    record = clean_config(dict(
-        kernel=method, num_samples=num_samples, num_warmup=num_warmup, num_chains=num_chains,
-        target_accept=config.target_accept, step_size=step_size, **config.recorded(), dense_mass=dense_mass, jit=jit,
-        fast_path=joint is not None, init=init if isinstance(init, str) else type(init).__name__,
-        chain_method=how.value, chain_execution=execution, dataset_size=data.size, seed=seed,
-        **({} if point_estimate is None else {"point_estimate": point_estimate}),
-    ))
+    record = clean_config(
+        dict(
+            kernel=method,
+            num_samples=num_samples,
+            num_warmup=num_warmup,
+            num_chains=num_chains,
+            target_accept=config.target_accept,
+            step_size=step_size,
+            **config.recorded(),
+            dense_mass=dense_mass,
+            jit=jit,
+            fast_path=joint is not None,
+            init=init if isinstance(init, str) else type(init).__name__,
+            chain_method=how.value,
+            chain_execution=execution,
+            dataset_size=data.size,
+            seed=seed,
+            **({} if point_estimate is None else {"point_estimate": point_estimate}),
+        )
+    )
     # every chain's file checked before any chain runs; chain_method is not part of the run (same draws either way)
     run = {k: v for k, v in record.items() if k not in ("chain_method", "chain_execution")}
     batched = execution == "vectorized"  # its draws differ from the other executions': part of the run; one file
-    ckpts = open_chains(c.checkpoint, every=c.checkpoint_every, resume=resume_files,
-                        num_chains=1 if batched else num_chains,
-                        run=dict(method=method, **run, **({"chain_execution": execution} if batched else {})))
+    ckpts = open_chains(
+        c.checkpoint,
+        every=c.checkpoint_every,
+        resume=resume_files,
+        num_chains=1 if batched else num_chains,
+        run=dict(method=method, **run, **({"chain_execution": execution} if batched else {})),
+    )
     # one model for every chain: its deterministic parameters (fixed) come from chain 0's start
-    runs = (_vectorized.run(fitted, data, [chain_settings(c) for c in range(num_chains)], kind=method,
-                            num_samples=num_samples, num_warmup=num_warmup, seed=seed, progress=progress, ckpt=ckpts[0])
-            if batched else run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False,
-                                       method="mcmc"))
+    runs = (
+        _vectorized.run(
+            fitted,
+            data,
+            [chain_settings(c) for c in range(num_chains)],
+            kind=method,
+            num_samples=num_samples,
+            num_warmup=num_warmup,
+            seed=seed,
+            progress=progress,
+            ckpt=ckpts[0],
+        )
+        if batched
+        else run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc")
+    )
     post = assemble(runs, method=method, config=record, data=data)
     post.samples.update(deterministic_sites(fitted, post.samples, data))
     if resume is not None:  # append the new segment to the draws it continues
         post.samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in post.samples.items()}
-        post.sample_stats = {k: torch.cat([resume.sample_stats[k].to(v.dtype), v], dim=1)
-                             for k, v in post.sample_stats.items()}
-        record.update(num_samples=resume.num_draws + num_samples, num_warmup=resume.config.get("num_warmup"),
-                      extended_by=num_samples)
+        post.sample_stats = {
+            k: torch.cat([resume.sample_stats[k].to(v.dtype), v], dim=1) for k, v in post.sample_stats.items()
+        }
+        record.update(
+            num_samples=resume.num_draws + num_samples,
+            num_warmup=resume.config.get("num_warmup"),
+            extended_by=num_samples,
+        )
     can = REGISTRY[Method(method)].capabilities
     return check_mcmc(post, target_accept=config.target_accept, acceptance=can.accept_reject)
 
@@ -466,9 +579,11 @@ def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> 
         with torch.no_grad(), pyro.validation_enabled(False), pyro.get_param_store().scope():
             conditioned = poutine.condition(model, data={k: v[c, d] for k, v in samples.items()})
             trace = poutine.trace(conditioned).get_trace(data.x, data.y, **_size_kwargs(model, data))
-        return {name: site["value"].detach() for name, site in trace.nodes.items()
-                if site["type"] == "sample" and site["infer"].get("_deterministic") and name != "f"
-                and name not in samples}
+        return {
+            name: site["value"].detach()
+            for name, site in trace.nodes.items()
+            if site["type"] == "sample" and site["infer"].get("_deterministic") and name != "f" and name not in samples
+        }
 
     if not replay(0, 0):
         return {}
@@ -486,19 +601,27 @@ def _check_resume(resume, config: MCMCConfig, num_warmup, num_chains, dense_mass
     method = type(config).METHOD
     if not isinstance(resume, Posterior) or resume.method != method or not type(config).EXTENDS:
         takers = list(extendable_methods())
-        raise ValueError(f"resume: expected True (continue from the checkpoint= files) or a Posterior of "
-                         f"method={method!r} ({' or '.join(takers)}) to extend, got "
-                         f"{getattr(resume, 'method', type(resume).__name__)!r}; fit one with bp.fit(method='nuts').")
+        raise ValueError(
+            f"resume: expected True (continue from the checkpoint= files) or a Posterior of "
+            f"method={method!r} ({' or '.join(takers)}) to extend, got "
+            f"{getattr(resume, 'method', type(resume).__name__)!r}; fit one with bp.fit(method='nuts')."
+        )
     if "inverse_mass_matrix" not in resume.history:
-        raise ValueError("resume: this posterior has no history['inverse_mass_matrix'] (fitted before it was "
-                         "stored); refit it to extend it.")
+        raise ValueError(
+            "resume: this posterior has no history['inverse_mass_matrix'] (fitted before it was "
+            "stored); refit it to extend it."
+        )
     if num_warmup not in (None, 0):
-        raise ValueError(f"num_warmup: must be omitted or 0 with resume= (the chains keep their adapted step size "
-                         f"and mass matrix), got {num_warmup!r}.")
+        raise ValueError(
+            f"num_warmup: must be omitted or 0 with resume= (the chains keep their adapted step size "
+            f"and mass matrix), got {num_warmup!r}."
+        )
     dense = resume.history["inverse_mass_matrix"].dim() == 3
     if num_chains not in (None, resume.num_chains) or dense_mass != dense:
-        raise ValueError(f"resume: num_chains and dense_mass must be those of the posterior extended "
-                         f"({resume.num_chains} chains, dense_mass={dense}); omit num_chains to keep them.")
+        raise ValueError(
+            f"resume: num_chains and dense_mass must be those of the posterior extended "
+            f"({resume.num_chains} chains, dense_mass={dense}); omit num_chains to keep them."
+        )
     return 0
 
 
@@ -513,8 +636,15 @@ def extendable_methods() -> dict[str, type]:
 
 
 # ---------------------------------------------------------------------- running chains
-def _run_chain(model, data: Data, settings: KernelSettings, num_samples: int, num_warmup: int,
-               bar: tuple[str, int] | None, ckpt: Checkpoint | None = None):
+def _run_chain(
+    model,
+    data: Data,
+    settings: KernelSettings,
+    num_samples: int,
+    num_warmup: int,
+    bar: tuple[str, int] | None,
+    ckpt: Checkpoint | None = None,
+):
     """One chain (inside the driver's :func:`~bnn_pyro.infer.driver.chain`): its draws ``(num_samples, *shape)``,
     per-draw statistics and the fixed point values. ``bar``: the progress bar's label and terminal line
     (``None``: no bar); ``ckpt``: the chain's checkpoint file (``None``: none)."""
@@ -549,8 +679,9 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
                 for k, v in kept.items():
                     v.append(params[k].detach().clone())
             if bar is not None:
-                shown.set_postfix({"phase": "warmup" if i < num_warmup else "sample", **kernel.logging()},
-                                  refresh=False)
+                shown.set_postfix(
+                    {"phase": "warmup" if i < num_warmup else "sample", **kernel.logging()}, refresh=False
+                )
                 shown.update()
             if ckpt is not None and ckpt.due(i + 1, total):
                 _save(ckpt, i + 1, kernel, params, kept, draws)
@@ -578,7 +709,7 @@ def _restore(kernel, saved, kept: dict, draws: list[DrawStats], like: torch.Tens
     """Load what :func:`_save` wrote into a kernel set up for the same run; returns the step and the position."""
     tensors, meta = saved
     tensors = {k: v.to(like.device) for k, v in tensors.items()}
-    part = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
+    part = lambda prefix: {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
     kernel.load_state_dict(part("kernel/"), meta["kernel"])
     for k, v in part("draws/").items():
         kept[k][:] = list(v)

@@ -50,14 +50,24 @@ import torch
 
 from bnn_pyro.utils.checks import choice, positive
 
-__all__ = ["Optimizer", "Schedule", "make_optimizer", "make_schedule", "FINAL_LR_FRACTION", "DEFAULT_SCHEDULE",
-           "AUTO_LR_REFUSED", "check_lr"]
+__all__ = [
+    "Optimizer",
+    "Schedule",
+    "make_optimizer",
+    "make_schedule",
+    "FINAL_LR_FRACTION",
+    "DEFAULT_SCHEDULE",
+    "AUTO_LR_REFUSED",
+    "check_lr",
+]
 
 FINAL_LR_FRACTION = 0.01  # "cosine" and "exponential" end at this fraction of the initial rate
 DEFAULT_SCHEDULE = "cosine"  # every optimizing engine's lr_schedule default (see the module docstring)
-AUTO_LR_REFUSED = ("lr: 'auto' sets an SGD step from the loss's curvature (methods sgld, sghmc, csgmcmc, snapshot, "
-                   "swa, swag); method={method!r} steps with its optimizer= (Adam by default, whose step the curvature "
-                   "does not bound). Pass a number, e.g. lr=1e-2 (what lr means: bnn_pyro.infer.optim).")
+AUTO_LR_REFUSED = (
+    "lr: 'auto' sets an SGD step from the loss's curvature (methods sgld, sghmc, csgmcmc, snapshot, "
+    "swa, swag); method={method!r} steps with its optimizer= (Adam by default, whose step the curvature "
+    "does not bound). Pass a number, e.g. lr=1e-2 (what lr means: bnn_pyro.infer.optim)."
+)
 
 
 class Optimizer(str, Enum):
@@ -77,8 +87,10 @@ def check_lr(lr: float | str, *, method: str, auto: bool = False) -> float | str
     a curvature-set step); ``"auto"`` elsewhere is refused with :data:`AUTO_LR_REFUSED`."""
     if isinstance(lr, str):
         if lr != "auto":
-            raise ValueError(f"lr: unknown value {lr!r}; pass a positive number (e.g. 1e-2)"
-                             + (" or 'auto' (a step from the curvature)." if auto else "."))
+            raise ValueError(
+                f"lr: unknown value {lr!r}; pass a positive number (e.g. 1e-2)"
+                + (" or 'auto' (a step from the curvature)." if auto else ".")
+            )
         if not auto:
             raise ValueError(AUTO_LR_REFUSED.format(method=method))
         return lr
@@ -104,6 +116,7 @@ def make_schedule(schedule, opt, num_steps):
     if kind is Schedule.CONSTANT:
         return None
     if kind is Schedule.COSINE:
-        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=num_steps,
-                                                          eta_min=opt.defaults["lr"] * FINAL_LR_FRACTION)
+        return torch.optim.lr_scheduler.CosineAnnealingLR(
+            opt, T_max=num_steps, eta_min=opt.defaults["lr"] * FINAL_LR_FRACTION
+        )
     return torch.optim.lr_scheduler.ExponentialLR(opt, gamma=FINAL_LR_FRACTION ** (1.0 / num_steps))

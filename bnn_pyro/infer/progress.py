@@ -50,8 +50,7 @@ class LineProgress:
     interval:
         Seconds between two lines; :data:`LINE_INTERVAL` by default."""
 
-    def __init__(self, total: int, desc: str = "", *, enabled: bool = True, file=None,
-                 interval: float = LINE_INTERVAL):
+    def __init__(self, total: int, desc: str = "", *, enabled: bool = True, file=None, interval: float = LINE_INTERVAL):
         self.total, self.desc, self.enabled, self.file, self.interval = total, desc, enabled, file, interval
         self.n = 0
         self.postfix: dict[str, Any] = {}

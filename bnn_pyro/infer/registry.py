@@ -37,8 +37,9 @@ REGISTRY: dict[str, Declaration] = {
     "swa": Declaration("swag", "fit_swa", replace(_POINT_THEN_STATS, checkpoint=True)),
     "swag": Declaration("swag", "fit_swag", replace(_POINT_THEN_STATS, checkpoint=True)),
     "mc_dropout": Declaration("dropout", "fit_mc_dropout", replace(_STEPS, checkpoint=True, layers=True)),
-    "variational_dropout": Declaration("variational_dropout", "fit_variational_dropout",
-                                       replace(_STEPS, checkpoint=True, layers=True)),
+    "variational_dropout": Declaration(
+        "variational_dropout", "fit_variational_dropout", replace(_STEPS, checkpoint=True, layers=True)
+    ),
     "sparse_vd": Declaration("variational_dropout", "fit_sparse_vd", replace(_STEPS, checkpoint=True, layers=True)),
     "ensemble": Declaration("ensemble", "fit_ensemble", replace(_STEPS, checkpoint=True)),
     "laplace": Declaration("laplace", "fit_laplace", replace(_POINT_THEN_STATS, jacobian_rows=True, checkpoint=True)),
@@ -47,7 +48,7 @@ REGISTRY: dict[str, Declaration] = {
 }
 
 Method = Enum("Method", {name.upper(): name for name in REGISTRY}, type=str, module=__name__)
-Method.__doc__ = "The registered methods, one member per :data:`REGISTRY` entry (``Method.NUTS == \"nuts\"``)."
+Method.__doc__ = 'The registered methods, one member per :data:`REGISTRY` entry (``Method.NUTS == "nuts"``).'
 REGISTRY: dict[Method, Declaration] = {Method(name): declared for name, declared in REGISTRY.items()}
 
 

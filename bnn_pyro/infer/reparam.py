@@ -51,10 +51,10 @@ Example
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from functools import wraps
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -75,10 +75,39 @@ _AUX = "_unconstrained"  # AutoNormal's suffix for the auxiliary Gaussian site o
 _LAYERS = {F.linear: "linear", torch.conv1d: "conv", torch.conv2d: "conv", torch.conv3d: "conv"}
 _LAYER_TYPES = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)
 # Operations that only read a tensor's metadata: not a "use" of a weight.
-_META_METHODS = {"dim", "size", "numel", "nelement", "ndimension", "__len__", "is_floating_point", "is_complex",
-                 "stride", "is_contiguous", "element_size", "data_ptr", "storage_offset", "get_device"}
-_META_ATTRS = {"shape", "dtype", "device", "requires_grad", "ndim", "layout", "is_leaf", "grad_fn", "is_cuda",
-               "is_meta", "names", "is_sparse", "is_quantized", "is_nested", "_version"}
+_META_METHODS = {
+    "dim",
+    "size",
+    "numel",
+    "nelement",
+    "ndimension",
+    "__len__",
+    "is_floating_point",
+    "is_complex",
+    "stride",
+    "is_contiguous",
+    "element_size",
+    "data_ptr",
+    "storage_offset",
+    "get_device",
+}
+_META_ATTRS = {
+    "shape",
+    "dtype",
+    "device",
+    "requires_grad",
+    "ndim",
+    "layout",
+    "is_leaf",
+    "grad_fn",
+    "is_cuda",
+    "is_meta",
+    "names",
+    "is_sparse",
+    "is_quantized",
+    "is_nested",
+    "_version",
+}
 
 
 class Estimator(str, Enum):
@@ -204,7 +233,8 @@ class WeightNoise(TorchFunctionMode):
                 f"estimator={self.kind.value!r}: the Bayesian weight {g.name!r} is used more than once in one "
                 f"forward pass (again by {getattr(func, '__name__', func)}). Local reparameterization and flipout "
                 "need each weight to enter exactly one linear/convolution call (no weight tying, no recurrence, "
-                "no other use). Use estimator='sample' for this net.")
+                "no other use). Use estimator='sample' for this net."
+            )
         (self._noisy if noisy else self._plain).add(key)
 
     def _layer(self, func, x, gw: RecordedGaussian, b, gb: RecordedGaussian | None, rest, options):
@@ -215,7 +245,8 @@ class WeightNoise(TorchFunctionMode):
             raise ValueError(
                 f"estimator={self.kind.value!r}: the layer with weight {gw.name!r} got an input of shape "
                 f"{tuple(x.shape)} whose first dimension is not the minibatch's {n} examples, so per-example "
-                "weight noise cannot be assigned. Use estimator='sample' for this net.")
+                "weight noise cannot be assigned. Use estimator='sample' for this net."
+            )
         bias_loc = gb.loc if gb is not None else b
         mean = func(x, gw.loc, bias_loc, *rest, **options)
         if self.kind is Estimator.LOCAL_REPARAM and is_linear and x.dim() == 2:
@@ -286,8 +317,10 @@ class MeanFieldELBO(Trace_ELBO):
             if site["type"] == "sample" and name not in closed:
                 _, score, entropy = site["score_parts"]
                 if not is_identically_zero(score):
-                    raise ValueError(f"elbo='mean_field' needs reparameterized guide sites; {name!r} is not. "
-                                     "Use elbo='trace' or elbo='reinforce'.")
+                    raise ValueError(
+                        f"elbo='mean_field' needs reparameterized guide sites; {name!r} is not. "
+                        "Use elbo='trace' or elbo='reinforce'."
+                    )
                 if not is_identically_zero(entropy):
                     elbo = elbo - entropy.sum()
         return -torch_item(elbo), -elbo
@@ -310,23 +343,38 @@ def _closed_form_kl(q, p) -> torch.Tensor | None:
 def check_estimator(model, *, guide_is_mean_field: bool, reinforce: bool, vectorize_particles: bool | None) -> None:
     """Raise a clear error unless local reparameterization / flipout can act on ``model``."""
     if not guide_is_mean_field:
-        raise ValueError("estimator: 'local_reparam' and 'flipout' need guide='mean_field' (independent Gaussian "
-                         "weights); with another guide use estimator='sample'.")
+        raise ValueError(
+            "estimator: 'local_reparam' and 'flipout' need guide='mean_field' (independent Gaussian "
+            "weights); with another guide use estimator='sample'."
+        )
     if reinforce:
-        raise ValueError("estimator: 'local_reparam' and 'flipout' are reparameterized estimators; they do not "
-                         "combine with elbo='reinforce'. Use elbo='mean_field' (or 'trace').")
+        raise ValueError(
+            "estimator: 'local_reparam' and 'flipout' are reparameterized estimators; they do not "
+            "combine with elbo='reinforce'. Use elbo='mean_field' (or 'trace')."
+        )
     if vectorize_particles:
-        raise ValueError("estimator: 'local_reparam' and 'flipout' evaluate particles one after another; pass "
-                         "vectorize_particles=False (or leave it unset).")
+        raise ValueError(
+            "estimator: 'local_reparam' and 'flipout' evaluate particles one after another; pass "
+            "vectorize_particles=False (or leave it unset)."
+        )
     if not isinstance(model, BNN):
-        raise ValueError(f"estimator: 'local_reparam' and 'flipout' act on the nn.Linear/nn.Conv layers of a "
-                         f"bp.BNN; got a {type(model).__name__} (a Pyro function model has no layers). Use "
-                         "estimator='sample', or wrap the net in bp.BNN(net, prior=..., likelihood=...).")
+        raise ValueError(
+            f"estimator: 'local_reparam' and 'flipout' act on the nn.Linear/nn.Conv layers of a "
+            f"bp.BNN; got a {type(model).__name__} (a Pyro function model has no layers). Use "
+            "estimator='sample', or wrap the net in bp.BNN(net, prior=..., likelihood=...)."
+        )
     if any(isinstance(m, nn.modules.batchnorm._NormBase) for m in model.net.modules()):
-        raise ValueError("estimator: batch normalization couples the examples of a minibatch, so per-example weight "
-                         "noise would change the model; use estimator='sample' for this net.")
-    layers = [path for path, m in model.net.named_modules() if isinstance(m, _LAYER_TYPES)
-              and f"{path}.weight" in model.sample_names]
+        raise ValueError(
+            "estimator: batch normalization couples the examples of a minibatch, so per-example weight "
+            "noise would change the model; use estimator='sample' for this net."
+        )
+    layers = [
+        path
+        for path, m in model.net.named_modules()
+        if isinstance(m, _LAYER_TYPES) and f"{path}.weight" in model.sample_names
+    ]
     if not layers:
-        raise ValueError(f"estimator: no nn.Linear/nn.Conv1d/2d/3d layer of this BNN has a Bayesian weight (Bayesian "
-                         f"parameters: {model.sample_names}); use estimator='sample'.")
+        raise ValueError(
+            f"estimator: no nn.Linear/nn.Conv1d/2d/3d layer of this BNN has a Bayesian weight (Bayesian "
+            f"parameters: {model.sample_names}); use estimator='sample'."
+        )

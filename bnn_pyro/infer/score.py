@@ -92,13 +92,22 @@ class ScoreFunctionELBO:
     guide's sites are independent (an ``AutoNormal``), which enables the per-site Rao-Blackwellization.
     """
 
-    def __init__(self, num_particles: int = 1, *, vectorize: bool = False, independent_sites: bool = False,
-                 baseline_beta: float = 0.9):
+    def __init__(
+        self,
+        num_particles: int = 1,
+        *,
+        vectorize: bool = False,
+        independent_sites: bool = False,
+        baseline_beta: float = 0.9,
+    ):
         self.num_particles = num_particles
         self.independent_sites = independent_sites
         self.baseline_beta = baseline_beta
-        self._traces = Trace_ELBO(num_particles=num_particles, vectorize_particles=vectorize and num_particles > 1,
-                                  max_plate_nesting=1 if vectorize else float("inf"))
+        self._traces = Trace_ELBO(
+            num_particles=num_particles,
+            vectorize_particles=vectorize and num_particles > 1,
+            max_plate_nesting=1 if vectorize else float("inf"),
+        )
         self._dependencies: dict[str, set[str]] | None = None
 
     def __call__(self, model, guide, *args, **kwargs):

@@ -116,24 +116,55 @@ from typing import ClassVar, NamedTuple
 
 import torch
 
-from bnn_pyro.utils.checks import choice, positive_int
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
-from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, noise_site, refit,
-                                    refit_config, select_noise, split)
+from bnn_pyro.infer.holdout import (
+    DEFAULT,
+    BestOnHoldout,
+    Holdout,
+    describe,
+    heldout_score,
+    noise_site,
+    refit,
+    refit_config,
+    select_noise,
+    split,
+)
 from bnn_pyro.infer.map_fit import estimate_points
-from bnn_pyro.infer.sgmcmc_step import (ADAPT_EVERY, SGMCMC, Plan, auto_fraction, check_friction,  # noqa: F401
-                                        check_lr, cosine_cycle, cyclical_plan, langevin_plan, largest_curvature,
-                                        SHRINK)
+from bnn_pyro.infer.sgmcmc_step import (
+    SGMCMC,
+    SHRINK,
+    Plan,
+    check_friction,  # noqa: F401
+    check_lr,
+    cosine_cycle,
+    cyclical_plan,
+    langevin_plan,
+    largest_curvature,
+)
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice, positive_int
 from bnn_pyro.utils.user_warnings import warn
 
-__all__ = ["fit_sgld", "fit_sghmc", "fit_csgmcmc", "Schedule", "Plan", "SGMCMC", "run_plan", "cosine_cycle",
-           "SGLDConfig", "SGHMCConfig", "CSGMCMCConfig", "SGOptions", "SGInfo"]
+__all__ = [
+    "fit_sgld",
+    "fit_sghmc",
+    "fit_csgmcmc",
+    "Schedule",
+    "Plan",
+    "SGMCMC",
+    "run_plan",
+    "cosine_cycle",
+    "SGLDConfig",
+    "SGHMCConfig",
+    "CSGMCMCConfig",
+    "SGOptions",
+    "SGInfo",
+]
 
 
 SCORE_EVERY = 50  # csgmcmc with held-out rows: exploration steps between held-out scores
@@ -153,9 +184,9 @@ class SGOptions(PotentialRunOptions):
 
     REFUSED: ClassVar[dict[str, str]] = {
         "optimizer": "does not apply: the update is the sampler's own (Langevin or SGHMC step on U); choose its step "
-                     "with lr= (bnn_pyro.infer.optim says what lr means).",
+        "with lr= (bnn_pyro.infer.optim says what lr means).",
         "lr_schedule": "does not apply: csgmcmc and snapshot follow their built-in cyclical cosine (num_cycles=, "
-                       "and exploration= for csgmcmc); lr= sets its peak.",
+        "and exploration= for csgmcmc); lr= sets its peak.",
     }
 
     lr: float | str = "auto"
@@ -297,12 +328,19 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
         raise ValueError(f"exploration must be a fraction in [0, 1), got {exploration!r}; try 0.8 (Zhang et al.).")
     if num_samples % num_cycles:
         nearest = num_cycles * max(1, num_samples // num_cycles)
-        raise ValueError(f"num_samples ({num_samples}) must be a multiple of num_cycles ({num_cycles}): every cycle "
-                         f"gives num_samples / num_cycles draws; try num_samples={nearest}.")
+        raise ValueError(
+            f"num_samples ({num_samples}) must be a multiple of num_cycles ({num_cycles}): every cycle "
+            f"gives num_samples / num_cycles draws; try num_samples={nearest}."
+        )
     plan = cyclical_plan(num_cycles, num_samples, thin, exploration, alpha)
-    settings = dict(num_cycles=num_cycles, exploration=float(exploration), cycle_length=len(plan.scale) // num_cycles,
-                    num_samples=num_samples,
-                    thin=thin, friction=alpha)
+    settings = dict(
+        num_cycles=num_cycles,
+        exploration=float(exploration),
+        cycle_length=len(plan.scale) // num_cycles,
+        num_samples=num_samples,
+        thin=thin,
+        friction=alpha,
+    )
     full = data
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         holdout, why = None, "no learned Gaussian noise (pass validation=0.1 to stop the exploration stages early)"
@@ -311,26 +349,37 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
     post = run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
     # then every row, each exploration stage stopped where the held-out rows stopped it (holdout.refit)
-    return refit(post, lambda chosen: run_plan(model, full, plan, "csgmcmc", settings, refit_config(cfg),
-                                               stops=chosen.stops))
+    return refit(
+        post, lambda chosen: run_plan(model, full, plan, "csgmcmc", settings, refit_config(cfg), stops=chosen.stops)
+    )
 
 
 def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
     check_lr(cfg.lr)
     num_samples = positive_int("num_samples", cfg.num_samples)
     thin = positive_int("thin", cfg.thin)
-    num_warmup = positive_int("num_warmup", num_samples * thin if cfg.num_warmup is None else cfg.num_warmup,
-                              allow_zero=True)
+    num_warmup = positive_int(
+        "num_warmup", num_samples * thin if cfg.num_warmup is None else cfg.num_warmup, allow_zero=True
+    )
     kind = choice("lr_schedule", cfg.lr_schedule, Schedule)
     plan = langevin_plan(num_warmup, num_samples, thin, kind is Schedule.POLYNOMIAL, friction)
-    return plan, dict(num_samples=num_samples, num_warmup=num_warmup, thin=thin, lr_schedule=kind.value,
-                      friction=friction)
+    return plan, dict(
+        num_samples=num_samples, num_warmup=num_warmup, thin=thin, lr_schedule=kind.value, friction=friction
+    )
 
 
 # ---------------------------------------------------------------------- the engine
-def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: SGOptions,
-             holdout: Holdout | None = None, full: Data | None = None, stops: list[list[int]] | None = None
-             ) -> Posterior:
+def run_plan(
+    model,
+    data: Data,
+    plan: Plan,
+    method: str,
+    settings: dict,
+    cfg: SGOptions,
+    holdout: Holdout | None = None,
+    full: Data | None = None,
+    stops: list[list[int]] | None = None,
+) -> Posterior:
     """Fit ``model`` by ``plan`` (the shared update of the module docstring) on ``data``: the engine of
     :func:`sgmcmc_engine` driven by :func:`~bnn_pyro.infer.contract.drive` (``num_chains`` chains, each in its own
     copy of the model). ``settings`` go into ``post.config``; ``holdout`` (rows held out of ``data``, ``full`` the
@@ -343,19 +392,47 @@ def run_plan(model, data: Data, plan: Plan, method: str, settings: dict, cfg: SG
     init = resolve_init(model, cfg.init, data)
     # a BNN's deterministic parameters: fixed at the joint MAP (or init's values), never at a random start
     point_estimate, points = estimate_points(model, data, init, seed=seed, progress=cfg.progress, method=method)
-    config = clean_config(dict(
-        lr=lr, **settings, num_steps=len(plan.scale), num_chains=num_chains,
-        init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
-        dataset_size=data.size, seed=seed, **({} if point_estimate is None else {"point_estimate": point_estimate}),
-    ))
-    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume,
-                        num_chains=num_chains, run=dict(method=method, **config))  # all checked before any chain runs
-    loop = Loop(num_steps=len(plan.scale), lr=lr, method=method, desc=method + " chain {index}",
-                quantity="potential energy", progress=cfg.progress)
+    config = clean_config(
+        dict(
+            lr=lr,
+            **settings,
+            num_steps=len(plan.scale),
+            num_chains=num_chains,
+            init=init if isinstance(init, str) else type(init).__name__,
+            batch_size=data.batch_size,
+            dataset_size=data.size,
+            seed=seed,
+            **({} if point_estimate is None else {"point_estimate": point_estimate}),
+        )
+    )
+    ckpts = open_chains(
+        cfg.checkpoint,
+        every=cfg.checkpoint_every,
+        resume=cfg.resume,
+        num_chains=num_chains,
+        run=dict(method=method, **config),
+    )  # all checked before any chain runs
+    loop = Loop(
+        num_steps=len(plan.scale),
+        lr=lr,
+        method=method,
+        desc=method + " chain {index}",
+        quantity="potential energy",
+        progress=cfg.progress,
+    )
     paths, recoveries = Potentials(cfg.fast_path), {}
     engine = sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries, stops, points)
-    post = drive(model, data, engine, loop, num_chains=num_chains, seed=seed, config=config, checkpoints=ckpts,
-                 posterior_data=full)
+    post = drive(
+        model,
+        data,
+        engine,
+        loop,
+        num_chains=num_chains,
+        seed=seed,
+        config=config,
+        checkpoints=ckpts,
+        posterior_data=full,
+    )
     paths.record(post.config)
     _report_recoveries(post, method, recoveries)
     return select_noise(post, holdout)
@@ -370,20 +447,37 @@ def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, 
     events = {c: r for c, r in sorted(recoveries.items()) if r}
     if not events:
         return
-    post.config["divergence_recovery"] = {str(c): [{"step": t, "step_size": eta} for t, eta in r]
-                                          for c, r in events.items()}
-    where = "; ".join(f"chain {c} at step{'s' if len(r) > 1 else ''} {', '.join(str(t) for t, _ in r)} "
-                      f"(step size on U now {r[-1][1]:.3g})" for c, r in events.items())
-    warn(f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
-         f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
-         "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
-         f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
-         "lr / N).", DiagnosticWarning)  # the user's bp.fit call
+    post.config["divergence_recovery"] = {
+        str(c): [{"step": t, "step_size": eta} for t, eta in r] for c, r in events.items()
+    }
+    where = "; ".join(
+        f"chain {c} at step{'s' if len(r) > 1 else ''} {', '.join(str(t) for t, _ in r)} "
+        f"(step size on U now {r[-1][1]:.3g})"
+        for c, r in events.items()
+    )
+    warn(
+        f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
+        f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
+        "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
+        f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
+        "lr / N).",
+        DiagnosticWarning,
+    )  # the user's bp.fit call
 
 
-def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, holdout: Holdout | None,
-                  paths: Potentials | None = None, recoveries: dict | None = None,
-                  stops: list[list[int]] | None = None, points: dict[str, torch.Tensor] | None = None) -> Engine:
+def sgmcmc_engine(
+    plan: Plan,
+    lr,
+    method: str,
+    data: Data,
+    init,
+    seed: int,
+    holdout: Holdout | None,
+    paths: Potentials | None = None,
+    recoveries: dict | None = None,
+    stops: list[list[int]] | None = None,
+    points: dict[str, torch.Tensor] | None = None,
+) -> Engine:
     """The :class:`~bnn_pyro.infer.contract.Engine` of ``plan``: its state is a :class:`_Chain` (the position ``z``
     in unconstrained coordinates, updated by its :class:`SGMCMC` optimizer), a step evaluates ``U~`` on the batch
     (first the held-out early stopping and the curvature estimate the plan marks, and keeping the draw the plan
@@ -403,16 +497,24 @@ def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, hold
             set_points(fitted, points)
         pot = paths(fitted, data, init=begin)
         if pot.dim == 0:
-            raise ValueError(f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
-                             "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'.")
+            raise ValueError(
+                f"{method}: the model has no latent sample sites, so there is nothing to sample; give "
+                "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'."
+            )
         walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
         if plan.anchors is not None:  # a per-step linear tilt of U~ (snapshot ensembles' anchored cycles)
             walk.tilts = plan.anchors(fitted, pot, data.first(), info.seed)
         walk.index = info.index
         walk.replay = None if stops is None else list(stops[info.index])
-        walk.opt = SGMCMC(walk.params, plan=plan, lr=None if lr == "auto" else lr / data.size, seed=info.seed,
-                          curvature=walk.curvature if lr == "auto" else None, fallback=1.0 / data.size,
-                          guard_noisy=data.loader is None and (data.batch_size or data.size) >= data.size)
+        walk.opt = SGMCMC(
+            walk.params,
+            plan=plan,
+            lr=None if lr == "auto" else lr / data.size,
+            seed=info.seed,
+            curvature=walk.curvature if lr == "auto" else None,
+            fallback=1.0 / data.size,
+            guard_noisy=data.loader is None and (data.batch_size or data.size) >= data.size,
+        )
         return walk
 
     def draws(walk: _Chain, history: dict[str, torch.Tensor]) -> ChainRun:
@@ -422,12 +524,24 @@ def sgmcmc_engine(plan: Plan, lr, method: str, data: Data, init, seed: int, hold
         if holdout is not None or stops is not None:  # chosen on held-out rows, or replayed
             history["exploration_stop"] = torch.tensor(walk.stops, dtype=torch.long)
         stats = dict(lp=-history["potential"][plan.keep], step_size=history["step_size"][plan.keep])
-        return ChainRun(walk.model, {k: v.detach().clone() for k, v in samples.items()},
-                        point_values(walk.model, *data.first(), data.size), history, stats)
+        return ChainRun(
+            walk.model,
+            {k: v.detach().clone() for k, v in samples.items()},
+            point_values(walk.model, *data.first(), data.size),
+            history,
+            stats,
+        )
 
-    return Engine(init=init_state, step=_Chain.step, draws=draws, info=SGInfo, after=_Chain.after,
-                  checkpoint=lambda walk, ckpt, records: StepCheckpoint(ckpt, walk.params, records, extra=walk),
-                  optimizer=lambda walk: walk.opt, record_dtype=torch.float64)
+    return Engine(
+        init=init_state,
+        step=_Chain.step,
+        draws=draws,
+        info=SGInfo,
+        after=_Chain.after,
+        checkpoint=lambda walk, ckpt, records: StepCheckpoint(ckpt, walk.params, records, extra=walk),
+        optimizer=lambda walk: walk.opt,
+        record_dtype=torch.float64,
+    )
 
 
 class _Chain:
@@ -481,7 +595,8 @@ class _Chain:
         return FloatingPointError(
             f"{self.name} diverged at step {self.t}: the potential energy or its gradient is not finite (U = "
             f"{self.u:.3g}, step size on U {step:.3g}). The step is too large for the curvature of the posterior; "
-            f"pass a smaller lr, e.g. lr={step * self.size / 10:.3g} (the step on U is lr / N).")
+            f"pass a smaller lr, e.g. lr={step * self.size / 10:.3g} (the step on U is lr / N)."
+        )
 
     def _early_stop(self, t: int) -> None:
         """With held-out rows: score the states of a noise-free stage, and end the stage at its best one: csgmcmc's
@@ -537,5 +652,6 @@ class _Chain:
         self.stops, self.best = list(meta["stops"]), None
         if meta["best"] is not None:
             self.best = BestOnHoldout(every=SCORE_EVERY, patience=None)
-            self.best.load_state_dict({k[len("best/"):]: v for k, v in tensors.items() if k.startswith("best/")},
-                                      meta["best"])
+            self.best.load_state_dict(
+                {k[len("best/") :]: v for k, v in tensors.items() if k.startswith("best/")}, meta["best"]
+            )

@@ -21,18 +21,33 @@ from typing import TYPE_CHECKING
 import torch
 
 from bnn_pyro.infer import optim
-from bnn_pyro.utils.checks import positive
 
 if TYPE_CHECKING:
     from bnn_pyro.infer._potential import Potential
 
-__all__ = ["Plan", "SGMCMC", "GUARD", "ADAPT_EVERY", "SHRINK", "MAX_RECOVERIES", "largest_curvature", "secant_curvature", "cosine_cycle",
-           "langevin_plan", "cyclical_plan", "auto_fraction", "check_lr", "check_friction"]
+__all__ = [
+    "Plan",
+    "SGMCMC",
+    "GUARD",
+    "ADAPT_EVERY",
+    "SHRINK",
+    "MAX_RECOVERIES",
+    "largest_curvature",
+    "secant_curvature",
+    "cosine_cycle",
+    "langevin_plan",
+    "cyclical_plan",
+    "auto_fraction",
+    "check_lr",
+    "check_friction",
+]
 
 ADAPT_EVERY = 100  # lr="auto": steps between curvature estimates while the step may change
 GUARD = 2.0  # lr="auto", exploration: re-estimate the curvature when eta_t * (secant curvature) > GUARD * fraction
 SHRINK = 0.25  # lr="auto", after a divergence: the step (and its cap from then on) times this
-MAX_RECOVERIES = 8  # lr="auto": divergences a chain recovers from (the step then 4^-8 = 1.5e-5 of the first) before it stops
+MAX_RECOVERIES = (
+    8  # lr="auto": divergences a chain recovers from (the step then 4^-8 = 1.5e-5 of the first) before it stops
+)
 
 
 @dataclass(frozen=True)
@@ -113,14 +128,25 @@ class SGMCMC(torch.optim.Optimizer):
     non-finite gradient in :meth:`step` does the same instead of moving. ``recoveries`` lists ``(t, eta)``.
     """
 
-    def __init__(self, params, *, plan: Plan, lr: float | None, seed: int, curvature=None, fallback: float = 1.0,
-                 guard_noisy: bool = True):
+    def __init__(
+        self,
+        params,
+        *,
+        plan: Plan,
+        lr: float | None,
+        seed: int,
+        curvature=None,
+        fallback: float = 1.0,
+        guard_noisy: bool = True,
+    ):
         super().__init__(params, dict(eta=lr))
         if len(self.param_groups) != 1 or len(self.param_groups[0]["params"]) != 1:
             raise ValueError("SGMCMC updates one flat tensor: pass params=[z].")
         if lr is None and (curvature is None or not bool(plan.adapt[0])):
-            raise ValueError("SGMCMC: lr=None (the step from the curvature) needs curvature= and a plan whose first "
-                             "step estimates it (plan.adapt[0]); or pass lr, the step on U.")
+            raise ValueError(
+                "SGMCMC: lr=None (the step from the curvature) needs curvature= and a plan whose first "
+                "step estimates it (plan.adapt[0]); or pass lr, the step on U."
+            )
         (z,) = self.param_groups[0]["params"]
         self.plan, self.curvature, self.fallback, self.step_size = plan, curvature, fallback, None
         self.recoveries: list[tuple[int, float]] = []
@@ -128,8 +154,14 @@ class SGMCMC(torch.optim.Optimizer):
         guard = ~plan.noisy if plan.guard is None else plan.guard & (~plan.noisy | guard_noisy)
         self._guard = guard.tolist()
         self.noise = torch.Generator(device=z.device).manual_seed(seed + 7919)
-        self.state[z].update(t=0, momentum=torch.zeros_like(z), secant=None, good=None, cap=math.inf,
-                             direction=torch.randn(z.shape, generator=self.noise, dtype=z.dtype, device=z.device))
+        self.state[z].update(
+            t=0,
+            momentum=torch.zeros_like(z),
+            secant=None,
+            good=None,
+            cap=math.inf,
+            direction=torch.randn(z.shape, generator=self.noise, dtype=z.dtype, device=z.device),
+        )
 
     def _parts(self):
         group = self.param_groups[0]
@@ -190,8 +222,10 @@ class SGMCMC(torch.optim.Optimizer):
             else:
                 state["good"] = z.clone()
         if self.curvature is not None and self._guard[t]:  # the stability guard (bnn_pyro.infer.sgmcmc's docstring)
-            if (state["secant"] is not None
-                    and group["eta"] * self._scale[t] * secant_curvature(z, grad, *state["secant"]) > GUARD * fraction):
+            if (
+                state["secant"] is not None
+                and group["eta"] * self._scale[t] * secant_curvature(z, grad, *state["secant"]) > GUARD * fraction
+            ):
                 lam, state["direction"] = self.curvature(z, state["direction"], 10)
                 group["eta"] = min(group["eta"], fraction / lam) if lam > 0 else group["eta"]
             state["secant"] = [z.clone(), grad.clone()]
@@ -201,8 +235,10 @@ class SGMCMC(torch.optim.Optimizer):
         v = state["momentum"]
         v.mul_(1.0 - alpha).add_(grad, alpha=-step)
         if self._noisy[t]:
-            v.add_(torch.randn(z.shape, generator=self.noise, dtype=z.dtype, device=z.device),
-                   alpha=math.sqrt(2.0 * alpha * step))
+            v.add_(
+                torch.randn(z.shape, generator=self.noise, dtype=z.dtype, device=z.device),
+                alpha=math.sqrt(2.0 * alpha * step),
+            )
         z.add_(v)
         state["t"] = t + 1
         return loss
@@ -262,8 +298,15 @@ def langevin_plan(num_warmup: int, num_samples: int, thin: int, polynomial: bool
     scale = (1 + t / max(num_warmup, 1)) ** -0.55 if polynomial else torch.ones_like(t)
     keep = (t >= num_warmup) & ((t - num_warmup) % thin == thin - 1)
     adapt = (t <= num_warmup) & ((t % ADAPT_EVERY == 0) | (t == num_warmup))
-    return Plan(scale=scale, noisy=torch.ones_like(t, dtype=torch.bool), keep=keep, adapt=adapt, friction=friction,
-                fraction=auto_fraction(friction), guard=t < num_warmup)
+    return Plan(
+        scale=scale,
+        noisy=torch.ones_like(t, dtype=torch.bool),
+        keep=keep,
+        adapt=adapt,
+        friction=friction,
+        fraction=auto_fraction(friction),
+        guard=t < num_warmup,
+    )
 
 
 def cyclical_plan(num_cycles: int, num_samples: int, thin: int, exploration: float, friction: float) -> Plan:
@@ -276,9 +319,14 @@ def cyclical_plan(num_cycles: int, num_samples: int, thin: int, exploration: flo
     noisy = k >= length - sampling
     keep = noisy & ((length - 1 - k) % thin == 0)
     adapt = (k == 0) | (~noisy & (k % ADAPT_EVERY == 0))  # the start of a cycle, and while exploring
-    return Plan(scale=cosine_cycle(length).repeat(num_cycles), noisy=noisy.repeat(num_cycles),
-                keep=keep.repeat(num_cycles), adapt=adapt.repeat(num_cycles), friction=friction,
-                fraction=(2.0 - friction) / 2.0)
+    return Plan(
+        scale=cosine_cycle(length).repeat(num_cycles),
+        noisy=noisy.repeat(num_cycles),
+        keep=keep.repeat(num_cycles),
+        adapt=adapt.repeat(num_cycles),
+        friction=friction,
+        fraction=(2.0 - friction) / 2.0,
+    )
 
 
 def check_lr(lr: float | str) -> float | str:
@@ -289,6 +337,7 @@ def check_lr(lr: float | str) -> float | str:
 def check_friction(name: str, value: float) -> float:
     """``friction=`` (``alpha``): a number in (0, 1]."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < value <= 1.0:
-        raise ValueError(f"{name} must be a number in (0, 1], got {value!r}; try 0.1 (SGD momentum 0.9) "
-                         "or 1 (no momentum: SGLD).")
+        raise ValueError(
+            f"{name} must be a number in (0, 1], got {value!r}; try 0.1 (SGD momentum 0.9) or 1 (no momentum: SGLD)."
+        )
     return float(value)

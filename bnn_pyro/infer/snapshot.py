@@ -81,15 +81,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from bnn_pyro.utils.checks import flag, positive_int
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._health import check_off_data
-from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.anchor import anchor, flat_tilt
+from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
 from bnn_pyro.infer.sgmcmc import SGOptions, run_plan
 from bnn_pyro.infer.sgmcmc_step import ADAPT_EVERY, Plan, check_friction, check_lr, cosine_cycle
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import flag, positive_int
 
 __all__ = ["fit_snapshot", "snapshot_plan", "SnapshotConfig"]
 
@@ -106,10 +106,16 @@ ANCHOR_CYCLE_OFFSET = 100_003  # cycle c's anchor is drawn under the run's seed 
 def cycle_anchors(num_cycles: int, cycle_length: int):
     """``Plan.anchors`` of anchored cycles: cycle ``c`` of a run with seed ``s`` is tilted toward its own prior
     draw (:func:`~bnn_pyro.infer.anchor.anchor` under seed ``s + c * ANCHOR_CYCLE_OFFSET``)."""
+
     def make(fitted, pot, batch, seed: int):
-        g = torch.stack([flat_tilt(anchor(fitted, pot, batch, seed=seed + c * ANCHOR_CYCLE_OFFSET)[0], pot)
-                         for c in range(num_cycles)])
+        g = torch.stack(
+            [
+                flat_tilt(anchor(fitted, pot, batch, seed=seed + c * ANCHOR_CYCLE_OFFSET)[0], pot)
+                for c in range(num_cycles)
+            ]
+        )
         return lambda t: g[min(t // cycle_length, num_cycles - 1)]
+
     return make
 
 
@@ -122,9 +128,15 @@ def snapshot_plan(num_cycles: int, cycle_length: int, friction: float) -> Plan:
     last = k == cycle_length - 1
     adapt = (k % ADAPT_EVERY == 0).repeat(num_cycles)
     adapt[[t for t in _EARLY if t < cycle_length]] = True
-    return Plan(scale=cosine_cycle(cycle_length).repeat(num_cycles),
-                noisy=torch.zeros(num_cycles * cycle_length, dtype=torch.bool), keep=last.repeat(num_cycles),
-                adapt=adapt, friction=friction, fraction=(2.0 - friction) / 2.0, score_start=False)
+    return Plan(
+        scale=cosine_cycle(cycle_length).repeat(num_cycles),
+        noisy=torch.zeros(num_cycles * cycle_length, dtype=torch.bool),
+        keep=last.repeat(num_cycles),
+        adapt=adapt,
+        friction=friction,
+        fraction=(2.0 - friction) / 2.0,
+        score_start=False,
+    )
 
 
 @dataclass(frozen=True)
@@ -176,12 +188,18 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     num_cycles = positive_int("num_cycles", cfg.num_cycles)
     cycle_length = positive_int("cycle_length", cfg.cycle_length)
     if cycle_length < 2:
-        raise ValueError(f"cycle_length must be at least 2 steps (a cosine cycle from the peak step down to near "
-                         f"zero), got {cycle_length}; the default is 1000.")
+        raise ValueError(
+            f"cycle_length must be at least 2 steps (a cosine cycle from the peak step down to near "
+            f"zero), got {cycle_length}; the default is 1000."
+        )
     alpha, validation = check_friction("friction", cfg.friction), cfg.validation
     train, holdout, why = split(data, validation, seed=cfg.seed, method="snapshot", convert=data.convert)
-    settings = dict(num_cycles=num_cycles, cycle_length=cycle_length, friction=alpha,
-                    validation=describe(holdout, validation if validation != "default" else DEFAULT, why))
+    settings = dict(
+        num_cycles=num_cycles,
+        cycle_length=cycle_length,
+        friction=alpha,
+        validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
+    )
     plan = snapshot_plan(num_cycles, cycle_length, alpha)
     anchored = flag("anchored", cfg.anchored)
     settings["anchored"] = anchored
@@ -189,14 +207,16 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
         plan = replace(plan, anchors=cycle_anchors(num_cycles, cycle_length))
     post = run_plan(model, train, plan, "snapshot", settings, cfg, holdout=holdout, full=data)
     # then every row, each cycle's snapshot taken at the step the held-out rows chose (holdout.refit)
-    post = refit(post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg),
-                                               stops=chosen.stops))
+    post = refit(
+        post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops)
+    )
     return post if anchored else check_off_data(post, OFF_DATA)
 
 
-OFF_DATA = ("with anchored=False every snapshot minimizes the same objective, whose prior term pulls the weight "
-            "directions that no training row constrains toward the prior's mode, the same point for every snapshot "
-            "(as plain MAP ensemble members; anchored=True, the default, tilts each cycle toward its own prior draw).")
+OFF_DATA = (
+    "with anchored=False every snapshot minimizes the same objective, whose prior term pulls the weight "
+    "directions that no training row constrains toward the prior's mode, the same point for every snapshot "
+    "(as plain MAP ensemble members; anchored=True, the default, tilts each cycle toward its own prior draw)."
+)
 """The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for a classification fit (module
 docstring: "Off-data inputs")."""
-

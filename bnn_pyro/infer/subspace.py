@@ -94,8 +94,6 @@ import pyro.distributions as dist
 import torch
 from pyro import poutine
 
-from bnn_pyro.infer.registry import REGISTRY, Method
-from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
@@ -104,16 +102,29 @@ from bnn_pyro.infer.contract import PotentialRunOptions, entry, renamed_options
 from bnn_pyro.infer.driver import ChainRun, assemble
 from bnn_pyro.infer.holdout import noise_site, select_noise, split
 from bnn_pyro.infer.map_fit import fit_map
+from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.infer.swag import SWAConfig, fit_moments
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 
 __all__ = ["fit_subspace", "SubspaceConfig", "Subspace", "SubspaceModel", "SubspacePrior", "inner_engines"]
 
 # pre-training on full batches (or reshuffled epochs) by the MAP engine: swag.py's pre-training budget and rate
 _PRETRAIN_STEPS, _PRETRAIN_LR = 2000, 3e-2
-_SET_BY_SUBSPACE = ("seed", "progress", "batch_size", "dataset_size", "num_threads", "num_samples", "num_chains",
-                    "fast_path", "checkpoint", "checkpoint_every", "resume")
+_SET_BY_SUBSPACE = (
+    "seed",
+    "progress",
+    "batch_size",
+    "dataset_size",
+    "num_threads",
+    "num_samples",
+    "num_chains",
+    "fast_path",
+    "checkpoint",
+    "checkpoint_every",
+    "resume",
+)
 STAGES = ("map", "swa", "inner")  # the sub-folders of checkpoint=FOLDER, one per stage
 
 
@@ -136,8 +147,9 @@ class Subspace:
         self.center, self.basis, self.shapes = center, basis, dict(shapes)
 
     @classmethod
-    def from_deviations(cls, center: torch.Tensor, deviations: torch.Tensor, rank: int,
-                        shapes: dict[str, torch.Size]) -> tuple[Subspace, torch.Tensor]:
+    def from_deviations(
+        cls, center: torch.Tensor, deviations: torch.Tensor, rank: int, shapes: dict[str, torch.Size]
+    ) -> tuple[Subspace, torch.Tensor]:
         """The PCA subspace of ``deviations`` (``K x d``) around ``center``, and all singular values."""
         _, s, vh = torch.linalg.svd(deviations, full_matrices=False)
         basis = vh[:rank].T * (s[:rank] / math.sqrt(deviations.shape[0] - 1))
@@ -249,11 +261,18 @@ def _inner_method(inner) -> tuple[str, dict]:
     if isinstance(inner, str) or not dataclasses.is_dataclass(inner):
         return inner, {}
     for method, declared in REGISTRY.items():
-        if declared.capabilities.function_model and getattr(declared.fit_function(), "config_type", None) is type(inner):
-            return method.value, {f.name: getattr(inner, f.name) for f in dataclasses.fields(inner)
-                                  if f.name not in _SET_BY_SUBSPACE or getattr(inner, f.name) != f.default}
-    raise TypeError(f"inner: expected one of {', '.join(map(repr, inner_engines()))} or the config of one (e.g. "
-                    f"bp.infer.mcmc.NUTSConfig(num_warmup=500)), got {type(inner).__name__}.")
+        if declared.capabilities.function_model and getattr(declared.fit_function(), "config_type", None) is type(
+            inner
+        ):
+            return method.value, {
+                f.name: getattr(inner, f.name)
+                for f in dataclasses.fields(inner)
+                if f.name not in _SET_BY_SUBSPACE or getattr(inner, f.name) != f.default
+            }
+    raise TypeError(
+        f"inner: expected one of {', '.join(map(repr, inner_engines()))} or the config of one (e.g. "
+        f"bp.infer.mcmc.NUTSConfig(num_warmup=500)), got {type(inner).__name__}."
+    )
 
 
 def _swa_options(swa) -> dict:
@@ -263,50 +282,91 @@ def _swa_options(swa) -> dict:
     if swa is None or isinstance(swa, dict):
         return dict(swa or {})
     if isinstance(swa, SWAConfig):
-        return {f.name: getattr(swa, f.name) for f in dataclasses.fields(swa) if not _is_default(getattr(swa, f.name), f)}
-    raise TypeError(f"swa: expected the SWA run's options as bp.infer.swag.SWAGConfig(...) or a dict, got "
-                    f"{type(swa).__name__}; e.g. swa=SWAGConfig(num_steps=2000, swag_rank=20).")
+        return {
+            f.name: getattr(swa, f.name) for f in dataclasses.fields(swa) if not _is_default(getattr(swa, f.name), f)
+        }
+    raise TypeError(
+        f"swa: expected the SWA run's options as bp.infer.swag.SWAGConfig(...) or a dict, got "
+        f"{type(swa).__name__}; e.g. swa=SWAGConfig(num_steps=2000, swag_rank=20)."
+    )
 
 
 def _is_default(value, f: dataclasses.Field) -> bool:
-    return value is f.default or (isinstance(value, (bool, int, float, str)) and type(value) is type(f.default)
-                                  and value == f.default)
+    return value is f.default or (
+        isinstance(value, (bool, int, float, str)) and type(value) is type(f.default) and value == f.default
+    )
 
 
-def _fit_subspace(model, data: Data, *, subspace_dim, inner, num_samples, num_chains, inner_options, prior,
-                  prior_scale, swa, seed, progress, fast_path, checkpoint, checkpoint_every, resume) -> Posterior:
+def _fit_subspace(
+    model,
+    data: Data,
+    *,
+    subspace_dim,
+    inner,
+    num_samples,
+    num_chains,
+    inner_options,
+    prior,
+    prior_scale,
+    swa,
+    seed,
+    progress,
+    fast_path,
+    checkpoint,
+    checkpoint_every,
+    resume,
+) -> Posterior:
     """:func:`fit_subspace` on its options as keywords."""
     from bnn_pyro.infer import fit, options
 
     if not isinstance(model, BNN):
-        raise TypeError(f"model: method='subspace' needs a bnn_pyro.BNN (its weight sites span the subspace), got "
-                        f"{type(model).__name__}; wrap the net as bp.BNN(net, prior=..., likelihood=...).")
+        raise TypeError(
+            f"model: method='subspace' needs a bnn_pyro.BNN (its weight sites span the subspace), got "
+            f"{type(model).__name__}; wrap the net as bp.BNN(net, prior=..., likelihood=...)."
+        )
     rank = positive_int("subspace_dim", subspace_dim)
     inner, typed = _inner_method(inner)
     if not (isinstance(inner, str) and inner in inner_engines()):
-        raise ValueError(f"inner: expected one of {', '.join(map(repr, inner_engines()))} (an engine that fits a Pyro "
-                         f"function model), got {inner!r}; try inner='nuts'.")
+        raise ValueError(
+            f"inner: expected one of {', '.join(map(repr, inner_engines()))} (an engine that fits a Pyro "
+            f"function model), got {inner!r}; try inner='nuts'."
+        )
     inner_options = {**typed, **(inner_options or {})}
     known = options(inner)
     for key in inner_options:
         if key in _SET_BY_SUBSPACE:
-            raise ValueError(f"inner_options: {key!r} is set by the subspace fit itself; pass it to bp.fit(...) "
-                             "directly instead.")
+            raise ValueError(
+                f"inner_options: {key!r} is set by the subspace fit itself; pass it to bp.fit(...) directly instead."
+            )
         if key not in known:
-            raise TypeError(f"inner_options: {key!r} is not an option of method={inner!r}; see "
-                            f"bp.infer.options({inner!r}) for its options.")
+            raise TypeError(
+                f"inner_options: {key!r} is not an option of method={inner!r}; see "
+                f"bp.infer.options({inner!r}) for its options."
+            )
     inner_options["num_chains"] = positive_int("num_chains", num_chains)
     if num_samples is not None:
         inner_options["num_samples"] = positive_int("num_samples", num_samples)
     kind = choice("prior", prior, SubspacePrior)
     if prior_scale is not None and kind is SubspacePrior.INDUCED:
-        raise ValueError("prior_scale: applies to prior='isotropic' only (the induced prior is the net's own); "
-                         "drop it, or pass prior='isotropic'.")
+        raise ValueError(
+            "prior_scale: applies to prior='isotropic' only (the induced prior is the net's own); "
+            "drop it, or pass prior='isotropic'."
+        )
     scale = positive("prior_scale", 1.0 if prior_scale is None else prior_scale)
     swa = _swa_options(swa)
     paths = Potentials(fast_path)
-    for key in ("swag", "num_chains", "num_samples", "scale", "seed", "progress", "fast_path", "checkpoint",
-                "checkpoint_every", "resume"):
+    for key in (
+        "swag",
+        "num_chains",
+        "num_samples",
+        "scale",
+        "seed",
+        "progress",
+        "fast_path",
+        "checkpoint",
+        "checkpoint_every",
+        "resume",
+    ):
         if key in swa:
             raise ValueError(f"swa: {key!r} is set by the subspace fit (one SWA chain builds the subspace); drop it.")
     num_weights = sum(math.prod(model.param_shapes[n]) for n in model.sample_names)
@@ -315,16 +375,43 @@ def _fit_subspace(model, data: Data, *, subspace_dim, inner, num_samples, num_ch
     swa = renamed_options(swa, {"rank": "swag_rank"})  # SWAG's rank is swag_rank (one name per concept)
     deviations = positive_int("swa['swag_rank']", swa.pop("swag_rank", max(20, rank)))
     if rank > deviations:
-        raise ValueError(f"subspace_dim={rank} exceeds the {deviations} SWA deviations kept (swa['swag_rank']); lower "
-                         f"subspace_dim or pass swa=dict(rank={rank}) or more.")
-    stages = _stages(checkpoint, checkpoint_every, resume, dict(
-        method="subspace", rank=rank, inner=inner, inner_options=inner_options, prior=kind.value, prior_scale=scale,
-        swa=dict(swa, rank=deviations), seed=seed, batch_size=data.batch_size, dataset_size=data.size))
+        raise ValueError(
+            f"subspace_dim={rank} exceeds the {deviations} SWA deviations kept (swa['swag_rank']); lower "
+            f"subspace_dim or pass swa=dict(rank={rank}) or more."
+        )
+    stages = _stages(
+        checkpoint,
+        checkpoint_every,
+        resume,
+        dict(
+            method="subspace",
+            rank=rank,
+            inner=inner,
+            inner_options=inner_options,
+            prior=kind.value,
+            prior_scale=scale,
+            swa=dict(swa, rank=deviations),
+            seed=seed,
+            batch_size=data.batch_size,
+            dataset_size=data.size,
+        ),
+    )
 
     if data.loader is None and "init" not in swa and swa.get("pretrain_steps") != 0:
         swa.update(init=_map_start(model, data, swa, seed, progress, paths, stages["map"]), pretrain_steps=0)
-    swa_post, (moments,) = fit_moments(model, data, swag=True, swag_rank=deviations, num_samples=1, num_chains=1,
-                                       seed=seed, progress=progress, fast_path=fast_path, **swa, **stages["swa"])
+    swa_post, (moments,) = fit_moments(
+        model,
+        data,
+        swag=True,
+        swag_rank=deviations,
+        num_samples=1,
+        num_chains=1,
+        seed=seed,
+        progress=progress,
+        fast_path=fast_path,
+        **swa,
+        **stages["swa"],
+    )
     bnn = swa_post.model
     pot = Potential(bnn, data, init="net", fast_path=False)  # its sites and transforms only: U is not evaluated
     columns, shapes, start = [], {}, 0
@@ -333,8 +420,10 @@ def _fit_subspace(model, data: Data, *, subspace_dim, inner, num_samples, num_ch
         if name in bnn.sample_names:
             probe = pot.init[name]
             if name in pot.transforms and pot.transforms[name].inv(probe) is not probe:
-                raise ValueError(f"model: the weight site {name!r} has a constrained prior support; the subspace "
-                                 "is built for real-valued weights (e.g. a Normal or Laplace prior).")
+                raise ValueError(
+                    f"model: the weight site {name!r} has a constrained prior support; the subspace "
+                    "is built for real-valued weights (e.g. a Normal or Laplace prior)."
+                )
             columns.append(torch.arange(start, start + n, device=probe.device))
             shapes[name] = shape
         start += n
@@ -342,9 +431,11 @@ def _fit_subspace(model, data: Data, *, subspace_dim, inner, num_samples, num_ch
     dtype = pot.init[next(iter(shapes))].dtype
     space, singular = Subspace.from_deviations(moments.mean[columns], moments.deviations[:, columns], rank, shapes)
     if not singular[rank - 1] > 1e-8 * singular[0]:
-        raise ValueError(f"subspace_dim={rank}: the SWA deviations span only "
-                         f"{int((singular > 1e-8 * singular[0]).sum())} directions; lower subspace_dim, or collect more "
-                         "snapshots (swa=dict(num_steps=...)).")
+        raise ValueError(
+            f"subspace_dim={rank}: the SWA deviations span only "
+            f"{int((singular > 1e-8 * singular[0]).sum())} directions; lower subspace_dim, or collect more "
+            "snapshots (swa=dict(num_steps=...))."
+        )
     space = Subspace(space.center.to(dtype), space.basis.to(dtype), shapes)
 
     if inner in ("nuts", "hmc"):
@@ -352,49 +443,113 @@ def _fit_subspace(model, data: Data, *, subspace_dim, inner, num_samples, num_ch
     zmodel = SubspaceModel(bnn, space, kind, scale)
     train, holdout = data, None  # a learned Gaussian noise: chosen on the rows the SWA run held out (docstring)
     if data.loader is None and noise_site(model) is not None:
-        train, holdout, _ = split(data, swa.get("validation", "default"), seed=seed, method="subspace",
-                                  convert=data.convert)
+        train, holdout, _ = split(
+            data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert
+        )
     if data.loader is not None:
-        inner_post = fit(zmodel, data.loader, None, method=inner, dataset_size=data.size, seed=seed,
-                         progress=progress, fast_path=fast_path, **inner_options, **stages["inner"])
+        inner_post = fit(
+            zmodel,
+            data.loader,
+            None,
+            method=inner,
+            dataset_size=data.size,
+            seed=seed,
+            progress=progress,
+            fast_path=fast_path,
+            **inner_options,
+            **stages["inner"],
+        )
     else:
         # minibatches for the engines that take them (SVI, SG-MCMC); MCMC's accept/reject needs the full data
         batch = data.batch_size if REGISTRY[Method(inner)].capabilities.minibatches else None
-        inner_post = fit(zmodel, train.x, train.y, method=inner, batch_size=batch, seed=seed, progress=progress,
-                         fast_path=fast_path, **inner_options, **stages["inner"])
+        inner_post = fit(
+            zmodel,
+            train.x,
+            train.y,
+            method=inner,
+            batch_size=batch,
+            seed=seed,
+            progress=progress,
+            fast_path=fast_path,
+            **inner_options,
+            **stages["inner"],
+        )
     samples = {k: v.detach().clone() for k, v in space.weights(inner_post.samples["z"]).items()}
     samples.update({k: v for k, v in inner_post.samples.items() if k != "z"})
     stats = {k: v for k, v in inner_post.sample_stats.items() if k != "log_q"}  # q(z) is not a density over w
-    runs = [ChainRun(bnn, {k: v[c] for k, v in samples.items()}, {k: v[0] for k, v in swa_post.point.items()},
-                     {k: v[c] for k, v in inner_post.history.items()}, {k: v[c] for k, v in stats.items()})
-            for c in range(inner_post.num_chains)]  # every chain: the SWA run's deterministic parameters
-    config = clean_config(dict(
-        rank=rank, inner=inner, prior=kind.value, prior_scale=scale if kind is SubspacePrior.ISOTROPIC else None,
-        seed=seed, batch_size=data.batch_size, dataset_size=data.size,
-        subspace=dict(rank=rank, deviations=int(moments.deviations.shape[0]),
-                      singular_values=[float(s) for s in singular]),
-        inner_config=inner_post.config, swa=swa_post.config))
+    runs = [
+        ChainRun(
+            bnn,
+            {k: v[c] for k, v in samples.items()},
+            {k: v[0] for k, v in swa_post.point.items()},
+            {k: v[c] for k, v in inner_post.history.items()},
+            {k: v[c] for k, v in stats.items()},
+        )
+        for c in range(inner_post.num_chains)
+    ]  # every chain: the SWA run's deterministic parameters
+    config = clean_config(
+        dict(
+            rank=rank,
+            inner=inner,
+            prior=kind.value,
+            prior_scale=scale if kind is SubspacePrior.ISOTROPIC else None,
+            seed=seed,
+            batch_size=data.batch_size,
+            dataset_size=data.size,
+            subspace=dict(
+                rank=rank, deviations=int(moments.deviations.shape[0]), singular_values=[float(s) for s in singular]
+            ),
+            inner_config=inner_post.config,
+            swa=swa_post.config,
+        )
+    )
     paths.record(config, swa_post.config, inner_post.config)
     return select_noise(assemble(runs, method="subspace", config=config, data=data), holdout)
 
 
-def _map_start(model: BNN, data: Data, swa: dict, seed: int, progress: bool, paths: Potentials,
-               ckpt: dict) -> dict[str, torch.Tensor]:
+def _map_start(
+    model: BNN, data: Data, swa: dict, seed: int, progress: bool, paths: Potentials, ckpt: dict
+) -> dict[str, torch.Tensor]:
     """The SWA run's starting point: ``swa``'s ``pretrain_steps`` steps of its ``pretrain_optimizer`` at
     ``pretrain_lr`` (defaults 2,000, Adam, ``3e-2``) with a cosine decay, by the MAP engine on full batches
     (reshuffled epochs of ``batch_size`` rows), early-stopped on the held-out rows the SWA run will hold out
     (the same split); checkpointed with ``ckpt``'s options (:func:`_stages`; none when empty) under a run
     identity made of these settings."""
-    train, holdout, _ = split(data, swa.get("validation", "default"), seed=seed, method="subspace",
-                              convert=data.convert)
+    train, holdout, _ = split(
+        data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert
+    )
     steps = positive_int("swa['pretrain_steps']", swa.get("pretrain_steps", _PRETRAIN_STEPS))
     lr, optimizer = swa.get("pretrain_lr", _PRETRAIN_LR), swa.get("pretrain_optimizer", "adam")
-    identity = dict(method="subspace", stage="map", num_steps=steps, lr=lr, optimizer=optimizer, seed=seed,
-                    validation=swa.get("validation", "default"), batch_size=data.batch_size, dataset_size=data.size)
-    run = fit_map(model, train, init=resolve_init(model, None, train), num_steps=steps, lr=lr, optimizer=optimizer,
-                  lr_schedule="cosine", seed=seed, progress=progress, holdout=holdout, method="subspace", paths=paths,
-                  ckpt=Checkpoint(ckpt["checkpoint"], every=ckpt["checkpoint_every"], resume=ckpt["resume"], chain=0,
-                                  run=_plain(identity)) if ckpt else None)
+    identity = dict(
+        method="subspace",
+        stage="map",
+        num_steps=steps,
+        lr=lr,
+        optimizer=optimizer,
+        seed=seed,
+        validation=swa.get("validation", "default"),
+        batch_size=data.batch_size,
+        dataset_size=data.size,
+    )
+    run = fit_map(
+        model,
+        train,
+        init=resolve_init(model, None, train),
+        num_steps=steps,
+        lr=lr,
+        optimizer=optimizer,
+        lr_schedule="cosine",
+        seed=seed,
+        progress=progress,
+        holdout=holdout,
+        method="subspace",
+        paths=paths,
+        ckpt=Checkpoint(
+            ckpt["checkpoint"], every=ckpt["checkpoint_every"], resume=ckpt["resume"], chain=0, run=_plain(identity)
+        )
+        if ckpt
+        else None,
+    )
     return {**run.point, **run.sample}
 
 
@@ -404,25 +559,32 @@ def _stages(checkpoint, every, resume, identity: dict) -> dict[str, dict]:
     ``checkpoint/subspace.ckpt``; a resume with other settings is refused before fitting."""
     if checkpoint is None:
         if every is not None or resume is not False:
-            raise ValueError("checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint "
-                             "files).")
+            raise ValueError(
+                "checkpoint_every= and resume= need checkpoint=FOLDER (the folder of the checkpoint files)."
+            )
         return {stage: {} for stage in STAGES}
     folder, resume = Path(checkpoint), flag("resume", resume)
     every = None if every is None else positive_int("checkpoint_every", every)
     if not folder.is_dir():
-        raise FileNotFoundError(f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
-                                "(method='subspace' writes one sub-folder per stage in it).")
+        raise FileNotFoundError(
+            f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
+            "(method='subspace' writes one sub-folder per stage in it)."
+        )
     run, path = json.loads(json.dumps(_plain(identity))), folder / "subspace.ckpt"
     if not resume and (path.exists() or any(any((folder / s).glob("*.ckpt")) for s in STAGES)):
-        raise FileExistsError(f"checkpoint: {str(folder)!r} holds the checkpoints of a subspace run. Pass resume=True "
-                              "to continue that run, or another (empty) folder to start a new one; it is never "
-                              "overwritten.")
+        raise FileExistsError(
+            f"checkpoint: {str(folder)!r} holds the checkpoints of a subspace run. Pass resume=True "
+            "to continue that run, or another (empty) folder to start a new one; it is never "
+            "overwritten."
+        )
     if path.exists():
         saved = read(path)[1].get("run", {})
         if saved != run:
             diff = sorted(k for k in set(run) | set(saved) if run.get(k) != saved.get(k))
-            raise CheckpointError(f"resume: {str(path)!r} belongs to another run (differs in {diff}). Resume with the "
-                                  "same method and configuration, or pass another checkpoint folder.")
+            raise CheckpointError(
+                f"resume: {str(path)!r} belongs to another run (differs in {diff}). Resume with the "
+                "same method and configuration, or pass another checkpoint folder."
+            )
     else:
         write(path, {}, {"run": run})
     options = {}

@@ -83,29 +83,26 @@ from typing import ClassVar
 import pyro
 import torch
 from pyro import poutine
-from pyro.infer import Trace_ELBO
-from pyro.infer import autoguide
+from pyro.infer import Trace_ELBO, autoguide
 
-from bnn_pyro.utils.checks import choice, flag, positive, positive_int
+from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_start
+from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, latent_sites, point_values
 from bnn_pyro.infer._health import check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
-from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_start
-from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
-from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, check_lr
-from bnn_pyro.infer.optim import Optimizer, Schedule, make_optimizer, make_schedule  # noqa: F401 (re-exported)
+from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, Optimizer, Schedule, check_lr, make_optimizer, make_schedule  # noqa: F401 (re-exported)
 from bnn_pyro.infer.reparam import Estimator, GaussianSites, MeanFieldELBO, WeightNoise, check_estimator
 from bnn_pyro.infer.score import ScoreFunction, ScoreFunctionELBO
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 
-__all__ = ["fit", "SVIConfig", "GuideKind", "ElboKind", "REINFORCE_PARTICLES", "DEFAULT_STEPS",
-           "LAPLACE"]
+__all__ = ["fit", "SVIConfig", "GuideKind", "ElboKind", "REINFORCE_PARTICLES", "DEFAULT_STEPS", "LAPLACE"]
 
 DEFAULT_STEPS = 5000  # num_steps' default (fit's docstring says why)
 LAPLACE = "laplace"  # init= value: start at the Laplace approximation (svi_start; the default for a Pyro function)
@@ -221,12 +218,18 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if epochs is not None:
         epochs = positive_int("epochs", epochs)
         if cfg.distributed:
-            raise ValueError("epochs: not with distributed=True (the ranks' shards may need different numbers of "
-                             "steps per epoch); give num_steps= instead.")
+            raise ValueError(
+                "epochs: not with distributed=True (the ranks' shards may need different numbers of "
+                "steps per epoch); give num_steps= instead."
+            )
         if data.loader is not None and not hasattr(data.loader, "__len__"):
-            raise ValueError("epochs: needs a loader with a length (len(loader)); with a generator or an "
-                             "IterableDataset give num_steps= instead.")
-        steps_per_epoch = math.ceil(data.size / (data.batch_size or data.size)) if data.loader is None else len(data.loader)
+            raise ValueError(
+                "epochs: needs a loader with a length (len(loader)); with a generator or an "
+                "IterableDataset give num_steps= instead."
+            )
+        steps_per_epoch = (
+            math.ceil(data.size / (data.batch_size or data.size)) if data.loader is None else len(data.loader)
+        )
         num_steps = epochs * steps_per_epoch
     num_steps = positive_int("num_steps", DEFAULT_STEPS if num_steps is None else num_steps)
     num_chains = positive_int("num_chains", cfg.num_chains)
@@ -244,12 +247,18 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     num_particles = positive_int("num_particles", num_particles)
     vectorize_particles = cfg.vectorize_particles
     if estimator is not Estimator.SAMPLE:
-        check_estimator(model, guide_is_mean_field=guide_kind is GuideKind.MEAN_FIELD,
-                        reinforce=elbo_kind is ElboKind.REINFORCE, vectorize_particles=vectorize_particles)
+        check_estimator(
+            model,
+            guide_is_mean_field=guide_kind is GuideKind.MEAN_FIELD,
+            reinforce=elbo_kind is ElboKind.REINFORCE,
+            vectorize_particles=vectorize_particles,
+        )
         vectorize_particles = False
     if sharing is not None and guide_kind is GuideKind.MAP:
-        raise ValueError("empirical_bayes needs a guide with spread (mean_field, low_rank, full_rank): with "
-                         "guide='map' the joint maximum over weights and prior scale is degenerate (both go to 0).")
+        raise ValueError(
+            "empirical_bayes needs a guide with spread (mean_field, low_rank, full_rank): with "
+            "guide='map' the joint maximum over weights and prior scale is degenerate (both go to 0)."
+        )
     if elbo_kind is ElboKind.REINFORCE and guide_kind is GuideKind.MAP:
         raise ValueError(
             "elbo='reinforce' needs a guide with a density, but guide='map' is a point mass (its score is "
@@ -265,32 +274,58 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if vectorize_particles is None:
         vectorize_particles = isinstance(model, BNN) and not _has_batchnorm(model)
     optimizer, lr_schedule = cfg.optimizer, cfg.lr_schedule
-    config = clean_config(dict(
-        guide=getattr(guide_kind, "value", guide_kind), elbo=elbo_kind.value, num_steps=num_steps, lr=lr,
-        optimizer=getattr(optimizer, "value", optimizer), lr_schedule=getattr(lr_schedule, "value", lr_schedule),
-        num_particles=num_particles, vectorize_particles=vectorize_particles, num_chains=num_chains,
-        num_samples=num_samples, guide_rank=cfg.guide_rank, estimator=estimator.value,
-        empirical_bayes=False if sharing is None else sharing.value,
-        init=init if isinstance(init, str) else type(init).__name__, init_scale=cfg.init_scale,
-        batch_size=data.batch_size, dataset_size=data.size, seed=cfg.seed,
-        **(dp.config() if cfg.distributed else {}),
-    ))
+    config = clean_config(
+        dict(
+            guide=getattr(guide_kind, "value", guide_kind),
+            elbo=elbo_kind.value,
+            num_steps=num_steps,
+            lr=lr,
+            optimizer=getattr(optimizer, "value", optimizer),
+            lr_schedule=getattr(lr_schedule, "value", lr_schedule),
+            num_particles=num_particles,
+            vectorize_particles=vectorize_particles,
+            num_chains=num_chains,
+            num_samples=num_samples,
+            guide_rank=cfg.guide_rank,
+            estimator=estimator.value,
+            empirical_bayes=False if sharing is None else sharing.value,
+            init=init if isinstance(init, str) else type(init).__name__,
+            init_scale=cfg.init_scale,
+            batch_size=data.batch_size,
+            dataset_size=data.size,
+            seed=cfg.seed,
+            **(dp.config() if cfg.distributed else {}),
+        )
+    )
     if cfg.checkpoint is not None and sharing is not None:
-        raise ValueError("checkpoint: not supported with empirical_bayes yet; pass checkpoint=None or "
-                         "empirical_bayes=False.")
+        raise ValueError(
+            "checkpoint: not supported with empirical_bayes yet; pass checkpoint=None or empirical_bayes=False."
+        )
     x0, y0 = data.first()
     # elbo="mean_field" with a mean-field guide (closed-form KL) only where the flat path computes it; with a MAP
     # guide it is Trace_ELBO's estimator (no KL of a point mass)
     closed_kl = elbo_kind is ElboKind.MEAN_FIELD and guide_kind is GuideKind.MEAN_FIELD
-    fast = (flag("fast_path", cfg.fast_path) and elbo_kind is not ElboKind.REINFORCE and estimator is Estimator.SAMPLE
-            and sharing is None and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.MAP))
+    fast = (
+        flag("fast_path", cfg.fast_path)
+        and elbo_kind is not ElboKind.REINFORCE
+        and estimator is Estimator.SAMPLE
+        and sharing is None
+        and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.MAP)
+    )
     joint = _logjoint.build(model, data.size) if fast else None
-    fast = joint is not None and (not closed_kl or not cfg.distributed and _svi_flat.FlatMeanField.covers(joint, x0, y0))
+    fast = joint is not None and (
+        not closed_kl or not cfg.distributed and _svi_flat.FlatMeanField.covers(joint, x0, y0)
+    )
     config["fast_path"] = fast
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
     warm_starts: list[svi_start.LaplaceStart] = []
-    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
-                        run=dict(method="svi", **config))
+    ckpts = open_chains(
+        cfg.checkpoint,
+        every=cfg.checkpoint_every,
+        resume=cfg.resume,
+        num_chains=num_chains,
+        run=dict(method="svi", **config),
+    )
 
     def init_state(fitted, info) -> _State:
         if laplace:
@@ -299,44 +334,88 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
             start.set_scales(q, x0, y0)
             warm_starts.append(start)
         else:
-            q = _make_guide(fitted, guide_kind, init_strategy(fitted, chain_start(fitted, init, info.seed)),
-                            cfg.init_scale, cfg.guide_rank)
+            q = _make_guide(
+                fitted,
+                guide_kind,
+                init_strategy(fitted, chain_start(fitted, init, info.seed)),
+                cfg.init_scale,
+                cfg.guide_rank,
+            )
         q_train, wrap = _handlers(q, elbo_kind, estimator)
         eb = None if sharing is None else LearnedPriorScales(fitted, x0, y0, data.size, sharing)
         if eb is not None:
             wrap = _compose(wrap, eb)
-        loss = _logjoint.svi_loss(_logjoint.build(fitted, data.size), q, num_particles) if fast and not closed_kl else None
-        objective = _loss_fn(elbo_kind, num_particles, vectorize_particles, baseline_beta=cfg.baseline_beta,
-                             independent_sites=isinstance(q, autoguide.AutoNormal))
+        loss = (
+            _logjoint.svi_loss(_logjoint.build(fitted, data.size), q, num_particles) if fast and not closed_kl else None
+        )
+        objective = _loss_fn(
+            elbo_kind,
+            num_particles,
+            vectorize_particles,
+            baseline_beta=cfg.baseline_beta,
+            independent_sites=isinstance(q, autoguide.AutoNormal),
+        )
         return _state(fitted, q, q_train, data, objective, wrap, loss, eb)
 
     def draws(state: _State, history) -> ChainRun:
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
-        return ChainRun(state.model, samples, point_values(state.model, x0, y0, data.size),
-                        history={**({} if state.eb is None else state.eb.history), **history},
-                        stats={} if log_q is None else {"log_q": log_q})  # log_q: for post.psis()
+        return ChainRun(
+            state.model,
+            samples,
+            point_values(state.model, x0, y0, data.size),
+            history={**({} if state.eb is None else state.eb.history), **history},
+            stats={} if log_q is None else {"log_q": log_q},
+        )  # log_q: for post.psis()
 
     def record_scales(state: _State, step: int, info: LossInfo) -> LossInfo:
         state.eb.record(step, num_steps)
         return info
 
-    engine = Engine(init=init_state, step=_step, draws=draws, after=None if sharing is None else record_scales,
-                    checkpoint=lambda state, ckpt, records: _Resumable(ckpt))
-    loop = Loop(num_steps=num_steps, lr=lr, method="svi", desc="svi chain {index}", optimizer=optimizer,
-                lr_schedule=lr_schedule, quantity="ELBO", hint=", a smaller init_scale", progress=cfg.progress,
-                reduce=reduce)
+    engine = Engine(
+        init=init_state,
+        step=_step,
+        draws=draws,
+        after=None if sharing is None else record_scales,
+        checkpoint=lambda state, ckpt, records: _Resumable(ckpt),
+    )
+    loop = Loop(
+        num_steps=num_steps,
+        lr=lr,
+        method="svi",
+        desc="svi chain {index}",
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        quantity="ELBO",
+        hint=", a smaller init_scale",
+        progress=cfg.progress,
+        reduce=reduce,
+    )
     if fast and not cfg.distributed:  # a mean-field guide on the analytic potential: the flat path (_svi_flat)
-        def flat_of(state: _State):
-            return _svi_flat.FlatMeanField.of(_logjoint.build(state.model, data.size), state.guide, num_particles, x0, y0,
-                                              analytic_kl=closed_kl)
 
-        post = _svi_flat.drive(model, data, engine, loop, flat_of=flat_of, num_chains=num_chains, seed=cfg.seed,
-                               config=config, checkpoints=ckpts)
+        def flat_of(state: _State):
+            return _svi_flat.FlatMeanField.of(
+                _logjoint.build(state.model, data.size), state.guide, num_particles, x0, y0, analytic_kl=closed_kl
+            )
+
+        post = _svi_flat.drive(
+            model,
+            data,
+            engine,
+            loop,
+            flat_of=flat_of,
+            num_chains=num_chains,
+            seed=cfg.seed,
+            config=config,
+            checkpoints=ckpts,
+        )
     else:
         post = drive(model, data, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts)
     if sharing is not None:  # the learned scales at the last step, per chain
-        config["prior_scales"] = {k[len("prior_scale["):-1]: v[:, -1].tolist()
-                                  for k, v in post.history.items() if k.startswith("prior_scale[")}
+        config["prior_scales"] = {
+            k[len("prior_scale[") : -1]: v[:, -1].tolist()
+            for k, v in post.history.items()
+            if k.startswith("prior_scale[")
+        }
     if warm_starts:
         config["init_converged"] = all(s.converged for s in warm_starts)
         if isinstance(guide_kind, GuideKind):
@@ -412,17 +491,24 @@ def _make_guide(model, kind, init_loc_fn, init_scale, rank):
         return kind(model, init_loc_fn=init_loc_fn)
     if callable(kind):
         return kind
-    raise TypeError(f"guide: expected one of {[g.value for g in GuideKind]}, an AutoGuide class or a callable, got {kind!r}.")
+    raise TypeError(
+        f"guide: expected one of {[g.value for g in GuideKind]}, an AutoGuide class or a callable, got {kind!r}."
+    )
 
 
-def _loss_fn(kind: ElboKind, num_particles: int, vectorize: bool, *, independent_sites: bool = False,
-             baseline_beta: float = 0.9):
+def _loss_fn(
+    kind: ElboKind, num_particles: int, vectorize: bool, *, independent_sites: bool = False, baseline_beta: float = 0.9
+):
     """``loss(model, guide, x, y) -> (surrogate to differentiate, ELBO value)`` for ``elbo=kind``."""
-    common = dict(num_particles=num_particles, vectorize_particles=vectorize and num_particles > 1,
-                  max_plate_nesting=1 if vectorize else float("inf"))
+    common = dict(
+        num_particles=num_particles,
+        vectorize_particles=vectorize and num_particles > 1,
+        max_plate_nesting=1 if vectorize else float("inf"),
+    )
     if kind is ElboKind.REINFORCE:
-        return ScoreFunctionELBO(num_particles, vectorize=vectorize, independent_sites=independent_sites,
-                                 baseline_beta=baseline_beta)
+        return ScoreFunctionELBO(
+            num_particles, vectorize=vectorize, independent_sites=independent_sites, baseline_beta=baseline_beta
+        )
     elbo = (MeanFieldELBO if kind is ElboKind.MEAN_FIELD else Trace_ELBO)(**common)
 
     def loss(model, guide, *args, **kwargs):
@@ -459,8 +545,10 @@ def _draw(guide, names, num_samples, x, y, dataset_size, model):
     if isinstance(guide, autoguide.AutoGuide):
         with pyro.plate("_draws", num_samples, dim=-2):
             trace = poutine.trace(guide).get_trace(*args, **kwargs)
-        draws = {n: trace.nodes[n]["value"].detach().reshape((num_samples,) + trace.nodes[n]["value"].shape[2:])
-                 for n in names}
+        draws = {
+            n: trace.nodes[n]["value"].detach().reshape((num_samples,) + trace.nodes[n]["value"].shape[2:])
+            for n in names
+        }
         return draws, _density.autoguide(guide, trace, num_samples)
     traces = [poutine.trace(guide).get_trace(*args, **kwargs) for _ in range(num_samples)]
     return {n: torch.stack([t.nodes[n]["value"].detach() for t in traces]) for n in names}, None

@@ -93,8 +93,9 @@ class LaplaceStart:
     def set_scales(self, guide, *args, **kwargs) -> bool:
         """Set up ``guide`` (by calling it once on ``args``) and overwrite its scales from the Laplace covariance
         (module docstring); returns whether it did (an autoguide of a covered kind, with a covariance)."""
-        if self.cov is None or not isinstance(guide, (autoguide.AutoNormal, autoguide.AutoMultivariateNormal,
-                                                      autoguide.AutoLowRankMultivariateNormal)):
+        if self.cov is None or not isinstance(
+            guide, (autoguide.AutoNormal, autoguide.AutoMultivariateNormal, autoguide.AutoLowRankMultivariateNormal)
+        ):
             return False
         with poutine.block():
             guide(*args, **kwargs)
@@ -136,8 +137,11 @@ class LaplaceStart:
         """Indices that put :attr:`shapes`' flat order into the guide's (its prototype trace's latent sites), or
         ``None`` where the guide's flat location does not match the mode in that order."""
         offsets = self._offsets()
-        sites = [name for name, site in guide.prototype_trace.iter_stochastic_nodes()
-                 if not site["is_observed"] and name in offsets]
+        sites = [
+            name
+            for name, site in guide.prototype_trace.iter_stochastic_nodes()
+            if not site["is_observed"] and name in offsets
+        ]
         if sorted(sites) != sorted(offsets):
             return None
         order = torch.cat([torch.arange(offsets[s][0], offsets[s][0] + offsets[s][1]) for s in sites])
@@ -196,8 +200,15 @@ def laplace_start(model, data: Data, *, max_iter: int = MAX_ITER) -> LaplaceStar
 def _lbfgs(energy, start: torch.Tensor, max_iter: int) -> torch.Tensor | None:
     """L-BFGS with a strong-Wolfe line search from ``start``; ``None`` where it ends at a non-finite point."""
     flat = start.clone().requires_grad_()
-    opt = torch.optim.LBFGS([flat], lr=1.0, max_iter=max_iter, line_search_fn="strong_wolfe",
-                            tolerance_grad=1e-9, tolerance_change=1e-12, history_size=20)
+    opt = torch.optim.LBFGS(
+        [flat],
+        lr=1.0,
+        max_iter=max_iter,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-9,
+        tolerance_change=1e-12,
+        history_size=20,
+    )
 
     def closure():
         opt.zero_grad()
@@ -249,14 +260,19 @@ def check_start(start: LaplaceStart, guide: str) -> None:
     from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
     if not start.converged:
-        warn("svi: init='laplace' found no finite mode with a positive definite Hessian, so the guide started "
-             "at the mode search's end point with init_scale; check post.history['loss'], or pass "
-             "init='prior' or 'median' with more num_steps.", DiagnosticWarning)
+        warn(
+            "svi: init='laplace' found no finite mode with a positive definite Hessian, so the guide started "
+            "at the mode search's end point with init_scale; check post.history['loss'], or pass "
+            "init='prior' or 'median' with more num_steps.",
+            DiagnosticWarning,
+        )
         return
     shrink = start.mean_field_shrink()
     if guide == "mean_field" and shrink >= SHRINK_MAX:
-        warn(f"svi: the posterior's correlations at its mode (the Laplace approximation) make a {guide} guide "
-             f"up to {shrink:.3g}x too narrow in some coordinate (threshold {SHRINK_MAX:g}x): it cannot "
-             "represent them, so its sds are too small whatever num_steps. Use guide='full_rank', "
-             "method='nuts', or standardize (center) the covariates so that the coefficients decorrelate.",
-             DiagnosticWarning)
+        warn(
+            f"svi: the posterior's correlations at its mode (the Laplace approximation) make a {guide} guide "
+            f"up to {shrink:.3g}x too narrow in some coordinate (threshold {SHRINK_MAX:g}x): it cannot "
+            "represent them, so its sds are too small whatever num_steps. Use guide='full_rank', "
+            "method='nuts', or standardize (center) the covariates so that the coefficients decorrelate.",
+            DiagnosticWarning,
+        )

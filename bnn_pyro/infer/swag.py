@@ -118,7 +118,6 @@ from typing import ClassVar, NamedTuple
 import torch
 from pyro import poutine
 
-from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._health import check_off_data
@@ -127,24 +126,43 @@ from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.anchor import anchor, flat_tilt
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry, renamed_options
-from bnn_pyro.infer.optim import check_lr
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
-from bnn_pyro.infer.holdout import (DEFAULT, BestOnHoldout, Holdout, describe, heldout_score, refit, refit_config,
-                                    select_noise, split)
+from bnn_pyro.infer.holdout import (
+    DEFAULT,
+    BestOnHoldout,
+    Holdout,
+    describe,
+    heldout_score,
+    refit,
+    refit_config,
+    select_noise,
+    split,
+)
+from bnn_pyro.infer.optim import check_lr
 from bnn_pyro.infer.swag_state import PhasedOptimizer, PretrainOptimizer, SWAGMoments, auto_lr, batchnorm_statistics
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 
-__all__ = ["fit_swa", "fit_swag", "fit_moments", "SWAConfig", "SWAGConfig", "SWAInfo", "SWAGMoments",
-           "PretrainOptimizer"]
+__all__ = [
+    "fit_swa",
+    "fit_swag",
+    "fit_moments",
+    "SWAConfig",
+    "SWAGConfig",
+    "SWAInfo",
+    "SWAGMoments",
+    "PretrainOptimizer",
+]
 
-_SWAG_ONLY = ("applies to method='swag' only: SWA keeps the averaged point, not a distribution. Drop it, or use "
-              "method='swag'.")
+_SWAG_ONLY = (
+    "applies to method='swag' only: SWA keeps the averaged point, not a distribution. Drop it, or use method='swag'."
+)
 _BUILT_IN = {  # options of the other optimizing engines that SWA's two phases fix
     "optimizer": "does not apply: the collection phase is SGD with momentum by definition (Izmailov et al. 2018; "
-                 "momentum=); pretrain_optimizer= chooses the pre-training's.",
+    "momentum=); pretrain_optimizer= chooses the pre-training's.",
     "lr_schedule": "does not apply: pre-training anneals pretrain_lr on a cosine, the collection phase keeps lr "
-                   "constant (SWA's schedule).",
+    "constant (SWA's schedule).",
 }
 
 
@@ -153,8 +171,11 @@ class SWAConfig(PotentialRunOptions):
     """The options of ``method="swa"`` and their defaults (see :func:`fit_swag`; SWAG's ``swag_rank`` (formerly
     ``rank``), ``num_samples`` and ``scale`` are refused)."""
 
-    REFUSED: ClassVar[dict[str, str]] = {**{name: _SWAG_ONLY for name in ("swag_rank", "num_samples", "scale")},
-                                         "rank": "(SWAG's swag_rank=) " + _SWAG_ONLY, **_BUILT_IN}
+    REFUSED: ClassVar[dict[str, str]] = {
+        **{name: _SWAG_ONLY for name in ("swag_rank", "num_samples", "scale")},
+        "rank": "(SWAG's swag_rank=) " + _SWAG_ONLY,
+        **_BUILT_IN,
+    }
 
     pretrain_steps: int = 2000
     pretrain_optimizer: object = "adam"
@@ -265,10 +286,12 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
     return _checked(_run(model, data, cfg)[0], cfg)
 
 
-OFF_DATA = ("its spread is SGD's minibatch gradient noise around one mode per chain, which is zero in the weight "
-            "directions that no training row's gradient reaches, where the posterior keeps the prior's spread, and "
-            "its chains differ there only by their initializers' small draws (anchored=True tilts each chain "
-            "toward its own prior draw).")
+OFF_DATA = (
+    "its spread is SGD's minibatch gradient noise around one mode per chain, which is zero in the weight "
+    "directions that no training row's gradient reaches, where the posterior keeps the prior's spread, and "
+    "its chains differ there only by their initializers' small draws (anchored=True tilts each chain "
+    "toward its own prior draw)."
+)
 """The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for a classification fit without
 anchoring (module docstring: "Off-data inputs")."""
 
@@ -341,43 +364,92 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
     if swag:
         rank = positive_int("swag_rank", rank)
         if rank < 2:
-            raise ValueError(f"swag_rank must be at least 2 (the low-rank part divides by swag_rank - 1), got {rank}; "
-                             "the default is 20. For the averaged point alone use method='swa'.")
+            raise ValueError(
+                f"swag_rank must be at least 2 (the low-rank part divides by swag_rank - 1), got {rank}; "
+                "the default is 20. For the averaged point alone use method='swa'."
+            )
     needed = max(rank, 1)
     if snapshots < needed:
         raise ValueError(
             f"collect schedule: num_steps={num_steps}, burn_in={burn_in}, collect_every={collect_every} collect "
-            f"{snapshots} snapshot(s), but {method} needs at least {needed}" + (f" (swag_rank={rank})" if swag else "")
-            + ". Lengthen num_steps, shorten burn_in or collect_every" + (", or lower swag_rank." if swag else "."))
+            f"{snapshots} snapshot(s), but {method} needs at least {needed}"
+            + (f" (swag_rank={rank})" if swag else "")
+            + ". Lengthen num_steps, shorten burn_in or collect_every"
+            + (", or lower swag_rank." if swag else ".")
+        )
     momentum, lr = cfg.momentum, cfg.lr
     if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
         raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}; the default is 0.9.")
     lr = check_lr(lr, method=method, auto=True)
     s = _Settings(
-        batch_size=batch, pretrain_steps=positive_int("pretrain_steps", cfg.pretrain_steps, allow_zero=True),
+        batch_size=batch,
+        pretrain_steps=positive_int("pretrain_steps", cfg.pretrain_steps, allow_zero=True),
         pretrain_optimizer=choice("pretrain_optimizer", cfg.pretrain_optimizer, PretrainOptimizer),
-        pretrain_lr=positive("pretrain_lr", cfg.pretrain_lr), num_steps=num_steps, burn_in=burn_in,
-        collect_every=collect_every, lr=lr, momentum=float(momentum), rank=rank,
-        num_samples=positive_int("num_samples", num_samples), scale=positive("scale", scale),
-        init=resolve_init(model, cfg.init, data), anchored=flag("anchored", cfg.anchored))
+        pretrain_lr=positive("pretrain_lr", cfg.pretrain_lr),
+        num_steps=num_steps,
+        burn_in=burn_in,
+        collect_every=collect_every,
+        lr=lr,
+        momentum=float(momentum),
+        rank=rank,
+        num_samples=positive_int("num_samples", num_samples),
+        scale=positive("scale", scale),
+        init=resolve_init(model, cfg.init, data),
+        anchored=flag("anchored", cfg.anchored),
+    )
     num_chains = positive_int("num_chains", cfg.num_chains)
-    config = clean_config(dict(
-        pretrain_steps=s.pretrain_steps, pretrain_optimizer=s.pretrain_optimizer.value, pretrain_lr=s.pretrain_lr,
-        num_steps=num_steps, burn_in=burn_in, collect_every=collect_every, snapshots=snapshots, lr=lr,
-        momentum=s.momentum, num_chains=num_chains, init=s.init if isinstance(s.init, str) else type(s.init).__name__,
-        batch_size=batch, sampling="loader order" if data.loader is not None else _sampling(data, batch),
-        dataset_size=data.size, seed=cfg.seed, anchored=s.anchored,
-        validation=describe(holdout, cfg.validation if cfg.validation != "default" else DEFAULT, why),
-        **(dict(swag_rank=rank, num_samples=s.num_samples, scale=s.scale) if swag else {})))
-    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
-                        run=dict(method=method, **config))
+    config = clean_config(
+        dict(
+            pretrain_steps=s.pretrain_steps,
+            pretrain_optimizer=s.pretrain_optimizer.value,
+            pretrain_lr=s.pretrain_lr,
+            num_steps=num_steps,
+            burn_in=burn_in,
+            collect_every=collect_every,
+            snapshots=snapshots,
+            lr=lr,
+            momentum=s.momentum,
+            num_chains=num_chains,
+            init=s.init if isinstance(s.init, str) else type(s.init).__name__,
+            batch_size=batch,
+            sampling="loader order" if data.loader is not None else _sampling(data, batch),
+            dataset_size=data.size,
+            seed=cfg.seed,
+            anchored=s.anchored,
+            validation=describe(holdout, cfg.validation if cfg.validation != "default" else DEFAULT, why),
+            **(dict(swag_rank=rank, num_samples=s.num_samples, scale=s.scale) if swag else {}),
+        )
+    )
+    ckpts = open_chains(
+        cfg.checkpoint,
+        every=cfg.checkpoint_every,
+        resume=cfg.resume,
+        num_chains=num_chains,
+        run=dict(method=method, **config),
+    )
     moments: dict[int, SWAGMoments] = {}  # per chain (drive runs the chains one after another, in this process)
-    loop = Loop(num_steps=s.pretrain_steps + num_steps, lr=s.pretrain_lr, method=method, desc=method + " chain {index}",
-                quantity="loss U/N", hint=": a smaller pretrain_lr or lr", progress=cfg.progress)
+    loop = Loop(
+        num_steps=s.pretrain_steps + num_steps,
+        lr=s.pretrain_lr,
+        method=method,
+        desc=method + " chain {index}",
+        quantity="loss U/N",
+        hint=": a smaller pretrain_lr or lr",
+        progress=cfg.progress,
+    )
     paths = Potentials(cfg.fast_path)
     densities: dict[int, torch.Tensor | None] = {}
-    post = drive(model, data, _engine(data, s, holdout, moments, method, paths, densities), loop,
-                 num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts, posterior_data=full)
+    post = drive(
+        model,
+        data,
+        _engine(data, s, holdout, moments, method, paths, densities),
+        loop,
+        num_chains=num_chains,
+        seed=cfg.seed,
+        config=config,
+        checkpoints=ckpts,
+        posterior_data=full,
+    )
     paths.record(post.config)
     log_q = [densities.get(c) for c in range(num_chains)]
     if all(q is not None for q in log_q):  # for post.psis(); absent when one chain's q is degenerate (a coordinate
@@ -420,8 +492,9 @@ class _Chain:
         return (u if self.tilt is None else u + self.z @ self.tilt) / self.size
 
 
-def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, method: str,
-            paths: Potentials, densities: dict) -> Engine:
+def _engine(
+    data: Data, s: _Settings, holdout: Holdout | None, moments: dict, method: str, paths: Potentials, densities: dict
+) -> Engine:
     """Both phases of one chain as an :class:`~bnn_pyro.infer.contract.Engine`: pre-training, then the SWA phase
     whose snapshots :meth:`after` collects; ``draws`` makes the SWA point or the SWAG draws (and puts their
     ``log q`` in ``densities[chain]``, ``None`` where ``q`` is degenerate)."""
@@ -438,12 +511,29 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
             pot(pot.unflatten(z), data.first())
         point_params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
         params = [z] + point_params
-        opt = PhasedOptimizer(params, pretrain_optimizer=s.pretrain_optimizer, pretrain_lr=s.pretrain_lr,
-                              pretrain_steps=pretrain, momentum=s.momentum)
-        state = _Chain(fitted, info.index, info.seed, pot, z, point_params, params, opt, generator,
-                       SWAGMoments.empty(z, s.rank), [torch.zeros_like(p) for p in point_params],
-                       BestOnHoldout(every=max(1, pretrain // 50), patience=None), data.size,
-                       flat_tilt(anchor(fitted, pot, data.first(), seed=info.seed)[0], pot) if s.anchored else None)
+        opt = PhasedOptimizer(
+            params,
+            pretrain_optimizer=s.pretrain_optimizer,
+            pretrain_lr=s.pretrain_lr,
+            pretrain_steps=pretrain,
+            momentum=s.momentum,
+        )
+        state = _Chain(
+            fitted,
+            info.index,
+            info.seed,
+            pot,
+            z,
+            point_params,
+            params,
+            opt,
+            generator,
+            SWAGMoments.empty(z, s.rank),
+            [torch.zeros_like(p) for p in point_params],
+            BestOnHoldout(every=max(1, pretrain // 50), patience=None),
+            data.size,
+            flat_tilt(anchor(fitted, pot, data.first(), seed=info.seed)[0], pot) if s.anchored else None,
+        )
         if pretrain == 0:
             start_swa(state)
         return state
@@ -453,8 +543,13 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
             with torch.no_grad():
                 for p, kept in zip(state.params, state.best.state):
                     p.copy_(kept)
-        lr = s.lr if s.lr != "auto" else auto_lr(state.loss, state.params, data, batch_size=s.batch_size,
-                                                  momentum=s.momentum, generator=state.generator)
+        lr = (
+            s.lr
+            if s.lr != "auto"
+            else auto_lr(
+                state.loss, state.params, data, batch_size=s.batch_size, momentum=s.momentum, generator=state.generator
+            )
+        )
         state.opt.start_swa(lr)
 
     def step(state: _Chain, batch, index: int):
@@ -466,8 +561,9 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
         if index < pretrain:
             if holdout is not None and (state.best.due(index) or index == pretrain - 1):
                 with torch.no_grad():
-                    score = heldout_score(state.model, state.pot.constrain(state.pot.unflatten(state.z.detach())),
-                                          holdout)
+                    score = heldout_score(
+                        state.model, state.pot.constrain(state.pot.unflatten(state.z.detach())), holdout
+                    )
                 state.best.record(index, score, [p.detach() for p in state.params])
             if index == pretrain - 1:
                 start_swa(state)
@@ -484,8 +580,7 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
         return f"step {index} ({phase}, lr {state.opt.param_groups[0]['lr']:.3g}) of {method} chain {state.index}"
 
     def checkpoint(state: _Chain, ckpt, records) -> StepCheckpoint:
-        extra = ExtraState(generator=state.generator, moments=state.moments, point_sum=state.point_sum,
-                           best=state.best)
+        extra = ExtraState(generator=state.generator, moments=state.moments, point_sum=state.point_sum, best=state.best)
         return StepCheckpoint(ckpt, state.params, records, extra)
 
     def draws(state: _Chain, history: dict[str, torch.Tensor]) -> ChainRun:
@@ -506,9 +601,17 @@ def _engine(data: Data, s: _Settings, holdout: Holdout | None, moments: dict, me
         densities[state.index] = log_q
         return ChainRun(fitted, samples, point, history, {}, buffers)
 
-    return Engine(init=init, step=step, draws=draws, info=SWAInfo, after=after, checkpoint=checkpoint,
-                  optimizer=lambda state: state.opt, batches=lambda state, start: _batches(data, s, state, start),
-                  where=where)
+    return Engine(
+        init=init,
+        step=step,
+        draws=draws,
+        info=SWAInfo,
+        after=after,
+        checkpoint=checkpoint,
+        optimizer=lambda state: state.opt,
+        batches=lambda state, start: _batches(data, s, state, start),
+        where=where,
+    )
 
 
 def _batches(data: Data, s: _Settings, state: _Chain, start: int):

@@ -83,8 +83,15 @@ class PhasedOptimizer:
     to 1% of it over ``pretrain_steps``), then, from :meth:`start_swa`, SGD with heavy-ball momentum at a
     constant rate."""
 
-    def __init__(self, params: list[torch.Tensor], *, pretrain_optimizer: PretrainOptimizer, pretrain_lr: float,
-                 pretrain_steps: int, momentum: float):
+    def __init__(
+        self,
+        params: list[torch.Tensor],
+        *,
+        pretrain_optimizer: PretrainOptimizer,
+        pretrain_lr: float,
+        pretrain_steps: int,
+        momentum: float,
+    ):
         self.params, self.momentum, self.swa_lr = params, momentum, None
         if pretrain_optimizer is PretrainOptimizer.ADAM:
             self.inner = torch.optim.Adam(params, lr=pretrain_lr)
@@ -108,8 +115,11 @@ class PhasedOptimizer:
             self.decay.step()
 
     def state_dict(self) -> dict:
-        return {"swa_lr": self.swa_lr, "inner": self.inner.state_dict(),
-                "decay": None if self.decay is None else self.decay.state_dict()}
+        return {
+            "swa_lr": self.swa_lr,
+            "inner": self.inner.state_dict(),
+            "decay": None if self.decay is None else self.decay.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         if state["swa_lr"] is not None:
@@ -119,8 +129,9 @@ class PhasedOptimizer:
             self.decay.load_state_dict(state["decay"])
 
 
-def auto_lr(loss, params: list[torch.Tensor], data: Data, *, batch_size: int, momentum: float,
-            generator: torch.Generator) -> float:
+def auto_lr(
+    loss, params: list[torch.Tensor], data: Data, *, batch_size: int, momentum: float, generator: torch.Generator
+) -> float:
     """``lr = x / lambda`` (:mod:`bnn_pyro.infer.swag`): ``lambda`` the largest |eigenvalue| of the Hessian of
     ``loss`` (``U / N``) over all trained tensors, by power iteration on Hessian-vector products over up to 2,048
     points (drawn by ``generator``)."""
@@ -141,18 +152,22 @@ def auto_lr(loss, params: list[torch.Tensor], data: Data, *, batch_size: int, mo
         curvature = abs(float(sum((a * b).sum() for a, b in zip(hv, v))))
         v = [h.detach() for h in hv]
     if not (math.isfinite(curvature) and curvature > 0.0):
-        raise FloatingPointError(f"lr='auto': the curvature of the loss at the end of pre-training is {curvature}, so "
-                                 "no step size follows from it. Pass lr= a positive number (e.g. 1e-3).")
+        raise FloatingPointError(
+            f"lr='auto': the curvature of the loss at the end of pre-training is {curvature}, so "
+            "no step size follows from it. Pass lr= a positive number (e.g. 1e-3)."
+        )
     b, n, beta = batch_size, data.size, momentum
     return 2 * b * (1 - beta) * (1 + beta) / ((1 + beta) * n + b * (1 - beta)) / curvature
 
 
-def batchnorm_statistics(model, samples: dict[str, torch.Tensor], average: dict[str, torch.Tensor], data: Data,
-                         batch_size: int) -> dict[str, torch.Tensor]:
+def batchnorm_statistics(
+    model, samples: dict[str, torch.Tensor], average: dict[str, torch.Tensor], data: Data, batch_size: int
+) -> dict[str, torch.Tensor]:
     """BatchNorm statistics of each draw, ``(draws, *shape)`` (empty without BatchNorm); the model's
     own buffers get those of the SWA average."""
-    if not isinstance(model, BNN) or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and
-                                             m.track_running_stats for m in model.net.modules()):
+    if not isinstance(model, BNN) or not any(
+        isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats for m in model.net.modules()
+    ):
         return {}
     if data.loader is not None:
         inputs = [xb for xb, _ in data.loader_pass()]
@@ -161,6 +176,7 @@ def batchnorm_statistics(model, samples: dict[str, torch.Tensor], average: dict[
     was_training = model.training
     model.eval()  # only the BatchNorm layers run in training mode (dropout stays off)
     try:
+
         def refresh(values, i):
             return model.batchnorm_statistics({k: values[k][i] for k in model.sample_names}, inputs)
 

@@ -4,8 +4,8 @@ the likelihood's scaling, and the stream of minibatches an engine draws from."""
 from __future__ import annotations
 
 import collections.abc
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Callable, Iterator
 
 import torch
 
@@ -42,9 +42,15 @@ class Data:
 
     def _convert(self, batch):
         if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-            what = f"a {type(batch).__name__} of {len(batch)}" if isinstance(batch, (tuple, list)) else type(batch).__name__
-            raise ValueError(f"x: each batch must be an (x, y) pair, got {what}; make the loader yield inputs and "
-                             "targets, e.g. a DataLoader over TensorDataset(x, y).")
+            what = (
+                f"a {type(batch).__name__} of {len(batch)}"
+                if isinstance(batch, (tuple, list))
+                else type(batch).__name__
+            )
+            raise ValueError(
+                f"x: each batch must be an (x, y) pair, got {what}; make the loader yield inputs and "
+                "targets, e.g. a DataLoader over TensorDataset(x, y)."
+            )
         xb, yb = batch
         return self.convert(xb, yb) if self.convert is not None else (xb, yb)
 
@@ -103,4 +109,5 @@ class Data:
             f"x: the one-shot iterable of batches (an iterator or generator) ran out after {self._taken} batches, "
             "but the fit asked for more. Give fewer steps (num_steps=, num_samples=), a generator that never "
             "ends, or a re-iterable source (a DataLoader, an IterableDataset, an object whose __iter__ starts "
-            "a new pass over the data).")
+            "a new pass over the data)."
+        )

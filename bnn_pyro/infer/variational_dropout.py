@@ -68,21 +68,31 @@ import torch.nn.functional as F
 from pyro import poutine
 from torch import nn
 
-from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.reparam import Estimator, WeightNoise, RecordedGaussian
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Engine, Loop, RunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, Schedule, check_lr
+from bnn_pyro.infer.reparam import Estimator, RecordedGaussian, WeightNoise
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.utils.user_warnings import warn
 
-__all__ = ["fit_variational_dropout", "fit_sparse_vd", "sparsity_report", "kl_log_uniform", "vd_weight_names",
-           "Variant", "VariationalDropoutConfig", "SparseVDConfig", "VDInfo", "SparseVDInfo"]
+__all__ = [
+    "fit_variational_dropout",
+    "fit_sparse_vd",
+    "sparsity_report",
+    "kl_log_uniform",
+    "vd_weight_names",
+    "Variant",
+    "VariationalDropoutConfig",
+    "SparseVDConfig",
+    "VDInfo",
+    "SparseVDInfo",
+]
 
 KINGMA_C = (1.16145124, -1.50204118, 0.58629921)
 MOLCHANOV_K = (0.63576, 1.87320, 1.48695)
@@ -159,14 +169,19 @@ def vd_weight_names(model, variant: Variant | str = Variant.SPARSE_VD) -> list[s
         raise TypeError(
             f"model: {Variant(variant).value} works on the nn.Linear/nn.Conv layers of a bp.BNN; got a "
             f"{type(model).__name__} (a Pyro function model has no layers to act on). Wrap the net in "
-            "bp.BNN(net, prior=..., likelihood=...), or use method='svi' (guide='mean_field') for a Pyro function.")
-    names = [n for n in model.sample_names if n.rpartition(".")[2] == "weight"
-             and isinstance(model.net.get_submodule(n.rpartition(".")[0]), _LAYER_TYPES)]
+            "bp.BNN(net, prior=..., likelihood=...), or use method='svi' (guide='mean_field') for a Pyro function."
+        )
+    names = [
+        n
+        for n in model.sample_names
+        if n.rpartition(".")[2] == "weight" and isinstance(model.net.get_submodule(n.rpartition(".")[0]), _LAYER_TYPES)
+    ]
     if not names:
         raise ValueError(
             f"model: {Variant(variant).value} needs Bayesian weights of nn.Linear or nn.Conv1d/2d/3d layers; this "
             f"BNN's Bayesian parameters are {model.sample_names}. Use method='svi' (guide='mean_field') for "
-            "these parameters, or make the layers' weights Bayesian (BNN(..., bayesian='all')).")
+            "these parameters, or make the layers' weights Bayesian (BNN(..., bayesian='all'))."
+        )
     return names
 
 
@@ -180,8 +195,9 @@ class VariationalDropoutConfig(RunOptions):
 
     REFUSED: ClassVar[dict[str, str]] = {
         "fast_path": "does not apply: variational dropout always evaluates its ELBO by its own local "
-                     "reparameterization of each layer's pre-activations (Kingma et al. 2015), with no Pyro trace "
-                     "to fall back to."}
+        "reparameterization of each layer's pre-activations (Kingma et al. 2015), with no Pyro trace "
+        "to fall back to."
+    }
 
     num_steps: int | None = None
     epochs: int | None = None
@@ -273,8 +289,10 @@ def fit_sparse_vd(model, data: Data, cfg: SparseVDConfig) -> Posterior:
     """
     threshold = cfg.threshold
     if not _is_number(threshold) or not math.isfinite(threshold):
-        raise ValueError(f"threshold must be a finite number, the log alpha above which a weight is pruned "
-                         f"(default 3.0), got {threshold!r}.")
+        raise ValueError(
+            f"threshold must be a finite number, the log alpha above which a weight is pruned "
+            f"(default 3.0), got {threshold!r}."
+        )
     return _fit(model, data, Variant.SPARSE_VD, cfg, threshold=float(threshold))
 
 
@@ -295,29 +313,56 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
         choice("lr_schedule", lr_schedule, Schedule)
     num_steps = positive_int("num_steps", 2000 if num_steps is None else num_steps)
     lr, num_samples = check_lr(cfg.lr, method=variant.value), positive_int("num_samples", cfg.num_samples)
-    init_scale, init_log_sigma2, kl_warmup = positive("init_scale", cfg.init_scale), float(cfg.init_log_sigma2), float(cfg.kl_warmup)
+    init_scale, init_log_sigma2, kl_warmup = (
+        positive("init_scale", cfg.init_scale),
+        float(cfg.init_log_sigma2),
+        float(cfg.kl_warmup),
+    )
     num_chains = positive_int("num_chains", cfg.num_chains)
     init = resolve_init(model, cfg.init, data)
     hypers = [h for h in model.hyper_names if any(h.startswith(n + "_") for n in vd_names)]
     if hypers:
-        warn(f"{variant.value}: the log-uniform prior replaces the model's prior on {vd_names}, so the "
-             f"hyper sites {hypers} no longer touch the data; their posterior is their prior.", UserWarning)
+        warn(
+            f"{variant.value}: the log-uniform prior replaces the model's prior on {vd_names}, so the "
+            f"hyper sites {hypers} no longer touch the data; their posterior is their prior.",
+            UserWarning,
+        )
     pot = Potential(model, data, init="net")  # the latent sites and their transforms
     missing = [n for n in vd_names if n not in pot.init]
     if missing:  # e.g. a module used twice in the net: its sites are named after another path
-        raise ValueError(f"model: the Bayesian weights {missing} are not sample sites of the traced model (latent "
-                         f"sites: {list(pot.init)}); is a layer shared? {variant.value} needs each Linear/Conv "
-                         "weight once per forward pass; use method='svi' (guide='mean_field') for this net.")
-    config = clean_config(dict(
-        num_steps=num_steps, lr=lr, optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
-        lr_schedule=getattr(lr_schedule, "value", lr_schedule),
-        init_log_sigma2=init_log_sigma2, kl_warmup=kl_warmup, threshold=threshold,
-        num_chains=num_chains, num_samples=num_samples, init_scale=init_scale,
-        init=init if isinstance(init, str) else type(init).__name__, batch_size=data.batch_size,
-        dataset_size=data.size, seed=cfg.seed, prior="log-uniform",
-        local_reparameterization=True, vd_weights=",".join(vd_names)))
-    ckpts = open_chains(cfg.checkpoint, every=cfg.checkpoint_every, resume=cfg.resume, num_chains=num_chains,
-                        run=dict(method=variant.value, **config))
+        raise ValueError(
+            f"model: the Bayesian weights {missing} are not sample sites of the traced model (latent "
+            f"sites: {list(pot.init)}); is a layer shared? {variant.value} needs each Linear/Conv "
+            "weight once per forward pass; use method='svi' (guide='mean_field') for this net."
+        )
+    config = clean_config(
+        dict(
+            num_steps=num_steps,
+            lr=lr,
+            optimizer=getattr(cfg.optimizer, "value", cfg.optimizer),
+            lr_schedule=getattr(lr_schedule, "value", lr_schedule),
+            init_log_sigma2=init_log_sigma2,
+            kl_warmup=kl_warmup,
+            threshold=threshold,
+            num_chains=num_chains,
+            num_samples=num_samples,
+            init_scale=init_scale,
+            init=init if isinstance(init, str) else type(init).__name__,
+            batch_size=data.batch_size,
+            dataset_size=data.size,
+            seed=cfg.seed,
+            prior="log-uniform",
+            local_reparameterization=True,
+            vd_weights=",".join(vd_names),
+        )
+    )
+    ckpts = open_chains(
+        cfg.checkpoint,
+        every=cfg.checkpoint_every,
+        resume=cfg.resume,
+        num_chains=num_chains,
+        run=dict(method=variant.value, **config),
+    )
     others = [n for n in pot.init if n not in vd_names]
     warmup_steps = round(kl_warmup * num_steps)
     x0, y0 = data.first()
@@ -332,9 +377,11 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
             with poutine.trace(param_only=True) as capture:
                 state.neg_elbo(x0, y0)
         except ValueError as err:  # a layer the local reparameterization cannot serve (e.g. a tied weight)
-            raise ValueError(f"model: {variant.value} cannot fit this net ({err}). Variational dropout needs each "
-                             "Linear/Conv weight used once per forward pass by its own layer; use method='svi' "
-                             "(guide='mean_field') for this net.") from err
+            raise ValueError(
+                f"model: {variant.value} cannot fit this net ({err}). Variational dropout needs each "
+                "Linear/Conv weight used once per forward pass by its own layer; use method='svi' "
+                "(guide='mean_field') for this net."
+            ) from err
         point_params = [s["value"].unconstrained() for s in capture.trace.nodes.values()]
         state.params = list(weights.parameters()) + list(loc.values()) + list(log_sd.values()) + point_params
         return state
@@ -352,16 +399,27 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
     def draws(state: _State, history) -> ChainRun:
         samples = _draw(state.weights, threshold, num_samples)
         with torch.no_grad():
-            z = {n: state.loc[n] + state.log_sd[n].exp() * state.loc[n].new_empty((num_samples,) + state.loc[n].shape).normal_()
-                 for n in others}
+            z = {
+                n: state.loc[n]
+                + state.log_sd[n].exp() * state.loc[n].new_empty((num_samples,) + state.loc[n].shape).normal_()
+                for n in others
+            }
             samples.update({n: v.detach() for n, v in pot.constrain(z).items()})
         return ChainRun(state.model, samples, point_values(state.model, x0, y0, data.size), history)
 
-    engine = Engine(init=init_state, step=step, draws=draws, info=VDInfo if threshold is None else SparseVDInfo,
-                    after=after)
-    loop = Loop(num_steps=num_steps, lr=lr, method=variant.value, desc=variant.value + " chain {index}",
-                optimizer=cfg.optimizer, lr_schedule=lr_schedule, quantity="ELBO",
-                progress=cfg.progress)
+    engine = Engine(
+        init=init_state, step=step, draws=draws, info=VDInfo if threshold is None else SparseVDInfo, after=after
+    )
+    loop = Loop(
+        num_steps=num_steps,
+        lr=lr,
+        method=variant.value,
+        desc=variant.value + " chain {index}",
+        optimizer=cfg.optimizer,
+        lr_schedule=lr_schedule,
+        quantity="ELBO",
+        progress=cfg.progress,
+    )
     return drive(model, data, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts)
 
 
@@ -386,12 +444,17 @@ class _State:
         z = {n: self.loc[n] + self.log_sd[n].exp() * torch.randn_like(self.loc[n]) for n in others}
         draws, sites = self.weights.draw()
         values = {**self.pot.constrain(z), **draws}
-        run = WeightNoise(Estimator.LOCAL_REPARAM, sites).wrap(lambda x, y: call_model(self.model, x, y, self.data.size))
+        run = WeightNoise(Estimator.LOCAL_REPARAM, sites).wrap(
+            lambda x, y: call_model(self.model, x, y, self.data.size)
+        )
         with poutine.trace() as tr, poutine.condition(data=values):
             run(x, y)
         log_joint = tr.trace.log_prob_sum(lambda name, site: name not in self.vd_names)  # likelihood scaled N / B
-        log_jac = sum((-self.pot.transforms[n].log_abs_det_jacobian(values[n], z[n])).sum()
-                      for n in others if n in self.pot.transforms)
+        log_jac = sum(
+            (-self.pot.transforms[n].log_abs_det_jacobian(values[n], z[n])).sum()
+            for n in others
+            if n in self.pot.transforms
+        )
         entropy = sum(s.sum() for s in self.log_sd.values())  # of q(other), up to a constant
         return -(log_joint + log_jac + entropy), self.weights.kl()
 
@@ -427,8 +490,10 @@ def sparsity_report(posterior: Posterior) -> pd.DataFrame:
     """
     names = str(posterior.config.get("vd_weights", "")).split(",")
     if posterior.method not in {v.value for v in Variant} or not all(n in posterior.samples for n in names):
-        raise ValueError(f"posterior: sparsity_report needs a posterior fitted with method='sparse_vd' or "
-                         f"'variational_dropout', got method={posterior.method!r}.")
+        raise ValueError(
+            f"posterior: sparsity_report needs a posterior fitted with method='sparse_vd' or "
+            f"'variational_dropout', got method={posterior.method!r}."
+        )
     rows = {}
     for n in names:
         w = posterior.samples[n]

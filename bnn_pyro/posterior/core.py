@@ -14,9 +14,10 @@ Example
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from functools import partial
-from typing import Any, Callable
+from typing import Any
 
 import pyro
 import pyro.distributions as dist
@@ -24,12 +25,13 @@ import torch
 from pyro import poutine
 
 from bnn_pyro import predictions
+from bnn_pyro.model import BNN, fit_attributes
 from bnn_pyro.posterior import posterior_file
 from bnn_pyro.posterior.linearized import linearized_outputs
-from bnn_pyro.utils.checks import check_data, positive_int, probability, seed as check_seed
-from bnn_pyro.utils.targets import base_distribution
-from bnn_pyro.model import BNN, fit_attributes
 from bnn_pyro.predictive_draws import NetworkDraws, Observation
+from bnn_pyro.utils.checks import check_data, positive_int, probability
+from bnn_pyro.utils.checks import seed as check_seed
+from bnn_pyro.utils.targets import base_distribution
 
 __all__ = ["Posterior"]
 
@@ -125,9 +127,17 @@ class Posterior:
         return values
 
     # ------------------------------------------------------------------ prediction
-    def predict(self, x, *, num_samples: int | None = None, interval: float | None = 0.95, seed: int | None = None,
-                draws_per_chunk: int | None = None, weights: torch.Tensor | None = None,
-                points_per_chunk: int | None = None):
+    def predict(
+        self,
+        x,
+        *,
+        num_samples: int | None = None,
+        interval: float | None = 0.95,
+        seed: int | None = None,
+        draws_per_chunk: int | None = None,
+        weights: torch.Tensor | None = None,
+        points_per_chunk: int | None = None,
+    ):
         """Posterior predictive summary at ``x``, in memory bounded by a chunk size, not by draws x points.
 
         Returns a :class:`~bnn_pyro.predictions.RegressionPrediction` (``mean``, ``std``,
@@ -169,9 +179,13 @@ class Posterior:
 
             total = self.num_chains * self.num_draws
             if torch.as_tensor(weights).numel() != total:
-                raise ValueError(f"weights: expected one per stored draw ({self.num_chains} chains x {self.num_draws} "
-                                 f"draws = {total}), got {torch.as_tensor(weights).numel()}; e.g. post.psis().weights.")
-            idx = resample(weights, total if num_samples is None else positive_int("num_samples", num_samples), seed=seed)
+                raise ValueError(
+                    f"weights: expected one per stored draw ({self.num_chains} chains x {self.num_draws} "
+                    f"draws = {total}), got {torch.as_tensor(weights).numel()}; e.g. post.psis().weights."
+                )
+            idx = resample(
+                weights, total if num_samples is None else positive_int("num_samples", num_samples), seed=seed
+            )
         base_seed = int(torch.randint(2**62, ())) if seed is None else seed
         if not isinstance(self.model, BNN):  # a Pyro function model: one trace per draw, arrays in memory
             state = torch.get_rng_state()
@@ -182,13 +196,22 @@ class Posterior:
             finally:
                 torch.set_rng_state(state)
         task = self.model.likelihood.task
-        source = self.predictive_draws(x, idx, seed=base_seed, draws_per_chunk=draws_per_chunk,
-                                       points_per_chunk=points_per_chunk)
+        source = self.predictive_draws(
+            x, idx, seed=base_seed, draws_per_chunk=draws_per_chunk, points_per_chunk=points_per_chunk
+        )
         with torch.no_grad():
             return predictions.summarize(source, task, interval=interval)
 
-    def predictive_draws(self, x: torch.Tensor, idx: torch.Tensor, *, seed: int = 0, draws_per_chunk: int | None = None,
-                         points_per_chunk: int | None = None, linearized: bool = True) -> NetworkDraws:
+    def predictive_draws(
+        self,
+        x: torch.Tensor,
+        idx: torch.Tensor,
+        *,
+        seed: int = 0,
+        draws_per_chunk: int | None = None,
+        points_per_chunk: int | None = None,
+        linearized: bool = True,
+    ) -> NetworkDraws:
         """The per-draw predictive quantities of a :class:`~bnn_pyro.BNN` at (checked) ``x`` for pooled draws
         ``idx``, produced block by block (:class:`~bnn_pyro.predictive_draws.NetworkDraws`): what
         :meth:`predict` summarizes and what :meth:`network_outputs` and :meth:`observation_distribution` return
@@ -196,35 +219,58 @@ class Posterior:
         if draws_per_chunk is not None:
             draws_per_chunk = positive_int("draws_per_chunk", draws_per_chunk)
         likelihood = self.model.likelihood
-        noise = {n: self.samples[n].reshape((-1,) + self.samples[n].shape[2:])[idx].unsqueeze(1) for n in likelihood.sites()}
+        noise = {
+            n: self.samples[n].reshape((-1,) + self.samples[n].shape[2:])[idx].unsqueeze(1) for n in likelihood.sites()
+        }
         observe = Observation(likelihood, noise)
         probs = likelihood.probs if likelihood.task == "classification" else None
         glm = None
         if linearized and self.config.get("predictive") == "glm":  # a Laplace fit's linearized network
             glm = partial(linearized_outputs, self)
-        return NetworkDraws(self, x, idx, seed=seed, draws_per_chunk=draws_per_chunk, points_per_chunk=points_per_chunk,
-                            linearized=glm, observe=observe, probs_of=probs)
+        return NetworkDraws(
+            self,
+            x,
+            idx,
+            seed=seed,
+            draws_per_chunk=draws_per_chunk,
+            points_per_chunk=points_per_chunk,
+            linearized=glm,
+            observe=observe,
+            probs_of=probs,
+        )
 
     def inputs(self, x):
         """``x`` checked and converted as the fit converted its training inputs (the model's device and
         float dtype; token ids kept integer, :mod:`bnn_pyro.inputs`), with a clear error for inputs the net
         cannot take (found without computation)."""
         is_bnn = isinstance(self.model, BNN)
-        x, _ = check_data(x, None, device=self.model.device if is_bnn else None,
-                          float_dtype=self.model.dtype if is_bnn else None, keep_integer=is_bnn and self.model.integer_inputs)
+        x, _ = check_data(
+            x,
+            None,
+            device=self.model.device if is_bnn else None,
+            float_dtype=self.model.dtype if is_bnn else None,
+            keep_integer=is_bnn and self.model.integer_inputs,
+        )
         if is_bnn:
             self.model.output_shape(x)
         return x
 
-    def observation_distribution(self, x: torch.Tensor, idx: torch.Tensor | None = None, *,
-                                 draws_per_chunk: int | None = None) -> dist.Distribution:
+    def observation_distribution(
+        self, x: torch.Tensor, idx: torch.Tensor | None = None, *, draws_per_chunk: int | None = None
+    ) -> dist.Distribution:
         """``p(y | x, w_s)`` batched over draws ``(S, N)`` for a :class:`~bnn_pyro.BNN` (all draws
         by default), from :meth:`network_outputs` (chunked; a Laplace fit's linearized network)."""
         idx = self.draw_index() if idx is None else idx
         return self.predictive_draws(x, idx, draws_per_chunk=draws_per_chunk).distribution(slice(None))
 
-    def network_outputs(self, x: torch.Tensor, idx: torch.Tensor | None = None, *, draws_per_chunk: int | None = None,
-                        linearized: bool = True) -> torch.Tensor:
+    def network_outputs(
+        self,
+        x: torch.Tensor,
+        idx: torch.Tensor | None = None,
+        *,
+        draws_per_chunk: int | None = None,
+        linearized: bool = True,
+    ) -> torch.Tensor:
         """The network's output ``f(x)`` at pooled draws ``idx`` (all by default), shaped ``(S, N, ...)``, for a
         :class:`~bnn_pyro.BNN` in eval mode (:class:`~bnn_pyro.predictive_draws.NetworkDraws`: the one place
         where draws are pushed through the net in chunks). Draws are evaluated ``draws_per_chunk`` at a time
@@ -234,7 +280,9 @@ class Posterior:
         evaluates the network linearized at its mode (:mod:`bnn_pyro.posterior.linearized`) unless
         ``linearized=False``."""
         idx = self.draw_index() if idx is None else idx
-        return self.predictive_draws(x, idx, draws_per_chunk=draws_per_chunk, linearized=linearized).outputs(slice(None))
+        return self.predictive_draws(x, idx, draws_per_chunk=draws_per_chunk, linearized=linearized).outputs(
+            slice(None)
+        )
 
     def trace_draw(self, i: int, x, y=None):
         """One run of a Pyro function model with every latent site fixed at pooled draw ``i`` and
@@ -255,8 +303,10 @@ class Posterior:
         if isinstance(base[0], dist.Bernoulli):
             return predictions.classification(torch.stack([torch.stack([1 - d.probs, d.probs], -1) for d in base]))
         return predictions.regression(
-            torch.stack([d.mean for d in fns]), torch.stack([d.variance for d in fns]),
-            torch.stack([d.sample() for d in fns]), interval=interval,
+            torch.stack([d.mean for d in fns]),
+            torch.stack([d.variance for d in fns]),
+            torch.stack([d.sample() for d in fns]),
+            interval=interval,
         )
 
     # ------------------------------------------------------------------ diagnostics, plots, files

@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Sequence
 from enum import Enum
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 import arviz as az
 import numpy as np
 import pandas as pd
 import torch
 
-from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
-from bnn_pyro.utils.upstream_private import arviz_log_level
 from bnn_pyro.model import BNN
 from bnn_pyro.utils import user_warnings
+from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
+from bnn_pyro.utils.upstream_private import arviz_log_level
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
@@ -47,8 +48,14 @@ ESS_PER_CHAIN = 100
 NUM_FUNCTION_INPUTS = 20
 _STAT_ALIASES = {
     "diverging": ("diverging", "divergences", "divergent", "divergence"),
-    "acceptance_rate": ("acceptance_rate", "accept_prob", "acceptance_prob", "mean_accept_prob", "accept_rate",
-                        "accept_stat"),
+    "acceptance_rate": (
+        "acceptance_rate",
+        "accept_prob",
+        "acceptance_prob",
+        "mean_accept_prob",
+        "accept_rate",
+        "accept_stat",
+    ),
     "step_size": ("step_size", "stepsize"),
     "tree_depth": ("tree_depth", "treedepth", "depth"),
     "n_steps": ("n_steps", "num_steps", "n_leapfrog", "num_leapfrog"),
@@ -98,9 +105,17 @@ def sample_stats(post: Posterior) -> dict[str, np.ndarray]:
     return out
 
 
-def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool | None = None,
-                      posterior_predictive: bool = True, seed: int = 0, draws_per_chunk: int = 64,
-                      points_per_chunk: int = 4096) -> az.InferenceData:
+def to_inference_data(
+    post: Posterior,
+    *,
+    x=None,
+    y=None,
+    log_likelihood: bool | None = None,
+    posterior_predictive: bool = True,
+    seed: int = 0,
+    draws_per_chunk: int = 64,
+    points_per_chunk: int = 4096,
+) -> az.InferenceData:
     """An ``arviz.InferenceData`` for ``post`` (see the module docstring for its groups).
 
     Parameters
@@ -135,27 +150,40 @@ def to_inference_data(post: Posterior, *, x=None, y=None, log_likelihood: bool |
     draws_per_chunk = positive_int("draws_per_chunk", draws_per_chunk)
     points_per_chunk = positive_int("points_per_chunk", points_per_chunk)
     if x is None and y is not None:
-        raise ValueError("y: given without x. y is paired row by row with the inputs it was observed at; pass "
-                         "both (x=x_test, y=y_test), or neither to use the training data.")
+        raise ValueError(
+            "y: given without x. y is paired row by row with the inputs it was observed at; pass "
+            "both (x=x_test, y=y_test), or neither to use the training data."
+        )
     if x is None:
         x, y = post.x, post.y
     posterior_predictive = flag("posterior_predictive", posterior_predictive)
     log_likelihood = y is not None if log_likelihood is None else flag("log_likelihood", log_likelihood)
     if log_likelihood and x is not None and y is None:
-        raise ValueError("log_likelihood=True needs the observations at x: pass y= with x=, or drop "
-                         "log_likelihood to get the posterior predictive at x alone.")
-    groups = {"posterior": {k: v.detach().cpu().numpy() for k, v in post.samples.items()},
-              "sample_stats": sample_stats(post)}
+        raise ValueError(
+            "log_likelihood=True needs the observations at x: pass y= with x=, or drop "
+            "log_likelihood to get the posterior predictive at x alone."
+        )
+    groups = {
+        "posterior": {k: v.detach().cpu().numpy() for k, v in post.samples.items()},
+        "sample_stats": sample_stats(post),
+    }
     unbound = getattr(post.model, "is_unbound", False)
     if x is None and (log_likelihood or posterior_predictive):
         user_warnings.warn(
             "to_inference_data: no data for the log_likelihood and posterior_predictive groups (the fit streamed its "
             "batches, so the posterior holds no training data); LOO and WAIC need them: pass x= and y= (e.g. a subset "
-            "that fits in memory), or log_likelihood=False, posterior_predictive=False to silence this.", UserWarning)
+            "that fits in memory), or log_likelihood=False, posterior_predictive=False to silence this.",
+            UserWarning,
+        )
     if x is not None:
         is_bnn = isinstance(post.model, BNN)
-        x, y = check_data(x, y, device=post.model.device if is_bnn else None,
-                          float_dtype=post.model.dtype if is_bnn else None, keep_integer=is_bnn and post.model.integer_inputs)
+        x, y = check_data(
+            x,
+            y,
+            device=post.model.device if is_bnn else None,
+            float_dtype=post.model.dtype if is_bnn else None,
+            keep_integer=is_bnn and post.model.integer_inputs,
+        )
         if is_bnn:
             out = post.model.output_shape(x)  # a clear error for inputs the net cannot take
             y = None if y is None else post.model.likelihood.check_output_target(y, out)
@@ -199,8 +227,7 @@ def _pointwise(post: Posterior, x, y, seed, draws_per_chunk, points_per_chunk):
                     lp = None if y is None else d.log_prob(y[rows])
                     sample = d.sample()
                 else:
-                    sites = [post.trace_draw(int(k), x[rows], None if y is None else y[rows]).nodes["obs"]
-                             for k in idx]
+                    sites = [post.trace_draw(int(k), x[rows], None if y is None else y[rows]).nodes["obs"] for k in idx]
                     lp = None if y is None else torch.stack([s["fn"].log_prob(s["value"]) for s in sites])
                     sample = torch.stack([s["fn"].sample() for s in sites])
                 if pp is None:
@@ -223,20 +250,24 @@ def function_draws(post: Posterior, x, *, draws_per_chunk: int = 64) -> torch.Te
     total = post.num_chains * post.num_draws
     with torch.no_grad():
         if isinstance(post.model, BNN):  # the network alone (not a Laplace fit's linearization), in chunks of draws
-            f = post.network_outputs(x, draws_per_chunk=positive_int("draws_per_chunk", draws_per_chunk),
-                                     linearized=False)
+            f = post.network_outputs(
+                x, draws_per_chunk=positive_int("draws_per_chunk", draws_per_chunk), linearized=False
+            )
         else:
             traces = [post.trace_draw(i, x) for i in range(total)]
             if "f" not in traces[0].nodes:
-                raise ValueError("space='function' needs the model to record pyro.deterministic('f', net_output); "
-                                 "this model has no site 'f'. Add it, or use space='weights'.")
+                raise ValueError(
+                    "space='function' needs the model to record pyro.deterministic('f', net_output); "
+                    "this model has no site 'f'. Add it, or use space='weights'."
+                )
             f = torch.stack([t.nodes["f"]["value"] for t in traces])
     f = f if f.dim() > 2 else f.unsqueeze(-1)
     return f.reshape((post.num_chains, post.num_draws) + f.shape[1:])
 
 
-def summary(post: Posterior, *, space: str = "weights", x=None, var_names: Sequence[str] | None = None,
-            warn: bool = True) -> pd.DataFrame:
+def summary(
+    post: Posterior, *, space: str = "weights", x=None, var_names: Sequence[str] | None = None, warn: bool = True
+) -> pd.DataFrame:
     """``arviz.summary`` (mean, sd, hdi_3%, hdi_97%, mcse_mean, mcse_sd, ess_bulk, ess_tail, r_hat).
 
     Parameters
@@ -282,11 +313,15 @@ def summary(post: Posterior, *, space: str = "weights", x=None, var_names: Seque
         table = az.summary(from_dict(posterior=data, dims=dims, coords=coords), kind="all")
     table.attrs["notes"] = []
     if post.num_draws == 1:
-        table.attrs["notes"].append("One draw per chain (an ensemble member or an SWA point per chain): R-hat, ESS "
-                                    "and MCSE need several draws per chain and are NaN; mean and sd are over chains.")
+        table.attrs["notes"].append(
+            "One draw per chain (an ensemble member or an SWA point per chain): R-hat, ESS "
+            "and MCSE need several draws per chain and are NaN; mean and sd are over chains."
+        )
     elif post.num_chains == 1:
-        table.attrs["notes"].append("R-hat needs at least 2 chains and is NaN here; fit with num_chains >= 2 "
-                                    "(independent restarts for SVI) to check convergence between chains.")
+        table.attrs["notes"].append(
+            "R-hat needs at least 2 chains and is NaN here; fit with num_chains >= 2 "
+            "(independent restarts for SVI) to check convergence between chains."
+        )
     if warn:
         for message in _problems(post, table, kind):
             user_warnings.warn(" ".join([message] + table.attrs["notes"]), DiagnosticWarning)
@@ -306,12 +341,16 @@ def _problems(post: Posterior, table: pd.DataFrame, space) -> list[str]:
         )
     bad_rhat = int((table["r_hat"] > RHAT_MAX).sum())
     if bad_rhat:
-        msg = (f"{bad_rhat} of {len(table)} parameters have R-hat > {RHAT_MAX} (max {table['r_hat'].max():.3g}): "
-               "the chains disagree. Try longer runs or more warm-up.")
+        msg = (
+            f"{bad_rhat} of {len(table)} parameters have R-hat > {RHAT_MAX} (max {table['r_hat'].max():.3g}): "
+            "the chains disagree. Try longer runs or more warm-up."
+        )
         if space is Space.WEIGHTS and (isinstance(post.model, BNN) or getattr(post.model, "is_bnn", False)):
-            msg += (" Weight-space R-hat is misleading for BNNs: hidden units can be permuted and sign-flipped "
-                    "without changing the function, so chains in different modes disagree on weights but not "
-                    "on predictions. Check summary(space='function').")
+            msg += (
+                " Weight-space R-hat is misleading for BNNs: hidden units can be permuted and sign-flipped "
+                "without changing the function, so chains in different modes disagree on weights but not "
+                "on predictions. Check summary(space='function')."
+            )
         messages.append(msg)
     threshold = ESS_PER_CHAIN * post.num_chains
     low = (table["ess_bulk"] < threshold) | (table["ess_tail"] < threshold)

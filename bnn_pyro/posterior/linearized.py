@@ -22,13 +22,14 @@ __all__ = ["CENTER", "linearized_outputs"]
 CENTER = "linearized_at/"  # history keys of the expansion point, one per covered weight site
 
 
-def linearized_outputs(post, x: torch.Tensor, idx: torch.Tensor, params: dict[str, torch.Tensor],
-                       draws_per_chunk: int, rows: int) -> torch.Tensor | None:
+def linearized_outputs(
+    post, x: torch.Tensor, idx: torch.Tensor, params: dict[str, torch.Tensor], draws_per_chunk: int, rows: int
+) -> torch.Tensor | None:
     """Outputs ``(len(idx), N, out)`` of the linearized net for pooled draws ``idx``; ``params`` holds every
     parameter of those draws (``(len(idx), *shape)``), as for :meth:`BNN.forward_draws`. ``None`` when no
     expansion point is stored (a net linear in its covered weights: the plain forward pass is exact)."""
     model = post.model
-    names = [k[len(CENTER):] for k in post.history if k.startswith(CENTER)]
+    names = [k[len(CENTER) :] for k in post.history if k.startswith(CENTER)]
     if not names:
         return None
     chain = torch.div(idx, post.num_draws, rounding_mode="floor")

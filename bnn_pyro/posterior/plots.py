@@ -21,7 +21,8 @@ from __future__ import annotations
 import contextlib
 import re
 import warnings
-from typing import TYPE_CHECKING, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import arviz as az
 import matplotlib.pyplot as plt
@@ -32,14 +33,23 @@ from matplotlib.figure import Figure
 
 from bnn_pyro import metrics
 from bnn_pyro.posterior import diagnostics
-from bnn_pyro.utils.checks import check_data, positive_int
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, quantiles
+from bnn_pyro.utils.checks import check_data, positive_int
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
 
-__all__ = ["arviz_plotting", "plot_trace", "plot_rank", "plot_energy", "plot_pair", "plot_predictive", "plot_reliability",
-           "plot_calibration", "plot_rejection"]
+__all__ = [
+    "arviz_plotting",
+    "plot_trace",
+    "plot_rank",
+    "plot_energy",
+    "plot_pair",
+    "plot_predictive",
+    "plot_reliability",
+    "plot_calibration",
+    "plot_rejection",
+]
 
 _SCALAR = re.compile(r"^(?P<name>.+?)(\[(?P<index>[\d,\s]*)\])?$")
 
@@ -84,8 +94,10 @@ def scalars(post: Posterior, params: Sequence[str] | None = None, *, limit: int 
         match = _SCALAR.match(str(spec))
         name = match["name"] if match else str(spec)
         if match is None or name not in post.samples:
-            raise ValueError(f"params: unknown site {name!r} in {spec!r}; this posterior has {list(post.samples)} "
-                             "(write single entries as '0.weight[3, 0]').")
+            raise ValueError(
+                f"params: unknown site {name!r} in {spec!r}; this posterior has {list(post.samples)} "
+                "(write single entries as '0.weight[3, 0]')."
+            )
         value = post.samples[name]
         if match["index"] is None:
             for index in np.ndindex(*value.shape[2:]):
@@ -128,8 +140,10 @@ def plot_pair(post: Posterior, params: Sequence[str] | None = None, *, limit: in
     """ArviZ pair plot (joint scatter of draws) of chosen scalars, e.g. ``["0.weight[0, 0]", "sigma"]``."""
     data = scalars(post, params, limit=positive_int("limit", limit))
     if len(data) < 2:
-        raise ValueError(f"params: a pair plot needs at least 2 scalars, got {list(data)}; name two, "
-                         "e.g. ['0.weight[0, 0]', '0.bias[0]'].")
+        raise ValueError(
+            f"params: a pair plot needs at least 2 scalars, got {list(data)}; name two, "
+            "e.g. ['0.weight[0, 0]', '0.bias[0]']."
+        )
     kwargs.setdefault("divergences", "diverging" in diagnostics.sample_stats(post))
     with arviz_plotting():
         axes = az.plot_pair(_samples_only(post, data), **kwargs)
@@ -149,8 +163,9 @@ def plot_energy(post: Posterior, **kwargs) -> Figure:
     return _figure(axes)
 
 
-def plot_predictive(post: Posterior, x=None, *, interval: float = 0.95, num_samples: int | None = None,
-                    seed: int = 0, ax=None) -> Figure:
+def plot_predictive(
+    post: Posterior, x=None, *, interval: float = 0.95, num_samples: int | None = None, seed: int = 0, ax=None
+) -> Figure:
     """Predictive band of a 1-D regression: training data, mean, epistemic and total intervals.
 
     ``x`` defaults to 200 points spanning the training inputs plus 10% each side. The epistemic band
@@ -170,8 +185,10 @@ def plot_predictive(post: Posterior, x=None, *, interval: float = 0.95, num_samp
     if x.dim() == 1:
         x = x.unsqueeze(-1)
     if x.shape[1:] != (1,):
-        raise ValueError(f"x: a predictive band needs 1-D inputs shaped (M, 1), got {tuple(x.shape)}. "
-                         "For more inputs, plot post.predict(x) against one feature yourself.")
+        raise ValueError(
+            f"x: a predictive band needs 1-D inputs shaped (M, 1), got {tuple(x.shape)}. "
+            "For more inputs, plot post.predict(x) against one feature yourself."
+        )
     pred = post.predict(x, num_samples=num_samples, interval=interval, seed=seed)
     if not isinstance(pred, RegressionPrediction) or pred.mean.dim() != 1:
         raise ValueError("plot_predictive is for regression with one output; use plot_reliability for classification.")
@@ -183,9 +200,15 @@ def plot_predictive(post: Posterior, x=None, *, interval: float = 0.95, num_samp
     for rows, means in pred.blocks("mean_draws"):  # block by block: never every draw at every point at once
         q[:, rows] = quantiles(means, levels)
     q = q[:, order]
-    fig, ax = (plt.subplots(figsize=(7, 4)) if ax is None else (ax.figure, ax))
-    ax.fill_between(grid, pred.lower[order].numpy(), pred.upper[order].numpy(), color="C0", alpha=0.2,
-                    label=f"total {interval:.0%} (with noise)")
+    fig, ax = plt.subplots(figsize=(7, 4)) if ax is None else (ax.figure, ax)
+    ax.fill_between(
+        grid,
+        pred.lower[order].numpy(),
+        pred.upper[order].numpy(),
+        color="C0",
+        alpha=0.2,
+        label=f"total {interval:.0%} (with noise)",
+    )
     ax.fill_between(grid, q[0].numpy(), q[1].numpy(), color="C0", alpha=0.45, label=f"epistemic {interval:.0%}")
     ax.plot(grid, pred.mean[order].numpy(), color="C0", lw=2, label="predictive mean")
     if train_x is not None and post.y is not None and train_x.shape[1:] in ((1,), ()):
@@ -195,8 +218,9 @@ def plot_predictive(post: Posterior, x=None, *, interval: float = 0.95, num_samp
     return fig
 
 
-def plot_reliability(post: Posterior, x=None, y=None, *, num_bins: int = 10, num_samples: int | None = None,
-                     seed: int = 0) -> Figure:
+def plot_reliability(
+    post: Posterior, x=None, y=None, *, num_bins: int = 10, num_samples: int | None = None, seed: int = 0
+) -> Figure:
     """Reliability diagram: accuracy against confidence per bin, and the histogram of confidences.
 
     Uses the training data unless ``x`` and ``y`` (integer labels) are given; the title reports the
@@ -228,8 +252,16 @@ def _reliability_axes(top, bottom, pred, y, num_bins: int, title: str) -> None:
     centers, width = (edges[:-1] + edges[1:]) / 2, 1.0 / num_bins
     filled = counts > 0
     top.bar(centers[filled], accuracy[filled], width=width, edgecolor="k", color="C0", label="accuracy")
-    top.bar(centers[filled], (mean_conf - accuracy)[filled], bottom=accuracy[filled], width=width, color="C3",
-            alpha=0.3, edgecolor="C3", label="gap to confidence")
+    top.bar(
+        centers[filled],
+        (mean_conf - accuracy)[filled],
+        bottom=accuracy[filled],
+        width=width,
+        color="C3",
+        alpha=0.3,
+        edgecolor="C3",
+        label="gap to confidence",
+    )
     top.plot([0, 1], [0, 1], "k--", label="perfect calibration")
     top.set(ylabel="accuracy", ylim=(0, 1), title=f"{title}, ECE = {ece:.3f}")
     top.legend(loc="upper left", fontsize="small")
@@ -247,11 +279,12 @@ def plot_calibration(before, after, y, *, num_bins: int = 10) -> Figure:
     return fig
 
 
-def plot_rejection(pred, y, scores: Sequence[str] = ("entropy", "mutual_information", "max_prob"), *,
-                   ax=None) -> Figure:
+def plot_rejection(
+    pred, y, scores: Sequence[str] = ("entropy", "mutual_information", "max_prob"), *, ax=None
+) -> Figure:
     """Accuracy against the fraction of inputs rejected (the most uncertain first), one line per
     uncertainty score of :mod:`bnn_pyro.tasks.selective`; the legend gives each curve's area."""
-    fig, ax = (plt.subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax))
+    fig, ax = plt.subplots(figsize=(6, 4)) if ax is None else (ax.figure, ax)
     for score in scores:
         fraction, accuracy = metrics.rejection_curve(pred, y, score=score)
         ax.plot(fraction.numpy(), accuracy.numpy(), label=f"{score} (area {float(accuracy.mean()):.3f})")

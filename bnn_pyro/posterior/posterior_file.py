@@ -21,7 +21,18 @@ from bnn_pyro.posterior.tensor_files import digest, write_atomic
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
 
-__all__ = ["save", "fingerprint", "describe", "PosteriorFileError", "ModelMismatchError", "ModelNotBoundError", "UnboundModel", "FORMAT", "FORMAT_VERSION", "GROUPS"]
+__all__ = [
+    "save",
+    "fingerprint",
+    "describe",
+    "PosteriorFileError",
+    "ModelMismatchError",
+    "ModelNotBoundError",
+    "UnboundModel",
+    "FORMAT",
+    "FORMAT_VERSION",
+    "GROUPS",
+]
 
 FORMAT = "bnn_pyro.posterior"
 FORMAT_VERSION = 2  # 2: the checksum covers the metadata too, and the model's fingerprint its prior (1 still loads)
@@ -75,12 +86,17 @@ def fingerprint(model) -> dict[str, Any]:
     if isinstance(model, UnboundModel):
         return model.fingerprint
     if isinstance(model, BNN):
-        return {"kind": "BNN", "sample_names": list(model.sample_names), "hyper_names": list(model.hyper_names),
-                "point_names": list(model.point_names),
-                "param_shapes": {n: list(s) for n, s in model.param_shapes.items()},
-                "noise_sites": sorted(model.likelihood.sites()), "likelihood": repr(model.likelihood),
-                "net": repr(model._template),
-                "prior": {name: describe(d) for name, d in model.prior_distributions().items()}}
+        return {
+            "kind": "BNN",
+            "sample_names": list(model.sample_names),
+            "hyper_names": list(model.hyper_names),
+            "point_names": list(model.point_names),
+            "param_shapes": {n: list(s) for n, s in model.param_shapes.items()},
+            "noise_sites": sorted(model.likelihood.sites()),
+            "likelihood": repr(model.likelihood),
+            "net": repr(model._template),
+            "prior": {name: describe(d) for name, d in model.prior_distributions().items()},
+        }
     return {"kind": "function", "name": f"{getattr(model, '__module__', '?')}.{getattr(model, '__qualname__', '?')}"}
 
 
@@ -104,9 +120,11 @@ def describe(d) -> str:
         elif isinstance(value, (list, tuple)) and value and isinstance(value[0], torch.distributions.Transform):
             parts += [describe(t) for t in value]
     if not isinstance(d, torch.distributions.Distribution):  # a transform: its own tensors (an affine's loc, scale)
-        parts += [f"{k}={_values(torch.as_tensor(v))}" for k, v in sorted(vars(d).items())
-                  if not k.startswith("_") and (torch.is_tensor(v) or isinstance(v, (int, float)))
-                  and not isinstance(v, bool)]
+        parts += [
+            f"{k}={_values(torch.as_tensor(v))}"
+            for k, v in sorted(vars(d).items())
+            if not k.startswith("_") and (torch.is_tensor(v) or isinstance(v, (int, float))) and not isinstance(v, bool)
+        ]
         return f"{type(d).__name__}({', '.join(parts)})"
     shapes = f"; batch {tuple(d.batch_shape)}" + (f", event {tuple(d.event_shape)}" if d.event_shape else "")
     return f"{type(d).__name__}({', '.join(parts)}{shapes})"
@@ -127,8 +145,13 @@ def save(post: Posterior, path: str | os.PathLike) -> Path:
         raise FileNotFoundError(f"path: the folder {str(path.parent)!r} does not exist; create it first.")
     tensors, seen = {}, set()
     groups = {g: dict(getattr(post, g)) for g in GROUPS[:-1]}
-    groups["buffers"] = (post.model.buffers_dict() if isinstance(post.model, BNN)
-                          else post.model.buffers if isinstance(post.model, UnboundModel) else {})
+    groups["buffers"] = (
+        post.model.buffers_dict()
+        if isinstance(post.model, BNN)
+        else post.model.buffers
+        if isinstance(post.model, UnboundModel)
+        else {}
+    )
     data = {k: v for k, v in (("x", post.x), ("y", post.y)) if v is not None}
     if isinstance(post.x, Inputs):  # several inputs: "x/0", "x/1" (a tuple) or "x/tokens" (a dict)
         del data["x"]
@@ -142,11 +165,23 @@ def save(post: Posterior, path: str | os.PathLike) -> Path:
     try:
         config = json.loads(json.dumps(post.config))
     except (TypeError, ValueError) as err:
-        raise TypeError(f"post.config must be JSON-friendly to be saved ({err}); store values as str, "
-                        "int, float, bool, None, lists or dicts.") from None
-    meta = {"format": FORMAT, "format_version": FORMAT_VERSION, "method": post.method, "config": config,
-            "groups": {g: list(d) for g, d in groups.items()}, "data": list(data),
-            "x_form": "tuple" if isinstance(post.x, Inputs) and post.x.args else "dict" if isinstance(post.x, Inputs) else "tensor",
-            "model": fingerprint(post.model)}
+        raise TypeError(
+            f"post.config must be JSON-friendly to be saved ({err}); store values as str, "
+            "int, float, bool, None, lists or dicts."
+        ) from None
+    meta = {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "method": post.method,
+        "config": config,
+        "groups": {g: list(d) for g, d in groups.items()},
+        "data": list(data),
+        "x_form": "tuple"
+        if isinstance(post.x, Inputs) and post.x.args
+        else "dict"
+        if isinstance(post.x, Inputs)
+        else "tensor",
+        "model": fingerprint(post.model),
+    }
     meta["sha256"] = digest(tensors, meta)  # the checksum covers the metadata too (format version 2)
     return write_atomic(path, tensors, {"bnn_pyro": json.dumps(meta)})

@@ -40,17 +40,18 @@ Example
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
 from pyro import poutine
 from torch.distributions import Distribution, biject_to
 
-from bnn_pyro.utils.checks import check_data, seed as check_seed
 from bnn_pyro.model import BNN
 from bnn_pyro.utils import user_warnings
+from bnn_pyro.utils.checks import check_data
+from bnn_pyro.utils.checks import seed as check_seed
 
 __all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX"]
 
@@ -58,10 +59,10 @@ K_HAT_MAX = 0.7  # Yao et al. (2018): above it the importance ratios' variance i
 
 _NO_DENSITY = {
     "ensemble": "an ensemble is a set of trained networks, i.e. a mixture of point masses with no density, so "
-                "the ratio p(w, y) / q(w) is undefined",
+    "the ratio p(w, y) / q(w) is undefined",
     "swa": "SWA is one averaged point per chain (a point mass with no density)",
     "mc_dropout": "MC dropout's draws are a network under random masks: a discrete mixture of point masses in "
-                  "weight space, with no density",
+    "weight space, with no density",
 }
 
 
@@ -105,9 +106,11 @@ class PSISResult:
         **kwargs)`` (systematic resampling of the draws by their weights, :func:`resample`). Refuses when
         ``k_hat > 0.7`` (the reweighted estimate is then unreliable) unless ``force=True``."""
         if not self.reliable and not force:
-            raise ValueError(f"psis: k_hat = {self.k_hat:.2f} > {K_HAT_MAX}, so importance-reweighted predictions are "
-                             "unreliable. Improve the approximation (see the warning psis gave), or pass force=True "
-                             "to get them anyway.")
+            raise ValueError(
+                f"psis: k_hat = {self.k_hat:.2f} > {K_HAT_MAX}, so importance-reweighted predictions are "
+                "unreliable. Improve the approximation (see the warning psis gave), or pass force=True "
+                "to get them anyway."
+            )
         return self.posterior.predict(x, weights=self.weights, **kwargs)
 
 
@@ -134,8 +137,10 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
     log_q = post.sample_stats["log_q"].reshape(-1)[idx].double().cpu()
     log_r = (log_p - log_q).numpy()
     if not np.isfinite(log_r).all():
-        raise FloatingPointError(f"psis: {int((~np.isfinite(log_r)).sum())} of {len(log_r)} log importance ratios are "
-                                 "not finite (a draw where the model's density or q's is zero or overflows).")
+        raise FloatingPointError(
+            f"psis: {int((~np.isfinite(log_r)).sum())} of {len(log_r)} log importance ratios are "
+            "not finite (a draw where the model's density or q's is zero or overflows)."
+        )
     import arviz as az
 
     chain = (idx // post.num_draws).numpy()
@@ -148,9 +153,14 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
         log_w[idx.numpy()[sel]] = smoothed - np.log(len(chains))
         k_hat[c] = float(k)
     weights = np.exp(log_w)
-    result = PSISResult(k_hat=float(np.nanmax(k_hat)), k_hat_per_chain=k_hat, ess=float(1.0 / (weights**2).sum()),
-                        log_weights=torch.from_numpy(log_w).reshape(post.num_chains, post.num_draws),
-                        num_draws=len(idx), posterior=post)
+    result = PSISResult(
+        k_hat=float(np.nanmax(k_hat)),
+        k_hat_per_chain=k_hat,
+        ess=float(1.0 / (weights**2).sum()),
+        log_weights=torch.from_numpy(log_w).reshape(post.num_chains, post.num_draws),
+        num_draws=len(idx),
+        posterior=post,
+    )
     if warn and not result.reliable:
         from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
@@ -159,7 +169,9 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
             f"weights {result.ess:.0f} of {len(idx)}): q misses posterior mass (usually it is too narrow), so its "
             "means, intervals and predictions, and importance-reweighted ones, are unreliable (Yao et al. 2018). "
             "Try a richer approximation (svi guide='full_rank' or 'low_rank'; laplace structure='full'), a longer "
-            "fit, or an MCMC method (method='nuts').", DiagnosticWarning)
+            "fit, or an MCMC method (method='nuts').",
+            DiagnosticWarning,
+        )
     return result
 
 
@@ -169,10 +181,14 @@ def resample(weights: torch.Tensor, num_samples: int, *, seed: int | None = None
     times; a weighted average is reproduced to within ``1 / num_samples`` of its range."""
     w = torch.as_tensor(weights, dtype=torch.float64).reshape(-1)
     if not bool((w >= 0).all()) or not float(w.sum()) > 0:
-        raise ValueError("weights: expected non-negative numbers with a positive sum, one per stored draw "
-                         "(chains * draws), e.g. PSISResult.weights.")
+        raise ValueError(
+            "weights: expected non-negative numbers with a positive sum, one per stored draw "
+            "(chains * draws), e.g. PSISResult.weights."
+        )
     g = torch.Generator().manual_seed(0 if seed is None else check_seed("seed", seed))
-    u = (torch.arange(num_samples, dtype=torch.float64) + torch.rand((), generator=g, dtype=torch.float64)) / num_samples
+    u = (
+        torch.arange(num_samples, dtype=torch.float64) + torch.rand((), generator=g, dtype=torch.float64)
+    ) / num_samples
     cdf = (w / w.sum()).cumsum(0)
     return torch.searchsorted(cdf, u.clamp_max(float(cdf[-1]) - 1e-15)).clamp_max(len(w) - 1)
 
@@ -193,29 +209,44 @@ def _require_density(post) -> None:
         return
     method = post.method
     if isinstance(method, str) and is_markov_chain(method):
-        raise ValueError(f"psis: method {method!r} draws from a Markov chain, not from an approximation q with a "
-                         "density, so there is no importance ratio p / q to check; use post.summary() (R-hat, ESS) "
-                         "for its convergence instead.")
+        raise ValueError(
+            f"psis: method {method!r} draws from a Markov chain, not from an approximation q with a "
+            "density, so there is no importance ratio p / q to check; use post.summary() (R-hat, ESS) "
+            "for its convergence instead."
+        )
     why = _NO_DENSITY.get(method)
     if why is None and method == "svi":
-        why = (f"the svi guide {post.config.get('guide')!r} records no density (guide='map' is a point mass; a "
-               "hand-written guide's sites cannot be told from auxiliary variables)")
+        why = (
+            f"the svi guide {post.config.get('guide')!r} records no density (guide='map' is a point mass; a "
+            "hand-written guide's sites cannot be told from auxiliary variables)"
+        )
     why = why or f"method {method!r} records no density of its approximation (post.sample_stats['log_q'])"
-    raise ValueError(f"psis: {why}. It needs draws from a q with a density: svi with guide='mean_field', "
-                     "'low_rank' or 'full_rank', laplace, or swag.")
+    raise ValueError(
+        f"psis: {why}. It needs draws from a q with a density: svi with guide='mean_field', "
+        "'low_rank' or 'full_rank', laplace, or swag."
+    )
 
 
 def _target_data(post, x, y):
     if (x is None) != (y is None):
-        raise ValueError("psis: give both x= and y= (the data of the target posterior), or neither (the training data).")
+        raise ValueError(
+            "psis: give both x= and y= (the data of the target posterior), or neither (the training data)."
+        )
     if x is None:
         if post.x is None or post.y is None:
-            raise ValueError("psis: this posterior holds no training data (the fit streamed batches from a loader); "
-                             "pass x= and y= (e.g. the training set, or a subset of it that fits in memory).")
+            raise ValueError(
+                "psis: this posterior holds no training data (the fit streamed batches from a loader); "
+                "pass x= and y= (e.g. the training set, or a subset of it that fits in memory)."
+            )
         return post.x, post.y
     is_bnn = isinstance(post.model, BNN)
-    return check_data(x, y, device=post.model.device if is_bnn else None,
-                      float_dtype=post.model.dtype if is_bnn else None, keep_integer=is_bnn and post.model.integer_inputs)
+    return check_data(
+        x,
+        y,
+        device=post.model.device if is_bnn else None,
+        float_dtype=post.model.dtype if is_bnn else None,
+        keep_integer=is_bnn and post.model.integer_inputs,
+    )
 
 
 def _log_joint(post, x, y, idx: torch.Tensor) -> torch.Tensor:
@@ -228,8 +259,13 @@ def _log_joint(post, x, y, idx: torch.Tensor) -> torch.Tensor:
         out = []
         for i in idx.tolist():
             trace = post.trace_draw(i, x, y)  # conditioned: latent sites are marked observed too
-            out.append(sum(_site_log_prob(site, site["name"] in post.samples) for site in trace.nodes.values()
-                           if site["type"] == "sample"))
+            out.append(
+                sum(
+                    _site_log_prob(site, site["name"] in post.samples)
+                    for site in trace.nodes.values()
+                    if site["type"] == "sample"
+                )
+            )
         return torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in out]).cpu()
 
 

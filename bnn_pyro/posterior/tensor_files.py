@@ -45,9 +45,13 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
-        raise OSError(err.errno, f"could not write {str(path)!r} ({err.strerror or err}); the previous file there, "
-                                 "if any, is unchanged. Free disk space or fix the folder's permissions and save "
-                                 "again", str(path)) from err
+        raise OSError(
+            err.errno,
+            f"could not write {str(path)!r} ({err.strerror or err}); the previous file there, "
+            "if any, is unchanged. Free disk space or fix the folder's permissions and save "
+            "again",
+            str(path),
+        ) from err
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -60,13 +64,22 @@ def write_atomic(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
 def _write_all(fd: int, payload) -> None:
     view = memoryview(payload).cast("B")
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 # the safetensors names of the dtypes a posterior or checkpoint holds (the format's spec, safetensors' README)
-_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-           torch.bool: "BOOL"}
+_DTYPES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
 
 
 def _layout(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple[bytes, list]:
@@ -77,8 +90,10 @@ def _layout(tensors: dict[str, torch.Tensor], metadata: dict[str, str]) -> tuple
     for name in sorted(tensors):
         t = tensors[name].detach().cpu().resolve_conj().resolve_neg().contiguous()
         if t.dtype not in _DTYPES:
-            raise TypeError(f"cannot store {name!r} of dtype {t.dtype} in a bnn_pyro file; store it as one of "
-                            f"{sorted(str(d) for d in _DTYPES)}.")
+            raise TypeError(
+                f"cannot store {name!r} of dtype {t.dtype} in a bnn_pyro file; store it as one of "
+                f"{sorted(str(d) for d in _DTYPES)}."
+            )
         size = t.numel() * t.element_size()
         entries[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
         if size:
@@ -102,8 +117,10 @@ def _new_temporary(path: Path) -> tuple[int, Path]:
         if try_lock(fd) and same_file(fd, tmp):  # not taken for a stale one by a cleaner in the instant between
             return fd, tmp
         os.close(fd)
-    raise FileExistsError(f"path: could not create a temporary file in {str(path.parent)!r} (100 names taken); "
-                          "remove stale .*.tmp files there and try again.")
+    raise FileExistsError(
+        f"path: could not create a temporary file in {str(path.parent)!r} (100 names taken); "
+        "remove stale .*.tmp files there and try again."
+    )
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from bnn_pyro.utils.checks import positive_int
 from bnn_pyro.predictions import ClassificationPrediction, entropy, mutual_information
+from bnn_pyro.utils.checks import positive_int
 
 __all__ = ["STRATEGIES", "scores", "select", "acquire", "joint_mutual_information"]
 
@@ -39,8 +39,10 @@ _CHUNK = 2**22  # entries of the (configurations, candidates, K) joint table com
 
 def _checked(pred) -> ClassificationPrediction:
     if not isinstance(pred, ClassificationPrediction):
-        raise TypeError(f"pred: expected a ClassificationPrediction (post.predict(x) of a classifier), got "
-                        f"{type(pred).__name__}; pass post.predict(pool_x) of a classifier.")
+        raise TypeError(
+            f"pred: expected a ClassificationPrediction (post.predict(x) of a classifier), got "
+            f"{type(pred).__name__}; pass post.predict(pool_x) of a classifier."
+        )
     return pred
 
 
@@ -69,9 +71,11 @@ def scores(pred: ClassificationPrediction, strategy: str = "bald", *, seed: int 
     if strategy == "entropy":
         return _per_row(pred, lambda p: entropy(p.mean(0)))
     if strategy == "variation_ratios":
+
         def ratios(p):
             votes = torch.nn.functional.one_hot(p.argmax(-1), p.shape[-1]).sum(0)  # (r, K)
             return 1.0 - votes.max(-1).values.double() / p.shape[0]
+
         return _per_row(pred, ratios)
     g = torch.Generator().manual_seed(0 if seed is None else seed)
     return torch.rand(pred.probs.shape[0], generator=g, dtype=torch.float64)
@@ -101,8 +105,14 @@ def joint_mutual_information(pred: ClassificationPrediction, indices) -> float:
     return float(entropy(joint.mean(0)) - entropy(p).mean(0).sum())
 
 
-def select(pred: ClassificationPrediction, k: int, strategy: str = "bald", *, seed: int | None = 0,
-           max_configurations: int = 100_000) -> torch.Tensor:
+def select(
+    pred: ClassificationPrediction,
+    k: int,
+    strategy: str = "bald",
+    *,
+    seed: int | None = 0,
+    max_configurations: int = 100_000,
+) -> torch.Tensor:
     """Indices (``LongTensor (k,)``) of the ``k`` inputs to label next: the top-``k`` scores, or for
     ``"batchbald"`` the greedy joint choice (see the module's docstring)."""
     k = positive_int("k", k)
@@ -115,10 +125,12 @@ def select(pred: ClassificationPrediction, k: int, strategy: str = "bald", *, se
         return scores(pred, strategy, seed=seed).topk(k).indices
     positive_int("max_configurations", max_configurations)
     if c ** (k - 1) > max_configurations:
-        raise ValueError(f"k: exact BatchBALD with {c} classes tracks {c}^(k-1) = "
-                         f"{c ** (k - 1)} label configurations, more than max_configurations="
-                         f"{max_configurations}; use a smaller k (acquire in several rounds), raise "
-                         "max_configurations, or strategy='bald'.")
+        raise ValueError(
+            f"k: exact BatchBALD with {c} classes tracks {c}^(k-1) = "
+            f"{c ** (k - 1)} label configurations, more than max_configurations="
+            f"{max_configurations}; use a smaller k (acquire in several rounds), raise "
+            "max_configurations, or strategy='bald'."
+        )
     return _batchbald(pred, k)
 
 
@@ -155,8 +167,16 @@ def _batchbald(pred: ClassificationPrediction, k: int) -> torch.Tensor:
     return torch.tensor(chosen, dtype=torch.long)
 
 
-def acquire(post, pool_x, k: int, *, strategy: str = "bald", num_samples: int | None = 100, seed: int | None = 0,
-            max_configurations: int = 100_000) -> torch.Tensor:
+def acquire(
+    post,
+    pool_x,
+    k: int,
+    *,
+    strategy: str = "bald",
+    num_samples: int | None = 100,
+    seed: int | None = 0,
+    max_configurations: int = 100_000,
+) -> torch.Tensor:
     """Indices into ``pool_x`` of the ``k`` inputs to label next, by ``strategy`` (see :data:`STRATEGIES`).
 
     Predicts at ``pool_x`` with ``num_samples`` posterior draws (``None``: all of them) picked with
@@ -165,6 +185,8 @@ def acquire(post, pool_x, k: int, *, strategy: str = "bald", num_samples: int | 
     _strategy(strategy)
     pred = post.predict(pool_x, num_samples=num_samples, seed=seed)
     if not isinstance(pred, ClassificationPrediction):
-        raise TypeError("post: acquisition needs a classifier (a Categorical or Bernoulli likelihood); "
-                        f"this posterior predicts {type(pred).__name__}; use a classifier's posterior.")
+        raise TypeError(
+            "post: acquisition needs a classifier (a Categorical or Bernoulli likelihood); "
+            f"this posterior predicts {type(pred).__name__}; use a classifier's posterior."
+        )
     return select(pred, k, strategy, seed=seed, max_configurations=max_configurations)

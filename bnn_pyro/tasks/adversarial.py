@@ -22,10 +22,10 @@ import math
 
 import torch
 
-from bnn_pyro.utils.checks import check_data, positive
-from bnn_pyro.utils.targets import match_target, traced_obs
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import check_data, positive
+from bnn_pyro.utils.targets import match_target, traced_obs
 
 __all__ = ["predictive_nll", "fgsm"]
 
@@ -43,21 +43,32 @@ def predictive_nll(post, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) ->
     return -(torch.logsumexp(log_p, 0) - math.log(log_p.shape[0]))
 
 
-def fgsm(post, x, y, eps: float, *, num_samples: int | None = 100, seed: int | None = 0,
-         bounds: tuple[float, float] | None = None) -> torch.Tensor:
+def fgsm(
+    post,
+    x,
+    y,
+    eps: float,
+    *,
+    num_samples: int | None = 100,
+    seed: int | None = 0,
+    bounds: tuple[float, float] | None = None,
+) -> torch.Tensor:
     """``x + eps * sign(grad_x L)`` for the predictive NLL ``L`` of the targets ``y`` (see the module's
     docstring), with ``num_samples`` posterior draws picked with ``seed`` (``None``: all draws).
     ``bounds=(lo, hi)`` clips the result (e.g. ``(0, 1)`` for pixel intensities). Returns a new
     tensor shaped like ``x``; ``eps=0`` returns a copy of ``x``."""
     if not isinstance(post, Posterior):
-        raise TypeError(f"post: expected a bnn_pyro.Posterior (what bp.fit returns), got {type(post).__name__}; "
-                        "pass the posterior, not its prediction.")
+        raise TypeError(
+            f"post: expected a bnn_pyro.Posterior (what bp.fit returns), got {type(post).__name__}; "
+            "pass the posterior, not its prediction."
+        )
     eps = float(eps)
     if eps != 0.0:
         eps = positive("eps", eps)
     is_bnn = isinstance(post.model, BNN)
-    x, y = check_data(x, y, device=post.model.device if is_bnn else None,
-                      float_dtype=post.model.dtype if is_bnn else None)
+    x, y = check_data(
+        x, y, device=post.model.device if is_bnn else None, float_dtype=post.model.dtype if is_bnn else None
+    )
     if not x.dtype.is_floating_point:
         raise TypeError(f"x: FGSM perturbs real-valued inputs; got dtype {x.dtype}; pass float inputs (x.float()).")
     if bounds is not None and not (len(bounds) == 2 and float(bounds[0]) < float(bounds[1])):

@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import torch
 
+from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, entropy
 from bnn_pyro.utils.checks import probability
 from bnn_pyro.utils.targets import probs_and_labels, regression_target
-from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, entropy
 from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["TemperatureScaling", "VectorScaling", "ScaleRecalibration", "QuantileRecalibration", "pit"]
@@ -58,8 +58,9 @@ def _rows(pred) -> int:
 
 
 def _minimize(params: list[torch.Tensor], loss_fn) -> None:
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=200, tolerance_grad=1e-10, tolerance_change=1e-12,
-                            line_search_fn="strong_wolfe")
+    opt = torch.optim.LBFGS(
+        params, lr=1.0, max_iter=200, tolerance_grad=1e-10, tolerance_change=1e-12, line_search_fn="strong_wolfe"
+    )
 
     def closure():
         opt.zero_grad()
@@ -123,15 +124,19 @@ class VectorScaling:
     def __call__(self, pred):
         z = _log_probs(pred)
         if z.shape[1] != len(self.weight):
-            raise ValueError(f"pred: has {z.shape[1]} classes but this scaling was fitted on {len(self.weight)}; "
-                             "fit it on held-out predictions of the same model.")
+            raise ValueError(
+                f"pred: has {z.shape[1]} classes but this scaling was fitted on {len(self.weight)}; "
+                "fit it on held-out predictions of the same model."
+            )
         return _calibrated(pred, self.weight * z + self.bias)
 
 
 def _regression(pred, y=None):
     if not isinstance(pred, RegressionPrediction):
-        raise TypeError(f"pred: expected a RegressionPrediction (post.predict(x) of a regression model), got "
-                        f"{type(pred).__name__}; for a classifier use TemperatureScaling or VectorScaling.")
+        raise TypeError(
+            f"pred: expected a RegressionPrediction (post.predict(x) of a regression model), got "
+            f"{type(pred).__name__}; for a classifier use TemperatureScaling or VectorScaling."
+        )
     return pred if y is None else (pred, regression_target(y, pred.mean.shape, "pred").to(pred.mean.dtype))
 
 
@@ -145,8 +150,10 @@ class ScaleRecalibration:
     def fit(cls, pred: RegressionPrediction, y) -> ScaleRecalibration:
         pred, y = _regression(pred, y)
         if not (pred.std > 0).all():
-            raise ValueError("pred: its std has zeros; the scale factor needs a positive predictive sd "
-                             "(use a likelihood with observation noise, or QuantileRecalibration).")
+            raise ValueError(
+                "pred: its std has zeros; the scale factor needs a positive predictive sd "
+                "(use a likelihood with observation noise, or QuantileRecalibration)."
+            )
         z = (y.double() - pred.mean.double()) / pred.std.double()
         return cls(float((z**2).mean().sqrt()))
 
@@ -189,8 +196,11 @@ class QuantileRecalibration:
         levels = torch.quantile(self.pit_values, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64))
         if levels[0] <= 0.0 or levels[1] >= 1.0:
             outside = float(((self.pit_values <= 0.0) | (self.pit_values >= 1.0)).double().mean())
-            warn(f"the predictive draws are too narrow for a recalibrated {interval:.0%} interval: "
-                 f"{outside:.1%} of the held-out targets fell outside all draws, and this interval cannot reach beyond "
-                 "them; use ScaleRecalibration, or predict with more draws.", UserWarning)
+            warn(
+                f"the predictive draws are too narrow for a recalibrated {interval:.0%} interval: "
+                f"{outside:.1%} of the held-out targets fell outside all draws, and this interval cannot reach beyond "
+                "them; use ScaleRecalibration, or predict with more draws.",
+                UserWarning,
+            )
         q = pred.quantiles(levels)  # block by block: never all draws x points at once
         return dataclasses.replace(pred, lower=q[0], upper=q[1], interval=interval)

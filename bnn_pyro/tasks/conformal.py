@@ -33,9 +33,9 @@ from dataclasses import dataclass
 
 import torch
 
+from bnn_pyro.predictions import RegressionPrediction
 from bnn_pyro.utils.checks import positive_int, probability
 from bnn_pyro.utils.targets import probs_and_labels, regression_target
-from bnn_pyro.predictions import RegressionPrediction
 
 __all__ = ["REGRESSION_SCORES", "conformal_quantile", "ConformalRegressor", "ConformalClassifier"]
 
@@ -59,9 +59,11 @@ def _regression_scale(pred: RegressionPrediction, score: str) -> torch.Tensor:
         return torch.ones_like(pred.mean)
     scale = pred.std if score == "normalized" else pred.epistemic_std
     if not (scale > 0).all():
-        raise ValueError(f"score: {score!r} divides by the prediction's "
-                         f"{'std' if score == 'normalized' else 'epistemic_std'}, which has zeros; "
-                         "use score='absolute'.")
+        raise ValueError(
+            f"score: {score!r} divides by the prediction's "
+            f"{'std' if score == 'normalized' else 'epistemic_std'}, which has zeros; "
+            "use score='absolute'."
+        )
     return scale
 
 
@@ -77,11 +79,14 @@ class ConformalRegressor:
     def fit(cls, pred: RegressionPrediction, y, *, alpha: float = 0.1, score: str = "normalized") -> ConformalRegressor:
         """Calibrate on held-out rows: ``pred = post.predict(x_cal)`` and their targets ``y``."""
         if not isinstance(pred, RegressionPrediction):
-            raise TypeError(f"pred: expected a RegressionPrediction (post.predict(x_cal) of a regression model), got "
-                            f"{type(pred).__name__}; for a classifier use ConformalClassifier.")
+            raise TypeError(
+                f"pred: expected a RegressionPrediction (post.predict(x_cal) of a regression model), got "
+                f"{type(pred).__name__}; for a classifier use ConformalClassifier."
+            )
         if score not in REGRESSION_SCORES:
-            raise ValueError(f"score: unknown value {score!r}; choose one of "
-                             f"{', '.join(map(repr, REGRESSION_SCORES))}.")
+            raise ValueError(
+                f"score: unknown value {score!r}; choose one of {', '.join(map(repr, REGRESSION_SCORES))}."
+            )
         y = regression_target(y, pred.mean.shape, "pred").to(pred.mean.dtype)
         scores = (y - pred.mean).abs() / _regression_scale(pred, score)
         return cls(conformal_quantile(scores, alpha), float(alpha), score)
@@ -89,8 +94,9 @@ class ConformalRegressor:
     def __call__(self, pred: RegressionPrediction) -> RegressionPrediction:
         """``pred`` with ``lower``/``upper`` the conformal interval and ``interval = 1 - alpha``."""
         if not isinstance(pred, RegressionPrediction):
-            raise TypeError(f"pred: expected a RegressionPrediction, got {type(pred).__name__}; "
-                            "pass post.predict(x_test).")
+            raise TypeError(
+                f"pred: expected a RegressionPrediction, got {type(pred).__name__}; pass post.predict(x_test)."
+            )
         half = self.quantile.to(pred.mean.dtype) * _regression_scale(pred, self.score)
         return dataclasses.replace(pred, lower=pred.mean - half, upper=pred.mean + half, interval=1.0 - self.alpha)
 
@@ -115,8 +121,17 @@ class ConformalClassifier:
     k_reg: int = 0
 
     @classmethod
-    def fit(cls, pred, y, *, alpha: float = 0.1, randomized: bool = True, lam: float = 0.0, k_reg: int = 0,
-            seed: int | None = 0) -> ConformalClassifier:
+    def fit(
+        cls,
+        pred,
+        y,
+        *,
+        alpha: float = 0.1,
+        randomized: bool = True,
+        lam: float = 0.0,
+        k_reg: int = 0,
+        seed: int | None = 0,
+    ) -> ConformalClassifier:
         """Calibrate on held-out rows: ``pred = post.predict(x_cal)`` (or probabilities ``(N, K)``) and labels ``y``."""
         if not (float(lam) >= 0.0 and math.isfinite(float(lam))):
             raise ValueError(f"lam: expected a finite penalty >= 0, got {lam!r}; 0 gives APS, e.g. 0.01 for RAPS.")

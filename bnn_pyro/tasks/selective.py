@@ -27,11 +27,18 @@ from __future__ import annotations
 import torch
 
 from bnn_pyro import metrics
-from bnn_pyro.metrics import UNCERTAINTY_SCORES as SCORES, rejection_curve, uncertainty  # shared with bnn_pyro.posterior.plots
+from bnn_pyro.metrics import (
+    UNCERTAINTY_SCORES as SCORES,
+)  # shared with bnn_pyro.posterior.plots
+from bnn_pyro.metrics import (
+    rejection_curve,
+    uncertainty,
+)
 from bnn_pyro.predictions import ClassificationPrediction
 from bnn_pyro.utils.checks import probability
 
 __all__ = ["SCORES", "uncertainty", "rejection_curve", "rejection_auc", "ood_aupr", "ood_fpr_at_tpr", "ood_detection"]
+
 
 def rejection_auc(pred: ClassificationPrediction, y, *, score: str = "entropy", scores=None) -> float:
     """Area under the :func:`rejection_curve`: ``(1/N) sum_{r=0}^{N-1} accuracy(r / N)``, in ``[0, 1]``."""
@@ -43,8 +50,9 @@ def _counts(scores_in, scores_out, score: str) -> tuple[torch.Tensor, torch.Tens
     a = uncertainty(scores_in, score)
     b = uncertainty(scores_out, score)
     if len(a) == 0 or len(b) == 0:
-        raise ValueError("scores_in, scores_out: both need at least one input; pass the scores of in-distribution "
-                         "and of OOD inputs.")
+        raise ValueError(
+            "scores_in, scores_out: both need at least one input; pass the scores of in-distribution and of OOD inputs."
+        )
     thresholds = torch.cat([a, b]).unique().flip(0)
     a_sorted, b_sorted = a.sort().values, b.sort().values
     true_pos = len(b) - torch.searchsorted(b_sorted, thresholds, right=False)
@@ -75,5 +83,8 @@ def ood_fpr_at_tpr(scores_in, scores_out, *, score: str = "entropy", tpr: float 
 def ood_detection(scores_in, scores_out, *, score: str = "entropy", tpr: float = 0.95) -> dict[str, float]:
     """``{"auroc", "aupr", "fpr95"}`` of detecting OOD inputs by ``score`` (see the module's docstring)."""
     a, b = uncertainty(scores_in, score), uncertainty(scores_out, score)
-    return {"auroc": metrics.ood_auroc(a, b), "aupr": ood_aupr(a, b, score=score),
-            "fpr95": ood_fpr_at_tpr(a, b, score=score, tpr=tpr)}
+    return {
+        "auroc": metrics.ood_auroc(a, b),
+        "aupr": ood_aupr(a, b, score=score),
+        "fpr95": ood_fpr_at_tpr(a, b, score=score, tpr=tpr),
+    }

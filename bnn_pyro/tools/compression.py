@@ -67,7 +67,7 @@ class _Layer:
     total: int
     kept: int
     bits: int
-    step: float          # nan when nothing is kept
+    step: float  # nan when nothing is kept
     max_abs: float
     rounded: torch.Tensor  # the rounded posterior mean (pruned weights 0)
 
@@ -82,22 +82,29 @@ def _weight_names(posterior: Posterior) -> list[str]:
         try:
             names = vd_weight_names(posterior.model)
         except (TypeError, ValueError) as err:
-            raise ValueError(f"posterior: quantization acts on the Bayesian nn.Linear/nn.Conv weights of a bp.BNN; "
-                             f"this svi posterior has none ({err})") from err
+            raise ValueError(
+                f"posterior: quantization acts on the Bayesian nn.Linear/nn.Conv weights of a bp.BNN; "
+                f"this svi posterior has none ({err})"
+            ) from err
     else:
         guide = f" with guide={posterior.config.get('guide')!r}" if posterior.method == "svi" else ""
         raise ValueError(
             f"posterior: quantization needs a posterior that is a Gaussian per weight, from one of "
             f"{', '.join(supported_methods)}; got method={posterior.method!r}{guide}. Refit with "
-            "method='sparse_vd' (which also prunes) or method='svi', guide='mean_field'.")
+            "method='sparse_vd' (which also prunes) or method='svi', guide='mean_field'."
+        )
     missing = [n for n in names if n not in posterior.samples]
     if missing:
-        raise ValueError(f"posterior: the weights {missing} named by its config are not among its samples "
-                         f"{list(posterior.samples)}; was the posterior edited after fitting?")
+        raise ValueError(
+            f"posterior: the weights {missing} named by its config are not among its samples "
+            f"{list(posterior.samples)}; was the posterior edited after fitting?"
+        )
     if posterior.num_draws < 2:
-        raise ValueError(f"posterior: the posterior sd of each weight is estimated from its draws, which needs at "
-                         f"least 2 draws per chain; this posterior has {posterior.num_draws}. Refit with more "
-                         "num_samples (e.g. the engine's default).")
+        raise ValueError(
+            f"posterior: the posterior sd of each weight is estimated from its draws, which needs at "
+            f"least 2 draws per chain; this posterior has {posterior.num_draws}. Refit with more "
+            "num_samples (e.g. the engine's default)."
+        )
     return names
 
 
@@ -110,8 +117,10 @@ def _quantize_layer(draws: torch.Tensor) -> _Layer:
         return _Layer(total, 0, 0, math.nan, 0.0, mean)
     step = draws.double().std(0, correction=1)[kept].min().item()
     if step <= 0.0:
-        raise ValueError("posterior: a retained weight has zero posterior sd in its draws (all draws equal), so "
-                         "its grid step would be 0; quantization needs a posterior with spread per weight.")
+        raise ValueError(
+            "posterior: a retained weight has zero posterior sd in its draws (all draws equal), so "
+            "its grid step would be 0; quantization needs a posterior with spread per weight."
+        )
     k = torch.round(mean.double() / step)
     bits = 1 + math.ceil(math.log2(int(k.abs().max()) + 1))
     return _Layer(total, num_kept, bits, step, mean.abs().max().item(), (k * step).to(mean.dtype))
@@ -133,12 +142,22 @@ def quantization_report(posterior: Posterior) -> pd.DataFrame:
     rows = {}
     for name, chains in _layers(posterior).items():
         kept = sum(c.kept for c in chains) / len(chains)
-        rows[name] = {"total": chains[0].total, "kept": kept, "bits": max(c.bits for c in chains),
-                      "step": min(c.step for c in chains), "max_abs": max(c.max_abs for c in chains)}
+        rows[name] = {
+            "total": chains[0].total,
+            "kept": kept,
+            "bits": max(c.bits for c in chains),
+            "step": min(c.step for c in chains),
+            "max_abs": max(c.max_abs for c in chains),
+        }
     stored = {n: r["bits"] * r["kept"] for n, r in rows.items()}
     total, kept = sum(r["total"] for r in rows.values()), sum(r["kept"] for r in rows.values())
-    rows["all"] = {"total": total, "kept": kept, "bits": sum(stored.values()) / kept if kept else 0.0,
-                   "step": math.nan, "max_abs": max(r["max_abs"] for r in rows.values())}
+    rows["all"] = {
+        "total": total,
+        "kept": kept,
+        "bits": sum(stored.values()) / kept if kept else 0.0,
+        "step": math.nan,
+        "max_abs": max(r["max_abs"] for r in rows.values()),
+    }
     stored["all"] = sum(stored.values())
     table = pd.DataFrame.from_dict(rows, orient="index")
     table["compression"] = [FLOAT_BITS * table.at[n, "total"] / s if s else math.inf for n, s in stored.items()]
@@ -160,7 +179,18 @@ def quantize(posterior: Posterior) -> Posterior:
     samples = {k: v.mean(1, keepdim=True) for k, v in posterior.samples.items()}
     for name, chains in layers.items():
         samples[name] = torch.stack([c.rounded for c in chains]).unsqueeze(1)
-    config = {**posterior.config, "quantized": "louizos2017",
-              "quantized_bits": {n: [c.bits for c in chains] for n, chains in layers.items()}}
-    return Posterior(samples=samples, model=posterior.model, method=posterior.method, config=config,
-                     point=dict(posterior.point), history=dict(posterior.history), x=posterior.x, y=posterior.y)
+    config = {
+        **posterior.config,
+        "quantized": "louizos2017",
+        "quantized_bits": {n: [c.bits for c in chains] for n, chains in layers.items()},
+    }
+    return Posterior(
+        samples=samples,
+        model=posterior.model,
+        method=posterior.method,
+        config=config,
+        point=dict(posterior.point),
+        history=dict(posterior.history),
+        x=posterior.x,
+        y=posterior.y,
+    )

@@ -55,12 +55,12 @@ from enum import Enum
 import torch
 from torch.distributions import biject_to
 
-from bnn_pyro.utils.checks import check_data, choice, positive, positive_int
 from bnn_pyro.infer._common import Data, clean_config
-from bnn_pyro.infer._logjoint import LogJoint, is_identity, build
+from bnn_pyro.infer._logjoint import LogJoint, build, is_identity
 from bnn_pyro.infer.driver import descend
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import check_data, choice, positive, positive_int
 
 __all__ = ["Kind", "Curve", "PathMetrics", "fit_curve", "line", "path_metrics", "plot_path", "coefficients"]
 
@@ -127,7 +127,7 @@ class Curve:
         t = torch.as_tensor(t, dtype=ref.dtype, device=ref.device).reshape(-1)
         return _constrain(_supports(self.model), _combine(self.controls, coefficients(self.kind, t, self.num_bends)))
 
-    def line(self) -> "Curve":
+    def line(self) -> Curve:
         """The straight segment between this curve's ends (for comparison)."""
         ends = {n: c[[0, -1]] for n, c in self.controls.items()}
         return Curve(self.model, Kind.LINE.value, ends, {"kind": Kind.LINE.value, "num_steps": 0}, x=self.x, y=self.y)
@@ -142,9 +142,16 @@ class Curve:
         samples = {n: values[n].unsqueeze(1) for n in self.latent_names}
         point = {n: values[n] for n in self.model.point_names}
         config = dict(self.config, ts=[round(float(t), 6) for t in ts])
-        return Posterior(samples=samples, model=self.model, method="curve", config=config, point=point,
-                         sample_stats={"t": ts.reshape(-1, 1)}, x=self.x if x is None else x,
-                         y=self.y if y is None else y)
+        return Posterior(
+            samples=samples,
+            model=self.model,
+            method="curve",
+            config=config,
+            point=point,
+            sample_stats={"t": ts.reshape(-1, 1)},
+            x=self.x if x is None else x,
+            y=self.y if y is None else y,
+        )
 
 
 @dataclass(frozen=True)
@@ -161,9 +168,23 @@ class PathMetrics:
     rmse: torch.Tensor | None = None
 
 
-def fit_curve(source, x, y, *, ends=(0, 1), kind="bezier", num_bends: int = 1, num_steps: int = 1000,
-              lr: float = 0.05, optimizer="adam", lr_schedule="cosine", batch_size: int | None = None,
-              points_per_step: int = 4, seed: int = 0, progress: bool = True) -> Curve:
+def fit_curve(
+    source,
+    x,
+    y,
+    *,
+    ends=(0, 1),
+    kind="bezier",
+    num_bends: int = 1,
+    num_steps: int = 1000,
+    lr: float = 0.05,
+    optimizer="adam",
+    lr_schedule="cosine",
+    batch_size: int | None = None,
+    points_per_step: int = 4,
+    seed: int = 0,
+    progress: bool = True,
+) -> Curve:
     """Train a curve between two solutions of one ``BNN`` on ``(x, y)`` (see the module docstring).
 
     Parameters
@@ -188,8 +209,10 @@ def fit_curve(source, x, y, *, ends=(0, 1), kind="bezier", num_bends: int = 1, n
     model = _bnn(source)
     kind = choice("kind", kind, Kind)
     if kind is Kind.LINE:
-        raise ValueError("kind: 'line' has no bend to train; use bp.curves.line(source, ends=...) for the straight "
-                         "segment, or kind='bezier' / 'polyline'.")
+        raise ValueError(
+            "kind: 'line' has no bend to train; use bp.curves.line(source, ends=...) for the straight "
+            "segment, or kind='bezier' / 'polyline'."
+        )
     num_bends = positive_int("num_bends", num_bends)
     num_steps, points_per_step = positive_int("num_steps", num_steps), positive_int("points_per_step", points_per_step)
     lr = positive("lr", lr)
@@ -199,8 +222,10 @@ def fit_curve(source, x, y, *, ends=(0, 1), kind="bezier", num_bends: int = 1, n
     supports = _supports(model)
     start, end = _ends(source, model, ends)
     alpha = torch.linspace(0.0, 1.0, num_bends + 2, dtype=model.dtype, device=model.device)[1:-1]
-    bends = {n: (start[n] + alpha.reshape((-1,) + (1,) * start[n].dim()) * (end[n] - start[n])).requires_grad_()
-             for n in start}
+    bends = {
+        n: (start[n] + alpha.reshape((-1,) + (1,) * start[n].dim()) * (end[n] - start[n])).requires_grad_()
+        for n in start
+    }
     draws_t = torch.Generator().manual_seed(seed)  # the values of t (the driver seeds the minibatch order)
 
     def objective(batch, step):
@@ -210,15 +235,36 @@ def fit_curve(source, x, y, *, ends=(0, 1), kind="bezier", num_bends: int = 1, n
         loss = -_log_joint(joint, model, values, *batch).mean() / data.size
         return loss, loss.item()
 
-    losses = descend(objective, list(bends.values()), data, num_steps=num_steps, lr=lr, optimizer=optimizer,
-                     lr_schedule=lr_schedule, seed=seed, method="fit_curve", desc=f"curve ({kind.value})",
-                     progress=progress, hint=", or check that both ends are finite fits of this model")
+    losses = descend(
+        objective,
+        list(bends.values()),
+        data,
+        num_steps=num_steps,
+        lr=lr,
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        seed=seed,
+        method="fit_curve",
+        desc=f"curve ({kind.value})",
+        progress=progress,
+        hint=", or check that both ends are finite fits of this model",
+    )
     controls = {n: torch.cat([start[n][None], bends[n].detach(), end[n][None]]) for n in start}
-    config = clean_config(dict(kind=kind.value, num_bends=num_bends, num_steps=num_steps, lr=lr,
-                               optimizer=getattr(optimizer, "value", optimizer),
-                               lr_schedule=getattr(lr_schedule, "value", lr_schedule), batch_size=batch_size,
-                               points_per_step=points_per_step, seed=seed, dataset_size=data.size,
-                               ends={k: e if isinstance(e, int) else "values" for k, e in zip(("start", "end"), ends)}))
+    config = clean_config(
+        dict(
+            kind=kind.value,
+            num_bends=num_bends,
+            num_steps=num_steps,
+            lr=lr,
+            optimizer=getattr(optimizer, "value", optimizer),
+            lr_schedule=getattr(lr_schedule, "value", lr_schedule),
+            batch_size=batch_size,
+            points_per_step=points_per_step,
+            seed=seed,
+            dataset_size=data.size,
+            ends={k: e if isinstance(e, int) else "values" for k, e in zip(("start", "end"), ends)},
+        )
+    )
     return Curve(model, kind.value, controls, config, {"loss": losses}, x=x, y=y)
 
 
@@ -260,8 +306,13 @@ def path_metrics(curve: Curve, data, ts=21) -> PathMetrics:
             err = (d.mean - y).double() ** 2
             out["score"].append(err.reshape(err.shape[0], -1).mean(-1).sqrt())
     score = torch.cat(out["score"])
-    return PathMetrics(t=ts, loss=torch.cat(out["loss"]), nll=torch.cat(out["nll"]),
-                       accuracy=score if classify else None, rmse=None if classify else score)
+    return PathMetrics(
+        t=ts,
+        loss=torch.cat(out["loss"]),
+        nll=torch.cat(out["nll"]),
+        accuracy=score if classify else None,
+        rmse=None if classify else score,
+    )
 
 
 def plot_path(paths, *, metric: str = "loss", ax=None):
@@ -279,7 +330,9 @@ def plot_path(paths, *, metric: str = "loss", ax=None):
     for label, p in paths.items():
         values = getattr(p, metric)
         if values is None:
-            raise ValueError(f"metric: {label!r} has no {metric!r} (accuracy is for classification, rmse for regression).")
+            raise ValueError(
+                f"metric: {label!r} has no {metric!r} (accuracy is for classification, rmse for regression)."
+            )
         ax.plot(p.t.numpy(), values.numpy(), marker=".", label=label)
     ax.set(xlabel="t (position on the path)", ylabel=metric, title=f"{metric} along the path")
     ax.legend()
@@ -290,24 +343,30 @@ def plot_path(paths, *, metric: str = "loss", ax=None):
 def _bnn(source) -> BNN:
     model = source.model if isinstance(source, Posterior) else source
     if not isinstance(model, BNN):
-        raise TypeError(f"source: expected a bp.Posterior of a BNN or a bp.BNN, got {type(source).__name__}"
-                        f"{' of a ' + type(model).__name__ if isinstance(source, Posterior) else ''}; curves are "
-                        "drawn in the weight space of a BNN, e.g. between two members of bp.fit(model, x, y, method='ensemble').")
+        raise TypeError(
+            f"source: expected a bp.Posterior of a BNN or a bp.BNN, got {type(source).__name__}"
+            f"{' of a ' + type(model).__name__ if isinstance(source, Posterior) else ''}; curves are "
+            "drawn in the weight space of a BNN, e.g. between two members of bp.fit(model, x, y, method='ensemble')."
+        )
     return model
 
 
 def _joint(model: BNN, dataset_size: int) -> LogJoint:
     joint = build(model, dataset_size)
     if joint is None:
-        raise ValueError("source: curves need a BNN whose priors are fixed distributions (no hierarchical prior) and "
-                         "without BatchNorm; use e.g. bp.priors.Normal(0., 1.) and a net without BatchNorm layers.")
+        raise ValueError(
+            "source: curves need a BNN whose priors are fixed distributions (no hierarchical prior) and "
+            "without BatchNorm; use e.g. bp.priors.Normal(0., 1.) and a net without BatchNorm layers."
+        )
     return joint
 
 
 def _ends(source, model: BNN, ends) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """The two ends in unconstrained coordinates (latent sites) and as they are (deterministic parameters)."""
     if not (isinstance(ends, (tuple, list)) and len(ends) == 2):
-        raise ValueError(f"ends: expected a pair (two draw indices or two dicts of site values), got {ends!r}; e.g. ends=(0, 1).")
+        raise ValueError(
+            f"ends: expected a pair (two draw indices or two dicts of site values), got {ends!r}; e.g. ends=(0, 1)."
+        )
     latent = list(_joint(model, 1).priors)
     return tuple(_unconstrain(_supports(model), _end_values(source, model, e, latent, i)) for i, e in enumerate(ends))
 
@@ -315,11 +374,15 @@ def _ends(source, model: BNN, ends) -> tuple[dict[str, torch.Tensor], dict[str, 
 def _end_values(source, model: BNN, end, latent: list[str], which: int) -> dict[str, torch.Tensor]:
     if isinstance(end, int) and not isinstance(end, bool):
         if not isinstance(source, Posterior):
-            raise TypeError(f"ends[{which}]: a draw index needs a Posterior as source; with a BNN pass dicts of site values.")
+            raise TypeError(
+                f"ends[{which}]: a draw index needs a Posterior as source; with a BNN pass dicts of site values."
+            )
         total = source.num_chains * source.num_draws
         if not 0 <= end < total:
-            raise IndexError(f"ends[{which}]: draw index {end} out of range; this posterior holds {total} draws "
-                             f"({source.num_chains} chains x {source.num_draws}), pooled in chain order.")
+            raise IndexError(
+                f"ends[{which}]: draw index {end} out of range; this posterior holds {total} draws "
+                f"({source.num_chains} chains x {source.num_draws}), pooled in chain order."
+            )
         chain, draw = divmod(end, source.num_draws)
         values = {n: source.samples[n][chain, draw] for n in latent}
         values.update({n: source.point[n][chain] for n in model.point_names if n in source.point})
@@ -329,7 +392,9 @@ def _end_values(source, model: BNN, end, latent: list[str], which: int) -> dict[
             raise ValueError(f"ends[{which}]: missing site(s) {missing}; give a value for every latent site {latent}.")
         values = dict(end)
     else:
-        raise TypeError(f"ends[{which}]: expected a draw index (int) or a dict of site values, got {type(end).__name__}.")
+        raise TypeError(
+            f"ends[{which}]: expected a draw index (int) or a dict of site values, got {type(end).__name__}."
+        )
     values = {**model.point_values(), **values}
     out = {}
     for n in latent + model.point_names:

@@ -37,9 +37,9 @@ import math
 import torch
 from torch import nn
 
-from bnn_pyro.utils.checks import check_data, positive, positive_int
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.predictions import ClassificationPrediction
+from bnn_pyro.utils.checks import check_data, positive, positive_int
 
 __all__ = ["distill"]
 
@@ -93,8 +93,9 @@ def distill(
         The trained student, in eval mode.
     """
     if not isinstance(posterior, Posterior):
-        raise TypeError("posterior: expected a bnn_pyro.Posterior (the result of bp.fit), "
-                        f"got {type(posterior).__name__}.")
+        raise TypeError(
+            f"posterior: expected a bnn_pyro.Posterior (the result of bp.fit), got {type(posterior).__name__}."
+        )
     if not isinstance(student_net, nn.Module):
         raise TypeError(f"student_net: expected a torch.nn.Module, got {type(student_net).__name__}.")
     num_steps = positive_int("num_steps", num_steps)
@@ -102,8 +103,10 @@ def distill(
     num_jitter = positive_int("num_jitter", num_jitter, allow_zero=True)
     jitter = float(jitter)
     if not (math.isfinite(jitter) and jitter >= 0.0) or (num_jitter > 0) != (jitter > 0.0):
-        raise ValueError(f"jitter={jitter!r}, num_jitter={num_jitter!r}: give both (a positive noise standard "
-                         "deviation and a number of noisy copies of x, e.g. jitter=0.1, num_jitter=4) or neither.")
+        raise ValueError(
+            f"jitter={jitter!r}, num_jitter={num_jitter!r}: give both (a positive noise standard "
+            "deviation and a number of noisy copies of x, e.g. jitter=0.1, num_jitter=4) or neither."
+        )
     x, _ = check_data(x, None)
     generator = torch.Generator().manual_seed(seed)
     if num_jitter:
@@ -116,8 +119,19 @@ def distill(
 
     target, loss_fn = _task(posterior.predict(x, num_samples=num_samples, seed=seed), _width(student_net, x))
     with torch_threads(num_threads):
-        return _train(copy.deepcopy(student_net), x, target, loss_fn, num_steps, lr, optimizer, lr_schedule,
-                      batch_size, seed, progress)
+        return _train(
+            copy.deepcopy(student_net),
+            x,
+            target,
+            loss_fn,
+            num_steps,
+            lr,
+            optimizer,
+            lr_schedule,
+            batch_size,
+            seed,
+            progress,
+        )
 
 
 def _train(student, x, target, loss_fn, num_steps, lr, optimizer, lr_schedule, batch_size, seed, progress):
@@ -137,8 +151,20 @@ def _train(student, x, target, loss_fn, num_steps, lr, optimizer, lr_schedule, b
         return loss, loss.item()
 
     rows = Data(x=torch.arange(x.shape[0], device=x.device), y=None, batch_size=batch_size)
-    descend(objective, params, rows, num_steps=num_steps, lr=lr, optimizer=optimizer, lr_schedule=lr_schedule,
-            seed=seed, method="distill", desc="distill", progress=progress, hint=" or standardized inputs")
+    descend(
+        objective,
+        params,
+        rows,
+        num_steps=num_steps,
+        lr=lr,
+        optimizer=optimizer,
+        lr_schedule=lr_schedule,
+        seed=seed,
+        method="distill",
+        desc="distill",
+        progress=progress,
+        hint=" or standardized inputs",
+    )
     return student.eval()
 
 
@@ -149,8 +175,10 @@ def _width(student: nn.Module, x: torch.Tensor) -> int:
         try:
             out = student(x[:2])
         except RuntimeError as err:
-            raise ValueError(f"student_net cannot take x of shape {tuple(x.shape)} (the error it raised is chained "
-                             "below); check that its first layer takes x's features.") from err
+            raise ValueError(
+                f"student_net cannot take x of shape {tuple(x.shape)} (the error it raised is chained "
+                "below); check that its first layer takes x's features."
+            ) from err
         finally:
             student.train(was)
     if out.dim() != 2:
@@ -164,16 +192,20 @@ def _task(teacher, width: int):
         k = teacher.probs.shape[-1]
         if width not in (k, 1) or (width == 1 and k != 2):
             ones = " (or 1 logit for the class-1 log-odds)" if k == 2 else ""
-            raise ValueError(f"student_net outputs {width} column(s), but the teacher predicts {k} classes: the "
-                             f"student needs {k} logits{ones}. Change its last layer.")
+            raise ValueError(
+                f"student_net outputs {width} column(s), but the teacher predicts {k} classes: the "
+                f"student needs {k} logits{ones}. Change its last layer."
+            )
         return (teacher.probs,), _classification_kl
     mean = teacher.mean.reshape(teacher.mean.shape[0], -1)
     var = teacher.std.reshape(mean.shape) ** 2
     d = mean.shape[1]
     if width != 2 * d:
-        raise ValueError(f"student_net outputs {width} column(s), but a regression student needs 2 * D = {2 * d} "
-                         f"for the teacher's D = {d} target(s): D means, then D log-variances. Make its last layer "
-                         f"output {2 * d}.")
+        raise ValueError(
+            f"student_net outputs {width} column(s), but a regression student needs 2 * D = {2 * d} "
+            f"for the teacher's D = {d} target(s): D means, then D log-variances. Make its last layer "
+            f"output {2 * d}."
+        )
     return (mean, var), _gaussian_kl
 
 

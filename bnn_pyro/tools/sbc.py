@@ -29,7 +29,8 @@ import pyro
 import torch
 from pyro import poutine
 
-from bnn_pyro.utils.checks import SEED_MAX, check_data, positive_int, seed as check_seed
+from bnn_pyro.utils.checks import SEED_MAX, check_data, positive_int
+from bnn_pyro.utils.checks import seed as check_seed
 
 __all__ = ["SBCResult", "run", "ranks", "chi_square", "plot"]
 
@@ -72,8 +73,9 @@ class SBCResult:
         raise KeyError(f"site: {site!r} is not a latent site here; the sites are {[n for n, _ in self.names]}.")
 
 
-def run(model, x, *, method: str, num_replications: int = 100, num_draws: int = 9, seed: int = 0,
-        **fit_config) -> SBCResult:
+def run(
+    model, x, *, method: str, num_replications: int = 100, num_draws: int = 9, seed: int = 0, **fit_config
+) -> SBCResult:
     """Draw ``theta`` from the prior and ``y`` from the likelihood at ``x``, fit with ``bp.fit(model, x, y,
     method=method, seed=seed + r, progress=False, **fit_config)``, and keep ``num_draws`` evenly thinned
     pooled posterior draws, ``num_replications`` times (replication ``r`` simulates with seed ``seed + r``)."""
@@ -83,9 +85,11 @@ def run(model, x, *, method: str, num_replications: int = 100, num_draws: int = 
     num_draws = positive_int("num_draws", num_draws)
     seed = check_seed("seed", seed)
     if seed + num_replications - 1 > SEED_MAX:  # replication r fits with seed + r
-        raise ValueError(f"seed: replication r uses seed + r, so seed + num_replications - 1 must be at most "
-                         f"2**31 - 1 = {SEED_MAX}; got seed={seed} with num_replications={num_replications}. Pass a "
-                         "smaller seed, e.g. seed=0.")
+        raise ValueError(
+            f"seed: replication r uses seed + r, so seed + num_replications - 1 must be at most "
+            f"2**31 - 1 = {SEED_MAX}; got seed={seed} with num_replications={num_replications}. Pass a "
+            "smaller seed, e.g. seed=0."
+        )
     x, _ = check_data(x, None)
     truths, kept, names = [], [], None
     for r in range(num_replications):
@@ -95,8 +99,10 @@ def run(model, x, *, method: str, num_replications: int = 100, num_draws: int = 
         pooled = post.sample()
         total = post.num_chains * post.num_draws
         if total < num_draws:
-            raise ValueError(f"num_draws: the fit stored {total} draws, fewer than num_draws={num_draws}; ask the "
-                             "engine for more (num_samples=) or lower num_draws.")
+            raise ValueError(
+                f"num_draws: the fit stored {total} draws, fewer than num_draws={num_draws}; ask the "
+                "engine for more (num_samples=) or lower num_draws."
+            )
         idx = torch.linspace(0, total - 1, num_draws).round().long()
         names = names or [(n, v.numel()) for n, v in theta.items()]
         truths.append(torch.cat([theta[n].reshape(-1) for n, _ in names]))
@@ -109,9 +115,14 @@ def simulate(model, x, *, seed: int) -> tuple[dict[str, torch.Tensor], torch.Ten
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         pyro.set_rng_seed(seed)
         trace = poutine.trace(model).get_trace(x, None)
-    theta = {name: site["value"].detach() for name, site in trace.nodes.items()
-             if site["type"] == "sample" and not site["is_observed"] and name != "obs"
-             and not poutine.util.site_is_subsample(site)}
+    theta = {
+        name: site["value"].detach()
+        for name, site in trace.nodes.items()
+        if site["type"] == "sample"
+        and not site["is_observed"]
+        and name != "obs"
+        and not poutine.util.site_is_subsample(site)
+    }
     return theta, trace.nodes["obs"]["value"].detach()
 
 

@@ -43,8 +43,9 @@ def real(argname: str, value: float) -> float:
     try:
         value = float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"{argname} must be a number, got {type(value).__name__} {value!r}; pass a float, "
-                        f"e.g. {argname}=0.0.") from None
+        raise TypeError(
+            f"{argname} must be a number, got {type(value).__name__} {value!r}; pass a float, e.g. {argname}=0.0."
+        ) from None
     if not math.isfinite(value):
         raise ValueError(f"{argname} must be a finite number, got {value}; pass a finite float.")
     return value
@@ -53,15 +54,19 @@ def real(argname: str, value: float) -> float:
 def instance(argname: str, value, example: str) -> None:
     """Refuse a class where an instance is expected (``prior=bp.priors.Normal``), naming the call to make."""
     if isinstance(value, type):
-        raise TypeError(f"{argname}: got the class {value.__module__}.{value.__qualname__}, not an instance of it; "
-                        f"pass an instance, e.g. {argname}={example}.")
+        raise TypeError(
+            f"{argname}: got the class {value.__module__}.{value.__qualname__}, not an instance of it; "
+            f"pass an instance, e.g. {argname}={example}."
+        )
 
 
 def positive_int(argname: str, value: int, *, allow_zero: bool = False) -> int:
     """A positive (or non-negative) int."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{argname} must be an int, got {type(value).__name__} {value!r}; pass a whole number, "
-                        f"e.g. {argname}={max(int(value) if isinstance(value, float) and math.isfinite(value) else 1, 1)}.")
+        raise TypeError(
+            f"{argname} must be an int, got {type(value).__name__} {value!r}; pass a whole number, "
+            f"e.g. {argname}={max(int(value) if isinstance(value, float) and math.isfinite(value) else 1, 1)}."
+        )
     if value < (0 if allow_zero else 1):
         bound, least = ("non-negative", 0) if allow_zero else ("positive", 1)
         raise ValueError(f"{argname} must be a {bound} int, got {value}; pass an int >= {least}.")
@@ -77,17 +82,21 @@ def seed(argname: str, value: int) -> int:
     ``2**31 - 1``, which leaves room for them; torch alone would take 64 bits."""
     value = positive_int(argname, value, allow_zero=True)
     if value > SEED_MAX:
-        raise ValueError(f"{argname} must be at most 2**31 - 1 = {SEED_MAX}, got {value}; the engines seed NumPy's "
-                         f"generator, which takes 32-bit seeds (plus per-chain offsets). Pass a smaller seed, e.g. "
-                         f"{argname}={value % (SEED_MAX + 1)}.")
+        raise ValueError(
+            f"{argname} must be at most 2**31 - 1 = {SEED_MAX}, got {value}; the engines seed NumPy's "
+            f"generator, which takes 32-bit seeds (plus per-chain offsets). Pass a smaller seed, e.g. "
+            f"{argname}={value % (SEED_MAX + 1)}."
+        )
     return value
 
 
 def flag(argname: str, value) -> bool:
     """A bool (``True``/``False``, or numpy's), never a truthy string or number."""
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{argname} must be True or False, got {type(value).__name__} {value!r}; "
-                        f"pass {argname}=True or {argname}=False.")
+        raise TypeError(
+            f"{argname} must be True or False, got {type(value).__name__} {value!r}; "
+            f"pass {argname}=True or {argname}=False."
+        )
     return bool(value)
 
 
@@ -112,17 +121,25 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
             value = torch.as_tensor(array, device=device)
         except (TypeError, ValueError, RuntimeError):
             what = type(value).__name__ + ("" if array is None else f" of dtype {array.dtype}")
-            raise TypeError(f"{argname}: could not convert {what} to a tensor; pass numbers, e.g. a float numpy array "
-                            "or tensor (encode text or categories as numbers first).") from None
+            raise TypeError(
+                f"{argname}: could not convert {what} to a tensor; pass numbers, e.g. a float numpy array "
+                "or tensor (encode text or categories as numbers first)."
+            ) from None
     if device is not None and value.device != torch.device(device):
-        raise ValueError(f"{argname} is on device {value.device}, but the model's parameters are on {device}; move one "
-                         f"of them, e.g. {argname}.to({str(device)!r}) or model.to({str(value.device)!r}).")
+        raise ValueError(
+            f"{argname} is on device {value.device}, but the model's parameters are on {device}; move one "
+            f"of them, e.g. {argname}.to({str(device)!r}) or model.to({str(value.device)!r})."
+        )
     if value.dtype.is_complex:
-        raise TypeError(f"{argname} has complex dtype {value.dtype}; pass real numbers, e.g. {argname}.real or "
-                        f"torch.view_as_real({argname}) for both parts as features.")
+        raise TypeError(
+            f"{argname} has complex dtype {value.dtype}; pass real numbers, e.g. {argname}.real or "
+            f"torch.view_as_real({argname}) for both parts as features."
+        )
     if value.dim() == 0:
-        raise ValueError(f"{argname} is a single number (shape ()), not data; pass rows shaped (N, ...), e.g. "
-                         f"torch.tensor([[{value.item()!r}]]) for one row of one feature.")
+        raise ValueError(
+            f"{argname} is a single number (shape ()), not data; pass rows shaped (N, ...), e.g. "
+            f"torch.tensor([[{value.item()!r}]]) for one row of one feature."
+        )
     if dtype is not None:
         value = value.to(dtype)
     if value.numel() == 0:
@@ -173,8 +190,10 @@ def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None, kee
 def _string_keys(x: dict) -> dict:
     bad = [k for k in x if not isinstance(k, str) or not k.isidentifier()]
     if bad:
-        raise TypeError(f"x: a dict input is passed to the net as keyword arguments, so its keys must be argument "
-                        f"names; got {bad!r}. Use the names of the net's forward arguments, e.g. {{'tokens': t}}.")
+        raise TypeError(
+            f"x: a dict input is passed to the net as keyword arguments, so its keys must be argument "
+            f"names; got {bad!r}. Use the names of the net's forward arguments, e.g. {{'tokens': t}}."
+        )
     return x
 
 
@@ -191,16 +210,20 @@ def pyro_distribution(argname: str, d, *, example: str = "dist.Normal(0., 1.)"):
         return d
     if not isinstance(d, torch.distributions.Distribution):
         instance(argname, d, example)
-        raise TypeError(f"{argname}: expected a pyro.distributions distribution, got {type(d).__name__} {d!r}; "
-                        f"pass e.g. {example} (import pyro.distributions as dist).")
+        raise TypeError(
+            f"{argname}: expected a pyro.distributions distribution, got {type(d).__name__} {d!r}; "
+            f"pass e.g. {example} (import pyro.distributions as dist)."
+        )
     target = getattr(dist, type(d).__name__, None)
     rebuilt = None
     if isinstance(target, type) and issubclass(target, type(d)):
         rebuilt = _rebuild(argname, d, target)
     if rebuilt is None or not _same_density(rebuilt, d):
-        raise TypeError(f"{argname}: {type(d).__module__}.{type(d).__name__} is a torch distribution without a "
-                        f"Pyro counterpart; use one from pyro.distributions (e.g. {example}), or make it "
-                        "a subclass of pyro.distributions.TorchDistribution.")
+        raise TypeError(
+            f"{argname}: {type(d).__module__}.{type(d).__name__} is a torch distribution without a "
+            f"Pyro counterpart; use one from pyro.distributions (e.g. {example}), or make it "
+            "a subclass of pyro.distributions.TorchDistribution."
+        )
     return rebuilt
 
 
@@ -226,7 +249,9 @@ def _rebuild(argname: str, d, target: type):
             if param.default is param.empty:
                 return None
             continue
-        kwargs[name] = pyro_distribution(argname, value) if isinstance(value, torch.distributions.Distribution) else value
+        kwargs[name] = (
+            pyro_distribution(argname, value) if isinstance(value, torch.distributions.Distribution) else value
+        )
     for group in _EXCLUSIVE:
         present = [k for k in group if k in kwargs]
         for k in present[1:]:
@@ -244,6 +269,8 @@ def positive_support(argname: str, d, *, example: str = "dist.HalfNormal(1.0)") 
         support = support.base_constraint
     bound = getattr(support, "lower_bound", None)
     if bound is None or not bool(torch.all(torch.as_tensor(bound) >= 0)):
-        raise ValueError(f"{argname}: {type(d).__name__} has support {support}, but a scale or precision must be "
-                         f"positive; use a distribution over positive numbers, e.g. {argname}={example} or "
-                         "dist.LogNormal(0., 1.).")
+        raise ValueError(
+            f"{argname}: {type(d).__name__} has support {support}, but a scale or precision must be "
+            f"positive; use a distribution over positive numbers, e.g. {argname}={example} or "
+            "dist.LogNormal(0., 1.)."
+        )

@@ -14,9 +14,27 @@ from bnn_pyro.utils.upstream_private import function_mode_active, global_module_
 __all__ = ["linear_stack", "run_linear_stack", "runs_per_draw", "site", "PER_DRAW_ELEMENTS"]
 
 
-_ELEMENTWISE = (nn.Identity, nn.Tanh, nn.ReLU, nn.ReLU6, nn.LeakyReLU, nn.ELU, nn.CELU, nn.SELU, nn.GELU, nn.SiLU,
-                nn.Mish, nn.Sigmoid, nn.Hardtanh, nn.Hardsigmoid, nn.Hardswish, nn.Softplus, nn.Softsign,
-                nn.LogSigmoid, nn.Tanhshrink)
+_ELEMENTWISE = (
+    nn.Identity,
+    nn.Tanh,
+    nn.ReLU,
+    nn.ReLU6,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.CELU,
+    nn.SELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Mish,
+    nn.Sigmoid,
+    nn.Hardtanh,
+    nn.Hardsigmoid,
+    nn.Hardswish,
+    nn.Softplus,
+    nn.Softsign,
+    nn.LogSigmoid,
+    nn.Tanhshrink,
+)
 
 
 def linear_stack(net: nn.Module) -> list[tuple[str, nn.Module | None]] | None:
@@ -56,9 +74,15 @@ def site(path: str, attr: str) -> str:
 
 # in-place forms of common activations, used where no gradient is recorded (prediction): an out-of-place
 # activation allocates a fresh block of the chunk's size each time, whose pages are faulted in anew
-_IN_PLACE = {nn.Tanh: lambda m, h: h.tanh_(), nn.Sigmoid: lambda m, h: h.sigmoid_(), nn.ReLU: lambda m, h: h.relu_(),
-             nn.Identity: lambda m, h: h, nn.SiLU: lambda m, h: F.silu(h, inplace=True),
-             nn.LeakyReLU: lambda m, h: F.leaky_relu_(h, m.negative_slope), nn.ELU: lambda m, h: F.elu_(h, m.alpha)}
+_IN_PLACE = {
+    nn.Tanh: lambda m, h: h.tanh_(),
+    nn.Sigmoid: lambda m, h: h.sigmoid_(),
+    nn.ReLU: lambda m, h: h.relu_(),
+    nn.Identity: lambda m, h: h,
+    nn.SiLU: lambda m, h: F.silu(h, inplace=True),
+    nn.LeakyReLU: lambda m, h: F.leaky_relu_(h, m.negative_slope),
+    nn.ELU: lambda m, h: F.elu_(h, m.alpha),
+}
 
 
 PER_DRAW_ELEMENTS = 2**15

@@ -32,8 +32,14 @@ _PACKAGE = "bnn_pyro"
 # old dotted path -> new dotted path (the layout of docs/layout.md); private modules (bnn_pyro._checks, ...) are
 # not listed: they were never public
 MOVED: dict[str, str] = {
-    **{f"bnn_pyro.{m}": f"bnn_pyro.posterior.{m}" for m in ("posterior_file", "tensor_files", "diagnostics", "psis", "plots")},
-    **{f"bnn_pyro.{m}": f"bnn_pyro.tasks.{m}" for m in ("acquisition", "selective", "adversarial", "calibration", "conformal")},
+    **{
+        f"bnn_pyro.{m}": f"bnn_pyro.posterior.{m}"
+        for m in ("posterior_file", "tensor_files", "diagnostics", "psis", "plots")
+    },
+    **{
+        f"bnn_pyro.{m}": f"bnn_pyro.tasks.{m}"
+        for m in ("acquisition", "selective", "adversarial", "calibration", "conformal")
+    },
     **{f"bnn_pyro.{m}": f"bnn_pyro.tools.{m}" for m in ("compression", "curves", "distill", "sbc")},
     **{f"bnn_pyro.{m}": f"bnn_pyro.data.{m}" for m in ("datasets", "splits", "zoo")},
 }
@@ -46,8 +52,11 @@ class _AliasLoader(importlib.abc.Loader):
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
         # stacklevel 2: the importer's line (the warnings module skips the import system's own frames)
-        warnings.warn(f"{spec.name} moved to {self.new}; import it from there. The old path stops working in the "
-                      "next release.", DeprecationWarning, stacklevel=2)
+        warnings.warn(
+            f"{spec.name} moved to {self.new}; import it from there. The old path stops working in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
         module = importlib.import_module(self.new)
         self.spec = module.__spec__
         return module
@@ -72,8 +81,12 @@ class _Package(ModuleType):
 
     def __setattr__(self, name: str, value) -> None:
         current = self.__dict__.get(name)
-        if (isinstance(value, ModuleType) and f"{_PACKAGE}.{name}" in MOVED and current is not None
-                and not isinstance(current, ModuleType)):
+        if (
+            isinstance(value, ModuleType)
+            and f"{_PACKAGE}.{name}" in MOVED
+            and current is not None
+            and not isinstance(current, ModuleType)
+        ):
             return
         super().__setattr__(name, value)
 

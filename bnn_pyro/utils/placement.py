@@ -55,8 +55,13 @@ def _placed(obj, device: torch.device, dtype: torch.dtype):
         elif isinstance(value, (Distribution, Transform)):
             setattr(out, key, _placed(value, device, dtype))
         elif isinstance(value, (list, tuple)) and any(isinstance(v, (Distribution, Transform)) for v in value):
-            setattr(out, key, type(value)(_placed(v, device, dtype) if isinstance(v, (Distribution, Transform))
-                                          else v for v in value))
+            setattr(
+                out,
+                key,
+                type(value)(
+                    _placed(v, device, dtype) if isinstance(v, (Distribution, Transform)) else v for v in value
+                ),
+            )
     return out
 
 

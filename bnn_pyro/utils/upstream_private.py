@@ -18,10 +18,26 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
-__all__ = ["reparametrize_module", "function_mode_active", "global_module_hooks", "module_hooks", "fan_in_and_fan_out",
-           "validates_args", "set_validates_args", "pyro_context",
-           "autoguide_setup", "autoguide_loc_scale", "elbo_traces", "mean_accept_prob", "warmup_adapter_state",
-           "load_warmup_adapter_state", "hmc_state", "load_hmc_state", "arviz_logger", "arviz_log_level"]
+__all__ = [
+    "reparametrize_module",
+    "function_mode_active",
+    "global_module_hooks",
+    "module_hooks",
+    "fan_in_and_fan_out",
+    "validates_args",
+    "set_validates_args",
+    "pyro_context",
+    "autoguide_setup",
+    "autoguide_loc_scale",
+    "elbo_traces",
+    "mean_accept_prob",
+    "warmup_adapter_state",
+    "load_warmup_adapter_state",
+    "hmc_state",
+    "load_hmc_state",
+    "arviz_logger",
+    "arviz_log_level",
+]
 
 
 # ------------------------------------------------------------------------------------------------ torch
@@ -46,16 +62,21 @@ def function_mode_active() -> bool:
 def module_hooks(module: nn.Module) -> bool:
     """Whether ``module`` has forward or backward hooks of its own (``Module._forward_hooks`` etc.). Why: the
     batched fast path skips ``Module.__call__``, so hooks would silently not run; no public query exists."""
-    return bool(module._forward_hooks or module._forward_pre_hooks or module._backward_hooks
-                or module._backward_pre_hooks)
+    return bool(
+        module._forward_hooks or module._forward_pre_hooks or module._backward_hooks or module._backward_pre_hooks
+    )
 
 
 def global_module_hooks() -> bool:
     """Whether global module hooks are registered (``torch.nn.modules.module._global_*_hooks``); same why."""
     from torch.nn.modules import module as state
 
-    return bool(state._global_forward_hooks or state._global_forward_pre_hooks or state._global_backward_hooks
-                or state._global_backward_pre_hooks)
+    return bool(
+        state._global_forward_hooks
+        or state._global_forward_pre_hooks
+        or state._global_backward_hooks
+        or state._global_backward_pre_hooks
+    )
 
 
 def fan_in_and_fan_out(tensor: torch.Tensor) -> tuple[int, int]:
@@ -119,7 +140,6 @@ def mean_accept_prob(kernel) -> float:
     return kernel._mean_accept_prob
 
 
-
 def warmup_adapter_state(adapter) -> tuple[dict[str, torch.Tensor], dict]:
     """The state of Pyro's ``WarmupAdapter`` mid-warm-up as ``(tensors, JSON meta)``: the step size, the
     adaptation window it is in (``_current_window``), the dual-averaging scheme (``DualAveraging.prox_center``,
@@ -129,8 +149,9 @@ def warmup_adapter_state(adapter) -> tuple[dict[str, torch.Tensor], dict]:
     gives only the step size and the inverse mass matrix."""
     meta, tensors = {"step_size": adapter.step_size, "window": adapter._current_window, "blocks": []}, {}
     scheme = getattr(adapter, "_step_size_adapt_scheme", None)  # absent when the step size is not adapted
-    meta["dual_averaging"] = None if scheme is None else [
-        scheme.prox_center, float(scheme._x_avg), float(scheme._g_avg), scheme._t]
+    meta["dual_averaging"] = (
+        None if scheme is None else [scheme.prox_center, float(scheme._x_avg), float(scheme._g_avg), scheme._t]
+    )
     masses = adapter.mass_matrix_adapter
     for i, (names, minv) in enumerate(masses.inverse_mass_matrix.items()):
         tensors[f"minv/{i}"] = minv
@@ -186,9 +207,10 @@ def hmc_state(kernel) -> tuple[dict[str, torch.Tensor], dict]:
 
 def load_hmc_state(kernel, tensors: dict[str, torch.Tensor], meta: dict) -> None:
     """Restore what :func:`hmc_state` returned into a kernel set up for the same run."""
-    load_warmup_adapter_state(kernel._adapter, {k[8:]: v for k, v in tensors.items() if k.startswith("adapter/")},
-                              meta["adapter"])
-    part = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
+    load_warmup_adapter_state(
+        kernel._adapter, {k[8:]: v for k, v in tensors.items() if k.startswith("adapter/")}, meta["adapter"]
+    )
+    part = lambda prefix: {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
     kernel._cache(part("z/"), tensors["potential"], part("grad/"))
     for key in _HMC_COUNTERS:
         setattr(kernel, key, meta[key])

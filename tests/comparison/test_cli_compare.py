@@ -12,8 +12,16 @@ import pytest
 
 from bnn_pyro import cli
 
-TINY = ["--option", "svi:num_steps=30", "--option", "svi:num_samples=20", "--option", "laplace:num_steps=30",
-        "--option", "laplace:num_samples=20"]
+TINY = [
+    "--option",
+    "svi:num_steps=30",
+    "--option",
+    "svi:num_samples=20",
+    "--option",
+    "laplace:num_steps=30",
+    "--option",
+    "laplace:num_samples=20",
+]
 
 
 def test_zoo_entry_writes_the_table_and_a_resume_fits_nothing_again(tmp_path, capsys, monkeypatch):
@@ -44,8 +52,23 @@ def test_csv_with_k_fold_reports_regression_scores_in_the_targets_units(tmp_path
     path = tmp_path / "data.csv"
     pd.DataFrame({"a": x[:, 0], "b": x[:, 1], "price": y}).to_csv(path, index=False)
     out = tmp_path / "out"
-    assert cli.main(["compare", str(path), "--methods", "laplace", *TINY[4:], "--splits", "3", "--out", str(out),
-                     "--no-progress"]) == 0
+    assert (
+        cli.main(
+            [
+                "compare",
+                str(path),
+                "--methods",
+                "laplace",
+                *TINY[4:],
+                "--splits",
+                "3",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert "3-fold" in capsys.readouterr().out
     table = pd.read_csv(out / "table.csv", index_col="method", keep_default_na=False)
     rows = pd.read_csv(out / "rows.csv")
@@ -61,9 +84,14 @@ def test_csv_with_k_fold_reports_regression_scores_in_the_targets_units(tmp_path
         assert row["coverage_95"] == fitted["coverage_95"]
 
 
-@pytest.mark.parametrize("extra, message", [(["--option", "svi:no_such=1"], "not an option of svi"),
-                                            (["--option", "nope:lr=1"], "not a method"),
-                                            (["--target", "y"], "CSV file")])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--option", "svi:no_such=1"], "not an option of svi"),
+        (["--option", "nope:lr=1"], "not a method"),
+        (["--target", "y"], "CSV file"),
+    ],
+)
 def test_bad_arguments_exit_2_with_a_message(tmp_path, capsys, extra, message):
     assert cli.main(["compare", "mlp_regression", "--methods", "svi", *extra, "--out", str(tmp_path / "o")]) == 2
     assert message in capsys.readouterr().err

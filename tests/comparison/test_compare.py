@@ -15,9 +15,13 @@ import bnn_pyro as bp
 import bnn_pyro.comparison as comparison
 from bnn_pyro.infer import REGISTRY, Method, unfit_reason
 
-TINY = {"svi": dict(num_steps=40, num_samples=30), "laplace": dict(num_steps=40, num_samples=30),
-        "ensemble": dict(num_chains=2, num_steps=40), "nuts": dict(num_samples=8, num_warmup=8, max_tree_depth=3),
-        "swag": dict(pretrain_steps=20, num_steps=20, collect_every=2, swag_rank=3, num_samples=30, num_chains=2)}
+TINY = {
+    "svi": dict(num_steps=40, num_samples=30),
+    "laplace": dict(num_steps=40, num_samples=30),
+    "ensemble": dict(num_chains=2, num_steps=40),
+    "nuts": dict(num_samples=8, num_warmup=8, max_tree_depth=3),
+    "swag": dict(pretrain_steps=20, num_steps=20, collect_every=2, swag_rank=3, num_samples=30, num_chains=2),
+}
 
 
 def _regression(n: int = 40, seed: int = 0):
@@ -51,8 +55,15 @@ def _hand_lpd(post: bp.Posterior, x: torch.Tensor, y: torch.Tensor) -> torch.Ten
 def test_test_ll_is_the_hand_written_log_predictive_density_of_each_posterior(reg_model):
     x, y = _regression()
     x_test, y_test = _regression(30, seed=1)
-    result = bp.compare(reg_model, x, y, test=(x_test, y_test), methods=["svi", "laplace", "ensemble", "nuts"],
-                        options={m: TINY[m] for m in ("svi", "laplace", "ensemble", "nuts")}, progress=False)
+    result = bp.compare(
+        reg_model,
+        x,
+        y,
+        test=(x_test, y_test),
+        methods=["svi", "laplace", "ensemble", "nuts"],
+        options={m: TINY[m] for m in ("svi", "laplace", "ensemble", "nuts")},
+        progress=False,
+    )
     assert list(result.table.index) == ["svi", "laplace", "ensemble", "nuts"]
     assert (result.table["error"] == "").all(), result.table["error"]
     for method, post in result.posteriors.items():
@@ -73,8 +84,9 @@ def test_test_ll_is_the_hand_written_log_predictive_density_of_each_posterior(re
 def test_coverage_and_width_are_those_of_the_exact_mixture_interval(reg_model):
     x, y = _regression()
     x_test, y_test = _regression(30, seed=1)
-    result = bp.compare(reg_model, x, y, test=(x_test, y_test), methods=["swag"], options={"swag": TINY["swag"]},
-                        progress=False)
+    result = bp.compare(
+        reg_model, x, y, test=(x_test, y_test), methods=["swag"], options={"swag": TINY["swag"]}, progress=False
+    )
     post, row = result.posteriors["swag"], result.table.loc["swag"]
     lower, upper = bp.metrics.predictive_interval(post, x_test)
     f = post.network_outputs(x_test)[..., 0].double()
@@ -98,8 +110,14 @@ def test_predictive_interval_of_one_gaussian_is_mean_plus_minus_1_96_sd(reg_mode
 def test_a_failing_method_becomes_an_error_row_and_the_table_is_kept(reg_model, tmp_path, capsys):
     x, y = _regression()
     x_test, y_test = _regression(30, seed=1)
-    result = bp.compare(reg_model, x, y, test=(x_test, y_test), methods=["svi", "laplace"],
-                        options={"svi": {**TINY["svi"], "guide": "no_such_guide"}, "laplace": TINY["laplace"]})
+    result = bp.compare(
+        reg_model,
+        x,
+        y,
+        test=(x_test, y_test),
+        methods=["svi", "laplace"],
+        options={"svi": {**TINY["svi"], "guide": "no_such_guide"}, "laplace": TINY["laplace"]},
+    )
     assert "compare: laplace" in capsys.readouterr().err  # the default progress bar, over the methods
     assert result.table.loc["svi", "error"].startswith("ValueError: ") and "guide" in result.table.loc["svi", "error"]
     assert math.isnan(result.table.loc["svi", "test_ll"]) and "svi" not in result.posteriors
@@ -133,10 +151,20 @@ def test_a_resumed_run_equals_an_uninterrupted_one(reg_model, tmp_path, monkeypa
     columns = [c for c in whole.table.columns if not c.startswith(("fit_s", "score_s"))]  # wall times differ
     pd.testing.assert_frame_equal(resumed.table[columns], whole.table[columns], rtol=1e-6)
     for method in methods:  # the first split's posteriors come back from the cache
-        assert torch.allclose(resumed.posteriors[method].predict(x, seed=0).mean, whole.posteriors[method].predict(x, seed=0).mean)
+        assert torch.allclose(
+            resumed.posteriors[method].predict(x, seed=0).mean, whole.posteriors[method].predict(x, seed=0).mean
+        )
     calls.clear()
-    changed = bp.compare(reg_model, x, y, splits=3, methods=["svi"], options={"svi": {**TINY["svi"], "lr": 0.02}},
-                         progress=False, cache=tmp_path)
+    changed = bp.compare(
+        reg_model,
+        x,
+        y,
+        splits=3,
+        methods=["svi"],
+        options={"svi": {**TINY["svi"], "lr": 0.02}},
+        progress=False,
+        cache=tmp_path,
+    )
     assert calls == ["svi"] * 3 and changed.table.loc["svi", "test_ll"] != whole.table.loc["svi", "test_ll"]
 
 
@@ -146,11 +174,21 @@ def test_a_fit_past_the_time_limit_is_an_error_row_that_a_rerun_tries_again(reg_
     # a first laplace fit outside the limit: it imports what torch loads lazily (seconds on a loaded machine), so
     # that the alarm cannot land inside an import (which would leave that module half-initialized)
     bp.fit(reg_model, x, y, method="laplace", progress=False, **TINY["laplace"])
-    first = bp.compare(reg_model, x, y, test=(x, y), methods=["laplace", "svi"], options=options, progress=False,
-                       time_limit=5, cache=tmp_path)
+    first = bp.compare(
+        reg_model,
+        x,
+        y,
+        test=(x, y),
+        methods=["laplace", "svi"],
+        options=options,
+        progress=False,
+        time_limit=5,
+        cache=tmp_path,
+    )
     assert first.table.loc["svi", "error"] == "FitTimeout: stopped after 5 s of wall time (the time limit)"
     assert first.table.loc["laplace", "error"] == "" and sorted(p.name for p in tmp_path.glob("*.json")) == [
-        "laplace__split0.json"]  # the error row is not cached: a rerun (with a longer limit) tries it again
+        "laplace__split0.json"
+    ]  # the error row is not cached: a rerun (with a longer limit) tries it again
     import signal
 
     assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
@@ -160,8 +198,16 @@ def test_classification_columns_and_ood_auroc(clf_model):
     x, y = bp.datasets.two_moons(n=60, seed=0)
     x_test, y_test = bp.datasets.two_moons(n=40, seed=1)
     far = torch.randn(25, 2, generator=torch.Generator().manual_seed(2)) * 0.5 + torch.tensor([8.0, 8.0])
-    result = bp.compare(clf_model, x, y, test=(x_test, y_test), methods=["svi", "ensemble"], ood=far,
-                        options={m: TINY[m] for m in ("svi", "ensemble")}, progress=False)
+    result = bp.compare(
+        clf_model,
+        x,
+        y,
+        test=(x_test, y_test),
+        methods=["svi", "ensemble"],
+        ood=far,
+        options={m: TINY[m] for m in ("svi", "ensemble")},
+        progress=False,
+    )
     assert result.task == "classification"
     assert {"accuracy", "nll", "ece", "brier", "ood_auroc"} <= set(result.table.columns)
     assert "rmse" not in result.table.columns
@@ -174,7 +220,9 @@ def test_classification_columns_and_ood_auroc(clf_model):
         onehot = torch.nn.functional.one_hot(y_test, 2).double()
         assert row["brier"] == pytest.approx(float(((probs - onehot) ** 2).sum(1).mean()), rel=1e-6)
         entropy_in, entropy_out = pred.entropy.double(), post.predict(far, seed=0).entropy.double()
-        wins = (entropy_out[:, None] > entropy_in[None]).double() + 0.5 * (entropy_out[:, None] == entropy_in[None]).double()
+        wins = (entropy_out[:, None] > entropy_in[None]).double() + 0.5 * (
+            entropy_out[:, None] == entropy_in[None]
+        ).double()
         assert row["ood_auroc"] == pytest.approx(float(wins.mean()))
     assert set(result.plot()) == {"test_ll", "reliability"}
 

@@ -31,7 +31,9 @@ def blr_problem():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(30, 2, generator=g)
     y = x @ torch.tensor([1.0, -1.0]) + 0.3 + 0.5 * torch.randn(30, generator=g)
-    model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.5))
+    model = bp.BNN(
+        torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.5)
+    )
     return model, x, y
 
 

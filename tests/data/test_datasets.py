@@ -84,8 +84,12 @@ def test_toy_sets_reject_bad_arguments(call, message):
 # ---------------------------------------------------------------------------------------- scikit-learn
 @pytest.mark.parametrize(
     "name, shape, ydtype, classes",
-    [("diabetes", (442, 10), torch.float32, None), ("breast_cancer", (569, 30), torch.int64, 2),
-     ("digits", (1797, 64), torch.int64, 10), ("wine", (178, 13), torch.int64, 3)],
+    [
+        ("diabetes", (442, 10), torch.float32, None),
+        ("breast_cancer", (569, 30), torch.int64, 2),
+        ("digits", (1797, 64), torch.int64, 10),
+        ("wine", (178, 13), torch.int64, 3),
+    ],
 )
 def test_load_sklearn(name, shape, ydtype, classes):
     x, y = datasets.load_sklearn(name)
@@ -127,10 +131,13 @@ def test_load_csv_features_and_target_dtypes(csv_file):
     assert y.dtype == torch.float32
 
 
-@pytest.mark.parametrize("content, where", [
-    (b"a,b\n1,2\n\x7fELF\x02\x01\xf0\xff,\x00\n3,4\n", r"line 3 holds bytes that are not utf-8"),  # a binary file
-    (b"a,b\n1,2\n3,4,5\n", r"line 3: Expected 2 fields in line 3, saw 3"),
-])
+@pytest.mark.parametrize(
+    "content, where",
+    [
+        (b"a,b\n1,2\n\x7fELF\x02\x01\xf0\xff,\x00\n3,4\n", r"line 3 holds bytes that are not utf-8"),  # a binary file
+        (b"a,b\n1,2\n3,4,5\n", r"line 3: Expected 2 fields in line 3, saw 3"),
+    ],
+)
 def test_load_csv_names_the_file_and_the_line_of_an_unreadable_table(tmp_path, content, where):
     """A binary or ragged file was a raw UnicodeDecodeError / pandas ParserError that named no file."""
     path = tmp_path / "table.csv"
@@ -150,8 +157,11 @@ def test_load_csv_of_a_real_binary_file_names_it(tmp_path):
 def test_load_csv_errors(csv_file, tmp_path):
     with pytest.raises(FileNotFoundError, match=r"path: no CSV file at .*missing\.csv"):
         datasets.load_csv(tmp_path / "missing.csv", target="label")
-    with pytest.raises(ValueError, match=r"target: column\(s\) \['labels'\] not in .*available columns: "
-                                         r"\['a', 'b', 'label', 'price', 'city'\]"):
+    with pytest.raises(
+        ValueError,
+        match=r"target: column\(s\) \['labels'\] not in .*available columns: "
+        r"\['a', 'b', 'label', 'price', 'city'\]",
+    ):
         datasets.load_csv(csv_file, target="labels")
     with pytest.raises(ValueError, match=r"features: column\(s\) \['c'\]"):
         datasets.load_csv(csv_file, target="label", features=["a", "c"])
@@ -216,14 +226,16 @@ def test_standardizer():
 
 # ---------------------------------------------------------------------------------------- UCI
 # 6 rows; columns: feature, ignored, feature, target. Split 0 trains on rows 0-3, tests on 4-5.
-UCI_DATA = np.array([
-    [1.0, 9.0, 10.0, 2.0],
-    [2.0, 9.0, 20.0, 4.0],
-    [3.0, 9.0, 30.0, 6.0],
-    [4.0, 9.0, 40.0, 8.0],
-    [100.0, 9.0, 0.0, 20.0],
-    [200.0, 9.0, 0.0, 30.0],
-])
+UCI_DATA = np.array(
+    [
+        [1.0, 9.0, 10.0, 2.0],
+        [2.0, 9.0, 20.0, 4.0],
+        [3.0, 9.0, 30.0, 6.0],
+        [4.0, 9.0, 40.0, 8.0],
+        [100.0, 9.0, 0.0, 20.0],
+        [200.0, 9.0, 0.0, 30.0],
+    ]
+)
 
 
 @pytest.fixture
@@ -281,11 +293,13 @@ def test_uci_metrics_in_original_units_from_a_prediction(uci_folder):
 def test_uci_metrics_from_a_posterior_are_exact(uci_folder):
     uci = datasets.load_uci(uci_folder, split=0)
     torch.manual_seed(0)
-    model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=0.3))
+    model = bp.BNN(
+        torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.3)
+    )
     w, b = torch.tensor([[0.4, -0.2]]), torch.tensor([0.1])
-    post = bp.Posterior(samples={"weight": w.reshape(1, 1, 1, 2), "bias": b.reshape(1, 1, 1)}, model=model,
-                        method="hand")
+    post = bp.Posterior(
+        samples={"weight": w.reshape(1, 1, 1, 2), "bias": b.reshape(1, 1, 1)}, model=model, method="hand"
+    )
     s, m = float(uci.y_scaler.scale), float(uci.y_scaler.mean)
     mean_orig = (uci.x_test @ w.T)[:, 0] * s + b * s + m
     ll = torch.distributions.Normal(mean_orig.double(), 0.3 * s).log_prob(uci.y_test_raw.double()).mean()
@@ -308,7 +322,9 @@ def test_uci_errors(uci_folder, tmp_path):
     with pytest.raises(TypeError, match=r"split must be an int in 0..1"):
         datasets.load_uci(uci_folder, split="0")
     (uci_folder / "index_test_1.txt").unlink()
-    with pytest.raises(FileNotFoundError, match=r"index_test_1\.txt is missing from .*expected a folder holding data\.txt"):
+    with pytest.raises(
+        FileNotFoundError, match=r"index_test_1\.txt is missing from .*expected a folder holding data\.txt"
+    ):
         datasets.load_uci(uci_folder, split=1)
     (uci_folder / "index_train_1.txt").write_text("0\n6\n")
     (uci_folder / "index_test_1.txt").write_text("1\n")

@@ -40,7 +40,8 @@ def test_write_uci_splits_round_trips_through_load_uci(tmp_path):
     folder = datasets.write_uci_splits(tmp_path / "mine", x, y, n_splits=3, seed=2)
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         ["data.txt", "index_features.txt", "index_target.txt", "n_splits.txt"]
-        + [f"index_{part}_{k}.txt" for part in ("train", "test") for k in range(3)])
+        + [f"index_{part}_{k}.txt" for part in ("train", "test") for k in range(3)]
+    )
     made = datasets.make_uci_splits(x, y, n_splits=3, seed=2)
     for k in range(3):
         read = datasets.load_uci(folder, split=k)

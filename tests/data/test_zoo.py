@@ -19,8 +19,15 @@ ENTRIES = zoo.list()
 
 def test_list_is_sorted_and_has_the_core_entries():
     assert ENTRIES == sorted(ENTRIES)
-    for name in ["bayesian_linear_regression", "mlp_regression", "mlp_heteroscedastic", "mlp_classifier", "lenet",
-                 "horseshoe_mlp", "explicit_mlp"]:
+    for name in [
+        "bayesian_linear_regression",
+        "mlp_regression",
+        "mlp_heteroscedastic",
+        "mlp_classifier",
+        "lenet",
+        "horseshoe_mlp",
+        "explicit_mlp",
+    ]:
         assert name in ENTRIES
     assert not any(n.startswith("_") or n.startswith("make_") for n in ENTRIES)
 
@@ -70,8 +77,9 @@ def test_entry_builds_fits_and_predicts(name):
         assert pred.probs.shape[0] == 5 and torch.allclose(pred.probs.sum(-1), torch.ones(pred.probs.shape[:-1]))
 
 
-@pytest.mark.parametrize("name, keys", [("mlp_regression", {"rmse", "test_log_likelihood"}),
-                                        ("mlp_classifier", {"accuracy", "nll", "ece"})])
+@pytest.mark.parametrize(
+    "name, keys", [("mlp_regression", {"rmse", "test_log_likelihood"}), ("mlp_classifier", {"accuracy", "nll", "ece"})]
+)
 def test_evaluate_reports_the_task_metrics(name, keys):
     entry = zoo.load(name)
     metrics = entry.evaluate(entry.fit("svi", num_steps=3, num_samples=4))
@@ -137,8 +145,10 @@ def _compare(ref: dict, f_new, alpha: float = 0.01):
             se = math.sqrt(se_ref[j] ** 2 + se_new[j] ** 2)
             z = (new[stat][j] - ref["f"][stat][j]) / se
             if not abs(z) < threshold:
-                failures.append(f"{stat} at x={ref['x'][j]}: new {new[stat][j]:.4f} vs ref {ref['f'][stat][j]:.4f} "
-                                f"(z = {z:.2f}, threshold {threshold:.2f})")
+                failures.append(
+                    f"{stat} at x={ref['x'][j]}: new {new[stat][j]:.4f} vs ref {ref['f'][stat][j]:.4f} "
+                    f"(z = {z:.2f}, threshold {threshold:.2f})"
+                )
     return failures
 
 
@@ -184,19 +194,25 @@ def test_exact_reference_matches_the_closed_form():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name, method, settings", [
-    ("bayesian_linear_regression", "nuts", {}),  # the entry's default NUTS run
-    # an independent NUTS run (other seed) against the 8 x 1,500-draw 1-10-1 reference. 500 + 500 iterations
-    # left the fresh run unconverged by the reference's own criteria (max R-hat_f 1.04-1.16, min bulk
-    # ESS_f 19-68 over seeds 1-13), and then its MCSEs, hence the z-scores below, are not valid
-    # init="net" is the reference's own recipe (its provenance) and what this test ran with before
-    # init="reset" became the default. On this posterior (weight-space R-hat 2.0) ArviZ's MCSEs understate the
-    # error of f's moments (chain-mean SEs 1.2-2x larger): _compare takes the fresh run's chain-level SEs; the
-    # stored reference (8 x 1,500 draws, fewer errors than the fresh 4 x 1,500) still has ArviZ's MCSEs only,
-    # until a 77-minute run of models/make_reference.py stores its per-chain summaries too
-    ("mlp_regression", "nuts", dict(num_samples=1500, num_warmup=1000, num_chains=4, max_tree_depth=7, seed=1,
-                                    init="net")),
-])
+@pytest.mark.parametrize(
+    "name, method, settings",
+    [
+        ("bayesian_linear_regression", "nuts", {}),  # the entry's default NUTS run
+        # an independent NUTS run (other seed) against the 8 x 1,500-draw 1-10-1 reference. 500 + 500 iterations
+        # left the fresh run unconverged by the reference's own criteria (max R-hat_f 1.04-1.16, min bulk
+        # ESS_f 19-68 over seeds 1-13), and then its MCSEs, hence the z-scores below, are not valid
+        # init="net" is the reference's own recipe (its provenance) and what this test ran with before
+        # init="reset" became the default. On this posterior (weight-space R-hat 2.0) ArviZ's MCSEs understate the
+        # error of f's moments (chain-mean SEs 1.2-2x larger): _compare takes the fresh run's chain-level SEs; the
+        # stored reference (8 x 1,500 draws, fewer errors than the fresh 4 x 1,500) still has ArviZ's MCSEs only,
+        # until a 77-minute run of models/make_reference.py stores its per-chain summaries too
+        (
+            "mlp_regression",
+            "nuts",
+            dict(num_samples=1500, num_warmup=1000, num_chains=4, max_tree_depth=7, seed=1, init="net"),
+        ),
+    ],
+)
 def test_fresh_fit_matches_reference_in_function_space(name, method, settings):
     from bnn_pyro.models.make_reference import function_summary
 
@@ -210,7 +226,8 @@ def test_fresh_fit_matches_reference_in_function_space(name, method, settings):
         fresh = function_summary(f)
         assert max(fresh["r_hat"]) < 1.05 and min(fresh["ess_bulk"]) >= 100, (
             f"the fresh run did not converge (max R-hat_f {max(fresh['r_hat']):.3f}, min bulk ESS_f "
-            f"{min(fresh['ess_bulk']):.0f}): run it longer before comparing it with the reference")
+            f"{min(fresh['ess_bulk']):.0f}): run it longer before comparing it with the reference"
+        )
     failures = _compare(ref, f)
     assert not failures, "fresh fit differs from the reference beyond Monte Carlo error:\n" + "\n".join(failures)
 
@@ -232,8 +249,13 @@ def test_gru_sequence_at_its_card_defaults_beats_the_trivial_baselines():
     assert scores["nll"] < 0.5 * 10 * math.log(4), scores
 
 
-@pytest.mark.parametrize("name, method, tiny", [("mc_dropout_mlp", "mc_dropout", dict(num_steps=5, num_samples=4)),
-                                                ("sparse_vd_digits", "sparse_vd", dict(num_steps=5, num_samples=4))])
+@pytest.mark.parametrize(
+    "name, method, tiny",
+    [
+        ("mc_dropout_mlp", "mc_dropout", dict(num_steps=5, num_samples=4)),
+        ("sparse_vd_digits", "sparse_vd", dict(num_steps=5, num_samples=4)),
+    ],
+)
 def test_method_entries_fit_with_their_own_method(name, method, tiny):
     entry = zoo.load(name)
     assert entry.default_method == method

@@ -25,12 +25,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from blr import BLR, mcse_z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 from torch import nn
 
 import bnn_pyro as bp
 from bnn_pyro.infer import laplace as lap
 from bnn_pyro.infer._common import Data
-from blr import BLR, mcse_z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 HEAD = {"1.weight", "1.bias"}
 Z_MAX, PREC_TOL, MAP_TOL = 4.0, 1e-6, 1e-4  # MAP / precision tolerances derived in tests/infer/test_laplace.py
@@ -69,9 +69,14 @@ def test_model_is_a_bayesian_head_on_a_frozen_backbone(entry):
         assert bp.metrics.accuracy(entry.deterministic_net()(entry.x_test).softmax(-1), entry.y_test) > 0.95
 
 
-@pytest.mark.parametrize("method, tiny", [("svi", dict(num_steps=20, num_samples=5)),
-                                          ("laplace", dict(num_steps=20, num_samples=5)),
-                                          ("nuts", dict(num_samples=5, num_warmup=5, num_chains=1))])
+@pytest.mark.parametrize(
+    "method, tiny",
+    [
+        ("svi", dict(num_steps=20, num_samples=5)),
+        ("laplace", dict(num_steps=20, num_samples=5)),
+        ("nuts", dict(num_samples=5, num_warmup=5, num_chains=1)),
+    ],
+)
 def test_every_engine_keeps_the_backbone_frozen_and_draws_the_head_only(entry, method, tiny):
     post = entry.fit(method, **tiny)
     _assert_frozen_head_only(entry, post)
@@ -113,8 +118,12 @@ def _features_problem(n: int = 40):
         phi[0].bias.copy_(torch.randn(3, generator=g) * 0.5)
         feats = phi(x)
     y = feats @ torch.tensor([1.0, -0.5, 0.8]) + 0.3 + NOISE * torch.randn(n, generator=g)
-    model = bp.BNN(nn.Sequential(phi.requires_grad_(False), nn.Linear(3, 1)), prior=bp.priors.Normal(0.0, PRIOR_SCALE),
-                   likelihood=bp.likelihoods.Gaussian(scale=NOISE), bayesian=["1.*"])
+    model = bp.BNN(
+        nn.Sequential(phi.requires_grad_(False), nn.Linear(3, 1)),
+        prior=bp.priors.Normal(0.0, PRIOR_SCALE),
+        likelihood=bp.likelihoods.Gaussian(scale=NOISE),
+        bayesian=["1.*"],
+    )
     return x, y, model, BLR(x=feats, y=y, noise=NOISE, prior_scale=PRIOR_SCALE), phi
 
 

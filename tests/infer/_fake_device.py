@@ -26,9 +26,25 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_leaves
 
 _TORCH = os.path.dirname(torch.__file__)
-FACTORIES = frozenset({torch.zeros, torch.ones, torch.empty, torch.full, torch.tensor, torch.as_tensor, torch.eye,
-                       torch.arange, torch.linspace, torch.logspace, torch.randn, torch.rand, torch.randint,
-                       torch.randperm, torch.scalar_tensor})
+FACTORIES = frozenset(
+    {
+        torch.zeros,
+        torch.ones,
+        torch.empty,
+        torch.full,
+        torch.tensor,
+        torch.as_tensor,
+        torch.eye,
+        torch.arange,
+        torch.linspace,
+        torch.logspace,
+        torch.randn,
+        torch.rand,
+        torch.randint,
+        torch.randperm,
+        torch.scalar_tensor,
+    }
+)
 _INDEXING = frozenset({torch.Tensor.__getitem__, torch.Tensor.__setitem__})
 _NOT_COMPUTING = frozenset({torch.Tensor.__deepcopy__})  # its memo holds every tensor copied so far
 _MOVES = frozenset({torch.Tensor.to, torch.Tensor.cuda})
@@ -60,13 +76,17 @@ class FakeDevice(TorchFunctionMode):
         ins = [t for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
         outs = [t for t in tree_leaves(out) if isinstance(t, torch.Tensor)]
         if func in FACTORIES:
-            if (kwargs.get("device") is None and self._called_from_roots()
-                    and not (func is torch.as_tensor and isinstance(args[0], torch.Tensor))):
+            if (
+                kwargs.get("device") is None
+                and self._called_from_roots()
+                and not (func is torch.as_tensor and isinstance(args[0], torch.Tensor))
+            ):
                 self._mark(outs)
             return out
         if func in _MOVES:
-            target = kwargs.get("device", next((a for a in args[1:] if isinstance(a, (str, torch.device, torch.Tensor))),
-                                               None))
+            target = kwargs.get(
+                "device", next((a for a in args[1:] if isinstance(a, (str, torch.device, torch.Tensor))), None)
+            )
             if target is not None:  # an explicit device: the model's (the stand-in cannot tell "cpu" apart)
                 self._mark(outs, isinstance(target, torch.Tensor) and self.on_host(target))
                 return out

@@ -19,9 +19,9 @@ from torch import nn
 from torch.distributions import biject_to
 
 import bnn_pyro as bp
-from bnn_pyro.utils.linear_stack import linear_stack, run_linear_stack
 from bnn_pyro.infer import _analytic, _analytic_elbo, _logjoint, _svi_flat
 from bnn_pyro.infer._common import call_model, quiet_model
+from bnn_pyro.utils.linear_stack import linear_stack, run_linear_stack
 
 TOL = 1e-10
 
@@ -55,12 +55,23 @@ NOISE = {
     "sigma-lognormal": lambda: bp.likelihoods.Gaussian(scale=dist.LogNormal(-1.0, 0.5)),
     "precision": lambda: bp.likelihoods.Gaussian(precision=dist.Gamma(2.0, 0.5)),
 }
-ACTS = {"tanh": nn.Tanh(), "relu": nn.ReLU(), "sigmoid": nn.Sigmoid(), "gelu": nn.GELU(),
-        "gelu-tanh": nn.GELU(approximate="tanh"), "silu": nn.SiLU(), "softplus": nn.Softplus(beta=2.0),
-        "elu": nn.ELU(0.7), "leaky": nn.LeakyReLU(0.1)}
+ACTS = {
+    "tanh": nn.Tanh(),
+    "relu": nn.ReLU(),
+    "sigmoid": nn.Sigmoid(),
+    "gelu": nn.GELU(),
+    "gelu-tanh": nn.GELU(approximate="tanh"),
+    "silu": nn.SiLU(),
+    "softplus": nn.Softplus(beta=2.0),
+    "elu": nn.ELU(0.7),
+    "leaky": nn.LeakyReLU(0.1),
+}
 CASES = {  # name -> (net, likelihood, prior, bayesian, outputs)
-    **{f"{a}-1-{noise}": (lambda a=a: _net(ACTS[a], [7]), noise, None, "all", 1)
-       for a in ACTS for noise in ("fixed", "sigma")},
+    **{
+        f"{a}-1-{noise}": (lambda a=a: _net(ACTS[a], [7]), noise, None, "all", 1)
+        for a in ACTS
+        for noise in ("fixed", "sigma")
+    },
     "blr-bare-linear": (lambda: (torch.manual_seed(0), nn.Linear(3, 1))[1], "fixed", None, "all", 1),
     "tanh-2-precision": (lambda: _net(nn.Tanh(), [6, 5]), "precision", None, "all", 1),
     "relu-3-lognormal": (lambda: _net(nn.ReLU(), [5, 4, 6]), "sigma-lognormal", None, "all", 1),
@@ -69,9 +80,16 @@ CASES = {  # name -> (net, likelihood, prior, bayesian, outputs)
     "tanh-1-shifted-prior": (lambda: _net(nn.Tanh(), [7]), "sigma", bp.priors.Normal(0.5, 2.0), "all", 1),
     "tanh-1-deterministic-biases": (lambda: _net(nn.Tanh(), [7]), "fixed", None, "weights", 1),
     "tanh-1-frozen-first-layer": (lambda: _frozen(_net(nn.Tanh(), [7])), "fixed", None, "all", 1),
-    "tanh-1-no-bias": (lambda: (torch.manual_seed(0), nn.Sequential(nn.Linear(3, 4, bias=False), nn.Tanh(),
-                                                                    nn.Linear(4, 1, bias=False)))[1],
-                       "fixed", None, "all", 1),
+    "tanh-1-no-bias": (
+        lambda: (
+            torch.manual_seed(0),
+            nn.Sequential(nn.Linear(3, 4, bias=False), nn.Tanh(), nn.Linear(4, 1, bias=False)),
+        )[1],
+        "fixed",
+        None,
+        "all",
+        1,
+    ),
 }
 
 
@@ -131,8 +149,10 @@ def test_a_minibatch_is_scaled_and_a_diverged_point_gives_nan():
     assert torch.isnan(u) and torch.isnan(grad).all()
 
 
-@pytest.mark.parametrize("case", [
-    "laplace-prior", "classifier", "hierarchical", "layer-norm", "hardtanh", "uniform-noise", "heteroscedastic"])
+@pytest.mark.parametrize(
+    "case",
+    ["laplace-prior", "classifier", "hierarchical", "layer-norm", "hardtanh", "uniform-noise", "heteroscedastic"],
+)
 def test_models_outside_it_are_declined(case):
     net = _net(nn.Tanh(), [7])
     kwargs = dict(prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.3))
@@ -168,7 +188,12 @@ def test_one_activation_module_used_twice_counts_twice():
     net = nn.Sequential(nn.Linear(3, 5), tanh, nn.Linear(5, 4), tanh, nn.Linear(4, 1))
     layers = linear_stack(net)
     assert [type(a).__name__ if a is not None else "Linear" for _, a in layers] == [
-        "Linear", "Tanh", "Linear", "Tanh", "Linear"]
+        "Linear",
+        "Tanh",
+        "Linear",
+        "Tanh",
+        "Linear",
+    ]
     x = torch.randn(6, 3)
     params = {k: v.detach()[None] for k, v in net.named_parameters()}
     torch.testing.assert_close(run_linear_stack(layers, params, x, net)[0], net(x), rtol=TOL, atol=TOL)
@@ -197,8 +222,9 @@ def test_mean_field_elbo_and_gradient_equal_pyro(case, num_particles):
         params = list(dict(pyro.get_param_store().named_parameters()).values())
         elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1)
         pyro.set_rng_seed(3)
-        expected = elbo.differentiable_loss(lambda a, b: call_model(model, a, b, 100),
-                                            lambda a, b: guide(a, b, dataset_size=100), x, y)
+        expected = elbo.differentiable_loss(
+            lambda a, b: call_model(model, a, b, 100), lambda a, b: guide(a, b, dataset_size=100), x, y
+        )
         grads_pyro = torch.autograd.grad(expected, params)
         calls = []
         loss = _logjoint.svi_loss(_logjoint.build(model, 100), guide, num_particles)
@@ -229,8 +255,9 @@ def test_flat_mean_field_step_equals_pyro(case, num_particles):
         guide, joint, locs, scales = _perturbed_guide(model, x, y)
         elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1)
         pyro.set_rng_seed(3)
-        expected = elbo.differentiable_loss(lambda a, b: call_model(model, a, b, 100),
-                                            lambda a, b: guide(a, b, dataset_size=100), x, y)
+        expected = elbo.differentiable_loss(
+            lambda a, b: call_model(model, a, b, 100), lambda a, b: guide(a, b, dataset_size=100), x, y
+        )
         grads = torch.autograd.grad(expected, locs + scales)
         flat = _svi_flat.FlatMeanField.of(joint, guide, num_particles, x, y)
         assert flat is not None
@@ -247,18 +274,30 @@ def _normal_guide(joint, locs, scales):
     """The ``AutoNormal`` of the store as a guide of Normal sites (a learned noise: a Normal pushed through its
     support's transform), drawn in the same order: Pyro's ``TraceMeanField_ELBO`` then takes each weight's KL in
     closed form (with an ``AutoNormal`` it sees ``Delta`` sites and takes none)."""
+
     def guide(x, y):
         for (name, prior), loc, rho in zip(joint.priors.items(), locs, scales):
             q = dist.Normal(loc, torch.nn.functional.softplus(rho))
             if name in joint.model.likelihood.sites():
                 q = dist.TransformedDistribution(q, biject_to(prior.support))
             pyro.sample(name, q.to_event(loc.dim()))
+
     return guide
 
 
 @pytest.mark.parametrize("num_particles", [1, 8])
-@pytest.mark.parametrize("case", ["tanh-1-fixed", "tanh-1-sigma", "relu-3-lognormal", "tanh-2-precision",
-                                  "tanh-1-two-outputs", "tanh-1-layerwise-prior", "tanh-1-shifted-prior"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "tanh-1-fixed",
+        "tanh-1-sigma",
+        "relu-3-lognormal",
+        "tanh-2-precision",
+        "tanh-1-two-outputs",
+        "tanh-1-layerwise-prior",
+        "tanh-1-shifted-prior",
+    ],
+)
 def test_flat_step_with_closed_form_kl_equals_pyro_trace_mean_field(case, num_particles):
     """``elbo="mean_field"`` on the flat path (``analytic_kl=True``): one step gives Pyro's ``TraceMeanField_ELBO``
     (closed-form KL of each Normal weight, Monte Carlo likelihood and learned noise) at the same draws, and its
@@ -267,13 +306,15 @@ def test_flat_step_with_closed_form_kl_equals_pyro_trace_mean_field(case, num_pa
     x, y = _data(out=out)
     with pyro.get_param_store().scope():
         guide, joint, locs, scales = _perturbed_guide(model, x, y)
-        elbo = TraceMeanField_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1,
-                                   max_plate_nesting=1)
+        elbo = TraceMeanField_ELBO(
+            num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1
+        )
         pyro.set_rng_seed(3)
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # no mean-field requirement warning: the guide is a proper mean field
-            expected = elbo.differentiable_loss(lambda a, b: call_model(model, a, b, 100),
-                                                _normal_guide(joint, locs, scales), x, y)
+            expected = elbo.differentiable_loss(
+                lambda a, b: call_model(model, a, b, 100), _normal_guide(joint, locs, scales), x, y
+            )
         grads = torch.autograd.grad(expected, locs + scales)
         flat = _svi_flat.FlatMeanField.of(joint, guide, num_particles, x, y, analytic_kl=True)
         monte_carlo = _svi_flat.FlatMeanField.of(joint, guide, num_particles, x, y)
@@ -303,20 +344,28 @@ def _spy(monkeypatch):
     return calls
 
 
-@pytest.mark.parametrize("method, options", [
-    ("nuts", dict(num_warmup=10, num_chains=1)), ("hmc", dict(num_warmup=10, num_chains=1)),  # a spy in this process
-    ("svi", dict(num_steps=5, num_samples=3)), ("svi", dict(num_steps=5, num_samples=3, num_particles=4))])
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("nuts", dict(num_warmup=10, num_chains=1)),
+        ("hmc", dict(num_warmup=10, num_chains=1)),  # a spy in this process
+        ("svi", dict(num_steps=5, num_samples=3)),
+        ("svi", dict(num_steps=5, num_samples=3, num_particles=4)),
+    ],
+)
 def test_the_engines_use_it_at_their_defaults(monkeypatch, method, options):
     torch.set_default_dtype(torch.float32)
     x, y = _data(n=20)
     x, y = x.float(), y.float()
     torch.manual_seed(0)
-    model = bp.BNN(nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 1)), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    model = bp.BNN(
+        nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 1)),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    )
     calls = _spy(monkeypatch)
     steps = dict(num_samples=3) if method != "svi" else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fit-health warnings of a 3-draw run
         post = bp.fit(model, x, y, method=method, seed=0, progress=False, **steps, **options)
     assert post.config["fast_path"] is True and calls
-

@@ -27,21 +27,37 @@ pytestmark = pytest.mark.usefixtures("float64_default")  # tests/conftest.py
 
 
 CASES = {  # net, outputs, likelihood
-    "tanh_fixed": (lambda: torch.nn.Sequential(torch.nn.Linear(3, 7), torch.nn.Tanh(), torch.nn.Linear(7, 5),
-                                               torch.nn.Tanh(), torch.nn.Linear(5, 1)),
-                   1, lambda: bp.likelihoods.Gaussian(scale=0.3)),
-    "relu_sigma_two_outputs": (lambda: torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.ReLU(),
-                                                           torch.nn.Linear(6, 2)),
-                               2, lambda: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))),
-    "gelu_precision_no_bias": (lambda: torch.nn.Sequential(torch.nn.Linear(3, 6, bias=False), torch.nn.GELU(),
-                                                           torch.nn.Linear(6, 1)),
-                               1, lambda: bp.likelihoods.Gaussian(precision=dist.Gamma(2.0, 0.5))),
+    "tanh_fixed": (
+        lambda: torch.nn.Sequential(
+            torch.nn.Linear(3, 7), torch.nn.Tanh(), torch.nn.Linear(7, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1)
+        ),
+        1,
+        lambda: bp.likelihoods.Gaussian(scale=0.3),
+    ),
+    "relu_sigma_two_outputs": (
+        lambda: torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.ReLU(), torch.nn.Linear(6, 2)),
+        2,
+        lambda: bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    ),
+    "gelu_precision_no_bias": (
+        lambda: torch.nn.Sequential(torch.nn.Linear(3, 6, bias=False), torch.nn.GELU(), torch.nn.Linear(6, 1)),
+        1,
+        lambda: bp.likelihoods.Gaussian(precision=dist.Gamma(2.0, 0.5)),
+    ),
 }
 
 
 def _settings(structure="diag", hessian="ggn"):
-    return Settings(structure=Structure(structure), hessian=Hessian(hessian), prior_precision="model", num_steps=0,
-                    lr=1e-2, polish_steps=None, marglik_rounds=1, init="net")
+    return Settings(
+        structure=Structure(structure),
+        hessian=Hessian(hessian),
+        prior_precision="model",
+        num_steps=0,
+        lr=1e-2,
+        polish_steps=None,
+        marglik_rounds=1,
+        init="net",
+    )
 
 
 def _setup(case, batch_size=None):

@@ -16,20 +16,26 @@ import arviz as az
 import pyro
 import pytest
 import torch
-
-import bnn_pyro as bp
-from bnn_pyro.infer import _flat_hmc, _kernels, _logjoint, checkpoint as ckpt_mod
-from bnn_pyro.infer._analytic_batched import leapfrog_from, OneChain
-from bnn_pyro.infer._batched import hmc_transition
-from bnn_pyro.infer._common import quiet_model
 from test_mcmc import SIGMA, _assert_exact, _blr, _data
 from test_nuts import _one_input_net, _three_input_net
+
+import bnn_pyro as bp
+from bnn_pyro.infer import _flat_hmc, _kernels, _logjoint
+from bnn_pyro.infer import checkpoint as ckpt_mod
+from bnn_pyro.infer._analytic_batched import OneChain, leapfrog_from
+from bnn_pyro.infer._batched import hmc_transition
+from bnn_pyro.infer._common import quiet_model
 
 N = 4000
 MEAN = torch.tensor([0.5, -1.0, 2.0], dtype=torch.float64)
 A = torch.tensor([[1.0, 0.0, 0.0], [0.8, 0.6, 0.0], [-0.5, 0.3, 0.4]], dtype=torch.float64)
-COV = A @ A.T * torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64).sqrt().outer(
-    torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64).sqrt())  # correlations up to ~0.8, unequal scales
+COV = (
+    A
+    @ A.T
+    * torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64)
+    .sqrt()
+    .outer(torch.tensor([1.0, 2.0, 0.5], dtype=torch.float64).sqrt())
+)  # correlations up to ~0.8, unequal scales
 PREC = torch.linalg.inv(COV)
 
 
@@ -58,8 +64,11 @@ def _iid_z(w: torch.Tensor) -> dict[str, float]:
 def test_one_hmc_transition_keeps_4000_exact_draws_exact(mass, length):
     g = torch.Generator().manual_seed(0)
     start = MEAN + torch.randn(N, 3, generator=g, dtype=torch.float64) @ torch.linalg.cholesky(COV).T
-    minv = {"identity": torch.ones(3, dtype=torch.float64), "diagonal": 2.0 * COV.diagonal(),
-            "dense": 1.5 * (torch.eye(3, dtype=torch.float64) + 0.2 * torch.ones(3, 3, dtype=torch.float64)) @ COV}[mass]
+    minv = {
+        "identity": torch.ones(3, dtype=torch.float64),
+        "diagonal": 2.0 * COV.diagonal(),
+        "dense": 1.5 * (torch.eye(3, dtype=torch.float64) + 0.2 * torch.ones(3, 3, dtype=torch.float64)) @ COV,
+    }[mass]
     minv = minv.expand(N, *minv.shape).contiguous()
     if mass == "dense":
         minv = 0.5 * (minv + minv.mT)
@@ -70,8 +79,9 @@ def test_one_hmc_transition_keeps_4000_exact_draws_exact(mass, length):
     step = limit * (0.2 + 0.7 * torch.rand(N, generator=g, dtype=torch.float64))
     options = dict(num_steps=6) if length == "num_steps" else dict(trajectory_length=1.2)
     u, grad = _gaussian(start)
-    z, u1, g1, stats = hmc_transition(start, u, grad, step, minv, leapfrog=leapfrog_from(_gaussian), generator=g,
-                                      **options)
+    z, u1, g1, stats = hmc_transition(
+        start, u, grad, step, minv, leapfrog=leapfrog_from(_gaussian), generator=g, **options
+    )
     moved = (z != start).any(1).double().mean()
     assert 0.3 < moved < 1.0  # proposals were made, and some rejected
     u_ref, g_ref = _gaussian(z)  # the potential and gradient returned are those of the returned position
@@ -94,21 +104,33 @@ def test_a_diverging_transition_is_flagged_and_rejected_not_raised():
     start = MEAN + torch.randn(50, 3, generator=g, dtype=torch.float64)
     u, grad = _gaussian(start)
     step = torch.full((50,), 40.0, dtype=torch.float64)  # far past the stability limit: the energy explodes
-    z, u1, _, stats = hmc_transition(start, u, grad, step, torch.ones(50, 3, dtype=torch.float64),
-                                     leapfrog=leapfrog_from(_gaussian), generator=g, num_steps=10)
+    z, u1, _, stats = hmc_transition(
+        start,
+        u,
+        grad,
+        step,
+        torch.ones(50, 3, dtype=torch.float64),
+        leapfrog=leapfrog_from(_gaussian),
+        generator=g,
+        num_steps=10,
+    )
     assert stats.diverging.all() and torch.equal(z, start) and torch.equal(u1, u)
     assert (stats.accept_prob == 0).all()
     with pytest.raises(ValueError, match="num_steps= or trajectory_length="):
-        hmc_transition(start, u, grad, step, torch.ones(50, 3, dtype=torch.float64), leapfrog=leapfrog_from(_gaussian),
-                       generator=g)
+        hmc_transition(
+            start, u, grad, step, torch.ones(50, 3, dtype=torch.float64), leapfrog=leapfrog_from(_gaussian), generator=g
+        )
 
 
 # ---------------------------------------------------------------------- the batched analytic leapfrog
-@pytest.mark.parametrize("net, noise, d, bayesian", [
-    (_one_input_net, "fixed", 1, "all"),  # one input: the first layer is an outer product
-    (_three_input_net, "sigma", 3, "all"),  # a learned noise; the net ends with an activation
-    (_three_input_net, "fixed", 3, "weights"),  # deterministic biases: constants in the stack
-])
+@pytest.mark.parametrize(
+    "net, noise, d, bayesian",
+    [
+        (_one_input_net, "fixed", 1, "all"),  # one input: the first layer is an outer product
+        (_three_input_net, "sigma", 3, "all"),  # a learned noise; the net ends with an activation
+        (_three_input_net, "fixed", 3, "weights"),  # deterministic biases: constants in the stack
+    ],
+)
 @pytest.mark.parametrize("dense", [False, True])
 def test_leapfrog_batch_equals_separate_unbatched_leapfrogs(net, noise, d, bayesian, dense):
     torch.set_default_dtype(torch.float64)
@@ -141,9 +163,9 @@ def test_leapfrog_batch_equals_separate_unbatched_leapfrogs(net, noise, d, bayes
             assert float(batched[4][c]) == pytest.approx(uc, rel=1e-12, abs=1e-12)
             assert float(batched[5][c]) == pytest.approx(kinetic, rel=1e-12, abs=1e-12)
             # FlatHMC's one-chain step (the unbatched bound-data step behind the batched interface)
-            one = OneChain(pot)(z[c:c + 1], p[c:c + 1], g0[c:c + 1], step[c:c + 1], minv[c:c + 1])
+            one = OneChain(pot)(z[c : c + 1], p[c : c + 1], g0[c : c + 1], step[c : c + 1], minv[c : c + 1])
             for found, expected in zip(one, batched):
-                torch.testing.assert_close(found, expected[c:c + 1], rtol=1e-12, atol=1e-12)
+                torch.testing.assert_close(found, expected[c : c + 1], rtol=1e-12, atol=1e-12)
     finally:
         torch.set_default_dtype(torch.float32)
 
@@ -157,8 +179,19 @@ def test_vectorized_hmc_recovers_the_exact_posterior_with_the_other_executions_s
     post = bp.fit(_blr(2), x, y, num_samples=500, num_warmup=300, seed=2, **VEC)
     _assert_exact(post, x, y)
     assert post.config["chain_execution"] == "vectorized" and post.config["chain_method"] == "vectorized"
-    other = bp.fit(_blr(2), x, y, method="hmc", num_chains=2, num_leapfrog=4, num_samples=5, num_warmup=5, seed=2,
-                   chain_method="sequential", progress=False)
+    other = bp.fit(
+        _blr(2),
+        x,
+        y,
+        method="hmc",
+        num_chains=2,
+        num_leapfrog=4,
+        num_samples=5,
+        num_warmup=5,
+        seed=2,
+        chain_method="sequential",
+        progress=False,
+    )
     assert set(post.sample_stats) == set(other.sample_stats)
     for name, value in post.sample_stats.items():
         assert value.shape == (4, 500) and value.dtype == other.sample_stats[name].dtype, name
@@ -174,7 +207,18 @@ def test_vectorized_hmc_recovers_the_exact_posterior_with_the_other_executions_s
 @pytest.mark.slow  # ~11 s on a loaded 2-core machine
 def test_vectorized_nuts_recovers_the_exact_posterior():
     x, y = _data(2)
-    post = bp.fit(_blr(2), x, y, **dict({k: v for k, v in VEC.items() if k != "num_leapfrog"}, method="nuts", num_samples=400, num_warmup=200, seed=1))
+    post = bp.fit(
+        _blr(2),
+        x,
+        y,
+        **dict(
+            {k: v for k, v in VEC.items() if k != "num_leapfrog"},
+            method="nuts",
+            num_samples=400,
+            num_warmup=200,
+            seed=1,
+        ),
+    )
     assert post.config["chain_execution"] == "vectorized" and post.sample_stats["tree_depth"].shape == (4, 400)
     _assert_exact(post, x, y)
 
@@ -193,8 +237,9 @@ def test_default_flat_single_chain_hmc_recovers_the_exact_posterior(monkeypatch)
     original = _flat_hmc.FlatHMC.setup
     monkeypatch.setattr(_flat_hmc.FlatHMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
     x, y = _data(2)
-    post = bp.fit(_blr(2), x, y, method="hmc", num_samples=600, num_warmup=300, num_chains=1, seed=0,
-                  progress=False)  # defaults otherwise
+    post = bp.fit(
+        _blr(2), x, y, method="hmc", num_samples=600, num_warmup=300, num_chains=1, seed=0, progress=False
+    )  # defaults otherwise
     assert used and post.config["fast_path"] is True
     steps, count = post.sample_stats["n_steps"], bp.infer.mcmc.DEFAULT_NUM_LEAPFROG  # jittered: count +- 50%
     assert ((steps >= count // 2) & (steps <= count * 3 // 2)).all() and len(steps.unique()) > 1
@@ -209,7 +254,18 @@ def test_pyros_hmc_runs_without_the_fast_path(monkeypatch):
     original = _kernels.PyroHMC.setup
     monkeypatch.setattr(_kernels.PyroHMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
     x, y = _data(2)
-    bp.fit(_blr(2), x, y, method="hmc", num_chains=1, num_samples=3, num_warmup=3, num_leapfrog=2, progress=False, fast_path=False)
+    bp.fit(
+        _blr(2),
+        x,
+        y,
+        method="hmc",
+        num_chains=1,
+        num_samples=3,
+        num_warmup=3,
+        num_leapfrog=2,
+        progress=False,
+        fast_path=False,
+    )
     assert used
 
 
@@ -237,7 +293,11 @@ def test_vectorized_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch, me
             m.setattr(ckpt_mod.Checkpoint, "save", save)
             with pytest.raises(RuntimeError, match="crash"):
                 bp.fit(_blr(2), x, y, checkpoint=folder, checkpoint_every=5, **config)
-        assert sorted(p.name for p in folder.iterdir()) == [".lock", "chain0.ckpt", "identity.ckpt"]  # one for the batch
+        assert sorted(p.name for p in folder.iterdir()) == [
+            ".lock",
+            "chain0.ckpt",
+            "identity.ckpt",
+        ]  # one for the batch
         assert ckpt_mod.read(folder / "chain0.ckpt")[1]["step"] == resumed_from
         resumed = bp.fit(_blr(2), x, y, checkpoint=folder, checkpoint_every=5, resume=True, **config)
         for group in ("samples", "sample_stats", "history"):
@@ -271,13 +331,17 @@ def test_one_progress_bar_for_all_vectorized_chains(capfd):
 
 def test_vectorized_refuses_what_it_cannot_run():
     x, y = _data(2)
-    with pytest.raises(ValueError, match="chain_method='vectorized' applies to method='nuts' and 'hmc' only, not "
-                                         "'metropolis'.*chain_method='auto'"):
+    with pytest.raises(
+        ValueError,
+        match="chain_method='vectorized' applies to method='nuts' and 'hmc' only, not "
+        "'metropolis'.*chain_method='auto'",
+    ):
         bp.fit(_blr(2), x, y, method="metropolis", chain_method="vectorized", num_chains=2, progress=False)
     with pytest.raises(ValueError, match="chain_method='vectorized' needs the fast path.*fast_path=True"):
         bp.fit(_blr(2), x, y, fast_path=False, **VEC)
-    laplace = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Laplace(0.0, 1.0),
-                     likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
+    laplace = bp.BNN(
+        torch.nn.Linear(2, 1), prior=bp.priors.Laplace(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=SIGMA)
+    )
     with pytest.raises(ValueError, match="chain_method='vectorized' needs the analytic potential.*chain_method='auto'"):
         bp.fit(laplace, x, y, **VEC)
     with pytest.raises(ValueError, match="chain_method: unknown value"):

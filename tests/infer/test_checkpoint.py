@@ -48,8 +48,18 @@ def toy():
     return x, torch.sin(x) + 0.1 * torch.randn(x.shape, generator=g)
 
 
-SVI = dict(method="svi", guide="mean_field", num_steps=20, batch_size=8, lr=0.05, lr_schedule="cosine",
-           num_samples=20, num_chains=2, seed=3, progress=False)
+SVI = dict(
+    method="svi",
+    guide="mean_field",
+    num_steps=20,
+    batch_size=8,
+    lr=0.05,
+    lr_schedule="cosine",
+    num_samples=20,
+    num_chains=2,
+    seed=3,
+    progress=False,
+)
 
 
 def test_svi_resumed_run_is_bit_identical(toy, tmp_path, monkeypatch):
@@ -138,8 +148,9 @@ def test_killed_writer_leaves_a_complete_checkpoint(tmp_path):
     for kill, phase in enumerate(sweep):
         if kill >= 3 and mid_write > 0:
             break
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(path), str(start)], stdout=subprocess.PIPE,
-                                text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(path), str(start)], stdout=subprocess.PIPE, text=True
+        )
         try:
             proc.stdout.readline()
             began = time.perf_counter()
@@ -215,7 +226,8 @@ def test_extra_state_round_trips_a_generator_lists_and_early_stopping_through_a_
 
     fresh = torch.Generator().manual_seed(0), [torch.full((3,), 9.0), torch.zeros(2, 2)], [], BestOnHoldout(2)
     ckpt_mod.ExtraState(gen=fresh[0], sums=fresh[1], baseline=fresh[2], best=fresh[3]).load_state_dict(
-        *ckpt_mod.read(tmp_path / "x.ckpt"))
+        *ckpt_mod.read(tmp_path / "x.ckpt")
+    )
     assert torch.equal(torch.rand(4, generator=fresh[0]), expected)
     assert torch.equal(fresh[1][0], sums[0]) and torch.equal(fresh[1][1], sums[1])
     assert fresh[2] == [0.1 + 0.2] and fresh[3].best_step == 1 and torch.equal(fresh[3].state[0], torch.ones(2))

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.posterior import tensor_files
 from bnn_pyro.infer import checkpoint as ckpt_mod
 from bnn_pyro.infer.checkpoint_folder import IDENTITY, CheckpointInUseError
+from bnn_pyro.posterior import tensor_files
 
 SVI = dict(method="svi", guide="mean_field", num_steps=6, num_samples=4, num_chains=1, seed=3, progress=False)
 
@@ -42,23 +42,40 @@ def _resume(folder, model, x, y):
     return bp.fit(model, x, y, checkpoint=folder, checkpoint_every=3, resume=True, **SVI)
 
 
-@pytest.mark.parametrize("change, differs", [
-    (lambda x, y: (_mlp(width=9), x, y),  # a wider net: was a raw torch size error from copy_
-     r"model\.net: saved Sequential.*out_features=8.*given Sequential.*out_features=9.*model\.param_shapes\.0\.bias: "
-     r"saved \[8\], given \[9\]"),
-    (lambda x, y: (_mlp(), x, y + 1.0),  # other targets: the resumed fit went on silently
-     r"data\.y: saved float32 \(37,\) sha256:[0-9a-f]{16}, given float32 \(37,\) sha256:[0-9a-f]{16}\)"),
-    (lambda x, y: (_mlp(), x[:30], y[:30]),
-     r"data\.x: saved float32 \(37, 1\) sha256:\w+, given float32 \(30, 1\) sha256:\w+; data\.y: saved float32 \(37,\)"),
-    (lambda x, y: (_mlp(prior=bp.priors.Normal(0.0, 0.5)), x, y),
-     r"model\.prior\.0\.bias: saved Independent\(Normal\(loc=0, scale=1; batch \(8,\)\); 1\), given "
-     r"Independent\(Normal\(loc=0, scale=0\.5; batch \(8,\)\); 1\)"),
-    (lambda x, y: (_mlp(scale=0.2), x, y), r"model\.likelihood: saved Gaussian\(scale=0\.1, precision=None\), given Gaussian\(scale=0\.2"),
-])
+@pytest.mark.parametrize(
+    "change, differs",
+    [
+        (
+            lambda x, y: (_mlp(width=9), x, y),  # a wider net: was a raw torch size error from copy_
+            r"model\.net: saved Sequential.*out_features=8.*given Sequential.*out_features=9.*model\.param_shapes\.0\.bias: "
+            r"saved \[8\], given \[9\]",
+        ),
+        (
+            lambda x, y: (_mlp(), x, y + 1.0),  # other targets: the resumed fit went on silently
+            r"data\.y: saved float32 \(37,\) sha256:[0-9a-f]{16}, given float32 \(37,\) sha256:[0-9a-f]{16}\)",
+        ),
+        (
+            lambda x, y: (_mlp(), x[:30], y[:30]),
+            r"data\.x: saved float32 \(37, 1\) sha256:\w+, given float32 \(30, 1\) sha256:\w+; data\.y: saved float32 \(37,\)",
+        ),
+        (
+            lambda x, y: (_mlp(prior=bp.priors.Normal(0.0, 0.5)), x, y),
+            r"model\.prior\.0\.bias: saved Independent\(Normal\(loc=0, scale=1; batch \(8,\)\); 1\), given "
+            r"Independent\(Normal\(loc=0, scale=0\.5; batch \(8,\)\); 1\)",
+        ),
+        (
+            lambda x, y: (_mlp(scale=0.2), x, y),
+            r"model\.likelihood: saved Gaussian\(scale=0\.1, precision=None\), given Gaussian\(scale=0\.2",
+        ),
+    ],
+)
 def test_resume_with_another_model_or_data_is_refused_naming_what_differs(fitted, toy, change, differs):
     folder, before = fitted
-    with pytest.raises(ckpt_mod.CheckpointError, match=rf"resume: the checkpoints in '.*' belong to another model or "
-                                                       rf"data \(.*{differs}.*Resume with the model and data"):
+    with pytest.raises(
+        ckpt_mod.CheckpointError,
+        match=rf"resume: the checkpoints in '.*' belong to another model or "
+        rf"data \(.*{differs}.*Resume with the model and data",
+    ):
         _resume(folder, *change(*toy))
     assert (folder / "chain0.ckpt").read_bytes() == before  # the run's state is untouched
 
@@ -84,8 +101,11 @@ def test_a_wider_net_without_identity_is_a_checkpoint_error_not_a_size_error(fit
     """Without the folder's identity (an old folder), the chain's own restore names the tensor that differs."""
     folder, _ = fitted
     (folder / IDENTITY).unlink()
-    with pytest.raises(ckpt_mod.CheckpointError, match=r"resume: .*chain0\.ckpt.* holds .* shaped \(8, 1\); this "
-                                                       r"run's is shaped \(9, 1\)"):
+    with pytest.raises(
+        ckpt_mod.CheckpointError,
+        match=r"resume: .*chain0\.ckpt.* holds .* shaped \(8, 1\); this "
+        r"run's is shaped \(9, 1\)",
+    ):
         _resume(folder, _mlp(width=9), *toy)
 
 
@@ -107,12 +127,16 @@ def test_a_second_writer_is_refused_and_a_killed_writers_lock_is_free(toy, tmp_p
     of the folder's lock (another process) makes the fit fail before it writes anything, naming the holder; once
     the holder is killed (SIGKILL: no clean-up ran), the folder is free again."""
     x, y = toy
-    holder = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path)], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(tmp_path)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     try:
         assert holder.stdout.readline().strip() == "holding"
-        with pytest.raises(CheckpointInUseError, match=rf"checkpoint: '.*' is in use by another fit \(pid {holder.pid} "
-                                                       r"on .*\); two fits writing one folder would overwrite"):
+        with pytest.raises(
+            CheckpointInUseError,
+            match=rf"checkpoint: '.*' is in use by another fit \(pid {holder.pid} "
+            r"on .*\); two fits writing one folder would overwrite",
+        ):
             bp.fit(_mlp(), x, y, checkpoint=tmp_path, **SVI)
         assert not (tmp_path / "chain0.ckpt").exists()
     finally:

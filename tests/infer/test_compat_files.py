@@ -31,12 +31,16 @@ def test_a_checkpoint_written_before_resumes_to_the_draws_of_the_run_it_interrup
         # state cannot be continued, so its checkpoint is refused with the version that can (issue 29 item 6)
         from bnn_pyro.infer.checkpoint import CheckpointError
 
-        with pytest.raises(CheckpointError, match=r"recursive NUTS kernel of an earlier bnn_pyro \(up to commit a7736d0\)"):
-            bp.fit(model, x, y, **made.RUNS[kernel], **made.COMMON, checkpoint=str(folder), checkpoint_every=5,
-                   resume=True)
+        with pytest.raises(
+            CheckpointError, match=r"recursive NUTS kernel of an earlier bnn_pyro \(up to commit a7736d0\)"
+        ):
+            bp.fit(
+                model, x, y, **made.RUNS[kernel], **made.COMMON, checkpoint=str(folder), checkpoint_every=5, resume=True
+            )
         return
-    resumed = bp.fit(model, x, y, **made.RUNS[kernel], **made.COMMON, checkpoint=str(folder), checkpoint_every=5,
-                     resume=True)
+    resumed = bp.fit(
+        model, x, y, **made.RUNS[kernel], **made.COMMON, checkpoint=str(folder), checkpoint_every=5, resume=True
+    )
     assert resumed.config == whole.config
     for group in ("samples", "sample_stats", "history"):
         assert set(getattr(resumed, group)) == set(getattr(whole, group)), group

@@ -80,15 +80,19 @@ class _Mean:
 
 def _mean_engine() -> Engine:
     """Minimizes 0.5 (w - mean(y_batch))^2: one SGD step at lr=1 lands exactly on the batch mean."""
+
     def step(state, batch, index):
         w = state.params[0]
         loss = 0.5 * (w - batch[1].mean()) ** 2
         return loss, _Gap(loss.item(), (w - batch[1].mean()).item(), float("nan"))
 
-    return Engine(init=lambda model, chain: _Mean([torch.full((), float(chain.seed), requires_grad=True)]),
-                  step=step, info=_Gap,
-                  after=lambda state, index, info: info._replace(after=state.params[0].item()),
-                  draws=lambda state, history: ChainRun(None, {"w": state.params[0].detach()[None]}, history=history))
+    return Engine(
+        init=lambda model, chain: _Mean([torch.full((), float(chain.seed), requires_grad=True)]),
+        step=step,
+        info=_Gap,
+        after=lambda state, index, info: info._replace(after=state.params[0].item()),
+        draws=lambda state, history: ChainRun(None, {"w": state.params[0].detach()[None]}, history=history),
+    )
 
 
 def test_drive_runs_a_hand_written_engine_to_its_exact_answer_and_records_its_typed_info():
@@ -113,8 +117,9 @@ def test_an_engine_brings_its_own_optimizer_and_record_dtype():
     def init(model, chain):
         return _Mean([torch.full((), float(chain.seed), dtype=torch.float64, requires_grad=True)])
 
-    engine = base._replace(init=init, optimizer=lambda state: torch.optim.SGD(state.params, lr=1.0),
-                           record_dtype=torch.float64)
+    engine = base._replace(
+        init=init, optimizer=lambda state: torch.optim.SGD(state.params, lr=1.0), record_dtype=torch.float64
+    )
     loop = Loop(num_steps=2, lr=0.25, method="mean", desc="mean", optimizer="sgd", progress=False)
     post = drive(lambda x, y=None: None, Data(x=torch.zeros(4, 1), y=y), engine, loop, num_chains=1, seed=5, config={})
     assert post.samples["w"].item() == 4.0 and post.history["after"].tolist() == [[4.0, 4.0]]

@@ -21,8 +21,8 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.utils.placement import placed_like
 from bnn_pyro.infer import Method, driver
+from bnn_pyro.utils.placement import placed_like
 
 sys.path.insert(0, os.path.dirname(__file__))
 from _fake_device import FakeDevice  # noqa: E402
@@ -44,8 +44,11 @@ def _data(dtype=torch.float32, device="cpu", n=240):
 def _model(dtype=torch.float32, device="cpu", likelihood=None, prior=None, out=1) -> bp.BNN:
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, out)).to(device, dtype)
-    return bp.BNN(net, prior=prior or bp.priors.Normal(0.0, 1.0),
-                  likelihood=likelihood or bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    return bp.BNN(
+        net,
+        prior=prior or bp.priors.Normal(0.0, 1.0),
+        likelihood=likelihood or bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    )
 
 
 def _checked_fit(model, x, y, method, **options):
@@ -96,12 +99,16 @@ def test_every_method_fits_a_float64_model_with_buffers_on_the_models_device(met
 
 
 @pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores
-@pytest.mark.parametrize("options", [
-    dict(structure="full", prior_precision="marglik"),
-    dict(structure="diag", hessian="fisher"),
-    dict(structure="kron", predictive="glm"),
-    dict(structure="last_layer", predictive="nn"),
-], ids=lambda o: "-".join(map(str, o.values())))
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(structure="full", prior_precision="marglik"),
+        dict(structure="diag", hessian="fisher"),
+        dict(structure="kron", predictive="glm"),
+        dict(structure="last_layer", predictive="nn"),
+    ],
+    ids=lambda o: "-".join(map(str, o.values())),
+)
 def test_laplace_structures_keep_float64_curvature_on_the_models_device(options):
     x, y = _data(torch.float32)
     post, pred = _checked_fit(_model(torch.float32), x, y, "laplace", num_steps=50, **options)
@@ -118,12 +125,16 @@ def test_laplace_classification_probit_on_the_models_device():
 
 
 # ---------------------------------------------------------------- priors follow the parameters
-@pytest.mark.parametrize("prior", [
-    dist.Normal(0.0, 1.0),
-    dist.LogNormal(0.0, 1.0),  # a TransformedDistribution
-    bp.priors.ScaleMixtureNormal()("w", None, torch.zeros(1)),  # a MixtureSameFamily built with torch.tensor
-    dist.Normal(torch.zeros(3), 1.0).to_event(1),
-], ids=["normal", "lognormal", "mixture", "independent"])
+@pytest.mark.parametrize(
+    "prior",
+    [
+        dist.Normal(0.0, 1.0),
+        dist.LogNormal(0.0, 1.0),  # a TransformedDistribution
+        bp.priors.ScaleMixtureNormal()("w", None, torch.zeros(1)),  # a MixtureSameFamily built with torch.tensor
+        dist.Normal(torch.zeros(3), 1.0).to_event(1),
+    ],
+    ids=["normal", "lognormal", "mixture", "independent"],
+)
 def test_placed_like_moves_every_tensor_of_a_distribution_to_the_device_and_dtype(prior):
     like = torch.empty(3, dtype=torch.float64, device="meta")
     placed = placed_like(prior, like)
@@ -162,8 +173,11 @@ def test_model_to_after_construction_moves_initial_values_and_priors():
 
 
 # ---------------------------------------------------------------- no fork once CUDA is initialised
-@pytest.mark.skipif(torch.cuda.is_available(), reason="simulates CUDA on a machine without one (patching a real "
-                    "device's state breaks torch.manual_seed); on a GPU the tests below run the real thing")
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="simulates CUDA on a machine without one (patching a real "
+    "device's state breaks torch.manual_seed); on a GPU the tests below run the real thing",
+)
 def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
@@ -177,8 +191,9 @@ def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
     monkeypatch.setattr(driver, "_start", no_fork)
     x, y = _data()
     with pytest.warns(UserWarning, match="CUDA is initialised in this process"):
-        post = bp.fit(_model(), x, y, method="metropolis", seed=0, progress=False,
-                      **{**TINY["metropolis"], "num_chains": 2})
+        post = bp.fit(
+            _model(), x, y, method="metropolis", seed=0, progress=False, **{**TINY["metropolis"], "num_chains": 2}
+        )
     assert post.config["chain_execution"] == "sequential" and post.num_chains == 2
 
 
@@ -230,10 +245,24 @@ def test_vectorized_chains_run_on_cuda(method):
     """chain_method='vectorized' (the batched leapfrog of _analytic_batched / _nuts_batched) on CUDA tensors: the
     draws stay on the device, are finite, and every chain moved."""
     x, y = _data(device="cuda")
-    model = bp.BNN(torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)).cuda(),
-                   prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
-    post = bp.fit(model, x, y, method=method, num_chains=3, chain_method="vectorized", num_warmup=30,
-                  num_samples=20, seed=0, progress=False, **({"max_tree_depth": 5} if method == "nuts" else {}))
+    model = bp.BNN(
+        torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)).cuda(),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+    )
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method=method,
+        num_chains=3,
+        chain_method="vectorized",
+        num_warmup=30,
+        num_samples=20,
+        seed=0,
+        progress=False,
+        **({"max_tree_depth": 5} if method == "nuts" else {}),
+    )
     assert post.config["chain_execution"] == "vectorized"
     for name, v in post.samples.items():
         assert v.device.type == "cuda" and bool(torch.isfinite(v).all()), name

@@ -32,8 +32,19 @@ def _run(by_hand: bool, **options):
             w.grad = (w - TARGET) * scale
             return None, 0.5 * ((w - TARGET) ** 2).sum() * scale
 
-    losses = descend(hand_written if by_hand else autograd, [w], _data(), num_steps=12, lr=0.1, seed=0,
-                     method="test", desc="chain 0", progress=False, backward=not by_hand, **options)
+    losses = descend(
+        hand_written if by_hand else autograd,
+        [w],
+        _data(),
+        num_steps=12,
+        lr=0.1,
+        seed=0,
+        method="test",
+        desc="chain 0",
+        progress=False,
+        backward=not by_hand,
+        **options,
+    )
     return w.detach(), losses
 
 
@@ -55,8 +66,19 @@ def test_a_non_finite_tensor_value_stops_the_run_naming_its_step(check_every):
         return None, torch.tensor(float("nan") if step == 5 else 1.0)
 
     with pytest.raises(FloatingPointError, match=r"the loss became nan at step 5 \(of 12\) of chain 0"):
-        descend(objective, [w], _data(), num_steps=12, lr=0.1, seed=0, method="test", desc="chain 0",
-                progress=False, backward=False, check_every=check_every,
-                after_step=lambda: updates.append(1))
+        descend(
+            objective,
+            [w],
+            _data(),
+            num_steps=12,
+            lr=0.1,
+            seed=0,
+            method="test",
+            desc="chain 0",
+            progress=False,
+            backward=False,
+            check_every=check_every,
+            after_step=lambda: updates.append(1),
+        )
     # checked every step: stopped before step 5's update; every 4 steps: at the check after step 7
     assert len(updates) == (5 if check_every == 1 else 7)

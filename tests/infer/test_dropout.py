@@ -52,8 +52,9 @@ def _data(seed: int = 0):
 
 def _linear_model():
     torch.manual_seed(0)
-    return bp.BNN(torch.nn.Linear(K, 1), prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
+    return bp.BNN(
+        torch.nn.Linear(K, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=SIGMA)
+    )
 
 
 def _closed_form(x, y, m, b, p):
@@ -133,8 +134,9 @@ def test_reinforce_gradient_is_exact_in_expectation(num_particles):
     total = 0.0
     for masks in itertools.product(_masks(), repeat=num_particles):
         noise = [_forced(mask, P) for mask in masks]
-        surrogate, _, _ = dropout.objective(guide, pot, (x, y), noise, dropout.RateLearning.REINFORCE, 0.1,
-                                            baseline=123.0)
+        surrogate, _, _ = dropout.objective(
+            guide, pot, (x, y), noise, dropout.RateLearning.REINFORCE, 0.1, baseline=123.0
+        )
         total = total + math.prod(_q(mask, P) for mask in masks) * _grads(guide, surrogate)
     _, exact = _exact_grads(x, y, guide, with_logit=True)
     torch.testing.assert_close(total, exact, rtol=0, atol=1e-5 * float(exact.abs().max()))
@@ -196,7 +198,9 @@ def _sgd_moments(x, y, theta0, lrs, p):
         for Gz, rz, qz in zip(G, r, q):
             A, c = eye - lr * Gz, lr * rz
             new_mean += qz * (A @ mean + c)
-            new_second += qz * (A @ second @ A.T + torch.outer(A @ mean, c) + torch.outer(c, A @ mean) + torch.outer(c, c))
+            new_second += qz * (
+                A @ second @ A.T + torch.outer(A @ mean, c) + torch.outer(c, A @ mean) + torch.outer(c, c)
+            )
         mean, second = new_mean, new_second
     return mean, second - torch.outer(mean, mean)
 
@@ -205,8 +209,21 @@ def test_fixed_rate_fit_matches_exact_sgd_moments_and_closed_form_optimum():
     x, y = _data()
     model = _linear_model()
     steps, lr, chains = 100, 0.004, 4
-    post = bp.fit(model, x, y, method="mc_dropout", p=P, optimizer="sgd", lr=lr, lr_schedule="cosine",
-                  num_steps=steps, num_chains=chains, num_samples=200, seed=0, progress=False)
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="mc_dropout",
+        p=P,
+        optimizer="sgd",
+        lr=lr,
+        lr_schedule="cosine",
+        num_steps=steps,
+        num_chains=chains,
+        num_samples=200,
+        seed=0,
+        progress=False,
+    )
     w = post.samples["weight"].reshape(chains, -1, K).double()
     m = w.sum(1) / (w != 0).sum(1)  # kept columns equal M exactly, dropped ones are 0
     theta = torch.cat([m, post.samples["bias"][:, 0].double()], 1)
@@ -229,8 +246,10 @@ def test_fixed_rate_fit_matches_exact_sgd_moments_and_closed_form_optimum():
     optimum = torch.linalg.solve(x1.T @ x1 / SIGMA**2 + torch.diag(penalty), x1.T @ y.double() / SIGMA**2)
     torch.testing.assert_close(mean, optimum, rtol=0, atol=1e-6)
     # The test's resolution: the dropout penalty moves the optimum by ~80 standard errors of the chain mean
-    ridge = torch.linalg.solve(x1.T @ x1 / SIGMA**2 + torch.diag(torch.tensor([1 - P] * K + [1.0], dtype=torch.double)),
-                               x1.T @ y.double() / SIGMA**2)
+    ridge = torch.linalg.solve(
+        x1.T @ x1 / SIGMA**2 + torch.diag(torch.tensor([1 - P] * K + [1.0], dtype=torch.double)),
+        x1.T @ y.double() / SIGMA**2,
+    )
     assert ((ridge - optimum).abs() / (cov.diagonal() / chains).sqrt()).max() > 10 * Z_MAX
 
 
@@ -247,16 +266,19 @@ def _mlp(hidden=20, seed=0):
 def test_mlp_regression_masks_predict_summary_idata_save_load(tmp_path):
     x, y = bp.datasets.toy_gap()
     model = _mlp()
-    post = bp.fit(model, x, y, method="mc_dropout", num_steps=100, num_chains=2, num_samples=100, seed=1,
-                  progress=False)
+    post = bp.fit(
+        model, x, y, method="mc_dropout", num_steps=100, num_chains=2, num_samples=100, seed=1, progress=False
+    )
     assert post.method == "mc_dropout" and set(post.samples) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert post.samples["2.weight"].shape == (2, 100, 1, 20)
     assert post.config["dropout_sites"] == "2.weight" and post.config["rate"] == "fixed"
     # hidden units dropped whole (W = M diag z); the input layer and the biases are point masses
     w = post.samples["2.weight"][0, :, 0]
     kept = w != 0
-    assert torch.equal(torch.where(kept, w, w[kept.float().argmax(0), torch.arange(20)]),
-                       w[kept.float().argmax(0), torch.arange(20)].expand_as(w))
+    assert torch.equal(
+        torch.where(kept, w, w[kept.float().argmax(0), torch.arange(20)]),
+        w[kept.float().argmax(0), torch.arange(20)].expand_as(w),
+    )
     drop_rate = 1 - kept.double().mean()
     assert abs(drop_rate - 0.1) < 4 * math.sqrt(0.1 * 0.9 / kept.numel())  # Bernoulli(0.1) masks
     assert torch.equal(post.samples["0.weight"][0], post.samples["0.weight"][0, :1].expand(100, 20, 1))
@@ -305,8 +327,20 @@ def test_learned_rate_is_recorded_and_moves(rate):
     x, y = bp.datasets.toy_gap()
     # lr_schedule="constant": the estimators' drift over a fixed 150-step budget (the cosine default, which halves
     # the budget's summed step, left the concrete rate at 0.157 by step 150; long runs end near 0.0015 either way)
-    post = bp.fit(_mlp(), x, y, method="mc_dropout", rate=rate, p=0.3, lr=0.05, num_steps=150, num_samples=50,
-                  lr_schedule="constant", seed=0, progress=False)
+    post = bp.fit(
+        _mlp(),
+        x,
+        y,
+        method="mc_dropout",
+        rate=rate,
+        p=0.3,
+        lr=0.05,
+        num_steps=150,
+        num_samples=50,
+        lr_schedule="constant",
+        seed=0,
+        progress=False,
+    )
     history = post.history["dropout_rate[2.weight]"]
     assert history.shape == (1, 150)
     # With sigma = 0.1 the likelihood outweighs the mask entropy and the rate falls from 0.3 (long runs
@@ -320,10 +354,27 @@ def test_seed_reproducible_and_learned_noise_is_a_point_mass():
     x, y = bp.datasets.toy_gap()
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
-                   bayesian="weights")
-    runs = [bp.fit(model, x, y, method="mc_dropout", rate="reinforce", num_steps=20, num_samples=20, batch_size=40,
-                   seed=5, progress=False) for _ in range(2)]
+    model = bp.BNN(
+        net,
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+        bayesian="weights",
+    )
+    runs = [
+        bp.fit(
+            model,
+            x,
+            y,
+            method="mc_dropout",
+            rate="reinforce",
+            num_steps=20,
+            num_samples=20,
+            batch_size=40,
+            seed=5,
+            progress=False,
+        )
+        for _ in range(2)
+    ]
     rate = runs[0].history["dropout_rate[2.weight]"]
     assert rate.shape == (1, 20) and runs[0].config["num_particles"] == 4
     assert torch.allclose(runs[0].sample_stats["dropout_rate[2.weight]"], rate[:, -1:].expand(1, 20))
@@ -343,8 +394,9 @@ def test_conv_masks_drop_whole_input_channels_within_groups():
     tconv = dropout._site("w", torch.nn.ConvTranspose1d(3, 5, 2))
     assert tconv.size == 3 and tconv.units.reshape(-1).tolist() == [0, 1, 2]
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv1d(2, 3, 3), torch.nn.Tanh(), torch.nn.Conv1d(3, 2, 3),
-                              torch.nn.Flatten(), torch.nn.Linear(8, 1))
+    net = torch.nn.Sequential(
+        torch.nn.Conv1d(2, 3, 3), torch.nn.Tanh(), torch.nn.Conv1d(3, 2, 3), torch.nn.Flatten(), torch.nn.Linear(8, 1)
+    )
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.5))
     g = torch.Generator().manual_seed(0)
     x, y = torch.randn(16, 2, 8, generator=g), torch.randn(16, generator=g)
@@ -370,8 +422,12 @@ def test_function_model_says_which_method_fits():
 
 def test_bnn_without_bayesian_layer_weights_says_so():
     x, y = bp.datasets.toy_gap()
-    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian=["bias"])
+    model = bp.BNN(
+        torch.nn.Linear(1, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+        bayesian=["bias"],
+    )
     with pytest.raises(ValueError, match="(?s)no Bayesian weight of an nn.Linear.*bias.*method='svi'"):
         bp.fit(model, x, y, method="mc_dropout", progress=False)
     with pytest.raises(ValueError, match="dropout_inputs=True"):
@@ -381,17 +437,20 @@ def test_bnn_without_bayesian_layer_weights_says_so():
         bp.fit(positive, x, y, method="mc_dropout", progress=False)
 
 
-@pytest.mark.parametrize("config, error, match", [
-    (dict(p=0.0), ValueError, "p: the drop rate"),
-    (dict(p=1.5), ValueError, "p: the drop rate"),
-    (dict(rate="gumbel"), ValueError, "rate: unknown value 'gumbel'"),
-    (dict(temperature=0.5), ValueError, "temperature= applies to rate='concrete'"),
-    (dict(rate="concrete", baseline_beta=0.5), ValueError, "baseline_beta= applies to rate='reinforce'"),
-    (dict(rate="reinforce", baseline_beta=1.0), ValueError, "baseline_beta must be in"),
-    (dict(rate="concrete", temperature=-1.0), ValueError, "temperature must be a positive"),
-    (dict(num_steps=10, epochs=1), ValueError, "num_steps= or epochs="),
-    (dict(num_particles=0), ValueError, "num_particles must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "config, error, match",
+    [
+        (dict(p=0.0), ValueError, "p: the drop rate"),
+        (dict(p=1.5), ValueError, "p: the drop rate"),
+        (dict(rate="gumbel"), ValueError, "rate: unknown value 'gumbel'"),
+        (dict(temperature=0.5), ValueError, "temperature= applies to rate='concrete'"),
+        (dict(rate="concrete", baseline_beta=0.5), ValueError, "baseline_beta= applies to rate='reinforce'"),
+        (dict(rate="reinforce", baseline_beta=1.0), ValueError, "baseline_beta must be in"),
+        (dict(rate="concrete", temperature=-1.0), ValueError, "temperature must be a positive"),
+        (dict(num_steps=10, epochs=1), ValueError, "num_steps= or epochs="),
+        (dict(num_particles=0), ValueError, "num_particles must be a positive int"),
+    ],
+)
 def test_bad_config(config, error, match):
     x, y = bp.datasets.toy_gap()
     with pytest.raises(error, match=match):
@@ -405,8 +464,11 @@ def _sine_with_learned_noise(n=240):
     y = torch.sin(2 * x[:, 0]) + 0.2 * torch.randn(n, generator=g)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    return x, y, bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(
-        scale=dist.HalfNormal(1.0)))
+    return (
+        x,
+        y,
+        bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))),
+    )
 
 
 def _mixture_lpd(post, x, y, sigma):
@@ -422,7 +484,9 @@ def test_default_holds_rows_out_stops_early_and_sets_the_noise_on_them(monkeypat
     x, y, model = _sine_with_learned_noise()
     final = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, seed=0, progress=False)
     assert final.config["validation"]["final_fit_rows"] == 240 and "best_step" not in final.history
-    monkeypatch.setattr(dropout, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
+    monkeypatch.setattr(
+        dropout, "refit", lambda post, again: post
+    )  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, seed=0, progress=False)
     assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
     assert post.config["noise"] == final.config["noise"]
@@ -435,8 +499,9 @@ def test_default_holds_rows_out_stops_early_and_sets_the_noise_on_them(monkeypat
     for other in (0.95 * sigma, 1.05 * sigma):
         assert best > _mixture_lpd(post, held.x, held.y, other)
 
-    old = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, validation=None, seed=0,
-                 progress=False)
+    old = bp.fit(
+        model, x, y, method="mc_dropout", num_steps=200, num_samples=50, validation=None, seed=0, progress=False
+    )
     assert old.config["validation"] == {"rows": 0} and "noise" not in old.config
     assert old.config["dataset_size"] == 240 and "best_step" not in old.history
 
@@ -448,11 +513,14 @@ def test_default_holds_nothing_out_without_a_noise_to_choose_but_an_explicit_fra
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
     post = bp.fit(model, x, y, method="mc_dropout", num_steps=100, num_samples=10, seed=0, progress=False)
     assert post.config["validation"]["rows"] == 0 and post.config["dataset_size"] == 240
-    post = bp.fit(model, x, y, method="mc_dropout", num_steps=100, num_samples=10, validation=0.1, seed=0,
-                  progress=False)
+    post = bp.fit(
+        model, x, y, method="mc_dropout", num_steps=100, num_samples=10, validation=0.1, seed=0, progress=False
+    )
     assert post.config["validation"]["rows"] == 24 and post.config["validation"]["final_fit_rows"] == 240
-    assert post.config["dataset_size"] == 240 and post.config["num_steps"] == post.config["validation"]["chosen"][
-        "num_steps"]  # early stopping alone: the chosen stopping point, then every row
+    assert (
+        post.config["dataset_size"] == 240
+        and post.config["num_steps"] == post.config["validation"]["chosen"]["num_steps"]
+    )  # early stopping alone: the chosen stopping point, then every row
     assert "noise" not in post.config  # nothing to choose for a classifier
 
 
@@ -464,8 +532,17 @@ def test_resumed_run_is_bit_identical_with_its_masks_baseline_and_early_stopping
     from bnn_pyro.infer import checkpoint as ckpt_mod
 
     x, y, model = _sine_with_learned_noise()
-    cfg = dict(method="mc_dropout", rate="reinforce", num_particles=1, num_steps=40, num_samples=20, num_chains=2,
-               batch_size=32, seed=2, progress=False)
+    cfg = dict(
+        method="mc_dropout",
+        rate="reinforce",
+        num_particles=1,
+        num_steps=40,
+        num_samples=20,
+        num_chains=2,
+        batch_size=32,
+        seed=2,
+        progress=False,
+    )
     whole = bp.fit(model, x, y, **cfg)
     save = ckpt_mod.Checkpoint.save
 

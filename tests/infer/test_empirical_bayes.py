@@ -27,17 +27,23 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import make_blr
 from pyro import poutine
 
 import bnn_pyro as bp
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales, Sharing
-from blr import make_blr
 
-FIT = dict(empirical_bayes="shared", num_steps=1000, lr=0.05, lr_schedule="cosine", num_particles=8, num_samples=10,
-           seed=0, progress=False)
+FIT = dict(
+    empirical_bayes="shared",
+    num_steps=1000,
+    lr=0.05,
+    lr_schedule="cosine",
+    num_particles=8,
+    num_samples=10,
+    seed=0,
+    progress=False,
+)
 FULL_RANK_TOL, MEAN_FIELD_TOL = 0.055, 0.11
-
-
 
 
 def _optima(blr) -> tuple[float, float]:
@@ -85,8 +91,9 @@ def test_handler_rescales_each_prior_and_keeps_layerwise_ratios():
     x, y = torch.randn(5, 4), torch.randn(5)
     for sharing in Sharing:
         handler = LearnedPriorScales(model, x, y, 5, sharing)
-        assert handler.base_scales == pytest.approx({"0.weight": 0.5, "0.bias": 0.5, "2.weight": 3**-0.5,
-                                                     "2.bias": 3**-0.5})
+        assert handler.base_scales == pytest.approx(
+            {"0.weight": 0.5, "0.bias": 0.5, "2.weight": 3**-0.5, "2.bias": 3**-0.5}
+        )
         with pyro.get_param_store().scope():
             if sharing is Sharing.SHARED:
                 pyro.param("prior_scale", torch.tensor(3.0))
@@ -108,8 +115,18 @@ def test_per_tensor_scales_end_to_end(tmp_path):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(2, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
-    post = bp.fit(model, x, y, empirical_bayes=True, estimator="flipout", num_steps=60, lr=0.05, num_chains=2,
-                  num_samples=20, progress=False)
+    post = bp.fit(
+        model,
+        x,
+        y,
+        empirical_bayes=True,
+        estimator="flipout",
+        num_steps=60,
+        lr=0.05,
+        num_chains=2,
+        num_samples=20,
+        progress=False,
+    )
     scales = post.config["prior_scales"]
     assert post.config["empirical_bayes"] == "tensor"
     assert set(scales) == {"0.weight", "0.bias", "2.weight", "2.bias"} and all(len(v) == 2 for v in scales.values())
@@ -130,11 +147,19 @@ def test_per_tensor_scales_end_to_end(tmp_path):
     [
         (bp.priors.HierarchicalNormal(), {}, ValueError, r"prior of 'weight' is hierarchical"),
         (bp.priors.ScaleMixtureNormal(), {}, ValueError, r"prior of 'weight' is MixtureSameFamily, which has no scale"),
-        ({"weight": dist.Normal(0.0, torch.tensor([1.0, 2.0])), "bias": dist.Normal(0.0, 1.0)}, {}, ValueError,
-         r"scale of 'weight' varies within"),
+        (
+            {"weight": dist.Normal(0.0, torch.tensor([1.0, 2.0])), "bias": dist.Normal(0.0, 1.0)},
+            {},
+            ValueError,
+            r"scale of 'weight' varies within",
+        ),
         (bp.priors.Normal(), dict(guide="map"), ValueError, r"empirical_bayes needs a guide with spread"),
-        (bp.priors.Normal(), dict(empirical_bayes="layer"), ValueError,
-         r"empirical_bayes: unknown value 'layer'; choose one of 'tensor', 'shared'"),
+        (
+            bp.priors.Normal(),
+            dict(empirical_bayes="layer"),
+            ValueError,
+            r"empirical_bayes: unknown value 'layer'; choose one of 'tensor', 'shared'",
+        ),
         (bp.priors.Normal(), dict(empirical_bayes=1.5), TypeError, r"empirical_bayes: expected True, False"),
         ("function", {}, ValueError, r"empirical_bayes: needs a bp.BNN"),
     ],
@@ -142,6 +167,7 @@ def test_per_tensor_scales_end_to_end(tmp_path):
 def test_bad_empirical_bayes_input_is_explained(prior, kwargs, error, match):
     x, y = torch.randn(6, 2), torch.randn(6)
     if prior == "function":
+
         def model(x, y=None):
             w = pyro.sample("w", dist.Normal(0.0, 1.0))
             with pyro.plate("data", len(x)):

@@ -36,8 +36,12 @@ TINY = {
     "ensemble": dict(num_chains=2, num_steps=12, lr=1.0),  # member 0 peaks on held-out rows at step 3 (of 12)
     "laplace": dict(num_steps=12, lr=1.0, num_samples=4),  # its MAP search peaks on held-out rows at step 3 (of 12)
     "snapshot": dict(num_cycles=2, cycle_length=6),
-    "subspace": dict(subspace_dim=2, num_samples=4, inner_options=dict(num_warmup=4, max_tree_depth=2),
-                     swa=dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2)),
+    "subspace": dict(
+        subspace_dim=2,
+        num_samples=4,
+        inner_options=dict(num_warmup=4, max_tree_depth=2),
+        swa=dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2),
+    ),
 }
 METHODS = [m.value for m in Method]
 

@@ -21,14 +21,14 @@ import warnings
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
+from conftest import _linear_data, linreg
 
 import bnn_pyro as bp
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.anchor import anchor
 from bnn_pyro.infer.ensemble import _adversarial_loss, _energy, _reset_values
-from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
-from conftest import _linear_data, linreg
 
 OPT_TOL = 1e-4
 FAST = dict(lr=0.1, lr_schedule="cosine", progress=False)
@@ -47,8 +47,9 @@ def _mlp(out: int = 1, inputs: int = 1, hidden: int = 16) -> torch.nn.Module:
 # ------------------------------------------------------------------ known answers
 def test_every_member_reaches_the_posterior_mode_and_the_predictive_is_the_mixture():
     blr = make_blr(n=20, d=2, noise=0.5)
-    post = bp.fit(blr.model(), blr.x, blr.y, method="ensemble", num_chains=3, num_steps=250, seed=0, anchored=False,
-                  **FAST)
+    post = bp.fit(
+        blr.model(), blr.x, blr.y, method="ensemble", num_chains=3, num_steps=250, seed=0, anchored=False, **FAST
+    )
     assert post.method == "ensemble" and (post.num_chains, post.num_draws) == (3, 1)
     assert post.samples["weight"].shape == (3, 1, 1, 2) and post.history["loss"].shape == (3, 250)
     start = post.history["loss"][:, 0]
@@ -74,8 +75,7 @@ def test_anchored_members_are_the_closed_form_randomized_maps_by_default():
     # member went to the same mode, blr.mean.
     blr = make_blr(n=20, d=2, noise=0.5, prior_scale=0.7)
     model = blr.model()
-    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_chains=3, num_steps=1000, seed=5, validation=None,
-                  **FAST)
+    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_chains=3, num_steps=1000, seed=5, validation=None, **FAST)
     assert post.config["anchored"] is True and post.config["init"] == "reset"
     pot = Potential(model, Data(x=blr.x, y=blr.y))
     X, y = blr.design, blr.y.double()
@@ -104,8 +104,11 @@ def test_anchor_draws_differ_by_seed_and_leave_the_global_generator_alone():
 
 
 def test_anchoring_leaves_a_learned_noise_scale_to_its_map_objective():
-    model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    model = bp.BNN(
+        torch.nn.Linear(2, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    )
     blr = make_blr(n=10, d=2)
     g, w0 = anchor(model, Potential(model, Data(x=blr.x, y=blr.y)), (blr.x, blr.y), seed=0)
     assert set(g) == set(w0) == {"weight", "bias"}
@@ -126,10 +129,12 @@ def _joint_mode(blr, n_extra: float = 0.0):
 
 def test_learned_noise_is_fitted_per_member_at_the_joint_mode():
     blr = make_blr(n=20, d=2, noise=0.5, seed=1)
-    model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
-    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_chains=2, num_steps=250, seed=3, anchored=False,
-                  **FAST)
+    model = bp.BNN(
+        torch.nn.Linear(2, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    )
+    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_chains=2, num_steps=250, seed=3, anchored=False, **FAST)
     assert post.samples["sigma"].shape == (2, 1)
     w, sigma = _joint_mode(blr)
     _, sigma_log = _joint_mode(blr, n_extra=-1.0)
@@ -160,8 +165,9 @@ def test_heteroscedastic_members_learn_input_dependent_noise():
     2.5), so a local sd is estimated to a relative error of ~1 / sqrt(2 * 17) = 17% (plus the net's
     smoothing); a factor of 2 (|log ratio| < 0.69) is ~4 such errors."""
     x, y = bp.datasets.heteroscedastic(n=100, seed=0)
-    model = bp.BNN(_mlp(out=2, hidden=16), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.HeteroscedasticGaussian())
+    model = bp.BNN(
+        _mlp(out=2, hidden=16), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.HeteroscedasticGaussian()
+    )
     post = bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=200, lr=0.05, seed=0, progress=False)
     aleatoric = post.predict(torch.tensor([[-2.5], [2.5]])).aleatoric_std
     truth = bp.datasets.heteroscedastic_noise_sd(torch.tensor([-2.5, 2.5]))
@@ -172,14 +178,24 @@ def test_heteroscedastic_members_learn_input_dependent_noise():
 def test_deterministic_parameters_are_per_member_and_every_view_works(tmp_path):
     torch.manual_seed(0)
     x, y = bp.datasets.toy_gap()
-    model = bp.BNN(_mlp(hidden=8), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1),
-                   bayesian="weights")  # biases are point estimates: one per member
+    model = bp.BNN(
+        _mlp(hidden=8),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+        bayesian="weights",
+    )  # biases are point estimates: one per member
     post = bp.fit(model, x, y, method="ensemble", num_chains=3, num_steps=60, batch_size=40, seed=0, progress=False)
     assert post.point["0.bias"].shape == (3, 8) and not torch.equal(post.point["0.bias"][0], post.point["0.bias"][1])
     pred = post.predict(x[:5])
-    by_member = torch.stack([post.model.forward_draws(
-        {n: post.samples[n][k] for n in model.sample_names} | {n: post.point[n][k : k + 1] for n in post.point},
-        x[:5])[0, :, 0] for k in range(3)])
+    by_member = torch.stack(
+        [
+            post.model.forward_draws(
+                {n: post.samples[n][k] for n in model.sample_names} | {n: post.point[n][k : k + 1] for n in post.point},
+                x[:5],
+            )[0, :, 0]
+            for k in range(3)
+        ]
+    )
     torch.testing.assert_close(pred.mean, by_member.mean(0))
 
     with warnings.catch_warnings():
@@ -220,8 +236,11 @@ def test_reset_draws_fresh_weights_per_seed_and_warns_about_modules_it_cannot_re
         def forward(self, x):
             return self.gain * x
 
-    custom = bp.BNN(torch.nn.Sequential(torch.nn.Linear(1, 1), Scale()), prior=bp.priors.Normal(0.0, 1.0),
-                    likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    custom = bp.BNN(
+        torch.nn.Sequential(torch.nn.Linear(1, 1), Scale()),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+    )
     with pytest.warns(UserWarning, match=r"\['1.gain'\].*without reset_parameters"):
         values = _reset_values(custom, 0)
     assert values["1.gain"].item() == 2.0
@@ -235,21 +254,25 @@ def test_adversarial_inputs_raise_the_loss_and_are_trained_on():
     clean = _energy(pot, z, (blr.x, blr.y)).item()
     both = _adversarial_loss(pot, z, (blr.x, blr.y), eps=0.05).item()
     assert both > clean  # (U(x) + U(x')) / 2 > U(x): the sign step climbs the loss
-    post = bp.fit(model, blr.x, blr.y, method="ensemble", num_chains=1, num_steps=100, adversarial_eps=0.05, seed=0,
-                  **FAST)
+    post = bp.fit(
+        model, blr.x, blr.y, method="ensemble", num_chains=1, num_steps=100, adversarial_eps=0.05, seed=0, **FAST
+    )
     assert post.config["adversarial_eps"] == 0.05
     # the adversarial objective is not the posterior: its minimizer sits measurably away from the mode
     assert (_members(post) - blr.mean).abs().max() > 10 * OPT_TOL
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(num_chains=0), ValueError, "num_chains must be a positive int"),
-    (dict(num_steps=2.5), TypeError, "num_steps must be an int"),
-    (dict(lr=-1.0), ValueError, "lr must be a positive"),
-    (dict(init="zeros"), ValueError, "init: unknown value 'zeros'"),
-    (dict(adversarial_eps=-0.1), ValueError, "adversarial_eps must be a non-negative"),
-    (dict(optimizer="lbfgs"), ValueError, "optimizer: unknown value 'lbfgs'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(num_chains=0), ValueError, "num_chains must be a positive int"),
+        (dict(num_steps=2.5), TypeError, "num_steps must be an int"),
+        (dict(lr=-1.0), ValueError, "lr must be a positive"),
+        (dict(init="zeros"), ValueError, "init: unknown value 'zeros'"),
+        (dict(adversarial_eps=-0.1), ValueError, "adversarial_eps must be a non-negative"),
+        (dict(optimizer="lbfgs"), ValueError, "optimizer: unknown value 'lbfgs'"),
+    ],
+)
 def test_bad_arguments(kwargs, error, match):
     blr = make_blr(n=10, d=1)
     with pytest.raises(error, match=match):
@@ -278,8 +301,9 @@ def test_toy_gap_with_defaults_is_uncertain_in_the_gap():
 def test_two_moons_with_defaults():
     x, y = bp.datasets.two_moons(n=200, seed=0)
     torch.manual_seed(0)
-    model = bp.BNN(_mlp(out=2, inputs=2, hidden=50), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Categorical())
+    model = bp.BNN(
+        _mlp(out=2, inputs=2, hidden=50), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical()
+    )
     post = bp.fit(model, x, y, method="ensemble", progress=False)
     assert (post.predict(x).predicted == y).float().mean() > 0.97
     x_test, y_test = bp.datasets.two_moons(n=200, seed=1)

@@ -8,11 +8,11 @@ import warnings
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 import bnn_pyro as bp
-from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 from bnn_pyro.infer import _health
-from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 
 def _quiet(fn):
@@ -45,20 +45,70 @@ def _wiggle(n: int = 60):
 
 # ------------------------------------------------------------------ healthy fits: silent
 def test_healthy_nuts_and_svi_fits_of_blr_give_no_warning(blr):
-    _quiet(lambda: bp.fit(blr.model(), blr.x, blr.y, method="nuts", num_samples=200, num_warmup=200, num_chains=2,
-                          chain_method="sequential", seed=0, progress=False))
-    _quiet(lambda: bp.fit(blr.model(), blr.x, blr.y, method="svi", guide="mean_field", num_steps=800, lr=0.05,
-                          lr_schedule="cosine", num_samples=200, seed=0, progress=False))
+    _quiet(
+        lambda: bp.fit(
+            blr.model(),
+            blr.x,
+            blr.y,
+            method="nuts",
+            num_samples=200,
+            num_warmup=200,
+            num_chains=2,
+            chain_method="sequential",
+            seed=0,
+            progress=False,
+        )
+    )
+    _quiet(
+        lambda: bp.fit(
+            blr.model(),
+            blr.x,
+            blr.y,
+            method="svi",
+            guide="mean_field",
+            num_steps=800,
+            lr=0.05,
+            lr_schedule="cosine",
+            num_samples=200,
+            seed=0,
+            progress=False,
+        )
+    )
 
 
 def test_noise_dominated_blr_is_not_mistaken_for_the_prior():
     """Noise sd 1 on weak signal: the exact posterior's mean explains ~1% of y in-sample; the data
     still made the posterior far surer than the prior, so no warning."""
     weak = make_blr(n=20, d=2, noise=1.0, correlation=0.0)
-    _quiet(lambda: bp.fit(weak.model(), weak.x, weak.y, method="svi", guide="map", num_steps=500, lr=0.1,
-                          lr_schedule="cosine", seed=0, progress=False))
-    _quiet(lambda: bp.fit(weak.model(), weak.x, weak.y, method="svi", guide="mean_field", num_steps=800, lr=0.05,
-                          lr_schedule="cosine", num_samples=200, seed=0, progress=False))
+    _quiet(
+        lambda: bp.fit(
+            weak.model(),
+            weak.x,
+            weak.y,
+            method="svi",
+            guide="map",
+            num_steps=500,
+            lr=0.1,
+            lr_schedule="cosine",
+            seed=0,
+            progress=False,
+        )
+    )
+    _quiet(
+        lambda: bp.fit(
+            weak.model(),
+            weak.x,
+            weak.y,
+            method="svi",
+            guide="mean_field",
+            num_steps=800,
+            lr=0.05,
+            lr_schedule="cosine",
+            num_samples=200,
+            seed=0,
+            progress=False,
+        )
+    )
 
 
 # ------------------------------------------------------------------ bad fits: each warning fires
@@ -80,8 +130,19 @@ def test_a_rising_elbo_is_reported_as_unstable():
 def test_nuts_at_tree_depth_two_warns_about_saturation_and_mixing():
     x, y = _wiggle()
     with pytest.warns(DiagnosticWarning) as record:
-        bp.fit(_mlp(), x, y, method="nuts", max_tree_depth=2, num_samples=100, num_warmup=100, num_chains=2,
-               chain_method="sequential", seed=0, progress=False)
+        bp.fit(
+            _mlp(),
+            x,
+            y,
+            method="nuts",
+            max_tree_depth=2,
+            num_samples=100,
+            num_warmup=100,
+            num_chains=2,
+            chain_method="sequential",
+            seed=0,
+            progress=False,
+        )
     messages = _messages(record)
     assert any("stopped at max_tree_depth=2" in m and "larger max_tree_depth" in m for m in messages), messages
     ess = [m for m in messages if "bulk ESS of f(x) at 20 training inputs" in m]
@@ -91,8 +152,18 @@ def test_nuts_at_tree_depth_two_warns_about_saturation_and_mixing():
 def test_short_metropolis_warns_about_too_few_effective_draws():
     x, y = _wiggle()
     with pytest.warns(DiagnosticWarning) as record:
-        bp.fit(_mlp(), x, y, method="metropolis", num_samples=50, num_warmup=50, num_chains=2,
-               chain_method="sequential", seed=0, progress=False)
+        bp.fit(
+            _mlp(),
+            x,
+            y,
+            method="metropolis",
+            num_samples=50,
+            num_warmup=50,
+            num_chains=2,
+            chain_method="sequential",
+            seed=0,
+            progress=False,
+        )
     messages = _messages(record)
     assert any("bulk ESS of f(x)" in m and "threshold 100" in m and "method='nuts'" in m for m in messages), messages
     assert any("R-hat of f(x)" in m and "threshold 1.05" in m for m in messages), messages
@@ -110,8 +181,18 @@ def test_pyro_function_without_f_is_monitored_by_its_log_density():
     x = torch.linspace(-1, 1, 30)[:, None]
     y = 0.5 * x[:, 0]
     with pytest.warns(DiagnosticWarning, match=r"bulk ESS of the parameters and the log density lp \(worst: "):
-        bp.fit(model, x, y, method="metropolis", num_chains=1, num_samples=20, num_warmup=20, jit=False, seed=0,
-               progress=False)
+        bp.fit(
+            model,
+            x,
+            y,
+            method="metropolis",
+            num_chains=1,
+            num_samples=20,
+            num_warmup=20,
+            jit=False,
+            seed=0,
+            progress=False,
+        )
 
 
 def _plain_posterior(shift: float, num_chains: int = 4, draws: int = 500) -> bp.Posterior:
@@ -120,9 +201,12 @@ def _plain_posterior(shift: float, num_chains: int = 4, draws: int = 500) -> bp.
     g = torch.Generator().manual_seed(0)
     theta = torch.randn(num_chains, draws, 3, generator=g)
     theta[0, :, 1] += shift
-    return bp.Posterior(samples={"a": torch.randn(num_chains, draws, generator=g), "theta": theta},
-                        model=lambda x, y=None: None, method="metropolis",
-                        sample_stats={"lp": torch.randn(num_chains, draws, generator=g)})
+    return bp.Posterior(
+        samples={"a": torch.randn(num_chains, draws, generator=g), "theta": theta},
+        model=lambda x, y=None: None,
+        method="metropolis",
+        sample_stats={"lp": torch.randn(num_chains, draws, generator=g)},
+    )
 
 
 def test_plain_model_parameters_are_checked_not_only_its_log_density():
@@ -130,14 +214,20 @@ def test_plain_model_parameters_are_checked_not_only_its_log_density():
     the others in one parameter went unreported); the worst element is named. Independent draws: R-hat of the
     unshifted elements ~1.00 +- 0.003, of theta[1] with one of 4 chains shifted by 1 sd ~1.1."""
     _quiet(lambda: _health.check_mixing(_plain_posterior(0.0)))
-    with pytest.warns(DiagnosticWarning, match=r"R-hat of the parameters and the log density lp \(worst: "
-                                               r"theta\[1\]\) is up to 1\.[1-9]"):
+    with pytest.warns(
+        DiagnosticWarning,
+        match=r"R-hat of the parameters and the log density lp \(worst: "
+        r"theta\[1\]\) is up to 1\.[1-9]",
+    ):
         _health.check_mixing(_plain_posterior(1.0))
 
 
 def test_one_chain_says_that_r_hat_is_undefined():
-    with pytest.warns(DiagnosticWarning, match=r"with one chain R-hat is undefined \(NaN in post.summary\(\)\).*"
-                                               r"num_chains >= 2 \(the default is 4\)"):
+    with pytest.warns(
+        DiagnosticWarning,
+        match=r"with one chain R-hat is undefined \(NaN in post.summary\(\)\).*"
+        r"num_chains >= 2 \(the default is 4\)",
+    ):
         _health.check_mixing(_plain_posterior(0.0, num_chains=1))
 
 
@@ -158,16 +248,18 @@ def test_classifier_equal_to_its_prior_is_flagged_and_a_fitted_one_is_not():
     y = (x[:, 0] > 0).long()
     torch.manual_seed(0)
     model = bp.BNN(torch.nn.Linear(2, 2), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
-    fitted = _quiet(lambda: bp.fit(model, x, y, method="svi", num_steps=800, lr=0.05, num_samples=100, seed=0,
-                                   progress=False))
+    fitted = _quiet(
+        lambda: bp.fit(model, x, y, method="svi", num_steps=800, lr=0.05, num_samples=100, seed=0, progress=False)
+    )
     fitted.samples = {k: torch.randn(v.shape, generator=g) for k, v in fitted.samples.items()}  # prior draws
     with pytest.warns(DiagnosticWarning, match=r"log loss .* training class frequencies.*than prior draws"):
         _health.check_predictive(fitted)
 
 
 def test_checks_leave_the_global_random_state_alone(blr):
-    post = bp.fit(blr.model(), blr.x, blr.y, method="svi", num_steps=300, lr=0.05, num_samples=50, seed=0,
-                  progress=False)
+    post = bp.fit(
+        blr.model(), blr.x, blr.y, method="svi", num_steps=300, lr=0.05, num_samples=50, seed=0, progress=False
+    )
     state = torch.get_rng_state()
     _health.check_predictive(post)
     assert torch.equal(state, torch.get_rng_state())
@@ -222,12 +314,22 @@ def _classifier():
     return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
 
 
-@pytest.mark.parametrize("method, options, says", [
-    ("mc_dropout", dict(num_steps=20, num_samples=10), "dropping the fitted net's own hidden units"),
-    ("swag", dict(pretrain_steps=10, num_steps=40, rank=2, num_samples=10, num_chains=1, anchored=False),
-     "gradient noise"),
-    ("snapshot", dict(num_cycles=2, cycle_length=10, anchored=False), "every snapshot minimizes the same objective"),
-])
+@pytest.mark.parametrize(
+    "method, options, says",
+    [
+        ("mc_dropout", dict(num_steps=20, num_samples=10), "dropping the fitted net's own hidden units"),
+        (
+            "swag",
+            dict(pretrain_steps=10, num_steps=40, rank=2, num_samples=10, num_chains=1, anchored=False),
+            "gradient noise",
+        ),
+        (
+            "snapshot",
+            dict(num_cycles=2, cycle_length=10, anchored=False),
+            "every snapshot minimizes the same objective",
+        ),
+    ],
+)
 def test_classification_fits_of_structurally_limited_engines_say_so_at_fit_time(method, options, says):
     # issue 26: MC dropout, and snapshot ensembles and SWAG without anchoring, separate noise inputs from test rows no
     # better than chance (docs/ood.md), for reasons the engines state; the fit says so, at the user's line
@@ -240,19 +342,25 @@ def test_classification_fits_of_structurally_limited_engines_say_so_at_fit_time(
     assert w.filename == __file__
 
 
-@pytest.mark.parametrize("method, options", [
-    ("mc_dropout", dict(num_steps=20, num_samples=10)),  # regression: nothing to say
-    ("ensemble", dict(num_members=2, num_steps=20)),  # anchored members keep the prior's spread
-    ("swag", dict(pretrain_steps=10, num_steps=40, rank=2, num_samples=10, num_chains=1)),  # anchored by default
-    ("mc_dropout", dict(num_steps=20, num_samples=10, dropout_inputs=True)),  # masks reach the input directions
-    ("snapshot", dict(num_cycles=2, cycle_length=10)),  # anchored cycles by default
-])
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("mc_dropout", dict(num_steps=20, num_samples=10)),  # regression: nothing to say
+        ("ensemble", dict(num_members=2, num_steps=20)),  # anchored members keep the prior's spread
+        ("swag", dict(pretrain_steps=10, num_steps=40, rank=2, num_samples=10, num_chains=1)),  # anchored by default
+        ("mc_dropout", dict(num_steps=20, num_samples=10, dropout_inputs=True)),  # masks reach the input directions
+        ("snapshot", dict(num_cycles=2, cycle_length=10)),  # anchored cycles by default
+    ],
+)
 def test_regression_fits_and_anchored_engines_do_not_warn_about_off_data(method, options):
     x, y = _two_class()
     model = _classifier()
     if method == "mc_dropout" and "dropout_inputs" not in options:
-        model = bp.BNN(torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)),
-                       prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.5))
+        model = bp.BNN(
+            torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)),
+            prior=bp.priors.Normal(0.0, 1.0),
+            likelihood=bp.likelihoods.Gaussian(scale=0.5),
+        )
         y = x[:, :1]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.infer._common import Data
 from bnn_pyro.infer import holdout as ho
+from bnn_pyro.infer._common import Data
 
 
 def _data(n, seed=0):
@@ -42,8 +42,10 @@ def test_split_default_skips_small_data_and_loaders_with_a_reason():
     assert ho.split(Data(x, y), None, seed=0, method="x")[1] is None
 
 
-@pytest.mark.parametrize("bad, match", [(0.7, r"\(0, 0.5\]"), (-0.1, r"\(0, 0.5\]"), ("yes", "fraction"),
-                                        (True, "fraction"), ((1, 2, 3), "pair")])
+@pytest.mark.parametrize(
+    "bad, match",
+    [(0.7, r"\(0, 0.5\]"), (-0.1, r"\(0, 0.5\]"), ("yes", "fraction"), (True, "fraction"), ((1, 2, 3), "pair")],
+)
 def test_split_refuses_bad_values(bad, match):
     x, y = _data(300)
     with pytest.raises(ValueError, match=match):
@@ -71,8 +73,11 @@ def test_given_pair_keeps_every_training_row():
 def test_heldout_score_profiles_the_noise_in_closed_form():
     """For y ~ N(f, sigma) the profiled score is max_c mean log N(y | f, c sigma): c^2 = mean(z^2)."""
     x, y = _data(40)
-    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    model = bp.BNN(
+        torch.nn.Linear(1, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    )
     values = {"weight": torch.tensor([[0.8]]), "bias": torch.tensor([0.1]), "sigma": torch.tensor(0.05)}
     score = ho.heldout_score(model, values, ho.Holdout(x, y))
     resid = y.double() - (0.8 * x[:, 0].double() + 0.1)
@@ -119,8 +124,9 @@ def _overfitting_setup(n=240):
     x = torch.randn(n, 8, generator=g)  # 8 inputs, one of which matters: room to overfit
     y = torch.sin(x[:, 0]) + 0.5 * torch.randn(n, generator=g)
     net = torch.nn.Sequential(torch.nn.Linear(8, 100), torch.nn.ReLU(), torch.nn.Linear(100, 1))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    model = bp.BNN(
+        net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
+    )
     return model, x, y
 
 
@@ -144,8 +150,9 @@ def test_ensemble_default_sets_the_noise_on_held_out_rows(monkeypatch):
     assert abs(math.log(noise["sigma"] / 0.5)) < 0.35, noise
     # its held-out density is the mixture's best over sigma
     held = ho.split(Data(x, y), 0.1, seed=0, method="ensemble")[1]
-    assert bp.metrics.log_predictive_density(post, held.x, held.y).mean() == pytest.approx(noise["heldout_lpd"],
-                                                                                          abs=1e-4)
+    assert bp.metrics.log_predictive_density(post, held.x, held.y).mean() == pytest.approx(
+        noise["heldout_lpd"], abs=1e-4
+    )
     old = bp.fit(model, x, y, validation=None, **config)
     assert "noise" not in old.config and old.config["validation"] == {"rows": 0}
     assert float(old.samples["sigma"].max()) < 0.25  # the MAP noise: the training residual of an overfitted net
@@ -153,8 +160,11 @@ def test_ensemble_default_sets_the_noise_on_held_out_rows(monkeypatch):
 
 def test_ensemble_known_noise_is_never_changed():
     x, y = _data(240)
-    model = bp.BNN(torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
-                   prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.3))
+    model = bp.BNN(
+        torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.3),
+    )
     post = bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=100, seed=0, progress=False)
     assert post.config["validation"]["rows"] == 24 and "noise" not in post.config
     assert set(post.samples) == {"0.weight", "0.bias", "2.weight", "2.bias"}
@@ -188,15 +198,21 @@ def test_laplace_defaults_are_the_exact_posterior_of_blr_with_200_rows():
 def _learned_noise(n=240):
     x, y = _data(n)
     net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))), x, y
+    return (
+        bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))),
+        x,
+        y,
+    )
 
 
-@pytest.mark.parametrize("method, options, steps", [
-    ("ensemble", dict(num_chains=2, num_steps=150), "num_steps"),
-    ("mc_dropout", dict(num_steps=150, num_samples=20), "num_steps"),
-    ("swag", dict(pretrain_steps=100, num_steps=60, swag_rank=2, num_chains=1, num_samples=10), "pretrain_steps"),
-])
+@pytest.mark.parametrize(
+    "method, options, steps",
+    [
+        ("ensemble", dict(num_chains=2, num_steps=150), "num_steps"),
+        ("mc_dropout", dict(num_steps=150, num_samples=20), "num_steps"),
+        ("swag", dict(pretrain_steps=100, num_steps=60, swag_rank=2, num_chains=1, num_samples=10), "pretrain_steps"),
+    ],
+)
 def test_the_final_fit_is_the_fit_on_every_row_with_what_the_held_out_rows_chose(method, options, steps):
     """The default holds 24 of 240 rows out to choose the stopping point and the noise, then returns the engine's
     fit on all 240 rows for the chosen number of steps (full batch: the same number of epochs), with the chosen
@@ -208,8 +224,9 @@ def test_the_final_fit_is_the_fit_on_every_row_with_what_the_held_out_rows_chose
     chosen = record["chosen"]
     assert 1 <= chosen["num_steps"] <= options[steps] and chosen["sigma"] == post.config["noise"]["sigma"]
     assert post.config[steps] == chosen["num_steps"]
-    by_hand = bp.fit(model, x, y, method=method, seed=0, progress=False, validation=None,
-                     **{**options, steps: chosen["num_steps"]})
+    by_hand = bp.fit(
+        model, x, y, method=method, seed=0, progress=False, validation=None, **{**options, steps: chosen["num_steps"]}
+    )
     for name in ("0.weight", "2.weight"):
         assert torch.equal(post.samples[name], by_hand.samples[name]), name
     assert torch.all(post.samples["sigma"] == chosen["sigma"])  # the chosen noise, not the refit's own estimate
@@ -229,15 +246,27 @@ def test_laplace_with_a_learned_noise_refits_every_row_with_the_chosen_noise_fix
 
 def test_a_given_pair_is_not_refitted():
     model, x, y = _learned_noise()
-    post = bp.fit(model, x[:216], y[:216], method="ensemble", num_chains=1, num_steps=50, seed=0, progress=False,
-                  validation=(x[216:], y[216:]))
+    post = bp.fit(
+        model,
+        x[:216],
+        y[:216],
+        method="ensemble",
+        num_chains=1,
+        num_steps=50,
+        seed=0,
+        progress=False,
+        validation=(x[216:], y[216:]),
+    )
     assert post.config["validation"] == {"rows": 24, "source": "given"}
 
 
-@pytest.mark.parametrize("method, options", [
-    ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=2)),
-    ("snapshot", dict(num_cycles=2, cycle_length=40)),
-])
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=2)),
+        ("snapshot", dict(num_cycles=2, cycle_length=40)),
+    ],
+)
 def test_cyclical_engines_refit_every_row_replaying_the_stages_stops(method, options):
     model, x, y = _learned_noise()
     post = bp.fit(model, x, y, method=method, seed=0, progress=False, **options)

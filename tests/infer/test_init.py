@@ -24,8 +24,9 @@ def _model() -> bp.BNN:
     net = torch.nn.Sequential(torch.nn.Linear(2, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1))
     with torch.no_grad():
         net[2].bias.fill_(3.0)  # a "pretrained" value no initializer draws (nn.Linear's are within 1/sqrt(5))
-    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.5),
-                  bayesian="weights")  # biases are deterministic parameters: their start is checked too
+    return bp.BNN(
+        net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.5), bayesian="weights"
+    )  # biases are deterministic parameters: their start is checked too
 
 
 def _data():
@@ -36,8 +37,10 @@ def _data():
 
 def _starts(post) -> list[dict[str, torch.Tensor]]:
     """Each chain's (member's) values: its first draw of every site and its deterministic parameters."""
-    return [{**{n: v[c, 0] for n, v in post.samples.items()}, **{n: v[c] for n, v in post.point.items()}}
-            for c in range(post.num_chains)]
+    return [
+        {**{n: v[c, 0] for n, v in post.samples.items()}, **{n: v[c] for n, v in post.point.items()}}
+        for c in range(post.num_chains)
+    ]
 
 
 def _close(a: dict, b: dict) -> bool:
@@ -76,12 +79,27 @@ def test_mcmc_fixes_deterministic_parameters_at_the_joint_map_unless_init_gives_
     from bnn_pyro.infer.map_fit import fit_map
 
     model, (x, y) = _model(), _data()
-    config = dict(method="metropolis", num_samples=2, num_warmup=2, num_chains=2, chain_method="sequential",
-                  seed=5, progress=False)
+    config = dict(
+        method="metropolis",
+        num_samples=2,
+        num_warmup=2,
+        num_chains=2,
+        chain_method="sequential",
+        seed=5,
+        progress=False,
+    )
     for init in ("net", "reset"):
         post = bp.fit(model, x, y, init=init, **config)
-        mode = fit_map(model, Data(x, y), init=init, num_steps=map_fit.POINT_MAP_STEPS, lr=map_fit.POINT_MAP_LR, seed=5,
-                       progress=False, polish_steps=map_fit.POINT_MAP_POLISH)
+        mode = fit_map(
+            model,
+            Data(x, y),
+            init=init,
+            num_steps=map_fit.POINT_MAP_STEPS,
+            lr=map_fit.POINT_MAP_LR,
+            seed=5,
+            progress=False,
+            polish_steps=map_fit.POINT_MAP_POLISH,
+        )
         assert post.config["point_estimate"] == "map"
         for name in model.point_names:
             assert torch.equal(post.point[name], mode.point[name].expand_as(post.point[name])), (init, name)

@@ -28,12 +28,12 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import BLR, flat_draws, make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 from scipy.optimize import minimize, minimize_scalar
 
 import bnn_pyro as bp
 from bnn_pyro.infer import laplace as lap
 from bnn_pyro.infer._common import Data
-from blr import BLR, flat_draws, make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 PREC_TOL, MAP_TOL, EVIDENCE_TOL, DELTA_TOL, Z_MAX = 1e-6, 1e-4, 1e-4, 1e-4, 4.0
 QUICK = dict(num_steps=0, progress=False)  # L-BFGS alone solves a quadratic (Adam is tested with minibatches)
@@ -64,8 +64,10 @@ def _assert_posterior(approx, blr: BLR):
 
 def _z_scores(draws: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> dict[str, float]:
     s = draws.shape[0]
-    z = {f"mean[{i}]": float((draws[:, i].mean() - mean[i]) / (cov[i, i].sqrt() / math.sqrt(s)))
-         for i in range(len(mean))}
+    z = {
+        f"mean[{i}]": float((draws[:, i].mean() - mean[i]) / (cov[i, i].sqrt() / math.sqrt(s)))
+        for i in range(len(mean))
+    }
     centered = draws - mean
     for i in range(len(mean)):
         for j in range(i, len(mean)):
@@ -123,8 +125,9 @@ def test_fixed_prior_precision_replaces_the_prior(blr):
 
 
 def test_marglik_prior_precision_is_the_type2_maximum_likelihood(blr):
-    search = minimize_scalar(lambda t: -_log_evidence(blr, torch.full((3,), math.exp(t), dtype=torch.double)),
-                             bracket=(-3.0, 3.0), tol=1e-12)
+    search = minimize_scalar(
+        lambda t: -_log_evidence(blr, torch.full((3,), math.exp(t), dtype=torch.double)), bracket=(-3.0, 3.0), tol=1e-12
+    )
     best = math.exp(search.x)
     approx = _approx(blr, structure="full", prior_precision="marglik")
     delta = approx.prior_precision["all"]
@@ -153,12 +156,17 @@ def test_layerwise_marglik_matches_the_closed_form():
     y = 2.0 * x[:, 0] - 1.0 * x[:, 1] + 0.3 + 0.5 * torch.randn(30, generator=g)
     torch.manual_seed(0)
     model = bp.BNN(_TwoLayers(), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.5))
-    approx = lap.laplace_approximation(model, Data(x=x, y=y), structure="full", prior_precision="marglik_layerwise",
-                                       **QUICK)
+    approx = lap.laplace_approximation(
+        model, Data(x=x, y=y), structure="full", prior_precision="marglik_layerwise", **QUICK
+    )
     exact = BLR(x=x[:, [0]], y=y, noise=0.5, prior_scale=1.0)
     design = torch.cat([exact.design, x[:, [1]].double()], 1)  # flat order: a.weight, a.bias, b.weight
-    search = minimize(lambda t: -_log_evidence_cols(design, exact, torch.tensor([t[0], t[0], t[1]]).exp()),
-                      x0=[0.0, 0.0], method="Nelder-Mead", options=dict(xatol=1e-9, fatol=1e-12, maxiter=2000))
+    search = minimize(
+        lambda t: -_log_evidence_cols(design, exact, torch.tensor([t[0], t[0], t[1]]).exp()),
+        x0=[0.0, 0.0],
+        method="Nelder-Mead",
+        options=dict(xatol=1e-9, fatol=1e-12, maxiter=2000),
+    )
     best = dict(a=math.exp(search.x[0]), b=math.exp(search.x[1]))
     for layer in ("a", "b"):
         assert abs(approx.prior_precision[layer] / best[layer] - 1) < DELTA_TOL, (approx.prior_precision, best)
@@ -185,8 +193,9 @@ def test_minibatch_map_still_gives_the_exact_curvature(blr):
 def _mlp(noise):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=noise),
-                  bayesian="weights")
+    return bp.BNN(
+        net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=noise), bayesian="weights"
+    )
 
 
 def test_ggn_of_an_mlp_matches_an_independent_jacobian():
@@ -270,8 +279,10 @@ def test_two_moons_classifier_defaults(tmp_path):
 
 
 @pytest.mark.slow  # ~5 s each on a loaded 2-core machine
-@pytest.mark.parametrize("config", [dict(structure="diag"), dict(structure="full", hessian="fisher"),
-                                    dict(prior_precision="marglik_layerwise")])
+@pytest.mark.parametrize(
+    "config",
+    [dict(structure="diag"), dict(structure="full", hessian="fisher"), dict(prior_precision="marglik_layerwise")],
+)
 def test_other_variants_run_on_a_bernoulli_classifier(config):
     x, y = bp.datasets.two_moons(n=100, noise=0.1)
     torch.manual_seed(0)
@@ -284,6 +295,7 @@ def test_other_variants_run_on_a_bernoulli_classifier(config):
 
 def test_pyro_function_model_uses_the_fisher():
     """Linear regression written as a Pyro function: the empirical Fisher, exactly (as for the BNN above)."""
+
     def model(x, y=None):
         w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
         b = pyro.sample("b", dist.Normal(0.0, 1.0))
@@ -312,26 +324,31 @@ def test_init_from_a_map_posterior_skips_the_search(blr):
 # ------------------------------------------------------------------ bad input
 def test_full_hessian_of_a_large_net_is_refused_with_the_variants_that_fit():
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(1, 100), torch.nn.Tanh(), torch.nn.Linear(100, 50), torch.nn.Tanh(),
-                              torch.nn.Linear(50, 1))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(1, 100), torch.nn.Tanh(), torch.nn.Linear(100, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1)
+    )
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
     x, y = torch.randn(10, 1), torch.randn(10)
     with pytest.raises(ValueError, match=r"5301 parameters.*structure='diag'.*structure='last_layer'.*51 param"):
         bp.fit(model, x, y, method="laplace", structure="full", progress=False)
-    wide = bp.BNN(torch.nn.Linear(10, 600), prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    wide = bp.BNN(
+        torch.nn.Linear(10, 600), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1)
+    )
     with pytest.raises(ValueError, match=r"last Linear layer has 6600 parameters.*structure='diag'"):
         bp.fit(wide, torch.randn(10, 10), torch.randn(10, 600), method="laplace", progress=False)
 
 
-@pytest.mark.parametrize("kwargs, error, match", [
-    (dict(structure="kfac"), ValueError, "structure: unknown value 'kfac'"),
-    (dict(hessian="exact"), ValueError, "hessian: unknown value 'exact'"),
-    (dict(prior_precision="ml"), ValueError, "prior_precision: unknown value 'ml'"),
-    (dict(prior_precision=-1.0), ValueError, "prior_precision must be a positive"),
-    (dict(num_samples=0), ValueError, "num_samples must be a positive int"),
-    (dict(polish_steps=-1), ValueError, "polish_steps must be a non-negative int"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        (dict(structure="kfac"), ValueError, "structure: unknown value 'kfac'"),
+        (dict(hessian="exact"), ValueError, "hessian: unknown value 'exact'"),
+        (dict(prior_precision="ml"), ValueError, "prior_precision: unknown value 'ml'"),
+        (dict(prior_precision=-1.0), ValueError, "prior_precision must be a positive"),
+        (dict(num_samples=0), ValueError, "num_samples must be a positive int"),
+        (dict(polish_steps=-1), ValueError, "polish_steps must be a non-negative int"),
+    ],
+)
 def test_bad_configuration_is_explained(blr, kwargs, error, match):
     with pytest.raises(error, match=match):
         bp.fit(blr.model(), blr.x, blr.y, method="laplace", progress=False, **kwargs)
@@ -347,12 +364,14 @@ def test_bad_model_combinations_are_explained(blr):
         bp.fit(model, blr.x, blr.y, method="laplace", hessian="ggn", progress=False)
     with pytest.raises(ValueError, match="last_layer' needs a bp.BNN"):
         bp.fit(model, blr.x, blr.y, method="laplace", structure="last_layer", progress=False)
-    laplace_prior = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Laplace(0.0, 1.0),
-                           likelihood=bp.likelihoods.Gaussian(scale=1.0))
+    laplace_prior = bp.BNN(
+        torch.nn.Linear(2, 1), prior=bp.priors.Laplace(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=1.0)
+    )
     with pytest.raises(ValueError, match="prior of 'weight' is Laplace, not Normal"):
         bp.fit(laplace_prior, blr.x, blr.y, method="laplace", prior_precision="marglik", progress=False)
-    hierarchical = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.HierarchicalNormal(),
-                          likelihood=bp.likelihoods.Gaussian(scale=1.0))
+    hierarchical = bp.BNN(
+        torch.nn.Linear(2, 1), prior=bp.priors.HierarchicalNormal(), likelihood=bp.likelihoods.Gaussian(scale=1.0)
+    )
     with pytest.raises(ValueError, match="hyper sites.*hierarchical"):
         bp.fit(hierarchical, blr.x, blr.y, method="laplace", prior_precision="marglik", progress=False)
 
@@ -384,8 +403,9 @@ def test_dataloader_input_gives_the_exact_curvature_and_mean(blr):
     """From a loader there is no full-data L-BFGS polish; Adam on minibatches ends near the mode and the
     final Gauss-Newton step (exact on a quadratic) lands on it."""
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(blr.x, blr.y), batch_size=5, shuffle=True)
-    post = bp.fit(blr.model(), loader, method="laplace", structure="full", num_steps=200, lr=0.05, num_samples=10,
-                  progress=False)
+    post = bp.fit(
+        blr.model(), loader, method="laplace", structure="full", num_steps=200, lr=0.05, num_samples=10, progress=False
+    )
     assert post.x is None and post.config["dataset_size"] == 20
     data = Data(x=None, y=None, loader=loader, dataset_size=20, batch_size=5)
     _assert_posterior(lap.laplace_approximation(blr.model(), data, structure="full", num_steps=200, lr=0.05), blr)
@@ -395,8 +415,9 @@ def test_evidence_without_a_finite_optimum_clips_delta_with_a_warning(blr):
     """Targets that are pure noise: the evidence grows as delta -> infinity (every weight switched off)."""
     y = torch.randn(20, generator=torch.Generator().manual_seed(5))
     with pytest.warns(UserWarning, match=r"clipped to \[1e-8, 1e8\]"):
-        approx = lap.laplace_approximation(blr.model(), Data(x=blr.x * 0.01, y=y), structure="full",
-                                           prior_precision="marglik", **QUICK)
+        approx = lap.laplace_approximation(
+            blr.model(), Data(x=blr.x * 0.01, y=y), structure="full", prior_precision="marglik", **QUICK
+        )
     assert approx.prior_precision["all"] == pytest.approx(1e8)
 
 
@@ -414,8 +435,17 @@ def test_resumed_run_is_bit_identical_after_a_crash_in_or_after_the_map_search(c
     x = torch.rand(240, 1, generator=g) * 4 - 2
     y = torch.sin(2 * x[:, 0]) + 0.2 * torch.randn(240, generator=g)
     model = _mlp(dist.HalfNormal(1.0))
-    cfg = dict(method="laplace", num_steps=20, lr=0.7, num_samples=20, num_chains=2, prior_precision="marglik",
-               batch_size=32, seed=2, progress=False)  # chain 0's search peaks on held-out rows before step 8
+    cfg = dict(
+        method="laplace",
+        num_steps=20,
+        lr=0.7,
+        num_samples=20,
+        num_chains=2,
+        prior_precision="marglik",
+        batch_size=32,
+        seed=2,
+        progress=False,
+    )  # chain 0's search peaks on held-out rows before step 8
     whole = bp.fit(model, x, y, **cfg)
 
     def dies(*args, **kwargs):
@@ -424,8 +454,11 @@ def test_resumed_run_is_bit_identical_after_a_crash_in_or_after_the_map_search(c
     save, terms = ckpt_mod.Checkpoint.save, fit_mod.terms
     with monkeypatch.context() as m:
         if crash == "map_search":
-            m.setattr(ckpt_mod.Checkpoint, "save", lambda self, step, tensors, meta: dies() if step == 12 else
-                      save(self, step, tensors, meta))
+            m.setattr(
+                ckpt_mod.Checkpoint,
+                "save",
+                lambda self, step, tensors, meta: dies() if step == 12 else save(self, step, tensors, meta),
+            )
         else:
             m.setattr(fit_mod, "terms", dies)
         with pytest.raises(RuntimeError, match="crash"):

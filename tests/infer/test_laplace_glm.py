@@ -16,12 +16,12 @@ import math
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import make_blr  # tests/ is on sys.path
 
 import bnn_pyro as bp
 from bnn_pyro.infer import laplace as lap
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.laplace.noise import best_sigma
-from blr import make_blr  # tests/ is on sys.path
 
 Z_MAX, S = 4.0, 4000
 QUICK = dict(num_steps=0, progress=False)
@@ -54,8 +54,9 @@ def test_glm_predictive_of_blr_is_the_exact_predictive():
 def _mlp():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1),
-                  bayesian="weights")
+    return bp.BNN(
+        net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1), bayesian="weights"
+    )
 
 
 @pytest.mark.parametrize("structure", ["full", "diag"])
@@ -77,8 +78,15 @@ def test_glm_predictive_of_an_mlp_is_the_linearized_net(structure, tmp_path):
         return (h @ flat[8:].reshape(1, 8).T + b2)[:, 0]
 
     center = torch.cat([values["0.weight"].reshape(-1), values["2.weight"].reshape(-1)])
-    assert torch.equal(center, torch.cat([post.history["linearized_at/0.weight"][0].reshape(-1),
-                                          post.history["linearized_at/2.weight"][0].reshape(-1)]))
+    assert torch.equal(
+        center,
+        torch.cat(
+            [
+                post.history["linearized_at/0.weight"][0].reshape(-1),
+                post.history["linearized_at/2.weight"][0].reshape(-1),
+            ]
+        ),
+    )
     jac = torch.autograd.functional.jacobian(net, center).double()  # (7, 16)
     flat = post.sample()
     w = torch.cat([flat["0.weight"].reshape(S, -1), flat["2.weight"].reshape(S, -1)], 1).double()
@@ -126,12 +134,16 @@ def test_default_holds_out_rows_and_chooses_the_noise_there(monkeypatch):
     x, y = _friedman(300, 0)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(5, 20), torch.nn.ReLU(), torch.nn.Linear(20, 1))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    model = bp.BNN(
+        net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
+    )
     from bnn_pyro.infer.laplace import fit as laplace_fit
 
     final = bp.fit(model, x, y, method="laplace", num_steps=100, num_samples=200, seed=0, progress=False)
     assert final.config["validation"]["final_fit_rows"] == 300 and final.config["polish_steps"] == 0
-    monkeypatch.setattr(laplace_fit, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
+    monkeypatch.setattr(
+        laplace_fit, "refit", lambda post, again: post
+    )  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(model, x, y, method="laplace", num_steps=100, num_samples=200, seed=0, progress=False)
     assert post.config["validation"] == {"rows": 30, "source": "split", "fraction": 0.1}
     assert final.config["noise"]["sigma"] == post.config["noise"]["sigma"]
@@ -139,8 +151,7 @@ def test_default_holds_out_rows_and_chooses_the_noise_there(monkeypatch):
     noise = post.config["noise"]
     assert noise["selected_on"] == "validation" and torch.all(post.samples["sigma"] == noise["sigma"])
     assert noise["heldout_lpd"] > -math.inf
-    off = bp.fit(model, x, y, method="laplace", num_steps=20, num_samples=10, seed=0, progress=False,
-                 validation=None)
+    off = bp.fit(model, x, y, method="laplace", num_steps=20, num_samples=10, seed=0, progress=False, validation=None)
     assert "noise" not in off.config and off.config["polish_steps"] == 100 and off.config["validation"] == {"rows": 0}
 
 
@@ -156,10 +167,20 @@ def test_marglik_improves_heldout_likelihood_over_a_misscaled_prior():
     for prior_precision in ("model", "marglik"):
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(5, 20), torch.nn.ReLU(), torch.nn.Linear(20, 1))
-        model = bp.BNN(net, prior=bp.priors.Normal(0.0, 0.05),
-                       likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
-        post = bp.fit(model, x, y, method="laplace", num_steps=300, num_samples=200, seed=0, progress=False,
-                      prior_precision=prior_precision)
+        model = bp.BNN(
+            net, prior=bp.priors.Normal(0.0, 0.05), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
+        )
+        post = bp.fit(
+            model,
+            x,
+            y,
+            method="laplace",
+            num_steps=300,
+            num_samples=200,
+            seed=0,
+            progress=False,
+            prior_precision=prior_precision,
+        )
         lpd[prior_precision] = float(bp.metrics.log_predictive_density(post, x_test, y_test).mean())
     assert lpd["marglik"] > lpd["model"] + 0.2, lpd
 

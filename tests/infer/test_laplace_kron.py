@@ -65,14 +65,23 @@ def test_one_linear_layer_regression_is_exact():
     assert math.isclose(kron.log_evidence, full.log_evidence, rel_tol=1e-6, abs_tol=1e-4)
     assert torch.allclose(kron.mean, full.mean, atol=1e-5)
     # the evidence-optimal prior precision is then that of the full GGN too
-    fitted = [lap.laplace_approximation(model, Data(x=x, y=y[:, None]), structure=s, prior_precision="marglik",
-                                        **fast).prior_precision["all"] for s in ("full", "kron")]
+    fitted = [
+        lap.laplace_approximation(
+            model, Data(x=x, y=y[:, None]), structure=s, prior_precision="marglik", **fast
+        ).prior_precision["all"]
+        for s in ("full", "kron")
+    ]
     assert math.isclose(*fitted, rel_tol=1e-3), fitted
 
 
-@pytest.mark.parametrize("likelihood,hessian", [(bp.likelihoods.Categorical(), "ggn"),
-                                                (bp.likelihoods.Gaussian(scale=0.5), "ggn"),
-                                                (bp.likelihoods.Categorical(), "fisher")])
+@pytest.mark.parametrize(
+    "likelihood,hessian",
+    [
+        (bp.likelihoods.Categorical(), "ggn"),
+        (bp.likelihoods.Gaussian(scale=0.5), "ggn"),
+        (bp.likelihoods.Categorical(), "fisher"),
+    ],
+)
 def test_one_datum_gives_the_exact_block_of_every_layer(likelihood, hessian):
     out = 3 if isinstance(likelihood, bp.likelihoods.Categorical) else 2
     model = _net(torch.nn.Linear(2, 5), torch.nn.Tanh(), torch.nn.Linear(5, out), likelihood=likelihood)
@@ -85,8 +94,9 @@ def test_one_datum_gives_the_exact_block_of_every_layer(likelihood, hessian):
 
 def test_output_layer_of_a_gaussian_regression_is_exact_and_hidden_layers_are_not():
     x, y = bp.datasets.toy_gap()
-    model = _net(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1),
-                 likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    model = _net(
+        torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1), likelihood=bp.likelihoods.Gaussian(scale=0.1)
+    )
     hidden, output = _block_errors(*_pair(model, x, y, **AT_INIT))
     assert output < 1e-6 and hidden > 0.1, (hidden, output)  # G_i varies with tanh'(s_i) in the hidden layer
 
@@ -103,30 +113,46 @@ def test_kron_is_close_to_the_ggn_on_a_classifier():
     errors = _block_errors(full, kron)
     assert max(errors) < 0.75, errors
     xt = torch.randn(40, 2, generator=torch.Generator().manual_seed(3))
-    ratio = (functional_moments(kron, xt)[1].diagonal(dim1=-2, dim2=-1)
-             / functional_moments(full, xt)[1].diagonal(dim1=-2, dim2=-1)).sqrt()
+    ratio = (
+        functional_moments(kron, xt)[1].diagonal(dim1=-2, dim2=-1)
+        / functional_moments(full, xt)[1].diagonal(dim1=-2, dim2=-1)
+    ).sqrt()
     assert 0.8 < float(ratio.min()) and float(ratio.max()) < 1.25, ratio
 
 
 def test_conv_blocks_have_the_kfc_shapes_and_one_location_is_exact():
-    conv = _net(torch.nn.Conv2d(2, 3, 3), torch.nn.Tanh(), torch.nn.Flatten(), torch.nn.Linear(3, 2),
-                likelihood=bp.likelihoods.Categorical())
-    full, kron = _pair(conv, torch.randn(1, 2, 3, 3, generator=torch.Generator().manual_seed(0)), torch.tensor([0]),
-                       **AT_INIT)
+    conv = _net(
+        torch.nn.Conv2d(2, 3, 3),
+        torch.nn.Tanh(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(3, 2),
+        likelihood=bp.likelihoods.Categorical(),
+    )
+    full, kron = _pair(
+        conv, torch.randn(1, 2, 3, 3, generator=torch.Generator().manual_seed(0)), torch.tensor([0]), **AT_INIT
+    )
     assert max(_block_errors(full, kron)) < 1e-6, _block_errors(full, kron)
-    strided = _net(torch.nn.Conv2d(2, 3, 3, padding=1, stride=2), torch.nn.ReLU(), torch.nn.Flatten(),
-                   torch.nn.Linear(12, 2), likelihood=bp.likelihoods.Categorical())
+    strided = _net(
+        torch.nn.Conv2d(2, 3, 3, padding=1, stride=2),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(12, 2),
+        likelihood=bp.likelihoods.Categorical(),
+    )
     x = torch.randn(10, 2, 4, 4, generator=torch.Generator().manual_seed(0))
     full, kron = _pair(strided, x, torch.arange(10) % 2, **AT_INIT)
     first = kron.precision.blocks[0]
     assert first.g.shape == (3, 3) and first.a.shape == (2 * 9 + 1, 2 * 9 + 1) and first.index.shape == (3, 19)
     assert len(kron.active) == 3 * 19 + 2 * 13
     assert torch.allclose(first.a[-1, -1], torch.tensor(1.0, dtype=torch.float64))  # A = mean over 4 locations
-    grouped = _net(torch.nn.Conv2d(2, 2, 3, groups=2), torch.nn.Flatten(), torch.nn.Linear(2, 2),
-                   likelihood=bp.likelihoods.Categorical())
+    grouped = _net(
+        torch.nn.Conv2d(2, 2, 3, groups=2),
+        torch.nn.Flatten(),
+        torch.nn.Linear(2, 2),
+        likelihood=bp.likelihoods.Categorical(),
+    )
     with pytest.raises(ValueError, match="groups=2.*structure='diag'"):
-        lap.laplace_approximation(grouped, Data(x=x[:, :, :3, :3], y=torch.arange(10) % 2), structure="kron",
-                                  **AT_INIT)
+        lap.laplace_approximation(grouped, Data(x=x[:, :, :3, :3], y=torch.arange(10) % 2), structure="kron", **AT_INIT)
 
 
 def test_layer_jacobians_are_the_autograd_jacobians():
@@ -138,10 +164,21 @@ def test_layer_jacobians_are_the_autograd_jacobians():
     from bnn_pyro.infer.laplace.structure import make_layout
 
     gen = torch.Generator().manual_seed(0)
-    nets = [(torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2)),
-             torch.randn(7, 3, generator=gen)),
-            (torch.nn.Sequential(torch.nn.Conv2d(2, 3, 3, padding=1, stride=2), torch.nn.ReLU(), torch.nn.Flatten(),
-                                 torch.nn.Linear(12, 2)), torch.randn(7, 2, 4, 4, generator=gen))]
+    nets = [
+        (
+            torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 2)),
+            torch.randn(7, 3, generator=gen),
+        ),
+        (
+            torch.nn.Sequential(
+                torch.nn.Conv2d(2, 3, 3, padding=1, stride=2),
+                torch.nn.ReLU(),
+                torch.nn.Flatten(),
+                torch.nn.Linear(12, 2),
+            ),
+            torch.randn(7, 2, 4, 4, generator=gen),
+        ),
+    ]
     for net, x in nets:
         model = _net(*net, likelihood=bp.likelihoods.Categorical())
         pot = Potential(model, Data(x=x, y=torch.zeros(7, dtype=torch.long)))
@@ -159,10 +196,23 @@ def test_held_out_noise_and_layerwise_evidence_run_on_kron():
     gen = torch.Generator().manual_seed(0)
     x = torch.rand(240, 1, generator=gen) * 6 - 3
     y = torch.sin(x) + 0.2 * torch.randn(240, 1, generator=gen)
-    model = _net(torch.nn.Linear(1, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1),
-                 likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
-    post = bp.fit(model, x, y, method="laplace", structure="kron", prior_precision="marglik_layerwise", num_steps=300,
-                  num_samples=100, progress=False)
+    model = _net(
+        torch.nn.Linear(1, 16),
+        torch.nn.Tanh(),
+        torch.nn.Linear(16, 1),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    )
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="laplace",
+        structure="kron",
+        prior_precision="marglik_layerwise",
+        num_steps=300,
+        num_samples=100,
+        progress=False,
+    )
     assert post.config["noise"]["selected_on"] == "validation"
     assert 0.1 < post.config["noise"]["sigma"] < 0.4, post.config["noise"]
     assert set(post.config["prior_precision_fitted"]) == {"0", "2"}
@@ -177,8 +227,10 @@ def test_kron_algebra_matches_its_dense_matrix():
         return m @ m.T / n
 
     index = torch.randperm(2 * 3 + 3 * 4, generator=gen)
-    blocks = [KronBlock(index[:6].reshape(2, 3), spd(2), spd(3), bias=True),
-              KronBlock(index[6:].reshape(3, 4), spd(3), spd(4))]
+    blocks = [
+        KronBlock(index[:6].reshape(2, 3), spd(2), spd(3), bias=True),
+        KronBlock(index[6:].reshape(3, 4), spd(3), spd(4)),
+    ]
     diag = torch.ones(18, dtype=torch.float64)
     diag[blocks[0].index[:, -1]] = 0.2  # the first block's bias has its own prior precision: the block splits
     diag[blocks[1].index] = 3.0
@@ -222,8 +274,9 @@ def test_probit_is_the_linearized_gaussian_through_a_probit_link():
     model = _net(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1), likelihood=bp.likelihoods.Bernoulli())
     config = dict(structure="kron", num_steps=100, validation=None, seed=0)
     post = bp.fit(model, x, y, method="laplace", num_samples=4000, progress=False, **config)
-    approx = lap.laplace_approximation(model, Data(x=x, y=y.float()), **{k: v for k, v in config.items()
-                                                                          if k != "validation"})
+    approx = lap.laplace_approximation(
+        model, Data(x=x, y=y.float()), **{k: v for k, v in config.items() if k != "validation"}
+    )
     xt = torch.randn(20, 2, generator=torch.Generator().manual_seed(3)) * 1.5
     f = post.observation_distribution(xt).logits.double().reshape(4000, 20)
     mu, var = (t.reshape(20) for t in functional_moments(approx, xt))
@@ -256,7 +309,7 @@ def test_mc_link_is_the_posteriors_glm_predictive():
     assert ((mc - pred.probs.double()).abs() < 4 * se + 1e-6).all()
     probit = predictive_probs(approx, xt)
     assert torch.allclose(probit.sum(-1), torch.ones(20, dtype=torch.float64))
-    sure = (pred.probs.max(-1).values > 0.6)
+    sure = pred.probs.max(-1).values > 0.6
     assert torch.equal(probit.argmax(-1)[sure], pred.predicted[sure])
     with pytest.raises(ValueError, match="link: unknown value 'logit'"):
         predictive_probs(approx, xt, link="logit")
@@ -266,8 +319,9 @@ def test_mc_link_is_the_posteriors_glm_predictive():
 @pytest.mark.slow  # ~15 s on a loaded 2-core machine
 def test_kron_fits_the_gap_data_at_defaults():
     x, y = bp.datasets.toy_gap()
-    model = _net(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1),
-                 likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    model = _net(
+        torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1), likelihood=bp.likelihoods.Gaussian(scale=0.1)
+    )
     post = bp.fit(model, x, y, method="laplace", structure="kron", progress=False)
     pred = post.predict(x)
     rmse = float(((pred.mean - y) ** 2).mean().sqrt())
@@ -280,8 +334,13 @@ def test_kron_fits_the_gap_data_at_defaults():
 def test_kron_classifies_digits_with_a_conv_net():
     x, y = bp.datasets.digits_images()
     x_tr, y_tr, x_te, y_te = bp.datasets.train_test_split(x, y, test_fraction=0.25, seed=0)
-    model = _net(torch.nn.Conv2d(1, 4, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 36, 10),
-                 likelihood=bp.likelihoods.Categorical())
+    model = _net(
+        torch.nn.Conv2d(1, 4, 3),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(4 * 36, 10),
+        likelihood=bp.likelihoods.Categorical(),
+    )
     post = bp.fit(model, x_tr, y_tr, method="laplace", structure="kron", num_samples=200, progress=False)
     pred = post.predict(x_te)
     accuracy = float((pred.predicted == y_te).float().mean())

@@ -9,8 +9,8 @@ fails when a term is wrong or missing.
 
 from __future__ import annotations
 
-import pytest
 import pyro.distributions as dist
+import pytest
 import torch
 from torch.func import vmap
 
@@ -21,8 +21,16 @@ from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace import layerwise
 from bnn_pyro.infer.laplace.approximation import Structure
 from bnn_pyro.infer.laplace.fisher import fisher
-from bnn_pyro.infer.laplace.functional import (hessian_sqrt, nll, output_gradients, output_hessians, psd,
-                                               second_derivative, site_values, softmax_cholesky)
+from bnn_pyro.infer.laplace.functional import (
+    hessian_sqrt,
+    nll,
+    output_gradients,
+    output_hessians,
+    psd,
+    second_derivative,
+    site_values,
+    softmax_cholesky,
+)
 from bnn_pyro.infer.laplace.ggn import ggn
 from bnn_pyro.infer.laplace.structure import make_layout
 
@@ -40,13 +48,15 @@ class _Tempered(bp.likelihoods.Categorical):
 
 
 def _mlp(out):
-    return torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 5), torch.nn.ReLU(),
-                               torch.nn.Linear(5, out))
+    return torch.nn.Sequential(
+        torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, out)
+    )
 
 
 def _conv():
-    return torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-                               torch.nn.Linear(72, 3))
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(72, 3)
+    )
 
 
 def _case(name):
@@ -90,13 +100,16 @@ def _rel(a, b):
 def test_layerwise_path_equals_the_general_path(case, structure, backend):
     model, data, pot, z, layout = _setup(*_case(case), structure)
     diag = structure == "diag"
-    fast, general = backend(model, pot, z, data, layout, diag), backend(model, pot, z, data, layout, diag,
-                                                                       layerwise_path=False)
+    fast, general = (
+        backend(model, pot, z, data, layout, diag),
+        backend(model, pot, z, data, layout, diag, layerwise_path=False),
+    )
     assert fast.shape == general.shape
     assert _rel(fast, general) < TOL, _rel(fast, general)
     # the fast path was taken: everywhere but the empirical Fisher with a covered noise coordinate
     noise_covered = case == "learned_noise" and structure != "last_layer"
     if not (backend is fisher and noise_covered):
+
         def directions(f, yy):
             return torch.ones(f.shape[0], f.shape[1], 1)
 
@@ -116,7 +129,7 @@ def test_ggn_of_a_classifier_is_the_dense_ggn(structure):
     def f(flat):
         params, start = {}, 0
         for n in names:
-            params[n] = flat[start:start + values[n].numel()].reshape(values[n].shape)
+            params[n] = flat[start : start + values[n].numel()].reshape(values[n].shape)
             start += values[n].numel()
         return torch.func.functional_call(net, params, (x,))
 
@@ -174,17 +187,19 @@ def test_nets_that_are_not_linear_stacks_fall_back_to_the_general_path(net, stru
     x, y = torch.randn(30, 3, generator=g), torch.randn(30, generator=g)
     model, data, pot, z, layout = _setup(net(), bp.likelihoods.Gaussian(scale=0.5), x, y, structure)
     diag = structure == "diag"
+
     def ones(f, yy):
         return torch.ones(f.shape[0], f.shape[1], 1)
 
     assert layerwise.gram(model, pot, z, data, layout, diag, ones, 1) is None
-    fast, general = ggn(model, pot, z, data, layout, diag), ggn(model, pot, z, data, layout, diag,
-                                                                layerwise_path=False)
+    fast, general = ggn(model, pot, z, data, layout, diag), ggn(model, pot, z, data, layout, diag, layerwise_path=False)
     assert torch.equal(fast, general)
 
 
-@pytest.mark.parametrize("case,target_column", [("gaussian", False), ("gaussian", True), ("categorical", False),
-                                                ("bernoulli", False), ("bernoulli", True)])
+@pytest.mark.parametrize(
+    "case,target_column",
+    [("gaussian", False), ("gaussian", True), ("categorical", False), ("bernoulli", False), ("bernoulli", True)],
+)
 def test_batched_output_derivatives_are_the_per_row_ones(case, target_column):
     """Output Hessians and gradients of the summed loss equal the per-row ones; a ``(B, 1)`` target (which a
     ``(B,)`` location would broadcast into ``B x B`` terms) takes the per-row way."""
@@ -220,6 +235,7 @@ def test_the_default_fit_takes_the_fast_path_and_gives_the_general_answer(monkey
     fast = lap.laplace_approximation(model, Data(x=x, y=y), num_steps=20, polish_steps=5)
     assert taken and all(taken)
     from bnn_pyro.infer.laplace import curvature
+
     monkeypatch.setattr(curvature, "ggn", lambda *a, **k: ggn(*a, **k, layerwise_path=False))
     general = lap.laplace_approximation(model, Data(x=x, y=y), num_steps=20, polish_steps=5)
     assert fast.structure is Structure.LAST_LAYER
@@ -231,8 +247,13 @@ def test_softmax_cholesky_factors_the_softmax_hessian():
     exact zeros and for a nearly one-hot row (float64: rounding ~1e-16, so 1e-13 fails only on a wrong term)."""
     g = torch.Generator().manual_seed(0)
     p = torch.softmax(torch.randn(50, 6, generator=g) * 3, -1)
-    p = torch.cat([p, torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0], [1.0, 0, 0, 0, 0, 0]]),
-                   torch.softmax(torch.tensor([[60.0, 0, -5, 0, 0, 1]]), -1)])
+    p = torch.cat(
+        [
+            p,
+            torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0, 0.0], [1.0, 0, 0, 0, 0, 0]]),
+            torch.softmax(torch.tensor([[60.0, 0, -5, 0, 0, 1]]), -1),
+        ]
+    )
     chol = softmax_cholesky(p)
     expected = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
     assert torch.isfinite(chol).all()

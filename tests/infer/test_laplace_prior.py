@@ -36,16 +36,19 @@ def _per_element(name, module, param):
     return dist.Normal(loc, scale).to_event(param.dim())
 
 
-NOISES = {"fixed": lambda: bp.likelihoods.Gaussian(scale=0.3),
-          "sigma": lambda: bp.likelihoods.Gaussian(scale=dist.LogNormal(-1.0, 0.5)),
-          "precision": lambda: bp.likelihoods.Gaussian(precision=dist.Gamma(2.0, 0.5))}
+NOISES = {
+    "fixed": lambda: bp.likelihoods.Gaussian(scale=0.3),
+    "sigma": lambda: bp.likelihoods.Gaussian(scale=dist.LogNormal(-1.0, 0.5)),
+    "precision": lambda: bp.likelihoods.Gaussian(precision=dist.Gamma(2.0, 0.5)),
+}
 
 
 def _setup(prior, noise="sigma", structure="diag"):
     g = torch.Generator().manual_seed(0)
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 4), torch.nn.Tanh(),
-                              torch.nn.Linear(4, 1))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1)
+    )
     x, y = torch.randn(30, 3, generator=g), torch.randn(30, generator=g)
     model = bp.BNN(net, prior=prior, likelihood=NOISES[noise]())
     data = Data(x=x, y=y)
@@ -56,8 +59,16 @@ def _setup(prior, noise="sigma", structure="diag"):
 
 
 def _settings(structure):
-    return Settings(structure=Structure(structure), hessian=Hessian.GGN, prior_precision="model", num_steps=0,
-                    lr=1e-2, polish_steps=None, marglik_rounds=1, init="net")
+    return Settings(
+        structure=Structure(structure),
+        hessian=Hessian.GGN,
+        prior_precision="model",
+        num_steps=0,
+        lr=1e-2,
+        polish_steps=None,
+        marglik_rounds=1,
+        init="net",
+    )
 
 
 def _close(a, b):
@@ -68,8 +79,10 @@ def _close(a, b):
 def _check_equal(prior: PriorPart, z, layout, data, structure):
     assert prior.closed is not None
     s = _settings(structure)
-    closed, products = prior_terms(prior, z, layout, s, data), prior_terms(PriorPart(prior.pot, None), z, layout, s,
-                                                                          data)
+    closed, products = (
+        prior_terms(prior, z, layout, s, data),
+        prior_terms(PriorPart(prior.pot, None), z, layout, s, data),
+    )
     assert closed.hess.shape == products.hess.shape
     assert closed.hess.dtype == closed.grad.dtype == torch.float64
     assert _close(closed.value, products.value), (closed.value, products.value)
@@ -111,8 +124,11 @@ def _dense_prior_hessian(prior: PriorPart, z, layout, data):
     return full
 
 
-@pytest.mark.parametrize("prior", [bp.priors.StudentT(3.0, 0.0, 0.7), bp.priors.Laplace(0.1, 0.5),
-                                   bp.priors.HierarchicalNormal()], ids=["studentt", "laplace", "hierarchical"])
+@pytest.mark.parametrize(
+    "prior",
+    [bp.priors.StudentT(3.0, 0.0, 0.7), bp.priors.Laplace(0.1, 0.5), bp.priors.HierarchicalNormal()],
+    ids=["studentt", "laplace", "hierarchical"],
+)
 @pytest.mark.parametrize("structure", ["diag", "full"])
 def test_other_priors_keep_hessian_vector_products(prior, structure):
     model, data, base, z, layout = _setup(prior, "sigma", structure)
@@ -130,12 +146,16 @@ def test_other_priors_keep_hessian_vector_products(prior, structure):
 def _function_model(kind: str):
     def model(x, y=None):
         mu = pyro.sample("mu", dist.Normal(0.0, 1.0))
-        loc = {"constant": torch.zeros(3) + 0.2, "hierarchical": mu,
-               "param": pyro.param("w_loc", lambda: torch.full((3,), 0.2))}[kind]
+        loc = {
+            "constant": torch.zeros(3) + 0.2,
+            "hierarchical": mu,
+            "param": pyro.param("w_loc", lambda: torch.full((3,), 0.2)),
+        }[kind]
         w = pyro.sample("w", dist.Normal(loc, 0.5 + torch.arange(3.0)).expand([3]).to_event(1))
         sigma = pyro.sample("sigma", dist.HalfNormal(1.0))
         with pyro.plate("data", x.shape[0]):
             pyro.sample("obs", dist.Normal(x @ w + mu, sigma), obs=y)
+
     return model
 
 

@@ -100,8 +100,10 @@ def test_compiled_leapfrog_step_equals_the_eager_one(case, dense):
     init, _, transforms, _ = initialize_model(lambda: quiet_model(model, 40)(x, y), model_args=())
     shapes = {n: init[n].shape for n in sorted(init)}
     z = torch.cat([init[n].reshape(-1) for n in shapes])
-    make = lambda compile: _logjoint.flat_potential_and_grad(_logjoint.build(model, 40), transforms, x, y, shapes,  # noqa: E731
-                                                             compile=compile)
+
+    def make(compile):
+        return _logjoint.flat_potential_and_grad(_logjoint.build(model, 40), transforms, x, y, shapes, compile=compile)
+
     compiled, eager = make(True), make(False)
     g = torch.Generator().manual_seed(3)
     minv = torch.rand(len(z), generator=g) + 0.5
@@ -128,12 +130,15 @@ def test_compiled_leapfrog_step_equals_the_eager_one(case, dense):
     torch.testing.assert_close(out[4], torch.stack([u1, 0.5 * p1 @ (minv @ p1 if dense else minv * p1)]))
 
 
-@pytest.mark.parametrize("case, runs", [
-    ("fixed-noise", [("0.bias", "0.weight", "2.bias", "2.weight")]),  # one Normal(0, 1) over every weight
-    ("learned-noise", [("0.bias", "0.weight", "2.bias", "2.weight")]),  # the noise has a transform: per site
-    ("layerwise-prior", [("0.bias", "0.weight"), ("2.bias", "2.weight")]),  # one scale per layer
-    ("laplace-prior", [("0.bias", "0.weight", "2.bias", "2.weight")]),
-])
+@pytest.mark.parametrize(
+    "case, runs",
+    [
+        ("fixed-noise", [("0.bias", "0.weight", "2.bias", "2.weight")]),  # one Normal(0, 1) over every weight
+        ("learned-noise", [("0.bias", "0.weight", "2.bias", "2.weight")]),  # the noise has a transform: per site
+        ("layerwise-prior", [("0.bias", "0.weight"), ("2.bias", "2.weight")]),  # one scale per layer
+        ("laplace-prior", [("0.bias", "0.weight", "2.bias", "2.weight")]),
+    ],
+)
 def test_adjacent_sites_with_one_scalar_prior_are_scored_together(case, runs):
     model, (x, y) = CASES[case](), _data()
     init, _, transforms, _ = initialize_model(lambda: quiet_model(model, 40)(x, y), model_args=())
@@ -144,12 +149,15 @@ def test_adjacent_sites_with_one_scalar_prior_are_scored_together(case, runs):
     assert found[0][:2] == (0, sum(init[n].numel() for n in runs[0]))
 
 
-@pytest.mark.parametrize("prior, groups", [
-    (dist.Normal(torch.tensor(0.0), torch.tensor(2.0)).expand([3, 4]).to_event(2), True),
-    (dist.Normal(torch.arange(4.0), torch.tensor(1.0)).expand([3, 4]).to_event(2), False),  # one loc per column
-    (dist.StudentT(torch.tensor(3.0).expand(4), torch.arange(4.0), torch.tensor(1.0).expand(4)).to_event(1), False),
-    (dist.MixtureSameFamily(dist.Categorical(torch.ones(2)), dist.Normal(torch.zeros(2), torch.ones(2))), False),
-])
+@pytest.mark.parametrize(
+    "prior, groups",
+    [
+        (dist.Normal(torch.tensor(0.0), torch.tensor(2.0)).expand([3, 4]).to_event(2), True),
+        (dist.Normal(torch.arange(4.0), torch.tensor(1.0)).expand([3, 4]).to_event(2), False),  # one loc per column
+        (dist.StudentT(torch.tensor(3.0).expand(4), torch.arange(4.0), torch.tensor(1.0).expand(4)).to_event(1), False),
+        (dist.MixtureSameFamily(dist.Categorical(torch.ones(2)), dist.Normal(torch.zeros(2), torch.ones(2))), False),
+    ],
+)
 def test_only_priors_with_one_scalar_parameter_set_are_grouped(prior, groups):
     scalar = _logjoint._scalar_prior(prior)
     assert (scalar is not None) == groups
@@ -198,8 +206,9 @@ def test_elbo_and_gradient_equal_pyro(case, num_particles, guide_kind):
         params = dict(pyro.get_param_store().named_parameters())
         elbo = Trace_ELBO(num_particles=num_particles, vectorize_particles=num_particles > 1, max_plate_nesting=1)
         pyro.set_rng_seed(3)
-        expected = elbo.differentiable_loss(lambda a, b: call_model(model, a, b, 100),
-                                            lambda a, b: guide(a, b, dataset_size=100), x, y)
+        expected = elbo.differentiable_loss(
+            lambda a, b: call_model(model, a, b, 100), lambda a, b: guide(a, b, dataset_size=100), x, y
+        )
         grads_pyro = torch.autograd.grad(expected, list(params.values()))
         loss = _logjoint.svi_loss(_logjoint.build(model, 100), guide, num_particles)
         pyro.set_rng_seed(3)
@@ -226,8 +235,23 @@ def test_models_outside_the_fast_path_are_refused():
 @pytest.mark.parametrize("guide", ["mean_field", "map"])
 def test_svi_fit_follows_the_same_trajectory_with_and_without_the_fast_path(guide):
     model, (x, y) = CASES["learned-noise"](), _data(n=120)
-    runs = [bp.fit(model, x, y, method="svi", guide=guide, num_steps=60, batch_size=32, num_particles=2, seed=0,
-                   num_samples=4, progress=False, fast_path=fast) for fast in (True, False)]
+    runs = [
+        bp.fit(
+            model,
+            x,
+            y,
+            method="svi",
+            guide=guide,
+            num_steps=60,
+            batch_size=32,
+            num_particles=2,
+            seed=0,
+            num_samples=4,
+            progress=False,
+            fast_path=fast,
+        )
+        for fast in (True, False)
+    ]
     assert [r.config["fast_path"] for r in runs] == [True, False]
     fast, plain = runs
     # losses are sums over ~120 scaled terms of size ~10-100: float32 rounding is ~1e-3 absolute
@@ -238,12 +262,20 @@ def test_svi_fit_follows_the_same_trajectory_with_and_without_the_fast_path(guid
 
 # HMC on the analytic path (e.g. "learned-noise") runs the flat kernel of bnn_pyro/infer/_flat_hmc.py, whose random
 # stream differs from Pyro's HMC: the fast potential under Pyro's HMC is checked on a model that path does not cover
-@pytest.mark.parametrize("method,options,case", [("hmc", dict(num_leapfrog=4, num_warmup=5), "laplace-prior"),
-                                                 ("metropolis", dict(num_warmup=40), "learned-noise")])
+@pytest.mark.parametrize(
+    "method,options,case",
+    [
+        ("hmc", dict(num_leapfrog=4, num_warmup=5), "laplace-prior"),
+        ("metropolis", dict(num_warmup=40), "learned-noise"),
+    ],
+)
 def test_mcmc_draws_agree_with_and_without_the_fast_path(method, options, case):
     # HMC trajectories are chaotic, so rounding differences grow over long runs: a short run only
     model, (x, y) = CASES[case](), _data(n=120)
-    runs = [bp.fit(model, x, y, method=method, num_samples=5, seed=0, progress=False, fast_path=fast, **options) for fast in (True, False)]
+    runs = [
+        bp.fit(model, x, y, method=method, num_samples=5, seed=0, progress=False, fast_path=fast, **options)
+        for fast in (True, False)
+    ]
     assert [r.config["fast_path"] for r in runs] == [True, False]
     for name in runs[1].samples:
         torch.testing.assert_close(runs[0].samples[name], runs[1].samples[name], rtol=1e-3, atol=1e-3)

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_mcmc import _assert_exact, _blr, _data
 
 import bnn_pyro as bp
 from bnn_pyro.infer import checkpoint as ckpt_mod
-
-from test_mcmc import _assert_exact, _blr, _data
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +44,19 @@ def test_mala_sample_stats_reach_arviz_under_their_names(default_fit):
 @pytest.mark.parametrize("fast_path", [True, False])
 def test_mala_with_a_dense_metric_recovers_the_exact_posterior(fast_path):
     x, y = _data(3, seed=1)
-    post = bp.fit(_blr(3), x, y, method="mala", dense_mass=True, num_samples=1500, num_warmup=500, num_chains=2,
-                  fast_path=fast_path, seed=2, progress=False)
+    post = bp.fit(
+        _blr(3),
+        x,
+        y,
+        method="mala",
+        dense_mass=True,
+        num_samples=1500,
+        num_warmup=500,
+        num_chains=2,
+        fast_path=fast_path,
+        seed=2,
+        progress=False,
+    )
     assert post.config["fast_path"] == fast_path and post.history["inverse_mass_matrix"].shape == (2, 4, 4)
     _assert_exact(post, x, y)
 
@@ -97,8 +107,17 @@ def test_mala_is_subspace_inference_s_inner_engine_by_its_declaration():
     net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.2))
     x = torch.linspace(-2, 2, 40)[:, None]
-    post = bp.fit(model, x, torch.sin(x[:, 0]), method="subspace", inner="mala", subspace_dim=2, num_samples=4,
-                  inner_options=dict(num_warmup=4), swa=dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2),
-                  progress=False)
+    post = bp.fit(
+        model,
+        x,
+        torch.sin(x[:, 0]),
+        method="subspace",
+        inner="mala",
+        subspace_dim=2,
+        num_samples=4,
+        inner_options=dict(num_warmup=4),
+        swa=dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2),
+        progress=False,
+    )
     assert post.config["inner_config"]["kernel"] == "mala" and post.num_draws == 4
     assert post.samples["0.weight"].shape[:2] == (1, 4)

@@ -18,12 +18,13 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
+from blr import mcse_z_scores as _z_scores
 from pyro import poutine
 
 import bnn_pyro as bp
 from bnn_pyro.infer import _kernels, driver, mcmc
 from bnn_pyro.infer._common import quiet_model
-from blr import BLR, mcse_z_scores as _z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 SIGMA, PRIOR_VAR, Z_MAX = 0.5, 1.0, 4.0
 
@@ -71,8 +72,19 @@ def test_nuts_recovers_exact_posterior():
 
 def test_hmc_with_fixed_leapfrog_count_recovers_exact_posterior():
     x, y = _data(2)
-    post = bp.fit(_blr(2), x, y, method="hmc", num_chains=1, num_samples=1000, num_warmup=300, num_leapfrog=4, leapfrog_jitter=0,
-                  seed=2, progress=False)
+    post = bp.fit(
+        _blr(2),
+        x,
+        y,
+        method="hmc",
+        num_chains=1,
+        num_samples=1000,
+        num_warmup=300,
+        num_leapfrog=4,
+        leapfrog_jitter=0,
+        seed=2,
+        progress=False,
+    )
     assert (post.sample_stats["n_steps"] == 4).all()  # a fixed count, not length / adapted step size
     _assert_exact(post, x, y)
 
@@ -87,7 +99,9 @@ def test_hmc_default_leapfrog_count_is_bounded_and_explicit_settings_win():
     y = x @ torch.tensor([1.0, -1.0]) + 0.3 + SIGMA * torch.randn(400, generator=g)
 
     def run(**options):
-        return bp.fit(_blr(2), x, y, method="hmc", num_chains=1, num_samples=10, num_warmup=30, seed=5, progress=False, **options)
+        return bp.fit(
+            _blr(2), x, y, method="hmc", num_chains=1, num_samples=10, num_warmup=30, seed=5, progress=False, **options
+        )
 
     default = run()
     assert f"(default :data:`DEFAULT_NUM_LEAPFROG` = {mcmc.DEFAULT_NUM_LEAPFROG} when" in mcmc.HMCConfig.__doc__
@@ -116,8 +130,17 @@ def test_hmc_defaults_mix_on_an_exact_gaussian_posterior_for_every_seed(fast_pat
     blr = make_blr(n=200, d=5, noise=1.0, seed=0)
     seeds = range(5) if fast_path else range(4, 5)  # Pyro's path (~10 s a seed): the worst seed of the fixed count
     for seed in seeds:
-        post = bp.fit(blr.model(), blr.x, blr.y, method="hmc", num_samples=500, num_chains=1, seed=seed,
-                      progress=False, fast_path=fast_path)
+        post = bp.fit(
+            blr.model(),
+            blr.x,
+            blr.y,
+            method="hmc",
+            num_samples=500,
+            num_chains=1,
+            seed=seed,
+            progress=False,
+            fast_path=fast_path,
+        )
         draws = _draws(post)
         ess = [float(az.ess(draws[..., i].numpy())) for i in range(draws.shape[-1])]
         assert min(ess) >= 50, (seed, ess)
@@ -138,20 +161,29 @@ def test_defaults_run_several_chains_so_that_r_hat_is_defined(method):
     if method != "metropolis":  # 100 + 100 Metropolis draws have not mixed (R-hat ~2: what the chains are for)
         assert (table["r_hat"] < 1.1).all(), table
     assert post.config["chain_execution"] == driver.chain_execution(4, "auto", "mcmc")
-    sequential = bp.fit(_blr(2), x, y, method=method, num_samples=100, seed=0, progress=False,
-                        chain_method="sequential")
+    sequential = bp.fit(
+        _blr(2), x, y, method=method, num_samples=100, seed=0, progress=False, chain_method="sequential"
+    )
     assert all(torch.equal(post.samples[k], v) for k, v in sequential.samples.items())
 
 
 def _readme_custom_prior_model() -> bp.BNN:
     """The README's custom prior on a linear net: Student-t weights, the bias deterministic, the noise learned."""
-    return bp.BNN(torch.nn.Linear(2, 1),
-                  prior=lambda name, module, param: dist.StudentT(3.0, 0.0, 1.0) if param.dim() > 1 else None,
-                  likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    return bp.BNN(
+        torch.nn.Linear(2, 1),
+        prior=lambda name, module, param: dist.StudentT(3.0, 0.0, 1.0) if param.dim() > 1 else None,
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    )
 
 
-@pytest.mark.parametrize("method, seeds", [pytest.param("nuts", (0, 1, 2), marks=pytest.mark.slow),  # ~20 s loaded
-                                           ("hmc", (0,)), ("metropolis", (1,))])
+@pytest.mark.parametrize(
+    "method, seeds",
+    [
+        pytest.param("nuts", (0, 1, 2), marks=pytest.mark.slow),  # ~20 s loaded
+        ("hmc", (0,)),
+        ("metropolis", (1,)),
+    ],
+)
 def test_deterministic_parameters_get_their_point_estimate_not_a_random_start(method, seeds):
     """The README's custom prior leaves the bias deterministic. MCMC kept it at the value reset_parameters()
     drew (four seeds: -0.58, -0.14, 0.19, -0.30 on data whose intercept is 0.33 +- 0.03), and the weights shifted
@@ -165,8 +197,16 @@ def test_deterministic_parameters_get_their_point_estimate_not_a_random_start(me
     for seed in seeds:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # short runs: the health check's ESS warnings
-            post = bp.fit(_readme_custom_prior_model(), x, y, method=method, num_samples=20, num_chains=2,
-                          seed=seed, progress=False)
+            post = bp.fit(
+                _readme_custom_prior_model(),
+                x,
+                y,
+                method=method,
+                num_samples=20,
+                num_chains=2,
+                seed=seed,
+                progress=False,
+            )
         assert post.config["point_estimate"] == "map"
         bias = post.point["bias"]
         assert bias.shape == (2, 1) and torch.equal(bias[0], bias[1])  # fixed, the same for every chain
@@ -200,8 +240,18 @@ def test_a_traced_model_emits_no_torch_jit_deprecation_warning(method, options):
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         model = _plain_model if method == "metropolis" else _blr(1)
-        bp.fit(model, x, 0.5 * x[:, 0], method=method, num_samples=5, num_warmup=5, num_chains=1, seed=0,
-               progress=False, **options)
+        bp.fit(
+            model,
+            x,
+            0.5 * x[:, 0],
+            method=method,
+            num_samples=5,
+            num_warmup=5,
+            num_chains=1,
+            seed=0,
+            progress=False,
+            **options,
+        )
     assert not [str(w.message) for w in record if issubclass(w.category, DeprecationWarning)]
 
 
@@ -224,8 +274,9 @@ def test_deterministic_sites_of_a_plain_model_are_kept_in_samples_and_inference_
     assert theta.shape == (2, 20, 8)
     assert torch.allclose(theta, post.samples["mu"][..., None] + post.samples["tau"][..., None] * post.samples["eta"])
     assert "theta" in post.to_inference_data().posterior and "theta[7]" in post.summary().index
-    again = bp.fit(_schools_like, x, y, method="metropolis", init=post, num_samples=5, num_chains=1, seed=1,
-                   progress=False)  # a posterior with deterministic sites is a valid init
+    again = bp.fit(
+        _schools_like, x, y, method="metropolis", init=post, num_samples=5, num_chains=1, seed=1, progress=False
+    )  # a posterior with deterministic sites is a valid init
     assert again.samples["theta"].shape == (1, 5, 8)
 
 
@@ -252,8 +303,9 @@ def test_metropolis_adapts_and_recovers_exact_posterior():
     averaging restarted after the last mass-matrix window, which guarantees none (measured at this setting, seeds
     0-7: the adapted proposals' exact acceptance ranged 0.09-0.31 over 9 distinct chains, 3 below 0.15)."""
     x, y = _data(1)
-    post = bp.fit(_blr(1), x, y, method="metropolis", num_samples=6000, num_warmup=1000, num_chains=2, seed=3,
-                  progress=False)
+    post = bp.fit(
+        _blr(1), x, y, method="metropolis", num_samples=6000, num_warmup=1000, num_chains=2, seed=3, progress=False
+    )
     _assert_exact(post, x, y)
     mean, cov = _exact(x, y)  # weight, then bias; the proposal's flat vector is in sorted site order
     order = [0, 1] if sorted(post.samples) == ["weight", "bias"] else [1, 0]
@@ -288,8 +340,9 @@ def test_plain_pyro_function_model_with_nuts():
 def test_sample_stats_shapes(method):
     x, y = _data(2)
     extra = dict(num_leapfrog=3) if method == "hmc" else {}
-    post = bp.fit(_blr(2), x, y, method=method, num_samples=30, num_warmup=30, num_chains=2, seed=0, progress=False,
-                  **extra)
+    post = bp.fit(
+        _blr(2), x, y, method=method, num_samples=30, num_warmup=30, num_chains=2, seed=0, progress=False, **extra
+    )
     expected = {"lp", "acceptance_rate", "step_size"}
     if method != "metropolis":
         expected |= {"diverging", "n_steps", "energy"}
@@ -309,8 +362,12 @@ def test_jit_on_and_off():
     """Both paths run; the model traced by torch.jit computes the same log density as the eager
     model (chains themselves drift apart after a few draws: float rounding differs between the paths)."""
     x, y = _data(2)
-    runs = [bp.fit(_blr(2), x, y, method="nuts", num_chains=1, num_samples=40, num_warmup=40, jit=jit, seed=5, progress=False)
-            for jit in (True, False)]
+    runs = [
+        bp.fit(
+            _blr(2), x, y, method="nuts", num_chains=1, num_samples=40, num_warmup=40, jit=jit, seed=5, progress=False
+        )
+        for jit in (True, False)
+    ]
     assert runs[0].config["jit"] and not runs[1].config["jit"]
     for post in runs:
         assert torch.isfinite(post.samples["weight"]).all() and post.sample_stats["lp"].shape == (1, 40)
@@ -329,11 +386,26 @@ def test_jit_on_and_off():
 
 def test_init_posterior_starts_at_its_mean_and_fixes_deterministic_params():
     x, y = _data(2)
-    model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=SIGMA), bayesian="weights")  # bias: deterministic
+    model = bp.BNN(
+        torch.nn.Linear(2, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=SIGMA),
+        bayesian="weights",
+    )  # bias: deterministic
     map_fit = bp.fit(model, x, y, method="svi", guide="map", num_steps=300, lr=0.05, seed=0, progress=False)
-    post = bp.fit(model, x, y, method="hmc", init=map_fit, num_leapfrog=3, num_samples=20, num_warmup=20,
-                  num_chains=2, seed=0, progress=False)
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="hmc",
+        init=map_fit,
+        num_leapfrog=3,
+        num_samples=20,
+        num_warmup=20,
+        num_chains=2,
+        seed=0,
+        progress=False,
+    )
     assert post.point["bias"].shape == (2, 1)
     torch.testing.assert_close(post.point["bias"], map_fit.point["bias"][:1].expand(2, 1))
     assert set(post.samples) == {"weight"}
@@ -347,8 +419,21 @@ def test_parallel_and_sequential_chains_give_the_same_draws():
     if driver._cores() < 2:
         pytest.skip("needs 2 cores")
     x, y, model = *_data(2), _blr(2)  # one model: init="net" starts from its (random) weights
-    runs = {how: bp.fit(model, x, y, method="nuts", num_samples=30, num_warmup=30, num_chains=2, seed=6,
-                        chain_method=how, progress=False) for how in ("parallel", "sequential")}
+    runs = {
+        how: bp.fit(
+            model,
+            x,
+            y,
+            method="nuts",
+            num_samples=30,
+            num_warmup=30,
+            num_chains=2,
+            seed=6,
+            chain_method=how,
+            progress=False,
+        )
+        for how in ("parallel", "sequential")
+    }
     assert runs["parallel"].config["chain_execution"] == "parallel"
     assert runs["sequential"].config["chain_execution"] == "sequential"
     torch.testing.assert_close(runs["parallel"].samples["weight"], runs["sequential"].samples["weight"])
@@ -399,16 +484,19 @@ def test_diverging_trajectory_is_rejected_not_raised():
 
 
 # ------------------------------------------------------------------ argument errors
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(num_samples=0), "num_samples must be a positive int"),
-    (dict(num_warmup=0), "num_warmup must be a positive int"),
-    (dict(num_chains=-1), "num_chains must be a positive int"),
-    (dict(target_accept=1.0), r"target_accept must be a probability in \(0, 1\)"),
-    (dict(target_accept=0.0), r"target_accept must be a probability in \(0, 1\)"),
-    (dict(step_size=-0.1), "step_size must be a positive"),
-    (dict(init="pretrained"), "init: unknown value 'pretrained'"),
-    (dict(chain_method="threads"), "chain_method: unknown value 'threads'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(num_samples=0), "num_samples must be a positive int"),
+        (dict(num_warmup=0), "num_warmup must be a positive int"),
+        (dict(num_chains=-1), "num_chains must be a positive int"),
+        (dict(target_accept=1.0), r"target_accept must be a probability in \(0, 1\)"),
+        (dict(target_accept=0.0), r"target_accept must be a probability in \(0, 1\)"),
+        (dict(step_size=-0.1), "step_size must be a positive"),
+        (dict(init="pretrained"), "init: unknown value 'pretrained'"),
+        (dict(chain_method="threads"), "chain_method: unknown value 'threads'"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     x, y = _data(2)
     with pytest.raises(ValueError, match=match):
@@ -421,8 +509,12 @@ def test_bad_hmc_and_method_arguments():
         bp.fit(_blr(2), x, y, method="hmc", num_chains=1, trajectory_length=1.0, num_leapfrog=3)
     with pytest.raises(TypeError, match=r"max_tree_depth: not an option of method='hmc'.*\(nuts\)"):
         bp.fit(_blr(2), x, y, method="hmc", num_chains=1, max_tree_depth=5)
-    for method, name in (("nuts", "num_leapfrog"), ("metropolis", "num_leapfrog"), ("metropolis", "max_tree_depth"),
-                         ("metropolis", "trajectory_length")):  # a kernel's options are its own, listed by options()
+    for method, name in (
+        ("nuts", "num_leapfrog"),
+        ("metropolis", "num_leapfrog"),
+        ("metropolis", "max_tree_depth"),
+        ("metropolis", "trajectory_length"),
+    ):  # a kernel's options are its own, listed by options()
         assert name not in bp.infer.options(method)
         with pytest.raises(TypeError, match=rf"{name}: not an option of method='{method}'"):
             bp.fit(_blr(2), x, y, method=method, num_chains=1, **{name: 5})
@@ -436,8 +528,7 @@ def test_bad_hmc_and_method_arguments():
 @pytest.mark.slow  # ~6 s
 def test_mixed_chains_have_rhat_near_one():
     x, y = _data(2)
-    post = bp.fit(_blr(2), x, y, method="nuts", num_samples=1000, num_warmup=300, num_chains=2, seed=4,
-                  progress=False)
+    post = bp.fit(_blr(2), x, y, method="nuts", num_samples=1000, num_warmup=300, num_chains=2, seed=4, progress=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no convergence warning at all
         post.summary()
@@ -459,8 +550,18 @@ def test_chains_started_apart_and_not_mixed_are_flagged():
             return pyro.sample("obs", dist.Normal((w * w).expand(len(x)), 0.3), obs=y)
 
     x, y = torch.zeros(40, 1), torch.full((40,), 9.0)
-    post = bp.fit(bimodal, x, y, method="nuts", init="prior", num_samples=100, num_warmup=100, num_chains=2,
-                  seed=0, progress=False)
+    post = bp.fit(
+        bimodal,
+        x,
+        y,
+        method="nuts",
+        init="prior",
+        num_samples=100,
+        num_warmup=100,
+        num_chains=2,
+        seed=0,
+        progress=False,
+    )
     means = post.samples["w"].mean(1)
     assert means[0] * means[1] < 0, f"the chains should start in different modes: {means}"
     with pytest.warns(UserWarning, match=r"R-hat > 1.01"):
@@ -472,14 +573,35 @@ def test_chains_started_apart_and_not_mixed_are_flagged():
 def test_extend_continues_from_the_last_state_without_warmup(tmp_path):
     x, y = _data(2)
     model = _blr(2)
-    first = bp.fit(model, x, y, method="nuts", num_samples=10, num_warmup=30, num_chains=2, seed=0, progress=False,
-                   chain_method="sequential", jit=False)
+    first = bp.fit(
+        model,
+        x,
+        y,
+        method="nuts",
+        num_samples=10,
+        num_warmup=30,
+        num_chains=2,
+        seed=0,
+        progress=False,
+        chain_method="sequential",
+        jit=False,
+    )
     mass = first.history["inverse_mass_matrix"]
     assert mass.shape == (2, 3) and (mass > 0).all()  # diagonal: weight (2) and bias
     first.save(tmp_path / "first.bnn")
     first = bp.load(tmp_path / "first.bnn", model=model)  # the adapted state survives save/load
-    more = bp.fit(model, x, y, method="nuts", resume=first, num_samples=8, seed=100, progress=False,
-                  chain_method="sequential", jit=False)
+    more = bp.fit(
+        model,
+        x,
+        y,
+        method="nuts",
+        resume=first,
+        num_samples=8,
+        seed=100,
+        progress=False,
+        chain_method="sequential",
+        jit=False,
+    )
     assert more.num_chains == 2 and more.num_draws == 18
     for name, value in first.samples.items():
         assert torch.equal(more.samples[name][:, :10], value)

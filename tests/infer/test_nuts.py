@@ -16,14 +16,14 @@ import math
 import pyro
 import pytest
 import torch
+from blr import BLR
+from test_mcmc import PRIOR_VAR, SIGMA, Z_MAX, _assert_exact, _blr
 
 import bnn_pyro as bp
 from bnn_pyro.infer import _logjoint
-from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._analytic import StackPotential
+from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._nuts import FlatNUTS
-from blr import BLR
-from test_mcmc import SIGMA, PRIOR_VAR, Z_MAX, _assert_exact, _blr
 
 N_START = 1500
 
@@ -59,11 +59,16 @@ def _iid_z(w: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> dict[str, 
     return z
 
 
-@pytest.mark.parametrize("step_size, max_tree_depth, mass", [
-    (0.05, 10, "identity"), (0.1, 10, "identity"), (0.05, 2, "identity"),
-    (0.2, 10, "diagonal"),  # twice the posterior variances: M is not I, and not the covariance either
-    (0.5, 10, "dense"),  # a dense M^-1 near the posterior covariance (scaled, with a twist)
-])
+@pytest.mark.parametrize(
+    "step_size, max_tree_depth, mass",
+    [
+        (0.05, 10, "identity"),
+        (0.1, 10, "identity"),
+        (0.05, 2, "identity"),
+        (0.2, 10, "diagonal"),  # twice the posterior variances: M is not I, and not the covariance either
+        (0.5, 10, "dense"),  # a dense M^-1 near the posterior covariance (scaled, with a twist)
+    ],
+)
 def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth, mass):
     x, y = _correlated()
     exact = BLR(x=x, y=y, noise=SIGMA, prior_scale=math.sqrt(PRIOR_VAR))
@@ -100,8 +105,19 @@ def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth, mass)
 @pytest.mark.parametrize("dense_mass, jit", [(False, False), (True, True)])
 def test_fit_recovers_exact_posterior(dense_mass, jit):
     x, y = _correlated(n=30, d=2, seed=1)
-    post = bp.fit(_blr(2), x, y, method="nuts", num_chains=1, num_samples=800, num_warmup=200, seed=4, progress=False,
-                  dense_mass=dense_mass, jit=jit)
+    post = bp.fit(
+        _blr(2),
+        x,
+        y,
+        method="nuts",
+        num_chains=1,
+        num_samples=800,
+        num_warmup=200,
+        seed=4,
+        progress=False,
+        dense_mass=dense_mass,
+        jit=jit,
+    )
     assert post.config["fast_path"] is True
     mass = post.history["inverse_mass_matrix"]
     assert mass.shape == ((1, 3, 3) if dense_mass else (1, 3))
@@ -124,11 +140,20 @@ def test_fit_matches_quadrature_on_a_non_gaussian_two_weight_net():
     y = 1.5 * torch.tanh(1.2 * x[:, 0]) + 0.3 * torch.randn(12, generator=g)
     grid = torch.linspace(-6, 6, 2401, dtype=torch.float64)
     w1, w2 = torch.meshgrid(grid, grid, indexing="ij")
-    log_p = -0.5 * (w1**2 + w2**2) - 0.5 * ((y.double() - w2[..., None] * torch.tanh(w1[..., None] * x[:, 0].double())) ** 2).sum(-1) / 0.09
+    log_p = (
+        -0.5 * (w1**2 + w2**2)
+        - 0.5 * ((y.double() - w2[..., None] * torch.tanh(w1[..., None] * x[:, 0].double())) ** 2).sum(-1) / 0.09
+    )
     p = (log_p - log_p.max()).exp()
     p = p / p.sum()
-    stats = {"|w1|": lambda a, b: a.abs(), "w1^2": lambda a, b: a**2, "w2^2": lambda a, b: b**2, "w1 w2": lambda a, b: a * b,
-             "f(1)": lambda a, b: b * torch.tanh(a), "f(1)^2": lambda a, b: (b * torch.tanh(a)) ** 2}
+    stats = {
+        "|w1|": lambda a, b: a.abs(),
+        "w1^2": lambda a, b: a**2,
+        "w2^2": lambda a, b: b**2,
+        "w1 w2": lambda a, b: a * b,
+        "f(1)": lambda a, b: b * torch.tanh(a),
+        "f(1)^2": lambda a, b: (b * torch.tanh(a)) ** 2,
+    }
     net = torch.nn.Sequential(torch.nn.Linear(1, 1, bias=False), torch.nn.Tanh(), torch.nn.Linear(1, 1, bias=False))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.3))
     post = bp.fit(model, x, y, method="nuts", num_samples=4000, num_warmup=500, num_chains=2, seed=0, progress=False)
@@ -150,7 +175,9 @@ def test_resume_across_the_fast_and_the_plain_path():
     plain = bp.fit(model, x, y, method="nuts", resume=fast, num_samples=5, seed=1, progress=False, fast_path=False)
     again = bp.fit(model, x, y, method="nuts", resume=plain, num_samples=5, seed=2, progress=False)
     assert [p.config["fast_path"] for p in (fast, plain, again)] == [True, False, True]
-    assert again.num_draws == 15 and torch.equal(again.history["inverse_mass_matrix"], fast.history["inverse_mass_matrix"])
+    assert again.num_draws == 15 and torch.equal(
+        again.history["inverse_mass_matrix"], fast.history["inverse_mass_matrix"]
+    )
     assert torch.equal(again.sample_stats["step_size"][:, 5:], fast.sample_stats["step_size"][:, -1:].expand(1, 10))
 
 
@@ -160,8 +187,13 @@ def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
     z0 = kernel.chains.z[0]
     before = {k: v.clone().reshape(kernel._shapes[k]) for k, v in zip(kernel._names, z0.split(kernel.chains.sizes))}
     nan = float("nan")
-    kernel.chains.leapfrog.unbatched = lambda z, p, g, step, minv: (z + nan, p + nan, g + nan, p + nan,
-                                                                     torch.tensor([nan, nan]))
+    kernel.chains.leapfrog.unbatched = lambda z, p, g, step, minv: (
+        z + nan,
+        p + nan,
+        g + nan,
+        p + nan,
+        torch.tensor([nan, nan]),
+    )
     params = kernel.sample(before)
     assert kernel.stats.diverging and kernel.stats.n_steps == 1 and kernel.stats.tree_depth == 1
     for name, value in before.items():
@@ -171,8 +203,10 @@ def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
 def test_same_seed_same_draws_and_adaptation_reaches_the_target():
     x, y = _correlated(n=30)
     model = _blr(2)  # one model: init="net" starts at its weights
-    runs = [bp.fit(model, x, y, method="nuts", num_chains=1, num_samples=200, num_warmup=200, seed=7, progress=False)
-            for _ in range(2)]
+    runs = [
+        bp.fit(model, x, y, method="nuts", num_chains=1, num_samples=200, num_warmup=200, seed=7, progress=False)
+        for _ in range(2)
+    ]
     for name in runs[0].samples:
         assert torch.equal(runs[0].samples[name], runs[1].samples[name])
     # dual averaging toward 0.8: the mean acceptance statistic after warm-up lands near it (Stan's
@@ -191,10 +225,13 @@ def _three_input_net():
     return torch.nn.Sequential(torch.nn.Linear(3, 5), torch.nn.Tanh(), torch.nn.Linear(5, 1), torch.nn.Sigmoid())
 
 
-@pytest.mark.parametrize("net, noise, d", [
-    (_one_input_net, "fixed", 1),  # one input: the first layer is an outer product (addcmul)
-    (_three_input_net, "sigma", 3),  # a learned noise; the net ends with an activation
-])
+@pytest.mark.parametrize(
+    "net, noise, d",
+    [
+        (_one_input_net, "fixed", 1),  # one input: the first layer is an outer product (addcmul)
+        (_three_input_net, "sigma", 3),  # a learned noise; the net ends with an activation
+    ],
+)
 @pytest.mark.parametrize("dense", [False, True])
 def test_a_leapfrog_step_equals_verlet_on_pyros_potential(net, noise, d, dense):
     """``StackPotential.leapfrog`` against velocity Verlet written out on Pyro's potential energy and autograd
@@ -261,15 +298,32 @@ def test_the_turning_checks_equal_stans_six_inner_products():
         old_states, new_states = (ps[:1], ps[1:]) if single else (ps[:3], ps[3:])
         old_sharps, new_sharps = (sharps[:1], sharps[1:]) if single else (sharps[:3], sharps[3:])
         pp = (lambda p, s: [float(p @ s)]) if single else (lambda p, s: None)
-        old = _Node(old_states[0], old_sharps[0], old_states[-1], old_sharps[-1], sum(old_states),
-                    pp(old_states[0], old_sharps[0]))
-        new = _Node(new_states[0], new_sharps[0], new_states[-1], new_sharps[-1], sum(new_states),
-                    pp(new_states[0], new_sharps[0]))
+        old = _Node(
+            old_states[0],
+            old_sharps[0],
+            old_states[-1],
+            old_sharps[-1],
+            sum(old_states),
+            pp(old_states[0], old_sharps[0]),
+        )
+        new = _Node(
+            new_states[0],
+            new_sharps[0],
+            new_states[-1],
+            new_sharps[-1],
+            sum(new_states),
+            pp(new_states[0], new_sharps[0]),
+        )
         # new grown from old's far end: old's other end is its near one
         rho = old.rho + new.rho
-        products = [old.near_sharp @ rho, new.far_sharp @ rho,
-                    old.near_sharp @ (old.rho + new.near_p), new.near_sharp @ (old.rho + new.near_p),
-                    old.far_sharp @ (new.rho + old.far_p), new.far_sharp @ (new.rho + old.far_p)]
+        products = [
+            old.near_sharp @ rho,
+            new.far_sharp @ rho,
+            old.near_sharp @ (old.rho + new.near_p),
+            new.near_sharp @ (old.rho + new.near_p),
+            old.far_sharp @ (new.rho + old.far_p),
+            new.far_sharp @ (new.rho + old.far_p),
+        ]
         if min(abs(float(v)) for v in products) < 1e-9:
             continue  # too close to zero to tell
         expected = not all(float(v) > 0 for v in products)
@@ -280,12 +334,17 @@ def test_the_turning_checks_equal_stans_six_inner_products():
     assert min(checked.values()) > 20  # both outcomes exercised
     for single in (True, False):  # the same merges as C chains in lockstep
         nodes = merges[single]
-        stacked = [_Node(*(torch.stack([getattr(n[k], f) for n in nodes]) for f in _Node._fields[:5]),
-                         [n[k].pp[0] for n in nodes] if single else None) for k in (0, 1)]
+        stacked = [
+            _Node(
+                *(torch.stack([getattr(n[k], f) for n in nodes]) for f in _Node._fields[:5]),
+                [n[k].pp[0] for n in nodes] if single else None,
+            )
+            for k in (0, 1)
+        ]
         assert _turned([tuple(stacked)], False) == expect[single]
     some = merges[False][:6]  # several merges of one chain: one check
     for i in range(len(some) - 2):
-        assert _turned(some[i:i + 3], True) == [any(expect[False][i:i + 3])]
+        assert _turned(some[i : i + 3], True) == [any(expect[False][i : i + 3])]
 
 
 def test_a_checkpoint_of_the_recursive_kernel_is_refused_naming_the_version():

@@ -90,16 +90,25 @@ class _Unbatched:
 
 
 def _as_tensors(stats: TransitionStats) -> TransitionStats:
-    return TransitionStats(*(torch.tensor(v, dtype=dtype) for v, dtype in
-                             zip(stats, (DT, torch.int64, torch.bool, DT, torch.int64))))
+    return TransitionStats(
+        *(torch.tensor(v, dtype=dtype) for v, dtype in zip(stats, (DT, torch.int64, torch.bool, DT, torch.int64)))
+    )
 
 
 def _transition(z, minv, step, seed, potential=gaussian, unbatched=False, **options):
     c = z.shape[0]
     u, g = potential(z)
     leapfrog = OneChain(_Unbatched(potential)) if unbatched else leapfrog_from(potential)
-    z, u, g, stats = nuts_transition(z, u, g, torch.full((c,), step, dtype=DT), minv.expand(c, *minv.shape),
-                                     leapfrog=leapfrog, generator=torch.Generator().manual_seed(seed), **options)
+    z, u, g, stats = nuts_transition(
+        z,
+        u,
+        g,
+        torch.full((c,), step, dtype=DT),
+        minv.expand(c, *minv.shape),
+        leapfrog=leapfrog,
+        generator=torch.Generator().manual_seed(seed),
+        **options,
+    )
     return z, u, g, _as_tensors(stats)
 
 
@@ -110,11 +119,17 @@ def _assert_tree_shape(stats, max_depth):
     assert ((stats.accept_prob >= 0) & (stats.accept_prob <= 1)).all()
 
 
-@pytest.mark.parametrize("scale, max_tree_depth, mass", [
-    (0.1, 1, "diagonal"), (0.1, 6, "diagonal"), (0.1, 3, "dense"),
-    (0.1, None, "dense"),  # the default max_tree_depth (10)
-    (1.15, 3, "diagonal"), (1.15, 6, "dense"),  # beyond the stability limit: some trajectories diverge
-])
+@pytest.mark.parametrize(
+    "scale, max_tree_depth, mass",
+    [
+        (0.1, 1, "diagonal"),
+        (0.1, 6, "diagonal"),
+        (0.1, 3, "dense"),
+        (0.1, None, "dense"),  # the default max_tree_depth (10)
+        (1.15, 3, "diagonal"),
+        (1.15, 6, "dense"),  # beyond the stability limit: some trajectories diverge
+    ],
+)
 def test_one_transition_keeps_exact_draws_exact(scale, max_tree_depth, mass):
     n = 4000
     start = _exact(n, seed=0)
@@ -144,11 +159,14 @@ def test_several_transitions_on_a_banana_keep_its_closed_form_moments():
     x = torch.randn(n, dtype=DT)
     w = torch.stack([x, b * x**2 + s * torch.randn(n, dtype=DT)], -1)
     # h: (exact mean, exact variance) from E x^2k = (2k - 1)!!
-    exact = {"x": (lambda x, y: x, 0.0, 1.0), "y": (lambda x, y: y, b, 2 * b**2 + s**2),
-             "x^2": (lambda x, y: x**2, 1.0, 2.0), "x y": (lambda x, y: x * y, 0.0, 15 * b**2 + s**2),
-             "y^2": (lambda x, y: y**2, 3 * b**2 + s**2,
-                     105 * b**4 + 18 * b**2 * s**2 + 3 * s**4 - (3 * b**2 + s**2) ** 2),
-             "x^2 y": (lambda x, y: x**2 * y, 3 * b, 105 * b**2 + 3 * s**2 - 9 * b**2)}
+    exact = {
+        "x": (lambda x, y: x, 0.0, 1.0),
+        "y": (lambda x, y: y, b, 2 * b**2 + s**2),
+        "x^2": (lambda x, y: x**2, 1.0, 2.0),
+        "x y": (lambda x, y: x * y, 0.0, 15 * b**2 + s**2),
+        "y^2": (lambda x, y: y**2, 3 * b**2 + s**2, 105 * b**4 + 18 * b**2 * s**2 + 3 * s**4 - (3 * b**2 + s**2) ** 2),
+        "x^2 y": (lambda x, y: x**2 * y, 3 * b, 105 * b**2 + 3 * s**2 - 9 * b**2),
+    }
     minv = torch.tensor([1.0, 2.0], dtype=DT)
     moved, bad = [], {}
     for t in range(5):
@@ -160,9 +178,13 @@ def test_several_transitions_on_a_banana_keep_its_closed_form_moments():
             z = float((h(w[:, 0], w[:, 1]).mean() - mean) / math.sqrt(var / n))
             if not abs(z) < Z_MAX:
                 bad[f"{name} after {t + 1}"] = round(z, 2)
-        bad.update({f"{k} after {t + 1}": round(v, 2) for k, v in _quantile_z(w[:, :1], torch.zeros(1, dtype=DT),
-                                                                             torch.ones(1, dtype=DT)).items()
-                    if not abs(v) < Z_MAX})
+        bad.update(
+            {
+                f"{k} after {t + 1}": round(v, 2)
+                for k, v in _quantile_z(w[:, :1], torch.zeros(1, dtype=DT), torch.ones(1, dtype=DT)).items()
+                if not abs(v) < Z_MAX
+            }
+        )
     assert min(moved) > 0.5  # most draws move at every transition
     assert not bad, f"batched NUTS moments off the banana's exact ones: {bad}"
 
@@ -175,8 +197,10 @@ def test_one_chain_unbatched_equals_batched(mass, scale, max_tree_depth):
     minv = MASSES[mass]
     step = scale * _limit(minv)
     for i, z in enumerate(_exact(40, seed=11)):
-        one, batch = (_transition(z[None], minv, step, seed=i, unbatched=flag, max_tree_depth=max_tree_depth)
-                      for flag in (True, False))
+        one, batch = (
+            _transition(z[None], minv, step, seed=i, unbatched=flag, max_tree_depth=max_tree_depth)
+            for flag in (True, False)
+        )
         for a, b in zip(one[:3], batch[:3]):
             torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
         for a, b in zip(one[3], batch[3]):
@@ -189,18 +213,22 @@ def _two_sample_z(a: torch.Tensor, b: torch.Tensor) -> float:
     return 0.0 if se == 0 else float((a.mean() - b.mean()) / se)
 
 
-@pytest.mark.parametrize("scale, max_tree_depth, mass", [
-    pytest.param(0.25, 10, "dense", marks=pytest.mark.slow),  # ~10 s: deeper trees, 900 Python-level transitions
-    (1.15, 4, "diagonal"),
-])
+@pytest.mark.parametrize(
+    "scale, max_tree_depth, mass",
+    [
+        pytest.param(0.25, 10, "dense", marks=pytest.mark.slow),  # ~10 s: deeper trees, 900 Python-level transitions
+        (1.15, 4, "diagonal"),
+    ],
+)
 def test_statistics_equal_single_chains(scale, max_tree_depth, mass):
     """Mean steps, acceptance, divergence rate and tree depth of one batch of 4,000 chains against 600 single-chain
     (C = 1, unbatched: method="nuts"'s path) calls, all from exact draws, within MC error."""
     minv = MASSES[mass]
     step = scale * _limit(minv)
     _, _, _, batch = _transition(_exact(4000, seed=4), minv, step, seed=5, max_tree_depth=max_tree_depth)
-    batch = torch.stack([batch.n_steps.double(), batch.accept_prob, batch.diverging.double(),
-                         batch.tree_depth.double()])
+    batch = torch.stack(
+        [batch.n_steps.double(), batch.accept_prob, batch.diverging.double(), batch.tree_depth.double()]
+    )
     single = []
     for i, z in enumerate(_exact(600, seed=7)):
         _, _, _, s = _transition(z[None], minv, step, seed=100 + i, unbatched=True, max_tree_depth=max_tree_depth)
@@ -255,8 +283,15 @@ def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
     def leapfrog(z, p, g, step, minv):
         return z + nan, p + nan, g + nan, p + nan, u + nan, u + nan
 
-    out = nuts_transition(z, u, g, torch.full((c,), 0.1, dtype=DT), torch.ones(c, 3, dtype=DT), leapfrog=leapfrog,
-                          generator=torch.Generator().manual_seed(0))
+    out = nuts_transition(
+        z,
+        u,
+        g,
+        torch.full((c,), 0.1, dtype=DT),
+        torch.ones(c, 3, dtype=DT),
+        leapfrog=leapfrog,
+        generator=torch.Generator().manual_seed(0),
+    )
     for found, before in zip(out[:3], (z, u, g)):
         assert torch.equal(found, before)
     stats = _as_tensors(out[3])
@@ -264,18 +299,22 @@ def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
     assert (stats.accept_prob == 0).all() and stats.energy.isfinite().all()
 
 
-@pytest.mark.parametrize("change, match", [
-    (dict(z=torch.zeros(4)), "z must be a floating"),
-    (dict(g=torch.zeros(4, 2)), "g .* must have z's shape"),
-    (dict(u=torch.zeros(3)), "u .* must be shaped"),
-    (dict(step=0.1), "step must be a"),
-    (dict(step=torch.tensor([0.1, -0.1, 0.1, 0.1])), "every step size must be > 0"),
-    (dict(minv=torch.ones(3)), "minv must be"),
-    (dict(max_tree_depth=0), "max_tree_depth must be an int >= 1"),
-])
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(z=torch.zeros(4)), "z must be a floating"),
+        (dict(g=torch.zeros(4, 2)), "g .* must have z's shape"),
+        (dict(u=torch.zeros(3)), "u .* must be shaped"),
+        (dict(step=0.1), "step must be a"),
+        (dict(step=torch.tensor([0.1, -0.1, 0.1, 0.1])), "every step size must be > 0"),
+        (dict(minv=torch.ones(3)), "minv must be"),
+        (dict(max_tree_depth=0), "max_tree_depth must be an int >= 1"),
+    ],
+)
 def test_bad_input_names_the_argument(change, match):
-    args = dict(z=torch.zeros(4, 3), u=torch.zeros(4), g=torch.zeros(4, 3), step=torch.full((4,), 0.1),
-                minv=torch.ones(4, 3))
+    args = dict(
+        z=torch.zeros(4, 3), u=torch.zeros(4), g=torch.zeros(4, 3), step=torch.full((4,), 0.1), minv=torch.ones(4, 3)
+    )
     options = dict(max_tree_depth=change.pop("max_tree_depth", 10))
     args.update(change)
     with pytest.raises(ValueError, match=match):

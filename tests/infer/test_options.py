@@ -21,7 +21,6 @@ from bnn_pyro.infer.contract import RunOptions, entry, renamed_options
 from bnn_pyro.infer.optim import AUTO_LR_REFUSED, DEFAULT_SCHEDULE
 
 
-
 def _data(n=24):
     g = torch.Generator().manual_seed(0)
     x = torch.linspace(-1, 1, n).unsqueeze(-1)
@@ -30,8 +29,11 @@ def _data(n=24):
 
 def _model():
     torch.manual_seed(0)
-    return bp.BNN(nn.Sequential(nn.Linear(1, 3), nn.Tanh(), nn.Linear(3, 1)), prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    return bp.BNN(
+        nn.Sequential(nn.Linear(1, 3), nn.Tanh(), nn.Linear(3, 1)),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+    )
 
 
 # Tiny budgets per method: every fit below takes a fraction of a second.
@@ -44,60 +46,149 @@ TINY = {
     "sghmc": dict(num_samples=2, num_warmup=2, thin=1),
     "csgmcmc": dict(num_cycles=2, num_samples=2, thin=1, validation=None),
     "swa": dict(pretrain_steps=3, num_steps=4, collect_every=1, burn_in=0, validation=None),
-    "swag": dict(pretrain_steps=3, num_steps=4, collect_every=1, burn_in=0, swag_rank=2, num_samples=3,
-                 num_chains=1, validation=None),
+    "swag": dict(
+        pretrain_steps=3,
+        num_steps=4,
+        collect_every=1,
+        burn_in=0,
+        swag_rank=2,
+        num_samples=3,
+        num_chains=1,
+        validation=None,
+    ),
     "mc_dropout": dict(num_steps=3, num_samples=3, validation=None),
     "variational_dropout": dict(num_steps=3, num_samples=3),
     "sparse_vd": dict(num_steps=3, num_samples=3),
     "ensemble": dict(num_chains=2, num_steps=3, validation=None),
     "laplace": dict(num_steps=3, num_samples=3, polish_steps=1, validation=None),
     "snapshot": dict(num_cycles=2, cycle_length=3, validation=None),
-    "subspace": dict(subspace_dim=2, num_samples=3, inner_options={"num_warmup": 3, "max_tree_depth": 2},
-                     swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "swag_rank": 3}),
+    "subspace": dict(
+        subspace_dim=2,
+        num_samples=3,
+        inner_options={"num_warmup": 3, "max_tree_depth": 2},
+        swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "swag_rank": 3},
+    ),
 }
 
 # A valid non-default value per option name, and, where one option needs another, its companions
 # (method-specific entries first). The tiny budget's own value of an option is replaced by the one under test.
 VALUES = {
-    "batch_size": 8, "num_threads": 2, "checkpoint": "<tmp_path>/ckpt", "checkpoint_every": 2, "resume": True,
-    "distributed": True, "seed": 1, "progress": False, "fast_path": False, "init": "prior",
-    "guide": "low_rank", "elbo": "mean_field", "estimator": "local_reparam", "empirical_bayes": True, "epochs": 1,
-    "lr": 5e-3, "optimizer": "sgd", "lr_schedule": "constant", "num_particles": 2, "vectorize_particles": False,
-    "num_chains": 2, "num_samples": 4, "guide_rank": 2, "init_scale": 0.02, "baseline_beta": 0.5,
-    "num_warmup": 2, "target_accept": 0.9, "step_size": 0.01, "trajectory_length": 0.05, "num_leapfrog": 3,
-    "leapfrog_jitter": 0.2, "max_tree_depth": 3, "dense_mass": True, "jit": False, "chain_method": "sequential",
-    "thin": 2, "friction": 0.2, "num_cycles": 3, "exploration": 0.5, "validation": "<20 rows of its own>",
-    "pretrain_steps": 2, "pretrain_optimizer": "sgd", "pretrain_lr": 0.01, "num_steps": 5, "burn_in": 1,
-    "collect_every": 2, "momentum": 0.5, "swag_rank": 3, "scale": 0.5,
-    "p": 0.2, "rate": "concrete", "temperature": 0.2, "dropout_inputs": True,
-    "init_log_sigma2": -8.0, "kl_warmup": 0.5, "threshold": 2.0, "adversarial_eps": 0.05, "anchored": False,
-    "structure": "diag", "hessian": "fisher", "prior_precision": "marglik", "predictive": "nn", "polish_steps": 2,
-    "marglik_rounds": 2, "cycle_length": 4, "subspace_dim": 3, "inner": "svi", "inner_options": {"num_steps": 3},
-    "prior": "isotropic", "prior_scale": 2.0, "swa": {"num_steps": 5, "collect_every": 1, "swag_rank": 3},
+    "batch_size": 8,
+    "num_threads": 2,
+    "checkpoint": "<tmp_path>/ckpt",
+    "checkpoint_every": 2,
+    "resume": True,
+    "distributed": True,
+    "seed": 1,
+    "progress": False,
+    "fast_path": False,
+    "init": "prior",
+    "guide": "low_rank",
+    "elbo": "mean_field",
+    "estimator": "local_reparam",
+    "empirical_bayes": True,
+    "epochs": 1,
+    "lr": 5e-3,
+    "optimizer": "sgd",
+    "lr_schedule": "constant",
+    "num_particles": 2,
+    "vectorize_particles": False,
+    "num_chains": 2,
+    "num_samples": 4,
+    "guide_rank": 2,
+    "init_scale": 0.02,
+    "baseline_beta": 0.5,
+    "num_warmup": 2,
+    "target_accept": 0.9,
+    "step_size": 0.01,
+    "trajectory_length": 0.05,
+    "num_leapfrog": 3,
+    "leapfrog_jitter": 0.2,
+    "max_tree_depth": 3,
+    "dense_mass": True,
+    "jit": False,
+    "chain_method": "sequential",
+    "thin": 2,
+    "friction": 0.2,
+    "num_cycles": 3,
+    "exploration": 0.5,
+    "validation": "<20 rows of its own>",
+    "pretrain_steps": 2,
+    "pretrain_optimizer": "sgd",
+    "pretrain_lr": 0.01,
+    "num_steps": 5,
+    "burn_in": 1,
+    "collect_every": 2,
+    "momentum": 0.5,
+    "swag_rank": 3,
+    "scale": 0.5,
+    "p": 0.2,
+    "rate": "concrete",
+    "temperature": 0.2,
+    "dropout_inputs": True,
+    "init_log_sigma2": -8.0,
+    "kl_warmup": 0.5,
+    "threshold": 2.0,
+    "adversarial_eps": 0.05,
+    "anchored": False,
+    "structure": "diag",
+    "hessian": "fisher",
+    "prior_precision": "marglik",
+    "predictive": "nn",
+    "polish_steps": 2,
+    "marglik_rounds": 2,
+    "cycle_length": 4,
+    "subspace_dim": 3,
+    "inner": "svi",
+    "inner_options": {"num_steps": 3},
+    "prior": "isotropic",
+    "prior_scale": 2.0,
+    "swa": {"num_steps": 5, "collect_every": 1, "swag_rank": 3},
 }
-METHOD_VALUES = {("sgld", "lr_schedule"): "polynomial", ("sghmc", "lr_schedule"): "polynomial",
-                 ("csgmcmc", "num_cycles"): 1}  # num_samples (2) must be a multiple of it
+METHOD_VALUES = {
+    ("sgld", "lr_schedule"): "polynomial",
+    ("sghmc", "lr_schedule"): "polynomial",
+    ("csgmcmc", "num_cycles"): 1,
+}  # num_samples (2) must be a multiple of it
 # What the posterior's config records for a value given, where it records a description rather than the value.
 RECORDED = {("svi", "empirical_bayes"): "tensor"}
 COMPANIONS = {
-    ("svi", "guide_rank"): dict(guide="low_rank"), ("svi", "baseline_beta"): dict(elbo="reinforce", num_particles=1),
-    ("svi", "elbo"): dict(guide="mean_field"), ("svi", "estimator"): dict(guide="mean_field"),
+    ("svi", "guide_rank"): dict(guide="low_rank"),
+    ("svi", "baseline_beta"): dict(elbo="reinforce", num_particles=1),
+    ("svi", "elbo"): dict(guide="mean_field"),
+    ("svi", "estimator"): dict(guide="mean_field"),
     ("mc_dropout", "baseline_beta"): dict(rate="reinforce", num_particles=1),
     ("mc_dropout", "temperature"): dict(rate="concrete"),
     ("subspace", "prior_scale"): dict(prior="isotropic"),
-    ("subspace", "inner_options"): dict(inner="svi"), ("laplace", "marglik_rounds"): dict(prior_precision="marglik"),
-    ("checkpoint_every", None): "checkpoint", ("resume", None): "checkpoint",
+    ("subspace", "inner_options"): dict(inner="svi"),
+    ("laplace", "marglik_rounds"): dict(prior_precision="marglik"),
+    ("checkpoint_every", None): "checkpoint",
+    ("resume", None): "checkpoint",
 }
 # Settings the tiny budget fixes that an option under test replaces (they cannot be given together).
 DROPS = {"epochs": ("num_steps",), "inner": ("inner_options",), "trajectory_length": ("num_leapfrog",)}
 # Options that are listed but not yet honoured, left to the engineer who converts their engine to contract.entry
 # (issue 29 item 2): the test expects them to fail until then, and flags them when they start working.
-PENDING = {**{("metropolis", name): "metropolis lists HMC/NUTS options it refuses (contract conversion pending)"
-              for name in ("num_leapfrog", "trajectory_length", "max_tree_depth", "leapfrog_jitter", "dense_mass",
-                           "target_accept", "step_size", "jit")},
-           **{("nuts", name): "nuts lists HMC's options it refuses (contract conversion pending)"
-              for name in ("num_leapfrog", "trajectory_length", "leapfrog_jitter")},
-           ("hmc", "max_tree_depth"): "hmc lists NUTS's max_tree_depth, which it refuses (contract conversion pending)"}
+PENDING = {
+    **{
+        ("metropolis", name): "metropolis lists HMC/NUTS options it refuses (contract conversion pending)"
+        for name in (
+            "num_leapfrog",
+            "trajectory_length",
+            "max_tree_depth",
+            "leapfrog_jitter",
+            "dense_mass",
+            "target_accept",
+            "step_size",
+            "jit",
+        )
+    },
+    **{
+        ("nuts", name): "nuts lists HMC's options it refuses (contract conversion pending)"
+        for name in ("num_leapfrog", "trajectory_length", "leapfrog_jitter")
+    },
+    ("hmc", "max_tree_depth"): "hmc lists NUTS's max_tree_depth, which it refuses (contract conversion pending)",
+}
 
 
 def _cases():
@@ -163,6 +254,7 @@ def test_each_listed_option_is_accepted_and_takes_effect(method, name, tmp_path)
     group = None
     if name == "distributed":
         import torch.distributed as dist
+
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{_port()}", rank=0, world_size=1)
         group = dist
     try:
@@ -216,9 +308,14 @@ OLD_VALUES = {"num_chains": 2, "lr_schedule": "polynomial", "guide_rank": 2, "sw
 
 
 def test_the_renames_are_the_documented_ones():
-    assert set(RENAMES) == {("svi", "rank", "guide_rank"), ("sgld", "schedule", "lr_schedule"),
-                            ("sghmc", "schedule", "lr_schedule"), ("swag", "rank", "swag_rank"),
-                            ("ensemble", "num_members", "num_chains"), ("subspace", "rank", "subspace_dim")}
+    assert set(RENAMES) == {
+        ("svi", "rank", "guide_rank"),
+        ("sgld", "schedule", "lr_schedule"),
+        ("sghmc", "schedule", "lr_schedule"),
+        ("swag", "rank", "swag_rank"),
+        ("ensemble", "num_members", "num_chains"),
+        ("subspace", "rank", "subspace_dim"),
+    }
 
 
 @pytest.mark.parametrize("method, old, new", RENAMES)
@@ -245,6 +342,7 @@ def test_an_old_name_still_works_warns_at_the_callers_line_and_is_not_listed(met
 
 def test_the_alias_mechanism_on_a_config_of_its_own():
     """contract.entry honours a config type's RENAMED for any engine: no per-engine code."""
+
     @dataclasses.dataclass(frozen=True)
     class Config(RunOptions):
         RENAMED: ClassVar[dict[str, str]] = {"old_width": "width"}
@@ -307,17 +405,28 @@ def test_auto_lr_is_the_default_where_a_curvature_sets_the_step(method):
         bp.fit(_model(), *_data(), method=method, lr="fast", progress=False, **TINY[method])
 
 
-@pytest.mark.parametrize("method, name", [("sgld", "optimizer"), ("csgmcmc", "lr_schedule"), ("snapshot", "optimizer"),
-                                          ("swa", "optimizer"), ("swag", "lr_schedule"),
-                                          ("variational_dropout", "fast_path"), ("sparse_vd", "fast_path")])
+@pytest.mark.parametrize(
+    "method, name",
+    [
+        ("sgld", "optimizer"),
+        ("csgmcmc", "lr_schedule"),
+        ("snapshot", "optimizer"),
+        ("swa", "optimizer"),
+        ("swag", "lr_schedule"),
+        ("variational_dropout", "fast_path"),
+        ("sparse_vd", "fast_path"),
+    ],
+)
 def test_an_option_that_does_not_apply_is_refused_with_its_reason(method, name):
     assert name not in options(method)
     with pytest.raises(ValueError, match=rf"^{name}= does not apply: "):
         bp.fit(_model(), *_data(), method=method, progress=False, **{name: VALUES[name]})
 
 
-@pytest.mark.parametrize("method, old, new", [("sgld", "schedule", "lr_schedule"), ("swag", "rank", "swag_rank"),
-                                              ("ensemble", "num_members", "num_chains")])
+@pytest.mark.parametrize(
+    "method, old, new",
+    [("sgld", "schedule", "lr_schedule"), ("swag", "rank", "swag_rank"), ("ensemble", "num_members", "num_chains")],
+)
 def test_a_checkpoint_written_under_an_old_name_still_resumes(method, old, new, tmp_path):
     """A checkpoint folder of a run from before a rename (its run description holds the old name) resumes."""
     from bnn_pyro.infer.checkpoint import read, write

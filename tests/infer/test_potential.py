@@ -51,19 +51,33 @@ def _bnn(net, likelihood, **kwargs):
 FIXED = bp.likelihoods.Gaussian(scale=0.3)
 CASES = {  # name -> (model, expected path)
     "tanh-fixed": (lambda: _bnn(_mlp(nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 1)), FIXED), "analytic"),
-    "relu-learned-sigma": (lambda: _bnn(_mlp(nn.Linear(3, 7), nn.ReLU(), nn.Linear(7, 1)),
-                                        bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))), "analytic"),
-    "two-hidden-gelu-silu": (lambda: _bnn(_mlp(nn.Linear(3, 6), nn.GELU(), nn.Linear(6, 5), nn.SiLU(),
-                                               nn.Linear(5, 1)), FIXED), "analytic"),
+    "relu-learned-sigma": (
+        lambda: _bnn(
+            _mlp(nn.Linear(3, 7), nn.ReLU(), nn.Linear(7, 1)), bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
+        ),
+        "analytic",
+    ),
+    "two-hidden-gelu-silu": (
+        lambda: _bnn(_mlp(nn.Linear(3, 6), nn.GELU(), nn.Linear(6, 5), nn.SiLU(), nn.Linear(5, 1)), FIXED),
+        "analytic",
+    ),
     "softsign-generic": (lambda: _bnn(_mlp(nn.Linear(3, 7), nn.Softsign(), nn.Linear(7, 1)), FIXED), "logjoint"),
-    "deterministic-biases": (lambda: _bnn(_mlp(nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 1)), FIXED,
-                                          bayesian="weights"), "logjoint"),
-    "laplace-prior": (lambda: _bnn(_mlp(nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 1)), FIXED,
-                                   prior=bp.priors.Laplace(0.0, 0.5)), "logjoint"),
-    "residual-net": (lambda: _bnn(_Residual().double(), bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))),
-                     "logjoint"),
-    "hierarchical-fallback": (lambda: _bnn(_mlp(nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 1)), FIXED,
-                                           prior=bp.priors.HierarchicalNormal()), "pyro"),
+    "deterministic-biases": (
+        lambda: _bnn(_mlp(nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 1)), FIXED, bayesian="weights"),
+        "logjoint",
+    ),
+    "laplace-prior": (
+        lambda: _bnn(_mlp(nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 1)), FIXED, prior=bp.priors.Laplace(0.0, 0.5)),
+        "logjoint",
+    ),
+    "residual-net": (
+        lambda: _bnn(_Residual().double(), bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))),
+        "logjoint",
+    ),
+    "hierarchical-fallback": (
+        lambda: _bnn(_mlp(nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 1)), FIXED, prior=bp.priors.HierarchicalNormal()),
+        "pyro",
+    ),
 }
 
 
@@ -123,8 +137,11 @@ def test_float32_defaults_take_the_analytic_path(learned):
     its tolerance), and value and gradient equal Pyro's to float32 rounding."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 20), nn.Tanh(), nn.Linear(20, 1))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0) if learned else 0.1))
+    model = bp.BNN(
+        net,
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0) if learned else 0.1),
+    )
     x, y = (t.float() for t in _data(n=1000))
     fast, slow = Potential(model, Data(x=x, y=y)), Potential(model, Data(x=x, y=y), fast_path=False)
     assert fast.path == "analytic"
@@ -222,13 +239,20 @@ def test_engine_draws_equal_with_the_fast_path_forced_off(method, learned):
         torch.testing.assert_close(on.samples[name], off.samples[name], rtol=1e-7, atol=1e-9)
 
 
-@pytest.mark.parametrize("method", ["sgld", "sghmc", "csgmcmc", "snapshot", "swa", "swag", "ensemble", "laplace",
-                                    "mc_dropout", "subspace"])
+@pytest.mark.parametrize(
+    "method", ["sgld", "sghmc", "csgmcmc", "snapshot", "swa", "swag", "ensemble", "laplace", "mc_dropout", "subspace"]
+)
 def test_every_engine_on_potential_declares_fast_path(method):
     assert bp.infer.options(method)["fast_path"] is True
     with pytest.raises(TypeError, match="fast_path must be True or False"):
-        bp.fit(_bnn(_mlp(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 1)), FIXED), *_data(n=10), method=method,
-               fast_path="no", progress=False, **ENGINES.get(method, {}))
+        bp.fit(
+            _bnn(_mlp(nn.Linear(3, 2), nn.Tanh(), nn.Linear(2, 1)), FIXED),
+            *_data(n=10),
+            method=method,
+            fast_path="no",
+            progress=False,
+            **ENGINES.get(method, {}),
+        )
 
 
 def test_function_model_records_pyros_path():
@@ -256,9 +280,20 @@ def test_subspace_passes_fast_path_to_every_stage():
     fits = {}
     for fast in (True, False):
         model = _bnn(_mlp(nn.Linear(1, 6), nn.Tanh(), nn.Linear(6, 1)), FIXED)
-        fits[fast] = bp.fit(model, x, y, method="subspace", subspace_dim=2, inner="svi", num_samples=5,
-                            inner_options=dict(num_steps=5), swa=dict(rank=4, pretrain_steps=20, num_steps=20),
-                            seed=0, progress=False, **({} if fast else dict(fast_path=False)))
+        fits[fast] = bp.fit(
+            model,
+            x,
+            y,
+            method="subspace",
+            subspace_dim=2,
+            inner="svi",
+            num_samples=5,
+            inner_options=dict(num_steps=5),
+            swa=dict(rank=4, pretrain_steps=20, num_steps=20),
+            seed=0,
+            progress=False,
+            **({} if fast else dict(fast_path=False)),
+        )
     assert fits[True].config["swa"]["potential"] == "analytic" and fits[True].config["swa"]["fast_path"] is True
     assert fits[False].config["swa"]["potential"] == "pyro" and fits[False].config["inner_config"]["fast_path"] is False
     assert fits[False].config["fast_path"] is False
@@ -275,8 +310,18 @@ def test_laplace_records_a_rewritten_prior_on_pyros_path_and_the_gaussian_takes_
         return _bnn(_mlp(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 1)), FIXED)
 
     # a number prior_precision rewrites the prior: the MAP search's U is a Pyro function (Pyro's path)
-    post = bp.fit(model(), x, y, method="laplace", prior_precision=2.0, num_steps=5, num_samples=3, polish_steps=0,
-                  seed=0, progress=False)
+    post = bp.fit(
+        model(),
+        x,
+        y,
+        method="laplace",
+        prior_precision=2.0,
+        num_steps=5,
+        num_samples=3,
+        polish_steps=0,
+        seed=0,
+        progress=False,
+    )
     assert post.config["potential"] == "analytic+pyro" and post.config["fast_path"] is False
     for fast, path in ((True, "analytic"), (False, "pyro")):
         approx = laplace_approximation(model(), Data(x=x, y=y), num_steps=5, polish_steps=0, fast_path=fast)

@@ -19,11 +19,11 @@ import arviz as az
 import numpy as np
 import pytest
 import torch
+from reference.posteriors import ALL, flat_draws, kidiq
 
 import bnn_pyro as bp
-from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 from bnn_pyro.infer import svi_start
-from reference.posteriors import ALL, flat_draws, kidiq
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 Z_MAX = 4.0
 APPROX_MEAN = 0.25
@@ -62,8 +62,11 @@ def _check_or_warned(ref, post, messages, *, sd_min=None):
     """The guide matches the reference (means and sds, module docstring), or the fit warned."""
     z, ratio, _ = _errors(ref, post)
     low = np.full(len(ratio), 1 / APPROX_SD) if sd_min is None else sd_min
-    bad = [(n, round(float(a), 2), round(float(b), 2)) for n, a, b, lo in zip(ref.names, z, ratio, low)
-           if not (abs(a) <= APPROX_MEAN and lo <= b <= APPROX_SD)]
+    bad = [
+        (n, round(float(a), 2), round(float(b), 2))
+        for n, a, b, lo in zip(ref.names, z, ratio, low)
+        if not (abs(a) <= APPROX_MEAN and lo <= b <= APPROX_SD)
+    ]
     assert not bad or messages, f"{ref.name}: silently off (name, mean error in sd, sd ratio): {bad}"
     return bad
 
@@ -114,8 +117,9 @@ def test_low_rank_starts_with_the_laplace_correlations():
     on kidiq its draws at the start have the reference sds of the correlated intercept and IQ slope, not the ~7x
     narrower mean-field ones, and no narrowness warning (that is for mean-field guides)."""
     ref = kidiq()
-    post, messages = _fit(ref, method="svi", guide="low_rank", num_steps=1, lr=1e-9, lr_schedule="constant",
-                          num_samples=4000)
+    post, messages = _fit(
+        ref, method="svi", guide="low_rank", num_steps=1, lr=1e-9, lr_schedule="constant", num_samples=4000
+    )
     z, ratio, _ = _errors(ref, post)
     assert np.abs(z[:3]).max() < 0.15 and np.abs(ratio[:3] - 1).max() < 0.25, (z, ratio)
     assert not any("too narrow" in m for m in messages), messages

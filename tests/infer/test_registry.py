@@ -40,8 +40,16 @@ def test_fit_runs_engines_with_the_requested_torch_threads_and_restores_them(num
     outer = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        bp.fit(model, torch.ones(4, 1), torch.ones(4), method="svi", num_steps=2, num_samples=2, progress=False,
-               num_threads=num_threads)
+        bp.fit(
+            model,
+            torch.ones(4, 1),
+            torch.ones(4),
+            method="svi",
+            num_steps=2,
+            num_samples=2,
+            progress=False,
+            num_threads=num_threads,
+        )
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(outer)
@@ -56,8 +64,10 @@ def test_options_are_the_engine_s_declared_keywords_and_every_one_binds(method):
     option it lists binds to the engine, and bp.fit's own keywords come first (minibatch ones only for a method
     that takes minibatches)."""
     opts = bp.infer.options(method)
-    own = ["batch_size", "dataset_size", "num_threads"] if REGISTRY[method].capabilities.minibatches else ["num_threads"]
-    assert list(opts)[:len(own)] == own
+    own = (
+        ["batch_size", "dataset_size", "num_threads"] if REGISTRY[method].capabilities.minibatches else ["num_threads"]
+    )
+    assert list(opts)[: len(own)] == own
     assert {"seed", "progress"} <= set(opts)
     engine_opts = {k: v for k, v in opts.items() if k not in ("batch_size", "dataset_size", "num_threads")}
     inspect.signature(engine(method)).bind(None, None, **engine_opts)  # raises TypeError for an unknown name
@@ -67,7 +77,10 @@ def test_options_are_the_engine_s_declared_keywords_and_every_one_binds(method):
 def test_an_unknown_option_is_refused_before_the_fit_with_the_closest_name():
     calls = []
     model = lambda x, y=None: calls.append(1)  # noqa: E731 - never run: the option check comes first
-    with pytest.raises(TypeError, match=r"num_step: not an option of method='svi'; drop it \(did you mean "
-                                        r"'num_steps'\?\), or see help\(bnn_pyro\.infer\.svi\.fit\)"):
+    with pytest.raises(
+        TypeError,
+        match=r"num_step: not an option of method='svi'; drop it \(did you mean "
+        r"'num_steps'\?\), or see help\(bnn_pyro\.infer\.svi\.fit\)",
+    ):
         bp.fit(model, [[0.0]], [0.0], method="svi", num_step=10)
     assert calls == []

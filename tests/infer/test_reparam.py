@@ -28,6 +28,8 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import exact_mean_field_loss as _exact_blr
+from blr import make_blr
 from pyro.infer import Trace_ELBO, TraceMeanField_ELBO
 from pyro.infer.autoguide import AutoNormal
 
@@ -35,7 +37,6 @@ import bnn_pyro as bp
 from bnn_pyro.infer import svi as svi_mod
 from bnn_pyro.infer._common import call_model
 from bnn_pyro.infer.reparam import GaussianSites, MeanFieldELBO
-from blr import exact_mean_field_loss as _exact_blr, make_blr
 
 Z_MAX = 4.5
 
@@ -133,8 +134,10 @@ def test_local_estimators_reduce_gradient_variance():
         first = names.index("locs.0.weight_unconstrained")
         start = sum(sizes[:first])
         block = slice(start, start + sizes[first])
-        var = {est: _gradient_draws(model, q, x, y, 1000, est, elbo, 30)[0][:, block].var(0).sum()
-               for est, elbo in [("sample", "trace"), ("local_reparam", "mean_field"), ("flipout", "mean_field")]}
+        var = {
+            est: _gradient_draws(model, q, x, y, 1000, est, elbo, 30)[0][:, block].var(0).sum()
+            for est, elbo in [("sample", "trace"), ("local_reparam", "mean_field"), ("flipout", "mean_field")]
+        }
     assert var["sample"] / var["local_reparam"] > 30.0
     assert var["sample"] / var["flipout"] > 3.0
 
@@ -176,7 +179,8 @@ def test_mean_field_elbo_keeps_the_jacobian_of_constrained_sites():
             est[cls] = cls(num_particles=20000, vectorize_particles=True, max_plate_nesting=0).loss(model, q)
         pyro.set_rng_seed(0)
         closed = MeanFieldELBO(num_particles=20000, vectorize_particles=True, max_plate_nesting=0).loss(
-            model, GaussianSites(q)(q))
+            model, GaussianSites(q)(q)
+        )
     assert abs(est[MeanFieldELBO] - est[Trace_ELBO]) < 0.05
     assert abs(closed - est[Trace_ELBO]) < 0.05
     assert abs(est[TraceMeanField_ELBO] - est[Trace_ELBO]) > 0.5  # the bug MeanFieldELBO avoids
@@ -191,8 +195,19 @@ def test_fit_predict_summary_inference_data_save_load(estimator, tmp_path):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=0.1))
-    post = bp.fit(model, x, y, estimator=estimator, num_steps=30, batch_size=20, num_chains=2, num_samples=30,
-                  num_particles=2, lr=0.05, progress=False)
+    post = bp.fit(
+        model,
+        x,
+        y,
+        estimator=estimator,
+        num_steps=30,
+        batch_size=20,
+        num_chains=2,
+        num_samples=30,
+        num_particles=2,
+        lr=0.05,
+        progress=False,
+    )
     assert post.config["estimator"] == estimator and post.config["elbo"] == "mean_field"
     assert post.config["vectorize_particles"] is False
     assert post.history["loss"].shape == (2, 30) and torch.isfinite(post.history["loss"]).all()
@@ -210,8 +225,12 @@ def test_convolutional_net_with_both_estimators():
     x = torch.randn(16, 1, 5, 5, generator=g)
     y = x.mean((1, 2, 3))
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"), torch.nn.Tanh(),
-                              torch.nn.Flatten(), torch.nn.Linear(50, 1))
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 2, 3, padding=1, padding_mode="reflect"),
+        torch.nn.Tanh(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(50, 1),
+    )
     model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=0.1))
     for estimator in ("local_reparam", "flipout"):
         post = bp.fit(model, x, y, estimator=estimator, num_steps=5, num_samples=4, progress=False)
@@ -269,8 +288,9 @@ def test_bad_estimator_input_is_explained(model, kwargs, match):
         None: _bnn(torch.nn.Linear(2, 1)),
         "function": function_model,
         "batchnorm": _bnn(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.BatchNorm1d(3), torch.nn.Linear(3, 1))),
-        "no_layers": _bnn(torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 1)),
-                          bayesian=["1.*"]),
+        "no_layers": _bnn(
+            torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.LayerNorm(3), torch.nn.Linear(3, 1)), bayesian=["1.*"]
+        ),
         "tied": _bnn(_Tied()),
         "rows": _bnn(_Rows()),
     }

@@ -39,12 +39,12 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 import bnn_pyro as bp
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._init import reset_values
 from bnn_pyro.infer._potential import Potential
-from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 Z_MAX = 4.0
 
@@ -192,8 +192,18 @@ def test_sgld_matches_the_exact_law_of_its_discretization():
     posterior's (0.9-1.1 of this test's standard errors, 13%); the test targets the exact law."""
     exact = _blr()
     model = exact.model()
-    post = bp.fit(model, exact.x, exact.y, method="sgld", num_warmup=20, num_samples=300, thin=1, num_chains=2,
-                  seed=1, progress=False)
+    post = bp.fit(
+        model,
+        exact.x,
+        exact.y,
+        method="sgld",
+        num_warmup=20,
+        num_samples=300,
+        thin=1,
+        num_chains=2,
+        seed=1,
+        progress=False,
+    )
     lam = torch.linalg.eigvalsh(exact.precision)[-1].item()
     np.testing.assert_allclose(post.history["step_size"][:, 0].numpy() * lam, 0.25, rtol=0.05)
     assert post.config["lr"] == "auto" and post.config["friction"] == 1.0
@@ -207,8 +217,18 @@ def test_sghmc_matches_the_exact_law_of_its_discretization():
     13.5%); the test targets the exact law of the momentum recursion."""
     exact = _blr()
     model = exact.model()
-    post = bp.fit(model, exact.x, exact.y, method="sghmc", num_warmup=50, num_samples=300, thin=2, num_chains=2,
-                  seed=2, progress=False)
+    post = bp.fit(
+        model,
+        exact.x,
+        exact.y,
+        method="sghmc",
+        num_warmup=50,
+        num_samples=300,
+        thin=2,
+        num_chains=2,
+        seed=2,
+        progress=False,
+    )
     lam = torch.linalg.eigvalsh(exact.precision)[-1].item()
     np.testing.assert_allclose(post.history["step_size"][:, 0].numpy() * lam, 1.9 / 4, rtol=0.05)
     _check_exact(post, model, exact)
@@ -233,8 +253,19 @@ def test_csgmcmc_matches_the_exact_law_of_its_cycles():
     the draws' law 23-24% wider than the posterior (about 1 of this test's standard errors); for
     the default schedule see the next test."""
     exact = _blr()
-    post = bp.fit(_function_blr, exact.x, exact.y, method="csgmcmc", num_cycles=5, num_samples=200, thin=2,
-                  exploration=0.5, num_chains=2, seed=3, progress=False)
+    post = bp.fit(
+        _function_blr,
+        exact.x,
+        exact.y,
+        method="csgmcmc",
+        num_cycles=5,
+        num_samples=200,
+        thin=2,
+        exploration=0.5,
+        num_chains=2,
+        seed=3,
+        progress=False,
+    )
     K = post.config["cycle_length"]
     assert K == 160 and post.samples["weight"].shape == (2, 200, 1, 1) and post.config["friction"] == 0.1
     steps = post.history["step_size"].numpy()
@@ -304,8 +335,19 @@ def test_engine_scales_minibatch_potentials_by_n_over_b():
     engine records over each epoch (40 points, batches of 10) average to the full-data ``U``."""
     exact = _blr()
     model = exact.model()
-    post = bp.fit(model, exact.x, exact.y, method="sgld", batch_size=10, lr=1e-12, num_warmup=0, num_samples=8,
-                  thin=1, seed=0, progress=False)
+    post = bp.fit(
+        model,
+        exact.x,
+        exact.y,
+        method="sgld",
+        batch_size=10,
+        lr=1e-12,
+        num_warmup=0,
+        num_samples=8,
+        thin=1,
+        seed=0,
+        progress=False,
+    )
     pot = Potential(model, Data(x=exact.x, y=exact.y), init="net")
     full = pot(pot.init, (exact.x, exact.y)).item()
     u = post.history["potential"][0]
@@ -323,11 +365,14 @@ def test_dataloader_input():
 
 
 # ------------------------------------------------------------------ an MLP, through the whole Posterior API
-@pytest.mark.parametrize("method, settings", [
-    ("sgld", dict(num_warmup=100, num_samples=10, thin=2)),
-    ("sghmc", dict(num_warmup=100, num_samples=10, thin=2, batch_size=32)),
-    ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=2)),
-])
+@pytest.mark.parametrize(
+    "method, settings",
+    [
+        ("sgld", dict(num_warmup=100, num_samples=10, thin=2)),
+        ("sghmc", dict(num_warmup=100, num_samples=10, thin=2, batch_size=32)),
+        ("csgmcmc", dict(num_cycles=2, num_samples=10, thin=2)),
+    ],
+)
 def test_mlp_smoke_with_default_step_sizes(method, settings, tmp_path):
     """A 1-20-1 tanh BNN on toy_gap with every default except the (short) run length: the potential
     falls, the fit beats the constant predictor, and predict / summary / to_inference_data /
@@ -341,7 +386,7 @@ def test_mlp_smoke_with_default_step_sizes(method, settings, tmp_path):
     steps = post.config["num_steps"]
     assert post.history["potential"].shape == (2, steps) and post.history["step_size"].shape == (2, steps)
     u = post.history["potential"]
-    assert (u[:, -steps // 10:].mean(1) < u[:, :10].mean(1)).all(), u[:, [0, -1]]
+    assert (u[:, -steps // 10 :].mean(1) < u[:, :10].mean(1)).all(), u[:, [0, -1]]
     pred = post.predict(x)
     rmse = (pred.mean - y).pow(2).mean().sqrt().item()
     assert rmse < y.std().item(), rmse  # y.std() is the RMSE of the best constant
@@ -368,10 +413,13 @@ def test_learned_noise_scale_is_sampled_on_its_support():
 
 
 @pytest.mark.slow  # 4 s and 9 s (moderately loaded 2 cores), 14 s and 24 s (heavily loaded)
-@pytest.mark.parametrize("method, settings", [
-    ("sghmc", dict(num_warmup=1000, num_samples=20, thin=10)),
-    ("csgmcmc", dict(num_cycles=1, num_samples=50, thin=10)),
-])
+@pytest.mark.parametrize(
+    "method, settings",
+    [
+        ("sghmc", dict(num_warmup=1000, num_samples=20, thin=10)),
+        ("csgmcmc", dict(num_cycles=1, num_samples=50, thin=10)),
+    ],
+)
 def test_auto_step_follows_the_curvature_as_a_learned_noise_scale_falls(method, settings):
     """The zoo's mlp_regression (1-50-1, noise ~ HalfNormal(0.5) learned): the noise falls from the
     prior median 0.34 toward the data's 0.1, so the curvature grows ~10-fold during warm-up or
@@ -417,8 +465,19 @@ def test_chains_started_in_different_modes_are_flagged_by_r_hat():
             return pyro.sample("obs", dist.Normal((w * w).expand(len(x)), 0.3), obs=y)
 
     x, y = torch.zeros(40, 1), torch.full((40,), 9.0)
-    post = bp.fit(bimodal, x, y, method="sgld", init="prior", num_warmup=50, num_samples=50, thin=1,
-                  num_chains=2, seed=0, progress=False)
+    post = bp.fit(
+        bimodal,
+        x,
+        y,
+        method="sgld",
+        init="prior",
+        num_warmup=50,
+        num_samples=50,
+        thin=1,
+        num_chains=2,
+        seed=0,
+        progress=False,
+    )
     means = post.samples["w"].mean(1)
     assert means[0] * means[1] < 0, f"the chains should start in different modes: {means}"
     with pytest.warns(UserWarning, match=r"R-hat > 1.01"):
@@ -428,8 +487,18 @@ def test_chains_started_in_different_modes_are_flagged_by_r_hat():
 
 def test_polynomial_schedule_and_a_fixed_learning_rate():
     exact = _blr()
-    post = bp.fit(exact.model(), exact.x, exact.y, method="sgld", lr=0.01, lr_schedule="polynomial", num_warmup=10,
-                  num_samples=5, thin=2, progress=False)
+    post = bp.fit(
+        exact.model(),
+        exact.x,
+        exact.y,
+        method="sgld",
+        lr=0.01,
+        lr_schedule="polynomial",
+        num_warmup=10,
+        num_samples=5,
+        thin=2,
+        progress=False,
+    )
     t = torch.arange(20, dtype=torch.float64)
     torch.testing.assert_close(post.history["step_size"][0], 0.01 / 40 * (1 + t / 10) ** -0.55)
     torch.testing.assert_close(post.sample_stats["step_size"][0], post.history["step_size"][0, 11::2])
@@ -447,8 +516,8 @@ def test_auto_step_that_diverges_steps_back_warns_and_records_the_smaller_step(m
     2 (2 - alpha) = 3.8 of sghmc's friction 0.1), the chain diverges, goes back to its last finite state with a
     step 4 times smaller, twice (20 / 16 = 1.25 is stable), and finishes with finite draws that all use the last
     step; the warning and post.config say so."""
-    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
     from bnn_pyro.infer import sgmcmc_step
+    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
     exact = _blr()
     monkeypatch.setattr(sgmcmc_step, "auto_fraction", lambda friction: 20.0)
@@ -458,7 +527,9 @@ def test_auto_step_that_diverges_steps_back_warns_and_records_the_smaller_step(m
     events = post.config["divergence_recovery"]["0"]
     first = float(post.history["step_size"][0, 0])
     sizes = [e["step_size"] for e in events]  # each 4 times below the one that diverged (the guard may lower it too)
-    assert sizes[0] <= 0.25 * first * (1 + 1e-12) and all(b == pytest.approx(0.25 * a) for a, b in zip(sizes, sizes[1:]))
+    assert sizes[0] <= 0.25 * first * (1 + 1e-12) and all(
+        b == pytest.approx(0.25 * a) for a, b in zip(sizes, sizes[1:])
+    )
     assert 1 <= len(events) <= sgmcmc_step.MAX_RECOVERIES
     assert torch.all(post.sample_stats["step_size"] == events[-1]["step_size"])  # warm-up absorbed them all
     assert all(bool(torch.isfinite(v).all()) for v in post.samples.values())
@@ -466,21 +537,24 @@ def test_auto_step_that_diverges_steps_back_warns_and_records_the_smaller_step(m
 
 
 # ------------------------------------------------------------------ argument errors
-@pytest.mark.parametrize("method, kwargs, match", [
-    ("sgld", dict(lr=-1e-3), "lr must be a positive finite number"),
-    ("sgld", dict(lr="fast"), "lr: unknown value 'fast'"),
-    ("sgld", dict(num_samples=0), "num_samples must be a positive int"),
-    ("sgld", dict(thin=0), "thin must be a positive int"),
-    ("sgld", dict(num_warmup=-5), "num_warmup must be a non-negative int"),
-    ("sgld", dict(num_chains=0), "num_chains must be a positive int"),
-    ("sgld", dict(lr_schedule="linear"), "lr_schedule: unknown value 'linear'"),
-    ("sgld", dict(init="pretrained", num_samples=1, num_warmup=0), "init: unknown value 'pretrained'"),
-    ("sghmc", dict(friction=0.0), r"friction must be a number in \(0, 1\]"),
-    ("sghmc", dict(friction=1.5), r"friction must be a number in \(0, 1\]"),
-    ("csgmcmc", dict(exploration=1.0), r"exploration must be a fraction in \[0, 1\)"),
-    ("csgmcmc", dict(num_cycles=4, num_samples=10), "must be a multiple of num_cycles"),
-    ("csgmcmc", dict(num_cycles=0), "num_cycles must be a positive int"),
-])
+@pytest.mark.parametrize(
+    "method, kwargs, match",
+    [
+        ("sgld", dict(lr=-1e-3), "lr must be a positive finite number"),
+        ("sgld", dict(lr="fast"), "lr: unknown value 'fast'"),
+        ("sgld", dict(num_samples=0), "num_samples must be a positive int"),
+        ("sgld", dict(thin=0), "thin must be a positive int"),
+        ("sgld", dict(num_warmup=-5), "num_warmup must be a non-negative int"),
+        ("sgld", dict(num_chains=0), "num_chains must be a positive int"),
+        ("sgld", dict(lr_schedule="linear"), "lr_schedule: unknown value 'linear'"),
+        ("sgld", dict(init="pretrained", num_samples=1, num_warmup=0), "init: unknown value 'pretrained'"),
+        ("sghmc", dict(friction=0.0), r"friction must be a number in \(0, 1\]"),
+        ("sghmc", dict(friction=1.5), r"friction must be a number in \(0, 1\]"),
+        ("csgmcmc", dict(exploration=1.0), r"exploration must be a fraction in \[0, 1\)"),
+        ("csgmcmc", dict(num_cycles=4, num_samples=10), "must be a multiple of num_cycles"),
+        ("csgmcmc", dict(num_cycles=0), "num_cycles must be a positive int"),
+    ],
+)
 def test_bad_arguments(method, kwargs, match):
     exact = _blr()
     with pytest.raises((ValueError, TypeError), match=match):
@@ -503,8 +577,9 @@ def test_steps_record_typed_float64_values_and_the_kept_ones_are_the_draw_statis
             pyro.sample("obs", dist.Normal(x @ w, 0.2), obs=y)
 
     start = {"w": torch.tensor([0.123456789], dtype=torch.float64)}
-    post = bp.fit(model, x, y, method="sgld", lr=1e-3, num_warmup=2, num_samples=3, thin=2, init=start, seed=0,
-                  progress=False)
+    post = bp.fit(
+        model, x, y, method="sgld", lr=1e-3, num_warmup=2, num_samples=3, thin=2, init=start, seed=0, progress=False
+    )
     assert list(post.history) == list(SGInfo._fields)
     assert all(v.dtype == torch.float64 and v.shape == (1, 8) for v in post.history.values())
     pot = Potential(model, Data(x=x, y=y), init=start)
@@ -528,13 +603,29 @@ def test_deterministic_parameters_get_the_joint_map_not_a_random_start(method):
     design = torch.cat([x, torch.ones(200, 1)], 1).double()
     intercept = float(torch.linalg.lstsq(design, y.double()[:, None]).solution[2, 0])
     for seed in (0, 1):
-        model = bp.BNN(torch.nn.Linear(2, 1), prior=lambda name, module, param: dist.Normal(0.0, 1.0).expand(
-            param.shape).to_event(param.dim()) if param.dim() > 1 else None, likelihood=bp.likelihoods.Gaussian(0.4))
+        model = bp.BNN(
+            torch.nn.Linear(2, 1),
+            prior=lambda name, module, param: (
+                dist.Normal(0.0, 1.0).expand(param.shape).to_event(param.dim()) if param.dim() > 1 else None
+            ),
+            likelihood=bp.likelihoods.Gaussian(0.4),
+        )
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # short runs: the health check's mixing warnings
-            post = bp.fit(model, x, y, method=method, seed=seed, progress=False, num_chains=2,
-                          **({"num_cycles": 2, "num_samples": 10} if method == "csgmcmc" else
-                             {"num_samples": 20, "num_warmup": 20}))
+            post = bp.fit(
+                model,
+                x,
+                y,
+                method=method,
+                seed=seed,
+                progress=False,
+                num_chains=2,
+                **(
+                    {"num_cycles": 2, "num_samples": 10}
+                    if method == "csgmcmc"
+                    else {"num_samples": 20, "num_warmup": 20}
+                ),
+            )
         assert post.config["point_estimate"] == "map"
         bias = post.point["bias"]
         assert torch.equal(bias[0], bias[1])  # fixed, the same for every chain

@@ -41,7 +41,9 @@ def test_exploration_stages_stop_at_their_best_heldout_state_and_the_noise_is_ch
     x, y = _sine()
     final = bp.fit(_mlp(), x, y, method="csgmcmc", **SHORT)
     assert final.config["validation"]["final_fit_rows"] == 240 and final.config["dataset_size"] == 240
-    monkeypatch.setattr(sgmcmc, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
+    monkeypatch.setattr(
+        sgmcmc, "refit", lambda post, again: post
+    )  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(_mlp(), x, y, method="csgmcmc", **SHORT)
     assert final.config["noise"] == post.config["noise"]
     assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
@@ -88,9 +90,14 @@ def _blr_type2_lpd(x, y, x_test, y_test) -> torch.Tensor:
     K = X1 @ X1.T
 
     def evidence(sigmas):
-        return torch.stack([dist.MultivariateNormal(torch.zeros(len(y), dtype=torch.double),
-                                                    K + s**2 * torch.eye(len(y), dtype=torch.double)).log_prob(y)
-                            for s in sigmas])
+        return torch.stack(
+            [
+                dist.MultivariateNormal(
+                    torch.zeros(len(y), dtype=torch.double), K + s**2 * torch.eye(len(y), dtype=torch.double)
+                ).log_prob(y)
+                for s in sigmas
+            ]
+        )
 
     s, _ = holdout.maximize_on_log_grid(evidence, torch.tensor(1.0, dtype=torch.double))
     precision = X1.T @ X1 / s**2 + torch.eye(X1.shape[1], dtype=torch.double)
@@ -108,19 +115,21 @@ def test_defaults_on_diabetes_are_as_good_as_exact_linear_regression():
     linear: every engine of the benchmark is within 0.2 nats of it) by more than 3 standard errors of the
     paired per-point difference (44 test rows; measured -0.22 +- 0.09 nats). The old defaults diverged on this split (step 87: the noise
     fell and the curvature grew 3x within the first 100 exploration steps) and reached -9.7 on split 1."""
-    split = bp.datasets.make_uci_splits(*bp.datasets.load_sklearn("diabetes"), n_splits=1, test_fraction=0.1,
-                                        seed=0)[0]
+    split = bp.datasets.make_uci_splits(*bp.datasets.load_sklearn("diabetes"), n_splits=1, test_fraction=0.1, seed=0)[0]
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(10, 50), torch.nn.ReLU(), torch.nn.Linear(50, 1))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    model = bp.BNN(
+        net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
+    )
     post = bp.fit(model, split.x_train, split.y_train, method="csgmcmc", seed=0, progress=False)
     ours = metrics.log_predictive_density(post, split.x_test, split.y_test).double()
     exact = _blr_type2_lpd(split.x_train, split.y_train, split.x_test, split.y_test)
     diff = ours - exact
     se = diff.std() / math.sqrt(len(diff))
-    print(f"lpd (standardized units): csgmcmc {ours.mean():.3f}, exact BLR {exact.mean():.3f}, diff {diff.mean():.3f} "
-          f"+- {se:.3f}")
+    print(
+        f"lpd (standardized units): csgmcmc {ours.mean():.3f}, exact BLR {exact.mean():.3f}, diff {diff.mean():.3f} "
+        f"+- {se:.3f}"
+    )
     assert diff.mean() > -3 * se, (float(ours.mean()), float(exact.mean()), float(se))
     u = metrics.pit(post, split.x_test, split.y_test)
     coverage = float(((u - 0.5).abs() <= 0.475).double().mean())

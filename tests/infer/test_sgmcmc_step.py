@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 import math
 
-import pytest
 import pyro.distributions as dist
+import pytest
 import torch
 
 import bnn_pyro as bp
@@ -23,10 +23,14 @@ A = torch.diag(torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64))  # U(z) = z^T
 
 def _plan(scale, noisy, adapt=None, friction=0.3) -> Plan:
     n = len(scale)
-    return Plan(scale=torch.tensor(scale, dtype=torch.float64), noisy=torch.tensor(noisy),
-                keep=torch.zeros(n, dtype=torch.bool),
-                adapt=torch.tensor(adapt) if adapt is not None else torch.zeros(n, dtype=torch.bool),
-                friction=friction, fraction=(2.0 - friction) / 2.0)
+    return Plan(
+        scale=torch.tensor(scale, dtype=torch.float64),
+        noisy=torch.tensor(noisy),
+        keep=torch.zeros(n, dtype=torch.bool),
+        adapt=torch.tensor(adapt) if adapt is not None else torch.zeros(n, dtype=torch.bool),
+        friction=friction,
+        fraction=(2.0 - friction) / 2.0,
+    )
 
 
 def _run(opt: SGMCMC, z: torch.Tensor, steps: int) -> list[float]:
@@ -139,11 +143,14 @@ def test_state_dict_round_trip_continues_exactly(monkeypatch):
     assert torch.equal(z2.detach(), z.detach()) and first == second
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(params="two"), r"one flat tensor: pass params=\[z\]"),
-    (dict(lr=None), r"lr=None .* needs curvature="),
-    (dict(lr=None, curvature=lambda z, s, i: (1.0, s), first_adapt=False), r"plan whose first step estimates it"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(params="two"), r"one flat tensor: pass params=\[z\]"),
+        (dict(lr=None), r"lr=None .* needs curvature="),
+        (dict(lr=None, curvature=lambda z, s, i: (1.0, s), first_adapt=False), r"plan whose first step estimates it"),
+    ],
+)
 def test_bad_arguments(kwargs, match):
     z = torch.zeros(3, requires_grad=True)
     params = [z, torch.zeros(2, requires_grad=True)] if kwargs.pop("params", None) else [z]
@@ -165,8 +172,9 @@ def test_resume_where_the_stability_guard_acts_is_bit_identical(tmp_path, monkey
     def model():
         torch.manual_seed(1)
         net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-        return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
-                      likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(0.5)))
+        return bp.BNN(
+            net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(0.5))
+        )
 
     config = dict(method="snapshot", num_cycles=3, cycle_length=15, batch_size=8, seed=3, progress=False)
     whole = bp.fit(model(), x, y, **config)
@@ -199,8 +207,19 @@ def test_a_checkpoint_of_another_layout_is_refused_by_name(tmp_path):
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(1, 1))
         model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
-        return bp.fit(model, x, y, method="sgld", num_warmup=2, num_samples=2, thin=1, seed=0, progress=False,
-                      checkpoint=tmp_path, **extra)
+        return bp.fit(
+            model,
+            x,
+            y,
+            method="sgld",
+            num_warmup=2,
+            num_samples=2,
+            thin=1,
+            seed=0,
+            progress=False,
+            checkpoint=tmp_path,
+            **extra,
+        )
 
     fit()
     tensors, meta = ckpt_mod.read(tmp_path / "chain0.ckpt")

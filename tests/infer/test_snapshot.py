@@ -17,8 +17,7 @@ from bnn_pyro.infer.snapshot import snapshot_plan
 def _mlp(hidden: int = 8, likelihood=None) -> bp.BNN:
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Linear(1, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 1))
-    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=likelihood or bp.likelihoods.Gaussian(scale=0.1))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood or bp.likelihoods.Gaussian(scale=0.1))
 
 
 def _toy(n: int = 37):
@@ -35,8 +34,9 @@ def _cosine(t: int, length: int) -> float:
 def test_a_given_lr_follows_the_cosine_restart_schedule_exactly():
     x, y = _toy()
     lr, cycles, length = 0.002, 3, 10
-    post = bp.fit(_mlp(), x, y, method="snapshot", lr=lr, num_cycles=cycles, cycle_length=length, seed=0,
-                  progress=False)
+    post = bp.fit(
+        _mlp(), x, y, method="snapshot", lr=lr, num_cycles=cycles, cycle_length=length, seed=0, progress=False
+    )
     steps = post.history["step_size"][0]
     expected = torch.tensor([lr / len(x) * _cosine(t, length) for t in range(cycles * length)], dtype=steps.dtype)
     assert steps.shape == (cycles * length,)
@@ -54,8 +54,9 @@ def test_the_plan_has_no_noise_and_keeps_one_iterate_per_cycle():
     assert not plan.noisy.any() and plan.keep.sum() == 4
     assert plan.keep.nonzero().flatten().tolist() == [249, 499, 749, 999]
     early = [1, 2, 4, 5, 8, 11, 16, 22, 32, 45, 64, 90]  # the first cycle only: curvature grows fastest there
-    assert plan.adapt.nonzero().flatten().tolist() == sorted([0, *early, 100, 200, 250, 350, 450, 500, 600, 700, 750,
-                                                              850, 950])
+    assert plan.adapt.nonzero().flatten().tolist() == sorted(
+        [0, *early, 100, 200, 250, 350, 450, 500, 600, 700, 750, 850, 950]
+    )
     assert plan.fraction == (2 - 0.1) / 2 and plan.friction == 0.1  # csgmcmc's peak step
 
 
@@ -94,22 +95,28 @@ def test_learned_noise_is_chosen_on_held_out_rows(monkeypatch):
 
     final = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=50, seed=0, progress=False)
     assert final.config["validation"]["final_fit_rows"] == 240
-    monkeypatch.setattr(snapshot, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
+    monkeypatch.setattr(
+        snapshot, "refit", lambda post, again: post
+    )  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=50, seed=0, progress=False)
     assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}
     assert final.config["noise"] == post.config["noise"]
     assert post.config["noise"]["selected_on"] == "validation"
     assert torch.equal(post.samples["sigma"], torch.full_like(post.samples["sigma"], post.config["noise"]["sigma"]))
     assert post.x.shape[0] == 240
-    kept = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=50, seed=0, progress=False,
-                  validation=None)
+    kept = bp.fit(
+        model, x, y, method="snapshot", num_cycles=2, cycle_length=50, seed=0, progress=False, validation=None
+    )
     assert "noise" not in kept.config and kept.config["validation"] == {"rows": 0}
 
 
-@pytest.mark.parametrize("held_out, length, every, crash_at", [
-    (False, 15, 5, 25),
-    (True, 60, 1, 62),  # 10% of 240 rows held out; the last save (61 steps done) follows cycle 1's unscored start
-])
+@pytest.mark.parametrize(
+    "held_out, length, every, crash_at",
+    [
+        (False, 15, 5, 25),
+        (True, 60, 1, 62),  # 10% of 240 rows held out; the last save (61 steps done) follows cycle 1's unscored start
+    ],
+)
 def test_resumed_run_is_bit_identical(tmp_path, monkeypatch, held_out, length, every, crash_at):
     x, y = _toy(n=240 if held_out else 37)
     likelihood = bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)) if held_out else None
@@ -127,23 +134,27 @@ def test_resumed_run_is_bit_identical(tmp_path, monkeypatch, held_out, length, e
         m.setattr(ckpt_mod.Checkpoint, "save", crash)
         with pytest.raises(RuntimeError, match="crash"):
             bp.fit(_mlp(likelihood=likelihood), x, y, checkpoint=tmp_path, checkpoint_every=every, **config)
-    resumed = bp.fit(_mlp(likelihood=likelihood), x, y, checkpoint=tmp_path, checkpoint_every=every, resume=True,
-                     **config)
+    resumed = bp.fit(
+        _mlp(likelihood=likelihood), x, y, checkpoint=tmp_path, checkpoint_every=every, resume=True, **config
+    )
     for group in ("samples", "sample_stats", "history"):
         for name, value in getattr(whole, group).items():
             assert torch.equal(getattr(resumed, group)[name], value), (group, name)
 
 
-@pytest.mark.parametrize("config, error, match", [
-    (dict(num_cycles=0), ValueError, "num_cycles"),
-    (dict(cycle_length=1), ValueError, r"cycle_length must be at least 2 .*default is 1000"),
-    (dict(cycle_length=2.5), (TypeError, ValueError), "cycle_length"),
-    (dict(friction=0.0), ValueError, r"friction must be a number in \(0, 1\]"),
-    (dict(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass a positive number \(e.g. 1e-2\) or 'auto'"),
-    (dict(lr=-1.0), ValueError, "lr"),
-    (dict(validation=0.9), ValueError, r"validation: expected a fraction in \(0, 0.5\]"),
-    (dict(num_samples=5), TypeError, r"num_samples: not an option of method='snapshot'"),
-])
+@pytest.mark.parametrize(
+    "config, error, match",
+    [
+        (dict(num_cycles=0), ValueError, "num_cycles"),
+        (dict(cycle_length=1), ValueError, r"cycle_length must be at least 2 .*default is 1000"),
+        (dict(cycle_length=2.5), (TypeError, ValueError), "cycle_length"),
+        (dict(friction=0.0), ValueError, r"friction must be a number in \(0, 1\]"),
+        (dict(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass a positive number \(e.g. 1e-2\) or 'auto'"),
+        (dict(lr=-1.0), ValueError, "lr"),
+        (dict(validation=0.9), ValueError, r"validation: expected a fraction in \(0, 0.5\]"),
+        (dict(num_samples=5), TypeError, r"num_samples: not an option of method='snapshot'"),
+    ],
+)
 def test_bad_options_are_named(config, error, match):
     x, y = _toy()
     with pytest.raises(error, match=match):
@@ -175,7 +186,9 @@ def test_with_held_out_rows_each_snapshot_is_its_cycles_best_scored_state(monkey
     snapshot, or the random start) is not scored: it is no candidate."""
     from bnn_pyro.infer import holdout, sgmcmc, snapshot
 
-    monkeypatch.setattr(snapshot, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
+    monkeypatch.setattr(
+        snapshot, "refit", lambda post, again: post
+    )  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     scores = []
 
     def recording(model, values, held):
@@ -192,7 +205,7 @@ def test_with_held_out_rows_each_snapshot_is_its_cycles_best_scored_state(monkey
     stops = post.history["exploration_stop"][0].tolist()
     _, held, _ = holdout.split(bp.infer._common.Data(x=x, y=y), 0.1, seed=0, method="snapshot")
     for c in range(2):
-        cycle = scores[c * per_cycle:(c + 1) * per_cycle]
+        cycle = scores[c * per_cycle : (c + 1) * per_cycle]
         assert c * K < stops[c] <= c * K + K - 1
         # scored at the steps t with t % SCORE_EVERY == 0 (counted over the run, as sgmcmc's _early_stop does; the
         # same as "from the cycle's start" when K is a multiple of it) and at the cycle's last step
@@ -243,8 +256,14 @@ def test_snapshots_are_distinct_at_the_defaults_with_held_out_rows(task):
         likelihood, out = bp.likelihoods.Categorical(), 3
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, out))
-    post = bp.fit(bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood), x, y, method="snapshot",
-                  seed=0, progress=False)
+    post = bp.fit(
+        bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood),
+        x,
+        y,
+        method="snapshot",
+        seed=0,
+        progress=False,
+    )
     assert post.config["validation"]["rows"] == 24 and post.num_draws == 5
     stops = post.history["exploration_stop"][0]
     starts = torch.arange(5) * 1000
@@ -257,6 +276,7 @@ def test_anchored_cycles_end_at_their_closed_form_randomized_maps():
     # regression its objective's minimizer is C (X^T y / s^2 + w0_c / p^2), an exact posterior draw (Pearce et al.
     # 2020), and a noise-free cycle ends there; plain cycles all end at the one mode, blr.mean.
     from blr import make_blr
+
     from bnn_pyro.infer._common import Data
     from bnn_pyro.infer._potential import Potential
     from bnn_pyro.infer.anchor import anchor

@@ -34,17 +34,21 @@ def _same_batches(x, y, seed):
             yield x[perm[i : i + BATCH]], y[perm[i : i + BATCH]]
 
 
-@pytest.mark.parametrize("method, config", [
-    ("svi", dict(num_steps=30, num_samples=50)),
-    ("sgld", dict(lr=1e-3, num_samples=5, num_warmup=10)),
-    ("sghmc", dict(num_samples=3, num_warmup=10)),  # auto step size (curvature from the current batch)
-    ("csgmcmc", dict(num_cycles=2, num_samples=4, thin=2)),
-])
+@pytest.mark.parametrize(
+    "method, config",
+    [
+        ("svi", dict(num_steps=30, num_samples=50)),
+        ("sgld", dict(lr=1e-3, num_samples=5, num_warmup=10)),
+        ("sghmc", dict(num_samples=3, num_warmup=10)),  # auto step size (curvature from the current batch)
+        ("csgmcmc", dict(num_cycles=2, num_samples=4, thin=2)),
+    ],
+)
 def test_generator_fit_equals_tensor_fit(method, config):
     x, y = _data()
     on_tensors = bp.fit(_model(), x, y, method=method, batch_size=BATCH, seed=SEED, progress=False, **config)
-    streamed = bp.fit(_model(), _same_batches(x, y, SEED), method=method, dataset_size=N, seed=SEED,
-                      progress=False, **config)
+    streamed = bp.fit(
+        _model(), _same_batches(x, y, SEED), method=method, dataset_size=N, seed=SEED, progress=False, **config
+    )
     for name, draws in on_tensors.samples.items():
         assert torch.equal(streamed.samples[name], draws), name
     for key, trace in on_tensors.history.items():
@@ -86,8 +90,9 @@ class _Batches(torch.utils.data.IterableDataset):
 
 def test_iterable_dataset_goes_round_epochs_and_posterior_works_without_training_data(tmp_path):
     x, y = _data()
-    post = bp.fit(_model(), _Batches(x, y), method="svi", dataset_size=N, num_steps=7, num_samples=20,
-                  seed=SEED, progress=False)  # 7 steps = 2 passes of 3 batches and one more
+    post = bp.fit(
+        _model(), _Batches(x, y), method="svi", dataset_size=N, num_steps=7, num_samples=20, seed=SEED, progress=False
+    )  # 7 steps = 2 passes of 3 batches and one more
     assert post.x is None and post.history["loss"].shape == (1, 7)
     pred = post.predict(x[:5], seed=0)
     assert pred.mean.shape[0] == 5

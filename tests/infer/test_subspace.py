@@ -9,12 +9,12 @@ import math
 import pyro
 import pytest
 import torch
+from blr import BLR, mcse_z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 from pyro import poutine
 
 import bnn_pyro as bp
 from bnn_pyro.infer import checkpoint as ckpt_mod
 from bnn_pyro.infer.subspace import STAGES, Subspace, SubspaceModel, SubspacePrior
-from blr import BLR, mcse_z_scores  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 # short inner runs are not meant to mix: their ESS warnings are expected
 pytestmark = pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")
@@ -46,7 +46,7 @@ def test_pca_basis_reproduces_the_deviations_covariance_at_full_rank():
     top, _ = Subspace.from_deviations(torch.zeros(4, dtype=torch.float64), d, 1, shapes)
     assert torch.allclose(top.basis[:, 0].norm(), s[0] / math.sqrt(11))
     values = full.weights(torch.ones(2, 5, 4, dtype=torch.float64))
-    flat = (full.basis @ torch.ones(4, dtype=torch.float64))
+    flat = full.basis @ torch.ones(4, dtype=torch.float64)
     assert values["a"].shape == (2, 5, 1, 3) and values["b"].shape == (2, 5, 1)
     assert torch.allclose(values["a"][1, 2].flatten(), flat[:3]) and torch.allclose(values["b"][0, 0], flat[3:])
 
@@ -58,8 +58,11 @@ def test_the_model_over_z_has_the_stated_log_density(prior):
     x, y = _blr_data()
     model = BLR(x=x, y=y, noise=SIGMA, prior_scale=1.0).model()
     g = torch.Generator().manual_seed(1)
-    space = Subspace(torch.randn(3, generator=g), torch.randn(3, 2, generator=g),
-                     {"weight": torch.Size([1, 2]), "bias": torch.Size([1])})
+    space = Subspace(
+        torch.randn(3, generator=g),
+        torch.randn(3, 2, generator=g),
+        {"weight": torch.Size([1, 2]), "bias": torch.Size([1])},
+    )
     z = torch.tensor([0.3, -0.7])
     zmodel = SubspaceModel(model, space, SubspacePrior(prior), prior_scale=2.0)
     got = poutine.trace(poutine.condition(zmodel, data={"z": z})).get_trace(x, y).log_prob_sum()
@@ -81,8 +84,18 @@ def test_full_rank_subspace_recovers_the_exact_blr_posterior():
     bias): every mean and covariance entry within Z_MAX Monte Carlo standard errors (ESS-based)."""
     x, y = _blr_data()
     exact = BLR(x=x, y=y, noise=SIGMA, prior_scale=1.0)
-    post = bp.fit(exact.model(), x, y, method="subspace", subspace_dim=3, num_samples=500,
-                  inner_options=dict(num_warmup=200), swa=SMALL_SWA, seed=1, progress=False)
+    post = bp.fit(
+        exact.model(),
+        x,
+        y,
+        method="subspace",
+        subspace_dim=3,
+        num_samples=500,
+        inner_options=dict(num_warmup=200),
+        swa=SMALL_SWA,
+        seed=1,
+        progress=False,
+    )
     assert post.method == "subspace" and post.num_chains == 1 and post.num_draws == 500
     w = torch.cat([post.samples["weight"].reshape(1, 500, 2), post.samples["bias"].reshape(1, 500, 1)], -1).double()
     z = mcse_z_scores(w, exact.mean, exact.cov)
@@ -94,9 +107,20 @@ def test_full_rank_subspace_recovers_the_exact_blr_posterior():
 def test_inner_svi_gives_a_usual_posterior_over_the_weights(tmp_path):
     x = torch.linspace(-2, 2, 30)[:, None]
     y = torch.sin(2 * x[:, 0])
-    post = bp.fit(_mlp(), x, y, method="subspace", subspace_dim=2, inner="svi", num_samples=20, num_chains=2,
-                  inner_options=dict(num_steps=50), swa=dict(pretrain_steps=50, num_steps=30, collect_every=1),
-                  seed=0, progress=False)
+    post = bp.fit(
+        _mlp(),
+        x,
+        y,
+        method="subspace",
+        subspace_dim=2,
+        inner="svi",
+        num_samples=20,
+        num_chains=2,
+        inner_options=dict(num_steps=50),
+        swa=dict(pretrain_steps=50, num_steps=30, collect_every=1),
+        seed=0,
+        progress=False,
+    )
     assert set(post.samples) == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert post.samples["0.weight"].shape == (2, 20, 6, 1) and post.num_chains == 2
     # every draw lies on the 2-dim affine subspace: the centred draws have rank 2, up to the float32 rounding of
@@ -119,10 +143,23 @@ def test_learned_noise_is_sampled_by_the_inner_engine():
     y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(30, generator=torch.Generator().manual_seed(0))
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)))
-    post = bp.fit(model, x, y, method="subspace", subspace_dim=2, num_samples=30, inner_options=dict(num_warmup=30),
-                  swa=dict(pretrain_steps=100, num_steps=30, collect_every=1), seed=0, progress=False)
+    model = bp.BNN(
+        net,
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)),
+    )
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="subspace",
+        subspace_dim=2,
+        num_samples=30,
+        inner_options=dict(num_warmup=30),
+        swa=dict(pretrain_steps=100, num_steps=30, collect_every=1),
+        seed=0,
+        progress=False,
+    )
     sigma = post.samples["sigma"]
     assert sigma.shape == (1, 30) and (sigma > 0).all() and sigma.std() > 0  # draws, not one point
 
@@ -138,10 +175,23 @@ def test_with_200_rows_or_more_a_learned_noise_is_chosen_on_the_rows_swa_held_ou
     y = torch.sin(2 * x[:, 0]) + 0.2 * torch.randn(240, generator=g)
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)))
-    post = bp.fit(model, x, y, method="subspace", subspace_dim=2, num_samples=20, inner_options=dict(num_warmup=20),
-                  swa=dict(pretrain_steps=100, num_steps=30, collect_every=1), seed=0, progress=False)
+    model = bp.BNN(
+        net,
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)),
+    )
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="subspace",
+        subspace_dim=2,
+        num_samples=20,
+        inner_options=dict(num_warmup=20),
+        swa=dict(pretrain_steps=100, num_steps=30, collect_every=1),
+        seed=0,
+        progress=False,
+    )
     assert post.config["inner_config"]["dataset_size"] == 216 and post.x.shape[0] == 240
     sigma = post.config["noise"]["sigma"]
     assert post.config["noise"]["selected_on"] == "validation" and torch.all(post.samples["sigma"] == sigma)
@@ -156,24 +206,43 @@ def test_with_200_rows_or_more_a_learned_noise_is_chosen_on_the_rows_swa_held_ou
     assert lpd(sigma) >= max(lpd(sigma * 1.05), lpd(sigma / 1.05))
 
 
-@pytest.mark.parametrize("config, error, match", [
-    (dict(inner="laplace"), ValueError, r"inner: expected one of 'svi', 'nuts', .* got 'laplace'; try inner='nuts'"),
-    (dict(inner_options=dict(seed=3)), ValueError, r"inner_options: 'seed' is set by the subspace fit"),
-    (dict(inner_options=dict(num_samples=3)), ValueError, r"inner_options: 'num_samples' is set by the subspace"),
-    (dict(inner_options=dict(num_step=3)), TypeError, r"inner_options: 'num_step' is not an option of method='nuts'"),
-    (dict(prior="flat"), ValueError, r"prior: unknown value 'flat'; choose one of 'induced', 'isotropic'"),
-    (dict(prior_scale=2.0), ValueError, r"prior_scale: applies to prior='isotropic' only"),
-    (dict(prior="isotropic", prior_scale=-1.0), ValueError, "prior_scale"),
-    (dict(subspace_dim=0), ValueError, "subspace_dim must be a positive int"),
-    (dict(subspace_dim=20), ValueError, r"subspace_dim=20 exceeds the number of weights with a prior \(19\)"),
-    (dict(subspace_dim=5, swa=dict(rank=3)), ValueError, r"subspace_dim=5 exceeds the 3 SWA deviations kept"),
-    (dict(swa=dict(num_chains=2)), ValueError, r"swa: 'num_chains' is set by the subspace fit"),
-    (dict(num_chains=0), ValueError, "num_chains"),
-    (dict(inner_options=dict(checkpoint="x")), ValueError, r"inner_options: 'checkpoint' is set by the subspace fit"),
-    (dict(swa=dict(resume=True)), ValueError, r"swa: 'resume' is set by the subspace fit"),
-    (dict(checkpoint_every=5), ValueError, r"checkpoint_every= and resume= need checkpoint=FOLDER"),
-    (dict(checkpoint="no/such/folder"), FileNotFoundError, r"checkpoint: the folder 'no/such/folder' does not exist"),
-])
+@pytest.mark.parametrize(
+    "config, error, match",
+    [
+        (
+            dict(inner="laplace"),
+            ValueError,
+            r"inner: expected one of 'svi', 'nuts', .* got 'laplace'; try inner='nuts'",
+        ),
+        (dict(inner_options=dict(seed=3)), ValueError, r"inner_options: 'seed' is set by the subspace fit"),
+        (dict(inner_options=dict(num_samples=3)), ValueError, r"inner_options: 'num_samples' is set by the subspace"),
+        (
+            dict(inner_options=dict(num_step=3)),
+            TypeError,
+            r"inner_options: 'num_step' is not an option of method='nuts'",
+        ),
+        (dict(prior="flat"), ValueError, r"prior: unknown value 'flat'; choose one of 'induced', 'isotropic'"),
+        (dict(prior_scale=2.0), ValueError, r"prior_scale: applies to prior='isotropic' only"),
+        (dict(prior="isotropic", prior_scale=-1.0), ValueError, "prior_scale"),
+        (dict(subspace_dim=0), ValueError, "subspace_dim must be a positive int"),
+        (dict(subspace_dim=20), ValueError, r"subspace_dim=20 exceeds the number of weights with a prior \(19\)"),
+        (dict(subspace_dim=5, swa=dict(rank=3)), ValueError, r"subspace_dim=5 exceeds the 3 SWA deviations kept"),
+        (dict(swa=dict(num_chains=2)), ValueError, r"swa: 'num_chains' is set by the subspace fit"),
+        (dict(num_chains=0), ValueError, "num_chains"),
+        (
+            dict(inner_options=dict(checkpoint="x")),
+            ValueError,
+            r"inner_options: 'checkpoint' is set by the subspace fit",
+        ),
+        (dict(swa=dict(resume=True)), ValueError, r"swa: 'resume' is set by the subspace fit"),
+        (dict(checkpoint_every=5), ValueError, r"checkpoint_every= and resume= need checkpoint=FOLDER"),
+        (
+            dict(checkpoint="no/such/folder"),
+            FileNotFoundError,
+            r"checkpoint: the folder 'no/such/folder' does not exist",
+        ),
+    ],
+)
 def test_bad_options_are_named(config, error, match):
     x, y = torch.linspace(-1, 1, 10)[:, None], torch.zeros(10)
     with pytest.raises(error, match=match):
@@ -182,17 +251,26 @@ def test_bad_options_are_named(config, error, match):
 
 def test_rank_is_the_deprecated_name_of_subspace_dim_and_typed_configs_equal_their_dicts(rows):
     x, y = rows
-    small = dict(num_samples=3, swa=dict(pretrain_steps=4, num_steps=4, collect_every=1, swag_rank=2), seed=0,
-                 progress=False)
+    small = dict(
+        num_samples=3, swa=dict(pretrain_steps=4, num_steps=4, collect_every=1, swag_rank=2), seed=0, progress=False
+    )
     with pytest.warns(FutureWarning, match=r"rank= is renamed subspace_dim=") as caught:
-        old = bp.fit(_mlp(), x, y, method="subspace", rank=2, inner_options=dict(num_warmup=3, max_tree_depth=2),
-                     **small)
+        old = bp.fit(
+            _mlp(), x, y, method="subspace", rank=2, inner_options=dict(num_warmup=3, max_tree_depth=2), **small
+        )
     assert caught[0].filename == __file__  # the warning points at the user's bp.fit(...) line
     from bnn_pyro.infer.swag import SWAGConfig
 
     typed = dict(small, swa=SWAGConfig(pretrain_steps=4, num_steps=4, collect_every=1, swag_rank=2))
-    new = bp.fit(_mlp(), x, y, method="subspace", subspace_dim=2, **typed,
-                 inner=bp.infer.mcmc.NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True))
+    new = bp.fit(
+        _mlp(),
+        x,
+        y,
+        method="subspace",
+        subspace_dim=2,
+        **typed,
+        inner=bp.infer.mcmc.NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True),
+    )
     assert old.config["swa"] == new.config["swa"]
     assert old.config["subspace"]["rank"] == new.config["subspace"]["rank"] == 2
     assert old.config["inner_config"] == new.config["inner_config"]
@@ -234,8 +312,17 @@ def test_more_uncertain_in_the_gap_than_on_the_data():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1, 50), torch.nn.Tanh(), torch.nn.Linear(50, 1))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
-    post = bp.fit(model, x, y, method="subspace", num_samples=200, inner_options=dict(num_warmup=200, max_tree_depth=7),
-                  swa=dict(pretrain_steps=1000), seed=0, progress=False)
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="subspace",
+        num_samples=200,
+        inner_options=dict(num_warmup=200, max_tree_depth=7),
+        swa=dict(pretrain_steps=1000),
+        seed=0,
+        progress=False,
+    )
     assert post.config["subspace"]["rank"] == 10 and post.config["inner_config"]["dense_mass"] is True
     grid = torch.linspace(-2, 2, 401).reshape(-1, 1)
     sd = post.predict(grid, seed=0).epistemic_std
@@ -247,7 +334,9 @@ def test_more_uncertain_in_the_gap_than_on_the_data():
 def test_default_pretraining_is_a_full_batch_map_and_an_explicit_init_keeps_swa_own():
     x = torch.linspace(-2, 2, 30)[:, None]
     y = torch.sin(2 * x[:, 0])
-    small = dict(subspace_dim=2, num_samples=5, inner_options=dict(num_warmup=5, max_tree_depth=3), seed=0, progress=False)
+    small = dict(
+        subspace_dim=2, num_samples=5, inner_options=dict(num_warmup=5, max_tree_depth=3), seed=0, progress=False
+    )
     swa = dict(pretrain_steps=20, num_steps=30, collect_every=1)
     post = bp.fit(_mlp(), x, y, method="subspace", swa=swa, **small)
     assert post.config["swa"]["pretrain_steps"] == 0 and post.config["swa"]["init"] == "dict"
@@ -264,8 +353,16 @@ def test_learned_noise_small_data_fits_at_the_default_pretraining():
     (full batches) it is not: seed 0 with 100 + 100 NUTS draws measured sigma 0.103, test RMSE 0.108, test NLL
     -0.80, 95% coverage 0.935 (NUTS on all weights: RMSE 0.097, NLL -0.79). This shorter run passes at seed 0."""
     entry = bp.zoo.load("mlp_regression")
-    post = bp.fit(entry.model, entry.x, entry.y, method="subspace", num_samples=20,
-                  inner_options=dict(num_warmup=20, max_tree_depth=5), seed=0, progress=False)
+    post = bp.fit(
+        entry.model,
+        entry.x,
+        entry.y,
+        method="subspace",
+        num_samples=20,
+        inner_options=dict(num_warmup=20, max_tree_depth=5),
+        seed=0,
+        progress=False,
+    )
     assert post.config["swa"]["pretrain_steps"] == 0
     assert post.samples["sigma"].median() < 0.15
     assert (post.predict(entry.x, seed=0).mean - entry.y).pow(2).mean().sqrt() < 0.15
@@ -274,8 +371,15 @@ def test_learned_noise_small_data_fits_at_the_default_pretraining():
 # checkpoint/resume: each stage (MAP start, SWA, inner NUTS) checkpoints itself in its sub-folder of FOLDER.
 # 240 rows: the MAP start early-stops on the default held-out rows (24), whose best state a resume must restore.
 # Steps per stage: MAP 6, SWA 8, NUTS 4 + 4; with checkpoint_every=3 each saves after steps 3, 6 and its last.
-CKPT_RUN = dict(method="subspace", subspace_dim=2, num_samples=4, inner_options=dict(num_warmup=4, max_tree_depth=2),
-                swa=dict(pretrain_steps=6, num_steps=8, collect_every=2, rank=3), seed=3, progress=False)
+CKPT_RUN = dict(
+    method="subspace",
+    subspace_dim=2,
+    num_samples=4,
+    inner_options=dict(num_warmup=4, max_tree_depth=2),
+    swa=dict(pretrain_steps=6, num_steps=8, collect_every=2, rank=3),
+    seed=3,
+    progress=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -337,8 +441,11 @@ def test_a_resume_with_other_settings_is_refused_by_the_fit_and_by_each_stage(ro
     with pytest.raises(ckpt_mod.CheckpointError, match=refused):
         bp.fit(_mlp(), x, y, resume=True, **dict(run, prior="isotropic"))
     # each stage's own run identity, reached with the fit's record removed: the stage with the changed setting
-    changes = {"map": dict(swa=dict(run["swa"], pretrain_lr=1e-2)), "swa": dict(swa=dict(run["swa"], num_steps=10)),
-               "inner": dict(inner_options=dict(run["inner_options"], num_warmup=5))}
+    changes = {
+        "map": dict(swa=dict(run["swa"], pretrain_lr=1e-2)),
+        "swa": dict(swa=dict(run["swa"], num_steps=10)),
+        "inner": dict(inner_options=dict(run["inner_options"], num_warmup=5)),
+    }
     for stage, change in changes.items():
         (tmp_path / "subspace.ckpt").unlink()
         with pytest.raises(ckpt_mod.CheckpointError, match=rf"{stage}.chain0.ckpt' belongs to another run"):

@@ -33,8 +33,12 @@ def toy():
 def _fit(x, y, **options):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the convergence diagnostics of short runs
-        return bp.fit(_mlp(), x, y, **{"method": "svi", "num_steps": 30, "num_samples": 6, "seed": 2,
-                                        "progress": False, **options})
+        return bp.fit(
+            _mlp(),
+            x,
+            y,
+            **{"method": "svi", "num_steps": 30, "num_samples": 6, "seed": 2, "progress": False, **options},
+        )
 
 
 def _steps(monkeypatch) -> list:
@@ -150,8 +154,11 @@ def test_elbo_mean_field_elsewhere_runs_pyros_path_and_says_so(toy, monkeypatch)
     x, y = toy
     calls = _steps(monkeypatch)
     torch.manual_seed(1)
-    laplace = bp.BNN(torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
-                     prior=bp.priors.Laplace(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    laplace = bp.BNN(
+        torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)),
+        prior=bp.priors.Laplace(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         post = bp.fit(laplace, x, y, method="svi", elbo="mean_field", num_steps=5, num_samples=3, progress=False)

@@ -52,20 +52,18 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 from scipy.linalg import solve_discrete_lyapunov
 
 import bnn_pyro as bp
 from bnn_pyro.infer import swag
-from bnn_pyro.posterior.diagnostics import function_draws
 from bnn_pyro.infer._common import Data
-from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
+from bnn_pyro.posterior.diagnostics import function_draws
 
 DIM, N, SIGMA, BETA = 3, 100, 1.0, 0.9
 SHAPE, POSTERIOR_SCALE = torch.tensor([2.4, 0.35, 0.25], dtype=torch.float64), 1.0 / 480
 RANK, EVERY, SNAPSHOTS, BURN_IN, PRETRAIN = 60, 5, 120, 100, 100
 CHI2_2, CHI2_3, Z_MAX = 18.42, 21.11, 4.0
-
-
 
 
 # ------------------------------------------------------------------ the quadratic problem
@@ -125,9 +123,19 @@ def location():
 def location_fit(location):
     """One SWAG run on the quadratic problem (lr='auto', full-size minibatches drawn with replacement)."""
     data = Data(x=location.x, y=location.y, batch_size=N)
-    post, moments = swag.fit_moments(location.model, data, swag=True, swag_rank=RANK, num_samples=4000,
-                                     pretrain_steps=PRETRAIN, num_steps=BURN_IN + SNAPSHOTS * EVERY, burn_in=BURN_IN,
-                                     collect_every=EVERY, seed=0, progress=False)
+    post, moments = swag.fit_moments(
+        location.model,
+        data,
+        swag=True,
+        swag_rank=RANK,
+        num_samples=4000,
+        pretrain_steps=PRETRAIN,
+        num_steps=BURN_IN + SNAPSHOTS * EVERY,
+        burn_in=BURN_IN,
+        collect_every=EVERY,
+        seed=0,
+        progress=False,
+    )
     lr = float(post.history["lr"][0, -1])
     modes = location.sgd_modes(lr, N)
     sigma = np.array([X[0, 0] for _, X in modes])  # eigenvalues of the SGD stationary covariance
@@ -150,8 +158,10 @@ def test_swag_low_rank_part_recovers_the_posterior_principal_direction(location_
     assert np.argmax(sigma) == 0 and (np.diff(sigma) < 0).all()  # SGD's top direction is the posterior's
     lags = EVERY * np.arange(1, RANK)
     rho1 = _autocorr(modes[0], lags)
-    variances = [sigma[0] * sigma[j] * _inflation(rho1 * _autocorr(modes[j], lags))
-                 / (RANK * (sigma[0] - sigma[j]) ** 2) for j in (1, 2)]
+    variances = [
+        sigma[0] * sigma[j] * _inflation(rho1 * _autocorr(modes[j], lags)) / (RANK * (sigma[0] - sigma[j]) ** 2)
+        for j in (1, 2)
+    ]
     bound = math.sqrt(CHI2_2 * max(variances))
     top = location.rotation[:, 0]
     for chain in moments:
@@ -165,8 +175,9 @@ def test_swa_mean_matches_the_posterior_mean(location_fit, location):
     post, moments, _, modes, sigma = location_fit
     lags = EVERY * np.arange(1, SNAPSHOTS)
     v = [sigma[j] / SNAPSHOTS * _inflation(_autocorr(modes[j], lags)) for j in range(DIM)]
-    transient = [np.mean(np.abs(_autocorr((M, np.eye(2)), BURN_IN + EVERY * np.arange(1, SNAPSHOTS + 1))))
-                 for M, _ in modes]  # (M^h)_00: what is left of an initial error after h steps
+    transient = [
+        np.mean(np.abs(_autocorr((M, np.eye(2)), BURN_IN + EVERY * np.arange(1, SNAPSHOTS + 1)))) for M, _ in modes
+    ]  # (M^h)_00: what is left of an initial error after h steps
     assert max(transient) < 1e-4, transient
     rot = location.rotation
     precision = rot @ torch.diag(1.0 / torch.tensor(v, dtype=torch.float64)) @ rot.T
@@ -218,8 +229,22 @@ def bn_fit():
     x = torch.randn(60, 2, generator=g)
     y = torch.tanh(x[:, 0] - x[:, 1]) + 0.3 * torch.randn(60, generator=g)
     model = _bn_model()
-    post = bp.fit(model, x, y, method="swag", batch_size=20, pretrain_steps=40, num_steps=40, burn_in=0,
-                  collect_every=5, swag_rank=4, num_samples=6, num_chains=2, seed=0, progress=False)
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="swag",
+        batch_size=20,
+        pretrain_steps=40,
+        num_steps=40,
+        burn_in=0,
+        collect_every=5,
+        swag_rank=4,
+        num_samples=6,
+        num_chains=2,
+        seed=0,
+        progress=False,
+    )
     return model, post, x, y
 
 
@@ -234,8 +259,9 @@ def test_batchnorm_statistics_are_recomputed_for_each_draw(bn_fit):
             h = x @ w[c, s].T + b[c, s]
             chunks = h.tensor_split(3)  # batch_size 20: three passes, averaged with equal weights
             assert torch.allclose(buffers["1.running_mean"][c, s], h.mean(0), atol=1e-5)
-            assert torch.allclose(buffers["1.running_var"][c, s], torch.stack([u.var(0) for u in chunks]).mean(0),
-                                  rtol=1e-4)
+            assert torch.allclose(
+                buffers["1.running_var"][c, s], torch.stack([u.var(0) for u in chunks]).mean(0), rtol=1e-4
+            )
     assert (buffers["1.running_mean"].std(1) > 1e-4).all()  # distinct for distinct draws
 
 
@@ -266,8 +292,19 @@ def test_batchnorm_statistics_survive_save_and_load(bn_fit, tmp_path):
 
 def test_swa_refreshes_batchnorm_at_the_averaged_weights(bn_fit):
     _, _, x, y = bn_fit
-    post = bp.fit(_bn_model(), x, y, method="swa", batch_size=20, pretrain_steps=40, num_steps=40, burn_in=0,
-                  collect_every=5, seed=0, progress=False)
+    post = bp.fit(
+        _bn_model(),
+        x,
+        y,
+        method="swa",
+        batch_size=20,
+        pretrain_steps=40,
+        num_steps=40,
+        burn_in=0,
+        collect_every=5,
+        seed=0,
+        progress=False,
+    )
     assert post.draw_buffers["1.running_mean"].shape == (1, 1, 6)
     own = dict(post.model.net.named_buffers())
     assert torch.equal(own["1.running_mean"], post.draw_buffers["1.running_mean"][0, 0])
@@ -281,8 +318,9 @@ SMALL = dict(pretrain_steps=50, num_steps=40, burn_in=0, collect_every=2, seed=0
 
 def test_swa_and_swag_on_linear_regression_work_with_the_whole_api(blr_model, linear_data, tmp_path):
     x, y = linear_data
-    post, moments = swag.fit_moments(blr_model, Data(x=x, y=y), swag=True, swag_rank=5, num_samples=50, num_chains=2,
-                                     **SMALL)
+    post, moments = swag.fit_moments(
+        blr_model, Data(x=x, y=y), swag=True, swag_rank=5, num_samples=50, num_chains=2, **SMALL
+    )
     assert post.samples["weight"].shape == (2, 50, 1, 1) and post.point["bias"].shape == (2, 1)
     assert post.draw_buffers == {} and post.config["snapshots"] == 20 and post.config["swag_rank"] == 5
     pred = post.predict(x)
@@ -297,7 +335,7 @@ def test_swa_and_swag_on_linear_regression_work_with_the_whole_api(blr_model, li
     assert not torch.equal(moments[0].mean, moments[1].mean)  # chains are independent runs (seeds 0, 1)
     for c in range(2):  # one implementation: SWA is SWAG's mean
         assert torch.allclose(point.samples["weight"][c, 0].flatten().double(), moments[c].mean, atol=1e-6)
-    assert (point.predict(x).epistemic_std[0] > 0)  # two chains: the spread between the SWA points
+    assert point.predict(x).epistemic_std[0] > 0  # two chains: the spread between the SWA points
     assert bp.load(point.save(tmp_path / "swa.bnn")).method == "swa"
     assert torch.isfinite(torch.tensor(point.summary(warn=False)["mean"].to_numpy())).all()
 
@@ -321,8 +359,9 @@ def test_function_model_and_classification(linear_data):
 
 def test_dataloader_input(blr_model, linear_data):
     x, y = linear_data
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=10, shuffle=True,
-                                         generator=torch.Generator().manual_seed(0))
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(x, y), batch_size=10, shuffle=True, generator=torch.Generator().manual_seed(0)
+    )
     post = bp.fit(blr_model, loader, method="swag", swag_rank=3, num_samples=10, **SMALL)
     assert post.config["sampling"] == "loader order" and post.config["collect_every"] == 2
     assert post.samples["weight"].shape == (3, 10, 1, 1) and post.x is None
@@ -360,23 +399,30 @@ def test_defaults_fit_a_small_classification_mlp():
 
 
 # ------------------------------------------------------------------ errors
-@pytest.mark.parametrize("method, config, error, match", [
-    ("swag", dict(swag_rank=1), ValueError, r"swag_rank must be at least 2.*method='swa'"),
-    ("swag", dict(swag_rank=0), ValueError, "swag_rank must be a positive int"),
-    ("swag", dict(num_steps=10, collect_every=20), ValueError, r"collect schedule.*collect 0 snapshot.*Lengthen"),
-    ("swag", dict(num_steps=100, burn_in=100), ValueError, r"burn_in=100.*0 snapshot"),
-    ("swag", dict(num_steps=30, burn_in=0, collect_every=2, swag_rank=20), ValueError,
-     r"15 snapshot.*swag_rank=20.*lower swag_rank"),
-    ("swa", dict(swag_rank=5), ValueError, r"swag_rank= applies to method='swag' only"),
-    ("swa", dict(rank=5), ValueError, r"rank= \(SWAG's swag_rank=\) applies to method='swag' only"),
-    ("swag", dict(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass a positive number .* or 'auto'"),
-    ("swag", dict(lr=-1.0), ValueError, "lr must be a positive"),
-    ("swag", dict(momentum=1.0), ValueError, r"momentum must be a number in \[0, 1\)"),
-    ("swag", dict(pretrain_optimizer="lbfgs"), ValueError, r"pretrain_optimizer: unknown value 'lbfgs'.*'adam'"),
-    ("swag", dict(num_samples=0), ValueError, "num_samples must be a positive int"),
-    ("swa", dict(scale=0.5), ValueError, r"scale= applies to method='swag' only"),
-    ("swag", dict(step_size=0.1), TypeError, "step_size"),
-])
+@pytest.mark.parametrize(
+    "method, config, error, match",
+    [
+        ("swag", dict(swag_rank=1), ValueError, r"swag_rank must be at least 2.*method='swa'"),
+        ("swag", dict(swag_rank=0), ValueError, "swag_rank must be a positive int"),
+        ("swag", dict(num_steps=10, collect_every=20), ValueError, r"collect schedule.*collect 0 snapshot.*Lengthen"),
+        ("swag", dict(num_steps=100, burn_in=100), ValueError, r"burn_in=100.*0 snapshot"),
+        (
+            "swag",
+            dict(num_steps=30, burn_in=0, collect_every=2, swag_rank=20),
+            ValueError,
+            r"15 snapshot.*swag_rank=20.*lower swag_rank",
+        ),
+        ("swa", dict(swag_rank=5), ValueError, r"swag_rank= applies to method='swag' only"),
+        ("swa", dict(rank=5), ValueError, r"rank= \(SWAG's swag_rank=\) applies to method='swag' only"),
+        ("swag", dict(lr="fast"), ValueError, r"lr: unknown value 'fast'; pass a positive number .* or 'auto'"),
+        ("swag", dict(lr=-1.0), ValueError, "lr must be a positive"),
+        ("swag", dict(momentum=1.0), ValueError, r"momentum must be a number in \[0, 1\)"),
+        ("swag", dict(pretrain_optimizer="lbfgs"), ValueError, r"pretrain_optimizer: unknown value 'lbfgs'.*'adam'"),
+        ("swag", dict(num_samples=0), ValueError, "num_samples must be a positive int"),
+        ("swa", dict(scale=0.5), ValueError, r"scale= applies to method='swag' only"),
+        ("swag", dict(step_size=0.1), TypeError, "step_size"),
+    ],
+)
 def test_bad_configuration_is_explained(blr_model, linear_data, method, config, error, match):
     with pytest.raises(error, match=match):
         bp.fit(blr_model, *linear_data, method=method, progress=False, **config)
@@ -391,8 +437,18 @@ def test_divergence_is_a_clear_error():
     blr = make_blr()
     expected = r"loss U/N became inf at step \d+ \(the SWA phase, lr 1e\+08\).*smaller"
     with pytest.raises(FloatingPointError, match=expected):
-        bp.fit(blr.model(), blr.x, blr.y, method="swag", lr=1e8, pretrain_steps=5, num_steps=40, burn_in=0,
-               collect_every=2, progress=False)
+        bp.fit(
+            blr.model(),
+            blr.x,
+            blr.y,
+            method="swag",
+            lr=1e8,
+            pretrain_steps=5,
+            num_steps=40,
+            burn_in=0,
+            collect_every=2,
+            progress=False,
+        )
 
 
 # ------------------------------------------------------------------ held-out rows and the spread at defaults
@@ -428,7 +484,9 @@ def test_default_holds_rows_out_and_sets_the_noise_on_them(method, monkeypatch):
     extra = dict(swag_rank=3, num_samples=40, num_chains=1) if method == "swag" else {}
     final = bp.fit(_learned_noise_mlp(), x, y, method=method, **extra, **SMALL)
     assert _validation(final)["final_fit_rows"] == 240 and final.config["dataset_size"] == 240
-    monkeypatch.setattr(swag, "refit", lambda post, again: post)  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
+    monkeypatch.setattr(
+        swag, "refit", lambda post, again: post
+    )  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(_learned_noise_mlp(), x, y, method=method, **extra, **SMALL)
     assert post.config["noise"]["sigma"] == final.config["noise"]["sigma"]
     assert _validation(post) == {"rows": 24, "source": "split", "fraction": 0.1}
@@ -445,8 +503,9 @@ def test_default_holds_rows_out_and_sets_the_noise_on_them(method, monkeypatch):
 
 def test_validation_none_is_the_previous_path_and_a_given_pair_trains_on_every_row():
     x, y = _sine()
-    old = bp.fit(_learned_noise_mlp(), x, y, method="swag", swag_rank=3, num_samples=40, num_chains=1, validation=None,
-                 **SMALL)
+    old = bp.fit(
+        _learned_noise_mlp(), x, y, method="swag", swag_rank=3, num_samples=40, num_chains=1, validation=None, **SMALL
+    )
     assert _validation(old) == {"rows": 0} and "noise" not in old.config
     assert old.config["dataset_size"] == 240 and old.samples["sigma"].std() > 0  # the noise is SWAG's own draws
     given = bp.fit(_learned_noise_mlp(), x, y, method="swa", validation=(x[:30], y[:30]), **SMALL)
@@ -481,6 +540,7 @@ def test_anchored_swa_averages_around_the_closed_form_randomized_map():
     # posterior draw (Pearce et al. 2020), and the SWA average of SGD around it converges to it (its error is the
     # SGD noise's, the same as the plain run's around the plain mode: the tilt is linear). Plain SWA averages around blr.mean.
     from blr import make_blr
+
     from bnn_pyro.infer._potential import Potential
     from bnn_pyro.infer.anchor import anchor
 
@@ -511,6 +571,7 @@ def test_anchored_swa_averages_around_the_closed_form_randomized_map():
         assert ((point(plain, c) - blr.mean) / sd).abs().max() < 0.06  # plain SWA averages
         # SWAG at its default draws around the same point: the mean of its 1,000 draws adds an error of at most
         # ~0.03 posterior sd (its covariance is at most ~the posterior's at lr="auto"), so 0.15 is ~4 sd of both
-        swag_mean = torch.cat([default_swag.samples["weight"][c].mean(0).reshape(-1),
-                               default_swag.samples["bias"][c].mean(0).reshape(-1)]).double()
+        swag_mean = torch.cat(
+            [default_swag.samples["weight"][c].mean(0).reshape(-1), default_swag.samples["bias"][c].mean(0).reshape(-1)]
+        ).double()
         assert ((swag_mean - exact) / sd).abs().max() < 0.15, c

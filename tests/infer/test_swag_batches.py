@@ -55,12 +55,24 @@ def test_a_fit_records_the_full_data_loss_at_its_first_pretraining_step():
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.3))
     x = torch.linspace(-1, 1, 30)[:, None]
     y = torch.sin(3 * x[:, 0])
-    post = bp.fit(model, x, y, method="swa", init="net", pretrain_steps=4, num_steps=6, burn_in=0, collect_every=2,
-                  validation=None, progress=False)
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="swa",
+        init="net",
+        pretrain_steps=4,
+        num_steps=6,
+        burn_in=0,
+        collect_every=2,
+        validation=None,
+        progress=False,
+    )
     pot = Potential(model, Data(x=x, y=y), init="net")
     assert float(post.history["loss"][0, 0]) == pytest.approx(float(pot(pot.init, (x, y))) / 30, rel=1e-6)
-    assert post.config["sampling"] == ("pre-training: full batch; SWA phase: independent minibatches of 30 rows "
-                                       "(with replacement)")
+    assert post.config["sampling"] == (
+        "pre-training: full batch; SWA phase: independent minibatches of 30 rows (with replacement)"
+    )
 
 
 # the defaults: 2,200 steps on 80 rows, ~11 s on a 2-core machine at load 2 (40-110 s at load 8)

@@ -38,8 +38,19 @@ def toy():
 
 
 # 12 pre-training steps then 12 SWA-phase steps; checkpoints after steps 5, 10, 15, 20 and 24
-SWAG = dict(method="swag", pretrain_steps=12, num_steps=12, burn_in=0, collect_every=2, swag_rank=3, num_samples=8,
-            num_chains=2, batch_size=32, seed=4, progress=False)
+SWAG = dict(
+    method="swag",
+    pretrain_steps=12,
+    num_steps=12,
+    burn_in=0,
+    collect_every=2,
+    swag_rank=3,
+    num_samples=8,
+    num_chains=2,
+    batch_size=32,
+    seed=4,
+    progress=False,
+)
 
 
 def _crash_at(monkeypatch, chain: int, step: int):
@@ -61,8 +72,11 @@ def _assert_same(resumed, whole):
             assert torch.equal(getattr(resumed, group)[name], value), (group, name)
 
 
-@pytest.mark.parametrize("chain, crash, last", [(0, 15, 10), (0, 20, 15), (1, 5, 24)],
-                         ids=["in pre-training", "in the SWA phase", "second chain"])
+@pytest.mark.parametrize(
+    "chain, crash, last",
+    [(0, 15, 10), (0, 20, 15), (1, 5, 24)],
+    ids=["in pre-training", "in the SWA phase", "second chain"],
+)
 def test_swag_resumed_run_is_bit_identical(toy, tmp_path, monkeypatch, chain, crash, last):
     x, y = toy
     whole = bp.fit(_mlp(), x, y, **SWAG)
@@ -99,8 +113,7 @@ def test_moments_of_a_resumed_run_equal_the_uninterrupted_ones(toy, tmp_path, mo
         _crash_at(m, 0, 20)
         with pytest.raises(_Crash):
             swag.fit_moments(_mlp(), data, swag=True, checkpoint=tmp_path, checkpoint_every=5, **cfg)
-    _, resumed = swag.fit_moments(_mlp(), data, swag=True, checkpoint=tmp_path, checkpoint_every=5, resume=True,
-                                  **cfg)
+    _, resumed = swag.fit_moments(_mlp(), data, swag=True, checkpoint=tmp_path, checkpoint_every=5, resume=True, **cfg)
     for a, b in zip(resumed, whole):
         assert a.count == b.count == 6
         for part in ("mean", "sq_mean", "deviations"):
@@ -112,5 +125,17 @@ def test_divergence_in_pre_training_names_the_phase(toy):
     phase = r"\(pre-training, lr [0-9.]+e\+0[78]\)"  # on its cosine from pretrain_lr=1e8
     expected = rf"swa: the loss U/N became (inf|nan) at step \d+ {phase} of swa chain 0.*smaller pretrain_lr"
     with pytest.raises(FloatingPointError, match=expected):
-        bp.fit(_mlp(), x, y, method="swa", pretrain_optimizer="sgd", pretrain_lr=1e8, pretrain_steps=20, num_steps=4,
-               burn_in=0, collect_every=2, validation=None, progress=False)
+        bp.fit(
+            _mlp(),
+            x,
+            y,
+            method="swa",
+            pretrain_optimizer="sgd",
+            pretrain_lr=1e8,
+            pretrain_steps=20,
+            num_steps=4,
+            burn_in=0,
+            collect_every=2,
+            validation=None,
+            progress=False,
+        )

@@ -53,8 +53,6 @@ Z_WEAK = 3.0
 EULER_GAMMA = 0.5772156649015329
 
 
-
-
 # ------------------------------------------------------------------------------------------ helpers
 def _known_answer_data(n: int = 100, seed: int = 0):
     """Three strong inputs, one weak input with least-squares z-score exactly ``Z_WEAK``, four
@@ -120,8 +118,9 @@ def test_kl_approximations_match_monte_carlo():
 # ------------------------------------------------------------------------------------------ known answer
 def test_sparse_vd_prunes_inputs_without_signal_and_shrinks_a_weak_one():
     x, y, s = _known_answer_data()
-    post = bp.fit(_linear_model(), x, y, method="sparse_vd", num_steps=600, lr=0.03, num_samples=1000, seed=0,
-                  progress=False)
+    post = bp.fit(
+        _linear_model(), x, y, method="sparse_vd", num_steps=600, lr=0.03, num_samples=1000, seed=0, progress=False
+    )
     w = post.samples["weight"][0, :, 0, :]  # (draws, 8)
     pruned = (w == 0).all(0)
     assert pruned[NOISE].all() and not (w[:, STRONG + [WEAK]] == 0).any()
@@ -166,8 +165,18 @@ def mlp_post(request):
     likelihood = bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
     x, y = _regression()
-    return model, bp.fit(model, x, y, method=request.param, num_steps=60, num_chains=2, num_samples=30,
-                         batch_size=20, seed=0, progress=False)
+    return model, bp.fit(
+        model,
+        x,
+        y,
+        method=request.param,
+        num_steps=60,
+        num_chains=2,
+        num_samples=30,
+        batch_size=20,
+        seed=0,
+        progress=False,
+    )
 
 
 @pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # ArviZ on pruned (constant) weights
@@ -201,12 +210,26 @@ def test_variational_dropout_caps_alpha_and_point_parameters_are_fitted():
     draws has a standard error of sqrt(1 / (2 S) + 1 / S) = 1.9 %: bound 1 + 4 * 1.9 % = 1.08.
     The bias (not Bayesian here) is a point estimate that moves from its initial value."""
     torch.manual_seed(0)
-    model = bp.BNN(nn.Linear(3, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1),
-                   bayesian="weights")
+    model = bp.BNN(
+        nn.Linear(3, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+        bayesian="weights",
+    )
     x, y = _regression()
     x = torch.cat([x, torch.zeros(len(x), 1)], 1)
-    post = bp.fit(model, x, y, method="variational_dropout", num_steps=150, lr=0.05, init_log_sigma2=0.0,
-                  num_samples=4000, seed=0, progress=False)
+    post = bp.fit(
+        model,
+        x,
+        y,
+        method="variational_dropout",
+        num_steps=150,
+        lr=0.05,
+        init_log_sigma2=0.0,
+        num_samples=4000,
+        seed=0,
+        progress=False,
+    )
     w = post.samples["weight"][0]
     assert (w.std(0) <= w.mean(0).abs() * 1.08).all()
     assert "sparsity" not in post.history and post.config["threshold"] is None
@@ -217,11 +240,15 @@ def test_digits_classification_smoke():
     """Both methods with their defaults except the length of the run (100 minibatch steps)."""
     x, y = bp.datasets.load_sklearn("digits")
     torch.manual_seed(0)
-    mlp = bp.BNN(nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), prior=bp.priors.Normal(0.0, 1.0),
-                 likelihood=bp.likelihoods.Categorical())
+    mlp = bp.BNN(
+        nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Categorical(),
+    )
     for method in ("variational_dropout", "sparse_vd"):
-        post = bp.fit(mlp, x[:300], y[:300], method=method, num_steps=100, lr=0.03, batch_size=100, num_samples=20,
-                      progress=False)
+        post = bp.fit(
+            mlp, x[:300], y[:300], method=method, num_steps=100, lr=0.03, batch_size=100, num_samples=20, progress=False
+        )
         pred = post.predict(x[300:400], seed=0)
         assert pred.probs.shape == (100, 10) and torch.isfinite(pred.mutual_information).all()
         assert (pred.predicted == y[300:400]).float().mean() > 0.5  # chance: 0.1; measured 0.9 and more
@@ -267,17 +294,23 @@ def test_bad_input_says_what_fits():
             bp.fit(fn_model, x, y, method=method, progress=False)
         with pytest.raises(ValueError, match=r"needs Bayesian weights of nn.Linear.*method='svi'"):
             bp.fit(bp.BNN(_Scale(), prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood), x, y, method=method)
-        biases_only = bp.BNN(nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood,
-                             bayesian=["bias"])
+        biases_only = bp.BNN(
+            nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood, bayesian=["bias"]
+        )
         with pytest.raises(ValueError, match=r"Bayesian parameters are \['bias'\]"):
             bp.fit(biases_only, x, y, method=method)
         double_use = bp.BNN(_DoubleUse(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
         with pytest.raises(ValueError, match=r"is used more than once.*use method='svi'"):
             bp.fit(double_use, x, y, method=method, num_steps=2, progress=False)
     model = _linear_model_2d(likelihood)
-    bad = [(dict(guide="mean_field"), TypeError, "guide"), (dict(threshold=float("nan")), ValueError, "threshold"),
-           (dict(num_steps=0), ValueError, "num_steps"), (dict(num_steps=5, epochs=1), ValueError, "not both"),
-           (dict(lr_schedule="warp"), ValueError, "lr_schedule"), (dict(init_log_sigma2="big"), ValueError, "init_log")]
+    bad = [
+        (dict(guide="mean_field"), TypeError, "guide"),
+        (dict(threshold=float("nan")), ValueError, "threshold"),
+        (dict(num_steps=0), ValueError, "num_steps"),
+        (dict(num_steps=5, epochs=1), ValueError, "not both"),
+        (dict(lr_schedule="warp"), ValueError, "lr_schedule"),
+        (dict(init_log_sigma2="big"), ValueError, "init_log"),
+    ]
     for config, error, match in bad:
         with pytest.raises(error, match=match):
             bp.fit(model, x, y, method="sparse_vd", progress=False, **config)

@@ -19,8 +19,13 @@ SUMMARY_COLUMNS = ["mean", "sd", "hdi_3%", "hdi_97%", "mcse_mean", "mcse_sd", "e
 def test_svi_inference_data_groups_and_shapes(svi_post, linear_data):
     x, y = linear_data
     idata = svi_post.to_inference_data()
-    assert set(idata.groups()) == {"posterior", "log_likelihood", "posterior_predictive", "observed_data",
-                                   "constant_data"}  # SVI has no sample stats
+    assert set(idata.groups()) == {
+        "posterior",
+        "log_likelihood",
+        "posterior_predictive",
+        "observed_data",
+        "constant_data",
+    }  # SVI has no sample stats
     assert idata.posterior["weight"].dims == ("chain", "draw", "weight_dim_0", "weight_dim_1")
     assert idata.posterior["weight"].shape == (2, 100, 1, 1)
     np.testing.assert_array_equal(idata.posterior["weight"].values, svi_post.samples["weight"].numpy())
@@ -69,8 +74,13 @@ def test_new_x_alone_gives_the_posterior_predictive_there_and_no_log_likelihood(
 def test_new_x_with_y_gives_log_likelihood_of_those_pairs(svi_post, linear_data):
     x_new, y_new = _new_data(linear_data)
     idata = svi_post.to_inference_data(x=x_new, y=y_new)
-    assert set(idata.groups()) == {"posterior", "log_likelihood", "posterior_predictive", "observed_data",
-                                   "constant_data"}
+    assert set(idata.groups()) == {
+        "posterior",
+        "log_likelihood",
+        "posterior_predictive",
+        "observed_data",
+        "constant_data",
+    }
     expected = svi_post.observation_distribution(x_new).log_prob(y_new).reshape(2, 100, 40)
     np.testing.assert_allclose(idata.log_likelihood["obs"].values, expected.numpy(), rtol=1e-6)
     np.testing.assert_array_equal(idata.observed_data["obs"].values, y_new.numpy())
@@ -106,8 +116,12 @@ def test_loo_and_waic_work(svi_post):
 
 
 def test_mcmc_style_sample_stats_are_kept_with_arviz_names(make_posterior, blr_model, linear_data):
-    post = make_posterior(blr_model, *linear_data, divergences=3,
-                          stat_names={"diverging": "divergences", "acceptance_rate": "accept_prob"})
+    post = make_posterior(
+        blr_model,
+        *linear_data,
+        divergences=3,
+        stat_names={"diverging": "divergences", "acceptance_rate": "accept_prob"},
+    )
     idata = post.to_inference_data()
     stats = idata.sample_stats
     assert set(stats.data_vars) == {"diverging", "acceptance_rate", "step_size", "tree_depth", "n_steps", "energy"}
@@ -184,7 +198,9 @@ def test_single_chain_notes_rhat_instead_of_warning(make_posterior, blr_model, l
         table = post.summary()
     assert np.isnan(table["r_hat"]).all()
     assert "at least 2 chains" in table.attrs["notes"][0]
-    assert "Shape validation failed" not in capfd.readouterr().err  # ArviZ's own 1-chain log line is replaced by the note
+    assert (
+        "Shape validation failed" not in capfd.readouterr().err
+    )  # ArviZ's own 1-chain log line is replaced by the note
 
 
 @pytest.mark.parametrize(
@@ -207,8 +223,9 @@ def test_bp_exposes_modules_lazily():
         bp.nonexistent  # noqa: B018
 
 
-def test_one_draw_per_chain_is_summarized_over_chains_without_arviz_shape_guesses(make_posterior, blr_model,
-                                                                                     linear_data):
+def test_one_draw_per_chain_is_summarized_over_chains_without_arviz_shape_guesses(
+    make_posterior, blr_model, linear_data
+):
     post = make_posterior(blr_model, *linear_data, chains=5, draws=1)  # the layout of ensembles and SWA
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # ArviZ's "More chains (5) than draws (1)" would raise

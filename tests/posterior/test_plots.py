@@ -106,7 +106,8 @@ def test_rejection_plot_has_one_curve_per_score(classifier_post):
     (ax,) = fig.axes
     assert [line.get_label() for line in ax.lines] == [
         f"entropy (area {selective.rejection_auc(pred, y):.3f})",
-        f"max_prob (area {selective.rejection_auc(pred, y, score='max_prob'):.3f})"]
+        f"max_prob (area {selective.rejection_auc(pred, y, score='max_prob'):.3f})",
+    ]
     assert len(ax.lines[0].get_xdata()) == len(y)
     plt.close(fig)
 
@@ -118,8 +119,9 @@ def _user_deprecated_matplotlib_call():
     cbook.normalize_kwargs({"lw": 1}, alias_mapping={"linewidth": ["lw"]})
 
 
-def test_arviz_plots_emit_no_deprecation_warnings_while_the_users_own_matplotlib_code_still_does(mcmc_post,
-                                                                                                classifier_post):
+def test_arviz_plots_emit_no_deprecation_warnings_while_the_users_own_matplotlib_code_still_does(
+    mcmc_post, classifier_post
+):
     import warnings
 
     from matplotlib import MatplotlibDeprecationWarning

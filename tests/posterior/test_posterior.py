@@ -36,7 +36,9 @@ def test_predict_matches_a_loop_over_draws(fitted):
     post, x = fitted
     pred = post.predict(x, draws_per_chunk=7, seed=0)
     draws = post.sample()
-    f = torch.stack([post.model.forward_draws({k: v[s : s + 1] for k, v in draws.items()}, x)[0, :, 0] for s in range(100)])
+    f = torch.stack(
+        [post.model.forward_draws({k: v[s : s + 1] for k, v in draws.items()}, x)[0, :, 0] for s in range(100)]
+    )
     assert torch.allclose(pred.mean, f.mean(0), atol=1e-5)
     assert torch.allclose(pred.epistemic_std, f.std(0, correction=0), atol=1e-5)
     assert torch.allclose(pred.aleatoric_std, torch.full((25,), 0.1))
@@ -64,7 +66,9 @@ def test_moments_only_prediction_and_automatic_chunks(fitted):
 def test_rows_in_chunks_give_the_same_prediction(fitted, monkeypatch):
     post, x = fitted
     whole = post.predict(x, interval=None, seed=0)
-    assert post.model.points_per_chunk(x) == 25 and post.model.points_per_chunk(torch.zeros(10**6, 1)) == 8 * 2**20 // 32
+    assert (
+        post.model.points_per_chunk(x) == 25 and post.model.points_per_chunk(torch.zeros(10**6, 1)) == 8 * 2**20 // 32
+    )
     with pytest.raises(ValueError, match="draws_per_chunk must be a positive int, got 0"):
         post.observation_distribution(x, draws_per_chunk=0)
     monkeypatch.setattr(bp.BNN, "points_per_chunk", lambda self, x: 7)  # 25 rows in chunks of 7
@@ -84,12 +88,22 @@ def test_predict_accepts_numpy_and_pandas(fitted):
 @pytest.mark.parametrize(
     "x, y, error, match",
     [
-        (np.array([[0.0], [np.nan], [1.0]]), np.zeros(3), ValueError, r"x contains NaN values in 1 row\(s\) \(first: \[1\]\); drop or impute"),
+        (
+            np.array([[0.0], [np.nan], [1.0]]),
+            np.zeros(3),
+            ValueError,
+            r"x contains NaN values in 1 row\(s\) \(first: \[1\]\); drop or impute",
+        ),
         (np.array([[0.0], [np.inf], [1.0]]), np.zeros(3), ValueError, r"x contains Inf values"),
         (np.zeros((3, 1)), np.array([0.0, np.nan, 1.0]), ValueError, r"y contains NaN values"),
         (np.zeros((3, 1)), np.zeros(4), ValueError, r"x and y have different numbers of rows: x has 3, y has 4"),
         (np.zeros((0, 1)), np.zeros(0), ValueError, r"x is empty"),
-        (np.zeros((3, 2)), np.zeros(3), ValueError, r"x has shape \(3, 2\), which the net cannot take .*match the net's first layer"),
+        (
+            np.zeros((3, 2)),
+            np.zeros(3),
+            ValueError,
+            r"x has shape \(3, 2\), which the net cannot take .*match the net's first layer",
+        ),
     ],
 )
 def test_bad_data_is_explained(fitted, x, y, error, match):

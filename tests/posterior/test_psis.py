@@ -14,14 +14,13 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from blr import make_blr
 
 import bnn_pyro as bp
-from bnn_pyro.posterior.diagnostics import DiagnosticWarning
-from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer._common import Data
+from bnn_pyro.infer._potential import Potential
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 from bnn_pyro.posterior.psis import _log_joint, resample
-
-from blr import make_blr
 
 S = 1000
 
@@ -32,8 +31,9 @@ def _gaussian_posterior(blr, mean, cov, *, seed=0, method="svi"):
     w = q.sample(torch.Size([S])) if seed is None else _sample(q, seed)
     d = blr.x.shape[1]
     samples = {"weight": w[:, :d].float().reshape(1, S, 1, d), "bias": w[:, d:].float().reshape(1, S, 1)}
-    return bp.Posterior(samples=samples, model=blr.model(), method=method, sample_stats={"log_q": q.log_prob(w)[None]},
-                        x=blr.x, y=blr.y)
+    return bp.Posterior(
+        samples=samples, model=blr.model(), method=method, sample_stats={"log_q": q.log_prob(w)[None]}, x=blr.x, y=blr.y
+    )
 
 
 def _sample(q, seed):
@@ -45,8 +45,17 @@ def _sample(q, seed):
 @pytest.mark.slow
 def test_full_rank_guide_on_blr_has_small_k_hat():
     blr = make_blr(n=20, d=2)
-    post = bp.fit(blr.model(), blr.x, blr.y, method="svi", guide="full_rank", num_steps=1500, lr_schedule="cosine",
-                  progress=False, seed=0)
+    post = bp.fit(
+        blr.model(),
+        blr.x,
+        blr.y,
+        method="svi",
+        guide="full_rank",
+        num_steps=1500,
+        lr_schedule="cosine",
+        progress=False,
+        seed=0,
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("error", DiagnosticWarning)
         result = post.psis()
@@ -118,8 +127,14 @@ def test_constrained_site_uses_the_log_jacobian():
         torch.manual_seed(1)
         tau = exact.sample(torch.Size([S]))
     log_q = exact.log_prob(tau) + tau.log()
-    post = bp.Posterior(samples={"precision": tau[None]}, model=_gamma_model, method="svi",
-                        sample_stats={"log_q": log_q[None]}, x=x, y=y)
+    post = bp.Posterior(
+        samples={"precision": tau[None]},
+        model=_gamma_model,
+        method="svi",
+        sample_stats={"log_q": log_q[None]},
+        x=x,
+        y=y,
+    )
     result = post.psis()
     assert torch.allclose(result.weights, torch.full((1, S), 1.0 / S, dtype=torch.float64), rtol=1e-3)
 
@@ -127,11 +142,17 @@ def test_constrained_site_uses_the_log_jacobian():
 def test_bnn_log_joint_equals_pyros_potential_with_a_learned_noise():
     """The batched BNN path (priors, likelihood, log-Jacobian of sigma) equals -U(z), Pyro's potential energy."""
     blr = make_blr(n=15, d=2)
-    model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
+    model = bp.BNN(
+        torch.nn.Linear(2, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+    )
     g = torch.Generator().manual_seed(0)
-    samples = {"weight": torch.randn(1, 5, 1, 2, generator=g), "bias": torch.randn(1, 5, 1, generator=g),
-               "sigma": torch.rand(1, 5, generator=g) + 0.3}
+    samples = {
+        "weight": torch.randn(1, 5, 1, 2, generator=g),
+        "bias": torch.randn(1, 5, 1, generator=g),
+        "sigma": torch.rand(1, 5, generator=g) + 0.3,
+    }
     post = bp.Posterior(samples=samples, model=model, method="svi", x=blr.x, y=blr.y)
     found = _log_joint(post, blr.x, blr.y, torch.arange(5))
     pot = Potential(model, Data(blr.x, blr.y))
@@ -140,12 +161,24 @@ def test_bnn_log_joint_equals_pyros_potential_with_a_learned_noise():
     assert torch.allclose(found, torch.tensor(expected, dtype=torch.float64), rtol=1e-5, atol=1e-4)
 
 
-@pytest.mark.parametrize("method, words", [("ensemble", "mixture of point masses"), ("nuts", "Markov chain"),
-                                           ("swa", "point mass"), ("sgld", "Markov chain")])
+@pytest.mark.parametrize(
+    "method, words",
+    [
+        ("ensemble", "mixture of point masses"),
+        ("nuts", "Markov chain"),
+        ("swa", "point mass"),
+        ("sgld", "Markov chain"),
+    ],
+)
 def test_methods_without_a_density_are_refused_with_the_reason(method, words):
     blr = make_blr(n=10, d=2)
-    post = bp.Posterior(samples={"weight": torch.zeros(1, 3, 1, 2), "bias": torch.zeros(1, 3, 1)}, model=blr.model(),
-                        method=method, x=blr.x, y=blr.y)
+    post = bp.Posterior(
+        samples={"weight": torch.zeros(1, 3, 1, 2), "bias": torch.zeros(1, 3, 1)},
+        model=blr.model(),
+        method=method,
+        x=blr.x,
+        y=blr.y,
+    )
     with pytest.raises(ValueError, match=words):
         post.psis()
 
@@ -169,14 +202,24 @@ def test_systematic_resampling_reproduces_the_weights():
 
 def test_swag_records_the_density_of_its_gaussian():
     """SWAG's log q equals N(z_SWA, scale (Sigma_diag + D^T D / (K - 1)) / 2) of its draws, built densely here."""
+    from blr import flat_draws
+
     from bnn_pyro.infer._common import Data
     from bnn_pyro.infer.swag import fit_moments
 
-    from blr import flat_draws
-
     blr = make_blr(n=20, d=2)
-    post, moments = fit_moments(blr.model(), Data(blr.x, blr.y), swag=True, swag_rank=5, num_samples=200,
-                                pretrain_steps=100, num_steps=120, burn_in=20, collect_every=10, progress=False)
+    post, moments = fit_moments(
+        blr.model(),
+        Data(blr.x, blr.y),
+        swag=True,
+        swag_rank=5,
+        num_samples=200,
+        pretrain_steps=100,
+        num_steps=120,
+        burn_in=20,
+        collect_every=10,
+        progress=False,
+    )
     m, k = moments[0], moments[0].deviations.shape[0]
     cov = post.config["scale"] * (torch.diag(m.variance) + m.deviations.T @ m.deviations / (k - 1)) / 2
     expected = dist.MultivariateNormal(m.mean, covariance_matrix=cov).log_prob(flat_draws(post.samples))

@@ -42,7 +42,7 @@ def _moments(logw, means, seconds):
     w = np.exp(logw - logw.max())
     w /= w.sum()
     mean = w @ means
-    return mean, np.sqrt(np.maximum(w @ seconds - mean ** 2, 0.0))
+    return mean, np.sqrt(np.maximum(w @ seconds - mean**2, 0.0))
 
 
 def eight_schools(num: int = 4001) -> dict:
@@ -51,23 +51,32 @@ def eight_schools(num: int = 4001) -> dict:
     tau = np.exp(u)
     logw, means, seconds = [], [], []
     for t in tau:
-        v = s ** 2 + t ** 2  # y_j | mu, tau ~ N(mu, s_j^2 + tau^2)
+        v = s**2 + t**2  # y_j | mu, tau ~ N(mu, s_j^2 + tau^2)
         prec = 1 / 25.0 + (1 / v).sum()  # mu ~ N(0, 5^2)
         V, m = 1 / prec, (y / v).sum() / prec
         # log p(y | tau) = log N(y; 0, diag(v) + 25 11') by the Gaussian identity at mu = m
-        lp = (-0.5 * np.log(2 * math.pi * v) - 0.5 * (y - m) ** 2 / v).sum() - 0.5 * math.log(2 * math.pi * 25) \
-            - 0.5 * m ** 2 / 25 + 0.5 * math.log(2 * math.pi * V)
+        lp = (
+            (-0.5 * np.log(2 * math.pi * v) - 0.5 * (y - m) ** 2 / v).sum()
+            - 0.5 * math.log(2 * math.pi * 25)
+            - 0.5 * m**2 / 25
+            + 0.5 * math.log(2 * math.pi * V)
+        )
         logw.append(lp + _log_halfcauchy(t, 5.0) + math.log(t))  # + log tau: the grid is in log tau
         k = t / v  # theta_tilde_j | mu, tau, y ~ N((y_j - mu) tau / v_j, s_j^2 / v_j)
         tt_mean = (y - m) * k
-        tt_var = s ** 2 / v + V * k ** 2
+        tt_var = s**2 / v + V * k**2
         means.append(np.concatenate([[m, t], tt_mean]))
-        seconds.append(np.concatenate([[V + m ** 2, t ** 2], tt_var + tt_mean ** 2]))
+        seconds.append(np.concatenate([[V + m**2, t**2], tt_var + tt_mean**2]))
     mean, sd = _moments(np.array(logw), np.array(means), np.array(seconds))
     names = ["mu", "tau"] + [f"theta_tilde[{j}]" for j in range(8)]
-    return dict(data=dict(y=SCHOOLS_Y, sigma=SCHOOLS_SIGMA), names=names, mean=mean.tolist(), sd=sd.tolist(),
-                method=f"exact: conjugate in mu and theta given tau, trapezoid quadrature over log tau ({num} points "
-                       "on [1e-4, 1e4])")
+    return dict(
+        data=dict(y=SCHOOLS_Y, sigma=SCHOOLS_SIGMA),
+        names=names,
+        mean=mean.tolist(),
+        sd=sd.tolist(),
+        method=f"exact: conjugate in mu and theta given tau, trapezoid quadrature over log tau ({num} points "
+        "on [1e-4, 1e4])",
+    )
 
 
 def kidiq_data(seed: int = 20261127, n: int = 200) -> np.ndarray:
@@ -82,24 +91,31 @@ def kidiq(table: np.ndarray, num: int = 4001) -> dict:
     X = np.column_stack([np.ones(len(table)), table[:, :2]])
     y = table[:, 2]
     n, p = X.shape
-    prior_var = 100.0 ** 2
+    prior_var = 100.0**2
     u = np.linspace(math.log(1.0), math.log(200.0), num)  # log sigma
     logw, means, seconds = [], [], []
     for sig in np.exp(u):
-        prec = X.T @ X / sig ** 2 + np.eye(p) / prior_var
+        prec = X.T @ X / sig**2 + np.eye(p) / prior_var
         V = np.linalg.inv(prec)
-        m = V @ X.T @ y / sig ** 2
+        m = V @ X.T @ y / sig**2
         rss = ((y - X @ m) ** 2).sum()
-        lp = -0.5 * n * math.log(2 * math.pi * sig ** 2) - 0.5 * rss / sig ** 2 \
-            - 0.5 * p * math.log(2 * math.pi * prior_var) - 0.5 * m @ m / prior_var \
+        lp = (
+            -0.5 * n * math.log(2 * math.pi * sig**2)
+            - 0.5 * rss / sig**2
+            - 0.5 * p * math.log(2 * math.pi * prior_var)
+            - 0.5 * m @ m / prior_var
             + 0.5 * np.linalg.slogdet(2 * math.pi * V)[1]
+        )
         logw.append(lp + _log_halfcauchy(sig, 25.0) + math.log(sig))
         means.append(np.concatenate([m, [sig]]))
-        seconds.append(np.concatenate([np.diag(V) + m ** 2, [sig ** 2]]))
+        seconds.append(np.concatenate([np.diag(V) + m**2, [sig**2]]))
     mean, sd = _moments(np.array(logw), np.array(means), np.array(seconds))
-    return dict(names=["beta[0]", "beta[1]", "beta[2]", "sigma"], mean=mean.tolist(), sd=sd.tolist(),
-                method=f"exact: conjugate in beta given sigma, trapezoid quadrature over log sigma ({num} points on "
-                       "[1, 200])")
+    return dict(
+        names=["beta[0]", "beta[1]", "beta[2]", "sigma"],
+        mean=mean.tolist(),
+        sd=sd.tolist(),
+        method=f"exact: conjugate in beta given sigma, trapezoid quadrature over log sigma ({num} points on [1, 200])",
+    )
 
 
 def logistic_data(seed: int = 20261128, n: int = 150) -> np.ndarray:
@@ -123,18 +139,22 @@ def logistic(table: np.ndarray, num: int = 61, width: float = 7.0) -> dict:
     beta = np.zeros(3)
     for _ in range(100):  # Newton to the mode
         p = 1 / (1 + np.exp(-X @ beta))
-        grad = X.T @ (y - p) - beta / prior_sd ** 2
-        hess = X.T @ (X * (p * (1 - p))[:, None]) + np.diag(1 / prior_sd ** 2)
+        grad = X.T @ (y - p) - beta / prior_sd**2
+        hess = X.T @ (X * (p * (1 - p))[:, None]) + np.diag(1 / prior_sd**2)
         beta = beta + np.linalg.solve(hess, grad)
     L = np.linalg.cholesky(np.linalg.inv(hess))
     g = np.linspace(-width, width, num)
     grid = np.stack(np.meshgrid(g, g, g, indexing="ij"), -1).reshape(-1, 3)
     points = beta + grid @ L.T
     logw = _logistic_logpost(points, X, y, prior_sd)  # the map is affine: constant Jacobian
-    mean, sd = _moments(logw, points, points ** 2)
-    return dict(names=["beta[0]", "beta[1]", "beta[2]"], mean=mean.tolist(), sd=sd.tolist(),
-                method=f"exact: tensor-product trapezoid grid ({num}^3 points over +-{width} sd of the Laplace "
-                       "approximation, whitened)")
+    mean, sd = _moments(logw, points, points**2)
+    return dict(
+        names=["beta[0]", "beta[1]", "beta[2]"],
+        mean=mean.tolist(),
+        sd=sd.tolist(),
+        method=f"exact: tensor-product trapezoid grid ({num}^3 points over +-{width} sd of the Laplace "
+        "approximation, whitened)",
+    )
 
 
 def _check(fn, coarse: dict, fine: dict) -> None:

@@ -17,10 +17,13 @@ def _h(*p):
 
 def _pred():
     # two draws, three pool inputs, two classes
-    draws = torch.tensor([
-        [[0.9, 0.1], [0.5, 0.5], [0.8, 0.2]],
-        [[0.1, 0.9], [0.5, 0.5], [0.8, 0.2]],
-    ], dtype=torch.float64)
+    draws = torch.tensor(
+        [
+            [[0.9, 0.1], [0.5, 0.5], [0.8, 0.2]],
+            [[0.1, 0.9], [0.5, 0.5], [0.8, 0.2]],
+        ],
+        dtype=torch.float64,
+    )
     return classification(draws)
 
 
@@ -54,8 +57,9 @@ def test_random_is_reproducible_and_covers_the_pool():
 
 def test_joint_mutual_information_of_independent_inputs_adds_up():
     # draws that make inputs 0 and 1 exact copies: joint MI = MI of one; input 2 independent of the weights
-    pred = classification(torch.tensor([[[1.0, 0.0], [1.0, 0.0], [0.5, 0.5]],
-                                        [[0.0, 1.0], [0.0, 1.0], [0.5, 0.5]]], dtype=torch.float64))
+    pred = classification(
+        torch.tensor([[[1.0, 0.0], [1.0, 0.0], [0.5, 0.5]], [[0.0, 1.0], [0.0, 1.0], [0.5, 0.5]]], dtype=torch.float64)
+    )
     assert acquisition.joint_mutual_information(pred, [0]) == pytest.approx(math.log(2), abs=1e-12)
     assert acquisition.joint_mutual_information(pred, [0, 1]) == pytest.approx(math.log(2), abs=1e-12)
     assert acquisition.joint_mutual_information(pred, [0, 2]) == pytest.approx(math.log(2), abs=1e-12)
@@ -64,12 +68,15 @@ def test_joint_mutual_information_of_independent_inputs_adds_up():
 def test_batchbald_avoids_duplicates_that_top_k_bald_picks():
     # inputs 0 and 1 carry the same information (the same draws disagree on them); input 2 is a bit
     # less informative alone but about different draws
-    draws = torch.tensor([
-        [[0.95, 0.05], [0.95, 0.05], [0.9, 0.1]],
-        [[0.05, 0.95], [0.05, 0.95], [0.9, 0.1]],
-        [[0.95, 0.05], [0.95, 0.05], [0.1, 0.9]],
-        [[0.05, 0.95], [0.05, 0.95], [0.1, 0.9]],
-    ], dtype=torch.float64)
+    draws = torch.tensor(
+        [
+            [[0.95, 0.05], [0.95, 0.05], [0.9, 0.1]],
+            [[0.05, 0.95], [0.05, 0.95], [0.9, 0.1]],
+            [[0.95, 0.05], [0.95, 0.05], [0.1, 0.9]],
+            [[0.05, 0.95], [0.05, 0.95], [0.1, 0.9]],
+        ],
+        dtype=torch.float64,
+    )
     pred = classification(draws)
     assert sorted(acquisition.select(pred, 2, "bald").tolist()) == [0, 1]
     chosen = acquisition.select(pred, 2, "batchbald")

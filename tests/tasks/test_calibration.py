@@ -56,8 +56,9 @@ def test_vector_scaling_is_recovered():
     assert vs.bias[0] == 0.0
 
     def nll(theta):
-        return torch.nn.functional.cross_entropy(theta[:3] * log_p + torch.cat([theta.new_zeros(1), theta[3:]]), y,
-                                                 reduction="sum")
+        return torch.nn.functional.cross_entropy(
+            theta[:3] * log_p + torch.cat([theta.new_zeros(1), theta[3:]]), y, reduction="sum"
+        )
 
     theta = torch.cat([vs.weight, vs.bias[1:]])
     se = _standard_errors(nll, theta)
@@ -71,8 +72,7 @@ def _regression_pred(x: torch.Tensor, believed_sd: float, seed: int):
     g = torch.Generator().manual_seed(seed)
     mean = torch.sin(3 * x).expand(400, -1)
     var = torch.full_like(mean, believed_sd**2)
-    return regression(mean, var, mean + believed_sd * torch.randn(mean.shape, generator=g, dtype=x.dtype),
-                      interval=0.9)
+    return regression(mean, var, mean + believed_sd * torch.randn(mean.shape, generator=g, dtype=x.dtype), interval=0.9)
 
 
 def _data(n: int, seed: int, sd: float = 0.3):
@@ -109,8 +109,12 @@ def test_quantile_recalibration_warns_when_the_draws_are_too_narrow():
 
 
 def test_pit_and_level():
-    pred = regression(torch.zeros(4, 1, dtype=torch.float64), torch.ones(4, 1, dtype=torch.float64),
-                      torch.tensor([[-1.0], [0.0], [1.0], [2.0]], dtype=torch.float64), interval=None)
+    pred = regression(
+        torch.zeros(4, 1, dtype=torch.float64),
+        torch.ones(4, 1, dtype=torch.float64),
+        torch.tensor([[-1.0], [0.0], [1.0], [2.0]], dtype=torch.float64),
+        interval=None,
+    )
     assert calibration.pit(pred, torch.tensor([0.5])).tolist() == [0.5]
     assert calibration.pit(pred, torch.tensor([1.0])).tolist() == [0.625]  # two below, one tie
     rc = calibration.QuantileRecalibration(torch.tensor([0.1, 0.2, 0.9], dtype=torch.float64))

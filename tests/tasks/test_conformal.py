@@ -69,8 +69,9 @@ def test_classification_sets_cover_over_repeated_splits(lam, randomized):
     g = torch.Generator().manual_seed(1)
     coverage, size = [], []
     for r in range(REPS):
-        fitted = conformal.ConformalClassifier.fit(*_classification_split(g, N_CAL), alpha=ALPHA, lam=lam,
-                                                   k_reg=1, randomized=randomized, seed=2 * r)
+        fitted = conformal.ConformalClassifier.fit(
+            *_classification_split(g, N_CAL), alpha=ALPHA, lam=lam, k_reg=1, randomized=randomized, seed=2 * r
+        )
         pred, y = _classification_split(g, N_TEST)
         sets = fitted(pred, seed=2 * r + 1)
         coverage.append(float(sets[torch.arange(N_TEST), y].double().mean()))
@@ -90,8 +91,9 @@ def test_aps_scores_and_sets_by_hand():
     raps = conformal.ConformalClassifier(quantile=0.8, alpha=0.1, randomized=False, lam=0.1, k_reg=1)
     assert raps(probs).tolist() == [[True, False, False]]  # the second class costs 0.8 + 0.1
     # calibration: the score of the true label is the mass up to and including it (u = 1)
-    cal = conformal.ConformalClassifier.fit(probs.expand(9, 3), torch.tensor([0, 1, 2] * 3), alpha=0.5,
-                                            randomized=False)
+    cal = conformal.ConformalClassifier.fit(
+        probs.expand(9, 3), torch.tensor([0, 1, 2] * 3), alpha=0.5, randomized=False
+    )
     assert cal.quantile == pytest.approx(0.8)  # ceil(10 * 0.5) = 5th smallest of {0.5 x3, 0.8 x3, 1.0 x3}
 
 

@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 import bnn_pyro as bp
-from bnn_pyro.tools.compression import quantization_report, quantize
 from bnn_pyro.infer.variational_dropout import sparsity_report
+from bnn_pyro.tools.compression import quantization_report, quantize
 
 
 def _exact_draws(mean: torch.Tensor, sd: torch.Tensor, num: int = 7, seed: int = 0) -> torch.Tensor:
@@ -114,8 +114,9 @@ def test_unsupported_posteriors_are_refused_with_the_supported_list():
         quantize({"weight": torch.zeros(3)})
 
 
-@pytest.mark.parametrize("method, config", [("sparse_vd", {}), ("variational_dropout", {}),
-                                            ("svi", {"guide": "mean_field"})])
+@pytest.mark.parametrize(
+    "method, config", [("sparse_vd", {}), ("variational_dropout", {}), ("svi", {"guide": "mean_field"})]
+)
 def test_supported_engines_at_their_defaults_round_within_half_a_posterior_sd(method, config):
     """Every engine's default draws and settings except a short run: each retained weight moves by at
     most half the grid step, hence by at most half its own posterior sd; the quantized net predicts."""
@@ -123,8 +124,11 @@ def test_supported_engines_at_their_defaults_round_within_half_a_posterior_sd(me
     x = torch.rand(80, 2, generator=g) * 4 - 2
     y = torch.sin(x[:, 0]) + 0.1 * torch.randn(80, generator=g)
     torch.manual_seed(0)
-    model = bp.BNN(nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 1)), prior=bp.priors.Normal(0.0, 1.0),
-                   likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    model = bp.BNN(
+        nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 1)),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.1),
+    )
     post = bp.fit(model, x, y, method=method, num_steps=100, seed=0, progress=False, **config)
     table, small = quantization_report(post), quantize(post)
     assert list(table.index) == ["0.weight", "2.weight", "all"]
@@ -141,8 +145,9 @@ def test_supported_engines_at_their_defaults_round_within_half_a_posterior_sd(me
 # ------------------------------------------------------------------------------------------ digits (slow)
 @pytest.fixture(scope="module")
 def digits():
-    x, y, x_test, y_test = bp.datasets.train_test_split(*bp.datasets.load_sklearn("digits"), test_fraction=0.2,
-                                                        seed=0, stratify=True)
+    x, y, x_test, y_test = bp.datasets.train_test_split(
+        *bp.datasets.load_sklearn("digits"), test_fraction=0.2, seed=0, stratify=True
+    )
     x, y = x[:500], y[:500]
 
     def fit(labels):

@@ -37,8 +37,12 @@ from bnn_pyro.infer.map_fit import energy
 def _regression(bayesian="all"):
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
-                   bayesian=bayesian)
+    model = bp.BNN(
+        net,
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)),
+        bayesian=bayesian,
+    )
     g = torch.Generator().manual_seed(0)
     x = torch.linspace(-2, 2, 40).reshape(-1, 1)
     y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(40, generator=g)
@@ -128,7 +132,11 @@ def fitted():
 def test_fit_curve_lowers_the_expected_loss_below_the_straight_segment(fitted):
     ens, curve, x, y = fitted
     assert curve.kind == "bezier" and curve.num_bends == 1 and curve.history["loss"].shape == (200,)
-    assert curve.config["lr"] == 0.05 and curve.config["num_steps"] == 200 and curve.config["ends"] == {"start": 0, "end": 1}
+    assert (
+        curve.config["lr"] == 0.05
+        and curve.config["num_steps"] == 200
+        and curve.config["ends"] == {"start": 0, "end": 1}
+    )
     on_curve, on_line = (curves.path_metrics(c, (x, y), ts=41) for c in (curve, curve.line()))
     assert torch.equal(on_curve.t, torch.linspace(0, 1, 41, dtype=on_curve.t.dtype))
     # same ends (to float rounding), a lower average along the path: what fit_curve minimises
@@ -161,20 +169,47 @@ def test_fit_curve_from_a_bnn_and_value_dicts_with_a_polyline(fitted):
     ens, _, x, y = fitted
     model = ens.model
     w = [{n: v[k, 0] for n, v in ens.samples.items()} for k in range(2)]
-    poly = curves.fit_curve(model, x, y, ends=(w[0], w[1]), kind="polyline", num_bends=2, num_steps=20,
-                            batch_size=16, seed=0, progress=False)
-    assert poly.kind == "polyline" and poly.num_bends == 2 and poly.config["ends"] == {"start": "values", "end": "values"}
-    again = curves.fit_curve(model, x, y, ends=(w[0], w[1]), kind="polyline", num_bends=2, num_steps=20,
-                             batch_size=16, seed=0, progress=False)
+    poly = curves.fit_curve(
+        model,
+        x,
+        y,
+        ends=(w[0], w[1]),
+        kind="polyline",
+        num_bends=2,
+        num_steps=20,
+        batch_size=16,
+        seed=0,
+        progress=False,
+    )
+    assert (
+        poly.kind == "polyline" and poly.num_bends == 2 and poly.config["ends"] == {"start": "values", "end": "values"}
+    )
+    again = curves.fit_curve(
+        model,
+        x,
+        y,
+        ends=(w[0], w[1]),
+        kind="polyline",
+        num_bends=2,
+        num_steps=20,
+        batch_size=16,
+        seed=0,
+        progress=False,
+    )
     assert all(torch.equal(poly.controls[n], again.controls[n]) for n in poly.controls)  # same seed, same curve
     at = poly.points(torch.tensor([0.0, 1.0]))
-    assert all(torch.allclose(at[n], torch.stack(ws), atol=1e-6) for n, ws in
-               ((n, [w[0][n], w[1][n]]) for n in model.sample_names))
+    assert all(
+        torch.allclose(at[n], torch.stack(ws), atol=1e-6)
+        for n, ws in ((n, [w[0][n], w[1][n]]) for n in model.sample_names)
+    )
 
 
 def test_plot_path_returns_the_axes(fitted):
     _, curve, x, y = fitted
-    paths = {"Bezier": curves.path_metrics(curve, (x, y), ts=5), "line": curves.path_metrics(curve.line(), (x, y), ts=5)}
+    paths = {
+        "Bezier": curves.path_metrics(curve, (x, y), ts=5),
+        "line": curves.path_metrics(curve.line(), (x, y), ts=5),
+    }
     ax = curves.plot_path(paths, metric="rmse")
     assert isinstance(ax, matplotlib.axes.Axes) and len(ax.lines) == 2 and ax.get_ylabel() == "rmse"
     assert [line.get_label() for line in ax.lines] == ["Bezier", "line"]
@@ -203,7 +238,9 @@ def test_bad_input_names_the_argument(fitted):
         curves.path_metrics(curve, (x, y), ts=[0.5, 1.5])
     with pytest.raises(TypeError, match="data: expected an"):
         curves.path_metrics(curve, x)
-    hier = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.HierarchicalNormal(), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    hier = bp.BNN(
+        torch.nn.Linear(1, 1), prior=bp.priors.HierarchicalNormal(), likelihood=bp.likelihoods.Gaussian(scale=0.1)
+    )
     with pytest.raises(ValueError, match="no hierarchical prior"):
         curves.line(hier, ends=({}, {}))
     with pytest.raises(TypeError, match="source: expected a bp.Posterior of a BNN or a bp.BNN"):
@@ -215,18 +252,22 @@ def test_bad_input_names_the_argument(fitted):
 @pytest.mark.parametrize("seed", [0, 2])
 def test_a_trained_curve_removes_the_barrier_of_the_straight_line(seed):
     x, y = bp.datasets.two_moons(n=200, noise=0.2, seed=0)
-    net = torch.nn.Sequential(torch.nn.Linear(2, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(),
-                              torch.nn.Linear(32, 2))
+    net = torch.nn.Sequential(
+        torch.nn.Linear(2, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2)
+    )
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
-    ens = bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=600, anchored=False, seed=seed,
-                 progress=False)  # MAP members: the modes whose connection the curve is about
+    ens = bp.fit(
+        model, x, y, method="ensemble", num_chains=2, num_steps=600, anchored=False, seed=seed, progress=False
+    )  # MAP members: the modes whose connection the curve is about
     curve = curves.fit_curve(ens, x, y, seed=seed, progress=False)  # the defaults: quadratic Bezier, 1000 steps
     on_curve, on_line = (curves.path_metrics(c, (x, y), ts=21) for c in (curve, curve.line()))
     ends = on_line.loss[[0, -1]].max().item()
     barrier, worst = on_line.loss[10].item() - ends, on_curve.loss.max().item() - ends
-    print(f"seed {seed}: ends {on_line.loss[0]:.3f} / {on_line.loss[-1]:.3f}, line midpoint {on_line.loss[10]:.3f}, "
-          f"curve max {on_curve.loss.max():.3f}; accuracy: ends {on_line.accuracy[[0, -1]].tolist()}, "
-          f"line midpoint {on_line.accuracy[10]:.3f}, curve min {on_curve.accuracy.min():.3f}")
+    print(
+        f"seed {seed}: ends {on_line.loss[0]:.3f} / {on_line.loss[-1]:.3f}, line midpoint {on_line.loss[10]:.3f}, "
+        f"curve max {on_curve.loss.max():.3f}; accuracy: ends {on_line.accuracy[[0, -1]].tolist()}, "
+        f"line midpoint {on_line.accuracy[10]:.3f}, curve min {on_curve.accuracy.min():.3f}"
+    )
     assert barrier > 0.2, barrier  # measured 0.47 (seed 0) and 0.38 (seed 2)
     assert worst < 0.02, worst  # measured 0.000 for both: the highest point of the curve is an end
     assert on_curve.accuracy.min() >= on_line.accuracy[[0, -1]].min() - 0.03

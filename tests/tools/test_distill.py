@@ -20,10 +20,10 @@ import math
 
 import pytest
 import torch
+from blr import make_blr
 
 import bnn_pyro as bp
 from bnn_pyro.tools.distill import _gaussian_kl
-from blr import make_blr
 
 S, NOISE = 4000, 0.5
 
@@ -46,8 +46,11 @@ def _exact_teacher(blr, draws: int = S, seed: int = 0) -> bp.Posterior:
     w = blr.mean + torch.randn(draws, len(blr.mean), generator=g, dtype=torch.double) @ torch.linalg.cholesky(blr.cov).T
     w = w.float()
     d = blr.x.shape[1]
-    return bp.Posterior(samples={"weight": w[:, :d].reshape(1, draws, 1, d), "bias": w[:, d].reshape(1, draws, 1)},
-                        model=blr.model(), method="exact")
+    return bp.Posterior(
+        samples={"weight": w[:, :d].reshape(1, draws, 1, d), "bias": w[:, d].reshape(1, draws, 1)},
+        model=blr.model(),
+        method="exact",
+    )
 
 
 def _mlp(inputs: int, out: int, hidden: int = 32) -> torch.nn.Module:
@@ -97,8 +100,9 @@ def test_gaussian_kl_is_zero_at_the_teacher_and_positive_elsewhere():
     assert _gaussian_kl(at, mean, var).abs() < 1e-7
     # KL(N(0, 1) || N(1, e)) = 1/2 (1 - 0 + (1 + 1) / e - 1) = 1 / e, averaged with 0 for the second target
     off = torch.tensor([[1.0, -1.0, 1.0, math.log(3.0)]])
-    torch.testing.assert_close(_gaussian_kl(off, torch.tensor([[0.0, -1.0]]), torch.tensor([[1.0, 3.0]])),
-                               torch.tensor(0.5 / math.e))
+    torch.testing.assert_close(
+        _gaussian_kl(off, torch.tensor([[0.0, -1.0]]), torch.tensor([[1.0, 3.0]])), torch.tensor(0.5 / math.e)
+    )
 
 
 # ------------------------------------------------------------------ classification
@@ -134,8 +138,11 @@ def test_binary_student_with_one_logit():
     model = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Bernoulli())
     draws = 200
     w = torch.tensor([2.0, -1.0]) + torch.randn(draws, 2, generator=g)
-    teacher = bp.Posterior(samples={"weight": w.reshape(1, draws, 1, 2), "bias": torch.randn(1, draws, 1, generator=g)},
-                           model=model, method="hand")
+    teacher = bp.Posterior(
+        samples={"weight": w.reshape(1, draws, 1, 2), "bias": torch.randn(1, draws, 1, generator=g)},
+        model=model,
+        method="hand",
+    )
     torch.manual_seed(0)
     student = bp.distill(teacher, _mlp(2, 1), x, num_steps=500, lr=0.02, progress=False)
     with torch.no_grad():

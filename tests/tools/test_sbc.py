@@ -18,11 +18,10 @@ import warnings
 
 import pytest
 import torch
+from blr import BLR
 
 import bnn_pyro as bp
 from bnn_pyro import sbc
-
-from blr import BLR
 
 ALPHA = 0.01
 NUM_DRAWS = 9
@@ -30,8 +29,9 @@ X = torch.linspace(-1.0, 1.0, 10).unsqueeze(-1)
 
 
 def _model(outputs: int) -> bp.BNN:
-    return bp.BNN(torch.nn.Linear(1, outputs), prior=bp.priors.Normal(0.0, 1.0),
-                  likelihood=bp.likelihoods.Gaussian(scale=0.5))
+    return bp.BNN(
+        torch.nn.Linear(1, outputs), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.5)
+    )
 
 
 def _too_narrow(result: sbc.SBCResult) -> torch.Tensor:
@@ -67,17 +67,29 @@ def test_bad_arguments():
         sbc.chi_square(torch.zeros(10, dtype=torch.long), NUM_DRAWS, bins=3)
     with pytest.raises(ValueError, match="num_draws"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # 5 draws: the engine rightly warns that the chain barely moved
-        sbc.run(_model(1), X, method="metropolis", num_chains=1, num_replications=1, num_draws=20, num_warmup=10, num_samples=5)
+        sbc.run(
+            _model(1),
+            X,
+            method="metropolis",
+            num_chains=1,
+            num_replications=1,
+            num_draws=20,
+            num_warmup=10,
+            num_samples=5,
+        )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method, outputs, fits, config", [
-    ("nuts", 50, 2, dict(num_warmup=100, num_samples=90)),
-    ("hmc", 50, 2, dict(num_warmup=100, num_samples=90)),
-    ("metropolis", 5, 20, dict(num_warmup=300, num_samples=900)),
-    # sgld at its default (automatic) step size and thinning; only the run length is shortened
-    ("sgld", 50, 2, dict(num_warmup=200, num_samples=90)),
-])
+@pytest.mark.parametrize(
+    "method, outputs, fits, config",
+    [
+        ("nuts", 50, 2, dict(num_warmup=100, num_samples=90)),
+        ("hmc", 50, 2, dict(num_warmup=100, num_samples=90)),
+        ("metropolis", 5, 20, dict(num_warmup=300, num_samples=900)),
+        # sgld at its default (automatic) step size and thinning; only the run length is shortened
+        ("sgld", 50, 2, dict(num_warmup=200, num_samples=90)),
+    ],
+)
 def test_sampler_is_calibrated(method, outputs, fits, config):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # short runs: the engines' low-ESS advice is expected

@@ -150,10 +150,28 @@ Example
 >>> probs = bp.infer.laplace.predictive_probs(approx, x_test, link="probit")   # a classifier's GLM predictive
 """
 
-from bnn_pyro.infer.laplace.approximation import (MAX_FULL_DIM, Hessian, LaplaceApproximation, Link, Predictive,
-                                                  PriorPrecision, Structure)
+from bnn_pyro.infer.laplace.approximation import (
+    MAX_FULL_DIM,
+    Hessian,
+    LaplaceApproximation,
+    Link,
+    Predictive,
+    PriorPrecision,
+    Structure,
+)
 from bnn_pyro.infer.laplace.fit import fit_laplace, laplace_approximation
 from bnn_pyro.infer.laplace.glm import functional_moments, predictive_probs
 
-__all__ = ["fit_laplace", "laplace_approximation", "LaplaceApproximation", "Structure", "Hessian", "PriorPrecision",
-           "Predictive", "Link", "MAX_FULL_DIM", "functional_moments", "predictive_probs"]
+__all__ = [
+    "fit_laplace",
+    "laplace_approximation",
+    "LaplaceApproximation",
+    "Structure",
+    "Hessian",
+    "PriorPrecision",
+    "Predictive",
+    "Link",
+    "MAX_FULL_DIM",
+    "functional_moments",
+    "predictive_probs",
+]

@@ -135,8 +135,6 @@ class LaplaceApproximation:
         return {k: v.detach().clone() for k, v in values.items()}
 
 
-
-
 @dataclass(frozen=True)
 class Settings:
     """The checked options of one Laplace fit (see :func:`~bnn_pyro.infer.laplace.fit_laplace`)."""

@@ -6,7 +6,6 @@ Normal priors, :mod:`.factorized`, else by Hessian-vector products)."""
 from __future__ import annotations
 
 import contextlib
-
 from dataclasses import dataclass
 
 import torch
@@ -34,8 +33,7 @@ class Terms:
     hess: torch.Tensor
 
 
-def terms(model, pots: tuple[Potential, PriorPart], z, data: Data, layout: Layout,
-          s: Settings) -> tuple[Terms, Terms]:
+def terms(model, pots: tuple[Potential, PriorPart], z, data: Data, layout: Layout, s: Settings) -> tuple[Terms, Terms]:
     return likelihood_terms(model, pots, z, data, layout, s), prior_terms(pots[1], z, layout, s, data)
 
 
@@ -58,8 +56,9 @@ def prior_terms(prior: PriorPart, z, layout: Layout, s: Settings, data: Data) ->
             values[name] = zr[pos].reshape(values[name].shape)
         elif bool((pos >= 0).any()):
             keep = pos >= 0
-            values[name] = z.detach()[coords].index_copy(0, keep.nonzero()[:, 0], zr[pos[keep]]).reshape(
-                values[name].shape)
+            values[name] = (
+                z.detach()[coords].index_copy(0, keep.nonzero()[:, 0], zr[pos[keep]]).reshape(values[name].shape)
+            )
     u = pot_prior(values, (x0[:1], y0[:1]))
     (g,) = torch.autograd.grad(u, zr, create_graph=True, allow_unused=True)
     g = torch.zeros_like(zr) if g is None else g
@@ -139,8 +138,16 @@ def _likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -
         gradient += scale * (gu.double() - gp.double())
     diag = s.structure is Structure.DIAG
     if s.structure is Structure.KRON:
-        hess = kfac(model, pot, z.detach(), data, layout.coords, layout.where, len(layout.active),
-                    fisher=s.hessian is Hessian.FISHER)
+        hess = kfac(
+            model,
+            pot,
+            z.detach(),
+            data,
+            layout.coords,
+            layout.where,
+            len(layout.active),
+            fisher=s.hessian is Hessian.FISHER,
+        )
     elif not isinstance(model, BNN):
         hess = fisher_traced(pot, zr, gp, data, layout, diag)
     else:
@@ -187,8 +194,7 @@ def checked(hess, s: Settings):
             "laplace: the curvature at the MAP is not positive definite, so no Gaussian fits there. The MAP search "
             "may not have converged (raise num_steps or polish_steps), or the prior has zero or negative curvature "
             "(Laplace, StudentT tails, hierarchical scales). Try structure='last_layer' or 'diag', or a Normal prior "
-            "(prior_precision='marglik' then tunes its scale)" + (", or hessian='ggn'." if s.hessian is Hessian.FISHER
-                                                                   else "."))
+            "(prior_precision='marglik' then tunes its scale)"
+            + (", or hessian='ggn'." if s.hessian is Hessian.FISHER else ".")
+        )
     return hess
-
-

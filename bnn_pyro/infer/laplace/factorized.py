@@ -84,7 +84,8 @@ def build(run, data_first: tuple, dataset_size: int, pot: Potential, values: dic
     try:
         with torch.enable_grad(), pyro.get_param_store().scope():
             trace = poutine.trace(poutine.condition(quiet_model(run, dataset_size), data=leaves)).get_trace(
-                x0[:1], None if y0 is None else y0[:1])
+                x0[:1], None if y0 is None else y0[:1]
+            )
     except RuntimeError:  # e.g. a model that writes into a sampled value in place (autograd refuses it on a leaf):
         return None  # the Hessian-vector products need no such trace
     dtype, device = torch.float64, next(iter(values.values())).device

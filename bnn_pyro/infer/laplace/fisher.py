@@ -16,17 +16,25 @@ from bnn_pyro.infer.laplace.structure import Layout, zeros
 from bnn_pyro.model import BNN
 
 
-def fisher(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, *,
-           layerwise_path: bool = True) -> torch.Tensor:
+def fisher(
+    model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, *, layerwise_path: bool = True
+) -> torch.Tensor:
     """Empirical Fisher ``sum_i g_i g_i^T``: per-example gradients from the layers when every covered coordinate
     is a weight of a Linear / Conv2d layer (``layerwise_path=False`` forces the general path), else by
     ``vmap(grad)``."""
     active = layout.active
     if layerwise_path and len(layout.indices(model.sample_names)) == len(active):
         noise = site_values(model, pot, z)[1]
-        hess = layerwise.gram(model, pot, z, data, layout, diag,
-                              lambda f, y: output_gradients(model, f, y, noise)[..., None],
-                              model.output_dim(data.first()[0][:1]))
+        hess = layerwise.gram(
+            model,
+            pot,
+            z,
+            data,
+            layout,
+            diag,
+            lambda f, y: output_gradients(model, f, y, noise)[..., None],
+            model.output_dim(data.first()[0][:1]),
+        )
         if hess is not None:
             return hess
 

@@ -11,7 +11,6 @@ from typing import Any
 import pyro
 import torch
 
-from bnn_pyro.utils.checks import choice, positive, positive_int
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._init import chain_start, resolve_init
@@ -20,18 +19,25 @@ from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainRun, assemble, chain, run_chains
 from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, refit, split
-from bnn_pyro.infer.laplace.approximation import (Hessian, LaplaceApproximation, Predictive, PriorPrecision, Settings,
-                                                  Structure)
+from bnn_pyro.infer.laplace.approximation import (
+    Hessian,
+    LaplaceApproximation,
+    Predictive,
+    PriorPrecision,
+    Settings,
+    Structure,
+)
 from bnn_pyro.infer.laplace.curvature import checked, prior_terms, solve, terms
 from bnn_pyro.infer.laplace.glm import CENTER
 from bnn_pyro.infer.laplace.marglik import NoiseTerms, log_evidence, optimize_precision
 from bnn_pyro.infer.laplace.noise import choose_noise, with_noise
 from bnn_pyro.infer.laplace.priors import normal_sites, potentials
 from bnn_pyro.infer.laplace.structure import make_layout
-from bnn_pyro.infer.optim import check_lr
 from bnn_pyro.infer.map_fit import minimize
+from bnn_pyro.infer.optim import check_lr
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
+from bnn_pyro.utils.checks import choice, positive, positive_int
 
 POLISH_STEPS = 100  # L-BFGS iterations after Adam when no rows are held out
 
@@ -127,13 +133,43 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
     return _fit_laplace(model, data, **config.keywords())
 
 
-def _fit_laplace(model, data: Data, *, structure, hessian, prior_precision, predictive, validation, num_samples,
-                 num_chains, num_steps, lr, polish_steps, marglik_rounds, init, seed, progress, checkpoint,
-                 checkpoint_every, resume, fast_path) -> Posterior:
+def _fit_laplace(
+    model,
+    data: Data,
+    *,
+    structure,
+    hessian,
+    prior_precision,
+    predictive,
+    validation,
+    num_samples,
+    num_chains,
+    num_steps,
+    lr,
+    polish_steps,
+    marglik_rounds,
+    init,
+    seed,
+    progress,
+    checkpoint,
+    checkpoint_every,
+    resume,
+    fast_path,
+) -> Posterior:
     """:func:`fit_laplace` on its options as keywords."""
-    settings = make_settings(model, data, structure=structure, hessian=hessian, prior_precision=prior_precision,
-                             num_steps=num_steps, lr=lr, polish_steps=polish_steps, marglik_rounds=marglik_rounds,
-                             init=init, predictive=predictive)
+    settings = make_settings(
+        model,
+        data,
+        structure=structure,
+        hessian=hessian,
+        prior_precision=prior_precision,
+        num_steps=num_steps,
+        lr=lr,
+        polish_steps=polish_steps,
+        marglik_rounds=marglik_rounds,
+        init=init,
+        predictive=predictive,
+    )
     num_samples = positive_int("num_samples", num_samples)
     num_chains = positive_int("num_chains", num_chains)
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
@@ -141,44 +177,93 @@ def _fit_laplace(model, data: Data, *, structure, hessian, prior_precision, pred
     else:
         train, holdout, why = split(data, validation, seed=seed, method="laplace", convert=data.convert)
 
-    def run(settings: Settings, train: Data, holdout: Holdout | None, why: str | None, ckpt_folder: str | None,
-            sigma: list[float] | None = None) -> Posterior:
-        head = dict(structure=settings.structure.value, hessian=settings.hessian.value,
-                    prior_precision=getattr(settings.prior_precision, "value", settings.prior_precision))
+    def run(
+        settings: Settings,
+        train: Data,
+        holdout: Holdout | None,
+        why: str | None,
+        ckpt_folder: str | None,
+        sigma: list[float] | None = None,
+    ) -> Posterior:
+        head = dict(
+            structure=settings.structure.value,
+            hessian=settings.hessian.value,
+            prior_precision=getattr(settings.prior_precision, "value", settings.prior_precision),
+        )
         tail = dict(
-            predictive=settings.predictive.value, num_samples=num_samples, num_chains=num_chains,
-            num_steps=settings.num_steps, lr=settings.lr, polish_steps=_polish(settings, holdout),
+            predictive=settings.predictive.value,
+            num_samples=num_samples,
+            num_chains=num_chains,
+            num_steps=settings.num_steps,
+            lr=settings.lr,
+            polish_steps=_polish(settings, holdout),
             marglik_rounds=settings.marglik_rounds,
             init=settings.init if isinstance(settings.init, str) else type(settings.init).__name__,
-            batch_size=data.batch_size, dataset_size=data.size, seed=seed,
+            batch_size=data.batch_size,
+            dataset_size=data.size,
+            seed=seed,
             validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
         )
-        ckpts = open_chains(ckpt_folder, every=checkpoint_every if ckpt_folder else None,
-                            resume=resume and bool(ckpt_folder), num_chains=num_chains,
-                            run=dict(method="laplace", **clean_config({**head, **tail})))
+        ckpts = open_chains(
+            ckpt_folder,
+            every=checkpoint_every if ckpt_folder else None,
+            resume=resume and bool(ckpt_folder),
+            num_chains=num_chains,
+            run=dict(method="laplace", **clean_config({**head, **tail})),
+        )
         x0, y0 = train.first()
         approxes, paths = [], Potentials(fast_path)
 
         def one_chain(fitted, info):
-            approx = fit_chain(fitted, train, settings, info.seed, progress, f"laplace chain {info.index}", holdout,
-                               ckpt=ckpts[info.index], paths=paths, noise=None if sigma is None else sigma[info.index])
+            approx = fit_chain(
+                fitted,
+                train,
+                settings,
+                info.seed,
+                progress,
+                f"laplace chain {info.index}",
+                holdout,
+                ckpt=ckpts[info.index],
+                paths=paths,
+                noise=None if sigma is None else sigma[info.index],
+            )
             approxes.append(approx)
             draws = approx.sample(num_samples, seed=info.seed)
-            return ChainRun(fitted, draws, point_values(fitted, x0, y0, train.size),
-                            history={"loss": approx.loss, **({} if holdout is None else
-                                                             {"best_step": torch.tensor([approx.best_step])})}
-                            if settings.num_steps else {},
-                            stats={"log_q": _density.laplace(approx, draws)})
+            return ChainRun(
+                fitted,
+                draws,
+                point_values(fitted, x0, y0, train.size),
+                history={
+                    "loss": approx.loss,
+                    **({} if holdout is None else {"best_step": torch.tensor([approx.best_step])}),
+                }
+                if settings.num_steps
+                else {},
+                stats={"log_q": _density.laplace(approx, draws)},
+            )
 
         runs = run_chains(model, num_chains, seed, one_chain)
         deltas = [a.prior_precision for a in approxes]
-        fitted_delta = None if deltas[0] is None else (
-            deltas[0]["all"] if num_chains == 1 and list(deltas[0]) == ["all"] else
-            {g: [d[g] for d in deltas] for g in deltas[0]})
+        fitted_delta = (
+            None
+            if deltas[0] is None
+            else (
+                deltas[0]["all"]
+                if num_chains == 1 and list(deltas[0]) == ["all"]
+                else {g: [d[g] for d in deltas] for g in deltas[0]}
+            )
+        )
         evidence = approxes[0].log_evidence if num_chains == 1 else [a.log_evidence for a in approxes]
         noise = [a.noise for a in approxes if a.noise is not None]
-        config = clean_config({**head, "prior_precision_fitted": fitted_delta, "log_evidence": evidence,
-                               "dim": len(approxes[0].active), **tail})
+        config = clean_config(
+            {
+                **head,
+                "prior_precision_fitted": fitted_delta,
+                "log_evidence": evidence,
+                "dim": len(approxes[0].active),
+                **tail,
+            }
+        )
         if noise:  # JSON-friendly as it is (as the ensemble's record from holdout.select_noise)
             config["noise"] = noise[0] if num_chains == 1 else noise
         paths.record(config)
@@ -191,14 +276,27 @@ def _fit_laplace(model, data: Data, *, structure, hessian, prior_precision, pred
     # the refit on every row (holdout.refit): the stopping point scaled, no polish (it would undo the stopping),
     # the chosen noise fixed; the MAP search after each prior-precision round as long as in the fit that chose
     # (it is not early-stopped there); not checkpointed (it is recomputed from the search that chose them)
-    return refit(post, lambda chosen: run(
-        replace(settings, num_steps=settings.num_steps if chosen.num_steps is None else chosen.num_steps,
-                polish_steps=_polish(settings, holdout), round_steps=settings.num_steps // 4),
-        data, None, None, None, chosen.sigma))
+    return refit(
+        post,
+        lambda chosen: run(
+            replace(
+                settings,
+                num_steps=settings.num_steps if chosen.num_steps is None else chosen.num_steps,
+                polish_steps=_polish(settings, holdout),
+                round_steps=settings.num_steps // 4,
+            ),
+            data,
+            None,
+            None,
+            None,
+            chosen.sigma,
+        ),
+    )
 
 
-def laplace_approximation(model, data: Data, *, seed: int = 0, progress: bool = False, validation=None,
-                          fast_path: bool = True, **config) -> LaplaceApproximation:
+def laplace_approximation(
+    model, data: Data, *, seed: int = 0, progress: bool = False, validation=None, fast_path: bool = True, **config
+) -> LaplaceApproximation:
     """The Gaussian itself (one chain) for the options of :func:`fit_laplace` except ``num_samples``,
     ``num_chains`` and ``predictive``; ``model`` is copied and the copy, with its fitted point values, is
     ``.model``. No rows are held out unless ``validation`` says so (then the Gaussian is fitted on the rest)."""
@@ -208,34 +306,55 @@ def laplace_approximation(model, data: Data, *, seed: int = 0, progress: bool = 
         return fit_chain(fitted, train, settings, seed, progress, "laplace", holdout, paths=Potentials(fast_path))
 
 
-def make_settings(model, data: Data, *, structure=None, hessian=None, prior_precision="model", num_steps=None,
-                  lr=1e-2, polish_steps=None, marglik_rounds=1, init=None, predictive=None) -> Settings:
+def make_settings(
+    model,
+    data: Data,
+    *,
+    structure=None,
+    hessian=None,
+    prior_precision="model",
+    num_steps=None,
+    lr=1e-2,
+    polish_steps=None,
+    marglik_rounds=1,
+    init=None,
+    predictive=None,
+) -> Settings:
     is_bnn = isinstance(model, BNN)
     structure = choice("structure", structure or ("last_layer" if is_bnn else "full"), Structure)
     hessian = choice("hessian", hessian if hessian is not None else ("ggn" if is_bnn else "fisher"), Hessian)
     predictive = choice("predictive", predictive or ("glm" if is_bnn else "nn"), Predictive)
     if not is_bnn and hessian is Hessian.GGN:
-        raise ValueError("hessian='ggn' needs a bp.BNN (a network output f and a likelihood to differentiate); "
-                         "for a Pyro function model use hessian='fisher' (the default there).")
+        raise ValueError(
+            "hessian='ggn' needs a bp.BNN (a network output f and a likelihood to differentiate); "
+            "for a Pyro function model use hessian='fisher' (the default there)."
+        )
     if not is_bnn and structure in (Structure.LAST_LAYER, Structure.KRON):
-        raise ValueError(f"structure={structure.value!r} needs a bp.BNN with nn.Linear (or nn.Conv2d) layers; for a "
-                         "Pyro function model use structure='full' or 'diag'.")
+        raise ValueError(
+            f"structure={structure.value!r} needs a bp.BNN with nn.Linear (or nn.Conv2d) layers; for a "
+            "Pyro function model use structure='full' or 'diag'."
+        )
     if not is_bnn and predictive is Predictive.GLM:
-        raise ValueError("predictive='glm' needs a bp.BNN (a network to linearize); for a Pyro function model use "
-                         "predictive='nn' (the default there).")
+        raise ValueError(
+            "predictive='glm' needs a bp.BNN (a network to linearize); for a Pyro function model use "
+            "predictive='nn' (the default there)."
+        )
     if isinstance(prior_precision, str):
         prior_precision = choice("prior_precision", prior_precision, PriorPrecision)
     else:
         prior_precision = positive("prior_precision", prior_precision)
     default_steps = 0 if isinstance(init, Posterior) else 1000
-    return Settings(structure=structure, hessian=hessian, prior_precision=prior_precision,
-                    num_steps=positive_int("num_steps", default_steps if num_steps is None else num_steps,
-                                           allow_zero=True),
-                    lr=check_lr(lr, method="laplace"),
-                    polish_steps=None if polish_steps is None else positive_int("polish_steps", polish_steps,
-                                                                                  allow_zero=True),
-                    marglik_rounds=positive_int("marglik_rounds", marglik_rounds),
-                    init=resolve_init(model, init, data), predictive=predictive)
+    return Settings(
+        structure=structure,
+        hessian=hessian,
+        prior_precision=prior_precision,
+        num_steps=positive_int("num_steps", default_steps if num_steps is None else num_steps, allow_zero=True),
+        lr=check_lr(lr, method="laplace"),
+        polish_steps=None if polish_steps is None else positive_int("polish_steps", polish_steps, allow_zero=True),
+        marglik_rounds=positive_int("marglik_rounds", marglik_rounds),
+        init=resolve_init(model, init, data),
+        predictive=predictive,
+    )
 
 
 def _linear_in(model, sites: list[str]) -> bool:
@@ -245,26 +364,62 @@ def _linear_in(model, sites: list[str]) -> bool:
     if not isinstance(net, torch.nn.Sequential) or not len(net) or not isinstance(net[-1], torch.nn.Linear):
         return False
     last = f"{len(net) - 1}."
-    return bool(sites) and all(n.startswith(last) and "." not in n[len(last):] for n in sites)
+    return bool(sites) and all(n.startswith(last) and "." not in n[len(last) :] for n in sites)
 
 
 def _polish(s: Settings, holdout: Holdout | None) -> int:
     return s.polish_steps if s.polish_steps is not None else (0 if holdout is not None else POLISH_STEPS)
 
 
-def _map(pot: Potential, z, data: Data, s: Settings, steps: int, seed: int, progress: bool, desc: str,
-         holdout: Holdout | None, model, fixed=(), ckpt: Checkpoint | None = None):
+def _map(
+    pot: Potential,
+    z,
+    data: Data,
+    s: Settings,
+    steps: int,
+    seed: int,
+    progress: bool,
+    desc: str,
+    holdout: Holdout | None,
+    model,
+    fixed=(),
+    ckpt: Checkpoint | None = None,
+):
     """The shared MAP search on ``U(z)`` (unconstrained coordinates: Laplace's curvature is taken there), saved to
     and resumed from ``ckpt`` (:func:`~bnn_pyro.infer.map_fit.minimize`)."""
-    run = minimize(pot, pot.unflatten(z), data, model=model, num_steps=steps, lr=s.lr, lr_schedule="cosine",
-                   seed=seed, progress=progress, desc=desc, holdout=holdout, polish_steps=_polish(s, holdout),
-                   jacobian=False, fixed=fixed, method="laplace", ckpt=ckpt)
+    run = minimize(
+        pot,
+        pot.unflatten(z),
+        data,
+        model=model,
+        num_steps=steps,
+        lr=s.lr,
+        lr_schedule="cosine",
+        seed=seed,
+        progress=progress,
+        desc=desc,
+        holdout=holdout,
+        polish_steps=_polish(s, holdout),
+        jacobian=False,
+        fixed=fixed,
+        method="laplace",
+        ckpt=ckpt,
+    )
     return pot.flatten(run.z).detach(), run.loss, run.best_step
 
 
-def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: str,
-              holdout: Holdout | None = None, ckpt: Checkpoint | None = None,
-              paths: Potentials | None = None, noise: float | None = None) -> LaplaceApproximation:
+def fit_chain(
+    model,
+    data: Data,
+    s: Settings,
+    seed: int,
+    progress: bool,
+    desc: str,
+    holdout: Holdout | None = None,
+    ckpt: Checkpoint | None = None,
+    paths: Potentials | None = None,
+    noise: float | None = None,
+) -> LaplaceApproximation:
     """One chain: MAP, curvature, prior precision and noise; ``data`` are the training rows. ``noise``: a learned
     Gaussian noise's sd chosen before (on held-out rows, for the refit on all rows: :func:`~bnn_pyro.infer.holdout.refit`),
     held fixed through the MAP search and the curvature. ``ckpt`` checkpoints
@@ -284,8 +439,20 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
     pots = potentials(model, data, base, z, normal, delta, build=paths)
     if site is not None and noise is not None:
         z = with_noise(base, z, layout, site, noise)
-    z, loss, best_step = _map(pots[0], z, data, s, s.num_steps, seed, progress, desc, holdout, model, ckpt=ckpt,
-                              fixed=[site] if site is not None and noise is not None else ())
+    z, loss, best_step = _map(
+        pots[0],
+        z,
+        data,
+        s,
+        s.num_steps,
+        seed,
+        progress,
+        desc,
+        holdout,
+        model,
+        ckpt=ckpt,
+        fixed=[site] if site is not None and noise is not None else (),
+    )
     lik, prior = terms(model, pots, z, data, layout, s)
     unit = None if not marglik else {g: 1.0 for g in normal.groups(s.prior_precision)}
     sigma = None
@@ -318,9 +485,20 @@ def fit_chain(model, data: Data, s: Settings, seed: int, progress: bool, desc: s
     else:  # a kink, an unconverged or early-stopped search: the plain Laplace evidence at z*
         gradient = torch.zeros_like(gradient)
     evidence = log_evidence(lik.value + prior.value, gradient, hess)
-    return LaplaceApproximation(mean=mean, precision=hess, active=layout.active, expansion_point=z,
-                                structure=s.structure, potential=base, model=model, prior_precision=delta,
-                                log_evidence=float(evidence), loss=loss, noise=noise, best_step=best_step)
+    return LaplaceApproximation(
+        mean=mean,
+        precision=hess,
+        active=layout.active,
+        expansion_point=z,
+        structure=s.structure,
+        potential=base,
+        model=model,
+        prior_precision=delta,
+        log_evidence=float(evidence),
+        loss=loss,
+        noise=noise,
+        best_step=best_step,
+    )
 
 
 def _noise_terms(model, pot: Potential, z, lik, data: Data, site: str, s: Settings) -> NoiseTerms:
@@ -329,6 +507,11 @@ def _noise_terms(model, pot: Potential, z, lik, data: Data, site: str, s: Settin
     sigma0 = float(value if site == "sigma" else value.rsqrt())
     count = data.size * model.output_dim(data.first()[0])
     rss = 2 * sigma0**2 * (lik.value - count * (math.log(sigma0) + 0.5 * math.log(2 * math.pi)))
-    return NoiseTerms(sigma0=sigma0, rss=rss, count=count, power=2 if s.hessian is Hessian.GGN else 4,
-                      prior=model.likelihood.sites()[site], precision=site == "precision")
-
+    return NoiseTerms(
+        sigma0=sigma0,
+        rss=rss,
+        count=count,
+        power=2 if s.hessian is Hessian.GGN else 4,
+        prior=model.likelihood.sites()[site],
+        precision=site == "precision",
+    )

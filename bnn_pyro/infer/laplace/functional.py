@@ -14,8 +14,11 @@ from bnn_pyro.model import BNN
 
 def epoch(data: Data, rows: int):
     """One pass over the data in chunks of at most ``rows`` rows."""
-    source = [(data.x, data.y)] if data.loader is None else (
-        data.convert(xb, yb) if data.convert is not None else (xb, yb) for xb, yb in data.loader)
+    source = (
+        [(data.x, data.y)]
+        if data.loader is None
+        else (data.convert(xb, yb) if data.convert is not None else (xb, yb) for xb, yb in data.loader)
+    )
     for xb, yb in source:
         for i in range(0, xb.shape[0], rows):
             yield xb[i : i + rows], yb[i : i + rows]
@@ -52,8 +55,11 @@ def output_hessians(model: BNN, f: torch.Tensor, y, noise) -> torch.Tensor:
         (g,) = torch.autograd.grad(nll(model, f, y, noise), f, create_graph=True)
         cols = []
         for c in range(f.shape[1]):
-            h = (torch.autograd.grad(g[:, c].sum(), f, retain_graph=True, allow_unused=True)[0]
-                 if g.requires_grad else None)
+            h = (
+                torch.autograd.grad(g[:, c].sum(), f, retain_graph=True, allow_unused=True)[0]
+                if g.requires_grad
+                else None
+            )
             cols.append(torch.zeros_like(f) if h is None else h)
     return torch.stack(cols, 1).detach().double()
 

@@ -8,18 +8,28 @@ The weights' part comes from the layers (:mod:`.layerwise`: one backward pass pe
 from __future__ import annotations
 
 import torch
+
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace import layerwise
 from bnn_pyro.infer.laplace.approximation import CHUNK
-from bnn_pyro.infer.laplace.functional import (epoch, hessian_sqrt, nll, output_hessians, output_jacobian, psd,
-                                               second_derivative, site_values)
+from bnn_pyro.infer.laplace.functional import (
+    epoch,
+    hessian_sqrt,
+    nll,
+    output_hessians,
+    output_jacobian,
+    psd,
+    second_derivative,
+    site_values,
+)
 from bnn_pyro.infer.laplace.structure import Layout, add_block, zeros
 from bnn_pyro.model import BNN
 
 
-def ggn(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, *,
-        layerwise_path: bool = True) -> torch.Tensor:
+def ggn(
+    model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, *, layerwise_path: bool = True
+) -> torch.Tensor:
     """``sum_i J_i^T Lambda_i J_i`` on the covered weights, plus the exact Hessian of ``-log p(y | f*, noise)``
     on the covered noise coordinates. ``layerwise_path=False`` forces the general ``vmap(jacrev)`` path."""
     w_idx, n_idx = layout.indices(model.sample_names), layout.indices(model.likelihood.sites())
@@ -28,8 +38,16 @@ def ggn(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, *
     out = model.output_dim(data.first()[0][:1])
     hess = None
     if len(w_idx) and layerwise_path:
-        hess = layerwise.gram(model, pot, z, data, layout, diag,  # hessian_sqrt projects onto PSD itself
-                              lambda f, y: hessian_sqrt(model, f, y, noise), out)
+        hess = layerwise.gram(
+            model,
+            pot,
+            z,
+            data,
+            layout,
+            diag,  # hessian_sqrt projects onto PSD itself
+            lambda f, y: hessian_sqrt(model, f, y, noise),
+            out,
+        )
     weights_done = hess is not None or not len(w_idx)
     hess = zeros(layout, diag) if hess is None else hess
 

@@ -29,13 +29,13 @@ import math
 
 import torch
 
-from bnn_pyro.utils.checks import choice, positive_int
 from bnn_pyro.infer.laplace.approximation import CHUNK, Link
 from bnn_pyro.infer.laplace.functional import output_jacobian
 from bnn_pyro.infer.laplace.kfac import layer_jacobians
 from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.likelihoods import Bernoulli, Categorical
 from bnn_pyro.posterior.linearized import CENTER, linearized_outputs
+from bnn_pyro.utils.checks import choice, positive_int
 
 __all__ = ["linearized_outputs", "functional_moments", "predictive_probs", "CENTER"]
 
@@ -69,45 +69,54 @@ def functional_moments(approx, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         else:
             f, jac = output_jacobian(model, pot, z, x, active)
             sigma = approx.covariance()
-            cov = (torch.einsum("bow,w,bpw->bop", jac, sigma, jac) if sigma.dim() == 1
-                   else torch.einsum("bow,wv,bpv->bop", jac, sigma, jac))
+            cov = (
+                torch.einsum("bow,w,bpw->bop", jac, sigma, jac)
+                if sigma.dim() == 1
+                else torch.einsum("bow,wv,bpv->bop", jac, sigma, jac)
+            )
     finally:
         model.train(was_training)
     mean = f.double() + jac @ (approx.mean - z)[active].double()
     return mean, cov
 
 
-def predictive_probs(approx, x: torch.Tensor, *, link: str = "probit", num_samples: int = 1000,
-                     seed: int = 0) -> torch.Tensor:
+def predictive_probs(
+    approx, x: torch.Tensor, *, link: str = "probit", num_samples: int = 1000, seed: int = 0
+) -> torch.Tensor:
     """Class probabilities ``(N, K)`` of the GLM predictive of a classifier's Laplace approximation.
 
-    ``link="probit"`` (MacKay 1992; laplace-torch's ``link_approx="probit"``): no sampling; a Bernoulli output
-    ``sigmoid(mu / sqrt(1 + pi sigma^2 / 8))``, which is exact for the probit link ``Phi(sqrt(pi / 8) f)``
-    (``E Phi(l f) = Phi(l mu / sqrt(1 + l^2 sigma^2))`` for ``f ~ N(mu, sigma^2)``) and within 0.04 of
-    ``E sigmoid(f)`` (``|sigmoid(t) - Phi(sqrt(pi / 8) t)| <= 0.018``); a Categorical one
-    ``softmax(mu_k / sqrt(1 + pi Sigma_kk / 8))`` (the same scaling per class; it counts the variance of a shift
-common to every logit, which softmax ignores, so it can be far less confident than MC: digits NLL 0.72 against
-0.27, docs/engines.md "Laplace, KFAC"). ``link="mc"``: the average of
-    ``num_samples`` softmax (sigmoid) draws of the linearized logits ``f ~ N(mu, Sigma)``.
+        ``link="probit"`` (MacKay 1992; laplace-torch's ``link_approx="probit"``): no sampling; a Bernoulli output
+        ``sigmoid(mu / sqrt(1 + pi sigma^2 / 8))``, which is exact for the probit link ``Phi(sqrt(pi / 8) f)``
+        (``E Phi(l f) = Phi(l mu / sqrt(1 + l^2 sigma^2))`` for ``f ~ N(mu, sigma^2)``) and within 0.04 of
+        ``E sigmoid(f)`` (``|sigmoid(t) - Phi(sqrt(pi / 8) t)| <= 0.018``); a Categorical one
+        ``softmax(mu_k / sqrt(1 + pi Sigma_kk / 8))`` (the same scaling per class; it counts the variance of a shift
+    common to every logit, which softmax ignores, so it can be far less confident than MC: digits NLL 0.72 against
+    0.27, docs/engines.md "Laplace, KFAC"). ``link="mc"``: the average of
+        ``num_samples`` softmax (sigmoid) draws of the linearized logits ``f ~ N(mu, Sigma)``.
 
-    Example
-    -------
-    >>> approx = bp.infer.laplace.laplace_approximation(model, Data(x, y), structure="kron")
-    >>> probs = bp.infer.laplace.glm.predictive_probs(approx, x_test)
+        Example
+        -------
+        >>> approx = bp.infer.laplace.laplace_approximation(model, Data(x, y), structure="kron")
+        >>> probs = bp.infer.laplace.glm.predictive_probs(approx, x_test)
     """
     link = choice("link", link, Link)
     likelihood = approx.model.likelihood
     if not isinstance(likelihood, (Categorical, Bernoulli)):
-        raise ValueError(f"predictive_probs: the model's likelihood is {type(likelihood).__name__}; class "
-                         "probabilities need bp.likelihoods.Categorical or Bernoulli.")
+        raise ValueError(
+            f"predictive_probs: the model's likelihood is {type(likelihood).__name__}; class "
+            "probabilities need bp.likelihoods.Categorical or Bernoulli."
+        )
     mean, cov = functional_moments(approx, x)
     var = cov.diagonal(dim1=-2, dim2=-1)
     if link is Link.PROBIT:
         logits = mean / (1.0 + PROBIT * var).sqrt()
     else:
         chol = torch.linalg.cholesky(cov + 1e-12 * torch.eye(cov.shape[-1], dtype=cov.dtype, device=cov.device))
-        eps = torch.randn((positive_int("num_samples", num_samples),) + mean.shape,
-                          generator=torch.Generator().manual_seed(seed), dtype=mean.dtype).to(mean.device)  # CPU draw
+        eps = torch.randn(
+            (positive_int("num_samples", num_samples),) + mean.shape,
+            generator=torch.Generator().manual_seed(seed),
+            dtype=mean.dtype,
+        ).to(mean.device)  # CPU draw
         logits = mean + torch.einsum("nop,snp->sno", chol, eps)
     if isinstance(likelihood, Bernoulli):
         p = torch.sigmoid(logits[..., 0])

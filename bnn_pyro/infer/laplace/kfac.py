@@ -56,15 +56,20 @@ def kron_layers(model: BNN, pot: Potential) -> list[Layer]:
         layer = Layer(path, module, weight if weight in pot.shapes else None, bias if bias in pot.shapes else None)
         if layer.weight is None and layer.bias is None:
             continue
-        if isinstance(module, nn.Conv2d) and (module.groups != 1 or module.padding_mode != "zeros"
-                                              or isinstance(module.padding, str)):
-            raise ValueError(f"structure='kron': Conv2d layer {path!r} has groups={module.groups}, "
-                             f"padding={module.padding!r}, padding_mode={module.padding_mode!r}; KFAC here supports "
-                             "groups=1 with numeric zero padding. Use structure='diag' or 'last_layer'.")
+        if isinstance(module, nn.Conv2d) and (
+            module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str)
+        ):
+            raise ValueError(
+                f"structure='kron': Conv2d layer {path!r} has groups={module.groups}, "
+                f"padding={module.padding!r}, padding_mode={module.padding_mode!r}; KFAC here supports "
+                "groups=1 with numeric zero padding. Use structure='diag' or 'last_layer'."
+            )
         out.append(layer)
     if not out:
-        raise ValueError("structure='kron': the net has no nn.Linear or nn.Conv2d layer with Bayesian parameters; use "
-                         "structure='diag' or 'full'.")
+        raise ValueError(
+            "structure='kron': the net has no nn.Linear or nn.Conv2d layer with Bayesian parameters; use "
+            "structure='diag' or 'full'."
+        )
     return out
 
 
@@ -100,10 +105,13 @@ class Recorder:
     def _hook(self, layer: Layer):
         def hook(module, args, output):
             if layer.path in self.outputs:
-                raise ValueError(f"structure='kron': layer {layer.path!r} is called more than once per forward pass "
-                                 "(a shared layer); use structure='diag'.")
+                raise ValueError(
+                    f"structure='kron': layer {layer.path!r} is called more than once per forward pass "
+                    "(a shared layer); use structure='diag'."
+                )
             self.inputs[layer.path] = _patches(layer, args[0].detach())
             self.outputs[layer.path] = output
+
         return hook
 
     def gradients(self, f: torch.Tensor, directions: torch.Tensor):
@@ -159,9 +167,16 @@ def kfac(model: BNN, pot: Potential, z, data: Data, coords, where, size: int, fi
         for grads in rec.gradients(f, directions):
             for layer, g in zip(layers, grads):
                 g_sum[layer.path] = g_sum.get(layer.path, 0.0) + torch.einsum("bto,btp->op", g, g)
-    blocks = [KronBlock(block_index(layer, coords, where), g_sum[layer.path], a_sum[layer.path] / count[layer.path],
-                        name=layer.path or "net", bias=layer.weight is not None and layer.bias is not None)
-              for layer in layers]
+    blocks = [
+        KronBlock(
+            block_index(layer, coords, where),
+            g_sum[layer.path],
+            a_sum[layer.path] / count[layer.path],
+            name=layer.path or "net",
+            bias=layer.weight is not None and layer.bias is not None,
+        )
+        for layer in layers
+    ]
     return Kron(blocks, size)
 
 

@@ -69,8 +69,10 @@ class Kron:
         if not torch.is_tensor(diag) or diag.dim() == 0:
             return replace(self, shift=[s + diag for s in self.shift])
         if diag.shape != (self.size,):
-            raise ValueError("structure='kron': the prior's Hessian is not diagonal (a prior that couples weights); "
-                             "use a factorized prior such as bp.priors.Normal, or structure='full' or 'diag'.")
+            raise ValueError(
+                "structure='kron': the prior's Hessian is not diagonal (a prior that couples weights); "
+                "use a factorized prior such as bp.priors.Normal, or structure='full' or 'diag'."
+            )
         blocks, shifts = [], []
         for block, shift in zip(self.blocks, self.shift):
             parts = [block]
@@ -81,7 +83,8 @@ class Kron:
                     raise ValueError(
                         f"structure='kron': the prior precision of layer {block.name!r} is not one number over the "
                         "layer (the Kronecker factors need H_prior = delta I per layer). Use a Normal prior with one "
-                        "scale per layer, prior_precision='marglik_layerwise' or a number, or structure='diag'.")
+                        "scale per layer, prior_precision='marglik_layerwise' or a number, or structure='diag'."
+                    )
             for part in parts:
                 blocks.append(part)
                 shifts.append(shift + diag[part.index.reshape(-1)[0]])
@@ -148,7 +151,9 @@ class Kron:
         out = torch.zeros(self.size, self.size, dtype=torch.float64, device=device)
         for block, shift in zip(self.blocks, self.shift):
             pos = block.index.reshape(-1)
-            out[pos[:, None], pos] = self.scale * torch.kron(block.g, block.a) + shift * torch.eye(len(pos), device=device)
+            out[pos[:, None], pos] = self.scale * torch.kron(block.g, block.a) + shift * torch.eye(
+                len(pos), device=device
+            )
         return out
 
 

@@ -22,7 +22,7 @@ catches a weight used outside its layer or a constrained weight site). Otherwise
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -31,7 +31,7 @@ from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace.approximation import CHUNK
 from bnn_pyro.infer.laplace.functional import epoch, site_values
-from bnn_pyro.infer.laplace.kfac import Layer, locations, Recorder, block_index
+from bnn_pyro.infer.laplace.kfac import Layer, Recorder, block_index, locations
 from bnn_pyro.infer.laplace.structure import Layout, zeros
 from bnn_pyro.model import BNN
 
@@ -47,8 +47,9 @@ def covered_layers(model: BNN, layout: Layout) -> list[Layer] | None:
     covered = set(layout.covered(model.sample_names))
     layers, found = [], set()
     for path, module in model._template.named_modules():
-        if isinstance(module, nn.Conv2d) and (module.groups != 1 or module.padding_mode != "zeros"
-                                              or isinstance(module.padding, str)):
+        if isinstance(module, nn.Conv2d) and (
+            module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str)
+        ):
             continue
         if not isinstance(module, (nn.Linear, nn.Conv2d)):
             continue
@@ -61,8 +62,9 @@ def covered_layers(model: BNN, layout: Layout) -> list[Layer] | None:
     return layers if layers and found == covered else None
 
 
-def gram(model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, directions: Directions,
-         out: int) -> torch.Tensor | None:
+def gram(
+    model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, directions: Directions, out: int
+) -> torch.Tensor | None:
     """``sum_i (L_i^T J_i)^T (L_i^T J_i)`` on the covered coordinates (zero outside the layers' weights), with
     ``L_i = directions(f_i, y_i)`` (``(B, out, k)``, ``out`` the network's outputs); ``None`` where the fast path
     does not apply (module docstring)."""
@@ -167,12 +169,14 @@ def _wired(model: BNN, pot: Potential, z, x, w_idx, layers, blocks, layout: Layo
     do not see; a Gaussian direction misses it with probability 0."""
     f, rec, zw = _forward(model, pot, z, x, w_idx, layers)
     v = torch.randn(f.shape, generator=torch.Generator().manual_seed(0), dtype=f.dtype).to(f.device)
-    *grads, expected = torch.autograd.grad(f, [rec.outputs[layer.path] for layer in layers] + [zw], grad_outputs=v,
-                                           allow_unused=True)
+    *grads, expected = torch.autograd.grad(
+        f, [rec.outputs[layer.path] for layer in layers] + [zw], grad_outputs=v, allow_unused=True
+    )
     if expected is None or any(g is None for g in grads):
         return False
-    return _agrees([locations(layer, g) for layer, g in zip(layers, grads)], expected, rec, layers, blocks, layout,
-                   w_idx)
+    return _agrees(
+        [locations(layer, g) for layer, g in zip(layers, grads)], expected, rec, layers, blocks, layout, w_idx
+    )
 
 
 def _agrees(grads, expected, rec, layers, blocks, layout: Layout, w_idx) -> bool:

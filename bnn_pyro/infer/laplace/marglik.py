@@ -45,8 +45,15 @@ class NoiseTerms:
     precision: bool
 
 
-def optimize_precision(lik: Terms, prior1: Terms, normal: NormalSites, z, layout: Layout,
-                       start: dict[str, float], noise: NoiseTerms | None = None):
+def optimize_precision(
+    lik: Terms,
+    prior1: Terms,
+    normal: NormalSites,
+    z,
+    layout: Layout,
+    start: dict[str, float],
+    noise: NoiseTerms | None = None,
+):
     """``(delta, sigma)``: ``delta`` per group (and, with ``noise``, the noise sd ``sigma``; else ``None``)
     maximizing the evidence (L-BFGS on ``log delta``, ``log sigma``, float64). ``prior1`` is the prior part at
     ``delta = 1``; ``U_delta`` differs from it by ``sum_g (delta_g - 1) |w_g - loc_g|^2 / 2 - n_g log(delta_g) / 2``,
@@ -86,20 +93,31 @@ def optimize_precision(lik: Terms, prior1: Terms, normal: NormalSites, z, layout
         loss.backward()
         return loss
 
-    opt = torch.optim.LBFGS([log_delta] + ([log_sigma] if noise else []), lr=1.0, max_iter=200, line_search_fn="strong_wolfe", tolerance_grad=1e-12,
-                            tolerance_change=1e-15)
+    opt = torch.optim.LBFGS(
+        [log_delta] + ([log_sigma] if noise else []),
+        lr=1.0,
+        max_iter=200,
+        line_search_fn="strong_wolfe",
+        tolerance_grad=1e-12,
+        tolerance_change=1e-15,
+    )
     opt.step(closure)
     if not torch.isfinite(log_delta).all():
-        raise FloatingPointError("prior_precision: the evidence search failed (non-finite delta). Set a number, e.g. "
-                                 "prior_precision=1.0, or use prior_precision='model'.")
+        raise FloatingPointError(
+            "prior_precision: the evidence search failed (non-finite delta). Set a number, e.g. "
+            "prior_precision=1.0, or use prior_precision='model'."
+        )
     bounded = log_delta.detach().clamp(-LOG_DELTA_MAX, LOG_DELTA_MAX)
     if (bounded != log_delta).any():
-        warn(f"prior_precision: the evidence keeps growing as delta goes to 0 or infinity for group(s) "
-             f"{[g for g, b, v in zip(names, bounded, log_delta) if b != v]}; delta is clipped to "
-             f"[1e-8, 1e8]. A delta at 1e8 switches those weights off: the data prefer them at the prior "
-             "location.")
+        warn(
+            f"prior_precision: the evidence keeps growing as delta goes to 0 or infinity for group(s) "
+            f"{[g for g, b, v in zip(names, bounded, log_delta) if b != v]}; delta is clipped to "
+            f"[1e-8, 1e8]. A delta at 1e8 switches those weights off: the data prefer them at the prior "
+            "location."
+        )
     if noise is not None and not torch.isfinite(log_sigma):
-        raise FloatingPointError("noise: the evidence search failed (non-finite sigma). Use validation= (noise on "
-                                 "held-out rows) or a known noise, Gaussian(scale=...).")
+        raise FloatingPointError(
+            "noise: the evidence search failed (non-finite sigma). Use validation= (noise on "
+            "held-out rows) or a known noise, Gaussian(scale=...)."
+        )
     return {g: float(v) for g, v in zip(names, bounded.exp())}, (float(log_sigma.detach().exp()) if noise else None)
-

@@ -41,8 +41,17 @@ def best_sigma(f: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> tuple[flo
     return maximize_on_log_grid(lpd, (y - f).pow(2).mean().sqrt().clamp_min(1e-12))
 
 
-def choose_noise(model: BNN, pot, z: torch.Tensor, layout: Layout, lik_hess: torch.Tensor,
-                 prior_hess: torch.Tensor, holdout: Holdout, site: str, hessian: Hessian):
+def choose_noise(
+    model: BNN,
+    pot,
+    z: torch.Tensor,
+    layout: Layout,
+    lik_hess: torch.Tensor,
+    prior_hess: torch.Tensor,
+    holdout: Holdout,
+    site: str,
+    hessian: Hessian,
+):
     """``(z, info)``: ``z`` with the noise site ``site`` (``"sigma"`` or ``"precision"``) set to the held-out
     choice, and the record for ``post.config["noise"]``. ``lik_hess``/``prior_hess``: the curvature parts at
     ``z`` on the covered coordinates (the noise site is not among them)."""

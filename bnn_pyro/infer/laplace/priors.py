@@ -51,15 +51,19 @@ class NormalSites:
 
     def initial(self, unit: dict[str, float]) -> dict[str, float]:
         """Mean prior precision of the model per group: where the search starts."""
-        return {g: float(torch.cat([p.reshape(-1) for s, p in self.precision.items()
-                                    if self.group(s, unit) == g]).mean()) for g in unit}
+        return {
+            g: float(torch.cat([p.reshape(-1) for s, p in self.precision.items() if self.group(s, unit) == g]).mean())
+            for g in unit
+        }
 
 
 def normal_sites(model, pot: Potential, layout: Layout, data: Data) -> NormalSites:
     hyper = model.hyper_names if isinstance(model, BNN) else []
     if hyper:
-        raise ValueError(f"prior_precision: the model has hyper sites {hyper} (a hierarchical prior), but a prior "
-                         "precision replaces fixed Normal priors. Use prior_precision='model'.")
+        raise ValueError(
+            f"prior_precision: the model has hyper sites {hyper} (a hierarchical prior), but a prior "
+            "precision replaces fixed Normal priors. Use prior_precision='model'."
+        )
     x0, y0 = data.first()
     with torch.no_grad(), pyro.get_param_store().scope():
         trace = poutine.trace(call_model).get_trace(model, x0[:1], y0[:1], data.size)
@@ -71,17 +75,21 @@ def normal_sites(model, pot: Potential, layout: Layout, data: Data) -> NormalSit
             fn = fn.base_dist
         if not isinstance(fn, torch.distributions.Normal):
             if weights is not None and name in weights:
-                raise ValueError(f"prior_precision: the prior of {name!r} is {type(fn).__name__}, not Normal; a prior "
-                                 "precision (and its marginal-likelihood search) is defined for Normal priors only. "
-                                 "Use bp.priors.Normal, or prior_precision='model'.")
+                raise ValueError(
+                    f"prior_precision: the prior of {name!r} is {type(fn).__name__}, not Normal; a prior "
+                    "precision (and its marginal-likelihood search) is defined for Normal priors only. "
+                    "Use bp.priors.Normal, or prior_precision='model'."
+                )
             continue  # e.g. a noise scale: it keeps its prior
         shape = pot.shapes[name]
         locs[name] = fn.loc.detach().expand(shape).clone()
         layer[name] = (name.rpartition(".")[0] or "net") if weights is not None else name
         precision[name] = fn.scale.detach().expand(shape) ** -2
     if not locs:
-        raise ValueError("prior_precision: no covered site has a Normal prior, so there is no prior precision to set. "
-                         "Use prior_precision='model'.")
+        raise ValueError(
+            "prior_precision: no covered site has a Normal prior, so there is no prior precision to set. "
+            "Use prior_precision='model'."
+        )
     return NormalSites(locs, layer, precision)
 
 
@@ -94,14 +102,18 @@ class PriorPart:
     closed: factorized.FactorizedNormal | None
 
 
-def potentials(model, data: Data, base: Potential, z, normal: NormalSites | None,
-                delta: dict[str, float] | None, build=Potential) -> tuple[Potential, PriorPart]:
+def potentials(
+    model, data: Data, base: Potential, z, normal: NormalSites | None, delta: dict[str, float] | None, build=Potential
+) -> tuple[Potential, PriorPart]:
     """``U`` and its prior part for ``model`` with its Normal priors at precision ``delta`` (per group;
     ``None``: the model's own priors) at ``z``. ``U`` is made by ``build`` (:class:`Potential` or a
     fit's :class:`~bnn_pyro.infer._potential.Potentials`, which records its path); the prior part, a Pyro function
     of the sites alone (Pyro's path), by :class:`Potential`, with its closed form where there is one."""
-    scales = {} if delta is None else {s: loc.new_tensor(delta[normal.group(s, delta)] ** -0.5)
-                                        for s, loc in normal.locs.items()}
+    scales = (
+        {}
+        if delta is None
+        else {s: loc.new_tensor(delta[normal.group(s, delta)] ** -0.5) for s, loc in normal.locs.items()}
+    )
     locs = {} if normal is None else normal.locs
     with torch.no_grad():
         values = {k: v.detach() for k, v in base.constrain(base.unflatten(z)).items()}
@@ -119,7 +131,7 @@ def potentials(model, data: Data, base: Potential, z, normal: NormalSites | None
         return pot, run
 
     prior, run = rewritten(False, Potential)
-    return ((base if delta is None else rewritten(True, build)[0]),
-            PriorPart(prior, factorized.build(run, data.first(), data.size, prior, values)))
-
-
+    return (
+        (base if delta is None else rewritten(True, build)[0]),
+        PriorPart(prior, factorized.build(run, data.first(), data.size, prior, values)),
+    )

@@ -45,23 +45,36 @@ def make_layout(model, pot: Potential, structure: Structure, exclude=()) -> Layo
     last = last_linear_sites(model, pot) if isinstance(model, BNN) else []
     if structure is Structure.LAST_LAYER:
         if not last:
-            raise ValueError("structure='last_layer': the net has no nn.Linear layer with Bayesian parameters; "
-                             "use structure='full' or 'diag'.")
+            raise ValueError(
+                "structure='last_layer': the net has no nn.Linear layer with Bayesian parameters; "
+                "use structure='full' or 'diag'."
+            )
         active = torch.cat([coords[n] for n in last])
         if len(active) > MAX_FULL_DIM:
-            raise ValueError(f"structure='last_layer': the last Linear layer has {len(active)} parameters, more than "
-                             f"MAX_FULL_DIM={MAX_FULL_DIM} for a dense Hessian; use structure='diag'.")
+            raise ValueError(
+                f"structure='last_layer': the last Linear layer has {len(active)} parameters, more than "
+                f"MAX_FULL_DIM={MAX_FULL_DIM} for a dense Hessian; use structure='diag'."
+            )
     elif structure is Structure.KRON:  # (a Pyro function model is refused by make_settings)
         active = torch.cat([coords[n] for n in kron_sites(model, pot)])
     else:
         if structure is Structure.FULL and pot.dim > MAX_FULL_DIM:
-            hint = (f" or structure='last_layer' (a dense Hessian over the last Linear layer's "
-                    f"{sum(len(coords[n]) for n in last)} parameters)") if last else ""
-            raise ValueError(f"structure='full' needs a dense {pot.dim} x {pot.dim} Hessian, but this model has "
-                             f"{pot.dim} parameters, more than MAX_FULL_DIM={MAX_FULL_DIM}. Use structure='diag' "
-                             f"(every parameter, a diagonal Hessian){hint}.")
-        active = torch.cat([torch.zeros(0, dtype=torch.long, device=device)]
-                           + [c for n, c in coords.items() if n not in exclude])
+            hint = (
+                (
+                    f" or structure='last_layer' (a dense Hessian over the last Linear layer's "
+                    f"{sum(len(coords[n]) for n in last)} parameters)"
+                )
+                if last
+                else ""
+            )
+            raise ValueError(
+                f"structure='full' needs a dense {pot.dim} x {pot.dim} Hessian, but this model has "
+                f"{pot.dim} parameters, more than MAX_FULL_DIM={MAX_FULL_DIM}. Use structure='diag' "
+                f"(every parameter, a diagonal Hessian){hint}."
+            )
+        active = torch.cat(
+            [torch.zeros(0, dtype=torch.long, device=device)] + [c for n, c in coords.items() if n not in exclude]
+        )
     where = torch.full((pot.dim,), -1, dtype=torch.long, device=device)
     where[active] = torch.arange(len(active), device=device)
     return Layout(coords, active, where)
@@ -87,4 +100,3 @@ def add_block(hess, block, pos, diag: bool) -> None:
         hess[pos] += block
     else:
         hess[pos[:, None], pos] += block
-
