@@ -27,13 +27,7 @@ PACKAGE = Path(bnn_pyro.__file__).parent
 
 # Private names still imported across bnn_pyro's modules: (importing module, owner, private name). THIS SET MUST SHRINK TO EMPTY; nothing may be
 # added to it (test_the_known_private_imports_still_exist makes a removed one leave the set).
-KNOWN_PRIVATE_IMPORTS = {
-    # tools/ reaching infer's private modules: Data, clean_config, torch_threads (infer/_common.py) and LogJoint, build,
-    # is_identity (infer/_logjoint.py) need public homes inside infer/ (a public module for the log joint)
-    ("bnn_pyro.tools.curves", "bnn_pyro.infer", "_common"),
-    ("bnn_pyro.tools.curves", "bnn_pyro.infer", "_logjoint"),
-    ("bnn_pyro.tools.distill", "bnn_pyro.infer", "_common"),
-}
+KNOWN_PRIVATE_IMPORTS: set[tuple[str, str, str]] = set()
 
 
 def _modules() -> dict[str, Path]:

@@ -84,12 +84,15 @@ def flat_tilt(g: dict[str, torch.Tensor], pot: Potential) -> torch.Tensor:
     """The tilt ``g`` of :func:`anchor` as one flat vector in the order of ``pot.flatten``, zero on the sites it
     leaves out (the constrained ones)."""
     return pot.flatten(
-        {k: g[k] if k in g else torch.zeros(shape, dtype=pot.init[k].dtype) for k, shape in pot.shapes.items()}
+        {
+            k: g[k] if k in g else torch.zeros(shape, dtype=pot.init[k].dtype, device=pot.init[k].device)
+            for k, shape in pot.shapes.items()
+        }
     ).detach()
 
 
 def _is_identity(pot: Potential, name: str) -> bool:
     """Whether ``name`` is real-valued: its map to unconstrained space returns its input (as in ``energy``)."""
     t = pot.transforms.get(name)
-    probe = torch.zeros(pot.shapes[name])
+    probe = torch.zeros(pot.shapes[name], dtype=pot.init[name].dtype, device=pot.init[name].device)
     return t is None or t.inv(probe) is probe

@@ -25,7 +25,7 @@ the model's negative log joint (prior plus likelihood, the likelihood scaled by 
 minibatches) per training point: the objective every deep-ensemble member minimises (weight decay
 plus cross-entropy or Gaussian NLL for a Normal prior), so the ends are its minima. Each step draws
 ``points_per_step`` values of ``t``, evaluates all of them in one batched call of the project's log
-density (:class:`~bnn_pyro.infer._logjoint.LogJoint`) and takes an optimizer step on the bends. The
+density (:class:`~bnn_pyro.infer.shared.LogJoint`) and takes an optimizer step on the bends. The
 curve lives in the unconstrained coordinates of each latent site (``biject_to(support)``: a learned
 noise scale stays positive along it); deterministic parameters (those ``bayesian=`` leaves out) are
 part of the curve too and enter only the likelihood. Needs a ``BNN`` whose priors are fixed
@@ -55,9 +55,8 @@ from enum import Enum
 import torch
 from torch.distributions import biject_to
 
-from bnn_pyro.infer._common import Data, clean_config
-from bnn_pyro.infer._logjoint import LogJoint, build, is_identity
 from bnn_pyro.infer.driver import descend
+from bnn_pyro.infer.shared import Data, LogJoint, build, clean_config, is_identity
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import check_data, choice, positive, positive_int

@@ -115,7 +115,7 @@ def distill(
     batch_size = x.shape[0] if batch_size is None else positive_int("batch_size", batch_size)
     num_threads = None if num_threads is None else positive_int("num_threads", num_threads)
 
-    from bnn_pyro.infer._common import torch_threads
+    from bnn_pyro.infer.shared import torch_threads
 
     target, loss_fn = _task(posterior.predict(x, num_samples=num_samples, seed=seed), _width(student_net, x))
     with torch_threads(num_threads):
@@ -137,8 +137,8 @@ def distill(
 def _train(student, x, target, loss_fn, num_steps, lr, optimizer, lr_schedule, batch_size, seed, progress):
     """Minimize ``loss_fn(student(x_b), *targets_b)`` over reshuffled minibatches (the driver's
     :func:`~bnn_pyro.infer.driver.descend`); the student in eval mode."""
-    from bnn_pyro.infer._common import Data
     from bnn_pyro.infer.driver import descend
+    from bnn_pyro.infer.shared import Data
 
     student.train()
     params = [p for p in student.parameters() if p.requires_grad]

@@ -146,6 +146,7 @@ VALUES = {
     "swa": {"num_steps": 5, "collect_every": 1, "swag_rank": 3},
 }
 METHOD_VALUES = {
+    ("swa", "anchored"): True,  # SWA keeps plain chains by default; SWAG and the others are anchored
     ("sgld", "lr_schedule"): "polynomial",
     ("sghmc", "lr_schedule"): "polynomial",
     ("csgmcmc", "num_cycles"): 1,
