@@ -19,7 +19,7 @@ from torch import nn
 
 import bnn_pyro as bp
 from bnn_pyro.data.zoo import Entry
-from bnn_pyro.infer._common import torch_threads
+from bnn_pyro.infer.shared import torch_threads
 
 CARD = {
     "title": "Bayesian last layer on a frozen, locally trained MLP backbone (8x8 digits)",

@@ -42,6 +42,7 @@ TINY = {
     "nuts": dict(num_samples=3, num_warmup=3, num_chains=1, max_tree_depth=2, jit=False),
     "hmc": dict(num_samples=3, num_warmup=3, num_chains=1, num_leapfrog=2, jit=False),
     "metropolis": dict(num_samples=3, num_warmup=3, num_chains=1),
+    "mala": dict(num_samples=3, num_warmup=3, num_chains=1),
     "sgld": dict(num_samples=2, num_warmup=2, thin=1),
     "sghmc": dict(num_samples=2, num_warmup=2, thin=1),
     "csgmcmc": dict(num_cycles=2, num_samples=2, thin=1, validation=None),
