@@ -171,26 +171,6 @@ COMPANIONS = {
 DROPS = {"epochs": ("num_steps",), "inner": ("inner_options",), "trajectory_length": ("num_leapfrog",)}
 # Options that are listed but not yet honoured, left to the engineer who converts their engine to contract.entry
 # (issue 29 item 2): the test expects them to fail until then, and flags them when they start working.
-PENDING = {
-    **{
-        ("metropolis", name): "metropolis lists HMC/NUTS options it refuses (contract conversion pending)"
-        for name in (
-            "num_leapfrog",
-            "trajectory_length",
-            "max_tree_depth",
-            "leapfrog_jitter",
-            "dense_mass",
-            "target_accept",
-            "step_size",
-            "jit",
-        )
-    },
-    **{
-        ("nuts", name): "nuts lists HMC's options it refuses (contract conversion pending)"
-        for name in ("num_leapfrog", "trajectory_length", "leapfrog_jitter")
-    },
-    ("hmc", "max_tree_depth"): "hmc lists NUTS's max_tree_depth, which it refuses (contract conversion pending)",
-}
 
 
 def _cases():
@@ -249,8 +229,6 @@ def test_every_option_has_a_value_in_the_table():
 def test_each_listed_option_is_accepted_and_takes_effect(method, name, tmp_path):
     """Every name ``options(method)`` lists, set to a valid non-default value, is accepted by ``bp.fit``; where the
     posterior's ``config`` records it, it records the value given."""
-    if (method, name) in PENDING:
-        pytest.xfail(PENDING[(method, name)])
     x, y = _data()
     kwargs = _kwargs(method, name, tmp_path)
     group = None
