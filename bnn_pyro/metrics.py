@@ -410,8 +410,8 @@ def ood_auroc(scores_in, scores_out, *, score: str = "entropy") -> float:
     """
     if score not in _SCORES:
         raise ValueError(f"score: unknown value {score!r}; choose one of {', '.join(map(repr, _SCORES))}.")
-    a = _scores("scores_in", scores_in, score)
-    b = _scores("scores_out", scores_out, score)
+    a = uncertainty(scores_in, score, argname="scores_in")
+    b = uncertainty(scores_out, score, argname="scores_out")
     ordered = a.sort().values
     below = torch.searchsorted(ordered, b, right=False).double()  # in-scores strictly below each out-score
     up_to = torch.searchsorted(ordered, b, right=True).double()  # ... below or equal
@@ -425,18 +425,21 @@ def ood_auroc(scores_in, scores_out, *, score: str = "entropy") -> float:
 UNCERTAINTY_SCORES = ("entropy", "mutual_information", "aleatoric_entropy", "max_prob")
 
 
-def uncertainty(pred, score: str = "entropy") -> torch.Tensor:
-    """The score ``(N,)`` (float64) of a ``ClassificationPrediction``; a 1-D tensor passes through."""
+def uncertainty(pred, score: str = "entropy", *, argname: str = "scores") -> torch.Tensor:
+    """The score ``(N,)`` (float64) of a ``ClassificationPrediction``; a 1-D tensor passes through.
+
+    Either is checked (finite, non-empty, one score per input); ``argname`` names the argument in the error,
+    so that a caller with two score arguments (``scores_in`` / ``scores_out``) says which one is wrong.
+    """
     if score not in UNCERTAINTY_SCORES:
         raise ValueError(f"score: unknown value {score!r}; choose one of {', '.join(map(repr, UNCERTAINTY_SCORES))}.")
     if isinstance(pred, ClassificationPrediction):
-        value = 1.0 - pred.probs.max(-1).values if score == "max_prob" else getattr(pred, score)
-    else:
-        value = as_tensor("scores", pred)
+        pred = 1.0 - pred.probs.max(-1).values if score == "max_prob" else getattr(pred, score)
+    value = as_tensor(argname, pred)
     if value.dim() != 1:
         raise ValueError(
-            f"scores: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
-            "pass a ClassificationPrediction or e.g. pred.entropy."
+            f"{argname}: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
+            "pass a ClassificationPrediction or e.g. pred.entropy or pred.mutual_information."
         )
     return value.double()
 
@@ -463,18 +466,6 @@ def rejection_curve(
 
 
 # ---------------------------------------------------------------------------------------- checks
-def _scores(argname: str, value, score: str) -> torch.Tensor:
-    if isinstance(value, ClassificationPrediction):
-        value = getattr(value, score)
-    value = as_tensor(argname, value)
-    if value.dim() != 1:
-        raise ValueError(
-            f"{argname}: expected one score per input, shaped (N,), got shape {tuple(value.shape)}; "
-            "e.g. pred.entropy or pred.mutual_information."
-        )
-    return value.double()
-
-
 def _is_posterior(obj) -> bool:
     """Whether ``obj`` is a fitted :class:`~bnn_pyro.Posterior` (its draws and their predictive), known by its
     interface: this module does not import :mod:`bnn_pyro.posterior`, whose plots use these metrics."""

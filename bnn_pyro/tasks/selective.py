@@ -47,8 +47,8 @@ def rejection_auc(pred: ClassificationPrediction, y, *, score: str = "entropy", 
 
 def _counts(scores_in, scores_out, score: str) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """At each distinct threshold ``t`` (descending), the numbers of OOD and in-distribution scores ``>= t``."""
-    a = uncertainty(scores_in, score)
-    b = uncertainty(scores_out, score)
+    a = uncertainty(scores_in, score, argname="scores_in")
+    b = uncertainty(scores_out, score, argname="scores_out")
     if len(a) == 0 or len(b) == 0:
         raise ValueError(
             "scores_in, scores_out: both need at least one input; pass the scores of in-distribution and of OOD inputs."
@@ -82,7 +82,8 @@ def ood_fpr_at_tpr(scores_in, scores_out, *, score: str = "entropy", tpr: float 
 
 def ood_detection(scores_in, scores_out, *, score: str = "entropy", tpr: float = 0.95) -> dict[str, float]:
     """``{"auroc", "aupr", "fpr95"}`` of detecting OOD inputs by ``score`` (see the module's docstring)."""
-    a, b = uncertainty(scores_in, score), uncertainty(scores_out, score)
+    a = uncertainty(scores_in, score, argname="scores_in")
+    b = uncertainty(scores_out, score, argname="scores_out")
     return {
         "auroc": metrics.ood_auroc(a, b),
         "aupr": ood_aupr(a, b, score=score),

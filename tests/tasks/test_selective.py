@@ -79,3 +79,5 @@ def test_bad_input():
         selective.rejection_curve(pred, y, scores=torch.rand(3))
     with pytest.raises(ValueError, match="at least one"):
         selective.ood_aupr(torch.rand(3), torch.rand(0))
+    with pytest.raises(ValueError, match="scores_out: expected one score per input"):  # names which argument
+        selective.ood_detection(torch.rand(3), torch.rand(3, 2))
