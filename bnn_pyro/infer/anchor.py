@@ -59,7 +59,7 @@ def anchor(
     was."""
     run = quiet_model(model, None)
     x, y = batch
-    real = [name for name in pot.shapes if _is_identity(pot, name)]
+    real = [name for name in pot.shapes if _is_real_valued(pot, name)]
     with torch.random.fork_rng(devices=[]), pyro.get_param_store().scope():
         pyro.set_rng_seed(seed + ANCHOR_SEED_OFFSET)
         with torch.no_grad():
@@ -91,7 +91,7 @@ def flat_tilt(g: dict[str, torch.Tensor], pot: Potential) -> torch.Tensor:
     ).detach()
 
 
-def _is_identity(pot: Potential, name: str) -> bool:
+def _is_real_valued(pot: Potential, name: str) -> bool:
     """Whether ``name`` is real-valued: its map to unconstrained space returns its input (as in ``energy``)."""
     t = pot.transforms.get(name)
     probe = torch.zeros(pot.shapes[name], dtype=pot.init[name].dtype, device=pot.init[name].device)
