@@ -42,9 +42,9 @@ from torch import nn
 from torch.distributions import Independent, biject_to, transforms
 
 from bnn_pyro.infer._analytic_batched import BoundBatch
-from bnn_pyro.infer._analytic_ops import ACTIVATIONS, HALF_LOG_2PI, NOISE_PRIORS, Layer, activation, affine
+from bnn_pyro.infer._analytic_ops import ACTIVATIONS, NOISE_PRIORS, Layer, activation, affine
 from bnn_pyro.infer._common import unvalidated
-from bnn_pyro.likelihoods import Gaussian
+from bnn_pyro.likelihoods import HALF_LOG_2PI, Gaussian
 from bnn_pyro.utils.linear_stack import linear_stack, site
 from bnn_pyro.utils.user_warnings import warn
 

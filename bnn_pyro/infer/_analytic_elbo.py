@@ -14,7 +14,7 @@ import torch
 from torch.distributions import transform_to
 
 from bnn_pyro.infer._analytic import StackPotential, build
-from bnn_pyro.infer._analytic_ops import HALF_LOG_2PI
+from bnn_pyro.likelihoods import HALF_LOG_2PI
 
 __all__ = ["negative_elbo", "mean_field_loss", "store_params"]
 

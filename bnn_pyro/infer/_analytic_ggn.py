@@ -22,7 +22,8 @@ import math
 import torch
 
 from bnn_pyro.infer._analytic import StackPotential
-from bnn_pyro.infer._analytic_ops import HALF_LOG_2PI, Layer, affine
+from bnn_pyro.infer._analytic_ops import Layer, affine
+from bnn_pyro.likelihoods import HALF_LOG_2PI
 
 __all__ = ["likelihood_diagonal"]
 

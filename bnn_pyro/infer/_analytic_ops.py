@@ -5,7 +5,6 @@ learned noise scale or precision."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -13,11 +12,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ACTIVATIONS", "NOISE_PRIORS", "HALF_LOG_2PI", "Layer", "activation", "affine"]
+__all__ = ["ACTIVATIONS", "NOISE_PRIORS", "Layer", "activation", "affine"]
 
 _aten = torch.ops.aten
-
-HALF_LOG_2PI = 0.5 * math.log(2.0 * math.pi)  # a standard normal's log-density constant
 
 
 class Layer(NamedTuple):

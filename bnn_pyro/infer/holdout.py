@@ -51,6 +51,7 @@ import torch
 from pyro import poutine
 
 from bnn_pyro.infer._common import Data, quiet_model
+from bnn_pyro.likelihoods import HALF_LOG_2PI
 
 __all__ = [
     "Holdout",
@@ -171,7 +172,7 @@ def heldout_score(model, values: dict[str, torch.Tensor], holdout: Holdout) -> f
         loc, scale = base.loc, base.scale
         z2 = ((y.reshape(loc.shape) - loc) / scale).double().pow(2)
         c2 = z2.mean()
-        ll = -0.5 * (math.log(2 * math.pi) + torch.log(c2) + 1.0) - torch.log(scale.double()).expand_as(z2).mean()
+        ll = -HALF_LOG_2PI - 0.5 * (torch.log(c2) + 1.0) - torch.log(scale.double()).expand_as(z2).mean()
         return float(ll) * (z2.numel() / y.shape[0])
     return float(fn.log_prob(y).double().sum()) / y.shape[0]
 

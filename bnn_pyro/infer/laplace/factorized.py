@@ -27,8 +27,7 @@ from bnn_pyro.infer._analytic import normal_loc_scale
 from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._logjoint import is_identity
 from bnn_pyro.infer._potential import Potential
-
-_HALF_LOG_2PI = 0.5 * math.log(2 * math.pi)
+from bnn_pyro.likelihoods import HALF_LOG_2PI
 
 
 @dataclass
@@ -99,7 +98,7 @@ def build(run, data_first: tuple, dataset_size: int, pot: Potential, values: dic
             loc, scale = (p.detach().to(dtype=dtype, device=device).reshape(-1) for p in params)
             locs.append(loc)
             precs.append(scale**-2)
-            const += float((scale.log() + _HALF_LOG_2PI).sum())
+            const += float((scale.log() + HALF_LOG_2PI).sum())
         elif size == 1 and name in pot.transforms:
             scalars.append(Scalar(start, node["fn"], pot.transforms[name], node["fn"].shape()))
             locs.append(torch.zeros(1, dtype=dtype, device=device))

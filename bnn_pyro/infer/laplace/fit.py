@@ -35,6 +35,7 @@ from bnn_pyro.infer.laplace.priors import normal_sites, potentials
 from bnn_pyro.infer.laplace.structure import make_layout
 from bnn_pyro.infer.map_fit import minimize
 from bnn_pyro.infer.optim import check_lr
+from bnn_pyro.likelihoods import HALF_LOG_2PI
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice, positive, positive_int
@@ -506,7 +507,7 @@ def _noise_terms(model, pot: Potential, z, lik, data: Data, site: str, s: Settin
     value = pot.constrain(pot.unflatten(z))[site]
     sigma0 = float(value if site == "sigma" else value.rsqrt())
     count = data.size * model.output_dim(data.first()[0])
-    rss = 2 * sigma0**2 * (lik.value - count * (math.log(sigma0) + 0.5 * math.log(2 * math.pi)))
+    rss = 2 * sigma0**2 * (lik.value - count * (math.log(sigma0) + HALF_LOG_2PI))
     return NoiseTerms(
         sigma0=sigma0,
         rss=rss,

@@ -11,6 +11,7 @@ from bnn_pyro.infer.laplace.curvature import Terms
 from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.infer.laplace.priors import NormalSites
 from bnn_pyro.infer.laplace.structure import Layout
+from bnn_pyro.likelihoods import HALF_LOG_2PI
 from bnn_pyro.utils.user_warnings import warn
 
 LOG_DELTA_MAX = math.log(1e8)  # prior precisions are searched in [1e-8, 1e8]
@@ -26,7 +27,7 @@ def log_evidence(value, g: torch.Tensor, hess: torch.Tensor) -> torch.Tensor:
         chol = torch.linalg.cholesky(hess)
         quad = (torch.linalg.solve_triangular(chol, g[:, None], upper=False) ** 2).sum()
         logdet = 2 * chol.diagonal().log().sum()
-    return -value + 0.5 * quad - 0.5 * logdet + 0.5 * g.numel() * math.log(2 * math.pi)
+    return -value + 0.5 * quad - 0.5 * logdet + g.numel() * HALF_LOG_2PI
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def optimize_precision(
         sigma = log_sigma.exp()
         ratio = (noise.sigma0 / sigma) ** 2
         hyper = noise.prior.log_prob(sigma**-2 if noise.precision else sigma).double()
-        value = noise.rss / (2 * sigma**2) + noise.count * (log_sigma + 0.5 * math.log(2 * math.pi)) - hyper
+        value = noise.rss / (2 * sigma**2) + noise.count * (log_sigma + HALF_LOG_2PI) - hyper
         return value, lik.grad * ratio, lik.hess * ratio ** (noise.power / 2)  # (a Kron * a tensor is a Kron)
 
     def closure():

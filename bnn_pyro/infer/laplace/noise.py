@@ -22,6 +22,7 @@ from bnn_pyro.infer.laplace.functional import output_jacobian, site_values
 from bnn_pyro.infer.laplace.kfac import layer_jacobians
 from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.infer.laplace.structure import Layout
+from bnn_pyro.likelihoods import HALF_LOG_2PI
 from bnn_pyro.model import BNN
 
 ROUNDS = 20  # fixed-point rounds at most; they stop once sigma moves by less than 0.1%
@@ -35,7 +36,7 @@ def best_sigma(f: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> tuple[flo
 
     def lpd(sigmas):
         total = var[None] + sigmas.pow(2).reshape((-1,) + (1,) * f.dim())
-        values = -0.5 * (torch.log(2 * math.pi * total) + (y - f)[None] ** 2 / total)
+        values = -HALF_LOG_2PI - 0.5 * (torch.log(total) + (y - f)[None] ** 2 / total)
         return values.reshape(len(sigmas), f.shape[0], -1).sum(-1).mean(-1)
 
     return maximize_on_log_grid(lpd, (y - f).pow(2).mean().sqrt().clamp_min(1e-12))
