@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 from bnn_pyro.infer.shared import torch_threads
 
 CARD = {
@@ -104,7 +104,7 @@ def build(*, hidden: int = 64, features: int = 32, seed: int = 0) -> Entry:
     head = nn.Linear(features, pretrained[4].out_features)
     net = nn.Sequential(backbone, head)  # sites "1.weight", "1.bias"
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical(), bayesian=["1.*"])
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     perm = torch.randperm(x_test.shape[1], generator=torch.Generator().manual_seed(seed))
 
     def deterministic_net() -> nn.Sequential:

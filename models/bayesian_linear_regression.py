@@ -9,7 +9,7 @@ returns ``(m, L^-1)`` (float64; weights first, then the bias), the yardstick for
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "Bayesian linear regression (exact posterior)",
@@ -55,7 +55,7 @@ def build(*, n: int = 40, noise: float = 0.5, prior_scale: float = 1.0, seed: in
         cov = torch.linalg.inv(precision)
         return cov @ X1.T @ y.double() / noise**2, cov
 
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     return Entry(
         name="bayesian_linear_regression",
         model=model,

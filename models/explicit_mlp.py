@@ -12,7 +12,7 @@ import pyro
 import pyro.distributions as dist
 import torch
 
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "Explicit two-hidden-layer BNN (NumPyro's BNN example as a Pyro function)",
@@ -63,7 +63,7 @@ def make_data(n: int = 50, n_test: int = 100, sigma_obs: float = 0.05):
 def build(*, hidden: int = 5, seed: int = 0) -> Entry:
     x, y, x_test, y_test = make_data()
     fn = partial(model, hidden=hidden)
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     return Entry(
         name="explicit_mlp",
         model=fn,

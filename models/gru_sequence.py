@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "GRU sequence classifier (lagged recall of generated tokens)",
@@ -77,7 +77,7 @@ def build(
     model = bp.BNN(
         GRUTagger(vocab, embed, hidden), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical()
     )
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     return Entry(
         name="gru_sequence",
         model=model,

@@ -9,7 +9,7 @@ import pyro.distributions as dist
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "Horseshoe MLP: automatic input relevance",
@@ -61,7 +61,7 @@ def build(*, hidden: int = 20, global_scale: float = 0.1, seed: int = 0) -> Entr
         scale = s["0.weight_tau"].reshape(-1, 1) * s["0.weight_lambda"].reshape(-1, 10)
         return scale.median(0).values
 
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     return Entry(
         name="horseshoe_mlp",
         model=model,

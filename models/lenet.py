@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "LeNet-style conv BNN on 8x8 digits",
@@ -56,7 +56,7 @@ def build(*, channels: tuple = (6, 16), hidden: int = 32, seed: int = 0) -> Entr
         nn.Linear(hidden, 10),
     )
     model = bp.BNN(net, prior=bp.priors.LayerwiseNormal("kaiming"), likelihood=bp.likelihoods.Categorical())
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     return Entry(
         name="lenet",
         model=model,

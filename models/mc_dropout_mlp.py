@@ -10,7 +10,7 @@ import pyro.distributions as dist
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "MC dropout MLP on 1-D data with a gap",
@@ -54,7 +54,7 @@ def build(*, hidden: int = 50, p: float = 0.1, seed: int = 0) -> Entry:
     model = bp.BNN(
         net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(0.5))
     )
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     defaults["mc_dropout"]["p"] = p
     return Entry(
         name="mc_dropout_mlp",

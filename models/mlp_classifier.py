@@ -8,7 +8,7 @@ uncertainty and the mutual information between label and weights its epistemic p
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "MLP classifier (two moons; digits with dataset='digits')",
@@ -52,7 +52,7 @@ def build(*, dataset: str = "moons", hidden: int = 32, seed: int = 0) -> Entry:
     net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, classes))
     prior = bp.priors.Normal(0.0, 1.0) if dataset == "digits" else bp.priors.LayerwiseNormal("radford")
     model = bp.BNN(net, prior=prior, likelihood=bp.likelihoods.Categorical())
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     if dataset == "digits":
         defaults["svi"].update(batch_size=128, num_steps=2000)
     return Entry(

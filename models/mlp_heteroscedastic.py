@@ -10,7 +10,7 @@ variance over draws of ``mu`` (epistemic: ``pred.epistemic_std``, it grows away 
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "Heteroscedastic MLP regression (aleatoric vs epistemic)",
@@ -48,7 +48,7 @@ def build(*, hidden: int = 50, prior_scale: float = 1.0, n: int = 200, seed: int
     torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(1, hidden), torch.nn.Tanh(), torch.nn.Linear(hidden, 2))
     model = bp.BNN(net, prior=bp.priors.Normal(0.0, prior_scale), likelihood=bp.likelihoods.HeteroscedasticGaussian())
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     return Entry(
         name="mlp_heteroscedastic",
         model=model,

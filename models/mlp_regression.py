@@ -9,7 +9,7 @@ import pyro.distributions as dist
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "MLP regression on 1-D data with a gap (learned noise)",
@@ -63,7 +63,7 @@ def build(*, hidden: int = 50, prior_scale: float = 1.0, noise_prior: float = 0.
         prior=bp.priors.Normal(0.0, prior_scale),
         likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(noise_prior)),
     )
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     return Entry(
         name="mlp_regression",
         model=model,

@@ -8,7 +8,7 @@ reports per-layer sparsity (``bnn_pyro.infer.variational_dropout.sparsity_report
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.data.zoo import Entry
+from bnn_pyro.data.zoo import Entry, fit_defaults
 
 CARD = {
     "title": "Sparse variational dropout MLP on 8x8 digits",
@@ -43,7 +43,7 @@ def build(*, hidden: int = 100, seed: int = 0) -> Entry:
     torch.manual_seed(seed)
     net = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
     model = bp.BNN(net, prior=bp.priors.LayerwiseNormal("radford"), likelihood=bp.likelihoods.Categorical())
-    defaults = {m: {**s, "seed": seed, "progress": False} for m, s in CARD["default_settings"].items()}
+    defaults = fit_defaults(CARD, seed=seed)
     return Entry(
         name="sparse_vd_digits",
         model=model,

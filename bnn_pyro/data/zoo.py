@@ -31,7 +31,7 @@ from bnn_pyro.infer import fit as _fit
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 
-__all__ = ["Entry", "list", "load", "card", "reference", "CARD_KEYS"]
+__all__ = ["Entry", "list", "load", "card", "reference", "fit_defaults", "CARD_KEYS"]
 
 _list = list  # this module defines list(); keep the builtin at hand
 CARD_KEYS = ("title", "summary", "prior", "likelihood", "default_method", "default_settings", "data", "references")
@@ -99,6 +99,16 @@ class Entry:
         if self.task == "regression":
             return {"rmse": float(metrics.rmse(pred.mean, y)), "test_log_likelihood": tll}
         return {"accuracy": float(metrics.accuracy(pred, y)), "nll": -tll, "ece": float(metrics.ece(pred.probs, y))}
+
+
+def fit_defaults(card: dict[str, Any], *, seed: int) -> dict[str, dict[str, Any]]:
+    """An entry's :attr:`Entry.fit_defaults` from its card: ``card["default_settings"]`` per method, each with
+    ``seed`` (an entry's fits are reproducible under its ``build(seed=...)``) and ``progress=False`` (a zoo fit
+    runs inside scripts, benchmarks and tests; ``entry.fit(progress=True)`` shows the bar). Each method's
+    settings are a new dict, so an entry may adjust them (``defaults["svi"].update(...)``)."""
+    return {
+        method: {**settings, "seed": seed, "progress": False} for method, settings in card["default_settings"].items()
+    }
 
 
 def list() -> _list[str]:  # noqa: A001 - bp.zoo.list() is the public name

@@ -50,6 +50,16 @@ def test_bad_names_error_clearly():
         zoo.load("mlp_classifier", dataset="mnist")
 
 
+def test_fit_defaults_seed_every_method_and_leave_the_card_alone():
+    card = {"default_settings": {"svi": {"num_steps": 10}, "nuts": {}}}
+    got = zoo.fit_defaults(card, seed=3)
+    assert got == {"svi": {"num_steps": 10, "seed": 3, "progress": False}, "nuts": {"seed": 3, "progress": False}}
+    got["svi"]["num_steps"] = 99  # an entry adjusts its copy (mc_dropout_mlp, mlp_classifier do)
+    assert card["default_settings"]["svi"] == {"num_steps": 10}
+    entry = zoo.load("bayesian_linear_regression", seed=2)  # what a user gets from an entry that adjusts nothing
+    assert entry.fit_defaults == zoo.fit_defaults(zoo.card("bayesian_linear_regression"), seed=2)
+
+
 @pytest.mark.parametrize("name", ENTRIES)
 def test_card_is_complete(name):
     card = zoo.card(name)
