@@ -31,7 +31,7 @@ import torch
 import bnn_pyro as bp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/_common.py
-from _common import results_dir, write_result  # noqa: E402
+from _common import markdown, results_dir, write_result  # noqa: E402
 
 FEATURES, BATCH = 16, 1000
 METHODS = {
@@ -112,12 +112,6 @@ def main(args) -> pd.DataFrame:
     )
     print(table.to_string(index=False))
     return table
-
-
-def markdown(table: pd.DataFrame) -> str:
-    """A GitHub Markdown table (pandas' to_markdown needs the optional tabulate package)."""
-    rows = [list(table.columns), ["---"] * table.shape[1]] + table.astype(str).values.tolist()
-    return "".join("| " + " | ".join(map(str, r)) + " |\n" for r in rows)
 
 
 if __name__ == "__main__":
