@@ -60,6 +60,8 @@ __all__ = [
     "open_chains",
     "check_shapes",
     "current_names",
+    "descent_state",
+    "restore_descent",
 ]
 
 FORMAT = "bnn_pyro.checkpoint"
@@ -182,6 +184,29 @@ def unflatten_state(state: Any, tensors: dict[str, torch.Tensor]) -> Any:
     return state
 
 
+def descent_state(step: int, opt, sched, losses: torch.Tensor, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
+    """What every descent's checkpoint holds besides its parameters, after ``step`` steps: the first ``step``
+    losses (into ``tensors`` as ``"losses"``) and the optimizer's and scheduler's states (their tensors into
+    ``tensors``, :func:`flatten_state`), returned as the metadata entries ``"optimizer"`` and ``"scheduler"``.
+    :func:`restore_descent` reads them back."""
+    tensors["losses"] = losses[:step]
+    return {
+        "optimizer": flatten_state("optimizer", opt.state_dict(), tensors),
+        "scheduler": None if sched is None else flatten_state("scheduler", sched.state_dict(), tensors),
+    }
+
+
+def restore_descent(tensors: dict[str, torch.Tensor], meta: dict[str, Any], opt, sched, losses: torch.Tensor) -> int:
+    """Load what :func:`descent_state` saved into ``opt``, ``sched`` and the first ``step`` entries of ``losses``
+    (``step``: the file's, ``meta["step"]``); returns ``step``."""
+    opt.load_state_dict(unflatten_state(meta["optimizer"], tensors))
+    if sched is not None:
+        sched.load_state_dict(unflatten_state(meta["scheduler"], tensors))
+    step = meta["step"]
+    losses[:step] = tensors["losses"]
+    return step
+
+
 def check_shapes(path: Path, expected: dict[str, torch.Tensor], tensors: dict[str, torch.Tensor]) -> None:
     """Refuse to resume from ``path`` when a saved tensor's shape is not this run's (another net: the folder's
     identity, :mod:`bnn_pyro.infer.checkpoint_folder`, usually says so first; files without one get here)."""
@@ -268,12 +293,8 @@ class StepCheckpoint:
 
     def save(self, step: int, opt, sched, losses: torch.Tensor) -> None:
         tensors = {f"param/{i}": p for i, p in enumerate(self.params)}
-        tensors["losses"] = losses[:step]
         tensors.update({f"record/{k}": v[:step] for k, v in self.records.items()})
-        meta = {
-            "optimizer": flatten_state("optimizer", opt.state_dict(), tensors),
-            "scheduler": None if sched is None else flatten_state("scheduler", sched.state_dict(), tensors),
-        }
+        meta = descent_state(step, opt, sched, losses, tensors)
         if self.extra is not None:
             extra_tensors, meta["extra"] = self.extra.state_dict()
             tensors.update({f"extra/{k}": v for k, v in extra_tensors.items()})
@@ -295,11 +316,7 @@ class StepCheckpoint:
         with torch.no_grad():
             for i, p in enumerate(self.params):
                 p.copy_(tensors[f"param/{i}"])
-        opt.load_state_dict(unflatten_state(meta["optimizer"], tensors))
-        if sched is not None:
-            sched.load_state_dict(unflatten_state(meta["scheduler"], tensors))
-        step = meta["step"]
-        losses[:step] = tensors["losses"]
+        step = restore_descent(tensors, meta, opt, sched, losses)
         for k, v in self.records.items():
             v[:step] = tensors[f"record/{k}"]
         if self.extra is not None:
@@ -357,12 +374,7 @@ def save_svi(ckpt: Checkpoint, step: int, opt, sched, losses: torch.Tensor) -> N
     import pyro
 
     tensors = {f"param/{n}": p for n, p in pyro.get_param_store().named_parameters()}
-    tensors["losses"] = losses[:step]
-    meta = {
-        "optimizer": flatten_state("optimizer", opt.state_dict(), tensors),
-        "scheduler": None if sched is None else flatten_state("scheduler", sched.state_dict(), tensors),
-    }
-    ckpt.save(step, tensors, meta)
+    ckpt.save(step, tensors, descent_state(step, opt, sched, losses, tensors))
 
 
 def restore_svi(ckpt: Checkpoint, opt, sched, losses: torch.Tensor) -> int:
@@ -383,9 +395,4 @@ def restore_svi(ckpt: Checkpoint, opt, sched, losses: torch.Tensor) -> int:
                     store[name].copy_(value)
                 else:  # created after the first step (e.g. a REINFORCE baseline)
                     pyro.param(name, value.clone())
-    opt.load_state_dict(unflatten_state(meta["optimizer"], tensors))
-    if sched is not None:
-        sched.load_state_dict(unflatten_state(meta["scheduler"], tensors))
-    step = meta["step"]
-    losses[:step] = tensors["losses"]
-    return step
+    return restore_descent(tensors, meta, opt, sched, losses)
