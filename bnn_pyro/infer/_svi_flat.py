@@ -209,19 +209,12 @@ def descend(
         lambda batch, step: (None, flat.step(*batch)),
         flat.params,
         data,
-        num_steps=loop.num_steps,
-        lr=loop.lr,
-        opt=opt,
-        lr_schedule=loop.lr_schedule,
         seed=seed,
-        method=loop.method,
-        desc=loop.desc.format(index=index),
-        progress=loop.progress,
-        quantity=loop.quantity,
-        hint=loop.hint,
+        opt=opt,
         resumable=resumable,
         backward=False,
         check_every=_check_interval(flat.device),
+        **loop.descend_options(index),
     )
     flat.to_store()
     return losses

@@ -124,6 +124,22 @@ class Loop:
     progress: bool = True
     reduce: Callable | None = field(default=None, compare=False)
 
+    def descend_options(self, index: int = 0) -> dict[str, Any]:
+        """The keywords of :func:`~bnn_pyro.infer.driver.descend` that this loop sets, for chain ``index``: every
+        caller of ``descend`` that takes a :class:`Loop` passes the same ones."""
+        return dict(
+            num_steps=self.num_steps,
+            lr=self.lr,
+            optimizer=self.optimizer,
+            lr_schedule=self.lr_schedule,
+            method=self.method,
+            desc=self.desc.format(index=index),
+            progress=self.progress,
+            quantity=self.quantity,
+            hint=self.hint,
+            reduce=self.reduce,
+        )
+
 
 def run(
     engine: Engine, state, data: Data, loop: Loop, *, seed: int, index: int = 0, ckpt: Checkpoint | None = None
@@ -161,21 +177,12 @@ def run(
         objective,
         state.params,
         data,
-        num_steps=loop.num_steps,
-        lr=loop.lr,
-        optimizer=loop.optimizer,
-        lr_schedule=loop.lr_schedule,
         seed=seed,
-        method=loop.method,
-        desc=loop.desc.format(index=index),
-        progress=loop.progress,
-        quantity=loop.quantity,
-        hint=loop.hint,
         on_step=on_step,
-        reduce=loop.reduce,
         resumable=resumable,
         record_dtype=engine.record_dtype,
         opt=None if engine.optimizer is None else engine.optimizer(state),
+        **loop.descend_options(index),
         **own,
     )
     return {fields[0]: losses, **records}
