@@ -293,14 +293,17 @@ def _slices(total: int, step: int) -> Iterator[slice]:
 
 
 @contextmanager
-def evaluating(model: torch.nn.Module):
-    """``model`` in eval mode inside the context (dropout off, BatchNorm's running statistics), its mode restored."""
-    was_training = model.training
-    model.eval()
+def evaluating(model):
+    """``model`` in eval mode inside the context (dropout off, BatchNorm's running statistics), its mode restored
+    on the way out, also on an error. A model without a mode (a plain Pyro function) is left as it is."""
+    was_training = getattr(model, "training", None)
+    if was_training is not None:
+        model.eval()
     try:
         yield
     finally:
-        model.train(was_training)
+        if was_training is not None:
+            model.train(was_training)
 
 
 @contextmanager

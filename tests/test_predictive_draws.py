@@ -275,3 +275,21 @@ def test_a_prediction_pickles_and_its_lazy_parts_are_the_same_after_loading(like
     assert isinstance(loaded.source, NetworkDraws) and torch.equal(loaded.draws, pred.draws)
     if outputs == 1:
         assert torch.equal(loaded.lower, pred.lower) and torch.equal(loaded.mean, pred.mean)
+
+
+def test_evaluating_restores_the_mode_on_error_and_leaves_a_plain_function_alone():
+    net = nn.Sequential(nn.Linear(1, 1), nn.Dropout(0.5))
+    with pytest.raises(RuntimeError, match="inside"), predictive_draws.evaluating(net):
+        assert not net.training and not net[1].training
+        raise RuntimeError("inside")
+    assert net.training and net[1].training
+    net.eval()
+    with predictive_draws.evaluating(net):
+        pass
+    assert not net.training  # restored to what it was, not switched to training
+
+    def model(x, y=None):  # a Pyro function model has no mode (Laplace's curvature takes one)
+        return x
+
+    with predictive_draws.evaluating(model):
+        assert not hasattr(model, "training")

@@ -19,6 +19,7 @@ import torch
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.model import BNN
+from bnn_pyro.predictive_draws import evaluating
 
 __all__ = ["SWAGMoments", "PretrainOptimizer", "PhasedOptimizer", "auto_lr", "batchnorm_statistics"]
 
@@ -173,17 +174,13 @@ def batchnorm_statistics(
         inputs = [xb for xb, _ in data.loader_pass()]
     else:  # near-equal chunks: none of size 1, which training-mode BatchNorm refuses
         inputs = list(torch.tensor_split(data.x, math.ceil(data.x.shape[0] / batch_size)))
-    was_training = model.training
-    model.eval()  # only the BatchNorm layers run in training mode (dropout stays off)
-    try:
+    with evaluating(model):  # only the BatchNorm layers run in training mode (dropout stays off)
 
         def refresh(values, i):
             return model.batchnorm_statistics({k: values[k][i] for k in model.sample_names}, inputs)
 
         per_draw = [refresh(samples, i) for i in range(next(iter(samples.values())).shape[0])]
         own = refresh(average, 0)
-    finally:
-        model.train(was_training)
     with torch.no_grad():
         for name, b in model.net.named_buffers():
             if name in own:

@@ -5,7 +5,6 @@ Normal priors, :mod:`.factorized`, else by Hessian-vector products)."""
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -22,6 +21,7 @@ from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.infer.laplace.priors import PriorPart
 from bnn_pyro.infer.laplace.structure import Layout
 from bnn_pyro.model import BNN
+from bnn_pyro.predictive_draws import evaluating
 
 
 @dataclass
@@ -97,20 +97,8 @@ def likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) ->
     GGN or empirical Fisher; the diagonal GGN on the analytic potential in one pass (:func:`analytic_diagonal`).
     The net runs in eval mode throughout (dropout off, BatchNorm on its running statistics): the curvature is that of
     the deterministic net at the MAP, and so are the value and gradient."""
-    with _evaluating(model):
+    with evaluating(model):
         return _likelihood_terms(model, pots, z, data, layout, s)
-
-
-@contextlib.contextmanager
-def _evaluating(model):
-    was_training = getattr(model, "training", None)
-    if was_training is not None:
-        model.eval()
-    try:
-        yield
-    finally:
-        if was_training is not None:
-            model.train(was_training)
 
 
 def _likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -> Terms:

@@ -35,6 +35,7 @@ from bnn_pyro.infer.laplace.kfac import layer_jacobians
 from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.likelihoods import Bernoulli, Categorical
 from bnn_pyro.posterior.linearized import CENTER, linearized_outputs
+from bnn_pyro.predictive_draws import evaluating
 from bnn_pyro.utils.checks import choice, positive_int
 
 __all__ = ["linearized_outputs", "functional_moments", "predictive_probs", "CENTER"]
@@ -54,9 +55,7 @@ def functional_moments(approx, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
         parts = [functional_moments(approx, x[i : i + rows]) for i in range(0, x.shape[0], rows)]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
     model, pot, z, active = approx.model, approx.potential, approx.expansion_point, approx.active
-    was_training = model.training
-    model.eval()
-    try:
+    with evaluating(model):
         if isinstance(approx.precision, Kron):
             coords, start = {}, 0
             for name, shape in pot.shapes.items():
@@ -74,8 +73,6 @@ def functional_moments(approx, x: torch.Tensor) -> tuple[torch.Tensor, torch.Ten
                 if sigma.dim() == 1
                 else torch.einsum("bow,wv,bpv->bop", jac, sigma, jac)
             )
-    finally:
-        model.train(was_training)
     mean = f.double() + jac @ (approx.mean - z)[active].double()
     return mean, cov
 
