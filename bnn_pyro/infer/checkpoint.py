@@ -59,6 +59,7 @@ __all__ = [
     "FORMAT",
     "open_chains",
     "check_shapes",
+    "checkpoint_folder",
     "current_names",
     "descent_state",
     "restore_descent",
@@ -219,18 +220,26 @@ def check_shapes(path: Path, expected: dict[str, torch.Tensor], tensors: dict[st
             )
 
 
+def checkpoint_folder(folder: str | os.PathLike) -> Path:
+    """``checkpoint=``'s folder as a :class:`~pathlib.Path`; :class:`FileNotFoundError` when it is not an existing
+    folder (a fit does not create it). The check of :func:`bnn_pyro.infer.checkpoint_folder.guard` and of each
+    :class:`Checkpoint`."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(
+            f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
+            "(checkpoint= names a folder that gets one file per chain)."
+        )
+    return folder
+
+
 class Checkpoint:
     """One chain's checkpoint file: :meth:`load` (the saved state, or ``None``) and :meth:`due` /
     :meth:`save` inside the step loop. ``run`` identifies the run (method and configuration):
     resuming from a file of another run is an error."""
 
     def __init__(self, folder: str | os.PathLike, *, every: int | None, resume: bool, chain: int, run: dict):
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise FileNotFoundError(
-                f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
-                "(checkpoint= names a folder that gets one file per chain)."
-            )
+        folder = checkpoint_folder(folder)
         self.path = folder / f"chain{chain}.ckpt"
         self.every = None if every is None else positive_int("checkpoint_every", every)
         self.run = json.loads(json.dumps(run))

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bnn_pyro.infer.checkpoint import CheckpointError, read, write
+from bnn_pyro.infer.checkpoint import CheckpointError, checkpoint_folder, read, write
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.posterior.posterior_file import fingerprint
@@ -53,13 +53,8 @@ def guard(folder, *, model, data: Data, resume) -> Iterator[None]:
         raise TypeError(
             f"checkpoint: expected the path of a folder, got {type(folder).__name__}; pass e.g. checkpoint='runs/fit1'."
         )
-    folder = Path(folder)
+    folder = checkpoint_folder(folder)
     resume = isinstance(resume, (bool, np.bool_)) and bool(resume)  # anything else: the engine's own error
-    if not folder.is_dir():
-        raise FileNotFoundError(
-            f"checkpoint: the folder {str(folder)!r} does not exist; create it first "
-            "(checkpoint= names a folder that gets one file per chain)."
-        )
     fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o666)
     keep_from_children(fd)  # chain workers forked during the fit must not keep the lock after it
     try:

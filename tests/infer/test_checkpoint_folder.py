@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -78,6 +79,16 @@ def test_resume_with_another_model_or_data_is_refused_naming_what_differs(fitted
     ):
         _resume(folder, *change(*toy))
     assert (folder / "chain0.ckpt").read_bytes() == before  # the run's state is untouched
+
+
+def test_a_missing_folder_is_refused_naming_it_by_the_guard_and_by_a_checkpoint(toy, tmp_path):
+    missing = tmp_path / "not_there"
+    message = rf"checkpoint: the folder '{re.escape(str(missing))}' does not exist; create it first"
+    with pytest.raises(FileNotFoundError, match=message):
+        bp.fit(_mlp(), *toy, checkpoint=missing, **SVI)
+    with pytest.raises(FileNotFoundError, match=message):
+        ckpt_mod.Checkpoint(missing, every=None, resume=False, chain=0, run={})
+    assert not missing.exists()  # a fit never creates it
 
 
 def test_resume_with_the_same_model_and_data_goes_on(fitted, toy):
