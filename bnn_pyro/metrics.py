@@ -115,11 +115,7 @@ def pit(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int
     of held-out data are uniform on ``[0, 1]``. Needs a :class:`~bnn_pyro.BNN` with one output and
     an observation distribution that has a CDF (e.g. ``Gaussian``).
     """
-    if not _is_posterior(posterior) or not isinstance(posterior.model, BNN):
-        raise TypeError(
-            f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
-            f"{type(posterior).__name__}{'' if not _is_posterior(posterior) else ' of a Pyro function'}."
-        )
+    _check_bnn_posterior(posterior)
     x = posterior.inputs(x)
     y = as_tensor("y", y)
     if y.shape[0] != x.shape[0]:
@@ -155,11 +151,7 @@ def predictive_interval(
     ensemble). Needs a :class:`~bnn_pyro.BNN` with one output and a likelihood whose distribution has a CDF
     and an inverse CDF (e.g. ``Gaussian``); ``ValueError`` otherwise.
     """
-    if not _is_posterior(posterior) or not isinstance(posterior.model, BNN):
-        raise TypeError(
-            f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
-            f"{type(posterior).__name__}{'' if not _is_posterior(posterior) else ' of a Pyro function'}."
-        )
+    _check_bnn_posterior(posterior)
     level = float(level)
     if not 0.0 < level < 1.0:
         raise ValueError(f"level: expected a probability in (0, 1), e.g. 0.95, got {level}.")
@@ -466,6 +458,16 @@ def rejection_curve(
 
 
 # ---------------------------------------------------------------------------------------- checks
+def _check_bnn_posterior(posterior) -> None:
+    """``TypeError`` unless ``posterior`` is a fitted Posterior of a :class:`~bnn_pyro.BNN` (what :func:`pit` and
+    :func:`predictive_interval` need: its observation distribution at new inputs)."""
+    if not _is_posterior(posterior) or not isinstance(posterior.model, BNN):
+        raise TypeError(
+            f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
+            f"{type(posterior).__name__}{'' if not _is_posterior(posterior) else ' of a Pyro function'}."
+        )
+
+
 def _is_posterior(obj) -> bool:
     """Whether ``obj`` is a fitted :class:`~bnn_pyro.Posterior` (its draws and their predictive), known by its
     interface: this module does not import :mod:`bnn_pyro.posterior`, whose plots use these metrics."""

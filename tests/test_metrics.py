@@ -188,6 +188,17 @@ def _linear_posterior(weights, biases, *, scale=0.5):
     return bp.Posterior(samples={"weight": w, "bias": b}, model=model, method="hand")
 
 
+def _function_posterior():
+    """A Posterior of a plain Pyro function model (pit and predictive_interval need a bp.BNN)."""
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            pyro.sample("obs", dist.Normal(w * x[:, 0], 1.0), obs=y)
+
+    return bp.Posterior(samples={"w": torch.zeros(1, 3)}, model=model, method="hand")
+
+
 X = torch.tensor([[-1.0], [0.0], [2.0]])
 Y = torch.tensor([-0.5, 0.4, 2.5])
 
@@ -281,6 +292,16 @@ def test_metrics_is_reachable_from_the_package():
             r"x has 3, y has 2",
         ),
         (lambda: metrics.interval_coverage(PROBS, LABELS), TypeError, r"prediction: expected a RegressionPrediction"),
+        (
+            lambda: metrics.pit(PROBS, X, Y),
+            TypeError,
+            r"posterior: expected a bnn_pyro.Posterior of a bp.BNN .* got Tensor",
+        ),
+        (
+            lambda: metrics.predictive_interval(_function_posterior(), X),
+            TypeError,
+            r"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got Posterior of a Pyro function",
+        ),
         (lambda: metrics.ood_auroc(torch.zeros(2, 2), torch.zeros(2)), ValueError, r"scores_in: expected one score"),
         (lambda: metrics.ood_auroc(torch.zeros(2), torch.tensor([])), ValueError, r"scores_out is empty"),
         (lambda: metrics.ood_auroc(torch.zeros(2), torch.zeros(2), score="max"), ValueError, r"score: unknown value"),
