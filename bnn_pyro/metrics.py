@@ -250,14 +250,19 @@ def log_predictive_density(
     else:
         idx = torch.as_tensor(draws, dtype=torch.long).reshape(-1)
     with torch.no_grad():
-        if isinstance(posterior.model, BNN):
-            d = posterior.observation_distribution(x, idx)
-            log_p = d.log_prob(match_target(d, y, batch_dims=1))
-        else:
-            log_p = torch.stack(
-                [fn.log_prob(match_target(fn, y, batch_dims=0)) for fn in traced_obs(posterior, x, idx)]
-            )
-    if log_p.dim() != 2:
+        return mixture_log_density(posterior, x, y, idx)
+
+
+def mixture_log_density(posterior: Posterior, x, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """``log (1/S) sum_s p(y_n | x_n, w_s)`` per row ``(N,)`` over the posterior draws ``idx`` (flat indices), for
+    ``x`` and ``y`` already checked: the mixture of :func:`log_predictive_density`, differentiable in ``x`` (the
+    caller decides on ``no_grad``; :func:`bnn_pyro.tasks.adversarial.predictive_nll` differentiates it)."""
+    if isinstance(posterior.model, BNN):
+        d = posterior.observation_distribution(x, idx)
+        log_p = d.log_prob(match_target(d, y, batch_dims=1))
+    else:
+        log_p = torch.stack([fn.log_prob(match_target(fn, y, batch_dims=0)) for fn in traced_obs(posterior, x, idx)])
+    if log_p.dim() > 2:  # several outputs per row: their joint density
         log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
     return torch.logsumexp(log_p, 0) - math.log(log_p.shape[0])
 

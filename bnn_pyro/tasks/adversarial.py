@@ -18,14 +18,12 @@ Example
 
 from __future__ import annotations
 
-import math
-
 import torch
 
+from bnn_pyro.metrics import mixture_log_density
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import check_data, positive
-from bnn_pyro.utils.targets import match_target, traced_obs
 
 __all__ = ["predictive_nll", "fgsm"]
 
@@ -33,14 +31,7 @@ __all__ = ["predictive_nll", "fgsm"]
 def predictive_nll(post, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """``-log (1/S) sum_s p(y_n | x_n, w_s)`` per row ``(N,)`` over the pooled draws ``idx``,
     differentiable in ``x`` (no ``no_grad``)."""
-    if isinstance(post.model, BNN):
-        d = post.observation_distribution(x, idx)
-        log_p = d.log_prob(match_target(d, y, batch_dims=1))
-    else:
-        log_p = torch.stack([fn.log_prob(match_target(fn, y, batch_dims=0)) for fn in traced_obs(post, x, idx)])
-    if log_p.dim() > 2:
-        log_p = log_p.reshape(log_p.shape[0], log_p.shape[1], -1).sum(-1)
-    return -(torch.logsumexp(log_p, 0) - math.log(log_p.shape[0]))
+    return -mixture_log_density(post, x, y, idx)
 
 
 def fgsm(
