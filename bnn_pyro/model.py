@@ -42,7 +42,7 @@ from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integ
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
 from bnn_pyro.selection import Bayesian, SelectorLike, frozen_as_buffers, nothing_random, selector
-from bnn_pyro.utils.checks import instance, pyro_distribution
+from bnn_pyro.utils.checks import check_data, instance, pyro_distribution
 from bnn_pyro.utils.linear_stack import linear_stack as _linear_stack
 from bnn_pyro.utils.linear_stack import run_linear_stack as _run_linear_stack
 from bnn_pyro.utils.linear_stack import runs_per_draw as _runs_per_draw
@@ -479,6 +479,27 @@ def fit_attributes(names) -> None:
     ``AttributeError`` that says to fit first. :mod:`bnn_pyro.posterior` declares every public name of
     ``Posterior`` when it is defined (this module does not import it: it imports this one)."""
     _FIT_ATTRIBUTES.update(names)
+
+
+def check_model_data(model, x, y=None):
+    """``x`` (and ``y``) checked and converted as a fit of ``model`` converts its training data
+    (:func:`~bnn_pyro.utils.checks.check_data`): for a :class:`BNN`, onto its device and float dtype, token ids
+    kept integer (:mod:`bnn_pyro.inputs`), ``x`` checked against the net (:meth:`BNN.output_shape`, found without
+    computation) and ``y`` against the likelihood (``check_output_target``); a Pyro function model gets
+    ``check_data``'s defaults. Returns ``(x, y)``, ``y`` ``None`` when not given."""
+    bnn = isinstance(model, BNN)
+    x, y = check_data(
+        x,
+        y,
+        device=model.device if bnn else None,
+        float_dtype=model.dtype if bnn else None,
+        keep_integer=bnn and model.integer_inputs,
+    )
+    if bnn:
+        out_shape = model.output_shape(x)
+        if y is not None:
+            y = model.likelihood.check_output_target(y, out_shape)
+    return x, y
 
 
 def _check_proper(name: str, d: Distribution) -> None:

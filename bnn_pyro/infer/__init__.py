@@ -20,9 +20,9 @@ from bnn_pyro.infer._health import check_targets
 from bnn_pyro.infer.checkpoint_folder import guard
 from bnn_pyro.infer.declaration import Capabilities, Declaration
 from bnn_pyro.infer.registry import REGISTRY, Method
-from bnn_pyro.model import BNN
+from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
+from bnn_pyro.utils.checks import choice, flag, positive_int
 from bnn_pyro.utils.checks import seed as checked_seed
 
 __all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options", "unfit_reason"]
@@ -238,16 +238,4 @@ def _checked(model, x, y):
             "x: a batch of the loader holds no targets (its y is None); make every batch an (x, y) pair "
             "of tensors, e.g. a DataLoader over TensorDataset(x, y)."
         )
-    bnn = isinstance(model, BNN)
-    x, y = check_data(
-        x,
-        y,
-        device=model.device if bnn else None,
-        float_dtype=model.dtype if bnn else None,
-        keep_integer=bnn and model.integer_inputs,
-    )
-    if isinstance(model, BNN):
-        out_shape = model.output_shape(x)
-        if y is not None:
-            y = model.likelihood.check_output_target(y, out_shape)
-    return x, y
+    return check_model_data(model, x, y)

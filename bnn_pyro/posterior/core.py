@@ -25,11 +25,11 @@ import torch
 from pyro import poutine
 
 from bnn_pyro import predictions
-from bnn_pyro.model import BNN, fit_attributes
+from bnn_pyro.model import BNN, check_model_data, fit_attributes
 from bnn_pyro.posterior import posterior_file
 from bnn_pyro.posterior.linearized import linearized_outputs
 from bnn_pyro.predictive_draws import NetworkDraws, Observation
-from bnn_pyro.utils.checks import check_data, positive_int, probability
+from bnn_pyro.utils.checks import positive_int, probability
 from bnn_pyro.utils.checks import seed as check_seed
 from bnn_pyro.utils.targets import base_distribution
 
@@ -243,17 +243,7 @@ class Posterior:
         """``x`` checked and converted as the fit converted its training inputs (the model's device and
         float dtype; token ids kept integer, :mod:`bnn_pyro.inputs`), with a clear error for inputs the net
         cannot take (found without computation)."""
-        is_bnn = isinstance(self.model, BNN)
-        x, _ = check_data(
-            x,
-            None,
-            device=self.model.device if is_bnn else None,
-            float_dtype=self.model.dtype if is_bnn else None,
-            keep_integer=is_bnn and self.model.integer_inputs,
-        )
-        if is_bnn:
-            self.model.output_shape(x)
-        return x
+        return check_model_data(self.model, x)[0]
 
     def observation_distribution(
         self, x: torch.Tensor, idx: torch.Tensor | None = None, *, draws_per_chunk: int | None = None

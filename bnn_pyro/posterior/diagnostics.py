@@ -33,9 +33,9 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bnn_pyro.model import BNN
+from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.utils import user_warnings
-from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
+from bnn_pyro.utils.checks import choice, flag, positive_int
 from bnn_pyro.utils.upstream_private import arviz_log_level
 
 if TYPE_CHECKING:
@@ -176,17 +176,7 @@ def to_inference_data(
             UserWarning,
         )
     if x is not None:
-        is_bnn = isinstance(post.model, BNN)
-        x, y = check_data(
-            x,
-            y,
-            device=post.model.device if is_bnn else None,
-            float_dtype=post.model.dtype if is_bnn else None,
-            keep_integer=is_bnn and post.model.integer_inputs,
-        )
-        if is_bnn:
-            out = post.model.output_shape(x)  # a clear error for inputs the net cannot take
-            y = None if y is None else post.model.likelihood.check_output_target(y, out)
+        x, y = check_model_data(post.model, x, y)  # a clear error for inputs the net cannot take
         if y is not None:
             groups["observed_data"] = {"obs": y.cpu().numpy()}
         named = {"": x} if isinstance(x, torch.Tensor) else (x.kwargs or {str(i): t for i, t in enumerate(x.args)})
@@ -246,7 +236,7 @@ def function_draws(post: Posterior, x, *, draws_per_chunk: int = 64) -> torch.Te
     must record ``pyro.deterministic("f", ...)``.
     """
     _require_model(post, "evaluate the network in function space")
-    x = post.inputs(x) if isinstance(post.model, BNN) else check_data(x, None)[0]
+    x = post.inputs(x)  # checked as the fit checked its inputs (a Pyro function model: check_data's defaults)
     total = post.num_chains * post.num_draws
     with torch.no_grad():
         if isinstance(post.model, BNN):  # the network alone (not a Laplace fit's linearization), in chunks of draws
