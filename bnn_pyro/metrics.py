@@ -116,10 +116,7 @@ def pit(posterior: Posterior, x, y, *, num_samples: int | None = None, seed: int
     an observation distribution that has a CDF (e.g. ``Gaussian``).
     """
     _check_bnn_posterior(posterior)
-    x = posterior.inputs(x)
-    y = as_tensor("y", y)
-    if y.shape[0] != x.shape[0]:
-        raise ValueError(f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}.")
+    x, y = _held_out(posterior, x, y)
     idx = posterior.draw_index(num_samples, seed)
     with torch.no_grad():
         d = posterior.observation_distribution(x, idx)
@@ -238,13 +235,7 @@ def log_predictive_density(
             f"posterior: expected a bnn_pyro.Posterior (what bp.fit returns), got "
             f"{type(posterior).__name__}. For a prediction use metrics.nll(prediction, y)."
         )
-    x = posterior.inputs(x) if isinstance(posterior.model, BNN) else float_tensor("x", x)
-    y = as_tensor("y", y)
-    if y.shape[0] != x.shape[0]:
-        raise ValueError(
-            f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}. "
-            "Each row of x needs one row of y."
-        )
+    x, y = _held_out(posterior, x, y)
     if draws is None:
         idx = posterior.draw_index(num_samples, seed)
     else:
@@ -471,6 +462,19 @@ def _check_bnn_posterior(posterior) -> None:
             f"posterior: expected a bnn_pyro.Posterior of a bp.BNN regression model, got "
             f"{type(posterior).__name__}{'' if not _is_posterior(posterior) else ' of a Pyro function'}."
         )
+
+
+def _held_out(posterior, x, y) -> tuple[torch.Tensor, torch.Tensor]:
+    """Held-out ``x`` (as the fit converted its inputs, for a BNN; floats for a Pyro function model) and ``y``,
+    checked to have one row each."""
+    x = posterior.inputs(x) if isinstance(posterior.model, BNN) else float_tensor("x", x)
+    y = as_tensor("y", y)
+    if y.shape[0] != x.shape[0]:
+        raise ValueError(
+            f"x and y have different numbers of rows: x has {x.shape[0]}, y has {y.shape[0]}. "
+            "Each row of x needs one row of y."
+        )
+    return x, y
 
 
 def _is_posterior(obj) -> bool:

@@ -291,6 +291,11 @@ def test_metrics_is_reachable_from_the_package():
             ValueError,
             r"x has 3, y has 2",
         ),
+        (
+            lambda: metrics.pit(_linear_posterior([1.0], [0.0]), X, Y[:2]),
+            ValueError,
+            r"x has 3, y has 2\. Each row of x needs one row of y",
+        ),
         (lambda: metrics.interval_coverage(PROBS, LABELS), TypeError, r"prediction: expected a RegressionPrediction"),
         (
             lambda: metrics.pit(PROBS, X, Y),
