@@ -319,12 +319,13 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         and elbo_kind is not ElboKind.REINFORCE
         and estimator is Estimator.SAMPLE
         and sharing is None
-        and not warmup
+        and not (warmup and closed_kl)
         and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.MAP)
     )
     joint = _logjoint.build(model, data.size) if fast else None
+    # the closed-form KL and the KL warm-up only on the flat path (_logjoint's loss has neither)
     fast = joint is not None and (
-        not closed_kl or not cfg.distributed and _svi_flat.FlatMeanField.covers(joint, x0, y0)
+        not (closed_kl or warmup) or not cfg.distributed and _svi_flat.FlatMeanField.covers(joint, x0, y0)
     )
     config["fast_path"] = fast
     names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
@@ -359,7 +360,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         if kl is not None:  # the KL weight on the model's and the guide's latent sites (kl_warmup's docstring)
             wrap, q_train = _compose(wrap, kl), kl(q_train)
         loss = (
-            _logjoint.svi_loss(_logjoint.build(fitted, data.size), q, num_particles) if fast and not closed_kl else None
+            _logjoint.svi_loss(_logjoint.build(fitted, data.size), q, num_particles)
+            if fast and not (closed_kl or warmup)
+            else None
         )
         objective = _loss_fn(
             elbo_kind,
@@ -407,7 +410,13 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
 
         def flat_of(state: _State):
             return _svi_flat.FlatMeanField.of(
-                _logjoint.build(state.model, data.size), state.guide, num_particles, x0, y0, analytic_kl=closed_kl
+                _logjoint.build(state.model, data.size),
+                state.guide,
+                num_particles,
+                x0,
+                y0,
+                analytic_kl=closed_kl,
+                warmup_steps=warmup,
             )
 
         post = _svi_flat.drive(

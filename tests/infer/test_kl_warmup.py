@@ -4,17 +4,30 @@ settings as tests/infer/test_svi.py's exact mean-field test, whose docstring der
 
 from __future__ import annotations
 
+import warnings
+
 import pyro
+import pyro.distributions as dist
 import pytest
+import torch
 from blr import flat_draws, make_blr  # tests/ is on sys.path (conftest.py's folder)
 from pyro import poutine
 from pyro.infer import Trace_ELBO
 from pyro.infer.autoguide import AutoNormal
 
 import bnn_pyro as bp
+from bnn_pyro.infer import _svi_flat
 from bnn_pyro.infer.kl_warmup import KLWeight, warmup_steps
 
 MEAN_TOL, SD_TOL = 0.12, 0.08  # tests/infer/test_svi.py's (4x the seed scatter of such a fit)
+SHORT = dict(
+    num_steps=30,
+    num_samples=6,
+    seed=2,
+    progress=False,
+    kl_warmup=0.5,
+    optimizer=lambda params: torch.optim.Adam(params, lr=1e-2, foreach=True),  # Pyro's path's Adam, not fused
+)
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +94,34 @@ def test_after_the_warmup_the_fit_reaches_the_exact_mean_field_optimum(blr):
     mf_sd = blr.precision.diag().rsqrt()  # the KL(q || p) optimum's sds
     assert ((d.mean(0) - blr.mean).abs() / blr.cov.diag().sqrt()).max() < MEAN_TOL
     assert ((d.std(0) / mf_sd) - 1).abs().max() < SD_TOL
+
+
+@pytest.mark.parametrize("options", [dict(), dict(num_particles=3, batch_size=16)])
+def test_the_flat_path_weighs_the_kl_as_pyros_path_does(options, monkeypatch):
+    """The same draws on both paths (a learned noise included, whose prior and Jacobian are weighted too): the
+    losses and draws agree within float32 rounding, as tests/infer/test_svi_flat.py holds for the unweighted ELBO."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(40, 2, generator=g) * 4 - 2
+    y = torch.sin(x.sum(1)) + 0.1 * torch.randn(40, generator=g)
+
+    def fit(**more):
+        torch.manual_seed(1)
+        net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        model = bp.BNN(
+            net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the convergence diagnostics of a short run
+            return bp.fit(model, x, y, **{**SHORT, **options, **more})
+
+    steps, original = [], _svi_flat.FlatMeanField.step
+    monkeypatch.setattr(_svi_flat.FlatMeanField, "step", lambda self, x, y: steps.append(1) or original(self, x, y))
+    flat = fit()
+    assert len(steps) == 30 and flat.config["fast_path"] is True  # the flat path ran every step
+    pyro_path = fit(fast_path=False)
+    assert len(steps) == 30 and pyro_path.config["fast_path"] is False
+    torch.testing.assert_close(flat.history["loss"], pyro_path.history["loss"], rtol=1e-5, atol=0)
+    for name in flat.samples:
+        torch.testing.assert_close(flat.samples[name], pyro_path.samples[name], rtol=1e-5, atol=1e-6)
+    plain = fit(kl_warmup=0.0)  # the weight is visible: the same draws give other losses during the warm-up
+    assert (plain.history["loss"] - flat.history["loss"]).abs().max() > 1e-3 * flat.history["loss"].abs().max()
