@@ -10,8 +10,9 @@ the fitted guide answers the same question; only the path to it changes.
 How: a Pyro ``Messenger`` (:class:`KLWeight`) around both the model and the guide multiplies the log density of
 every latent (not observed) sample site by ``beta``; with ``Trace_ELBO`` the estimator is then
 ``log p(y | w) + beta * (log p(w) - log q(w))``, an unbiased estimate of the weighted objective, and with the
-closed-form KL (``elbo="mean_field"``) the KL of each site is scaled by the same ``beta``. It runs on Pyro's path
-(the fast path's hand-written gradient has no such weight).
+closed-form KL (``elbo="mean_field"``) the KL of each site is scaled by the same ``beta``. SVI's flat fast path
+weighs the same terms in its hand-written gradient (:func:`bnn_pyro.infer._analytic_elbo.negative_elbo`); with the
+closed-form KL a warm-up runs Pyro's path.
 
 Example
 -------

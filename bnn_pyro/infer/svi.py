@@ -196,8 +196,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     kl_warmup:
         KL annealing: the fraction of ``num_steps`` over which the weight of the KL term rises linearly from
         ``1 / W`` to 1 (Blundell et al. 2015; Sønderby et al. 2016; :mod:`bnn_pyro.infer.kl_warmup`), in ``[0, 1)``;
-        after it the objective is the ELBO itself. Default 0 (none). With a warm-up the fit runs Pyro's path (the fast
-        path's hand-written gradient has no KL weight).
+        after it the objective is the ELBO itself. Default 0 (none). With ``elbo="mean_field"`` a warm-up runs Pyro's
+        path (the flat fast path weighs the Monte Carlo KL only).
     baseline_beta:
         With ``elbo="reinforce"`` and ``num_particles=1`` only: the decay of the average past cost used as
         the baseline (with several particles the baseline is leave-one-out; see :mod:`bnn_pyro.infer.score`).
