@@ -8,6 +8,9 @@ name:key=value,key=value``); the baselines are ``laplace`` and ``ensemble`` at t
 Usage::
 
     python benchmarks/svi_defaults.py --dataset friedman1_low_noise,friedman1 --splits 3
+    python benchmarks/svi_defaults.py --dataset friedman1 --rows 100 --splits 3 \
+        --variant svi --variant "svi kl_warmup=0.5:kl_warmup=0.5"      # 100 rows: the small-N setting
+    python benchmarks/svi_defaults.py --dataset diabetes --rows 100 --width 200 --splits 2   # and a wider net
 
 writes, in ``benchmarks/results/svi_defaults/``, ``splits.csv`` (one row per dataset, split and variant) and
 ``results.md`` (headed by the run's provenance; per dataset:
