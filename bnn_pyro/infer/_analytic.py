@@ -238,6 +238,17 @@ class StackPotential:
         first = self._ops[0]
         grads[first.weight], grads[first.bias] = g[..., :-1].reshape(lead + (-1,)), g[..., -1]
 
+    def noise_prior(self, theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A learned noise's prior and Jacobian part of U, ``-log p(sigma) - log |d sigma / d z|``, and its derivative
+        in the noise's unconstrained value ``z`` (both over ``theta``'s leading dimensions); zeros without one."""
+        if self._noise is None:
+            zero = theta.new_zeros(theta.shape[:-1])
+            return zero, zero
+        _, index, _, prior, score = self._noise
+        z = theta[..., index]
+        value = z.exp()
+        return -prior.log_prob(value) - z, -score(prior, value) - 1.0
+
     def _noise_terms(self, theta, ss, count: int, factor: float):
         """A learned noise's part of U (likelihood, its prior, the Jacobian), its gradient in the noise's
         unconstrained value, and ``factor / sigma^2`` (the scale of ``f - y`` in the backward pass)."""

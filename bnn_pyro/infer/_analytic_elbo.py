@@ -19,7 +19,7 @@ from bnn_pyro.likelihoods import HALF_LOG_2PI
 __all__ = ["negative_elbo", "mean_field_loss", "store_params"]
 
 
-def negative_elbo(loc, scale, eps, pot: StackPotential, x, y, *, analytic_kl: bool = False):
+def negative_elbo(loc, scale, eps, pot: StackPotential, x, y, *, analytic_kl: bool = False, kl_weight: float = 1.0):
     """``(-ELBO, d/d loc, d/d scale)`` of a mean-field Gaussian ``q`` over ``theta`` at the standard-normal draws
     ``eps`` (``(D,)``, or ``(P, D)``: ``P`` particles, averaged), by hand: ``z = loc + scale * eps`` (the
     reparameterized estimator of Pyro's ``Trace_ELBO``), ``-ELBO = U(z) - sum log scale - |eps|^2 / 2 - D log(2 pi) / 2``;
@@ -27,18 +27,38 @@ def negative_elbo(loc, scale, eps, pot: StackPotential, x, y, *, analytic_kl: bo
 
     ``analytic_kl=True``: the estimator of ``elbo="mean_field"`` (:class:`~bnn_pyro.infer.reparam.MeanFieldELBO`,
     Pyro's ``TraceMeanField_ELBO`` on Normal guide sites): ``KL(q || p)`` of every Normal-prior weight in closed form,
-    ``-ELBO = U_lik(z) + KL`` with ``U_lik`` the potential without the Normal priors (see :func:`_closed_kl`)."""
+    ``-ELBO = U_lik(z) + KL`` with ``U_lik`` the potential without the Normal priors (see :func:`_closed_kl`).
+
+    ``kl_weight`` (``beta``, ``svi``'s ``kl_warmup``; Trace_ELBO's estimator only): ``-log p(y | z) + beta (log q(z) -
+    log p(z))``, every latent's prior (the Normal priors and a learned noise's prior and Jacobian) and ``log q``
+    weighted by ``beta``, as :class:`~bnn_pyro.infer.kl_warmup.KLWeight` weights them on Pyro's path."""
     z = torch.addcmul(loc, scale, eps)
     if analytic_kl:
         return _closed_kl(loc, scale, eps, z, pot, x, y)
     u, grad = pot(z, x, y)
+    if kl_weight != 1.0:
+        u, grad = _weigh_prior(u, grad, z, pot, kl_weight)
     log_q = 0.5 * (eps * eps).sum(-1) + HALF_LOG_2PI * eps.shape[-1]
     if eps.dim() == 2:  # particles
         u, log_q = u.mean(0), log_q.mean(0)
-        g_loc, g_scale = grad.mean(0), (grad * eps).mean(0) - scale.reciprocal()
+        g_loc, g_scale = grad.mean(0), (grad * eps).mean(0) - kl_weight * scale.reciprocal()
     else:
-        g_loc, g_scale = grad, grad * eps - scale.reciprocal()
-    return u - scale.log().sum() - log_q, g_loc, g_scale
+        g_loc, g_scale = grad, grad * eps - kl_weight * scale.reciprocal()
+    return u - kl_weight * (scale.log().sum() + log_q), g_loc, g_scale
+
+
+def _weigh_prior(u, grad, z, pot: StackPotential, kl_weight: float):
+    """``U`` and its gradient with the prior part (``0.5 (z - m)' P (z - m) + const`` of the Normal priors, and a
+    learned noise's :meth:`~bnn_pyro.infer._analytic.StackPotential.noise_prior`) weighted by ``kl_weight``."""
+    d = z - pot.prior_loc
+    g_prior = pot.prior_precision * d
+    u_prior = 0.5 * (d * g_prior).sum(-1) + pot.prior_const
+    if pot.noise_index is not None:
+        u_noise, g_noise = pot.noise_prior(z)
+        u_prior = u_prior + u_noise
+        g_prior[..., pot.noise_index] += g_noise
+    rest = 1.0 - kl_weight
+    return u - rest * u_prior, grad - rest * g_prior
 
 
 def _closed_kl(loc, scale, eps, z, pot: StackPotential, x, y):

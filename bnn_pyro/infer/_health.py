@@ -457,15 +457,45 @@ def svi_advice(post) -> str:
     if guide == "mean_field":
         return (
             "A mean-field guide on a wide net and a small data set can make the prior the best ELBO (Coker et al. "
-            "2022, 'Wide mean-field Bayesian neural networks ignore the data'): try guide='low_rank' or "
-            "'full_rank', more num_steps if the ELBO is still falling, or method='nuts'."
+            "2022, 'Wide mean-field Bayesian neural networks ignore the data'); more steps or kl_warmup do not "
+            "change that optimum (docs/engines.md, 'Mean-field SVI on small data'): try guide='low_rank' or "
+            "'full_rank', or method='nuts'."
         )
     return "Try more num_steps if the ELBO is still falling, a smaller lr if it is noisy, or method='nuts'."
 
 
+NOISE_OVER_SPREAD_MAX = 1.0
+""":func:`check_learned_noise` warns when a learned Gaussian noise sd (its posterior median) is at least this multiple
+of the training targets' sd: the likelihood then ascribes all of y's variance to noise, i.e. the fitted f explains
+none of it (a mean-field guide on little data ends there at its ELBO optimum, not for want of steps: see
+``docs/engines.md``, "Mean-field SVI on small data")."""
+
+
+def check_learned_noise(post, *, advice: str = "") -> None:
+    """Warn when a ``BNN``'s learned homoscedastic Gaussian noise is at least :data:`NOISE_OVER_SPREAD_MAX` times the
+    sd of its (single-output) training targets; ``advice``: what to try, specific to the engine."""
+    from bnn_pyro.likelihoods import Gaussian
+    from bnn_pyro.model import BNN
+
+    model, y = post.model, post.y
+    if not isinstance(model, BNN) or type(model.likelihood) is not Gaussian or y is None or y.shape[0] < 2:
+        return
+    noise = {k: post.samples[k] for k in model.likelihood.sites() if k in post.samples}
+    if not noise or y.reshape(y.shape[0], -1).shape[1] != 1 or not y.dtype.is_floating_point:
+        return
+    sigma = float(model.likelihood.noise_scale(noise).double().median())
+    sd = float(y.double().std())
+    if sd > 0 and sigma >= NOISE_OVER_SPREAD_MAX * sd:
+        _warn(
+            f"{post.method}: the learned noise sd ({sigma:.3g}, posterior median) is at least the training targets' "
+            f"sd ({sd:.3g}; threshold {NOISE_OVER_SPREAD_MAX:g}x): the fit ascribes all of y's variance to noise "
+            f"and its f explains none of it. {advice}"
+        )
+
+
 def check_svi(post):
-    """Every SVI check (:func:`check_elbo` on ``history["loss"]``, :func:`check_predictive` with
-    :func:`svi_advice`); returns ``post``."""
+    """Every SVI check (:func:`check_elbo` on ``history["loss"]``, :func:`check_predictive` and
+    :func:`check_learned_noise` with :func:`svi_advice`); returns ``post``."""
     if "loss" in post.history:
         unscaled = unscaled_targets(post.model, post.y)
         check_elbo(
@@ -474,7 +504,9 @@ def check_svi(post):
             lr=post.config.get("lr"),
             advice=None if unscaled is None else f"The cause is likely the units, not the budget: {unscaled}",
         )
-    check_predictive(post, advice=svi_advice(post))
+    advice = svi_advice(post)
+    check_predictive(post, advice=advice)
+    check_learned_noise(post, advice=advice)
     return post
 
 

@@ -39,6 +39,7 @@ from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.checkpoint import CheckpointError
 from bnn_pyro.infer.contract import Engine, Loop, run
 from bnn_pyro.infer.driver import Resumable, assemble, run_chains
+from bnn_pyro.infer.kl_warmup import kl_weight
 from bnn_pyro.infer.optim import Optimizer, make_optimizer
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice
@@ -62,8 +63,10 @@ class FlatMeanField:
         scales: list[torch.Tensor],
         num_particles: int,
         analytic_kl: bool = False,
+        warmup_steps: int = 0,
     ):
         self.pot, self._store, self.analytic_kl = pot, (locs, scales), analytic_kl
+        self.warmup_steps, self.kl_weight = warmup_steps, 1.0  # kl_warmup: descend sets kl_weight per step
         self._sizes = [t.numel() for t in locs]
         with torch.no_grad():
             self.loc = torch.cat([t.reshape(-1) for t in locs]).requires_grad_()
@@ -89,12 +92,14 @@ class FlatMeanField:
         y: torch.Tensor,
         *,
         analytic_kl: bool = False,
+        warmup_steps: int = 0,
     ) -> FlatMeanField | None:
         """The flat state of ``guide`` (set up: its parameters in the store) on ``joint``'s analytic potential, or
         ``None`` where this path does not apply (another guide or scale constraint, deterministic parameters, a
         model the analytic potential does not cover or disagrees with at its probe point). ``analytic_kl``: the
         estimator of ``elbo="mean_field"`` (closed-form KL, see :func:`~bnn_pyro.infer._analytic_elbo.negative_elbo`)
-        instead of ``Trace_ELBO``'s."""
+        instead of ``Trace_ELBO``'s; ``warmup_steps``: ``svi``'s KL warm-up (Trace_ELBO's estimator only, see
+        :func:`~bnn_pyro.infer._analytic_elbo.negative_elbo`)."""
         if joint is None or joint.model.point_names or type(guide) is not autoguide.AutoNormal:
             return None
         if type(transform_to(guide.scale_constraint)) is not SoftplusTransform:
@@ -105,7 +110,9 @@ class FlatMeanField:
             return None
         locs, scales = stored
         pot = _logjoint.analytic(joint, names, {n: t.shape for n, t in zip(names, locs)}, x, y)
-        return None if pot is None else cls(pot, locs, scales, num_particles, analytic_kl)
+        if pot is None or (warmup_steps and analytic_kl):
+            return None
+        return cls(pot, locs, scales, num_particles, analytic_kl, warmup_steps)
 
     @staticmethod
     def covers(joint: _logjoint.LogJoint | None, x: torch.Tensor, y: torch.Tensor) -> bool:
@@ -129,11 +136,16 @@ class FlatMeanField:
             eps = self._eps if self._eps.dim() == 1 else torch.cat(self._blocks, -1, out=self._eps)
             scale = F.softplus(self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
             value, g_loc, g_scale = _analytic_elbo.negative_elbo(
-                self.loc, scale, eps, self.pot, x, y, analytic_kl=self.analytic_kl
+                self.loc, scale, eps, self.pot, x, y, analytic_kl=self.analytic_kl, kl_weight=self.kl_weight
             )
             self.loc.grad = g_loc
             self.rho.grad = torch.ops.aten.softplus_backward(g_scale, self.rho, _SOFTPLUS_BETA, _SOFTPLUS_THRESHOLD)
         return value
+
+    def weigh(self, step: int) -> FlatMeanField:
+        """Set the KL weight for the 0-based ``step`` of the run (:func:`~bnn_pyro.infer.kl_warmup.kl_weight`)."""
+        self.kl_weight = kl_weight(step, self.warmup_steps)
+        return self
 
     def to_store(self) -> None:
         """Write ``loc``/``rho`` into the guide's parameters in Pyro's store."""
@@ -206,7 +218,7 @@ def descend(
     schedule and progress bar. Returns the losses; the flat values go back to Pyro's parameter store."""
     opt = _optimizer(loop.optimizer, flat.params, loop.lr)
     losses = driver.descend(
-        lambda batch, step: (None, flat.step(*batch)),
+        lambda batch, step: (None, flat.weigh(step).step(*batch)),
         flat.params,
         data,
         seed=seed,

@@ -74,6 +74,7 @@ from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Engine, Loop, RunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
+from bnn_pyro.infer.kl_warmup import kl_weight
 from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, Schedule, check_lr
 from bnn_pyro.infer.reparam import Estimator, RecordedGaussian, WeightNoise
 from bnn_pyro.model import BNN
@@ -390,7 +391,7 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
         rest, kl = state.neg_elbo(*batch)
         loss = rest + kl
         info = VDInfo(loss.item(), kl.item()) if threshold is None else SparseVDInfo(loss.item(), kl.item(), math.nan)
-        return (rest + min(1.0, (index + 1) / warmup_steps) * kl if warmup_steps else loss), info
+        return (rest + kl_weight(index, warmup_steps) * kl if warmup_steps else loss), info
 
     def after(state: _State, index: int, info):
         state.weights.project()
