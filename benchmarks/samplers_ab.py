@@ -57,9 +57,12 @@ def _child(settings: dict) -> list[dict]:
     import bnn_pyro as bp
     from bnn_pyro.infer import _logjoint
     from bnn_pyro.infer._common import quiet_model
-    from bnn_pyro.infer._flat_hmc import FlatHMC
     from bnn_pyro.infer._nuts import FlatNUTS
 
+    try:
+        FlatHMC = importlib.import_module("bnn_pyro.infer._one_chain").FlatHMC
+    except ModuleNotFoundError:  # before: the one-chain kernels' module was named _flat_hmc
+        FlatHMC = importlib.import_module("bnn_pyro.infer._flat_hmc").FlatHMC
     analytic_batched = importlib.import_module("bnn_pyro.infer._analytic_batched")
     one_chain = getattr(analytic_batched, "OneChain", None) or analytic_batched.one_chain_leapfrog
     try:

@@ -50,7 +50,7 @@ from torch import Tensor
 
 from bnn_pyro.infer._analytic_batched import sharp
 from bnn_pyro.infer._batched import MAX_ENERGY_ERROR, TransitionStats, momentum
-from bnn_pyro.infer._flat_hmc import OneChainKernel
+from bnn_pyro.infer._one_chain import OneChainKernel
 
 __all__ = ["FlatNUTS", "nuts_transition"]
 
