@@ -188,7 +188,7 @@ def main(args) -> str:
     )
     load_start = os.getloadavg()[0]
     sys.path.insert(0, str(HERE))
-    from _common import alternating, exported, side_result  # here: it imports this checkout's bnn_pyro
+    from _common import alternating, exported, results_dir, side_result, write_result  # this checkout's bnn_pyro
 
     with exported(args.before) as before:
         sides = {"before": before, "after": ROOT}
@@ -210,7 +210,7 @@ def main(args) -> str:
         f"SVI {args.svi_steps // 10} and {args.svi_steps} steps, "
         f"{args.warm} transitions before timing a kernel, {args.transitions} transitions per figure (20x that "
         f"for the per-transition figures), minimum of {args.repeats} alternating repeats of thread CPU time",
-        f"- command: `python benchmarks/samplers_ab.py --before {args.before} --repeats {args.repeats}`",
+        f"- command: `python benchmarks/samplers_ab.py {' '.join(sys.argv[1:])}`",
         "",
     ]
     lines = ["| net | measure | before ms | after ms | after / before |", "|---|---|---|---|---|"]
@@ -227,9 +227,7 @@ def main(args) -> str:
     text = "\n".join(header + lines) + ("\n\n" + args.note if args.note else "") + "\n"
     print(text)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{args.name}.md").write_text(text)
+        write_result(results_dir("samplers_ab", args.out) / f"{args.name}.md", text)
     return text
 
 
