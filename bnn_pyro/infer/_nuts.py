@@ -363,7 +363,7 @@ def _check(z, u, g, step, steps, minv, max_tree_depth) -> None:
         and minv.shape[:2] == z.shape
         and minv.shape[2:] in ((), z.shape[1:])
         and z.is_floating_point()
-        and min(steps) > 0
+        and all(v > 0 for v in steps)  # not min(): a NaN step would pass it
         and type(max_tree_depth) is int
         and max_tree_depth >= 1
     ):
