@@ -214,3 +214,55 @@ def write_result(path: str | os.PathLike, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(provenance() + "\n\n" + text)
     return path
+
+
+# ---------------------------------------------------------------------- A/B runs against an earlier revision
+@contextmanager
+def exported(revision: str):
+    """``bnn_pyro/`` as of git ``revision``, extracted (``git archive``) into a temporary folder that is yielded
+    (put it first on ``PYTHONPATH``) and removed afterwards: the "before" side of an A/B benchmark."""
+    import tempfile
+
+    root = Path(__file__).resolve().parents[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "archive", revision, "bnn_pyro"], cwd=root, check=True, capture_output=True)
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive.stdout, check=True)
+        yield Path(tmp)
+
+
+def side_result(tree: str | os.PathLike, module: str, function: str, settings: dict):
+    """``module.function(settings)`` (a benchmark's child entry point, in ``benchmarks/``) run in a child process
+    whose ``bnn_pyro`` is the one under ``tree`` (checked); returns its JSON result. Each side of an A/B runs
+    in a process of its own, so that the two libraries never share an interpreter."""
+    import json
+    import sys
+    import tempfile
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(here)]))
+    code = (
+        "import sys, json, importlib, bnn_pyro; tree = sys.argv[1]; "
+        "assert bnn_pyro.__file__.startswith(tree), f'imported {bnn_pyro.__file__}, not from {tree}'; "
+        "run = getattr(importlib.import_module(sys.argv[2]), sys.argv[3]); "
+        "print(json.dumps(run(json.loads(sys.argv[4]))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(tree), module, function, json.dumps(settings)],
+        env=env,
+        cwd=tempfile.gettempdir(),
+        capture_output=True,
+        text=True,
+    )
+    if out.returncode != 0:
+        raise SystemExit(f"the run on {tree} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def alternating(sides: dict[str, Path], repeats: int, run) -> dict[str, list]:
+    """``run(tree)`` for every side, the sides alternating ``repeats`` times (a burst of load hits both alike);
+    returns each side's results in order."""
+    runs = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, tree in sides.items():
+            runs[name].append(run(tree))
+    return runs

@@ -14,7 +14,7 @@ every model, as the tests do).
   model, held-out split, curvature, drawing) cancels. Laplace's steps are its MAP search's Adam steps.
 
 - ``hmc``: ms per leapfrog step of ``bp.fit(method="hmc")`` (16 leapfrog steps per draw, warm-up included) on the
-  1-50-1 tanh BNN of ``_common`` (N = 200, sigma 0.1): the flat kernel (``bnn_pyro/infer/_flat_hmc.py``, the default on
+  1-50-1 tanh BNN of ``_common`` (N = 200, sigma 0.1): the flat kernel (``bnn_pyro/infer/_one_chain.py``, the default on
   the analytic path) against Pyro's ``HMC`` over dicts of sites on the same analytic potential (the fast path before
   it; here by making ``mcmc.analytic_applies`` decline); (long - short) draws differenced. ``--only hmc`` runs it alone.
 

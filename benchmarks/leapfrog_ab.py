@@ -19,12 +19,8 @@ Usage: ``python benchmarks/leapfrog_ab.py [--before REV] [--repeats 3] [--out DI
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -106,37 +102,14 @@ def _child(settings: dict) -> list[dict]:
     return rows
 
 
-def _run(tree: Path, settings: dict) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(HERE)]))
-    code = (
-        "import sys, json, bnn_pyro; tree = sys.argv[1]; "
-        "assert bnn_pyro.__file__.startswith(tree), f'imported {bnn_pyro.__file__}, not from {tree}'; "
-        "from leapfrog_ab import _child; print(json.dumps(_child(json.loads(sys.argv[2]))))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tree), json.dumps(settings)],
-        env=env,
-        cwd=tempfile.gettempdir(),
-        capture_output=True,
-        text=True,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"the run on {tree} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(args) -> str:
     settings = dict(transitions=args.transitions, step=args.step, depth=args.depth, calls=args.calls)
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = Path(tmp) / "before.tar"
-        subprocess.run(["git", "archive", "-o", str(archive), args.before, "bnn_pyro"], cwd=ROOT, check=True)
-        with tarfile.open(archive) as tar:
-            tar.extractall(Path(tmp) / "before")
-        sides = {f"before ({args.before})": Path(tmp) / "before", "after (this checkout)": ROOT}
-        runs = {name: [] for name in sides}
-        for _ in range(args.repeats):  # alternating, so that a burst of load hits both sides
-            for name, tree in sides.items():
-                runs[name].append(_run(tree, settings))
+    sys.path.insert(0, str(HERE))
+    from _common import alternating, exported, results_dir, side_result, write_result  # this checkout's bnn_pyro
+
+    with exported(args.before) as before:
+        sides = {f"before ({args.before})": before, "after (this checkout)": ROOT}
+        runs = alternating(sides, args.repeats, lambda tree: side_result(tree, "leapfrog_ab", "_child", settings))
     keys = ("nuts_ms_per_leapfrog", "potential_ms", "leapfrog_ms", "aten_ops_per_leapfrog")
     lines = [
         "| net | side | NUTS ms/leapfrog | potential+gradient ms | bare leapfrog ms | aten ops/leapfrog |",
@@ -161,9 +134,6 @@ def main(args) -> str:
     )
     text = "\n".join(lines) + ("\n\n" + args.note if args.note else "")
     print(text)
-    sys.path.insert(0, str(HERE))
-    from _common import results_dir, write_result  # here: it imports this checkout's bnn_pyro (unused by the sides)
-
     write_result(results_dir("leapfrog_ab", args.out) / "results.md", text + "\n")
     return text
 

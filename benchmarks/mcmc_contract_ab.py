@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pandas as pd
@@ -30,12 +28,12 @@ import pandas as pd
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _common import markdown  # noqa: E402
+from _common import alternating, exported, markdown, side_result  # noqa: E402
 
 METHODS = {"nuts": dict(max_tree_depth=6), "hmc": {}, "metropolis": {}}
 
 
-def child(short: int, long: int) -> list[dict]:
+def child(settings: dict) -> list[dict]:
     """In a child process: the figures of the ``bnn_pyro`` on ``sys.path``."""
     import time
     import warnings
@@ -46,6 +44,7 @@ def child(short: int, long: int) -> list[dict]:
     import bnn_pyro as bp
 
     torch.set_num_threads(1)
+    short, long = settings["short"], settings["long"]
     x, y = regression(200, 1)
     rows = []
     for method, extra in METHODS.items():
@@ -82,30 +81,16 @@ def child(short: int, long: int) -> list[dict]:
 
 
 def main(args) -> pd.DataFrame:
-    with tempfile.TemporaryDirectory() as tmp:
-        before = Path(tmp)
-        archive = subprocess.run(
-            ["git", "-C", str(ROOT), "archive", args.before, "bnn_pyro"], check=True, capture_output=True
-        ).stdout
-        subprocess.run(["tar", "-x", "-C", str(before)], input=archive, check=True)
-        rows = []
-        for r in range(args.rounds):
-            for side, path in (("before", before), ("after", ROOT)):
-                env = dict(os.environ, PYTHONPATH=f"{path}{os.pathsep}{HERE}")
-                code = (
-                    f"import json, sys; sys.path[:0] = [{str(path)!r}, {str(HERE)!r}]; "
-                    f"from mcmc_contract_ab import child; print(json.dumps(child({args.short}, {args.long})))"
-                )
-                out = (
-                    subprocess.run(
-                        [sys.executable, "-c", code], env=env, cwd=tmp, check=True, capture_output=True, text=True
-                    )
-                    .stdout.strip()
-                    .splitlines()[-1]
-                )
-                for row in json.loads(out):
-                    assert row.pop("library").startswith(str(path)), (side, path)
-                    rows.append(dict(row, side=side, round=r))
+    settings = dict(short=args.short, long=args.long)
+    with exported(args.before) as before:
+        sides = {"before": before, "after": ROOT}
+        runs = alternating(sides, args.rounds, lambda tree: side_result(tree, "mcmc_contract_ab", "child", settings))
+    rows = []
+    for side, rounds in runs.items():
+        for r, result in enumerate(rounds):
+            for row in result:
+                assert row.pop("library").startswith(str(sides[side])), (side, sides[side])
+                rows.append(dict(row, side=side, round=r))
     raw = pd.DataFrame(rows)
     med = raw.groupby(["method", "side"])[["ms_per_iteration", "setup_s"]].median().unstack("side")
     table = pd.DataFrame(

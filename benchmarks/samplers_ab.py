@@ -4,8 +4,9 @@ What the one-implementation-per-sampler change could slow down, side by side (``
 main before it, with a recursive one-chain NUTS builder beside the lockstep one):
 
 - ``nuts 1 chain``: ``method="nuts"``'s one-chain kernel (``FlatNUTS``; what every chain of ``chain_method="auto"``
-  or ``"sequential"`` runs), ms per leapfrog step at tree depth <= ``--depth`` (deep trees: the per-leapfrog cost)
-  and ms per transition at depth <= 2 (shallow trees: the per-draw cost);
+  or ``"sequential"`` runs), ms per leapfrog step at tree depth <= ``--depth`` (deep trees: the per-leapfrog cost),
+  ms per transition at depth <= 2 (shallow trees: the per-draw cost), and the same with every leapfrog step
+  replaced by a stored one (the kernel's fixed cost per draw without the potential's);
 - ``hmc 1 chain``: ``FlatHMC``, ms per leapfrog step (``--num-leapfrog`` steps per draw) and per transition at 4;
 - ``nuts C chains``: the lockstep transition of ``chain_method="vectorized"`` for ``C`` in ``--chains``, ms per
   lockstep leapfrog step (C = 1 runs the one-chain leapfrog, as ``chain_method="vectorized"`` does);
@@ -27,13 +28,10 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import platform
 import subprocess
 import sys
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 
@@ -57,9 +55,12 @@ def _child(settings: dict) -> list[dict]:
     import bnn_pyro as bp
     from bnn_pyro.infer import _logjoint
     from bnn_pyro.infer._common import quiet_model
-    from bnn_pyro.infer._flat_hmc import FlatHMC
     from bnn_pyro.infer._nuts import FlatNUTS
 
+    try:
+        FlatHMC = importlib.import_module("bnn_pyro.infer._one_chain").FlatHMC
+    except ModuleNotFoundError:  # before: the one-chain kernels' module was named _flat_hmc
+        FlatHMC = importlib.import_module("bnn_pyro.infer._flat_hmc").FlatHMC
     analytic_batched = importlib.import_module("bnn_pyro.infer._analytic_batched")
     one_chain = getattr(analytic_batched, "OneChain", None) or analytic_batched.one_chain_leapfrog
     try:
@@ -94,6 +95,26 @@ def _child(settings: dict) -> list[dict]:
         spent = (time.thread_time() - start) * 1e3
         return spent / steps, spent / transitions, steps / transitions
 
+    def outside_leapfrog(kernel, transitions: int) -> tuple[float, float]:
+        """ms per transition with every leapfrog step replaced by a stored one (its first result, replayed): the
+        kernel's fixed cost per draw, without the potential's; and the leapfrog steps per transition."""
+        holder, name = (
+            (kernel.chains.leapfrog, "unbatched") if hasattr(kernel, "chains") else (kernel._potential, "leapfrog")
+        )
+        own, real, stored = name in vars(holder), getattr(holder, name), []
+
+        def replay(*args):
+            if not stored:
+                stored.append(real(*args))
+            return stored[0]
+
+        setattr(holder, name, replay)
+        try:
+            _, per_transition, length = timed(kernel, transitions)
+        finally:
+            setattr(holder, name, real) if own else delattr(holder, name)
+        return per_transition, length
+
     rows = []
     for label, widths, n, prior in NETS:
         x, y = regression(n, widths[0])
@@ -125,6 +146,9 @@ def _child(settings: dict) -> list[dict]:
         row["nuts 1 chain: ms/leapfrog"] = per_leapfrog
         row[f"nuts 1 chain: leapfrog steps/transition (<= {2 ** settings['depth'] - 1})"] = length
         row["nuts 1 chain: ms/transition, depth <= 2"] = timed(shallow, 20 * settings["transitions"])[1]
+        outside, length = outside_leapfrog(shallow, 20 * settings["transitions"])
+        row["nuts 1 chain: ms/transition outside the leapfrog (a replayed step), depth <= 2"] = outside
+        row["nuts 1 chain: leapfrog steps/transition (replayed, <= 3)"] = length
         row["hmc 1 chain: ms/leapfrog"] = timed(hmc, settings["transitions"])[0]
         row["hmc 1 chain: ms/transition, 4 steps"] = timed(hmc_short, 20 * settings["transitions"])[1]
         if prior == "normal":  # chain_method="vectorized" runs on the analytic potential only
@@ -152,25 +176,6 @@ def _child(settings: dict) -> list[dict]:
     return rows
 
 
-def _run(tree: Path, settings: dict) -> list[dict]:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tree), str(HERE)]))
-    code = (
-        "import sys, json, bnn_pyro; tree = sys.argv[1]; "
-        "assert bnn_pyro.__file__.startswith(tree), f'imported {bnn_pyro.__file__}, not from {tree}'; "
-        "from samplers_ab import _child; print(json.dumps(_child(json.loads(sys.argv[2]))))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", code, str(tree), json.dumps(settings)],
-        env=env,
-        cwd=tempfile.gettempdir(),
-        capture_output=True,
-        text=True,
-    )
-    if out.returncode != 0:
-        raise SystemExit(f"the run on {tree} failed:\n{out.stderr[-3000:]}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
-
-
 def main(args) -> str:
     settings = dict(
         transitions=args.transitions,
@@ -182,16 +187,12 @@ def main(args) -> str:
         warm=args.warm,
     )
     load_start = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory() as tmp:
-        archive = Path(tmp) / "before.tar"
-        subprocess.run(["git", "archive", "-o", str(archive), args.before, "bnn_pyro"], cwd=ROOT, check=True)
-        with tarfile.open(archive) as tar:
-            tar.extractall(Path(tmp) / "before")
-        sides = {"before": Path(tmp) / "before", "after": ROOT}
-        runs = {name: [] for name in sides}
-        for _ in range(args.repeats):  # alternating, so that a burst of load hits both sides
-            for name, tree in sides.items():
-                runs[name].append(_run(tree, settings))
+    sys.path.insert(0, str(HERE))
+    from _common import alternating, exported, results_dir, side_result, write_result  # this checkout's bnn_pyro
+
+    with exported(args.before) as before:
+        sides = {"before": before, "after": ROOT}
+        runs = alternating(sides, args.repeats, lambda tree: side_result(tree, "samplers_ab", "_child", settings))
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
     ).stdout.strip()
@@ -209,7 +210,7 @@ def main(args) -> str:
         f"SVI {args.svi_steps // 10} and {args.svi_steps} steps, "
         f"{args.warm} transitions before timing a kernel, {args.transitions} transitions per figure (20x that "
         f"for the per-transition figures), minimum of {args.repeats} alternating repeats of thread CPU time",
-        f"- command: `python benchmarks/samplers_ab.py --before {args.before} --repeats {args.repeats}`",
+        f"- command: `python benchmarks/samplers_ab.py {' '.join(sys.argv[1:])}`",
         "",
     ]
     lines = ["| net | measure | before ms | after ms | after / before |", "|---|---|---|---|---|"]
@@ -226,9 +227,7 @@ def main(args) -> str:
     text = "\n".join(header + lines) + ("\n\n" + args.note if args.note else "") + "\n"
     print(text)
     if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / f"{args.name}.md").write_text(text)
+        write_result(results_dir("samplers_ab", args.out) / f"{args.name}.md", text)
     return text
 
 

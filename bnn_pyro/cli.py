@@ -276,6 +276,35 @@ def _fit_config(method: str, args) -> dict[str, object]:
         if key in config:
             raise _Usage(f"--option {key} is given twice; keep one.")
         config[key] = value
+    return _typed_subspace_options(config) if method == "subspace" else config
+
+
+def _typed_subspace_options(config: dict) -> dict:
+    """Subspace's JSON options as the typed configs the library takes (its dict forms are deprecated):
+    ``swa={...}`` as a ``SWAGConfig``, ``inner_options={...}`` as the inner engine's config (NUTS and HMC with the
+    dense mass matrix that subspace gives them when named by a string)."""
+    from bnn_pyro.infer import REGISTRY, Method
+    from bnn_pyro.infer.swag import SWAGConfig
+
+    config = dict(config)
+    try:
+        if isinstance(config.get("swa"), dict):
+            swa = {("swag_rank" if k == "rank" else k): v for k, v in config["swa"].items()}
+            config["swa"] = SWAGConfig(**swa)
+        inner = config.get("inner", "nuts")
+        if (
+            isinstance(config.get("inner_options"), dict)
+            and isinstance(inner, str)
+            and inner in Method._value2member_map_
+        ):
+            options = dict(config.pop("inner_options"))
+            if inner in ("nuts", "hmc"):
+                options.setdefault("dense_mass", True)
+            config["inner"] = REGISTRY[Method(inner)].fit_function().config_type(**options)
+    except TypeError as err:  # an unknown field: the config's own message names it
+        raise _Usage(
+            f"--option swa / inner_options: {err} (the fields of bp.infer.swag.SWAGConfig, or bp.infer.options(inner)'s names)."
+        ) from None
     return config
 
 

@@ -281,6 +281,23 @@ def _config(argv: list[str]) -> tuple[str, dict]:
     return args.method, cli._fit_config(args.method, args)
 
 
+def test_subspace_json_options_become_the_typed_configs():
+    """--option swa={...} / inner_options={...} (JSON: the CLI cannot spell a config) reach bp.fit as the typed
+    configs, so that a CLI user sees no deprecation they cannot act on; an unknown field is a usage error."""
+    from bnn_pyro.infer.mcmc import NUTSConfig
+    from bnn_pyro.infer.svi import SVIConfig
+    from bnn_pyro.infer.swag import SWAGConfig
+
+    _, config = _config(["--method", "subspace", *TINY["subspace"]])
+    assert "inner_options" not in config
+    assert config["inner"] == NUTSConfig(num_warmup=3, jit=False, dense_mass=True)
+    assert config["swa"] == SWAGConfig(pretrain_steps=3, num_steps=4, collect_every=1, swag_rank=2)
+    _, config = _config(["--method", "subspace", "--option", "inner=svi", "--option", 'inner_options={"num_steps": 5}'])
+    assert config["inner"] == SVIConfig(num_steps=5)
+    with pytest.raises(cli._Usage, match=r"--option swa / inner_options: .*num_step"):
+        _config(["--method", "subspace", "--option", 'inner_options={"num_step": 5}'])
+
+
 @pytest.mark.parametrize("method", [m.value for m in Method])
 def test_flags_and_options_map_to_the_method_s_own_option_names(method):
     name, config = _config(["--method", method, *TINY[method], "--seed", "3", "--no-progress"])

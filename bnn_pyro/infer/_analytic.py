@@ -24,7 +24,7 @@ of :data:`NOISE_PRIORS` (unconstrained by ``exp``, Pyro's ``biject_to`` for a po
 :func:`build` checks the result against the generic potential and its autograd gradient at a probe point
 before it is used.
 
-Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC (:class:`~bnn_pyro.infer._flat_hmc.FlatHMC`; and
+Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC (:class:`~bnn_pyro.infer._one_chain.FlatHMC`; and
 ``chain_method="vectorized"`` through :meth:`StackPotential.leapfrog_batch`; Pyro's HMC reaches it through
 :func:`bnn_pyro.infer._logjoint.potential`, Metropolis, without gradients, keeps the generic one), and by
 the mean-field SVI loss

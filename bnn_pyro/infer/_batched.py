@@ -13,7 +13,7 @@ positions are the rows of one ``(C, D)`` tensor cost less per chain than one cha
   TransitionStats)``: one MCMC transition of every chain, its momentum drawn inside from ``generator``
   (:func:`hmc_transition` here; NUTS's :func:`~bnn_pyro.infer._nuts.nuts_transition`);
 - :class:`BatchedChains`: the chains' flat state, one Pyro ``WarmupAdapter`` PER CHAIN (the one-chain kernels of
-  :mod:`bnn_pyro.infer._flat_hmc` are its ``C = 1`` case: dual averaging, Stan's windows, the step-size heuristic
+  :mod:`bnn_pyro.infer._one_chain` are its ``C = 1`` case: dual averaging, Stan's windows, the step-size heuristic
   after each mass-matrix window), per-chain step sizes and inverse mass matrices, one ``torch.Generator`` for every
   random number, per-draw :class:`~bnn_pyro.infer._kernels.DrawStats` per chain, and checkpoints.
 

@@ -50,7 +50,7 @@ from torch import Tensor
 
 from bnn_pyro.infer._analytic_batched import sharp
 from bnn_pyro.infer._batched import MAX_ENERGY_ERROR, TransitionStats, momentum
-from bnn_pyro.infer._flat_hmc import OneChainKernel
+from bnn_pyro.infer._one_chain import OneChainKernel
 
 __all__ = ["FlatNUTS", "nuts_transition"]
 
@@ -142,7 +142,7 @@ def nuts_transition(
     c = z.shape[0]
     p0 = momentum(minv, generator)
     sharp0 = sharp(minv, p0)
-    u0, pp0 = torch.stack([u, torch.linalg.vecdot(p0, sharp0)]).tolist()  # one host read
+    u0, pp0 = u.tolist(), torch.linalg.vecdot(p0, sharp0).tolist()
     h0 = [a + 0.5 * b for a, b in zip(u0, pp0)]
     one = c == 1 and hasattr(leapfrog, "unbatched")
     if one:  # one chain, unbatched: (D,) vectors and a float step
@@ -152,13 +152,12 @@ def nuts_transition(
         step_fn, signed = _batched(leapfrog, minv), {True: step, False: -step}
     # the trajectory: its backward and forward ends (z, p, g, M^-1 p) and its states' momentum sum
     ends = {False: (z, p0, g, sharp0), True: (z, p0, g, sharp0)}
-    rho, log_w, draw_z, draw_g, draw_u = p0, [0.0] * c, z, g, u0
+    rho, log_w, draw_z, draw_g, draw_u = p0, [0.0] * c, z, g, list(u0)
     running = [True] * c
     depth, n_steps, accept, diverging = [max_tree_depth] * c, [0] * c, [0.0] * c, [False] * c
     # the uniforms of every doubling's direction and merge, and of the first two subtrees' leaves: one draw (a
     # shallow tree needs no other); a deeper subtree draws its leaves' when it starts
     first = torch.rand(2 * max_tree_depth + 3, c, generator=generator, dtype=z.dtype, device=z.device).tolist()
-    directions, merges = first[:max_tree_depth], first[max_tree_depth : 2 * max_tree_depth]
     for j in range(max_tree_depth):
         leaves = (
             first[2 * max_tree_depth : 2 * max_tree_depth + 1]
@@ -167,32 +166,35 @@ def nuts_transition(
             if j == 1
             else torch.rand(2**j, c, generator=generator, dtype=z.dtype, device=z.device).tolist()
         )
-        forward = [v < 0.5 for v in directions[j]]
-        begin = _pick(forward, ends[True], ends[False])
-        step_j = _pick_step(forward, signed, step)
-        new = _subtree(begin, j, step_j, h0, [not r for r in running], leaves, step_fn)
-        for i in range(c):
+        forward = [v < 0.5 for v in first[j]]
+        fw = _agree(forward)
+        new = _subtree(_pick(fw, ends[True], ends[False]), j, _signed(fw, signed, step), h0, running, leaves, step_fn)
+        # per chain, in one pass: the counts, and biased progressive sampling (the new subtree's draw wins with
+        # probability min(1, w_new / w_old)); the trajectory grows at the end it was extended from
+        take, grows = [False] * c, {True: [False] * c, False: [False] * c}
+        for i, (ok, nw, uni) in enumerate(zip(new.ok, new.log_w, first[max_tree_depth + j])):
             n_steps[i] += new.n_steps[i]
             accept[i] += new.accept_sum[i]
             diverging[i] = diverging[i] or new.diverged[i]
-        # biased progressive sampling: the new subtree's draw wins with probability min(1, w_new / w_old)
-        take = [
-            ok and (nw > w or uni < math.exp(nw - w)) for ok, nw, w, uni in zip(new.ok, new.log_w, log_w, merges[j])
-        ]
-        draw_z, draw_g = _pick(take, new.draw[0], draw_z), _pick(take, new.draw[1], draw_g)
-        draw_u = [nu if t else du for t, nu, du in zip(take, new.draw[2], draw_u)]
-        log_w = [_logaddexp(w, nw) if ok else w for ok, w, nw in zip(new.ok, log_w, new.log_w)]
+            if ok:
+                w = log_w[i]
+                if nw > w or uni < math.exp(nw - w):
+                    take[i], draw_u[i] = True, new.draw[2][i]
+                log_w[i] = _logaddexp(w, nw)
+                grows[forward[i]][i] = True
+        taken = _agree(take)
+        draw_z, draw_g = _pick(taken, new.draw[0], draw_z), _pick(taken, new.draw[1], draw_g)
         # the trajectory as the first half of a merge: its other end first, the end the subtree grew from last
         back, front = ends[False][1::2], ends[True][1::2]  # (p, M^-1 p) of the backward and forward ends
-        old = _Node(*_pick(forward, back, front), *_pick(forward, front, back), rho, pp0 if j == 0 else None)
+        old = _Node(*_pick(fw, back, front), *_pick(fw, front, back), rho, pp0 if j == 0 else None)
         turned = _turned([(old, new.node)], one)
-        rho = _pick(new.ok, rho + new.node.rho, rho)
-        grows_forward = [ok and f for ok, f in zip(new.ok, forward)]
-        grows_backward = [ok and not f for ok, f in zip(new.ok, forward)]
-        ends = {
-            True: _pick(grows_forward, new.frontier, ends[True]),
-            False: _pick(grows_backward, new.frontier, ends[False]),
-        }
+        ok = _agree(new.ok)
+        if ok is not False:
+            rho = _pick(ok, rho + new.node.rho, rho)
+            ends = {
+                True: _pick(_agree(grows[True]), new.frontier, ends[True]),
+                False: _pick(_agree(grows[False]), new.frontier, ends[False]),
+            }
         for i in range(c):
             if running[i] and not (new.ok[i] and not turned[i]):
                 running[i], depth[i] = False, j + 1
@@ -205,15 +207,16 @@ def nuts_transition(
     return draw_z, u.new_tensor(draw_u), draw_g, stats
 
 
-def _subtree(begin: tuple, depth: int, step, h0: list, done: list, uniforms: list, step_fn) -> _Subtree:
-    """``2**depth`` lockstep leapfrog steps from ``begin = (z, p, g, M^-1 p)`` with signed steps ``step``; ``done``
-    (per chain): chains not growing; ``uniforms`` (``2**depth`` rows of ``C``): the multinomial choices."""
+def _subtree(begin: tuple, depth: int, step, h0: list, growing: list, uniforms: list, step_fn) -> _Subtree:
+    """``2**depth`` lockstep leapfrog steps from ``begin = (z, p, g, M^-1 p)`` with signed steps ``step``;
+    ``growing`` (per chain): the chains that grow (the others' steps are computed and unused); ``uniforms``
+    (``2**depth`` rows of ``C``): the multinomial choices."""
     c, leaves = len(h0), 1 << depth
     z, p, g, _ = begin
-    gone, n, acc, div, total = list(done), [0] * c, [0.0] * c, [False] * c, [-math.inf] * c
+    gone, n, acc, div, total = [not x for x in growing], [0] * c, [0.0] * c, [False] * c, [-math.inf] * c
     cand_z, cand_g, cand_u = z, g, list(h0)
     pending: list[_Node | None] = [None] * depth  # level m: the completed first half of a node of size 2**(m + 1)
-    node = None
+    unbatched = c == 1 and z.dim() == 1
     for k in range(leaves):
         z, p, g, s, us, kinetic = step_fn(z, p, g, step)
         take = [False] * c
@@ -232,8 +235,14 @@ def _subtree(begin: tuple, depth: int, step, h0: list, done: list, uniforms: lis
             # streaming multinomial choice: the new leaf replaces the candidate with probability exp(log_w - W)
             if uniforms[k][i] < math.exp(log_w - w):
                 take[i], cand_u[i] = True, us[i]
-        cand_z, cand_g = _pick(take, z, cand_z), _pick(take, g, cand_g)
+        taken = _agree(take)
+        if taken is not False:
+            cand_z, cand_g = _pick(taken, z, cand_z), _pick(taken, g, cand_g)
         node = _Node(p, s, p, s, p, [2.0 * v for v in kinetic])
+        if not k & 1 or depth == 0:  # an odd leaf (k + 1 not even) completes no node
+            if depth:
+                pending[0] = node
+            continue
         merges = []
         level = 0
         while level < depth and (k + 1) >> level & 1 == 0:  # the nodes of size 2**(level + 1) ending at leaf k
@@ -244,11 +253,10 @@ def _subtree(begin: tuple, depth: int, step, h0: list, done: list, uniforms: lis
             level += 1
         if level < depth:
             pending[level] = node
-        if merges:
-            for i, t in enumerate(_turned(merges, c == 1 and z.dim() == 1)):
-                gone[i] = gone[i] or t
-            if k + 1 < leaves and all(gone):
-                break
+        for i, t in enumerate(_turned(merges, unbatched)):
+            gone[i] = gone[i] or t
+        if k + 1 < leaves and all(gone):
+            break
     return _Subtree(
         ok=[not x for x in gone],
         n_steps=n,
@@ -310,12 +318,21 @@ def _unbatched(leapfrog, minv: Tensor):
     return step_fn
 
 
-def _pick(mask: list, new, old):
-    """Per chain, ``new`` where ``mask`` else ``old``: a tensor ``(C, ...)`` or a tuple of them; no operation
-    where every chain agrees (always at one chain)."""
-    if all(mask):
+def _agree(mask: list):
+    """``True`` where every chain's entry is true, ``False`` where none is, else ``mask`` (the chains differ): tested
+    once per mask, so that :func:`_pick` and :func:`_signed` cost no operation where the chains agree (always at one
+    chain)."""
+    if len(mask) == 1:
+        return mask[0]
+    return True if all(mask) else False if not any(mask) else mask
+
+
+def _pick(mask, new, old):
+    """Per chain, ``new`` where ``mask`` (from :func:`_agree`) else ``old``: a tensor ``(C, ...)`` or a tuple of
+    them."""
+    if mask is True:
         return new
-    if not any(mask):
+    if mask is False:
         return old
     if isinstance(new, tuple):
         return tuple(_pick(mask, a, b) for a, b in zip(new, old))
@@ -323,10 +340,10 @@ def _pick(mask: list, new, old):
     return torch.where(where, new, old)
 
 
-def _pick_step(forward: list, signed: dict, step):
-    """The signed step sizes: ``+step`` forward, ``-step`` backward, per chain."""
-    if all(forward) or not any(forward):
-        return signed[forward[0]]
+def _signed(forward, signed: dict, step):
+    """The signed step sizes (``forward`` from :func:`_agree`): ``+step`` forward, ``-step`` backward, per chain."""
+    if forward is True or forward is False:
+        return signed[forward]
     return torch.where(torch.tensor(forward, device=step.device), step, -step)
 
 
@@ -336,7 +353,21 @@ def _logaddexp(a: float, b: float) -> float:
 
 
 def _check(z, u, g, step, steps, minv, max_tree_depth) -> None:
-    """Clear errors for bad input (``steps``: the step sizes read back)."""
+    """Clear errors for bad input (``steps``: the step sizes read back); one comparison of the shapes when they
+    are right (the case of every call from :class:`~bnn_pyro.infer._batched.BatchedChains`)."""
+    if (
+        type(z) is Tensor
+        and z.dim() == 2
+        and g.shape == z.shape
+        and u.shape == z.shape[:1] == getattr(step, "shape", None)
+        and minv.shape[:2] == z.shape
+        and minv.shape[2:] in ((), z.shape[1:])
+        and z.is_floating_point()
+        and all(v > 0 for v in steps)  # not min(): a NaN step would pass it
+        and type(max_tree_depth) is int
+        and max_tree_depth >= 1
+    ):
+        return
     if not (isinstance(z, Tensor) and z.dim() == 2 and z.is_floating_point()):
         raise ValueError(
             f"nuts_transition: z must be a floating (C, D) tensor of positions, one row per chain; got "

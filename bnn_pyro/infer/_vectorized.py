@@ -20,9 +20,9 @@ from bnn_pyro.infer import _logjoint
 from bnn_pyro.infer._analytic_batched import OneChain
 from bnn_pyro.infer._batched import BatchedChains, hmc_transition
 from bnn_pyro.infer._common import point_values, progress_bar, quiet_model
-from bnn_pyro.infer._flat_hmc import analytic_applies, flat_layout, seeded_generator
 from bnn_pyro.infer._kernels import DrawStats, sample_stats
 from bnn_pyro.infer._nuts import nuts_transition
+from bnn_pyro.infer._one_chain import analytic_applies, flat_layout, seeded_generator
 from bnn_pyro.infer.driver import ChainRun, chain
 
 __all__ = ["check", "run"]

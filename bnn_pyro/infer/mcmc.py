@@ -30,7 +30,7 @@ Fast path (``fast_path=True``, the default): for a ``BNN`` without hierarchical 
 potential energy is computed directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model
 at every step, compiled when ``jit=True``; for a stack of ``nn.Linear`` layers and elementwise activations with
 Normal priors and a Gaussian likelihood it is analytic (:mod:`bnn_pyro.infer._analytic`) and HMC runs over one
-flat vector (:mod:`bnn_pyro.infer._flat_hmc`). ``fast_path=False``: Pyro's tracing path and kernels.
+flat vector (:mod:`bnn_pyro.infer._one_chain`). ``fast_path=False``: Pyro's tracing path and kernels.
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` are not sampled: they stay fixed, the same for every chain,
 at the values ``init`` gives (a :class:`~bnn_pyro.Posterior`'s chain-0 values, or a dict naming every one), else
@@ -80,11 +80,11 @@ from pyro.infer.autoguide.initialization import init_to_value
 
 from bnn_pyro.infer import _logjoint, _vectorized
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
-from bnn_pyro.infer._flat_hmc import FlatHMC, analytic_applies
 from bnn_pyro.infer._health import check_mcmc
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
 from bnn_pyro.infer._nuts import FlatNUTS
+from bnn_pyro.infer._one_chain import FlatHMC, analytic_applies
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains

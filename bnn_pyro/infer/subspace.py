@@ -15,10 +15,10 @@ inference for Bayesian deep learning. UAI.
    RMSE 0.66, test NLL +1.97, 95% coverage 0.76 (confidently wrong); the same schedule on full batches reached
    ``U/N`` 1.19, sigma 0.096, RMSE 0.101 (seeds 1 and 2: sigma 0.125 and 0.106, RMSE 0.133 and 0.113 with
    replacement; 0.096 and 0.100, 0.119 and 0.108 on full batches), and subspace NUTS from there (100 + 100 draws)
-   RMSE 0.108, NLL -0.80, coverage 0.935, gap/data sd 3.3. An explicit ``swa=dict(init=...)`` keeps SWA's own
+   RMSE 0.108, NLL -0.80, coverage 0.935, gap/data sd 3.3. An explicit ``swa=SWAGConfig(init=...)`` keeps SWA's own
    pre-training (``pretrain_steps=0`` skips it); a loader of batches uses it too (its batches come in the loader's
    order).
-1. **The subspace.** An SWA run (:mod:`bnn_pyro.infer.swag`, options in ``swa=``) gives the average
+1. **The subspace.** An SWA run (:mod:`bnn_pyro.infer.swag`, options in ``swa=SWAGConfig(...)``) gives the average
    ``w_hat`` of its iterates and the deviations ``D`` (``K x d``, the last ``K`` of them) of the iterates from
    the running average. Their principal components (the SVD ``D = U S V^T``) give the basis
 
@@ -29,9 +29,9 @@ inference for Bayesian deep learning. UAI.
    subspace covers the ``BNN``'s weight sites (``model.sample_names``, in the unconstrained coordinates of
    the SWA run, which for real-valued weights are the weights themselves).
 2. **Inference over z** with any engine that fits a Pyro function model (``inner=``: ``"nuts"`` by default,
-   ``"hmc"``, ``"metropolis"``, ``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``; its options in
-   ``inner_options=``). The model over ``z`` is the ``BNN`` itself with its weight sites conditioned on
-   ``w_hat + P z``; its other latent sites (a learned noise, hierarchical scales) stay free and are inferred
+   ``"hmc"``, ``"metropolis"``, ``"svi"``, ``"sgld"``, ``"sghmc"``, ``"csgmcmc"``; its options in its
+   typed config, e.g. ``inner=NUTSConfig(...)``). The model over ``z`` is the ``BNN`` itself with its weight
+   sites conditioned on ``w_hat + P z``; its other latent sites (a learned noise, hierarchical scales) stay free and are inferred
    jointly with ``z`` (so the noise is sampled by the inner engine, not set by a point fit). Its
    deterministic parameters stay at their SWA averages.
 3. **The posterior over the weights**: every draw of ``z`` becomes ``w = w_hat + P z``; ``post.samples``
@@ -39,7 +39,7 @@ inference for Bayesian deep learning. UAI.
    per-draw statistics included.
 
 Held-out rows (:mod:`bnn_pyro.infer.holdout`). With a learned Gaussian noise and tensor data the rows the SWA run
-holds out (by default 10% of at least 200 rows; ``swa=dict(validation=...)``) stay out of the inner engine's
+holds out (by default 10% of at least 200 rows; ``swa=SWAGConfig(validation=...)``) stay out of the inner engine's
 data too, and the noise of every draw is then set to the value that maximizes their log predictive density
 under the subspace predictive, as for the other point-fit engines. Why: sampled jointly with ``z`` the noise
 is the training residual of a net confined to ``w_hat + P z``, which carries little weight uncertainty, and the
@@ -107,6 +107,7 @@ from bnn_pyro.infer.swag import SWAConfig, fit_moments
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice, flag, positive, positive_int
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["fit_subspace", "SubspaceConfig", "Subspace", "SubspaceModel", "SubspacePrior", "inner_engines"]
 
@@ -188,7 +189,8 @@ class SubspaceModel:
 @dataclass(frozen=True)
 class SubspaceConfig(PotentialRunOptions):
     """The options of ``bp.fit(..., method="subspace")``, each described in :func:`fit_subspace`; ``rank``, the
-    former name of ``subspace_dim``, is accepted for one release with a ``FutureWarning``."""
+    former name of ``subspace_dim``, is accepted for one release with a ``FutureWarning``, and so are the dict forms
+    of ``swa=`` and ``inner_options=`` (typed: ``swa=SWAGConfig(...)``, ``inner=NUTSConfig(...)``)."""
 
     RENAMED: ClassVar[dict[str, str]] = {"rank": "subspace_dim"}
 
@@ -196,10 +198,10 @@ class SubspaceConfig(PotentialRunOptions):
     inner: Any = "nuts"
     num_samples: int | None = None
     num_chains: int = 1
-    inner_options: dict | None = None
+    inner_options: dict | None = None  # deprecated: the options of inner= go in its typed config
     prior: str = "induced"
     prior_scale: float | None = None
-    swa: dict | None = None
+    swa: Any = None  # a SWAGConfig (a dict: deprecated)
 
 
 @entry(SubspaceConfig)
@@ -217,21 +219,23 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
         rank 10 and 7.3x at rank 20 (NUTS on all weights: 6.6x): the top few directions of the SGD iterates
         change the fit on the data, the next ones bend the function in the gap.
     inner, num_samples, num_chains, inner_options:
-        The engine run over ``z``: a method name (``"nuts"`` by default; see :func:`inner_engines`) or that
-        engine's typed config with its options (e.g. ``bp.infer.mcmc.NUTSConfig(num_warmup=500)``: all its options
-        are passed on, its defaults included, so ``dense_mass`` is then the config's); its draws per chain (default: the engine's own), its
-        chains (default 1), and, as a dict, further options of it (e.g. ``dict(num_warmup=500)``); ``seed``,
-        ``progress`` and the data settings come from this fit. NUTS and HMC adapt a dense mass matrix by
-        default here (``dense_mass=True``: ``k`` is small); pass ``dense_mass=False`` to change it.
+        The engine run over ``z``: a method name (``"nuts"`` by default; see :func:`inner_engines`) or, to set its
+        options, that engine's typed config (e.g. ``bp.infer.mcmc.NUTSConfig(num_warmup=500, dense_mass=True)``:
+        all its options are passed on, its defaults included, so ``dense_mass`` is then the config's); its draws
+        per chain (default: the engine's own) and its chains (default 1); ``seed``, ``progress`` and the data
+        settings come from this fit. NUTS and HMC named by a string adapt a dense mass matrix here
+        (``dense_mass=True``: ``k`` is small). ``inner_options=dict(...)``, the former way to set the inner
+        engine's options, still works for one release with a ``FutureWarning`` naming the typed config to use
+        (one way per concept: the config checks its option names and types where it is made).
     prior, prior_scale:
         ``"induced"`` (default: the net's prior at ``w_hat + P z``) or ``"isotropic"`` (``z ~ N(0,
         prior_scale^2 I)``, ``prior_scale`` default 1).
     swa:
-        Options of the SWA run that builds the subspace, as ``bp.infer.swag.SWAGConfig(...)`` (the fields given
-        away from their defaults) or a dict (:func:`bnn_pyro.infer.swag.fit_swag`'s options: ``swag_rank``,
-        the deviations kept, ``pretrain_steps``, ``num_steps``, ``lr``, ``validation``, ...; one chain). By
-        default the pre-training is a full-batch MAP fit (step 0 of the module docstring); an explicit ``init``
-        here runs SWA's own pre-training instead.
+        Options of the SWA run that builds the subspace, as ``bp.infer.swag.SWAGConfig(...)``: the fields given
+        away from their defaults (``swag_rank``, the deviations kept, ``pretrain_steps``, ``num_steps``, ``lr``,
+        ``validation``, ...; one chain). By default the pre-training is a full-batch MAP fit (step 0 of the module
+        docstring); an explicit ``init`` here runs SWA's own pre-training instead. A dict of the same options, the
+        former form, still works for one release with a ``FutureWarning``.
     seed, progress:
         Seeds both stages; ``progress=False`` turns the bars off. ``bp.fit``'s ``batch_size`` applies to the
         SWA run and to the stochastic-gradient inner engines (svi, sgld, sghmc, csgmcmc); nuts, hmc and
@@ -279,8 +283,16 @@ def _swa_options(swa) -> dict:
     """``swa=`` as a dict of the SWA run's options: a dict as it is, or a SWA/SWAG config
     (``bp.infer.swag.SWAGConfig(num_steps=...)``) whose fields set away from their defaults (the others keep this
     fit's defaults, e.g. its MAP pre-training)."""
-    if swa is None or isinstance(swa, dict):
-        return dict(swa or {})
+    if swa is None:
+        return {}
+    if isinstance(swa, dict):
+        options = ", ".join(f"{'swag_rank' if k == 'rank' else k}={v!r}" for k, v in swa.items())
+        warn(
+            f"swa=dict(...) is deprecated: pass the SWA run's options as swa=SWAGConfig({options}) (from "
+            "bnn_pyro.infer.swag import SWAGConfig; the dict form works for one more release).",
+            FutureWarning,
+        )
+        return dict(swa)
     if isinstance(swa, SWAConfig):
         return {
             f.name: getattr(swa, f.name) for f in dataclasses.fields(swa) if not _is_default(getattr(swa, f.name), f)
@@ -288,6 +300,26 @@ def _swa_options(swa) -> dict:
     raise TypeError(
         f"swa: expected the SWA run's options as bp.infer.swag.SWAGConfig(...) or a dict, got "
         f"{type(swa).__name__}; e.g. swa=SWAGConfig(num_steps=2000, swag_rank=20)."
+    )
+
+
+def _inner_options_deprecated(inner, options: dict) -> str:
+    """The ``FutureWarning`` for ``inner_options=``: the typed config that says the same (NUTS and HMC keep this
+    fit's dense mass matrix, which a config's own default would turn off)."""
+    method = inner if isinstance(inner, str) else _inner_method(inner)[0]
+    declared = REGISTRY.get(Method(method)) if method in inner_engines() else None
+    config = getattr(declared.fit_function(), "config_type", None) if declared is not None else None
+    if config is None:
+        return "inner_options= is deprecated: pass the inner engine's typed config as inner= instead."
+    shown = dict(options)
+    if method in ("nuts", "hmc") and isinstance(inner, str):
+        shown.setdefault("dense_mass", True)
+    name, source = config.__qualname__, f"from {config.__module__} import {config.__qualname__}"
+    fields = ", ".join(f"{k}={v!r}" for k, v in shown.items())
+    where = f"inner={name}({fields})" if isinstance(inner, str) else f"fields of the {name} passed as inner= ({fields})"
+    return (
+        f"inner_options= is deprecated: pass the inner engine's options as {where} ({source}; inner_options= "
+        "works for one more release)."
     )
 
 
@@ -331,6 +363,8 @@ def _fit_subspace(
             f"inner: expected one of {', '.join(map(repr, inner_engines()))} (an engine that fits a Pyro "
             f"function model), got {inner!r}; try inner='nuts'."
         )
+    if inner_options is not None:
+        warn(_inner_options_deprecated(inner, inner_options), FutureWarning)
     inner_options = {**typed, **(inner_options or {})}
     known = options(inner)
     for key in inner_options:
@@ -377,7 +411,7 @@ def _fit_subspace(
     if rank > deviations:
         raise ValueError(
             f"subspace_dim={rank} exceeds the {deviations} SWA deviations kept (swa['swag_rank']); lower "
-            f"subspace_dim or pass swa=dict(rank={rank}) or more."
+            f"subspace_dim or pass swa=SWAGConfig(swag_rank={rank}) or more."
         )
     stages = _stages(
         checkpoint,
@@ -434,7 +468,7 @@ def _fit_subspace(
         raise ValueError(
             f"subspace_dim={rank}: the SWA deviations span only "
             f"{int((singular > 1e-8 * singular[0]).sum())} directions; lower subspace_dim, or collect more "
-            "snapshots (swa=dict(num_steps=...))."
+            "snapshots (swa=SWAGConfig(num_steps=...))."
         )
     space = Subspace(space.center.to(dtype), space.basis.to(dtype), shapes)
 

@@ -1,4 +1,4 @@
-"""Batched chains (bnn_pyro/infer/_batched.py, _analytic_batched.py, _vectorized.py, _flat_hmc.py).
+"""Batched chains (bnn_pyro/infer/_batched.py, _analytic_batched.py, _vectorized.py, _one_chain.py).
 
 - ``hmc_transition`` on MANY chains at once: 4,000 exact draws of a correlated 3-D Gaussian, ONE transition each
   (fixed step sizes, no adaptation). A correct kernel leaves the target invariant, so the results are again 4,000
@@ -20,7 +20,7 @@ from test_mcmc import SIGMA, _assert_exact, _blr, _data
 from test_nuts import _one_input_net, _three_input_net
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _flat_hmc, _kernels, _logjoint
+from bnn_pyro.infer import _kernels, _logjoint, _one_chain
 from bnn_pyro.infer import checkpoint as ckpt_mod
 from bnn_pyro.infer._analytic_batched import OneChain, leapfrog_from
 from bnn_pyro.infer._batched import hmc_transition
@@ -141,7 +141,7 @@ def test_leapfrog_batch_equals_separate_unbatched_leapfrogs(net, noise, d, bayes
         likelihood = bp.likelihoods.Gaussian(scale=0.3 if noise == "fixed" else pyro.distributions.HalfNormal(1.0))
         model = bp.BNN(net(), prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood, bayesian=bayesian)
         init, _, _, _ = pyro.infer.mcmc.util.initialize_model(lambda: quiet_model(model, 20)(x, y), model_args=())
-        names, shapes, _ = _flat_hmc.flat_layout(init)
+        names, shapes, _ = _one_chain.flat_layout(init)
         pot = _logjoint.analytic(_logjoint.build(model, 20), names, shapes, x, y)
         size, chains = sum(v.numel() for v in init.values()), 5
         z, p = torch.randn(chains, size, generator=g), torch.randn(chains, size, generator=g)
@@ -234,8 +234,8 @@ def test_vectorized_same_seed_same_draws_and_dense_mass():
 @pytest.mark.slow  # ~10 s on a loaded 2-core machine
 def test_default_flat_single_chain_hmc_recovers_the_exact_posterior(monkeypatch):
     used = []
-    original = _flat_hmc.FlatHMC.setup
-    monkeypatch.setattr(_flat_hmc.FlatHMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
+    original = _one_chain.FlatHMC.setup
+    monkeypatch.setattr(_one_chain.FlatHMC, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
     x, y = _data(2)
     post = bp.fit(
         _blr(2), x, y, method="hmc", num_samples=600, num_warmup=300, num_chains=1, seed=0, progress=False

@@ -260,7 +260,7 @@ def test_svi_fit_follows_the_same_trajectory_with_and_without_the_fast_path(guid
         torch.testing.assert_close(fast.samples[name], plain.samples[name], rtol=1e-4, atol=1e-4)
 
 
-# HMC on the analytic path (e.g. "learned-noise") runs the flat kernel of bnn_pyro/infer/_flat_hmc.py, whose random
+# HMC on the analytic path (e.g. "learned-noise") runs the flat kernel of bnn_pyro/infer/_one_chain.py, whose random
 # stream differs from Pyro's HMC: the fast potential under Pyro's HMC is checked on a model that path does not cover
 @pytest.mark.parametrize(
     "method,options,case",

@@ -309,6 +309,12 @@ def test_a_diverging_trajectory_is_counted_and_the_draw_kept():
         (dict(step=torch.tensor([0.1, -0.1, 0.1, 0.1])), "every step size must be > 0"),
         (dict(minv=torch.ones(3)), "minv must be"),
         (dict(max_tree_depth=0), "max_tree_depth must be an int >= 1"),
+        # what _check's one-comparison fast path must not let through
+        (dict(z=torch.zeros(4, 3, dtype=torch.int64)), "z must be a floating"),
+        (dict(minv=torch.ones(4, 3, 4)), "minv must be"),
+        (dict(step=torch.tensor([0.1, float("nan"), 0.1, 0.1])), "every step size must be > 0"),
+        (dict(max_tree_depth=True), "max_tree_depth must be an int >= 1"),
+        (dict(max_tree_depth=2.0), "max_tree_depth must be an int >= 1"),
     ],
 )
 def test_bad_input_names_the_argument(change, match):

@@ -18,7 +18,9 @@ from torch import nn
 import bnn_pyro as bp
 from bnn_pyro.infer import REGISTRY, Method, options
 from bnn_pyro.infer.contract import RunOptions, entry, renamed_options
+from bnn_pyro.infer.mcmc import NUTSConfig
 from bnn_pyro.infer.optim import AUTO_LR_REFUSED, DEFAULT_SCHEDULE
+from bnn_pyro.infer.swag import SWAGConfig
 
 
 def _data(n=24):
@@ -66,8 +68,8 @@ TINY = {
     "subspace": dict(
         subspace_dim=2,
         num_samples=3,
-        inner_options={"num_warmup": 3, "max_tree_depth": 2},
-        swa={"pretrain_steps": 3, "num_steps": 4, "collect_every": 1, "swag_rank": 3},
+        inner=NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True),
+        swa=SWAGConfig(pretrain_steps=3, num_steps=4, collect_every=1, swag_rank=3),
     ),
 }
 
@@ -144,7 +146,7 @@ VALUES = {
     "inner_options": {"num_steps": 3},
     "prior": "isotropic",
     "prior_scale": 2.0,
-    "swa": {"num_steps": 5, "collect_every": 1, "swag_rank": 3},
+    "swa": SWAGConfig(num_steps=5, collect_every=1, swag_rank=3),
 }
 METHOD_VALUES = {
     ("swa", "anchored"): True,  # SWA keeps plain chains by default; SWAG and the others are anchored
@@ -153,7 +155,10 @@ METHOD_VALUES = {
     ("csgmcmc", "num_cycles"): 1,
 }  # num_samples (2) must be a multiple of it
 # What the posterior's config records for a value given, where it records a description rather than the value.
-RECORDED = {("svi", "empirical_bayes"): "tensor"}
+RECORDED = {
+    ("svi", "empirical_bayes"): "tensor",
+    ("subspace", "swa"): dict(num_steps=5, collect_every=1, swag_rank=3),  # the SWA run's options, recorded as a dict
+}
 COMPANIONS = {
     ("svi", "guide_rank"): dict(guide="low_rank"),
     ("svi", "baseline_beta"): dict(elbo="reinforce", num_particles=1),

@@ -450,3 +450,49 @@ def test_a_resume_with_other_settings_is_refused_by_the_fit_and_by_each_stage(ro
         (tmp_path / "subspace.ckpt").unlink()
         with pytest.raises(ckpt_mod.CheckpointError, match=rf"{stage}.chain0.ckpt' belongs to another run"):
             bp.fit(_mlp(), x, y, resume=True, **dict(run, **change))
+
+
+def test_dict_swa_and_inner_options_warn_naming_the_typed_configs_that_give_the_same_fit(rows):
+    """The dict forms of swa= and inner_options= still work, with a FutureWarning at the user's line that spells the
+    typed configs; those configs, as written in the warning, give the same draws without a warning."""
+    import warnings
+
+    from bnn_pyro.infer.mcmc import NUTSConfig
+    from bnn_pyro.infer.swag import SWAGConfig
+
+    x, y = rows
+    small = dict(subspace_dim=2, num_samples=3, seed=0, progress=False)
+    with pytest.warns(FutureWarning) as caught:
+        old = bp.fit(
+            _mlp(),
+            x,
+            y,
+            method="subspace",
+            inner_options=dict(num_warmup=3, max_tree_depth=2),
+            swa=dict(pretrain_steps=4, num_steps=4, collect_every=1, rank=2),
+            **small,
+        )
+    messages = [str(w.message) for w in caught if w.category is FutureWarning]
+    assert all(w.filename == __file__ for w in caught if w.category is FutureWarning)
+    assert (
+        "swa=dict(...) is deprecated: pass the SWA run's options as swa=SWAGConfig(pretrain_steps=4, num_steps=4, "
+        "collect_every=1, swag_rank=2) (from bnn_pyro.infer.swag import SWAGConfig;" in " ".join(messages)
+    )
+    assert (
+        "inner_options= is deprecated: pass the inner engine's options as inner=NUTSConfig(num_warmup=3, "
+        "max_tree_depth=2, dense_mass=True) (from bnn_pyro.infer.mcmc import NUTSConfig;" in " ".join(messages)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the typed forms: no deprecation
+        new = bp.fit(
+            _mlp(),
+            x,
+            y,
+            method="subspace",
+            inner=NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True),
+            swa=SWAGConfig(pretrain_steps=4, num_steps=4, collect_every=1, swag_rank=2),
+            **small,
+        )
+    assert old.config["inner_config"] == new.config["inner_config"]
+    for name, value in old.samples.items():
+        assert torch.equal(new.samples[name], value), name
