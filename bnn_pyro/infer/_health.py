@@ -33,9 +33,9 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
   variational dropout, SWAG, snapshot ensembles): draws narrower than the Laplace approximation at their mean in
   some coordinate, beyond what their number explains. The reference suite found mean-field SVI at 0.21-0.57 of the
   exact sds of two linear BNNs (correlated coefficients), SWAG at 0.56 and snapshot ensembles at 0.02-0.08, silently.
-- :func:`check_descent` (snapshot ensembles: an optimizer): a run whose potential (negative log joint) ends above
-  where it started diverged; on the logistic BNN with an unstandardized covariate (``lr="auto"`` peaking at a step
-  of 5.9) the snapshots were hundreds of posterior sds off, silently.
+- :func:`check_descent` (snapshot ensembles and SG-MCMC): a run whose potential (negative log joint) ends well
+  above where it started diverged; on the logistic BNN with an unstandardized covariate (``lr="auto"`` peaking at a
+  step of 5.9) the snapshots were hundreds of posterior sds off, and SGLD's draws 10^5 sds, silently.
 
 The thresholds are module constants; each one's docstring says where it comes from.
 """
@@ -630,16 +630,20 @@ def check_narrow(post, *, cause: str = ""):
 
 
 def check_descent(post):
-    """Warn when a chain's potential (``history["potential"]``, the negative log joint an optimizer descends) is
-    higher, on average over the run's last :data:`ELBO_WINDOW`, than at its first step: the run diverged (a step size
-    too large for the model's curvature) and its draws sit wherever it ended. Returns ``post``."""
+    """Warn when a chain's potential (``history["potential"]``, the negative log joint) is higher, on average over the
+    run's last :data:`ELBO_WINDOW`, than at its first step by more than the number of latent coordinates ``P``: the
+    run diverged (a step size too large for the model's curvature) and its draws sit wherever it ended. An optimizer
+    (snapshot ensembles) descends; a sampler (SG-MCMC) from a start off the posterior descends too, to a potential
+    that fluctuates around its posterior mean, ``P / 2`` above the minimum for a Gaussian posterior, so a rise of
+    more than ``P`` is not posterior noise. Returns ``post``."""
     trace = post.history.get("potential")
     if trace is None or trace.shape[-1] < 2 * ELBO_MIN_WINDOW:
         return post
     trace = torch.as_tensor(trace).double().reshape(-1, trace.shape[-1])
     width = max(int(trace.shape[-1] * ELBO_WINDOW), ELBO_MIN_WINDOW)
     start, end = trace[:, 0], trace[:, -width:].mean(-1)
-    worse = (end > start) | ~torch.isfinite(end)
+    dim = sum(v[0, 0].numel() for v in post.samples.values())
+    worse = (end > start + dim) | ~torch.isfinite(end)
     if bool(worse.any()):
         c = int(worse.nonzero()[0, 0])
         step = post.history.get("step_size")
