@@ -8,7 +8,7 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
 
 - :func:`check_sampler` (MCMC): divergences, a chain of an accept/reject kernel (Metropolis, MALA) that (almost)
   never moved, NUTS trajectories cut off at ``max_tree_depth``.
-- :func:`check_mixing` (MCMC): too few effective draws, or chains that disagree, in function space
+- :func:`check_mixing` (MCMC and SG-MCMC): too few effective draws, or chains that disagree, in function space
   (``f`` at the training inputs that ``post.summary(space="function")`` reports, by the same
   ArviZ estimators). A network's weight-space R-hat is not used: BNN weights are permutation- and
   sign-symmetric, so it is nearly always bad. A model without an ``f`` site (a plain Pyro model, e.g.
@@ -244,7 +244,7 @@ def check_mixing(post) -> None:
     if post.num_chains == 1:
         note = (
             f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started elsewhere "
-            f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4)"
+            f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4 for the MCMC engines)"
         )
         if not problems:  # nothing else to fix: the note alone, without the mixing advice
             _warn(f"{post.method}: {note} ({post.num_draws} draws).")
