@@ -8,7 +8,7 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
 
 - :func:`check_sampler` (MCMC): divergences, a chain of an accept/reject kernel (Metropolis, MALA) that (almost)
   never moved, NUTS trajectories cut off at ``max_tree_depth``.
-- :func:`check_mixing` (MCMC): too few effective draws, or chains that disagree, in function space
+- :func:`check_mixing` (MCMC and SG-MCMC): too few effective draws, or chains that disagree, in function space
   (``f`` at the training inputs that ``post.summary(space="function")`` reports, by the same
   ArviZ estimators). A network's weight-space R-hat is not used: BNN weights are permutation- and
   sign-symmetric, so it is nearly always bad. A model without an ``f`` site (a plain Pyro model, e.g.
@@ -24,6 +24,18 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
 - :func:`check_off_data` (classification fits of engines whose spread cannot grow away from the data, for a
   structural reason the engine states: MC dropout with its inputs kept whole; SWAG, SWA and snapshot ensembles
   without anchoring): says so at fit time, with what to use instead (``docs/ood.md``).
+- :func:`check_spread` (any task, engines whose draws' spread is, for a structural reason the engine states, not
+  the model's posterior spread: SWA's one point per chain, MC dropout's masks at a fixed rate): says so at fit
+  time, with what to use instead. Found by the reference suite (``tests/infer/test_reference_engines.py``,
+  ``docs/reference_suite.md``): on Bayesian linear regression SWA's sd was 0 and MC dropout's means were 6
+  posterior sds off with sds from 0 to 4.5 times the exact ones, both without a warning.
+- :func:`check_narrow` (a ``BNN`` posterior of an approximate engine on a small model: SVI, variational and sparse
+  variational dropout, SWAG, snapshot ensembles): draws narrower than the Laplace approximation at their mean in
+  some coordinate, beyond what their number explains. The reference suite found mean-field SVI at 0.21-0.57 of the
+  exact sds of two linear BNNs (correlated coefficients), SWAG at 0.56 and snapshot ensembles at 0.02-0.08, silently.
+- :func:`check_descent` (snapshot ensembles and SG-MCMC): a run whose potential (negative log joint) ends well
+  above where it started diverged; on the logistic BNN with an unstandardized covariate (``lr="auto"`` peaking at a
+  step of 5.9) the snapshots were hundreds of posterior sds off, and SGLD's draws 10^5 sds, silently.
 
 The thresholds are module constants; each one's docstring says where it comes from.
 """
@@ -67,6 +79,12 @@ __all__ = [
     "TARGET_SD_MAX",
     "NOISE_FRACTION_MIN",
     "check_off_data",
+    "check_spread",
+    "check_narrow",
+    "check_descent",
+    "NARROW_MAX",
+    "NARROW_TAIL",
+    "NARROW_MAX_DIM",
 ]
 
 DIVERGENCE_MAX = 0.01
@@ -226,7 +244,7 @@ def check_mixing(post) -> None:
     if post.num_chains == 1:
         note = (
             f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started elsewhere "
-            f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4)"
+            f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4 for the MCMC engines)"
         )
         if not problems:  # nothing else to fix: the note alone, without the mixing advice
             _warn(f"{post.method}: {note} ({post.num_draws} draws).")
@@ -568,4 +586,105 @@ def check_off_data(post, reason: str):
         "were told apart from test rows at about chance level; docs/ood.md). For out-of-distribution detection use method='ensemble' "
         "(anchored members, the default), 'laplace' or 'nuts'."
     )
+    return post
+
+
+def check_spread(post, reason: str):
+    """Warn that the spread of ``post``'s draws is not the model's posterior spread, and why: ``reason``, the
+    engine's structural limit, one sentence (e.g. SWA: one point per chain). Every task and model. Returns
+    ``post``."""
+    _warn(
+        f"{post.method}: its draws' spread is not this model's posterior: {reason} So post.summary()'s sds and "
+        "the predictive's epistemic spread do not estimate the posterior's (on an exact Bayesian linear "
+        "regression: docs/reference_suite.md). For posterior uncertainty use method='nuts' (exact, small models), "
+        "'laplace', 'swag' or 'ensemble'."
+    )
+    return post
+
+
+NARROW_MAX = 1.5
+""":func:`check_narrow` warns when the draws' sd of some coordinate is below ``1 / 1.5`` of the Laplace
+approximation's at their mean (the bound SVI's start check uses, ``svi_start.SHRINK_MAX``: on a Gaussian posterior
+the Laplace sd is exact, and a mean-field optimum's is ``1 / sqrt(H_ii)``; MacKay 2003, section 33.5) ..."""
+NARROW_TAIL = 1e-3
+"""... after the chance that ``n`` exact draws give so small an sd: the threshold is multiplied by the ``1e-3``
+quantile of ``sqrt(chi2_{n-1} / (n - 1))`` (0.15 for 5 draws, 0.90 for 1,000), so 5 ensemble members or snapshots
+are not flagged for the spread of 5 numbers."""
+NARROW_MAX_DIM = 200
+"""Largest number of latent coordinates :func:`check_narrow` takes the dense Hessian of (``NARROW_MAX_DIM`` gradient
+passes over the training data): the small models whose posteriors users check; larger ones are not judged."""
+
+
+def check_narrow(post, *, cause: str = ""):
+    """Warn when ``post``'s draws are narrower, in some unconstrained coordinate, than the Laplace approximation at
+    their mean by more than :data:`NARROW_MAX` (with :data:`NARROW_TAIL`'s allowance for few draws). Judged only
+    for a ``BNN`` with training tensors, at most :data:`NARROW_MAX_DIM` latent coordinates, every latent site in
+    ``post.samples``, and a positive definite Hessian there (a mixture's mean between modes is not judged).
+    ``cause``: the engine's likely reason, one sentence. Returns ``post``."""
+    from scipy import stats
+
+    from bnn_pyro.infer._potential import Potential
+    from bnn_pyro.infer.training_data import Data
+    from bnn_pyro.model import BNN
+
+    n = post.num_chains * post.num_draws
+    if not isinstance(post.model, BNN) or post.x is None or post.y is None or n < 2:
+        return post
+    try:
+        with torch.random.fork_rng(devices=[]):
+            pot = Potential(post.model, Data(post.x, post.y), init="net", fast_path=False)
+    except (ValueError, RuntimeError, TypeError):  # a model the generic potential cannot trace: not judged
+        return post
+    if pot.dim > NARROW_MAX_DIM or not set(pot.shapes) <= set(post.samples):
+        return post
+    with torch.no_grad():
+        z = pot.unconstrain({k: post.samples[k].to(post.x.device) for k in pot.shapes})
+        flat = pot.flatten(z).reshape(n, pot.dim).double()
+    mean, sd = flat.mean(0), flat.std(0)
+    hess = torch.autograd.functional.hessian(pot.flat_fn(), mean.to(post.x.dtype)).double()
+    chol, info = torch.linalg.cholesky_ex((hess + hess.T) / 2)
+    if info != 0 or not bool(torch.isfinite(hess).all()):
+        return post
+    laplace_sd = torch.cholesky_inverse(chol).diagonal().sqrt()
+    ratio = sd / laplace_sd
+    allowed = math.sqrt(stats.chi2.ppf(NARROW_TAIL, n - 1) / (n - 1)) / NARROW_MAX
+    worst = int(ratio.argmin())
+    if float(ratio[worst]) < allowed:
+        names = [f"{k}[{i}]" for k, shape in pot.shapes.items() for i in range(math.prod(shape))]
+        _warn(
+            f"{post.method}: the draws are too narrow: the sd of {names[worst]} (unconstrained) is "
+            f"{float(ratio[worst]):.2g} times the Laplace approximation's at their mean (threshold {allowed:.2g} for "
+            f"{n} draws: 1/{NARROW_MAX:g}, less what chance allows so few), so intervals and the predictive's "
+            f"epistemic spread are too small. {cause}Try method='laplace' or 'nuts' on a model this small, or "
+            "standardize (center) the inputs so that the weights decorrelate."
+        )
+    return post
+
+
+def check_descent(post):
+    """Warn when a chain's potential (``history["potential"]``, the negative log joint) is higher, on average over the
+    run's last :data:`ELBO_WINDOW`, than at its first step by more than the number of latent coordinates ``P``: the
+    run diverged (a step size too large for the model's curvature) and its draws sit wherever it ended. An optimizer
+    (snapshot ensembles) descends; a sampler (SG-MCMC) from a start off the posterior descends too, to a potential
+    that fluctuates around its posterior mean, ``P / 2`` above the minimum for a Gaussian posterior, so a rise of
+    more than ``P`` is not posterior noise. Returns ``post``."""
+    trace = post.history.get("potential")
+    if trace is None or trace.shape[-1] < 2 * ELBO_MIN_WINDOW:
+        return post
+    trace = torch.as_tensor(trace).double().reshape(-1, trace.shape[-1])
+    width = max(int(trace.shape[-1] * ELBO_WINDOW), ELBO_MIN_WINDOW)
+    start, end = trace[:, 0], trace[:, -width:].mean(-1)
+    dim = sum(v[0, 0].numel() for v in post.samples.values())
+    worse = (end > start + dim) | ~torch.isfinite(end)
+    if bool(worse.any()):
+        c = int(worse.nonzero()[0, 0])
+        step = post.history.get("step_size")
+        peak = "" if step is None else f" (its step size peaked at {float(torch.as_tensor(step)[c].max()):.3g})"
+        _warn(
+            f"{post.method}: chain {c} diverged: its potential (negative log joint) ended at {float(end[c]):.4g} on "
+            f"average over the last {width} steps, above the {float(start[c]):.4g} it started from{peak}, so its "
+            f"draws are wherever the run ended, not near a mode. Standardize the inputs (a covariate on a scale far "
+            f"from 1 makes the curvature uneven), or pass a smaller lr (now {post.config.get('lr')!r}); "
+            "post.history['potential'] shows the trace."
+        )
     return post

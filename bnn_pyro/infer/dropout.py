@@ -120,7 +120,7 @@ from torch import nn
 from torch.distributions import constraints
 
 from bnn_pyro.infer._common import Data, clean_config, point_values
-from bnn_pyro.infer._health import check_off_data
+from bnn_pyro.infer._health import check_off_data, check_spread
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, ExtraState, StepCheckpoint, open_chains
@@ -247,6 +247,7 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
         _fit(model, data, cfg),
         lambda chosen: _fit(model, data, refit_config(replace(cfg, epochs=None), num_steps=chosen.num_steps)),
     )
+    check_spread(post, SPREAD)
     return post if _inputs_dropped(model, post) else check_off_data(post, OFF_DATA)
 
 
@@ -268,6 +269,16 @@ OFF_DATA = (
 )
 """The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for classification (module docstring:
 "Off-data inputs")."""
+
+
+SPREAD = (
+    "its draws are the fitted weights M with units dropped at the rate p (W = M diag(z)), so their spread is set "
+    "by p and the weights' own sizes, not by the data: on an exact Bayesian linear regression the draws' means were "
+    "6 posterior sds off and their sds 0 to 4.5 times the exact ones."
+)
+"""The structural limit :func:`~bnn_pyro.infer._health.check_spread` states for every MC dropout fit (Gal & Ghahramani
+2016 read dropout as variational inference for a different model: a Gaussian prior on M, a spike-and-slab-like
+posterior; the draws of ``W`` are not this model's posterior)."""
 
 
 def _fit(model, data: Data, cfg: MCDropoutConfig) -> Posterior:

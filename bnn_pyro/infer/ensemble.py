@@ -67,6 +67,7 @@ from typing import ClassVar
 import torch
 
 from bnn_pyro.infer._common import Data, clean_config
+from bnn_pyro.infer._health import check_narrow
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
 from bnn_pyro.infer._potential import Potentials
@@ -158,9 +159,19 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         the data set, for a loader).
     """
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
-    return refit(
+    post = refit(
         _fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, num_steps=chosen.num_steps))
     )
+    return check_narrow(post, cause=NARROW)
+
+
+NARROW = (
+    "The members are minima of the log joint tilted toward each member's prior draw: their spread is the anchors' "
+    "spread mapped through the curvature, which is narrower than the posterior's where the data dominate the prior "
+    "(on a logistic regression, 0.06-0.11 of the exact sds after 10,000 steps), and members still short of their "
+    "minima lie wherever their steps left them. "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for an ensemble."""
 
 
 def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:

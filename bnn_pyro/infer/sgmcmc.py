@@ -117,6 +117,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from bnn_pyro.infer._common import Data, clean_config, point_values
+from bnn_pyro.infer._health import check_descent, check_mixing
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
@@ -274,7 +275,7 @@ def fit_sgld(model, data: Data, cfg: SGLDConfig) -> Posterior:
         ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     """
     plan, settings = _plan(cfg, friction=1.0)
-    return run_plan(model, data, plan, "sgld", settings, cfg)
+    return _checked(run_plan(model, data, plan, "sgld", settings, cfg))
 
 
 @entry(SGHMCConfig)
@@ -286,7 +287,7 @@ def fit_sghmc(model, data: Data, cfg: SGHMCConfig) -> Posterior:
     momentum 0.9; ``friction=1`` is SGLD). Other parameters as in :func:`fit_sgld`.
     """
     plan, settings = _plan(cfg, friction=check_friction("friction", cfg.friction))
-    return run_plan(model, data, plan, "sghmc", settings, cfg)
+    return _checked(run_plan(model, data, plan, "sghmc", settings, cfg))
 
 
 @entry(CSGMCMCConfig)
@@ -349,9 +350,21 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
     post = run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
     # then every row, each exploration stage stopped where the held-out rows stopped it (holdout.refit)
-    return refit(
-        post, lambda chosen: run_plan(model, full, plan, "csgmcmc", settings, refit_config(cfg), stops=chosen.stops)
+    return _checked(
+        refit(
+            post,
+            lambda chosen: run_plan(model, full, plan, "csgmcmc", settings, refit_config(cfg), stops=chosen.stops),
+        )
     )
+
+
+def _checked(post: Posterior) -> Posterior:
+    """``post`` after the health checks of a finished SG-MCMC fit: a diverged chain (its potential ended above its
+    start) and the mixing of its draws (ESS, and R-hat with several chains: they are Markov chains, as MCMC's; on
+    kidiq's badly scaled covariates SGLD's and SG-HMC's draws were off the exact posterior with nothing said)."""
+    check_descent(post)
+    check_mixing(post)
+    return post
 
 
 def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:

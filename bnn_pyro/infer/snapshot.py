@@ -82,7 +82,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer._health import check_off_data
+from bnn_pyro.infer._health import check_descent, check_narrow, check_off_data
 from bnn_pyro.infer.anchor import anchor, flat_tilt
 from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
@@ -210,6 +210,7 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     post = refit(
         post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops)
     )
+    check_narrow(check_descent(post), cause=NARROW)
     return post if anchored else check_off_data(post, OFF_DATA)
 
 
@@ -220,3 +221,10 @@ OFF_DATA = (
 )
 """The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for a classification fit (module
 docstring: "Off-data inputs")."""
+
+
+NARROW = (
+    "The snapshots are the ends of a few SGD cycles, which may all settle in one basin close together; their "
+    "spread is not sampled from the posterior. "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for snapshot ensembles."""

@@ -88,7 +88,7 @@ from pyro.infer import Trace_ELBO, autoguide
 from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_start
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, latent_sites, point_values
-from bnn_pyro.infer._health import check_svi
+from bnn_pyro.infer._health import check_narrow, check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
@@ -447,7 +447,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         config["init_converged"] = all(s.converged for s in warm_starts)
         if isinstance(guide_kind, GuideKind):
             svi_start.check_start(warm_starts[0], guide_kind.value)
-    return check_svi(post)
+    return check_narrow(check_svi(post), cause=NARROW)
 
 
 @dataclass
@@ -582,3 +582,10 @@ def _draw(guide, names, num_samples, x, y, dataset_size, model):
         return draws, _density.autoguide(guide, trace, num_samples)
     traces = [poutine.trace(guide).get_trace(*args, **kwargs) for _ in range(num_samples)]
     return {n: torch.stack([t.nodes[n]["value"].detach() for t in traces]) for n in names}, None
+
+
+NARROW = (
+    "A mean-field guide cannot hold correlated weights (its sds are 1/sqrt(H_ii), not the posterior's): try "
+    "guide='full_rank' or 'low_rank'. "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for a BNN fit by SVI."""

@@ -120,7 +120,7 @@ from pyro import poutine
 
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
-from bnn_pyro.infer._health import check_off_data
+from bnn_pyro.infer._health import check_narrow, check_off_data, check_spread
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.anchor import anchor, flat_tilt
@@ -296,9 +296,21 @@ OFF_DATA = (
 anchoring (module docstring: "Off-data inputs")."""
 
 
+POINT = (
+    "SWA returns the average of one SGD trajectory per chain, an estimate of a mode, as one draw per chain, so with "
+    "one chain (the default) every sd is zero, and with several the spread is that of the chains' averages."
+)
+"""The structural limit :func:`~bnn_pyro.infer._health.check_spread` states for every SWA fit."""
+
+
 def _checked(post: Posterior, cfg: SWAConfig) -> Posterior:
-    """``post``, after the off-data note of a classification fit without anchoring (stack: this function <- fit_swag
-    <- contract.entry's wrapper <- bp.fit <- the user's line)."""
+    """``post``, after the off-data note of a classification fit without anchoring and, for SWA, the note that its
+    points are not posterior draws (stack: this function <- fit_swag <- contract.entry's wrapper <- bp.fit <- the
+    user's line)."""
+    if not isinstance(cfg, SWAGConfig):
+        check_spread(post, POINT)
+    else:
+        check_narrow(post, cause=NARROW)
     return post if cfg.anchored else check_off_data(post, OFF_DATA)
 
 
@@ -632,3 +644,10 @@ def _batches(data: Data, s: _Settings, state: _Chain, start: int):
     while True:
         idx = torch.randint(data.x.shape[0], (s.batch_size,), generator=state.generator).to(data.x.device)
         yield data.x[idx], data.y[idx]
+
+
+NARROW = (
+    "SWAG's covariance is that of SGD's iterates at the SWA learning rate, which matches the posterior's only at "
+    "one particular rate (Mandt et al. 2017), not in general. "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for SWAG."""

@@ -69,6 +69,7 @@ from pyro import poutine
 from torch import nn
 
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
+from bnn_pyro.infer._health import check_narrow
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.checkpoint import open_chains
@@ -274,7 +275,7 @@ def fit_variational_dropout(model, data: Data, cfg: VariationalDropoutConfig) ->
         last; ``resume=True`` continues each chain from its file, bit-identically (see
         :mod:`bnn_pyro.infer.checkpoint`).
     """
-    return _fit(model, data, Variant.VARIATIONAL_DROPOUT, cfg, threshold=None)
+    return check_narrow(_fit(model, data, Variant.VARIATIONAL_DROPOUT, cfg, threshold=None), cause=NARROW)
 
 
 @entry(SparseVDConfig)
@@ -294,7 +295,7 @@ def fit_sparse_vd(model, data: Data, cfg: SparseVDConfig) -> Posterior:
             f"threshold must be a finite number, the log alpha above which a weight is pruned "
             f"(default 3.0), got {threshold!r}."
         )
-    return _fit(model, data, Variant.SPARSE_VD, cfg, threshold=float(threshold))
+    return check_narrow(_fit(model, data, Variant.SPARSE_VD, cfg, threshold=float(threshold)), cause=NARROW)
 
 
 def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, threshold: float | None) -> Posterior:
@@ -505,3 +506,10 @@ def sparsity_report(posterior: Posterior) -> pd.DataFrame:
     table["sparsity"] = 1.0 - table["kept"] / table["total"]
     table["compression"] = table["total"] / table["kept"]  # inf for a layer pruned away entirely
     return table
+
+
+NARROW = (
+    "Its posterior is factorized (one Gaussian per weight), which cannot hold correlated weights (its sds are "
+    "1/sqrt(H_ii), not the posterior's). "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for variational and sparse VD."""

@@ -13,6 +13,11 @@ published model definitions, with our own data (eight schools is Rubin's 1981 pu
 - ``logistic``: a logistic regression with an intercept, a standardized covariate and an age-like one near 40
   (intercept ~ N(0, 10), slopes ~ N(0, 2.5)); data simulated here (``logistic.csv``). Exact: a tensor-product grid
   of 61 points per axis over +-7 sd of the Laplace approximation (in its whitened coordinates), trapezoid weights.
+  The same posterior written as a ``bp.BNN`` (``nn.Linear(2, 1)``, a dict prior giving the bias N(0, 10) and the
+  weights N(0, 2.5), a Bernoulli likelihood on the logit) is exactly this model, so the same reference serves it.
+- ``linear``: Bayesian linear regression as a ``bp.BNN`` (``nn.Linear(2, 1)``, every parameter N(0, 1), Gaussian
+  noise fixed at 0.5) on 100 simulated rows with two covariates correlated at 0.8 (``linear.csv``). Exact:
+  conjugate, the Gaussian posterior in closed form (Bishop 2006, section 3.3).
 
 Each summary stores, per parameter (flattened, e.g. ``beta[2]``), the posterior mean and sd, and how they were
 computed. Quadrature errors are below 1e-6 sd (each checked against a coarser grid when written: 2,001 points
@@ -157,6 +162,33 @@ def logistic(table: np.ndarray, num: int = 61, width: float = 7.0) -> dict:
     )
 
 
+def linear_data(seed: int = 20261129, n: int = 100) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    z = rng.standard_normal((n, 1))
+    x = np.round(np.sqrt(0.8) * z + np.sqrt(0.2) * rng.standard_normal((n, 2)), 3)
+    y = np.round(x @ np.array([1.5, -0.7]) + 0.3 + LINEAR_NOISE * rng.standard_normal(n), 3)
+    return np.column_stack([x, y])
+
+
+LINEAR_NOISE = 0.5
+
+
+def linear(table: np.ndarray) -> dict:
+    X1 = np.column_stack([table[:, :2], np.ones(len(table))])  # weights first, then the bias (the BNN's order)
+    y = table[:, 2]
+    precision = X1.T @ X1 / LINEAR_NOISE**2 + np.eye(3)  # prior N(0, 1) on every parameter
+    cov = np.linalg.inv(precision)
+    mean = cov @ X1.T @ y / LINEAR_NOISE**2
+    return dict(
+        data=dict(noise=LINEAR_NOISE, prior_scale=1.0),
+        names=["weight[0]", "weight[1]", "bias"],
+        mean=mean.tolist(),
+        sd=np.sqrt(np.diag(cov)).tolist(),
+        corr=(cov / np.sqrt(np.outer(np.diag(cov), np.diag(cov)))).tolist(),
+        method="exact: conjugate Gaussian posterior in closed form (precision X'X / s^2 + I)",
+    )
+
+
 def _check(fn, coarse: dict, fine: dict) -> None:
     err = np.abs(np.array(coarse["mean"]) - np.array(fine["mean"])) / np.array(fine["sd"])
     err_sd = np.abs(np.array(coarse["sd"]) / np.array(fine["sd"]) - 1)
@@ -164,12 +196,14 @@ def _check(fn, coarse: dict, fine: dict) -> None:
 
 
 def main() -> None:
-    kid, logi = kidiq_data(), logistic_data()
+    kid, logi, lin = kidiq_data(), logistic_data(), linear_data()
+    np.savetxt(HERE / "linear.csv", lin, delimiter=",", header="x1,x2,y", comments="", fmt="%g")
     np.savetxt(HERE / "kidiq.csv", kid, delimiter=",", header="mom_hs,mom_iq,kid_score", comments="", fmt="%g")
     np.savetxt(HERE / "logistic.csv", logi, delimiter=",", header="x1,age,y", comments="", fmt="%g")
     kid = np.loadtxt(HERE / "kidiq.csv", delimiter=",", skiprows=1)  # the references use the data as written
     logi = np.loadtxt(HERE / "logistic.csv", delimiter=",", skiprows=1)
-    out = {"eight_schools": eight_schools(), "kidiq": kidiq(kid), "logistic": logistic(logi)}
+    lin = np.loadtxt(HERE / "linear.csv", delimiter=",", skiprows=1)
+    out = {"eight_schools": eight_schools(), "kidiq": kidiq(kid), "logistic": logistic(logi), "linear": linear(lin)}
     _check("eight_schools", eight_schools(2001), out["eight_schools"])
     _check("kidiq", kidiq(kid, 2001), out["kidiq"])
     _check("logistic", logistic(logi, 41), out["logistic"])

@@ -1,5 +1,7 @@
-"""The reference posteriors of ``tests/infer/test_reference_posteriors.py`` as plain Pyro models with their data and
-exact summaries (``reference.json``, written by ``generate.py``, which says how each was computed)."""
+"""The reference posteriors of ``tests/infer/test_reference_posteriors.py`` and ``test_reference_engines.py`` with
+their data and exact summaries (``reference.json``, written by ``generate.py``, which says how each was computed):
+:data:`ALL` as plain Pyro models (for the engines that fit a Pyro function), :data:`BNN_REFERENCES` as ``bp.BNN``
+models (for every engine, the point-fit ones included)."""
 
 from __future__ import annotations
 
@@ -12,13 +14,17 @@ import pyro
 import pyro.distributions as dist
 import torch
 
+import bnn_pyro as bp
+
 HERE = Path(__file__).resolve().parent
 REFERENCE = json.loads((HERE / "reference.json").read_text())
 
 
 @dataclass
 class ReferencePosterior:
-    """A model ``model(x, y=None)``, its data, and the exact posterior mean and sd of each flattened parameter."""
+    """A model (``model(x, y=None)`` or a ``bp.BNN``), its data, and the exact posterior mean and sd of each flattened
+    parameter. ``columns``: for a BNN, the ``(site, flat index)`` of each reference parameter in ``post.samples``
+    (``None``: every latent site flattened in site order)."""
 
     name: str
     model: object
@@ -27,6 +33,7 @@ class ReferencePosterior:
     names: list
     mean: np.ndarray
     sd: np.ndarray
+    columns: list | None = None
 
 
 def _table(name: str) -> torch.Tensor:
@@ -75,15 +82,66 @@ def logistic() -> ReferencePosterior:
     return _make("logistic", model, t[:, :2], t[:, 2])
 
 
-def _make(name, model, x, y) -> ReferencePosterior:
+def linear_bnn() -> ReferencePosterior:
+    """Bayesian linear regression as a BNN: ``nn.Linear(2, 1)``, Normal(0, 1) on every parameter, Gaussian noise
+    fixed at 0.5 (conjugate: the exact posterior in closed form)."""
+    t = _table("linear")
+    data = REFERENCE["linear"]["data"]
+    torch.manual_seed(0)
+    model = bp.BNN(
+        torch.nn.Linear(2, 1),
+        prior=bp.priors.Normal(0.0, data["prior_scale"]),
+        likelihood=bp.likelihoods.Gaussian(scale=data["noise"]),
+    )
+    return _make("linear", model, t[:, :2], t[:, 2], columns=[("weight", 0), ("weight", 1), ("bias", 0)])
+
+
+def logistic_bnn() -> ReferencePosterior:
+    """:func:`logistic` as a BNN: ``nn.Linear(2, 1)`` with the same priors (bias N(0, 10), weights N(0, 2.5)) and a
+    Bernoulli likelihood on its logit: the same posterior, so the same reference (intercept, then the slopes)."""
+    t = _table("logistic")
+    torch.manual_seed(0)
+    model = bp.BNN(
+        torch.nn.Linear(2, 1),
+        prior={"bias": dist.Normal(0.0, 10.0), "weight": dist.Normal(0.0, 2.5)},
+        likelihood=bp.likelihoods.Bernoulli(),
+    )
+    return _make("logistic", model, t[:, :2], t[:, 2], columns=[("bias", 0), ("weight", 0), ("weight", 1)])
+
+
+def _make(name, model, x, y, columns=None) -> ReferencePosterior:
     ref = REFERENCE[name]
-    return ReferencePosterior(name, model, x, y, ref["names"], np.array(ref["mean"]), np.array(ref["sd"]))
+    mean, sd = np.array(ref["mean"]), np.array(ref["sd"])
+    return ReferencePosterior(name, model, x, y, ref["names"], mean, sd, columns)
 
 
 ALL = {"eight_schools": eight_schools, "kidiq": kidiq, "logistic": logistic}
+BNN_REFERENCES = {"linear": linear_bnn, "logistic": logistic_bnn}
 
 
-def flat_draws(post) -> np.ndarray:
-    """The posterior's draws of every latent site, flattened in site order: ``(chains, draws, P)``."""
+def flat_draws(post, ref: ReferencePosterior | None = None) -> np.ndarray:
+    """The posterior's draws, ``(chains, draws, P)``: the reference's ``columns`` when it names them, else every
+    latent site flattened in site order."""
+    if ref is not None and ref.columns is not None:
+        flat = {k: v.reshape(v.shape[0], v.shape[1], -1) for k, v in post.samples.items()}
+        return torch.stack([flat[site][..., i] for site, i in ref.columns], -1).double().cpu().numpy()
     parts = [v.reshape(v.shape[0], v.shape[1], -1) for v in post.samples.values()]
     return torch.cat(parts, -1).double().cpu().numpy()
+
+
+def judge(ref: ReferencePosterior, post) -> dict:
+    """The draws' errors against the exact summaries: ``z`` (mean error in posterior sds), ``ratio`` (sd / exact sd)
+    and, in Monte Carlo standard errors (ArviZ: the mean's from its ESS, the sd's MCSE), ``z_mcse_mean`` and
+    ``z_mcse_sd`` (NaN with fewer than 4 draws per chain, where ArviZ cannot estimate them)."""
+    import arviz as az
+
+    d = flat_draws(post, ref)
+    mean, sd = d.mean((0, 1)), d.reshape(-1, d.shape[-1]).std(0)
+    z_mean = np.full(len(ref.names), np.nan)
+    z_sd = np.full(len(ref.names), np.nan)
+    if d.shape[1] >= 4:
+        for i in range(d.shape[-1]):
+            ess = az.ess(d[..., i], method="mean")
+            z_mean[i] = (mean[i] - ref.mean[i]) / (ref.sd[i] / np.sqrt(ess))
+            z_sd[i] = (sd[i] - ref.sd[i]) / az.mcse(d[..., i], method="sd")
+    return dict(z=(mean - ref.mean) / ref.sd, ratio=sd / ref.sd, z_mcse_mean=z_mean, z_mcse_sd=z_sd, draws=d)
