@@ -79,3 +79,28 @@ def test_max_rows_takes_a_fixed_random_subset_of_distinct_rows(cls):
     assert all(tuple(r) in rows for r in xs.tolist()) and len(set(ys.tolist())) == 3  # real rows, every class
     assert not torch.equal(xs, x[:50])  # drawn at random, not the first rows (iris is sorted by class)
     assert cls.subset((x, y), None)[0] is x and cls.subset((x, y), 10_000)[0] is x
+
+
+def test_no_class_skips_the_second_fit_and_first_split_offsets_the_splits(cls, tmp_path):
+    data = cls.load_dataset("iris")
+    row = cls.run_one("logreg", data, 0, held_out_class=False)
+    assert row["error"] == "" and "auroc_class_entropy" not in row and math.isfinite(row["auroc_noise_entropy"])
+    assert row["nll"] == pytest.approx(cls.run_one("logreg", data, 0)["nll"])
+    out = cls.main(
+        [
+            "--dataset",
+            "iris",
+            "--methods",
+            "logreg",
+            "--first-split",
+            "2",
+            "--splits",
+            "2",
+            "--no-class",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    rows = __import__("pandas").read_csv(tmp_path / "iris_splits.csv")
+    assert rows["split"].tolist() == [2, 3] and "auroc_class_entropy" not in rows
+    assert out["iris"]["splits_ok"].tolist() == [2]

@@ -340,6 +340,7 @@ def _classifier():
             dict(num_cycles=2, cycle_length=10, anchored=False),
             "every snapshot minimizes the same objective",
         ),
+        ("laplace", dict(num_steps=50, num_samples=10), "every layer but the last stays at its MAP"),  # its default
     ],
 )
 def test_classification_fits_of_structurally_limited_engines_say_so_at_fit_time(method, options, says):
@@ -351,6 +352,7 @@ def test_classification_fits_of_structurally_limited_engines_say_so_at_fit_time(
     (w,) = [w for w in record if "off-data" in str(w.message)]
     text = str(w.message)
     assert text.startswith(f"{method}: ") and says in text and "method='ensemble'" in text and "docs/ood.md" in text
+    assert "'laplace'" not in text.split("For out-of-distribution detection")[1]  # its default fails the target too
     assert w.filename == __file__
 
 
@@ -362,6 +364,8 @@ def test_classification_fits_of_structurally_limited_engines_say_so_at_fit_time(
         ("swag", dict(pretrain_steps=10, num_steps=40, rank=2, num_samples=10, num_chains=1)),  # anchored by default
         ("mc_dropout", dict(num_steps=20, num_samples=10, dropout_inputs=True)),  # masks reach the input directions
         ("snapshot", dict(num_cycles=2, cycle_length=10)),  # anchored cycles by default
+        ("laplace", dict(num_steps=50, num_samples=10, structure="full")),  # every layer's spread
+        ("laplace", dict(num_steps=50, num_samples=10, structure="kron")),
     ],
 )
 def test_regression_fits_and_anchored_engines_do_not_warn_about_off_data(method, options):
