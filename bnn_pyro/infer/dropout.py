@@ -313,7 +313,9 @@ def _fit(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         data, holdout, why = full, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"
     else:
-        data, holdout, why = split(full, validation, seed=s.seed, method="mc_dropout", convert=full.convert)
+        data, holdout, why = split(
+            full, validation, seed=s.seed, method="mc_dropout", convert=full.convert, model=model
+        )
     sites = dropout_sites(model, data, s.dropout_inputs)
     init = resolve_init(model, s.init, data)
     config = clean_config(

@@ -179,7 +179,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         )
     anchored = flag("anchored", cfg.anchored)
     validation = cfg.validation
-    train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert)
+    train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert, model=model)
     config = clean_config(
         dict(
             num_chains=num_chains,

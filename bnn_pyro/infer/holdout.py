@@ -62,6 +62,7 @@ __all__ = [
     "maximize_on_log_grid",
     "DEFAULT",
     "MIN_ROWS",
+    "default_rows",
     "Chosen",
     "chosen",
     "refit",
@@ -86,15 +87,27 @@ class Holdout:
         return self.x.shape[0]
 
 
+def default_rows(n: int, fraction: float = DEFAULT) -> int:
+    """The rows the default holds out of ``n``: ``round(fraction * n)``, raised to :data:`MIN_ROWS` where that
+    leaves at least :data:`MIN_ROWS` to train on (``N >= 2 * MIN_ROWS``): the fraction ``max(fraction, MIN_ROWS /
+    N)``. On small data a net interpolates its training rows, so a noise learned without held-out rows is the
+    training residual, far below the test error; :data:`MIN_ROWS` held-out rows identify it (then the refit on
+    all rows, :func:`refit`, gives the rows back)."""
+    rows = int(round(fraction * n))
+    return MIN_ROWS if rows < MIN_ROWS <= n - MIN_ROWS else rows
+
+
 def split(
-    data: Data, validation, *, seed: int, method: str, convert=None, default=DEFAULT
+    data: Data, validation, *, seed: int, method: str, convert=None, default=DEFAULT, model=None
 ) -> tuple[Data, Holdout | None, str | None]:
     """``(train, holdout, reason)``: the data to fit on, the held-out rows (or ``None``) and, when none are
     held out under the default, why (for ``post.config``).
 
     ``validation`` is a fraction in ``(0, 0.5]``, ``None``/``0`` (no held-out rows), the engine's default
-    (``default`` is passed by the engine, ``"default"`` marks it), or an ``(x_val, y_val)`` pair.
-    ``convert(x, y)`` checks and converts a given pair as the training data were.
+    (``default`` is passed by the engine, ``"default"`` marks it: :func:`default_rows` rows), or an ``(x_val,
+    y_val)`` pair. ``convert(x, y)`` checks and converts a given pair as the training data were. When the default
+    holds nothing out of tensor data (fewer than ``2 * MIN_ROWS`` rows) and ``model`` learns a Gaussian noise,
+    :func:`~bnn_pyro.infer._health.check_training_noise` warns that the noise will be the training residual.
     """
     is_default = isinstance(validation, str) and validation == "default"
     if is_default:
@@ -124,10 +137,15 @@ def split(
             f"validation=(x_val, y_val) with held-out tensors, or validation=None."
         )
     n = data.x.shape[0]
-    rows = int(round(validation * n))
+    rows = default_rows(n, validation) if is_default else int(round(validation * n))
     if rows < MIN_ROWS or n - rows < MIN_ROWS:
         if is_default:
-            return data, None, f"{n} rows: fewer than {MIN_ROWS} would be held out"
+            reason = f"{n} rows: fewer than {2 * MIN_ROWS}, so {MIN_ROWS} cannot be held out and {MIN_ROWS} kept"
+            if noise_site(model) is not None:
+                from bnn_pyro.infer._health import check_training_noise
+
+                check_training_noise(method, n, rows=MIN_ROWS)
+            return data, None, reason
         raise ValueError(
             f"validation={validation}: {n} training rows give {rows} held-out rows, fewer than "
             f"{MIN_ROWS}; hold out a larger fraction, pass validation=(x_val, y_val), or None."

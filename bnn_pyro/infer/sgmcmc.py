@@ -345,7 +345,7 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         holdout, why = None, "no learned Gaussian noise (pass validation=0.1 to stop the exploration stages early)"
     else:
-        data, holdout, why = split(full, validation, seed=cfg.seed, method="csgmcmc", convert=full.convert)
+        data, holdout, why = split(full, validation, seed=cfg.seed, method="csgmcmc", convert=full.convert, model=model)
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
     post = run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
     # then every row, each exploration stage stopped where the held-out rows stopped it (holdout.refit)

@@ -193,7 +193,7 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
             f"zero), got {cycle_length}; the default is 1000."
         )
     alpha, validation = check_friction("friction", cfg.friction), cfg.validation
-    train, holdout, why = split(data, validation, seed=cfg.seed, method="snapshot", convert=data.convert)
+    train, holdout, why = split(data, validation, seed=cfg.seed, method="snapshot", convert=data.convert, model=model)
     settings = dict(
         num_cycles=num_cycles,
         cycle_length=cycle_length,

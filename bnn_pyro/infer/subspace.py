@@ -444,7 +444,7 @@ def _fit_subspace(
     train, holdout = data, None  # a learned Gaussian noise: chosen on the rows the SWA run held out (docstring)
     if data.loader is None and noise_site(model) is not None:
         train, holdout, _ = split(
-            data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert
+            data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert, model=model
         )
     if data.loader is not None:
         inner_post = fit(

@@ -349,7 +349,7 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
     swag = isinstance(cfg, SWAGConfig)
     method = "swag" if swag else "swa"
     full = data
-    data, holdout, why = split(full, cfg.validation, seed=cfg.seed, method=method, convert=full.convert)
+    data, holdout, why = split(full, cfg.validation, seed=cfg.seed, method=method, convert=full.convert, model=model)
     if data.loader is not None:
         batch = data.batch_size
         epoch = len(data.loader) if hasattr(data.loader, "__len__") else math.ceil(data.size / batch)

@@ -176,7 +176,7 @@ def _fit_laplace(
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         train, holdout, why = data, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"
     else:
-        train, holdout, why = split(data, validation, seed=seed, method="laplace", convert=data.convert)
+        train, holdout, why = split(data, validation, seed=seed, method="laplace", convert=data.convert, model=model)
 
     def run(
         settings: Settings,
