@@ -6,9 +6,9 @@ observation noise from the training data: an over-parameterized net fits the tra
 than it predicts new ones, and the noise that maximizes the training likelihood is then the training
 residual, not the test error (UCI Boston, split 0: a MAP noise sd of 0.7-0.9 against a test RMSE of
 2.8-3.7, and test log-likelihoods of -4 to -11 nats per point where NUTS gets -2.3). Held-out data make it
-identifiable. With ``validation=`` (the default ``0.1`` for those engines):
+identifiable. With ``validation=`` (the default ``0.1``, at least :data:`MIN_ROWS` rows, for those engines):
 
-1. :func:`split` keeps a random ``validation`` fraction of the training rows aside (seeded by the fit's
+1. :func:`split` keeps a random ``validation`` fraction of the training rows aside (:func:`default_rows`) (seeded by the fit's
    ``seed``; the same rows for every chain or member); the engine fits on the rest.
 2. :class:`BestOnHoldout` scores the point fit on the held-out rows every ``every`` steps
    (:func:`heldout_score`) and keeps the best state (early stopping; Prechelt 1998). The training budget
@@ -34,9 +34,16 @@ the MAP's); ``validation=(x_val, y_val)`` uses given held-out data and trains on
 known noise (``Gaussian(scale=0.1)``) is the user's setting and is never changed; a heteroscedastic
 likelihood's noise is a network output and is left to the early-stopped fit.
 
-The default applies to tensor data with at least :data:`MIN_ROWS` held-out rows (``N >= 200`` at 10%);
-below that, or for a loader of batches (rows cannot be set aside from a stream), the fit runs on all rows
-and ``post.config["validation"]`` says why. An explicit fraction in those cases is an error.
+The default holds out 10% of tensor data, and at least :data:`MIN_ROWS` rows (:func:`default_rows`: the
+fraction ``max(0.1, MIN_ROWS / N)``, so every ``N`` from ``2 * MIN_ROWS`` to 199 holds out ``MIN_ROWS``). Small
+data need it most: a net that nearly interpolates ~100 rows drives a MAP's noise to its training residual
+(friedman1, 90 rows: Laplace's noise sd ~0, a test log-likelihood of -1e7 per point; the ensemble's 0.08, -190 to
+-410; ``benchmarks/results/uci/small_data_noise.md``), and the refit gives the held-out rows back. Below
+``2 * MIN_ROWS`` rows (``MIN_ROWS`` held out would leave fewer to train on), or for a loader of batches (rows
+cannot be set aside from a stream), the fit runs on all rows and ``post.config["validation"]`` says why; with a
+learned Gaussian noise on such small tensor data a fit-time ``DiagnosticWarning``
+(:func:`~bnn_pyro.infer._health.check_training_noise`) says the noise will be the training residual and what
+to pass instead. An explicit fraction that leaves fewer than :data:`MIN_ROWS` rows on either side is an error.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     validation:
         Held-out rows that stop each exploration stage early (:mod:`bnn_pyro.infer.holdout`): by default
         10% of the training rows when the model has a learned Gaussian noise (a ``BNN`` with
-        ``Gaussian(scale=<prior>)``), the data are tensors and at least 20 rows would be held out; the same
+        ``Gaussian(scale=<prior>)``), the data are tensors of at least 40 rows (then at least 20 rows are held out); the same
         rows for every chain. See the module docstring. A fraction, an ``(x_val, y_val)`` pair (all rows
         are then sampled on), or ``None`` (no early stopping: the exploration stages run to the joint mode).
     num_chains, init, seed, progress, checkpoint, checkpoint_every, resume, fast_path:

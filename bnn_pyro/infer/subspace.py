@@ -39,7 +39,7 @@ inference for Bayesian deep learning. UAI.
    per-draw statistics included.
 
 Held-out rows (:mod:`bnn_pyro.infer.holdout`). With a learned Gaussian noise and tensor data the rows the SWA run
-holds out (by default 10% of at least 200 rows; ``swa=dict(validation=...)``) stay out of the inner engine's
+holds out (by default 10%, at least 20 rows, of at least 40 rows; ``swa=dict(validation=...)``) stay out of the inner engine's
 data too, and the noise of every draw is then set to the value that maximizes their log predictive density
 under the subspace predictive, as for the other point-fit engines. Why: sampled jointly with ``z`` the noise
 is the training residual of a net confined to ``w_hat + P z``, which carries little weight uncertainty, and the

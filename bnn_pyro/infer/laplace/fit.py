@@ -85,7 +85,7 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
         Pyro function model).
     validation:
         Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows when the model has a
-        learned homoscedastic Gaussian noise to choose (and that is at least 20 rows of tensor data), the same
+        learned homoscedastic Gaussian noise to choose (at least 20 rows of tensor data of at least 40 rows), the same
         for every chain; none otherwise (a known noise leaves nothing to choose, and the Laplace approximation
         belongs at the mode, which early stopping would leave). The MAP search keeps the state with the best
         held-out likelihood (scored every ``num_steps // 50`` steps: early stopping), and the noise is set to the

@@ -2,7 +2,7 @@
 
 A MAP of an over-parameterized net fits its training targets far better than it predicts new ones, so the
 noise at the MAP is the training residual, not the test error (:mod:`bnn_pyro.infer.holdout`). With held-out
-rows (``validation=``, the default on tensor data of at least 200 rows) a learned homoscedastic Gaussian noise
+rows (``validation=``, the default on tensor data of at least 40 rows) a learned homoscedastic Gaussian noise
 ``sigma`` is instead set to the value that maximizes the held-out log predictive density of the GLM predictive
 ``N(y | f(x, w*), J(x) Sigma(sigma) J(x)^T + sigma^2)``. The weight covariance depends on ``sigma`` through
 the likelihood curvature (the GGN is ``J^T J / sigma^2``; the empirical Fisher, with its residuals fixed,
