@@ -4,6 +4,8 @@ rows until this rule) the net nearly interpolates its training rows and the nois
 
 from __future__ import annotations
 
+import warnings
+
 import pyro.distributions as dist
 import pytest
 import torch
@@ -50,3 +52,25 @@ def test_default_noise_does_not_collapse_on_100_rows(method, ll_min):
     assert SIGMA / 4 < post.config["noise"]["sigma"] < SIGMA * 4
     ll = float(metrics.log_predictive_density(post, x_test, y_test).mean())
     assert ll > ll_min
+
+
+@pytest.mark.parametrize("method", ["laplace", "ensemble"])
+def test_too_few_rows_to_hold_out_warn_at_fit_time(method):
+    """Below 2 * MIN_ROWS rows nothing can be held out: bp.fit says that the learned noise is the training residual
+    and what to pass instead; with a fixed noise there is nothing to choose and no warning."""
+    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
+
+    x, y = _data(30, 0)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(5, 10), torch.nn.ReLU(), torch.nn.Linear(10, 1))
+    learned = bp.BNN(
+        net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0))
+    )
+    with pytest.warns(DiagnosticWarning, match=rf"{method}: the learned observation noise .* 30 rows .*validation="):
+        post = bp.fit(learned, x, y, method=method, num_steps=20, seed=0, progress=False)
+    assert post.config["validation"]["rows"] == 0 and "30 rows" in post.config["validation"]["reason"]
+    fixed = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bp.fit(fixed, x, y, method=method, num_steps=20, seed=0, progress=False)
+    assert not [w for w in caught if "learned observation noise" in str(w.message)]
