@@ -34,8 +34,9 @@ the MAP's); ``validation=(x_val, y_val)`` uses given held-out data and trains on
 known noise (``Gaussian(scale=0.1)``) is the user's setting and is never changed; a heteroscedastic
 likelihood's noise is a network output and is left to the early-stopped fit.
 
-The default holds out 10% of tensor data, and at least :data:`MIN_ROWS` rows (:func:`default_rows`: the
-fraction ``max(0.1, MIN_ROWS / N)``, so every ``N`` from ``2 * MIN_ROWS`` to 199 holds out ``MIN_ROWS``). Small
+The default holds out 10% of tensor data, and for a model with a learned Gaussian noise at least
+:data:`MIN_ROWS` rows (:func:`default_rows`: the fraction ``max(0.1, MIN_ROWS / N)``, so every ``N`` from
+``2 * MIN_ROWS`` to 199 holds out ``MIN_ROWS``; without a noise to choose, nothing below ``N = 200``). Small
 data need it most: a net that nearly interpolates ~100 rows drives a MAP's noise to its training residual
 (friedman1, 90 rows: Laplace's noise sd ~0, a test log-likelihood of -1e7 per point; the ensemble's 0.08, -190 to
 -410; ``benchmarks/results/uci/small_data_noise.md``), and the refit gives the held-out rows back. Below
@@ -95,11 +96,13 @@ class Holdout:
 
 
 def default_rows(n: int, fraction: float = DEFAULT) -> int:
-    """The rows the default holds out of ``n``: ``round(fraction * n)``, raised to :data:`MIN_ROWS` where that
-    leaves at least :data:`MIN_ROWS` to train on (``N >= 2 * MIN_ROWS``): the fraction ``max(fraction, MIN_ROWS /
-    N)``. On small data a net interpolates its training rows, so a noise learned without held-out rows is the
-    training residual, far below the test error; :data:`MIN_ROWS` held-out rows identify it (then the refit on
-    all rows, :func:`refit`, gives the rows back)."""
+    """The rows the default holds out of ``n`` for a model with a learned Gaussian noise: ``round(fraction * n)``,
+    raised to :data:`MIN_ROWS` where that leaves at least :data:`MIN_ROWS` to train on (``N >= 2 * MIN_ROWS``): the
+    fraction ``max(fraction, MIN_ROWS / N)``. On small data a net interpolates its training rows, so a noise learned
+    without held-out rows is the training residual, far below the test error; :data:`MIN_ROWS` held-out rows
+    identify it (then the refit on all rows, :func:`refit`, gives the rows back). Without a noise to choose the
+    default keeps ``round(fraction * n)`` (none below ``MIN_ROWS``): early stopping alone on fewer rows is too
+    noisy to pay for them."""
     rows = int(round(fraction * n))
     return MIN_ROWS if rows < MIN_ROWS <= n - MIN_ROWS else rows
 
@@ -111,7 +114,8 @@ def split(
     held out under the default, why (for ``post.config``).
 
     ``validation`` is a fraction in ``(0, 0.5]``, ``None``/``0`` (no held-out rows), the engine's default
-    (``default`` is passed by the engine, ``"default"`` marks it: :func:`default_rows` rows), or an ``(x_val,
+    (``default`` is passed by the engine, ``"default"`` marks it: :func:`default_rows` rows when ``model`` learns a
+    Gaussian noise), or an ``(x_val,
     y_val)`` pair. ``convert(x, y)`` checks and converts a given pair as the training data were. When the default
     holds nothing out of tensor data (fewer than ``2 * MIN_ROWS`` rows) and ``model`` learns a Gaussian noise,
     :func:`~bnn_pyro.infer._health.check_training_noise` warns that the noise will be the training residual.
@@ -144,11 +148,16 @@ def split(
             f"validation=(x_val, y_val) with held-out tensors, or validation=None."
         )
     n = data.x.shape[0]
-    rows = default_rows(n, validation) if is_default else int(round(validation * n))
+    noise = noise_site(model) is not None
+    rows = default_rows(n, validation) if is_default and noise else int(round(validation * n))
     if rows < MIN_ROWS or n - rows < MIN_ROWS:
         if is_default:
-            reason = f"{n} rows: fewer than {2 * MIN_ROWS}, so {MIN_ROWS} cannot be held out and {MIN_ROWS} kept"
-            if noise_site(model) is not None:
+            reason = (
+                f"{n} rows: fewer than {2 * MIN_ROWS}, so {MIN_ROWS} cannot be held out and {MIN_ROWS} kept"
+                if noise
+                else f"{n} rows and no learned Gaussian noise: fewer than {MIN_ROWS} would be held out"
+            )
+            if noise:
                 from bnn_pyro.infer._health import check_training_noise
 
                 check_training_noise(method, n, rows=MIN_ROWS)

@@ -516,7 +516,7 @@ def _map_start(
     (the same split); checkpointed with ``ckpt``'s options (:func:`_stages`; none when empty) under a run
     identity made of these settings."""
     train, holdout, _ = split(
-        data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert
+        data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert, model=model
     )
     steps = positive_int("swa['pretrain_steps']", swa.get("pretrain_steps", _PRETRAIN_STEPS))
     lr, optimizer = swa.get("pretrain_lr", _PRETRAIN_LR), swa.get("pretrain_optimizer", "adam")
