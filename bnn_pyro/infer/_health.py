@@ -547,7 +547,8 @@ def check_training_noise(method: str, n: int, *, rows: int) -> None:
     noise will be the training residual: the data (``n`` rows) are too few to hold ``rows`` rows out
     (:mod:`bnn_pyro.infer.holdout`) and still train on as many. An over-parameterized net nearly interpolates
     small data, so that residual is far below the test error (friedman1, 90 rows: a Laplace noise sd near 0 and
-    test log-likelihoods of -1e6 nats per point; ``benchmarks/results/uci/``), and the predictive is overconfident."""
+    test log-likelihoods of -1e7 nats per point; ``benchmarks/results/uci/small_data_noise.md``), and the predictive
+    is overconfident."""
     _warn(
         f"{method}: the learned observation noise will be the training residual of a point fit: {n} rows are too "
         f"few to hold out {rows} for choosing it (at least {2 * rows} are needed), and a net that fits its training "
