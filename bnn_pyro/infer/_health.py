@@ -21,6 +21,8 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
 - :func:`check_targets` (any engine, before the fit, from ``bp.fit``): regression targets in raw units
   (their sd far above the O(1) outputs of a unit-prior net) under a fixed Gaussian noise far below
   their sd; :func:`check_elbo` then gives the same advice instead of "more steps".
+- :func:`check_training_noise` (engines that start from a point fit, before the fit, from
+  :func:`bnn_pyro.infer.holdout.split`): a learned Gaussian noise on data too small to hold rows out for it.
 - :func:`check_off_data` (classification fits of engines whose spread cannot grow away from the data, for a
   structural reason the engine states: MC dropout with its inputs kept whole; SWAG, SWA and snapshot ensembles
   without anchoring; Laplace with ``structure="last_layer"``, a ``BNN``'s default): says so at fit time, with what to
@@ -86,6 +88,7 @@ __all__ = [
     "NARROW_MAX",
     "NARROW_TAIL",
     "NARROW_MAX_DIM",
+    "check_training_noise",
 ]
 
 DIVERGENCE_MAX = 0.01
@@ -690,3 +693,19 @@ def check_descent(post):
             "post.history['potential'] shows the trace."
         )
     return post
+
+
+def check_training_noise(method: str, n: int, *, rows: int) -> None:
+    """Warn, at the start of a fit of an engine that starts from a point fit (a MAP), that its learned Gaussian
+    noise will be the training residual: the data (``n`` rows) are too few to hold ``rows`` rows out
+    (:mod:`bnn_pyro.infer.holdout`) and still train on as many. An over-parameterized net nearly interpolates
+    small data, so that residual is far below the test error (friedman1, 90 rows: a Laplace noise sd near 0 and
+    test log-likelihoods of -1e7 nats per point; ``benchmarks/results/uci/small_data_noise.md``), and the predictive
+    is overconfident."""
+    _warn(
+        f"{method}: the learned observation noise will be the training residual of a point fit: {n} rows are too "
+        f"few to hold out {rows} for choosing it (at least {2 * rows} are needed), and a net that fits its training "
+        "rows closely sets the noise far below the test error, so the predictive is overconfident. Pass held-out "
+        "data, validation=(x_val, y_val), or a fixed noise in the targets' units, "
+        "likelihood=bp.likelihoods.Gaussian(scale=...)."
+    )

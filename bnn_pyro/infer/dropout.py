@@ -87,7 +87,7 @@ input directions, so that inputs off the data's pattern of features get disagree
 defaults, which therefore stay. A classification fit with the inputs kept whole says so
 (:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`).
 
-Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows;
+Held-out rows (``validation=``, default 10% of tensor data, at least 20 rows, of at least 40 rows;
 :mod:`bnn_pyro.infer.holdout`): training is early-stopped on the held-out likelihood of the
 weight-averaged net ``(1 - p) M`` and a learned Gaussian noise is chosen on them at the end, for the
 MC-dropout predictive. On scikit-learn's diabetes (random 90/10 splits 0-2, standardized, 10-50-1 ReLU
@@ -219,7 +219,7 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
         of site values or a :class:`Posterior` (see :mod:`bnn_pyro.infer._init`).
     validation:
         Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows when the model has a
-        learned Gaussian noise (a ``BNN`` with ``Gaussian(scale=<prior>)``), that is at least 20 rows and the
+        learned Gaussian noise (a ``BNN`` with ``Gaussian(scale=<prior>)``), at least 20 rows (none below 40) and the
         data are tensors; the same rows for every chain. Without a noise to choose (classification, a known
         noise) the default holds nothing out: early stopping alone did not pay for the rows it took (two moons,
         200 points, 16 tanh units: test accuracy 0.94 with 20 rows held out, above 0.95 without). Each chain keeps its state
@@ -324,7 +324,9 @@ def _fit(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         data, holdout, why = full, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"
     else:
-        data, holdout, why = split(full, validation, seed=s.seed, method="mc_dropout", convert=full.convert)
+        data, holdout, why = split(
+            full, validation, seed=s.seed, method="mc_dropout", convert=full.convert, model=model
+        )
     sites = dropout_sites(model, data, s.dropout_inputs)
     init = resolve_init(model, s.init, data)
     config = clean_config(

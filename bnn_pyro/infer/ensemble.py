@@ -131,8 +131,8 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         ``True`` (default): each member's objective is anchored at its own prior draw (seed ``seed + k``; see the
         module docstring and :mod:`bnn_pyro.infer.anchor`); ``False``: plain MAP members.
     validation:
-        Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows (when that is at
-        least 20 rows and the data are tensors), the same rows for every member. Each member keeps its state
+        Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows (when that is at least
+        20 rows, with a learned noise at least 20 rows of at least 40, and the data are tensors), the same rows for every member. Each member keeps its state
         with the best held-out likelihood (scored every ``num_steps // 50`` steps: early stopping), and a
         learned Gaussian noise is then set to the value that maximizes the held-out log predictive density
         of the ensemble's mixture. Then the members are trained again on every row for the chosen number of
@@ -191,7 +191,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         )
     anchored = flag("anchored", cfg.anchored)
     validation = cfg.validation
-    train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert)
+    train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert, model=model)
     config = clean_config(
         dict(
             num_chains=num_chains,

@@ -6,9 +6,9 @@ observation noise from the training data: an over-parameterized net fits the tra
 than it predicts new ones, and the noise that maximizes the training likelihood is then the training
 residual, not the test error (UCI Boston, split 0: a MAP noise sd of 0.7-0.9 against a test RMSE of
 2.8-3.7, and test log-likelihoods of -4 to -11 nats per point where NUTS gets -2.3). Held-out data make it
-identifiable. With ``validation=`` (the default ``0.1`` for those engines):
+identifiable. With ``validation=`` (the default ``0.1``, at least :data:`MIN_ROWS` rows, for those engines):
 
-1. :func:`split` keeps a random ``validation`` fraction of the training rows aside (seeded by the fit's
+1. :func:`split` keeps a random ``validation`` fraction of the training rows aside (:func:`default_rows`) (seeded by the fit's
    ``seed``; the same rows for every chain or member); the engine fits on the rest.
 2. :class:`BestOnHoldout` scores the point fit on the held-out rows every ``every`` steps
    (:func:`heldout_score`) and keeps the best state (early stopping; Prechelt 1998). The training budget
@@ -34,9 +34,17 @@ the MAP's); ``validation=(x_val, y_val)`` uses given held-out data and trains on
 known noise (``Gaussian(scale=0.1)``) is the user's setting and is never changed; a heteroscedastic
 likelihood's noise is a network output and is left to the early-stopped fit.
 
-The default applies to tensor data with at least :data:`MIN_ROWS` held-out rows (``N >= 200`` at 10%);
-below that, or for a loader of batches (rows cannot be set aside from a stream), the fit runs on all rows
-and ``post.config["validation"]`` says why. An explicit fraction in those cases is an error.
+The default holds out 10% of tensor data, and for a model with a learned Gaussian noise at least
+:data:`MIN_ROWS` rows (:func:`default_rows`: the fraction ``max(0.1, MIN_ROWS / N)``, so every ``N`` from
+``2 * MIN_ROWS`` to 199 holds out ``MIN_ROWS``; without a noise to choose, nothing below ``N = 200``). Small
+data need it most: a net that nearly interpolates ~100 rows drives a MAP's noise to its training residual
+(friedman1, 90 rows: Laplace's noise sd ~0, a test log-likelihood of -1e7 per point; the ensemble's 0.08, -190 to
+-410; ``benchmarks/results/uci/small_data_noise.md``), and the refit gives the held-out rows back. Below
+``2 * MIN_ROWS`` rows (``MIN_ROWS`` held out would leave fewer to train on), or for a loader of batches (rows
+cannot be set aside from a stream), the fit runs on all rows and ``post.config["validation"]`` says why; with a
+learned Gaussian noise on such small tensor data a fit-time ``DiagnosticWarning``
+(:func:`~bnn_pyro.infer._health.check_training_noise`) says the noise will be the training residual and what
+to pass instead. An explicit fraction that leaves fewer than :data:`MIN_ROWS` rows on either side is an error.
 """
 
 from __future__ import annotations
@@ -62,6 +70,7 @@ __all__ = [
     "maximize_on_log_grid",
     "DEFAULT",
     "MIN_ROWS",
+    "default_rows",
     "Chosen",
     "chosen",
     "refit",
@@ -86,15 +95,30 @@ class Holdout:
         return self.x.shape[0]
 
 
+def default_rows(n: int, fraction: float = DEFAULT) -> int:
+    """The rows the default holds out of ``n`` for a model with a learned Gaussian noise: ``round(fraction * n)``,
+    raised to :data:`MIN_ROWS` where that leaves at least :data:`MIN_ROWS` to train on (``N >= 2 * MIN_ROWS``): the
+    fraction ``max(fraction, MIN_ROWS / N)``. On small data a net interpolates its training rows, so a noise learned
+    without held-out rows is the training residual, far below the test error; :data:`MIN_ROWS` held-out rows
+    identify it (then the refit on all rows, :func:`refit`, gives the rows back). Without a noise to choose the
+    default keeps ``round(fraction * n)`` (none below ``MIN_ROWS``): early stopping alone on fewer rows is too
+    noisy to pay for them."""
+    rows = int(round(fraction * n))
+    return MIN_ROWS if rows < MIN_ROWS <= n - MIN_ROWS else rows
+
+
 def split(
-    data: Data, validation, *, seed: int, method: str, convert=None, default=DEFAULT
+    data: Data, validation, *, seed: int, method: str, convert=None, default=DEFAULT, model=None
 ) -> tuple[Data, Holdout | None, str | None]:
     """``(train, holdout, reason)``: the data to fit on, the held-out rows (or ``None``) and, when none are
     held out under the default, why (for ``post.config``).
 
     ``validation`` is a fraction in ``(0, 0.5]``, ``None``/``0`` (no held-out rows), the engine's default
-    (``default`` is passed by the engine, ``"default"`` marks it), or an ``(x_val, y_val)`` pair.
-    ``convert(x, y)`` checks and converts a given pair as the training data were.
+    (``default`` is passed by the engine, ``"default"`` marks it: :func:`default_rows` rows when ``model`` learns a
+    Gaussian noise), or an ``(x_val,
+    y_val)`` pair. ``convert(x, y)`` checks and converts a given pair as the training data were. When the default
+    holds nothing out of tensor data (fewer than ``2 * MIN_ROWS`` rows) and ``model`` learns a Gaussian noise,
+    :func:`~bnn_pyro.infer._health.check_training_noise` warns that the noise will be the training residual.
     """
     is_default = isinstance(validation, str) and validation == "default"
     if is_default:
@@ -124,10 +148,20 @@ def split(
             f"validation=(x_val, y_val) with held-out tensors, or validation=None."
         )
     n = data.x.shape[0]
-    rows = int(round(validation * n))
+    noise = noise_site(model) is not None
+    rows = default_rows(n, validation) if is_default and noise else int(round(validation * n))
     if rows < MIN_ROWS or n - rows < MIN_ROWS:
         if is_default:
-            return data, None, f"{n} rows: fewer than {MIN_ROWS} would be held out"
+            reason = (
+                f"{n} rows: fewer than {2 * MIN_ROWS}, so {MIN_ROWS} cannot be held out and {MIN_ROWS} kept"
+                if noise
+                else f"{n} rows and no learned Gaussian noise: fewer than {MIN_ROWS} would be held out"
+            )
+            if noise:
+                from bnn_pyro.infer._health import check_training_noise
+
+                check_training_noise(method, n, rows=MIN_ROWS)
+            return data, None, reason
         raise ValueError(
             f"validation={validation}: {n} training rows give {rows} held-out rows, fewer than "
             f"{MIN_ROWS}; hold out a larger fraction, pass validation=(x_val, y_val), or None."

@@ -314,7 +314,7 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     validation:
         Held-out rows that stop each exploration stage early (:mod:`bnn_pyro.infer.holdout`): by default
         10% of the training rows when the model has a learned Gaussian noise (a ``BNN`` with
-        ``Gaussian(scale=<prior>)``), the data are tensors and at least 20 rows would be held out; the same
+        ``Gaussian(scale=<prior>)``), the data are tensors of at least 40 rows (then at least 20 rows are held out); the same
         rows for every chain. See the module docstring. A fraction, an ``(x_val, y_val)`` pair (all rows
         are then sampled on), or ``None`` (no early stopping: the exploration stages run to the joint mode).
     num_chains, init, seed, progress, checkpoint, checkpoint_every, resume, fast_path:
@@ -346,7 +346,7 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         holdout, why = None, "no learned Gaussian noise (pass validation=0.1 to stop the exploration stages early)"
     else:
-        data, holdout, why = split(full, validation, seed=cfg.seed, method="csgmcmc", convert=full.convert)
+        data, holdout, why = split(full, validation, seed=cfg.seed, method="csgmcmc", convert=full.convert, model=model)
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
     post = run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
     # then every row, each exploration stage stopped where the held-out rows stopped it (holdout.refit)

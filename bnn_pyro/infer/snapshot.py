@@ -24,7 +24,7 @@ added: each snapshot is a point near a mode. The snapshot is the iterate that en
 whose step factor ``(1 - cos(pi / K)) / 2`` (2.5e-6 at ``K = 1000``) leaves it where the cycle ended.
 
 Held-out rows (:mod:`bnn_pyro.infer.holdout`, as csgmcmc's exploration stages): by default 10% of the training
-rows (tensor data of at least 200 rows) are held out and the run trains on the rest. Every cycle scores the
+rows (10% of tensor data of at least 200 rows; with a learned Gaussian noise at least 20 rows, of at least 40) are held out and the run trains on the rest. Every cycle scores the
 states it reaches on them every 50 steps and at its end (noise profiled out), and its snapshot is the
 best-scoring of those (early stopping within the cycle; the next cycle starts from it, momentum reset;
 ``history["exploration_stop"]``: the step of each snapshot); a learned Gaussian noise (``sigma`` or
@@ -169,7 +169,7 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
         layers' initializers under the run's seed; ``"prior"``, ``"net"``, ``"median"``, a dict, a Posterior).
     validation:
         Held-out rows (:mod:`bnn_pyro.infer.holdout`) that pick each cycle's snapshot among its own states and
-        then the noise: default 10% of tensor data of at least 200 rows. Then the run is repeated on every row,
+        then the noise: default 10% of tensor data of at least 200 rows (with a learned noise at least 20 rows, of at least 40). Then the run is repeated on every row,
         each cycle's snapshot taken at the step chosen, and the chosen noise replaces the run's
         (:func:`~bnn_pyro.infer.holdout.refit`; cost: a second run). A fraction, an ``(x_val, y_val)`` pair (no
         refit: every row is trained on already), or ``None`` (every snapshot is its cycle's end).
@@ -193,7 +193,7 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
             f"zero), got {cycle_length}; the default is 1000."
         )
     alpha, validation = check_friction("friction", cfg.friction), cfg.validation
-    train, holdout, why = split(data, validation, seed=cfg.seed, method="snapshot", convert=data.convert)
+    train, holdout, why = split(data, validation, seed=cfg.seed, method="snapshot", convert=data.convert, model=model)
     settings = dict(
         num_cycles=num_cycles,
         cycle_length=cycle_length,

@@ -39,7 +39,7 @@ inference for Bayesian deep learning. UAI.
    per-draw statistics included.
 
 Held-out rows (:mod:`bnn_pyro.infer.holdout`). With a learned Gaussian noise and tensor data the rows the SWA run
-holds out (by default 10% of at least 200 rows; ``swa=SWAGConfig(validation=...)``) stay out of the inner engine's
+holds out (by default 10%, at least 20 rows, of at least 40 rows; ``swa=SWAGConfig(validation=...)``) stay out of the inner engine's
 data too, and the noise of every draw is then set to the value that maximizes their log predictive density
 under the subspace predictive, as for the other point-fit engines. Why: sampled jointly with ``z`` the noise
 is the training residual of a net confined to ``w_hat + P z``, which carries little weight uncertainty, and the
@@ -478,7 +478,7 @@ def _fit_subspace(
     train, holdout = data, None  # a learned Gaussian noise: chosen on the rows the SWA run held out (docstring)
     if data.loader is None and noise_site(model) is not None:
         train, holdout, _ = split(
-            data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert
+            data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert, model=model
         )
     if data.loader is not None:
         inner_post = fit(
@@ -550,7 +550,7 @@ def _map_start(
     (the same split); checkpointed with ``ckpt``'s options (:func:`_stages`; none when empty) under a run
     identity made of these settings."""
     train, holdout, _ = split(
-        data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert
+        data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert, model=model
     )
     steps = positive_int("swa['pretrain_steps']", swa.get("pretrain_steps", _PRETRAIN_STEPS))
     lr, optimizer = swa.get("pretrain_lr", _PRETRAIN_LR), swa.get("pretrain_optimizer", "adam")

@@ -86,7 +86,7 @@ the same splits: 0.67 / 0.73 (wine) and 0.84 / 0.87 (breast_cancer), at a test l
 scikit-learn's diabetes before and after. A classification fit without anchoring says so
 (:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`).
 
-Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows;
+Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows, with a learned noise at least 20 rows of at least 40;
 :mod:`bnn_pyro.infer.holdout`): pre-training is early-stopped on them and a learned Gaussian noise is
 chosen on them at the end, for the engine's own predictive. On scikit-learn's diabetes (random 90/10
 splits 0-2, standardized, 10-50-1 ReLU net, ``Normal(0, 1)`` prior, ``Gaussian(scale=HalfNormal(1))``)
@@ -259,8 +259,8 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
         values); ``False`` forces Pyro's traced potential (see :class:`~bnn_pyro.infer._potential.Potentials`).
         ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     validation:
-        Held-out rows (:mod:`bnn_pyro.infer.holdout`; default 10% of the rows when that is at least 20 rows
-        and the data are tensors, the same rows for every chain): pre-training keeps its state with the best
+        Held-out rows (:mod:`bnn_pyro.infer.holdout`; default 10% of the rows when that is at least 20 (with a learned noise at
+        least 20 rows of at least 40) and the data are tensors, the same rows for every chain): pre-training keeps its state with the best
         held-out likelihood (scored every ``pretrain_steps // 50`` steps: early stopping) and the SWA phase
         starts from it; at the end a learned Gaussian noise is set to the value that maximizes the held-out log
         predictive density of the SWAG predictive (every chain's draws). Then the whole run is repeated on every
@@ -361,7 +361,7 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
     swag = isinstance(cfg, SWAGConfig)
     method = "swag" if swag else "swa"
     full = data
-    data, holdout, why = split(full, cfg.validation, seed=cfg.seed, method=method, convert=full.convert)
+    data, holdout, why = split(full, cfg.validation, seed=cfg.seed, method=method, convert=full.convert, model=model)
     if data.loader is not None:
         batch = data.batch_size
         epoch = len(data.loader) if hasattr(data.loader, "__len__") else math.ceil(data.size / batch)

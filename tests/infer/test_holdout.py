@@ -2,6 +2,7 @@
 chosen on held-out rows, against closed forms; and the ensemble's default use of them."""
 
 import math
+import warnings
 
 import pyro.distributions as dist
 import pytest
@@ -10,6 +11,7 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro.infer import holdout as ho
 from bnn_pyro.infer._common import Data
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 
 def _data(n, seed=0):
@@ -32,10 +34,41 @@ def test_split_holds_out_a_seeded_disjoint_fraction():
     assert not torch.equal(ho.split(Data(x, y), 0.1, seed=4, method="ensemble")[1].rows, held.rows)
 
 
-def test_split_default_skips_small_data_and_loaders_with_a_reason():
-    x, y = _data(150)  # 15 held-out rows < MIN_ROWS
-    data, held, why = ho.split(Data(x, y), "default", seed=0, method="ensemble")
-    assert held is None and data.x is x and "150 rows" in why
+def _noise_model(scale):
+    return bp.BNN(
+        torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=scale)
+    )
+
+
+def test_split_default_holds_out_min_rows_of_small_data_with_a_learned_noise():
+    """Between 2 * MIN_ROWS and 200 rows the default holds out MIN_ROWS rows (10% would be fewer) when the model
+    learns a Gaussian noise, so the noise is chosen on held-out rows there too (the old rule held out nothing below
+    200 rows). Without a noise to choose (a fixed one, a plain model) the old rule stands: early stopping alone."""
+    learned = _noise_model(dist.HalfNormal(1.0))
+    for n in (40, 100, 150, 199):
+        x, y = _data(n)
+        train, held, why = ho.split(Data(x, y), "default", seed=0, method="ensemble", model=learned)
+        assert why is None and held.size == ho.MIN_ROWS and train.x.shape[0] == n - ho.MIN_ROWS
+        assert sorted(held.rows.tolist() + [int(r) for r in set(range(n)) - set(held.rows.tolist())]) == list(range(n))
+        for model in (None, _noise_model(0.5)) if n < 195 else ():  # round(0.1 * N) >= MIN_ROWS from N = 195
+            data, none, why = ho.split(Data(x, y), "default", seed=0, method="ensemble", model=model)
+            assert none is None and data.x is x and f"{n} rows and no learned Gaussian noise" in why
+    assert [ho.default_rows(n) for n in (39, 40, 100, 200, 300)] == [4, 20, 20, 20, 30]
+    x, y = _data(300)
+    assert ho.split(Data(x, y), "default", seed=0, method="ensemble", model=learned)[1].size == 30
+
+
+def test_split_default_skips_tiny_data_and_loaders_with_a_reason():
+    x, y = _data(39)  # MIN_ROWS held out would leave fewer than MIN_ROWS to train on
+    with pytest.warns(DiagnosticWarning, match=r"39 rows are too few.*validation=\(x_val, y_val\).*scale="):
+        data, held, why = ho.split(
+            Data(x, y), "default", seed=0, method="laplace", model=_noise_model(dist.HalfNormal(1.0))
+        )
+    assert held is None and data.x is x and "39 rows" in why
+    with warnings.catch_warnings():  # a fixed noise is not chosen: nothing to warn about
+        warnings.simplefilter("error")
+        assert ho.split(Data(x, y), "default", seed=0, method="laplace", model=_noise_model(0.5))[1] is None
+        assert ho.split(Data(x, y), None, seed=0, method="laplace", model=_noise_model(dist.HalfNormal(1.0)))[1] is None
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=50)
     data, held, why = ho.split(Data(None, None, loader=loader, dataset_size=150), "default", seed=0, method="x")
     assert held is None and "loader" in why

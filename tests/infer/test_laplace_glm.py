@@ -200,3 +200,31 @@ def test_gap_data_is_more_uncertain_in_the_gap_than_on_the_data_at_the_defaults(
     sd = post.predict(grid, seed=0).epistemic_std
     on_data, gap = grid[:, 0].abs() >= 0.5, grid[:, 0].abs() < 0.3
     assert sd[gap].mean() > sd[on_data].mean(), (structure, float(sd[gap].mean()), float(sd[on_data].mean()))
+
+
+def test_heldout_variance_for_every_noise_matches_the_direct_solve():
+    """choose_noise scores each candidate noise with the GLM variance ``diag(J (a L + P)^-1 J^T)`` of the curvature
+    ``L`` scaled by ``a = (sigma0 / sigma)^power``; one generalized eigendecomposition serves every ``a`` and must
+    equal the direct inverse (a rank-deficient ``L``, a dense and a diagonal prior, a sub-block of coordinates), as
+    must the fallback for a prior that is not positive definite."""
+    from bnn_pyro.infer.laplace.noise import _variance
+
+    g = torch.Generator().manual_seed(0)
+    w, r = 7, 3
+    a_ = torch.randn(w, r, generator=g, dtype=torch.float64)
+    lik = a_ @ a_.T  # rank 3 of 7
+    q = torch.randn(w, w, generator=g, dtype=torch.float64)
+    dense_prior = q @ q.T / w + torch.eye(w, dtype=torch.float64)
+    pos = torch.tensor([0, 2, 3, 6])
+    jac = torch.randn(5, 1, len(pos), generator=g, dtype=torch.float64)
+    singular = torch.diag(torch.tensor([1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0], dtype=torch.float64))
+    diag_lik = torch.rand(w, generator=g, dtype=torch.float64)  # the "diag" structure: both curvatures 1-D
+    cases = [(lik, dense_prior), (lik, torch.full((w,), 2.0, dtype=torch.float64)), (lik, singular)]
+    cases.append((diag_lik, torch.full((w,), 2.0, dtype=torch.float64)))
+    for lik_hess, prior in cases:
+        variance = _variance(lik_hess, prior, jac, pos)
+        as_matrix = [t if t.dim() == 2 else torch.diag(t) for t in (lik_hess, prior)]
+        for a in (1e-3, 1.0, 1e3):
+            cov = torch.linalg.inv(a * as_matrix[0] + as_matrix[1])[pos[:, None], pos]
+            direct = torch.einsum("bow,wv,bov->bo", jac, cov, jac)
+            assert torch.allclose(variance(a), direct, rtol=1e-8, atol=1e-10)

@@ -74,7 +74,7 @@ Immer et al. 2021: the GGN posterior is wide along directions where the lineariz
 not; toy gap data: training RMSE 1.8 against 0.09 for ``"last_layer"``). The last layer is linear in its
 weights, so there the two agree.
 
-**Held-out rows** (``validation=``, default ``"default"``: 10% of tensor data with at least 200 rows;
+**Held-out rows** (``validation=``, default ``"default"``: 10% of tensor data, at least 20 rows, with at least 40 rows;
 :mod:`bnn_pyro.infer.holdout`). The MAP of an over-parameterized net sets a learned noise to its training
 residual, far below the test error (UCI Boston: train RMSE 0.67 against test 3.1; test LL -10.9 at the old
 defaults). With held-out rows the MAP search stops early at its best held-out likelihood, and a learned

@@ -86,7 +86,7 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
         Pyro function model).
     validation:
         Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows when the model has a
-        learned homoscedastic Gaussian noise to choose (and that is at least 20 rows of tensor data), the same
+        learned homoscedastic Gaussian noise to choose (at least 20 rows of tensor data of at least 40 rows), the same
         for every chain; none otherwise (a known noise leaves nothing to choose, and the Laplace approximation
         belongs at the mode, which early stopping would leave). The MAP search keeps the state with the best
         held-out likelihood (scored every ``num_steps // 50`` steps: early stopping), and the noise is set to the
@@ -193,7 +193,7 @@ def _fit_laplace(
     if isinstance(validation, str) and validation == "default" and noise_site(model) is None:
         train, holdout, why = data, None, "no learned Gaussian noise to choose (pass validation=0.1 to early-stop)"
     else:
-        train, holdout, why = split(data, validation, seed=seed, method="laplace", convert=data.convert)
+        train, holdout, why = split(data, validation, seed=seed, method="laplace", convert=data.convert, model=model)
 
     def run(
         settings: Settings,
