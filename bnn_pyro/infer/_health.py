@@ -644,9 +644,10 @@ def check_narrow(post, *, cause: str = ""):
         return post
     with torch.no_grad():
         z = pot.unconstrain({k: post.samples[k].to(post.x.device) for k in pot.shapes})
-        flat = pot.flatten(z).reshape(n, pot.dim).double()
+        flat = pot.flatten(z).reshape(n, pot.dim)
+    dtype, flat = flat.dtype, flat.double()  # the weights' dtype, not the inputs' (token ids are integers)
     mean, sd = flat.mean(0), flat.std(0)
-    hess = torch.autograd.functional.hessian(pot.flat_fn(), mean.to(post.x.dtype)).double()
+    hess = torch.autograd.functional.hessian(pot.flat_fn(), mean.to(dtype)).double()
     chol, info = torch.linalg.cholesky_ex((hess + hess.T) / 2)
     if info != 0 or not bool(torch.isfinite(hess).all()):
         return post
