@@ -13,9 +13,13 @@ confident far from the data. An anchored member ``k`` draws ``w_0^(k) ~ p(w)`` a
     U_k(w) = U(w) + \langle w, g_k \rangle, \qquad g_k = \nabla_w \log p(w) \big|_{w = w_0^{(k)}}.
 
 For a Gaussian prior ``N(mu, s^2)`` the tilt is ``-<w, w_0 - mu> / s^2``, so ``U_k`` equals, up to a
-constant, the data term plus ``|w - w_0|^2 / (2 s^2)``: Pearce et al.'s anchored loss, whose minimizers are
-exact posterior draws for a linear-Gaussian model (:func:`anchor` is tested against that closed form) and
-approximate ones for a net. Along a direction the data do not constrain, member ``k`` stays at its anchor:
+constant, the data term plus ``|w - w_0|^2 / (2 s^2)``: Pearce et al.'s anchored loss. For a linear-Gaussian model its minimizer is
+``m + S w_0' / s^2`` (``S``, ``m``: the posterior covariance and mean; ``w_0' = w_0 - mu``; :func:`anchor` is
+tested against that closed form), so the members' covariance is ``S S / s^2``, not ``S``: the posterior's in the
+directions the data leave free (there ``S -> s^2 I``), narrower where the data constrain the weights (an exact
+draw needs the targets perturbed too, randomize-then-optimize, which anchoring alone does not do;
+``docs/reference_suite.md`` measured the members' sd of a well-determined bias at 0.06-0.11 of the exact one).
+For a net the members are approximate in the same way. Along a direction the data do not constrain, member ``k`` stays at its anchor:
 the members spread as the prior does, which is what tells inputs off the data apart.
 
 Only the real-valued latent sites (the weights, where ``w`` is the unconstrained ``z`` itself) are anchored;
