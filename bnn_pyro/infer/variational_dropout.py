@@ -69,7 +69,7 @@ from pyro import poutine
 from torch import nn
 
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
-from bnn_pyro.infer._health import check_narrow
+from bnn_pyro.infer._health import check_narrow, check_scale_free_off_data
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.checkpoint import open_chains
@@ -275,7 +275,8 @@ def fit_variational_dropout(model, data: Data, cfg: VariationalDropoutConfig) ->
         last; ``resume=True`` continues each chain from its file, bit-identically (see
         :mod:`bnn_pyro.infer.checkpoint`).
     """
-    return check_narrow(_fit(model, data, Variant.VARIATIONAL_DROPOUT, cfg, threshold=None), cause=NARROW)
+    post, sd = _fit(model, data, Variant.VARIATIONAL_DROPOUT, cfg, threshold=None)
+    return check_scale_free_off_data(check_narrow(post, cause=NARROW, sd=sd), OFF_DATA[Variant.VARIATIONAL_DROPOUT])
 
 
 @entry(SparseVDConfig)
@@ -295,10 +296,15 @@ def fit_sparse_vd(model, data: Data, cfg: SparseVDConfig) -> Posterior:
             f"threshold must be a finite number, the log alpha above which a weight is pruned "
             f"(default 3.0), got {threshold!r}."
         )
-    return check_narrow(_fit(model, data, Variant.SPARSE_VD, cfg, threshold=float(threshold)), cause=NARROW)
+    post, sd = _fit(model, data, Variant.SPARSE_VD, cfg, threshold=float(threshold))
+    return check_scale_free_off_data(check_narrow(post, cause=NARROW, sd=sd), OFF_DATA[Variant.SPARSE_VD])
 
 
-def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, threshold: float | None) -> Posterior:
+def _fit(
+    model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, threshold: float | None
+) -> tuple[Posterior, dict[str, torch.Tensor]]:
+    """The posterior, and the sd per latent site (unconstrained) of the fitted ``q``: of the chains' mixture, whose
+    variance is the chains' mean variance plus the variance of their means (pruned weights: 0)."""
     vd_names = vd_weight_names(model, variant)
     num_steps, epochs, lr_schedule = cfg.num_steps, cfg.epochs, cfg.lr_schedule
     if num_steps is not None and epochs is not None:
@@ -398,7 +404,10 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
         state.weights.project()
         return info if threshold is None else info._replace(sparsity=_pruned_fraction(state.weights, threshold))
 
+    fitted = []  # each chain's q: (means, sds) per latent site, unconstrained (the chains run in this process)
+
     def draws(state: _State, history) -> ChainRun:
+        fitted.append(_moments(state, threshold))
         samples = _draw(state.weights, threshold, num_samples)
         with torch.no_grad():
             z = {
@@ -422,7 +431,10 @@ def _fit(model, data: Data, variant: Variant, cfg: VariationalDropoutConfig, thr
         quantity="ELBO",
         progress=cfg.progress,
     )
-    return drive(model, data, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts)
+    post = drive(model, data, engine, loop, num_chains=num_chains, seed=cfg.seed, config=config, checkpoints=ckpts)
+    means = {k: torch.stack([m[k] for m, _ in fitted]) for k in fitted[0][0]}
+    variances = {k: torch.stack([v[k] for _, v in fitted]).pow(2).mean(0) for k in fitted[0][1]}
+    return post, {k: (variances[k] + means[k].var(0, unbiased=False)).sqrt() for k in means}
 
 
 @dataclass
@@ -470,6 +482,18 @@ def _pruned_fraction(weights: _VDWeights, threshold: float | None) -> float:
 
 
 @torch.no_grad()
+def _moments(state: _State, threshold: float | None) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """The fitted ``q``'s mean and sd per latent site, in unconstrained space (a pruned weight's are 0)."""
+    weights, means, sds = state.weights, {}, {}
+    for i, name in enumerate(weights.names):
+        keep = 1.0 if threshold is None else (weights.log_alpha(i) <= threshold).to(weights.theta[i].dtype)
+        means[name], sds[name] = weights.theta[i] * keep, weights.scale(i) * keep
+    for name in state.others:
+        means[name], sds[name] = state.loc[name].detach().clone(), state.log_sd[name].exp().detach()
+    return means, sds
+
+
+@torch.no_grad()
 def _draw(weights: _VDWeights, threshold: float | None, num_samples: int) -> dict[str, torch.Tensor]:
     out = {}
     for i, name in enumerate(weights.names):
@@ -513,3 +537,14 @@ NARROW = (
     "1/sqrt(H_ii), not the posterior's). "
 )
 """The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for variational and sparse VD."""
+
+OFF_DATA = {
+    Variant.VARIATIONAL_DROPOUT: "each weight's Gaussian has sd sqrt(alpha) |theta| <= |theta| (alpha <= 1), and the "
+    "KL to its log-uniform prior is a function of alpha alone, so in weight directions the training rows leave free "
+    "nothing moves theta from where it started and the spread stays at most that initial |theta| (the layers' "
+    "reset: about 1 / sqrt(3 fan_in)), not the model's prior's.",
+    Variant.SPARSE_VD: "the KL to its log-uniform prior falls as alpha grows, so a weight the training rows leave free "
+    "is driven to a large alpha and pruned: exactly 0 in every draw, where the posterior keeps the prior's spread.",
+}
+"""The structural limit :func:`~bnn_pyro.infer._health.check_scale_free_off_data` states for a classification fit,
+per variant (derived in ``docs/ood.md``)."""
