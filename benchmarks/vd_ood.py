@@ -14,6 +14,7 @@ Variants (``--variants``):
 - ``init_prior``: ``init="prior"`` (the means start at a ``Normal(0, 1)`` draw instead of the layers' reset);
 - ``normal_prior``: the same ``q`` (``sigma^2 = alpha theta^2``, ``alpha <= 1``) under the model's ``Normal(0, 1)``
   prior (closed-form KL), to tell the prior from the parameterization;
+- ``normal_prior_init_prior``: both;
 - ``sparse_vd`` and ``svi``: those engines at their defaults.
 
 Usage::
@@ -54,7 +55,7 @@ def _patched(variant: str):
                 p.fill_(log_a)
 
         cls.project = project
-    elif variant == "normal_prior":
+    if "normal_prior" in variant:
 
         def kl(self):
             total = 0.0
@@ -79,7 +80,7 @@ def run_one(name: str, data, split: int, variant: str, seed: int | None = None) 
     k = int(y.max()) + 1
     model = make_model(x.shape[1], k, seed)
     method = variant if variant in ("svi", "sparse_vd") else "variational_dropout"
-    options = dict(init="prior") if variant == "init_prior" else {}
+    options = dict(init="prior") if "init_prior" in variant else {}
     start = time.perf_counter()
     with _patched(variant):
         post = bp.fit(model, s["x_train"], s["y_train"], method=method, seed=seed, progress=False, **options)
