@@ -38,6 +38,13 @@ position (as Molchanov et al. used) is not the ELBO of ``q``; they get flipout i
   ``log alpha > threshold`` (default 3: ``alpha > 20``, its posterior is noise) is pruned: exactly zero
   in every posterior draw. :func:`sparsity_report` counts what is left, per layer.
 
+Off the data (classification). The log-uniform prior has no scale: its KL is a function of ``alpha`` alone, so a
+weight the training rows leave free gets no gradient in ``theta`` and keeps its starting value, with sd
+``sqrt(alpha) |theta| <= |theta|`` (variational dropout) or is pruned (sparse VD), where the model's posterior keeps its
+prior's spread (``docs/ood.md`` derives it and measures it). A classification fit says so
+(:func:`~bnn_pyro.infer._health.check_scale_free_off_data`). Too-narrow sds on a small model are judged on ``q``'s own
+sd, which needs no allowance for few draws (:func:`~bnn_pyro.infer._health.check_narrow`).
+
 Posterior draws: ``theta + sigma eps`` per VD weight (pruned ones 0 for ``sparse_vd``) and the other
 sites from their Gaussians; ``num_chains`` restarts (seeds ``seed + c``) are the chains. A Pyro
 function model, or a ``BNN`` without Bayesian Linear/Conv weights, is refused with a pointer to

@@ -402,7 +402,7 @@ def test_classification_fits_say_their_off_data_spread_is_not_the_priors(method,
 def test_a_fit_too_narrow_for_the_exact_posterior_says_so_judged_on_its_own_sd():
     """The reference suite's Bayesian linear regression (coefficients correlated at -0.82): variational dropout's
     factorized sds are 0.57 of the exact ones (the mean-field value sqrt(1 - 0.82^2)), below check_narrow's 1 / 1.5,
-    but its 200 draws' chance allowance (0.84) let them pass, silently. The check now judges the fitted q's own sd,
+    but the chance allowance for its 200 draws lowered the threshold to 0.565 and let them pass, silently. The check now judges the fitted q's own sd,
     which needs no allowance; on the draws alone (the old rule) it stays silent."""
     from reference.posteriors import BNN_REFERENCES, judge
 
