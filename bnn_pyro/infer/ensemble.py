@@ -68,7 +68,7 @@ from typing import ClassVar
 import torch
 
 from bnn_pyro.infer._common import Data, clean_config
-from bnn_pyro.infer._health import check_narrow
+from bnn_pyro.infer._health import check_anchored_log_loss, check_narrow
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
 from bnn_pyro.infer._potential import Potentials
@@ -163,7 +163,8 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     post = refit(
         _fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, num_steps=chosen.num_steps))
     )
-    return check_narrow(post, cause=NARROW)
+    check_narrow(post, cause=NARROW)
+    return check_anchored_log_loss(post, units="members") if cfg.anchored else post
 
 
 NARROW = (
