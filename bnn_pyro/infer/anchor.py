@@ -19,14 +19,16 @@ tested against that closed form), so the members' covariance is ``S S / s^2``, n
 directions the data leave free (there ``S -> s^2 I``), narrower where the data constrain the weights (an exact
 draw needs the targets perturbed too, randomize-then-optimize, which anchoring alone does not do;
 ``docs/reference_suite.md`` measured the members' sd of a well-determined bias at 0.06-0.11 of the exact one).
-Perturbed targets (randomize-then-optimize; Bardsley et al. 2014, Lu & Van Roy 2017's randomized MAP). With a
-Gaussian likelihood of *fixed* scale ``sigma``, :func:`target_noise` draws ``delta ~ N(0, sigma^2)`` per target and
-a member fits ``y + delta``: its minimizer ``S (X^T (y + delta) / sigma^2 + w_0 / s^2)`` (a zero prior mean) has mean ``m`` and
+
+Perturbed targets (randomize-then-optimize; Bardsley et al. 2014, Lu & Van Roy 2017's randomized MAP; the deep
+ensemble's default, not SWAG's or snapshot's). With a Gaussian likelihood of *fixed* scale ``sigma``,
+:func:`target_noise` draws ``delta ~ N(0, sigma^2)`` per target and a member fits ``y + delta``: its minimizer ``S (X^T (y + delta) / sigma^2 + w_0 / s^2)`` (a zero prior mean) has mean ``m`` and
 covariance ``S (X^T X / sigma^2 + I / s^2) S = S``, so for a linear-Gaussian model each member is an exact posterior
 draw (tested). Only a fixed scale has an exact perturbation: a learned noise is a latent site of the objective
 (and chosen on held-out rows), and a Categorical or Bernoulli likelihood has none, since the linear term
 ``eps^T f`` with ``eps ~ N(0, diag(p) - p p^T)`` (the Fisher's covariance, the GLM analogue) makes
 ``logsumexp(f) - (y - eps)^T f`` unbounded below whenever ``y - eps`` leaves the simplex (``docs/ood.md``).
+
 For a net the members are approximate in the same way. Along a direction the data do not constrain, member ``k`` stays at its anchor:
 the members spread as the prior does, which is what tells inputs off the data apart.
 
