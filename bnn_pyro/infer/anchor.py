@@ -19,6 +19,16 @@ tested against that closed form), so the members' covariance is ``S S / s^2``, n
 directions the data leave free (there ``S -> s^2 I``), narrower where the data constrain the weights (an exact
 draw needs the targets perturbed too, randomize-then-optimize, which anchoring alone does not do;
 ``docs/reference_suite.md`` measured the members' sd of a well-determined bias at 0.06-0.11 of the exact one).
+
+Perturbed targets (randomize-then-optimize; Bardsley et al. 2014, Lu & Van Roy 2017's randomized MAP; the deep
+ensemble's default, not SWAG's or snapshot's). With a Gaussian likelihood of *fixed* scale ``sigma``,
+:func:`target_noise` draws ``delta ~ N(0, sigma^2)`` per target and a member fits ``y + delta``: its minimizer ``S (X^T (y + delta) / sigma^2 + w_0 / s^2)`` (a zero prior mean) has mean ``m`` and
+covariance ``S (X^T X / sigma^2 + I / s^2) S = S``, so for a linear-Gaussian model each member is an exact posterior
+draw (tested). Only a fixed scale has an exact perturbation: a learned noise is a latent site of the objective
+(and chosen on held-out rows), and a Categorical or Bernoulli likelihood has none, since the linear term
+``eps^T f`` with ``eps ~ N(0, diag(p) - p p^T)`` (the Fisher's covariance, the GLM analogue) makes
+``logsumexp(f) - (y - eps)^T f`` unbounded below whenever ``y - eps`` leaves the simplex (``docs/ood.md``).
+
 For a net the members are approximate in the same way. Along a direction the data do not constrain, member ``k`` stays at its anchor:
 the members spread as the prior does, which is what tells inputs off the data apart.
 
@@ -49,10 +59,13 @@ from pyro import poutine
 
 from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.likelihoods import Gaussian
+from bnn_pyro.model import BNN
 
-__all__ = ["anchor", "tilt", "flat_tilt", "ANCHOR_SEED_OFFSET"]
+__all__ = ["anchor", "tilt", "flat_tilt", "target_noise", "ANCHOR_SEED_OFFSET", "TARGET_SEED_OFFSET"]
 
 ANCHOR_SEED_OFFSET = 7919  # the anchor's seed is the chain's plus this, so that it is not the start's draw
+TARGET_SEED_OFFSET = 104_729  # the target perturbation's seed is the chain's plus this: independent of the anchor
 
 
 def anchor(
@@ -77,6 +90,20 @@ def anchor(
         )  # conditioning marks them observed
         grads = torch.autograd.grad(log_prior, list(w0.values())) if real else []
     return {name: g.detach() for name, g in zip(real, grads)}, {k: v.detach() for k, v in w0.items()}
+
+
+def target_noise(model, y: torch.Tensor | None, *, seed: int) -> torch.Tensor | None:
+    """The perturbation ``delta ~ N(0, sigma^2)`` (one per element of ``y``, drawn under ``seed`` with its own
+    generator) whose addition to the targets makes an anchored member the randomize-then-optimize draw (module
+    docstring), for a ``BNN`` whose likelihood is a Gaussian of fixed scale ``sigma``; ``None`` for any other model
+    or likelihood (a learned or heteroscedastic noise, classification, a plain Pyro function) or without targets."""
+    likelihood = getattr(model, "likelihood", None)
+    if not isinstance(model, BNN) or type(likelihood) is not Gaussian or y is None or not y.dtype.is_floating_point:
+        return None
+    if likelihood.precision is not None or isinstance(likelihood.scale, torch.distributions.Distribution):
+        return None
+    g = torch.Generator().manual_seed(seed + TARGET_SEED_OFFSET)
+    return (float(likelihood.scale) * torch.randn(y.shape, generator=g, dtype=y.dtype)).to(y.device)
 
 
 def tilt(z: dict[str, torch.Tensor], g: dict[str, torch.Tensor]) -> torch.Tensor | float:

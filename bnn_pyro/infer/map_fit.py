@@ -23,7 +23,7 @@ Example
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from pyro import poutine
@@ -31,7 +31,7 @@ from pyro import poutine
 from bnn_pyro.infer._common import Data, point_values
 from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential, Potentials
-from bnn_pyro.infer.anchor import anchor, tilt
+from bnn_pyro.infer.anchor import anchor, target_noise, tilt
 from bnn_pyro.infer.checkpoint import StepCheckpoint
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, run
 from bnn_pyro.infer.driver import ChainInfo, chain
@@ -95,6 +95,8 @@ class MapState:
     loss_fn: object
     best: BestOnHoldout
     num_steps: int
+    data: Data | None = None  # the rows this search fits when they are its own (perturbed targets), else None
+    seed: int = 0  # the chain's seed: its minibatch order
 
 
 def map_state(
@@ -134,18 +136,34 @@ def map_engine(
     draws=None,
     paths: Potentials | None = None,
     anchored: bool = False,
+    perturb_targets: bool = False,
 ) -> Engine:
     """The MAP search as an :class:`~bnn_pyro.infer.contract.Engine`: each chain starts from ``init`` (resolved
     by :func:`~bnn_pyro.infer._init.resolve_init`) under its seed; ``draws(state, history)`` makes the chain's
     result (:func:`finish` first gives the kept state). ``paths`` builds the potentials (default: the fast path
     where the model allows it). ``anchored=True``: each chain's objective is tilted toward its own prior draw
-    (:mod:`bnn_pyro.infer.anchor`, drawn under the chain's seed); it still starts where ``init`` says."""
+    (:mod:`bnn_pyro.infer.anchor`, drawn under the chain's seed); it still starts where ``init`` says. With
+    ``perturb_targets=True`` as well, each chain fits its own targets ``y + delta``
+    (:func:`~bnn_pyro.infer.anchor.target_noise`: a Gaussian likelihood of fixed scale and tensor data; other models
+    and loaders fit ``y`` itself), the randomize-then-optimize draw; the held-out rows and ``lp`` stay unperturbed."""
     paths = Potentials() if paths is None else paths
 
     def init_state(fitted, chain) -> MapState:
         pot = paths(fitted, data, init=chain_start(fitted, init, chain.seed))
         g = anchor(fitted, pot, data.first(), seed=chain.seed)[0] if anchored else None
-        return map_state(pot, pot.init, data, model=fitted, num_steps=num_steps, tilted=g)
+        state = map_state(pot, pot.init, data, model=fitted, num_steps=num_steps, tilted=g)
+        state.seed = chain.seed
+        delta = target_noise(fitted, data.y, seed=chain.seed) if perturb_targets and data.loader is None else None
+        if delta is not None:
+            state.data = replace(data, y=data.y + delta)
+        return state
+
+    def batches(state: MapState, start: int):
+        """The chain's batches (its own rows when its targets are perturbed), as the default stream orders them."""
+        stream = (data if state.data is None else state.data).batches(torch.Generator().manual_seed(state.seed))
+        for _ in range(start):  # replay up to a restored step, as driver.descend does
+            next(stream)
+        return stream
 
     def step(state: MapState, batch, index: int):
         if adversarial_eps > 0:
@@ -170,6 +188,7 @@ def map_engine(
         draws=draws,
         after=after,
         checkpoint=lambda state, ckpt, records: StepCheckpoint(ckpt, state.params, extra=state.best),
+        batches=batches if perturb_targets else None,
     )
 
 

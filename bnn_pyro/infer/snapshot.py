@@ -82,7 +82,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer._health import check_descent, check_narrow, check_off_data
+from bnn_pyro.infer._health import check_anchored_log_loss, check_descent, check_narrow, check_off_data
 from bnn_pyro.infer.anchor import anchor, flat_tilt
 from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
@@ -211,7 +211,7 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
         post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops)
     )
     check_narrow(check_descent(post), cause=NARROW)
-    return post if anchored else check_off_data(post, OFF_DATA)
+    return check_anchored_log_loss(post, units="cycles") if anchored else check_off_data(post, OFF_DATA)
 
 
 OFF_DATA = (

@@ -121,7 +121,7 @@ from pyro import poutine
 
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
-from bnn_pyro.infer._health import check_narrow, check_off_data, check_spread
+from bnn_pyro.infer._health import check_anchored_log_loss, check_narrow, check_off_data, check_spread
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.anchor import anchor, flat_tilt
@@ -312,7 +312,7 @@ def _checked(post: Posterior, cfg: SWAConfig) -> Posterior:
         check_spread(post, POINT)
     else:
         check_narrow(post, cause=NARROW)
-    return post if cfg.anchored else check_off_data(post, OFF_DATA)
+    return check_anchored_log_loss(post, units="chains") if cfg.anchored else check_off_data(post, OFF_DATA)
 
 
 def fit_moments(model, data: Data, *, swag: bool, **options) -> tuple[Posterior, list[SWAGMoments]]:

@@ -27,7 +27,7 @@ from conftest import _linear_data, linreg
 import bnn_pyro as bp
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
-from bnn_pyro.infer.anchor import anchor
+from bnn_pyro.infer.anchor import anchor, target_noise
 from bnn_pyro.infer.ensemble import _adversarial_loss, _energy, _reset_values
 
 OPT_TOL = 1e-4
@@ -69,25 +69,106 @@ def test_every_member_reaches_the_posterior_mode_and_the_predictive_is_the_mixtu
     torch.testing.assert_close(post.sample_stats["lp"], -post.history["loss"][:, -1:], rtol=1e-4, atol=1e-4)
 
 
+def _randomized_map(blr, model, pot, seed: int, *, targets: bool = True) -> torch.Tensor:
+    """Member ``seed``'s closed-form minimizer ``C (X^T (y + delta) / s^2 + w0 / p^2)`` (``delta = 0`` without
+    ``targets``), from the library's own draws of ``w0`` (:func:`anchor`) and ``delta`` (:func:`target_noise`)."""
+    g, w0 = anchor(model, pot, (blr.x, blr.y), seed=seed)
+    w0 = torch.cat([w0["weight"].reshape(-1), w0["bias"].reshape(-1)]).double()
+    g = torch.cat([g["weight"].reshape(-1), g["bias"].reshape(-1)]).double()
+    torch.testing.assert_close(g, -w0 / blr.prior_scale**2)  # the Gaussian prior's score at the anchor
+    delta = target_noise(model, blr.y, seed=seed).double() if targets else 0.0
+    return blr.cov @ (blr.design.T @ (blr.y.double() + delta) / blr.noise**2 + w0 / blr.prior_scale**2)
+
+
 def test_anchored_members_are_the_closed_form_randomized_maps_by_default():
-    # Pearce et al. (2020): member k minimizes |y - X w|^2 / (2 s^2) + |w - w0_k|^2 / (2 p^2), w0_k ~ N(0, p^2 I),
-    # whose minimizer is C (X^T y / s^2 + w0_k / p^2) (C the posterior covariance). Before anchoring every
-    # member went to the same mode, blr.mean.
+    # randomize-then-optimize: member k minimizes |y + delta_k - X w|^2 / (2 s^2) + |w - w0_k|^2 / (2 p^2),
+    # w0_k ~ N(0, p^2 I), delta_k ~ N(0, s^2 I) (a fixed Gaussian noise: its targets are perturbed too), whose
+    # minimizer is C (X^T (y + delta_k) / s^2 + w0_k / p^2) (C the posterior covariance). Before anchoring every member
+    # went to the same mode, blr.mean; before the targets were perturbed, to C (X^T y / s^2 + w0_k / p^2).
     blr = make_blr(n=20, d=2, noise=0.5, prior_scale=0.7)
     model = blr.model()
     post = bp.fit(model, blr.x, blr.y, method="ensemble", num_chains=3, num_steps=1000, seed=5, validation=None, **FAST)
-    assert post.config["anchored"] is True and post.config["init"] == "reset"
+    assert post.config["anchored"] is True and post.config["init"] == "reset" and post.config["perturbed_targets"]
     pot = Potential(model, Data(x=blr.x, y=blr.y))
-    X, y = blr.design, blr.y.double()
     for k in range(3):
-        g, w0 = anchor(model, pot, (blr.x, blr.y), seed=5 + k)
-        w0 = torch.cat([w0["weight"].reshape(-1), w0["bias"].reshape(-1)]).double()
-        g = torch.cat([g["weight"].reshape(-1), g["bias"].reshape(-1)]).double()
-        torch.testing.assert_close(g, -w0 / 0.7**2)  # the Gaussian prior's score at the anchor
-        exact = blr.cov @ (X.T @ y / 0.5**2 + w0 / 0.7**2)
+        exact = _randomized_map(blr, model, pot, 5 + k)
         err = (_members(post)[k] - exact).abs().max().item()
         assert err < OPT_TOL, (k, err)
         assert (exact - blr.mean).abs().max() > 100 * OPT_TOL  # the test tells anchored and plain MAP apart
+        anchor_only = _randomized_map(blr, model, pot, 5 + k, targets=False)
+        assert (exact - anchor_only).abs().max() > 100 * OPT_TOL  # ... and perturbed targets from anchoring alone
+
+
+def test_randomized_maps_are_exact_posterior_draws_and_the_anchor_alone_is_too_narrow():
+    # the closed-form members of 2,000 seeds, whitened by the exact posterior (u = R (w - m), R^T R = L): exact draws
+    # have E u = 0 and Cov u = I; each mean's sd is 1 / sqrt(n), each covariance entry's at most sqrt(2 / n), so 4 of
+    # those bound a fixed-seed Monte Carlo error. The anchor alone gives Cov w = C C / p^2, not C (anchor.py).
+    blr = make_blr(n=20, d=2, noise=0.5, prior_scale=0.7)
+    model = blr.model()
+    pot = Potential(model, Data(x=blr.x, y=blr.y))
+    n = 2000
+    R = torch.linalg.cholesky(blr.precision).T
+    for targets in (True, False):
+        u = torch.stack([R @ (_randomized_map(blr, model, pot, s, targets=targets) - blr.mean) for s in range(n)])
+        cov_err = (u.T @ u / n - torch.eye(3, dtype=u.dtype)).abs().max().item()
+        mean_err = u.mean(0).abs().max().item()
+        if targets:
+            assert mean_err < 4 / math.sqrt(n) and cov_err < 4 * math.sqrt(2 / n), (mean_err, cov_err)
+        else:
+            assert cov_err > 10 * math.sqrt(2 / n), cov_err  # too narrow: the check tells the two apart
+
+
+def test_minibatches_carry_each_members_perturbed_targets():
+    # with batch_size the perturbed targets must follow their rows through the shuffled minibatches: members end at
+    # their closed-form randomized MAPs up to the minibatch noise left at the cosine schedule's end (measured: 1e-4 to
+    # 7e-4), 0.18-0.23 away from the anchor-alone solution, so the tolerance 1e-2 tells the two apart
+    blr = make_blr(n=20, d=2, noise=0.5, prior_scale=0.7)
+    model = blr.model()
+    post = bp.fit(
+        model,
+        blr.x,
+        blr.y,
+        method="ensemble",
+        num_chains=2,
+        num_steps=3000,
+        seed=5,
+        validation=None,
+        batch_size=5,
+        lr=0.05,
+        progress=False,
+    )
+    assert post.config["perturbed_targets"]
+    pot = Potential(model, Data(x=blr.x, y=blr.y))
+    for k in range(2):
+        exact = _randomized_map(blr, model, pot, 5 + k)
+        assert (_members(post)[k] - exact).abs().max().item() < 1e-2, k
+        assert (_randomized_map(blr, model, pot, 5 + k, targets=False) - exact).abs().max().item() > 0.1
+
+
+def test_learned_noise_loaders_and_classifiers_keep_their_targets():
+    learned = bp.BNN(
+        torch.nn.Linear(2, 1),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(dist.HalfNormal(1.0)),
+    )
+    blr = make_blr(n=10, d=2)
+    classifier = bp.BNN(
+        torch.nn.Linear(2, 2), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical()
+    )
+    assert target_noise(learned, blr.y, seed=0) is None
+    assert target_noise(classifier, (blr.y > 0).long(), seed=0) is None
+    assert target_noise(blr.model(), None, seed=0) is None
+    d0, d0_again, d1 = (target_noise(blr.model(), blr.y, seed=s) for s in (0, 0, 1))
+    assert torch.equal(d0, d0_again) and not torch.equal(d0, d1) and d0.shape == blr.y.shape
+    post = bp.fit(learned, blr.x, blr.y, method="ensemble", num_chains=2, num_steps=20, seed=0, validation=None, **FAST)
+    assert post.config["perturbed_targets"] is False
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(blr.x, blr.y), batch_size=5)
+    post = bp.fit(blr.model(), loader, method="ensemble", num_chains=2, num_steps=20, seed=0, **FAST)
+    assert post.config["perturbed_targets"] is False
+    post = bp.fit(
+        blr.model(), blr.x, blr.y, method="ensemble", num_chains=2, num_steps=20, seed=0, anchored=False, **FAST
+    )
+    assert post.config["perturbed_targets"] is False
 
 
 def test_anchor_draws_differ_by_seed_and_leave_the_global_generator_alone():

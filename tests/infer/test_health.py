@@ -382,3 +382,48 @@ def test_regression_fits_and_anchored_engines_do_not_warn_about_off_data(method,
         warnings.simplefilter("always")
         bp.fit(model, x, y, method=method, seed=0, progress=False, **options)
     assert not [w for w in record if "off-data" in str(w.message)]
+
+
+@pytest.mark.parametrize(
+    "method, options, units",
+    [
+        ("ensemble", dict(num_chains=2, num_steps=20), "members"),  # anchored by default
+        ("swag", dict(pretrain_steps=10, num_steps=40, swag_rank=2, num_samples=10, num_chains=1), "chains"),
+        ("snapshot", dict(num_cycles=2, cycle_length=10), "cycles"),
+    ],
+)
+def test_anchored_classification_fits_say_their_log_loss_is_not_the_posteriors(method, options, units):
+    # issue 26: anchored members separate noise inputs but their mixture's test log loss stays above the exact
+    # posterior's (wine: 0.131 for 40 members, NUTS 0.087), and no fit-time measure predicts it (docs/ood.md)
+    x, y = _two_class()
+    with pytest.warns(DiagnosticWarning, match="test log loss may be well above the posterior's") as record:
+        bp.fit(_classifier(), x, y, method=method, seed=0, progress=False, **options)
+    (w,) = [w for w in record if "test log loss may be" in str(w.message)]
+    text = str(w.message)
+    assert text.startswith(f"{method}: ") and f"anchored {units}" in text and "docs/ood.md" in text
+    assert "method='nuts'" in text and "method='sghmc'" in text and "anchored=False" in text
+    assert w.filename == __file__
+
+
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("ensemble", dict(num_chains=2, num_steps=20)),
+        ("swag", dict(pretrain_steps=10, num_steps=40, swag_rank=2, num_samples=10, num_chains=1)),
+        ("snapshot", dict(num_cycles=2, cycle_length=10)),
+    ],
+)
+def test_anchored_regression_fits_and_plain_members_do_not_warn_about_log_loss(method, options):
+    x, _ = _two_class()
+    y = x[:, :1]
+    torch.manual_seed(0)
+    regression = bp.BNN(
+        torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1)),
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=0.5),
+    )
+    for model, yy, extra in [(regression, y, {}), (_classifier(), _two_class()[1], dict(anchored=False))]:
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            bp.fit(model, x, yy, method=method, seed=0, progress=False, **options, **extra)
+        assert not [w for w in record if "test log loss may be" in str(w.message)], (method, extra)
