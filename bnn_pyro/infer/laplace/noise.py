@@ -28,20 +28,6 @@ from bnn_pyro.likelihoods import HALF_LOG_2PI
 from bnn_pyro.model import BNN
 
 
-def best_sigma(f: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """``(sigma*, lpd)``: the noise sd maximizing ``mean_n log N(y_n | f_n, var_n + sigma^2)``, searched around
-    the residual sd (:func:`~bnn_pyro.infer.holdout.maximize_on_log_grid`)."""
-    f, var = f.double(), var.double()
-    y = y.double().reshape(f.shape)
-
-    def lpd(sigmas):
-        total = var[None] + sigmas.pow(2).reshape((-1,) + (1,) * f.dim())
-        values = -HALF_LOG_2PI - 0.5 * (torch.log(total) + (y - f)[None] ** 2 / total)
-        return values.reshape(len(sigmas), f.shape[0], -1).sum(-1).mean(-1)
-
-    return maximize_on_log_grid(lpd, (y - f).pow(2).mean().sqrt().clamp_min(1e-12))
-
-
 def choose_noise(
     model: BNN,
     pot,
