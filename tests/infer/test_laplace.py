@@ -293,8 +293,11 @@ def test_other_variants_run_on_a_bernoulli_classifier(config):
     assert math.isfinite(post.config["log_evidence"])
 
 
-def test_pyro_function_model_uses_the_fisher():
-    """Linear regression written as a Pyro function: the empirical Fisher, exactly (as for the BNN above)."""
+def test_pyro_function_model_uses_the_exact_hessian_and_takes_the_fisher():
+    """Linear regression written as a Pyro function. At the defaults (``hessian="exact"``, the Hessian by autograd)
+    its Laplace approximation is the exact posterior: the precision ``X^T X / s^2 + I`` and the mean (the empirical
+    Fisher, the default before, is not: it weighs each row by its squared residual). ``hessian="fisher"`` still gives
+    the empirical Fisher, exactly (as for the BNN above)."""
 
     def model(x, y=None):
         w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
@@ -304,13 +307,24 @@ def test_pyro_function_model_uses_the_fisher():
             return pyro.sample("obs", dist.Normal(f, 1.0), obs=y)
 
     blr = make_blr(n=20, d=2, noise=1.0, prior_scale=1.0)
-    post = bp.fit(model, blr.x, blr.y, method="laplace", num_samples=20, **QUICK)
-    assert post.config["hessian"] == "fisher" and post.config["structure"] == "full"
+    post = bp.fit(model, blr.x, blr.y, method="laplace", num_samples=20, progress=False)  # the defaults
+    assert post.config["hessian"] == "exact" and post.config["structure"] == "full" and post.config["init"] == "median"
     approx = lap.laplace_approximation(model, Data(x=blr.x, y=blr.y), **QUICK)
+    _assert_posterior(approx, blr)
+    approx = lap.laplace_approximation(model, Data(x=blr.x, y=blr.y), hessian="fisher", **QUICK)
     r = blr.y.double() - blr.design @ approx.expansion_point.double()
     fisher = (blr.design * r[:, None] ** 2).T @ blr.design + torch.eye(3, dtype=torch.double)
     assert float((approx.precision - fisher).abs().max() / fisher.abs().max()) < 1e-5
+    assert float((approx.precision - blr.precision).abs().max() / blr.precision.abs().max()) > 0.1
     assert post.predict(blr.x).mean.shape == (20,)
+
+
+def test_exact_hessian_of_a_linear_bnn_is_its_ggn(blr):
+    """``hessian="exact"`` on a ``BNN`` (any structure but ``"kron"``): for a Gaussian likelihood linear in the
+    weights the Hessian is the GGN, so both give the exact posterior."""
+    _assert_posterior(_approx(blr, structure="full", hessian="exact"), blr)
+    with pytest.raises(ValueError, match="hessian='exact'.*structure='kron'.*hessian='ggn'"):
+        bp.fit(blr.model(), blr.x, blr.y, method="laplace", structure="kron", hessian="exact", progress=False)
 
 
 def test_init_from_a_map_posterior_skips_the_search(blr):
@@ -342,7 +356,7 @@ def test_full_hessian_of_a_large_net_is_refused_with_the_variants_that_fit():
     "kwargs, error, match",
     [
         (dict(structure="kfac"), ValueError, "structure: unknown value 'kfac'"),
-        (dict(hessian="exact"), ValueError, "hessian: unknown value 'exact'"),
+        (dict(hessian="hess"), ValueError, "hessian: unknown value 'hess'"),
         (dict(prior_precision="ml"), ValueError, "prior_precision: unknown value 'ml'"),
         (dict(prior_precision=-1.0), ValueError, "prior_precision must be a positive"),
         (dict(num_samples=0), ValueError, "num_samples must be a positive int"),
@@ -360,7 +374,7 @@ def test_bad_model_combinations_are_explained(blr):
         with pyro.plate("data", x.shape[0]):
             return pyro.sample("obs", dist.Normal(x @ w, 1.0), obs=y)
 
-    with pytest.raises(ValueError, match="hessian='ggn' needs a bp.BNN.*hessian='fisher'"):
+    with pytest.raises(ValueError, match="hessian='ggn' needs a bp.BNN.*hessian='exact'"):
         bp.fit(model, blr.x, blr.y, method="laplace", hessian="ggn", progress=False)
     with pytest.raises(ValueError, match="last_layer' needs a bp.BNN"):
         bp.fit(model, blr.x, blr.y, method="laplace", structure="last_layer", progress=False)

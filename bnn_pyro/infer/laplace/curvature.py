@@ -1,5 +1,5 @@
 """The parts of ``U`` at the MAP on the covered coordinates: value, gradient and curvature of the
-likelihood (by the backend of ``hessian=``: :mod:`.ggn` or :mod:`.fisher`; the diagonal GGN of a net on the analytic
+likelihood (by the backend of ``hessian=``: :mod:`.ggn`, :mod:`.fisher` or :mod:`.exact`; the diagonal GGN of a net on the analytic
 potential in one pass, :mod:`bnn_pyro.infer._analytic_ggn`) and of the prior (exact: in closed form for factorized
 Normal priors, :mod:`.factorized`, else by Hessian-vector products)."""
 
@@ -13,6 +13,7 @@ from bnn_pyro.infer._analytic_ggn import likelihood_diagonal
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace.approximation import CHUNK, Hessian, Settings, Structure
+from bnn_pyro.infer.laplace.exact import exact
 from bnn_pyro.infer.laplace.fisher import fisher, fisher_traced
 from bnn_pyro.infer.laplace.functional import epoch
 from bnn_pyro.infer.laplace.ggn import ggn
@@ -136,6 +137,8 @@ def _likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -
             len(layout.active),
             fisher=s.hessian is Hessian.FISHER,
         )
+    elif s.hessian is Hessian.EXACT:
+        hess = exact(pot, prior, z, data, layout, diag)
     elif not isinstance(model, BNN):
         hess = fisher_traced(pot, zr, gp, data, layout, diag)
     else:

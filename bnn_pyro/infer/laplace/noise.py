@@ -50,7 +50,7 @@ def choose_noise(
         f, jac = output_jacobian(model, pot, z, holdout.x, w_idx)
     value = site_values(model, pot, z)[1][site]
     sigma0 = float(value if site == "sigma" else value.rsqrt())
-    power = 2 if hessian is Hessian.GGN else 4
+    power = 4 if hessian is Hessian.FISHER else 2  # the empirical Fisher's residuals are held fixed
     variance = _variance(lik_hess, prior_hess, jac, pos)
     f = f.double()
     y = holdout.y.double().reshape(f.shape)
