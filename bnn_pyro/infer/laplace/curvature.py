@@ -187,5 +187,11 @@ def checked(hess, s: Settings):
             "(Laplace, StudentT tails, hierarchical scales). Try structure='last_layer' or 'diag', or a Normal prior "
             "(prior_precision='marglik' then tunes its scale)"
             + (", or hessian='ggn'." if s.hessian is Hessian.FISHER else ".")
+            + (
+                " A start drawn from a wide prior can be too far from the mode to reach: start at init='median' (the "
+                "default for a Pyro function) or at a fitted Posterior."
+                if s.init == "prior"
+                else ""
+            )
         )
     return hess
