@@ -77,7 +77,8 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
         ``MAX_FULL_DIM`` coordinates), ``"diag"``, or ``"kron"`` (a ``BNN``'s Linear and Conv2d layers, KFAC:
         :mod:`bnn_pyro.infer.laplace.kfac`).
     hessian:
-        ``"ggn"`` (default for a ``BNN``) or ``"fisher"`` (default, and the only choice, for a Pyro function).
+        ``"ggn"`` (default for a ``BNN``), ``"exact"`` (default for a Pyro function: the Hessian by autograd, not
+        with ``"kron"``) or ``"fisher"`` (the empirical Fisher).
     prior_precision:
         ``"model"`` (default: the model's prior), ``"marglik"``, ``"marglik_layerwise"``, or a number
         ``delta``: Normal priors of the covered weights replaced by ``Normal(loc, delta^-1/2)``.
@@ -105,14 +106,15 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
         its initial learning rate (cosine decay to 1%). Refits under a new prior take a quarter of them.
     polish_steps:
         L-BFGS iterations on the full data after Adam (default 100 without held-out rows, 0 with them: a
-        polish would undo early stopping; skipped for data from a loader).
+        polish would undo early stopping; skipped for data from a loader), then, for a dense exact Hessian, up to
+        :data:`NEWTON_STEPS` Newton steps (:func:`refines`).
     marglik_rounds:
         Rounds of prior-precision search followed by a MAP refit under the new prior (default 1; more
         rounds iterate to a fixed point, stopping early once ``delta`` moves by less than 0.1%).
     init:
         Starting point: ``"reset"`` (default for a ``BNN``: the layers' ``reset_parameters()`` under chain
-        ``c``'s seed ``seed + c``), ``"net"`` (a BNN's current weights), ``"prior"`` (default for a Pyro
-        function), ``"median"``, a dict of site values, or a :class:`Posterior` (its mean and point values);
+        ``c``'s seed ``seed + c``), ``"net"`` (a BNN's current weights), ``"prior"``, ``"median"`` (default for a
+        Pyro function: its prior median), a dict of site values, or a :class:`Posterior` (its mean and point values);
         see :mod:`bnn_pyro.infer._init`.
     seed, progress:
         Random seed (chain ``c`` uses ``seed + c``; the held-out rows use ``seed``), and a progress bar.
@@ -135,7 +137,8 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
     >>> post = bp.fit(model, x, y, method="laplace", prior_precision="marglik", seed=0)
 
     A classification fit with ``structure="last_layer"`` (the default for a ``BNN``) issues the off-data note
-    (:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`).
+    (:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`); a fit of a Pyro function model whose
+    posterior is far from the Gaussian warns (:func:`~bnn_pyro.infer._health.check_gaussian`, :data:`NOT_GAUSSIAN`).
     """
     post = _fit_laplace(model, data, **config.keywords())
     if not isinstance(model, BNN):
