@@ -723,14 +723,18 @@ def check_gaussian(post, *, cause: str = ""):
     ``q``'s moments nor reweighted ones can be trusted. The warning names the coordinate whose mean the smoothed
     importance weights move most, in ``q``'s sds: where ``q`` is wrong. Judged for a Pyro function model (a few
     interpretable sites; a network's ``k_hat`` is large in any case) whose draws record ``log q`` and that holds its
-    training tensors, at most :data:`NARROW_MAX_DIM` latent coordinates. ``cause``: the engine's likely reason, one
-    sentence. Returns ``post``."""
+    training tensors, at most :data:`NARROW_MAX_DIM` latent coordinates and at least :data:`ESS_MIN` draws (the
+    Pareto fit takes the largest ``min(S / 5, 3 sqrt(S))`` ratios: with fewer draws its ``k_hat`` is too noisy to
+    judge by). ``cause``: the engine's likely reason, one sentence. Returns ``post``."""
     from bnn_pyro.infer._potential import Potential
     from bnn_pyro.infer.training_data import Data
     from bnn_pyro.model import BNN
     from bnn_pyro.posterior.psis import K_HAT_MAX, psis
 
+    n = post.num_chains * post.num_draws
     if isinstance(post.model, BNN) or "log_q" not in post.sample_stats or post.x is None or post.y is None:
+        return post
+    if n < ESS_MIN:
         return post
     try:  # the unconstrained coordinates, in which q is a Gaussian (log tau for a scale tau)
         with torch.random.fork_rng(devices=[]):
@@ -739,7 +743,6 @@ def check_gaussian(post, *, cause: str = ""):
         return post
     if pot.dim > NARROW_MAX_DIM or not set(pot.shapes) <= set(post.samples):
         return post
-    n = post.num_chains * post.num_draws
     with torch.no_grad():
         z = pot.unconstrain({k: post.samples[k].reshape(n, *post.samples[k].shape[2:]) for k in pot.shapes})
         flat = pot.flatten(z).double()

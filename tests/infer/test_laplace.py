@@ -23,6 +23,7 @@ covariance entry; ``|z| < 4`` fails with probability ~6e-5 per quantity (~6e-4 o
 from __future__ import annotations
 
 import math
+import warnings
 
 import pyro
 import pyro.distributions as dist
@@ -487,3 +488,30 @@ def test_resumed_run_is_bit_identical_after_a_crash_in_or_after_the_map_search(c
             assert torch.equal(getattr(resumed, group)[name], value), (group, name)
     with pytest.raises(FileExistsError, match="resume=True"):  # a finished run's files are never overwritten
         bp.fit(model, x, y, checkpoint=tmp_path, **cfg)
+
+
+def test_a_pyro_function_fit_far_from_its_gaussian_says_so_and_an_exact_one_does_not():
+    """``check_gaussian`` at the end of a Laplace fit of a Pyro function: on linear regression the Gaussian is the
+    posterior (PSIS k_hat well below 0.7) and nothing is said; with ``prior_precision=1e4`` the Gaussian belongs to a
+    prior 100 times narrower, far narrower than this model's posterior, and the fit says the posterior is far from
+    it, naming a coordinate and ``method='nuts'``. Fewer than 100 draws are not judged (the Pareto fit is too noisy)."""
+    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        b = pyro.sample("b", dist.Normal(0.0, 1.0))
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("obs", dist.Normal(x @ w + b, 1.0), obs=y)
+
+    blr = make_blr(n=20, d=2, noise=1.0, prior_scale=1.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        post = bp.fit(model, blr.x, blr.y, method="laplace", num_samples=400, progress=False)
+    assert not [w for w in caught if issubclass(w.category, DiagnosticWarning)], [str(w.message) for w in caught]
+    assert post.psis(warn=False).k_hat < 0.5
+    with pytest.warns(DiagnosticWarning, match=r"far from the fitted Gaussian.*k_hat.*\(unconstrained\).*'nuts'"):
+        bp.fit(model, blr.x, blr.y, method="laplace", num_samples=400, prior_precision=1e4, progress=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bp.fit(model, blr.x, blr.y, method="laplace", num_samples=50, prior_precision=1e4, progress=False)
+    assert not [w for w in caught if "fitted Gaussian" in str(w.message)]
