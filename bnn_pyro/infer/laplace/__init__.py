@@ -37,7 +37,10 @@ A Gaussian at the posterior mode whose precision is the curvature there (MacKay 
    coordinates, which need not be where the posterior's mass is: for the non-centered eight schools that mode has
    ``tau`` ~29 where the posterior mean is 3.6. Every such fit checks its draws against the model by Pareto-smoothed
    importance sampling and warns when ``k_hat > 0.7`` (:func:`~bnn_pyro.infer._health.check_gaussian`, naming the
-   coordinate the weights move most): use ``method="nuts"`` there (``docs/reference_suite.md``).
+   coordinate the weights move most): use ``method="nuts"`` there (``docs/reference_suite.md``). Where the exact
+   Hessian at the end of the search is not positive definite (a network written as a Pyro function, the zoo's
+   ``explicit_mlp``: no strict mode reached) the fit stops with an error naming ``hessian="fisher"`` (positive
+   semi-definite by construction; that fit is then judged by the same check) and ``method="nuts"``.
 
 3. **Posterior.** ``q(z) = N(m, H^-1)`` with ``m = z* - H^-1 grad U(z*)``, the mode of the quadratic
    model of ``U`` at ``z*`` (used when within one posterior sd of ``z*``: it removes the optimizer's

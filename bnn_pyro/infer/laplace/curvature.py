@@ -180,6 +180,21 @@ def checked(hess, s: Settings):
         bad = not hess.is_positive_definite()
     else:
         bad = bool((hess <= 0).any()) if hess.dim() == 1 else bool(torch.linalg.cholesky_ex(hess).info > 0)
+    if bad and s.hessian is Hessian.EXACT:
+        raise ValueError(
+            "laplace: the exact Hessian (hessian='exact', the default for a Pyro function model) at the end of the "
+            "MAP search is not positive definite, so no Gaussian fits there: the search ended short of a mode, at a "
+            "saddle, or along a flat direction (a network's symmetries make them common). Pass hessian='fisher' (the "
+            "empirical Fisher: positive semi-definite by construction, the Hessian only in expectation over the "
+            "data; the fit then says whether the posterior is far from its Gaussian), raise num_steps or "
+            "polish_steps, or use method='nuts'."
+            + (
+                " A start drawn from a wide prior can be too far from the mode to reach: start at init='median' (the "
+                "default for a Pyro function) or at a fitted Posterior."
+                if s.init == "prior"
+                else ""
+            )
+        )
     if bad:
         raise ValueError(
             "laplace: the curvature at the MAP is not positive definite, so no Gaussian fits there. The MAP search "
@@ -187,11 +202,5 @@ def checked(hess, s: Settings):
             "(Laplace, StudentT tails, hierarchical scales). Try structure='last_layer' or 'diag', or a Normal prior "
             "(prior_precision='marglik' then tunes its scale)"
             + (", or hessian='ggn'." if s.hessian is Hessian.FISHER else ".")
-            + (
-                " A start drawn from a wide prior can be too far from the mode to reach: start at init='median' (the "
-                "default for a Pyro function) or at a fitted Posterior."
-                if s.init == "prior"
-                else ""
-            )
         )
     return hess
