@@ -520,9 +520,10 @@ def test_a_pyro_function_fit_far_from_its_gaussian_says_so_and_an_exact_one_does
 @pytest.mark.slow  # ~20 s on a loaded 2-core machine
 def test_a_network_written_as_a_pyro_function_refuses_the_exact_hessian_clearly_and_takes_the_fisher():
     """The zoo's explicit_mlp (NumPyro's BNN example as a Pyro function, 46 weights): at the defaults the exact
-    Hessian at the end of the MAP search is not positive definite (the search does not end at a strict mode). The fit stops with an error naming hessian='fisher' and method='nuts'; with hessian='fisher' (the
-    default before, positive semi-definite by construction) it fits, and says that the posterior is far from the
-    Gaussian (PSIS k_hat far above 0.7): no silent answer either way."""
+    Hessian at the end of the MAP search is not positive definite (the search does not end at a strict mode). The
+    fit stops with an error naming hessian='fisher' and method='nuts'; with hessian='fisher' (the default before,
+    positive semi-definite by construction) it fits, and says that the posterior is far from the Gaussian (PSIS
+    k_hat far above 0.7): no silent answer either way."""
     from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
     entry = bp.zoo.load("explicit_mlp")

@@ -1,7 +1,7 @@
 """The parts of ``U`` at the MAP on the covered coordinates: value, gradient and curvature of the
-likelihood (by the backend of ``hessian=``: :mod:`.ggn`, :mod:`.fisher` or :mod:`.exact`; the diagonal GGN of a net on the analytic
-potential in one pass, :mod:`bnn_pyro.infer._analytic_ggn`) and of the prior (exact: in closed form for factorized
-Normal priors, :mod:`.factorized`, else by Hessian-vector products)."""
+likelihood (by the backend of ``hessian=``: :mod:`.ggn`, :mod:`.fisher` or :mod:`.exact`; the diagonal GGN of a net
+on the analytic potential in one pass, :mod:`bnn_pyro.infer._analytic_ggn`) and of the prior (exact: in closed form
+for factorized Normal priors, :mod:`.factorized`, else by Hessian-vector products)."""
 
 from __future__ import annotations
 

@@ -153,7 +153,8 @@ NOT_GAUSSIAN = (
 )
 """The likely cause :func:`~bnn_pyro.infer._health.check_gaussian` states for a Laplace fit of a Pyro function model.
 Measured (``tests/infer/test_reference_engines.py``): eight schools' ``tau`` 14 posterior sds off (its mode ~29, the
-posterior mean 3.6), ``k_hat`` 1.03; on kidiq and the logistic regression Laplace matches and ``k_hat`` stays below 0.7."""
+posterior mean 3.6), ``k_hat`` 1.03; on kidiq and the logistic regression Laplace matches and ``k_hat`` stays below
+0.7."""
 
 
 OFF_DATA = (
