@@ -506,11 +506,11 @@ def test_a_pyro_function_fit_far_from_its_gaussian_says_so_and_an_exact_one_does
     blr = make_blr(n=20, d=2, noise=1.0, prior_scale=1.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        post = bp.fit(model, blr.x, blr.y, method="laplace", num_samples=400, progress=False)
+        post = bp.fit(model, blr.x, blr.y, method="laplace", num_samples=200, progress=False)
     assert not [w for w in caught if issubclass(w.category, DiagnosticWarning)], [str(w.message) for w in caught]
     assert post.psis(warn=False).k_hat < 0.5
     with pytest.warns(DiagnosticWarning, match=r"far from the fitted Gaussian.*k_hat.*\(unconstrained\).*'nuts'"):
-        bp.fit(model, blr.x, blr.y, method="laplace", num_samples=400, prior_precision=1e4, progress=False)
+        bp.fit(model, blr.x, blr.y, method="laplace", num_samples=200, prior_precision=1e4, progress=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         bp.fit(model, blr.x, blr.y, method="laplace", num_samples=50, prior_precision=1e4, progress=False)
