@@ -517,7 +517,7 @@ def test_a_pyro_function_fit_far_from_its_gaussian_says_so_and_an_exact_one_does
     assert not [w for w in caught if "fitted Gaussian" in str(w.message)]
 
 
-@pytest.mark.slow  # ~20 s on a loaded 2-core machine
+@pytest.mark.slow  # ~6 s (~20 s on a loaded 2-core machine)
 def test_a_network_written_as_a_pyro_function_refuses_the_exact_hessian_clearly_and_takes_the_fisher():
     """The zoo's explicit_mlp (NumPyro's BNN example as a Pyro function, 46 weights): at the defaults the exact
     Hessian at the end of the MAP search is not positive definite (the search does not end at a strict mode). The

@@ -132,7 +132,6 @@ Hessian and ``check_gaussian``: eight schools' ``tau`` 16 posterior sds off (the
 one), silently; kidiq a ``RuntimeError`` from L-BFGS's line search (a step size past float range)."""
 
 
-@pytest.mark.slow  # ~10-20 s each on a loaded 2-core machine (the PSIS check traces every draw)
 @pytest.mark.parametrize("name", list(ALL))
 def test_laplace_on_the_pyro_function_references_matches_or_says_the_posterior_is_not_gaussian(name):
     """Laplace at its defaults on a Pyro function (``structure="full"``, ``hessian="exact"``, from the prior
