@@ -324,6 +324,22 @@ def test_exact_hessian_of_a_linear_bnn_is_its_ggn(blr):
     """``hessian="exact"`` on a ``BNN`` (any structure but ``"kron"``): for a Gaussian likelihood linear in the
     weights the Hessian is the GGN, so both give the exact posterior."""
     _assert_posterior(_approx(blr, structure="full", hessian="exact"), blr)
+    diag = _approx(blr, structure="diag", hessian="exact")
+    assert torch.allclose(diag.precision, blr.precision.diagonal(), rtol=1e-4)
+    wide = bp.BNN(
+        torch.nn.Linear(10, 600), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1)
+    )
+    with pytest.raises(ValueError, match=r"hessian='exact' forms the dense Hessian of the 6600 covered.*'diag'"):
+        bp.fit(
+            wide,
+            torch.randn(10, 10),
+            torch.randn(10, 600),
+            method="laplace",
+            structure="diag",
+            hessian="exact",
+            num_steps=1,
+            progress=False,
+        )
     with pytest.raises(ValueError, match="hessian='exact'.*structure='kron'.*hessian='ggn'"):
         bp.fit(blr.model(), blr.x, blr.y, method="laplace", structure="kron", hessian="exact", progress=False)
 

@@ -18,6 +18,7 @@ import torch
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.laplace.approximation import MAX_FULL_DIM
 from bnn_pyro.infer.laplace.functional import epoch
 from bnn_pyro.infer.laplace.priors import PriorPart
 from bnn_pyro.infer.laplace.structure import Layout
@@ -27,6 +28,12 @@ def exact(pot: Potential, prior: PriorPart, z: torch.Tensor, data: Data, layout:
     """The Hessian of ``-log p(y | z)`` in the covered coordinates ``layout.active`` (float64, symmetrized;
     its diagonal for ``diag``), the other coordinates held at ``z``."""
     active, base = layout.active, z.detach()
+    if len(active) > MAX_FULL_DIM:  # the dense Hessian is formed even for "diag": one gradient pass per coordinate
+        raise ValueError(
+            f"hessian='exact' forms the dense Hessian of the {len(active)} covered coordinates (one gradient pass "
+            f"each), more than MAX_FULL_DIM = {MAX_FULL_DIM}; use hessian='ggn' (a bp.BNN) or 'fisher' with "
+            "structure='diag', or structure='last_layer'."
+        )
     za = base[active].clone()
 
     def at(values: torch.Tensor) -> dict[str, torch.Tensor]:
