@@ -89,6 +89,7 @@ class Holdout:
     x: torch.Tensor
     y: torch.Tensor
     rows: torch.Tensor | None = None
+    of: int | None = None  # the number of training rows ``rows`` were split from
 
     @property
     def size(self) -> int:
@@ -170,15 +171,24 @@ def split(
     held, kept = perm[:rows].sort().values, perm[rows:].sort().values
     held_d, kept_d = held.to(data.x.device), kept.to(data.x.device)
     train = Data(x=data.x[kept_d], y=data.y[kept_d], batch_size=data.batch_size)
-    return train, Holdout(data.x[held_d], data.y[held_d], held), None
+    return train, Holdout(data.x[held_d], data.y[held_d], held, n), None
 
 
 def describe(holdout: Holdout | None, fraction, reason: str | None) -> dict:
-    """The JSON-friendly ``post.config["validation"]`` entry."""
+    """The JSON-friendly ``post.config["validation"]`` entry: the rows held out and, for rows split off the training
+    data, the fraction actually held out (``rows / N``, 4 decimals). Where :func:`default_rows` raised the rows above
+    the requested ``fraction`` (small data with a learned noise: at least :data:`MIN_ROWS`), the requested fraction
+    too, as ``"requested_fraction"``, so the record never states a fraction that was not used."""
     if holdout is None:
         return {"rows": 0, **({"reason": reason} if reason else {})}
-    given = holdout.rows is None
-    return {"rows": holdout.size, "source": "given" if given else "split", **({} if given else {"fraction": fraction})}
+    if holdout.rows is None:
+        return {"rows": holdout.size, "source": "given"}
+    out = {"rows": holdout.size, "source": "split", "fraction": fraction}
+    if holdout.of:
+        out["fraction"] = round(holdout.size / holdout.of, 4)
+        if isinstance(fraction, (int, float)) and holdout.size != int(round(fraction * holdout.of)):
+            out["requested_fraction"] = fraction
+    return out
 
 
 # ---------------------------------------------------------------------------------------------- scoring

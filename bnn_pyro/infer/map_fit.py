@@ -331,7 +331,8 @@ def adversarial_loss(pot: Potential, z, batch, eps: float, loss_fn=None) -> torc
 
 
 def _polish(loss, params, max_iter: int) -> None:
-    """L-BFGS on the full data; the first-order result is kept when L-BFGS does not lower the loss."""
+    """L-BFGS on the full data; the first-order result is kept when L-BFGS does not lower the loss (or fails:
+    its strong-Wolfe line search can overflow on badly scaled coordinates, kidiq's IQ-like covariate near 100)."""
     saved = [p.detach().clone() for p in params]
     opt = torch.optim.LBFGS(
         params,
@@ -351,9 +352,14 @@ def _polish(loss, params, max_iter: int) -> None:
 
     with torch.no_grad():
         before = loss().item()
-    opt.step(closure)
+    try:
+        opt.step(closure)
+    except (RuntimeError, ValueError):  # a line search that overflowed (a step size past float range: badly scaled
+        after = float("nan")  # coordinates) or left the model's support: keep the first-order result
+    else:
+        with torch.no_grad():
+            after = loss().item()
     with torch.no_grad():
-        after = loss().item()
         if not after <= before:  # also when NaN
             for p, v in zip(params, saved):
                 p.copy_(v)

@@ -45,7 +45,7 @@ from pyro.infer import autoguide
 from pyro.infer.autoguide import initialization as init_fns
 
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer._potential import Potential, newton_mode
 from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["LaplaceStart", "laplace_start", "check_start", "MAX_DIM", "MAX_ITER", "NEWTON_STEPS", "SHRINK_MAX"]
@@ -189,7 +189,7 @@ def laplace_start(model, data: Data, *, max_iter: int = MAX_ITER) -> LaplaceStar
     mode = start if mode is None else mode
     cov = precision = None
     if ok and mode.numel() <= MAX_DIM:
-        mode, precision = _newton(energy, mode)
+        mode, precision = newton_mode(energy, mode, steps=NEWTON_STEPS)
         ok = precision is not None
         cov = None if precision is None else torch.cholesky_inverse(torch.linalg.cholesky(precision))
     z = pot.unflatten(mode)
@@ -222,36 +222,6 @@ def _lbfgs(energy, start: torch.Tensor, max_iter: int) -> torch.Tensor | None:
     except (RuntimeError, ValueError):  # a line search into a region where the model cannot be evaluated
         return None
     return flat.detach().clone() if finite else None
-
-
-def _newton(energy, mode: torch.Tensor, steps: int = NEWTON_STEPS):
-    """Newton steps (halved until the energy does not rise) from ``mode``: L-BFGS in float32 stops early on a badly
-    conditioned posterior (a coefficient of a covariate near 100 against the intercept). Returns the point and its
-    Hessian (float64, symmetrized), or ``(mode, None)`` where the Hessian is not positive definite there."""
-    hess = None
-    for _ in range(steps + 1):
-        hess = torch.autograd.functional.hessian(energy, mode).double()
-        hess = (hess + hess.T) / 2
-        chol, info = torch.linalg.cholesky_ex(hess)
-        if info != 0:  # not positive definite: not a mode (a saddle, or a flat direction)
-            return mode, None
-        x = mode.clone().requires_grad_()
-        value = energy(x)
-        (grad,) = torch.autograd.grad(value, x)
-        step = torch.cholesky_solve(grad.double()[:, None], chol)[:, 0].to(mode)
-        if not bool(torch.isfinite(step).all()) or float(step.abs().max()) == 0.0:
-            break
-        for _ in range(20):
-            trial = mode - step
-            with torch.no_grad():
-                trial_value = energy(trial)
-            if bool(torch.isfinite(trial_value)) and float(trial_value) <= float(value.detach()):
-                mode = trial.detach()
-                break
-            step = step / 2
-        else:
-            break
-    return mode, hess
 
 
 def check_start(start: LaplaceStart, guide: str) -> None:

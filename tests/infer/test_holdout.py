@@ -94,6 +94,27 @@ def test_split_explicit_fraction_refuses_what_the_default_skips():
         ho.split(Data(None, None, loader=loader, dataset_size=150), 0.2, seed=0, method="ensemble")
 
 
+def test_the_record_states_the_rows_and_fraction_actually_held_out():
+    """The small-data rule holds out 20 of 100 rows for a learned noise: the record says 0.2 (the fraction used) and
+    the 0.1 asked for, not 0.1 alone (it did, for every engine, before); 30 of 300 rows are 0.1, as asked."""
+    learned = _noise_model(dist.HalfNormal(1.0))
+    x, y = _data(100)
+    held = ho.split(Data(x, y), "default", seed=0, method="laplace", model=learned)[1]
+    assert ho.describe(held, ho.DEFAULT, None) == {
+        "rows": 20,
+        "source": "split",
+        "fraction": 0.2,
+        "requested_fraction": 0.1,
+    }
+    x3, y3 = _data(300)
+    held = ho.split(Data(x3, y3), "default", seed=0, method="laplace", model=learned)[1]
+    assert ho.describe(held, ho.DEFAULT, None) == {"rows": 30, "source": "split", "fraction": 0.1}
+    post = bp.fit(learned, x, y, method="laplace", seed=0, progress=False)  # the defaults a user gets
+    record = post.config["validation"]
+    assert (record["rows"], record["fraction"], record["requested_fraction"]) == (20, 0.2, 0.1), record
+    assert record["final_fit_rows"] == 100
+
+
 def test_given_pair_keeps_every_training_row():
     x, y = _data(50)
     xv, yv = _data(12, seed=1)

@@ -21,7 +21,6 @@ from blr import make_blr  # tests/ is on sys.path
 import bnn_pyro as bp
 from bnn_pyro.infer import laplace as lap
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer.laplace.noise import best_sigma
 
 Z_MAX, S = 4.0, 4000
 QUICK = dict(num_steps=0, progress=False)
@@ -109,16 +108,6 @@ def test_glm_predictive_of_an_mlp_is_the_linearized_net(structure, tmp_path):
     assert torch.allclose(_f_draws(nn, x_new), torch.stack([net(v) for v in w_nn]), atol=1e-5)
 
 
-def test_best_sigma_is_the_closed_form_maximizer():
-    """For a constant epistemic variance ``v`` the held-out likelihood is maximized at ``sigma^2 = mean(r^2) - v``;
-    the refined log grid resolves ``log sigma`` to ~1e-3."""
-    g = torch.Generator().manual_seed(0)
-    f, y = torch.randn(50, 1, generator=g), torch.randn(50, 1, generator=g) * 2
-    for v in (0.0, 0.5):
-        sigma, _ = best_sigma(f, torch.full_like(f, v), y)
-        assert sigma == pytest.approx(math.sqrt(float(((y - f) ** 2).mean()) - v), rel=1e-3)
-
-
 def _friedman(n, seed):
     g = torch.Generator().manual_seed(seed)
     x = torch.rand(n, 5, generator=g)
@@ -129,7 +118,7 @@ def _friedman(n, seed):
 
 def test_default_holds_out_rows_and_chooses_the_noise_there(monkeypatch):
     """At the defaults on 300 rows: 30 held out, no polish, and the learned noise set on them (all draws) to
-    the maximizer of the held-out density of the GLM predictive (:func:`best_sigma`, tested above); with
+    the maximizer of the held-out density of the GLM predictive (:func:`.noise.choose_noise`); with
     ``validation=None`` the MAP's noise and the L-BFGS polish (the former default)."""
     x, y = _friedman(300, 0)
     torch.manual_seed(0)

@@ -23,8 +23,9 @@ class Structure(str, Enum):
 
 
 class Hessian(str, Enum):
-    GGN = "ggn"
-    FISHER = "fisher"
+    GGN = "ggn"  # generalized Gauss-Newton (a BNN's default)
+    FISHER = "fisher"  # the empirical Fisher sum_i g_i g_i^T
+    EXACT = "exact"  # the Hessian itself, by autograd (a Pyro function model's default; not for "kron")
 
 
 class Predictive(str, Enum):

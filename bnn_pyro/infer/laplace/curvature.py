@@ -1,7 +1,7 @@
 """The parts of ``U`` at the MAP on the covered coordinates: value, gradient and curvature of the
-likelihood (by the backend of ``hessian=``: :mod:`.ggn` or :mod:`.fisher`; the diagonal GGN of a net on the analytic
-potential in one pass, :mod:`bnn_pyro.infer._analytic_ggn`) and of the prior (exact: in closed form for factorized
-Normal priors, :mod:`.factorized`, else by Hessian-vector products)."""
+likelihood (by the backend of ``hessian=``: :mod:`.ggn`, :mod:`.fisher` or :mod:`.exact`; the diagonal GGN of a net
+on the analytic potential in one pass, :mod:`bnn_pyro.infer._analytic_ggn`) and of the prior (exact: in closed form
+for factorized Normal priors, :mod:`.factorized`, else by Hessian-vector products)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from bnn_pyro.infer._analytic_ggn import likelihood_diagonal
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace.approximation import CHUNK, Hessian, Settings, Structure
+from bnn_pyro.infer.laplace.exact import exact
 from bnn_pyro.infer.laplace.fisher import fisher, fisher_traced
 from bnn_pyro.infer.laplace.functional import epoch
 from bnn_pyro.infer.laplace.ggn import ggn
@@ -136,6 +137,8 @@ def _likelihood_terms(model, pots, z, data: Data, layout: Layout, s: Settings) -
             len(layout.active),
             fisher=s.hessian is Hessian.FISHER,
         )
+    elif s.hessian is Hessian.EXACT:
+        hess = exact(pot, prior, z, data, layout, diag)
     elif not isinstance(model, BNN):
         hess = fisher_traced(pot, zr, gp, data, layout, diag)
     else:
@@ -177,6 +180,21 @@ def checked(hess, s: Settings):
         bad = not hess.is_positive_definite()
     else:
         bad = bool((hess <= 0).any()) if hess.dim() == 1 else bool(torch.linalg.cholesky_ex(hess).info > 0)
+    if bad and s.hessian is Hessian.EXACT:
+        raise ValueError(
+            "laplace: the exact Hessian (hessian='exact', the default for a Pyro function model) at the end of the "
+            "MAP search is not positive definite, so no Gaussian fits there: the search ended short of a mode, at a "
+            "saddle, or along a flat direction (a network's symmetries make them common). Pass hessian='fisher' (the "
+            "empirical Fisher: positive semi-definite by construction, the Hessian only in expectation over the "
+            "data; the fit then says whether the posterior is far from its Gaussian), raise num_steps or "
+            "polish_steps, or use method='nuts'."
+            + (
+                " A start drawn from a wide prior can be too far from the mode to reach: start at init='median' (the "
+                "default for a Pyro function) or at a fitted Posterior."
+                if s.init == "prior"
+                else ""
+            )
+        )
     if bad:
         raise ValueError(
             "laplace: the curvature at the MAP is not positive definite, so no Gaussian fits there. The MAP search "

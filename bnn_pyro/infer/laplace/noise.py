@@ -28,20 +28,6 @@ from bnn_pyro.likelihoods import HALF_LOG_2PI
 from bnn_pyro.model import BNN
 
 
-def best_sigma(f: torch.Tensor, var: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
-    """``(sigma*, lpd)``: the noise sd maximizing ``mean_n log N(y_n | f_n, var_n + sigma^2)``, searched around
-    the residual sd (:func:`~bnn_pyro.infer.holdout.maximize_on_log_grid`)."""
-    f, var = f.double(), var.double()
-    y = y.double().reshape(f.shape)
-
-    def lpd(sigmas):
-        total = var[None] + sigmas.pow(2).reshape((-1,) + (1,) * f.dim())
-        values = -HALF_LOG_2PI - 0.5 * (torch.log(total) + (y - f)[None] ** 2 / total)
-        return values.reshape(len(sigmas), f.shape[0], -1).sum(-1).mean(-1)
-
-    return maximize_on_log_grid(lpd, (y - f).pow(2).mean().sqrt().clamp_min(1e-12))
-
-
 def choose_noise(
     model: BNN,
     pot,
@@ -64,7 +50,7 @@ def choose_noise(
         f, jac = output_jacobian(model, pot, z, holdout.x, w_idx)
     value = site_values(model, pot, z)[1][site]
     sigma0 = float(value if site == "sigma" else value.rsqrt())
-    power = 2 if hessian is Hessian.GGN else 4
+    power = 4 if hessian is Hessian.FISHER else 2  # the empirical Fisher's residuals are held fixed
     variance = _variance(lik_hess, prior_hess, jac, pos)
     f = f.double()
     y = holdout.y.double().reshape(f.shape)
