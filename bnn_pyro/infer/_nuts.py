@@ -42,6 +42,7 @@ Usage::
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -54,6 +55,7 @@ from bnn_pyro.infer._one_chain import OneChainKernel
 
 __all__ = ["FlatNUTS", "nuts_transition"]
 
+_FLOAT32 = struct.Struct("f")
 Leapfrog = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple]
 
 
@@ -85,6 +87,7 @@ class FlatNUTS(OneChainKernel):
             target_accept_prob=target_accept_prob,
             dense_mass=dense_mass,
             jit=jit,
+            unbatched=True,
         )
 
 
@@ -129,7 +132,10 @@ def nuts_transition(
     ``leapfrog(z, p, g, step, minv) -> (z, p, g, sharp, u, kinetic)``: one velocity-Verlet step of every chain
     (signed ``(C,)`` steps; ``sharp = M^-1 p``; ``u``, ``kinetic`` ``(C,)``), e.g.
     :func:`~bnn_pyro.infer._analytic_batched.leapfrog_from`. A :class:`~bnn_pyro.infer._analytic_batched.OneChain`
-    leapfrog at ``C = 1`` is run unbatched (``(D,)`` vectors, a float step). Returns the drawn ``(z, u, g)`` and the
+    leapfrog at ``C = 1`` is run unbatched (``(D,)`` vectors, a float step). One chain may also be passed
+    unbatched: ``z``, ``g`` ``(D,)``, ``u`` and ``step`` floats, ``minv`` ``(D,)`` or ``(D, D)`` (with a ``OneChain``
+    leapfrog; what :class:`~bnn_pyro.infer._batched.BatchedChains` holds at one chain), and is returned so: no
+    ``(1, D)`` view per draw. Returns the drawn ``(z, u, g)`` and the
     :class:`~bnn_pyro.infer._batched.TransitionStats` (lists of ``C`` Python numbers).
     """
     if torch.is_grad_enabled():  # nothing here is differentiated (a generic potential enables grad for itself)
@@ -137,17 +143,33 @@ def nuts_transition(
             return nuts_transition(
                 z, u, g, step, minv, leapfrog=leapfrog, generator=generator, max_tree_depth=max_tree_depth
             )
-    steps = step.tolist() if isinstance(step, Tensor) else None  # one host read
-    _check(z, u, g, step, steps, minv, max_tree_depth)
-    c = z.shape[0]
-    p0 = momentum(minv, generator)
-    sharp0 = sharp(minv, p0)
-    u0, pp0 = u.tolist(), torch.linalg.vecdot(p0, sharp0).tolist()
+    # one chain, unbatched: (D,) vectors, a float potential and step
+    one = isinstance(z, Tensor) and z.dim() == 1 and not isinstance(u, Tensor)
+    if one:
+        _check_one(z, u, g, step, minv, leapfrog, max_tree_depth)
+        c, u0, minv_1, step_1 = 1, [u], minv, step
+    else:
+        steps = step.tolist() if isinstance(step, Tensor) else None  # one host read
+        _check(z, u, g, step, steps, minv, max_tree_depth)
+        c = z.shape[0]
+        if c == 1 and hasattr(leapfrog, "unbatched"):  # a one-chain batch: run unbatched, return (1, D) again
+            z1, u1, g1, stats = nuts_transition(
+                z[0], float(u[0]), g[0], steps[0], minv[0], leapfrog=leapfrog, generator=generator,
+                max_tree_depth=max_tree_depth,
+            )  # fmt: skip
+            return z1.unsqueeze(0), u.new_tensor([u1]), g1.unsqueeze(0), stats
+        u0 = u.tolist()
+    p0 = momentum(minv, generator, batched=not one)
+    sharp0 = _sharp_one(minv, p0) if one else sharp(minv, p0)
+    # (1, D) at one chain: a (D,) vecdot reduces in another order (other bits than the batch's)
+    pp0 = (
+        torch.linalg.vecdot(p0.unsqueeze(0), sharp0.unsqueeze(0)).tolist()
+        if one
+        else torch.linalg.vecdot(p0, sharp0).tolist()
+    )
     h0 = [a + 0.5 * b for a, b in zip(u0, pp0)]
-    one = c == 1 and hasattr(leapfrog, "unbatched")
-    if one:  # one chain, unbatched: (D,) vectors and a float step
-        step_fn, signed = _unbatched(leapfrog.unbatched, minv[0]), {True: steps[0], False: -steps[0]}
-        z, g, p0, sharp0 = z[0], g[0], p0[0], sharp0[0]
+    if one:
+        step_fn, signed = _unbatched(leapfrog.unbatched, minv_1), {True: step_1, False: -step_1}
     else:
         step_fn, signed = _batched(leapfrog, minv), {True: step, False: -step}
     # the trajectory: its backward and forward ends (z, p, g, M^-1 p) and its states' momentum sum
@@ -202,9 +224,7 @@ def nuts_transition(
             break
     accept = [a / max(n, 1) for a, n in zip(accept, n_steps)]
     stats = TransitionStats(accept, n_steps, diverging, h0, depth)
-    if one:
-        draw_z, draw_g = draw_z.unsqueeze(0), draw_g.unsqueeze(0)
-    return draw_z, u.new_tensor(draw_u), draw_g, stats
+    return draw_z, _in_dtype(draw_u[0], z.dtype) if one else u.new_tensor(draw_u), draw_g, stats
 
 
 def _subtree(begin: tuple, depth: int, step, h0: list, growing: list, uniforms: list, step_fn) -> _Subtree:
@@ -295,6 +315,12 @@ def _turned(merges: list[tuple[_Node, _Node]], unbatched: bool) -> list[bool]:
     return turned
 
 
+def _sharp_one(minv: Tensor, p: Tensor) -> Tensor:
+    """``M^-1 p`` of one chain's ``(D,)`` momentum: ``minv * p`` (diagonal), else through the batched product (the
+    ``C = 1`` batch's bits)."""
+    return minv * p if minv.dim() == 1 else sharp(minv.unsqueeze(0), p.unsqueeze(0))[0]
+
+
 def _batched(leapfrog: Leapfrog, minv: Tensor):
     """The batched leapfrog with its energies read back as lists (one host read)."""
 
@@ -347,9 +373,65 @@ def _signed(forward, signed: dict, step):
     return torch.where(torch.tensor(forward, device=step.device), step, -step)
 
 
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype``, as a ``(C,)`` potential tensor holds it: one chain's potential is then the
+    same number held unbatched, batched or in a checkpoint (resumes stay bit-identical). float32 by ``struct``
+    (C's cast, as torch's; no tensor operation)."""
+    if dtype is torch.float64:
+        return value
+    if dtype is torch.float32:
+        try:
+            return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+        except OverflowError:  # beyond float32's range: torch's cast gives +-inf
+            pass
+    return torch.tensor(value, dtype=dtype).item()
+
+
 def _logaddexp(a: float, b: float) -> float:
     top = max(a, b)
     return top + math.log1p(math.exp(-abs(a - b))) if top > -math.inf else -math.inf
+
+
+def _check_one(z, u, g, step, minv, leapfrog, max_tree_depth) -> None:
+    """Clear errors for one chain passed unbatched (:func:`nuts_transition`); one comparison when right."""
+    if (
+        g.shape == z.shape
+        and type(u) is float
+        and type(step) is float
+        and step > 0
+        and minv.shape in (z.shape, z.shape * 2)
+        and z.is_floating_point()
+        and type(max_tree_depth) is int
+        and max_tree_depth >= 1
+        and hasattr(leapfrog, "unbatched")
+    ):
+        return
+    d = tuple(z.shape)
+    if not z.is_floating_point() or tuple(g.shape) != d:
+        raise ValueError(
+            f"nuts_transition: z must be a floating (D,) tensor for one chain passed unbatched, and g of its shape; "
+            f"got {d} {z.dtype} and {tuple(g.shape)}. Pass (C, D) tensors for C chains."
+        )
+    if type(u) is not float or type(step) is not float:
+        raise ValueError(
+            f"nuts_transition: one chain's u (potential) and step must be Python floats; got "
+            f"{type(u).__name__} and {type(step).__name__}. Pass (C,) tensors for C chains."
+        )
+    if not step > 0:
+        raise ValueError(f"nuts_transition: the step size must be > 0 (the direction is drawn here); got {step}.")
+    if tuple(minv.shape) not in (d, d * 2):
+        raise ValueError(
+            f"nuts_transition: one chain's minv must be a (D,) = {d} diagonal or (D, D) dense inverse mass "
+            f"matrix; got {tuple(minv.shape)}."
+        )
+    if not hasattr(leapfrog, "unbatched"):
+        raise ValueError(
+            "nuts_transition: one chain passed unbatched needs a leapfrog with an unbatched step "
+            "(bnn_pyro.infer._analytic_batched.OneChain); got "
+            f"{type(leapfrog).__name__}. Pass (1, D) tensors to use a batched leapfrog."
+        )
+    if isinstance(max_tree_depth, bool) or not isinstance(max_tree_depth, int) or max_tree_depth < 1:
+        raise ValueError(f"nuts_transition: max_tree_depth must be an int >= 1 (doublings); got {max_tree_depth!r}.")
 
 
 def _check(z, u, g, step, steps, minv, max_tree_depth) -> None:
