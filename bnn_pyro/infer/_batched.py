@@ -250,11 +250,13 @@ class BatchedChains:
         return self._steps[1:]
 
     # ------------------------------------------------------------------ one draw of every chain
-    @torch.no_grad()
     def sample(self) -> Tensor:
         """One transition of every chain (adapting during warm-up); returns the positions ``(C, D)`` (``(D,)``
         where the one chain is held ``unbatched``)."""
-        steps = self.step_sizes
+        if torch.is_grad_enabled():  # nothing is differentiated (a test, not a decorator: none per draw when off)
+            with torch.no_grad():
+                return self.sample()
+        steps = [self._adapters[0].step_size] if self._one else self.step_sizes
         step, rounded = self._step_tensor(steps)
         if self._one:  # the adapter's own (D,) or (D, D) inverse mass matrix and a float step
             step, minv = rounded[0], self._adapters[0].mass_matrix_adapter.inverse_mass_matrix[self.names]
@@ -339,6 +341,8 @@ def _rows(columns: list) -> list[list[float]]:
     """Per chain, the values of ``columns`` (each a ``(C,)`` tensor or a list of ``C`` numbers): tensors read back
     together (one host read)."""
     tensors = [i for i, col in enumerate(columns) if isinstance(col, Tensor)]
+    if not tensors:
+        return list(zip(*columns))
     if len(tensors) == 1:
         read = [columns[tensors[0]].tolist()]
     else:

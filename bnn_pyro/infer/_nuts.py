@@ -192,8 +192,8 @@ def nuts_transition(
         fw = _agree(forward)
         new = _subtree(_pick(fw, ends[True], ends[False]), j, _signed(fw, signed, step), h0, running, leaves, step_fn)
         # per chain, in one pass: the counts, and biased progressive sampling (the new subtree's draw wins with
-        # probability min(1, w_new / w_old)); the trajectory grows at the end it was extended from
-        take, grows = [False] * c, {True: [False] * c, False: [False] * c}
+        # probability min(1, w_new / w_old))
+        take = [False] * c
         for i, (ok, nw, uni) in enumerate(zip(new.ok, new.log_w, first[max_tree_depth + j])):
             n_steps[i] += new.n_steps[i]
             accept[i] += new.accept_sum[i]
@@ -203,20 +203,23 @@ def nuts_transition(
                 if nw > w or uni < math.exp(nw - w):
                     take[i], draw_u[i] = True, new.draw[2][i]
                 log_w[i] = _logaddexp(w, nw)
-                grows[forward[i]][i] = True
         taken = _agree(take)
         draw_z, draw_g = _pick(taken, new.draw[0], draw_z), _pick(taken, new.draw[1], draw_g)
-        # the trajectory as the first half of a merge: its other end first, the end the subtree grew from last
-        back, front = ends[False][1::2], ends[True][1::2]  # (p, M^-1 p) of the backward and forward ends
-        old = _Node(*_pick(fw, back, front), *_pick(fw, front, back), rho, pp0 if j == 0 else None)
-        turned = _turned([(old, new.node)], one)
         ok = _agree(new.ok)
-        if ok is not False:
+        if ok is False or j == max_tree_depth - 1:  # every chain stops here: the merged trajectory is not used
+            turned = [True] * c
+        else:
+            # the trajectory as the first half of a merge: its other end first, the end the subtree grew from last
+            back, front = ends[False][1::2], ends[True][1::2]  # (p, M^-1 p) of the backward and forward ends
+            old = _Node(*_pick(fw, back, front), *_pick(fw, front, back), rho, pp0 if j == 0 else None)
+            turned = _turned([(old, new.node)], one)
             rho = _pick(ok, rho + new.node.rho, rho)
-            ends = {
-                True: _pick(_agree(grows[True]), new.frontier, ends[True]),
-                False: _pick(_agree(grows[False]), new.frontier, ends[False]),
-            }
+            if ok is True and type(fw) is bool:  # every chain grew, at the same end
+                ends[fw] = new.frontier
+            else:  # the trajectory grows at the end it was extended from, where its subtree was ok
+                for end in (True, False):
+                    grew = _agree([o and f == end for o, f in zip(new.ok, forward)])
+                    ends[end] = _pick(grew, new.frontier, ends[end])
         for i in range(c):
             if running[i] and not (new.ok[i] and not turned[i]):
                 running[i], depth[i] = False, j + 1
@@ -259,6 +262,8 @@ def _subtree(begin: tuple, depth: int, step, h0: list, growing: list, uniforms: 
         if taken is not False:
             cand_z, cand_g = _pick(taken, z, cand_z), _pick(taken, g, cand_g)
         node = _Node(p, s, p, s, p, [2.0 * v for v in kinetic])
+        if all(gone):  # every chain diverged here: the subtree's nodes are not used
+            break
         if not k & 1 or depth == 0:  # an odd leaf (k + 1 not even) completes no node
             if depth:
                 pending[0] = node
@@ -275,18 +280,9 @@ def _subtree(begin: tuple, depth: int, step, h0: list, growing: list, uniforms: 
             pending[level] = node
         for i, t in enumerate(_turned(merges, unbatched)):
             gone[i] = gone[i] or t
-        if k + 1 < leaves and all(gone):
+        if all(gone):  # a turn inside it stops every chain: no further leapfrog step
             break
-    return _Subtree(
-        ok=[not x for x in gone],
-        n_steps=n,
-        accept_sum=acc,
-        diverged=div,
-        log_w=total,
-        draw=(cand_z, cand_g, cand_u),
-        node=node,
-        frontier=(z, p, g, s),
-    )
+    return _Subtree([not x for x in gone], n, acc, div, total, (cand_z, cand_g, cand_u), node, (z, p, g, s))
 
 
 def _turned(merges: list[tuple[_Node, _Node]], unbatched: bool) -> list[bool]:

@@ -142,7 +142,7 @@ class OneChainKernel(AdaptedKernel):
         # a site already flat is its part of the split as it is (a view either way)
         return {
             n: part if part.shape == s else part.reshape(s)
-            for (n, s), part in zip(self._sites, z.split(self.chains.sizes))
+            for (n, s), part in zip(self._sites, z.split_with_sizes(self.chains.sizes))
         }
 
     def state_dict(self):
