@@ -162,11 +162,7 @@ def nuts_transition(
     p0 = momentum(minv, generator, batched=not one)
     sharp0 = _sharp_one(minv, p0) if one else sharp(minv, p0)
     # (1, D) at one chain: a (D,) vecdot reduces in another order (other bits than the batch's)
-    pp0 = (
-        torch.linalg.vecdot(p0.unsqueeze(0), sharp0.unsqueeze(0)).tolist()
-        if one
-        else torch.linalg.vecdot(p0, sharp0).tolist()
-    )
+    pp0 = torch.linalg.vecdot(p0.unsqueeze(0) if one else p0, sharp0).tolist()
     h0 = [a + 0.5 * b for a, b in zip(u0, pp0)]
     if one:
         step_fn, signed = _unbatched(leapfrog.unbatched, minv_1), {True: step_1, False: -step_1}
@@ -190,7 +186,10 @@ def nuts_transition(
         )
         forward = [v < 0.5 for v in first[j]]
         fw = _agree(forward)
-        new = _subtree(_pick(fw, ends[True], ends[False]), j, _signed(fw, signed, step), h0, running, leaves, step_fn)
+        begin, signed_step = (
+            (ends[fw], signed[fw]) if type(fw) is bool else (_pick(fw, ends[True], ends[False]), _signed(fw, step))
+        )
+        new = _subtree(begin, j, signed_step, h0, running, leaves, step_fn)
         # per chain, in one pass: the counts, and biased progressive sampling (the new subtree's draw wins with
         # probability min(1, w_new / w_old))
         take = [False] * c
@@ -362,10 +361,8 @@ def _pick(mask, new, old):
     return torch.where(where, new, old)
 
 
-def _signed(forward, signed: dict, step):
-    """The signed step sizes (``forward`` from :func:`_agree`): ``+step`` forward, ``-step`` backward, per chain."""
-    if forward is True or forward is False:
-        return signed[forward]
+def _signed(forward: list, step: Tensor) -> Tensor:
+    """The signed step sizes (``forward``: per chain, from :func:`_agree`): ``+step`` forward, ``-step`` backward."""
     return torch.where(torch.tensor(forward, device=step.device), step, -step)
 
 
