@@ -11,10 +11,12 @@ NaN), or after ``max_tree_depth`` doublings. Nothing is differentiated: it runs 
 One builder serves one chain and ``C``:
 
 - **Vectors batched, scalars on the host.** Positions, momenta, gradients and ``M^-1 p`` are tensors, ``(C, D)``
-  (or ``(D,)`` for one chain whose leapfrog is unbatched: :class:`~bnn_pyro.infer._analytic_batched.OneChain`);
-  the per-chain scalars (energies, log weights, masks, counts) are Python floats read back once per leapfrog
-  step. A small net's step is bound by the dispatch of tensor operations, not their arithmetic, so a scalar kept
-  as a float costs no operation where a ``(C,)`` tensor costs one per use.
+  (or ``(D,)`` for one chain whose leapfrog is unbatched: :class:`~bnn_pyro.infer._analytic_batched.OneChain`;
+  :class:`~bnn_pyro.infer._batched.BatchedChains` then holds and passes the chain so, its potential a float
+  rounded to the chain's dtype, so that no ``(1, D)`` view is made per draw and the draws are those of the
+  ``(1, D)`` batch bit for bit); the per-chain scalars (energies, log weights, masks, counts) are Python floats
+  read back once per leapfrog step. A small net's step is bound by the dispatch of tensor operations, not their
+  arithmetic, so a scalar kept as a float costs no operation where a ``(C,)`` tensor costs one per use.
 - **Lockstep, masked.** All chains double together: at depth ``j`` each chain still running picks a direction and
   builds a subtree of ``2**j`` leapfrog steps from that end, with its own signed step. A chain whose subtree
   diverges or turns is marked done; its later leapfrog steps are still computed (one batched call) but unused,
@@ -26,7 +28,9 @@ One builder serves one chain and ``C``:
   the check needs one inner product: with ``c = sharp_1 . p_2`` (``M^-1`` symmetric) and ``pp = p . M^-1 p``
   (twice the kinetic energy, which the leapfrog returns), it turns where ``pp_1 + c <= 0`` or ``c + pp_2 <= 0``.
   The state drawn from a subtree is chosen by streaming: the new leaf replaces the candidate with probability
-  ``exp(log_w - W)``, ``W = log sum exp(H0 - H)`` so far (uniform progressive sampling).
+  ``exp(log_w - W)``, ``W = log sum exp(H0 - H)`` so far (uniform progressive sampling). A subtree stops at the
+  leaf where every chain has diverged or turned; after the last doubling, or one in which no chain's subtree
+  completed, the merged trajectory is not checked (every chain stops there: its ends and momentum sum are unused).
 
 Every random number comes from ``generator`` (momenta, directions, multinomial choices); step sizes and inverse
 mass matrices are per chain; adaptation is the caller's (:class:`~bnn_pyro.infer._batched.BatchedChains`).
