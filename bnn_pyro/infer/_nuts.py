@@ -302,14 +302,16 @@ def _turned(merges: list[tuple[_Node, _Node]], unbatched: bool) -> list[bool]:
     sharps = torch.stack([v for f, s in merges for v in (f.near_sharp, s.far_sharp, s.near_sharp, f.far_sharp)], -2)
     vectors = torch.stack([v for f, s in merges for v in (f.rho, s.rho, s.near_p, f.far_p)], -2)
     products = (sharps @ vectors.mT).tolist()
-    turned = []
+    turned, count = [], len(merges)
     for rows in [products] if unbatched else products:
         ok = True
-        for m in range(len(merges)):
-            (a0, a1, a2, _), (b0, b1, _, b3), (c0, _, c2, _), (_, e1, _, e3) = (
-                r[4 * m : 4 * m + 4] for r in rows[4 * m : 4 * m + 4]
-            )
-            ok = ok and (a0 + a1 > 0 and b0 + b1 > 0 and a0 + a2 > 0 and c0 + c2 > 0 and e1 + e3 > 0 and b1 + b3 > 0)
+        for m in range(count):
+            # merge m's 4 x 4 block of the product (the whole product for one merge)
+            block = rows if count == 1 else [r[4 * m : 4 * m + 4] for r in rows[4 * m : 4 * m + 4]]
+            (a0, a1, a2, _), (b0, b1, _, b3), (c0, _, c2, _), (_, e1, _, e3) = block
+            if not (a0 + a1 > 0 and b0 + b1 > 0 and a0 + a2 > 0 and c0 + c2 > 0 and e1 + e3 > 0 and b1 + b3 > 0):
+                ok = False
+                break
         turned.append(not ok)
     return turned
 
