@@ -6,10 +6,11 @@ replayed), so that what is timed is the kernel's own cost per draw, not the pote
 
 - the layers: ``FlatNUTS.sample`` (the kernel: the draw split into the sites), ``BatchedChains.sample`` (per-draw
   statistics and adaptation bookkeeping) and ``nuts_transition`` itself;
-- the tensor operations the transition makes per draw outside the leapfrog, each timed alone over the same
-  inputs: the momentum draw, ``M^-1 p``, the energies read back, the block of uniforms, the chain's ``(D,)`` views,
-  the result's ``(1, D)`` views and potential, and the U-turn checks of a 3-step tree (two single-state checks,
-  one 4 x 4 product);
+- the pieces the transition makes per draw outside the leapfrog, each timed alone over the same inputs: the
+  momentum draw, ``M^-1 p``, the energies read back, the block of uniforms, the argument check, the drawn potential
+  rounded to the chain's dtype, and the U-turn checks of a 3-step tree (two single-state checks: the merge after
+  the last doubling is not checked). The chain is held unbatched (``(D,)`` vectors, a float potential), as
+  ``BatchedChains`` holds one chain;
 - the rest of the transition: its Python bookkeeping (the per-chain lists of the lockstep builder at ``C = 1``).
 
 Each figure is the median over ``--repeats`` rounds of thread CPU time per call (``time.thread_time``), one
@@ -30,10 +31,9 @@ from _common import results_dir, write_result
 from fast_path import mlp, regression
 
 from bnn_pyro.infer import _logjoint
-from bnn_pyro.infer._analytic_batched import sharp
 from bnn_pyro.infer._batched import momentum
 from bnn_pyro.infer._common import quiet_model
-from bnn_pyro.infer._nuts import FlatNUTS, _Node, _turned, nuts_transition
+from bnn_pyro.infer._nuts import FlatNUTS, _check_one, _in_dtype, _Node, _sharp_one, _turned, nuts_transition
 
 
 def _per_call(fn, calls: int) -> float:
@@ -73,34 +73,28 @@ def measure(calls: int) -> dict[str, float]:
         steps += kernel.stats.n_steps
     if steps != 3 * 50:
         raise SystemExit(f"the replayed trees took {steps / 50} leapfrog steps per transition, not 3")
-    z, u, g, minv, gen = chains.z, chains.u, chains.g, chains.inverse_mass_matrix, chains.generator
-    step = z.new_tensor([1e-3])
+    # the chain as BatchedChains holds it: (D,) vectors, float potential and step
+    z, u, g, minv, gen = chains.z[0], float(chains.u[0]), chains.g[0], chains.inverse_mass_matrix[0], chains.generator
+    step = 1e-3
 
     def transition():
         with torch.no_grad():
             nuts_transition(z, u, g, step, minv, leapfrog=chains.leapfrog, generator=gen, max_tree_depth=2)
 
-    p = momentum(minv, gen)
-    s = sharp(minv, p)
-    single, long = _Node(p[0], s[0], p[0], s[0], p[0], [1.0]), _Node(p[0], s[0], p[0], s[0], p[0], None)
+    p = momentum(minv, gen, batched=False)
+    s = _sharp_one(minv, p)
+    single = _Node(p, s, p, s, p, [1.0])
     out = dict(
         kernel=_per_call(lambda: kernel.sample(None), calls),
         chains=_per_call(chains.sample, calls),
         transition=_per_call(transition, calls),
-        momentum=_per_call(lambda: momentum(minv, gen), calls),
-        sharp=_per_call(lambda: sharp(minv, p), calls),
-        energies=_per_call(lambda: (u.tolist(), torch.linalg.vecdot(p, s).tolist()), calls),
+        momentum=_per_call(lambda: momentum(minv, gen, batched=False), calls),
+        sharp=_per_call(lambda: _sharp_one(minv, p), calls),
+        energies=_per_call(lambda: torch.linalg.vecdot(p.unsqueeze(0), s).tolist(), calls),
         uniforms=_per_call(lambda: torch.rand(7, 1, generator=gen, dtype=z.dtype).tolist(), calls),
-        views=_per_call(lambda: (minv[0], z[0], g[0], p[0], s[0]), calls),
-        result=_per_call(lambda: (z[0].unsqueeze(0), g[0].unsqueeze(0), u.new_tensor([0.0])), calls),
-        uturns=_per_call(
-            lambda: (
-                _turned([(single, single)], True),
-                _turned([(single, single)], True),
-                _turned([(long, long)], True),
-            ),
-            calls,
-        ),
+        check=_per_call(lambda: _check_one(z, u, g, step, minv, chains.leapfrog, 2), calls),
+        rounded=_per_call(lambda: _in_dtype(u, z.dtype), calls),
+        uturns=_per_call(lambda: (_turned([(single, single)], True), _turned([(single, single)], True)), calls),
     )
     chains.leapfrog.unbatched = real
     return out
@@ -110,7 +104,7 @@ def main(args) -> str:
     torch.set_num_threads(1)
     rounds = [measure(args.calls) for _ in range(args.repeats)]
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-    pieces = ("momentum", "sharp", "energies", "uniforms", "views", "result", "uturns")
+    pieces = ("momentum", "sharp", "energies", "uniforms", "check", "rounded", "uturns")
     rows = [
         ("one-chain kernel: FlatNUTS.sample", med["kernel"], "the whole draw"),
         ("  the kernel's own layer (the draw split into its sites)", med["kernel"] - med["chains"], ""),
@@ -120,9 +114,9 @@ def main(args) -> str:
         ("    M^-1 p", med["sharp"], "tensor ops"),
         ("    energies read back (U, p . M^-1 p)", med["energies"], "tensor ops"),
         ("    the block of uniforms (directions, merges, leaves)", med["uniforms"], "tensor ops"),
-        ("    the chain's (D,) views at C = 1", med["views"], "tensor ops"),
-        ("    the result as (1, D) views and a (1,) potential", med["result"], "tensor ops"),
-        ("    U-turn checks of a 3-step tree", med["uturns"], "tensor ops"),
+        ("    the argument check (one chain, unbatched)", med["check"], "Python"),
+        ("    the drawn potential rounded to the chain's dtype", med["rounded"], "Python (struct)"),
+        ("    U-turn checks of a 3-step tree (2 single-state)", med["uturns"], "tensor ops"),
         ("    the rest: Python bookkeeping", med["transition"] - sum(med[k] for k in pieces), "by difference"),
     ]
     table = "| part | us per draw | share of the draw | how |\n|---|---|---|---|\n" + "".join(

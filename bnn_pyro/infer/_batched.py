@@ -65,9 +65,14 @@ def search_step_size(step: float, direction) -> float:
     return min(max(step, lo), hi)
 
 
-def momentum(minv: Tensor, generator: torch.Generator) -> Tensor:
+def momentum(minv: Tensor, generator: torch.Generator, *, batched: bool = True) -> Tensor:
     """``p ~ N(0, M)`` for every chain, ``M = minv^-1``: ``eps / sqrt(minv)`` (diagonal), or ``L^-T eps`` with
-    ``L L^T = minv`` (dense: ``M = L^-T L^-1``)."""
+    ``L L^T = minv`` (dense: ``M = L^-T L^-1``). ``batched=False``: one chain's ``(D,)`` or ``(D, D)`` ``minv``
+    and a ``(D,)`` momentum (the same random numbers as the ``C = 1`` batch: one stream, one ``randn`` of ``D``)."""
+    if not batched:
+        if minv.dim() == 1:
+            return torch.randn(minv.shape, generator=generator, dtype=minv.dtype, device=minv.device) * minv.rsqrt()
+        return momentum(minv.unsqueeze(0), generator)[0]  # dense: the batched factorisation, bit for bit
     eps = torch.randn(minv.shape[:2], generator=generator, dtype=minv.dtype, device=minv.device)
     if minv.dim() == 2:
         return eps * minv.rsqrt()
@@ -133,6 +138,11 @@ class BatchedChains:
     start ``(C, D)``, laid out as the sites ``names`` of ``sizes`` elements; ``options`` go to ``transition`` (HMC:
     ``num_steps`` or ``trajectory_length``; NUTS: ``max_tree_depth``). ``resume``: one ``(step_size, inverse mass
     matrix)`` per chain replaces the adapted state (extending a posterior, without warm-up).
+    ``unbatched``: at ``C = 1`` with a leapfrog that has an ``unbatched`` step
+    (:class:`~bnn_pyro.infer._analytic_batched.OneChain`), hold the chain as a ``(D,)`` position and gradient and a
+    float potential and pass them so to ``transition`` (one that takes them:
+    :func:`~bnn_pyro.infer._nuts.nuts_transition`), so that no ``(1, D)`` view is made per draw; :attr:`z`,
+    :attr:`u`, :attr:`g` still read and write ``(C, D)``, ``(C,)``, ``(C, D)`` tensors.
     :meth:`sample` advances every chain; ``stats`` then holds the C :class:`DrawStats` of that draw."""
 
     def __init__(
@@ -151,10 +161,13 @@ class BatchedChains:
         target_accept_prob: float = 0.8,
         dense_mass: bool = False,
         resume: list[tuple[float, Tensor]] | None = None,
+        unbatched: bool = False,
     ):
         self.leapfrog, self.transition, self.options, self.generator = leapfrog, transition, options, generator
         self.names, self.sizes, self._warmup_steps = names, sizes, warmup_steps
         chains, size = z.shape
+        # the one chain held unbatched: (D,) position and gradient, a float potential (class docstring)
+        self._one = unbatched and chains == 1 and hasattr(leapfrog, "unbatched")
         with torch.no_grad():
             u, g = potential(z)
         self.z, self.u, self.g = z.clone(), u.clone(), g.clone()
@@ -183,6 +196,34 @@ class BatchedChains:
             else:
                 adapter.reset_step_size_adaptation(self._sites(c))
 
+    # ------------------------------------------------------------------ the chains' state, (C, D) / (C,) outside
+    @property
+    def z(self) -> Tensor:
+        """The positions ``(C, D)``."""
+        return self._z.unsqueeze(0) if self._one else self._z
+
+    @z.setter
+    def z(self, value: Tensor) -> None:
+        self._z = value[0] if self._one else value
+
+    @property
+    def u(self) -> Tensor:
+        """The potentials ``(C,)``."""
+        return self._z.new_tensor([self._u]) if self._one else self._u
+
+    @u.setter
+    def u(self, value: Tensor) -> None:
+        self._u = float(value[0]) if self._one else value
+
+    @property
+    def g(self) -> Tensor:
+        """The potentials' gradients ``(C, D)``."""
+        return self._g.unsqueeze(0) if self._one else self._g
+
+    @g.setter
+    def g(self, value: Tensor) -> None:
+        self._g = value[0] if self._one else value
+
     # ------------------------------------------------------------------ the adapted state, per chain
     @property
     def step_sizes(self) -> list[float]:
@@ -198,30 +239,34 @@ class BatchedChains:
         return self._minv
 
     def _sites(self, c: int) -> dict[str, Tensor]:
-        return dict(zip(self.names, self.z[c].split(self.sizes)))
+        return dict(zip(self.names, (self._z if self._one else self._z[c]).split(self.sizes)))
 
-    def _step_tensor(self, steps: list[float]) -> Tensor:
+    def _step_tensor(self, steps: list[float]) -> tuple[Tensor, list[float]]:
+        """The step sizes as a ``(C,)`` tensor of the chains' dtype, and its values read back (the floats a
+        transition uses, rounded to that dtype); made again only when an adapter changed one."""
         if self._steps is None or self._steps[0] != steps:
-            self._steps = (steps, torch.tensor(steps, dtype=self.z.dtype, device=self.z.device))
-        return self._steps[1]
+            made = torch.tensor(steps, dtype=self._z.dtype, device=self._z.device)
+            self._steps = (steps, made, made.tolist())
+        return self._steps[1:]
 
     # ------------------------------------------------------------------ one draw of every chain
-    @torch.no_grad()
     def sample(self) -> Tensor:
-        """One transition of every chain (adapting during warm-up); returns the positions ``(C, D)``."""
-        steps = self.step_sizes
+        """One transition of every chain (adapting during warm-up); returns the positions ``(C, D)`` (``(D,)``
+        where the one chain is held ``unbatched``)."""
+        if torch.is_grad_enabled():  # nothing is differentiated (a test, not a decorator: none per draw when off)
+            with torch.no_grad():
+                return self.sample()
+        steps = [self._adapters[0].step_size] if self._one else self.step_sizes
+        step, rounded = self._step_tensor(steps)
+        if self._one:  # the adapter's own (D,) or (D, D) inverse mass matrix and a float step
+            step, minv = rounded[0], self._adapters[0].mass_matrix_adapter.inverse_mass_matrix[self.names]
+        else:
+            minv = self.inverse_mass_matrix
         z, u, g, stats = self.transition(
-            self.z,
-            self.u,
-            self.g,
-            self._step_tensor(steps),
-            self.inverse_mass_matrix,
-            leapfrog=self.leapfrog,
-            generator=self.generator,
-            **self.options,
+            self._z, self._u, self._g, step, minv, leapfrog=self.leapfrog, generator=self.generator, **self.options
         )
-        self.z, self.u, self.g = z, u, g
-        columns = [stats.accept_prob, stats.n_steps, stats.diverging, stats.energy, u]
+        self._z, self._u, self._g = z, u, g
+        columns = [stats.accept_prob, stats.n_steps, stats.diverging, stats.energy, [u] if self._one else u]
         if stats.tree_depth is not None:
             columns.append(stats.tree_depth)
         rows = _rows(columns)
@@ -286,7 +331,7 @@ class BatchedChains:
             load_warmup_adapter_state(
                 adapter, {k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)}, meta["adapters"][c]
             )
-        device = self.z.device
+        device = self._z.device
         self.z, self.u, self.g = (tensors[k].to(device).clone() for k in ("z", "u", "grad"))
         self.generator.set_state(tensors["generator"])
         self._t, self._mean_accept = meta["counters"][0], list(meta["counters"][1])
@@ -296,6 +341,8 @@ def _rows(columns: list) -> list[list[float]]:
     """Per chain, the values of ``columns`` (each a ``(C,)`` tensor or a list of ``C`` numbers): tensors read back
     together (one host read)."""
     tensors = [i for i, col in enumerate(columns) if isinstance(col, Tensor)]
+    if not tensors:
+        return list(zip(*columns))
     if len(tensors) == 1:
         read = [columns[tensors[0]].tolist()]
     else:

@@ -11,10 +11,12 @@ NaN), or after ``max_tree_depth`` doublings. Nothing is differentiated: it runs 
 One builder serves one chain and ``C``:
 
 - **Vectors batched, scalars on the host.** Positions, momenta, gradients and ``M^-1 p`` are tensors, ``(C, D)``
-  (or ``(D,)`` for one chain whose leapfrog is unbatched: :class:`~bnn_pyro.infer._analytic_batched.OneChain`);
-  the per-chain scalars (energies, log weights, masks, counts) are Python floats read back once per leapfrog
-  step. A small net's step is bound by the dispatch of tensor operations, not their arithmetic, so a scalar kept
-  as a float costs no operation where a ``(C,)`` tensor costs one per use.
+  (or ``(D,)`` for one chain whose leapfrog is unbatched: :class:`~bnn_pyro.infer._analytic_batched.OneChain`;
+  :class:`~bnn_pyro.infer._batched.BatchedChains` then holds and passes the chain so, its potential a float
+  rounded to the chain's dtype, so that no ``(1, D)`` view is made per draw and the draws are those of the
+  ``(1, D)`` batch bit for bit); the per-chain scalars (energies, log weights, masks, counts) are Python floats
+  read back once per leapfrog step. A small net's step is bound by the dispatch of tensor operations, not their
+  arithmetic, so a scalar kept as a float costs no operation where a ``(C,)`` tensor costs one per use.
 - **Lockstep, masked.** All chains double together: at depth ``j`` each chain still running picks a direction and
   builds a subtree of ``2**j`` leapfrog steps from that end, with its own signed step. A chain whose subtree
   diverges or turns is marked done; its later leapfrog steps are still computed (one batched call) but unused,
@@ -26,7 +28,9 @@ One builder serves one chain and ``C``:
   the check needs one inner product: with ``c = sharp_1 . p_2`` (``M^-1`` symmetric) and ``pp = p . M^-1 p``
   (twice the kinetic energy, which the leapfrog returns), it turns where ``pp_1 + c <= 0`` or ``c + pp_2 <= 0``.
   The state drawn from a subtree is chosen by streaming: the new leaf replaces the candidate with probability
-  ``exp(log_w - W)``, ``W = log sum exp(H0 - H)`` so far (uniform progressive sampling).
+  ``exp(log_w - W)``, ``W = log sum exp(H0 - H)`` so far (uniform progressive sampling). A subtree stops at the
+  leaf where every chain has diverged or turned; after the last doubling, or one in which no chain's subtree
+  completed, the merged trajectory is not checked (every chain stops there: its ends and momentum sum are unused).
 
 Every random number comes from ``generator`` (momenta, directions, multinomial choices); step sizes and inverse
 mass matrices are per chain; adaptation is the caller's (:class:`~bnn_pyro.infer._batched.BatchedChains`).
@@ -42,6 +46,7 @@ Usage::
 from __future__ import annotations
 
 import math
+import struct
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -54,6 +59,7 @@ from bnn_pyro.infer._one_chain import OneChainKernel
 
 __all__ = ["FlatNUTS", "nuts_transition"]
 
+_FLOAT32 = struct.Struct("f")
 Leapfrog = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], tuple]
 
 
@@ -85,6 +91,7 @@ class FlatNUTS(OneChainKernel):
             target_accept_prob=target_accept_prob,
             dense_mass=dense_mass,
             jit=jit,
+            unbatched=True,
         )
 
 
@@ -129,7 +136,10 @@ def nuts_transition(
     ``leapfrog(z, p, g, step, minv) -> (z, p, g, sharp, u, kinetic)``: one velocity-Verlet step of every chain
     (signed ``(C,)`` steps; ``sharp = M^-1 p``; ``u``, ``kinetic`` ``(C,)``), e.g.
     :func:`~bnn_pyro.infer._analytic_batched.leapfrog_from`. A :class:`~bnn_pyro.infer._analytic_batched.OneChain`
-    leapfrog at ``C = 1`` is run unbatched (``(D,)`` vectors, a float step). Returns the drawn ``(z, u, g)`` and the
+    leapfrog at ``C = 1`` is run unbatched (``(D,)`` vectors, a float step). One chain may also be passed
+    unbatched: ``z``, ``g`` ``(D,)``, ``u`` and ``step`` floats, ``minv`` ``(D,)`` or ``(D, D)`` (with a ``OneChain``
+    leapfrog; what :class:`~bnn_pyro.infer._batched.BatchedChains` holds at one chain), and is returned so: no
+    ``(1, D)`` view per draw. Returns the drawn ``(z, u, g)`` and the
     :class:`~bnn_pyro.infer._batched.TransitionStats` (lists of ``C`` Python numbers).
     """
     if torch.is_grad_enabled():  # nothing here is differentiated (a generic potential enables grad for itself)
@@ -137,17 +147,29 @@ def nuts_transition(
             return nuts_transition(
                 z, u, g, step, minv, leapfrog=leapfrog, generator=generator, max_tree_depth=max_tree_depth
             )
-    steps = step.tolist() if isinstance(step, Tensor) else None  # one host read
-    _check(z, u, g, step, steps, minv, max_tree_depth)
-    c = z.shape[0]
-    p0 = momentum(minv, generator)
-    sharp0 = sharp(minv, p0)
-    u0, pp0 = u.tolist(), torch.linalg.vecdot(p0, sharp0).tolist()
+    # one chain, unbatched: (D,) vectors, a float potential and step
+    one = isinstance(z, Tensor) and z.dim() == 1 and not isinstance(u, Tensor)
+    if one:
+        _check_one(z, u, g, step, minv, leapfrog, max_tree_depth)
+        c, u0, minv_1, step_1 = 1, [u], minv, step
+    else:
+        steps = step.tolist() if isinstance(step, Tensor) else None  # one host read
+        _check(z, u, g, step, steps, minv, max_tree_depth)
+        c = z.shape[0]
+        if c == 1 and hasattr(leapfrog, "unbatched"):  # a one-chain batch: run unbatched, return (1, D) again
+            z1, u1, g1, stats = nuts_transition(
+                z[0], float(u[0]), g[0], steps[0], minv[0], leapfrog=leapfrog, generator=generator,
+                max_tree_depth=max_tree_depth,
+            )  # fmt: skip
+            return z1.unsqueeze(0), u.new_tensor([u1]), g1.unsqueeze(0), stats
+        u0 = u.tolist()
+    p0 = momentum(minv, generator, batched=not one)
+    sharp0 = _sharp_one(minv, p0) if one else sharp(minv, p0)
+    # (1, D) at one chain: a (D,) vecdot reduces in another order (other bits than the batch's)
+    pp0 = torch.linalg.vecdot(p0.unsqueeze(0) if one else p0, sharp0).tolist()
     h0 = [a + 0.5 * b for a, b in zip(u0, pp0)]
-    one = c == 1 and hasattr(leapfrog, "unbatched")
-    if one:  # one chain, unbatched: (D,) vectors and a float step
-        step_fn, signed = _unbatched(leapfrog.unbatched, minv[0]), {True: steps[0], False: -steps[0]}
-        z, g, p0, sharp0 = z[0], g[0], p0[0], sharp0[0]
+    if one:
+        step_fn, signed = _unbatched(leapfrog.unbatched, minv_1), {True: step_1, False: -step_1}
     else:
         step_fn, signed = _batched(leapfrog, minv), {True: step, False: -step}
     # the trajectory: its backward and forward ends (z, p, g, M^-1 p) and its states' momentum sum
@@ -168,10 +190,13 @@ def nuts_transition(
         )
         forward = [v < 0.5 for v in first[j]]
         fw = _agree(forward)
-        new = _subtree(_pick(fw, ends[True], ends[False]), j, _signed(fw, signed, step), h0, running, leaves, step_fn)
+        begin, signed_step = (
+            (ends[fw], signed[fw]) if type(fw) is bool else (_pick(fw, ends[True], ends[False]), _signed(fw, step))
+        )
+        new = _subtree(begin, j, signed_step, h0, running, leaves, step_fn)
         # per chain, in one pass: the counts, and biased progressive sampling (the new subtree's draw wins with
-        # probability min(1, w_new / w_old)); the trajectory grows at the end it was extended from
-        take, grows = [False] * c, {True: [False] * c, False: [False] * c}
+        # probability min(1, w_new / w_old))
+        take = [False] * c
         for i, (ok, nw, uni) in enumerate(zip(new.ok, new.log_w, first[max_tree_depth + j])):
             n_steps[i] += new.n_steps[i]
             accept[i] += new.accept_sum[i]
@@ -181,20 +206,23 @@ def nuts_transition(
                 if nw > w or uni < math.exp(nw - w):
                     take[i], draw_u[i] = True, new.draw[2][i]
                 log_w[i] = _logaddexp(w, nw)
-                grows[forward[i]][i] = True
         taken = _agree(take)
         draw_z, draw_g = _pick(taken, new.draw[0], draw_z), _pick(taken, new.draw[1], draw_g)
-        # the trajectory as the first half of a merge: its other end first, the end the subtree grew from last
-        back, front = ends[False][1::2], ends[True][1::2]  # (p, M^-1 p) of the backward and forward ends
-        old = _Node(*_pick(fw, back, front), *_pick(fw, front, back), rho, pp0 if j == 0 else None)
-        turned = _turned([(old, new.node)], one)
         ok = _agree(new.ok)
-        if ok is not False:
+        if ok is False or j == max_tree_depth - 1:  # every chain stops here: the merged trajectory is not used
+            turned = [True] * c
+        else:
+            # the trajectory as the first half of a merge: its other end first, the end the subtree grew from last
+            back, front = ends[False][1::2], ends[True][1::2]  # (p, M^-1 p) of the backward and forward ends
+            old = _Node(*_pick(fw, back, front), *_pick(fw, front, back), rho, pp0 if j == 0 else None)
+            turned = _turned([(old, new.node)], one)
             rho = _pick(ok, rho + new.node.rho, rho)
-            ends = {
-                True: _pick(_agree(grows[True]), new.frontier, ends[True]),
-                False: _pick(_agree(grows[False]), new.frontier, ends[False]),
-            }
+            if ok is True and type(fw) is bool:  # every chain grew, at the same end
+                ends[fw] = new.frontier
+            else:  # the trajectory grows at the end it was extended from, where its subtree was ok
+                for end in (True, False):
+                    grew = _agree([o and f == end for o, f in zip(new.ok, forward)])
+                    ends[end] = _pick(grew, new.frontier, ends[end])
         for i in range(c):
             if running[i] and not (new.ok[i] and not turned[i]):
                 running[i], depth[i] = False, j + 1
@@ -202,9 +230,7 @@ def nuts_transition(
             break
     accept = [a / max(n, 1) for a, n in zip(accept, n_steps)]
     stats = TransitionStats(accept, n_steps, diverging, h0, depth)
-    if one:
-        draw_z, draw_g = draw_z.unsqueeze(0), draw_g.unsqueeze(0)
-    return draw_z, u.new_tensor(draw_u), draw_g, stats
+    return draw_z, _in_dtype(draw_u[0], z.dtype) if one else u.new_tensor(draw_u), draw_g, stats
 
 
 def _subtree(begin: tuple, depth: int, step, h0: list, growing: list, uniforms: list, step_fn) -> _Subtree:
@@ -239,6 +265,8 @@ def _subtree(begin: tuple, depth: int, step, h0: list, growing: list, uniforms: 
         if taken is not False:
             cand_z, cand_g = _pick(taken, z, cand_z), _pick(taken, g, cand_g)
         node = _Node(p, s, p, s, p, [2.0 * v for v in kinetic])
+        if all(gone):  # every chain diverged here: the subtree's nodes are not used
+            break
         if not k & 1 or depth == 0:  # an odd leaf (k + 1 not even) completes no node
             if depth:
                 pending[0] = node
@@ -255,18 +283,9 @@ def _subtree(begin: tuple, depth: int, step, h0: list, growing: list, uniforms: 
             pending[level] = node
         for i, t in enumerate(_turned(merges, unbatched)):
             gone[i] = gone[i] or t
-        if k + 1 < leaves and all(gone):
+        if all(gone):  # a turn inside it stops every chain: no further leapfrog step
             break
-    return _Subtree(
-        ok=[not x for x in gone],
-        n_steps=n,
-        accept_sum=acc,
-        diverged=div,
-        log_w=total,
-        draw=(cand_z, cand_g, cand_u),
-        node=node,
-        frontier=(z, p, g, s),
-    )
+    return _Subtree([not x for x in gone], n, acc, div, total, (cand_z, cand_g, cand_u), node, (z, p, g, s))
 
 
 def _turned(merges: list[tuple[_Node, _Node]], unbatched: bool) -> list[bool]:
@@ -283,16 +302,24 @@ def _turned(merges: list[tuple[_Node, _Node]], unbatched: bool) -> list[bool]:
     sharps = torch.stack([v for f, s in merges for v in (f.near_sharp, s.far_sharp, s.near_sharp, f.far_sharp)], -2)
     vectors = torch.stack([v for f, s in merges for v in (f.rho, s.rho, s.near_p, f.far_p)], -2)
     products = (sharps @ vectors.mT).tolist()
-    turned = []
+    turned, count = [], len(merges)
     for rows in [products] if unbatched else products:
         ok = True
-        for m in range(len(merges)):
-            (a0, a1, a2, _), (b0, b1, _, b3), (c0, _, c2, _), (_, e1, _, e3) = (
-                r[4 * m : 4 * m + 4] for r in rows[4 * m : 4 * m + 4]
-            )
-            ok = ok and (a0 + a1 > 0 and b0 + b1 > 0 and a0 + a2 > 0 and c0 + c2 > 0 and e1 + e3 > 0 and b1 + b3 > 0)
+        for m in range(count):
+            # merge m's 4 x 4 block of the product (the whole product for one merge)
+            block = rows if count == 1 else [r[4 * m : 4 * m + 4] for r in rows[4 * m : 4 * m + 4]]
+            (a0, a1, a2, _), (b0, b1, _, b3), (c0, _, c2, _), (_, e1, _, e3) = block
+            if not (a0 + a1 > 0 and b0 + b1 > 0 and a0 + a2 > 0 and c0 + c2 > 0 and e1 + e3 > 0 and b1 + b3 > 0):
+                ok = False
+                break
         turned.append(not ok)
     return turned
+
+
+def _sharp_one(minv: Tensor, p: Tensor) -> Tensor:
+    """``M^-1 p`` of one chain's ``(D,)`` momentum: ``minv * p`` (diagonal), else through the batched product (the
+    ``C = 1`` batch's bits)."""
+    return minv * p if minv.dim() == 1 else sharp(minv.unsqueeze(0), p.unsqueeze(0))[0]
 
 
 def _batched(leapfrog: Leapfrog, minv: Tensor):
@@ -340,16 +367,70 @@ def _pick(mask, new, old):
     return torch.where(where, new, old)
 
 
-def _signed(forward, signed: dict, step):
-    """The signed step sizes (``forward`` from :func:`_agree`): ``+step`` forward, ``-step`` backward, per chain."""
-    if forward is True or forward is False:
-        return signed[forward]
+def _signed(forward: list, step: Tensor) -> Tensor:
+    """The signed step sizes (``forward``: per chain, from :func:`_agree`): ``+step`` forward, ``-step`` backward."""
     return torch.where(torch.tensor(forward, device=step.device), step, -step)
+
+
+def _in_dtype(value: float, dtype: torch.dtype) -> float:
+    """``value`` rounded to ``dtype``, as a ``(C,)`` potential tensor holds it: one chain's potential is then the
+    same number held unbatched, batched or in a checkpoint (resumes stay bit-identical). float32 by ``struct``
+    (C's cast, as torch's; no tensor operation)."""
+    if dtype is torch.float64:
+        return value
+    if dtype is torch.float32:
+        try:
+            return _FLOAT32.unpack(_FLOAT32.pack(value))[0]
+        except OverflowError:  # beyond float32's range: torch's cast gives +-inf
+            pass
+    return torch.tensor(value, dtype=dtype).item()
 
 
 def _logaddexp(a: float, b: float) -> float:
     top = max(a, b)
     return top + math.log1p(math.exp(-abs(a - b))) if top > -math.inf else -math.inf
+
+
+def _check_one(z, u, g, step, minv, leapfrog, max_tree_depth) -> None:
+    """Clear errors for one chain passed unbatched (:func:`nuts_transition`); one comparison when right."""
+    if (
+        g.shape == z.shape
+        and type(u) is float
+        and type(step) is float
+        and step > 0
+        and minv.shape in (z.shape, z.shape * 2)
+        and z.is_floating_point()
+        and type(max_tree_depth) is int
+        and max_tree_depth >= 1
+        and hasattr(leapfrog, "unbatched")
+    ):
+        return
+    d = tuple(z.shape)
+    if not z.is_floating_point() or tuple(g.shape) != d:
+        raise ValueError(
+            f"nuts_transition: z must be a floating (D,) tensor for one chain passed unbatched, and g of its shape; "
+            f"got {d} {z.dtype} and {tuple(g.shape)}. Pass (C, D) tensors for C chains."
+        )
+    if type(u) is not float or type(step) is not float:
+        raise ValueError(
+            f"nuts_transition: one chain's u (potential) and step must be Python floats; got "
+            f"{type(u).__name__} and {type(step).__name__}. Pass (C,) tensors for C chains."
+        )
+    if not step > 0:
+        raise ValueError(f"nuts_transition: the step size must be > 0 (the direction is drawn here); got {step}.")
+    if tuple(minv.shape) not in (d, d * 2):
+        raise ValueError(
+            f"nuts_transition: one chain's minv must be a (D,) = {d} diagonal or (D, D) dense inverse mass "
+            f"matrix; got {tuple(minv.shape)}."
+        )
+    if not hasattr(leapfrog, "unbatched"):
+        raise ValueError(
+            "nuts_transition: one chain passed unbatched needs a leapfrog with an unbatched step "
+            "(bnn_pyro.infer._analytic_batched.OneChain); got "
+            f"{type(leapfrog).__name__}. Pass (1, D) tensors to use a batched leapfrog."
+        )
+    if isinstance(max_tree_depth, bool) or not isinstance(max_tree_depth, int) or max_tree_depth < 1:
+        raise ValueError(f"nuts_transition: max_tree_depth must be an int >= 1 (doublings); got {max_tree_depth!r}.")
 
 
 def _check(z, u, g, step, steps, minv, max_tree_depth) -> None:

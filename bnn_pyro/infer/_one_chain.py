@@ -72,7 +72,8 @@ class OneChainKernel(AdaptedKernel):
     """One chain of a batched ``transition`` over a flat vector (module docstring); its step size and mass matrix
     are its one :class:`~bnn_pyro.infer._batched.BatchedChains` chain's. ``resume = (step_size,
     inverse_mass_matrix)`` replaces the adapted state after setup (extending a posterior); ``stats`` holds the
-    last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`."""
+    last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`. ``unbatched``: the transition takes the chain as
+    ``(D,)`` vectors and floats (``BatchedChains(unbatched=True)``; NUTS's does: no ``(1, D)`` view per draw)."""
 
     def __init__(
         self,
@@ -86,9 +87,10 @@ class OneChainKernel(AdaptedKernel):
         target_accept_prob=0.8,
         dense_mass=False,
         jit=True,
+        unbatched=False,
     ):
         self.model, self.joint, self.jit, self.resume, self.transforms = model, joint, jit, None, None
-        self._transition, self._options = transition, options
+        self._transition, self._options, self._unbatched = transition, options, unbatched
         self._init_strategy, self._step_size, self._target, self._dense = (
             init_strategy,
             step_size,
@@ -118,7 +120,9 @@ class OneChainKernel(AdaptedKernel):
             target_accept_prob=self._target,
             dense_mass=self._dense,
             resume=None if self.resume is None else [self.resume],
+            unbatched=self._unbatched,
         )
+        self._sites = list(zip(self._names, self._shapes.values()))
 
     @property
     def step_size(self) -> float:
@@ -132,10 +136,13 @@ class OneChainKernel(AdaptedKernel):
         return self.chains.logging()
 
     def sample(self, params):
-        z = self.chains.sample()[0]
+        z = self.chains.sample()
+        z = z if z.dim() == 1 else z[0]
         self.stats = self.chains.stats[0]
+        # a site already flat is its part of the split as it is (a view either way)
         return {
-            n: part.reshape(s) for n, part, s in zip(self._names, z.split(self.chains.sizes), self._shapes.values())
+            n: part if part.shape == s else part.reshape(s)
+            for (n, s), part in zip(self._sites, z.split_with_sizes(self.chains.sizes))
         }
 
     def state_dict(self):

@@ -357,3 +357,40 @@ def test_a_checkpoint_of_the_recursive_kernel_is_refused_naming_the_version():
     old_meta = {"adapter": {}, "u": 0.0, "rng": [3, [0] * 625, None], "counters": [10, 0.8, [], 0.0]}
     with pytest.raises(CheckpointError, match="recursive NUTS kernel .* a7736d0.*Resume it with the version"):
         kernel.load_state_dict({"z": kernel.chains.z[0], "grad": kernel.chains.g[0]}, old_meta)
+
+
+@pytest.mark.parametrize("dense_mass", [False, True])
+def test_the_one_chain_held_unbatched_draws_bit_for_bit_what_its_batch_of_one_draws(dense_mass):
+    """method="nuts"'s kernel (the default) holds its chain as (D,) vectors and a float potential; through warm-up
+    (dual averaging, a mass-matrix window, the step-size heuristic) and sampling it draws exactly what the same
+    chain held as a (1, D) batch draws from the same seed, and its checkpoint has the batch's shapes, so that either
+    resumes the other's (a checkpoint of 017d938, which held the batch, included)."""
+    from bnn_pyro.infer._nuts import nuts_transition
+    from bnn_pyro.infer._one_chain import OneChainKernel
+
+    x, y = _correlated()
+    joint = _logjoint.build(_blr(x.shape[1]), len(x))
+    model = quiet_model(_blr(x.shape[1]), len(x))
+    start = dict(init_strategy=pyro.infer.autoguide.init_to_median, dense_mass=dense_mass)
+    kernels = [
+        FlatNUTS(model, joint, max_tree_depth=6, **start),
+        OneChainKernel(model, joint, transition=nuts_transition, options=dict(max_tree_depth=6), **start),
+    ]
+    for kernel in kernels:
+        torch.manual_seed(3)
+        kernel.setup(40, x, y)
+    held, batch = kernels
+    assert held.chains._one and held.chains._z.dim() == 1 and not batch.chains._one
+    for t in range(60):
+        if t == 45:  # a checkpoint of each, loaded into the other: the same shapes, the same continuation
+            saved = [k.state_dict() for k in kernels]
+            for name in ("z", "u", "grad"):
+                assert saved[0][0][name].shape == saved[1][0][name].shape == batch.chains.z.shape[: 2 - (name == "u")]
+            held.load_state_dict(*saved[1])
+            batch.load_state_dict(*saved[0])
+        a, b = held.sample(None), batch.sample(None)
+        assert all(torch.equal(a[n], b[n]) for n in a), f"draw {t} differs"
+        assert held.stats == batch.stats
+    assert held.step_size == batch.step_size and torch.equal(
+        held.inverse_mass_matrix[held._names], batch.inverse_mass_matrix[batch._names]
+    )

@@ -325,3 +325,30 @@ def test_bad_input_names_the_argument(change, match):
     args.update(change)
     with pytest.raises(ValueError, match=match):
         nuts_transition(*args.values(), leapfrog=leapfrog_from(gaussian), generator=torch.Generator(), **options)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(z=torch.zeros(3, dtype=torch.int64)), "z must be a floating \\(D,\\) tensor"),
+        (dict(g=torch.zeros(2)), "z must be a floating \\(D,\\) tensor .* and g of its shape"),
+        (dict(step=torch.tensor(0.1)), "u \\(potential\\) and step must be Python floats"),
+        (dict(step=-0.1), "step size must be > 0"),
+        (dict(step=float("nan")), "step size must be > 0"),
+        (dict(minv=torch.ones(1, 3)), "minv must be a \\(D,\\) = \\(3,\\) diagonal or \\(D, D\\)"),
+        (dict(leapfrog=leapfrog_from(gaussian)), "needs a leapfrog with an unbatched step"),
+        (dict(max_tree_depth=0), "max_tree_depth must be an int >= 1"),
+    ],
+)
+def test_bad_input_of_one_unbatched_chain_names_the_argument(change, match):
+    """One chain passed unbatched ((D,) vectors, float potential and step: what method="nuts"'s kernel holds)."""
+    z = MEAN.clone()
+    u, g = gaussian(z)
+    args = dict(z=z, u=float(u), g=g, step=0.1, minv=MASSES["diagonal"], leapfrog=OneChain(_Unbatched(gaussian)))
+    options = dict(max_tree_depth=change.pop("max_tree_depth", 10))
+    args.update(change)
+    with pytest.raises(ValueError, match=match):
+        nuts_transition(**args, generator=torch.Generator().manual_seed(0), **options)
+    good = dict(z=z, u=float(u), g=g, step=0.1, minv=MASSES["diagonal"], leapfrog=OneChain(_Unbatched(gaussian)))
+    z1, u1, g1, stats = nuts_transition(**good, generator=torch.Generator().manual_seed(0), max_tree_depth=3)
+    assert z1.shape == z.shape and type(u1) is float and g1.shape == g.shape and len(stats.n_steps) == 1
