@@ -1,0 +1,186 @@
+"""Issue 26 item 1: does the anchored ensemble keep the prior's spread in the directions the data leave free?
+
+Per member of ``bp.fit(..., method="ensemble")`` on one split of ``benchmarks/classification.py`` (same split,
+net, prior ``Normal(0, 1)``, OOD inputs and metrics), this measures the first layer's weights ``W`` (hidden x D)
+in the *free input directions*: the eigenvectors ``V_f`` of the training inputs' covariance whose eigenvalue is
+below ``--threshold`` (a direction along which the training rows barely vary, so the data term hardly depends on
+``W V_f``). Reported per variant:
+
+- ``gap_free``: ``|(W - W0) V_f|_F / |(W_init - W0) V_f|_F`` averaged over members: the fraction of the
+  initializer's distance to the member's anchor ``W0`` still left in the free directions (0: at the anchor, 1: at
+  the initializer's distance); the same for the data's directions (``gap_data``);
+- ``sd_free``: the members' sd of the entries of ``W V_f`` (averaged over entries); the prior's is 1, NUTS's is
+  near 1 there too if the data really leave them free;
+- test accuracy and NLL, and the noise AUROC by entropy and by mutual information (``metrics.ood_auroc``).
+
+Variants (each the ensemble's defaults except what is named): ``default``; ``noval`` (``validation=None``);
+``steps3x`` (``num_steps=3000``); ``noval_steps3x``; ``freestart`` (each member starts at
+``W_init + (W0 - W_init) P_f`` in the first layer, ``P_f = V_f V_f^T``, everything else at the initializers);
+``freestart_noval``; ``anchorstart`` (every site at its anchor). The anchor ``W0`` of member ``k`` is read from
+its tilt: for a ``Normal(0, 1)`` prior ``g = grad log p(w0) = -w0``. The start is changed by wrapping
+``bnn_pyro.infer.map_fit.map_state`` (an experiment-only hook, not an engine option).
+
+Usage::
+
+    python benchmarks/anchor_free_directions.py --dataset breast_cancer --split 0 --variants default,noval
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import warnings
+
+import pandas as pd
+import torch
+
+import bnn_pyro as bp
+import bnn_pyro.infer.map_fit as map_fit_module
+from bnn_pyro import metrics
+
+try:
+    from classification import load_dataset, make_model, make_split, ood_inputs
+except ImportError:  # pragma: no cover
+    from benchmarks.classification import load_dataset, make_model, make_split, ood_inputs
+from _common import results_dir, write_result  # noqa: E402 - classification put benchmarks/ on sys.path
+
+LAYER = "0.weight"
+VARIANTS = {
+    "default": ({}, None),
+    "noval": ({"validation": None}, None),
+    "steps3x": ({"num_steps": 3000}, None),
+    "noval_steps3x": ({"validation": None, "num_steps": 3000}, None),
+    "freestart": ({}, "free"),
+    "freestart_noval": ({"validation": None}, "free"),
+    "freestart_steps3x": ({"num_steps": 3000}, "free"),
+    "anchorstart": ({}, "anchor"),
+}
+
+
+def free_basis(x: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(V_f, V_d)``: eigenvectors of the inputs' covariance with eigenvalue below / at least ``threshold``."""
+    lam, vec = torch.linalg.eigh(torch.cov(x.T))
+    return vec[:, lam < threshold], vec[:, lam >= threshold]
+
+
+class Recorder:
+    """Wraps ``map_state`` to record each member's start and anchor (``w0 = -g`` under ``Normal(0, 1)``) and to
+    move the start (``start``: None, ``"free"`` or ``"anchor"``)."""
+
+    def __init__(self, p_free: torch.Tensor, start: str | None):
+        self.p_free, self.start, self.calls = p_free, start, []
+        self.original = map_fit_module.map_state
+
+    def __call__(self, pot, z, data, **kwargs):
+        g = kwargs.get("tilted")
+        if g is not None:
+            w0 = {k: -v for k, v in g.items()}
+            z, init = dict(z), z[LAYER].detach().clone()
+            if self.start == "free":
+                z[LAYER] = z[LAYER] + (w0[LAYER] - z[LAYER]) @ self.p_free
+            elif self.start == "anchor":
+                z.update({k: v.clone() for k, v in w0.items()})
+            self.calls.append({"init": init, "w0": w0[LAYER].detach().clone()})
+        return self.original(pot, z, data, **kwargs)
+
+    def __enter__(self):
+        map_fit_module.map_state = self
+        return self
+
+    def __exit__(self, *exc):
+        map_fit_module.map_state = self.original
+
+
+def run_variant(
+    name: str, s: dict, k: int, split: int, v_free: torch.Tensor, v_data: torch.Tensor, *, seed: int
+) -> dict:
+    options, start = VARIANTS[name]
+    model = make_model(s["x_train"].shape[1], k, split)
+    t0 = time.perf_counter()
+    with Recorder(v_free @ v_free.T, start) as rec, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = bp.fit(model, s["x_train"], s["y_train"], method="ensemble", seed=seed, progress=False, **options)
+    seconds = time.perf_counter() - t0
+    members = post.config["num_chains"]
+    final = rec.calls[-members:]  # the last fit's members (after the refit on all rows, when there is one)
+    w = post.samples[LAYER][:, 0]
+    row = dict(variant=name, split=split, seed=seed, free_dims=v_free.shape[1], time_s=seconds)
+    for label, basis in (("free", v_free), ("data", v_data)):
+        gaps = [
+            float(((w[i] - c["w0"]) @ basis).norm() / ((c["init"] - c["w0"]) @ basis).norm().clamp_min(1e-12))
+            for i, c in enumerate(final)
+        ]
+        row[f"gap_{label}"] = sum(gaps) / len(gaps)
+        row[f"sd_{label}"] = float((w @ basis).std(0).mean())
+    row["sd_free_anchors"] = float((torch.stack([c["w0"] for c in final]) @ v_free).std(0).mean())
+    out = post.predict(s["x_test"], seed=0)
+    row.update(accuracy=metrics.accuracy(out.probs, s["y_test"]), nll=metrics.nll(out.probs, s["y_test"]))
+    noise = post.predict(ood_inputs(s, split)["noise"], seed=0)
+    row["auroc_noise_entropy"] = metrics.ood_auroc(out.entropy, noise.entropy)
+    row["auroc_noise_mi"] = metrics.ood_auroc(out.mutual_information, noise.mutual_information)
+    chosen = (post.config.get("validation") or {}).get("chosen") or {}
+    row["refit_steps"] = chosen.get("num_steps", post.config["num_steps"])  # the steps of the members kept
+    return row
+
+
+def summary_lines(table: pd.DataFrame) -> list[str]:
+    """A Markdown table: per variant the mean (± standard error over seeds, when more than one) of each column."""
+    cols = [c for c in table.columns if c not in ("variant", "split", "seed", "free_dims")]
+    head = ["variant", "seeds"] + cols
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, group in table.groupby("variant", sort=False):
+        cells = [name, str(len(group))]
+        for c in cols:
+            mean, se = group[c].mean(), group[c].std() / math.sqrt(len(group))
+            d = 1 if c == "time_s" else 3
+            cells.append(f"{mean:.{d}f}" + (f" ± {se:.{d}f}" if len(group) > 1 else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="breast_cancer")
+    parser.add_argument("--split", type=int, default=0)
+    parser.add_argument("--variants", default="default,noval,steps3x,freestart")
+    parser.add_argument("--threshold", type=float, default=0.05, help="eigenvalue below which a direction is free")
+    parser.add_argument("--seeds", type=int, default=1, help="fit seeds split, split+100, ... (members and anchors)")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    x, y = load_dataset(args.dataset)
+    s = make_split(x, y, args.split)
+    k = int(y.max()) + 1
+    v_free, v_data = free_basis(s["x_train"], args.threshold)
+    folder = results_dir("classification", args.out)
+    stem = f"anchor_free_{args.dataset}{args.split}{args.tag}"
+    rows = []
+    names = args.variants.split(",")
+    for name in names:
+        if name not in VARIANTS:
+            raise SystemExit(f"--variants: unknown variant {name!r}; choose from {sorted(VARIANTS)}.")
+    for seed, name in [(args.split + 100 * r, n) for r in range(args.seeds) for n in names]:
+        rows.append(run_variant(name, s, k, args.split, v_free, v_data, seed=seed))
+        r = rows[-1]
+        print(
+            f"{name:18s} gap_free {r['gap_free']:.3f} gap_data {r['gap_data']:.3f} sd_free {r['sd_free']:.3f} "
+            f"acc {r['accuracy']:.3f} nll {r['nll']:.3f} auroc H {r['auroc_noise_entropy']:.3f} "
+            f"MI {r['auroc_noise_mi']:.3f} ({r['time_s']:.0f} s)",
+            flush=True,
+        )
+        table = pd.DataFrame(rows)
+        table.to_csv(folder / f"{stem}.csv", index=False)
+        lines = summary_lines(table)
+        text = (
+            f"# Anchored ensemble, free input directions: {args.dataset} split {args.split}\n\n"
+            f"benchmarks/anchor_free_directions.py (its docstring defines the columns); free directions: the training "
+            f"inputs' covariance eigenvalues below {args.threshold} ({v_free.shape[1]} of {x.shape[1]}). The machine "
+            "was loaded (2 shared cores): time_s is not comparable across runs.\n\n" + "\n".join(lines) + "\n"
+        )
+        write_result(folder / f"{stem}.md", text)
+    return pd.DataFrame(rows)
+
+
+if __name__ == "__main__":
+    main()
