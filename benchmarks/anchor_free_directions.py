@@ -11,7 +11,12 @@ below ``--threshold`` (a direction along which the training rows barely vary, so
   the initializer's distance); the same for the data's directions (``gap_data``);
 - ``sd_free``: the members' sd of the entries of ``W V_f`` (averaged over entries); the prior's is 1, NUTS's is
   near 1 there too if the data really leave them free;
-- test accuracy and NLL, and the noise AUROC by entropy and by mutual information (``metrics.ood_auroc``).
+- test accuracy and NLL, and the noise AUROC by entropy and by mutual information (``metrics.ood_auroc``);
+- ``target_met``: 1 where the fit meets issue 26's joint target (noise AUROC by MI >= 0.8, accuracy and NLL within
+  0.03 of ``classification.py``'s logistic regression on the split), else 0;
+- ``refit_steps``: the number of steps of the members kept (after the refit on all rows, when rows were held out).
+
+Each variant is fitted under ``--seeds`` fit seeds (``split + 100 r``: the members' starts and anchors).
 
 Variants (each the ensemble's defaults except what is named): ``default``; ``noval`` (``validation=None``);
 ``steps3x`` (``num_steps=3000``); ``noval_steps3x``; ``freestart`` (each member starts at
@@ -93,7 +98,7 @@ class Recorder:
 
 
 def run_variant(
-    name: str, s: dict, k: int, split: int, v_free: torch.Tensor, v_data: torch.Tensor, *, seed: int
+    name: str, s: dict, k: int, split: int, v_free: torch.Tensor, v_data: torch.Tensor, *, seed: int, ref: dict
 ) -> dict:
     options, start = VARIANTS[name]
     model = make_model(s["x_train"].shape[1], k, split)
@@ -119,9 +124,21 @@ def run_variant(
     noise = post.predict(ood_inputs(s, split)["noise"], seed=0)
     row["auroc_noise_entropy"] = metrics.ood_auroc(out.entropy, noise.entropy)
     row["auroc_noise_mi"] = metrics.ood_auroc(out.mutual_information, noise.mutual_information)
+    row["target_met"] = float(
+        row["auroc_noise_mi"] >= 0.8 and row["accuracy"] >= ref["accuracy"] - 0.03 and row["nll"] <= ref["nll"] + 0.03
+    )
     chosen = (post.config.get("validation") or {}).get("chosen") or {}
     row["refit_steps"] = chosen.get("num_steps", post.config["num_steps"])  # the steps of the members kept
     return row
+
+
+def logreg_reference(s: dict) -> dict:
+    """Test accuracy and NLL of ``classification.py``'s reference (logistic regression, C=1) on the split."""
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression(C=1.0, max_iter=5000).fit(s["x_train"].numpy(), s["y_train"].numpy())
+    probs = torch.tensor(clf.predict_proba(s["x_test"].numpy()), dtype=torch.float64)
+    return dict(accuracy=metrics.accuracy(probs, s["y_test"]), nll=metrics.nll(probs, s["y_test"]))
 
 
 def summary_lines(table: pd.DataFrame) -> list[str]:
@@ -153,6 +170,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     s = make_split(x, y, args.split)
     k = int(y.max()) + 1
     v_free, v_data = free_basis(s["x_train"], args.threshold)
+    ref = logreg_reference(s)
     folder = results_dir("classification", args.out)
     stem = f"anchor_free_{args.dataset}{args.split}{args.tag}"
     rows = []
@@ -161,7 +179,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         if name not in VARIANTS:
             raise SystemExit(f"--variants: unknown variant {name!r}; choose from {sorted(VARIANTS)}.")
     for seed, name in [(args.split + 100 * r, n) for r in range(args.seeds) for n in names]:
-        rows.append(run_variant(name, s, k, args.split, v_free, v_data, seed=seed))
+        rows.append(run_variant(name, s, k, args.split, v_free, v_data, seed=seed, ref=ref))
         r = rows[-1]
         print(
             f"{name:18s} gap_free {r['gap_free']:.3f} gap_data {r['gap_data']:.3f} sd_free {r['sd_free']:.3f} "
@@ -175,8 +193,12 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         text = (
             f"# Anchored ensemble, free input directions: {args.dataset} split {args.split}\n\n"
             f"benchmarks/anchor_free_directions.py (its docstring defines the columns); free directions: the training "
-            f"inputs' covariance eigenvalues below {args.threshold} ({v_free.shape[1]} of {x.shape[1]}). The machine "
-            "was loaded (2 shared cores): time_s is not comparable across runs.\n\n" + "\n".join(lines) + "\n"
+            f"inputs' covariance eigenvalues below {args.threshold} ({v_free.shape[1]} of {x.shape[1]}). Logistic "
+            f"regression on this split: accuracy {ref['accuracy']:.3f}, NLL {ref['nll']:.3f}; target_met: the share of "
+            "fits meeting the joint target (noise AUROC by MI >= 0.8, accuracy and NLL within 0.03 of it). Mean ± "
+            "standard error over fit seeds. The machine was loaded (2 shared cores): time_s is not comparable across runs.\n\n"
+            + "\n".join(lines)
+            + "\n"
         )
         write_result(folder / f"{stem}.md", text)
     return pd.DataFrame(rows)
