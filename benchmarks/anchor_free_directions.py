@@ -23,7 +23,9 @@ Variants (each the ensemble's defaults except what is named): ``default``; ``nov
 ``W_init + (W0 - W_init) P_f`` in the first layer, ``P_f = V_f V_f^T``, everything else at the initializers);
 ``freestart_noval``; ``anchorstart`` (every site at its anchor); ``curvstart`` (every weight at
 ``w_init + (I + G)^{-1} (w0 - w_init)``, ``G`` the data term's Gauss-Newton matrix at the initializer:
-:func:`curvature_start`, a rule without a threshold). The anchor ``W0`` of member ``k`` is read from
+:func:`curvature_start`, a rule without a threshold); ``min100`` and ``freestart_min100`` (the default and the free
+start with the held-out checks before step 100 left unscored, so the stop is never earlier: an experiment-only wrap of
+the early-stopping record). The anchor ``W0`` of member ``k`` is read from
 its tilt: for a ``Normal(0, 1)`` prior ``g = grad log p(w0) = -w0``. The start is changed by wrapping
 ``bnn_pyro.infer.map_fit.map_state`` (an experiment-only hook, not an engine option).
 
@@ -67,6 +69,8 @@ VARIANTS = {
     "freestart_steps3x": ({"num_steps": 3000}, "free"),
     "anchorstart": ({}, "anchor"),
     "curvstart": ({}, "curvature"),
+    "freestart_min100": ({}, "free", 100),
+    "min100": ({}, None, 100),
 }
 
 
@@ -112,8 +116,8 @@ class Recorder:
     """Wraps ``map_state`` to record each member's start and anchor (``w0 = -g`` under ``Normal(0, 1)``) and to
     move the start (``start``: None, ``"free"``, ``"anchor"`` or ``"curvature"``)."""
 
-    def __init__(self, p_free: torch.Tensor, start: str | None):
-        self.p_free, self.start, self.calls = p_free, start, []
+    def __init__(self, p_free: torch.Tensor, start: str | None, min_step: int = 0):
+        self.p_free, self.start, self.min_step, self.calls = p_free, start, min_step, []
         self.original = map_fit_module.map_state
 
     def __call__(self, pot, z, data, **kwargs):
@@ -128,7 +132,11 @@ class Recorder:
             elif self.start == "curvature":
                 z.update(curvature_start(z, w0, data.x))
             self.calls.append({"init": init, "w0": w0[LAYER].detach().clone()})
-        return self.original(pot, z, data, **kwargs)
+        state = self.original(pot, z, data, **kwargs)
+        if self.min_step:  # held-out checks before min_step are not scored: the stop is never earlier
+            record, first = state.best.record, self.min_step
+            state.best.record = lambda step, score, kept: False if step < first - 1 else record(step, score, kept)
+        return state
 
     def __enter__(self):
         map_fit_module.map_state = self
@@ -141,10 +149,10 @@ class Recorder:
 def run_variant(
     name: str, s: dict, k: int, split: int, v_free: torch.Tensor, v_data: torch.Tensor, *, seed: int, ref: dict
 ) -> dict:
-    options, start = VARIANTS[name]
+    options, start, *rest = VARIANTS[name]
     model = make_model(s["x_train"].shape[1], k, split)
     t0 = time.perf_counter()
-    with Recorder(v_free @ v_free.T, start) as rec, warnings.catch_warnings():
+    with Recorder(v_free @ v_free.T, start, *rest) as rec, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         post = bp.fit(model, s["x_train"], s["y_train"], method="ensemble", seed=seed, progress=False, **options)
     seconds = time.perf_counter() - t0
