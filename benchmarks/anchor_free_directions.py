@@ -29,7 +29,8 @@ the early-stopping record). The anchor ``W0`` of member ``k`` is read from
 its tilt: for a ``Normal(0, 1)`` prior ``g = grad log p(w0) = -w0``. The start is changed by wrapping
 ``bnn_pyro.infer.map_fit.map_state`` (an experiment-only hook, not an engine option).
 
-``--regression diabetes`` instead fits the ensemble at its defaults and with the free start on
+``--regression diabetes`` instead fits the ensemble at its defaults, with the free start and with the free start and
+no stop before step 100 on
 ``benchmarks/uci.py``'s regression protocol (splits ``0..--uci-splits - 1``, one fit each).
 
 Usage::
@@ -215,8 +216,9 @@ def regression(dataset: str, splits: int, threshold: float, folder, tag: str) ->
     rows = []
     for split in uci.make_splits(dataset=dataset, n_splits=splits):
         v_free, _ = free_basis(split.x_train, threshold)
-        for name, start in (("default", None), ("freestart", "free")):
-            with Recorder(v_free @ v_free.T, start) as rec:
+        for name in ("default", "freestart", "freestart_min100"):
+            _, start, *rest = VARIANTS[name]
+            with Recorder(v_free @ v_free.T, start, *rest) as rec:
                 row = uci.run_one("ensemble", split)
             if not rec.calls:
                 raise RuntimeError("the ensemble's members were not seen: the start was not changed")
@@ -232,10 +234,9 @@ def regression(dataset: str, splits: int, threshold: float, folder, tag: str) ->
     text = (
         f"# Anchored ensemble, free start on regression: {dataset}\n\nbenchmarks/anchor_free_directions.py "
         f"--regression {dataset}: benchmarks/uci.py's protocol (learned noise; test log-likelihood per point and RMSE "
-        f"in original units), the ensemble at its defaults and with the free start (training-input covariance "
-        f"eigenvalues below {threshold}), fit seed = split. The machine was loaded (2 shared cores).\n\n"
-        + "\n".join(lines)
-        + "\n"
+        f"in original units), the ensemble at its defaults, with the free start (training-input covariance "
+        f"eigenvalues below {threshold}) and with the free start and no stop before step 100, fit seed = split. The "
+        "machine was loaded (2 shared cores).\n\n" + "\n".join(lines) + "\n"
     )
     write_result(folder / f"{stem}.md", text)
     return table
