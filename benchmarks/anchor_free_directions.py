@@ -1,0 +1,300 @@
+"""Issue 26 item 1: does the anchored ensemble keep the prior's spread in the directions the data leave free?
+
+Per member of ``bp.fit(..., method="ensemble")`` on one split of ``benchmarks/classification.py`` (same split,
+net, prior ``Normal(0, 1)``, OOD inputs and metrics), this measures the first layer's weights ``W`` (hidden x D)
+in the *free input directions*: the eigenvectors ``V_f`` of the training inputs' covariance whose eigenvalue is
+below ``--threshold`` (a direction along which the training rows barely vary, so the data term hardly depends on
+``W V_f``). Reported per variant:
+
+- ``gap_free``: ``|(W - W0) V_f|_F / |(W_init - W0) V_f|_F`` averaged over members: the fraction of the
+  initializer's distance to the member's anchor ``W0`` still left in the free directions (0: at the anchor, 1: at
+  the initializer's distance); the same for the data's directions (``gap_data``);
+- ``sd_free``: the members' sd of the entries of ``W V_f`` (averaged over entries); the prior's is 1, NUTS's is
+  near 1 there too if the data really leave them free;
+- test accuracy and NLL, and the noise AUROC by entropy and by mutual information (``metrics.ood_auroc``);
+- ``target_met``: 1 where the fit meets issue 26's joint target (noise AUROC by MI >= 0.8, accuracy and NLL within
+  0.03 of ``classification.py``'s logistic regression on the split), else 0;
+- ``refit_steps``: the number of steps of the members kept (after the refit on all rows, when rows were held out).
+
+Each variant is fitted under ``--seeds`` fit seeds (``split + 100 r``: the members' starts and anchors).
+
+Variants (each the ensemble's defaults except what is named): ``default``; ``noval`` (``validation=None``);
+``steps3x`` (``num_steps=3000``); ``noval_steps3x``; ``freestart`` (each member starts at
+``W_init + (W0 - W_init) P_f`` in the first layer, ``P_f = V_f V_f^T``, everything else at the initializers);
+``freestart_noval``; ``anchorstart`` (every site at its anchor); ``curvstart`` (every weight at
+``w_init + (I + G)^{-1} (w0 - w_init)``, ``G`` the data term's Gauss-Newton matrix at the initializer:
+:func:`curvature_start`, a rule without a threshold); ``min100`` and ``freestart_min100`` (the default and the free
+start with the held-out checks before step 100 left unscored, so the stop is never earlier: an experiment-only wrap of
+the early-stopping record). The anchor ``W0`` of member ``k`` is read from
+its tilt: for a ``Normal(0, 1)`` prior ``g = grad log p(w0) = -w0``. The start is changed by wrapping
+``bnn_pyro.infer.map_fit.map_state`` (an experiment-only hook, not an engine option).
+
+``--regression diabetes`` instead fits the ensemble at its defaults, with the free start and with the free start and
+no stop before step 100 on
+``benchmarks/uci.py``'s regression protocol (splits ``0..--uci-splits - 1``, one fit each).
+
+Usage::
+
+    python benchmarks/anchor_free_directions.py --dataset breast_cancer --split 0 --variants default,noval
+    python benchmarks/anchor_free_directions.py --regression diabetes --uci-splits 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import warnings
+
+import pandas as pd
+import torch
+
+import bnn_pyro as bp
+import bnn_pyro.infer.map_fit as map_fit_module
+from bnn_pyro import metrics
+
+try:
+    from classification import load_dataset, make_model, make_split, ood_inputs
+except ImportError:  # pragma: no cover
+    from benchmarks.classification import load_dataset, make_model, make_split, ood_inputs
+from _common import results_dir, write_result  # noqa: E402 - classification put benchmarks/ on sys.path
+
+LAYER = "0.weight"
+VARIANTS = {
+    "default": ({}, None),
+    "noval": ({"validation": None}, None),
+    "steps3x": ({"num_steps": 3000}, None),
+    "noval_steps3x": ({"validation": None, "num_steps": 3000}, None),
+    "freestart": ({}, "free"),
+    "freestart_noval": ({"validation": None}, "free"),
+    "freestart_steps3x": ({"num_steps": 3000}, "free"),
+    "anchorstart": ({}, "anchor"),
+    "curvstart": ({}, "curvature"),
+    "freestart_min100": ({}, "free", 100),
+    "min100": ({}, None, 100),
+}
+
+
+def free_basis(x: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(V_f, V_d)``: eigenvectors of the inputs' covariance with eigenvalue below / at least ``threshold``."""
+    lam, vec = torch.linalg.eigh(torch.cov(x.T))
+    return vec[:, lam < threshold], vec[:, lam >= threshold]
+
+
+def curvature_start(z: dict, w0: dict, x: torch.Tensor) -> dict:
+    """``w_init + (I + G)^{-1} (w0 - w_init)`` over every weight of the benchmark's ``Linear - ReLU - Linear``
+    classifier: the minimizer of the anchor term ``|w - w0|^2 / 2`` (a ``Normal(0, 1)`` prior) plus the data term's
+    Gauss-Newton quadratic ``(w - w_init)^T G (w - w_init) / 2`` at the initializer (its gradient left out), so each
+    direction moves toward its anchor as far as the data leave it free; ``G = sum_i J_i^T (diag(p_i) - p_i p_i^T) J_i``
+    with ``J_i`` the logits' Jacobian at row ``i``."""
+    names = ["0.weight", "0.bias", "2.weight", "2.bias"]
+    shapes = [z[n].shape for n in names]
+    theta0 = torch.cat([z[n].detach().flatten() for n in names]).double()
+    anchor_flat = torch.cat([w0[n].detach().flatten() for n in names]).double()
+    xd = x.double()
+
+    def logits(theta):
+        parts, at = [], 0
+        for shape in shapes:
+            parts.append(theta[at : at + shape.numel()].reshape(shape))
+            at += shape.numel()
+        w1, b1, w2, b2 = parts
+        return torch.relu(xd @ w1.T + b1) @ w2.T + b2
+
+    jac = torch.func.jacrev(logits)(theta0)  # (N, K, P)
+    p = torch.softmax(logits(theta0), -1)
+    lam = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+    ggn = torch.einsum("nkp,nkl,nlq->pq", jac, lam, jac)
+    start = theta0 + torch.linalg.solve(torch.eye(len(theta0), dtype=torch.float64) + ggn, anchor_flat - theta0)
+    out, at = {}, 0
+    for n, shape in zip(names, shapes):
+        out[n] = start[at : at + shape.numel()].reshape(shape).to(z[n].dtype)
+        at += shape.numel()
+    return out
+
+
+class Recorder:
+    """Wraps ``map_state`` to record each member's start and anchor (``w0 = -g`` under ``Normal(0, 1)``) and to
+    move the start (``start``: None, ``"free"``, ``"anchor"`` or ``"curvature"``)."""
+
+    def __init__(self, p_free: torch.Tensor, start: str | None, min_step: int = 0):
+        self.p_free, self.start, self.min_step, self.calls = p_free, start, min_step, []
+        self.original = map_fit_module.map_state
+
+    def __call__(self, pot, z, data, **kwargs):
+        g = kwargs.get("tilted")
+        if g is not None:
+            w0 = {k: -v for k, v in g.items()}
+            z, init = dict(z), z[LAYER].detach().clone()
+            if self.start == "free":
+                z[LAYER] = z[LAYER] + (w0[LAYER] - z[LAYER]) @ self.p_free
+            elif self.start == "anchor":
+                z.update({k: v.clone() for k, v in w0.items()})
+            elif self.start == "curvature":
+                z.update(curvature_start(z, w0, data.x))
+            self.calls.append({"init": init, "w0": w0[LAYER].detach().clone()})
+        state = self.original(pot, z, data, **kwargs)
+        if self.min_step:  # held-out checks before min_step are not scored: the stop is never earlier
+            record, first = state.best.record, self.min_step
+            state.best.record = lambda step, score, kept: False if step < first - 1 else record(step, score, kept)
+        return state
+
+    def __enter__(self):
+        map_fit_module.map_state = self
+        return self
+
+    def __exit__(self, *exc):
+        map_fit_module.map_state = self.original
+
+
+def run_variant(
+    name: str, s: dict, k: int, split: int, v_free: torch.Tensor, v_data: torch.Tensor, *, seed: int, ref: dict
+) -> dict:
+    options, start, *rest = VARIANTS[name]
+    model = make_model(s["x_train"].shape[1], k, split)
+    t0 = time.perf_counter()
+    with Recorder(v_free @ v_free.T, start, *rest) as rec, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = bp.fit(model, s["x_train"], s["y_train"], method="ensemble", seed=seed, progress=False, **options)
+    seconds = time.perf_counter() - t0
+    members = post.config["num_chains"]
+    final = rec.calls[-members:]  # the last fit's members (after the refit on all rows, when there is one)
+    w = post.samples[LAYER][:, 0]
+    row = dict(variant=name, split=split, seed=seed, free_dims=v_free.shape[1], time_s=seconds)
+    for label, basis in (("free", v_free), ("data", v_data)):
+        gaps = [
+            float(((w[i] - c["w0"]) @ basis).norm() / ((c["init"] - c["w0"]) @ basis).norm().clamp_min(1e-12))
+            for i, c in enumerate(final)
+        ]
+        row[f"gap_{label}"] = sum(gaps) / len(gaps)
+        row[f"sd_{label}"] = float((w @ basis).std(0).mean())
+    row["sd_free_anchors"] = float((torch.stack([c["w0"] for c in final]) @ v_free).std(0).mean())
+    out = post.predict(s["x_test"], seed=0)
+    row.update(accuracy=metrics.accuracy(out.probs, s["y_test"]), nll=metrics.nll(out.probs, s["y_test"]))
+    noise = post.predict(ood_inputs(s, split)["noise"], seed=0)
+    row["auroc_noise_entropy"] = metrics.ood_auroc(out.entropy, noise.entropy)
+    row["auroc_noise_mi"] = metrics.ood_auroc(out.mutual_information, noise.mutual_information)
+    row["target_met"] = float(
+        row["auroc_noise_mi"] >= 0.8 and row["accuracy"] >= ref["accuracy"] - 0.03 and row["nll"] <= ref["nll"] + 0.03
+    )
+    chosen = (post.config.get("validation") or {}).get("chosen") or {}
+    row["refit_steps"] = chosen.get("num_steps", post.config["num_steps"])  # the steps of the members kept
+    return row
+
+
+def logreg_reference(s: dict) -> dict:
+    """Test accuracy and NLL of ``classification.py``'s reference (logistic regression, C=1) on the split."""
+    from sklearn.linear_model import LogisticRegression
+
+    clf = LogisticRegression(C=1.0, max_iter=5000).fit(s["x_train"].numpy(), s["y_train"].numpy())
+    probs = torch.tensor(clf.predict_proba(s["x_test"].numpy()), dtype=torch.float64)
+    return dict(accuracy=metrics.accuracy(probs, s["y_test"]), nll=metrics.nll(probs, s["y_test"]))
+
+
+def summary_lines(table: pd.DataFrame) -> list[str]:
+    """A Markdown table: per variant the mean (± standard error over seeds, when more than one) of each column."""
+    cols = [c for c in table.columns if c not in ("variant", "split", "seed", "free_dims")]
+    head = ["variant", "seeds"] + cols
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, group in table.groupby("variant", sort=False):
+        cells = [name, str(len(group))]
+        for c in cols:
+            mean, se = group[c].mean(), group[c].std() / math.sqrt(len(group))
+            d = 1 if c == "time_s" else 3
+            cells.append(f"{mean:.{d}f}" + (f" ± {se:.{d}f}" if len(group) > 1 else ""))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def regression(dataset: str, splits: int, threshold: float, folder, tag: str) -> pd.DataFrame:
+    """The ensemble at its defaults against the free start on ``benchmarks/uci.py``'s protocol (its model with a
+    learned noise, its splits, its metrics in original units), one fit per split and variant."""
+    try:
+        import uci
+    except ImportError:  # pragma: no cover
+        from benchmarks import uci
+    rows = []
+    for split in uci.make_splits(dataset=dataset, n_splits=splits):
+        v_free, _ = free_basis(split.x_train, threshold)
+        for name in ("default", "freestart", "freestart_min100"):
+            _, start, *rest = VARIANTS[name]
+            with Recorder(v_free @ v_free.T, start, *rest) as rec:
+                row = uci.run_one("ensemble", split)
+            if not rec.calls:
+                raise RuntimeError("the ensemble's members were not seen: the start was not changed")
+            rows.append(dict(variant=name, free_dims=v_free.shape[1], **row))
+            print(f"{dataset} {split.split} {name:10s} test_ll {row.get('test_ll')} rmse {row.get('rmse')}", flush=True)
+    table = pd.DataFrame(rows)
+    stem = f"anchor_free_{dataset}{tag}"
+    table.to_csv(folder / f"{stem}.csv", index=False)
+    cols = ["variant", "split", "free_dims", "test_ll", "rmse", "coverage_95", "error"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for _, r in table.iterrows():
+        lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
+    text = (
+        f"# Anchored ensemble, free start on regression: {dataset}\n\nbenchmarks/anchor_free_directions.py "
+        f"--regression {dataset}: benchmarks/uci.py's protocol (learned noise; test log-likelihood per point and RMSE "
+        f"in original units), the ensemble at its defaults, with the free start (training-input covariance "
+        f"eigenvalues below {threshold}) and with the free start and no stop before step 100, fit seed = split. The "
+        "machine was loaded (2 shared cores).\n\n" + "\n".join(lines) + "\n"
+    )
+    write_result(folder / f"{stem}.md", text)
+    return table
+
+
+def main(argv: list[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", default="breast_cancer")
+    parser.add_argument("--split", type=int, default=0)
+    parser.add_argument("--variants", default="default,noval,steps3x,freestart")
+    parser.add_argument("--threshold", type=float, default=0.05, help="eigenvalue below which a direction is free")
+    parser.add_argument("--seeds", type=int, default=1, help="fit seeds split, split+100, ... (members and anchors)")
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--regression", default=None, help="a benchmarks/uci.py dataset: default vs free start there")
+    parser.add_argument("--uci-splits", type=int, default=3, help="with --regression: splits 0..n-1")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    if args.regression:
+        return regression(
+            args.regression, args.uci_splits, args.threshold, results_dir("classification", args.out), args.tag
+        )
+    x, y = load_dataset(args.dataset)
+    s = make_split(x, y, args.split)
+    k = int(y.max()) + 1
+    v_free, v_data = free_basis(s["x_train"], args.threshold)
+    ref = logreg_reference(s)
+    folder = results_dir("classification", args.out)
+    stem = f"anchor_free_{args.dataset}{args.split}{args.tag}"
+    rows = []
+    names = args.variants.split(",")
+    for name in names:
+        if name not in VARIANTS:
+            raise SystemExit(f"--variants: unknown variant {name!r}; choose from {sorted(VARIANTS)}.")
+    for seed, name in [(args.split + 100 * r, n) for r in range(args.seeds) for n in names]:
+        rows.append(run_variant(name, s, k, args.split, v_free, v_data, seed=seed, ref=ref))
+        r = rows[-1]
+        print(
+            f"{name:18s} gap_free {r['gap_free']:.3f} gap_data {r['gap_data']:.3f} sd_free {r['sd_free']:.3f} "
+            f"acc {r['accuracy']:.3f} nll {r['nll']:.3f} auroc H {r['auroc_noise_entropy']:.3f} "
+            f"MI {r['auroc_noise_mi']:.3f} ({r['time_s']:.0f} s)",
+            flush=True,
+        )
+        table = pd.DataFrame(rows)
+        table.to_csv(folder / f"{stem}.csv", index=False)
+        lines = summary_lines(table)
+        text = (
+            f"# Anchored ensemble, free input directions: {args.dataset} split {args.split}\n\n"
+            f"benchmarks/anchor_free_directions.py (its docstring defines the columns); free directions: the training "
+            f"inputs' covariance eigenvalues below {args.threshold} ({v_free.shape[1]} of {x.shape[1]}). Logistic "
+            f"regression on this split: accuracy {ref['accuracy']:.3f}, NLL {ref['nll']:.3f}; target_met: the share of "
+            "fits meeting the joint target (noise AUROC by MI >= 0.8, accuracy and NLL within 0.03 of it). Mean ± "
+            "standard error over fit seeds. The machine was loaded (2 shared cores): time_s is not comparable across runs.\n\n"
+            + "\n".join(lines)
+            + "\n"
+        )
+        write_result(folder / f"{stem}.md", text)
+    return pd.DataFrame(rows)
+
+
+if __name__ == "__main__":
+    main()
