@@ -365,15 +365,15 @@ def make_settings(
             "hessian='ggn' needs a bp.BNN (a network output f and a likelihood to differentiate); "
             "for a Pyro function model use hessian='exact' (the default there) or 'fisher'."
         )
-    if structure is Structure.KRON and hessian is Hessian.EXACT:
-        raise ValueError(
-            "hessian='exact' takes the dense Hessian of the covered coordinates, which structure='kron' never forms; "
-            "use hessian='ggn' (the default) or 'fisher' with 'kron', or structure='full', 'diag' or 'last_layer'."
-        )
     if not is_bnn and structure in (Structure.LAST_LAYER, Structure.KRON):
         raise ValueError(
             f"structure={structure.value!r} needs a bp.BNN with nn.Linear (or nn.Conv2d) layers; for a "
             "Pyro function model use structure='full' or 'diag'."
+        )
+    if structure is Structure.KRON and hessian is Hessian.EXACT:
+        raise ValueError(
+            "hessian='exact' takes the dense Hessian of the covered coordinates, which structure='kron' never forms; "
+            "use hessian='ggn' (the default) or 'fisher' with 'kron', or structure='full', 'diag' or 'last_layer'."
         )
     if not is_bnn and predictive is Predictive.GLM:
         raise ValueError(
