@@ -21,7 +21,8 @@ alternating ``--repeats`` times; each figure is the minimum over repeats of the 
 (``time.thread_time``), which a busy machine inflates less than wall time (it still does: shared cores and caches),
 so read the ratios.
 
-Usage: ``python benchmarks/samplers_ab.py [--before a7736d0] [--repeats 3] [--out benchmarks/results/samplers_ab]``.
+Usage: ``python benchmarks/samplers_ab.py [--before a7736d0] [--repeats 3] [--only svi] [--out benchmarks/results/samplers_ab]``
+(``--only svi``: the SVI rows alone).
 """
 
 from __future__ import annotations
@@ -117,6 +118,8 @@ def _child(settings: dict) -> list[dict]:
 
     rows = []
     for label, widths, n, prior in NETS:
+        if settings["only"] == "svi" and prior != "normal":  # no SVI row on the generic net
+            continue
         x, y = regression(n, widths[0])
         model = mlp(widths)
         if prior == "laplace":  # the same net under another prior: no analytic potential
@@ -125,10 +128,12 @@ def _child(settings: dict) -> list[dict]:
                 torch.nn.Linear(widths[0], widths[1]), torch.nn.Tanh(), torch.nn.Linear(widths[1], widths[2])
             )
             model = bp.BNN(net, prior=bp.priors.Laplace(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=SIGMA))
-        deep = kernel_of(FlatNUTS, model, n, x, y, max_tree_depth=settings["depth"])
-        shallow = kernel_of(FlatNUTS, model, n, x, y, max_tree_depth=2)
-        hmc = kernel_of(FlatHMC, model, n, x, y, num_leapfrog=settings["num_leapfrog"])
-        hmc_short = kernel_of(FlatHMC, model, n, x, y, num_leapfrog=4)
+        kernels = settings["only"] == "all"  # built before the SVI fits, as without --only
+        if kernels:
+            deep = kernel_of(FlatNUTS, model, n, x, y, max_tree_depth=settings["depth"])
+            shallow = kernel_of(FlatNUTS, model, n, x, y, max_tree_depth=2)
+            hmc = kernel_of(FlatHMC, model, n, x, y, num_leapfrog=settings["num_leapfrog"])
+            hmc_short = kernel_of(FlatHMC, model, n, x, y, num_leapfrog=4)
         row = dict(net=label)
         if prior == "normal":  # SVI's default mean-field fit: the flat path's gradient loop (driver.descend)
             import warnings
@@ -142,6 +147,9 @@ def _child(settings: dict) -> list[dict]:
                     spent[k] = time.thread_time() - start
             short, long_ = sorted(spent)
             row["svi 1 chain: ms/step"] = (spent[long_] - spent[short]) / (long_ - short) * 1e3
+        if not kernels:
+            rows.append(row)
+            continue
         per_leapfrog, _, length = timed(deep, settings["transitions"])
         row["nuts 1 chain: ms/leapfrog"] = per_leapfrog
         row[f"nuts 1 chain: leapfrog steps/transition (<= {2 ** settings['depth'] - 1})"] = length
@@ -185,6 +193,7 @@ def main(args) -> str:
         num_leapfrog=args.num_leapfrog,
         svi_steps=args.svi_steps,
         warm=args.warm,
+        only=args.only,
     )
     load_start = os.getloadavg()[0]
     sys.path.insert(0, str(HERE))
@@ -242,6 +251,9 @@ if __name__ == "__main__":
     parser.add_argument("--chains", type=int, nargs="+", default=[1, 4, 8])
     parser.add_argument("--svi-steps", type=int, default=2000)
     parser.add_argument("--warm", type=int, default=5, help="transitions before timing a kernel")
+    parser.add_argument(
+        "--only", choices=["all", "svi"], default="all", help="'svi': the SVI rows alone (no kernel is built)"
+    )
     parser.add_argument("--note", default="")
     parser.add_argument("--out", default=None)
     parser.add_argument("--name", default="samplers_ab")

@@ -40,11 +40,13 @@ def negative_elbo(loc, scale, eps, pot: StackPotential, x, y, *, analytic_kl: bo
         u, grad = _weigh_prior(u, grad, z, pot, kl_weight)
     log_q = 0.5 * (eps * eps).sum(-1) + HALF_LOG_2PI * eps.shape[-1]
     if eps.dim() == 2:  # particles
-        u, log_q = u.mean(0), log_q.mean(0)
-        g_loc, g_scale = grad.mean(0), (grad * eps).mean(0) - kl_weight * scale.reciprocal()
+        u, log_q, g_loc, g_eps = u.mean(0), log_q.mean(0), grad.mean(0), (grad * eps).mean(0)
     else:
-        g_loc, g_scale = grad, grad * eps - kl_weight * scale.reciprocal()
-    return u - kl_weight * (scale.log().sum() + log_q), g_loc, g_scale
+        g_loc, g_eps = grad, grad * eps
+    minus_log_q, inv_scale = scale.log().sum() + log_q, scale.reciprocal()  # -log q(z) and its d/d scale
+    if kl_weight != 1.0:  # (at 1 the two products change no float: skipped, two operations fewer per step)
+        minus_log_q, inv_scale = kl_weight * minus_log_q, kl_weight * inv_scale
+    return u - minus_log_q, g_loc, g_eps - inv_scale
 
 
 def _weigh_prior(u, grad, z, pot: StackPotential, kl_weight: float):

@@ -217,8 +217,17 @@ def descend(
     checked every :func:`_check_interval` steps; ``loop``'s optimizer (fused Adam, see :func:`_optimizer`),
     schedule and progress bar. Returns the losses; the flat values go back to Pyro's parameter store."""
     opt = _optimizer(loop.optimizer, flat.params, loop.lr)
+    if flat.warmup_steps:  # the KL weight of each step (kl_warmup), else 1 throughout
+
+        def objective(batch, step):
+            return None, flat.weigh(step).step(*batch)
+    else:
+
+        def objective(batch, step):
+            return None, flat.step(*batch)
+
     losses = driver.descend(
-        lambda batch, step: (None, flat.weigh(step).step(*batch)),
+        objective,
         flat.params,
         data,
         seed=seed,

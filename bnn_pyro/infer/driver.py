@@ -284,7 +284,8 @@ def descend(
         The dtype of the returned losses (default torch's default dtype).
     backward, check_every:
         The hooks of a hand-written gradient (e.g. SVI's flat mean-field step, :mod:`bnn_pyro.infer._svi_flat`):
-        ``backward=False``: ``objective`` has set the parameters' ``.grad`` itself and returns ``(None, value)``;
+        ``backward=False``: ``objective`` has set the parameters' ``.grad`` itself (assigned, not accumulated: the
+        optimizer's ``zero_grad`` is not called) and returns ``(None, value)``;
         a tensor value's finiteness is checked every ``check_every`` steps (and before a checkpoint and at the
         last step), naming the first step whose value was not: an accelerator then synchronises once per
         ``check_every`` steps, not per step. Default ``True``, 1: autograd, a check before every update.
@@ -318,7 +319,8 @@ def descend(
         bar.update(start)
         for step in range(start, num_steps):
             batch = next(stream)
-            opt.zero_grad(set_to_none=True)
+            if backward:  # (without, the objective sets every .grad itself: nothing to clear)
+                opt.zero_grad(set_to_none=True)
             try:
                 loss, value = objective(batch, step)
             except ValueError as err:  # an earlier step worked: the optimizer drove a parameter out of its support

@@ -82,3 +82,38 @@ def test_a_non_finite_tensor_value_stops_the_run_naming_its_step(check_every):
         )
     # checked every step: stopped before step 5's update; every 4 steps: at the check after step 7
     assert len(updates) == (5 if check_every == 1 else 7)
+
+
+@pytest.mark.parametrize("by_hand", [False, True])
+def test_the_gradient_is_cleared_only_where_autograd_accumulates_it(by_hand):
+    """Autograd accumulates into ``.grad``, so each step clears it first; a hand-written gradient is assigned, so the
+    optimizer's ``zero_grad`` is not called at all (SVI's flat path takes every step this way)."""
+    w = torch.zeros(3, requires_grad=True)
+    opt = torch.optim.SGD([w], lr=0.1)
+    calls = []
+    clear = opt.zero_grad
+    opt.zero_grad = lambda set_to_none=True: (calls.append(1), clear(set_to_none))
+
+    def objective(batch, step):
+        if by_hand:
+            w.grad = (w - TARGET).detach()
+            return None, 0.0
+        loss = 0.5 * ((w - TARGET) ** 2).sum()
+        return loss, float(loss.detach())
+
+    descend(
+        objective,
+        [w],
+        _data(),
+        num_steps=6,
+        lr=0.1,
+        opt=opt,
+        seed=0,
+        method="test",
+        desc="chain 0",
+        progress=False,
+        backward=not by_hand,
+    )
+    assert len(calls) == (0 if by_hand else 6)
+    # either way the steps are those of gradient descent on 0.5 |w - target|^2: w_k = (1 - 0.9^k) target
+    torch.testing.assert_close(w.detach(), (1 - 0.9**6) * TARGET)
