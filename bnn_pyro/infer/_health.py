@@ -683,6 +683,27 @@ NARROW_MAX_DIM = 200
 passes over the training data): the small models whose posteriors users check; larger ones are not judged."""
 
 
+def _unconstrained_draws(post, *, init: str):
+    """``(pot, flat)``: the generic potential of ``post``'s model on its training tensors (started by ``init``) and
+    ``post``'s draws as an ``(n, P)`` tensor of its unconstrained coordinates, in the draws' dtype; or ``None`` where
+    they are not judged: a model the generic potential cannot trace, more than :data:`NARROW_MAX_DIM` coordinates, or
+    a latent site missing from ``post.samples``."""
+    from bnn_pyro.infer._potential import Potential
+    from bnn_pyro.infer.training_data import Data
+
+    n = post.num_chains * post.num_draws
+    try:
+        with torch.random.fork_rng(devices=[]):
+            pot = Potential(post.model, Data(post.x, post.y), init=init, fast_path=False)
+    except (ValueError, RuntimeError, TypeError):  # a model the generic potential cannot trace: not judged
+        return None
+    if pot.dim > NARROW_MAX_DIM or not set(pot.shapes) <= set(post.samples):
+        return None
+    with torch.no_grad():
+        draws = {k: post.samples[k].to(post.x.device).reshape(n, *post.samples[k].shape[2:]) for k in pot.shapes}
+        return pot, pot.flatten(pot.unconstrain(draws)).reshape(n, pot.dim)
+
+
 def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = None):
     """Warn when ``post``'s draws are narrower, in some unconstrained coordinate, than the Laplace approximation at
     their mean by more than :data:`NARROW_MAX` (with :data:`NARROW_TAIL`'s allowance for few draws). Judged only
@@ -694,23 +715,16 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
     dropout's 200 draws would otherwise lower the threshold to 0.565 and let an sd of 0.57 of the exact one pass). Returns ``post``."""
     from scipy import stats
 
-    from bnn_pyro.infer._potential import Potential, dense_precision
-    from bnn_pyro.infer.training_data import Data
+    from bnn_pyro.infer._potential import dense_precision
     from bnn_pyro.model import BNN
 
     n = post.num_chains * post.num_draws
     if not isinstance(post.model, BNN) or post.x is None or post.y is None or n < 2:
         return post
-    try:
-        with torch.random.fork_rng(devices=[]):
-            pot = Potential(post.model, Data(post.x, post.y), init="net", fast_path=False)
-    except (ValueError, RuntimeError, TypeError):  # a model the generic potential cannot trace: not judged
+    judged = _unconstrained_draws(post, init="net")
+    if judged is None:
         return post
-    if pot.dim > NARROW_MAX_DIM or not set(pot.shapes) <= set(post.samples):
-        return post
-    with torch.no_grad():
-        z = pot.unconstrain({k: post.samples[k].to(post.x.device) for k in pot.shapes})
-        flat = pot.flatten(z).reshape(n, pot.dim)
+    pot, flat = judged
     dtype, flat = flat.dtype, flat.double()  # the weights' dtype, not the inputs' (token ids are integers)
     mean, spread = flat.mean(0), flat.std(0)
     known = None
@@ -797,8 +811,6 @@ def check_gaussian(post, *, cause: str = ""):
     training tensors, at most :data:`NARROW_MAX_DIM` latent coordinates and at least :data:`ESS_MIN` draws (the
     Pareto fit takes the largest ``min(S / 5, 3 sqrt(S))`` ratios: with fewer draws its ``k_hat`` is too noisy to
     judge by). ``cause``: the engine's likely reason, one sentence. Returns ``post``."""
-    from bnn_pyro.infer._potential import Potential
-    from bnn_pyro.infer.training_data import Data
     from bnn_pyro.model import BNN
     from bnn_pyro.posterior.psis import K_HAT_MAX, psis
 
@@ -807,16 +819,11 @@ def check_gaussian(post, *, cause: str = ""):
         return post
     if n < ESS_MIN:
         return post
-    try:  # the unconstrained coordinates, in which q is a Gaussian (log tau for a scale tau)
-        with torch.random.fork_rng(devices=[]):
-            pot = Potential(post.model, Data(post.x, post.y), init="median", fast_path=False)
-    except (ValueError, RuntimeError, TypeError):  # a model the generic potential cannot trace: not judged
+    judged = _unconstrained_draws(post, init="median")  # the coordinates in which q is a Gaussian (log tau for tau)
+    if judged is None:
         return post
-    if pot.dim > NARROW_MAX_DIM or not set(pot.shapes) <= set(post.samples):
-        return post
-    with torch.no_grad():
-        z = pot.unconstrain({k: post.samples[k].reshape(n, *post.samples[k].shape[2:]) for k in pot.shapes})
-        flat = pot.flatten(z).double()
+    pot, flat = judged
+    flat = flat.double()
     names = [
         f"{k} (unconstrained)" if math.prod(shape) == 1 else f"{k}[{i}] (unconstrained)"
         for k, shape in pot.shapes.items()
