@@ -19,6 +19,7 @@ Rules (each applied per member, then the library's median over members):
   (``sd(l_best - l_t) / sqrt(n)``; the one-standard-error rule of Breiman et al. 1984 / Hastie et al. 2009,
   sec. 7.10, applied to the stopping time).
 * ``floor20``: the best held-out score among checks at or after 20% of the budget.
+* ``last``: the last check (the whole budget), the held-out rows used for the noise only.
 * ``oracle``: the check with the member's best *test* metric (test NLL for classification, test RMSE for
   regression): what a perfect held-out set would choose (not a usable rule; the ceiling).
 * ``end``: ``validation=None``, the whole budget on all rows (the rule "hold nothing out" below some N).
@@ -60,7 +61,7 @@ import classification  # noqa: E402
 import uci  # noqa: E402
 from _common import markdown, results_dir, write_result  # noqa: E402
 
-RULES = ("argmax", "one_se", "floor20", "oracle", "end")
+RULES = ("argmax", "one_se", "floor20", "last", "oracle", "end")
 METHODS = ("ensemble", "laplace")
 DATASETS = ("moons200", "moons400", "moons1000", "breast_cancer", "diabetes", "friedman1")
 
@@ -212,6 +213,8 @@ def choose(rule: str, rec: Recorder) -> int:
         budget = steps[-1] + 1
         late = [i for i, t in enumerate(steps) if t + 1 >= 0.2 * budget]
         return max(late, key=lambda i: float(scores[i]))
+    if rule == "last":
+        return len(steps) - 1
     if rule == "oracle":
         return min(range(len(rec.tests)), key=lambda i: rec.tests[i])
     raise ValueError(f"rule: unknown rule {rule!r}; choose from {', '.join(RULES)}.")
