@@ -20,6 +20,10 @@ Rules (each applied per member, then the library's median over members):
   sec. 7.10, applied to the stopping time).
 * ``floor20``: the best held-out score among checks at or after 20% of the budget.
 * ``last``: the last check (the whole budget), the held-out rows used for the noise only.
+* ``argmax_truncated``: today's rule, with the refit on the *same* learning-rate schedule as the fit that chose
+  (cosine over the whole budget, stopped at the chosen step) instead of a cosine over the chosen steps: the state
+  the held-out rows scored is then what the refit reproduces (on all rows). Ensemble only (laplace's MAP search
+  takes no schedule).
 * ``oracle``: the check with the member's best *test* metric (test NLL for classification, test RMSE for
   regression): what a perfect held-out set would choose (not a usable rule; the ceiling).
 * ``end``: ``validation=None``, the whole budget on all rows (the rule "hold nothing out" below some N).
@@ -55,6 +59,7 @@ import bnn_pyro as bp
 import bnn_pyro.infer.map_fit as map_fit_module
 from bnn_pyro import metrics
 from bnn_pyro.infer.holdout import BestOnHoldout, heldout_score
+from bnn_pyro.infer.optim import FINAL_LR_FRACTION
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _common, also when this file is loaded by path
 import classification  # noqa: E402
@@ -62,6 +67,8 @@ import uci  # noqa: E402
 from _common import markdown, results_dir, write_result  # noqa: E402
 
 RULES = ("argmax", "one_se", "floor20", "last", "oracle", "end")
+EXTRA_RULES = ("argmax_truncated",)
+BUDGET = 1000  # the engines' default num_steps
 METHODS = ("ensemble", "laplace")
 DATASETS = ("moons200", "moons400", "moons1000", "breast_cancer", "diabetes", "friedman1")
 
@@ -200,7 +207,7 @@ def choose(rule: str, rec: Recorder) -> int:
     scores = torch.tensor([s for _, s in rec.scores], dtype=torch.float64)
     steps = [t for t, _ in rec.scores]
     best = int(scores.argmax())
-    if rule == "argmax":
+    if rule in ("argmax", "argmax_truncated"):
         return best
     if rule == "one_se":
         n = rec.rows[best].numel()
@@ -228,7 +235,12 @@ def evaluate(post, d: dict) -> dict:
     return dict(test_ll=metrics.test_log_likelihood(post, d["xt"], d["yt"]), rmse=metrics.rmse(pred, d["yt"]))
 
 
-def run_case(name: str, method: str, seed: int) -> tuple[list[dict], list[dict]]:
+def budget_cosine(opt):
+    """The default cosine schedule over :data:`BUDGET` steps (``optim.make_schedule``'s), whatever ``num_steps``."""
+    return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=BUDGET, eta_min=opt.defaults["lr"] * FINAL_LR_FRACTION)
+
+
+def run_case(name: str, method: str, seed: int, rules=RULES) -> tuple[list[dict], list[dict]]:
     """One row per rule, and the recorded curves (one row per member and check) of the fit that chose."""
     d = load(name, seed)
     Context.xt, Context.yt = d["xt"], d["yt"]
@@ -237,9 +249,11 @@ def run_case(name: str, method: str, seed: int) -> tuple[list[dict], list[dict]]
     original = (map_fit_module.BestOnHoldout, map_fit_module.heldout_score)
     map_fit_module.BestOnHoldout, map_fit_module.heldout_score = Recorder, scoring
     try:
-        for rule in RULES:
+        for rule in rules:
             Context.rule, Context.recorders = rule, []
             options = dict(validation=None) if rule == "end" else {}
+            if rule == "argmax_truncated":
+                options = dict(lr_schedule=budget_cosine)
             start = time.perf_counter()
             post = bp.fit(d["model"](), d["x"], d["y"], method=method, seed=seed, progress=False, **options)
             seconds = time.perf_counter() - start
@@ -256,7 +270,7 @@ def run_case(name: str, method: str, seed: int) -> tuple[list[dict], list[dict]]
                     **evaluate(post, d),
                 )
             )
-            if rule == "argmax":
+            if rule == rules[0]:
                 for k, r in enumerate(members):
                     for (step, score), test in zip(r.scores, r.tests):
                         curves.append(dict(base, member=k, step=step + 1, heldout=score, member_test=test))
@@ -290,6 +304,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--methods", default="ensemble,laplace")
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--rules", default=",".join(RULES), help=f"comma list of {', '.join(RULES + EXTRA_RULES)}")
     parser.add_argument("--name", default="holdout_choice", help="the result files' stem")
     parser.add_argument("--out", default=None, help="folder (default benchmarks/results/holdout_choice/)")
     args = parser.parse_args(argv)
@@ -300,7 +315,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             if method == "laplace" and load(name, 0)["task"] == "classification":
                 continue  # laplace holds nothing out without a learned Gaussian noise
             for seed in range(args.seeds):
-                r, c = run_case(name, method, seed)
+                r, c = run_case(name, method, seed, args.rules.split(","))
                 rows += r
                 curves += c
                 print(pd.DataFrame(r).drop(columns=["member_steps"]).to_string(index=False), flush=True)
