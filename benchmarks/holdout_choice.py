@@ -24,6 +24,7 @@ Rules (each applied per member, then the library's median over members):
   (cosine over the whole budget, stopped at the chosen step) instead of a cosine over the chosen steps: the state
   the held-out rows scored is then what the refit reproduces (on all rows). Ensemble only (laplace's MAP search
   takes no schedule).
+* ``one_se_truncated``: the ``one_se`` choice with the ``argmax_truncated`` refit (the two proposals together).
 * ``oracle``: the check with the member's best *test* metric (test NLL for classification, test RMSE for
   regression): what a perfect held-out set would choose (not a usable rule; the ceiling).
 * ``end``: ``validation=None``, the whole budget on all rows (the rule "hold nothing out" below some N).
@@ -67,7 +68,7 @@ import uci  # noqa: E402
 from _common import markdown, results_dir, write_result  # noqa: E402
 
 RULES = ("argmax", "one_se", "floor20", "last", "oracle", "end")
-EXTRA_RULES = ("argmax_truncated",)
+EXTRA_RULES = ("argmax_truncated", "one_se_truncated")
 BUDGET = 1000  # the engines' default num_steps
 METHODS = ("ensemble", "laplace")
 DATASETS = ("moons200", "moons400", "moons1000", "breast_cancer", "diabetes", "friedman1")
@@ -209,7 +210,7 @@ def choose(rule: str, rec: Recorder) -> int:
     best = int(scores.argmax())
     if rule in ("argmax", "argmax_truncated"):
         return best
-    if rule == "one_se":
+    if rule in ("one_se", "one_se_truncated"):
         n = rec.rows[best].numel()
         for i in range(len(scores) - 1, -1, -1):
             diff = rec.rows[best] - rec.rows[i]
@@ -252,7 +253,7 @@ def run_case(name: str, method: str, seed: int, rules=RULES) -> tuple[list[dict]
         for rule in rules:
             Context.rule, Context.recorders = rule, []
             options = dict(validation=None) if rule == "end" else {}
-            if rule == "argmax_truncated":
+            if rule.endswith("_truncated"):
                 options = dict(lr_schedule=budget_cosine)
             start = time.perf_counter()
             post = bp.fit(d["model"](), d["x"], d["y"], method=method, seed=seed, progress=False, **options)
