@@ -588,13 +588,18 @@ def check_targets(model, y) -> None:
         _warn(f"unscaled targets: {problem}")
 
 
+def _classifies(post) -> bool:
+    """Whether ``post``'s model is a classifier (its likelihood's ``task`` is ``"classification"``): the off-data
+    checks judge only those (regression fits and plain Pyro models have no such likelihood)."""
+    return getattr(getattr(post.model, "likelihood", None), "task", None) == "classification"
+
+
 def check_off_data(post, reason: str):
     """Warn, for a classification fit (a ``BNN`` whose likelihood's ``task`` is ``"classification"``), that nothing
     in the engine makes its predictive less sure on inputs far from the training data (its entropy and mutual
     information rise there only by accident of the input's direction), and why: ``reason``, the engine's structural limit,
     one sentence. Regression fits and plain Pyro models are not judged. Returns ``post``."""
-    likelihood = getattr(post.model, "likelihood", None)
-    if getattr(likelihood, "task", None) != "classification":
+    if not _classifies(post):
         return post
     _warn(
         f"{post.method}: off-data uncertainty is not represented: {reason} So the predictive's entropy and mutual "
@@ -612,8 +617,7 @@ def check_scale_free_off_data(post, reason: str):
     limit, one sentence (``docs/ood.md`` derives it: a Gaussian with ``sd <= |theta|`` under a scale-free prior keeps
     the initial ``|theta|`` there, or prunes the weight). Regression fits and plain Pyro models are not judged.
     Returns ``post``."""
-    likelihood = getattr(post.model, "likelihood", None)
-    if getattr(likelihood, "task", None) != "classification":
+    if not _classifies(post):
         return post
     _warn(
         f"{post.method}: off-data uncertainty is limited by its variational family, not set by the data: {reason} So "
@@ -642,8 +646,7 @@ def check_anchored_log_loss(post, *, units: str):
     (weighted likelihood bootstrap) kept the gap, so the members' training log loss does not tell; early stopping
     closed it only by giving up the off-data spread. So the note is given for every such fit, with the reason and
     what to use instead, rather than on a criterion that was measured not to predict the gap."""
-    likelihood = getattr(post.model, "likelihood", None)
-    if getattr(likelihood, "task", None) != "classification":
+    if not _classifies(post):
         return post
     _warn(
         f"{post.method}: the test log loss may be well above the posterior's: its anchored {units} are modes of "
