@@ -21,7 +21,9 @@ Each variant is fitted under ``--seeds`` fit seeds (``split + 100 r``: the membe
 Variants (each the ensemble's defaults except what is named): ``default``; ``noval`` (``validation=None``);
 ``steps3x`` (``num_steps=3000``); ``noval_steps3x``; ``freestart`` (each member starts at
 ``W_init + (W0 - W_init) P_f`` in the first layer, ``P_f = V_f V_f^T``, everything else at the initializers);
-``freestart_noval``; ``anchorstart`` (every site at its anchor); ``curvstart`` (every weight at
+``freestart_noval``; ``linfree`` (:func:`linear_free_start`: every ``Linear`` layer's weight moved to its anchor
+along the directions its own inputs leave free, eigenvalues below 0.05 of their mean); ``anchorstart`` (every site
+at its anchor); ``curvstart`` (every weight at
 ``w_init + (I + G)^{-1} (w0 - w_init)``, ``G`` the data term's Gauss-Newton matrix at the initializer:
 :func:`curvature_start`, a rule without a threshold); ``min100`` and ``freestart_min100`` (the default and the free
 start with the held-out checks before step 100 left unscored, so the stop is never earlier: an experiment-only wrap of
@@ -29,14 +31,24 @@ the early-stopping record). The anchor ``W0`` of member ``k`` is read from
 its tilt: for a ``Normal(0, 1)`` prior ``g = grad log p(w0) = -w0``. The start is changed by wrapping
 ``bnn_pyro.infer.map_fit.map_state`` (an experiment-only hook, not an engine option).
 
-``--regression diabetes`` instead fits the ensemble at its defaults, with the free start and with the free start and
-no stop before step 100 on
-``benchmarks/uci.py``'s regression protocol (splits ``0..--uci-splits - 1``, one fit each).
+``--refit truncated`` simulates the held-out refit that reproduces the scored run's schedule (as
+``benchmarks/holdout_choice.py``'s ``argmax_truncated``): every variant gets ``lr_schedule=`` a cosine over its whole
+budget (:func:`whole_budget_cosine`: the default ``"cosine"`` of ``num_steps`` steps, to 1% of ``lr``), so the scored
+fit is unchanged and the refit on all rows, which runs the chosen ``k`` steps, follows that cosine and stops at ``k``
+instead of compressing a cosine into ``k`` steps (``--refit compressed``, today's library). Fits that hold no rows out
+(fewer than 200 training rows: iris, wine) are the same under both.
+
+``--regression diabetes`` instead fits the ensemble's ``--variants`` (``freestart``, ``anchorstart``,
+``curvstart``, ``*_min100`` take effect there) on ``benchmarks/uci.py``'s regression protocol (splits
+``0..--uci-splits - 1``, one fit each; fit seed = split).
 
 Usage::
 
     python benchmarks/anchor_free_directions.py --dataset breast_cancer --split 0 --variants default,noval
-    python benchmarks/anchor_free_directions.py --regression diabetes --uci-splits 3
+    python benchmarks/anchor_free_directions.py --dataset wine --split 1 --seeds 5 --refit truncated \
+        --variants default,freestart,anchorstart,curvstart --tag _trunc
+    python benchmarks/anchor_free_directions.py --regression diabetes --uci-splits 3 \
+        --variants default,freestart,freestart_min100
 """
 
 from __future__ import annotations
@@ -52,6 +64,7 @@ import torch
 import bnn_pyro as bp
 import bnn_pyro.infer.map_fit as map_fit_module
 from bnn_pyro import metrics
+from bnn_pyro.infer.optim import FINAL_LR_FRACTION
 
 try:
     from classification import load_dataset, make_model, make_split, ood_inputs
@@ -70,9 +83,35 @@ VARIANTS = {
     "freestart_steps3x": ({"num_steps": 3000}, "free"),
     "anchorstart": ({}, "anchor"),
     "curvstart": ({}, "curvature"),
+    "linfree": ({}, "linear"),
     "freestart_min100": ({}, "free", 100),
     "min100": ({}, None, 100),
 }
+
+
+REFITS = ("compressed", "truncated")
+
+
+def whole_budget_cosine(num_steps: int):
+    """``lr_schedule=`` for the truncated refit: the default cosine over ``num_steps`` steps (to
+    ``FINAL_LR_FRACTION`` of ``lr``) whatever number of steps the fit runs, so a refit of ``k < num_steps`` steps
+    follows the scored fit's rates and stops at ``k``."""
+
+    def schedule(opt):
+        eta_min = opt.defaults["lr"] * FINAL_LR_FRACTION
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=num_steps, eta_min=eta_min)
+
+    return schedule
+
+
+def fit_options(name: str, refit: str) -> dict:
+    """The ``bp.fit`` options of variant ``name`` under the refit ``refit`` (:data:`REFITS`)."""
+    options = dict(VARIANTS[name][0])
+    if refit == "truncated":
+        options["lr_schedule"] = whole_budget_cosine(options.get("num_steps", 1000))
+    elif refit != "compressed":
+        raise SystemExit(f"--refit: unknown refit {refit!r}; choose from {', '.join(REFITS)}.")
+    return options
 
 
 def free_basis(x: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,11 +121,13 @@ def free_basis(x: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.T
 
 
 def curvature_start(z: dict, w0: dict, x: torch.Tensor) -> dict:
-    """``w_init + (I + G)^{-1} (w0 - w_init)`` over every weight of the benchmark's ``Linear - ReLU - Linear``
-    classifier: the minimizer of the anchor term ``|w - w0|^2 / 2`` (a ``Normal(0, 1)`` prior) plus the data term's
+    """``w_init + (I + G)^{-1} (w0 - w_init)`` over every weight of the benchmarks' ``Linear - ReLU - Linear``
+    nets: the minimizer of the anchor term ``|w - w0|^2 / 2`` (a ``Normal(0, 1)`` prior) plus the data term's
     Gauss-Newton quadratic ``(w - w_init)^T G (w - w_init) / 2`` at the initializer (its gradient left out), so each
-    direction moves toward its anchor as far as the data leave it free; ``G = sum_i J_i^T (diag(p_i) - p_i p_i^T) J_i``
-    with ``J_i`` the logits' Jacobian at row ``i``."""
+    direction moves toward its anchor as far as the data leave it free; ``G = sum_i J_i^T Lambda_i J_i`` with ``J_i``
+    the outputs' Jacobian at row ``i`` and ``Lambda_i = diag(p_i) - p_i p_i^T`` for a classifier (softmax), or
+    ``1 / sigma^2`` for a Gaussian likelihood whose learned noise ``sigma`` (site ``"sigma"``, log scale) starts where
+    ``z`` has it."""
     names = ["0.weight", "0.bias", "2.weight", "2.bias"]
     shapes = [z[n].shape for n in names]
     theta0 = torch.cat([z[n].detach().flatten() for n in names]).double()
@@ -102,14 +143,33 @@ def curvature_start(z: dict, w0: dict, x: torch.Tensor) -> dict:
         return torch.relu(xd @ w1.T + b1) @ w2.T + b2
 
     jac = torch.func.jacrev(logits)(theta0)  # (N, K, P)
-    p = torch.softmax(logits(theta0), -1)
-    lam = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+    if "sigma" in z:  # Gaussian likelihood: Lambda = I / sigma^2 (one output)
+        lam = torch.exp(-2.0 * z["sigma"].detach().double()).reshape(1, 1, 1).expand(len(xd), 1, 1)
+    else:
+        p = torch.softmax(logits(theta0), -1)
+        lam = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
     ggn = torch.einsum("nkp,nkl,nlq->pq", jac, lam, jac)
     start = theta0 + torch.linalg.solve(torch.eye(len(theta0), dtype=torch.float64) + ggn, anchor_flat - theta0)
     out, at = {}, 0
     for n, shape in zip(names, shapes):
         out[n] = start[at : at + shape.numel()].reshape(shape).to(z[n].dtype)
         at += shape.numel()
+    return out
+
+
+def linear_free_start(z: dict, w0: dict, x: torch.Tensor, relative: float = 0.05) -> dict:
+    """Every ``Linear`` layer's weight ``W`` of the benchmarks' ``Linear - ReLU - Linear`` nets moved to its anchor
+    along the directions its own inputs ``a`` (over the training rows, the earlier layers already moved) leave free:
+    ``W + (W0 - W) P``, ``P`` the projection on the eigenvectors of the inputs' second moment ``a^T a / N`` with
+    eigenvalue below ``relative`` times their mean (for standardized inputs the first layer's is ``freestart``'s
+    0.05); biases stay at their initializers."""
+    out = {}
+    a = x
+    for w, b in (("0.weight", "0.bias"), ("2.weight", "2.bias")):
+        lam, vec = torch.linalg.eigh(a.T @ a / len(a))
+        free = vec[:, lam < relative * lam.mean()]
+        out[w] = z[w].detach() + (w0[w] - z[w].detach()) @ (free @ free.T)
+        a = torch.relu(a @ out[w].T + z[b].detach())
     return out
 
 
@@ -132,6 +192,8 @@ class Recorder:
                 z.update({k: v.clone() for k, v in w0.items()})
             elif self.start == "curvature":
                 z.update(curvature_start(z, w0, data.x))
+            elif self.start == "linear":
+                z.update(linear_free_start(z, w0, data.x))
             self.calls.append({"init": init, "w0": w0[LAYER].detach().clone()})
         state = self.original(pot, z, data, **kwargs)
         if self.min_step:  # held-out checks before min_step are not scored: the stop is never earlier
@@ -148,9 +210,19 @@ class Recorder:
 
 
 def run_variant(
-    name: str, s: dict, k: int, split: int, v_free: torch.Tensor, v_data: torch.Tensor, *, seed: int, ref: dict
+    name: str,
+    s: dict,
+    k: int,
+    split: int,
+    v_free: torch.Tensor,
+    v_data: torch.Tensor,
+    *,
+    seed: int,
+    ref: dict,
+    refit: str = "compressed",
 ) -> dict:
-    options, start, *rest = VARIANTS[name]
+    _, start, *rest = VARIANTS[name]
+    options = fit_options(name, refit)
     model = make_model(s["x_train"].shape[1], k, split)
     t0 = time.perf_counter()
     with Recorder(v_free @ v_free.T, start, *rest) as rec, warnings.catch_warnings():
@@ -160,7 +232,7 @@ def run_variant(
     members = post.config["num_chains"]
     final = rec.calls[-members:]  # the last fit's members (after the refit on all rows, when there is one)
     w = post.samples[LAYER][:, 0]
-    row = dict(variant=name, split=split, seed=seed, free_dims=v_free.shape[1], time_s=seconds)
+    row = dict(variant=name, refit=refit, split=split, seed=seed, free_dims=v_free.shape[1], time_s=seconds)
     for label, basis in (("free", v_free), ("data", v_data)):
         gaps = [
             float(((w[i] - c["w0"]) @ basis).norm() / ((c["init"] - c["w0"]) @ basis).norm().clamp_min(1e-12))
@@ -193,7 +265,7 @@ def logreg_reference(s: dict) -> dict:
 
 def summary_lines(table: pd.DataFrame) -> list[str]:
     """A Markdown table: per variant the mean (± standard error over seeds, when more than one) of each column."""
-    cols = [c for c in table.columns if c not in ("variant", "split", "seed", "free_dims")]
+    cols = [c for c in table.columns if c not in ("variant", "refit", "split", "seed", "free_dims")]
     head = ["variant", "seeds"] + cols
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for name, group in table.groupby("variant", sort=False):
@@ -206,8 +278,10 @@ def summary_lines(table: pd.DataFrame) -> list[str]:
     return lines
 
 
-def regression(dataset: str, splits: int, threshold: float, folder, tag: str) -> pd.DataFrame:
-    """The ensemble at its defaults against the free start on ``benchmarks/uci.py``'s protocol (its model with a
+def regression(
+    dataset: str, splits: int, threshold: float, folder, tag: str, names: list[str], refit: str
+) -> pd.DataFrame:
+    """The ensemble's variants ``names`` under ``refit`` on ``benchmarks/uci.py``'s protocol (its model with a
     learned noise, its splits, its metrics in original units), one fit per split and variant."""
     try:
         import uci
@@ -216,27 +290,27 @@ def regression(dataset: str, splits: int, threshold: float, folder, tag: str) ->
     rows = []
     for split in uci.make_splits(dataset=dataset, n_splits=splits):
         v_free, _ = free_basis(split.x_train, threshold)
-        for name in ("default", "freestart", "freestart_min100"):
+        for name in names:
             _, start, *rest = VARIANTS[name]
             with Recorder(v_free @ v_free.T, start, *rest) as rec:
-                row = uci.run_one("ensemble", split)
+                row = uci.run_one("ensemble", split, fit_options(name, refit))
             if not rec.calls:
                 raise RuntimeError("the ensemble's members were not seen: the start was not changed")
-            rows.append(dict(variant=name, free_dims=v_free.shape[1], **row))
+            rows.append(dict(variant=name, refit=refit, free_dims=v_free.shape[1], **row))
             print(f"{dataset} {split.split} {name:10s} test_ll {row.get('test_ll')} rmse {row.get('rmse')}", flush=True)
     table = pd.DataFrame(rows)
     stem = f"anchor_free_{dataset}{tag}"
     table.to_csv(folder / f"{stem}.csv", index=False)
-    cols = ["variant", "split", "free_dims", "test_ll", "rmse", "coverage_95", "error"]
+    cols = ["variant", "refit", "split", "free_dims", "test_ll", "rmse", "coverage_95", "error"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for _, r in table.iterrows():
         lines.append("| " + " | ".join(f"{r[c]:.3f}" if isinstance(r[c], float) else str(r[c]) for c in cols) + " |")
     text = (
-        f"# Anchored ensemble, free start on regression: {dataset}\n\nbenchmarks/anchor_free_directions.py "
-        f"--regression {dataset}: benchmarks/uci.py's protocol (learned noise; test log-likelihood per point and RMSE "
-        f"in original units), the ensemble at its defaults, with the free start (training-input covariance "
-        f"eigenvalues below {threshold}) and with the free start and no stop before step 100, fit seed = split. The "
-        "machine was loaded (2 shared cores).\n\n" + "\n".join(lines) + "\n"
+        f"# Anchored ensemble, start variants on regression: {dataset}\n\nbenchmarks/anchor_free_directions.py "
+        f"--regression {dataset} --variants {','.join(names)} --refit {refit}: benchmarks/uci.py's protocol (learned "
+        "noise; test log-likelihood per point and RMSE in original units), the ensemble's variants as the script's "
+        f"docstring defines them (free directions: training-input covariance eigenvalues below {threshold}), fit "
+        "seed = split. The machine was loaded (2 shared cores).\n\n" + "\n".join(lines) + "\n"
     )
     write_result(folder / f"{stem}.md", text)
     return table
@@ -250,14 +324,15 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--threshold", type=float, default=0.05, help="eigenvalue below which a direction is free")
     parser.add_argument("--seeds", type=int, default=1, help="fit seeds split, split+100, ... (members and anchors)")
     parser.add_argument("--tag", default="")
+    parser.add_argument("--refit", default="compressed", help=f"one of {', '.join(REFITS)} (docstring)")
     parser.add_argument("--regression", default=None, help="a benchmarks/uci.py dataset: default vs free start there")
     parser.add_argument("--uci-splits", type=int, default=3, help="with --regression: splits 0..n-1")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     if args.regression:
-        return regression(
-            args.regression, args.uci_splits, args.threshold, results_dir("classification", args.out), args.tag
-        )
+        folder = results_dir("classification", args.out)
+        names = args.variants.split(",")
+        return regression(args.regression, args.uci_splits, args.threshold, folder, args.tag, names, args.refit)
     x, y = load_dataset(args.dataset)
     s = make_split(x, y, args.split)
     k = int(y.max()) + 1
@@ -271,7 +346,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         if name not in VARIANTS:
             raise SystemExit(f"--variants: unknown variant {name!r}; choose from {sorted(VARIANTS)}.")
     for seed, name in [(args.split + 100 * r, n) for r in range(args.seeds) for n in names]:
-        rows.append(run_variant(name, s, k, args.split, v_free, v_data, seed=seed, ref=ref))
+        rows.append(run_variant(name, s, k, args.split, v_free, v_data, seed=seed, ref=ref, refit=args.refit))
         r = rows[-1]
         print(
             f"{name:18s} gap_free {r['gap_free']:.3f} gap_data {r['gap_data']:.3f} sd_free {r['sd_free']:.3f} "
@@ -286,7 +361,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
             f"# Anchored ensemble, free input directions: {args.dataset} split {args.split}\n\n"
             f"benchmarks/anchor_free_directions.py (its docstring defines the columns); free directions: the training "
             f"inputs' covariance eigenvalues below {args.threshold} ({v_free.shape[1]} of {x.shape[1]}). Logistic "
-            f"regression on this split: accuracy {ref['accuracy']:.3f}, NLL {ref['nll']:.3f}; target_met: the share of "
+            f"regression on this split: accuracy {ref['accuracy']:.3f}, NLL {ref['nll']:.3f}. Refit: {args.refit} "
+            "(docstring). target_met: the share of "
             "fits meeting the joint target (noise AUROC by MI >= 0.8, accuracy and NLL within 0.03 of it). Mean ± "
             "standard error over fit seeds. The machine was loaded (2 shared cores): time_s is not comparable across runs.\n\n"
             + "\n".join(lines)
