@@ -23,7 +23,8 @@ Variants (each the ensemble's defaults except what is named): ``default``; ``nov
 ``W_init + (W0 - W_init) P_f`` in the first layer, ``P_f = V_f V_f^T``, everything else at the initializers);
 ``freestart_noval``; ``linfree`` (:func:`linear_free_start`: every ``Linear`` layer's weight moved to its anchor
 along the directions its own inputs leave free, eigenvalues below 0.05 of their mean); ``anchorstart`` (every site
-at its anchor); ``curvstart`` (every weight at
+at its anchor); ``mapnewton`` (:func:`newton_start`: one Gauss-Newton step of each member's anchored objective from a
+plain MAP of the same rows, no threshold); ``curvstart`` (every weight at
 ``w_init + (I + G)^{-1} (w0 - w_init)``, ``G`` the data term's Gauss-Newton matrix at the initializer:
 :func:`curvature_start`, a rule without a threshold); ``min100`` and ``freestart_min100`` (the default and the free
 start with the held-out checks before step 100 left unscored, so the stop is never earlier: an experiment-only wrap of
@@ -84,6 +85,7 @@ VARIANTS = {
     "anchorstart": ({}, "anchor"),
     "curvstart": ({}, "curvature"),
     "linfree": ({}, "linear"),
+    "mapnewton": ({}, "newton"),
     "freestart_min100": ({}, "free", 100),
     "min100": ({}, None, 100),
 }
@@ -120,41 +122,79 @@ def free_basis(x: torch.Tensor, threshold: float) -> tuple[torch.Tensor, torch.T
     return vec[:, lam < threshold], vec[:, lam >= threshold]
 
 
-def curvature_start(z: dict, w0: dict, x: torch.Tensor) -> dict:
-    """``w_init + (I + G)^{-1} (w0 - w_init)`` over every weight of the benchmarks' ``Linear - ReLU - Linear``
-    nets: the minimizer of the anchor term ``|w - w0|^2 / 2`` (a ``Normal(0, 1)`` prior) plus the data term's
-    Gauss-Newton quadratic ``(w - w_init)^T G (w - w_init) / 2`` at the initializer (its gradient left out), so each
-    direction moves toward its anchor as far as the data leave it free; ``G = sum_i J_i^T Lambda_i J_i`` with ``J_i``
-    the outputs' Jacobian at row ``i`` and ``Lambda_i = diag(p_i) - p_i p_i^T`` for a classifier (softmax), or
-    ``1 / sigma^2`` for a Gaussian likelihood whose learned noise ``sigma`` (site ``"sigma"``, log scale) starts where
+NAMES = ("0.weight", "0.bias", "2.weight", "2.bias")
+
+
+def gauss_newton(z: dict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(theta, G)`` at ``z`` for the benchmarks' ``Linear - ReLU - Linear`` nets: the weights flattened (float64, in
+    :data:`NAMES` order) and the data term's Gauss-Newton matrix ``G = sum_i J_i^T Lambda_i J_i`` over the rows ``x``,
+    ``J_i`` the outputs' Jacobian at row ``i``, ``Lambda_i = diag(p_i) - p_i p_i^T`` for a classifier (softmax), or
+    ``1 / sigma^2`` for a Gaussian likelihood whose learned noise ``sigma`` (site ``"sigma"``, log scale) is where
     ``z`` has it."""
-    names = ["0.weight", "0.bias", "2.weight", "2.bias"]
-    shapes = [z[n].shape for n in names]
-    theta0 = torch.cat([z[n].detach().flatten() for n in names]).double()
-    anchor_flat = torch.cat([w0[n].detach().flatten() for n in names]).double()
+    shapes = [z[n].shape for n in NAMES]
+    theta = torch.cat([z[n].detach().flatten() for n in NAMES]).double()
     xd = x.double()
 
-    def logits(theta):
-        parts, at = [], 0
-        for shape in shapes:
-            parts.append(theta[at : at + shape.numel()].reshape(shape))
-            at += shape.numel()
-        w1, b1, w2, b2 = parts
+    def outputs(t):
+        w1, b1, w2, b2 = unflatten(t, shapes)
         return torch.relu(xd @ w1.T + b1) @ w2.T + b2
 
-    jac = torch.func.jacrev(logits)(theta0)  # (N, K, P)
+    jac = torch.func.jacrev(outputs)(theta)  # (N, K, P)
     if "sigma" in z:  # Gaussian likelihood: Lambda = I / sigma^2 (one output)
         lam = torch.exp(-2.0 * z["sigma"].detach().double()).reshape(1, 1, 1).expand(len(xd), 1, 1)
     else:
-        p = torch.softmax(logits(theta0), -1)
+        p = torch.softmax(outputs(theta), -1)
         lam = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
-    ggn = torch.einsum("nkp,nkl,nlq->pq", jac, lam, jac)
-    start = theta0 + torch.linalg.solve(torch.eye(len(theta0), dtype=torch.float64) + ggn, anchor_flat - theta0)
-    out, at = {}, 0
-    for n, shape in zip(names, shapes):
-        out[n] = start[at : at + shape.numel()].reshape(shape).to(z[n].dtype)
+    return theta, torch.einsum("nkp,nkl,nlq->pq", jac, lam, jac)
+
+
+def unflatten(theta: torch.Tensor, shapes) -> list[torch.Tensor]:
+    parts, at = [], 0
+    for shape in shapes:
+        parts.append(theta[at : at + shape.numel()].reshape(shape))
         at += shape.numel()
+    return parts
+
+
+def _as_sites(theta: torch.Tensor, like: dict) -> dict:
+    return {n: v.to(like[n].dtype) for n, v in zip(NAMES, unflatten(theta, [like[n].shape for n in NAMES]))}
+
+
+def curvature_start(z: dict, w0: dict, x: torch.Tensor) -> dict:
+    """``w_init + (I + G)^{-1} (w0 - w_init)`` over every weight (:func:`gauss_newton` at the initializer): the
+    minimizer of the anchor term ``|w - w0|^2 / 2`` (a ``Normal(0, 1)`` prior) plus the data term's Gauss-Newton
+    quadratic ``(w - w_init)^T G (w - w_init) / 2`` at the initializer (its gradient left out), so each direction moves
+    toward its anchor as far as the data leave it free."""
+    theta, ggn = gauss_newton(z, x)
+    anchor_flat = torch.cat([w0[n].detach().flatten() for n in NAMES]).double()
+    eye = torch.eye(len(theta), dtype=torch.float64)
+    return _as_sites(theta + torch.linalg.solve(eye + ggn, anchor_flat - theta), z)
+
+
+def newton_start(z_map: dict, w0: dict, x: torch.Tensor) -> dict:
+    """``w_map + (I + G)^{-1} w0`` (:func:`gauss_newton` at ``w_map``, a plain MAP of the same rows): one Gauss-Newton
+    step of the anchored objective ``data(w) + |w - w0|^2 / 2`` from the plain MAP, whose gradient there is ``-w0``
+    (the plain objective's, ``grad data + w``, is zero): the member's linearized randomized MAP, with no threshold.
+    Where the data leave a direction free (``G`` = 0 there, ``w_map`` at the prior's mode 0) it is the anchor."""
+    theta, ggn = gauss_newton(z_map, x)
+    anchor_flat = torch.cat([w0[n].detach().flatten() for n in NAMES]).double()
+    eye = torch.eye(len(theta), dtype=torch.float64)
+    out = _as_sites(theta + torch.linalg.solve(eye + ggn, anchor_flat), z_map)
+    if "sigma" in z_map:
+        out["sigma"] = z_map["sigma"].detach().clone()
     return out
+
+
+def plain_map(model, data) -> dict:
+    """The unconstrained sites of a plain (unanchored) MAP of ``model`` on ``data``: the ensemble member's defaults
+    (1,000 Adam steps, lr 0.01, cosine), no rows held out, seed 0 (shared by every member)."""
+    fit = map_fit_module.fit_map(
+        model, data, init="reset", num_steps=1000, lr=1e-2, lr_schedule="cosine", seed=0, progress=False
+    )
+    z = {n: fit.sample[n].detach() for n in NAMES}
+    if "sigma" in fit.sample:
+        z["sigma"] = fit.sample["sigma"].detach().log()
+    return z
 
 
 def linear_free_start(z: dict, w0: dict, x: torch.Tensor, relative: float = 0.05) -> dict:
@@ -178,7 +218,7 @@ class Recorder:
     move the start (``start``: None, ``"free"``, ``"anchor"`` or ``"curvature"``)."""
 
     def __init__(self, p_free: torch.Tensor, start: str | None, min_step: int = 0):
-        self.p_free, self.start, self.min_step, self.calls = p_free, start, min_step, []
+        self.p_free, self.start, self.min_step, self.calls, self.maps = p_free, start, min_step, [], {}
         self.original = map_fit_module.map_state
 
     def __call__(self, pot, z, data, **kwargs):
@@ -194,6 +234,11 @@ class Recorder:
                 z.update(curvature_start(z, w0, data.x))
             elif self.start == "linear":
                 z.update(linear_free_start(z, w0, data.x))
+            elif self.start == "newton":
+                key = (data.x.shape[0], float(data.x.sum()))
+                if key not in self.maps:  # one plain MAP per set of rows (the held-out fit's, the refit's)
+                    self.maps[key] = plain_map(kwargs["model"], data)
+                z.update(newton_start(self.maps[key], w0, data.x))
             self.calls.append({"init": init, "w0": w0[LAYER].detach().clone()})
         state = self.original(pot, z, data, **kwargs)
         if self.min_step:  # held-out checks before min_step are not scored: the stop is never earlier
