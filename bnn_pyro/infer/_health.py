@@ -849,3 +849,103 @@ def check_gaussian(post, *, cause: str = ""):
             f"so its means, sds and intervals are unreliable. {cause}Use method='nuts' for this model."
         )
     return post
+
+
+COLLAPSE_R2_MAX = 0.1
+""":func:`check_noise_collapse` warns when the posterior predictive mean explains less than 10% of the training
+targets' variance (``R^2 = 1 - MSE / Var(y)`` on the training rows): "almost none" of it. The zoo's
+``mlp_regression`` card fitted by mean-field SVI ends at ``R^2`` about 0 (test RMSE 0.66 against a targets' sd of
+0.67, ``benchmarks/results/zoo_svi_collapse/``); fits that use those data reach 0.9 or more."""
+COLLAPSE_NOISE_MIN = 0.9
+"""... and its learned Gaussian noise sd (posterior median) is at least 0.9 of the training targets' sd: the noise
+absorbs what the mean leaves. A fit that explains a fraction ``R^2`` of ``Var(y)`` and puts the rest in the noise has
+``sigma = sqrt(1 - R^2) sd(y)``, 0.95 at ``R^2 = 0.1``; 0.9 leaves room for a noise prior that pulls ``sigma`` down."""
+COLLAPSE_SIGNAL_MIN = 0.3
+"""... while a plain regression on the same rows explains at least 30% of the targets' variance out of sample: the
+larger of the leave-one-out ``R^2`` of ridge regression (penalty 1, inputs standardized) and of
+:data:`COLLAPSE_NEIGHBOURS`-nearest-neighbour regression (standardized inputs). So the data carry signal that the fit
+left unused; where ``y`` does not depend on ``x`` (both near or below 0) explaining nothing is the right answer and
+nothing is said. Both references are weak in many dimensions, so the gate errs towards silence there."""
+COLLAPSE_NEIGHBOURS = 5
+"""Neighbours of the nearest-neighbour reference of :data:`COLLAPSE_SIGNAL_MIN`: a smoother that needs no tuning and
+finds a nonlinear signal of a few inputs (the zoo's one-input sine, friedman1's five of ten)."""
+
+
+def reference_r2(x: torch.Tensor, y: torch.Tensor) -> tuple[float, str]:
+    """The larger leave-one-out ``R^2`` of two plain regressions of ``y`` (``(N,)``) on ``x`` (``(N, ...)``, flattened
+    and standardized per column), and which one: ridge regression with penalty 1 (its leave-one-out residuals in
+    closed form, ``e_i / (1 - H_ii)`` with the hat matrix ``H``; Hastie, Tibshirani & Friedman 2009, eq. 7.52) and the
+    mean of the :data:`COLLAPSE_NEIGHBOURS` nearest other rows (Euclidean). Used by :func:`check_noise_collapse`."""
+    x = x.reshape(x.shape[0], -1).double()
+    y = y.reshape(-1).double()
+    n = x.shape[0]
+    x = (x - x.mean(0)) / x.std(0).clamp_min(1e-12)
+    yc = y - y.mean()
+    total = float(yc.pow(2).sum())
+    if n < 2 * COLLAPSE_NEIGHBOURS or total <= 0:
+        return math.nan, "none"
+    # ridge in its kernel form (any number of columns): H = K (K + I)^-1 with K = x x^T; the intercept is the mean
+    kernel = x @ x.T
+    hat = torch.linalg.solve(kernel + torch.eye(n, dtype=x.dtype), kernel)
+    resid = (yc - hat @ yc) / (1.0 - hat.diagonal() - 1.0 / n).clamp_min(1e-12)
+    ridge = 1.0 - float(resid.pow(2).sum()) / total
+    dist = torch.cdist(x, x)
+    dist.fill_diagonal_(math.inf)
+    near = dist.topk(COLLAPSE_NEIGHBOURS, largest=False).indices
+    knn = 1.0 - float((y - y[near].mean(-1)).pow(2).sum()) / total
+    return (ridge, "ridge regression") if ridge >= knn else (knn, f"{COLLAPSE_NEIGHBOURS}-nearest-neighbour regression")
+
+
+def check_noise_collapse(post):
+    """Warn when a regression fit of a ``BNN`` with a learned Gaussian noise "predicts the mean": its predictive mean
+    explains less than :data:`COLLAPSE_R2_MAX` of the training targets' variance, its noise sd (posterior median) is
+    at least :data:`COLLAPSE_NOISE_MIN` of their sd, and a plain regression explains at least
+    :data:`COLLAPSE_SIGNAL_MIN` of it out of sample (:func:`reference_r2`). With a learned noise that collapse can be
+    the model's best fit (mean-field SVI's best ELBO on the zoo's ``mlp_regression``, whose fits that use the data end
+    at worse ELBOs: ``benchmarks/results/zoo_svi_collapse/``), so no other check sees it. For any engine (``bp.fit``
+    runs it on every posterior); judged on up to :data:`PREDICTIVE_ROWS` training rows and
+    :data:`PREDICTIVE_DRAWS` draws, single-output targets only. Returns ``post``."""
+    from bnn_pyro.likelihoods import Gaussian
+    from bnn_pyro.model import BNN
+
+    model, x, y = post.model, post.x, post.y
+    if not isinstance(model, BNN) or not isinstance(model.likelihood, Gaussian) or x is None or y is None:
+        return post
+    noise = {k: post.samples[k] for k in model.likelihood.sites() if k in post.samples}
+    if not noise or not isinstance(x, torch.Tensor) or not y.dtype.is_floating_point or y.shape[0] < 2:
+        return post
+    if y.reshape(y.shape[0], -1).shape[1] != 1:
+        return post
+    rows = torch.linspace(0, x.shape[0] - 1, min(PREDICTIVE_ROWS, x.shape[0])).round().long().unique()
+    x, y = x[rows], y[rows]
+    total = post.num_chains * post.num_draws
+    idx = torch.linspace(0, total - 1, min(PREDICTIVE_DRAWS, total)).round().long().unique()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        fitted = _observations(post, x, y, idx)
+    if fitted is None:
+        return post
+    target = y.double().reshape(-1)
+    sd = float(target.std())
+    mean = fitted[0].mean(0).reshape(-1)
+    r2 = 1.0 - float((mean - target).pow(2).mean()) / float((target - target.mean()).pow(2).mean())
+    sigma = float(model.likelihood.noise_scale(noise).double().median())
+    if not (sd > 0 and r2 < COLLAPSE_R2_MAX and sigma >= COLLAPSE_NOISE_MIN * sd):
+        return post
+    signal, which = reference_r2(x, target)
+    if not signal >= COLLAPSE_SIGNAL_MIN:
+        return post
+    svi = post.method == "svi"
+    _warn(
+        f"{post.method}: the fit predicts the mean and its learned noise absorbs the rest: its predictive mean's R^2 "
+        f"on the training rows is {r2:.2f} (threshold {COLLAPSE_R2_MAX:g}) and the noise sd ({sigma:.3g}, posterior "
+        f"median) is {sigma / sd:.2f} of the targets' sd ({sd:.3g}), while "
+        f"{which} on the same rows explains {100 * signal:.0f}% of it out of sample (leave-one-out): the data carry "
+        "signal the fit does not use. With a learned noise, 'f constant, sigma ~ sd(y)' can be the model's best fit"
+        + (" (for SVI with a mean-field guide it can be the best ELBO, which more steps only approach)" if svi else "")
+        + ". Try a fixed noise in y's units, likelihood=bp.likelihoods.Gaussian(scale=...), or a tighter noise prior "
+        "(e.g. scale=dist.HalfNormal(0.1 * y.std()))"
+        + (", kl_warmup=0.9 (it stops short of that optimum; docs/engines.md)" if svi else "")
+        + (", or method='nuts' (the exact posterior, for models this small)." if post.method != "nuts" else ".")
+    )
+    return post
