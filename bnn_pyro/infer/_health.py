@@ -949,3 +949,52 @@ def check_noise_collapse(post):
         + (", or method='nuts' (the exact posterior, for models this small)." if post.method != "nuts" else ".")
     )
     return post
+
+
+ACTIVE_UNIT_SNR = 2.0
+""":func:`check_mean_field_off_data` counts a hidden unit as carrying the fit when one of its output weights has a
+fitted mean larger than 2 of its sds (its sign holds in about 98% of draws); the others are pruned, their output
+weights centred near 0 (Trippe & Turner 2018, "Overpruning in variational Bayesian neural networks")."""
+
+
+def active_units(post) -> tuple[int, int] | None:
+    """``(active, total)`` hidden units feeding ``post``'s output layer (its last sampled weight matrix), a unit active
+    when one of its output weights' ``|mean| / sd`` over the draws exceeds :data:`ACTIVE_UNIT_SNR`; ``None`` without
+    such a matrix."""
+    names = [k for k, v in post.samples.items() if k.endswith("weight") and v.dim() == 4]
+    if not names:
+        return None
+    w = post.samples[names[-1]].double()
+    w = w.reshape((-1,) + w.shape[2:])
+    ratio = (w.mean(0).abs() / w.std(0).clamp_min(1e-300)).amax(0)
+    return int((ratio > ACTIVE_UNIT_SNR).sum()), ratio.numel()
+
+
+def check_mean_field_off_data(post):
+    """Warn, for a classification fit of a ``BNN`` by SVI with a mean-field guide, that its off-data uncertainty can
+    fall short of the posterior's, and why (``docs/ood.md``, "Mean-field SVI off the data"): the factorized guide
+    carries the fit in a few hidden units with well-determined weights (:func:`active_units`) and prunes the rest, so
+    its mean function extrapolates like one network and its draws agree on the class on inputs unlike the training
+    rows more often than the posterior's do. No quantity of the fit was found to tell the splits where that costs the
+    noise AUROC from those where it does not, so every such fit is told. Returns ``post``."""
+    from bnn_pyro.model import BNN
+
+    if post.config.get("guide") != "mean_field" or not isinstance(post.model, BNN) or not _classifies(post):
+        return post
+    units = active_units(post)
+    carried = (
+        ""
+        if units is None
+        else f" (here {units[0]} of the output layer's {units[1]} inputs have an output weight whose mean exceeds "
+        f"{ACTIVE_UNIT_SNR:g} sds; the rest are pruned)"
+    )
+    _warn(
+        f"{post.method}: off-data uncertainty can fall short of the posterior's with a mean-field guide: it carries the "
+        f"fit in a few hidden units with well-determined weights{carried}, so its mean function extrapolates like one "
+        "network and its draws agree on the class on inputs unlike the training data more often than posterior draws "
+        "do (on public tabular sets its noise AUROC by mutual information was 0.72-0.78 on 2 of 6 splits where NUTS "
+        "reached 0.89-0.91; kl_warmup, init_scale, the closed-form KL, more particles and inputs rotated to their "
+        "principal axes left it there; docs/ood.md). For out-of-distribution detection use method='nuts' (the exact "
+        "posterior, for models this small) or method='sghmc' (met that target on every tabular split measured)."
+    )
+    return post
