@@ -49,6 +49,13 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
 - :func:`check_descent` (snapshot ensembles and SG-MCMC): a run whose potential (negative log joint) ends well
   above where it started diverged; on the logistic BNN with an unstandardized covariate (``lr="auto"`` peaking at a
   step of 5.9) the snapshots were hundreds of posterior sds off, and SGLD's draws 10^5 sds, silently.
+- :func:`check_noise_collapse` (any engine, from ``bp.fit``): a regression fit with a learned Gaussian noise whose
+  predictive mean explains almost none of the training targets' variance while the noise absorbs it, on data where a
+  ridge or nearest-neighbour regression finds signal out of sample. Mean-field SVI on the zoo's ``mlp_regression`` ends
+  there as its best ELBO (``benchmarks/results/zoo_svi_collapse/``).
+- :func:`check_mean_field_off_data` (classification fits of a ``BNN`` by SVI with a mean-field guide): the guide
+  carries the fit in a few hidden units and prunes the rest, so its off-data uncertainty can fall short of the
+  posterior's (``docs/ood.md``, "Mean-field SVI off the data").
 
 The thresholds are module constants; each one's docstring says where it comes from.
 """
