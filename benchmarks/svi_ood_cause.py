@@ -16,7 +16,7 @@ KL), ``num_particles=8`` (a setting of ``bp.fit``); ``rotate`` (the inputs rotat
 training rows, ``x V`` with ``V`` the eigenvectors of their covariance; the test and noise rows too: under the
 isotropic ``Normal(0, 1)`` prior the same model and exact posterior, with the mean-field factors now along the
 directions the data leave free); ``nuts`` (2 chains of 400 draws after 400 warm-up, shorter than its defaults). Any
-other ``key=value`` of SVI's options is taken too (one fit each).
+other ``key=value`` of SVI's options is taken too, several joined by ``+`` (one fit each).
 
 Run from the repository root: ``python benchmarks/svi_ood_cause.py --dataset wine --split 0``. Writes
 ``benchmarks/results/classification/svi_ood_cause_<set><split>.md`` and ``.csv``. One torch thread.
@@ -46,12 +46,15 @@ def _options(variant: str) -> tuple[str, dict]:
         return "nuts", dict(num_chains=2, num_samples=400, num_warmup=400)
     if variant in ("default", "rotate"):
         return "svi", {}
-    key, value = variant.split("=")
-    try:
-        value = float(value) if "." in value else int(value)
-    except ValueError:
-        pass
-    return "svi", {key: value}
+    options = {}
+    for item in variant.split("+"):  # e.g. guide=full_rank+lr=0.001: several options in one fit
+        key, value = item.split("=")
+        try:
+            value = float(value) if "." in value else int(value)
+        except ValueError:
+            pass
+        options[key] = value
+    return "svi", options
 
 
 def _logits(samples: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
