@@ -1,7 +1,7 @@
-"""Mean-field SVI's off-data uncertainty in classification (issue 26, item 1; ``docs/ood.md``, "Mean-field SVI off the
-data"): a classification fit of a ``BNN`` with the default mean-field guide says that its noise AUROC can fall short
-of the posterior's, with the fit's own count of the hidden units that carry it; other guides and regression fits do
-not get that note."""
+"""SVI's off-data uncertainty in classification (issue 26, item 1; ``docs/ood.md``, "Mean-field SVI off the data"): a
+classification fit of a ``BNN`` with a Gaussian guide (the default mean-field one; low-rank and full-rank end the same
+way) says that its noise AUROC can fall short of the posterior's, with the fit's own count of the hidden units that
+carry it; a MAP guide and regression fits do not get that note."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import bnn_pyro as bp
 from bnn_pyro.infer import _health
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
-NOTE = "off-data uncertainty can fall short of the posterior's with a mean-field guide"
+NOTE = "off-data uncertainty can fall short of the posterior's with a Gaussian guide"
 
 
 def _blobs():
@@ -36,7 +36,7 @@ def _fit(likelihood, y, **options):
     return post, [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
 
 
-def test_a_mean_field_classifier_says_so_with_its_active_units():
+def test_a_mean_field_classifier_says_so_with_its_active_units():  # the default guide
     _, y = _blobs()
     post, messages = _fit(bp.likelihoods.Categorical(), y)
     said = [m for m in messages if NOTE in m]
@@ -45,13 +45,15 @@ def test_a_mean_field_classifier_says_so_with_its_active_units():
     active = int(((w.mean(0).abs() / w.std(0)).amax(0) > _health.ACTIVE_UNIT_SNR).sum())
     assert 0 < active < 20
     assert _health.active_units(post) == (active, 20)
-    assert f"here {active} of the output layer's 20 inputs" in said[0]
+    assert f"here {active} of the output layer's 20 inputs" in said[0] and "guide='mean_field'" in said[0]
     assert "method='nuts'" in said[0] and "method='sghmc'" in said[0] and "docs/ood.md" in said[0]
 
 
-def test_other_guides_and_regression_fits_get_no_such_note():
+def test_a_low_rank_classifier_says_so_too_and_a_map_or_regression_fit_does_not():
     _, y = _blobs()
     _, messages = _fit(bp.likelihoods.Categorical(), y, guide="low_rank")
+    assert [m for m in messages if NOTE in m and "guide='low_rank'" in m], messages
+    _, messages = _fit(bp.likelihoods.Categorical(), y, guide="map")
     assert not [m for m in messages if NOTE in m], messages
     x, _ = _blobs()
     _, messages = _fit(bp.likelihoods.Gaussian(scale=0.3), torch.sin(x[:, 0]))
