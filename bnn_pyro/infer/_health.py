@@ -968,9 +968,9 @@ weights centred near 0 (Trippe & Turner 2018, "Overpruning in variational Bayesi
 def active_units(post) -> tuple[int, int] | None:
     """``(active, total)`` hidden units feeding ``post``'s output layer (its last sampled weight matrix), a unit active
     when one of its output weights' ``|mean| / sd`` over the draws exceeds :data:`ACTIVE_UNIT_SNR`; ``None`` without
-    such a matrix."""
+    a hidden layer (fewer than two sampled weight matrices: a linear model's inputs are not units)."""
     names = [k for k, v in post.samples.items() if k.endswith("weight") and v.dim() == 4]
-    if not names:
+    if len(names) < 2:
         return None
     w = post.samples[names[-1]].double()
     w = w.reshape((-1,) + w.shape[2:])
@@ -979,12 +979,12 @@ def active_units(post) -> tuple[int, int] | None:
 
 
 def check_gaussian_guide_off_data(post):
-    """Warn, for a classification fit of a ``BNN`` by SVI with a Gaussian guide (mean-field, low-rank or full-rank),
-    that its off-data uncertainty can fall short of the posterior's, and why (``docs/ood.md``, "Mean-field SVI off the
-    data"): the guide carries the fit in a few hidden units with well-determined weights (:func:`active_units`) and
-    prunes the rest, so its mean function extrapolates like one network and its draws agree on the class on inputs
-    unlike the training rows more often than the posterior's do. A full-rank guide fitted to convergence ends the same
-    way, so it is the Gaussian family, not the factorization. No quantity of the fit was found to tell the splits where
+    """Warn, for a classification fit of a ``BNN`` with a hidden layer by SVI with a Gaussian guide (mean-field,
+    low-rank or full-rank), that its off-data uncertainty can fall short of the posterior's, and why (``docs/ood.md``,
+    "Mean-field SVI off the data"): the guide carries the fit in a few hidden units with well-determined weights
+    (:func:`active_units`) and prunes the rest, so its mean function extrapolates like one network and its draws agree
+    on the class on inputs unlike the training rows more often than the posterior's do. A full-rank guide fitted four
+    times longer from a wider start ends the same way, so it is the Gaussian family, not the factorization. No quantity of the fit was found to tell the splits where
     that costs the noise AUROC from those where it does not, so every such fit is told. Returns ``post``."""
     from bnn_pyro.model import BNN
 
@@ -992,10 +992,10 @@ def check_gaussian_guide_off_data(post):
     if post.config.get("guide") not in gaussian or not isinstance(post.model, BNN) or not _classifies(post):
         return post
     units = active_units(post)
+    if units is None:  # no hidden units to prune: a linear model's Gaussian guide is not what this is about
+        return post
     carried = (
-        ""
-        if units is None
-        else f" (here {units[0]} of the output layer's {units[1]} inputs have an output weight whose mean exceeds "
+        f" (here {units[0]} of the output layer's {units[1]} inputs have an output weight whose mean exceeds "
         f"{ACTIVE_UNIT_SNR:g} sds; the rest are pruned)"
     )
     _warn(
@@ -1011,10 +1011,10 @@ def check_gaussian_guide_off_data(post):
     )
     return post
     units = active_units(post)
+    if units is None:  # no hidden units to prune: a linear model's Gaussian guide is not what this is about
+        return post
     carried = (
-        ""
-        if units is None
-        else f" (here {units[0]} of the output layer's {units[1]} inputs have an output weight whose mean exceeds "
+        f" (here {units[0]} of the output layer's {units[1]} inputs have an output weight whose mean exceeds "
         f"{ACTIVE_UNIT_SNR:g} sds; the rest are pruned)"
     )
     _warn(
