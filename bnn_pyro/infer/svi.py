@@ -88,7 +88,7 @@ from pyro.infer import Trace_ELBO, autoguide
 from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_start
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, latent_sites, point_values
-from bnn_pyro.infer._health import check_narrow, check_svi
+from bnn_pyro.infer._health import check_gaussian_guide_off_data, check_narrow, check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
@@ -447,7 +447,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         config["init_converged"] = all(s.converged for s in warm_starts)
         if isinstance(guide_kind, GuideKind):
             svi_start.check_start(warm_starts[0], guide_kind.value)
-    return check_narrow(check_svi(post), cause=NARROW)
+    return check_gaussian_guide_off_data(check_narrow(check_svi(post), cause=NARROW))
 
 
 @dataclass
