@@ -245,7 +245,7 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
     post = refit(
         _fit(model, data, cfg),
-        lambda chosen: _fit(model, data, refit_config(replace(cfg, epochs=None), num_steps=chosen.num_steps)),
+        lambda chosen: _fit(model, data, refit_config(replace(cfg, epochs=None), chosen)),
     )
     check_spread(post, SPREAD)
     return post if _inputs_dropped(model, post) else check_off_data(post, OFF_DATA)

@@ -168,9 +168,7 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         the data set, for a loader).
     """
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
-    post = refit(
-        _fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, num_steps=chosen.num_steps))
-    )
+    post = refit(_fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, chosen)))
     check_narrow(post, cause=NARROW)
     return check_anchored_log_loss(post, units="members") if cfg.anchored else post
 

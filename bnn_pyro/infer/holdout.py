@@ -59,6 +59,7 @@ import torch
 from pyro import poutine
 
 from bnn_pyro.infer._common import Data, quiet_model
+from bnn_pyro.infer.optim import Horizon
 from bnn_pyro.likelihoods import HALF_LOG_2PI
 
 __all__ = [
@@ -347,19 +348,36 @@ class Chosen:
 
     ``num_steps``: the stopping point scaled to all rows (:func:`scaled_steps` of the median over chains of
     ``best_step + 1``: the engines take one ``num_steps`` for all chains; the pre-training steps of SWA/SWAG),
-    ``None`` where the engine recorded none. ``sigma``: the chosen noise sd per chain (one value repeated for
-    engines that choose one for all draws), ``None`` without a learned Gaussian noise. ``stops``: per chain, the
-    step of each noise-free stage's kept state (csgmcmc's exploration stages, snapshot's cycles), else ``None``."""
+    ``None`` where the engine recorded none. ``horizon``: the budget of the run that chose (the length of its
+    learning-rate schedule: ``num_steps``, SWA/SWAG's ``pretrain_steps``) scaled to all rows the same way, ``None``
+    with no ``num_steps``; the refit lays its schedule over it and stops at ``num_steps`` (:meth:`schedule`).
+    ``sigma``: the chosen noise sd per chain (one value repeated for engines that choose one for all draws),
+    ``None`` without a learned Gaussian noise. ``stops``: per chain, the step of each noise-free stage's kept state
+    (csgmcmc's exploration stages, snapshot's cycles), else ``None``."""
 
     num_steps: int | None
     sigma: list[float] | None
     stops: list[list[int]] | None = None
+    horizon: int | None = None
+
+    def schedule(self, schedule):
+        """``schedule`` (an ``lr_schedule=`` value) as the refit runs it: laid over :attr:`horizon` and stopped at
+        :attr:`num_steps` (:class:`~bnn_pyro.infer.optim.Horizon`), so the refit's rates are the first
+        ``num_steps`` rates of the run that chose and it reproduces the state the held-out rows scored (a schedule
+        laid over the chosen steps alone would anneal to 1% of ``lr`` by then: a less trained fit). ``schedule``
+        itself where the two coincide or nothing was chosen."""
+        if self.horizon is None or self.num_steps is None or self.horizon == self.num_steps:
+            return schedule
+        return Horizon(getattr(schedule, "schedule", schedule), self.horizon)
 
     def record(self) -> dict:
-        """The JSON-friendly ``post.config["validation"]["chosen"]`` entry."""
+        """The JSON-friendly ``post.config["validation"]["chosen"]`` entry: ``num_steps`` (the stop) and
+        ``horizon`` (the schedule's length it stopped in), ``sigma``, ``stops``."""
         out = {}
         if self.num_steps is not None:
             out["num_steps"] = self.num_steps
+        if self.horizon is not None:
+            out["horizon"] = self.horizon
         if self.sigma is not None:
             out["sigma"] = self.sigma[0] if len(set(self.sigma)) == 1 else list(self.sigma)
         if self.stops is not None:
@@ -377,20 +395,19 @@ def scaled_steps(steps: int, *, rows_train: int, rows_all: int, batch_size: int 
     return max(1, int(round(steps * per_epoch)))
 
 
-def chosen(post) -> Chosen:
-    """What the held-out rows of the fit ``post`` chose: its ``history["best_step"]`` (early stopping) scaled to
-    all rows, its ``history["exploration_stop"]`` (per-stage stops), and its noise (``config["noise"]``)."""
+def chosen(post, budget: str = "num_steps") -> Chosen:
+    """What the held-out rows of the fit ``post`` chose: its ``history["best_step"]`` (early stopping) and its
+    ``config[budget]`` (the run's length, its schedule's horizon) scaled to all rows, its
+    ``history["exploration_stop"]`` (per-stage stops), and its noise (``config["noise"]``)."""
     rows_all = int(post.x.shape[0])
     rows_train = rows_all - int(post.config["validation"]["rows"])
-    steps = None
+    scale = dict(rows_train=rows_train, rows_all=rows_all, batch_size=post.config.get("batch_size"))
+    steps = horizon = None
     if "best_step" in post.history:
         best = post.history["best_step"].reshape(post.history["best_step"].shape[0], -1)[:, -1].double() + 1
-        steps = scaled_steps(
-            int(best.median().round()),
-            rows_train=rows_train,
-            rows_all=rows_all,
-            batch_size=post.config.get("batch_size"),
-        )
+        steps = scaled_steps(int(best.median().round()), **scale)
+        if isinstance(post.config.get(budget), int):
+            horizon = max(steps, scaled_steps(post.config[budget], **scale))
     stops = None
     if "exploration_stop" in post.history:
         stops = [
@@ -402,20 +419,21 @@ def chosen(post) -> Chosen:
     records = noise if isinstance(noise, list) else [noise] * post.num_chains if noise else []
     if records and all(r.get("selected_on") == "validation" for r in records):
         sigma = [float(r["sigma"]) for r in records]
-    return Chosen(num_steps=steps, sigma=sigma, stops=stops)
+    return Chosen(num_steps=steps, sigma=sigma, stops=stops, horizon=horizon)
 
 
-def refit(post, fit_again: Callable[[Chosen], object]):
+def refit(post, fit_again: Callable[[Chosen], object], *, budget: str = "num_steps"):
     """The posterior to return after a fit that chose things on held-out rows split off the training rows:
-    ``fit_again(chosen(post))``, the same engine on every row (no rows held out) with the stopping point and
-    noise chosen, its draws' learned noise set to the chosen value (as :func:`select_noise` did); ``post``
+    ``fit_again(chosen(post, budget))``, the same engine on every row (no rows held out) with the stopping point,
+    the schedule of the run that chose (:meth:`Chosen.schedule`; ``budget`` names the config entry of its length)
+    and the noise chosen, its draws' learned noise set to the chosen value (as :func:`select_noise` did); ``post``
     itself when no rows were split off (none held out, or a given ``(x_val, y_val)`` pair: every training row
     was fitted already). ``config["validation"]`` keeps the split's record and adds ``"chosen"`` and
     ``"final_fit_rows"``; ``config["noise"]`` keeps the choice's record."""
     described = post.config.get("validation") or {}
     if not described.get("rows") or described.get("source") != "split" or post.x is None:
         return post
-    choice = chosen(post)
+    choice = chosen(post, budget)
     final = fit_again(choice)
     noise = post.config.get("noise")
     site = noise_site(final.model)
@@ -431,15 +449,29 @@ def refit(post, fit_again: Callable[[Chosen], object]):
     return final
 
 
-def refit_config(cfg, **chosen):
+def refit_config(
+    cfg,
+    choice: Chosen | None = None,
+    *,
+    steps: str | None = "num_steps",
+    schedule: str | None = "lr_schedule",
+    **options,
+):
     """An engine config (a :class:`~bnn_pyro.infer.contract.RunOptions` dataclass) for the refit on all rows: no
     rows held out, no checkpoint (the refit is recomputed from the fit that chose; a resumed run resumes that
-    fit), and the ``chosen`` options (e.g. ``num_steps``); options given as ``None`` keep the config's value."""
+    fit, then refits), the ``choice``'s stop as the option named ``steps`` and its schedule (the option named
+    ``schedule`` laid over the horizon of the run that chose: :meth:`Chosen.schedule`), and ``options``; options
+    given as ``None`` keep the config's value."""
+    chosen_options = {}
+    if choice is not None and steps is not None:
+        chosen_options[steps] = choice.num_steps
+    if choice is not None and schedule is not None:
+        chosen_options[schedule] = choice.schedule(getattr(cfg, schedule))
     return replace(
         cfg,
         validation=None,
         checkpoint=None,
         checkpoint_every=None,
         resume=False,
-        **{k: v for k, v in chosen.items() if v is not None},
+        **{k: v for k, v in {**chosen_options, **options}.items() if v is not None},
     )

@@ -342,6 +342,7 @@ class _Settings:
     scale: float
     init: object
     anchored: bool
+    pretrain_schedule: object = "cosine"  # pre-training's rate (a Horizon in the held-out refit: holdout.Chosen)
 
 
 def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments]]:
@@ -350,15 +351,16 @@ def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments
     first = _run_once(model, data, cfg)
     final = []
 
-    def again(chosen) -> Posterior:
-        final.append(_run_once(model, data, refit_config(cfg, pretrain_steps=chosen.num_steps)))
+    def again(chosen) -> Posterior:  # the pre-training's stop, on the cosine of the pre-training that chose
+        refit_cfg = refit_config(cfg, chosen, steps="pretrain_steps", schedule=None)
+        final.append(_run_once(model, data, refit_cfg, pretrain_schedule=chosen.schedule("cosine")))
         return final[0][0]
 
-    post = refit(first[0], again)
+    post = refit(first[0], again, budget="pretrain_steps")
     return (post, final[0][1]) if final else first
 
 
-def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments]]:
+def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> tuple[Posterior, list[SWAGMoments]]:
     swag = isinstance(cfg, SWAGConfig)
     method = "swag" if swag else "swa"
     full = data
@@ -409,6 +411,7 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
         scale=positive("scale", scale),
         init=resolve_init(model, cfg.init, data),
         anchored=flag("anchored", cfg.anchored),
+        pretrain_schedule=pretrain_schedule,
     )
     num_chains = positive_int("num_chains", cfg.num_chains)
     config = clean_config(
@@ -530,6 +533,7 @@ def _engine(
             pretrain_lr=s.pretrain_lr,
             pretrain_steps=pretrain,
             momentum=s.momentum,
+            pretrain_schedule=s.pretrain_schedule,
         )
         state = _Chain(
             fitted,
