@@ -227,7 +227,8 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
         ``num_steps // 50`` steps: early stopping), and a learned Gaussian noise is then set to the value that
         maximizes the held-out log predictive density of the MC-dropout predictive (all chains' draws). Then
         the chains are trained again on every row for the chosen number of epochs (the median best step, scaled
-        to all rows) and the chosen noise replaces theirs (:func:`~bnn_pyro.infer.holdout.refit`). A
+        to all rows) on the schedule of the fit that chose (laid over all ``num_steps``, stopped there), and the
+        chosen noise replaces theirs (:func:`~bnn_pyro.infer.holdout.refit`). A
         fraction, an ``(x_val, y_val)`` pair (no refit: every row is fitted already), or ``None`` (all rows
         trained on for all ``num_steps``, the noise at its fitted point value: overconfident on small data).
         Costs a second fit and one forward pass over the held-out rows per score.

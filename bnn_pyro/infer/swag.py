@@ -265,7 +265,8 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
         held-out likelihood (scored every ``pretrain_steps // 50`` steps: early stopping) and the SWA phase
         starts from it; at the end a learned Gaussian noise is set to the value that maximizes the held-out log
         predictive density of the SWAG predictive (every chain's draws). Then the whole run is repeated on every
-        row, pre-training for the chosen number of epochs (the median best step, scaled to all rows), and the
+        row, pre-training for the chosen number of epochs (the median best step, scaled to all rows) on the
+        pre-training cosine of the run that chose (laid over all ``pretrain_steps``, stopped there), and the
         chosen noise replaces the SWA one (:func:`~bnn_pyro.infer.holdout.refit`). A fraction, an ``(x_val,
         y_val)`` pair (no refit: every row is trained on already), or ``None`` (every row trained on, the noise
         at its SWA value: overconfident on small data). Costs a second run and a forward pass over the held-out

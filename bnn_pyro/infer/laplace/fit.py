@@ -95,8 +95,9 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
         held-out likelihood (scored every ``num_steps // 50`` steps: early stopping), and the noise is set to the
         value that maximizes the held-out log predictive density of the GLM predictive
         (:mod:`bnn_pyro.infer.laplace.noise`). Then the approximation is fitted again on every row
-        (:func:`~bnn_pyro.infer.holdout.refit`): the MAP search for the chosen number of epochs with the chosen
-        noise fixed, and its curvature (cost: a second MAP search). A fraction (the same, also for a known
+        (:func:`~bnn_pyro.infer.holdout.refit`): the MAP search for the chosen number of epochs, on the cosine of
+        the search that chose (laid over all ``num_steps``, stopped there), with the chosen noise fixed, and its
+        curvature (cost: a second MAP search). A fraction (the same, also for a known
         noise: early stopping alone), an ``(x_val, y_val)`` pair (no refit: every row is fitted already), or
         ``None`` (all rows, the noise at the MAP: overconfident on small data).
     num_samples, num_chains:
