@@ -157,3 +157,35 @@ def test_a_users_named_schedule_is_the_one_the_refit_stops_in(schedule):
     assert k < 150 and post.config["lr_schedule"] == f"{schedule} over 150 steps"
     again = bp.fit(model, x, y, **{**options, "num_steps": k}, lr_schedule=Horizon(schedule, 150), validation=None)
     assert torch.equal(post.samples["0.weight"], again.samples["0.weight"])
+
+
+def test_the_refit_reproduces_the_state_the_held_out_rows_scored():
+    """When the held-out rows add nothing to the training gradient (inputs 0 under a net without biases: their
+    logits are 0 whatever the weights), the loss on all rows has the gradient of the loss on the training rows, so
+    the refit on all rows must end where the fit that chose was when it was scored: the state a fit on the training
+    rows alone keeps with the same held-out rows given as a pair (``validation=(x_val, y_val)``: no refit). Those
+    rows score every state alike, so the first check (step 6 of 300) is chosen; a refit annealed over 6 steps
+    would end elsewhere."""
+    n, seed = 240, 0
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(n, 2, generator=g)
+    y = (x[:, 0] + 0.5 * torch.randn(n, generator=g) > 0).long()
+    _, held, _ = ho.split(ho.Data(x, y), "default", seed=seed, method="ensemble")
+    x[held.rows] = 0.0
+    kept = torch.tensor(sorted(set(range(n)) - set(held.rows.tolist())))
+
+    def model():
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(2, 8, bias=False), torch.nn.Tanh(), torch.nn.Linear(8, 2, bias=False))
+        return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
+
+    options = dict(method="ensemble", num_chains=2, num_steps=300, seed=seed, progress=False)
+    post = bp.fit(model(), x, y, **options)
+    chosen = post.config["validation"]["chosen"]
+    assert chosen == {"num_steps": 6, "horizon": 300} and post.config["validation"]["final_fit_rows"] == n
+    scored = bp.fit(model(), x[kept], y[kept], validation=(x[held.rows], y[held.rows]), **options)
+    assert "chosen" not in scored.config["validation"] and scored.history["best_step"].flatten().tolist() == [5, 5]
+    for name in ("0.weight", "2.weight"):
+        assert torch.allclose(post.samples[name], scored.samples[name], rtol=1e-5, atol=1e-6), name
+    annealed = bp.fit(model(), x, y, **{**options, "num_steps": 6}, validation=None)  # the refit before
+    assert not torch.allclose(annealed.samples["0.weight"], scored.samples["0.weight"], rtol=1e-3, atol=1e-4)
