@@ -405,13 +405,15 @@ def scaled_steps(steps: int, *, rows_train: int, rows_all: int, batch_size: int 
     return max(1, int(round(steps * per_epoch)))
 
 
-def chosen(post, budget: str = "num_steps") -> Chosen:
+def chosen(post, budget: str = "num_steps", batch_size=...) -> Chosen:
     """What the held-out rows of the fit ``post`` chose: its ``history["best_step"]`` (early stopping) and its
-    ``config[budget]`` (the run's length, its schedule's horizon) scaled to all rows, its
+    ``config[budget]`` (the run's length, its schedule's horizon) scaled to all rows for minibatches of
+    ``batch_size`` rows (``...``: ``config["batch_size"]``; ``None``: full batch), its
     ``history["exploration_stop"]`` (per-stage stops), and its noise (``config["noise"]``)."""
     rows_all = int(post.x.shape[0])
     rows_train = rows_all - int(post.config["validation"]["rows"])
-    scale = dict(rows_train=rows_train, rows_all=rows_all, batch_size=post.config.get("batch_size"))
+    batch_size = post.config.get("batch_size") if batch_size is ... else batch_size
+    scale = dict(rows_train=rows_train, rows_all=rows_all, batch_size=batch_size)
     steps = horizon = None
     if "best_step" in post.history:
         best = post.history["best_step"].reshape(post.history["best_step"].shape[0], -1)[:, -1].double() + 1
@@ -432,18 +434,19 @@ def chosen(post, budget: str = "num_steps") -> Chosen:
     return Chosen(num_steps=steps, sigma=sigma, stops=stops, horizon=horizon)
 
 
-def refit(post, fit_again: Callable[[Chosen], object], *, budget: str = "num_steps"):
+def refit(post, fit_again: Callable[[Chosen], object], *, budget: str = "num_steps", batch_size=...):
     """The posterior to return after a fit that chose things on held-out rows split off the training rows:
-    ``fit_again(chosen(post, budget))``, the same engine on every row (no rows held out) with the stopping point,
-    the schedule of the run that chose (:meth:`Chosen.schedule`; ``budget`` names the config entry of its length)
-    and the noise chosen, its draws' learned noise set to the chosen value (as :func:`select_noise` did); ``post``
+    ``fit_again(chosen(post, budget, batch_size))``, the same engine on every row (no rows held out) with the
+    stopping point, the schedule of the run that chose (:meth:`Chosen.schedule`; ``budget`` names the config entry
+    of its length, ``batch_size`` the rows per step of the phase scored, by default ``config["batch_size"]``) and
+    the noise chosen, its draws' learned noise set to the chosen value (as :func:`select_noise` did); ``post``
     itself when no rows were split off (none held out, or a given ``(x_val, y_val)`` pair: every training row
     was fitted already). ``config["validation"]`` keeps the split's record and adds ``"chosen"`` and
     ``"final_fit_rows"``; ``config["noise"]`` keeps the choice's record."""
     described = post.config.get("validation") or {}
     if not described.get("rows") or described.get("source") != "split" or post.x is None:
         return post
-    choice = chosen(post, budget)
+    choice = chosen(post, budget, batch_size)
     final = fit_again(choice)
     noise = post.config.get("noise")
     site = noise_site(final.model)

@@ -357,7 +357,9 @@ def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments
         final.append(_run_once(model, data, refit_cfg, pretrain_schedule=chosen.schedule("cosine")))
         return final[0][0]
 
-    post = refit(first[0], again, budget="pretrain_steps")
+    # the pre-training was scored: its steps are full-batch or bp.fit's batch_size (config["batch_size"] is the
+    # SWA phase's minibatch)
+    post = refit(first[0], again, budget="pretrain_steps", batch_size=data.batch_size)
     return (post, final[0][1]) if final else first
 
 

@@ -135,15 +135,17 @@ def test_every_held_out_engine_refits_on_the_schedule_of_the_run_that_chose(monk
 
 def test_swag_pretrains_the_refit_on_the_pretraining_cosine_of_the_run_that_chose():
     """SWAG's history records every step's rate: the refit's pre-training rates are the first k of the scored
-    pre-training's cosine over its 100 steps; the SWA phase then runs as before."""
-    model, x, y = _learned_noise()
-    options = dict(pretrain_steps=100, num_steps=60, swag_rank=2, num_chains=1, num_samples=10)
+    pre-training's cosine over its 300 steps; the SWA phase then runs as before. The pre-training is full-batch, so
+    k and the horizon are not rescaled by the SWA phase's minibatches of 128 rows (``config["batch_size"]``: 252
+    training rows are 2 of them, all 280 rows 3, which would have made 450 steps of 300)."""
+    model, x, y = _learned_noise(280)
+    options = dict(pretrain_steps=300, pretrain_lr=0.1, num_steps=60, swag_rank=2, num_chains=1, num_samples=10)
     post = bp.fit(model, x, y, method="swag", seed=0, progress=False, **options)
     chosen = post.config["validation"]["chosen"]
     k = chosen["num_steps"]
-    assert chosen["horizon"] == 100 and k < 100 and post.config["pretrain_steps"] == k
+    assert chosen["horizon"] == 300 and k < 300 and post.config["pretrain_steps"] == k
     rates = post.history["lr"][0, :k].tolist()
-    assert rates == pytest.approx([_cosine(3e-2, t, 100) for t in range(k)], rel=1e-6)
+    assert rates == pytest.approx([_cosine(0.1, t, 300) for t in range(k)], rel=1e-6)
 
 
 @pytest.mark.parametrize("schedule", ["constant", "exponential"])
