@@ -70,11 +70,19 @@ def compare(before: pd.DataFrame, after: pd.DataFrame, metrics: list[str]) -> tu
     return paired, pd.DataFrame(rows)
 
 
-def read_side(folder: Path) -> pd.DataFrame:
-    frames = [pd.read_csv(p) for p in sorted(folder.glob("*_splits.csv"))]
-    if not frames:
-        raise SystemExit(f"{folder}: no *_splits.csv (the per-split files of uci.py / classification.py).")
-    out = pd.concat(frames, ignore_index=True)
+def read_side(folders: str, methods: list[str] | None = None) -> pd.DataFrame:
+    """The per-split rows of a comma list of folders; a (data set, engine, split) row of a later folder replaces an
+    earlier one's (a side stitched from runs of revisions whose code paths for those engines are the same)."""
+    frames = []
+    for folder in (Path(f) for f in folders.split(",")):
+        found = [pd.read_csv(p) for p in sorted(folder.glob("*_splits.csv"))]
+        if not found:
+            raise SystemExit(f"{folder}: no *_splits.csv (the per-split files of uci.py / classification.py).")
+        frames += found
+    out = pd.concat(frames, ignore_index=True).drop_duplicates(KEYS, keep="last")
+    if methods:
+        out = out[out["method"].isin(methods)]
+    folder = folders
     if "error" in out and out["error"].notna().any():
         bad = out[out["error"].notna()][KEYS + ["error"]]
         print(f"{folder}: fits that failed (left out of the comparison):\n{bad.to_string(index=False)}")
@@ -84,8 +92,9 @@ def read_side(folder: Path) -> pd.DataFrame:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--before", required=True, help="folder of the 'before' run's *_splits.csv")
-    parser.add_argument("--after", required=True, help="folder of the 'after' run's *_splits.csv")
+    parser.add_argument("--before", required=True, help="folder(s), comma list, of the 'before' run's *_splits.csv")
+    parser.add_argument("--after", required=True, help="folder(s), comma list: later folders' rows replace earlier")
+    parser.add_argument("--methods", default=None, help="comma list of engines to compare (default: all)")
     parser.add_argument("--metrics", required=True, help="comma list of the CSV columns to compare")
     parser.add_argument("--name", default="refit_ab", help="the result files' stem")
     parser.add_argument("--title", default="Before / after, paired by split")
@@ -93,7 +102,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--out", required=True, help="the folder written (e.g. benchmarks/results/uci)")
     args = parser.parse_args(argv)
     metrics = args.metrics.split(",")
-    paired, table = compare(read_side(Path(args.before)), read_side(Path(args.after)), metrics)
+    methods = args.methods.split(",") if args.methods else None
+    paired, table = compare(read_side(args.before, methods), read_side(args.after, methods), metrics)
     out = results_dir("refit_ab", args.out)
     paired.to_csv(out / f"{args.name}_splits.csv", index=False)
     text = (
