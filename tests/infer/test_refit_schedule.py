@@ -108,24 +108,29 @@ def _spy(monkeypatch, module):
     [
         ("ensemble", dict(num_chains=2, num_steps=300), "num_steps"),
         ("laplace", dict(num_steps=300), "num_steps"),
-        ("mc_dropout", dict(num_steps=300, num_samples=20), "num_steps"),
+        ("mc_dropout", dict(num_steps=300, num_samples=20), None),
         ("swag", dict(pretrain_steps=300, num_steps=40, swag_rank=2, num_chains=1, num_samples=10), "pretrain_steps"),
     ],
 )
 def test_every_held_out_engine_refits_on_the_schedule_of_the_run_that_chose(monkeypatch, method, options, budget):
     """At every engine's default schedule (a cosine from lr to 1% of it), the refit on all 240 rows ends at the rate
     the whole budget's cosine has at the chosen step k, not at 1% of lr (a cosine over k steps): each engine routes
-    its refit through ``Chosen.schedule``. ``config["validation"]["chosen"]`` records the stop and the horizon."""
+    its refit through ``Chosen.schedule``. ``config["validation"]["chosen"]`` records the stop and the horizon.
+    MC dropout (``budget`` None) is the exception by design: its refit anneals over the k steps, to 1% of lr."""
     made = _spy(monkeypatch, swag_state if method == "swag" else driver)
     model, x, y = _learned_noise()
     post = bp.fit(model, x, y, method=method, seed=0, progress=False, **options)
     chosen = post.config["validation"]["chosen"]
-    k, horizon = chosen["num_steps"], chosen["horizon"]
-    assert horizon == options[budget] and 1 <= k < horizon  # full batch: the budget; the fit stopped before its end
-    assert post.config[budget] == k
+    k, horizon = chosen["num_steps"], chosen.get("horizon")
+    steps = options[budget or "num_steps"]
+    assert horizon == (steps if budget else None) and 1 <= k < steps  # full batch: the budget; stopped before it
+    assert post.config[budget or "num_steps"] == k
     refit = [sched for sched, n in made if n == k]  # the refit's first phase (the scored run's: 300)
-    assert refit and all(n in (k, options[budget]) for _, n in made)
+    assert refit and all(n in (k, steps) for _, n in made)
     lr = options.get("pretrain_lr", 3e-2) if method == "swag" else 1e-2
+    if budget is None:
+        assert all(s.get_last_lr()[0] == pytest.approx(lr * FINAL_LR_FRACTION, rel=1e-9) for s in refit)
+        return
     for sched in refit:
         assert sched.last_epoch == k  # stepped once per step of the k-step refit
         rate = sched.get_last_lr()[0]  # the rate after k steps (swag's optimizer has moved on to its SWA phase)
