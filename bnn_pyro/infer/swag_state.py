@@ -82,9 +82,9 @@ class SWAGMoments:
 
 class PhasedOptimizer:
     """Both phases' optimizer: pre-training's (Adam, or SGD with momentum; rate on a cosine from ``pretrain_lr``
-    to 1% of it over ``pretrain_steps``, or over the horizon of ``pretrain_schedule``, a
-    :class:`~bnn_pyro.infer.optim.Horizon`: the held-out refit's), then, from :meth:`start_swa`, SGD with
-    heavy-ball momentum at a constant rate."""
+    to 1% of it over ``pretrain_steps``; ``pretrain_schedule`` as :func:`~bnn_pyro.infer.optim.make_schedule` takes
+    it, e.g. a :class:`~bnn_pyro.infer.optim.Horizon`), then, from :meth:`start_swa`, SGD with heavy-ball momentum
+    at a constant rate."""
 
     def __init__(
         self,
