@@ -209,3 +209,42 @@ def test_the_refit_reproduces_the_state_the_held_out_rows_scored():
         assert torch.allclose(post.samples[name], scored.samples[name], rtol=1e-5, atol=1e-6), name
     annealed = bp.fit(model(), x, y, **{**options, "num_steps": 6}, validation=None)  # the refit before
     assert not torch.allclose(annealed.samples["0.weight"], scored.samples["0.weight"], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("crash", ["in the fit that chose", "in the refit"])
+def test_a_checkpointed_fit_whose_refit_runs_on_the_horizon_resumes_bit_identically(tmp_path, monkeypatch, crash):
+    """The refit is not checkpointed (``refit_config``): a run that dies in the fit that chose (after its step-40
+    checkpoint) or in the refit, resumed, gives the uninterrupted run's posterior and record exactly; the refit is
+    recomputed from the finished fit that chose."""
+    from bnn_pyro.infer import checkpoint as ckpt_mod
+    from bnn_pyro.infer import ensemble
+
+    model, x, y = _learned_noise()
+    cfg = dict(method="ensemble", num_chains=2, num_steps=150, seed=0, progress=False)
+    whole = bp.fit(model, x, y, **cfg)
+    assert whole.config["validation"]["chosen"]["horizon"] == 150
+    if crash == "in the refit":
+        real = ensemble._fit
+
+        def dies_in_the_refit(model, data, c):
+            if c.validation is None:
+                raise RuntimeError("crash")
+            return real(model, data, c)
+
+        monkeypatch.setattr(ensemble, "_fit", dies_in_the_refit)
+    else:
+        save = ckpt_mod.Checkpoint.save
+
+        def dies_after_step_40(self, step, tensors, meta):
+            if self.path.name == "chain1.ckpt" and step == 60:
+                raise RuntimeError("crash")
+            return save(self, step, tensors, meta)
+
+        monkeypatch.setattr(ckpt_mod.Checkpoint, "save", dies_after_step_40)
+    with pytest.raises(RuntimeError, match="crash"):
+        bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=20, **cfg)
+    monkeypatch.undo()
+    resumed = bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=20, resume=True, **cfg)
+    assert resumed.config == whole.config
+    for name, value in whole.samples.items():
+        assert torch.equal(resumed.samples[name], value), name
