@@ -40,9 +40,10 @@ A schedule's horizon
 --------------------
 A schedule is laid over a run's ``num_steps`` (its horizon): the cosine of a 1,000-step run is at 91% of ``lr``
 after 200 steps, that of a 200-step run at 1%. :class:`Horizon` lays ``lr_schedule`` over a given number of steps
-instead and the run stops before its end: the first ``k`` rates of a ``steps``-step run. The held-out refit uses it
-(:func:`~bnn_pyro.infer.holdout.refit`): the fit on every row runs the schedule of the scored run, stopped at the
-step the held-out rows chose, so that it reproduces the state they scored, not a fit annealed over fewer steps.
+instead and the run stops before its end: the first ``k`` rates of a ``steps``-step run. The held-out refit of
+ensemble and laplace uses it (:func:`~bnn_pyro.infer.holdout.refit`): the fit on every row runs the schedule of the
+scored run, stopped at the step the held-out rows chose, so that it reproduces the state they scored, not a fit
+annealed over fewer steps (mc_dropout and swa/swag keep the annealed refit: holdout.py's step 4 says why).
 
 Example
 -------
