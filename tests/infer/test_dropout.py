@@ -485,7 +485,7 @@ def test_default_holds_rows_out_stops_early_and_sets_the_noise_on_them(monkeypat
     final = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, seed=0, progress=False)
     assert final.config["validation"]["final_fit_rows"] == 240 and "best_step" not in final.history
     monkeypatch.setattr(
-        dropout, "refit", lambda post, again: post
+        dropout, "refit", lambda post, again, **_: post
     )  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(model, x, y, method="mc_dropout", num_steps=200, num_samples=50, seed=0, progress=False)
     assert post.config["validation"] == {"rows": 24, "source": "split", "fraction": 0.1}

@@ -485,7 +485,7 @@ def test_default_holds_rows_out_and_sets_the_noise_on_them(method, monkeypatch):
     final = bp.fit(_learned_noise_mlp(), x, y, method=method, **extra, **SMALL)
     assert _validation(final)["final_fit_rows"] == 240 and final.config["dataset_size"] == 240
     monkeypatch.setattr(
-        swag, "refit", lambda post, again: post
+        swag, "refit", lambda post, again, **_: post
     )  # the fit that chose, before holdout.refit fits every row again (tested in test_holdout.py)
     post = bp.fit(_learned_noise_mlp(), x, y, method=method, **extra, **SMALL)
     assert post.config["noise"]["sigma"] == final.config["noise"]["sigma"]
