@@ -13,7 +13,10 @@ the default.
 
 Rules (each applied per member, then the library's median over members):
 
-* ``argmax``: today's rule, the best held-out score of the run.
+* ``argmax``: the library's rule, the best held-out score of the run. Since 4f01664 the library's refit runs the
+  schedule of the fit that chose, stopped at the chosen step (``holdout.Chosen.schedule``), so ``argmax`` is then
+  the same fit as ``argmax_truncated``; the committed results before ``refit_default_*`` ran the older refit (a
+  cosine over the chosen steps).
 * ``one_se``: the latest check whose held-out score is within one standard error of the best, the standard
   error from the per-row held-out log-likelihood differences paired against the best check
   (``sd(l_best - l_t) / sqrt(n)``; the one-standard-error rule of Breiman et al. 1984 / Hastie et al. 2009,

@@ -227,7 +227,8 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
         ``num_steps // 50`` steps: early stopping), and a learned Gaussian noise is then set to the value that
         maximizes the held-out log predictive density of the MC-dropout predictive (all chains' draws). Then
         the chains are trained again on every row for the chosen number of epochs (the median best step, scaled
-        to all rows) and the chosen noise replaces theirs (:func:`~bnn_pyro.infer.holdout.refit`). A
+        to all rows) on the schedule of the fit that chose (laid over all ``num_steps``, stopped there), and the
+        chosen noise replaces theirs (:func:`~bnn_pyro.infer.holdout.refit`). A
         fraction, an ``(x_val, y_val)`` pair (no refit: every row is fitted already), or ``None`` (all rows
         trained on for all ``num_steps``, the noise at its fitted point value: overconfident on small data).
         Costs a second fit and one forward pass over the held-out rows per score.
@@ -245,7 +246,7 @@ def fit_mc_dropout(model, data: Data, cfg: MCDropoutConfig) -> Posterior:
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
     post = refit(
         _fit(model, data, cfg),
-        lambda chosen: _fit(model, data, refit_config(replace(cfg, epochs=None), num_steps=chosen.num_steps)),
+        lambda chosen: _fit(model, data, refit_config(replace(cfg, epochs=None), chosen)),
     )
     check_spread(post, SPREAD)
     return post if _inputs_dropped(model, post) else check_off_data(post, OFF_DATA)

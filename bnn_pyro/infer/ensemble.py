@@ -144,8 +144,9 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         with the best held-out likelihood (scored every ``num_steps // 50`` steps: early stopping), and a
         learned Gaussian noise is then set to the value that maximizes the held-out log predictive density
         of the ensemble's mixture. Then the members are trained again on every row for the chosen number of
-        epochs (the median over members of the best step, scaled to all rows), and the chosen noise replaces
-        theirs (:func:`~bnn_pyro.infer.holdout.refit`; cost: a second fit). A fraction, an ``(x_val, y_val)``
+        epochs (the median over members of the best step, scaled to all rows) on the schedule of the fit that
+        chose (laid over all ``num_steps``, stopped there: the state the held-out rows scored), and the chosen
+        noise replaces theirs (:func:`~bnn_pyro.infer.holdout.refit`; cost: a second fit). A fraction, an ``(x_val, y_val)``
         pair (no refit: every row is fitted already), or ``None`` (all rows trained on, the members' own noise
         estimates kept: overconfident on small data).
     seed, progress:
@@ -168,9 +169,7 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         the data set, for a loader).
     """
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
-    post = refit(
-        _fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, num_steps=chosen.num_steps))
-    )
+    post = refit(_fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, chosen)))
     check_narrow(post, cause=NARROW)
     return check_anchored_log_loss(post, units="members") if cfg.anchored else post
 

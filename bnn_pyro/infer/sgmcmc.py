@@ -349,7 +349,8 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
         data, holdout, why = split(full, validation, seed=cfg.seed, method="csgmcmc", convert=full.convert, model=model)
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
     post = run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
-    # then every row, each exploration stage stopped where the held-out rows stopped it (holdout.refit)
+    # then every row, each exploration stage stopped where the held-out rows stopped it (holdout.refit): the whole
+    # plan reruns, so each stop falls in the cyclical schedule that chose it (no Horizon needed)
     return _checked(
         refit(
             post,

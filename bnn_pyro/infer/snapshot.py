@@ -170,7 +170,8 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     validation:
         Held-out rows (:mod:`bnn_pyro.infer.holdout`) that pick each cycle's snapshot among its own states and
         then the noise: default 10% of tensor data of at least 200 rows (with a learned noise at least 20 rows, of at least 40). Then the run is repeated on every row,
-        each cycle's snapshot taken at the step chosen, and the chosen noise replaces the run's
+        each cycle's snapshot taken at the step chosen (the same cyclical schedule: the refit replays the
+        stops in the schedule that chose them), and the chosen noise replaces the run's
         (:func:`~bnn_pyro.infer.holdout.refit`; cost: a second run). A fraction, an ``(x_val, y_val)`` pair (no
         refit: every row is trained on already), or ``None`` (every snapshot is its cycle's end).
     anchored:

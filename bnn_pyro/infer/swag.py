@@ -265,7 +265,8 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
         held-out likelihood (scored every ``pretrain_steps // 50`` steps: early stopping) and the SWA phase
         starts from it; at the end a learned Gaussian noise is set to the value that maximizes the held-out log
         predictive density of the SWAG predictive (every chain's draws). Then the whole run is repeated on every
-        row, pre-training for the chosen number of epochs (the median best step, scaled to all rows), and the
+        row, pre-training for the chosen number of epochs (the median best step, scaled to all rows) on the
+        pre-training cosine of the run that chose (laid over all ``pretrain_steps``, stopped there), and the
         chosen noise replaces the SWA one (:func:`~bnn_pyro.infer.holdout.refit`). A fraction, an ``(x_val,
         y_val)`` pair (no refit: every row is trained on already), or ``None`` (every row trained on, the noise
         at its SWA value: overconfident on small data). Costs a second run and a forward pass over the held-out
@@ -342,6 +343,7 @@ class _Settings:
     scale: float
     init: object
     anchored: bool
+    pretrain_schedule: object = "cosine"  # pre-training's rate (a Horizon in the held-out refit: holdout.Chosen)
 
 
 def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments]]:
@@ -350,15 +352,18 @@ def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments
     first = _run_once(model, data, cfg)
     final = []
 
-    def again(chosen) -> Posterior:
-        final.append(_run_once(model, data, refit_config(cfg, pretrain_steps=chosen.num_steps)))
+    def again(chosen) -> Posterior:  # the pre-training's stop, on the cosine of the pre-training that chose
+        refit_cfg = refit_config(cfg, chosen, steps="pretrain_steps", schedule=None)
+        final.append(_run_once(model, data, refit_cfg, pretrain_schedule=chosen.schedule("cosine")))
         return final[0][0]
 
-    post = refit(first[0], again)
+    # the pre-training was scored: its steps are full-batch or bp.fit's batch_size (config["batch_size"] is the
+    # SWA phase's minibatch)
+    post = refit(first[0], again, budget="pretrain_steps", batch_size=data.batch_size)
     return (post, final[0][1]) if final else first
 
 
-def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments]]:
+def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> tuple[Posterior, list[SWAGMoments]]:
     swag = isinstance(cfg, SWAGConfig)
     method = "swag" if swag else "swa"
     full = data
@@ -409,6 +414,7 @@ def _run_once(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMo
         scale=positive("scale", scale),
         init=resolve_init(model, cfg.init, data),
         anchored=flag("anchored", cfg.anchored),
+        pretrain_schedule=pretrain_schedule,
     )
     num_chains = positive_int("num_chains", cfg.num_chains)
     config = clean_config(
@@ -530,6 +536,7 @@ def _engine(
             pretrain_lr=s.pretrain_lr,
             pretrain_steps=pretrain,
             momentum=s.momentum,
+            pretrain_schedule=s.pretrain_schedule,
         )
         state = _Chain(
             fitted,

@@ -18,6 +18,7 @@ from enum import Enum
 import torch
 
 from bnn_pyro.infer._common import Data
+from bnn_pyro.infer.optim import make_schedule
 from bnn_pyro.model import BNN
 from bnn_pyro.predictive_draws import evaluating
 
@@ -81,8 +82,9 @@ class SWAGMoments:
 
 class PhasedOptimizer:
     """Both phases' optimizer: pre-training's (Adam, or SGD with momentum; rate on a cosine from ``pretrain_lr``
-    to 1% of it over ``pretrain_steps``), then, from :meth:`start_swa`, SGD with heavy-ball momentum at a
-    constant rate."""
+    to 1% of it over ``pretrain_steps``, or over the horizon of ``pretrain_schedule``, a
+    :class:`~bnn_pyro.infer.optim.Horizon`: the held-out refit's), then, from :meth:`start_swa`, SGD with
+    heavy-ball momentum at a constant rate."""
 
     def __init__(
         self,
@@ -92,13 +94,14 @@ class PhasedOptimizer:
         pretrain_lr: float,
         pretrain_steps: int,
         momentum: float,
+        pretrain_schedule="cosine",
     ):
         self.params, self.momentum, self.swa_lr = params, momentum, None
         if pretrain_optimizer is PretrainOptimizer.ADAM:
             self.inner = torch.optim.Adam(params, lr=pretrain_lr)
         else:
             self.inner = torch.optim.SGD(params, lr=pretrain_lr, momentum=momentum)
-        self.decay = torch.optim.lr_scheduler.CosineAnnealingLR(self.inner, max(pretrain_steps, 1), pretrain_lr / 100)
+        self.decay = make_schedule(pretrain_schedule, self.inner, max(pretrain_steps, 1))
 
     def start_swa(self, lr: float) -> None:
         self.inner, self.decay, self.swa_lr = torch.optim.SGD(self.params, lr=lr, momentum=self.momentum), None, lr

@@ -11,6 +11,7 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro.infer import holdout as ho
 from bnn_pyro.infer._common import Data
+from bnn_pyro.infer.optim import Horizon
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 
@@ -260,31 +261,36 @@ def _learned_noise(n=240):
 
 
 @pytest.mark.parametrize(
-    "method, options, steps",
-    [
-        ("ensemble", dict(num_chains=2, num_steps=150), "num_steps"),
-        ("mc_dropout", dict(num_steps=150, num_samples=20), "num_steps"),
-        ("swag", dict(pretrain_steps=100, num_steps=60, swag_rank=2, num_chains=1, num_samples=10), "pretrain_steps"),
-    ],
+    "method, options",
+    [("ensemble", dict(num_chains=2, num_steps=150)), ("mc_dropout", dict(num_steps=150, num_samples=20))],
 )
-def test_the_final_fit_is_the_fit_on_every_row_with_what_the_held_out_rows_chose(method, options, steps):
-    """The default holds 24 of 240 rows out to choose the stopping point and the noise, then returns the engine's
-    fit on all 240 rows for the chosen number of steps (full batch: the same number of epochs), with the chosen
-    noise: bit for bit the fit a user would run by hand with validation=None."""
+def test_the_final_fit_is_the_fit_on_every_row_with_what_the_held_out_rows_chose(method, options):
+    """The default holds 24 of 240 rows out to choose the stopping point k and the noise, then returns the engine's
+    fit on all 240 rows for k steps (full batch: the same number of epochs) of the schedule of the run that chose
+    (the cosine over its 150 steps), with the chosen noise: bit for bit the fit a user would run by hand with
+    validation=None, num_steps=k and that cosine (as ``optim.Horizon`` or a callable), not the fit annealed over k
+    steps. SWAG's pre-training: tests/infer/test_refit_schedule.py."""
     model, x, y = _learned_noise()
     post = bp.fit(model, x, y, method=method, seed=0, progress=False, **options)
     record = post.config["validation"]
     assert record["rows"] == 24 and record["source"] == "split" and record["final_fit_rows"] == 240
     chosen = record["chosen"]
-    assert 1 <= chosen["num_steps"] <= options[steps] and chosen["sigma"] == post.config["noise"]["sigma"]
-    assert post.config[steps] == chosen["num_steps"]
-    by_hand = bp.fit(
-        model, x, y, method=method, seed=0, progress=False, validation=None, **{**options, steps: chosen["num_steps"]}
-    )
-    for name in ("0.weight", "2.weight"):
-        assert torch.equal(post.samples[name], by_hand.samples[name]), name
+    k = chosen["num_steps"]
+    assert 1 <= k < chosen["horizon"] == 150 and chosen["sigma"] == post.config["noise"]["sigma"]
+    assert post.config["num_steps"] == k and post.config["lr_schedule"] == "cosine over 150 steps"
+
+    def cosine(opt):
+        return torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=150, eta_min=opt.defaults["lr"] / 100)
+
+    by_hand = dict(options, num_steps=k, validation=None, seed=0, progress=False)
+    for schedule in (Horizon("cosine", 150), cosine):
+        again = bp.fit(model, x, y, method=method, lr_schedule=schedule, **by_hand)
+        for name in ("0.weight", "2.weight"):
+            assert torch.equal(post.samples[name], again.samples[name]), name
     assert torch.all(post.samples["sigma"] == chosen["sigma"])  # the chosen noise, not the refit's own estimate
-    assert not torch.all(by_hand.samples["sigma"] == chosen["sigma"])
+    assert not torch.all(again.samples["sigma"] == chosen["sigma"])
+    annealed = bp.fit(model, x, y, method=method, **by_hand)  # the refit before: a cosine over the k steps
+    assert not torch.equal(post.samples["0.weight"], annealed.samples["0.weight"])
 
 
 def test_laplace_with_a_learned_noise_refits_every_row_with_the_chosen_noise_fixed():
@@ -294,7 +300,7 @@ def test_laplace_with_a_learned_noise_refits_every_row_with_the_chosen_noise_fix
     assert record["rows"] == 24 and record["final_fit_rows"] == 240 and post.config["polish_steps"] == 0
     sigma = record["chosen"]["sigma"]
     assert post.config["noise"]["sigma"] == sigma and torch.allclose(post.samples["sigma"], torch.tensor(sigma))
-    assert post.config["num_steps"] == record["chosen"]["num_steps"] <= 1000
+    assert post.config["num_steps"] == record["chosen"]["num_steps"] < record["chosen"]["horizon"] == 1000
     assert "log_q" in post.sample_stats  # the Gaussian was fitted with the noise in: its density still holds
 
 

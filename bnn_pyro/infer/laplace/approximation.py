@@ -150,3 +150,4 @@ class Settings:
     init: object
     predictive: Predictive = Predictive.GLM
     round_steps: int | None = None  # MAP steps after each prior-precision round; None: num_steps // 4
+    lr_schedule: object = "cosine"  # the first MAP search's (Adam's rate to 1% of lr); the held-out refit's: a Horizon

@@ -95,8 +95,9 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
         held-out likelihood (scored every ``num_steps // 50`` steps: early stopping), and the noise is set to the
         value that maximizes the held-out log predictive density of the GLM predictive
         (:mod:`bnn_pyro.infer.laplace.noise`). Then the approximation is fitted again on every row
-        (:func:`~bnn_pyro.infer.holdout.refit`): the MAP search for the chosen number of epochs with the chosen
-        noise fixed, and its curvature (cost: a second MAP search). A fraction (the same, also for a known
+        (:func:`~bnn_pyro.infer.holdout.refit`): the MAP search for the chosen number of epochs, on the cosine of
+        the search that chose (laid over all ``num_steps``, stopped there), with the chosen noise fixed, and its
+        curvature (cost: a second MAP search). A fraction (the same, also for a known
         noise: early stopping alone), an ``(x_val, y_val)`` pair (no refit: every row is fitted already), or
         ``None`` (all rows, the noise at the MAP: overconfident on small data).
     num_samples, num_chains:
@@ -309,15 +310,17 @@ def _fit_laplace(
         return assemble(runs, method="laplace", config=config, data=data)
 
     post = run(settings, train, holdout, why, checkpoint)
-    # the refit on every row (holdout.refit): the stopping point scaled, no polish (it would undo the stopping),
-    # the chosen noise fixed; the MAP search after each prior-precision round as long as in the fit that chose
-    # (it is not early-stopped there); not checkpointed (it is recomputed from the search that chose them)
+    # the refit on every row (holdout.refit): the stopping point scaled on the schedule of the search that chose
+    # (its cosine over the whole budget, stopped there), no polish (it would undo the stopping), the chosen noise
+    # fixed; the MAP search after each prior-precision round as long as in the fit that chose (it is not
+    # early-stopped there); not checkpointed (it is recomputed from the search that chose them)
     return refit(
         post,
         lambda chosen: run(
             replace(
                 settings,
                 num_steps=settings.num_steps if chosen.num_steps is None else chosen.num_steps,
+                lr_schedule=chosen.schedule(settings.lr_schedule),
                 polish_steps=_polish(settings, holdout),
                 round_steps=settings.num_steps // 4,
             ),
@@ -428,9 +431,11 @@ def _map(
     model,
     fixed=(),
     ckpt: Checkpoint | None = None,
+    lr_schedule="cosine",
 ):
     """The shared MAP search on ``U(z)`` (unconstrained coordinates: Laplace's curvature is taken there), saved to
-    and resumed from ``ckpt`` (:func:`~bnn_pyro.infer.map_fit.minimize`)."""
+    and resumed from ``ckpt`` (:func:`~bnn_pyro.infer.map_fit.minimize`); Adam's rate on ``lr_schedule`` (the
+    first search's is ``s.lr_schedule``, the prior-precision rounds' a cosine over their own steps)."""
     run = minimize(
         pot,
         pot.unflatten(z),
@@ -438,7 +443,7 @@ def _map(
         model=model,
         num_steps=steps,
         lr=s.lr,
-        lr_schedule="cosine",
+        lr_schedule=lr_schedule,
         seed=seed,
         progress=progress,
         desc=desc,
@@ -515,6 +520,7 @@ def fit_chain(
         model,
         ckpt=ckpt,
         fixed=[site] if site is not None and noise is not None else (),
+        lr_schedule=s.lr_schedule,
     )
     lik, prior = terms(model, pots, z, data, layout, s)
     unit = None if not marglik else {g: 1.0 for g in normal.groups(s.prior_precision)}
