@@ -74,16 +74,31 @@ Example
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import pyro
 import torch
 from pyro import poutine
+from torch import nn
 
 from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.likelihoods import Gaussian
 from bnn_pyro.model import BNN
 
-__all__ = ["anchor", "tilt", "flat_tilt", "target_noise", "ANCHOR_SEED_OFFSET", "TARGET_SEED_OFFSET"]
+__all__ = [
+    "anchor",
+    "tilt",
+    "flat_tilt",
+    "target_noise",
+    "free_directions",
+    "free_start",
+    "FreeDirections",
+    "ANCHOR_SEED_OFFSET",
+    "TARGET_SEED_OFFSET",
+    "FREE_START_PRECISION",
+]
 
 ANCHOR_SEED_OFFSET = 7919  # the anchor's seed is the chain's plus this, so that it is not the start's draw
 TARGET_SEED_OFFSET = 104_729  # the target perturbation's seed is the chain's plus this: independent of the anchor
@@ -148,3 +163,88 @@ def _is_real_valued(pot: Potential, name: str) -> bool:
     t = pot.transforms.get(name)
     probe = torch.zeros(pot.shapes[name], dtype=pot.init[name].dtype, device=pot.init[name].device)
     return t is None or t.inv(probe) is probe
+
+
+FREE_START_PRECISION = 4.0
+r"""The free start's threshold: an input direction ``v`` is free when the eigenvalue ``lambda_v`` of the fitted rows'
+second moment ``X^T X / N`` is below ``FREE_START_PRECISION / (N s^4)`` (``s``: the first layer's prior sd).
+
+Derivation. For a first-layer weight row ``W_j`` along ``v`` the data term's Gauss-Newton curvature is
+``sum_i (x_i . v)^2 relu'(u_ij) J_ij^T Lambda_i J_ij = N lambda_v c_j`` (``J_ij``: the output weights of unit ``j``,
+``Lambda_i``: the likelihood's curvature in the outputs). Take the output weights at the prior's scale
+(``E (w_0j - w_1j)^2 = 2 s^2`` for two classes), the softmax at its largest curvature (``p (1 - p) = 1/4``) and the
+unit active on half the rows: ``c_j = s^2 / 4``, so the data's precision ``N lambda_v s^2 / 4`` is below the
+prior's ``1 / s^2`` exactly where ``lambda_v < 4 / (N s^4)``. Reason for 4: below it the prior, not the data,
+sets the weight there, so the anchored minimizer there is (nearly) the anchor; at ``lambda_v = 0`` it is the anchor
+exactly, for any likelihood."""
+
+
+@dataclass(frozen=True)
+class FreeDirections:
+    """The first layer's free input directions for one set of rows: the weight site ``site`` and the projector
+    ``projector`` (``D x D``, ``V_f V_f^T``) on the eigenvectors of the rows' second moment below :data:`FREE_START_PRECISION`'s
+    threshold; ``record`` is what ``config["anchor"]`` states."""
+
+    site: str
+    projector: torch.Tensor | None
+    record: dict
+
+
+def free_directions(model, x) -> FreeDirections:
+    r"""The free directions of ``model``'s first layer on the rows ``x`` a member fits (module docstring, "Where a
+    member starts"): for a ``BNN`` whose net is an ``nn.Sequential`` starting with an ``nn.Linear`` whose weight has a
+    non-hierarchical prior of one sd ``s``, and a 2-D floating tensor ``x``, the eigenvectors of ``x^T x / N`` with
+    eigenvalue below ``FREE_START_PRECISION / (N s^4)``. Otherwise (or with none below it) ``projector`` is
+    ``None`` and ``record`` says why. Why the first layer only: only its inputs are fixed data; deeper layers' inputs
+    move with the weights."""
+    site, why = _first_linear(model)
+    if why:
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": why})
+    if x is None:
+        why = "the rows come from a loader (their second moment is not computed from a stream)"
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": why})
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
+        why = "the inputs are not one 2-D floating-point tensor (a tuple or dict of inputs)"
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": why})
+    try:
+        sd = model.prior_distributions()[site].stddev
+    except NotImplementedError:
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": f"the prior of {site!r} has no sd"})
+    s = float(sd.flatten()[0])
+    if not (torch.all(sd == s) and math.isfinite(s) and s > 0):
+        why = f"the prior of {site!r} has no single finite sd"
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": why})
+    n = x.shape[0]
+    threshold = FREE_START_PRECISION / (n * s**4)
+    xd = x.detach().to(torch.float64)
+    lam, vec = torch.linalg.eigh(xd.T @ xd / n)
+    free = vec[:, lam < threshold]
+    record = {"free_directions": int(free.shape[1]), "site": site, "threshold": threshold, "rows": n}
+    projector = (free @ free.T).to(x.dtype) if free.shape[1] else None
+    return FreeDirections(site, projector, record)
+
+
+def free_start(z: dict[str, torch.Tensor], w0: dict[str, torch.Tensor], free: FreeDirections | None) -> dict:
+    """``z`` with the first layer's weight moved to its anchor along the free directions, ``W + (W0 - W) P_f``
+    (the rest as it was); ``z`` itself when there is none."""
+    if free is None or free.projector is None or free.site not in w0:
+        return z
+    w = z[free.site].detach()
+    return {**z, free.site: w + (w0[free.site] - w) @ free.projector.to(w.device)}
+
+
+def _first_linear(model) -> tuple[str, str]:
+    """``(site, "")``, the first layer's weight site ``"0.weight"``, when ``model`` is a ``BNN`` whose net is an
+    ``nn.Sequential`` starting with an ``nn.Linear`` whose weight has a prior (not hierarchical); else
+    ``("", reason)``, the reason the free start does not apply."""
+    if not isinstance(model, BNN):
+        return "", "not a bp.BNN"
+    net = model.net
+    if not isinstance(net, nn.Sequential) or not len(net) or not isinstance(net[0], nn.Linear):
+        return "", "the net is not an nn.Sequential starting with an nn.Linear"
+    site = "0.weight"
+    if site not in model.sample_names:
+        return "", f"{site!r} has no prior"
+    if any(h.startswith(f"{site}_") for h in model.hyper_names):
+        return "", f"{site!r} has a hierarchical prior (its sd is a latent site)"
+    return site, ""

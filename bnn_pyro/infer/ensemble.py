@@ -77,7 +77,7 @@ from bnn_pyro.infer._health import check_anchored_log_loss, check_narrow
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
 from bnn_pyro.infer._potential import Potentials
-from bnn_pyro.infer.anchor import target_noise
+from bnn_pyro.infer.anchor import free_directions, target_noise
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
@@ -201,6 +201,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     validation = cfg.validation
     train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert, model=model)
     perturbed = anchored and train.loader is None and target_noise(model, train.y, seed=cfg.seed) is not None
+    free = free_directions(model, train.x if train.loader is None else None) if anchored else None
     config = clean_config(
         dict(
             num_chains=num_chains,
@@ -212,6 +213,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
             adversarial_eps=eps,
             anchored=anchored,
             perturbed_targets=perturbed,
+            anchor=None if free is None else free.record,
             batch_size=data.batch_size,
             dataset_size=data.size,
             seed=cfg.seed,
@@ -248,6 +250,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         paths=paths,
         anchored=anchored,
         perturb_targets=perturbed,
+        free=free,
     )
     loop = Loop(
         num_steps=num_steps,
