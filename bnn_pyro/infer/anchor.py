@@ -220,7 +220,7 @@ def free_directions(model, x) -> FreeDirections:
     lam, vec = torch.linalg.eigh(xd.T @ xd / n)
     free = vec[:, lam < threshold]
     record = {"free_directions": int(free.shape[1]), "site": site, "threshold": threshold, "rows": n}
-    projector = (free @ free.T).to(x.dtype) if free.shape[1] else None
+    projector = free @ free.T if free.shape[1] else None  # float64: free_start applies it
     return FreeDirections(site, projector, record)
 
 
@@ -230,7 +230,12 @@ def free_start(z: dict[str, torch.Tensor], w0: dict[str, torch.Tensor], free: Fr
     if free is None or free.projector is None or free.site not in w0:
         return z
     w = z[free.site].detach()
-    return {**z, free.site: w + (w0[free.site] - w) @ free.projector.to(w.device)}
+    p = free.projector.to(w.device)
+    eye = torch.eye(p.shape[0], dtype=p.dtype, device=p.device)
+    # in float64: along a direction of eigenvalue 0 (an all-zero input column) the start is the anchor to the bit,
+    # where the data's and the anchored prior's gradients are both exactly zero, so the member stays there
+    start = w.to(p.dtype) @ (eye - p) + w0[free.site].to(p.dtype) @ p
+    return {**z, free.site: start.to(w.dtype)}
 
 
 def _first_linear(model) -> tuple[str, str]:
