@@ -173,6 +173,9 @@ sets the weight there, so the anchored minimizer there is (nearly) the anchor; a
 exactly, for any likelihood."""
 
 
+_ROWS_PER_CHUNK = 4096  # rows converted to float64 at a time for X^T X
+
+
 @dataclass(frozen=True)
 class FreeDirections:
     """The first layer's free input directions for one set of rows: the weight site ``site`` and the projector
@@ -210,8 +213,9 @@ def free_directions(model, x) -> FreeDirections:
         return FreeDirections(site, None, {"free_directions": 0, "skipped": why})
     n = x.shape[0]
     threshold = FREE_START_PRECISION / (n * s**4)
-    xd = x.detach().to(torch.float64)
-    lam, vec = torch.linalg.eigh(xd.T @ xd / n)
+    # float64, accumulated over chunks of rows: no float64 copy of a large X
+    second = sum(c.T @ c for c in (part.detach().to(torch.float64) for part in x.split(_ROWS_PER_CHUNK)))
+    lam, vec = torch.linalg.eigh(second / n)
     free = vec[:, lam < threshold]
     record = {"free_directions": int(free.shape[1]), "site": site, "threshold": threshold, "rows": n}
     projector = free @ free.T if free.shape[1] else None  # float64: free_start applies it
