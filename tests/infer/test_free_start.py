@@ -66,6 +66,8 @@ def test_free_directions_are_the_second_moments_eigenvectors_below_the_threshold
     torch.testing.assert_close(free.projector, torch.outer(vec[:, 0], vec[:, 0]))
     x[:, 2] = 0.1 * x[:, 2] / 0.01  # second moment ~1e-2: above the threshold, no free direction
     assert free_directions(_classifier(prior=dist.Normal(0.0, 2.0)), x).projector is None
+    x[:, 2] = 1.0  # constant, not zero: covariance 0 but second moment 1 (it acts as a bias), so not free
+    assert free_directions(_classifier(prior=dist.Normal(0.0, 2.0)), x).projector is None
 
 
 @pytest.mark.parametrize(
