@@ -36,54 +36,63 @@ Only the real-valued latent sites (the weights, where ``w`` is the unconstrained
 a noise scale or another constrained site keeps its plain MAP objective. For a non-Gaussian prior the same
 tilt (the prior's score at a prior draw) is the first-order version of the anchored loss.
 
-Where a member starts. It starts where ``init=`` says (a ``BNN``: the layers' initializers), not at its anchor,
-and the tilt pulls it toward the anchor as it fits. Started at the anchor (a draw from a wide prior such as
-``Normal(0, 1)``: a function far from the data), members fitted worse within the default budget with held-out
-early stopping: on scikit-learn's diabetes (benchmarks/uci.py protocol, splits 0-4) test RMSE 79.6 against 57.3
-for plain MAP members (a learned noise absorbed the misfit), on breast_cancer (benchmarks/classification.py,
-split 0) test NLL 0.54 against logistic regression's 0.13; started at the initializers, anchored: RMSE 57.7, test
-log-likelihood -5.50 (plain: -5.50) and NLL 0.16. The price, measured (``benchmarks/anchor_free_directions.py``;
-breast_cancer splits 0-1, 5 fit seeds each; ``docs/ood.md``): held-out early stopping (with 200 rows or more) and
-the refit for the chosen number of steps (20-180 of 1,000) end the members at 0.81-0.86 of the initializers'
-distance from their anchors in the first layer's free input directions (training-input variance below 0.05: 12-13
-of 30), where the members' sd is 0.19-0.23 against the anchors' 0.94. So they keep a fifth of the prior's spread
-there, and the noise AUROC by mutual information is 0.79-0.81 (the joint target met in 4 of 10 fits). Without held-out
-rows (``validation=None``) the members reach their anchors (0.04; sd 0.92) and the AUROC rises to 0.87-0.88, at a
-test NLL of 0.24 against logistic regression's 0.13 on split 0. Stopping early is what keeps the log loss, so the
-stopping point trades one half for the other. Three times the steps leave the stopping point (0.71-0.74) and the
-AUROC as they were. Starting the free directions at the anchor (``W_init + (W0 - W_init) P_f``, the rest at the
-initializer) gives 0.90-0.91 and meets the target in 7 of 10 fits; every miss stopped at the first held-out check
-(step 20), and with no stop before step 100, or with 3x the steps, it met 9 of 10. It is not the default:
-it misses in some fits and is tied to a first ``Linear`` layer and an eigenvalue threshold (on diabetes, splits 0-2,
-it left the test log-likelihood as it was). A threshold-free start, the anchor term's minimizer under the data
-term's Gauss-Newton curvature at the initializer, moved the data's directions too and lost the log loss.
-With a refit that keeps the scored fit's learning-rate schedule (the whole budget's cosine, stopped at the chosen
-step; simulated with ``--refit truncated``) the default still meets the target in 4 of 10 breast_cancer fits and the
-free start in 9 of 10, its stops at step 20 no longer a miss. Every threshold-free start measured (each weight at its
-anchor; the curvature start; one Gauss-Newton step of the anchored objective from a plain MAP) also moves the data's
-directions and loses the log loss on breast_cancer split 0 (0 of 5 fits), and the first two cost 0.1-0.5 nats per
-point on diabetes. The free start's threshold has a reason for a one-hidden-layer classifier's first layer (the data's
-precision below the prior's, ``lambda < 4 / (N s^4)``: 9 of 10 fits too), not yet for every layer. So a member starts
-at its initializer: no generic rule won (``docs/ood.md``).
+Where a member starts (:func:`free_directions`, :func:`free_start`; the deep ensemble's default). A member starts
+where ``init=`` says (a ``BNN``: the layers' initializers), except the first layer's weight ``W`` along the input
+directions the rows it fits leave free, where it starts at its anchor:
+
+.. math::
+
+    W_{start} = W_{init} + (W_0 - W_{init}) P_f, \qquad P_f = V_f V_f^T,
+
+``V_f`` the eigenvectors of the rows' second moment ``X^T X / N`` with eigenvalue below
+``FREE_START_PRECISION / (N s^4)`` (``s``: the weight's prior sd; :data:`FREE_START_PRECISION` derives the
+threshold: below it the data's precision along ``v`` is below the prior's). Why: along such a direction ``v`` the
+data term does not depend on ``W v`` (exactly at eigenvalue 0, approximately below the threshold), so the anchored
+objective's minimizer there is the anchor, and a member started there starts at its converged value, which held-out
+early stopping would otherwise cut short (the members kept a fraction of the prior's spread there and the ensemble
+was confident off the data: ``docs/ood.md``). The first layer only: only its inputs are fixed data; deeper layers'
+inputs move with the weights. Everything else starts at the initializer: the starts measured that also move the
+data's directions toward the anchors (every weight at its anchor, a Gauss-Newton curvature start) lost the log loss
+(``docs/ood.md``). It applies to a ``BNN`` whose net is an ``nn.Sequential`` starting with an ``nn.Linear`` whose
+weight has a non-hierarchical prior of one sd, fitted on one tensor of inputs; otherwise (a loader, other nets) the
+member starts at ``init`` and ``config["anchor"]["skipped"]`` says why. ``config["anchor"]`` records the number of
+free directions, the threshold and the rows. SWAG's and snapshot's anchored starts do not use it (their own start
+code; not validated there).
 
 Example
 -------
 >>> g, w0 = anchor(fitted, pot, data.first(), seed=seed)   # one per member, after its Potential is built
+>>> z = free_start(pot.init, w0, free_directions(model, data.x))   # once per set of rows, then per member
 >>> loss = energy(pot, z, batch) + tilt(z, g)
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import pyro
 import torch
 from pyro import poutine
+from torch import nn
 
 from bnn_pyro.infer._common import quiet_model
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.likelihoods import Gaussian
 from bnn_pyro.model import BNN
 
-__all__ = ["anchor", "tilt", "flat_tilt", "target_noise", "ANCHOR_SEED_OFFSET", "TARGET_SEED_OFFSET"]
+__all__ = [
+    "anchor",
+    "tilt",
+    "flat_tilt",
+    "target_noise",
+    "free_directions",
+    "free_start",
+    "FreeDirections",
+    "ANCHOR_SEED_OFFSET",
+    "TARGET_SEED_OFFSET",
+    "FREE_START_PRECISION",
+]
 
 ANCHOR_SEED_OFFSET = 7919  # the anchor's seed is the chain's plus this, so that it is not the start's draw
 TARGET_SEED_OFFSET = 104_729  # the target perturbation's seed is the chain's plus this: independent of the anchor
@@ -148,3 +157,97 @@ def _is_real_valued(pot: Potential, name: str) -> bool:
     t = pot.transforms.get(name)
     probe = torch.zeros(pot.shapes[name], dtype=pot.init[name].dtype, device=pot.init[name].device)
     return t is None or t.inv(probe) is probe
+
+
+FREE_START_PRECISION = 4.0
+r"""The free start's threshold: an input direction ``v`` is free when the eigenvalue ``lambda_v`` of the fitted rows'
+second moment ``X^T X / N`` is below ``FREE_START_PRECISION / (N s^4)`` (``s``: the first layer's prior sd).
+
+Derivation. For a first-layer weight row ``W_j`` along ``v`` the data term's Gauss-Newton curvature is
+``sum_i (x_i . v)^2 relu'(u_ij) J_ij^T Lambda_i J_ij = N lambda_v c_j`` (``J_ij``: the output weights of unit ``j``,
+``Lambda_i``: the likelihood's curvature in the outputs). Take the output weights at the prior's scale
+(``E (w_0j - w_1j)^2 = 2 s^2`` for two classes), the softmax at its largest curvature (``p (1 - p) = 1/4``) and the
+unit active on half the rows: ``c_j = s^2 / 4``, so the data's precision ``N lambda_v s^2 / 4`` is below the
+prior's ``1 / s^2`` exactly where ``lambda_v < 4 / (N s^4)``. Reason for 4: below it the prior, not the data,
+sets the weight there, so the anchored minimizer there is (nearly) the anchor; at ``lambda_v = 0`` it is the anchor
+exactly, for any likelihood."""
+
+
+_ROWS_PER_CHUNK = 4096  # rows converted to float64 at a time for X^T X
+
+
+@dataclass(frozen=True)
+class FreeDirections:
+    """The first layer's free input directions for one set of rows: the weight site ``site`` and the projector
+    ``projector`` (``D x D``, ``V_f V_f^T``) on the eigenvectors of the rows' second moment below :data:`FREE_START_PRECISION`'s
+    threshold; ``record`` is what ``config["anchor"]`` states."""
+
+    site: str
+    projector: torch.Tensor | None
+    record: dict
+
+
+def free_directions(model, x) -> FreeDirections:
+    r"""The free directions of ``model``'s first layer on the rows ``x`` a member fits (module docstring, "Where a
+    member starts"): for a ``BNN`` whose net is an ``nn.Sequential`` starting with an ``nn.Linear`` whose weight has a
+    non-hierarchical prior of one sd ``s``, and a 2-D floating tensor ``x``, the eigenvectors of ``x^T x / N`` with
+    eigenvalue below ``FREE_START_PRECISION / (N s^4)``. Otherwise (or with none below it) ``projector`` is
+    ``None`` and ``record`` says why. Why the first layer only: only its inputs are fixed data; deeper layers' inputs
+    move with the weights."""
+    site, why = _first_linear(model)
+    if why:
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": why})
+    if x is None:
+        why = "the rows come from a loader (their second moment is not computed from a stream)"
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": why})
+    if not isinstance(x, torch.Tensor) or x.dim() != 2 or not x.dtype.is_floating_point:
+        why = "the inputs are not one 2-D floating-point tensor (a tuple or dict of inputs)"
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": why})
+    try:
+        sd = model.prior_distributions()[site].stddev
+    except NotImplementedError:
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": f"the prior of {site!r} has no sd"})
+    s = float(sd.flatten()[0])
+    if not (torch.all(sd == s) and math.isfinite(s) and s > 0):
+        why = f"the prior of {site!r} has no single finite sd"
+        return FreeDirections(site, None, {"free_directions": 0, "skipped": why})
+    n = x.shape[0]
+    threshold = FREE_START_PRECISION / (n * s**4)
+    # float64, accumulated over chunks of rows: no float64 copy of a large X
+    second = sum(c.T @ c for c in (part.detach().to(torch.float64) for part in x.split(_ROWS_PER_CHUNK)))
+    lam, vec = torch.linalg.eigh(second / n)
+    free = vec[:, lam < threshold]
+    record = {"free_directions": int(free.shape[1]), "site": site, "threshold": threshold, "rows": n}
+    projector = free @ free.T if free.shape[1] else None  # float64: free_start applies it
+    return FreeDirections(site, projector, record)
+
+
+def free_start(z: dict[str, torch.Tensor], w0: dict[str, torch.Tensor], free: FreeDirections | None) -> dict:
+    """``z`` with the first layer's weight moved to its anchor along the free directions, ``W + (W0 - W) P_f``
+    (the rest as it was); ``z`` itself when there is none."""
+    if free is None or free.projector is None or free.site not in w0:
+        return z
+    w = z[free.site].detach()
+    p = free.projector.to(w.device)
+    eye = torch.eye(p.shape[0], dtype=p.dtype, device=p.device)
+    # in float64: along a direction of eigenvalue 0 (an all-zero input column) the start is the anchor to the bit,
+    # where the data's and the anchored prior's gradients are both exactly zero, so the member stays there
+    start = w.to(p.dtype) @ (eye - p) + w0[free.site].to(p.dtype) @ p
+    return {**z, free.site: start.to(w.dtype)}
+
+
+def _first_linear(model) -> tuple[str, str]:
+    """``(site, "")``, the first layer's weight site ``"0.weight"``, when ``model`` is a ``BNN`` whose net is an
+    ``nn.Sequential`` starting with an ``nn.Linear`` whose weight has a prior (not hierarchical); else
+    ``("", reason)``, the reason the free start does not apply."""
+    if not isinstance(model, BNN):
+        return "", "not a bp.BNN"
+    net = model.net
+    if not isinstance(net, nn.Sequential) or not len(net) or not isinstance(net[0], nn.Linear):
+        return "", "the net is not an nn.Sequential starting with an nn.Linear"
+    site = "0.weight"
+    if site not in model.sample_names:
+        return "", f"{site!r} has no prior"
+    if any(h.startswith(f"{site}_") for h in model.hyper_names):
+        return "", f"{site!r} has a hierarchical prior (its sd is a latent site)"
+    return site, ""

@@ -38,7 +38,10 @@ Initial values (``init=``, shared with every engine: :mod:`bnn_pyro.infer._init`
 ``BNN``'s default) gives every parameter a fresh draw from its layer's own initializer
 (``reset_parameters()`` under the member's seed), as in the paper; ``"prior"`` (a Pyro function's
 default) draws the latent sites from their priors. Hyper and noise sites start at their prior
-medians under ``"reset"``. The other choices (``"net"``, ``"median"``, a dict, a ``Posterior``) start
+medians under ``"reset"``. An anchored member of a ``BNN`` whose net starts with an ``nn.Linear`` starts that
+layer's weight at its anchor along the input directions the fitted rows leave free (eigenvalues of ``X^T X / N``
+below ``4 / (N s^4)``), where the anchored objective's minimizer is the anchor, so that early stopping cannot cut
+its spread there short (:mod:`bnn_pyro.infer.anchor`, "Where a member starts"; ``config["anchor"]``). The other choices (``"net"``, ``"median"``, a dict, a ``Posterior``) start
 every member at the same point, so that only the minibatch order tells members apart.
 
 The posterior is the equal-weight mixture of the members, ``p(w | D) ~ (1/K) sum_k delta(w - w_k)``,
@@ -77,7 +80,7 @@ from bnn_pyro.infer._health import check_anchored_log_loss, check_narrow
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
 from bnn_pyro.infer._potential import Potentials
-from bnn_pyro.infer.anchor import target_noise
+from bnn_pyro.infer.anchor import free_directions, target_noise
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
@@ -136,8 +139,9 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     anchored:
         ``True`` (default): each member's objective is anchored at its own prior draw (seed ``seed + k``; see the
         module docstring and :mod:`bnn_pyro.infer.anchor`) and, under a Gaussian likelihood of fixed scale, fits
-        its own perturbed targets (the exact randomize-then-optimize draw for a linear-Gaussian model); ``False``:
-        plain MAP members.
+        its own perturbed targets (the exact randomize-then-optimize draw for a linear-Gaussian model), and its
+        first ``nn.Linear`` layer starts at the anchor along the input directions the data leave free
+        (``config["anchor"]``: how many, or why not); ``False``: plain MAP members from ``init``.
     validation:
         Held-out rows (:mod:`bnn_pyro.infer.holdout`): by default 10% of the training rows (when that is at least
         20 rows, with a learned noise at least 20 rows of at least 40, and the data are tensors), the same rows for every member. Each member keeps its state
@@ -201,6 +205,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     validation = cfg.validation
     train, holdout, why = split(data, validation, seed=cfg.seed, method="ensemble", convert=data.convert, model=model)
     perturbed = anchored and train.loader is None and target_noise(model, train.y, seed=cfg.seed) is not None
+    free = free_directions(model, train.x if train.loader is None else None) if anchored else None
     config = clean_config(
         dict(
             num_chains=num_chains,
@@ -212,6 +217,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
             adversarial_eps=eps,
             anchored=anchored,
             perturbed_targets=perturbed,
+            anchor=None if free is None else free.record,
             batch_size=data.batch_size,
             dataset_size=data.size,
             seed=cfg.seed,
@@ -248,6 +254,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
         paths=paths,
         anchored=anchored,
         perturb_targets=perturbed,
+        free=free,
     )
     loop = Loop(
         num_steps=num_steps,

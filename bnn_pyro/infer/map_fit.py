@@ -31,7 +31,7 @@ from pyro import poutine
 from bnn_pyro.infer._common import Data, point_values
 from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential, Potentials
-from bnn_pyro.infer.anchor import anchor, target_noise, tilt
+from bnn_pyro.infer.anchor import FreeDirections, anchor, free_start, target_noise, tilt
 from bnn_pyro.infer.checkpoint import StepCheckpoint
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, run
 from bnn_pyro.infer.driver import ChainInfo, chain
@@ -137,12 +137,15 @@ def map_engine(
     paths: Potentials | None = None,
     anchored: bool = False,
     perturb_targets: bool = False,
+    free: FreeDirections | None = None,
 ) -> Engine:
     """The MAP search as an :class:`~bnn_pyro.infer.contract.Engine`: each chain starts from ``init`` (resolved
     by :func:`~bnn_pyro.infer._init.resolve_init`) under its seed; ``draws(state, history)`` makes the chain's
     result (:func:`finish` first gives the kept state). ``paths`` builds the potentials (default: the fast path
     where the model allows it). ``anchored=True``: each chain's objective is tilted toward its own prior draw
-    (:mod:`bnn_pyro.infer.anchor`, drawn under the chain's seed); it still starts where ``init`` says. With
+    (:mod:`bnn_pyro.infer.anchor`, drawn under the chain's seed); it starts where ``init`` says, except that with
+    ``free`` (:func:`~bnn_pyro.infer.anchor.free_directions` of the rows it fits) the first layer's weight starts at its
+    anchor along the free input directions (:func:`~bnn_pyro.infer.anchor.free_start`). With
     ``perturb_targets=True`` as well, each chain fits its own targets ``y + delta``
     (:func:`~bnn_pyro.infer.anchor.target_noise`: a Gaussian likelihood of fixed scale and tensor data; other models
     and loaders fit ``y`` itself), the randomize-then-optimize draw; the held-out rows and ``lp`` stay unperturbed."""
@@ -150,8 +153,9 @@ def map_engine(
 
     def init_state(fitted, chain) -> MapState:
         pot = paths(fitted, data, init=chain_start(fitted, init, chain.seed))
-        g = anchor(fitted, pot, data.first(), seed=chain.seed)[0] if anchored else None
-        state = map_state(pot, pot.init, data, model=fitted, num_steps=num_steps, tilted=g)
+        g, w0 = anchor(fitted, pot, data.first(), seed=chain.seed) if anchored else (None, {})
+        z = free_start(pot.init, w0, free) if anchored else pot.init
+        state = map_state(pot, z, data, model=fitted, num_steps=num_steps, tilted=g)
         state.seed = chain.seed
         delta = target_noise(fitted, data.y, seed=chain.seed) if perturb_targets and data.loader is None else None
         if delta is not None:
