@@ -864,7 +864,8 @@ often (a skewed posterior such as eight schools' puts its median draw well insid
 TYPICAL_DRAWS = 200
 """Draws (evenly spaced over the chains and draws) whose potential :func:`check_typical` evaluates: the median of
 200 is known to within a few percent of the spread of ``U``, ample for a threshold that far-off fits miss by orders
-of magnitude; it bounds the check's cost (200 traces of the model and a Newton search of its mode)."""
+of magnitude; it bounds the check's cost (200 traces of the model and a Newton search of its mode, and where no
+mode is near the best draw, the Laplace start's L-BFGS search: a few seconds for 46 coordinates)."""
 TYPICAL_NEWTON_STEPS = 50
 """Newton steps :func:`check_typical` takes from the best draw towards the mode (each halved until ``U`` does not
 rise): where the search stops short, the gap it reports is smaller than the true one, never larger."""
@@ -874,9 +875,10 @@ def check_typical(post, *, cause: str = ""):
     """Warn when ``post``'s draws lie where the posterior has almost no mass: the median over its draws (up to
     :data:`TYPICAL_DRAWS`) of ``U(z) - U(z*)``, the potential (negative log joint, unconstrained coordinates) above
     the mode ``z*``, exceeds :data:`TYPICAL_TAIL`'s quantile of ``chi2_P / 2`` (``P`` coordinates). The mode is found
-    by Newton steps from the best draw (:func:`~bnn_pyro.infer._potential.newton_mode`) and by the search SVI's
-    Laplace start makes from the prior median (:func:`~bnn_pyro.infer.svi_start.laplace_start`), the lower of the
-    two: a search that stops short understates the gap, so the check can miss, not false-alarm, by it. Judged for a Pyro function model (a few
+    by Newton steps from the best draw (:func:`~bnn_pyro.infer._potential.newton_mode`), or, where the Hessian there
+    is not positive definite (no mode nearby), by the search SVI's Laplace start makes from the prior median
+    (:func:`~bnn_pyro.infer.svi_start.laplace_start`), whichever is lower: a search that stops short understates the
+    gap, so the check can miss, not false-alarm, by it. Judged for a Pyro function model (a few
     interpretable sites with one mode, where the chi-square law of ``U`` holds near a Gaussian posterior; a
     network's posterior has many modes at different heights) that holds its training tensors and has at most
     :data:`NARROW_MAX_DIM` coordinates. The reference suite found ensemble members and SWAG chains on a regression
@@ -906,8 +908,9 @@ def check_typical(post, *, cause: str = ""):
         return post  # no draw has a finite density: the engine's own checks speak for it
     with torch.random.fork_rng(devices=[]):
         mode, hess = newton_mode(fn, keep[best].detach(), steps=TYPICAL_NEWTON_STEPS)
-        searched = laplace_start(post.model, Data(post.x, post.y))  # from the prior median: where no draw is near
-        if searched.converged and set(searched.z) == set(pot.shapes):
+        # no mode near the best draw (Hessian not positive definite there): search from the prior median
+        searched = laplace_start(post.model, Data(post.x, post.y)) if hess is None else None
+        if searched is not None and searched.converged and set(searched.z) == set(pot.shapes):
             other = pot.flatten(searched.z).to(keep)
             with torch.no_grad():
                 if float(fn(other)) < float(fn(mode)):
