@@ -898,6 +898,8 @@ def check_typical(post, *, cause: str = ""):
     if judged is None:
         return post
     pot, flat = judged
+    if pot.dim == 0:  # no latent coordinate: nothing to judge
+        return post
     fn, n = pot.flat_fn(), flat.shape[0]
     keep = flat[torch.linspace(0, n - 1, min(n, TYPICAL_DRAWS)).round().long()]
     with torch.no_grad():
