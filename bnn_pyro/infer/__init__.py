@@ -16,7 +16,7 @@ from contextlib import nullcontext
 import torch
 
 from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
-from bnn_pyro.infer._health import check_noise_collapse, check_targets
+from bnn_pyro.infer._health import check_chains_agree, check_noise_collapse, check_targets, check_typical
 from bnn_pyro.infer.checkpoint_folder import guard
 from bnn_pyro.infer.declaration import Capabilities, Declaration
 from bnn_pyro.infer.registry import REGISTRY, Method
@@ -197,6 +197,8 @@ def fit(
             latent_sites(model, *data.first())  # runs the function once: a clear error for priors it cannot draw
         with held:
             post = engine(kind)(model, data, **config)
+        if not isinstance(model, BNN) and not declared.capabilities.markov_chain:
+            check_chains_agree(check_typical(post))  # approximations and point fits of a Pyro function
         return check_noise_collapse(post)  # any engine: a learned noise that absorbs the targets' signal
 
 

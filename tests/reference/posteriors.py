@@ -13,6 +13,7 @@ import numpy as np
 import pyro
 import pyro.distributions as dist
 import torch
+from scipy import stats
 
 import bnn_pyro as bp
 
@@ -145,3 +146,49 @@ def judge(ref: ReferencePosterior, post) -> dict:
             z_mean[i] = (mean[i] - ref.mean[i]) / (ref.sd[i] / np.sqrt(ess))
             z_sd[i] = (sd[i] - ref.sd[i]) / az.mcse(d[..., i], method="sd")
     return dict(z=(mean - ref.mean) / ref.sd, ratio=sd / ref.sd, z_mcse_mean=z_mean, z_mcse_sd=z_sd, draws=d)
+
+
+Z_MAX = 4.0
+"""Monte Carlo standard errors allowed: a two-sided 6e-5 tail per comparison."""
+APPROX_MEAN = 0.25
+"""The bias an approximation or SG-MCMC may have in a mean, in posterior sds."""
+APPROX_SD = 1.5
+"""The factor an approximation's or SG-MCMC's sd may be off by, either way."""
+
+
+def num_effective(d: np.ndarray) -> np.ndarray:
+    """Per parameter, ArviZ's ESS of the mean (at least 4 draws per chain), else the number of draws (independent
+    members or snapshots)."""
+    import arviz as az
+
+    if d.shape[1] >= 4:
+        return np.array([az.ess(d[..., i], method="mean") for i in range(d.shape[-1])])
+    return np.full(d.shape[-1], float(d.shape[0] * d.shape[1]))
+
+
+def biased_off(ref: ReferencePosterior, post) -> list:
+    """The rule for approximations and SG-MCMC: the parameters outside the bias bounds widened by the Monte Carlo
+    error of the draws, ``(name, z, sd ratio)``. A mean must lie within ``APPROX_MEAN + Z_MAX / sqrt(ess)`` sd, an
+    sd ratio within ``[1 / APPROX_SD, APPROX_SD]`` times the chi-square quantiles of ``ess - 1`` degrees of freedom
+    at the ``Z_MAX`` tail, and above zero (one point never matches)."""
+    j = judge(ref, post)
+    n = np.maximum(num_effective(j["draws"]), 2.0)
+    tail = stats.norm.sf(Z_MAX)
+    lo = np.sqrt(stats.chi2.ppf(tail, n - 1) / (n - 1)) / APPROX_SD
+    hi = np.sqrt(stats.chi2.isf(tail, n - 1) / (n - 1)) * APPROX_SD
+    return [
+        (name, round(float(z), 2), round(float(r), 2))
+        for name, z, r, k, a, b in zip(ref.names, j["z"], j["ratio"], n, lo, hi)
+        if not (abs(z) <= APPROX_MEAN + Z_MAX / np.sqrt(k) and r > 0 and a <= r <= b)
+    ]
+
+
+def exact_off(ref: ReferencePosterior, post) -> list:
+    """The rule for MCMC (unbiased): the parameters whose mean or sd is ``Z_MAX`` or more Monte Carlo standard
+    errors from the exact one, ``(name, z of the mean, z of the sd)`` in MCSEs."""
+    j = judge(ref, post)
+    return [
+        (name, round(float(a), 1), round(float(b), 1))
+        for name, a, b in zip(ref.names, j["z_mcse_mean"], j["z_mcse_sd"])
+        if not (abs(a) < Z_MAX and abs(b) < Z_MAX)
+    ]
