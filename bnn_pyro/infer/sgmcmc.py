@@ -516,8 +516,8 @@ def sgmcmc_engine(
                 "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'."
             )
         walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
-        if plan.anchors is not None:  # a per-step linear tilt of U~ (snapshot ensembles' anchored cycles)
-            walk.tilts = plan.anchors(fitted, pot, data.first(), info.seed)
+        if plan.anchors is not None:  # a per-step linear tilt of U~ and where each cycle starts (snapshot ensembles)
+            walk.tilts, walk.starts = plan.anchors(fitted, pot, data.first(), info.seed)
         walk.index = info.index
         walk.replay = None if stops is None else list(stops[info.index])
         walk.opt = SGMCMC(
@@ -571,7 +571,7 @@ class _Chain:
         self.draws, self.stops, self.best = [], [], None
         self.opt, self.batch, self.t, self.u, self.index = None, None, 0, math.nan, 0
         self.replay, self.saved, self.in_stage = None, None, False
-        self.tilts = None
+        self.tilts, self.starts = None, None
 
     def curvature(self, z: torch.Tensor, start: torch.Tensor, iters: int):
         return largest_curvature(self.pot, z, self.batch, start, iters)
@@ -582,6 +582,10 @@ class _Chain:
             self._early_stop(t)
         elif self.replay is not None:
             self.replay_stop(t)
+        start = None if self.starts is None else self.starts(t, self.z.detach())
+        if start is not None:  # an anchored cycle's free start (snapshot.cycle_anchors)
+            with torch.no_grad():
+                self.z.copy_(start)
         self.opt.adapt()
         u = self._energy(batch, t)
         self.u = float(u.detach())

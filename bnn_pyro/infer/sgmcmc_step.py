@@ -85,7 +85,8 @@ class Plan:
     fraction: float
     score_start: bool = True
     guard: torch.Tensor | None = None
-    anchors: object = None  # (model, pot, batch, seed) -> (t -> the flat tilt g_t of step t), or None: plain U~
+    anchors: object = None  # (model, pot, batch, seed) -> (tilts, starts): tilts(t), the flat tilt g_t of step t;
+    # starts(t, z), the position step t starts at (None: z itself), or starts None; anchors None: plain U~
 
 
 class SGMCMC(torch.optim.Optimizer):

@@ -83,7 +83,7 @@ import torch
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._health import check_anchored_log_loss, check_descent, check_narrow, check_off_data
-from bnn_pyro.infer.anchor import anchor, flat_tilt
+from bnn_pyro.infer.anchor import FreeDirections, anchor, flat_tilt, free_directions, free_start
 from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
 from bnn_pyro.infer.sgmcmc import SGOptions, run_plan
@@ -103,18 +103,26 @@ _EARLY = sorted({int(2 ** (i / 2)) for i in range(14)} - {0})
 ANCHOR_CYCLE_OFFSET = 100_003  # cycle c's anchor is drawn under the run's seed plus c times this
 
 
-def cycle_anchors(num_cycles: int, cycle_length: int):
+def cycle_anchors(num_cycles: int, cycle_length: int, free: FreeDirections | None = None):
     """``Plan.anchors`` of anchored cycles: cycle ``c`` of a run with seed ``s`` is tilted toward its own prior
-    draw (:func:`~bnn_pyro.infer.anchor.anchor` under seed ``s + c * ANCHOR_CYCLE_OFFSET``)."""
+    draw ``w_0^(c)`` (:func:`~bnn_pyro.infer.anchor.anchor` under seed ``s + c * ANCHOR_CYCLE_OFFSET``) and, with
+    ``free`` (:func:`~bnn_pyro.infer.anchor.free_directions` of the rows the run fits), starts with the first
+    layer's weight moved to ``w_0^(c)`` along the free input directions (:func:`~bnn_pyro.infer.anchor.free_start`:
+    there the cycle's objective is minimized at its anchor, which a cycle that starts from the previous snapshot,
+    at the previous cycle's anchor there, would approach only at the prior's slow rate)."""
 
     def make(fitted, pot, batch, seed: int):
-        g = torch.stack(
-            [
-                flat_tilt(anchor(fitted, pot, batch, seed=seed + c * ANCHOR_CYCLE_OFFSET)[0], pot)
-                for c in range(num_cycles)
-            ]
-        )
-        return lambda t: g[min(t // cycle_length, num_cycles - 1)]
+        drawn = [anchor(fitted, pot, batch, seed=seed + c * ANCHOR_CYCLE_OFFSET) for c in range(num_cycles)]
+        g = torch.stack([flat_tilt(tilt, pot) for tilt, _ in drawn])
+
+        def start(t: int, z: torch.Tensor) -> torch.Tensor | None:
+            """The position cycle ``t // cycle_length`` starts at, at its first step ``t``; ``None`` otherwise."""
+            if t % cycle_length or t // cycle_length >= num_cycles:
+                return None
+            return pot.flatten(free_start(pot.unflatten(z), drawn[t // cycle_length][1], free))
+
+        tilts = lambda t: g[min(t // cycle_length, num_cycles - 1)]  # noqa: E731
+        return tilts, (start if free is not None and free.projector is not None else None)
 
     return make
 
@@ -201,16 +209,25 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
         friction=alpha,
         validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
     )
-    plan = snapshot_plan(num_cycles, cycle_length, alpha)
+    plain = snapshot_plan(num_cycles, cycle_length, alpha)
     anchored = flag("anchored", cfg.anchored)
     settings["anchored"] = anchored
-    if anchored:
-        plan = replace(plan, anchors=cycle_anchors(num_cycles, cycle_length))
-    post = run_plan(model, train, plan, "snapshot", settings, cfg, holdout=holdout, full=data)
+
+    def planned(rows: Data):
+        """The plan and settings of a run on ``rows``: anchored cycles start free on their own rows' directions."""
+        if not anchored:
+            return plain, settings
+        free = free_directions(model, rows.x if rows.loader is None else None)
+        anchors = cycle_anchors(num_cycles, cycle_length, free)
+        return replace(plain, anchors=anchors), {**settings, "anchor": None if free is None else free.record}
+
+    def run(rows: Data, options, **kwargs) -> Posterior:
+        plan, run_settings = planned(rows)
+        return run_plan(model, rows, plan, "snapshot", run_settings, options, **kwargs)
+
+    post = run(train, cfg, holdout=holdout, full=data)
     # then every row, each cycle's snapshot taken at the step the held-out rows chose (holdout.refit)
-    post = refit(
-        post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops)
-    )
+    post = refit(post, lambda chosen: run(data, refit_config(cfg), stops=chosen.stops))
     check_narrow(check_descent(post), cause=NARROW)
     return check_anchored_log_loss(post, units="cycles") if anchored else check_off_data(post, OFF_DATA)
 

@@ -113,7 +113,7 @@ Example
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -124,7 +124,7 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._health import check_anchored_log_loss, check_narrow, check_off_data, check_spread
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
-from bnn_pyro.infer.anchor import anchor, flat_tilt
+from bnn_pyro.infer.anchor import FreeDirections, anchor, flat_tilt, free_directions, free_start
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry, renamed_options
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
@@ -348,6 +348,7 @@ class _Settings:
     init: object
     anchored: bool
     pretrain_schedule: object = "cosine"  # pre-training's rate (the held-out refit's: holdout.Chosen.schedule)
+    free: FreeDirections | None = None  # an anchored chain's first-layer free directions (anchor.free_start)
 
 
 def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments]]:
@@ -420,6 +421,8 @@ def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> 
         anchored=flag("anchored", cfg.anchored),
         pretrain_schedule=pretrain_schedule,
     )
+    if s.anchored:  # the rows this run fits (the training rows, or every row in the refit)
+        s = replace(s, free=free_directions(model, data.x if data.loader is None else None))
     num_chains = positive_int("num_chains", cfg.num_chains)
     config = clean_config(
         dict(
@@ -439,6 +442,7 @@ def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> 
             dataset_size=data.size,
             seed=cfg.seed,
             anchored=s.anchored,
+            anchor=None if s.free is None else s.free.record,
             validation=describe(holdout, cfg.validation if cfg.validation != "default" else DEFAULT, why),
             **(dict(swag_rank=rank, num_samples=s.num_samples, scale=s.scale) if swag else {}),
         )
@@ -529,7 +533,8 @@ def _engine(
         if isinstance(fitted, BNN):
             fitted.train()  # BatchNorm and dropout behave as in training
         pot = paths(fitted, data, init=start)
-        z = pot.flatten(pot.init).clone().requires_grad_()
+        g, w0 = anchor(fitted, pot, data.first(), seed=info.seed) if s.anchored else (None, {})
+        z = pot.flatten(free_start(pot.init, w0, s.free)).clone().requires_grad_()
         with poutine.trace(param_only=True) as capture:
             pot(pot.unflatten(z), data.first())
         point_params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
@@ -556,7 +561,7 @@ def _engine(
             [torch.zeros_like(p) for p in point_params],
             BestOnHoldout(every=max(1, pretrain // 50), patience=None),
             data.size,
-            flat_tilt(anchor(fitted, pot, data.first(), seed=info.seed)[0], pot) if s.anchored else None,
+            None if g is None else flat_tilt(g, pot),
         )
         if pretrain == 0:
             start_swa(state)
