@@ -62,7 +62,13 @@ to 0.108 and 0.114 (wine), 0.197 and 0.049 to 0.191 and 0.042 (breast_cancer), 0
 0.155 (iris). Regression (scikit-learn's diabetes, ``benchmarks/uci.py`` protocol, splits 0-2): test
 log-likelihood -5.558 plain, -5.572 anchored (per split -0.035, -0.011, +0.004). ``anchored=False`` gives the
 paper's plain snapshots, and a classification fit then says that its off-data uncertainty is not represented
-(:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`).
+(:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`). Each anchored cycle of a ``BNN`` starts with
+its first ``nn.Linear`` weight moved to its own anchor along the input directions the rows it fits leave free
+(the deep ensemble's free start, :mod:`bnn_pyro.infer.anchor`, "Where a member starts"; :func:`cycle_anchors`;
+``config["anchor"]``: how many, the threshold and the rows, or why not). Reason: there the cycle's objective is
+minimized at its anchor, and a cycle starts from the previous snapshot, at the previous cycle's anchor there,
+whence the prior's pull (``1 / (N s^2)`` per unit step) does not bring it in one cycle; before / after:
+``docs/ood.md``.
 
 Per-draw statistics: ``lp`` (``-U~`` at the snapshot, on its minibatch) and ``step_size``; history
 (``(chains, steps)``): ``potential`` and ``step_size`` (``eta_k`` on ``U``, every step). With one run
@@ -184,7 +190,9 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
         refit: every row is trained on already), or ``None`` (every snapshot is its cycle's end).
     anchored:
         ``True`` (default): each cycle's objective is anchored at its own prior draw (module docstring, "Off-data
-        inputs and anchored cycles"); ``False``: the paper's plain cycles.
+        inputs and anchored cycles") and, for a ``BNN`` fitted on a tensor, the cycle starts with its first
+        ``nn.Linear`` weight at that draw along the input directions the fitted rows leave free
+        (``config["anchor"]``); ``False``: the paper's plain cycles.
     seed, progress, checkpoint, checkpoint_every, resume, fast_path:
         As in :func:`bnn_pyro.infer.sgmcmc.fit_sgld` (checkpoint/resume is bit-identical).
 

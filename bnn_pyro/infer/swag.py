@@ -85,7 +85,12 @@ the same splits: 0.67 / 0.73 (wine) and 0.84 / 0.87 (breast_cancer), at a test l
 (wine) and 0.198 against 0.186 (breast_cancer): wider members, as the anchored ensemble's
 (``benchmarks/results/classification/``). Regression: ``benchmarks/results/classification/README.md`` gives
 scikit-learn's diabetes before and after. A classification fit without anchoring says so
-(:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`).
+(:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`). An anchored chain of a ``BNN`` starts its
+first ``nn.Linear`` weight at its anchor along the input directions the rows it fits leave free (the deep
+ensemble's free start, :mod:`bnn_pyro.infer.anchor`, "Where a member starts"; ``config["anchor"]``: how many,
+the threshold and the rows, or why not). Reason: there the anchored objective's minimizer is the anchor, and
+neither the pre-training's held-out stop nor the SWA phase's steps, scaled by ``1 / N`` against the prior's pull
+``1 / (N s^2)``, reach it from the initializer; before / after: ``docs/ood.md``.
 
 Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows, with a learned noise at least 20 rows of at least 40;
 :mod:`bnn_pyro.infer.holdout`): pre-training is early-stopped on them and a learned Gaussian noise is
@@ -248,7 +253,9 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
         optimizer, moments, early stopping, the chain's generator; see :mod:`bnn_pyro.infer.checkpoint`).
     anchored:
         ``True`` (SWAG's default): each chain's objective is anchored at its own prior draw (seed ``seed + c``;
-        module docstring, "Off-data inputs and anchoring"); ``False`` (SWA's default): the plain objective.
+        module docstring, "Off-data inputs and anchoring") and, for a ``BNN`` fitted on a tensor, its first
+        ``nn.Linear`` weight starts at that draw along the input directions the fitted rows leave free
+        (``config["anchor"]``); ``False`` (SWA's default): the plain objective from ``init``.
     num_chains, init, seed, progress:
         Independent runs (seeds ``seed + c``; default 3 for SWAG: MultiSWAG, see below; 1 for SWA);
         initial values (``"reset"``: the default for a BNN,

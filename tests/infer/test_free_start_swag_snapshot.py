@@ -50,6 +50,7 @@ def _anchor(model, x, y, seed: int) -> torch.Tensor:
 RECORD = {"free_directions": 1, "site": "0.weight", "threshold": FREE_START_PRECISION / 240, "rows": 240}
 
 
+@pytest.mark.slow  # the defaults' 1,000-step cycles, run twice (held-out stops, then the refit)
 def test_snapshot_a_weight_on_an_all_zero_input_column_is_at_each_cycles_anchor_at_the_defaults():
     x, y = _rows(240)
     model = _classifier()
@@ -63,6 +64,7 @@ def test_snapshot_a_weight_on_an_all_zero_input_column_is_at_each_cycles_anchor_
         assert (w[c][:, [0, 2]] - w0[:, [0, 2]]).abs().max() > 0.3  # the data's columns: fitted, not at it
 
 
+@pytest.mark.slow  # the defaults' 2,000 pre-training steps per chain, three chains, run twice (the refit)
 def test_swag_a_weight_on_an_all_zero_input_column_starts_and_ends_at_its_anchor_at_the_defaults():
     x, y = _rows(240)
     model = _classifier()
