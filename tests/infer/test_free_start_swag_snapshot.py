@@ -4,7 +4,7 @@
 Known answers. Along an input column that is zero on every fitted row the data term does not depend on the first
 layer's weights on it, and the anchored prior's gradient ``(w - w0) / s^2`` is exactly zero at the anchor ``w0``:
 a chain (a cycle) started there has a zero gradient there at every step, so it stays there to the bit. A snapshot
-ensemble's cycle ``c`` starts there at its own anchor (seed ``seed + c * ANCHOR_CYCLE_OFFSET``), so each snapshot
+ensemble's cycle ``c`` (``free_start=True``; not snapshot's default) starts there at its own anchor (seed ``seed + c * ANCHOR_CYCLE_OFFSET``), so each snapshot
 is at its cycle's anchor to the bit. A SWAG chain's iterates there are all its anchor: the SWA mean is (float64
 running mean of one float32 value), and the draws add ``sqrt(sq_mean - mean^2)`` noise, whose float64 rounding is
 below 1e-7 of the weight's scale. The old start (the layer's initializer, then the prior's pull at the rate the
@@ -51,10 +51,12 @@ RECORD = {"free_directions": 1, "site": "0.weight", "threshold": FREE_START_PREC
 
 
 @pytest.mark.slow  # the defaults' 1,000-step cycles, run twice (held-out stops, then the refit)
-def test_snapshot_a_weight_on_an_all_zero_input_column_is_at_each_cycles_anchor_at_the_defaults():
+def test_snapshot_free_start_a_weight_on_an_all_zero_input_column_is_at_each_cycles_anchor():
     x, y = _rows(240)
     model = _classifier()
-    post = bp.fit(model, x, y, method="snapshot", num_cycles=3, progress=False, seed=0)  # else the defaults
+    post = bp.fit(
+        model, x, y, method="snapshot", num_cycles=3, free_start=True, progress=False, seed=0
+    )  # else the defaults
     assert post.config["validation"]["final_fit_rows"] == 240  # held-out stopping, then the refit on every row
     assert post.config["anchor"] == RECORD
     w = post.samples["0.weight"][0]  # (cycles, 8, 3)
@@ -78,6 +80,22 @@ def test_swag_a_weight_on_an_all_zero_input_column_starts_and_ends_at_its_anchor
         assert (w[k][..., [0, 2]] - w0[:, [0, 2]]).abs().amax(dim=(1, 2)).min() > 0.3  # fitted columns
 
 
+def test_snapshot_by_default_records_the_free_directions_and_does_not_apply_them(monkeypatch):
+    x, y = _rows(60)
+    post = bp.fit(_classifier(), x, y, method="snapshot", **SNAPSHOT_QUICK)
+    assert post.config["anchor"] == {
+        "free_directions": 1,
+        "site": "0.weight",
+        "threshold": FREE_START_PRECISION / 60,
+        "rows": 60,
+        "skipped": snapshot.NOT_FREE,
+    }
+    monkeypatch.setattr(snapshot, "free_directions", lambda model, x: None)  # the start before the free start
+    before = bp.fit(_classifier(), x, y, method="snapshot", **SNAPSHOT_QUICK)
+    for name, v in post.samples.items():
+        assert torch.equal(v, before.samples[name]), name
+
+
 def test_snapshot_and_swag_without_anchoring_have_no_free_start():
     x, y = _rows(60)
     plain = bp.fit(_classifier(), x, y, method="snapshot", anchored=False, **SNAPSHOT_QUICK)
@@ -86,7 +104,10 @@ def test_snapshot_and_swag_without_anchoring_have_no_free_start():
     assert "anchor" not in plain.config or plain.config["anchor"] is None
 
 
-@pytest.mark.parametrize("method, module, quick", [("snapshot", snapshot, SNAPSHOT_QUICK), ("swag", swag, SWAG_QUICK)])
+@pytest.mark.parametrize(
+    "method, module, quick",
+    [("snapshot", snapshot, {**SNAPSHOT_QUICK, "free_start": True}), ("swag", swag, SWAG_QUICK)],
+)
 def test_without_a_free_direction_the_fit_is_bit_identical_to_the_old_start(monkeypatch, method, module, quick):
     x, y = _rows(60, zero_column=None)  # standardized-like columns: every eigenvalue far above 4 / 60
     post = bp.fit(_classifier(), x, y, method=method, **quick)
