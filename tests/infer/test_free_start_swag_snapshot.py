@@ -4,7 +4,7 @@
 Known answers. Along an input column that is zero on every fitted row the data term does not depend on the first
 layer's weights on it, and the anchored prior's gradient ``(w - w0) / s^2`` is exactly zero at the anchor ``w0``:
 a chain (a cycle) started there has a zero gradient there at every step, so it stays there to the bit. A snapshot
-ensemble's cycle ``c`` (``free_start=True``; not snapshot's default) starts there at its own anchor (seed ``seed + c * ANCHOR_CYCLE_OFFSET``), so each snapshot
+ensemble's cycle ``c`` (``free_start=True``, not the default, for both engines) starts there at its own anchor (seed ``seed + c * ANCHOR_CYCLE_OFFSET``), so each snapshot
 is at its cycle's anchor to the bit. A SWAG chain's iterates there are all its anchor: the SWA mean is (float64
 running mean of one float32 value), and the draws add ``sqrt(sq_mean - mean^2)`` noise, whose float64 rounding is
 below 1e-7 of the weight's scale. The old start (the layer's initializer, then the prior's pull at the rate the
@@ -67,10 +67,10 @@ def test_snapshot_free_start_a_weight_on_an_all_zero_input_column_is_at_each_cyc
 
 
 @pytest.mark.slow  # the defaults' 2,000 pre-training steps per chain, three chains, run twice (the refit)
-def test_swag_a_weight_on_an_all_zero_input_column_starts_and_ends_at_its_anchor_at_the_defaults():
+def test_swag_free_start_a_weight_on_an_all_zero_input_column_starts_and_ends_at_its_anchor():
     x, y = _rows(240)
     model = _classifier()
-    post = bp.fit(model, x, y, method="swag", num_samples=20, progress=False, seed=0)  # else the defaults
+    post = bp.fit(model, x, y, method="swag", num_samples=20, free_start=True, progress=False, seed=0)
     assert post.config["validation"]["final_fit_rows"] == 240
     assert post.config["anchor"] == RECORD
     w = post.samples["0.weight"]  # (chains, draws, 8, 3)
@@ -80,18 +80,19 @@ def test_swag_a_weight_on_an_all_zero_input_column_starts_and_ends_at_its_anchor
         assert (w[k][..., [0, 2]] - w0[:, [0, 2]]).abs().amax(dim=(1, 2)).min() > 0.3  # fitted columns
 
 
-def test_snapshot_by_default_records_the_free_directions_and_does_not_apply_them(monkeypatch):
+@pytest.mark.parametrize("method, module, quick", [("snapshot", snapshot, SNAPSHOT_QUICK), ("swag", swag, SWAG_QUICK)])
+def test_by_default_the_free_directions_are_recorded_and_not_applied(monkeypatch, method, module, quick):
     x, y = _rows(60)
-    post = bp.fit(_classifier(), x, y, method="snapshot", **SNAPSHOT_QUICK)
+    post = bp.fit(_classifier(), x, y, method=method, **quick)
     assert post.config["anchor"] == {
         "free_directions": 1,
         "site": "0.weight",
         "threshold": FREE_START_PRECISION / 60,
         "rows": 60,
-        "skipped": snapshot.NOT_FREE,
+        "skipped": module.NOT_FREE,
     }
-    monkeypatch.setattr(snapshot, "free_directions", lambda model, x: None)  # the start before the free start
-    before = bp.fit(_classifier(), x, y, method="snapshot", **SNAPSHOT_QUICK)
+    monkeypatch.setattr(module, "free_directions", lambda model, x: None)  # the start before the free start
+    before = bp.fit(_classifier(), x, y, method=method, **quick)
     for name, v in post.samples.items():
         assert torch.equal(v, before.samples[name]), name
 
@@ -106,7 +107,10 @@ def test_snapshot_and_swag_without_anchoring_have_no_free_start():
 
 @pytest.mark.parametrize(
     "method, module, quick",
-    [("snapshot", snapshot, {**SNAPSHOT_QUICK, "free_start": True}), ("swag", swag, SWAG_QUICK)],
+    [
+        ("snapshot", snapshot, {**SNAPSHOT_QUICK, "free_start": True}),
+        ("swag", swag, {**SWAG_QUICK, "free_start": True}),
+    ],
 )
 def test_without_a_free_direction_the_fit_is_bit_identical_to_the_old_start(monkeypatch, method, module, quick):
     x, y = _rows(60, zero_column=None)  # standardized-like columns: every eigenvalue far above 4 / 60
