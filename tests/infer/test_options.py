@@ -134,6 +134,7 @@ VALUES = {
     "threshold": 2.0,
     "adversarial_eps": 0.05,
     "anchored": False,
+    "free_start": True,
     "structure": "diag",
     "hessian": "fisher",
     "prior_precision": "marglik",
