@@ -56,9 +56,9 @@ data's directions toward the anchors (every weight at its anchor, a Gauss-Newton
 (``docs/ood.md``). It applies to a ``BNN`` whose net is an ``nn.Sequential`` starting with an ``nn.Linear`` whose
 weight has a non-hierarchical prior of one sd, fitted on one tensor of inputs; otherwise (a loader, other nets) the
 member starts at ``init`` and ``config["anchor"]["skipped"]`` says why. ``config["anchor"]`` records the number of
-free directions, the threshold and the rows. SWAG's anchored chains start the same way; snapshot's anchored cycles
-do with ``free_start=True`` (each at its own anchor, from the previous snapshot), not by default (``docs/ood.md``
-has both before / after).
+free directions, the threshold and the rows. SWAG's anchored chains and snapshot's anchored cycles (each at its own
+anchor, from the previous snapshot) start the same way with ``free_start=True``, not by default: measured through
+both engines, it did not help them (``docs/ood.md``).
 
 Example
 -------

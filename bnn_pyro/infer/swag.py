@@ -86,11 +86,12 @@ the same splits: 0.67 / 0.73 (wine) and 0.84 / 0.87 (breast_cancer), at a test l
 (``benchmarks/results/classification/``). Regression: ``benchmarks/results/classification/README.md`` gives
 scikit-learn's diabetes before and after. A classification fit without anchoring says so
 (:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`). With ``free_start=True`` (not the default:
-:func:`fit_swag`) an anchored chain of a ``BNN`` starts its first ``nn.Linear`` weight at its anchor along the input directions the rows it fits leave free (the deep
-ensemble's free start, :mod:`bnn_pyro.infer.anchor`, "Where a member starts"; ``config["anchor"]``: how many,
-the threshold and the rows, or why not). Reason: there the anchored objective's minimizer is the anchor, and
-neither the pre-training's held-out stop nor the SWA phase's steps, scaled by ``1 / N`` against the prior's pull
-``1 / (N s^2)``, reach it from the initializer; before / after: ``docs/ood.md``.
+:func:`fit_swag`) an anchored chain of a ``BNN`` starts its first ``nn.Linear`` weight at its anchor along the
+input directions the rows it fits leave free (the deep ensemble's free start, :mod:`bnn_pyro.infer.anchor`, "Where
+a member starts"; ``config["anchor"]``: how many, the threshold and the rows, or why not). Reason for it: there the
+anchored objective's minimizer is the anchor. Reason it is not the default: the pre-training's Adam steps, whose
+size does not shrink with the gradient, already bring those weights close to it, and through this engine it did
+not help (``docs/ood.md``).
 
 Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows, with a learned noise at least 20 rows of at least 40;
 :mod:`bnn_pyro.infer.holdout`): pre-training is early-stopped on them and a learned Gaussian noise is
