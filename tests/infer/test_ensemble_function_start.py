@@ -41,3 +41,26 @@ def test_damped_newton_reaches_the_minimum_where_the_hessian_is_not_positive_def
 
     z = damped_newton(fn, torch.tensor([0.1, 0.5], dtype=torch.float64), steps=100)
     assert abs(abs(float(z[0])) - 1) < 1e-6 and abs(float(z[1])) < 1e-6, z
+
+
+def test_a_bnn_ensemble_takes_none_of_the_function_paths(monkeypatch):
+    """``converge`` (and the median start) are for Pyro functions only: a ``bp.BNN`` ensemble is bit-identical to one
+    whose members skip ``converge`` altogether (the code before it), and keeps its ``init="reset"`` default."""
+    import bnn_pyro.infer.ensemble as ensemble
+
+    torch.manual_seed(0)
+    x = torch.randn(30, 2)
+    y = x @ torch.tensor([1.0, -0.5]) + 0.1 * torch.randn(30)
+
+    def fit():
+        model = bp.BNN(
+            torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1)
+        )
+        return bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=50, seed=0, progress=False)
+
+    with_paths = fit()
+    monkeypatch.setattr(ensemble, "converge", lambda state, data: False)
+    without = fit()
+    assert with_paths.config["init"] == "reset"
+    for name, value in with_paths.samples.items():
+        assert torch.equal(value, without.samples[name]), name
