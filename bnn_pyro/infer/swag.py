@@ -60,6 +60,10 @@ BatchNorm: the running statistics of every draw (the SWA mean for ``"swa"``) are
 pass over the training data (:meth:`~bnn_pyro.BNN.batchnorm_statistics`) and stored per draw in
 ``post.draw_buffers``, which ``predict`` and function-space diagnostics use.
 
+A Pyro function's chain (tensor data, no ``pyro.param`` sites; never a ``BNN``) ends its pre-training with damped
+Newton steps to the minimum of its objective (:func:`~bnn_pyro.infer.map_fit.damped_newton`), so that the SWA phase
+starts at its mode: on badly scaled covariates SGD's steps end far from it (kidiq: 4,899 posterior sds).
+
 Deterministic (non-Bayesian) parameters of a ``BNN`` and ``pyro.param`` sites of a Pyro function are
 trained and averaged with the latent sites, and fixed at their average in every draw (``post.point``).
 ``num_chains`` independent runs (seeds ``seed``, ``seed + 1``, ...) become chains, so R-hat applies;
