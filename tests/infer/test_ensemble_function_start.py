@@ -19,6 +19,7 @@ from bnn_pyro.infer.map_fit import damped_newton  # noqa: E402
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning  # noqa: E402
 
 
+@pytest.mark.slow
 def test_ensemble_at_its_defaults_on_kidiq_reaches_the_posterior_means_and_warns_of_its_narrow_spread():
     """The suite's rule for 5 draws: means within 0.25 + 4 / sqrt(5) = 2.04 posterior sds (the old start: 171). The
     anchored members' spread stays narrower than the posterior's (the anchors' spread mapped through the curvature),
@@ -66,6 +67,7 @@ def test_a_bnn_ensemble_takes_none_of_the_function_paths(monkeypatch):
         assert torch.equal(value, without.samples[name]), name
 
 
+@pytest.mark.slow
 def test_swag_at_its_defaults_on_kidiq_starts_its_chains_at_the_mode_and_warns_of_its_narrow_spread():
     """Before, SGD pre-training from prior draws left SWAG's chains 4,899 posterior sds off on kidiq (sigma); now each
     chain's pre-training ends at its objective's minimum (damped Newton), so the means are within the suite's 0.25 sd
