@@ -724,10 +724,11 @@ def _unconstrained_draws(post, *, init: str):
         return pot, pot.flatten(pot.unconstrain(draws)).reshape(n, pot.dim)
 
 
-def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = None):
+def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = None, functions: bool = False):
     """Warn when ``post``'s draws are narrower, in some unconstrained coordinate, than the Laplace approximation at
     their mean by more than :data:`NARROW_MAX` (with :data:`NARROW_TAIL`'s allowance for few draws). Judged only
-    for a ``BNN`` with training tensors, at most :data:`NARROW_MAX_DIM` latent coordinates, every latent site in
+    for a ``BNN`` (and, with ``functions=True``, a Pyro function: its latent sites, the potential started at their
+    prior medians) with training tensors, at most :data:`NARROW_MAX_DIM` latent coordinates, every latent site in
     ``post.samples``, and a positive definite Hessian there (a mixture's mean between modes is not judged).
     ``cause``: the engine's likely reason, one sentence. ``sd``: the approximation's own sd per site (unconstrained,
     the site's shape), where the engine fitted a distribution whose sd it knows (a Gaussian ``q``): it is judged
@@ -739,9 +740,10 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
     from bnn_pyro.model import BNN
 
     n = post.num_chains * post.num_draws
-    if not isinstance(post.model, BNN) or post.x is None or post.y is None or n < 2:
+    is_bnn = isinstance(post.model, BNN)
+    if not (is_bnn or functions) or post.x is None or post.y is None or n < 2:
         return post
-    judged = _unconstrained_draws(post, init="net")
+    judged = _unconstrained_draws(post, init="net" if is_bnn else "median")
     if judged is None:
         return post
     pot, flat = judged
