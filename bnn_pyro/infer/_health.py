@@ -519,9 +519,9 @@ def svi_advice(post) -> str:
 
 def _factor_advice(post, guide: str) -> str:
     """:func:`svi_advice` for a guide with a covariance factor on a ``BNN``: its entries random-walk under Adam at a
-    rate set by ``lr`` (:func:`bnn_pyro.infer.svi.default_lr`), so a fit that ignores the data needs a lower ``lr``,
+    rate set by ``lr`` (:func:`bnn_pyro.infer.svi_lr.default_lr`), so a fit that ignores the data needs a lower ``lr``,
     not more steps (which lengthen the walk)."""
-    from bnn_pyro.infer.svi import default_lr
+    from bnn_pyro.infer.svi_lr import default_lr
 
     dim = sum(v[0, 0].numel() for v in post.samples.values())
     rank = post.config.get("guide_rank")
