@@ -44,12 +44,13 @@ def _jobs() -> list[tuple]:
 
 
 def _weights(net: torch.nn.Module) -> int:
-    return sum(p.numel() for p in net.parameters())
+    """The net's weights and biases, from its Linear layers' shapes (a BNN holds them as Pyro sample sites)."""
+    return sum(m.in_features * m.out_features + m.out_features for m in net.modules() if isinstance(m, torch.nn.Linear))
 
 
 def run_job(job: tuple) -> dict:
     torch.set_num_threads(1)
-    from bnn_pyro.infer.svi import default_lr
+    from bnn_pyro.infer.svi_lr import default_lr
 
     task, name, split, guide, side = job
     options = dict(guide=guide, **({"lr": BEFORE_LR} if side == "before" else {}))
