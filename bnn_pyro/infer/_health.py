@@ -574,11 +574,17 @@ def check_svi(post):
     :func:`check_learned_noise` with :func:`svi_advice`); returns ``post``."""
     if "loss" in post.history:
         unscaled = unscaled_targets(post.model, post.y)
+        factor = post.config.get("guide") in ("full_rank", "low_rank")  # a higher lr speeds its factor's random walk
         check_elbo(
             post.history["loss"],
             method=post.method,
             lr=post.config.get("lr"),
-            advice=None if unscaled is None else f"The cause is likely the units, not the budget: {unscaled}",
+            advice=f"The cause is likely the units, not the budget: {unscaled}"
+            if unscaled is not None
+            else "Try more num_steps (not a higher lr: with a covariance factor that speeds the random walk of its "
+            "entries, bnn_pyro.infer.svi_lr.default_lr)"
+            if factor
+            else None,
         )
     advice = svi_advice(post)
     check_predictive(post, advice=advice)

@@ -445,3 +445,24 @@ def test_anchored_regression_fits_and_plain_members_do_not_warn_about_log_loss(m
             warnings.simplefilter("always")
             bp.fit(model, x, yy, method=method, seed=0, progress=False, **options, **extra)
         assert not [w for w in record if "test log loss may be" in str(w.message)], (method, extra)
+
+
+def test_an_unconverged_factor_guide_is_not_told_to_raise_lr():
+    """A full-rank fit whose ELBO still falls: more steps, not a higher lr (which speeds its factor's random walk)."""
+    x, y = _wiggle()
+    post = bp.fit(
+        _mlp(),
+        x,
+        y,
+        method="svi",
+        guide="full_rank",
+        num_steps=200,
+        lr=2e-3,
+        lr_schedule="constant",
+        num_samples=20,
+        progress=False,
+    )
+    with pytest.warns(DiagnosticWarning, match=r"ELBO has not converged") as record:
+        _health.check_svi(post)
+    text = " ".join(str(w.message) for w in record if "not converged" in str(w.message))
+    assert "Try more num_steps (not a higher lr" in text and "or a higher lr" not in text
