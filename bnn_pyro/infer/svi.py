@@ -87,7 +87,7 @@ from pyro.infer import Trace_ELBO, autoguide
 
 from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_start
 from bnn_pyro.infer import distributed as dp
-from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, latent_sites, point_values
+from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, is_latent, point_values, traced
 from bnn_pyro.infer._health import check_gaussian_guide_off_data, check_narrow, check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
@@ -99,11 +99,23 @@ from bnn_pyro.infer.kl_warmup import KLWeight, warmup_steps
 from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, Optimizer, Schedule, check_lr, make_optimizer, make_schedule  # noqa: F401 (re-exported)
 from bnn_pyro.infer.reparam import Estimator, GaussianSites, MeanFieldELBO, WeightNoise, check_estimator
 from bnn_pyro.infer.score import ScoreFunction, ScoreFunctionELBO
+from bnn_pyro.infer.svi_lr import DEFAULT_LR, FACTOR_ROW_FREE, default_lr
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 
-__all__ = ["fit", "SVIConfig", "GuideKind", "ElboKind", "REINFORCE_PARTICLES", "DEFAULT_STEPS", "LAPLACE"]
+__all__ = [
+    "fit",
+    "SVIConfig",
+    "GuideKind",
+    "ElboKind",
+    "REINFORCE_PARTICLES",
+    "DEFAULT_STEPS",
+    "LAPLACE",
+    "DEFAULT_LR",
+    "FACTOR_ROW_FREE",
+    "default_lr",
+]
 
 DEFAULT_STEPS = 5000  # num_steps' default (fit's docstring says why)
 LAPLACE = "laplace"  # init= value: start at the Laplace approximation (svi_start; the default for a Pyro function)
@@ -135,7 +147,7 @@ class SVIConfig(PotentialRunOptions):
     empirical_bayes: bool | str = False
     num_steps: int | None = None
     epochs: int | None = None
-    lr: float = 1e-2
+    lr: float | None = None
     optimizer: object = "adam"
     lr_schedule: object = DEFAULT_SCHEDULE
     num_particles: int | None = None
@@ -176,8 +188,10 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         above Laplace and the ensemble on diabetes, friedman1 and the low-noise set
         (``benchmarks/results/svi_defaults/current_defaults.md``).
     lr, optimizer, lr_schedule:
-        Learning rate (default 1e-2; what ``lr`` means: :mod:`bnn_pyro.infer.optim`, where ``"auto"`` is refused for
-        Adam); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
+        Learning rate (default 1e-2, :data:`DEFAULT_LR`; for ``"full_rank"`` and ``"low_rank"`` guides whose
+        covariance factor has more than :data:`FACTOR_ROW_FREE` free entries per row, ``1e-2 * sqrt(10 / m)``:
+        :func:`default_lr` says why; ``post.config["lr"]`` holds the rate used; what ``lr`` means:
+        :mod:`bnn_pyro.infer.optim`, where ``"auto"`` is refused for Adam); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
         ``params -> torch.optim.Optimizer``; ``"cosine"`` (the default: to 1% of ``lr`` at the last step,
         see the module docstring), ``"constant"``,
         ``"exponential"`` (to 1% of ``lr``) or a callable ``optimizer -> LRScheduler``.
@@ -246,7 +260,6 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     num_steps = positive_int("num_steps", DEFAULT_STEPS if num_steps is None else num_steps)
     warmup = warmup_steps(cfg.kl_warmup, num_steps)
     num_chains = positive_int("num_chains", cfg.num_chains)
-    lr = check_lr(cfg.lr, method="svi")
     guide_kind = cfg.guide if not isinstance(cfg.guide, str) else choice("guide", cfg.guide, GuideKind)
     estimator = choice("estimator", cfg.estimator, Estimator)
     sharing = resolve_empirical_bayes(cfg.empirical_bayes)
@@ -286,6 +299,17 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     init = LAPLACE if laplace else resolve_init(model, cfg.init, data)
     if vectorize_particles is None:
         vectorize_particles = isinstance(model, BNN) and not _has_batchnorm(model)
+    x0, y0 = data.first()
+    sites = {
+        n: s
+        for n, s in traced(partial(call_model, model, dataset_size=data.size), x0, y0).nodes.items()
+        if is_latent(s)
+    }
+    names = list(sites)
+    if cfg.lr is None:  # a guide with a covariance factor gets a lower rate on a large model (default_lr says why)
+        lr = default_lr(guide_kind, sum(s["value"].numel() for s in sites.values()), cfg.guide_rank)
+    else:
+        lr = check_lr(cfg.lr, method="svi")
     optimizer, lr_schedule = cfg.optimizer, cfg.lr_schedule
     config = clean_config(
         dict(
@@ -315,7 +339,6 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         raise ValueError(
             "checkpoint: not supported with empirical_bayes yet; pass checkpoint=None or empirical_bayes=False."
         )
-    x0, y0 = data.first()
     # elbo="mean_field" with a mean-field guide (closed-form KL) only where the flat path computes it; with a MAP
     # guide it is Trace_ELBO's estimator (no KL of a point mass)
     closed_kl = elbo_kind is ElboKind.MEAN_FIELD and guide_kind is GuideKind.MEAN_FIELD
@@ -333,7 +356,6 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         not (closed_kl or warmup) or not cfg.distributed and _svi_flat.FlatMeanField.covers(joint, x0, y0)
     )
     config["fast_path"] = fast
-    names = latent_sites(partial(call_model, model, dataset_size=data.size), x0, y0)
     warm_starts: list[svi_start.LaplaceStart] = []
     ckpts = open_chains(
         cfg.checkpoint,

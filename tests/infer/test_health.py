@@ -242,6 +242,24 @@ def test_svi_that_ignores_the_data_is_flagged():
         _health.check_svi(post)
 
 
+@pytest.mark.parametrize("guide, entries", [("full_rank", 60), ("low_rank", 8)])
+def test_a_factor_guide_that_ignores_the_data_is_told_to_lower_lr_not_to_add_steps(guide, entries):
+    """A full-rank or low-rank fit whose draws are the prior's: the advice names the factor's entries per row (61
+    weights: 60 and round(sqrt(61)) = 8), the lr used and a lower one, not more steps (which lengthen Adam's walk)."""
+    x, y = _wiggle()
+    post = bp.fit(
+        _mlp(), x, y, method="svi", guide=guide, num_steps=20, lr=1e-2, num_samples=200, seed=0, progress=False
+    )
+    g = torch.Generator().manual_seed(1)
+    post.samples = {k: torch.randn(v.shape, generator=g) for k, v in post.samples.items()}
+    with pytest.warns(DiagnosticWarning, match=r"posterior ignores the data") as record:
+        _health.check_svi(post)
+    text = " ".join(str(w.message) for w in record if "ignores the data" in str(w.message))
+    assert f"{guide} guide on 61 coordinates has {entries} free covariance-factor entries per row" in text
+    assert "This fit used lr=0.01" in text and "Try a lower lr (e.g. lr=0.00" in text
+    assert "Try more num_steps" not in text
+
+
 def test_classifier_equal_to_its_prior_is_flagged_and_a_fitted_one_is_not():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(80, 2, generator=g)
@@ -427,3 +445,24 @@ def test_anchored_regression_fits_and_plain_members_do_not_warn_about_log_loss(m
             warnings.simplefilter("always")
             bp.fit(model, x, yy, method=method, seed=0, progress=False, **options, **extra)
         assert not [w for w in record if "test log loss may be" in str(w.message)], (method, extra)
+
+
+def test_an_unconverged_factor_guide_is_not_told_to_raise_lr():
+    """A full-rank fit whose ELBO still falls: more steps, not a higher lr (which speeds its factor's random walk)."""
+    x, y = _wiggle()
+    post = bp.fit(
+        _mlp(),
+        x,
+        y,
+        method="svi",
+        guide="full_rank",
+        num_steps=200,
+        lr=2e-3,
+        lr_schedule="constant",
+        num_samples=20,
+        progress=False,
+    )
+    with pytest.warns(DiagnosticWarning, match=r"ELBO has not converged") as record:
+        _health.check_svi(post)
+    text = " ".join(str(w.message) for w in record if "not converged" in str(w.message))
+    assert "Try more num_steps (not a higher lr" in text and "or a higher lr" not in text

@@ -374,3 +374,55 @@ def test_score_function_gradient_is_unbiased(particles, rao_blackwell, vectorize
     grads = torch.stack(rows).double()
     z = (grads.mean(0) - exact) / (grads.var(0) / m).sqrt()
     assert z.abs().max() < 4.5, z
+
+
+def _wide_regression_bnn() -> bp.BNN:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 30), torch.nn.ReLU(), torch.nn.Linear(30, 1))  # 181 weights
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+
+
+@pytest.mark.parametrize(
+    "guide, lr",
+    [
+        ("full_rank", 1e-2 * (10 / 180) ** 0.5),  # 180 free entries per row of the unit Cholesky factor
+        ("low_rank", 1e-2 * (10 / 13) ** 0.5),  # rank round(sqrt(181)) = 13
+        ("mean_field", 1e-2),  # no factor: the rate it always had
+        ("map", 1e-2),
+    ],
+)
+def test_default_lr_is_lower_for_a_covariance_factor_with_many_entries_per_row(guide, lr):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 4, generator=g)
+    post = bp.fit(_wide_regression_bnn(), x, x[:, 0], guide=guide, num_steps=5, num_samples=2, seed=0, progress=False)
+    assert post.config["lr"] == pytest.approx(lr, rel=1e-12)
+
+
+def test_default_lr_leaves_small_models_and_an_explicit_lr_alone(blr):
+    post = bp.fit(blr.model(), blr.x, blr.y, guide="full_rank", num_steps=5, num_samples=2, progress=False)
+    assert post.config["lr"] == 1e-2  # 3 coordinates: 2 free entries per row
+    wide = bp.fit(
+        _wide_regression_bnn(),
+        blr.x[:, :1].repeat(1, 4),
+        blr.y,
+        guide="full_rank",
+        lr=0.02,
+        num_steps=5,
+        num_samples=2,
+        progress=False,
+    )
+    assert wide.config["lr"] == 0.02
+
+
+def test_mean_field_default_fit_is_bit_identical_to_the_old_default_lr():
+    """The default lr of a mean-field guide is the old default 1e-2: the same losses and draws, bit for bit, as a
+    fit given lr=1e-2 (the value every fit had before the dimension-aware default)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 4, generator=g)
+    runs = [
+        bp.fit(_wide_regression_bnn(), x, x[:, 0], num_steps=200, num_samples=20, seed=3, progress=False, **lr)
+        for lr in ({}, {"lr": 1e-2})
+    ]
+    assert torch.equal(torch.as_tensor(runs[0].history["loss"]), torch.as_tensor(runs[1].history["loss"]))
+    for k in runs[0].samples:
+        assert torch.equal(runs[0].samples[k], runs[1].samples[k])
