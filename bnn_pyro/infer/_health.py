@@ -376,13 +376,7 @@ def check_predictive(post, *, advice: str = "") -> None:
     ``advice``: what to try, specific to the engine."""
     if post.x is None or post.y is None or getattr(post.model, "is_unbound", False):
         return
-    rows = torch.linspace(0, post.x.shape[0] - 1, min(PREDICTIVE_ROWS, post.x.shape[0])).round().long().unique()
-    x, y = post.x[rows], post.y[rows]
-    total = post.num_chains * post.num_draws
-    idx = torch.linspace(0, total - 1, min(PREDICTIVE_DRAWS, total)).round().long().unique()
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(0)
-        fitted = _observations(post, x, y, idx)
+    x, y, fitted = _fitted_on_rows(post, post.x, post.y)
     if fitted is None:
         return
     means, losses, classes = fitted
@@ -420,6 +414,19 @@ def check_predictive(post, *, advice: str = "") -> None:
             )
             + f"{advice or 'Try a longer run or another method (e.g. nuts).'}"
         )
+
+
+def _fitted_on_rows(post, x: torch.Tensor, y: torch.Tensor):
+    """``(x, y, fitted)`` on :data:`PREDICTIVE_ROWS` evenly spaced rows of ``x``, ``y`` and up to
+    :data:`PREDICTIVE_DRAWS` evenly spaced draws of ``post``: ``fitted`` is :func:`_observations`' answer (``None``
+    where it has none), computed under a fixed seed with the global random state left untouched."""
+    rows = torch.linspace(0, x.shape[0] - 1, min(PREDICTIVE_ROWS, x.shape[0])).round().long().unique()
+    x, y = x[rows], y[rows]
+    total = post.num_chains * post.num_draws
+    idx = torch.linspace(0, total - 1, min(PREDICTIVE_DRAWS, total)).round().long().unique()
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(0)
+        return x, y, _observations(post, x, y, idx)
 
 
 def _observations(source, x: torch.Tensor, y: torch.Tensor, draws):
@@ -967,13 +974,7 @@ def check_noise_collapse(post):
         return post
     if y.reshape(y.shape[0], -1).shape[1] != 1:
         return post
-    rows = torch.linspace(0, x.shape[0] - 1, min(PREDICTIVE_ROWS, x.shape[0])).round().long().unique()
-    x, y = x[rows], y[rows]
-    total = post.num_chains * post.num_draws
-    idx = torch.linspace(0, total - 1, min(PREDICTIVE_DRAWS, total)).round().long().unique()
-    with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(0)
-        fitted = _observations(post, x, y, idx)
+    x, y, fitted = _fitted_on_rows(post, x, y)
     if fitted is None:
         return post
     target = y.double().reshape(-1)
