@@ -944,7 +944,7 @@ def reference_r2(x: torch.Tensor, y: torch.Tensor) -> tuple[float, str]:
         return math.nan, "none"
     # ridge in its kernel form (any number of columns): H = K (K + I)^-1 with K = x x^T; the intercept is the mean
     kernel = x @ x.T
-    hat = torch.linalg.solve(kernel + torch.eye(n, dtype=x.dtype), kernel)
+    hat = torch.linalg.solve(kernel + torch.eye(n, dtype=x.dtype, device=x.device), kernel)
     resid = (yc - hat @ yc) / (1.0 - hat.diagonal() - 1.0 / n).clamp_min(1e-12)
     ridge = 1.0 - float(resid.pow(2).sum()) / total
     dist = torch.cdist(x, x)

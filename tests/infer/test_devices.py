@@ -98,6 +98,21 @@ def test_every_method_fits_a_float64_model_with_buffers_on_the_models_device(met
     assert bool(torch.isfinite(pred.mean).all() and torch.isfinite(pred.std).all())
 
 
+def test_noise_collapse_reference_regressions_make_their_buffers_on_the_inputs_device():
+    """``check_noise_collapse``'s ridge / nearest-neighbour R^2 runs only on a fit that predicts the mean, which the
+    engine matrix's fits need not do: checked directly (its identity matrix was once made on the CPU, which failed on
+    CUDA, found on a GPU)."""
+    from bnn_pyro.infer._health import reference_r2
+
+    x, y = _data(torch.float64)
+    fake = FakeDevice([PACKAGE])
+    with fake:
+        r2, which = reference_r2(x, y)
+    assert not fake.mixed_devices, dict(fake.mixed_devices)
+    assert not fake.mixed_dtypes, dict(fake.mixed_dtypes)
+    assert r2 > 0.5 and which.endswith("regression"), (r2, which)  # sin(x) + noise: explained out of sample
+
+
 @pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores
 @pytest.mark.parametrize(
     "options",
