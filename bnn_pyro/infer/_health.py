@@ -778,7 +778,9 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
     ``cause``: the engine's likely reason, one sentence. ``sd``: the approximation's own sd per site (unconstrained,
     the site's shape), where the engine fitted a distribution whose sd it knows (a Gaussian ``q``): it is judged
     instead of the draws' sample sd, with no allowance for few draws (none are needed to know it; variational
-    dropout's 200 draws would otherwise lower the threshold to 0.565 and let an sd of 0.57 of the exact one pass). Returns ``post``."""
+    dropout's 200 draws would otherwise lower the threshold to 0.565 and let an sd of 0.57 of the exact one pass).
+    ``anchored=False`` members of a Pyro function from its prior median (:func:`_one_start_plain_members`) are told
+    they are one point, with their own advice, instead of ``cause``. Returns ``post``."""
     from scipy import stats
 
     from bnn_pyro.infer._potential import dense_precision
@@ -813,6 +815,9 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
             if known is None
             else f": 1/{NARROW_MAX:g}, judged on the fitted distribution's own sd"
         )
+        if known is None and _one_start_plain_members(post, is_bnn):  # anchored=False: another cause, other advice
+            _warn(_one_point_message(post, names[worst], float(ratio[worst]), f"{allowed:.2g}{judged}"))
+            return post
         _warn(
             f"{post.method}: the draws are too narrow: the sd of {names[worst]} (unconstrained) is "
             f"{float(ratio[worst]):.2g} times the Laplace approximation's at their mean (threshold {allowed:.2g}"
@@ -821,6 +826,30 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
             "standardize (center) the inputs so that the weights decorrelate."
         )
     return post
+
+
+# ------------------------------------------------ check_narrow, anchored=False members of a Pyro function
+def _one_start_plain_members(post, is_bnn: bool) -> bool:
+    """Whether ``post``'s draws are plain MAP fits (``anchored=False``: one point per chain) of one objective from one
+    start: a Pyro function's members start at its prior median (``config["init"] == "median"``, the default there)
+    and minimize the same log joint, so they reach the same minimum and their spread is the optimizer's (none once
+    :func:`bnn_pyro.infer.map_fit.converge` has finished them), not the posterior's; the anchored cause
+    :func:`check_narrow` is given does not apply."""
+    config = post.config
+    return not is_bnn and config.get("anchored") is False and config.get("init") == "median" and post.num_draws == 1
+
+
+def _one_point_message(post, name: str, ratio: float, threshold: str) -> str:
+    """:func:`check_narrow`'s warning for :func:`_one_start_plain_members`' case: the members are one point; the
+    remedies are members that differ by design (the default ``anchored=True``) or the exact posterior (NUTS)."""
+    return (
+        f"{post.method}: the draws are one point, not posterior draws: the sd of {name} (unconstrained) is {ratio:.2g} "
+        f"times the Laplace approximation's at their mean (threshold {threshold}). With anchored=False the members "
+        "are plain MAP fits of one objective, and on a Pyro function each starts at the prior median, so they all "
+        "reach the same mode: their spread is the optimizer's, not the posterior's, and intervals and the "
+        "predictive's epistemic spread are near zero. Use the default anchored=True (each member minimizes its own "
+        "objective, anchored at its own prior draw) or method='nuts' (the exact posterior, for models this small)."
+    )
 
 
 def check_descent(post):
