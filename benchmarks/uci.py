@@ -14,7 +14,11 @@ Protocol (Hernandez-Lobato & Adams 2015; Gal & Ghahramani 2016), per train/test 
   ``bnn_pyro.comparison.sources.to_original_units``), coverage of the exact central 95% interval of the
   predictive mixture (``metrics.predictive_interval``), and, added here, the regression calibration error (``metrics.regression_calibration_error`` of ``metrics.pit``: mean
   |empirical - nominal| coverage of central intervals at 0.1..0.9), the mean epistemic sd and the
-  mean aleatoric (noise) sd of the predictive, and the wall time of ``bp.fit``.
+  mean aleatoric (noise) sd of the predictive, and the wall time of ``bp.fit``;
+- what the fit's held-out rows chose (``post.config["validation"]["chosen"]``, :func:`bnn_pyro.infer.holdout.refit`),
+  per split: ``chosen_num_steps`` (where the refit on all rows stopped), ``chosen_horizon`` (the length of the
+  schedule it stopped in) and ``chosen_sigma`` (the chosen noise sd, in original units); empty where the engine held
+  no rows out or made no such choice.
 
 Aggregate: mean and standard error (sd / sqrt(n), ddof 1) over the splits that succeeded. A failing
 engine is recorded with its error text and the run goes on (``--max-fit-seconds`` turns a fit that
@@ -36,7 +40,7 @@ Usage::
     python benchmarks/uci.py --dataset diabetes --splits 5 --only-splits 3,4 --out part2   # then merge with --resume
 
 writes, in ``--out`` (default ``benchmarks/results/uci/``), ``<dataset>_splits.csv`` (one row per split and engine,
-appended as each fit ends, so a partial run is kept; ``--resume`` goes on from it), ``<dataset>.csv`` and
+written as each fit ends, so a partial run is kept; ``--resume`` goes on from it), ``<dataset>.csv`` and
 ``<dataset>.md`` (the summary, rewritten after each split, headed by the run's provenance) and ``test_ll.png`` (test
 LL per engine with SE bars, one panel per dataset summary in ``--out``).
 """
@@ -47,6 +51,7 @@ import argparse
 import ast
 import math
 import platform
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -111,7 +116,26 @@ def make_model(input_dim: int, seed: int) -> bp.BNN:
     return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)))
 
 
+CHOSEN = ["chosen_num_steps", "chosen_horizon", "chosen_sigma"]
+
+
 # ---------------------------------------------------------------------------------------- one fit
+def chosen_columns(post: bp.Posterior, scale: float) -> dict[str, float]:
+    """What ``post``'s held-out rows chose (``post.config["validation"]["chosen"]``) as the :data:`CHOSEN` columns:
+    the stop ``num_steps``, the ``horizon`` and the noise ``sigma`` times ``scale`` (the targets' training sd: original
+    units; the median over chains where each chose its own); NaN for what was not chosen (no rows held out: absent)."""
+    validation = post.config.get("validation")
+    chosen = (validation.get("chosen") or {}) if isinstance(validation, dict) else {}
+    sigma = chosen.get("sigma")
+    if isinstance(sigma, list):
+        sigma = statistics.median(sigma)
+    return dict(
+        chosen_num_steps=chosen.get("num_steps", math.nan),
+        chosen_horizon=chosen.get("horizon", math.nan),
+        chosen_sigma=math.nan if sigma is None else float(sigma) * scale,
+    )
+
+
 def extra_metrics(post: bp.Posterior, split: bp.datasets.UCISplit) -> dict[str, float]:
     """What the protocol adds to ``bp.compare``'s columns, in original units: the regression calibration error
     (from ``metrics.pit``), the mean epistemic sd and the mean aleatoric (noise) sd of the predictive."""
@@ -149,6 +173,7 @@ def run_one(
             coverage_95=scored["coverage_95"],
             time_s=scored["fit_s"],
             **extra_metrics(result.posteriors[method], split),
+            **chosen_columns(result.posteriors[method], float(split.y_scaler.scale)),
         )
     return row
 
@@ -239,7 +264,7 @@ def run(
     verbose: bool = True,
 ) -> pd.DataFrame:
     """Every method on every split (splits outer, so a partial run has every engine on the same splits).
-    Per-split rows are appended to ``<name>_splits.csv`` as each fit ends and the summary is
+    Per-split rows are written to ``<name>_splits.csv`` as each fit ends and the summary is
     rewritten after each split; ``resume=True`` keeps the rows already there and fits only the
     (split, method) pairs they lack. Returns the summary."""
     out.mkdir(parents=True, exist_ok=True)
@@ -258,7 +283,9 @@ def run(
                 dataset=name, **run_one(method, split, (options or {}).get(method), max_fit_seconds=max_fit_seconds)
             )
             rows.append(row)
-            pd.DataFrame([row]).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
+            # the whole file, so that its columns are every row's (an error row has no scores; a file from before
+            # the CHOSEN columns is resumed with them)
+            pd.DataFrame(rows).to_csv(per_split, index=False)
             if verbose:
                 status = row["error"] or (
                     f"LL {row['test_ll']:.3f}  RMSE {row['rmse']:.3f}  cov {row['coverage_95']:.2f}"

@@ -122,3 +122,34 @@ def test_option_parsing_and_bad_names(uci):
     assert math.isnan(
         uci.summarize(pd.DataFrame([dict(method="svi", split=0, error="E: x", warnings="")])).loc[0, "test_ll"]
     )
+
+
+def test_each_row_records_what_the_held_out_rows_chose(uci, tmp_path):
+    """216 training rows: Laplace holds 10% out, chooses its stop, horizon and noise there and refits on every row;
+    the row records those choices (the noise in original units). SVI holds nothing out: its CHOSEN cells are empty."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.rand(240, 2, generator=g) * 10
+    y = 3.0 * torch.sin(x[:, 0]) + x[:, 1] + torch.randn(240, generator=g)
+    folder, out = bp.datasets.write_uci_splits(tmp_path / "held" / "data", x, y, n_splits=1, seed=0), tmp_path / "res"
+    argv = ["--path", str(folder), "--splits", "1", "--methods", "laplace,svi", "--out", str(out)]
+    argv += ["--option=laplace:num_steps=300", "--option=svi:num_steps=30", "--option=svi:num_samples=20"]
+    uci.main(argv)
+    rows = pd.read_csv(out / "held_splits.csv").set_index("method")
+
+    split = bp.datasets.load_uci(folder, split=0)
+    post = bp.fit(
+        uci.make_model(2, 0), split.x_train, split.y_train, method="laplace", seed=0, progress=False, num_steps=300
+    )
+    chosen = post.config["validation"]["chosen"]  # the same fit by hand
+    assert rows.loc["laplace", "chosen_num_steps"] == chosen["num_steps"]
+    assert rows.loc["laplace", "chosen_horizon"] == chosen["horizon"] == 300
+    sigma = chosen["sigma"] * float(split.y_scaler.scale)
+    assert rows.loc["laplace", "chosen_sigma"] == pytest.approx(sigma, rel=1e-6)
+    assert rows.loc["svi", uci.CHOSEN].isna().all() and post.config["validation"]["final_fit_rows"] == 216
+
+    # a file written before these columns is resumed: the refitted row gets them, the old row's cells stay empty
+    rows.drop(columns=uci.CHOSEN).drop(index="laplace").reset_index().to_csv(out / "held_splits.csv", index=False)
+    uci.main(argv + ["--resume"])
+    again = pd.read_csv(out / "held_splits.csv").set_index("method")
+    assert list(again.index) == ["svi", "laplace"] and again.loc["svi", uci.CHOSEN].isna().all()
+    assert again.loc["laplace", "chosen_num_steps"] == chosen["num_steps"]

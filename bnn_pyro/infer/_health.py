@@ -57,7 +57,9 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
 - :func:`check_noise_collapse` (any engine, from ``bp.fit``): a regression fit with a learned Gaussian noise whose
   predictive mean explains almost none of the training targets' variance while the noise absorbs it, on data where a
   ridge or nearest-neighbour regression finds signal out of sample. Mean-field SVI on the zoo's ``mlp_regression`` ends
-  there as its best ELBO (``benchmarks/results/zoo_svi_collapse/``).
+  there as its best ELBO (``benchmarks/results/zoo_svi_collapse/``). Such a fit also ignores the data
+  (:func:`check_predictive`) and has a learned noise at the targets' sd (:func:`check_learned_noise`): both stay silent
+  there, so one cause gives one warning, with its figures and advice.
 - :func:`check_gaussian_guide_off_data` (classification fits of a ``BNN`` by SVI with a Gaussian guide: mean-field,
   low-rank, full-rank): the guide carries the fit in a few hidden units and prunes the rest, so its off-data
   uncertainty can fall short of the posterior's (``docs/ood.md``, "Mean-field SVI off the data").
@@ -112,6 +114,7 @@ __all__ = [
     "check_typical",
     "check_chains_agree",
     "check_noise_collapse",
+    "collapse_message",
     "check_gaussian_guide_off_data",
     "TYPICAL_TAIL",
     "NARROW_MAX",
@@ -373,7 +376,9 @@ def check_predictive(post, *, advice: str = "") -> None:
     (the second condition keeps a posterior that the data made confident that y barely depends on x
     from being flagged). Uses :data:`PREDICTIVE_DRAWS` posterior and prior draws at up to
     :data:`PREDICTIVE_ROWS` evenly spaced training rows; the global random state is left untouched.
-    ``advice``: what to try, specific to the engine."""
+    ``advice``: what to try, specific to the engine. Silent where :func:`collapse_message` applies: that fit predicts
+    the mean because its learned noise absorbs the targets, one cause that :func:`check_noise_collapse` (``bp.fit``, every
+    engine) says once, with its advice, rather than three warnings for it."""
     if post.x is None or post.y is None or getattr(post.model, "is_unbound", False):
         return
     x, y, fitted = _fitted_on_rows(post, post.x, post.y)
@@ -402,7 +407,7 @@ def check_predictive(post, *, advice: str = "") -> None:
     moved = math.nan if prior is None else 1.0 - float(losses.mean()) / float(prior[1].mean())
     # regression: the spread of f over the draws at the data, against the spread of the data themselves
     spread = math.nan if classes else float(means.var(0, correction=0).mean()) / baseline
-    if moved < FIT_GAIN_MIN or spread >= 1.0:
+    if (moved < FIT_GAIN_MIN or spread >= 1.0) and collapse_message(post) is None:  # a collapse is said once
         _warn(
             f"{post.method}: the posterior ignores the data: its predictive fits the training data no better than "
             f"a constant ({what}: {100 * gain:.0f}% better; threshold {100 * FIT_GAIN_MIN:.0f}%), and "
@@ -556,7 +561,9 @@ none of it (a mean-field guide on little data ends there at its ELBO optimum, no
 
 def check_learned_noise(post, *, advice: str = "") -> None:
     """Warn when a ``BNN``'s learned homoscedastic Gaussian noise is at least :data:`NOISE_OVER_SPREAD_MAX` times the
-    sd of its (single-output) training targets; ``advice``: what to try, specific to the engine."""
+    sd of its (single-output) training targets; ``advice``: what to try, specific to the engine. Silent where
+    :func:`collapse_message` applies (the same noise, with the fit's R^2 and the signal it left unused, is said once by
+    :func:`check_noise_collapse`)."""
     from bnn_pyro.likelihoods import Gaussian
     from bnn_pyro.model import BNN
 
@@ -568,7 +575,7 @@ def check_learned_noise(post, *, advice: str = "") -> None:
         return
     sigma = float(model.likelihood.noise_scale(noise).double().median())
     sd = float(y.double().std())
-    if sd > 0 and sigma >= NOISE_OVER_SPREAD_MAX * sd:
+    if sd > 0 and sigma >= NOISE_OVER_SPREAD_MAX * sd and collapse_message(post) is None:  # a collapse is said once
         _warn(
             f"{post.method}: the learned noise sd ({sigma:.3g}, posterior median) is at least the training targets' "
             f"sd ({sd:.3g}; threshold {NOISE_OVER_SPREAD_MAX:g}x): the fit ascribes all of y's variance to noise "
@@ -771,7 +778,9 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
     ``cause``: the engine's likely reason, one sentence. ``sd``: the approximation's own sd per site (unconstrained,
     the site's shape), where the engine fitted a distribution whose sd it knows (a Gaussian ``q``): it is judged
     instead of the draws' sample sd, with no allowance for few draws (none are needed to know it; variational
-    dropout's 200 draws would otherwise lower the threshold to 0.565 and let an sd of 0.57 of the exact one pass). Returns ``post``."""
+    dropout's 200 draws would otherwise lower the threshold to 0.565 and let an sd of 0.57 of the exact one pass).
+    ``anchored=False`` members of a Pyro function from its prior median (:func:`_one_start_plain_members`) are told
+    they are one point, with their own advice, instead of ``cause``. Returns ``post``."""
     from scipy import stats
 
     from bnn_pyro.infer._potential import dense_precision
@@ -806,6 +815,9 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
             if known is None
             else f": 1/{NARROW_MAX:g}, judged on the fitted distribution's own sd"
         )
+        if known is None and _one_start_plain_members(post, is_bnn):  # anchored=False: another cause, other advice
+            _warn(_one_point_message(post, names[worst], float(ratio[worst]), f"{allowed:.2g}{judged}"))
+            return post
         _warn(
             f"{post.method}: the draws are too narrow: the sd of {names[worst]} (unconstrained) is "
             f"{float(ratio[worst]):.2g} times the Laplace approximation's at their mean (threshold {allowed:.2g}"
@@ -814,6 +826,30 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
             "standardize (center) the inputs so that the weights decorrelate."
         )
     return post
+
+
+# ------------------------------------------------ check_narrow, anchored=False members of a Pyro function
+def _one_start_plain_members(post, is_bnn: bool) -> bool:
+    """Whether ``post``'s draws are plain MAP fits (``anchored=False``: one point per chain) of one objective from one
+    start: a Pyro function's members start at its prior median (``config["init"] == "median"``, the default there)
+    and minimize the same log joint, so they reach the same minimum and their spread is the optimizer's (none once
+    :func:`bnn_pyro.infer.map_fit.converge` has finished them), not the posterior's; the anchored cause
+    :func:`check_narrow` is given does not apply."""
+    config = post.config
+    return not is_bnn and config.get("anchored") is False and config.get("init") == "median" and post.num_draws == 1
+
+
+def _one_point_message(post, name: str, ratio: float, threshold: str) -> str:
+    """:func:`check_narrow`'s warning for :func:`_one_start_plain_members`' case: the members are one point; the
+    remedies are members that differ by design (the default ``anchored=True``) or the exact posterior (NUTS)."""
+    return (
+        f"{post.method}: the draws are one point, not posterior draws: the sd of {name} (unconstrained) is {ratio:.2g} "
+        f"times the Laplace approximation's at their mean (threshold {threshold}). With anchored=False the members "
+        "are plain MAP fits of one objective, and on a Pyro function each starts at the prior median, so they all "
+        "reach the same mode: their spread is the optimizer's, not the posterior's, and intervals and the "
+        "predictive's epistemic spread are near zero. Use the default anchored=True (each member minimizes its own "
+        "objective, anchored at its own prior draw) or method='nuts' (the exact posterior, for models this small)."
+    )
 
 
 def check_descent(post):
@@ -955,40 +991,52 @@ def reference_r2(x: torch.Tensor, y: torch.Tensor) -> tuple[float, str]:
 
 
 def check_noise_collapse(post):
-    """Warn when a regression fit of a ``BNN`` with a learned Gaussian noise "predicts the mean": its predictive mean
-    explains less than :data:`COLLAPSE_R2_MAX` of the training targets' variance, its noise sd (posterior median) is
-    at least :data:`COLLAPSE_NOISE_MIN` of their sd, and a plain regression explains at least
-    :data:`COLLAPSE_SIGNAL_MIN` of it out of sample (:func:`reference_r2`). With a learned noise that collapse can be
-    the model's best fit (mean-field SVI's best ELBO on the zoo's ``mlp_regression``, whose fits that use the data end
-    at worse ELBOs: ``benchmarks/results/zoo_svi_collapse/``), so no other check sees it. For any engine (``bp.fit``
-    runs it on every posterior); judged on up to :data:`PREDICTIVE_ROWS` training rows and
-    :data:`PREDICTIVE_DRAWS` draws, single-output targets only. Returns ``post``."""
+    """Warn when a regression fit of a ``BNN`` with a learned Gaussian noise "predicts the mean"
+    (:func:`collapse_message`: its predictive mean explains less than :data:`COLLAPSE_R2_MAX` of the training targets'
+    variance, its noise sd is at least :data:`COLLAPSE_NOISE_MIN` of their sd, and a plain regression explains at least
+    :data:`COLLAPSE_SIGNAL_MIN` of it out of sample). With a learned noise that collapse can be the model's best fit
+    (mean-field SVI's best ELBO on the zoo's ``mlp_regression``, whose fits that use the data end at worse ELBOs:
+    ``benchmarks/results/zoo_svi_collapse/``), so no other check sees its cause. For any engine (``bp.fit`` runs it on
+    every posterior); :func:`check_predictive` and :func:`check_learned_noise`, which see its symptoms, stay silent on
+    such a fit, so the collapse is said once. Returns ``post``."""
+    message = collapse_message(post)
+    if message is not None:
+        _warn(message)
+    return post
+
+
+def collapse_message(post) -> str | None:
+    """The warning :func:`check_noise_collapse` gives for ``post``, or ``None`` where the fit did not collapse (see
+    there; ``None`` too for a model or data it does not judge). Judged on up to :data:`PREDICTIVE_ROWS` training rows
+    and :data:`PREDICTIVE_DRAWS` draws (a fixed seed, the global random state left untouched), single-output
+    targets only."""
     from bnn_pyro.likelihoods import Gaussian
     from bnn_pyro.model import BNN
 
     model, x, y = post.model, post.x, post.y
     if not isinstance(model, BNN) or not isinstance(model.likelihood, Gaussian) or x is None or y is None:
-        return post
+        return None
     noise = {k: post.samples[k] for k in model.likelihood.sites() if k in post.samples}
     if not noise or not isinstance(x, torch.Tensor) or not y.dtype.is_floating_point or y.shape[0] < 2:
-        return post
+        return None
     if y.reshape(y.shape[0], -1).shape[1] != 1:
-        return post
+        return None
     x, y, fitted = _fitted_on_rows(post, x, y)
     if fitted is None:
-        return post
+        return None
     target = y.double().reshape(-1)
     sd = float(target.std())
     mean = fitted[0].mean(0).reshape(-1)
     r2 = 1.0 - float((mean - target).pow(2).mean()) / float((target - target.mean()).pow(2).mean())
     sigma = float(model.likelihood.noise_scale(noise).double().median())
     if not (sd > 0 and r2 < COLLAPSE_R2_MAX and sigma >= COLLAPSE_NOISE_MIN * sd):
-        return post
+        return None
     signal, which = reference_r2(x, target)
     if not signal >= COLLAPSE_SIGNAL_MIN:
-        return post
+        return None
     svi = post.method == "svi"
-    _warn(
+    mean_field = svi and post.config.get("guide") == "mean_field"
+    return (
         f"{post.method}: the fit predicts the mean and its learned noise absorbs the rest: its predictive mean's R^2 "
         f"on the training rows is {r2:.2f} (threshold {COLLAPSE_R2_MAX:g}) and the noise sd ({sigma:.3g}, posterior "
         f"median) is {sigma / sd:.2f} of the targets' sd ({sd:.3g}), while "
@@ -998,9 +1046,9 @@ def check_noise_collapse(post):
         + ". Try a fixed noise in y's units, likelihood=bp.likelihoods.Gaussian(scale=...), or a tighter noise prior "
         "(e.g. scale=dist.HalfNormal(0.1 * y.std()))"
         + (", kl_warmup=0.9 (it stops short of that optimum; docs/engines.md)" if svi else "")
+        + (", guide='low_rank' or 'full_rank'" if mean_field else "")
         + (", or method='nuts' (the exact posterior, for models this small)." if post.method != "nuts" else ".")
     )
-    return post
 
 
 ACTIVE_UNIT_SNR = 2.0

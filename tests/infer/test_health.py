@@ -44,71 +44,26 @@ def _wiggle(n: int = 60):
 
 
 # ------------------------------------------------------------------ healthy fits: silent
-def test_healthy_nuts_and_svi_fits_of_blr_give_no_warning(blr):
-    _quiet(
-        lambda: bp.fit(
-            blr.model(),
-            blr.x,
-            blr.y,
-            method="nuts",
-            num_samples=200,
-            num_warmup=200,
-            num_chains=2,
-            chain_method="sequential",
-            seed=0,
-            progress=False,
-        )
-    )
-    _quiet(
-        lambda: bp.fit(
-            blr.model(),
-            blr.x,
-            blr.y,
-            method="svi",
-            guide="mean_field",
-            num_steps=800,
-            lr=0.05,
-            lr_schedule="cosine",
-            num_samples=200,
-            seed=0,
-            progress=False,
-        )
-    )
+MEAN_FIELD = dict(guide="mean_field", num_steps=800, lr=0.05, lr_schedule="cosine", num_samples=200)
 
 
-def test_noise_dominated_blr_is_not_mistaken_for_the_prior():
-    """Noise sd 1 on weak signal: the exact posterior's mean explains ~1% of y in-sample; the data
-    still made the posterior far surer than the prior, so no warning."""
-    weak = make_blr(n=20, d=2, noise=1.0, correlation=0.0)
-    _quiet(
-        lambda: bp.fit(
-            weak.model(),
-            weak.x,
-            weak.y,
-            method="svi",
-            guide="map",
-            num_steps=500,
-            lr=0.1,
-            lr_schedule="cosine",
-            seed=0,
-            progress=False,
-        )
-    )
-    _quiet(
-        lambda: bp.fit(
-            weak.model(),
-            weak.x,
-            weak.y,
-            method="svi",
-            guide="mean_field",
-            num_steps=800,
-            lr=0.05,
-            lr_schedule="cosine",
-            num_samples=200,
-            seed=0,
-            progress=False,
-        )
-    )
+@pytest.mark.parametrize(
+    "data, options",
+    [
+        ("blr", dict(method="nuts", num_samples=200, num_warmup=200, num_chains=2, chain_method="sequential")),
+        ("blr", dict(method="svi", **MEAN_FIELD)),
+        # noise-dominated: the exact posterior's mean explains ~1% of y in-sample, yet the data made the posterior far
+        # surer than the prior, so it must not be mistaken for the prior
+        ("weak", dict(method="svi", guide="map", num_steps=500, lr=0.1, lr_schedule="cosine")),
+        ("weak", dict(method="svi", **MEAN_FIELD)),
+    ],
+    ids=["blr-nuts", "blr-svi", "noise_dominated-map", "noise_dominated-svi"],
+)
+def test_healthy_fits_of_blr_give_no_warning(data, options, blr):
+    """Bayesian linear regression fitted well (NUTS, mean-field SVI) and a noise-dominated one (noise sd 1 on weak
+    signal: MAP and mean-field SVI): no DiagnosticWarning."""
+    blr = make_blr(n=20, d=2, noise=1.0, correlation=0.0) if data == "weak" else blr
+    _quiet(lambda: bp.fit(blr.model(), blr.x, blr.y, seed=0, progress=False, **options))
 
 
 # ------------------------------------------------------------------ bad fits: each warning fires

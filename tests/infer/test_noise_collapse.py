@@ -6,6 +6,7 @@ zoo's ``mlp_regression`` card fitted by mean-field SVI at the card's settings (i
 
 from __future__ import annotations
 
+import copy
 import warnings
 
 import pytest
@@ -17,6 +18,8 @@ from bnn_pyro.infer import _health
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 COLLAPSE = "predicts the mean and its learned noise absorbs the rest"
+IGNORES = "the posterior ignores the data"  # check_predictive's warning
+NOISE = "the learned noise sd"  # check_learned_noise's warning
 
 
 def _card_fit(*, y=None, **extra):
@@ -43,23 +46,66 @@ def collapsed():
     return _card_fit()
 
 
-def test_collapsed_fit_warns_with_its_figures_and_advice(collapsed):
+@pytest.fixture(scope="module")
+def uses_the_data():
+    return _card_fit(kl_warmup=0.9)
+
+
+def test_collapsed_fit_warns_once_with_its_figures_and_advice(collapsed):
+    """One cause, one warning: the fit also ignores the data and its noise is at the targets' sd, but those symptoms
+    (check_predictive's and check_learned_noise's warnings, which it gave before) are the collapse's, said in it."""
     post, messages = collapsed
     r2, ratio = _r2_and_noise(post)
     assert r2 < _health.COLLAPSE_R2_MAX and ratio >= _health.COLLAPSE_NOISE_MIN  # the case the check is for
-    said = [m for m in messages if COLLAPSE in m]
-    assert len(said) == 1, messages
-    text = said[0]
+    assert len(messages) == 1 and COLLAPSE in messages[0], messages  # no other DiagnosticWarning at all
+    text = messages[0]
     assert f"{ratio:.2f} of the targets' sd" in text and "out of sample (leave-one-out)" in text
-    for advice in ("bp.likelihoods.Gaussian(scale=...)", "HalfNormal", "kl_warmup=0.9", "method='nuts'"):
+    for advice in (
+        "bp.likelihoods.Gaussian(scale=...)",
+        "HalfNormal",
+        "kl_warmup=0.9",
+        "guide='low_rank' or 'full_rank'",
+        "method='nuts'",
+    ):
         assert advice in text, text
 
 
-def test_a_fit_that_uses_the_data_is_quiet():
-    post, messages = _card_fit(kl_warmup=0.9)
+def test_a_fit_that_uses_the_data_is_quiet(uses_the_data):
+    post, messages = uses_the_data
     r2, ratio = _r2_and_noise(post)
     assert r2 > 0.5 and ratio < 0.6  # it uses the data (measured, seed 0: R^2 0.94, noise sd 0.44 of sd(y))
     assert not [m for m in messages if COLLAPSE in m], messages
+
+
+def _with_noise(post, ratio: float):
+    """A shallow copy of ``post`` whose every noise draw is ``ratio`` times sd(y) (the fit's f draws kept)."""
+    out = copy.copy(post)
+    sigma = post.samples["sigma"]
+    out.samples = {**post.samples, "sigma": torch.full_like(sigma, ratio * float(post.y.double().std()))}
+    return out
+
+
+def _said(post) -> list[str]:
+    """The DiagnosticWarnings of an SVI fit's checks (check_svi, in the engine) and bp.fit's collapse check."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DiagnosticWarning)
+        _health.check_svi(post)
+        _health.check_noise_collapse(post)
+    return [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
+
+
+def test_ignoring_the_data_without_a_collapse_keeps_its_own_warning(collapsed):
+    """The collapsed fit's f draws with a noise of half sd(y): no collapse (the noise absorbs too little), so the
+    predictive check says that the posterior ignores the data, alone of the three."""
+    said = _said(_with_noise(collapsed[0], 0.5))
+    assert [m for m in said if IGNORES in m] and not [m for m in said if NOISE in m or COLLAPSE in m], said
+
+
+def test_a_learned_noise_at_the_targets_sd_without_a_collapse_keeps_its_own_warning(uses_the_data):
+    """A fit that uses the data (R^2 0.94) given a noise of 1.5 sd(y): no collapse (its mean explains y), so the
+    learned-noise check says so, alone of the three."""
+    said = _said(_with_noise(uses_the_data[0], 1.5))
+    assert [m for m in said if NOISE in m] and not [m for m in said if IGNORES in m or COLLAPSE in m], said
 
 
 def test_the_same_collapse_on_targets_without_signal_is_quiet():
@@ -69,6 +115,8 @@ def test_the_same_collapse_on_targets_without_signal_is_quiet():
     r2, ratio = _r2_and_noise(post)
     assert r2 < _health.COLLAPSE_R2_MAX and ratio >= _health.COLLAPSE_NOISE_MIN  # collapsed, as it should be here
     assert not [m for m in messages if COLLAPSE in m], messages
+    # no collapse is said, so the checks that see its symptoms keep theirs
+    assert [m for m in messages if IGNORES in m] and [m for m in messages if NOISE in m], messages
 
 
 def test_bp_fit_runs_the_check_for_any_engine(collapsed, monkeypatch):

@@ -138,9 +138,9 @@ def test_inner_svi_gives_a_usual_posterior_over_the_weights(tmp_path):
     assert torch.equal(loaded.samples["2.bias"], post.samples["2.bias"])
 
 
-def test_learned_noise_is_sampled_by_the_inner_engine():
-    x = torch.linspace(-2, 2, 30)[:, None]
-    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(30, generator=torch.Generator().manual_seed(0))
+def _fit_learned_noise(x, y, *, draws: int):
+    """The tanh 1-6-1 net with a noise learned under HalfNormal(1), by subspace inference (rank 2, ``draws`` draws
+    after as many warm-up steps of the inner NUTS) on a short SWA run."""
     torch.manual_seed(1)
     net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
     model = bp.BNN(
@@ -148,18 +148,24 @@ def test_learned_noise_is_sampled_by_the_inner_engine():
         prior=bp.priors.Normal(0.0, 1.0),
         likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)),
     )
-    post = bp.fit(
+    return bp.fit(
         model,
         x,
         y,
         method="subspace",
         subspace_dim=2,
-        num_samples=30,
-        inner_options=dict(num_warmup=30),
+        num_samples=draws,
+        inner_options=dict(num_warmup=draws),
         swa=dict(pretrain_steps=100, num_steps=30, collect_every=1),
         seed=0,
         progress=False,
     )
+
+
+def test_learned_noise_is_sampled_by_the_inner_engine():
+    x = torch.linspace(-2, 2, 30)[:, None]
+    y = torch.sin(2 * x[:, 0]) + 0.1 * torch.randn(30, generator=torch.Generator().manual_seed(0))
+    post = _fit_learned_noise(x, y, draws=30)
     sigma = post.samples["sigma"]
     assert sigma.shape == (1, 30) and (sigma > 0).all() and sigma.std() > 0  # draws, not one point
 
@@ -173,25 +179,7 @@ def test_with_200_rows_or_more_a_learned_noise_is_chosen_on_the_rows_swa_held_ou
     g = torch.Generator().manual_seed(0)
     x = torch.rand(240, 1, generator=g) * 4 - 2
     y = torch.sin(2 * x[:, 0]) + 0.2 * torch.randn(240, generator=g)
-    torch.manual_seed(1)
-    net = torch.nn.Sequential(torch.nn.Linear(1, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1))
-    model = bp.BNN(
-        net,
-        prior=bp.priors.Normal(0.0, 1.0),
-        likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)),
-    )
-    post = bp.fit(
-        model,
-        x,
-        y,
-        method="subspace",
-        subspace_dim=2,
-        num_samples=20,
-        inner_options=dict(num_warmup=20),
-        swa=dict(pretrain_steps=100, num_steps=30, collect_every=1),
-        seed=0,
-        progress=False,
-    )
+    post = _fit_learned_noise(x, y, draws=20)
     assert post.config["inner_config"]["dataset_size"] == 216 and post.x.shape[0] == 240
     sigma = post.config["noise"]["sigma"]
     assert post.config["noise"]["selected_on"] == "validation" and torch.all(post.samples["sigma"] == sigma)
