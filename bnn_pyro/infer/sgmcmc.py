@@ -110,7 +110,7 @@ Example
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import ClassVar, NamedTuple
 
@@ -136,6 +136,7 @@ from bnn_pyro.infer.holdout import (
     split,
 )
 from bnn_pyro.infer.map_fit import estimate_points
+from bnn_pyro.infer.sg_metric import mode_metric
 from bnn_pyro.infer.sgmcmc_step import (
     SGMCMC,
     SHRINK,
@@ -147,6 +148,7 @@ from bnn_pyro.infer.sgmcmc_step import (
     langevin_plan,
     largest_curvature,
 )
+from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice, positive_int
 from bnn_pyro.utils.user_warnings import warn
@@ -334,6 +336,8 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
             f"gives num_samples / num_cycles draws; try num_samples={nearest}."
         )
     plan = cyclical_plan(num_cycles, num_samples, thin, exploration, alpha)
+    if not isinstance(model, BNN):  # a Pyro function: whitened cycles from its mode (sg_metric; module docstring)
+        plan = replace(plan, metric="mode" if cfg.init is None else "start")
     settings = dict(
         num_cycles=num_cycles,
         exploration=float(exploration),
@@ -516,6 +520,12 @@ def sgmcmc_engine(
                 "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'."
             )
         walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
+        metric = mode_metric(fitted, paths, data) if plan.metric is not None and lr == "auto" else None
+        if metric is not None:  # a small Pyro function: whitened by the curvature at its mode (sg_metric)
+            walk.metric = metric.chol
+            if plan.metric == "mode":
+                with torch.no_grad():
+                    walk.z.copy_(metric.mode)
         if plan.anchors is not None:  # a per-step linear tilt of U~ (snapshot ensembles' anchored cycles)
             walk.tilts = plan.anchors(fitted, pot, data.first(), info.seed)
         walk.index = info.index
@@ -528,6 +538,7 @@ def sgmcmc_engine(
             curvature=walk.curvature if lr == "auto" else None,
             fallback=1.0 / data.size,
             guard_noisy=data.loader is None and (data.batch_size or data.size) >= data.size,
+            metric=walk.metric,
         )
         return walk
 
@@ -571,10 +582,10 @@ class _Chain:
         self.draws, self.stops, self.best = [], [], None
         self.opt, self.batch, self.t, self.u, self.index = None, None, 0, math.nan, 0
         self.replay, self.saved, self.in_stage = None, None, False
-        self.tilts = None
+        self.tilts, self.metric = None, None
 
     def curvature(self, z: torch.Tensor, start: torch.Tensor, iters: int):
-        return largest_curvature(self.pot, z, self.batch, start, iters)
+        return largest_curvature(self.pot, z, self.batch, start, iters, self.metric)
 
     def step(self, batch, t: int) -> tuple[torch.Tensor, SGInfo]:
         self.batch, self.t = batch, t
