@@ -120,6 +120,11 @@ class SGMCMC(torch.optim.Optimizer):
     guard_noisy:
         Whether the guard may run in noisy steps that ``plan.guard`` marks: only when the gradients are full-batch
         (a secant between two minibatches' gradients measures their noise, not the curvature).
+    metric:
+        ``L`` (lower triangular, ``L L^T = H`` at the mode; :mod:`bnn_pyro.infer.sg_metric`) or ``None``: with it the
+        update runs in the whitened coordinates ``u = L^T z`` (the gradient ``L^{-1} grad``, the momentum and noise
+        in ``u``, ``z`` moved by ``L^{-T} v``; the guard's secant in ``u``), i.e. preconditioned by ``M = H^{-1}``;
+        ``curvature`` must then measure the Hessian in ``u`` (:func:`largest_curvature`'s ``metric``).
 
     ``state_dict()`` holds the state (momentum ``v``, the power iteration's vector, the guard's last point and
     gradient, the last finite point, the step's cap, the step index ``t``), ``eta`` and the noise generator: a
