@@ -98,7 +98,10 @@ noise from generators of its own), one after another, each in its own copy of th
 ``BNN``) every chain starts from its own re-draw of the layers' initializers (``reset_parameters()``
 under seed ``seed + c``); with ``init="prior"`` (the default for a Pyro function) from its own prior
 draw, so that chains start apart and R-hat can flag chains that have not forgotten their start or
-sit in different modes. With ``init="net"`` chain 0 starts from the net's weights and every other
+sit in different modes (csgmcmc on a small Pyro function under ``lr="auto"`` with the default ``init`` starts every
+chain at the mode instead, where the metric's curvature holds; from a prior draw of kidiq the whitened snapshot run
+diverged: see "Pyro functions"; its chains then part by their noise, and R-hat no longer tests forgetting an
+overdispersed start). With ``init="net"`` chain 0 starts from the net's weights and every other
 chain from its own prior draw; any other ``init`` (``"median"``, a dict of site values, a
 :class:`~bnn_pyro.Posterior`) starts every chain there (:mod:`bnn_pyro.infer._init`). Deterministic
 parameters of a ``BNN`` stay fixed at chain 0's start (every chain's copy gets them), as in
