@@ -54,7 +54,7 @@ def _alarm(signum, frame):
     raise _TimedOut
 
 
-def run(ref, method: str, max_seconds: int) -> dict:
+def run(ref, method: str, max_seconds: int, init: str | None = None) -> dict:
     row = {"reference": ref.name + ("" if ref.columns is None else " (BNN)"), "method": method}
     old = signal.signal(signal.SIGALRM, _alarm)
     with warnings.catch_warnings(record=True) as caught:
@@ -62,7 +62,8 @@ def run(ref, method: str, max_seconds: int) -> dict:
         start = time.perf_counter()
         signal.alarm(max_seconds)
         try:
-            post = bp.fit(ref.model, ref.x, ref.y, method=method, seed=0, progress=False)
+            extra = {} if init is None else {"init": init}  # --init: one option off its default (a variant)
+            post = bp.fit(ref.model, ref.x, ref.y, method=method, seed=0, progress=False, **extra)
         except _TimedOut:
             row.update(verdict="timed out", outcome=f"no result within {max_seconds} s", fit_s=max_seconds)
             return row
@@ -109,6 +110,7 @@ def main(argv=None) -> None:
     parser.add_argument("--max-seconds", type=int, default=600, help="wall-time bound of one fit (default 600)")
     parser.add_argument("--out", default=None)
     parser.add_argument("--name", default="results", help="file name stem of the table (results.md, results.csv)")
+    parser.add_argument("--init", default=None, help="pass init= to every fit (default: each engine's own default)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     cases = {name: f for name, f in ALL.items()} | {f"{name}_bnn": f for name, f in BNN_REFERENCES.items()}
@@ -126,7 +128,7 @@ def main(argv=None) -> None:
             continue
         ref = make()
         for method in methods:
-            rows.append(run(ref, method, args.max_seconds))
+            rows.append(run(ref, method, args.max_seconds, args.init))
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
             _write(rows, folder, args.name)  # after every fit: a long run cut short keeps its rows
 

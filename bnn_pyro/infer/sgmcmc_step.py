@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bnn_pyro.infer import optim
+from bnn_pyro.infer.sg_metric import unwhiten, whiten
 
 if TYPE_CHECKING:
     from bnn_pyro.infer._potential import Potential
@@ -86,6 +87,8 @@ class Plan:
     score_start: bool = True
     guard: torch.Tensor | None = None
     anchors: object = None  # (model, pot, batch, seed) -> (t -> the flat tilt g_t of step t), or None: plain U~
+    metric: str | None = None  # lr="auto" on a small Pyro function: whiten by the curvature at the mode (sg_metric),
+    # starting there ("mode") or at the chain's own start ("start"); None: plain coordinates (a BNN, always)
 
 
 class SGMCMC(torch.optim.Optimizer):
@@ -117,6 +120,11 @@ class SGMCMC(torch.optim.Optimizer):
     guard_noisy:
         Whether the guard may run in noisy steps that ``plan.guard`` marks: only when the gradients are full-batch
         (a secant between two minibatches' gradients measures their noise, not the curvature).
+    metric:
+        ``L`` (lower triangular, ``L L^T = H`` at the mode; :mod:`bnn_pyro.infer.sg_metric`) or ``None``: with it the
+        update runs in the whitened coordinates ``u = L^T z`` (the gradient ``L^{-1} grad``, the momentum and noise
+        in ``u``, ``z`` moved by ``L^{-T} v``; the guard's secant in ``u``), i.e. preconditioned by ``M = H^{-1}``;
+        ``curvature`` must then measure the Hessian in ``u`` (:func:`largest_curvature`'s ``metric``).
 
     ``state_dict()`` holds the state (momentum ``v``, the power iteration's vector, the guard's last point and
     gradient, the last finite point, the step's cap, the step index ``t``), ``eta`` and the noise generator: a
@@ -138,6 +146,7 @@ class SGMCMC(torch.optim.Optimizer):
         curvature=None,
         fallback: float = 1.0,
         guard_noisy: bool = True,
+        metric: torch.Tensor | None = None,
     ):
         super().__init__(params, dict(eta=lr))
         if len(self.param_groups) != 1 or len(self.param_groups[0]["params"]) != 1:
@@ -149,6 +158,7 @@ class SGMCMC(torch.optim.Optimizer):
             )
         (z,) = self.param_groups[0]["params"]
         self.plan, self.curvature, self.fallback, self.step_size = plan, curvature, fallback, None
+        self.metric = metric
         self.recoveries: list[tuple[int, float]] = []
         self._scale, self._noisy, self._adapt = plan.scale.tolist(), plan.noisy.tolist(), plan.adapt.tolist()
         guard = ~plan.noisy if plan.guard is None else plan.guard & (~plan.noisy | guard_noisy)
@@ -221,14 +231,17 @@ class SGMCMC(torch.optim.Optimizer):
                     return loss
             else:
                 state["good"] = z.clone()
+        at = z
+        if self.metric is not None:  # the whitened coordinates u = L^T z (bnn_pyro.infer.sg_metric)
+            grad, at = whiten(self.metric, grad), (self.metric.T @ z.double()).to(z)
         if self.curvature is not None and self._guard[t]:  # the stability guard (bnn_pyro.infer.sgmcmc's docstring)
             if (
                 state["secant"] is not None
-                and group["eta"] * self._scale[t] * secant_curvature(z, grad, *state["secant"]) > GUARD * fraction
+                and group["eta"] * self._scale[t] * secant_curvature(at, grad, *state["secant"]) > GUARD * fraction
             ):
                 lam, state["direction"] = self.curvature(z, state["direction"], 10)
                 group["eta"] = min(group["eta"], fraction / lam) if lam > 0 else group["eta"]
-            state["secant"] = [z.clone(), grad.clone()]
+            state["secant"] = [at.clone(), grad.clone()]
         else:
             state["secant"] = None
         self.step_size = step = group["eta"] * self._scale[t]
@@ -239,7 +252,7 @@ class SGMCMC(torch.optim.Optimizer):
                 torch.randn(z.shape, generator=self.noise, dtype=z.dtype, device=z.device),
                 alpha=math.sqrt(2.0 * alpha * step),
             )
-        z.add_(v)
+        z.add_(v if self.metric is None else unwhiten(self.metric, v))
         state["t"] = t + 1
         return loss
 
@@ -253,15 +266,23 @@ class SGMCMC(torch.optim.Optimizer):
         super().load_state_dict(state_dict)
 
 
-def largest_curvature(pot: Potential, z: torch.Tensor, batch, start: torch.Tensor, iters: int):
+def largest_curvature(
+    pot: Potential, z: torch.Tensor, batch, start: torch.Tensor, iters: int, metric: torch.Tensor | None = None
+):
     """``|lambda|_max`` of the Hessian of ``U`` at ``z`` on ``batch`` by power iteration on
-    Hessian-vector products (double backward), started from ``start``; returns it and its vector."""
+    Hessian-vector products (double backward), started from ``start``; returns it and its vector. With ``metric``
+    (``L``, :mod:`bnn_pyro.infer.sg_metric`) the Hessian in the whitened coordinates ``u = L^T z``,
+    ``L^{-1} H L^{-T}``."""
     with torch.enable_grad():
         z = z.detach().requires_grad_(True)
         (grad,) = torch.autograd.grad(pot(pot.unflatten(z), batch), z, create_graph=True)
         u, lam = start / start.norm(), 0.0
         for _ in range(iters):
-            (hu,) = torch.autograd.grad(grad, z, u, retain_graph=True)
+            if metric is None:
+                (hu,) = torch.autograd.grad(grad, z, u, retain_graph=True)
+            else:
+                (hu,) = torch.autograd.grad(grad, z, unwhiten(metric, u), retain_graph=True)
+                hu = whiten(metric, hu)
             lam = float(hu @ u)
             if not (math.isfinite(lam) and hu.norm() > 0):
                 break
