@@ -317,7 +317,7 @@ def _parameter_diagnostics(post) -> tuple[np.ndarray, np.ndarray, list[str]]:
     if not columns:
         return np.zeros(0), np.zeros(0), []
     names = list(columns)
-    stacked = torch.stack([columns[n].double().cpu() for n in names], -1).numpy()  # (chains, draws, K)
+    stacked = np.stack([columns[n].double().cpu().numpy() for n in names], -1)  # (chains, draws, K)
     data = from_dict(posterior={"v": stacked})
     with arviz_log_level(logging.ERROR):  # ArviZ logs a shape complaint for one chain
         ess, rhat = az.ess(data)["v"].values.ravel(), az.rhat(data)["v"].values.ravel()

@@ -427,7 +427,7 @@ def damped_newton(fn, z: torch.Tensor, *, steps: int) -> torch.Tensor:
         if not (bool(torch.isfinite(hess).all()) and bool(torch.isfinite(grad).all())):
             break
         scale = float(hess.diagonal().abs().max()) or 1.0
-        eye = torch.eye(len(z), dtype=hess.dtype)
+        eye = torch.eye(len(z), dtype=hess.dtype, device=hess.device)
         for damping in [0.0] + [scale * 10.0**k for k in range(-6, 7)]:
             chol, info = torch.linalg.cholesky_ex(hess + damping * eye)
             if int(info) != 0:

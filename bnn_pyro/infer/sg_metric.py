@@ -72,7 +72,7 @@ def mode_metric(model, paths: Potentials, data: Data) -> Metric | None:
     damping = 0.0
     if chol is None:
         scale = float(hess.diagonal().abs().max()) or 1.0
-        eye = torch.eye(len(mode), dtype=hess.dtype)
+        eye = torch.eye(len(mode), dtype=hess.dtype, device=hess.device)
         for d in DAMPING:
             chol, info = torch.linalg.cholesky_ex(hess + d * scale * eye)
             if int(info) == 0:

@@ -113,6 +113,27 @@ def test_noise_collapse_reference_regressions_make_their_buffers_on_the_inputs_d
     assert r2 > 0.5 and which.endswith("regression"), (r2, which)  # sin(x) + noise: explained out of sample
 
 
+def _linear_function(x, y=None):
+    """A plain Pyro function (no ``BNN``): the engines' own paths for such models (the prior-median start, the
+    converged members and modes, the whitened SG-MCMC cycles) run on it."""
+    b = pyro.sample("b", dist.Normal(x.new_zeros(2), 10.0).to_event(1))
+    s = pyro.sample("sigma", dist.HalfNormal(x.new_ones(())))
+    with pyro.plate("data", x.shape[0]):
+        pyro.sample("obs", dist.Normal(b[0] + b[1] * x[:, 0], s), obs=y)
+
+
+@pytest.mark.parametrize("method", ["ensemble", "swag", "snapshot", "csgmcmc", "laplace", "metropolis"])
+def test_plain_pyro_function_paths_keep_buffers_on_the_models_device(method):
+    """The Newton steps that converge a function's members / modes (``map_fit.damped_newton``,
+    ``sg_metric.mode_metric``) once made their damping identity on the CPU (CUDA would fail there), and the
+    parameters' R-hat stacked host and model tensors: found by this test, fixed."""
+    x, y = _data(torch.float64)
+    x = x + 40.0  # a covariate far from 0: the conditioning the function paths are for
+    options = {**SETTINGS[method], **({"num_chains": 2} if method == "ensemble" else {})}
+    post, _ = _checked_fit(_linear_function, x, y, method, **options)
+    assert {v.dtype for v in post.samples.values()} == {torch.float64}
+
+
 @pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores
 @pytest.mark.parametrize(
     "options",
@@ -213,6 +234,16 @@ def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
 
 
 # ---------------------------------------------------------------- the engine matrix on a real GPU
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.parametrize("method", ["ensemble", "swag", "snapshot", "csgmcmc", "laplace", "metropolis"])
+def test_plain_pyro_function_paths_run_on_cuda(method):
+    x, y = _data(device="cuda")
+    options = {**SETTINGS[method], **({"num_chains": 2} if method == "ensemble" else {})}
+    post = bp.fit(_linear_function, x + 40.0, y, method=method, seed=3, progress=False, **options)
+    assert {v.device.type for v in post.samples.values()} == {"cuda"}
+    assert all(bool(torch.isfinite(v).all()) for v in post.samples.values())
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
 @pytest.mark.parametrize("method", METHODS)
 def test_every_method_fits_and_predicts_on_cuda(method):
