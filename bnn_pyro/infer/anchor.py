@@ -48,9 +48,10 @@ linear-Gaussian model the weights give the data half the covariance ``S (X^T dia
 ``S S / s^2``: together ``S``, the posterior's, to first order in ``1 / n``. Constrained sites (a noise scale, a
 population sd), which the anchor leaves alone, get their spread from the weights too. Why keep the anchor: where
 the prior, not the data, sets a parameter the weights move nothing, and the anchor gives the prior's spread there.
-An observed site whose observations lie in one event (batch shape ``()``) cannot be weighted one by one:
-``config["observation_weights"]`` says so (and the fit's ``check_narrow`` judges the members as before). A ``bp.BNN``
-is unchanged (its members fit perturbed targets or ``y`` itself).
+An observed site whose observations lie in one event (batch shape ``()``) cannot be weighted one by one: it is left
+unweighted and ``config["observation_weights"]`` names it; with no site to weight the members are anchored only, and
+the fit's ``check_narrow`` names that cause. A ``bp.BNN`` is unchanged (its members fit perturbed targets or ``y``
+itself).
 
 For a net the members are approximate in the same way. Along a direction the data do not constrain, member ``k`` stays at its anchor:
 the members spread as the prior does, which is what tells inputs off the data apart.
@@ -296,10 +297,11 @@ BOOTSTRAP_SCHEME = "weighted likelihood bootstrap: n * Dirichlet(1, ..., 1) weig
 
 def bootstrap_sites(model, x, y, *, skip: str = "") -> BootstrapSites:
     """The observed sample sites of the Pyro function ``model`` on the rows ``(x, y)`` and their batch shapes (module
-    docstring, "The data half"). Skipped, with the reason in ``record``: a ``bp.BNN`` (its data half is the perturbed
-    targets' or nothing: unchanged), rows from a loader (``x`` is ``None``), no observed site, or an observed site
-    whose observations all lie in one event (``fn.batch_shape == ()``: nothing to weight one by one), or a caller's
-    reason ``skip`` (the ensemble's ``bootstrap=False``)."""
+    docstring, "The data half"). An observed site whose observations all lie in one event (``fn.batch_shape == ()``:
+    nothing to weight one by one) is left unweighted and ``record["unweighted"]`` names it. Skipped, with the reason in
+    ``record["skipped"]``: a ``bp.BNN`` (its data half is the perturbed targets' or nothing: unchanged), rows from a
+    loader (``x`` is ``None``), no observed site that can be weighted, or a caller's reason ``skip`` (the ensemble's
+    ``bootstrap=False``)."""
     if skip:
         return BootstrapSites({}, {"skipped": skip})
     if isinstance(model, BNN):
@@ -316,13 +318,12 @@ def bootstrap_sites(model, x, y, *, skip: str = "") -> BootstrapSites:
     if not observed:
         return BootstrapSites({}, {"skipped": "the model has no observed sample site"})
     whole = [name for name, shape in observed.items() if not len(shape)]
-    if whole:
-        why = f"the observations of {whole} lie in one event (batch shape ()), so they cannot be weighted one by one"
+    why = f"the observations of {whole} lie in one event (batch shape ()), so they cannot be weighted one by one"
+    shapes = {name: shape for name, shape in observed.items() if len(shape)}
+    if not shapes:
         return BootstrapSites({}, {"skipped": why})
-    return BootstrapSites(
-        observed,
-        {"scheme": BOOTSTRAP_SCHEME, "sites": {n: list(s) for n, s in observed.items()}, "anchored_prior": True},
-    )
+    record = {"scheme": BOOTSTRAP_SCHEME, "sites": {n: list(s) for n, s in shapes.items()}, "anchored_prior": True}
+    return BootstrapSites(shapes, {**record, "unweighted": why} if whole else record)
 
 
 def bootstrap_weights(sites: BootstrapSites, *, seed: int, like: torch.Tensor | None = None) -> dict:

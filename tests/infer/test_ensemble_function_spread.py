@@ -63,6 +63,15 @@ def test_an_observed_site_with_every_observation_in_one_event_is_not_weighted_an
     x, y = torch.zeros(30, 1), torch.randn(30) + 2.0
     sites = bootstrap_sites(model, x, y)
     assert not sites.shapes and "one event" in sites.record["skipped"]
+
+    def two_sites(x, y=None):  # a site that can be weighted beside one that cannot: the first is, the second named
+        mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        pyro.sample("summary", dist.Normal(mu, 1.0), obs=torch.tensor(2.0))
+        with pyro.plate("data", size=len(x)):
+            return pyro.sample("obs", dist.Normal(mu, 1.0), obs=y)
+
+    sites = bootstrap_sites(two_sites, x, y)
+    assert sites.shapes == {"obs": torch.Size([30])} and "['summary']" in sites.record["unweighted"]
     post = bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=20, seed=0, progress=False)
     assert "one event" in post.config["observation_weights"]["skipped"]
     assert post.config["bootstrap"] is True
