@@ -32,7 +32,7 @@ from pyro import poutine
 from bnn_pyro.infer._common import Data, point_values
 from bnn_pyro.infer._init import chain_start
 from bnn_pyro.infer._potential import Potential, Potentials
-from bnn_pyro.infer.anchor import FreeDirections, anchor, free_start, target_noise, tilt
+from bnn_pyro.infer.anchor import FreeDirections, anchor, free_start, target_noise, tilt, weighted
 from bnn_pyro.infer.checkpoint import StepCheckpoint
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, run
 from bnn_pyro.infer.driver import ChainInfo, chain
@@ -380,21 +380,24 @@ CONVERGE_NEWTON = 100  # at most this many Newton steps after them (each stops t
 CONVERGE_MAX_DIM = 2000  # Newton only up to this many coordinates (a dense Hessian: one gradient pass per coordinate)
 
 
-def converge(state: MapState, data: Data) -> bool:
+def converge(state: MapState, data: Data, *, weights: dict[str, torch.Tensor] | None = None) -> bool:
     """Finish a Pyro function's MAP search at the minimum of its own objective (``state.loss_fn`` on every row, the
     member's perturbed targets when it has them): :data:`CONVERGE_POLISH` L-BFGS iterations (:func:`_polish`), then
     up to :data:`CONVERGE_NEWTON` damped Newton steps with the exact Hessian (:func:`damped_newton`;
     at most :data:`CONVERGE_MAX_DIM` coordinates, none held fixed by ``pyro.param`` sites). Why: Adam's steps are
     first order, so on a badly conditioned posterior (a coefficient of a covariate near 100 beside an intercept)
     they end far from the minimum however many are taken; Newton's step does not depend on the coordinates'
-    scales (Laplace finishes its search the same way). Returns whether it ran (tensor data, a Pyro function)."""
+    scales (Laplace finishes its search the same way). ``weights`` (a member's observation weights,
+    :func:`~bnn_pyro.infer.anchor.bootstrap_weights`) weight the observed sites' log-densities of the objective it
+    minimizes (:func:`~bnn_pyro.infer.anchor.weighted`). Returns whether it ran (tensor data, a Pyro function)."""
     if isinstance(state.model, BNN) or data.loader is not None:
         return False
     rows = data if state.data is None else state.data
     batch = (rows.x, rows.y)
+    loss_fn = weighted(state.loss_fn, weights or {})
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="Encountered NaN")  # line-search trials past float range: rejected
-        _polish(lambda: state.loss_fn(state.pot, state.z, batch), state.params, CONVERGE_POLISH)
+        _polish(lambda: loss_fn(state.pot, state.z, batch), state.params, CONVERGE_POLISH)
     names = list(state.pot.shapes)
     trainable = [p for p in state.params if not any(p is state.z[n] for n in names)]
     flat = state.pot.flatten({n: state.z[n].detach() for n in names})
@@ -402,7 +405,7 @@ def converge(state: MapState, data: Data) -> bool:
         return True
 
     def fn(v):
-        return state.loss_fn(state.pot, state.pot.unflatten(v), batch)
+        return loss_fn(state.pot, state.pot.unflatten(v), batch)
 
     z = damped_newton(fn, flat, steps=CONVERGE_NEWTON)
     with torch.no_grad():

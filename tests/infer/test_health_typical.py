@@ -39,9 +39,11 @@ def test_an_ensemble_far_from_the_posterior_of_a_pyro_function_says_so():
 
 
 def test_draws_near_the_posterior_are_not_flagged():
-    """The ensemble on eight schools (members within what 5 draws allow: docs/reference_suite.md) and Laplace on
-    kidiq (exact to 0.25 sd) pass: their median draw is within the chi-square law's range of the mode."""
-    for name, method in (("eight_schools", "ensemble"), ("kidiq", "laplace")):
+    """The ensemble on the logistic regression (members with weighted observations: sds 0.58-1.5 of the exact ones,
+    within what 5 draws allow; docs/reference_suite.md) and Laplace on kidiq (exact to 0.25 sd) pass: their median
+    draw is within the chi-square law's range of the mode. (The ensemble on eight schools was the example before its
+    members weighted their observations; its ``tau``, 1 sd low with 0.09 of the exact sd, is now said.)"""
+    for name, method in (("logistic", "ensemble"), ("kidiq", "laplace")):
         ref = ALL[name]()
         post, messages = _fit(ref, method)
         assert not biased_off(ref, post), (name, method, biased_off(ref, post))

@@ -134,6 +134,7 @@ VALUES = {
     "threshold": 2.0,
     "adversarial_eps": 0.05,
     "anchored": False,
+    "bootstrap": False,
     "structure": "diag",
     "hessian": "fisher",
     "prior_precision": "marglik",
