@@ -150,7 +150,7 @@ from bnn_pyro.infer.holdout import (
     split,
 )
 from bnn_pyro.infer.map_fit import estimate_points
-from bnn_pyro.infer.sg_metric import mode_metric
+from bnn_pyro.infer.sg_metric import dispersed_start, mode_metric
 from bnn_pyro.infer.sgmcmc_step import (
     SGMCMC,
     SHRINK,
@@ -290,7 +290,7 @@ def fit_sgld(model, data: Data, cfg: SGLDConfig) -> Posterior:
         (:class:`~bnn_pyro.infer._potential.Potential`; same values); ``False`` forces Pyro's traced potential.
         ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     """
-    plan, settings = _plan(cfg, friction=1.0)
+    plan, settings = _plan(cfg, model, friction=1.0)
     return _checked(run_plan(model, data, plan, "sgld", settings, cfg))
 
 
@@ -302,7 +302,7 @@ def fit_sghmc(model, data: Data, cfg: SGHMCConfig) -> Posterior:
     (eq. 15 with ``beta_hat = 0``). ``friction`` is ``alpha`` in (0, 1] (default 0.1, i.e. SGD
     momentum 0.9; ``friction=1`` is SGLD). Other parameters as in :func:`fit_sgld`.
     """
-    plan, settings = _plan(cfg, friction=check_friction("friction", cfg.friction))
+    plan, settings = _plan(cfg, model, friction=check_friction("friction", cfg.friction))
     return _checked(run_plan(model, data, plan, "sghmc", settings, cfg))
 
 
@@ -386,7 +386,10 @@ def _checked(post: Posterior) -> Posterior:
     return post
 
 
-def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
+def _plan(cfg: SGLDConfig, model, *, friction: float) -> tuple[Plan, dict]:
+    """sgld's and sghmc's :class:`Plan` and its settings; on a Pyro function (never a ``BNN``) the whitened update
+    started at an over-dispersed Laplace draw (``init`` left at its default) or at ``init``'s start (module
+    docstring, "Pyro functions")."""
     check_lr(cfg.lr)
     num_samples = positive_int("num_samples", cfg.num_samples)
     thin = positive_int("thin", cfg.thin)
@@ -395,6 +398,8 @@ def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
     )
     kind = choice("lr_schedule", cfg.lr_schedule, Schedule)
     plan = langevin_plan(num_warmup, num_samples, thin, kind is Schedule.POLYNOMIAL, friction)
+    if not isinstance(model, BNN):  # a Pyro function: whitened by the curvature at its mode (sg_metric)
+        plan = replace(plan, metric="dispersed" if cfg.init is None else "start")
     return plan, dict(
         num_samples=num_samples, num_warmup=num_warmup, thin=thin, lr_schedule=kind.value, friction=friction
     )
@@ -537,9 +542,10 @@ def sgmcmc_engine(
         metric = mode_metric(fitted, paths, data) if plan.metric is not None and lr == "auto" else None
         if metric is not None:  # a small Pyro function: whitened by the curvature at its mode (sg_metric)
             walk.metric = metric.chol
-            if plan.metric == "mode":
+            if plan.metric in ("mode", "dispersed"):
+                start = metric.mode if plan.metric == "mode" else dispersed_start(metric, info.seed, like=walk.z)
                 with torch.no_grad():
-                    walk.z.copy_(metric.mode)
+                    walk.z.copy_(start)
         if plan.anchors is not None:  # a per-step linear tilt of U~ (snapshot ensembles' anchored cycles)
             walk.tilts = plan.anchors(fitted, pot, data.first(), info.seed)
         walk.index = info.index
