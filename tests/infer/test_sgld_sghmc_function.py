@@ -171,3 +171,27 @@ def test_an_explicit_init_starts_there_whitened():
     u_min = -float(poutine.trace(conditioned).get_trace(x, y).log_prob_sum())
     assert bool((post.history["potential"][:, 0].double() - u_min > 1e4).all())
     assert abs(float(post.history["step_size"][0, 0]) - 0.25) < 1e-3
+
+
+@pytest.mark.parametrize("method", ["sgld", "sghmc"])
+def test_the_whitened_path_keeps_buffers_on_the_models_device(method):
+    """The metric, the dispersed start (its generator and ``L^{-T} e``) and the whitened steps on a float64 Pyro
+    function with a covariate near 40, under the fake device of ``test_devices.py``: no tensor made off the model's
+    device or dtype meets it."""
+    from test_devices import SETTINGS, _checked_fit, _data, _linear_function
+
+    x, y = _data(torch.float64)
+    post, _ = _checked_fit(_linear_function, x + 40.0, y, method, **SETTINGS[method])
+    assert {v.dtype for v in post.samples.values()} == {torch.float64}
+    assert abs(float(post.history["step_size"][0, 0]) * 4 / (2 - post.config["friction"]) - 1) < 0.2  # whitened
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.parametrize("method", ["sgld", "sghmc"])
+def test_the_whitened_path_runs_on_cuda(method):
+    from test_devices import SETTINGS, _data, _linear_function
+
+    x, y = _data(device="cuda")
+    post = bp.fit(_linear_function, x + 40.0, y, method=method, seed=3, progress=False, **SETTINGS[method])
+    assert {v.device.type for v in post.samples.values()} == {"cuda"}
+    assert all(bool(torch.isfinite(v).all()) for v in post.samples.values())
