@@ -18,10 +18,14 @@ smallest ``d`` in ``1e-6 m, 1e-5 m, ...`` (``m`` the largest ``|H_ii|``) that ma
 sites and at most :data:`~bnn_pyro.infer.map_fit.CONVERGE_MAX_DIM` latent coordinates (a dense Hessian: one gradient
 pass per coordinate).
 
+sgld and sghmc (the constant-step loop) use the same metric; their chains start at :func:`dispersed_start`, a draw from
+``N(mode, DISPERSION^2 H^{-1})``, so that several chains start apart (R-hat) and near the mode (the metric holds).
+
 Example
 -------
 >>> metric = mode_metric(model, paths, data)          # None where it does not apply
 >>> metric.mode, metric.chol                           # flat unconstrained mode, L (float64)
+>>> z0 = dispersed_start(metric, seed, like=z)          # a chain's start: N(mode, 4 H^-1)
 """
 
 from __future__ import annotations
