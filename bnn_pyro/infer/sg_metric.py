@@ -18,10 +18,14 @@ smallest ``d`` in ``1e-6 m, 1e-5 m, ...`` (``m`` the largest ``|H_ii|``) that ma
 sites and at most :data:`~bnn_pyro.infer.map_fit.CONVERGE_MAX_DIM` latent coordinates (a dense Hessian: one gradient
 pass per coordinate).
 
+sgld and sghmc (the constant-step loop) use the same metric; their chains start at :func:`dispersed_start`, a draw from
+``N(mode, DISPERSION^2 H^{-1})``, so that several chains start apart (R-hat) and near the mode (the metric holds).
+
 Example
 -------
 >>> metric = mode_metric(model, paths, data)          # None where it does not apply
 >>> metric.mode, metric.chol                           # flat unconstrained mode, L (float64)
+>>> z0 = dispersed_start(metric, seed, like=z)          # a chain's start: N(mode, 4 H^-1)
 """
 
 from __future__ import annotations
@@ -35,11 +39,19 @@ from bnn_pyro.infer._potential import Potentials, dense_precision
 from bnn_pyro.infer.map_fit import CONVERGE_MAX_DIM, converge, map_state
 from bnn_pyro.model import BNN
 
-__all__ = ["Metric", "mode_metric", "whiten", "unwhiten"]
+__all__ = ["Metric", "mode_metric", "whiten", "unwhiten", "dispersed_start", "DISPERSION"]
 
 DAMPING = [
     10.0**k for k in range(-6, 7)
 ]  # H + d m I, m = max |H_ii|, when H is not positive definite (as damped_newton)
+
+
+DISPERSION = 2.0
+"""sgld's and sghmc's start on a Pyro function: a draw from ``N(mode, DISPERSION^2 H^{-1})``, the Laplace
+approximation at the mode widened 2-fold in sd, so that chains start apart and over-dispersed relative to the posterior
+(Gelman & Rubin 1992: R-hat detects chains that have not forgotten their start only if the starts are spread wider
+than the posterior) while staying where the metric's curvature holds (from a prior draw the whitened run on kidiq
+diverged)."""
 
 
 @dataclass(frozen=True)
@@ -91,3 +103,13 @@ def whiten(chol: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 def unwhiten(chol: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``L^{-T} v``: a move in the whitened coordinates ``u = L^T z`` as a move of ``z``."""
     return torch.linalg.solve_triangular(chol.T, v.double()[:, None], upper=True)[:, 0].to(v)
+
+
+def dispersed_start(metric: Metric, seed: int, *, like: torch.Tensor) -> torch.Tensor:
+    """``mode + DISPERSION L^{-T} e``, ``e ~ N(0, I)`` from a generator seeded ``seed + 104729`` (apart from the
+    chain's noise, ``seed + 7919``, and Pyro's generators): a draw from
+    ``N(mode, DISPERSION^2 H^{-1})`` (``L^{-T} L^{-1} = H^{-1}``), in ``like``'s dtype and device. Deterministic in
+    ``seed``, so a resumed chain recomputes the same start."""
+    gen = torch.Generator(device=like.device).manual_seed(seed + 104729)
+    e = torch.randn(like.shape, generator=gen, dtype=torch.float64, device=like.device)
+    return (metric.mode.double() + DISPERSION * unwhiten(metric.chol, e)).to(like)

@@ -67,16 +67,25 @@ last finite state with a step 4 times smaller (at most 8 times), the fit warns, 
 (:meth:`~bnn_pyro.infer.sgmcmc_step.SGMCMC.recover`). A number ``lr`` is the user's: a divergence stops the
 fit with an error that suggests a smaller one.
 
-Pyro functions (csgmcmc; :mod:`bnn_pyro.infer.sg_metric`). On a small plain Pyro function (tensor data, no
-``pyro.param`` sites, at most 2,000 latent coordinates) under ``lr="auto"``, csgmcmc's chains start at the mode of
-``U`` (with the default ``init``) and run in the coordinates whitened by the Hessian there, ``u = L^T z`` with
+Pyro functions (sgld, sghmc, csgmcmc; :mod:`bnn_pyro.infer.sg_metric`). On a small plain Pyro function (tensor
+data, no ``pyro.param`` sites, at most 2,000 latent coordinates) under ``lr="auto"``, the chains run in the
+coordinates whitened by the Hessian at the mode of ``U``, ``u = L^T z`` with
 ``L L^T = H``: the update above on ``u``, i.e. ``z`` moves by ``-eta M grad U~`` plus noise ``N(0, 2 alpha eta M)``,
 ``M = H^{-1}``, preconditioned SG-HMC with a constant metric, whose stationary law is still the posterior up to the
 same ``O(eta)`` bias. Why: in the raw coordinates the flat direction of a posterior with condition number ``kappa``
 mixes in about ``kappa`` steps, and the reference posteriors' covariates near 40 and 100 (``kappa`` 4e4, 5e5) left
 the draws 2,451 (logistic) and 738 (kidiq) posterior sds off; whitened, every mean is within 0.25 sd and every sd
 within a factor 1.25 on the three references (``benchmarks/results/reference_suite/function_snapshot_after.md``).
-sgld and sghmc are unchanged, and a ``BNN`` fit is unchanged.
+``lr="auto"`` measures the curvature in ``u`` (about 1 near the mode), so sgld's and sghmc's step is about
+``(2 - alpha) / 4`` whatever ``kappa``, and on a Gaussian posterior their stationary law is the posterior with every sd
+widened by ``sqrt(8/7)`` (the law above with ``A = I``). Where they start, with the default ``init``: csgmcmc at the
+mode (its exploration stages descend, and a prior draw of kidiq diverged); sgld and sghmc, which have no such stage,
+each chain at its own draw from ``N(mode, 4 H^{-1})`` (:func:`~bnn_pyro.infer.sg_metric.dispersed_start`), the
+Laplace approximation widened 2-fold in sd: over-dispersed starts, so that R-hat can flag chains that have not
+forgotten them (Gelman & Rubin 1992), near enough to the mode for the metric's curvature to hold. With a given
+``init`` every method starts there, still whitened. sgld and sghmc at main were 4.9e3 (kidiq) and 1.2e5 (logistic)
+sds off, sghmc 174 on eight schools; whitened, every mean is within 0.43 sd and every sd ratio within 0.74-1.21
+(``function_sgld_sghmc_before.md``, ``function_sgld_sghmc_after.md``). A ``BNN`` fit is unchanged (no metric).
 
 Held-out rows (csgmcmc, ``validation=``; :mod:`bnn_pyro.infer.holdout`). Without noise, an exploration stage
 runs to the joint mode of the weights and a learned noise, where an over-parameterized net fits the training
@@ -98,10 +107,10 @@ noise from generators of its own), one after another, each in its own copy of th
 ``BNN``) every chain starts from its own re-draw of the layers' initializers (``reset_parameters()``
 under seed ``seed + c``); with ``init="prior"`` (the default for a Pyro function) from its own prior
 draw, so that chains start apart and R-hat can flag chains that have not forgotten their start or
-sit in different modes (csgmcmc on a small Pyro function under ``lr="auto"`` with the default ``init`` starts every
-chain at the mode instead, where the metric's curvature holds; from a prior draw of kidiq the whitened snapshot run
-diverged: see "Pyro functions"; its chains then part by their noise, and R-hat no longer tests forgetting an
-overdispersed start). With ``init="net"`` chain 0 starts from the net's weights and every other
+sit in different modes (on a small Pyro function under ``lr="auto"`` with the default ``init``, csgmcmc starts every
+chain at the mode instead, where the metric's curvature holds, and its chains part by their noise, so R-hat no longer
+tests forgetting an overdispersed start; sgld and sghmc start each chain at its own draw from ``N(mode, 4 H^{-1})``,
+over-dispersed and near the mode: see "Pyro functions"). With ``init="net"`` chain 0 starts from the net's weights and every other
 chain from its own prior draw; any other ``init`` (``"median"``, a dict of site values, a
 :class:`~bnn_pyro.Posterior`) starts every chain there (:mod:`bnn_pyro.infer._init`). Deterministic
 parameters of a ``BNN`` stay fixed at chain 0's start (every chain's copy gets them), as in
@@ -150,7 +159,7 @@ from bnn_pyro.infer.holdout import (
     split,
 )
 from bnn_pyro.infer.map_fit import estimate_points
-from bnn_pyro.infer.sg_metric import mode_metric
+from bnn_pyro.infer.sg_metric import dispersed_start, mode_metric
 from bnn_pyro.infer.sgmcmc_step import (
     SGMCMC,
     SHRINK,
@@ -257,7 +266,10 @@ def fit_sgld(model, data: Data, cfg: SGLDConfig) -> Posterior:
     """Stochastic gradient Langevin dynamics: ``z <- z - eta grad U~(z) + N(0, 2 eta I)``.
 
     Welling, M. & Teh, Y. W. (2011). Bayesian learning via stochastic gradient Langevin dynamics. ICML.
-    See the module docstring for the shared update, the step size, chains and statistics.
+    See the module docstring for the shared update, the step size, chains and statistics. On a small Pyro function
+    under ``lr="auto"`` the update is preconditioned by ``M = H^{-1}``, the inverse Hessian at the mode,
+    ``z <- z - eta M grad U~(z) + N(0, 2 eta M)``, and each chain starts at a draw from ``N(mode, 4 H^{-1})`` (module
+    docstring, "Pyro functions"): a badly conditioned posterior (a covariate near 100) mixes as a well-conditioned one.
 
     Parameters
     ----------
@@ -290,7 +302,7 @@ def fit_sgld(model, data: Data, cfg: SGLDConfig) -> Posterior:
         (:class:`~bnn_pyro.infer._potential.Potential`; same values); ``False`` forces Pyro's traced potential.
         ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     """
-    plan, settings = _plan(cfg, friction=1.0)
+    plan, settings = _plan(cfg, model, friction=1.0)
     return _checked(run_plan(model, data, plan, "sgld", settings, cfg))
 
 
@@ -300,9 +312,12 @@ def fit_sghmc(model, data: Data, cfg: SGHMCConfig) -> Posterior:
 
     Chen, T., Fox, E. B. & Guestrin, C. (2014). Stochastic gradient Hamiltonian Monte Carlo. ICML
     (eq. 15 with ``beta_hat = 0``). ``friction`` is ``alpha`` in (0, 1] (default 0.1, i.e. SGD
-    momentum 0.9; ``friction=1`` is SGLD). Other parameters as in :func:`fit_sgld`.
+    momentum 0.9; ``friction=1`` is SGLD). Other parameters as in :func:`fit_sgld`. On a small Pyro function under
+    ``lr="auto"`` the momentum, friction and noise live in the coordinates whitened by the Hessian at the mode,
+    ``u = L^T z`` (``L L^T = H``), i.e. the noise is ``N(0, 2 alpha eta M)`` in ``z`` with ``M = H^{-1}``, and each chain
+    starts at a draw from ``N(mode, 4 H^{-1})``, as :func:`fit_sgld`.
     """
-    plan, settings = _plan(cfg, friction=check_friction("friction", cfg.friction))
+    plan, settings = _plan(cfg, model, friction=check_friction("friction", cfg.friction))
     return _checked(run_plan(model, data, plan, "sghmc", settings, cfg))
 
 
@@ -386,7 +401,10 @@ def _checked(post: Posterior) -> Posterior:
     return post
 
 
-def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
+def _plan(cfg: SGLDConfig, model, *, friction: float) -> tuple[Plan, dict]:
+    """sgld's and sghmc's :class:`Plan` and its settings; on a Pyro function (never a ``BNN``) the whitened update
+    started at an over-dispersed Laplace draw (``init`` left at its default) or at ``init``'s start (module
+    docstring, "Pyro functions")."""
     check_lr(cfg.lr)
     num_samples = positive_int("num_samples", cfg.num_samples)
     thin = positive_int("thin", cfg.thin)
@@ -395,6 +413,8 @@ def _plan(cfg: SGLDConfig, *, friction: float) -> tuple[Plan, dict]:
     )
     kind = choice("lr_schedule", cfg.lr_schedule, Schedule)
     plan = langevin_plan(num_warmup, num_samples, thin, kind is Schedule.POLYNOMIAL, friction)
+    if not isinstance(model, BNN):  # a Pyro function: whitened by the curvature at its mode (sg_metric)
+        plan = replace(plan, metric="dispersed" if cfg.init is None else "start")
     return plan, dict(
         num_samples=num_samples, num_warmup=num_warmup, thin=thin, lr_schedule=kind.value, friction=friction
     )
@@ -537,9 +557,10 @@ def sgmcmc_engine(
         metric = mode_metric(fitted, paths, data) if plan.metric is not None and lr == "auto" else None
         if metric is not None:  # a small Pyro function: whitened by the curvature at its mode (sg_metric)
             walk.metric = metric.chol
-            if plan.metric == "mode":
+            if plan.metric in ("mode", "dispersed"):
+                start = metric.mode if plan.metric == "mode" else dispersed_start(metric, info.seed, like=walk.z)
                 with torch.no_grad():
-                    walk.z.copy_(metric.mode)
+                    walk.z.copy_(start)
         if plan.anchors is not None:  # a per-step linear tilt of U~ (snapshot ensembles' anchored cycles)
             walk.tilts = plan.anchors(fitted, pot, data.first(), info.seed)
         walk.index = info.index

@@ -88,7 +88,8 @@ class Plan:
     guard: torch.Tensor | None = None
     anchors: object = None  # (model, pot, batch, seed) -> (t -> the flat tilt g_t of step t), or None: plain U~
     metric: str | None = None  # lr="auto" on a small Pyro function: whiten by the curvature at the mode (sg_metric),
-    # starting there ("mode") or at the chain's own start ("start"); None: plain coordinates (a BNN, always)
+    # starting there ("mode"), at the chain's own start ("start") or at an over-dispersed draw from the Laplace
+    # approximation there, N(mode, DISPERSION^2 H^-1) ("dispersed"); None: plain coordinates (a BNN, always)
 
 
 class SGMCMC(torch.optim.Optimizer):
