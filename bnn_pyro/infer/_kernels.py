@@ -245,19 +245,30 @@ class Metropolis(AdaptedKernel):
     toward ``target_accept_prob``) and shape ``L`` (the posterior standard deviations, or the
     Cholesky factor of the covariance when ``dense``) are adapted in Stan's warm-up windows by
     Pyro's :class:`WarmupAdapter`. After each window ``h`` restarts at ``2.38 / sqrt(d)``, the
-    optimal scale for a Gaussian target of dimension ``d`` (Gelman, Roberts & Gilks 1996)."""
+    optimal scale for a Gaussian target of dimension ``d`` (Gelman, Roberts & Gilks 1996).
+    ``metric``: a :class:`~bnn_pyro.infer._mode_start.ModeStart`, whose ``H^{-1}`` (dense) the proposal
+    covariance starts from instead of the identity (``None``: the identity)."""
 
     def __init__(
-        self, model, *, init_strategy, step_size=None, target_accept_prob=0.234, dense=False, jit=False, joint=None
+        self,
+        model,
+        *,
+        init_strategy,
+        step_size=None,
+        target_accept_prob=0.234,
+        dense=False,
+        jit=False,
+        joint=None,
+        metric=None,
     ):
-        self.model, self.joint, self.transforms = model, joint, None
+        self.model, self.joint, self.transforms, self._metric = model, joint, None, metric
         self._init_strategy, self._jit, self._given_step, self._cov = init_strategy, jit, step_size, None
         self._adapter = WarmupAdapter(
             step_size or 0.1,
             adapt_step_size=True,
             target_accept_prob=target_accept_prob,
             adapt_mass_matrix=True,
-            dense_mass=dense,
+            dense_mass=dense or metric is not None,
         )
 
     def setup(self, warmup_steps, *args, **kwargs):
@@ -287,6 +298,9 @@ class Metropolis(AdaptedKernel):
             find_reasonable_step_size_fn=restart,
             options=dict(dtype=self._energy_last.dtype, device=self._energy_last.device),
         )
+        if self._metric is not None:
+            inverse_mass = self._metric.inverse_mass(names, self._energy_last.dtype)
+            self._adapter.mass_matrix_adapter.inverse_mass_matrix = {names: inverse_mass}
         self._adapter.reset_step_size_adaptation(self._initial_params)  # dual averaging starts near 10 * that step
 
     def logging(self):

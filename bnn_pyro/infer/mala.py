@@ -56,15 +56,17 @@ class MALAKernel(AdaptedKernel):
     :class:`~bnn_pyro.infer.mcmc.ChainKernel`. ``resume = (step_size, inverse_mass_matrix)``: that state, no
     adaptation (extending a posterior)."""
 
-    def __init__(self, model, joint, *, init_strategy, step_size, target_accept_prob, dense_mass, jit, resume):
+    def __init__(
+        self, model, joint, *, init_strategy, step_size, target_accept_prob, dense_mass, jit, resume, metric=None
+    ):
         self.model, self.joint, self.jit, self.resume, self.transforms = model, joint, jit, resume, None
-        self._init_strategy, self._given_step, self._chol = init_strategy, step_size, (None, None)
+        self._init_strategy, self._given_step, self._chol, self._start = init_strategy, step_size, (None, None), metric
         self._adapter = WarmupAdapter(
             step_size or 1.0,
             adapt_step_size=True,
             target_accept_prob=target_accept_prob,
             adapt_mass_matrix=True,
-            dense_mass=dense_mass,
+            dense_mass=dense_mass or metric is not None,
         )
 
     def setup(self, warmup_steps, *args, **kwargs):
@@ -106,6 +108,9 @@ class MALAKernel(AdaptedKernel):
             self._adapter.step_size = self.resume[0]
             self._adapter.mass_matrix_adapter.inverse_mass_matrix = {self._names: self.resume[1].to(z.dtype)}
         else:
+            if self._start is not None:  # the metric starts at H^-1 at the mode (a small Pyro function)
+                inverse_mass = self._start.inverse_mass(self._names, z.dtype)
+                self._adapter.mass_matrix_adapter.inverse_mass_matrix = {self._names: inverse_mass}
             self._adapter.reset_step_size_adaptation(params)
 
     def logging(self):
@@ -200,6 +205,7 @@ class MALAConfig(MCMCConfig):
 
     METHOD: ClassVar[str] = "mala"
     EXTENDS: ClassVar[bool] = True
+    MODE_START: ClassVar[bool] = True
     target_accept: float | None = 0.574
 
     def kernel(self, model, chain: KernelSettings, model_args: tuple):
@@ -213,6 +219,7 @@ class MALAConfig(MCMCConfig):
                 dense_mass=self.dense_mass,
                 jit=self.jit,
                 resume=chain.resume,
+                metric=chain.metric,
             ),
             None,
             None,

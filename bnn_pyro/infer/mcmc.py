@@ -83,6 +83,7 @@ from bnn_pyro.infer._common import clean_config, init_strategy, point_values, pr
 from bnn_pyro.infer._health import check_mcmc
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
+from bnn_pyro.infer._mode_start import ModeStart, mode_start
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._one_chain import FlatHMC, analytic_applies
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
@@ -163,13 +164,16 @@ class ChainKernel(Protocol):
 @dataclass(frozen=True)
 class KernelSettings:
     """One chain's kernel: the engine's validated ``config``, the compiled log joint ``joint`` (``None``: Pyro's
-    tracing path), the chain's start ``init_strategy``, and ``resume``: ``(step size, inverse mass matrix)`` of
-    the chain being extended (``None``: adapt from scratch)."""
+    tracing path), the chain's start ``init_strategy``, ``resume``: ``(step size, inverse mass matrix)`` of
+    the chain being extended (``None``: adapt from scratch), and ``metric``: the Laplace start of a small Pyro
+    function (:mod:`bnn_pyro.infer._mode_start`), whose ``H^{-1}`` the (dense) metric adaptation starts from
+    (``None``: from the identity)."""
 
     config: MCMCConfig
     joint: object | None
     init_strategy: Callable | None = None
     resume: tuple[float, torch.Tensor] | None = None
+    metric: ModeStart | None = None
 
 
 # ---------------------------------------------------------------------- the configs
@@ -217,6 +221,9 @@ class MCMCConfig(PotentialRunOptions):
 
     METHOD: ClassVar[str] = ""  # the registered method name: config["kernel"], progress bars, messages
     EXTENDS: ClassVar[bool] = False  # resume=Posterior extends its chains (its kernel honours KernelSettings.resume)
+    # at the default init, a small Pyro function's chains start over-dispersed around its mode and the dense metric
+    # adaptation starts at H^-1 there (bnn_pyro.infer._mode_start; the kernel honours KernelSettings.metric)
+    MODE_START: ClassVar[bool] = False
 
     num_samples: int = 1000
     num_warmup: int | None = None
@@ -379,6 +386,7 @@ class MetropolisConfig(MCMCConfig):
     of a random walk in many dimensions (Roberts, Gelman & Gilks 1997)."""
 
     METHOD: ClassVar[str] = "metropolis"
+    MODE_START: ClassVar[bool] = True
     target_accept: float | None = 0.234
 
     def recorded(self) -> dict:
@@ -394,6 +402,7 @@ class MetropolisConfig(MCMCConfig):
                 dense=self.dense_mass,
                 jit=self.jit,
                 joint=chain.joint,
+                metric=chain.metric,
             ),
             None,
             None,
@@ -450,6 +459,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
         )
     if resume is not None:
         # the chains continue from their last draws; the deterministic parameters stay those of the run extended
+        dense_mass = dense_mass or resume.config.get("start") == "laplace"  # its metric was dense
         num_warmup, init = _check_resume(resume, config, num_warmup, num_chains, dense_mass), resume
         num_chains = resume.num_chains
     num_warmup = positive_int(
@@ -477,15 +487,25 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
     init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
     point_estimate, points = estimate_points(fitted, data, init, seed=seed, progress=progress, method=method)
-    # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
-    strategies = [init_strategy(fitted, chain_start(fitted, init, seed + c, points=c == 0)) for c in range(num_chains)]
+    laplace = None  # a small Pyro function at the default init: starts and metric from the mode (_mode_start)
+    if type(config).MODE_START and c.init is None and resume is None and not isinstance(fitted, BNN):
+        laplace = mode_start(fitted, data, num_chains=num_chains, seed=seed, fast_path=flag("fast_path", c.fast_path))
+    k_hat = None if laplace is None else round(laplace.k_hat, 3)  # recorded: why the Laplace start was (not) taken
+    laplace = laplace if laplace is not None and laplace.usable else None
+    if laplace is not None:
+        dense_mass, config = True, replace(config, dense_mass=True)
+        strategies = [init_strategy(fitted, laplace.values[c]) for c in range(num_chains)]
+    else:  # one copy for every chain: its deterministic parameters (fixed) come from chain 0's start
+        strategies = [
+            init_strategy(fitted, chain_start(fitted, init, seed + c, points=c == 0)) for c in range(num_chains)
+        ]
     if points:  # the MAP's deterministic parameters (point_estimate == "map")
         set_points(fitted, points)
     joint = _logjoint.build(fitted, data.size) if flag("fast_path", c.fast_path) else None
     execution = chain_execution(num_chains, how, method)
     if execution == "vectorized":
         _vectorized.check(method, joint, data.x, data.y)
-    settings = KernelSettings(config=config, joint=joint)
+    settings = KernelSettings(config=config, joint=joint, metric=laplace)
 
     def chain_settings(c: int) -> KernelSettings:
         return (
@@ -520,6 +540,8 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             dataset_size=data.size,
             seed=seed,
             **({} if point_estimate is None else {"point_estimate": point_estimate}),
+            **({} if k_hat is None else {"laplace_k_hat": k_hat}),
+            **({} if laplace is None else {"start": "laplace"}),
         )
     )
     # every chain's file checked before any chain runs; chain_method is not part of the run (same draws either way)
