@@ -297,6 +297,7 @@ class NUTSConfig(MCMCConfig):
             init_strategy=chain.init_strategy,
             model_args=model_args,
             resume=chain.resume,
+            metric=chain.metric,
             **_pyro_options(self),
             max_tree_depth=self.max_tree_depth,
         )
@@ -373,6 +374,7 @@ class HMCConfig(MCMCConfig):
             init_strategy=chain.init_strategy,
             model_args=model_args,
             resume=chain.resume,
+            metric=chain.metric,
             **_pyro_options(self),
             trajectory_length=self.trajectory_length,
         )
@@ -459,7 +461,8 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
         )
     if resume is not None:
         # the chains continue from their last draws; the deterministic parameters stay those of the run extended
-        dense_mass = dense_mass or resume.config.get("start") == "laplace"  # its metric was dense
+        laplace_started = isinstance(resume, Posterior) and resume.config.get("start") == "laplace"
+        dense_mass = dense_mass or laplace_started  # its metric was dense
         num_warmup, init = _check_resume(resume, config, num_warmup, num_chains, dense_mass), resume
         num_chains = resume.num_chains
     num_warmup = positive_int(
