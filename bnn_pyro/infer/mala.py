@@ -13,7 +13,9 @@ and the Metropolis-Hastings correction accepts ``z'`` with probability
 ``target_accept`` = 0.574, the optimal acceptance of MALA in high dimension (Roberts & Rosenthal 1998), and ``A``
 is the posterior variance (``dense_mass=True``: covariance) estimated in Stan's windows, both by Pyro's
 ``WarmupAdapter`` as for the other kernels; after each window ``h`` restarts where one proposal's acceptance
-crosses the target. Everything else (chains, seeds, checkpoint/resume, ``resume=Posterior``, ArviZ, health
+crosses the target. On a small Pyro function at the default ``init``, where the Laplace approximation at the mode
+describes the posterior, the chains start at over-dispersed draws of it and ``A`` starts at ``H^{-1}`` there, dense
+(:mod:`bnn_pyro.infer._mode_start`; :mod:`bnn_pyro.infer.mcmc`'s docstring). Everything else (chains, seeds, checkpoint/resume, ``resume=Posterior``, ArviZ, health
 checks) is the shared MCMC runner's (:func:`bnn_pyro.infer.mcmc.sample`).
 
 Per-draw statistics: ``lp`` (``-U``), ``acceptance_rate`` (the proposal's acceptance probability) and
