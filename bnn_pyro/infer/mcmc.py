@@ -21,7 +21,7 @@ checkpoint/resume, which ``MCMC`` cannot give (it starts every run at its first 
   standard deviation estimated in Stan's windows (``dense_mass=True``: the Cholesky factor of the covariance,
   i.e. adaptive Metropolis, Haario et al. 2001).
 
-Metropolis and MALA on a small Pyro function, at the default ``init``: where
+Metropolis, MALA and NUTS on a small Pyro function, at the default ``init``: where
 :func:`~bnn_pyro.infer.sg_metric.mode_metric` applies (tensor data, no ``pyro.param`` sites, at most
 ``CONVERGE_MAX_DIM`` coordinates) and the Laplace approximation ``N(z*, H^{-1})`` at the mode describes the posterior
 (PSIS ``k_hat`` <= 0.7), chain ``c`` starts at a draw of ``N(z*, 4 H^{-1})`` (over-dispersed, so R-hat can still see
@@ -29,8 +29,10 @@ chains that do not mix) and the metric adaptation is dense and starts at ``H^{-1
 (:mod:`bnn_pyro.infer._mode_start`): from prior draws of wide priors (kidiq's ``N(0, 100)``, a covariate near 100,
 Hessian condition number 5e5) a 1,000-step warm-up adapted its metric to the descent, not the posterior.
 ``config["laplace_k_hat"]`` records the check and ``config["start"] = "laplace"`` the start; elsewhere (a ``BNN``,
-``init=`` given, ``k_hat`` > 0.7) the start is ``init``'s. NUTS and HMC keep ``init``'s start (their configs'
-``MODE_START``).
+``init=`` given, ``k_hat`` > 0.7) the start is ``init``'s. NUTS does the same (14x the bulk ESS per second on kidiq
+and on the logistic regression of ``tests/reference``: its trees shrink from 31 and 17 to 5-6 leapfrog steps per
+draw); HMC keeps ``init``'s start (with its fixed 32 steps per draw the bulk ESS per second fell there). Each config's ``MODE_START``
+says which.
 
 NUTS and HMC adapt the step size (dual averaging toward ``target_accept``, default 0.8, Stan's) and a diagonal
 (``dense_mass``: dense) mass matrix during ``num_warmup`` steps. A diverging trajectory (energy error > 1000 or
@@ -278,6 +280,7 @@ class NUTSConfig(MCMCConfig):
 
     METHOD: ClassVar[str] = "nuts"
     EXTENDS: ClassVar[bool] = True
+    MODE_START: ClassVar[bool] = True
     max_tree_depth: int | None = 10
 
     def checked(self) -> NUTSConfig:
