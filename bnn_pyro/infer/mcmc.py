@@ -466,6 +466,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
     dense_mass, jit = flag("dense_mass", c.dense_mass), flag("jit", c.jit)
     resume, init, num_warmup, num_chains = c.resume, c.init, c.num_warmup, c.num_chains
     resume_files = resume is True  # resume=True/False: from the checkpoint files; a Posterior: extend it
+    laplace_started = False  # extending a posterior whose chains took the Laplace start (its metric is dense)
     if isinstance(resume, bool):
         resume = None
     elif resume is not None and c.checkpoint is not None:
@@ -558,7 +559,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             seed=seed,
             **({} if point_estimate is None else {"point_estimate": point_estimate}),
             **({} if k_hat is None else {"laplace_k_hat": k_hat}),
-            **({} if laplace is None else {"start": "laplace"}),
+            **({} if laplace is None and not laplace_started else {"start": "laplace"}),
         )
     )
     # every chain's file checked before any chain runs; chain_method is not part of the run (same draws either way)

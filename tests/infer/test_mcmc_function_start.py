@@ -168,7 +168,9 @@ def test_a_laplace_started_mala_posterior_extends_with_its_dense_metric(data):
     first = bp.fit(_model, x, y, method="mala", num_samples=20, num_warmup=40, num_chains=2, seed=0, progress=False)
     more = bp.fit(_model, x, y, method="mala", resume=first, num_samples=10, seed=1, progress=False)
     assert more.num_draws == 30 and torch.equal(more.samples["beta"][:, :20], first.samples["beta"])
-    assert more.history["inverse_mass_matrix"].shape == (2, 2, 2)
+    assert more.history["inverse_mass_matrix"].shape == (2, 2, 2) and more.config["start"] == "laplace"
+    again = bp.fit(_model, x, y, method="mala", resume=more, num_samples=5, seed=2, progress=False)  # and again
+    assert again.num_draws == 35 and torch.equal(again.samples["beta"][:, :30], more.samples["beta"])
 
 
 @pytest.mark.parametrize("method", ["metropolis", "nuts"])
