@@ -11,23 +11,23 @@ function on tensor data, no ``pyro.param`` sites, at most ``CONVERGE_MAX_DIM`` c
 
 - the metric (inverse mass matrix, or the random walk's proposal covariance) starts at ``H^{-1}``, ``H`` the
   Hessian of ``U`` at the mode (dense); the warm-up windows then re-estimate it from the chain as usual;
+- chain ``c`` starts at ``z_c = z* + SPREAD * L^{-T} eps_c`` with ``H = L L^T`` and ``eps_c ~ N(0, I)`` drawn from
+  its own generator seeded ``seed + c``: a draw of ``N(z*, SPREAD^2 H^{-1})``, the Laplace approximation
+  over-dispersed by ``SPREAD`` = 2 in every direction (Gelman & Rubin 1992 ask for starts over-dispersed relative
+  to the posterior, so that R-hat can still detect chains that do not mix; starting every chain at the mode
+  would hide it);
 - both only where the Laplace approximation describes the posterior: the Pareto ``k_hat`` of the importance ratios
   ``p / q`` of :data:`NUM_CHECK` draws of ``q = N(z*, H^{-1})`` (PSIS, Vehtari et al. 2024; Yao et al. 2018, the
   rule of ``check_gaussian``) at most :data:`K_HAT_MAX` = 0.7. Where the mode is not where the mass is (the
   non-centered eight schools: its joint mode has ``tau`` ~29 where the posterior mean is 3.6; ``k_hat`` 1.03), a
   start there puts the chains in the tail and the warm-up adapts its metric to the way back, so the default
-  (prior draws, a metric from the identity) is kept;
-- chain ``c`` starts at ``z_c = z* + SPREAD * L^{-T} eps_c`` with ``H = L L^T`` and ``eps_c ~ N(0, I)`` drawn from
-  its own generator seeded ``seed + c``: a draw of ``N(z*, SPREAD^2 H^{-1})``, the Laplace approximation
-  over-dispersed by ``SPREAD`` = 2 in every direction (Gelman & Rubin 1992 ask for starts over-dispersed relative
-  to the posterior, so that R-hat can still detect chains that do not mix; starting every chain at the mode
-  would hide it).
+  (prior draws, a metric from the identity) is kept.
 
 Example
 -------
 >>> start = mode_start(model, data, num_chains=4, seed=0, fast_path=True)  # None where it does not apply
 >>> start.values[c]                     # chain c's start, constrained site values (for init_to_value)
->>> start.inverse_mass(("beta", "sigma"))   # H^{-1} with its blocks in that site order
+>>> start.inverse_mass(("beta", "sigma"), torch.float32)   # H^{-1} with its blocks in that site order
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ __all__ = ["ModeStart", "mode_start", "SPREAD", "K_HAT_MAX", "NUM_CHECK"]
 
 SPREAD = 2.0  # the starts' sd in Laplace sds: over-dispersed (Gelman & Rubin 1992), within a few sds of the mass
 K_HAT_MAX = 0.7  # PSIS k_hat above which importance ratios p / q are unreliable: q is far from p (Vehtari et al. 2024)
-NUM_CHECK = 1000  # draws of the Laplace approximation for k_hat (one potential each; its bias is small at 1,000)
+NUM_CHECK = 1000  # draws of the Laplace approximation for k_hat: one potential each, cheap beside the MCMC run
 
 
 @dataclass(frozen=True)
