@@ -138,7 +138,7 @@ def test_a_bnn_fit_is_bit_identical_and_never_takes_the_laplace_start(method, mo
             assert torch.equal(getattr(new, group)[name], value), (group, name)
 
 
-@pytest.mark.parametrize("method", ["metropolis", "mala"])
+@pytest.mark.parametrize("method", ["metropolis", "mala", "nuts"])
 def test_a_crashed_run_resumes_bit_identically(method, data, tmp_path, monkeypatch):
     x, y = data
     run = dict(method=method, num_warmup=12, num_samples=8, num_chains=1, seed=4, progress=False)
