@@ -101,6 +101,7 @@ class _Counted:
     its gradient), which Pyro computes but keeps private: one extra evaluation per draw."""
 
     resume = None
+    metric = None  # a ModeStart (bnn_pyro.infer._mode_start): the dense metric adaptation starts at its H^-1
     fixed_num_steps = None
     leapfrog_jitter = 0.0  # HMC: each draw's leapfrog count drawn by jittered_steps around num_steps
     _bp_jittered = None
@@ -112,6 +113,10 @@ class _Counted:
             ((names, _),) = self.inverse_mass_matrix.items()
             dtype = next(iter(params.values())).dtype
             self.mass_matrix_adapter.inverse_mass_matrix = {names: self.resume.to(dtype)}
+        elif self.metric is not None:
+            ((names, _),) = self.inverse_mass_matrix.items()
+            dtype = next(iter(params.values())).dtype
+            self.mass_matrix_adapter.inverse_mass_matrix = {names: self.metric.inverse_mass(names, dtype)}
         self._bp_warmup, self._bp_draws, self._bp_grad_evals, potential = warmup_steps, 0, 0, self.potential_fn
         self._bp_mean_accept = 0.0
 
@@ -185,11 +190,12 @@ class PyroHMC(_Counted, HMC):
     pass
 
 
-def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args, resume=None, **options):
+def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args, resume=None, metric=None, **options):
     """Pyro's ``NUTS`` (``kind="nuts"``) or ``HMC`` with the statistics of :class:`_Counted`, and the
     starting point such a kernel needs. With a ``joint`` (the fast path) the kernel gets the directly computed
     potential energy through its public ``potential_fn`` argument; otherwise it traces ``model`` (compiled
-    by Pyro when ``jit``). ``resume = (step_size, inverse_mass_matrix)``: no adaptation, that state kept.
+    by Pyro when ``jit``). ``resume = (step_size, inverse_mass_matrix)``: no adaptation, that state kept;
+    ``metric``: a ``ModeStart`` whose ``H^{-1}`` the (dense, ``full_mass=True``) adaptation starts from.
     Returns ``(kernel, initial_params, transforms)`` (the last two ``None`` for the tracing path)."""
     cls = PyroNUTS if kind == "nuts" else PyroHMC
     if resume is not None:
@@ -204,7 +210,7 @@ def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args
         kernel = cls(
             potential_fn=_logjoint.potential(joint, transforms, *model_args, jit=jit), transforms=transforms, **options
         )
-    kernel.resume = None if resume is None else resume[1]
+    kernel.resume, kernel.metric = None if resume is None else resume[1], metric
     return kernel, params, transforms
 
 
@@ -245,19 +251,30 @@ class Metropolis(AdaptedKernel):
     toward ``target_accept_prob``) and shape ``L`` (the posterior standard deviations, or the
     Cholesky factor of the covariance when ``dense``) are adapted in Stan's warm-up windows by
     Pyro's :class:`WarmupAdapter`. After each window ``h`` restarts at ``2.38 / sqrt(d)``, the
-    optimal scale for a Gaussian target of dimension ``d`` (Gelman, Roberts & Gilks 1996)."""
+    optimal scale for a Gaussian target of dimension ``d`` (Gelman, Roberts & Gilks 1996).
+    ``metric``: a :class:`~bnn_pyro.infer._mode_start.ModeStart`, whose ``H^{-1}`` (dense) the proposal
+    covariance starts from instead of the identity (``None``: the identity)."""
 
     def __init__(
-        self, model, *, init_strategy, step_size=None, target_accept_prob=0.234, dense=False, jit=False, joint=None
+        self,
+        model,
+        *,
+        init_strategy,
+        step_size=None,
+        target_accept_prob=0.234,
+        dense=False,
+        jit=False,
+        joint=None,
+        metric=None,
     ):
-        self.model, self.joint, self.transforms = model, joint, None
+        self.model, self.joint, self.transforms, self._metric = model, joint, None, metric
         self._init_strategy, self._jit, self._given_step, self._cov = init_strategy, jit, step_size, None
         self._adapter = WarmupAdapter(
             step_size or 0.1,
             adapt_step_size=True,
             target_accept_prob=target_accept_prob,
             adapt_mass_matrix=True,
-            dense_mass=dense,
+            dense_mass=dense or metric is not None,
         )
 
     def setup(self, warmup_steps, *args, **kwargs):
@@ -287,6 +304,9 @@ class Metropolis(AdaptedKernel):
             find_reasonable_step_size_fn=restart,
             options=dict(dtype=self._energy_last.dtype, device=self._energy_last.device),
         )
+        if self._metric is not None:
+            inverse_mass = self._metric.inverse_mass(names, self._energy_last.dtype)
+            self._adapter.mass_matrix_adapter.inverse_mass_matrix = {names: inverse_mass}
         self._adapter.reset_step_size_adaptation(self._initial_params)  # dual averaging starts near 10 * that step
 
     def logging(self):

@@ -13,7 +13,9 @@ and the Metropolis-Hastings correction accepts ``z'`` with probability
 ``target_accept`` = 0.574, the optimal acceptance of MALA in high dimension (Roberts & Rosenthal 1998), and ``A``
 is the posterior variance (``dense_mass=True``: covariance) estimated in Stan's windows, both by Pyro's
 ``WarmupAdapter`` as for the other kernels; after each window ``h`` restarts where one proposal's acceptance
-crosses the target. Everything else (chains, seeds, checkpoint/resume, ``resume=Posterior``, ArviZ, health
+crosses the target. On a small Pyro function at the default ``init``, where the Laplace approximation at the mode
+describes the posterior, the chains start at over-dispersed draws of it and ``A`` starts at ``H^{-1}`` there, dense
+(:mod:`bnn_pyro.infer._mode_start`; :mod:`bnn_pyro.infer.mcmc`'s docstring). Everything else (chains, seeds, checkpoint/resume, ``resume=Posterior``, ArviZ, health
 checks) is the shared MCMC runner's (:func:`bnn_pyro.infer.mcmc.sample`).
 
 Per-draw statistics: ``lp`` (``-U``), ``acceptance_rate`` (the proposal's acceptance probability) and
@@ -56,15 +58,17 @@ class MALAKernel(AdaptedKernel):
     :class:`~bnn_pyro.infer.mcmc.ChainKernel`. ``resume = (step_size, inverse_mass_matrix)``: that state, no
     adaptation (extending a posterior)."""
 
-    def __init__(self, model, joint, *, init_strategy, step_size, target_accept_prob, dense_mass, jit, resume):
+    def __init__(
+        self, model, joint, *, init_strategy, step_size, target_accept_prob, dense_mass, jit, resume, metric=None
+    ):
         self.model, self.joint, self.jit, self.resume, self.transforms = model, joint, jit, resume, None
-        self._init_strategy, self._given_step, self._chol = init_strategy, step_size, (None, None)
+        self._init_strategy, self._given_step, self._chol, self._start = init_strategy, step_size, (None, None), metric
         self._adapter = WarmupAdapter(
             step_size or 1.0,
             adapt_step_size=True,
             target_accept_prob=target_accept_prob,
             adapt_mass_matrix=True,
-            dense_mass=dense_mass,
+            dense_mass=dense_mass or metric is not None,
         )
 
     def setup(self, warmup_steps, *args, **kwargs):
@@ -106,6 +110,9 @@ class MALAKernel(AdaptedKernel):
             self._adapter.step_size = self.resume[0]
             self._adapter.mass_matrix_adapter.inverse_mass_matrix = {self._names: self.resume[1].to(z.dtype)}
         else:
+            if self._start is not None:  # the metric starts at H^-1 at the mode (a small Pyro function)
+                inverse_mass = self._start.inverse_mass(self._names, z.dtype)
+                self._adapter.mass_matrix_adapter.inverse_mass_matrix = {self._names: inverse_mass}
             self._adapter.reset_step_size_adaptation(params)
 
     def logging(self):
@@ -200,6 +207,7 @@ class MALAConfig(MCMCConfig):
 
     METHOD: ClassVar[str] = "mala"
     EXTENDS: ClassVar[bool] = True
+    MODE_START: ClassVar[bool] = True
     target_accept: float | None = 0.574
 
     def kernel(self, model, chain: KernelSettings, model_args: tuple):
@@ -213,6 +221,7 @@ class MALAConfig(MCMCConfig):
                 dense_mass=self.dense_mass,
                 jit=self.jit,
                 resume=chain.resume,
+                metric=chain.metric,
             ),
             None,
             None,
