@@ -77,7 +77,8 @@ def mode_start(model, data: Data, *, num_chains: int, seed: int, fast_path: bool
     :func:`~bnn_pyro.infer.sg_metric.mode_metric` does not apply (a ``BNN``, a loader, ``pyro.param`` sites, more
     than ``CONVERGE_MAX_DIM`` coordinates, a Hessian that is not finite)."""
     paths = Potentials(fast_path)
-    with torch.random.fork_rng(devices=[]):  # the prior median's draws: seeded, and the caller's stream untouched
+    cuda = [data.x.device] if isinstance(data.x, torch.Tensor) and data.x.device.type == "cuda" else []
+    with torch.random.fork_rng(devices=cuda):  # the prior median's draws: seeded, and the caller's streams untouched
         torch.manual_seed(seed)
         metric = mode_metric(model, paths, data)
     if metric is None:

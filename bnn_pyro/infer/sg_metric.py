@@ -110,6 +110,6 @@ def dispersed_start(metric: Metric, seed: int, *, like: torch.Tensor) -> torch.T
     chain's noise, ``seed + 7919``, and Pyro's generators): a draw from
     ``N(mode, DISPERSION^2 H^{-1})`` (``L^{-T} L^{-1} = H^{-1}``), in ``like``'s dtype and device. Deterministic in
     ``seed``, so a resumed chain recomputes the same start."""
-    gen = torch.Generator(device=like.device).manual_seed(seed + 104729)
-    e = torch.randn(like.shape, generator=gen, dtype=torch.float64, device=like.device)
+    gen = torch.Generator().manual_seed(seed + 104729)  # a CPU generator: the same start on every device
+    e = torch.randn(like.shape, generator=gen, dtype=torch.float64).to(like.device)
     return (metric.mode.double() + DISPERSION * unwhiten(metric.chol, e)).to(like)
