@@ -830,13 +830,15 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
 
 # ------------------------------------------------ check_narrow, anchored=False members of a Pyro function
 def _one_start_plain_members(post, is_bnn: bool) -> bool:
-    """Whether ``post``'s draws are plain MAP fits (``anchored=False``: one point per chain) of one objective from one
-    start: a Pyro function's members start at its prior median (``config["init"] == "median"``, the default there)
+    """Whether ``post``'s draws are plain MAP fits (``anchored=False`` and no observation weights, ``bootstrap=False``
+    or nothing to weight: one point per chain) of one objective from one start: a Pyro function's members start at its prior median (``config["init"] == "median"``, the default there)
     and minimize the same log joint, so they reach the same minimum and their spread is the optimizer's (none once
     :func:`bnn_pyro.infer.map_fit.converge` has finished them), not the posterior's; the anchored cause
     :func:`check_narrow` is given does not apply."""
     config = post.config
-    return not is_bnn and config.get("anchored") is False and config.get("init") == "median" and post.num_draws == 1
+    weighted = "scheme" in (config.get("observation_weights") or {})  # weighted members differ by their weights
+    plain = config.get("anchored") is False and not weighted
+    return not is_bnn and plain and config.get("init") == "median" and post.num_draws == 1
 
 
 def _one_point_message(post, name: str, ratio: float, threshold: str) -> str:

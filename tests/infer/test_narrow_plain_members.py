@@ -1,5 +1,5 @@
-"""``anchored=False`` ensemble members of a Pyro function start at its prior median and minimize one objective, so
-they reach the same mode (spread ~0); ``check_narrow`` says that they are one point, with that cause and its advice
+"""``anchored=False`` ensemble members of a Pyro function without observation weights (``bootstrap=False``) start at
+its prior median and minimize one objective, so they reach the same mode (spread ~0); ``check_narrow`` says that they are one point, with that cause and its advice
 (the default ``anchored=True``, or NUTS), not the anchored members' cause it is given (issue 26)."""
 
 from __future__ import annotations
@@ -34,16 +34,23 @@ def _said(fn) -> list[str]:
     return [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
 
 
-@pytest.fixture(scope="module")
-def plain():
+FIT = dict(num_chains=3, num_steps=100, seed=0, progress=False)
+
+
+def _rows():
     g = torch.Generator().manual_seed(0)
     x = torch.randn(50, generator=g)
-    y = 0.3 + 1.2 * x + 0.5 * torch.randn(50, generator=g)
+    return x, 0.3 + 1.2 * x + 0.5 * torch.randn(50, generator=g)
+
+
+@pytest.fixture(scope="module")
+def plain():
+    x, y = _rows()
     out = {}
     said = _said(
         lambda: out.setdefault(
             "post",
-            bp.fit(_line, x, y, method="ensemble", anchored=False, num_chains=3, num_steps=100, seed=0, progress=False),
+            bp.fit(_line, x, y, method="ensemble", anchored=False, bootstrap=False, **FIT),
         )
     )
     return out["post"], said
@@ -68,3 +75,21 @@ def test_anchored_members_keep_the_cause_they_are_given(plain):
     post.config = {**post.config, "anchored": True}
     said = _said(lambda: _health.check_narrow(post, cause="THE ENGINE'S CAUSE. ", functions=True))
     assert len(said) == 1 and "THE ENGINE'S CAUSE." in said[0] and ONE_POINT not in said[0], said
+
+
+def test_plain_members_with_observation_weights_are_not_one_point():
+    """At the default ``bootstrap=True`` each ``anchored=False`` member weights the observations by its own draw (the
+    weighted likelihood bootstrap): the members differ (posterior sds here ~0.07), and the one-point message is not
+    given."""
+    x, y = _rows()
+    post = None
+
+    def fit():
+        nonlocal post
+        post = bp.fit(_line, x, y, method="ensemble", anchored=False, **FIT)
+
+    said = _said(fit)
+    assert "scheme" in post.config["observation_weights"]
+    members = torch.stack([post.samples[k].reshape(3, -1) for k in ("a", "b")], -1)
+    assert float(members.std(0).min()) > 1e-2
+    assert not any(ONE_POINT in m for m in said), said
