@@ -151,3 +151,35 @@ def pytest_collection_modifyitems(config, items):
     """The slow statistical checks first (a stable sort): with ``pytest -n auto`` the longest tests
     then start early instead of leaving one worker busy at the end while the others idle."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+@pytest.fixture
+def crash_and_resume(tmp_path, monkeypatch):
+    """``crash_and_resume(fit, whole, crash_at=, every=, after_crash=None)``: the run ``fit(**extra)`` checkpointed into
+    ``tmp_path`` every ``every`` steps and killed when it is about to save step ``crash_at`` (``after_crash(tmp_path)``
+    then runs, e.g. to read what was saved), then resumed; asserts that every draw,
+    sample statistic and history trace of the resumed run equals ``whole``'s (the uninterrupted run) to the bit, and
+    returns the resumed posterior."""
+    from bnn_pyro.infer import checkpoint as ckpt_mod
+
+    def run(fit, whole, *, crash_at: int, every: int, after_crash=None):
+        original = ckpt_mod.Checkpoint.save
+
+        def crash(ckpt, step, *args):
+            if step == crash_at:
+                raise RuntimeError("crash")
+            return original(ckpt, step, *args)
+
+        with monkeypatch.context() as m:
+            m.setattr(ckpt_mod.Checkpoint, "save", crash)
+            with pytest.raises(RuntimeError, match="crash"):
+                fit(checkpoint=tmp_path, checkpoint_every=every)
+        if after_crash is not None:
+            after_crash(tmp_path)
+        resumed = fit(checkpoint=tmp_path, checkpoint_every=every, resume=True)
+        for group in ("samples", "sample_stats", "history"):
+            for name, value in getattr(whole, group).items():
+                assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+        return resumed
+
+    return run

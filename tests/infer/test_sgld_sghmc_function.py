@@ -120,32 +120,17 @@ def test_a_bnn_fit_never_builds_the_metric(method, monkeypatch):
 
 
 @pytest.mark.parametrize("method", ["sgld", "sghmc"])
-def test_a_whitened_sgld_or_sghmc_run_resumes_bit_identically(method, tmp_path, monkeypatch):
+def test_a_whitened_sgld_or_sghmc_run_resumes_bit_identically(crash_and_resume, method):
     """The mode, the metric and the dispersed start are recomputed (deterministically) when a run resumes; the
     checkpoint restores the position, momentum, step and noise generator: the resumed run's draws, statistics and
     traces equal an uninterrupted run's."""
-    import bnn_pyro.infer.checkpoint as ckpt_mod
 
     model, x, y, *_ = _regression()
     config = dict(method=method, num_samples=10, thin=2, num_warmup=20, num_chains=2, seed=3, progress=False)
     whole = bp.fit(model, x, y, **config)
     friction = 1.0 if method == "sgld" else 0.1
     assert abs(float(whole.history["step_size"][0, 0]) - (2 - friction) / 4) < 1e-3  # the whitened path ran
-    original = ckpt_mod.Checkpoint.save
-
-    def crash(ckpt, step, *args):
-        if step == 25:
-            raise RuntimeError("crash")
-        return original(ckpt, step, *args)
-
-    with monkeypatch.context() as m:
-        m.setattr(ckpt_mod.Checkpoint, "save", crash)
-        with pytest.raises(RuntimeError, match="crash"):
-            bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=5, **config)
-    resumed = bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=5, resume=True, **config)
-    for group in ("samples", "sample_stats", "history"):
-        for name, value in getattr(whole, group).items():
-            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+    crash_and_resume(lambda **extra: bp.fit(model, x, y, **extra, **config), whole, crash_at=25, every=5)
 
 
 def test_an_explicit_init_starts_there_whitened():

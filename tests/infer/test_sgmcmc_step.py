@@ -159,7 +159,7 @@ def test_bad_arguments(kwargs, match):
         SGMCMC(params, plan=plan, seed=0, **{"lr": 0.1, **kwargs})
 
 
-def test_resume_where_the_stability_guard_acts_is_bit_identical(tmp_path, monkeypatch):
+def test_resume_where_the_stability_guard_acts_is_bit_identical(crash_and_resume, monkeypatch):
     """The guard's last point and gradient are part of the checkpoint. With the guard made to act at every
     noise-free step (``GUARD = 0``), a snapshot run (learned noise, minibatches) that dies after its checkpoint at
     step 12 resumes exactly; without that state the resumed run skipped the guard at step 12 and its step sizes
@@ -178,22 +178,12 @@ def test_resume_where_the_stability_guard_acts_is_bit_identical(tmp_path, monkey
 
     config = dict(method="snapshot", num_cycles=3, cycle_length=15, batch_size=8, seed=3, progress=False)
     whole = bp.fit(model(), x, y, **config)
-    save = ckpt_mod.Checkpoint.save
 
-    def crash(ckpt, step, tensors, meta):
-        if step == 13:
-            raise RuntimeError("crash")
-        return save(ckpt, step, tensors, meta)
+    def kept_step_12(folder):  # the save of step 13 died: 12 was kept
+        assert ckpt_mod.read(folder / "chain0.ckpt")[1]["step"] == 12
 
-    with monkeypatch.context() as m:
-        m.setattr(ckpt_mod.Checkpoint, "save", crash)
-        with pytest.raises(RuntimeError, match="crash"):
-            bp.fit(model(), x, y, checkpoint=tmp_path, checkpoint_every=1, **config)
-    assert ckpt_mod.read(tmp_path / "chain0.ckpt")[1]["step"] == 12
-    resumed = bp.fit(model(), x, y, checkpoint=tmp_path, checkpoint_every=1, resume=True, **config)
-    for group in ("samples", "sample_stats", "history"):
-        for name, value in getattr(whole, group).items():
-            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+    fit = lambda **extra: bp.fit(model(), x, y, **extra, **config)  # noqa: E731
+    crash_and_resume(fit, whole, crash_at=13, every=1, after_crash=kept_step_12)
 
 
 def test_a_checkpoint_of_another_layout_is_refused_by_name(tmp_path):

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.infer import checkpoint as ckpt_mod
 from bnn_pyro.infer.snapshot import snapshot_plan
 
 
@@ -117,29 +116,18 @@ def test_learned_noise_is_chosen_on_held_out_rows(monkeypatch):
         (True, 60, 1, 62),  # 10% of 240 rows held out; the last save (61 steps done) follows cycle 1's unscored start
     ],
 )
-def test_resumed_run_is_bit_identical(tmp_path, monkeypatch, held_out, length, every, crash_at):
+def test_resumed_run_is_bit_identical(crash_and_resume, held_out, length, every, crash_at):
     x, y = _toy(n=240 if held_out else 37)
     likelihood = bp.likelihoods.Gaussian(scale=dist.HalfNormal(1.0)) if held_out else None
     config = dict(method="snapshot", num_cycles=2, cycle_length=length, batch_size=8, seed=3, progress=False)
     whole = bp.fit(_mlp(likelihood=likelihood), x, y, **config)
     assert ("exploration_stop" in whole.history) == held_out
-    original = ckpt_mod.Checkpoint.save
-
-    def crash(ckpt, step, *args):
-        if step == crash_at:
-            raise RuntimeError("crash")
-        return original(ckpt, step, *args)
-
-    with monkeypatch.context() as m:
-        m.setattr(ckpt_mod.Checkpoint, "save", crash)
-        with pytest.raises(RuntimeError, match="crash"):
-            bp.fit(_mlp(likelihood=likelihood), x, y, checkpoint=tmp_path, checkpoint_every=every, **config)
-    resumed = bp.fit(
-        _mlp(likelihood=likelihood), x, y, checkpoint=tmp_path, checkpoint_every=every, resume=True, **config
+    crash_and_resume(
+        lambda **extra: bp.fit(_mlp(likelihood=likelihood), x, y, **extra, **config),
+        whole,
+        crash_at=crash_at,
+        every=every,
     )
-    for group in ("samples", "sample_stats", "history"):
-        for name, value in getattr(whole, group).items():
-            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
 
 
 @pytest.mark.parametrize(

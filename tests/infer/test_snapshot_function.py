@@ -147,28 +147,13 @@ def test_csgmcmc_at_its_defaults_on_a_badly_conditioned_pyro_function_matches_th
     assert biased_off(ref, post) == []
 
 
-def test_a_whitened_run_resumes_bit_identically(tmp_path, monkeypatch):
+def test_a_whitened_run_resumes_bit_identically(crash_and_resume):
     """The metric and the mode are recomputed (deterministically) when a run resumes; the checkpoint restores the
     position, momentum and step: the resumed run's draws and traces equal an uninterrupted run's."""
-    import bnn_pyro.infer.checkpoint as ckpt_mod
 
     model, x, y, *_ = _regression()
     config = dict(method="snapshot", num_cycles=2, cycle_length=15, seed=3, progress=False)
     whole = bp.fit(model, x, y, **config)
     # the whitened path: at the mode the curvature in u = L^T z is 1, so the first step is (2 - alpha) / 2
     assert abs(float(whole.history["step_size"][0, 0]) - 0.95) < 1e-3
-    original = ckpt_mod.Checkpoint.save
-
-    def crash(ckpt, step, *args):
-        if step == 25:
-            raise RuntimeError("crash")
-        return original(ckpt, step, *args)
-
-    with monkeypatch.context() as m:
-        m.setattr(ckpt_mod.Checkpoint, "save", crash)
-        with pytest.raises(RuntimeError, match="crash"):
-            bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=5, **config)
-    resumed = bp.fit(model, x, y, checkpoint=tmp_path, checkpoint_every=5, resume=True, **config)
-    for group in ("samples", "sample_stats", "history"):
-        for name, value in getattr(whole, group).items():
-            assert torch.equal(getattr(resumed, group)[name], value), (group, name)
+    crash_and_resume(lambda **extra: bp.fit(model, x, y, **extra, **config), whole, crash_at=25, every=5)
