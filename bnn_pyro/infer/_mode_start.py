@@ -78,7 +78,9 @@ def mode_start(model, data: Data, *, num_chains: int, seed: int, fast_path: bool
     than ``CONVERGE_MAX_DIM`` coordinates, a Hessian that is not finite)."""
     paths = Potentials(fast_path)
     cuda = [data.x.device] if isinstance(data.x, torch.Tensor) and data.x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):  # the prior median's draws: seeded, and the caller's streams untouched
+    # the mode search's prior-median draws, seeded; the CPU stream and the data's CUDA device's are restored after it
+    # (the median start of ``pot`` below draws from the caller's stream, which bp.fit keeps for its caller)
+    with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(seed)
         metric = mode_metric(model, paths, data)
     if metric is None:

@@ -295,13 +295,13 @@ class BootstrapSites:
 BOOTSTRAP_SCHEME = "weighted likelihood bootstrap: n * Dirichlet(1, ..., 1) weights per observation"
 
 
-def bootstrap_sites(model, x, y, *, skip: str = "") -> BootstrapSites:
+def bootstrap_sites(model, x, y, *, skip: str = "", anchored: bool = True) -> BootstrapSites:
     """The observed sample sites of the Pyro function ``model`` on the rows ``(x, y)`` and their batch shapes (module
     docstring, "The data half"). An observed site whose observations all lie in one event (``fn.batch_shape == ()``:
     nothing to weight one by one) is left unweighted and ``record["unweighted"]`` names it. Skipped, with the reason in
     ``record["skipped"]``: a ``bp.BNN`` (its data half is the perturbed targets' or nothing: unchanged), rows from a
     loader (``x`` is ``None``), no observed site that can be weighted, or a caller's reason ``skip`` (the ensemble's
-    ``bootstrap=False``)."""
+    ``bootstrap=False``). ``anchored``: whether the members' prior half is anchored, as ``record`` says."""
     if skip:
         return BootstrapSites({}, {"skipped": skip})
     if isinstance(model, BNN):
@@ -322,7 +322,7 @@ def bootstrap_sites(model, x, y, *, skip: str = "") -> BootstrapSites:
     shapes = {name: shape for name, shape in observed.items() if len(shape)}
     if not shapes:
         return BootstrapSites({}, {"skipped": why})
-    record = {"scheme": BOOTSTRAP_SCHEME, "sites": {n: list(s) for n, s in shapes.items()}, "anchored_prior": True}
+    record = {"scheme": BOOTSTRAP_SCHEME, "sites": {n: list(s) for n, s in shapes.items()}, "anchored_prior": anchored}
     return BootstrapSites(shapes, {**record, "unweighted": why} if whole else record)
 
 

@@ -196,7 +196,8 @@ def fit_ensemble(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     # chosen on held-out rows (stopping point, noise), then fitted on every row with them (holdout.refit)
     post = refit(_fit(model, data, cfg), lambda chosen: _fit(model, data, refit_config(cfg, chosen)))
     weighted = "scheme" in (post.config.get("observation_weights") or {})
-    check_narrow(post, cause=NARROW_WEIGHTED if weighted else NARROW, functions=True)  # members at their minima
+    cause = (NARROW_WEIGHTED if cfg.anchored else NARROW_WEIGHTS_ONLY) if weighted else NARROW
+    check_narrow(post, cause=cause, functions=True)  # members at their minima
     return check_anchored_log_loss(post, units="members") if cfg.anchored else post
 
 
@@ -217,6 +218,14 @@ NARROW_WEIGHTED = (
     "reached by any mode: more members (num_chains) tell the two apart. "
 )
 """The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for a Pyro function's weighted members."""
+
+
+NARROW_WEIGHTS_ONLY = (
+    "The members' data half is randomized by bootstrap weights but their prior half is not (anchored=False): where "
+    "the prior, not the data, sets a parameter (a hierarchy's group effects), every member sits at the same point; "
+    "the default anchored=True gives each member its own prior draw. "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for weighted members without anchors."""
 
 
 def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
@@ -241,8 +250,20 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
     perturbed = anchored and train.loader is None and target_noise(model, train.y, seed=cfg.seed) is not None
     free = free_directions(model, train.x if train.loader is None else None) if anchored else None
     bootstrap = flag("bootstrap", cfg.bootstrap)
-    skip = "bootstrap=False" if not bootstrap else "adversarial_eps > 0 (no member is converged)" if eps > 0 else ""
-    sites = bootstrap_sites(model, *((train.x, train.y) if train.loader is None else (None, None)), skip=skip)
+    described = describe(holdout, validation if validation != "default" else DEFAULT, why)
+    skip = (
+        "bootstrap=False"
+        if not bootstrap
+        else "adversarial_eps > 0 (no member is converged)"
+        if eps > 0
+        else "validation rows were given (the members keep their held-out stops and are not refitted to their minima, "
+        "where the weights act)"
+        if described.get("source") == "given"
+        else ""
+    )
+    sites = bootstrap_sites(
+        model, *((train.x, train.y) if train.loader is None else (None, None)), skip=skip, anchored=anchored
+    )
     config = clean_config(
         dict(
             num_chains=num_chains,
@@ -260,7 +281,7 @@ def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:
             batch_size=data.batch_size,
             dataset_size=data.size,
             seed=cfg.seed,
-            validation=describe(holdout, validation if validation != "default" else DEFAULT, why),
+            validation=described,
         )
     )
     ckpts = open_chains(

@@ -472,8 +472,8 @@ def run_plan(
         quantity="potential energy",
         progress=cfg.progress,
     )
-    paths, recoveries = Potentials(cfg.fast_path), {}
-    engine = sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries, stops, points)
+    paths, recoveries, whitened = Potentials(cfg.fast_path), {}, {}
+    engine = sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries, stops, points, whitened)
     post = drive(
         model,
         data,
@@ -486,8 +486,16 @@ def run_plan(
         posterior_data=full,
     )
     paths.record(post.config)
+    if whitened:  # what config["init"] does not say: the cycles ran whitened, from where (sg_metric)
+        post.config["preconditioner"] = "hessian_at_mode"
+        post.config["start"] = WHITENED_START[next(iter(whitened.values()))]
     _report_recoveries(post, method, recoveries)
     return select_noise(post, holdout)
+
+
+WHITENED_START = {"dispersed": "laplace", "mode": "mode", "start": "init"}
+"""``config["start"]`` of a chain run whitened by the curvature at the mode: a draw of ``N(mode, 4 H^-1)``, the mode,
+or the given ``init``."""
 
 
 def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, float]]]) -> None:
@@ -507,12 +515,21 @@ def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, 
         f"(step size on U now {r[-1][1]:.3g})"
         for c, r in events.items()
     )
+    if post.config.get("preconditioner"):  # steps in whitened coordinates: no plain-coordinate lr matches them
+        advice = (
+            "the steps above are in the coordinates whitened by the Hessian at the mode (post.config"
+            "['preconditioner']); a number lr runs unwhitened, where this model's stable step is far smaller: keep "
+            "lr='auto', or use method='nuts'."
+        )
+    else:
+        advice = (
+            "for one step size throughout pass a number, e.g. "
+            f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is lr / N)."
+        )
     warn(
         f"{method}: lr='auto' diverged ({where}): each time the chain went back to its last finite state "
         f"and went on with a step {1 / SHRINK:g} times smaller (post.config['divergence_recovery']). Draws "
-        "kept before a recovery used the larger step; for one step size throughout pass a number, e.g. "
-        f"lr={min(r[-1][1] for r in events.values()) * post.config['dataset_size']:.3g} (the step on U is "
-        "lr / N).",
+        "kept before a recovery used the larger step; " + advice,
         DiagnosticWarning,
     )  # the user's bp.fit call
 
@@ -529,6 +546,7 @@ def sgmcmc_engine(
     recoveries: dict | None = None,
     stops: list[list[int]] | None = None,
     points: dict[str, torch.Tensor] | None = None,
+    whitened: dict | None = None,
 ) -> Engine:
     """The :class:`~bnn_pyro.infer.contract.Engine` of ``plan``: its state is a :class:`_Chain` (the position ``z``
     in unconstrained coordinates, updated by its :class:`SGMCMC` optimizer), a step evaluates ``U~`` on the batch
@@ -537,7 +555,8 @@ def sgmcmc_engine(
     ``paths`` builds the potentials (default: the fast path where the model allows it); ``recoveries[chain]``
     receives the chain's divergence recoveries under ``lr="auto"``; ``stops[chain]`` replays stops chosen before
     (:meth:`_Chain.replay_stop`); ``points`` are the values of a BNN's deterministic parameters
-    (:func:`~bnn_pyro.infer.map_fit.estimate_points`), set in every chain over those of its start."""
+    (:func:`~bnn_pyro.infer.map_fit.estimate_points`), set in every chain over those of its start;
+    ``whitened[chain]`` receives the chain's start rule where it ran whitened by the curvature at the mode."""
     paths = Potentials() if paths is None else paths
 
     def init_state(fitted, info: ChainInfo) -> _Chain:
@@ -557,6 +576,8 @@ def sgmcmc_engine(
         metric = mode_metric(fitted, paths, data) if plan.metric is not None and lr == "auto" else None
         if metric is not None:  # a small Pyro function: whitened by the curvature at its mode (sg_metric)
             walk.metric = metric.chol
+            if whitened is not None:
+                whitened[info.index] = plan.metric
             if plan.metric in ("mode", "dispersed"):
                 start = metric.mode if plan.metric == "mode" else dispersed_start(metric, info.seed, like=walk.z)
                 with torch.no_grad():
@@ -652,6 +673,13 @@ class _Chain:
         return info._replace(step_size=self.opt.step_size)
 
     def _diverged(self, step: float) -> FloatingPointError:
+        if self.metric is not None:  # whitened: the step is in u = L^T z, and a number lr would run unwhitened
+            return FloatingPointError(
+                f"{self.name} diverged at step {self.t}: the potential energy or its gradient is not finite (U = "
+                f"{self.u:.3g}, step size {step:.3g} in the coordinates whitened by the Hessian at the mode). A "
+                "number lr runs unwhitened, where this model's stable step is far smaller; use method='nuts', or "
+                "standardize the inputs."
+            )
         return FloatingPointError(
             f"{self.name} diverged at step {self.t}: the potential energy or its gradient is not finite (U = "
             f"{self.u:.3g}, step size on U {step:.3g}). The step is too large for the curvature of the posterior; "

@@ -235,7 +235,9 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
         post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops)
     )
     function = not isinstance(model, BNN)  # a Pyro function's snapshots reach their minima: judge their spread too
-    check_narrow(check_descent(post), cause=NARROW_FUNCTION if function else NARROW, functions=function)
+    whitened = function and anchored and post.config.get("preconditioner")  # the anchored, whitened cycles
+    cause = NARROW_FUNCTION if whitened else NARROW
+    check_narrow(check_descent(post), cause=cause, functions=function)
     return check_anchored_log_loss(post, units="cycles") if anchored else check_off_data(post, OFF_DATA)
 
 

@@ -133,3 +133,20 @@ def test_the_members_spread_on_a_conjugate_pyro_function_is_the_exact_posteriors
     z = (members.mean(0) - mean) / cov.diagonal().sqrt()
     assert bool((z.abs() <= 4.0 / math.sqrt(m)).all()), z  # the members' mean: 4 Monte Carlo sds of M draws
     assert not [w for w in caught if issubclass(w.category, DiagnosticWarning) and "too narrow" in str(w.message)]
+
+
+def test_given_validation_rows_leave_the_members_unweighted_and_the_config_says_so():
+    """With ``validation=(x_val, y_val)`` the members keep their held-out stops and are not refitted to their minima,
+    where the weights act: ``config["observation_weights"]`` says they were skipped and why, instead of naming a scheme
+    that never ran; without anchors the record says the prior half is not anchored."""
+    model, x, y, *_ = _linear(n=60)
+    xv, yv = x[:20], y[:20]
+    fit = dict(method="ensemble", num_chains=2, num_steps=30, seed=0, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        given = bp.fit(model, x, y, validation=(xv, yv), **fit)
+        plain = bp.fit(model, x, y, anchored=False, **fit)
+    assert given.config["validation"]["source"] == "given"
+    assert "scheme" not in given.config["observation_weights"]
+    assert "validation rows were given" in given.config["observation_weights"]["skipped"]
+    assert plain.config["observation_weights"]["anchored_prior"] is False

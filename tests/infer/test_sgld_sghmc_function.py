@@ -180,3 +180,18 @@ def test_the_whitened_path_runs_on_cuda(method):
     post = bp.fit(_linear_function, x + 40.0, y, method=method, seed=3, progress=False, **SETTINGS[method])
     assert {v.device.type for v in post.samples.values()} == {"cuda"}
     assert all(bool(torch.isfinite(v).all()) for v in post.samples.values())
+
+
+def test_the_config_says_the_chains_ran_whitened_and_from_where():
+    """``config["init"]`` names the resolved default; ``config["preconditioner"]`` and ``config["start"]`` say what ran:
+    whitened by the Hessian at the mode, from a Laplace draw (sgld / sghmc) or the mode (snapshot). A ``BNN`` fit has
+    neither key."""
+    model, x, y, *_ = _regression()
+    quick = dict(seed=0, progress=False)
+    sgld = bp.fit(model, x, y, method="sgld", num_warmup=20, num_samples=10, **quick)
+    snap = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=10, **quick)
+    assert (sgld.config["preconditioner"], sgld.config["start"]) == ("hessian_at_mode", "laplace")
+    assert (snap.config["preconditioner"], snap.config["start"]) == ("hessian_at_mode", "mode")
+    net = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=1.0))
+    plain = bp.fit(net, (x - x.mean(0)) / x.std(0), y, method="sgld", num_warmup=20, num_samples=10, **quick)
+    assert "preconditioner" not in plain.config and "start" not in plain.config
