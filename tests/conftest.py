@@ -183,3 +183,21 @@ def crash_and_resume(tmp_path, monkeypatch):
         return resumed
 
     return run
+
+
+@pytest.fixture
+def tiny_bnn_fit():
+    """``tiny_bnn_fit(method, **options)``: ``bp.fit`` of a fresh ``BNN(nn.Linear(2, 1))`` (``Normal(0, 1)`` prior,
+    ``Gaussian(scale=0.1)``) on 30 fixed rows, ``seed=0``: the smallest BNN fit, for the tests that a BNN takes none of
+    a Pyro function's paths (bit-identical with them turned off)."""
+    torch.manual_seed(0)
+    x = torch.randn(30, 2)
+    y = x @ torch.tensor([1.0, -0.5]) + 0.1 * torch.randn(30)
+
+    def fit(method: str, **options):
+        model = bp.BNN(
+            torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1)
+        )
+        return bp.fit(model, x, y, method=method, seed=0, progress=False, **options)
+
+    return fit

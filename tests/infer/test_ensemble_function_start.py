@@ -52,22 +52,15 @@ def test_damped_newton_reaches_the_minimum_where_the_hessian_is_not_positive_def
 
 
 @pytest.mark.parametrize("step", ["converge", "bootstrap"])
-def test_a_bnn_ensemble_takes_none_of_the_function_paths(monkeypatch, step):
+def test_a_bnn_ensemble_takes_none_of_the_function_paths(tiny_bnn_fit, monkeypatch, step):
     """``converge`` (and the median start) and the observation weights are for Pyro functions only: a ``bp.BNN``
     ensemble is bit-identical to one whose members skip that step altogether (the code before it), and keeps its
     ``init="reset"`` default."""
     import bnn_pyro.infer.ensemble as ensemble
     from bnn_pyro.infer.anchor import BootstrapSites
 
-    torch.manual_seed(0)
-    x = torch.randn(30, 2)
-    y = x @ torch.tensor([1.0, -0.5]) + 0.1 * torch.randn(30)
-
     def fit():
-        model = bp.BNN(
-            torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1)
-        )
-        return bp.fit(model, x, y, method="ensemble", num_chains=2, num_steps=50, seed=0, progress=False)
+        return tiny_bnn_fit("ensemble", num_chains=2, num_steps=50)
 
     with_paths = fit()
     if step == "converge":
@@ -94,19 +87,12 @@ def test_swag_at_its_defaults_on_kidiq_starts_its_chains_at_the_mode_and_warns_o
     assert all(r < 1 for _, _, r in biased_off(ref, post)), biased_off(ref, post)  # only too narrow, never off
 
 
-def test_a_bnn_swag_fit_takes_none_of_the_function_paths(monkeypatch):
+def test_a_bnn_swag_fit_takes_none_of_the_function_paths(tiny_bnn_fit, monkeypatch):
     """``_to_mode`` is for Pyro functions only: a ``bp.BNN`` SWAG fit is bit-identical with it turned off."""
     import bnn_pyro.infer.swag as swag
 
-    torch.manual_seed(0)
-    x = torch.randn(30, 2)
-    y = x @ torch.tensor([1.0, -0.5]) + 0.1 * torch.randn(30)
-
     def fit():
-        model = bp.BNN(
-            torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1)
-        )
-        return bp.fit(model, x, y, method="swag", pretrain_steps=50, num_steps=50, seed=0, progress=False)
+        return tiny_bnn_fit("swag", pretrain_steps=50, num_steps=50)
 
     with_paths = fit()
     monkeypatch.setattr(swag, "_to_mode", lambda *args: False)

@@ -64,26 +64,16 @@ def test_snapshot_at_its_defaults_on_a_badly_conditioned_pyro_function_matches_t
     assert post.config["init"] == "prior"
 
 
-def test_a_bnn_snapshot_takes_none_of_the_function_paths(monkeypatch):
+def test_a_bnn_snapshot_takes_none_of_the_function_paths(tiny_bnn_fit, monkeypatch):
     """The whitened cycles are for Pyro functions only: a ``bp.BNN`` snapshot fit never builds the metric, and its
     draws are those of a fit whose plan has none (the code before it)."""
     import bnn_pyro.infer.sgmcmc as sgmcmc
-
-    torch.manual_seed(0)
-    x = torch.randn(30, 2)
-    y = x @ torch.tensor([1.0, -0.5]) + 0.1 * torch.randn(30)
-
-    def fit():
-        model = bp.BNN(
-            torch.nn.Linear(2, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1)
-        )
-        return bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=50, seed=0, progress=False)
 
     def refuse(*args, **kwargs):
         raise AssertionError("mode_metric called on a BNN")
 
     monkeypatch.setattr(sgmcmc, "mode_metric", refuse)
-    post = fit()
+    post = tiny_bnn_fit("snapshot", num_cycles=2, cycle_length=50)
     assert post.num_draws == 2 and bool(torch.isfinite(post.samples["weight"]).all())
 
 
