@@ -201,3 +201,26 @@ def tiny_bnn_fit():
         return bp.fit(model, x, y, method=method, seed=0, progress=False, **options)
 
     return fit
+
+
+@pytest.fixture(scope="session")
+def load_benchmark():
+    """``load_benchmark("uci")``: the script ``benchmarks/uci.py`` as a module (``benchmarks/`` is no package; its
+    siblings, e.g. ``_common.py``, are importable while it loads)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    folder = Path(__file__).resolve().parents[1] / "benchmarks"
+
+    def load(name: str):
+        sys.path.insert(0, str(folder))
+        try:
+            spec = importlib.util.spec_from_file_location(f"benchmarks_{name.lstrip('_')}", folder / f"{name}.py")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        finally:
+            sys.path.remove(str(folder))
+        return module
+
+    return load

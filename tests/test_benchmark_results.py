@@ -85,14 +85,10 @@ def test_the_index_and_manifests_links_resolve_and_list_every_script():
     assert not unlisted, f"benchmarks/README.md does not list {unlisted}"
 
 
-def test_write_result_heads_a_result_with_its_date_commit_machine_threads_and_load(tmp_path, monkeypatch):
-    import importlib.util
+def test_write_result_heads_a_result_with_its_date_commit_machine_threads_and_load(tmp_path, load_benchmark):
     import platform
 
-    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    spec = importlib.util.spec_from_file_location("benchmarks_common", ROOT / "benchmarks" / "_common.py")
-    common = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(common)
+    common = load_benchmark("_common")
     assert common.results_dir("speed", tmp_path / "out") == tmp_path / "out"
     assert common.RESULTS / "speed" == ROOT / "benchmarks" / "results" / "speed"  # the default folder
     path = common.write_result(tmp_path / "out" / "results.md", "| a |\n|---|\n| 1 |\n")

@@ -8,28 +8,15 @@ float rounding), and leave the weights the data do constrain off it.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from bnn_pyro.infer.optim import make_schedule
 
-_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def af():
-    sys.path.insert(0, str(_DIR))  # the script imports its siblings classification.py, uci.py and _common.py
-    try:
-        spec = importlib.util.spec_from_file_location("benchmarks_anchor_free", _DIR / "anchor_free_directions.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(_DIR))
-    return module
+def af(load_benchmark):
+    return load_benchmark("anchor_free_directions")  # it imports its siblings classification.py, uci.py, _common.py
 
 
 def _case(sigma: bool = False):

@@ -3,29 +3,17 @@ script is loaded from its file: benchmarks/ is no package)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from bnn_pyro import metrics
 
-_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
-def cls():
-    sys.path.insert(0, str(_DIR))  # the script imports its sibling uci.py
-    try:
-        spec = importlib.util.spec_from_file_location("benchmarks_classification", _DIR / "classification.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(_DIR))
-    return module
+def cls(load_benchmark):
+    return load_benchmark("classification")  # it imports its sibling uci.py
 
 
 def test_split_is_standardized_on_its_training_rows(cls):

@@ -4,24 +4,12 @@ other 57 of 64 near 1, far above the free start's threshold ``4 / (N s^4)`` (0.0
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pandas as pd
 
-_DIR = Path(__file__).resolve().parents[1] / "benchmarks"
 
-
-def test_quick_run_times_the_cpu_and_finds_exactly_the_zero_columns(tmp_path):
-    sys.path.insert(0, str(_DIR))
-    try:
-        spec = importlib.util.spec_from_file_location("benchmarks_free_directions", _DIR / "free_directions_speed.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        table = module.main(["--quick", "--repeats", "1", "--out", str(tmp_path), "--name", "quick"])
-    finally:
-        sys.path.remove(str(_DIR))
+def test_quick_run_times_the_cpu_and_finds_exactly_the_zero_columns(tmp_path, load_benchmark):
+    module = load_benchmark("free_directions_speed")
+    table = module.main(["--quick", "--repeats", "1", "--out", str(tmp_path), "--name", "quick"])
     assert set(table.device) == {"cpu"} and bool((table.seconds > 0).all())
     assert bool((table.free_directions == 7).all())  # columns 0, 10, ..., 60
     assert bool((table[table.threads == table.threads.max()].ratio_to_cpu_default == 1.0).all())

@@ -3,7 +3,6 @@ per-split fits, recomputed by hand here (the script is loaded from its file: ben
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import signal
 from pathlib import Path
@@ -15,16 +14,12 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro import metrics
 
-_SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "uci.py"
 CHEAP = {"svi": {"num_steps": 30, "num_samples": 20}, "mc_dropout": {"num_steps": 30, "num_samples": 20}}
 
 
 @pytest.fixture(scope="module")
-def uci():
-    spec = importlib.util.spec_from_file_location("benchmarks_uci", _SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def uci(load_benchmark):
+    return load_benchmark("uci")
 
 
 def _tiny(tmp_path: Path) -> Path:
