@@ -170,6 +170,8 @@ def test_linear_stack_without_autograd_equals_the_tracked_path(make_net, rows):
     draws = {n: torch.randn(4, *model.param_shapes[n], requires_grad=True) for n in model.sample_names}
     x = torch.randn(rows, model._template[0 if isinstance(model._template[0], nn.Linear) else 1].in_features)
     assert runs_per_draw(_linear_stack(model._template), x, model._template) == (rows == 16_000)
+    # the per-draw loop is a CPU rule: on any other device (meta here, CUDA alike) the draws run batched
+    assert not runs_per_draw(_linear_stack(model._template), x.to("meta"), model._template)
     before = x.clone()
     tracked = model.forward_draws(draws, x)
     with torch.no_grad():

@@ -90,12 +90,18 @@ PER_DRAW_ELEMENTS = 2**15
 layer output over the rows has at least this many elements: a draw's work then outweighs the Python cost of its
 few calls, and its buffers are reused draw after draw instead of a batch of draws' outputs being allocated; below
 it, batched products (``baddbmm``) amortize the per-call cost over the draws. Batched products were faster at
-16,500 elements and one draw at a time from 50,000 (``benchmarks/results/predict/``, the ``rule`` case)."""
+16,500 elements and one draw at a time from 50,000 (``benchmarks/results/predict/``, the ``rule`` case). A CPU rule:
+on an accelerator every call is a kernel launch whose fixed cost no single draw's work outweighs at these sizes,
+so there the draws always run batched (:func:`runs_per_draw`)."""
 
 
 def runs_per_draw(layers, x: torch.Tensor, template: nn.Module) -> bool:
     """Whether :func:`run_linear_stack` (without autograd) evaluates the draws one at a time at inputs ``x``
-    (``(N, in)``): one draw's widest layer output over the rows has at least :data:`PER_DRAW_ELEMENTS` elements."""
+    (``(N, in)``): on the CPU, where one draw's widest layer output over the rows has at least
+    :data:`PER_DRAW_ELEMENTS` elements. Never on another device: there a draw at a time is a few kernel launches
+    per draw, and batched products (chunked by :meth:`~bnn_pyro.model.BNN.draws_per_chunk`) launch a few per chunk."""
+    if x.device.type != "cpu":
+        return False
     widths = [x.shape[1]] + [template.get_submodule(path).out_features for path, act in layers if act is None]
     return x.shape[0] * max(widths) >= PER_DRAW_ELEMENTS
 
