@@ -1,0 +1,133 @@
+"""Prediction on a device: ``Posterior.predict`` with the draws of a stack of Linear layers run one at a time (the
+CPU's size rule, ``linear_stack.PER_DRAW_ELEMENTS``, as it applied on every device before) against batched products
+(what the library does off the CPU), side by side with the hand-written chunked ``baddbmm`` of
+``baselines.predict_loop``, in one process.
+
+The model is ``_common``'s 1-50-1 tanh MLP with draws 0.5 * N(0, 1); the workloads are ``performance.py``'s quick
+prediction (100 draws x 2,000 points) and ``predict.py``'s speed case (500 draws x 10,000 points). Each round times
+every implementation ``--calls`` times (the fastest kept; the device synchronized around each call) after an untimed
+call, the implementations alternating within the round; the table reports the median over ``--repeats`` rounds of
+the ratio to the baseline measured in the same round. Both sides read ``mean`` and ``std`` (``interval=None``).
+
+Usage: ``python benchmarks/predict_device.py [--device cuda] [--repeats 5] [--calls 5] [--name NAME]``. Writes
+``benchmarks/results/predict/NAME.md`` / ``.csv``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+
+import pandas as pd
+import torch
+
+import bnn_pyro as bp
+import bnn_pyro.model as bp_model
+import bnn_pyro.utils.linear_stack as stack
+
+sys.path.insert(0, str(Path(__file__).parent))
+import baselines  # noqa: E402
+from _common import bnn, check_device, markdown, now, regression, results_dir, write_result  # noqa: E402
+
+SIZES = [(100, 2_000), (500, 10_000)]
+
+
+def size_rule(layers, x, template) -> bool:
+    """The per-draw rule by size alone, whatever the device (the library's rule on the CPU)."""
+    widths = [x.shape[1]] + [template.get_submodule(path).out_features for path, act in layers if act is None]
+    return x.shape[0] * max(widths) >= stack.PER_DRAW_ELEMENTS
+
+
+@contextmanager
+def rule(fn):
+    """``fn`` as the per-draw rule of ``linear_stack`` and of ``BNN.draws_per_chunk`` for the duration."""
+    saved = stack.runs_per_draw, bp_model._runs_per_draw
+    stack.runs_per_draw = bp_model._runs_per_draw = fn
+    try:
+        yield
+    finally:
+        stack.runs_per_draw, bp_model._runs_per_draw = saved
+
+
+def best_of(run, calls: int, device) -> float:
+    run()
+    times = []
+    for _ in range(calls):
+        start = now(device)
+        run()
+        times.append(now(device) - start)
+    return min(times)
+
+
+def measure(draws: int, points: int, device: torch.device, repeats: int, calls: int) -> list[dict]:
+    model = bnn(1, device=device)
+    g = torch.Generator().manual_seed(1)
+    samples = {n: (0.5 * torch.randn((1, draws) + s, generator=g)).to(device) for n, s in model.param_shapes.items()}
+    x_train, y_train = regression(50, 1, device=device)
+    post = bp.Posterior(samples=samples, model=model, method="svi", x=x_train, y=y_train)
+    x = regression(points, 1, seed=2, device=device)[0]
+    layers = [(samples[f"{i}.weight"][0], samples[f"{i}.bias"][0]) for i in (0, 2)]
+
+    def ours():
+        pred = post.predict(x, interval=None)
+        return pred.mean, pred.std
+
+    sides = {
+        "hand-written chunked baddbmm (baseline)": (None, lambda: baselines.predict_loop(layers, x)),
+        "Posterior.predict, one draw at a time (the CPU size rule)": (size_rule, ours),
+        "Posterior.predict, library default (batched off the CPU)": (stack.runs_per_draw, ours),
+    }
+    with rule(size_rule):
+        reference = ours()
+    got = ours()
+    torch.testing.assert_close(got[0], reference[0], rtol=1e-4, atol=1e-5)  # the same prediction both ways
+    timed: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(repeats):
+        for name, (fn, run) in sides.items():
+            if fn is None:
+                timed[name].append(best_of(run, calls, device))
+            else:
+                with rule(fn):
+                    timed[name].append(best_of(run, calls, device))
+    base = timed["hand-written chunked baddbmm (baseline)"]
+    return [
+        dict(
+            draws=draws,
+            points=points,
+            implementation=name,
+            median_ms=round(1e3 * statistics.median(t), 3),
+            ratio_median=round(statistics.median(a / b for a, b in zip(t, base)), 3),
+            ratio_min=round(min(a / b for a, b in zip(t, base)), 3),
+            ratio_max=round(max(a / b for a, b in zip(t, base)), 3),
+        )
+        for name, t in timed.items()
+    ]
+
+
+def main(argv=None) -> pd.DataFrame:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--sizes", default=None, help="draws x points pairs, e.g. 100x2000,500x10000 (default both)")
+    p.add_argument("--name", default="device")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    device = torch.device(check_device(args.device))
+    sizes = SIZES if args.sizes is None else [tuple(int(v) for v in s.split("x")) for s in args.sizes.split(",")]
+    rows = [r for d, n in sizes for r in measure(d, n, device, args.repeats, args.calls)]
+    table = pd.DataFrame(rows)
+    folder = results_dir("predict", args.out)
+    table.to_csv(folder / f"{args.name}.csv", index=False)
+    head = f"device {device} ({torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}); "
+    head += f"{args.repeats} rounds x best of {args.calls} calls; ratio = time / the baseline's in the same round.\n\n"
+    write_result(folder / f"{args.name}.md", head + markdown(table))
+    print(markdown(table))
+    return table
+
+
+if __name__ == "__main__":
+    main()
