@@ -10,7 +10,7 @@ call, the implementations alternating within the round; the table reports the me
 the ratio to the baseline measured in the same round. Both sides read ``mean`` and ``std`` (``interval=None``).
 
 Usage: ``python benchmarks/predict_device.py [--device cuda] [--repeats 5] [--calls 5] [--name NAME]``. Writes
-``benchmarks/results/predict/NAME.md`` / ``.csv``.
+``NAME.md`` / ``NAME.csv`` in ``benchmarks/results/predict/``.
 """
 
 from __future__ import annotations
