@@ -105,7 +105,7 @@ from bnn_pyro.infer._health import check_anchored_log_loss, check_descent, check
 from bnn_pyro.infer.anchor import anchor, flat_tilt
 from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
-from bnn_pyro.infer.sgmcmc import SGOptions, run_plan
+from bnn_pyro.infer.sgmcmc import SGOptions, fit_metric, run_plan
 from bnn_pyro.infer.sgmcmc_step import ADAPT_EVERY, Plan, check_friction, check_lr, cosine_cycle
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -229,10 +229,14 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     settings["anchored"] = anchored
     if anchored:
         plan = replace(plan, anchors=cycle_anchors(num_cycles, cycle_length))
-    post = run_plan(model, train, plan, "snapshot", settings, cfg, holdout=holdout, full=data)
+    metric = fit_metric(model, train, plan, cfg)  # once per fit: every chain's, and the refit's
+    post = run_plan(model, train, plan, "snapshot", settings, cfg, holdout=holdout, full=data, metric=metric)
     # then every row, each cycle's snapshot taken at the step the held-out rows chose (holdout.refit)
     post = refit(
-        post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops)
+        post,
+        lambda chosen: run_plan(
+            model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops, metric=metric
+        ),
     )
     function = not isinstance(model, BNN)  # a Pyro function's snapshots reach their minima: judge their spread too
     whitened = function and anchored and post.config.get("preconditioner")  # the anchored, whitened cycles
