@@ -86,6 +86,14 @@ forgotten them (Gelman & Rubin 1992), near enough to the mode for the metric's c
 ``init`` every method starts there, still whitened. sgld and sghmc at main were 4.9e3 (kidiq) and 1.2e5 (logistic)
 sds off, sghmc 174 on eight schools; whitened, every mean is within 0.43 sd and every sd ratio within 0.74-1.21
 (``function_sgld_sghmc_before.md``, ``function_sgld_sghmc_after.md``). A ``BNN`` fit is unchanged (no metric).
+The mode and the metric are computed once per fit, before the chains (:func:`fit_metric`: its prior-median start
+under a seed of its own, so the metric is deterministic in ``seed`` and the same for every chain), shared by every
+chain and by the refit on all rows after held-out rows chose the stops (it replays that fit, so it keeps its metric
+and start), and recorded once: ``config["preconditioner"]``, ``config["preconditioner_damping"]`` (``d`` of
+:func:`~bnn_pyro.infer.sg_metric.mode_metric`) and ``config["start"]``, which are also in each checkpoint's run
+record. A checkpoint whose run record names no preconditioner (written unwhitened, or whitened by a metric searched
+per chain) is refused on resume (:func:`refuse_unwhitened`): continuing it whitened would change its chains' update
+mid-run.
 
 Held-out rows (csgmcmc, ``validation=``; :mod:`bnn_pyro.infer.holdout`). Without noise, an exploration stage
 runs to the joint mode of the weights and a learned noise, where an over-parameterized net fits the training
@@ -296,7 +304,8 @@ def fit_sgld(model, data: Data, cfg: SGLDConfig) -> Posterior:
     checkpoint, checkpoint_every, resume:
         A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps and after
         the last; ``resume=True`` continues each chain from its file, bit-identically (see
-        :mod:`bnn_pyro.infer.checkpoint`).
+        :mod:`bnn_pyro.infer.checkpoint`); a whitened run refuses a file that names no preconditioner (module
+        docstring, "Pyro functions").
     fast_path:
         ``True`` (default): the potential is evaluated without tracing Pyro where the model allows it
         (:class:`~bnn_pyro.infer._potential.Potential`; same values); ``False`` forces Pyro's traced potential.
