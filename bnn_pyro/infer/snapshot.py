@@ -68,7 +68,9 @@ Pyro functions: whitened cycles from the mode (issue 26). On a small plain Pyro 
 ``pyro.param`` sites, at most 2,000 latent coordinates) under ``lr="auto"`` the cycles run in the coordinates whitened
 by the Hessian of ``U`` at the mode, ``u = L^T z`` with ``L L^T = H`` (:mod:`bnn_pyro.infer.sg_metric`: the mode by
 L-BFGS and damped Newton from the prior median, ``H`` damped where it is not positive definite), and the run starts at
-that mode (with the default ``init``; an ``init`` given starts there). Why: in the raw coordinates the peak step
+that mode (with the default ``init``; an ``init`` given starts there). The mode and ``L`` are found once per fit, on
+the rows the run trains on, and shared by every chain and by the refit on all rows
+(:func:`~bnn_pyro.infer.sgmcmc.fit_metric`). Why: in the raw coordinates the peak step
 ``(2 - alpha) / (2 lambda_max)`` takes about ``kappa = lambda_max / lambda_min`` steps per e-fold along the flattest
 direction, and the reference posteriors' covariates near 40 and 100 make ``kappa`` 4e4 (logistic) and 5e5 (kidiq):
 the snapshots were 1,778 and 748 posterior sds off (and, from a prior draw whose curvature is unlike the mode's, the
