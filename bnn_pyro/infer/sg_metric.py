@@ -16,7 +16,8 @@ objective's likewise), and the Langevin update with noise ``N(0, 2 alpha eta M)`
 smallest ``d`` in ``1e-6 m, 1e-5 m, ...`` (``m`` the largest ``|H_ii|``) that makes ``H + d I`` positive definite when
 ``H`` is not. Only a Pyro function (never a ``BNN``: its fit is unchanged) on tensor data, with no ``pyro.param``
 sites and at most :data:`~bnn_pyro.infer.map_fit.CONVERGE_MAX_DIM` latent coordinates (a dense Hessian: one gradient
-pass per coordinate).
+pass per coordinate). The prior median is estimated from prior draws of the global generator: the SG-MCMC engines
+call it once per fit under a seed of their own (:func:`bnn_pyro.infer.sgmcmc.fit_metric`), never from a chain's stream.
 
 sgld and sghmc (the constant-step loop) use the same metric; their chains start at :func:`dispersed_start`, a draw from
 ``N(mode, DISPERSION^2 H^{-1})``, so that several chains start apart (R-hat) and near the mode (the metric holds).

@@ -86,6 +86,14 @@ forgotten them (Gelman & Rubin 1992), near enough to the mode for the metric's c
 ``init`` every method starts there, still whitened. sgld and sghmc at main were 4.9e3 (kidiq) and 1.2e5 (logistic)
 sds off, sghmc 174 on eight schools; whitened, every mean is within 0.43 sd and every sd ratio within 0.74-1.21
 (``function_sgld_sghmc_before.md``, ``function_sgld_sghmc_after.md``). A ``BNN`` fit is unchanged (no metric).
+The mode and the metric are computed once per fit, before the chains (:func:`fit_metric`: its prior-median start
+under a seed of its own, so the metric is deterministic in ``seed`` and the same for every chain), shared by every
+chain and by the refit on all rows after held-out rows chose the stops (it replays that fit, so it keeps its metric
+and start), and recorded once: ``config["preconditioner"]``, ``config["preconditioner_damping"]`` (``d`` of
+:func:`~bnn_pyro.infer.sg_metric.mode_metric`) and ``config["start"]``, which are also in each checkpoint's run
+record. A checkpoint whose run record names no preconditioner (written unwhitened, or whitened by a metric searched
+per chain) is refused on resume (:func:`refuse_unwhitened`): continuing it whitened would change its chains' update
+mid-run.
 
 Held-out rows (csgmcmc, ``validation=``; :mod:`bnn_pyro.infer.holdout`). Without noise, an exploration stage
 runs to the joint mode of the weights and a learned noise, where an over-parameterized net fits the training
@@ -143,9 +151,9 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._health import check_descent, check_mixing
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._potential import Potential, Potentials
-from bnn_pyro.infer.checkpoint import StepCheckpoint, open_chains
+from bnn_pyro.infer.checkpoint import CheckpointError, StepCheckpoint, open_chains, read
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
-from bnn_pyro.infer.driver import ChainInfo, ChainRun
+from bnn_pyro.infer.driver import ChainInfo, ChainRun, chain
 from bnn_pyro.infer.holdout import (
     DEFAULT,
     BestOnHoldout,
@@ -159,7 +167,7 @@ from bnn_pyro.infer.holdout import (
     split,
 )
 from bnn_pyro.infer.map_fit import estimate_points
-from bnn_pyro.infer.sg_metric import dispersed_start, mode_metric
+from bnn_pyro.infer.sg_metric import Metric, dispersed_start, mode_metric
 from bnn_pyro.infer.sgmcmc_step import (
     SGMCMC,
     SHRINK,
@@ -296,14 +304,15 @@ def fit_sgld(model, data: Data, cfg: SGLDConfig) -> Posterior:
     checkpoint, checkpoint_every, resume:
         A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps and after
         the last; ``resume=True`` continues each chain from its file, bit-identically (see
-        :mod:`bnn_pyro.infer.checkpoint`).
+        :mod:`bnn_pyro.infer.checkpoint`); a whitened run refuses a file that names no preconditioner (module
+        docstring, "Pyro functions").
     fast_path:
         ``True`` (default): the potential is evaluated without tracing Pyro where the model allows it
         (:class:`~bnn_pyro.infer._potential.Potential`; same values); ``False`` forces Pyro's traced potential.
         ``config["fast_path"]`` says which ran, ``config["potential"]`` the path.
     """
     plan, settings = _plan(cfg, model, friction=1.0)
-    return _checked(run_plan(model, data, plan, "sgld", settings, cfg))
+    return _checked(run_plan(model, data, plan, "sgld", settings, cfg, metric=fit_metric(model, data, plan, cfg)))
 
 
 @entry(SGHMCConfig)
@@ -318,7 +327,7 @@ def fit_sghmc(model, data: Data, cfg: SGHMCConfig) -> Posterior:
     starts at a draw from ``N(mode, 4 H^{-1})``, as :func:`fit_sgld`.
     """
     plan, settings = _plan(cfg, model, friction=check_friction("friction", cfg.friction))
-    return _checked(run_plan(model, data, plan, "sghmc", settings, cfg))
+    return _checked(run_plan(model, data, plan, "sghmc", settings, cfg, metric=fit_metric(model, data, plan, cfg)))
 
 
 @entry(CSGMCMCConfig)
@@ -381,13 +390,16 @@ def fit_csgmcmc(model, data: Data, cfg: CSGMCMCConfig) -> Posterior:
     else:
         data, holdout, why = split(full, validation, seed=cfg.seed, method="csgmcmc", convert=full.convert, model=model)
     settings["validation"] = describe(holdout, validation if validation != "default" else DEFAULT, why)
-    post = run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full)
+    metric = fit_metric(model, data, plan, cfg)  # once per fit: every chain's, and the refit's
+    post = run_plan(model, data, plan, "csgmcmc", settings, cfg, holdout=holdout, full=full, metric=metric)
     # then every row, each exploration stage stopped where the held-out rows stopped it (holdout.refit): the whole
     # plan reruns, so each stop falls in the cyclical schedule that chose it (no Horizon needed)
     return _checked(
         refit(
             post,
-            lambda chosen: run_plan(model, full, plan, "csgmcmc", settings, refit_config(cfg), stops=chosen.stops),
+            lambda chosen: run_plan(
+                model, full, plan, "csgmcmc", settings, refit_config(cfg), stops=chosen.stops, metric=metric
+            ),
         )
     )
 
@@ -431,6 +443,7 @@ def run_plan(
     holdout: Holdout | None = None,
     full: Data | None = None,
     stops: list[list[int]] | None = None,
+    metric: Metric | None | str = "compute",
 ) -> Posterior:
     """Fit ``model`` by ``plan`` (the shared update of the module docstring) on ``data``: the engine of
     :func:`sgmcmc_engine` driven by :func:`~bnn_pyro.infer.contract.drive` (``num_chains`` chains, each in its own
@@ -438,7 +451,10 @@ def run_plan(
     whole set) scores csgmcmc's exploration stages and a snapshot ensemble's cycles (:mod:`bnn_pyro.infer.snapshot`
     runs its plan here too), and then selects a learned noise on them. ``stops`` (per chain, the step of each
     noise-free stage's kept state, chosen so on held-out rows before) replays those stops on every row
-    (:func:`~bnn_pyro.infer.holdout.refit`)."""
+    (:func:`~bnn_pyro.infer.holdout.refit`). ``metric``: the whitening every chain shares (:func:`fit_metric`, computed
+    once per fit and passed again to its refit; ``"compute"``: computed here on ``data``; ``None``: unwhitened)."""
+    if isinstance(metric, str):
+        metric = fit_metric(model, data, plan, cfg)
     lr, seed = cfg.lr, cfg.seed
     num_chains = positive_int("num_chains", cfg.num_chains)
     init = resolve_init(model, cfg.init, data)
@@ -457,6 +473,10 @@ def run_plan(
             **({} if point_estimate is None else {"point_estimate": point_estimate}),
         )
     )
+    if metric is not None:  # what config["init"] does not say: the chains run whitened, from where (sg_metric)
+        config.update(
+            preconditioner="hessian_at_mode", preconditioner_damping=metric.damping, start=WHITENED_START[plan.metric]
+        )
     ckpts = open_chains(
         cfg.checkpoint,
         every=cfg.checkpoint_every,
@@ -464,6 +484,8 @@ def run_plan(
         num_chains=num_chains,
         run=dict(method=method, **config),
     )  # all checked before any chain runs
+    if metric is not None and cfg.resume:
+        refuse_unwhitened(ckpts, method)
     loop = Loop(
         num_steps=len(plan.scale),
         lr=lr,
@@ -472,8 +494,8 @@ def run_plan(
         quantity="potential energy",
         progress=cfg.progress,
     )
-    paths, recoveries, whitened = Potentials(cfg.fast_path), {}, {}
-    engine = sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries, stops, points, whitened)
+    paths, recoveries = Potentials(cfg.fast_path), {}
+    engine = sgmcmc_engine(plan, lr, method, data, init, seed, holdout, paths, recoveries, stops, points, metric)
     post = drive(
         model,
         data,
@@ -486,9 +508,6 @@ def run_plan(
         posterior_data=full,
     )
     paths.record(post.config)
-    if whitened:  # what config["init"] does not say: the cycles ran whitened, from where (sg_metric)
-        post.config["preconditioner"] = "hessian_at_mode"
-        post.config["start"] = WHITENED_START[next(iter(whitened.values()))]
     _report_recoveries(post, method, recoveries)
     return select_noise(post, holdout)
 
@@ -496,6 +515,45 @@ def run_plan(
 WHITENED_START = {"dispersed": "laplace", "mode": "mode", "start": "init"}
 """``config["start"]`` of a chain run whitened by the curvature at the mode: a draw of ``N(mode, 4 H^-1)``, the mode,
 or the given ``init``."""
+
+
+METRIC_SEED_OFFSET = 15485863
+"""The mode search's seed offset (:func:`fit_metric`): its prior-median draws come from ``seed + METRIC_SEED_OFFSET``,
+a stream apart from every chain's (``seed + c``), its noise (``seed + c + 7919``) and its dispersed start
+(``seed + c + 104729``)."""
+
+
+def fit_metric(model, data: Data, plan: Plan, cfg: SGOptions) -> Metric | None:
+    """The metric that whitens every chain of one fit (:func:`~bnn_pyro.infer.sg_metric.mode_metric` on ``data``), or
+    ``None`` where the plan is not whitened (a ``BNN``, a number ``lr``) or the metric does not apply. Computed once per
+    fit, before the chains, in a parameter store of its own under seed ``cfg.seed + METRIC_SEED_OFFSET``: so it is
+    deterministic given the seed, the same for every chain (a per-chain search from each chain's stream gave each a
+    slightly different metric and repeated the search), and a resumed run recomputes it to the bit. The refit on all
+    rows (:func:`~bnn_pyro.infer.holdout.refit`) takes the held-out fit's metric: it replays that fit's stops, so it
+    runs the same update from the same start (any fixed positive definite metric keeps the target)."""
+    if plan.metric is None or cfg.lr != "auto":
+        return None
+    with chain(model, cfg.seed + METRIC_SEED_OFFSET) as fitted:
+        return mode_metric(fitted, Potentials(cfg.fast_path), data)
+
+
+def refuse_unwhitened(ckpts: list, method: str) -> None:
+    """Refuse to resume a whitened run (a Pyro function) from a checkpoint whose run record has no
+    ``preconditioner``: it was written before SG-MCMC recorded its metric, by a run that was either unwhitened (its
+    momentum and step size in the plain coordinates) or whitened by a metric searched per chain. Its chains cannot
+    continue under this update without mixing two samplers in one chain, unannounced."""
+    for ckpt in ckpts:
+        if ckpt is None or not ckpt.path.exists():
+            continue
+        saved = read(ckpt.path)[1].get("run", {})
+        if saved.get("method") == method and "preconditioner" not in saved:
+            raise CheckpointError(
+                f"resume: {str(ckpt.path)!r} was written by a {method} run of this Pyro function that did not record "
+                "a preconditioner (an older bnn_pyro: its chains ran unwhitened, or whitened by a metric searched "
+                "per chain), while this run is whitened by the Hessian at the mode (post.config['preconditioner']). "
+                "Resuming it would continue its chains under another update. Start afresh with another (empty) "
+                "checkpoint folder, or finish that run with the bnn_pyro version that wrote it."
+            )
 
 
 def _report_recoveries(post, method: str, recoveries: dict[int, list[tuple[int, float]]]) -> None:
@@ -546,7 +604,7 @@ def sgmcmc_engine(
     recoveries: dict | None = None,
     stops: list[list[int]] | None = None,
     points: dict[str, torch.Tensor] | None = None,
-    whitened: dict | None = None,
+    metric: Metric | None = None,
 ) -> Engine:
     """The :class:`~bnn_pyro.infer.contract.Engine` of ``plan``: its state is a :class:`_Chain` (the position ``z``
     in unconstrained coordinates, updated by its :class:`SGMCMC` optimizer), a step evaluates ``U~`` on the batch
@@ -556,7 +614,7 @@ def sgmcmc_engine(
     receives the chain's divergence recoveries under ``lr="auto"``; ``stops[chain]`` replays stops chosen before
     (:meth:`_Chain.replay_stop`); ``points`` are the values of a BNN's deterministic parameters
     (:func:`~bnn_pyro.infer.map_fit.estimate_points`), set in every chain over those of its start;
-    ``whitened[chain]`` receives the chain's start rule where it ran whitened by the curvature at the mode."""
+    ``metric`` whitens every chain (:func:`fit_metric`; ``plan.metric`` says where the chains start)."""
     paths = Potentials() if paths is None else paths
 
     def init_state(fitted, info: ChainInfo) -> _Chain:
@@ -573,11 +631,8 @@ def sgmcmc_engine(
                 "some parameters a prior (BNN(prior=..., bayesian=...)) or use method='svi'."
             )
         walk = _Chain(pot, plan, f"{method} chain {info.index}", data.size, fitted, holdout)
-        metric = mode_metric(fitted, paths, data) if plan.metric is not None and lr == "auto" else None
         if metric is not None:  # a small Pyro function: whitened by the curvature at its mode (sg_metric)
             walk.metric = metric.chol
-            if whitened is not None:
-                whitened[info.index] = plan.metric
             if plan.metric in ("mode", "dispersed"):
                 start = metric.mode if plan.metric == "mode" else dispersed_start(metric, info.seed, like=walk.z)
                 with torch.no_grad():

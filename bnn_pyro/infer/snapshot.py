@@ -68,7 +68,9 @@ Pyro functions: whitened cycles from the mode (issue 26). On a small plain Pyro 
 ``pyro.param`` sites, at most 2,000 latent coordinates) under ``lr="auto"`` the cycles run in the coordinates whitened
 by the Hessian of ``U`` at the mode, ``u = L^T z`` with ``L L^T = H`` (:mod:`bnn_pyro.infer.sg_metric`: the mode by
 L-BFGS and damped Newton from the prior median, ``H`` damped where it is not positive definite), and the run starts at
-that mode (with the default ``init``; an ``init`` given starts there). Why: in the raw coordinates the peak step
+that mode (with the default ``init``; an ``init`` given starts there). The mode and ``L`` are found once per fit, on
+the rows the run trains on, and shared by every chain and by the refit on all rows
+(:func:`~bnn_pyro.infer.sgmcmc.fit_metric`). Why: in the raw coordinates the peak step
 ``(2 - alpha) / (2 lambda_max)`` takes about ``kappa = lambda_max / lambda_min`` steps per e-fold along the flattest
 direction, and the reference posteriors' covariates near 40 and 100 make ``kappa`` 4e4 (logistic) and 5e5 (kidiq):
 the snapshots were 1,778 and 748 posterior sds off (and, from a prior draw whose curvature is unlike the mode's, the
@@ -105,7 +107,7 @@ from bnn_pyro.infer._health import check_anchored_log_loss, check_descent, check
 from bnn_pyro.infer.anchor import anchor, flat_tilt
 from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
-from bnn_pyro.infer.sgmcmc import SGOptions, run_plan
+from bnn_pyro.infer.sgmcmc import SGOptions, fit_metric, run_plan
 from bnn_pyro.infer.sgmcmc_step import ADAPT_EVERY, Plan, check_friction, check_lr, cosine_cycle
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -229,10 +231,14 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     settings["anchored"] = anchored
     if anchored:
         plan = replace(plan, anchors=cycle_anchors(num_cycles, cycle_length))
-    post = run_plan(model, train, plan, "snapshot", settings, cfg, holdout=holdout, full=data)
+    metric = fit_metric(model, train, plan, cfg)  # once per fit: every chain's, and the refit's
+    post = run_plan(model, train, plan, "snapshot", settings, cfg, holdout=holdout, full=data, metric=metric)
     # then every row, each cycle's snapshot taken at the step the held-out rows chose (holdout.refit)
     post = refit(
-        post, lambda chosen: run_plan(model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops)
+        post,
+        lambda chosen: run_plan(
+            model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops, metric=metric
+        ),
     )
     function = not isinstance(model, BNN)  # a Pyro function's snapshots reach their minima: judge their spread too
     whitened = function and anchored and post.config.get("preconditioner")  # the anchored, whitened cycles
