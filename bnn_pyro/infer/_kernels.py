@@ -99,8 +99,9 @@ class _Counted:
     :class:`DrawStats` in ``stats``. ``fixed_num_steps``: HMC's leapfrog steps, kept through adaptation.
     ``resume = inverse_mass_matrix``: set after setup (extending a posterior; the step size is passed to the
     constructor with its adaptation off). ``metric``: its ``H^{-1}`` set after setup, then Pyro's initial
-    step-size search rerun under it from the constructor's step (Pyro's first search ran under the identity). The potential of each new state is evaluated once more (without
-    its gradient), which Pyro computes but keeps private: one extra evaluation per draw."""
+    step-size search rerun under it from the constructor's step (Pyro's first search ran under the identity).
+    The potential of each new state is evaluated once more (without its gradient), which Pyro computes but keeps
+    private: one extra evaluation per draw."""
 
     resume = None
     metric = None  # a ModeStart (bnn_pyro.infer._mode_start): the dense metric adaptation starts at its H^-1

@@ -375,9 +375,9 @@ class HMCConfig(MCMCConfig):
         and, to leading order (a Gaussian), every direction turns by about ``T`` radians along a trajectory of length
         ``T``. ``T = pi`` is half a period: jittered by +-50% it is uniform over ``[pi / 2, 3 pi / 2]``, so each
         draw moves at least a quarter period and never a whole one (no resonance), and a Gaussian's lag-1
-        autocorrelation is ``E[cos T] = -2 / pi`` (antithetic draws). The fixed 32 steps per draw of the default
-        are a trajectory of ~19 radians there at the adapted step (~0.6): ~6 times longer for no more mixing
-        (``docs/reference_suite.md``)."""
+        autocorrelation is ``E[cos T] = -2 / pi`` (antithetic draws). The default's 32 steps per draw are a
+        trajectory of 15-19 radians there at the adapted step (0.46-0.6 on the references): 5-8 times the steps
+        of ``T = pi`` for draws no less correlated (``docs/reference_suite.md``)."""
         if given.num_leapfrog is None and given.trajectory_length is None:
             return replace(self, trajectory_length=LAPLACE_TRAJECTORY_LENGTH, num_leapfrog=None)
         return self
