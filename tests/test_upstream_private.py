@@ -154,3 +154,25 @@ def test_pyro_hmc_and_warmup_adapter_state_round_trip_mid_warmup():
         assert torch.equal(a, b) and step == step_b
         assert all(torch.equal(mass[k], mass_b[k]) for k in mass)
     assert not torch.equal(next(iter(expected[-1][2].values())), torch.ones(3))  # the window's end adapted it
+
+
+def test_pyro_restart_step_size_search_reruns_it_under_the_current_metric():
+    """``restart_step_size_search`` sets Pyro's private adapter step back and reruns its search under the inverse
+    mass matrix set after ``setup``: on ``N(0, diag(0.01^2, 0.02^2))`` with that covariance as the metric the target
+    is ``N(0, I)`` in the metric, so the step found is of order one where the identity's was below 0.05 (leapfrog
+    is unstable above twice the smallest sd), and dual averaging is restarted around 10 times the new step."""
+    import math
+
+    scales = torch.tensor([0.01, 0.02])
+
+    def model():
+        pyro.sample("a", dist.Normal(torch.zeros(2), scales).to_event(1))
+
+    pyro.set_rng_seed(0)
+    k = NUTS(model, step_size=1.0, full_mass=True)
+    k.setup(warmup_steps=10)
+    identity_step = k.step_size
+    k.mass_matrix_adapter.inverse_mass_matrix = {("a",): torch.diag(scales**2)}
+    up.restart_step_size_search(k, 1.0, k.initial_params)
+    assert identity_step < 0.05 and k.step_size > 0.25, f"pyro {pyro.__version__}: {identity_step}, {k.step_size}"
+    assert math.isclose(k._adapter._step_size_adapt_scheme.prox_center, math.log(10 * k.step_size))

@@ -28,6 +28,7 @@ from bnn_pyro.utils.upstream_private import (
     load_hmc_state,
     load_warmup_adapter_state,
     mean_accept_prob,
+    restart_step_size_search,
     warmup_adapter_state,
 )
 
@@ -97,8 +98,10 @@ class _Counted:
     ``potential_fn``), records the Hamiltonian after the momentum refresh, and keeps the last draw's
     :class:`DrawStats` in ``stats``. ``fixed_num_steps``: HMC's leapfrog steps, kept through adaptation.
     ``resume = inverse_mass_matrix``: set after setup (extending a posterior; the step size is passed to the
-    constructor with its adaptation off). The potential of each new state is evaluated once more (without
-    its gradient), which Pyro computes but keeps private: one extra evaluation per draw."""
+    constructor with its adaptation off). ``metric``: its ``H^{-1}`` set after setup, then Pyro's initial
+    step-size search rerun under it from the constructor's step (Pyro's first search ran under the identity).
+    The potential of each new state is evaluated once more (without its gradient), which Pyro computes but keeps
+    private: one extra evaluation per draw."""
 
     resume = None
     metric = None  # a ModeStart (bnn_pyro.infer._mode_start): the dense metric adaptation starts at its H^-1
@@ -107,6 +110,7 @@ class _Counted:
     _bp_jittered = None
 
     def setup(self, warmup_steps, *args, **kwargs):
+        first_step = self.step_size  # the constructor's: where Pyro's initial step-size search starts
         super().setup(warmup_steps, *args, **kwargs)
         params = self.initial_params
         if self.resume is not None:
@@ -117,6 +121,9 @@ class _Counted:
             ((names, _),) = self.inverse_mass_matrix.items()
             dtype = next(iter(params.values())).dtype
             self.mass_matrix_adapter.inverse_mass_matrix = {names: self.metric.inverse_mass(names, dtype)}
+            # Pyro searched its initial step size under the identity metric: search again under H^-1, from the
+            # same first step, so that dual averaging starts near the step this metric allows (as Metropolis)
+            restart_step_size_search(self, first_step, params)
         self._bp_warmup, self._bp_draws, self._bp_grad_evals, potential = warmup_steps, 0, 0, self.potential_fn
         self._bp_mean_accept = 0.0
 

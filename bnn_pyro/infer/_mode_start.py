@@ -12,10 +12,11 @@ function on tensor data, no ``pyro.param`` sites, at most ``CONVERGE_MAX_DIM`` c
 - the metric (inverse mass matrix, or the random walk's proposal covariance) starts at ``H^{-1}``, ``H`` the
   Hessian of ``U`` at the mode (dense); the warm-up windows then re-estimate it from the chain as usual;
 - chain ``c`` starts at ``z_c = z* + SPREAD * L^{-T} eps_c`` with ``H = L L^T`` and ``eps_c ~ N(0, I)`` drawn from
-  its own generator seeded ``seed + c``: a draw of ``N(z*, SPREAD^2 H^{-1})``, the Laplace approximation
-  over-dispersed by ``SPREAD`` = 2 in every direction (Gelman & Rubin 1992 ask for starts over-dispersed relative
-  to the posterior, so that R-hat can still detect chains that do not mix; starting every chain at the mode
-  would hide it);
+  its own generator seeded ``seed + c +`` :data:`START_SEED_OFFSET` (the driver seeds chain ``c``'s stream
+  ``seed + c``: without the offset the start's ``eps_c`` would be the chain's first normals, its first momentum):
+  a draw of ``N(z*, SPREAD^2 H^{-1})``, the Laplace approximation over-dispersed by ``SPREAD`` = 2 in every
+  direction (Gelman & Rubin 1992 ask for starts over-dispersed relative to the posterior, so that R-hat can still
+  detect chains that do not mix; starting every chain at the mode would hide it);
 - both only where the Laplace approximation describes the posterior: the Pareto ``k_hat`` of the importance ratios
   ``p / q`` of :data:`NUM_CHECK` draws of ``q = N(z*, H^{-1})`` (PSIS, Vehtari et al. 2024; Yao et al. 2018, the
   rule of ``check_gaussian``) at most :data:`K_HAT_MAX` = 0.7. Where the mode is not where the mass is (the
@@ -41,10 +42,11 @@ from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potentials
 from bnn_pyro.infer.sg_metric import mode_metric, unwhiten
 
-__all__ = ["ModeStart", "mode_start", "SPREAD", "K_HAT_MAX", "NUM_CHECK"]
+__all__ = ["ModeStart", "mode_start", "SPREAD", "K_HAT_MAX", "NUM_CHECK", "START_SEED_OFFSET"]
 
 SPREAD = 2.0  # the starts' sd in Laplace sds: over-dispersed (Gelman & Rubin 1992), within a few sds of the mass
 K_HAT_MAX = 0.7  # PSIS k_hat above which importance ratios p / q are unreliable: q is far from p (Vehtari et al. 2024)
+START_SEED_OFFSET = 104729  # chain c's start generator is seeded seed + c + this: apart from its stream, seed + c
 NUM_CHECK = 1000  # draws of the Laplace approximation for k_hat: one potential each, cheap beside the MCMC run
 
 
@@ -89,7 +91,8 @@ def mode_start(model, data: Data, *, num_chains: int, seed: int, fast_path: bool
     mode, chol = metric.mode.double(), metric.chol
     values = []
     for c in range(num_chains):
-        g = torch.Generator().manual_seed(seed + c)  # its own generator: the chain's global stream is untouched
+        # its own generator, so the chain's global stream (seeded seed + c by the driver) is untouched and not reused
+        g = torch.Generator().manual_seed(seed + c + START_SEED_OFFSET)
         eps = torch.randn(len(mode), generator=g, dtype=torch.float64).to(chol.device)
         z = (mode + unwhiten(chol, SPREAD * eps)).to(metric.mode.dtype)
         values.append({k: v.detach() for k, v in pot.constrain(pot.unflatten(z)).items()})

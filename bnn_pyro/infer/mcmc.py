@@ -21,7 +21,7 @@ checkpoint/resume, which ``MCMC`` cannot give (it starts every run at its first 
   standard deviation estimated in Stan's windows (``dense_mass=True``: the Cholesky factor of the covariance,
   i.e. adaptive Metropolis, Haario et al. 2001).
 
-Metropolis, MALA and NUTS on a small Pyro function, at the default ``init``: where
+Metropolis, MALA, NUTS and HMC on a small Pyro function, at the default ``init``: where
 :func:`~bnn_pyro.infer.sg_metric.mode_metric` applies (tensor data, no ``pyro.param`` sites, at most
 ``CONVERGE_MAX_DIM`` coordinates) and the Laplace approximation ``N(z*, H^{-1})`` at the mode describes the posterior
 (PSIS ``k_hat`` <= 0.7), chain ``c`` starts at a draw of ``N(z*, 4 H^{-1})`` (over-dispersed, so R-hat can still see
@@ -31,8 +31,9 @@ Hessian condition number 5e5) a 1,000-step warm-up adapted its metric to the des
 ``config["laplace_k_hat"]`` records the check and ``config["start"] = "laplace"`` the start; elsewhere (a ``BNN``,
 ``init=`` given, ``k_hat`` > 0.7) the start is ``init``'s. NUTS does the same (14x the bulk ESS per second on kidiq
 and on the logistic regression of ``tests/reference``: its trees shrink from 31 and 17 to 5-6 leapfrog steps per
-draw); HMC keeps ``init``'s start (with its fixed 32 steps per draw the bulk ESS per second fell there). Each config's ``MODE_START``
-says which.
+draw). HMC does the same with a trajectory of length pi in that metric unless ``num_leapfrog`` or
+``trajectory_length`` is given (:meth:`HMCConfig.laplace_started`: its fixed 32 steps per draw turned each direction
+by ~19 radians there, no better mixed than by pi). Each config's ``MODE_START`` says which.
 
 NUTS and HMC adapt the step size (dual averaging toward ``target_accept``, default 0.8, Stan's) and a diagonal
 (``dense_mass``: dense) mass matrix during ``num_warmup`` steps. A diverging trajectory (energy error > 1000 or
@@ -82,6 +83,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol
@@ -125,10 +127,13 @@ __all__ = [
     "DEFAULT_NUM_CHAINS",
     "DEFAULT_NUM_LEAPFROG",
     "DEFAULT_LEAPFROG_JITTER",
+    "LAPLACE_TRAJECTORY_LENGTH",
 ]
 
 DEFAULT_NUM_CHAINS = 4  # chains at the defaults: R-hat needs two or more (Stan runs 4, PyMC at least 2)
 DEFAULT_NUM_LEAPFROG = 32  # HMC's leapfrog steps per draw when neither num_leapfrog nor trajectory_length is given
+# HMC from the Laplace start: a trajectory of half the period of a unit-sd Gaussian in the adapted metric (HMCConfig)
+LAPLACE_TRAJECTORY_LENGTH = math.pi
 DEFAULT_LEAPFROG_JITTER = 0.5  # HMC: each draw's leapfrog count uniform within +-50% of it (breaks resonance)
 
 
@@ -253,6 +258,11 @@ class MCMCConfig(PotentialRunOptions):
         """The config with this engine's own options validated and their ``None`` defaults resolved."""
         return self
 
+    def laplace_started(self, given: MCMCConfig) -> MCMCConfig:
+        """The checked config for chains that take the Laplace start (or extend chains that took it); ``given``: the
+        options as the user gave them. Default: unchanged."""
+        return self
+
     def recorded(self) -> dict:
         """This engine's own entries of ``Posterior.config`` (the shared ones are written by :func:`sample`)."""
         return {}
@@ -337,6 +347,7 @@ class HMCConfig(MCMCConfig):
 
     METHOD: ClassVar[str] = "hmc"
     EXTENDS: ClassVar[bool] = True
+    MODE_START: ClassVar[bool] = True
     trajectory_length: float | None = None
     num_leapfrog: int | None = None
     leapfrog_jitter: float | None = DEFAULT_LEAPFROG_JITTER
@@ -355,6 +366,21 @@ class HMCConfig(MCMCConfig):
             (DEFAULT_NUM_LEAPFROG if length is None else None) if steps is None else positive_int("num_leapfrog", steps)
         )
         return replace(self, trajectory_length=length, num_leapfrog=steps, leapfrog_jitter=float(jitter))
+
+    def laplace_started(self, given: HMCConfig) -> HMCConfig:
+        """Unless ``given`` sets ``num_leapfrog`` or ``trajectory_length``: a trajectory of length
+        :data:`LAPLACE_TRAJECTORY_LENGTH` = pi, i.e. ``pi / step_size`` leapfrog steps per draw (jittered as usual).
+
+        From the Laplace start the dense metric is adapted from ``H^{-1}``, so in it the posterior has sds near 1
+        and, to leading order (a Gaussian), every direction turns by about ``T`` radians along a trajectory of length
+        ``T``. ``T = pi`` is half a period: jittered by +-50% it is uniform over ``[pi / 2, 3 pi / 2]``, so each
+        draw moves at least a quarter period and never a whole one (no resonance), and a Gaussian's lag-1
+        autocorrelation is ``E[cos T] = -2 / pi`` (antithetic draws). The default's 32 steps per draw are a
+        trajectory of 15-19 radians there at the adapted step (0.46-0.6 on the references): 5-8 times the steps
+        of ``T = pi`` for draws no less correlated (``docs/reference_suite.md``)."""
+        if given.num_leapfrog is None and given.trajectory_length is None:
+            return replace(self, trajectory_length=LAPLACE_TRAJECTORY_LENGTH, num_leapfrog=None)
+        return self
 
     def recorded(self) -> dict:
         return dict(
@@ -510,6 +536,8 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
         laplace = mode_start(fitted, data, num_chains=num_chains, seed=seed, fast_path=flag("fast_path", c.fast_path))
     k_hat = None if laplace is None else round(laplace.k_hat, 3)  # recorded: why the Laplace start was (not) taken
     laplace = laplace if laplace is not None and laplace.usable else None
+    if laplace is not None or laplace_started:
+        config = config.laplace_started(c)
     if laplace is not None:
         dense_mass, config = True, replace(config, dense_mass=True)
         strategies = [init_strategy(fitted, laplace.values[c]) for c in range(num_chains)]

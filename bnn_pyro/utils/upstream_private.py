@@ -35,6 +35,7 @@ __all__ = [
     "load_warmup_adapter_state",
     "hmc_state",
     "load_hmc_state",
+    "restart_step_size_search",
     "arviz_logger",
     "arviz_log_level",
 ]
@@ -214,6 +215,16 @@ def load_hmc_state(kernel, tensors: dict[str, torch.Tensor], meta: dict) -> None
     kernel._cache(part("z/"), tensors["potential"], part("grad/"))
     for key in _HMC_COUNTERS:
         setattr(kernel, key, meta[key])
+
+
+def restart_step_size_search(kernel, step_size: float, z: dict[str, torch.Tensor]) -> None:
+    """Set Pyro's ``HMC``/``NUTS`` step size back to ``step_size`` and rerun its initial step-size search from ``z``
+    under the current inverse mass matrix (``WarmupAdapter.reset_step_size_adaptation``: the step doubled or halved
+    until one leapfrog step's acceptance crosses 0.8, then dual averaging restarted around 10 times it). Why: Pyro
+    searches once, in ``setup``, under the identity metric, and its adapter (``HMC._adapter``) is private; a metric
+    set after ``setup`` needs the search rerun, as Pyro itself does after each warm-up window."""
+    kernel._adapter.step_size = step_size
+    kernel._adapter.reset_step_size_adaptation(z)
 
 
 # ------------------------------------------------------------------------------------------------ ArviZ

@@ -17,6 +17,8 @@ MALA ESS 27 and R-hat 1.10 (on kidiq they end 3.0 and 12.6 posterior sds away: d
 
 from __future__ import annotations
 
+import math
+
 import arviz as az
 import pyro
 import pyro.distributions as dist
@@ -61,11 +63,11 @@ def data():
     return _data()
 
 
-def test_only_the_engines_measured_better_take_the_laplace_start():
-    """NUTS, Metropolis and MALA (kidiq, logistic: benchmarks/results/reference_suite/function_mh_cause.md); HMC's
-    fixed 32 leapfrog steps per draw lost bulk ESS per second there, so it keeps the prior-draw start."""
+def test_the_engines_measured_better_take_the_laplace_start():
+    """NUTS, Metropolis and MALA (kidiq, logistic: benchmarks/results/reference_suite/function_mh_cause.md), and HMC
+    with its trajectory set from the metric (function_hmc_cause.md)."""
     assert mcmc.NUTSConfig.MODE_START and mcmc.MetropolisConfig.MODE_START and mala.MALAConfig.MODE_START
-    assert not mcmc.HMCConfig.MODE_START
+    assert mcmc.HMCConfig.MODE_START
 
 
 def test_the_reference_is_badly_conditioned(data):
@@ -74,7 +76,7 @@ def test_the_reference_is_badly_conditioned(data):
     assert eig.max() / eig.min() > 1e5  # as kidiq's 5.1e5: what a metric adapted from the identity misses
 
 
-@pytest.mark.parametrize("method", ["metropolis", "mala", pytest.param("nuts", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("method", ["metropolis", "mala", "hmc", pytest.param("nuts", marks=pytest.mark.slow)])
 def test_defaults_recover_the_exact_posterior_of_a_badly_conditioned_function(method, data):
     x, y = data
     post = bp.fit(_model, x, y, method=method, seed=0, progress=False)  # the defaults: 4 x (1000 + 1000)
@@ -111,7 +113,7 @@ def test_a_given_init_keeps_its_own_starts(data):
     assert "start" not in post.config and post.history["inverse_mass_matrix"].shape == (2, 2)
 
 
-@pytest.mark.parametrize("method", ["metropolis", "mala", "nuts"])
+@pytest.mark.parametrize("method", ["metropolis", "mala", "nuts", "hmc"])
 def test_a_bnn_fit_is_bit_identical_and_never_takes_the_laplace_start(method, monkeypatch):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(30, 2, generator=g)
@@ -131,6 +133,7 @@ def test_a_bnn_fit_is_bit_identical_and_never_takes_the_laplace_start(method, mo
         m.setattr(mcmc.MetropolisConfig, "MODE_START", False)
         m.setattr(mala.MALAConfig, "MODE_START", False)
         m.setattr(mcmc.NUTSConfig, "MODE_START", False)
+        m.setattr(mcmc.HMCConfig, "MODE_START", False)
         old = fit()
     assert "start" not in new.config and new.config == old.config
     for group in ("samples", "sample_stats", "history"):
@@ -138,7 +141,7 @@ def test_a_bnn_fit_is_bit_identical_and_never_takes_the_laplace_start(method, mo
             assert torch.equal(getattr(new, group)[name], value), (group, name)
 
 
-@pytest.mark.parametrize("method", ["metropolis", "mala", "nuts"])
+@pytest.mark.parametrize("method", ["metropolis", "mala", "nuts", "hmc"])
 def test_a_crashed_run_resumes_bit_identically(method, data, tmp_path, monkeypatch):
     x, y = data
     run = dict(method=method, num_warmup=12, num_samples=8, num_chains=1, seed=4, progress=False)
@@ -173,7 +176,7 @@ def test_a_laplace_started_mala_posterior_extends_with_its_dense_metric(data):
     assert again.num_draws == 35 and torch.equal(again.samples["beta"][:, :30], more.samples["beta"])
 
 
-@pytest.mark.parametrize("method", ["metropolis", "nuts"])
+@pytest.mark.parametrize("method", ["metropolis", "nuts", "hmc"])
 def test_where_the_laplace_approximation_is_far_from_the_posterior_the_default_start_is_kept(method):
     """Eight schools (non-centered): its joint mode has ``tau`` ~29 where the posterior mean is 3.6, the Laplace
     approximation's PSIS ``k_hat`` is ~1.03 (> 0.7), so its chains start as before, at prior draws, with the same draws
@@ -186,3 +189,22 @@ def test_where_the_laplace_approximation_is_far_from_the_posterior_the_default_s
     assert default.config["dense_mass"] is False
     for name, value in prior.samples.items():
         assert torch.equal(default.samples[name], value), name
+
+
+def test_hmc_from_the_laplace_start_runs_trajectories_of_length_pi_unless_told(data):
+    """At the defaults each draw's leapfrog count is ``int(pi / step)`` jittered by +-50% (a trajectory of length pi
+    in the adapted metric, ``HMCConfig.laplace_started``); before, 16-48 around 32. A given ``num_leapfrog`` is kept."""
+    x, y = data
+    run = dict(method="hmc", num_samples=30, num_warmup=60, num_chains=2, seed=0, progress=False)
+    post = bp.fit(_model, x, y, **run)
+    assert post.config["start"] == "laplace" and post.config["dense_mass"] is True
+    assert post.config["trajectory_length"] == math.pi and post.config["num_leapfrog"] is None
+    steps, n = post.sample_stats["step_size"].double(), post.sample_stats["n_steps"]
+    count = (math.pi / steps).floor().clamp(min=1)
+    assert ((n >= (0.5 * count).ceil()) & (n <= (1.5 * count).floor())).all(), (n, count)
+    assert n.max() < 16, n.max()  # the default's least count: the step is of order one in the metric
+    told = bp.fit(_model, x, y, num_leapfrog=8, **run)
+    assert told.config["start"] == "laplace" and told.config["num_leapfrog"] == 8
+    assert told.config["trajectory_length"] is None and ((told.sample_stats["n_steps"] - 8).abs() <= 4).all()
+    more = bp.fit(_model, x, y, method="hmc", resume=post, num_samples=5, seed=1, progress=False)  # extended: kept
+    assert more.config["trajectory_length"] == math.pi and more.num_draws == 35
