@@ -60,9 +60,22 @@ BatchNorm: the running statistics of every draw (the SWA mean for ``"swa"``) are
 pass over the training data (:meth:`~bnn_pyro.BNN.batchnorm_statistics`) and stored per draw in
 ``post.draw_buffers``, which ``predict`` and function-space diagnostics use.
 
-A Pyro function's chain (tensor data, no ``pyro.param`` sites; never a ``BNN``) ends its pre-training with damped
-Newton steps to the minimum of its objective (:func:`~bnn_pyro.infer.map_fit.damped_newton`), so that the SWA phase
-starts at its mode: on badly scaled covariates SGD's steps end far from it (kidiq: 4,899 posterior sds).
+A small plain Pyro function (tensor data, no ``pyro.param`` sites, at most ``CONVERGE_MAX_DIM`` coordinates, a
+Laplace approximation with PSIS ``k_hat <= 0.7``, ``lr="auto"``; never a ``BNN``) takes its own collection
+(:mod:`bnn_pyro.infer.swag_function`): every chain starts at the mode and each step uses every row with fresh
+observation weights (``n Dirichlet(1, ..., 1)``, the weighted likelihood bootstrap) and a fresh prior anchor,
+preconditioned by ``M = H^{-1}`` (the Hessian at the mode) at ``lr = 1 - momentum^2`` (momentum 0 there by default):
+the rate at which the discrete heavy-ball recursion's stationary covariance, ``H^{-1} C H^{-1}`` for a gradient noise
+of covariance ``C ~ H``, is the posterior's (Mandt et al. 2017's continuous-time rate, 2, is the discrete recursion's
+stability edge); its moments are kept in the whitened coordinates ``L^T (z - mode)``. Why: on all its rows such a
+model has no minibatch noise, so plain SGD's iterates sat at the mode (kidiq's sds 0.014 of the posterior's, its
+chains' R-hat 2.37: ``benchmarks/results/reference_suite/function_swag_mode.md``), and the unwhitened diagonal half
+would halve kidiq's -0.95 correlation. Nothing is held out and nothing pre-trained (nothing is chosen);
+``post.config["collection"]`` records the rule, or why it was skipped. Where it is skipped (the non-centered eight
+schools: ``k_hat`` 1.03, where unit whitened steps left the mode's region within 8 steps) the chain's pre-training
+ends with damped Newton steps to the minimum of its objective (:func:`~bnn_pyro.infer.map_fit.damped_newton`), so that
+the plain SWA phase starts at its mode (on badly scaled covariates SGD's steps end far from it: kidiq 4,899 posterior
+sds), and its narrow spread is said at fit time.
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` and ``pyro.param`` sites of a Pyro function are
 trained and averaged with the latent sites, and fixed at their average in every draw (``post.point``).
@@ -244,10 +257,13 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
         pretrained net and ``init="net"``, or ``init=`` a MAP posterior).
     num_steps, burn_in, collect_every:
         SWA phase: SGD steps (default 200 epochs of ``ceil(N / B)`` steps), steps before the first
-        snapshot (default ``num_steps // 10``), steps between snapshots (default one epoch).
+        snapshot (default ``num_steps // 10``), steps between snapshots (default one epoch). A small Pyro function's
+        whitened collection takes every row each step (an epoch is one step; no pre-training).
     lr, momentum:
         The constant SWA learning rate (``"auto"`` or a positive float: what ``lr`` means is stated once in
-        :mod:`bnn_pyro.infer.optim`) and SGD momentum (0.9).
+        :mod:`bnn_pyro.infer.optim`) and SGD momentum (``None``: 0.9, Izmailov et al.'s; on a small Pyro function's
+        whitened collection 0, where ``lr="auto"`` is ``1 - momentum^2`` and each step a Newton step of its
+        randomized objective, so the iterates of a quadratic are independent: :mod:`bnn_pyro.infer.swag_function`).
     checkpoint, checkpoint_every, resume:
         A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps (counted over both
         phases) and after the last; ``resume=True`` continues each chain from its file, bit-identically (phase and
@@ -321,8 +337,16 @@ def _checked(post: Posterior, cfg: SWAConfig) -> Posterior:
     user's line)."""
     if not isinstance(cfg, SWAGConfig):
         check_spread(post, POINT)
-    else:
-        check_narrow(post, cause=NARROW, functions=True)  # a Pyro function's chains start at their mode (start_swa)
+    else:  # a Pyro function's chains start at their mode (start_swa)
+        record = post.config.get("collection") or {}
+        cause = (
+            NARROW_FUNCTION.format(skipped=record["skipped"])
+            if "skipped" in record
+            else NARROW_WHITENED
+            if record
+            else NARROW
+        )
+        check_narrow(post, cause=cause, functions=True)
     return check_anchored_log_loss(post, units="chains") if cfg.anchored else check_off_data(post, OFF_DATA)
 
 
@@ -747,3 +771,16 @@ NARROW = (
     "one particular rate (Mandt et al. 2017), not in general. "
 )
 """The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for SWAG."""
+
+NARROW_FUNCTION = (
+    "This Pyro function kept the plain collection ({skipped}; post.config['collection']): on all its rows SGD's "
+    "iterates have almost no gradient noise, so they stay near the mode. "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for a Pyro function that was not given the
+whitened collection (:mod:`bnn_pyro.infer.swag_function`)."""
+
+NARROW_WHITENED = (
+    "The whitened collection randomizes the prior half of real-valued sites only: a constrained site (a scale, a "
+    "hierarchical sd) that the prior rather than the data sets keeps a narrow spread. "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names after the whitened collection."""
