@@ -60,9 +60,22 @@ BatchNorm: the running statistics of every draw (the SWA mean for ``"swa"``) are
 pass over the training data (:meth:`~bnn_pyro.BNN.batchnorm_statistics`) and stored per draw in
 ``post.draw_buffers``, which ``predict`` and function-space diagnostics use.
 
-A Pyro function's chain (tensor data, no ``pyro.param`` sites; never a ``BNN``) ends its pre-training with damped
-Newton steps to the minimum of its objective (:func:`~bnn_pyro.infer.map_fit.damped_newton`), so that the SWA phase
-starts at its mode: on badly scaled covariates SGD's steps end far from it (kidiq: 4,899 posterior sds).
+A small plain Pyro function (tensor data, no ``pyro.param`` sites, at most ``CONVERGE_MAX_DIM`` coordinates, a
+Laplace approximation with PSIS ``k_hat <= 0.7``, ``lr="auto"``; never a ``BNN``) takes its own collection
+(:mod:`bnn_pyro.infer.swag_function`): every chain starts at the mode and each step uses every row with fresh
+observation weights (``n Dirichlet(1, ..., 1)``, the weighted likelihood bootstrap) and a fresh prior anchor,
+preconditioned by ``M = H^{-1}`` (the Hessian at the mode) at ``lr = 1 - momentum^2`` (momentum 0 there by default):
+the rate at which the discrete heavy-ball recursion's stationary covariance, ``H^{-1} C H^{-1}`` for a gradient noise
+of covariance ``C ~ H``, is the posterior's (Mandt et al. 2017's continuous-time rate, 2, is the discrete recursion's
+stability edge); its moments are kept in the whitened coordinates ``L^T (z - mode)``. Why: on all its rows such a
+model has no minibatch noise, so plain SGD's iterates sat at the mode (kidiq's sds 0.014 of the posterior's, its
+chains' R-hat 2.37: ``benchmarks/results/reference_suite/function_swag_mode.md``), and the unwhitened diagonal half
+would halve kidiq's -0.95 correlation. Nothing is held out and nothing pre-trained (nothing is chosen);
+``post.config["collection"]`` records the rule, or why it was skipped. Where it is skipped (the non-centered eight
+schools: ``k_hat`` 1.03, where unit whitened steps left the mode's region within 8 steps) the chain's pre-training
+ends with damped Newton steps to the minimum of its objective (:func:`~bnn_pyro.infer.map_fit.damped_newton`), so that
+the plain SWA phase starts at its mode (on badly scaled covariates SGD's steps end far from it: kidiq 4,899 posterior
+sds), and its narrow spread is said at fit time.
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` and ``pyro.param`` sites of a Pyro function are
 trained and averaged with the latent sites, and fixed at their average in every draw (``post.point``).
@@ -145,6 +158,7 @@ from bnn_pyro.infer.holdout import (
 )
 from bnn_pyro.infer.map_fit import CONVERGE_MAX_DIM, CONVERGE_NEWTON, damped_newton
 from bnn_pyro.infer.optim import check_lr
+from bnn_pyro.infer.swag_function import FunctionCollection, function_collection
 from bnn_pyro.infer.swag_state import PhasedOptimizer, PretrainOptimizer, SWAGMoments, auto_lr, batchnorm_statistics
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -190,7 +204,7 @@ class SWAConfig(PotentialRunOptions):
     burn_in: int | None = None
     collect_every: int | None = None
     lr: float | str = "auto"
-    momentum: float = 0.9
+    momentum: float | None = None
     num_chains: int = 1
     init: object = None
     validation: object = "default"
@@ -243,10 +257,13 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
         pretrained net and ``init="net"``, or ``init=`` a MAP posterior).
     num_steps, burn_in, collect_every:
         SWA phase: SGD steps (default 200 epochs of ``ceil(N / B)`` steps), steps before the first
-        snapshot (default ``num_steps // 10``), steps between snapshots (default one epoch).
+        snapshot (default ``num_steps // 10``), steps between snapshots (default one epoch). A small Pyro function's
+        whitened collection takes every row each step (an epoch is one step; no pre-training).
     lr, momentum:
         The constant SWA learning rate (``"auto"`` or a positive float: what ``lr`` means is stated once in
-        :mod:`bnn_pyro.infer.optim`) and SGD momentum (0.9).
+        :mod:`bnn_pyro.infer.optim`) and SGD momentum (``None``: 0.9, Izmailov et al.'s; on a small Pyro function's
+        whitened collection 0, where ``lr="auto"`` is ``1 - momentum^2`` and each step a Newton step of its
+        randomized objective, so the iterates of a quadratic are independent: :mod:`bnn_pyro.infer.swag_function`).
     checkpoint, checkpoint_every, resume:
         A folder for one checkpoint file per chain, written every ``checkpoint_every`` steps (counted over both
         phases) and after the last; ``resume=True`` continues each chain from its file, bit-identically (phase and
@@ -320,8 +337,16 @@ def _checked(post: Posterior, cfg: SWAConfig) -> Posterior:
     user's line)."""
     if not isinstance(cfg, SWAGConfig):
         check_spread(post, POINT)
-    else:
-        check_narrow(post, cause=NARROW, functions=True)  # a Pyro function's chains start at their mode (start_swa)
+    else:  # a Pyro function's chains start at their mode (start_swa)
+        record = post.config.get("collection") or {}
+        cause = (
+            NARROW_FUNCTION.format(skipped=record["skipped"])
+            if "skipped" in record
+            else NARROW_WHITENED
+            if record
+            else NARROW
+        )
+        check_narrow(post, cause=cause, functions=True)
     return check_anchored_log_loss(post, units="chains") if cfg.anchored else check_off_data(post, OFF_DATA)
 
 
@@ -331,7 +356,8 @@ def fit_moments(model, data: Data, *, swag: bool, **options) -> tuple[Posterior,
     iterates' mean and deviations that subspace inference builds on (and that the tests check against theory)."""
     config_type = SWAGConfig if swag else SWAConfig  # old option names as bp.fit takes them (contract.entry)
     options = renamed_options(options, getattr(config_type, "RENAMED", {}))
-    return _run(model, data, config_type(**{"num_chains": 1, "anchored": False, **options}))
+    # the plain SGD collection in every case: subspace inference builds on these moments in the model's coordinates
+    return _run(model, data, config_type(**{"num_chains": 1, "anchored": False, **options}), functions=False)
 
 
 @dataclass(frozen=True)
@@ -353,17 +379,21 @@ class _Settings:
     init: object
     anchored: bool
     pretrain_schedule: object = "cosine"  # pre-training's rate (the held-out refit's: holdout.Chosen.schedule)
+    function: FunctionCollection | None = None  # a small Pyro function's collection (swag_function), else None
 
 
-def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments]]:
+def _run(model, data: Data, cfg: SWAConfig, *, functions: bool = True) -> tuple[Posterior, list[SWAGMoments]]:
     """The posterior and each chain's :class:`SWAGMoments`: chosen on held-out rows (the pre-training's stopping
-    point, the noise), then fitted on every row with them (:func:`~bnn_pyro.infer.holdout.refit`)."""
-    first = _run_once(model, data, cfg)
+    point, the noise), then fitted on every row with them (:func:`~bnn_pyro.infer.holdout.refit`). ``functions``:
+    whether a small Pyro function takes its own collection (:mod:`bnn_pyro.infer.swag_function`)."""
+    first = _run_once(model, data, cfg, functions=functions)
     final = []
 
     def again(chosen) -> Posterior:  # the pre-training's stop, its cosine annealed over the chosen steps
         refit_cfg = refit_config(cfg, chosen, steps="pretrain_steps", schedule=None)
-        final.append(_run_once(model, data, refit_cfg, pretrain_schedule=chosen.schedule("cosine")))
+        final.append(
+            _run_once(model, data, refit_cfg, pretrain_schedule=chosen.schedule("cosine"), functions=functions)
+        )
         return final[0][0]
 
     # the pre-training was scored: its steps are full-batch or bp.fit's batch_size (config["batch_size"] is the
@@ -372,12 +402,45 @@ def _run(model, data: Data, cfg: SWAConfig) -> tuple[Posterior, list[SWAGMoments
     return (post, final[0][1]) if final else first
 
 
-def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> tuple[Posterior, list[SWAGMoments]]:
+NO_HOLDOUT = (
+    "nothing is chosen on held-out rows: a small Pyro function's collection starts at the mode and its rate follows "
+    "from the whitened rule (bnn_pyro.infer.swag_function)"
+)
+
+
+def _run_once(
+    model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine", *, functions: bool = True
+) -> tuple[Posterior, list[SWAGMoments]]:
     swag = isinstance(cfg, SWAGConfig)
     method = "swag" if swag else "swa"
     full = data
-    data, holdout, why = split(full, cfg.validation, seed=cfg.seed, method=method, convert=full.convert, model=model)
-    if data.loader is not None:
+    momentum = cfg.momentum
+    if not (momentum is None or (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0)):
+        raise ValueError(
+            f"momentum must be a number in [0, 1), got {momentum!r}; the default is 0.9 (0 on a small Pyro function)."
+        )
+    lr = check_lr(cfg.lr, method=method, auto=True)
+    anchored = flag("anchored", cfg.anchored)
+    paths = Potentials(cfg.fast_path)
+
+    def collection(rows: Data) -> tuple[FunctionCollection | None, dict | None]:
+        if not functions:
+            return None, None
+        return function_collection(model, paths, rows, momentum=momentum, anchored=anchored, lr=lr, seed=cfg.seed)
+
+    function, record = collection(full)
+    default = isinstance(cfg.validation, str) and cfg.validation == "default"
+    if function is not None and default:  # nothing to choose, so nothing held out (swag_function)
+        holdout, why = None, NO_HOLDOUT
+    else:
+        data, holdout, why = split(
+            full, cfg.validation, seed=cfg.seed, method=method, convert=full.convert, model=model
+        )
+        if function is not None and holdout is not None and holdout.rows is not None:
+            function, record = collection(data)  # the mode and curvature of the rows fitted
+    if function is not None:
+        batch, epoch = data.size, 1  # every row, weighted afresh, each step
+    elif data.loader is not None:
         batch = data.batch_size
         epoch = len(data.loader) if hasattr(data.loader, "__len__") else math.ceil(data.size / batch)
     else:
@@ -404,13 +467,13 @@ def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> 
             + ". Lengthen num_steps, shorten burn_in or collect_every"
             + (", or lower swag_rank." if swag else ".")
         )
-    momentum, lr = cfg.momentum, cfg.lr
-    if not (isinstance(momentum, (int, float)) and 0.0 <= momentum < 1.0):
-        raise ValueError(f"momentum must be a number in [0, 1), got {momentum!r}; the default is 0.9.")
-    lr = check_lr(lr, method=method, auto=True)
+    pretrain_steps = positive_int("pretrain_steps", cfg.pretrain_steps, allow_zero=True)
+    if function is not None:  # starts at the mode (no pre-training) at the rule's rate and momentum
+        pretrain_steps, lr, momentum = 0, function.lr, function.momentum
+    momentum = 0.9 if momentum is None else momentum
     s = _Settings(
         batch_size=batch,
-        pretrain_steps=positive_int("pretrain_steps", cfg.pretrain_steps, allow_zero=True),
+        pretrain_steps=pretrain_steps,
         pretrain_optimizer=choice("pretrain_optimizer", cfg.pretrain_optimizer, PretrainOptimizer),
         pretrain_lr=positive("pretrain_lr", cfg.pretrain_lr),
         num_steps=num_steps,
@@ -422,8 +485,9 @@ def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> 
         num_samples=positive_int("num_samples", num_samples),
         scale=positive("scale", scale),
         init=resolve_init(model, cfg.init, data),
-        anchored=flag("anchored", cfg.anchored),
+        anchored=anchored,
         pretrain_schedule=pretrain_schedule,
+        function=function,
     )
     num_chains = positive_int("num_chains", cfg.num_chains)
     config = clean_config(
@@ -440,12 +504,13 @@ def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> 
             num_chains=num_chains,
             init=s.init if isinstance(s.init, str) else type(s.init).__name__,
             batch_size=batch,
-            sampling="loader order" if data.loader is not None else _sampling(data, batch),
+            sampling="loader order" if data.loader is not None else _sampling(data, batch, function),
             dataset_size=data.size,
             seed=cfg.seed,
             anchored=s.anchored,
             validation=describe(holdout, cfg.validation if cfg.validation != "default" else DEFAULT, why),
             **(dict(swag_rank=rank, num_samples=s.num_samples, scale=s.scale) if swag else {}),
+            **(dict(collection=record) if record is not None else {}),
         )
     )
     ckpts = open_chains(
@@ -465,7 +530,6 @@ def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> 
         hint=": a smaller pretrain_lr or lr",
         progress=cfg.progress,
     )
-    paths = Potentials(cfg.fast_path)
     densities: dict[int, torch.Tensor | None] = {}
     post = drive(
         model,
@@ -485,8 +549,10 @@ def _run_once(model, data: Data, cfg: SWAConfig, pretrain_schedule="cosine") -> 
     return select_noise(post, holdout), [moments[c] for c in range(num_chains)]
 
 
-def _sampling(data: Data, batch: int) -> str:
+def _sampling(data: Data, batch: int, function: FunctionCollection | None = None) -> str:
     """How tensor data are batched (``config["sampling"]``; :func:`_batches`)."""
+    if function is not None:
+        return "no pre-training; SWA phase: every row each step, with fresh observation weights"
     whole = data.batch_size is None or data.batch_size >= data.size
     pre = "full batch" if whole else f"reshuffled epochs of {data.batch_size} rows"
     return f"pre-training: {pre}; SWA phase: independent minibatches of {batch} rows (with replacement)"
@@ -536,7 +602,7 @@ def _engine(
     """Both phases of one chain as an :class:`~bnn_pyro.infer.contract.Engine`: pre-training, then the SWA phase
     whose snapshots :meth:`after` collects; ``draws`` makes the SWA point or the SWAG draws (and puts their
     ``log q`` in ``densities[chain]``, ``None`` where ``q`` is degenerate)."""
-    pretrain = s.pretrain_steps
+    pretrain, function = s.pretrain_steps, s.function
 
     def init(fitted, info: ChainInfo) -> _Chain:
         generator = torch.Generator().manual_seed(info.seed)
@@ -545,6 +611,9 @@ def _engine(
             fitted.train()  # BatchNorm and dropout behave as in training
         pot = paths(fitted, data, init=start)
         z = pot.flatten(pot.init).clone().requires_grad_()
+        if function is not None:  # a small Pyro function's chain starts at the mode (swag_function)
+            with torch.no_grad():
+                z.copy_(function.metric.mode.to(z))
         with poutine.trace(param_only=True) as capture:
             pot(pot.unflatten(z), data.first())
         point_params = [site["value"].unconstrained() for site in capture.trace.nodes.values()]
@@ -556,6 +625,7 @@ def _engine(
             pretrain_steps=pretrain,
             momentum=s.momentum,
             pretrain_schedule=s.pretrain_schedule,
+            precondition=None if function is None else (lambda g: function.precondition(g, data.size)),
         )
         state = _Chain(
             fitted,
@@ -571,13 +641,18 @@ def _engine(
             [torch.zeros_like(p) for p in point_params],
             BestOnHoldout(every=max(1, pretrain // 50), patience=None),
             data.size,
-            flat_tilt(anchor(fitted, pot, data.first(), seed=info.seed)[0], pot) if s.anchored else None,
+            flat_tilt(anchor(fitted, pot, data.first(), seed=info.seed)[0], pot)
+            if s.anchored and function is None
+            else None,
         )
         if pretrain == 0:
             start_swa(state)
         return state
 
     def start_swa(state: _Chain) -> None:
+        if function is not None:  # at the mode already, at the whitened rule's rate
+            state.opt.start_swa(function.lr)
+            return
         if holdout is not None and state.best.state is not None:  # early stopping: the best pre-trained state
             with torch.no_grad():
                 for p, kept in zip(state.params, state.best.state):
@@ -601,7 +676,11 @@ def _engine(
 
     def step(state: _Chain, batch, index: int):
         lr = state.opt.param_groups[0]["lr"]
-        loss = state.loss(batch)
+        if function is not None:  # fresh weights and anchor, drawn under a seed from the chain's generator
+            seed = int(torch.randint(2**31 - 1, (), generator=state.generator))
+            loss = function.loss(state.model, state.pot, state.z, batch, seed, state.size)
+        else:
+            loss = state.loss(batch)
         return loss, SWAInfo(loss.item(), lr)
 
     def after(state: _Chain, index: int, info: SWAInfo) -> SWAInfo:
@@ -617,7 +696,7 @@ def _engine(
             return info
         swa_step = index + 1 - pretrain
         if swa_step > s.burn_in and (swa_step - s.burn_in) % s.collect_every == 0:
-            state.moments.collect(state.z)
+            state.moments.collect(state.z if function is None else function.whiten(state.z))
             for acc, p in zip(state.point_sum, state.point_params):
                 acc += p.detach()
         return info
@@ -637,9 +716,12 @@ def _engine(
             for acc, p in zip(state.point_sum, state.point_params):
                 p.copy_(acc / m.count)  # deterministic parameters at their SWA average
             mean = m.mean[None].to(state.z.dtype)
-            average = {k: v.detach() for k, v in pot.constrain(pot.unflatten(mean)).items()}
             flat = m.sample(s.num_samples, s.scale, state.generator).to(state.z.dtype) if s.rank else mean
             log_q = _density.swag(m, flat, s.scale) if s.rank else None  # for post.psis()
+            if function is not None:  # the moments are of u = L^T (z - mode): z = mode + L^-T u, q(z) = q(u) |L|
+                mean, flat = function.unwhiten(mean).to(state.z.dtype), function.unwhiten(flat).to(state.z.dtype)
+                log_q = None if log_q is None else log_q + function.log_det
+            average = {k: v.detach() for k, v in pot.constrain(pot.unflatten(mean)).items()}
             samples = {k: v.detach() for k, v in pot.constrain(pot.unflatten(flat)).items()}
             point = point_values(fitted, *data.first(), data.size)
         buffers = batchnorm_statistics(fitted, samples, average, data, s.batch_size)
@@ -671,6 +753,9 @@ def _batches(data: Data, s: _Settings, state: _Chain, start: int):
         for _ in range(start):
             next(batches)
         yield from batches
+    if s.function is not None:  # every row each step (swag_function); weights drawn in the step
+        while True:
+            yield data.x, data.y
     pre = data.batches(torch.Generator().manual_seed(state.seed))
     for _ in range(min(start, s.pretrain_steps)):
         next(pre)
@@ -686,3 +771,16 @@ NARROW = (
     "one particular rate (Mandt et al. 2017), not in general. "
 )
 """The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for SWAG."""
+
+NARROW_FUNCTION = (
+    "This Pyro function kept the plain collection ({skipped}; post.config['collection']): on all its rows SGD's "
+    "iterates have almost no gradient noise, so they stay near the mode. "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for a Pyro function that was not given the
+whitened collection (:mod:`bnn_pyro.infer.swag_function`)."""
+
+NARROW_WHITENED = (
+    "The whitened collection randomizes the prior half of real-valued sites only: a constrained site (a scale, a "
+    "hierarchical sd) that the prior rather than the data sets keeps a narrow spread. "
+)
+"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names after the whitened collection."""

@@ -84,7 +84,8 @@ class PhasedOptimizer:
     """Both phases' optimizer: pre-training's (Adam, or SGD with momentum; rate on a cosine from ``pretrain_lr``
     to 1% of it over ``pretrain_steps``; ``pretrain_schedule`` as :func:`~bnn_pyro.infer.optim.make_schedule` takes
     it, e.g. a :class:`~bnn_pyro.infer.optim.Horizon`), then, from :meth:`start_swa`, SGD with heavy-ball momentum
-    at a constant rate."""
+    at a constant rate; ``precondition`` (a map of the first tensor's gradient, e.g. ``M grad``) is applied before each
+    of the SWA phase's steps."""
 
     def __init__(
         self,
@@ -95,8 +96,9 @@ class PhasedOptimizer:
         pretrain_steps: int,
         momentum: float,
         pretrain_schedule="cosine",
+        precondition=None,
     ):
-        self.params, self.momentum, self.swa_lr = params, momentum, None
+        self.params, self.momentum, self.swa_lr, self.precondition = params, momentum, None, precondition
         if pretrain_optimizer is PretrainOptimizer.ADAM:
             self.inner = torch.optim.Adam(params, lr=pretrain_lr)
         else:
@@ -114,6 +116,8 @@ class PhasedOptimizer:
         self.inner.zero_grad(set_to_none=set_to_none)
 
     def step(self) -> None:
+        if self.precondition is not None and self.swa_lr is not None:  # the SWA phase's step on params[0]
+            self.params[0].grad = self.precondition(self.params[0].grad)
         self.inner.step()
         if self.decay is not None:
             self.decay.step()

@@ -100,11 +100,15 @@ def test_a_posterior_without_training_data_or_of_a_bnn_is_not_judged(monkeypatch
 AGREE = "chains disagree"
 
 
-def test_swag_chains_that_disagree_on_a_pyro_function_say_so():
-    """SWAG at its defaults on the logistic regression (a Pyro function): its three chains sit apart, each far
+def test_swag_chains_that_disagree_on_a_pyro_function_say_so(monkeypatch):
+    """SWAG's plain collection on the logistic regression (a Pyro function): its three chains sit apart, each far
     narrower than the posterior (the check below is not vacuous), and passed as a match only through the allowance
     for ~3 effective draws, silently. The fit now says the chains disagree, naming a parameter. Given held-out rows
-    (early stopping, so no Newton finish at the end of pre-training: SWAG's defaults before ``swag._to_mode``)."""
+    (early stopping, so no Newton finish at the end of pre-training: SWAG's defaults before ``swag._to_mode``), and
+    without the whitened collection that its defaults now take there (``swag_function``, whose chains agree)."""
+    from bnn_pyro.infer import swag
+
+    monkeypatch.setattr(swag, "function_collection", lambda *args, **kwargs: (None, {"skipped": "switched off"}))
     ref = ALL["logistic"]()
     post, messages = _fit(ref, "swag", validation=(ref.x[:20], ref.y[:20]))
     intercept = post.samples["beta"][..., 0].double()  # (chains, draws)

@@ -20,7 +20,7 @@ N, PRETRAIN, SEED = 12, 7, 5
 
 def _stream(batch_size, *, start=0, generator=None):
     x, y = torch.arange(N, dtype=torch.float32)[:, None], torch.arange(N, dtype=torch.float32)
-    s = SimpleNamespace(pretrain_steps=PRETRAIN, batch_size=batch_size or N)
+    s = SimpleNamespace(pretrain_steps=PRETRAIN, batch_size=batch_size or N, function=None)
     state = SimpleNamespace(seed=SEED, generator=generator or torch.Generator().manual_seed(SEED))
     return swag._batches(Data(x=x, y=y, batch_size=batch_size), s, state, start)
 
