@@ -1,13 +1,14 @@
-"""Prediction on a device: ``Posterior.predict`` with the draws of a stack of Linear layers run one at a time (the
-CPU's size rule, ``linear_stack.PER_DRAW_ELEMENTS``, as it applied on every device before) against batched products
-(what the library does off the CPU), side by side with the hand-written chunked ``baddbmm`` of
+"""Prediction on a device: ``Posterior.predict`` as the library ran it off the CPU before (the draws of a stack of
+Linear layers one at a time by the CPU's size rule, ``linear_stack.PER_DRAW_ELEMENTS``, in chunks of the CPU's 8 MiB
+cache budget), batched products in those chunks, and the library's default (batched, in chunks of at least
+``model.ACCELERATOR_CHUNK_BYTES``), side by side with the hand-written chunked ``baddbmm`` of
 ``baselines.predict_loop``, in one process.
 
 The model is ``_common``'s 1-50-1 tanh MLP with draws 0.5 * N(0, 1); the workloads are ``performance.py``'s quick
 prediction (100 draws x 2,000 points) and ``predict.py``'s speed case (500 draws x 10,000 points). Each round times
 every implementation ``--calls`` times (the fastest kept; the device synchronized around each call) after an untimed
 call, the implementations alternating within the round; the table reports the median over ``--repeats`` rounds of
-the ratio to the baseline measured in the same round. Both sides read ``mean`` and ``std`` (``interval=None``).
+the ratio to the baseline measured in the same round. Every side reads ``mean`` and ``std`` (``interval=None``).
 
 Usage: ``python benchmarks/predict_device.py [--device cuda] [--repeats 5] [--calls 5] [--name NAME]``. Writes
 ``NAME.md`` / ``NAME.csv`` in ``benchmarks/results/predict/``.
@@ -42,14 +43,16 @@ def size_rule(layers, x, template) -> bool:
 
 
 @contextmanager
-def rule(fn):
-    """``fn`` as the per-draw rule of ``linear_stack`` and of ``BNN.draws_per_chunk`` for the duration."""
-    saved = stack.runs_per_draw, bp_model._runs_per_draw
+def rule(fn, accelerator_budget: int):
+    """``fn`` as the per-draw rule of ``linear_stack`` and of ``BNN.draws_per_chunk``, and ``accelerator_budget`` as
+    ``model.ACCELERATOR_CHUNK_BYTES`` (0: the CPU's budget everywhere), for the duration."""
+    saved = stack.runs_per_draw, bp_model._runs_per_draw, bp_model.ACCELERATOR_CHUNK_BYTES
     stack.runs_per_draw = bp_model._runs_per_draw = fn
+    bp_model.ACCELERATOR_CHUNK_BYTES = accelerator_budget
     try:
         yield
     finally:
-        stack.runs_per_draw, bp_model._runs_per_draw = saved
+        stack.runs_per_draw, bp_model._runs_per_draw, bp_model.ACCELERATOR_CHUNK_BYTES = saved
 
 
 def best_of(run, calls: int, device) -> float:
@@ -75,23 +78,25 @@ def measure(draws: int, points: int, device: torch.device, repeats: int, calls: 
         pred = post.predict(x, interval=None)
         return pred.mean, pred.std
 
+    library = (stack.runs_per_draw, bp_model.ACCELERATOR_CHUNK_BYTES)
     sides = {
-        "hand-written chunked baddbmm (baseline)": (None, lambda: baselines.predict_loop(layers, x)),
-        "Posterior.predict, one draw at a time (the CPU size rule)": (size_rule, ours),
-        "Posterior.predict, library default (batched off the CPU)": (stack.runs_per_draw, ours),
+        "hand-written chunked baddbmm (baseline)": None,
+        "Posterior.predict, one draw at a time, 8 MiB chunks (before)": (size_rule, 0),
+        "Posterior.predict, batched, 8 MiB chunks": (library[0], 0),
+        "Posterior.predict, library default (batched, accelerator chunks)": library,
     }
-    with rule(size_rule):
+    with rule(*sides["Posterior.predict, one draw at a time, 8 MiB chunks (before)"]):
         reference = ours()
     got = ours()
-    torch.testing.assert_close(got[0], reference[0], rtol=1e-4, atol=1e-5)  # the same prediction both ways
+    torch.testing.assert_close(got[0], reference[0], rtol=1e-4, atol=1e-5)  # the same prediction every way
     timed: dict[str, list[float]] = {name: [] for name in sides}
     for _ in range(repeats):
-        for name, (fn, run) in sides.items():
-            if fn is None:
-                timed[name].append(best_of(run, calls, device))
+        for name, setting in sides.items():
+            if setting is None:
+                timed[name].append(best_of(lambda: baselines.predict_loop(layers, x), calls, device))
             else:
-                with rule(fn):
-                    timed[name].append(best_of(run, calls, device))
+                with rule(*setting):
+                    timed[name].append(best_of(ours, calls, device))
     base = timed["hand-written chunked baddbmm (baseline)"]
     return [
         dict(

@@ -49,6 +49,11 @@ from bnn_pyro.utils.linear_stack import runs_per_draw as _runs_per_draw
 from bnn_pyro.utils.placement import placed_like
 from bnn_pyro.utils.upstream_private import pyro_context, reparametrize_module
 
+ACCELERATOR_CHUNK_BYTES = 128 * 2**20
+"""The least chunk budget of :meth:`BNN.draws_per_chunk` / :meth:`BNN.points_per_chunk` off the CPU: the CPU's 8 MiB
+keeps chunks in cache; an accelerator has no such cache to fit and pays a few kernel launches per chunk, so its
+chunks are as large as this much memory (a few percent of the smallest GPU's) allows."""
+
 __all__ = ["BNN", "Bayesian"]
 
 
@@ -236,8 +241,9 @@ class BNN(nn.Module):
         least 1), else 64. Without autograd, where the stack runs one draw at a time
         (:func:`bnn_pyro.utils.linear_stack.runs_per_draw`), only the chunk's outputs grow with the draws (the
         layers' buffers hold one draw), so the budget is on the outputs. Small chunks stay in cache where large
-        ones are mapped and faulted in anew; 64 bounds the per-draw parameters gathered at once."""
-        row = self._row_bytes(x)
+        ones are mapped and faulted in anew; 64 bounds the per-draw parameters gathered at once. Off the CPU the
+        budget is at least :data:`ACCELERATOR_CHUNK_BYTES` (:meth:`_budget`)."""
+        row, budget_bytes = self._row_bytes(x), self._budget(x, budget_bytes)
         if row is None:
             return 64
         layers = _linear_stack(self._template)
@@ -250,8 +256,15 @@ class BNN(nn.Module):
         """How many rows of ``x`` to evaluate at once: all of them, unless one draw's widest layer output
         over all rows exceeds ``budget_bytes`` (a stack of Linear layers, whose rows are independent;
         other nets get all rows)."""
-        row = self._row_bytes(x)
+        row, budget_bytes = self._row_bytes(x), self._budget(x, budget_bytes)
         return x.shape[0] if row is None else max(1, min(x.shape[0], budget_bytes // max(row, 1)))
+
+    @staticmethod
+    def _budget(x: torch.Tensor, budget_bytes: int) -> int:
+        """The chunk budget on ``x``'s device: ``budget_bytes`` on the CPU (a cache rule), at least
+        :data:`ACCELERATOR_CHUNK_BYTES` elsewhere (there the budget bounds memory only, and every chunk costs a
+        fixed number of kernel launches, so fewer, larger chunks are faster)."""
+        return budget_bytes if x.device.type == "cpu" else max(budget_bytes, ACCELERATOR_CHUNK_BYTES)
 
     def _row_bytes(self, x: torch.Tensor) -> int | None:
         """Bytes of the widest layer output for one row of ``x`` and one draw (a Linear stack), or None."""

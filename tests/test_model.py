@@ -170,8 +170,12 @@ def test_linear_stack_without_autograd_equals_the_tracked_path(make_net, rows):
     draws = {n: torch.randn(4, *model.param_shapes[n], requires_grad=True) for n in model.sample_names}
     x = torch.randn(rows, model._template[0 if isinstance(model._template[0], nn.Linear) else 1].in_features)
     assert runs_per_draw(_linear_stack(model._template), x, model._template) == (rows == 16_000)
-    # the per-draw loop is a CPU rule: on any other device (meta here, CUDA alike) the draws run batched
+    # the per-draw loop is a CPU rule: on any other device (meta here, CUDA alike) the draws run batched, in chunks
+    # under the accelerator's budget, not the CPU cache's
     assert not runs_per_draw(_linear_stack(model._template), x.to("meta"), model._template)
+    big = torch.empty(100_000, x.shape[1])
+    assert model.draws_per_chunk(big.to("meta")) > model.draws_per_chunk(big)
+    assert model.points_per_chunk(big.to("meta")) >= model.points_per_chunk(big)
     before = x.clone()
     tracked = model.forward_draws(draws, x)
     with torch.no_grad():
