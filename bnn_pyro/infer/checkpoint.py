@@ -256,9 +256,9 @@ class Checkpoint:
         if not (self.resume and self.path.exists()):
             return None
         tensors, meta = read(self.path)
-        saved = current_names(meta.get("run", {}), self.run)
-        if saved != self.run:
-            diff = sorted(k for k in set(self.run) | set(saved) if self.run.get(k) != saved.get(k))
+        saved, run = run_identity(current_names(meta.get("run", {}), self.run)), run_identity(self.run)
+        if saved != run:
+            diff = sorted(k for k in set(run) | set(saved) if run.get(k) != saved.get(k))
             raise CheckpointError(
                 f"resume: {str(self.path)!r} belongs to another run (differs in {diff}). Resume with "
                 "the same method and configuration, or pass another checkpoint folder."
@@ -273,6 +273,18 @@ class Checkpoint:
     def save(self, step: int, tensors: dict[str, torch.Tensor], meta: dict[str, Any]) -> None:
         rng_tensors, rng_meta = rng_state()
         write(self.path, {**tensors, **rng_tensors}, {**meta, "step": step, "run": self.run, "rng": rng_meta})
+
+
+MEASURED = frozenset({"laplace_k_hat", "preconditioner_damping", "k_hat", "damping"})
+"""Run-record keys (at any depth) measured from the data rather than chosen: a Laplace approximation's PSIS
+``k_hat`` and the damping its Hessian needed. Their last bits follow the float reductions' order, which the thread
+count changes, so they are recorded in ``post.config`` but kept out of a checkpoint's run identity
+(:func:`run_identity`, applied to both sides when a resume compares them): what they decide (the start, the collection, the preconditioner) is recorded beside them."""
+
+
+def run_identity(config: dict) -> dict:
+    """``config`` without the :data:`MEASURED` keys (nested dicts included): what a checkpoint's run must match."""
+    return {k: run_identity(v) if isinstance(v, dict) else v for k, v in config.items() if k not in MEASURED}
 
 
 def open_chains(checkpoint, *, every: int | None, resume: bool, num_chains: int, run: dict) -> list[Checkpoint | None]:

@@ -333,8 +333,9 @@ class HMCConfig(MCMCConfig):
 
     trajectory_length, num_leapfrog:
         One of the two. ``num_leapfrog``: this many leapfrog steps per draw on average, fixed through adaptation
-        (default :data:`DEFAULT_NUM_LEAPFROG` = 32 when neither is given: a bounded cost per draw).
-        ``trajectory_length``: a fixed length, i.e. ``length / step_size`` steps per draw at the adapted step size
+        (default :data:`DEFAULT_NUM_LEAPFROG` = 32 when neither is given: a bounded cost per draw; on a small Pyro
+        function started from its Laplace approximation, ``trajectory_length = pi`` instead:
+        :meth:`laplace_started`). ``trajectory_length``: a fixed length, i.e. ``length / step_size`` steps per draw at the adapted step size
         (unbounded: thousands per draw where the step is small, as in BNNs).
     leapfrog_jitter:
         Each draw's number of leapfrog steps is uniform over the integers within ``(1 -+ leapfrog_jitter)`` times
@@ -472,7 +473,8 @@ def fit_nuts(model, data: Data, config: NUTSConfig) -> Posterior:
 @entry(HMCConfig)
 def fit_hmc(model, data: Data, config: HMCConfig) -> Posterior:
     """``bp.fit(..., method="hmc")``: sample the posterior of ``model`` by HMC (module docstring; options:
-    :class:`HMCConfig`, e.g. ``num_leapfrog``, default :data:`DEFAULT_NUM_LEAPFROG` = 32)."""
+    :class:`HMCConfig`, e.g. ``num_leapfrog``, default :data:`DEFAULT_NUM_LEAPFROG` = 32, or a trajectory of length
+    pi from the Laplace start of a small Pyro function: :meth:`HMCConfig.laplace_started`)."""
     return sample(model, data, config)
 
 

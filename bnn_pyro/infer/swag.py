@@ -258,7 +258,8 @@ def fit_swag(model, data: Data, cfg: SWAGConfig) -> Posterior:
     num_steps, burn_in, collect_every:
         SWA phase: SGD steps (default 200 epochs of ``ceil(N / B)`` steps), steps before the first
         snapshot (default ``num_steps // 10``), steps between snapshots (default one epoch). A small Pyro function's
-        whitened collection takes every row each step (an epoch is one step; no pre-training).
+        whitened collection (without ``init=``) takes every row each step (an epoch is one step; it starts at the
+        mode, so ``pretrain_steps`` and ``batch_size`` do not apply and are recorded as 0 and all rows).
     lr, momentum:
         The constant SWA learning rate (``"auto"`` or a positive float: what ``lr`` means is stated once in
         :mod:`bnn_pyro.infer.optim`) and SGD momentum (``None``: 0.9, Izmailov et al.'s; on a small Pyro function's
@@ -426,7 +427,9 @@ def _run_once(
     def collection(rows: Data) -> tuple[FunctionCollection | None, dict | None]:
         if not functions:
             return None, None
-        return function_collection(model, paths, rows, momentum=momentum, anchored=anchored, lr=lr, seed=cfg.seed)
+        return function_collection(
+            model, paths, rows, momentum=momentum, anchored=anchored, lr=lr, seed=cfg.seed, init=cfg.init
+        )
 
     function, record = collection(full)
     default = isinstance(cfg.validation, str) and cfg.validation == "default"

@@ -13,7 +13,7 @@ objective
 
 .. math::
 
-    U_t(z) = -\log p(z) - \langle z, g_t \rangle - \sum_i v_{ti} \log p(y_i \mid x_i, z),\qquad
+    U_t(z) = -\log p(z) + \langle z, g_t \rangle - \sum_i v_{ti} \log p(y_i \mid x_i, z),\qquad
     v_t = n D_t,\ D_t \sim \mathrm{Dirichlet}(1, \ldots, 1),\quad g_t = \nabla \log p(w_t),\ w_t \sim p(w),
 
 fresh observation weights (the weighted likelihood bootstrap, :func:`~bnn_pyro.infer.anchor.bootstrap_weights`) and,
@@ -141,11 +141,12 @@ def _whiten_gradient(chol: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 
 
 def function_collection(
-    model, paths: Potentials, data: Data, *, momentum: float | None, anchored: bool, lr, seed: int
+    model, paths: Potentials, data: Data, *, momentum: float | None, anchored: bool, lr, seed: int, init=None
 ) -> tuple[FunctionCollection | None, dict | None]:
     """``(collection, record)``: the collection of a small plain Pyro function (module docstring, "Where it applies"),
     or ``None`` and why not (``record["skipped"]``; ``record`` is ``None`` for a ``BNN`` or a loader, which never take
-    it). Skipped: a number ``lr``, no metric (``pyro.param`` sites, too many coordinates, a Hessian that is not
+    it). Skipped: ``init=`` given (the user's start, pre-trained as asked, as MCMC skips its Laplace start then),
+    a number ``lr``, no metric (``pyro.param`` sites, too many coordinates, a Hessian that is not
     finite), a Laplace approximation whose PSIS ``k_hat`` exceeds
     :data:`~bnn_pyro.infer._mode_start.K_HAT_MAX` (the rule of the MCMC engines' mode start: there the curvature at
     the mode does not describe the posterior, and unit whitened steps leave it: the non-centered eight schools'
@@ -154,6 +155,8 @@ def function_collection(
     caller's stream is left as it was), as :func:`~bnn_pyro.infer._mode_start.mode_start`'s."""
     if isinstance(model, BNN) or data.loader is not None:
         return None, None
+    if init is not None:
+        return None, {"skipped": "init= given: the plain SGD collection from that start"}
     if lr != "auto":
         return None, {"skipped": "lr= a number: the plain SGD collection at that rate"}
     start = mode_start(model, data, num_chains=1, seed=seed, fast_path=paths.fast_path)

@@ -109,6 +109,17 @@ def test_existing_checkpoint_is_never_overwritten_and_other_runs_are_refused(toy
         bp.fit(_mlp(), x, y, resume=True, **cfg)
 
 
+def test_measured_diagnostics_in_the_run_record_do_not_refuse_a_resume(tmp_path):
+    """A Laplace approximation's k_hat and a Hessian's damping are measured from the data (their last bits follow the
+    thread count): a resume compares the run without them, but still refuses a run whose choices differ."""
+    run = {"method": "nuts", "start": "laplace", "laplace_k_hat": 0.0138, "collection": {"k_hat": 0.1, "damping": 0.0}}
+    ckpt_mod.Checkpoint(tmp_path, every=None, resume=False, chain=0, run=run).save(1, {"z": torch.zeros(2)}, {})
+    measured = {**run, "laplace_k_hat": 0.0603, "collection": {"k_hat": 0.12, "damping": 1e-9}}
+    assert ckpt_mod.Checkpoint(tmp_path, every=None, resume=True, chain=0, run=measured).load() is not None
+    with pytest.raises(ckpt_mod.CheckpointError, match="start"):
+        ckpt_mod.Checkpoint(tmp_path, every=None, resume=True, chain=0, run={**measured, "start": "prior"}).load()
+
+
 def test_unreadable_checkpoint_names_the_file(tmp_path):
     bad = tmp_path / "chain0.ckpt"
     bad.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")

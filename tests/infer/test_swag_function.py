@@ -172,3 +172,14 @@ def test_a_function_swag_run_resumes_bit_identically(blr, crash_and_resume):
 def test_a_number_lr_keeps_the_plain_collection(blr):
     post = bp.fit(_model, blr.x, blr.y, method="swa", seed=0, progress=False, lr=1e-3, pretrain_steps=20, num_steps=20)
     assert "lr=" in post.config["collection"]["skipped"] and post.config["momentum"] == 0.9
+
+
+def test_a_given_init_keeps_the_plain_collection_from_that_start(blr):
+    """The whitened collection starts at the mode: with ``init=`` given it is skipped (as MCMC skips its Laplace
+    start), so the user's start and pre-training run as asked and the record says so (they were overridden)."""
+    start = {"beta": torch.full((3,), 5.0)}
+    post = bp.fit(
+        _model, blr.x, blr.y, method="swa", seed=0, progress=False, init=start, pretrain_steps=7, num_steps=20
+    )
+    assert "init=" in post.config["collection"]["skipped"]
+    assert post.config["pretrain_steps"] == 7 and post.config["momentum"] == 0.9
