@@ -40,7 +40,7 @@ import torch
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potentials
-from bnn_pyro.infer.sg_metric import mode_metric, unwhiten
+from bnn_pyro.infer.sg_metric import Metric, mode_metric, unwhiten
 
 __all__ = ["ModeStart", "mode_start", "SPREAD", "K_HAT_MAX", "NUM_CHECK", "START_SEED_OFFSET"]
 
@@ -54,12 +54,15 @@ NUM_CHECK = 1000  # draws of the Laplace approximation for k_hat: one potential 
 class ModeStart:
     """``values``: each chain's start (constrained site values); ``cov``: ``H^{-1}`` (float64) over the flat
     unconstrained coordinates in ``sizes`` order; ``sizes``: each site's number of coordinates, in that order;
-    ``k_hat``: the Laplace approximation's PSIS ``k_hat`` (module docstring); ``usable``: at most ``K_HAT_MAX``."""
+    ``k_hat``: the Laplace approximation's PSIS ``k_hat`` (module docstring); ``usable``: at most ``K_HAT_MAX``;
+    ``metric``: the mode and Hessian factor they come from (for a caller that needs them too, e.g. SWAG's collection,
+    instead of searching again)."""
 
     values: list[dict[str, torch.Tensor]]
     cov: torch.Tensor
     sizes: dict[str, int]
     k_hat: float
+    metric: Metric | None = None
 
     @property
     def usable(self) -> bool:
@@ -97,7 +100,7 @@ def mode_start(model, data: Data, *, num_chains: int, seed: int, fast_path: bool
         z = (mode + unwhiten(chol, SPREAD * eps)).to(metric.mode.dtype)
         values.append({k: v.detach() for k, v in pot.constrain(pot.unflatten(z)).items()})
     sizes = {name: int(torch.Size(shape).numel()) for name, shape in pot.shapes.items()}
-    return ModeStart(values, torch.cholesky_inverse(chol), sizes, _k_hat(pot, metric, seed))
+    return ModeStart(values, torch.cholesky_inverse(chol), sizes, _k_hat(pot, metric, seed), metric)
 
 
 def _k_hat(pot, metric, seed: int) -> float:

@@ -75,7 +75,7 @@ from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._mode_start import K_HAT_MAX, mode_start
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.anchor import BootstrapSites, anchor, bootstrap_sites, bootstrap_weights, flat_tilt, weighted
-from bnn_pyro.infer.sg_metric import Metric, mode_metric, unwhiten
+from bnn_pyro.infer.sg_metric import Metric, unwhiten
 from bnn_pyro.model import BNN
 
 __all__ = ["FunctionCollection", "function_collection", "collection_lr", "MOMENTUM"]
@@ -170,10 +170,7 @@ def function_collection(
     sites = bootstrap_sites(model, data.x, data.y, anchored=anchored)
     if not sites.shapes:
         return None, {"skipped": "no observed site to weight", "observation_weights": sites.record}
-    cuda = [data.x.device] if data.x.device.type == "cuda" else []
-    with torch.random.fork_rng(devices=cuda):  # as mode_start's search: the same mode and curvature
-        torch.manual_seed(seed)
-        metric = mode_metric(model, paths, data)
+    metric = start.metric  # mode_start's search, seeded by seed on a forked generator
     beta = MOMENTUM if momentum is None else float(momentum)
     rate = collection_lr(beta)
     record = {
