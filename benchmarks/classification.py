@@ -10,9 +10,18 @@ The classification companion of ``benchmarks/uci.py`` (issue 26). Per dataset an
   (``--option method:key=value`` for experiments only);
 - on the test rows: accuracy, NLL (``metrics.nll`` of the Bayesian model average) and ECE (15 bins);
 - OOD AUROC (``metrics.ood_auroc``) of the predictive entropy and of the mutual information, separating the
-  test rows from: ``noise``, Gaussian inputs of sd 3 in standardized units (as many as test rows, seed
-  ``1000 + split``); ``far``, the test rows scaled by 10; ``class`` (sets with 3+ classes), a second fit on
-  the training rows without the last class, scored on the test rows of that class against the others;
+  test rows from: ``noise``, Gaussian inputs of sd 3 in standardized units (``--noise-rows``, default
+  :data:`NOISE_ROWS`, from seed ``NOISE_SEED + split``); ``far``, the test rows scaled by 10; ``class`` (sets
+  with 3+ classes), a second fit on the training rows without the last class, scored on the test rows of that
+  class against the others;
+- beside the noise AUROC, its standard errors: ``se_noise_*`` by Hanley & McNeil (1982), the test rows and
+  the noise rows both counted as samples, and ``sedraw_noise_*``, the part from the noise rows alone (the
+  spread of the AUROC over redraws of the noise rows with the test rows fixed, DeLong et al. 1988's
+  placement values); and ``auroc_noise_ntest_*``, the scoring before ``--noise-rows``: as many noise rows as
+  test rows (seed ``1000 + split``), for comparison;
+- per split, issue 26's joint target (``verdicts``): noise AUROC by MI (by entropy without MI) >= 0.8 with
+  accuracy and NLL within 0.03 of logistic regression on that split, and the AUROC's distance to 0.8 in
+  Hanley-McNeil standard errors;
 - the reference: scikit-learn's ``LogisticRegression(C=1)`` (an L2 penalty equal to the ``Normal(0, 1)``
   prior's MAP) on the same split, its accuracy and NLL in the ``logreg`` row (its OOD scores too, from its
   predictive entropy; it has no mutual information).
@@ -28,8 +37,9 @@ Usage::
     python benchmarks/classification.py --dataset iris --quick --methods all --max-fit-seconds 300
     python benchmarks/classification.py --dataset digits --max-rows 600 --quick --out benchmarks/results/classification
 
-writes ``<dataset>_splits.csv`` (one row per split and engine, appended as each fit ends) and ``<dataset>.md`` /
-``.csv`` (mean ± standard error over splits; the Markdown headed by the run's provenance) to ``--out`` (default
+writes ``<dataset>_splits.csv`` (one row per split and engine, appended as each fit ends), ``<dataset>.md`` /
+``.csv`` (mean ± standard error over splits; the Markdown headed by the run's provenance, with the per-split
+verdicts below it where logistic regression ran) and ``<dataset>_verdicts.csv`` to ``--out`` (default
 ``benchmarks/results/classification/``).
 """
 
@@ -61,9 +71,22 @@ from _common import results_dir, write_result  # noqa: E402 - uci put benchmarks
 
 DATASETS = ("breast_cancer", "wine", "iris", "digits", "synthetic")
 OOD = ("noise", "far", "class")
+SCORES = ("entropy", "mi")
 METRICS = (
-    ["accuracy", "nll", "ece"] + [f"auroc_{kind}_{score}" for kind in OOD for score in ("entropy", "mi")] + ["time_s"]
+    ["accuracy", "nll", "ece"]
+    + [f"auroc_{kind}_{score}" for kind in OOD for score in SCORES]
+    + [f"{col}_{score}" for col in ("se_noise", "sedraw_noise", "auroc_noise_ntest") for score in SCORES]
+    + ["time_s"]
 )
+NOISE_ROWS = 2000
+"""Noise rows scored per split by default: the noise rows' part of the AUROC's standard error, ``sd(V) / sqrt(n)``
+(:func:`auroc_se_draw`), is then ``sqrt(2000 / 30) = 8`` times smaller than with as many rows as a 30-row test
+set, so the verdict no longer turns on which noise rows were drawn; prediction only, no refit."""
+NOISE_SEED = 10_000
+"""Split ``k``'s noise rows come from a private generator seeded ``NOISE_SEED + k``: a stream of their own,
+apart from the fit's seed (``k``, the global RNG) and from the test-row-sized set (seed ``1000 + k``)."""
+TARGET_AUROC, TARGET_GAP = 0.8, 0.03
+"""Issue 26's joint target: noise AUROC >= 0.8, accuracy and NLL within 0.03 of logistic regression."""
 
 
 def load_dataset(name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,9 +122,49 @@ def make_model(input_dim: int, num_classes: int, seed: int) -> bp.BNN:
     return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
 
 
-def ood_inputs(s: dict[str, torch.Tensor], split: int) -> dict[str, torch.Tensor]:
-    g = torch.Generator().manual_seed(1000 + split)
-    return dict(noise=3.0 * torch.randn(s["x_test"].shape, generator=g), far=10.0 * s["x_test"])
+def ood_inputs(s: dict[str, torch.Tensor], split: int, *, noise_rows: int | None = None) -> dict[str, torch.Tensor]:
+    """Split ``split``'s off-data inputs: ``noise``, Gaussian rows of sd 3 (as many as test rows from seed
+    ``1000 + split`` for ``noise_rows=None``, the scoring before ``--noise-rows``; else ``noise_rows`` of them
+    from seed ``NOISE_SEED + split``), and ``far``, the test rows times 10. Private generators: the global RNG
+    (the fit's) is neither read nor advanced, so the rows do not depend on the fit nor the fit on them."""
+    if noise_rows is None:
+        shape, seed = s["x_test"].shape, 1000 + split
+    elif isinstance(noise_rows, bool) or not isinstance(noise_rows, int) or noise_rows < 2:
+        raise ValueError(f"noise_rows: expected an int >= 2 (or None: as many as test rows), got {noise_rows!r}.")
+    else:
+        shape, seed = (noise_rows, s["x_test"].shape[1]), NOISE_SEED + split
+    g = torch.Generator().manual_seed(seed)
+    return dict(noise=3.0 * torch.randn(shape, generator=g), far=10.0 * s["x_test"])
+
+
+def auroc_se(auroc: float, n_out: int, n_in: int) -> float:
+    """Hanley & McNeil's (1982) standard error of an AUROC from ``n_out`` positives (off-data rows) and ``n_in``
+    negatives (test rows):
+
+    ``se^2 = [A (1 - A) + (n_out - 1)(Q1 - A^2) + (n_in - 1)(Q2 - A^2)] / (n_out n_in)``, ``Q1 = A / (2 - A)``,
+    ``Q2 = 2 A^2 / (1 + A)``,
+
+    the Mann-Whitney statistic's exact variance with ``Q1`` (two positives above one negative) and ``Q2`` (one
+    positive above two negatives) taken from exponential scores, the paper's approximation: both samples vary.
+    """
+    if n_out < 1 or n_in < 1:
+        raise ValueError(f"n_out, n_in: expected counts >= 1, got {n_out}, {n_in}.")
+    a = auroc
+    q1, q2 = a / (2 - a), 2 * a * a / (1 + a)
+    var = (a * (1 - a) + (n_out - 1) * (q1 - a * a) + (n_in - 1) * (q2 - a * a)) / (n_out * n_in)
+    return math.sqrt(max(var, 0.0))
+
+
+def auroc_se_draw(scores_in: torch.Tensor, scores_out: torch.Tensor) -> float:
+    """The AUROC's standard error over redraws of the off-data rows alone, the test rows fixed: with
+    ``V_j`` = the share of test-row scores below off-data score ``j`` (ties half; DeLong et al. 1988's placement
+    value), ``AUROC = mean_j V_j`` over independent rows, so ``se = sd(V) / sqrt(n_out)`` (sd with ddof 1)."""
+    ordered = scores_in.double().sort().values
+    b = scores_out.double()
+    below = torch.searchsorted(ordered, b, right=False).double()
+    up_to = torch.searchsorted(ordered, b, right=True).double()
+    v = (below + 0.5 * (up_to - below)) / len(ordered)
+    return float(v.std() / math.sqrt(len(v)))
 
 
 def _scores(predict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -113,13 +176,21 @@ def _scores(predict, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None
     return out.entropy, out.mutual_information
 
 
-def _aurocs(predict, x_in: torch.Tensor, outs: dict[str, torch.Tensor]) -> dict[str, float]:
+def _aurocs(
+    predict, x_in: torch.Tensor, outs: dict[str, torch.Tensor], *, se: tuple[str, ...] = ()
+) -> dict[str, float]:
+    """``auroc_<kind>_<score>`` per entry of ``outs``; for the kinds in ``se`` also ``se_<kind>_<score>``
+    (:func:`auroc_se`) and ``sedraw_<kind>_<score>`` (:func:`auroc_se_draw`)."""
     h_in, mi_in = _scores(predict, x_in)
     row = {}
     for kind, x_out in outs.items():
         h_out, mi_out = _scores(predict, x_out)
-        row[f"auroc_{kind}_entropy"] = metrics.ood_auroc(h_in, h_out)
-        row[f"auroc_{kind}_mi"] = math.nan if mi_in is None else metrics.ood_auroc(mi_in, mi_out)
+        for score, s_in, s_out in (("entropy", h_in, h_out), ("mi", mi_in, mi_out)):
+            auc = math.nan if s_in is None else metrics.ood_auroc(s_in, s_out)
+            row[f"auroc_{kind}_{score}"] = auc
+            if kind in se:
+                row[f"se_{kind}_{score}"] = math.nan if s_in is None else auroc_se(auc, len(x_out), len(x_in))
+                row[f"sedraw_{kind}_{score}"] = math.nan if s_in is None else auroc_se_draw(s_in, s_out)
     return row
 
 
@@ -143,9 +214,11 @@ def run_one(
     *,
     max_fit_seconds: float | None = None,
     held_out_class: bool = True,
+    noise_rows: int | None = NOISE_ROWS,
 ) -> dict:
     """Fit and score ``method`` on one split (a failure becomes a row with its ``error`` text); the held-out-class
-    second fit only where ``held_out_class`` (it doubles the cost)."""
+    second fit only where ``held_out_class`` (it doubles the cost); ``noise_rows`` noise rows (``None``: as many
+    as test rows, the scoring before ``--noise-rows``)."""
     x, y = data
     s = make_split(x, y, split)
     k = int(y.max()) + 1
@@ -164,7 +237,9 @@ def run_one(
                 nll=metrics.nll(probs, s["y_test"]),
                 ece=metrics.ece(probs, s["y_test"]),
             )
-            row.update(_aurocs(predict, s["x_test"], ood_inputs(s, split)))
+            outs = ood_inputs(s, split, noise_rows=noise_rows)
+            outs["noise_ntest"] = ood_inputs(s, split)["noise"]
+            row.update(_aurocs(predict, s["x_test"], outs, se=("noise",)))
             if k >= 3 and held_out_class:  # held-out class: the last one
                 keep, held = s["y_train"] < k - 1, s["y_test"] == k - 1
                 with time_limit(max_fit_seconds):
@@ -228,6 +303,7 @@ def run(
     max_fit_seconds: float | None = None,
     max_rows: int | None = None,
     held_out_class: bool = True,
+    noise_rows: int | None = NOISE_ROWS,
 ) -> pd.DataFrame:
     """Every method on every split of ``name``; rows appended as each fit ends, the summary rewritten per split."""
     out.mkdir(parents=True, exist_ok=True)
@@ -246,6 +322,7 @@ def run(
                     (options or {}).get(method),
                     max_fit_seconds=max_fit_seconds,
                     held_out_class=held_out_class,
+                    noise_rows=noise_rows,
                 ),
             )
             rows.append(row)
@@ -265,10 +342,78 @@ def run(
             f"{os.getloadavg()[0]:.1f} at writing), {torch.get_num_threads()} torch thread(s) in this process, "
             f"git {git_commit()}."
             + (f" Rows: a random {len(data[0])} of the set's." if max_rows else "")
+            + f" Noise rows per split: {noise_rows or 'as many as test rows'}."
             + (f" {note}" if note else ""),
         ]
-        write_result(out / f"{name}.md", markdown(summary, f"Classification: {name}", notes))
+        text = markdown(summary, f"Classification: {name}", notes)
+        if "logreg" in methods:
+            table = verdicts(pd.DataFrame(rows))
+            table.to_csv(out / f"{name}_verdicts.csv", index=False)
+            text += "\n" + verdicts_markdown(table)
+        write_result(out / f"{name}.md", text)
     return summary
+
+
+def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
+    """Per split and engine, issue 26's joint target: noise AUROC by MI (by entropy where there is no MI)
+    ``>= TARGET_AUROC``, accuracy ``>=`` and NLL ``<=`` logistic regression's on that split ``-/+ TARGET_GAP``.
+
+    ``z = (AUROC - 0.8) / se`` (Hanley-McNeil ``se``): ``|z| < 2`` marks a verdict within noise of the
+    threshold. ``met_ntest`` is the same target scored on the test-row-sized noise set (``auroc_ntest``).
+    Splits without a successful logistic-regression row are left out (nothing to compare with).
+    """
+    ok = rows[rows["error"].fillna("") == ""]
+    ref = ok[ok["method"] == "logreg"].set_index("split")
+    out = []
+    for _, r in ok[ok["method"] != "logreg"].iterrows():
+        if r["split"] not in ref.index:
+            continue
+        score = "mi" if math.isfinite(r.get("auroc_noise_mi", math.nan)) else "entropy"
+        acc_gap = r["accuracy"] - ref.loc[r["split"], "accuracy"]
+        nll_gap = r["nll"] - ref.loc[r["split"], "nll"]
+        fits = acc_gap >= -TARGET_GAP and nll_gap <= TARGET_GAP
+        auc, se = r[f"auroc_noise_{score}"], r[f"se_noise_{score}"]
+        old = r.get(f"auroc_noise_ntest_{score}", math.nan)
+        out.append(
+            dict(
+                split=r["split"],
+                method=r["method"],
+                score=score,
+                accuracy_gap=acc_gap,
+                nll_gap=nll_gap,
+                auroc=auc,
+                se=se,
+                sedraw=r[f"sedraw_noise_{score}"],
+                z=(auc - TARGET_AUROC) / se if se > 0 else math.nan,
+                met=bool(fits and auc >= TARGET_AUROC),
+                auroc_ntest=old,
+                met_ntest=bool(fits and old >= TARGET_AUROC),
+            )
+        )
+    return pd.DataFrame(out)
+
+
+def verdicts_markdown(table: pd.DataFrame) -> str:
+    """The per-split verdicts as a Markdown table (✓ met, ✗ not; "(< 2 se)" where ``|z| < 2``)."""
+    lines = [
+        "## Per split: issue 26's joint target",
+        "",
+        "Noise AUROC by MI (entropy where there is no MI) ± its Hanley-McNeil se, the noise rows' own part of it "
+        "(draw se), the distance to 0.8 in se (z), and the gaps to logistic regression on the split; the last "
+        "columns score the same fit on as many noise rows as test rows (the scoring before --noise-rows).",
+        "",
+        "| split | engine | accuracy − logreg | NLL − logreg | noise AUROC ± se | draw se | z | verdict "
+        "| AUROC on n_test rows | verdict then |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for _, r in table.iterrows():
+        near = " (< 2 se)" if abs(r["z"]) < 2 else ""
+        lines.append(
+            f"| {r['split']} | {r['method']} | {r['accuracy_gap']:+.3f} | {r['nll_gap']:+.3f} | "
+            f"{r['auroc']:.3f} ± {r['se']:.3f} | {r['sedraw']:.3f} | {r['z']:+.1f} | "
+            f"{'✓' if r['met'] else '✗'}{near} | {r['auroc_ntest']:.3f} | {'✓' if r['met_ntest'] else '✗'} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
@@ -288,6 +433,12 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     )
     parser.add_argument("--max-fit-seconds", type=float)
     parser.add_argument("--max-rows", type=int, help="a random subset of this many rows (seed 0), e.g. for digits")
+    parser.add_argument(
+        "--noise-rows",
+        type=int,
+        default=NOISE_ROWS,
+        help=f"noise rows scored per split (default {NOISE_ROWS}); 0: as many as test rows (the scoring before)",
+    )
     parser.add_argument("--note", default="")
     parser.add_argument("--out", default=None, help="the folder written (default benchmarks/results/classification/)")
     args = parser.parse_args(argv)
@@ -296,6 +447,8 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
     for m in methods:
         if m != "logreg" and m not in engines:
             raise SystemExit(f"--methods: unknown method {m!r}; choose logreg or one of {engines}.")
+    if args.noise_rows == 1 or args.noise_rows < 0:
+        raise SystemExit(f"--noise-rows: expected 0 (as many as test rows) or an int >= 2, got {args.noise_rows}.")
     splits = [args.first_split + k for k in range(1 if args.quick else args.splits)]
     options = parse_options(args.option)
     np.seterr(all="ignore")
@@ -310,6 +463,7 @@ def main(argv: list[str] | None = None) -> dict[str, pd.DataFrame]:
             max_fit_seconds=args.max_fit_seconds,
             max_rows=args.max_rows,
             held_out_class=not args.no_class,
+            noise_rows=args.noise_rows or None,
         )
         for name in args.dataset.split(",")
     }

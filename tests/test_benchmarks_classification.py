@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
 import pytest
 import torch
 
@@ -35,15 +36,24 @@ def test_row_scores_recomputed_by_hand(cls):
     p = torch.tensor(clf.predict_proba(s["x_test"].numpy()), dtype=torch.float64)
     assert row["accuracy"] == pytest.approx(float((p.argmax(-1) == s["y_test"]).double().mean()))
     assert row["nll"] == pytest.approx(float(-p[torch.arange(len(p)), s["y_test"]].log().mean()), rel=1e-6)
-    noise = cls.ood_inputs(s, 0)["noise"]
-    assert noise.std().item() == pytest.approx(3.0, rel=0.1)
+    noise = cls.ood_inputs(s, 0, noise_rows=cls.NOISE_ROWS)["noise"]  # the default: 2,000 rows, not 30
+    assert noise.shape == (2000, 4) and noise.std().item() == pytest.approx(3.0, rel=0.05)
+    few = cls.ood_inputs(s, 0)["noise"]  # the scoring before --noise-rows: as many rows as test rows
+    assert few.shape == (30, 4)
 
     def h(q):
         return -(q * q.log()).sum(-1)
 
-    p_noise = torch.tensor(clf.predict_proba(noise.numpy()), dtype=torch.float64)
-    assert row["auroc_noise_entropy"] == pytest.approx(metrics.ood_auroc(h(p), h(p_noise)))
-    assert math.isnan(row["auroc_noise_mi"])  # logistic regression has no mutual information
+    def proba(z):
+        return torch.tensor(clf.predict_proba(z.numpy()), dtype=torch.float64)
+
+    auc = metrics.ood_auroc(h(p), h(proba(noise)))
+    assert row["auroc_noise_entropy"] == pytest.approx(auc)
+    assert row["se_noise_entropy"] == pytest.approx(cls.auroc_se(auc, 2000, 30))
+    assert row["sedraw_noise_entropy"] == pytest.approx(cls.auroc_se_draw(h(p), h(proba(noise))))
+    assert row["auroc_noise_ntest_entropy"] == pytest.approx(metrics.ood_auroc(h(p), h(proba(few))))
+    for col in ("auroc_noise_mi", "se_noise_mi", "sedraw_noise_mi", "auroc_noise_ntest_mi"):
+        assert math.isnan(row[col])  # logistic regression has no mutual information
     keep = s["y_train"] < 2
     clf2 = LogisticRegression(C=1.0, max_iter=5000).fit(s["x_train"][keep].numpy(), s["y_train"][keep].numpy())
     held = s["y_test"] == 2
@@ -89,6 +99,135 @@ def test_no_class_skips_the_second_fit_and_first_split_offsets_the_splits(cls, t
             str(tmp_path),
         ]
     )
-    rows = __import__("pandas").read_csv(tmp_path / "iris_splits.csv")
+    rows = pd.read_csv(tmp_path / "iris_splits.csv")
     assert rows["split"].tolist() == [2, 3] and "auroc_class_entropy" not in rows
     assert out["iris"]["splits_ok"].tolist() == [2]
+
+
+# ---------------------------------------------------------------------------------------- the noise AUROC's se
+def test_auroc_se_is_the_mann_whitney_null_variance_at_one_half(cls):
+    # at A = 1/2 (Q1 = Q2 = 1/3) Hanley-McNeil is exactly the Mann-Whitney null variance (n + m + 1) / (12 n m)
+    for n_out, n_in in ((2000, 30), (30, 30), (5, 400)):
+        exact = math.sqrt((n_out + n_in + 1) / (12 * n_out * n_in))
+        assert cls.auroc_se(0.5, n_out, n_in) == pytest.approx(exact, rel=1e-12)
+    assert cls.auroc_se(1.0, 2000, 30) == 0.0  # perfect separation: no spread
+    with pytest.raises(ValueError, match="n_out, n_in"):
+        cls.auroc_se(0.8, 0, 30)
+
+
+def _batch_auroc(s_in: torch.Tensor, s_out: torch.Tensor) -> torch.Tensor:
+    """AUROC per row of a batch of continuous scores (no ties): the count of test scores below each off-data
+    score, by a batched sorted search."""
+    below = torch.searchsorted(s_in.sort(-1).values.contiguous(), s_out.contiguous())
+    return below.double().mean(-1) / s_in.shape[-1]
+
+
+def test_auroc_se_matches_the_spread_over_redrawn_exponential_samples(cls):
+    # Exponential scores are Hanley-McNeil's model: in ~ Exp(1), out ~ Exp(r) give A = 1 / (1 + r) and its Q1, Q2
+    # exactly, so the formula is the AUROC's exact sd; the sample sd of R = 4000 replicates has relative error
+    # ~ 1 / sqrt(2 R) = 0.011, the tolerance is 4 of those. Swapping n_in and n_out would be off by 40%.
+    rate, n_in, n_out, reps = 0.25, 30, 200, 4000
+    g = torch.Generator().manual_seed(0)
+    s_in = torch.empty(reps, n_in, dtype=torch.float64).exponential_(1.0, generator=g)
+    s_out = torch.empty(reps, n_out, dtype=torch.float64).exponential_(rate, generator=g)
+    aucs = _batch_auroc(s_in, s_out)
+    a = 1 / (1 + rate)
+    se = cls.auroc_se(a, n_out, n_in)
+    assert float(aucs.std()) == pytest.approx(se, rel=4 / math.sqrt(2 * reps))
+    assert float(aucs.mean()) == pytest.approx(a, abs=4 * se / math.sqrt(reps))
+    assert cls.auroc_se(a, n_in, n_out) > 1.3 * se  # the argument order matters
+
+
+def test_auroc_se_draw_is_the_spread_over_redrawn_noise_rows_with_the_test_rows_fixed(cls):
+    # Test rows fixed, off-data scores o ~ Exp(r): the placement V = share of test scores below o has the exact
+    # moments E V = mean_i exp(-r s_i), E V^2 = mean_{i,k} exp(-r max(s_i, s_k)); the AUROC's sd over redraws of
+    # n_out rows is sqrt(Var V / n_out). Both the function on one large sample (its sd estimate: relative error
+    # ~ 1 / sqrt(2 n)) and the sd over 3000 redrawn AUROCs (~ 1 / sqrt(2 R)) must match it within 4 of those.
+    rate, n_in = 0.25, 30
+    g = torch.Generator().manual_seed(1)
+    s_in = torch.empty(n_in, dtype=torch.float64).exponential_(1.0, generator=g)
+    mean_v = torch.exp(-rate * s_in).mean()
+    mean_v2 = torch.exp(-rate * torch.maximum(s_in[:, None], s_in[None, :])).mean()
+    sd_v = float((mean_v2 - mean_v**2).sqrt())
+
+    big = torch.empty(20_000, dtype=torch.float64).exponential_(rate, generator=g)
+    assert cls.auroc_se_draw(s_in, big) == pytest.approx(sd_v / math.sqrt(len(big)), rel=4 / math.sqrt(2 * len(big)))
+
+    n_out, reps = 200, 3000
+    redrawn = torch.empty(reps, n_out, dtype=torch.float64).exponential_(rate, generator=g)
+    spread = float(_batch_auroc(s_in.expand(reps, n_in), redrawn).std())
+    assert spread == pytest.approx(sd_v / math.sqrt(n_out), rel=4 / math.sqrt(2 * reps))
+
+
+def test_aurocs_row_against_a_direct_count_on_a_small_example(cls):
+    # a fake predictive returning class probabilities (entropy only, as logistic regression): 3 test rows,
+    # 4 noise rows, one tie; the AUROC is the pair count by hand: 8.5 of 12 pairs
+    probs = {0.1: [0.9, 0.1], 0.2: [0.8, 0.2], 0.3: [0.7, 0.3], 0.4: [0.6, 0.4], 0.5: [0.5, 0.5]}
+
+    def predict(x):
+        return torch.tensor([probs[round(float(v), 1)] for v in x[:, 0]], dtype=torch.float64)
+
+    x_in = torch.tensor([[0.1], [0.3], [0.4]])
+    x_out = torch.tensor([[0.2], [0.3], [0.5], [0.5]])
+    row = cls._aurocs(predict, x_in, {"noise": x_out}, se=("noise",))
+    # entropy rises with p(class 1) up to 0.5: noise 0.2 beats 1 test row, 0.3 beats 1 and ties 1, 0.5 beats 3 (x2)
+    assert row["auroc_noise_entropy"] == pytest.approx((1 + 1.5 + 3 + 3) / 12)
+    assert row["se_noise_entropy"] == pytest.approx(cls.auroc_se(8.5 / 12, 4, 3))
+    v = torch.tensor([1 / 3, 1.5 / 3, 1.0, 1.0], dtype=torch.float64)  # placements of the 4 noise rows
+    assert row["sedraw_noise_entropy"] == pytest.approx(float(v.std() / 2))
+    assert math.isnan(row["auroc_noise_mi"]) and math.isnan(row["se_noise_mi"])
+
+
+def test_noise_rows_are_fixed_per_split_and_independent_of_the_fit_seed(cls):
+    x, y = cls.load_dataset("iris")
+    s = cls.make_split(x, y, 0)
+    torch.manual_seed(123)
+    a = cls.ood_inputs(s, 0, noise_rows=500)["noise"]
+    state = torch.get_rng_state()
+    torch.manual_seed(7)  # another fit seed: the rows do not change
+    b = cls.ood_inputs(s, 0, noise_rows=500)["noise"]
+    assert torch.equal(a, b) and a.shape == (500, 4)
+    torch.manual_seed(123)
+    cls.ood_inputs(s, 0, noise_rows=500)
+    assert torch.equal(torch.get_rng_state(), state)  # the global RNG (the fit's) is not advanced
+    assert not torch.equal(cls.ood_inputs(s, 1, noise_rows=500)["noise"], a)  # a new set per split
+    few = cls.ood_inputs(s, 0)["noise"]
+    assert few.shape == (30, 4) and not torch.equal(few, a[:30])  # a stream apart from the test-row-sized set
+    for bad in (1, 0, 2.5, True):
+        with pytest.raises(ValueError, match="noise_rows: expected an int >= 2"):
+            cls.ood_inputs(s, 0, noise_rows=bad)
+
+
+def test_verdicts_compare_each_engine_with_logistic_regression_on_its_split(cls):
+    nan = math.nan
+    base = dict(error="", auroc_noise_ntest_mi=0.9, sedraw_noise_mi=0.004)
+    rows = pd.DataFrame(
+        [
+            dict(base, split=0, method="logreg", accuracy=0.95, nll=0.10, auroc_noise_mi=nan, auroc_noise_entropy=0.4,
+                 se_noise_entropy=0.05, se_noise_mi=nan, sedraw_noise_entropy=0.01, auroc_noise_ntest_entropy=0.4),
+            dict(base, split=0, method="a", accuracy=0.93, nll=0.12, auroc_noise_mi=0.82, se_noise_mi=0.02),
+            dict(base, split=0, method="b", accuracy=0.95, nll=0.14, auroc_noise_mi=0.95, se_noise_mi=0.02),
+            dict(base, split=0, method="c", accuracy=0.95, nll=0.10, auroc_noise_mi=0.70, se_noise_mi=0.02,
+                 auroc_noise_ntest_mi=0.81),
+            dict(base, split=1, method="a", accuracy=0.95, nll=0.10, auroc_noise_mi=0.9, se_noise_mi=0.02),
+        ]
+    )  # fmt: skip
+    v = cls.verdicts(rows).set_index("method")
+    assert list(v.index) == ["a", "b", "c"]  # split 1 has no logistic regression: left out
+    assert v.loc["a", "met"] and v.loc["a", "z"] == pytest.approx(1.0) and v.loc["a", "score"] == "mi"
+    assert v.loc["a", "accuracy_gap"] == pytest.approx(-0.02) and v.loc["a", "nll_gap"] == pytest.approx(0.02)
+    assert not v.loc["b", "met"] and not v.loc["b", "met_ntest"]  # NLL 0.04 above logistic regression
+    assert not v.loc["c", "met"] and v.loc["c", "met_ntest"] and v.loc["c", "z"] == pytest.approx(-5.0)
+    text = cls.verdicts_markdown(cls.verdicts(rows))
+    assert "| 0 | a | -0.020 | +0.020 | 0.820 ± 0.020 | 0.004 | +1.0 | ✓ (< 2 se) | 0.900 | ✓ |" in text
+
+
+def test_noise_rows_option_reaches_the_scores_and_the_verdicts_file(cls, tmp_path):
+    args = ["--dataset", "iris", "--methods", "logreg,laplace", "--quick", "--no-class", "--out", str(tmp_path)]
+    cls.main([*args, "--noise-rows", "0"])  # 0: as many as test rows, the scoring before
+    rows = pd.read_csv(tmp_path / "iris_splits.csv")
+    assert (rows["auroc_noise_mi"].dropna() == rows["auroc_noise_ntest_mi"].dropna()).all()
+    v = pd.read_csv(tmp_path / "iris_verdicts.csv")
+    assert v["method"].tolist() == ["laplace"] and "Per split: issue 26" in (tmp_path / "iris.md").read_text()
+    with pytest.raises(SystemExit, match="--noise-rows"):
+        cls.main([*args, "--noise-rows", "1"])
