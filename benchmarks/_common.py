@@ -58,6 +58,21 @@ def bnn(d: int, width: int = 50, depth: int = 1, device="cpu") -> bp.BNN:
     )
 
 
+def predict_workload(draws: int, points: int, device="cpu", *, training_data: bool = True):
+    """The prediction benchmarks' workload: ``(post, x, layers)``, a Posterior of :func:`bnn` (one input) holding
+    ``draws`` draws ``0.5 * N(0, 1)`` (seed 1; drawn on the CPU, moved to ``device``), with 50 training rows when
+    ``training_data``; ``points`` inputs ``x`` (:func:`regression`, seed 2); ``layers``: ``(W, b)`` per Linear layer
+    for the hand-written loops of ``baselines``."""
+    model = bnn(1, device=device)
+    g = torch.Generator().manual_seed(1)
+    shapes = model.param_shapes.items()
+    samples = {n: (0.5 * torch.randn((1, draws) + s, generator=g)).to(device) for n, s in shapes}
+    data = dict(zip(("x", "y"), regression(50, 1, device=device))) if training_data else {}
+    post = bp.Posterior(samples=samples, model=model, method="svi", **data)
+    layers = [(samples[f"{i}.weight"][0], samples[f"{i}.bias"][0]) for i in (0, 2)]
+    return post, regression(points, 1, seed=2, device=device)[0], layers
+
+
 def layer_shapes(d: int, width: int = 50, depth: int = 1) -> list[tuple[int, int]]:
     """(out, in) of each Linear layer of :func:`mlp`."""
     sizes = [d] + [width] * depth + [1]

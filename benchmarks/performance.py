@@ -64,6 +64,7 @@ from _common import (
     markdown,
     now,
     per_step,  # noqa: E402
+    predict_workload,
     probe_points,
     regression,
     results_dir,
@@ -330,12 +331,8 @@ def _nuts_row(workload, label, wall, steps, iterations, ess_w, ess_f, **extra) -
 def predict_child(kind: str, draws: int, points: int, device: str) -> dict:
     """In a fresh process: one prediction's wall time and peak memory above the start."""
     dev = torch.device(device)
-    model = bnn(1, device=dev)
-    g = torch.Generator().manual_seed(1)
-    samples = {n: (0.5 * torch.randn((1, draws) + s, generator=g)).to(dev) for n, s in model.param_shapes.items()}
-    x_train, y_train = regression(50, 1, device=dev)
-    post = bp.Posterior(samples=samples, model=model, method="svi", x=x_train, y=y_train)
-    x = regression(points, 1, seed=2, device=dev)[0]
+    post, x, layers = predict_workload(draws, points, dev)
+    model, samples = post.model, post.samples
 
     def run(x):
         if kind.startswith("bnn_pyro"):
@@ -352,7 +349,7 @@ def predict_child(kind: str, draws: int, points: int, device: str) -> dict:
                 return_sites=["obs"],
             )(x)
             return out["obs"].mean(0), out["obs"].std(0)
-        return baselines.predict_loop([(samples[f"{i}.weight"][0], samples[f"{i}.bias"][0]) for i in (0, 2)], x)
+        return baselines.predict_loop(layers, x)
 
     run(x[:10])
     watch = PeakMemory(dev)

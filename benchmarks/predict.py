@@ -48,16 +48,13 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-import bnn_pyro as bp
-
 sys.path.insert(0, str(Path(__file__).parent))
 import baselines  # noqa: E402
 from _common import (
     DEFAULT_THREADS,
     SIGMA,
-    bnn,
     markdown,
-    regression,
+    predict_workload,
     results_dir,
     thread_note,  # noqa: E402
     thread_settings,
@@ -106,15 +103,10 @@ def child(kind: str, draws: int, points: int, threads: int, calls: int) -> dict:
     the level before them."""
     torch.set_num_threads(threads)
     if kind in ("per_draw", "batched"):
-        from bnn_pyro import _linear_stack
+        from bnn_pyro.utils import linear_stack
 
-        _linear_stack.PER_DRAW_ELEMENTS = 0 if kind == "per_draw" else 2**62
-    model = bnn(1)
-    g = torch.Generator().manual_seed(1)
-    samples = {n: 0.5 * torch.randn((1, draws) + s, generator=g) for n, s in model.param_shapes.items()}
-    post = bp.Posterior(samples=samples, model=model, method="svi")
-    x = regression(points, 1, seed=2)[0]
-    layers = [(samples[f"{i}.weight"][0], samples[f"{i}.bias"][0]) for i in (0, 2)]
+        linear_stack.PER_DRAW_ELEMENTS = 0 if kind == "per_draw" else 2**62
+    post, x, layers = predict_workload(draws, points, training_data=False)
 
     def run(x):
         if kind == "loop":

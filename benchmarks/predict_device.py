@@ -25,13 +25,12 @@ from pathlib import Path
 import pandas as pd
 import torch
 
-import bnn_pyro as bp
 import bnn_pyro.model as bp_model
 import bnn_pyro.utils.linear_stack as stack
 
 sys.path.insert(0, str(Path(__file__).parent))
 import baselines  # noqa: E402
-from _common import bnn, check_device, markdown, now, regression, results_dir, write_result  # noqa: E402
+from _common import check_device, markdown, now, predict_workload, results_dir, write_result  # noqa: E402
 
 SIZES = [(100, 2_000), (500, 10_000)]
 
@@ -66,13 +65,7 @@ def best_of(run, calls: int, device) -> float:
 
 
 def measure(draws: int, points: int, device: torch.device, repeats: int, calls: int) -> list[dict]:
-    model = bnn(1, device=device)
-    g = torch.Generator().manual_seed(1)
-    samples = {n: (0.5 * torch.randn((1, draws) + s, generator=g)).to(device) for n, s in model.param_shapes.items()}
-    x_train, y_train = regression(50, 1, device=device)
-    post = bp.Posterior(samples=samples, model=model, method="svi", x=x_train, y=y_train)
-    x = regression(points, 1, seed=2, device=device)[0]
-    layers = [(samples[f"{i}.weight"][0], samples[f"{i}.bias"][0]) for i in (0, 2)]
+    post, x, layers = predict_workload(draws, points, device)
 
     def ours():
         pred = post.predict(x, interval=None)
