@@ -44,7 +44,7 @@ def size_rule(layers, x, template) -> bool:
 @contextmanager
 def rule(fn, accelerator_budget: int):
     """``fn`` as the per-draw rule of ``linear_stack`` and of ``BNN.draws_per_chunk``, and ``accelerator_budget`` as
-    ``model.ACCELERATOR_CHUNK_BYTES`` (0: the CPU's budget everywhere), for the duration."""
+    ``model.ACCELERATOR_CHUNK_BYTES`` (``model.CPU_CHUNK_BYTES``: the CPU's budget everywhere), for the duration."""
     saved = stack.runs_per_draw, bp_model._runs_per_draw, bp_model.ACCELERATOR_CHUNK_BYTES
     stack.runs_per_draw = bp_model._runs_per_draw = fn
     bp_model.ACCELERATOR_CHUNK_BYTES = accelerator_budget
@@ -74,8 +74,8 @@ def measure(draws: int, points: int, device: torch.device, repeats: int, calls: 
     library = (stack.runs_per_draw, bp_model.ACCELERATOR_CHUNK_BYTES)
     sides = {
         "hand-written chunked baddbmm (baseline)": None,
-        "Posterior.predict, one draw at a time, 8 MiB chunks (before)": (size_rule, 0),
-        "Posterior.predict, batched, 8 MiB chunks": (library[0], 0),
+        "Posterior.predict, one draw at a time, 8 MiB chunks (before)": (size_rule, bp_model.CPU_CHUNK_BYTES),
+        "Posterior.predict, batched, 8 MiB chunks": (library[0], bp_model.CPU_CHUNK_BYTES),
         "Posterior.predict, library default (batched, accelerator chunks)": library,
     }
     with rule(*sides["Posterior.predict, one draw at a time, 8 MiB chunks (before)"]):

@@ -49,8 +49,12 @@ from bnn_pyro.utils.linear_stack import runs_per_draw as _runs_per_draw
 from bnn_pyro.utils.placement import placed_like
 from bnn_pyro.utils.upstream_private import pyro_context, reparametrize_module
 
+CPU_CHUNK_BYTES = 8 * 2**20
+"""The default chunk budget of :meth:`BNN.draws_per_chunk` / :meth:`BNN.points_per_chunk` on the CPU: small chunks
+stay in cache where large ones are mapped and faulted in anew."""
+
 ACCELERATOR_CHUNK_BYTES = 128 * 2**20
-"""The least chunk budget of :meth:`BNN.draws_per_chunk` / :meth:`BNN.points_per_chunk` off the CPU: the CPU's 8 MiB
+"""The default chunk budget of :meth:`BNN.draws_per_chunk` / :meth:`BNN.points_per_chunk` off the CPU: the CPU's 8 MiB
 keeps chunks in cache; an accelerator has no such cache to fit and pays a few kernel launches per chunk, so its
 chunks are as large as this much memory (a few percent of the smallest GPU's) allows."""
 
@@ -235,14 +239,14 @@ class BNN(nn.Module):
         full.update(params)
         return self._evaluate(full, x)
 
-    def draws_per_chunk(self, x: torch.Tensor, budget_bytes: int = 8 * 2**20) -> int:
+    def draws_per_chunk(self, x: torch.Tensor, budget_bytes: int | None = None) -> int:
         """How many weight draws to evaluate at once on ``x``: for a stack of Linear layers and
-        activations, as many as keep the chunk's widest layer output near ``budget_bytes`` (at most 64, at
-        least 1), else 64. Without autograd, where the stack runs one draw at a time
+        activations, as many as keep the chunk's widest layer output near ``budget_bytes`` (default
+        :meth:`_budget`'s: 8 MiB on the CPU; at most 64, at least 1), else 64. Without autograd, where the stack runs one draw at a time
         (:func:`bnn_pyro.utils.linear_stack.runs_per_draw`), only the chunk's outputs grow with the draws (the
         layers' buffers hold one draw), so the budget is on the outputs. Small chunks stay in cache where large
         ones are mapped and faulted in anew; 64 bounds the per-draw parameters gathered at once. Off the CPU the
-        budget is at least :data:`ACCELERATOR_CHUNK_BYTES` (:meth:`_budget`)."""
+        default budget is :data:`ACCELERATOR_CHUNK_BYTES` (:meth:`_budget`); a given budget is used as given."""
         row, budget_bytes = self._row_bytes(x), self._budget(x, budget_bytes)
         if row is None:
             return 64
@@ -252,7 +256,7 @@ class BNN(nn.Module):
             row = row.out_features * x.element_size()
         return max(1, min(64, budget_bytes // max(x.shape[0] * row, 1)))
 
-    def points_per_chunk(self, x: torch.Tensor, budget_bytes: int = 8 * 2**20) -> int:
+    def points_per_chunk(self, x: torch.Tensor, budget_bytes: int | None = None) -> int:
         """How many rows of ``x`` to evaluate at once: all of them, unless one draw's widest layer output
         over all rows exceeds ``budget_bytes`` (a stack of Linear layers, whose rows are independent;
         other nets get all rows)."""
@@ -260,11 +264,13 @@ class BNN(nn.Module):
         return x.shape[0] if row is None else max(1, min(x.shape[0], budget_bytes // max(row, 1)))
 
     @staticmethod
-    def _budget(x: torch.Tensor, budget_bytes: int) -> int:
-        """The chunk budget on ``x``'s device: ``budget_bytes`` on the CPU (a cache rule), at least
-        :data:`ACCELERATOR_CHUNK_BYTES` elsewhere (there the budget bounds memory only, and every chunk costs a
-        fixed number of kernel launches, so fewer, larger chunks are faster)."""
-        return budget_bytes if x.device.type == "cpu" else max(budget_bytes, ACCELERATOR_CHUNK_BYTES)
+    def _budget(x: torch.Tensor, budget_bytes: int | None) -> int:
+        """The chunk budget: ``budget_bytes`` where given, else by ``x``'s device: :data:`CPU_CHUNK_BYTES` on the
+        CPU (a cache rule), :data:`ACCELERATOR_CHUNK_BYTES` elsewhere (there the budget bounds memory only, and every
+        chunk costs a fixed number of kernel launches, so fewer, larger chunks are faster)."""
+        if budget_bytes is not None:
+            return budget_bytes
+        return CPU_CHUNK_BYTES if x.device.type == "cpu" else ACCELERATOR_CHUNK_BYTES
 
     def _row_bytes(self, x: torch.Tensor) -> int | None:
         """Bytes of the widest layer output for one row of ``x`` and one draw (a Linear stack), or None."""

@@ -176,6 +176,8 @@ def test_linear_stack_without_autograd_equals_the_tracked_path(make_net, rows):
     big = torch.empty(100_000, x.shape[1])
     assert model.draws_per_chunk(big.to("meta")) > model.draws_per_chunk(big)
     assert model.points_per_chunk(big.to("meta")) >= model.points_per_chunk(big)
+    # a budget the caller gives is used as given, on any device (e.g. to bound a GPU's memory)
+    assert model.draws_per_chunk(big.to("meta"), 2**20) == model.draws_per_chunk(big, 2**20) < 64
     before = x.clone()
     tracked = model.forward_draws(draws, x)
     with torch.no_grad():
