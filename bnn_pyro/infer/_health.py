@@ -854,7 +854,7 @@ def _one_point_message(post, name: str, ratio: float, threshold: str) -> str:
     )
 
 
-def check_descent(post):
+def check_descent(post, *, start: int = 0):
     """Warn when a chain's potential (``history["potential"]``, the negative log joint) is higher, on average over the
     run's last :data:`ELBO_WINDOW`, than at its first step by more than the number of latent coordinates ``P``: the
     run diverged (a step size too large for the model's curvature) and its draws sit wherever it ended. An optimizer
@@ -864,11 +864,14 @@ def check_descent(post):
     back, or that is still creeping down a flat direction, ends below its start and passes (main's snapshot on the
     logistic reference started at 10,170, rose to 758,428 by its first snapshot and ended at 3,444, thousands of nats
     above the mode); without the mode's level that is not visible in the trace, and for a Pyro function
-    :func:`check_typical` judges the draws against the mode. Returns ``post``."""
+    :func:`check_typical` judges the draws against the mode. ``start``: the step the end is compared with (default
+    0, the run's first); a run whose objective changes between cycles (a snapshot ensemble's weighted cycles, whose
+    potentials differ by the weights, by about ``sqrt(n)`` nats on ``n`` rows) passes its last cycle's first step, and
+    the window is kept within that cycle. Returns ``post``."""
     trace = post.history.get("potential")
-    if trace is None or trace.shape[-1] < 2 * ELBO_MIN_WINDOW:
+    if trace is None or trace.shape[-1] - start < 2 * ELBO_MIN_WINDOW:
         return post
-    trace = torch.as_tensor(trace).double().reshape(-1, trace.shape[-1])
+    trace = torch.as_tensor(trace).double().reshape(-1, trace.shape[-1])[:, start:]
     width = max(int(trace.shape[-1] * ELBO_WINDOW), ELBO_MIN_WINDOW)
     start, end = trace[:, 0], trace[:, -width:].mean(-1)
     dim = sum(v[0, 0].numel() for v in post.samples.values())

@@ -151,6 +151,7 @@ from bnn_pyro.infer._common import Data, clean_config, point_values
 from bnn_pyro.infer._health import check_descent, check_mixing
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._potential import Potential, Potentials
+from bnn_pyro.infer.anchor import weighted
 from bnn_pyro.infer.checkpoint import CheckpointError, StepCheckpoint, open_chains, read
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun, chain
@@ -486,6 +487,8 @@ def run_plan(
     )  # all checked before any chain runs
     if metric is not None and cfg.resume:
         refuse_unwhitened(ckpts, method)
+        if "observation_weights" in config:  # a snapshot run of a Pyro function: its cycles' weights are recorded
+            refuse_unweighted(ckpts, method)
     loop = Loop(
         num_steps=len(plan.scale),
         lr=lr,
@@ -542,17 +545,41 @@ def refuse_unwhitened(ckpts: list, method: str) -> None:
     ``preconditioner``: it was written before SG-MCMC recorded its metric, by a run that was either unwhitened (its
     momentum and step size in the plain coordinates) or whitened by a metric searched per chain. Its chains cannot
     continue under this update without mixing two samplers in one chain, unannounced."""
+    _refuse_without(
+        ckpts,
+        method,
+        "preconditioner",
+        "a preconditioner (an older bnn_pyro: its chains ran unwhitened, or whitened by a metric searched per chain), "
+        "while this run is whitened by the Hessian at the mode (post.config['preconditioner'])",
+    )
+
+
+def refuse_unweighted(ckpts: list, method: str) -> None:
+    """Refuse to resume a whitened snapshot run of a Pyro function from a checkpoint whose run record has no
+    ``observation_weights``: it was written before its cycles weighted the observations
+    (:mod:`bnn_pyro.infer.snapshot`, "Pyro functions"), so its cycles minimized the unweighted potential, and the
+    cycles left would minimize another objective than those kept, unannounced."""
+    _refuse_without(
+        ckpts,
+        method,
+        "observation_weights",
+        "its cycles' observation weights (an older bnn_pyro: its cycles weighted every observation 1), while this "
+        "run's cycles weight them by their own draws (post.config['observation_weights'])",
+    )
+
+
+def _refuse_without(ckpts: list, method: str, key: str, what: str) -> None:
+    """Raise :class:`CheckpointError` for the first checkpoint of a ``method`` run whose run record lacks ``key``
+    (``what``: what it did not record, and what this run does instead)."""
     for ckpt in ckpts:
         if ckpt is None or not ckpt.path.exists():
             continue
         saved = read(ckpt.path)[1].get("run", {})
-        if saved.get("method") == method and "preconditioner" not in saved:
+        if saved.get("method") == method and key not in saved:
             raise CheckpointError(
                 f"resume: {str(ckpt.path)!r} was written by a {method} run of this Pyro function that did not record "
-                "a preconditioner (an older bnn_pyro: its chains ran unwhitened, or whitened by a metric searched "
-                "per chain), while this run is whitened by the Hessian at the mode (post.config['preconditioner']). "
-                "Resuming it would continue its chains under another update. Start afresh with another (empty) "
-                "checkpoint folder, or finish that run with the bnn_pyro version that wrote it."
+                f"{what}. Resuming it would continue its chains under another update. Start afresh with another "
+                "(empty) checkpoint folder, or finish that run with the bnn_pyro version that wrote it."
             )
 
 
@@ -639,6 +666,8 @@ def sgmcmc_engine(
                     walk.z.copy_(start)
         if plan.anchors is not None:  # a per-step linear tilt of U~ (snapshot ensembles' anchored cycles)
             walk.tilts = plan.anchors(fitted, pot, data.first(), info.seed)
+        if plan.weights is not None:  # per-step observation weights of U~ (snapshot ensembles' weighted cycles)
+            walk.weights = plan.weights(fitted, pot, data.first(), info.seed)
         walk.index = info.index
         walk.replay = None if stops is None else list(stops[info.index])
         walk.opt = SGMCMC(
@@ -660,6 +689,10 @@ def sgmcmc_engine(
         if holdout is not None or stops is not None:  # chosen on held-out rows, or replayed
             history["exploration_stop"] = torch.tensor(walk.stops, dtype=torch.long)
         stats = dict(lp=-history["potential"][plan.keep], step_size=history["step_size"][plan.keep])
+        if walk.weights is not None:  # the cycles' objectives differ by their weights: lp is the log joint itself
+            with torch.no_grad():
+                lp = [-walk.pot(walk.pot.unflatten(z), data.first()) for z in walk.draws]
+            stats["lp"] = torch.stack(lp).to(stats["lp"])
         return ChainRun(
             walk.model,
             {k: v.detach().clone() for k, v in samples.items()},
@@ -680,6 +713,10 @@ def sgmcmc_engine(
     )
 
 
+def _evaluate(pot: Potential, z: dict[str, torch.Tensor], batch) -> torch.Tensor:
+    return pot(z, batch)
+
+
 class _Chain:
     """One chain's state: the position ``z`` (``params``), its optimizer, the potential ``U~``, the kept draws, the
     divergence stop, and the held-out early stopping of noise-free stages. As the checkpoint's ``extra`` state it
@@ -693,10 +730,19 @@ class _Chain:
         self.draws, self.stops, self.best = [], [], None
         self.opt, self.batch, self.t, self.u, self.index = None, None, 0, math.nan, 0
         self.replay, self.saved, self.in_stage = None, None, False
-        self.tilts, self.metric = None, None
+        self.tilts, self.metric, self.weights = None, None, None
 
     def curvature(self, z: torch.Tensor, start: torch.Tensor, iters: int):
-        return largest_curvature(self.pot, z, self.batch, start, iters, self.metric)
+        """``|lambda|_max`` of ``U~``'s Hessian at ``z`` (:func:`largest_curvature`), of the weighted ``U~`` of step
+        ``self.t`` where the plan weights the observations (the tilt is linear: no curvature)."""
+
+        def power(pot, at, batch):
+            return largest_curvature(pot, at, batch, start, iters, self.metric)
+
+        return weighted(power, self._weights(self.t))(self.pot, z, self.batch)
+
+    def _weights(self, t: int) -> dict:
+        return {} if self.weights is None else self.weights(t)
 
     def step(self, batch, t: int) -> tuple[torch.Tensor, SGInfo]:
         self.batch, self.t = batch, t
@@ -718,8 +764,9 @@ class _Chain:
         return u, SGInfo(self.u, math.nan)
 
     def _energy(self, batch, t: int) -> torch.Tensor:
-        """``U~`` on ``batch``, plus the plan's tilt ``<z, g_t>`` at step ``t`` where it has one."""
-        u = self.pot(self.pot.unflatten(self.z), batch)
+        """``U~`` on ``batch``, its observations weighted by the plan's weights of step ``t`` and plus the plan's tilt
+        ``<z, g_t>`` at step ``t``, where it has them."""
+        u = weighted(_evaluate, self._weights(t))(self.pot, self.pot.unflatten(self.z), batch)
         return u if self.tilts is None else u + self.z @ self.tilts(t)
 
     def after(self, t: int, info: SGInfo) -> SGInfo:

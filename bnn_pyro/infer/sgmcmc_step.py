@@ -87,6 +87,8 @@ class Plan:
     score_start: bool = True
     guard: torch.Tensor | None = None
     anchors: object = None  # (model, pot, batch, seed) -> (t -> the flat tilt g_t of step t), or None: plain U~
+    weights: object = None  # (model, pot, batch, seed) -> (t -> the observation weights of step t: anchor.weighted's
+    # dict by observed site), or None: every observation weighs 1 (snapshot ensembles' weighted cycles)
     metric: str | None = None  # lr="auto" on a small Pyro function: whiten by the curvature at the mode (sg_metric),
     # starting there ("mode"), at the chain's own start ("start") or at an over-dispersed draw from the Laplace
     # approximation there, N(mode, DISPERSION^2 H^-1) ("dispersed"); None: plain coordinates (a BNN, always)

@@ -104,7 +104,8 @@ import torch
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._health import check_anchored_log_loss, check_descent, check_narrow, check_off_data
-from bnn_pyro.infer.anchor import anchor, flat_tilt
+from bnn_pyro.infer._potential import Potentials
+from bnn_pyro.infer.anchor import anchor, bootstrap_sites, bootstrap_weights, flat_tilt
 from bnn_pyro.infer.contract import entry
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
 from bnn_pyro.infer.sgmcmc import SGOptions, fit_metric, run_plan
@@ -141,6 +142,36 @@ def cycle_anchors(num_cycles: int, cycle_length: int):
     return make
 
 
+def cycle_weights(num_cycles: int, cycle_length: int):
+    """``Plan.weights`` of weighted cycles: cycle ``c`` of a run with seed ``s`` weights the observations of the rows
+    it fits by its own draw (:func:`~bnn_pyro.infer.anchor.bootstrap_weights` under the seed of its anchor,
+    ``s + c * ANCHOR_CYCLE_OFFSET``; the weights' generator adds its own offset, so the two draws are independent)."""
+
+    def make(fitted, pot, batch, seed: int):
+        sites, like = bootstrap_sites(fitted, *batch), next(iter(pot.init.values()))
+        weights = [bootstrap_weights(sites, seed=seed + c * ANCHOR_CYCLE_OFFSET, like=like) for c in range(num_cycles)]
+        return lambda t: weights[min(t // cycle_length, num_cycles - 1)]
+
+    return make
+
+
+def observation_weights(model, rows: Data, *, bootstrap: bool, anchored: bool, fast_path: bool) -> dict:
+    """``config["observation_weights"]`` of a whitened snapshot run of a Pyro function on ``rows``: the weighted sites
+    (:func:`~bnn_pyro.infer.anchor.bootstrap_sites`), or why none (``"skipped"``): ``bootstrap=False``, minibatches (a
+    weight per row of the data set, and a batch is a part of it), a potential evaluated without Pyro's tracing (the
+    weights act through a messenger), or no observed site with observations to weight one by one."""
+    skip = ""
+    if not bootstrap:
+        skip = "bootstrap=False"
+    elif rows.batch_size is not None and rows.batch_size < rows.size:
+        skip = "minibatches (batch_size < the rows): one weight per row of the data set, not of a batch"
+    else:
+        with torch.random.fork_rng(devices=[]):
+            if Potentials(fast_path)(model, rows, init="median").fast_path:
+                skip = "the potential is evaluated without Pyro's tracing: observation weights cannot act"
+    return bootstrap_sites(model, rows.x, rows.y, skip=skip, anchored=anchored).record
+
+
 def snapshot_plan(num_cycles: int, cycle_length: int, friction: float) -> Plan:
     """The :class:`~bnn_pyro.infer.sgmcmc.Plan` of one run: cosine cycles, no noise, one kept iterate per
     cycle (entering its last step), a cycle's start no candidate for its snapshot (``score_start=False``);
@@ -170,6 +201,7 @@ class SnapshotConfig(SGOptions):
     friction: float = 0.1
     validation: object = "default"
     anchored: bool = True
+    bootstrap: bool = True
 
 
 @entry(SnapshotConfig)
@@ -231,19 +263,35 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     settings["anchored"] = anchored
     if anchored:
         plan = replace(plan, anchors=cycle_anchors(num_cycles, cycle_length))
+    bootstrap = flag("bootstrap", cfg.bootstrap)
     metric = fit_metric(model, train, plan, cfg)  # once per fit: every chain's, and the refit's
-    post = run_plan(model, train, plan, "snapshot", settings, cfg, holdout=holdout, full=data, metric=metric)
-    # then every row, each cycle's snapshot taken at the step the held-out rows chose (holdout.refit)
+    recorded = {}  # the rows a run fits -> its settings: which observations its cycles weight (module docstring)
+    if metric is not None:  # a whitened Pyro function: each cycle weights the rows it fits by its own draw
+        weigh = dict(bootstrap=bootstrap, anchored=anchored, fast_path=cfg.fast_path)
+        recorded = {id(rows): observation_weights(model, rows, **weigh) for rows in (train, data)}
+        if "scheme" in recorded[id(train)]:
+            plan = replace(plan, weights=cycle_weights(num_cycles, cycle_length))
+
+    def fitted_on(rows: Data) -> dict:
+        weights = {"bootstrap": bootstrap, "observation_weights": recorded[id(rows)]} if recorded else {}
+        return {**settings, **weights}
+
+    post = run_plan(model, train, plan, "snapshot", fitted_on(train), cfg, holdout=holdout, full=data, metric=metric)
+    # then every row, each cycle's snapshot taken at the step the held-out rows chose (holdout.refit), each cycle
+    # weighting every row by its own draw
     post = refit(
         post,
         lambda chosen: run_plan(
-            model, data, plan, "snapshot", settings, refit_config(cfg), stops=chosen.stops, metric=metric
+            model, data, plan, "snapshot", fitted_on(data), refit_config(cfg), stops=chosen.stops, metric=metric
         ),
     )
     function = not isinstance(model, BNN)  # a Pyro function's snapshots reach their minima: judge their spread too
     whitened = function and anchored and post.config.get("preconditioner")  # the anchored, whitened cycles
-    cause = NARROW_FUNCTION if whitened else NARROW
-    check_narrow(check_descent(post), cause=cause, functions=function)
+    weighted = "scheme" in (post.config.get("observation_weights") or {})
+    cause = NARROW_WEIGHTED if weighted else NARROW_FUNCTION if whitened else NARROW
+    # weighted cycles minimize different potentials: the last one's end is judged against its own start
+    descent = dict(start=(num_cycles - 1) * cycle_length) if weighted else {}
+    check_narrow(check_descent(post, **descent), cause=cause, functions=function)
     return check_anchored_log_loss(post, units="cycles") if anchored else check_off_data(post, OFF_DATA)
 
 
@@ -265,9 +313,23 @@ NARROW = (
 
 NARROW_FUNCTION = (
     "On a Pyro function every snapshot is the minimum of the potential tilted toward its own prior draw (anchored, "
-    "whitened cycles): the anchors randomize only the prior's term, so the snapshots spread by about the prior's "
-    "share of the posterior precision, far less than a posterior sd where the data dominate the prior, and a "
-    "learned noise chosen on held-out rows is one value for every snapshot. "
+    "whitened cycles) and its observations are not weighted (config['observation_weights'] says why): the anchors "
+    "randomize only the prior's term, so the snapshots spread by about the prior's share of the posterior precision, "
+    "far less than a posterior sd where the data dominate the prior, and a learned noise chosen on held-out rows is "
+    "one value for every snapshot. "
 )
-"""The cause :func:`~bnn_pyro.infer._health.check_narrow` names for snapshots of a Pyro function (module docstring,
-"Pyro functions")."""
+"""The cause :func:`~bnn_pyro.infer._health.check_narrow` names for anchored snapshots of a Pyro function whose cycles
+weight no observation (``bootstrap=False``, minibatches, or no observed site to weight; module docstring, "Pyro
+functions")."""
+
+
+NARROW_WEIGHTED = (
+    "On a Pyro function every cycle weights the observations by its own bootstrap draw (the data half) and, anchored, "
+    "tilts the prior toward its own draw (the prior half), which matches the posterior's spread to first order; with "
+    "num_cycles snapshots per run the spread itself is uncertain (relative sd about 1/sqrt(2 (M - 1)) for M "
+    "snapshots in all), a learned noise chosen on held-out rows is one value for every snapshot, and a posterior far "
+    "from Gaussian (a hierarchical scale near zero) is not reached by any minimum: more cycles or runs (num_cycles, "
+    "num_chains) tell these apart. "
+)
+"""The cause :func:`~bnn_pyro.infer._health.check_narrow` names for snapshots of a Pyro function whose cycles weight
+the observations (module docstring, "Pyro functions")."""
