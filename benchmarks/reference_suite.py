@@ -21,6 +21,7 @@ torch thread per fit.
 from __future__ import annotations
 
 import argparse
+import json
 import signal
 import sys
 import time
@@ -54,7 +55,7 @@ def _alarm(signum, frame):
     raise _TimedOut
 
 
-def run(ref, method: str, max_seconds: int, init: str | None = None) -> dict:
+def run(ref, method: str, max_seconds: int, init: str | None = None, options: dict | None = None) -> dict:
     row = {"reference": ref.name + ("" if ref.columns is None else " (BNN)"), "method": method}
     old = signal.signal(signal.SIGALRM, _alarm)
     with warnings.catch_warnings(record=True) as caught:
@@ -63,6 +64,7 @@ def run(ref, method: str, max_seconds: int, init: str | None = None) -> dict:
         signal.alarm(max_seconds)
         try:
             extra = {} if init is None else {"init": init}  # --init: one option off its default (a variant)
+            extra.update(options or {})  # --options: options off their defaults (a variant, e.g. more chains)
             post = bp.fit(ref.model, ref.x, ref.y, method=method, seed=0, progress=False, **extra)
         except _TimedOut:
             row.update(verdict="timed out", outcome=f"no result within {max_seconds} s", fit_s=max_seconds)
@@ -111,7 +113,15 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--name", default="results", help="file name stem of the table (results.md, results.csv)")
     parser.add_argument("--init", default=None, help="pass init= to every fit (default: each engine's own default)")
+    parser.add_argument(
+        "--options",
+        default=None,
+        help="JSON object of options passed to every fit, e.g. '{\"num_chains\": 4}' (default: none)",
+    )
     args = parser.parse_args(argv)
+    options = None if args.options is None else json.loads(args.options)
+    if options is not None and not isinstance(options, dict):
+        raise SystemExit(f"--options: expected a JSON object of fit options, got {args.options!r}.")
     torch.set_num_threads(1)
     cases = {name: f for name, f in ALL.items()} | {f"{name}_bnn": f for name, f in BNN_REFERENCES.items()}
     only = None if args.only is None else args.only.split(",")
@@ -123,17 +133,19 @@ def main(argv=None) -> None:
         raise SystemExit(f"--methods: unknown {sorted(set(methods) - set(ENGINES))}; expected some of {ENGINES}.")
     rows = []
     folder = results_dir("reference_suite", args.out)
+    given = {**({} if args.init is None else {"init": args.init}), **(options or {})}
+    variant = f" Options off their defaults in every fit: `{json.dumps(given)}`." if given else ""
     for key, make in cases.items():
         if only is not None and key not in only:
             continue
         ref = make()
         for method in methods:
-            rows.append(run(ref, method, args.max_seconds, args.init))
+            rows.append(run(ref, method, args.max_seconds, args.init, options))
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
-            _write(rows, folder, args.name)  # after every fit: a long run cut short keeps its rows
+            _write(rows, folder, args.name, variant)  # after every fit: a long run cut short keeps its rows
 
 
-def _write(rows: list, folder: Path, name: str) -> None:
+def _write(rows: list, folder: Path, name: str, variant: str = "") -> None:
     table = pd.DataFrame(rows).round(3)
     table.to_csv(folder / f"{name}.csv", index=False)
     write_result(
@@ -144,7 +156,9 @@ def _write(rows: list, folder: Path, name: str) -> None:
         "in Monte Carlo standard errors (ArviZ), means and sds together; `verdict`: matched (the rule of "
         "`tests/infer/test_reference_engines.py`), warned, refused, timed out, or SILENT MISS; `off`: the "
         "parameters outside that rule (name:z/sd ratio, or for MCMC name:z of the mean/z of the sd in MCSEs); "
-        "`fit_s`: wall time of the fit on a shared 2-core machine (compare within the table only).\n\n"
+        "`fit_s`: wall time of the fit on a shared 2-core machine (compare within the table only)."
+        + variant
+        + "\n\n"
         + markdown(table),
     )
 
