@@ -1,4 +1,4 @@
-"""Snapshot ensembles: ``bp.fit(model, x, y, method="snapshot", ...)``.
+r"""Snapshot ensembles: ``bp.fit(model, x, y, method="snapshot", ...)``.
 
 Huang, G., Li, Y., Pleiss, G., Liu, Z., Hopcroft, J. E. & Weinberger, K. Q. (2017). Snapshot ensembles:
 train 1, get M for free. ICLR.
@@ -78,15 +78,41 @@ kidiq run diverged). A fixed positive definite preconditioner keeps every fixed 
 makes every direction's curvature about 1 near the mode, so each cycle reaches its anchored minimum; the means are now
 within 0.23 posterior sd on kidiq and logistic (eight schools, well conditioned, 0.68 as before: the same anchored
 minima; ``benchmarks/results/reference_suite/function_snapshot_after.md``).
-The spread stays narrow: each snapshot is the minimum of the potential tilted toward its own prior draw, which for a
-linear-Gaussian model is ``A^{-1}(b + Lambda_0 w_0)`` (``A`` the posterior precision, ``Lambda_0`` the prior's), so the
-snapshots' covariance is ``A^{-1} Lambda_0 A^{-1}``, not ``A^{-1}``: far narrower where the data dominate the prior. So
-a Pyro function's snapshots are judged by :func:`~bnn_pyro.infer._health.check_narrow` (``functions=True``), which
-names that cause (:data:`NARROW_FUNCTION`). A ``BNN`` fit is unchanged (a network's Hessian is neither small nor
-positive definite).
+The data half of each cycle (issue 26; the deep ensemble's :mod:`bnn_pyro.infer.anchor`, "The data half"). Anchoring
+alone left the spread narrow: each snapshot was the minimum of the potential tilted toward its own prior draw, which
+for a linear-Gaussian model is ``A^{-1}(b + Lambda_0 w_0)`` (``A`` the posterior precision, ``Lambda_0`` the prior's),
+so the snapshots' covariance was ``A^{-1} Lambda_0 A^{-1}``, not ``A^{-1}``: far narrower where the data dominate the
+prior (sd ratios 0.007-0.086 on kidiq and logistic). So by default (``bootstrap=True``) cycle ``c`` of a run with seed
+``s`` on such a function also weights the log-likelihood of each observation of the rows it fits by its own draw,
 
-Per-draw statistics: ``lp`` (``-U~`` at the snapshot, on its minibatch) and ``step_size``; history
-(``(chains, steps)``): ``potential`` and ``step_size`` (``eta_k`` on ``U``, every step). With one run
+.. math::
+
+    U_c(z) = -\log p(z) - \langle z, g_c \rangle - \sum_i v_{ci} \log p(y_i \mid x_i, z), \qquad
+    v_c = n D_c,\ D_c \sim \mathrm{Dirichlet}(1, \ldots, 1),
+
+drawn under the anchor's seed ``s + c * ANCHOR_CYCLE_OFFSET`` (:func:`~bnn_pyro.infer.anchor.bootstrap_weights`, which
+adds its own offset: independent of the anchor) and applied to the observed sites by
+:func:`~bnn_pyro.infer.anchor.weighted`, as the ensemble's members are: the weighted likelihood bootstrap (Newton &
+Raftery 1994) with an anchored prior half, the posterior bootstrap (Fong, Lyddon & Holmes 2019). For a linear-Gaussian
+model the snapshots' covariance is then ``S (X^T diag(r_i^2) X / sigma^4 + Lambda_0) S`` (``S = A^{-1}``, ``r_i`` the
+residuals), the posterior's to first order in ``1 / n``; each whitened cycle ends at its own minimum (tested in closed
+form) and the snapshots' whitened covariance is the identity within Monte Carlo error
+(``tests/infer/test_snapshot_weighted.py``). The weights enter the step's potential and ``lr="auto"``'s curvature
+estimate; the metric stays the one found at the unweighted mode (a fixed positive definite preconditioner keeps every
+cycle's fixed point). With held-out rows the fit that chooses the stops weights its training rows and the refit on all
+rows weights all of them, each cycle under the same seed. Where they apply: the whitened cycles above (``lr="auto"``)
+on full batches of tensor data, through Pyro's traced potential, for the observed sites whose observations are not
+one event (batch shape ``()``: left unweighted and named); ``config["observation_weights"]`` records the sites
+weighted, or why none (``bootstrap=False``, minibatches). A checkpoint of such a run written before the weights
+(its run record has no ``observation_weights``) is refused on resume (:func:`~bnn_pyro.infer.sgmcmc.refuse_unweighted`).
+What remains narrow is said by :func:`~bnn_pyro.infer._health.check_narrow` (``functions=True``; :data:`NARROW_WEIGHTED`,
+or :data:`NARROW_FUNCTION` for anchored cycles without weights): few snapshots, and a learned noise chosen on held-out
+rows, one value for every snapshot. A ``BNN`` fit is unchanged, bit for bit (a network's Hessian is neither small nor
+positive definite, so it has no whitened cycles; csgmcmc, a sampler whose noise gives its spread, takes no weights).
+
+Per-draw statistics: ``lp`` (``-U~`` at the snapshot, on its minibatch; with weighted cycles the log joint ``-U`` at
+the snapshot, since the cycles' objectives differ by their weights) and ``step_size``; history (``(chains, steps)``):
+``potential`` (of the step's own objective, tilted and weighted) and ``step_size`` (``eta_k`` on ``U``, every step). With one run
 R-hat and ESS describe snapshots, not a Markov chain: read them with care.
 
 Examples
@@ -232,6 +258,11 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     anchored:
         ``True`` (default): each cycle's objective is anchored at its own prior draw (module docstring, "Off-data
         inputs and anchored cycles"); ``False``: the paper's plain cycles.
+    bootstrap:
+        ``True`` (default): on a small Pyro function (the whitened cycles) each cycle weights the observations by its
+        own ``n * Dirichlet(1, ..., 1)`` draw (module docstring, "The data half of each cycle"), so that the snapshots
+        spread where the data dominate the prior; ``config["observation_weights"]`` names the sites weighted, or why
+        none. ``False``: every observation weighs 1. A ``bp.BNN`` is not affected either way.
     seed, progress, checkpoint, checkpoint_every, resume, fast_path:
         As in :func:`bnn_pyro.infer.sgmcmc.fit_sgld` (checkpoint/resume is bit-identical).
 
