@@ -105,9 +105,9 @@ on full batches of tensor data, through Pyro's traced potential, for the observe
 one event (batch shape ``()``: left unweighted and named); ``config["observation_weights"]`` records the sites
 weighted, or why none (``bootstrap=False``, minibatches). A checkpoint of such a run written before the weights
 (its run record has no ``observation_weights``) is refused on resume (:func:`~bnn_pyro.infer.sgmcmc.refuse_unweighted`).
-What remains narrow is said by :func:`~bnn_pyro.infer._health.check_narrow` (``functions=True``; :data:`NARROW_WEIGHTED`,
-or :data:`NARROW_FUNCTION` for anchored cycles without weights): few snapshots, and a learned noise chosen on held-out
-rows, one value for every snapshot. A ``BNN`` fit is unchanged, bit for bit (a network's Hessian is neither small nor
+Constrained sites (a noise scale), which the anchor leaves alone, get their spread from the weights too. What remains
+narrow is said by :func:`~bnn_pyro.infer._health.check_narrow` (``functions=True``; :data:`NARROW_WEIGHTED`, or
+:data:`NARROW_FUNCTION` for anchored cycles without weights): few snapshots, or a posterior far from Gaussian. A ``BNN`` fit is unchanged, bit for bit (a network's Hessian is neither small nor
 positive definite, so it has no whitened cycles; csgmcmc, a sampler whose noise gives its spread, takes no weights).
 
 Per-draw statistics: ``lp`` (``-U~`` at the snapshot, on its minibatch; with weighted cycles the log joint ``-U`` at
@@ -346,8 +346,8 @@ NARROW_FUNCTION = (
     "On a Pyro function every snapshot is the minimum of the potential tilted toward its own prior draw (anchored, "
     "whitened cycles) and its observations are not weighted (config['observation_weights'] says why): the anchors "
     "randomize only the prior's term, so the snapshots spread by about the prior's share of the posterior precision, "
-    "far less than a posterior sd where the data dominate the prior, and a learned noise chosen on held-out rows is "
-    "one value for every snapshot. "
+    "far less than a posterior sd where the data dominate the prior, and a constrained site (a noise scale), which "
+    "the anchors leave alone, is nearly one value for every snapshot. "
 )
 """The cause :func:`~bnn_pyro.infer._health.check_narrow` names for anchored snapshots of a Pyro function whose cycles
 weight no observation (``bootstrap=False``, minibatches, or no observed site to weight; module docstring, "Pyro
@@ -358,9 +358,8 @@ NARROW_WEIGHTED = (
     "On a Pyro function every cycle weights the observations by its own bootstrap draw (the data half) and, anchored, "
     "tilts the prior toward its own draw (the prior half), which matches the posterior's spread to first order; with "
     "num_cycles snapshots per run the spread itself is uncertain (relative sd about 1/sqrt(2 (M - 1)) for M "
-    "snapshots in all), a learned noise chosen on held-out rows is one value for every snapshot, and a posterior far "
-    "from Gaussian (a hierarchical scale near zero) is not reached by any minimum: more cycles or runs (num_cycles, "
-    "num_chains) tell these apart. "
+    "snapshots in all), and a posterior far from Gaussian (a hierarchical scale near zero) is not reached by any "
+    "minimum: more cycles or runs (num_cycles, num_chains) tell the two apart. "
 )
 """The cause :func:`~bnn_pyro.infer._health.check_narrow` names for snapshots of a Pyro function whose cycles weight
 the observations (module docstring, "Pyro functions")."""
