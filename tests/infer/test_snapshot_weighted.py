@@ -167,7 +167,7 @@ def test_the_snapshots_whitened_covariance_at_the_defaults_is_the_exact_posterio
     test does. A variance from ``M`` independent draws is bounded by the chi-square quantiles of ``M - 1`` degrees of
     freedom at a two-sided 4-sigma tail (6e-5 per coordinate); the mean by 4 of its sds, ``sqrt(T_ii / M)``; each
     correlation by 4 of its sds under independence, ``1 / sqrt(M - 1)``, about ``T``'s. Before (anchors only) the
-    whitened variances were ``~ (s^2 A)^-1``'s: 3e-4 to 0.1 here."""
+    whitened variances were the diagonal of ``L^T S S L / s^2``: 2e-4 to 0.011 here."""
     model, x, y, mean, cov = _regression()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
