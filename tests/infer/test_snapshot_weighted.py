@@ -16,6 +16,7 @@ import warnings
 from pathlib import Path
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from scipy import stats
@@ -76,6 +77,28 @@ def test_without_bootstrap_the_cycles_are_the_anchored_ones_and_the_config_says_
     assert plain.config["observation_weights"] == {"skipped": "bootstrap=False"}
     assert plain.config["bootstrap"] is False and weighted.config["bootstrap"] is True
     assert not torch.equal(plain.samples["beta"], weighted.samples["beta"])
+
+
+def test_where_no_observation_can_be_weighted_the_config_says_why_and_the_narrow_warning_names_that_cause():
+    """Minibatches (a weight per row of the data set, not of a batch) and an observed site whose observations lie in
+    one event leave the cycles unweighted, recorded; the one-event model's snapshots (anchored only, and its one
+    parameter set by the data) are then too narrow, and the warning names the unweighted cause."""
+    model, x, y, _ = _linear(n=60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        batched = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=30, batch_size=20, seed=0,
+                         progress=False)  # fmt: skip
+    assert batched.config["preconditioner"] == "hessian_at_mode"  # whitened, but unweighted
+    assert "minibatches" in batched.config["observation_weights"]["skipped"]
+
+    def one_event(x, y=None):
+        mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
+        return pyro.sample("obs", dist.Normal(mu, 1.0).expand([len(x)]).to_event(1), obs=y)
+
+    x1, y1 = torch.zeros(30, 1), torch.randn(30, generator=torch.Generator().manual_seed(0)) + 2.0
+    with pytest.warns(DiagnosticWarning, match=r"too narrow.*observations are not weighted"):
+        post = bp.fit(one_event, x1, y1, method="snapshot", num_cycles=3, cycle_length=50, seed=0, progress=False)
+    assert "one event" in post.config["observation_weights"]["skipped"]
 
 
 def test_a_bnn_snapshot_fit_is_unchanged_bit_for_bit(tiny_bnn_fit, monkeypatch):
