@@ -101,14 +101,20 @@ def test_where_no_observation_can_be_weighted_the_config_says_why_and_the_narrow
     assert "one event" in post.config["observation_weights"]["skipped"]
 
 
-def test_a_bnn_snapshot_fit_is_unchanged_bit_for_bit(tiny_bnn_fit, monkeypatch):
-    """A ``bp.BNN`` takes no observation weights: its fit draws no weights, records none, and its draws, statistics
-    and traces equal those of the step code before the weights (the potential plus the tilt, the curvature of the
-    potential itself), to the bit."""
-    options = dict(num_cycles=2, cycle_length=40)
+@pytest.mark.parametrize("case", ["bnn snapshot", "function csgmcmc"])
+def test_a_bnn_snapshot_and_csgmcmc_are_unchanged_bit_for_bit(case, tiny_bnn_fit, monkeypatch):
+    """A ``bp.BNN``'s snapshot fit and csgmcmc on a Pyro function (a sampler: its noise gives its spread) take no
+    observation weights: they draw none, record none, and their draws, statistics and traces equal those of the step
+    code before the weights (the potential plus the tilt, the curvature of the potential itself), to the bit."""
     spied = []
     monkeypatch.setattr(snapshot, "bootstrap_sites", lambda *a, **k: spied.append(1) or bootstrap_sites(*a, **k))
-    today = tiny_bnn_fit("snapshot", **options)
+    if case == "bnn snapshot":
+        fit = lambda: tiny_bnn_fit("snapshot", num_cycles=2, cycle_length=40)  # noqa: E731
+    else:
+        model, x, y, *_ = _regression()
+        options = dict(num_cycles=2, num_samples=4, thin=2, exploration=0.5)
+        fit = lambda: bp.fit(model, x, y, method="csgmcmc", seed=0, progress=False, **options)  # noqa: E731
+    today = fit()
     assert not spied and "observation_weights" not in today.config
 
     def energy(self, batch, t):
@@ -120,7 +126,7 @@ def test_a_bnn_snapshot_fit_is_unchanged_bit_for_bit(tiny_bnn_fit, monkeypatch):
 
     monkeypatch.setattr(sgmcmc._Chain, "_energy", energy)
     monkeypatch.setattr(sgmcmc._Chain, "curvature", curvature)
-    before = tiny_bnn_fit("snapshot", **options)
+    before = fit()
     for group in ("samples", "sample_stats", "history"):
         for name, value in getattr(before, group).items():
             assert torch.equal(getattr(today, group)[name], value), (group, name)
