@@ -1204,9 +1204,35 @@ def check_typical(post, *, cause: str = ""):
     return post
 
 
+RHAT_CHANCE_ALPHA = 0.01
+"""The chance, over all of a fit's quantities together, that chains of exchangeable draws exceed the threshold of
+:func:`check_chains_agree` (:func:`rhat_chance_max`)."""
+
+
+def rhat_chance_max(num_chains: int, num_draws: int, num_quantities: int, alpha: float = RHAT_CHANCE_ALPHA) -> float:
+    """The split R-hat that ``num_chains`` chains of ``num_draws`` independent draws of one distribution exceed with
+    probability ``alpha`` over ``num_quantities`` quantities (Bonferroni over each quantity's bulk and folded
+    R-hat, the two ArviZ's rank method takes the larger of).
+
+    Why: with few draws per chain the R-hat of perfectly exchangeable chains is far above 1 by chance (4 chains of
+    5 draws exceed 1.05 on most quantities), so a fixed threshold flags agreeing chains. For ``M = 2 num_chains``
+    split chains of ``n = num_draws // 2`` normal draws (rank normalization makes any distribution's draws about
+    normal), ``R^2 = (n - 1) / n + F / n`` with ``F = B / W ~ F(M - 1, M (n - 1))`` (Gelman & Rubin 1992; B, W the
+    between- and within-chain variances), so the threshold is ``sqrt((n - 1) / n + F_q / n)`` at
+    ``q = 1 - alpha / (2 num_quantities)``. With hundreds of draws it is below :data:`RHAT_FIT_MAX`, which then rules."""
+    from scipy.stats import f
+
+    m, n = 2 * num_chains, num_draws // 2
+    if n < 2 or m < 2:
+        return float("inf")
+    q = 1.0 - alpha / (2 * max(num_quantities, 1))
+    return float(((n - 1) / n + f.ppf(q, m - 1, m * (n - 1)) / n) ** 0.5)
+
+
 def check_chains_agree(post):
     """Warn when the chains of an approximate posterior of a Pyro function model disagree: the rank-normalized split
-    R-hat (Vehtari et al. 2021) of some element of its samples exceeds :data:`RHAT_FIT_MAX`. Each chain of such an
+    R-hat (Vehtari et al. 2021) of some element of its samples exceeds :data:`RHAT_FIT_MAX`, or, with few draws per
+    chain, what exchangeable chains exceed by chance (:func:`rhat_chance_max`). Each chain of such an
     engine (a SWAG Gaussian fitted to its own SGD run) is meant to approximate the same posterior, so its draws and
     another chain's are exchangeable, as an MCMC's are; chains that disagree each describe some other distribution,
     and their pooled spread is the spread of their centres, not the posterior's. Judged with at least 2 chains of at
@@ -1222,12 +1248,13 @@ def check_chains_agree(post):
     if isinstance(post.model, BNN) or post.num_chains < 2 or post.num_draws < 4:
         return post
     _, rhat, names = _parameter_diagnostics(post)
-    if not names or not np.isfinite(rhat).any() or np.nanmax(rhat) <= RHAT_FIT_MAX:
+    limit = max(RHAT_FIT_MAX, rhat_chance_max(post.num_chains, post.num_draws, len(names)))
+    if not names or not np.isfinite(rhat).any() or np.nanmax(rhat) <= limit:
         return post
     worst = int(np.nanargmax(rhat))
     _warn(
         f"{post.method}: its {post.num_chains} chains disagree: R-hat of {names[worst]} is {rhat[worst]:.3g} "
-        f"(threshold {RHAT_FIT_MAX}), so each chain describes a different distribution and their pooled spread is "
+        f"(threshold {limit:.3g}), so each chain describes a different distribution and their pooled spread is "
         "the spread of their centres, not the posterior's; post.summary() shows every parameter. Use "
         "method='laplace' or 'nuts' on a model this small, or standardize the inputs."
     )
