@@ -13,7 +13,9 @@ widened by the draws' Monte Carlo error, ``tests/reference/posteriors.py``), ``w
 says what to use, and that refusal is its row. The note that one chain leaves R-hat undefined is said of every
 one-chain fit whatever its draws, so it is kept in ``notes`` and not counted as a warning about the fit.
 
-Run from the repository root: ``python benchmarks/reference_suite.py [--only linear_bnn,kidiq] [--methods a,b]``.
+Run from the repository root: ``python benchmarks/reference_suite.py [--only linear_bnn,kidiq] [--methods a,b]``;
+``--guide mean_field,default`` fits SVI once per guide (``default``: its own default), with the guide given and the
+one used as columns.
 Writes ``benchmarks/results/reference_suite/<name>.md`` and ``<name>.csv`` (``--name``, default ``results``). One
 torch thread per fit.
 """
@@ -54,8 +56,10 @@ def _alarm(signum, frame):
     raise _TimedOut
 
 
-def run(ref, method: str, max_seconds: int, init: str | None = None) -> dict:
+def run(ref, method: str, max_seconds: int, init: str | None = None, guide: str | None = None) -> dict:
     row = {"reference": ref.name + ("" if ref.columns is None else " (BNN)"), "method": method}
+    if guide is not None:
+        row["guide_given"] = guide
     old = signal.signal(signal.SIGALRM, _alarm)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DiagnosticWarning)
@@ -63,6 +67,7 @@ def run(ref, method: str, max_seconds: int, init: str | None = None) -> dict:
         signal.alarm(max_seconds)
         try:
             extra = {} if init is None else {"init": init}  # --init: one option off its default (a variant)
+            extra |= {} if guide in (None, "default") else {"guide": guide}  # --guide: svi's guide (a variant)
             post = bp.fit(ref.model, ref.x, ref.y, method=method, seed=0, progress=False, **extra)
         except _TimedOut:
             row.update(verdict="timed out", outcome=f"no result within {max_seconds} s", fit_s=max_seconds)
@@ -94,6 +99,8 @@ def run(ref, method: str, max_seconds: int, init: str | None = None) -> dict:
         outcome="warned: " + " | ".join(m[:240] for m in warned) if warned else "no warning",
         notes="one-chain R-hat note" if notes else "",
     )
+    if guide is not None:  # the guide the fit used (svi's default resolves by model)
+        row["guide_used"] = post.config.get("guide")
     return row
 
 
@@ -111,6 +118,11 @@ def main(argv=None) -> None:
     parser.add_argument("--out", default=None)
     parser.add_argument("--name", default="results", help="file name stem of the table (results.md, results.csv)")
     parser.add_argument("--init", default=None, help="pass init= to every fit (default: each engine's own default)")
+    parser.add_argument(
+        "--guide",
+        default=None,
+        help="comma-separated guides, each fit once per guide (svi only; 'default': svi's own default, recorded)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     cases = {name: f for name, f in ALL.items()} | {f"{name}_bnn": f for name, f in BNN_REFERENCES.items()}
@@ -128,9 +140,10 @@ def main(argv=None) -> None:
             continue
         ref = make()
         for method in methods:
-            rows.append(run(ref, method, args.max_seconds, args.init))
-            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
-            _write(rows, folder, args.name)  # after every fit: a long run cut short keeps its rows
+            for guide in [None] if args.guide is None else args.guide.split(","):
+                rows.append(run(ref, method, args.max_seconds, args.init, guide))
+                print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+                _write(rows, folder, args.name)  # after every fit: a long run cut short keeps its rows
 
 
 def _write(rows: list, folder: Path, name: str) -> None:

@@ -1,17 +1,20 @@
-"""SVI's default learning rate per guide (:func:`default_lr`), apart from :mod:`bnn_pyro.infer.svi` so that the fit-time
-health checks (:mod:`bnn_pyro.infer._health`) can name it without importing the engine.
+"""SVI's defaults that depend on the model and its size: the guide (:func:`default_guide`) and the learning rate per
+guide (:func:`default_lr`), apart from :mod:`bnn_pyro.infer.svi` so that the fit-time health checks
+(:mod:`bnn_pyro.infer._health`) can name them without importing the engine.
 
 Example
 -------
 >>> default_lr("full_rank", 853)     # 1e-2 * sqrt(10 / 852)
 0.0010833784750435987
+>>> default_guide(plain_function=True, dim=4, full_batch=True, elbo="trace", estimator="sample")
+'full_rank'
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["DEFAULT_LR", "FACTOR_ROW_FREE", "default_lr"]
+__all__ = ["DEFAULT_LR", "FACTOR_ROW_FREE", "FULL_RANK_MAX_DIM", "default_lr", "default_guide"]
 
 DEFAULT_LR = 1e-2  # lr's default for a mean-field or MAP guide, and the most any guide gets by default
 FACTOR_ROW_FREE = 10
@@ -40,3 +43,31 @@ def default_lr(guide, dim: int, rank: int | None = None) -> float:
     else:
         return DEFAULT_LR
     return DEFAULT_LR * min(1.0, math.sqrt(FACTOR_ROW_FREE / max(free, 1)))
+
+
+FULL_RANK_MAX_DIM = 500
+""":func:`default_guide`: the most latent coordinates (unconstrained) of a Pyro function model whose default guide is
+``"full_rank"``. A full-rank guide's step costs ``O(dim^2)`` (its ``dim x dim`` Cholesky factor: the sampling, the
+log-determinant and Adam over ``dim (dim + 1) / 2`` entries) against a mean-field guide's ``O(dim)``; up to this size the
+whole fit stays within a small multiple of the mean-field fit (``benchmarks/results/svi_function_guide/``). Below
+``svi_start.MAX_DIM``, so every such guide starts at the Laplace approximation ``N(mode, H^-1)``."""
+
+
+def default_guide(*, plain_function: bool, dim: int, full_batch: bool, elbo: str, estimator: str) -> str:
+    """``guide``'s default: ``"full_rank"`` for a Pyro function model (``plain_function``) with at most
+    :data:`FULL_RANK_MAX_DIM` latent coordinates, trained on full-batch tensors (``full_batch``: no loader, no
+    ``batch_size`` below the data's size, not ``distributed``) with ``elbo="trace"`` and ``estimator="sample"``;
+    ``"mean_field"`` otherwise.
+
+    Why full-rank there: such a model starts at the Laplace approximation (:mod:`bnn_pyro.infer.svi_start`), which a
+    full-rank guide holds exactly (its covariance ``H^-1``), while a mean-field guide can only take ``1 / sqrt(H_ii)``
+    per coordinate (MacKay 2003, section 33.5): several times too narrow where coefficients correlate, as they do in
+    any regression on uncentered covariates (an intercept and a slope at -0.95), whatever the number of steps.
+    Why mean-field elsewhere: a ``BNN``'s full-rank guide does not converge at the zoo's sizes
+    (``benchmarks/results/svi_full_rank/``) and costs ``O(dim^2)`` per step (:data:`FULL_RANK_MAX_DIM`); with
+    minibatches (a loader, ``batch_size``, ``distributed``) the Laplace start is one batch's, not the posterior's;
+    ``elbo="mean_field"`` (a closed-form KL), ``elbo="reinforce"`` (per-site Rao-Blackwellization) and the local
+    estimators are defined for a mean-field guide."""
+    if plain_function and dim <= FULL_RANK_MAX_DIM and full_batch and elbo == "trace" and estimator == "sample":
+        return "full_rank"
+    return "mean_field"
