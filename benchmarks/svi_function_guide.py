@@ -12,7 +12,8 @@ Two measurements per dimension ``D`` (``--dims``), both guides side by side in o
   ``--repeats`` timings each (``_common.per_step``), from the default start (the Laplace approximation, whose cost
   is the same in both runs and drops out), with SVI's default ``lr`` for the guide; ``ms_per_step_median_start``
   the same from ``init="median"`` (the guide's own ``init_scale``): the step's arithmetic is the same, so a
-  difference between the two is in the values (float32 subnormals on the CPU);
+  difference between the two is the machine's (a probe once found the Laplace start 2.6x slower at D = 500, and
+  nothing once torch.set_flush_denormal was on; the benchmark's runs did not reproduce the gap);
 - at the defaults (``bp.fit(model, x, y, method="svi", guide=g, seed=0)``: Laplace start, 5,000 steps, 1,000 draws;
   only for ``D`` in ``--quality-dims``): the fit's wall time, the largest ``|mean - exact| / exact sd``, the range of
   the draws' sd over the exact sd, and whether the fit warned. ``full_rank lr=0.01`` repeats the full-rank fit at

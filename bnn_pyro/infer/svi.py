@@ -199,7 +199,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     lr, optimizer, lr_schedule:
         Learning rate (default 1e-2, :data:`DEFAULT_LR`; for ``"full_rank"`` and ``"low_rank"`` guides whose
         covariance factor has more than :data:`FACTOR_ROW_FREE` free entries per row, ``1e-2 * sqrt(10 / m)``:
-        :func:`default_lr` says why; ``post.config["lr"]`` holds the rate used; what ``lr`` means:
+        :func:`default_lr` says why; a quarter of that for a full-rank guide that starts at the Laplace approximation of a Pyro
+        function, :data:`~bnn_pyro.infer.svi_lr.CONVERGED_START_LR_FACTOR`; ``post.config["lr"]`` holds the rate used; what ``lr`` means:
         :mod:`bnn_pyro.infer.optim`, where ``"auto"`` is refused for Adam); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
         ``params -> torch.optim.Optimizer``; ``"cosine"`` (the default: to 1% of ``lr`` at the last step,
         see the module docstring), ``"constant"``,
@@ -327,7 +328,12 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     if vectorize_particles is None:
         vectorize_particles = isinstance(model, BNN) and not _has_batchnorm(model)
     if cfg.lr is None:  # a guide with a covariance factor gets a lower rate on a large model (default_lr says why)
-        lr = default_lr(guide_kind, dim, cfg.guide_rank)
+        lr = default_lr(
+            guide_kind,
+            dim,
+            cfg.guide_rank,
+            converged_start=laplace and not isinstance(model, BNN) and dim <= svi_start.MAX_DIM,
+        )
     else:
         lr = check_lr(cfg.lr, method="svi")
     optimizer, lr_schedule = cfg.optimizer, cfg.lr_schedule
