@@ -200,7 +200,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         Learning rate (default 1e-2, :data:`DEFAULT_LR`; for ``"full_rank"`` and ``"low_rank"`` guides whose
         covariance factor has more than :data:`FACTOR_ROW_FREE` free entries per row, ``1e-2 * sqrt(10 / m)``:
         :func:`default_lr` says why; a quarter of that for a full-rank guide that starts at the Laplace approximation of a Pyro
-        function, :data:`~bnn_pyro.infer.svi_lr.CONVERGED_START_LR_FACTOR`; ``post.config["lr"]`` holds the rate used; what ``lr`` means:
+        function (where the mode search converged), :data:`~bnn_pyro.infer.svi_lr.CONVERGED_START_LR_FACTOR`; ``post.config["lr"]`` holds the rate used; what ``lr`` means:
         :mod:`bnn_pyro.infer.optim`, where ``"auto"`` is refused for Adam); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
         ``params -> torch.optim.Optimizer``; ``"cosine"`` (the default: to 1% of ``lr`` at the last step,
         see the module docstring), ``"constant"``,
@@ -327,13 +327,14 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     init = LAPLACE if laplace else resolve_init(model, cfg.init, data)
     if vectorize_particles is None:
         vectorize_particles = isinstance(model, BNN) and not _has_batchnorm(model)
+    # a Pyro function's Laplace start, once for every chain (deterministic: svi_start.laplace_start); a BNN's per chain
+    shared_start = None
+    if laplace and not isinstance(model, BNN):
+        with pyro.get_param_store().scope():
+            shared_start = svi_start.laplace_start(model, data)
     if cfg.lr is None:  # a guide with a covariance factor gets a lower rate on a large model (default_lr says why)
-        lr = default_lr(
-            guide_kind,
-            dim,
-            cfg.guide_rank,
-            converged_start=laplace and not isinstance(model, BNN) and dim <= svi_start.MAX_DIM,
-        )
+        converged = shared_start is not None and shared_start.converged and shared_start.cov is not None
+        lr = default_lr(guide_kind, dim, cfg.guide_rank, converged_start=converged)
     else:
         lr = check_lr(cfg.lr, method="svi")
     optimizer, lr_schedule = cfg.optimizer, cfg.lr_schedule
@@ -393,7 +394,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
 
     def init_state(fitted, info) -> _State:
         if laplace:
-            start = svi_start.laplace_start(fitted, data)
+            start = shared_start if shared_start is not None else svi_start.laplace_start(fitted, data)
             q = _make_guide(fitted, guide_kind, start.init_loc_fn(), cfg.init_scale, cfg.guide_rank)
             start.set_scales(q, x0, y0)
             warm_starts.append(start)

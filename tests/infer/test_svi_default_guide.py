@@ -108,6 +108,30 @@ def test_a_larger_function_keeps_its_laplace_start_within_monte_carlo_error():
     assert not messages, messages
 
 
+def test_a_start_that_found_no_mode_keeps_the_plain_rate():
+    """Noise-free data make the noise scale's mode 0 (its log at -inf): the mode search ends with no positive definite
+    Hessian, the full-rank guide starts at init_scale, not at the posterior, and keeps the rate of a guide that has to
+    travel (the quarter is for a start at the Laplace approximation)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 11, generator=g)
+    y = x @ torch.randn(11, generator=g)
+
+    def model(x, y=None):
+        beta = pyro.sample("beta", dist.Normal(0.0, 1.0).expand([11]).to_event(1))
+        s = pyro.sample("s", dist.HalfCauchy(1.0))
+        with pyro.plate("data", size=len(x)):
+            return pyro.sample("obs", dist.Normal(x @ beta, s), obs=y)
+
+    post, messages = _fit(model, x, y, num_steps=2, num_samples=2)
+    assert post.config["guide"] == "full_rank" and post.config["init_converged"] is False
+    assert (
+        post.config["lr"]
+        == svi_lr.default_lr("full_rank", 12)
+        > svi_lr.default_lr("full_rank", 12, converged_start=True)
+    )
+    assert any("no finite mode" in m for m in messages), messages
+
+
 def _wide(dim: int):
     """A Pyro regression with ``dim`` coefficients (``dim`` latent coordinates) on 20 rows."""
     g = torch.Generator().manual_seed(1)
@@ -149,7 +173,8 @@ def test_a_small_function_keeps_mean_field_where_full_rank_is_not_the_default(op
 def test_a_loader_keeps_mean_field():
     model, x, y, _ = _regression(n=20)
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=10)
-    post = bp.fit(model, loader, method="svi", num_steps=2, num_samples=2, seed=0, progress=False)
+    with pytest.warns(DiagnosticWarning, match="too narrow.*full_rank"):  # and it is told what the guide cannot hold
+        post = bp.fit(model, loader, method="svi", num_steps=2, num_samples=2, seed=0, progress=False)
     assert post.config["guide"] == "mean_field"
 
 
