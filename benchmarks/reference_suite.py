@@ -13,7 +13,9 @@ widened by the draws' Monte Carlo error, ``tests/reference/posteriors.py``), ``w
 says what to use, and that refusal is its row. The note that one chain leaves R-hat undefined is said of every
 one-chain fit whatever its draws, so it is kept in ``notes`` and not counted as a warning about the fit.
 
-Run from the repository root: ``python benchmarks/reference_suite.py [--only linear_bnn,kidiq] [--methods a,b]``.
+Run from the repository root: ``python benchmarks/reference_suite.py [--only linear_bnn,kidiq] [--methods a,b]``;
+``--guide mean_field,default`` fits SVI once per guide (``default``: its own default), with the guide given and the
+one used as columns.
 Writes ``benchmarks/results/reference_suite/<name>.md`` and ``<name>.csv`` (``--name``, default ``results``). One
 torch thread per fit.
 """
@@ -55,8 +57,12 @@ def _alarm(signum, frame):
     raise _TimedOut
 
 
-def run(ref, method: str, max_seconds: int, init: str | None = None, options: dict | None = None) -> dict:
+def run(
+    ref, method: str, max_seconds: int, init: str | None = None, options: dict | None = None, guide: str | None = None
+) -> dict:
     row = {"reference": ref.name + ("" if ref.columns is None else " (BNN)"), "method": method}
+    if guide is not None:
+        row["guide_given"] = guide
     old = signal.signal(signal.SIGALRM, _alarm)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DiagnosticWarning)
@@ -65,6 +71,7 @@ def run(ref, method: str, max_seconds: int, init: str | None = None, options: di
         try:
             extra = {} if init is None else {"init": init}  # --init: one option off its default (a variant)
             extra.update(options or {})  # --options: options off their defaults (a variant, e.g. more chains)
+            extra |= {} if guide in (None, "default") else {"guide": guide}  # --guide: svi's guide (a variant)
             post = bp.fit(ref.model, ref.x, ref.y, method=method, seed=0, progress=False, **extra)
         except _TimedOut:
             row.update(verdict="timed out", outcome=f"no result within {max_seconds} s", fit_s=max_seconds)
@@ -96,6 +103,8 @@ def run(ref, method: str, max_seconds: int, init: str | None = None, options: di
         outcome="warned: " + " | ".join(m[:240] for m in warned) if warned else "no warning",
         notes="one-chain R-hat note" if notes else "",
     )
+    if guide is not None:  # the guide the fit used (svi's default resolves by model)
+        row["guide_used"] = post.config.get("guide")
     return row
 
 
@@ -117,6 +126,11 @@ def main(argv=None) -> None:
         "--options",
         default=None,
         help="JSON object of options passed to every fit, e.g. '{\"num_chains\": 4}' (default: none)",
+    )
+    parser.add_argument(
+        "--guide",
+        default=None,
+        help="comma-separated guides, each fit once per guide (svi only; 'default': svi's own default, recorded)",
     )
     args = parser.parse_args(argv)
     options = None if args.options is None else json.loads(args.options)
@@ -140,9 +154,10 @@ def main(argv=None) -> None:
             continue
         ref = make()
         for method in methods:
-            rows.append(run(ref, method, args.max_seconds, args.init, options))
-            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
-            _write(rows, folder, args.name, variant)  # after every fit: a long run cut short keeps its rows
+            for guide in [None] if args.guide is None else args.guide.split(","):
+                rows.append(run(ref, method, args.max_seconds, args.init, options, guide))
+                print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in rows[-1].items()}, flush=True)
+                _write(rows, folder, args.name, variant)  # after every fit: a long run cut short keeps its rows
 
 
 def _write(rows: list, folder: Path, name: str, variant: str = "") -> None:

@@ -5,7 +5,13 @@ Maximizes the evidence lower bound ``ELBO(q) = E_q[log p(y, w | x)] - E_q[log q(
 
 Guides (``guide=``): ``"mean_field"`` (``AutoNormal``: independent Gaussians), ``"low_rank"``
 (``AutoLowRankMultivariateNormal``, ``guide_rank=``), ``"full_rank"`` (``AutoMultivariateNormal``),
-``"map"`` (``AutoDelta``: a point mass, i.e. MAP), an ``AutoGuide`` class, or any guide callable.
+``"map"`` (``AutoDelta``: a point mass, i.e. MAP), an ``AutoGuide`` class, or any guide callable. The default
+(``guide=None``) is ``"full_rank"`` for a Pyro function model of at most :data:`FULL_RANK_MAX_DIM` latent coordinates
+on full-batch tensors, ``"mean_field"`` otherwise (a ``BNN``, a loader, minibatches, a larger model;
+:func:`~bnn_pyro.infer.svi_lr.default_guide`): such a model starts at the Laplace approximation, which a full-rank guide
+holds exactly, while a mean-field guide is several times too narrow wherever the coefficients correlate (on the
+reference suite's regressions: sds 0.13-0.21 of the exact ones; full-rank 0.96-1.0, ``docs/reference_suite.md``). A
+guide given is used as given; ``post.config["guide"]`` holds the one used.
 
 ELBOs (``elbo=``):
 
@@ -99,7 +105,7 @@ from bnn_pyro.infer.kl_warmup import KLWeight, warmup_steps
 from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, Optimizer, Schedule, check_lr, make_optimizer, make_schedule  # noqa: F401 (re-exported)
 from bnn_pyro.infer.reparam import Estimator, GaussianSites, MeanFieldELBO, WeightNoise, check_estimator
 from bnn_pyro.infer.score import ScoreFunction, ScoreFunctionELBO
-from bnn_pyro.infer.svi_lr import DEFAULT_LR, FACTOR_ROW_FREE, default_lr
+from bnn_pyro.infer.svi_lr import DEFAULT_LR, FACTOR_ROW_FREE, FULL_RANK_MAX_DIM, default_guide, default_lr
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice, flag, positive, positive_int
@@ -115,6 +121,8 @@ __all__ = [
     "DEFAULT_LR",
     "FACTOR_ROW_FREE",
     "default_lr",
+    "default_guide",
+    "FULL_RANK_MAX_DIM",
 ]
 
 DEFAULT_STEPS = 5000  # num_steps' default (fit's docstring says why)
@@ -141,7 +149,7 @@ class SVIConfig(PotentialRunOptions):
 
     RENAMED: ClassVar[dict[str, str]] = {"rank": "guide_rank"}  # deprecated alias, one release (contract.entry)
 
-    guide: object = "mean_field"
+    guide: object = None
     elbo: str | None = None
     estimator: str = "sample"
     empirical_bayes: bool | str = False
@@ -169,7 +177,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     Parameters
     ----------
     guide, elbo:
-        See the module docstring. ``guide_rank`` sets the low-rank guide's rank (default ``sqrt(dim)``; formerly
+        See the module docstring (``guide=None``, the default: ``"full_rank"`` on a small Pyro function with
+        full-batch tensors, ``"mean_field"`` otherwise). ``guide_rank`` sets the low-rank guide's rank (default ``sqrt(dim)``; formerly
         ``rank``, still taken with a ``FutureWarning``).
         ``elbo`` defaults to ``"trace"``, or ``"mean_field"`` with a local ``estimator``.
     estimator:
@@ -190,7 +199,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     lr, optimizer, lr_schedule:
         Learning rate (default 1e-2, :data:`DEFAULT_LR`; for ``"full_rank"`` and ``"low_rank"`` guides whose
         covariance factor has more than :data:`FACTOR_ROW_FREE` free entries per row, ``1e-2 * sqrt(10 / m)``:
-        :func:`default_lr` says why; ``post.config["lr"]`` holds the rate used; what ``lr`` means:
+        :func:`default_lr` says why; a quarter of that for a full-rank guide that starts at the Laplace approximation of a Pyro
+        function (where the mode search converged), :data:`~bnn_pyro.infer.svi_lr.CONVERGED_START_LR_FACTOR`; ``post.config["lr"]`` holds the rate used; what ``lr`` means:
         :mod:`bnn_pyro.infer.optim`, where ``"auto"`` is refused for Adam); ``"adam"`` (default), ``"adamw"``, ``"sgd"`` or a callable
         ``params -> torch.optim.Optimizer``; ``"cosine"`` (the default: to 1% of ``lr`` at the last step,
         see the module docstring), ``"constant"``,
@@ -260,13 +270,31 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     num_steps = positive_int("num_steps", DEFAULT_STEPS if num_steps is None else num_steps)
     warmup = warmup_steps(cfg.kl_warmup, num_steps)
     num_chains = positive_int("num_chains", cfg.num_chains)
-    guide_kind = cfg.guide if not isinstance(cfg.guide, str) else choice("guide", cfg.guide, GuideKind)
     estimator = choice("estimator", cfg.estimator, Estimator)
     sharing = resolve_empirical_bayes(cfg.empirical_bayes)
     elbo = cfg.elbo
     if elbo is None:
         elbo = "trace" if estimator is Estimator.SAMPLE else "mean_field"
     elbo_kind = choice("elbo", elbo, ElboKind)
+    x0, y0 = data.first()
+    sites = {
+        n: s
+        for n, s in traced(partial(call_model, model, dataset_size=data.size), x0, y0).nodes.items()
+        if is_latent(s)
+    }
+    names = list(sites)
+    dim = sum(s["value"].numel() for s in sites.values())
+    guide = cfg.guide
+    if guide is None:  # full-rank on a small Pyro function, mean-field otherwise (default_guide says why)
+        full_batch = data.loader is None and (data.batch_size is None or data.batch_size >= data.size)
+        guide = default_guide(
+            plain_function=not isinstance(model, BNN),
+            dim=dim,
+            full_batch=full_batch and not cfg.distributed,
+            elbo=elbo_kind.value,
+            estimator=estimator.value,
+        )
+    guide_kind = guide if not isinstance(guide, str) else choice("guide", guide, GuideKind)
     num_particles = cfg.num_particles
     if num_particles is None:  # the score-function ELBO needs several draws for its leave-one-out baseline
         num_particles = REINFORCE_PARTICLES if elbo_kind is ElboKind.REINFORCE else 1
@@ -299,15 +327,14 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     init = LAPLACE if laplace else resolve_init(model, cfg.init, data)
     if vectorize_particles is None:
         vectorize_particles = isinstance(model, BNN) and not _has_batchnorm(model)
-    x0, y0 = data.first()
-    sites = {
-        n: s
-        for n, s in traced(partial(call_model, model, dataset_size=data.size), x0, y0).nodes.items()
-        if is_latent(s)
-    }
-    names = list(sites)
+    # a Pyro function's Laplace start, once for every chain (deterministic: svi_start.laplace_start); a BNN's per chain
+    shared_start = None
+    if laplace and not isinstance(model, BNN):
+        with pyro.get_param_store().scope():
+            shared_start = svi_start.laplace_start(model, data)
     if cfg.lr is None:  # a guide with a covariance factor gets a lower rate on a large model (default_lr says why)
-        lr = default_lr(guide_kind, sum(s["value"].numel() for s in sites.values()), cfg.guide_rank)
+        converged = shared_start is not None and shared_start.converged and shared_start.cov is not None
+        lr = default_lr(guide_kind, dim, cfg.guide_rank, converged_start=converged)
     else:
         lr = check_lr(cfg.lr, method="svi")
     optimizer, lr_schedule = cfg.optimizer, cfg.lr_schedule
@@ -367,7 +394,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
 
     def init_state(fitted, info) -> _State:
         if laplace:
-            start = svi_start.laplace_start(fitted, data)
+            start = shared_start if shared_start is not None else svi_start.laplace_start(fitted, data)
             q = _make_guide(fitted, guide_kind, start.init_loc_fn(), cfg.init_scale, cfg.guide_rank)
             start.set_scales(q, x0, y0)
             warm_starts.append(start)

@@ -46,6 +46,7 @@ from pyro.infer.autoguide import initialization as init_fns
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential, newton_mode
+from bnn_pyro.infer.svi_lr import FULL_RANK_MAX_DIM
 from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["LaplaceStart", "laplace_start", "check_start", "MAX_DIM", "MAX_ITER", "NEWTON_STEPS", "SHRINK_MAX"]
@@ -242,7 +243,8 @@ def check_start(start: LaplaceStart, guide: str) -> None:
         warn(
             f"svi: the posterior's correlations at its mode (the Laplace approximation) make a {guide} guide "
             f"up to {shrink:.3g}x too narrow in some coordinate (threshold {SHRINK_MAX:g}x): it cannot "
-            "represent them, so its sds are too small whatever num_steps. Use guide='full_rank', "
-            "method='nuts', or standardize (center) the covariates so that the coefficients decorrelate.",
+            "represent them, so its sds are too small whatever num_steps. Use guide='full_rank' (SVI's default "
+            f"for a Pyro function of at most {FULL_RANK_MAX_DIM} coordinates on full-batch tensors), method='nuts', "
+            "or standardize (center) the covariates so that the coefficients decorrelate.",
             DiagnosticWarning,
         )
