@@ -15,7 +15,7 @@ from contextlib import nullcontext
 
 import torch
 
-from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
+from bnn_pyro.infer._common import Data, check_observed_shapes, global_rng_kept, torch_threads, traced
 from bnn_pyro.infer._health import check_chains_agree, check_noise_collapse, check_targets, check_typical
 from bnn_pyro.infer.checkpoint_folder import guard
 from bnn_pyro.infer.declaration import Capabilities, Declaration
@@ -194,7 +194,7 @@ def fit(
     )
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
         if not isinstance(model, BNN):
-            latent_sites(model, *data.first())  # runs the function once: a clear error for priors it cannot draw
+            check_observed_shapes(traced(model, *data.first()))  # one run: priors it cannot draw, y's shape
         with held:
             post = engine(kind)(model, data, **config)
         if not isinstance(model, BNN) and not declared.capabilities.markov_chain:
