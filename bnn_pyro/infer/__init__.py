@@ -22,7 +22,7 @@ from bnn_pyro.infer.declaration import Capabilities, Declaration
 from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.utils.checks import choice, flag, positive_int
+from bnn_pyro.utils.checks import choice, feature_names, flag, positive_int
 from bnn_pyro.utils.checks import seed as checked_seed
 
 __all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options", "unfit_reason"]
@@ -182,6 +182,7 @@ def fit(
                 + (f", use a method that takes it ({', '.join(takers)})" if takers else "")
                 + f", or see help(bnn_pyro.infer.{module}.{name}) for the options."
             )
+    names = feature_names(x)  # a DataFrame's columns: predict finds them by name
     data = _data(model, x, y, batch_size, dataset_size, kind)
     if data.one_shot:
         _check_stream(kind)
@@ -199,6 +200,7 @@ def fit(
             post = engine(kind)(model, data, **config)
         if not isinstance(model, BNN) and not declared.capabilities.markov_chain:
             check_chains_agree(check_typical(post))  # approximations and point fits of a Pyro function
+        post.feature_names = names
         return check_noise_collapse(post)  # any engine: a learned noise that absorbs the targets' signal
 
 

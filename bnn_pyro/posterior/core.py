@@ -29,7 +29,7 @@ from bnn_pyro.model import BNN, check_model_data, fit_attributes
 from bnn_pyro.posterior import posterior_file
 from bnn_pyro.posterior.linearized import linearized_outputs
 from bnn_pyro.predictive_draws import NetworkDraws, Observation
-from bnn_pyro.utils.checks import positive_int, probability
+from bnn_pyro.utils.checks import match_columns, positive_int, probability
 from bnn_pyro.utils.checks import seed as check_seed
 from bnn_pyro.utils.targets import base_distribution
 
@@ -62,6 +62,10 @@ class Posterior:
     draw_buffers:
         Per-draw buffers of a ``BNN`` shaped ``(chains, draws, *shape)``: BatchNorm running
         statistics recomputed for each draw (SWA, SWAG). Empty: every draw uses the model's own.
+    feature_names:
+        The column names of a pandas ``DataFrame`` ``x`` the fit was given (``None`` for arrays and tensors):
+        a ``DataFrame`` given to :meth:`predict` (and the other methods that take ``x``) is matched to them by
+        name, so its columns may come in any order, and a missing or unexpected column is an error.
     x, y:
         The training data (``None`` when the fit streamed batches from a loader); used for
         pointwise log-likelihoods, LOO and function-space diagnostics.
@@ -77,6 +81,7 @@ class Posterior:
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
     draw_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    feature_names: list[str] | None = None
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -240,10 +245,11 @@ class Posterior:
         )
 
     def inputs(self, x):
-        """``x`` checked and converted as the fit converted its training inputs (the model's device and
+        """``x`` checked and converted as the fit converted its training inputs (a ``DataFrame``'s columns matched to
+        :attr:`feature_names` by name; the model's device and
         float dtype; token ids kept integer, :mod:`bnn_pyro.inputs`), with a clear error for inputs the net
         cannot take (found without computation)."""
-        return check_model_data(self.model, x)[0]
+        return check_model_data(self.model, match_columns(x, self.feature_names))[0]
 
     def observation_distribution(
         self, x: torch.Tensor, idx: torch.Tensor | None = None, *, draws_per_chunk: int | None = None

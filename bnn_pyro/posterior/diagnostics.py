@@ -35,7 +35,7 @@ import torch
 
 from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.utils import user_warnings
-from bnn_pyro.utils.checks import choice, flag, positive_int
+from bnn_pyro.utils.checks import choice, flag, match_columns, positive_int
 from bnn_pyro.utils.upstream_private import arviz_log_level
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def to_inference_data(
             UserWarning,
         )
     if x is not None:
-        x, y = check_model_data(post.model, x, y)  # a clear error for inputs the net cannot take
+        x, y = check_model_data(post.model, match_columns(x, post.feature_names), y)  # clear errors for bad inputs
         if y is not None:
             groups["observed_data"] = {"obs": y.cpu().numpy()}
         named = {"": x} if isinstance(x, torch.Tensor) else (x.kwargs or {str(i): t for i, t in enumerate(x.args)})

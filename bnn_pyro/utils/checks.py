@@ -154,6 +154,35 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
     return value
 
 
+def feature_names(x) -> list[str] | None:
+    """The column names of a pandas ``DataFrame`` ``x``, as text (what a fit records, so that prediction can find
+    the columns by name), else ``None``."""
+    columns = getattr(x, "columns", None)
+    if columns is None or not hasattr(x, "to_numpy"):
+        return None
+    return [str(c) for c in columns]
+
+
+def match_columns(x, names: list[str] | None):
+    """``x`` with its columns in the fitted order ``names``: a ``DataFrame`` whose columns are the fitted ones in
+    another order is reordered by name (a net reads its inputs by position, so the order is what it learned);
+    one with missing, unexpected or repeated columns is a ``ValueError`` naming them. Anything else (an array, a
+    tensor, a posterior fitted on one) is returned unchanged."""
+    given = feature_names(x)
+    if names is None or given is None or given == list(names):
+        return x
+    missing, unexpected = [n for n in names if n not in given], [n for n in given if n not in names]
+    repeated = sorted({n for n in given if given.count(n) > 1})
+    problems = {"missing": missing, "unexpected": unexpected, "repeated": repeated}
+    if missing or unexpected or repeated:
+        raise ValueError(
+            f"x: the DataFrame's columns are not the {len(names)} the posterior was fitted on "
+            f"({'; '.join(f'{k}: {v}' for k, v in problems.items() if v)}); pass a DataFrame of the fitted columns "
+            f"{list(names)!r}, in any order."
+        )
+    return x.iloc[:, [given.index(n) for n in names]]  # by position: the labels may be numbers, names their text
+
+
 def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None, keep_integer: bool = False):
     """Validate and convert ``x`` (and ``y`` when given) to tensors with matching lengths (on
     ``device`` when given: the model's). Floating ``x`` is cast to ``float_dtype`` (the model's) when
