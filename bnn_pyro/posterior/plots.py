@@ -80,7 +80,9 @@ def _samples_only(post: Posterior, data: dict | None = None) -> az.InferenceData
 
 def scalars(post: Posterior, params: Sequence[str] | None = None, *, limit: int = 8) -> dict[str, np.ndarray]:
     """Draws ``(chains, draws)`` of single weights: ``params`` like ``["sigma", "0.weight[3, 0]"]``,
-    or the first ``limit`` scalars of the posterior."""
+    or the first ``limit`` scalars of the posterior; one string is one entry (not its characters)."""
+    if isinstance(params, str):
+        params = [params]
     if params is None:
         out = {}
         for name, value in post.samples.items():
@@ -120,11 +122,9 @@ def _label(name: str, index: tuple) -> str:
 
 def plot_trace(post: Posterior, var_names: Sequence[str] | None = None, **kwargs) -> Figure:
     """ArviZ trace plot (densities per chain, and draws), one row per site (all sites by default)."""
-    unknown = [n for n in var_names or [] if n not in post.samples]
-    if unknown:
-        raise ValueError(f"var_names: unknown site(s) {unknown}; this posterior has {list(post.samples)}.")
+    names = diagnostics.site_names(post, var_names)
     with arviz_plotting():
-        axes = az.plot_trace(_samples_only(post), var_names=var_names, compact=True, **kwargs)
+        axes = az.plot_trace(_samples_only(post), var_names=names, compact=True, **kwargs)
     return _figure(axes)
 
 
