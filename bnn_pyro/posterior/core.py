@@ -282,13 +282,24 @@ class Posterior:
 
     def trace_draw(self, i: int, x, y=None):
         """One run of a Pyro function model with every latent site fixed at pooled draw ``i`` and
-        its ``pyro.param`` sites at that draw's chain values; returns the Pyro trace."""
+        its ``pyro.param`` sites at that draw's chain values; returns the Pyro trace. When the model fails on an
+        ``x`` whose row shape differs from the training inputs', the error says so (the model's own is chained)."""
         chain, within = divmod(int(i), self.num_draws)
         draw = {k: v[chain, within] for k, v in self.samples.items()}
         with pyro.get_param_store().scope():
             for name, value in self.point.items():
                 pyro.param(name, value[chain])
-            return poutine.trace(poutine.condition(self.model, data=draw)).get_trace(x, y)
+            try:
+                return poutine.trace(poutine.condition(self.model, data=draw)).get_trace(x, y)
+            except (RuntimeError, ValueError, IndexError, TypeError) as err:
+                fitted = self.x.shape[1:] if isinstance(self.x, torch.Tensor) else None
+                if fitted is None or not isinstance(x, torch.Tensor) or x.shape[1:] == fitted:
+                    raise
+                raise ValueError(
+                    f"x has shape {tuple(x.shape)}, but the model was fitted on inputs shaped (N, "
+                    f"{', '.join(map(str, fitted))}), and running it on x failed (the error it raised is chained "
+                    "above). Check that the columns of x are the fitted ones, in the same order."
+                ) from err
 
     def _predict_traced(self, x, idx, interval):
         """Prediction for a plain Pyro function model: one conditioned trace per draw."""
