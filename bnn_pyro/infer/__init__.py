@@ -173,9 +173,10 @@ def fit(
     known, declared = options(kind), REGISTRY[kind]
     for key in config:
         if key not in known and key not in declared.refused():
-            close = difflib.get_close_matches(key, list(known), n=1)
             module, name = declared.module, declared.function
             takers = [m.value for m in Method if m is not kind and key in options(m)]
+            # another method's option is no misspelling: 'num_steps' for nuts is not 'num_threads'
+            close = [] if takers else difflib.get_close_matches(key, list(known), n=1)
             raise TypeError(
                 f"{key}: not an option of method={kind.value!r}; drop it"
                 + (f" (did you mean {close[0]!r}?)" if close else "")

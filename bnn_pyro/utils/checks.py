@@ -3,6 +3,7 @@ expected and what to try."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from enum import Enum
@@ -19,12 +20,16 @@ E = TypeVar("E", bound=Enum)
 
 
 def choice(argname: str, value, enum: type[E]) -> E:
-    """``enum(value)``, or a ``ValueError`` that lists the valid choices."""
+    """``enum(value)``, or a ``ValueError`` that lists the valid choices and names the closest one to a string
+    (case aside: ``"NUTS"``, ``"lowrank"``)."""
     try:
         return enum(value)
     except ValueError:
         valid = ", ".join(repr(e.value) for e in enum)
-        raise ValueError(f"{argname}: unknown value {value!r}; choose one of {valid}.") from None
+        names = {str(e.value).lower(): e.value for e in enum}
+        close = difflib.get_close_matches(value.lower(), list(names), n=1) if isinstance(value, str) else []
+        hint = f" Did you mean {names[close[0]]!r}?" if close else ""
+        raise ValueError(f"{argname}: unknown value {value!r}; choose one of {valid}.{hint}") from None
 
 
 def positive(argname: str, value: float) -> float:
