@@ -118,7 +118,7 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
     With ``device`` given, numpy / pandas / list input is placed there, and a tensor on another
     device is an error (a user's tensors are never moved silently)."""
     if hasattr(value, "to_numpy"):  # pandas
-        value = value.to_numpy()
+        value = _pandas_array(argname, value)
     if not isinstance(value, torch.Tensor):
         array = None
         try:
@@ -188,6 +188,44 @@ def match_columns(x, names: list[str] | None):
     return x.iloc[:, [given.index(n) for n in names]]  # by position: the labels may be numbers, names their text
 
 
+def _pandas_array(argname: str, frame) -> np.ndarray:
+    """A pandas ``DataFrame`` or ``Series`` as one numeric array: columns of mixed numeric kinds (bool and float)
+    in their common type, non-numeric columns refused by name (they would make one object array)."""
+    frame_like = hasattr(frame.dtypes, "items")
+    dtypes = list(frame.dtypes.items()) if frame_like else [(None, frame.dtypes)]
+    bad = [(name, str(dtype)) for name, dtype in dtypes if getattr(dtype, "kind", "O") not in "biuf"]
+    if bad:
+        what = (
+            "column(s) " + ", ".join(f"{name!r} ({dtype})" for name, dtype in bad) + " of the DataFrame are"
+            if frame_like
+            else f"the Series' values ({bad[0][1]}) are"
+        )
+        raise TypeError(
+            f"{argname}: {what} not numeric; encode categories as numbers (e.g. pd.get_dummies, or .cat.codes for "
+            "labels) and fill or drop missing values (None makes a column object) first."
+        )
+    try:
+        common = np.result_type(*(dtype for _, dtype in dtypes))
+    except TypeError:  # pandas' own (nullable) dtypes: their default conversion
+        return frame.to_numpy()
+    return frame.to_numpy(dtype=common)
+
+
+def _same_rows(x, y) -> None:
+    """Refuse pandas ``x`` and ``y`` whose row labels differ: rows are paired by position, so a ``y`` indexed in
+    another order (or selected by another mask) would pair each input with another row's target."""
+    if not all(hasattr(v, "index") and hasattr(v, "to_numpy") for v in (x, y)) or x.index.equals(y.index):
+        return
+    if len(x.index) != len(y.index):
+        return  # the row counts differ: check_data says so
+    first, a, b = next((i, a, b) for i, (a, b) in enumerate(zip(x.index.tolist(), y.index.tolist())) if a != b)
+    raise ValueError(
+        f"x and y are pandas objects with different row labels (row {first}: x has {a!r}, y has {b!r}); rows are paired by position, so this would pair inputs with other rows' targets. "
+        "Align them by label first, e.g. y = y.loc[x.index], or reset both indexes (.reset_index(drop=True)) if "
+        "position is what pairs them."
+    )
+
+
 def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None, keep_integer: bool = False):
     """Validate and convert ``x`` (and ``y`` when given) to tensors with matching lengths (on
     ``device`` when given: the model's). Floating ``x`` is cast to ``float_dtype`` (the model's) when
@@ -204,6 +242,8 @@ def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None, kee
             return value
         return value.to(float_dtype or torch.get_default_dtype())
 
+    if y is not None:
+        _same_rows(x, y)
     if is_structured(x):
         if not isinstance(x, Inputs):
             x = Inputs(args=x) if isinstance(x, tuple) else Inputs(kwargs=_string_keys(x))
