@@ -90,6 +90,10 @@ def unfit_reason(method: str | Method, model, x) -> str | None:
     can = REGISTRY[kind].capabilities
     if can.layers and not isinstance(model, BNN):
         return f"method={kind.value!r} acts on the nn.Linear/nn.Conv layers of a bp.BNN; a Pyro function model has none"
+    if can.weight_sites and not isinstance(model, BNN):
+        return (
+            f"method={kind.value!r} spans its subspace by the weight sites of a bp.BNN; a Pyro function model has none"
+        )
     if can.jacobian_rows and isinstance(model, BNN):
         try:
             _check_plain_rows(model, x, kind)

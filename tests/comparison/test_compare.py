@@ -239,8 +239,10 @@ def test_methods_that_apply_come_from_the_declarations(reg_model):
     import pyro
 
     skipped = {m for m in Method if unfit_reason(m, function_model, x) is not None}
-    assert skipped == {m for m in Method if REGISTRY[m].capabilities.layers}
-    assert skipped == {Method.MC_DROPOUT, Method.VARIATIONAL_DROPOUT, Method.SPARSE_VD}
+    assert skipped == {m for m in Method if REGISTRY[m].capabilities.layers or REGISTRY[m].capabilities.weight_sites}
+    assert skipped == {Method.MC_DROPOUT, Method.VARIATIONAL_DROPOUT, Method.SPARSE_VD, Method.SUBSPACE}
+    with pytest.raises(TypeError, match="method='subspace' needs a bnn_pyro.BNN"):  # what it said as an error row
+        bp.fit(function_model, x, x[:, 0], method="subspace", progress=False)
     assert comparison._methods(function_model, None, x, None) == [m.value for m in Method if m not in skipped]
 
 
