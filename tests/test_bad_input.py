@@ -425,6 +425,12 @@ CASES = [
         TypeError,
         r"progress must be True or False, got str 'no'.*pass progress=True",
     ),
+    Case(  # was read as True by the engine's driver and as False by the checkpoint folder's guard
+        "resume-string",
+        lambda t: _fit(checkpoint=str(t), resume="yes"),
+        ValueError,
+        r"resume: expected True or False .*or a Posterior of nuts or hmc to extend, got str 'yes'; pass resume=True",
+    ),
     Case(
         "prior-pattern-matches-nothing",
         lambda t: _model(prior={"layer0.*": dist.Normal(0.0, 1.0)}),

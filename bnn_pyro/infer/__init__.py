@@ -13,6 +13,7 @@ import inspect
 from collections.abc import Callable
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 
 from bnn_pyro.infer._common import Data, check_observed_shapes, global_rng_kept, torch_threads, traced
@@ -174,6 +175,7 @@ def fit(
     for name, check in (("seed", lambda v: checked_seed("seed", v)), ("progress", lambda v: flag("progress", v))):
         if name in config:
             config[name] = check(config[name])
+    _check_resume(config.get("resume", False))
     known, declared = options(kind), REGISTRY[kind]
     for key in config:
         if key not in known and key not in declared.refused():
@@ -207,6 +209,17 @@ def fit(
             check_chains_agree(check_typical(post))  # approximations and point fits of a Pyro function
         post.feature_names = names
         return check_noise_collapse(post)  # any engine: a learned noise that absorbs the targets' signal
+
+
+def _check_resume(resume) -> None:
+    """``resume=`` is True/False (continue from the ``checkpoint=`` files) or a Posterior to extend; a truthy
+    string or number read as True by one part of the fit and as False by another (the folder's guard)."""
+    if isinstance(resume, (bool, np.bool_, Posterior)):
+        return
+    raise ValueError(  # the MCMC engines' own error for it was a ValueError too
+        f"resume: expected True or False (continue from the checkpoint= files), or a Posterior of nuts or hmc to "
+        f"extend, got {type(resume).__name__} {resume!r}; pass resume=True or resume=False."
+    )
 
 
 def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
