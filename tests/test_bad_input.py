@@ -276,6 +276,12 @@ CASES = [
         r"x: a batch of the loader holds no targets.*make every batch an \(x, y\) pair",
     ),
     Case("x-scalar", lambda t: _fit(x=3.0), ValueError, r"x is a single number \(shape \(\)\).*pass rows shaped"),
+    Case(
+        "x-sparse",
+        lambda t: _fit(x=X.to_sparse()),
+        TypeError,
+        r"x is a sparse tensor \(torch.sparse_coo\).*x\.to_dense\(\)",
+    ),
     Case("x-complex", lambda t: _fit(x=X.to(torch.complex64)), TypeError, r"x has complex dtype.*pass real numbers"),
     Case(
         "y-strings",
@@ -868,3 +874,14 @@ def test_targets_shaped_like_the_observed_site_still_fit():
     for model, y in ((_line, Y), (two_outputs, torch.cat([Y[:, None], -Y[:, None]], 1))):
         post = bp.fit(model, X, y, method="svi", num_steps=2, num_samples=2, progress=False)
         assert post.num_draws == 2
+
+
+@pytest.mark.parametrize("method", ["svi", "laplace"])
+def test_training_data_that_require_grad_are_fitted_as_constants(method):
+    """x or y requiring grad (e.g. another net's output) failed deep in the analytic ELBO with 'dot(): functions
+    with out=... arguments don't support automatic differentiation'; bp.fit now takes them as the constants they are."""
+    x, y = X.clone().requires_grad_(), Y.clone().requires_grad_()
+    post = _fit(x=x, y=y, method=method, seed=0)
+    reference = _fit(method=method, seed=0)
+    assert all(torch.equal(post.samples[k], reference.samples[k]) for k in reference.samples)
+    assert not post.x.requires_grad and not post.y.requires_grad and x.requires_grad  # the user's tensor untouched

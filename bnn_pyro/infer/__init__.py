@@ -21,6 +21,7 @@ from bnn_pyro.infer._health import check_chains_agree, check_noise_collapse, che
 from bnn_pyro.infer.checkpoint_folder import guard
 from bnn_pyro.infer.declaration import Capabilities, Declaration
 from bnn_pyro.infer.registry import REGISTRY, Method
+from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice, feature_names, flag, positive_int
@@ -33,8 +34,6 @@ _FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own key
 
 
 def _check_plain_rows(model: BNN, x, kind: Method) -> None:
-    from bnn_pyro.inputs import Inputs
-
     shape = model.output_shape(x)
     why = (
         "x is a tuple or dict of tensors"
@@ -261,4 +260,8 @@ def _checked(model, x, y):
             "x: a batch of the loader holds no targets (its y is None); make every batch an (x, y) pair "
             "of tensors, e.g. a DataLoader over TensorDataset(x, y)."
         )
-    return check_model_data(model, x, y)
+    x, y = check_model_data(model, x, y)
+    # training data are constants of the fit: a tensor that requires grad (another net's output) would make
+    # the engines' in-place and out= kernels fail ("dot(): functions with out=... don't support autograd")
+    x = x.map(lambda _, t: t.detach()) if isinstance(x, Inputs) else x.detach()
+    return x, y.detach()

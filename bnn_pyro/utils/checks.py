@@ -135,6 +135,11 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
             f"{argname} is on device {value.device}, but the model's parameters are on {device}; move one "
             f"of them, e.g. {argname}.to({str(device)!r}) or model.to({str(value.device)!r})."
         )
+    if value.layout != torch.strided:
+        raise TypeError(
+            f"{argname} is a sparse tensor ({value.layout}); the nets and checks take dense rows: pass "
+            f"{argname}.to_dense() (for data too large for that, a DataLoader of dense minibatches)."
+        )
     if value.dtype.is_complex:
         raise TypeError(
             f"{argname} has complex dtype {value.dtype}; pass real numbers, e.g. {argname}.real or "
