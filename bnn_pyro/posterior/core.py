@@ -246,10 +246,18 @@ class Posterior:
 
     def inputs(self, x):
         """``x`` checked and converted as the fit converted its training inputs (a ``DataFrame``'s columns matched to
-        :attr:`feature_names` by name; the model's device and
+        :attr:`feature_names` by name; as many dimensions as the training inputs; the model's device and
         float dtype; token ids kept integer, :mod:`bnn_pyro.inputs`), with a clear error for inputs the net
         cannot take (found without computation)."""
-        return check_model_data(self.model, match_columns(x, self.feature_names))[0]
+        x = check_model_data(self.model, match_columns(x, self.feature_names))[0]
+        fitted = self.x if isinstance(self.x, torch.Tensor) and isinstance(self.model, BNN) else None
+        if fitted is not None and isinstance(x, torch.Tensor) and x.dim() != fitted.dim():
+            raise ValueError(  # a net that maps any rank (an MLP on (N, 1, d)) would answer another question
+                f"x has {x.dim()} dimensions (shape {tuple(x.shape)}), but the posterior was fitted on inputs with "
+                f"{fitted.dim()} (shape (N, {', '.join(map(str, fitted.shape[1:]))})); reshape x to rows shaped like "
+                "the training inputs."
+            )
+        return x
 
     def observation_distribution(
         self, x: torch.Tensor, idx: torch.Tensor | None = None, *, draws_per_chunk: int | None = None

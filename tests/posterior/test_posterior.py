@@ -142,3 +142,19 @@ def test_a_function_posterior_names_the_fitted_row_shape_when_the_model_fails_on
             post.predict(bad)
         assert isinstance(info.value.__cause__, RuntimeError)
     assert post.predict(torch.randn(3, 2)).mean.shape == (3,)
+
+
+def test_inputs_with_another_number_of_dimensions_than_the_training_inputs_are_refused():
+    """An MLP fitted on (N, 2) rows maps (N, 1, 2) too, as a sequence of one position: predict returned (N, 1)
+    means, which broadcast against (N,) targets into an (N, N) table downstream. Now the rank is checked."""
+    net = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    x = torch.randn(10, 2)
+    post = bp.fit(model, x, x.sum(1), method="svi", num_steps=2, num_samples=2, progress=False)
+    with pytest.raises(
+        ValueError,
+        match=r"x has 3 dimensions \(shape \(10, 1, 2\)\), but the posterior was fitted on "
+        r"inputs with 2 \(shape \(N, 2\)\); reshape x",
+    ):
+        post.predict(x[:, None, :])
+    assert post.predict(x).mean.shape == (10,)
