@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from bnn_pyro import metrics
 from bnn_pyro.posterior import diagnostics
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, quantiles
-from bnn_pyro.utils.checks import check_data, positive_int
+from bnn_pyro.utils.checks import check_data, match_columns, positive_int
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
@@ -230,7 +230,9 @@ def plot_reliability(
     if _task(post) == "regression":
         raise ValueError("plot_reliability is for classification; use plot_predictive for regression.")
     if x is not None or y is not None:  # token ids stay integer for a net with embeddings (bnn_pyro.inputs)
-        x, y = check_data(x, y, keep_integer=getattr(post.model, "integer_inputs", False))
+        x, y = check_data(
+            match_columns(x, post.feature_names), y, keep_integer=getattr(post.model, "integer_inputs", False)
+        )
     else:
         x, y = post.x, post.y
     if x is None or y is None:

@@ -77,3 +77,25 @@ def test_tensor_fits_record_no_names_and_take_any_frame_by_position():
     )
     assert post.feature_names is None
     assert post.predict(pd.DataFrame({"b": [0.0], "a": [1.0]})).mean.shape == (1,)
+
+
+def test_psis_metrics_and_a_function_posterior_read_a_dataframe_by_name_too(fitted):
+    import pyro
+    import pyro.distributions as dist
+
+    from bnn_pyro import metrics
+
+    post, frame, y = fitted
+    swapped = frame[["dose", "age"]]
+    assert post.psis(x=swapped, y=y).k_hat == post.psis(x=frame, y=y).k_hat
+    assert metrics.test_log_likelihood(post, swapped, y) == metrics.test_log_likelihood(post, frame, y)
+
+    def linear(x, y=None):
+        w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("obs", dist.Normal(x @ w, 0.5), obs=y)
+
+    plain = bp.fit(linear, frame, y, method="svi", num_steps=20, num_samples=5, progress=False, seed=0)
+    assert plain.feature_names == ["age", "dose"]
+    assert torch.equal(plain.predict(swapped, seed=0).mean, plain.predict(frame, seed=0).mean)
+    assert metrics.test_log_likelihood(plain, swapped, y) == metrics.test_log_likelihood(plain, frame, y)
