@@ -73,8 +73,13 @@ def _figure(axes) -> Figure:
 
 
 def _samples_only(post: Posterior, data: dict | None = None) -> az.InferenceData:
+    """The draws as InferenceData for ArviZ's plots, in float64: ArviZ's density estimate bins each site's range in
+    512 bins, which float32 cannot resolve for draws spread over ~1e-7 (numpy's "Too many bins for data range")."""
     if data is None:
-        return diagnostics.to_inference_data(post, log_likelihood=False, posterior_predictive=False)
+        idata = diagnostics.to_inference_data(post, log_likelihood=False, posterior_predictive=False)
+        idata.posterior = idata.posterior.astype(np.float64)
+        return idata
+    data = {k: np.asarray(v, dtype=np.float64) for k, v in data.items()}
     return diagnostics.from_dict(posterior=data, sample_stats=diagnostics.sample_stats(post))
 
 

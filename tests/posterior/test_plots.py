@@ -147,3 +147,16 @@ def test_one_site_name_as_a_string_is_that_site_not_its_characters(svi_post, mcm
     assert table.equals(svi_post.summary(var_names=["weight"], warn=False))
     with pytest.raises(ValueError, match=r"var_names: unknown site\(s\) \['wieght'\]; this posterior has \['weight'\]"):
         svi_post.summary(var_names="wieght")
+
+
+def test_draws_spread_over_less_than_float32_resolves_still_plot():
+    """Near-constant float32 draws (a collapsed approximation) made ArviZ's density estimate fail inside numpy:
+    'Too many bins for data range. Cannot create 512 finite-sized bins.'"""
+    import bnn_pyro as bp
+
+    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(0.1))
+    g = torch.Generator().manual_seed(0)
+    samples = {n: 0.3 + 1e-7 * torch.randn((1, 4) + s, generator=g) for n, s in model.param_shapes.items()}
+    post = bp.Posterior(samples=samples, model=model, method="svi")
+    assert _titles(post.plot_trace()) == ["weight", "weight", "bias", "bias"]
+    assert isinstance(post.plot_rank(), Figure)
