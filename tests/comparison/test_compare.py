@@ -301,3 +301,22 @@ def test_pandas_data_compare_as_their_arrays_with_test_columns_matched_by_name()
     columns = ["test_ll", "rmse", "coverage_95", "ood_auroc"]
     assert frames.table["error"].eq("").all() and arrays.table["error"].eq("").all()
     pd.testing.assert_frame_equal(frames.table[columns], arrays.table[columns])
+
+
+@pytest.mark.parametrize(
+    "test, message",
+    [
+        (
+            (torch.randn(10, 1), torch.randn(10)),
+            r"^test: the test rows: x has shape \(10, 1\), which the net cannot take",
+        ),
+        ((torch.randn(10, 2), torch.randn(7)), r"^test: the test rows: x and y have different numbers of rows"),
+    ],
+    ids=["columns", "rows"],
+)
+def test_a_bad_test_set_is_refused_before_any_fit(monkeypatch, test, message):
+    """It was found by scoring, once per method and after each fit: a table of error rows."""
+    monkeypatch.setattr(comparison, "_run", lambda *a, **k: pytest.fail("a method was fitted"))
+    x = torch.randn(20, 2)
+    with pytest.raises(ValueError, match=message):
+        bp.compare(_two_feature_model(), x, x.sum(1), test=test, methods=["svi", "nuts"], progress=False)
