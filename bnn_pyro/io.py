@@ -108,8 +108,20 @@ def load(path: str | os.PathLike, model: BNN | Callable | None = None) -> Poster
         history=groups["history"],
         x=data.get("x"),
         y=data.get("y"),
-        draw_buffers=groups.get("draw_buffers", {}),
-    )  # absent from files written before it existed
+        draw_buffers=groups.get("draw_buffers", {}),  # absent from files written before it existed
+        feature_names=_feature_names(meta, path),
+    )
+
+
+def _feature_names(meta: dict[str, Any], path: Path) -> list[str] | None:
+    """The fitted DataFrame's column names, ``None`` when the fit had none (and in files older than the field)."""
+    names = meta.get("feature_names")
+    if names is not None and not (isinstance(names, list) and all(isinstance(n, str) for n in names)):
+        raise PosteriorFileError(
+            f"{str(path)!r}: field 'feature_names' is not a list of column names; the file is corrupted or was "
+            "edited. Save the posterior again."
+        )
+    return names
 
 
 def _contents(meta: dict[str, Any], tensors: dict[str, torch.Tensor], path: Path):

@@ -28,7 +28,7 @@ import torch
 
 from bnn_pyro.model import BNN
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction
-from bnn_pyro.utils.checks import as_tensor, positive_int
+from bnn_pyro.utils.checks import as_tensor, match_columns, positive_int
 from bnn_pyro.utils.targets import (
     base_distribution,
     float_tensor,
@@ -467,7 +467,11 @@ def _check_bnn_posterior(posterior) -> None:
 def _held_out(posterior, x, y) -> tuple[torch.Tensor, torch.Tensor]:
     """Held-out ``x`` (as the fit converted its inputs, for a BNN; floats for a Pyro function model) and ``y``,
     checked to have one row each."""
-    x = posterior.inputs(x) if isinstance(posterior.model, BNN) else float_tensor("x", x)
+    x = (
+        posterior.inputs(x)
+        if isinstance(posterior.model, BNN)
+        else float_tensor("x", match_columns(x, posterior.feature_names))
+    )
     y = as_tensor("y", y)
     if y.shape[0] != x.shape[0]:
         raise ValueError(

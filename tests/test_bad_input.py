@@ -276,6 +276,12 @@ CASES = [
         r"x: a batch of the loader holds no targets.*make every batch an \(x, y\) pair",
     ),
     Case("x-scalar", lambda t: _fit(x=3.0), ValueError, r"x is a single number \(shape \(\)\).*pass rows shaped"),
+    Case(
+        "x-sparse",
+        lambda t: _fit(x=X.to_sparse()),
+        TypeError,
+        r"x is a sparse tensor \(torch.sparse_coo\).*x\.to_dense\(\)",
+    ),
     Case("x-complex", lambda t: _fit(x=X.to(torch.complex64)), TypeError, r"x has complex dtype.*pass real numbers"),
     Case(
         "y-strings",
@@ -424,6 +430,12 @@ CASES = [
         lambda t: _fit(progress="no"),
         TypeError,
         r"progress must be True or False, got str 'no'.*pass progress=True",
+    ),
+    Case(  # was read as True by the engine's driver and as False by the checkpoint folder's guard
+        "resume-string",
+        lambda t: _fit(checkpoint=str(t), resume="yes"),
+        ValueError,
+        r"resume: expected True or False .*or a Posterior of nuts or hmc to extend, got str 'yes'; pass resume=True",
     ),
     Case(
         "prior-pattern-matches-nothing",
@@ -825,3 +837,51 @@ def test_seeds_after_the_fit_are_checked_too(bad):
     for call in calls:
         with pytest.raises(ValueError, match="seed"):
             call()
+
+
+def _line(x, y=None):
+    w = pyro.sample("w", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0]):
+        return pyro.sample("obs", dist.Normal(w * x[:, 0], 0.1), obs=y)
+
+
+FUNCTION_METHODS = [m.value for m in bp.infer.Method if bp.infer.unfit_reason(m, _line, X) is None]
+
+
+@pytest.mark.parametrize("method", FUNCTION_METHODS)
+def test_a_column_of_targets_for_a_pyro_function_is_refused_not_broadcast(method):
+    """y shaped (N, 1) against a function's (N,) predictions: Normal(f).log_prob(y) is (N, N), every prediction
+    against every target. Twelve engines fitted that wrong likelihood silently and svi raised Pyro's shape error;
+    now bp.fit refuses before any engine runs, naming y and the reshape."""
+    with pytest.raises(
+        ValueError,
+        match=r"y: the model's observed site 'obs' .* shaped \(8,\).*shape \(8, 1\).*"
+        r"broadcast to \(8, 8\).*Pass y shaped like",
+    ) as info:
+        bp.fit(_line, X, Y[:, None], method=method, progress=False)
+    assert Path(str(info.traceback[-1].path)).resolve() == PACKAGE.resolve() / "infer" / "_common.py"
+
+
+def test_targets_shaped_like_the_observed_site_still_fit():
+    """The check refuses only a value and a distribution that enlarge each other: targets shaped like the site,
+    (N,) or (N, 2) under to_event(1), fit as before."""
+
+    def two_outputs(x, y=None):
+        w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("obs", dist.Normal(x * w, 0.1).to_event(1), obs=y)
+
+    for model, y in ((_line, Y), (two_outputs, torch.cat([Y[:, None], -Y[:, None]], 1))):
+        post = bp.fit(model, X, y, method="svi", num_steps=2, num_samples=2, progress=False)
+        assert post.num_draws == 2
+
+
+@pytest.mark.parametrize("method", ["svi", "laplace"])
+def test_training_data_that_require_grad_are_fitted_as_constants(method):
+    """x or y requiring grad (e.g. another net's output) failed deep in the analytic ELBO with 'dot(): functions
+    with out=... arguments don't support automatic differentiation'; bp.fit now takes them as the constants they are."""
+    x, y = X.clone().requires_grad_(), Y.clone().requires_grad_()
+    post = _fit(x=x, y=y, method=method, seed=0)
+    reference = _fit(method=method, seed=0)
+    assert all(torch.equal(post.samples[k], reference.samples[k]) for k in reference.samples)
+    assert not post.x.requires_grad and not post.y.requires_grad and x.requires_grad  # the user's tensor untouched

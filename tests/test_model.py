@@ -423,3 +423,34 @@ def test_prior_distributions_draw_each_site_and_keep_the_callers_state():
     assert torch.equal(torch.get_rng_state(), state)
     assert torch.equal(first["weight"].base_dist.scale, again["weight"].base_dist.scale)  # drawn under one seed
     pyro.clear_param_store()
+
+
+def _two_feature_model() -> bp.BNN:
+    net = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 1))
+    return bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
+
+
+def test_float64_targets_take_the_nets_dtype_and_every_engine_fits_them():
+    """numpy data is float64: y was kept so, and a traced log density (metropolis' JIT) then mixed float32 weights
+    with float64 values and raised deep inside torch."""
+    import numpy as np
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(12, 2, generator=g).numpy().astype(np.float64)
+    y = x[:, 0] - x[:, 1]
+    model = _two_feature_model()
+    _, checked = bp.model.check_model_data(model, x, y)
+    assert checked.dtype == torch.float32
+    _, counts = bp.model.check_model_data(model, x, np.arange(12))  # integer targets: the net's dtype too
+    assert counts.dtype == torch.float32
+    post = bp.fit(model, x, y, method="metropolis", num_samples=3, num_warmup=3, num_chains=1, progress=False, seed=0)
+    assert post.samples["0.weight"].dtype == torch.float32 and torch.isfinite(post.samples["0.weight"]).all()
+
+
+@pytest.mark.parametrize("length", [2, 5])
+def test_a_1d_x_is_named_as_such_when_the_net_maps_one_row_to_one_output(length):
+    """A 1-D x of N values fed to a Linear(2, .) net: one slice of it passes as a single input row, so the error
+    said the net returned the wrong shape (add a Flatten layer); it must say that x is 1-D and how to reshape it."""
+    model = _two_feature_model()
+    with pytest.raises(ValueError, match=r"x has shape \(\d+,\).*takes inputs shaped \(N, 2\).*x is 1-D.*reshape"):
+        bp.model.check_model_data(model, torch.randn(length), torch.randn(length))

@@ -35,9 +35,9 @@ from bnn_pyro.comparison.scoring import CLASSIFICATION, DIAGNOSTICS, REGRESSION,
 from bnn_pyro.data.splits import k_fold
 from bnn_pyro.infer import Method, fit, unfit_reason
 from bnn_pyro.infer.progress import progress_bar
-from bnn_pyro.model import BNN
+from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.utils.checks import check_data, choice, flag, positive_int
+from bnn_pyro.utils.checks import check_data, choice, feature_names, flag, match_columns, positive_int
 from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["compare", "Comparison"]
@@ -167,7 +167,12 @@ def compare(
     started = time.perf_counter()
     progress = flag("progress", progress)
     seed = positive_int("seed", seed, allow_zero=True)
-    data = _splits(x, y, test, splits, seed)
+    given = (*check_data(x, y), test, splits, seed) if _pandas(x) and isinstance(splits, int) else None  # k-fold
+    raw = _splits(*(given or (x, y, test, splits, seed)))
+    data = [_arrays(split) for split in raw]
+    if _pandas(ood):  # its columns matched to the training inputs' by name too
+        ood = check_data(match_columns(ood, feature_names(x if x is not None else raw[0][0])), None)[0]
+    _check_rows(model, data)
     methods = _methods(model, methods, data[0][0], data[0][1])
     options = _options(options, methods)
     task = _task(model, data[0][1])
@@ -271,6 +276,33 @@ def _splits(x, y, test, splits, seed: int) -> list[Split]:
             f"{' of length ' + str(len(test)) if isinstance(test, (list, tuple)) else ''}."
         )
     return [(x, y, *test)]
+
+
+def _pandas(value) -> bool:
+    return hasattr(value, "to_numpy")
+
+
+def _arrays(split: Split) -> Split:
+    """A split whose pandas parts are arrays: the test inputs' columns matched to the training inputs' by name
+    (as a posterior matches a DataFrame's, :attr:`~bnn_pyro.Posterior.feature_names`), each pair checked and
+    converted by :func:`~bnn_pyro.utils.checks.check_data` (row labels paired, non-numeric columns named)."""
+    if not any(_pandas(part) for part in split):
+        return split
+    x_train, y_train, x_test, y_test = split
+    x_test = match_columns(x_test, feature_names(x_train))
+    return (*check_data(x_train, y_train), *check_data(x_test, y_test))
+
+
+def _check_rows(model, data: list[Split]) -> None:
+    """Every split's training and test rows checked as ``bp.fit`` checks its data, before any fit: a test set with
+    other columns or another number of rows than its targets failed once per method, each after its fit."""
+    for i, split in enumerate(data):
+        for what, (x, y) in (("training", split[:2]), ("test", split[2:])):
+            try:
+                check_model_data(model, x, y)
+            except (TypeError, ValueError) as err:
+                where = f"split {i}'s" if len(data) > 1 else "the"
+                raise type(err)(f"{'test' if what == 'test' else 'x, y'}: {where} {what} rows: {err}") from None
 
 
 def _methods(model, methods, x, y) -> list[str]:

@@ -13,16 +13,18 @@ import inspect
 from collections.abc import Callable
 from contextlib import nullcontext
 
+import numpy as np
 import torch
 
-from bnn_pyro.infer._common import Data, global_rng_kept, latent_sites, torch_threads
+from bnn_pyro.infer._common import Data, check_observed_shapes, global_rng_kept, torch_threads, traced
 from bnn_pyro.infer._health import check_chains_agree, check_noise_collapse, check_targets, check_typical
 from bnn_pyro.infer.checkpoint_folder import guard
 from bnn_pyro.infer.declaration import Capabilities, Declaration
 from bnn_pyro.infer.registry import REGISTRY, Method
+from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.utils.checks import choice, flag, positive_int
+from bnn_pyro.utils.checks import choice, feature_names, flag, positive_int
 from bnn_pyro.utils.checks import seed as checked_seed
 
 __all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options", "unfit_reason"]
@@ -32,8 +34,6 @@ _FIT_OPTIONS = ("batch_size", "dataset_size", "num_threads")  # bp.fit's own key
 
 
 def _check_plain_rows(model: BNN, x, kind: Method) -> None:
-    from bnn_pyro.inputs import Inputs
-
     shape = model.output_shape(x)
     why = (
         "x is a tuple or dict of tensors"
@@ -90,6 +90,10 @@ def unfit_reason(method: str | Method, model, x) -> str | None:
     can = REGISTRY[kind].capabilities
     if can.layers and not isinstance(model, BNN):
         return f"method={kind.value!r} acts on the nn.Linear/nn.Conv layers of a bp.BNN; a Pyro function model has none"
+    if can.weight_sites and not isinstance(model, BNN):
+        return (
+            f"method={kind.value!r} spans its subspace by the weight sites of a bp.BNN; a Pyro function model has none"
+        )
     if can.jacobian_rows and isinstance(model, BNN):
         try:
             _check_plain_rows(model, x, kind)
@@ -170,18 +174,21 @@ def fit(
     for name, check in (("seed", lambda v: checked_seed("seed", v)), ("progress", lambda v: flag("progress", v))):
         if name in config:
             config[name] = check(config[name])
+    _check_resume(config.get("resume", False))
     known, declared = options(kind), REGISTRY[kind]
     for key in config:
         if key not in known and key not in declared.refused():
-            close = difflib.get_close_matches(key, list(known), n=1)
             module, name = declared.module, declared.function
             takers = [m.value for m in Method if m is not kind and key in options(m)]
+            # another method's option is no misspelling: 'num_steps' for nuts is not 'num_threads'
+            close = [] if takers else difflib.get_close_matches(key, list(known), n=1)
             raise TypeError(
                 f"{key}: not an option of method={kind.value!r}; drop it"
                 + (f" (did you mean {close[0]!r}?)" if close else "")
                 + (f", use a method that takes it ({', '.join(takers)})" if takers else "")
                 + f", or see help(bnn_pyro.infer.{module}.{name}) for the options."
             )
+    names = feature_names(x)  # a DataFrame's columns: predict finds them by name
     data = _data(model, x, y, batch_size, dataset_size, kind)
     if data.one_shot:
         _check_stream(kind)
@@ -194,12 +201,24 @@ def fit(
     )
     with torch_threads(None if num_threads is None else positive_int("num_threads", num_threads)), global_rng_kept():
         if not isinstance(model, BNN):
-            latent_sites(model, *data.first())  # runs the function once: a clear error for priors it cannot draw
+            check_observed_shapes(traced(model, *data.first()))  # one run: priors it cannot draw, y's shape
         with held:
             post = engine(kind)(model, data, **config)
         if not isinstance(model, BNN) and not declared.capabilities.markov_chain:
             check_chains_agree(check_typical(post))  # approximations and point fits of a Pyro function
+        post.feature_names = names
         return check_noise_collapse(post)  # any engine: a learned noise that absorbs the targets' signal
+
+
+def _check_resume(resume) -> None:
+    """``resume=`` is True/False (continue from the ``checkpoint=`` files) or a Posterior to extend; a truthy
+    string or number read as True by one part of the fit and as False by another (the folder's guard)."""
+    if isinstance(resume, (bool, np.bool_, Posterior)):
+        return
+    raise ValueError(  # the MCMC engines' own error for it was a ValueError too
+        f"resume: expected True or False (continue from the checkpoint= files), or a Posterior of nuts or hmc to "
+        f"extend, got {type(resume).__name__} {resume!r}; pass resume=True or resume=False."
+    )
 
 
 def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
@@ -241,4 +260,8 @@ def _checked(model, x, y):
             "x: a batch of the loader holds no targets (its y is None); make every batch an (x, y) pair "
             "of tensors, e.g. a DataLoader over TensorDataset(x, y)."
         )
-    return check_model_data(model, x, y)
+    x, y = check_model_data(model, x, y)
+    # training data are constants of the fit: a tensor that requires grad (another net's output) would make
+    # the engines' in-place and out= kernels fail ("dot(): functions with out=... don't support autograd")
+    x = x.map(lambda _, t: t.detach()) if isinstance(x, Inputs) else x.detach()
+    return x, y.detach()

@@ -90,6 +90,29 @@ def is_latent(site: dict) -> bool:
     )
 
 
+def check_observed_shapes(trace) -> None:
+    """Refuse an observed site whose value and distribution broadcast each other to a larger shape, e.g. targets
+    ``(N, 1)`` against predictions ``(N,)``: torch then sums an ``(N, N)`` log density, every prediction against every
+    target, a wrong likelihood that no engine notices. A value that only broadcasts the distribution (one scalar
+    distribution over ``N`` values) or is broadcast by it is left alone."""
+    for name, site in trace.nodes.items():
+        if site["type"] != "sample" or not site["is_observed"] or not isinstance(site["value"], torch.Tensor):
+            continue
+        d = site["fn"]
+        own, value = tuple(d.batch_shape + d.event_shape), tuple(site["value"].shape)
+        try:
+            both = tuple(torch.broadcast_shapes(own, value))
+        except RuntimeError:
+            continue  # torch's own shape error follows at the first log density
+        if both not in (own, value):
+            raise ValueError(
+                f"y: the model's observed site {name!r} has a distribution shaped {own}, but its value has shape "
+                f"{value}; together they broadcast to {both}, which pairs every prediction with every target "
+                f"instead of giving one term per observation. Pass y shaped like the site's distribution, e.g. "
+                f"y.reshape{own} (y.squeeze(-1) for a column), or give the model's output the shape of y."
+            )
+
+
 def latent_sites(model: Callable, x, y) -> list[str]:
     """Names of the unobserved, non-deterministic sample sites of one run of ``model(x, y)``."""
     return [name for name, site in traced(model, x, y).nodes.items() if is_latent(site)]

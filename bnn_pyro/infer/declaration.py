@@ -50,6 +50,8 @@ class Capabilities:
     data_parallel: it averages gradients over the ranks of a ``torch.distributed`` group (``distributed=``).
     layers: it acts on the ``nn.Linear``/``nn.Conv`` layers of a :class:`~bnn_pyro.BNN` (dropout masks, per-weight
     variances), so a Pyro function model, which has no layers, is not for it.
+    weight_sites: it needs the weight sites of a :class:`~bnn_pyro.BNN` (subspace inference spans its subspace by
+    them), so a Pyro function model is not for it either.
     markov_chain: its draws are the states of Markov chains (MCMC, SG-MCMC), not draws from an approximation ``q``
     with a density: PSIS (:mod:`bnn_pyro.psis`) has no ratio ``p / q`` to check, and R-hat/ESS judge it instead.
     accept_reject: each draw is one proposal accepted or rejected whole (random-walk Metropolis, MALA): the health
@@ -68,6 +70,7 @@ class Capabilities:
     chains: bool = True
     data_parallel: bool = False
     layers: bool = False
+    weight_sites: bool = False
     markov_chain: bool = False
     accept_reject: bool = False
     function_model: bool = False

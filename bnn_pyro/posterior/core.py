@@ -29,7 +29,7 @@ from bnn_pyro.model import BNN, check_model_data, fit_attributes
 from bnn_pyro.posterior import posterior_file
 from bnn_pyro.posterior.linearized import linearized_outputs
 from bnn_pyro.predictive_draws import NetworkDraws, Observation
-from bnn_pyro.utils.checks import positive_int, probability
+from bnn_pyro.utils.checks import match_columns, positive_int, probability
 from bnn_pyro.utils.checks import seed as check_seed
 from bnn_pyro.utils.targets import base_distribution
 
@@ -62,6 +62,10 @@ class Posterior:
     draw_buffers:
         Per-draw buffers of a ``BNN`` shaped ``(chains, draws, *shape)``: BatchNorm running
         statistics recomputed for each draw (SWA, SWAG). Empty: every draw uses the model's own.
+    feature_names:
+        The column names of a pandas ``DataFrame`` ``x`` the fit was given (``None`` for arrays and tensors):
+        a ``DataFrame`` given to :meth:`predict` (and the other methods that take ``x``) is matched to them by
+        name, so its columns may come in any order, and a missing or unexpected column is an error.
     x, y:
         The training data (``None`` when the fit streamed batches from a loader); used for
         pointwise log-likelihoods, LOO and function-space diagnostics.
@@ -77,6 +81,7 @@ class Posterior:
     x: torch.Tensor | None = None
     y: torch.Tensor | None = None
     draw_buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    feature_names: list[str] | None = None
 
     # ------------------------------------------------------------------ shapes
     @property
@@ -240,10 +245,19 @@ class Posterior:
         )
 
     def inputs(self, x):
-        """``x`` checked and converted as the fit converted its training inputs (the model's device and
+        """``x`` checked and converted as the fit converted its training inputs (a ``DataFrame``'s columns matched to
+        :attr:`feature_names` by name; as many dimensions as the training inputs; the model's device and
         float dtype; token ids kept integer, :mod:`bnn_pyro.inputs`), with a clear error for inputs the net
         cannot take (found without computation)."""
-        return check_model_data(self.model, x)[0]
+        x = check_model_data(self.model, match_columns(x, self.feature_names))[0]
+        fitted = self.x if isinstance(self.x, torch.Tensor) and isinstance(self.model, BNN) else None
+        if fitted is not None and isinstance(x, torch.Tensor) and x.dim() != fitted.dim():
+            raise ValueError(  # a net that maps any rank (an MLP on (N, 1, d)) would answer another question
+                f"x has {x.dim()} dimensions (shape {tuple(x.shape)}), but the posterior was fitted on inputs with "
+                f"{fitted.dim()} (shape (N, {', '.join(map(str, fitted.shape[1:]))})); reshape x to rows shaped like "
+                "the training inputs."
+            )
+        return x
 
     def observation_distribution(
         self, x: torch.Tensor, idx: torch.Tensor | None = None, *, draws_per_chunk: int | None = None
@@ -276,13 +290,24 @@ class Posterior:
 
     def trace_draw(self, i: int, x, y=None):
         """One run of a Pyro function model with every latent site fixed at pooled draw ``i`` and
-        its ``pyro.param`` sites at that draw's chain values; returns the Pyro trace."""
+        its ``pyro.param`` sites at that draw's chain values; returns the Pyro trace. When the model fails on an
+        ``x`` whose row shape differs from the training inputs', the error says so (the model's own is chained)."""
         chain, within = divmod(int(i), self.num_draws)
         draw = {k: v[chain, within] for k, v in self.samples.items()}
         with pyro.get_param_store().scope():
             for name, value in self.point.items():
                 pyro.param(name, value[chain])
-            return poutine.trace(poutine.condition(self.model, data=draw)).get_trace(x, y)
+            try:
+                return poutine.trace(poutine.condition(self.model, data=draw)).get_trace(x, y)
+            except (RuntimeError, ValueError, IndexError, TypeError) as err:
+                fitted = self.x.shape[1:] if isinstance(self.x, torch.Tensor) else None
+                if fitted is None or not isinstance(x, torch.Tensor) or x.shape[1:] == fitted:
+                    raise
+                raise ValueError(
+                    f"x has shape {tuple(x.shape)}, but the model was fitted on inputs shaped (N, "
+                    f"{', '.join(map(str, fitted))}), and running it on x failed (the error it raised is chained "
+                    "above). Check that the columns of x are the fitted ones, in the same order."
+                ) from err
 
     def _predict_traced(self, x, idx, interval):
         """Prediction for a plain Pyro function model: one conditioned trace per draw."""

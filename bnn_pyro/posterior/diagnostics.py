@@ -35,7 +35,7 @@ import torch
 
 from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.utils import user_warnings
-from bnn_pyro.utils.checks import choice, flag, positive_int
+from bnn_pyro.utils.checks import choice, flag, match_columns, positive_int
 from bnn_pyro.utils.upstream_private import arviz_log_level
 
 if TYPE_CHECKING:
@@ -176,7 +176,7 @@ def to_inference_data(
             UserWarning,
         )
     if x is not None:
-        x, y = check_model_data(post.model, x, y)  # a clear error for inputs the net cannot take
+        x, y = check_model_data(post.model, match_columns(x, post.feature_names), y)  # clear errors for bad inputs
         if y is not None:
             groups["observed_data"] = {"obs": y.cpu().numpy()}
         named = {"": x} if isinstance(x, torch.Tensor) else (x.kwargs or {str(i): t for i, t in enumerate(x.args)})
@@ -255,6 +255,19 @@ def function_draws(post: Posterior, x, *, draws_per_chunk: int = 64) -> torch.Te
     return f.reshape((post.num_chains, post.num_draws) + f.shape[1:])
 
 
+def site_names(post: Posterior, var_names: str | Sequence[str] | None) -> list[str]:
+    """The sites ``var_names`` names: every site for ``None``, one for a string (as ArviZ takes it; ``list("2.bias")``
+    would be its characters), else each of the sequence; an unknown name is a ``ValueError`` listing the sites."""
+    names = list(post.samples) if var_names is None else [var_names] if isinstance(var_names, str) else list(var_names)
+    unknown = [n for n in names if n not in post.samples]
+    if unknown:
+        raise ValueError(
+            f"var_names: unknown site(s) {unknown}; this posterior has {list(post.samples)}. Pass one of them "
+            "(a string) or a list of them."
+        )
+    return names
+
+
 def summary(
     post: Posterior, *, space: str = "weights", x=None, var_names: Sequence[str] | None = None, warn: bool = True
 ) -> pd.DataFrame:
@@ -281,10 +294,7 @@ def summary(
     if kind is Space.WEIGHTS:
         if x is not None:
             raise ValueError("x: only used with space='function'; drop x or pass space='function'.")
-        names = list(post.samples) if var_names is None else list(var_names)
-        unknown = [n for n in names if n not in post.samples]
-        if unknown:
-            raise ValueError(f"var_names: unknown site(s) {unknown}; this posterior has {list(post.samples)}.")
+        names = site_names(post, var_names)
         data = {n: post.samples[n].detach().cpu().numpy() for n in names}
         dims, coords = None, None
     else:

@@ -34,7 +34,7 @@ from matplotlib.figure import Figure
 from bnn_pyro import metrics
 from bnn_pyro.posterior import diagnostics
 from bnn_pyro.predictions import ClassificationPrediction, RegressionPrediction, quantiles
-from bnn_pyro.utils.checks import check_data, positive_int
+from bnn_pyro.utils.checks import check_data, match_columns, positive_int
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
@@ -73,14 +73,21 @@ def _figure(axes) -> Figure:
 
 
 def _samples_only(post: Posterior, data: dict | None = None) -> az.InferenceData:
+    """The draws as InferenceData for ArviZ's plots, in float64: ArviZ's density estimate bins each site's range in
+    512 bins, which float32 cannot resolve for draws spread over ~1e-7 (numpy's "Too many bins for data range")."""
     if data is None:
-        return diagnostics.to_inference_data(post, log_likelihood=False, posterior_predictive=False)
+        idata = diagnostics.to_inference_data(post, log_likelihood=False, posterior_predictive=False)
+        idata.posterior = idata.posterior.astype(np.float64)
+        return idata
+    data = {k: np.asarray(v, dtype=np.float64) for k, v in data.items()}
     return diagnostics.from_dict(posterior=data, sample_stats=diagnostics.sample_stats(post))
 
 
 def scalars(post: Posterior, params: Sequence[str] | None = None, *, limit: int = 8) -> dict[str, np.ndarray]:
     """Draws ``(chains, draws)`` of single weights: ``params`` like ``["sigma", "0.weight[3, 0]"]``,
-    or the first ``limit`` scalars of the posterior."""
+    or the first ``limit`` scalars of the posterior; one string is one entry (not its characters)."""
+    if isinstance(params, str):
+        params = [params]
     if params is None:
         out = {}
         for name, value in post.samples.items():
@@ -120,11 +127,9 @@ def _label(name: str, index: tuple) -> str:
 
 def plot_trace(post: Posterior, var_names: Sequence[str] | None = None, **kwargs) -> Figure:
     """ArviZ trace plot (densities per chain, and draws), one row per site (all sites by default)."""
-    unknown = [n for n in var_names or [] if n not in post.samples]
-    if unknown:
-        raise ValueError(f"var_names: unknown site(s) {unknown}; this posterior has {list(post.samples)}.")
+    names = diagnostics.site_names(post, var_names)
     with arviz_plotting():
-        axes = az.plot_trace(_samples_only(post), var_names=var_names, compact=True, **kwargs)
+        axes = az.plot_trace(_samples_only(post), var_names=names, compact=True, **kwargs)
     return _figure(axes)
 
 
@@ -230,7 +235,9 @@ def plot_reliability(
     if _task(post) == "regression":
         raise ValueError("plot_reliability is for classification; use plot_predictive for regression.")
     if x is not None or y is not None:  # token ids stay integer for a net with embeddings (bnn_pyro.inputs)
-        x, y = check_data(x, y, keep_integer=getattr(post.model, "integer_inputs", False))
+        x, y = check_data(
+            match_columns(x, post.feature_names), y, keep_integer=getattr(post.model, "integer_inputs", False)
+        )
     else:
         x, y = post.x, post.y
     if x is None or y is None:

@@ -183,5 +183,7 @@ def save(post: Posterior, path: str | os.PathLike) -> Path:
         else "tensor",
         "model": fingerprint(post.model),
     }
+    if post.feature_names is not None:  # a DataFrame's columns (absent from older files)
+        meta["feature_names"] = list(post.feature_names)
     meta["sha256"] = digest(tensors, meta)  # the checksum covers the metadata too (format version 2)
     return write_atomic(path, tensors, {"bnn_pyro": json.dumps(meta)})

@@ -50,7 +50,7 @@ from torch.distributions import Distribution, biject_to
 
 from bnn_pyro.model import BNN
 from bnn_pyro.utils import user_warnings
-from bnn_pyro.utils.checks import check_data
+from bnn_pyro.utils.checks import check_data, match_columns
 from bnn_pyro.utils.checks import seed as check_seed
 
 __all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX"]
@@ -241,7 +241,7 @@ def _target_data(post, x, y):
         return post.x, post.y
     is_bnn = isinstance(post.model, BNN)
     return check_data(
-        x,
+        match_columns(x, post.feature_names),  # a DataFrame's columns by name, as predict reads them
         y,
         device=post.model.device if is_bnn else None,
         float_dtype=post.model.dtype if is_bnn else None,

@@ -23,7 +23,7 @@ import torch
 from bnn_pyro.metrics import mixture_log_density
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.utils.checks import check_data, positive
+from bnn_pyro.utils.checks import check_data, match_columns, positive
 
 __all__ = ["predictive_nll", "fgsm"]
 
@@ -58,7 +58,10 @@ def fgsm(
         eps = positive("eps", eps)
     is_bnn = isinstance(post.model, BNN)
     x, y = check_data(
-        x, y, device=post.model.device if is_bnn else None, float_dtype=post.model.dtype if is_bnn else None
+        match_columns(x, post.feature_names),  # a DataFrame's columns by name, as predict reads them
+        y,
+        device=post.model.device if is_bnn else None,
+        float_dtype=post.model.dtype if is_bnn else None,
     )
     if not x.dtype.is_floating_point:
         raise TypeError(f"x: FGSM perturbs real-valued inputs; got dtype {x.dtype}; pass float inputs (x.float()).")

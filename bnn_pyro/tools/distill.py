@@ -39,7 +39,7 @@ from torch import nn
 
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.predictions import ClassificationPrediction
-from bnn_pyro.utils.checks import check_data, positive, positive_int
+from bnn_pyro.utils.checks import check_data, match_columns, positive, positive_int
 
 __all__ = ["distill"]
 
@@ -107,7 +107,7 @@ def distill(
             f"jitter={jitter!r}, num_jitter={num_jitter!r}: give both (a positive noise standard "
             "deviation and a number of noisy copies of x, e.g. jitter=0.1, num_jitter=4) or neither."
         )
-    x, _ = check_data(x, None)
+    x, _ = check_data(match_columns(x, posterior.feature_names), None)  # a DataFrame's columns by name
     generator = torch.Generator().manual_seed(seed)
     if num_jitter:
         noisy = x.unsqueeze(0) + jitter * torch.randn((num_jitter,) + x.shape, generator=generator, dtype=x.dtype)

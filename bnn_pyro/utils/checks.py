@@ -3,6 +3,7 @@ expected and what to try."""
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import math
 from enum import Enum
@@ -19,12 +20,16 @@ E = TypeVar("E", bound=Enum)
 
 
 def choice(argname: str, value, enum: type[E]) -> E:
-    """``enum(value)``, or a ``ValueError`` that lists the valid choices."""
+    """``enum(value)``, or a ``ValueError`` that lists the valid choices and names the closest one to a string
+    (case aside: ``"NUTS"``, ``"lowrank"``)."""
     try:
         return enum(value)
     except ValueError:
         valid = ", ".join(repr(e.value) for e in enum)
-        raise ValueError(f"{argname}: unknown value {value!r}; choose one of {valid}.") from None
+        names = {str(e.value).lower(): e.value for e in enum}
+        close = difflib.get_close_matches(value.lower(), list(names), n=1) if isinstance(value, str) else []
+        hint = f" Did you mean {names[close[0]]!r}?" if close else ""
+        raise ValueError(f"{argname}: unknown value {value!r}; choose one of {valid}.{hint}") from None
 
 
 def positive(argname: str, value: float) -> float:
@@ -113,7 +118,7 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
     With ``device`` given, numpy / pandas / list input is placed there, and a tensor on another
     device is an error (a user's tensors are never moved silently)."""
     if hasattr(value, "to_numpy"):  # pandas
-        value = value.to_numpy()
+        value = _pandas_array(argname, value)
     if not isinstance(value, torch.Tensor):
         array = None
         try:
@@ -129,6 +134,11 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
         raise ValueError(
             f"{argname} is on device {value.device}, but the model's parameters are on {device}; move one "
             f"of them, e.g. {argname}.to({str(device)!r}) or model.to({str(value.device)!r})."
+        )
+    if value.layout != torch.strided:
+        raise TypeError(
+            f"{argname} is a sparse tensor ({value.layout}); the nets and checks take dense rows: pass "
+            f"{argname}.to_dense() (for data too large for that, a DataLoader of dense minibatches)."
         )
     if value.dtype.is_complex:
         raise TypeError(
@@ -154,6 +164,73 @@ def as_tensor(argname: str, value, *, dtype: torch.dtype | None = None, device=N
     return value
 
 
+def feature_names(x) -> list[str] | None:
+    """The column names of a pandas ``DataFrame`` ``x``, as text (what a fit records, so that prediction can find
+    the columns by name), else ``None``."""
+    columns = getattr(x, "columns", None)
+    if columns is None or not hasattr(x, "to_numpy"):
+        return None
+    return [str(c) for c in columns]
+
+
+def match_columns(x, names: list[str] | None):
+    """``x`` with its columns in the fitted order ``names``: a ``DataFrame`` whose columns are the fitted ones in
+    another order is reordered by name (a net reads its inputs by position, so the order is what it learned);
+    one with missing, unexpected or repeated columns is a ``ValueError`` naming them. Anything else (an array, a
+    tensor, a posterior fitted on one) is returned unchanged."""
+    given = feature_names(x)
+    if names is None or given is None or given == list(names):
+        return x
+    missing, unexpected = [n for n in names if n not in given], [n for n in given if n not in names]
+    repeated = sorted({n for n in given if given.count(n) > 1})
+    problems = {"missing": missing, "unexpected": unexpected, "repeated": repeated}
+    if missing or unexpected or repeated:
+        raise ValueError(
+            f"x: the DataFrame's columns are not the {len(names)} the posterior was fitted on "
+            f"({'; '.join(f'{k}: {v}' for k, v in problems.items() if v)}); pass a DataFrame of the fitted columns "
+            f"{list(names)!r}, in any order."
+        )
+    return x.iloc[:, [given.index(n) for n in names]]  # by position: the labels may be numbers, names their text
+
+
+def _pandas_array(argname: str, frame) -> np.ndarray:
+    """A pandas ``DataFrame`` or ``Series`` as one numeric array: columns of mixed numeric kinds (bool and float)
+    in their common type, non-numeric columns refused by name (they would make one object array)."""
+    frame_like = hasattr(frame.dtypes, "items")
+    dtypes = list(frame.dtypes.items()) if frame_like else [(None, frame.dtypes)]
+    bad = [(name, str(dtype)) for name, dtype in dtypes if getattr(dtype, "kind", "O") not in "biuf"]
+    if bad:
+        what = (
+            "column(s) " + ", ".join(f"{name!r} ({dtype})" for name, dtype in bad) + " of the DataFrame are"
+            if frame_like
+            else f"the Series' values ({bad[0][1]}) are"
+        )
+        raise TypeError(
+            f"{argname}: {what} not numeric; encode categories as numbers (e.g. pd.get_dummies, or .cat.codes for "
+            "labels) and fill or drop missing values (None makes a column object) first."
+        )
+    try:
+        common = np.result_type(*(dtype for _, dtype in dtypes))
+    except TypeError:  # pandas' own (nullable) dtypes: their default conversion
+        return frame.to_numpy()
+    return frame.to_numpy(dtype=common)
+
+
+def _same_rows(x, y) -> None:
+    """Refuse pandas ``x`` and ``y`` whose row labels differ: rows are paired by position, so a ``y`` indexed in
+    another order (or selected by another mask) would pair each input with another row's target."""
+    if not all(hasattr(v, "index") and hasattr(v, "to_numpy") for v in (x, y)) or x.index.equals(y.index):
+        return
+    if len(x.index) != len(y.index):
+        return  # the row counts differ: check_data says so
+    first, a, b = next((i, a, b) for i, (a, b) in enumerate(zip(x.index.tolist(), y.index.tolist())) if a != b)
+    raise ValueError(
+        f"x and y are pandas objects with different row labels (row {first}: x has {a!r}, y has {b!r}); rows are paired by position, so this would pair inputs with other rows' targets. "
+        "Align them by label first, e.g. y = y.loc[x.index], or reset both indexes (.reset_index(drop=True)) if "
+        "position is what pairs them."
+    )
+
+
 def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None, keep_integer: bool = False):
     """Validate and convert ``x`` (and ``y`` when given) to tensors with matching lengths (on
     ``device`` when given: the model's). Floating ``x`` is cast to ``float_dtype`` (the model's) when
@@ -170,6 +247,8 @@ def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None, kee
             return value
         return value.to(float_dtype or torch.get_default_dtype())
 
+    if y is not None:
+        _same_rows(x, y)
     if is_structured(x):
         if not isinstance(x, Inputs):
             x = Inputs(args=x) if isinstance(x, tuple) else Inputs(kwargs=_string_keys(x))

@@ -239,8 +239,10 @@ def test_methods_that_apply_come_from_the_declarations(reg_model):
     import pyro
 
     skipped = {m for m in Method if unfit_reason(m, function_model, x) is not None}
-    assert skipped == {m for m in Method if REGISTRY[m].capabilities.layers}
-    assert skipped == {Method.MC_DROPOUT, Method.VARIATIONAL_DROPOUT, Method.SPARSE_VD}
+    assert skipped == {m for m in Method if REGISTRY[m].capabilities.layers or REGISTRY[m].capabilities.weight_sites}
+    assert skipped == {Method.MC_DROPOUT, Method.VARIATIONAL_DROPOUT, Method.SPARSE_VD, Method.SUBSPACE}
+    with pytest.raises(TypeError, match="method='subspace' needs a bnn_pyro.BNN"):  # what it said as an error row
+        bp.fit(function_model, x, x[:, 0], method="subspace", progress=False)
     assert comparison._methods(function_model, None, x, None) == [m.value for m in Method if m not in skipped]
 
 
@@ -270,3 +272,51 @@ def test_k_fold_tests_every_row_once():
     assert sorted(tested.tolist()) == list(range(23)) and [len(f[2]) for f in folds] == [6, 6, 6, 5]
     for x_train, _, x_test, _ in folds:
         assert len(set(x_train[:, 0].tolist()) & set(x_test[:, 0].tolist())) == 0 and len(x_train) + len(x_test) == 23
+
+
+def _two_feature_model() -> bp.BNN:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+
+
+def test_pandas_data_compare_as_their_arrays_with_test_columns_matched_by_name():
+    """DataFrames raised "could not determine the shape of object type 'DataFrame'" (the cache's fingerprint);
+    now each split is converted, the test and OOD frames' columns matched to the training frame's by name, so a
+    test frame with its columns in another order scores as the arrays do."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2, generator=g)
+    y = x[:, 0] - x[:, 1] + 0.1 * torch.randn(40, generator=g)
+    frame = lambda t: pd.DataFrame(t.numpy(), columns=["a", "b"])  # noqa: E731
+    settings = dict(methods=["svi"], options={"svi": TINY["svi"]}, progress=False)
+    arrays = bp.compare(_two_feature_model(), x[:30], y[:30], test=(x[30:], y[30:]), ood=5 * x[30:], **settings)
+    frames = bp.compare(
+        _two_feature_model(),
+        frame(x[:30]),
+        pd.Series(y[:30].numpy()),
+        test=(frame(x[30:])[["b", "a"]].set_axis(range(30, 40)), pd.Series(y[30:].numpy(), index=range(30, 40))),
+        ood=frame(5 * x[30:])[["b", "a"]],
+        **settings,
+    )
+    columns = ["test_ll", "rmse", "coverage_95", "ood_auroc"]
+    assert frames.table["error"].eq("").all() and arrays.table["error"].eq("").all()
+    pd.testing.assert_frame_equal(frames.table[columns], arrays.table[columns])
+
+
+@pytest.mark.parametrize(
+    "test, message",
+    [
+        (
+            (torch.randn(10, 1), torch.randn(10)),
+            r"^test: the test rows: x has shape \(10, 1\), which the net cannot take",
+        ),
+        ((torch.randn(10, 2), torch.randn(7)), r"^test: the test rows: x and y have different numbers of rows"),
+    ],
+    ids=["columns", "rows"],
+)
+def test_a_bad_test_set_is_refused_before_any_fit(monkeypatch, test, message):
+    """It was found by scoring, once per method and after each fit: a table of error rows."""
+    monkeypatch.setattr(comparison, "_run", lambda *a, **k: pytest.fail("a method was fitted"))
+    x = torch.randn(20, 2)
+    with pytest.raises(ValueError, match=message):
+        bp.compare(_two_feature_model(), x, x.sum(1), test=test, methods=["svi", "nuts"], progress=False)

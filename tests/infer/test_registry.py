@@ -84,3 +84,23 @@ def test_an_unknown_option_is_refused_before_the_fit_with_the_closest_name():
     ):
         bp.fit(model, [[0.0]], [0.0], method="svi", num_step=10)
     assert calls == []
+
+
+def test_another_methods_option_is_not_taken_for_a_misspelling():
+    """num_steps given to nuts was answered 'did you mean num_threads?'; it is svi's (and others') option, so the
+    error names the methods that take it and suggests no look-alike."""
+    with pytest.raises(TypeError) as info:
+        bp.fit(lambda x, y=None: None, [[0.0]], [0.0], method="nuts", num_steps=10)
+    message = str(info.value)
+    assert "num_steps: not an option of method='nuts'; drop it, use a method that takes it (svi, " in message
+    assert "did you mean" not in message
+
+
+@pytest.mark.parametrize(
+    "given, closest",
+    [(dict(method="NUTS"), "'nuts'"), (dict(method="svi", guide="lowrank"), "'low_rank'")],
+)
+def test_an_unknown_choice_names_the_closest_one(given, closest):
+    """A choice off by case or an underscore (method='NUTS', guide='lowrank') listed the choices only."""
+    with pytest.raises(ValueError, match=rf"unknown value .*; choose one of .*\. Did you mean {closest}\?$"):
+        bp.fit(lambda x, y=None: None, [[0.0]], [0.0], **given)

@@ -137,3 +137,26 @@ def test_arviz_plots_emit_no_deprecation_warnings_while_the_users_own_matplotlib
         users = [w for w in record if issubclass(w.category, MatplotlibDeprecationWarning)]
     assert not ours, [f"{w.filename}:{w.lineno}: {w.message}" for w in ours]
     assert len(users) == 1 and users[0].filename == __file__  # the filter ended with our plot calls
+
+
+def test_one_site_name_as_a_string_is_that_site_not_its_characters(svi_post, mcmc_post):
+    """ArviZ takes var_names="weight"; ours iterated the string and refused its characters ('w', 'e', ...)."""
+    assert _titles(svi_post.plot_trace("weight")) == _titles(svi_post.plot_trace(["weight"]))
+    assert _titles(mcmc_post.plot_rank("weight[0, 0]")) == ["weight[0, 0]"]
+    table = svi_post.summary(var_names="weight", warn=False)
+    assert table.equals(svi_post.summary(var_names=["weight"], warn=False))
+    with pytest.raises(ValueError, match=r"var_names: unknown site\(s\) \['wieght'\]; this posterior has \['weight'\]"):
+        svi_post.summary(var_names="wieght")
+
+
+def test_draws_spread_over_less_than_float32_resolves_still_plot():
+    """Near-constant float32 draws (a collapsed approximation) made ArviZ's density estimate fail inside numpy:
+    'Too many bins for data range. Cannot create 512 finite-sized bins.'"""
+    import bnn_pyro as bp
+
+    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(0.1))
+    g = torch.Generator().manual_seed(0)
+    samples = {n: 0.3 + 1e-7 * torch.randn((1, 4) + s, generator=g) for n, s in model.param_shapes.items()}
+    post = bp.Posterior(samples=samples, model=model, method="svi")
+    assert _titles(post.plot_trace()) == ["weight", "weight", "bias", "bias"]
+    assert isinstance(post.plot_rank(), Figure)

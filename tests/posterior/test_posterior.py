@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from torch import nn
@@ -120,3 +122,39 @@ def test_predict_rejects_bad_input(fitted):
         post.predict(torch.zeros(2, 1), num_samples=0)
     with pytest.raises(ValueError, match="interval must lie in \\(0, 1\\)"):
         post.predict(torch.zeros(2, 1), interval=95)
+
+
+def _two_inputs(x, y=None):
+    w = pyro.sample("w", dist.Normal(torch.zeros(2), 1.0).to_event(1))
+    with pyro.plate("data", x.shape[0]):
+        return pyro.sample("obs", dist.Normal(x @ w, 0.1), obs=y)
+
+
+def test_a_function_posterior_names_the_fitted_row_shape_when_the_model_fails_on_new_x():
+    """A Pyro function model run on x with other columns raised torch's 'size mismatch, got input (3), mat (3x5),
+    vec (2)' from inside the model; now the error names x's shape and the fitted one (torch's chained)."""
+    x = torch.randn(10, 2)
+    post = bp.fit(_two_inputs, x, x.sum(1), method="svi", num_steps=2, num_samples=2, progress=False)
+    for bad in (torch.randn(3, 5), torch.randn(3)):
+        with pytest.raises(
+            ValueError, match=r"x has shape \(3(, 5)?,\)?.*fitted on inputs shaped \(N, 2\).*Check"
+        ) as info:
+            post.predict(bad)
+        assert isinstance(info.value.__cause__, RuntimeError)
+    assert post.predict(torch.randn(3, 2)).mean.shape == (3,)
+
+
+def test_inputs_with_another_number_of_dimensions_than_the_training_inputs_are_refused():
+    """An MLP fitted on (N, 2) rows maps (N, 1, 2) too, as a sequence of one position: predict returned (N, 1)
+    means, which broadcast against (N,) targets into an (N, N) table downstream. Now the rank is checked."""
+    net = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    x = torch.randn(10, 2)
+    post = bp.fit(model, x, x.sum(1), method="svi", num_steps=2, num_samples=2, progress=False)
+    with pytest.raises(
+        ValueError,
+        match=r"x has 3 dimensions \(shape \(10, 1, 2\)\), but the posterior was fitted on "
+        r"inputs with 2 \(shape \(N, 2\)\); reshape x",
+    ):
+        post.predict(x[:, None, :])
+    assert post.predict(x).mean.shape == (10,)

@@ -59,3 +59,17 @@ def test_fgsm_bad_input(classifier_post):
         adversarial.fgsm(classifier_post.predict(x), x, y, 0.1)
     with pytest.raises(ValueError, match="rows"):
         adversarial.fgsm(classifier_post, x, y[:5], 0.1)
+
+
+def test_fgsm_reads_a_dataframe_by_the_fitted_column_names(classifier_post):
+    """A posterior fitted on a DataFrame predicts on one by column name; FGSM read it by position."""
+    import dataclasses
+
+    import pandas as pd
+
+    x, y = classifier_post.x, classifier_post.y
+    names = [f"f{i}" for i in range(x.shape[1])]
+    post = dataclasses.replace(classifier_post, feature_names=names)
+    frame = pd.DataFrame(x.numpy(), columns=names)
+    expected = adversarial.fgsm(post, x, y, 0.1)
+    assert torch.equal(adversarial.fgsm(post, frame[names[::-1]], y, 0.1), expected)
