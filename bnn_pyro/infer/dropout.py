@@ -394,8 +394,9 @@ def dropout_sites(model, data: Data, dropout_inputs: bool | None) -> dict[str, _
         raise TypeError(
             f"mc_dropout: needs a bp.BNN whose Bayesian weights sit in nn.Linear or nn.Conv layers (the masks "
             f"drop their input units); got {type(model).__name__} {getattr(model, '__name__', '')!r}, a Pyro "
-            "function model, which has no layers to drop. Use method='svi' with guide='mean_field' (or "
-            "guide='map') for it, or wrap a torch net as bp.BNN(net, prior=..., likelihood=...)."
+            "function model, which has no layers to drop. Use method='svi' (on a small Pyro function its default "
+            "guide is full-rank, started at the Laplace approximation) or method='nuts' for it, or wrap a torch net "
+            "as bp.BNN(net, prior=..., likelihood=...)."
         )
     x0, y0 = data.first()
     with torch.no_grad(), pyro.get_param_store().scope():

@@ -178,7 +178,8 @@ def vd_weight_names(model, variant: Variant | str = Variant.SPARSE_VD) -> list[s
         raise TypeError(
             f"model: {Variant(variant).value} works on the nn.Linear/nn.Conv layers of a bp.BNN; got a "
             f"{type(model).__name__} (a Pyro function model has no layers to act on). Wrap the net in "
-            "bp.BNN(net, prior=..., likelihood=...), or use method='svi' (guide='mean_field') for a Pyro function."
+            "bp.BNN(net, prior=..., likelihood=...), or use method='svi' (on a small Pyro function its default guide "
+            "is full-rank, started at the Laplace approximation) or method='nuts' for a Pyro function."
         )
     names = [
         n
