@@ -25,6 +25,9 @@ def test_aggregate_counts_means_and_distances_by_hand(agg):
             _verdict(1, "a", 0.86, 0.04, -0.05, 2.5, False),  # misses the fit half twice (accuracy and NLL)
             _verdict(2, "a", 0.92, 0.07, 0.00, -1.0, False),  # misses it by NLL
             _verdict(4, "b", 0.70, 0.00, 0.00, -3.0, False),  # one split: no spread, no se
+            _verdict(5, "c", 0.90, 0.00, 0.00, 5.0, True),
+            _verdict(6, "c", 0.90, 0.02, 0.00, 5.0, True),
+            _verdict(7, "c", 0.90, 19.6, 0.00, 5.0, False),  # a diverged fit: it moves the mean, not the median
         ]
     )
     out = agg.aggregate(table).set_index("method")
@@ -35,13 +38,16 @@ def test_aggregate_counts_means_and_distances_by_hand(agg):
     assert a["auroc_z"] == pytest.approx(math.sqrt(3))
     # NLL gaps 0.01, 0.04, 0.07: mean 0.04, sd 0.03; (0.04 - 0.03) / (0.03 / sqrt(3)) = 1 / sqrt(3)
     assert a["nll_gap"] == pytest.approx(0.04) and a["nll_gap_se"] == pytest.approx(0.03 / math.sqrt(3))
-    assert a["nll_z"] == pytest.approx(1 / math.sqrt(3))
+    assert a["nll_z"] == pytest.approx(1 / math.sqrt(3)) and a["nll_gap_median"] == pytest.approx(0.04)
     # accuracy gaps 0, -0.05, 0: mean -0.05 / 3, sd 0.05 / sqrt(3)
     assert a["accuracy_gap"] == pytest.approx(-0.05 / 3) and a["accuracy_gap_se"] == pytest.approx(0.05 / 3)
     assert a["z_splits"] == "+0.0 +2.5 -1.0" and a["splits_used"] == "0 1 2"
     b = out.loc["b"]
     assert (b["splits"], b["met"], b["miss_auroc"], b["miss_fit"], b["near"]) == (1, 0, 1, 0, 0)
     assert b["auroc"] == pytest.approx(0.70) and math.isnan(b["auroc_se"]) and math.isnan(b["auroc_z"])
+    c = out.loc["c"]
+    assert c["nll_gap"] == pytest.approx(19.62 / 3) and c["nll_gap_median"] == pytest.approx(0.02)
+    assert math.isnan(c["auroc_z"])  # no spread over splits: no distance in se
 
 
 def _row(split, method, accuracy, nll, auroc_mi, se=0.02):
