@@ -122,7 +122,9 @@ def _linear_function(x, y=None):
         pyro.sample("obs", dist.Normal(b[0] + b[1] * x[:, 0], s), obs=y)
 
 
-@pytest.mark.parametrize("method", ["ensemble", "swag", "snapshot", "csgmcmc", "laplace", "metropolis", "nuts", "hmc"])
+@pytest.mark.parametrize(
+    "method", ["svi", "ensemble", "swag", "snapshot", "csgmcmc", "laplace", "metropolis", "nuts", "hmc"]
+)
 def test_plain_pyro_function_paths_keep_buffers_on_the_models_device(method):
     """The Newton steps that converge a function's members / modes (``map_fit.damped_newton``,
     ``sg_metric.mode_metric``) once made their damping identity on the CPU (CUDA would fail there), and the
@@ -132,6 +134,7 @@ def test_plain_pyro_function_paths_keep_buffers_on_the_models_device(method):
     options = {**SETTINGS[method], **({"num_chains": 2} if method == "ensemble" else {})}
     post, _ = _checked_fit(_linear_function, x, y, method, **options)
     assert {v.dtype for v in post.samples.values()} == {torch.float64}
+    assert method != "svi" or post.config["guide"] == "full_rank"  # the Laplace-started full-rank default
 
 
 @pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores
@@ -235,7 +238,9 @@ def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
 
 # ---------------------------------------------------------------- the engine matrix on a real GPU
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
-@pytest.mark.parametrize("method", ["ensemble", "swag", "snapshot", "csgmcmc", "laplace", "metropolis", "nuts", "hmc"])
+@pytest.mark.parametrize(
+    "method", ["svi", "ensemble", "swag", "snapshot", "csgmcmc", "laplace", "metropolis", "nuts", "hmc"]
+)
 def test_plain_pyro_function_paths_run_on_cuda(method):
     x, y = _data(device="cuda")
     options = {**SETTINGS[method], **({"num_chains": 2} if method == "ensemble" else {})}
