@@ -506,8 +506,8 @@ def check_model_data(model, x, y=None):
     """``x`` (and ``y``) checked and converted as a fit of ``model`` converts its training data
     (:func:`~bnn_pyro.utils.checks.check_data`): for a :class:`BNN`, onto its device and float dtype, token ids
     kept integer (:mod:`bnn_pyro.inputs`), ``x`` checked against the net (:meth:`BNN.output_shape`, found without
-    computation) and ``y`` against the likelihood (``check_output_target``), floating ``y`` in the net's dtype
-    (a float64 target against float32 weights mixes dtypes in traced code); a Pyro function model gets
+    computation) and ``y`` against the likelihood (``check_output_target``; a float64 target stays float64, as a fit always
+    kept it, so fits and checkpoint folders of float64 targets are unchanged); a Pyro function model gets
     ``check_data``'s defaults. Returns ``(x, y)``, ``y`` ``None`` when not given."""
     bnn = isinstance(model, BNN)
     x, y = check_data(
@@ -521,8 +521,6 @@ def check_model_data(model, x, y=None):
         out_shape = model.output_shape(x)
         if y is not None:
             y = model.likelihood.check_output_target(y, out_shape)
-            if y.dtype.is_floating_point:  # float64 numpy targets, or int ones made float: the net's dtype
-                y = y.to(model.dtype)
     return x, y
 
 

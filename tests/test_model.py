@@ -430,9 +430,11 @@ def _two_feature_model() -> bp.BNN:
     return bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
 
 
-def test_float64_targets_take_the_nets_dtype_and_every_engine_fits_them():
-    """numpy data is float64: y was kept so, and a traced log density (metropolis' JIT) then mixed float32 weights
-    with float64 values and raised deep inside torch."""
+def test_float64_targets_stay_float64_and_the_traced_engines_fit_them():
+    """numpy data is float64. A fit keeps a float64 y as it is (its draws and checkpoint folders unchanged), so a
+    traced log density is float64 under float32 weights: Metropolis drew its proposals in the energy's dtype and
+    subspace's NUTS its momenta, and both then mixed float64 values with float32 ones deep inside torch. Metropolis'
+    proposals now take the parameters' dtype, and subspace's inner fit gets y in the subspace's dtype."""
     import numpy as np
 
     g = torch.Generator().manual_seed(0)
@@ -440,11 +442,13 @@ def test_float64_targets_take_the_nets_dtype_and_every_engine_fits_them():
     y = x[:, 0] - x[:, 1]
     model = _two_feature_model()
     _, checked = bp.model.check_model_data(model, x, y)
-    assert checked.dtype == torch.float32
-    _, counts = bp.model.check_model_data(model, x, np.arange(12))  # integer targets: the net's dtype too
-    assert counts.dtype == torch.float32
+    assert checked.dtype == torch.float64
     post = bp.fit(model, x, y, method="metropolis", num_samples=3, num_warmup=3, num_chains=1, progress=False, seed=0)
     assert post.samples["0.weight"].dtype == torch.float32 and torch.isfinite(post.samples["0.weight"]).all()
+    swa = dict(pretrain_steps=6, num_steps=6, collect_every=2, rank=2)
+    inner = dict(num_warmup=4, max_tree_depth=2)
+    post = bp.fit(model, x, y, method="subspace", subspace_dim=2, num_samples=4, inner_options=inner, swa=swa, seed=0)
+    assert torch.isfinite(post.samples["0.weight"]).all()
 
 
 @pytest.mark.parametrize("length", [2, 5])

@@ -300,6 +300,8 @@ class Metropolis(AdaptedKernel):
         names = tuple(sorted(self._initial_params))
         size = sum(v.numel() for v in self._initial_params.values())
         optimal = 2.38 / math.sqrt(size)
+        # the proposal's dtype is the parameters' (a float64 target makes the energy float64 under float32 weights)
+        like = next(iter(self._initial_params.values()))
         starts = [float(self._given_step or optimal)]  # the first step size; after each window, the optimal one
 
         def restart(z):
@@ -309,10 +311,10 @@ class Metropolis(AdaptedKernel):
             warmup_steps,
             mass_matrix_shape={names: (size, size) if self._adapter.dense_mass else (size,)},
             find_reasonable_step_size_fn=restart,
-            options=dict(dtype=self._energy_last.dtype, device=self._energy_last.device),
+            options=dict(dtype=like.dtype, device=like.device),
         )
         if self._metric is not None:
-            inverse_mass = self._metric.inverse_mass(names, self._energy_last.dtype)
+            inverse_mass = self._metric.inverse_mass(names, like.dtype)
             self._adapter.mass_matrix_adapter.inverse_mass_matrix = {names: inverse_mass}
         self._adapter.reset_step_size_adaptation(self._initial_params)  # dual averaging starts near 10 * that step
 

@@ -499,7 +499,8 @@ def _fit_subspace(
         inner_post = fit(
             zmodel,
             train.x,
-            train.y,
+            # a float64 target in the subspace's dtype: Pyro's HMC works in its energy's dtype (momenta, metric)
+            train.y.to(space.basis.dtype) if train.y.dtype.is_floating_point else train.y,
             method=inner,
             batch_size=batch,
             seed=seed,
