@@ -86,7 +86,7 @@ def test_gaussian_student_matches_the_bma_of_bayesian_linear_regression():
 def test_student_of_a_pyro_function_model(function_post, linear_data):
     x, _ = linear_data
     torch.manual_seed(0)
-    student = bp.distill(function_post, _Quadratic(1), x, num_steps=500, lr=0.05, progress=False)
+    student = bp.distill(function_post, _Quadratic(1), x, progress=False)  # the defaults (2,000 steps)
     bma = function_post.predict(x)
     with torch.no_grad():
         mu, log_var = student(x).unbind(-1)
