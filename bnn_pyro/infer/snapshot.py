@@ -300,8 +300,14 @@ def fit_snapshot(model, data: Data, cfg: SnapshotConfig) -> Posterior:
     if metric is not None:  # a whitened Pyro function: each cycle weights the rows it fits by its own draw
         weigh = dict(bootstrap=bootstrap, anchored=anchored, fast_path=cfg.fast_path)
         recorded = {id(rows): observation_weights(model, rows, **weigh) for rows in (train, data)}
-        if "scheme" in recorded[id(train)]:
+        # one plan serves the held-out fit and the refit on all rows: weighted in both or in neither (a batch_size
+        # between the training rows and all rows minibatches the refit only)
+        unweighted = [r["skipped"] for r in recorded.values() if "scheme" not in r]
+        if not unweighted:
             plan = replace(plan, weights=cycle_weights(num_cycles, cycle_length))
+        else:
+            skip = {"skipped": f"the held-out fit and the refit take the same cycles, and one cannot: {unweighted[0]}"}
+            recorded = {key: r if "scheme" not in r else skip for key, r in recorded.items()}
 
     def fitted_on(rows: Data) -> dict:
         weights = {"bootstrap": bootstrap, "observation_weights": recorded[id(rows)]} if recorded else {}

@@ -90,6 +90,14 @@ def test_where_no_observation_can_be_weighted_the_config_says_why_and_the_narrow
                          progress=False)  # fmt: skip
     assert batched.config["preconditioner"] == "hessian_at_mode"  # whitened, but unweighted
     assert "minibatches" in batched.config["observation_weights"]["skipped"]
+    # a batch size between the training rows (36) and all rows (60) minibatches the refit only: one plan serves
+    # both runs, so neither is weighted (the refit once drew 60 weights for 40-row batches and crashed)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        between = bp.fit(model, x, y, method="snapshot", num_cycles=2, cycle_length=30, batch_size=40,
+                         validation=0.4, seed=0, progress=False)  # fmt: skip
+    assert "minibatches" in between.config["observation_weights"]["skipped"]
+    assert torch.isfinite(between.samples["beta"]).all()
 
     def one_event(x, y=None):
         mu = pyro.sample("mu", dist.Normal(0.0, 10.0))
