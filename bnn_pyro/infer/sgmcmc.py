@@ -487,7 +487,7 @@ def run_plan(
     )  # all checked before any chain runs
     if metric is not None and cfg.resume:
         refuse_unwhitened(ckpts, method)
-        if "observation_weights" in config:  # a snapshot run of a Pyro function: its cycles' weights are recorded
+        if "scheme" in config.get("observation_weights", {}):  # a snapshot run of a Pyro function whose cycles weigh
             refuse_unweighted(ckpts, method)
     loop = Loop(
         num_steps=len(plan.scale),
