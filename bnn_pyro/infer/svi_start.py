@@ -81,7 +81,10 @@ class LaplaceStart:
 
     def init_loc_fn(self):
         """An init strategy that puts each site at the mode (the prior median for any other site)."""
-        return init_fns.init_to_value(values=self.values, fallback=init_fns.init_to_median(num_samples=15))
+        # copies: an autoguide keeps the given value as its parameter, which its optimizer updates in place, and one
+        # start serves every chain
+        values = {name: value.detach().clone() for name, value in self.values.items()}
+        return init_fns.init_to_value(values=values, fallback=init_fns.init_to_median(num_samples=15))
 
     def mean_field_shrink(self) -> float:
         """The largest ratio of the Laplace sd to the mean-field optimum's sd (``sqrt(cov_ii * H_ii)``): how many

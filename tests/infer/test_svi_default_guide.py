@@ -191,3 +191,27 @@ def test_a_bnn_keeps_mean_field_bit_for_bit():
         assert default.config["guide"] == "mean_field" and default.config == named.config
         assert torch.equal(default.history["loss"], named.history["loss"])
         assert all(torch.equal(default.samples[k], named.samples[k]) for k in named.samples)
+
+
+@pytest.mark.parametrize("guide", ["mean_field", "map"])
+def test_every_chain_starts_at_the_laplace_start_not_where_the_last_chain_ended(guide):
+    """One Laplace start serves every chain of a Pyro function's SVI fit; an autoguide kept the start's tensors as its
+    parameters and its optimizer moved them in place, so chain 1 started where chain 0 ended (found by review). Chain
+    ``c`` of a fit with seed ``s`` is now the lone chain of a fit with seed ``s + c``, to the bit."""
+
+    def model(x, y=None):
+        w = pyro.sample("w", dist.Normal(0.0, 10.0))
+        b = pyro.sample("b", dist.Normal(0.0, 10.0))
+        s = pyro.sample("s", dist.HalfNormal(1.0))
+        with pyro.plate("data", x.shape[0]):
+            return pyro.sample("obs", dist.Normal(w * x[:, 0] + b, s), obs=y)
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 1, generator=g)
+    y = 2 * x[:, 0] + 0.5 + 0.3 * torch.randn(50, generator=g)
+    options = dict(method="svi", guide=guide, num_steps=200, num_samples=10, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        two = bp.fit(model, x, y, num_chains=2, seed=0, **options)
+        one = bp.fit(model, x, y, num_chains=1, seed=1, **options)
+    assert torch.equal(two.samples["w"][1], one.samples["w"][0])
