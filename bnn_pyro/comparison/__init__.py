@@ -167,11 +167,11 @@ def compare(
     started = time.perf_counter()
     progress = flag("progress", progress)
     seed = positive_int("seed", seed, allow_zero=True)
-    given = (*check_data(x, y), test, splits, seed) if _pandas(x) and isinstance(splits, int) else None  # k-fold
+    given = (*_convert(model, x, y), test, splits, seed) if _pandas(x) and isinstance(splits, int) else None  # k-fold
     raw = _splits(*(given or (x, y, test, splits, seed)))
-    data = [_arrays(split) for split in raw]
-    if _pandas(ood):  # its columns matched to the training inputs' by name too
-        ood = check_data(match_columns(ood, feature_names(x if x is not None else raw[0][0])), None)[0]
+    data = [_arrays(split, model) for split in raw]
+    if ood is not None and (_pandas(ood) or _off_cpu(model)):  # its columns matched to the training inputs' by name
+        ood = _convert(model, match_columns(ood, feature_names(x if x is not None else raw[0][0])), None)[0]
     _check_rows(model, data)
     methods = _methods(model, methods, data[0][0], data[0][1])
     options = _options(options, methods)
@@ -282,15 +282,29 @@ def _pandas(value) -> bool:
     return hasattr(value, "to_numpy")
 
 
-def _arrays(split: Split) -> Split:
+def _off_cpu(model) -> bool:
+    return isinstance(model, BNN) and model.device.type != "cpu"
+
+
+def _convert(model, x, y):
+    """``x``, ``y`` converted as ``bp.fit`` converts a fit's data (:func:`~bnn_pyro.model.check_model_data`'s
+    conversion: a ``BNN``'s device, float dtype and integer inputs; ``check_data``'s defaults otherwise), without
+    its checks against the model (:func:`_check_rows` makes them, naming the split)."""
+    if isinstance(model, BNN):
+        return check_data(x, y, device=model.device, float_dtype=model.dtype, keep_integer=model.integer_inputs)
+    return check_data(x, y)
+
+
+def _arrays(split: Split, model) -> Split:
     """A split whose pandas parts are arrays: the test inputs' columns matched to the training inputs' by name
     (as a posterior matches a DataFrame's, :attr:`~bnn_pyro.Posterior.feature_names`), each pair checked and
-    converted by :func:`~bnn_pyro.utils.checks.check_data` (row labels paired, non-numeric columns named)."""
-    if not any(_pandas(part) for part in split):
+    converted as a fit converts its data (:func:`_convert`: row labels paired, non-numeric columns named, onto a
+    ``BNN``'s device). A model off the CPU gets every split so, so that the test rows meet the predictions there."""
+    if not (_off_cpu(model) or any(_pandas(part) for part in split)):
         return split
     x_train, y_train, x_test, y_test = split
     x_test = match_columns(x_test, feature_names(x_train))
-    return (*check_data(x_train, y_train), *check_data(x_test, y_test))
+    return (*_convert(model, x_train, y_train), *_convert(model, x_test, y_test))
 
 
 def _check_rows(model, data: list[Split]) -> None:

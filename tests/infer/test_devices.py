@@ -332,3 +332,22 @@ def test_chunked_prediction_on_cuda_equals_the_unchunked_one():
     for name in ("mean", "std", "epistemic_std", "lower", "upper"):
         assert torch.allclose(getattr(whole, name), getattr(small, name), atol=1e-5), name
     assert torch.equal(whole.draws, small.draws)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.parametrize("kind", ["numpy", "pandas"])
+def test_compare_on_cuda_takes_host_data(kind):
+    """``bp.compare`` of a CUDA model on numpy or pandas data: its splits are converted as ``bp.fit`` converts a fit's
+    data, onto the model's device (found by review: pandas splits were CPU tensors, refused before any fit; numpy
+    test rows met CUDA predictions at scoring)."""
+    import pandas as pd
+
+    x, y = _data(torch.float64)
+    x, y = x.numpy(), y.numpy()
+    if kind == "pandas":
+        x, y = pd.DataFrame({"x": x[:, 0]}), pd.Series(y)
+    result = bp.compare(
+        _model(device="cuda"), x[:180], y[:180], test=(x[180:], y[180:]), methods=["laplace"], progress=False
+    )
+    assert (result.table["error"] == "").all(), result.table["error"]
+    assert result.table.loc["laplace", "test_ll"] > -1.0  # sin(x) + N(0, 0.1^2): a fitted net scores near 0.8
