@@ -885,3 +885,12 @@ def test_training_data_that_require_grad_are_fitted_as_constants(method):
     reference = _fit(method=method, seed=0)
     assert all(torch.equal(post.samples[k], reference.samples[k]) for k in reference.samples)
     assert not post.x.requires_grad and not post.y.requires_grad and x.requires_grad  # the user's tensor untouched
+
+
+def test_numpys_bool_resume_is_read_as_the_bool_it_is():
+    """``resume=np.False_`` passed the resume check but then met engines that test ``resume is True`` / ``is not
+    False`` (nuts: 'resume: expected True ...'; subspace: 'resume= needs checkpoint=FOLDER'); it is a plain bool."""
+    import numpy as np
+
+    post = _mcmc(resume=np.False_, num_chains=1)
+    assert post.num_draws == 2  # a fresh fit of its 2 draws

@@ -175,6 +175,8 @@ def fit(
         if name in config:
             config[name] = check(config[name])
     _check_resume(config.get("resume", False))
+    if isinstance(config.get("resume"), np.bool_):  # numpy's True: a plain bool for the engines' `is True` tests
+        config["resume"] = bool(config["resume"])
     known, declared = options(kind), REGISTRY[kind]
     for key in config:
         if key not in known and key not in declared.refused():
