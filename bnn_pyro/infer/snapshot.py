@@ -87,8 +87,8 @@ prior (sd ratios 0.007-0.086 on kidiq and logistic). So by default (``bootstrap=
 
 .. math::
 
-    U_c(z) = -\log p(z) - \langle z, g_c \rangle - \sum_i v_{ci} \log p(y_i \mid x_i, z), \qquad
-    v_c = n D_c,\ D_c \sim \mathrm{Dirichlet}(1, \ldots, 1),
+    U_c(z) = -\log p(z) + \langle z, g_c \rangle - \sum_i v_{ci} \log p(y_i \mid x_i, z), \qquad
+    v_c = n D_c,\ D_c \sim \mathrm{Dirichlet}(1, \ldots, 1),\ g_c = \nabla \log p(w_0^{(c)}),
 
 drawn under the anchor's seed ``s + c * ANCHOR_CYCLE_OFFSET`` (:func:`~bnn_pyro.infer.anchor.bootstrap_weights`, which
 adds its own offset: independent of the anchor) and applied to the observed sites by

@@ -70,7 +70,7 @@ def default_lr(guide, dim: int, rank: int | None = None, *, converged_start: boo
 
 
 FULL_RANK_MAX_DIM = 500
-""":func:`default_guide`: the most latent coordinates (unconstrained) of a Pyro function model whose default guide is
+""":func:`default_guide`: the most latent elements (each site's ``numel``, as sampled) of a Pyro function model whose default guide is
 ``"full_rank"``. A full-rank guide's step costs ``O(dim^2)`` (its ``dim x dim`` Cholesky factor: the sampling, the
 log-determinant and Adam over ``dim (dim + 1) / 2`` entries) against a mean-field guide's ``O(dim)``; up to this size the
 whole fit stays within a small multiple of the mean-field fit (``benchmarks/results/svi_function_guide/``). Below
@@ -89,7 +89,8 @@ def default_guide(*, plain_function: bool, dim: int, full_batch: bool, elbo: str
     any regression on uncentered covariates (an intercept and a slope at -0.95), whatever the number of steps.
     Why mean-field elsewhere: a ``BNN``'s full-rank guide does not converge at the zoo's sizes
     (``benchmarks/results/svi_full_rank/``) and costs ``O(dim^2)`` per step (:data:`FULL_RANK_MAX_DIM`); with
-    minibatches (a loader, ``batch_size``, ``distributed``) the Laplace start is one batch's, not the posterior's;
+    a loader the Laplace start is one batch's, not the posterior's, and under minibatch gradients (``batch_size``,
+    ``distributed``) a full-rank guide's convergence was not measured;
     ``elbo="mean_field"`` (a closed-form KL), ``elbo="reinforce"`` (per-site Rao-Blackwellization) and the local
     estimators are defined for a mean-field guide."""
     if plain_function and dim <= FULL_RANK_MAX_DIM and full_batch and elbo == "trace" and estimator == "sample":
