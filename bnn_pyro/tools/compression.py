@@ -193,4 +193,5 @@ def quantize(posterior: Posterior) -> Posterior:
         history=dict(posterior.history),
         x=posterior.x,
         y=posterior.y,
+        feature_names=posterior.feature_names,  # a DataFrame given to predict is matched by name, as before
     )

@@ -177,3 +177,15 @@ def test_quantized_net_keeps_its_accuracy_on_digits(digits):
     table = quantization_report(post)
     assert (table.loc[["0.weight", "2.weight"], "bits"] < 32).all() and table.loc["all", "compression"] > 32
     assert accuracy(quantize(post)) >= accuracy(post) - 0.015
+
+
+def test_a_quantized_posterior_matches_a_dataframes_columns_by_name_as_its_source():
+    """A posterior fitted on a DataFrame matches a DataFrame given to predict by column name; its quantized copy
+    kept no names and read a reordered frame by position (found by review)."""
+    import pandas as pd
+
+    post, _ = _hand_made()
+    post.feature_names = ["a", "b", "c"]
+    small = quantize(post)
+    frame = pd.DataFrame(torch.randn(4, 3, generator=torch.Generator().manual_seed(0)).numpy(), columns=["a", "b", "c"])
+    assert torch.equal(small.predict(frame[["c", "a", "b"]]).probs, small.predict(frame).probs)
