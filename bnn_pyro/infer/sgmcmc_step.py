@@ -112,8 +112,8 @@ class SGMCMC(torch.optim.Optimizer):
         The chain's plan (step multipliers, noise, curvature estimates).
     lr:
         ``eta``, the step on ``U``; ``None`` (``lr="auto"``): set from ``curvature`` by :meth:`adapt` before the
-        plan's ``adapt`` steps to ``plan.fraction / lambda``, and lowered by the stability guard (see
-        :mod:`bnn_pyro.infer.sgmcmc`) in the noise-free steps.
+        plan's ``adapt`` steps to ``plan.fraction / lambda`` (raised at most :data:`RISE`-fold per estimate), and lowered
+        by the stability guard (see :mod:`bnn_pyro.infer.sgmcmc`) in the noise-free steps.
     seed:
         The noise comes from a generator of its own, seeded ``seed + 7919`` (apart from the minibatch stream and
         Pyro's generators); it also draws the power iteration's first vector.
