@@ -61,7 +61,14 @@ start, where the net has not fitted and a learned noise sits at its prior's scal
 ``1 / sigma^2`` while the noise falls: on make_friedman1, the benchmarks/uci.py protocol's split 0, 13-fold
 within 25 steps, and sghmc diverged at step 33), so the guard runs in their warm-up steps too when the gradients
 are full-batch (the default; between minibatches the secant measures gradient noise, not curvature). The draws
-after warm-up keep one step. Should a chain still diverge under ``lr="auto"`` it recovers: it goes back to its
+after warm-up keep one step. The guard catches curvature that grows; a curvature that has collapsed is the
+opposite hazard, and a re-estimate may raise the step at most ``RISE = 2`` times over the step it replaces (falls are
+taken at once), so a larger step needs later estimates to confirm it. Why: the estimate is local. A net that fits
+separable classes drives the softmax to saturation, where the likelihood's curvature is about ``exp(-margin)`` and only
+the prior's is left; on wine (``benchmarks/classification.py``, split 8, a snapshot run) the estimate fell from 1,890
+to 1.03 (the ``Normal(0, 1)`` prior's precision) with 141 of 142 training rows at probability 1, the step rose 1,840-fold
+to 0.92, the first step left the flat region, where the curvature came back, and the run diverged (test NLL 19.7;
+with the bound 0.113, docs/ood.md). Should a chain still diverge under ``lr="auto"`` it recovers: it goes back to its
 last finite state with a step 4 times smaller (at most 8 times), the fit warns, and
 ``post.config["divergence_recovery"]`` lists the steps and the smaller step sizes
 (:meth:`~bnn_pyro.infer.sgmcmc_step.SGMCMC.recover`). A number ``lr`` is the user's: a divergence stops the

@@ -32,6 +32,7 @@ __all__ = [
     "GUARD",
     "ADAPT_EVERY",
     "SHRINK",
+    "RISE",
     "MAX_RECOVERIES",
     "largest_curvature",
     "secant_curvature",
@@ -45,6 +46,7 @@ __all__ = [
 
 ADAPT_EVERY = 100  # lr="auto": steps between curvature estimates while the step may change
 GUARD = 2.0  # lr="auto", exploration: re-estimate the curvature when eta_t * (secant curvature) > GUARD * fraction
+RISE = 2.0  # lr="auto": a curvature estimate may raise the step at most this factor over the step it replaces
 SHRINK = 0.25  # lr="auto", after a divergence: the step (and its cap from then on) times this
 MAX_RECOVERIES = (
     8  # lr="auto": divergences a chain recovers from (the step then 4^-8 = 1.5e-5 of the first) before it stops
@@ -110,8 +112,8 @@ class SGMCMC(torch.optim.Optimizer):
         The chain's plan (step multipliers, noise, curvature estimates).
     lr:
         ``eta``, the step on ``U``; ``None`` (``lr="auto"``): set from ``curvature`` by :meth:`adapt` before the
-        plan's ``adapt`` steps to ``plan.fraction / lambda``, and lowered by the stability guard (see
-        :mod:`bnn_pyro.infer.sgmcmc`) in the noise-free steps.
+        plan's ``adapt`` steps to ``plan.fraction / lambda`` (raised at most :data:`RISE`-fold per estimate), and lowered
+        by the stability guard (see :mod:`bnn_pyro.infer.sgmcmc`) in the noise-free steps.
     seed:
         The noise comes from a generator of its own, seeded ``seed + 7919`` (apart from the minibatch stream and
         Pyro's generators); it also draws the power iteration's first vector.
@@ -189,12 +191,17 @@ class SGMCMC(torch.optim.Optimizer):
 
     def adapt(self) -> None:
         """With ``lr=None``, before a step the plan marks: ``eta = plan.fraction / |lambda|_max`` at ``z`` (30
-        power iterations the first time, 10 from the last vector after)."""
+        power iterations the first time, 10 from the last vector after), at most :data:`RISE` times the step it
+        replaces: the estimate is local, and where the curvature has collapsed (a saturated softmax on separable
+        rows: ``lambda`` about the prior's precision) it grows back within a step that ``fraction / lambda`` would
+        take (:mod:`bnn_pyro.infer.sgmcmc`, "Step size"); a larger step needs a later estimate to confirm it."""
         group, z, state = self._parts()
         if self.curvature is None or not self._adapt[state["t"]]:
             return
-        lam, state["direction"] = self.curvature(z, state["direction"], 30 if group["eta"] is None else 10)
-        group["eta"] = min(self.plan.fraction / lam if lam > 0 else (group["eta"] or self.fallback), state["cap"])
+        eta = group["eta"]
+        lam, state["direction"] = self.curvature(z, state["direction"], 30 if eta is None else 10)
+        new = self.plan.fraction / lam if lam > 0 else (eta or self.fallback)
+        group["eta"] = min(new, state["cap"], math.inf if eta is None else RISE * eta)
 
     def recover(self) -> float | None:
         """After a divergence at step ``t``: back to the last finite point, momentum zeroed, ``eta`` (and its cap)

@@ -19,7 +19,7 @@ exploration stage: the same update ``v <- (1 - alpha) v - eta_k grad U~(z)``, ``
 potential energy ``U~`` (the negative log joint, minibatch likelihood scaled to the data set: SGD on the
 training loss with the prior as weight decay), the same cosine cycle, the same ``lr="auto"`` peak step
 (``eta = (2 - alpha) / (2 lambda_max)``, re-estimated every 100 steps from the largest curvature, since
-curvature grows as the net fits, and at a dozen steps early in the first cycle, where it grows fastest) and the same checkpoint/resume. Without its sampling stage no noise is
+curvature grows as the net fits, a re-estimate raising it at most 2-fold, and at a dozen steps early in the first cycle, where it grows fastest) and the same checkpoint/resume. Without its sampling stage no noise is
 added: each snapshot is a point near a mode. The snapshot is the iterate that enters a cycle's last step,
 whose step factor ``(1 - cos(pi / K)) / 2`` (2.5e-6 at ``K = 1000``) leaves it where the cycle ended.
 
