@@ -163,7 +163,8 @@ def predictive_interval(
         bounds = []
         for q in ((1 - level) / 2, (1 + level) / 2):
             try:
-                each = d.icdf(torch.full(d.batch_shape, q, dtype=d.mean.dtype)).double().reshape(d.batch_shape[0], -1)
+                each = d.icdf(torch.full(d.batch_shape, q, dtype=d.mean.dtype, device=d.mean.device))
+                each = each.double().reshape(d.batch_shape[0], -1)
                 lo, hi = each.min(0).values, each.max(0).values
                 for _ in range(64):  # halves the bracket each time: float64 resolution for any finite bracket
                     mid = (lo + hi) / 2

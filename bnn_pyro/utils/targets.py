@@ -62,7 +62,7 @@ def probs_and_labels(probs, y, argname: str = "prediction") -> tuple[torch.Tenso
         )
     if isinstance(probs, ClassificationPrediction):
         probs = probs.probs
-    probs = float_tensor(argname, probs).double()
+    probs = float_tensor(argname, probs).double().cpu()  # metrics are O(N K): on the CPU, whatever the device
     if probs.dim() == 1:
         if ((probs < 0) | (probs > 1)).any():
             raise ValueError(
@@ -94,7 +94,7 @@ def probs_and_labels(probs, y, argname: str = "prediction") -> tuple[torch.Tenso
             f"do not (first: row {int(bad[0])} sums to {float(sums[bad[0]]):.4g}). "
             "Normalize with probs / probs.sum(-1, keepdim=True) or use softmax(logits, -1)."
         )
-    y = as_tensor("y", y)
+    y = as_tensor("y", y).cpu()
     if y.dim() == 2 and y.shape[1] == 1:
         y = y[:, 0]
     if y.dim() != 1:

@@ -335,8 +335,9 @@ def test_chunked_prediction_on_cuda_equals_the_unchunked_one():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.parametrize("task", ["regression", "classification"])
 @pytest.mark.parametrize("kind", ["numpy", "pandas"])
-def test_compare_on_cuda_takes_host_data(kind):
+def test_compare_on_cuda_takes_host_data(kind, task):
     """``bp.compare`` of a CUDA model on numpy or pandas data: its splits are converted as ``bp.fit`` converts a fit's
     data, onto the model's device (found by review: pandas splits were CPU tensors, refused before any fit; numpy
     test rows met CUDA predictions at scoring)."""
@@ -344,10 +345,12 @@ def test_compare_on_cuda_takes_host_data(kind):
 
     x, y = _data(torch.float64)
     x, y = x.numpy(), y.numpy()
+    model = _model(device="cuda")
+    if task == "classification":  # metrics on class probabilities (ECE's bins, Brier) too
+        y = (y > 0).astype("int64")
+        model = _model(device="cuda", likelihood=bp.likelihoods.Categorical(), out=2)
     if kind == "pandas":
         x, y = pd.DataFrame({"x": x[:, 0]}), pd.Series(y)
-    result = bp.compare(
-        _model(device="cuda"), x[:180], y[:180], test=(x[180:], y[180:]), methods=["laplace"], progress=False
-    )
+    result = bp.compare(model, x[:180], y[:180], test=(x[180:], y[180:]), methods=["laplace"], progress=False)
     assert (result.table["error"] == "").all(), result.table["error"]
     assert bool(torch.isfinite(torch.tensor(float(result.table.loc["laplace", "test_ll"]))))
