@@ -323,7 +323,7 @@ def _methods(model, methods, x, y) -> list[str]:
     if methods is None:
         if isinstance(model, BNN):
             try:
-                x, _ = check_data(x, y, device=model.device, float_dtype=model.dtype, keep_integer=model.integer_inputs)
+                x, _ = _convert(model, x, y)
             except (TypeError, ValueError):  # tuple/dict inputs: the declaration's check sees them as given
                 pass
         return [m.value for m in Method if unfit_reason(m, model, x) is None]
