@@ -450,7 +450,7 @@ def recording():
     TorchScript stays because no supported path keeps its speed: the same ``make_fx`` graph run by ``torch.fx`` and
     the eager gradient are several times slower per call, and ``torch.compile`` matches it only after a compile of
     seconds in every chain's process (measured for issues 6 and 15; ``benchmarks/performance.py``). So setup.cfg
-    bounds torch below 2.14, which deprecates TorchScript."""
+    bounds torch below 2.14: torch deprecates TorchScript, and a later release may drop what this path uses."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=torch.jit.TracerWarning)
         warnings.filterwarnings(
