@@ -915,14 +915,15 @@ def check_gaussian(post, *, cause: str = ""):
     interpretable sites; a network's ``k_hat`` is large in any case) whose draws record ``log q`` and that holds its
     training tensors, at most :data:`NARROW_MAX_DIM` latent coordinates and at least :data:`ESS_MIN` draws (the
     Pareto fit takes the largest ``min(S / 5, 3 sqrt(S))`` ratios: with fewer draws its ``k_hat`` is too noisy to
-    judge by). ``cause``: the engine's likely reason, one sentence. Returns ``post``."""
+    judge by), :data:`~bnn_pyro.posterior.psis.MIN_DRAWS_PER_CHAIN` of them per chain (each chain is smoothed on its
+    own; with fewer its ``k_hat`` is undefined, and ArviZ's ``inf`` for it would read as a far posterior). ``cause``: the engine's likely reason, one sentence. Returns ``post``."""
     from bnn_pyro.model import BNN
-    from bnn_pyro.posterior.psis import K_HAT_MAX, psis
+    from bnn_pyro.posterior.psis import K_HAT_MAX, MIN_DRAWS_PER_CHAIN, psis
 
     n = post.num_chains * post.num_draws
     if isinstance(post.model, BNN) or "log_q" not in post.sample_stats or post.x is None or post.y is None:
         return post
-    if n < ESS_MIN:
+    if n < ESS_MIN or post.num_draws < MIN_DRAWS_PER_CHAIN:  # too few draws (per chain: k_hat's) to judge q
         return post
     judged = _unconstrained_draws(post, init="median")  # the coordinates in which q is a Gaussian (log tau for tau)
     if judged is None:
