@@ -58,12 +58,12 @@ re-estimated and the peak step lowered to ``f / lambda``. sgld's and sghmc's war
 estimates 100 steps apart (the step is set at the start, where the net has not fitted and a learned noise sits at its
 prior's scale, and the curvature grows as ``1 / sigma^2`` while the noise falls), so the guard runs in their warm-up
 steps too when the gradients are full-batch (the default; between minibatches the secant measures gradient noise,
-not curvature). The draws after warm-up keep one step. The guard catches curvature that grows; a curvature that has collapsed is the
-opposite hazard, and a re-estimate may raise the step at most ``RISE = 2`` times over the step it replaces (falls are
-taken at once), so a larger step needs later estimates to confirm it. Why: the estimate is local. A net that fits
-separable classes drives the softmax to saturation, where the likelihood's curvature is about ``exp(-margin)`` and only
-the prior's is left, so a step set there is far too large once the first step leaves the flat region, where the
-curvature comes back. The runs that showed each hazard (diabetes, make_friedman1, wine) are in
+not curvature). The draws after warm-up keep one step. The guard catches curvature that grows; a curvature that has
+collapsed is the opposite hazard, and a re-estimate may raise the step at most ``RISE = 2`` times over the step it
+replaces (falls are taken at once), so a larger step needs later estimates to confirm it. Why: the estimate is local.
+A net that fits separable classes drives the softmax to saturation, where the likelihood's curvature is about
+``exp(-margin)`` and only the prior's is left, so a step set there is far too large once the first step leaves the flat
+region, where the curvature comes back. The runs that showed each hazard (diabetes, make_friedman1, wine) are in
 ``docs/sgmcmc_measurements.md``. Should a chain still diverge under ``lr="auto"`` it recovers: it goes back to its
 last finite state with a step 4 times smaller (at most 8 times), the fit warns, and
 ``post.config["divergence_recovery"]`` lists the steps and the smaller step sizes
