@@ -121,7 +121,8 @@ def test_short_metropolis_warns_about_too_few_effective_draws():
         )
     messages = _messages(record)
     assert any("bulk ESS of f(x)" in m and "threshold 100" in m and "method='nuts'" in m for m in messages), messages
-    assert any("R-hat of f(x)" in m and "threshold 1.05" in m for m in messages), messages
+    limit = f"threshold {_health.rhat_chance_max(2, 50, 20):.3g}"  # above 1.05 at 50 draws per chain: chance
+    assert any("R-hat of f(x)" in m and limit in m for m in messages), messages
 
 
 def test_pyro_function_without_f_is_monitored_by_its_log_density():
