@@ -24,7 +24,7 @@ from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.utils.checks import choice, feature_names, flag, positive_int
+from bnn_pyro.utils.checks import choice, feature_names, flag, owned, positive_int
 from bnn_pyro.utils.checks import seed as checked_seed
 
 __all__ = ["fit", "Method", "REGISTRY", "Capabilities", "Declaration", "engine", "options", "unfit_reason"]
@@ -250,7 +250,9 @@ def _data(model, x, y, batch_size, dataset_size, kind: Method) -> Data:
             f"y: {kind.value} fits the model to targets, but y is None; pass them, as in "
             f"bp.fit(model, x, y, method={kind.value!r}), or x as a DataLoader of (x, y) batches."
         )
+    given = (x, y)
     x, y = _checked(model, x, y)
+    x, y = owned(x, given[0]), owned(y, given[1])  # the posterior keeps them: never the user's memory
     if dataset_size is not None:
         raise ValueError("dataset_size: only for DataLoader input; with tensors the size is len(x).")
     return Data(x=x, y=y, batch_size=batch_size, convert=lambda xb, yb: _checked(model, xb, yb))  # held-out pairs

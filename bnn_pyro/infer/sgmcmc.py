@@ -49,26 +49,22 @@ correction these methods are biased by ``O(eta)``; minibatch gradient noise, not
 posterior, so use several chains.
 
 Stability guard (``lr="auto"``: noise-free steps, and sgld's and sghmc's warm-up steps on full-batch
-gradients). An exploration stage is SGD with momentum at the
-largest steps of the cycle, and a learned noise scale can fall fast there: on scikit-learn's diabetes (the
-benchmarks/uci.py protocol, split 0) it fell from 0.91 to 0.53 in 65 steps, the curvature grew 3-fold before
-the next estimate and the chain diverged at step 87. So each exploration step compares its step with the
-curvature along its last move, ``|grad_t - grad_t-1| / |z_t - z_t-1|`` (free: the gradients are computed
-anyway; on a quadratic it never exceeds ``lambda_max``, so the guard never fires there), and when
-``eta_t`` times it exceeds ``2 f`` the curvature is re-estimated and the peak step lowered to ``f / lambda``.
-sgld's and sghmc's warm-up has the same hazard between its estimates 100 steps apart (the step is set at the
-start, where the net has not fitted and a learned noise sits at its prior's scale; the curvature grows as
-``1 / sigma^2`` while the noise falls: on make_friedman1, the benchmarks/uci.py protocol's split 0, 13-fold
-within 25 steps, and sghmc diverged at step 33), so the guard runs in their warm-up steps too when the gradients
-are full-batch (the default; between minibatches the secant measures gradient noise, not curvature). The draws
-after warm-up keep one step. The guard catches curvature that grows; a curvature that has collapsed is the
-opposite hazard, and a re-estimate may raise the step at most ``RISE = 2`` times over the step it replaces (falls are
-taken at once), so a larger step needs later estimates to confirm it. Why: the estimate is local. A net that fits
-separable classes drives the softmax to saturation, where the likelihood's curvature is about ``exp(-margin)`` and only
-the prior's is left; on wine (``benchmarks/classification.py``, split 8, a snapshot run) the estimate fell from 1,890
-to 1.03 (the ``Normal(0, 1)`` prior's precision) with 141 of 142 training rows at probability 1, the step rose 1,840-fold
-to 0.92, the first step left the flat region, where the curvature came back, and the run diverged (test NLL 19.7;
-with the bound 0.113, docs/ood.md). Should a chain still diverge under ``lr="auto"`` it recovers: it goes back to its
+gradients). An exploration stage is SGD with momentum at the largest steps of the cycle, and a learned noise scale
+can fall fast there: the curvature, which grows as ``1 / sigma^2``, can outgrow the last estimate before the next one,
+and the chain diverges. So each exploration step compares its step with the curvature along its last move,
+``|grad_t - grad_t-1| / |z_t - z_t-1|`` (free: the gradients are computed anyway; on a quadratic it never exceeds
+``lambda_max``, so the guard never fires there), and when ``eta_t`` times it exceeds ``2 f`` the curvature is
+re-estimated and the peak step lowered to ``f / lambda``. sgld's and sghmc's warm-up has the same hazard between its
+estimates 100 steps apart (the step is set at the start, where the net has not fitted and a learned noise sits at its
+prior's scale, and the curvature grows as ``1 / sigma^2`` while the noise falls), so the guard runs in their warm-up
+steps too when the gradients are full-batch (the default; between minibatches the secant measures gradient noise,
+not curvature). The draws after warm-up keep one step. The guard catches curvature that grows; a curvature that has
+collapsed is the opposite hazard, and a re-estimate may raise the step at most ``RISE = 2`` times over the step it
+replaces (falls are taken at once), so a larger step needs later estimates to confirm it. Why: the estimate is local.
+A net that fits separable classes drives the softmax to saturation, where the likelihood's curvature is about
+``exp(-margin)`` and only the prior's is left, so a step set there is far too large once the first step leaves the flat
+region, where the curvature comes back. The runs that showed each hazard (diabetes, make_friedman1, wine) are in
+``docs/sgmcmc_measurements.md``. Should a chain still diverge under ``lr="auto"`` it recovers: it goes back to its
 last finite state with a step 4 times smaller (at most 8 times), the fit warns, and
 ``post.config["divergence_recovery"]`` lists the steps and the smaller step sizes
 (:meth:`~bnn_pyro.infer.sgmcmc_step.SGMCMC.recover`). A number ``lr`` is the user's: a divergence stops the
@@ -80,9 +76,9 @@ coordinates whitened by the Hessian at the mode of ``U``, ``u = L^T z`` with
 ``L L^T = H``: the update above on ``u``, i.e. ``z`` moves by ``-eta M grad U~`` plus noise ``N(0, 2 alpha eta M)``,
 ``M = H^{-1}``, preconditioned SG-HMC with a constant metric, whose stationary law is still the posterior up to the
 same ``O(eta)`` bias. Why: in the raw coordinates the flat direction of a posterior with condition number ``kappa``
-mixes in about ``kappa`` steps, and the reference posteriors' covariates near 40 and 100 (``kappa`` 4e4, 5e5) left
-the draws 2,451 (logistic) and 738 (kidiq) posterior sds off; whitened, every mean is within 0.25 sd and every sd
-within a factor 1.25 on the three references (``benchmarks/results/reference_suite/function_snapshot_after.md``).
+mixes in about ``kappa`` steps, and the reference posteriors whose covariates lie near 40 and 100 are conditioned so
+badly that the raw draws stayed far from the posterior, where the whitened ones match it (the reference suite's figures:
+``docs/sgmcmc_measurements.md``).
 ``lr="auto"`` measures the curvature in ``u`` (about 1 near the mode), so sgld's and sghmc's step is about
 ``(2 - alpha) / 4`` whatever ``kappa``, and on a Gaussian posterior their stationary law is the posterior with every sd
 widened by ``sqrt(8/7)`` (the law above with ``A = I``). Where they start, with the default ``init``: csgmcmc at the
@@ -90,9 +86,8 @@ mode (its exploration stages descend, and a prior draw of kidiq diverged); sgld 
 each chain at its own draw from ``N(mode, 4 H^{-1})`` (:func:`~bnn_pyro.infer.sg_metric.dispersed_start`), the
 Laplace approximation widened 2-fold in sd: over-dispersed starts, so that R-hat can flag chains that have not
 forgotten them (Gelman & Rubin 1992), near enough to the mode for the metric's curvature to hold. With a given
-``init`` every method starts there, still whitened. sgld and sghmc at main were 4.9e3 (kidiq) and 1.2e5 (logistic)
-sds off, sghmc 174 on eight schools; whitened, every mean is within 0.43 sd and every sd ratio within 0.74-1.21
-(``function_sgld_sghmc_before.md``, ``function_sgld_sghmc_after.md``). A ``BNN`` fit is unchanged (no metric).
+``init`` every method starts there, still whitened (sgld and sghmc before and after: ``docs/sgmcmc_measurements.md``).
+A ``BNN`` fit is unchanged (no metric).
 The mode and the metric are computed once per fit, before the chains (:func:`fit_metric`: its prior-median start
 under a seed of its own, so the metric is deterministic in ``seed`` and the same for every chain), shared by every
 chain and by the refit on all rows after held-out rows chose the stops (it replays that fit, so it keeps its metric
@@ -104,16 +99,15 @@ mid-run.
 
 Held-out rows (csgmcmc, ``validation=``; :mod:`bnn_pyro.infer.holdout`). Without noise, an exploration stage
 runs to the joint mode of the weights and a learned noise, where an over-parameterized net fits the training
-rows and the noise collapses to their residual (diabetes split 1: noise sd 0.15 in standardized units after
-4 cycles, curvature 80 times its start, against 0.64 in the posterior; test log-likelihood -9.7 nats per point
-and 95% coverage 0.46 where the other engines get about -5.5), and the short sampling stages at the cosine's
+rows and the noise collapses to their residual (the curvature grows many-fold, the noise ends far below the
+posterior's and the predictive is overconfident), and the short sampling stages at the cosine's
 small steps cannot climb back out. By default, when the model has a learned Gaussian noise and 10% of the
 rows make at least 20, those rows are held out: each exploration stage scores its state on them every
 ``SCORE_EVERY`` steps (noise profiled out) and the sampling stage starts from the best one (momentum reset;
 ``history["exploration_stop"]``: the step of each stage's best state), and the draws' noise is then chosen to
 maximize the held-out log predictive density, as for the engines that start from a point fit. The chain
-samples the other 90%. On diabetes splits 0-2 the default went from a divergence and -9.7 to -5.54 +- 0.05
-(coverage 0.92; benchmarks/results/uci/diabetes.md). ``validation=None``: the previous behaviour.
+samples the other 90%. The diabetes runs without and with the held-out rows: ``docs/sgmcmc_measurements.md``.
+``validation=None``: the previous behaviour.
 
 Chains: ``num_chains`` independent runs, chain ``c`` seeded with ``seed + c`` (minibatch order and
 noise from generators of its own), one after another, each in its own copy of the model

@@ -30,18 +30,13 @@ best-scoring of those (early stopping within the cycle; the next cycle starts fr
 ``history["exploration_stop"]``: the step of each snapshot); a learned Gaussian noise (``sigma`` or
 ``precision``) of every snapshot is then set to the value that maximizes the held-out log predictive density
 of the snapshot mixture. Why: a cycle run to its end fits the training rows of a small data set far past the
-best held-out state (scikit-learn's diabetes, benchmarks/uci.py protocol, splits 0/1: test log-likelihood
--5.90/-5.76 at cycle ends, NUTS -5.54/-5.49; scoring only the second half of each cycle: -5.87/-5.74/-5.74 on
-splits 0-2). A cycle's own start, the previous snapshot, is not a candidate: every cycle adds a state of its
+best held-out state (its test log-likelihood falls below NUTS's, and scoring only the second half of each cycle
+does not recover it). A cycle's own start, the previous snapshot, is not a candidate: every cycle adds a state of its
 own trajectory, so the ensemble has ``num_cycles`` distinct members. (It was a candidate before: on
 scikit-learn's diabetes and on digits every cycle after the first then found nothing better than the state it
 restarted from and repeated the first snapshot, so the "ensemble" was one early-stopped MAP with no epistemic
-spread.) On digits (zoo ``mlp_classifier``, seed 0) every later cycle's best state is now its first scored
-one, 50 steps after the restart (snapshots at steps 100, 1050, ..., 4050): five members 5-27% of the weights'
-scale apart, accuracy 0.981, NLL 0.062, ECE 0.025 (the repeated-MAP run: 0.981, 0.063, 0.023), but close in
-function space (mean mutual information 4e-4 nats). On diabetes (splits 0-2) the test log-likelihood went from
--5.54 +- 0.05 to -5.58 +- 0.05 with an epistemic sd of 6.5 instead of 0
-(benchmarks/results/uci/diabetes_snapshot_distinct.md). With fewer rows, a loader or ``validation=None`` the
+spread.) The snapshots are then distinct in weight space but may stay close in function space. The diabetes and
+digits runs behind these rules: ``docs/sgmcmc_measurements.md``. With fewer rows, a loader or ``validation=None`` the
 cycles run to their ends and the snapshots keep their own (training-set) noise values.
 
 Off-data inputs and anchored cycles (issue 26, ``docs/ood.md``). A plain snapshot is a point near a mode of
@@ -53,14 +48,9 @@ the potential tilted by ``<z, grad log p(w_0^(c))>`` for its own prior draw ``w_
 ``s + c * ANCHOR_CYCLE_OFFSET``; :mod:`bnn_pyro.infer.anchor`, Pearce et al. 2020, as the deep ensemble's
 members): for a Gaussian prior the weight decay ``|w|^2 / (2 s^2)`` becomes ``|w - w_0^(c)|^2 / (2 s^2)``, each
 snapshot ends near its own randomized MAP (for a linear-Gaussian model the closed form of
-:mod:`bnn_pyro.infer.anchor`, tested), and the snapshots spread in the free directions as the prior does. Measured (``benchmarks/classification.py``,
-splits 0 and 1; ``benchmarks/results/classification/``): the AUROC of the predictive entropy / mutual
-information separating Gaussian-noise inputs (sd 3, standardized) from test rows went from 0.44 / 0.55 and 0.51
-/ 0.52 to 0.73 / 0.77 and 0.80 / 0.82 on wine, 0.48 / 0.58 and 0.47 / 0.57 to 0.87 / 0.89 and 0.80 / 0.82 on
-breast_cancer, 0.34 / 0.60 and 0.28 / 0.48 to 0.87 / 0.88 and 0.69 / 0.72 on iris; test log loss 0.079 and 0.013
-to 0.108 and 0.114 (wine), 0.197 and 0.049 to 0.191 and 0.042 (breast_cancer), 0.036 and 0.096 to 0.014 and
-0.155 (iris). Regression (scikit-learn's diabetes, ``benchmarks/uci.py`` protocol, splits 0-2): test
-log-likelihood -5.558 plain, -5.572 anchored (per split -0.035, -0.011, +0.004). ``anchored=False`` gives the
+:mod:`bnn_pyro.infer.anchor`, tested), and the snapshots spread in the free directions as the prior does. Measured on
+wine, breast_cancer, iris and diabetes (how well the predictive's entropy and mutual information tell noise inputs from
+test rows, and the test log loss, plain against anchored): ``docs/sgmcmc_measurements.md``. ``anchored=False`` gives the
 paper's plain snapshots, and a classification fit then says that its off-data uncertainty is not represented
 (:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`).
 
@@ -72,18 +62,18 @@ that mode (with the default ``init``; an ``init`` given starts there). The mode 
 the rows the run trains on, and shared by every chain and by the refit on all rows
 (:func:`~bnn_pyro.infer.sgmcmc.fit_metric`). Why: in the raw coordinates the peak step
 ``(2 - alpha) / (2 lambda_max)`` takes about ``kappa = lambda_max / lambda_min`` steps per e-fold along the flattest
-direction, and the reference posteriors' covariates near 40 and 100 make ``kappa`` 4e4 (logistic) and 5e5 (kidiq):
-the snapshots were 1,778 and 748 posterior sds off (and, from a prior draw whose curvature is unlike the mode's, the
-kidiq run diverged). A fixed positive definite preconditioner keeps every fixed point of the (tilted) objective and
-makes every direction's curvature about 1 near the mode, so each cycle reaches its anchored minimum; the means are now
-within 0.23 posterior sd on kidiq and logistic (eight schools, well conditioned, 0.68 as before: the same anchored
-minima; ``benchmarks/results/reference_suite/function_snapshot_after.md``).
+direction, and the reference posteriors whose covariates lie near 40 and 100 are conditioned so badly that the
+snapshots ended far from the posterior (and, from a prior draw whose curvature is unlike the mode's, a run diverged).
+A fixed positive definite preconditioner keeps every fixed point of the (tilted) objective and
+makes every direction's curvature about 1 near the mode, so each cycle reaches its anchored minimum (the reference
+suite's figures before and after: ``docs/sgmcmc_measurements.md``).
 The data half of each cycle (issue 26; the deep ensemble's :mod:`bnn_pyro.infer.anchor`, "The data half"). Anchoring
 alone left the spread narrow: each snapshot was the minimum of the potential tilted toward its own prior draw, which
 for a linear-Gaussian model is ``A^{-1}(b + Lambda_0 w_0)`` (``A`` the posterior precision, ``Lambda_0`` the prior's),
 so the snapshots' covariance was ``A^{-1} Lambda_0 A^{-1}``, not ``A^{-1}``: far narrower where the data dominate the
-prior (sd ratios 0.007-0.086 on kidiq and logistic). So by default (``bootstrap=True``) cycle ``c`` of a run with seed
-``s`` on such a function also weights the log-likelihood of each observation of the rows it fits by its own draw,
+prior (on kidiq and logistic by one to two orders of magnitude: ``docs/sgmcmc_measurements.md``). So by default
+(``bootstrap=True``) cycle ``c`` of a run with seed ``s`` on such a function also weights the log-likelihood of each
+observation of the rows it fits by its own draw,
 
 .. math::
 

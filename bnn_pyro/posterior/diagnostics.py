@@ -185,6 +185,15 @@ def to_inference_data(
             ll, pp = _pointwise(post, x, y if log_likelihood else None, seed, draws_per_chunk, points_per_chunk)
             if log_likelihood:
                 groups["log_likelihood"] = {"obs": ll}
+                if post.num_chains * post.num_draws == 1:
+                    user_warnings.warn(
+                        f"to_inference_data: this {post.method} posterior is one draw (one chain of one draw), so "
+                        "LOO and WAIC are undefined on its log_likelihood group: az.loo fails on it (an IndexError "
+                        "from its Pareto smoothing) and az.waic's penalty, a variance over draws, is 0. For them fit "
+                        "several chains (num_chains=4) or use an engine that draws (method='nuts', 'swag', "
+                        "'laplace'); the group itself (the log-likelihood at that one draw) is kept.",
+                        UserWarning,
+                    )
             if posterior_predictive:
                 groups["posterior_predictive"] = {"obs": pp}
     return from_dict(**groups, dims={"obs": ["data"], "x": ["data"]})

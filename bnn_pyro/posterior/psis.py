@@ -53,9 +53,13 @@ from bnn_pyro.utils import user_warnings
 from bnn_pyro.utils.checks import check_data, match_columns
 from bnn_pyro.utils.checks import seed as check_seed
 
-__all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX"]
+__all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX", "MIN_DRAWS_PER_CHAIN"]
 
 K_HAT_MAX = 0.7  # Yao et al. (2018): above it the importance ratios' variance is (nearly) infinite
+MIN_DRAWS_PER_CHAIN = 21
+"""The fewest draws of one chain from which :func:`psis` estimates ``k_hat``. ``arviz.psislw`` fits the generalized
+Pareto law to the largest ``M = ceil(min(0.2 S, 3 sqrt(S)))`` of ``S`` ratios and needs ``M >= 5`` of them (with
+fewer it returns ``k_hat = inf``, and with one draw it fails with an IndexError): ``0.2 S > 4``, so ``S >= 21``."""
 
 _NO_DENSITY = {
     "ensemble": "an ensemble is a set of trained networks, i.e. a mixture of point masses with no density, so "
@@ -133,6 +137,7 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
     _require_density(post)
     x, y = _target_data(post, x, y)
     idx = post.draw_index(num_samples, seed)
+    _require_draws(post, idx, num_samples)
     log_p = _log_joint(post, x, y, idx)
     log_q = post.sample_stats["log_q"].reshape(-1)[idx].double().cpu()
     log_r = (log_p - log_q).numpy()
@@ -224,6 +229,22 @@ def _require_density(post) -> None:
     raise ValueError(
         f"psis: {why}. It needs draws from a q with a density: svi with guide='mean_field', "
         "'low_rank' or 'full_rank', laplace, or swag."
+    )
+
+
+def _require_draws(post, idx: torch.Tensor, num_samples: int | None) -> None:
+    """A ``ValueError`` when a chain has fewer than :data:`MIN_DRAWS_PER_CHAIN` of the draws used: its ``k_hat``
+    is undefined (``arviz.psislw`` returns ``inf`` for it, which read as "q misses mass", or fails on one draw)."""
+    counts = torch.bincount(idx // post.num_draws, minlength=post.num_chains)
+    fewest = int(counts[counts > 0].min())
+    if fewest >= MIN_DRAWS_PER_CHAIN:
+        return
+    subset = "" if num_samples is None else ", or call psis without num_samples= (every stored draw)"
+    raise ValueError(
+        f"psis: k_hat is undefined from {fewest} draw{'s' if fewest != 1 else ''} of a chain: the Pareto tail fit "
+        f"needs at least {MIN_DRAWS_PER_CHAIN} draws per chain (it fits the largest ceil(min(0.2 S, 3 sqrt(S))) of "
+        "S ratios and needs 5), and each chain's q is smoothed on its own, so more chains do not help. Fit with "
+        f"num_samples >= {MIN_DRAWS_PER_CHAIN} draws per chain{subset}."
     )
 
 

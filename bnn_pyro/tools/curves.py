@@ -59,7 +59,7 @@ from bnn_pyro.infer.driver import descend
 from bnn_pyro.infer.shared import Data, LogJoint, build, clean_config, is_identity
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
-from bnn_pyro.utils.checks import check_data, choice, positive, positive_int
+from bnn_pyro.utils.checks import check_data, choice, owned, positive, positive_int
 
 __all__ = ["Kind", "Curve", "PathMetrics", "fit_curve", "line", "path_metrics", "plot_path", "coefficients"]
 
@@ -215,7 +215,9 @@ def fit_curve(
     num_bends = positive_int("num_bends", num_bends)
     num_steps, points_per_step = positive_int("num_steps", num_steps), positive_int("points_per_step", points_per_step)
     lr = positive("lr", lr)
+    given = (x, y)
     x, y = _checked(model, x, y)
+    x, y = owned(x, given[0]), owned(y, given[1])  # the curve keeps them: never the user's memory
     data = Data(x, y, batch_size=None if batch_size is None else positive_int("batch_size", batch_size))
     joint = _joint(model, data.size).unvalidated()
     supports = _supports(model)

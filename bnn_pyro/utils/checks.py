@@ -266,6 +266,32 @@ def check_data(x, y, *, float_dtype: torch.dtype | None = None, device=None, kee
     return x, y
 
 
+def owned(made, given):
+    """``made`` (what :func:`check_data` made of ``given``: a tensor or an :class:`~bnn_pyro.inputs.Inputs`) with
+    every tensor that shares memory with a tensor of ``given`` replaced by a copy.
+
+    A fit keeps its training data (``Posterior.x`` / ``.y``: LOO, predictions at the training inputs, files), so it
+    needs its own copy: a user's tensor edited in place after the fit would change the fitted posterior. Only
+    tensors that share the user's storage are copied (a numpy or pandas input, or a cast, is a new tensor already).
+    """
+    from bnn_pyro.inputs import Inputs
+
+    if isinstance(given, Inputs):
+        given = given.tensors()
+    elif isinstance(given, dict):
+        given = list(given.values())
+    elif not isinstance(given, (tuple, list)):
+        given = [given]
+    storages = {t.untyped_storage().data_ptr() for t in given if isinstance(t, torch.Tensor)}
+
+    def one(_, t: torch.Tensor) -> torch.Tensor:
+        return t.clone() if t.untyped_storage().data_ptr() in storages else t
+
+    if made is None or not storages:
+        return made
+    return made.map(one) if isinstance(made, Inputs) else one(None, made)
+
+
 def _string_keys(x: dict) -> dict:
     bad = [k for k in x if not isinstance(k, str) or not k.isidentifier()]
     if bad:

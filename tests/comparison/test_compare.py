@@ -320,3 +320,40 @@ def test_a_bad_test_set_is_refused_before_any_fit(monkeypatch, test, message):
     x = torch.randn(20, 2)
     with pytest.raises(ValueError, match=message):
         bp.compare(_two_feature_model(), x, x.sum(1), test=test, methods=["svi", "nuts"], progress=False)
+
+
+def test_a_row_cached_by_other_code_is_fitted_again(reg_model, tmp_path, monkeypatch):
+    """The cache's key held the arguments only: a row made before a default changed was reused silently."""
+    import bnn_pyro.comparison.cache as cache
+
+    x, y = _regression(30)
+    run = dict(test=(x, y), methods=["svi"], options={"svi": TINY["svi"]}, progress=False, cache=tmp_path)
+    fit, calls = comparison.fit, []
+    monkeypatch.setattr(comparison, "fit", lambda *a, **k: calls.append(k["method"]) or fit(*a, **k))
+    bp.compare(reg_model, x, y, **run)
+    bp.compare(reg_model, x, y, **run)
+    assert calls == ["svi"]  # the same code: the row is reused
+    monkeypatch.setattr(cache, "code_identity", lambda: "another bnn_pyro source digest")
+    bp.compare(reg_model, x, y, **run)
+    assert calls == ["svi", "svi"]
+
+
+def test_the_code_identity_changes_with_any_source_file_and_library_version(tmp_path, monkeypatch):
+    import bnn_pyro.comparison.cache as cache
+
+    (tmp_path / "infer").mkdir()
+    (tmp_path / "infer" / "svi.py").write_text("LR = 0.01\n")
+    (tmp_path / "data.csv").write_text("1,2\n")
+    monkeypatch.setattr(cache, "PACKAGE", tmp_path)
+    digest = cache.code_identity.__wrapped__  # the uncached function: the cached one holds the real package's
+    first = digest()
+    assert digest() == first and len(first) == 64
+    (tmp_path / "data.csv").write_text("3,4\n")  # not source: the data a fit reads are fingerprinted themselves
+    assert digest() == first
+    (tmp_path / "infer" / "svi.py").write_text("LR = 0.02\n")  # a default changed
+    assert digest() != first
+    second = digest()
+    version = cache.metadata.version
+    monkeypatch.setattr(cache.metadata, "version", lambda name: "9.9" if name == "pyro-ppl" else version(name))
+    assert digest() != second
+    assert cache.code_identity() == cache.code_identity()  # once per process

@@ -121,7 +121,8 @@ def test_short_metropolis_warns_about_too_few_effective_draws():
         )
     messages = _messages(record)
     assert any("bulk ESS of f(x)" in m and "threshold 100" in m and "method='nuts'" in m for m in messages), messages
-    assert any("R-hat of f(x)" in m and "threshold 1.05" in m for m in messages), messages
+    limit = f"threshold {_health.rhat_chance_max(2, 50, 20):.3g}"  # above 1.05 at 50 draws per chain: chance
+    assert any("R-hat of f(x)" in m and limit in m for m in messages), messages
 
 
 def test_pyro_function_without_f_is_monitored_by_its_log_density():
@@ -175,6 +176,23 @@ def test_plain_model_parameters_are_checked_not_only_its_log_density():
         r"theta\[1\]\) is up to 1\.[1-9]",
     ):
         _health.check_mixing(_plain_posterior(1.0))
+
+
+def test_few_exact_draws_per_chain_are_not_said_to_disagree_and_a_stuck_chain_still_is():
+    """2 chains of 25 independent draws of one distribution: their R-hat exceeds the fixed 1.05 by chance in most
+    runs (benchmarks/results/health_false_alarms/: 82% of runs), and check_mixing said such chains disagree (R-hat
+    1.08 on these draws); its threshold is now also above what exchangeable chains reach by chance (rhat_chance_max,
+    1.21 for 5 quantities). A chain stuck 3 sds away is still flagged at these draws."""
+    exact = _plain_posterior(0.0, num_chains=2, draws=25)
+    limit = _health.rhat_chance_max(2, 25, 5)
+    assert 1.15 < limit < 1.25
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _health.check_mixing(exact)
+    said = " ".join(str(w.message) for w in caught)
+    assert "R-hat" not in said and "bulk ESS" in said  # 50 draws: the ESS floor is the true statement
+    with pytest.warns(DiagnosticWarning, match=rf"R-hat of .*theta\[1\]\) is up to .*\(threshold {limit:.3g}\)"):
+        _health.check_mixing(_plain_posterior(3.0, num_chains=2, draws=25))
 
 
 def test_one_chain_says_that_r_hat_is_undefined():

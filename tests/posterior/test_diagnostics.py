@@ -234,3 +234,17 @@ def test_one_draw_per_chain_is_summarized_over_chains_without_arviz_shape_guesse
     assert idata.posterior.sizes["chain"] == 5 and idata.posterior.sizes["draw"] == 1
     assert np.isnan(table["r_hat"]).all() and "One draw per chain" in table.attrs["notes"][0]
     assert np.allclose(table["mean"].values[:2], post.samples["weight"].reshape(5, -1).mean(0).numpy()[:2], atol=1e-3)
+
+
+def test_a_one_draw_log_likelihood_group_says_that_loo_needs_more_draws(make_posterior, blr_model, linear_data):
+    """SWA with one chain is one draw: az.loo on its data failed with ArviZ's IndexError and nothing said why."""
+    post = make_posterior(blr_model, *linear_data, chains=1, draws=1)
+    with pytest.warns(UserWarning, match=r"one draw .*LOO and WAIC are undefined.*num_chains=4.*'nuts'"):
+        idata = to_inference_data(post)
+    assert idata.log_likelihood["obs"].shape == (1, 1, 40)  # kept: the log-likelihood at that draw
+    with pytest.raises(IndexError):  # the ArviZ failure the warning explains (arviz 0.23)
+        az.loo(idata)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        to_inference_data(post, log_likelihood=False)  # no log-likelihood group: nothing to say
+        to_inference_data(make_posterior(blr_model, *linear_data, chains=2, draws=1))  # two draws: az.loo runs

@@ -25,7 +25,7 @@ def fitted():
     x = torch.randn(30, 2, generator=g)
     frame = pd.DataFrame(x.numpy(), columns=["age", "dose"])
     y = pd.Series((x[:, 0] - 2 * x[:, 1]).numpy())
-    post = bp.fit(_model(), frame, y, method="svi", num_steps=50, num_samples=10, progress=False, seed=0)
+    post = bp.fit(_model(), frame, y, method="svi", num_steps=50, num_samples=30, progress=False, seed=0)  # psis: >= 21
     return post, frame, y
 
 

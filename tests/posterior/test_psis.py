@@ -225,3 +225,33 @@ def test_swag_records_the_density_of_its_gaussian():
     expected = dist.MultivariateNormal(m.mean, covariance_matrix=cov).log_prob(flat_draws(post.samples))
     torch.testing.assert_close(post.sample_stats["log_q"][0], expected, rtol=1e-6, atol=1e-6)
     assert math.isfinite(post.psis(warn=False).k_hat)
+
+
+def _chains_of(blr, draws: int, chains: int = 1) -> bp.Posterior:
+    """The exact posterior's draws as ``chains`` chains of ``draws`` each, with their density recorded."""
+    post = _gaussian_posterior(blr, blr.mean, blr.cov)
+    n = chains * draws
+    return bp.Posterior(
+        samples={k: v[0, :n].reshape(chains, draws, *v.shape[2:]) for k, v in post.samples.items()},
+        model=post.model,
+        method="svi",
+        sample_stats={"log_q": post.sample_stats["log_q"][0, :n].reshape(chains, draws)},
+        x=blr.x,
+        y=blr.y,
+    )
+
+
+@pytest.mark.parametrize("draws", [1, 2, 20])
+def test_too_few_draws_per_chain_are_refused_with_what_to_do(draws):
+    """One draw failed inside ArviZ (IndexError); 2-20 gave k_hat = inf and the warning that q misses mass, for an
+    exact q: the Pareto fit needs 5 tail ratios, ceil(min(0.2 S, 3 sqrt(S))) >= 5, so S >= 21."""
+    blr = make_blr(n=20, d=2)
+    post = _chains_of(blr, draws, chains=5)  # more chains do not help: each is smoothed on its own
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DiagnosticWarning)
+        with pytest.raises(ValueError, match=rf"undefined from {draws} draws? of a chain.*num_samples >= 21"):
+            post.psis()
+    exact = _chains_of(blr, 21)
+    assert exact.psis().k_hat < 0.7  # 21 draws: a finite k_hat, and an exact q is judged fine
+    with pytest.raises(ValueError, match="undefined from 10 draws.*without num_samples="):
+        _gaussian_posterior(blr, blr.mean, blr.cov).psis(num_samples=10)

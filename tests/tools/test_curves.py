@@ -204,6 +204,16 @@ def test_fit_curve_from_a_bnn_and_value_dicts_with_a_polyline(fitted):
     )
 
 
+def test_the_curve_keeps_its_own_copy_of_the_training_data(fitted):
+    """A curve keeps x and y (its posteriors score there): they shared the user's tensors' memory."""
+    ens, _, x, y = fitted
+    user_x, user_y = x.clone(), y.clone()
+    curve = curves.fit_curve(ens, user_x, user_y, num_steps=2, seed=0, progress=False)
+    user_x.mul_(10.0)  # edited in place after the fit
+    user_y.zero_()
+    assert torch.equal(curve.x, x) and torch.equal(curve.y, y)
+
+
 def test_plot_path_returns_the_axes(fitted):
     _, curve, x, y = fitted
     paths = {
