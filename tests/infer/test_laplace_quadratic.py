@@ -41,6 +41,20 @@ def test_gamma_and_the_draws_excess_are_exact_on_a_quadratic_likelihood():
     assert abs(excess - gamma / 2) < 4 * se, (excess, gamma / 2, se)
 
 
+def test_beyond_rows_a_fixed_random_subset_stands_for_every_row(monkeypatch):
+    from bnn_pyro.infer.laplace import quadratic
+
+    blr = make_blr(n=30, d=3, noise=0.7, seed=1)
+    approx = lap.laplace_approximation(blr.model(), Data(x=blr.x, y=blr.y), structure="full", seed=0)
+    pot = approx.potential
+    mean = {k: v[0] for k, v in pot.constrain(pot.unflatten(approx.mean[None])).items()}
+    draws = approx.sample(DRAWS, seed=3)
+    keep = torch.randperm(30, generator=torch.Generator().manual_seed(0))[:10]
+    subset = draws_excess(approx.model, draws, mean, blr.x[keep], blr.y[keep])
+    monkeypatch.setattr(quadratic, "ROWS", 10)
+    assert draws_excess(approx.model, draws, mean, blr.x, blr.y) == pytest.approx(3 * subset, rel=1e-6)
+
+
 def _classifier(d: int, k: int) -> bp.BNN:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(d, k))
