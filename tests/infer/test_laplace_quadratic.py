@@ -55,10 +55,10 @@ def test_beyond_rows_a_fixed_random_subset_stands_for_every_row(monkeypatch):
     assert draws_excess(approx.model, draws, mean, blr.x, blr.y) == pytest.approx(3 * subset, rel=1e-6)
 
 
-def _classifier(d: int, k: int) -> bp.BNN:
+def _classifier(d: int, k: int, likelihood=None) -> bp.BNN:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(d, k))
-    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood or bp.likelihoods.Categorical())
 
 
 def _fit(model, x, y):
@@ -68,12 +68,13 @@ def _fit(model, x, y):
     return post, [w for w in caught if issubclass(w.category, DiagnosticWarning)]
 
 
-def test_overlapping_classes_match_the_quadratic_model_and_do_not_warn():
+@pytest.mark.parametrize("likelihood, outputs", [(bp.likelihoods.Categorical(), 2), (bp.likelihoods.Bernoulli(), 1)])
+def test_overlapping_classes_match_the_quadratic_model_and_do_not_warn(likelihood, outputs):
     g = torch.Generator().manual_seed(0)
     y = torch.arange(200) % 2
     x = 0.5 * torch.randn(200, 2, generator=g)
     x[:, 0] += 0.3 * (2 * y - 1)  # the classes overlap: no row is fitted with certainty
-    post, caught = _fit(_classifier(2, 2), x, y)
+    post, caught = _fit(_classifier(2, outputs, likelihood), x, y)
     record = post.config["quadratic_excess"]
     se = math.sqrt(record["expected"] / DRAWS)  # the excess's sd is at most sqrt(gamma / 2) per draw
     assert abs(record["excess"] - record["expected"]) < 4 * se, record
