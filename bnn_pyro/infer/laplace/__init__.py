@@ -131,6 +131,14 @@ take on data too small to hold rows out: ``structure="full", prior_precision="ma
 and for a mis-scaled prior, ``"marglik"`` helps (a Normal(0, 0.05) prior on
 Friedman #1 data: -1.36 to -0.91, tests/infer/test_laplace_glm.py).
 
+**Classification** keeps the same defaults: over ``structure`` x ``prior_precision`` on iris, wine,
+breast_cancer and digits (splits 0-1), no setting met issue 26's joint target (noise AUROC >= 0.8 with accuracy
+and NLL within 0.03 of logistic regression) on more than 3 of the 8 splits (docs/ood.md, "Laplace's
+classification settings"). At a MAP that fits every training row the GGN vanishes and the Gaussian is far wider than
+the posterior on the data themselves (digits' last layer: test NLL 0.50 against 0.145 for NUTS on the same last
+layer); a fit whose network is linear in the covered weights measures it (:mod:`.quadratic`:
+``post.config["quadratic_excess"]``, the draws' training misfit against ``gamma / 2``) and warns.
+
 On Bayesian linear regression (Gaussian likelihood with known noise, Normal prior) every step is
 exact: ``U`` is quadratic and the GGN is its Hessian, so ``q`` is the posterior and the evidence
 estimate is the evidence. The empirical Fisher is not: it is ``sum_i r_i^2 x_i x_i^T / sigma^4``

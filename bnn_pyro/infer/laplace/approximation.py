@@ -68,6 +68,9 @@ class LaplaceApproximation:
         How a learned Gaussian noise was chosen on held-out rows (:mod:`.noise`), or ``None``.
     best_step:
         The step of the MAP search kept (early stopping on held-out rows; the last step without them).
+    effective_parameters:
+        MacKay's ``gamma = tr(H^-1 G)``, ``G`` the likelihood's curvature (:mod:`.quadratic`); ``None`` for
+        ``structure="kron"``.
     log_evidence:
         Laplace estimate of ``log p(y)`` of the covered coordinates (the others held at the MAP).
     """
@@ -84,6 +87,7 @@ class LaplaceApproximation:
     loss: torch.Tensor = field(default_factory=lambda: torch.empty(0), repr=False)
     noise: dict | None = None
     best_step: int = -1
+    effective_parameters: float | None = None
 
     def center(self) -> dict[str, torch.Tensor]:
         """The expansion point on every latent site's support (where the GLM predictive linearizes)."""

@@ -1,0 +1,95 @@
+"""Whether the log likelihood is quadratic where a Laplace Gaussian puts its draws (bnn_pyro/infer/laplace/quadratic.py)
+and the fit-time warning built on it (``_health.check_quadratic``).
+
+Exact where it can be: on Bayesian linear regression (a Gaussian likelihood, quadratic in the weights) the Laplace
+Gaussian is the posterior, ``gamma = tr(G C)`` has a closed form, and the draws' excess negative log likelihood over
+the mean is ``(w - m)^T G (w - m) / 2``, whose mean is ``gamma / 2`` and variance ``tr((G C)^2) / 2``: the test's
+tolerance is 4 of those standard errors of the mean of ``DRAWS`` draws (fixed seed). For classifiers, the two regimes
+of the module docstring: overlapping classes (the likelihood near its quadratic model: the ratio within Monte Carlo
+error of 1, no warning) and an interpolating linear classifier with large features (the GGN vanishes in most
+directions; the draws misfit the training rows: the fit warns).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+from blr import make_blr
+
+import bnn_pyro as bp
+from bnn_pyro.infer import laplace as lap
+from bnn_pyro.infer._common import Data
+from bnn_pyro.infer._health import QUADRATIC_RATIO_MAX
+from bnn_pyro.infer.laplace.quadratic import DRAWS, draws_excess
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
+
+
+def test_gamma_and_the_draws_excess_are_exact_on_a_quadratic_likelihood():
+    blr = make_blr(n=30, d=3, noise=0.7, seed=1)
+    approx = lap.laplace_approximation(blr.model(), Data(x=blr.x, y=blr.y), structure="full", seed=0)
+    g = blr.design.T @ blr.design / blr.noise**2
+    gc = g @ blr.cov
+    gamma = float(gc.trace())
+    assert approx.effective_parameters == pytest.approx(gamma, rel=1e-5)
+    pot = approx.potential
+    mean = {k: v[0] for k, v in pot.constrain(pot.unflatten(approx.mean[None])).items()}
+    excess = draws_excess(approx.model, approx.sample(DRAWS, seed=3), mean, blr.x, blr.y)
+    se = math.sqrt(float((gc @ gc).trace()) / 2 / DRAWS)
+    assert abs(excess - gamma / 2) < 4 * se, (excess, gamma / 2, se)
+
+
+def test_beyond_rows_a_fixed_random_subset_stands_for_every_row(monkeypatch):
+    from bnn_pyro.infer.laplace import quadratic
+
+    blr = make_blr(n=30, d=3, noise=0.7, seed=1)
+    approx = lap.laplace_approximation(blr.model(), Data(x=blr.x, y=blr.y), structure="full", seed=0)
+    pot = approx.potential
+    mean = {k: v[0] for k, v in pot.constrain(pot.unflatten(approx.mean[None])).items()}
+    draws = approx.sample(DRAWS, seed=3)
+    keep = torch.randperm(30, generator=torch.Generator().manual_seed(0))[:10]
+    subset = draws_excess(approx.model, draws, mean, blr.x[keep], blr.y[keep])
+    monkeypatch.setattr(quadratic, "ROWS", 10)
+    assert draws_excess(approx.model, draws, mean, blr.x, blr.y) == pytest.approx(3 * subset, rel=1e-6)
+
+
+def _classifier(d: int, k: int, likelihood=None) -> bp.BNN:
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(d, k))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood or bp.likelihoods.Categorical())
+
+
+def _fit(model, x, y):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        post = bp.fit(model, x, y, method="laplace", seed=0, progress=False)
+    return post, [w for w in caught if issubclass(w.category, DiagnosticWarning)]
+
+
+@pytest.mark.parametrize("likelihood, outputs", [(bp.likelihoods.Categorical(), 2), (bp.likelihoods.Bernoulli(), 1)])
+def test_overlapping_classes_match_the_quadratic_model_and_do_not_warn(likelihood, outputs):
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(200) % 2
+    x = 0.5 * torch.randn(200, 2, generator=g)
+    x[:, 0] += 0.3 * (2 * y - 1)  # the classes overlap: no row is fitted with certainty
+    post, caught = _fit(_classifier(2, outputs, likelihood), x, y)
+    record = post.config["quadratic_excess"]
+    se = math.sqrt(record["expected"] / DRAWS)  # the excess's sd is at most sqrt(gamma / 2) per draw
+    assert abs(record["excess"] - record["expected"]) < 4 * se, record
+    assert not [w for w in caught if "far wider than the posterior" in str(w.message)], caught
+
+
+def test_an_interpolating_classifier_with_large_features_warns_at_the_defaults():
+    g = torch.Generator().manual_seed(0)
+    x = 3.0 * torch.randn(40, 20, generator=g)  # 40 rows, 63 weights: every row fitted with certainty
+    y = (x @ torch.randn(20, 3, generator=g)).argmax(1)
+    post, caught = _fit(_classifier(20, 3), x, y)
+    record = post.config["quadratic_excess"]
+    assert record["excess"] > QUADRATIC_RATIO_MAX * record["expected"], record
+    (w,) = [w for w in caught if "far wider than the posterior" in str(w.message)]
+    assert (
+        str(w.message).startswith("laplace: ") and "method='nuts'" in str(w.message) and "docs/ood.md" in str(w.message)
+    )
+    assert w.filename == __file__  # at the user's line
