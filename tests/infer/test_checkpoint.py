@@ -12,6 +12,7 @@ import time
 
 import pytest
 import torch
+from resume import ResumeSpy
 
 import bnn_pyro as bp
 from bnn_pyro.infer import checkpoint as ckpt_mod
@@ -71,7 +72,10 @@ def test_svi_resumed_run_is_bit_identical(toy, tmp_path, monkeypatch):
         with pytest.raises(_Crash):
             bp.fit(_mlp(), x, y, checkpoint=tmp_path / "a", checkpoint_every=6, **SVI)
     assert ckpt_mod.read(tmp_path / "a" / "chain0.ckpt")[1]["step"] == 12
-    resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path / "a", checkpoint_every=6, resume=True, **SVI)
+    with monkeypatch.context() as m:  # a seeded fresh start gives the same bits: check it read step 12 and went on
+        spy = ResumeSpy(m)
+        resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path / "a", checkpoint_every=6, resume=True, **SVI)
+    spy.check(12)
     assert torch.equal(resumed.history["loss"], whole.history["loss"])
     for name in whole.samples:
         assert torch.equal(resumed.samples[name], whole.samples[name]), name
@@ -87,7 +91,10 @@ def test_sghmc_resumed_run_is_bit_identical(toy, tmp_path, monkeypatch):
         _crash_at(m, ckpt_mod.Checkpoint, "save", 25)
         with pytest.raises(_Crash):
             bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, **SGHMC)
-    resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, resume=True, **SGHMC)
+    with monkeypatch.context() as m:  # a seeded fresh start gives the same bits: check it read step 20 and went on
+        spy = ResumeSpy(m)
+        resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path, checkpoint_every=5, resume=True, **SGHMC)
+    spy.check(20)
     for group in ("samples", "sample_stats", "history"):
         for name, value in getattr(whole, group).items():
             assert torch.equal(getattr(resumed, group)[name], value), (group, name)
@@ -277,7 +284,10 @@ def test_mcmc_resumed_run_is_bit_identical(case, crash, resumed_from, toy, tmp_p
         with pytest.raises(_Crash):
             _mcmc(x, y, case, checkpoint=tmp_path, checkpoint_every=5)
     assert ckpt_mod.read(tmp_path / "chain0.ckpt")[1]["step"] == resumed_from
-    resumed = _mcmc(x, y, case, checkpoint=tmp_path, checkpoint_every=5, resume=True)
+    with monkeypatch.context() as m:  # a seeded fresh start gives the same bits: check it read the file and went on
+        spy = ResumeSpy(m)
+        resumed = _mcmc(x, y, case, checkpoint=tmp_path, checkpoint_every=5, resume=True)
+    spy.check(resumed_from)
     for group in ("samples", "sample_stats", "history"):
         assert set(getattr(resumed, group)) == set(getattr(whole, group))
         for name, value in getattr(whole, group).items():

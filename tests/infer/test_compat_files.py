@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from resume import ResumeSpy
 
 import bnn_pyro as bp
 
@@ -21,7 +22,7 @@ _spec.loader.exec_module(made)
 
 
 @pytest.mark.parametrize("kernel", list(made.RUNS))
-def test_a_checkpoint_written_before_resumes_to_the_draws_of_the_run_it_interrupted(kernel, tmp_path):
+def test_a_checkpoint_written_before_resumes_to_the_draws_of_the_run_it_interrupted(kernel, tmp_path, monkeypatch):
     whole = bp.load(DATA / "main_mcmc" / f"{kernel}.bnn")  # main's uninterrupted run
     assert whole.method == kernel and whole.num_draws == made.COMMON["num_samples"]
     folder = tmp_path / kernel
@@ -38,9 +39,12 @@ def test_a_checkpoint_written_before_resumes_to_the_draws_of_the_run_it_interrup
                 model, x, y, **made.RUNS[kernel], **made.COMMON, checkpoint=str(folder), checkpoint_every=5, resume=True
             )
         return
-    resumed = bp.fit(
-        model, x, y, **made.RUNS[kernel], **made.COMMON, checkpoint=str(folder), checkpoint_every=5, resume=True
-    )
+    with monkeypatch.context() as m:  # a seeded fresh start gives the same bits: check it read iteration 5 and went on
+        spy = ResumeSpy(m)
+        resumed = bp.fit(
+            model, x, y, **made.RUNS[kernel], **made.COMMON, checkpoint=str(folder), checkpoint_every=5, resume=True
+        )
+    spy.check(5)
     assert resumed.config == whole.config
     for group in ("samples", "sample_stats", "history"):
         assert set(getattr(resumed, group)) == set(getattr(whole, group)), group
