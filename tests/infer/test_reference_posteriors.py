@@ -144,7 +144,7 @@ def test_laplace_start_bad_input_and_large_models():
     ref = kidiq()
     start = svi_start.laplace_start(ref.model, bp.infer.training_data.Data(ref.x, ref.y))
     assert start.converged and start.cov.shape == (4, 4) and start.mean_field_shrink() > 5
-    with pytest.raises(ValueError, match="init"):
+    with pytest.raises(ValueError, match=r"init: unknown value 'laplce'"):
         bp.fit(ref.model, ref.x, ref.y, method="svi", init="laplce", num_steps=1, progress=False)
 
 
