@@ -98,6 +98,18 @@ def _fit(ref, method, **kw):
     return post, [m for m in messages if not m.startswith(f"{method}: with one chain R-hat is undefined")]
 
 
+FEW_DRAWS = _warns("bulk ESS")
+"""An MCMC fit whose draws are too few for the rule: the effective-sample-size check says so (its Monte Carlo errors
+exceed 10% of the posterior sd), naming the worst coordinate."""
+
+SAMPLER_OUTCOMES = {
+    **{(m, n): MATCHES for m in SAMPLERS + SG_MCMC for n in ALL},
+    ("metropolis", "eight_schools"): FEW_DRAWS,  # mu's sd 4.3 MCSEs off; bulk ESS 9
+    ("mala", "eight_schools"): FEW_DRAWS,  # theta_tilde[6]'s mean 4.4 MCSEs off; bulk ESS 35
+}
+"""What the samplers do at their defaults (``num_samples=MCMC_DRAWS``) on the Pyro-function references."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(ALL))
 @pytest.mark.parametrize("method", SAMPLERS + SG_MCMC)
@@ -105,7 +117,7 @@ def test_samplers_at_their_defaults_match_the_references_or_warn(method, name):
     ref = ALL[name]()
     post, messages = _fit(ref, method)
     bad = exact_off(ref, post) if method in SAMPLERS else biased_off(ref, post)
-    assert not bad or messages, f"{method} on {name}: silently off (name, error, sd error or ratio): {bad}"
+    _assert_outcome(SAMPLER_OUTCOMES[method, name], method, name, bad, messages)
 
 
 BNN_OUTCOMES = {
