@@ -157,9 +157,12 @@ def pytest_collection_modifyitems(config, items):
 def crash_and_resume(tmp_path, monkeypatch):
     """``crash_and_resume(fit, whole, crash_at=, every=, after_crash=None)``: the run ``fit(**extra)`` checkpointed into
     ``tmp_path`` every ``every`` steps and killed when it is about to save step ``crash_at`` (``after_crash(tmp_path)``
-    then runs, e.g. to read what was saved), then resumed; asserts that every draw,
-    sample statistic and history trace of the resumed run equals ``whole``'s (the uninterrupted run) to the bit, and
-    returns the resumed posterior."""
+    then runs, e.g. to read what was saved), then resumed; asserts that the resumed run read chain 0's state after
+    its last save (``crash_at - every`` steps) and took only the steps after it (:class:`resume.ResumeSpy`: a
+    seeded run started afresh gives the same bits), that every draw, sample statistic and history trace of the
+    resumed run equals ``whole``'s (the uninterrupted run) to the bit, and returns the resumed posterior."""
+    from resume import ResumeSpy
+
     from bnn_pyro.infer import checkpoint as ckpt_mod
 
     def run(fit, whole, *, crash_at: int, every: int, after_crash=None):
@@ -176,7 +179,10 @@ def crash_and_resume(tmp_path, monkeypatch):
                 fit(checkpoint=tmp_path, checkpoint_every=every)
         if after_crash is not None:
             after_crash(tmp_path)
-        resumed = fit(checkpoint=tmp_path, checkpoint_every=every, resume=True)
+        with monkeypatch.context() as m:
+            spy = ResumeSpy(m)
+            resumed = fit(checkpoint=tmp_path, checkpoint_every=every, resume=True)
+        spy.check(crash_at - every)
         for group in ("samples", "sample_stats", "history"):
             for name, value in getattr(whole, group).items():
                 assert torch.equal(getattr(resumed, group)[name], value), (group, name)

@@ -834,9 +834,16 @@ def test_seeds_after_the_fit_are_checked_too(bad):
         lambda: psis_module.resample(torch.ones(3), 2, seed=bad),
         lambda: sbc_module.run(model, x, method="svi", num_replications=1, seed=bad),
     ]
+    expected = (
+        r"seed must be a non-negative int, got -1"
+        if bad < 0
+        else rf"seed must be at most 2\*\*31 - 1 = 2147483647, got {bad}"
+    )
     for call in calls:
-        with pytest.raises(ValueError, match="seed"):
+        with pytest.raises(ValueError, match=expected) as info:
             call()
+        innermost = Path(str(info.traceback[-1].path)).resolve()
+        assert PACKAGE.resolve() in innermost.parents, f"raised from {innermost}, not from bnn_pyro's checks"
 
 
 def _line(x, y=None):

@@ -81,10 +81,34 @@ def test_pyro_mean_accept_prob_is_the_running_mean_of_the_draws_acceptance(cls):
 
 
 def test_arviz_logger_is_the_one_arviz_logs_through():
+    """``arviz._log`` itself (the fallback ``getLogger("arviz")`` would make an identity check vacuous), and ArviZ's
+    one-chain shape complaint (what :func:`arviz_log_level` silences) reaches it before the block, not inside it,
+    and again after it. (ArviZ logs each message text once per process: each call here has its own shape.)"""
     import arviz
+    import numpy as np
 
     logger = up.arviz_logger()
-    assert isinstance(logger, logging.Logger) and logger is getattr(arviz, "_log", logger)
+    assert hasattr(arviz, "_log"), f"arviz {arviz.__version__} lost arviz._log"
+    assert isinstance(logger, logging.Logger) and logger is arviz._log
+    seen = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            seen.append(record.getMessage())
+
+    def one_chain(draws):  # logs "Shape validation failed: input_shape: (1, draws), ..." at WARNING
+        arviz.rhat(np.random.default_rng(0).normal(size=(1, draws)))
+        return [m for m in seen if m.startswith(f"Shape validation failed: input_shape: (1, {draws})")]
+
+    handler = Seen()
+    logger.addHandler(handler)
+    try:
+        assert len(one_chain(97)) == 1, seen
+        with up.arviz_log_level(logging.ERROR):
+            assert one_chain(98) == [], seen
+        assert len(one_chain(99)) == 1, seen  # the level is back, and so are ArviZ's warnings
+    finally:
+        logger.removeHandler(handler)
 
 
 def test_torch_fan_in_and_fan_out_counts_as_torch_initializers_do():

@@ -243,7 +243,13 @@ def arviz_log_level(level: int):
     logger = arviz_logger()
     old = logger.level
     logger.setLevel(level)
+    # ``Logger.isEnabledFor`` caches its answer per level in ``Logger._cache`` (Python 3.7+, checked on 3.11), and
+    # ``setLevel`` clears that cache only for the loggers registered with ``logging``'s manager; ``arviz._log`` is
+    # constructed directly, so its stale answers would survive both level changes (ArviZ's warnings then stay
+    # silenced after the block, or are not silenced inside it)
+    logger.__dict__.get("_cache", {}).clear()
     try:
         yield
     finally:
         logger.setLevel(old)
+        logger.__dict__.get("_cache", {}).clear()

@@ -252,7 +252,7 @@ def test_bad_arguments_get_clear_errors(reg_model):
         bp.compare(reg_model, x, y, test=(x, y), splits=2, methods=["svi"])
     with pytest.raises(ValueError, match="options: settings for \\['nuts'\\]"):
         bp.compare(reg_model, x, y, test=(x, y), methods=["svi"], options={"nuts": {}})
-    with pytest.raises(ValueError, match="methods"):
+    with pytest.raises(ValueError, match=r"methods: expected distinct method names, got \['svi', 'svi'\]"):
         bp.compare(reg_model, x, y, test=(x, y), methods=["svi", "svi"])
     with pytest.raises(ValueError, match="no_such"):
         bp.compare(reg_model, x, y, test=(x, y), methods=["no_such"])

@@ -160,7 +160,7 @@ def test_a_second_writer_is_refused_and_a_killed_writers_lock_is_free(toy, tmp_p
 def test_one_process_holds_the_lock_once_per_fit(toy, tmp_path):
     """The lock is released when the fit ends (also when it fails), so the next fit in the same process runs."""
     x, y = toy
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match=r"num_steps must be an int, got str '6'"):  # after the lock is taken
         bp.fit(_mlp(), x, y, checkpoint=tmp_path, **{**SVI, "num_steps": "6"})
     bp.fit(_mlp(), x, y, checkpoint=tmp_path, **SVI)
     bp.fit(_mlp(), x, y, checkpoint=tmp_path, resume=True, **SVI)

@@ -90,11 +90,12 @@ def test_a_posterior_without_training_data_or_of_a_bnn_is_not_judged(monkeypatch
     monkeypatch.setattr(_health, "_warn", seen.append)
     ref = ALL["kidiq"]()
     far = {"beta": torch.full((1, 3, 3), 1e3), "sigma": torch.full((1, 3), 1e3)}
-    assert _health.check_typical(Posterior(samples=far, model=ref.model, method="ensemble")) is not None
+    _health.check_typical(Posterior(samples=far, model=ref.model, method="ensemble"))
+    assert not seen, seen  # no training data
     net = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=0.5))
     weights = {"weight": torch.full((1, 3, 1, 2), 1e3), "bias": torch.full((1, 3, 1), 1e3)}
     _health.check_typical(Posterior(samples=weights, model=net, method="ensemble", x=ref.x, y=ref.y))
-    assert not seen, seen
+    assert not seen, seen  # a network's posterior
 
 
 AGREE = "chains disagree"

@@ -102,16 +102,40 @@ def test_output_layer_of_a_gaussian_regression_is_exact_and_hidden_layers_are_no
 
 
 @pytest.mark.slow  # ~20 s on a loaded 2-core machine
-def test_kron_is_close_to_the_ggn_on_a_classifier():
-    """Metric: relative Frobenius error of each layer's GGN block, and the GLM predictive sd of every logit at 40
-    test inputs relative to the full GGN's (which also keeps the cross-layer blocks). Measured at this seed: block
-    errors 0.30 and 0.16, sd ratio 0.92-1.04 (median 1.00); after 300 Adam steps instead of 100: 0.20 and 0.56,
-    0.89-1.06. The bounds leave that margin."""
+def test_kron_is_close_to_the_ggn_on_a_classifier(record_property):
+    """Each layer's block is KFAC's ``G (x) A / N`` (+ the prior's identity), computed here independently from the
+    net at the expansion point: ``A = sum_i a_i a_i^T`` over the layer inputs with a 1 for the bias, and
+    ``G = sum_i J_i^T Lambda_i J_i`` with ``J_i`` the Jacobian of the logits in the layer's pre-activations (the
+    identity for the output layer, ``W2 diag(1 - h^2)`` for the hidden one) and ``Lambda_i = diag(p_i) - p_i
+    p_i^T``; to 1e-6 relative (float32 forward passes: ~1e-7 per entry; measured 4e-8). How far KFAC is from the
+    full GGN (relative Frobenius error of each layer's block, measured 0.30 and 0.16 at this seed; 0.20 and 0.56
+    after 300 Adam steps) is a property of the approximation, reported (``record_property``), not asserted. The
+    GLM predictive sd of every logit at 40 test inputs relative to the full GGN's (which also keeps the
+    cross-layer blocks): measured 0.92-1.04 (median 1.00), 0.89-1.06 after 300 steps."""
+    from bnn_pyro.infer._potential import Potential
+    from bnn_pyro.infer.laplace.functional import site_values
+
     x, y = bp.datasets.two_moons(n=100, noise=0.1)
     model = _net(torch.nn.Linear(2, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2), likelihood=bp.likelihoods.Categorical())
     full, kron = _pair(model, x, y, num_steps=100, polish_steps=50)
-    errors = _block_errors(full, kron)
-    assert max(errors) < 0.75, errors
+    record_property("kfac_block_errors_vs_ggn", _block_errors(full, kron))
+    weights, _ = site_values(model, Potential(model, Data(x=x, y=y)), kron.expansion_point)
+    w1, b1, w2, b2 = (weights[k].double() for k in ("0.weight", "0.bias", "2.weight", "2.bias"))
+    h = torch.tanh(x.double() @ w1.T + b1)
+    p = torch.softmax(h @ w2.T + b2, -1)
+    lam = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+    jac = w2[None] * (1 - h**2)[:, None, :]  # (N, 2, 8): d logits / d hidden pre-activations
+    ones = torch.ones(len(x), 1, dtype=torch.float64)
+    a1, a2 = torch.cat([x.double(), ones], 1), torch.cat([h, ones], 1)
+    factors = [(torch.einsum("nco,ncd,ndp->op", jac, lam, jac), a1.T @ a1), (lam.sum(0), a2.T @ a2)]
+    dense = kron.precision.dense()
+    assert [b.index.shape for b in kron.precision.blocks] == [(8, 3), (2, 9)]
+    for block, (g, a) in zip(kron.precision.blocks, factors):
+        pos = block.index.reshape(-1)
+        got = dense[pos[:, None], pos] - torch.eye(len(pos), dtype=dense.dtype)  # the Normal(0, 1) prior's I
+        expected = torch.kron(g.contiguous(), a.contiguous()) / len(x)
+        error = float((got - expected).abs().max() / expected.abs().max())
+        assert error < 1e-6, (block.name, error)
     xt = torch.randn(40, 2, generator=torch.Generator().manual_seed(3))
     ratio = (
         functional_moments(kron, xt)[1].diagonal(dim1=-2, dim2=-1)

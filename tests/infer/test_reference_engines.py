@@ -21,6 +21,14 @@ What "matches" means, per engine family (``Z_MAX`` = 4 Monte Carlo standard erro
   ``Z_MAX / sqrt(5)`` = 1.8 sd away by chance, so few draws test little, and that is stated, not hidden). An sd of
   zero (one point) never matches.
 
+What each engine does on each reference today is pinned (:data:`SAMPLER_OUTCOMES`, :data:`BNN_OUTCOMES`,
+:data:`POINT_FIT_OUTCOMES`), so that a warning about something else cannot excuse a fit that is off: ``"matches"``
+(nothing outside the rule; warnings about other things may come), ``"warns: PHRASE"`` (something is off, and a
+warning of this engine says PHRASE, the check that names the problem: "too narrow", "spread is not this model's
+posterior", "far from the fitted Gaussian", "diverged"), ``"refuses"`` (a clear error, checked where it is
+raised), or ``"silent miss"`` (off, and no warning of this engine says so: a known defect, named in the table's
+comment, pinned so that its fix shows). A change of outcome fails the test: update the table with the reason.
+
 Each fit runs at the engine's defaults (``bp.fit(model, x, y, method=m, seed=0)``); the MCMC engines with a smaller
 ``num_samples`` (:data:`MCMC_DRAWS`; the warm-up follows it by the default rule), which changes the Monte Carlo error
 (the rule uses the ESS of the draws kept) but not the algorithm. ``benchmarks/reference_suite.py`` runs the same
@@ -49,6 +57,35 @@ BNN_ENGINES = [m for m, c in _CAN.items() if not c.function_model]
 LAYER_ENGINES = [m for m, c in _CAN.items() if c.layers]
 
 
+MATCHES, SILENT = "matches", "silent miss"
+
+
+def _warns(says: str) -> str:
+    return f"warns: {says}"
+
+
+NARROW, NOT_POSTERIOR = _warns("too narrow"), _warns("spread is not this model's posterior")
+
+
+def _assert_outcome(expected: str, method: str, name: str, bad: list, messages: list[str]) -> None:
+    """The fit's outcome is the pinned one (module docstring)."""
+    where = f"{method} on {name}"
+    own = [m for m in messages if m.startswith(f"{method}: ")]
+    if expected == MATCHES:
+        assert not bad, (
+            f"{where}: pinned as matching, but off (name, error, sd error or ratio): {bad}; said: {messages}"
+        )
+    elif expected == SILENT:
+        assert bad, f"{where}: pinned as a silent miss, but it matches now: update the table"
+        assert not own, f"{where}: pinned as a silent miss, but it warns now ({own}): update the table"
+    else:
+        says = expected.removeprefix("warns: ")
+        assert bad, f"{where}: pinned as off (warned: {says!r}), but it matches now: update the table ({messages})"
+        assert any(says in m for m in own), (
+            f"{where}: off ({bad}), and no warning of {method} says {says!r}: {messages}"
+        )
+
+
 def _fit(ref, method, **kw):
     if method in SAMPLERS:
         kw = {"num_samples": MCMC_DRAWS, **kw}
@@ -61,6 +98,18 @@ def _fit(ref, method, **kw):
     return post, [m for m in messages if not m.startswith(f"{method}: with one chain R-hat is undefined")]
 
 
+FEW_DRAWS = _warns("bulk ESS")
+"""An MCMC fit whose draws are too few for the rule: the effective-sample-size check says so (its Monte Carlo errors
+exceed 10% of the posterior sd), naming the worst coordinate."""
+
+SAMPLER_OUTCOMES = {
+    **{(m, n): MATCHES for m in SAMPLERS + SG_MCMC for n in ALL},
+    ("metropolis", "eight_schools"): FEW_DRAWS,  # mu's sd 4.3 MCSEs off; bulk ESS 9
+    ("mala", "eight_schools"): FEW_DRAWS,  # theta_tilde[6]'s mean 4.4 MCSEs off; bulk ESS 35
+}
+"""What the samplers do at their defaults (``num_samples=MCMC_DRAWS``) on the Pyro-function references."""
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(ALL))
 @pytest.mark.parametrize("method", SAMPLERS + SG_MCMC)
@@ -68,7 +117,32 @@ def test_samplers_at_their_defaults_match_the_references_or_warn(method, name):
     ref = ALL[name]()
     post, messages = _fit(ref, method)
     bad = exact_off(ref, post) if method in SAMPLERS else biased_off(ref, post)
-    assert not bad or messages, f"{method} on {name}: silently off (name, error, sd error or ratio): {bad}"
+    _assert_outcome(SAMPLER_OUTCOMES[method, name], method, name, bad, messages)
+
+
+BNN_OUTCOMES = {
+    ("swa", "linear"): NOT_POSTERIOR,
+    ("swa", "logistic"): NOT_POSTERIOR,
+    ("swag", "linear"): NARROW,
+    ("swag", "logistic"): NARROW,
+    ("mc_dropout", "linear"): NOT_POSTERIOR,
+    ("mc_dropout", "logistic"): NOT_POSTERIOR,
+    ("variational_dropout", "linear"): MATCHES,  # (and says its draws are too narrow: 0.57 of the Laplace sd)
+    ("variational_dropout", "logistic"): NARROW,
+    ("sparse_vd", "linear"): MATCHES,  # (the same note)
+    ("sparse_vd", "logistic"): NARROW,
+    ("ensemble", "linear"): MATCHES,
+    ("ensemble", "logistic"): NARROW,
+    ("laplace", "linear"): MATCHES,
+    ("laplace", "logistic"): MATCHES,
+    ("snapshot", "linear"): MATCHES,  # (and says its 5 draws are too narrow)
+    ("snapshot", "logistic"): _warns("diverged"),
+    ("subspace", "linear"): SILENT,  # subspace_dim=2 of 3 weights: weight[1]'s sd 0.36 of the exact one, and only
+    # the inner NUTS run's one-chain R-hat note is said (prefixed 'nuts:'), which the rule before counted as a warning
+    ("subspace", "logistic"): MATCHES,
+}
+"""What every engine that takes a ``bp.BNN`` does at its defaults on the two BNN references (subspace with
+``subspace_dim=2``, after its default is refused)."""
 
 
 @pytest.mark.slow
@@ -82,13 +156,25 @@ def test_bnn_engines_at_their_defaults_match_the_references_or_warn(method, name
         post, messages = _fit(ref, method, subspace_dim=2)  # a true subspace (2 of 3), the other defaults kept
     else:
         post, messages = _fit(ref, method)
-    bad = biased_off(ref, post)
-    assert not bad or messages, f"{method} on {name} (BNN): silently off (name, mean error in sd, sd ratio): {bad}"
+    _assert_outcome(BNN_OUTCOMES[method, name], method, f"{name} (BNN)", biased_off(ref, post), messages)
 
 
 POINT_FITS = [m for m, c in _CAN.items() if not c.function_model and not c.layers]
 """The engines that take a ``bp.BNN`` or a Pyro function alike, with no layers to act on (SWA, SWAG, ensembles,
 Laplace, snapshot ensembles, subspace): each must match, warn about, or clearly refuse the plain-model references."""
+
+
+POINT_FIT_OUTCOMES = {
+    **{("swa", n): NOT_POSTERIOR for n in ALL},
+    **{("swag", n): MATCHES for n in ALL},  # (eight schools: and says too narrow, chains disagree)
+    **{("ensemble", n): MATCHES for n in ALL},  # (eight schools: and says the draws are far from the mass)
+    ("laplace", "eight_schools"): _warns("far from the fitted Gaussian"),  # (LAPLACE_ON_FUNCTIONS, below)
+    ("laplace", "kidiq"): MATCHES,
+    ("laplace", "logistic"): MATCHES,
+    **{("snapshot", n): MATCHES for n in ALL},
+    **{("subspace", n): "refuses" for n in ALL},
+}
+"""What the engines that take either kind of model do at their defaults on the Pyro-function references."""
 
 
 @pytest.mark.slow
@@ -98,13 +184,13 @@ def test_point_fit_engines_on_pyro_functions_match_warn_or_refuse_clearly(method
     """Before ``check_typical`` the ensemble (171 posterior sds) and SWAG (4,899) were silently off on kidiq
     (``benchmarks/results/reference_suite/function_defaults.md``). A refusal must name what to use."""
     ref = ALL[name]()
-    try:
-        post, messages = _fit(ref, method)
-    except TypeError as err:  # an engine that needs a network's weights: it must say so and what to use
-        assert "bp.BNN" in str(err) or "bnn_pyro.BNN" in str(err), str(err)
+    expected = POINT_FIT_OUTCOMES[method, name]
+    if expected == "refuses":  # an engine that needs a network's weights: it says so and what to use, before any work
+        with pytest.raises(TypeError, match=rf"method='{method}' needs a bnn_pyro\.BNN .*wrap the net as bp\.BNN"):
+            _fit(ref, method)
         return
-    bad = biased_off(ref, post)
-    assert not bad or messages, f"{method} on {name}: silently off (name, mean error in sd, sd ratio): {bad}"
+    post, messages = _fit(ref, method)
+    _assert_outcome(expected, method, name, biased_off(ref, post), messages)
 
 
 LAPLACE_ON_FUNCTIONS = {"eight_schools": "warns", "kidiq": "matches", "logistic": "matches"}

@@ -62,17 +62,16 @@ def test_nuts_matches_the_references_within_monte_carlo_error(name):
         assert abs(z_mean) < Z_MAX and abs(z_sd) < Z_MAX, (label, z_mean, z_sd, ess)
 
 
-def _check_or_warned(ref, post, messages, *, sd_min=None):
-    """The guide matches the reference (means and sds, module docstring), or the fit warned."""
+def _off(ref, post, *, sd_min=None):
+    """The coordinates where the guide does not match the reference (means and sds, module docstring):
+    ``(name, mean error in sd, sd ratio)``."""
     z, ratio, _ = _errors(ref, post)
     low = np.full(len(ratio), 1 / APPROX_SD) if sd_min is None else sd_min
-    bad = [
+    return [
         (n, round(float(a), 2), round(float(b), 2))
         for n, a, b, lo in zip(ref.names, z, ratio, low)
         if not (abs(a) <= APPROX_MEAN and lo <= b <= APPROX_SD)
     ]
-    assert not bad or messages, f"{ref.name}: silently off (name, mean error in sd, sd ratio): {bad}"
-    return bad
 
 
 @pytest.mark.slow
@@ -83,7 +82,18 @@ def test_full_rank_svi_at_its_defaults_matches_the_references(name):
     ref = ALL[name]()
     post, messages = _fit(ref, method="svi", guide="full_rank")
     tau = [TAU_SD_MIN if n == "tau" else 1 / APPROX_SD for n in ref.names]
-    assert not _check_or_warned(ref, post, [], sd_min=np.array(tau)) and not messages, messages
+    bad = _off(ref, post, sd_min=np.array(tau))
+    assert not bad and not messages, (bad, messages)
+
+
+OTHER_GUIDES = {
+    ("mean_field", "eight_schools"): "matches",  # (and says the guide is up to 1.9x too narrow at the mode)
+    ("mean_field", "kidiq"): "too narrow",  # intercept and IQ slope correlate at -0.99: ~7x too narrow
+    ("mean_field", "logistic"): "too narrow",  # ~4.7x
+    **{("low_rank", n): "matches" for n in ALL},
+}
+"""What the other guides do at their defaults: ``"matches"`` (nothing off; a note may come), or the phrase of the
+warning that says what is off (pinned, so that a warning about something else cannot excuse a fit that is off)."""
 
 
 @pytest.mark.slow
@@ -93,9 +103,11 @@ def test_other_guides_at_their_defaults_match_or_warn(name, guide):
     ref = ALL[name]()
     post, messages = _fit(ref, method="svi", guide=guide)
     tau = [TAU_SD_MIN if n == "tau" else 1 / APPROX_SD for n in ref.names]
-    bad = _check_or_warned(ref, post, messages, sd_min=np.array(tau))
-    if name == "kidiq" and guide == "mean_field":  # intercept and IQ slope correlate at -0.99: ~7x too narrow
-        assert bad and any("too narrow" in m for m in messages), (bad, messages)
+    bad, says = _off(ref, post, sd_min=np.array(tau)), OTHER_GUIDES[guide, name]
+    if says == "matches":
+        assert not bad, (bad, messages)
+    else:
+        assert bad and any(m.startswith("svi: ") and says in m for m in messages), (bad, messages)
 
 
 def test_laplace_start_is_the_guides_start():
@@ -144,7 +156,7 @@ def test_laplace_start_bad_input_and_large_models():
     ref = kidiq()
     start = svi_start.laplace_start(ref.model, bp.infer.training_data.Data(ref.x, ref.y))
     assert start.converged and start.cov.shape == (4, 4) and start.mean_field_shrink() > 5
-    with pytest.raises(ValueError, match="init"):
+    with pytest.raises(ValueError, match=r"init: unknown value 'laplce'"):
         bp.fit(ref.model, ref.x, ref.y, method="svi", init="laplce", num_steps=1, progress=False)
 
 

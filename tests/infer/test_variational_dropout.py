@@ -117,6 +117,12 @@ def test_kl_approximations_match_monte_carlo():
 
 
 # ------------------------------------------------------------------------------------------ known answer
+MEAN_TOL = 4 / 1000**0.5
+"""4 Monte Carlo standard errors of the mean of 1,000 draws, in sds of the optimum (0.126)."""
+SD_TOL = 4 / (2 * (1000 - 1)) ** 0.5
+"""4 Monte Carlo standard errors of the sd of 1,000 Gaussian draws, relative (0.089)."""
+
+
 def test_sparse_vd_prunes_inputs_without_signal_and_shrinks_a_weak_one():
     x, y, s = _known_answer_data()
     post = bp.fit(
@@ -129,25 +135,29 @@ def test_sparse_vd_prunes_inputs_without_signal_and_shrinks_a_weak_one():
     assert report.loc["all", "kept"] == 4 and report.loc["all", "compression"] == 2.0
     t, sd, _ = _optimum(Z_WEAK, "sparse_vd")
     weak = w[:, WEAK] / s
-    assert abs(weak.mean().item() - t) < 0.17 * sd
-    assert abs(weak.std().item() / sd - 1) < 0.10
-    assert Z_WEAK - t > 2 * 0.17 * sd  # least squares (no shrinkage) would fail the test above
+    # the optimum's mean and sd within 4 Monte Carlo standard errors of 1,000 Gaussian draws: MEAN_TOL sd* for
+    # the mean, SD_TOL relative for the sd (measured at seeds 0-2: -0.08 to +0.02 sd*, -1.3% to +5.4%)
+    assert abs(weak.mean().item() - t) < MEAN_TOL * sd, (weak.mean().item() - t) / sd
+    assert abs(weak.std().item() / sd - 1) < SD_TOL, weak.std().item() / sd
+    assert Z_WEAK - t > 2 * MEAN_TOL * sd  # least squares (no shrinkage) would fail the test above
 
 
 @pytest.mark.slow  # ~15 s of CPU: Kingma's parameterization converges slowly, so the default 2,000 steps
 def test_variational_dropout_known_answer():
     """Under alpha <= 1 a z = 0 weight collapses to 0 (t* = 0 and sd* = sqrt(alpha) t* = 0): measured
     |mean| and sd below 0.022 s (seeds 0-2), bounded here by 0.1 s (plain mean-field VI with a Normal
-    prior leaves sd ~ s). The weak weight's mean: measured errors +0.045, +0.049, +0.055 sd*, so the
-    tolerance of the sparse VD test (0.17 sd*) holds. Its sd converges from below in this
-    parameterization (log alpha starts at -6.8 and moves by at most lr per step): measured -8.9, -5.7,
-    -7.2 %; the tolerance is that bias plus 4 MC standard errors (2.2 % each), -0.18 to +0.10."""
+    prior leaves sd ~ s). The weak weight's mean: within :data:`MEAN_TOL` (4 Monte Carlo standard errors;
+    measured +0.098, -0.016, -0.064 sd* at seeds 0-2). Its sd converges from below in this
+    parameterization (log alpha starts at -6.8 and moves by at most lr per step): measured -10.2, +2.1,
+    +3.5 % at seeds 0-2, seed 0's beyond 4 MC standard errors (:data:`SD_TOL`, 8.9 %): the defaults leave
+    the sd short of its optimum by more than the draws resolve, so this bound keeps that bias, -0.18 to
+    +0.10 (a problem of the defaults, reported, not hidden)."""
     x, y, s = _known_answer_data()
     post = bp.fit(_linear_model(), x, y, method="variational_dropout", num_samples=1000, seed=0, progress=False)
     w = post.samples["weight"][0, :, 0, :] / s
     assert w[:, NOISE].mean(0).abs().max() < 0.1 and w[:, NOISE].std(0).max() < 0.1
     t, sd, la = _optimum(Z_WEAK, "variational_dropout")
-    assert la < 0 and abs(w[:, WEAK].mean().item() - t) < 0.17 * sd
+    assert la < 0 and abs(w[:, WEAK].mean().item() - t) < MEAN_TOL * sd, (w[:, WEAK].mean().item() - t) / sd
     assert -0.18 < w[:, WEAK].std().item() / sd - 1 < 0.10
     assert (w != 0).all() and sparsity_report(post).loc["all", "compression"] == 1.0
 

@@ -60,7 +60,23 @@ def test_reliability_diagram_reports_ece(classifier_post):
     top, bottom = fig.axes
     assert top.get_title().startswith("Reliability (svi), ECE = ")
     ece = float(top.get_title().rsplit("= ", 1)[1])
-    assert 0.0 <= ece <= 1.0
+    # the plotted predictive (training data, all draws, seed 0) binned here by the definition: five equal-width
+    # confidence bins, left-closed (the last also takes 1); each filled bin's accuracy bar, and the title's
+    # ECE = sum_b (n_b / N) |accuracy_b - confidence_b|, which the title rounds to 3 decimals (so within 5e-4)
+    probs = classifier_post.predict(classifier_post.x, seed=0).probs.double()
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == classifier_post.y).double()
+    which = (confidence * 5).floor().clamp(max=4).long()
+    filled = [b for b in range(5) if (which == b).any()]
+    accuracy = [float(correct[which == b].mean()) for b in filled]
+    bars = top.patches[: len(filled)]  # the accuracy bars, then the gaps to confidence
+    assert [round(bar.get_x() + bar.get_width() / 2, 9) for bar in bars] == [round(0.1 + 0.2 * b, 9) for b in filled]
+    assert [bar.get_height() for bar in bars] == pytest.approx(accuracy, abs=1e-12)
+    exact = sum(
+        (which == b).double().mean() * (correct[which == b].mean() - confidence[which == b].mean()).abs()
+        for b in filled
+    )
+    assert ece == pytest.approx(float(exact), abs=5e-4 + 1e-12), (ece, float(exact))
     assert sum(bar.get_height() for bar in bottom.patches) == 60  # every point in the histogram
 
 

@@ -112,7 +112,7 @@ def test_on_a_fitted_posterior_and_bad_input(svi_post, classifier_post):
         conformal.ConformalRegressor.fit(svi_post.predict(x), y, score="studentized")
     with pytest.raises(TypeError, match="ConformalClassifier"):
         conformal.ConformalRegressor.fit(classifier_post.predict(classifier_post.x), classifier_post.y)
-    with pytest.raises(ValueError, match="alpha"):
+    with pytest.raises(ValueError, match=r"alpha must lie in \(0, 1\), got 1\.5"):
         conformal.ConformalClassifier.fit(classifier_post.predict(classifier_post.x), classifier_post.y, alpha=1.5)
-    with pytest.raises(ValueError, match="lam"):
+    with pytest.raises(ValueError, match=r"lam: expected a finite penalty >= 0, got -1"):
         conformal.ConformalClassifier.fit(classifier_post.predict(classifier_post.x), classifier_post.y, lam=-1)

@@ -73,7 +73,7 @@ def test_bad_input():
     pred, y = _pred()
     with pytest.raises(ValueError, match="score: unknown value 'confidence'"):
         selective.rejection_curve(pred, y, score="confidence")
-    with pytest.raises(ValueError, match="tpr"):
+    with pytest.raises(ValueError, match=r"tpr must lie in \(0, 1\), got 1\.5"):
         selective.ood_fpr_at_tpr(torch.rand(3), torch.rand(3), tpr=1.5)
     with pytest.raises(ValueError, match="scores has 3 entries"):
         selective.rejection_curve(pred, y, scores=torch.rand(3))
