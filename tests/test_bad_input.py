@@ -588,7 +588,7 @@ CASES = [
         "init-wrong-type",
         lambda t: _fit(init=5),
         TypeError,
-        r"init: expected 'reset', 'net', 'prior', 'median', a dict of site values or a bp\.Posterior, got int.*pass",
+        r"init: expected 'reset', 'net', 'prior', 'median' \('laplace' too under svi\), a dict of site values or a bp\.Posterior, got int.*pass",
     ),
     Case(
         "init-reset-pyro-function",

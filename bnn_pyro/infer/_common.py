@@ -154,7 +154,7 @@ def init_strategy(model, init):
     if init == "median":
         return median
     raise ValueError(
-        f"init: unknown value {init!r}; choose 'reset', 'net', 'prior', 'median', a dict of site values, "
+        f"init: unknown value {init!r}; choose 'reset', 'net', 'prior', 'median' ('laplace' too under svi), a dict of site values, "
         "or a Posterior (e.g. of an SVI or MAP fit)."
     )
 

@@ -97,7 +97,7 @@ def resolve_init(model, init, data: Data):
         _check_values(model, values, data, "the dict's")
         return values
     raise TypeError(
-        f"init: expected 'reset', 'net', 'prior', 'median', a dict of site values or a bp.Posterior, got "
+        f"init: expected 'reset', 'net', 'prior', 'median' ('laplace' too under svi), a dict of site values or a bp.Posterior, got "
         f"{type(init).__name__}; pass e.g. init='net' (the net's own weights) or init=post (a fit of this "
         "model)."
     )
