@@ -318,7 +318,9 @@ def summary(
         data = {"f": function_draws(post, x).cpu().numpy()}
         dims = {"f": ["input", "output"]}
         coords = {"input": (rows if rows is not None else torch.arange(data["f"].shape[2])).tolist()}
-    with arviz_log_level(logging.ERROR):  # its shape warning for 1 chain is replaced by our note below
+    with arviz_log_level(logging.ERROR), warnings.catch_warnings():  # ArviZ's 1-chain warning: our note below
+        if post.num_draws == 1:  # numpy's ddof warnings for the NaN statistics the note explains
+            warnings.simplefilter("ignore", RuntimeWarning)
         table = az.summary(from_dict(posterior=data, dims=dims, coords=coords), kind="all")
     table.attrs["notes"] = []
     if post.num_draws == 1:

@@ -248,3 +248,12 @@ def test_a_one_draw_log_likelihood_group_says_that_loo_needs_more_draws(make_pos
         warnings.simplefilter("error", UserWarning)
         to_inference_data(post, log_likelihood=False)  # no log-likelihood group: nothing to say
         to_inference_data(make_posterior(blr_model, *linear_data, chains=2, draws=1))  # two draws: az.loo runs
+
+
+def test_a_single_draw_is_summarized_without_numpy_warnings(make_posterior, blr_model, linear_data):
+    post = make_posterior(blr_model, *linear_data, chains=1, draws=1)  # SWA's one point
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # numpy's "Degrees of freedom <= 0" would raise
+        table = post.summary(warn=False)
+    assert np.isnan(table["sd"]).all() and "One draw per chain" in table.attrs["notes"][0]
+    assert np.allclose(table["mean"].values[:2], post.samples["weight"].reshape(-1).numpy()[:2], atol=1e-3)
