@@ -34,6 +34,7 @@ import pandas as pd
 import torch
 
 from bnn_pyro.model import BNN, check_model_data
+from bnn_pyro.posterior.psis import MIN_DRAWS_PER_CHAIN
 from bnn_pyro.utils import user_warnings
 from bnn_pyro.utils.checks import choice, flag, match_columns, positive_int
 from bnn_pyro.utils.upstream_private import arviz_log_level
@@ -185,13 +186,17 @@ def to_inference_data(
             ll, pp = _pointwise(post, x, y if log_likelihood else None, seed, draws_per_chunk, points_per_chunk)
             if log_likelihood:
                 groups["log_likelihood"] = {"obs": ll}
-                if post.num_chains * post.num_draws == 1:
+                total = post.num_chains * post.num_draws
+                if total < MIN_DRAWS_PER_CHAIN:  # az.loo pools chains: its Pareto fit sees `total` draws per point
                     user_warnings.warn(
-                        f"to_inference_data: this {post.method} posterior is one draw (one chain of one draw), so "
-                        "LOO and WAIC are undefined on its log_likelihood group: az.loo fails on it (an IndexError "
-                        "from its Pareto smoothing) and az.waic's penalty, a variance over draws, is 0. For them fit "
-                        "several chains (num_chains=4) or use an engine that draws (method='nuts', 'swag', "
-                        "'laplace'); the group itself (the log-likelihood at that one draw) is kept.",
+                        f"to_inference_data: this {post.method} posterior has {total} draw{'s' if total != 1 else ''} "
+                        f"in all ({post.num_chains} chain(s) of {post.num_draws}), so LOO is undefined on its "
+                        "log_likelihood group: az.loo pools the chains, and its Pareto smoothing needs at least "
+                        f"{MIN_DRAWS_PER_CHAIN} draws in all (with fewer every pointwise k is inf; with one draw it "
+                        "fails with an IndexError); az.waic's penalty, a variance over draws, rests on as few (0 with "
+                        f"one draw). For them fit >= {MIN_DRAWS_PER_CHAIN} draws in all (e.g. num_chains >= "
+                        f"{MIN_DRAWS_PER_CHAIN} for SWA, one draw per chain) or use an engine that draws "
+                        "(method='nuts', 'swag', 'laplace'); the group itself is kept.",
                         UserWarning,
                     )
             if posterior_predictive:
