@@ -55,6 +55,38 @@ def test_beyond_rows_a_fixed_random_subset_stands_for_every_row(monkeypatch):
     assert draws_excess(approx.model, draws, mean, blr.x, blr.y) == pytest.approx(3 * subset, rel=1e-6)
 
 
+def test_the_features_are_computed_once_not_once_per_draw():
+    """``draws_excess`` used to run the whole network on every draw at once (a CNN body vmapped over 100 draws: one
+    activation map per draw held together); the body is linear-free of the covered weights, so ``phi = net[:-1](x)``
+    is computed once and each draw only applies its last layer. The convolution's FLOPs count its passes over x."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(1, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(4 * 8 * 8, 3)
+    )
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(60, 1, 8, 8, generator=g), torch.randint(3, (60,), generator=g)
+    approx = lap.laplace_approximation(model, Data(x=x, y=y), seed=0, num_steps=50)
+    pot, fitted = approx.potential, approx.model
+    mean = {k: v[0] for k, v in pot.constrain(pot.unflatten(approx.mean[None])).items()}
+    draws = approx.sample(DRAWS, seed=1)
+    conv = torch.ops.aten.convolution
+    with FlopCounterMode(display=False) as one_pass, torch.no_grad():
+        fitted.net(x)
+    with FlopCounterMode(display=False) as counted:
+        excess = draws_excess(fitted, draws, mean, x, y)
+    ratio = counted.get_flop_counts()["Global"][conv] / one_pass.get_flop_counts()["Global"][conv]
+    assert 1 <= ratio < 1.1, ratio  # one pass over x (and output_dim's probe of 2 rows); it was 1 + DRAWS passes
+    with torch.no_grad():  # the same number as every draw through the whole network
+        lik = fitted.likelihood
+        f, f0 = fitted.forward_draws(draws, x), fitted.forward_draws({k: v[None] for k, v in mean.items()}, x)
+        per_draw = lik.distribution(f, {}).log_prob(y).sum(-1)
+        expected = float((lik.distribution(f0, {}).log_prob(y).sum(-1) - per_draw).mean())
+    assert excess == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
 def _classifier(d: int, k: int, likelihood=None) -> bp.BNN:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(d, k))

@@ -48,8 +48,13 @@ ROWS = 2000
 
 def draws_excess(model, draws: dict[str, torch.Tensor], mean: dict[str, torch.Tensor], x, y) -> float:
     """Mean over the first :data:`DRAWS` of ``draws`` of ``-log p(y | w_s) + log p(y | m)`` summed over the rows
-    ``(x, y)`` (over at most :data:`ROWS` of them, scaled), for a ``BNN`` ``model`` (``mean``: the Gaussian's mean
-    on every site, unbatched)."""
+    ``(x, y)`` (over at most :data:`ROWS` of them, scaled), for a ``BNN`` ``model`` whose net is an ``nn.Linear`` or
+    an ``nn.Sequential`` ending in the ``nn.Linear`` the draws cover (``mean``: the Gaussian's mean on every site, unbatched).
+
+    The features ``phi = net[:-1](x)`` are computed once, at the mean (the body's weights are not covered, so every
+    draw shares them), and each draw's logits are ``phi W_s^T + b_s``, :meth:`~bnn_pyro.model.BNN.draws_per_chunk`
+    draws at a time: one pass of the body instead of one per draw (a convolutional body's activations would
+    otherwise be held for every draw at once)."""
     sub = {k: v[:DRAWS] for k, v in draws.items()}
     lik = model.likelihood
     target = lik.check_target(y, model.output_dim(x))
@@ -57,9 +62,22 @@ def draws_excess(model, draws: dict[str, torch.Tensor], mean: dict[str, torch.Te
     if len(x) > ROWS:
         keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:ROWS].to(x.device)
         x, target, scale = x[keep], target[keep], len(x) / ROWS
+    net = model.net
+    body, last = (torch.nn.Sequential(), "") if isinstance(net, torch.nn.Linear) else (net[:-1], f"{len(net) - 1}.")
+    every = {**model.point_values(), **mean}  # point values and the Gaussian's mean (the body's are not covered)
+    weight, fixed_bias = sub[last + "weight"], every.get(last + "bias")
+    bias = sub.get(last + "bias", None if fixed_bias is None else fixed_bias.expand(len(weight), -1))
+    weights = {k: v for k, v in every.items() if k in model.param_shapes and last and not k.startswith(last)}
     with torch.no_grad(), evaluating(model):  # the network as it predicts (dropout off, BatchNorm's statistics)
-        f = model.forward_draws(sub, x)
-        f0 = model.forward_draws({k: v[None] for k, v in mean.items()}, x)
-        per_draw = lik.distribution(f, {}).log_prob(target).sum(-1)
-        at_mean = lik.distribution(f0, {}).log_prob(target).sum(-1)
-    return scale * float((at_mean - per_draw).mean())
+        phi = torch.func.functional_call(body, weights, (x,))
+
+        def log_lik(w, b):  # (draws,) training log likelihood of the rows for last-layer weights (draws, out, in)
+            f = phi @ w.transpose(-1, -2) + (0.0 if b is None else b[:, None, :])
+            return lik.distribution(f, {}).log_prob(target).sum(-1)
+
+        at_mean = log_lik(every[last + "weight"][None], None if fixed_bias is None else fixed_bias[None])
+        chunk, total = model.draws_per_chunk(x), 0.0
+        for start in range(0, len(weight), chunk):
+            b = None if bias is None else bias[start : start + chunk]
+            total += float((at_mean - log_lik(weight[start : start + chunk], b)).sum())
+    return scale * total / len(weight)
