@@ -23,7 +23,7 @@ import bnn_pyro as bp
 from bnn_pyro.infer import laplace as lap
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._health import QUADRATIC_RATIO_MAX
-from bnn_pyro.infer.laplace.quadratic import DRAWS, draws_excess
+from bnn_pyro.infer.laplace.quadratic import DRAWS, draws_excess, effective_parameters
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 
@@ -33,7 +33,13 @@ def test_gamma_and_the_draws_excess_are_exact_on_a_quadratic_likelihood():
     g = blr.design.T @ blr.design / blr.noise**2
     gc = g @ blr.cov
     gamma = float(gc.trace())
-    assert approx.effective_parameters == pytest.approx(gamma, rel=1e-5)
+    assert approx.effective_parameters is None  # a regression: not judged, so not formed
+    assert effective_parameters(g, approx.precision) == pytest.approx(gamma, rel=1e-5)
+    chol = torch.linalg.cholesky(approx.precision)
+    assert effective_parameters(g, approx.precision, chol=chol) == pytest.approx(gamma, rel=1e-5)
+    assert effective_parameters(g.diagonal(), approx.precision.diagonal()) == pytest.approx(
+        float((g.diagonal() / approx.precision.diagonal()).sum()), rel=1e-12
+    )
     pot = approx.potential
     mean = {k: v[0] for k, v in pot.constrain(pot.unflatten(approx.mean[None])).items()}
     excess = draws_excess(approx.model, approx.sample(DRAWS, seed=3), mean, blr.x, blr.y)
@@ -85,6 +91,26 @@ def test_the_features_are_computed_once_not_once_per_draw():
         per_draw = lik.distribution(f, {}).log_prob(y).sum(-1)
         expected = float((lik.distribution(f0, {}).log_prob(y).sum(-1) - per_draw).mean())
     assert excess == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
+def test_gamma_is_formed_only_for_the_fits_whose_quadratic_excess_is_judged(monkeypatch):
+    """gamma = tr(H^-1 G) is a dense O(k^3) solve with k right-hand sides: it used to run on every dense Laplace fit
+    (regressions, Pyro functions, full nets), though only a classifier linear in its covered weights reads it."""
+    from bnn_pyro.infer.laplace import fit as laplace_fit
+
+    calls = []
+    original = laplace_fit.effective_parameters
+    monkeypatch.setattr(laplace_fit, "effective_parameters", lambda *a, **k: calls.append(1) or original(*a, **k))
+    blr = make_blr(n=30, d=3, noise=0.7, seed=1)
+    for structure in ("full", "last_layer"):
+        post = bp.fit(blr.model(), blr.x, blr.y, method="laplace", structure=structure, seed=0, progress=False)
+        assert "quadratic_excess" not in post.config
+    assert calls == []
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(60) % 2
+    x = torch.randn(60, 2, generator=g) + y[:, None]
+    post = bp.fit(_classifier(2, 2), x, y, method="laplace", num_chains=2, seed=0, progress=False)
+    assert calls == [1, 1] and len(post.config["quadratic_excess"]) == 2
 
 
 def _classifier(d: int, k: int, likelihood=None) -> bp.BNN:
