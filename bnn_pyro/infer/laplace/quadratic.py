@@ -26,9 +26,14 @@ from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.predictive_draws import evaluating
 
 DRAWS = 100
-"""Draws whose training log likelihood is evaluated: the mean excess is known to ``sqrt(gamma / 2 / DRAWS)`` nats
-under the quadratic model (its variance ``tr((G Sigma)^2) / 2 <= gamma / 2``), a tenth of ``gamma / 2`` or less
-for ``gamma >= 2``; the cost is ``DRAWS`` forward passes over the training rows."""
+"""Draws whose training log likelihood is evaluated. Under the quadratic model a draw ``w = m + eps``,
+``eps ~ N(0, Sigma)``, fits worse than ``m`` by ``g^T eps + eps^T G eps / 2`` nats, ``g`` the negative log
+likelihood's gradient at ``m``: not zero, since ``m`` is the posterior's mode, not the likelihood's (``g = -P m`` for a
+``N(0, P^-1)`` prior). Its mean is ``gamma / 2`` and its variance ``g^T Sigma g + tr((G Sigma)^2) / 2``, the second
+term at most ``gamma / 2`` (the eigenvalues of ``G Sigma`` lie in ``[0, 1)``), the first growing with the prior's
+precision; the mean excess of ``DRAWS`` draws is known to the square root of that over ``DRAWS``, e.g. a tenth of
+``gamma / 2`` or less where the linear term is small and ``gamma >= 2``. The cost is ``DRAWS`` last-layer products
+over the training rows (:func:`draws_excess`)."""
 
 
 def effective_parameters(lik_hess, hess, *, chol: torch.Tensor | None = None) -> float | None:
@@ -66,14 +71,13 @@ def draws_excess(model, draws: dict[str, torch.Tensor], mean: dict[str, torch.Te
     if len(x) > ROWS:
         keep = torch.randperm(len(x), generator=torch.Generator().manual_seed(0))[:ROWS].to(x.device)
         x, target, scale = x[keep], target[keep], len(x) / ROWS
-    net = model.net
-    body, last = (torch.nn.Sequential(), "") if isinstance(net, torch.nn.Linear) else (net[:-1], f"{len(net) - 1}.")
+    linear = isinstance(model.net, torch.nn.Linear)  # a net that is one Linear layer: its features are x
+    last = "" if linear else f"{len(model.net) - 1}."
     every = {**model.point_values(), **mean}  # point values and the Gaussian's mean (the body's are not covered)
     weight, fixed_bias = sub[last + "weight"], every.get(last + "bias")
     bias = sub.get(last + "bias", None if fixed_bias is None else fixed_bias.expand(len(weight), -1))
-    weights = {k: v for k, v in every.items() if k in model.param_shapes and last and not k.startswith(last)}
     with torch.no_grad(), evaluating(model):  # the network as it predicts (dropout off, BatchNorm's statistics)
-        phi = torch.func.functional_call(body, weights, (x,))
+        phi = x if linear else model.features(mean, x)
 
         def log_lik(w, b):  # (draws,) training log likelihood of the rows for last-layer weights (draws, out, in)
             f = phi @ w.transpose(-1, -2) + (0.0 if b is None else b[:, None, :])
