@@ -34,7 +34,6 @@ import pandas as pd
 import torch
 
 from bnn_pyro.model import BNN, check_model_data
-from bnn_pyro.posterior.psis import MIN_DRAWS_PER_CHAIN
 from bnn_pyro.utils import user_warnings
 from bnn_pyro.utils.checks import choice, flag, match_columns, positive_int
 from bnn_pyro.utils.upstream_private import arviz_log_level
@@ -71,6 +70,12 @@ class Space(str, Enum):
 
     WEIGHTS = "weights"
     FUNCTION = "function"
+
+
+PARETO_MIN_DRAWS = 21
+"""The fewest ratios from which ArviZ's Pareto smoothing estimates a shape ``k``: it fits the largest
+``M = ceil(min(0.2 S, 3 sqrt(S)))`` of ``S`` and needs ``M >= 5`` (``k = inf`` with fewer, an IndexError with one),
+so ``S >= 21``: per chain for :func:`~bnn_pyro.posterior.psis.psis`, in all for ``az.loo`` (which pools chains)."""
 
 
 class DiagnosticWarning(UserWarning):
@@ -187,15 +192,15 @@ def to_inference_data(
             if log_likelihood:
                 groups["log_likelihood"] = {"obs": ll}
                 total = post.num_chains * post.num_draws
-                if total < MIN_DRAWS_PER_CHAIN:  # az.loo pools chains: its Pareto fit sees `total` draws per point
+                if total < PARETO_MIN_DRAWS:  # az.loo pools chains: its Pareto fit sees `total` draws per point
                     user_warnings.warn(
                         f"to_inference_data: this {post.method} posterior has {total} draw{'s' if total != 1 else ''} "
                         f"in all ({post.num_chains} chain(s) of {post.num_draws}), so LOO is undefined on its "
                         "log_likelihood group: az.loo pools the chains, and its Pareto smoothing needs at least "
-                        f"{MIN_DRAWS_PER_CHAIN} draws in all (with fewer every pointwise k is inf; with one draw it "
+                        f"{PARETO_MIN_DRAWS} draws in all (with fewer every pointwise k is inf; with one draw it "
                         "fails with an IndexError); az.waic's penalty, a variance over draws, rests on as few (0 with "
-                        f"one draw). For them fit >= {MIN_DRAWS_PER_CHAIN} draws in all (e.g. num_chains >= "
-                        f"{MIN_DRAWS_PER_CHAIN} for SWA, one draw per chain) or use an engine that draws "
+                        f"one draw). For them fit >= {PARETO_MIN_DRAWS} draws in all (e.g. num_chains >= "
+                        f"{PARETO_MIN_DRAWS} for SWA, one draw per chain) or use an engine that draws "
                         "(method='nuts', 'swag', 'laplace'); the group itself is kept.",
                         UserWarning,
                     )

@@ -49,6 +49,7 @@ from pyro import poutine
 from torch.distributions import Distribution, biject_to
 
 from bnn_pyro.model import BNN
+from bnn_pyro.posterior.diagnostics import PARETO_MIN_DRAWS
 from bnn_pyro.utils import user_warnings
 from bnn_pyro.utils.checks import check_data, match_columns, positive_int
 from bnn_pyro.utils.checks import seed as check_seed
@@ -56,7 +57,7 @@ from bnn_pyro.utils.checks import seed as check_seed
 __all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX", "MIN_DRAWS_PER_CHAIN", "RELIABLE_DRAWS_PER_CHAIN"]
 
 K_HAT_MAX = 0.7  # Yao et al. (2018): above it the importance ratios' variance is (nearly) infinite
-MIN_DRAWS_PER_CHAIN = 21
+MIN_DRAWS_PER_CHAIN = PARETO_MIN_DRAWS
 """The fewest draws of one chain from which :func:`psis` estimates ``k_hat``. ``arviz.psislw`` fits the generalized
 Pareto law to the largest ``M = ceil(min(0.2 S, 3 sqrt(S)))`` of ``S`` ratios and needs ``M >= 5`` of them (with
 fewer it returns ``k_hat = inf``, and with one draw it fails with an IndexError): ``0.2 S > 4``, so ``S >= 21``."""
