@@ -239,6 +239,18 @@ class BNN(nn.Module):
         full.update(params)
         return self._evaluate(full, x)
 
+    def features(self, params: dict[str, torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+        """``net[:-1](x)``, the input of an ``nn.Sequential`` net's last module (a last layer's features), for
+        unbatched weights ``params`` (missing point weights and buffers are the model's own; the last module's
+        are ignored). Evaluated on the stateless template, so the model itself is untouched."""
+        if not isinstance(self._template, nn.Sequential) or not len(self._template):
+            raise TypeError(f"features: the net is a {type(self._template).__name__}; expected an nn.Sequential.")
+        last = f"{len(self._template) - 1}."
+        weights = {k: v for k, v in {**self.point_values(), **params}.items() if k in self.param_shapes}
+        buffers = self.buffers_dict()
+        body = lambda d: {k: v for k, v in d.items() if not k.startswith(last)}  # noqa: E731
+        return _functional(self._template[:-1], body(weights), body(buffers), x)
+
     def draws_per_chunk(self, x: torch.Tensor, budget_bytes: int | None = None) -> int:
         """How many weight draws to evaluate at once on ``x``: for a stack of Linear layers and
         activations, as many as keep the chunk's widest layer output near ``budget_bytes`` (default

@@ -949,17 +949,18 @@ def check_gaussian(post, *, cause: str = ""):
     ``q``'s moments nor reweighted ones can be trusted. The warning names the coordinate whose mean the smoothed
     importance weights move most, in ``q``'s sds: where ``q`` is wrong. Judged for a Pyro function model (a few
     interpretable sites; a network's ``k_hat`` is large in any case) whose draws record ``log q`` and that holds its
-    training tensors, at most :data:`NARROW_MAX_DIM` latent coordinates and at least :data:`ESS_MIN` draws (the
-    Pareto fit takes the largest ``min(S / 5, 3 sqrt(S))`` ratios: with fewer draws its ``k_hat`` is too noisy to
-    judge by), :data:`~bnn_pyro.posterior.psis.MIN_DRAWS_PER_CHAIN` of them per chain (each chain is smoothed on its
-    own; with fewer its ``k_hat`` is undefined, and ArviZ's ``inf`` for it would read as a far posterior). ``cause``: the engine's likely reason, one sentence. Returns ``post``."""
+    training tensors, at most :data:`NARROW_MAX_DIM` latent coordinates and at least
+    :data:`~bnn_pyro.posterior.psis.RELIABLE_DRAWS_PER_CHAIN` (100) draws per chain: each chain is smoothed on its own
+    and ``k_hat`` is the largest over chains, and the Pareto fit takes the largest ``min(S / 5, 3 sqrt(S))`` ratios,
+    so with fewer draws per chain a good ``q`` is judged far in a large share of runs (1 in 4 at 4-5 chains of 21-25
+    draws; below 21 ``k_hat`` is undefined). ``cause``: the engine's likely reason, one sentence. Returns ``post``."""
     from bnn_pyro.model import BNN
-    from bnn_pyro.posterior.psis import K_HAT_MAX, MIN_DRAWS_PER_CHAIN, psis
+    from bnn_pyro.posterior.psis import K_HAT_MAX, RELIABLE_DRAWS_PER_CHAIN, psis
 
     n = post.num_chains * post.num_draws
     if isinstance(post.model, BNN) or "log_q" not in post.sample_stats or post.x is None or post.y is None:
         return post
-    if n < ESS_MIN or post.num_draws < MIN_DRAWS_PER_CHAIN:  # too few draws (per chain: k_hat's) to judge q
+    if post.num_draws < RELIABLE_DRAWS_PER_CHAIN:  # too few draws per chain for k_hat to judge q by
         return post
     judged = _unconstrained_draws(post, init="median")  # the coordinates in which q is a Gaussian (log tau for tau)
     if judged is None:

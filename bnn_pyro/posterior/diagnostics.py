@@ -72,6 +72,12 @@ class Space(str, Enum):
     FUNCTION = "function"
 
 
+PARETO_MIN_DRAWS = 21
+"""The fewest ratios from which ArviZ's Pareto smoothing estimates a shape ``k``: it fits the largest
+``M = ceil(min(0.2 S, 3 sqrt(S)))`` of ``S`` and needs ``M >= 5`` (``k = inf`` with fewer, an IndexError with one),
+so ``S >= 21``: per chain for :func:`~bnn_pyro.posterior.psis.psis`, in all for ``az.loo`` (which pools chains)."""
+
+
 class DiagnosticWarning(UserWarning):
     """A convergence problem found by :func:`summary` (divergences, high R-hat, low ESS), or an approximation
     that misses posterior mass found by :func:`bnn_pyro.posterior.psis.psis` (Pareto k-hat > 0.7)."""
@@ -185,13 +191,17 @@ def to_inference_data(
             ll, pp = _pointwise(post, x, y if log_likelihood else None, seed, draws_per_chunk, points_per_chunk)
             if log_likelihood:
                 groups["log_likelihood"] = {"obs": ll}
-                if post.num_chains * post.num_draws == 1:
+                total = post.num_chains * post.num_draws
+                if total < PARETO_MIN_DRAWS:  # az.loo pools chains: its Pareto fit sees `total` draws per point
                     user_warnings.warn(
-                        f"to_inference_data: this {post.method} posterior is one draw (one chain of one draw), so "
-                        "LOO and WAIC are undefined on its log_likelihood group: az.loo fails on it (an IndexError "
-                        "from its Pareto smoothing) and az.waic's penalty, a variance over draws, is 0. For them fit "
-                        "several chains (num_chains=4) or use an engine that draws (method='nuts', 'swag', "
-                        "'laplace'); the group itself (the log-likelihood at that one draw) is kept.",
+                        f"to_inference_data: this {post.method} posterior has {total} draw{'s' if total != 1 else ''} "
+                        f"in all ({post.num_chains} chain(s) of {post.num_draws}), so LOO is undefined on its "
+                        "log_likelihood group: az.loo pools the chains, and its Pareto smoothing needs at least "
+                        f"{PARETO_MIN_DRAWS} draws in all (with fewer every pointwise k is inf; with one draw it "
+                        "fails with an IndexError); az.waic's penalty, a variance over draws, rests on as few (0 with "
+                        f"one draw). For them fit >= {PARETO_MIN_DRAWS} draws in all (e.g. num_chains >= "
+                        f"{PARETO_MIN_DRAWS} for SWA, one draw per chain) or use an engine that draws "
+                        "(method='nuts', 'swag', 'laplace'); the group itself is kept.",
                         UserWarning,
                     )
             if posterior_predictive:

@@ -49,17 +49,27 @@ from pyro import poutine
 from torch.distributions import Distribution, biject_to
 
 from bnn_pyro.model import BNN
+from bnn_pyro.posterior.diagnostics import PARETO_MIN_DRAWS
 from bnn_pyro.utils import user_warnings
-from bnn_pyro.utils.checks import check_data, match_columns
+from bnn_pyro.utils.checks import check_data, match_columns, positive_int
 from bnn_pyro.utils.checks import seed as check_seed
 
-__all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX", "MIN_DRAWS_PER_CHAIN"]
+__all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX", "MIN_DRAWS_PER_CHAIN", "RELIABLE_DRAWS_PER_CHAIN"]
 
 K_HAT_MAX = 0.7  # Yao et al. (2018): above it the importance ratios' variance is (nearly) infinite
-MIN_DRAWS_PER_CHAIN = 21
+MIN_DRAWS_PER_CHAIN = PARETO_MIN_DRAWS
 """The fewest draws of one chain from which :func:`psis` estimates ``k_hat``. ``arviz.psislw`` fits the generalized
 Pareto law to the largest ``M = ceil(min(0.2 S, 3 sqrt(S)))`` of ``S`` ratios and needs ``M >= 5`` of them (with
 fewer it returns ``k_hat = inf``, and with one draw it fails with an IndexError): ``0.2 S > 4``, so ``S >= 21``."""
+
+RELIABLE_DRAWS_PER_CHAIN = 100
+"""The fewest draws per chain from which a ``k_hat > 0.7`` is read as a verdict on ``q``. From
+:data:`MIN_DRAWS_PER_CHAIN`, where it is defined, to well above, the Pareto fit to ``ceil(min(0.2 S, 3 sqrt(S)))``
+tail ratios is noisy, and :func:`psis` reports the largest over chains. For a good ``q`` (1.2 times wider than ``p``,
+``d = 3``, true ``k <= 0``) the largest ``k_hat`` of 4-5 chains exceeds 0.7 in 22-30% of runs at 21-25 draws per
+chain, 2-4% at 30-40, under 1% at 50-75 and in 0 of 1000 runs (under 0.3% at 95%) at 100-200
+(``benchmarks/results/psis_khat_noise/``). :func:`~bnn_pyro.infer._health.check_gaussian` judges from here on, and
+:func:`psis`'s warning says when fewer draws make ``k_hat`` noisy."""
 
 _NO_DENSITY = {
     "ensemble": "an ensemble is a set of trained networks, i.e. a mixture of point masses with no density, so "
@@ -129,14 +139,18 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
     x, y:
         The data of the target posterior ``p(w | x, y)``: both, or neither (the training data).
     num_samples:
-        How many of the stored draws to use (all by default; a random subset otherwise, chosen with
-        ``seed``). ``q``'s draws are the ones the fit stored: to use more, fit with more ``num_samples``.
+        How many of the stored draws to use (all by default). Otherwise a random subset chosen with ``seed``,
+        stratified by chain: ``num_samples // num_chains`` draws of each chain (one more for the first
+        ``num_samples % num_chains`` chains), since each chain is smoothed on its own and needs at least
+        :data:`MIN_DRAWS_PER_CHAIN` (21) of them, so ``num_samples >= 21 * num_chains``; a stratified subset makes
+        that count, and so whether the call runs, independent of ``seed``. ``q``'s draws are the ones the fit
+        stored: to use more, fit with more ``num_samples``.
     warn:
         Warn (:class:`~bnn_pyro.posterior.diagnostics.DiagnosticWarning`) when ``k_hat > 0.7``.
     """
     _require_density(post)
     x, y = _target_data(post, x, y)
-    idx = post.draw_index(num_samples, seed)
+    idx = _stratified_index(post, num_samples, seed)
     _require_draws(post, idx, num_samples)
     log_p = _log_joint(post, x, y, idx)
     log_q = post.sample_stats["log_q"].reshape(-1)[idx].double().cpu()
@@ -169,12 +183,20 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
     if warn and not result.reliable:
         from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
+        fewest = int(np.bincount(chain, minlength=post.num_chains)[chains].min())
+        noisy = (
+            ""
+            if fewest >= RELIABLE_DRAWS_PER_CHAIN
+            else f" With {fewest} draws per chain k_hat itself is noisy (a good q exceeds {K_HAT_MAX} in up to 1 run "
+            f"in 4 at 21-25 draws per chain): confirm with >= {RELIABLE_DRAWS_PER_CHAIN} draws per chain."
+        )
+
         user_warnings.warn(
             f"psis: Pareto k_hat = {result.k_hat:.2f} > {K_HAT_MAX} for this {post.method} approximation (ESS of the "
             f"weights {result.ess:.0f} of {len(idx)}): q misses posterior mass (usually it is too narrow), so its "
             "means, intervals and predictions, and importance-reweighted ones, are unreliable (Yao et al. 2018). "
             "Try a richer approximation (svi guide='full_rank' or 'low_rank'; laplace structure='full'), a longer "
-            "fit, or an MCMC method (method='nuts').",
+            "fit, or an MCMC method (method='nuts')." + noisy,
             DiagnosticWarning,
         )
     return result
@@ -232,19 +254,43 @@ def _require_density(post) -> None:
     )
 
 
+def _stratified_index(post, num_samples: int | None, seed: int) -> torch.Tensor:
+    """Pooled indices (chain-major) of the draws :func:`psis` uses: every stored draw without ``num_samples``;
+    else ``num_samples // num_chains`` draws of each chain (one more for the first ``num_samples % num_chains``),
+    picked without replacement by a generator seeded by ``seed``, at most every draw of a chain. Stratified because
+    each chain is smoothed on its own: a subset across chains would leave a chain below
+    :data:`MIN_DRAWS_PER_CHAIN` at some seeds and not at others."""
+    chains, draws = post.num_chains, post.num_draws
+    if num_samples is None:
+        return torch.arange(chains * draws)
+    n = positive_int("num_samples", num_samples)
+    g = torch.Generator().manual_seed(check_seed("seed", seed))
+    per = [min(draws, n // chains + (c < n % chains)) for c in range(chains)]
+    return torch.cat([c * draws + torch.randperm(draws, generator=g)[:k] for c, k in enumerate(per)]).sort().values
+
+
 def _require_draws(post, idx: torch.Tensor, num_samples: int | None) -> None:
     """A ``ValueError`` when a chain has fewer than :data:`MIN_DRAWS_PER_CHAIN` of the draws used: its ``k_hat``
     is undefined (``arviz.psislw`` returns ``inf`` for it, which read as "q misses mass", or fails on one draw)."""
     counts = torch.bincount(idx // post.num_draws, minlength=post.num_chains)
-    fewest = int(counts[counts > 0].min())
+    fewest = int(counts.min())
     if fewest >= MIN_DRAWS_PER_CHAIN:
         return
-    subset = "" if num_samples is None else ", or call psis without num_samples= (every stored draw)"
+    why = (
+        f"the Pareto tail fit needs at least {MIN_DRAWS_PER_CHAIN} draws per chain (it fits the largest "
+        "ceil(min(0.2 S, 3 sqrt(S))) of S ratios and needs 5), and each chain's q is smoothed on its own, so more "
+        "chains do not help."
+    )
+    if num_samples is not None and int(post.num_draws) >= MIN_DRAWS_PER_CHAIN:  # the subset, not the fit, is short
+        raise ValueError(
+            f"psis: num_samples={num_samples} spreads {fewest} draw{'s' if fewest != 1 else ''} over each of "
+            f"{post.num_chains} chains, too few for k_hat: {why} Pass num_samples >= "
+            f"{MIN_DRAWS_PER_CHAIN * post.num_chains} ({MIN_DRAWS_PER_CHAIN} per chain), or omit it (every stored "
+            "draw)."
+        )
     raise ValueError(
-        f"psis: k_hat is undefined from {fewest} draw{'s' if fewest != 1 else ''} of a chain: the Pareto tail fit "
-        f"needs at least {MIN_DRAWS_PER_CHAIN} draws per chain (it fits the largest ceil(min(0.2 S, 3 sqrt(S))) of "
-        "S ratios and needs 5), and each chain's q is smoothed on its own, so more chains do not help. Fit with "
-        f"num_samples >= {MIN_DRAWS_PER_CHAIN} draws per chain{subset}."
+        f"psis: k_hat is undefined from {fewest} draw{'s' if fewest != 1 else ''} of a chain: {why} Fit with "
+        f"num_samples >= {MIN_DRAWS_PER_CHAIN} draws per chain."
     )
 
 

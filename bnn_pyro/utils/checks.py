@@ -273,6 +273,9 @@ def owned(made, given):
     A fit keeps its training data (``Posterior.x`` / ``.y``: LOO, predictions at the training inputs, files), so it
     needs its own copy: a user's tensor edited in place after the fit would change the fitted posterior. Only
     tensors that share the user's storage are copied (a numpy or pandas input, or a cast, is a new tensor already).
+    The copy is on the model's device and lives with the fit and its posterior, so a training tensor there takes twice
+    its memory; for data near the device's memory pass a loader of batches, which is converted batch by batch and not
+    stored (``docs/devices.md``, "Training data").
     """
     from bnn_pyro.inputs import Inputs
 

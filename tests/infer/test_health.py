@@ -439,3 +439,81 @@ def test_an_unconverged_factor_guide_is_not_told_to_raise_lr():
         _health.check_svi(post)
     text = " ".join(str(w.message) for w in record if "not converged" in str(w.message))
     assert "Try more num_steps (not a higher lr" in text and "or a higher lr" not in text
+
+
+def _regression(x, y=None):
+    """Bayesian linear regression as a Pyro function (check_gaussian judges function models only)."""
+    import pyro
+
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    b = pyro.sample("b", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0]):
+        return pyro.sample("obs", dist.Normal(x @ w + b, 1.0), obs=y)
+
+
+def _gaussian_draws(blr, width: float, chains: int, draws: int, seed: int) -> bp.Posterior:
+    """``chains x draws`` draws of ``q = N(m, width^2 C)`` around the exact posterior ``N(m, C)``, log q recorded."""
+    q = dist.MultivariateNormal(blr.mean, covariance_matrix=width**2 * blr.cov)
+    z = _seeded(q, chains * draws, seed)
+    return bp.Posterior(
+        samples={"w": z[:, :2].float().reshape(chains, draws, 2), "b": z[:, 2].float().reshape(chains, draws)},
+        model=_regression,
+        method="laplace",
+        sample_stats={"log_q": q.log_prob(z).reshape(chains, draws)},
+        x=blr.x,
+        y=blr.y,
+    )
+
+
+def _seeded(q, n: int, seed: int) -> torch.Tensor:
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return q.sample(torch.Size([n]))
+
+
+def _gaussian_alarms(post) -> list[str]:
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _health.check_gaussian(post)
+    return [str(w.message) for w in caught if "far from the fitted Gaussian" in str(w.message)]
+
+
+def test_check_gaussian_judges_from_100_draws_per_chain_only():
+    """At 5 x 21 to 5 x 99 draws the largest per-chain k_hat is too noisy to judge by (a good q is judged far in
+    about 1 run in 4 at 21-25 draws per chain; benchmarks/results/psis_khat_noise/), so the check is skipped there;
+    it used to judge from 21 per chain. A q far too narrow (0.3 of the posterior's sds) is still caught at 100."""
+    from bnn_pyro.posterior.psis import RELIABLE_DRAWS_PER_CHAIN
+
+    blr = make_blr(n=20, d=2, noise=1.0, prior_scale=1.0)
+    assert RELIABLE_DRAWS_PER_CHAIN == 100
+    narrow = _gaussian_draws(blr, 0.3, chains=5, draws=100, seed=0)
+    assert narrow.psis(warn=False).k_hat > 0.7
+    assert _gaussian_alarms(narrow)  # judged at 100 per chain
+    fewer = bp.Posterior(
+        samples={k: v[:, :99] for k, v in narrow.samples.items()},
+        model=_regression,
+        method="laplace",
+        sample_stats={"log_q": narrow.sample_stats["log_q"][:, :99]},
+        x=blr.x,
+        y=blr.y,
+    )
+    assert fewer.psis(warn=False).k_hat > 0.7 and not _gaussian_alarms(fewer)  # skipped at 99
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_good_gaussian_of_5_chains_of_100_draws_is_not_judged_far(seed):
+    """q 1.2 times wider than the exact posterior: the largest k_hat of 5 chains of 100 draws exceeded 0.7 in 0 of
+    1000 simulated runs (under 0.3% per run at 95%: benchmarks/results/psis_khat_noise/), so a false alarm at any of
+    these 5 fixed seeds has probability under 1.5%. At 5 x 21, where the check used to judge, the rate is 25%."""
+    blr = make_blr(n=20, d=2, noise=1.0, prior_scale=1.0)
+    assert not _gaussian_alarms(_gaussian_draws(blr, 1.2, chains=5, draws=100, seed=seed))
+
+
+def test_psis_warning_says_when_few_draws_per_chain_make_k_hat_noisy():
+    blr = make_blr(n=20, d=2, noise=1.0, prior_scale=1.0)
+    with pytest.warns(DiagnosticWarning, match=r"With 21 draws per chain k_hat itself is noisy.*>= 100 draws per"):
+        _gaussian_draws(blr, 0.3, chains=5, draws=21, seed=0).psis()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _gaussian_draws(blr, 0.3, chains=5, draws=100, seed=0).psis()
+    assert caught and not [w for w in caught if "itself is noisy" in str(w.message)]

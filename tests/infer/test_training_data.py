@@ -57,3 +57,14 @@ def test_only_tensors_that_share_the_users_memory_are_copied():
     assert copy.untyped_storage().data_ptr() != user.untyped_storage().data_ptr()
     assert owned(user[1:], user).untyped_storage().data_ptr() != user.untyped_storage().data_ptr()  # a view too
     assert owned(None, None) is None
+
+
+def test_a_loader_of_batches_is_not_stored_so_its_data_are_not_copied():
+    """The way docs/devices.md gives for training data near the device's memory: batches from a loader are converted
+    one at a time and the posterior keeps none of them (no second copy of the data set)."""
+    x, y, (tx, ty) = _data("torch", "reg")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tx, ty), batch_size=8)
+    post = bp.fit(_model("reg"), loader, method="svi", num_steps=5, num_samples=4, progress=False)
+    assert post.x is None and post.y is None
+    tensor_post = bp.fit(_model("reg"), tx, ty, method="svi", num_steps=5, num_samples=4, progress=False)
+    assert tensor_post.x.untyped_storage().data_ptr() != tx.untyped_storage().data_ptr()  # a tensor: its own copy

@@ -229,6 +229,7 @@ def test_one_draw_per_chain_is_summarized_over_chains_without_arviz_shape_guesse
     post = make_posterior(blr_model, *linear_data, chains=5, draws=1)  # the layout of ensembles and SWA
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)  # ArviZ's "More chains (5) than draws (1)" would raise
+        warnings.filterwarnings("ignore", message=r"to_inference_data: .* 5 draws in all")  # LOO's (tested below)
         table = post.summary(warn=False)
         idata = to_inference_data(post)
     assert idata.posterior.sizes["chain"] == 5 and idata.posterior.sizes["draw"] == 1
@@ -239,7 +240,7 @@ def test_one_draw_per_chain_is_summarized_over_chains_without_arviz_shape_guesse
 def test_a_one_draw_log_likelihood_group_says_that_loo_needs_more_draws(make_posterior, blr_model, linear_data):
     """SWA with one chain is one draw: az.loo on its data failed with ArviZ's IndexError and nothing said why."""
     post = make_posterior(blr_model, *linear_data, chains=1, draws=1)
-    with pytest.warns(UserWarning, match=r"one draw .*LOO and WAIC are undefined.*num_chains=4.*'nuts'"):
+    with pytest.warns(UserWarning, match=r"1 draw in all .*LOO is undefined.*>= 21 draws in all.*'nuts'"):
         idata = to_inference_data(post)
     assert idata.log_likelihood["obs"].shape == (1, 1, 40)  # kept: the log-likelihood at that draw
     with pytest.raises(IndexError):  # the ArviZ failure the warning explains (arviz 0.23)
@@ -247,7 +248,6 @@ def test_a_one_draw_log_likelihood_group_says_that_loo_needs_more_draws(make_pos
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         to_inference_data(post, log_likelihood=False)  # no log-likelihood group: nothing to say
-        to_inference_data(make_posterior(blr_model, *linear_data, chains=2, draws=1))  # two draws: az.loo runs
 
 
 def test_a_single_draw_is_summarized_without_numpy_warnings(make_posterior, blr_model, linear_data):
@@ -257,3 +257,22 @@ def test_a_single_draw_is_summarized_without_numpy_warnings(make_posterior, blr_
         table = post.summary(warn=False)
     assert np.isnan(table["sd"]).all() and "One draw per chain" in table.attrs["notes"][0]
     assert np.allclose(table["mean"].values[:2], post.samples["weight"].reshape(-1).numpy()[:2], atol=1e-3)
+
+
+@pytest.mark.parametrize("chains, draws", [(4, 1), (5, 4)])
+def test_fewer_than_21_draws_in_all_warn_that_loo_is_undefined(make_posterior, blr_model, linear_data, chains, draws):
+    """az.loo pools chains, and its Pareto fit needs 5 tail ratios (21 draws): 4 x 1 draws, which the old warning
+    advised (num_chains=4), and 5 x 4 gave every pointwise k = inf, and 2-20 draws were not warned about at all."""
+    post = make_posterior(blr_model, *linear_data, chains=chains, draws=draws)
+    with pytest.warns(UserWarning, match=rf"{chains * draws} draws in all .*LOO is undefined.*>= 21 draws in all"):
+        idata = to_inference_data(post)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # ArviZ's own warnings about the shape estimates
+        assert not np.isfinite(az.loo(idata, pointwise=True).pareto_k.values).any()
+    enough = make_posterior(blr_model, *linear_data, chains=21, draws=1)  # 21 draws in all: k finite, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        idata = to_inference_data(enough)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        assert np.isfinite(az.loo(idata, pointwise=True).pareto_k.values).all()

@@ -30,6 +30,7 @@ from bnn_pyro.infer.laplace.approximation import (
 )
 from bnn_pyro.infer.laplace.curvature import checked, prior_terms, solve, terms
 from bnn_pyro.infer.laplace.glm import CENTER
+from bnn_pyro.infer.laplace.kron import Kron
 from bnn_pyro.infer.laplace.marglik import NoiseTerms, log_evidence, optimize_precision
 from bnn_pyro.infer.laplace.noise import choose_noise, with_noise
 from bnn_pyro.infer.laplace.priors import normal_sites, potentials
@@ -152,11 +153,12 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
 def _judges_quadratic(model, approx: LaplaceApproximation, data: Data) -> bool:
     """Whether :func:`check_quadratic`'s numbers are computed for this chain: a classifier (``BNN``) whose network
     is linear in the covered weights (the default last layer: the draws are the GLM predictive's own), on tensor
-    data, with ``gamma`` formed."""
+    data, with a dense or diagonal precision (``gamma`` is not formed for a Kronecker-factored one). :func:`fit_chain`
+    forms ``gamma`` for these chains only."""
     return (
         getattr(getattr(model, "likelihood", None), "task", None) == "classification"
         and data.loader is None
-        and approx.effective_parameters is not None
+        and not isinstance(approx.precision, Kron)
         and _linear_in(model, approx.linearized_sites())
     )
 
@@ -294,7 +296,7 @@ def _fit_laplace(
             )
             approxes.append(approx)
             draws = approx.sample(num_samples, seed=info.seed)
-            if _judges_quadratic(fitted, approx, train):
+            if approx.effective_parameters is not None:  # formed for the chains check_quadratic judges only
                 mean = {
                     k: v[0]
                     for k, v in approx.potential.constrain(approx.potential.unflatten(approx.mean[None])).items()
@@ -588,14 +590,15 @@ def fit_chain(
         z, noise = choose_noise(model, base, z, layout, lik.hess, prior.hess, holdout, site, s.hessian)
         lik, prior = terms(model, pots, z, data, layout, s)
     hess, gradient = checked(lik.hess + prior.hess, s), lik.grad + prior.grad
-    step = solve(hess, gradient)
+    chol = torch.linalg.cholesky(hess) if not isinstance(hess, Kron) and hess.dim() == 2 else None
+    step = solve(hess, gradient) if chol is None else torch.cholesky_solve(gradient[:, None], chol)[:, 0]
     mean = z.clone()
     if float(gradient @ step) < 1.0:  # the quadratic model's mode, when within one posterior sd (package doc)
         mean[layout.active] -= step.to(z.dtype)
     else:  # a kink, an unconverged or early-stopped search: the plain Laplace evidence at z*
         gradient = torch.zeros_like(gradient)
     evidence = log_evidence(lik.value + prior.value, gradient, hess)
-    return LaplaceApproximation(
+    approx = LaplaceApproximation(
         mean=mean,
         precision=hess,
         active=layout.active,
@@ -608,8 +611,10 @@ def fit_chain(
         loss=loss,
         noise=noise,
         best_step=best_step,
-        effective_parameters=effective_parameters(lik.hess, hess),
     )
+    if _judges_quadratic(model, approx, data):  # gamma (an O(k^3) solve) only where check_quadratic reads it
+        approx.effective_parameters = effective_parameters(lik.hess, hess, chol=chol)
+    return approx
 
 
 def _noise_terms(model, pot: Potential, z, lik, data: Data, site: str, s: Settings) -> NoiseTerms:
