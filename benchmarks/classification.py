@@ -60,6 +60,7 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro import metrics
 from bnn_pyro.comparison.limits import FitTimeout, time_limit
+from bnn_pyro.posterior.diagnostics import function_draws
 
 try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.classification
     from uci import git_commit, parse_options
@@ -78,6 +79,18 @@ METRICS = (
     + [f"{col}_{score}" for col in ("se_noise", "sedraw_noise", "auroc_noise_ntest") for score in SCORES]
     + ["time_s"]
 )
+CHAIN_CHECKS = (
+    "nll_chain_se",
+    "nll_chain_min",
+    "nll_chain_max",
+    "rhat_f_max",
+    "ess_f_min",
+    "rhat_f_test_max",
+    "ess_f_test_min",
+    "max_depth_frac",
+    "n_steps_mean",
+)
+"""The Monte Carlo checks of an MCMC engine's row (:func:`chain_scores`), summarized beside :data:`METRICS`."""
 NOISE_ROWS = 2000
 """Noise rows scored per split by default: the noise rows' part of the AUROC's standard error, ``sd(V) / sqrt(n)``
 (:func:`auroc_se_draw`), is then ``sqrt(2000 / 30) = 8`` times smaller than with as many rows as a 30-row test
@@ -203,7 +216,47 @@ def _fit(method: str, x, y, num_classes: int, split: int, options: dict):
     post = bp.fit(
         make_model(x.shape[1], num_classes, split), x, y, method=method, seed=split, progress=False, **options
     )
-    return lambda xs: post.predict(xs, seed=0)
+
+    def predict(xs):
+        return post.predict(xs, seed=0)
+
+    predict.posterior = post  # run_one's chain_scores read it
+    return predict
+
+
+def chain_scores(post, x_test: torch.Tensor, y_test: torch.Tensor) -> dict[str, float]:
+    """Monte Carlo checks of a posterior of several chains of several draws (MCMC), empty otherwise.
+
+    ``nll_chain_se``: the standard error of the test NLL over chains, ``sd(NLL_c) / sqrt(C)`` with ``NLL_c`` the
+    NLL of chain ``c``'s own model average; chains are independent replicates, so this error holds where
+    within-chain ESS understates it (a multimodal posterior; chain-level errors, as the zoo's reference uses).
+    ``nll_chain_min`` / ``nll_chain_max``: the extremes over chains. ``rhat_f_max`` / ``ess_f_min``: the worst
+    R-hat and bulk ESS of ``f`` at the training inputs the fit-time health check reads
+    (``post.summary(space="function")``); ``rhat_f_test_max`` / ``ess_f_test_min``: the same at every test row.
+    ``max_depth_frac`` / ``n_steps_mean``: NUTS's share of draws at ``max_tree_depth`` and its mean leapfrog
+    steps per draw (the cost per draw), where the kernel records them.
+    """
+    if post.num_chains < 2 or post.num_draws < 2:
+        return {}
+    f = function_draws(post, x_test)  # (chains, draws, rows, classes): the logits of Categorical(logits=f)
+    chain_nll = torch.tensor([metrics.nll(torch.softmax(fc.double(), -1).mean(0), y_test) for fc in f])
+    train = post.summary(space="function", warn=False)
+    test = post.summary(space="function", x=x_test, warn=False)
+    row = dict(
+        nll_chain_se=float(chain_nll.std() / math.sqrt(len(chain_nll))),
+        nll_chain_min=float(chain_nll.min()),
+        nll_chain_max=float(chain_nll.max()),
+        rhat_f_max=float(train["r_hat"].max()),
+        ess_f_min=float(train["ess_bulk"].min()),
+        rhat_f_test_max=float(test["r_hat"].max()),
+        ess_f_test_min=float(test["ess_bulk"].min()),
+    )
+    stats, depth = post.sample_stats, post.config.get("max_tree_depth")
+    if "tree_depth" in stats and depth:
+        row["max_depth_frac"] = float((stats["tree_depth"] >= depth).double().mean())
+    if "n_steps" in stats:
+        row["n_steps_mean"] = float(stats["n_steps"].double().mean())
+    return row
 
 
 def run_one(
@@ -240,6 +293,8 @@ def run_one(
             outs = ood_inputs(s, split, noise_rows=noise_rows)
             outs["noise_ntest"] = ood_inputs(s, split)["noise"]
             row.update(_aurocs(predict, s["x_test"], outs, se=("noise",)))
+            if hasattr(predict, "posterior"):
+                row.update(chain_scores(predict.posterior, s["x_test"], s["y_test"]))
             if k >= 3 and held_out_class:  # held-out class: the last one
                 keep, held = s["y_train"] < k - 1, s["y_test"] == k - 1
                 with time_limit(max_fit_seconds):
@@ -262,11 +317,11 @@ def run_one(
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per method: mean and standard error of each metric over the successful splits (uci's summary)."""
-    return uci_summarize(rows, METRICS)
+    return uci_summarize(rows, METRICS + list(CHAIN_CHECKS))
 
 
 def markdown(summary: pd.DataFrame, title: str, notes: list[str]) -> str:
-    cols = [m for m in METRICS if summary[m].notna().any()]
+    cols = [m for m in METRICS + list(CHAIN_CHECKS) if summary[m].notna().any()]
     header = ["engine"] + cols + ["splits ok", "error"]
     lines = [f"# {title}", "", *notes, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, r in summary.iterrows():
@@ -279,7 +334,7 @@ def markdown(summary: pd.DataFrame, title: str, notes: list[str]) -> str:
 def _cell(mean: float, se: float, metric: str) -> str:
     if not math.isfinite(mean):
         return "-"
-    d = 1 if metric == "time_s" else 3
+    d = 1 if metric in ("time_s", "ess_f_min", "ess_f_test_min", "n_steps_mean") else 3
     return f"{mean:.{d}f}" if not math.isfinite(se) else f"{mean:.{d}f} ± {se:.{d}f}"
 
 

@@ -66,6 +66,35 @@ def test_an_engine_row_has_every_score(cls):
     assert row["error"] == ""
     for m in cls.METRICS:
         assert 0.0 <= row[m] and math.isfinite(row[m]), m
+    assert not set(cls.CHAIN_CHECKS) & set(row)  # one draw per member: no chain checks
+
+
+def test_chain_scores_of_an_mcmc_row_recomputed_per_chain(cls):
+    data = cls.load_dataset("iris")
+    options = {"num_chains": 3, "num_samples": 30, "num_warmup": 30, "chain_method": "sequential"}
+    row = cls.run_one("nuts", data, 0, options, held_out_class=False, noise_rows=None)
+    assert row["error"] == ""
+    s = cls.make_split(*data, 0)
+    post = cls._fit("nuts", s["x_train"], s["y_train"], 3, 0, options).posterior
+    total = post.num_chains * post.num_draws
+    per_chain = []
+    for c in range(post.num_chains):  # chain c's own model average, through predict's draw weights
+        w = torch.zeros(post.num_chains, post.num_draws)
+        w[c] = 1.0
+        probs = post.predict(s["x_test"], weights=w, num_samples=total, seed=0).probs
+        per_chain.append(metrics.nll(probs, s["y_test"]))
+    per_chain = torch.tensor(per_chain)
+    assert row["nll_chain_se"] == pytest.approx(float(per_chain.std() / math.sqrt(3)), rel=1e-4)
+    assert row["nll_chain_min"] == pytest.approx(float(per_chain.min()), rel=1e-4)
+    assert row["nll_chain_max"] == pytest.approx(float(per_chain.max()), rel=1e-4)
+    assert row["nll_chain_min"] <= row["nll"] <= row["nll_chain_max"] + 0.05  # pooling averages the chains
+    for col in ("rhat_f_max", "rhat_f_test_max"):
+        assert 1.0 <= row[col] < 10.0, col  # 3 chains of 30 draws: defined, not a tight check of mixing
+    for col in ("ess_f_min", "ess_f_test_min"):
+        assert 0.0 < row[col] <= 4 * total, col
+    depth = post.config["max_tree_depth"]
+    assert row["max_depth_frac"] == pytest.approx(float((post.sample_stats["tree_depth"] >= depth).double().mean()))
+    assert row["n_steps_mean"] >= 1.0
 
 
 def test_max_rows_takes_a_fixed_random_subset_of_distinct_rows(cls):
