@@ -100,6 +100,9 @@ NOISE_SEED = 10_000
 apart from the fit's seed (``k``, the global RNG) and from the test-row-sized set (seed ``1000 + k``)."""
 TARGET_AUROC, TARGET_GAP = 0.8, 0.03
 """Issue 26's joint target: noise AUROC >= 0.8, accuracy and NLL within 0.03 of logistic regression."""
+REFERENCE_POSTERIOR = "nuts"
+"""The engine whose row, where a split has one, is the exact posterior the others are also judged against
+(:func:`verdicts`' ``met_ref``): NUTS samples the model's posterior itself, the others approximate it."""
 
 
 def load_dataset(name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -416,9 +419,16 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
     ``z = (AUROC - 0.8) / se`` (Hanley-McNeil ``se``): ``|z| < 2`` marks a verdict within noise of the
     threshold. ``met_ntest`` is the same target scored on the test-row-sized noise set (``auroc_ntest``).
     Splits without a successful logistic-regression row are left out (nothing to compare with).
+
+    Where the split also has a :data:`REFERENCE_POSTERIOR` row (NUTS: the exact posterior of the same model),
+    ``accuracy_gap_ref`` / ``nll_gap_ref`` are the gaps to it and ``met_ref`` is the same target with it in
+    logistic regression's place: where the posterior itself misses logistic regression's NLL (a property of the
+    model's prior on that data), ``met_ref`` judges the engine as an approximation of the posterior; NaN / False
+    without such a row (and on the reference's own row).
     """
     ok = rows[rows["error"].fillna("") == ""]
     ref = ok[ok["method"] == "logreg"].set_index("split")
+    exact = ok[ok["method"] == REFERENCE_POSTERIOR].set_index("split")
     out = []
     for _, r in ok[ok["method"] != "logreg"].iterrows():
         if r["split"] not in ref.index:
@@ -427,6 +437,9 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
         acc_gap = r["accuracy"] - ref.loc[r["split"], "accuracy"]
         nll_gap = r["nll"] - ref.loc[r["split"], "nll"]
         fits = acc_gap >= -TARGET_GAP and nll_gap <= TARGET_GAP
+        has_ref = r["method"] != REFERENCE_POSTERIOR and r["split"] in exact.index
+        acc_ref = r["accuracy"] - exact.loc[r["split"], "accuracy"] if has_ref else math.nan
+        nll_ref = r["nll"] - exact.loc[r["split"], "nll"] if has_ref else math.nan
         auc, se = r[f"auroc_noise_{score}"], r[f"se_noise_{score}"]
         old = r.get(f"auroc_noise_ntest_{score}", math.nan)
         out.append(
@@ -443,13 +456,17 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
                 met=bool(fits and auc >= TARGET_AUROC),
                 auroc_ntest=old,
                 met_ntest=bool(fits and old >= TARGET_AUROC),
+                accuracy_gap_ref=acc_ref,
+                nll_gap_ref=nll_ref,
+                met_ref=bool(has_ref and acc_ref >= -TARGET_GAP and nll_ref <= TARGET_GAP and auc >= TARGET_AUROC),
             )
         )
     return pd.DataFrame(out)
 
 
 def verdicts_markdown(table: pd.DataFrame) -> str:
-    """The per-split verdicts as a Markdown table (✓ met, ✗ not; "(< 2 se)" where ``|z| < 2``)."""
+    """The per-split verdicts as a Markdown table (✓ met, ✗ not; "(< 2 se)" where ``|z| < 2``), and where a split
+    has a :data:`REFERENCE_POSTERIOR` row, a second table of the verdicts against it (``met_ref``)."""
     lines = [
         "## Per split: issue 26's joint target",
         "",
@@ -468,6 +485,21 @@ def verdicts_markdown(table: pd.DataFrame) -> str:
             f"{r['auroc']:.3f} ± {r['se']:.3f} | {r['sedraw']:.3f} | {r['z']:+.1f} | "
             f"{'✓' if r['met'] else '✗'}{near} | {r['auroc_ntest']:.3f} | {'✓' if r['met_ntest'] else '✗'} |"
         )
+    judged = table[table["nll_gap_ref"].notna()] if "nll_gap_ref" in table else table.iloc[:0]
+    if len(judged):
+        ref = REFERENCE_POSTERIOR
+        lines += [
+            "",
+            f"## Per split: the same target against {ref} (the exact posterior of the same model)",
+            "",
+            f"| split | engine | accuracy − {ref} | NLL − {ref} | noise AUROC | verdict against {ref} |",
+            "|---|---|---|---|---|---|",
+        ]
+        for _, r in judged.iterrows():
+            lines.append(
+                f"| {r['split']} | {r['method']} | {r['accuracy_gap_ref']:+.3f} | {r['nll_gap_ref']:+.3f} | "
+                f"{r['auroc']:.3f} | {'✓' if r['met_ref'] else '✗'} |"
+            )
     return "\n".join(lines) + "\n"
 
 

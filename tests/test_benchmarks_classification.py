@@ -71,7 +71,7 @@ def test_an_engine_row_has_every_score(cls):
 
 def test_chain_scores_of_an_mcmc_row_recomputed_per_chain(cls):
     data = cls.load_dataset("iris")
-    options = {"num_chains": 3, "num_samples": 30, "num_warmup": 30, "chain_method": "sequential"}
+    options = {"num_chains": 3, "num_samples": 30, "num_warmup": 30, "max_tree_depth": 5, "chain_method": "sequential"}
     row = cls.run_one("nuts", data, 0, options, held_out_class=False, noise_rows=None)
     assert row["error"] == ""
     s = cls.make_split(*data, 0)
@@ -249,6 +249,39 @@ def test_verdicts_compare_each_engine_with_logistic_regression_on_its_split(cls)
     assert not v.loc["c", "met"] and v.loc["c", "met_ntest"] and v.loc["c", "z"] == pytest.approx(-5.0)
     text = cls.verdicts_markdown(cls.verdicts(rows))
     assert "| 0 | a | -0.020 | +0.020 | 0.820 ± 0.020 | 0.004 | +1.0 | ✓ (< 2 se) | 0.900 | ✓ |" in text
+
+
+def test_verdicts_against_nuts_judge_each_engine_by_the_exact_posterior_too(cls):
+    base = dict(error="", auroc_noise_ntest_mi=0.9, sedraw_noise_mi=0.004, se_noise_mi=0.02)
+    rows = pd.DataFrame(
+        [
+            dict(base, split=0, method="logreg", accuracy=0.95, nll=0.10, auroc_noise_mi=math.nan,
+                 auroc_noise_entropy=0.4, se_noise_entropy=0.05, sedraw_noise_entropy=0.01,
+                 auroc_noise_ntest_entropy=0.4),
+            dict(base, split=0, method="nuts", accuracy=0.94, nll=0.15, auroc_noise_mi=0.99),
+            dict(base, split=0, method="a", accuracy=0.95, nll=0.17, auroc_noise_mi=0.95),
+            dict(base, split=0, method="b", accuracy=0.95, nll=0.19, auroc_noise_mi=0.95),
+            dict(base, split=0, method="c", accuracy=0.95, nll=0.16, auroc_noise_mi=0.70),
+            dict(base, split=1, method="logreg", accuracy=0.95, nll=0.10, auroc_noise_mi=math.nan,
+                 auroc_noise_entropy=0.4, se_noise_entropy=0.05, sedraw_noise_entropy=0.01,
+                 auroc_noise_ntest_entropy=0.4),
+            dict(base, split=1, method="a", accuracy=0.95, nll=0.11, auroc_noise_mi=0.95),
+        ]
+    )  # fmt: skip
+    v = cls.verdicts(rows).set_index(["split", "method"])
+    assert not v.loc[(0, "a"), "met"] and v.loc[(0, "a"), "met_ref"]  # 0.07 above logreg, 0.02 above NUTS
+    assert v.loc[(0, "a"), "nll_gap_ref"] == pytest.approx(0.02)
+    assert v.loc[(0, "a"), "accuracy_gap_ref"] == pytest.approx(0.01)
+    assert not v.loc[(0, "b"), "met_ref"]  # 0.04 above NUTS
+    assert not v.loc[(0, "c"), "met_ref"]  # the AUROC half still counts
+    assert not v.loc[(0, "nuts"), "met"] and math.isnan(v.loc[(0, "nuts"), "nll_gap_ref"])  # not its own reference
+    assert v.loc[(1, "a"), "met"] and not v.loc[(1, "a"), "met_ref"]  # no NUTS row on split 1
+    assert math.isnan(v.loc[(1, "a"), "nll_gap_ref"])
+    text = cls.verdicts_markdown(cls.verdicts(rows))
+    assert "## Per split: the same target against nuts" in text
+    assert "| 0 | a | +0.010 | +0.020 | 0.950 | ✓ |" in text and "| 0 | b | +0.010 | +0.040 | 0.950 | ✗ |" in text
+    assert "| 1 | a |" not in text.split("against nuts")[1]  # only splits with a NUTS row
+    assert "against nuts" not in cls.verdicts_markdown(cls.verdicts(rows[rows["method"] != "nuts"]))
 
 
 def test_noise_rows_option_reaches_the_scores_and_the_verdicts_file(cls, tmp_path):
