@@ -91,6 +91,9 @@ CHAIN_CHECKS = (
     "n_steps_mean",
 )
 """The Monte Carlo checks of an MCMC engine's row (:func:`chain_scores`), summarized beside :data:`METRICS`."""
+SPLIT_COLUMNS = ["dataset", "method", "split", "n_train", "error", "warnings"] + METRICS + list(CHAIN_CHECKS)
+"""The per-split file's columns, the same for every engine (empty where an engine has no such score), so that rows
+appended one by one share the first row's header."""
 NOISE_ROWS = 2000
 """Noise rows scored per split by default: the noise rows' part of the AUROC's standard error, ``sd(V) / sqrt(n)``
 (:func:`auroc_se_draw`), is then ``sqrt(2000 / 30) = 8`` times smaller than with as many rows as a 30-row test
@@ -384,7 +387,8 @@ def run(
                 ),
             )
             rows.append(row)
-            pd.DataFrame([row]).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
+            columns = list(dict.fromkeys(SPLIT_COLUMNS + list(row)))  # one header for every engine's row
+            pd.DataFrame([row], columns=columns).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
             status = row["error"] or " ".join(f"{m} {row.get(m, math.nan):.3f}" for m in METRICS[:5])
             print(f"[{name}] split {split} {method:12s} {status}", flush=True)
         summary = summarize(pd.DataFrame(rows))

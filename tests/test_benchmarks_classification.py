@@ -293,3 +293,17 @@ def test_noise_rows_option_reaches_the_scores_and_the_verdicts_file(cls, tmp_pat
     assert v["method"].tolist() == ["laplace"] and "Per split: issue 26" in (tmp_path / "iris.md").read_text()
     with pytest.raises(SystemExit, match="--noise-rows"):
         cls.main([*args, "--noise-rows", "1"])
+
+
+def test_per_split_file_has_one_header_for_rows_with_and_without_chain_checks(cls, tmp_path, monkeypatch):
+    def fake_run_one(method, data, split, options=None, **kwargs):  # a reference row, then an MCMC row
+        scores = {m: 0.5 for m in cls.METRICS}
+        row = dict(scores, method=method, split=split, n_train=120, error="", warnings="", accuracy=0.9, nll=0.2)
+        return row if method == "logreg" else dict(row, nll_chain_se=0.01, rhat_f_max=1.01, ess_f_min=900.0)
+
+    monkeypatch.setattr(cls, "run_one", fake_run_one)
+    cls.main(["--dataset", "iris", "--methods", "logreg,nuts", "--splits", "2", "--no-class", "--out", str(tmp_path)])
+    rows = pd.read_csv(tmp_path / "iris_splits.csv")  # appended row by row: the MCMC row's extra cells fit the header
+    assert rows["method"].tolist() == ["logreg", "nuts", "logreg", "nuts"]
+    assert rows["nll_chain_se"].isna().tolist() == [True, False, True, False]
+    assert rows.loc[1, "rhat_f_max"] == pytest.approx(1.01) and rows.loc[3, "ess_f_min"] == pytest.approx(900.0)
