@@ -231,7 +231,8 @@ def _fit(method: str, x, y, num_classes: int, split: int, options: dict):
 
 
 def chain_scores(post, x_test: torch.Tensor, y_test: torch.Tensor) -> dict[str, float]:
-    """Monte Carlo checks of a posterior of several chains of several draws (MCMC), empty otherwise.
+    """Monte Carlo checks of a posterior of several chains of several draws (MCMC; SWAG's chains too, where R-hat
+    says how far its chains' Gaussians disagree), empty otherwise (one draw per chain: an ensemble).
 
     ``nll_chain_se``: the standard error of the test NLL over chains, ``sd(NLL_c) / sqrt(C)`` with ``NLL_c`` the
     NLL of chain ``c``'s own model average; chains are independent replicates, so this error holds where
