@@ -92,8 +92,8 @@ CHAIN_CHECKS = (
 )
 """The Monte Carlo checks of an MCMC engine's row (:func:`chain_scores`), summarized beside :data:`METRICS`."""
 SPLIT_COLUMNS = ["dataset", "method", "split", "n_train", "error", "warnings"] + METRICS + list(CHAIN_CHECKS)
-"""The per-split file's columns, the same for every engine (empty where an engine has no such score), so that rows
-appended one by one share the first row's header."""
+"""The per-split file's columns, the same for every engine (empty where an engine has no such score; without the
+held-out-class fit, no ``auroc_class_*`` columns), so that rows appended one by one share the first row's header."""
 NOISE_ROWS = 2000
 """Noise rows scored per split by default: the noise rows' part of the AUROC's standard error, ``sd(V) / sqrt(n)``
 (:func:`auroc_se_draw`), is then ``sqrt(2000 / 30) = 8`` times smaller than with as many rows as a 30-row test
@@ -372,6 +372,7 @@ def run(
     data = subset(load_dataset(name), max_rows)
     per_split = out / f"{name}_splits.csv"
     per_split.unlink(missing_ok=True)
+    header = [c for c in SPLIT_COLUMNS if held_out_class or not c.startswith("auroc_class_")]
     rows = []
     for split in splits:
         for method in methods:
@@ -388,7 +389,7 @@ def run(
                 ),
             )
             rows.append(row)
-            columns = list(dict.fromkeys(SPLIT_COLUMNS + list(row)))  # one header for every engine's row
+            columns = list(dict.fromkeys(header + list(row)))  # one header for every engine's row
             pd.DataFrame([row], columns=columns).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
             status = row["error"] or " ".join(f"{m} {row.get(m, math.nan):.3f}" for m in METRICS[:5])
             print(f"[{name}] split {split} {method:12s} {status}", flush=True)
