@@ -21,7 +21,12 @@ The classification companion of ``benchmarks/uci.py`` (issue 26). Per dataset an
   test rows (seed ``1000 + split``), for comparison;
 - per split, issue 26's joint target (``verdicts``): noise AUROC by MI (by entropy without MI) >= 0.8 with
   accuracy and NLL within 0.03 of logistic regression on that split, and the AUROC's distance to 0.8 in
-  Hanley-McNeil standard errors;
+  Hanley-McNeil standard errors; where the split has a NUTS row, the same target against NUTS (the exact
+  posterior of the same model) too, since where the posterior itself misses logistic regression's NLL no faithful
+  engine can meet it;
+- for a posterior of several chains of several draws (MCMC, SWAG), its Monte Carlo checks (``chain_scores``): the
+  test NLL's standard error over chains, R-hat and bulk ESS of ``f`` at training and test rows, NUTS's share of
+  draws at ``max_tree_depth`` and its mean steps per draw;
 - the reference: scikit-learn's ``LogisticRegression(C=1)`` (an L2 penalty equal to the ``Normal(0, 1)``
   prior's MAP) on the same split, its accuracy and NLL in the ``logreg`` row (its OOD scores too, from its
   predictive entropy; it has no mutual information).
