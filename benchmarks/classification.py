@@ -21,7 +21,12 @@ The classification companion of ``benchmarks/uci.py`` (issue 26). Per dataset an
   test rows (seed ``1000 + split``), for comparison;
 - per split, issue 26's joint target (``verdicts``): noise AUROC by MI (by entropy without MI) >= 0.8 with
   accuracy and NLL within 0.03 of logistic regression on that split, and the AUROC's distance to 0.8 in
-  Hanley-McNeil standard errors;
+  Hanley-McNeil standard errors; where the split has a NUTS row, the same target against NUTS (the exact
+  posterior of the same model) too, since where the posterior itself misses logistic regression's NLL no faithful
+  engine can meet it;
+- for a posterior of several chains of several draws (MCMC, SWAG), its Monte Carlo checks (``chain_scores``): the
+  test NLL's standard error over chains, R-hat and bulk ESS of ``f`` at training and test rows, NUTS's share of
+  draws at ``max_tree_depth`` and its mean steps per draw;
 - the reference: scikit-learn's ``LogisticRegression(C=1)`` (an L2 penalty equal to the ``Normal(0, 1)``
   prior's MAP) on the same split, its accuracy and NLL in the ``logreg`` row (its OOD scores too, from its
   predictive entropy; it has no mutual information).
@@ -60,6 +65,7 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro import metrics
 from bnn_pyro.comparison.limits import FitTimeout, time_limit
+from bnn_pyro.posterior.diagnostics import function_draws
 
 try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.classification
     from uci import git_commit, parse_options
@@ -78,6 +84,21 @@ METRICS = (
     + [f"{col}_{score}" for col in ("se_noise", "sedraw_noise", "auroc_noise_ntest") for score in SCORES]
     + ["time_s"]
 )
+CHAIN_CHECKS = (
+    "nll_chain_se",
+    "nll_chain_min",
+    "nll_chain_max",
+    "rhat_f_max",
+    "ess_f_min",
+    "rhat_f_test_max",
+    "ess_f_test_min",
+    "max_depth_frac",
+    "n_steps_mean",
+)
+"""The Monte Carlo checks of an MCMC engine's row (:func:`chain_scores`), summarized beside :data:`METRICS`."""
+SPLIT_COLUMNS = ["dataset", "method", "split", "n_train", "error", "warnings"] + METRICS + list(CHAIN_CHECKS)
+"""The per-split file's columns, the same for every engine (empty where an engine has no such score; without the
+held-out-class fit, no ``auroc_class_*`` columns), so that rows appended one by one share the first row's header."""
 NOISE_ROWS = 2000
 """Noise rows scored per split by default: the noise rows' part of the AUROC's standard error, ``sd(V) / sqrt(n)``
 (:func:`auroc_se_draw`), is then ``sqrt(2000 / 30) = 8`` times smaller than with as many rows as a 30-row test
@@ -87,6 +108,9 @@ NOISE_SEED = 10_000
 apart from the fit's seed (``k``, the global RNG) and from the test-row-sized set (seed ``1000 + k``)."""
 TARGET_AUROC, TARGET_GAP = 0.8, 0.03
 """Issue 26's joint target: noise AUROC >= 0.8, accuracy and NLL within 0.03 of logistic regression."""
+REFERENCE_POSTERIOR = "nuts"
+"""The engine whose row, where a split has one, is the exact posterior the others are also judged against
+(:func:`verdicts`' ``met_ref``): NUTS samples the model's posterior itself, the others approximate it."""
 
 
 def load_dataset(name: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -203,7 +227,48 @@ def _fit(method: str, x, y, num_classes: int, split: int, options: dict):
     post = bp.fit(
         make_model(x.shape[1], num_classes, split), x, y, method=method, seed=split, progress=False, **options
     )
-    return lambda xs: post.predict(xs, seed=0)
+
+    def predict(xs):
+        return post.predict(xs, seed=0)
+
+    predict.posterior = post  # run_one's chain_scores read it
+    return predict
+
+
+def chain_scores(post, x_test: torch.Tensor, y_test: torch.Tensor) -> dict[str, float]:
+    """Monte Carlo checks of a posterior of several chains of several draws (MCMC; SWAG's chains too, where R-hat
+    says how far its chains' Gaussians disagree), empty otherwise (one draw per chain: an ensemble).
+
+    ``nll_chain_se``: the standard error of the test NLL over chains, ``sd(NLL_c) / sqrt(C)`` with ``NLL_c`` the
+    NLL of chain ``c``'s own model average; chains are independent replicates, so this error holds where
+    within-chain ESS understates it (a multimodal posterior; chain-level errors, as the zoo's reference uses).
+    ``nll_chain_min`` / ``nll_chain_max``: the extremes over chains. ``rhat_f_max`` / ``ess_f_min``: the worst
+    R-hat and bulk ESS of ``f`` at the training inputs the fit-time health check reads
+    (``post.summary(space="function")``); ``rhat_f_test_max`` / ``ess_f_test_min``: the same at every test row.
+    ``max_depth_frac`` / ``n_steps_mean``: NUTS's share of draws at ``max_tree_depth`` and its mean leapfrog
+    steps per draw (the cost per draw), where the kernel records them.
+    """
+    if post.num_chains < 2 or post.num_draws < 2:
+        return {}
+    f = function_draws(post, x_test)  # (chains, draws, rows, classes): the logits of Categorical(logits=f)
+    chain_nll = torch.tensor([metrics.nll(torch.softmax(fc.double(), -1).mean(0), y_test) for fc in f])
+    train = post.summary(space="function", warn=False)
+    test = post.summary(space="function", x=x_test, warn=False)
+    row = dict(
+        nll_chain_se=float(chain_nll.std() / math.sqrt(len(chain_nll))),
+        nll_chain_min=float(chain_nll.min()),
+        nll_chain_max=float(chain_nll.max()),
+        rhat_f_max=float(train["r_hat"].max()),
+        ess_f_min=float(train["ess_bulk"].min()),
+        rhat_f_test_max=float(test["r_hat"].max()),
+        ess_f_test_min=float(test["ess_bulk"].min()),
+    )
+    stats, depth = post.sample_stats, post.config.get("max_tree_depth")
+    if "tree_depth" in stats and depth:
+        row["max_depth_frac"] = float((stats["tree_depth"] >= depth).double().mean())
+    if "n_steps" in stats:
+        row["n_steps_mean"] = float(stats["n_steps"].double().mean())
+    return row
 
 
 def run_one(
@@ -240,6 +305,8 @@ def run_one(
             outs = ood_inputs(s, split, noise_rows=noise_rows)
             outs["noise_ntest"] = ood_inputs(s, split)["noise"]
             row.update(_aurocs(predict, s["x_test"], outs, se=("noise",)))
+            if hasattr(predict, "posterior"):
+                row.update(chain_scores(predict.posterior, s["x_test"], s["y_test"]))
             if k >= 3 and held_out_class:  # held-out class: the last one
                 keep, held = s["y_train"] < k - 1, s["y_test"] == k - 1
                 with time_limit(max_fit_seconds):
@@ -262,11 +329,11 @@ def run_one(
 
 def summarize(rows: pd.DataFrame) -> pd.DataFrame:
     """One row per method: mean and standard error of each metric over the successful splits (uci's summary)."""
-    return uci_summarize(rows, METRICS)
+    return uci_summarize(rows, METRICS + list(CHAIN_CHECKS))
 
 
 def markdown(summary: pd.DataFrame, title: str, notes: list[str]) -> str:
-    cols = [m for m in METRICS if summary[m].notna().any()]
+    cols = [m for m in METRICS + list(CHAIN_CHECKS) if summary[m].notna().any()]
     header = ["engine"] + cols + ["splits ok", "error"]
     lines = [f"# {title}", "", *notes, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for _, r in summary.iterrows():
@@ -279,7 +346,7 @@ def markdown(summary: pd.DataFrame, title: str, notes: list[str]) -> str:
 def _cell(mean: float, se: float, metric: str) -> str:
     if not math.isfinite(mean):
         return "-"
-    d = 1 if metric == "time_s" else 3
+    d = 1 if metric in ("time_s", "ess_f_min", "ess_f_test_min", "n_steps_mean") else 3
     return f"{mean:.{d}f}" if not math.isfinite(se) else f"{mean:.{d}f} ± {se:.{d}f}"
 
 
@@ -310,6 +377,7 @@ def run(
     data = subset(load_dataset(name), max_rows)
     per_split = out / f"{name}_splits.csv"
     per_split.unlink(missing_ok=True)
+    header = [c for c in SPLIT_COLUMNS if held_out_class or not c.startswith("auroc_class_")]
     rows = []
     for split in splits:
         for method in methods:
@@ -326,7 +394,8 @@ def run(
                 ),
             )
             rows.append(row)
-            pd.DataFrame([row]).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
+            columns = list(dict.fromkeys(header + list(row)))  # one header for every engine's row
+            pd.DataFrame([row], columns=columns).to_csv(per_split, mode="a", header=not per_split.exists(), index=False)
             status = row["error"] or " ".join(f"{m} {row.get(m, math.nan):.3f}" for m in METRICS[:5])
             print(f"[{name}] split {split} {method:12s} {status}", flush=True)
         summary = summarize(pd.DataFrame(rows))
@@ -361,9 +430,16 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
     ``z = (AUROC - 0.8) / se`` (Hanley-McNeil ``se``): ``|z| < 2`` marks a verdict within noise of the
     threshold. ``met_ntest`` is the same target scored on the test-row-sized noise set (``auroc_ntest``).
     Splits without a successful logistic-regression row are left out (nothing to compare with).
+
+    Where the split also has a :data:`REFERENCE_POSTERIOR` row (NUTS: the exact posterior of the same model),
+    ``accuracy_gap_ref`` / ``nll_gap_ref`` are the gaps to it and ``met_ref`` is the same target with it in
+    logistic regression's place: where the posterior itself misses logistic regression's NLL (a property of the
+    model's prior on that data), ``met_ref`` judges the engine as an approximation of the posterior; NaN / False
+    without such a row (and on the reference's own row).
     """
     ok = rows[rows["error"].fillna("") == ""]
     ref = ok[ok["method"] == "logreg"].set_index("split")
+    exact = ok[ok["method"] == REFERENCE_POSTERIOR].set_index("split")
     out = []
     for _, r in ok[ok["method"] != "logreg"].iterrows():
         if r["split"] not in ref.index:
@@ -372,6 +448,9 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
         acc_gap = r["accuracy"] - ref.loc[r["split"], "accuracy"]
         nll_gap = r["nll"] - ref.loc[r["split"], "nll"]
         fits = acc_gap >= -TARGET_GAP and nll_gap <= TARGET_GAP
+        has_ref = r["method"] != REFERENCE_POSTERIOR and r["split"] in exact.index
+        acc_ref = r["accuracy"] - exact.loc[r["split"], "accuracy"] if has_ref else math.nan
+        nll_ref = r["nll"] - exact.loc[r["split"], "nll"] if has_ref else math.nan
         auc, se = r[f"auroc_noise_{score}"], r[f"se_noise_{score}"]
         old = r.get(f"auroc_noise_ntest_{score}", math.nan)
         out.append(
@@ -388,13 +467,17 @@ def verdicts(rows: pd.DataFrame) -> pd.DataFrame:
                 met=bool(fits and auc >= TARGET_AUROC),
                 auroc_ntest=old,
                 met_ntest=bool(fits and old >= TARGET_AUROC),
+                accuracy_gap_ref=acc_ref,
+                nll_gap_ref=nll_ref,
+                met_ref=bool(has_ref and acc_ref >= -TARGET_GAP and nll_ref <= TARGET_GAP and auc >= TARGET_AUROC),
             )
         )
     return pd.DataFrame(out)
 
 
 def verdicts_markdown(table: pd.DataFrame) -> str:
-    """The per-split verdicts as a Markdown table (✓ met, ✗ not; "(< 2 se)" where ``|z| < 2``)."""
+    """The per-split verdicts as a Markdown table (✓ met, ✗ not; "(< 2 se)" where ``|z| < 2``), and where a split
+    has a :data:`REFERENCE_POSTERIOR` row, a second table of the verdicts against it (``met_ref``)."""
     lines = [
         "## Per split: issue 26's joint target",
         "",
@@ -413,6 +496,21 @@ def verdicts_markdown(table: pd.DataFrame) -> str:
             f"{r['auroc']:.3f} ± {r['se']:.3f} | {r['sedraw']:.3f} | {r['z']:+.1f} | "
             f"{'✓' if r['met'] else '✗'}{near} | {r['auroc_ntest']:.3f} | {'✓' if r['met_ntest'] else '✗'} |"
         )
+    judged = table[table["nll_gap_ref"].notna()] if "nll_gap_ref" in table else table.iloc[:0]
+    if len(judged):
+        ref = REFERENCE_POSTERIOR
+        lines += [
+            "",
+            f"## Per split: the same target against {ref} (the exact posterior of the same model)",
+            "",
+            f"| split | engine | accuracy − {ref} | NLL − {ref} | noise AUROC | verdict against {ref} |",
+            "|---|---|---|---|---|---|",
+        ]
+        for _, r in judged.iterrows():
+            lines.append(
+                f"| {r['split']} | {r['method']} | {r['accuracy_gap_ref']:+.3f} | {r['nll_gap_ref']:+.3f} | "
+                f"{r['auroc']:.3f} | {'✓' if r['met_ref'] else '✗'} |"
+            )
     return "\n".join(lines) + "\n"
 
 

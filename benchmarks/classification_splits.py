@@ -14,7 +14,10 @@ engine and set, reports over the splits with a logistic-regression row:
   average is from each half's threshold, in those standard errors; ``nll_gap_median``: the NLL gap's median over
   splits (one fit whose NLL diverged moves the mean, not the median);
 - ``z_splits``: each split's distance to 0.8 in its own Hanley-McNeil se (``classification.verdicts``'s ``z``), and
-  ``near``: how many of them are within 2.
+  ``near``: how many of them are within 2;
+- where splits also have a NUTS row (``classification.REFERENCE_POSTERIOR``, the exact posterior): ``met_ref``, the
+  splits meeting the same target with NUTS in logistic regression's place, out of ``splits_ref``, and
+  ``nll_gap_ref``, the mean NLL gap to NUTS (the per-split table shows each split's gap and verdict against it).
 
 Usage::
 
@@ -35,10 +38,10 @@ from pathlib import Path
 import pandas as pd
 
 try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.classification_splits
-    from classification import TARGET_AUROC, TARGET_GAP, verdicts
+    from classification import REFERENCE_POSTERIOR, TARGET_AUROC, TARGET_GAP, verdicts
     from uci import summarize
 except ImportError:  # pragma: no cover
-    from benchmarks.classification import TARGET_AUROC, TARGET_GAP, verdicts
+    from benchmarks.classification import REFERENCE_POSTERIOR, TARGET_AUROC, TARGET_GAP, verdicts
     from benchmarks.uci import summarize
 from _common import results_dir, write_result  # noqa: E402 - classification put benchmarks/ on sys.path
 
@@ -90,9 +93,20 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
                 near=int((g["z"].abs() < 2).sum()),
                 z_splits=" ".join(f"{z:+.1f}" for z in g["z"]),
                 splits_used=" ".join(str(int(k)) for k in g["split"]),
+                **_against_reference(g),
             )
         )
     return pd.DataFrame(out)
+
+
+def _against_reference(g: pd.DataFrame) -> dict:
+    """``met_ref`` / ``splits_ref`` / ``nll_gap_ref`` of one engine's verdicts: over its splits with a NUTS row."""
+    judged = g[g["nll_gap_ref"].notna()] if "nll_gap_ref" in g else g.iloc[:0]
+    return dict(
+        met_ref=int(judged["met_ref"].sum()) if len(judged) else 0,
+        splits_ref=len(judged),
+        nll_gap_ref=judged["nll_gap_ref"].mean() if len(judged) else math.nan,
+    )
 
 
 def _z(distance: float, se: float) -> float:
@@ -117,17 +131,37 @@ def markdown(summary: pd.DataFrame, per_split: pd.DataFrame, notes: list[str]) -
             f"| {r['nll_z']:+.1f} | {r['nll_gap_median']:+.3f} | {r['accuracy_gap']:+.3f} ± {r['accuracy_gap_se']:.3f} | {r['z_splits']} "
             f"| {r['near']} |"
         )
+    ref = REFERENCE_POSTERIOR
+    judged = summary[summary["splits_ref"] > 0] if "splits_ref" in summary else summary.iloc[:0]
+    if len(judged):
+        lines += [
+            "",
+            f"Against {ref} (the exact posterior of the same model), on the splits with a {ref} row:",
+            "",
+            f"| set | engine | met against {ref} | NLL − {ref}, mean |",
+            "|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['dataset']} | {r['method']} | {r['met_ref']}/{r['splits_ref']} | {r['nll_gap_ref']:+.3f} |"
+            for _, r in judged.iterrows()
+        ]
+    with_ref = len(judged) > 0
+    extra = f" NLL − {ref} | verdict against {ref} |" if with_ref else ""
     lines += [
         "",
         "## Per split",
         "",
-        "| set | split | engine | accuracy − logreg | NLL − logreg | noise AUROC ± se | z | verdict | file |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| set | split | engine | accuracy − logreg | NLL − logreg | noise AUROC ± se | z | verdict | file |" + extra,
+        "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if with_ref else ""),
     ]
     for _, r in per_split.iterrows():
+        cells = ""
+        if with_ref:
+            gap = r.get("nll_gap_ref", math.nan)
+            cells = " - | - |" if not math.isfinite(gap) else f" {gap:+.3f} | {'✓' if r['met_ref'] else '✗'} |"
         lines.append(
             f"| {r['dataset']} | {r['split']} | {r['method']} | {r['accuracy_gap']:+.3f} | {r['nll_gap']:+.3f} | "
-            f"{r['auroc']:.3f} ± {r['se']:.3f} | {r['z']:+.1f} | {'✓' if r['met'] else '✗'} | {r['source']} |"
+            f"{r['auroc']:.3f} ± {r['se']:.3f} | {r['z']:+.1f} | {'✓' if r['met'] else '✗'} | {r['source']} |" + cells
         )
     return "\n".join(lines) + "\n"
 

@@ -66,6 +66,35 @@ def test_an_engine_row_has_every_score(cls):
     assert row["error"] == ""
     for m in cls.METRICS:
         assert 0.0 <= row[m] and math.isfinite(row[m]), m
+    assert not set(cls.CHAIN_CHECKS) & set(row)  # one draw per member: no chain checks
+
+
+def test_chain_scores_of_an_mcmc_row_recomputed_per_chain(cls):
+    data = cls.load_dataset("iris")
+    options = {"num_chains": 3, "num_samples": 30, "num_warmup": 30, "max_tree_depth": 5, "chain_method": "sequential"}
+    row = cls.run_one("nuts", data, 0, options, held_out_class=False, noise_rows=None)
+    assert row["error"] == ""
+    s = cls.make_split(*data, 0)
+    post = cls._fit("nuts", s["x_train"], s["y_train"], 3, 0, options).posterior
+    total = post.num_chains * post.num_draws
+    per_chain = []
+    for c in range(post.num_chains):  # chain c's own model average, through predict's draw weights
+        w = torch.zeros(post.num_chains, post.num_draws)
+        w[c] = 1.0
+        probs = post.predict(s["x_test"], weights=w, num_samples=total, seed=0).probs
+        per_chain.append(metrics.nll(probs, s["y_test"]))
+    per_chain = torch.tensor(per_chain)
+    assert row["nll_chain_se"] == pytest.approx(float(per_chain.std() / math.sqrt(3)), rel=1e-4)
+    assert row["nll_chain_min"] == pytest.approx(float(per_chain.min()), rel=1e-4)
+    assert row["nll_chain_max"] == pytest.approx(float(per_chain.max()), rel=1e-4)
+    assert row["nll_chain_min"] <= row["nll"] <= row["nll_chain_max"] + 0.05  # pooling averages the chains
+    for col in ("rhat_f_max", "rhat_f_test_max"):
+        assert 1.0 <= row[col] < 10.0, col  # 3 chains of 30 draws: defined, not a tight check of mixing
+    for col in ("ess_f_min", "ess_f_test_min"):
+        assert 0.0 < row[col] <= 4 * total, col
+    depth = post.config["max_tree_depth"]
+    assert row["max_depth_frac"] == pytest.approx(float((post.sample_stats["tree_depth"] >= depth).double().mean()))
+    assert row["n_steps_mean"] >= 1.0
 
 
 def test_max_rows_takes_a_fixed_random_subset_of_distinct_rows(cls):
@@ -222,6 +251,39 @@ def test_verdicts_compare_each_engine_with_logistic_regression_on_its_split(cls)
     assert "| 0 | a | -0.020 | +0.020 | 0.820 ± 0.020 | 0.004 | +1.0 | ✓ (< 2 se) | 0.900 | ✓ |" in text
 
 
+def test_verdicts_against_nuts_judge_each_engine_by_the_exact_posterior_too(cls):
+    base = dict(error="", auroc_noise_ntest_mi=0.9, sedraw_noise_mi=0.004, se_noise_mi=0.02)
+    rows = pd.DataFrame(
+        [
+            dict(base, split=0, method="logreg", accuracy=0.95, nll=0.10, auroc_noise_mi=math.nan,
+                 auroc_noise_entropy=0.4, se_noise_entropy=0.05, sedraw_noise_entropy=0.01,
+                 auroc_noise_ntest_entropy=0.4),
+            dict(base, split=0, method="nuts", accuracy=0.94, nll=0.15, auroc_noise_mi=0.99),
+            dict(base, split=0, method="a", accuracy=0.95, nll=0.17, auroc_noise_mi=0.95),
+            dict(base, split=0, method="b", accuracy=0.95, nll=0.19, auroc_noise_mi=0.95),
+            dict(base, split=0, method="c", accuracy=0.95, nll=0.16, auroc_noise_mi=0.70),
+            dict(base, split=1, method="logreg", accuracy=0.95, nll=0.10, auroc_noise_mi=math.nan,
+                 auroc_noise_entropy=0.4, se_noise_entropy=0.05, sedraw_noise_entropy=0.01,
+                 auroc_noise_ntest_entropy=0.4),
+            dict(base, split=1, method="a", accuracy=0.95, nll=0.11, auroc_noise_mi=0.95),
+        ]
+    )  # fmt: skip
+    v = cls.verdicts(rows).set_index(["split", "method"])
+    assert not v.loc[(0, "a"), "met"] and v.loc[(0, "a"), "met_ref"]  # 0.07 above logreg, 0.02 above NUTS
+    assert v.loc[(0, "a"), "nll_gap_ref"] == pytest.approx(0.02)
+    assert v.loc[(0, "a"), "accuracy_gap_ref"] == pytest.approx(0.01)
+    assert not v.loc[(0, "b"), "met_ref"]  # 0.04 above NUTS
+    assert not v.loc[(0, "c"), "met_ref"]  # the AUROC half still counts
+    assert not v.loc[(0, "nuts"), "met"] and math.isnan(v.loc[(0, "nuts"), "nll_gap_ref"])  # not its own reference
+    assert v.loc[(1, "a"), "met"] and not v.loc[(1, "a"), "met_ref"]  # no NUTS row on split 1
+    assert math.isnan(v.loc[(1, "a"), "nll_gap_ref"])
+    text = cls.verdicts_markdown(cls.verdicts(rows))
+    assert "## Per split: the same target against nuts" in text
+    assert "| 0 | a | +0.010 | +0.020 | 0.950 | ✓ |" in text and "| 0 | b | +0.010 | +0.040 | 0.950 | ✗ |" in text
+    assert "| 1 | a |" not in text.split("against nuts")[1]  # only splits with a NUTS row
+    assert "against nuts" not in cls.verdicts_markdown(cls.verdicts(rows[rows["method"] != "nuts"]))
+
+
 def test_noise_rows_option_reaches_the_scores_and_the_verdicts_file(cls, tmp_path):
     args = ["--dataset", "iris", "--methods", "logreg,laplace", "--quick", "--no-class", "--out", str(tmp_path)]
     cls.main([*args, "--noise-rows", "0"])  # 0: as many as test rows, the scoring before
@@ -231,3 +293,17 @@ def test_noise_rows_option_reaches_the_scores_and_the_verdicts_file(cls, tmp_pat
     assert v["method"].tolist() == ["laplace"] and "Per split: issue 26" in (tmp_path / "iris.md").read_text()
     with pytest.raises(SystemExit, match="--noise-rows"):
         cls.main([*args, "--noise-rows", "1"])
+
+
+def test_per_split_file_has_one_header_for_rows_with_and_without_chain_checks(cls, tmp_path, monkeypatch):
+    def fake_run_one(method, data, split, options=None, **kwargs):  # a reference row, then an MCMC row
+        scores = {m: 0.5 for m in cls.METRICS}
+        row = dict(scores, method=method, split=split, n_train=120, error="", warnings="", accuracy=0.9, nll=0.2)
+        return row if method == "logreg" else dict(row, nll_chain_se=0.01, rhat_f_max=1.01, ess_f_min=900.0)
+
+    monkeypatch.setattr(cls, "run_one", fake_run_one)
+    cls.main(["--dataset", "iris", "--methods", "logreg,nuts", "--splits", "2", "--no-class", "--out", str(tmp_path)])
+    rows = pd.read_csv(tmp_path / "iris_splits.csv")  # appended row by row: the MCMC row's extra cells fit the header
+    assert rows["method"].tolist() == ["logreg", "nuts", "logreg", "nuts"]
+    assert rows["nll_chain_se"].isna().tolist() == [True, False, True, False]
+    assert rows.loc[1, "rhat_f_max"] == pytest.approx(1.01) and rows.loc[3, "ess_f_min"] == pytest.approx(900.0)

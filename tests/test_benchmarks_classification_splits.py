@@ -108,3 +108,32 @@ def test_overlapping_or_missing_files_are_errors_naming_the_argument(agg, tmp_pa
         agg.main(base + ["--prefixes", "a,c"])
     with pytest.raises(SystemExit, match="--methods: expected at least one engine"):
         agg.main(["--sets", "toy", "--prefixes", "a", "--methods", "logreg", "--folder", str(tmp_path)])
+
+
+def test_main_counts_the_verdicts_against_nuts_on_the_splits_that_have_a_nuts_row(agg, tmp_path):
+    pd.DataFrame(
+        [
+            _row(0, "logreg", 0.95, 0.10, 0),
+            _row(0, "nuts", 0.95, 0.15, 0.99),  # the posterior itself 0.05 above logistic regression
+            _row(0, "svi", 0.95, 0.17, 0.90),  # misses logreg's NLL half, within 0.03 of NUTS's
+            _row(0, "swag", 0.95, 0.20, 0.90),  # 0.05 above NUTS too
+            _row(1, "logreg", 0.95, 0.10, 0),
+            _row(1, "nuts", 0.95, 0.12, 0.99),
+            _row(1, "svi", 0.95, 0.11, 0.90),
+            _row(1, "swag", 0.95, 0.16, 0.90),  # 0.04 above NUTS
+            _row(2, "logreg", 0.95, 0.10, 0),
+            _row(2, "svi", 0.95, 0.11, 0.90),  # no NUTS row on split 2: not judged against it
+        ]
+    ).to_csv(tmp_path / "x_toy_splits.csv", index=False)
+    argv = ["--sets", "toy", "--prefixes", "x", "--methods", "nuts,svi,swag", "--folder", str(tmp_path)]
+    out = agg.main(argv + ["--out", str(tmp_path), "--name", "ref"]).set_index("method")
+    svi, swag, nuts = out.loc["svi"], out.loc["swag"], out.loc["nuts"]
+    assert (svi["met"], svi["met_ref"], svi["splits_ref"]) == (2, 2, 2)  # met on 1 and 2 against logreg
+    assert svi["nll_gap_ref"] == pytest.approx((0.02 - 0.01) / 2)
+    assert (swag["met"], swag["met_ref"], swag["splits_ref"]) == (0, 0, 2)
+    assert swag["nll_gap_ref"] == pytest.approx(0.045)
+    assert nuts["splits_ref"] == 0 and math.isnan(nuts["nll_gap_ref"])  # not its own reference
+    text = (tmp_path / "ref.md").read_text()
+    assert "| toy | svi | 2/2 | +0.005 |" in text and "| toy | swag | 0/2 | +0.045 |" in text
+    assert "| toy | 0 | svi | +0.000 | +0.070 | 0.900 ± 0.020 | +5.0 | ✗ | x_toy_splits.csv | +0.020 | ✓ |" in text
+    assert "| toy | 2 | svi | +0.000 | +0.010 | 0.900 ± 0.020 | +5.0 | ✓ | x_toy_splits.csv | - | - |" in text
