@@ -205,8 +205,19 @@ def compare(
     rows = pd.DataFrame(rows)
     table = _table(rows, task, len(data), ood is not None)
     return Comparison(
-        table=table, posteriors=posteriors, rows=rows, task=task, test=data[0], total_s=time.perf_counter() - started
+        table=table,
+        posteriors=posteriors,
+        rows=rows,
+        task=task,
+        test=_own(data[0]),
+        total_s=time.perf_counter() - started,
     )
+
+
+def _own(split: Split) -> Split:
+    """The result's own copy of the first split (what :meth:`Comparison.plot` draws): a user's array edited in place
+    after the comparison would otherwise change the figures (tensors cloned; numpy and pandas ``.copy()``)."""
+    return tuple(t.clone() if isinstance(t, torch.Tensor) else t.copy() if hasattr(t, "copy") else t for t in split)
 
 
 def _run(

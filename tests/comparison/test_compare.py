@@ -357,3 +357,18 @@ def test_the_code_identity_changes_with_any_source_file_and_library_version(tmp_
     monkeypatch.setattr(cache.metadata, "version", lambda name: "9.9" if name == "pyro-ppl" else version(name))
     assert digest() != second
     assert cache.code_identity() == cache.code_identity()  # once per process
+
+
+@pytest.mark.parametrize("kind", ["torch", "numpy"])
+def test_the_result_keeps_its_own_copy_of_the_split_it_plots(reg_model, kind):
+    x, y = _regression()
+    x_test, y_test = _regression(30, seed=1)
+    if kind == "numpy":
+        x, y, x_test, y_test = (t.numpy() for t in (x, y, x_test, y_test))
+    result = bp.compare(
+        reg_model, x, y, test=(x_test, y_test), methods=["swag"], options={"swag": TINY["swag"]}, progress=False
+    )
+    before = [torch.as_tensor(t).clone() for t in result.test]
+    for t in (x, y, x_test, y_test):
+        t[:] = 0  # the user's arrays edited in place after the comparison
+    assert all(torch.equal(torch.as_tensor(a), b) for a, b in zip(result.test, before))
