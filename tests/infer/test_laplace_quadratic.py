@@ -124,6 +124,44 @@ def test_the_features_are_computed_once_not_once_per_draw():
     assert excess == pytest.approx(expected, rel=1e-4, abs=1e-4)
 
 
+@pytest.mark.parametrize("case", ["frozen last bias", "last weight a point value", "last weight frozen"])
+def test_the_excess_is_the_networks_own_when_a_last_layer_site_is_not_drawn(case):
+    """A Laplace fit may cover only part of the last layer (its bias alone), and a frozen parameter is a buffer: the
+    excess must use the layer's fixed values, as the network does (it raised KeyError on the weight, and dropped a
+    frozen bias from every logit)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
+    with torch.no_grad():
+        net[2].bias.copy_(torch.tensor([1.5, -1.5]))  # unequal: a dropped bias changes the softmax
+    bayesian = None
+    if case == "frozen last bias":
+        net[2].bias.requires_grad_(False)
+    elif case == "last weight frozen":
+        net[2].weight.requires_grad_(False)
+    else:
+        bayesian = ["0.weight", "0.bias", "2.bias"]
+    model = bp.BNN(
+        net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical(), bayesian=bayesian or "all"
+    )
+    g = torch.Generator().manual_seed(0)
+    y = torch.arange(60) % 2
+    x = torch.randn(60, 2, generator=g) + y[:, None]
+    post = bp.fit(model, x, y, method="laplace", seed=0, progress=False)  # raised KeyError: '2.weight'
+    assert set(post.config["quadratic_excess"]) >= {"excess", "expected"}
+    approx = lap.laplace_approximation(model, Data(x=x, y=y), seed=0)
+    pot, fitted = approx.potential, approx.model
+    mean = {k: v[0] for k, v in pot.constrain(pot.unflatten(approx.mean[None])).items()}
+    draws = approx.sample(DRAWS, seed=1)
+    excess = draws_excess(fitted, draws, mean, x, y)
+    with torch.no_grad():  # every draw through the whole network (its buffers and point values included)
+        lik = fitted.likelihood
+        f, f0 = fitted.forward_draws(draws, x), fitted.forward_draws({k: v[None] for k, v in mean.items()}, x)
+        expected = float(
+            (lik.distribution(f0, {}).log_prob(y).sum(-1) - lik.distribution(f, {}).log_prob(y).sum(-1)).mean()
+        )
+    assert excess == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
 def test_gamma_is_formed_only_for_the_fits_whose_quadratic_excess_is_judged(monkeypatch):
     """gamma = tr(H^-1 G) is a dense O(k^3) solve with k right-hand sides: it used to run on every dense Laplace fit
     (regressions, Pyro functions, full nets), though only a classifier linear in its covered weights reads it."""

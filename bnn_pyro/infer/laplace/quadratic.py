@@ -73,9 +73,13 @@ def draws_excess(model, draws: dict[str, torch.Tensor], mean: dict[str, torch.Te
         x, target, scale = x[keep], target[keep], len(x) / ROWS
     linear = isinstance(model.net, torch.nn.Linear)  # a net that is one Linear layer: its features are x
     last = "" if linear else f"{len(model.net) - 1}."
-    every = {**model.point_values(), **mean}  # point values and the Gaussian's mean (the body's are not covered)
-    weight, fixed_bias = sub[last + "weight"], every.get(last + "bias")
-    bias = sub.get(last + "bias", None if fixed_bias is None else fixed_bias.expand(len(weight), -1))
+    # frozen parameters (buffers), point values and the Gaussian's mean: the last layer's weight or bias may be any
+    # of them (a Laplace fit may cover only the last bias; a frozen bias is a buffer)
+    every = {**model.buffers_dict(), **model.point_values(), **mean}
+    n = len(next(iter(sub.values())))
+    weight = sub.get(last + "weight", every[last + "weight"].expand(n, *every[last + "weight"].shape))
+    fixed_bias = every.get(last + "bias")
+    bias = sub.get(last + "bias", None if fixed_bias is None else fixed_bias.expand(n, -1))
     with torch.no_grad(), evaluating(model):  # the network as it predicts (dropout off, BatchNorm's statistics)
         phi = x if linear else model.features(mean, x)
 
