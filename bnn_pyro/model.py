@@ -244,7 +244,10 @@ class BNN(nn.Module):
         unbatched weights ``params`` (missing point weights and buffers are the model's own; the last module's
         are ignored). Evaluated on the stateless template, so the model itself is untouched."""
         if not isinstance(self._template, nn.Sequential) or not len(self._template):
-            raise TypeError(f"features: the net is a {type(self._template).__name__}; expected an nn.Sequential.")
+            raise TypeError(
+                f"features: the net is a {type(self._template).__name__}; expected an nn.Sequential whose last module "
+                "is the head; wrap the net as nn.Sequential(body, head) to take its last layer's features."
+            )
         last = f"{len(self._template) - 1}."
         weights = {k: v for k, v in {**self.point_values(), **params}.items() if k in self.param_shapes}
         buffers = self.buffers_dict()

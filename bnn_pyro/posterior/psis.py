@@ -143,7 +143,8 @@ def psis(post, x=None, y=None, *, num_samples: int | None = None, seed: int = 0,
         stratified by chain: ``num_samples // num_chains`` draws of each chain (one more for the first
         ``num_samples % num_chains`` chains), since each chain is smoothed on its own and needs at least
         :data:`MIN_DRAWS_PER_CHAIN` (21) of them, so ``num_samples >= 21 * num_chains``; a stratified subset makes
-        that count, and so whether the call runs, independent of ``seed``. ``q``'s draws are the ones the fit
+        that count, and so whether the call runs, independent of ``seed``. A chain gives at most its stored draws
+        (drawn without replacement), so ``num_samples`` above ``num_chains * num_draws`` uses every draw. ``q``'s draws are the ones the fit
         stored: to use more, fit with more ``num_samples``.
     warn:
         Warn (:class:`~bnn_pyro.posterior.diagnostics.DiagnosticWarning`) when ``k_hat > 0.7``.
@@ -283,8 +284,8 @@ def _require_draws(post, idx: torch.Tensor, num_samples: int | None) -> None:
     )
     if num_samples is not None and int(post.num_draws) >= MIN_DRAWS_PER_CHAIN:  # the subset, not the fit, is short
         raise ValueError(
-            f"psis: num_samples={num_samples} spreads {fewest} draw{'s' if fewest != 1 else ''} over each of "
-            f"{post.num_chains} chains, too few for k_hat: {why} Pass num_samples >= "
+            f"psis: num_samples={num_samples} over {post.num_chains} chains leaves a chain with {fewest} "
+            f"draw{'s' if fewest != 1 else ''}, too few for k_hat: {why} Pass num_samples >= "
             f"{MIN_DRAWS_PER_CHAIN * post.num_chains} ({MIN_DRAWS_PER_CHAIN} per chain), or omit it (every stored "
             "draw)."
         )

@@ -253,7 +253,7 @@ def test_too_few_draws_per_chain_are_refused_with_what_to_do(draws):
             post.psis()
     exact = _chains_of(blr, 21)
     assert exact.psis().k_hat < 0.7  # 21 draws: a finite k_hat, and an exact q is judged fine
-    with pytest.raises(ValueError, match=r"num_samples=10 spreads 10 draws over each of 1 chains.*>= 21.*omit it"):
+    with pytest.raises(ValueError, match=r"num_samples=10 over 1 chains leaves a chain with 10 draws.*>= 21.*omit it"):
         _gaussian_posterior(blr, blr.mean, blr.cov).psis(num_samples=10)
 
 
@@ -267,5 +267,5 @@ def test_a_subset_of_draws_is_stratified_by_chain_so_seed_does_not_decide_whethe
         used = torch.isfinite(result.log_weights).sum(1)
         assert used.tolist() == [25, 25, 25, 25]
     for seed in range(10):  # 20 per chain: refused at every seed, naming the subset and what to pass
-        with pytest.raises(ValueError, match=r"num_samples=80 spreads 20 draws over each of 4 chains.*>= 84"):
+        with pytest.raises(ValueError, match=r"num_samples=80 over 4 chains leaves a chain with 20 draws.*>= 84"):
             post.psis(num_samples=80, seed=seed)
