@@ -5,10 +5,15 @@ must match them within what its Gaussian guide can represent, or warn.
 
 Tolerances. NUTS: each mean within :data:`Z_MAX` Monte Carlo standard errors (the ESS of the draws, ArviZ), each sd
 too (ArviZ's MCSE of the sd): 4 is a two-sided 6e-5 tail per comparison, 2e-3 for the 34 comparisons together.
-SVI is not a sampler: its error is the guide's bias, not Monte Carlo noise. With 1,000 draws the Monte Carlo error
-of a guide's mean is 0.03 sd, so :data:`APPROX_MEAN` (0.25 posterior sd) and :data:`APPROX_SD` (a factor 1.5 either
-way) measure the guide's fit: a full-rank Gaussian in unconstrained coordinates represents the regressions exactly up
-to the noise scale's skew, and eight schools' ``tau`` only roughly (its log is skewed), which the sd check allows.
+SVI is not a sampler: its error is the guide's bias plus the Monte Carlo error of its draws. A full-rank guide is
+checked against what a correct full-rank guide gives (the KL-optimal Gaussian in the engine's unconstrained
+coordinates, computed here from the model's density, ``reference/kl_optimum.py``) within 4 Monte Carlo standard errors
+of its draws (:func:`_full_rank_off` states the derivation): on kidiq and logistic that optimum is within 0.01 sd and
+1% of the exact moments, so a guide 30% too wide fails there (the old factor 1.5 let it pass). The other guides keep
+:data:`APPROX_MEAN` (0.25 posterior sd) and :data:`APPROX_SD` (a factor 1.5 either way): there the question is whether
+the fit is close enough to the exact posterior to go unwarned, a judgement of usefulness rather than a derived Monte
+Carlo bound (a mean-field guide on a correlated Gaussian is, by its own optimum, 1 / sqrt(Sigma_ii Lambda_ii) too
+narrow: ~7x on kidiq, so its rule is "warn"), and :data:`TAU_SD_MIN` is not yet derived for them.
 """
 
 from __future__ import annotations
@@ -17,8 +22,10 @@ import warnings
 
 import arviz as az
 import numpy as np
+import pyro
 import pytest
 import torch
+from reference.kl_optimum import kl_optimum, log_joint, positive
 from reference.posteriors import ALL, flat_draws, kidiq
 
 import bnn_pyro as bp
@@ -74,16 +81,80 @@ def _off(ref, post, *, sd_min=None):
     ]
 
 
+def _full_rank_off(ref, post, optimum):
+    """The coordinates where a full-rank guide's draws are off what a correct full-rank guide gives (the KL-optimal
+    Gaussian in the engine's unconstrained coordinates, :func:`reference.kl_optimum.kl_optimum`), ``(name, z, ratio,
+    z bound, ratio bound)``. Derivation, per parameter: the reference is exact (quadrature error below 1e-6 sd), so its
+    Monte Carlo error is zero; the optimum's own error is the spread of two quasi-Monte Carlo estimates of it (two
+    Sobol scramblings, ``optimum["qmc"]``); the engine's N independent draws from its guide put their mean within
+    ``Z_MAX * r / sqrt(N)`` exact sds of the guide's mean, and their sd within ``Z_MAX * r * sqrt((kurt - 1) / (4 N))``
+    (the delta method on the sample variance, whose sd is ``sd^2 sqrt((kurt - 1) / N)``; kurt is 3 for a Gaussian
+    coordinate, the log-normal's for a positive one) of the guide's sd, r being the optimum's sd ratio."""
+    z, ratio, d = _errors(ref, post)
+    n = d.shape[0] * d.shape[1]
+    r, kurt = optimum["ratio"], optimum["kurt"]
+    z_bound = Z_MAX * r / np.sqrt(n) + optimum["qmc"]
+    r_bound = Z_MAX * r * np.sqrt((kurt - 1) / (4 * n)) + optimum["qmc"]
+    return [
+        (name, round(float(a), 3), round(float(b), 3), round(float(zb), 3), round(float(rb), 3))
+        for name, a, b, a0, b0, zb, rb in zip(ref.names, z, ratio, optimum["z"], r, z_bound, r_bound)
+        if not (abs(a - a0) <= zb and abs(b - b0) <= rb)
+    ]
+
+
+def _optimum(ref):
+    one, two = kl_optimum(ref, seed=0), kl_optimum(ref, seed=1)
+    qmc = np.maximum(np.abs(one["z"] - two["z"]), np.abs(one["ratio"] - two["ratio"]))
+    return {**one, "qmc": qmc}
+
+
+@pytest.mark.parametrize("name", list(ALL))
+def test_the_hand_written_log_joints_are_the_models(name):
+    """:func:`reference.kl_optimum.log_joint` (the derivation's density) against Pyro's trace of the model, with the
+    log-Jacobian of ``exp`` for the positive parameters, at the exact means and at a point 1 sd off."""
+    ref = ALL[name]()
+    pos = positive(ref)
+    for shift in (0.0, 1.0):
+        v = ref.mean + shift * ref.sd * np.where(np.arange(len(ref.names)) % 2, 1, -1)
+        u = np.where(pos, np.log(np.abs(v)), v)
+        sites, i = {}, 0
+        trace = pyro.poutine.trace(ref.model).get_trace(ref.x, ref.y)
+        for site, node in trace.nodes.items():
+            if node["type"] == "sample" and not node["is_observed"] and site != "data":
+                k = node["value"].numel()
+                sites[site] = torch.as_tensor(v[i : i + k], dtype=torch.float32).reshape(node["value"].shape)
+                i += k
+        cond = pyro.poutine.trace(pyro.poutine.condition(ref.model, sites)).get_trace(ref.x, ref.y)
+        pyro_lp = float(cond.log_prob_sum()) + float(u[pos].sum())
+        ours = float(log_joint(ref, torch.as_tensor(u, dtype=torch.float64)[None])[0])
+        assert i == len(ref.names) and abs(pyro_lp - ours) < 1e-4 * abs(ours), (shift, pyro_lp, ours)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(ALL))
 def test_full_rank_svi_at_its_defaults_matches_the_references(name):
-    """The defaults a user gets (Laplace start, 5,000 steps): a full-rank guide matches all three, without warnings.
+    """The defaults a user gets (Laplace start, 5,000 steps): a full-rank guide matches what a correct full-rank guide
+    gives on all three (its known error plus the draws' Monte Carlo error, :func:`_full_rank_off`), without warnings.
     Before the Laplace start the regressions ended hundreds of sd away (a coefficient of -216 where it is 0.49)."""
     ref = ALL[name]()
     post, messages = _fit(ref, method="svi", guide="full_rank")
-    tau = [TAU_SD_MIN if n == "tau" else 1 / APPROX_SD for n in ref.names]
-    bad = _off(ref, post, sd_min=np.array(tau))
-    assert not bad and not messages, (bad, messages)
+    bad = _full_rank_off(ref, post, _optimum(ref))
+    if FULL_RANK[name] == "matches":
+        assert not bad and not messages, (bad, messages)
+    else:  # a known miss: pinned, so that a fix (or a change in which parameters are off) updates the table
+        assert sorted(b[0] for b in bad) == FULL_RANK[name] and not messages, (bad, messages)
+
+
+FULL_RANK = {
+    "eight_schools": ["tau", "theta_tilde[0]", "theta_tilde[1]", "theta_tilde[6]"],
+    "kidiq": "matches",
+    "logistic": "matches",
+}
+"""Full-rank SVI at its defaults against the KL-optimal full-rank Gaussian (:func:`_full_rank_off`): ``"matches"``,
+or the parameters of a known miss. Eight schools (seed 0): the means of tau and theta_tilde[0, 1, 6] end 0.24, 0.13,
+0.16 and 0.14 exact sds from the optimum's, where the draws' Monte Carlo error allows 0.10-0.13 (tau's sd ratio,
+0.72 against the optimum's 0.81, is within its allowance of 0.25): 5,000 steps of one-particle Adam from the joint
+mode do not reach the optimum on its funnel. Not loosened: the bound is derived, the miss is the engine's."""
 
 
 OTHER_GUIDES = {
