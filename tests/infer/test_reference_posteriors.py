@@ -8,12 +8,13 @@ too (ArviZ's MCSE of the sd): 4 is a two-sided 6e-5 tail per comparison, 2e-3 fo
 SVI is not a sampler: its error is the guide's bias plus the Monte Carlo error of its draws. A full-rank guide is
 checked against what a correct full-rank guide gives (the KL-optimal Gaussian in the engine's unconstrained
 coordinates, computed here from the model's density, ``reference/kl_optimum.py``) within 4 Monte Carlo standard errors
-of its draws (:func:`_full_rank_off` states the derivation): on kidiq and logistic that optimum is within 0.01 sd and
+of its draws (:func:`_optimum_off` states the derivation): on kidiq and logistic that optimum is within 0.01 sd and
 1% of the exact moments, so a guide 30% too wide fails there (the old factor 1.5 let it pass). The other guides keep
 :data:`APPROX_MEAN` (0.25 posterior sd) and :data:`APPROX_SD` (a factor 1.5 either way): there the question is whether
 the fit is close enough to the exact posterior to go unwarned, a judgement of usefulness rather than a derived Monte
 Carlo bound (a mean-field guide on a correlated Gaussian is, by its own optimum, 1 / sqrt(Sigma_ii Lambda_ii) too
-narrow: ~7x on kidiq, so its rule is "warn"), and :data:`TAU_SD_MIN` is not yet derived for them.
+narrow: ~7x on kidiq, so its rule is "warn"). Eight schools' other guides are checked like the full-rank one,
+against their own family's optimum (:data:`OTHER_GUIDES`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 Z_MAX = 4.0
 APPROX_MEAN = 0.25
 APPROX_SD = 1.5
-TAU_SD_MIN = 0.6  # eight schools' tau: a Gaussian in log tau is narrower than its skewed posterior (measured 0.7-0.9)
 
 
 def _errors(ref, post):
@@ -69,21 +69,20 @@ def test_nuts_matches_the_references_within_monte_carlo_error(name):
         assert abs(z_mean) < Z_MAX and abs(z_sd) < Z_MAX, (label, z_mean, z_sd, ess)
 
 
-def _off(ref, post, *, sd_min=None):
+def _off(ref, post):
     """The coordinates where the guide does not match the reference (means and sds, module docstring):
     ``(name, mean error in sd, sd ratio)``."""
     z, ratio, _ = _errors(ref, post)
-    low = np.full(len(ratio), 1 / APPROX_SD) if sd_min is None else sd_min
     return [
         (n, round(float(a), 2), round(float(b), 2))
-        for n, a, b, lo in zip(ref.names, z, ratio, low)
-        if not (abs(a) <= APPROX_MEAN and lo <= b <= APPROX_SD)
+        for n, a, b in zip(ref.names, z, ratio)
+        if not (abs(a) <= APPROX_MEAN and 1 / APPROX_SD <= b <= APPROX_SD)
     ]
 
 
-def _full_rank_off(ref, post, optimum):
-    """The coordinates where a full-rank guide's draws are off what a correct full-rank guide gives (the KL-optimal
-    Gaussian in the engine's unconstrained coordinates, :func:`reference.kl_optimum.kl_optimum`), ``(name, z, ratio,
+def _optimum_off(ref, post, optimum):
+    """The coordinates where a guide's draws are off what a correct guide of its family gives (the KL-optimal
+    Gaussian of the family in the engine's unconstrained coordinates, :func:`reference.kl_optimum.kl_optimum`), ``(name, z, ratio,
     z bound, ratio bound)``. Derivation, per parameter: the reference is exact (quadrature error below 1e-6 sd), so its
     Monte Carlo error is zero; the optimum's own error is the spread of two quasi-Monte Carlo estimates of it (two
     Sobol scramblings, ``optimum["qmc"]``); the engine's N independent draws from its guide put their mean within
@@ -102,8 +101,8 @@ def _full_rank_off(ref, post, optimum):
     ]
 
 
-def _optimum(ref):
-    one, two = kl_optimum(ref, seed=0), kl_optimum(ref, seed=1)
+def _optimum(ref, family="full_rank"):
+    one, two = kl_optimum(ref, family=family, seed=0), kl_optimum(ref, family=family, seed=1)
     qmc = np.maximum(np.abs(one["z"] - two["z"]), np.abs(one["ratio"] - two["ratio"]))
     return {**one, "qmc": qmc}
 
@@ -134,11 +133,11 @@ def test_the_hand_written_log_joints_are_the_models(name):
 @pytest.mark.parametrize("name", list(ALL))
 def test_full_rank_svi_at_its_defaults_matches_the_references(name):
     """The defaults a user gets (Laplace start, 5,000 steps): a full-rank guide matches what a correct full-rank guide
-    gives on all three (its known error plus the draws' Monte Carlo error, :func:`_full_rank_off`), without warnings.
+    gives on all three (its known error plus the draws' Monte Carlo error, :func:`_optimum_off`), without warnings.
     Before the Laplace start the regressions ended hundreds of sd away (a coefficient of -216 where it is 0.49)."""
     ref = ALL[name]()
     post, messages = _fit(ref, method="svi", guide="full_rank")
-    bad = _full_rank_off(ref, post, _optimum(ref))
+    bad = _optimum_off(ref, post, _optimum(ref))
     if FULL_RANK[name] == "matches":
         assert not bad and not messages, (bad, messages)
     else:  # a known miss: pinned, so that a fix (or a change in which parameters are off) updates the table
@@ -150,7 +149,7 @@ FULL_RANK = {
     "kidiq": "matches",
     "logistic": "matches",
 }
-"""Full-rank SVI at its defaults against the KL-optimal full-rank Gaussian (:func:`_full_rank_off`): ``"matches"``,
+"""Full-rank SVI at its defaults against the KL-optimal full-rank Gaussian (:func:`_optimum_off`): ``"matches"``,
 or the parameters of a known miss. Eight schools (seed 0): the means of tau and theta_tilde[0, 1, 6] end 0.24, 0.13,
 0.16 and 0.14 exact sds from the optimum's, where the draws' Monte Carlo error allows 0.10-0.13 (tau's sd ratio,
 0.72 against the optimum's 0.81, is within its allowance of 0.25): 5,000 steps of one-particle Adam from the joint
@@ -164,7 +163,14 @@ OTHER_GUIDES = {
     **{("low_rank", n): "matches" for n in ALL},
 }
 """What the other guides do at their defaults: ``"matches"`` (nothing off; a note may come), or the phrase of the
-warning that says what is off (pinned, so that a warning about something else cannot excuse a fit that is off)."""
+warning that says what is off (pinned, so that a warning about something else cannot excuse a fit that is off).
+"matches" on eight schools is derived: every parameter within the Monte Carlo error of what a correct guide of that
+family gives (:func:`_optimum_off`; that optimum is within 0.04 sd and 5% of the exact moments but for tau, whose
+log-normal under a Gaussian in log tau is 23% (mean-field) and 16% (low-rank) too narrow). On kidiq and logistic
+"matches" is :data:`APPROX_MEAN` and :data:`APPROX_SD` against the exact moments: the wide factor stays there, as a
+judgement of whether the fit is close enough to go unwarned (a mean-field guide's own optimum on a correlated Gaussian
+is 1 / sqrt(Sigma_ii Lambda_ii) too narrow, ~7x on kidiq, so its rule is "warn"); the low-rank optimum of those two is
+not derived here (its search in the Laplace-scaled coordinates does not converge within a test's time)."""
 
 
 @pytest.mark.slow
@@ -173,8 +179,11 @@ warning that says what is off (pinned, so that a warning about something else ca
 def test_other_guides_at_their_defaults_match_or_warn(name, guide):
     ref = ALL[name]()
     post, messages = _fit(ref, method="svi", guide=guide)
-    tau = [TAU_SD_MIN if n == "tau" else 1 / APPROX_SD for n in ref.names]
-    bad, says = _off(ref, post, sd_min=np.array(tau)), OTHER_GUIDES[guide, name]
+    if name == "eight_schools":
+        bad = _optimum_off(ref, post, _optimum(ref, guide))
+    else:
+        bad = _off(ref, post)
+    says = OTHER_GUIDES[guide, name]
     if says == "matches":
         assert not bad, (bad, messages)
     else:

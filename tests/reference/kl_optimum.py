@@ -82,38 +82,75 @@ def laplace(ref: ReferencePosterior) -> tuple[torch.Tensor, torch.Tensor]:
     return u, torch.linalg.cholesky(torch.linalg.inv(-torch.autograd.functional.hessian(f, u)))
 
 
-def kl_optimum(ref: ReferencePosterior, *, num: int = 2**13, seed: int = 0) -> dict:
-    """The KL-optimal full-rank Gaussian (module docstring), searched in the Laplace approximation's whitened
-    coordinates (``m = mode + C a``, ``L = C T``, ``C`` the Laplace factor): ``z`` (its mean error in exact sds),
-    ``ratio`` (its sd over the exact sd) and ``kurt`` (the reported parameter's fourth central moment over sd^4 under
-    it: 3, or the log-normal's), per reported parameter."""
-    p = len(ref.names)
+def _base(p: int, num: int, seed: int) -> torch.Tensor:
+    """``2 num`` standard normal points in ``p`` dimensions: scrambled Sobol, with antithetic pairs."""
     base = torch.quasirandom.SobolEngine(p, scramble=True, seed=seed).draw(num, dtype=torch.float64)
     e = torch.distributions.Normal(0.0, 1.0).icdf(base.clamp(1e-12, 1 - 1e-12))
-    e = torch.cat([e, -e])
-    mode, chol = laplace(ref)
-    a = torch.zeros(p, dtype=torch.float64, requires_grad=True)
-    raw = torch.zeros(p, p, dtype=torch.float64, requires_grad=True)
-    opt = torch.optim.LBFGS(
-        [a, raw], lr=1.0, max_iter=5000, tolerance_grad=1e-10, tolerance_change=1e-14, line_search_fn="strong_wolfe"
-    )
+    return torch.cat([e, -e])
 
-    def factor():
-        return chol @ (torch.tril(raw, -1) + torch.diag(torch.exp(torch.diagonal(raw))))
+
+def _maximize(params, objective) -> None:
+    opt = torch.optim.LBFGS(
+        params, lr=1.0, max_iter=5000, tolerance_grad=1e-10, tolerance_change=1e-14, line_search_fn="strong_wolfe"
+    )
 
     def loss():
         opt.zero_grad()
-        m, L = mode + chol @ a, factor()
-        out = -(log_joint(ref, m + e @ L.T).mean() + torch.diagonal(raw).sum())
+        out = -objective()
         out.backward()
         return out
 
     opt.step(loss)
-    with torch.no_grad():
-        mu, s = (mode + chol @ a).numpy(), torch.sqrt((factor() ** 2).sum(1)).numpy()
+
+
+def kl_optimum(ref: ReferencePosterior, *, family: str = "full_rank", num: int = 2**13, seed: int = 0) -> dict:
+    """The KL-optimal Gaussian of a guide family (module docstring) in the unconstrained coordinates: ``"full_rank"``
+    (any covariance; searched in the Laplace approximation's whitened coordinates, ``m = mode + C a``, ``L = C T``),
+    ``"mean_field"`` (diagonal) or ``"low_rank"`` (``diag(d^2) + W W'``, ``W`` of Pyro's default rank
+    ``round(sqrt(P))``; both searched in coordinates scaled by the Laplace sds, which keeps either family). Returns
+    ``z`` (its mean error in exact sds), ``ratio`` (its sd over the exact sd) and ``kurt`` (the reported parameter's
+    fourth central moment over sd^4 under it: 3, or the log-normal's), per reported parameter."""
+    p = len(ref.names)
+    mode, chol = laplace(ref)
+    if family == "full_rank":
+        e = _base(p, num, seed)
+        a = torch.zeros(p, dtype=torch.float64, requires_grad=True)
+        raw = torch.zeros(p, p, dtype=torch.float64, requires_grad=True)
+
+        def factor():
+            return chol @ (torch.tril(raw, -1) + torch.diag(torch.exp(torch.diagonal(raw))))
+
+        _maximize([a, raw], lambda: log_joint(ref, mode + chol @ a + e @ factor().T).mean() + torch.diagonal(raw).sum())
+        with torch.no_grad():
+            mu, s = (mode + chol @ a).numpy(), torch.sqrt((factor() ** 2).sum(1)).numpy()
+    elif family in ("mean_field", "low_rank"):
+        k = round(math.sqrt(p)) if family == "low_rank" else 0
+        e = _base(p + k, num, seed)
+        scale = torch.sqrt((chol**2).sum(1))
+        a = torch.zeros(p, dtype=torch.float64, requires_grad=True)
+        b = torch.zeros(p, dtype=torch.float64, requires_grad=True)
+        w = (
+            0.1 * torch.randn(p, k, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+        ).requires_grad_()
+
+        def entropy():  # log det of diag(d^2) + W W', up to a constant: the matrix determinant lemma
+            d2 = torch.exp(2 * b)
+            inner = torch.eye(k, dtype=torch.float64) + (w / d2[:, None]).T @ w
+            return 0.5 * (2 * b.sum() + torch.logdet(inner))
+
+        def objective():
+            z = mode + scale * (a + torch.exp(b) * e[:, :p] + e[:, p:] @ w.T)
+            return log_joint(ref, z).mean() + entropy()
+
+        _maximize([a, b, w], objective)
+        with torch.no_grad():
+            mu = (mode + scale * a).numpy()
+            s = (scale * torch.sqrt(torch.exp(2 * b) + (w**2).sum(1))).numpy()
+    else:
+        raise ValueError(f"family: expected 'full_rank', 'mean_field' or 'low_rank', got {family!r}")
     pos = positive(ref)
-    w = np.expm1(s**2)
+    v = np.expm1(s**2)
     mean = np.where(pos, np.exp(mu + s**2 / 2), mu)
-    sd = np.where(pos, mean * np.sqrt(w), s)
-    kurt = np.where(pos, (w + 1) ** 4 + 2 * (w + 1) ** 3 + 3 * (w + 1) ** 2 - 3, 3.0)
+    sd = np.where(pos, mean * np.sqrt(v), s)
+    kurt = np.where(pos, (v + 1) ** 4 + 2 * (v + 1) ** 3 + 3 * (v + 1) ** 2 - 3, 3.0)
     return dict(z=(mean - ref.mean) / ref.sd, ratio=sd / ref.sd, kurt=kurt)
