@@ -59,6 +59,35 @@ def _iid_z(w: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> dict[str, 
     return z
 
 
+def _stay_bound(start, mean, cov, inverse_mass, step_size, *, num_momenta: int = 64) -> float:
+    """An upper bound on the fraction of exact draws that one NUTS transition leaves where they were, plus
+    ``Z_MAX`` binomial standard errors of the fraction over ``len(start)`` draws. The kernel's top-level doublings are
+    biased progressive sampling (``bnn_pyro/infer/_nuts.py``: the new subtree's draw replaces the current one with
+    probability ``min(1, w_new / w_old)``), so the first doubling (one leapfrog leaf, weight ``exp(-dH)`` against the
+    start's 1; a divergent leaf is dropped) moves a draw with probability ``min(1, exp(-dH))``, and a later doubling
+    keeps the current point or moves to a new one, never back to the start. Hence P(stay) <= E[1 - min(1, exp(-dH))]
+    over the start draws and momenta ``p ~ N(0, M)``, either direction alike for a Gaussian: ``dH`` is the energy
+    error of one leapfrog step on the exact Gaussian posterior's potential (a non-finite one counts as a stay);
+    ``num_momenta`` momenta per draw make the Monte Carlo error of that expectation negligible against the binomial
+    error of the observed fraction. An identity kernel (nothing moves) fails it."""
+    precision = torch.linalg.inv(cov.double())
+    inv_m = inverse_mass.double()
+    z0 = start.double().repeat(num_momenta, 1)
+    gen = torch.Generator().manual_seed(1)
+    p0 = torch.randn(z0.shape, generator=gen, dtype=torch.float64) @ torch.linalg.cholesky(torch.linalg.inv(inv_m)).T
+
+    def energy(z, p):
+        d = z - mean.double()
+        return 0.5 * ((d @ precision) * d).sum(1) + 0.5 * ((p @ inv_m) * p).sum(1)
+
+    p = p0 - 0.5 * step_size * (z0 - mean.double()) @ precision
+    z = z0 + step_size * p @ inv_m
+    p = p - 0.5 * step_size * (z - mean.double()) @ precision
+    d_h = torch.nan_to_num(energy(z, p) - energy(z0, p0), nan=math.inf)
+    bound = float((1 - torch.exp(-d_h.clamp(min=0.0))).mean())
+    return bound + Z_MAX * math.sqrt(bound * (1 - bound) / len(start))
+
+
 @pytest.mark.parametrize(
     "step_size, max_tree_depth, mass",
     [
@@ -81,11 +110,14 @@ def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth, mass)
     assert kernel._names == ("bias", "weight")  # the flat vector: bias first, then the weights
     order = [2, 0, 1]  # exact.cov is (weight, weight, bias)
     cov = exact.cov[order][:, order].float()
+    inverse_mass = torch.eye(3)
     if mass == "diagonal":
+        inverse_mass = torch.diag(2.0 * cov.diagonal())
         adapter.mass_matrix_adapter.inverse_mass_matrix = {kernel._names: 2.0 * cov.diagonal()}
     elif mass == "dense":
         twist = torch.tensor([[1.0, 0.2, 0.0], [0.0, 1.0, 0.3], [0.1, 0.0, 1.0]])
-        adapter.mass_matrix_adapter.inverse_mass_matrix = {kernel._names: 1.5 * twist @ cov @ twist.T}
+        inverse_mass = 1.5 * twist @ cov @ twist.T
+        adapter.mass_matrix_adapter.inverse_mass_matrix = {kernel._names: inverse_mass}
     out, steps = [], []
     for w in start:
         z = torch.cat([w[-1:], w[:-1]])[None]
@@ -95,7 +127,10 @@ def test_one_transition_keeps_exact_draws_exact(step_size, max_tree_depth, mass)
         out.append(torch.cat([params["weight"].reshape(-1), params["bias"].reshape(-1)]))
         steps.append(kernel.stats.n_steps)
     w = torch.stack(out).double()
-    assert not (w == start.double()).all(1).float().mean() > 0.5  # the draws moved
+    stayed = float((w == start.double()).all(1).float().mean())  # the draws moved: no more stay than one step allows
+    flat = start[:, order].double()  # the kernel's order (bias, weights)
+    bound = _stay_bound(flat, exact.mean[order].double(), cov, inverse_mass, step_size)
+    assert stayed <= bound, (stayed, bound)
     assert max(steps) <= 2**max_tree_depth - 1
     z = _iid_z(w, exact.mean, exact.cov)
     bad = {k: round(v, 2) for k, v in z.items() if not abs(v) < Z_MAX}
