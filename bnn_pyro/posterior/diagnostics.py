@@ -36,7 +36,7 @@ import torch
 from bnn_pyro.model import BNN, check_model_data
 from bnn_pyro.utils import user_warnings
 from bnn_pyro.utils.checks import choice, flag, match_columns, positive_int
-from bnn_pyro.utils.upstream_private import arviz_log_level
+from bnn_pyro.utils.upstream_private import PARETO_MIN_DRAWS, arviz_log_level
 
 if TYPE_CHECKING:
     from bnn_pyro.posterior import Posterior
@@ -70,12 +70,6 @@ class Space(str, Enum):
 
     WEIGHTS = "weights"
     FUNCTION = "function"
-
-
-PARETO_MIN_DRAWS = 21
-"""The fewest ratios from which ArviZ's Pareto smoothing estimates a shape ``k``: it fits the largest
-``M = ceil(min(0.2 S, 3 sqrt(S)))`` of ``S`` and needs ``M >= 5`` (``k = inf`` with fewer, an IndexError with one),
-so ``S >= 21``: per chain for :func:`~bnn_pyro.posterior.psis.psis`, in all for ``az.loo`` (which pools chains)."""
 
 
 class DiagnosticWarning(UserWarning):

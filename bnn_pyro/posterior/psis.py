@@ -49,10 +49,10 @@ from pyro import poutine
 from torch.distributions import Distribution, biject_to
 
 from bnn_pyro.model import BNN
-from bnn_pyro.posterior.diagnostics import PARETO_MIN_DRAWS
 from bnn_pyro.utils import user_warnings
 from bnn_pyro.utils.checks import check_data, match_columns, positive_int
 from bnn_pyro.utils.checks import seed as check_seed
+from bnn_pyro.utils.upstream_private import PARETO_MIN_DRAWS
 
 __all__ = ["PSISResult", "psis", "resample", "K_HAT_MAX", "MIN_DRAWS_PER_CHAIN", "RELIABLE_DRAWS_PER_CHAIN"]
 

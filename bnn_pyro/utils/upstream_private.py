@@ -18,7 +18,15 @@ from contextlib import AbstractContextManager
 import torch
 from torch import nn
 
+PARETO_MIN_DRAWS = 21
+"""The fewest ratios from which ArviZ's Pareto smoothing (``arviz.psislw``, ``az.loo``; ArviZ 0.23.4) estimates a
+shape ``k``: it fits the largest ``M = ceil(min(0.2 S, 3 sqrt(S)))`` of ``S`` and needs ``M >= 5`` (``k = inf`` with
+fewer, an IndexError with one), so ``S >= 21``: per chain for :func:`bnn_pyro.posterior.psis.psis`, in all for
+``az.loo`` (which pools chains). A fact of ArviZ's algorithm both read, kept here beside the other upstream facts
+(``tests/posterior/test_psis.py`` and ``test_diagnostics.py`` check it at 20 and 21)."""
+
 __all__ = [
+    "PARETO_MIN_DRAWS",
     "reparametrize_module",
     "function_mode_active",
     "global_module_hooks",
