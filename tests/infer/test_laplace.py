@@ -506,6 +506,14 @@ def test_resumed_run_is_bit_identical_after_a_crash_in_or_after_the_map_search(c
         bp.fit(model, x, y, checkpoint=tmp_path, **cfg)
 
 
+def _linear_function(x, y=None):
+    """Bayesian linear regression on 2 inputs as a Pyro function (unit prior and noise): its Laplace Gaussian is exact."""
+    w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    b = pyro.sample("b", dist.Normal(0.0, 1.0))
+    with pyro.plate("data", x.shape[0]):
+        return pyro.sample("obs", dist.Normal(x @ w + b, 1.0), obs=y)
+
+
 def test_a_pyro_function_fit_far_from_its_gaussian_says_so_and_an_exact_one_does_not():
     """``check_gaussian`` at the end of a Laplace fit of a Pyro function: on linear regression the Gaussian is the
     posterior (PSIS k_hat well below 0.7) and nothing is said; with ``prior_precision=1e4`` the Gaussian belongs to a
@@ -513,23 +521,17 @@ def test_a_pyro_function_fit_far_from_its_gaussian_says_so_and_an_exact_one_does
     it, naming a coordinate and ``method='nuts'``. Fewer than 100 draws are not judged (the Pareto fit is too noisy)."""
     from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
-    def model(x, y=None):
-        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
-        b = pyro.sample("b", dist.Normal(0.0, 1.0))
-        with pyro.plate("data", x.shape[0]):
-            return pyro.sample("obs", dist.Normal(x @ w + b, 1.0), obs=y)
-
     blr = make_blr(n=20, d=2, noise=1.0, prior_scale=1.0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        post = bp.fit(model, blr.x, blr.y, method="laplace", num_samples=200, progress=False)
+        post = bp.fit(_linear_function, blr.x, blr.y, method="laplace", num_samples=200, progress=False)
     assert not [w for w in caught if issubclass(w.category, DiagnosticWarning)], [str(w.message) for w in caught]
     assert post.psis(warn=False).k_hat < 0.5
     with pytest.warns(DiagnosticWarning, match=r"far from the fitted Gaussian.*k_hat.*\(unconstrained\).*'nuts'"):
-        bp.fit(model, blr.x, blr.y, method="laplace", num_samples=200, prior_precision=1e4, progress=False)
+        bp.fit(_linear_function, blr.x, blr.y, method="laplace", num_samples=200, prior_precision=1e4, progress=False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        bp.fit(model, blr.x, blr.y, method="laplace", num_samples=50, prior_precision=1e4, progress=False)
+        bp.fit(_linear_function, blr.x, blr.y, method="laplace", num_samples=50, prior_precision=1e4, progress=False)
     assert not [w for w in caught if "fitted Gaussian" in str(w.message)]
 
 
@@ -557,17 +559,13 @@ def test_many_chains_of_few_draws_are_not_judged_far_from_the_gaussian():
     is where k_hat becomes defined (checked on the last fit)."""
     from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
-    def model(x, y=None):
-        w = pyro.sample("w", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
-        b = pyro.sample("b", dist.Normal(0.0, 1.0))
-        with pyro.plate("data", x.shape[0]):
-            return pyro.sample("obs", dist.Normal(x @ w + b, 1.0), obs=y)
-
     blr = make_blr(n=20, d=2, noise=1.0, prior_scale=1.0)
     for draws in (20, 21):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            post = bp.fit(model, blr.x, blr.y, method="laplace", num_samples=draws, num_chains=5, progress=False)
+            post = bp.fit(
+                _linear_function, blr.x, blr.y, method="laplace", num_samples=draws, num_chains=5, progress=False
+            )
         assert post.num_chains == 5 and post.num_draws == draws
         assert not [w for w in caught if issubclass(w.category, DiagnosticWarning)], [str(w.message) for w in caught]
     assert post.psis(warn=False).k_hat < 0.7
