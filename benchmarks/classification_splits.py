@@ -113,6 +113,17 @@ def _z(distance: float, se: float) -> float:
     return distance / se if se > 0 else math.nan
 
 
+def z_cell(z: float, mean: float, se: float, fmt: str) -> str:
+    """A distance in se for the Markdown table: ``z`` with its sign, or why there is none: ``se 0`` when every split
+    gave the same value (``mean``, written with ``fmt``; e.g. SWA's MI AUROC, exactly 0.5 on every split), ``one
+    split: no se`` when a single split leaves no spread (its se, ddof 1, is NaN)."""
+    if math.isfinite(z):
+        return f"{z:+.1f}"
+    if se == 0:
+        return f"se 0: every split {mean:{fmt}}"
+    return "one split: no se"
+
+
 def markdown(summary: pd.DataFrame, per_split: pd.DataFrame, notes: list[str]) -> str:
     """The summary (one row per set and engine) and the per-split verdicts as Markdown."""
     lines = [
@@ -127,8 +138,9 @@ def markdown(summary: pd.DataFrame, per_split: pd.DataFrame, notes: list[str]) -
     for _, r in summary.iterrows():
         lines.append(
             f"| {r['dataset']} | {r['method']} | {r['met']}/{r['splits']} | {r['miss_auroc']} / {r['miss_fit']} | "
-            f"{r['auroc']:.3f} ± {r['auroc_se']:.3f} | {r['auroc_z']:+.1f} | {r['nll_gap']:+.3f} ± {r['nll_gap_se']:.3f} "
-            f"| {r['nll_z']:+.1f} | {r['nll_gap_median']:+.3f} | {r['accuracy_gap']:+.3f} ± {r['accuracy_gap_se']:.3f} | {r['z_splits']} "
+            f"{r['auroc']:.3f} ± {r['auroc_se']:.3f} | {z_cell(r['auroc_z'], r['auroc'], r['auroc_se'], '.3f')} | "
+            f"{r['nll_gap']:+.3f} ± {r['nll_gap_se']:.3f} | {z_cell(r['nll_z'], r['nll_gap'], r['nll_gap_se'], '+.3f')} | "
+            f"{r['nll_gap_median']:+.3f} | {r['accuracy_gap']:+.3f} ± {r['accuracy_gap_se']:.3f} | {r['z_splits']} "
             f"| {r['near']} |"
         )
     ref = REFERENCE_POSTERIOR

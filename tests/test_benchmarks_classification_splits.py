@@ -137,3 +137,23 @@ def test_main_counts_the_verdicts_against_nuts_on_the_splits_that_have_a_nuts_ro
     assert "| toy | svi | 2/2 | +0.005 |" in text and "| toy | swag | 0/2 | +0.045 |" in text
     assert "| toy | 0 | svi | +0.000 | +0.070 | 0.900 ± 0.020 | +5.0 | ✗ | x_toy_splits.csv | +0.020 | ✓ |" in text
     assert "| toy | 2 | svi | +0.000 | +0.010 | 0.900 ± 0.020 | +5.0 | ✓ | x_toy_splits.csv | - | - |" in text
+
+
+def test_a_z_without_spread_says_why_instead_of_nan(agg, tmp_path):
+    # SWA's MI AUROC is exactly 0.5 on every split: se 0, so (AUROC - 0.8) / se has no value; the table says so
+    rows = [
+        _row(0, "logreg", 0.9, 0.20, 0),
+        _row(0, "swa", 0.9, 0.20, 0.5),
+        _row(1, "logreg", 1.0, 0.10, 0),
+        _row(1, "swa", 1.0, 0.15, 0.5),
+    ]
+    pd.DataFrame(rows).to_csv(tmp_path / "toy_toy_splits.csv", index=False)
+    argv = ["--sets", "toy", "--prefixes", "toy", "--methods", "swa", "--folder", str(tmp_path), "--out", str(tmp_path)]
+    swa = agg.main(argv + ["--name", "flat"]).set_index("method").loc["swa"]
+    assert swa["auroc_se"] == 0 and math.isnan(swa["auroc_z"])  # the CSV keeps the number: NaN
+    row = next(line for line in (tmp_path / "flat.md").read_text().splitlines() if line.startswith("| toy | swa |"))
+    assert "nan" not in row.lower()
+    assert "| 0.500 ± 0.000 | se 0: every split 0.500 |" in row
+    assert agg.z_cell(-1.3, 0.9, 0.08, ".3f") == "-1.3"
+    assert agg.z_cell(math.nan, 0.7, math.nan, ".3f") == "one split: no se"
+    assert agg.z_cell(math.nan, 0.01, 0.0, "+.3f") == "se 0: every split +0.010"
