@@ -53,7 +53,7 @@ def laplace(approx, draws: dict[str, torch.Tensor]) -> torch.Tensor:
     elif h.dim() == 1:
         quad, logdet = (r * r * h.double()).sum(-1), h.double().log().sum()
     else:
-        chol = torch.linalg.cholesky(h.double())
+        chol = approx.cholesky().double()  # the fit's own factor of H (a float64 H: the same tensor)
         quad, logdet = ((r @ chol) ** 2).sum(-1), 2.0 * chol.diagonal().log().sum()
     return (0.5 * (logdet - quad) - r.shape[-1] * HALF_LOG_2PI).cpu()  # a sample stat: on the CPU
 

@@ -89,6 +89,22 @@ class LaplaceApproximation:
     noise: dict | None = None
     best_step: int = -1
     effective_parameters: float | None = None
+    # (H, L): the lower Cholesky factor L of the dense precision H it was computed for (:meth:`cholesky`); not an
+    # __init__ argument, so dataclasses.replace(approx, precision=...) starts without it
+    _factor: tuple | None = field(default=None, init=False, repr=False, compare=False)
+
+    def keep_cholesky(self, chol: torch.Tensor) -> None:
+        """Keep ``chol``, the lower Cholesky factor of the dense ``precision`` (the fit's own, from
+        :func:`~.curvature.checked`), for :meth:`cholesky` to return instead of factorizing ``H`` again."""
+        self._factor = (self.precision, chol)
+
+    def cholesky(self) -> torch.Tensor:
+        """The lower Cholesky factor ``L`` of the dense ``precision`` (``H = L L^T``): the one the fit computed,
+        or computed here once and kept. Kept only for the very ``precision`` it factorizes: a ``precision``
+        assigned since is factorized afresh."""
+        if self._factor is None or self._factor[0] is not self.precision:
+            self._factor = (self.precision, torch.linalg.cholesky(self.precision))
+        return self._factor[1]
 
     def center(self) -> dict[str, torch.Tensor]:
         """The expansion point on every latent site's support (where the GLM predictive linearizes)."""
@@ -115,7 +131,7 @@ class LaplaceApproximation:
             return self.precision.solve(torch.eye(len(self.active), dtype=torch.float64, device=self.mean.device))
         if self.precision.dim() == 1:
             return 1.0 / self.precision
-        return torch.cholesky_inverse(torch.linalg.cholesky(self.precision))
+        return torch.cholesky_inverse(self.cholesky())
 
     def sample_flat(self, num_samples: int, *, seed: int = 0) -> torch.Tensor:
         """Unconstrained draws ``(num_samples, dim)``."""
@@ -127,7 +143,7 @@ class LaplaceApproximation:
         elif self.precision.dim() == 1:
             step = eps / self.precision.sqrt()
         else:  # L^-T eps has covariance (L L^T)^-1 = H^-1
-            chol = torch.linalg.cholesky(self.precision)
+            chol = self.cholesky()
             step = torch.linalg.solve_triangular(chol.T, eps.T, upper=True).T
         out = self.mean.double().expand(num_samples, -1).clone()
         out[:, self.active] += step

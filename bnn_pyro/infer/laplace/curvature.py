@@ -175,11 +175,20 @@ def solve(hess, g: torch.Tensor) -> torch.Tensor:
     return g / hess if hess.dim() == 1 else torch.cholesky_solve(g[:, None], torch.linalg.cholesky(hess))[:, 0]
 
 
-def checked(hess, s: Settings):
+def checked(hess, s: Settings) -> tuple[object, torch.Tensor | None]:
+    """``(H, L)``: the posterior precision ``H`` once it is known to be positive definite, and for a dense ``H`` its
+    lower Cholesky factor ``L`` (``H = L L^T``; ``None`` for a diagonal or Kronecker-factored ``H``), else a
+    ``ValueError`` naming the likely cause and what to try. The factorization that proves a dense ``H`` positive
+    definite is the one the fit goes on with (Newton step, ``gamma``, evidence, draws, density), so a fit factorizes
+    ``H`` once."""
+    chol = None
     if isinstance(hess, Kron):
         bad = not hess.is_positive_definite()
+    elif hess.dim() == 1:
+        bad = bool((hess <= 0).any())
     else:
-        bad = bool((hess <= 0).any()) if hess.dim() == 1 else bool(torch.linalg.cholesky_ex(hess).info > 0)
+        chol, info = torch.linalg.cholesky_ex(hess)
+        bad = bool(info > 0)
     if bad and s.hessian is Hessian.EXACT:
         raise ValueError(
             "laplace: the exact Hessian (hessian='exact', the default for a Pyro function model) at the end of the "
@@ -203,4 +212,4 @@ def checked(hess, s: Settings):
             "(prior_precision='marglik' then tunes its scale)"
             + (", or hessian='ggn'." if s.hessian is Hessian.FISHER else ".")
         )
-    return hess
+    return hess, chol

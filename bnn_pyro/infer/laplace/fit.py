@@ -584,20 +584,21 @@ def fit_chain(
             break
     chosen, noise = noise, None if sigma is None else {"selected_on": "marglik", "sigma": sigma}
     if chosen is not None and site is not None:
-        z, noise = with_noise(base, z, layout, site, chosen), {"selected_on": "validation", "sigma": chosen}
-        lik, prior = terms(model, pots, z, data, layout, s)
+        moved, noise = with_noise(base, z, layout, site, chosen), {"selected_on": "validation", "sigma": chosen}
+        if not torch.equal(moved, z):  # else the search held the noise there: the curvature above is at z already
+            z = moved
+            lik, prior = terms(model, pots, z, data, layout, s)
     elif site is not None and holdout is not None:
         z, noise = choose_noise(model, base, z, layout, lik.hess, prior.hess, holdout, site, s.hessian)
         lik, prior = terms(model, pots, z, data, layout, s)
-    hess, gradient = checked(lik.hess + prior.hess, s), lik.grad + prior.grad
-    chol = torch.linalg.cholesky(hess) if not isinstance(hess, Kron) and hess.dim() == 2 else None
+    (hess, chol), gradient = checked(lik.hess + prior.hess, s), lik.grad + prior.grad  # H factorized once: chol
     step = solve(hess, gradient) if chol is None else torch.cholesky_solve(gradient[:, None], chol)[:, 0]
     mean = z.clone()
     if float(gradient @ step) < 1.0:  # the quadratic model's mode, when within one posterior sd (package doc)
         mean[layout.active] -= step.to(z.dtype)
     else:  # a kink, an unconverged or early-stopped search: the plain Laplace evidence at z*
         gradient = torch.zeros_like(gradient)
-    evidence = log_evidence(lik.value + prior.value, gradient, hess)
+    evidence = log_evidence(lik.value + prior.value, gradient, hess, chol=chol)
     approx = LaplaceApproximation(
         mean=mean,
         precision=hess,
@@ -612,6 +613,8 @@ def fit_chain(
         noise=noise,
         best_step=best_step,
     )
+    if chol is not None:  # draws, their density and covariance() use it too
+        approx.keep_cholesky(chol)
     if _judges_quadratic(model, approx, data):  # gamma (an O(k^3) solve) only where check_quadratic reads it
         approx.effective_parameters = effective_parameters(lik.hess, hess, chol=chol)
     return approx

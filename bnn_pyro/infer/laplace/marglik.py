@@ -17,14 +17,16 @@ from bnn_pyro.utils.user_warnings import warn
 LOG_DELTA_MAX = math.log(1e8)  # prior precisions are searched in [1e-8, 1e8]
 
 
-def log_evidence(value, g: torch.Tensor, hess: torch.Tensor) -> torch.Tensor:
-    """``-U + g^T H^-1 g / 2 - log det H / 2 + k log(2 pi) / 2``: the evidence of the quadratic model of ``U``."""
+def log_evidence(value, g: torch.Tensor, hess: torch.Tensor, *, chol: torch.Tensor | None = None) -> torch.Tensor:
+    """``-U + g^T H^-1 g / 2 - log det H / 2 + k log(2 pi) / 2``: the evidence of the quadratic model of ``U``.
+    ``chol``: the lower Cholesky factor of a dense ``H`` where the caller has it (the fit does: :func:`.checked`), so
+    that ``H`` is not factorized again; ``None``: factorized here."""
     if isinstance(hess, Kron):
         quad, logdet = hess.quad(g), hess.logdet()
     elif hess.dim() == 1:
         quad, logdet = (g**2 / hess).sum(), hess.log().sum()
     else:
-        chol = torch.linalg.cholesky(hess)
+        chol = torch.linalg.cholesky(hess) if chol is None else chol
         quad = (torch.linalg.solve_triangular(chol, g[:, None], upper=False) ** 2).sum()
         logdet = 2 * chol.diagonal().log().sum()
     return -value + 0.5 * quad - 0.5 * logdet + g.numel() * HALF_LOG_2PI
