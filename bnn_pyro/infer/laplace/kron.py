@@ -29,18 +29,34 @@ class KronBlock:
     name: str = ""
     bias: bool = False  # the last input column is a bias (a constant 1 input)
     _eig: tuple | None = field(default=None, repr=False)
+    _g_eig: tuple | None = field(default=None, repr=False)  # G's (eigenvalues, eigenvectors), shared with its parts
+    _parts: tuple | None = field(default=None, repr=False)  # split_bias's two blocks, made once
+
+    def g_eig(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(g, Q_G)``: the eigendecomposition of ``G`` (eigenvalues clipped at 0: a PSD factor's round-off),
+        computed once per block and handed to the blocks :meth:`split_bias` makes (they share ``G``)."""
+        if self._g_eig is None:
+            lg, qg = torch.linalg.eigh(self.g)
+            self._g_eig = (lg.clamp(min=0.0), qg)
+        return self._g_eig
 
     def eig(self):
+        """``(g, Q_G, a, Q_A)``: both factors' eigendecompositions, computed once per block."""
         if self._eig is None:
-            lg, qg = torch.linalg.eigh(self.g)
             la, qa = torch.linalg.eigh(self.a)
-            self._eig = (lg.clamp(min=0.0), qg, la.clamp(min=0.0), qa)  # PSD factors: clip round-off
+            self._eig = (*self.g_eig(), la.clamp(min=0.0), qa)  # PSD factors: clip round-off
         return self._eig
 
     def split_bias(self) -> tuple[KronBlock, KronBlock]:
-        """The weight and bias parts as two blocks (their cross-covariance dropped)."""
-        weight = KronBlock(self.index[:, :-1], self.g, self.a[:-1, :-1], self.name + ".weight")
-        return weight, KronBlock(self.index[:, -1:], self.g, self.a[-1:, -1:], self.name + ".bias")
+        """The weight and bias parts as two blocks (their cross-covariance dropped), made once per block so that
+        every precision built from it (a prior added at each noise candidate or evidence step) reuses their
+        eigendecompositions; both share this block's ``G`` and its eigendecomposition."""
+        if self._parts is None:
+            g_eig = self.g_eig()
+            weight = KronBlock(self.index[:, :-1], self.g, self.a[:-1, :-1], self.name + ".weight", _g_eig=g_eig)
+            bias = KronBlock(self.index[:, -1:], self.g, self.a[-1:, -1:], self.name + ".bias", _g_eig=g_eig)
+            self._parts = (weight, bias)
+        return self._parts
 
 
 @dataclass
