@@ -169,7 +169,9 @@ def newton_mode(fn, z: torch.Tensor, *, steps: int) -> tuple[torch.Tensor, torch
     does not rise: ``(z, H)``, the point reached and the Hessian there (:func:`dense_precision`), or ``(z, None)``
     where the Hessian is not positive definite (not a mode). A first-order search in float32 stops early on a badly
     conditioned posterior (a coefficient of a covariate near 100 beside an intercept); Newton's step is invariant
-    to the coordinates' scales, so a few steps from near the mode reach it to float precision."""
+    to the coordinates' scales, so a few steps from near the mode reach it to float precision. A step that leaves
+    ``z`` unchanged (below its float resolution) ends the search: every further step would recompute the same Hessian
+    and factor, and the result is the same."""
     hess = None
     for _ in range(steps + 1):
         hess, chol = dense_precision(fn, z)
@@ -186,11 +188,13 @@ def newton_mode(fn, z: torch.Tensor, *, steps: int) -> tuple[torch.Tensor, torch
             with torch.no_grad():
                 trial_value = fn(trial)
             if bool(torch.isfinite(trial_value)) and float(trial_value) <= float(value.detach()):
-                z = trial.detach()
                 break
             step = step / 2
         else:
             break
+        if torch.equal(trial, z):  # a fixed point: hess is already the Hessian at z
+            break
+        z = trial.detach()
     return z, hess
 
 

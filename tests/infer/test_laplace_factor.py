@@ -181,3 +181,36 @@ def test_kron_eigendecomposes_each_factor_once(monkeypatch):
     # three precisions: the held-out fit's at the MAP's noise (its noise search) and at the chosen noise, and the
     # refit's (its search held the chosen noise: the curvature there is formed once, not again for the same point)
     assert len(formed) == 3 and len(seen) == 3 * 2 * len(formed), (len(seen), len(formed))
+
+
+def test_newton_mode_stops_at_a_fixed_point_with_the_same_answer(monkeypatch):
+    """:func:`newton_mode` on a logistic regression's ``U`` in float32: once a step leaves ``z`` unchanged (a nonzero
+    step below float32's resolution) it stops, instead of recomputing the same Hessian and factor for every step left
+    (51 Hessians here before; a Pyro function's Laplace fit allows 5 steps, ``check_typical`` 50). The answer is what
+    running on gave: the point returned is a fixed point (a further step from it leaves it unchanged, so every step
+    left would have), and the Hessian returned is the Hessian there."""
+    from bnn_pyro.infer import _potential
+
+    x = torch.randn(30, 3, generator=torch.Generator().manual_seed(0))
+    y = (torch.randn(30, generator=torch.Generator().manual_seed(1)) > 0).float()
+
+    def fn(z):
+        f = x @ z
+        return torch.nn.functional.softplus(f).sum() - y @ f + 0.5 * z @ z
+
+    calls = []
+    real = _potential.dense_precision
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(_potential, "dense_precision", counted)
+    z, hess = _potential.newton_mode(fn, torch.zeros(3), steps=50)
+    assert len(calls) < 10, len(calls)  # a handful of steps to the mode, not 51 Hessians
+    grad = torch.func.grad(fn)(z)
+    assert float(grad.abs().max()) < 1e-5  # the mode
+    calls.clear()
+    again, hess_again = _potential.newton_mode(fn, z, steps=50)
+    assert torch.equal(again, z) and len(calls) == 1  # a fixed point: one Hessian, and z unchanged
+    assert torch.equal(hess, hess_again) and torch.equal(hess, real(fn, z)[0])  # the Hessian at z
