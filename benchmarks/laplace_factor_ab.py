@@ -3,7 +3,9 @@
 A Laplace fit used to factorize its dense posterior precision ``H`` five times (the positive-definiteness check, the
 Newton step, the evidence, the draws and their density), and with ``structure="kron"`` under a prior that splits a
 layer's block into a weight and a bias block, to eigendecompose the split blocks' factors again at every candidate of
-the held-out noise search. Now the check's Cholesky factor is kept and reused (and the split blocks made once). The
+the held-out noise search; and ``newton_mode`` (the Newton polish of a Pyro function's MAP search, and of
+``check_typical``) went on recomputing the same Hessian and factor once a step left the point unchanged. Now the
+check's Cholesky factor is kept and reused, the split blocks are made once and ``newton_mode`` stops there. The
 answers must not move: each side reports a digest (SHA-256 of the bytes) of the Gaussian's mean, precision and
 Cholesky factor (``laplace_approximation``; "before" has no kept factor: ``torch.linalg.cholesky(H)``, as its own fit
 computed it), of ``bp.fit``'s draws and their ``log_q``, and the log evidence.
