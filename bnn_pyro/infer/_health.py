@@ -252,7 +252,7 @@ def check_sampler(
             )
 
 
-def check_mixing(post) -> None:
+def check_mixing(post, *, advice: str = "") -> None:
     """Warn when the chains of an MCMC posterior give fewer than :data:`ESS_MIN` effective draws
     (bulk ESS, chains together) or disagree (R-hat above :data:`RHAT_FIT_MAX`, or, with few draws per chain, above
     what chains of independent exact draws exceed by chance: :func:`rhat_chance_max`), measured on ``f``
@@ -264,7 +264,8 @@ def check_mixing(post) -> None:
     200 exact draws fell below 100 in 3-4% of fits. A ``Categorical`` likelihood's logits are judged centred over
     the classes, ``f_k - mean_j f_j``: softmax is unchanged by a shift common to every class, so that shift is
     identified by the prior alone, wanders slowly in a sampler's draws, and no prediction depends on it (SG-HMC on
-    iris: the smallest ESS of the raw logits 8, of the centred ones 38; ``benchmarks/results/sgmcmc_ess_truth/``)."""
+    iris: the smallest ESS of the raw logits 8, of the centred ones 38; ``benchmarks/results/sgmcmc_ess_truth/``).
+    ``advice``: what to try, specific to the engine, in place of the MCMC engines' (more draws, chains, NUTS)."""
     import arviz as az
     import numpy as np
 
@@ -324,8 +325,8 @@ def check_mixing(post) -> None:
         )
         _warn(
             f"{post.method}: {'; and '.join(problems)} ({post.num_chains} chain(s) x {post.num_draws} draws). "
-            f"Try more num_samples and num_warmup, more chains, or {other}; post.summary(space='function') shows "
-            "every input."
+            + (advice or f"Try more num_samples and num_warmup, more chains, or {other}")
+            + "; post.summary(space='function') shows every input."
         )
 
 

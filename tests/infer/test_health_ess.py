@@ -122,3 +122,21 @@ def test_a_drift_common_to_every_class_logit_is_not_a_mixing_problem_but_one_cla
         bp.diagnostics.DiagnosticWarning, match=r"bulk ESS of f\(x\) at 20 training inputs \(centred over the classes\)"
     ):
         _health.check_mixing(_classifier_draws(common=False))
+
+
+def test_an_sgmcmc_fit_with_too_few_effective_draws_is_told_what_raises_them():
+    """SG-MCMC's mixing warning names the option that adds effective draws (num_chains, each chain its own), the fit's
+    own chain count, and that the predictive's error is smaller than f's, instead of the MCMC engines' advice."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.linspace(-2, 2, 60)[:, None]
+    y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(60, generator=g)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 20), torch.nn.Tanh(), torch.nn.Linear(20, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        bp.fit(model, x, y, method="sgld", num_samples=100, num_warmup=100, thin=1, seed=0, progress=False)
+    said = [str(w.message) for w in caught if "bulk ESS" in str(w.message)]
+    assert said, [str(w.message) for w in caught]
+    assert "try num_chains=4 (now 1;" in said[0] and "predictive probabilities' Monte Carlo error is smaller" in said[0]
+    assert "max_tree_depth" not in said[0]
