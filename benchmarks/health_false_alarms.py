@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "Exact independent draws of a Bayesian linear regression's posterior (N = 30, D = 2, noise 0.5, N(0, 1)",
         "priors), split into chains; the fraction of runs in which each check warns, +- its Monte Carlo standard error.",
         "`mixing_rhat`: check_mixing's 'R-hat of f(x) ... is up to ...' (threshold RHAT_FIT_MAX = 1.05 on 20 outputs);",
-        "`mixing_ess`: check_mixing's 'bulk ESS ... (threshold 100 in all)', true of fewer than 100 exact draws;",
+        "`mixing_ess`: check_mixing's 'bulk ESS ... (threshold ess_limit in all)', true of fewer than 100 exact draws;",
         "`chains_agree`: check_chains_agree on the same draws as a Pyro function (threshold max(1.05, rhat_chance_max)).",
         "`mixing_ess_fixed`: the same with the threshold before ess_chance_min (100 whatever C and S), same draws.",
         "`ess_limit`: check_mixing's ESS threshold here (ess_chance_min(C, S)); `mixing_ess_ar`: its ESS warning on",
