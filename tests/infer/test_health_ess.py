@@ -124,19 +124,27 @@ def test_a_drift_common_to_every_class_logit_is_not_a_mixing_problem_but_one_cla
         _health.check_mixing(_classifier_draws(common=False))
 
 
-def test_an_sgmcmc_fit_with_too_few_effective_draws_is_told_what_raises_them():
-    """SG-MCMC's mixing warning names the option that adds effective draws (num_chains, each chain its own), the fit's
-    own chain count, and that the predictive's error is smaller than f's, instead of the MCMC engines' advice."""
-    g = torch.Generator().manual_seed(0)
-    x = torch.linspace(-2, 2, 60)[:, None]
-    y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(60, generator=g)
+def _sgld_ess_warning(x, y, likelihood, outputs: int) -> str:
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(1, 20), torch.nn.Tanh(), torch.nn.Linear(20, 1))
-    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], 20), torch.nn.Tanh(), torch.nn.Linear(20, outputs))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         bp.fit(model, x, y, method="sgld", num_samples=100, num_warmup=100, thin=1, seed=0, progress=False)
     said = [str(w.message) for w in caught if "bulk ESS" in str(w.message)]
     assert said, [str(w.message) for w in caught]
-    assert "try num_chains=4 (now 1;" in said[0] and "predictive probabilities' Monte Carlo error is smaller" in said[0]
-    assert "max_tree_depth" not in said[0]
+    return said[0]
+
+
+def test_an_sgmcmc_fit_with_too_few_effective_draws_is_told_what_raises_them():
+    """SG-MCMC's mixing warning (sgld at its default one chain) names the option that adds effective draws
+    (num_chains, each chain its own) with the fit's chain count, instead of the MCMC engines' advice; a classifier is
+    also told that its predictive's error is smaller than f's, a regression is not."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.linspace(-2, 2, 60)[:, None]
+    y = torch.sin(3 * x[:, 0]) + 0.1 * torch.randn(60, generator=g)
+    said = _sgld_ess_warning(x, y, bp.likelihoods.Gaussian(scale=0.1), 1)
+    assert "try num_chains=4 (now 1;" in said and "max_tree_depth" not in said
+    assert "predictive probabilities" not in said
+    said = _sgld_ess_warning(x, (x[:, 0] > 0).long(), bp.likelihoods.Categorical(), 2)
+    assert "try num_chains=4 (now 1;" in said and "predictive probabilities' Monte Carlo error is smaller" in said
