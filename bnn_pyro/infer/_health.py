@@ -261,7 +261,7 @@ def check_mixing(post, *, advice: str = "") -> None:
     is NaN: the warning says so, whether or not the ESS is low. Why the chance bound: with the fixed 1.05, 2 chains
     of 25 exact independent draws were said to disagree in most runs (``benchmarks/results/health_false_alarms/``).
     The ESS threshold is likewise chance-adjusted where the draws are few (:func:`ess_chance_min`): the estimate of
-    200 exact draws fell below 100 in 3-4% of fits. A ``Categorical`` likelihood's logits are judged centred over
+    200 exact draws fell below 100 in 4-10% of fits. A ``Categorical`` likelihood's logits are judged centred over
     the classes, ``f_k - mean_j f_j``: softmax is unchanged by a shift common to every class, so that shift is
     identified by the prior alone, wanders slowly in a sampler's draws, and no prediction depends on it (SG-HMC on
     iris: the smallest ESS of the raw logits 8, of the centred ones 38; ``benchmarks/results/sgmcmc_ess_truth/``).
@@ -338,9 +338,10 @@ def ess_chance_min(num_chains: int, num_draws: int) -> float:
 
     Why: the estimate is noisy. ``N`` independent draws have ``N`` effective draws, yet their estimate has an sd of
     about ``2.7 sqrt(N)`` and a long left tail, so with 200 exact draws the smallest of 20 outputs' estimates fell
-    below 100 in 3-4% of fits (``benchmarks/results/health_false_alarms/``): a false alarm, since 200 exact draws
-    are 200 effective ones. Rule: the table's entry at the largest tabulated chain count and draws per chain not
-    above the fit's (fewer chains and fewer draws have longer tails), the smaller of it and the next tabulated
+    below 100 in 10% of fits of one chain and 4% of 2 x 100 and 4 x 50 (``benchmarks/results/health_false_alarms/``,
+    ``ess_chance.md``; with this threshold 1%, 1% and 0%): a false alarm, since 200 exact draws are 200 effective
+    ones. Rule: the table's entry at the largest tabulated chain count and draws per chain not above the fit's
+    (fewer chains have longer tails), the smaller of it and the next tabulated
     draws per chain (between two entries the lower one holds), the last entry beyond the table; fewer than
     :data:`ESS_MIN` draws, or fewer than 10 per chain, are below :data:`ESS_MIN` whatever the estimate, so
     :data:`ESS_MIN` rules there. It is :data:`ESS_MIN` from 400 draws on in one chain, 200 per chain in two, 100 in
