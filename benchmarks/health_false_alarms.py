@@ -13,19 +13,34 @@ disagree (R-hat) is a false alarm, and one that their effective draws are too fe
   above ``max(1.05, rhat_chance_max(C, S, K))``, on the same draws as the sites ``w`` and ``b`` of a Pyro function.
 
 The rates are fractions of ``--reps`` runs with a Monte Carlo standard error ``sqrt(p (1 - p) / reps)``.
+``ess_limit`` is check_mixing's ESS threshold for ``(C, S)`` (:func:`~bnn_pyro.infer._health.ess_chance_min`;
+100 before it). Power: ``mixing_ess_ar`` is how often check_mixing's ESS warning fires on chains of the same exact
+posterior made autocorrelated, each chain an AR(1) ``z_t = m + rho (z_{t-1} - m) + sqrt(1 - rho^2) e_t`` (``e_t``
+exact draws less the mean ``m``: every draw still exact, the chains stationary from their first draw), ``rho`` chosen
+so that the true ESS, ``C S (1 - rho) / (1 + rho)``, is half of ``ess_limit`` (a warning there is true).
+
+``mixing_ess_fixed`` replays the threshold before :func:`~bnn_pyro.infer._health.ess_chance_min`, ``ESS_MIN`` whatever
+``(C, S)``, on the same draws (check_mixing run with the function replaced; it reads it from its module at each call).
+
+``--spread`` instead writes ``spread.md``: the bulk ESS estimate of ``C`` chains of ``S`` independent normal draws
+(``--columns`` quantities each), its ratio to ``C S`` (mean, sd times ``sqrt(C S)``, low quantiles), where
+:data:`~bnn_pyro.infer._health.ESS_CHANCE_QUANTILE` comes from (its 5e-4 quantile).
 
 Usage::
 
-    python benchmarks/health_false_alarms.py                    # C in {2, 4}, S in {10, 25, 50, 100, 250}, 200 reps
+    python benchmarks/health_false_alarms.py                    # C in {1, 2, 4}, S in {10, 25, 50, 100, 250}, 200 reps
     python benchmarks/health_false_alarms.py --reps 50 --draws 10,50
+    python benchmarks/health_false_alarms.py --spread --chains 1,2,4 --draws 50,100,200,500,1000
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import warnings
 
+import numpy as np
 import pandas as pd
 import pyro
 import pyro.distributions as dist
@@ -33,7 +48,10 @@ import torch
 from _common import results_dir, write_result  # noqa: E402 - the script's folder is on sys.path
 
 import bnn_pyro as bp
+from bnn_pyro.infer import _health
 from bnn_pyro.infer._health import check_chains_agree, check_mixing
+from bnn_pyro.posterior.diagnostics import from_dict
+from bnn_pyro.utils.upstream_private import arviz_log_level
 
 N, D, NOISE = 30, 2, 0.5
 
@@ -83,6 +101,57 @@ def posteriors(x, y, draws: torch.Tensor, chains: int, per_chain: int):
     return net, function
 
 
+def autocorrelated(exact, chains: int, per_chain: int, rho: float) -> torch.Tensor:
+    """``chains`` AR(1) chains of ``per_chain`` exact draws each with lag-1 autocorrelation ``rho`` (module
+    docstring), stacked chain after chain as ``exact.sample`` would be."""
+    mean = exact.mean
+    noise = exact.sample((chains, per_chain)) - mean
+    z = torch.empty_like(noise)
+    z[:, 0] = noise[:, 0]
+    for t in range(1, per_chain):
+        z[:, t] = rho * z[:, t - 1] + math.sqrt(1 - rho**2) * noise[:, t]
+    return (z + mean).reshape(chains * per_chain, -1)
+
+
+def spread(chains: list[int], draws: list[int], columns: int, out, name: str) -> pd.DataFrame:
+    """The bulk ESS estimate of independent normal draws relative to their number (module docstring)."""
+    import arviz as az
+
+    rng = np.random.default_rng(0)
+    rows = []
+    for c in chains:
+        for s in draws:
+            with arviz_log_level(logging.ERROR):
+                ess = az.ess(from_dict(posterior={"v": rng.standard_normal((c, s, columns))}))["v"].values
+            ratio = ess / (c * s)
+            q = np.quantile(ratio, [5e-4, 1e-3, 1e-2, 5e-2, 0.5])
+            row = {"chains": c, "draws_per_chain": s, "columns": columns, "mean": ratio.mean()}
+            row["sd_sqrt_n"] = ratio.std() * math.sqrt(c * s)
+            row.update({f"q{p:g}": v for p, v in zip((5e-4, 1e-3, 1e-2, 5e-2, 0.5), q)})
+            rows.append(row)
+            print(row, flush=True)
+    table = pd.DataFrame(rows)
+    table.to_csv(out / f"{name}.csv", index=False)
+    lines = [
+        "# The bulk ESS estimate of independent draws: its ratio to their number",
+        "",
+        "ArviZ's bulk ESS (rank-normalized, split chains) of C chains of S independent standard normal draws, "
+        f"{columns} independent",
+        "quantities (seed 0): the mean of ESS / (C S), its sd times sqrt(C S) and its quantiles (ESS_CHANCE_QUANTILE in",
+        "bnn_pyro/infer/_health.py: the 5e-4 one, rounded down). Written by `python benchmarks/health_false_alarms.py --spread`.",
+        "",
+        "| chains | draws per chain | mean | sd x sqrt(N) | q 0.0005 | q 0.001 | q 0.01 | q 0.05 | median |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['chains']} | {r['draws_per_chain']} | {r['mean']:.3f} | {r['sd_sqrt_n']:.2f} | {r['q0.0005']:.3f} | "
+            f"{r['q0.001']:.3f} | {r['q0.01']:.3f} | {r['q0.05']:.3f} | {r['q0.5']:.3f} |"
+        )
+    write_result(out / f"{name}.md", "\n".join(lines) + "\n")
+    return table
+
+
 def alarms(check, post) -> tuple[bool, bool]:
     """Whether ``check(post)`` warned about R-hat, and about ESS."""
     with warnings.catch_warnings(record=True) as caught:
@@ -94,28 +163,43 @@ def alarms(check, post) -> tuple[bool, bool]:
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--chains", default="2,4")
+    parser.add_argument("--chains", default="1,2,4")
     parser.add_argument("--draws", default="10,25,50,100,250", help="draws per chain")
     parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--spread", action="store_true", help="write spread.md instead (module docstring)")
+    parser.add_argument("--columns", type=int, default=5000, help="--spread: quantities per (chains, draws)")
     parser.add_argument("--name", default="results")
     parser.add_argument(
         "--out", default=None, help="the folder written (default benchmarks/results/health_false_alarms/)"
     )
     args = parser.parse_args(argv)
     out = results_dir("health_false_alarms", args.out)
+    chains_list, draws_list = [int(c) for c in args.chains.split(",")], [int(d) for d in args.draws.split(",")]
+    if args.spread:
+        return spread(chains_list, draws_list, args.columns, out, args.name)
     x, y, exact = exact_posterior()
     rows = []
-    for chains in map(int, args.chains.split(",")):
-        for per_chain in map(int, args.draws.split(",")):
-            counts = {"mixing_rhat": 0, "mixing_ess": 0, "chains_agree": 0}
+    for chains in chains_list:
+        for per_chain in draws_list:
+            counts = {"mixing_rhat": 0, "mixing_ess": 0, "mixing_ess_fixed": 0, "chains_agree": 0, "mixing_ess_ar": 0}
+            n = chains * per_chain
+            limit = _health.ess_chance_min(chains, per_chain)
+            rho = max(0.0, (n - limit / 2) / (n + limit / 2))  # true ESS n (1 - rho) / (1 + rho) = limit / 2
             for rep in range(args.reps):
                 torch.manual_seed(1000 + rep)
-                net, function = posteriors(x, y, exact.sample((chains * per_chain,)), chains, per_chain)
+                net, function = posteriors(x, y, exact.sample((n,)), chains, per_chain)
                 rhat, ess = alarms(check_mixing, net)
+                chance, _health.ess_chance_min = _health.ess_chance_min, lambda *a: float(_health.ESS_MIN)
+                try:
+                    counts["mixing_ess_fixed"] += alarms(check_mixing, net)[1]
+                finally:
+                    _health.ess_chance_min = chance
                 counts["mixing_rhat"] += rhat
                 counts["mixing_ess"] += ess
                 counts["chains_agree"] += alarms(check_chains_agree, function)[0]
-            row = {"chains": chains, "draws_per_chain": per_chain, "reps": args.reps}
+                slow, _ = posteriors(x, y, autocorrelated(exact, chains, per_chain, rho), chains, per_chain)
+                counts["mixing_ess_ar"] += alarms(check_mixing, slow)[1]
+            row = {"chains": chains, "draws_per_chain": per_chain, "reps": args.reps, "ess_limit": limit, "rho": rho}
             for name, count in counts.items():
                 p = count / args.reps
                 row[name] = p
@@ -130,19 +214,26 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         "Exact independent draws of a Bayesian linear regression's posterior (N = 30, D = 2, noise 0.5, N(0, 1)",
         "priors), split into chains; the fraction of runs in which each check warns, +- its Monte Carlo standard error.",
         "`mixing_rhat`: check_mixing's 'R-hat of f(x) ... is up to ...' (threshold RHAT_FIT_MAX = 1.05 on 20 outputs);",
-        "`mixing_ess`: check_mixing's 'bulk ESS ... (threshold 100 in all)', true of fewer than 100 exact draws;",
+        "`mixing_ess`: check_mixing's 'bulk ESS ... (threshold ess_limit in all)', true of fewer than 100 exact draws;",
         "`chains_agree`: check_chains_agree on the same draws as a Pyro function (threshold max(1.05, rhat_chance_max)).",
+        "`mixing_ess_fixed`: the same with the threshold before ess_chance_min (100 whatever C and S), same draws.",
+        "`ess_limit`: check_mixing's ESS threshold here (ess_chance_min(C, S)); `mixing_ess_ar`: its ESS warning on",
+        "AR(1) chains of exact draws whose true ESS is ess_limit / 2 (lag-1 autocorrelation `rho`): a true warning.",
         "Written by `python benchmarks/health_false_alarms.py`.",
         "",
-        "| chains | draws per chain | draws in all | mixing_rhat | mixing_ess | chains_agree |",
-        "|---|---|---|---|---|---|",
+        "| chains | draws per chain | draws in all | mixing_rhat | mixing_ess | mixing_ess_fixed | chains_agree "
+        "| ess_limit | rho | mixing_ess_ar |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        cells = [f"{r[k]:.3f} ± {r[k + '_se']:.3f}" for k in ("mixing_rhat", "mixing_ess", "chains_agree")]
+        cells = [
+            f"{r[k]:.3f} ± {r[k + '_se']:.3f}"
+            for k in ("mixing_rhat", "mixing_ess", "mixing_ess_fixed", "chains_agree")
+        ]
         lines.append(
             f"| {r['chains']} | {r['draws_per_chain']} | {r['chains'] * r['draws_per_chain']} | "
             + " | ".join(cells)
-            + " |"
+            + f" | {r['ess_limit']:.1f} | {r['rho']:.3f} | {r['mixing_ess_ar']:.3f} ± {r['mixing_ess_ar_se']:.3f} |"
         )
     write_result(out / f"{args.name}.md", "\n".join(lines) + "\n")
     return table
