@@ -42,6 +42,10 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
   variational dropout, SWAG, snapshot ensembles): draws narrower than the Laplace approximation at their mean in
   some coordinate, beyond what their number explains. The reference suite found mean-field SVI at 0.21-0.57 of the
   exact sds of two linear BNNs (correlated coefficients), SWAG at 0.56 and snapshot ensembles at 0.02-0.08, silently.
+- :func:`check_subspace` (subspace inference on a small ``BNN``): a weight that keeps less than
+  :data:`SUBSPACE_HELD_MIN` of its Laplace variance once confined to the subspace ``w_hat + P z``, which no inner
+  engine can exceed. On the linear BNN reference at ``subspace_dim=2`` (of 3 weights) ``weight[1]``'s sd was 0.36 of
+  the exact one, silently (``docs/reference_suite.md``).
 - :func:`check_gaussian` (Laplace on a Pyro function model): the posterior is far from the fitted Gaussian by the
   Pareto ``k_hat`` of the importance ratios ``p / q`` of its draws (Yao et al. 2018). On eight schools the
   Gaussian at the joint mode (``tau`` ~29, where the posterior mean is 3.6) was 14 posterior sds off in ``tau``,
@@ -121,6 +125,9 @@ __all__ = [
     "NARROW_TAIL",
     "NARROW_MAX_DIM",
     "check_training_noise",
+    "check_subspace",
+    "subspace_variance_held",
+    "SUBSPACE_HELD_MIN",
 ]
 
 DIVERGENCE_MAX = 0.01
@@ -1296,4 +1303,110 @@ def check_chains_agree(post):
         "the spread of their centres, not the posterior's; post.summary() shows every parameter. Use "
         "method='laplace' or 'nuts' on a model this small, or standardize the inputs."
     )
+    return post
+
+
+# ------------------------------------------------ check_subspace: what a k-dimensional subspace can hold
+SUBSPACE_HELD_MIN = 1.0 / NARROW_MAX**2
+""":func:`check_subspace` warns when some weight keeps less than this fraction of its variance under the Laplace
+approximation once the weights are confined to the subspace (0.44: an sd below ``1 / NARROW_MAX`` of the full one,
+the factor by which :func:`check_narrow` and the reference suite's approximations may be narrow)."""
+
+
+def subspace_variance_held(precision: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
+    """Per coordinate, the fraction of a Gaussian's variance that remains when it is confined to the affine subspace
+    spanned by ``basis``'s columns (``P x m``, linearly independent) through its mean: the covariance of
+    ``N(mu, H^{-1})`` conditioned on ``w = mu + B z`` is ``B (B^T H B)^{-1} B^T`` (the precision restricted to the
+    subspace; Rasmussen & Williams 2006, A.2), so the fraction is ``diag(B (B^T H B)^{-1} B^T) / diag(H^{-1})``, in
+    ``[0, 1]`` (conditioning never adds variance); 1 where the subspace is the whole space. ``precision``: ``H``,
+    ``P x P``, symmetric positive definite. Float64."""
+    h = precision.double()
+    q = torch.linalg.qr(basis.double())[0]  # the same subspace, orthonormal columns: the formula is basis-invariant
+    within = (q * torch.linalg.solve(q.T @ h @ q, q.T).T).sum(1)  # diag(Q (Q^T H Q)^{-1} Q^T)
+    return within / torch.cholesky_inverse(torch.linalg.cholesky(h)).diagonal()
+
+
+def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prior: str):
+    """Warn when subspace inference's draws cannot hold a weight's posterior spread: confined to ``w_hat + P z``, a
+    weight keeps less than :data:`SUBSPACE_HELD_MIN` of its variance under the Laplace approximation at the draws'
+    mean (:func:`subspace_variance_held`; the model's other latent sites, e.g. a learned noise, stay free). Why this
+    quantity: with the induced prior (``prior="induced"``, the default) the posterior over ``z`` is the net's
+    posterior conditioned on the subspace, and for a Gaussian posterior that conditional's variance is exactly the
+    held fraction of the full one; no sampler over ``z``, however long, exceeds it. ``directions``: per weight site,
+    the SWA run's principal directions (``K x *shape``: row ``j`` is direction ``j``'s values there, leading
+    directions first), of which
+    the first ``rank`` span the subspace; the smallest number of them that would hold the threshold in every weight,
+    if any, is suggested. Judged as :func:`check_narrow` judges (a ``BNN`` with training tensors, at most
+    :data:`NARROW_MAX_DIM` latent coordinates, a positive definite Hessian at the draws' mean); not judged under
+    ``prior="isotropic"`` (its prior over ``z`` is not the net's, so the conditional is not its reference). No false
+    alarm where the subspace holds the spread: a subspace that is the whole weight space holds all of it (fraction
+    1), and one that spans the posterior's dominant directions holds nearly all. The figures go to
+    ``post.config["subspace"]["held"]``. Returns ``post``."""
+    from bnn_pyro.infer._potential import dense_precision
+
+    record = post.config.setdefault("subspace", {})
+    if prior != "induced":
+        record["held"] = {"judged": False, "reason": f"prior={prior!r}: the prior over z is not the net's"}
+        return post
+    judged = _unconstrained_draws(post, init="net") if post.x is not None and post.y is not None else None
+    if judged is None or not set(directions) <= set(judged[0].shapes):
+        record["held"] = {"judged": False, "reason": "a model or posterior check_narrow does not judge either"}
+        return post
+    pot, flat = judged
+    chol = dense_precision(pot.flat_fn(), flat.mean(0))[1]
+    if chol is None:
+        record["held"] = {"judged": False, "reason": "the Hessian at the draws' mean is not positive definite"}
+        return post
+    precision = chol.double() @ chol.double().T
+    rows, free, names, start = [], [], [], 0  # each coordinate's row of the basis; the non-weight ones stay free
+    total = directions[next(iter(directions))].shape[0]
+    for name, shape in pot.shapes.items():
+        n = math.prod(shape)
+        if name in directions:
+            rows.append(directions[name].reshape(total, n).T.double().to(precision.device))
+            names += [f"{name}[{i}]" for i in range(n)]
+        else:
+            rows.append(precision.new_zeros(n, total))
+            free += range(start, start + n)
+        start += n
+    full = torch.cat(rows)
+    weights = torch.tensor([i for i in range(pot.dim) if i not in set(free)], dtype=torch.long)
+
+    def held(k: int) -> torch.Tensor:
+        basis = torch.cat([full[:, :k], torch.eye(pot.dim, dtype=full.dtype, device=full.device)[:, free]], 1)
+        return subspace_variance_held(precision, basis)[weights]
+
+    fraction = held(rank)
+    suggested = next((k for k in range(rank + 1, total + 1) if float(held(k).min()) >= SUBSPACE_HELD_MIN), None)
+    worst = int(fraction.argmin())
+    record["held"] = {
+        "judged": True,
+        "names": names,
+        "variance_held": [float(f) for f in fraction],
+        "laplace_sd": [float(v) for v in torch.cholesky_inverse(chol).diagonal()[weights].sqrt()],
+        "worst": names[worst],
+        "outside": 1.0 - float(fraction[worst]),
+        "threshold": SUBSPACE_HELD_MIN,
+        "suggested_subspace_dim": suggested,
+    }
+    short = [i for i in fraction.argsort().tolist() if float(fraction[i]) < SUBSPACE_HELD_MIN]
+    if short:
+        listed = ", ".join(f"{names[i]} {float(fraction[i]):.0%}" for i in short[:3])
+        more = f" and {len(short) - 3} more" if len(short) > 3 else ""
+        larger = (
+            f"subspace_dim={suggested} (the smallest of this SWA run's directions that holds it in every weight), "
+            if suggested is not None
+            else f"a larger subspace_dim with more SWA deviations (swa=SWAGConfig(swag_rank=...); these {total} "
+            "directions do not hold it), "
+        )
+        _warn(
+            f"{post.method}: the subspace holds too little of the posterior's spread: confined to its {rank} "
+            f"directions, {listed}{more} of the variance the Laplace approximation at the draws' mean gives "
+            f"{'it' if len(short) == 1 else 'them'} remains ({names[worst]}: {1.0 - float(fraction[worst]):.0%} "
+            f"lies outside the subspace, sd {math.sqrt(float(fraction[worst])):.2g} times; threshold "
+            f"{SUBSPACE_HELD_MIN:.0%}, an sd 1/{NARROW_MAX:g} of it). Subspace inference samples only w_hat + P z, so "
+            "no draw moves outside those directions, however long the inner engine runs: post.summary()'s sds and "
+            f"intervals of these weights are too small. Try {larger}or method='nuts' or 'laplace' (a model this "
+            "small: exact on a Gaussian posterior)."
+        )
     return post
