@@ -55,7 +55,7 @@ def _fit(model, x, y, k):
 def _row(model_name, k, post, warned, seconds, **extra):
     held = post.config["subspace"]["held"]
     fraction = np.array(held["variance_held"])
-    return dict(
+    row = dict(
         model=model_name,
         subspace_dim=k,
         min_held=round(float(fraction.min()), 4),
@@ -66,8 +66,8 @@ def _row(model_name, k, post, warned, seconds, **extra):
         warned=warned,
         predicted_sd=" ".join(f"{v:.3f}" for v in np.sqrt(fraction)),
         seconds=round(seconds, 1),
-        **extra,
     )
+    return {**row, **extra}
 
 
 def references(rows):
@@ -95,7 +95,7 @@ def references(rows):
 
 
 def gap_net(rows):
-    x, y = bp.data.toy_gap()
+    x, y = bp.datasets.toy_gap()
     for k in (2, 5, 10, 20):
         torch.manual_seed(0)
         net = torch.nn.Sequential(torch.nn.Linear(1, WIDTH), torch.nn.Tanh(), torch.nn.Linear(WIDTH, 1))
