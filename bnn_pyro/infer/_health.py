@@ -1326,6 +1326,73 @@ def subspace_variance_held(precision: torch.Tensor, basis: torch.Tensor) -> torc
     return within / torch.cholesky_inverse(torch.linalg.cholesky(h)).diagonal()
 
 
+def _output_curvature(nll, f0: torch.Tensor) -> torch.Tensor:
+    """``Lambda_i``, ``(N, out, out)`` (float64): the Hessians of the summed negative log likelihood ``nll(f)`` in each
+    row's outputs ``f_i`` (the rows are independent, so one backward pass per output gives every row's block),
+    projected onto the positive semi-definite matrices (eigenvalues clamped at 0) so that the GGN is one."""
+    f = f0.detach().requires_grad_()
+    with torch.enable_grad():
+        (g,) = torch.autograd.grad(nll(f), f, create_graph=True)
+        cols = [
+            torch.autograd.grad(g[:, c].sum(), f, retain_graph=True)[0] if g.requires_grad else torch.zeros_like(f)
+            for c in range(f.shape[1])
+        ]
+    lam = torch.stack(cols, -1).double()  # (N, out, out): [i, a, c] = d2 nll / d f_ia d f_ic
+    values, vectors = torch.linalg.eigh((lam + lam.transpose(1, 2)) / 2)
+    return vectors @ torch.diag_embed(values.clamp(min=0.0)) @ vectors.transpose(1, 2)
+
+
+def _gauss_newton_precision(post, pot, mean: torch.Tensor, weight_sites: list[str]) -> torch.Tensor | None:
+    """The Laplace precision of ``post``'s ``BNN`` at the flat unconstrained ``mean`` with the likelihood's curvature
+    in the weights replaced by its generalized Gauss-Newton ``sum_i J_i^T Lambda_i J_i`` (MacKay 1992; Immer et al.
+    2021), or ``None`` for a net whose outputs are not ``(N, out)``: the exact Hessian of the potential, less the exact Hessian of the negative log likelihood in the weights,
+    plus the GGN. Why: at a network's draws' mean (not a mode) the exact Hessian is often indefinite, the GGN never
+    (its ``Lambda_i``, the Hessians of ``-log p(y_i | f_i)`` in the outputs, projected onto the positive semi-definite
+    matrices), and where the outputs are linear in the weights (a linear or logistic regression) the two are equal,
+    so there it is the exact posterior's precision. The GGN is the Hessian at ``w0`` of
+    ``1/2 sum_i (f_i(w) - f_i(w0))^T Lambda_i (f_i(w) - f_i(w0))`` (its second-derivative term vanishes at ``w0``).
+    Float64."""
+    import pyro
+
+    model, x, y = post.model, post.x, post.y
+    mean = mean.to(x.device)
+    hess = torch.autograd.functional.hessian(pot.flat_fn(), mean).double()
+    where, start = [], 0
+    for name, shape in pot.shapes.items():
+        n = math.prod(shape)
+        if name in weight_sites:
+            where += range(start, start + n)
+        start += n
+    w_idx = torch.tensor(where, dtype=torch.long, device=mean.device)
+    with torch.no_grad():
+        values = pot.constrain(pot.unflatten(mean))
+    noise = {k: values[k] for k in model.likelihood.sites()}
+
+    def nll(f: torch.Tensor) -> torch.Tensor:
+        with pyro.validation_enabled(False):
+            return -model.likelihood.distribution(f, noise).log_prob(y).sum()
+
+    def outputs(w: torch.Tensor) -> torch.Tensor:
+        site = pot.unflatten(mean.index_copy(0, w_idx, w))  # real-valued weights: unconstrained = constrained
+        return model.forward_draws({k: site[k][None] for k in model.sample_names}, x)[0]
+
+    with torch.no_grad():
+        f0 = outputs(mean[w_idx])
+    if f0.dim() != 2:  # a sequence model's (N, T, out) outputs: not judged
+        return None
+    lam = _output_curvature(nll, f0)
+
+    def gauss_newton(w: torch.Tensor) -> torch.Tensor:
+        r = (outputs(w) - f0).double()
+        return 0.5 * torch.einsum("bo,bop,bp->", r, lam, r)
+
+    ggn = torch.autograd.functional.hessian(gauss_newton, mean[w_idx]).double()
+    exact = torch.autograd.functional.hessian(lambda w: nll(outputs(w)), mean[w_idx]).double()
+    block = hess[w_idx][:, w_idx] - exact + ggn
+    hess[w_idx.unsqueeze(1), w_idx] = block
+    return (hess + hess.T) / 2
+
+
 def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prior: str):
     """Warn when subspace inference's draws cannot hold a weight's posterior spread: confined to ``w_hat + P z``, a
     weight keeps less than :data:`SUBSPACE_HELD_MIN` of its variance under the Laplace approximation at the draws'
@@ -1342,8 +1409,6 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
     alarm where the subspace holds the spread: a subspace that is the whole weight space holds all of it (fraction
     1), and one that spans the posterior's dominant directions holds nearly all. The figures go to
     ``post.config["subspace"]["held"]``. Returns ``post``."""
-    from bnn_pyro.infer._potential import dense_precision
-
     record = post.config.setdefault("subspace", {})
     if prior != "induced":
         record["held"] = {"judged": False, "reason": f"prior={prior!r}: the prior over z is not the net's"}
@@ -1353,11 +1418,11 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
         record["held"] = {"judged": False, "reason": "a model or posterior check_narrow does not judge either"}
         return post
     pot, flat = judged
-    chol = dense_precision(pot.flat_fn(), flat.mean(0))[1]
-    if chol is None:
-        record["held"] = {"judged": False, "reason": "the Hessian at the draws' mean is not positive definite"}
+    precision = _gauss_newton_precision(post, pot, flat.mean(0), list(directions))
+    chol, info = torch.linalg.cholesky_ex(precision if precision is not None else torch.zeros(1, 1))
+    if int(info) != 0 or not bool(torch.isfinite(precision).all()):
+        record["held"] = {"judged": False, "reason": "the precision at the draws' mean is not positive definite"}
         return post
-    precision = chol.double() @ chol.double().T
     rows, free, names, start = [], [], [], 0  # each coordinate's row of the basis; the non-weight ones stay free
     total = directions[next(iter(directions))].shape[0]
     for name, shape in pot.shapes.items():
