@@ -6,7 +6,7 @@ the subspace, whose variance for a Gaussian posterior is ``diag(B (B^T H B)^{-1}
 ``H`` the precision), a fraction of the full ``diag(H^{-1})``. ``check_subspace`` computes that fraction with the
 Laplace precision at the draws' mean (``post.config["subspace"]["held"]``). Per fit this writes the check's figures
 (the smallest fraction held, its coordinate, how many weights fall below the threshold, the ``subspace_dim`` it
-suggests, whether it warned) and what the draws show:
+suggests, the share of the outputs' linearized variance at the training inputs held, whether it warned) and what the draws show:
 
 - the two BNN references of ``tests/reference`` (exact posteriors): the draws' sd over the exact sd per weight, the
   sd the check predicts (the square root of its fraction), and, on the linear reference, the exact fraction (the
@@ -65,6 +65,7 @@ def _row(model_name, k, post, warned, seconds, **extra):
         below=int((fraction < SUBSPACE_HELD_MIN).sum()),
         weights=len(fraction),
         suggested=held["suggested_subspace_dim"],
+        f_held=f"median {held['function_variance_held']['median']:.3f}, min {held['function_variance_held']['min']:.3f}",
         warned=warned,
         predicted_sd=" ".join(f"{v:.3f}" for v in np.sqrt(fraction)),
         seconds=round(seconds, 1),
@@ -142,7 +143,8 @@ def main():
         f"variance the subspace holds (`check_subspace`, threshold {SUBSPACE_HELD_MIN:.3f}), against the draws. "
         "`predicted_sd`, `draws_sd`, `exact_sd`: per weight in `order` (reference rows), sd ratios to the exact sd "
         "(draws), the square root of the check's fraction (predicted) and of the exact fraction (linear); gap rows: "
-        "over the Laplace sd at the draws' mean.\n\n" + markdown(table) + "\n",
+        "over the Laplace sd at the draws' mean. `f_held`: the share of the outputs' linearized variance at the training "
+        "inputs the subspace holds.\n\n" + markdown(table) + "\n",
     )
 
 
