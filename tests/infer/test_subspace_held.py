@@ -1,7 +1,7 @@
 """Subspace inference's structural limit (issue 26): confined to ``w_hat + P z``, a weight keeps only the fraction
 ``diag(B (B^T H B)^{-1} B^T) / diag(H^{-1})`` of a Gaussian posterior's variance, and ``check_subspace`` says so at
 fit time. Checked against the conditional Gaussian in covariance form (an independent closed form), against the
-exact posterior of the linear BNN reference (``tests/reference``), and for false alarms where the subspace holds the
+exact posterior of the linear BNN reference (``tests/reference``; the outputs' share too), and for false alarms where the subspace holds the
 spread (the whole weight space; a subspace along the posterior's dominant directions)."""
 
 from __future__ import annotations
@@ -83,6 +83,13 @@ def test_subspace_dim_2_on_the_linear_reference_warns_with_the_exact_fraction():
     assert np.allclose(held["variance_held"], exact.numpy(), rtol=1e-3), (held["variance_held"], exact)
     assert held["worst"] == "weight[1]" and held["suggested_subspace_dim"] == 3
     assert held["outside"] == pytest.approx(1 - float(exact[1]), rel=1e-3) and float(exact[1]) < SUBSPACE_HELD_MIN
+    # the outputs f_i = x_i^T w (+ bias) keep x_i^T C_sub x_i / x_i^T C x_i of their variance (linear: exact)
+    q = torch.linalg.qr(span)[0]
+    within = q @ torch.linalg.solve(q.T @ precision @ q, q.T)
+    share = ((x1 @ within) * x1).sum(1) / ((x1 @ torch.linalg.inv(precision)) * x1).sum(1)
+    f_held = held["function_variance_held"]
+    assert f_held["median"] == pytest.approx(float(share.median()), rel=1e-3)
+    assert f_held["min"] == pytest.approx(float(share.min()), rel=1e-3)
     predicted = float(exact[1].sqrt()) * ref.sd[1]
     assert abs(draws[..., 1].std() - predicted) < Z_MAX * float(az.mcse(draws[..., 1], method="sd"))
     own = [m for m in messages if m.startswith("subspace: ") and PHRASE in m]
