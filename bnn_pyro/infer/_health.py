@@ -1353,7 +1353,9 @@ def _gauss_newton_precision(post, pot, mean: torch.Tensor, weight_sites: list[st
     2021), and the Jacobian ``(R * out, w)`` of the outputs at :data:`PREDICTIVE_ROWS` evenly spaced training rows in
     the weights; ``(None, None)`` for a net whose outputs are not ``(N, out)``. The precision: the exact Hessian of the
     potential, less the exact Hessian of the negative log likelihood in the weights,
-    plus the GGN. Why: at a network's draws' mean (not a mode) the exact Hessian is often indefinite, the GGN never
+    plus the GGN, with no coupling between the weights and the likelihood's noise (as Laplace's GGN: their Fisher is
+    zero, the residuals' mean being zero under the model; the exact cross term, ``-2 sum_i r_i J_i / sigma^2`` for a
+    Gaussian, made the precision indefinite on the gap data's net at ``subspace_dim=10``). Why: at a network's draws' mean (not a mode) the exact Hessian is often indefinite, the GGN never
     (its ``Lambda_i``, the Hessians of ``-log p(y_i | f_i)`` in the outputs, projected onto the positive semi-definite
     matrices), and where the outputs are linear in the weights (a linear or logistic regression) the two are equal,
     so there it is the exact posterior's precision. The GGN is the Hessian at ``w0`` of
@@ -1364,11 +1366,13 @@ def _gauss_newton_precision(post, pot, mean: torch.Tensor, weight_sites: list[st
     model, x, y = post.model, post.x, post.y
     mean = mean.to(x.device)
     hess = torch.autograd.functional.hessian(pot.flat_fn(), mean).double()
-    where, start = [], 0
+    where, noise_where, start = [], [], 0
     for name, shape in pot.shapes.items():
         n = math.prod(shape)
         if name in weight_sites:
             where += range(start, start + n)
+        elif name in model.likelihood.sites():
+            noise_where += range(start, start + n)
         start += n
     w_idx = torch.tensor(where, dtype=torch.long, device=mean.device)
     with torch.no_grad():
@@ -1397,6 +1401,9 @@ def _gauss_newton_precision(post, pot, mean: torch.Tensor, weight_sites: list[st
     exact = torch.autograd.functional.hessian(lambda w: nll(outputs(w)), mean[w_idx]).double()
     block = hess[w_idx][:, w_idx] - exact + ggn
     hess[w_idx.unsqueeze(1), w_idx] = block
+    n_idx = torch.tensor(noise_where, dtype=torch.long, device=mean.device)
+    hess[w_idx.unsqueeze(1), n_idx] = 0.0  # the Fisher between a likelihood's location and its noise is zero
+    hess[n_idx.unsqueeze(1), w_idx] = 0.0
     probe = x[torch.linspace(0, x.shape[0] - 1, min(x.shape[0], PREDICTIVE_ROWS)).long()]
     jac = torch.autograd.functional.jacobian(lambda w: outputs(w, probe), mean[w_idx]).double()
     return (hess + hess.T) / 2, jac.reshape(-1, len(where))
