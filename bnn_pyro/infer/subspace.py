@@ -255,6 +255,9 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
     Posterior
         The inner engine's chains and draws over the net's sites; ``config["subspace"]`` records the rank,
         the prior and the singular values, ``config["inner"]`` the inner engine's configuration.
+        ``config["subspace"]["held"]``: the fraction of each weight's posterior variance the subspace can hold at
+        all (:func:`~bnn_pyro.infer._health.check_subspace`, which warns below 44%: no draw moves outside the
+        ``subspace_dim`` directions, so no inner engine gets more).
     """
     return _fit_subspace(model, data, **config.keywords())
 
