@@ -95,6 +95,7 @@ import torch
 from pyro import poutine
 
 from bnn_pyro.infer._common import Data, clean_config
+from bnn_pyro.infer._health import check_subspace
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, CheckpointError, read, write
@@ -254,6 +255,9 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
     Posterior
         The inner engine's chains and draws over the net's sites; ``config["subspace"]`` records the rank,
         the prior and the singular values, ``config["inner"]`` the inner engine's configuration.
+        ``config["subspace"]["held"]``: the fraction of each weight's posterior variance the subspace can hold at
+        all (:func:`~bnn_pyro.infer._health.check_subspace`, which warns below 44%: no draw moves outside the
+        ``subspace_dim`` directions, so no inner engine gets more).
     """
     return _fit_subspace(model, data, **config.keywords())
 
@@ -463,14 +467,18 @@ def _fit_subspace(
         start += n
     columns = torch.cat(columns)
     dtype = pot.init[next(iter(shapes))].dtype
-    space, singular = Subspace.from_deviations(moments.mean[columns], moments.deviations[:, columns], rank, shapes)
-    if not singular[rank - 1] > 1e-8 * singular[0]:
+    every, singular = Subspace.from_deviations(
+        moments.mean[columns], moments.deviations[:, columns], len(columns), shapes
+    )  # all the deviations' directions: the first rank span the subspace, the rest are what check_subspace weighs
+    spanned = int((singular > 1e-8 * singular[0]).sum())
+    if rank > spanned:
         raise ValueError(
-            f"subspace_dim={rank}: the SWA deviations span only "
-            f"{int((singular > 1e-8 * singular[0]).sum())} directions; lower subspace_dim, or collect more "
-            "snapshots (swa=SWAGConfig(num_steps=...))."
+            f"subspace_dim={rank}: the SWA deviations span only {spanned} directions; lower subspace_dim, or collect "
+            "more snapshots (swa=SWAGConfig(num_steps=...))."
         )
-    space = Subspace(space.center.to(dtype), space.basis.to(dtype), shapes)
+    space = Subspace(every.center.to(dtype), every.basis[:, :rank].to(dtype), shapes)
+    origin = every.center.new_zeros(every.center.shape)  # direction j at each site: row j of weights(I)
+    directions = Subspace(origin, every.basis[:, :spanned], shapes).weights(torch.eye(spanned, dtype=origin.dtype))
 
     if inner in ("nuts", "hmc"):
         inner_options.setdefault("dense_mass", True)  # a k x k mass matrix: z's directions are correlated
@@ -539,7 +547,8 @@ def _fit_subspace(
         )
     )
     paths.record(config, swa_post.config, inner_post.config)
-    return select_noise(assemble(runs, method="subspace", config=config, data=data), holdout)
+    post = select_noise(assemble(runs, method="subspace", config=config, data=data), holdout)
+    return check_subspace(post, directions=directions, rank=rank, prior=kind.value)
 
 
 def _map_start(
