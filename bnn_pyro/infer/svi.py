@@ -68,6 +68,12 @@ the guide's scales from the Hessian there), because its parameters may live on a
 exact answer after 1,000 steps (``tests/infer/test_reference_posteriors.py``). ``config["init_converged"]`` says
 whether the mode was found; a mean-field guide too narrow for the posterior's correlations there is warned about.
 
+Convergence (a full-rank or low-rank guide on a Pyro function of at most :data:`FULL_RANK_MAX_DIM` coordinates on
+full-batch tensors): the ELBO's gradient in the guide's mean at the end, turned into the Newton step to the optimum of
+the guide's family in the guide's own sds (:mod:`bnn_pyro.infer.svi_gap`), is stored per chain in
+``post.history["guide_gap"]`` and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`: under the cosine schedule
+the parameters freeze at the end wherever they are, so the ELBO trace cannot show a run that stopped short.
+
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
 Each fit runs in its own scope of Pyro's parameter store, so fits never interfere.
