@@ -82,14 +82,26 @@ def test_the_check_warns_on_a_gap_beyond_both_thresholds_only():
 
 
 def test_a_short_default_fit_warns_and_the_gap_is_recorded():
-    """SVI at its default guide (full-rank here) and rate, stopped after 200 steps: the guide's mean is still far from
-    the posterior's; the fit records the gap per chain and says so, where the ELBO check is silent."""
+    """SVI at its default guide (full-rank here) and rate from a prior draw, stopped after 200 steps: the guide's mean
+    is still far from the posterior's; the fit records the gap per chain (two here) and says so."""
     x, y = _data()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DiagnosticWarning)
-        post = bp.fit(_model, x, y, method="svi", init="prior", num_steps=200, num_samples=10, seed=0, progress=False)
+        post = bp.fit(
+            _model,
+            x,
+            y,
+            method="svi",
+            init="prior",
+            num_steps=200,
+            num_samples=10,
+            num_chains=2,
+            seed=0,
+            progress=False,
+        )
     messages = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
-    assert post.config["guide"] == "full_rank" and post.history[_health.GAP].shape == (1, 2)
+    assert post.config["guide"] == "full_rank" and post.history[_health.GAP].shape == (2, 2)
+    assert post.config["guide_coordinates"] == ["b[0]", "b[1]"]
     assert any("stopped short of its best fit" in m for m in messages), messages
 
 
