@@ -68,6 +68,12 @@ the guide's scales from the Hessian there), because its parameters may live on a
 exact answer after 1,000 steps (``tests/infer/test_reference_posteriors.py``). ``config["init_converged"]`` says
 whether the mode was found; a mean-field guide too narrow for the posterior's correlations there is warned about.
 
+Convergence (a full-rank or low-rank guide on a Pyro function of at most :data:`FULL_RANK_MAX_DIM` coordinates on
+full-batch tensors): the ELBO's gradient in the guide's mean at the end, turned into the Newton step to the optimum of
+the guide's family in the guide's own sds (:mod:`bnn_pyro.infer.svi_gap`), is stored per chain in
+``post.history["guide_gap"]`` and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`: under the cosine schedule
+the parameters freeze at the end wherever they are, so the ELBO trace cannot show a run that stopped short.
+
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
 Each fit runs in its own scope of Pyro's parameter store, so fits never interfere.
@@ -91,10 +97,10 @@ import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, autoguide
 
-from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_start
+from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_gap, svi_start
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, is_latent, point_values, traced
-from bnn_pyro.infer._health import check_gaussian_guide_off_data, check_narrow, check_svi
+from bnn_pyro.infer._health import GAP, GAP_SE, check_gaussian_guide_off_data, check_narrow, check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
@@ -384,6 +390,17 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     )
     config["fast_path"] = fast
     warm_starts: list[svi_start.LaplaceStart] = []
+    # the Newton gap of a guide with a covariance factor on a small Pyro function, full-batch tensors (svi_gap says why)
+    gap_checked = (
+        not isinstance(model, BNN)
+        and guide_kind in (GuideKind.LOW_RANK, GuideKind.FULL_RANK)
+        and dim <= FULL_RANK_MAX_DIM
+        and data.loader is None
+        and (data.batch_size is None or data.batch_size >= data.size)
+        and not cfg.distributed
+        and sharing is None
+        and not warmup
+    )
     ckpts = open_chains(
         cfg.checkpoint,
         every=cfg.checkpoint_every,
@@ -429,6 +446,11 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
 
     def draws(state: _State, history) -> ChainRun:
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
+        if gap_checked:  # how far the guide's mean stopped short of the ELBO's optimum (svi_gap)
+            gap = svi_gap.newton_gap(state.guide, state.model, data)
+            if gap is not None:
+                history = {**history, GAP: gap[0], GAP_SE: gap[1]}
+                config.setdefault("guide_coordinates", gap[2])
         return ChainRun(
             state.model,
             samples,

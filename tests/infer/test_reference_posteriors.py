@@ -133,31 +133,32 @@ def test_the_hand_written_log_joints_are_the_models(name):
 @pytest.mark.parametrize("name", list(ALL))
 def test_full_rank_svi_at_its_defaults_matches_the_references(name):
     """The defaults a user gets (Laplace start, 5,000 steps): a full-rank guide matches what a correct full-rank guide
-    gives on all three (its known error plus the draws' Monte Carlo error, :func:`_optimum_off`), without warnings.
-    Before the Laplace start the regressions ended hundreds of sd away (a coefficient of -216 where it is 0.49)."""
+    gives (its known error plus the draws' Monte Carlo error, :func:`_optimum_off`) without warnings, or it is off and
+    says so with the pinned warning (:data:`FULL_RANK`). Before the Laplace start the regressions ended hundreds of sd
+    away (a coefficient of -216 where it is 0.49)."""
     ref = ALL[name]()
     post, messages = _fit(ref, method="svi", guide="full_rank")
     bad = _optimum_off(ref, post, _optimum(ref))
-    if FULL_RANK[name] == "matches":
+    says = FULL_RANK[name]
+    if says == "matches":
         assert not bad and not messages, (bad, messages)
-    else:  # a known miss: some of the listed parameters off (their margins are small: which of them can vary with
-        # the float rounding of the run), none other; nothing off means fixed, and the table must say so
-        off = {b[0] for b in bad}
-        assert off and off <= set(FULL_RANK[name]) and not messages, (bad, messages)
+    else:  # off, and the warning that says the guide stopped short (nothing off means fixed: the table must say so)
+        assert bad and any(m.startswith("svi: ") and says in m for m in messages), (bad, messages)
 
 
 FULL_RANK = {
-    "eight_schools": ["tau", "theta_tilde[0]", "theta_tilde[1]", "theta_tilde[6]"],
+    "eight_schools": "stopped short of its best fit",
     "kidiq": "matches",
     "logistic": "matches",
 }
-"""Full-rank SVI at its defaults against the KL-optimal full-rank Gaussian (:func:`_optimum_off`): ``"matches"``,
-or the parameters of a known miss. Eight schools (seed 0): the means of tau and theta_tilde[0, 1, 6] end 0.24, 0.13,
-0.16 and 0.14 exact sds from the optimum's, where the draws' Monte Carlo error allows 0.10-0.13 (tau's sd ratio,
-0.72 against the optimum's 0.81, is within its allowance of 0.25): 5,000 steps of one-particle Adam from the joint
-mode do not reach the optimum on its funnel: with seed 1 six parameters are off (tau's mean 0.34 sd above the exact
-against the optimum's 0.17 below, theta_tilde[6]'s sd 0.71x), seed 2 matches, and seed 0 with 20,000 steps matches.
-Not loosened: the bound is derived, the miss is the engine's (too few steps at its default rate there)."""
+"""Full-rank SVI at its defaults against the KL-optimal full-rank Gaussian (:func:`_optimum_off`): ``"matches"``
+(nothing off, no warning), or the phrase of the warning that says what is off (pinned, as in :data:`OTHER_GUIDES`).
+Eight schools (seed 0): 5,000 steps of one-particle Adam from the joint mode do not reach the optimum on its funnel
+(the means of tau and theta_tilde[0, 1, 6] end 0.24, 0.13, 0.16 and 0.14 exact sds from the optimum's, where the
+draws' Monte Carlo error allows 0.10-0.13; seeds 1, 3 and 4 miss too, seed 2 matches; 20,000 steps match at seed 0),
+and the ELBO trace cannot show it (the cosine schedule freezes the parameters at the end). The Newton-gap check
+(:mod:`bnn_pyro.infer.svi_gap`) says so: the guide's mean is a measured distance short of where the ELBO's gradient
+puts the optimum. Not loosened: the bound is derived, the miss is the engine's, and the fit now says it."""
 
 
 OTHER_GUIDES = {
