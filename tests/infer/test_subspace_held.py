@@ -17,7 +17,7 @@ import torch
 from reference.posteriors import BNN_REFERENCES, Z_MAX, flat_draws
 
 import bnn_pyro as bp
-from bnn_pyro.infer._health import SUBSPACE_HELD_MIN, check_subspace, subspace_variance_held
+from bnn_pyro.infer.subspace_held import SUBSPACE_HELD_MIN, check_subspace, subspace_variance_held
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 PHRASE = "holds too little of the posterior's spread"
