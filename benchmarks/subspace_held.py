@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from reference.posteriors import BNN_REFERENCES, flat_draws  # noqa: E402
 
 import bnn_pyro as bp  # noqa: E402
-from bnn_pyro.infer._health import SUBSPACE_HELD_MIN, subspace_variance_held  # noqa: E402
+from bnn_pyro.infer.subspace_held import SUBSPACE_HELD_MIN, subspace_variance_held  # noqa: E402
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning  # noqa: E402
 
 WIDTH = 8

@@ -44,10 +44,11 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
   variational dropout, SWAG, snapshot ensembles): draws narrower than the Laplace approximation at their mean in
   some coordinate, beyond what their number explains. The reference suite found mean-field SVI at 0.21-0.57 of the
   exact sds of two linear BNNs (correlated coefficients), SWAG at 0.56 and snapshot ensembles at 0.02-0.08, silently.
-- :func:`check_subspace` (subspace inference on a small ``BNN``): a weight that keeps less than
-  :data:`SUBSPACE_HELD_MIN` of its Laplace variance once confined to the subspace ``w_hat + P z``, which no inner
-  engine can exceed. On the linear BNN reference at ``subspace_dim=2`` (of 3 weights) ``weight[1]``'s sd was 0.36 of
-  the exact one, silently (``docs/reference_suite.md``).
+- :func:`bnn_pyro.infer.subspace_held.check_subspace` (subspace inference on a small ``BNN``; in its own module,
+  next to the Laplace curvature it uses): a weight that keeps less than ``SUBSPACE_HELD_MIN`` of its Laplace variance
+  once confined to the subspace ``w_hat + P z``, which no inner engine can exceed. On the linear BNN reference at
+  ``subspace_dim=2`` (of 3 weights) ``weight[1]``'s sd was 0.36 of the exact one, silently
+  (``docs/reference_suite.md``).
 - :func:`check_gaussian` (Laplace on a Pyro function model): the posterior is far from the fitted Gaussian by the
   Pareto ``k_hat`` of the importance ratios ``p / q`` of its draws (Yao et al. 2018). On eight schools the
   Gaussian at the joint mode (``tau`` ~29, where the posterior mean is 3.6) was 14 posterior sds off in ``tau``,
@@ -134,9 +135,7 @@ __all__ = [
     "NARROW_TAIL",
     "NARROW_MAX_DIM",
     "check_training_noise",
-    "check_subspace",
-    "subspace_variance_held",
-    "SUBSPACE_HELD_MIN",
+    "unconstrained_draws",
 ]
 
 DIVERGENCE_MAX = 0.01
@@ -893,7 +892,7 @@ NARROW_MAX_DIM = 200
 passes over the training data): the small models whose posteriors users check; larger ones are not judged."""
 
 
-def _unconstrained_draws(post, *, init: str):
+def unconstrained_draws(post, *, init: str):
     """``(pot, flat)``: the generic potential of ``post``'s model on its training tensors (started by ``init``) and
     ``post``'s draws as an ``(n, P)`` tensor of its unconstrained coordinates, in the draws' dtype; or ``None`` where
     they are not judged: a model the generic potential cannot trace, more than :data:`NARROW_MAX_DIM` coordinates, or
@@ -935,7 +934,7 @@ def check_narrow(post, *, cause: str = "", sd: dict[str, torch.Tensor] | None = 
     is_bnn = isinstance(post.model, BNN)
     if not (is_bnn or functions) or post.x is None or post.y is None or n < 2:
         return post
-    judged = _unconstrained_draws(post, init="net" if is_bnn else "median")
+    judged = unconstrained_draws(post, init="net" if is_bnn else "median")
     if judged is None:
         return post
     pot, flat = judged
@@ -1071,7 +1070,7 @@ def check_gaussian(post, *, cause: str = ""):
         return post
     if post.num_draws < RELIABLE_DRAWS_PER_CHAIN:  # too few draws per chain for k_hat to judge q by
         return post
-    judged = _unconstrained_draws(post, init="median")  # the coordinates in which q is a Gaussian (log tau for tau)
+    judged = unconstrained_draws(post, init="median")  # the coordinates in which q is a Gaussian (log tau for tau)
     if judged is None:
         return post
     pot, flat = judged
@@ -1298,7 +1297,7 @@ def check_typical(post, *, cause: str = ""):
 
     if isinstance(post.model, BNN) or post.x is None or post.y is None:
         return post
-    judged = _unconstrained_draws(post, init="median")
+    judged = unconstrained_draws(post, init="median")
     if judged is None:
         return post
     pot, flat = judged
@@ -1405,202 +1404,4 @@ def check_chains_agree(post):
         "the spread of their centres, not the posterior's; post.summary() shows every parameter. Use "
         "method='laplace' or 'nuts' on a model this small, or standardize the inputs."
     )
-    return post
-
-
-# ------------------------------------------------ check_subspace: what a k-dimensional subspace can hold
-SUBSPACE_HELD_MIN = 1.0 / NARROW_MAX**2
-""":func:`check_subspace` warns when some weight keeps less than this fraction of its variance under the Laplace
-approximation once the weights are confined to the subspace (0.44: an sd below ``1 / NARROW_MAX`` of the full one,
-the factor by which :func:`check_narrow` and the reference suite's approximations may be narrow)."""
-
-
-def subspace_variance_held(precision: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
-    """Per coordinate, the fraction of a Gaussian's variance that remains when it is confined to the affine subspace
-    spanned by ``basis``'s columns (``P x m``, linearly independent) through its mean: the covariance of
-    ``N(mu, H^{-1})`` conditioned on ``w = mu + B z`` is ``B (B^T H B)^{-1} B^T`` (the precision restricted to the
-    subspace; Rasmussen & Williams 2006, A.2), so the fraction is ``diag(B (B^T H B)^{-1} B^T) / diag(H^{-1})``, in
-    ``[0, 1]`` (conditioning never adds variance); 1 where the subspace is the whole space. ``precision``: ``H``,
-    ``P x P``, symmetric positive definite. Float64."""
-    within, full = _subspace_covariance(precision, basis)
-    return within.diagonal() / full.diagonal()
-
-
-def _subspace_covariance(precision: torch.Tensor, basis: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(B (B^T H B)^{-1} B^T, H^{-1})`` (float64): the covariance confined to the subspace, and the full one."""
-    h = precision.double()
-    q = torch.linalg.qr(basis.double())[0]  # the same subspace, orthonormal columns: the formula is basis-invariant
-    return q @ torch.linalg.solve(q.T @ h @ q, q.T), torch.cholesky_inverse(torch.linalg.cholesky(h))
-
-
-def _output_curvature(nll, f0: torch.Tensor) -> torch.Tensor:
-    """``Lambda_i``, ``(N, out, out)`` (float64): the Hessians of the summed negative log likelihood ``nll(f)`` in each
-    row's outputs ``f_i`` (the rows are independent, so one backward pass per output gives every row's block),
-    projected onto the positive semi-definite matrices (eigenvalues clamped at 0) so that the GGN is one."""
-    f = f0.detach().requires_grad_()
-    with torch.enable_grad():
-        (g,) = torch.autograd.grad(nll(f), f, create_graph=True)
-        cols = [
-            torch.autograd.grad(g[:, c].sum(), f, retain_graph=True)[0] if g.requires_grad else torch.zeros_like(f)
-            for c in range(f.shape[1])
-        ]
-    lam = torch.stack(cols, -1).double()  # (N, out, out): [i, a, c] = d2 nll / d f_ia d f_ic
-    values, vectors = torch.linalg.eigh((lam + lam.transpose(1, 2)) / 2)
-    return vectors @ torch.diag_embed(values.clamp(min=0.0)) @ vectors.transpose(1, 2)
-
-
-def _gauss_newton_precision(post, pot, mean: torch.Tensor, weight_sites: list[str]) -> tuple:
-    """The Laplace precision of ``post``'s ``BNN`` at the flat unconstrained ``mean`` with the likelihood's curvature
-    in the weights replaced by its generalized Gauss-Newton ``sum_i J_i^T Lambda_i J_i`` (MacKay 1992; Immer et al.
-    2021), and the Jacobian ``(R * out, w)`` of the outputs at :data:`PREDICTIVE_ROWS` evenly spaced training rows in
-    the weights; ``(None, None)`` for a net whose outputs are not ``(N, out)``. The precision: the exact Hessian of the
-    potential, less the exact Hessian of the negative log likelihood in the weights,
-    plus the GGN, with no coupling between the weights and the likelihood's noise (as Laplace's GGN: their Fisher is
-    zero, the residuals' mean being zero under the model; the exact cross term, ``-2 sum_i r_i J_i / sigma^2`` for a
-    Gaussian, made the precision indefinite on the gap data's net at ``subspace_dim=10``). Why: at a network's draws' mean (not a mode) the exact Hessian is often indefinite, the GGN never
-    (its ``Lambda_i``, the Hessians of ``-log p(y_i | f_i)`` in the outputs, projected onto the positive semi-definite
-    matrices), and where the outputs are linear in the weights (a linear or logistic regression) the two are equal,
-    so there it is the exact posterior's precision. The GGN is the Hessian at ``w0`` of
-    ``1/2 sum_i (f_i(w) - f_i(w0))^T Lambda_i (f_i(w) - f_i(w0))`` (its second-derivative term vanishes at ``w0``).
-    Float64."""
-    import pyro
-
-    model, x, y = post.model, post.x, post.y
-    mean = mean.to(x.device)
-    hess = torch.autograd.functional.hessian(pot.flat_fn(), mean).double()
-    where, noise_where, start = [], [], 0
-    for name, shape in pot.shapes.items():
-        n = math.prod(shape)
-        if name in weight_sites:
-            where += range(start, start + n)
-        elif name in model.likelihood.sites():
-            noise_where += range(start, start + n)
-        start += n
-    w_idx = torch.tensor(where, dtype=torch.long, device=mean.device)
-    with torch.no_grad():
-        values = pot.constrain(pot.unflatten(mean))
-    noise = {k: values[k] for k in model.likelihood.sites()}
-
-    def nll(f: torch.Tensor) -> torch.Tensor:
-        with pyro.validation_enabled(False):
-            return -model.likelihood.distribution(f, noise).log_prob(y).sum()
-
-    def outputs(w: torch.Tensor, rows: torch.Tensor = x) -> torch.Tensor:
-        site = pot.unflatten(mean.index_copy(0, w_idx, w))  # real-valued weights: unconstrained = constrained
-        return model.forward_draws({k: site[k][None] for k in model.sample_names}, rows)[0]
-
-    with torch.no_grad():
-        f0 = outputs(mean[w_idx])
-    if f0.dim() != 2:  # a sequence model's (N, T, out) outputs: not judged
-        return None, None
-    lam = _output_curvature(nll, f0)
-
-    def gauss_newton(w: torch.Tensor) -> torch.Tensor:
-        r = (outputs(w) - f0).double()
-        return 0.5 * torch.einsum("bo,bop,bp->", r, lam, r)
-
-    ggn = torch.autograd.functional.hessian(gauss_newton, mean[w_idx]).double()
-    exact = torch.autograd.functional.hessian(lambda w: nll(outputs(w)), mean[w_idx]).double()
-    block = hess[w_idx][:, w_idx] - exact + ggn
-    hess[w_idx.unsqueeze(1), w_idx] = block
-    n_idx = torch.tensor(noise_where, dtype=torch.long, device=mean.device)
-    hess[w_idx.unsqueeze(1), n_idx] = 0.0  # the Fisher between a likelihood's location and its noise is zero
-    hess[n_idx.unsqueeze(1), w_idx] = 0.0
-    probe = x[torch.linspace(0, x.shape[0] - 1, min(x.shape[0], PREDICTIVE_ROWS)).long()]
-    jac = torch.autograd.functional.jacobian(lambda w: outputs(w, probe), mean[w_idx]).double()
-    return (hess + hess.T) / 2, jac.reshape(-1, len(where))
-
-
-def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prior: str):
-    """Warn when subspace inference's draws cannot hold a weight's posterior spread: confined to ``w_hat + P z``, a
-    weight keeps less than :data:`SUBSPACE_HELD_MIN` of its variance under the Laplace approximation at the draws'
-    mean (:func:`subspace_variance_held`; the precision of :func:`_gauss_newton_precision`; the model's other latent
-    sites, e.g. a learned noise, stay free, as the inner engine samples them).
-
-    Why this quantity: with the induced prior (``prior="induced"``, the default) the posterior over ``z`` is the net's
-    posterior conditioned on the subspace, and for a Gaussian posterior that conditional's variance is exactly the
-    held fraction of the full one; no sampler over ``z``, however long, exceeds it. False alarms: none where the
-    subspace holds the spread (the whole weight space holds exactly all of it, a subspace along the posterior's
-    dominant directions nearly all); near the threshold the Gaussian's fraction can sit a few percent below a
-    non-Gaussian posterior's (the logistic reference at ``subspace_dim=2``: sds predicted 0.64-0.67 of the exact ones,
-    the draws' 0.67-0.72), so a fit just inside the 1/1.5 bound can be flagged.
-
-    ``directions``: per weight site, the SWA run's principal directions (``K x *shape``: row ``j`` is direction ``j``'s
-    values there, leading directions first), of which the first ``rank`` span the subspace; the smallest number of them
-    that would hold the threshold in every weight, if any, is suggested. The linearized variance of the net's outputs
-    at the training inputs held by the subspace is reported beside it (the predictive's share, which the weights'
-    marginals do not show). Judged as :func:`check_narrow` judges (a ``BNN`` with training tensors, at most
-    :data:`NARROW_MAX_DIM` latent coordinates, a positive definite precision at the draws' mean); not judged under
-    ``prior="isotropic"`` (its prior over ``z`` is not the net's, so there is no conditional to hold it to). The
-    figures go to ``post.config["subspace"]["held"]``, or why it was not judged. Returns ``post``."""
-    record = post.config.setdefault("subspace", {})
-    if prior != "induced":
-        record["held"] = {"judged": False, "reason": f"prior={prior!r}: the prior over z is not the net's"}
-        return post
-    judged = _unconstrained_draws(post, init="net") if post.x is not None and post.y is not None else None
-    if judged is None or not set(directions) <= set(judged[0].shapes):
-        record["held"] = {"judged": False, "reason": "a model or posterior check_narrow does not judge either"}
-        return post
-    pot, flat = judged
-    precision, jac = _gauss_newton_precision(post, pot, flat.mean(0), list(directions))
-    chol, info = torch.linalg.cholesky_ex(precision if precision is not None else torch.zeros(1, 1))
-    if int(info) != 0 or not bool(torch.isfinite(precision).all()):
-        record["held"] = {"judged": False, "reason": "the precision at the draws' mean is not positive definite"}
-        return post
-    rows, free, names, start = [], [], [], 0  # each coordinate's row of the basis; the non-weight ones stay free
-    total = directions[next(iter(directions))].shape[0]
-    for name, shape in pot.shapes.items():
-        n = math.prod(shape)
-        if name in directions:
-            rows.append(directions[name].reshape(total, n).T.double().to(precision.device))
-            names += [f"{name}[{i}]" for i in range(n)]
-        else:
-            rows.append(precision.new_zeros(n, total))
-            free += range(start, start + n)
-        start += n
-    full = torch.cat(rows)
-    weights = torch.tensor([i for i in range(pot.dim) if i not in set(free)], dtype=torch.long)
-
-    def held(k: int) -> torch.Tensor:
-        basis = torch.cat([full[:, :k], torch.eye(pot.dim, dtype=full.dtype, device=full.device)[:, free]], 1)
-        return subspace_variance_held(precision, basis)[weights]
-
-    fraction = held(rank)
-    basis = torch.cat([full[:, :rank], torch.eye(pot.dim, dtype=full.dtype, device=full.device)[:, free]], 1)
-    within, whole = (c[weights][:, weights] for c in _subspace_covariance(precision, basis))
-    outputs = ((jac @ within) * jac).sum(1) / ((jac @ whole) * jac).sum(1)  # linearized f's variance held, per output
-    suggested = next((k for k in range(rank + 1, total + 1) if float(held(k).min()) >= SUBSPACE_HELD_MIN), None)
-    worst = int(fraction.argmin())
-    record["held"] = {
-        "judged": True,
-        "names": names,
-        "variance_held": [float(f) for f in fraction],
-        "laplace_sd": [float(v) for v in torch.cholesky_inverse(chol).diagonal()[weights].sqrt()],
-        "worst": names[worst],
-        "outside": 1.0 - float(fraction[worst]),
-        "threshold": SUBSPACE_HELD_MIN,
-        "suggested_subspace_dim": suggested,
-        "function_variance_held": {"median": float(outputs.median()), "min": float(outputs.min())},
-    }
-    short = [i for i in fraction.argsort().tolist() if float(fraction[i]) < SUBSPACE_HELD_MIN]
-    if short:
-        listed = ", ".join(f"{names[i]} {float(fraction[i]):.0%}" for i in short[:3])
-        more = f" and {len(short) - 3} more" if len(short) > 3 else ""
-        larger = (
-            f"subspace_dim={suggested} (the smallest of this SWA run's directions that holds it in every weight), "
-            if suggested is not None
-            else f"a larger subspace_dim with more SWA deviations (swa=SWAGConfig(swag_rank=...); these {total} "
-            "directions do not hold it), "
-        )
-        _warn(
-            f"{post.method}: the subspace holds too little of the posterior's spread: confined to its {rank} "
-            f"directions, these weights keep less than {SUBSPACE_HELD_MIN:.0%} (an sd 1/{NARROW_MAX:g} of it) of "
-            f"their variance under the Laplace approximation at the draws' mean: {listed}{more} ({names[worst]}: "
-            f"{1.0 - float(fraction[worst]):.0%} lies outside the subspace, its sd is "
-            f"{math.sqrt(float(fraction[worst])):.2g} times the full one). Subspace inference samples only w_hat + P z, so "
-            "no draw moves outside those directions, however long the inner engine runs: post.summary()'s sds and "
-            "intervals of these weights are too small (the network's outputs at the training inputs keep a median "
-            f"{float(outputs.median()):.0%} of their linearized variance, min {float(outputs.min()):.0%}). Try {larger}or method='nuts' or 'laplace' (a model this "
-            "small: exact on a Gaussian posterior)."
-        )
     return post

@@ -95,7 +95,6 @@ import torch
 from pyro import poutine
 
 from bnn_pyro.infer._common import Data, clean_config
-from bnn_pyro.infer._health import check_subspace
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, CheckpointError, read, write
@@ -104,6 +103,7 @@ from bnn_pyro.infer.driver import ChainRun, assemble
 from bnn_pyro.infer.holdout import noise_site, select_noise, split
 from bnn_pyro.infer.map_fit import fit_map
 from bnn_pyro.infer.registry import REGISTRY, Method
+from bnn_pyro.infer.subspace_held import check_subspace
 from bnn_pyro.infer.swag import SWAConfig, fit_moments
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
@@ -256,7 +256,7 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
         The inner engine's chains and draws over the net's sites; ``config["subspace"]`` records the rank,
         the prior and the singular values, ``config["inner"]`` the inner engine's configuration.
         ``config["subspace"]["held"]``: the fraction of each weight's posterior variance the subspace can hold at
-        all (:func:`~bnn_pyro.infer._health.check_subspace`, which warns below 44%: no draw moves outside the
+        all (:func:`~bnn_pyro.infer.subspace_held.check_subspace`, which warns below 44%: no draw moves outside the
         ``subspace_dim`` directions, so no inner engine gets more).
     """
     return _fit_subspace(model, data, **config.keywords())

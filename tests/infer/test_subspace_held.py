@@ -17,7 +17,9 @@ import torch
 from reference.posteriors import BNN_REFERENCES, Z_MAX, flat_draws
 
 import bnn_pyro as bp
-from bnn_pyro.infer._health import SUBSPACE_HELD_MIN, check_subspace, subspace_variance_held
+from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.subspace_held import SUBSPACE_HELD_MIN, check_subspace, laplace_precision, subspace_variance_held
+from bnn_pyro.infer.training_data import Data
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 PHRASE = "holds too little of the posterior's spread"
@@ -56,6 +58,38 @@ def test_a_subspace_along_the_dominant_directions_holds_the_spread():
     expected = (q[:, :2] ** 2 @ variances[:2]) / (q**2 @ variances)  # the conditional is q_2 diag(1, 0.5) q_2^T
     assert torch.allclose(held, expected, rtol=1e-9) and float(held.min()) > SUBSPACE_HELD_MIN
     assert float(subspace_variance_held(precision, q[:, 2:4]).max()) < SUBSPACE_HELD_MIN
+
+
+def test_the_precision_is_laplaces_gauss_newton_in_closed_form():
+    """The check's precision (Laplace's ``structure="full", hessian="ggn"``) on a 1-3-1 tanh net with a learned noise,
+    at a point that is no mode: in the weights the prior's precision ``I`` plus ``J^T J / sigma^2`` (a Gaussian's
+    ``Lambda_i = 1 / sigma^2``; ``J`` by hand from ``f = W2 tanh(W1 x + b1) + b2``), no weight-noise coupling, and in
+    ``u = log sigma`` the exact ``2 sigma^2`` (the HalfNormal(1) prior with its log-Jacobian, ``sigma^2 / 2 - u``)
+    plus ``2 RSS / sigma^2`` (the likelihood, ``sum_i u + r_i^2 / (2 sigma^2)``); the Jacobian returned is ``J``."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1)).double()
+    model = bp.BNN(
+        net,
+        prior=bp.priors.Normal(0.0, 1.0),
+        likelihood=bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0)),
+    )
+    x = torch.linspace(-2, 2, 7, dtype=torch.float64)[:, None]
+    y = torch.sin(2 * x[:, 0])
+    pot = Potential(model, Data(x, y), init="net", fast_path=False)
+    assert list(pot.shapes) == ["0.weight", "0.bias", "2.weight", "2.bias", "sigma"]
+    z = pot.flatten(pot.init)
+    values = pot.constrain(pot.unflatten(z))
+    w1, b1, w2, b2, sigma = (values[k] for k in pot.shapes)
+    t = torch.tanh(x @ w1.T + b1)  # (7, 3)
+    slope = w2[0] * (1 - t**2)
+    jac = torch.cat([slope * x, slope, t, torch.ones(7, 1, dtype=torch.float64)], 1)  # d f / d (W1, b1, W2, b2)
+    rss = float(((y - (t @ w2.T + b2)[:, 0]) ** 2).sum())
+    expected = torch.zeros(11, 11, dtype=torch.float64)
+    expected[:10, :10] = torch.eye(10, dtype=torch.float64) + jac.T @ jac / sigma**2
+    expected[10, 10] = 2 * sigma**2 + 2 * rss / sigma**2
+    precision, outputs_jac = laplace_precision(SimpleNamespace(model=model, x=x, y=y), pot, z, model.sample_names)
+    assert torch.allclose(precision, expected, rtol=1e-10, atol=1e-12), (precision - expected).abs().max()
+    assert torch.allclose(outputs_jac, jac, rtol=1e-10, atol=1e-12)
 
 
 def _fit(ref, **kw):
