@@ -680,13 +680,13 @@ def check_guide_gap(post) -> None:
         return
     labels = post.config.get("guide_coordinates") or [f"coordinate {i}" for i in range(gap.shape[-1])]
     chain, i = divmod(int(torch.where(short, gap.abs(), torch.zeros_like(gap)).argmax()), gap.shape[-1])
-    n = int(short.sum())
+    n = int(short.any(0).sum())  # coordinates, not chains x coordinates
     steps = post.config.get("num_steps")
     more = f"num_steps={4 * steps}" if isinstance(steps, int) else "more num_steps"
     _warn(
         f"{post.method}: the {post.config.get('guide')} guide stopped short of its best fit: its mean of "
         f"{labels[i]} is {abs(float(gap[chain, i])):.2g} of its sds (+- {float(se[chain, i]):.1g}) from where the "
-        f"ELBO's gradient puts the optimum (chain {chain}; {n} coordinate(s) of {gap.numel()} over "
+        f"ELBO's gradient puts the optimum (chain {chain}; {n} unconstrained coordinate(s) of {gap.shape[-1]} over "
         f"{GAP_MAX:g} sd and {GAP_Z:g} standard errors), a miss the ELBO trace does not show (the rate falls to 1% "
         f"of lr at the end). Try {more} (the schedule then keeps the rate up longer), or method='nuts' for the exact "
         "posterior of a small model; post.history['guide_gap'] holds the gaps."

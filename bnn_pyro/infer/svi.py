@@ -68,11 +68,14 @@ the guide's scales from the Hessian there), because its parameters may live on a
 exact answer after 1,000 steps (``tests/infer/test_reference_posteriors.py``). ``config["init_converged"]`` says
 whether the mode was found; a mean-field guide too narrow for the posterior's correlations there is warned about.
 
-Convergence (a full-rank or low-rank guide on a Pyro function of at most :data:`FULL_RANK_MAX_DIM` coordinates on
-full-batch tensors): the ELBO's gradient in the guide's mean at the end, turned into the Newton step to the optimum of
-the guide's family in the guide's own sds (:mod:`bnn_pyro.infer.svi_gap`), is stored per chain in
-``post.history["guide_gap"]`` and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`: under the cosine schedule
-the parameters freeze at the end wherever they are, so the ELBO trace cannot show a run that stopped short.
+Convergence (a full-rank guide on a Pyro function of at most :data:`FULL_RANK_MAX_DIM` coordinates on full-batch
+tensors): the ELBO's gradient in the guide's mean at the end, turned into the Newton step to the optimum of the guide's
+family in the guide's own sds (:mod:`bnn_pyro.infer.svi_gap`), is stored per chain in ``post.history["guide_gap"]``
+(unconstrained coordinates, named in ``post.config["guide_coordinates"]``) and warned about past
+:data:`~bnn_pyro.infer._health.GAP_MAX`: under the cosine schedule the parameters freeze at the end wherever they are,
+so the ELBO trace cannot show a run that stopped short. Where the gap cannot be evaluated the fit still returns, with
+NaN gaps and the reason in ``post.config["guide_gap"]``. A low-rank guide is not checked: its covariance is not the
+inverse curvature at its optimum, so the statistic is not a Newton step there and its noise hides misses (``svi_gap``).
 
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
@@ -390,10 +393,10 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     )
     config["fast_path"] = fast
     warm_starts: list[svi_start.LaplaceStart] = []
-    # the Newton gap of a guide with a covariance factor on a small Pyro function, full-batch tensors (svi_gap says why)
+    # the Newton gap of a full-rank guide on a small Pyro function, full-batch tensors (svi_gap says why)
     gap_checked = (
         not isinstance(model, BNN)
-        and guide_kind in (GuideKind.LOW_RANK, GuideKind.FULL_RANK)
+        and guide_kind is GuideKind.FULL_RANK
         and dim <= FULL_RANK_MAX_DIM
         and data.loader is None
         and (data.batch_size is None or data.batch_size >= data.size)
@@ -448,9 +451,17 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
         if gap_checked:  # how far the guide's mean stopped short of the ELBO's optimum (svi_gap)
             gap = svi_gap.newton_gap(state.guide, state.model, data)
-            if gap is not None:
-                history = {**history, GAP: gap[0], GAP_SE: gap[1]}
-                config.setdefault("guide_coordinates", gap[2])
+            if gap is not None:  # no verdict: NaN (every chain's history has the same keys) and the reason
+                nan = torch.full((state.guide.loc.numel(),), math.nan, dtype=torch.float64)
+                history = {
+                    **history,
+                    GAP: nan if gap.gap is None else gap.gap,
+                    GAP_SE: nan if gap.se is None else gap.se,
+                }
+                if gap.labels:
+                    config.setdefault("guide_coordinates", gap.labels)
+                if gap.reason is not None:
+                    config.setdefault("guide_gap", f"no verdict: {gap.reason}")
         return ChainRun(
             state.model,
             samples,
