@@ -5,6 +5,7 @@ m) = m* - m``), so the gap is the known distance of the guide's mean from the po
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -16,6 +17,7 @@ from pyro.infer import autoguide
 
 import bnn_pyro as bp
 from bnn_pyro.infer import _health, svi_gap
+from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
@@ -118,3 +120,130 @@ def test_a_converged_fit_on_a_gaussian_posterior_is_silent(guide):
     messages = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
     assert not any("stopped short" in m for m in messages), messages
     assert (_health.GAP in post.history) == (guide == "full_rank")
+
+
+def _wall(x, y=None):
+    """th ~ N(0, 1) behind a wall at th = 2 (log density -1e60 (th - 2)^2 below it): the prior median is no valid start."""
+    th = pyro.sample("th", dist.Normal(0.0, 1.0))
+    pyro.factor("wall", -(((2.0 - th).clamp(min=0) * 1e30) ** 2))
+    with pyro.plate("data", size=len(x)):
+        return pyro.sample("obs", dist.Normal(th, 1.0), obs=y)
+
+
+def test_a_fit_whose_prior_median_is_no_valid_start_still_returns():
+    """The potential is built at the guide's own point: from the prior median (0, behind the wall) it raised after the
+    training had run, and the user got an exception instead of the fitted guide."""
+    x, y = torch.zeros(20, 1), 3.0 + torch.randn(20, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = bp.fit(
+            _wall,
+            x,
+            y,
+            method="svi",
+            guide="full_rank",
+            init={"th": torch.tensor(3.0)},
+            num_steps=300,
+            seed=0,
+            progress=False,
+        )
+    assert post.history[_health.GAP].shape == (1, 1) and "guide_gap" not in post.config
+
+
+def _guide_at(model, x, y, loc, sd):
+    guide = autoguide.AutoMultivariateNormal(model)
+    guide(x, y)
+    with torch.no_grad():
+        guide.loc.copy_(torch.as_tensor(loc, dtype=torch.float32))
+        guide.scale = torch.as_tensor(sd, dtype=torch.float32)
+    return guide
+
+
+def test_no_verdict_where_the_log_density_is_not_finite_at_some_draws():
+    """A guide straddling a support edge (th > 2 only, the factor -inf below): its draws below 2 give a non-finite log
+    density. The old code averaged NaN into every coordinate and the check stayed silent with nothing recorded; now
+    there is no verdict and the reason says how many draws failed."""
+
+    def edge(x, y=None):
+        th = pyro.sample("th", dist.Normal(0.0, 1.0))
+        pyro.factor("edge", torch.where(th > 2.0, 0.0, -math.inf))
+        with pyro.plate("data", size=len(x)):
+            return pyro.sample("obs", dist.Normal(th, 1.0), obs=y)
+
+    x, y = torch.zeros(20, 1), 3.0 + torch.randn(20, generator=torch.Generator().manual_seed(0))
+    with pyro.get_param_store().scope():
+        guide = _guide_at(edge, x, y, [2.5], [1.0])  # P(th < 2) = 0.31: ~310 of 1,000 draws fail
+        result = svi_gap.newton_gap(guide, edge, Data(x, y))
+    assert result.gap is None and result.se is None
+    bad = int(result.reason.split("not finite at ")[1].split(" of")[0])
+    assert 250 < bad < 370, result.reason  # 1000 * 0.31 +- 4 binomial sds
+
+
+def test_labels_name_unconstrained_coordinates():
+    """A positive scale's coordinate is its log: labelled so, since post.summary() shows the constrained value."""
+
+    def scaled(x, y=None):
+        b = pyro.sample("b", dist.Normal(0.0, PRIOR_SD).expand([2]).to_event(1))
+        s = pyro.sample("s", dist.LogNormal(0.0, 1.0))
+        with pyro.plate("data", size=len(x)):
+            return pyro.sample("obs", dist.Normal(b[0] + b[1] * x, s), obs=y)
+
+    x, y = _data()
+    with pyro.get_param_store().scope():
+        guide = _guide_at(scaled, x, y, [1.0, 0.5, 0.0], [0.1, 0.1, 0.1])
+        result = svi_gap.newton_gap(guide, scaled, Data(x, y), num_draws=50)
+    assert result.labels == ["b[0]", "b[1]", "s (unconstrained)"]
+
+
+def test_the_batched_pass_matches_the_draw_by_draw_one(monkeypatch):
+    """The one vmap pass gives the gradients that the row-by-row fallback gives (same model, same points), and the
+    inputs of the statistic share the guide's device and the potential's dtype."""
+    x, y = _data()
+    pot = Potential(_model, Data(x, y), init={"b": torch.tensor([1.0, 0.5])}, fast_path=False)
+    z = torch.randn(40, 2, generator=torch.Generator().manual_seed(1))
+    batched, values = svi_gap._gradients(pot, ["b"], z)
+    monkeypatch.setattr(torch.func, "vmap", _no_vmap)
+    rows, row_values = svi_gap._gradients(pot, ["b"], z)
+    assert batched.device == z.device and batched.dtype == z.dtype and values.shape == (40,)
+    assert torch.allclose(batched, rows, rtol=1e-5, atol=1e-4) and torch.allclose(values, row_values, rtol=1e-6)
+
+
+def _no_vmap(*args, **kwargs):
+    raise RuntimeError("vmap: not batchable (test)")
+
+
+def test_the_count_is_of_coordinates_not_chains_times_coordinates():
+    post = bp.Posterior(
+        samples={"b": torch.zeros(2, 2, 2)},
+        model=_model,
+        method="svi",
+        config={"guide": "full_rank", "num_steps": 5000, "guide_coordinates": ["b[0]", "b[1]"]},
+        history={
+            _health.GAP: torch.tensor([[0.3, 0.0], [0.3, 0.0]]),
+            _health.GAP_SE: torch.full((2, 2), 0.001),
+        },
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DiagnosticWarning)
+        _health.check_guide_gap(post)
+    (message,) = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
+    assert "1 unconstrained coordinate(s) of 2 over" in message, message
+
+
+def test_a_guide_with_sites_the_potential_lacks_is_not_judged():
+    """The MVN path checks that the guide's coordinates are exactly the sites': an extra one would shift every slice."""
+    x, y = _data()
+    with pyro.get_param_store().scope():
+        guide = _guide_at(_model, x, y, [1.0, 0.5], [0.1, 0.1])
+        assert svi_gap.guide_gaussian(guide, ["b"], {"b": torch.Size([2])}) is not None
+        assert svi_gap.guide_gaussian(guide, ["b"], {"b": torch.Size([1])}) is None
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_the_gap_of_a_guide_on_a_gpu_comes_back_on_the_cpu():
+    x, y = (v.cuda() for v in _data())
+    mean, cov = _posterior(x.cpu(), y.cpu())
+    with pyro.get_param_store().scope():
+        guide = _guide_at(_model, x, y, mean, cov.diagonal().sqrt())
+        result = svi_gap.newton_gap(guide, _model, Data(x, y), num_draws=100)
+    assert result.reason is None and result.gap.device.type == "cpu" and result.se.device.type == "cpu"
