@@ -74,8 +74,10 @@ def one(ref, optimum, seed: int, guide: str) -> dict:
     fit_s = time.perf_counter() - start
     messages = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
     off = _optimum_off(ref, post, optimum)
-    gap, se = post.history[_health.GAP][0].double(), post.history[_health.GAP_SE][0].double()
-    i = int(gap.abs().argmax())
+    nan = torch.full((1, 1), float("nan"))  # no gap where the guide is not checked (low-rank)
+    gap = post.history.get(_health.GAP, nan)[0].double()
+    se = post.history.get(_health.GAP_SE, nan)[0].double()
+    i = int(gap.nan_to_num(-1.0).abs().argmax())
     locs, sd = torch.stack(_TRACE).double(), _SD[0].double()
     w = locs.shape[0] // 10
     drift = (locs[-w:].mean(0) - locs[-2 * w : -w].mean(0)) / sd
@@ -87,7 +89,7 @@ def one(ref, optimum, seed: int, guide: str) -> dict:
         off_optimum=", ".join(b[0] for b in off) or "-",
         max_gap_sd=round(float(gap[i]), 3),
         gap_se=round(float(se[i]), 3),
-        gap_at=post.config["guide_coordinates"][i],
+        gap_at=post.config.get("guide_coordinates", ["-"] * gap.numel())[i],
         gap_warns=any("stopped short" in m for m in messages),
         elbo_warns=any("the ELBO has not converged" in m or "the ELBO got worse" in m for m in messages),
         other_warnings=sum("stopped short" not in m and "the ELBO " not in m for m in messages),
