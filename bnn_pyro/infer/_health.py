@@ -16,7 +16,7 @@ draws over :data:`PREDICTIVE_ROWS` training rows.
   (and ``pyro.deterministic``) sites and on the log density ``lp``: there the parameters are what the
   user reads. With one chain R-hat is undefined (NaN), and the check says so.
 - :func:`check_elbo` (SVI): a loss still falling (or rising) at the end of the run.
-- :func:`check_guide_gap` (SVI with a Gaussian guide on a small Pyro function): the guide's mean stopped short of its
+- :func:`check_guide_gap` (SVI with a full-rank guide on a small Pyro function): the guide's mean stopped short of its
   family's ELBO optimum by one Newton step (:mod:`bnn_pyro.infer.svi_gap`), which the ELBO trace does not show.
 - :func:`check_predictive` (any engine): a posterior predictive that fits the training data no
   better than a constant, as the prior's does (posterior ~ prior).
@@ -668,10 +668,11 @@ def check_learned_noise(post, *, advice: str = "") -> None:
 
 
 def check_guide_gap(post) -> None:
-    """Warn when a chain's Gaussian guide stopped short of its family's ELBO optimum: in some coordinate the Newton step
-    to the optimum (``post.history[GAP]``, :mod:`bnn_pyro.infer.svi_gap`) exceeds :data:`GAP_MAX` guide sds and
-    :data:`GAP_Z` standard errors. The ELBO check cannot see it: under the cosine schedule the parameters freeze at the
-    end wherever they are, so the loss's last windows agree."""
+    """Warn when a chain's full-rank guide stopped short of its family's ELBO optimum: in some unconstrained coordinate
+    the Newton step to the optimum (``post.history[GAP]``, :mod:`bnn_pyro.infer.svi_gap`) exceeds :data:`GAP_MAX`
+    guide sds and :data:`GAP_Z` standard errors. The ELBO check cannot see it: under the cosine schedule the parameters
+    freeze at the end wherever they are, so the loss's last windows agree. A chain without a verdict has NaN gaps (the
+    reason in ``post.config["guide_gap"]``) and is not judged."""
     if GAP not in post.history or GAP_SE not in post.history:
         return
     gap, se = post.history[GAP].double(), post.history[GAP_SE].double()
