@@ -247,3 +247,31 @@ def test_the_gap_of_a_guide_on_a_gpu_comes_back_on_the_cpu():
         guide = _guide_at(_model, x, y, mean, cov.diagonal().sqrt())
         result = svi_gap.newton_gap(guide, _model, Data(x, y), num_draws=100)
     assert result.reason is None and result.gap.device.type == "cpu" and result.se.device.type == "cpu"
+
+
+def test_a_fit_without_a_verdict_records_why_and_nan_gaps(monkeypatch):
+    """Where newton_gap has no verdict (here forced: the potential cannot be built), every chain's gap is NaN (so that
+    the chains' histories stack), the reason is in post.config and the check is silent."""
+
+    def broken(*args, **kwargs):
+        raise ValueError("Model specification seems incorrect (test)")
+
+    monkeypatch.setattr(svi_gap, "Potential", broken)
+    x, y = _data()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DiagnosticWarning)
+        post = bp.fit(
+            _model,
+            x,
+            y,
+            method="svi",
+            init="prior",
+            num_steps=100,
+            num_samples=10,
+            num_chains=2,
+            seed=0,
+            progress=False,
+        )
+    assert post.history[_health.GAP].shape == (2, 2) and bool(post.history[_health.GAP].isnan().all())
+    assert post.config["guide_gap"].startswith("no verdict: the log density could not be evaluated at the guide's")
+    assert not any("stopped short" in str(w.message) for w in caught)
