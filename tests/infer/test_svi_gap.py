@@ -275,3 +275,26 @@ def test_a_fit_without_a_verdict_records_why_and_nan_gaps(monkeypatch):
     assert post.history[_health.GAP].shape == (2, 2) and bool(post.history[_health.GAP].isnan().all())
     assert post.config["guide_gap"].startswith("no verdict: the log density could not be evaluated at the guide's")
     assert not any("stopped short" in str(w.message) for w in caught)
+
+
+def test_a_model_vmap_cannot_batch_is_evaluated_draw_by_draw():
+    """A model that reads a latent value as a Python number (``float(...)``) cannot be batched by vmap: the gap is then
+    evaluated one draw at a time, with the same answer as the batched model it equals (same draws, same seed)."""
+
+    calls = []
+
+    def branching(x, y=None):
+        calls.append(1)
+        b = pyro.sample("b", dist.Normal(0.0, PRIOR_SD).expand([2]).to_event(1))
+        slope = b[1] if float(b[1].detach()) > -1e9 else -b[1]  # always b[1]: a Python branch on a latent value
+        with pyro.plate("data", size=len(x)):
+            return pyro.sample("obs", dist.Normal(b[0] + slope * x, 1.0), obs=y)
+
+    x, y = _data()
+    results = []
+    for model in (branching, _model):
+        with pyro.get_param_store().scope():
+            guide = _guide_at(model, x, y, [1.0, 0.5], [0.2, 0.05])
+            results.append(svi_gap.newton_gap(guide, model, Data(x, y), num_draws=100))
+    assert len(calls) > 100  # one call per draw: the row-by-row path ran
+    assert results[0].reason is None and torch.allclose(results[0].gap, results[1].gap, atol=1e-5)
