@@ -9,7 +9,7 @@ own sds the fit stopped short. The SVI engine takes it for the full-rank guide o
 diagonal ``S`` is not the inverse curvature wherever the posterior correlates (there ``diag(S) E_q[grad log p]``
 misstates the distance: on a correlated Gaussian posterior it read 0.15 guide sds at a mean-field fit whose mean is the
 optimum's up to Adam's noise). Not for a low-rank guide (``S = D + W W^T``) either: its optimum does not satisfy ``S^-1
-= E_q[-hess log p]`` either, so the statistic is not the Newton step there, and the control variate no longer cancels
+= E_q[-hess log p]``, so the statistic is not the Newton step there, and the control variate no longer cancels
 the noise (on a correlated 9-coordinate Gaussian posterior its standard error was ~20 times the full-rank guide's, so a
 miss under ~0.25 sd went unseen). :func:`newton_gap` estimates it from :data:`GAP_DRAWS` draws of the guide with the
 control variate ``S^-1 (z - m)`` (zero mean under ``q``, the whole gradient where ``log p`` is quadratic), so on a
