@@ -148,3 +148,16 @@ def test_an_sgmcmc_fit_with_too_few_effective_draws_is_told_what_raises_them():
     assert "predictive probabilities" not in said
     said = _sgld_ess_warning(x, (x[:, 0] > 0).long(), bp.likelihoods.Categorical(), 2)
     assert "try num_chains=4 (now 1;" in said and "predictive probabilities' Monte Carlo error is smaller" in said
+
+
+@pytest.mark.parametrize(("chains", "suggested", "factor"), [(1, 4, "4"), (2, 4, "2"), (4, 8, "2"), (6, 12, "2")])
+@pytest.mark.parametrize("classifier", [False, True])
+def test_sgmcmc_advice_always_suggests_more_chains_than_the_fit_had(chains, suggested, factor, classifier):
+    """The advice suggests max(4, 2 * chains) chains (never "num_chains=4 (now 4"), with the steps that costs, and
+    keeps the measured data-set figures in the docs page it cites."""
+    from bnn_pyro.infer.sgmcmc import mixing_advice
+
+    said = mixing_advice(chains, classifier=classifier)
+    assert f"try num_chains={suggested} (now {chains}; {factor} times the steps" in said
+    assert "docs/sgmcmc_measurements.md" in said
+    assert not any(name in said for name in ("iris", "wine")), said
