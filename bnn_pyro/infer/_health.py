@@ -376,11 +376,12 @@ def ess_chance_min(num_chains: int, num_draws: int) -> float:
     n = num_chains * num_draws
     if n < ESS_MIN or num_draws < 10:
         return float(ESS_MIN)
+    import numpy as np
+
     row = ESS_CHANCE_QUANTILE[max(c for c in ESS_CHANCE_QUANTILE if c <= num_chains)]
     grid = sorted(row)
-    below = max(s for s in grid if s <= num_draws)
-    above = min((s for s in grid if s > num_draws), default=below)
-    return float(min(ESS_MIN, n * min(row[below], row[above])))
+    fraction = float(np.interp(num_draws, grid, [row[s] for s in grid]))  # the last entry beyond the table
+    return float(min(ESS_MIN, n * fraction))
 
 
 def _parameter_diagnostics(post) -> tuple[np.ndarray, np.ndarray, list[str]]:
