@@ -381,7 +381,9 @@ def ess_chance_min(num_chains: int, num_draws: int) -> float:
     true ESS of 50 is flagged in 33% of fits and of 75 in 11%, so such chains, whose Monte Carlo errors are 12-14%
     of the sd, are mostly missed; at 1 x 300 (79.5) 100% and 96% (the rule before, 42: 75% and 29%). False alarms
     on exact independent draws there: 0.25% of fits at 1 x 200 and 1 x 399, 0.5% at 1 x 300 and 1 x 350 (the rule
-    before: 0.25% at each; the same draws)."""
+    before: 0.25% at each; the same draws); at 2 x 75, 2 x 150 and 4 x 75 0.5%, 0.25% and 0.25% (before: 0.25%, 0
+    and 0.25%; ``power_chains.md``): one more false alarm in 400 fits in 4 of these 8 cases, within the 1% the
+    table is set for, while at 2 x 75 a true ESS of 50 is flagged in 43% of fits (before: 29%)."""
     n = num_chains * num_draws
     if n < ESS_MIN or num_draws < 10:
         return float(ESS_MIN)
