@@ -22,6 +22,12 @@ so that the true ESS, ``C S (1 - rho) / (1 + rho)``, is half of ``ess_limit`` (a
 ``mixing_ess_fixed`` replays the threshold before :func:`~bnn_pyro.infer._health.ess_chance_min`, ``ESS_MIN`` whatever
 ``(C, S)``, on the same draws (check_mixing run with the function replaced; it reads it from its module at each call).
 
+``--power`` instead writes ``power.md``: for each ``(C, S)``, how often check_mixing's ESS warning fires on AR(1)
+chains (as above) whose true ESS is each of ``--true-ess`` (a true warning: its power) and on exact independent draws
+(``rho = 0``, true ESS ``C S``: a false alarm), under two thresholds on the same draws: ``ess_chance_min`` as it is
+(``now``) and the rule before its interpolation (``stepped``: the smaller of the table's entries at the tabulated
+draws per chain either side, replayed here by :func:`stepped_limit`).
+
 ``--spread`` instead writes ``spread.md``: the bulk ESS estimate of ``C`` chains of ``S`` independent normal draws
 (``--columns`` quantities each), its ratio to ``C S`` (mean, sd times ``sqrt(C S)``, low quantiles), where
 :data:`~bnn_pyro.infer._health.ESS_CHANCE_QUANTILE` comes from (its 5e-4 quantile).
@@ -31,6 +37,7 @@ Usage::
     python benchmarks/health_false_alarms.py                    # C in {1, 2, 4}, S in {10, 25, 50, 100, 250}, 200 reps
     python benchmarks/health_false_alarms.py --reps 50 --draws 10,50
     python benchmarks/health_false_alarms.py --spread --chains 1,2,4 --draws 50,100,200,500,1000
+    python benchmarks/health_false_alarms.py --power --chains 1 --draws 200,300,399 --true-ess 50,75 --reps 400
 """
 
 from __future__ import annotations
@@ -152,6 +159,72 @@ def spread(chains: list[int], draws: list[int], columns: int, out, name: str) ->
     return table
 
 
+def stepped_limit(num_chains: int, num_draws: int) -> float:
+    """``ess_chance_min`` before its interpolation: the table's entry at the largest tabulated chain count and draws
+    per chain not above the fit's, or the next tabulated draws per chain if that is smaller."""
+    n = num_chains * num_draws
+    if n < _health.ESS_MIN or num_draws < 10:
+        return float(_health.ESS_MIN)
+    row = _health.ESS_CHANCE_QUANTILE[max(c for c in _health.ESS_CHANCE_QUANTILE if c <= num_chains)]
+    below = max(s for s in row if s <= num_draws)
+    above = min((s for s in row if s > num_draws), default=below)
+    return float(min(_health.ESS_MIN, n * min(row[below], row[above])))
+
+
+def power(chains: list[int], draws: list[int], true_ess: list[float], reps: int, out, name: str) -> pd.DataFrame:
+    """check_mixing's ESS warning on AR(1) chains of a given true ESS and on exact draws, under ``ess_chance_min``
+    and :func:`stepped_limit` on the same draws (module docstring)."""
+    x, y, exact = exact_posterior()
+    rules = {"now": _health.ess_chance_min, "stepped": stepped_limit}
+    rows = []
+    for c in chains:
+        for s in draws:
+            n = c * s
+            for ess in [float(n)] + [e for e in true_ess if e < n]:
+                rho = (n - ess) / (n + ess)  # true ESS n (1 - rho) / (1 + rho)
+                counts = dict.fromkeys(rules, 0)
+                for rep in range(reps):
+                    torch.manual_seed(5000 + rep)
+                    draws_ = exact.sample((n,)) if rho == 0 else autocorrelated(exact, c, s, rho)
+                    net, _ = posteriors(x, y, draws_, c, s)
+                    for rule, limit in rules.items():
+                        real, _health.ess_chance_min = _health.ess_chance_min, limit
+                        try:
+                            counts[rule] += alarms(check_mixing, net)[1]
+                        finally:
+                            _health.ess_chance_min = real
+                row = {"chains": c, "draws_per_chain": s, "true_ess": ess, "rho": rho, "reps": reps}
+                for rule, limit in rules.items():
+                    p = counts[rule] / reps
+                    row.update({f"limit_{rule}": limit(c, s), f"flagged_{rule}": p})
+                    row[f"flagged_{rule}_se"] = math.sqrt(p * (1 - p) / reps)
+                rows.append(row)
+                print(row, flush=True)
+    table = pd.DataFrame(rows)
+    table.to_csv(out / f"{name}.csv", index=False)
+    lines = [
+        "# check_mixing's ESS warning: power at a given true ESS, and false alarms on exact draws",
+        "",
+        "C chains of S draws of a Bayesian linear regression's exact posterior (N = 30, D = 2, noise 0.5, N(0, 1)",
+        "priors): AR(1) chains of exact draws with lag-1 autocorrelation rho, true ESS C S (1 - rho) / (1 + rho); rho = 0",
+        "are independent draws (true ESS C S: a warning there is a false alarm wherever C S >= 100). The fraction of",
+        f"{reps} runs (seeds 5000 on) in which check_mixing's ESS warning fires, +- its Monte Carlo standard error, under",
+        "ess_chance_min as it is (`now`) and the rule before its interpolation (`stepped`), on the same draws.",
+        "Written by `python benchmarks/health_false_alarms.py --power`.",
+        "",
+        "| chains | draws per chain | true ESS | rho | limit now | flagged now | limit stepped | flagged stepped |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['chains']} | {r['draws_per_chain']} | {r['true_ess']:.0f} | {r['rho']:.3f} | {r['limit_now']:.1f} | "
+            f"{r['flagged_now']:.3f} ± {r['flagged_now_se']:.3f} | {r['limit_stepped']:.1f} | "
+            f"{r['flagged_stepped']:.3f} ± {r['flagged_stepped_se']:.3f} |"
+        )
+    write_result(out / f"{name}.md", "\n".join(lines) + "\n")
+    return table
+
+
 def alarms(check, post) -> tuple[bool, bool]:
     """Whether ``check(post)`` warned about R-hat, and about ESS."""
     with warnings.catch_warnings(record=True) as caught:
@@ -168,6 +241,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--reps", type=int, default=200)
     parser.add_argument("--spread", action="store_true", help="write spread.md instead (module docstring)")
     parser.add_argument("--columns", type=int, default=5000, help="--spread: quantities per (chains, draws)")
+    parser.add_argument("--power", action="store_true", help="write power.md instead (module docstring)")
+    parser.add_argument("--true-ess", default="50,75", help="--power: the AR(1) chains' true ESS values")
     parser.add_argument("--name", default="results")
     parser.add_argument(
         "--out", default=None, help="the folder written (default benchmarks/results/health_false_alarms/)"
@@ -177,6 +252,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     chains_list, draws_list = [int(c) for c in args.chains.split(",")], [int(d) for d in args.draws.split(",")]
     if args.spread:
         return spread(chains_list, draws_list, args.columns, out, args.name)
+    if args.power:
+        true_ess = [float(e) for e in args.true_ess.split(",")]
+        return power(chains_list, draws_list, true_ess, args.reps, out, args.name)
     x, y, exact = exact_posterior()
     rows = []
     for chains in chains_list:

@@ -412,24 +412,39 @@ def _checked(post: Posterior) -> Posterior:
     kidiq's badly scaled covariates SGLD's and SG-HMC's draws were off the exact posterior with nothing said)."""
     check_descent(post)
     classifier = getattr(getattr(post.model, "likelihood", None), "task", None) == "classification"
-    check_mixing(
-        post, advice=MIXING_ADVICE.format(chains=post.num_chains, classifier=CLASSIFIER_NOTE if classifier else "")
-    )
+    check_mixing(post, advice=mixing_advice(post.num_chains, classifier=classifier))
     return post
 
 
 MIXING_ADVICE = (
-    "Such estimates were right about f on iris and wine: over independent seeds the posterior mean of f varied as "
-    "its ESS said (docs/sgmcmc_measurements.md, 'Mixing').{classifier} Each chain adds its own effective draws: try "
-    "num_chains=4 (now {chains}; 4 times the steps; SG-HMC's smallest ESS on iris went from 38 to 152, and R-hat "
-    "then checks that the chains agree), or a longer run (more num_samples at the same thin: the ESS grows with the "
-    "steps), or method='nuts' on a model this small"
+    "Such estimates were right about f in the SG-MCMC measurements: over independent seeds the posterior mean of f "
+    "varied as its ESS said (docs/sgmcmc_measurements.md, 'Mixing').{classifier} Each chain adds its own effective "
+    "draws: try num_chains={suggested} (now {chains}; {factor:g} times the steps, and R-hat then checks that the "
+    "chains agree), or a longer run (more num_samples at the same thin: the ESS grows with the steps), or "
+    "method='nuts' on a model this small"
 )
 """What :func:`_checked`'s mixing warning tells an SG-MCMC fit to try (``{chains}``: the fit's ``num_chains``;
-``{classifier}``: :data:`CLASSIFIER_NOTE` for a classifier, else empty)."""
+``{suggested}``, ``{factor}``: :func:`mixing_advice`'s; ``{classifier}``: :data:`CLASSIFIER_NOTE` for a
+classifier, else empty). Measured figures stay in ``docs/sgmcmc_measurements.md``, cited by path."""
+
+
+def mixing_advice(chains: int, *, classifier: bool) -> str:
+    """:data:`MIXING_ADVICE` for a fit of ``chains`` chains: it suggests ``max(4, 2 * chains)`` chains (at least 4,
+    the fewest R-hat checks well; at least twice the fit's, so the suggestion always adds effective draws, which
+    grow in proportion to the chains), and says how many times the steps that costs."""
+    suggested = max(4, 2 * chains)
+    return MIXING_ADVICE.format(
+        suggested=suggested,
+        chains=chains,
+        factor=suggested / chains,
+        classifier=CLASSIFIER_NOTE if classifier else "",
+    )
+
+
 CLASSIFIER_NOTE = (
-    " The predictive probabilities' Monte Carlo error is smaller, 3-7 times on iris and wine, so a classifier's "
-    "predictions can be usable while f has not mixed."
+    " The predictive probabilities' Monte Carlo error is smaller than f's (the slow directions move logits where "
+    "the softmax saturates; measured in the same section), so a classifier's predictions can be usable while f has "
+    "not mixed."
 )
 """Said to classifiers: the slow directions move logits where the softmax is saturated (measured there)."""
 

@@ -255,9 +255,11 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
     Posterior
         The inner engine's chains and draws over the net's sites; ``config["subspace"]`` records the rank,
         the prior and the singular values, ``config["inner"]`` the inner engine's configuration.
-        ``config["subspace"]["held"]``: the fraction of each weight's posterior variance the subspace can hold at
-        all (:func:`~bnn_pyro.infer.subspace_held.check_subspace`, which warns below 44%: no draw moves outside the
-        ``subspace_dim`` directions, so no inner engine gets more).
+        ``config["subspace"]["held"]``: the fraction of each weight's posterior variance and of the outputs'
+        linearized variance at the training inputs that the subspace can hold at all
+        (:func:`~bnn_pyro.infer.subspace_held.check_subspace`, which warns when an output keeps below 44%, or a
+        weight does in a net linear in its weights: no draw moves outside the ``subspace_dim`` directions, so no
+        inner engine gets more).
     """
     return _fit_subspace(model, data, **config.keywords())
 

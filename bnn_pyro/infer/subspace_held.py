@@ -27,13 +27,13 @@ from bnn_pyro.infer.laplace.structure import make_layout
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.utils.user_warnings import warn
 
-__all__ = ["SUBSPACE_HELD_MIN", "check_subspace", "laplace_precision", "subspace_variance_held"]
+__all__ = ["SUBSPACE_HELD_MIN", "check_subspace", "laplace_precision", "linear_in_weights", "subspace_variance_held"]
 
 SUBSPACE_HELD_MIN = 1.0 / NARROW_MAX**2
-""":func:`check_subspace` warns when some weight keeps less than this fraction of its variance under the Laplace
-approximation once the weights are confined to the subspace (0.44: an sd below ``1 / NARROW_MAX`` of the full one,
-the factor by which :func:`~bnn_pyro.infer._health.check_narrow` and the reference suite's approximations may be
-narrow)."""
+""":func:`check_subspace` warns when some output of the net at the training inputs (or, for a net whose outputs are
+linear in its weights, some weight) keeps less than this fraction of its variance under the Laplace approximation
+once the weights are confined to the subspace (0.44: an sd below ``1 / NARROW_MAX`` of the full one, the factor by
+which :func:`~bnn_pyro.infer._health.check_narrow` and the reference suite's approximations may be narrow)."""
 
 
 def subspace_variance_held(precision: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -87,29 +87,50 @@ def laplace_precision(post, pot, mean: torch.Tensor, weight_sites: list[str]) ->
     return (hess + hess.T) / 2, jac.reshape(-1, len(w_idx))
 
 
-def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prior: str):
-    """Warn when subspace inference's draws cannot hold a weight's posterior spread: confined to ``w_hat + P z``, a
-    weight keeps less than :data:`SUBSPACE_HELD_MIN` of its variance under the Laplace approximation at the draws'
-    mean (:func:`subspace_variance_held`; the precision of :func:`laplace_precision`; the model's other latent
-    sites, e.g. a learned noise, stay free, as the inner engine samples them).
+def linear_in_weights(model) -> bool:
+    """Whether a ``BNN``'s outputs are linear in its weights: its net is one ``torch.nn.Linear`` layer, alone or with
+    only parameter-free reshaping around it (``Flatten``, ``Identity``), as
+    :mod:`bnn_pyro.infer.laplace.quadratic` detects a net whose features are ``x`` (a linear or logistic
+    regression). There the weights are the model's coefficients, so their marginals are quantities of interest."""
+    net = getattr(model, "net", None)
+    if not isinstance(net, torch.nn.Module):
+        return False
+    leaves = [m for m in net.modules() if not list(m.children())]
+    linear = [m for m in leaves if isinstance(m, torch.nn.Linear)]
+    return len(linear) == 1 and all(
+        isinstance(m, (torch.nn.Linear, torch.nn.Flatten, torch.nn.Identity)) for m in leaves
+    )
 
-    Why this quantity: with the induced prior (``prior="induced"``, the default) the posterior over ``z`` is the net's
-    posterior conditioned on the subspace, and for a Gaussian posterior that conditional's variance is exactly the
-    held fraction of the full one; no sampler over ``z``, however long, exceeds it. False alarms: none where the
-    subspace holds the spread (the whole weight space holds exactly all of it, a subspace along the posterior's
-    dominant directions nearly all); near the threshold the Gaussian's fraction can sit a few percent below a
-    non-Gaussian posterior's (the logistic reference at ``subspace_dim=2``: sds predicted 0.64-0.67 of the exact ones,
-    the draws' 0.67-0.72), so a fit just inside the 1/1.5 bound can be flagged.
+
+def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prior: str):
+    """Warn when subspace inference's draws cannot hold the posterior's spread in what a user reads: confined to
+    ``w_hat + P z``, some output of the net at the training inputs keeps less than :data:`SUBSPACE_HELD_MIN` of its
+    linearized variance under the Laplace approximation at the draws' mean, or, for a net whose outputs are linear in
+    its weights (:func:`linear_in_weights`: a linear or logistic regression), some weight keeps less than that of its
+    marginal variance (:func:`subspace_variance_held`; the precision of :func:`laplace_precision`; the model's other
+    latent sites, e.g. a learned noise, stay free, as the inner engine samples them).
+
+    Why these quantities: with the induced prior (``prior="induced"``, the default) the posterior over ``z`` is the
+    net's posterior conditioned on the subspace, and for a Gaussian posterior that conditional's covariance is
+    exactly ``B (B^T H B)^{-1} B^T``; no sampler over ``z``, however long, exceeds it. An output ``f_i = J_i w``
+    (linearized) keeps ``J_i B (B^T H B)^{-1} B^T J_i^T / J_i H^{-1} J_i^T`` of its variance. Subspace inference is
+    about the function (Izmailov et al. 2019): ``k`` directions cannot hold the marginals of a net's many weights, yet
+    can hold most of its outputs' spread, so a net's weights are reported, not judged; where the outputs are linear in
+    the weights the weights are the model's coefficients, and are judged too. False alarms: none where the subspace
+    holds the spread (the whole weight space holds exactly all of it, a subspace along the posterior's dominant
+    directions nearly all); near the threshold the Gaussian's fraction can sit a few percent below a non-Gaussian
+    posterior's (the logistic reference at ``subspace_dim=2``: sds predicted 0.64-0.67 of the exact ones, the draws'
+    0.67-0.72), so a fit just inside the 1/1.5 bound can be flagged.
 
     ``directions``: per weight site, the SWA run's principal directions (``K x *shape``: row ``j`` is direction ``j``'s
     values there, leading directions first), of which the first ``rank`` span the subspace; the smallest number of them
-    that would hold the threshold in every weight, if any, is suggested. The linearized variance of the net's outputs
-    at the training inputs held by the subspace is reported beside it (the predictive's share, which the weights'
-    marginals do not show). Judged as :func:`~bnn_pyro.infer._health.check_narrow` judges (a ``BNN`` with training
-    tensors, at most :data:`~bnn_pyro.infer._health.NARROW_MAX_DIM` latent coordinates, a positive definite precision
-    at the draws' mean); not judged under ``prior="isotropic"`` (its prior over ``z`` is not the net's, so there is no
-    conditional to hold it to). The figures go to ``post.config["subspace"]["held"]``, or why it was not judged.
-    Returns ``post``."""
+    that would hold the threshold in every judged quantity, if any, is suggested. The outputs are the net's at
+    :data:`~bnn_pyro.infer._health.PREDICTIVE_ROWS` evenly spaced training rows. Judged as
+    :func:`~bnn_pyro.infer._health.check_narrow` judges (a ``BNN`` with training tensors, at most
+    :data:`~bnn_pyro.infer._health.NARROW_MAX_DIM` latent coordinates, a positive definite precision at the draws'
+    mean); not judged under ``prior="isotropic"`` (its prior over ``z`` is not the net's, so there is no conditional
+    to hold it to). The figures (each weight's and the outputs' fractions, and which criteria fired) go to
+    ``post.config["subspace"]["held"]``, or why it was not judged. Returns ``post``."""
     record = post.config.setdefault("subspace", {})
     if prior != "induced":
         record["held"] = {"judged": False, "reason": f"prior={prior!r}: the prior over z is not the net's"}
@@ -137,57 +158,81 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
         start += n
     full = torch.cat(rows)
     weights = torch.tensor([i for i in range(pot.dim) if i not in set(free)], dtype=torch.long)
+    whole = torch.cholesky_inverse(chol)[weights][:, weights]
+    f_whole = ((jac @ whole) * jac).sum(1)  # the outputs' linearized variance, the weights free
+    judge_weights = linear_in_weights(post.model)
 
-    def basis(k: int) -> torch.Tensor:
-        return torch.cat([full[:, :k], torch.eye(pot.dim, dtype=full.dtype, device=full.device)[:, free]], 1)
+    def held(k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(each weight's fraction held, each output's) by the first ``k`` directions."""
+        basis = torch.cat([full[:, :k], torch.eye(pot.dim, dtype=full.dtype, device=full.device)[:, free]], 1)
+        within = _subspace_covariance(precision, basis)[0][weights][:, weights]
+        return within.diagonal() / whole.diagonal(), ((jac @ within) * jac).sum(1) / f_whole
 
-    def held(k: int) -> torch.Tensor:
-        return subspace_variance_held(precision, basis(k))[weights]
+    def fired(k: int) -> list[str]:
+        fraction, outputs = held(k)
+        said = ["outputs"] if float(outputs.min()) < SUBSPACE_HELD_MIN else []
+        return said + (["weights"] if judge_weights and float(fraction.min()) < SUBSPACE_HELD_MIN else [])
 
-    fraction = held(rank)
-    within, whole = (c[weights][:, weights] for c in _subspace_covariance(precision, basis(rank)))
-    outputs = ((jac @ within) * jac).sum(1) / ((jac @ whole) * jac).sum(1)  # linearized f's variance held, per output
-    suggested = next((k for k in range(rank + 1, total + 1) if float(held(k).min()) >= SUBSPACE_HELD_MIN), None)
+    fraction, outputs = held(rank)
+    criteria = fired(rank)
+    suggested = next((k for k in range(rank + 1, total + 1) if not fired(k)), None) if criteria else None
     worst = int(fraction.argmin())
     record["held"] = {
         "judged": True,
         "names": names,
         "variance_held": [float(f) for f in fraction],
-        "laplace_sd": [float(v) for v in torch.cholesky_inverse(chol).diagonal()[weights].sqrt()],
+        "laplace_sd": [float(v) for v in whole.diagonal().sqrt()],
         "worst": names[worst],
         "outside": 1.0 - float(fraction[worst]),
         "threshold": SUBSPACE_HELD_MIN,
+        "weights_judged": judge_weights,
+        "fired": criteria,
         "suggested_subspace_dim": suggested,
         "function_variance_held": {"median": float(outputs.median()), "min": float(outputs.min())},
     }
-    short = [i for i in fraction.argsort().tolist() if float(fraction[i]) < SUBSPACE_HELD_MIN]
-    if short:
-        _warn_short(post, names, fraction, short, worst, rank, total, suggested, outputs)
+    if criteria:
+        _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested)
     return post
 
 
-def _warn_short(post, names, fraction, short, worst, rank, total, suggested, outputs) -> None:
-    """The warning of :func:`check_subspace`: the weights below :data:`SUBSPACE_HELD_MIN`, the worst one's share
-    outside the subspace, the outputs' share held, and what to try."""
+def _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested) -> None:
+    """The warning of :func:`check_subspace`: which criterion fired (the outputs' share held; the weights below
+    :data:`SUBSPACE_HELD_MIN`, for a net linear in its weights), the figures, and what to try."""
     from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
-    listed = ", ".join(f"{names[i]} {float(fraction[i]):.0%}" for i in short[:3])
-    more = f" and {len(short) - 3} more" if len(short) > 3 else ""
+    bound = f"{SUBSPACE_HELD_MIN:.0%} (an sd 1/{NARROW_MAX:g} of the full one)"
+    f_said = (
+        f"the network's outputs at the training inputs keep a median {float(outputs.median()):.0%} of their "
+        f"linearized variance, min {float(outputs.min()):.0%}"
+    )
+    parts = []
+    if "outputs" in criteria:
+        parts.append(
+            f"{f_said}, below {bound}: post.predict()'s spread (its intervals of f) is too small where the outputs "
+            "lose it"
+        )
+    if "weights" in criteria:
+        short = [i for i in fraction.argsort().tolist() if float(fraction[i]) < SUBSPACE_HELD_MIN]
+        listed = ", ".join(f"{names[i]} {float(fraction[i]):.0%}" for i in short[:3])
+        more = f" and {len(short) - 3} more" if len(short) > 3 else ""
+        worst = short[0]
+        parts.append(
+            f"the outputs being linear in the weights (the weights are the model's coefficients), these weights "
+            f"keep less than {bound} of their variance: {listed}{more} ({names[worst]}: "
+            f"{1.0 - float(fraction[worst]):.0%} lies outside the subspace, its sd is "
+            f"{math.sqrt(float(fraction[worst])):.2g} times the full one), so post.summary()'s sds and intervals of "
+            "these weights are too small" + ("" if "outputs" in criteria else f" ({f_said})")
+        )
     larger = (
-        f"subspace_dim={suggested} (the smallest of this SWA run's directions that holds it in every weight), "
+        f"subspace_dim={suggested} (the smallest number of this SWA run's directions that holds it), "
         if suggested is not None
         else f"a larger subspace_dim with more SWA deviations (swa=SWAGConfig(swag_rank=...); these {total} "
         "directions do not hold it), "
     )
     warn(
         f"{post.method}: the subspace holds too little of the posterior's spread: confined to its {rank} "
-        f"directions, these weights keep less than {SUBSPACE_HELD_MIN:.0%} (an sd 1/{NARROW_MAX:g} of it) of "
-        f"their variance under the Laplace approximation at the draws' mean: {listed}{more} ({names[worst]}: "
-        f"{1.0 - float(fraction[worst]):.0%} lies outside the subspace, its sd is "
-        f"{math.sqrt(float(fraction[worst])):.2g} times the full one). Subspace inference samples only w_hat + P z, so "
-        "no draw moves outside those directions, however long the inner engine runs: post.summary()'s sds and "
-        "intervals of these weights are too small (the network's outputs at the training inputs keep a median "
-        f"{float(outputs.median()):.0%} of their linearized variance, min {float(outputs.min()):.0%}). Try {larger}or "
-        "method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior).",
+        f"directions, under the Laplace approximation at the draws' mean, " + "; and ".join(parts) + ". Subspace "
+        "inference samples only w_hat + P z, so no draw moves outside those directions, however long the inner "
+        f"engine runs. Try {larger}or method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior).",
         DiagnosticWarning,
     )

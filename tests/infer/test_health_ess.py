@@ -76,12 +76,45 @@ def test_chains_that_mix_slowly_are_still_flagged(blr, chains, per_chain):
             _health.check_mixing(post)
 
 
+POWER_1X200_ESS50 = 0.33
+"""check_mixing's detection rate on 1 chain of 200 draws whose true ESS is 50 (AR(1) chains of exact draws, lag-1
+autocorrelation 0.6): 132 of 400 runs, ``benchmarks/results/health_false_alarms/power.md``."""
+
+
+def test_the_power_at_a_true_ess_of_50_in_one_chain_of_200_draws_is_the_measured_one(blr):
+    """``ess_chance_min``'s documented power: at 1 x 200 draws (csgmcmc's default) a true ESS of 50 is flagged in a
+    third of fits (the threshold 28 trades power for fewer false alarms). 100 fixed seeds of this posterior; the
+    bound is 3 standard errors of the difference of two binomial rates (these 100 runs, the benchmark's 400), so it
+    fails if the power moves by about 0.16 (a threshold of 100 flags nearly every such fit, one of 14 almost none)."""
+    model, exact = blr
+    reps, bench_reps, p = 100, 400, POWER_1X200_ESS50
+    flagged = 0
+    for seed in range(reps):
+        torch.manual_seed(seed)
+        flagged += _ess_alarm(_posterior(model, _autocorrelated(exact, 1, 200, 50.0), 1, 200))
+    bound = 3 * math.sqrt(p * (1 - p) / reps + p * (1 - p) / bench_reps)
+    assert abs(flagged / reps - p) <= bound, f"{flagged} of {reps} fits flagged; measured {p} +- {bound:.3f}"
+
+
 def test_the_threshold_is_100_at_the_engines_default_draws_and_lower_only_for_few():
     """NUTS/HMC's 4 x 1,000, sgld's and sghmc's 1 x 500: 100, as before; fewer than 100 draws in all: 100 (they
     cannot hold 100 independent ones); between, the chance bound, lower with fewer chains (longer tails)."""
     assert _health.ess_chance_min(4, 1000) == _health.ess_chance_min(1, 500) == _health.ESS_MIN == 100
     assert _health.ess_chance_min(2, 40) == _health.ess_chance_min(20, 5) == 100
     assert _health.ess_chance_min(1, 200) < _health.ess_chance_min(2, 100) < _health.ess_chance_min(4, 50) < 100
+
+
+def test_the_threshold_is_interpolated_between_the_tabulated_draws_without_a_jump():
+    """Between tabulated draws per chain the table's fraction is interpolated linearly (the rule before took the
+    smaller entry, so 1 x 399 draws had 56 and 1 x 400 had 100); the threshold then never falls as draws are added
+    and rises by little per draw."""
+    row = _health.ESS_CHANCE_QUANTILE[1]
+    assert _health.ess_chance_min(1, 300) == pytest.approx(300 * (row[200] + row[400]) / 2)
+    assert _health.ess_chance_min(2, 150) == _health.ESS_MIN  # 300 draws x 0.355, capped at 100 (before: 72)
+    limits = [_health.ess_chance_min(1, s) for s in range(100, 401)]
+    steps = [b - a for a, b in zip(limits, limits[1:])]
+    assert min(steps) >= 0 and max(steps) < 1.5, max(steps)
+    assert _health.ess_chance_min(1, 399) == _health.ESS_MIN
 
 
 def _classifier_draws(common: bool, seed: int = 0) -> bp.Posterior:
@@ -148,3 +181,16 @@ def test_an_sgmcmc_fit_with_too_few_effective_draws_is_told_what_raises_them():
     assert "predictive probabilities" not in said
     said = _sgld_ess_warning(x, (x[:, 0] > 0).long(), bp.likelihoods.Categorical(), 2)
     assert "try num_chains=4 (now 1;" in said and "predictive probabilities' Monte Carlo error is smaller" in said
+
+
+@pytest.mark.parametrize(("chains", "suggested", "factor"), [(1, 4, "4"), (2, 4, "2"), (4, 8, "2"), (6, 12, "2")])
+@pytest.mark.parametrize("classifier", [False, True])
+def test_sgmcmc_advice_always_suggests_more_chains_than_the_fit_had(chains, suggested, factor, classifier):
+    """The advice suggests max(4, 2 * chains) chains (never "num_chains=4 (now 4"), with the steps that costs, and
+    keeps the measured data-set figures in the docs page it cites."""
+    from bnn_pyro.infer.sgmcmc import mixing_advice
+
+    said = mixing_advice(chains, classifier=classifier)
+    assert f"try num_chains={suggested} (now {chains}; {factor} times the steps" in said
+    assert "docs/sgmcmc_measurements.md" in said
+    assert not any(name in said for name in ("iris", "wine")), said

@@ -143,6 +143,18 @@ def test_a_replaced_precision_is_factorized_afresh(monkeypatch):
     assert torch.equal(approx.cholesky(), torch.linalg.cholesky(moved.precision))
 
 
+def test_a_precision_edited_in_place_is_factorized_afresh(monkeypatch):
+    """An in-place edit of ``approx.precision`` (same tensor object, new values) must not reuse the old factor."""
+    _, (approx,), _ = _spied_fit(monkeypatch, "function_full")
+    kept = approx.cholesky().clone()
+    approx.precision.mul_(2.0)
+    assert torch.equal(approx.cholesky(), torch.linalg.cholesky(approx.precision))
+    assert not torch.equal(approx.cholesky(), kept)
+    approx.precision[0, 0] += 5.0  # an indexed in-place edit too
+    assert torch.equal(approx.cholesky(), torch.linalg.cholesky(approx.precision))
+    assert torch.equal(approx.covariance(), torch.cholesky_inverse(torch.linalg.cholesky(approx.precision)))
+
+
 def _eigh_inputs(monkeypatch) -> list[torch.Tensor]:
     seen = []
     real = torch.linalg.eigh

@@ -18,6 +18,7 @@ from reference.posteriors import BNN_REFERENCES, Z_MAX, flat_draws
 
 import bnn_pyro as bp
 from bnn_pyro.infer._potential import Potential
+from bnn_pyro.infer.mcmc import NUTSConfig
 from bnn_pyro.infer.subspace_held import SUBSPACE_HELD_MIN, check_subspace, laplace_precision, subspace_variance_held
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
@@ -162,3 +163,72 @@ def test_the_isotropic_prior_is_not_judged():
         "rank": 2,
         "held": {"judged": False, "reason": "prior='isotropic': the prior over z is not the net's"},
     }
+
+
+def _subspace_messages(caught) -> list[str]:
+    return [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning) and PHRASE in str(w.message)]
+
+
+@pytest.fixture(scope="module")
+def gap_net_fit():
+    """A subspace fit of a small network at the default ``subspace_dim=10`` and SWA run (the gap data's 1-8-1 tanh
+    net, Normal(0, 1) prior, a learned noise: 25 weights; the inner NUTS run shortened to 50 warm-up steps and draws
+    in one chain at tree depth 5, since the check reads only the draws' mean): its ``held`` record and subspace warnings, then the
+    check rerun on the same draws and SWA directions (those the engine passed it) at ``rank=2``."""
+    import bnn_pyro.infer.subspace as engine
+
+    seen = {}
+
+    def spy(post, **kwargs):
+        seen.update(kwargs)
+        return check_subspace(post, **kwargs)
+
+    x, y = bp.datasets.toy_gap()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    likelihood = bp.likelihoods.Gaussian(scale=pyro.distributions.HalfNormal(1.0))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
+    inner = NUTSConfig(num_warmup=50, max_tree_depth=5)
+    patch = pytest.MonkeyPatch()
+    patch.setattr(engine, "check_subspace", spy)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", DiagnosticWarning)
+            post = bp.fit(
+                model, x, y, method="subspace", num_samples=50, num_chains=1, inner=inner, seed=0, progress=False
+            )
+    finally:
+        patch.undo()
+    default = dict(post.config["subspace"]["held"]), _subspace_messages(caught), seen["rank"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DiagnosticWarning)
+        check_subspace(post, **{**seen, "rank": 2})
+    return {"default": default, "rank2": (dict(post.config["subspace"]["held"]), _subspace_messages(caught), 2)}
+
+
+@pytest.mark.slow  # one subspace fit of a 25-weight net (its SWA run at the defaults, a short inner run)
+def test_a_small_net_whose_outputs_keep_their_variance_is_not_warned_about_its_weights(gap_net_fit):
+    """Subspace inference is about the function: at the default ``subspace_dim=10`` the net's outputs at the training
+    inputs keep at least :data:`SUBSPACE_HELD_MIN` of their linearized variance while many of its weights keep far
+    less (marginals that 10 directions of 25 weights cannot hold). The check judges the outputs, keeps the weights'
+    figures, and is silent (the code before warned here, on the weights)."""
+    held, messages, rank = gap_net_fit["default"]
+    assert rank == 10 and held["judged"] and not held["weights_judged"], held
+    assert held["function_variance_held"]["min"] >= SUBSPACE_HELD_MIN, held["function_variance_held"]
+    assert sum(f < SUBSPACE_HELD_MIN for f in held["variance_held"]) >= 5, held["variance_held"]  # reported, not judged
+    assert held["fired"] == [] and held["suggested_subspace_dim"] is None
+    assert messages == []
+
+
+@pytest.mark.slow  # reuses the fit above; the check itself takes well under a second
+def test_a_subspace_whose_outputs_lose_their_variance_warns_with_the_outputs_criterion(gap_net_fit):
+    """The same draws and SWA directions judged at ``rank=2``: the outputs keep too little of their linearized
+    variance, so the check warns, says it is the outputs' criterion (a net's weights are not listed) and suggests the
+    smallest number of the run's directions that holds it (at most the default 10, which held it above)."""
+    held, messages, _ = gap_net_fit["rank2"]
+    assert held["fired"] == ["outputs"] and held["function_variance_held"]["min"] < SUBSPACE_HELD_MIN, held
+    assert 2 < held["suggested_subspace_dim"] <= 10
+    assert len(messages) == 1, messages
+    said = messages[0]
+    assert "the network's outputs at the training inputs keep a median" in said and "post.predict()" in said
+    assert "linear in the weights" not in said and f"subspace_dim={held['suggested_subspace_dim']}" in said

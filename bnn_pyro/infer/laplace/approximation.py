@@ -89,22 +89,25 @@ class LaplaceApproximation:
     noise: dict | None = None
     best_step: int = -1
     effective_parameters: float | None = None
-    # (H, L): the lower Cholesky factor L of the dense precision H it was computed for (:meth:`cholesky`); not an
-    # __init__ argument, so dataclasses.replace(approx, precision=...) starts without it
+    # (H, H._version, L): the lower Cholesky factor L of the dense precision H it was computed for and H's version
+    # counter then (:meth:`cholesky`); not an __init__ argument, so dataclasses.replace(approx, precision=...) starts
+    # without it
     _factor: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     def keep_cholesky(self, chol: torch.Tensor) -> None:
         """Keep ``chol``, the lower Cholesky factor of the dense ``precision`` (the fit's own, from
         :func:`~.curvature.checked`), for :meth:`cholesky` to return instead of factorizing ``H`` again."""
-        self._factor = (self.precision, chol)
+        self._factor = (self.precision, self.precision._version, chol)
 
     def cholesky(self) -> torch.Tensor:
         """The lower Cholesky factor ``L`` of the dense ``precision`` (``H = L L^T``): the one the fit computed,
-        or computed here once and kept. Kept only for the very ``precision`` it factorizes: a ``precision``
-        assigned since is factorized afresh."""
-        if self._factor is None or self._factor[0] is not self.precision:
-            self._factor = (self.precision, torch.linalg.cholesky(self.precision))
-        return self._factor[1]
+        or computed here once and kept. Kept only for the very ``precision`` it factorizes, unedited: a
+        ``precision`` assigned since, or edited in place (``approx.precision.mul_(2)``, ``approx.precision[i] +=
+        ...``: torch bumps the tensor's version counter on every in-place write), is factorized afresh."""
+        h = self.precision
+        if self._factor is None or self._factor[0] is not h or self._factor[1] != h._version:
+            self._factor = (h, h._version, torch.linalg.cholesky(h))
+        return self._factor[2]
 
     def center(self) -> dict[str, torch.Tensor]:
         """The expansion point on every latent site's support (where the GLM predictive linearizes)."""
