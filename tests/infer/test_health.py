@@ -333,6 +333,16 @@ def _classifier():
             "every snapshot minimizes the same objective",
         ),
         ("laplace", dict(num_steps=50, num_samples=10), "every layer but the last stays at its MAP"),  # its default
+        (
+            "subspace",
+            dict(
+                subspace_dim=2,
+                num_samples=10,
+                swa=dict(pretrain_steps=20, num_steps=30, collect_every=1),
+                inner_options=dict(num_warmup=10, max_tree_depth=3),
+            ),
+            "the directions the data leave free",
+        ),
     ],
 )
 def test_classification_fits_of_structurally_limited_engines_say_so_at_fit_time(method, options, says):
