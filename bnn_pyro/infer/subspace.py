@@ -493,7 +493,9 @@ def _fit_subspace(
         )
     space = Subspace(every.center.to(dtype), every.basis[:, :rank].to(dtype), shapes)
     origin = every.center.new_zeros(every.center.shape)  # direction j at each site: row j of weights(I)
-    directions = Subspace(origin, every.basis[:, :spanned], shapes).weights(torch.eye(spanned, dtype=origin.dtype))
+    directions = Subspace(origin, every.basis[:, :spanned], shapes).weights(
+        torch.eye(spanned, dtype=origin.dtype, device=origin.device)
+    )
 
     if inner in ("nuts", "hmc"):
         inner_options.setdefault("dense_mass", True)  # a k x k mass matrix: z's directions are correlated
