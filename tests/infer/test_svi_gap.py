@@ -37,6 +37,26 @@ def _data():
     return x, 1.0 + 0.5 * x + torch.randn(30, generator=g)
 
 
+def _short_fit(x, y, *, num_steps: int):
+    """SVI at its default guide (full-rank here) from a prior draw, ``num_steps`` steps, two chains; the fit and the
+    ``DiagnosticWarning`` s it gave."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DiagnosticWarning)
+        post = bp.fit(
+            _model,
+            x,
+            y,
+            method="svi",
+            init="prior",
+            num_steps=num_steps,
+            num_samples=10,
+            num_chains=2,
+            seed=0,
+            progress=False,
+        )
+    return post, caught
+
+
 def _posterior(x, y):
     design = torch.stack([torch.ones_like(x), x], 1).double()
     cov = torch.linalg.inv(design.T @ design + torch.eye(2, dtype=torch.float64) / PRIOR_SD**2)
@@ -89,20 +109,7 @@ def test_a_short_default_fit_warns_and_the_gap_is_recorded():
     """SVI at its default guide (full-rank here) and rate from a prior draw, stopped after 200 steps: the guide's mean
     is still far from the posterior's; the fit records the gap per chain (two here) and says so."""
     x, y = _data()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DiagnosticWarning)
-        post = bp.fit(
-            _model,
-            x,
-            y,
-            method="svi",
-            init="prior",
-            num_steps=200,
-            num_samples=10,
-            num_chains=2,
-            seed=0,
-            progress=False,
-        )
+    post, caught = _short_fit(x, y, num_steps=200)
     messages = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
     assert post.config["guide"] == "full_rank" and post.history[_health.GAP].shape == (2, 2)
     assert post.config["guide_coordinates"] == ["b[0]", "b[1]"]
@@ -258,20 +265,7 @@ def test_a_fit_without_a_verdict_records_why_and_nan_gaps(monkeypatch):
 
     monkeypatch.setattr(svi_gap, "Potential", broken)
     x, y = _data()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", DiagnosticWarning)
-        post = bp.fit(
-            _model,
-            x,
-            y,
-            method="svi",
-            init="prior",
-            num_steps=100,
-            num_samples=10,
-            num_chains=2,
-            seed=0,
-            progress=False,
-        )
+    post, caught = _short_fit(x, y, num_steps=100)
     assert post.history[_health.GAP].shape == (2, 2) and bool(post.history[_health.GAP].isnan().all())
     assert post.config["guide_gap"].startswith("no verdict: the log density could not be evaluated at the guide's")
     assert not any("stopped short" in str(w.message) for w in caught)
