@@ -43,6 +43,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import warnings
@@ -188,16 +189,12 @@ def power(chains: list[int], draws: list[int], true_ess: list[float], reps: int,
                     draws_ = exact.sample((n,)) if rho == 0 else autocorrelated(exact, c, s, rho)
                     net, _ = posteriors(x, y, draws_, c, s)
                     for rule, limit in rules.items():
-                        real, _health.ess_chance_min = _health.ess_chance_min, limit
-                        try:
+                        with ess_rule(limit):
                             counts[rule] += alarms(check_mixing, net)[1]
-                        finally:
-                            _health.ess_chance_min = real
                 row = {"chains": c, "draws_per_chain": s, "true_ess": ess, "rho": rho, "reps": reps}
                 for rule, limit in rules.items():
-                    p = counts[rule] / reps
-                    row.update({f"limit_{rule}": limit(c, s), f"flagged_{rule}": p})
-                    row[f"flagged_{rule}_se"] = math.sqrt(p * (1 - p) / reps)
+                    row[f"limit_{rule}"] = limit(c, s)
+                    row[f"flagged_{rule}"], row[f"flagged_{rule}_se"] = rate(counts[rule], reps)
                 rows.append(row)
                 print(row, flush=True)
     table = pd.DataFrame(rows)
@@ -223,6 +220,23 @@ def power(chains: list[int], draws: list[int], true_ess: list[float], reps: int,
         )
     write_result(out / f"{name}.md", "\n".join(lines) + "\n")
     return table
+
+
+@contextlib.contextmanager
+def ess_rule(limit):
+    """check_mixing's ESS threshold replaced by ``limit(num_chains, num_draws)`` inside the block (the rule before
+    ``ess_chance_min``, or its stepped version), restored after."""
+    real, _health.ess_chance_min = _health.ess_chance_min, limit
+    try:
+        yield
+    finally:
+        _health.ess_chance_min = real
+
+
+def rate(count: int, reps: int) -> tuple[float, float]:
+    """The fraction of ``reps`` runs that warned and its binomial Monte Carlo standard error."""
+    p = count / reps
+    return p, math.sqrt(p * (1 - p) / reps)
 
 
 def alarms(check, post) -> tuple[bool, bool]:
@@ -267,11 +281,8 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 torch.manual_seed(1000 + rep)
                 net, function = posteriors(x, y, exact.sample((n,)), chains, per_chain)
                 rhat, ess = alarms(check_mixing, net)
-                chance, _health.ess_chance_min = _health.ess_chance_min, lambda *a: float(_health.ESS_MIN)
-                try:
+                with ess_rule(lambda *a: float(_health.ESS_MIN)):
                     counts["mixing_ess_fixed"] += alarms(check_mixing, net)[1]
-                finally:
-                    _health.ess_chance_min = chance
                 counts["mixing_rhat"] += rhat
                 counts["mixing_ess"] += ess
                 counts["chains_agree"] += alarms(check_chains_agree, function)[0]
@@ -279,9 +290,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
                 counts["mixing_ess_ar"] += alarms(check_mixing, slow)[1]
             row = {"chains": chains, "draws_per_chain": per_chain, "reps": args.reps, "ess_limit": limit, "rho": rho}
             for name, count in counts.items():
-                p = count / args.reps
-                row[name] = p
-                row[f"{name}_se"] = math.sqrt(p * (1 - p) / args.reps)
+                row[name], row[f"{name}_se"] = rate(count, args.reps)
             rows.append(row)
             print(row, flush=True)
     table = pd.DataFrame(rows)
