@@ -18,7 +18,8 @@ import math
 
 import torch
 
-from bnn_pyro.infer._health import NARROW_MAX, PREDICTIVE_ROWS, unconstrained_draws
+from bnn_pyro.infer._health import PREDICTIVE_ROWS
+from bnn_pyro.infer.health_spread import NARROW_MAX, unconstrained_draws
 from bnn_pyro.infer.laplace.curvature import terms
 from bnn_pyro.infer.laplace.fit import make_settings
 from bnn_pyro.infer.laplace.functional import output_jacobian
@@ -33,7 +34,7 @@ SUBSPACE_HELD_MIN = 1.0 / NARROW_MAX**2
 """:func:`check_subspace` warns when some output of the net at the training inputs (or, for a net whose outputs are
 linear in its weights, some weight) keeps less than this fraction of its variance under the Laplace approximation
 once the weights are confined to the subspace (0.44: an sd below ``1 / NARROW_MAX`` of the full one, the factor by
-which :func:`~bnn_pyro.infer._health.check_narrow` and the reference suite's approximations may be narrow)."""
+which :func:`~bnn_pyro.infer.health_spread.check_narrow` and the reference suite's approximations may be narrow)."""
 
 
 def subspace_variance_held(precision: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -126,8 +127,8 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
     values there, leading directions first), of which the first ``rank`` span the subspace; the smallest number of them
     that would hold the threshold in every judged quantity, if any, is suggested. The outputs are the net's at
     :data:`~bnn_pyro.infer._health.PREDICTIVE_ROWS` evenly spaced training rows. Judged as
-    :func:`~bnn_pyro.infer._health.check_narrow` judges (a ``BNN`` with training tensors, at most
-    :data:`~bnn_pyro.infer._health.NARROW_MAX_DIM` latent coordinates, a positive definite precision at the draws'
+    :func:`~bnn_pyro.infer.health_spread.check_narrow` judges (a ``BNN`` with training tensors, at most
+    :data:`~bnn_pyro.infer.health_spread.NARROW_MAX_DIM` latent coordinates, a positive definite precision at the draws'
     mean); not judged under ``prior="isotropic"`` (its prior over ``z`` is not the net's, so there is no conditional
     to hold it to). The figures (each weight's and the outputs' fractions, and which criteria fired) go to
     ``post.config["subspace"]["held"]``, or why it was not judged. Returns ``post``."""
