@@ -16,10 +16,11 @@ end of every fit of the engines that call them (the other families: :mod:`bnn_py
   some coordinate, beyond what their number explains. The reference suite found mean-field SVI at 0.21-0.57 of the
   exact sds of two linear BNNs (correlated coefficients), SWAG at 0.56 and snapshot ensembles at 0.02-0.08, silently.
 - :func:`bnn_pyro.infer.subspace_held.check_subspace` (subspace inference on a small ``BNN``; in its own module,
-  next to the Laplace curvature it uses): a weight that keeps less than ``SUBSPACE_HELD_MIN`` of its Laplace variance
-  once confined to the subspace ``w_hat + P z``, which no inner engine can exceed. On the linear BNN reference at
-  ``subspace_dim=2`` (of 3 weights) ``weight[1]``'s sd was 0.36 of the exact one, silently
-  (``docs/reference_suite.md``).
+  next to the Laplace curvature it uses): an output of the net at the training inputs that keeps less than
+  ``SUBSPACE_HELD_MIN`` of its linearized Laplace variance once the weights are confined to the subspace
+  ``w_hat + P z``, which no inner engine can exceed, or, for a net whose outputs are linear in its weights, a weight
+  that does. On the linear BNN reference at ``subspace_dim=2`` (of 3 weights) ``weight[1]``'s sd was 0.36 of the
+  exact one, silently (``docs/reference_suite.md``).
 - :func:`check_gaussian` (Laplace on a Pyro function model): the posterior is far from the fitted Gaussian by the
   Pareto ``k_hat`` of the importance ratios ``p / q`` of its draws (Yao et al. 2018). On eight schools the
   Gaussian at the joint mode (``tau`` ~29, where the posterior mean is 3.6) was 14 posterior sds off in ``tau``,

@@ -1,6 +1,6 @@
-"""Subspace inference's structural limit (issue 26): what part of each weight's posterior spread a ``k``-dimensional
-subspace ``w_hat + P z`` can hold, and the fit-time check that says when it is too little (:func:`check_subspace`,
-called by :func:`bnn_pyro.infer.subspace.fit_subspace`).
+"""Subspace inference's structural limit (issue 26): what part of the posterior's spread, in the net's outputs at the
+training inputs and in each weight, a ``k``-dimensional subspace ``w_hat + P z`` can hold, and the fit-time check
+that says when it is too little (:func:`check_subspace`, called by :func:`bnn_pyro.infer.subspace.fit_subspace`).
 
 Confined to the affine subspace spanned by a basis ``B`` through the mean, a Gaussian ``N(mu, H^{-1})`` has covariance
 ``B (B^T H B)^{-1} B^T`` (the precision restricted to the subspace; Rasmussen & Williams 2006, A.2), so a weight keeps
@@ -20,13 +20,13 @@ import torch
 
 from bnn_pyro.infer._health import PREDICTIVE_ROWS
 from bnn_pyro.infer.health_spread import NARROW_MAX, unconstrained_draws
+from bnn_pyro.infer.health_warn import warn_diagnostic
 from bnn_pyro.infer.laplace.curvature import terms
 from bnn_pyro.infer.laplace.fit import make_settings
 from bnn_pyro.infer.laplace.functional import output_jacobian
 from bnn_pyro.infer.laplace.priors import potentials
 from bnn_pyro.infer.laplace.structure import make_layout
 from bnn_pyro.infer.training_data import Data
-from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["SUBSPACE_HELD_MIN", "check_subspace", "laplace_precision", "linear_in_weights", "subspace_variance_held"]
 
@@ -199,8 +199,6 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
 def _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested) -> None:
     """The warning of :func:`check_subspace`: which criterion fired (the outputs' share held; the weights below
     :data:`SUBSPACE_HELD_MIN`, for a net linear in its weights), the figures, and what to try."""
-    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
-
     bound = f"{SUBSPACE_HELD_MIN:.0%} (an sd 1/{NARROW_MAX:g} of the full one)"
     f_said = (
         f"the network's outputs at the training inputs keep a median {float(outputs.median()):.0%} of their "
@@ -230,10 +228,9 @@ def _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested
         else f"a larger subspace_dim with more SWA deviations (swa=SWAGConfig(swag_rank=...); these {total} "
         "directions do not hold it), "
     )
-    warn(
+    warn_diagnostic(
         f"{post.method}: the subspace holds too little of the posterior's spread: confined to its {rank} "
         f"directions, under the Laplace approximation at the draws' mean, " + "; and ".join(parts) + ". Subspace "
         "inference samples only w_hat + P z, so no draw moves outside those directions, however long the inner "
-        f"engine runs. Try {larger}or method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior).",
-        DiagnosticWarning,
+        f"engine runs. Try {larger}or method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior)."
     )
