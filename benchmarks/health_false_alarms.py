@@ -6,21 +6,22 @@ The posterior is Bayesian linear regression, known in closed form: ``y = X w + b
 disagree (R-hat) is a false alarm, and one that their effective draws are too few (ESS) is true only while
 ``C S`` itself is below the threshold. Each check runs on ``--reps`` such posteriors per ``(C, S)``:
 
-- :func:`~bnn_pyro.infer._health.check_mixing` (MCMC and SG-MCMC engines): bulk ESS of ``f`` at 20 training
+- :func:`~bnn_pyro.infer.health_mixing.check_mixing` (MCMC and SG-MCMC engines): bulk ESS of ``f`` at 20 training
   inputs below ``ESS_MIN`` (100, chains together), or its R-hat above ``RHAT_FIT_MAX`` (1.05), on a ``BNN`` whose net
   is one ``Linear`` layer (``f = X w + b``: 20 correlated outputs of 3 coordinates);
-- :func:`~bnn_pyro.infer._health.check_chains_agree` (approximations of a Pyro function): R-hat of each parameter
+- :func:`~bnn_pyro.infer.health_mixing.check_chains_agree` (approximations of a Pyro function): R-hat of each parameter
   above ``max(1.05, rhat_chance_max(C, S, K))``, on the same draws as the sites ``w`` and ``b`` of a Pyro function.
 
 The rates are fractions of ``--reps`` runs with a Monte Carlo standard error ``sqrt(p (1 - p) / reps)``.
-``ess_limit`` is check_mixing's ESS threshold for ``(C, S)`` (:func:`~bnn_pyro.infer._health.ess_chance_min`;
+``ess_limit`` is check_mixing's ESS threshold for ``(C, S)`` (:func:`~bnn_pyro.infer.health_mixing.ess_chance_min`;
 100 before it). Power: ``mixing_ess_ar`` is how often check_mixing's ESS warning fires on chains of the same exact
 posterior made autocorrelated, each chain an AR(1) ``z_t = m + rho (z_{t-1} - m) + sqrt(1 - rho^2) e_t`` (``e_t``
 exact draws less the mean ``m``: every draw still exact, the chains stationary from their first draw), ``rho`` chosen
 so that the true ESS, ``C S (1 - rho) / (1 + rho)``, is half of ``ess_limit`` (a warning there is true).
 
-``mixing_ess_fixed`` replays the threshold before :func:`~bnn_pyro.infer._health.ess_chance_min`, ``ESS_MIN`` whatever
-``(C, S)``, on the same draws (check_mixing run with the function replaced; it reads it from its module at each call).
+``mixing_ess_fixed`` replays the threshold before :func:`~bnn_pyro.infer.health_mixing.ess_chance_min`, ``ESS_MIN``
+whatever ``(C, S)``, on the same draws (check_mixing run with the function replaced; it reads it from its module at each
+call).
 
 ``--power`` instead writes ``power.md``: for each ``(C, S)``, how often check_mixing's ESS warning fires on AR(1)
 chains (as above) whose true ESS is each of ``--true-ess`` (a true warning: its power) and on exact independent draws
@@ -30,7 +31,7 @@ draws per chain either side, replayed here by :func:`stepped_limit`).
 
 ``--spread`` instead writes ``spread.md``: the bulk ESS estimate of ``C`` chains of ``S`` independent normal draws
 (``--columns`` quantities each), its ratio to ``C S`` (mean, sd times ``sqrt(C S)``, low quantiles), where
-:data:`~bnn_pyro.infer._health.ESS_CHANCE_QUANTILE` comes from (its 5e-4 quantile).
+:data:`~bnn_pyro.infer.health_mixing.ESS_CHANCE_QUANTILE` comes from (its 5e-4 quantile).
 
 Usage::
 
@@ -56,8 +57,8 @@ import torch
 from _common import results_dir, write_result  # noqa: E402 - the script's folder is on sys.path
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health
-from bnn_pyro.infer._health import check_chains_agree, check_mixing
+from bnn_pyro.infer import health_mixing
+from bnn_pyro.infer.health_mixing import check_chains_agree, check_mixing
 from bnn_pyro.posterior.diagnostics import from_dict
 from bnn_pyro.utils.upstream_private import arviz_log_level
 
@@ -146,7 +147,7 @@ def spread(chains: list[int], draws: list[int], columns: int, out, name: str) ->
         "ArviZ's bulk ESS (rank-normalized, split chains) of C chains of S independent standard normal draws, "
         f"{columns} independent",
         "quantities (seed 0): the mean of ESS / (C S), its sd times sqrt(C S) and its quantiles (ESS_CHANCE_QUANTILE in",
-        "bnn_pyro/infer/_health.py: the 5e-4 one, rounded down). Written by `python benchmarks/health_false_alarms.py --spread`.",
+        "bnn_pyro/infer/health_mixing.py: the 5e-4 one, rounded down). Written by `python benchmarks/health_false_alarms.py --spread`.",
         "",
         "| chains | draws per chain | mean | sd x sqrt(N) | q 0.0005 | q 0.001 | q 0.01 | q 0.05 | median |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -164,19 +165,19 @@ def stepped_limit(num_chains: int, num_draws: int) -> float:
     """``ess_chance_min`` before its interpolation: the table's entry at the largest tabulated chain count and draws
     per chain not above the fit's, or the next tabulated draws per chain if that is smaller."""
     n = num_chains * num_draws
-    if n < _health.ESS_MIN or num_draws < 10:
-        return float(_health.ESS_MIN)
-    row = _health.ESS_CHANCE_QUANTILE[max(c for c in _health.ESS_CHANCE_QUANTILE if c <= num_chains)]
+    if n < health_mixing.ESS_MIN or num_draws < 10:
+        return float(health_mixing.ESS_MIN)
+    row = health_mixing.ESS_CHANCE_QUANTILE[max(c for c in health_mixing.ESS_CHANCE_QUANTILE if c <= num_chains)]
     below = max(s for s in row if s <= num_draws)
     above = min((s for s in row if s > num_draws), default=below)
-    return float(min(_health.ESS_MIN, n * min(row[below], row[above])))
+    return float(min(health_mixing.ESS_MIN, n * min(row[below], row[above])))
 
 
 def power(chains: list[int], draws: list[int], true_ess: list[float], reps: int, out, name: str) -> pd.DataFrame:
     """check_mixing's ESS warning on AR(1) chains of a given true ESS and on exact draws, under ``ess_chance_min``
     and :func:`stepped_limit` on the same draws (module docstring)."""
     x, y, exact = exact_posterior()
-    rules = {"now": _health.ess_chance_min, "stepped": stepped_limit}
+    rules = {"now": health_mixing.ess_chance_min, "stepped": stepped_limit}
     rows = []
     for c in chains:
         for s in draws:
@@ -226,11 +227,11 @@ def power(chains: list[int], draws: list[int], true_ess: list[float], reps: int,
 def ess_rule(limit):
     """check_mixing's ESS threshold replaced by ``limit(num_chains, num_draws)`` inside the block (the rule before
     ``ess_chance_min``, or its stepped version), restored after."""
-    real, _health.ess_chance_min = _health.ess_chance_min, limit
+    real, health_mixing.ess_chance_min = health_mixing.ess_chance_min, limit
     try:
         yield
     finally:
-        _health.ess_chance_min = real
+        health_mixing.ess_chance_min = real
 
 
 def rate(count: int, reps: int) -> tuple[float, float]:
@@ -275,13 +276,13 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         for per_chain in draws_list:
             counts = {"mixing_rhat": 0, "mixing_ess": 0, "mixing_ess_fixed": 0, "chains_agree": 0, "mixing_ess_ar": 0}
             n = chains * per_chain
-            limit = _health.ess_chance_min(chains, per_chain)
+            limit = health_mixing.ess_chance_min(chains, per_chain)
             rho = max(0.0, (n - limit / 2) / (n + limit / 2))  # true ESS n (1 - rho) / (1 + rho) = limit / 2
             for rep in range(args.reps):
                 torch.manual_seed(1000 + rep)
                 net, function = posteriors(x, y, exact.sample((n,)), chains, per_chain)
                 rhat, ess = alarms(check_mixing, net)
-                with ess_rule(lambda *a: float(_health.ESS_MIN)):
+                with ess_rule(lambda *a: float(health_mixing.ESS_MIN)):
                     counts["mixing_ess_fixed"] += alarms(check_mixing, net)[1]
                 counts["mixing_rhat"] += rhat
                 counts["mixing_ess"] += ess

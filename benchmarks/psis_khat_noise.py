@@ -4,8 +4,8 @@
 so the importance ratios ``r = p / q`` are bounded (their true Pareto shape is ``k <= 0``, far below 0.5) and a
 ``k_hat > 0.7`` is a false alarm. Each run draws ``C`` chains of ``S`` draws of ``q``, smooths each chain's
 log-ratios on its own (``arviz.psislw``, ``reff=1``, as :func:`bnn_pyro.posterior.psis.psis` does) and takes the
-largest ``k_hat`` over chains, as ``psis`` reports it and :func:`~bnn_pyro.infer._health.check_gaussian` judges it.
-The rate is the share of ``--reps`` runs with ``k_hat > 0.7``, with its Monte Carlo standard error
+largest ``k_hat`` over chains, as ``psis`` reports it and :func:`~bnn_pyro.infer.health_spread.check_gaussian` judges
+it. The rate is the share of ``--reps`` runs with ``k_hat > 0.7``, with its Monte Carlo standard error
 ``sqrt(p (1 - p) / reps)``.
 
 Usage::

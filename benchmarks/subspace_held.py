@@ -1,12 +1,17 @@
-"""Issue 26 (subspace inference's narrow spread): what part of each weight's posterior variance a ``subspace_dim``
-subspace can hold, against what the draws show.
+"""Issue 26 (subspace inference's narrow spread): what part of the posterior's spread a ``subspace_dim`` subspace can
+hold, in the net's outputs at the training inputs and in each weight, against what the draws show.
 
 Subspace inference samples ``w = w_hat + P z`` only; with the induced prior its posterior is the net's conditioned on
-the subspace, whose variance for a Gaussian posterior is ``diag(B (B^T H B)^{-1} B^T)`` (``B`` the subspace's basis,
-``H`` the precision), a fraction of the full ``diag(H^{-1})``. ``check_subspace`` computes that fraction with the
-Laplace precision at the draws' mean (``post.config["subspace"]["held"]``). Per fit this writes the check's figures
-(the smallest fraction held, its coordinate, how many weights fall below the threshold, the ``subspace_dim`` it
-suggests, the share of the outputs' linearized variance at the training inputs held, whether it warned) and what the draws show:
+the subspace, whose covariance for a Gaussian posterior is ``C_B = B (B^T H B)^{-1} B^T`` (``B`` the subspace's basis,
+``H`` the precision), less than the full ``H^{-1}``. ``check_subspace`` forms both with the Laplace precision at the
+draws' mean (``post.config["subspace"]["held"]``) and judges what a user reads: it warns when some output of the net
+at the training inputs keeps less than ``SUBSPACE_HELD_MIN`` of its linearized variance (``J_i C_B J_i^T`` over
+``J_i H^{-1} J_i^T``, ``J_i`` its gradient in the weights), and, only for a net whose outputs are linear in its weights
+(a linear or logistic regression, whose weights are its coefficients), when some weight keeps less than that of its
+variance (``diag(C_B) / diag(H^{-1})``). A hidden-layer net's weights are reported, not judged: ``k`` directions
+cannot hold the marginals of many weights, yet can hold most of the outputs' spread. Per fit this writes the check's
+figures (the smallest weight fraction held, its coordinate, how many weights fall below the threshold, the outputs'
+share held, which criteria fired, the ``subspace_dim`` it suggests, whether it warned) and what the draws show:
 
 - the two BNN references of ``tests/reference`` (exact posteriors): the draws' sd over the exact sd per weight, the
   sd the check predicts (the square root of its fraction), and, on the linear reference, the exact fraction (the
@@ -66,6 +71,7 @@ def _row(model_name, k, post, warned, seconds, **extra):
         weights=len(fraction),
         suggested=held["suggested_subspace_dim"],
         f_held=f"median {held['function_variance_held']['median']:.3f}, min {held['function_variance_held']['min']:.3f}",
+        fired=" ".join(held["fired"]) or "none",
         warned=warned,
         predicted_sd=" ".join(f"{v:.3f}" for v in np.sqrt(fraction)),
         seconds=round(seconds, 1),
@@ -139,12 +145,15 @@ def main():
     table.to_csv(folder / "held.csv", index=False)
     write_result(
         folder / "held.md",
-        "Subspace inference at `subspace_dim` k (its other defaults, seed 0): the fraction of each weight's Laplace "
-        f"variance the subspace holds (`check_subspace`, threshold {SUBSPACE_HELD_MIN:.3f}), against the draws. "
-        "`predicted_sd`, `draws_sd`, `exact_sd`: per weight in `order` (reference rows), sd ratios to the exact sd "
-        "(draws), the square root of the check's fraction (predicted) and of the exact fraction (linear); gap rows: "
-        "over the Laplace sd at the draws' mean. `f_held`: the share of the outputs' linearized variance at the training "
-        "inputs the subspace holds.\n\n" + markdown(table) + "\n",
+        "Subspace inference at `subspace_dim` k (its other defaults, seed 0). `check_subspace` (threshold "
+        f"{SUBSPACE_HELD_MIN:.3f}) warns when an output of the net at the training inputs keeps less than the "
+        "threshold of its linearized Laplace variance (`f_held`: the share held, median and min over the outputs), "
+        "and, for a net whose outputs are linear in its weights (the linear and logistic references), when a weight "
+        "keeps less than that of its Laplace variance (`min_held`, `worst`, `below`: the weights' fractions, reported "
+        "for the gap net but not judged there); `fired`: which criteria did. `predicted_sd`, `draws_sd`, `exact_sd`: "
+        "per weight in `order` (reference rows), sd ratios to the exact sd (draws), the square root of the check's "
+        "fraction (predicted) and of the exact fraction (linear); gap rows: over the Laplace sd at the draws' mean."
+        "\n\n" + markdown(table) + "\n",
     )
 
 

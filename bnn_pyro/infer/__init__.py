@@ -17,9 +17,11 @@ import numpy as np
 import torch
 
 from bnn_pyro.infer._common import Data, check_observed_shapes, global_rng_kept, torch_threads, traced
-from bnn_pyro.infer._health import check_chains_agree, check_noise_collapse, check_targets, check_typical
+from bnn_pyro.infer._health import check_noise_collapse, check_targets
 from bnn_pyro.infer.checkpoint_folder import guard
 from bnn_pyro.infer.declaration import Capabilities, Declaration
+from bnn_pyro.infer.health_mixing import check_chains_agree
+from bnn_pyro.infer.health_spread import check_typical
 from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.inputs import Inputs
 from bnn_pyro.model import BNN, check_model_data

@@ -85,7 +85,7 @@ concrete rate. Dropping the inputs as well (``dropout_inputs=True``, Gal's UCI s
 input directions, so that inputs off the data's pattern of features get disagreeing masks: at ``p = 0.5``
 0.78 / 0.95 (wine) and 0.72 / 0.96 (iris), at a test log loss of 0.18 and 0.34 against 0.08 and 0.04 at the
 defaults, which therefore stay. A classification fit with the inputs kept whole says so
-(:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`).
+(:func:`~bnn_pyro.infer.health_off_data.check_off_data`, :data:`OFF_DATA`).
 
 Held-out rows (``validation=``, default 10% of tensor data, at least 20 rows, of at least 40 rows;
 :mod:`bnn_pyro.infer.holdout`): training is early-stopped on the held-out likelihood of the
@@ -120,12 +120,13 @@ from torch import nn
 from torch.distributions import constraints
 
 from bnn_pyro.infer._common import Data, clean_config, point_values
-from bnn_pyro.infer._health import check_off_data, check_spread
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
+from bnn_pyro.infer.health_off_data import check_off_data
+from bnn_pyro.infer.health_spread import check_spread
 from bnn_pyro.infer.holdout import (
     DEFAULT,
     BestOnHoldout,
@@ -272,8 +273,8 @@ OFF_DATA = (
     "itself (for a ReLU net, exactly so along every ray from the origin, biases aside), whatever p; "
     "dropout_inputs=True lets the masks reach the input directions, at a cost in test log loss."
 )
-"""The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for classification (module docstring:
-"Off-data inputs")."""
+"""The structural limit :func:`~bnn_pyro.infer.health_off_data.check_off_data` states for classification (module
+docstring: "Off-data inputs")."""
 
 
 SPREAD = (
@@ -281,9 +282,9 @@ SPREAD = (
     "by p and the weights' own sizes, not by the data: on an exact Bayesian linear regression the draws' means were "
     "6 posterior sds off and their sds 0 to 4.5 times the exact ones."
 )
-"""The structural limit :func:`~bnn_pyro.infer._health.check_spread` states for every MC dropout fit (Gal & Ghahramani
-2016 read dropout as variational inference for a different model: a Gaussian prior on M, a spike-and-slab-like
-posterior; the draws of ``W`` are not this model's posterior)."""
+"""The structural limit :func:`~bnn_pyro.infer.health_spread.check_spread` states for every MC dropout fit (Gal &
+Ghahramani 2016 read dropout as variational inference for a different model: a Gaussian prior on M, a
+spike-and-slab-like posterior; the draws of ``W`` are not this model's posterior)."""
 
 
 def _fit(model, data: Data, cfg: MCDropoutConfig) -> Posterior:

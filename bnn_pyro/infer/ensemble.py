@@ -88,7 +88,6 @@ from typing import ClassVar
 import torch
 
 from bnn_pyro.infer._common import Data, clean_config
-from bnn_pyro.infer._health import check_anchored_log_loss, check_narrow
 from bnn_pyro.infer._init import Init, resolve_init
 from bnn_pyro.infer._init import reset_values as _reset_values  # noqa: F401 - its former home (tests import it)
 from bnn_pyro.infer._potential import Potentials
@@ -96,6 +95,8 @@ from bnn_pyro.infer.anchor import bootstrap_sites, bootstrap_weights, free_direc
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
+from bnn_pyro.infer.health_off_data import check_anchored_log_loss
+from bnn_pyro.infer.health_spread import check_narrow
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, select_noise, split
 from bnn_pyro.infer.map_fit import adversarial_loss as _adversarial_loss  # noqa: F401 - former home (tests)
 from bnn_pyro.infer.map_fit import converge, finish, map_engine, map_fit
@@ -207,7 +208,7 @@ NARROW = (
     "(on a logistic regression, 0.06-0.11 of the exact sds after 10,000 steps), and members still short of their "
     "minima lie wherever their steps left them. "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for an ensemble whose data half is not
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for an ensemble whose data half is not
 randomized (a ``BNN`` without perturbed targets, or a Pyro function whose observations could not be weighted:
 ``config["observation_weights"]``)."""
 
@@ -217,7 +218,7 @@ NARROW_WEIGHTED = (
     "1/sqrt(2 (K - 1)) for K members), and a posterior far from Gaussian (a hierarchical scale near zero) is not "
     "reached by any mode: more members (num_chains) tell the two apart. "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for a Pyro function's weighted members."""
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for a Pyro function's weighted members."""
 
 
 NARROW_WEIGHTS_ONLY = (
@@ -225,7 +226,7 @@ NARROW_WEIGHTS_ONLY = (
     "the prior, not the data, sets a parameter (a hierarchy's group effects), every member sits at the same point; "
     "the default anchored=True gives each member its own prior draw. "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for weighted members without anchors."""
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for weighted members without anchors."""
 
 
 def _fit(model, data: Data, cfg: EnsembleConfig) -> Posterior:

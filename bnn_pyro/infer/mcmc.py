@@ -95,7 +95,6 @@ from pyro.infer.autoguide.initialization import init_to_value
 
 from bnn_pyro.infer import _logjoint, _vectorized
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
-from bnn_pyro.infer._health import check_mcmc
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
 from bnn_pyro.infer._mode_start import ModeStart, mode_start
@@ -104,6 +103,7 @@ from bnn_pyro.infer._one_chain import FlatHMC, analytic_applies
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
+from bnn_pyro.infer.health_mixing import check_mcmc
 from bnn_pyro.infer.map_fit import estimate_points
 from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.infer.training_data import Data

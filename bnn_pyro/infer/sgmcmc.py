@@ -149,13 +149,14 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from bnn_pyro.infer._common import Data, clean_config, point_values
-from bnn_pyro.infer._health import check_descent, check_mixing
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.anchor import weighted
 from bnn_pyro.infer.checkpoint import CheckpointError, StepCheckpoint, open_chains, read
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainInfo, ChainRun, chain
+from bnn_pyro.infer.health_mixing import check_mixing
+from bnn_pyro.infer.health_spread import check_descent
 from bnn_pyro.infer.holdout import (
     DEFAULT,
     BestOnHoldout,

@@ -52,7 +52,7 @@ snapshot ends near its own randomized MAP (for a linear-Gaussian model the close
 wine, breast_cancer, iris and diabetes (how well the predictive's entropy and mutual information tell noise inputs from
 test rows, and the test log loss, plain against anchored): ``docs/sgmcmc_measurements.md``. ``anchored=False`` gives the
 paper's plain snapshots, and a classification fit then says that its off-data uncertainty is not represented
-(:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`).
+(:func:`~bnn_pyro.infer.health_off_data.check_off_data`, :data:`OFF_DATA`).
 
 Pyro functions: whitened cycles from the mode (issue 26). On a small plain Pyro function (tensor data, no
 ``pyro.param`` sites, at most 2,000 latent coordinates) under ``lr="auto"`` the cycles run in the coordinates whitened
@@ -96,7 +96,7 @@ one event (batch shape ``()``: left unweighted and named); ``config["observation
 weighted, or why none (``bootstrap=False``, minibatches). A checkpoint of such a run written before the weights
 (its run record has no ``observation_weights``) is refused on resume (:func:`~bnn_pyro.infer.sgmcmc.refuse_unweighted`).
 Constrained sites (a noise scale), which the anchor leaves alone, get their spread from the weights too. What remains
-narrow is said by :func:`~bnn_pyro.infer._health.check_narrow` (``functions=True``; :data:`NARROW_WEIGHTED`, or
+narrow is said by :func:`~bnn_pyro.infer.health_spread.check_narrow` (``functions=True``; :data:`NARROW_WEIGHTED`, or
 :data:`NARROW_FUNCTION` for anchored cycles without weights): few snapshots, or a posterior far from Gaussian. A ``BNN`` fit is unchanged, bit for bit (a network's Hessian is neither small nor
 positive definite, so it has no whitened cycles; csgmcmc, a sampler whose noise gives its spread, takes no weights).
 
@@ -119,10 +119,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer._health import check_anchored_log_loss, check_descent, check_narrow, check_off_data
 from bnn_pyro.infer._potential import Potentials
 from bnn_pyro.infer.anchor import anchor, bootstrap_sites, bootstrap_weights, flat_tilt
 from bnn_pyro.infer.contract import entry
+from bnn_pyro.infer.health_off_data import check_anchored_log_loss, check_off_data
+from bnn_pyro.infer.health_spread import check_descent, check_narrow
 from bnn_pyro.infer.holdout import DEFAULT, describe, refit, refit_config, split
 from bnn_pyro.infer.sgmcmc import SGOptions, fit_metric, run_plan
 from bnn_pyro.infer.sgmcmc_step import ADAPT_EVERY, Plan, check_friction, check_lr, cosine_cycle
@@ -327,7 +328,7 @@ OFF_DATA = (
     "directions that no training row constrains toward the prior's mode, the same point for every snapshot "
     "(as plain MAP ensemble members; anchored=True, the default, tilts each cycle toward its own prior draw)."
 )
-"""The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for a classification fit (module
+"""The structural limit :func:`~bnn_pyro.infer.health_off_data.check_off_data` states for a classification fit (module
 docstring: "Off-data inputs")."""
 
 
@@ -335,7 +336,7 @@ NARROW = (
     "The snapshots are the ends of a few SGD cycles, which may all settle in one basin close together; their "
     "spread is not sampled from the posterior. "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for snapshot ensembles."""
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for snapshot ensembles."""
 
 
 NARROW_FUNCTION = (
@@ -345,8 +346,8 @@ NARROW_FUNCTION = (
     "far less than a posterior sd where the data dominate the prior, and a constrained site (a noise scale), which "
     "the anchors leave alone, is nearly one value for every snapshot. "
 )
-"""The cause :func:`~bnn_pyro.infer._health.check_narrow` names for anchored snapshots of a Pyro function whose cycles
-weight no observation (``bootstrap=False``, minibatches, or no observed site to weight; module docstring, "Pyro
+"""The cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for anchored snapshots of a Pyro function whose
+cycles weight no observation (``bootstrap=False``, minibatches, or no observed site to weight; module docstring, "Pyro
 functions")."""
 
 
@@ -357,5 +358,5 @@ NARROW_WEIGHTED = (
     "snapshots in all), and a posterior far from Gaussian (a hierarchical scale near zero) is not reached by any "
     "minimum: more cycles or runs (num_cycles, num_chains) tell the two apart. "
 )
-"""The cause :func:`~bnn_pyro.infer._health.check_narrow` names for snapshots of a Pyro function whose cycles weight
-the observations (module docstring, "Pyro functions")."""
+"""The cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for snapshots of a Pyro function whose cycles
+weight the observations (module docstring, "Pyro functions")."""

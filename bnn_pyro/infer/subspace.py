@@ -95,12 +95,12 @@ import torch
 from pyro import poutine
 
 from bnn_pyro.infer._common import Data, clean_config
-from bnn_pyro.infer._health import check_off_data
 from bnn_pyro.infer._init import resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.checkpoint import Checkpoint, CheckpointError, read, write
 from bnn_pyro.infer.contract import PotentialRunOptions, entry, renamed_options
 from bnn_pyro.infer.driver import ChainRun, assemble
+from bnn_pyro.infer.health_off_data import check_off_data
 from bnn_pyro.infer.holdout import noise_site, select_noise, split
 from bnn_pyro.infer.map_fit import fit_map
 from bnn_pyro.infer.registry import REGISTRY, Method
@@ -212,9 +212,9 @@ OFF_DATA = (
     "gradients reach; in the directions the data leave free, where the posterior keeps the prior's spread, every "
     "draw sits at the SWA mean."
 )
-"""The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for a classification fit: the subspace
-is spanned by SWA's iterate deviations (Izmailov et al. 2019), which hold no spread where no training row's gradient
-reaches, the same limit as plain SWAG's (:data:`bnn_pyro.infer.swag.OFF_DATA`); measured over ten splits in
+"""The structural limit :func:`~bnn_pyro.infer.health_off_data.check_off_data` states for a classification fit: the
+subspace is spanned by SWA's iterate deviations (Izmailov et al. 2019), which hold no spread where no training row's
+gradient reaches, the same limit as plain SWAG's (:data:`bnn_pyro.infer.swag.OFF_DATA`); measured over ten splits in
 docs/ood.md ("HMC, Metropolis, MALA and subspace over ten splits")."""
 
 

@@ -1,6 +1,6 @@
-"""Subspace inference's structural limit (issue 26): what part of each weight's posterior spread a ``k``-dimensional
-subspace ``w_hat + P z`` can hold, and the fit-time check that says when it is too little (:func:`check_subspace`,
-called by :func:`bnn_pyro.infer.subspace.fit_subspace`).
+"""Subspace inference's structural limit (issue 26): what part of the posterior's spread, in the net's outputs at the
+training inputs and in each weight, a ``k``-dimensional subspace ``w_hat + P z`` can hold, and the fit-time check
+that says when it is too little (:func:`check_subspace`, called by :func:`bnn_pyro.infer.subspace.fit_subspace`).
 
 Confined to the affine subspace spanned by a basis ``B`` through the mean, a Gaussian ``N(mu, H^{-1})`` has covariance
 ``B (B^T H B)^{-1} B^T`` (the precision restricted to the subspace; Rasmussen & Williams 2006, A.2), so a weight keeps
@@ -18,14 +18,15 @@ import math
 
 import torch
 
-from bnn_pyro.infer._health import NARROW_MAX, PREDICTIVE_ROWS, unconstrained_draws
+from bnn_pyro.infer._health import PREDICTIVE_ROWS
+from bnn_pyro.infer.health_spread import NARROW_MAX, unconstrained_draws
+from bnn_pyro.infer.health_warn import warn_diagnostic
 from bnn_pyro.infer.laplace.curvature import terms
 from bnn_pyro.infer.laplace.fit import make_settings
 from bnn_pyro.infer.laplace.functional import output_jacobian
 from bnn_pyro.infer.laplace.priors import potentials
 from bnn_pyro.infer.laplace.structure import make_layout
 from bnn_pyro.infer.training_data import Data
-from bnn_pyro.utils.user_warnings import warn
 
 __all__ = ["SUBSPACE_HELD_MIN", "check_subspace", "laplace_precision", "linear_in_weights", "subspace_variance_held"]
 
@@ -33,7 +34,7 @@ SUBSPACE_HELD_MIN = 1.0 / NARROW_MAX**2
 """:func:`check_subspace` warns when some output of the net at the training inputs (or, for a net whose outputs are
 linear in its weights, some weight) keeps less than this fraction of its variance under the Laplace approximation
 once the weights are confined to the subspace (0.44: an sd below ``1 / NARROW_MAX`` of the full one, the factor by
-which :func:`~bnn_pyro.infer._health.check_narrow` and the reference suite's approximations may be narrow)."""
+which :func:`~bnn_pyro.infer.health_spread.check_narrow` and the reference suite's approximations may be narrow)."""
 
 
 def subspace_variance_held(precision: torch.Tensor, basis: torch.Tensor) -> torch.Tensor:
@@ -126,8 +127,8 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
     values there, leading directions first), of which the first ``rank`` span the subspace; the smallest number of them
     that would hold the threshold in every judged quantity, if any, is suggested. The outputs are the net's at
     :data:`~bnn_pyro.infer._health.PREDICTIVE_ROWS` evenly spaced training rows. Judged as
-    :func:`~bnn_pyro.infer._health.check_narrow` judges (a ``BNN`` with training tensors, at most
-    :data:`~bnn_pyro.infer._health.NARROW_MAX_DIM` latent coordinates, a positive definite precision at the draws'
+    :func:`~bnn_pyro.infer.health_spread.check_narrow` judges (a ``BNN`` with training tensors, at most
+    :data:`~bnn_pyro.infer.health_spread.NARROW_MAX_DIM` latent coordinates, a positive definite precision at the draws'
     mean); not judged under ``prior="isotropic"`` (its prior over ``z`` is not the net's, so there is no conditional
     to hold it to). The figures (each weight's and the outputs' fractions, and which criteria fired) go to
     ``post.config["subspace"]["held"]``, or why it was not judged. Returns ``post``."""
@@ -198,8 +199,6 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
 def _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested) -> None:
     """The warning of :func:`check_subspace`: which criterion fired (the outputs' share held; the weights below
     :data:`SUBSPACE_HELD_MIN`, for a net linear in its weights), the figures, and what to try."""
-    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
-
     bound = f"{SUBSPACE_HELD_MIN:.0%} (an sd 1/{NARROW_MAX:g} of the full one)"
     f_said = (
         f"the network's outputs at the training inputs keep a median {float(outputs.median()):.0%} of their "
@@ -229,10 +228,9 @@ def _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested
         else f"a larger subspace_dim with more SWA deviations (swa=SWAGConfig(swag_rank=...); these {total} "
         "directions do not hold it), "
     )
-    warn(
+    warn_diagnostic(
         f"{post.method}: the subspace holds too little of the posterior's spread: confined to its {rank} "
         f"directions, under the Laplace approximation at the draws' mean, " + "; and ".join(parts) + ". Subspace "
         "inference samples only w_hat + P z, so no draw moves outside those directions, however long the inner "
-        f"engine runs. Try {larger}or method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior).",
-        DiagnosticWarning,
+        f"engine runs. Try {larger}or method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior)."
     )

@@ -103,13 +103,15 @@ from pyro.infer import Trace_ELBO, autoguide
 from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_gap, svi_start
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, is_latent, point_values, traced
-from bnn_pyro.infer._health import GAP, GAP_SE, check_gaussian_guide_off_data, check_narrow, check_svi
+from bnn_pyro.infer._health import GAP, GAP_SE, check_svi
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains, restore_svi, save_svi
 from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
+from bnn_pyro.infer.health_off_data import check_gaussian_guide_off_data
+from bnn_pyro.infer.health_spread import check_narrow
 from bnn_pyro.infer.kl_warmup import KLWeight, warmup_steps
 from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, Optimizer, Schedule, check_lr, make_optimizer, make_schedule  # noqa: F401 (re-exported)
 from bnn_pyro.infer.reparam import Estimator, GaussianSites, MeanFieldELBO, WeightNoise, check_estimator

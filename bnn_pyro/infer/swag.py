@@ -102,7 +102,7 @@ the same splits: 0.67 / 0.73 (wine) and 0.84 / 0.87 (breast_cancer), at a test l
 (wine) and 0.198 against 0.186 (breast_cancer): wider members, as the anchored ensemble's
 (``benchmarks/results/classification/``). Regression: ``benchmarks/results/classification/README.md`` gives
 scikit-learn's diabetes before and after. A classification fit without anchoring says so
-(:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`).
+(:func:`~bnn_pyro.infer.health_off_data.check_off_data`, :data:`OFF_DATA`).
 
 Held-out rows (``validation=``, default 10% of tensor data of at least 200 rows, with a learned noise at least 20 rows of at least 40;
 :mod:`bnn_pyro.infer.holdout`): pre-training is early-stopped on them and a learned Gaussian noise is
@@ -138,13 +138,14 @@ from pyro import poutine
 
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
-from bnn_pyro.infer._health import check_anchored_log_loss, check_narrow, check_off_data, check_spread
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials
 from bnn_pyro.infer.anchor import anchor, flat_tilt
 from bnn_pyro.infer.checkpoint import ExtraState, StepCheckpoint, open_chains
 from bnn_pyro.infer.contract import Engine, Loop, PotentialRunOptions, drive, entry, renamed_options
 from bnn_pyro.infer.driver import ChainInfo, ChainRun
+from bnn_pyro.infer.health_off_data import check_anchored_log_loss, check_off_data
+from bnn_pyro.infer.health_spread import check_narrow, check_spread
 from bnn_pyro.infer.holdout import (
     DEFAULT,
     BestOnHoldout,
@@ -321,7 +322,7 @@ OFF_DATA = (
     "its chains differ there only by their initializers' small draws (anchored=True tilts each chain "
     "toward its own prior draw)."
 )
-"""The structural limit :func:`~bnn_pyro.infer._health.check_off_data` states for a classification fit without
+"""The structural limit :func:`~bnn_pyro.infer.health_off_data.check_off_data` states for a classification fit without
 anchoring (module docstring: "Off-data inputs")."""
 
 
@@ -329,7 +330,7 @@ POINT = (
     "SWA returns the average of one SGD trajectory per chain, an estimate of a mode, as one draw per chain, so with "
     "one chain (the default) every sd is zero, and with several the spread is that of the chains' averages."
 )
-"""The structural limit :func:`~bnn_pyro.infer._health.check_spread` states for every SWA fit."""
+"""The structural limit :func:`~bnn_pyro.infer.health_spread.check_spread` states for every SWA fit."""
 
 
 def _checked(post: Posterior, cfg: SWAConfig) -> Posterior:
@@ -773,17 +774,17 @@ NARROW = (
     "SWAG's covariance is that of SGD's iterates at the SWA learning rate, which matches the posterior's only at "
     "one particular rate (Mandt et al. 2017), not in general. "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for SWAG."""
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for SWAG."""
 
 NARROW_FUNCTION = (
     "This Pyro function kept the plain collection ({skipped}; post.config['collection']): on all its rows SGD's "
     "iterates have almost no gradient noise, so they stay near the mode. "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for a Pyro function that was not given the
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for a Pyro function that was not given the
 whitened collection (:mod:`bnn_pyro.infer.swag_function`)."""
 
 NARROW_WHITENED = (
     "The whitened collection randomizes the prior half of real-valued sites only: a constrained site (a scale, a "
     "hierarchical sd) that the prior rather than the data sets keeps a narrow spread. "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names after the whitened collection."""
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names after the whitened collection."""

@@ -42,8 +42,8 @@ Off the data (classification). The log-uniform prior has no scale: its KL is a f
 weight the training rows leave free gets no gradient in ``theta`` and keeps its starting value, with sd
 ``sqrt(alpha) |theta| <= |theta|`` (variational dropout) or is pruned (sparse VD), where the model's posterior keeps its
 prior's spread (``docs/ood.md`` derives it and measures it). A classification fit says so
-(:func:`~bnn_pyro.infer._health.check_scale_free_off_data`). Too-narrow sds on a small model are judged on ``q``'s own
-sd, which needs no allowance for few draws (:func:`~bnn_pyro.infer._health.check_narrow`).
+(:func:`~bnn_pyro.infer.health_off_data.check_scale_free_off_data`). Too-narrow sds on a small model are judged on
+``q``'s own sd, which needs no allowance for few draws (:func:`~bnn_pyro.infer.health_spread.check_narrow`).
 
 Posterior draws: ``theta + sigma eps`` per VD weight (pruned ones 0 for ``sparse_vd``) and the other
 sites from their Gaussians; ``num_chains`` restarts (seeds ``seed + c``) are the chains. A Pyro
@@ -76,12 +76,13 @@ from pyro import poutine
 from torch import nn
 
 from bnn_pyro.infer._common import Data, call_model, clean_config, point_values
-from bnn_pyro.infer._health import check_narrow, check_scale_free_off_data
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.checkpoint import open_chains
 from bnn_pyro.infer.contract import Engine, Loop, RunOptions, drive, entry
 from bnn_pyro.infer.driver import ChainRun
+from bnn_pyro.infer.health_off_data import check_scale_free_off_data
+from bnn_pyro.infer.health_spread import check_narrow
 from bnn_pyro.infer.kl_warmup import kl_weight
 from bnn_pyro.infer.optim import DEFAULT_SCHEDULE, Schedule, check_lr
 from bnn_pyro.infer.reparam import Estimator, RecordedGaussian, WeightNoise
@@ -544,7 +545,7 @@ NARROW = (
     "Its posterior is factorized (one Gaussian per weight), which cannot hold correlated weights (its sds are "
     "1/sqrt(H_ii), not the posterior's). "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for variational and sparse VD."""
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for variational and sparse VD."""
 
 OFF_DATA = {
     Variant.VARIATIONAL_DROPOUT: "each weight's Gaussian has sd sqrt(alpha) |theta| <= |theta| (alpha <= 1), and the "
@@ -554,5 +555,5 @@ OFF_DATA = {
     Variant.SPARSE_VD: "the KL to its log-uniform prior falls as alpha grows, so a weight the training rows leave free "
     "is driven to a large alpha and pruned: exactly 0 in every draw, where the posterior keeps the prior's spread.",
 }
-"""The structural limit :func:`~bnn_pyro.infer._health.check_scale_free_off_data` states for a classification fit,
-per variant (derived in ``docs/ood.md``)."""
+"""The structural limit :func:`~bnn_pyro.infer.health_off_data.check_scale_free_off_data` states for a classification
+fit, per variant (derived in ``docs/ood.md``)."""

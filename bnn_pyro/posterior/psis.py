@@ -68,7 +68,7 @@ RELIABLE_DRAWS_PER_CHAIN = 100
 tail ratios is noisy, and :func:`psis` reports the largest over chains. For a good ``q`` (1.2 times wider than ``p``,
 ``d = 3``, true ``k <= 0``) the largest ``k_hat`` of 4-5 chains exceeds 0.7 in 22-30% of runs at 21-25 draws per
 chain, 2-4% at 30-40, under 1% at 50-75 and in 0 of 1000 runs (under 0.3% at 95%) at 100-200
-(``benchmarks/results/psis_khat_noise/``). :func:`~bnn_pyro.infer._health.check_gaussian` judges from here on, and
+(``benchmarks/results/psis_khat_noise/``). :func:`~bnn_pyro.infer.health_spread.check_gaussian` judges from here on, and
 :func:`psis`'s warning says when fewer draws make ``k_hat`` noisy."""
 
 _NO_DENSITY = {

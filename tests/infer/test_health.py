@@ -1,5 +1,5 @@
-"""End-of-fit health warnings (bnn_pyro/infer/_health.py): each fires on a deliberately bad fit and
-stays silent on a healthy one (Bayesian linear regression, whose exact posterior is known)."""
+"""End-of-fit health warnings (bnn_pyro/infer/_health.py, health_mixing.py, health_spread.py): each fires on a
+deliberately bad fit and stays silent on a healthy one (Bayesian linear regression, whose exact posterior is known)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health
+from bnn_pyro.infer import _health, health_mixing, health_spread
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 
@@ -120,9 +120,9 @@ def test_short_metropolis_warns_about_too_few_effective_draws():
             progress=False,
         )
     messages = _messages(record)
-    ess = f"threshold {_health.ess_chance_min(2, 50):.0f} in all"  # 100 draws: below 100 by chance (15)
+    ess = f"threshold {health_mixing.ess_chance_min(2, 50):.0f} in all"  # 100 draws: below 100 by chance (15)
     assert any("bulk ESS of f(x)" in m and ess in m and "method='nuts'" in m for m in messages), messages
-    limit = f"threshold {_health.rhat_chance_max(2, 50, 20):.3g}"  # above 1.05 at 50 draws per chain: chance
+    limit = f"threshold {health_mixing.rhat_chance_max(2, 50, 20):.3g}"  # above 1.05 at 50 draws per chain: chance
     assert any("R-hat of f(x)" in m and limit in m for m in messages), messages
 
 
@@ -170,13 +170,13 @@ def test_plain_model_parameters_are_checked_not_only_its_log_density():
     """Without an 'f' site the parameters' R-hat and ESS are checked (before, only lp's: a chain stuck away from
     the others in one parameter went unreported); the worst element is named. Independent draws: R-hat of the
     unshifted elements ~1.00 +- 0.003, of theta[1] with one of 4 chains shifted by 1 sd ~1.1."""
-    _quiet(lambda: _health.check_mixing(_plain_posterior(0.0)))
+    _quiet(lambda: health_mixing.check_mixing(_plain_posterior(0.0)))
     with pytest.warns(
         DiagnosticWarning,
         match=r"R-hat of the parameters and the log density lp \(worst: "
         r"theta\[1\]\) is up to 1\.[1-9]",
     ):
-        _health.check_mixing(_plain_posterior(1.0))
+        health_mixing.check_mixing(_plain_posterior(1.0))
 
 
 def test_few_exact_draws_per_chain_are_not_said_to_disagree_and_a_stuck_chain_still_is():
@@ -185,15 +185,15 @@ def test_few_exact_draws_per_chain_are_not_said_to_disagree_and_a_stuck_chain_st
     1.08 on these draws); its threshold is now also above what exchangeable chains reach by chance (rhat_chance_max,
     1.21 for 5 quantities). A chain stuck 3 sds away is still flagged at these draws."""
     exact = _plain_posterior(0.0, num_chains=2, draws=25)
-    limit = _health.rhat_chance_max(2, 25, 5)
+    limit = health_mixing.rhat_chance_max(2, 25, 5)
     assert 1.15 < limit < 1.25
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _health.check_mixing(exact)
+        health_mixing.check_mixing(exact)
     said = " ".join(str(w.message) for w in caught)
     assert "R-hat" not in said and "bulk ESS" in said  # 50 draws: the ESS floor is the true statement
     with pytest.warns(DiagnosticWarning, match=rf"R-hat of .*theta\[1\]\) is up to .*\(threshold {limit:.3g}\)"):
-        _health.check_mixing(_plain_posterior(3.0, num_chains=2, draws=25))
+        health_mixing.check_mixing(_plain_posterior(3.0, num_chains=2, draws=25))
 
 
 def test_one_chain_says_that_r_hat_is_undefined():
@@ -202,7 +202,7 @@ def test_one_chain_says_that_r_hat_is_undefined():
         match=r"with one chain R-hat is undefined \(NaN in post.summary\(\)\).*"
         r"num_chains >= 2 \(the default is 4 for the MCMC engines\)",
     ):
-        _health.check_mixing(_plain_posterior(0.0, num_chains=1))
+        health_mixing.check_mixing(_plain_posterior(0.0, num_chains=1))
 
 
 def test_svi_that_ignores_the_data_is_flagged():
@@ -485,7 +485,7 @@ def _seeded(q, n: int, seed: int) -> torch.Tensor:
 def _gaussian_alarms(post) -> list[str]:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _health.check_gaussian(post)
+        health_spread.check_gaussian(post)
     return [str(w.message) for w in caught if "far from the fitted Gaussian" in str(w.message)]
 
 

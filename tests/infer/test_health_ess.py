@@ -14,7 +14,7 @@ import torch
 from blr import make_blr  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health
+from bnn_pyro.infer import health_mixing
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def _posterior(blr, draws: torch.Tensor, chains: int, per_chain: int) -> bp.Post
 def _ess_alarm(post) -> bool:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _health.check_mixing(post)
+        health_mixing.check_mixing(post)
     return any("bulk ESS" in str(w.message) for w in caught)
 
 
@@ -68,12 +68,12 @@ def test_chains_that_mix_slowly_are_still_flagged(blr, chains, per_chain):
     """Chains whose true ESS is half the threshold (14 of 1 x 200, 24 of 2 x 100, 50 of 4 x 250 and of 1 x 500) are
     flagged at every seed, with the threshold in the message."""
     model, exact = blr
-    limit = _health.ess_chance_min(chains, per_chain)
+    limit = health_mixing.ess_chance_min(chains, per_chain)
     for seed in range(5):
         torch.manual_seed(seed)
         post = _posterior(model, _autocorrelated(exact, chains, per_chain, limit / 2), chains, per_chain)
         with pytest.warns(bp.diagnostics.DiagnosticWarning, match=rf"bulk ESS .*\(threshold {limit:.0f} in all\)"):
-            _health.check_mixing(post)
+            health_mixing.check_mixing(post)
 
 
 POWER_1X200_ESS50 = 0.33
@@ -99,22 +99,29 @@ def test_the_power_at_a_true_ess_of_50_in_one_chain_of_200_draws_is_the_measured
 def test_the_threshold_is_100_at_the_engines_default_draws_and_lower_only_for_few():
     """NUTS/HMC's 4 x 1,000, sgld's and sghmc's 1 x 500: 100, as before; fewer than 100 draws in all: 100 (they
     cannot hold 100 independent ones); between, the chance bound, lower with fewer chains (longer tails)."""
-    assert _health.ess_chance_min(4, 1000) == _health.ess_chance_min(1, 500) == _health.ESS_MIN == 100
-    assert _health.ess_chance_min(2, 40) == _health.ess_chance_min(20, 5) == 100
-    assert _health.ess_chance_min(1, 200) < _health.ess_chance_min(2, 100) < _health.ess_chance_min(4, 50) < 100
+    assert health_mixing.ess_chance_min(4, 1000) == health_mixing.ess_chance_min(1, 500) == health_mixing.ESS_MIN == 100
+    assert health_mixing.ess_chance_min(2, 40) == health_mixing.ess_chance_min(20, 5) == 100
+    assert (
+        health_mixing.ess_chance_min(1, 200)
+        < health_mixing.ess_chance_min(2, 100)
+        < health_mixing.ess_chance_min(4, 50)
+        < 100
+    )
 
 
 def test_the_threshold_is_interpolated_between_the_tabulated_draws_without_a_jump():
     """Between tabulated draws per chain the table's fraction is interpolated linearly (the rule before took the
     smaller entry, so 1 x 399 draws had 56 and 1 x 400 had 100); the threshold then never falls as draws are added
     and rises by little per draw."""
-    row = _health.ESS_CHANCE_QUANTILE[1]
-    assert _health.ess_chance_min(1, 300) == pytest.approx(300 * (row[200] + row[400]) / 2)
-    assert _health.ess_chance_min(2, 150) == _health.ESS_MIN  # 300 draws x 0.355, capped at 100 (before: 72)
-    limits = [_health.ess_chance_min(1, s) for s in range(100, 401)]
+    row = health_mixing.ESS_CHANCE_QUANTILE[1]
+    assert health_mixing.ess_chance_min(1, 300) == pytest.approx(300 * (row[200] + row[400]) / 2)
+    assert (
+        health_mixing.ess_chance_min(2, 150) == health_mixing.ESS_MIN
+    )  # 300 draws x 0.355, capped at 100 (before: 72)
+    limits = [health_mixing.ess_chance_min(1, s) for s in range(100, 401)]
     steps = [b - a for a, b in zip(limits, limits[1:])]
     assert min(steps) >= 0 and max(steps) < 1.5, max(steps)
-    assert _health.ess_chance_min(1, 399) == _health.ESS_MIN
+    assert health_mixing.ess_chance_min(1, 399) == health_mixing.ESS_MIN
 
 
 def _classifier_draws(common: bool, seed: int = 0) -> bp.Posterior:
@@ -148,13 +155,13 @@ def test_a_drift_common_to_every_class_logit_is_not_a_mixing_problem_but_one_cla
     are independent draws here; a drift of one class's logit, which moves the probabilities, is still flagged."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _health.check_mixing(_classifier_draws(common=True))
+        health_mixing.check_mixing(_classifier_draws(common=True))
     said = " ".join(str(w.message) for w in caught)
     assert "bulk ESS" not in said and "R-hat" not in said, said
     with pytest.warns(
         bp.diagnostics.DiagnosticWarning, match=r"bulk ESS of f\(x\) at 20 training inputs \(centred over the classes\)"
     ):
-        _health.check_mixing(_classifier_draws(common=False))
+        health_mixing.check_mixing(_classifier_draws(common=False))
 
 
 def _sgld_ess_warning(x, y, likelihood, outputs: int) -> str:

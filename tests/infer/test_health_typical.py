@@ -12,7 +12,7 @@ import torch
 from reference.posteriors import ALL, biased_off
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health
+from bnn_pyro.infer import health_mixing, health_spread
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 FAR = "the draws lie far from the posterior's mass"
@@ -73,11 +73,11 @@ def test_exact_draws_pass_and_shifted_ones_do_not(monkeypatch):
     mean = cov @ design.T @ y.double()
     exact = dist.MultivariateNormal(mean, cov).sample((1, 400)).float()
     seen = []
-    monkeypatch.setattr(_health, "_warn", seen.append)
+    monkeypatch.setattr(health_spread, "_warn", seen.append)
     for draws, flagged in ((exact, False), (exact + 6 * cov.diagonal().sqrt().float(), True)):
         seen.clear()
         post = Posterior(samples={"mu": draws}, model=model, method="svi", x=x, y=y)
-        _health.check_typical(post)
+        health_spread.check_typical(post)
         assert bool(seen) == flagged, seen
 
 
@@ -87,14 +87,14 @@ def test_a_posterior_without_training_data_or_of_a_bnn_is_not_judged(monkeypatch
     from bnn_pyro.posterior import Posterior
 
     seen = []
-    monkeypatch.setattr(_health, "_warn", seen.append)
+    monkeypatch.setattr(health_spread, "_warn", seen.append)
     ref = ALL["kidiq"]()
     far = {"beta": torch.full((1, 3, 3), 1e3), "sigma": torch.full((1, 3), 1e3)}
-    _health.check_typical(Posterior(samples=far, model=ref.model, method="ensemble"))
+    health_spread.check_typical(Posterior(samples=far, model=ref.model, method="ensemble"))
     assert not seen, seen  # no training data
     net = bp.BNN(torch.nn.Linear(2, 1), prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=0.5))
     weights = {"weight": torch.full((1, 3, 1, 2), 1e3), "bias": torch.full((1, 3, 1), 1e3)}
-    _health.check_typical(Posterior(samples=weights, model=net, method="ensemble", x=ref.x, y=ref.y))
+    health_spread.check_typical(Posterior(samples=weights, model=net, method="ensemble", x=ref.x, y=ref.y))
     assert not seen, seen  # a network's posterior
 
 
@@ -137,12 +137,12 @@ def test_chains_of_exact_draws_agree_and_a_shifted_chain_does_not(monkeypatch):
     sd = (1 / (40 + 1e-2)) ** 0.5
     exact = (float(y.mean()) * 40 / (40 + 1e-2) + sd * torch.randn(3, 500, generator=g)).float()
     seen = []
-    monkeypatch.setattr(_health, "_warn", seen.append)
+    monkeypatch.setattr(health_mixing, "_warn", seen.append)
     shifted = exact.clone()
     shifted[0] += sd
     for draws, flagged in ((exact, False), (shifted, True)):
         seen.clear()
-        _health.check_chains_agree(Posterior(samples={"mu": draws}, model=model, method="swag", x=x, y=y))
+        health_mixing.check_chains_agree(Posterior(samples={"mu": draws}, model=model, method="swag", x=x, y=y))
         assert bool(seen) == flagged, seen
 
 
@@ -164,15 +164,17 @@ def test_few_exchangeable_draws_per_chain_are_not_flagged_and_chains_apart_still
 
     x, y = torch.zeros(8, 1), torch.zeros(8)
     seen = []
-    monkeypatch.setattr(_health, "_warn", seen.append)
+    monkeypatch.setattr(health_mixing, "_warn", seen.append)
     g = torch.Generator().manual_seed(3)
     for chains, draws in ((4, 5), (3, 20)):
         seen.clear()
         for _ in range(200):
             sample = torch.randn(chains, draws, 5, generator=g)
-            _health.check_chains_agree(Posterior(samples={"mu": sample}, model=model, method="snapshot", x=x, y=y))
+            health_mixing.check_chains_agree(
+                Posterior(samples={"mu": sample}, model=model, method="snapshot", x=x, y=y)
+            )
         assert len(seen) <= 7, (chains, draws, len(seen), seen[:2])
         apart = torch.randn(chains, draws, 5, generator=g) + 3.0 * torch.arange(chains).reshape(-1, 1, 1)
         seen.clear()
-        _health.check_chains_agree(Posterior(samples={"mu": apart}, model=model, method="snapshot", x=x, y=y))
+        health_mixing.check_chains_agree(Posterior(samples={"mu": apart}, model=model, method="snapshot", x=x, y=y))
         assert len(seen) == 1 and "chains disagree" in seen[0], seen

@@ -1,5 +1,5 @@
 """Whether the log likelihood is quadratic where a Laplace Gaussian puts its draws (bnn_pyro/infer/laplace/quadratic.py)
-and the fit-time warning built on it (``_health.check_quadratic``).
+and the fit-time warning built on it (``health_off_data.check_quadratic``).
 
 Exact where it can be: on Bayesian linear regression (a Gaussian likelihood, quadratic in the weights) the Laplace
 Gaussian is the posterior, ``gamma = tr(G C)`` has a closed form, and the draws' excess negative log likelihood over
@@ -22,7 +22,7 @@ from blr import make_blr
 import bnn_pyro as bp
 from bnn_pyro.infer import laplace as lap
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer._health import QUADRATIC_RATIO_MAX
+from bnn_pyro.infer.health_off_data import QUADRATIC_RATIO_MAX
 from bnn_pyro.infer.laplace.quadratic import DRAWS, draws_excess, effective_parameters
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 

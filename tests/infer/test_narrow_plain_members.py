@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health
+from bnn_pyro.infer import health_spread
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 ONE_POINT = "the draws are one point, not posterior draws"
@@ -73,7 +73,7 @@ def test_anchored_members_keep_the_cause_they_are_given(plain):
     """The same draws recorded as anchored members: check_narrow names the engine's cause, not the one-point one."""
     post = copy.copy(plain[0])
     post.config = {**post.config, "anchored": True}
-    said = _said(lambda: _health.check_narrow(post, cause="THE ENGINE'S CAUSE. ", functions=True))
+    said = _said(lambda: health_spread.check_narrow(post, cause="THE ENGINE'S CAUSE. ", functions=True))
     assert len(said) == 1 and "THE ENGINE'S CAUSE." in said[0] and ONE_POINT not in said[0], said
 
 

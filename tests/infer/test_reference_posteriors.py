@@ -30,7 +30,7 @@ from reference.kl_optimum import kl_optimum, laplace_moments, log_joint, positiv
 from reference.posteriors import ALL, flat_draws, kidiq
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health, svi_start
+from bnn_pyro.infer import health_spread, svi_start
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 Z_MAX = 4.0
@@ -59,7 +59,7 @@ def test_nuts_matches_the_references_within_monte_carlo_error(name):
     post, _ = _fit(ref, method="nuts", num_samples=500, num_warmup=500, num_chains=2)
     with warnings.catch_warnings(record=True) as caught:  # exact draws: check_typical must not flag them (bp.fit runs
         warnings.simplefilter("always", DiagnosticWarning)  # it for approximations only; eight schools is skewed)
-        _health.check_typical(post)
+        health_spread.check_typical(post)
     assert not caught, [str(w.message) for w in caught]
     _, _, d = _errors(ref, post)
     for i, label in enumerate(ref.names):

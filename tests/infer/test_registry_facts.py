@@ -15,7 +15,7 @@ import torch
 import bnn_pyro as bp
 from bnn_pyro import psis
 from bnn_pyro.infer import REGISTRY, Method
-from bnn_pyro.infer._health import check_sampler
+from bnn_pyro.infer.health_mixing import check_sampler
 from bnn_pyro.infer.subspace import inner_engines
 
 

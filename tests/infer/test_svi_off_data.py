@@ -10,7 +10,7 @@ import warnings
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health
+from bnn_pyro.infer import health_off_data
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 NOTE = "off-data uncertainty can fall short of the posterior's with a Gaussian guide"
@@ -42,9 +42,9 @@ def test_a_mean_field_classifier_says_so_with_its_active_units():  # the default
     said = [m for m in messages if NOTE in m]
     assert len(said) == 1, messages
     w = post.samples["2.weight"].reshape(-1, 3, 20).double()  # counted here from the draws, not by the check
-    active = int(((w.mean(0).abs() / w.std(0)).amax(0) > _health.ACTIVE_UNIT_SNR).sum())
+    active = int(((w.mean(0).abs() / w.std(0)).amax(0) > health_off_data.ACTIVE_UNIT_SNR).sum())
     assert 0 < active < 20
-    assert _health.active_units(post) == (active, 20)
+    assert health_off_data.active_units(post) == (active, 20)
     assert f"here {active} of the output layer's 20 inputs" in said[0] and "guide='mean_field'" in said[0]
     assert "method='nuts'" in said[0] and "method='sghmc'" in said[0] and "docs/ood.md" in said[0]
 

@@ -416,7 +416,7 @@ def test_a_fit_too_narrow_for_the_exact_posterior_says_so_judged_on_its_own_sd()
     which needs no allowance; on the draws alone (the old rule) it stays silent."""
     from reference.posteriors import BNN_REFERENCES, judge
 
-    from bnn_pyro.infer import _health
+    from bnn_pyro.infer import health_spread
     from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
     ref = BNN_REFERENCES["linear"]()
@@ -427,5 +427,5 @@ def test_a_fit_too_narrow_for_the_exact_posterior_says_so_judged_on_its_own_sd()
     assert "weight[" in text and "the fitted distribution's own sd" in text, text
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        _health.check_narrow(post)
+        health_spread.check_narrow(post)
     assert not [w for w in record if "too narrow" in str(w.message)]

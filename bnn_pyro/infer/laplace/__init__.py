@@ -36,7 +36,7 @@ A Gaussian at the posterior mode whose precision is the curvature there (MacKay 
    step does not depend on the coordinates' scales. The Gaussian sits at the joint mode of the unconstrained
    coordinates, which need not be where the posterior's mass is: for the non-centered eight schools that mode has
    ``tau`` ~29 where the posterior mean is 3.6. Every such fit checks its draws against the model by Pareto-smoothed
-   importance sampling and warns when ``k_hat > 0.7`` (:func:`~bnn_pyro.infer._health.check_gaussian`, naming the
+   importance sampling and warns when ``k_hat > 0.7`` (:func:`~bnn_pyro.infer.health_spread.check_gaussian`, naming the
    coordinate the weights move most): use ``method="nuts"`` there (``docs/reference_suite.md``). Where the exact
    Hessian at the end of the search is not positive definite (a network written as a Pyro function, the zoo's
    ``explicit_mlp``: no strict mode reached) the fit stops with an error naming ``hessian="fisher"`` (positive

@@ -13,12 +13,13 @@ import torch
 
 from bnn_pyro.infer import _density
 from bnn_pyro.infer._common import Data, clean_config, point_values
-from bnn_pyro.infer._health import check_gaussian, check_off_data, check_quadratic
 from bnn_pyro.infer._init import chain_start, resolve_init
 from bnn_pyro.infer._potential import Potential, Potentials, newton_mode
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainRun, assemble, chain, run_chains
+from bnn_pyro.infer.health_off_data import check_off_data, check_quadratic
+from bnn_pyro.infer.health_spread import check_gaussian
 from bnn_pyro.infer.holdout import DEFAULT, Holdout, describe, noise_site, refit, split
 from bnn_pyro.infer.laplace.approximation import (
     Hessian,
@@ -140,8 +141,9 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
     >>> post = bp.fit(model, x, y, method="laplace", prior_precision="marglik", seed=0)
 
     A classification fit with ``structure="last_layer"`` (the default for a ``BNN``) issues the off-data note
-    (:func:`~bnn_pyro.infer._health.check_off_data`, :data:`OFF_DATA`); a fit of a Pyro function model whose
-    posterior is far from the Gaussian warns (:func:`~bnn_pyro.infer._health.check_gaussian`, :data:`NOT_GAUSSIAN`).
+    (:func:`~bnn_pyro.infer.health_off_data.check_off_data`, :data:`OFF_DATA`); a fit of a Pyro function model whose
+    posterior is far from the Gaussian warns (:func:`~bnn_pyro.infer.health_spread.check_gaussian`,
+    :data:`NOT_GAUSSIAN`).
     """
     post = _fit_laplace(model, data, **config.keywords())
     if not isinstance(model, BNN):
@@ -168,9 +170,9 @@ NOT_GAUSSIAN = (
     "scale (the funnel of eight schools: its mode at a tau far above the posterior's mass) or another skewed or "
     "heavy-tailed site puts the posterior's mass far from that mode. "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_gaussian` states for a Laplace fit of a Pyro function model.
-Measured (``tests/infer/test_reference_engines.py``): eight schools' ``tau`` 14 posterior sds off (its mode ~29, the
-posterior mean 3.6), ``k_hat`` 1.03; on kidiq and the logistic regression Laplace matches and ``k_hat`` stays below
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_gaussian` states for a Laplace fit of a Pyro function
+model. Measured (``tests/infer/test_reference_engines.py``): eight schools' ``tau`` 14 posterior sds off (its mode ~29,
+the posterior mean 3.6), ``k_hat`` 1.03; on kidiq and the logistic regression Laplace matches and ``k_hat`` stays below
 0.7."""
 
 
@@ -179,7 +181,7 @@ NOT_QUADRATIC = (
     "that would move rows across their decision boundaries, so the Gaussian spreads there with the prior's width "
     "where the likelihood is a wall, not a bowl. "
 )
-"""The cause :func:`~bnn_pyro.infer._health.check_quadratic` states for a classifier's Laplace fit
+"""The cause :func:`~bnn_pyro.infer.health_off_data.check_quadratic` states for a classifier's Laplace fit
 (:mod:`.quadratic`). Measured (``benchmarks/results/laplace_classification/``): on digits (600 rows) the last layer's
 draws fit the training rows 388 nats worse than their mean against ``gamma / 2 = 36``, test log loss 0.50 against
 0.145 for NUTS on the same last layer and features; on iris, wine and breast_cancer the ratio is 1.6-2.3."""
@@ -193,7 +195,7 @@ OFF_DATA = (
     "covers every layer and separates such inputs, at a cost in test log loss on small data: no structure and "
     "prior_precision met both on more than 3 of 8 public splits)."
 )
-"""The limit :func:`~bnn_pyro.infer._health.check_off_data` states for a last-layer classification fit. Measured
+"""The limit :func:`~bnn_pyro.infer.health_off_data.check_off_data` states for a last-layer classification fit. Measured
 (benchmarks/classification.py, docs/ood.md): noise AUROC by mutual information 0.57-0.74 last-layer against
 0.87-0.98 with ``structure="full"`` on iris and wine (splits 0, 1); over ``structure`` x ``prior_precision`` on iris,
 wine, breast_cancer and digits splits 0-1 at most 3 of the 8 splits meet issue 26's joint target

@@ -15,7 +15,7 @@ last layer: excess 388 nats against ``gamma / 2 = 36``, test log loss 0.50 again
 layer; ``benchmarks/results/laplace_classification/``).
 
 :func:`draws_excess` measures it on a fit whose network is linear in the covered weights (the default last layer,
-where the draws are the GLM predictive's own); :func:`~bnn_pyro.infer._health.check_quadratic` warns from it.
+where the draws are the GLM predictive's own); :func:`~bnn_pyro.infer.health_off_data.check_quadratic` warns from it.
 """
 
 from __future__ import annotations
