@@ -16,7 +16,7 @@ import torch
 from pyro.infer import autoguide
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health, svi_gap
+from bnn_pyro.infer import _health, guide_density, svi_gap
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
@@ -208,9 +208,9 @@ def test_the_batched_pass_matches_the_draw_by_draw_one(monkeypatch):
     x, y = _data()
     pot = Potential(_model, Data(x, y), init={"b": torch.tensor([1.0, 0.5])}, fast_path=False)
     z = torch.randn(40, 2, generator=torch.Generator().manual_seed(1))
-    batched, values = svi_gap._gradients(pot, ["b"], z)
+    values, batched, _ = guide_density.derivatives(pot, ["b"], z)
     monkeypatch.setattr(torch.func, "vmap", _no_vmap)
-    rows, row_values = svi_gap._gradients(pot, ["b"], z)
+    row_values, rows, _ = guide_density.derivatives(pot, ["b"], z)
     assert batched.device == z.device and batched.dtype == z.dtype and values.shape == (40,)
     assert torch.allclose(batched, rows, rtol=1e-5, atol=1e-4) and torch.allclose(values, row_values, rtol=1e-6)
 
@@ -263,7 +263,7 @@ def test_a_fit_without_a_verdict_records_why_and_nan_gaps(monkeypatch):
     def broken(*args, **kwargs):
         raise ValueError("Model specification seems incorrect (test)")
 
-    monkeypatch.setattr(svi_gap, "Potential", broken)
+    monkeypatch.setattr(guide_density, "Potential", broken)
     x, y = _data()
     post, caught = _short_fit(x, y, num_steps=100)
     assert post.history[_health.GAP].shape == (2, 2) and bool(post.history[_health.GAP].isnan().all())
