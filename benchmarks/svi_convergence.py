@@ -6,7 +6,9 @@ mean or sd is off the family's optimum by more than the draws' Monte Carlo error
 ``DiagnosticWarning`` messages (the ELBO check's and the Newton-gap check's, :mod:`bnn_pyro.infer.svi_gap`), the
 largest Newton gap in guide sds with its standard error and coordinate, the drift of the iterate average of the guide's
 mean between the last two tenths of the run and the largest step-to-step move over the last tenth (both in guide sds,
-from the guide's ``loc`` recorded at every step), and the seconds of the fit and of the gap's estimate.
+from the guide's ``loc`` recorded at every step: before the refinement), the seconds of the fit and of the gap's estimate,
+and what the refinement of a full-rank guide did (:mod:`bnn_pyro.infer.svi_refine`: steps accepted, the ELBO's change
+on its draws, why it stopped, its seconds and their ratio to the rest of the same fit's).
 
 Run from the repository root: ``python benchmarks/svi_convergence.py --refs eight_schools --seeds 0,1,2,3,4
 [--guide full_rank] [--name NAME]``; writes ``benchmarks/results/svi_convergence/<name>.md`` and ``.csv``. One torch
@@ -31,12 +33,13 @@ from reference.posteriors import ALL  # noqa: E402
 from test_reference_posteriors import _optimum, _optimum_off  # noqa: E402
 
 import bnn_pyro as bp  # noqa: E402
-from bnn_pyro.infer import _health, svi, svi_gap  # noqa: E402
+from bnn_pyro.infer import _health, svi, svi_gap, svi_refine  # noqa: E402
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning  # noqa: E402
 
 _TRACE: list = []
 _SD: list = []
 _GAP_SECONDS: list = []
+_REFINE_SECONDS: list = []
 
 
 def _recording_engine(engine_type):
@@ -54,11 +57,11 @@ def _recording_engine(engine_type):
     return make
 
 
-def _timed_gap(fn):
+def _timed(fn, seconds: list):
     def run(*args, **kwargs):
         start = time.perf_counter()
         out = fn(*args, **kwargs)
-        _GAP_SECONDS.append(time.perf_counter() - start)
+        seconds.append(time.perf_counter() - start)
         return out
 
     return run
@@ -67,6 +70,7 @@ def _timed_gap(fn):
 def one(ref, optimum, seed: int, guide: str) -> dict:
     _TRACE.clear()
     _GAP_SECONDS.clear()
+    _REFINE_SECONDS.clear()
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DiagnosticWarning)
@@ -74,6 +78,8 @@ def one(ref, optimum, seed: int, guide: str) -> dict:
     fit_s = time.perf_counter() - start
     messages = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
     off = _optimum_off(ref, post, optimum)
+    refined = post.config.get("guide_refinement", [{}])[0]
+    refine_s = sum(_REFINE_SECONDS)
     nan = torch.full((1, 1), float("nan"))  # no gap where the guide is not checked (low-rank)
     gap = post.history.get(_health.GAP, nan)[0].double()
     se = post.history.get(_health.GAP_SE, nan)[0].double()
@@ -97,6 +103,11 @@ def one(ref, optimum, seed: int, guide: str) -> dict:
         max_step_sd=round(float(step.max()), 4),
         fit_s=round(fit_s, 1),
         gap_s=round(sum(_GAP_SECONDS), 1),
+        refine_accepted=refined.get("accepted", "-"),
+        refine_elbo_change=round(refined["elbo_change"], 4) if refined else "-",
+        refine_stopped=refined.get("stopped", "-"),
+        refine_s=round(refine_s, 2),
+        refine_ratio=round(refine_s / (fit_s - refine_s), 4),
     )
 
 
@@ -109,7 +120,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     svi.Engine = _recording_engine(svi.Engine)
-    svi_gap.newton_gap = _timed_gap(svi_gap.newton_gap)
+    svi_gap.newton_gap = _timed(svi_gap.newton_gap, _GAP_SECONDS)
+    svi_refine.refine = _timed(svi_refine.refine, _REFINE_SECONDS)
     rows = []
     for name in args.refs.split(","):
         ref = ALL[name]()
@@ -124,8 +136,9 @@ def main() -> None:
         folder / f"{args.name}.md",
         f"SVI (guide={args.guide}) at its defaults, seeds {args.seeds}: off the family's KL optimum by the test's rule "
         "(`off_optimum`), the Newton gap's check and the ELBO check, the iterate average's drift over the last two "
-        "tenths and the largest step over the last tenth (guide sds), seconds of the fit and of the gap.\n\n"
-        + markdown(table),
+        "tenths and the largest step over the last tenth (guide sds, before the refinement), seconds of the fit and of the gap, "
+        "and the refinement (`svi_refine`): steps accepted, the ELBO's change on its draws, why it stopped, its seconds "
+        "and their ratio to the rest of the fit's.\n\n" + markdown(table),
     )
 
 

@@ -30,7 +30,16 @@ from pyro.infer import autoguide
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 
-__all__ = ["VMAP_CHUNK", "GuideTarget", "NoDensity", "Derivatives", "guide_target", "guide_gaussian", "derivatives", "labels"]
+__all__ = [
+    "VMAP_CHUNK",
+    "GuideTarget",
+    "NoDensity",
+    "Derivatives",
+    "guide_target",
+    "guide_gaussian",
+    "derivatives",
+    "labels",
+]
 
 VMAP_CHUNK = 250
 """Rows per batched pass of :func:`derivatives`: bounds the memory of one pass at ``250 x`` one evaluation's (times

@@ -100,7 +100,7 @@ import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, autoguide
 
-from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_gap, svi_start
+from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_gap, svi_refine, svi_start
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, is_latent, point_values, traced
 from bnn_pyro.infer._health import GAP, GAP_SE, check_gaussian_guide_off_data, check_narrow, check_svi
@@ -448,6 +448,10 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         return _state(fitted, q, q_train, data, objective, wrap, loss, eb, kl)
 
     def draws(state: _State, history) -> ChainRun:
+        if gap_checked:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
+            refined = svi_refine.refine(state.guide, state.model, data)
+            if refined is not None:
+                config.setdefault("guide_refinement", []).append(refined.record())
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
         if gap_checked:  # how far the guide's mean stopped short of the ELBO's optimum (svi_gap)
             gap = svi_gap.newton_gap(state.guide, state.model, data)
