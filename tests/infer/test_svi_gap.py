@@ -16,7 +16,7 @@ import torch
 from pyro.infer import autoguide
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health, guide_density, svi_gap
+from bnn_pyro.infer import _health, guide_density, svi_gap, svi_refine
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
@@ -105,9 +105,12 @@ def test_the_check_warns_on_a_gap_beyond_both_thresholds_only():
     assert "b[1] is 0.3 of its sds" in message and "num_steps=20000" in message and "method='nuts'" in message
 
 
-def test_a_short_default_fit_warns_and_the_gap_is_recorded():
-    """SVI at its default guide (full-rank here) and rate from a prior draw, stopped after 200 steps: the guide's mean
-    is still far from the posterior's; the fit records the gap per chain (two here) and says so."""
+def test_a_short_default_fit_warns_and_the_gap_is_recorded(monkeypatch):
+    """SVI at its default guide (full-rank here) and rate from a prior draw, stopped after 200 steps, with the
+    refinement that now takes it to the exact posterior (``tests/infer/test_svi_refine.py``) switched off, as where it
+    stops short or does not apply: the guide's mean is still far from the posterior's; the fit records the gap per
+    chain (two here) and says so."""
+    monkeypatch.setattr(svi_refine, "refine", lambda *args, **kwargs: None)
     x, y = _data()
     post, caught = _short_fit(x, y, num_steps=200)
     messages = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
