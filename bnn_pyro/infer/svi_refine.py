@@ -51,20 +51,22 @@ DRAWS = 1000
 """Draws (500 antithetic pairs) for the expectations: the same count as the Newton gap's, whose standard error with
 them is 0.005-0.08 guide sds on the references (:data:`bnn_pyro.infer.svi_gap.GAP_DRAWS`)."""
 MAX_DIM = 100
-"""The most unconstrained coordinates refined: one evaluation costs ``dim`` gradient passes per draw, so its cost
-grows as ``dim^2`` times the model's (``benchmarks/results/svi_convergence/``)."""
+"""The most unconstrained coordinates refined: one evaluation costs ``dim`` gradient passes per draw. On a linear
+regression with a learned noise scale (200 rows, 5,000 steps) the refinement took 0.01-0.03 of the rest of the fit's
+time at 10-25 coordinates, about a quarter at 50-100, and 6 times the fit at 200
+(``benchmarks/results/svi_convergence/refine_cost.md``)."""
 MAX_EVALUATIONS = 30
 """Evaluations of the draws at most (the first included): accepted and rejected steps together. Off a Gaussian the
-iteration converges linearly (eight schools: each accepted step about three quarters of the last), so it needs more
-than a Newton method's handful; each evaluation costs a fraction of a percent of the fit on the references
-(``benchmarks/results/svi_convergence/``)."""
+iteration converges linearly, so it needs more than a Newton method's handful (4-10 kept steps on eight schools at
+the defaults, ``benchmarks/results/svi_convergence/``)."""
 MIN_RATE = 1 / 16
 """The smallest damping ``r`` tried before giving up on a step."""
 TOL = 0.01
 """A fixed point: no coordinate's mean or sd moved more than this many guide sds in the last accepted step. A fifth of
 the gap check's :data:`~bnn_pyro.infer._health.GAP_MAX` and a tenth of what the 1,000 draws of a fit resolve
-(``4 / sqrt(1000) = 0.13`` sds), so the steps left are below anything the fit reports; on eight schools a tolerance of
-1e-3 was not reached within 12 evaluations (steps of 0.19, 0.11, ... 0.02 sds at seed 0)."""
+(``4 / sqrt(1000) = 0.13`` sds), so the steps left are below anything the fit reports. Off a Gaussian the steps shrink
+geometrically, not quadratically, so a much smaller tolerance would spend many evaluations on moves that the draws'
+own Monte Carlo error (the gap check's standard error, 0.03 guide sds on eight schools' ``log tau``) swamps."""
 
 _ERRORS = (ValueError, RuntimeError, TypeError, NotImplementedError)
 
