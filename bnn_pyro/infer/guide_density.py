@@ -117,10 +117,12 @@ def guide_gaussian(guide, order: list[str], shapes: dict) -> tuple[torch.Tensor,
     return None
 
 
-def derivatives(pot: Potential, order: list[str], z: torch.Tensor, *, hessians: bool = False) -> Derivatives:
+def derivatives(
+    pot: Potential, order: list[str], z: torch.Tensor, *, hessians: bool = False, chunk_size: int = VMAP_CHUNK
+) -> Derivatives:
     """``log p``, ``grad log p`` and (``hessians=True``) ``hess log p`` at each row of ``z`` (``(n, dim)``, the sites
-    ``order`` flat, in ``z``'s dtype and device): one batched pass, or row by row where the model cannot be batched
-    (module docstring). Raises what the model raises where neither pass can evaluate it."""
+    ``order`` flat, in ``z``'s dtype and device): batched passes of ``chunk_size`` rows, or row by row where the model
+    cannot be batched (module docstring). Raises what the model raises where neither pass can evaluate it."""
 
     def log_density(flat):
         sites, k = {}, 0
@@ -144,7 +146,7 @@ def derivatives(pot: Potential, order: list[str], z: torch.Tensor, *, hessians: 
 
     with pyro.validation_enabled(False):  # validation's data-dependent checks cannot be batched
         try:
-            out = torch.func.vmap(second if hessians else first, chunk_size=VMAP_CHUNK)(z)
+            out = torch.func.vmap(second if hessians else first, chunk_size=chunk_size)(z)
             return Derivatives(*out) if hessians else Derivatives(*out, None)
         except _MODEL_ERRORS:
             pass

@@ -43,9 +43,9 @@ from pyro.infer import autoguide
 from torch.distributions import transform_to
 
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer.guide_density import NoDensity, derivatives, guide_target
+from bnn_pyro.infer.guide_density import VMAP_CHUNK, NoDensity, derivatives, guide_target
 
-__all__ = ["DRAWS", "MAX_DIM", "MAX_EVALUATIONS", "MIN_RATE", "TOL", "Refinement", "refine"]
+__all__ = ["CHUNK_ELEMENTS", "DRAWS", "MAX_DIM", "MAX_EVALUATIONS", "MIN_RATE", "TOL", "Refinement", "refine"]
 
 DRAWS = 1000
 """Draws (500 antithetic pairs) for the expectations: the same count as the Newton gap's, whose standard error with
@@ -67,6 +67,12 @@ the gap check's :data:`~bnn_pyro.infer._health.GAP_MAX` and a tenth of what the 
 (``4 / sqrt(1000) = 0.13`` sds), so the steps left are below anything the fit reports. Off a Gaussian the steps shrink
 geometrically, not quadratically, so a much smaller tolerance would spend many evaluations on moves that the draws'
 own Monte Carlo error (the gap check's standard error, 0.03 guide sds on eight schools' ``log tau``) swamps."""
+
+CHUNK_ELEMENTS = 2**24
+"""Draws per batched Hessian pass: at most this many over ``dim x rows`` (and at most
+:data:`~bnn_pyro.infer.guide_density.VMAP_CHUNK`), since one pass holds ``dim`` reverse passes over every row for each
+draw: ~64 MiB of float32 per intermediate tensor, where 250 draws of a 100-coordinate model on 100,000 rows would
+want 10 GB."""
 
 _ERRORS = (ValueError, RuntimeError, TypeError, NotImplementedError)
 
@@ -117,11 +123,12 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
         return None
     half = torch.randn((num_draws + 1) // 2, target.loc.numel(), dtype=torch.float64, device=target.loc.device)
     draws = torch.cat([half, -half])
+    chunk = max(1, min(VMAP_CHUNK, CHUNK_ELEMENTS // (target.loc.numel() * max(1, data.size))))
 
     def evaluate(loc, tril) -> _Point | str:
         z = loc + draws @ tril.T
         try:
-            d = derivatives(target.pot, target.order, z.to(target.dtype), hessians=True)
+            d = derivatives(target.pot, target.order, z.to(target.dtype), hessians=True, chunk_size=chunk)
         except _ERRORS as error:
             return f"the log density's Hessian could not be evaluated ({error})"
         values, grads, hess = d.values.double(), d.grads.double(), d.hessians.double()

@@ -175,3 +175,20 @@ def test_other_guides_and_larger_models_are_not_refined():
         guide = autoguide.AutoMultivariateNormal(wide)
         guide(x, y)
         assert svi_refine.refine(guide, wide, Data(x, y)) is None
+
+
+def test_small_hessian_chunks_give_the_same_refinement(monkeypatch):
+    """The draws per batched Hessian pass shrink with ``dim x rows`` (CHUNK_ELEMENTS, a memory bound): forced down to
+    one draw per pass here, the refinement is the same as in one pass."""
+    x, y = _data()
+    results = []
+    for elements in (svi_refine.CHUNK_ELEMENTS, 1):
+        monkeypatch.setattr(svi_refine, "CHUNK_ELEMENTS", elements)
+        with pyro.get_param_store().scope():
+            torch.manual_seed(0)
+            guide = _early_guide(_logistic, x, (y > y.median()).float(), 30)
+            result = svi_refine.refine(guide, _logistic, Data(x, (y > y.median()).float()), num_draws=100)
+            results.append((result, *_gaussian(guide)))
+    (one, loc1, cov1), (many, loc2, cov2) = results
+    assert one.accepted == many.accepted and abs(one.elbo_change - many.elbo_change) < 1e-6, (one, many)
+    assert torch.allclose(loc1, loc2, atol=1e-5) and torch.allclose(cov1, cov2, atol=1e-5)
