@@ -26,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from _common import markdown, results_dir, write_result
+from pyro.infer import autoguide
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "infer")]
@@ -48,8 +49,15 @@ def _recording_engine(engine_type):
 
     def make(**kw):
         def after(state, index, info):
-            _TRACE.append(state.guide.loc.detach().clone())
-            _SD[:] = [state.guide.get_posterior().covariance_matrix.detach().diagonal().sqrt()]
+            guide = state.guide
+            if isinstance(guide, autoguide.AutoNormal):  # per-site locs and scales, flat in the prototype's order
+                names = [n for n, site in guide.prototype_trace.iter_stochastic_nodes() if not site["is_observed"]]
+                pairs = [guide._get_loc_and_scale(n) for n in names]  # noqa: SLF001 (Pyro's own accessor; a benchmark)
+                _TRACE.append(torch.cat([loc.detach().reshape(-1) for loc, _ in pairs]))
+                _SD[:] = [torch.cat([scale.detach().reshape(-1) for _, scale in pairs])]
+                return info
+            _TRACE.append(guide.loc.detach().clone())
+            _SD[:] = [guide.get_posterior().covariance_matrix.detach().diagonal().sqrt()]
             return info
 
         return engine_type(**{**kw, "after": after})

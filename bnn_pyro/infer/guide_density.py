@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
 import pyro
@@ -109,8 +110,8 @@ def guide_gaussian(guide, order: list[str], shapes: dict) -> tuple[torch.Tensor,
                 return None
             return q.loc.detach().double(), q.covariance_matrix.detach().double()
         if isinstance(guide, autoguide.AutoNormal):
-            locs = [getattr(guide.locs, site).detach().reshape(-1) for site in order]
-            scales = [getattr(guide.scales, site).detach().reshape(-1) for site in order]
+            locs = [attrgetter(site)(guide.locs).detach().reshape(-1) for site in order]  # a dotted name nests
+            scales = [attrgetter(site)(guide.scales).detach().reshape(-1) for site in order]
             if sum(v.numel() for v in locs) != size:
                 return None
             return torch.cat(locs).double(), torch.diag(torch.cat(scales).double() ** 2)

@@ -398,10 +398,10 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     )
     config["fast_path"] = fast
     warm_starts: list[svi_start.LaplaceStart] = []
-    # the Newton gap of a full-rank guide on a small Pyro function, full-batch tensors (svi_gap says why)
-    gap_checked = (
+    # a small Pyro function on full-batch tensors: its full-rank guide's Newton gap is checked (svi_gap says why)
+    small_function = (
         not isinstance(model, BNN)
-        and guide_kind is GuideKind.FULL_RANK
+        and not fast
         and dim <= FULL_RANK_MAX_DIM
         and data.loader is None
         and (data.batch_size is None or data.batch_size >= data.size)
@@ -409,6 +409,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         and sharing is None
         and not warmup
     )
+    gap_checked = small_function and guide_kind is GuideKind.FULL_RANK
+    # and its full-rank and mean-field guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine)
+    refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD)
     ckpts = open_chains(
         cfg.checkpoint,
         every=cfg.checkpoint_every,
@@ -453,7 +456,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         return _state(fitted, q, q_train, data, objective, wrap, loss, eb, kl)
 
     def draws(state: _State, history) -> ChainRun:
-        if gap_checked:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
+        if refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
             refined = svi_refine.refine(state.guide, state.model, data)
             if refined is not None:
                 config.setdefault("guide_refinement", []).append(refined.record())

@@ -36,9 +36,12 @@ Example
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
+from operator import attrgetter
 
 import torch
+from pyro.distributions import constraints
 from pyro.infer import autoguide
 from torch.distributions import transform_to
 
@@ -106,9 +109,9 @@ def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -
     """Refine a fitted ``AutoMultivariateNormal`` of ``model`` on ``data`` (full batch) in place (module docstring),
     with ``num_draws`` draws under ``seed`` (apart from the caller's random state): a :class:`Refinement`, or ``None``
     where the guide is not covered (another guide, more than :data:`MAX_DIM` coordinates)."""
-    if not isinstance(guide, autoguide.AutoMultivariateNormal) or guide.loc.numel() > MAX_DIM:
+    if not isinstance(guide, (autoguide.AutoMultivariateNormal, autoguide.AutoNormal)):
         return None
-    device = guide.loc.device
+    device = next((p.device for p in guide.parameters()), torch.device("cpu"))
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
         torch.manual_seed(seed)
         return _refine(guide, model, data, num_draws)
@@ -119,8 +122,9 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
         target = guide_target(guide, model, data)
     except NoDensity as error:
         return Refinement(0, 0.0, f"skipped: {error}")
-    if target is None:
+    if target is None or target.loc.numel() > MAX_DIM:
         return None
+    diagonal = isinstance(guide, autoguide.AutoNormal)
     half = torch.randn((num_draws + 1) // 2, target.loc.numel(), dtype=torch.float64, device=target.loc.device)
     draws = torch.cat([half, -half])
     chunk = max(1, min(VMAP_CHUNK, CHUNK_ELEMENTS // (target.loc.numel() * max(1, data.size))))
@@ -152,7 +156,7 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
         return Refinement(0, 0.0, "skipped: the expected Hessian of -log p is not positive definite at the guide")
     point, rate, accepted, stopped = start, 1.0, 0, "evaluation limit"
     for _ in range(MAX_EVALUATIONS - 1):
-        candidate = _step(point, rate)
+        candidate = _step(point, rate, diagonal)
         new = evaluate(*candidate) if candidate is not None else None
         if isinstance(new, _Point) and new.elbo >= point.elbo:
             moved = _moved(point, new)
@@ -166,13 +170,23 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
         else:
             rate /= 2
     if accepted:
-        _write(guide, point.loc, point.tril)
+        (_write_diagonal if diagonal else _write)(guide, target, point.loc, point.tril)
     return Refinement(accepted, point.elbo - start.elbo, stopped)
 
 
-def _step(point: _Point, rate: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _step(point: _Point, rate: float, diagonal: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The damped fixed-point step from ``point`` (module docstring): the new ``(loc, chol S)``, or ``None`` where the
-    new precision is not positive definite."""
+    new precision is not positive definite. ``diagonal`` (a mean-field guide): the precision's fixed point is the
+    diagonal of ``E_q[-hess log p]`` (the mean-field optimum's), while the mean's Newton step keeps the full matrix,
+    the curvature of the ELBO in the mean."""
+    if diagonal:
+        precision = (1 - rate) / point.tril.diagonal() ** 2 + rate * point.precision.diagonal()
+        if not bool((precision > 0).all()):
+            return None
+        factor, info = torch.linalg.cholesky_ex(point.precision)
+        if info != 0:
+            return None
+        return point.loc + rate * torch.cholesky_solve(point.grad[:, None], factor)[:, 0], torch.diag(precision**-0.5)
     precision = (1 - rate) * torch.cholesky_inverse(point.tril) + rate * point.precision
     factor, info = torch.linalg.cholesky_ex((precision + precision.T) / 2)
     if info != 0:
@@ -190,12 +204,29 @@ def _moved(old: _Point, new: _Point) -> float:
     return float(torch.maximum(((new.loc - old.loc) / sd_old).abs(), (sd_new / sd_old).log().abs()).max())
 
 
-def _write(guide, loc: torch.Tensor, tril: torch.Tensor) -> None:
-    """``(loc, chol S)`` into the guide's parameters: ``scale`` is the factor's diagonal and ``scale_tril`` its rows
-    divided by it (unit diagonal), each stored unconstrained as Pyro stores it."""
+def _write(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:
+    """``(loc, chol S)`` into an ``AutoMultivariateNormal``'s parameters: ``scale`` is the factor's diagonal and
+    ``scale_tril`` its rows divided by it (unit diagonal), each stored unconstrained as Pyro stores it."""
     scale = tril.diagonal()
     unit = tril / scale[:, None]
     with torch.no_grad():
         guide.loc.copy_(loc.to(guide.loc))
         guide.scale_unconstrained.copy_(transform_to(guide.scale_constraint).inv(scale).to(guide.loc))
         guide.scale_tril_unconstrained.copy_(transform_to(guide.scale_tril_constraint).inv(unit).to(guide.loc))
+
+
+def _write_diagonal(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:
+    """``(loc, diag(sd))`` into an ``AutoNormal``'s per-site ``locs`` and ``scales`` (in the order of ``target``)."""
+    sd, k = tril.diagonal(), 0
+    with torch.no_grad():
+        for site in target.order:
+            n = math.prod(target.pot.shapes[site])
+            for root, value, constraint in (
+                (guide.locs, loc[k : k + n], constraints.real),
+                (guide.scales, sd[k : k + n], guide.scale_constraint),
+            ):
+                *path, last = site.split(".")
+                module = attrgetter(".".join(path))(root) if path else root
+                param = getattr(module, f"{last}_unconstrained")
+                param.copy_(transform_to(constraint).inv(value).reshape(param.shape).to(param))
+            k += n
