@@ -1,4 +1,4 @@
-"""Take a fitted full-rank Gaussian guide the rest of the way to its ELBO optimum: fixed-point iterations of Gaussian VI.
+"""Take a fitted full-rank or mean-field Gaussian guide the rest of the way to its ELBO optimum: fixed-point iterations.
 
 The rule. For ``q = N(m, S)`` over the unconstrained coordinates ``z``, the ELBO's stationary points satisfy
 ``E_q[grad log p] = 0`` and ``S^-1 = E_q[-hess log p]`` (Opper & Archambeau 2009, eq. 9-10). The damped
@@ -13,6 +13,11 @@ the draws' mean is exactly ``m`` (the control variate: wherever ``log p`` is qua
 the mean over the pairs is the exact ``E_q[grad log p]``; a Gaussian posterior is then reached in one step, with
 no Monte Carlo error). The Hessians are exact per draw (:func:`bnn_pyro.infer.guide_density.derivatives`).
 
+A mean-field guide (``AutoNormal``, diagonal ``S``): its optimum has ``S_ii^-1 = E_q[-d2 log p / dz_i^2]`` (the
+diagonal of the same matrix: the ELBO's stationarity in each sd alone), so the precision's step takes the diagonal,
+while the mean's step keeps the full ``E_q[-hess log p]``, which is the ELBO's curvature in the mean whatever the
+family (a diagonal one would take steps too long along correlated coordinates).
+
 Why. Adam under the cosine schedule freezes the guide wherever it is at the end; on eight schools' funnel the
 default 5,000 steps stop 0.10-0.19 guide sds short of the full-rank optimum at four seeds of five
 (``benchmarks/results/svi_convergence/``), and 20,000 steps are needed. The fixed point uses the curvature the
@@ -24,9 +29,10 @@ same draws (``mean log p(z) + log det chol S``) does not fall; otherwise ``r`` i
 The iterations stop at a fixed point (every coordinate's mean and sd move less than :data:`TOL` guide sds) or after
 :data:`MAX_EVALUATIONS` evaluations of the draws. Where the log density, its gradient or its Hessian cannot be
 evaluated or is not finite at some draw, or the expected Hessian is not positive definite at the fitted guide, the
-guide is left as it was, with the reason. The result is written into the ``AutoMultivariateNormal``'s own
-parameters (``loc``; ``scale`` and ``scale_tril``, whose product ``scale[:, None] * scale_tril`` is the Cholesky
-factor), so the draws, ``post.psis()`` and the gap check see it.
+guide is left as it was, with the reason. The result is written into the guide's own parameters (an
+``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose product ``scale[:, None] * scale_tril`` is
+the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``), so the draws, ``post.psis()`` and the gap
+check see it.
 
 Example
 -------
@@ -106,7 +112,8 @@ class _Point:
 
 
 def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -> Refinement | None:
-    """Refine a fitted ``AutoMultivariateNormal`` of ``model`` on ``data`` (full batch) in place (module docstring),
+    """Refine a fitted ``AutoMultivariateNormal`` or ``AutoNormal`` of ``model`` on ``data`` (full batch) in place
+    (module docstring),
     with ``num_draws`` draws under ``seed`` (apart from the caller's random state): a :class:`Refinement`, or ``None``
     where the guide is not covered (another guide, more than :data:`MAX_DIM` coordinates)."""
     if not isinstance(guide, (autoguide.AutoMultivariateNormal, autoguide.AutoNormal)):
