@@ -113,9 +113,9 @@ class _Point:
 
 def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -> Refinement | None:
     """Refine a fitted ``AutoMultivariateNormal`` or ``AutoNormal`` of ``model`` on ``data`` (full batch) in place
-    (module docstring),
-    with ``num_draws`` draws under ``seed`` (apart from the caller's random state): a :class:`Refinement`, or ``None``
-    where the guide is not covered (another guide, more than :data:`MAX_DIM` coordinates)."""
+    (module docstring), with ``num_draws`` draws under ``seed`` (apart from the caller's random state): a
+    :class:`Refinement`, or ``None`` where the guide is not covered (another guide, more than :data:`MAX_DIM`
+    coordinates)."""
     if not isinstance(guide, (autoguide.AutoMultivariateNormal, autoguide.AutoNormal)):
         return None
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
