@@ -6,7 +6,9 @@ mean or sd is off the family's optimum by more than the draws' Monte Carlo error
 ``DiagnosticWarning`` messages (the ELBO check's and the Newton-gap check's, :mod:`bnn_pyro.infer.svi_gap`), the
 largest Newton gap in guide sds with its standard error and coordinate, the drift of the iterate average of the guide's
 mean between the last two tenths of the run and the largest step-to-step move over the last tenth (both in guide sds,
-from the guide's ``loc`` recorded at every step), and the seconds of the fit and of the gap's estimate.
+from the guide's ``loc`` recorded at every step: before the refinement), the seconds of the fit and of the gap's estimate,
+and what the refinement of a full-rank guide did (:mod:`bnn_pyro.infer.svi_refine`: steps accepted, the ELBO's change
+on its draws, why it stopped, its seconds and their ratio to the rest of the same fit's).
 
 Run from the repository root: ``python benchmarks/svi_convergence.py --refs eight_schools --seeds 0,1,2,3,4
 [--guide full_rank] [--name NAME]``; writes ``benchmarks/results/svi_convergence/<name>.md`` and ``.csv``. One torch
@@ -24,6 +26,7 @@ from pathlib import Path
 import pandas as pd
 import torch
 from _common import markdown, results_dir, write_result
+from pyro.infer import autoguide
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "tests" / "infer")]
@@ -31,12 +34,13 @@ from reference.posteriors import ALL  # noqa: E402
 from test_reference_posteriors import _optimum, _optimum_off  # noqa: E402
 
 import bnn_pyro as bp  # noqa: E402
-from bnn_pyro.infer import _health, svi, svi_gap  # noqa: E402
+from bnn_pyro.infer import _health, svi, svi_gap, svi_refine  # noqa: E402
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning  # noqa: E402
 
 _TRACE: list = []
 _SD: list = []
 _GAP_SECONDS: list = []
+_REFINE_SECONDS: list = []
 
 
 def _recording_engine(engine_type):
@@ -45,8 +49,15 @@ def _recording_engine(engine_type):
 
     def make(**kw):
         def after(state, index, info):
-            _TRACE.append(state.guide.loc.detach().clone())
-            _SD[:] = [state.guide.get_posterior().covariance_matrix.detach().diagonal().sqrt()]
+            guide = state.guide
+            if isinstance(guide, autoguide.AutoNormal):  # per-site locs and scales, flat in the prototype's order
+                names = [n for n, site in guide.prototype_trace.iter_stochastic_nodes() if not site["is_observed"]]
+                pairs = [guide._get_loc_and_scale(n) for n in names]  # noqa: SLF001 (Pyro's own accessor; a benchmark)
+                _TRACE.append(torch.cat([loc.detach().reshape(-1) for loc, _ in pairs]))
+                _SD[:] = [torch.cat([scale.detach().reshape(-1) for _, scale in pairs])]
+                return info
+            _TRACE.append(guide.loc.detach().clone())
+            _SD[:] = [guide.get_posterior().covariance_matrix.detach().diagonal().sqrt()]
             return info
 
         return engine_type(**{**kw, "after": after})
@@ -54,11 +65,11 @@ def _recording_engine(engine_type):
     return make
 
 
-def _timed_gap(fn):
+def _timed(fn, seconds: list):
     def run(*args, **kwargs):
         start = time.perf_counter()
         out = fn(*args, **kwargs)
-        _GAP_SECONDS.append(time.perf_counter() - start)
+        seconds.append(time.perf_counter() - start)
         return out
 
     return run
@@ -67,6 +78,7 @@ def _timed_gap(fn):
 def one(ref, optimum, seed: int, guide: str) -> dict:
     _TRACE.clear()
     _GAP_SECONDS.clear()
+    _REFINE_SECONDS.clear()
     start = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DiagnosticWarning)
@@ -74,6 +86,8 @@ def one(ref, optimum, seed: int, guide: str) -> dict:
     fit_s = time.perf_counter() - start
     messages = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
     off = _optimum_off(ref, post, optimum)
+    refined = post.config.get("guide_refinement", [{}])[0]
+    refine_s = sum(_REFINE_SECONDS)
     nan = torch.full((1, 1), float("nan"))  # no gap where the guide is not checked (low-rank)
     gap = post.history.get(_health.GAP, nan)[0].double()
     se = post.history.get(_health.GAP_SE, nan)[0].double()
@@ -97,6 +111,11 @@ def one(ref, optimum, seed: int, guide: str) -> dict:
         max_step_sd=round(float(step.max()), 4),
         fit_s=round(fit_s, 1),
         gap_s=round(sum(_GAP_SECONDS), 1),
+        refine_accepted=refined.get("accepted", "-"),
+        refine_elbo_change=round(refined["elbo_change"], 4) if refined else "-",
+        refine_stopped=refined.get("stopped", "-"),
+        refine_s=round(refine_s, 2),
+        refine_ratio=round(refine_s / (fit_s - refine_s), 4),
     )
 
 
@@ -109,7 +128,8 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     svi.Engine = _recording_engine(svi.Engine)
-    svi_gap.newton_gap = _timed_gap(svi_gap.newton_gap)
+    svi_gap.newton_gap = _timed(svi_gap.newton_gap, _GAP_SECONDS)
+    svi_refine.refine = _timed(svi_refine.refine, _REFINE_SECONDS)
     rows = []
     for name in args.refs.split(","):
         ref = ALL[name]()
@@ -124,8 +144,9 @@ def main() -> None:
         folder / f"{args.name}.md",
         f"SVI (guide={args.guide}) at its defaults, seeds {args.seeds}: off the family's KL optimum by the test's rule "
         "(`off_optimum`), the Newton gap's check and the ELBO check, the iterate average's drift over the last two "
-        "tenths and the largest step over the last tenth (guide sds), seconds of the fit and of the gap.\n\n"
-        + markdown(table),
+        "tenths and the largest step over the last tenth (guide sds, before the refinement), seconds of the fit and of the gap, "
+        "and the refinement (`svi_refine`): steps accepted, the ELBO's change on its draws, why it stopped, its seconds "
+        "and their ratio to the rest of the fit's.\n\n" + markdown(table),
     )
 
 

@@ -135,6 +135,8 @@ def test_plain_pyro_function_paths_keep_buffers_on_the_models_device(method):
     post, _ = _checked_fit(_linear_function, x, y, method, **options)
     assert {v.dtype for v in post.samples.values()} == {torch.float64}
     assert method != "svi" or post.config["guide"] == "full_rank"  # the Laplace-started full-rank default
+    # the refinement ran on the device (a device error in it is caught and recorded as "skipped: ...")
+    assert method != "svi" or not post.config["guide_refinement"][0]["stopped"].startswith("skipped"), post.config
 
 
 @pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores

@@ -1,0 +1,187 @@
+"""A fitted Gaussian autoguide's flat unconstrained coordinates and the model's log density over them, with its
+derivatives at many points: what the Newton gap (:mod:`bnn_pyro.infer.svi_gap`) and the refinement of a full-rank
+guide (:mod:`bnn_pyro.infer.svi_refine`) share.
+
+:func:`guide_target` builds the potential at the guide's own median and reads the guide's mean and covariance over
+the same coordinates, in the guide's order (the order of ``AutoMultivariateNormal``'s ``loc``). :func:`derivatives`
+evaluates ``log p``, its gradient and, where asked, its Hessian at each row of a ``(n, dim)`` tensor in one batched
+pass (``torch.func.vmap``, :data:`VMAP_CHUNK` rows at a time); a model that pass cannot batch (a ``float()`` of a
+latent value, random draws of its own) is evaluated one row at a time, with the same numbers. A row where ``log p`` is
+not finite gets NaN derivatives, so that a caller sees it rather than a stale value.
+
+Example
+-------
+>>> target = guide_target(guide, model, data)        # None where the guide is not covered
+>>> d = derivatives(target.pot, target.order, target.loc[None].to(target.dtype), hessians=True)
+>>> d.values, d.grads, d.hessians                     # (n,), (n, dim), (n, dim, dim)
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import NamedTuple
+
+import pyro
+import torch
+from pyro.distributions import constraints
+from pyro.infer import autoguide
+
+from bnn_pyro.infer._common import Data
+from bnn_pyro.infer._potential import Potential
+
+__all__ = [
+    "VMAP_CHUNK",
+    "GuideTarget",
+    "NoDensity",
+    "Derivatives",
+    "guide_target",
+    "guide_gaussian",
+    "derivatives",
+    "labels",
+]
+
+VMAP_CHUNK = 250
+"""Rows per batched pass of :func:`derivatives`: bounds the memory of one pass at ``250 x`` one evaluation's (times
+``dim`` with Hessians)."""
+
+_MODEL_ERRORS = (ValueError, RuntimeError, TypeError, NotImplementedError)
+
+
+class NoDensity(Exception):
+    """:func:`guide_target` could not build the log density at the guide's median; the message says why."""
+
+
+@dataclass(frozen=True)
+class GuideTarget:
+    """The guide's Gaussian over its flat unconstrained coordinates (``loc``, ``cov``: float64 on the guide's device)
+    and the model's potential over the same coordinates (sites ``order``, float ``dtype``); ``labels`` names them."""
+
+    pot: Potential
+    order: list[str]
+    loc: torch.Tensor
+    cov: torch.Tensor
+    labels: list[str]
+    dtype: torch.dtype
+
+
+class Derivatives(NamedTuple):
+    """``log p`` (``(n,)``), its gradient (``(n, dim)``) and its Hessian (``(n, dim, dim)``, or ``None`` where not
+    asked) at each row."""
+
+    values: torch.Tensor
+    grads: torch.Tensor
+    hessians: torch.Tensor | None
+
+
+def guide_target(guide, model, data: Data) -> GuideTarget | None:
+    """The :class:`GuideTarget` of a fitted Gaussian autoguide of ``model`` on ``data`` (full batch), or ``None`` where
+    the guide is not a Gaussian autoguide over exactly the potential's sites. Raises :class:`NoDensity` where the
+    potential cannot be built at the guide's median (a diagnostic's caller records the reason and goes on)."""
+    try:
+        pot = Potential(model, data, init=guide.median(*data.first()), fast_path=False)
+    except _MODEL_ERRORS as error:
+        raise NoDensity(f"the log density could not be evaluated at the guide's median ({error})") from error
+    order = [
+        name
+        for name, site in guide.prototype_trace.iter_stochastic_nodes()
+        if not site["is_observed"] and name in pot.shapes
+    ]
+    if sorted(order) != sorted(pot.shapes):
+        return None
+    gaussian = guide_gaussian(guide, order, pot.shapes)
+    if gaussian is None:
+        return None
+    dtype = next(iter(pot.init.values())).dtype
+    return GuideTarget(pot, order, *gaussian, labels(guide, order, pot.shapes), dtype)
+
+
+def guide_gaussian(guide, order: list[str], shapes: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The guide's mean and covariance over the flat unconstrained coordinates of the sites ``order`` (each of
+    ``shapes[site]``), or ``None`` for a guide that is not a Gaussian autoguide (``AutoNormal``,
+    ``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal``) or whose coordinates are not exactly those sites'
+    (a guide site the potential lacks would shift every slice)."""
+    size = sum(math.prod(shapes[s]) for s in order)
+    with torch.no_grad():
+        if isinstance(guide, (autoguide.AutoMultivariateNormal, autoguide.AutoLowRankMultivariateNormal)):
+            q = guide.get_posterior()
+            if q.loc.numel() != size:
+                return None
+            return q.loc.detach().double(), q.covariance_matrix.detach().double()
+        if isinstance(guide, autoguide.AutoNormal):
+            locs = [attrgetter(site)(guide.locs).detach().reshape(-1) for site in order]  # a dotted name nests
+            scales = [attrgetter(site)(guide.scales).detach().reshape(-1) for site in order]
+            if sum(v.numel() for v in locs) != size:
+                return None
+            return torch.cat(locs).double(), torch.diag(torch.cat(scales).double() ** 2)
+    return None
+
+
+def derivatives(
+    pot: Potential, order: list[str], z: torch.Tensor, *, hessians: bool = False, chunk_size: int = VMAP_CHUNK
+) -> Derivatives:
+    """``log p``, ``grad log p`` and (``hessians=True``) ``hess log p`` at each row of ``z`` (``(n, dim)``, the sites
+    ``order`` flat, in ``z``'s dtype and device): batched passes of ``chunk_size`` rows, or row by row where the model
+    cannot be batched (module docstring). Raises what the model raises where neither pass can evaluate it."""
+
+    def log_density(flat):
+        sites, k = {}, 0
+        for name in order:
+            n = math.prod(pot.shapes[name])
+            sites[name] = flat[k : k + n].reshape(pot.shapes[name])
+            k += n
+        return -pot(sites)
+
+    def grad_twice(flat):
+        grad, value = torch.func.grad_and_value(log_density)(flat)
+        return grad, (grad, value)
+
+    def second(flat):
+        hess, (grad, value) = torch.func.jacrev(grad_twice, has_aux=True)(flat)
+        return value, grad, hess
+
+    def first(flat):
+        grad, value = torch.func.grad_and_value(log_density)(flat)
+        return value, grad
+
+    with pyro.validation_enabled(False):  # validation's data-dependent checks cannot be batched
+        try:
+            out = torch.func.vmap(second if hessians else first, chunk_size=chunk_size)(z)
+            return Derivatives(*out) if hessians else Derivatives(*out, None)
+        except _MODEL_ERRORS:
+            pass
+    return _row_by_row(log_density, z, hessians)
+
+
+def _row_by_row(log_density, z: torch.Tensor, hessians: bool) -> Derivatives:
+    n, dim = z.shape
+    values = torch.empty(n, dtype=z.dtype, device=z.device)
+    grads = torch.full_like(z, math.nan)
+    hess = torch.full((n, dim, dim) if hessians else (0,), math.nan, dtype=z.dtype, device=z.device)
+    for i in range(n):
+        flat = z[i].detach().requires_grad_()
+        value = log_density(flat)
+        values[i] = value.detach()
+        if not bool(torch.isfinite(value)):
+            continue
+        (grads[i],) = torch.autograd.grad(value, flat)
+        if hessians:
+            hess[i] = torch.autograd.functional.hessian(log_density, z[i].detach())
+    return Derivatives(values, grads, hess if hessians else None)
+
+
+def labels(guide, order: list[str], shapes: dict) -> list[str]:
+    """One label per flat coordinate: ``name[j]`` (``name`` for a scalar site); a site the guide transforms to the real
+    line (a positive scale: its log; a simplex: stick-breaking coordinates) is marked ``(unconstrained)``, since those
+    coordinates are not the constrained values ``post.summary()`` shows."""
+    out = []
+    for name in order:
+        n = math.prod(shapes[name])
+        support = guide.prototype_trace.nodes[name]["fn"].support
+        while isinstance(support, constraints.independent):
+            support = support.base_constraint
+        tag = "" if support is constraints.real else " (unconstrained)"
+        scalar = n == 1 and len(shapes[name]) == 0
+        out += [f"{name}{tag}"] if scalar else [f"{name}[{j}]{tag}" for j in range(n)]
+    return out

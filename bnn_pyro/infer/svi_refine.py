@@ -1,0 +1,239 @@
+"""Take a fitted full-rank or mean-field Gaussian guide the rest of the way to its ELBO optimum: fixed-point iterations.
+
+The rule. For ``q = N(m, S)`` over the unconstrained coordinates ``z``, the ELBO's stationary points satisfy
+``E_q[grad log p] = 0`` and ``S^-1 = E_q[-hess log p]`` (Opper & Archambeau 2009, eq. 9-10). The damped
+natural-gradient step of Khan & Lin (2017) moves towards them::
+
+    P_new = (1 - r) S^-1 + r E_q[-hess log p],     m_new = m + r P_new^-1 E_q[grad log p]
+
+(``r = 1``: a Newton step in the mean and the fixed point in the precision). The expectations are over one fixed set
+of :data:`DRAWS` standard-normal draws ``e`` in antithetic pairs (``e`` and ``-e``), mapped through the current
+``(m, chol S)``: common random numbers, so that two guides are compared on the same draws, and antithetic so that
+the draws' mean is exactly ``m`` (the control variate: wherever ``log p`` is quadratic its gradient is linear, and
+the mean over the pairs is the exact ``E_q[grad log p]``; a Gaussian posterior is then reached in one step, with
+no Monte Carlo error). The Hessians are exact per draw (:func:`bnn_pyro.infer.guide_density.derivatives`).
+
+A mean-field guide (``AutoNormal``, diagonal ``S``): its optimum has ``S_ii^-1 = E_q[-d2 log p / dz_i^2]`` (the
+diagonal of the same matrix: the ELBO's stationarity in each sd alone), so the precision's step takes the diagonal,
+while the mean's step keeps the full ``E_q[-hess log p]``, which is the ELBO's curvature in the mean whatever the
+family (a diagonal one would take steps too long along correlated coordinates).
+
+Why. Adam under the cosine schedule freezes the guide wherever it is at the end; on eight schools' funnel the
+default 5,000 steps stop 0.10-0.19 guide sds short of the full-rank optimum at four seeds of five
+(``benchmarks/results/svi_convergence/``), and 20,000 steps are needed. The fixed point uses the curvature the
+Newton-gap check already measures (:mod:`bnn_pyro.infer.svi_gap`), and on a small model a few iterations cost a
+fraction of the fit: each evaluates ``dim`` gradient passes per draw, hence :data:`MAX_DIM`.
+
+Safeguards: a finished fit is never made worse and never fails here. A step is kept only if the ELBO estimated on the
+same draws (``mean log p(z) + log det chol S``) does not fall; otherwise ``r`` is halved, down to :data:`MIN_RATE`.
+The iterations stop at a fixed point (every coordinate's mean and sd move less than :data:`TOL` guide sds) or after
+:data:`MAX_EVALUATIONS` evaluations of the draws. Where the log density, its gradient or its Hessian cannot be
+evaluated or is not finite at some draw, or the expected Hessian is not positive definite at the fitted guide, the
+guide is left as it was, with the reason. The result is written into the guide's own parameters (an
+``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose product ``scale[:, None] * scale_tril`` is
+the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``), so the draws, ``post.psis()`` and the gap
+check see it.
+
+Example
+-------
+>>> result = refine(guide, model, data)        # None where the guide is not covered
+>>> result.accepted, result.elbo_change, result.stopped
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from operator import attrgetter
+
+import torch
+from pyro.distributions import constraints
+from pyro.infer import autoguide
+from torch.distributions import transform_to
+
+from bnn_pyro.infer._common import Data
+from bnn_pyro.infer.guide_density import VMAP_CHUNK, NoDensity, derivatives, guide_target
+
+__all__ = ["CHUNK_ELEMENTS", "DRAWS", "MAX_DIM", "MAX_EVALUATIONS", "MIN_RATE", "TOL", "Refinement", "refine"]
+
+DRAWS = 1000
+"""Draws (500 antithetic pairs) for the expectations: the same count as the Newton gap's, whose standard error with
+them is 0.005-0.08 guide sds on the references (:data:`bnn_pyro.infer.svi_gap.GAP_DRAWS`)."""
+MAX_DIM = 100
+"""The most unconstrained coordinates refined: one evaluation costs ``dim`` gradient passes per draw. On a linear
+regression with a learned noise scale (200 rows, 5,000 steps) the refinement took 0.01-0.03 of the rest of the fit's
+time at 10-25 coordinates, about a quarter at 50-100, and 6 times the fit at 200
+(``benchmarks/results/svi_convergence/refine_cost.md``)."""
+MAX_EVALUATIONS = 30
+"""Evaluations of the draws at most (the first included): accepted and rejected steps together. Off a Gaussian the
+iteration converges linearly, so it needs more than a Newton method's handful (4-10 kept steps on eight schools at
+the defaults, ``benchmarks/results/svi_convergence/``)."""
+MIN_RATE = 1 / 16
+"""The smallest damping ``r`` tried before giving up on a step."""
+TOL = 0.01
+"""A fixed point: no coordinate's mean or sd moved more than this many guide sds in the last accepted step. A fifth of
+the gap check's :data:`~bnn_pyro.infer._health.GAP_MAX` and a tenth of what the 1,000 draws of a fit resolve
+(``4 / sqrt(1000) = 0.13`` sds), so the steps left are below anything the fit reports. Off a Gaussian the steps shrink
+geometrically, not quadratically, so a much smaller tolerance would spend many evaluations on moves that the draws'
+own Monte Carlo error (the gap check's standard error, 0.03 guide sds on eight schools' ``log tau``) swamps."""
+
+CHUNK_ELEMENTS = 2**24
+"""Draws per batched Hessian pass: at most this many over ``dim x rows`` (and at most
+:data:`~bnn_pyro.infer.guide_density.VMAP_CHUNK`), since one pass holds ``dim`` reverse passes over every row for each
+draw: ~64 MiB of float32 per intermediate tensor, where 250 draws of a 100-coordinate model on 100,000 rows would
+want 10 GB."""
+
+_ERRORS = (ValueError, RuntimeError, TypeError, NotImplementedError)
+
+
+@dataclass(frozen=True)
+class Refinement:
+    """What :func:`refine` did: ``accepted`` steps, the ELBO estimate on its draws before and after
+    (``elbo_change = after - before >= 0``), and ``stopped``: ``"fixed point"``, ``"no better step"`` (the ELBO
+    fell at every damping down to :data:`MIN_RATE`), ``"evaluation limit"``, or ``"skipped: <reason>"`` (the guide
+    untouched)."""
+
+    accepted: int
+    elbo_change: float
+    stopped: str
+
+    def record(self) -> dict:
+        """A plain dict for ``post.config``."""
+        return asdict(self)
+
+
+@dataclass
+class _Point:
+    loc: torch.Tensor
+    tril: torch.Tensor
+    elbo: float
+    grad: torch.Tensor
+    precision: torch.Tensor  # E_q[-hess log p]
+
+
+def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -> Refinement | None:
+    """Refine a fitted ``AutoMultivariateNormal`` or ``AutoNormal`` of ``model`` on ``data`` (full batch) in place
+    (module docstring), with ``num_draws`` draws under ``seed`` (apart from the caller's random state): a
+    :class:`Refinement`, or ``None`` where the guide is not covered (another guide, more than :data:`MAX_DIM`
+    coordinates)."""
+    if not isinstance(guide, (autoguide.AutoMultivariateNormal, autoguide.AutoNormal)):
+        return None
+    device = next((p.device for p in guide.parameters()), torch.device("cpu"))
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(seed)
+        return _refine(guide, model, data, num_draws)
+
+
+def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
+    try:
+        target = guide_target(guide, model, data)
+    except NoDensity as error:
+        return Refinement(0, 0.0, f"skipped: {error}")
+    if target is None or target.loc.numel() > MAX_DIM:
+        return None
+    diagonal = isinstance(guide, autoguide.AutoNormal)
+    half = torch.randn((num_draws + 1) // 2, target.loc.numel(), dtype=torch.float64, device=target.loc.device)
+    draws = torch.cat([half, -half])
+    chunk = max(1, min(VMAP_CHUNK, CHUNK_ELEMENTS // (target.loc.numel() * max(1, data.size))))
+
+    def evaluate(loc, tril) -> _Point | str:
+        z = loc + draws @ tril.T
+        try:
+            d = derivatives(target.pot, target.order, z.to(target.dtype), hessians=True, chunk_size=chunk)
+        except _ERRORS as error:
+            return f"the log density's Hessian could not be evaluated ({error})"
+        values, grads, hess = d.values.double(), d.grads.double(), d.hessians.double()
+        bad = int(
+            (~torch.isfinite(values) | ~torch.isfinite(grads).all(-1) | ~torch.isfinite(hess).flatten(1).all(-1)).sum()
+        )
+        if bad:
+            return f"the log density or its derivatives are not finite at {bad} of {len(draws)} draws"
+        precision = -hess.mean(0)
+        elbo = float(values.mean() + tril.diagonal().log().sum())
+        return _Point(loc, tril, elbo, grads.mean(0), (precision + precision.T) / 2)
+
+    try:
+        tril = torch.linalg.cholesky(target.cov)
+    except _ERRORS as error:
+        return Refinement(0, 0.0, f"skipped: the guide's covariance has no Cholesky factor ({error})")
+    start = evaluate(target.loc, tril)
+    if isinstance(start, str):
+        return Refinement(0, 0.0, f"skipped: {start}")
+    if torch.linalg.cholesky_ex(start.precision).info != 0:
+        return Refinement(0, 0.0, "skipped: the expected Hessian of -log p is not positive definite at the guide")
+    point, rate, accepted, stopped = start, 1.0, 0, "evaluation limit"
+    for _ in range(MAX_EVALUATIONS - 1):
+        candidate = _step(point, rate, diagonal)
+        new = evaluate(*candidate) if candidate is not None else None
+        if isinstance(new, _Point) and new.elbo >= point.elbo:
+            moved = _moved(point, new)
+            point, accepted, rate = new, accepted + 1, min(1.0, 2 * rate)
+            if moved < TOL:
+                stopped = "fixed point"
+                break
+        elif rate / 2 < MIN_RATE:
+            stopped = "no better step"
+            break
+        else:
+            rate /= 2
+    if accepted:
+        (_write_diagonal if diagonal else _write)(guide, target, point.loc, point.tril)
+    return Refinement(accepted, point.elbo - start.elbo, stopped)
+
+
+def _step(point: _Point, rate: float, diagonal: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The damped fixed-point step from ``point`` (module docstring): the new ``(loc, chol S)``, or ``None`` where the
+    new precision is not positive definite. ``diagonal`` (a mean-field guide): the precision's fixed point is the
+    diagonal of ``E_q[-hess log p]`` (the mean-field optimum's), while the mean's Newton step keeps the full matrix,
+    the curvature of the ELBO in the mean."""
+    if diagonal:
+        precision = (1 - rate) / point.tril.diagonal() ** 2 + rate * point.precision.diagonal()
+        if not bool((precision > 0).all()):
+            return None
+        factor, info = torch.linalg.cholesky_ex(point.precision)
+        if info != 0:
+            return None
+        return point.loc + rate * torch.cholesky_solve(point.grad[:, None], factor)[:, 0], torch.diag(precision**-0.5)
+    precision = (1 - rate) * torch.cholesky_inverse(point.tril) + rate * point.precision
+    factor, info = torch.linalg.cholesky_ex((precision + precision.T) / 2)
+    if info != 0:
+        return None
+    cov = torch.cholesky_inverse(factor)
+    tril, info = torch.linalg.cholesky_ex((cov + cov.T) / 2)
+    if info != 0:
+        return None
+    return point.loc + rate * cov @ point.grad, tril
+
+
+def _moved(old: _Point, new: _Point) -> float:
+    """The largest move of a coordinate's mean or log sd between two points, in the old guide's sds."""
+    sd_old, sd_new = old.tril.pow(2).sum(-1).sqrt(), new.tril.pow(2).sum(-1).sqrt()
+    return float(torch.maximum(((new.loc - old.loc) / sd_old).abs(), (sd_new / sd_old).log().abs()).max())
+
+
+def _write(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:
+    """``(loc, chol S)`` into an ``AutoMultivariateNormal``'s parameters: ``scale`` is the factor's diagonal and
+    ``scale_tril`` its rows divided by it (unit diagonal), each stored unconstrained as Pyro stores it."""
+    scale = tril.diagonal()
+    unit = tril / scale[:, None]
+    with torch.no_grad():
+        guide.loc.copy_(loc.to(guide.loc))
+        guide.scale_unconstrained.copy_(transform_to(guide.scale_constraint).inv(scale).to(guide.loc))
+        guide.scale_tril_unconstrained.copy_(transform_to(guide.scale_tril_constraint).inv(unit).to(guide.loc))
+
+
+def _write_diagonal(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:
+    """``(loc, diag(sd))`` into an ``AutoNormal``'s per-site ``locs`` and ``scales`` (in the order of ``target``)."""
+    sd, k = tril.diagonal(), 0
+    with torch.no_grad():
+        for site in target.order:
+            n = math.prod(target.pot.shapes[site])
+            for root, value, constraint in (
+                (guide.locs, loc[k : k + n], constraints.real),
+                (guide.scales, sd[k : k + n], guide.scale_constraint),
+            ):
+                *path, last = site.split(".")
+                module = attrgetter(".".join(path))(root) if path else root
+                param = getattr(module, f"{last}_unconstrained")
+                param.copy_(transform_to(constraint).inv(value).reshape(param.shape).to(param))
+            k += n
