@@ -686,4 +686,4 @@ NARROW = (
     "A mean-field guide cannot hold correlated weights (its sds are 1/sqrt(H_ii), not the posterior's): try "
     "guide='full_rank' or 'low_rank'. "
 )
-"""The likely cause :func:`~bnn_pyro.infer._health.check_narrow` names for a BNN fit by SVI."""
+"""The likely cause :func:`~bnn_pyro.infer.health_spread.check_narrow` names for a BNN fit by SVI."""
