@@ -17,7 +17,12 @@ engine and set, reports over the splits with a logistic-regression row:
   ``near``: how many of them are within 2;
 - where splits also have a NUTS row (``classification.REFERENCE_POSTERIOR``, the exact posterior): ``met_ref``, the
   splits meeting the same target with NUTS in logistic regression's place, out of ``splits_ref``, and
-  ``nll_gap_ref``, the mean NLL gap to NUTS (the per-split table shows each split's gap and verdict against it).
+  ``nll_gap_ref`` / ``nll_gap_ref_se``, the NLL gap to NUTS paired by split, its mean and standard error over those
+  splits (the per-split table shows each split's gap and verdict against it).
+
+A (split, engine) row found in more than one file is kept once where the files agree on every score (the wall
+time aside: logistic regression's row, refitted in each run, is the same result), and is an error where they
+differ: which of two results to keep is not this script's choice.
 
 Usage::
 
@@ -38,14 +43,16 @@ from pathlib import Path
 import pandas as pd
 
 try:  # run as a script (benchmarks/ on sys.path) or imported as benchmarks.classification_splits
-    from classification import REFERENCE_POSTERIOR, TARGET_AUROC, TARGET_GAP, verdicts
+    from classification import METRICS, REFERENCE_POSTERIOR, TARGET_AUROC, TARGET_GAP, verdicts
     from uci import summarize
 except ImportError:  # pragma: no cover
-    from benchmarks.classification import REFERENCE_POSTERIOR, TARGET_AUROC, TARGET_GAP, verdicts
+    from benchmarks.classification import METRICS, REFERENCE_POSTERIOR, TARGET_AUROC, TARGET_GAP, verdicts
     from benchmarks.uci import summarize
 from _common import results_dir, write_result  # noqa: E402 - classification put benchmarks/ on sys.path
 
 KEYS = ["split", "method"]
+SCORED = [m for m in METRICS if m != "time_s"]
+"""The columns that make two rows of one (split, engine) the same result: every score but the fit's wall time."""
 
 
 def read_rows(folder: Path, prefixes: list[str], name: str, methods: list[str]) -> pd.DataFrame:
@@ -59,10 +66,15 @@ def read_rows(folder: Path, prefixes: list[str], name: str, methods: list[str]) 
         frames.append(pd.read_csv(path).assign(source=path.name))
     rows = pd.concat(frames, ignore_index=True)
     rows = rows[rows["method"].isin(["logreg", *methods])]
+    scores = [m for m in SCORED if m in rows]
+    rows = rows.drop_duplicates(KEYS + scores)  # the same result in two files (a rerun's logreg row) is one row
     twice = rows[rows.duplicated(KEYS, keep=False)]
     if len(twice):
         found = ", ".join(sorted({f"{r.method} split {r.split} ({r.source})" for r in twice.itertuples()}))
-        raise SystemExit(f"--prefixes: rows found in more than one file: {found}; pass files that do not overlap.")
+        raise SystemExit(
+            f"--prefixes: rows with different results found in more than one file: {found}; "
+            "pass files that do not overlap."
+        )
     return rows.sort_values(KEYS, kind="stable").reset_index(drop=True)
 
 
@@ -102,10 +114,12 @@ def aggregate(table: pd.DataFrame) -> pd.DataFrame:
 def _against_reference(g: pd.DataFrame) -> dict:
     """``met_ref`` / ``splits_ref`` / ``nll_gap_ref`` of one engine's verdicts: over its splits with a NUTS row."""
     judged = g[g["nll_gap_ref"].notna()] if "nll_gap_ref" in g else g.iloc[:0]
+    gaps = judged["nll_gap_ref"] if len(judged) else pd.Series(dtype=float)
     return dict(
         met_ref=int(judged["met_ref"].sum()) if len(judged) else 0,
         splits_ref=len(judged),
-        nll_gap_ref=judged["nll_gap_ref"].mean() if len(judged) else math.nan,
+        nll_gap_ref=gaps.mean() if len(gaps) else math.nan,
+        nll_gap_ref_se=gaps.std(ddof=1) / math.sqrt(len(gaps)) if len(gaps) > 1 else math.nan,
     )
 
 
@@ -150,11 +164,12 @@ def markdown(summary: pd.DataFrame, per_split: pd.DataFrame, notes: list[str]) -
             "",
             f"Against {ref} (the exact posterior of the same model), on the splits with a {ref} row:",
             "",
-            f"| set | engine | met against {ref} | NLL − {ref}, mean |",
+            f"| set | engine | met against {ref} | NLL − {ref}, mean ± se (paired by split) |",
             "|---|---|---|---|",
         ]
         lines += [
-            f"| {r['dataset']} | {r['method']} | {r['met_ref']}/{r['splits_ref']} | {r['nll_gap_ref']:+.3f} |"
+            f"| {r['dataset']} | {r['method']} | {r['met_ref']}/{r['splits_ref']} | {r['nll_gap_ref']:+.3f}"
+            + (f" ± {r['nll_gap_ref_se']:.3f} |" if math.isfinite(r["nll_gap_ref_se"]) else " (one split: no se) |")
             for _, r in judged.iterrows()
         ]
     with_ref = len(judged) > 0

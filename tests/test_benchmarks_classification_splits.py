@@ -100,9 +100,9 @@ def test_main_pools_two_files_and_scores_each_split_against_its_own_logreg(agg, 
 def test_overlapping_or_missing_files_are_errors_naming_the_argument(agg, tmp_path):
     rows = pd.DataFrame([_row(0, "logreg", 0.9, 0.2, 0), _row(0, "svi", 0.9, 0.2, 0.9)])
     rows.to_csv(tmp_path / "a_toy_splits.csv", index=False)
-    rows.to_csv(tmp_path / "b_toy_splits.csv", index=False)
     base = ["--sets", "toy", "--methods", "svi", "--folder", str(tmp_path), "--out", str(tmp_path)]
-    with pytest.raises(SystemExit, match="--prefixes: rows found in more than one file: logreg split 0"):
+    rows.assign(nll=[0.2, 0.3]).to_csv(tmp_path / "b_toy_splits.csv", index=False)  # svi's NLL differs
+    with pytest.raises(SystemExit, match="--prefixes: rows with different results .*: svi split 0"):
         agg.main(base + ["--prefixes", "a,b"])
     with pytest.raises(SystemExit, match="--prefixes: .*c_toy_splits.csv does not exist"):
         agg.main(base + ["--prefixes", "a,c"])
@@ -134,7 +134,9 @@ def test_main_counts_the_verdicts_against_nuts_on_the_splits_that_have_a_nuts_ro
     assert swag["nll_gap_ref"] == pytest.approx(0.045)
     assert nuts["splits_ref"] == 0 and math.isnan(nuts["nll_gap_ref"])  # not its own reference
     text = (tmp_path / "ref.md").read_text()
-    assert "| toy | svi | 2/2 | +0.005 |" in text and "| toy | swag | 0/2 | +0.045 |" in text
+    # paired gaps to NUTS: svi +0.02, -0.01 (se 0.015); swag +0.05, +0.04 (se 0.005)
+    assert svi["nll_gap_ref_se"] == pytest.approx(0.015) and swag["nll_gap_ref_se"] == pytest.approx(0.005)
+    assert "| toy | svi | 2/2 | +0.005 ± 0.015 |" in text and "| toy | swag | 0/2 | +0.045 ± 0.005 |" in text
     assert "| toy | 0 | svi | +0.000 | +0.070 | 0.900 ± 0.020 | +5.0 | ✗ | x_toy_splits.csv | +0.020 | ✓ |" in text
     assert "| toy | 2 | svi | +0.000 | +0.010 | 0.900 ± 0.020 | +5.0 | ✓ | x_toy_splits.csv | - | - |" in text
 
@@ -157,3 +159,17 @@ def test_a_z_without_spread_says_why_instead_of_nan(agg, tmp_path):
     assert agg.z_cell(-1.3, 0.9, 0.08, ".3f") == "-1.3"
     assert agg.z_cell(math.nan, 0.7, math.nan, ".3f") == "one split: no se"
     assert agg.z_cell(math.nan, 0.01, 0.0, "+.3f") == "se 0: every split +0.010"
+
+
+def test_the_same_result_in_two_files_is_pooled_once(agg, tmp_path):
+    # a rerun's logistic-regression row (same scores, another wall time) beside the first run's: one row, not an
+    # error; the engine rows come from either file
+    first = pd.DataFrame([dict(_row(0, "logreg", 0.9, 0.2, 0), time_s=1.0), _row(0, "svi", 0.9, 0.25, 0.9)])
+    second = pd.DataFrame([dict(_row(0, "logreg", 0.9, 0.2, 0), time_s=2.0), _row(0, "nuts", 0.9, 0.21, 0.95)])
+    first.to_csv(tmp_path / "a_toy_splits.csv", index=False)
+    second.to_csv(tmp_path / "b_toy_splits.csv", index=False)
+    argv = ["--sets", "toy", "--prefixes", "a,b", "--methods", "svi,nuts", "--folder", str(tmp_path)]
+    out = agg.main(argv + ["--out", str(tmp_path), "--name", "once"]).set_index("method")
+    assert out.loc["svi", "nll_gap"] == pytest.approx(0.05) and out.loc["svi", "nll_gap_ref"] == pytest.approx(0.04)
+    assert out.loc["nuts", "splits"] == 1 and math.isnan(out.loc["svi", "nll_gap_ref_se"])  # one split: no se
+    assert "| toy | svi | 0/1 | +0.040 (one split: no se) |" in (tmp_path / "once.md").read_text()
