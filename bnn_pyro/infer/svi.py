@@ -402,7 +402,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     )
     config["fast_path"] = fast
     warm_starts: list[svi_start.LaplaceStart] = []
-    # a small Pyro function on full-batch tensors: its full-rank guide's Newton gap is checked (svi_gap says why)
+    # a small Pyro function on full-batch tensors: its full-rank (and small low-rank) guide's Newton gap is checked
     small_function = (
         not isinstance(model, BNN)
         and not fast
@@ -413,9 +413,11 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         and sharing is None
         and not warmup
     )
-    gap_checked = small_function and guide_kind is GuideKind.FULL_RANK
-    # and its full-rank and mean-field guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine)
-    refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD)
+    gap_checked = small_function and (
+        guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and dim <= svi_refine.MAX_DIM
+    )
+    # and its Gaussian guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine)
+    refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
     ckpts = open_chains(
         cfg.checkpoint,
         every=cfg.checkpoint_every,

@@ -39,9 +39,11 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from pyro.infer import autoguide
 
+from bnn_pyro.infer import svi_refine
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer.guide_density import NoDensity, derivatives, guide_gaussian, guide_target
+from bnn_pyro.infer.guide_density import VMAP_CHUNK, NoDensity, derivatives, guide_gaussian, guide_target
 
 __all__ = ["GAP_DRAWS", "Gap", "guide_gaussian", "newton_gap", "gap_statistic"]
 
@@ -62,11 +64,13 @@ class Gap:
     reason: str | None = None
 
 
-def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.Tensor):
+def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.Tensor, sd: torch.Tensor | None = None):
     """The Newton step to the optimum in guide sds and its standard error, per coordinate, from ``n`` guide draws:
-    ``gradients`` (``(n, dim)``, ``grad log p`` at each draw), ``deviations`` (``(n, dim)``, ``z - m``) and the guide's
-    covariance ``cov``: the mean over draws of ``(S g + (z - m)) / sd`` (module docstring) and its standard error."""
-    sd = cov.diagonal().sqrt()
+    ``gradients`` (``(n, dim)``, ``grad log p`` at each draw), ``deviations`` (``(n, dim)``, ``z - m``) and the inverse
+    curvature ``cov`` (a full-rank guide's own covariance; a low-rank guide's ``E_q[-hess log p]^-1``): the mean over
+    draws of ``(cov g + (z - m)) / sd`` (module docstring) and its standard error; ``sd`` the guide's sds (default
+    ``cov``'s)."""
+    sd = cov.diagonal().sqrt() if sd is None else sd
     steps = (gradients @ cov + deviations) / sd
     n = steps.shape[0]
     return steps.mean(0), steps.std(0) / math.sqrt(n)
@@ -92,11 +96,20 @@ def _newton_gap(guide, model, data: Data, num_draws: int) -> Gap | None:
     if target is None:
         return None
     loc, cov = target.loc, target.cov
+    low_rank = isinstance(guide, autoguide.AutoLowRankMultivariateNormal)
+    if low_rank and loc.numel() > svi_refine.MAX_DIM:
+        return None
     try:
         deviations = (
             torch.randn(num_draws, loc.numel(), dtype=torch.float64, device=loc.device) @ torch.linalg.cholesky(cov).T
         )
-        energies, grads, _ = derivatives(target.pot, target.order, (loc + deviations).to(target.dtype))
+        energies, grads, hess = derivatives(
+            target.pot,
+            target.order,
+            (loc + deviations).to(target.dtype),
+            hessians=low_rank,
+            chunk_size=svi_refine.hessian_chunk(loc.numel(), data.size) if low_rank else VMAP_CHUNK,
+        )
     except (ValueError, RuntimeError, TypeError, NotImplementedError) as error:
         return Gap(None, None, target.labels, reason=f"the log density's gradient could not be evaluated ({error})")
     bad = int((~torch.isfinite(energies) | ~torch.isfinite(grads).all(-1)).sum())
@@ -107,5 +120,16 @@ def _newton_gap(guide, model, data: Data, num_draws: int) -> Gap | None:
             target.labels,
             reason=f"the log density or its gradient is not finite at {bad} of {num_draws} guide draws",
         )
-    gap, se = gap_statistic(grads.double(), deviations, cov)
+    if low_rank:  # the Newton step with the expected Hessian, which a low-rank guide's S is not (module docstring)
+        if not bool(torch.isfinite(hess).all()):
+            return Gap(None, None, target.labels, reason="the log density's Hessian is not finite at some guide draw")
+        precision = -hess.double().mean(0)
+        factor, info = torch.linalg.cholesky_ex((precision + precision.T) / 2)
+        if info != 0:
+            return Gap(
+                None, None, target.labels, reason="the expected Hessian of -log p is not positive definite at the guide"
+            )
+        gap, se = gap_statistic(grads.double(), deviations, torch.cholesky_inverse(factor), cov.diagonal().sqrt())
+    else:
+        gap, se = gap_statistic(grads.double(), deviations, cov)
     return Gap(gap.cpu(), se.cpu(), target.labels)
