@@ -1,4 +1,5 @@
-"""Take a fitted full-rank or mean-field Gaussian guide the rest of the way to its ELBO optimum: fixed-point iterations.
+"""Take a fitted full-rank, low-rank or mean-field Gaussian guide the rest of the way to its ELBO optimum: fixed-point
+iterations.
 
 The rule. For ``q = N(m, S)`` over the unconstrained coordinates ``z``, the ELBO's stationary points satisfy
 ``E_q[grad log p] = 0`` and ``S^-1 = E_q[-hess log p]`` (Opper & Archambeau 2009, eq. 9-10). The damped
@@ -18,6 +19,18 @@ diagonal of the same matrix: the ELBO's stationarity in each sd alone), so the p
 while the mean's step keeps the full ``E_q[-hess log p]``, which is the ELBO's curvature in the mean whatever the
 family (a diagonal one would take steps too long along correlated coordinates).
 
+A low-rank guide (``AutoLowRankMultivariateNormal``, ``S = diag(D) + W W^T`` with ``W`` of rank ``k``): with ``H =
+E_q[-hess log p]`` and ``g = E_q[grad log p]`` at the current ``q``, the ELBO's gradient in ``(m, W, D)`` there equals
+that of the surrogate ``g^T (m' - m) - 1/2 (m' - m)^T H (m' - m) - 1/2 tr(H S') + 1/2 log det S'`` (Bonnet's and
+Price's theorems: ``d E_q[log p] / dm = g``, ``d E_q[log p] / dS = -H / 2``), so the ELBO's stationary points in the
+family are the surrogate's fixed points. Its maximum in ``m'`` is the Newton step ``m + H^-1 g``; in ``S'`` it is the
+family's member closest to ``N(., H^-1)`` in ``KL(q' || .)``, found by L-BFGS over ``(W', log D')`` from the current
+factors (:func:`project_low_rank`; ``log det S'`` by the determinant lemma). The damped step takes that projection of
+the full-rank step's precision ``(1 - r) S^-1 + r H`` (``r`` small: ``S`` itself, which is in the family) and the
+mean's step ``m + r H^-1 g``, with the same draws, acceptance and stopping rules as the full-rank guide's. On a
+Gaussian posterior ``H`` is its precision at every draw, so one step lands on the family's KL optimum. The result
+goes into Pyro 1.9's parameters ``loc``, ``scale = sqrt(D)`` and ``cov_factor = W / scale``.
+
 Why. Adam under the cosine schedule freezes the guide wherever it is at the end; on eight schools' funnel the
 default 5,000 steps stop 0.10-0.19 guide sds short of the full-rank optimum at four seeds of five
 (``benchmarks/results/svi_convergence/``), and 20,000 steps are needed. The fixed point uses the curvature the
@@ -31,7 +44,7 @@ The iterations stop at a fixed point (every coordinate's mean and sd move less t
 evaluated or is not finite at some draw, or the expected Hessian is not positive definite at the fitted guide, the
 guide is left as it was, with the reason. The result is written into the guide's own parameters (an
 ``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose product ``scale[:, None] * scale_tril`` is
-the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``), so the draws, ``post.psis()`` and the gap
+the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``; a low-rank guide's as above), so the draws, ``post.psis()`` and the gap
 check see it.
 
 Example
@@ -131,7 +144,7 @@ class _Point:
 
 
 def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -> Refinement | None:
-    """Refine a fitted ``AutoMultivariateNormal`` or ``AutoNormal`` of ``model`` on ``data`` (full batch) in place
+    """Refine a fitted ``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal`` or ``AutoNormal`` of ``model`` on ``data`` (full batch) in place
     (module docstring), with ``num_draws`` draws under ``seed`` (apart from the caller's random state): a
     :class:`Refinement`, or ``None`` where the guide is not covered (another guide, more than :data:`MAX_DIM`
     coordinates)."""
