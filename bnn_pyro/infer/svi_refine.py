@@ -73,6 +73,7 @@ __all__ = [
     "MAX_DIM",
     "MAX_EVALUATIONS",
     "MIN_RATE",
+    "DIAG_FLOOR",
     "PROJECTION_ITERATIONS",
     "TOL",
     "Refinement",
@@ -197,6 +198,8 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
     point, rate, accepted, stopped = start, 1.0, 0, "evaluation limit"
     for _ in range(MAX_EVALUATIONS - 1):
         candidate = _step(point, rate, diagonal)
+        if candidate is not None and low_rank and not _storable(guide, *candidate[2]):
+            candidate = None
         new = evaluate(*candidate) if candidate is not None else None
         if isinstance(new, _Point) and new.elbo >= point.elbo:
             moved = _moved(point, new)
@@ -251,24 +254,30 @@ def _step(point: _Point, rate: float, diagonal: bool) -> tuple | None:
     return point.loc + rate * cov @ point.grad, tril
 
 
+DIAG_FLOOR = 1e-3
+"""The smallest ``D'_i`` of :func:`project_low_rank`, in units of ``1 / P_ii`` (the conditional variance): where ``W'``
+takes a coordinate's variance whole, the projection's ``D'_i`` runs to 0, and Pyro's ``cov_factor = W / sqrt(D)``
+then overflows the capacitance ``I + F^T F`` of a float32 guide (eight schools, seed 2: not positive definite). The
+floor costs at most about ``DIAG_FLOOR / 2`` nats of the ELBO per coordinate."""
 PROJECTION_ITERATIONS = 500
 """L-BFGS iterations at most for :func:`project_low_rank` (float64, dense at ``dim <=`` :data:`MAX_DIM`)."""
 
 
 def project_low_rank(precision: torch.Tensor, w: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The covariance ``S' = diag(D') + W' W'^T`` of ``W``'s rank that minimizes ``tr(P S') - log det S'`` for the
-    precision ``P``: the Gaussian of that family closest to ``N(., P^-1)`` in ``KL(q' || .)``. L-BFGS over ``(W',
-    log D')`` from ``(W, D)``, with ``log det S' = sum log D' + log det(I + W'^T D'^-1 W')`` (the determinant lemma);
-    ``(W, D)`` back where it does not finish finite."""
+    precision ``P``: the Gaussian of that family closest to ``N(., P^-1)`` in ``KL(q' || .)``, with ``D'_i >=``
+    :data:`DIAG_FLOOR` ``/ P_ii``. L-BFGS over ``(W', log(D' - floor))`` from ``(W, D)``, with ``log det S' = sum log
+    D' + log det(I + W'^T D'^-1 W')`` (the determinant lemma); ``(W, D)`` back where it does not finish finite."""
     w0, d0 = w.detach().double(), d.detach().double()
-    params = [w0.clone().requires_grad_(), d0.log().requires_grad_()]
     diag_p, eye = precision.diagonal(), torch.eye(w0.shape[1], dtype=w0.dtype, device=w0.device)
+    floor = DIAG_FLOOR / diag_p
+    params = [w0.clone().requires_grad_(), (d0 - floor).clamp(min=1e-3 * floor).log().requires_grad_()]
 
     def objective():
         optimizer.zero_grad()
-        factor, diag = params[0], params[1].exp()
+        factor, diag = params[0], floor + params[1].exp()
         inner = eye + factor.T @ (factor / diag[:, None])
-        value = (diag_p * diag).sum() + (factor * (precision @ factor)).sum() - params[1].sum() - torch.logdet(inner)
+        value = (diag_p * diag).sum() + (factor * (precision @ factor)).sum() - diag.log().sum() - torch.logdet(inner)
         value.backward()
         return value
 
@@ -283,7 +292,7 @@ def project_low_rank(precision: torch.Tensor, w: torch.Tensor, d: torch.Tensor) 
     )
     with torch.enable_grad():
         optimizer.step(objective)
-    w1, d1 = params[0].detach(), params[1].detach().exp()
+    w1, d1 = params[0].detach(), floor + params[1].detach().exp()
     if not bool(torch.isfinite(w1).all() and torch.isfinite(d1).all()):
         return w0, d0
     return w1, d1
@@ -295,6 +304,14 @@ def _factors(guide) -> tuple[torch.Tensor, torch.Tensor]:
     with torch.no_grad():
         q = guide.get_posterior()
         return q.cov_factor.detach().double(), q.cov_diag.detach().double()
+
+
+def _storable(guide, w: torch.Tensor, d: torch.Tensor) -> bool:
+    """Whether ``(W, D)`` written into ``guide`` gives a covariance that Pyro can factor in the guide's own dtype: its
+    capacitance ``I + F^T F`` (``F = W / sqrt(D)``, :func:`_factors`) has a Cholesky factor."""
+    f = (w / d.sqrt()[:, None]).to(guide.cov_factor)
+    capacitance = torch.eye(f.shape[1], dtype=f.dtype, device=f.device) + f.T @ f
+    return bool(torch.isfinite(f).all()) and int(torch.linalg.cholesky_ex(capacitance).info) == 0
 
 
 def _write_low_rank(guide, loc: torch.Tensor, w: torch.Tensor, d: torch.Tensor) -> None:
