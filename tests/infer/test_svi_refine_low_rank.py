@@ -184,3 +184,19 @@ def test_a_low_rank_fit_is_refined_and_checked():
     (record,) = post.config["guide_refinement"]
     assert record["stopped"] == "fixed point" and record["accepted"] >= 1, record
     assert float(post.history["guide_gap"].abs().max()) < 1e-2, post.history["guide_gap"]
+
+
+def test_the_projection_keeps_the_diagonal_off_zero():
+    """A covariance ``w w^T + diag(0, 1, 1)`` is in the rank-1 family with ``D_0 = 0``: the projection would run
+    ``D_0`` to 0, where Pyro's ``cov_factor = W / sqrt(D)`` overflows a float32 guide's capacitance (eight schools at
+    seed 2). It stops at ``DIAG_FLOOR / P_00``, and the KL it gives up for that is at most ``DIAG_FLOOR / 2`` nats."""
+    w = torch.tensor([[1.0], [0.5], [0.5]], dtype=torch.float64)
+    cov = w @ w.T + torch.diag(torch.tensor([0.0, 1.0, 1.0], dtype=torch.float64))
+    precision = torch.linalg.inv(cov)
+    start = torch.tensor([[0.3], [0.1], [0.2]], dtype=torch.float64)
+    factor, diag = svi_refine.project_low_rank(precision, start, torch.ones(3, dtype=torch.float64))
+    floor = svi_refine.DIAG_FLOOR / precision.diagonal()
+    assert bool((diag >= floor * (1 - 1e-9)).all()), (diag, floor)
+    fitted = torch.diag(diag) + factor @ factor.T
+    kl = (torch.trace(precision @ fitted) - torch.logdet(precision @ fitted) - 3) / 2  # to N(0, cov), the optimum's 0
+    assert 0 <= float(kl) <= svi_refine.DIAG_FLOOR / 2, kl
