@@ -28,8 +28,10 @@ family's member closest to ``N(., H^-1)`` in ``KL(q' || .)``, found by L-BFGS ov
 factors (:func:`project_low_rank`; ``log det S'`` by the determinant lemma). The damped step takes that projection of
 the full-rank step's precision ``(1 - r) S^-1 + r H`` (``r`` small: ``S`` itself, which is in the family) and the
 mean's step ``m + r H^-1 g``, with the same draws, acceptance and stopping rules as the full-rank guide's. On a
-Gaussian posterior ``H`` is its precision at every draw, so one step lands on the family's KL optimum. The result
-goes into Pyro 1.9's parameters ``loc``, ``scale = sqrt(D)`` and ``cov_factor = W / scale``.
+Gaussian posterior ``H`` is its precision at every draw, so one step lands on the family's KL optimum. The draws go
+through the Cholesky factor of the dense ``S`` (``dim <=`` :data:`MAX_DIM`). The result goes into Pyro 1.9's
+parameters ``loc``, ``scale = sqrt(D)`` and ``cov_factor = W / scale``; so that Pyro can still factor it in the
+guide's float32, ``D'_i`` is kept above :data:`DIAG_FLOOR` ``/ H_ii`` and a step it cannot factor is not taken.
 
 Why. Adam under the cosine schedule freezes the guide wherever it is at the end; on eight schools' funnel the
 default 5,000 steps stop 0.10-0.19 guide sds short of the full-rank optimum at four seeds of five
