@@ -7,7 +7,7 @@ mean or sd is off the family's optimum by more than the draws' Monte Carlo error
 largest Newton gap in guide sds with its standard error and coordinate, the drift of the iterate average of the guide's
 mean between the last two tenths of the run and the largest step-to-step move over the last tenth (both in guide sds,
 from the guide's ``loc`` recorded at every step: before the refinement), the seconds of the fit and of the gap's estimate,
-and what the refinement of a full-rank guide did (:mod:`bnn_pyro.infer.svi_refine`: steps accepted, the ELBO's change
+and what the refinement of a Gaussian guide did (:mod:`bnn_pyro.infer.svi_refine`: steps accepted, the ELBO's change
 on its draws, why it stopped, its seconds and their ratio to the rest of the same fit's).
 
 Run from the repository root: ``python benchmarks/svi_convergence.py --refs eight_schools --seeds 0,1,2,3,4
@@ -88,7 +88,7 @@ def one(ref, optimum, seed: int, guide: str) -> dict:
     off = _optimum_off(ref, post, optimum)
     refined = post.config.get("guide_refinement", [{}])[0]
     refine_s = sum(_REFINE_SECONDS)
-    nan = torch.full((1, 1), float("nan"))  # no gap where the guide is not checked (low-rank)
+    nan = torch.full((1, 1), float("nan"))  # no gap where the guide is not checked (mean-field)
     gap = post.history.get(_health.GAP, nan)[0].double()
     se = post.history.get(_health.GAP_SE, nan)[0].double()
     i = int(gap.nan_to_num(-1.0).abs().argmax())

@@ -353,7 +353,7 @@ def check_learned_noise(post, *, advice: str = "") -> None:
 
 
 def check_guide_gap(post) -> None:
-    """Warn when a chain's full-rank guide stopped short of its family's ELBO optimum: in some unconstrained coordinate
+    """Warn when a chain's full-rank or low-rank guide stopped short of its family's ELBO optimum: in some unconstrained coordinate
     the Newton step to the optimum (``post.history[GAP]``, :mod:`bnn_pyro.infer.svi_gap`) exceeds :data:`GAP_MAX`
     guide sds and :data:`GAP_Z` standard errors. The ELBO check cannot see it: under the cosine schedule the parameters
     freeze at the end wherever they are, so the loss's last windows agree. A chain without a verdict has NaN gaps (the

@@ -71,18 +71,17 @@ whether the mode was found; a mean-field guide too narrow for the posterior's co
 Convergence (a full-rank guide on a Pyro function of at most :data:`FULL_RANK_MAX_DIM` coordinates on full-batch
 tensors): under the cosine schedule the parameters freeze at the end wherever they are, so the ELBO trace cannot show
 a run that stopped short (eight schools at the defaults stopped 0.10-0.19 guide sds short at four seeds of five). So
-the fit ends, for such a guide or a mean-field one of at most :data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates,
-with damped fixed-point iterations of Gaussian VI from exact Hessians at 1,000 fixed draws
+the fit ends, for such a guide or a mean-field or low-rank one of at most :data:`~bnn_pyro.infer.svi_refine.MAX_DIM`
+coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessians at 1,000 fixed draws
 (:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on those draws does not fall;
 ``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's change and why they stopped
-(or why it was skipped: the guide is then left as trained). Then, for the full-rank guide, the ELBO's gradient in the
-guide's mean, turned into the Newton step to the optimum of the guide's family in the guide's own sds
-(:mod:`bnn_pyro.infer.svi_gap`), is stored per chain in ``post.history["guide_gap"]`` (unconstrained coordinates, named
-in ``post.config["guide_coordinates"]``) and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`. Where the gap
+(or why it was skipped: the guide is then left as trained). Then, for the full-rank and low-rank guides, the ELBO's
+gradient in the guide's mean, turned into the Newton step to the optimum of the guide's family in the guide's own sds
+(:mod:`bnn_pyro.infer.svi_gap`; a low-rank guide's with the expected Hessian, since its covariance is not the inverse
+curvature at its optimum), is stored per chain in ``post.history["guide_gap"]`` (unconstrained coordinates, named in
+``post.config["guide_coordinates"]``) and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`. Where the gap
 cannot be evaluated the fit still returns, with NaN gaps and the reason in ``post.config["guide_gap"]``. A mean-field
-guide is not checked (its diagonal covariance is not the inverse curvature where the posterior correlates), and a
-low-rank guide is neither refined nor checked: its covariance is not the inverse curvature at its optimum either, so
-the statistic is not a Newton step there and its noise hides misses (``svi_gap``).
+guide is not checked (its diagonal covariance is not the inverse curvature where the posterior correlates).
 
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
@@ -402,7 +401,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     )
     config["fast_path"] = fast
     warm_starts: list[svi_start.LaplaceStart] = []
-    # a small Pyro function on full-batch tensors: its full-rank guide's Newton gap is checked (svi_gap says why)
+    # a small Pyro function on full-batch tensors: its full-rank (and small low-rank) guide's Newton gap is checked
     small_function = (
         not isinstance(model, BNN)
         and not fast
@@ -413,9 +412,11 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         and sharing is None
         and not warmup
     )
-    gap_checked = small_function and guide_kind is GuideKind.FULL_RANK
-    # and its full-rank and mean-field guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine)
-    refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD)
+    gap_checked = small_function and (
+        guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and dim <= svi_refine.MAX_DIM
+    )
+    # and its Gaussian guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine)
+    refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
     ckpts = open_chains(
         cfg.checkpoint,
         every=cfg.checkpoint_every,

@@ -1,20 +1,24 @@
-"""How far a fitted Gaussian guide's mean is from the ELBO's optimum: one Newton step, with the guide's own covariance.
+"""How far a fitted Gaussian guide's mean is from the ELBO's optimum: one Newton step, with the guide's own covariance
+(a low-rank guide's: the inverse of the expected Hessian).
 
 For a Gaussian guide ``q = N(m, S)`` in the unconstrained coordinates ``z`` the autoguides work in, the ELBO's
 gradient in the mean is ``E_q[grad log p(z)]`` (the entropy does not depend on ``m``), which is zero at the optimum;
 near it ``E_q[grad log p] ~ -E_q[-hess log p] (m - m*)``, and at the optimum of a full-rank guide ``S^-1 =
 E_q[-hess log p]`` (Opper & Archambeau 2009, eq. 9-10). So ``S E_q[grad log p(z)]`` is the Newton step that takes the
 guide's mean to the optimum of its family; divided by the guide's sd it says, per coordinate, how many of the guide's
-own sds the fit stopped short. The SVI engine takes it for the full-rank guide only. Not for a mean-field guide, whose
-diagonal ``S`` is not the inverse curvature wherever the posterior correlates (there ``diag(S) E_q[grad log p]``
-misstates the distance: on a correlated Gaussian posterior it read 0.15 guide sds at a mean-field fit whose mean is the
-optimum's up to Adam's noise). Not for a low-rank guide (``S = D + W W^T``) either: its optimum does not satisfy ``S^-1
-= E_q[-hess log p]``, so the statistic is not the Newton step there, and the control variate no longer cancels
-the noise (on a correlated 9-coordinate Gaussian posterior its standard error was ~20 times the full-rank guide's, so a
-miss under ~0.25 sd went unseen). :func:`newton_gap` estimates it from :data:`GAP_DRAWS` draws of the guide with the
-control variate ``S^-1 (z - m)`` (zero mean under ``q``, the whole gradient where ``log p`` is quadratic), so on a
-near-Gaussian posterior its Monte Carlo error is a small part of the one-particle ELBO gradient's noise. The gradients
-at the draws are one batched pass over the flat log density, or one draw at a time where the model cannot be batched
+own sds the fit stopped short. The SVI engine takes it for the full-rank and low-rank guides. Not for a mean-field
+guide, whose diagonal ``S`` is not the inverse curvature wherever the posterior correlates (there ``diag(S) E_q[grad
+log p]`` misstates the distance: on a correlated Gaussian posterior it read 0.15 guide sds at a mean-field fit whose
+mean is the optimum's up to Adam's noise). A low-rank guide's ``S = D + W W^T`` is not the inverse curvature at its
+optimum either (with ``S`` in its place the statistic was no Newton step and the control variate did not cancel the
+noise: on a correlated 9-coordinate Gaussian posterior its standard error was ~20 times the full-rank guide's), so for
+it the step takes the expected Hessian ``H = E_q[-hess log p]`` from the same draws' exact Hessians: ``H^-1 E_q[grad
+log p]``, still in the guide's sds, with the control variate ``H (z - m)``, whose Hessians cost ``dim`` gradient passes
+per draw (hence only up to :data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates). :func:`newton_gap` estimates it
+from :data:`GAP_DRAWS` draws of the guide with the control variate ``S^-1 (z - m)`` (``H (z - m)`` for a low-rank
+guide; zero mean under ``q``, the whole gradient where ``log p`` is quadratic), so on a near-Gaussian posterior its
+Monte Carlo error is a small part of the one-particle ELBO gradient's noise. The gradients at the draws are one batched
+pass over the flat log density, or one draw at a time where the model cannot be batched
 (:mod:`bnn_pyro.infer.guide_density`, shared with the refinement of :mod:`bnn_pyro.infer.svi_refine`).
 
 A diagnostic must not fail a finished fit: the potential is built at the guide's own median, and where the gap cannot
@@ -39,9 +43,11 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+from pyro.infer import autoguide
 
+from bnn_pyro.infer import svi_refine
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer.guide_density import NoDensity, derivatives, guide_gaussian, guide_target
+from bnn_pyro.infer.guide_density import VMAP_CHUNK, NoDensity, derivatives, guide_gaussian, guide_target
 
 __all__ = ["GAP_DRAWS", "Gap", "guide_gaussian", "newton_gap", "gap_statistic"]
 
@@ -62,11 +68,13 @@ class Gap:
     reason: str | None = None
 
 
-def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.Tensor):
+def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.Tensor, sd: torch.Tensor | None = None):
     """The Newton step to the optimum in guide sds and its standard error, per coordinate, from ``n`` guide draws:
-    ``gradients`` (``(n, dim)``, ``grad log p`` at each draw), ``deviations`` (``(n, dim)``, ``z - m``) and the guide's
-    covariance ``cov``: the mean over draws of ``(S g + (z - m)) / sd`` (module docstring) and its standard error."""
-    sd = cov.diagonal().sqrt()
+    ``gradients`` (``(n, dim)``, ``grad log p`` at each draw), ``deviations`` (``(n, dim)``, ``z - m``) and the inverse
+    curvature ``cov`` (a full-rank guide's own covariance; a low-rank guide's ``E_q[-hess log p]^-1``): the mean over
+    draws of ``(cov g + (z - m)) / sd`` (module docstring) and its standard error; ``sd`` the guide's sds (default
+    ``cov``'s)."""
+    sd = cov.diagonal().sqrt() if sd is None else sd
     steps = (gradients @ cov + deviations) / sd
     n = steps.shape[0]
     return steps.mean(0), steps.std(0) / math.sqrt(n)
@@ -92,11 +100,20 @@ def _newton_gap(guide, model, data: Data, num_draws: int) -> Gap | None:
     if target is None:
         return None
     loc, cov = target.loc, target.cov
+    low_rank = isinstance(guide, autoguide.AutoLowRankMultivariateNormal)
+    if low_rank and loc.numel() > svi_refine.MAX_DIM:
+        return None
     try:
         deviations = (
             torch.randn(num_draws, loc.numel(), dtype=torch.float64, device=loc.device) @ torch.linalg.cholesky(cov).T
         )
-        energies, grads, _ = derivatives(target.pot, target.order, (loc + deviations).to(target.dtype))
+        energies, grads, hess = derivatives(
+            target.pot,
+            target.order,
+            (loc + deviations).to(target.dtype),
+            hessians=low_rank,
+            chunk_size=svi_refine.hessian_chunk(loc.numel(), data.size) if low_rank else VMAP_CHUNK,
+        )
     except (ValueError, RuntimeError, TypeError, NotImplementedError) as error:
         return Gap(None, None, target.labels, reason=f"the log density's gradient could not be evaluated ({error})")
     bad = int((~torch.isfinite(energies) | ~torch.isfinite(grads).all(-1)).sum())
@@ -107,5 +124,16 @@ def _newton_gap(guide, model, data: Data, num_draws: int) -> Gap | None:
             target.labels,
             reason=f"the log density or its gradient is not finite at {bad} of {num_draws} guide draws",
         )
-    gap, se = gap_statistic(grads.double(), deviations, cov)
+    if low_rank:  # the Newton step with the expected Hessian, which a low-rank guide's S is not (module docstring)
+        if not bool(torch.isfinite(hess).all()):
+            return Gap(None, None, target.labels, reason="the log density's Hessian is not finite at some guide draw")
+        precision = -hess.double().mean(0)
+        factor, info = torch.linalg.cholesky_ex((precision + precision.T) / 2)
+        if info != 0:
+            return Gap(
+                None, None, target.labels, reason="the expected Hessian of -log p is not positive definite at the guide"
+            )
+        gap, se = gap_statistic(grads.double(), deviations, torch.cholesky_inverse(factor), cov.diagonal().sqrt())
+    else:
+        gap, se = gap_statistic(grads.double(), deviations, cov)
     return Gap(gap.cpu(), se.cpu(), target.labels)

@@ -1,4 +1,5 @@
-"""Take a fitted full-rank or mean-field Gaussian guide the rest of the way to its ELBO optimum: fixed-point iterations.
+"""Take a fitted full-rank, low-rank or mean-field Gaussian guide the rest of the way to its ELBO optimum: fixed-point
+iterations.
 
 The rule. For ``q = N(m, S)`` over the unconstrained coordinates ``z``, the ELBO's stationary points satisfy
 ``E_q[grad log p] = 0`` and ``S^-1 = E_q[-hess log p]`` (Opper & Archambeau 2009, eq. 9-10). The damped
@@ -18,6 +19,20 @@ diagonal of the same matrix: the ELBO's stationarity in each sd alone), so the p
 while the mean's step keeps the full ``E_q[-hess log p]``, which is the ELBO's curvature in the mean whatever the
 family (a diagonal one would take steps too long along correlated coordinates).
 
+A low-rank guide (``AutoLowRankMultivariateNormal``, ``S = diag(D) + W W^T`` with ``W`` of rank ``k``): with ``H =
+E_q[-hess log p]`` and ``g = E_q[grad log p]`` at the current ``q``, the ELBO's gradient in ``(m, W, D)`` there equals
+that of the surrogate ``g^T (m' - m) - 1/2 (m' - m)^T H (m' - m) - 1/2 tr(H S') + 1/2 log det S'`` (Bonnet's and
+Price's theorems: ``d E_q[log p] / dm = g``, ``d E_q[log p] / dS = -H / 2``), so the ELBO's stationary points in the
+family are the surrogate's fixed points. Its maximum in ``m'`` is the Newton step ``m + H^-1 g``; in ``S'`` it is the
+family's member closest to ``N(., H^-1)`` in ``KL(q' || .)``, found by L-BFGS over ``(W', log D')`` from the current
+factors (:func:`project_low_rank`; ``log det S'`` by the determinant lemma). The damped step takes that projection of
+the full-rank step's precision ``(1 - r) S^-1 + r H`` (``r`` small: ``S`` itself, which is in the family) and the
+mean's step ``m + r H^-1 g``, with the same draws, acceptance and stopping rules as the full-rank guide's. On a
+Gaussian posterior ``H`` is its precision at every draw, so one step lands on the family's KL optimum. The draws go
+through the Cholesky factor of the dense ``S`` (``dim <=`` :data:`MAX_DIM`). The result goes into Pyro 1.9's
+parameters ``loc``, ``scale = sqrt(D)`` and ``cov_factor = W / scale``; so that Pyro can still factor it in the
+guide's float32, ``D'_i`` is kept above :data:`DIAG_FLOOR` ``/ H_ii`` and a step it cannot factor is not taken.
+
 Why. Adam under the cosine schedule freezes the guide wherever it is at the end; on eight schools' funnel the
 default 5,000 steps stop 0.10-0.19 guide sds short of the full-rank optimum at four seeds of five
 (``benchmarks/results/svi_convergence/``), and 20,000 steps are needed. The fixed point uses the curvature the
@@ -31,7 +46,7 @@ The iterations stop at a fixed point (every coordinate's mean and sd move less t
 evaluated or is not finite at some draw, or the expected Hessian is not positive definite at the fitted guide, the
 guide is left as it was, with the reason. The result is written into the guide's own parameters (an
 ``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose product ``scale[:, None] * scale_tril`` is
-the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``), so the draws, ``post.psis()`` and the gap
+the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``; a low-rank guide's as above), so the draws, ``post.psis()`` and the gap
 check see it.
 
 Example
@@ -54,7 +69,20 @@ from torch.distributions import transform_to
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.guide_density import VMAP_CHUNK, NoDensity, derivatives, guide_target
 
-__all__ = ["CHUNK_ELEMENTS", "DRAWS", "MAX_DIM", "MAX_EVALUATIONS", "MIN_RATE", "TOL", "Refinement", "refine"]
+__all__ = [
+    "CHUNK_ELEMENTS",
+    "DRAWS",
+    "MAX_DIM",
+    "MAX_EVALUATIONS",
+    "MIN_RATE",
+    "DIAG_FLOOR",
+    "PROJECTION_ITERATIONS",
+    "TOL",
+    "Refinement",
+    "hessian_chunk",
+    "project_low_rank",
+    "refine",
+]
 
 DRAWS = 1000
 """Draws (500 antithetic pairs) for the expectations: the same count as the Newton gap's, whose standard error with
@@ -84,6 +112,12 @@ draw: ~64 MiB of float32 per intermediate tensor, where 250 draws of a 100-coord
 want 10 GB."""
 
 _ERRORS = (ValueError, RuntimeError, TypeError, NotImplementedError)
+_COVERED = (autoguide.AutoMultivariateNormal, autoguide.AutoLowRankMultivariateNormal, autoguide.AutoNormal)
+
+
+def hessian_chunk(dim: int, rows: int) -> int:
+    """Draws per batched Hessian pass for ``dim`` coordinates over ``rows`` data rows (:data:`CHUNK_ELEMENTS`)."""
+    return max(1, min(VMAP_CHUNK, CHUNK_ELEMENTS // (dim * max(1, rows))))
 
 
 @dataclass(frozen=True)
@@ -109,14 +143,15 @@ class _Point:
     elbo: float
     grad: torch.Tensor
     precision: torch.Tensor  # E_q[-hess log p]
+    low_rank: tuple[torch.Tensor, torch.Tensor] | None = None  # (W, D) of a low-rank guide's S = diag(D) + W W^T
 
 
 def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -> Refinement | None:
-    """Refine a fitted ``AutoMultivariateNormal`` or ``AutoNormal`` of ``model`` on ``data`` (full batch) in place
+    """Refine a fitted ``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal`` or ``AutoNormal`` of ``model`` on ``data`` (full batch) in place
     (module docstring), with ``num_draws`` draws under ``seed`` (apart from the caller's random state): a
     :class:`Refinement`, or ``None`` where the guide is not covered (another guide, more than :data:`MAX_DIM`
     coordinates)."""
-    if not isinstance(guide, (autoguide.AutoMultivariateNormal, autoguide.AutoNormal)):
+    if not isinstance(guide, _COVERED):
         return None
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
@@ -132,11 +167,12 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
     if target is None or target.loc.numel() > MAX_DIM:
         return None
     diagonal = isinstance(guide, autoguide.AutoNormal)
+    low_rank = isinstance(guide, autoguide.AutoLowRankMultivariateNormal)
     half = torch.randn((num_draws + 1) // 2, target.loc.numel(), dtype=torch.float64, device=target.loc.device)
     draws = torch.cat([half, -half])
-    chunk = max(1, min(VMAP_CHUNK, CHUNK_ELEMENTS // (target.loc.numel() * max(1, data.size))))
+    chunk = hessian_chunk(target.loc.numel(), data.size)
 
-    def evaluate(loc, tril) -> _Point | str:
+    def evaluate(loc, tril, factors=None) -> _Point | str:
         z = loc + draws @ tril.T
         try:
             d = derivatives(target.pot, target.order, z.to(target.dtype), hessians=True, chunk_size=chunk)
@@ -150,13 +186,13 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
             return f"the log density or its derivatives are not finite at {bad} of {len(draws)} draws"
         precision = -hess.mean(0)
         elbo = float(values.mean() + tril.diagonal().log().sum())
-        return _Point(loc, tril, elbo, grads.mean(0), (precision + precision.T) / 2)
+        return _Point(loc, tril, elbo, grads.mean(0), (precision + precision.T) / 2, factors)
 
     try:
         tril = torch.linalg.cholesky(target.cov)
     except _ERRORS as error:
         return Refinement(0, 0.0, f"skipped: the guide's covariance has no Cholesky factor ({error})")
-    start = evaluate(target.loc, tril)
+    start = evaluate(target.loc, tril, _factors(guide) if low_rank else None)
     if isinstance(start, str):
         return Refinement(0, 0.0, f"skipped: {start}")
     if torch.linalg.cholesky_ex(start.precision).info != 0:
@@ -164,6 +200,8 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
     point, rate, accepted, stopped = start, 1.0, 0, "evaluation limit"
     for _ in range(MAX_EVALUATIONS - 1):
         candidate = _step(point, rate, diagonal)
+        if candidate is not None and low_rank and not _storable(guide, *candidate[2]):
+            candidate = None
         new = evaluate(*candidate) if candidate is not None else None
         if isinstance(new, _Point) and new.elbo >= point.elbo:
             moved = _moved(point, new)
@@ -176,16 +214,29 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
             break
         else:
             rate /= 2
-    if accepted:
+    if accepted and low_rank:
+        _write_low_rank(guide, point.loc, *point.low_rank)
+    elif accepted:
         (_write_diagonal if diagonal else _write)(guide, target, point.loc, point.tril)
     return Refinement(accepted, point.elbo - start.elbo, stopped)
 
 
-def _step(point: _Point, rate: float, diagonal: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The damped fixed-point step from ``point`` (module docstring): the new ``(loc, chol S)``, or ``None`` where the
-    new precision is not positive definite. ``diagonal`` (a mean-field guide): the precision's fixed point is the
-    diagonal of ``E_q[-hess log p]`` (the mean-field optimum's), while the mean's Newton step keeps the full matrix,
-    the curvature of the ELBO in the mean."""
+def _step(point: _Point, rate: float, diagonal: bool) -> tuple | None:
+    """The damped fixed-point step from ``point`` (module docstring): the new ``(loc, chol S)`` (a low-rank guide's
+    with its ``(W, D)``), or ``None`` where the new precision is not positive definite. ``diagonal`` (a mean-field
+    guide): the precision's fixed point is the diagonal of ``E_q[-hess log p]`` (the mean-field optimum's), while the
+    mean's Newton step keeps the full matrix, the curvature of the ELBO in the mean; a low-rank guide's covariance is
+    the projection of the full-rank step's onto its family (:func:`project_low_rank`), its mean step the same."""
+    if point.low_rank is not None:
+        precision = (1 - rate) * torch.cholesky_inverse(point.tril) + rate * point.precision
+        factor, info = torch.linalg.cholesky_ex(point.precision)
+        if info != 0 or not bool(torch.isfinite(precision).all()):
+            return None
+        w, d = project_low_rank((precision + precision.T) / 2, *point.low_rank)
+        tril, info = torch.linalg.cholesky_ex(torch.diag(d) + w @ w.T)
+        if info != 0:
+            return None
+        return point.loc + rate * torch.cholesky_solve(point.grad[:, None], factor)[:, 0], tril, (w, d)
     if diagonal:
         precision = (1 - rate) / point.tril.diagonal() ** 2 + rate * point.precision.diagonal()
         if not bool((precision > 0).all()):
@@ -203,6 +254,76 @@ def _step(point: _Point, rate: float, diagonal: bool) -> tuple[torch.Tensor, tor
     if info != 0:
         return None
     return point.loc + rate * cov @ point.grad, tril
+
+
+DIAG_FLOOR = 1e-3
+"""The smallest ``D'_i`` of :func:`project_low_rank`, in units of ``1 / P_ii`` (the conditional variance): where ``W'``
+takes a coordinate's variance whole, the projection's ``D'_i`` runs to 0, and Pyro's ``cov_factor = W / sqrt(D)``
+then overflows the capacitance ``I + F^T F`` of a float32 guide (eight schools, seed 2: not positive definite). The
+floor costs at most about ``DIAG_FLOOR / 2`` nats of the ELBO per coordinate."""
+PROJECTION_ITERATIONS = 500
+"""L-BFGS iterations at most for :func:`project_low_rank` (float64, dense at ``dim <=`` :data:`MAX_DIM`)."""
+
+
+def project_low_rank(precision: torch.Tensor, w: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The covariance ``S' = diag(D') + W' W'^T`` of ``W``'s rank that minimizes ``tr(P S') - log det S'`` for the
+    precision ``P``: the Gaussian of that family closest to ``N(., P^-1)`` in ``KL(q' || .)``, with ``D'_i >=``
+    :data:`DIAG_FLOOR` ``/ P_ii``. L-BFGS over ``(W', log(D' - floor))`` from ``(W, D)``, with ``log det S' = sum log
+    D' + log det(I + W'^T D'^-1 W')`` (the determinant lemma); ``(W, D)`` back where it does not finish finite."""
+    w0, d0 = w.detach().double(), d.detach().double()
+    diag_p, eye = precision.diagonal(), torch.eye(w0.shape[1], dtype=w0.dtype, device=w0.device)
+    floor = DIAG_FLOOR / diag_p
+    params = [w0.clone().requires_grad_(), (d0 - floor).clamp(min=1e-3 * floor).log().requires_grad_()]
+
+    def objective():
+        optimizer.zero_grad()
+        factor, diag = params[0], floor + params[1].exp()
+        inner = eye + factor.T @ (factor / diag[:, None])
+        value = (diag_p * diag).sum() + (factor * (precision @ factor)).sum() - diag.log().sum() - torch.logdet(inner)
+        value.backward()
+        return value
+
+    optimizer = torch.optim.LBFGS(
+        params,
+        lr=1,
+        max_iter=PROJECTION_ITERATIONS,
+        tolerance_grad=1e-12,
+        tolerance_change=1e-15,
+        history_size=20,
+        line_search_fn="strong_wolfe",
+    )
+    with torch.enable_grad():
+        optimizer.step(objective)
+    w1, d1 = params[0].detach(), floor + params[1].detach().exp()
+    if not bool(torch.isfinite(w1).all() and torch.isfinite(d1).all()):
+        return w0, d0
+    return w1, d1
+
+
+def _factors(guide) -> tuple[torch.Tensor, torch.Tensor]:
+    """A low-rank guide's ``(W, D)``: Pyro 1.9's ``AutoLowRankMultivariateNormal`` has ``S = diag(s) (I + F F^T)
+    diag(s)`` for its ``scale`` ``s`` and ``cov_factor`` ``F``, so ``W = s F`` (rows scaled) and ``D = s^2``."""
+    with torch.no_grad():
+        q = guide.get_posterior()
+        return q.cov_factor.detach().double(), q.cov_diag.detach().double()
+
+
+def _storable(guide, w: torch.Tensor, d: torch.Tensor) -> bool:
+    """Whether ``(W, D)`` written into ``guide`` gives a covariance that Pyro can factor in the guide's own dtype: its
+    capacitance ``I + F^T F`` (``F = W / sqrt(D)``, :func:`_factors`) has a Cholesky factor."""
+    f = (w / d.sqrt()[:, None]).to(guide.cov_factor)
+    capacitance = torch.eye(f.shape[1], dtype=f.dtype, device=f.device) + f.T @ f
+    return bool(torch.isfinite(f).all()) and int(torch.linalg.cholesky_ex(capacitance).info) == 0
+
+
+def _write_low_rank(guide, loc: torch.Tensor, w: torch.Tensor, d: torch.Tensor) -> None:
+    """``(loc, W, D)`` into a low-rank guide's ``loc``, ``scale = sqrt(D)`` and ``cov_factor = W / scale``
+    (:func:`_factors`)."""
+    scale = d.sqrt()
+    with torch.no_grad():
+        guide.loc.copy_(loc.to(guide.loc))
+        guide.scale_unconstrained.copy_(transform_to(guide.scale_constraint).inv(scale).to(guide.loc))
+        guide.cov_factor.copy_((w / scale[:, None]).to(guide.cov_factor))
 
 
 def _moved(old: _Point, new: _Point) -> float:

@@ -139,6 +139,15 @@ def test_plain_pyro_function_paths_keep_buffers_on_the_models_device(method):
     assert method != "svi" or not post.config["guide_refinement"][0]["stopped"].startswith("skipped"), post.config
 
 
+def test_a_low_rank_guide_is_refined_and_checked_on_the_models_device():
+    """The low-rank refinement's projection (svi_refine.project_low_rank) and its gap's expected Hessian (svi_gap) make
+    tensors of their own: on the model's device, with neither skipped nor without a verdict."""
+    x, y = _data(torch.float64)
+    post, _ = _checked_fit(_linear_function, x + 40.0, y, "svi", **{**SETTINGS["svi"], "guide": "low_rank"})
+    assert not post.config["guide_refinement"][0]["stopped"].startswith("skipped"), post.config
+    assert "guide_gap" in post.history and "guide_gap" not in post.config, post.config
+
+
 @pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores
 @pytest.mark.parametrize(
     "options",

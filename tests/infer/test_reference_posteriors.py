@@ -172,7 +172,9 @@ OTHER_GUIDES = {
 warning that says what is off (pinned, so that a warning about something else cannot excuse a fit that is off).
 "matches" on eight schools is derived: every parameter within the Monte Carlo error of what a correct guide of that
 family gives (:func:`_optimum_off`; that optimum is within 0.04 sd and 5% of the exact moments but for tau, whose
-log-normal under a Gaussian in log tau is 23% (mean-field) and 16% (low-rank) too narrow). On kidiq and logistic
+log-normal under a Gaussian in log tau is 23% (mean-field) and 16% (low-rank) too narrow). Low-rank at the defaults
+missed that optimum at seeds 1-4 before its refinement (:mod:`bnn_pyro.infer.svi_refine`) and matches at seeds 0-4
+with it (``benchmarks/results/svi_convergence/eight_schools_low_rank_refined.md``). On kidiq and logistic
 "matches" is :data:`APPROX_MEAN` and :data:`APPROX_SD` against the exact moments: the wide factor stays there, as a
 judgement of whether the fit is close enough to go unwarned (a mean-field guide's own optimum on a correlated Gaussian
 is 1 / sqrt(Sigma_ii Lambda_ii) too narrow, ~7x on kidiq, so its rule is "warn"); the low-rank optimum of those two is
