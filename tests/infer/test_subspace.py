@@ -468,7 +468,7 @@ def test_dict_swa_and_inner_options_warn_naming_the_typed_configs_that_give_the_
     )
     assert (
         "inner_options= is deprecated: pass the inner engine's options as inner=NUTSConfig(num_warmup=3, "
-        "max_tree_depth=2, dense_mass=True) (from bnn_pyro.infer.mcmc import NUTSConfig;" in " ".join(messages)
+        "max_tree_depth=2, dense_mass=True, target_accept=0.95) (from bnn_pyro.infer.mcmc import NUTSConfig;" in " ".join(messages)
     )
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)  # the typed forms: no deprecation
@@ -477,7 +477,7 @@ def test_dict_swa_and_inner_options_warn_naming_the_typed_configs_that_give_the_
             x,
             y,
             method="subspace",
-            inner=NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True),
+            inner=NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True, target_accept=0.95),
             swa=SWAGConfig(pretrain_steps=4, num_steps=4, collect_every=1, swag_rank=2),
             **small,
         )
