@@ -121,17 +121,22 @@ def main() -> None:
                     result = side_result(tree, "subspace_divergences", "run_one", dict(case=case, seed=seed))
                     rows.append(dict(case=case, seed=seed, side=side, **result))
                     print(rows[-1], flush=True)
-    table = pd.DataFrame(rows)
+                _write(pd.DataFrame(rows), args)  # after every pair: a run cut short keeps what it measured
+
+
+def _write(table: pd.DataFrame, args) -> None:
     folder = results_dir("subspace_divergences", args.out)
     table.to_csv(folder / f"{args.name}.csv", index=False)
     mean = table.groupby(["case", "side"], sort=False)[
         ["diverging", "step_size", "leapfrog", "ess_f", "seconds", "ess_per_s", "rmse", "nll"]
     ].mean()
     paired = table.pivot_table(index=["case", "seed"], columns="side", values="seconds")
-    ratio = (paired["after"] / paired["before"]).groupby("case").mean().round(2).rename("time after/before")
+    ratio = (paired["after"] / paired["before"]).groupby("case").mean().round(2).rename("time_after_over_before")
     write_result(
         folder / f"{args.name}.md",
-        "Subspace inference at its defaults, before (" + args.before + ") and after (the inner NUTS in weight units), "
+        "Subspace inference at its defaults, before ("
+        + args.before
+        + ") and after (the inner NUTS in weight units at target_accept 0.95), "
         f"seeds {args.seeds}; one torch thread per fit; the sides alternate per fit.\n\n"
         + markdown(table)
         + "\nMeans over seeds:\n\n"
