@@ -37,10 +37,11 @@ inference for Bayesian deep learning. UAI.
    Inner coordinates: under the induced prior the inner engine samples ``u``, the displacement along the
    directions normalized to unit length (``w = w_hat + V_k u``, ``u_j = z_j s_j / sqrt(K - 1)``; its start, as
    ``z ~ N(0, I)``). Why: the iterates' sd falls by orders of magnitude from the first direction to the last,
-   while along a direction the data leave free the posterior keeps the prior's spread in the weights; in units
-   of ``z`` the posterior's sds on a 1-16-1 net ran from 14 to 22,000 (condition number 5e8), in ``u`` the
-   condition number was 4e4 (``benchmarks/results/subspace_divergences/``). The isotropic prior is the paper's,
-   in ``z``.
+   while along a direction the data leave free the posterior keeps the prior's spread in the weights, so in units
+   of ``z`` its sds span those orders of magnitude too, which a dense mass matrix adapted in float32 during one
+   chain's warm-up holds badly; in ``u`` they span only the posterior's own range. The isotropic prior is the
+   paper's, in ``z``. With :data:`INNER_TARGET_ACCEPT` this took the inner NUTS's divergences at the defaults
+   below the fit's 1% warning (``benchmarks/results/subspace_divergences/``).
 3. **The posterior over the weights**: every draw of ``z`` becomes ``w = w_hat + P z``; ``post.samples``
    holds the net's sites as for any engine (``predict``, ``summary``, ArviZ), the inner engine's chains and
    per-draw statistics included.
@@ -138,8 +139,9 @@ _SET_BY_SUBSPACE = (
 INNER_TARGET_ACCEPT = 0.95
 """The inner NUTS's ``target_accept`` when ``inner="nuts"`` (NUTS's own default is Stan's 0.8). Why: the posterior over
 the subspace is curved (a tanh net's outputs bend as ``z`` moves along the directions the data leave free), and at 0.8
-the adapted step crossed into its high-curvature tail: on 1-16-1 nets 1-4% of the draws diverged, and those fits
-under-spread the posterior; 0.95 takes smaller steps there (``benchmarks/results/subspace_divergences/``)."""
+the adapted step was too long for its high-curvature tail, where the divergent draws clustered: on 1-16-1 nets up to
+4% of the draws diverged; 0.95 takes smaller steps, at more leapfrog steps per draw
+(``benchmarks/results/subspace_divergences/``)."""
 STAGES = ("map", "swa", "inner")  # the sub-folders of checkpoint=FOLDER, one per stage
 
 
