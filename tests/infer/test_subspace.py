@@ -257,7 +257,7 @@ def test_rank_is_the_deprecated_name_of_subspace_dim_and_typed_configs_equal_the
         method="subspace",
         subspace_dim=2,
         **typed,
-        inner=bp.infer.mcmc.NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True),
+        inner=bp.infer.mcmc.NUTSConfig(num_warmup=3, max_tree_depth=2, dense_mass=True, target_accept=0.95),
     )
     assert old.config["swa"] == new.config["swa"]
     assert old.config["subspace"]["rank"] == new.config["subspace"]["rank"] == 2
