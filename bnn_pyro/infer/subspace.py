@@ -34,6 +34,14 @@ inference for Bayesian deep learning. UAI.
    sites conditioned on ``w_hat + P z``; its other latent sites (a learned noise, hierarchical scales) stay free and are inferred
    jointly with ``z`` (so the noise is sampled by the inner engine, not set by a point fit). Its
    deterministic parameters stay at their SWA averages.
+   Inner coordinates: under the induced prior the inner engine samples ``u``, the displacement along the
+   directions normalized to unit length (``w = w_hat + V_k u``, ``u_j = z_j s_j / sqrt(K - 1)``; its start, as
+   ``z ~ N(0, I)``). Why: the iterates' sd falls by orders of magnitude from the first direction to the last,
+   while along a direction the data leave free the posterior keeps the prior's spread in the weights, so in units
+   of ``z`` its sds span those orders of magnitude too, which a dense mass matrix adapted in float32 during one
+   chain's warm-up holds badly; in ``u`` they span only the posterior's own range. The isotropic prior is the
+   paper's, in ``z``. With :data:`INNER_TARGET_ACCEPT` this took the inner NUTS's divergences at the defaults
+   below the fit's 1% warning (``benchmarks/results/subspace_divergences/``).
 3. **The posterior over the weights**: every draw of ``z`` becomes ``w = w_hat + P z``; ``post.samples``
    holds the net's sites as for any engine (``predict``, ``summary``, ArviZ), the inner engine's chains and
    per-draw statistics included.
@@ -128,6 +136,13 @@ _SET_BY_SUBSPACE = (
     "checkpoint_every",
     "resume",
 )
+INNER_TARGET_ACCEPT = 0.95
+"""The inner NUTS's ``target_accept`` when ``inner="nuts"`` (NUTS's own default is Stan's 0.8). Why: the posterior over
+the subspace is curved (a tanh net's outputs bend as ``z`` moves along the directions the data leave free), and at 0.8
+the adapted step was too long for its high-curvature tail, where the divergent draws clustered: a 1-50-1 net's fit
+diverged on 2.7% of its draws, above the fit's 1% warning; in weight units at 0.95 at most 0.2% of any fit's draws
+diverged, at 0.9-1.6x the leapfrog steps per draw, test RMSE within 0.0005 and NLL within 0.003 of before
+(``benchmarks/results/subspace_divergences/``)."""
 STAGES = ("map", "swa", "inner")  # the sub-folders of checkpoint=FOLDER, one per stage
 
 
@@ -158,6 +173,12 @@ class Subspace:
         basis = vh[:rank].T * (s[:rank] / math.sqrt(deviations.shape[0] - 1))
         return cls(center, basis, shapes), s
 
+    def orthonormal(self) -> tuple[Subspace, torch.Tensor]:
+        """The same affine subspace with unit-length columns (``P``'s orthogonal columns divided by their norms, the
+        SWA iterates' sd along each direction), and those norms: its coordinates are weight-space displacements."""
+        norms = self.basis.norm(dim=0)
+        return Subspace(self.center, self.basis / norms, self.shapes), norms
+
     def weights(self, z: torch.Tensor) -> dict[str, torch.Tensor]:
         """Site values for ``z`` shaped ``(..., k)``: ``(..., *shape)`` per weight site."""
         flat = self.center + z @ self.basis.T
@@ -170,9 +191,11 @@ class Subspace:
 
 
 class SubspaceModel:
-    """The Pyro model over ``z``: the ``BNN`` with its weight sites conditioned on ``w_hat + P z``."""
+    """The Pyro model over ``z``: the ``BNN`` with its weight sites conditioned on ``w_hat + P z``. ``prior_scale``
+    (a number, or one per direction): the sd of ``z``'s base ``N(0, prior_scale^2)``, the prior under
+    ``"isotropic"``; under ``"induced"`` its density is cancelled and it only sets where ``init="prior"`` starts."""
 
-    def __init__(self, bnn: BNN, subspace: Subspace, prior: SubspacePrior, prior_scale: float):
+    def __init__(self, bnn: BNN, subspace: Subspace, prior: SubspacePrior, prior_scale: float | torch.Tensor):
         self.bnn, self.subspace, self.prior, self.prior_scale = bnn, subspace, prior, prior_scale
 
     def __call__(self, x, y=None, dataset_size=None):
@@ -238,7 +261,8 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
         all its options are passed on, its defaults included, so ``dense_mass`` is then the config's); its draws
         per chain (default: the engine's own) and its chains (default 1); ``seed``, ``progress`` and the data
         settings come from this fit. NUTS and HMC named by a string adapt a dense mass matrix here
-        (``dense_mass=True``: ``k`` is small). ``inner_options=dict(...)``, the former way to set the inner
+        (``dense_mass=True``: ``k`` is small), and NUTS targets an acceptance of 0.95
+        (:data:`INNER_TARGET_ACCEPT`: at Stan's 0.8 1-4% of its draws diverged on small nets). ``inner_options=dict(...)``, the former way to set the inner
         engine's options, still works for one release with a ``FutureWarning`` naming the typed config to use
         (one way per concept: the config checks its option names and types where it is made).
     prior, prior_scale:
@@ -275,6 +299,14 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
         inner engine gets more).
     """
     return _fit_subspace(model, data, **config.keywords())
+
+
+def _string_defaults(method: str) -> dict:
+    """The options this fit gives an inner engine named by a string: NUTS and HMC a dense mass matrix (``k`` is
+    small and ``z``'s directions are correlated), NUTS also ``target_accept=INNER_TARGET_ACCEPT``."""
+    if method == "nuts":
+        return dict(dense_mass=True, target_accept=INNER_TARGET_ACCEPT)
+    return dict(dense_mass=True) if method == "hmc" else {}
 
 
 def _inner_method(inner) -> tuple[str, dict]:
@@ -331,8 +363,8 @@ def _inner_options_deprecated(inner, options: dict) -> str:
     if config is None:
         return "inner_options= is deprecated: pass the inner engine's typed config as inner= instead."
     shown = dict(options)
-    if method in ("nuts", "hmc") and isinstance(inner, str):
-        shown.setdefault("dense_mass", True)
+    if isinstance(inner, str):
+        shown.update({k: v for k, v in _string_defaults(method).items() if k not in shown})
     name, source = config.__qualname__, f"from {config.__module__} import {config.__qualname__}"
     fields = ", ".join(f"{k}={v!r}" for k, v in shown.items())
     where = f"inner={name}({fields})" if isinstance(inner, str) else f"fields of the {name} passed as inner= ({fields})"
@@ -497,9 +529,13 @@ def _fit_subspace(
         torch.eye(spanned, dtype=origin.dtype, device=origin.device)
     )
 
-    if inner in ("nuts", "hmc"):
-        inner_options.setdefault("dense_mass", True)  # a k x k mass matrix: z's directions are correlated
-    zmodel = SubspaceModel(bnn, space, kind, scale)
+    for key, value in _string_defaults(inner).items():
+        inner_options.setdefault(key, value)  # a dense k x k mass matrix; NUTS's target_accept (INNER_TARGET_ACCEPT)
+    if kind is SubspacePrior.INDUCED:  # the inner engine in weight units (docstring, "Inner coordinates")
+        space, iterate_sd = space.orthonormal()
+        zmodel = SubspaceModel(bnn, space, kind, iterate_sd)  # init="prior" starts as z ~ N(0, I) did
+    else:
+        zmodel = SubspaceModel(bnn, space, kind, scale)
     train, holdout = data, None  # a learned Gaussian noise: chosen on the rows the SWA run held out (docstring)
     if data.loader is None and noise_site(model) is not None:
         train, holdout, _ = split(
