@@ -376,16 +376,16 @@ def test_the_draws_come_from_a_generator_of_their_own(monkeypatch):
     reseeded = []
     monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda seed: reseeded.append(seed))
     x, y = _data()
-    state = torch.get_rng_state()
+    data = Data(x, (y > y.median()).float())
     results = []
     for seed in (0, 0, 1):
         with pyro.get_param_store().scope():
             torch.manual_seed(5)
-            guide = _early_guide(_logistic, x, (y > y.median()).float(), 30)
+            guide = _early_guide(_logistic, x, data.y, 30)
             reseeded.clear()
             state = torch.get_rng_state()
-            refined = svi_refine.refine(guide, _logistic, Data(x, (y > y.median()).float()), seed=seed, num_draws=100)
-            gap = svi_gap.newton_gap(guide, _logistic, Data(x, (y > y.median()).float()), seed=seed, num_draws=100)
+            refined = svi_refine.refine(guide, _logistic, data, seed=seed, num_draws=100)
+            gap = svi_gap.newton_gap(guide, _logistic, data, seed=seed, num_draws=100)
             assert torch.equal(torch.get_rng_state(), state) and not reseeded, reseeded
         results.append((refined, gap.gap))
     assert results[0][0] == results[1][0] and torch.equal(results[0][1], results[1][1])
