@@ -21,6 +21,7 @@ import argparse
 import sys
 import time
 import warnings
+from operator import attrgetter
 from pathlib import Path
 
 import pandas as pd
@@ -52,9 +53,9 @@ def _recording_engine(engine_type):
             guide = state.guide
             if isinstance(guide, autoguide.AutoNormal):  # per-site locs and scales, flat in the prototype's order
                 names = [n for n, site in guide.prototype_trace.iter_stochastic_nodes() if not site["is_observed"]]
-                pairs = [guide._get_loc_and_scale(n) for n in names]  # noqa: SLF001 (Pyro's own accessor; a benchmark)
-                _TRACE.append(torch.cat([loc.detach().reshape(-1) for loc, _ in pairs]))
-                _SD[:] = [torch.cat([scale.detach().reshape(-1) for _, scale in pairs])]
+                # the public per-site parameters (a dotted site name nests: attrgetter), scales constrained
+                _TRACE.append(torch.cat([attrgetter(n)(guide.locs).detach().reshape(-1) for n in names]))
+                _SD[:] = [torch.cat([attrgetter(n)(guide.scales).detach().reshape(-1) for n in names])]
                 return info
             _TRACE.append(guide.loc.detach().clone())
             _SD[:] = [guide.get_posterior().covariance_matrix.detach().diagonal().sqrt()]

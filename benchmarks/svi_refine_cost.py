@@ -1,14 +1,21 @@
-"""The cost of the full-rank refinement (``bnn_pyro/infer/svi_refine.py``) against its fit's, by dimension: the basis of
-``svi_refine.MAX_DIM``.
+"""The cost of the SVI refinement (``bnn_pyro/infer/svi_refine.py``) against its fit's, by dimension and rows: the
+basis of ``svi_refine.MAX_DIM`` and ``svi_refine.MAX_WORK``.
 
 A Bayesian linear regression written as a Pyro function with ``dim - 1`` coefficients and a learned noise scale (``dim``
-unconstrained coordinates), ``--rows`` rows, fitted by SVI with a full-rank guide (the default guide for such a model)
-for ``--steps`` steps; the seconds of the whole fit, of the refinement inside it, and their ratio, per ``dim``. One
-evaluation of the refinement takes ``dim`` gradient passes per draw, so its share grows with ``dim`` where a step of
-the fit grows as ``dim^2`` only in its guide. With ``--max-dim`` the cap is lifted for the run (to measure past it).
+unconstrained coordinates) on ``rows`` rows, fitted by SVI (full-rank guide by default, the default guide for such a
+model) for ``--steps`` steps: the seconds of the whole fit, of the refinement inside it (and its evaluations of the
+draws), and their ratio. One evaluation takes ``dim`` gradient passes over every row per draw, so its share grows with
+``dim`` and, past the fit's fixed per-step cost, with ``dim x rows``. ``--max-dim`` and ``--max-work`` lift the caps for
+the run (to measure past them).
 
-Run from the repository root: ``python benchmarks/svi_refine_cost.py --dims 10,25,50,100,200 --steps 5000``; writes
-``benchmarks/results/svi_convergence/refine_cost.md`` and ``.csv``. One torch thread.
+``ratio`` is the refinement's seconds over the rest of its own fit's. Where ``--steps`` is below the default 5,000 (a
+short sweep), ``ratio_default`` puts the refinement against a default fit: a second fit of one step with the refinement
+off gives the fit's fixed seconds (start, draws, gap check), and ``fixed + 5,000 x`` the first fit's seconds per step
+is the default fit's, extrapolated.
+
+Run from the repository root: ``python benchmarks/svi_refine_cost.py --dims 10,25,50,100,200 --steps 5000`` (by
+dimension, 200 rows: ``refine_cost.md``) or ``--pairs 10x200,10x5000,50x200,50x5000 --steps 500 --name
+refine_cost_rows`` (by rows); writes ``benchmarks/results/svi_convergence/<name>.md`` and ``.csv``. One torch thread.
 """
 
 from __future__ import annotations
@@ -24,9 +31,10 @@ import torch
 from _common import markdown, results_dir, write_result
 
 import bnn_pyro as bp
-from bnn_pyro.infer import svi_refine
+from bnn_pyro.infer import svi, svi_refine
 
 _SECONDS: list = []
+_EVALUATIONS: list = []
 
 
 def _model(x, y=None):
@@ -36,41 +44,65 @@ def _model(x, y=None):
         return pyro.sample("obs", dist.Normal(x @ b, s), obs=y)
 
 
-def one(dim: int, rows: int, steps: int) -> dict:
+def _fit(x, y, guide: str, steps: int):
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = bp.fit(_model, x, y, method="svi", guide=guide, num_steps=steps, num_samples=100, seed=0, progress=False)
+    return post, time.perf_counter() - start
+
+
+def one(dim: int, rows: int, steps: int, guide: str) -> dict:
     g = torch.Generator().manual_seed(dim)
     x = torch.randn(rows, dim - 1, generator=g)
     y = x @ torch.randn(dim - 1, generator=g) * 0.3 + 0.5 * torch.randn(rows, generator=g)
     _SECONDS.clear()
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        post = bp.fit(_model, x, y, method="svi", guide="full_rank", num_steps=steps, seed=0, progress=False)
-    fit_s = time.perf_counter() - start
+    _EVALUATIONS.clear()
+    post, fit_s = _fit(x, y, guide, steps)
     refined = post.config.get("guide_refinement", [{}])[0]
     refine_s = sum(_SECONDS)
-    return dict(
+    row = dict(
         dim=dim,
         rows=rows,
+        guide=guide,
         steps=steps,
         fit_s=round(fit_s, 2),
         refine_s=round(refine_s, 2),
+        evaluations=len(_EVALUATIONS),
         ratio=round(refine_s / (fit_s - refine_s), 4),
-        accepted=refined.get("accepted", "-"),
-        stopped=refined.get("stopped", "-"),
     )
+    if steps < svi.DEFAULT_STEPS:
+        refine, svi_refine.refine = svi_refine.refine, lambda *a, **k: None
+        try:
+            _, fixed_s = _fit(x, y, guide, 1)
+        finally:
+            svi_refine.refine = refine
+        per_step = max(fit_s - refine_s - fixed_s, 0.0) / (steps - 1)
+        row.update(
+            fixed_s=round(fixed_s, 2),
+            step_ms=round(1e3 * per_step, 2),
+            ratio_default=round(refine_s / (fixed_s + svi.DEFAULT_STEPS * per_step), 4),
+        )
+    return {**row, "accepted": refined.get("accepted", "-"), "stopped": refined.get("stopped", "-")}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dims", default="10,25,50,100,200")
     parser.add_argument("--rows", type=int, default=200)
-    parser.add_argument("--steps", type=int, default=5000)
+    parser.add_argument("--pairs", default=None, help="dim x rows points, e.g. 10x200,50x5000 (in place of --dims)")
+    parser.add_argument("--steps", type=int, default=svi.DEFAULT_STEPS)
+    parser.add_argument("--guide", default="full_rank")
     parser.add_argument("--max-dim", type=int, default=None)
+    parser.add_argument("--max-work", type=int, default=None)
+    parser.add_argument("--name", default="refine_cost")
     args = parser.parse_args()
     torch.set_num_threads(1)
     if args.max_dim is not None:
         svi_refine.MAX_DIM = args.max_dim
-    refine = svi_refine.refine
+    if args.max_work is not None:
+        svi_refine.MAX_WORK = args.max_work
+    refine, derivatives = svi_refine.refine, svi_refine.derivatives
 
     def timed(*a, **k):
         start = time.perf_counter()
@@ -78,19 +110,30 @@ def main() -> None:
         _SECONDS.append(time.perf_counter() - start)
         return out
 
-    svi_refine.refine = timed
-    rows = []
-    for dim in map(int, args.dims.split(",")):
-        rows.append(one(dim, args.rows, args.steps))
-        print(rows[-1], flush=True)
-    table = pd.DataFrame(rows)
+    def counted(*a, **k):
+        _EVALUATIONS.append(1)
+        return derivatives(*a, **k)
+
+    svi_refine.refine, svi_refine.derivatives = timed, counted
+    if args.pairs is None:
+        pairs = [(int(d), args.rows) for d in args.dims.split(",")]
+    else:
+        pairs = [tuple(map(int, p.split("x"))) for p in args.pairs.split(",")]
+    one(3, 20, 5, args.guide)  # untimed: first-call costs (imports, Pyro's first traces) out of the first row
+    table = []
+    for dim, rows in pairs:
+        table.append(one(dim, rows, args.steps, args.guide))
+        print(table[-1], flush=True)
+    frame = pd.DataFrame(table)
     folder = results_dir("svi_convergence")
-    table.to_csv(folder / "refine_cost.csv", index=False)
+    frame.to_csv(folder / f"{args.name}.csv", index=False)
     write_result(
-        folder / "refine_cost.md",
-        f"The full-rank refinement's seconds against the rest of its fit's (`ratio`), by unconstrained dimension: a "
-        f"linear regression with a learned noise scale, {args.rows} rows, {args.steps} steps, full-rank guide "
-        f"(refinement cap lifted to {svi_refine.MAX_DIM}).\n\n" + markdown(table),
+        folder / f"{args.name}.md",
+        f"The {args.guide} refinement's seconds against its fit's: a linear regression with a learned noise scale, "
+        f"{args.steps} steps (`ratio`: over the rest of this fit; `ratio_default`, where there are fewer steps than "
+        f"the default {svi.DEFAULT_STEPS:,}: over a default fit extrapolated from this one's seconds per step and "
+        f"a one-step fit's fixed seconds; `evaluations`: of the refinement's draws; caps lifted to MAX_DIM "
+        f"{svi_refine.MAX_DIM}, MAX_WORK {svi_refine.MAX_WORK:,}).\n\n" + markdown(frame),
     )
 
 

@@ -5,9 +5,12 @@ guide (:mod:`bnn_pyro.infer.svi_refine`) share.
 :func:`guide_target` builds the potential at the guide's own median and reads the guide's mean and covariance over
 the same coordinates, in the guide's order (the order of ``AutoMultivariateNormal``'s ``loc``). :func:`derivatives`
 evaluates ``log p``, its gradient and, where asked, its Hessian at each row of a ``(n, dim)`` tensor in one batched
-pass (``torch.func.vmap``, :data:`VMAP_CHUNK` rows at a time); a model that pass cannot batch (a ``float()`` of a
-latent value, random draws of its own) is evaluated one row at a time, with the same numbers. A row where ``log p`` is
-not finite gets NaN derivatives, so that a caller sees it rather than a stale value.
+pass (``torch.func.vmap``, :data:`VMAP_CHUNK` rows at a time). Where that pass cannot batch the model (a ``float()``
+of a latent value, random draws of its own), ``log p`` and its gradient are evaluated one row at a time, with the same
+numbers; Hessians are not (:class:`NotBatchable` is raised): one row's Hessian by autograd costs ``dim`` reverse
+passes through the traced model, and the refinement's up to 30 evaluations of 1,000 rows would run 30,000 of them
+one after another (minutes, where the batched pass takes a fraction of the fit; review 11). A row where ``log p`` is not finite gets NaN derivatives, so that a
+caller sees it rather than a stale value.
 
 Example
 -------
@@ -35,6 +38,7 @@ __all__ = [
     "VMAP_CHUNK",
     "GuideTarget",
     "NoDensity",
+    "NotBatchable",
     "Derivatives",
     "guide_target",
     "guide_gaussian",
@@ -51,6 +55,11 @@ _MODEL_ERRORS = (ValueError, RuntimeError, TypeError, NotImplementedError)
 
 class NoDensity(Exception):
     """:func:`guide_target` could not build the log density at the guide's median; the message says why."""
+
+
+class NotBatchable(Exception):
+    """:func:`derivatives` was asked for Hessians of a model that ``torch.func.vmap`` cannot batch (module docstring:
+    row by row they cost too much); the message carries vmap's error."""
 
 
 @dataclass(frozen=True)
@@ -122,8 +131,9 @@ def derivatives(
     pot: Potential, order: list[str], z: torch.Tensor, *, hessians: bool = False, chunk_size: int = VMAP_CHUNK
 ) -> Derivatives:
     """``log p``, ``grad log p`` and (``hessians=True``) ``hess log p`` at each row of ``z`` (``(n, dim)``, the sites
-    ``order`` flat, in ``z``'s dtype and device): batched passes of ``chunk_size`` rows, or row by row where the model
-    cannot be batched (module docstring). Raises what the model raises where neither pass can evaluate it."""
+    ``order`` flat, in ``z``'s dtype and device): batched passes of ``chunk_size`` rows, or, without Hessians, row by
+    row where the model cannot be batched (module docstring). Raises :class:`NotBatchable` where Hessians are asked of
+    such a model, and what the model raises where neither pass can evaluate it."""
 
     def log_density(flat):
         sites, k = {}, 0
@@ -149,26 +159,24 @@ def derivatives(
         try:
             out = torch.func.vmap(second if hessians else first, chunk_size=chunk_size)(z)
             return Derivatives(*out) if hessians else Derivatives(*out, None)
-        except _MODEL_ERRORS:
-            pass
-    return _row_by_row(log_density, z, hessians)
+        except _MODEL_ERRORS as error:
+            if hessians:
+                raise NotBatchable(
+                    f"torch.func.vmap cannot batch the model ({type(error).__name__}: {error})"
+                ) from error
+    return _row_by_row(log_density, z)
 
 
-def _row_by_row(log_density, z: torch.Tensor, hessians: bool) -> Derivatives:
-    n, dim = z.shape
-    values = torch.empty(n, dtype=z.dtype, device=z.device)
+def _row_by_row(log_density, z: torch.Tensor) -> Derivatives:
+    values = torch.empty(z.shape[0], dtype=z.dtype, device=z.device)
     grads = torch.full_like(z, math.nan)
-    hess = torch.full((n, dim, dim) if hessians else (0,), math.nan, dtype=z.dtype, device=z.device)
-    for i in range(n):
+    for i in range(z.shape[0]):
         flat = z[i].detach().requires_grad_()
         value = log_density(flat)
         values[i] = value.detach()
-        if not bool(torch.isfinite(value)):
-            continue
-        (grads[i],) = torch.autograd.grad(value, flat)
-        if hessians:
-            hess[i] = torch.autograd.functional.hessian(log_density, z[i].detach())
-    return Derivatives(values, grads, hess if hessians else None)
+        if bool(torch.isfinite(value)):
+            (grads[i],) = torch.autograd.grad(value, flat)
+    return Derivatives(values, grads, None)
 
 
 def labels(guide, order: list[str], shapes: dict) -> list[str]:

@@ -41,7 +41,7 @@ import math
 
 import torch
 
-from bnn_pyro.infer._health import ELBO_MIN_WINDOW, ELBO_WINDOW
+from bnn_pyro.infer import _health  # ELBO_WINDOW, ELBO_MIN_WINDOW: read there at call time, one home for both checks
 from bnn_pyro.infer.health_warn import warn_diagnostic as _warn
 
 __all__ = [
@@ -194,9 +194,9 @@ def _one_point_message(post, name: str, ratio: float, threshold: str) -> str:
 
 def check_descent(post, *, start: int = 0):
     """Warn when a chain's potential (``history["potential"]``, the negative log joint) is higher, on average over the
-    run's last :data:`ELBO_WINDOW`, than at its first step by more than the number of latent coordinates ``P``: the
-    run diverged (a step size too large for the model's curvature) and its draws sit wherever it ended. An optimizer
-    (snapshot ensembles) descends; a sampler (SG-MCMC) from a start off the posterior descends too, to a potential
+    run's last :data:`~bnn_pyro.infer._health.ELBO_WINDOW`, than at its first step by more than the number of latent
+    coordinates ``P``: the run diverged (a step size too large for the model's curvature) and its draws sit wherever it
+    ended. An optimizer (snapshot ensembles) descends; a sampler (SG-MCMC) from a start off the posterior descends too, to a potential
     that fluctuates around its posterior mean, ``P / 2`` above the minimum for a Gaussian posterior, so a rise of
     more than ``P`` is not posterior noise. It judges divergence, not convergence: a run that rose and came partly
     back, or that is still creeping down a flat direction, ends below its start and passes (main's snapshot on the
@@ -207,10 +207,10 @@ def check_descent(post, *, start: int = 0):
     potentials differ by the weights, by about ``sqrt(n)`` nats on ``n`` rows) passes its last cycle's first step, and
     the window is kept within that cycle. Returns ``post``."""
     trace = post.history.get("potential")
-    if trace is None or trace.shape[-1] - start < 2 * ELBO_MIN_WINDOW:
+    if trace is None or trace.shape[-1] - start < 2 * _health.ELBO_MIN_WINDOW:
         return post
     trace = torch.as_tensor(trace).double().reshape(-1, trace.shape[-1])[:, start:]
-    width = max(int(trace.shape[-1] * ELBO_WINDOW), ELBO_MIN_WINDOW)
+    width = max(int(trace.shape[-1] * _health.ELBO_WINDOW), _health.ELBO_MIN_WINDOW)
     start, end = trace[:, 0], trace[:, -width:].mean(-1)
     dim = sum(v[0, 0].numel() for v in post.samples.values())
     worse = (end > start + dim) | ~torch.isfinite(end)

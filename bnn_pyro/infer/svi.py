@@ -75,8 +75,13 @@ the fit ends, for such a guide or a mean-field or low-rank one of at most :data:
 coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessians at 1,000 fixed draws
 (:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on those draws does not fall;
 ``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's change and why they stopped
-(or why it was skipped: the guide is then left as trained). Then, for the full-rank and low-rank guides, the ELBO's
-gradient in the guide's mean, turned into the Newton step to the optimum of the guide's family in the guide's own sds
+(or why it was skipped: the guide is then left as trained; past :data:`~bnn_pyro.infer.svi_refine.MAX_WORK`
+coordinates x rows, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). It runs only
+where the flat fast path did not (the engine's condition reads both: that path is for a ``BNN`` and the refinement for
+a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained it), and not on a guide given as an
+``AutoGuide`` class or a callable, which is used as given (where the refinement would otherwise run, the record says
+so: :data:`GIVEN_GUIDE`). Then, for the full-rank and low-rank guides, the ELBO's gradient in the guide's mean,
+turned into the Newton step to the optimum of the guide's family in the guide's own sds
 (:mod:`bnn_pyro.infer.svi_gap`; a low-rank guide's with the expected Hessian, since its covariance is not the inverse
 curvature at its optimum), is stored per chain in ``post.history["guide_gap"]`` (unconstrained coordinates, named in
 ``post.config["guide_coordinates"]``) and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`. Where the gap
@@ -415,8 +420,10 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     gap_checked = small_function and (
         guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and dim <= svi_refine.MAX_DIM
     )
-    # and its Gaussian guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine)
+    # and its Gaussian guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine); a guide given as a
+    # class or callable is used as given, and the record says so
     refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
+    given_guide = small_function and not isinstance(guide_kind, GuideKind)
     ckpts = open_chains(
         cfg.checkpoint,
         every=cfg.checkpoint_every,
@@ -465,6 +472,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
             refined = svi_refine.refine(state.guide, state.model, data)
             if refined is not None:
                 config.setdefault("guide_refinement", []).append(refined.record())
+        elif given_guide:
+            config.setdefault("guide_refinement", []).append(svi_refine.Refinement(0, 0.0, GIVEN_GUIDE).record())
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
         if gap_checked:  # how far the guide's mean stopped short of the ELBO's optimum (svi_gap)
             gap = svi_gap.newton_gap(state.guide, state.model, data)
@@ -682,6 +691,10 @@ def _draw(guide, names, num_samples, x, y, dataset_size, model):
     traces = [poutine.trace(guide).get_trace(*args, **kwargs) for _ in range(num_samples)]
     return {n: torch.stack([t.nodes[n]["value"].detach() for t in traces]) for n in names}, None
 
+
+GIVEN_GUIDE = "skipped: a guide given as a class or callable is used as given"
+"""``post.config["guide_refinement"]``'s record, per chain, where the refinement would have run but the guide was
+given as an ``AutoGuide`` class or a callable (an instance): the engine trains it and does not change it after."""
 
 NARROW = (
     "A mean-field guide cannot hold correlated weights (its sds are 1/sqrt(H_ii), not the posterior's): try "

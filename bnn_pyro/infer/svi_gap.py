@@ -18,12 +18,13 @@ per draw (hence only up to :data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinate
 from :data:`GAP_DRAWS` draws of the guide with the control variate ``S^-1 (z - m)`` (``H (z - m)`` for a low-rank
 guide; zero mean under ``q``, the whole gradient where ``log p`` is quadratic), so on a near-Gaussian posterior its
 Monte Carlo error is a small part of the one-particle ELBO gradient's noise. The gradients at the draws are one batched
-pass over the flat log density, or one draw at a time where the model cannot be batched
-(:mod:`bnn_pyro.infer.guide_density`, shared with the refinement of :mod:`bnn_pyro.infer.svi_refine`).
+pass over the flat log density, or one draw at a time where the model cannot be batched (a low-rank guide's Hessians
+are not: no verdict there; :mod:`bnn_pyro.infer.guide_density`, shared with the refinement of
+:mod:`bnn_pyro.infer.svi_refine`).
 
 A diagnostic must not fail a finished fit: the potential is built at the guide's own median, and where the gap cannot
-be evaluated (the log density raises, or is not finite at some draw) :func:`newton_gap` returns no verdict with the
-reason (the SVI engine records it in ``post.config["guide_gap"]``).
+be evaluated (the log density raises, whatever it raises, or is not finite at some draw) :func:`newton_gap` returns no
+verdict with the reason (the SVI engine records it in ``post.config["guide_gap"]``).
 
 Why not the ELBO trace or the guide's iterates: under the cosine schedule the rate falls to 1% of ``lr`` at the end, so
 the parameters freeze wherever they are; the ELBO's window means and the iterate average of the last two windows then
@@ -47,7 +48,14 @@ from pyro.infer import autoguide
 
 from bnn_pyro.infer import svi_refine
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer.guide_density import VMAP_CHUNK, NoDensity, derivatives, guide_gaussian, guide_target
+from bnn_pyro.infer.guide_density import (
+    VMAP_CHUNK,
+    NoDensity,
+    NotBatchable,
+    derivatives,
+    guide_gaussian,
+    guide_target,
+)
 
 __all__ = ["GAP_DRAWS", "Gap", "guide_gaussian", "newton_gap", "gap_statistic"]
 
@@ -82,17 +90,21 @@ def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.
 
 def newton_gap(guide, model, data: Data, *, num_draws: int = GAP_DRAWS, seed: int = 0) -> Gap | None:
     """:func:`gap_statistic` for a fitted Gaussian autoguide of ``model`` on ``data`` (full batch), from ``num_draws``
-    draws of the guide under ``seed`` (apart from the caller's random state, on the guide's device): a :class:`Gap`,
-    or ``None`` where the guide is not covered. It never raises on the model: where the potential cannot be built at
-    the guide's median, or the log density or its gradient is not finite at some draw, the :class:`Gap` has no verdict
-    and says why (dropping those draws would bias the mean toward the guide's centre)."""
+    draws of the guide from a generator of its own seeded with ``seed`` on the guide's device (the caller's random
+    state is left as it was): a :class:`Gap`, or ``None`` where the guide is not covered. It never raises: where the
+    potential cannot be built at the guide's median, the log density or its gradient is not finite at some draw
+    (dropping those draws would bias the mean toward the guide's centre), a low-rank guide's model cannot be batched
+    for its Hessians, or anything else raises, the :class:`Gap` has no verdict and says why."""
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        return _newton_gap(guide, model, data, num_draws)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a model drawing on its own
+        try:
+            return _newton_gap(guide, model, data, num_draws, generator)
+        except Exception as error:  # a diagnostic must not fail a finished fit (module docstring)
+            return Gap(None, None, reason=f"{type(error).__name__}: {error}")
 
 
-def _newton_gap(guide, model, data: Data, num_draws: int) -> Gap | None:
+def _newton_gap(guide, model, data: Data, num_draws: int, generator: torch.Generator) -> Gap | None:
     try:
         target = guide_target(guide, model, data)
     except NoDensity as error:
@@ -105,7 +117,8 @@ def _newton_gap(guide, model, data: Data, num_draws: int) -> Gap | None:
         return None
     try:
         deviations = (
-            torch.randn(num_draws, loc.numel(), dtype=torch.float64, device=loc.device) @ torch.linalg.cholesky(cov).T
+            torch.randn(num_draws, loc.numel(), dtype=torch.float64, device=loc.device, generator=generator)
+            @ torch.linalg.cholesky(cov).T
         )
         energies, grads, hess = derivatives(
             target.pot,
@@ -114,8 +127,15 @@ def _newton_gap(guide, model, data: Data, num_draws: int) -> Gap | None:
             hessians=low_rank,
             chunk_size=svi_refine.hessian_chunk(loc.numel(), data.size) if low_rank else VMAP_CHUNK,
         )
-    except (ValueError, RuntimeError, TypeError, NotImplementedError) as error:
-        return Gap(None, None, target.labels, reason=f"the log density's gradient could not be evaluated ({error})")
+    except NotBatchable as error:  # a low-rank guide's Hessians (guide_density: too slow one draw at a time)
+        return Gap(None, None, target.labels, reason=f"{error}, and its Hessians one draw at a time cost too much")
+    except Exception as error:
+        return Gap(
+            None,
+            None,
+            target.labels,
+            reason=f"the log density's gradient could not be evaluated ({type(error).__name__}: {error})",
+        )
     bad = int((~torch.isfinite(energies) | ~torch.isfinite(grads).all(-1)).sum())
     if bad:
         return Gap(

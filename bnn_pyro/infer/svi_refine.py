@@ -37,17 +37,22 @@ Why. Adam under the cosine schedule freezes the guide wherever it is at the end;
 default 5,000 steps stop 0.10-0.19 guide sds short of the full-rank optimum at four seeds of five
 (``benchmarks/results/svi_convergence/``), and 20,000 steps are needed. The fixed point uses the curvature the
 Newton-gap check already measures (:mod:`bnn_pyro.infer.svi_gap`), and on a small model a few iterations cost a
-fraction of the fit: each evaluates ``dim`` gradient passes per draw, hence :data:`MAX_DIM`.
+fraction of the fit: each evaluates ``dim`` gradient passes over every row per draw, hence :data:`MAX_DIM` and
+:data:`MAX_WORK`.
 
 Safeguards: a finished fit is never made worse and never fails here. A step is kept only if the ELBO estimated on the
 same draws (``mean log p(z) + log det chol S``) does not fall; otherwise ``r`` is halved, down to :data:`MIN_RATE`.
-The iterations stop at a fixed point (every coordinate's mean and sd move less than :data:`TOL` guide sds) or after
+The iterations stop at a fixed point (the undamped step from the current guide, the candidate's move divided by ``r``,
+moves every coordinate's mean and sd less than :data:`TOL` guide sds: judged before the candidate is evaluated, since
+a step that small is below the float32 rounding of the ELBO estimate, which could reject it at every ``r``) or after
 :data:`MAX_EVALUATIONS` evaluations of the draws. Where the log density, its gradient or its Hessian cannot be
-evaluated or is not finite at some draw, or the expected Hessian is not positive definite at the fitted guide, the
-guide is left as it was, with the reason. The result is written into the guide's own parameters (an
-``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose product ``scale[:, None] * scale_tril`` is
-the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``; a low-rank guide's as above), so the draws, ``post.psis()`` and the gap
-check see it.
+evaluated or is not finite at some draw (a candidate's: that step is not taken), the expected Hessian is not positive
+definite at the fitted guide, ``torch.func.vmap`` cannot batch the model (its Hessians one draw at a time would cost
+minutes: :mod:`bnn_pyro.infer.guide_density`), ``dim x rows`` is over :data:`MAX_WORK`, or anything else raises, the
+guide is left as it was (it is written only at the end), with the reason. The result is written into the guide's own
+parameters (an ``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose product ``scale[:, None] *
+scale_tril`` is the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``; a low-rank guide's as
+above), so the draws, ``post.psis()`` and the gap check see it.
 
 Example
 -------
@@ -67,13 +72,14 @@ from pyro.infer import autoguide
 from torch.distributions import transform_to
 
 from bnn_pyro.infer._common import Data
-from bnn_pyro.infer.guide_density import VMAP_CHUNK, NoDensity, derivatives, guide_target
+from bnn_pyro.infer.guide_density import VMAP_CHUNK, NoDensity, NotBatchable, derivatives, guide_target
 
 __all__ = [
     "CHUNK_ELEMENTS",
     "DRAWS",
     "MAX_DIM",
     "MAX_EVALUATIONS",
+    "MAX_WORK",
     "MIN_RATE",
     "DIAG_FLOOR",
     "PROJECTION_ITERATIONS",
@@ -88,10 +94,20 @@ DRAWS = 1000
 """Draws (500 antithetic pairs) for the expectations: the same count as the Newton gap's, whose standard error with
 them is 0.005-0.08 guide sds on the references (:data:`bnn_pyro.infer.svi_gap.GAP_DRAWS`)."""
 MAX_DIM = 100
-"""The most unconstrained coordinates refined: one evaluation costs ``dim`` gradient passes per draw. On a linear
-regression with a learned noise scale (200 rows, 5,000 steps) the refinement took 0.01-0.03 of the rest of the fit's
-time at 10-25 coordinates, about a quarter at 50-100, and 6 times the fit at 200
-(``benchmarks/results/svi_convergence/refine_cost.md``)."""
+"""The most unconstrained coordinates refined (and the dense ``dim x dim`` matrices it holds): one evaluation costs
+``dim`` gradient passes per draw. On a linear regression with a learned noise scale (200 rows, 5,000 steps) the
+refinement took 0.01-0.03 of the rest of the fit's time at 10-25 coordinates, about a quarter at 50-100, and 6 times
+the fit at 200 (``benchmarks/results/svi_convergence/refine_cost.md``). The cost grows with the rows too:
+:data:`MAX_WORK` bounds ``dim x rows``."""
+MAX_WORK = 10_000
+"""The most ``dim x rows`` (unconstrained coordinates times data rows) refined; past it the refinement is skipped and
+``"skipped: ... MAX_WORK ..."`` recorded. Why: one evaluation takes ``dim`` gradient passes over every row for each of
+the :data:`DRAWS` draws, while a step of the fit is one pass whose fixed per-step cost (Pyro's tracing) dominates on a
+small model, so the refinement's share of the fit grows with ``dim x rows``, which :data:`MAX_DIM` alone did not
+bound. On a linear regression with a learned noise scale, against a default fit
+(``benchmarks/results/svi_convergence/refine_cost_rows.md``), it was 0.03-0.08 of the fit at ``dim x rows = 10,000``
+with the 2-5 evaluations it needed, and 0.8-1.0 at 50,000 with 2-3: off a Gaussian it needs more evaluations (5-12 on
+eight schools), so the cap is at the first; :data:`MAX_EVALUATIONS` bounds the rest."""
 MAX_EVALUATIONS = 30
 """Evaluations of the draws at most (the first included): accepted and rejected steps together. Off a Gaussian the
 iteration converges linearly, so it needs more than a Newton method's handful (4-10 kept steps on eight schools at
@@ -99,11 +115,12 @@ the defaults, ``benchmarks/results/svi_convergence/``)."""
 MIN_RATE = 1 / 16
 """The smallest damping ``r`` tried before giving up on a step."""
 TOL = 0.01
-"""A fixed point: no coordinate's mean or sd moved more than this many guide sds in the last accepted step. A fifth of
-the gap check's :data:`~bnn_pyro.infer._health.GAP_MAX` and a tenth of what the 1,000 draws of a fit resolve
-(``4 / sqrt(1000) = 0.13`` sds), so the steps left are below anything the fit reports. Off a Gaussian the steps shrink
-geometrically, not quadratically, so a much smaller tolerance would spend many evaluations on moves that the draws'
-own Monte Carlo error (the gap check's standard error, 0.03 guide sds on eight schools' ``log tau``) swamps."""
+"""A fixed point: the undamped step from the current guide would move no coordinate's mean or sd more than this many
+guide sds. A fifth of the gap check's :data:`~bnn_pyro.infer._health.GAP_MAX` and a tenth of what the 1,000 draws of
+a fit resolve (``4 / sqrt(1000) = 0.13`` sds), so the steps left are below anything the fit reports. Off a Gaussian
+the steps shrink geometrically, not quadratically, so a much smaller tolerance would spend many evaluations on moves
+that the draws' own Monte Carlo error (the gap check's standard error, 0.03 guide sds on eight schools' ``log tau``)
+swamps."""
 
 CHUNK_ELEMENTS = 2**24
 """Draws per batched Hessian pass: at most this many over ``dim x rows`` (and at most
@@ -147,37 +164,49 @@ class _Point:
 
 
 def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -> Refinement | None:
-    """Refine a fitted ``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal`` or ``AutoNormal`` of ``model`` on ``data`` (full batch) in place
-    (module docstring), with ``num_draws`` draws under ``seed`` (apart from the caller's random state): a
-    :class:`Refinement`, or ``None`` where the guide is not covered (another guide, more than :data:`MAX_DIM`
-    coordinates)."""
+    """Refine a fitted ``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal`` or ``AutoNormal`` of ``model`` on
+    ``data`` (full batch) in place (module docstring), with ``num_draws`` draws from a generator of its own seeded with
+    ``seed`` on the guide's device (the caller's random state is left as it was): a :class:`Refinement`, or ``None``
+    where the guide is not covered (another guide, more than :data:`MAX_DIM` coordinates). It never raises: whatever
+    the model raises is recorded as ``"skipped: <type>: <message>"``, the guide untouched (it is written only at the
+    end)."""
     if not isinstance(guide, _COVERED):
         return None
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        torch.manual_seed(seed)
-        return _refine(guide, model, data, num_draws)
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a model drawing on its own
+        try:
+            return _refine(guide, model, data, num_draws, generator)
+        except Exception as error:  # a finished fit never fails here (module docstring)
+            return Refinement(0, 0.0, f"skipped: {type(error).__name__}: {error}")
 
 
-def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
+def _refine(guide, model, data: Data, num_draws: int, generator: torch.Generator) -> Refinement | None:
     try:
         target = guide_target(guide, model, data)
     except NoDensity as error:
         return Refinement(0, 0.0, f"skipped: {error}")
     if target is None or target.loc.numel() > MAX_DIM:
         return None
+    dim = target.loc.numel()
+    if dim * data.size > MAX_WORK:
+        return Refinement(
+            0, 0.0, f"skipped: {dim} coordinates x {data.size} rows is over MAX_WORK ({MAX_WORK:,}): too slow"
+        )
     diagonal = isinstance(guide, autoguide.AutoNormal)
     low_rank = isinstance(guide, autoguide.AutoLowRankMultivariateNormal)
-    half = torch.randn((num_draws + 1) // 2, target.loc.numel(), dtype=torch.float64, device=target.loc.device)
+    half = torch.randn((num_draws + 1) // 2, dim, dtype=torch.float64, device=target.loc.device, generator=generator)
     draws = torch.cat([half, -half])
-    chunk = hessian_chunk(target.loc.numel(), data.size)
+    chunk = hessian_chunk(dim, data.size)
 
     def evaluate(loc, tril, factors=None) -> _Point | str:
         z = loc + draws @ tril.T
         try:
             d = derivatives(target.pot, target.order, z.to(target.dtype), hessians=True, chunk_size=chunk)
-        except _ERRORS as error:
-            return f"the log density's Hessian could not be evaluated ({error})"
+        except NotBatchable as error:
+            return f"{error}, and its Hessians one draw at a time would cost too much (guide_density)"
+        except Exception as error:  # the model's own, at this step's draws: the step is not taken
+            return f"the log density's Hessian could not be evaluated ({type(error).__name__}: {error})"
         values, grads, hess = d.values.double(), d.grads.double(), d.hessians.double()
         bad = int(
             (~torch.isfinite(values) | ~torch.isfinite(grads).all(-1) | ~torch.isfinite(hess).flatten(1).all(-1)).sum()
@@ -200,15 +229,14 @@ def _refine(guide, model, data: Data, num_draws: int) -> Refinement | None:
     point, rate, accepted, stopped = start, 1.0, 0, "evaluation limit"
     for _ in range(MAX_EVALUATIONS - 1):
         candidate = _step(point, rate, diagonal)
+        if candidate is not None and _moved(point, *candidate[:2]) / rate < TOL:  # the undamped step's move
+            stopped = "fixed point"
+            break
         if candidate is not None and low_rank and not _storable(guide, *candidate[2]):
             candidate = None
         new = evaluate(*candidate) if candidate is not None else None
         if isinstance(new, _Point) and new.elbo >= point.elbo:
-            moved = _moved(point, new)
             point, accepted, rate = new, accepted + 1, min(1.0, 2 * rate)
-            if moved < TOL:
-                stopped = "fixed point"
-                break
         elif rate / 2 < MIN_RATE:
             stopped = "no better step"
             break
@@ -326,10 +354,10 @@ def _write_low_rank(guide, loc: torch.Tensor, w: torch.Tensor, d: torch.Tensor) 
         guide.cov_factor.copy_((w / scale[:, None]).to(guide.cov_factor))
 
 
-def _moved(old: _Point, new: _Point) -> float:
-    """The largest move of a coordinate's mean or log sd between two points, in the old guide's sds."""
-    sd_old, sd_new = old.tril.pow(2).sum(-1).sqrt(), new.tril.pow(2).sum(-1).sqrt()
-    return float(torch.maximum(((new.loc - old.loc) / sd_old).abs(), (sd_new / sd_old).log().abs()).max())
+def _moved(old: _Point, loc: torch.Tensor, tril: torch.Tensor) -> float:
+    """The largest move of a coordinate's mean or log sd from ``old`` to ``(loc, chol S)``, in the old guide's sds."""
+    sd_old, sd_new = old.tril.pow(2).sum(-1).sqrt(), tril.pow(2).sum(-1).sqrt()
+    return float(torch.maximum(((loc - old.loc) / sd_old).abs(), (sd_new / sd_old).log().abs()).max())
 
 
 def _write(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:

@@ -537,3 +537,27 @@ def test_the_divergence_warning_suggests_a_target_accept_above_the_one_that_ran(
     diverging[0, :5] = True
     with pytest.warns(DiagnosticWarning, match=f"now {target_accept}; {suggested}"):
         health_mixing.check_sampler("nuts", {}, {"diverging": diverging}, target_accept=target_accept)
+
+
+def test_the_descent_check_reads_the_elbo_windows_from_their_one_home(monkeypatch):
+    """``ELBO_WINDOW`` and ``ELBO_MIN_WINDOW`` live in ``_health`` and are read there at call time, so a change reaches
+    ``health_spread.check_descent`` too (it imported them by value once, which a monkeypatch of ``_health`` missed).
+    A potential flat at 0 for 90 steps, then 9 for the last 10 (2 coordinates): over the default window (the last 10
+    steps) it ended 9 above its start, more than P = 2, and warns; over the last half it ended 1.8 above and passes;
+    with a minimum window of 60 steps the 100-step run is too short to judge."""
+    potential = torch.cat([torch.zeros(90), torch.full((10,), 9.0)])[None]
+
+    def post():
+        return bp.Posterior(
+            samples={"b": torch.zeros(1, 5, 2)},
+            model=lambda x, y=None: None,
+            method="snapshot",
+            history={"potential": potential},
+        )
+
+    with pytest.warns(DiagnosticWarning, match="chain 0 diverged"):
+        health_spread.check_descent(post())
+    for name, value in (("ELBO_WINDOW", 0.5), ("ELBO_MIN_WINDOW", 60)):
+        with monkeypatch.context() as patched:
+            patched.setattr(_health, name, value)
+            _quiet(lambda: health_spread.check_descent(post()))

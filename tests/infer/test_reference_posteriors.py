@@ -30,7 +30,7 @@ from reference.kl_optimum import kl_optimum, laplace_moments, log_joint, positiv
 from reference.posteriors import ALL, flat_draws, kidiq
 
 import bnn_pyro as bp
-from bnn_pyro.infer import health_spread, svi_start
+from bnn_pyro.infer import health_spread, svi_refine, svi_start
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 Z_MAX = 4.0
@@ -205,12 +205,15 @@ def _matches_moments(ref, post, expected):
     return _optimum_off(ref, post, {**expected, "qmc": np.zeros(len(ref.names))})
 
 
-def test_laplace_start_is_the_guides_start():
+def test_laplace_start_is_the_guides_start(monkeypatch):
     """With init='laplace' (the default for a Pyro function) a full-rank guide starts at the mode with the inverse
     Hessian as its covariance, and a mean-field guide with 1/sqrt(diag H): checked on the kidiq-style regression
     against the Laplace approximation at the exact mode (:func:`reference.kl_optimum.laplace_moments`: sigma's mean
     0.20 sd low, its sd 2% narrow, a property of the approximation that the SVI steps then correct; the mean-field one
-    0.14x and 0.14x the exact sds of the correlated intercept and IQ slope), within 4 MCSE of the 4,000 draws."""
+    0.14x and 0.14x the exact sds of the correlated intercept and IQ slope), within 4 MCSE of the 4,000 draws. The
+    refinement after the one step (svi_refine) is switched off: it takes the guide to its optimum (sigma's sd then
+    read 0.977-0.982 of the Laplace one, outside the 4 MCSE), and this test is of the start."""
+    monkeypatch.setattr(svi_refine, "refine", lambda *args, **kwargs: None)
     ref = kidiq()
     one = dict(method="svi", num_steps=1, lr=1e-9, lr_schedule="constant", num_samples=4000)
     full, _ = _fit(ref, guide="full_rank", **one)
