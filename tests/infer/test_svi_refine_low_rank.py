@@ -5,12 +5,14 @@ never lowers the ELBO on its draws; the gap check measures the distance to the o
 
 from __future__ import annotations
 
+from functools import partial
+
 import pyro
 import pyro.distributions as dist
 import torch
 from pyro.infer import SVI, Trace_ELBO, autoguide
 from pyro.optim import Adam
-from test_svi_refine import _elbo_on_the_draws, _logistic  # the module beside this file
+from test_svi_refine import _early_guide, _elbo_on_the_draws, _gaussian, _logistic  # the module beside this file
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi_gap, svi_refine
@@ -75,17 +77,9 @@ def _minimize_kl(p, rank: int, start: int):
     return float(kl().detach()), m.detach(), torch.diag(log_d.detach().exp()) + w.detach() @ w.detach().T
 
 
-def _early_guide(model, x, y, steps: int, rank: int):
-    guide = autoguide.AutoLowRankMultivariateNormal(model, rank=rank)
-    svi = SVI(model, guide, Adam({"lr": 0.05}), Trace_ELBO())
-    for _ in range(steps):
-        svi.step(x, y)
-    return guide
-
-
-def _gaussian(guide):
-    q = guide.get_posterior()
-    return q.loc.detach().double(), q.covariance_matrix.detach().double()
+def _low_rank(rank: int):
+    """``make`` for test_svi_refine's ``_early_guide``: a rank-``rank`` ``AutoLowRankMultivariateNormal``."""
+    return partial(autoguide.AutoLowRankMultivariateNormal, rank=rank)
 
 
 def test_a_low_rank_guide_stopped_early_is_refined_to_its_family_optimum():
@@ -101,7 +95,7 @@ def test_a_low_rank_guide_stopped_early_is_refined_to_its_family_optimum():
     assert float((optimum_cov.diagonal().sqrt() / sd - 1).abs().max()) > 1e-2 and kl > 1e-2  # not the posterior
     with pyro.get_param_store().scope():
         torch.manual_seed(0)
-        guide = _early_guide(_model, x, y, 10, 1)
+        guide = _early_guide(_model, x, y, 10, _low_rank(1))
         loc0, cov0 = _gaussian(guide)
         result = svi_refine.refine(guide, _model, Data(x, y))
         loc, fitted = _gaussian(guide)
@@ -121,7 +115,7 @@ def test_the_low_rank_refinement_never_lowers_the_elbo_on_its_draws():
     for steps in (5, 50, 300):
         with pyro.get_param_store().scope():
             torch.manual_seed(steps)
-            guide = _early_guide(_logistic, x, y, steps, 1)
+            guide = _early_guide(_logistic, x, y, steps, _low_rank(1))
             before = _elbo_on_the_draws(guide, _logistic, Data(x, y))
             result = svi_refine.refine(guide, _logistic, Data(x, y))
             after = _elbo_on_the_draws(guide, _logistic, Data(x, y))
@@ -140,7 +134,7 @@ def test_the_low_rank_gap_is_the_known_distance_and_as_precise_as_the_full_rank_
     mean, _ = _posterior(x, y)
     with pyro.get_param_store().scope():
         torch.manual_seed(0)
-        guide = _early_guide(_model, x, y, 10, 1)
+        guide = _early_guide(_model, x, y, 10, _low_rank(1))
         loc, cov = _gaussian(guide)
         gap = svi_gap.newton_gap(guide, _model, Data(x, y))
     exact = (mean - loc) / cov.diagonal().sqrt()
