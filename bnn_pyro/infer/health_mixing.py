@@ -102,11 +102,13 @@ def check_sampler(
     diverging = stats.get("diverging")
     if diverging is not None and diverging.numel() and diverging.float().mean() > DIVERGENCE_MAX:
         frac = float(diverging.float().mean())
-        higher = 0.95 if target_accept < 0.95 else 0.99  # a suggestion above the one that ran
+        higher = next((t for t in (0.95, 0.99) if t > target_accept), None)  # a value above the one that ran
+        accept = f"a higher target_accept (now {target_accept}; e.g. {higher}), " if higher is not None else ""
+        already = f" (target_accept is already {target_accept})" if higher is None else ""
         _warn(
             f"{kind}: {100 * frac:.1f}% of the draws diverged ({int(diverging.sum())} of {diverging.numel()}; "
-            f"threshold {100 * DIVERGENCE_MAX:.0f}%), so the draws may be biased. Try a higher target_accept "
-            f"(now {target_accept}; e.g. {higher}), more num_warmup, or a reparameterized (non-centered) prior."
+            f"threshold {100 * DIVERGENCE_MAX:.0f}%), so the draws may be biased. Try {accept}more num_warmup, "
+            f"or a reparameterized (non-centered) prior{already}."
         )
     depth = stats.get("tree_depth")
     if max_tree_depth is not None and depth is not None and depth.numel():

@@ -417,13 +417,20 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         and sharing is None
         and not warmup
     )
+    # (a low-rank guide's gap takes the Hessians at 1,000 draws, as the refinement does: the same bounds)
+    low_rank_checked = dim <= svi_refine.MAX_DIM and dim * data.size <= svi_refine.MAX_WORK
     gap_checked = small_function and (
-        guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and dim <= svi_refine.MAX_DIM
+        guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and low_rank_checked
     )
+    if small_function and guide_kind is GuideKind.LOW_RANK and not low_rank_checked:
+        config["guide_gap"] = (
+            f"not checked: a low-rank guide's gap needs the Hessians at its draws, and {dim} coordinates x "
+            f"{data.size} rows is over svi_refine's bounds (MAX_DIM {svi_refine.MAX_DIM}, MAX_WORK {svi_refine.MAX_WORK:,})"
+        )
     # and its Gaussian guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine); a guide given as a
     # class or callable is used as given, and the record says so
     refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
-    given_guide = small_function and not isinstance(guide_kind, GuideKind)
+    given_guide = small_function and dim <= svi_refine.MAX_DIM and not isinstance(guide_kind, GuideKind)
     ckpts = open_chains(
         cfg.checkpoint,
         every=cfg.checkpoint_every,

@@ -43,7 +43,8 @@ fraction of the fit: each evaluates ``dim`` gradient passes over every row per d
 Safeguards: a finished fit is never made worse and never fails here. A step is kept only if the ELBO estimated on the
 same draws (``mean log p(z) + log det chol S``) does not fall; otherwise ``r`` is halved, down to :data:`MIN_RATE`.
 The iterations stop at a fixed point (the undamped step from the current guide, the candidate's move divided by ``r``,
-moves every coordinate's mean and sd less than :data:`TOL` guide sds: judged before the candidate is evaluated, since
+moves the guide less than :data:`TOL` in its own whitened frame, the mean's step and the sd along every
+direction, so correlations count: judged before the candidate is evaluated, since
 a step that small is below the float32 rounding of the ELBO estimate, which could reject it at every ``r``) or after
 :data:`MAX_EVALUATIONS` evaluations of the draws. Where the log density, its gradient or its Hessian cannot be
 evaluated or is not finite at some draw (a candidate's: that step is not taken), the expected Hessian is not positive
@@ -115,8 +116,9 @@ the defaults, ``benchmarks/results/svi_convergence/``)."""
 MIN_RATE = 1 / 16
 """The smallest damping ``r`` tried before giving up on a step."""
 TOL = 0.01
-"""A fixed point: the undamped step from the current guide would move no coordinate's mean or sd more than this many
-guide sds. A fifth of the gap check's :data:`~bnn_pyro.infer._health.GAP_MAX` and a tenth of what the 1,000 draws of
+"""A fixed point: the undamped step from the current guide would move its mean by less than this many guide sds in the
+guide's whitened frame (which bounds every coordinate's move in its sds) and its sd along no direction by more than
+this fraction (``_moved``). A fifth of the gap check's :data:`~bnn_pyro.infer._health.GAP_MAX` and a tenth of what the 1,000 draws of
 a fit resolve (``4 / sqrt(1000) = 0.13`` sds), so the steps left are below anything the fit reports. Off a Gaussian
 the steps shrink geometrically, not quadratically, so a much smaller tolerance would spend many evaluations on moves
 that the draws' own Monte Carlo error (the gap check's standard error, 0.03 guide sds on eight schools' ``log tau``)
@@ -355,9 +357,14 @@ def _write_low_rank(guide, loc: torch.Tensor, w: torch.Tensor, d: torch.Tensor) 
 
 
 def _moved(old: _Point, loc: torch.Tensor, tril: torch.Tensor) -> float:
-    """The largest move of a coordinate's mean or log sd from ``old`` to ``(loc, chol S)``, in the old guide's sds."""
-    sd_old, sd_new = old.tril.pow(2).sum(-1).sqrt(), tril.pow(2).sum(-1).sqrt()
-    return float(torch.maximum(((loc - old.loc) / sd_old).abs(), (sd_new / sd_old).log().abs()).max())
+    """How far ``(loc, chol S)`` is from ``old``, in the old guide's whitened frame (its sds along its own axes): the
+    length of the mean's move (which bounds every coordinate's move in its sds) and the largest log ratio of sds along
+    any direction (eigenvalues of ``S_old^-1/2 S S_old^-1/2``), so that a change of correlations counts too: a guide
+    with the right means and marginal sds but the wrong correlations is not a fixed point (review 12)."""
+    ratio = torch.linalg.solve_triangular(old.tril, tril, upper=False)
+    step = torch.linalg.solve_triangular(old.tril, (loc - old.loc)[:, None], upper=False)[:, 0]
+    spread = torch.linalg.eigvalsh(ratio @ ratio.T).log().abs().max() / 2
+    return float(torch.maximum(step.norm(), spread))
 
 
 def _write(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:

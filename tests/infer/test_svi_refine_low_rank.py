@@ -194,3 +194,18 @@ def test_the_projection_keeps_the_diagonal_off_zero():
     fitted = torch.diag(diag) + factor @ factor.T
     kl = (torch.trace(precision @ fitted) - torch.logdet(precision @ fitted) - 3) / 2  # to N(0, cov), the optimum's 0
     assert 0 <= float(kl) <= svi_refine.DIAG_FLOOR / 2, kl
+
+
+def test_a_low_rank_fit_over_the_work_bound_is_neither_refined_nor_checked_and_says_so(monkeypatch):
+    """Review 12: the low-rank gap takes the Hessians at 1,000 draws, as the refinement does, but only the refinement
+    was bounded by coordinates x rows (100 x 10,000 took 15 of a 22 s fit). Past the bound neither runs, and the
+    config says why; the bound is lowered here so that the conjugate regression is past it."""
+    x, y = _data()
+    monkeypatch.setattr(svi_refine, "MAX_WORK", 1)
+    post = bp.fit(
+        _model, x, y, method="svi", guide="low_rank", guide_rank=1, num_steps=20, num_samples=5, seed=0, progress=False
+    )
+    assert "guide_gap" not in post.history, post.history.keys()
+    assert post.config["guide_gap"].startswith("not checked: a low-rank guide's gap needs the Hessians"), post.config
+    (record,) = post.config["guide_refinement"]
+    assert "MAX_WORK" in record["stopped"], record
