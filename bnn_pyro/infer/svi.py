@@ -83,7 +83,8 @@ a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained i
 so: :data:`GIVEN_GUIDE`). Then, for the full-rank and low-rank guides, the ELBO's gradient in the guide's mean,
 turned into the Newton step to the optimum of the guide's family in the guide's own sds
 (:mod:`bnn_pyro.infer.svi_gap`; a low-rank guide's with the expected Hessian, since its covariance is not the inverse
-curvature at its optimum), is stored per chain in ``post.history["guide_gap"]`` (unconstrained coordinates, named in
+curvature at its optimum, and so within the refinement's bounds only: past them ``post.config["guide_gap"]`` says it
+was not checked), is stored per chain in ``post.history["guide_gap"]`` (unconstrained coordinates, named in
 ``post.config["guide_coordinates"]``) and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`. Where the gap
 cannot be evaluated the fit still returns, with NaN gaps and the reason in ``post.config["guide_gap"]``. A mean-field
 guide is not checked (its diagonal covariance is not the inverse curvature where the posterior correlates).
