@@ -293,7 +293,7 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
     -------
     Posterior
         The inner engine's chains and draws over the net's sites; ``config["subspace"]`` records the rank,
-        the prior and the singular values, ``config["inner"]`` the inner engine's configuration.
+        the prior, the singular values and the inner engine's ``coordinates``, ``config["inner"]`` the inner engine's configuration.
         ``config["subspace"]["held"]``: the fraction of each weight's posterior variance and of the outputs'
         linearized variance at the training inputs that the subspace can hold at all
         (:func:`~bnn_pyro.infer.subspace_held.check_subspace`, which warns when an output keeps below 44%, or a
@@ -477,6 +477,7 @@ def _fit_subspace(
             inner_options=inner_options,
             prior=kind.value,
             prior_scale=scale,
+            coordinates=_coordinates(kind),  # a checkpoint of the inner stage in other units must not resume
             swa=dict(swa, rank=deviations),
             seed=seed,
             batch_size=data.batch_size,
@@ -595,7 +596,10 @@ def _fit_subspace(
             batch_size=data.batch_size,
             dataset_size=data.size,
             subspace=dict(
-                rank=rank, deviations=int(moments.deviations.shape[0]), singular_values=[float(s) for s in singular]
+                rank=rank,
+                deviations=int(moments.deviations.shape[0]),
+                singular_values=[float(s) for s in singular],
+                coordinates=_coordinates(kind),
             ),
             inner_config=inner_post.config,
             swa=swa_post.config,
@@ -604,6 +608,13 @@ def _fit_subspace(
     paths.record(config, swa_post.config, inner_post.config)
     post = select_noise(assemble(runs, method="subspace", config=config, data=data), holdout)
     return check_off_data(check_subspace(post, directions=directions, rank=rank, prior=kind.value), OFF_DATA)
+
+
+def _coordinates(kind: SubspacePrior) -> str:
+    """What the inner engine samples (``config["subspace"]["coordinates"]``; docstring, "Inner coordinates"): under the
+    induced prior the displacement along unit directions, in weight units; under the isotropic prior the paper's ``z``
+    (one SWA iterate sd per unit). An inner engine's own ``lr``, ``init_scale`` or fixed ``step_size`` is in these units."""
+    return "weight units" if kind is SubspacePrior.INDUCED else "z (SWA iterate sds)"
 
 
 def _map_start(

@@ -134,6 +134,7 @@ def test_inner_svi_gives_a_usual_posterior_over_the_weights(tmp_path):
     idata = post.to_inference_data()
     assert "posterior" in idata.groups() and idata.posterior.sizes["chain"] == 2
     assert post.config["inner_config"]["num_steps"] == 50 and post.config["subspace"]["rank"] == 2
+    assert post.config["subspace"]["coordinates"] == "weight units"  # the induced prior's inner coordinates
     loaded = bp.load(post.save(tmp_path / "post.bnn"))
     assert torch.equal(loaded.samples["2.bias"], post.samples["2.bias"])
 
@@ -425,7 +426,8 @@ def test_a_resume_with_other_settings_is_refused_by_the_fit_and_by_each_stage(ro
     bp.fit(_mlp(), x, y, **run)
     with pytest.raises(FileExistsError, match=r"holds the checkpoints of a subspace run. Pass resume=True"):
         bp.fit(_mlp(), x, y, **run)
-    refused = r"subspace.ckpt' belongs to another run \(differs in \['prior'\]"
+    # the inner engine's coordinates are part of the identity too (a checkpoint in other units must not resume)
+    refused = r"subspace.ckpt' belongs to another run \(differs in \['coordinates', 'prior'\]"
     with pytest.raises(ckpt_mod.CheckpointError, match=refused):
         bp.fit(_mlp(), x, y, resume=True, **dict(run, prior="isotropic"))
     # each stage's own run identity, reached with the fit's record removed: the stage with the changed setting
