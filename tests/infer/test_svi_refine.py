@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from functools import partial
 
 import pyro
 import pyro.distributions as dist
@@ -99,20 +100,29 @@ def _logistic(x, y=None):
         return pyro.sample("obs", dist.Bernoulli(logits=b[0] + b[1] * x), obs=y)
 
 
-def test_the_refinement_never_lowers_the_elbo_on_its_draws():
+@pytest.mark.parametrize(
+    "make, min_accepted",
+    [
+        (autoguide.AutoMultivariateNormal, 0),
+        (partial(autoguide.AutoLowRankMultivariateNormal, rank=1), 1),  # test_svi_refine_low_rank's family
+    ],
+    ids=["full_rank", "low_rank"],
+)
+def test_the_refinement_never_lowers_the_elbo_on_its_draws(make, min_accepted):
     """Off a Gaussian posterior (a logistic regression with a learned prior scale), from guides stopped at several
-    points: the ELBO on the refinement's draws, recomputed here, does not fall, and the recorded change is it."""
+    points (full-rank, and rank-1 low-rank): the ELBO on the refinement's draws, recomputed here, does not fall, and the
+    recorded change is it."""
     g = torch.Generator().manual_seed(2)
     x = torch.randn(40, generator=g)
     y = torch.bernoulli(torch.sigmoid(0.5 + 1.5 * x), generator=g)
     for steps in (5, 50, 300):
         with pyro.get_param_store().scope():
             torch.manual_seed(steps)
-            guide = _early_guide(_logistic, x, y, steps)
+            guide = _early_guide(_logistic, x, y, steps, make)
             before = _elbo_on_the_draws(guide, _logistic, Data(x, y))
             result = svi_refine.refine(guide, _logistic, Data(x, y))
             after = _elbo_on_the_draws(guide, _logistic, Data(x, y))
-        assert not result.stopped.startswith("skipped"), result
+        assert not result.stopped.startswith("skipped") and result.accepted >= min_accepted, result
         assert after >= before - 1e-4 * abs(before), (steps, before, after, result)  # float32 write-back only
         assert abs((after - before) - result.elbo_change) < 1e-3 * max(1.0, abs(before)), (steps, result)
 

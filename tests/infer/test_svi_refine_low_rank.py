@@ -12,7 +12,7 @@ import pyro.distributions as dist
 import torch
 from pyro.infer import SVI, Trace_ELBO, autoguide
 from pyro.optim import Adam
-from test_svi_refine import _early_guide, _elbo_on_the_draws, _gaussian, _logistic  # the module beside this file
+from test_svi_refine import _early_guide, _gaussian, _logistic  # the module beside this file
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi_gap, svi_refine
@@ -104,24 +104,6 @@ def test_a_low_rank_guide_stopped_early_is_refined_to_its_family_optimum():
     assert result.stopped == "fixed point" and result.accepted >= 1 and result.elbo_change > 0, result
     assert float(((loc - mean) / sd).abs().max()) < 1e-3, (loc, mean)
     assert float(((fitted - optimum_cov) / torch.outer(sd, sd)).abs().max()) < 1e-3, (fitted, optimum_cov)
-
-
-def test_the_low_rank_refinement_never_lowers_the_elbo_on_its_draws():
-    """Off a Gaussian posterior (svi_refine's test's logistic regression with a learned prior scale), from rank-1
-    guides stopped at several points: the ELBO on the refinement's draws, recomputed there, does not fall."""
-    g = torch.Generator().manual_seed(2)
-    x = torch.randn(40, generator=g)
-    y = torch.bernoulli(torch.sigmoid(0.5 + 1.5 * x), generator=g)
-    for steps in (5, 50, 300):
-        with pyro.get_param_store().scope():
-            torch.manual_seed(steps)
-            guide = _early_guide(_logistic, x, y, steps, _low_rank(1))
-            before = _elbo_on_the_draws(guide, _logistic, Data(x, y))
-            result = svi_refine.refine(guide, _logistic, Data(x, y))
-            after = _elbo_on_the_draws(guide, _logistic, Data(x, y))
-        assert not result.stopped.startswith("skipped") and result.accepted >= 1, result
-        assert after >= before - 1e-4 * abs(before), (steps, before, after, result)  # float32 write-back only
-        assert abs((after - before) - result.elbo_change) < 1e-3 * max(1.0, abs(before)), (steps, result)
 
 
 def test_the_low_rank_gap_is_the_known_distance_and_as_precise_as_the_full_rank_one():
