@@ -109,6 +109,7 @@ from bnn_pyro.infer.checkpoint import Checkpoint, CheckpointError, read, write
 from bnn_pyro.infer.contract import PotentialRunOptions, entry, renamed_options
 from bnn_pyro.infer.driver import ChainRun, assemble
 from bnn_pyro.infer.health_off_data import check_off_data
+from bnn_pyro.infer.health_warn import warn_diagnostic
 from bnn_pyro.infer.holdout import noise_site, select_noise, split
 from bnn_pyro.infer.map_fit import fit_map
 from bnn_pyro.infer.registry import REGISTRY, Method
@@ -119,7 +120,16 @@ from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice, flag, positive, positive_int
 from bnn_pyro.utils.user_warnings import warn
 
-__all__ = ["fit_subspace", "SubspaceConfig", "Subspace", "SubspaceModel", "SubspacePrior", "inner_engines"]
+__all__ = [
+    "fit_subspace",
+    "SubspaceConfig",
+    "Subspace",
+    "SubspaceModel",
+    "SubspacePrior",
+    "inner_engines",
+    "spanned_directions",
+    "DEFAULT_SUBSPACE_DIM",
+]
 
 # pre-training on full batches (or reshuffled epochs) by the MAP engine: swag.py's pre-training budget and rate
 _PRETRAIN_STEPS, _PRETRAIN_LR = 2000, 3e-2
@@ -146,6 +156,11 @@ diverged, at 0.9-1.6x the leapfrog steps per draw, test RMSE within 0.0005 and N
 diabetes the bulk ESS of f fell from 1,755 and 1,336 to 855 and 871 of 1,000 draws; on the 1-16-1 net at seed 0 from
 448 to 359)."""
 STAGES = ("map", "swa", "inner")  # the sub-folders of checkpoint=FOLDER, one per stage
+DEFAULT_SUBSPACE_DIM = 10
+"""``subspace_dim`` when it is not given (the paper uses 5 to 20; why 10: :func:`fit_subspace`). Not given, it is
+lowered to what the model allows (:func:`fit_subspace`): the number of weights with a prior, the SWA deviations kept
+(``swa=SWAGConfig(swag_rank=...)``) and the number of directions they span (:func:`spanned_directions`); given, a
+value above any of these is an error naming it."""
 
 
 def inner_engines() -> tuple[str, ...]:
@@ -192,6 +207,27 @@ class Subspace:
         return out
 
 
+def spanned_directions(singular: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> tuple[int, float]:
+    """The number of directions a ``K x d`` matrix of ``dtype`` with singular values ``singular`` (descending)
+    spans, and the tolerance used: the numerical rank, the singular values above ``max(K, d) * eps(dtype) * s_max``
+    (``torch.linalg.matrix_rank``'s and ``numpy.linalg.matrix_rank``'s default; Golub & Van Loan, *Matrix
+    Computations*, 5.4.1).
+
+    Why this rule: the SWA deviations are float32 differences of iterates (``dtype``: theirs, not the float64 of an
+    SVD taken of them), so a direction in which the iterates never moved (a 2-class softmax's logit sum, which the
+    likelihood's gradient never reaches) still carries their rounding, and the SVD returns it as a singular value of
+    about ``eps * s_max`` or more, never as zero. A tolerance must sit above that noise: the former fixed
+    ``1e-8 * s_max`` sat below float32's ``eps = 1.2e-7``, so rounding passed it as directions, and how many differed
+    from one device to another (on a frozen-backbone ``Linear(4, 2)`` head, 10 weights, the 5 directions after its 5
+    true ones had singular values ``1.6e-7`` to ``1.2e-8`` of the largest on a CPU; a GPU counted one fewer: 9 of the
+    default 10, an error there, 10 on the CPU). ``max(K, d)`` covers the growth of that noise with the matrix's
+    size."""
+    if singular.numel() == 0:
+        return 0, 0.0
+    tolerance = max(shape) * torch.finfo(dtype).eps * float(singular.max())
+    return int((singular > tolerance).sum()), tolerance
+
+
 class SubspaceModel:
     """The Pyro model over ``z``: the ``BNN`` with its weight sites conditioned on ``w_hat + P z``. ``prior_scale``
     (a number, or one per direction): the sd of ``z``'s base ``N(0, prior_scale^2)``, the prior under
@@ -221,7 +257,7 @@ class SubspaceConfig(PotentialRunOptions):
 
     RENAMED: ClassVar[dict[str, str]] = {"rank": "subspace_dim"}
 
-    subspace_dim: int = 10
+    subspace_dim: int | None = None  # default: DEFAULT_SUBSPACE_DIM, fewer where the model allows fewer (fit_subspace)
     inner: Any = "nuts"
     num_samples: int | None = None
     num_chains: int = 1
@@ -250,9 +286,15 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
     Parameters
     ----------
     subspace_dim:
-        ``k``, the subspace's dimension (default 10; the paper uses 5 to 20); at most the number of SWA
-        deviations kept (``swa["swag_rank"]``, default ``max(20, subspace_dim)``) and the number of weights. ``rank=``,
-        its former name, still works for one release with a ``FutureWarning``. Why 10: on the
+        ``k``, the subspace's dimension (default :data:`DEFAULT_SUBSPACE_DIM`, 10; the paper uses 5 to 20). Given, it
+        must be at most the number of weights with a prior, the SWA deviations kept (``swa["swag_rank"]``, default
+        ``max(20, subspace_dim)``) and the number of directions they span (their numerical rank,
+        :func:`spanned_directions`), or an error names it. Not given, the default is lowered to the smallest of
+        these, so that a small model fits at the defaults; ``config["subspace"]["subspace_dim"]`` records the
+        dimension requested and used and why. Lowered to the directions spanned, a ``DiagnosticWarning`` says so:
+        in the others the SWA iterates did not wander, no training row's gradient reaches them, and the posterior's
+        prior spread there is missing from every draw. ``rank=``, its former name, still works for one release with
+        a ``FutureWarning``. Why 10: on the
         bundled gap data (1-50-1 tanh net, noise 0.1, seed 0) the linearized posterior in the subspace is
         1.55x more uncertain in the gap than on the data at rank 5 (NUTS over z at rank 5: 1.55x too), 4.3x at
         rank 10 and 7.3x at rank 20 (NUTS on all weights: 6.6x): the top few directions of the SGD iterates
@@ -409,7 +451,9 @@ def _fit_subspace(
             f"model: method='subspace' needs a bnn_pyro.BNN (its weight sites span the subspace), got "
             f"{type(model).__name__}; wrap the net as bp.BNN(net, prior=..., likelihood=...)."
         )
-    rank = positive_int("subspace_dim", subspace_dim)
+    given = subspace_dim is not None  # not given: DEFAULT_SUBSPACE_DIM, lowered to what the model allows
+    rank = positive_int("subspace_dim", subspace_dim) if given else DEFAULT_SUBSPACE_DIM
+    lowered = None  # why the default was lowered, if it was
     inner, typed = _inner_method(inner)
     if not (isinstance(inner, str) and inner in inner_engines()):
         raise ValueError(
@@ -458,14 +502,20 @@ def _fit_subspace(
             raise ValueError(f"swa: {key!r} is set by the subspace fit (one SWA chain builds the subspace); drop it.")
     num_weights = sum(math.prod(model.param_shapes[n]) for n in model.sample_names)
     if rank > num_weights:
-        raise ValueError(f"subspace_dim={rank} exceeds the number of weights with a prior ({num_weights}); lower it.")
+        if given:
+            raise ValueError(
+                f"subspace_dim={rank} exceeds the number of weights with a prior ({num_weights}); lower it."
+            )
+        rank, lowered = num_weights, f"the model has {num_weights} weights with a prior"
     swa = renamed_options(swa, {"rank": "swag_rank"})  # SWAG's rank is swag_rank (one name per concept)
     deviations = positive_int("swa['swag_rank']", swa.pop("swag_rank", max(20, rank)))
     if rank > deviations:
-        raise ValueError(
-            f"subspace_dim={rank} exceeds the {deviations} SWA deviations kept (swa['swag_rank']); lower "
-            f"subspace_dim or pass swa=SWAGConfig(swag_rank={rank}) or more."
-        )
+        if given:
+            raise ValueError(
+                f"subspace_dim={rank} exceeds the {deviations} SWA deviations kept (swa['swag_rank']); lower "
+                f"subspace_dim or pass swa=SWAGConfig(swag_rank={rank}) or more."
+            )
+        rank, lowered = deviations, f"swa=SWAGConfig(swag_rank={deviations}) keeps {deviations} SWA deviations"
     stages = _stages(
         checkpoint,
         checkpoint_every,
@@ -520,12 +570,21 @@ def _fit_subspace(
     every, singular = Subspace.from_deviations(
         moments.mean[columns], moments.deviations[:, columns], len(columns), shapes
     )  # all the deviations' directions: the first rank span the subspace, the rest are what check_subspace weighs
-    spanned = int((singular > 1e-8 * singular[0]).sum())
-    if rank > spanned:
+    # the iterates' precision (the model's dtype), not the float64 the moments are accumulated in
+    spanned, tolerance = spanned_directions(singular, tuple(moments.deviations[:, columns].shape), dtype)
+    if spanned == 0:
         raise ValueError(
-            f"subspace_dim={rank}: the SWA deviations span only {spanned} directions; lower subspace_dim, or collect "
-            "more snapshots (swa=SWAGConfig(num_steps=...))."
+            "swa: the SWA iterates never moved (their deviations span no direction), so there is no subspace to "
+            "sample; check the SWA run's lr (swa=SWAGConfig(lr=...)) and that the data reach the weights."
         )
+    if rank > spanned:
+        if given:
+            raise ValueError(
+                f"subspace_dim={rank}: the SWA deviations span only {spanned} directions; lower subspace_dim, or "
+                "collect more snapshots (swa=SWAGConfig(num_steps=...))."
+            )
+        rank, lowered = spanned, f"the SWA deviations span only {spanned} directions"
+        warn_diagnostic(_unspanned_message(spanned, num_weights))  # rank <= num_weights: directions left out
     space = Subspace(every.center.to(dtype), every.basis[:, :rank].to(dtype), shapes)
     origin = every.center.new_zeros(every.center.shape)  # direction j at each site: row j of weights(I)
     directions = Subspace(origin, every.basis[:, :spanned], shapes).weights(
@@ -597,6 +656,11 @@ def _fit_subspace(
             dataset_size=data.size,
             subspace=dict(
                 rank=rank,
+                subspace_dim=dict(
+                    requested=subspace_dim if given else DEFAULT_SUBSPACE_DIM, used=rank, given=given, lowered=lowered
+                ),
+                spanned=spanned,
+                rank_tolerance=tolerance,
                 deviations=int(moments.deviations.shape[0]),
                 singular_values=[float(s) for s in singular],
                 coordinates=_coordinates(kind),
@@ -608,6 +672,24 @@ def _fit_subspace(
     paths.record(config, swa_post.config, inner_post.config)
     post = select_noise(assemble(runs, method="subspace", config=config, data=data), holdout)
     return check_off_data(check_subspace(post, directions=directions, rank=rank, prior=kind.value), OFF_DATA)
+
+
+def _unspanned_message(spanned: int, num_weights: int) -> str:
+    """The warning of a default ``subspace_dim`` lowered to the ``spanned`` directions the SWA deviations span, of
+    ``num_weights``: in the others the SGD iterates did not wander beyond rounding, so no training row's gradient
+    reaches them; the posterior keeps its prior spread there, which a subspace of the iterates' deviations cannot hold
+    at any dimension. Said because a user reading the draws' weight sds (or predictions off the data) would not
+    otherwise learn that part of the posterior is missing; a default lowered to the number of weights or to the
+    deviations kept loses nothing the deviations held, and is only recorded."""
+    return (
+        f"subspace: the SWA deviations span only {spanned} of the {num_weights} weight directions, so subspace_dim "
+        f"is {spanned}, not the default {DEFAULT_SUBSPACE_DIM} (post.config['subspace']['subspace_dim']). Along "
+        f"the other {num_weights - spanned} the SGD iterates did not wander: no training row's gradient reaches "
+        "them (e.g. the shift common to every class of a softmax, or a unit no row activates), so there the "
+        "posterior keeps the prior's spread, while every draw sits at the SWA mean: post.summary()'s weight sds and "
+        "any prediction that depends on those directions miss it. Subspace inference cannot hold it at any "
+        f"subspace_dim; method='nuts' samples all {num_weights} weights."
+    )
 
 
 def _coordinates(kind: SubspacePrior) -> str:

@@ -146,7 +146,8 @@ BNN_OUTCOMES = {
     # variance, sds 0.64-0.67: the draws' 0.67-0.72 of the exact sds sit just inside the 1.5 bound)
 }
 """What every engine that takes a ``bp.BNN`` does at its defaults on the two BNN references (subspace with
-``subspace_dim=2``, after its default is refused)."""
+``subspace_dim=2``: at its default it uses all 3 weights, the whole weight space, so it is NUTS with an SWA run in
+front; a given ``subspace_dim=10`` is refused)."""
 
 
 @pytest.mark.slow
@@ -154,9 +155,9 @@ BNN_OUTCOMES = {
 @pytest.mark.parametrize("method", BNN_ENGINES)
 def test_bnn_engines_at_their_defaults_match_the_references_or_warn(method, name):
     ref = BNN_REFERENCES[name]()
-    if method == "subspace":  # its default subspace_dim=10 exceeds these models' 3 weights: a clear refusal, then
+    if method == "subspace":  # a given subspace_dim=10 exceeds these models' 3 weights: a clear refusal, then
         with pytest.raises(ValueError, match=r"subspace_dim=10 exceeds the number of weights with a prior \(3\)"):
-            _fit(ref, method)
+            _fit(ref, method, subspace_dim=10)
         post, messages = _fit(ref, method, subspace_dim=2)  # a true subspace (2 of 3), the other defaults kept
     else:
         post, messages = _fit(ref, method)

@@ -1,0 +1,104 @@
+"""Subspace inference's count of the directions the SWA deviations span (``spanned_directions``: the numerical rank of
+float32 iterates' deviations) and its default ``subspace_dim``, lowered to what a small or partly data-free model
+allows instead of an error (bnn_pyro/infer/subspace.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import bnn_pyro as bp
+from bnn_pyro.infer.mcmc import NUTSConfig
+from bnn_pyro.infer.subspace import DEFAULT_SUBSPACE_DIM, spanned_directions
+from bnn_pyro.posterior.diagnostics import DiagnosticWarning
+
+K, D = 20, 10  # SWA's default deviations kept, and a 10-weight model
+
+
+def _float32_matrix(singular: list[float], seed: int = 0) -> torch.Tensor:
+    """A ``K x D`` matrix with the given nonzero singular values (random orthonormal factors), rounded to float32 as
+    the SWA iterates are, then back in float64 as the moments keep them."""
+    g = torch.Generator().manual_seed(seed)
+    u = torch.linalg.qr(torch.randn(K, len(singular), generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(D, len(singular), generator=g, dtype=torch.float64))[0]
+    exact = u @ torch.diag(torch.tensor(singular, dtype=torch.float64)) @ v.T
+    return exact.float().double()
+
+
+def test_float32_rounding_is_not_counted_as_a_direction():
+    """Rank 4, rounded to float32: the SVD returns the 6 directions it does not span with singular values of float32
+    rounding, above the former fixed tolerance ``1e-8 * s_max``; the numerical rank is 4, as
+    ``torch.linalg.matrix_rank`` says of the float32 matrix itself."""
+    m = _float32_matrix([3.0, 1.0, 0.2, 0.05])
+    s = torch.linalg.svdvals(m)
+    assert int((s > 1e-8 * s[0]).sum()) > 4  # the rounding passed the former rule: this matrix tells them apart
+    spanned, tolerance = spanned_directions(s, tuple(m.shape), torch.float32)
+    assert spanned == 4 == int(torch.linalg.matrix_rank(m.float()))
+    assert tolerance == pytest.approx(max(K, D) * torch.finfo(torch.float32).eps * float(s[0]))
+
+
+def test_a_small_true_direction_well_above_the_tolerance_is_kept():
+    """The smallest of 5 true directions at 1e-4 of the largest, 40x float32's tolerance ``20 * 1.2e-7``: counted."""
+    m = _float32_matrix([1.0, 0.3, 0.01, 1e-3, 1e-4], seed=1)
+    s = torch.linalg.svdvals(m)
+    spanned, tolerance = spanned_directions(s, tuple(m.shape), torch.float32)
+    assert spanned == 5 and float(s[4]) > 10 * tolerance
+    assert spanned_directions(s, tuple(m.shape), torch.float64)[0] >= 5  # float64's tolerance is far smaller
+    assert spanned_directions(torch.zeros(3), (K, D), torch.float32)[0] == 0  # no spread at all: nothing spanned
+
+
+def _softmax_head() -> tuple[bp.BNN, torch.Tensor, torch.Tensor]:
+    """A frozen 3-4 tanh backbone and a trainable ``Linear(4, 2)`` head under a 2-class softmax: 10 weights, of
+    which the logits' sum ``w0 + w1`` (5 directions) gets no likelihood gradient, so the SWA deviations span only the
+    5 others (tests/test_model.py's frozen-parameter model, where a GPU found the default failing)."""
+    torch.manual_seed(0)
+    x = torch.randn(60, 3)
+    y = (x[:, 0] + x[:, 1] > 0).long()
+    backbone = nn.Sequential(nn.Linear(3, 4), nn.Tanh()).requires_grad_(False)
+    net = nn.Sequential(backbone, nn.Linear(4, 2))
+    return bp.BNN(net, prior=bp.priors.Normal(), likelihood=bp.likelihoods.Categorical()), x, y
+
+
+TINY_INNER = dict(num_samples=4, inner=NUTSConfig(num_warmup=4), seed=0, progress=False)
+
+
+def test_the_default_uses_the_directions_spanned_records_why_and_warns_an_explicit_dim_above_them_raises():
+    model, x, y = _softmax_head()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        post = bp.fit(model, x, y, method="subspace", **TINY_INNER)
+    record = post.config["subspace"]
+    assert record["spanned"] == 5 and record["rank"] == 5 and post.config["rank"] == 5
+    assert record["subspace_dim"] == dict(
+        requested=DEFAULT_SUBSPACE_DIM, used=5, given=False, lowered="the SWA deviations span only 5 directions"
+    )
+    said = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
+    ours = [m for m in said if "span only 5 of the 10 weight directions" in m]
+    assert len(ours) == 1 and "subspace_dim is 5, not the default 10" in ours[0] and "method='nuts'" in ours[0]
+    assert post.samples["1.weight"].shape == (1, 4, 2, 4)
+    with pytest.raises(ValueError, match=r"subspace_dim=6: the SWA deviations span only 5 directions; lower"):
+        bp.fit(model, x, y, method="subspace", subspace_dim=6, **TINY_INNER)
+
+
+def test_the_default_on_a_model_with_fewer_weights_uses_them_all_without_a_warning():
+    """3 weights (a linear regression, the reference suite's): the default 10 becomes 3, the whole weight space,
+    which the deviations span; nothing is missed, so nothing is said about it. Given, 10 is still an error."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 2, generator=g)
+    y = x @ torch.tensor([1.0, -1.0]) + 0.3 + 0.5 * torch.randn(40, generator=g)
+    torch.manual_seed(0)
+    model = bp.BNN(nn.Linear(2, 1), prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=0.5))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        post = bp.fit(model, x, y, method="subspace", **TINY_INNER)
+    record = post.config["subspace"]
+    assert record["subspace_dim"] == dict(
+        requested=DEFAULT_SUBSPACE_DIM, used=3, given=False, lowered="the model has 3 weights with a prior"
+    )
+    assert record["spanned"] == 3 and record["held"]["variance_held"] == pytest.approx([1.0] * 3)
+    assert not [w for w in caught if "weight directions" in str(w.message)]
+    with pytest.raises(ValueError, match=r"subspace_dim=10 exceeds the number of weights with a prior \(3\)"):
+        bp.fit(model, x, y, method="subspace", subspace_dim=10, **TINY_INNER)
