@@ -112,3 +112,23 @@ def test_every_warning_in_the_library_goes_through_user_warnings():
         if re.search(r"\bwarnings\.warn\(|stacklevel=", line)
     ]
     assert not direct, f"use bnn_pyro.utils.user_warnings.warn instead of warnings.warn / stacklevel at {direct}"
+
+
+def test_speaking_for_renames_only_the_named_methods_warnings_and_only_inside_the_block():
+    """An engine run inside another (subspace's inner NUTS) has its warnings renamed to what the user called; other
+    messages, and every message after the block, are as issued, and all still point at the caller's line."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with user_warnings.speaking_for("nuts", "subspace (inner nuts)"):
+            line = _next_line()
+            user_warnings.warn("nuts: 3% of the draws diverged", DiagnosticWarning)
+            user_warnings.warn("nutshell: not the method's name", DiagnosticWarning)
+            user_warnings.warn("subspace: the fit's own", DiagnosticWarning)
+        user_warnings.warn("nuts: after the block", DiagnosticWarning)
+    assert [str(w.message) for w in record] == [
+        "subspace (inner nuts): 3% of the draws diverged",
+        "nutshell: not the method's name",
+        "subspace: the fit's own",
+        "nuts: after the block",
+    ]
+    assert (record[0].filename, record[0].lineno) == (__file__, line)

@@ -118,7 +118,7 @@ from bnn_pyro.infer.swag import SWAConfig, fit_moments
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice, flag, positive, positive_int
-from bnn_pyro.utils.user_warnings import warn
+from bnn_pyro.utils.user_warnings import speaking_for, warn
 
 __all__ = [
     "fit_subspace",
@@ -308,7 +308,9 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
         (``dense_mass=True``: ``k`` is small), and NUTS targets an acceptance of 0.95
         (:data:`INNER_TARGET_ACCEPT`: at Stan's 0.8 up to 2.7% of its draws diverged on the small nets measured). ``inner_options=dict(...)``, the former way to set the inner
         engine's options, still works for one release with a ``FutureWarning`` naming the typed config to use
-        (one way per concept: the config checks its option names and types where it is made).
+        (one way per concept: the config checks its option names and types where it is made). The inner engine's
+        fit-time warnings name the method called and the engine, ``"subspace (inner nuts): ..."``
+        (:func:`~bnn_pyro.utils.user_warnings.speaking_for`).
     prior, prior_scale:
         ``"induced"`` (default: the net's prior at ``w_hat + P z``) or ``"isotropic"`` (``z ~ N(0,
         prior_scale^2 I)``, ``prior_scale`` default 1).
@@ -603,35 +605,37 @@ def _fit_subspace(
         train, holdout, _ = split(
             data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert, model=model
         )
-    if data.loader is not None:
-        inner_post = fit(
-            zmodel,
-            data.loader,
-            None,
-            method=inner,
-            dataset_size=data.size,
-            seed=seed,
-            progress=progress,
-            fast_path=fast_path,
-            **inner_options,
-            **stages["inner"],
-        )
-    else:
-        # minibatches for the engines that take them (SVI, SG-MCMC); MCMC's accept/reject needs the full data
-        batch = data.batch_size if REGISTRY[Method(inner)].capabilities.minibatches else None
-        inner_post = fit(
-            zmodel,
-            train.x,
-            # a float64 target in the subspace's dtype: Pyro's HMC works in its energy's dtype (momenta, metric)
-            train.y.to(space.basis.dtype) if train.y.dtype.is_floating_point else train.y,
-            method=inner,
-            batch_size=batch,
-            seed=seed,
-            progress=progress,
-            fast_path=fast_path,
-            **inner_options,
-            **stages["inner"],
-        )
+    # the inner fit's checks name what the user called: "subspace (inner nuts): ...", not "nuts: ..."
+    with speaking_for(inner, f"subspace (inner {inner})"):
+        if data.loader is not None:
+            inner_post = fit(
+                zmodel,
+                data.loader,
+                None,
+                method=inner,
+                dataset_size=data.size,
+                seed=seed,
+                progress=progress,
+                fast_path=fast_path,
+                **inner_options,
+                **stages["inner"],
+            )
+        else:
+            # minibatches for the engines that take them (SVI, SG-MCMC); MCMC's accept/reject needs the full data
+            batch = data.batch_size if REGISTRY[Method(inner)].capabilities.minibatches else None
+            inner_post = fit(
+                zmodel,
+                train.x,
+                # a float64 target in the subspace's dtype: Pyro's HMC works in its energy's dtype (momenta, metric)
+                train.y.to(space.basis.dtype) if train.y.dtype.is_floating_point else train.y,
+                method=inner,
+                batch_size=batch,
+                seed=seed,
+                progress=progress,
+                fast_path=fast_path,
+                **inner_options,
+                **stages["inner"],
+            )
     samples = {k: v.detach().clone() for k, v in space.weights(inner_post.samples["z"]).items()}
     samples.update({k: v for k, v in inner_post.samples.items() if k != "z"})
     stats = {k: v for k, v in inner_post.sample_stats.items() if k != "log_q"}  # q(z) is not a density over w

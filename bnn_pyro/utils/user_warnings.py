@@ -7,7 +7,8 @@ own frames, one too small at bnn_pyro's. :func:`warn` instead counts the frames:
 the caller of the outermost ``bnn_pyro`` frame on the stack (pandas' ``find_stack_level`` does the same for
 pandas). The *outermost* one, not the first frame outside the package, so that a warning raised inside a
 callback that Pyro or torch calls on bnn_pyro's behalf (a potential, a poutine handler) still points at the
-user's ``bp.fit`` line rather than at Pyro's internals.
+user's ``bp.fit`` line rather than at Pyro's internals. An engine that runs another inside it renames that
+engine's warnings to the method the user called (:func:`speaking_for`).
 
 Usage::
 
@@ -18,9 +19,12 @@ Usage::
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
 import sys
 import warnings
+from collections.abc import Iterator
 
 PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 """Frames whose file lies under this folder are bnn_pyro's own (the zoo in ``models/`` is a user of the library)."""
@@ -41,6 +45,26 @@ def find_stack_level() -> int:
     return min(outermost + 1, level - 1)  # level - 1: the outermost frame of all (nothing called it)
 
 
+_SPEAKER: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("bnn_pyro_speaker", default=None)
+
+
+@contextlib.contextmanager
+def speaking_for(method: str, label: str) -> Iterator[None]:
+    """Within this block, a warning whose message starts with ``"{method}:"`` starts with ``"{label}:"`` instead.
+
+    Why: every fit-time check names the method it judges by its posterior's ``method`` (``"nuts: 3.1% of the draws
+    diverged ..."``), and an engine run inside another (subspace inference's inner NUTS, fitted by ``bp.fit``) is a
+    fit of its own, so its checks would name a method the user never called. The outer engine wraps the inner fit
+    in ``speaking_for("nuts", "subspace (inner nuts)")``: one rename where the warnings are issued, for every check,
+    with no check told who called it. A context variable, restored on exit (nested blocks and threads keep their
+    own); a check run in a worker process is not renamed."""
+    token = _SPEAKER.set((f"{method}:", f"{label}:"))
+    try:
+        yield
+    finally:
+        _SPEAKER.reset(token)
+
+
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn(message, category)`` attributed to the user's line (see :func:`find_stack_level`), so that
     ``-W error``, ``warnings.filterwarnings(module=...)`` and the printed ``file:line`` all refer to the user's
@@ -51,5 +75,10 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     message:
         The warning's text: what happened, why it matters, and what to try.
     category:
-        A ``Warning`` subclass; ``UserWarning`` by default, as ``warnings.warn``'s."""
+        A ``Warning`` subclass; ``UserWarning`` by default, as ``warnings.warn``'s.
+
+    Inside :func:`speaking_for`, a message that starts with its method's name names its label instead."""
+    speaker = _SPEAKER.get()
+    if speaker is not None and message.startswith(speaker[0]):
+        message = speaker[1] + message[len(speaker[0]) :]
     warnings.warn(message, category, stacklevel=find_stack_level())

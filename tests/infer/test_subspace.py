@@ -537,3 +537,31 @@ def test_a_small_net_at_the_defaults_does_not_diverge():
     diverging = post.sample_stats["diverging"]
     assert diverging.numel() == 1000
     assert float(diverging.float().mean()) <= DIVERGENCE_MAX, int(diverging.sum())
+
+
+def test_the_inner_engines_warnings_name_subspace_not_the_engine_alone():
+    """An inner NUTS pushed to diverge (its step adapted to accept 1% of proposals) warns as "subspace (inner nuts):",
+    the method the user called and the engine inside it, never as "nuts:" (a method the user did not call); the
+    subspace fit's own checks keep "subspace:"."""
+    from bnn_pyro.infer.mcmc import NUTSConfig
+    from bnn_pyro.infer.swag import SWAGConfig
+    from bnn_pyro.posterior.diagnostics import DiagnosticWarning
+
+    x = torch.linspace(-1, 1, 30)[:, None]
+    with pytest.warns(DiagnosticWarning) as caught:
+        post = bp.fit(
+            _mlp(),
+            x,
+            torch.sin(3 * x[:, 0]),
+            method="subspace",
+            subspace_dim=2,
+            num_samples=10,
+            inner=NUTSConfig(num_warmup=20, target_accept=0.01, max_tree_depth=3),
+            swa=SWAGConfig(**SMALL_SWA),
+            seed=0,
+            progress=False,
+        )
+    assert float(post.sample_stats["diverging"].float().mean()) > 0.5  # the inner NUTS diverged
+    said = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
+    assert any(m.startswith("subspace (inner nuts): ") and "of the draws diverged" in m for m in said), said
+    assert not any(m.startswith("nuts") for m in said), said
