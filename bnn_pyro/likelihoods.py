@@ -67,6 +67,12 @@ class Likelihood:
         ``d.sample()`` instead."""
         raise NotImplementedError(f"{type(self).__name__} is not a classification likelihood.")
 
+    def identified(self, f: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """The net's outputs ``f`` (or their Jacobian: the map is linear), ``dim`` their axis, as far as this
+        likelihood depends on them: all of ``f`` here. A fit-time check judges these, not a part of ``f`` that only
+        the prior identifies and no prediction depends on."""
+        return f
+
     def __call__(
         self, f: torch.Tensor, y: torch.Tensor | None = None, *, dataset_size: int | None = None, inner_dims: int = 0
     ):
@@ -233,6 +239,11 @@ class Categorical(Likelihood):
 
     def probs(self, d):
         return _base(d).probs
+
+    def identified(self, f, dim=-1):
+        """The logits centred over the classes, ``f_k - mean_j f_j``: softmax is unchanged by a shift common to every
+        class, so that shift is identified by the prior alone and no prediction depends on it."""
+        return f - f.mean(dim, keepdim=True) if f.shape[dim] > 1 else f
 
 
 class Bernoulli(Likelihood):

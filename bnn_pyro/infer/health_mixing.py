@@ -172,9 +172,10 @@ def check_mixing(post, *, advice: str = "") -> None:
             raise ValueError("no training inputs")
         rows = torch.linspace(0, post.x.shape[0] - 1, min(NUM_FUNCTION_INPUTS, post.x.shape[0])).round().long()
         f = function_draws(post, post.x[rows]).double()
-        centred = isinstance(getattr(post.model, "likelihood", None), Categorical) and f.shape[-1] > 1
+        likelihood = getattr(post.model, "likelihood", None)
+        centred = isinstance(likelihood, Categorical) and f.shape[-1] > 1
         if centred:  # softmax ignores a shift common to every class's logit: only the centred logits are identified
-            f = f - f.mean(-1, keepdim=True)
+            f = likelihood.identified(f)
         data = from_dict(posterior={"f": f.cpu().numpy()})
         with arviz_log_level(logging.ERROR):  # ArviZ logs a shape complaint for one chain; R-hat is not used then
             ess, rhat = az.ess(data)["f"].values.ravel(), az.rhat(data)["f"].values.ravel()

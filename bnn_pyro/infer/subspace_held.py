@@ -59,7 +59,9 @@ def laplace_precision(post, pot, mean: torch.Tensor, weight_sites: list[str]) ->
     """``(H, J)``: the Laplace precision ``H`` (``P x P``, float64) of ``post``'s ``BNN`` at the flat unconstrained
     ``mean`` of ``pot``'s coordinates, on its training tensors, and the Jacobian ``J`` (``R * out x w``, float64) of the
     net's outputs at :data:`~bnn_pyro.infer._health.PREDICTIVE_ROWS` evenly spaced training rows in the coordinates of
-    ``weight_sites``; ``(None, None)`` for a net whose outputs are not ``(N, out)`` (a sequence model's
+    ``weight_sites``, as far as the likelihood depends on them (``Likelihood.identified``: a ``Categorical``'s logits
+    centred over the classes, whose common shift the data never see, as
+    :func:`~bnn_pyro.infer.health_mixing.check_mixing` judges them); ``(None, None)`` for a net whose outputs are not ``(N, out)`` (a sequence model's
     ``(N, T, out)``: not judged).
 
     ``H`` is the one ``method="laplace"`` forms at its mode with ``structure="full", hessian="ggn"``
@@ -83,6 +85,7 @@ def laplace_precision(post, pot, mean: torch.Tensor, weight_sites: list[str]) ->
     f, jac = output_jacobian(model, pot, mean, probe, w_idx)
     if f.dim() != 2:
         return None, None
+    jac = model.likelihood.identified(jac, dim=1)  # (R, out, w): a Categorical's logits centred over the classes
     likelihood, prior = terms(model, potentials(model, data, pot, mean, None, None), mean, data, layout, settings)
     hess = likelihood.hess + prior.hess
     return (hess + hess.T) / 2, jac.reshape(-1, len(w_idx))

@@ -79,6 +79,11 @@ def test_the_default_uses_the_directions_spanned_records_why_and_warns_an_explic
     ours = [m for m in said if "span only 5 of the 10 weight directions" in m]
     assert len(ours) == 1 and "subspace_dim is 5, not the default 10" in ours[0] and "method='nuts'" in ours[0]
     assert post.samples["1.weight"].shape == (1, 4, 2, 4)
+    # the logit sum changes no prediction: check_subspace judges the logits centred over the classes, which the 5
+    # spanned directions hold whole (judged raw, they kept a median 9%, and it warned "holds too little")
+    held = record["held"]
+    assert held["fired"] == [] and held["function_variance_held"]["min"] > 0.999
+    assert not [m for m in said if "holds too little" in m]
     with pytest.raises(ValueError, match=r"subspace_dim=6: the SWA deviations span only 5 directions; lower"):
         bp.fit(model, x, y, method="subspace", subspace_dim=6, **TINY_INNER)
 
