@@ -213,15 +213,22 @@ def spanned_directions(singular: torch.Tensor, shape: tuple[int, int], dtype: to
     (``torch.linalg.matrix_rank``'s and ``numpy.linalg.matrix_rank``'s default; Golub & Van Loan, *Matrix
     Computations*, 5.4.1).
 
-    Why this rule: the SWA deviations are float32 differences of iterates (``dtype``: theirs, not the float64 of an
-    SVD taken of them), so a direction in which the iterates never moved (a 2-class softmax's logit sum, which the
+    Why this rule: the SWA deviations are float32 differences of iterates (``dtype``: theirs, not the float64 in which
+    the moments hold them), so a direction in which the iterates never moved (a 2-class softmax's logit sum, which the
     likelihood's gradient never reaches) still carries their rounding, and the SVD returns it as a singular value of
     about ``eps * s_max`` or more, never as zero. A tolerance must sit above that noise: the former fixed
     ``1e-8 * s_max`` sat below float32's ``eps = 1.2e-7``, so rounding passed it as directions, and how many differed
     from one device to another (on a frozen-backbone ``Linear(4, 2)`` head, 10 weights, the 5 directions after its 5
     true ones had singular values ``1.6e-7`` to ``1.2e-8`` of the largest on a CPU; a GPU counted one fewer: 9 of the
     default 10, an error there, 10 on the CPU). ``max(K, d)`` covers the growth of that noise with the matrix's
-    size."""
+    size.
+
+    Its limit: the rounding comes from the iterates' own arithmetic (their size, the gradients' sums), the tolerance
+    from the deviations' largest singular value, so where the deviations are small against the weights, or the
+    iterates are float64, rounding can still pass it. On that head (5 true directions): float32 at the default SWA
+    lr, 5 counted; with ``swa=SWAGConfig(lr=1e-3)`` (deviations ~1/70 of the largest weight) 6; float64 iterates 6 at
+    the default lr (rounding at 50 float64 eps of the largest), 7 at ``lr=1e-3``. Such a direction is an arbitrary
+    one of rounding: the subspace through it stays a valid subspace, larger than the iterates' spread."""
     if singular.numel() == 0:
         return 0, 0.0
     tolerance = max(shape) * torch.finfo(dtype).eps * float(singular.max())
