@@ -340,10 +340,17 @@ def _factors(guide) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _storable(guide, w: torch.Tensor, d: torch.Tensor) -> bool:
     """Whether ``(W, D)`` written into ``guide`` gives a covariance that Pyro can factor in the guide's own dtype: its
-    capacitance ``I + F^T F`` (``F = W / sqrt(D)``, :func:`_factors`) has a Cholesky factor."""
+    ``D = scale^2`` stays positive and its capacitance ``I + F^T F`` (``F = W / sqrt(D)``, :func:`_factors`) is finite
+    with a Cholesky factor. Finite first: ``cholesky_ex`` factors an infinite diagonal without an error (``[[inf]]``
+    gives ``info == 0``), and a rank-1 capacitance is positive whenever it is not infinite."""
+    scale = d.sqrt().to(guide.scale)
     f = (w / d.sqrt()[:, None]).to(guide.cov_factor)
     capacitance = torch.eye(f.shape[1], dtype=f.dtype, device=f.device) + f.T @ f
-    return bool(torch.isfinite(f).all()) and int(torch.linalg.cholesky_ex(capacitance).info) == 0
+    return (
+        bool((scale**2 > 0).all())
+        and bool(torch.isfinite(capacitance).all())
+        and int(torch.linalg.cholesky_ex(capacitance).info) == 0
+    )
 
 
 def _write_low_rank(guide, loc: torch.Tensor, w: torch.Tensor, d: torch.Tensor) -> None:
