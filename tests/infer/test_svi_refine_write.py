@@ -1,5 +1,6 @@
-"""How the refinement (bnn_pyro/infer/svi_refine.py) writes its result into the guide (review 12, finding 8): a
-low-rank step that Pyro could not factor in the guide's float32 is not taken (``_storable``)."""
+"""How the refinement (bnn_pyro/infer/svi_refine.py) writes its result into the guide (review 12, findings 8 and 10):
+a low-rank step that Pyro could not factor in the guide's float32 is not taken (``_storable``), and a write that
+fails halfway leaves every parameter as it was, so that "skipped" means untouched."""
 
 from __future__ import annotations
 
@@ -79,3 +80,34 @@ def test_an_unstorable_projection_is_not_taken(monkeypatch, d0):
             log_prob = guide.get_posterior().log_prob(guide.loc)
     assert result.accepted == 0 and result.stopped == "no better step", result
     assert all(torch.equal(a, b) for a, b in zip(before, after)) and bool(torch.isfinite(log_prob))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [autoguide.AutoMultivariateNormal, _low_rank(1), autoguide.AutoNormal],
+    ids=["full_rank", "low_rank", "mean_field"],
+)
+def test_a_write_that_fails_halfway_leaves_the_guide_as_it_was(monkeypatch, make):
+    """A refinement that keeps a step, whose write raises at its second copy into a guide parameter: "skipped" with
+    the error, and every parameter bit-identical to before (before: the mean was written, the scale not)."""
+    x, y = _data()
+    with pyro.get_param_store().scope():
+        torch.manual_seed(0)
+        guide = _early_guide(_model, x, y, 10, make)
+        params = list(guide.parameters())
+        before = [p.detach().clone() for p in params]
+        copies, copy = [], torch.Tensor.copy_
+
+        def failing_copy(self, *args, **kwargs):
+            if any(self is p for p in params):
+                copies.append(1)
+                if len(copies) == 2:
+                    raise RuntimeError("the second copy failed (test)")
+            return copy(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, "copy_", failing_copy)
+        result = svi_refine.refine(guide, _model, Data(x, y))
+        monkeypatch.undo()
+        after = [p.detach().clone() for p in params]
+    assert result == svi_refine.Refinement(0, 0.0, "skipped: RuntimeError: the second copy failed (test)"), result
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
