@@ -50,10 +50,10 @@ a step that small is below the float32 rounding of the ELBO estimate, which coul
 evaluated or is not finite at some draw (a candidate's: that step is not taken), the expected Hessian is not positive
 definite at the fitted guide, ``torch.func.vmap`` cannot batch the model (its Hessians one draw at a time would cost
 minutes: :mod:`bnn_pyro.infer.guide_density`), ``dim x rows`` is over :data:`MAX_WORK`, or anything else raises, the
-guide is left as it was (it is written only at the end, all its parameters or none), with the reason. The result is written into the guide's own
-parameters (an ``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose product ``scale[:, None] *
-scale_tril`` is the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``; a low-rank guide's as
-above), so the draws, ``post.psis()`` and the gap check see it.
+guide is left as it was (it is written only at the end, all its parameters or none), with the reason. The result is
+written into the guide's own parameters (an ``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose
+product ``scale[:, None] * scale_tril`` is the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``;
+a low-rank guide's as above), so the draws, ``post.psis()`` and the gap check see it.
 
 Example
 -------
@@ -341,9 +341,9 @@ def _factors(guide) -> tuple[torch.Tensor, torch.Tensor]:
 def _storable(guide, w: torch.Tensor, d: torch.Tensor) -> bool:
     """Whether ``(W, D)`` written into ``guide`` gives a covariance that Pyro can factor in the guide's own dtype: its
     ``D = scale^2`` stays positive and its capacitance ``I + F^T F`` (``F = W / sqrt(D)``, :func:`_factors`) is finite
-    with a Cholesky factor. Finite first: ``cholesky_ex`` factors an infinite diagonal without an error (``[[inf]]``
-    gives ``info == 0``), and a rank-1 capacitance is positive whenever it is not infinite."""
-    scale = d.sqrt().to(guide.scale)
+    with a Cholesky factor. Why finite too: ``cholesky_ex`` factors an infinite diagonal without an error (``[[inf]]``
+    gives ``info == 0``), and a rank-1 capacitance ``1 + |F|^2`` overflows long before it could fail to be positive."""
+    scale = d.sqrt().to(guide.cov_factor)
     f = (w / d.sqrt()[:, None]).to(guide.cov_factor)
     capacitance = torch.eye(f.shape[1], dtype=f.dtype, device=f.device) + f.T @ f
     return (

@@ -16,7 +16,7 @@ from bnn_pyro.infer import guide_density, svi_gap, svi_refine
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.training_data import Data
 
-# Each equals b[1] row by row, and each is a pattern that torch.func.vmap refuses to batch (guide_density.VMAP_MESSAGES).
+# Each equals b[1] row by row, and each is a pattern torch.func.vmap refuses to batch (guide_density.VMAP_MESSAGES).
 REFUSED = {
     "float() of a latent": lambda b: b[1] if float(b[1].detach()) > -1e9 else -b[1],
     "Python branch on a latent": lambda b: b[1] if b[1] > -1e9 else -b[1],

@@ -59,9 +59,11 @@ def test_storable_is_whether_pyro_can_factor_the_pair_in_float32(pair, storable)
 )
 def test_an_unstorable_projection_is_not_taken(monkeypatch, d0):
     """A projection returning a pair Pyro cannot factor (its own answer with ``D_0`` set tiny: ``W_0^2 / D_0 = 1e40``
-    overflows float32, or ``D_0 = 1e-50`` underflows it; the ELBO in float64 is higher there, so without the guard the step is taken and written): no step is kept, the guide is bit-identical
-    to before and its ``log_prob`` finite. With ``_storable`` mutated to ``return True`` this fails (the guide's
-    ``cov_diag`` underflows to 0, or its capacitance overflows)."""
+    overflows float32, or ``D_0 = 1e-50`` underflows it; the ELBO in float64 is higher there, so without the guard
+    the step is taken and written): no step is kept, the guide is bit-identical to before and its ``log_prob``
+    finite. With ``_storable`` mutated to ``return True`` this fails (the steps are taken and written; at ``D_0 =
+    1e-50`` the guide's ``get_posterior()`` then raises, its ``cov_diag`` 0 in float32), and so it did with the
+    ``_storable`` of 18d9acb."""
     real = svi_refine.project_low_rank
 
     def unstorable(precision, w, d):
