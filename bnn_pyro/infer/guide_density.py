@@ -9,7 +9,10 @@ pass (``torch.func.vmap``, :data:`VMAP_CHUNK` rows at a time). Where that pass c
 of a latent value, random draws of its own), ``log p`` and its gradient are evaluated one row at a time, with the same
 numbers; Hessians are not (:class:`NotBatchable` is raised): one row's Hessian by autograd costs ``dim`` reverse
 passes through the traced model, and the refinement's up to 30 evaluations of 1,000 rows would run 30,000 of them
-one after another (minutes, where the batched pass takes a fraction of the fit; review 11). A row where ``log p`` is not finite gets NaN derivatives, so that a
+one after another (minutes, where the batched pass takes a fraction of the fit; review 11). :class:`NotBatchable` is
+kept for vmap's own refusals (:func:`vmap_refused`): any other error of the batched pass with Hessians is the model's
+(a ``ValueError`` it raises, a Cholesky factor that fails at some draw) and is raised as it is, so that the caller's
+reason names it rather than vmap (review 12). A row where ``log p`` is not finite gets NaN derivatives, so that a
 caller sees it rather than a stale value.
 
 Example
@@ -39,11 +42,13 @@ __all__ = [
     "GuideTarget",
     "NoDensity",
     "NotBatchable",
+    "VMAP_MESSAGES",
     "Derivatives",
     "guide_target",
     "guide_gaussian",
     "derivatives",
     "labels",
+    "vmap_refused",
 ]
 
 VMAP_CHUNK = 250
@@ -51,6 +56,20 @@ VMAP_CHUNK = 250
 ``dim`` with Hessians)."""
 
 _MODEL_ERRORS = (ValueError, RuntimeError, TypeError, NotImplementedError)
+
+VMAP_MESSAGES = ("vmap", "Batching rule not implemented", "doesn't have storage")
+"""The markers of ``torch.func.vmap``'s own refusals (all ``RuntimeError``; torch 2.13's messages, from the strings in
+``libtorch_cpu`` and its ``torch/_functorch``): ``"vmap: It looks like you're either (1) calling .item() on a Tensor or
+(2) attempting to use a Tensor in some data-dependent control flow ..."`` (``float()`` or a Python ``if`` on a
+latent value), ``"vmap: called random operation while in randomness error mode ..."``, ``"vmap: We do not support
+batching operators that can output dynamic shape ..."`` (``nonzero``, ``unique``, a boolean mask), ``"vmap over
+torch.allclose isn't supported yet"``, ``"... This is not supported inside of vmap ..."`` (``as_strided``),
+``"Batching rule not implemented for <op>. We could not generate a fallback."`` and, where a batched tensor reaches
+raw memory (``.numpy()``, ``.tolist()``), ``"Cannot access data pointer of Tensor that doesn't have storage"``. Why
+by message: vmap raises a plain ``RuntimeError``, the type a model's own failure has too (a ``LinAlgError`` from a
+Cholesky factor, a shape mismatch), and only vmap's refusals say that row by row the model would run. An unbatchable
+in-place write into an unbatched tensor surfaces as a plain shape error and is reported as the model's
+(``tests/infer/test_guide_density.py`` checks each marked refusal against this torch)."""
 
 
 class NoDensity(Exception):
@@ -132,8 +151,9 @@ def derivatives(
 ) -> Derivatives:
     """``log p``, ``grad log p`` and (``hessians=True``) ``hess log p`` at each row of ``z`` (``(n, dim)``, the sites
     ``order`` flat, in ``z``'s dtype and device): batched passes of ``chunk_size`` rows, or, without Hessians, row by
-    row where the model cannot be batched (module docstring). Raises :class:`NotBatchable` where Hessians are asked of
-    such a model, and what the model raises where neither pass can evaluate it."""
+    row where the batched pass fails (module docstring). With Hessians: raises :class:`NotBatchable` where vmap
+    refuses to batch the model (:func:`vmap_refused`), and any other error of the batched pass as it is (the model's
+    own); without: what the model raises where the row-by-row pass cannot evaluate it either."""
 
     def log_density(flat):
         sites, k = {}, 0
@@ -160,11 +180,19 @@ def derivatives(
             out = torch.func.vmap(second if hessians else first, chunk_size=chunk_size)(z)
             return Derivatives(*out) if hessians else Derivatives(*out, None)
         except _MODEL_ERRORS as error:
-            if hessians:
+            if hessians and vmap_refused(error):
                 raise NotBatchable(
                     f"torch.func.vmap cannot batch the model ({type(error).__name__}: {error})"
                 ) from error
+            if hessians:
+                raise  # the model's own error (at some row, batched or not): the caller records it
     return _row_by_row(log_density, z)
+
+
+def vmap_refused(error: BaseException) -> bool:
+    """Whether ``error`` is ``torch.func.vmap`` refusing to batch the model rather than the model's own error: a
+    ``RuntimeError`` carrying one of :data:`VMAP_MESSAGES`."""
+    return isinstance(error, RuntimeError) and any(marker in str(error) for marker in VMAP_MESSAGES)
 
 
 def _row_by_row(log_density, z: torch.Tensor) -> Derivatives:

@@ -129,12 +129,13 @@ def _newton_gap(guide, model, data: Data, num_draws: int, generator: torch.Gener
         )
     except NotBatchable as error:  # a low-rank guide's Hessians (guide_density: too slow one draw at a time)
         return Gap(None, None, target.labels, reason=f"{error}, and its Hessians one draw at a time cost too much")
-    except Exception as error:
+    except Exception as error:  # the model's own (a low-rank guide's: from the batched Hessian pass)
+        what = "Hessian" if low_rank else "gradient"
         return Gap(
             None,
             None,
             target.labels,
-            reason=f"the log density's gradient could not be evaluated ({type(error).__name__}: {error})",
+            reason=f"the log density's {what} could not be evaluated ({type(error).__name__}: {error})",
         )
     bad = int((~torch.isfinite(energies) | ~torch.isfinite(grads).all(-1)).sum())
     if bad:

@@ -50,10 +50,10 @@ a step that small is below the float32 rounding of the ELBO estimate, which coul
 evaluated or is not finite at some draw (a candidate's: that step is not taken), the expected Hessian is not positive
 definite at the fitted guide, ``torch.func.vmap`` cannot batch the model (its Hessians one draw at a time would cost
 minutes: :mod:`bnn_pyro.infer.guide_density`), ``dim x rows`` is over :data:`MAX_WORK`, or anything else raises, the
-guide is left as it was (it is written only at the end), with the reason. The result is written into the guide's own
-parameters (an ``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose product ``scale[:, None] *
-scale_tril`` is the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``; a low-rank guide's as
-above), so the draws, ``post.psis()`` and the gap check see it.
+guide is left as it was (it is written only at the end, all its parameters or none), with the reason. The result is
+written into the guide's own parameters (an ``AutoMultivariateNormal``'s ``loc``, ``scale`` and ``scale_tril``, whose
+product ``scale[:, None] * scale_tril`` is the Cholesky factor; an ``AutoNormal``'s per-site ``locs`` and ``scales``;
+a low-rank guide's as above), so the draws, ``post.psis()`` and the gap check see it.
 
 Example
 -------
@@ -171,7 +171,7 @@ def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -
     ``seed`` on the guide's device (the caller's random state is left as it was): a :class:`Refinement`, or ``None``
     where the guide is not covered (another guide, more than :data:`MAX_DIM` coordinates). It never raises: whatever
     the model raises is recorded as ``"skipped: <type>: <message>"``, the guide untouched (it is written only at the
-    end)."""
+    end, all its parameters or none)."""
     if not isinstance(guide, _COVERED):
         return None
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
@@ -340,20 +340,46 @@ def _factors(guide) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _storable(guide, w: torch.Tensor, d: torch.Tensor) -> bool:
     """Whether ``(W, D)`` written into ``guide`` gives a covariance that Pyro can factor in the guide's own dtype: its
-    capacitance ``I + F^T F`` (``F = W / sqrt(D)``, :func:`_factors`) has a Cholesky factor."""
+    ``D = scale^2`` stays positive and its capacitance ``I + F^T F`` (``F = W / sqrt(D)``, :func:`_factors`) is finite
+    with a Cholesky factor. Why finite too: ``cholesky_ex`` factors an infinite diagonal without an error (``[[inf]]``
+    gives ``info == 0``), and a rank-1 capacitance ``1 + |F|^2`` overflows long before it could fail to be positive."""
+    scale = d.sqrt().to(guide.cov_factor)
     f = (w / d.sqrt()[:, None]).to(guide.cov_factor)
     capacitance = torch.eye(f.shape[1], dtype=f.dtype, device=f.device) + f.T @ f
-    return bool(torch.isfinite(f).all()) and int(torch.linalg.cholesky_ex(capacitance).info) == 0
+    return (
+        bool((scale**2 > 0).all())
+        and bool(torch.isfinite(capacitance).all())
+        and int(torch.linalg.cholesky_ex(capacitance).info) == 0
+    )
 
 
 def _write_low_rank(guide, loc: torch.Tensor, w: torch.Tensor, d: torch.Tensor) -> None:
     """``(loc, W, D)`` into a low-rank guide's ``loc``, ``scale = sqrt(D)`` and ``cov_factor = W / scale``
-    (:func:`_factors`)."""
+    (:func:`_factors`), all or none (:func:`_assign`)."""
     scale = d.sqrt()
+    _assign(
+        [
+            (guide.loc, loc),
+            (guide.scale_unconstrained, transform_to(guide.scale_constraint).inv(scale)),
+            (guide.cov_factor, w / scale[:, None]),
+        ]
+    )
+
+
+def _assign(pairs: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """Copy each value into its parameter (reshaped, in the parameter's dtype and device), all or none: every value is
+    computed before the first copy, and a copy that raises restores the parameters as they were before raising, so
+    that a guide is never left half-written and reported as skipped (review 12)."""
     with torch.no_grad():
-        guide.loc.copy_(loc.to(guide.loc))
-        guide.scale_unconstrained.copy_(transform_to(guide.scale_constraint).inv(scale).to(guide.loc))
-        guide.cov_factor.copy_((w / scale[:, None]).to(guide.cov_factor))
+        values = [value.detach().reshape(param.shape).to(param) for param, value in pairs]
+        saved = [param.detach().clone() for param, _ in pairs]
+        try:
+            for (param, _), value in zip(pairs, values):
+                param.copy_(value)
+        except BaseException:
+            for (param, _), old in zip(pairs, saved):
+                param.copy_(old)
+            raise
 
 
 def _moved(old: _Point, loc: torch.Tensor, tril: torch.Tensor) -> float:
@@ -369,27 +395,31 @@ def _moved(old: _Point, loc: torch.Tensor, tril: torch.Tensor) -> float:
 
 def _write(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:
     """``(loc, chol S)`` into an ``AutoMultivariateNormal``'s parameters: ``scale`` is the factor's diagonal and
-    ``scale_tril`` its rows divided by it (unit diagonal), each stored unconstrained as Pyro stores it."""
+    ``scale_tril`` its rows divided by it (unit diagonal), each stored unconstrained as Pyro stores it; all or none
+    (:func:`_assign`)."""
     scale = tril.diagonal()
     unit = tril / scale[:, None]
-    with torch.no_grad():
-        guide.loc.copy_(loc.to(guide.loc))
-        guide.scale_unconstrained.copy_(transform_to(guide.scale_constraint).inv(scale).to(guide.loc))
-        guide.scale_tril_unconstrained.copy_(transform_to(guide.scale_tril_constraint).inv(unit).to(guide.loc))
+    _assign(
+        [
+            (guide.loc, loc),
+            (guide.scale_unconstrained, transform_to(guide.scale_constraint).inv(scale)),
+            (guide.scale_tril_unconstrained, transform_to(guide.scale_tril_constraint).inv(unit)),
+        ]
+    )
 
 
 def _write_diagonal(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:
-    """``(loc, diag(sd))`` into an ``AutoNormal``'s per-site ``locs`` and ``scales`` (in the order of ``target``)."""
-    sd, k = tril.diagonal(), 0
-    with torch.no_grad():
-        for site in target.order:
-            n = math.prod(target.pot.shapes[site])
-            for root, value, constraint in (
-                (guide.locs, loc[k : k + n], constraints.real),
-                (guide.scales, sd[k : k + n], guide.scale_constraint),
-            ):
-                *path, last = site.split(".")
-                module = attrgetter(".".join(path))(root) if path else root
-                param = getattr(module, f"{last}_unconstrained")
-                param.copy_(transform_to(constraint).inv(value).reshape(param.shape).to(param))
-            k += n
+    """``(loc, diag(sd))`` into an ``AutoNormal``'s per-site ``locs`` and ``scales`` (in the order of ``target``), all
+    or none (:func:`_assign`)."""
+    sd, k, pairs = tril.diagonal(), 0, []
+    for site in target.order:
+        n = math.prod(target.pot.shapes[site])
+        for root, value, constraint in (
+            (guide.locs, loc[k : k + n], constraints.real),
+            (guide.scales, sd[k : k + n], guide.scale_constraint),
+        ):
+            *path, last = site.split(".")
+            module = attrgetter(".".join(path))(root) if path else root
+            pairs.append((getattr(module, f"{last}_unconstrained"), transform_to(constraint).inv(value)))
+        k += n
+    _assign(pairs)
