@@ -207,31 +207,45 @@ class Subspace:
         return out
 
 
-def spanned_directions(singular: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype) -> tuple[int, float]:
-    """The number of directions a ``K x d`` matrix of ``dtype`` with singular values ``singular`` (descending)
-    spans, and the tolerance used: the numerical rank, the singular values above ``max(K, d) * eps(dtype) * s_max``
-    (``torch.linalg.matrix_rank``'s and ``numpy.linalg.matrix_rank``'s default; Golub & Van Loan, *Matrix
-    Computations*, 5.4.1).
+def spanned_directions(
+    singular: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype, magnitude: float = 0.0
+) -> tuple[int, float]:
+    """The number of directions a ``K x d`` matrix of deviations of ``dtype`` iterates, with singular values
+    ``singular`` (descending), spans, and the tolerance used: the singular values above
 
-    Why this rule: the SWA deviations are float32 differences of iterates (``dtype``: theirs, not the float64 in which
-    the moments hold them), so a direction in which the iterates never moved (a 2-class softmax's logit sum, which the
-    likelihood's gradient never reaches) still carries their rounding, and the SVD returns it as a singular value of
-    about ``eps * s_max`` or more, never as zero. A tolerance must sit above that noise: the former fixed
-    ``1e-8 * s_max`` sat below float32's ``eps = 1.2e-7``, so rounding passed it as directions, and how many differed
-    from one device to another (on a frozen-backbone ``Linear(4, 2)`` head, 10 weights, the 5 directions after its 5
-    true ones had singular values ``1.6e-7`` to ``1.2e-8`` of the largest on a CPU; a GPU counted one fewer: 9 of the
-    default 10, an error there, 10 on the CPU). ``max(K, d)`` covers the growth of that noise with the matrix's
-    size.
+        ``(sqrt(K) + sqrt(d)) * eps(dtype) * max(s_max, magnitude)``
 
-    Its limit: the rounding comes from the iterates' own arithmetic (their size, the gradients' sums), the tolerance
-    from the deviations' largest singular value, so where the deviations are small against the weights, or the
-    iterates are float64, rounding can still pass it. On that head (5 true directions): float32 at the default SWA
-    lr, 5 counted; with ``swa=SWAGConfig(lr=1e-3)`` (deviations ~1/70 of the largest weight) 6; float64 iterates 6 at
-    the default lr (rounding at 50 float64 eps of the largest), 7 at ``lr=1e-3``. Such a direction is an arbitrary
-    one of rounding: the subspace through it stays a valid subspace, larger than the iterates' spread."""
+    (``magnitude``: the largest entry of the iterates' mean, ``max |w_hat|``).
+
+    Why this rule: the SWA deviations are differences of ``dtype`` (float32) iterates, held and decomposed in float64,
+    so the noise sits in the data, not in the SVD: each iterate is rounded to its dtype, an error of up to
+    ``eps * |w|`` per entry, where the iterates' entries are at most about ``max |w_hat| + s_max``. A ``K x d``
+    matrix of such independent errors has a spectral norm of about ``eps * |w| * (sqrt(K) + sqrt(d))`` (a random
+    matrix's edge; Vershynin, *High-Dimensional Probability*, 4.4.5), so a direction in which the iterates never
+    moved (a 2-class softmax's logit sum, which the likelihood's gradient never reaches) still carries a singular value
+    up to that size, never zero. ``torch.linalg.matrix_rank``'s ``max(K, d) * eps * s_max`` bounds the error of an SVD
+    run in the data's own precision instead: it grows like ``d`` while this noise, and ``s_max``, grow like
+    ``sqrt(d)``, so on a 200-100-1 tanh net (20,201 weights) it sat at 0.24% of ``s_max`` and dropped 14 of the 20
+    real directions (singular values 9e-5 to 7e-4, 40x or more above the rounding's ~2e-6), counting 6; this rule
+    counts 20. Where the weights are large against the deviations it is the weights that set the floor: on the gap
+    data's 1-8-1 net (25 weights, the largest 2.5, ``s_max`` 0.049) it counts 10 of 20, the 11th at ``1.3e-6``, within
+    5 ``eps`` of that weight, where float32 iterates cannot tell a direction from their own rounding
+    (``matrix_rank``'s rule counted 15). The former fixed ``1e-8 * s_max`` sat below float32's ``eps = 1.2e-7``:
+    rounding passed it, and the count differed between devices (a frozen-backbone ``Linear(4, 2)`` head's 5 true
+    directions: 10 on a CPU, 9 on a GPU).
+
+    Its limit: rounding also accumulates over the SGD steps (each update rounds to the iterate's grid, a random walk
+    in the directions the gradient never reaches), which the bound does not count. On that head (10 weights, 5 true
+    directions) this rule counts 5 at float32 (default SWA lr, and ``swa=SWAGConfig(lr=1e-3)``) and at float64 with
+    ``lr=1e-3``, but 6 with float64 iterates at the default lr (the extra one at 50 float64 eps of ``s_max``, 17 of
+    the largest weight). Such a direction is an arbitrary one of rounding: the subspace through it stays a valid
+    subspace, larger than the iterates' spread. A direction the likelihood never reaches is still counted where the
+    prior's pull moves the iterates along it during the SWA phase (a real drift, not rounding): on that head after
+    ``swa=SWAGConfig(pretrain_steps=200)`` the logits' sum was still decaying, at ``5e-4`` of ``s_max``, 6 counted."""
     if singular.numel() == 0:
         return 0, 0.0
-    tolerance = max(shape) * torch.finfo(dtype).eps * float(singular.max())
+    size = math.sqrt(shape[0]) + math.sqrt(shape[1])
+    tolerance = size * torch.finfo(dtype).eps * max(float(singular.max()), float(magnitude))
     return int((singular > tolerance).sum()), tolerance
 
 
@@ -580,7 +594,8 @@ def _fit_subspace(
         moments.mean[columns], moments.deviations[:, columns], len(columns), shapes
     )  # all the deviations' directions: the first rank span the subspace, the rest are what check_subspace weighs
     # the iterates' precision (the model's dtype), not the float64 the moments are accumulated in
-    spanned, tolerance = spanned_directions(singular, tuple(moments.deviations[:, columns].shape), dtype)
+    kept = int(moments.deviations.shape[0])  # K, the deviations kept (swag_rank, or fewer snapshots)
+    spanned, tolerance = spanned_directions(singular, (kept, len(columns)), dtype, float(every.center.abs().max()))
     if spanned == 0:
         raise ValueError(
             "swa: the SWA iterates never moved (their deviations span no direction), so there is no subspace to "
@@ -672,7 +687,7 @@ def _fit_subspace(
                 ),
                 spanned=spanned,
                 rank_tolerance=tolerance,
-                deviations=int(moments.deviations.shape[0]),
+                deviations=kept,
                 singular_values=[float(s) for s in singular],
                 coordinates=_coordinates(kind),
             ),

@@ -37,17 +37,43 @@ def test_float32_rounding_is_not_counted_as_a_direction():
     assert int((s > 1e-8 * s[0]).sum()) > 4  # the rounding passed the former rule: this matrix tells them apart
     spanned, tolerance = spanned_directions(s, tuple(m.shape), torch.float32)
     assert spanned == 4 == int(torch.linalg.matrix_rank(m.float()))
-    assert tolerance == pytest.approx(max(K, D) * torch.finfo(torch.float32).eps * float(s[0]))
+    size = K**0.5 + D**0.5  # a K x D matrix of rounding errors: its spectral norm's scale (no iterate magnitude given)
+    assert tolerance == pytest.approx(size * torch.finfo(torch.float32).eps * float(s[0]))
 
 
 def test_a_small_true_direction_well_above_the_tolerance_is_kept():
-    """The smallest of 5 true directions at 1e-4 of the largest, 40x float32's tolerance ``20 * 1.2e-7``: counted."""
+    """The smallest of 5 true directions at 1e-4 of the largest, 100x float32's tolerance
+    ``(sqrt(20) + sqrt(10)) * 1.2e-7`` of it: counted."""
     m = _float32_matrix([1.0, 0.3, 0.01, 1e-3, 1e-4], seed=1)
     s = torch.linalg.svdvals(m)
     spanned, tolerance = spanned_directions(s, tuple(m.shape), torch.float32)
     assert spanned == 5 and float(s[4]) > 10 * tolerance
     assert spanned_directions(s, tuple(m.shape), torch.float64)[0] >= 5  # float64's tolerance is far smaller
     assert spanned_directions(torch.zeros(3), (K, D), torch.float32)[0] == 0  # no spread at all: nothing spanned
+
+
+def test_with_many_more_weights_than_deviations_the_rounding_floor_keeps_every_real_direction():
+    """20 deviations of 20,000 float32 iterates (a 200-100-1 net's size): 11 true directions, the smallest at 1e-4 of
+    the largest, as measured on that net, plus the iterates' own rounding to float32 (their mean held in float64, as
+    the moments are). That rounding's spectral norm is ``eps * |w| * (sqrt(K) + sqrt(d))``-sized, so every true
+    direction stands far above it and is counted, and none of the rounding is. ``matrix_rank``'s
+    ``max(K, d) * eps * s_max`` (the former rule) grows like ``d``: at 0.24% of ``s_max`` it counts 6."""
+    k, d = 20, 20_000
+    g = torch.Generator().manual_seed(0)
+    singular = torch.tensor([0.8, 0.02, 0.01, 5e-3, 3e-3, 2e-3, 1e-3, 5e-4, 3e-4, 2e-4, 1e-4], dtype=torch.float64)
+    u = torch.linalg.qr(torch.randn(k, len(singular), generator=g, dtype=torch.float64))[0]
+    v = torch.linalg.qr(torch.randn(d, len(singular), generator=g, dtype=torch.float64))[0]
+    mean = (torch.rand(d, generator=g, dtype=torch.float64) - 0.5) / 2  # |w| up to 0.25, as on that net
+    iterates = (mean + u @ torch.diag(singular) @ v.T).float()  # the SGD iterates, float32
+    s = torch.linalg.svdvals(iterates.double() - mean)
+    magnitude = float(mean.abs().max())
+    spanned, tolerance = spanned_directions(s, (k, d), torch.float32, magnitude)
+    assert spanned == 11
+    assert float(s[11]) > 1e-8 * float(s[0])  # the rounding is there (the fixed 1e-8 rule counted it) ...
+    assert float(s[11]) < tolerance < float(s[10]) / 5  # ... and sits below the floor, the last true one well above
+    eps = torch.finfo(torch.float32).eps
+    assert tolerance == pytest.approx((k**0.5 + d**0.5) * eps * max(float(s[0]), magnitude))
+    assert int((s > max(k, d) * eps * s[0]).sum()) == 6  # the former rule: 5 real directions dropped
 
 
 def _softmax_head() -> tuple[bp.BNN, torch.Tensor, torch.Tensor]:
