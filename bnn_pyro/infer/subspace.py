@@ -78,7 +78,8 @@ itself, in its own sub-folder of ``FOLDER`` (created): ``FOLDER/map`` the MAP st
 chains, each every ``N`` of its own steps and after its last. ``FOLDER/subspace.ckpt`` records this fit's
 settings. After a crash in any stage, the same call with ``resume=True`` re-reads the finished stages' last
 checkpoints and continues the interrupted one: the result is bit-identical to an uninterrupted run's. A resume
-with other settings is an error (this fit's and each stage's own run identity).
+with other settings is an error (this fit's and each stage's own run identity), and so is one that counts another
+``subspace_dim`` or span after the SWA stage (another device or version: :func:`_check_span`).
 
 Examples
 --------
@@ -312,10 +313,12 @@ def fit_subspace(model, data: Data, config: SubspaceConfig) -> Posterior:
         ``max(20, subspace_dim)``) and the number of directions they span (their numerical rank,
         :func:`spanned_directions`), or an error names it. Not given, the default is lowered to the smallest of
         these, so that a small model fits at the defaults; ``config["subspace"]["subspace_dim"]`` records the
-        dimension requested and used and why. Lowered to the directions spanned, a ``DiagnosticWarning`` says so:
-        in the others the SWA iterates did not wander, no training row's gradient reaches them, and the posterior's
-        prior spread there is missing from every draw. ``rank=``, its former name, still works for one release with
-        a ``FutureWarning``. Why 10: on the
+        dimension requested and used and why (the last of these that lowered it). Lowered to the directions
+        spanned, a ``DiagnosticWarning`` says so: where the deviations are at least as many as the weights, in the
+        others the SWA iterates did not wander, no training row's gradient reaches them, and the posterior's prior
+        spread there is missing from every draw; otherwise it gives the count measured. The used dimension and the
+        directions spanned are recorded in a checkpoint, and a resume that counts others is refused. ``rank=``, its
+        former name, still works for one release with a ``FutureWarning``. Why 10: on the
         bundled gap data (1-50-1 tanh net, noise 0.1, seed 0) the linearized posterior in the subspace is
         1.55x more uncertain in the gap than on the data at rank 5 (NUTS over z at rank 5: 1.55x too), 4.3x at
         rank 10 and 7.3x at rank 20 (NUTS on all weights: 6.6x): the top few directions of the SGD iterates
@@ -605,10 +608,12 @@ def _fit_subspace(
         if given:
             raise ValueError(
                 f"subspace_dim={rank}: the SWA deviations span only {spanned} directions; lower subspace_dim, or "
-                "collect more snapshots (swa=SWAGConfig(num_steps=...))."
+                f"keep more SWA deviations (swa=SWAGConfig(swag_rank=...); {kept} now), which adds directions "
+                "only where the iterates wander."
             )
         rank, lowered = spanned, f"the SWA deviations span only {spanned} directions"
-        warn_diagnostic(_unspanned_message(spanned, num_weights))  # rank <= num_weights: directions left out
+        warn_diagnostic(_unspanned_message(spanned, num_weights, kept))
+    _check_span(stages["inner"], dict(rank=rank, spanned=spanned))  # counted anew: a resume must count the same
     space = Subspace(every.center.to(dtype), every.basis[:, :rank].to(dtype), shapes)
     origin = every.center.new_zeros(every.center.shape)  # direction j at each site: row j of weights(I)
     directions = Subspace(origin, every.basis[:, :spanned], shapes).weights(
@@ -697,21 +702,32 @@ def _fit_subspace(
     )
     paths.record(config, swa_post.config, inner_post.config)
     post = select_noise(assemble(runs, method="subspace", config=config, data=data), holdout)
-    return check_off_data(check_subspace(post, directions=directions, rank=rank, prior=kind.value), OFF_DATA)
+    post = check_subspace(post, directions=directions, rank=rank, prior=kind.value, deviations=kept)
+    return check_off_data(post, OFF_DATA)
 
 
-def _unspanned_message(spanned: int, num_weights: int) -> str:
-    """The warning of a default ``subspace_dim`` lowered to the ``spanned`` directions the SWA deviations span, of
-    ``num_weights``: in the others the SGD iterates did not wander beyond rounding, so no training row's gradient
-    reaches them; the posterior keeps its prior spread there, which a subspace of the iterates' deviations cannot hold
-    at any dimension. Said because a user reading the draws' weight sds (or predictions off the data) would not
-    otherwise learn that part of the posterior is missing; a default lowered to the number of weights or to the
-    deviations kept loses nothing the deviations held, and is only recorded."""
-    return (
+def _unspanned_message(spanned: int, num_weights: int, deviations: int) -> str:
+    """The warning of a default ``subspace_dim`` lowered to the ``spanned`` directions that the ``deviations`` SWA
+    deviations span, of ``num_weights``. Where ``num_weights <= deviations`` the deviations could have spanned every
+    weight direction, so in the others the SGD iterates did not wander beyond rounding: no training row's gradient
+    reaches them, the posterior keeps its prior spread there, and a subspace of the iterates' deviations cannot hold
+    it at any dimension. Where the weights outnumber the deviations, ``K`` deviations span at most ``K`` directions
+    whatever the gradients do, so only the count measured is said. Said because a user reading the draws' weight sds
+    (or predictions off the data) would not otherwise learn that part of the posterior is missing; a default lowered
+    to the number of weights or to the deviations kept loses nothing the deviations held, and is only recorded."""
+    said = (
         f"subspace: the SWA deviations span only {spanned} of the {num_weights} weight directions, so subspace_dim "
-        f"is {spanned}, not the default {DEFAULT_SUBSPACE_DIM} (post.config['subspace']['subspace_dim']). Along "
-        f"the other {num_weights - spanned} the SGD iterates did not wander: no training row's gradient reaches "
-        "them (e.g. the shift common to every class of a softmax, or a unit no row activates), so there the "
+        f"is {spanned}, not the default {DEFAULT_SUBSPACE_DIM} (post.config['subspace']['subspace_dim']). "
+    )
+    if num_weights > deviations:
+        return said + (
+            f"The {deviations} deviations kept (swa=SWAGConfig(swag_rank=...)) have only {spanned} independent "
+            "directions (their numerical rank): the SGD iterates wandered along no others, and every draw sits at "
+            f"the SWA mean along the remaining weight directions. method='nuts' samples all {num_weights} weights."
+        )
+    return said + (
+        f"Along the other {num_weights - spanned} the SGD iterates did not wander: no training row's gradient "
+        "reaches them (e.g. the shift common to every class of a softmax, or a unit no row activates), so there the "
         "posterior keeps the prior's spread, while every draw sits at the SWA mean: post.summary()'s weight sds and "
         "any prediction that depends on those directions miss it. Subspace inference cannot hold it at any "
         f"subspace_dim; method='nuts' samples all {num_weights} weights."
@@ -822,3 +838,33 @@ def _plain(value):
     if isinstance(value, dict) and all(isinstance(k, str) for k in value):
         return {k: _plain(v) for k, v in value.items()}
     return type(value).__name__
+
+
+def _check_span(options: dict, span: dict) -> None:
+    """Record the subspace's dimension used and the directions spanned (``span``) in ``subspace.ckpt`` on a first
+    run, and refuse a resume that counts others, naming them (no-op without a checkpoint, ``options`` empty).
+
+    Why: both are counted from the SWA deviations after the SWA stage, so the identity :func:`_stages` checks
+    before fitting holds only the dimension requested; a resume on another device, or of a checkpoint written by a
+    version that counted otherwise, could build a subspace of another dimension and fail deep inside the inner
+    engine's checkpoint. A checkpoint without this record (written before it existed) used the dimension its
+    identity names, which is compared once its inner stage has begun."""
+    if not options:
+        return
+    inner = Path(options["checkpoint"])
+    path = inner.parent / "subspace.ckpt"
+    meta = read(path)[1]
+    saved = meta.get("span")
+    if saved is None and any(inner.glob("*.ckpt")):
+        saved = {"rank": meta.get("run", {}).get("rank")}
+    if saved is None:
+        write(path, {}, {**meta, "span": span})
+        return
+    diff = sorted(k for k in saved if saved[k] != span.get(k))
+    if diff:
+        raise CheckpointError(
+            f"resume: {str(path)!r} belongs to another run (differs in {diff}: the subspace's dimension "
+            f"subspace_dim and the directions the SWA deviations span, here {span}, there {saved}). They are "
+            "counted anew from the SWA deviations, and the count can differ on another device or in another "
+            "bnn_pyro version; resume where the checkpoint was written, or pass another checkpoint folder."
+        )

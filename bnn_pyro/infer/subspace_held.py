@@ -106,7 +106,7 @@ def linear_in_weights(model) -> bool:
     )
 
 
-def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prior: str):
+def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prior: str, deviations: int | None = None):
     """Warn when subspace inference's draws cannot hold the posterior's spread in what a user reads: confined to
     ``w_hat + P z``, some output of the net at the training inputs keeps less than :data:`SUBSPACE_HELD_MIN` of its
     linearized variance under the Laplace approximation at the draws' mean, or, for a net whose outputs are linear in
@@ -128,7 +128,9 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
 
     ``directions``: per weight site, the SWA run's principal directions (``K x *shape``: row ``j`` is direction ``j``'s
     values there, leading directions first), of which the first ``rank`` span the subspace; the smallest number of them
-    that would hold the threshold in every judged quantity, if any, is suggested. The outputs are the net's at
+    that would hold the threshold in every judged quantity, if any, is suggested. ``deviations``: the number of SWA
+    deviations kept, ``K``; where the subspace already holds every direction they span and they span fewer than
+    ``K``, a larger ``subspace_dim`` is refused and more deviations need not add any, so none is advised. The outputs are the net's at
     :data:`~bnn_pyro.infer._health.PREDICTIVE_ROWS` evenly spaced training rows. Judged as
     :func:`~bnn_pyro.infer.health_spread.check_narrow` judges (a ``BNN`` with training tensors, at most
     :data:`~bnn_pyro.infer.health_spread.NARROW_MAX_DIM` latent coordinates, a positive definite precision at the draws'
@@ -177,6 +179,7 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
         said = ["outputs"] if float(outputs.min()) < SUBSPACE_HELD_MIN else []
         return said + (["weights"] if judge_weights and float(fraction.min()) < SUBSPACE_HELD_MIN else [])
 
+    exhausted = deviations is not None and rank == total < deviations  # no larger subspace_dim to advise
     fraction, outputs = held(rank)
     criteria = fired(rank)
     suggested = next((k for k in range(rank + 1, total + 1) if not fired(k)), None) if criteria else None
@@ -195,11 +198,11 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
         "function_variance_held": {"median": float(outputs.median()), "min": float(outputs.min())},
     }
     if criteria:
-        _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested)
+        _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested, exhausted)
     return post
 
 
-def _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested) -> None:
+def _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested, exhausted) -> None:
     """The warning of :func:`check_subspace`: which criterion fired (the outputs' share held; the weights below
     :data:`SUBSPACE_HELD_MIN`, for a net linear in its weights), the figures, and what to try."""
     bound = f"{SUBSPACE_HELD_MIN:.0%} (an sd 1/{NARROW_MAX:g} of the full one)"
@@ -225,15 +228,25 @@ def _warn_short(post, names, fraction, outputs, criteria, rank, total, suggested
             f"{math.sqrt(float(fraction[worst])):.2g} times the full one), so post.summary()'s sds and intervals of "
             "these weights are too small" + ("" if "outputs" in criteria else f" ({f_said})")
         )
-    larger = (
-        f"subspace_dim={suggested} (the smallest number of this SWA run's directions that holds it), "
-        if suggested is not None
-        else f"a larger subspace_dim with more SWA deviations (swa=SWAGConfig(swag_rank=...); these {total} "
-        "directions do not hold it), "
-    )
+    if exhausted:  # a larger subspace is refused: no subspace_dim to advise
+        advice = (
+            "method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior); the subspace already "
+            f"holds all {rank} directions the SWA deviations span, so no larger subspace_dim is possible."
+        )
+    elif suggested is not None:
+        advice = (
+            f"subspace_dim={suggested} (the smallest number of this SWA run's directions that holds it), or "
+            "method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior)."
+        )
+    else:
+        advice = (
+            f"a larger subspace_dim with more SWA deviations (swa=SWAGConfig(swag_rank=...); these {total} "
+            "directions do not hold it), or method='nuts' or 'laplace' (a model this small: exact on a Gaussian "
+            "posterior)."
+        )
     warn_diagnostic(
         f"{post.method}: the subspace holds too little of the posterior's spread: confined to its {rank} "
         f"directions, under the Laplace approximation at the draws' mean, " + "; and ".join(parts) + ". Subspace "
         "inference samples only w_hat + P z, so no draw moves outside those directions, however long the inner "
-        f"engine runs. Try {larger}or method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior)."
+        f"engine runs. Try {advice}"
     )

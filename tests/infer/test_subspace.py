@@ -442,6 +442,40 @@ def test_a_resume_with_other_settings_is_refused_by_the_fit_and_by_each_stage(ro
             bp.fit(_mlp(), x, y, resume=True, **dict(run, **change))
 
 
+def test_a_resume_that_counts_another_span_is_refused_naming_the_dimension(rows, tmp_path, monkeypatch):
+    """The subspace's dimension at the default and the directions spanned are counted after the SWA stage, so they
+    are recorded then; a resume that counts fewer (another device, another version) is refused naming them, before
+    the inner engine's checkpoint. A checkpoint without that record (an older version's) is held to the dimension
+    its identity names once its inner stage has begun: the same dimension resumes, another is refused."""
+    from bnn_pyro.infer import subspace as subspace_mod
+
+    x, y = rows
+    run = {k: v for k, v in CKPT_RUN.items() if k != "subspace_dim"}  # the default, lowered to the 3 deviations
+    first = bp.fit(_mlp(), x, y, checkpoint=tmp_path, **run)
+    used = first.config["subspace"]
+    assert used["rank"] == used["spanned"] == 3
+    assert ckpt_mod.read(tmp_path / "subspace.ckpt")[1]["span"] == dict(rank=3, spanned=3)
+    counted = subspace_mod.spanned_directions
+
+    def one_fewer(*args):
+        spanned, tolerance = counted(*args)
+        return spanned - 1, tolerance
+
+    with monkeypatch.context() as m:
+        m.setattr(subspace_mod, "spanned_directions", one_fewer)
+        with pytest.raises(ckpt_mod.CheckpointError, match=r"differs in \['rank', 'spanned'\]: the subspace's dim"):
+            bp.fit(_mlp(), x, y, checkpoint=tmp_path, resume=True, **run)
+    path = tmp_path / "subspace.ckpt"
+    meta = ckpt_mod.read(path)[1]
+    ckpt_mod.write(path, {}, {k: v for k, v in meta.items() if k != "span"})  # as an older version wrote it
+    with monkeypatch.context() as m:
+        m.setattr(subspace_mod, "spanned_directions", one_fewer)
+        with pytest.raises(ckpt_mod.CheckpointError, match=r"differs in \['rank'\]"):
+            bp.fit(_mlp(), x, y, checkpoint=tmp_path, resume=True, **run)
+    resumed = bp.fit(_mlp(), x, y, checkpoint=tmp_path, resume=True, **run)
+    assert torch.equal(resumed.samples["0.weight"], first.samples["0.weight"])
+
+
 def test_dict_swa_and_inner_options_warn_naming_the_typed_configs_that_give_the_same_fit(rows):
     """The dict forms of swa= and inner_options= still work, with a FutureWarning at the user's line that spells the
     typed configs; those configs, as written in the warning, give the same draws without a warning."""

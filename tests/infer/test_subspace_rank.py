@@ -110,7 +110,8 @@ def test_the_default_uses_the_directions_spanned_records_why_and_warns_an_explic
     held = record["held"]
     assert held["fired"] == [] and held["function_variance_held"]["min"] > 0.999
     assert not [m for m in said if "holds too little" in m]
-    with pytest.raises(ValueError, match=r"subspace_dim=6: the SWA deviations span only 5 directions; lower"):
+    spans = r"subspace_dim=6: the SWA deviations span only 5 directions; lower subspace_dim, or keep more SWA "
+    with pytest.raises(ValueError, match=spans + r"deviations \(swa=SWAGConfig\(swag_rank=\.\.\.\); 20 now\)"):
         bp.fit(model, x, y, method="subspace", subspace_dim=6, **TINY_INNER)
 
 
@@ -133,3 +134,34 @@ def test_the_default_on_a_model_with_fewer_weights_uses_them_all_without_a_warni
     assert not [w for w in caught if "weight directions" in str(w.message)]
     with pytest.raises(ValueError, match=r"subspace_dim=10 exceeds the number of weights with a prior \(3\)"):
         bp.fit(model, x, y, method="subspace", subspace_dim=10, **TINY_INNER)
+
+
+def test_fewer_deviations_than_weights_are_said_as_measured_and_no_larger_subspace_is_advised():
+    """A softmax regression ``Linear(3, 3)``: 12 weights, of which the 4 class-sum directions get no likelihood
+    gradient, so the deviations span 8. With 10 deviations kept (fewer than the weights) the default is lowered to 8,
+    and the span warning says only what was measured: 10 deviations could never span all 12 directions, so it does
+    not claim that no gradient reaches the other 4. Every spanned direction is then in the subspace, so
+    check_subspace, which finds the weights short of their variance, advises NUTS or Laplace and no larger
+    subspace_dim (refused) or swag_rank."""
+    from bnn_pyro.infer.swag import SWAGConfig
+
+    torch.manual_seed(0)
+    x = torch.randn(90, 3)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    model = bp.BNN(nn.Linear(3, 3), prior=bp.priors.Normal(), likelihood=bp.likelihoods.Categorical())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        post = bp.fit(model, x, y, method="subspace", swa=SWAGConfig(swag_rank=10), **TINY_INNER)
+    record = post.config["subspace"]
+    assert record["spanned"] == record["rank"] == 8 and record["deviations"] == 10
+    said = [str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning)]
+    (span,) = [m for m in said if "span only 8 of the 12 weight directions" in m]
+    assert "The 10 deviations kept (swa=SWAGConfig(swag_rank=...)) have only 8 independent directions" in span
+    assert "gradient" not in span and "at any subspace_dim" not in span
+    assert record["held"]["fired"] == ["weights"] and record["held"]["suggested_subspace_dim"] is None
+    (short,) = [m for m in said if "holds too little" in m]
+    assert short.endswith(
+        "Try method='nuts' or 'laplace' (a model this small: exact on a Gaussian posterior); the subspace already "
+        "holds all 8 directions the SWA deviations span, so no larger subspace_dim is possible."
+    )
+    assert "swag_rank" not in short and "larger subspace_dim with" not in short
