@@ -132,3 +132,40 @@ def test_speaking_for_renames_only_the_named_methods_warnings_and_only_inside_th
         "nuts: after the block",
     ]
     assert (record[0].filename, record[0].lineno) == (__file__, line)
+
+
+def test_speaking_for_appends_its_note_and_keeps_its_documented_scope():
+    """The note (where the inner engine's options go) ends every renamed message, and only those; a nested block
+    that raises restores the outer label; a thread started inside the block begins with an empty context (unless
+    Python's thread_inherit_context flag is set; the docstring's limit), unless run in a copy of the caller's."""
+    import contextvars
+    import sys
+    import threading
+
+    def in_thread(target):
+        t = threading.Thread(target=target)
+        t.start()
+        t.join()
+
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        with user_warnings.speaking_for("nuts", "subspace (inner nuts)", "(options: inner=NUTSConfig(...).)"):
+            user_warnings.warn("nuts: few draws.", DiagnosticWarning)
+            user_warnings.warn("subspace: the fit's own.", DiagnosticWarning)
+            try:
+                with user_warnings.speaking_for("svi", "other (inner svi)"):
+                    raise RuntimeError
+            except RuntimeError:
+                pass
+            user_warnings.warn("nuts: after a raising nested block.", DiagnosticWarning)
+            in_thread(lambda: user_warnings.warn("nuts: from a thread.", DiagnosticWarning))
+            context = contextvars.copy_context()
+            in_thread(lambda: context.run(user_warnings.warn, "nuts: from a copied context.", DiagnosticWarning))
+    thread = "subspace (inner nuts): from a thread. (options: inner=NUTSConfig(...).)"
+    assert [str(w.message) for w in record] == [
+        "subspace (inner nuts): few draws. (options: inner=NUTSConfig(...).)",
+        "subspace: the fit's own.",
+        "subspace (inner nuts): after a raising nested block. (options: inner=NUTSConfig(...).)",
+        thread if getattr(sys.flags, "thread_inherit_context", 0) else "nuts: from a thread.",
+        "subspace (inner nuts): from a copied context. (options: inner=NUTSConfig(...).)",
+    ]

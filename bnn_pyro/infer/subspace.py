@@ -424,12 +424,17 @@ def _swa_options(swa) -> dict:
     )
 
 
+def _inner_config(method: str) -> type | None:
+    """The typed config of the inner engine ``method`` (e.g. ``NUTSConfig``), or ``None`` for a name that is not one."""
+    declared = REGISTRY.get(Method(method)) if method in inner_engines() else None
+    return getattr(declared.fit_function(), "config_type", None) if declared is not None else None
+
+
 def _inner_options_deprecated(inner, options: dict) -> str:
     """The ``FutureWarning`` for ``inner_options=``: the typed config that says the same (NUTS and HMC keep this
     fit's dense mass matrix, which a config's own default would turn off)."""
     method = inner if isinstance(inner, str) else _inner_method(inner)[0]
-    declared = REGISTRY.get(Method(method)) if method in inner_engines() else None
-    config = getattr(declared.fit_function(), "config_type", None) if declared is not None else None
+    config = _inner_config(method)
     if config is None:
         return "inner_options= is deprecated: pass the inner engine's typed config as inner= instead."
     shown = dict(options)
@@ -632,8 +637,14 @@ def _fit_subspace(
         train, holdout, _ = split(
             data, swa.get("validation", "default"), seed=seed, method="subspace", convert=data.convert, model=model
         )
-    # the inner fit's checks name what the user called: "subspace (inner nuts): ...", not "nuts: ..."
-    with speaking_for(inner, f"subspace (inner {inner})"):
+    # the inner fit's checks name what the user called, "subspace (inner nuts): ...", not "nuts: ...", and where the
+    # options they advise are set here (not bp.fit's, whose defaults, e.g. num_chains, differ)
+    config_name = getattr(_inner_config(inner), "__name__", "its config")
+    note = (
+        f"(Inside method='subspace', set the inner engine's options in inner={config_name}(...), and num_chains and "
+        "num_samples on bp.fit, where num_chains defaults to 1.)"
+    )
+    with speaking_for(inner, f"subspace (inner {inner})", note):
         if data.loader is not None:
             inner_post = fit(
                 zmodel,

@@ -45,20 +45,27 @@ def find_stack_level() -> int:
     return min(outermost + 1, level - 1)  # level - 1: the outermost frame of all (nothing called it)
 
 
-_SPEAKER: contextvars.ContextVar[tuple[str, str] | None] = contextvars.ContextVar("bnn_pyro_speaker", default=None)
+_SPEAKER: contextvars.ContextVar[tuple[str, str, str] | None] = contextvars.ContextVar("bnn_pyro_speaker", default=None)
 
 
 @contextlib.contextmanager
-def speaking_for(method: str, label: str) -> Iterator[None]:
-    """Within this block, a warning whose message starts with ``"{method}:"`` starts with ``"{label}:"`` instead.
+def speaking_for(method: str, label: str, note: str = "") -> Iterator[None]:
+    """Within this block, a warning whose message starts with ``"{method}:"`` starts with ``"{label}:"`` instead, and
+    ends with ``note`` (after a space; e.g. where the options the message advises are set for the engine run inside).
 
     Why: every fit-time check names the method it judges by its posterior's ``method`` (``"nuts: 3.1% of the draws
     diverged ..."``), and an engine run inside another (subspace inference's inner NUTS, fitted by ``bp.fit``) is a
-    fit of its own, so its checks would name a method the user never called. The outer engine wraps the inner fit
-    in ``speaking_for("nuts", "subspace (inner nuts)")``: one rename where the warnings are issued, for every check,
-    with no check told who called it. A context variable, restored on exit (nested blocks and threads keep their
-    own); a check run in a worker process is not renamed."""
-    token = _SPEAKER.set((f"{method}:", f"{label}:"))
+    fit of its own, so its checks would name a method the user never called, and advise its options as if set on
+    ``bp.fit`` with their top-level defaults. The outer engine wraps the inner fit in
+    ``speaking_for("nuts", "subspace (inner nuts)", "(...)")``: one rename where the warnings are issued, for every
+    check, with no check told who called it.
+
+    Scope: a context variable, restored on exit, also when the block raises; a nested block replaces the label for
+    its own extent (it does not compose with the outer one). A thread started inside the block begins with an empty
+    context (unless Python's ``-X thread_inherit_context``, 3.14's default only in free-threaded builds, is on), so its
+    warnings are not renamed: run its target with ``contextvars.copy_context().run``;
+    a forked worker process inherits the label, a spawned one does not."""
+    token = _SPEAKER.set((f"{method}:", f"{label}:", f" {note}" if note else ""))
     try:
         yield
     finally:
@@ -77,8 +84,9 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
     category:
         A ``Warning`` subclass; ``UserWarning`` by default, as ``warnings.warn``'s.
 
-    Inside :func:`speaking_for`, a message that starts with its method's name names its label instead."""
+    Inside :func:`speaking_for`, a message that starts with its method's name names its label instead, and ends with
+    its note."""
     speaker = _SPEAKER.get()
     if speaker is not None and message.startswith(speaker[0]):
-        message = speaker[1] + message[len(speaker[0]) :]
+        message = speaker[1] + message[len(speaker[0]) :] + speaker[2]
     warnings.warn(message, category, stacklevel=find_stack_level())

@@ -105,6 +105,13 @@ def test_the_default_uses_the_directions_spanned_records_why_and_warns_an_explic
     ours = [m for m in said if "span only 5 of the 10 weight directions" in m]
     assert len(ours) == 1 and "subspace_dim is 5, not the default 10" in ours[0] and "method='nuts'" in ours[0]
     assert post.samples["1.weight"].shape == (1, 4, 2, 4)
+    # the inner NUTS's own checks (4 draws, 1 chain: its ESS) name the fit called and where their options go here
+    inner = [m for m in said if m.startswith("subspace (inner nuts): ")]
+    where = (
+        "(Inside method='subspace', set the inner engine's options in inner=NUTSConfig(...), and num_chains and "
+        "num_samples on bp.fit, where num_chains defaults to 1.)"
+    )
+    assert inner and all(m.endswith(where) for m in inner)
     # the logit sum changes no prediction: check_subspace judges the logits centred over the classes, which the 5
     # spanned directions hold whole (judged raw, they kept a median 9%, and it warned "holds too little")
     held = record["held"]
