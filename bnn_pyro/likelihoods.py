@@ -43,6 +43,8 @@ class Likelihood:
     :meth:`check_target` and :meth:`summarize`; noise priors go in :meth:`sites`."""
 
     task: str = "regression"
+    identified_as: str = ""
+    """What :meth:`identified` makes of ``f`` where it changes it, as a check's message names it (empty: ``f`` whole)."""
 
     def sites(self) -> dict[str, Distribution]:
         """Hyper sites of the likelihood (e.g. a learned noise scale): name -> prior."""
@@ -240,9 +242,12 @@ class Categorical(Likelihood):
     def probs(self, d):
         return _base(d).probs
 
+    identified_as = "centred over the classes"
+
     def identified(self, f, dim=-1):
         """The logits centred over the classes, ``f_k - mean_j f_j``: softmax is unchanged by a shift common to every
-        class, so that shift is identified by the prior alone and no prediction depends on it."""
+        class, so that shift is identified by the prior alone and no prediction depends on it. One class (a degenerate
+        model, whose single logit no prediction depends on): ``f`` itself, unchanged."""
         return f - f.mean(dim, keepdim=True) if f.shape[dim] > 1 else f
 
 

@@ -154,7 +154,8 @@ def check_mixing(post, *, advice: str = "") -> None:
     is NaN: the warning says so, whether or not the ESS is low. Why the chance bound: with the fixed 1.05, 2 chains
     of 25 exact independent draws were said to disagree in most runs (``benchmarks/results/health_false_alarms/``).
     The ESS threshold is likewise chance-adjusted where the draws are few (:func:`ess_chance_min`): the estimate of
-    200 exact draws fell below 100 in 4-10% of fits. A ``Categorical`` likelihood's logits are judged centred over
+    200 exact draws fell below 100 in 4-10% of fits. ``f`` is judged as far as the likelihood depends on it
+    (``Likelihood.identified``, named in the message by its ``identified_as``): a ``Categorical``'s logits centred over
     the classes, ``f_k - mean_j f_j``: softmax is unchanged by a shift common to every class, so that shift is
     identified by the prior alone, wanders slowly in a sampler's draws, and no prediction depends on it (SG-HMC on
     iris: the smallest ESS of the raw logits 8, of the centred ones 38; ``benchmarks/results/sgmcmc_ess_truth/``).
@@ -162,7 +163,6 @@ def check_mixing(post, *, advice: str = "") -> None:
     import arviz as az
     import numpy as np
 
-    from bnn_pyro.likelihoods import Categorical
     from bnn_pyro.posterior.diagnostics import NUM_FUNCTION_INPUTS, from_dict, function_draws
 
     if post.num_draws < 2:
@@ -173,14 +173,14 @@ def check_mixing(post, *, advice: str = "") -> None:
         rows = torch.linspace(0, post.x.shape[0] - 1, min(NUM_FUNCTION_INPUTS, post.x.shape[0])).round().long()
         f = function_draws(post, post.x[rows]).double()
         likelihood = getattr(post.model, "likelihood", None)
-        centred = isinstance(likelihood, Categorical) and f.shape[-1] > 1
-        if centred:  # softmax ignores a shift common to every class's logit: only the centred logits are identified
-            f = likelihood.identified(f)
+        identify = getattr(likelihood, "identified", None)  # as far as the likelihood depends on f (docstring)
+        judged = identify(f) if identify is not None else f
+        changed, f = judged is not f, judged
         data = from_dict(posterior={"f": f.cpu().numpy()})
         with arviz_log_level(logging.ERROR):  # ArviZ logs a shape complaint for one chain; R-hat is not used then
             ess, rhat = az.ess(data)["f"].values.ravel(), az.rhat(data)["f"].values.ravel()
         what = worst_ess = worst_rhat = f"f(x) at {len(rows)} training inputs" + (
-            " (centred over the classes)" if centred else ""
+            f" ({likelihood.identified_as})" if changed else ""
         )
     except ValueError:  # a Pyro function without an 'f' site, or no training inputs: its parameters and lp
         ess, rhat, names = _parameter_diagnostics(post)
