@@ -208,45 +208,42 @@ class Subspace:
         return out
 
 
-def spanned_directions(
-    singular: torch.Tensor, shape: tuple[int, int], dtype: torch.dtype, magnitude: float = 0.0
-) -> tuple[int, float]:
-    """The number of directions a ``K x d`` matrix of deviations of ``dtype`` iterates, with singular values
-    ``singular`` (descending), spans, and the tolerance used: the singular values above
+def spanned_directions(singular: torch.Tensor, iterates: torch.Tensor) -> tuple[int, float]:
+    """The number of directions the SWA deviations span, and the tolerance used: of the deviations' singular values
+    ``singular`` (descending), those above twice the spectral edge of the iterates' own rounding,
 
-        ``(sqrt(K) + sqrt(d)) * eps(dtype) * max(s_max, magnitude)``
+        ``2 * (sqrt(K) + sqrt(d)) * sigma``,   ``sigma^2 = mean(ulp(w)^2) / 12``
 
-    (``magnitude``: the largest entry of the iterates' mean, ``max |w_hat|``).
+    over the ``K x d`` ``iterates`` as stored, in the model's dtype (``ulp(w)``: the spacing of that dtype's numbers at
+    each entry).
 
-    Why this rule: the SWA deviations are differences of ``dtype`` (float32) iterates, held and decomposed in float64,
-    so the noise sits in the data, not in the SVD: each iterate is rounded to its dtype, an error of up to
-    ``eps * |w|`` per entry, where the iterates' entries are at most about ``max |w_hat| + s_max``. A ``K x d``
-    matrix of such independent errors has a spectral norm of about ``eps * |w| * (sqrt(K) + sqrt(d))`` (a random
-    matrix's edge; Vershynin, *High-Dimensional Probability*, 4.4.5), so a direction in which the iterates never
-    moved (a 2-class softmax's logit sum, which the likelihood's gradient never reaches) still carries a singular value
-    up to that size, never zero. ``torch.linalg.matrix_rank``'s ``max(K, d) * eps * s_max`` bounds the error of an SVD
-    run in the data's own precision instead: it grows like ``d`` while this noise, and ``s_max``, grow like
-    ``sqrt(d)``, so on a 200-100-1 tanh net (20,201 weights) it sat at 0.24% of ``s_max`` and dropped 14 of the 20
-    real directions (singular values 9e-5 to 7e-4, 40x or more above the rounding's ~2e-6), counting 6; this rule
-    counts 20. Where the weights are large against the deviations it is the weights that set the floor: on the gap
-    data's 1-8-1 net (25 weights, the largest 2.5, ``s_max`` 0.049) it counts 10 of 20, the 11th at ``1.3e-6``, within
-    5 ``eps`` of that weight, where float32 iterates cannot tell a direction from their own rounding
-    (``matrix_rank``'s rule counted 15). The former fixed ``1e-8 * s_max`` sat below float32's ``eps = 1.2e-7``:
-    rounding passed it, and the count differed between devices (a frozen-backbone ``Linear(4, 2)`` head's 5 true
-    directions: 10 on a CPU, 9 on a GPU).
+    Why this rule: the SWA deviations are differences of float32 iterates, held and decomposed in float64, so the
+    noise sits in the data, not in the SVD: each stored iterate is its value rounded to the nearest float32, an error
+    uniform within half an ulp (sd ``ulp / sqrt(12)``), independent across entries. A ``K x d`` matrix of such errors
+    has a largest singular value of about ``(sqrt(K) + sqrt(d)) * sigma`` (a random matrix's edge; Vershynin,
+    *High-Dimensional Probability*, 4.4.5), so a direction in which the iterates never moved (a 2-class softmax's logit
+    sum, which the likelihood's gradient never reaches) still carries a singular value up to that size, never zero;
+    twice the edge leaves room for the errors' departures from independence. The floor is set by the weights' own
+    magnitudes (their ulps), not by the deviations' largest singular value: on the gap data's 1-50-1 net (weights up to
+    2.5, deviations' ``s_max`` 0.04) the ten directions a default subspace needs sit at 5e-6 and above, the rounding's
+    own singular values at 9e-8 to 2e-7 (this floor: 6.5e-7), and a floor proportional to ``s_max`` or ``max |w|``
+    cut the tenth (a default that lowered itself, with a warning, on one machine and not another).
+    ``torch.linalg.matrix_rank``'s ``max(K, d) * eps * s_max`` bounds an SVD's error in the data's own precision
+    instead and grows like ``d``: on a 200-100-1 net it dropped 14 of 20 real directions. The former fixed
+    ``1e-8 * s_max`` sat below float32's rounding, which passed it or not by device (a frozen-backbone ``Linear(4,
+    2)`` head's 5 true directions: 10 counted on a CPU, 9 on a GPU; now 5 on both, the rounding's at 1.3e-7 against a
+    floor of 4.9e-7).
 
-    Its limit: rounding also accumulates over the SGD steps (each update rounds to the iterate's grid, a random walk
-    in the directions the gradient never reaches), which the bound does not count. On that head (10 weights, 5 true
-    directions) this rule counts 5 at float32 (default SWA lr, and ``swa=SWAGConfig(lr=1e-3)``) and at float64 with
-    ``lr=1e-3``, but 6 with float64 iterates at the default lr (the extra one at 50 float64 eps of ``s_max``, 17 of
-    the largest weight). Such a direction is an arbitrary one of rounding: the subspace through it stays a valid
-    subspace, larger than the iterates' spread. A direction the likelihood never reaches is still counted where the
-    prior's pull moves the iterates along it during the SWA phase (a real drift, not rounding): on that head after
-    ``swa=SWAGConfig(pretrain_steps=200)`` the logits' sum was still decaying, at ``5e-4`` of ``s_max``, 6 counted."""
+    Its limit: rounding also accumulates over the SGD steps (each update rounds to the iterate's grid), and the
+    prior's pull moves the iterates along a direction the likelihood never reaches while it decays; the rule counts
+    both as directions. Such a direction is a valid one of the iterates' spread: the subspace through it stays a
+    valid subspace."""
     if singular.numel() == 0:
         return 0, 0.0
-    size = math.sqrt(shape[0]) + math.sqrt(shape[1])
-    tolerance = size * torch.finfo(dtype).eps * max(float(singular.max()), float(magnitude))
+    size = math.sqrt(iterates.shape[0]) + math.sqrt(iterates.shape[1])
+    magnitude = iterates.abs()
+    ulp = (torch.nextafter(magnitude, torch.full_like(magnitude, math.inf)) - magnitude).double()
+    tolerance = 2.0 * size * float((ulp.square().mean() / 12).sqrt())
     return int((singular > tolerance).sum()), tolerance
 
 
@@ -601,9 +598,10 @@ def _fit_subspace(
     every, singular = Subspace.from_deviations(
         moments.mean[columns], moments.deviations[:, columns], len(columns), shapes
     )  # all the deviations' directions: the first rank span the subspace, the rest are what check_subspace weighs
-    # the iterates' precision (the model's dtype), not the float64 the moments are accumulated in
     kept = int(moments.deviations.shape[0])  # K, the deviations kept (swag_rank, or fewer snapshots)
-    spanned, tolerance = spanned_directions(singular, (kept, len(columns)), dtype, float(every.center.abs().max()))
+    # the iterates as the SWA run stored them (the model's dtype, not the float64 the moments are accumulated in)
+    iterates = (every.center + moments.deviations[:, columns]).to(dtype)
+    spanned, tolerance = spanned_directions(singular, iterates)
     if spanned == 0:
         raise ValueError(
             "swa: the SWA iterates never moved (their deviations span no direction), so there is no subspace to "

@@ -30,50 +30,61 @@ def _float32_matrix(singular: list[float], seed: int = 0) -> torch.Tensor:
 
 def test_float32_rounding_is_not_counted_as_a_direction():
     """Rank 4, rounded to float32: the SVD returns the 6 directions it does not span with singular values of float32
-    rounding, above the former fixed tolerance ``1e-8 * s_max``; the numerical rank is 4, as
-    ``torch.linalg.matrix_rank`` says of the float32 matrix itself."""
+    rounding, above the former fixed tolerance ``1e-8 * s_max``; the count is 4, as ``torch.linalg.matrix_rank`` says
+    of the float32 matrix itself, and the floor sits between the rounding and the smallest true direction."""
     m = _float32_matrix([3.0, 1.0, 0.2, 0.05])
     s = torch.linalg.svdvals(m)
     assert int((s > 1e-8 * s[0]).sum()) > 4  # the rounding passed the former rule: this matrix tells them apart
-    spanned, tolerance = spanned_directions(s, tuple(m.shape), torch.float32)
+    spanned, tolerance = spanned_directions(s, m.float())
     assert spanned == 4 == int(torch.linalg.matrix_rank(m.float()))
-    size = K**0.5 + D**0.5  # a K x D matrix of rounding errors: its spectral norm's scale (no iterate magnitude given)
-    assert tolerance == pytest.approx(size * torch.finfo(torch.float32).eps * float(s[0]))
+    assert float(s[4]) < tolerance < float(s[3]) / 1000
 
 
 def test_a_small_true_direction_well_above_the_tolerance_is_kept():
-    """The smallest of 5 true directions at 1e-4 of the largest, 100x float32's tolerance
-    ``(sqrt(20) + sqrt(10)) * 1.2e-7`` of it: counted."""
+    """The smallest of 5 true directions at 1e-4 of the largest, far above float32's rounding of entries of this
+    size: counted; float64 iterates' rounding is smaller still."""
     m = _float32_matrix([1.0, 0.3, 0.01, 1e-3, 1e-4], seed=1)
     s = torch.linalg.svdvals(m)
-    spanned, tolerance = spanned_directions(s, tuple(m.shape), torch.float32)
+    spanned, tolerance = spanned_directions(s, m.float())
     assert spanned == 5 and float(s[4]) > 10 * tolerance
-    assert spanned_directions(s, tuple(m.shape), torch.float64)[0] >= 5  # float64's tolerance is far smaller
-    assert spanned_directions(torch.zeros(3), (K, D), torch.float32)[0] == 0  # no spread at all: nothing spanned
+    assert spanned_directions(s, m)[0] >= 5  # float64 iterates: a far smaller floor
+    assert spanned_directions(torch.zeros(3), torch.zeros(K, D))[0] == 0  # no spread at all: nothing spanned
 
 
-def test_with_many_more_weights_than_deviations_the_rounding_floor_keeps_every_real_direction():
-    """20 deviations of 20,000 float32 iterates (a 200-100-1 net's size): 11 true directions, the smallest at 1e-4 of
-    the largest, as measured on that net, plus the iterates' own rounding to float32 (their mean held in float64, as
-    the moments are). That rounding's spectral norm is ``eps * |w| * (sqrt(K) + sqrt(d))``-sized, so every true
-    direction stands far above it and is counted, and none of the rounding is. ``matrix_rank``'s
-    ``max(K, d) * eps * s_max`` (the former rule) grows like ``d``: at 0.24% of ``s_max`` it counts 6."""
-    k, d = 20, 20_000
+@pytest.mark.parametrize(
+    "k, d, half_range, singular, former",
+    [
+        # a 200-100-1 net's size and spectrum: matrix_rank's max(K, d) * eps * s_max (0.24% of s_max) counted 6
+        (20, 20_000, 0.25, [0.8, 0.02, 0.01, 5e-3, 3e-3, 2e-3, 1e-3, 5e-4, 3e-4, 2e-4, 1e-4], "matrix_rank"),
+        # the gap data's 1-50-1 net: weights of rms 0.73 (up to 2.5) against deviations of s_max 0.04, the tenth at 4e-6;
+        # a floor of sqrt-sized eps * max(s_max, max |w|) (5.1e-6) cut it, and the default lowered itself
+        (20, 151, 1.25, [0.04, 9e-3, 6e-3, 1e-3, 5e-4, 1.6e-4, 1e-4, 2.6e-5, 9e-6, 4e-6], "largest_weight"),
+    ],
+    ids=["wide_net", "large_weights"],
+)
+def test_every_real_direction_stands_above_the_rounding_floor(k, d, half_range, singular, former):
+    """``k`` deviations of ``d`` float32 iterates with known directions (``singular``) around a mean of entries
+    uniform in ``+-half_range`` (one of them at twice that, the net's largest weight), the iterates rounded to float32 and their mean held in float64 (as the moments are):
+    every true direction is counted and none of the rounding; the floor sits below the smallest true one."""
     g = torch.Generator().manual_seed(0)
-    singular = torch.tensor([0.8, 0.02, 0.01, 5e-3, 3e-3, 2e-3, 1e-3, 5e-4, 3e-4, 2e-4, 1e-4], dtype=torch.float64)
+    singular = torch.tensor(singular, dtype=torch.float64)
     u = torch.linalg.qr(torch.randn(k, len(singular), generator=g, dtype=torch.float64))[0]
     v = torch.linalg.qr(torch.randn(d, len(singular), generator=g, dtype=torch.float64))[0]
-    mean = (torch.rand(d, generator=g, dtype=torch.float64) - 0.5) / 2  # |w| up to 0.25, as on that net
+    mean = (torch.rand(d, generator=g, dtype=torch.float64) - 0.5) * 2 * half_range
+    mean[0] = 2 * half_range
     iterates = (mean + u @ torch.diag(singular) @ v.T).float()  # the SGD iterates, float32
     s = torch.linalg.svdvals(iterates.double() - mean)
-    magnitude = float(mean.abs().max())
-    spanned, tolerance = spanned_directions(s, (k, d), torch.float32, magnitude)
-    assert spanned == 11
-    assert float(s[11]) > 1e-8 * float(s[0])  # the rounding is there (the fixed 1e-8 rule counted it) ...
-    assert float(s[11]) < tolerance < float(s[10]) / 5  # ... and sits below the floor, the last true one well above
+    spanned, tolerance = spanned_directions(s, iterates)
+    n = len(singular)
+    assert spanned == n
+    assert float(s[n]) > 1e-8 * float(s[0])  # the rounding is there (the fixed 1e-8 rule counted it) ...
+    assert float(s[n]) < tolerance < float(s[n - 1]) / 5  # ... and sits below the floor, the last true one above
     eps = torch.finfo(torch.float32).eps
-    assert tolerance == pytest.approx((k**0.5 + d**0.5) * eps * max(float(s[0]), magnitude))
-    assert int((s > max(k, d) * eps * s[0]).sum()) == 6  # the former rule: 5 real directions dropped
+    floors = {
+        "matrix_rank": max(k, d) * eps * float(s[0]),
+        "largest_weight": (k**0.5 + d**0.5) * eps * max(float(s[0]), float(mean.abs().max())),
+    }
+    assert int((s > floors[former]).sum()) < n  # the former rule dropped a real direction
 
 
 def _softmax_head() -> tuple[bp.BNN, torch.Tensor, torch.Tensor]:
