@@ -20,7 +20,7 @@ Usage::
 
     python benchmarks/classification_draws.py --set wine --methods metropolis,mala \\
         --arms d=samplers_ess_wine_d_splits.csv,s4=samplers_ess_wine_s4_splits.csv \\
-        --reference splits10_nuts_wine_splits.csv --name samplers_ess_wine
+        --reference noiserows_nuts_wine_splits.csv,splits10_nuts_wine_splits.csv --name samplers_ess_wine
 
 writes ``<name>.csv`` and ``<name>.md`` to ``--out`` (default ``benchmarks/results/classification/``), reading the
 files from ``--folder`` (the same by default).
@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--set", required=True, help="the data set, e.g. wine (for the notes)")
     parser.add_argument("--methods", required=True, help="comma list of engines, e.g. metropolis,mala")
     parser.add_argument("--arms", required=True, help="comma list label=file; the first is the baseline")
-    parser.add_argument("--reference", required=True, help=f"a per-split file with {REFERENCE_POSTERIOR} rows")
+    parser.add_argument(
+        "--reference", required=True, help=f"comma list of per-split files with {REFERENCE_POSTERIOR} rows"
+    )
     parser.add_argument("--name", required=True, help="the files written: <name>.csv and <name>.md")
     parser.add_argument("--note", default="", help="what each arm ran (appended to the notes)")
     parser.add_argument("--folder", default=None, help="where the per-split files are (default: --out's default)")
@@ -139,14 +141,20 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         if not label or not name or not (folder / name).exists():
             raise SystemExit(f"--arms: expected label=file with the file in {folder}, got {label}={name}.")
     arms = {label: pd.read_csv(folder / name) for label, name in files.items()}
-    summary, per_split = compare(arms, pd.read_csv(folder / args.reference), args.methods.split(","))
+    reference = pd.concat([pd.read_csv(folder / name) for name in args.reference.split(",")], ignore_index=True)
+    reference = reference[reference["method"] == REFERENCE_POSTERIOR]
+    if reference["split"].duplicated().any():
+        raise SystemExit(
+            f"--reference: a split with more than one {REFERENCE_POSTERIOR} row; pass files that do not overlap."
+        )
+    summary, per_split = compare(arms, reference, args.methods.split(","))
     if summary.empty:
         raise SystemExit("--arms: no split has every arm and a reference row for these engines.")
     out = results_dir("classification", args.out)
     summary.to_csv(out / f"{args.name}.csv", index=False)
     notes = [
         f"{args.set}: per-split rows of benchmarks/classification.py from {', '.join(f'`{v}` ({k})' for k, v in files.items())}"
-        f", against `{args.reference}`'s {REFERENCE_POSTERIOR} rows, paired by split; the first arm is the baseline; "
+        f", against the {REFERENCE_POSTERIOR} rows of `{'`, `'.join(args.reference.split(','))}`, paired by split; the first arm is the baseline; "
         "means and se over splits (sd / sqrt(n), ddof 1); the columns: benchmarks/classification_draws.py's docstring."
         + (f" {args.note}" if args.note else ""),
     ]
