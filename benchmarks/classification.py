@@ -58,6 +58,7 @@ import time
 import warnings
 from pathlib import Path
 
+import arviz as az
 import numpy as np
 import pandas as pd
 import torch
@@ -88,6 +89,8 @@ CHAIN_CHECKS = (
     "nll_chain_se",
     "nll_chain_min",
     "nll_chain_max",
+    "nll_chain_mean",
+    "nll_mc_bias",
     "rhat_f_max",
     "ess_f_min",
     "rhat_f_test_max",
@@ -242,7 +245,15 @@ def chain_scores(post, x_test: torch.Tensor, y_test: torch.Tensor) -> dict[str, 
     ``nll_chain_se``: the standard error of the test NLL over chains, ``sd(NLL_c) / sqrt(C)`` with ``NLL_c`` the
     NLL of chain ``c``'s own model average; chains are independent replicates, so this error holds where
     within-chain ESS understates it (a multimodal posterior; chain-level errors, as the zoo's reference uses).
-    ``nll_chain_min`` / ``nll_chain_max``: the extremes over chains. ``rhat_f_max`` / ``ess_f_min``: the worst
+    ``nll_chain_min`` / ``nll_chain_max`` / ``nll_chain_mean``: the extremes and mean over chains.
+
+    ``nll_mc_bias``: how far the NLL of a model average over few effective draws sits above the exact
+    predictive's, by the delta method: the log loss is convex, so with ``p_i`` the posterior mean of row ``i``'s
+    probability of its label, ``v_i`` its posterior variance over draws and ``n_i`` the bulk ESS of that
+    probability (ArviZ, over chains and draws), ``E[-log p_hat_i] ~ -log p_i + v_i / (2 p_i^2 n_i)``; the column is
+    the mean over test rows of ``v_i / (2 p_hat_i^2 n_i)``, plugged in. A bias of ``b / n_eff`` puts a chain's
+    own average (``n_eff / C``) ``(C - 1)`` times the pooled bias above the pooled NLL, which ``nll_chain_mean -
+    nll`` measures without the delta method. ``rhat_f_max`` / ``ess_f_min``: the worst
     R-hat and bulk ESS of ``f`` at the training inputs the fit-time health check reads
     (``post.summary(space="function")``); ``rhat_f_test_max`` / ``ess_f_test_min``: the same at every test row.
     ``max_depth_frac`` / ``n_steps_mean``: NUTS's share of draws at ``max_tree_depth`` and its mean leapfrog
@@ -252,12 +263,18 @@ def chain_scores(post, x_test: torch.Tensor, y_test: torch.Tensor) -> dict[str, 
         return {}
     f = function_draws(post, x_test)  # (chains, draws, rows, classes): the logits of Categorical(logits=f)
     chain_nll = torch.tensor([metrics.nll(torch.softmax(fc.double(), -1).mean(0), y_test) for fc in f])
+    label = y_test.reshape(1, 1, -1, 1).expand(*f.shape[:3], 1)
+    p = torch.softmax(f.double(), -1).gather(-1, label)[..., 0]  # (chains, draws, rows): each draw's p(label)
+    ess = torch.as_tensor(np.asarray(az.ess(az.convert_to_dataset(p.numpy()))["x"]), dtype=torch.float64)
+    mc_bias = p.flatten(0, 1).var(0) / (2 * p.mean((0, 1)).square() * ess)
     train = post.summary(space="function", warn=False)
     test = post.summary(space="function", x=x_test, warn=False)
     row = dict(
         nll_chain_se=float(chain_nll.std() / math.sqrt(len(chain_nll))),
         nll_chain_min=float(chain_nll.min()),
         nll_chain_max=float(chain_nll.max()),
+        nll_chain_mean=float(chain_nll.mean()),
+        nll_mc_bias=float(mc_bias.mean()),
         rhat_f_max=float(train["r_hat"].max()),
         ess_f_min=float(train["ess_bulk"].min()),
         rhat_f_test_max=float(test["r_hat"].max()),

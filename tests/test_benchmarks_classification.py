@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import math
 
+import arviz as az
 import pandas as pd
 import pytest
 import torch
 
 from bnn_pyro import metrics
+from bnn_pyro.posterior.diagnostics import function_draws
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +89,16 @@ def test_chain_scores_of_an_mcmc_row_recomputed_per_chain(cls):
     assert row["nll_chain_se"] == pytest.approx(float(per_chain.std() / math.sqrt(3)), rel=1e-4)
     assert row["nll_chain_min"] == pytest.approx(float(per_chain.min()), rel=1e-4)
     assert row["nll_chain_max"] == pytest.approx(float(per_chain.max()), rel=1e-4)
+    assert row["nll_chain_mean"] == pytest.approx(float(per_chain.mean()), rel=1e-4)
     assert row["nll_chain_min"] <= row["nll"] <= row["nll_chain_max"] + 0.05  # pooling averages the chains
+    # nll_mc_bias, row by row: v_i / (2 p_i^2 n_i) for each test row's probability of its own label
+    probs = torch.softmax(function_draws(post, s["x_test"]).double(), -1)  # (chains, draws, rows, classes)
+    terms = []
+    for i, label in enumerate(s["y_test"].tolist()):
+        p_i = probs[:, :, i, label].numpy()
+        terms.append(p_i.var(ddof=1) / (2 * p_i.mean() ** 2 * float(az.ess(p_i))))
+    assert row["nll_mc_bias"] == pytest.approx(sum(terms) / len(terms), rel=1e-6)
+    assert row["nll_mc_bias"] > 0.0
     for col in ("rhat_f_max", "rhat_f_test_max"):
         assert 1.0 <= row[col] < 10.0, col  # 3 chains of 30 draws: defined, not a tight check of mixing
     for col in ("ess_f_min", "ess_f_test_min"):
