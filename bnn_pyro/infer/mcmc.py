@@ -245,6 +245,8 @@ class MCMCConfig(PotentialRunOptions):
     MODE_START: ClassVar[bool] = False
     # at the default init, a BNN's chains start at a short MAP fit each from its own reset start (_map_start)
     MAP_START: ClassVar[bool] = False
+    # a BNN's default num_warmup: this many times num_samples (the warm-up also carries its chains to the mass)
+    BNN_WARMUP_FACTOR: ClassVar[int] = 1
 
     num_samples: int = 1000
     num_warmup: int | None = None
@@ -512,9 +514,9 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
         dense_mass = dense_mass or laplace_started  # its metric was dense
         num_warmup, init = _check_resume(resume, config, num_warmup, num_chains, dense_mass), resume
         num_chains = resume.num_chains
-    num_warmup = positive_int(
-        "num_warmup", num_samples if num_warmup is None else num_warmup, allow_zero=resume is not None
-    )
+    if num_warmup is None:  # resume=Posterior has set 0
+        num_warmup = num_samples * (type(config).BNN_WARMUP_FACTOR if isinstance(model, BNN) else 1)
+    num_warmup = positive_int("num_warmup", num_warmup, allow_zero=resume is not None)
     num_chains = positive_int("num_chains", DEFAULT_NUM_CHAINS if num_chains is None else num_chains)
     how = choice("chain_method", c.chain_method, ChainMethod)
     target_accept = _default(c, "target_accept")
