@@ -250,15 +250,10 @@ class Checkpoint:
             )
         self.resume = resume
 
-    def saved(self) -> bool:
-        """Will :meth:`load` resume from a file (``resume=True`` and the file exists)? A run can then skip the work
-        whose result the file replaces (e.g. finding the chain's start)."""
-        return bool(self.resume and self.path.exists())
-
     def load(self) -> tuple[dict[str, torch.Tensor], dict[str, Any]] | None:
         """The saved tensors and metadata to resume from (``None``: start afresh); restores the
         global generators."""
-        if not self.saved():
+        if not (self.resume and self.path.exists()):
             return None
         tensors, meta = read(self.path)
         saved, run = run_identity(current_names(meta.get("run", {}), self.run)), run_identity(self.run)

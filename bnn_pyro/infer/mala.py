@@ -208,7 +208,6 @@ class MALAConfig(MCMCConfig):
     METHOD: ClassVar[str] = "mala"
     EXTENDS: ClassVar[bool] = True
     MODE_START: ClassVar[bool] = True
-    BNN_WARMUP_FACTOR: ClassVar[int] = 4
     target_accept: float | None = 0.574
 
     def kernel(self, model, chain: KernelSettings, model_args: tuple):

@@ -97,7 +97,6 @@ from bnn_pyro.infer import _logjoint, _vectorized
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
-from bnn_pyro.infer._map_start import map_start
 from bnn_pyro.infer._mode_start import ModeStart, mode_start
 from bnn_pyro.infer._nuts import FlatNUTS
 from bnn_pyro.infer._one_chain import FlatHMC, analytic_applies
@@ -243,10 +242,6 @@ class MCMCConfig(PotentialRunOptions):
     # at the default init, a small Pyro function's chains start over-dispersed around its mode and the dense metric
     # adaptation starts at H^-1 there (bnn_pyro.infer._mode_start; the kernel honours KernelSettings.metric)
     MODE_START: ClassVar[bool] = False
-    # at the default init, a BNN's chains start at a short MAP fit each from its own reset start (_map_start)
-    MAP_START: ClassVar[bool] = False
-    # a BNN's default num_warmup: this many times num_samples (the warm-up also carries its chains to the mass)
-    BNN_WARMUP_FACTOR: ClassVar[int] = 1
 
     num_samples: int = 1000
     num_warmup: int | None = None
@@ -435,7 +430,6 @@ class MetropolisConfig(MCMCConfig):
 
     METHOD: ClassVar[str] = "metropolis"
     MODE_START: ClassVar[bool] = True
-    MAP_START: ClassVar[bool] = True
     target_accept: float | None = 0.234
 
     def recorded(self) -> dict:
@@ -514,9 +508,9 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
         dense_mass = dense_mass or laplace_started  # its metric was dense
         num_warmup, init = _check_resume(resume, config, num_warmup, num_chains, dense_mass), resume
         num_chains = resume.num_chains
-    if num_warmup is None:  # resume=Posterior has set 0
-        num_warmup = num_samples * (type(config).BNN_WARMUP_FACTOR if isinstance(model, BNN) else 1)
-    num_warmup = positive_int("num_warmup", num_warmup, allow_zero=resume is not None)
+    num_warmup = positive_int(
+        "num_warmup", num_samples if num_warmup is None else num_warmup, allow_zero=resume is not None
+    )
     num_chains = positive_int("num_chains", DEFAULT_NUM_CHAINS if num_chains is None else num_chains)
     how = choice("chain_method", c.chain_method, ChainMethod)
     target_accept = _default(c, "target_accept")
@@ -544,8 +538,6 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
         laplace = mode_start(fitted, data, num_chains=num_chains, seed=seed, fast_path=flag("fast_path", c.fast_path))
     k_hat = None if laplace is None else round(laplace.k_hat, 3)  # recorded: why the Laplace start was (not) taken
     laplace = laplace if laplace is not None and laplace.usable else None
-    # a BNN at the default init: each chain starts at a MAP fit from its own reset start (in its process: run_chain)
-    map_started = type(config).MAP_START and c.init is None and resume is None and isinstance(fitted, BNN)
     if laplace is not None or laplace_started:
         config = config.laplace_started(c)
     if laplace is not None:
@@ -576,11 +568,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
 
     def run_chain(fitted, info):
         bar = (f"{method} chain {info.index}", info.line) if progress else None
-        settings, ckpt = chain_settings(info.index), ckpts[info.index]
-        if map_started and not (ckpt is not None and ckpt.saved()):  # a resumed chain continues from its file
-            start = map_start(fitted, data, init, seed=seed + info.index, method=method)
-            settings = replace(settings, init_strategy=init_strategy(fitted, start))
-        return _run_chain(fitted, data, settings, num_samples, num_warmup, bar, ckpt)
+        return _run_chain(fitted, data, chain_settings(info.index), num_samples, num_warmup, bar, ckpts[info.index])
 
     record = clean_config(
         dict(
@@ -602,7 +590,6 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             **({} if point_estimate is None else {"point_estimate": point_estimate}),
             **({} if k_hat is None else {"laplace_k_hat": k_hat}),
             **({} if laplace is None and not laplace_started else {"start": "laplace"}),
-            **({"start": "map"} if map_started else {}),
         )
     )
     # every chain's file checked before any chain runs; chain_method is not part of the run (same draws either way)
