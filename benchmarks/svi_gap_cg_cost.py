@@ -6,7 +6,10 @@ correlated covariates) on ``rows`` rows, fitted by SVI with a mean-field or low-
 ``svi_refine.MAX_DIM`` or ``MAX_WORK``, so not refined, and checked by conjugate gradients) for ``--steps`` steps from
 the default Laplace start: the seconds of the whole fit and of the gap inside it, the solver's iterations and residual,
 the largest gap and its standard error (guide sds; on this Gaussian posterior the gap is exact, so it is how far Adam
-left the guide's mean), and whether the check warned. ``ratio`` is the gap's seconds over the rest of its own fit's;
+left the guide's mean), and whether the check warned; since ``bnn_pyro/infer/svi_refine_cg.py``, also the seconds of
+the mean's Newton steps before the gap (``mean_step_s``, what they did: ``accepted``, ``stopped``), so the gap then
+measures what is left after them. ``ratio`` (``mean_step_ratio``) is the gap's (the steps') seconds over the rest of
+its own fit's;
 where ``--steps`` is below the default 5,000, ``ratio_default`` puts it against a default fit, extrapolated as in
 ``benchmarks/svi_refine_cost.py`` (a one-step fit with the gap off gives the fixed seconds, the first fit the seconds
 per step).
@@ -28,10 +31,11 @@ import torch
 from _common import markdown, results_dir, write_result
 
 import bnn_pyro as bp
-from bnn_pyro.infer import svi, svi_gap, svi_gap_cg
+from bnn_pyro.infer import svi, svi_gap, svi_gap_cg, svi_refine_cg
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
 _SECONDS: list = []
+_STEP_SECONDS: list = []
 
 
 def _model(x, y=None):
@@ -54,8 +58,11 @@ def one(dim: int, rows: int, steps: int, guide: str) -> dict:
     x = torch.randn(rows, dim, generator=g) + 0.3 * torch.randn(rows, 1, generator=g)
     y = x @ torch.randn(dim, generator=g) * 0.3 + torch.randn(rows, generator=g)
     _SECONDS.clear()
+    _STEP_SECONDS.clear()
     post, fit_s, warned = _fit(x, y, guide, steps)
     gap_s = sum(_SECONDS)
+    step_s = sum(_STEP_SECONDS)
+    refined = post.config.get("guide_refinement", [{}])[0]
     record = post.config.get("guide_gap")
     record = record[0] if isinstance(record, list) else {"reason": record}
     gap = post.history.get("guide_gap")
@@ -66,7 +73,11 @@ def one(dim: int, rows: int, steps: int, guide: str) -> dict:
         steps=steps,
         fit_s=round(fit_s, 2),
         gap_s=round(gap_s, 2),
-        ratio=round(gap_s / (fit_s - gap_s), 4),
+        ratio=round(gap_s / (fit_s - gap_s - step_s), 4),
+        mean_step_s=round(step_s, 2),
+        mean_step_ratio=round(step_s / (fit_s - gap_s - step_s), 4),
+        accepted=refined.get("accepted", "-"),
+        stopped=refined.get("stopped", "-"),
         iterations=record.get("iterations", "-"),
         residual=f"{record['residual']:.1e}" if record.get("residual") is not None else "-",
         max_abs_gap_sd=round(float(gap.abs().max()), 3) if gap is not None else "-",
@@ -76,15 +87,17 @@ def one(dim: int, rows: int, steps: int, guide: str) -> dict:
     )
     if steps < svi.DEFAULT_STEPS:
         newton_gap, svi_gap.newton_gap = svi_gap.newton_gap, lambda *a, **k: None
+        mean_step, svi_refine_cg.refine_mean = svi_refine_cg.refine_mean, lambda *a, **k: None
         try:
             _, fixed_s, _ = _fit(x, y, guide, 1)
         finally:
-            svi_gap.newton_gap = newton_gap
-        per_step = max(fit_s - gap_s - fixed_s, 0.0) / (steps - 1)
+            svi_gap.newton_gap, svi_refine_cg.refine_mean = newton_gap, mean_step
+        per_step = max(fit_s - gap_s - step_s - fixed_s, 0.0) / (steps - 1)
         row.update(
             fixed_s=round(fixed_s, 2),
             step_ms=round(1e3 * per_step, 2),
             ratio_default=round(gap_s / (fixed_s + svi.DEFAULT_STEPS * per_step), 4),
+            mean_step_ratio_default=round(step_s / (fixed_s + svi.DEFAULT_STEPS * per_step), 4),
         )
     return row
 
@@ -109,6 +122,15 @@ def main() -> None:
         return out
 
     svi_gap.newton_gap = timed
+    refine_mean = svi_refine_cg.refine_mean
+
+    def timed_step(*a, **k):
+        start = time.perf_counter()
+        out = refine_mean(*a, **k)
+        _STEP_SECONDS.append(time.perf_counter() - start)
+        return out
+
+    svi_refine_cg.refine_mean = timed_step
     one(120, 100, 5, "mean_field")  # untimed: first-call costs (imports, vmap's set-up) out of the first row
     table = []
     for pair in args.pairs.split(","):

@@ -76,7 +76,10 @@ coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessia
 (:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on those draws does not fall;
 ``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's change and why they stopped
 (or why it was skipped: the guide is then left as trained; past :data:`~bnn_pyro.infer.svi_refine.MAX_WORK`
-coordinates x rows, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). It runs only
+coordinates x rows, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). Past those
+bounds (up to :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows, any number of coordinates) a mean-field
+or low-rank guide's mean is taken there instead by damped Newton steps solved by conjugate gradients, its covariance
+left as trained (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list. It runs only
 where the flat fast path did not (the engine's condition reads both: that path is for a ``BNN`` and the refinement for
 a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained it), and not on a guide given as an
 ``AutoGuide`` class or a callable, which is used as given (where the refinement would otherwise run, the record says
@@ -116,7 +119,7 @@ import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, autoguide
 
-from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_gap, svi_gap_cg, svi_refine, svi_start
+from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg, svi_start
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, is_latent, point_values, traced
 from bnn_pyro.infer._health import GAP, GAP_SE, check_svi
@@ -485,7 +488,11 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         return _state(fitted, q, q_train, data, objective, wrap, loss, eb, kl)
 
     def draws(state: _State, history) -> ChainRun:
-        if refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
+        if by_cg and gap_checked:  # past svi_refine's bounds: the mean's Newton steps by conjugate gradients
+            refined = svi_refine_cg.refine_mean(state.guide, state.model, data)
+            if refined is not None:
+                config.setdefault("guide_refinement", []).append(refined.record())
+        elif refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
             refined = svi_refine.refine(state.guide, state.model, data)
             if refined is not None:
                 config.setdefault("guide_refinement", []).append(refined.record())

@@ -151,14 +151,16 @@ def test_a_low_rank_guide_is_refined_and_checked_on_the_models_device():
 @pytest.mark.parametrize("guide", ["mean_field", "low_rank"])
 def test_the_conjugate_gradient_gap_runs_on_the_models_device(guide, monkeypatch):
     """Past the dense bounds (lowered here) the gap of a mean-field or low-rank guide is taken by conjugate gradients
-    (svi_gap_cg), whose draws, batches and preconditioner are tensors of its own: on the model's device, with a
-    verdict."""
+    (svi_gap_cg), after the mean's Newton steps (svi_refine_cg), whose draws, batches and preconditioner are tensors
+    of their own: on the model's device, with a verdict, and the steps not skipped."""
     monkeypatch.setattr(svi_refine, "MAX_WORK", 1)
     x, y = _data(torch.float64)
     post, _ = _checked_fit(_linear_function, x + 40.0, y, "svi", **{**SETTINGS["svi"], "guide": guide})
     records = post.config["guide_gap"]
     assert records and all(r["method"] == "cg" and r["reason"] is None for r in records), records
     assert post.history["guide_gap"].shape[-1] == 3 and bool(post.history["guide_gap"].isfinite().all())
+    steps = post.config["guide_refinement"]  # the mean's Newton steps (svi_refine_cg) ran too
+    assert steps and not any(r["stopped"].startswith("skipped") for r in steps), steps
 
 
 @pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores
@@ -297,6 +299,7 @@ def test_the_conjugate_gradient_gap_runs_on_cuda(guide, monkeypatch):
     post = bp.fit(_linear_function, x + 40.0, y, method="svi", guide=guide, seed=3, progress=False, **SETTINGS["svi"])
     records = post.config["guide_gap"]
     assert records and all(r["method"] == "cg" and r["reason"] is None for r in records), records
+    assert not any(r["stopped"].startswith("skipped") for r in post.config["guide_refinement"]), post.config
     assert post.history["guide_gap"].device.type == "cpu" and bool(post.history["guide_gap"].isfinite().all())
 
 
