@@ -18,7 +18,8 @@ caller sees it rather than a stale value.
 :func:`hessian_products` gives the expected Hessian's products with a few vectors, ``mean_i hess log p(z_i) V``,
 without a dense Hessian (one batched reverse-over-reverse pass per draw and vector, the same vmap rules as Hessians:
 :class:`NotBatchable` where vmap refuses); :func:`guide_factors` reads a mean-field or low-rank guide's ``S = diag(D)
-+ W W^T`` without its dense covariance (the conjugate-gradient gap of :mod:`bnn_pyro.infer.svi_gap_cg`).
++ W W^T`` without its dense covariance (the conjugate-gradient gap of :mod:`bnn_pyro.infer.svi_gap_cg` and the mean's
+Newton step of :mod:`bnn_pyro.infer.svi_refine_cg`).
 
 Example
 -------

@@ -23,7 +23,8 @@ so here ``H`` is never formed:
 - ``H x_k = b_k`` for every batch's mean gradient ``b_k`` at once, by conjugate gradients (:func:`conjugate_gradients`,
   one matrix product per iteration for all batches) preconditioned by the guide's own precision diagonal (``1 / D``
   for a mean-field guide, whose optimum has ``1 / D_i = H_ii``; ``diag(S^-1)`` by Woodbury for a low-rank one), to a
-  relative residual :data:`TOL` or :data:`MAX_ITERATIONS` iterations (no verdict where that is not reached).
+  relative residual :data:`TOL` (or below the mean gradient's float rounding, :data:`ROUNDING`) or
+  :data:`MAX_ITERATIONS` iterations (no verdict where that is not reached).
 - The gap is the mean of the ``x_k`` (``H^-1`` of the mean gradient: ``H`` is linear) over the guide's sds, its
   standard error the spread of the ``x_k`` over ``sqrt(BATCHES)``: batch means, which count the gradients' Monte Carlo
   error (not the Hessian draws', a relative error as above).
