@@ -169,13 +169,17 @@ def cg_gap(target: GuideTarget, *, rows: int, num_draws: int, generator: torch.G
 
     half = antithetic_half(target, pairs, generator)
     deviations = torch.cat([half, -half])
+    apply = curvature(target, loc + torch.cat([half[:kept], -half[:kept]]), rows=rows, width=batches)
+    try:  # first, since a model vmap cannot batch has no verdict: its gradients one draw at a time would be wasted
+        apply(torch.zeros(dim, 1, dtype=torch.float64, device=loc.device))
+    except NotBatchable as error:
+        return no_verdict(f"{error}, and its Hessian-vector products one draw at a time cost too much")
     grads = derivatives(target.pot, target.order, (loc + deviations).to(target.dtype)).grads.double()
     bad = int((~torch.isfinite(grads).all(-1)).sum())
     if bad:
         return no_verdict(f"the log density or its gradient is not finite at {bad} of {2 * pairs} guide draws")
     plus, minus = grads.split(pairs)
     rhs = (plus.reshape(batches, -1, dim).mean(1) + minus.reshape(batches, -1, dim).mean(1)).T / 2  # (dim, batches)
-    apply = curvature(target, loc + torch.cat([half[:kept], -half[:kept]]), rows=rows, width=batches)
     inverse_diag = 1 / precision_diagonal(diag, factor)
     try:
         steps, iterations, residual = conjugate_gradients(

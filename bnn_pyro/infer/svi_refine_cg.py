@@ -103,6 +103,10 @@ def _refine_mean(guide, model, data: Data, num_draws: int, generator: torch.Gene
         )
         return step[:, 0] if residual <= svi_gap_cg.TOL else None
 
+    try:  # first, since a model vmap cannot batch is skipped: its gradients one draw at a time would be wasted
+        svi_gap_cg.curvature(target, target.loc + hessian_at, rows=data.size, width=1)(inverse_diag[:, None] * 0)
+    except NotBatchable as error:
+        return svi_refine.Refinement(0, 0.0, f"skipped: {error}, and its products one draw at a time cost too much")
     start = evaluate(target.loc)
     if start is None:
         return svi_refine.Refinement(0, 0.0, "skipped: the log density or its gradient is not finite at some draw")

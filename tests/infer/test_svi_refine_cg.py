@@ -14,8 +14,10 @@ import pytest
 import torch
 from pyro.infer import autoguide
 from test_svi_gap_cg import (  # the module beside this file
+    CALLS,
     DIM,
     MOVE,
+    _branching,
     _data,
     _guide_sd,
     _logistic,
@@ -125,3 +127,15 @@ def test_a_guide_within_the_dense_bounds_or_of_another_family_is_not_covered():
         guide = autoguide.AutoNormal(small)
         guide(x[:100], y[:100])
         assert svi_refine_cg.refine_mean(guide, small, Data(x[:100], y[:100])) is None
+
+
+def test_a_model_vmap_cannot_batch_is_skipped_before_its_gradients():
+    x, y = _data()
+    mean, precision = _posterior(x, y)
+    with pyro.get_param_store().scope():
+        guide = _moved(_mean_field, x, y, mean, precision, MOVE)
+        before = _mean(guide).clone()
+        CALLS.clear()
+        result = svi_refine_cg.refine_mean(guide, _branching, Data(x, y))
+        assert result.accepted == 0 and "torch.func.vmap cannot batch the model" in result.stopped, result
+        assert torch.equal(_mean(guide), before) and len(CALLS) < 50, len(CALLS)
