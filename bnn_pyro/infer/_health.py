@@ -7,7 +7,8 @@ cheap: no extra fits, at most one pass of :data:`PREDICTIVE_DRAWS` posterior and
 draws over :data:`PREDICTIVE_ROWS` training rows.
 
 - :func:`check_elbo` (SVI): a loss still falling (or rising) at the end of the run.
-- :func:`check_guide_gap` (SVI with a full-rank guide on a small Pyro function): the guide's mean stopped short of its
+- :func:`check_guide_gap` (SVI with a full-rank or low-rank guide on a small Pyro function, a mean-field or low-rank one
+  on a larger one: :mod:`bnn_pyro.infer.svi_gap`): the guide's mean stopped short of its
   family's ELBO optimum by one Newton step (:mod:`bnn_pyro.infer.svi_gap`), which the ELBO trace does not show.
 - :func:`check_predictive` (any engine): a posterior predictive that fits the training data no
   better than a constant, as the prior's does (posterior ~ prior).
@@ -353,7 +354,7 @@ def check_learned_noise(post, *, advice: str = "") -> None:
 
 
 def check_guide_gap(post) -> None:
-    """Warn when a chain's full-rank or low-rank guide stopped short of its family's ELBO optimum: in some unconstrained coordinate
+    """Warn when a chain's Gaussian guide (where :mod:`bnn_pyro.infer.svi_gap` takes its gap) stopped short of its family's ELBO optimum: in some unconstrained coordinate
     the Newton step to the optimum (``post.history[GAP]``, :mod:`bnn_pyro.infer.svi_gap`) exceeds :data:`GAP_MAX`
     guide sds and :data:`GAP_Z` standard errors. The ELBO check cannot see it: under the cosine schedule the parameters
     freeze at the end wherever they are, so the loss's last windows agree. A chain without a verdict has NaN gaps (the

@@ -15,6 +15,12 @@ kept for vmap's own refusals (:func:`vmap_refused`): any other error of the batc
 reason names it rather than vmap (review 12). A row where ``log p`` is not finite gets NaN derivatives, so that a
 caller sees it rather than a stale value.
 
+:func:`hessian_products` gives the expected Hessian's products with a few vectors, ``mean_i hess log p(z_i) V``,
+without a dense Hessian (one batched reverse-over-reverse pass per draw and vector, the same vmap rules as Hessians:
+:class:`NotBatchable` where vmap refuses); :func:`guide_factors` reads a mean-field or low-rank guide's ``S = diag(D)
++ W W^T`` without its dense covariance (the conjugate-gradient gap of :mod:`bnn_pyro.infer.svi_gap_cg` and the mean's
+Newton step of :mod:`bnn_pyro.infer.svi_refine_cg`).
+
 Example
 -------
 >>> target = guide_target(guide, model, data)        # None where the guide is not covered
@@ -47,6 +53,8 @@ __all__ = [
     "guide_target",
     "guide_gaussian",
     "derivatives",
+    "guide_factors",
+    "hessian_products",
     "labels",
     "vmap_refused",
 ]
@@ -84,14 +92,17 @@ class NotBatchable(Exception):
 @dataclass(frozen=True)
 class GuideTarget:
     """The guide's Gaussian over its flat unconstrained coordinates (``loc``, ``cov``: float64 on the guide's device)
-    and the model's potential over the same coordinates (sites ``order``, float ``dtype``); ``labels`` names them."""
+    and the model's potential over the same coordinates (sites ``order``, float ``dtype``); ``labels`` names them.
+    Built ``factored`` (:func:`guide_target`), ``cov`` is ``None`` and ``S = diag(diag) + factor factor^T``."""
 
     pot: Potential
     order: list[str]
     loc: torch.Tensor
-    cov: torch.Tensor
+    cov: torch.Tensor | None
     labels: list[str]
     dtype: torch.dtype
+    diag: torch.Tensor | None = None
+    factor: torch.Tensor | None = None
 
 
 class Derivatives(NamedTuple):
@@ -103,10 +114,11 @@ class Derivatives(NamedTuple):
     hessians: torch.Tensor | None
 
 
-def guide_target(guide, model, data: Data) -> GuideTarget | None:
+def guide_target(guide, model, data: Data, *, factored: bool = False) -> GuideTarget | None:
     """The :class:`GuideTarget` of a fitted Gaussian autoguide of ``model`` on ``data`` (full batch), or ``None`` where
-    the guide is not a Gaussian autoguide over exactly the potential's sites. Raises :class:`NoDensity` where the
-    potential cannot be built at the guide's median (a diagnostic's caller records the reason and goes on)."""
+    the guide is not a Gaussian autoguide over exactly the potential's sites (``factored``: a mean-field or low-rank
+    one, read by :func:`guide_factors` without the dense covariance). Raises :class:`NoDensity` where the potential
+    cannot be built at the guide's median (a diagnostic's caller records the reason and goes on)."""
     try:
         pot = Potential(model, data, init=guide.median(*data.first()), fast_path=False)
     except _MODEL_ERRORS as error:
@@ -118,10 +130,16 @@ def guide_target(guide, model, data: Data) -> GuideTarget | None:
     ]
     if sorted(order) != sorted(pot.shapes):
         return None
+    dtype = next(iter(pot.init.values())).dtype
+    if factored:
+        factors = guide_factors(guide, order, pot.shapes)
+        if factors is None:
+            return None
+        loc, diag, factor = factors
+        return GuideTarget(pot, order, loc, None, labels(guide, order, pot.shapes), dtype, diag, factor)
     gaussian = guide_gaussian(guide, order, pot.shapes)
     if gaussian is None:
         return None
-    dtype = next(iter(pot.init.values())).dtype
     return GuideTarget(pot, order, *gaussian, labels(guide, order, pot.shapes), dtype)
 
 
@@ -155,13 +173,7 @@ def derivatives(
     refuses to batch the model (:func:`vmap_refused`), and any other error of the batched pass as it is (the model's
     own); without: what the model raises where the row-by-row pass cannot evaluate it either."""
 
-    def log_density(flat):
-        sites, k = {}, 0
-        for name in order:
-            n = math.prod(pot.shapes[name])
-            sites[name] = flat[k : k + n].reshape(pot.shapes[name])
-            k += n
-        return -pot(sites)
+    log_density = _flat_log_density(pot, order)
 
     def grad_twice(flat):
         grad, value = torch.func.grad_and_value(log_density)(flat)
@@ -187,6 +199,71 @@ def derivatives(
             if hessians:
                 raise  # the model's own error (at some row, batched or not): the caller records it
     return _row_by_row(log_density, z)
+
+
+def hessian_products(
+    pot: Potential, order: list[str], z: torch.Tensor, vectors: torch.Tensor, *, chunk_size: int = VMAP_CHUNK
+) -> torch.Tensor:
+    """``mean_i hess log p(z_i) @ vectors`` over the rows of ``z`` (``(n, dim)``, in the potential's dtype) for
+    ``vectors`` (``(dim, k)``): ``(dim, k)`` in ``z``'s dtype, from ``n x k`` Hessian-vector products (reverse over
+    reverse, ``torch.func.vmap`` over the rows, ``chunk_size`` rows per pass, and over the vectors) without forming a
+    Hessian. Raises :class:`NotBatchable` where vmap refuses to batch the model (row by row the products would cost
+    ``n x k`` traced passes per product: :func:`derivatives`' rule for Hessians), and the model's own errors as they
+    are."""
+    log_density = _flat_log_density(pot, order)
+
+    def product(flat, vector):
+        return torch.func.grad(lambda point: torch.dot(torch.func.grad(log_density)(point), vector))(flat)
+
+    def row(flat):
+        return torch.func.vmap(product, in_dims=(None, 1), out_dims=1)(flat, vectors.to(z.dtype))
+
+    with pyro.validation_enabled(False):  # validation's data-dependent checks cannot be batched
+        try:
+            out = torch.func.vmap(row, chunk_size=chunk_size)(z)
+        except _MODEL_ERRORS as error:
+            if vmap_refused(error):
+                raise NotBatchable(
+                    f"torch.func.vmap cannot batch the model ({type(error).__name__}: {error})"
+                ) from error
+            raise
+    return out.mean(0)
+
+
+def _flat_log_density(pot: Potential, order: list[str]):
+    """``log p`` as a function of the flat coordinates of the sites ``order`` (in that order)."""
+
+    def log_density(flat):
+        sites, k = {}, 0
+        for name in order:
+            n = math.prod(pot.shapes[name])
+            sites[name] = flat[k : k + n].reshape(pot.shapes[name])
+            k += n
+        return -pot(sites)
+
+    return log_density
+
+
+def guide_factors(guide, order: list[str], shapes: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """A mean-field (``AutoNormal``) or low-rank (``AutoLowRankMultivariateNormal``) guide's mean ``m`` and covariance
+    ``S = diag(D) + W W^T`` over the flat coordinates of the sites ``order`` (each of ``shapes[site]``), without the
+    dense ``S``: ``(m, D, W)`` in float64 on the guide's device (``W`` is ``(dim, 0)`` for a mean-field guide), or
+    ``None`` for another guide or where the guide's coordinates are not exactly those sites'."""
+    size = sum(math.prod(shapes[s]) for s in order)
+    with torch.no_grad():
+        if isinstance(guide, autoguide.AutoLowRankMultivariateNormal):
+            q = guide.get_posterior()
+            if q.loc.numel() != size:
+                return None
+            return q.loc.detach().double(), q.cov_diag.detach().double(), q.cov_factor.detach().double()
+        if isinstance(guide, autoguide.AutoNormal):
+            locs = [attrgetter(site)(guide.locs).detach().reshape(-1) for site in order]  # a dotted name nests
+            scales = [attrgetter(site)(guide.scales).detach().reshape(-1) for site in order]
+            if sum(v.numel() for v in locs) != size:
+                return None
+            loc = torch.cat(locs).double()
+            return loc, torch.cat(scales).double() ** 2, loc.new_zeros((size, 0))
+    return None
 
 
 def vmap_refused(error: BaseException) -> bool:

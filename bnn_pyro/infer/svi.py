@@ -76,18 +76,25 @@ coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessia
 (:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on those draws does not fall;
 ``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's change and why they stopped
 (or why it was skipped: the guide is then left as trained; past :data:`~bnn_pyro.infer.svi_refine.MAX_WORK`
-coordinates x rows, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). It runs only
+coordinates x rows, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). Past those
+bounds (up to :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows, any number of coordinates) a mean-field
+or low-rank guide's mean is taken there instead by damped Newton steps solved by conjugate gradients, its covariance
+left as trained (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list. It runs only
 where the flat fast path did not (the engine's condition reads both: that path is for a ``BNN`` and the refinement for
 a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained it), and not on a guide given as an
 ``AutoGuide`` class or a callable, which is used as given (where the refinement would otherwise run, the record says
 so: :data:`GIVEN_GUIDE`). Then, for the full-rank and low-rank guides, the ELBO's gradient in the guide's mean,
 turned into the Newton step to the optimum of the guide's family in the guide's own sds
 (:mod:`bnn_pyro.infer.svi_gap`; a low-rank guide's with the expected Hessian, since its covariance is not the inverse
-curvature at its optimum, and so within the refinement's bounds only: past them ``post.config["guide_gap"]`` says it
-was not checked), is stored per chain in ``post.history["guide_gap"]`` (unconstrained coordinates, named in
-``post.config["guide_coordinates"]``) and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`. Where the gap
-cannot be evaluated the fit still returns, with NaN gaps and the reason in ``post.config["guide_gap"]``. A mean-field
-guide is not checked (its diagonal covariance is not the inverse curvature where the posterior correlates).
+curvature at its optimum), is stored per chain in ``post.history["guide_gap"]`` (unconstrained coordinates, named in
+``post.config["guide_coordinates"]``) and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`. Past the
+refinement's bounds a mean-field or low-rank guide's gap (on a Pyro function on full-batch tensors, of any size up to
+:data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows) is taken by conjugate gradients without dense Hessians
+(:mod:`bnn_pyro.infer.svi_gap_cg`), and ``post.config["guide_gap"]`` holds its record per chain (method ``"cg"``,
+draws, batches, Hessian draws, iterations, residual, and the reason where there is no verdict); past that bound it
+says it was not checked. Where the gap cannot be evaluated the fit still returns, with NaN gaps and the reason in
+``post.config["guide_gap"]``. Within the refinement's bounds a mean-field guide is not checked (its diagonal
+covariance is not the inverse curvature where the posterior correlates, and there the refinement runs).
 
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
@@ -112,7 +119,7 @@ import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, autoguide
 
-from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_gap, svi_refine, svi_start
+from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg, svi_start
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, is_latent, point_values, traced
 from bnn_pyro.infer._health import GAP, GAP_SE, check_svi
@@ -407,26 +414,31 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     )
     config["fast_path"] = fast
     warm_starts: list[svi_start.LaplaceStart] = []
-    # a small Pyro function on full-batch tensors: its full-rank (and small low-rank) guide's Newton gap is checked
-    small_function = (
+    # a Pyro function on full-batch tensors: its full-rank guide's Newton gap is checked (up to FULL_RANK_MAX_DIM), a
+    # low-rank one's with the dense expected Hessian within svi_refine's bounds, and past them a low-rank or mean-field
+    # one's by conjugate gradients up to svi_gap_cg.MAX_WORK coordinates x rows (svi_gap)
+    function_full_batch = (
         not isinstance(model, BNN)
         and not fast
-        and dim <= FULL_RANK_MAX_DIM
         and data.loader is None
         and (data.batch_size is None or data.batch_size >= data.size)
         and not cfg.distributed
         and sharing is None
         and not warmup
     )
-    # (a low-rank guide's gap takes the Hessians at 1,000 draws, as the refinement does: the same bounds)
-    low_rank_checked = dim <= svi_refine.MAX_DIM and dim * data.size <= svi_refine.MAX_WORK
-    gap_checked = small_function and (
-        guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and low_rank_checked
+    small_function = function_full_batch and dim <= FULL_RANK_MAX_DIM
+    dense = svi_gap.dense_bounds(dim, data.size)
+    by_cg = function_full_batch and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.LOW_RANK) and not dense
+    gap_checked = (
+        small_function
+        and (guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and dense)
+        or by_cg
+        and dim * data.size <= svi_gap_cg.MAX_WORK
     )
-    if small_function and guide_kind is GuideKind.LOW_RANK and not low_rank_checked:
+    if by_cg and not gap_checked:
         config["guide_gap"] = (
-            f"not checked: a low-rank guide's gap needs the Hessians at its draws, and {dim} coordinates x "
-            f"{data.size} rows is over svi_refine's bounds (MAX_DIM {svi_refine.MAX_DIM}, MAX_WORK {svi_refine.MAX_WORK:,})"
+            f"not checked: {dim} coordinates x {data.size} rows is over svi_gap_cg.MAX_WORK "
+            f"({svi_gap_cg.MAX_WORK:,}), the conjugate-gradient gap's cost bound"
         )
     # and its Gaussian guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine); a guide given as a
     # class or callable is used as given, and the record says so
@@ -476,7 +488,11 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         return _state(fitted, q, q_train, data, objective, wrap, loss, eb, kl)
 
     def draws(state: _State, history) -> ChainRun:
-        if refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
+        if by_cg and gap_checked:  # past svi_refine's bounds: the mean's Newton steps by conjugate gradients
+            refined = svi_refine_cg.refine_mean(state.guide, state.model, data)
+            if refined is not None:
+                config.setdefault("guide_refinement", []).append(refined.record())
+        elif refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
             refined = svi_refine.refine(state.guide, state.model, data)
             if refined is not None:
                 config.setdefault("guide_refinement", []).append(refined.record())
@@ -486,7 +502,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         if gap_checked:  # how far the guide's mean stopped short of the ELBO's optimum (svi_gap)
             gap = svi_gap.newton_gap(state.guide, state.model, data)
             if gap is not None:  # no verdict: NaN (every chain's history has the same keys) and the reason
-                nan = torch.full((state.guide.loc.numel(),), math.nan, dtype=torch.float64)
+                nan = torch.full((len(gap.labels) or dim,), math.nan, dtype=torch.float64, device="cpu")
                 history = {
                     **history,
                     GAP: nan if gap.gap is None else gap.gap,
@@ -494,7 +510,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 }
                 if gap.labels:
                     config.setdefault("guide_coordinates", gap.labels)
-                if gap.reason is not None:
+                if by_cg:  # the conjugate-gradient path's record, per chain (svi_gap_cg)
+                    config.setdefault("guide_gap", []).append(gap.record or dict(method="cg", reason=gap.reason))
+                elif gap.reason is not None:
                     config.setdefault("guide_gap", f"no verdict: {gap.reason}")
         return ChainRun(
             state.model,

@@ -6,10 +6,11 @@ gradient in the mean is ``E_q[grad log p(z)]`` (the entropy does not depend on `
 near it ``E_q[grad log p] ~ -E_q[-hess log p] (m - m*)``, and at the optimum of a full-rank guide ``S^-1 =
 E_q[-hess log p]`` (Opper & Archambeau 2009, eq. 9-10). So ``S E_q[grad log p(z)]`` is the Newton step that takes the
 guide's mean to the optimum of its family; divided by the guide's sd it says, per coordinate, how many of the guide's
-own sds the fit stopped short. The SVI engine takes it for the full-rank and low-rank guides. Not for a mean-field
-guide, whose diagonal ``S`` is not the inverse curvature wherever the posterior correlates (there ``diag(S) E_q[grad
-log p]`` misstates the distance: on a correlated Gaussian posterior it read 0.15 guide sds at a mean-field fit whose
-mean is the optimum's up to Adam's noise). A low-rank guide's ``S = D + W W^T`` is not the inverse curvature at its
+own sds the fit stopped short. The SVI engine takes it for the full-rank and low-rank guides, and for a mean-field
+guide past the refinement's bounds (below). Never with a mean-field guide's own ``S``: its diagonal is not the inverse
+curvature wherever the posterior correlates (there ``diag(S) E_q[grad log p]`` misstates the distance: on a correlated
+Gaussian posterior it read 0.15 guide sds at a mean-field fit whose mean is the optimum's up to Adam's noise). A
+low-rank guide's ``S = D + W W^T`` is not the inverse curvature at its
 optimum either (with ``S`` in its place the statistic was no Newton step and the control variate did not cancel the
 noise: on a correlated 9-coordinate Gaussian posterior its standard error was ~20 times the full-rank guide's), so for
 it the step takes the expected Hessian ``H = E_q[-hess log p]`` from the same draws' exact Hessians: ``H^-1 E_q[grad
@@ -21,6 +22,15 @@ Monte Carlo error is a small part of the one-particle ELBO gradient's noise. The
 pass over the flat log density, or one draw at a time where the model cannot be batched (a low-rank guide's Hessians
 are not: no verdict there; :mod:`bnn_pyro.infer.guide_density`, shared with the refinement of
 :mod:`bnn_pyro.infer.svi_refine`).
+
+Past :mod:`bnn_pyro.infer.svi_refine`'s bounds (:data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates,
+:data:`~bnn_pyro.infer.svi_refine.MAX_WORK` coordinates x rows: :func:`dense_bounds`), where no refinement runs and the
+dense Hessians cost too much, a mean-field or low-rank guide's gap is the same Newton step ``H^-1 E_q[grad log p]``
+without a dense ``H``: conjugate gradients on Hessian-vector products of the expected Hessian, the standard error by
+batch means over antithetic draws (:mod:`bnn_pyro.infer.svi_gap_cg`, up to its
+:data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK`; :class:`Gap`'s ``record`` says how it went). That step is valid for a
+mean-field guide at any size (the full ``H``, not ``diag(S)``), but within the bounds, where the refinement takes the
+guide to its optimum first, a mean-field guide is still not checked: what the check would add there is not measured.
 
 A diagnostic must not fail a finished fit: the potential is built at the guide's own median, and where the gap cannot
 be evaluated (the log density raises, whatever it raises, or is not finite at some draw) :func:`newton_gap` returns no
@@ -36,17 +46,18 @@ Example
 -------
 >>> result = newton_gap(guide, model, data)   # None where not covered
 >>> result.gap, result.se, result.reason       # (dim,) each in the guide's sds on the CPU; or None and why
+>>> result.record                              # past the dense bounds: method "cg", draws, iterations, residual
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 from pyro.infer import autoguide
 
-from bnn_pyro.infer import svi_refine
+from bnn_pyro.infer import svi_gap_cg, svi_refine
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.guide_density import (
     VMAP_CHUNK,
@@ -57,7 +68,7 @@ from bnn_pyro.infer.guide_density import (
     guide_target,
 )
 
-__all__ = ["GAP_DRAWS", "Gap", "guide_gaussian", "newton_gap", "gap_statistic"]
+__all__ = ["GAP_DRAWS", "Gap", "dense_bounds", "guide_gaussian", "newton_gap", "gap_statistic"]
 
 GAP_DRAWS = 1000
 """Guide draws for :func:`newton_gap`: with the control variate the gap's standard error is ~0.005 guide sds on the
@@ -74,6 +85,9 @@ class Gap:
     se: torch.Tensor | None
     labels: list[str] = field(default_factory=list)
     reason: str | None = None
+    record: dict | None = None
+    """The conjugate-gradient path's (:mod:`bnn_pyro.infer.svi_gap_cg`): method, draws, batches, Hessian draws,
+    iterations, residual and reason; ``None`` on the dense path."""
 
 
 def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.Tensor, sd: torch.Tensor | None = None):
@@ -104,17 +118,31 @@ def newton_gap(guide, model, data: Data, *, num_draws: int = GAP_DRAWS, seed: in
             return Gap(None, None, reason=f"{type(error).__name__}: {error}")
 
 
+def dense_bounds(dim: int, rows: int) -> bool:
+    """Whether a low-rank guide's gap takes the dense expected Hessian (and a mean-field guide is left unchecked, as
+    the refinement runs there): ``dim`` coordinates and ``dim x rows`` within :mod:`bnn_pyro.infer.svi_refine`'s
+    bounds; past them both take the conjugate-gradient gap (:mod:`bnn_pyro.infer.svi_gap_cg`) up to its
+    :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK`."""
+    return dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK
+
+
 def _newton_gap(guide, model, data: Data, num_draws: int, generator: torch.Generator) -> Gap | None:
+    low_rank = isinstance(guide, autoguide.AutoLowRankMultivariateNormal)
+    factored = low_rank or isinstance(guide, autoguide.AutoNormal)
     try:
-        target = guide_target(guide, model, data)
+        target = guide_target(guide, model, data, factored=factored)
     except NoDensity as error:
         return Gap(None, None, reason=str(error))
     if target is None:
         return None
+    if factored:
+        dim = target.loc.numel()
+        if not dense_bounds(dim, data.size):
+            return _cg(target, data, num_draws, generator) if dim * data.size <= svi_gap_cg.MAX_WORK else None
+        if not low_rank:  # within the refinement's bounds a mean-field guide is not checked (module docstring)
+            return None
+        target = replace(target, cov=torch.diag(target.diag) + target.factor @ target.factor.T)
     loc, cov = target.loc, target.cov
-    low_rank = isinstance(guide, autoguide.AutoLowRankMultivariateNormal)
-    if low_rank and loc.numel() > svi_refine.MAX_DIM:
-        return None
     try:
         deviations = (
             torch.randn(num_draws, loc.numel(), dtype=torch.float64, device=loc.device, generator=generator)
@@ -158,3 +186,14 @@ def _newton_gap(guide, model, data: Data, num_draws: int, generator: torch.Gener
     else:
         gap, se = gap_statistic(grads.double(), deviations, cov)
     return Gap(gap.cpu(), se.cpu(), target.labels)
+
+
+def _cg(target, data: Data, num_draws: int, generator: torch.Generator) -> Gap:
+    """The conjugate-gradient gap (:mod:`bnn_pyro.infer.svi_gap_cg`) as a :class:`Gap`; the model's own errors give no
+    verdict with the reason."""
+    try:
+        out = svi_gap_cg.cg_gap(target, rows=data.size, num_draws=num_draws, generator=generator)
+    except Exception as error:  # the model's own (gradients or products): recorded, the fit goes on
+        reason = f"the log density's derivatives could not be evaluated ({type(error).__name__}: {error})"
+        return Gap(None, None, target.labels, reason, dict(method="cg", reason=reason))
+    return Gap(out.gap, out.se, target.labels, out.reason, out.record)

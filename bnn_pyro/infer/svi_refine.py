@@ -89,6 +89,7 @@ __all__ = [
     "hessian_chunk",
     "project_low_rank",
     "refine",
+    "write_mean",
 ]
 
 DRAWS = 1000
@@ -421,5 +422,22 @@ def _write_diagonal(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> Non
             *path, last = site.split(".")
             module = attrgetter(".".join(path))(root) if path else root
             pairs.append((getattr(module, f"{last}_unconstrained"), transform_to(constraint).inv(value)))
+        k += n
+    _assign(pairs)
+
+
+def write_mean(guide, order: list[str], shapes: dict, loc: torch.Tensor) -> None:
+    """``loc`` (flat, the sites ``order`` of ``shapes``) into a Gaussian autoguide's mean only: an
+    ``AutoMultivariateNormal``'s or low-rank guide's ``loc``, an ``AutoNormal``'s per-site ``locs``; all or none
+    (:func:`_assign`). The mean step past the bounds (:mod:`bnn_pyro.infer.svi_refine_cg`) writes it."""
+    if not isinstance(guide, autoguide.AutoNormal):
+        _assign([(guide.loc, loc)])
+        return
+    k, pairs = 0, []
+    for site in order:
+        n = math.prod(shapes[site])
+        *path, last = site.split(".")
+        module = attrgetter(".".join(path))(guide.locs) if path else guide.locs
+        pairs.append((getattr(module, f"{last}_unconstrained"), loc[k : k + n]))
         k += n
     _assign(pairs)

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 import bnn_pyro as bp
-from bnn_pyro.infer import Method, driver
+from bnn_pyro.infer import Method, driver, svi_refine
 from bnn_pyro.utils.placement import placed_like
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -146,6 +146,21 @@ def test_a_low_rank_guide_is_refined_and_checked_on_the_models_device():
     post, _ = _checked_fit(_linear_function, x + 40.0, y, "svi", **{**SETTINGS["svi"], "guide": "low_rank"})
     assert not post.config["guide_refinement"][0]["stopped"].startswith("skipped"), post.config
     assert "guide_gap" in post.history and "guide_gap" not in post.config, post.config
+
+
+@pytest.mark.parametrize("guide", ["mean_field", "low_rank"])
+def test_the_conjugate_gradient_gap_runs_on_the_models_device(guide, monkeypatch):
+    """Past the dense bounds (lowered here) the gap of a mean-field or low-rank guide is taken by conjugate gradients
+    (svi_gap_cg), after the mean's Newton steps (svi_refine_cg), whose draws, batches and preconditioner are tensors
+    of their own: on the model's device, with a verdict, and the steps not skipped."""
+    monkeypatch.setattr(svi_refine, "MAX_WORK", 1)
+    x, y = _data(torch.float64)
+    post, _ = _checked_fit(_linear_function, x + 40.0, y, "svi", **{**SETTINGS["svi"], "guide": guide})
+    records = post.config["guide_gap"]
+    assert records and all(r["method"] == "cg" and r["reason"] is None for r in records), records
+    assert post.history["guide_gap"].shape[-1] == 3 and bool(post.history["guide_gap"].isfinite().all())
+    steps = post.config["guide_refinement"]  # the mean's Newton steps (svi_refine_cg) ran too
+    assert steps and not any(r["stopped"].startswith("skipped") for r in steps), steps
 
 
 @pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores
@@ -273,6 +288,19 @@ def test_every_refined_guide_family_runs_on_cuda(guide):
     assert not post.config["guide_refinement"][0]["stopped"].startswith("skipped"), post.config
     assert guide == "mean_field" or ("guide_gap" in post.history and "guide_gap" not in post.config), post.config
     assert {v.device.type for v in post.samples.values()} == {"cuda"}
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+@pytest.mark.parametrize("guide", ["low_rank", "mean_field"])
+def test_the_conjugate_gradient_gap_runs_on_cuda(guide, monkeypatch):
+    """The CUDA twin of the fake-device test of the conjugate-gradient gap above."""
+    monkeypatch.setattr(svi_refine, "MAX_WORK", 1)
+    x, y = _data(device="cuda")
+    post = bp.fit(_linear_function, x + 40.0, y, method="svi", guide=guide, seed=3, progress=False, **SETTINGS["svi"])
+    records = post.config["guide_gap"]
+    assert records and all(r["method"] == "cg" and r["reason"] is None for r in records), records
+    assert not any(r["stopped"].startswith("skipped") for r in post.config["guide_refinement"]), post.config
+    assert post.history["guide_gap"].device.type == "cpu" and bool(post.history["guide_gap"].isfinite().all())
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")

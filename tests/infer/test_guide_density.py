@@ -132,3 +132,41 @@ def test_a_cholesky_failing_at_some_draws_is_named_by_the_refinement():
         "skipped: the log density's Hessian could not be evaluated (_LinAlgError: linalg.cholesky"
     ), result
     assert "vmap" not in result.stopped and all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+def _logistic3(x, y=None):
+    b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([3]).to_event(1))
+    with pyro.plate("data", size=len(x)):
+        return pyro.sample("obs", dist.Bernoulli(logits=x @ b), obs=y)
+
+
+def test_hessian_products_are_the_mean_dense_hessian_times_the_vectors():
+    """Off a Gaussian (a logistic regression, whose Hessian changes from draw to draw) the batched reverse-over-reverse
+    products averaged over the draws equal the mean of the exact per-draw Hessians times the vectors (float32
+    rounding); a model vmap refuses is NotBatchable here too."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(50, 3, generator=g)
+    y = torch.bernoulli(torch.sigmoid(x @ torch.tensor([1.0, -0.5, 0.3])), generator=g)
+    pot = Potential(_logistic3, Data(x, y), init={"b": torch.zeros(3)}, fast_path=False)
+    z = torch.randn(12, 3, generator=g)
+    vectors = torch.randn(3, 4, generator=g)
+    dense = guide_density.derivatives(pot, ["b"], z, hessians=True).hessians.mean(0) @ vectors
+    products = guide_density.hessian_products(pot, ["b"], z, vectors, chunk_size=5)
+    assert products.shape == (3, 4) and torch.allclose(products, dense, rtol=1e-4, atol=1e-5), (products, dense)
+    model = _regression(slope=REFUSED["float() of a latent"])
+    x2, y2 = _data()
+    pot2 = Potential(model, Data(x2, y2), init={"b": torch.tensor([1.0, 0.5])}, fast_path=False)
+    with pytest.raises(guide_density.NotBatchable, match="torch.func.vmap cannot batch the model"):
+        guide_density.hessian_products(pot2, ["b"], torch.randn(4, 2, generator=g), torch.randn(2, 1, generator=g))
+
+
+def test_a_low_rank_guides_factors_give_its_covariance():
+    x, y = _data()
+    with pyro.get_param_store().scope():
+        guide = autoguide.AutoLowRankMultivariateNormal(_regression(), rank=1)
+        guide(x, y)
+        loc, diag, factor = guide_density.guide_factors(guide, ["b"], {"b": torch.Size([2])})
+        q = guide.get_posterior()
+        assert torch.allclose(torch.diag(diag) + factor @ factor.T, q.covariance_matrix.double(), rtol=1e-5)
+        assert torch.equal(loc, q.loc.detach().double())
+        assert guide_density.guide_factors(guide, ["b"], {"b": torch.Size([3])}) is None

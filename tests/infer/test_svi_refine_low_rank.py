@@ -178,16 +178,19 @@ def test_the_projection_keeps_the_diagonal_off_zero():
     assert 0 <= float(kl) <= svi_refine.DIAG_FLOOR / 2, kl
 
 
-def test_a_low_rank_fit_over_the_work_bound_is_neither_refined_nor_checked_and_says_so(monkeypatch):
+def test_a_low_rank_fit_over_the_work_bound_is_not_refined_and_is_checked_by_conjugate_gradients(monkeypatch):
     """Review 12: the low-rank gap takes the Hessians at 1,000 draws, as the refinement does, but only the refinement
-    was bounded by coordinates x rows (100 x 10,000 took 15 of a 22 s fit). Past the bound neither runs, and the
-    config says why; the bound is lowered here so that the conjugate regression is past it."""
+    was bounded by coordinates x rows (100 x 10,000 took 15 of a 22 s fit). Past the bound the fixed-point refinement
+    does not run; the mean's Newton step by conjugate gradients does (svi_refine_cg), and the gap is taken without
+    dense Hessians (svi_gap_cg, which records how); the bound is lowered here so that the conjugate regression is past
+    it."""
     x, y = _data()
     monkeypatch.setattr(svi_refine, "MAX_WORK", 1)
     post = bp.fit(
         _model, x, y, method="svi", guide="low_rank", guide_rank=1, num_steps=20, num_samples=5, seed=0, progress=False
     )
-    assert "guide_gap" not in post.history, post.history.keys()
-    assert post.config["guide_gap"].startswith("not checked: a low-rank guide's gap needs the Hessians"), post.config
+    assert post.history["guide_gap"].shape == (1, 4), post.history.keys()
+    (gap,) = post.config["guide_gap"]
+    assert gap["method"] == "cg" and gap["reason"] is None, gap
     (record,) = post.config["guide_refinement"]
-    assert "MAX_WORK" in record["stopped"], record
+    assert record["stopped"] == "fixed point" and record["accepted"] >= 1, record

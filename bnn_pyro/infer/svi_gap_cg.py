@@ -1,0 +1,254 @@
+"""The Newton gap of a mean-field or low-rank guide without dense Hessians: conjugate gradients on Hessian-vector
+products, for the guides of :mod:`bnn_pyro.infer.svi_gap` past the dense path's bounds.
+
+The statistic is :mod:`bnn_pyro.infer.svi_gap`'s: ``H^-1 E_q[grad log p]`` in the guide's sds, the Newton step from
+the guide's mean to its family's ELBO optimum with the expected Hessian ``H = E_q[-hess log p]`` (the ELBO's curvature
+in the mean, whatever the family: for a mean-field guide ``diag(S)`` is not ``H^-1`` wherever the posterior
+correlates, for a low-rank one ``S`` is not either). Past :data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates or
+:data:`~bnn_pyro.infer.svi_refine.MAX_WORK` coordinates x rows the dense ``H`` costs ``dim`` gradient passes per draw,
+so here ``H`` is never formed:
+
+- ``E_q[grad log p]``: the gradients at :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS` guide draws in antithetic pairs
+  (``m + e`` and ``m - e``, ``e = D^1/2 u + W v``: exact draws of ``N(m, diag(D) + W W^T)`` without the dense ``S``),
+  split into :data:`BATCHES` batches of whole pairs. The pairs are the control variate: over a batch the deviations
+  ``z - m`` cancel exactly, so any control variate linear in them (the full-rank gap's ``S^-1 (z - m)``, the dense
+  low-rank gap's ``H (z - m)``) has mean zero there and is built in at no cost; where ``log p`` is quadratic its
+  gradient is linear and each batch's mean is the exact ``E_q[grad log p]``.
+- ``H v``: the mean over the first :data:`HESSIAN_DRAWS` of those draws (whole pairs) of the per-draw Hessian-vector
+  products (:func:`bnn_pyro.infer.guide_density.hessian_products`: batched reverse over reverse, vmap's fallback rules:
+  a model vmap cannot batch gets no verdict, since one draw at a time the products would cost ``HESSIAN_DRAWS x
+  BATCHES`` traced passes per iteration). On a Gaussian posterior ``H`` is its precision at every draw, so a few
+  draws give it exactly; elsewhere their Monte Carlo error is a relative error of the step (it scales a gap, it does
+  not make one where the gradient's mean is zero).
+- ``H x_k = b_k`` for every batch's mean gradient ``b_k`` at once, by conjugate gradients (:func:`conjugate_gradients`,
+  one matrix product per iteration for all batches) preconditioned by the guide's own precision diagonal (``1 / D``
+  for a mean-field guide, whose optimum has ``1 / D_i = H_ii``; ``diag(S^-1)`` by Woodbury for a low-rank one), to a
+  relative residual :data:`TOL` (or below the mean gradient's float rounding, :data:`ROUNDING`) or
+  :data:`MAX_ITERATIONS` iterations (no verdict where that is not reached).
+- The gap is the mean of the ``x_k`` (``H^-1`` of the mean gradient: ``H`` is linear) over the guide's sds, its
+  standard error the spread of the ``x_k`` over ``sqrt(BATCHES)``: batch means, which count the gradients' Monte Carlo
+  error (not the Hessian draws', a relative error as above).
+
+Cost, the rule: one iteration takes ``HESSIAN_DRAWS x BATCHES`` Hessian-vector products (each about two gradient
+passes) over every row, the gradients :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS` passes, against a fit's 5,000 steps
+of one pass each plus Pyro's fixed per-step cost; the iterations grow with the condition number of ``H`` in the guide's
+scales, which is not known before the solve. So the check runs to ``dim x rows <=`` :data:`MAX_WORK` only (the SVI
+engine records ``"not checked: ..."`` past it) and to :data:`MAX_ITERATIONS`.
+
+Example
+-------
+>>> out = cg_gap(target, rows=len(y), num_draws=1000, generator=torch.Generator().manual_seed(0))
+>>> out.gap, out.se, out.record       # in guide sds (or None with out.reason); method, draws, iterations, residual
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+
+from bnn_pyro.infer import svi_refine
+from bnn_pyro.infer.guide_density import GuideTarget, NotBatchable, derivatives, hessian_products
+
+__all__ = [
+    "BATCHES",
+    "HESSIAN_DRAWS",
+    "MAX_ITERATIONS",
+    "MAX_WORK",
+    "ROUNDING",
+    "TOL",
+    "CGGap",
+    "antithetic_half",
+    "cg_gap",
+    "conjugate_gradients",
+    "curvature",
+    "precision_diagonal",
+    "rounding",
+]
+
+BATCHES = 20
+"""Batches of the gradient draws (50 draws, 25 antithetic pairs, each of the default 1,000): one solve each, all in one
+conjugate-gradient run. The standard error's own error is then ``1 / sqrt(2 (BATCHES - 1))``, 16%, and a gap made by
+the Monte Carlo error alone passes the check's 4 standard errors with Student's t's chance on 19 degrees of freedom,
+7.6e-4 per coordinate (the full-rank gap's: the normal's 6.3e-5), before the 0.05-sd threshold, which a converged fit's
+gap reaches only where its own standard error is above 0.0125 sds."""
+HESSIAN_DRAWS = 10
+"""Draws (5 antithetic pairs, the first of the gradient draws) averaged for each product of the expected Hessian: its
+Monte Carlo error scales the step by a relative error (none on a Gaussian posterior, where ``H`` is constant), and
+every iteration costs ``HESSIAN_DRAWS x BATCHES`` products, so few."""
+TOL = 1e-4
+"""Conjugate gradients stop when every batch's residual, in the norm of the preconditioner's inverse (the guide's
+whitened frame), is at most this fraction of the largest right-hand side's: far below the gap's standard error."""
+MAX_ITERATIONS = 300
+"""Conjugate-gradient iterations at most; where the residual is still above :data:`TOL` there is no verdict (a badly
+conditioned ``H`` in the guide's own scales: the record gives the residual). A regression with as many rows as
+coefficients took 148-161 at 1,000 x 1,000 (condition number ~1e5 in the guide's scales) and 57-239 at 2,000 x 2,000;
+with three times the rows, 17 (``benchmarks/results/svi_convergence/gap_cg_cost.md``)."""
+MAX_WORK = 1_000_000
+"""The most ``dim x rows`` the conjugate-gradient gap runs on (module docstring: the cost rule). On linear regressions
+(``benchmarks/results/svi_convergence/gap_cg_cost.md``, against a default fit extrapolated from 500 steps) it cost
+0.009-0.04 of the fit at 150,000-500,000 and 0.23-0.31 at 1,000,000 with an ill-conditioned ``H`` (148-161
+iterations; 0.23-0.40 of the rest of real default fits there, ``gap_cg_defaults.md``); past it, 0.06-0.10 at 3,000,000 and 0.02-0.04 at 10,000,000 where ``H`` was well conditioned (16-24
+iterations, and the fit's own steps grew with the rows), but as much as the fit at 4,000,000 with an ill-conditioned
+one (2,000 x 2,000, mean-field: 239 iterations). The iterations, which depend on the conditioning, are not known
+before the solve, so the cap is at the largest size whose worst measured case stayed well under the fit."""
+
+
+class CGGap(NamedTuple):
+    """:func:`cg_gap`'s answer: ``gap`` and ``se`` (``(dim,)`` float64 in guide sds, or ``None``), ``record`` (method,
+    draws, batches, Hessian draws, iterations, residual, reason) and ``reason`` (why no verdict, or ``None``)."""
+
+    gap: torch.Tensor | None
+    se: torch.Tensor | None
+    record: dict
+    reason: str | None
+
+
+def conjugate_gradients(
+    apply: Callable[[torch.Tensor], torch.Tensor],
+    rhs: torch.Tensor,
+    inverse_diag: torch.Tensor,
+    *,
+    tol: float = TOL,
+    max_iterations: int = MAX_ITERATIONS,
+    floor: float = 0.0,
+) -> tuple[torch.Tensor, int, float]:
+    """Solve ``A X = rhs`` (``(dim, k)``, column by column, ``A`` symmetric positive definite, given by ``apply``:
+    ``(dim, k) -> (dim, k)``) by conjugate gradients preconditioned by ``diag(inverse_diag) ~ A^-1``: ``(X,
+    iterations, residual)``, the residual the largest column's in the norm of ``diag(inverse_diag)``, relative to the
+    largest right-hand side's or, where that is smaller, to ``floor / tol`` (``floor``: a residual below which the
+    solve is done whatever the right-hand side, the size of its own rounding: a right-hand side that is rounding
+    noise, at an optimum, has nothing left to solve). Stops at ``tol`` or ``max_iterations``. Raises ``ValueError``
+    where ``A`` is not positive along a search direction."""
+    x = torch.zeros_like(rhs)
+    scale = max(float(((rhs * rhs) * inverse_diag[:, None]).sum(0).sqrt().max()), floor / tol)
+    if scale == 0.0 or not math.isfinite(scale):
+        return x, 0, 0.0 if scale == 0.0 else math.nan
+    r = rhs.clone()
+    z = inverse_diag[:, None] * r
+    p = z.clone()
+    rz = (r * z).sum(0)
+    residual, iterations = 1.0, 0
+    while iterations < max_iterations:
+        iterations += 1
+        ap = apply(p)
+        curvature = (p * ap).sum(0)
+        if not bool((curvature > 0).all()):
+            raise ValueError("the expected Hessian of -log p is not positive definite at the guide")
+        alpha = rz / curvature
+        x = x + alpha * p
+        r = r - alpha * ap
+        residual = float(((r * r) * inverse_diag[:, None]).sum(0).sqrt().max()) / scale
+        if residual <= tol:
+            break
+        z = inverse_diag[:, None] * r
+        rz_new = (r * z).sum(0)
+        p = z + (rz_new / rz) * p
+        rz = rz_new
+    return x, iterations, residual
+
+
+def cg_gap(target: GuideTarget, *, rows: int, num_draws: int, generator: torch.Generator) -> CGGap:
+    """The Newton gap of the factored guide of ``target`` (:func:`~bnn_pyro.infer.guide_density.guide_target` with
+    ``factored=True``) on ``rows`` data rows, from ``num_draws`` draws (rounded down to whole pairs in
+    :data:`BATCHES` batches) of ``generator`` (module docstring). The model's errors propagate (the caller records
+    them); a model vmap cannot batch for the products, a non-finite gradient, an ``H`` that is not positive definite
+    or a solve that does not reach :data:`TOL` give no verdict with the reason."""
+    loc, diag, factor = target.loc, target.diag, target.factor
+    dim = loc.numel()
+    pairs = max(1, num_draws // 2)
+    batches = min(BATCHES, pairs)
+    pairs = pairs // batches * batches  # whole pairs in equal batches
+    kept = min(pairs, max(1, HESSIAN_DRAWS // 2))
+    record = dict(method="cg", draws=2 * pairs, batches=batches, hessian_draws=2 * kept, iterations=0, residual=None)
+
+    def no_verdict(reason: str) -> CGGap:
+        return CGGap(None, None, {**record, "reason": reason}, reason)
+
+    half = antithetic_half(target, pairs, generator)
+    deviations = torch.cat([half, -half])
+    apply = curvature(target, loc + torch.cat([half[:kept], -half[:kept]]), rows=rows, width=batches)
+    try:  # first, since a model vmap cannot batch has no verdict: its gradients one draw at a time would be wasted
+        apply(torch.zeros(dim, 1, dtype=torch.float64, device=loc.device))
+    except NotBatchable as error:
+        return no_verdict(f"{error}, and its Hessian-vector products one draw at a time cost too much")
+    grads = derivatives(target.pot, target.order, (loc + deviations).to(target.dtype)).grads.double()
+    bad = int((~torch.isfinite(grads).all(-1)).sum())
+    if bad:
+        return no_verdict(f"the log density or its gradient is not finite at {bad} of {2 * pairs} guide draws")
+    plus, minus = grads.split(pairs)
+    rhs = (plus.reshape(batches, -1, dim).mean(1) + minus.reshape(batches, -1, dim).mean(1)).T / 2  # (dim, batches)
+    inverse_diag = 1 / precision_diagonal(diag, factor)
+    try:
+        steps, iterations, residual = conjugate_gradients(
+            apply,
+            rhs,
+            inverse_diag,
+            tol=TOL,
+            max_iterations=MAX_ITERATIONS,
+            floor=rounding(grads, inverse_diag, target.dtype),
+        )
+    except NotBatchable as error:
+        return no_verdict(f"{error}, and its Hessian-vector products one draw at a time cost too much")
+    except ValueError as error:  # H not positive definite or not finite along a search direction
+        return no_verdict(str(error))
+    record.update(iterations=iterations, residual=residual)
+    if not residual <= TOL:
+        return no_verdict(
+            f"conjugate gradients reached a relative residual of {residual:.2g} in {iterations} iterations"
+        )
+    sd = (diag + (factor**2).sum(1)).sqrt()
+    gaps = steps.T / sd  # (batches, dim)
+    se = gaps.std(0) / math.sqrt(batches) if batches > 1 else torch.full_like(sd, math.nan)
+    return CGGap(gaps.mean(0).cpu(), se.cpu(), {**record, "reason": None}, None)
+
+
+ROUNDING = 1
+"""A solve is done, whatever its right-hand side, once its residual is below ``ROUNDING`` float epsilons of the
+draws' gradients' size (whitened, :func:`rounding`): the float rounding of the mean gradient it solves for, so a
+smaller residual would change the answer by less than that rounding already does. Without it a guide at its optimum,
+whose mean gradient is rounding noise, had to reduce a residual relative to that noise: on a regression of 1,000
+coefficients and rows 300 iterations reached only 2e-3 of it, and there was no verdict (a scratch run of
+``benchmarks/svi_gap_cg_cost.py`` before this floor, not committed)."""
+
+
+def rounding(grads: torch.Tensor, inverse_diag: torch.Tensor, dtype: torch.dtype) -> float:
+    """:data:`ROUNDING` epsilons of ``dtype`` times the mean whitened norm of the per-draw gradients ``grads``
+    (``(n, dim)``), in the norm :func:`conjugate_gradients` measures residuals in."""
+    return ROUNDING * torch.finfo(dtype).eps * float(((grads * grads) * inverse_diag).sum(1).sqrt().mean())
+
+
+def antithetic_half(target: GuideTarget, pairs: int, generator: torch.Generator) -> torch.Tensor:
+    """``pairs`` deviations ``D^1/2 u + W v`` (``u``, ``v`` standard normal from ``generator``, float64 on the guide's
+    device) of the factored guide of ``target``: with their negatives, exact antithetic draws of ``N(0, S)`` without
+    the dense ``S``."""
+    options = dict(dtype=torch.float64, device=target.loc.device, generator=generator)
+    noise = torch.randn(pairs, target.loc.numel(), **options) * target.diag.sqrt()
+    return noise + torch.randn(pairs, target.factor.shape[1], **options) @ target.factor.T
+
+
+def curvature(target: GuideTarget, at: torch.Tensor, *, rows: int, width: int) -> Callable:
+    """``V -> mean_i -hess log p(at_i) V`` (float64) for ``V`` of ``width`` columns: the expected Hessian's products
+    at the points ``at`` (:func:`~bnn_pyro.infer.guide_density.hessian_products`, batched over ``at`` as memory allows
+    on ``rows`` rows). Raises ``ValueError`` where a product is not finite."""
+    points = at.to(target.dtype)
+    chunk = svi_refine.hessian_chunk(width, rows)
+
+    def apply(vectors: torch.Tensor) -> torch.Tensor:
+        products = -hessian_products(target.pot, target.order, points, vectors.to(target.dtype), chunk_size=chunk)
+        if not bool(torch.isfinite(products).all()):
+            raise ValueError("the log density's Hessian-vector products are not finite at some guide draw")
+        return products.double()
+
+    return apply
+
+
+def precision_diagonal(diag: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
+    """``diag(S^-1)`` of ``S = diag(D) + W W^T`` by Woodbury: ``1 / D - diag(D^-1 W (I + W^T D^-1 W)^-1 W^T D^-1)``,
+    ``O(dim rank^2)``."""
+    scaled = factor / diag[:, None]
+    capacitance = torch.eye(factor.shape[1], dtype=factor.dtype, device=factor.device) + factor.T @ scaled
+    half = torch.linalg.solve_triangular(torch.linalg.cholesky(capacitance), scaled.T, upper=False)
+    return 1 / diag - (half**2).sum(0)

@@ -1,0 +1,144 @@
+"""Take a mean-field or low-rank guide's mean the rest of the way to its family's ELBO optimum past
+:mod:`bnn_pyro.infer.svi_refine`'s bounds: damped Newton steps by conjugate gradients, the covariance left as trained.
+
+The rule. For ``q = N(m, S)`` the ELBO's gradient in ``m`` is ``g = E_q[grad log p]`` and its curvature in ``m`` is
+``H = E_q[-hess log p]`` whatever the family, so ``m + H^-1 g`` is the mean's Newton step (on a Gaussian posterior,
+where ``H`` is constant, it lands on the optimum's mean in one step). It is the step the gap check measures
+(:mod:`bnn_pyro.infer.svi_gap_cg`), taken with the same solver: the gradients at :data:`~svi_refine.DRAWS` fixed
+standard-normal draws in antithetic pairs mapped through ``(m, S)`` (common random numbers: every candidate is judged
+on the same draws, so the iteration converges to the fixed point of one sample objective, not a noisy one), ``H v``
+from the first :data:`~bnn_pyro.infer.svi_gap_cg.HESSIAN_DRAWS` of them, conjugate gradients preconditioned by the
+guide's precision diagonal. Only the mean moves: the covariance's fixed point (a mean-field guide's ``1 / D_i =
+H_ii``) needs ``diag(H)``, which Hessian-vector products give only by a noisy estimator (Hutchinson's), not built.
+
+Why. Past :data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates nothing was refined, and Adam under the cosine schedule
+leaves the mean wherever its last steps put it: on linear regressions of 150-1,000 coefficients the default fits
+ended 0.07-0.13 guide sds from the exact optimum in some coordinate, and 20,000 steps did not remove it
+(``benchmarks/results/svi_convergence/gap_cg_defaults.md``, ``gap_cg_steps20000.md``), so the gap check warned on
+every such fit. With these steps the same fits end within 0.005 guide sds and none warns
+(``gap_cg_defaults_refined.md``).
+
+Safeguards (:mod:`bnn_pyro.infer.svi_refine`'s): a step is kept only if the ELBO estimated on the same draws (``mean
+log p``: the entropy does not depend on ``m``) does not fall, otherwise halved down to
+:data:`~bnn_pyro.infer.svi_refine.MIN_RATE`; the iterations stop where the undamped step moves no coordinate by
+:data:`~bnn_pyro.infer.svi_refine.TOL` of its guide sd (``"fixed point"``) or after :data:`MAX_EVALUATIONS`
+evaluations of the draws; whatever the model raises, a model vmap cannot batch, a non-finite value or an ``H`` the
+solver finds not positive definite leaves the guide as it was, with the reason. It runs where the conjugate-gradient
+gap does (:func:`bnn_pyro.infer.svi_gap.dense_bounds` false, ``dim x rows <=``
+:data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK`).
+
+Example
+-------
+>>> result = refine_mean(guide, model, data)   # a svi_refine.Refinement, or None where not covered
+>>> result.accepted, result.elbo_change, result.stopped
+"""
+
+from __future__ import annotations
+
+import torch
+from pyro.infer import autoguide
+
+from bnn_pyro.infer import svi_gap_cg, svi_refine
+from bnn_pyro.infer._common import Data
+from bnn_pyro.infer.guide_density import NoDensity, NotBatchable, derivatives, guide_target
+
+__all__ = ["MAX_EVALUATIONS", "refine_mean"]
+
+MAX_EVALUATIONS = 5
+"""Evaluations of the draws at most (the first included): one per candidate, each with a conjugate-gradient solve
+(the gap check's cost, ``benchmarks/results/svi_convergence/gap_cg_cost.md``); a Gaussian posterior needs two (the
+step, then the fixed point). On the default fits of ``gap_cg_defaults_refined.md`` that took 0.008-0.06 of the rest
+of the fit up to 500,000 coordinates x rows and 0.32-0.49 at 1,000,000 with an ill-conditioned ``H``."""
+
+
+def refine_mean(guide, model, data: Data, *, num_draws: int = svi_refine.DRAWS, seed: int = 1):
+    """Newton steps for the mean of a fitted ``AutoNormal`` or ``AutoLowRankMultivariateNormal`` of ``model`` on
+    ``data`` (full batch) past the dense bounds (module docstring), in place, from ``num_draws`` draws of a generator
+    of its own seeded with ``seed`` (not the gap check's 0, so that the check after it sees other draws): a
+    :class:`~bnn_pyro.infer.svi_refine.Refinement`, or ``None`` where the guide is not covered. It never raises."""
+    if not isinstance(guide, (autoguide.AutoNormal, autoguide.AutoLowRankMultivariateNormal)):
+        return None
+    device = next((p.device for p in guide.parameters()), torch.device("cpu"))
+    generator = torch.Generator(device=device).manual_seed(seed)
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a model drawing on its own
+        try:
+            return _refine_mean(guide, model, data, num_draws, generator)
+        except Exception as error:  # a finished fit never fails here
+            return svi_refine.Refinement(0, 0.0, f"skipped: {type(error).__name__}: {error}")
+
+
+def _refine_mean(guide, model, data: Data, num_draws: int, generator: torch.Generator):
+    try:
+        target = guide_target(guide, model, data, factored=True)
+    except NoDensity as error:
+        return svi_refine.Refinement(0, 0.0, f"skipped: {error}")
+    if target is None:
+        return None
+    dim = target.loc.numel()
+    if dim <= svi_refine.MAX_DIM and dim * data.size <= svi_refine.MAX_WORK or dim * data.size > svi_gap_cg.MAX_WORK:
+        return None
+    half = svi_gap_cg.antithetic_half(target, max(1, num_draws // 2), generator)
+    deviations = torch.cat([half, -half])
+    kept = max(1, svi_gap_cg.HESSIAN_DRAWS // 2)
+    hessian_at = torch.cat([half[:kept], -half[:kept]])
+    sd = (target.diag + (target.factor**2).sum(1)).sqrt()
+    inverse_diag = 1 / svi_gap_cg.precision_diagonal(target.diag, target.factor)
+
+    def evaluate(loc):
+        d = derivatives(target.pot, target.order, (loc + deviations).to(target.dtype))
+        values, grads = d.values.double(), d.grads.double()
+        if not bool(torch.isfinite(values).all() and torch.isfinite(grads).all()):
+            return None
+        return loc, float(values.mean()), grads.mean(0), svi_gap_cg.rounding(grads, inverse_diag, target.dtype)
+
+    def newton(loc, grad, floor):
+        apply = svi_gap_cg.curvature(target, loc + hessian_at, rows=data.size, width=1)
+        step, _, residual = svi_gap_cg.conjugate_gradients(
+            apply,
+            grad[:, None],
+            inverse_diag,
+            tol=svi_gap_cg.TOL,
+            max_iterations=svi_gap_cg.MAX_ITERATIONS,
+            floor=floor,
+        )
+        return step[:, 0] if residual <= svi_gap_cg.TOL else None
+
+    try:  # first, since a model vmap cannot batch is skipped: its gradients one draw at a time would be wasted
+        svi_gap_cg.curvature(target, target.loc + hessian_at, rows=data.size, width=1)(inverse_diag[:, None] * 0)
+    except NotBatchable as error:
+        return svi_refine.Refinement(0, 0.0, f"skipped: {error}, and its products one draw at a time cost too much")
+    start = evaluate(target.loc)
+    if start is None:
+        return svi_refine.Refinement(0, 0.0, "skipped: the log density or its gradient is not finite at some draw")
+    point, rate, accepted, evaluations, stopped = start, 1.0, 0, 1, "evaluation limit"
+    try:
+        step = newton(point[0], point[2], point[3])
+    except NotBatchable as error:
+        return svi_refine.Refinement(0, 0.0, f"skipped: {error}, and its products one draw at a time cost too much")
+    except ValueError as error:
+        return svi_refine.Refinement(0, 0.0, f"skipped: {error}")
+    if step is None:
+        return svi_refine.Refinement(0, 0.0, "skipped: conjugate gradients did not reach their tolerance")
+    while evaluations < MAX_EVALUATIONS:
+        if float((step / sd).abs().max()) < svi_refine.TOL:
+            stopped = "fixed point"
+            break
+        new = evaluate(point[0] + rate * step)
+        evaluations += 1
+        if new is not None and new[1] >= point[1]:
+            point, accepted, rate = new, accepted + 1, 1.0
+            try:
+                step = newton(point[0], point[2], point[3])
+            except ValueError:
+                step = None
+            if step is None:
+                stopped = "no solve at the new mean"
+                break
+        elif rate / 2 < svi_refine.MIN_RATE:
+            stopped = "no better step"
+            break
+        else:
+            rate /= 2
+    if accepted:
+        svi_refine.write_mean(guide, target.order, target.pot.shapes, point[0])
+    return svi_refine.Refinement(accepted, point[1] - start[1], stopped)
