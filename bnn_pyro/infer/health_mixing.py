@@ -46,6 +46,8 @@ __all__ = [
     "check_mixing",
     "ess_chance_min",
     "check_mcmc",
+    "RANDOM_WALK_EFFICIENCY",
+    "random_walk_advice",
     "RHAT_CHANCE_ALPHA",
     "rhat_chance_max",
     "check_chains_agree",
@@ -288,10 +290,11 @@ def _parameter_diagnostics(post) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return ess, rhat, names
 
 
-def check_mcmc(post, *, target_accept: float, acceptance: bool = False):
+def check_mcmc(post, *, target_accept: float, acceptance: bool = False, advice: str = ""):
     """Every MCMC check (:func:`check_sampler`, :func:`check_mixing`) on a finished posterior; returns it.
     ``acceptance``: the method's kernel accepts or rejects each proposal whole (its declaration's
-    ``accept_reject``)."""
+    ``accept_reject``); ``advice``: :func:`check_mixing`'s, where the engine has its own (e.g.
+    :func:`random_walk_advice`)."""
     check_sampler(
         post.method,
         post.samples,
@@ -300,8 +303,34 @@ def check_mcmc(post, *, target_accept: float, acceptance: bool = False):
         max_tree_depth=post.config.get("max_tree_depth"),
         acceptance=acceptance,
     )
-    check_mixing(post)
+    check_mixing(post, advice=advice)
     return post
+
+
+RANDOM_WALK_EFFICIENCY = 0.3
+"""Effective draws per iteration of random-walk Metropolis in ``d`` coordinates, times ``d``, at best: with the
+optimal proposal scale (``2.38 / sqrt(d)`` in the posterior's own whitened coordinates, acceptance 0.234) on a
+Gaussian target its efficiency is about ``0.3 / d`` (Gelman, Roberts & Gilks 1996; Roberts, Gelman & Gilks 1997),
+and a posterior that is not Gaussian, or a metric that does not whiten it, does worse. So the iterations a random
+walk needs per effective draw grow in proportion to the dimension: the structural reason a network's Metropolis
+chains do not mix at run lengths where NUTS's do."""
+
+
+def random_walk_advice(dim: int, num_chains: int, num_draws: int) -> str:
+    """:func:`check_mixing`'s advice for random-walk Metropolis in ``dim`` coordinates, where even the best-case
+    efficiency (:data:`RANDOM_WALK_EFFICIENCY`) asks for more iterations per chain than ``num_draws`` to give
+    :data:`ESS_MIN` effective draws over ``num_chains`` chains: the number it asks for, and that NUTS is the remedy
+    (its cost per effective draw grows far more slowly with the dimension). Empty where the run is long enough by that
+    bound (the mixing problem is then not the dimension's, and the usual advice stands)."""
+    needed = math.ceil(ESS_MIN * dim / (RANDOM_WALK_EFFICIENCY * max(num_chains, 1)))
+    if needed <= num_draws:
+        return ""
+    return (
+        f"A random walk in {dim:,} coordinates gains at most about {RANDOM_WALK_EFFICIENCY} / {dim:,} effective "
+        f"draws per iteration (Gelman, Roberts & Gilks 1996), so {ESS_MIN} effective draws over {num_chains} "
+        f"chain(s) need at least ~{needed:,} draws per chain (this run: {num_draws:,}): use method='nuts', whose "
+        "cost per effective draw grows far more slowly with the dimension"
+    )
 
 
 RHAT_CHANCE_ALPHA = 0.01

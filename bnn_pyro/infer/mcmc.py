@@ -103,7 +103,7 @@ from bnn_pyro.infer._one_chain import FlatHMC, analytic_applies
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
-from bnn_pyro.infer.health_mixing import check_mcmc
+from bnn_pyro.infer.health_mixing import check_mcmc, random_walk_advice
 from bnn_pyro.infer.map_fit import estimate_points
 from bnn_pyro.infer.registry import REGISTRY, Method
 from bnn_pyro.infer.training_data import Data
@@ -619,6 +619,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
         else run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc")
     )
     post = assemble(runs, method=method, config=record, data=data)
+    dim = sum(v[0, 0].numel() for v in post.samples.values())  # the sampled sites' coordinates (before deterministic)
     post.samples.update(deterministic_sites(fitted, post.samples, data))
     if resume is not None:  # append the new segment to the draws it continues
         post.samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in post.samples.items()}
@@ -631,7 +632,8 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             extended_by=num_samples,
         )
     can = REGISTRY[Method(method)].capabilities
-    return check_mcmc(post, target_accept=config.target_accept, acceptance=can.accept_reject)
+    advice = random_walk_advice(dim, post.num_chains, post.num_draws) if method == "metropolis" else ""
+    return check_mcmc(post, target_accept=config.target_accept, acceptance=can.accept_reject, advice=advice)
 
 
 def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> dict[str, torch.Tensor]:

@@ -125,6 +125,18 @@ def test_short_metropolis_warns_about_too_few_effective_draws():
     assert any("bulk ESS of f(x)" in m and ess in m and "method='nuts'" in m for m in messages), messages
     limit = f"threshold {health_mixing.rhat_chance_max(2, 50, 20):.3g}"  # above 1.05 at 50 draws per chain: chance
     assert any("R-hat of f(x)" in m and limit in m for m in messages), messages
+    # the structural reason, with the number: 100 effective draws / (0.3 / 61 per iteration) / 2 chains = 10,167
+    assert any("random walk in 61 coordinates" in m and "~10,167 draws per chain (this run: 50)" in m for m in messages)
+
+
+def test_random_walk_advice_only_where_the_dimension_explains_the_miss():
+    """The bound: ``ESS_MIN * dim / (0.3 * chains)`` iterations per chain at best (Gelman, Roberts & Gilks 1996).
+    A run at least that long gets the usual advice (empty here); a shorter one the number it would need."""
+    assert health_mixing.random_walk_advice(3, 4, 1000) == ""  # needs 250 per chain
+    assert health_mixing.random_walk_advice(12, 4, 1000) == ""  # needs exactly 1,000
+    advice = health_mixing.random_walk_advice(853, 4, 1000)  # the classification benchmark's wine net
+    assert "853 coordinates" in advice and "~71,084 draws per chain (this run: 1,000)" in advice
+    assert "method='nuts'" in advice
 
 
 def test_pyro_function_without_f_is_monitored_by_its_log_density():
