@@ -9,7 +9,12 @@ those scaled rows against the noise (what the direction adds at equal norm); the
 at the noise, as the mean over rows and classes of ``|E[f]|`` (the mean function's size) and of ``sd[f]`` (their
 spread over draws); and, from the draws of the hidden-to-output weights ``W2`` (``K x 50``), the hidden units
 ``active`` (a unit whose largest ``|mean| / sd`` over its ``K`` output weights exceeds 2) and the root mean square sd
-of the other units' input and output weights (the prior's is 1).
+of the other units' input and output weights (the prior's is 1). With several chains (e.g. ``num_chains=3``: SVI's
+restarts, pooled as an equal mixture) the columns above are the mixture's, and ``chain_auroc_mi`` is the mean over
+chains of each chain's own noise AUROC by mutual information (from its draws' logits, as ``scaled``), and
+``chains_agree_noise`` the share of noise rows where every chain's mean prediction picks the same class (1 for one
+chain): whether the restarts end at different functions off the data. ``active_units`` and the other units' sds are
+each chain's, averaged over chains (pooled, restarts whose units are permuted would blur them).
 
 Variants (``--variants``): ``default``; ``kl_warmup=0.5``, ``init_scale=0.1``, ``elbo=mean_field`` (the closed-form
 KL), ``num_particles=8`` (a setting of ``bp.fit``); ``rotate`` (the inputs rotated to the principal axes of the
@@ -71,6 +76,16 @@ def _mutual_information(f: torch.Tensor) -> torch.Tensor:
     return entropy + (p * p.clamp_min(1e-300).log()).sum(-1).mean(0)
 
 
+def _units(w1: torch.Tensor, w2: torch.Tensor) -> dict:
+    """One chain's hidden units that carry the fit (``active_units``) and the others' root mean square sds."""
+    off = (w2.mean(0).abs() / w2.std(0)).max(0).values <= ACTIVE_SNR
+    return dict(
+        active_units=int((~off).sum()),
+        other_units_sd_in=float(w1.std(0)[off].pow(2).mean().sqrt()) if off.any() else math.nan,
+        other_units_sd_out=float(w2.std(0)[:, off].pow(2).mean().sqrt()) if off.any() else math.nan,
+    )
+
+
 def run(name: str, split: int, variant: str) -> dict:
     x, y = load_dataset(name)
     s = make_split(x, y, split)
@@ -93,9 +108,11 @@ def run(name: str, split: int, variant: str) -> dict:
     scaled = test * (far.norm(dim=-1).mean() / test.norm(dim=-1).mean())
     f_test, f_noise, f_scaled = _logits(draws, test), _logits(draws, far), _logits(draws, scaled)
     mi_test, mi_noise, mi_scaled = (_mutual_information(f) for f in (f_test, f_noise, f_scaled))
-    w1, w2 = draws["0.weight"], draws["2.weight"]
-    snr = (w2.mean(0).abs() / w2.std(0)).max(0).values
-    off = snr <= ACTIVE_SNR
+    chains = [{k: v[c].double() for k, v in post.samples.items() if k[0].isdigit()} for c in range(post.num_chains)]
+    per_chain = [(_logits(d, test), _logits(d, far)) for d in chains]
+    chain_auroc = [metrics.ood_auroc(_mutual_information(ft), _mutual_information(fn)) for ft, fn in per_chain]
+    classes = torch.stack([torch.softmax(fn, -1).mean(0).argmax(-1) for _, fn in per_chain])
+    units = [_units(d["0.weight"], d["2.weight"]) for d in chains]  # per chain: pooled restarts permute units
     return dict(
         dataset=f"{name} {split}",
         variant=variant,
@@ -108,9 +125,9 @@ def run(name: str, split: int, variant: str) -> dict:
         sd_f_test=float(f_test.std(0).mean()),
         mean_f_noise=float(f_noise.mean(0).abs().mean()),
         sd_f_noise=float(f_noise.std(0).mean()),
-        active_units=int((~off).sum()),
-        other_units_sd_in=float(w1.std(0)[off].pow(2).mean().sqrt()) if off.any() else math.nan,
-        other_units_sd_out=float(w2.std(0)[:, off].pow(2).mean().sqrt()) if off.any() else math.nan,
+        chain_auroc_mi=sum(chain_auroc) / len(chain_auroc),
+        chains_agree_noise=float((classes == classes[0]).all(0).double().mean()),
+        **{k: sum(u[k] for u in units) / len(units) for k in units[0]},
         fit_s=seconds,
     )
 
