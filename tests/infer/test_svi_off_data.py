@@ -44,7 +44,7 @@ def test_a_mean_field_classifier_says_so_with_its_active_units():  # the default
     w = post.samples["2.weight"].reshape(-1, 3, 20).double()  # counted here from the draws, not by the check
     active = int(((w.mean(0).abs() / w.std(0)).amax(0) > health_off_data.ACTIVE_UNIT_SNR).sum())
     assert 0 < active < 20
-    assert health_off_data.active_units(post) == (active, 20)
+    assert health_off_data.active_units(post) == ((active,), 20)
     assert f"here {active} of the output layer's 20 inputs" in said[0] and "guide='mean_field'" in said[0]
     assert "method='nuts'" in said[0] and "method='sghmc'" in said[0] and "docs/ood.md" in said[0]
 
@@ -58,3 +58,21 @@ def test_a_low_rank_classifier_says_so_too_and_a_map_or_regression_fit_does_not(
     x, _ = _blobs()
     _, messages = _fit(bp.likelihoods.Gaussian(scale=0.3), torch.sin(x[:, 0]))
     assert not [m for m in messages if NOTE in m], messages
+
+
+def test_restarts_are_counted_per_chain_and_said_per_restart():
+    # restart 0 carries the fit in unit 0, restart 1 in unit 0 with the opposite sign and in unit 1: pooled, neither
+    # unit's output weight is large against its sd (the count was 0); chain by chain: 1 and 2
+    g = torch.Generator().manual_seed(0)
+    w2 = 0.1 * torch.randn(2, 100, 3, 4, generator=g)
+    w2[0, :, 0, 0] += 5.0
+    w2[1, :, 0, 1] += 5.0
+    w2[1, :, 0, 0] -= 5.0
+    post = type("Post", (), {"samples": {"0.weight": torch.zeros(2, 100, 4, 2), "2.weight": w2}})()
+    assert health_off_data.active_units(post) == ((1, 2), 4)
+    _, y = _blobs()
+    post, messages = _fit(bp.likelihoods.Categorical(), y, num_chains=2)
+    counts = health_off_data.active_units(post)[0]
+    said = [m for m in messages if NOTE in m]
+    assert len(said) == 1 and f"here {counts[0]}, {counts[1]} (per restart) of" in said[0], messages
+    assert all(0 < c < 20 for c in counts)
