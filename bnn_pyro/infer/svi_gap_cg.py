@@ -115,10 +115,11 @@ CHECK_PASSES = 6_000
 products: :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS` draws for the gap and as many for each of the step's
 :data:`~bnn_pyro.infer.svi_refine_cg.MAX_EVALUATIONS` evaluations (1,000 x (1 + 5); a test keeps it equal)."""
 STEP_ROWS = 50_000
-"""One SVI step's fixed cost (Pyro's tracing of the model and the guide, the optimizer) in rows of a batched gradient
-pass: about 5 ms a step (``PYRO_NOTES``: AutoNormal + Trace_ELBO 6.4 ms against a plain torch step's 0.8 ms) against
-0.07 microseconds a row of one draw's batched pass (review 14: 1,000 draws over 90,000 rows of an 11-coordinate
-regression, ~6 ms a draw, as much as one of that fit's steps); counted at 50,000 so that the fit is not overcounted."""
+"""One SVI step's fixed cost (Pyro's tracing of the model and the guide, the optimizer: a few milliseconds, what a step
+costs on small data) in rows of one draw's batched gradient pass, which took about 0.07 microseconds a row in review
+14's reproduction (1,000 draws over 90,000 rows of an 11-coordinate regression, ~6 ms a draw, as much as one of that
+fit's steps): ~3 ms is ~45,000 rows, counted as 50,000. A modelled cost, not a timing, so that the same seed always
+gives the same posterior."""
 FIT_SHARE = 1.0
 """The mean's step and the gap run only where their :data:`CHECK_PASSES` over the rows cost at most this share of the
 fit's own gradient passes (``num_steps x num_particles``, each over the rows plus :data:`STEP_ROWS`): where the rows
