@@ -48,6 +48,7 @@ __all__ = [
     "GAP_SE",
     "GAP_MAX",
     "GAP_Z",
+    "gap_z",
     "check_predictive",
     "ELBO_WINDOW",
     "ELBO_MIN_WINDOW",
@@ -104,7 +105,9 @@ of eight schools at the defaults read 0.10-0.19, and fits that reach the optimum
 matching kidiq fit warns: the reference test's 1,000 draws cannot resolve it), ``benchmarks/results/svi_convergence/``."""
 GAP_Z = 4.0
 """... and the gap exceeds 4 of its standard errors: a two-sided 6e-5 chance per coordinate of a gap made by the
-estimate's Monte Carlo error alone."""
+estimate's Monte Carlo error alone. Where the standard error is from ``b`` batch means (the conjugate-gradient path's
+record gives ``batches``: :data:`~bnn_pyro.infer.svi_gap_cg.BATCHES`), the same chance from Student's t on ``b - 1``
+degrees of freedom (:func:`gap_z`: 5.1 at 20 batches)."""
 PREDICTIVE_ROWS = 1000
 """Training rows (evenly spaced) used by :func:`check_predictive`, which bounds its cost (one pass of
 the posterior and prior draws over these rows)."""
@@ -356,13 +359,17 @@ def check_learned_noise(post, *, advice: str = "") -> None:
 def check_guide_gap(post) -> None:
     """Warn when a chain's Gaussian guide (where :mod:`bnn_pyro.infer.svi_gap` takes its gap) stopped short of its family's ELBO optimum: in some unconstrained coordinate
     the Newton step to the optimum (``post.history[GAP]``, :mod:`bnn_pyro.infer.svi_gap`) exceeds :data:`GAP_MAX`
-    guide sds and :data:`GAP_Z` standard errors. The ELBO check cannot see it: under the cosine schedule the parameters
+    guide sds and :data:`GAP_Z` standard errors (:func:`gap_z`: more for a batch-means standard error, from the
+    chain's ``post.config["guide_gap"]`` record). The ELBO check cannot see it: under the cosine schedule the parameters
     freeze at the end wherever they are, so the loss's last windows agree. A chain without a verdict has NaN gaps (the
     reason in ``post.config["guide_gap"]``) and is not judged."""
     if GAP not in post.history or GAP_SE not in post.history:
         return
     gap, se = post.history[GAP].double(), post.history[GAP_SE].double()
-    short = (gap.abs() > GAP_MAX) & (gap.abs() > GAP_Z * se)
+    records = post.config.get("guide_gap")
+    records = records if isinstance(records, list) and len(records) == gap.shape[0] else [{}] * gap.shape[0]
+    z = torch.tensor([gap_z(r.get("batches")) for r in records], dtype=gap.dtype, device=gap.device)[:, None]
+    short = (gap.abs() > GAP_MAX) & (gap.abs() > z * se)
     if not bool(short.any()):
         return
     labels = post.config.get("guide_coordinates") or [f"coordinate {i}" for i in range(gap.shape[-1])]
@@ -374,10 +381,22 @@ def check_guide_gap(post) -> None:
         f"{post.method}: the {post.config.get('guide')} guide stopped short of its best fit: its mean of "
         f"{labels[i]} is {abs(float(gap[chain, i])):.2g} of its sds (+- {float(se[chain, i]):.1g}) from where the "
         f"ELBO's gradient puts the optimum (chain {chain}; {n} unconstrained coordinate(s) of {gap.shape[-1]} over "
-        f"{GAP_MAX:g} sd and {GAP_Z:g} standard errors), a miss the ELBO trace does not show (the rate falls to 1% "
+        f"{GAP_MAX:g} sd and {float(z[chain]):.2g} standard errors), a miss the ELBO trace does not show (the rate "
+        "falls to 1% "
         f"of lr at the end). Try {more} (the schedule then keeps the rate up longer), or method='nuts' for the exact "
         "posterior of a small model; post.history['guide_gap'] holds the gaps."
     )
+
+
+def gap_z(batches: int | None) -> float:
+    """The standard errors a gap must exceed (:data:`GAP_Z`): 4 for a standard error from many draws, or, from
+    ``batches`` batch means, the quantile of Student's t on ``batches - 1`` degrees of freedom with the normal's
+    two-sided chance at 4 (6.3e-5; 5.1 at 20 batches)."""
+    if not batches or batches < 2:
+        return GAP_Z
+    from scipy import stats  # lazily: bnn_pyro's import stays light
+
+    return float(stats.t.isf(stats.norm.sf(GAP_Z), batches - 1))
 
 
 def check_svi(post):

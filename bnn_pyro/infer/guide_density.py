@@ -13,7 +13,8 @@ one after another (minutes, where the batched pass takes a fraction of the fit; 
 kept for vmap's own refusals (:func:`vmap_refused`): any other error of the batched pass with Hessians is the model's
 (a ``ValueError`` it raises, a Cholesky factor that fails at some draw) and is raised as it is, so that the caller's
 reason names it rather than vmap (review 12). A row where ``log p`` is not finite gets NaN derivatives, so that a
-caller sees it rather than a stale value.
+caller sees it rather than a stale value. Every result is free of autograd graphs (a model's ``pyro.param`` values
+require grad; its derivatives here are data).
 
 :func:`hessian_products` gives the expected Hessian's products with a few vectors, ``mean_i hess log p(z_i) V``,
 without a dense Hessian (one batched reverse-over-reverse pass per draw and vector, the same vmap rules as Hessians:
@@ -38,6 +39,7 @@ from typing import NamedTuple
 import pyro
 import torch
 from pyro.distributions import constraints
+from pyro.distributions.transforms import biject_to
 from pyro.infer import autoguide
 
 from bnn_pyro.infer._common import Data
@@ -56,6 +58,7 @@ __all__ = [
     "guide_factors",
     "hessian_products",
     "labels",
+    "unconstrained_size",
     "vmap_refused",
 ]
 
@@ -187,7 +190,9 @@ def derivatives(
         grad, value = torch.func.grad_and_value(log_density)(flat)
         return value, grad
 
-    with pyro.validation_enabled(False):  # validation's data-dependent checks cannot be batched
+    # no graph to the model's pyro.param values (torch.func's transforms differentiate inside no_grad): the results
+    # are data, and a graph would keep every pass's saved tensors alive in whatever holds them (review 14)
+    with pyro.validation_enabled(False), torch.no_grad():  # validation's data-dependent checks cannot be batched
         try:
             out = torch.func.vmap(second if hessians else first, chunk_size=chunk_size)(z)
             return Derivatives(*out) if hessians else Derivatives(*out, None)
@@ -218,7 +223,7 @@ def hessian_products(
     def row(flat):
         return torch.func.vmap(product, in_dims=(None, 1), out_dims=1)(flat, vectors.to(z.dtype))
 
-    with pyro.validation_enabled(False):  # validation's data-dependent checks cannot be batched
+    with pyro.validation_enabled(False), torch.no_grad():  # as in derivatives: batched, and no graph kept
         try:
             out = torch.func.vmap(row, chunk_size=chunk_size)(z)
         except _MODEL_ERRORS as error:
@@ -266,6 +271,13 @@ def guide_factors(guide, order: list[str], shapes: dict) -> tuple[torch.Tensor, 
     return None
 
 
+def unconstrained_size(sites: dict) -> int:
+    """The number of unconstrained coordinates of the latent ``sites`` (a trace's nodes): what a Gaussian autoguide
+    fits and :func:`guide_target` flattens, ``biject_to(support).inv(value)``'s size per site, which is smaller than
+    the value's for a site such as ``LKJCholesky(10)`` (45 of 100) or a simplex (one fewer)."""
+    return sum(int(biject_to(site["fn"].support).inv(site["value"]).numel()) for site in sites.values())
+
+
 def vmap_refused(error: BaseException) -> bool:
     """Whether ``error`` is ``torch.func.vmap`` refusing to batch the model rather than the model's own error: a
     ``RuntimeError`` carrying one of :data:`VMAP_MESSAGES`."""
@@ -276,11 +288,13 @@ def _row_by_row(log_density, z: torch.Tensor) -> Derivatives:
     values = torch.empty(z.shape[0], dtype=z.dtype, device=z.device)
     grads = torch.full_like(z, math.nan)
     for i in range(z.shape[0]):
-        flat = z[i].detach().requires_grad_()
-        value = log_density(flat)
-        values[i] = value.detach()
-        if bool(torch.isfinite(value)):
-            (grads[i],) = torch.autograd.grad(value, flat)
+        with torch.enable_grad():
+            flat = z[i].detach().requires_grad_()
+            value = log_density(flat)
+            values[i] = value.detach()
+            if bool(torch.isfinite(value)):
+                (grad,) = torch.autograd.grad(value, flat)
+                grads[i] = grad.detach()
     return Derivatives(values, grads, None)
 
 

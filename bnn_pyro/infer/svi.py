@@ -89,12 +89,17 @@ turned into the Newton step to the optimum of the guide's family in the guide's 
 curvature at its optimum), is stored per chain in ``post.history["guide_gap"]`` (unconstrained coordinates, named in
 ``post.config["guide_coordinates"]``) and warned about past :data:`~bnn_pyro.infer._health.GAP_MAX`. Past the
 refinement's bounds a mean-field or low-rank guide's gap (on a Pyro function on full-batch tensors, of any size up to
-:data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows) is taken by conjugate gradients without dense Hessians
-(:mod:`bnn_pyro.infer.svi_gap_cg`), and ``post.config["guide_gap"]`` holds its record per chain (method ``"cg"``,
-draws, batches, Hessian draws, iterations, residual, and the reason where there is no verdict); past that bound it
-says it was not checked. Where the gap cannot be evaluated the fit still returns, with NaN gaps and the reason in
-``post.config["guide_gap"]``. Within the refinement's bounds a mean-field guide is not checked (its diagonal
-covariance is not the inverse curvature where the posterior correlates, and there the refinement runs).
+:data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows and a share of the fit's own cost) is taken by
+conjugate gradients without dense Hessians (:mod:`bnn_pyro.infer.svi_gap_cg`). Which path, from the guide's
+unconstrained coordinates, is decided by one rule (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`) for the engine,
+the refinements and the gap; the refinement and the gap of a chain take its seed (``seed + index``), so the gap
+measures on the refinement's draws. ``post.config["guide_gap"]`` holds one record per chain wherever the gap was
+considered, of one shape (:attr:`bnn_pyro.infer.svi_gap.Gap.record`): ``method`` (``"dense"``, ``"cg"``, or ``None``
+where none was taken), ``reason`` (why there is no verdict, or ``"not checked: ..."`` past the cost bounds, or
+``None``), and the path's figures (draws; the conjugate-gradient path's batches, Hessian draws, iterations, residual).
+Where the gap cannot be evaluated the fit still returns, with NaN gaps and the reason there. Within the refinement's
+bounds a mean-field guide is not checked (its diagonal covariance is not the inverse curvature where the posterior
+correlates, and there the refinement runs).
 
 ``num_chains`` independent restarts (seeds ``seed``, ``seed + 1``, ...) each give ``num_samples``
 draws from their guide; as chains of one :class:`~bnn_pyro.Posterior` they make R-hat meaningful.
@@ -129,6 +134,7 @@ from bnn_pyro.infer.contract import Engine, Loop, LossInfo, PotentialRunOptions,
 from bnn_pyro.infer.driver import ChainRun
 from bnn_pyro.infer.empirical_bayes import LearnedPriorScales
 from bnn_pyro.infer.empirical_bayes import resolve as resolve_empirical_bayes
+from bnn_pyro.infer.guide_density import unconstrained_size
 from bnn_pyro.infer.health_off_data import check_gaussian_guide_off_data
 from bnn_pyro.infer.health_spread import check_narrow
 from bnn_pyro.infer.kl_warmup import KLWeight, warmup_steps
@@ -426,24 +432,24 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         and sharing is None
         and not warmup
     )
-    small_function = function_full_batch and dim <= FULL_RANK_MAX_DIM
-    dense = svi_gap.dense_bounds(dim, data.size)
-    by_cg = function_full_batch and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.LOW_RANK) and not dense
+    # the path (dense, conjugate gradients, none) from the guide's unconstrained coordinates, which newton_gap and
+    # refine_mean count too (an LKJCholesky or simplex site has fewer than its constrained elements): one rule,
+    # svi_gap_cg.choose_path, bounded by the fit's own gradient passes
+    coords = unconstrained_size(sites)
+    fit_passes = num_steps * num_particles
+    path = svi_gap_cg.choose_path(coords, data.size, fit_passes=fit_passes)
+    small_function = function_full_batch and coords <= FULL_RANK_MAX_DIM
+    factored = function_full_batch and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
+    by_cg = factored and path.kind == "cg"
     gap_checked = (
         small_function
-        and (guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and dense)
+        and (guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and path.kind == "dense")
         or by_cg
-        and dim * data.size <= svi_gap_cg.MAX_WORK
     )
-    if by_cg and not gap_checked:
-        config["guide_gap"] = (
-            f"not checked: {dim} coordinates x {data.size} rows is over svi_gap_cg.MAX_WORK "
-            f"({svi_gap_cg.MAX_WORK:,}), the conjugate-gradient gap's cost bound"
-        )
-    # and its Gaussian guides of at most svi_refine.MAX_DIM coordinates are refined (svi_refine); a guide given as a
-    # class or callable is used as given, and the record says so
+    # and its Gaussian guides within svi_refine's bounds are refined (svi_refine); a guide given as a class or callable
+    # is used as given, and the record says so
     refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
-    given_guide = small_function and dim <= svi_refine.MAX_DIM and not isinstance(guide_kind, GuideKind)
+    given_guide = small_function and coords <= svi_refine.MAX_DIM and not isinstance(guide_kind, GuideKind)
     ckpts = open_chains(
         cfg.checkpoint,
         every=cfg.checkpoint_every,
@@ -485,24 +491,28 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
             baseline_beta=cfg.baseline_beta,
             independent_sites=isinstance(q, autoguide.AutoNormal),
         )
-        return _state(fitted, q, q_train, data, objective, wrap, loss, eb, kl)
+        state = _state(fitted, q, q_train, data, objective, wrap, loss, eb, kl)
+        state.seed = info.seed
+        return state
 
     def draws(state: _State, history) -> ChainRun:
-        if by_cg and gap_checked:  # past svi_refine's bounds: the mean's Newton steps by conjugate gradients
-            refined = svi_refine_cg.refine_mean(state.guide, state.model, data)
+        # one seed per chain (the chain's own, seed + index) for the refinement and the gap: the gap measures on the
+        # refinement's draws, and the chains do not share the step's Monte Carlo error
+        if by_cg:  # past svi_refine's bounds: the mean's Newton steps by conjugate gradients
+            refined = svi_refine_cg.refine_mean(state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes)
             if refined is not None:
                 config.setdefault("guide_refinement", []).append(refined.record())
         elif refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
-            refined = svi_refine.refine(state.guide, state.model, data)
+            refined = svi_refine.refine(state.guide, state.model, data, seed=state.seed)
             if refined is not None:
                 config.setdefault("guide_refinement", []).append(refined.record())
         elif given_guide:
             config.setdefault("guide_refinement", []).append(svi_refine.Refinement(0, 0.0, GIVEN_GUIDE).record())
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
         if gap_checked:  # how far the guide's mean stopped short of the ELBO's optimum (svi_gap)
-            gap = svi_gap.newton_gap(state.guide, state.model, data)
+            gap = svi_gap.newton_gap(state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes)
             if gap is not None:  # no verdict: NaN (every chain's history has the same keys) and the reason
-                nan = torch.full((len(gap.labels) or dim,), math.nan, dtype=torch.float64, device="cpu")
+                nan = torch.full((len(gap.labels) or coords,), math.nan, dtype=torch.float64, device="cpu")
                 history = {
                     **history,
                     GAP: nan if gap.gap is None else gap.gap,
@@ -510,10 +520,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 }
                 if gap.labels:
                     config.setdefault("guide_coordinates", gap.labels)
-                if by_cg:  # the conjugate-gradient path's record, per chain (svi_gap_cg)
-                    config.setdefault("guide_gap", []).append(gap.record or dict(method="cg", reason=gap.reason))
-                elif gap.reason is not None:
-                    config.setdefault("guide_gap", f"no verdict: {gap.reason}")
+                config.setdefault("guide_gap", []).append(gap.record)  # per chain, one shape (svi_gap.Gap.record)
+        elif factored and path.kind == "none":  # past the cost bounds: the record says which
+            config.setdefault("guide_gap", []).append(dict(method=None, reason=path.reason))
         return ChainRun(
             state.model,
             samples,
@@ -597,6 +606,8 @@ class _State:
     params: list
     eb: object = None
     kl: KLWeight | None = None
+    seed: int = 0
+    """The chain's seed (``seed + index``): its refinement's and gap's draws."""
 
 
 def _state(model, guide, trained, data: Data, elbo, wrap=None, loss=None, eb=None, kl=None) -> _State:

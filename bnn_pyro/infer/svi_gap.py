@@ -24,11 +24,13 @@ are not: no verdict there; :mod:`bnn_pyro.infer.guide_density`, shared with the 
 :mod:`bnn_pyro.infer.svi_refine`).
 
 Past :mod:`bnn_pyro.infer.svi_refine`'s bounds (:data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates,
-:data:`~bnn_pyro.infer.svi_refine.MAX_WORK` coordinates x rows: :func:`dense_bounds`), where no refinement runs and the
+:data:`~bnn_pyro.infer.svi_refine.MAX_WORK` coordinates x rows, counted in the guide's unconstrained coordinates:
+:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`), where no refinement runs and the
 dense Hessians cost too much, a mean-field or low-rank guide's gap is the same Newton step ``H^-1 E_q[grad log p]``
 without a dense ``H``: conjugate gradients on Hessian-vector products of the expected Hessian, the standard error by
 batch means over antithetic draws (:mod:`bnn_pyro.infer.svi_gap_cg`, up to its
-:data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK`; :class:`Gap`'s ``record`` says how it went). That step is valid for a
+:data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` and a share of the fit's cost; :class:`Gap`'s ``record`` says how it
+went, on either path). That step is valid for a
 mean-field guide at any size (the full ``H``, not ``diag(S)``), but within the bounds, where the refinement takes the
 guide to its optimum first, a mean-field guide is still not checked: what the check would add there is not measured.
 
@@ -46,7 +48,7 @@ Example
 -------
 >>> result = newton_gap(guide, model, data)   # None where not covered
 >>> result.gap, result.se, result.reason       # (dim,) each in the guide's sds on the CPU; or None and why
->>> result.record                              # past the dense bounds: method "cg", draws, iterations, residual
+>>> result.record                              # method "dense" or "cg", reason, draws (cg: iterations, residual)
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ from bnn_pyro.infer.guide_density import (
     guide_target,
 )
 
-__all__ = ["GAP_DRAWS", "Gap", "dense_bounds", "guide_gaussian", "newton_gap", "gap_statistic"]
+__all__ = ["GAP_DRAWS", "Gap", "guide_gaussian", "newton_gap", "gap_statistic"]
 
 GAP_DRAWS = 1000
 """Guide draws for :func:`newton_gap`: with the control variate the gap's standard error is ~0.005 guide sds on the
@@ -85,9 +87,11 @@ class Gap:
     se: torch.Tensor | None
     labels: list[str] = field(default_factory=list)
     reason: str | None = None
-    record: dict | None = None
-    """The conjugate-gradient path's (:mod:`bnn_pyro.infer.svi_gap_cg`): method, draws, batches, Hessian draws,
-    iterations, residual and reason; ``None`` on the dense path."""
+    record: dict = field(default_factory=dict)
+    """How it went, the shape of every entry of ``post.config["guide_gap"]``: ``method`` (``"dense"``, ``"cg"``, or
+    ``None`` where it failed before a path was taken), ``reason`` (why no verdict, or ``None``), ``draws``; the
+    conjugate-gradient path's (:mod:`bnn_pyro.infer.svi_gap_cg`) adds batches, Hessian draws, iterations and
+    residual."""
 
 
 def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.Tensor, sd: torch.Tensor | None = None):
@@ -102,10 +106,15 @@ def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.
     return steps.mean(0), steps.std(0) / math.sqrt(n)
 
 
-def newton_gap(guide, model, data: Data, *, num_draws: int = GAP_DRAWS, seed: int = 0) -> Gap | None:
+def newton_gap(
+    guide, model, data: Data, *, num_draws: int = GAP_DRAWS, seed: int = 0, fit_passes: int | None = None
+) -> Gap | None:
     """:func:`gap_statistic` for a fitted Gaussian autoguide of ``model`` on ``data`` (full batch), from ``num_draws``
     draws of the guide from a generator of its own seeded with ``seed`` on the guide's device (the caller's random
-    state is left as it was): a :class:`Gap`, or ``None`` where the guide is not covered. It never raises: where the
+    state is left as it was): a :class:`Gap`, or ``None`` where the guide is not covered (a mean-field or low-rank
+    guide: by :func:`~bnn_pyro.infer.svi_gap_cg.choose_path` on its unconstrained coordinates, the rows and the fit's
+    ``fit_passes``, as the engine decides; after the mean's step, the same ``seed`` measures on the step's own draws,
+    :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean`). It never raises: where the
     potential cannot be built at the guide's median, the log density or its gradient is not finite at some draw
     (dropping those draws would bias the mean toward the guide's centre), a low-rank guide's model cannot be batched
     for its Hessians, or anything else raises, the :class:`Gap` has no verdict and says why."""
@@ -113,32 +122,30 @@ def newton_gap(guide, model, data: Data, *, num_draws: int = GAP_DRAWS, seed: in
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a model drawing on its own
         try:
-            return _newton_gap(guide, model, data, num_draws, generator)
+            result = _newton_gap(guide, model, data, num_draws, generator, fit_passes)
         except Exception as error:  # a diagnostic must not fail a finished fit (module docstring)
-            return Gap(None, None, reason=f"{type(error).__name__}: {error}")
+            reason = f"{type(error).__name__}: {error}"
+            return Gap(None, None, reason=reason, record=dict(method=None, reason=reason))
+    if result is None or result.record:
+        return result
+    return replace(result, record=dict(method="dense", draws=num_draws, reason=result.reason))
 
 
-def dense_bounds(dim: int, rows: int) -> bool:
-    """Whether a low-rank guide's gap takes the dense expected Hessian (and a mean-field guide is left unchecked, as
-    the refinement runs there): ``dim`` coordinates and ``dim x rows`` within :mod:`bnn_pyro.infer.svi_refine`'s
-    bounds; past them both take the conjugate-gradient gap (:mod:`bnn_pyro.infer.svi_gap_cg`) up to its
-    :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK`."""
-    return dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK
-
-
-def _newton_gap(guide, model, data: Data, num_draws: int, generator: torch.Generator) -> Gap | None:
+def _newton_gap(
+    guide, model, data: Data, num_draws: int, generator: torch.Generator, fit_passes: int | None
+) -> Gap | None:
     low_rank = isinstance(guide, autoguide.AutoLowRankMultivariateNormal)
     factored = low_rank or isinstance(guide, autoguide.AutoNormal)
     try:
         target = guide_target(guide, model, data, factored=factored)
     except NoDensity as error:
-        return Gap(None, None, reason=str(error))
+        return Gap(None, None, reason=str(error), record=dict(method=None, reason=str(error)))
     if target is None:
         return None
     if factored:
-        dim = target.loc.numel()
-        if not dense_bounds(dim, data.size):
-            return _cg(target, data, num_draws, generator) if dim * data.size <= svi_gap_cg.MAX_WORK else None
+        path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes).kind
+        if path != "dense":
+            return _cg(target, data, num_draws, generator) if path == "cg" else None
         if not low_rank:  # within the refinement's bounds a mean-field guide is not checked (module docstring)
             return None
         target = replace(target, cov=torch.diag(target.diag) + target.factor @ target.factor.T)

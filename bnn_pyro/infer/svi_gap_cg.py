@@ -14,7 +14,8 @@ so here ``H`` is never formed:
   ``z - m`` cancel exactly, so any control variate linear in them (the full-rank gap's ``S^-1 (z - m)``, the dense
   low-rank gap's ``H (z - m)``) has mean zero there and is built in at no cost; where ``log p`` is quadratic its
   gradient is linear and each batch's mean is the exact ``E_q[grad log p]``.
-- ``H v``: the mean over the first :data:`HESSIAN_DRAWS` of those draws (whole pairs) of the per-draw Hessian-vector
+- ``H v``: the mean over :data:`HESSIAN_DRAWS` of those draws (whole pairs, from batches spread over all of them:
+  :func:`hessian_pairs`) of the per-draw Hessian-vector
   products (:func:`bnn_pyro.infer.guide_density.hessian_products`: batched reverse over reverse, vmap's fallback rules:
   a model vmap cannot batch gets no verdict, since one draw at a time the products would cost ``HESSIAN_DRAWS x
   BATCHES`` traced passes per iteration). On a Gaussian posterior ``H`` is its precision at every draw, so a few
@@ -32,8 +33,11 @@ so here ``H`` is never formed:
 Cost, the rule: one iteration takes ``HESSIAN_DRAWS x BATCHES`` Hessian-vector products (each about two gradient
 passes) over every row, the gradients :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS` passes, against a fit's 5,000 steps
 of one pass each plus Pyro's fixed per-step cost; the iterations grow with the condition number of ``H`` in the guide's
-scales, which is not known before the solve. So the check runs to ``dim x rows <=`` :data:`MAX_WORK` only (the SVI
-engine records ``"not checked: ..."`` past it) and to :data:`MAX_ITERATIONS`.
+scales, which is not known before the solve. So the check runs to ``dim x rows <=`` :data:`MAX_WORK` only, and
+where its :data:`CHECK_PASSES` over the rows (with the mean's step's) cost at most :data:`FIT_SHARE` of the fit's own
+passes (:func:`choose_path`, the one rule for every caller: the SVI engine records ``"not checked: ..."`` past
+either), and to :data:`MAX_ITERATIONS`. The derivatives are taken without an autograd graph (a model's ``pyro.param``
+values require grad, and the gap would otherwise keep every iteration's products alive).
 
 Example
 -------
@@ -54,30 +58,40 @@ from bnn_pyro.infer.guide_density import GuideTarget, NotBatchable, derivatives,
 
 __all__ = [
     "BATCHES",
+    "CHECK_PASSES",
+    "FIT_SHARE",
     "HESSIAN_DRAWS",
     "MAX_ITERATIONS",
     "MAX_WORK",
     "ROUNDING",
+    "STEP_ROWS",
     "TOL",
     "CGGap",
+    "GapPath",
     "antithetic_half",
     "cg_gap",
+    "choose_path",
     "conjugate_gradients",
     "curvature",
+    "hessian_pairs",
     "precision_diagonal",
     "rounding",
 ]
 
 BATCHES = 20
 """Batches of the gradient draws (50 draws, 25 antithetic pairs, each of the default 1,000): one solve each, all in one
-conjugate-gradient run. The standard error's own error is then ``1 / sqrt(2 (BATCHES - 1))``, 16%, and a gap made by
-the Monte Carlo error alone passes the check's 4 standard errors with Student's t's chance on 19 degrees of freedom,
-7.6e-4 per coordinate (the full-rank gap's: the normal's 6.3e-5), before the 0.05-sd threshold, which a converged fit's
-gap reaches only where its own standard error is above 0.0125 sds."""
+conjugate-gradient run. The standard error's own error is then ``1 / sqrt(2 (BATCHES - 1))``, 16%, so the check
+(:func:`~bnn_pyro.infer._health.check_guide_gap`) judges this path's gap against Student's t on ``BATCHES - 1`` = 19
+degrees of freedom: 5.1 standard errors, the quantile with the dense path's chance per coordinate (4 standard errors of
+the normal, 6.3e-5; at 4 the t's chance would be 7.6e-4), before the 0.05-sd threshold, which a converged fit's gap
+reaches only where its own standard error is above 0.0098 sds. No allowance for the number of coordinates, as on the
+dense path: ``d`` coordinates of pure noise warn with a chance of about ``6.3e-5 d`` where the standard error is that
+large (review 14)."""
 HESSIAN_DRAWS = 10
-"""Draws (5 antithetic pairs, the first of the gradient draws) averaged for each product of the expected Hessian: its
-Monte Carlo error scales the step by a relative error (none on a Gaussian posterior, where ``H`` is constant), and
-every iteration costs ``HESSIAN_DRAWS x BATCHES`` products, so few."""
+"""Draws (5 antithetic pairs: the first pair of 5 batches spread over the :data:`BATCHES`, :func:`hessian_pairs`)
+averaged for each product of the expected Hessian: its Monte Carlo error scales the step by a relative error (none on
+a Gaussian posterior, where ``H`` is constant), and every iteration costs ``HESSIAN_DRAWS x BATCHES`` products, so
+few."""
 TOL = 1e-4
 """Conjugate gradients stop when every batch's residual, in the norm of the preconditioner's inverse (the guide's
 whitened frame), is at most this fraction of the largest right-hand side's: far below the gap's standard error."""
@@ -94,6 +108,71 @@ iterations; 0.23-0.40 of the rest of real default fits there, ``gap_cg_defaults.
 iterations, and the fit's own steps grew with the rows), but as much as the fit at 4,000,000 with an ill-conditioned
 one (2,000 x 2,000, mean-field: 239 iterations). The iterations, which depend on the conditioning, are not known
 before the solve, so the cap is at the largest size whose worst measured case stayed well under the fit."""
+
+
+CHECK_PASSES = 6_000
+"""Gradient passes over every row that the mean's step and the gap take at most, besides their Hessian-vector
+products: :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS` draws for the gap and as many for each of the step's
+:data:`~bnn_pyro.infer.svi_refine_cg.MAX_EVALUATIONS` evaluations (1,000 x (1 + 5); a test keeps it equal)."""
+STEP_ROWS = 50_000
+"""One SVI step's fixed cost (Pyro's tracing of the model and the guide, the optimizer: a few milliseconds, what a step
+costs on small data) in rows of one draw's batched gradient pass, which took about 0.07 microseconds a row in review
+14's reproduction (1,000 draws over 90,000 rows of an 11-coordinate regression, ~6 ms a draw, as much as one of that
+fit's steps): ~3 ms is ~45,000 rows, counted as 50,000. A modelled cost, not a timing, so that the same seed always
+gives the same posterior."""
+FIT_SHARE = 1.0
+"""The mean's step and the gap run only where their :data:`CHECK_PASSES` over the rows cost at most this share of the
+fit's own gradient passes (``num_steps x num_particles``, each over the rows plus :data:`STEP_ROWS`): where the rows
+dominate the fit's cost, a batched pass per draw costs about one of its steps, so the two together cost at most about
+the fit (review 14 measured 5.6 times a 300-step fit and 1.0 times a default one at 11 coordinates x 90,000 rows: the
+first is now skipped, the second kept); where Pyro's per-step cost dominates, as on every benchmark of
+``gap_cg_cost.md``, far less (0.01-0.5 of the fit)."""
+
+
+class GapPath(NamedTuple):
+    """:func:`choose_path`'s answer: ``kind`` ``"dense"`` (:mod:`bnn_pyro.infer.svi_refine`'s bounds: the dense
+    refinement and gap), ``"cg"`` (this module and :mod:`bnn_pyro.infer.svi_refine_cg`) or ``"none"`` (not checked,
+    ``reason`` says why)."""
+
+    kind: str
+    reason: str | None = None
+
+
+def choose_path(dim: int, rows: int, *, fit_passes: int | None = None) -> GapPath:
+    """Which path a mean-field or low-rank guide's refinement and gap take for ``dim`` unconstrained coordinates (the
+    guide's, which a site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows``
+    rows, after a fit of ``fit_passes`` gradient passes (``num_steps x num_particles``; ``None``: not bounded by it).
+    The one rule the SVI engine, :func:`~bnn_pyro.infer.svi_gap.newton_gap` and
+    :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean` all decide by: dense within ``svi_refine.MAX_DIM`` coordinates
+    and ``svi_refine.MAX_WORK`` coordinates x rows; past them by conjugate gradients up to :data:`MAX_WORK` and
+    :data:`FIT_SHARE` of the fit's passes; otherwise not checked."""
+    if dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK:
+        return GapPath("dense")
+    if dim * rows > MAX_WORK:
+        return GapPath(
+            "none",
+            f"not checked: {dim} coordinates x {rows} rows is over svi_gap_cg.MAX_WORK ({MAX_WORK:,}), the "
+            "conjugate-gradient gap's cost bound",
+        )
+    if fit_passes is not None and CHECK_PASSES * rows > FIT_SHARE * fit_passes * (rows + STEP_ROWS):
+        return GapPath(
+            "none",
+            f"not checked: the mean's step and the gap take up to {CHECK_PASSES:,} gradient passes over the {rows} "
+            f"rows, more than svi_gap_cg.FIT_SHARE ({FIT_SHARE:g}) of the fit's {fit_passes:,} steps x particles "
+            f"(each counted as the rows plus svi_gap_cg.STEP_ROWS, {STEP_ROWS:,}); more num_steps would be checked",
+        )
+    return GapPath("cg")
+
+
+def hessian_pairs(pairs: int, batches: int) -> torch.Tensor:
+    """The indices of the antithetic pairs whose draws average the expected Hessian (:data:`HESSIAN_DRAWS`): the first
+    pair of batches spread evenly over the ``batches`` batches of ``pairs // batches`` pairs (not all in batch 0,
+    whose mean gradient ``H`` would then be correlated with)."""
+    kept = min(pairs, max(1, HESSIAN_DRAWS // 2))
+    per = pairs // batches
+    if kept >= batches:
+        return torch.arange(kept)
+    return (torch.arange(kept) * batches // kept) * per
 
 
 class CGGap(NamedTuple):
@@ -120,8 +199,8 @@ def conjugate_gradients(
     iterations, residual)``, the residual the largest column's in the norm of ``diag(inverse_diag)``, relative to the
     largest right-hand side's or, where that is smaller, to ``floor / tol`` (``floor``: a residual below which the
     solve is done whatever the right-hand side, the size of its own rounding: a right-hand side that is rounding
-    noise, at an optimum, has nothing left to solve). Stops at ``tol`` or ``max_iterations``. Raises ``ValueError``
-    where ``A`` is not positive along a search direction."""
+    noise, at an optimum, has nothing left to solve). Stops at ``tol`` or ``max_iterations``; a column whose
+    residual is exactly zero (a zero right-hand side) is left as solved. Raises ``ValueError`` where ``A`` is not positive along a search direction."""
     x = torch.zeros_like(rhs)
     scale = max(float(((rhs * rhs) * inverse_diag[:, None]).sum(0).sqrt().max()), floor / tol)
     if scale == 0.0 or not math.isfinite(scale):
@@ -135,9 +214,10 @@ def conjugate_gradients(
         iterations += 1
         ap = apply(p)
         curvature = (p * ap).sum(0)
-        if not bool((curvature > 0).all()):
+        active = rz > 0  # a column solved exactly (a zero right-hand side) is frozen: its p is 0
+        if not bool((curvature[active] > 0).all()):
             raise ValueError("the expected Hessian of -log p is not positive definite at the guide")
-        alpha = rz / curvature
+        alpha = torch.where(active, rz / torch.where(active, curvature, 1.0), 0.0)
         x = x + alpha * p
         r = r - alpha * ap
         residual = float(((r * r) * inverse_diag[:, None]).sum(0).sqrt().max()) / scale
@@ -145,7 +225,7 @@ def conjugate_gradients(
             break
         z = inverse_diag[:, None] * r
         rz_new = (r * z).sum(0)
-        p = z + (rz_new / rz) * p
+        p = z + torch.where(active, rz_new / torch.where(active, rz, 1.0), 0.0) * p
         rz = rz_new
     return x, iterations, residual
 
@@ -161,15 +241,17 @@ def cg_gap(target: GuideTarget, *, rows: int, num_draws: int, generator: torch.G
     pairs = max(1, num_draws // 2)
     batches = min(BATCHES, pairs)
     pairs = pairs // batches * batches  # whole pairs in equal batches
-    kept = min(pairs, max(1, HESSIAN_DRAWS // 2))
-    record = dict(method="cg", draws=2 * pairs, batches=batches, hessian_draws=2 * kept, iterations=0, residual=None)
+    chosen = hessian_pairs(pairs, batches).to(loc.device)
+    record = dict(
+        method="cg", draws=2 * pairs, batches=batches, hessian_draws=2 * len(chosen), iterations=0, residual=None
+    )
 
     def no_verdict(reason: str) -> CGGap:
         return CGGap(None, None, {**record, "reason": reason}, reason)
 
     half = antithetic_half(target, pairs, generator)
     deviations = torch.cat([half, -half])
-    apply = curvature(target, loc + torch.cat([half[:kept], -half[:kept]]), rows=rows, width=batches)
+    apply = curvature(target, loc + torch.cat([half[chosen], -half[chosen]]), rows=rows, width=batches)
     try:  # first, since a model vmap cannot batch has no verdict: its gradients one draw at a time would be wasted
         apply(torch.zeros(dim, 1, dtype=torch.float64, device=loc.device))
     except NotBatchable as error:

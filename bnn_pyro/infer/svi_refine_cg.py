@@ -7,8 +7,8 @@ where ``H`` is constant, it lands on the optimum's mean in one step). It is the 
 (:mod:`bnn_pyro.infer.svi_gap_cg`), taken with the same solver: the gradients at :data:`~svi_refine.DRAWS` fixed
 standard-normal draws in antithetic pairs mapped through ``(m, S)`` (common random numbers: every candidate is judged
 on the same draws, so the iteration converges to the fixed point of one sample objective, not a noisy one), ``H v``
-from the first :data:`~bnn_pyro.infer.svi_gap_cg.HESSIAN_DRAWS` of them, conjugate gradients preconditioned by the
-guide's precision diagonal. Only the mean moves: the covariance's fixed point (a mean-field guide's ``1 / D_i =
+from :data:`~bnn_pyro.infer.svi_gap_cg.HESSIAN_DRAWS` of them (the gap's: :func:`~bnn_pyro.infer.svi_gap_cg.hessian_pairs`),
+conjugate gradients preconditioned by the guide's precision diagonal. Only the mean moves: the covariance's fixed point (a mean-field guide's ``1 / D_i =
 H_ii``) needs ``diag(H)``, which Hessian-vector products give only by a noisy estimator (Hutchinson's), not built.
 
 Why. Past :data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates nothing was refined, and Adam under the cosine schedule
@@ -24,8 +24,8 @@ log p``: the entropy does not depend on ``m``) does not fall, otherwise halved d
 :data:`~bnn_pyro.infer.svi_refine.TOL` of its guide sd (``"fixed point"``) or after :data:`MAX_EVALUATIONS`
 evaluations of the draws; whatever the model raises, a model vmap cannot batch, a non-finite value or an ``H`` the
 solver finds not positive definite leaves the guide as it was, with the reason. It runs where the conjugate-gradient
-gap does (:func:`bnn_pyro.infer.svi_gap.dense_bounds` false, ``dim x rows <=``
-:data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK`).
+gap does (:func:`bnn_pyro.infer.svi_gap_cg.choose_path`: past the dense bounds, up to
+:data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows and a share of the fit's own cost).
 
 Example
 -------
@@ -51,36 +51,44 @@ step, then the fixed point). On the default fits of ``gap_cg_defaults_refined.md
 of the fit up to 500,000 coordinates x rows and 0.32-0.49 at 1,000,000 with an ill-conditioned ``H``."""
 
 
-def refine_mean(guide, model, data: Data, *, num_draws: int = svi_refine.DRAWS, seed: int = 1):
+def refine_mean(
+    guide, model, data: Data, *, num_draws: int = svi_refine.DRAWS, seed: int = 0, fit_passes: int | None = None
+):
     """Newton steps for the mean of a fitted ``AutoNormal`` or ``AutoLowRankMultivariateNormal`` of ``model`` on
     ``data`` (full batch) past the dense bounds (module docstring), in place, from ``num_draws`` draws of a generator
-    of its own seeded with ``seed`` (not the gap check's 0, so that the check after it sees other draws): a
-    :class:`~bnn_pyro.infer.svi_refine.Refinement`, or ``None`` where the guide is not covered. It never raises."""
+    of its own seeded with ``seed``: a :class:`~bnn_pyro.infer.svi_refine.Refinement`, or ``None`` where the guide is
+    not covered (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path` on its unconstrained coordinates, ``data.size`` rows
+    and the fit's ``fit_passes``, as the engine decides). It never raises.
+
+    The gap check after it (:func:`~bnn_pyro.infer.svi_gap.newton_gap` with the same ``seed`` and draws, as the SVI
+    engine calls both, one seed per chain) measures on the step's own draws, as the dense refinement and gap do: on
+    other draws it would also measure this step's Monte Carlo error, which its batch-means standard error does not
+    count (review 14: a converged non-Gaussian fit of 152 coordinates warned at 4 of 40 step seeds)."""
     if not isinstance(guide, (autoguide.AutoNormal, autoguide.AutoLowRankMultivariateNormal)):
         return None
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a model drawing on its own
         try:
-            return _refine_mean(guide, model, data, num_draws, generator)
+            return _refine_mean(guide, model, data, num_draws, generator, fit_passes)
         except Exception as error:  # a finished fit never fails here
             return svi_refine.Refinement(0, 0.0, f"skipped: {type(error).__name__}: {error}")
 
 
-def _refine_mean(guide, model, data: Data, num_draws: int, generator: torch.Generator):
+def _refine_mean(guide, model, data: Data, num_draws: int, generator: torch.Generator, fit_passes: int | None):
     try:
         target = guide_target(guide, model, data, factored=True)
     except NoDensity as error:
         return svi_refine.Refinement(0, 0.0, f"skipped: {error}")
     if target is None:
         return None
-    dim = target.loc.numel()
-    if dim <= svi_refine.MAX_DIM and dim * data.size <= svi_refine.MAX_WORK or dim * data.size > svi_gap_cg.MAX_WORK:
+    if svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes).kind != "cg":
         return None
-    half = svi_gap_cg.antithetic_half(target, max(1, num_draws // 2), generator)
+    pairs = max(1, num_draws // 2)
+    half = svi_gap_cg.antithetic_half(target, pairs, generator)
     deviations = torch.cat([half, -half])
-    kept = max(1, svi_gap_cg.HESSIAN_DRAWS // 2)
-    hessian_at = torch.cat([half[:kept], -half[:kept]])
+    chosen = svi_gap_cg.hessian_pairs(pairs, min(svi_gap_cg.BATCHES, pairs)).to(half.device)  # the gap's H draws
+    hessian_at = torch.cat([half[chosen], -half[chosen]])
     sd = (target.diag + (target.factor**2).sum(1)).sqrt()
     inverse_diag = 1 / svi_gap_cg.precision_diagonal(target.diag, target.factor)
 

@@ -5,6 +5,7 @@ never lowers the ELBO on its draws; the gap check measures the distance to the o
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import pyro
@@ -15,7 +16,7 @@ from pyro.optim import Adam
 from test_svi_refine import _early_guide, _gaussian, _logistic  # the module beside this file
 
 import bnn_pyro as bp
-from bnn_pyro.infer import svi_gap, svi_refine
+from bnn_pyro.infer import svi_gap, svi_gap_cg, svi_refine
 from bnn_pyro.infer._health import GAP_MAX, GAP_Z
 from bnn_pyro.infer.training_data import Data
 
@@ -186,6 +187,7 @@ def test_a_low_rank_fit_over_the_work_bound_is_not_refined_and_is_checked_by_con
     it."""
     x, y = _data()
     monkeypatch.setattr(svi_refine, "MAX_WORK", 1)
+    monkeypatch.setattr(svi_gap_cg, "FIT_SHARE", math.inf)  # a 20-step fit is otherwise too short to be checked
     post = bp.fit(
         _model, x, y, method="svi", guide="low_rank", guide_rank=1, num_steps=20, num_samples=5, seed=0, progress=False
     )
