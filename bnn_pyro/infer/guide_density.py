@@ -274,8 +274,19 @@ def guide_factors(guide, order: list[str], shapes: dict) -> tuple[torch.Tensor, 
 def unconstrained_size(sites: dict) -> int:
     """The number of unconstrained coordinates of the latent ``sites`` (a trace's nodes): what a Gaussian autoguide
     fits and :func:`guide_target` flattens, ``biject_to(support).inv(value)``'s size per site, which is smaller than
-    the value's for a site such as ``LKJCholesky(10)`` (45 of 100) or a simplex (one fewer)."""
-    return sum(int(biject_to(site["fn"].support).inv(site["value"]).numel()) for site in sites.values())
+    the value's for a site such as ``LKJCholesky(10)`` (45 of 100) or a simplex (one fewer). A discrete site counts
+    none (no Gaussian guide covers it: it is enumerated or guided by hand, e.g. under REINFORCE), and a support
+    without a bijection its elements (the count only chooses a diagnostic's path: it must not fail a fit)."""
+    total = 0
+    for site in sites.values():
+        support = site["fn"].support
+        if support.is_discrete:
+            continue
+        try:
+            total += int(biject_to(support).inv(site["value"]).numel())
+        except NotImplementedError:
+            total += int(site["value"].numel())
+    return total
 
 
 def vmap_refused(error: BaseException) -> bool:
