@@ -147,7 +147,7 @@ def check_sampler(
             )
 
 
-def check_mixing(post, *, advice: str = "") -> None:
+def check_mixing(post, *, advice: str = "", note: str = "") -> None:
     """Warn when the chains of an MCMC posterior give fewer than :data:`ESS_MIN` effective draws
     (bulk ESS, chains together) or disagree (R-hat above :data:`RHAT_FIT_MAX`, or, with few draws per chain, above
     what chains of independent exact draws exceed by chance: :func:`rhat_chance_max`), measured on ``f``
@@ -161,7 +161,8 @@ def check_mixing(post, *, advice: str = "") -> None:
     the classes, ``f_k - mean_j f_j``: softmax is unchanged by a shift common to every class, so that shift is
     identified by the prior alone, wanders slowly in a sampler's draws, and no prediction depends on it (SG-HMC on
     iris: the smallest ESS of the raw logits 8, of the centred ones 38; ``benchmarks/results/sgmcmc_ess_truth/``).
-    ``advice``: what to try, specific to the engine, in place of the MCMC engines' (more draws, chains, NUTS)."""
+    ``advice``: what to try, specific to the engine, in place of the MCMC engines' (more draws, chains, NUTS);
+    ``note``: a sentence the engine adds after it (e.g. :func:`random_walk_advice`'s bound)."""
     import arviz as az
     import numpy as np
 
@@ -223,6 +224,7 @@ def check_mixing(post, *, advice: str = "") -> None:
             f"{post.method}: {'; and '.join(problems)} ({post.num_chains} chain(s) x {post.num_draws} draws). "
             + (advice or f"Try more num_samples and num_warmup, more chains, or {other}")
             + "; post.summary(space='function') shows every input."
+            + (f" {note}." if note else "")
         )
 
 
@@ -290,11 +292,10 @@ def _parameter_diagnostics(post) -> tuple[np.ndarray, np.ndarray, list[str]]:
     return ess, rhat, names
 
 
-def check_mcmc(post, *, target_accept: float, acceptance: bool = False, advice: str = ""):
+def check_mcmc(post, *, target_accept: float, acceptance: bool = False, note: str = ""):
     """Every MCMC check (:func:`check_sampler`, :func:`check_mixing`) on a finished posterior; returns it.
     ``acceptance``: the method's kernel accepts or rejects each proposal whole (its declaration's
-    ``accept_reject``); ``advice``: :func:`check_mixing`'s, where the engine has its own (e.g.
-    :func:`random_walk_advice`)."""
+    ``accept_reject``); ``note``: :func:`check_mixing`'s, where the engine adds one (e.g. :func:`random_walk_advice`)."""
     check_sampler(
         post.method,
         post.samples,
@@ -303,7 +304,7 @@ def check_mcmc(post, *, target_accept: float, acceptance: bool = False, advice: 
         max_tree_depth=post.config.get("max_tree_depth"),
         acceptance=acceptance,
     )
-    check_mixing(post, advice=advice)
+    check_mixing(post, note=note)
     return post
 
 
@@ -317,19 +318,19 @@ chains do not mix at run lengths where NUTS's do."""
 
 
 def random_walk_advice(dim: int, num_chains: int, num_draws: int) -> str:
-    """:func:`check_mixing`'s advice for random-walk Metropolis in ``dim`` coordinates, where even the best-case
-    efficiency (:data:`RANDOM_WALK_EFFICIENCY`) asks for more iterations per chain than ``num_draws`` to give
-    :data:`ESS_MIN` effective draws over ``num_chains`` chains: the number it asks for, and that NUTS is the remedy
-    (its cost per effective draw grows far more slowly with the dimension). Empty where the run is long enough by that
-    bound (the mixing problem is then not the dimension's, and the usual advice stands)."""
+    """:func:`check_mixing`'s note for random-walk Metropolis in ``dim`` unconstrained coordinates (the ones the walk
+    moves in), where even the best-case efficiency (:data:`RANDOM_WALK_EFFICIENCY`) asks for more iterations per chain
+    than ``num_draws`` to give :data:`ESS_MIN` effective draws over ``num_chains`` chains: the number it asks for, and
+    that NUTS's cost per effective draw grows far more slowly with the dimension. Added to the usual advice, not in
+    its place (a chain can fail to mix for other reasons too); empty where the run is long enough by that bound."""
     needed = math.ceil(ESS_MIN * dim / (RANDOM_WALK_EFFICIENCY * max(num_chains, 1)))
     if needed <= num_draws:
         return ""
     return (
         f"A random walk in {dim:,} coordinates gains at most about {RANDOM_WALK_EFFICIENCY} / {dim:,} effective "
         f"draws per iteration (Gelman, Roberts & Gilks 1996), so {ESS_MIN} effective draws over {num_chains} "
-        f"chain(s) need at least ~{needed:,} draws per chain (this run: {num_draws:,}): use method='nuts', whose "
-        "cost per effective draw grows far more slowly with the dimension"
+        f"chain(s) need at least ~{needed:,} draws per chain (this run: {num_draws:,}); NUTS's cost per effective "
+        "draw grows far more slowly with the dimension"
     )
 
 

@@ -159,11 +159,14 @@ def active_units(post) -> tuple[tuple[int, ...], int] | None:
     draws exceeds :data:`ACTIVE_UNIT_SNR`; ``None`` without a hidden layer (fewer than two sampled weight matrices: a
     linear model's inputs are not units). Counted chain by chain because restarts (SVI's ``num_chains``) carry the fit
     in different units, with either sign: pooled, a unit that carries one restart's fit and is pruned in another has
-    a mean small against its sd, and the count falls towards none."""
+    a mean small against its sd, and the count falls towards none. With one draw per chain (no sd within a chain) the
+    draws are pooled and counted once."""
     names = [k for k, v in post.samples.items() if k.endswith("weight") and v.dim() == 4]
     if len(names) < 2:
         return None
     w = post.samples[names[-1]].double()  # (chains, draws, out, units)
+    if w.shape[1] < 2:  # one draw per chain has no sd: the chains' draws pooled, as one
+        w = w.reshape((1, -1) + w.shape[2:])
     ratio = (w.mean(1).abs() / w.std(1).clamp_min(1e-300)).amax(1)
     return tuple(int(n) for n in (ratio > ACTIVE_UNIT_SNR).sum(-1)), ratio.shape[-1]
 

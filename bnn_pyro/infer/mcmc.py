@@ -103,6 +103,7 @@ from bnn_pyro.infer._one_chain import FlatHMC, analytic_applies
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
+from bnn_pyro.infer.guide_density import unconstrained_size
 from bnn_pyro.infer.health_mixing import check_mcmc, random_walk_advice
 from bnn_pyro.infer.map_fit import estimate_points
 from bnn_pyro.infer.registry import REGISTRY, Method
@@ -242,6 +243,8 @@ class MCMCConfig(PotentialRunOptions):
     # at the default init, a small Pyro function's chains start over-dispersed around its mode and the dense metric
     # adaptation starts at H^-1 there (bnn_pyro.infer._mode_start; the kernel honours KernelSettings.metric)
     MODE_START: ClassVar[bool] = False
+    # a random walk: its mixing warning adds the dimension's bound (health_mixing.random_walk_advice)
+    RANDOM_WALK: ClassVar[bool] = False
 
     num_samples: int = 1000
     num_warmup: int | None = None
@@ -430,6 +433,7 @@ class MetropolisConfig(MCMCConfig):
 
     METHOD: ClassVar[str] = "metropolis"
     MODE_START: ClassVar[bool] = True
+    RANDOM_WALK: ClassVar[bool] = True
     target_accept: float | None = 0.234
 
     def recorded(self) -> dict:
@@ -619,7 +623,15 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
         else run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc")
     )
     post = assemble(runs, method=method, config=record, data=data)
-    dim = sum(v[0, 0].numel() for v in post.samples.values())  # the sampled sites' coordinates (before deterministic)
+    note = (
+        random_walk_advice(
+            walk_size(fitted, post.samples, data),
+            post.num_chains,
+            post.num_draws + (resume.num_draws if resume is not None else 0),
+        )
+        if config.RANDOM_WALK
+        else ""
+    )
     post.samples.update(deterministic_sites(fitted, post.samples, data))
     if resume is not None:  # append the new segment to the draws it continues
         post.samples = {k: torch.cat([resume.samples[k], v], dim=1) for k, v in post.samples.items()}
@@ -632,8 +644,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             extended_by=num_samples,
         )
     can = REGISTRY[Method(method)].capabilities
-    advice = random_walk_advice(dim, post.num_chains, post.num_draws) if method == "metropolis" else ""
-    return check_mcmc(post, target_accept=config.target_accept, acceptance=can.accept_reject, advice=advice)
+    return check_mcmc(post, target_accept=config.target_accept, acceptance=can.accept_reject, note=note)
 
 
 def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> dict[str, torch.Tensor]:
@@ -661,6 +672,18 @@ def deterministic_sites(model, samples: dict[str, torch.Tensor], data: Data) -> 
         return {}
     rows = [[replay(c, d) for d in range(draws)] for c in range(chains)]
     return {name: torch.stack([torch.stack([row[name] for row in chain]) for chain in rows]) for name in rows[0][0]}
+
+
+def walk_size(model, samples: dict[str, torch.Tensor], data: Data) -> int:
+    """The unconstrained coordinates the chains of ``samples`` (the sampled sites) moved in: a ``BNN``'s weights, or
+    a Pyro function's sites mapped to the reals (an ``LKJCholesky(10)`` site 45 of its 100 elements; one run of the
+    model at the first draw)."""
+    if isinstance(model, BNN) or not samples:
+        return sum(v[0, 0].numel() for v in samples.values())
+    with torch.no_grad(), pyro.validation_enabled(False), pyro.get_param_store().scope():
+        conditioned = poutine.condition(model, data={k: v[0, 0] for k, v in samples.items()})
+        trace = poutine.trace(conditioned).get_trace(data.x, data.y, **_size_kwargs(model, data))
+    return unconstrained_size({k: site for k, site in trace.nodes.items() if k in samples and site["type"] == "sample"})
 
 
 def _size_kwargs(model, data: Data) -> dict:

@@ -136,7 +136,34 @@ def test_random_walk_advice_only_where_the_dimension_explains_the_miss():
     assert health_mixing.random_walk_advice(12, 4, 1000) == ""  # needs exactly 1,000
     advice = health_mixing.random_walk_advice(853, 4, 1000)  # the classification benchmark's wine net
     assert "853 coordinates" in advice and "~71,084 draws per chain (this run: 1,000)" in advice
-    assert "method='nuts'" in advice
+    assert "NUTS's cost per effective draw" in advice
+
+
+def test_the_random_walk_counts_the_coordinates_it_moves_in():
+    """An LKJCholesky(4) site moves in 6 unconstrained coordinates (16 elements), a Dirichlet(3) in 2 (3 elements),
+    plus 2 coefficients: 10, where the constrained elements would say 21 (review 15). A BNN: its weights."""
+    from bnn_pyro.infer.mcmc import walk_size
+    from bnn_pyro.infer.training_data import Data
+
+    def model(x, y=None):
+        import pyro
+
+        chol = pyro.sample("L", dist.LKJCholesky(4, 2.0))
+        mix = pyro.sample("w", dist.Dirichlet(torch.ones(3)))
+        b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+        with pyro.plate("data", size=len(x)):
+            return pyro.sample("obs", dist.Normal(x @ b + chol[1, 0] + mix[0], 1.0), obs=y)
+
+    x, y = torch.randn(10, 2), torch.randn(10)
+    samples = {
+        "L": torch.eye(4).expand(1, 1, 4, 4),
+        "w": torch.full((1, 1, 3), 1 / 3),
+        "b": torch.zeros(1, 1, 2),
+    }
+    assert walk_size(model, samples, Data(x, y)) == 10
+    shapes = {"0.weight": (20, 1), "0.bias": (20,), "2.weight": (1, 20), "2.bias": (1,)}
+    weights = {k: torch.zeros(1, 1, *shape) for k, shape in shapes.items()}
+    assert walk_size(_mlp(), weights, Data(torch.randn(5, 1), torch.randn(5))) == 61
 
 
 def test_pyro_function_without_f_is_monitored_by_its_log_density():

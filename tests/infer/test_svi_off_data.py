@@ -70,6 +70,10 @@ def test_restarts_are_counted_per_chain_and_said_per_restart():
     w2[1, :, 0, 0] -= 5.0
     post = type("Post", (), {"samples": {"0.weight": torch.zeros(2, 100, 4, 2), "2.weight": w2}})()
     assert health_off_data.active_units(post) == ((1, 2), 4)
+    # one draw per restart has no sd within a chain (NaN ratios, counted as none): the draws are pooled instead
+    w1 = 5.0 + 0.1 * torch.randn(3, 1, 1, 4, generator=g)
+    post1 = type("Post", (), {"samples": {"0.weight": torch.zeros(3, 1, 4, 2), "2.weight": w1}})()
+    assert health_off_data.active_units(post1) == ((4,), 4)
     _, y = _blobs()
     post, messages = _fit(bp.likelihoods.Categorical(), y, num_chains=2)
     counts = health_off_data.active_units(post)[0]
