@@ -143,9 +143,9 @@ def _newton_gap(
     if target is None:
         return None
     if factored:
-        path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes).kind
-        if path != "dense":
-            return _cg(target, data, num_draws, generator) if path == "cg" else None
+        path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes)
+        if path.kind != "dense":
+            return _cg(target, data, num_draws, generator, path.max_iterations) if path.kind == "cg" else None
         if not low_rank:  # within the refinement's bounds a mean-field guide is not checked (module docstring)
             return None
         target = replace(target, cov=torch.diag(target.diag) + target.factor @ target.factor.T)
@@ -195,11 +195,13 @@ def _newton_gap(
     return Gap(gap.cpu(), se.cpu(), target.labels)
 
 
-def _cg(target, data: Data, num_draws: int, generator: torch.Generator) -> Gap:
+def _cg(target, data: Data, num_draws: int, generator: torch.Generator, max_iterations: int) -> Gap:
     """The conjugate-gradient gap (:mod:`bnn_pyro.infer.svi_gap_cg`) as a :class:`Gap`; the model's own errors give no
     verdict with the reason."""
     try:
-        out = svi_gap_cg.cg_gap(target, rows=data.size, num_draws=num_draws, generator=generator)
+        out = svi_gap_cg.cg_gap(
+            target, rows=data.size, num_draws=num_draws, generator=generator, max_iterations=max_iterations
+        )
     except Exception as error:  # the model's own (gradients or products): recorded, the fit goes on
         reason = f"the log density's derivatives could not be evaluated ({type(error).__name__}: {error})"
         return Gap(None, None, target.labels, reason, dict(method="cg", reason=reason))

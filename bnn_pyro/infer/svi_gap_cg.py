@@ -65,6 +65,7 @@ __all__ = [
     "MAX_WORK",
     "ROUNDING",
     "STEP_ROWS",
+    "STEP_SOLVES",
     "TOL",
     "CGGap",
     "GapPath",
@@ -114,6 +115,9 @@ CHECK_PASSES = 6_000
 """Gradient passes over every row that the mean's step and the gap take at most, besides their Hessian-vector
 products: :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS` draws for the gap and as many for each of the step's
 :data:`~bnn_pyro.infer.svi_refine_cg.MAX_EVALUATIONS` evaluations (1,000 x (1 + 5); a test keeps it equal)."""
+STEP_SOLVES = 5
+"""Conjugate-gradient solves the mean's step takes at most, one right-hand side each: one per evaluation,
+:data:`~bnn_pyro.infer.svi_refine_cg.MAX_EVALUATIONS` (that module imports this one; a test keeps them equal)."""
 STEP_ROWS = 50_000
 """One SVI step's fixed cost (Pyro's tracing of the model and the guide, the optimizer: a few milliseconds, what a step
 costs on small data) in rows of one draw's batched gradient pass, which took about 0.07 microseconds a row in review
@@ -136,6 +140,7 @@ class GapPath(NamedTuple):
 
     kind: str
     reason: str | None = None
+    max_iterations: int = MAX_ITERATIONS  # the conjugate-gradient solves' share of the fit's cost (choose_path)
 
 
 def choose_path(dim: int, rows: int, *, fit_passes: int | None = None) -> GapPath:
@@ -145,7 +150,11 @@ def choose_path(dim: int, rows: int, *, fit_passes: int | None = None) -> GapPat
     The one rule the SVI engine, :func:`~bnn_pyro.infer.svi_gap.newton_gap` and
     :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean` all decide by: dense within ``svi_refine.MAX_DIM`` coordinates
     and ``svi_refine.MAX_WORK`` coordinates x rows; past them by conjugate gradients up to :data:`MAX_WORK` and
-    :data:`FIT_SHARE` of the fit's passes; otherwise not checked."""
+    :data:`FIT_SHARE` of the fit's passes, the conjugate-gradient iterations bounded by what that share leaves after
+    the :data:`CHECK_PASSES` (``max_iterations``: each iteration of the gap's solve takes ``2 HESSIAN_DRAWS BATCHES``
+    passes, of the step's solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops
+    there gives no verdict, so the check never costs more than that share of the fit: review 15 measured 1.9 times a
+    150-step fit before); otherwise not checked."""
     if dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK:
         return GapPath("dense")
     if dim * rows > MAX_WORK:
@@ -154,14 +163,19 @@ def choose_path(dim: int, rows: int, *, fit_passes: int | None = None) -> GapPat
             f"not checked: {dim} coordinates x {rows} rows is over svi_gap_cg.MAX_WORK ({MAX_WORK:,}), the "
             "conjugate-gradient gap's cost bound",
         )
-    if fit_passes is not None and CHECK_PASSES * rows > FIT_SHARE * fit_passes * (rows + STEP_ROWS):
+    if fit_passes is None:
+        return GapPath("cg")
+    spare = FIT_SHARE * fit_passes * (rows + STEP_ROWS) / rows - CHECK_PASSES  # passes over the rows left for solves
+    iterations = int(min(MAX_ITERATIONS, spare / (2 * HESSIAN_DRAWS * (BATCHES + STEP_SOLVES))))  # FIT_SHARE inf: all
+    if iterations < 1:
         return GapPath(
             "none",
             f"not checked: the mean's step and the gap take up to {CHECK_PASSES:,} gradient passes over the {rows} "
             f"rows, more than svi_gap_cg.FIT_SHARE ({FIT_SHARE:g}) of the fit's {fit_passes:,} steps x particles "
-            f"(each counted as the rows plus svi_gap_cg.STEP_ROWS, {STEP_ROWS:,}); more num_steps would be checked",
+            f"(each counted as the rows plus svi_gap_cg.STEP_ROWS, {STEP_ROWS:,}), with their conjugate-gradient "
+            "solves; more num_steps would be checked",
         )
-    return GapPath("cg")
+    return GapPath("cg", max_iterations=iterations)
 
 
 def hessian_pairs(pairs: int, batches: int) -> torch.Tensor:
@@ -230,12 +244,15 @@ def conjugate_gradients(
     return x, iterations, residual
 
 
-def cg_gap(target: GuideTarget, *, rows: int, num_draws: int, generator: torch.Generator) -> CGGap:
+def cg_gap(
+    target: GuideTarget, *, rows: int, num_draws: int, generator: torch.Generator, max_iterations: int = MAX_ITERATIONS
+) -> CGGap:
     """The Newton gap of the factored guide of ``target`` (:func:`~bnn_pyro.infer.guide_density.guide_target` with
     ``factored=True``) on ``rows`` data rows, from ``num_draws`` draws (rounded down to whole pairs in
     :data:`BATCHES` batches) of ``generator`` (module docstring). The model's errors propagate (the caller records
     them); a model vmap cannot batch for the products, a non-finite gradient, an ``H`` that is not positive definite
-    or a solve that does not reach :data:`TOL` give no verdict with the reason."""
+    or a solve that does not reach :data:`TOL` in ``max_iterations`` (:func:`choose_path`'s budget) give no verdict
+    with the reason."""
     loc, diag, factor = target.loc, target.diag, target.factor
     dim = loc.numel()
     pairs = max(1, num_draws // 2)
@@ -269,7 +286,7 @@ def cg_gap(target: GuideTarget, *, rows: int, num_draws: int, generator: torch.G
             rhs,
             inverse_diag,
             tol=TOL,
-            max_iterations=MAX_ITERATIONS,
+            max_iterations=max_iterations,
             floor=rounding(grads, inverse_diag, target.dtype),
         )
     except NotBatchable as error:
@@ -280,6 +297,11 @@ def cg_gap(target: GuideTarget, *, rows: int, num_draws: int, generator: torch.G
     if not residual <= TOL:
         return no_verdict(
             f"conjugate gradients reached a relative residual of {residual:.2g} in {iterations} iterations"
+            + (
+                f" (the most the fit's cost allows: svi_gap_cg.FIT_SHARE, {FIT_SHARE:g})"
+                if max_iterations < MAX_ITERATIONS
+                else ""
+            )
         )
     sd = (diag + (factor**2).sum(1)).sqrt()
     gaps = steps.T / sd  # (batches, dim)

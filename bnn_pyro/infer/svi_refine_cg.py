@@ -82,7 +82,8 @@ def _refine_mean(guide, model, data: Data, num_draws: int, generator: torch.Gene
         return svi_refine.Refinement(0, 0.0, f"skipped: {error}")
     if target is None:
         return None
-    if svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes).kind != "cg":
+    path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes)
+    if path.kind != "cg":
         return None
     pairs = max(1, num_draws // 2)
     half = svi_gap_cg.antithetic_half(target, pairs, generator)
@@ -106,7 +107,7 @@ def _refine_mean(guide, model, data: Data, num_draws: int, generator: torch.Gene
             grad[:, None],
             inverse_diag,
             tol=svi_gap_cg.TOL,
-            max_iterations=svi_gap_cg.MAX_ITERATIONS,
+            max_iterations=path.max_iterations,
             floor=floor,
         )
         return step[:, 0] if residual <= svi_gap_cg.TOL else None

@@ -60,6 +60,7 @@ def test_a_short_fit_on_many_rows_is_not_checked_and_says_why():
     a 300-step fit's time at 11 x 90,000), so neither runs and the record says why. The bound counts exactly the
     step's and the gap's draws; the reviewer's default fit (5,000 steps) is still checked."""
     assert svi_gap_cg.CHECK_PASSES == svi_gap.GAP_DRAWS * (1 + svi_refine_cg.MAX_EVALUATIONS)
+    assert svi_gap_cg.STEP_SOLVES == svi_refine_cg.MAX_EVALUATIONS
     assert svi_gap_cg.choose_path(11, 90_000, fit_passes=300).kind == "none"
     assert svi_gap_cg.choose_path(11, 90_000, fit_passes=5000).kind == "cg"
     g = torch.Generator().manual_seed(0)
@@ -235,5 +236,32 @@ def test_a_discrete_latent_site_neither_counts_nor_fails_the_fit():
     for elbo in ("reinforce", "trace"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            post = bp.fit(_coin, x, y, method="svi", guide=_coin_guide, elbo=elbo, num_steps=20, num_samples=50, progress=False)
+            post = bp.fit(
+                _coin, x, y, method="svi", guide=_coin_guide, elbo=elbo, num_steps=20, num_samples=50, progress=False
+            )
         assert set(post.samples) >= {"p", "z"} and post.samples["z"].shape == (1, post.num_draws)
+
+
+def test_the_solves_are_bounded_by_the_fit_s_cost():
+    """The conjugate-gradient iterations are what FIT_SHARE of the fit leaves after CHECK_PASSES, each iteration of
+    the gap's solve costing 2 HESSIAN_DRAWS BATCHES passes and the step's 2 HESSIAN_DRAWS each (review 15: at 1,000
+    coordinates x 1,000 rows a 150-step fit's check took 159 iterations, 1.9 times the fit): 150 x 51,000 / 1,000 -
+    6,000 = 1,650 passes, 3 iterations of 500; at the default 5,000 steps MAX_ITERATIONS. A solve stopped there gives no
+    verdict, saying why (the moved guide of test_svi_gap_cg needs more than one iteration)."""
+    per = 2 * svi_gap_cg.HESSIAN_DRAWS * (svi_gap_cg.BATCHES + svi_gap_cg.STEP_SOLVES)
+    assert per == 500
+    assert svi_gap_cg.choose_path(1000, 1000, fit_passes=150) == ("cg", None, 3)
+    assert svi_gap_cg.choose_path(1000, 1000, fit_passes=5000).max_iterations == svi_gap_cg.MAX_ITERATIONS
+    assert svi_gap_cg.choose_path(1000, 1000, fit_passes=100).kind == "none"  # 5,100 passes: not even CHECK_PASSES
+    from test_svi_gap_cg import MOVE, _model
+
+    x, y = _data()
+    mean, precision = _posterior(x, y)
+    with pyro.get_param_store().scope():
+        guide = _mean_field(x, y, mean + MOVE * precision.diagonal() ** -0.5, precision.diagonal() ** -0.5)
+        target = svi_gap.guide_target(guide, _model, Data(x, y), factored=True)
+        out = svi_gap_cg.cg_gap(
+            target, rows=len(y), num_draws=200, generator=torch.Generator().manual_seed(0), max_iterations=1
+        )
+    assert out.gap is None and out.record["iterations"] == 1
+    assert "in 1 iterations (the most the fit's cost allows: svi_gap_cg.FIT_SHARE" in out.reason, out.reason
