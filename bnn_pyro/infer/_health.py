@@ -377,14 +377,22 @@ def check_guide_gap(post) -> None:
     n = int(short.any(0).sum())  # coordinates, not chains x coordinates
     steps = post.config.get("num_steps")
     more = f"num_steps={4 * steps}" if isinstance(steps, int) else "more num_steps"
+    refined = post.config.get("guide_refinement")
+    refined = refined[chain] if isinstance(refined, list) and len(refined) > chain else None
+    advice = (  # Newton steps after the fit moved the mean and stopped short too: Adam's longer schedule cannot help
+        f"The refinement's {refined['accepted']} Newton step(s) after the fit did not close it either (stopped: "
+        f"{refined.get('stopped')}; post.config['guide_refinement']), so more num_steps would not: the posterior is "
+        "far from what the guide's family can match here; use method='nuts' for the exact posterior of a small model"
+        if isinstance(refined, dict) and refined.get("accepted")
+        else f"Try {more} (the schedule then keeps the rate up longer), or method='nuts' for the exact posterior of a "
+        "small model"
+    )
     _warn(
         f"{post.method}: the {post.config.get('guide')} guide stopped short of its best fit: its mean of "
         f"{labels[i]} is {abs(float(gap[chain, i])):.2g} of its sds (+- {float(se[chain, i]):.1g}) from where the "
         f"ELBO's gradient puts the optimum (chain {chain}; {n} unconstrained coordinate(s) of {gap.shape[-1]} over "
         f"{GAP_MAX:g} sd and {float(z[chain]):.2g} standard errors), a miss the ELBO trace does not show (the rate "
-        "falls to 1% "
-        f"of lr at the end). Try {more} (the schedule then keeps the rate up longer), or method='nuts' for the exact "
-        "posterior of a small model; post.history['guide_gap'] holds the gaps."
+        f"falls to 1% of lr at the end). {advice}; post.history['guide_gap'] holds the gaps."
     )
 
 

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pyro
 import pyro.distributions as dist
+import pytest
 import torch
 from pyro.distributions import constraints
 from pyro.infer import autoguide
@@ -180,6 +181,24 @@ def test_a_batch_means_standard_error_is_judged_by_students_t():
             warnings.simplefilter("always", DiagnosticWarning)
             _health.check_guide_gap(_post(0.1 * ratio, 0.1, {**record, "reason": None}))
         assert any("stopped short" in str(w.message) for w in caught) == warns, (ratio, record)
+
+
+def test_after_newton_steps_the_advice_is_not_more_num_steps():
+    """Where the refinement took Newton steps after the fit and the gap is still flagged, Adam's longer schedule cannot
+    close what the steps did not (review 14's note): the warning says so and names NUTS; without such steps it still
+    advises num_steps=4x."""
+    record = {"method": "cg", "batches": 20, "reason": None}
+    for refined, says in (([{"accepted": 2, "elbo_change": 0.3, "stopped": "evaluation limit"}], "did not close"),
+                          ([{"accepted": 0, "elbo_change": 0.0, "stopped": "no better step"}], "num_steps=400"),
+                          (None, "num_steps=400")):  # fmt: skip
+        post = _post(1.0, 0.01, record)
+        if refined is not None:
+            post.config["guide_refinement"] = refined
+        with pytest.warns(DiagnosticWarning, match="stopped short") as caught:
+            _health.check_guide_gap(post)
+        message = str(caught[0].message)
+        assert says in message and "method='nuts'" in message, message
+        assert ("num_steps=400" in message) == (says == "num_steps=400"), message
 
 
 def test_the_gap_keeps_no_autograd_graph_with_a_pyro_param_model():
