@@ -116,6 +116,44 @@ def per_step(run, short: int, long: int, repeats: int, device="cpu") -> float:
     return (min(longs) - min(shorts)) / (long - short) * 1e3
 
 
+def time_calls(module, name: str, seconds: list) -> None:
+    """Replace ``module.name`` by a wrapper that appends each call's seconds to ``seconds``: a stage timed inside a
+    fit that calls it through its module (the SVI refinement, gap and mean step). For the rest of the process."""
+    inner = getattr(module, name)
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            seconds.append(time.perf_counter() - start)
+
+    setattr(module, name, timed)
+
+
+@contextmanager
+def switched_off(*stages: tuple):
+    """Inside the block each ``(module, name)`` in ``stages`` is a function that does nothing (returns ``None``):
+    a fit without those stages, e.g. the one-step fit whose seconds are a fit's fixed cost."""
+    saved = [(module, name, getattr(module, name)) for module, name in stages]
+    for module, name, _ in saved:
+        setattr(module, name, lambda *args, **kwargs: None)
+    try:
+        yield
+    finally:
+        for module, name, inner in saved:
+            setattr(module, name, inner)
+
+
+def default_fit_seconds(fit_s: float, stage_s: float, fixed_s: float, steps: int, default_steps: int) -> dict:
+    """A default-length fit's seconds, extrapolated from a fit of ``steps`` steps that took ``fit_s`` seconds, of
+    which ``stage_s`` were stages after its steps, and a one-step fit without them that took ``fixed_s`` (start,
+    draws): ``fixed + default_steps x`` the seconds per step. Returns the columns ``fixed_s``, ``step_ms`` and the
+    extrapolated ``default_s``."""
+    per = max(fit_s - stage_s - fixed_s, 0.0) / (steps - 1)
+    return dict(fixed_s=round(fixed_s, 2), step_ms=round(1e3 * per, 2), default_s=fixed_s + default_steps * per)
+
+
 @contextmanager
 def torch_threads(n: int):
     """Torch intra-op threads ``n`` inside the block, restored after."""

@@ -29,7 +29,7 @@ import pandas as pd
 import pyro
 import pyro.distributions as dist
 import torch
-from _common import markdown, results_dir, write_result
+from _common import default_fit_seconds, markdown, results_dir, switched_off, time_calls, write_result
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi, svi_gap, svi_gap_cg, svi_refine_cg
@@ -87,18 +87,14 @@ def one(dim: int, rows: int, steps: int, guide: str) -> dict:
         reason=record.get("reason") or "-",
     )
     if steps < svi.DEFAULT_STEPS:
-        newton_gap, svi_gap.newton_gap = svi_gap.newton_gap, lambda *a, **k: None
-        mean_step, svi_refine_cg.refine_mean = svi_refine_cg.refine_mean, lambda *a, **k: None
-        try:
+        with switched_off((svi_gap, "newton_gap"), (svi_refine_cg, "refine_mean")):
             _, fixed_s, _ = _fit(x, y, guide, 1)
-        finally:
-            svi_gap.newton_gap, svi_refine_cg.refine_mean = newton_gap, mean_step
-        per_step = max(fit_s - gap_s - step_s - fixed_s, 0.0) / (steps - 1)
+        default = default_fit_seconds(fit_s, gap_s + step_s, fixed_s, steps, svi.DEFAULT_STEPS)
+        default_s = default.pop("default_s")
         row.update(
-            fixed_s=round(fixed_s, 2),
-            step_ms=round(1e3 * per_step, 2),
-            ratio_default=round(gap_s / (fixed_s + svi.DEFAULT_STEPS * per_step), 4),
-            mean_step_ratio_default=round(step_s / (fixed_s + svi.DEFAULT_STEPS * per_step), 4),
+            **default,
+            ratio_default=round(gap_s / default_s, 4),
+            mean_step_ratio_default=round(step_s / default_s, 4),
         )
     return row
 
@@ -116,24 +112,8 @@ def main() -> None:
         svi_gap_cg.MAX_WORK = args.max_work
     # its fits are short (extrapolated to the default 5,000 steps): the bound on the fit's own cost would skip some
     svi_gap_cg.FIT_SHARE = math.inf
-    newton_gap = svi_gap.newton_gap
-
-    def timed(*a, **k):
-        start = time.perf_counter()
-        out = newton_gap(*a, **k)
-        _SECONDS.append(time.perf_counter() - start)
-        return out
-
-    svi_gap.newton_gap = timed
-    refine_mean = svi_refine_cg.refine_mean
-
-    def timed_step(*a, **k):
-        start = time.perf_counter()
-        out = refine_mean(*a, **k)
-        _STEP_SECONDS.append(time.perf_counter() - start)
-        return out
-
-    svi_refine_cg.refine_mean = timed_step
+    time_calls(svi_gap, "newton_gap", _SECONDS)
+    time_calls(svi_refine_cg, "refine_mean", _STEP_SECONDS)
     one(120, 100, 5, "mean_field")  # untimed: first-call costs (imports, vmap's set-up) out of the first row
     table = []
     for pair in args.pairs.split(","):

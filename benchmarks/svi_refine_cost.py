@@ -28,7 +28,7 @@ import pandas as pd
 import pyro
 import pyro.distributions as dist
 import torch
-from _common import markdown, results_dir, write_result
+from _common import default_fit_seconds, markdown, results_dir, switched_off, time_calls, write_result
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi, svi_refine
@@ -72,17 +72,10 @@ def one(dim: int, rows: int, steps: int, guide: str) -> dict:
         ratio=round(refine_s / (fit_s - refine_s), 4),
     )
     if steps < svi.DEFAULT_STEPS:
-        refine, svi_refine.refine = svi_refine.refine, lambda *a, **k: None
-        try:
+        with switched_off((svi_refine, "refine")):
             _, fixed_s = _fit(x, y, guide, 1)
-        finally:
-            svi_refine.refine = refine
-        per_step = max(fit_s - refine_s - fixed_s, 0.0) / (steps - 1)
-        row.update(
-            fixed_s=round(fixed_s, 2),
-            step_ms=round(1e3 * per_step, 2),
-            ratio_default=round(refine_s / (fixed_s + svi.DEFAULT_STEPS * per_step), 4),
-        )
+        default = default_fit_seconds(fit_s, refine_s, fixed_s, steps, svi.DEFAULT_STEPS)
+        row.update(ratio_default=round(refine_s / default.pop("default_s"), 4), **default)
     return {**row, "accepted": refined.get("accepted", "-"), "stopped": refined.get("stopped", "-")}
 
 
@@ -102,19 +95,8 @@ def main() -> None:
         svi_refine.MAX_DIM = args.max_dim
     if args.max_work is not None:
         svi_refine.MAX_WORK = args.max_work
-    refine, derivatives = svi_refine.refine, svi_refine.derivatives
-
-    def timed(*a, **k):
-        start = time.perf_counter()
-        out = refine(*a, **k)
-        _SECONDS.append(time.perf_counter() - start)
-        return out
-
-    def counted(*a, **k):
-        _EVALUATIONS.append(1)
-        return derivatives(*a, **k)
-
-    svi_refine.refine, svi_refine.derivatives = timed, counted
+    time_calls(svi_refine, "refine", _SECONDS)
+    time_calls(svi_refine, "derivatives", _EVALUATIONS)  # one entry per evaluation of the draws
     if args.pairs is None:
         pairs = [(int(d), args.rows) for d in args.dims.split(",")]
     else:
