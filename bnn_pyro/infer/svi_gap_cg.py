@@ -119,11 +119,12 @@ STEP_SOLVES = 5
 """Conjugate-gradient solves the mean's step takes at most, one right-hand side each: one per evaluation,
 :data:`~bnn_pyro.infer.svi_refine_cg.MAX_EVALUATIONS` (that module imports this one; a test keeps them equal)."""
 STEP_ROWS = 50_000
-"""One SVI step's fixed cost (Pyro's tracing of the model and the guide, the optimizer: a few milliseconds, what a step
-costs on small data) in rows of one draw's batched gradient pass, which took about 0.07 microseconds a row in review
-14's reproduction (1,000 draws over 90,000 rows of an 11-coordinate regression, ~6 ms a draw, as much as one of that
-fit's steps): ~3 ms is ~45,000 rows, counted as 50,000. A modelled cost, not a timing, so that the same seed always
-gives the same posterior."""
+"""One SVI step's fixed cost (Pyro's tracing of the model and the guide, the optimizer: what a step costs on small
+data), counted in rows of one draw's batched gradient pass. The rule: on a fit whose rows dominate, one draw's
+batched pass over the rows costs about one of the fit's steps, and on small data a step's fixed cost is what a pass
+over some tens of thousands of rows takes (review 14's reproduction, an 11-coordinate regression on 90,000 rows:
+~45,000 rows, counted as 50,000). A modelled cost, not a timing, so that the same seed always gives the same
+posterior."""
 FIT_SHARE = 1.0
 """The mean's step and the gap run only where their :data:`CHECK_PASSES` over the rows cost at most this share of the
 fit's own gradient passes (``num_steps x num_particles``, each over the rows plus :data:`STEP_ROWS`): where the rows
