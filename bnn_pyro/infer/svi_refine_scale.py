@@ -8,27 +8,29 @@ p]`` (the dense refinement's mean-field fixed point). The damped step is the den
 (``s_i = 1 / sqrt(H_ii)``) in one step.
 
 ``H_ii`` without ``H``: the expected Hessian's products with the unit vectors, in blocks of :data:`BLOCK` columns
-(:func:`bnn_pyro.infer.svi_gap_cg.curvature`, at the mean step's and the gap's :data:`~bnn_pyro.infer.svi_gap_cg.HESSIAN_DRAWS`
-draws: :func:`~bnn_pyro.infer.svi_gap_cg.hessian_pairs`), each column's own entry kept: ``dim`` products per draw,
-exact wherever ``H`` is constant. Why not Hutchinson's ``E[v * H v]`` over random sign vectors ``v``: each probe adds
-the off-diagonal mass ``sum_j!=i H_ij^2`` to the variance of ``H_ii``, which on a correlated posterior is many times
-``H_ii^2``, so it needs far more probes than coordinates for the accuracy the columns give at ``dim``; nor Stein's
-``-E[e_i d log p / dz_i] / s_i`` from the 1,000 gradients the mean step takes anyway (no products): at the optimum of
-a Gaussian its relative sd is ``sqrt((2 + sum_j!=i H_ij^2 / (H_ii H_jj)) / 500)`` (the antithetic pairs cancel the
-gradient's constant part, not this quadratic one, so they count once), at least 0.063 in ``H_ii``, the size of the
-error in the sds it is meant to remove.
+(:func:`bnn_pyro.infer.svi_gap_cg.curvature`, at the mean step's and the gap's
+:data:`~bnn_pyro.infer.svi_gap_cg.HESSIAN_DRAWS` draws: :func:`~bnn_pyro.infer.svi_gap_cg.hessian_pairs`), each column's
+own entry kept: ``dim`` products per draw, exact wherever ``H`` is constant. Why not Hutchinson's ``E[v * H v]`` over
+random sign vectors ``v``: each probe adds the off-diagonal mass ``sum_j!=i H_ij^2`` to the variance of ``H_ii``, which
+on a correlated posterior is many times ``H_ii^2``; on the regressions of
+``benchmarks/results/svi_convergence/scale_estimators.md`` (150-1,000 coordinates) as many probes as coordinates, the
+columns' products, left some ``H_ii`` 0.31-0.33 off (an sd 0.16-0.22), where the columns were off by float rounding
+(5e-7). Nor Stein's ``-E[e_i d log p / dz_i] / s_i`` from the 1,000 gradients the mean step takes anyway (no products):
+at the optimum of a Gaussian its relative sd is ``sqrt((2 + sum_j!=i H_ij^2 / (H_ii H_jj)) / 500)`` (the antithetic
+pairs cancel the gradient's constant part, not this quadratic one, so they count once), at least 0.063, and there it
+left some sd 0.12-0.35 off, more than Adam had (0.06-0.14, ``scale_fits.md``).
 
 Safeguards: a coordinate whose estimate is not positive and finite keeps its sd (no fixed point there: the ELBO rises
 with its sd); the new sds are kept only where the ELBO on the draws (``mean log p(m + s e) + sum log s`` on
 :data:`~bnn_pyro.infer.svi_refine.DRAWS` fixed antithetic standard-normal draws ``e``, those the mean step and the gap
 take after it, from the same seed) does not fall, ``r`` halved otherwise down to
-:data:`~bnn_pyro.infer.svi_refine.MIN_RATE` within :data:`MAX_EVALUATIONS` evaluations; an undamped step that moves no sd
-by :data:`~bnn_pyro.infer.svi_refine.TOL` of itself is not evaluated (``"fixed point"``: below what the fit reports, and
-near the float32 rounding of the ELBO estimate). One diagonal only (each costs ``dim`` products per Hessian draw), so
-off a Gaussian the step goes towards the fixed point from the trained sds, and it is not iterated. Whatever the model
+:data:`~bnn_pyro.infer.svi_refine.MIN_RATE` within :data:`MAX_EVALUATIONS` evaluations; an undamped step that moves no
+sd by :data:`~bnn_pyro.infer.svi_refine.TOL` of itself is not evaluated (``"fixed point"``: below what the fit reports,
+and near the float32 rounding of the ELBO estimate). One diagonal only (each costs ``dim`` products per Hessian draw),
+so off a Gaussian the step goes towards the fixed point from the trained sds, and it is not iterated. Whatever the model
 raises, a model vmap cannot batch, or a non-finite ELBO at the start leaves the guide as it was, with the reason. It
-runs where the mean's step does (:func:`bnn_pyro.infer.svi_gap_cg.choose_path`), before it, and only where its cost
-fits in the check's share of the fit (:func:`~bnn_pyro.infer.svi_gap_cg.scale_fits`).
+runs where the mean's step does (:func:`bnn_pyro.infer.svi_gap_cg.choose_path`), before it, and only where its cost fits
+in the check's share of the fit (:func:`~bnn_pyro.infer.svi_gap_cg.scale_fits`).
 
 A low-rank guide's covariance is left as trained: its fixed point is the projection of ``H^-1`` onto the family
 (:func:`~bnn_pyro.infer.svi_refine.project_low_rank`, which needs the dense ``H``), and its diagonal part alone has no
