@@ -57,9 +57,9 @@ MAX_EVALUATIONS = svi_gap_cg.SCALE_EVALUATIONS
 """Evaluations of the draws at most, the first included (``svi_gap_cg.SCALE_EVALUATIONS``, counted in its cost rule):
 the start and candidates at ``r = 1, 1/2, 1/4, 1/8``; a Gaussian posterior needs two."""
 BLOCK = 256
-"""Unit vectors per batched product pass of :func:`diagonal`: bounds the identity block held (``dim x BLOCK``) and one
-pass's memory at ``BLOCK`` products per draw over the rows, where one pass of all ``dim`` columns at once would hold
-``dim^2`` (80 GB of float64 at 100,000 coordinates)."""
+"""Unit vectors per batched product pass of :func:`diagonal` at most: fewer where one pass's products (``draws x dim x
+BLOCK``) would exceed :data:`~bnn_pyro.infer.svi_refine.CHUNK_ELEMENTS`, the memory rule of the batched Hessian passes,
+since a pass of all ``dim`` columns at once would hold ``dim^2`` per draw (80 GB of float64 at 100,000 coordinates)."""
 
 
 def refine_scale(
@@ -139,13 +139,14 @@ def _refine_scale(guide, model, data: Data, num_draws: int, generator: torch.Gen
 def diagonal(target, deviations: torch.Tensor, *, rows: int) -> torch.Tensor:
     """``diag(mean_i -hess log p(m + d_i))`` over the rows ``d_i`` of ``deviations`` (``(n, dim)``) from the guide's
     mean ``m`` of ``target`` (a :class:`~bnn_pyro.infer.guide_density.GuideTarget`): float64 ``(dim,)``, one
-    Hessian-vector product per coordinate and row, :data:`BLOCK` unit vectors per pass (module docstring). Raises
+    Hessian-vector product per coordinate and row, at most :data:`BLOCK` unit vectors per pass. Raises
     what :func:`~bnn_pyro.infer.svi_gap_cg.curvature` raises."""
     dim, device = target.loc.numel(), target.loc.device
-    apply = svi_gap_cg.curvature(target, target.loc + deviations, rows=rows, width=min(BLOCK, dim))
+    block = max(1, min(BLOCK, dim, svi_refine.CHUNK_ELEMENTS // (dim * len(deviations))))
+    apply = svi_gap_cg.curvature(target, target.loc + deviations, rows=rows, width=block)
     out = torch.empty(dim, dtype=torch.float64, device=device)
-    for start in range(0, dim, BLOCK):
-        index = torch.arange(start, min(start + BLOCK, dim), device=device)
+    for start in range(0, dim, block):
+        index = torch.arange(start, min(start + block, dim), device=device)
         cols = torch.arange(len(index), device=device)
         units = torch.zeros(dim, len(index), dtype=torch.float64, device=device)
         units[index, cols] = 1.0

@@ -54,11 +54,18 @@ def test_a_default_fit_s_sds_end_at_the_mean_field_optimum():
     assert float(((guide.locs.b.detach().double() - mean) / exact).abs().max()) < 1e-3  # the mean's step after it
 
 
-def test_the_diagonal_is_the_dense_hessians_off_a_gaussian(monkeypatch):
+@pytest.mark.parametrize("block, elements, width", [(32, None, 32), (None, 110 * 10 * 7, 7)])
+def test_the_diagonal_is_the_dense_hessians_off_a_gaussian(monkeypatch, block, elements, width):
     """On the logistic regression (110 coefficients) at 10 guide draws, the columns' diagonal equals the mean of the
     exact per-draw Hessians' diagonals (a different autograd path: float32 rounding of 100-row sums, 1e-5
-    relative), in blocks smaller than the coordinates (the last one partial)."""
-    monkeypatch.setattr(svi_refine_scale, "BLOCK", 32)
+    relative), in blocks smaller than the coordinates (the last one partial): BLOCK's, or fewer where one pass's
+    products (draws x dim x block) would pass svi_refine.CHUNK_ELEMENTS."""
+    if block is not None:
+        monkeypatch.setattr(svi_refine_scale, "BLOCK", block)
+    if elements is not None:
+        monkeypatch.setattr(svi_refine, "CHUNK_ELEMENTS", elements)
+    widths, curvature = [], svi_gap_cg.curvature
+    monkeypatch.setattr(svi_gap_cg, "curvature", lambda *a, **k: widths.append(k["width"]) or curvature(*a, **k))
     x, y = _logistic_data()
     with pyro.get_param_store().scope():
         guide = _adam(x, y, 100)
@@ -68,6 +75,7 @@ def test_the_diagonal_is_the_dense_hessians_off_a_gaussian(monkeypatch):
         estimate = svi_refine_scale.diagonal(target, deviations, rows=len(y))
         dense = derivatives(target.pot, target.order, (target.loc + deviations).float(), hessians=True).hessians
     exact = -dense.double().mean(0).diagonal()
+    assert widths == [width], widths
     assert float((estimate / exact - 1).abs().max()) < 1e-5, (estimate / exact - 1).abs().max()
 
 
