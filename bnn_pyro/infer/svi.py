@@ -78,8 +78,11 @@ coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessia
 (or why it was skipped: the guide is then left as trained; past :data:`~bnn_pyro.infer.svi_refine.MAX_WORK`
 coordinates x rows, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). Past those
 bounds (up to :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows, any number of coordinates) a mean-field
-or low-rank guide's mean is taken there instead by damped Newton steps solved by conjugate gradients, its covariance
-left as trained (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list. It runs only
+guide's sds are first taken to their fixed point ``1 / s_i^2 = E_q[-d2 log p / dz_i^2]`` by one damped step from
+Hessian-vector products with the unit vectors (:mod:`bnn_pyro.infer.svi_refine_scale`, where its cost fits in the
+check's share of the fit; recorded as ``"scale"`` inside the chain's record), then a mean-field or low-rank guide's
+mean by damped Newton steps solved by conjugate gradients, a low-rank guide's covariance left as trained
+(:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list. It runs only
 where the flat fast path did not (the engine's condition reads both: that path is for a ``BNN`` and the refinement for
 a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained it), and not on a guide given as an
 ``AutoGuide`` class or a callable, which is used as given (where the refinement would otherwise run, the record says
@@ -124,7 +127,17 @@ import torch
 from pyro import poutine
 from pyro.infer import Trace_ELBO, autoguide
 
-from bnn_pyro.infer import _density, _logjoint, _svi_flat, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg, svi_start
+from bnn_pyro.infer import (
+    _density,
+    _logjoint,
+    _svi_flat,
+    svi_gap,
+    svi_gap_cg,
+    svi_refine,
+    svi_refine_cg,
+    svi_refine_scale,
+    svi_start,
+)
 from bnn_pyro.infer import distributed as dp
 from bnn_pyro.infer._common import Data, call_model, clean_config, init_strategy, is_latent, point_values, traced
 from bnn_pyro.infer._health import GAP, GAP_SE, check_svi
@@ -498,10 +511,14 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     def draws(state: _State, history) -> ChainRun:
         # one seed per chain (the chain's own, seed + index) for the refinement and the gap: the gap measures on the
         # refinement's draws, and the chains do not share the step's Monte Carlo error
-        if by_cg:  # past svi_refine's bounds: the mean's Newton steps by conjugate gradients
+        if by_cg:  # past svi_refine's bounds: a mean-field guide's sds (svi_refine_scale), then the mean's Newton steps
+            scaled = svi_refine_scale.refine_scale(
+                state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes
+            )
             refined = svi_refine_cg.refine_mean(state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes)
             if refined is not None:
-                config.setdefault("guide_refinement", []).append(refined.record())
+                record = refined.record() if scaled is None else {**refined.record(), "scale": scaled.record()}
+                config.setdefault("guide_refinement", []).append(record)
         elif refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
             refined = svi_refine.refine(state.guide, state.model, data, seed=state.seed)
             if refined is not None:

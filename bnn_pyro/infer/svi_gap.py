@@ -143,7 +143,7 @@ def _newton_gap(
     if target is None:
         return None
     if factored:
-        path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes)
+        path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes, scale=not low_rank)
         if path.kind != "dense":
             return _cg(target, data, num_draws, generator, path.max_iterations) if path.kind == "cg" else None
         if not low_rank:  # within the refinement's bounds a mean-field guide is not checked (module docstring)

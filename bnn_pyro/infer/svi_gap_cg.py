@@ -66,6 +66,7 @@ __all__ = [
     "ROUNDING",
     "STEP_ROWS",
     "STEP_SOLVES",
+    "SCALE_EVALUATIONS",
     "TOL",
     "CGGap",
     "GapPath",
@@ -77,6 +78,8 @@ __all__ = [
     "hessian_pairs",
     "precision_diagonal",
     "rounding",
+    "scale_fits",
+    "scale_passes",
 ]
 
 BATCHES = 20
@@ -118,6 +121,9 @@ products: :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS` draws for the gap and as man
 STEP_SOLVES = 5
 """Conjugate-gradient solves the mean's step takes at most, one right-hand side each: one per evaluation,
 :data:`~bnn_pyro.infer.svi_refine_cg.MAX_EVALUATIONS` (that module imports this one; a test keeps them equal)."""
+SCALE_EVALUATIONS = 5
+"""Evaluations of the draws that a mean-field guide's scale step takes at most, the first included
+(:data:`~bnn_pyro.infer.svi_refine_scale.MAX_EVALUATIONS`, which imports this module; a test keeps them equal)."""
 STEP_ROWS = 50_000
 """One SVI step's fixed cost (Pyro's tracing of the model and the guide, the optimizer: what a step costs on small
 data), counted in rows of one draw's batched gradient pass. The rule: on a fit whose rows dominate, one draw's
@@ -144,7 +150,7 @@ class GapPath(NamedTuple):
     max_iterations: int = MAX_ITERATIONS  # the conjugate-gradient solves' share of the fit's cost (choose_path)
 
 
-def choose_path(dim: int, rows: int, *, fit_passes: int | None = None) -> GapPath:
+def choose_path(dim: int, rows: int, *, fit_passes: int | None = None, scale: bool = False) -> GapPath:
     """Which path a mean-field or low-rank guide's refinement and gap take for ``dim`` unconstrained coordinates (the
     guide's, which a site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows``
     rows, after a fit of ``fit_passes`` gradient passes (``num_steps x num_particles``; ``None``: not bounded by it).
@@ -155,7 +161,9 @@ def choose_path(dim: int, rows: int, *, fit_passes: int | None = None) -> GapPat
     the :data:`CHECK_PASSES` (``max_iterations``: each iteration of the gap's solve takes ``2 HESSIAN_DRAWS BATCHES``
     passes, of the step's solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops
     there gives no verdict, so the check never costs more than that share of the fit: review 15 measured 1.9 times a
-    150-step fit before); otherwise not checked."""
+    150-step fit before); otherwise not checked. ``scale`` (a mean-field guide, whose sds the engine's scale step
+    refines first, :mod:`~bnn_pyro.infer.svi_refine_scale`): where :func:`scale_fits`, its :func:`scale_passes` come
+    out of that share before the solves' iterations (a known cost first, the adjustable one from what is left)."""
     if dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK:
         return GapPath("dense")
     if dim * rows > MAX_WORK:
@@ -166,8 +174,10 @@ def choose_path(dim: int, rows: int, *, fit_passes: int | None = None) -> GapPat
         )
     if fit_passes is None:
         return GapPath("cg")
-    spare = FIT_SHARE * fit_passes * (rows + STEP_ROWS) / rows - CHECK_PASSES  # passes over the rows left for solves
-    iterations = int(min(MAX_ITERATIONS, spare / (2 * HESSIAN_DRAWS * (BATCHES + STEP_SOLVES))))  # FIT_SHARE inf: all
+    spare = _spare(rows, fit_passes)  # passes over the rows left for solves
+    if scale and scale_fits(dim, rows, fit_passes=fit_passes):
+        spare -= scale_passes(dim)
+    iterations = int(min(MAX_ITERATIONS, spare / _PER_ITERATION))  # FIT_SHARE inf: all
     if iterations < 1:
         return GapPath(
             "none",
@@ -177,6 +187,28 @@ def choose_path(dim: int, rows: int, *, fit_passes: int | None = None) -> GapPat
             "solves; more num_steps would be checked",
         )
     return GapPath("cg", max_iterations=iterations)
+
+
+_PER_ITERATION = 2 * HESSIAN_DRAWS * (BATCHES + STEP_SOLVES)  # passes of one iteration of the gap's and step's solves
+
+
+def _spare(rows: int, fit_passes: int) -> float:
+    """Passes over the rows that :data:`FIT_SHARE` of a fit of ``fit_passes`` leaves after :data:`CHECK_PASSES`."""
+    return FIT_SHARE * fit_passes * (rows + STEP_ROWS) / rows - CHECK_PASSES
+
+
+def scale_passes(dim: int) -> int:
+    """Gradient passes over the rows that a mean-field guide's scale step takes at most for ``dim`` coordinates
+    (:mod:`~bnn_pyro.infer.svi_refine_scale`): its diagonal of the expected Hessian, one product per coordinate at each
+    of the :data:`HESSIAN_DRAWS` (two passes each), and :data:`SCALE_EVALUATIONS` evaluations of the draws' gradients."""
+    return 2 * HESSIAN_DRAWS * dim + SCALE_EVALUATIONS * svi_refine.DRAWS
+
+
+def scale_fits(dim: int, rows: int, *, fit_passes: int | None = None) -> bool:
+    """Whether a mean-field guide's scale step fits in :data:`FIT_SHARE` of a fit of ``fit_passes`` passes
+    (:func:`choose_path`'s rule): where its :func:`scale_passes` leave the solves at least one iteration after the
+    :data:`CHECK_PASSES` (always where ``fit_passes`` is ``None``, not bounded)."""
+    return fit_passes is None or _spare(rows, fit_passes) - scale_passes(dim) >= _PER_ITERATION
 
 
 def hessian_pairs(pairs: int, batches: int) -> torch.Tensor:

@@ -90,6 +90,7 @@ __all__ = [
     "project_low_rank",
     "refine",
     "write_mean",
+    "write_scale",
 ]
 
 DRAWS = 1000
@@ -412,18 +413,11 @@ def _write(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:
 def _write_diagonal(guide, target, loc: torch.Tensor, tril: torch.Tensor) -> None:
     """``(loc, diag(sd))`` into an ``AutoNormal``'s per-site ``locs`` and ``scales`` (in the order of ``target``), all
     or none (:func:`_assign`)."""
-    sd, k, pairs = tril.diagonal(), 0, []
-    for site in target.order:
-        n = math.prod(target.pot.shapes[site])
-        for root, value, constraint in (
-            (guide.locs, loc[k : k + n], constraints.real),
-            (guide.scales, sd[k : k + n], guide.scale_constraint),
-        ):
-            *path, last = site.split(".")
-            module = attrgetter(".".join(path))(root) if path else root
-            pairs.append((getattr(module, f"{last}_unconstrained"), transform_to(constraint).inv(value)))
-        k += n
-    _assign(pairs)
+    shapes = target.pot.shapes
+    _assign(
+        _per_site(guide.locs, target.order, shapes, loc, constraints.real)
+        + _per_site(guide.scales, target.order, shapes, tril.diagonal(), guide.scale_constraint)
+    )
 
 
 def write_mean(guide, order: list[str], shapes: dict, loc: torch.Tensor) -> None:
@@ -433,11 +427,24 @@ def write_mean(guide, order: list[str], shapes: dict, loc: torch.Tensor) -> None
     if not isinstance(guide, autoguide.AutoNormal):
         _assign([(guide.loc, loc)])
         return
+    _assign(_per_site(guide.locs, order, shapes, loc, constraints.real))
+
+
+def write_scale(guide, order: list[str], shapes: dict, sd: torch.Tensor) -> None:
+    """``sd`` (flat, the sites ``order`` of ``shapes``) into an ``AutoNormal``'s per-site ``scales`` only, all or none
+    (:func:`_assign`). The mean-field scale step past the bounds (:mod:`bnn_pyro.infer.svi_refine_scale`) writes it."""
+    _assign(_per_site(guide.scales, order, shapes, sd, guide.scale_constraint))
+
+
+def _per_site(root, order: list[str], shapes: dict, flat: torch.Tensor, constraint) -> list:
+    """``(parameter, value)`` pairs for :func:`_assign`: each site's slice of ``flat`` (the sites ``order`` of
+    ``shapes``), mapped to the unconstrained parameter ``<site>_unconstrained`` under ``root`` (an ``AutoNormal``'s
+    ``locs`` or ``scales``, where a dotted site name nests) by the inverse of ``constraint``'s transform."""
     k, pairs = 0, []
     for site in order:
         n = math.prod(shapes[site])
         *path, last = site.split(".")
-        module = attrgetter(".".join(path))(guide.locs) if path else guide.locs
-        pairs.append((getattr(module, f"{last}_unconstrained"), loc[k : k + n]))
+        module = attrgetter(".".join(path))(root) if path else root
+        pairs.append((getattr(module, f"{last}_unconstrained"), transform_to(constraint).inv(flat[k : k + n])))
         k += n
-    _assign(pairs)
+    return pairs

@@ -1,5 +1,5 @@
 """Take a mean-field or low-rank guide's mean the rest of the way to its family's ELBO optimum past
-:mod:`bnn_pyro.infer.svi_refine`'s bounds: damped Newton steps by conjugate gradients, the covariance left as trained.
+:mod:`bnn_pyro.infer.svi_refine`'s bounds: damped Newton steps by conjugate gradients, the covariance not moved here.
 
 The rule. For ``q = N(m, S)`` the ELBO's gradient in ``m`` is ``g = E_q[grad log p]`` and its curvature in ``m`` is
 ``H = E_q[-hess log p]`` whatever the family, so ``m + H^-1 g`` is the mean's Newton step (on a Gaussian posterior,
@@ -8,8 +8,10 @@ where ``H`` is constant, it lands on the optimum's mean in one step). It is the 
 standard-normal draws in antithetic pairs mapped through ``(m, S)`` (common random numbers: every candidate is judged
 on the same draws, so the iteration converges to the fixed point of one sample objective, not a noisy one), ``H v``
 from :data:`~bnn_pyro.infer.svi_gap_cg.HESSIAN_DRAWS` of them (the gap's: :func:`~bnn_pyro.infer.svi_gap_cg.hessian_pairs`),
-conjugate gradients preconditioned by the guide's precision diagonal. Only the mean moves: the covariance's fixed point (a mean-field guide's ``1 / D_i =
-H_ii``) needs ``diag(H)``, which Hessian-vector products give only by a noisy estimator (Hutchinson's), not built.
+conjugate gradients preconditioned by the guide's precision diagonal. Only the mean moves here: a mean-field guide's
+sds are taken to their fixed point (``1 / D_i = H_ii``) before, by :mod:`bnn_pyro.infer.svi_refine_scale` (the engine
+runs it first, on the same seed, so that this step and the gap after it see the new sds); a low-rank guide's
+covariance is left as trained (that module says why).
 
 Why. Past :data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates nothing was refined, and Adam under the cosine schedule
 leaves the mean wherever its last steps put it: on linear regressions of 150-1,000 coefficients the default fits
@@ -82,7 +84,8 @@ def _refine_mean(guide, model, data: Data, num_draws: int, generator: torch.Gene
         return svi_refine.Refinement(0, 0.0, f"skipped: {error}")
     if target is None:
         return None
-    path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes)
+    scale = isinstance(guide, autoguide.AutoNormal)  # the scale step's cost first (svi_refine_scale)
+    path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes, scale=scale)
     if path.kind != "cg":
         return None
     pairs = max(1, num_draws // 2)

@@ -165,6 +165,9 @@ def test_the_conjugate_gradient_gap_runs_on_the_models_device(guide, monkeypatch
     assert post.history["guide_gap"].shape[-1] == 3 and bool(post.history["guide_gap"].isfinite().all())
     steps = post.config["guide_refinement"]  # the mean's Newton steps (svi_refine_cg) ran too
     assert steps and not any(r["stopped"].startswith("skipped") for r in steps), steps
+    scales = [r["scale"]["stopped"] for r in steps if "scale" in r]  # and a mean-field guide's scale step before them
+    assert len(scales) == (len(steps) if guide == "mean_field" else 0), steps
+    assert not any(stopped.startswith("skipped") for stopped in scales), steps
 
 
 @pytest.mark.slow  # five Laplace fits under the checker: ~6 s each on 2 busy cores

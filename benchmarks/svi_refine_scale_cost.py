@@ -1,0 +1,213 @@
+"""A mean-field guide's scale step past the dense bounds (``bnn_pyro/infer/svi_refine_scale.py``): which estimator of
+``diag(E_q[-hess log p])``, and what the step costs and does in a default fit.
+
+The regression of ``benchmarks/svi_gap_cg_cost.py`` (``dim`` coefficients, ``N(0, 1)`` priors, correlated covariates,
+known noise 1, ``rows`` rows): its posterior is Gaussian with precision ``H = X^T X + I``, so the mean-field optimum has
+``s_i = 1 / sqrt(H_ii)`` exactly.
+
+``--table estimators``: at a mean-field guide with those sds, the three estimators of ``H_ii`` on the module's 10
+Hessian draws or the mean step's 1,000 draws, against the exact ``H_ii``: the columns (:func:`svi_refine_scale.diagonal`,
+``dim`` products per draw), Hutchinson's ``mean_k v_k * H v_k`` with as many Rademacher probes as coordinates (the same
+products) and with a tenth of them, and Stein's ``-mean(e_i d log p / dz_i) / s_i`` from the gradients at 1,000
+antithetic draws (no products). Columns: products, seconds (best of ``--repeats``), the largest and the mean relative
+error of ``H_ii``, and the largest relative error of the sd it gives.
+
+``--table fits``: default fits (5,000 steps from the Laplace start, mean-field): the seconds of the whole fit and of
+the scale step, the mean's step and the gap inside it, the scale step's share of the rest of the fit (``scale_ratio``,
+its seconds over the fit's without the three), what the step did, and how far the sds were from ``1 / sqrt(H_ii)``
+before and after it (largest and mean relative distance).
+
+Run from the repository root: ``python benchmarks/svi_refine_scale_cost.py --pairs 150x1000,500x1000,1000x1000``;
+writes ``benchmarks/results/svi_convergence/<name>.md`` and ``.csv`` (``scale_estimators`` and ``scale_fits`` by
+default). One torch thread.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import warnings
+
+import pandas as pd
+import pyro
+import torch
+from _common import markdown, results_dir, time_calls, write_result
+from pyro.infer import autoguide
+from svi_gap_cg_cost import _model
+from torch.distributions import transform_to
+
+import bnn_pyro as bp
+from bnn_pyro.infer import svi_gap, svi_gap_cg, svi_refine, svi_refine_cg, svi_refine_scale
+from bnn_pyro.infer.guide_density import derivatives, guide_target
+from bnn_pyro.infer.training_data import Data
+
+
+def _data(dim: int, rows: int):
+    """``svi_gap_cg_cost.one``'s data, and the exact ``H_ii``."""
+    g = torch.Generator().manual_seed(dim)
+    x = torch.randn(rows, dim, generator=g) + 0.3 * torch.randn(rows, 1, generator=g)
+    y = x @ torch.randn(dim, generator=g) * 0.3 + torch.randn(rows, generator=g)
+    return x, y, (x.double() ** 2).sum(0) + 1
+
+
+def _best(run, repeats: int):
+    seconds, out = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        out = run()
+        seconds.append(time.perf_counter() - start)
+    return out, min(seconds)
+
+
+def estimators(dim: int, rows: int, repeats: int) -> list[dict]:
+    x, y, exact = _data(dim, rows)
+    data = Data(x, y)
+    with pyro.get_param_store().scope():
+        guide = autoguide.AutoNormal(_model)
+        guide(x, y)
+        with torch.no_grad():
+            guide.scales.b_unconstrained.copy_(transform_to(guide.scale_constraint).inv(exact.rsqrt().float()))
+        target = guide_target(guide, _model, data, factored=True)
+    sd = target.diag.sqrt()
+    generator = torch.Generator().manual_seed(0)
+    pairs = svi_refine.DRAWS // 2
+    half = svi_gap_cg.antithetic_half(target, pairs, generator)
+    chosen = svi_gap_cg.hessian_pairs(pairs, svi_gap_cg.BATCHES)
+    at = torch.cat([half[chosen], -half[chosen]])
+
+    def hutchinson(probes: int):
+        signs = torch.randint(0, 2, (dim, probes), generator=torch.Generator().manual_seed(1)).double() * 2 - 1
+        apply = svi_gap_cg.curvature(target, target.loc + at, rows=rows, width=min(svi_refine_scale.BLOCK, probes))
+        total = torch.zeros(dim, dtype=torch.float64)
+        for start in range(0, probes, svi_refine_scale.BLOCK):
+            block = signs[:, start : start + svi_refine_scale.BLOCK]
+            total += (block * apply(block)).sum(1)
+        return total / probes
+
+    def stein():
+        noise = torch.cat([half, -half])
+        grads = derivatives(target.pot, target.order, (target.loc + noise).to(target.dtype)).grads.double()
+        return -((noise / sd) * grads).mean(0) / sd
+
+    rows_out = []
+    for name, products, run in (
+        ("columns", len(at) * dim, lambda: svi_refine_scale.diagonal(target, at, rows=rows)),
+        ("hutchinson, dim probes", len(at) * dim, lambda: hutchinson(dim)),
+        ("hutchinson, dim/10 probes", len(at) * max(1, dim // 10), lambda: hutchinson(max(1, dim // 10))),
+        ("stein, 1,000 gradients", 0, stein),
+    ):
+        estimate, seconds = _best(run, repeats)
+        error = (estimate / exact - 1).abs()
+        sd_error = (estimate.clamp(min=1e-12).rsqrt() / exact.rsqrt() - 1).abs()
+        rows_out.append(
+            dict(
+                dim=dim,
+                rows=rows,
+                estimator=name,
+                products=products,
+                seconds=round(seconds, 3),
+                max_rel_error_H_ii=f"{float(error.max()):.1e}",
+                mean_rel_error_H_ii=f"{float(error.mean()):.1e}",
+                max_rel_error_sd=f"{float(sd_error.max()):.1e}",
+                nonpositive=int((estimate <= 0).sum()),
+            )
+        )
+        print(rows_out[-1], flush=True)
+    return rows_out
+
+
+_SECONDS: dict[str, list] = {"refine_scale": [], "refine_mean": [], "newton_gap": []}
+_SDS: list = []
+
+
+def _capture_sds(inner):
+    """``refine_scale`` that keeps the guide's sds before and after it (in ``_SDS``)."""
+
+    def captured(guide, *args, **kwargs):
+        before = guide.scales.b.detach().double().clone()
+        try:
+            return inner(guide, *args, **kwargs)
+        finally:
+            _SDS.append((before, guide.scales.b.detach().double().clone()))
+
+    return captured
+
+
+def fit(dim: int, rows: int) -> dict:
+    x, y, exact = _data(dim, rows)
+    optimum = exact.rsqrt()
+    for seconds in _SECONDS.values():
+        seconds.clear()
+    _SDS.clear()
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = bp.fit(_model, x, y, method="svi", guide="mean_field", num_samples=100, seed=0, progress=False)
+    fit_s = time.perf_counter() - start
+    scale_s, step_s, gap_s = (sum(_SECONDS[name]) for name in ("refine_scale", "refine_mean", "newton_gap"))
+    scale = post.config["guide_refinement"][0].get("scale", {})
+    ((before, after),) = _SDS
+    before, after = (before / optimum - 1).abs(), (after / optimum - 1).abs()
+    return dict(
+        dim=dim,
+        rows=rows,
+        fit_s=round(fit_s, 2),
+        scale_s=round(scale_s, 3),
+        scale_ratio=round(scale_s / (fit_s - scale_s - step_s - gap_s), 4),
+        mean_step_s=round(step_s, 2),
+        gap_s=round(gap_s, 2),
+        gap_iterations=post.config["guide_gap"][0].get("iterations"),
+        scale_stopped=scale.get("stopped"),
+        scale_elbo_change=round(scale.get("elbo_change", float("nan")), 4),
+        before_max=f"{float(before.max()):.1e}",
+        before_mean=f"{float(before.mean()):.1e}",
+        after_max=f"{float(after.max()):.1e}",
+        after_mean=f"{float(after.mean()):.1e}",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", default="150x1000,500x1000,1000x1000", help="dim x rows points")
+    parser.add_argument("--table", choices=["estimators", "fits", "both"], default="both")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--name", default="scale")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    pairs = [tuple(map(int, p.split("x"))) for p in args.pairs.split(",")]
+    folder = results_dir("svi_convergence")
+    if args.table in ("estimators", "both"):
+        frame = pd.DataFrame([row for dim, rows in pairs for row in estimators(dim, rows, args.repeats)])
+        frame.to_csv(folder / f"{args.name}_estimators.csv", index=False)
+        write_result(
+            folder / f"{args.name}_estimators.md",
+            f"Estimators of the expected Hessian's diagonal H_ii on a Gaussian posterior (the regression of "
+            f"svi_gap_cg_cost.py, exact H = X^T X + I), at a mean-field guide with sds 1 / sqrt(H_ii): products "
+            f"(Hessian-vector, each about two gradient passes over the rows) at the module's "
+            f"{svi_gap_cg.HESSIAN_DRAWS} Hessian draws, seconds (best of {args.repeats}), relative errors of H_ii "
+            f"and of the sd 1 / sqrt(estimate) (a non-positive estimate clamped to 1e-12).\n\n" + markdown(frame),
+        )
+    if args.table in ("fits", "both"):
+        svi_refine_scale.refine_scale = _capture_sds(svi_refine_scale.refine_scale)
+        for module, name in (
+            (svi_refine_scale, "refine_scale"),
+            (svi_refine_cg, "refine_mean"),
+            (svi_gap, "newton_gap"),
+        ):
+            time_calls(module, name, _SECONDS[name])
+        fit(120, 200)  # untimed: first-call costs out of the first row
+        frame = pd.DataFrame([fit(dim, rows) for dim, rows in pairs])
+        print(frame, flush=True)
+        frame.to_csv(folder / f"{args.name}_fits.csv", index=False)
+        write_result(
+            folder / f"{args.name}_fits.md",
+            "Default fits (5,000 steps from the Laplace start, mean-field guide, seed 0) of the regression of "
+            "svi_gap_cg_cost.py: seconds of the fit and, inside it, of the scale step (svi_refine_scale), the mean's "
+            "step and the gap; `scale_ratio`: the scale step's seconds over the rest of the fit (without the three); "
+            "the sds' relative distance from the mean-field optimum 1 / sqrt(H_ii) before and after the scale step "
+            "(largest, mean).\n\n" + markdown(frame),
+        )
+
+
+if __name__ == "__main__":
+    main()
