@@ -297,10 +297,14 @@ def run_one(
     max_fit_seconds: float | None = None,
     held_out_class: bool = True,
     noise_rows: int | None = NOISE_ROWS,
+    fit=None,
 ) -> dict:
     """Fit and score ``method`` on one split (a failure becomes a row with its ``error`` text); the held-out-class
     second fit only where ``held_out_class`` (it doubles the cost); ``noise_rows`` noise rows (``None``: as many
-    as test rows, the scoring before ``--noise-rows``)."""
+    as test rows, the scoring before ``--noise-rows``). ``fit``: a callable with :func:`_fit`'s arguments returning
+    a predict function, used in its place (a prototype that is not a ``bp.fit`` engine, scored the same way:
+    ``benchmarks/svi_repulsive.py``)."""
+    fit = fit or _fit
     x, y = data
     s = make_split(x, y, split)
     k = int(y.max()) + 1
@@ -310,7 +314,7 @@ def run_one(
             warnings.simplefilter("always")
             start = time.perf_counter()
             with time_limit(max_fit_seconds):
-                predict = _fit(method, s["x_train"], s["y_train"], k, split, options or {})
+                predict = fit(method, s["x_train"], s["y_train"], k, split, options or {})
             row["time_s"] = time.perf_counter() - start
             out = predict(s["x_test"])
             probs = out if isinstance(out, torch.Tensor) else out.probs
@@ -327,7 +331,7 @@ def run_one(
             if k >= 3 and held_out_class:  # held-out class: the last one
                 keep, held = s["y_train"] < k - 1, s["y_test"] == k - 1
                 with time_limit(max_fit_seconds):
-                    predict_wo = _fit(method, s["x_train"][keep], s["y_train"][keep], k - 1, split, options or {})
+                    predict_wo = fit(method, s["x_train"][keep], s["y_train"][keep], k - 1, split, options or {})
                 row.update(
                     {n: v for n, v in _aurocs(predict_wo, s["x_test"][~held], {"class": s["x_test"][held]}).items()}
                 )

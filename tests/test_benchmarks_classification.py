@@ -71,6 +71,19 @@ def test_an_engine_row_has_every_score(cls):
     assert not set(cls.CHAIN_CHECKS) & set(row)  # one draw per member: no chain checks
 
 
+def test_run_one_scores_the_fit_it_is_given(cls):
+    data = cls.load_dataset("iris")
+    calls = []
+
+    def uniform(method, x, y, num_classes, split, options):
+        calls.append((method, len(x), num_classes, split))
+        return lambda xs: torch.full((len(xs), num_classes), 1.0 / num_classes, dtype=torch.float64)
+
+    row = cls.run_one("mine", data, 0, held_out_class=False, fit=uniform)
+    assert row["error"] == "" and calls == [("mine", 120, 3, 0)]
+    assert row["nll"] == pytest.approx(math.log(3)) and row["auroc_noise_entropy"] == pytest.approx(0.5)
+
+
 def test_chain_scores_of_an_mcmc_row_recomputed_per_chain(cls):
     data = cls.load_dataset("iris")
     options = {"num_chains": 3, "num_samples": 30, "num_warmup": 30, "max_tree_depth": 5, "chain_method": "sequential"}
