@@ -83,11 +83,9 @@ BATCHES = 20
 """Batches of the gradient draws (50 draws, 25 antithetic pairs, each of the default 1,000): one solve each, all in one
 conjugate-gradient run. The standard error's own error is then ``1 / sqrt(2 (BATCHES - 1))``, 16%, so the check
 (:func:`~bnn_pyro.infer._health.check_guide_gap`) judges this path's gap against Student's t on ``BATCHES - 1`` = 19
-degrees of freedom: 5.1 standard errors, the quantile with the dense path's chance per coordinate (4 standard errors of
-the normal, 6.3e-5; at 4 the t's chance would be 7.6e-4), before the 0.05-sd threshold, which a converged fit's gap
-reaches only where its own standard error is above 0.0098 sds. No allowance for the number of coordinates, as on the
-dense path: ``d`` coordinates of pure noise warn with a chance of about ``6.3e-5 d`` where the standard error is that
-large (review 14)."""
+degrees of freedom at the dense path's chance (:func:`~bnn_pyro.infer._health.gap_z`: the normal's at 4 standard
+errors, 6.3e-5, for the whole fit, split over its coordinates by Sidak's rule; 5.1 standard errors at one coordinate,
+where the normal's 4 would have the t's chance 7.6e-4, and 8.5 at 1,000), besides the 0.05-sd floor."""
 HESSIAN_DRAWS = 10
 """Draws (5 antithetic pairs: the first pair of 5 batches spread over the :data:`BATCHES`, :func:`hessian_pairs`)
 averaged for each product of the expected Hessian: its Monte Carlo error scales the step by a relative error (none on
