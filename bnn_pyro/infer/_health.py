@@ -372,7 +372,16 @@ def check_guide_gap(post) -> None:
     every chain's coordinates, Student's t for a batch-means standard error from the chain's
     ``post.config["guide_gap"]`` record). The ELBO check cannot see it: under the cosine schedule the parameters freeze
     at the end wherever they are, so the loss's last windows agree. A chain without a verdict has NaN gaps (the reason
-    in ``post.config["guide_gap"]``) and is not judged."""
+    in ``post.config["guide_gap"]``) and is not judged.
+
+    What it can see after a refinement. Where the engine first took the guide's mean the rest of the way by Newton
+    steps (:mod:`bnn_pyro.infer.svi_refine`, :mod:`bnn_pyro.infer.svi_refine_cg`), the gap is measured on the step's
+    own draws: at the step's fixed point it is that step's last undamped move (under ``svi_refine.TOL``, 0.01 sd), so
+    it says whether the step converged and what the step could not take (a refinement stopped short, a covariance the
+    step left as trained), not how far the draws' own optimum is from the true one. That distance is the step's Monte
+    Carlo error, about the gap's standard error per coordinate; the check cannot see it (the chains show it, as their
+    spread), and the conjugate-gradient step's record gives it (``post.config["guide_refinement"]``, key
+    :data:`bnn_pyro.infer.svi.STEP_SE`, the largest over the coordinates, in guide sds)."""
     if GAP not in post.history or GAP_SE not in post.history:
         return
     gap, se = post.history[GAP].double(), post.history[GAP_SE].double()

@@ -79,7 +79,8 @@ coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessia
 coordinates x rows, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). Past those
 bounds (up to :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows, any number of coordinates) a mean-field
 or low-rank guide's mean is taken there instead by damped Newton steps solved by conjugate gradients, its covariance
-left as trained (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list. It runs only
+left as trained (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list with the step's own Monte Carlo
+error (:data:`STEP_SE`). It runs only
 where the flat fast path did not (the engine's condition reads both: that path is for a ``BNN`` and the refinement for
 a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained it), and not on a guide given as an
 ``AutoGuide`` class or a callable, which is used as given (where the refinement would otherwise run, the record says
@@ -498,10 +499,12 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     def draws(state: _State, history) -> ChainRun:
         # one seed per chain (the chain's own, seed + index) for the refinement and the gap: the gap measures on the
         # refinement's draws, and the chains do not share the step's Monte Carlo error
+        step_record = None
         if by_cg:  # past svi_refine's bounds: the mean's Newton steps by conjugate gradients
             refined = svi_refine_cg.refine_mean(state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes)
             if refined is not None:
-                config.setdefault("guide_refinement", []).append(refined.record())
+                step_record = refined.record()
+                config.setdefault("guide_refinement", []).append(step_record)
         elif refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
             refined = svi_refine.refine(state.guide, state.model, data, seed=state.seed)
             if refined is not None:
@@ -520,6 +523,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 }
                 if gap.labels:
                     config.setdefault("guide_coordinates", gap.labels)
+                if step_record is not None and not step_record["stopped"].startswith("skipped") and gap.se is not None:
+                    # the step's own Monte Carlo error: its batch means are the gap's, on the same draws (STEP_SE)
+                    step_record[STEP_SE] = float(gap.se.max())
                 config.setdefault("guide_gap", []).append(gap.record)  # per chain, one shape (svi_gap.Gap.record)
         elif factored and path.kind == "none":  # past the cost bounds: the record says which
             config.setdefault("guide_gap", []).append(dict(method=None, reason=path.reason))
@@ -732,6 +738,16 @@ def _draw(guide, names, num_samples, x, y, dataset_size, model):
 GIVEN_GUIDE = "skipped: a guide given as a class or callable is used as given"
 """``post.config["guide_refinement"]``'s record, per chain, where the refinement would have run but the guide was
 given as an ``AutoGuide`` class or a callable (an instance): the engine trains it and does not change it after."""
+
+STEP_SE = "step_se"
+"""The key, in a chain's ``post.config["guide_refinement"]`` record where the mean's step past the dense bounds
+(:mod:`bnn_pyro.infer.svi_refine_cg`) ran (was not skipped), of that step's own Monte Carlo error: the largest over the
+coordinates of the batch-means standard error, in the guide's sds, of where it put the mean. The step lands on the
+optimum of the objective on its 1,000 draws, so it is off the true optimum by those draws' error, about
+``H^-1 (mean gradient - its expectation)``; the gap after it (:mod:`bnn_pyro.infer.svi_gap_cg`, same seed, same draws
+and batches) has that spread over its 20 batches, so its standard error is the step's, read at no extra cost. The gap
+itself, on the same draws, cannot see this error (:func:`~bnn_pyro.infer._health.check_guide_gap`). The dense
+refinement has no batches (its antithetic pairs make one estimate) and no such record."""
 
 NARROW = (
     "A mean-field guide cannot hold correlated weights (its sds are 1/sqrt(H_ii), not the posterior's): try "
