@@ -76,7 +76,11 @@ coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessia
 (:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on those draws does not fall;
 ``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's change and why they stopped
 (or why it was skipped: the guide is then left as trained; past :data:`~bnn_pyro.infer.svi_refine.MAX_WORK`
-coordinates x rows, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). Past those
+coordinates x rows, where the fit's own cost leaves no room for it, where the model cannot be batched by
+``torch.func.vmap``, or where the model raises). The refinement and the gap, on either path, spend at most
+:data:`~bnn_pyro.infer.svi_gap_cg.FIT_SHARE` of the fit's own gradient passes
+(:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`): a short fit gets fewer refinement evaluations, or none, or no
+check, and the records name that bound. Past those
 bounds (up to :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows, any number of coordinates) a mean-field
 or low-rank guide's mean is taken there instead by damped Newton steps solved by conjugate gradients, its covariance
 left as trained (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list with the step's own Monte Carlo
@@ -438,18 +442,28 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     # svi_gap_cg.choose_path, bounded by the fit's own gradient passes
     coords = unconstrained_size(sites)
     fit_passes = num_steps * num_particles
-    path = svi_gap_cg.choose_path(coords, data.size, fit_passes=fit_passes)
+    path = svi_gap_cg.choose_path(
+        coords, data.size, fit_passes=fit_passes, full_rank=guide_kind is GuideKind.FULL_RANK
+    )
     small_function = function_full_batch and coords <= FULL_RANK_MAX_DIM
     factored = function_full_batch and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
     by_cg = factored and path.kind == "cg"
     gap_checked = (
         small_function
-        and (guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and path.kind == "dense")
+        and guide_kind in (GuideKind.FULL_RANK, GuideKind.LOW_RANK)
+        and path.kind == "dense"
         or by_cg
     )
-    # and its Gaussian guides within svi_refine's bounds are refined (svi_refine); a guide given as a class or callable
-    # is used as given, and the record says so
+    # and its Gaussian guides within svi_refine's bounds are refined (svi_refine), in the evaluations the fit's cost
+    # leaves (choose_path; none: the record names that bound, review 15); a guide given as a class or callable is used
+    # as given, and the record says so
     refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
+    refine_skipped = (
+        refine_guide
+        and coords <= svi_refine.MAX_DIM
+        and (path.kind == "none" or path.kind == "dense" and path.reason is not None)
+    )
+    gap_skipped = path.kind == "none" and (factored or small_function and guide_kind is GuideKind.FULL_RANK)
     given_guide = small_function and coords <= svi_refine.MAX_DIM and not isinstance(guide_kind, GuideKind)
     ckpts = open_chains(
         cfg.checkpoint,
@@ -505,8 +519,13 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
             if refined is not None:
                 step_record = refined.record()
                 config.setdefault("guide_refinement", []).append(step_record)
+        elif refine_skipped:  # the fit's cost bound (choose_path) leaves no room for it: the record says so
+            reason = path.reason.replace("not checked", "skipped", 1)
+            config.setdefault("guide_refinement", []).append(svi_refine.Refinement(0, 0.0, reason).record())
         elif refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
-            refined = svi_refine.refine(state.guide, state.model, data, seed=state.seed)
+            refined = svi_refine.refine(
+                state.guide, state.model, data, seed=state.seed, max_evaluations=path.max_evaluations
+            )
             if refined is not None:
                 config.setdefault("guide_refinement", []).append(refined.record())
         elif given_guide:
@@ -527,7 +546,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                     # the step's own Monte Carlo error: its batch means are the gap's, on the same draws (STEP_SE)
                     step_record[STEP_SE] = float(gap.se.max())
                 config.setdefault("guide_gap", []).append(gap.record)  # per chain, one shape (svi_gap.Gap.record)
-        elif factored and path.kind == "none":  # past the cost bounds: the record says which
+        elif gap_skipped:  # past the cost bounds: the record says which
             config.setdefault("guide_gap", []).append(dict(method=None, reason=path.reason))
         return ChainRun(
             state.model,

@@ -36,7 +36,9 @@ of one pass each plus Pyro's fixed per-step cost; the iterations grow with the c
 scales, which is not known before the solve. So the check runs to ``dim x rows <=`` :data:`MAX_WORK` only, and
 where its :data:`CHECK_PASSES` over the rows (with the mean's step's) cost at most :data:`FIT_SHARE` of the fit's own
 passes (:func:`choose_path`, the one rule for every caller: the SVI engine records ``"not checked: ..."`` past
-either), and to :data:`MAX_ITERATIONS`. The derivatives are taken without an autograd graph (a model's ``pyro.param``
+either), and to :data:`MAX_ITERATIONS`. The dense path (:mod:`bnn_pyro.infer.svi_refine` and the dense gap) has
+the same bound from the fit's cost, in the same rule (:func:`dense_passes`: :data:`DENSE_PASSES` passes per coordinate
+for each draw's Hessian). The derivatives are taken without an autograd graph (a model's ``pyro.param``
 values require grad, and the gap would otherwise keep every iteration's products alive).
 
 Example
@@ -59,6 +61,7 @@ from bnn_pyro.infer.guide_density import GuideTarget, NotBatchable, derivatives,
 __all__ = [
     "BATCHES",
     "CHECK_PASSES",
+    "DENSE_PASSES",
     "FIT_SHARE",
     "HESSIAN_DRAWS",
     "MAX_ITERATIONS",
@@ -74,6 +77,7 @@ __all__ = [
     "choose_path",
     "conjugate_gradients",
     "curvature",
+    "dense_passes",
     "hessian_pairs",
     "precision_diagonal",
     "rounding",
@@ -132,47 +136,100 @@ first is now skipped, the second kept); where Pyro's per-step cost dominates, as
 ``gap_cg_cost.md``, far less (0.01-0.5 of the fit)."""
 
 
+DENSE_PASSES = 2
+"""Gradient passes over the rows that one draw's exact Hessian costs per unconstrained coordinate on the dense path
+(:mod:`bnn_pyro.infer.svi_refine`'s evaluations, a low-rank guide's gap): a reverse pass over a reverse pass per
+coordinate, like a Hessian-vector product. The rule, not a timing; checked against measured seconds by
+``benchmarks/svi_dense_check_cost.py`` (``benchmarks/results/svi_convergence/dense_check_cost.md``: the modeled share
+of the fit was at least the measured one on every row)."""
+
+
+def dense_passes(dim: int, evaluations: int, *, hessian_gap: bool = True) -> int:
+    """The dense check's gradient passes over the rows for ``dim`` coordinates: ``evaluations`` of the refinement's
+    :data:`~bnn_pyro.infer.svi_refine.DRAWS` draws with exact Hessians (:data:`DENSE_PASSES` ``x dim`` each) and the
+    gap's as many draws (the same count as :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS`), with Hessians (a low-rank
+    guide's, ``hessian_gap``) or with gradients only (a full-rank guide's: one pass each)."""
+    hessian = DENSE_PASSES * dim
+    return svi_refine.DRAWS * (hessian * evaluations + (hessian if hessian_gap else 1))
+
+
 class GapPath(NamedTuple):
     """:func:`choose_path`'s answer: ``kind`` ``"dense"`` (:mod:`bnn_pyro.infer.svi_refine`'s bounds: the dense
     refinement and gap), ``"cg"`` (this module and :mod:`bnn_pyro.infer.svi_refine_cg`) or ``"none"`` (not checked,
-    ``reason`` says why)."""
+    ``reason`` says why); on the dense path ``max_evaluations`` bounds the refinement (below 2, it is skipped for the
+    fit's cost, ``reason`` says so, and the gap alone runs)."""
 
     kind: str
     reason: str | None = None
     max_iterations: int = MAX_ITERATIONS  # the conjugate-gradient solves' share of the fit's cost (choose_path)
+    max_evaluations: int = svi_refine.MAX_EVALUATIONS  # the dense refinement's share of the fit's cost (choose_path)
 
 
-def choose_path(dim: int, rows: int, *, fit_passes: int | None = None) -> GapPath:
-    """Which path a mean-field or low-rank guide's refinement and gap take for ``dim`` unconstrained coordinates (the
-    guide's, which a site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows``
-    rows, after a fit of ``fit_passes`` gradient passes (``num_steps x num_particles``; ``None``: not bounded by it).
-    The one rule the SVI engine, :func:`~bnn_pyro.infer.svi_gap.newton_gap` and
-    :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean` all decide by: dense within ``svi_refine.MAX_DIM`` coordinates
-    and ``svi_refine.MAX_WORK`` coordinates x rows; past them by conjugate gradients up to :data:`MAX_WORK` and
-    :data:`FIT_SHARE` of the fit's passes, the conjugate-gradient iterations bounded by what that share leaves after
-    the :data:`CHECK_PASSES` (``max_iterations``: each iteration of the gap's solve takes ``2 HESSIAN_DRAWS BATCHES``
-    passes, of the step's solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops
-    there gives no verdict, so the check never costs more than that share of the fit: review 15 measured 1.9 times a
-    150-step fit before); otherwise not checked."""
-    if dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK:
-        return GapPath("dense")
+def choose_path(dim: int, rows: int, *, fit_passes: int | None = None, full_rank: bool = False) -> GapPath:
+    """Which path a Gaussian guide's refinement and gap take for ``dim`` unconstrained coordinates (the guide's, which a
+    site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows`` rows, after a fit of
+    ``fit_passes`` gradient passes (``num_steps x num_particles``; ``None``: not bounded by it). The one rule the SVI
+    engine, :func:`~bnn_pyro.infer.svi_gap.newton_gap` and :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean` all
+    decide by.
+
+    A mean-field or low-rank guide: dense within ``svi_refine.MAX_DIM`` coordinates and ``svi_refine.MAX_WORK``
+    coordinates x rows; past them by conjugate gradients up to :data:`MAX_WORK` and :data:`FIT_SHARE` of the fit's
+    passes, the conjugate-gradient iterations bounded by what that share leaves after the :data:`CHECK_PASSES`
+    (``max_iterations``: each iteration of the gap's solve takes ``2 HESSIAN_DRAWS BATCHES`` passes, of the step's
+    solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops there gives no verdict, so
+    the check never costs more than that share of the fit: review 15 measured 1.9 times a 150-step fit before);
+    otherwise not checked. A full-rank guide (``full_rank``) is always on the dense path (its gap needs no Hessian).
+
+    The dense path has the same bound from the fit's cost (:func:`dense_passes`): the gap (a low-rank guide's, with
+    exact Hessians; a full-rank guide's, gradients; a mean-field guide has none there, counted as a low-rank one's)
+    must fit in :data:`FIT_SHARE` of the fit's passes, or nothing is checked; the refinement (within
+    ``svi_refine``'s bounds) gets the evaluations the rest leaves (``max_evaluations``, at most
+    ``svi_refine.MAX_EVALUATIONS``), and is skipped below 2 (the start and one step), its reason then naming this
+    bound. The fit's passes are counted as on the conjugate-gradient path: each over the rows plus :data:`STEP_ROWS`."""
+    refinable = dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK
+    budget = None if fit_passes is None else FIT_SHARE * fit_passes * (rows + STEP_ROWS) / rows  # passes over rows
+    fit = (
+        f"svi_gap_cg.FIT_SHARE ({FIT_SHARE:g}) of the fit's {fit_passes or 0:,} steps x particles (each counted as "
+        f"the {rows} rows plus svi_gap_cg.STEP_ROWS, {STEP_ROWS:,})"
+    )
+    if refinable or full_rank:
+        if budget is None:
+            return GapPath("dense")
+        gap = dense_passes(dim, 0, hessian_gap=not full_rank)
+        if gap > budget:
+            return GapPath(
+                "none",
+                f"not checked: the gap takes {gap:,} gradient passes over the {rows} rows (svi_gap_cg.dense_passes), "
+                f"more than {fit}; more num_steps would be checked",
+            )
+        if not refinable:  # a full-rank guide past svi_refine's bounds: the gap alone (svi_refine says why)
+            return GapPath("dense")
+        per_evaluation = svi_refine.DRAWS * DENSE_PASSES * dim
+        evaluations = int(min(svi_refine.MAX_EVALUATIONS, (budget - gap) // per_evaluation))
+        if evaluations < 2:
+            return GapPath(
+                "dense",
+                f"skipped: the refinement's first step takes {2 * per_evaluation:,} gradient passes over the "
+                f"{rows} rows (svi_gap_cg.dense_passes) besides the gap's {gap:,}, more than {fit}; more num_steps "
+                "would refine it",
+                max_evaluations=evaluations,
+            )
+        return GapPath("dense", max_evaluations=evaluations)
     if dim * rows > MAX_WORK:
         return GapPath(
             "none",
             f"not checked: {dim} coordinates x {rows} rows is over svi_gap_cg.MAX_WORK ({MAX_WORK:,}), the "
             "conjugate-gradient gap's cost bound",
         )
-    if fit_passes is None:
+    if budget is None:
         return GapPath("cg")
-    spare = FIT_SHARE * fit_passes * (rows + STEP_ROWS) / rows - CHECK_PASSES  # passes over the rows left for solves
+    spare = budget - CHECK_PASSES  # passes over the rows left for solves
     iterations = int(min(MAX_ITERATIONS, spare / (2 * HESSIAN_DRAWS * (BATCHES + STEP_SOLVES))))  # FIT_SHARE inf: all
     if iterations < 1:
         return GapPath(
             "none",
             f"not checked: the mean's step and the gap take up to {CHECK_PASSES:,} gradient passes over the {rows} "
-            f"rows, more than svi_gap_cg.FIT_SHARE ({FIT_SHARE:g}) of the fit's {fit_passes:,} steps x particles "
-            f"(each counted as the rows plus svi_gap_cg.STEP_ROWS, {STEP_ROWS:,}), with their conjugate-gradient "
-            "solves; more num_steps would be checked",
+            f"rows, more than {fit}, with their conjugate-gradient solves; more num_steps would be checked",
         )
     return GapPath("cg", max_iterations=iterations)
 

@@ -48,7 +48,7 @@ def test_the_path_is_chosen_from_the_unconstrained_coordinates():
     assert svi_gap_cg.choose_path(20, 250).kind == "dense"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        post = bp.fit(_lkj, x, y, method="svi", guide="low_rank", num_steps=50, num_samples=5, seed=0, progress=False)
+        post = bp.fit(_lkj, x, y, method="svi", guide="low_rank", num_steps=600, num_samples=5, seed=0, progress=False)
     (refined,) = post.config["guide_refinement"]
     assert refined["accepted"] >= 1, refined
     assert post.config["guide_gap"] == [{"method": "dense", "draws": svi_gap.GAP_DRAWS, "reason": None}], post.config
@@ -80,8 +80,8 @@ def test_a_short_fit_on_many_rows_is_not_checked_and_says_why():
     (record,) = post.config["guide_gap"]
     assert record["method"] is None and record["reason"].startswith("not checked: the mean's step and the gap"), record
     assert _health.GAP not in post.history
-    (refined,) = post.config["guide_refinement"]  # the dense refinement's own bound (svi_refine.MAX_WORK)
-    assert refined["accepted"] == 0 and refined["stopped"].startswith("skipped: 3 coordinates x 20000 rows"), refined
+    (refined,) = post.config["guide_refinement"]  # the bound that skipped it, the fit's cost (review 15), as the gap's
+    assert refined["accepted"] == 0 and refined["stopped"] == record["reason"].replace("not checked", "skipped"), refined
 
 
 def test_every_chain_refines_and_checks_on_its_own_seed_and_the_same_draws(monkeypatch):
@@ -271,7 +271,7 @@ def test_the_solves_are_bounded_by_the_fit_s_cost():
     verdict, saying why (the moved guide of test_svi_gap_cg needs more than one iteration)."""
     per = 2 * svi_gap_cg.HESSIAN_DRAWS * (svi_gap_cg.BATCHES + svi_gap_cg.STEP_SOLVES)
     assert per == 500
-    assert svi_gap_cg.choose_path(1000, 1000, fit_passes=150) == ("cg", None, 3)
+    assert svi_gap_cg.choose_path(1000, 1000, fit_passes=150)[:3] == ("cg", None, 3)
     assert svi_gap_cg.choose_path(1000, 1000, fit_passes=5000).max_iterations == svi_gap_cg.MAX_ITERATIONS
     assert svi_gap_cg.choose_path(1000, 1000, fit_passes=100).kind == "none"  # 5,100 passes: not even CHECK_PASSES
     from test_svi_gap_cg import MOVE, _model
