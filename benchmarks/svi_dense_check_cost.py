@@ -5,8 +5,8 @@ A Bayesian linear regression written as a Pyro function (``benchmarks/svi_refine
 coefficients and a learned noise scale) on ``rows`` rows, fitted by SVI for ``--steps`` steps with a full-rank or
 low-rank guide: the seconds of the whole fit and of its check (refinement and gap), the refinement's evaluations, and
 two ratios of the check to the rest of the fit: ``measured`` (seconds) and ``modeled`` (``choose_path``'s gradient
-passes over the rows: the check's ``DENSE_PASSES x dim`` per draw and evaluation, the fit's ``steps x (rows +
-STEP_ROWS)``). The model is conservative where ``modeled >= measured``. ``--unbounded`` lifts the dense path's
+passes over the rows for what ran: the check's ``DENSE_PASSES x dim`` per draw and evaluation and the gap's, the
+fit's ``steps x (rows + STEP_ROWS)``). The model is conservative where ``modeled >= measured``. ``--unbounded`` lifts the dense path's
 cost bound for the run (``FIT_SHARE`` infinite), to measure the check where the bound would skip it.
 
 Run from the repository root: ``python benchmarks/svi_dense_check_cost.py --pairs 10x200,10x1000,50x200,100x100
@@ -53,10 +53,11 @@ def one(dim: int, rows: int, steps: int, guide: str) -> dict:
     fit_s = time.perf_counter() - start
     check_s = sum(_CHECK)
     evaluations = len(_EVALUATIONS)
-    hessian_gap = guide == "low_rank"
-    passes = svi_gap_cg.dense_passes(dim, evaluations, hessian_gap=hessian_gap)
-    modeled = passes * rows / (steps * (rows + svi_gap_cg.STEP_ROWS))
     refined = post.config.get("guide_refinement", [{}])[0]
+    gap_taken = (post.config.get("guide_gap") or [{}])[0].get("method") == "dense"
+    gap_passes = svi_gap_cg.dense_passes(dim, 0, hessian_gap=guide == "low_rank") if gap_taken else 0
+    passes = svi_refine.DRAWS * svi_gap_cg.DENSE_PASSES * dim * evaluations + gap_passes  # what ran
+    modeled = passes * rows / (steps * (rows + svi_gap_cg.STEP_ROWS))
     return dict(
         dim=dim,
         rows=rows,
