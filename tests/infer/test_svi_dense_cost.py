@@ -69,10 +69,9 @@ def _regression(x, y=None):
 
 def test_a_short_fit_skips_the_refinement_for_its_cost_and_says_so():
     """10 coefficients x 1,000 rows, 300 steps (``benchmarks/results/svi_convergence/dense_check_cost.md``: unbounded,
-    the full-rank check took 7 evaluations, 1.2 times the rest of such a fit; its model 9.2 times): 15,300 passes
-    allowed, the full-rank gap's 1,000 fit but no refinement step (20,000 each), so the gap runs and the refinement's
-    record names the fit's cost; a low-rank guide's gap (20,000 passes with Hessians) is not taken either, and both
-    records say why."""
+    the full-rank check took 7 evaluations, 2.1 times the rest of such a fit): 15,300 passes allowed, the full-rank
+    gap's 1,000 fit but no refinement evaluation (30,000 each), so the gap runs and the refinement's record names the
+    fit's cost; a low-rank guide's gap (30,000 passes with Hessians) is not taken either, and both records say why."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(1000, 10, generator=g)
     y = x @ torch.randn(10, generator=g) + torch.randn(1000, generator=g)

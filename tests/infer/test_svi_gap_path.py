@@ -48,7 +48,7 @@ def test_the_path_is_chosen_from_the_unconstrained_coordinates():
     assert svi_gap_cg.choose_path(20, 250).kind == "dense"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        post = bp.fit(_lkj, x, y, method="svi", guide="low_rank", num_steps=600, num_samples=5, seed=0, progress=False)
+        post = bp.fit(_lkj, x, y, method="svi", guide="low_rank", num_steps=900, num_samples=5, seed=0, progress=False)
     (refined,) = post.config["guide_refinement"]
     assert refined["accepted"] >= 1, refined
     assert post.config["guide_gap"] == [{"method": "dense", "draws": svi_gap.GAP_DRAWS, "reason": None}], post.config
