@@ -103,7 +103,9 @@ def main() -> None:
         f"ratio in choose_path's modeled gradient passes over the rows (`modeled`: DENSE_PASSES "
         f"{svi_gap_cg.DENSE_PASSES} x dim per draw and evaluation, {svi_refine.DRAWS:,} draws; the fit's steps x "
         f"(rows + STEP_ROWS {svi_gap_cg.STEP_ROWS:,})): a linear regression with a learned noise scale, "
-        f"{args.steps} steps" + (" (cost bound lifted: FIT_SHARE infinite)" if args.unbounded else "") + ".\n\n"
+        f"{args.steps} steps"
+        + (" (cost bound lifted: FIT_SHARE infinite)" if args.unbounded else "")
+        + ".\n\n"
         + markdown(frame),
     )
 

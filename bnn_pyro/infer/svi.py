@@ -442,17 +442,12 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     # svi_gap_cg.choose_path, bounded by the fit's own gradient passes
     coords = unconstrained_size(sites)
     fit_passes = num_steps * num_particles
-    path = svi_gap_cg.choose_path(
-        coords, data.size, fit_passes=fit_passes, full_rank=guide_kind is GuideKind.FULL_RANK
-    )
+    path = svi_gap_cg.choose_path(coords, data.size, fit_passes=fit_passes, full_rank=guide_kind is GuideKind.FULL_RANK)
     small_function = function_full_batch and coords <= FULL_RANK_MAX_DIM
     factored = function_full_batch and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
     by_cg = factored and path.kind == "cg"
     gap_checked = (
-        small_function
-        and guide_kind in (GuideKind.FULL_RANK, GuideKind.LOW_RANK)
-        and path.kind == "dense"
-        or by_cg
+        small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.LOW_RANK) and path.kind == "dense" or by_cg
     )
     # and its Gaussian guides within svi_refine's bounds are refined (svi_refine), in the evaluations the fit's cost
     # leaves (choose_path; none: the record names that bound, review 15); a guide given as a class or callable is used

@@ -180,7 +180,8 @@ def choose_path(dim: int, rows: int, *, fit_passes: int | None = None, full_rank
     (``max_iterations``: each iteration of the gap's solve takes ``2 HESSIAN_DRAWS BATCHES`` passes, of the step's
     solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops there gives no verdict, so
     the check never costs more than that share of the fit: review 15 measured 1.9 times a 150-step fit before);
-    otherwise not checked. A full-rank guide (``full_rank``) is always on the dense path (its gap needs no Hessian).
+    otherwise not checked. A full-rank guide (``full_rank``) takes the dense path at any size the engine checks (its gap
+    needs no Hessian), within the bound below.
 
     The dense path has the same bound from the fit's cost (:func:`dense_passes`): the gap (a low-rank guide's, with
     exact Hessians; a full-rank guide's, gradients; a mean-field guide has none there, counted as a low-rank one's)

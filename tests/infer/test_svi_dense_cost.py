@@ -27,9 +27,7 @@ def test_a_default_fit_of_every_reference_keeps_its_whole_check(name, guide):
     ref = ALL[name]()
     trace = pyro.poutine.trace(ref.model).get_trace(ref.x, ref.y)
     coords = unconstrained_size({n: s for n, s in trace.nodes.items() if is_latent(s)})
-    path = svi_gap_cg.choose_path(
-        coords, len(ref.y), fit_passes=svi.DEFAULT_STEPS, full_rank=guide == "full_rank"
-    )
+    path = svi_gap_cg.choose_path(coords, len(ref.y), fit_passes=svi.DEFAULT_STEPS, full_rank=guide == "full_rank")
     assert path == ("dense", None, svi_gap_cg.MAX_ITERATIONS, svi_refine.MAX_EVALUATIONS), (coords, path)
 
 

@@ -97,7 +97,7 @@ def test_pure_noise_at_1000_coordinates_warns_at_the_stated_rate_from_batch_mean
     Student's t on 19 degrees of freedom (simulated: 20 standard-normal batch means per coordinate, standard errors
     of 0.22, over the floor). At 1,000 coordinates the threshold is 8.5 standard errors and the per-fit chance 6.3e-5:
     at most 1 warning in 100 fits; the old rule (5.1 per coordinate) warned with the chance 6.1% per fit (these draws:
-7 of 100)."""
+    7 of 100)."""
     batches = 20
     z = _health.gap_z(batches, D)
     rate = 1 - (1 - 2 * stats.t.sf(z, batches - 1)) ** D

@@ -81,7 +81,9 @@ def test_a_short_fit_on_many_rows_is_not_checked_and_says_why():
     assert record["method"] is None and record["reason"].startswith("not checked: the mean's step and the gap"), record
     assert _health.GAP not in post.history
     (refined,) = post.config["guide_refinement"]  # the bound that skipped it, the fit's cost (review 15), as the gap's
-    assert refined["accepted"] == 0 and refined["stopped"] == record["reason"].replace("not checked", "skipped"), refined
+    assert refined["accepted"] == 0 and refined["stopped"] == record["reason"].replace("not checked", "skipped"), (
+        refined
+    )
 
 
 def test_every_chain_refines_and_checks_on_its_own_seed_and_the_same_draws(monkeypatch):

@@ -59,7 +59,9 @@ def test_the_engine_records_the_step_s_error():
     """Through ``bp.fit`` (a mean-field guide, 300 steps: the conjugate-gradient path), the chain's refinement record
     gives the step's error: the largest standard error of the gap on the step's draws."""
     x, y = _data()
-    post = bp.fit(_logistic, x, y, method="svi", guide="mean_field", num_steps=300, num_samples=5, seed=0, progress=False)
+    post = bp.fit(
+        _logistic, x, y, method="svi", guide="mean_field", num_steps=300, num_samples=5, seed=0, progress=False
+    )
     (record,) = post.config["guide_refinement"]
     assert record["stopped"] == "fixed point" and post.config["guide_gap"][0]["method"] == "cg", record
     assert record[svi.STEP_SE] == float(post.history[_health.GAP_SE][0].max()) > 0, record
