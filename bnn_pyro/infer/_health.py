@@ -104,10 +104,19 @@ ELBO's optimum in some coordinate (one Newton step, :mod:`bnn_pyro.infer.svi_gap
 of eight schools at the defaults read 0.10-0.19, and fits that reach the optimum 0.01-0.03 (a real gap of 0.12 on one
 matching kidiq fit warns: the reference test's 1,000 draws cannot resolve it), ``benchmarks/results/svi_convergence/``."""
 GAP_Z = 4.0
-"""... and the gap exceeds 4 of its standard errors: a two-sided 6e-5 chance per coordinate of a gap made by the
-estimate's Monte Carlo error alone. Where the standard error is from ``b`` batch means (the conjugate-gradient path's
-record gives ``batches``: :data:`~bnn_pyro.infer.svi_gap_cg.BATCHES`), the same chance from Student's t on ``b - 1``
-degrees of freedom (:func:`gap_z`: 5.1 at 20 batches)."""
+"""... and the gap exceeds :func:`gap_z` standard errors, at least 4: the two-sided normal chance at 4 standard errors,
+6.3e-5, is the chance that a fit whose guide means sit at their optimum warns on Monte Carlo error alone, for the whole
+fit (every chain and coordinate judged), not per coordinate. Why a family-wise chance: judged coordinate by coordinate
+at 4 standard errors, ``d`` coordinates of pure noise warn with a chance of about ``6.3e-5 d`` (6.6% at 1,000
+coordinates where the standard error is above the floor, ``GAP_MAX / 4``; review 14), so a converged fit of a large
+model would warn at random; with the chance per coordinate set by Sidak's rule (:func:`gap_z`: 5.4 standard errors at
+1,000 coordinates of the normal), the fit's stays at most 6.3e-5 whatever ``d`` (exactly that for independent
+coordinates, less where they correlate: Sidak 1967). A standard error from ``b`` batch means (the conjugate-gradient
+path's record gives ``batches``: :data:`~bnn_pyro.infer.svi_gap_cg.BATCHES`) takes Student's t on ``b - 1`` degrees of
+freedom at the same chance (5.1 at one coordinate and 20 batches, 8.5 at 1,000). The floor :data:`GAP_MAX` is kept: a
+gap under it never warns, and one over it warns wherever its standard error is small enough (below ``GAP_MAX /
+gap_z``: 0.0093 guide sds at 1,000 coordinates of the dense path), as on a converged fit of a near-Gaussian
+posterior."""
 PREDICTIVE_ROWS = 1000
 """Training rows (evenly spaced) used by :func:`check_predictive`, which bounds its cost (one pass of
 the posterior and prior draws over these rows)."""
@@ -359,16 +368,27 @@ def check_learned_noise(post, *, advice: str = "") -> None:
 def check_guide_gap(post) -> None:
     """Warn when a chain's Gaussian guide (where :mod:`bnn_pyro.infer.svi_gap` takes its gap) stopped short of its family's ELBO optimum: in some unconstrained coordinate
     the Newton step to the optimum (``post.history[GAP]``, :mod:`bnn_pyro.infer.svi_gap`) exceeds :data:`GAP_MAX`
-    guide sds and :data:`GAP_Z` standard errors (:func:`gap_z`: more for a batch-means standard error, from the
-    chain's ``post.config["guide_gap"]`` record). The ELBO check cannot see it: under the cosine schedule the parameters
-    freeze at the end wherever they are, so the loss's last windows agree. A chain without a verdict has NaN gaps (the
-    reason in ``post.config["guide_gap"]``) and is not judged."""
+    guide sds and :func:`gap_z` standard errors (at the chance :data:`GAP_Z` states for the whole fit, Sidak's over
+    every chain's coordinates, Student's t for a batch-means standard error from the chain's
+    ``post.config["guide_gap"]`` record). The ELBO check cannot see it: under the cosine schedule the parameters freeze
+    at the end wherever they are, so the loss's last windows agree. A chain without a verdict has NaN gaps (the reason
+    in ``post.config["guide_gap"]``) and is not judged.
+
+    What it can see after a refinement. Where the engine first took the guide's mean the rest of the way by Newton
+    steps (:mod:`bnn_pyro.infer.svi_refine`, :mod:`bnn_pyro.infer.svi_refine_cg`), the gap is measured on the step's
+    own draws: at the step's fixed point it is that step's last undamped move (under ``svi_refine.TOL``, 0.01 sd), so
+    it says whether the step converged and what the step could not take (a refinement stopped short, a covariance the
+    step left as trained), not how far the draws' own optimum is from the true one. That distance is the step's Monte
+    Carlo error, about the gap's standard error per coordinate; the check cannot see it (the chains show it, as their
+    spread), and the conjugate-gradient step's record gives it (``post.config["guide_refinement"]``, key
+    :data:`bnn_pyro.infer.svi.STEP_SE`, the largest over the coordinates, in guide sds)."""
     if GAP not in post.history or GAP_SE not in post.history:
         return
     gap, se = post.history[GAP].double(), post.history[GAP_SE].double()
     records = post.config.get("guide_gap")
     records = records if isinstance(records, list) and len(records) == gap.shape[0] else [{}] * gap.shape[0]
-    z = torch.tensor([gap_z(r.get("batches")) for r in records], dtype=gap.dtype, device=gap.device)[:, None]
+    tests = max(1, int(torch.isfinite(gap).sum()))  # a chain without a verdict (NaN) is not judged (gap_z)
+    z = torch.tensor([gap_z(r.get("batches"), tests) for r in records], dtype=gap.dtype, device=gap.device)[:, None]
     short = (gap.abs() > GAP_MAX) & (gap.abs() > z * se)
     if not bool(short.any()):
         return
@@ -396,15 +416,20 @@ def check_guide_gap(post) -> None:
     )
 
 
-def gap_z(batches: int | None) -> float:
-    """The standard errors a gap must exceed (:data:`GAP_Z`): 4 for a standard error from many draws, or, from
-    ``batches`` batch means, the quantile of Student's t on ``batches - 1`` degrees of freedom with the normal's
-    two-sided chance at 4 (6.3e-5; 5.1 at 20 batches)."""
-    if not batches or batches < 2:
-        return GAP_Z
+def gap_z(batches: int | None, tests: int = 1) -> float:
+    """The standard errors a gap must exceed (:data:`GAP_Z`) when ``tests`` gaps (every chain's coordinates with a
+    verdict) are judged together: each at the two-sided chance ``p = 1 - (1 - a)^(1 / tests)`` (Sidak), ``a`` the
+    normal's at :data:`GAP_Z` (6.3e-5), so that pure Monte Carlo noise warns for the whole fit with a chance of at most
+    ``a``: the normal quantile for a standard error from many draws (4 at one test, 5.4 at 1,000), or, from
+    ``batches`` batch means, Student's t on ``batches - 1`` degrees of freedom (5.1 at one test and 20 batches)."""
     from scipy import stats  # lazily: bnn_pyro's import stays light
 
-    return float(stats.t.isf(stats.norm.sf(GAP_Z), batches - 1))
+    if tests < 1:
+        raise ValueError(f"tests must be at least 1 (the gaps judged together), got {tests}")
+    chance = -math.expm1(math.log1p(-2 * stats.norm.sf(GAP_Z)) / tests)  # per test, two-sided
+    if not batches or batches < 2:
+        return float(stats.norm.isf(chance / 2))
+    return float(stats.t.isf(chance / 2, batches - 1))
 
 
 def check_svi(post):

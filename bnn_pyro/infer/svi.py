@@ -76,13 +76,18 @@ coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessia
 (:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on those draws does not fall;
 ``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's change and why they stopped
 (or why it was skipped: the guide is then left as trained; past :data:`~bnn_pyro.infer.svi_refine.MAX_WORK`
-coordinates x rows, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). Past those
+coordinates x rows, where the fit's own cost leaves no room for it, where the model cannot be batched by
+``torch.func.vmap``, or where the model raises). The refinement and the gap, on either path, spend at most
+:data:`~bnn_pyro.infer.svi_gap_cg.FIT_SHARE` of the fit's own gradient passes
+(:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`): a short fit gets fewer refinement evaluations, or none, or no
+check, and the records name that bound. Past those
 bounds (up to :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows, any number of coordinates) a mean-field
 guide's sds are first taken to their fixed point ``1 / s_i^2 = E_q[-d2 log p / dz_i^2]`` by one damped step from
 Hessian-vector products with the unit vectors (:mod:`bnn_pyro.infer.svi_refine_scale`, where its cost fits in the
 check's share of the fit; recorded as ``"scale"`` inside the chain's record), then a mean-field or low-rank guide's
 mean by damped Newton steps solved by conjugate gradients, a low-rank guide's covariance left as trained
-(:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list. It runs only
+(:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list with the step's own Monte Carlo error
+(:data:`STEP_SE`). It runs only
 where the flat fast path did not (the engine's condition reads both: that path is for a ``BNN`` and the refinement for
 a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained it), and not on a guide given as an
 ``AutoGuide`` class or a callable, which is used as given (where the refinement would otherwise run, the record says
@@ -450,18 +455,23 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     # svi_gap_cg.choose_path, bounded by the fit's own gradient passes
     coords = unconstrained_size(sites)
     fit_passes = num_steps * num_particles
-    path = svi_gap_cg.choose_path(coords, data.size, fit_passes=fit_passes)
+    path = svi_gap_cg.choose_path(coords, data.size, fit_passes=fit_passes, full_rank=guide_kind is GuideKind.FULL_RANK)
     small_function = function_full_batch and coords <= FULL_RANK_MAX_DIM
     factored = function_full_batch and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
     by_cg = factored and path.kind == "cg"
     gap_checked = (
-        small_function
-        and (guide_kind is GuideKind.FULL_RANK or guide_kind is GuideKind.LOW_RANK and path.kind == "dense")
-        or by_cg
+        small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.LOW_RANK) and path.kind == "dense" or by_cg
     )
-    # and its Gaussian guides within svi_refine's bounds are refined (svi_refine); a guide given as a class or callable
-    # is used as given, and the record says so
+    # and its Gaussian guides within svi_refine's bounds are refined (svi_refine), in the evaluations the fit's cost
+    # leaves (choose_path; none: the record names that bound, review 15); a guide given as a class or callable is used
+    # as given, and the record says so
     refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
+    refine_skipped = (
+        refine_guide
+        and coords <= svi_refine.MAX_DIM
+        and (path.kind == "none" or path.kind == "dense" and path.reason is not None)
+    )
+    gap_skipped = path.kind == "none" and (factored or small_function and guide_kind is GuideKind.FULL_RANK)
     given_guide = small_function and coords <= svi_refine.MAX_DIM and not isinstance(guide_kind, GuideKind)
     ckpts = open_chains(
         cfg.checkpoint,
@@ -511,16 +521,22 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     def draws(state: _State, history) -> ChainRun:
         # one seed per chain (the chain's own, seed + index) for the refinement and the gap: the gap measures on the
         # refinement's draws, and the chains do not share the step's Monte Carlo error
+        step_record = None
         if by_cg:  # past svi_refine's bounds: a mean-field guide's sds (svi_refine_scale), then the mean's Newton steps
             scaled = svi_refine_scale.refine_scale(
                 state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes
             )
             refined = svi_refine_cg.refine_mean(state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes)
             if refined is not None:
-                record = refined.record() if scaled is None else {**refined.record(), "scale": scaled.record()}
-                config.setdefault("guide_refinement", []).append(record)
+                step_record = refined.record() if scaled is None else {**refined.record(), "scale": scaled.record()}
+                config.setdefault("guide_refinement", []).append(step_record)
+        elif refine_skipped:  # the fit's cost bound (choose_path) leaves no room for it: the record says so
+            reason = path.reason.replace("not checked", "skipped", 1)
+            config.setdefault("guide_refinement", []).append(svi_refine.Refinement(0, 0.0, reason).record())
         elif refine_guide:  # the rest of the way to the guide's optimum, by fixed-point iterations (svi_refine)
-            refined = svi_refine.refine(state.guide, state.model, data, seed=state.seed)
+            refined = svi_refine.refine(
+                state.guide, state.model, data, seed=state.seed, max_evaluations=path.max_evaluations
+            )
             if refined is not None:
                 config.setdefault("guide_refinement", []).append(refined.record())
         elif given_guide:
@@ -537,8 +553,11 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 }
                 if gap.labels:
                     config.setdefault("guide_coordinates", gap.labels)
+                if step_record is not None and not step_record["stopped"].startswith("skipped") and gap.se is not None:
+                    # the step's own Monte Carlo error: its batch means are the gap's, on the same draws (STEP_SE)
+                    step_record[STEP_SE] = float(gap.se.max())
                 config.setdefault("guide_gap", []).append(gap.record)  # per chain, one shape (svi_gap.Gap.record)
-        elif factored and path.kind == "none":  # past the cost bounds: the record says which
+        elif gap_skipped:  # past the cost bounds: the record says which
             config.setdefault("guide_gap", []).append(dict(method=None, reason=path.reason))
         return ChainRun(
             state.model,
@@ -749,6 +768,16 @@ def _draw(guide, names, num_samples, x, y, dataset_size, model):
 GIVEN_GUIDE = "skipped: a guide given as a class or callable is used as given"
 """``post.config["guide_refinement"]``'s record, per chain, where the refinement would have run but the guide was
 given as an ``AutoGuide`` class or a callable (an instance): the engine trains it and does not change it after."""
+
+STEP_SE = "step_se"
+"""The key, in a chain's ``post.config["guide_refinement"]`` record where the mean's step past the dense bounds
+(:mod:`bnn_pyro.infer.svi_refine_cg`) ran (was not skipped), of that step's own Monte Carlo error: the largest over the
+coordinates of the batch-means standard error, in the guide's sds, of where it put the mean. The step lands on the
+optimum of the objective on its 1,000 draws, so it is off the true optimum by those draws' error, about
+``H^-1 (mean gradient - its expectation)``; the gap after it (:mod:`bnn_pyro.infer.svi_gap_cg`, same seed, same draws
+and batches) has that spread over its 20 batches, so its standard error is the step's, read at no extra cost. The gap
+itself, on the same draws, cannot see this error (:func:`~bnn_pyro.infer._health.check_guide_gap`). The dense
+refinement has no batches (its antithetic pairs make one estimate) and no such record."""
 
 NARROW = (
     "A mean-field guide cannot hold correlated weights (its sds are 1/sqrt(H_ii), not the posterior's): try "

@@ -89,7 +89,8 @@ class Gap:
     reason: str | None = None
     record: dict = field(default_factory=dict)
     """How it went, the shape of every entry of ``post.config["guide_gap"]``: ``method`` (``"dense"``, ``"cg"``, or
-    ``None`` where it failed before a path was taken), ``reason`` (why no verdict, or ``None``), ``draws``; the
+    ``None`` where it failed before a path was taken), ``reason`` (why no verdict, or ``None``), ``draws`` (the draws
+    evaluated: 0 where the dense path failed before any); the
     conjugate-gradient path's (:mod:`bnn_pyro.infer.svi_gap_cg`) adds batches, Hessian draws, iterations and
     residual."""
 
@@ -163,14 +164,11 @@ def _newton_gap(
             chunk_size=svi_refine.hessian_chunk(loc.numel(), data.size) if low_rank else VMAP_CHUNK,
         )
     except NotBatchable as error:  # a low-rank guide's Hessians (guide_density: too slow one draw at a time)
-        return Gap(None, None, target.labels, reason=f"{error}, and its Hessians one draw at a time cost too much")
+        return _before_any_draw(target.labels, f"{error}, and its Hessians one draw at a time cost too much")
     except Exception as error:  # the model's own (a low-rank guide's: from the batched Hessian pass)
         what = "Hessian" if low_rank else "gradient"
-        return Gap(
-            None,
-            None,
-            target.labels,
-            reason=f"the log density's {what} could not be evaluated ({type(error).__name__}: {error})",
+        return _before_any_draw(
+            target.labels, f"the log density's {what} could not be evaluated ({type(error).__name__}: {error})"
         )
     bad = int((~torch.isfinite(energies) | ~torch.isfinite(grads).all(-1)).sum())
     if bad:
@@ -193,6 +191,12 @@ def _newton_gap(
     else:
         gap, se = gap_statistic(grads.double(), deviations, cov)
     return Gap(gap.cpu(), se.cpu(), target.labels)
+
+
+def _before_any_draw(labels: list[str], reason: str) -> Gap:
+    """No verdict from a failure before any draw's value was known (the batched pass raised, or the guide's covariance
+    has no Cholesky factor): recorded with ``draws`` 0, not the draws it would have taken (review 15)."""
+    return Gap(None, None, labels, reason, dict(method="dense", draws=0, reason=reason))
 
 
 def _cg(target, data: Data, num_draws: int, generator: torch.Generator, max_iterations: int) -> Gap:

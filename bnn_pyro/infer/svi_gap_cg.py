@@ -36,7 +36,9 @@ of one pass each plus Pyro's fixed per-step cost; the iterations grow with the c
 scales, which is not known before the solve. So the check runs to ``dim x rows <=`` :data:`MAX_WORK` only, and
 where its :data:`CHECK_PASSES` over the rows (with the mean's step's) cost at most :data:`FIT_SHARE` of the fit's own
 passes (:func:`choose_path`, the one rule for every caller: the SVI engine records ``"not checked: ..."`` past
-either), and to :data:`MAX_ITERATIONS`. The derivatives are taken without an autograd graph (a model's ``pyro.param``
+either), and to :data:`MAX_ITERATIONS`. The dense path (:mod:`bnn_pyro.infer.svi_refine` and the dense gap) has
+the same bound from the fit's cost, in the same rule (:func:`dense_passes`: :data:`DENSE_PASSES` passes per coordinate
+for each draw's Hessian). The derivatives are taken without an autograd graph (a model's ``pyro.param``
 values require grad, and the gap would otherwise keep every iteration's products alive).
 
 Example
@@ -59,6 +61,7 @@ from bnn_pyro.infer.guide_density import GuideTarget, NotBatchable, derivatives,
 __all__ = [
     "BATCHES",
     "CHECK_PASSES",
+    "DENSE_PASSES",
     "FIT_SHARE",
     "HESSIAN_DRAWS",
     "MAX_ITERATIONS",
@@ -75,6 +78,7 @@ __all__ = [
     "choose_path",
     "conjugate_gradients",
     "curvature",
+    "dense_passes",
     "hessian_pairs",
     "precision_diagonal",
     "rounding",
@@ -86,11 +90,9 @@ BATCHES = 20
 """Batches of the gradient draws (50 draws, 25 antithetic pairs, each of the default 1,000): one solve each, all in one
 conjugate-gradient run. The standard error's own error is then ``1 / sqrt(2 (BATCHES - 1))``, 16%, so the check
 (:func:`~bnn_pyro.infer._health.check_guide_gap`) judges this path's gap against Student's t on ``BATCHES - 1`` = 19
-degrees of freedom: 5.1 standard errors, the quantile with the dense path's chance per coordinate (4 standard errors of
-the normal, 6.3e-5; at 4 the t's chance would be 7.6e-4), before the 0.05-sd threshold, which a converged fit's gap
-reaches only where its own standard error is above 0.0098 sds. No allowance for the number of coordinates, as on the
-dense path: ``d`` coordinates of pure noise warn with a chance of about ``6.3e-5 d`` where the standard error is that
-large (review 14)."""
+degrees of freedom at the dense path's chance (:func:`~bnn_pyro.infer._health.gap_z`: the normal's at 4 standard
+errors, 6.3e-5, for the whole fit, split over its coordinates by Sidak's rule; 5.1 standard errors at one coordinate,
+where the normal's 4 would have the t's chance 7.6e-4, and 8.5 at 1,000), besides the 0.05-sd floor."""
 HESSIAN_DRAWS = 10
 """Draws (5 antithetic pairs: the first pair of 5 batches spread over the :data:`BATCHES`, :func:`hessian_pairs`)
 averaged for each product of the expected Hessian: its Monte Carlo error scales the step by a relative error (none on
@@ -140,39 +142,100 @@ first is now skipped, the second kept); where Pyro's per-step cost dominates, as
 ``gap_cg_cost.md``, far less (0.01-0.5 of the fit)."""
 
 
+DENSE_PASSES = 3
+"""Gradient passes over the rows that one draw's exact Hessian costs per unconstrained coordinate on the dense path
+(:mod:`bnn_pyro.infer.svi_refine`'s evaluations, a low-rank guide's gap): a reverse pass over a reverse pass per
+coordinate, 2-3 gradient passes. Why 3, not the 2 of a Hessian-vector product: with 2 the modeled share of the fit
+fell below the measured one at 10 coordinates x 200 rows (a low-rank guide's check: 2.1 modeled, 1.7 and 2.5 measured
+in two runs), where each batched pass is small; with 3 the model is at least the measured share on every row where a
+Hessian ran (``benchmarks/svi_dense_check_cost.py``, ``benchmarks/results/svi_convergence/dense_check_cost.md``). The
+rule, not a timing: the same seed always gives the same path."""
+
+
+def dense_passes(dim: int, evaluations: int, *, hessian_gap: bool = True) -> int:
+    """The dense check's gradient passes over the rows for ``dim`` coordinates: ``evaluations`` of the refinement's
+    :data:`~bnn_pyro.infer.svi_refine.DRAWS` draws with exact Hessians (:data:`DENSE_PASSES` ``x dim`` each) and the
+    gap's as many draws (the same count as :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS`), with Hessians (a low-rank
+    guide's, ``hessian_gap``) or with gradients only (a full-rank guide's: one pass each)."""
+    hessian = DENSE_PASSES * dim
+    return svi_refine.DRAWS * (hessian * evaluations + (hessian if hessian_gap else 1))
+
+
 class GapPath(NamedTuple):
     """:func:`choose_path`'s answer: ``kind`` ``"dense"`` (:mod:`bnn_pyro.infer.svi_refine`'s bounds: the dense
     refinement and gap), ``"cg"`` (this module and :mod:`bnn_pyro.infer.svi_refine_cg`) or ``"none"`` (not checked,
-    ``reason`` says why)."""
+    ``reason`` says why); on the dense path ``max_evaluations`` bounds the refinement (below 2, it is skipped for the
+    fit's cost, ``reason`` says so, and the gap alone runs)."""
 
     kind: str
     reason: str | None = None
     max_iterations: int = MAX_ITERATIONS  # the conjugate-gradient solves' share of the fit's cost (choose_path)
+    max_evaluations: int = svi_refine.MAX_EVALUATIONS  # the dense refinement's share of the fit's cost (choose_path)
 
 
-def choose_path(dim: int, rows: int, *, fit_passes: int | None = None, scale: bool = False) -> GapPath:
-    """Which path a mean-field or low-rank guide's refinement and gap take for ``dim`` unconstrained coordinates (the
-    guide's, which a site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows``
-    rows, after a fit of ``fit_passes`` gradient passes (``num_steps x num_particles``; ``None``: not bounded by it).
-    The one rule the SVI engine, :func:`~bnn_pyro.infer.svi_gap.newton_gap` and
-    :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean` all decide by: dense within ``svi_refine.MAX_DIM`` coordinates
-    and ``svi_refine.MAX_WORK`` coordinates x rows; past them by conjugate gradients up to :data:`MAX_WORK` and
-    :data:`FIT_SHARE` of the fit's passes, the conjugate-gradient iterations bounded by what that share leaves after
-    the :data:`CHECK_PASSES` (``max_iterations``: each iteration of the gap's solve takes ``2 HESSIAN_DRAWS BATCHES``
-    passes, of the step's solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops
-    there gives no verdict, so the check never costs more than that share of the fit: review 15 measured 1.9 times a
-    150-step fit before); otherwise not checked. ``scale`` (a mean-field guide, whose sds the engine's scale step
-    refines first, :mod:`~bnn_pyro.infer.svi_refine_scale`): where :func:`scale_fits`, its :func:`scale_passes` come
-    out of that share before the solves' iterations (a known cost first, the adjustable one from what is left)."""
-    if dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK:
-        return GapPath("dense")
+def choose_path(
+    dim: int, rows: int, *, fit_passes: int | None = None, full_rank: bool = False, scale: bool = False
+) -> GapPath:
+    """Which path a Gaussian guide's refinement and gap take for ``dim`` unconstrained coordinates (the guide's, which a
+    site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows`` rows, after a fit of
+    ``fit_passes`` gradient passes (``num_steps x num_particles``; ``None``: not bounded by it). The one rule the SVI
+    engine, :func:`~bnn_pyro.infer.svi_gap.newton_gap` and :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean` all
+    decide by.
+
+    A mean-field or low-rank guide: dense within ``svi_refine.MAX_DIM`` coordinates and ``svi_refine.MAX_WORK``
+    coordinates x rows; past them by conjugate gradients up to :data:`MAX_WORK` and :data:`FIT_SHARE` of the fit's
+    passes, the conjugate-gradient iterations bounded by what that share leaves after the :data:`CHECK_PASSES`
+    (``max_iterations``: each iteration of the gap's solve takes ``2 HESSIAN_DRAWS BATCHES`` passes, of the step's
+    solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops there gives no verdict, so
+    the check never costs more than that share of the fit: review 15 measured 1.9 times a 150-step fit before);
+    otherwise not checked. A full-rank guide (``full_rank``) takes the dense path at any size the engine checks (its gap
+    needs no Hessian), within the bound below. ``scale`` (a mean-field guide, whose sds the engine's
+    scale step refines first, :mod:`~bnn_pyro.infer.svi_refine_scale`): where :func:`scale_fits`, its
+    :func:`scale_passes` come out of that share before the solves' iterations (a known cost first, the adjustable one
+    from what is left).
+
+    The dense path has the same bound from the fit's cost (:func:`dense_passes`): the gap (a low-rank guide's, with
+    exact Hessians; a full-rank guide's, gradients; a mean-field guide has none there, counted as a low-rank one's)
+    must fit in :data:`FIT_SHARE` of the fit's passes, or nothing is checked; the refinement (within
+    ``svi_refine``'s bounds) gets the evaluations the rest leaves (``max_evaluations``, at most
+    ``svi_refine.MAX_EVALUATIONS``), and is skipped below 2 (the start and one step), its reason then naming this
+    bound. The fit's passes are counted as on the conjugate-gradient path: each over the rows plus :data:`STEP_ROWS`."""
+    refinable = dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK
+    budget = None if fit_passes is None else FIT_SHARE * fit_passes * (rows + STEP_ROWS) / rows  # passes over rows
+    fit = (
+        f"svi_gap_cg.FIT_SHARE ({FIT_SHARE:g}) of the fit's {fit_passes or 0:,} steps x particles (each counted as "
+        f"the {rows} rows plus svi_gap_cg.STEP_ROWS, {STEP_ROWS:,})"
+    )
+    if refinable or full_rank:
+        if budget is None:
+            return GapPath("dense")
+        gap = dense_passes(dim, 0, hessian_gap=not full_rank)
+        if gap > budget:
+            return GapPath(
+                "none",
+                f"not checked: the gap takes {gap:,} gradient passes over the {rows} rows (svi_gap_cg.dense_passes), "
+                f"more than {fit}; more num_steps would be checked",
+            )
+        if not refinable:  # a full-rank guide past svi_refine's bounds: the gap alone (svi_refine says why)
+            return GapPath("dense")
+        per_evaluation = svi_refine.DRAWS * DENSE_PASSES * dim
+        evaluations = int(min(svi_refine.MAX_EVALUATIONS, (budget - gap) // per_evaluation))
+        if evaluations < 2:
+            return GapPath(
+                "dense",
+                f"skipped: the refinement's first step takes {2 * per_evaluation:,} gradient passes over the "
+                f"{rows} rows (svi_gap_cg.dense_passes) besides the gap's {gap:,}, more than {fit}; more num_steps "
+                "would refine it",
+                max_evaluations=evaluations,
+            )
+        return GapPath("dense", max_evaluations=evaluations)
     if dim * rows > MAX_WORK:
         return GapPath(
             "none",
             f"not checked: {dim} coordinates x {rows} rows is over svi_gap_cg.MAX_WORK ({MAX_WORK:,}), the "
             "conjugate-gradient gap's cost bound",
         )
-    if fit_passes is None:
+    if budget is None:
         return GapPath("cg")
     spare = _spare(rows, fit_passes)  # passes over the rows left for solves
     if scale and scale_fits(dim, rows, fit_passes=fit_passes):
@@ -182,9 +245,7 @@ def choose_path(dim: int, rows: int, *, fit_passes: int | None = None, scale: bo
         return GapPath(
             "none",
             f"not checked: the mean's step and the gap take up to {CHECK_PASSES:,} gradient passes over the {rows} "
-            f"rows, more than svi_gap_cg.FIT_SHARE ({FIT_SHARE:g}) of the fit's {fit_passes:,} steps x particles "
-            f"(each counted as the rows plus svi_gap_cg.STEP_ROWS, {STEP_ROWS:,}), with their conjugate-gradient "
-            "solves; more num_steps would be checked",
+            f"rows, more than {fit}, with their conjugate-gradient solves; more num_steps would be checked",
         )
     return GapPath("cg", max_iterations=iterations)
 

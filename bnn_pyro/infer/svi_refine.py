@@ -167,10 +167,14 @@ class _Point:
     low_rank: tuple[torch.Tensor, torch.Tensor] | None = None  # (W, D) of a low-rank guide's S = diag(D) + W W^T
 
 
-def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -> Refinement | None:
+def refine(
+    guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0, max_evaluations: int = MAX_EVALUATIONS
+) -> Refinement | None:
     """Refine a fitted ``AutoMultivariateNormal``, ``AutoLowRankMultivariateNormal`` or ``AutoNormal`` of ``model`` on
     ``data`` (full batch) in place (module docstring), with ``num_draws`` draws from a generator of its own seeded with
-    ``seed`` on the guide's device (the caller's random state is left as it was): a :class:`Refinement`, or ``None``
+    ``seed`` on the guide's device (the caller's random state is left as it was), in at most ``max_evaluations``
+    evaluations of the draws (:data:`MAX_EVALUATIONS`, or fewer where the fit's own cost bounds them:
+    :func:`~bnn_pyro.infer.svi_gap_cg.choose_path`): a :class:`Refinement`, or ``None``
     where the guide is not covered (another guide, more than :data:`MAX_DIM` coordinates). It never raises: whatever
     the model raises is recorded as ``"skipped: <type>: <message>"``, the guide untouched (it is written only at the
     end, all its parameters or none)."""
@@ -180,12 +184,14 @@ def refine(guide, model, data: Data, *, num_draws: int = DRAWS, seed: int = 0) -
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a model drawing on its own
         try:
-            return _refine(guide, model, data, num_draws, generator)
+            return _refine(guide, model, data, num_draws, generator, max_evaluations)
         except Exception as error:  # a finished fit never fails here (module docstring)
             return Refinement(0, 0.0, f"skipped: {type(error).__name__}: {error}")
 
 
-def _refine(guide, model, data: Data, num_draws: int, generator: torch.Generator) -> Refinement | None:
+def _refine(
+    guide, model, data: Data, num_draws: int, generator: torch.Generator, max_evaluations: int
+) -> Refinement | None:
     try:
         target = guide_target(guide, model, data)
     except NoDensity as error:
@@ -231,7 +237,7 @@ def _refine(guide, model, data: Data, num_draws: int, generator: torch.Generator
     if torch.linalg.cholesky_ex(start.precision).info != 0:
         return Refinement(0, 0.0, "skipped: the expected Hessian of -log p is not positive definite at the guide")
     point, rate, accepted, stopped = start, 1.0, 0, "evaluation limit"
-    for _ in range(MAX_EVALUATIONS - 1):
+    for _ in range(max_evaluations - 1):
         candidate = _step(point, rate, diagonal)
         if candidate is not None and _moved(point, *candidate[:2]) / rate < TOL:  # the undamped step's move
             stopped = "fixed point"

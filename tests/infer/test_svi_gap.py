@@ -299,3 +299,23 @@ def test_a_model_vmap_cannot_batch_is_evaluated_draw_by_draw():
             results.append(svi_gap.newton_gap(guide, model, Data(x, y), num_draws=100))
     assert len(calls) > 100  # one call per draw: the row-by-row path ran
     assert results[0].reason is None and torch.allclose(results[0].gap, results[1].gap, atol=1e-5)
+
+
+def _branching(x, y=None):
+    b = pyro.sample("b", dist.Normal(0.0, PRIOR_SD).expand([2]).to_event(1))
+    slope = b if float(b[0].detach()) > -1e9 else -b  # always b: a Python branch on a latent value
+    with pyro.plate("data", size=len(x)):
+        return pyro.sample("obs", dist.Normal(slope[0] + slope[1] * x, 1.0), obs=y)
+
+
+def test_a_dense_failure_before_any_draw_records_no_draws():
+    """A low-rank guide's Hessians of a model vmap cannot batch (a Python branch on a latent value): the batched pass
+    refuses before any draw's value is known, so the record says 0 draws, not the 1,000 it would have taken (review
+    15)."""
+    x, y = _data()
+    with pyro.get_param_store().scope():
+        guide = autoguide.AutoLowRankMultivariateNormal(_branching, rank=1)
+        guide(x, y)
+        result = svi_gap.newton_gap(guide, _branching, Data(x, y))
+    assert result.gap is None and "torch.func.vmap cannot batch the model" in result.reason, result.reason
+    assert result.record == {"method": "dense", "draws": 0, "reason": result.reason}, result.record

@@ -142,8 +142,10 @@ def test_the_low_rank_gap_is_the_known_distance_and_as_precise_as_the_full_rank_
 
 
 def test_a_low_rank_fit_is_refined_and_checked():
-    """Through ``bp.fit`` (rank 1, 200 steps from a prior draw): the refinement and the gap are recorded per chain, and
-    after the refinement the guide's mean is within float rounding of the posterior's, so the gap is ~0."""
+    """Through ``bp.fit`` (rank 1, 300 steps from a prior draw): the refinement and the gap are recorded per chain, and
+    after the refinement the guide's mean is within float rounding of the posterior's, so the gap is ~0. (At 200
+    steps the fit's cost bound, ``svi_gap_cg.choose_path``, leaves the refinement 3 evaluations, fewer than the 2 kept
+    steps and the fixed point it needs from there; at 300, 5.)"""
     x, y = _data()
     post = bp.fit(
         _model,
@@ -153,7 +155,7 @@ def test_a_low_rank_fit_is_refined_and_checked():
         guide="low_rank",
         guide_rank=1,
         init="prior",
-        num_steps=200,
+        num_steps=300,
         num_samples=10,
         seed=0,
         progress=False,

@@ -1,0 +1,88 @@
+"""The dense path's bound from the fit's own cost (svi_gap_cg.choose_path, dense_passes; review 15 nit 7): the dense
+refinement and gap, like the conjugate-gradient ones, spend at most FIT_SHARE of the fit's gradient passes, a default
+fit of every bundled posteriordb-style reference keeps its whole check, and a skipped refinement's record names the
+bound that skipped it."""
+
+from __future__ import annotations
+
+import warnings
+
+import pyro
+import pyro.distributions as dist
+import pytest
+import torch
+from reference.posteriors import ALL  # tests/ is on sys.path (pytest puts conftest.py's folder there)
+
+import bnn_pyro as bp
+from bnn_pyro.infer import svi, svi_gap, svi_gap_cg, svi_refine
+from bnn_pyro.infer._common import is_latent
+from bnn_pyro.infer.guide_density import unconstrained_size
+
+
+@pytest.mark.parametrize("name", sorted(ALL))
+@pytest.mark.parametrize("guide", ["full_rank", "low_rank", "mean_field"])
+def test_a_default_fit_of_every_reference_keeps_its_whole_check(name, guide):
+    """At the default 5,000 steps (one particle) the dense path is taken with every refinement evaluation
+    (svi_refine.MAX_EVALUATIONS): eight schools (10 coordinates x 8 rows), kidiq and the logistic regression."""
+    ref = ALL[name]()
+    trace = pyro.poutine.trace(ref.model).get_trace(ref.x, ref.y)
+    coords = unconstrained_size({n: s for n, s in trace.nodes.items() if is_latent(s)})
+    path = svi_gap_cg.choose_path(coords, len(ref.y), fit_passes=svi.DEFAULT_STEPS, full_rank=guide == "full_rank")
+    assert path == ("dense", None, svi_gap_cg.MAX_ITERATIONS, svi_refine.MAX_EVALUATIONS), (coords, path)
+
+
+@pytest.mark.parametrize("full_rank", [False, True])
+def test_the_dense_check_never_models_more_than_fit_share_of_the_fit(full_rank):
+    """Over a grid of coordinates, rows and steps within the dense bounds: where a path is given, the gap and the
+    evaluations it allows cost at most FIT_SHARE of the fit's passes (each over the rows plus STEP_ROWS); where
+    the refinement is skipped, its first step (two evaluations) would not have fit; where nothing is checked, the gap
+    alone would not have."""
+    for dim in (2, 10, 50, 100):
+        for rows in (1, 8, 100, 1000, 5000):
+            if dim * rows > svi_refine.MAX_WORK:
+                continue
+            for steps in (10, 50, 300, 1000, 5000):
+                budget = svi_gap_cg.FIT_SHARE * steps * (rows + svi_gap_cg.STEP_ROWS) / rows
+                path = svi_gap_cg.choose_path(dim, rows, fit_passes=steps, full_rank=full_rank)
+                gap = svi_gap_cg.dense_passes(dim, 0, hessian_gap=not full_rank)
+                case = (dim, rows, steps, path)
+                if path.kind == "none":
+                    assert gap > budget and "FIT_SHARE" in path.reason, case
+                    continue
+                assert path.kind == "dense", case
+                if path.reason is None:
+                    assert 2 <= path.max_evaluations <= svi_refine.MAX_EVALUATIONS, case
+                    spent = svi_gap_cg.dense_passes(dim, path.max_evaluations, hessian_gap=not full_rank)
+                    assert spent <= budget, case
+                else:
+                    assert path.reason.startswith("skipped:") and "FIT_SHARE" in path.reason, case
+                    assert svi_gap_cg.dense_passes(dim, 2, hessian_gap=not full_rank) > budget >= gap, case
+
+
+def _regression(x, y=None):
+    b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    with pyro.plate("data", size=len(x)):
+        return pyro.sample("obs", dist.Normal(x @ b, 1.0), obs=y)
+
+
+def test_a_short_fit_skips_the_refinement_for_its_cost_and_says_so():
+    """10 coefficients x 1,000 rows, 300 steps (``benchmarks/results/svi_convergence/dense_check_cost.md``: unbounded,
+    the full-rank check took 7 evaluations, 2.1 times the rest of such a fit): 15,300 passes allowed, the full-rank
+    gap's 1,000 fit but no refinement evaluation (30,000 each), so the gap runs and the refinement's record names the
+    fit's cost; a low-rank guide's gap (30,000 passes with Hessians) is not taken either, and both records say why."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1000, 10, generator=g)
+    y = x @ torch.randn(10, generator=g) + torch.randn(1000, generator=g)
+    for guide in ("full_rank", "low_rank"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            post = bp.fit(_regression, x, y, method="svi", guide=guide, num_steps=300, num_samples=5, seed=0,
+                          progress=False)  # fmt: skip
+        (refined,) = post.config["guide_refinement"]
+        assert refined["accepted"] == 0 and refined["stopped"].startswith("skipped: "), refined
+        assert "svi_gap_cg.FIT_SHARE" in refined["stopped"] and "MAX_WORK" not in refined["stopped"], refined
+        (record,) = post.config["guide_gap"]
+        if guide == "full_rank":
+            assert record == {"method": "dense", "draws": svi_gap.GAP_DRAWS, "reason": None}, record
+        else:
+            assert record["method"] is None and "svi_gap_cg.FIT_SHARE" in record["reason"], record
