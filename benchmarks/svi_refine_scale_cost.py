@@ -17,6 +17,15 @@ the scale step, the mean's step and the gap inside it, the scale step's share of
 its seconds over the fit's without the three), what the step did, and how far the sds were from ``1 / sqrt(H_ii)``
 before and after it (largest and mean relative distance).
 
+``--table passes``: the scale step's cost in the units of :func:`svi_gap_cg.choose_path`'s model, at a guide with
+sds 1.5 times ``1 / sqrt(H_ii)`` (the step is taken): seconds (best of ``--repeats``) of its diagonal
+(:func:`svi_refine_scale.diagonal`, ``dim`` columns at the 10 Hessian draws), of one conjugate-gradient iteration's
+products (the gap's ``BATCHES`` columns and the mean step's ``STEP_SOLVES`` single columns at the same draws: the
+model's ``_PER_ITERATION`` passes), of one evaluation of the 1,000 draws (values and gradients: the model's
+``svi_refine.DRAWS`` passes) and of the whole step (:func:`svi_refine_scale.refine_scale`); the diagonal and the step
+in passes by each yardstick (seconds over the iteration's times its passes; over the evaluation's times its passes),
+against the model's :func:`svi_gap_cg.scale_passes` (the most the step may take) and the passes the step recorded.
+
 Run from the repository root: ``python benchmarks/svi_refine_scale_cost.py --pairs 150x1000,500x1000,1000x1000``;
 writes ``benchmarks/results/svi_convergence/<name>.md`` and ``.csv`` (``scale_estimators`` and ``scale_fits`` by
 default). One torch thread.
@@ -166,14 +175,67 @@ def fit(dim: int, rows: int) -> dict:
     )
 
 
+def passes(dim: int, rows: int, repeats: int) -> dict:
+    x, y, exact = _data(dim, rows)
+    data = Data(x, y)
+    with pyro.get_param_store().scope():
+        guide = autoguide.AutoNormal(_model)
+        guide(x, y)
+        fitted = transform_to(guide.scale_constraint).inv(1.5 * exact.rsqrt().float())
+        with torch.no_grad():
+            guide.scales.b_unconstrained.copy_(fitted)
+        target = guide_target(guide, _model, data, factored=True)
+        pairs = svi_refine.DRAWS // 2
+        half = svi_gap_cg.antithetic_half(target, pairs, torch.Generator().manual_seed(0))
+        at = target.loc + torch.cat([half[:5], -half[:5]])
+        noise = (target.loc + torch.cat([half, -half])).to(target.dtype)
+        wide = svi_gap_cg.curvature(target, at, rows=rows, width=svi_gap_cg.BATCHES)
+        narrow = svi_gap_cg.curvature(target, at, rows=rows, width=1)
+        columns = torch.randn(dim, svi_gap_cg.BATCHES, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+        def iteration():
+            wide(columns)
+            for k in range(svi_gap_cg.STEP_SOLVES):
+                narrow(columns[:, k : k + 1])
+
+        def step():
+            with torch.no_grad():
+                guide.scales.b_unconstrained.copy_(fitted)
+            return svi_refine_scale.refine_scale(guide, _model, data)
+
+        _, diag_s = _best(lambda: svi_refine_scale.diagonal(target, at - target.loc, rows=rows), repeats)
+        _, iteration_s = _best(iteration, repeats)
+        _, evaluation_s = _best(lambda: derivatives(target.pot, target.order, noise), repeats)
+        result, step_s = _best(step, repeats)
+    per_iteration = 2 * svi_gap_cg.HESSIAN_DRAWS * (svi_gap_cg.BATCHES + svi_gap_cg.STEP_SOLVES)
+    by_iteration, by_evaluation = per_iteration / iteration_s, svi_refine.DRAWS / evaluation_s  # passes per second
+    return dict(
+        dim=dim,
+        rows=rows,
+        diag_s=round(diag_s, 4),
+        iteration_s=round(iteration_s, 4),
+        evaluation_s=round(evaluation_s, 4),
+        step_s=round(step_s, 4),
+        step_stopped=result.stopped,
+        diag_passes_old_model=2 * svi_gap_cg.HESSIAN_DRAWS * dim,
+        diag_passes_by_iteration=round(diag_s * by_iteration),
+        diag_passes_by_evaluation=round(diag_s * by_evaluation),
+        step_passes_by_iteration=round(step_s * by_iteration),
+        step_passes_by_evaluation=round(step_s * by_evaluation),
+        step_passes_recorded=getattr(result, "passes", None),
+        scale_passes_model=svi_gap_cg.scale_passes(dim),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default="150x1000,500x1000,1000x1000", help="dim x rows points")
-    parser.add_argument("--table", choices=["estimators", "fits", "both"], default="both")
+    parser.add_argument("--table", choices=["estimators", "fits", "both", "passes"], default="both")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--name", default="scale")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    per_iteration = 2 * svi_gap_cg.HESSIAN_DRAWS * (svi_gap_cg.BATCHES + svi_gap_cg.STEP_SOLVES)
     pairs = [tuple(map(int, p.split("x"))) for p in args.pairs.split(",")]
     folder = results_dir("svi_convergence")
     if args.table in ("estimators", "both"):
@@ -186,6 +248,23 @@ def main() -> None:
             f"(Hessian-vector, each about two gradient passes over the rows) at the module's "
             f"{svi_gap_cg.HESSIAN_DRAWS} Hessian draws, seconds (best of {args.repeats}), relative errors of H_ii "
             f"and of the sd 1 / sqrt(estimate) (a non-positive estimate clamped to 1e-12).\n\n" + markdown(frame),
+        )
+    if args.table == "passes":
+        passes(120, 200, 1)  # untimed: first-call costs out of the first row
+        frame = pd.DataFrame([passes(dim, rows, args.repeats) for dim, rows in pairs])
+        print(frame.to_string(), flush=True)
+        frame.to_csv(folder / f"{args.name}_passes.csv", index=False)
+        write_result(
+            folder / f"{args.name}_passes.md",
+            "The mean-field scale step's cost in the units of svi_gap_cg.choose_path's model, on the Gaussian "
+            "regression of svi_gap_cg_cost.py at sds 1.5 times the mean-field optimum: seconds (best of "
+            f"{args.repeats}) of its diagonal (dim columns at {svi_gap_cg.HESSIAN_DRAWS} Hessian draws), of one "
+            f"conjugate-gradient iteration's products ({svi_gap_cg.BATCHES} columns and {svi_gap_cg.STEP_SOLVES} "
+            f"single ones at those draws: {per_iteration} passes in the model), of one evaluation of the "
+            f"{svi_refine.DRAWS} draws (values and gradients: {svi_refine.DRAWS} passes in the model) and of the "
+            "whole step; the diagonal and the step in passes by each yardstick (seconds times the yardstick's "
+            "passes per second), against the old model's diagonal (2 x HESSIAN_DRAWS x dim), the passes the step "
+            "recorded and svi_gap_cg.scale_passes (the most it may take).\n\n" + markdown(frame),
         )
     if args.table in ("fits", "both"):
         svi_refine_scale.refine_scale = _capture_sds(svi_refine_scale.refine_scale)

@@ -83,8 +83,9 @@ coordinates x rows, where the fit's own cost leaves no room for it, where the mo
 check, and the records name that bound. Past those
 bounds (up to :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows, any number of coordinates) a mean-field
 guide's sds are first taken to their fixed point ``1 / s_i^2 = E_q[-d2 log p / dz_i^2]`` by one damped step from
-Hessian-vector products with the unit vectors (:mod:`bnn_pyro.infer.svi_refine_scale`, where its cost fits in the
-check's share of the fit; recorded as ``"scale"`` inside the chain's record), then a mean-field or low-rank guide's
+Hessian-vector products with the unit vectors (:mod:`bnn_pyro.infer.svi_refine_scale`, where its cost leaves the
+solves after it every iteration of the check's share of the fit; recorded as ``"scale"`` inside the chain's record,
+with the passes it spent, which the mean's step and the gap are charged), then a mean-field or low-rank guide's
 mean by damped Newton steps solved by conjugate gradients, a low-rank guide's covariance left as trained
 (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list with the step's own Monte Carlo error
 (:data:`STEP_SE`). It runs only
@@ -521,12 +522,17 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     def draws(state: _State, history) -> ChainRun:
         # one seed per chain (the chain's own, seed + index) for the refinement and the gap: the gap measures on the
         # refinement's draws, and the chains do not share the step's Monte Carlo error
-        step_record = None
+        step_record, spent = None, 0
         if by_cg:  # past svi_refine's bounds: a mean-field guide's sds (svi_refine_scale), then the mean's Newton steps
             scaled = svi_refine_scale.refine_scale(
                 state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes
             )
-            refined = svi_refine_cg.refine_mean(state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes)
+            spent = 0 if scaled is None else scaled.passes  # what it took of the check's share, charged after it
+            refined = svi_refine_cg.refine_mean(
+                state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes, spent_passes=spent
+            )
+            if refined is None and scaled is not None:  # the mean's step not covered: the scale step's record alone
+                refined = svi_refine.Refinement(0, 0.0, NO_MEAN_STEP)
             if refined is not None:
                 step_record = refined.record() if scaled is None else {**refined.record(), "scale": scaled.record()}
                 config.setdefault("guide_refinement", []).append(step_record)
@@ -543,7 +549,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
             config.setdefault("guide_refinement", []).append(svi_refine.Refinement(0, 0.0, GIVEN_GUIDE).record())
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
         if gap_checked:  # how far the guide's mean stopped short of the ELBO's optimum (svi_gap)
-            gap = svi_gap.newton_gap(state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes)
+            gap = svi_gap.newton_gap(
+                state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes, spent_passes=spent
+            )
             if gap is not None:  # no verdict: NaN (every chain's history has the same keys) and the reason
                 nan = torch.full((len(gap.labels) or coords,), math.nan, dtype=torch.float64, device="cpu")
                 history = {
@@ -768,6 +776,11 @@ def _draw(guide, names, num_samples, x, y, dataset_size, model):
 GIVEN_GUIDE = "skipped: a guide given as a class or callable is used as given"
 """``post.config["guide_refinement"]``'s record, per chain, where the refinement would have run but the guide was
 given as an ``AutoGuide`` class or a callable (an instance): the engine trains it and does not change it after."""
+
+NO_MEAN_STEP = "skipped: the mean's step does not cover this guide (svi_refine_cg.refine_mean returned None)"
+"""A chain's ``post.config["guide_refinement"]`` record where the mean-field scale step ran
+(:mod:`bnn_pyro.infer.svi_refine_scale`, its record under ``"scale"``) but the mean's step after it did not cover the
+guide: the scale step is recorded all the same (review 16: no path to this was found, the record guards it)."""
 
 STEP_SE = "step_se"
 """The key, in a chain's ``post.config["guide_refinement"]`` record where the mean's step past the dense bounds

@@ -108,13 +108,21 @@ def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.
 
 
 def newton_gap(
-    guide, model, data: Data, *, num_draws: int = GAP_DRAWS, seed: int = 0, fit_passes: int | None = None
+    guide,
+    model,
+    data: Data,
+    *,
+    num_draws: int = GAP_DRAWS,
+    seed: int = 0,
+    fit_passes: int | None = None,
+    spent_passes: int = 0,
 ) -> Gap | None:
     """:func:`gap_statistic` for a fitted Gaussian autoguide of ``model`` on ``data`` (full batch), from ``num_draws``
     draws of the guide from a generator of its own seeded with ``seed`` on the guide's device (the caller's random
     state is left as it was): a :class:`Gap`, or ``None`` where the guide is not covered (a mean-field or low-rank
     guide: by :func:`~bnn_pyro.infer.svi_gap_cg.choose_path` on its unconstrained coordinates, the rows and the fit's
-    ``fit_passes``, as the engine decides; after the mean's step, the same ``seed`` measures on the step's own draws,
+    ``fit_passes``, less ``spent_passes`` that a step before it took from the check's share, nothing by default, as the
+    engine decides; after the mean's step, the same ``seed`` measures on the step's own draws,
     :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean`). It never raises: where the
     potential cannot be built at the guide's median, the log density or its gradient is not finite at some draw
     (dropping those draws would bias the mean toward the guide's centre), a low-rank guide's model cannot be batched
@@ -123,7 +131,7 @@ def newton_gap(
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a model drawing on its own
         try:
-            result = _newton_gap(guide, model, data, num_draws, generator, fit_passes)
+            result = _newton_gap(guide, model, data, num_draws, generator, fit_passes, spent_passes)
         except Exception as error:  # a diagnostic must not fail a finished fit (module docstring)
             reason = f"{type(error).__name__}: {error}"
             return Gap(None, None, reason=reason, record=dict(method=None, reason=reason))
@@ -133,7 +141,7 @@ def newton_gap(
 
 
 def _newton_gap(
-    guide, model, data: Data, num_draws: int, generator: torch.Generator, fit_passes: int | None
+    guide, model, data: Data, num_draws: int, generator: torch.Generator, fit_passes: int | None, spent_passes: int
 ) -> Gap | None:
     low_rank = isinstance(guide, autoguide.AutoLowRankMultivariateNormal)
     factored = low_rank or isinstance(guide, autoguide.AutoNormal)
@@ -144,9 +152,13 @@ def _newton_gap(
     if target is None:
         return None
     if factored:
-        path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes, scale=not low_rank)
+        path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes, spent_passes=spent_passes)
         if path.kind != "dense":
-            return _cg(target, data, num_draws, generator, path.max_iterations) if path.kind == "cg" else None
+            return (
+                _cg(target, data, num_draws, generator, path.max_iterations, spent_passes)
+                if path.kind == "cg"
+                else None
+            )
         if not low_rank:  # within the refinement's bounds a mean-field guide is not checked (module docstring)
             return None
         target = replace(target, cov=torch.diag(target.diag) + target.factor @ target.factor.T)
@@ -199,12 +211,17 @@ def _before_any_draw(labels: list[str], reason: str) -> Gap:
     return Gap(None, None, labels, reason, dict(method="dense", draws=0, reason=reason))
 
 
-def _cg(target, data: Data, num_draws: int, generator: torch.Generator, max_iterations: int) -> Gap:
+def _cg(target, data: Data, num_draws: int, generator: torch.Generator, max_iterations: int, spent_passes: int) -> Gap:
     """The conjugate-gradient gap (:mod:`bnn_pyro.infer.svi_gap_cg`) as a :class:`Gap`; the model's own errors give no
     verdict with the reason."""
     try:
         out = svi_gap_cg.cg_gap(
-            target, rows=data.size, num_draws=num_draws, generator=generator, max_iterations=max_iterations
+            target,
+            rows=data.size,
+            num_draws=num_draws,
+            generator=generator,
+            max_iterations=max_iterations,
+            spent_passes=spent_passes,
         )
     except Exception as error:  # the model's own (gradients or products): recorded, the fit goes on
         reason = f"the log density's derivatives could not be evaluated ({type(error).__name__}: {error})"

@@ -69,6 +69,7 @@ __all__ = [
     "ROUNDING",
     "STEP_ROWS",
     "STEP_SOLVES",
+    "SCALE_COLUMN_PASSES",
     "SCALE_EVALUATIONS",
     "TOL",
     "CGGap",
@@ -123,9 +124,20 @@ products: :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS` draws for the gap and as man
 STEP_SOLVES = 5
 """Conjugate-gradient solves the mean's step takes at most, one right-hand side each: one per evaluation,
 :data:`~bnn_pyro.infer.svi_refine_cg.MAX_EVALUATIONS` (that module imports this one; a test keeps them equal)."""
-SCALE_EVALUATIONS = 5
-"""Evaluations of the draws that a mean-field guide's scale step takes at most, the first included
-(:data:`~bnn_pyro.infer.svi_refine_scale.MAX_EVALUATIONS`, which imports this module; a test keeps them equal)."""
+SCALE_EVALUATIONS = 6
+"""Evaluations of the draws that a mean-field guide's scale step takes at most, the first included: the start and the
+candidates at ``r = 1, 1/2, 1/4, 1/8, 1/16`` (down to :data:`~bnn_pyro.infer.svi_refine.MIN_RATE`, as the other
+refinements; :data:`~bnn_pyro.infer.svi_refine_scale.MAX_EVALUATIONS`, which imports this module)."""
+SCALE_COLUMN_PASSES = 16
+"""Gradient passes over the rows that the scale step's diagonal costs per coordinate, its :data:`HESSIAN_DRAWS` draws
+together, in this model's units (a conjugate-gradient iteration's products, ``2 HESSIAN_DRAWS (BATCHES + STEP_SOLVES)``
+= 500 passes: :func:`choose_path`). Not the
+``2 x HESSIAN_DRAWS`` = 20 of one product per draw counted alone: the diagonal batches up to
+:data:`~bnn_pyro.infer.svi_refine_scale.BLOCK` columns at all the draws per pass, so its products cost less each.
+Measured (``benchmarks/results/svi_convergence/scale_passes.md``: its seconds over one iteration's, times the
+iteration's passes, one torch thread): 1.9-3.7 per coordinate at 400-2,000 rows, 6-13 at 5,000-50,000 (the batch
+narrows as the rows grow, :func:`~bnn_pyro.infer.svi_refine.hessian_chunk`); 16 is at least every measured row. A
+modelled cost, not a timing, so that the same seed always gives the same path."""
 STEP_ROWS = 50_000
 """One SVI step's fixed cost (Pyro's tracing of the model and the guide, the optimizer: what a step costs on small
 data), counted in rows of one draw's batched gradient pass. The rule: on a fit whose rows dominate, one draw's
@@ -174,7 +186,7 @@ class GapPath(NamedTuple):
 
 
 def choose_path(
-    dim: int, rows: int, *, fit_passes: int | None = None, full_rank: bool = False, scale: bool = False
+    dim: int, rows: int, *, fit_passes: int | None = None, full_rank: bool = False, spent_passes: int = 0
 ) -> GapPath:
     """Which path a Gaussian guide's refinement and gap take for ``dim`` unconstrained coordinates (the guide's, which a
     site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows`` rows, after a fit of
@@ -189,10 +201,10 @@ def choose_path(
     solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops there gives no verdict, so
     the check never costs more than that share of the fit: review 15 measured 1.9 times a 150-step fit before);
     otherwise not checked. A full-rank guide (``full_rank``) takes the dense path at any size the engine checks (its gap
-    needs no Hessian), within the bound below. ``scale`` (a mean-field guide, whose sds the engine's
-    scale step refines first, :mod:`~bnn_pyro.infer.svi_refine_scale`): where :func:`scale_fits`, its
-    :func:`scale_passes` come out of that share before the solves' iterations (a known cost first, the adjustable one
-    from what is left).
+    needs no Hessian), within the bound below. ``spent_passes``: passes over the rows that a step before the solves
+    already took (a mean-field guide's scale step, :mod:`~bnn_pyro.infer.svi_refine_scale`, records what it spent),
+    out of that share before their iterations; nothing by default. The scale step runs only where it takes none of the
+    solves' iterations (:func:`scale_fits`), so in the engine this never lowers ``max_iterations``.
 
     The dense path has the same bound from the fit's cost (:func:`dense_passes`): the gap (a low-rank guide's, with
     exact Hessians; a full-rank guide's, gradients; a mean-field guide has none there, counted as a low-rank one's)
@@ -237,20 +249,23 @@ def choose_path(
         )
     if budget is None:
         return GapPath("cg")
-    spare = _spare(rows, fit_passes)  # passes over the rows left for solves
-    if scale and scale_fits(dim, rows, fit_passes=fit_passes):
-        spare -= scale_passes(dim)
-    iterations = int(min(MAX_ITERATIONS, spare / _PER_ITERATION))  # FIT_SHARE inf: all
+    iterations = _iterations(_spare(rows, fit_passes) - spent_passes)
     if iterations < 1:
+        before = f" besides the {spent_passes:,} that the scale step took" if spent_passes else ""
         return GapPath(
             "none",
             f"not checked: the mean's step and the gap take up to {CHECK_PASSES:,} gradient passes over the {rows} "
-            f"rows, more than {fit}, with their conjugate-gradient solves; more num_steps would be checked",
+            f"rows{before}, more than {fit}, with their conjugate-gradient solves; more num_steps would be checked",
         )
     return GapPath("cg", max_iterations=iterations)
 
 
 _PER_ITERATION = 2 * HESSIAN_DRAWS * (BATCHES + STEP_SOLVES)  # passes of one iteration of the gap's and step's solves
+
+
+def _iterations(spare: float) -> int:
+    """The solves' iterations that ``spare`` passes over the rows pay for, at most :data:`MAX_ITERATIONS`."""
+    return int(min(MAX_ITERATIONS, spare / _PER_ITERATION))  # FIT_SHARE inf: all
 
 
 def _spare(rows: int, fit_passes: int) -> float:
@@ -260,16 +275,25 @@ def _spare(rows: int, fit_passes: int) -> float:
 
 def scale_passes(dim: int) -> int:
     """Gradient passes over the rows that a mean-field guide's scale step takes at most for ``dim`` coordinates
-    (:mod:`~bnn_pyro.infer.svi_refine_scale`): its diagonal of the expected Hessian, one product per coordinate at each
-    of the :data:`HESSIAN_DRAWS` (two passes each), and :data:`SCALE_EVALUATIONS` evaluations of the draws' gradients."""
-    return 2 * HESSIAN_DRAWS * dim + SCALE_EVALUATIONS * svi_refine.DRAWS
+    (:mod:`~bnn_pyro.infer.svi_refine_scale`): its diagonal of the expected Hessian, :data:`SCALE_COLUMN_PASSES` per
+    coordinate, and :data:`SCALE_EVALUATIONS` evaluations of the draws' gradients (one pass per draw, as
+    :data:`CHECK_PASSES` counts the mean step's). What it spent is often less (a Gaussian posterior: two evaluations)
+    and is what the solves after it are charged (:func:`choose_path`'s ``spent_passes``)."""
+    return SCALE_COLUMN_PASSES * dim + SCALE_EVALUATIONS * svi_refine.DRAWS
 
 
 def scale_fits(dim: int, rows: int, *, fit_passes: int | None = None) -> bool:
-    """Whether a mean-field guide's scale step fits in :data:`FIT_SHARE` of a fit of ``fit_passes`` passes
-    (:func:`choose_path`'s rule): where its :func:`scale_passes` leave the solves at least one iteration after the
-    :data:`CHECK_PASSES` (always where ``fit_passes`` is ``None``, not bounded)."""
-    return fit_passes is None or _spare(rows, fit_passes) - scale_passes(dim) >= _PER_ITERATION
+    """Whether a mean-field guide's scale step may run after a fit of ``fit_passes`` passes: where its
+    :func:`scale_passes` leave the conjugate-gradient solves every iteration they have without it within
+    :data:`FIT_SHARE` (:func:`choose_path`: ``MAX_ITERATIONS``, or all the share pays for). Why not any iteration
+    left: the solves' need grows with the conditioning of ``H`` and is not known before them, and a solve cut short
+    gives no mean step and no gap verdict, which the sds do not make up for (review 16: at 150 coordinates x 1,000 rows
+    after 300 steps the old rule, one iteration left, cut the solves from 18 iterations to 2, and both were lost).
+    Always where ``fit_passes`` is ``None`` (not bounded)."""
+    if fit_passes is None:
+        return True
+    spare = _spare(rows, fit_passes)
+    return _iterations(spare - scale_passes(dim)) >= _iterations(spare)
 
 
 def hessian_pairs(pairs: int, batches: int) -> torch.Tensor:
@@ -339,14 +363,20 @@ def conjugate_gradients(
 
 
 def cg_gap(
-    target: GuideTarget, *, rows: int, num_draws: int, generator: torch.Generator, max_iterations: int = MAX_ITERATIONS
+    target: GuideTarget,
+    *,
+    rows: int,
+    num_draws: int,
+    generator: torch.Generator,
+    max_iterations: int = MAX_ITERATIONS,
+    spent_passes: int = 0,
 ) -> CGGap:
     """The Newton gap of the factored guide of ``target`` (:func:`~bnn_pyro.infer.guide_density.guide_target` with
     ``factored=True``) on ``rows`` data rows, from ``num_draws`` draws (rounded down to whole pairs in
     :data:`BATCHES` batches) of ``generator`` (module docstring). The model's errors propagate (the caller records
     them); a model vmap cannot batch for the products, a non-finite gradient, an ``H`` that is not positive definite
     or a solve that does not reach :data:`TOL` in ``max_iterations`` (:func:`choose_path`'s budget) give no verdict
-    with the reason."""
+    with the reason (naming the scale step where it took ``spent_passes`` of that budget first)."""
     loc, diag, factor = target.loc, target.diag, target.factor
     dim = loc.numel()
     pairs = max(1, num_draws // 2)
@@ -389,10 +419,11 @@ def cg_gap(
         return no_verdict(str(error))
     record.update(iterations=iterations, residual=residual)
     if not residual <= TOL:
+        after = f", after the {spent_passes:,} gradient passes the scale step took" if spent_passes else ""
         return no_verdict(
             f"conjugate gradients reached a relative residual of {residual:.2g} in {iterations} iterations"
             + (
-                f" (the most the fit's cost allows: svi_gap_cg.FIT_SHARE, {FIT_SHARE:g})"
+                f" (the most the fit's cost allows: svi_gap_cg.FIT_SHARE, {FIT_SHARE:g}{after})"
                 if max_iterations < MAX_ITERATIONS
                 else ""
             )

@@ -54,13 +54,22 @@ of the fit up to 500,000 coordinates x rows and 0.32-0.49 at 1,000,000 with an i
 
 
 def refine_mean(
-    guide, model, data: Data, *, num_draws: int = svi_refine.DRAWS, seed: int = 0, fit_passes: int | None = None
+    guide,
+    model,
+    data: Data,
+    *,
+    num_draws: int = svi_refine.DRAWS,
+    seed: int = 0,
+    fit_passes: int | None = None,
+    spent_passes: int = 0,
 ):
     """Newton steps for the mean of a fitted ``AutoNormal`` or ``AutoLowRankMultivariateNormal`` of ``model`` on
     ``data`` (full batch) past the dense bounds (module docstring), in place, from ``num_draws`` draws of a generator
     of its own seeded with ``seed``: a :class:`~bnn_pyro.infer.svi_refine.Refinement`, or ``None`` where the guide is
     not covered (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path` on its unconstrained coordinates, ``data.size`` rows
-    and the fit's ``fit_passes``, as the engine decides). It never raises.
+    and the fit's ``fit_passes``, less ``spent_passes`` that a step before it took from the check's share: the scale
+    step's record, :class:`~bnn_pyro.infer.svi_refine_scale.ScaleStep`; nothing by default, as the engine decides). It
+    never raises.
 
     The gap check after it (:func:`~bnn_pyro.infer.svi_gap.newton_gap` with the same ``seed`` and draws, as the SVI
     engine calls both, one seed per chain) measures on the step's own draws, as the dense refinement and gap do: on
@@ -72,20 +81,21 @@ def refine_mean(
     generator = torch.Generator(device=device).manual_seed(seed)
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a model drawing on its own
         try:
-            return _refine_mean(guide, model, data, num_draws, generator, fit_passes)
+            return _refine_mean(guide, model, data, num_draws, generator, fit_passes, spent_passes)
         except Exception as error:  # a finished fit never fails here
             return svi_refine.Refinement(0, 0.0, f"skipped: {type(error).__name__}: {error}")
 
 
-def _refine_mean(guide, model, data: Data, num_draws: int, generator: torch.Generator, fit_passes: int | None):
+def _refine_mean(
+    guide, model, data: Data, num_draws: int, generator: torch.Generator, fit_passes: int | None, spent_passes: int
+):
     try:
         target = guide_target(guide, model, data, factored=True)
     except NoDensity as error:
         return svi_refine.Refinement(0, 0.0, f"skipped: {error}")
     if target is None:
         return None
-    scale = isinstance(guide, autoguide.AutoNormal)  # the scale step's cost first (svi_refine_scale)
-    path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes, scale=scale)
+    path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes, spent_passes=spent_passes)
     if path.kind != "cg":
         return None
     pairs = max(1, num_draws // 2)
