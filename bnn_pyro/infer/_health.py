@@ -399,11 +399,16 @@ def check_guide_gap(post) -> None:
     more = f"num_steps={4 * steps}" if isinstance(steps, int) else "more num_steps"
     refined = post.config.get("guide_refinement")
     refined = refined[chain] if isinstance(refined, list) and len(refined) > chain else None
+    refined = refined if isinstance(refined, dict) else {}
+    cap = refined.get("max_evaluations")  # svi.MAX_EVALUATIONS: the fit's cost capped the refinement's evaluations
     advice = (  # Newton steps after the fit moved the mean and stopped short too: Adam's longer schedule cannot help
         f"The refinement's {refined['accepted']} Newton step(s) after the fit did not close it either (stopped: "
         f"{refined.get('stopped')}; post.config['guide_refinement']), so more num_steps would not: the posterior is "
         "far from what the guide's family can match here; use method='nuts' for the exact posterior of a small model"
-        if isinstance(refined, dict) and refined.get("accepted")
+        if refined.get("accepted") and not (cap and refined.get("stopped") == "evaluation limit")
+        else f"Try {more}: the refinement after the fit stopped at the {cap} evaluations that the fit's cost allows "
+        "(svi_gap_cg.FIT_SHARE; post.config['guide_refinement']), and a longer fit allows more"
+        if refined.get("accepted")
         else f"Try {more} (the schedule then keeps the rate up longer), or method='nuts' for the exact posterior of a "
         "small model"
     )

@@ -174,7 +174,13 @@ class GapPath(NamedTuple):
 
 
 def choose_path(
-    dim: int, rows: int, *, fit_passes: int | None = None, full_rank: bool = False, scale: bool = False
+    dim: int,
+    rows: int,
+    *,
+    fit_passes: int | None = None,
+    full_rank: bool = False,
+    scale: bool = False,
+    gap: bool = True,
 ) -> GapPath:
     """Which path a Gaussian guide's refinement and gap take for ``dim`` unconstrained coordinates (the guide's, which a
     site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows`` rows, after a fit of
@@ -195,11 +201,12 @@ def choose_path(
     from what is left).
 
     The dense path has the same bound from the fit's cost (:func:`dense_passes`): the gap (a low-rank guide's, with
-    exact Hessians; a full-rank guide's, gradients; a mean-field guide has none there, counted as a low-rank one's)
-    must fit in :data:`FIT_SHARE` of the fit's passes, or nothing is checked; the refinement (within
-    ``svi_refine``'s bounds) gets the evaluations the rest leaves (``max_evaluations``, at most
-    ``svi_refine.MAX_EVALUATIONS``), and is skipped below 2 (the start and one step), its reason then naming this
-    bound. The fit's passes are counted as on the conjugate-gradient path: each over the rows plus :data:`STEP_ROWS`."""
+    exact Hessians; a full-rank guide's, gradients) must fit in :data:`FIT_SHARE` of the fit's passes, or nothing is
+    checked; the refinement (within ``svi_refine``'s bounds) gets the evaluations the rest leaves (``max_evaluations``,
+    at most ``svi_refine.MAX_EVALUATIONS``), and is skipped below 2 (the start and one step), its reason then naming
+    this bound. ``gap`` False (a mean-field guide, whose gap the engine does not take within ``svi_refine``'s bounds):
+    on the dense path the refinement alone is charged, and nothing there is "not checked" for the gap's cost (review
+    17: a gap that is never taken neither costs the refinement evaluations nor writes a record promising it). The fit's passes are counted as on the conjugate-gradient path: each over the rows plus :data:`STEP_ROWS`."""
     refinable = dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK
     budget = None if fit_passes is None else FIT_SHARE * fit_passes * (rows + STEP_ROWS) / rows  # passes over rows
     fit = (
@@ -209,23 +216,23 @@ def choose_path(
     if refinable or full_rank:
         if budget is None:
             return GapPath("dense")
-        gap = dense_passes(dim, 0, hessian_gap=not full_rank)
-        if gap > budget:
+        gap_cost = dense_passes(dim, 0, hessian_gap=not full_rank) if gap else 0
+        if gap_cost > budget:
             return GapPath(
                 "none",
-                f"not checked: the gap takes {gap:,} gradient passes over the {rows} rows (svi_gap_cg.dense_passes), "
-                f"more than {fit}; more num_steps would be checked",
+                f"not checked: the gap takes {gap_cost:,} gradient passes over the {rows} rows "
+                f"(svi_gap_cg.dense_passes), more than {fit}; more num_steps would be checked",
             )
         if not refinable:  # a full-rank guide past svi_refine's bounds: the gap alone (svi_refine says why)
             return GapPath("dense")
         per_evaluation = svi_refine.DRAWS * DENSE_PASSES * dim
-        evaluations = int(min(svi_refine.MAX_EVALUATIONS, (budget - gap) // per_evaluation))
+        evaluations = int(min(svi_refine.MAX_EVALUATIONS, (budget - gap_cost) // per_evaluation))
         if evaluations < 2:
+            besides = f" besides the gap's {gap_cost:,}" if gap else ""
             return GapPath(
                 "dense",
                 f"skipped: the refinement's first step takes {2 * per_evaluation:,} gradient passes over the "
-                f"{rows} rows (svi_gap_cg.dense_passes) besides the gap's {gap:,}, more than {fit}; more num_steps "
-                "would refine it",
+                f"{rows} rows (svi_gap_cg.dense_passes){besides}, more than {fit}; more num_steps would refine it",
                 max_evaluations=evaluations,
             )
         return GapPath("dense", max_evaluations=evaluations)
