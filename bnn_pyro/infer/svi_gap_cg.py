@@ -90,9 +90,10 @@ BATCHES = 20
 """Batches of the gradient draws (50 draws, 25 antithetic pairs, each of the default 1,000): one solve each, all in one
 conjugate-gradient run. The standard error's own error is then ``1 / sqrt(2 (BATCHES - 1))``, 16%, so the check
 (:func:`~bnn_pyro.infer._health.check_guide_gap`) judges this path's gap against Student's t on ``BATCHES - 1`` = 19
-degrees of freedom at the dense path's chance (:func:`~bnn_pyro.infer._health.gap_z`: the normal's at 4 standard
-errors, 6.3e-5, for the whole fit, split over its coordinates by Sidak's rule; 5.1 standard errors at one coordinate,
-where the normal's 4 would have the t's chance 7.6e-4, and 8.5 at 1,000), besides the 0.05-sd floor."""
+degrees of freedom at the dense path's chance (:func:`~bnn_pyro.infer._health.gap_thresholds`: the normal's at 4
+standard errors, 6.3e-5, for the whole fit, split over its coordinates by Sidak's rule counting the 0.05-sd floor; 5.1
+standard errors at one coordinate, where the normal's 4 would have the t's chance 7.6e-4, and 8.5 at 1,000 where no
+floor is in reach)."""
 HESSIAN_DRAWS = 10
 """Draws (5 antithetic pairs: the first pair of 5 batches spread over the :data:`BATCHES`, :func:`hessian_pairs`)
 averaged for each product of the expected Hessian: its Monte Carlo error scales the step by a relative error (none on
