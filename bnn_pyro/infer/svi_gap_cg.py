@@ -185,7 +185,8 @@ def choose_path(
 ) -> GapPath:
     """Which path a Gaussian guide's refinement and gap take for ``dim`` unconstrained coordinates (the guide's, which a
     site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows`` rows, after a fit of
-    ``fit_passes`` gradient passes (``num_steps x num_particles``; ``None``: not bounded by it). The one rule the SVI
+    ``fit_passes`` gradient passes (``num_steps x num_particles``, fewer where the particles are vectorized and pay a
+    step's fixed cost once: the SVI engine's ``_fit_passes``; ``None``: not bounded by it). The one rule the SVI
     engine, :func:`~bnn_pyro.infer.svi_gap.newton_gap` and :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean` all
     decide by.
 

@@ -149,3 +149,27 @@ def test_a_mean_field_guide_within_the_dense_bounds_is_charged_no_gap():
     (refined,) = post.config["guide_refinement"]
     assert refined["stopped"].startswith("skipped: the refinement's first step"), refined
     assert "the gap's" not in refined["stopped"], refined
+
+
+def _vectorizable(x, y=None):
+    b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    with pyro.plate("data", size=x.shape[0]):
+        return pyro.sample("obs", dist.Normal((x * b.unsqueeze(-2)).sum(-1), 1.0), obs=y)
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_vectorized_particles_pay_the_step_s_fixed_cost_once(vectorize):
+    """20 coefficients x 40 rows, 100 steps of 8 particles (review 17, finding 3): unvectorized, each particle pays
+    Pyro's fixed cost of a step (STEP_ROWS), so the fit counts 800 passes and the refinement gets 16 evaluations;
+    vectorized, a step pays it once, 100 x (8 x 40 + 50,000) rows = 100 passes, so the refinement gets what a
+    one-particle fit's does (2), the cap the record carries (svi.MAX_EVALUATIONS)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(40, 20, generator=g)
+    y = x @ torch.randn(20, generator=g) * 0.3 + torch.randn(40, generator=g)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = bp.fit(_vectorizable, x, y, method="svi", guide="full_rank", num_steps=100, num_particles=8,
+                      vectorize_particles=vectorize, num_samples=5, seed=0, progress=False)  # fmt: skip
+    (refined,) = post.config["guide_refinement"]
+    expected = svi_gap_cg.choose_path(20, 40, fit_passes=100 if vectorize else 800, full_rank=True).max_evaluations
+    assert expected == (2 if vectorize else 16) and refined[svi.MAX_EVALUATIONS] == expected, refined
