@@ -447,8 +447,8 @@ def gap_thresholds(gap: torch.Tensor, se: torch.Tensor, samples: list[int | None
     chance of almost nothing, so it should not raise ``z`` for the noisy coordinates, where real gaps hide (Sidak over
     every coordinate, :func:`gap_z`, sent a 0.45-sd gap at 7.5 standard errors among 999 precise coordinates unwarned:
     review 17). Where no floor binds this is :func:`gap_z` at every coordinate; the chance is exact for independent
-    coordinates and at most ``a`` where they correlate (Sidak's inequality holds for any thresholds per coordinate:
-    Sidak 1967). ``samples`` per chain: the draws or batch means its standard errors are from (Student's t on
+    coordinates and at most ``a`` where normal gaps correlate (Sidak's inequality holds for any thresholds per
+    coordinate: Sidak 1967; for studentized ratios sharing draws, approximately). ``samples`` per chain: the draws or batch means its standard errors are from (Student's t on
     ``samples - 1`` degrees of freedom, the normal where ``None``); one ``z`` per chain at one common chance per
     coordinate over the floor."""
     import numpy as np
