@@ -49,6 +49,7 @@ __all__ = [
     "GAP_MAX",
     "GAP_Z",
     "gap_z",
+    "gap_thresholds",
     "check_predictive",
     "ELBO_WINDOW",
     "ELBO_MIN_WINDOW",
@@ -104,19 +105,22 @@ ELBO's optimum in some coordinate (one Newton step, :mod:`bnn_pyro.infer.svi_gap
 of eight schools at the defaults read 0.10-0.19, and fits that reach the optimum 0.01-0.03 (a real gap of 0.12 on one
 matching kidiq fit warns: the reference test's 1,000 draws cannot resolve it), ``benchmarks/results/svi_convergence/``."""
 GAP_Z = 4.0
-"""... and the gap exceeds :func:`gap_z` standard errors, at least 4: the two-sided normal chance at 4 standard errors,
-6.3e-5, is the chance that a fit whose guide means sit at their optimum warns on Monte Carlo error alone, for the whole
-fit (every chain and coordinate judged), not per coordinate. Why a family-wise chance: judged coordinate by coordinate
-at 4 standard errors, ``d`` coordinates of pure noise warn with a chance of about ``6.3e-5 d`` (6.6% at 1,000
-coordinates where the standard error is above the floor, ``GAP_MAX / 4``; review 14), so a converged fit of a large
-model would warn at random; with the chance per coordinate set by Sidak's rule (:func:`gap_z`: 5.4 standard errors at
-1,000 coordinates of the normal), the fit's stays at most 6.3e-5 whatever ``d`` (exactly that for independent
-coordinates, less where they correlate: Sidak 1967). A standard error from ``b`` batch means (the conjugate-gradient
-path's record gives ``batches``: :data:`~bnn_pyro.infer.svi_gap_cg.BATCHES`) takes Student's t on ``b - 1`` degrees of
-freedom at the same chance (5.1 at one coordinate and 20 batches, 8.5 at 1,000). The floor :data:`GAP_MAX` is kept: a
-gap under it never warns, and one over it warns wherever its standard error is small enough (below ``GAP_MAX /
-gap_z``: 0.0093 guide sds at 1,000 coordinates of the dense path), as on a converged fit of a near-Gaussian
-posterior."""
+"""... and the gap exceeds :func:`gap_thresholds` standard errors, at least 4: the two-sided normal chance at 4
+standard errors, 6.3e-5, is the chance that a fit whose guide means sit at their optimum warns on Monte Carlo error
+alone, for the whole fit (every chain and coordinate judged), not per coordinate. Why a family-wise chance: judged
+coordinate by coordinate at 4 standard errors, ``d`` coordinates of pure noise warn with a chance of about ``6.3e-5 d``
+(6.6% at 1,000 coordinates where the standard error is above the floor, ``GAP_MAX / 4``; review 14), so a converged fit
+of a large model would warn at random; with the chance per coordinate set by Sidak's rule (:func:`gap_z`: 5.4 standard
+errors at 1,000 coordinates of the normal), the fit's stays at 6.3e-5 whatever ``d`` (exactly that for independent
+coordinates, less where they correlate: Sidak 1967). The floor :data:`GAP_MAX` is kept, and counted
+(:func:`gap_thresholds`): a gap under it never warns, so a coordinate whose standard error is far under ``GAP_MAX / z``
+can warn only over the floor, at almost no chance, and takes almost none of the fit's; the threshold for the others is
+then lower (about 4 where one coordinate is noisy and 999 are precise, 5.4 where all 1,000 are noisy; review 17). A
+standard error from ``n`` draws (the dense path's record gives ``draws``: 1,000) or ``n`` batch means (the
+conjugate-gradient path's gives ``batches``: :data:`~bnn_pyro.infer.svi_gap_cg.BATCHES`) takes Student's t on ``n -
+1`` degrees of freedom at the same chance (4.02 at one coordinate and 1,000 draws, 5.45 at 1,000 noisy ones; 5.1 at one
+coordinate and 20 batches, 8.5 at 1,000). A gap over the floor warns wherever its standard error is small enough (below
+``GAP_MAX / z``), as on a converged fit of a near-Gaussian posterior."""
 PREDICTIVE_ROWS = 1000
 """Training rows (evenly spaced) used by :func:`check_predictive`, which bounds its cost (one pass of
 the posterior and prior draws over these rows)."""
@@ -368,8 +372,8 @@ def check_learned_noise(post, *, advice: str = "") -> None:
 def check_guide_gap(post) -> None:
     """Warn when a chain's Gaussian guide (where :mod:`bnn_pyro.infer.svi_gap` takes its gap) stopped short of its family's ELBO optimum: in some unconstrained coordinate
     the Newton step to the optimum (``post.history[GAP]``, :mod:`bnn_pyro.infer.svi_gap`) exceeds :data:`GAP_MAX`
-    guide sds and :func:`gap_z` standard errors (at the chance :data:`GAP_Z` states for the whole fit, Sidak's over
-    every chain's coordinates, Student's t for a batch-means standard error from the chain's
+    guide sds and :func:`gap_thresholds` standard errors (at the chance :data:`GAP_Z` states for the whole fit, over
+    every chain's coordinates with the floor counted, Student's t on the draws or batch means of the chain's
     ``post.config["guide_gap"]`` record). The ELBO check cannot see it: under the cosine schedule the parameters freeze
     at the end wherever they are, so the loss's last windows agree. A chain without a verdict has NaN gaps (the reason
     in ``post.config["guide_gap"]``) and is not judged.
@@ -387,8 +391,8 @@ def check_guide_gap(post) -> None:
     gap, se = post.history[GAP].double(), post.history[GAP_SE].double()
     records = post.config.get("guide_gap")
     records = records if isinstance(records, list) and len(records) == gap.shape[0] else [{}] * gap.shape[0]
-    tests = max(1, int(torch.isfinite(gap).sum()))  # a chain without a verdict (NaN) is not judged (gap_z)
-    z = torch.tensor([gap_z(r.get("batches"), tests) for r in records], dtype=gap.dtype, device=gap.device)[:, None]
+    # a chain without a verdict (NaN) is not judged; each chain's standard errors from its batch means or draws
+    z = gap_thresholds(gap, se, [r.get("batches") or r.get("draws") for r in records]).to(gap)[:, None]
     short = (gap.abs() > GAP_MAX) & (gap.abs() > z * se)
     if not bool(short.any()):
         return
@@ -399,11 +403,16 @@ def check_guide_gap(post) -> None:
     more = f"num_steps={4 * steps}" if isinstance(steps, int) else "more num_steps"
     refined = post.config.get("guide_refinement")
     refined = refined[chain] if isinstance(refined, list) and len(refined) > chain else None
+    refined = refined if isinstance(refined, dict) else {}
+    cap = refined.get("max_evaluations")  # svi.MAX_EVALUATIONS: the fit's cost capped the refinement's evaluations
     advice = (  # Newton steps after the fit moved the mean and stopped short too: Adam's longer schedule cannot help
         f"The refinement's {refined['accepted']} Newton step(s) after the fit did not close it either (stopped: "
         f"{refined.get('stopped')}; post.config['guide_refinement']), so more num_steps would not: the posterior is "
         "far from what the guide's family can match here; use method='nuts' for the exact posterior of a small model"
-        if isinstance(refined, dict) and refined.get("accepted")
+        if refined.get("accepted") and not (cap and refined.get("stopped") == "evaluation limit")
+        else f"Try {more}: the refinement after the fit stopped at the {cap} evaluations that the fit's cost allows "
+        "(svi_gap_cg.FIT_SHARE; post.config['guide_refinement']), and a longer fit allows more"
+        if refined.get("accepted")
         else f"Try {more} (the schedule then keeps the rate up longer), or method='nuts' for the exact posterior of a "
         "small model"
     )
@@ -416,20 +425,79 @@ def check_guide_gap(post) -> None:
     )
 
 
-def gap_z(batches: int | None, tests: int = 1) -> float:
+def gap_z(samples: int | None, tests: int = 1) -> float:
     """The standard errors a gap must exceed (:data:`GAP_Z`) when ``tests`` gaps (every chain's coordinates with a
-    verdict) are judged together: each at the two-sided chance ``p = 1 - (1 - a)^(1 / tests)`` (Sidak), ``a`` the
-    normal's at :data:`GAP_Z` (6.3e-5), so that pure Monte Carlo noise warns for the whole fit with a chance of at most
-    ``a``: the normal quantile for a standard error from many draws (4 at one test, 5.4 at 1,000), or, from
-    ``batches`` batch means, Student's t on ``batches - 1`` degrees of freedom (5.1 at one test and 20 batches)."""
-    from scipy import stats  # lazily: bnn_pyro's import stays light
-
+    verdict) are judged together and none is decided by the floor: each at the two-sided chance ``p = 1 - (1 -
+    a)^(1 / tests)`` (Sidak), ``a`` the normal's at :data:`GAP_Z` (6.3e-5), so that pure Monte Carlo noise warns for
+    the whole fit with a chance of at most ``a``: for a standard error from ``samples`` draws or batch means, Student's
+    t on ``samples - 1`` degrees of freedom (4.02 at one test and 1,000 draws, 5.45 at 1,000 tests; 5.1 at one test and
+    20 batches, 8.5 at 1,000), the normal's quantile where ``samples`` is ``None`` (4 at one test, 5.4 at 1,000).
+    :func:`gap_thresholds` is the rule with the floor."""
     if tests < 1:
         raise ValueError(f"tests must be at least 1 (the gaps judged together), got {tests}")
-    chance = -math.expm1(math.log1p(-2 * stats.norm.sf(GAP_Z)) / tests)  # per test, two-sided
-    if not batches or batches < 2:
-        return float(stats.norm.isf(chance / 2))
-    return float(stats.t.isf(chance / 2, batches - 1))
+    return float(_ratio_law(samples).isf(_per_test(tests) / 2))
+
+
+def gap_thresholds(gap: torch.Tensor, se: torch.Tensor, samples: list[int | None]) -> torch.Tensor:
+    """Per chain, the standard errors a gap must exceed so that pure Monte Carlo noise warns for the whole fit with the
+    chance ``a`` of :data:`GAP_Z` (6.3e-5), counting the floor: a coordinate warns only where its ratio ``T = gap /
+    se`` exceeds ``max(GAP_MAX / se, z)``, so the threshold is the ``z`` at which ``prod_i (1 - P(|T_i| > max(GAP_MAX /
+    se_i, z))) = 1 - a`` over every chain's coordinates with a verdict (finite ``gap`` and ``se``, both ``(chains,
+    dim)``). Why: a coordinate whose standard error is far under ``GAP_MAX / z`` can warn only over the floor, at a
+    chance of almost nothing, so it should not raise ``z`` for the noisy coordinates, where real gaps hide (Sidak over
+    every coordinate, :func:`gap_z`, sent a 0.45-sd gap at 7.5 standard errors among 999 precise coordinates unwarned:
+    review 17). Where no floor binds this is :func:`gap_z` at every coordinate; the chance is exact for independent
+    coordinates and at most ``a`` where normal gaps correlate (Sidak's inequality holds for any thresholds per
+    coordinate: Sidak 1967; for studentized ratios sharing draws, approximately). ``samples`` per chain: the draws or batch means its standard errors are from (Student's t on
+    ``samples - 1`` degrees of freedom, the normal where ``None``); one ``z`` per chain at one common chance per
+    coordinate over the floor."""
+    import numpy as np
+    from scipy import optimize, stats  # lazily: bnn_pyro's import stays light
+
+    gap, se = torch.as_tensor(gap).double().cpu(), torch.as_tensor(se).double().cpu()
+    if gap.dim() != 2 or se.shape != gap.shape or len(samples) != gap.shape[0]:
+        raise ValueError(
+            f"gap and se must be (chains, dim) of one shape and samples one entry per chain, got {tuple(gap.shape)}, "
+            f"{tuple(se.shape)} and {len(samples)}"
+        )
+    judged = torch.isfinite(gap) & torch.isfinite(se)
+    laws = [_ratio_law(n) for n in samples]
+    chance = 2 * stats.norm.sf(GAP_Z)
+    low, high = _per_test(max(1, int(judged.sum()))), chance  # the per-coordinate chance lies between (Sidak, one)
+    floors = [(GAP_MAX / se[c][judged[c]]).numpy() for c in range(gap.shape[0])]  # se 0: an infinite floor
+    fixed, free = 0.0, []  # floors over the largest z decide their coordinates whatever z
+    for law, floor in zip(laws, floors):
+        top = law.isf(low / 2)
+        fixed -= float(np.log1p(-2 * law.sf(floor[floor >= top])).sum())
+        free.append(floor[floor < top])
+
+    def excess(log_p: float) -> float:  # the fit's -log P(no warning) at the chance log_p, less the target's
+        p = math.exp(log_p)
+        spent = sum(-np.log1p(-2 * law.sf(np.maximum(f, law.isf(p / 2)))).sum() for law, f in zip(laws, free))
+        return fixed + float(spent) + math.log1p(-chance)
+
+    if not sum(f.size for f in free) or excess(math.log(high)) <= 0:
+        per_test = high
+    elif excess(math.log(low)) >= 0:
+        per_test = low
+    else:
+        per_test = math.exp(optimize.brentq(excess, math.log(low), math.log(high), xtol=1e-12, rtol=1e-12))
+    return torch.tensor([float(law.isf(per_test / 2)) for law in laws], dtype=torch.float64, device=gap.device)
+
+
+def _per_test(tests: int) -> float:
+    """Sidak's two-sided chance per test that keeps ``tests`` independent ones at :data:`GAP_Z`'s normal chance."""
+    from scipy import stats
+
+    return -math.expm1(math.log1p(-2 * stats.norm.sf(GAP_Z)) / tests)
+
+
+def _ratio_law(samples: int | None):
+    """The law of a gap over its standard error from ``samples`` draws or batch means: Student's t on ``samples - 1``
+    degrees of freedom, or the normal where ``samples`` is ``None`` (or under 2)."""
+    from scipy import stats
+
+    return stats.t(samples - 1) if samples and samples >= 2 else stats.norm()
 
 
 def check_svi(post):

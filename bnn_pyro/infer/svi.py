@@ -455,8 +455,14 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     # refine_mean count too (an LKJCholesky or simplex site has fewer than its constrained elements): one rule,
     # svi_gap_cg.choose_path, bounded by the fit's own gradient passes
     coords = unconstrained_size(sites)
-    fit_passes = num_steps * num_particles
-    path = svi_gap_cg.choose_path(coords, data.size, fit_passes=fit_passes, full_rank=guide_kind is GuideKind.FULL_RANK)
+    fit_passes = _fit_passes(num_steps, num_particles, data.size, vectorized=vectorize_particles and num_particles > 1)
+    path = svi_gap_cg.choose_path(
+        coords,
+        data.size,
+        fit_passes=fit_passes,
+        full_rank=guide_kind is GuideKind.FULL_RANK,
+        gap=guide_kind is not GuideKind.MEAN_FIELD,  # within svi_refine's bounds its gap is not taken (gap_checked)
+    )
     small_function = function_full_batch and coords <= FULL_RANK_MAX_DIM
     factored = function_full_batch and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
     by_cg = factored and path.kind == "cg"
@@ -543,8 +549,10 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
             refined = svi_refine.refine(
                 state.guide, state.model, data, seed=state.seed, max_evaluations=path.max_evaluations
             )
-            if refined is not None:
-                config.setdefault("guide_refinement", []).append(refined.record())
+            if refined is not None:  # a cap from the fit's cost is recorded: more num_steps lift it (check_guide_gap)
+                capped = path.max_evaluations < svi_refine.MAX_EVALUATIONS
+                record = {**refined.record(), **({MAX_EVALUATIONS: path.max_evaluations} if capped else {})}
+                config.setdefault("guide_refinement", []).append(record)
         elif given_guide:
             config.setdefault("guide_refinement", []).append(svi_refine.Refinement(0, 0.0, GIVEN_GUIDE).record())
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
@@ -791,6 +799,27 @@ optimum of the objective on its 1,000 draws, so it is off the true optimum by th
 and batches) has that spread over its 20 batches, so its standard error is the step's, read at no extra cost. The gap
 itself, on the same draws, cannot see this error (:func:`~bnn_pyro.infer._health.check_guide_gap`). The dense
 refinement has no batches (its antithetic pairs make one estimate) and no such record."""
+MAX_EVALUATIONS = "max_evaluations"
+"""The key, in a chain's ``post.config["guide_refinement"]`` record of the dense refinement
+(:mod:`bnn_pyro.infer.svi_refine`), of the evaluations the fit's cost allowed it where that is fewer than
+``svi_refine.MAX_EVALUATIONS`` (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`, ``max_evaluations``; absent where it
+had them all). Why recorded: a refinement that stopped at ``"evaluation limit"`` under this cap was stopped by the fit's
+length, so more num_steps give it more evaluations, and the gap check advises them rather than another method
+(:func:`~bnn_pyro.infer._health.check_guide_gap`; review 17)."""
+
+
+def _fit_passes(num_steps: int, num_particles: int, rows: int, *, vectorized: bool) -> int:
+    """The fit's cost as :func:`~bnn_pyro.infer.svi_gap_cg.choose_path` counts it, in gradient passes over the rows
+    plus ``svi_gap_cg.STEP_ROWS`` (Pyro's fixed cost of a step): ``num_steps x num_particles``, where each particle
+    pays that fixed cost; with ``vectorized`` particles a step pays it once, so the fit costs ``num_steps x
+    (num_particles x rows + STEP_ROWS)`` rows, counted in those passes (rounded down). Why: counting the fixed cost per
+    particle let the check spend up to ``num_particles`` times its share of a vectorized fit (review 17, finding 3:
+    8 particles, 20 coordinates x 40 rows, the check at 1.7-9 times the rest of the fit)."""
+    if not vectorized:
+        return num_steps * num_particles
+    step_rows = svi_gap_cg.STEP_ROWS
+    return num_steps * (num_particles * rows + step_rows) // (rows + step_rows)
+
 
 NARROW = (
     "A mean-field guide cannot hold correlated weights (its sds are 1/sqrt(H_ii), not the posterior's): try "

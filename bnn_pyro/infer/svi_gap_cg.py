@@ -91,9 +91,10 @@ BATCHES = 20
 """Batches of the gradient draws (50 draws, 25 antithetic pairs, each of the default 1,000): one solve each, all in one
 conjugate-gradient run. The standard error's own error is then ``1 / sqrt(2 (BATCHES - 1))``, 16%, so the check
 (:func:`~bnn_pyro.infer._health.check_guide_gap`) judges this path's gap against Student's t on ``BATCHES - 1`` = 19
-degrees of freedom at the dense path's chance (:func:`~bnn_pyro.infer._health.gap_z`: the normal's at 4 standard
-errors, 6.3e-5, for the whole fit, split over its coordinates by Sidak's rule; 5.1 standard errors at one coordinate,
-where the normal's 4 would have the t's chance 7.6e-4, and 8.5 at 1,000), besides the 0.05-sd floor."""
+degrees of freedom at the dense path's chance (:func:`~bnn_pyro.infer._health.gap_thresholds`: the normal's at 4
+standard errors, 6.3e-5, for the whole fit, split over its coordinates by Sidak's rule counting the 0.05-sd floor; 5.1
+standard errors at one coordinate, where the normal's 4 would have the t's chance 7.6e-4, and 8.5 at 1,000 where no
+floor is in reach)."""
 HESSIAN_DRAWS = 10
 """Draws (5 antithetic pairs: the first pair of 5 batches spread over the :data:`BATCHES`, :func:`hessian_pairs`)
 averaged for each product of the expected Hessian: its Monte Carlo error scales the step by a relative error (none on
@@ -186,11 +187,18 @@ class GapPath(NamedTuple):
 
 
 def choose_path(
-    dim: int, rows: int, *, fit_passes: int | None = None, full_rank: bool = False, spent_passes: int = 0
+    dim: int,
+    rows: int,
+    *,
+    fit_passes: int | None = None,
+    full_rank: bool = False,
+    spent_passes: int = 0,
+    gap: bool = True,
 ) -> GapPath:
     """Which path a Gaussian guide's refinement and gap take for ``dim`` unconstrained coordinates (the guide's, which a
     site such as ``LKJCholesky`` or a simplex has fewer of than constrained elements) on ``rows`` rows, after a fit of
-    ``fit_passes`` gradient passes (``num_steps x num_particles``; ``None``: not bounded by it). The one rule the SVI
+    ``fit_passes`` gradient passes (``num_steps x num_particles``, fewer where the particles are vectorized and pay a
+    step's fixed cost once: the SVI engine's ``_fit_passes``; ``None``: not bounded by it). The one rule the SVI
     engine, :func:`~bnn_pyro.infer.svi_gap.newton_gap` and :func:`~bnn_pyro.infer.svi_refine_cg.refine_mean` all
     decide by.
 
@@ -207,11 +215,12 @@ def choose_path(
     solves' iterations (:func:`scale_fits`), so in the engine this never lowers ``max_iterations``.
 
     The dense path has the same bound from the fit's cost (:func:`dense_passes`): the gap (a low-rank guide's, with
-    exact Hessians; a full-rank guide's, gradients; a mean-field guide has none there, counted as a low-rank one's)
-    must fit in :data:`FIT_SHARE` of the fit's passes, or nothing is checked; the refinement (within
-    ``svi_refine``'s bounds) gets the evaluations the rest leaves (``max_evaluations``, at most
-    ``svi_refine.MAX_EVALUATIONS``), and is skipped below 2 (the start and one step), its reason then naming this
-    bound. The fit's passes are counted as on the conjugate-gradient path: each over the rows plus :data:`STEP_ROWS`."""
+    exact Hessians; a full-rank guide's, gradients) must fit in :data:`FIT_SHARE` of the fit's passes, or nothing is
+    checked; the refinement (within ``svi_refine``'s bounds) gets the evaluations the rest leaves (``max_evaluations``,
+    at most ``svi_refine.MAX_EVALUATIONS``), and is skipped below 2 (the start and one step), its reason then naming
+    this bound. ``gap`` False (a mean-field guide, whose gap the engine does not take within ``svi_refine``'s bounds):
+    on the dense path the refinement alone is charged, and nothing there is "not checked" for the gap's cost (review
+    17: a gap that is never taken neither costs the refinement evaluations nor writes a record promising it). The fit's passes are counted as on the conjugate-gradient path: each over the rows plus :data:`STEP_ROWS`."""
     refinable = dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK
     budget = None if fit_passes is None else FIT_SHARE * fit_passes * (rows + STEP_ROWS) / rows  # passes over rows
     fit = (
@@ -221,23 +230,23 @@ def choose_path(
     if refinable or full_rank:
         if budget is None:
             return GapPath("dense")
-        gap = dense_passes(dim, 0, hessian_gap=not full_rank)
-        if gap > budget:
+        gap_cost = dense_passes(dim, 0, hessian_gap=not full_rank) if gap else 0
+        if gap_cost > budget:
             return GapPath(
                 "none",
-                f"not checked: the gap takes {gap:,} gradient passes over the {rows} rows (svi_gap_cg.dense_passes), "
-                f"more than {fit}; more num_steps would be checked",
+                f"not checked: the gap takes {gap_cost:,} gradient passes over the {rows} rows "
+                f"(svi_gap_cg.dense_passes), more than {fit}; more num_steps would be checked",
             )
         if not refinable:  # a full-rank guide past svi_refine's bounds: the gap alone (svi_refine says why)
             return GapPath("dense")
         per_evaluation = svi_refine.DRAWS * DENSE_PASSES * dim
-        evaluations = int(min(svi_refine.MAX_EVALUATIONS, (budget - gap) // per_evaluation))
+        evaluations = int(min(svi_refine.MAX_EVALUATIONS, (budget - gap_cost) // per_evaluation))
         if evaluations < 2:
+            besides = f" besides the gap's {gap_cost:,}" if gap else ""
             return GapPath(
                 "dense",
                 f"skipped: the refinement's first step takes {2 * per_evaluation:,} gradient passes over the "
-                f"{rows} rows (svi_gap_cg.dense_passes) besides the gap's {gap:,}, more than {fit}; more num_steps "
-                "would refine it",
+                f"{rows} rows (svi_gap_cg.dense_passes){besides}, more than {fit}; more num_steps would refine it",
                 max_evaluations=evaluations,
             )
         return GapPath("dense", max_evaluations=evaluations)
