@@ -84,7 +84,8 @@ check, and the records name that bound. Past those
 bounds (up to :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows, any number of coordinates) a mean-field
 guide's sds are first taken to their fixed point ``1 / s_i^2 = E_q[-d2 log p / dz_i^2]`` by one damped step from
 Hessian-vector products with the unit vectors (:mod:`bnn_pyro.infer.svi_refine_scale`, where its cost leaves the
-solves after it every iteration of the check's share of the fit; recorded as ``"scale"`` inside the chain's record,
+solves after it :data:`~bnn_pyro.infer.svi_gap_cg.SCALE_KEEP` iterations of the check's share of the fit, or all
+they have where fewer; recorded as ``"scale"`` inside the chain's record,
 with the passes it spent, which the mean's step and the gap are charged), then a mean-field or low-rank guide's
 mean by damped Newton steps solved by conjugate gradients, a low-rank guide's covariance left as trained
 (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list with the step's own Monte Carlo error
@@ -551,7 +552,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
             )
             if refined is not None:  # a cap from the fit's cost is recorded: more num_steps lift it (check_guide_gap)
                 capped = path.max_evaluations < svi_refine.MAX_EVALUATIONS
-                record = {**refined.record(), **({MAX_EVALUATIONS: path.max_evaluations} if capped else {})}
+                record = {**refined.record(), **({EVALUATIONS_CAP: path.max_evaluations} if capped else {})}
                 config.setdefault("guide_refinement", []).append(record)
         elif given_guide:
             config.setdefault("guide_refinement", []).append(svi_refine.Refinement(0, 0.0, GIVEN_GUIDE).record())
@@ -799,7 +800,7 @@ optimum of the objective on its 1,000 draws, so it is off the true optimum by th
 and batches) has that spread over its 20 batches, so its standard error is the step's, read at no extra cost. The gap
 itself, on the same draws, cannot see this error (:func:`~bnn_pyro.infer._health.check_guide_gap`). The dense
 refinement has no batches (its antithetic pairs make one estimate) and no such record."""
-MAX_EVALUATIONS = "max_evaluations"
+EVALUATIONS_CAP = "max_evaluations"
 """The key, in a chain's ``post.config["guide_refinement"]`` record of the dense refinement
 (:mod:`bnn_pyro.infer.svi_refine`), of the evaluations the fit's cost allowed it where that is fewer than
 ``svi_refine.MAX_EVALUATIONS`` (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`, ``max_evaluations``; absent where it

@@ -71,6 +71,7 @@ __all__ = [
     "STEP_SOLVES",
     "SCALE_COLUMN_PASSES",
     "SCALE_EVALUATIONS",
+    "SCALE_KEEP",
     "TOL",
     "CGGap",
     "GapPath",
@@ -81,6 +82,7 @@ __all__ = [
     "curvature",
     "dense_passes",
     "hessian_pairs",
+    "kept_iterations",
     "precision_diagonal",
     "rounding",
     "scale_fits",
@@ -129,6 +131,12 @@ SCALE_EVALUATIONS = 6
 """Evaluations of the draws that a mean-field guide's scale step takes at most, the first included: the start and the
 candidates at ``r = 1, 1/2, 1/4, 1/8, 1/16`` (down to :data:`~bnn_pyro.infer.svi_refine.MIN_RATE`, as the other
 refinements; :data:`~bnn_pyro.infer.svi_refine_scale.MAX_EVALUATIONS`, which imports this module)."""
+SCALE_KEEP = 200
+"""Conjugate-gradient iterations the scale step must leave the solves (or all they have without it, where that is
+fewer): :func:`scale_fits`. At least what the solves were measured to need on default fits where the step runs at all
+(``benchmarks/results/svi_convergence/gap_cg_defaults_refined.md`` and ``scale_fits.md``: 6-191 iterations at 150-1,000
+coordinates x 1,000 rows), while the step still runs on default fits of about 2,000 rows (review 18: keeping all of
+:data:`MAX_ITERATIONS`, a worst-case cap, skipped it from 2,000 rows on)."""
 SCALE_COLUMN_PASSES = 16
 """Gradient passes over the rows that the scale step's diagonal costs per coordinate, its :data:`HESSIAN_DRAWS` draws
 together, in this model's units (a conjugate-gradient iteration's products, ``2 HESSIAN_DRAWS (BATCHES + STEP_SOLVES)``
@@ -293,16 +301,23 @@ def scale_passes(dim: int) -> int:
 
 def scale_fits(dim: int, rows: int, *, fit_passes: int | None = None) -> bool:
     """Whether a mean-field guide's scale step may run after a fit of ``fit_passes`` passes: where its
-    :func:`scale_passes` leave the conjugate-gradient solves every iteration they have without it within
-    :data:`FIT_SHARE` (:func:`choose_path`: ``MAX_ITERATIONS``, or all the share pays for). Why not any iteration
+    :func:`scale_passes` leave the conjugate-gradient solves :data:`SCALE_KEEP` iterations within :data:`FIT_SHARE`,
+    or every iteration they have without it where that is fewer (:func:`kept_iterations`). Why not any iteration
     left: the solves' need grows with the conditioning of ``H`` and is not known before them, and a solve cut short
     gives no mean step and no gap verdict, which the sds do not make up for (review 16: at 150 coordinates x 1,000 rows
     after 300 steps the old rule, one iteration left, cut the solves from 18 iterations to 2, and both were lost).
-    Always where ``fit_passes`` is ``None`` (not bounded)."""
+    Why not all of ``MAX_ITERATIONS``: that cap is a worst case, and keeping it skipped the step on every default fit
+    past about 1,500 rows (review 18). Always where ``fit_passes`` is ``None`` (not bounded)."""
     if fit_passes is None:
         return True
     spare = _spare(rows, fit_passes)
-    return _iterations(spare - scale_passes(dim)) >= _iterations(spare)
+    return _iterations(spare - scale_passes(dim)) >= kept_iterations(rows, fit_passes)
+
+
+def kept_iterations(rows: int, fit_passes: int) -> int:
+    """The conjugate-gradient iterations the scale step must leave the solves after a fit of ``fit_passes`` passes
+    (:func:`scale_fits`): :data:`SCALE_KEEP`, or all the share pays for without the step where that is fewer."""
+    return min(_iterations(_spare(rows, fit_passes)), SCALE_KEEP)
 
 
 def hessian_pairs(pairs: int, batches: int) -> torch.Tensor:

@@ -31,8 +31,9 @@ fit reports, and near the float32 rounding of the ELBO estimate). One diagonal o
 so off a Gaussian the step goes towards the fixed point from the trained sds, and it is not iterated. Whatever the model
 raises, a model vmap cannot batch, or a non-finite ELBO at the start leaves the guide as it was, with the reason. It
 runs where the mean's step does (:func:`bnn_pyro.infer.svi_gap_cg.choose_path`), before it, and only where its cost
-takes none of the conjugate-gradient solves' iterations within the check's share of the fit
-(:func:`~bnn_pyro.infer.svi_gap_cg.scale_fits`: a short fit keeps its mean step and gap, review 16); its record says
+leaves the conjugate-gradient solves :data:`~bnn_pyro.infer.svi_gap_cg.SCALE_KEEP` iterations (or all they have
+without it, where fewer) within the check's share of the fit (:func:`~bnn_pyro.infer.svi_gap_cg.scale_fits`: a short
+fit keeps its mean step and gap, review 16); its record says
 what it spent (:class:`ScaleStep`), which the engine charges to the mean's step and the gap after it.
 
 Its bias off a Gaussian. ``E[H_ii]`` over the 10 Hessian draws is unbiased, but the new sd ``1 / sqrt(H_ii)`` is convex
@@ -99,7 +100,7 @@ def refine_scale(
     :class:`ScaleStep`, or ``None`` where not covered (another guide, ``AutoDiagonalNormal`` included; not the
     conjugate-gradient path of :func:`~bnn_pyro.infer.svi_gap_cg.choose_path` for its unconstrained coordinates,
     ``data.size`` rows and the fit's ``fit_passes``). Skipped, with the reason naming the bound, where its cost would
-    take any of the solves' iterations (:func:`~bnn_pyro.infer.svi_gap_cg.scale_fits`). It never raises."""
+    leave the solves fewer iterations than they must keep (:func:`~bnn_pyro.infer.svi_gap_cg.scale_fits`). It never raises."""
     if not isinstance(guide, autoguide.AutoNormal):
         return None
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
@@ -131,7 +132,8 @@ def _refine_scale(
             0.0,
             f"skipped: its up to {svi_gap_cg.scale_passes(dim):,} gradient passes over the {data.size} rows "
             "(svi_gap_cg.scale_passes) would leave the conjugate-gradient solves fewer than the "
-            f"{path.max_iterations} iterations they have without it within svi_gap_cg.FIT_SHARE "
+            f"{svi_gap_cg.kept_iterations(data.size, fit_passes)} iterations they must keep (svi_gap_cg.SCALE_KEEP, "
+            f"{svi_gap_cg.SCALE_KEEP}, or all they have without it) within svi_gap_cg.FIT_SHARE "
             f"({svi_gap_cg.FIT_SHARE:g}) of the fit's {fit_passes:,} steps x particles (svi_gap_cg.scale_fits); "
             "more num_steps would run it",
         )

@@ -97,7 +97,7 @@ def _logistic(x, y=None):
 def test_a_refinement_capped_by_the_fit_s_cost_advises_more_num_steps_not_nuts():
     """10 coefficients x 100 rows, 200 steps from the prior at lr=1e-4 (the guide left far off): the fit's cost allows
     the refinement 3 of its 30 evaluations (choose_path), it accepts a step and stops at that limit, and the gap still
-    warns. The record carries the cap (svi.MAX_EVALUATIONS), and the advice is more num_steps, which give the refinement
+    warns. The record carries the cap (svi.EVALUATIONS_CAP), and the advice is more num_steps, which give the refinement
     more evaluations, not "more num_steps would not ... method='nuts'" (review 17, finding 1)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(100, 10, generator=g)
@@ -109,7 +109,7 @@ def test_a_refinement_capped_by_the_fit_s_cost_advises_more_num_steps_not_nuts()
                       num_samples=5, seed=0, progress=False)  # fmt: skip
     (refined,) = post.config["guide_refinement"]
     assert refined["accepted"] >= 1 and refined["stopped"] == "evaluation limit", refined
-    assert refined[svi.MAX_EVALUATIONS] == 3, refined
+    assert refined[svi.EVALUATIONS_CAP] == 3, refined
     (message,) = [str(w.message) for w in caught if "stopped short" in str(w.message)]
     assert "Try num_steps=800: the refinement after the fit stopped at the 3 evaluations" in message, message
     assert "would not" not in message and "nuts" not in message, message
@@ -126,7 +126,7 @@ def test_an_uncapped_refinement_records_no_cap():
                       progress=False)  # fmt: skip
     assert svi_gap_cg.choose_path(3, 8, fit_passes=500, full_rank=True).max_evaluations == svi_refine.MAX_EVALUATIONS
     (refined,) = post.config["guide_refinement"]
-    assert svi.MAX_EVALUATIONS not in refined, refined
+    assert svi.EVALUATIONS_CAP not in refined, refined
 
 
 def test_a_mean_field_guide_within_the_dense_bounds_is_charged_no_gap():
@@ -162,7 +162,7 @@ def test_vectorized_particles_pay_the_step_s_fixed_cost_once(vectorize):
     """20 coefficients x 40 rows, 100 steps of 8 particles (review 17, finding 3): unvectorized, each particle pays
     Pyro's fixed cost of a step (STEP_ROWS), so the fit counts 800 passes and the refinement gets 16 evaluations;
     vectorized, a step pays it once, 100 x (8 x 40 + 50,000) rows = 100 passes, so the refinement gets what a
-    one-particle fit's does (2), the cap the record carries (svi.MAX_EVALUATIONS)."""
+    one-particle fit's does (2), the cap the record carries (svi.EVALUATIONS_CAP)."""
     g = torch.Generator().manual_seed(0)
     x = torch.randn(40, 20, generator=g)
     y = x @ torch.randn(20, generator=g) * 0.3 + torch.randn(40, generator=g)
@@ -172,4 +172,4 @@ def test_vectorized_particles_pay_the_step_s_fixed_cost_once(vectorize):
                       vectorize_particles=vectorize, num_samples=5, seed=0, progress=False)  # fmt: skip
     (refined,) = post.config["guide_refinement"]
     expected = svi_gap_cg.choose_path(20, 40, fit_passes=100 if vectorize else 800, full_rank=True).max_evaluations
-    assert expected == (2 if vectorize else 16) and refined[svi.MAX_EVALUATIONS] == expected, refined
+    assert expected == (2 if vectorize else 16) and refined[svi.EVALUATIONS_CAP] == expected, refined
