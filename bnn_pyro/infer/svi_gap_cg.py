@@ -232,8 +232,9 @@ def choose_path(
     refinable = dim <= svi_refine.MAX_DIM and dim * rows <= svi_refine.MAX_WORK
     budget = None if fit_passes is None else FIT_SHARE * fit_passes * (rows + STEP_ROWS) / rows  # passes over rows
     fit = (
-        f"svi_gap_cg.FIT_SHARE ({FIT_SHARE:g}) of the fit's {fit_passes or 0:,} steps x particles (each counted as "
-        f"the {rows} rows plus svi_gap_cg.STEP_ROWS, {STEP_ROWS:,})"
+        f"svi_gap_cg.FIT_SHARE ({FIT_SHARE:g}) of the fit's {fit_passes or 0:,} gradient passes (steps x particles, "
+        f"vectorized particles sharing a step's fixed cost; each counted as the {rows} rows plus "
+        f"svi_gap_cg.STEP_ROWS, {STEP_ROWS:,})"
     )
     if refinable or full_rank:
         if budget is None:

@@ -134,7 +134,7 @@ def _refine_scale(
             "(svi_gap_cg.scale_passes) would leave the conjugate-gradient solves fewer than the "
             f"{svi_gap_cg.kept_iterations(data.size, fit_passes)} iterations they must keep (svi_gap_cg.SCALE_KEEP, "
             f"{svi_gap_cg.SCALE_KEEP}, or all they have without it) within svi_gap_cg.FIT_SHARE "
-            f"({svi_gap_cg.FIT_SHARE:g}) of the fit's {fit_passes:,} steps x particles (svi_gap_cg.scale_fits); "
+            f"({svi_gap_cg.FIT_SHARE:g}) of the fit's {fit_passes:,} gradient passes (svi_gap_cg.scale_fits); "
             "more num_steps would run it",
         )
     pairs = max(1, num_draws // 2)
