@@ -99,7 +99,7 @@ from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
 from bnn_pyro.infer._mode_start import ModeStart, mode_start
 from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._one_chain import FlatHMC, analytic_applies
+from bnn_pyro.infer._one_chain import FlatHMC
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
@@ -395,7 +395,7 @@ class HMCConfig(MCMCConfig):
         )
 
     def kernel(self, model, chain, model_args):
-        if analytic_applies(chain.joint, *model_args):  # the fast path's HMC over one flat vector
+        if chain.joint is not None:  # the fast path: HMC over one flat vector (analytic or generic potential, as NUTS)
             kernel = FlatHMC(
                 model,
                 chain.joint,
@@ -413,7 +413,7 @@ class HMCConfig(MCMCConfig):
         kernel, params, transforms = pyro_kernel(
             "hmc",
             model,
-            joint=chain.joint,
+            joint=None,
             jit=self.jit,
             init_strategy=chain.init_strategy,
             model_args=model_args,
