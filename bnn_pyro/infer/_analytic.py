@@ -25,8 +25,8 @@ of :data:`NOISE_PRIORS` (unconstrained by ``exp``, Pyro's ``biject_to`` for a po
 before it is used.
 
 Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC (:class:`~bnn_pyro.infer._one_chain.FlatHMC`; and
-``chain_method="vectorized"`` through :meth:`StackPotential.leapfrog_batch`; Pyro's HMC reaches it through
-:func:`bnn_pyro.infer._logjoint.potential`, Metropolis, without gradients, keeps the generic one), and by
+``chain_method="vectorized"`` through :meth:`StackPotential.leapfrog_batch`; Pyro's kernels given a log joint
+reach it through :func:`bnn_pyro.infer._logjoint.potential`, Metropolis, without gradients, keeps the generic one), and by
 the mean-field SVI loss
 (:func:`bnn_pyro.infer._logjoint.svi_loss`) and SVI's flat path (:mod:`bnn_pyro.infer._svi_flat`, through
 :func:`negative_elbo`). ``tests/infer/test_analytic.py`` checks values and gradients

@@ -155,6 +155,12 @@ class OneChainKernel(AdaptedKernel):
                 "earlier bnn_pyro (up to commit a7736d0), whose state this version cannot continue. "
                 "Resume it with the version that wrote it, or delete it to start afresh."
             )
+        if "bp" in meta:  # Pyro's HMC kernel's checkpoint (bnn_pyro's HMC on the generic potential, before FlatHMC)
+            raise CheckpointError(
+                "checkpoint: this HMC checkpoint was written by Pyro's HMC kernel, which an earlier bnn_pyro (up to "
+                "commit 3821398) ran where the analytic potential did not apply; this version runs its own HMC there "
+                "and cannot continue that state. Resume it with the version that wrote it, or delete it to start afresh."
+            )
         self.chains.load_state_dict(tensors, meta)
 
 

@@ -15,7 +15,8 @@ checkpoint/resume, which ``MCMC`` cannot give (it starts every run at its first 
   ``length / step_size`` steps at the adapted step size; each draw's count is jittered uniformly within
   +-``leapfrog_jitter`` (default 50%) of it, because a fixed count resonates (Neal 2011, sec. 5.4.2.2). Choose it
   over NUTS for a fixed, known cost per draw; at a BNN's small adapted step 32 steps are a short trajectory, so
-  raise ``num_leapfrog`` (or use NUTS) when the draws are strongly autocorrelated.
+  raise ``num_leapfrog`` (or use NUTS) when the draws are strongly autocorrelated. Fast path: our kernel over one
+  flat vector (:mod:`bnn_pyro.infer._one_chain`), as NUTS's; otherwise Pyro's ``HMC``.
 - ``"metropolis"``: random-walk Metropolis, ``w' = w + h * s * eps``, ``eps ~ N(0, I)``; ``h`` is tuned by dual
   averaging toward ``target_accept`` (default 0.234, Roberts, Gelman & Gilks 1997) and ``s`` is the posterior
   standard deviation estimated in Stan's windows (``dense_mass=True``: the Cholesky factor of the covariance,
@@ -43,8 +44,11 @@ distribution validation off, including the priors a ``BNN`` built before the fit
 Fast path (``fast_path=True``, the default): for a ``BNN`` without hierarchical priors or BatchNorm the
 potential energy is computed directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model
 at every step, compiled when ``jit=True``; for a stack of ``nn.Linear`` layers and elementwise activations with
-Normal priors and a Gaussian likelihood it is analytic (:mod:`bnn_pyro.infer._analytic`) and HMC runs over one
-flat vector (:mod:`bnn_pyro.infer._one_chain`). ``fast_path=False``: Pyro's tracing path and kernels.
+Normal priors and a Gaussian likelihood it is analytic (:mod:`bnn_pyro.infer._analytic`). On either potential
+NUTS and HMC run our kernels over one flat vector (:mod:`bnn_pyro.infer._one_chain`: one leapfrog step is one
+compiled graph or the analytic step, where Pyro's kernels step dicts of site tensors through autograd); Pyro's
+``NUTS`` and ``HMC`` run where there is no log joint (a Pyro function, a hierarchical prior, BatchNorm,
+``fast_path=False``: Pyro's tracing path).
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` are not sampled: they stay fixed, the same for every chain,
 at the values ``init`` gives (a :class:`~bnn_pyro.Posterior`'s chain-0 values, or a dict naming every one), else
@@ -99,7 +103,7 @@ from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
 from bnn_pyro.infer._mode_start import ModeStart, mode_start
 from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._one_chain import FlatHMC, analytic_applies
+from bnn_pyro.infer._one_chain import FlatHMC
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
@@ -395,7 +399,7 @@ class HMCConfig(MCMCConfig):
         )
 
     def kernel(self, model, chain, model_args):
-        if analytic_applies(chain.joint, *model_args):  # the fast path's HMC over one flat vector
+        if chain.joint is not None:  # the fast path: HMC over one flat vector (analytic or generic potential, as NUTS)
             kernel = FlatHMC(
                 model,
                 chain.joint,
@@ -413,7 +417,7 @@ class HMCConfig(MCMCConfig):
         kernel, params, transforms = pyro_kernel(
             "hmc",
             model,
-            joint=chain.joint,
+            joint=None,
             jit=self.jit,
             init_strategy=chain.init_strategy,
             model_args=model_args,

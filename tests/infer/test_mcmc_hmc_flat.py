@@ -1,0 +1,157 @@
+"""``method="hmc"`` runs the library's flat-vector kernel (``FlatHMC``) wherever the fast path builds a log joint, as
+NUTS does: on the generic compiled potential where the analytic one does not apply (a classification likelihood),
+and Pyro's ``HMC`` only without a log joint. Exactness on that path: a Bernoulli logistic regression, whose
+posterior moments are computed by quadrature on a grid."""
+
+import math
+
+import arviz as az
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro.infer import _kernels, _logjoint, _one_chain
+from bnn_pyro.infer.checkpoint import CheckpointError
+
+Z_MAX = 4.0  # |estimate - exact| in Monte Carlo standard errors (ESS-based), as tests/infer/test_mcmc.py
+
+
+def _spy(monkeypatch, cls) -> list:
+    used, original = [], cls.setup
+    monkeypatch.setattr(cls, "setup", lambda self, *a, **k: used.append(1) or original(self, *a, **k))
+    return used
+
+
+def _classifier(likelihood, outputs: int):
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Linear(4, outputs))
+    return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=likelihood)
+
+
+@pytest.mark.parametrize("kind", ["bernoulli", "categorical"])
+def test_hmc_on_a_classifier_runs_the_flat_kernel_on_the_generic_potential(monkeypatch, kind):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(20, 2, generator=g)
+    if kind == "bernoulli":
+        model, y = _classifier(bp.likelihoods.Bernoulli(), 1), (x[:, 0] > 0).float()
+    else:
+        model, y = _classifier(bp.likelihoods.Categorical(), 3), torch.randint(3, (20,), generator=g)
+    joint = _logjoint.build(model, 20)
+    assert joint is not None and not _one_chain.analytic_applies(joint, x, y)  # the generic potential's case
+    flat, pyro_hmc = _spy(monkeypatch, _one_chain.FlatHMC), _spy(monkeypatch, _kernels.PyroHMC)
+    post = bp.fit(model, x, y, method="hmc", num_samples=4, num_warmup=4, num_chains=1, seed=0, progress=False)
+    assert flat and not pyro_hmc and post.config["fast_path"] is True
+    counts = post.sample_stats["n_steps"]  # FlatHMC's jitter around the default 32 steps
+    assert ((counts >= 16) & (counts <= 48)).all()
+
+
+def test_hmc_without_a_log_joint_keeps_pyros_kernel(monkeypatch):
+    x = torch.randn(10, 2, generator=torch.Generator().manual_seed(1))
+    y = (x[:, 0] > 0).float()
+    flat, pyro_hmc = _spy(monkeypatch, _one_chain.FlatHMC), _spy(monkeypatch, _kernels.PyroHMC)
+    bp.fit(
+        _classifier(bp.likelihoods.Bernoulli(), 1),
+        x,
+        y,
+        method="hmc",
+        num_samples=2,
+        num_warmup=2,
+        num_chains=1,
+        num_leapfrog=2,
+        seed=0,
+        progress=False,
+        fast_path=False,
+    )
+    assert pyro_hmc and not flat
+
+
+# ---------------------------------------------------------------------- exactness on the generic path
+def _logistic_data(n: int = 30):
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(n, 1, generator=g)
+    y = torch.bernoulli(torch.sigmoid(1.5 * x[:, 0] - 0.5), generator=g)
+    return x, y
+
+
+def _quadrature(x, y, half_width: float = 6.0, points: int = 601):
+    """Exact (to grid error ~1e-10 here) posterior mean, covariance and the variances of the centred products of
+    ``w = [weight, bias]`` under ``N(0, 1)`` priors and a Bernoulli likelihood, by a Riemann sum on a grid."""
+    grid = torch.linspace(-half_width, half_width, points, dtype=torch.float64)
+    w, b = torch.meshgrid(grid, grid, indexing="ij")
+    logits = w[..., None] * x[:, 0].double() + b[..., None]
+    ll = (y.double() * logits - torch.nn.functional.softplus(logits)).sum(-1)
+    log_p = ll - 0.5 * (w**2 + b**2)
+    p = torch.softmax(log_p.reshape(-1), 0).reshape(log_p.shape)
+    pts = torch.stack([w, b], -1)
+    mean = (p[..., None] * pts).sum((0, 1))
+    c = pts - mean
+    cov = (p[..., None, None] * c[..., :, None] * c[..., None, :]).sum((0, 1))
+    prod_var = (p[..., None, None] * (c[..., :, None] * c[..., None, :] - cov) ** 2).sum((0, 1))
+    return mean, cov, prod_var
+
+
+@pytest.mark.slow  # ~6 s idle on a 2-core machine
+def test_flat_hmc_on_the_generic_potential_recovers_the_exact_logistic_posterior(monkeypatch):
+    x, y = _logistic_data()
+    model = bp.BNN(torch.nn.Linear(1, 1), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Bernoulli())
+    flat = _spy(monkeypatch, _one_chain.FlatHMC)
+    post = bp.fit(  # in this process (the spy sees it); defaults otherwise: 32 jittered leapfrog steps per draw
+        model,
+        x,
+        y,
+        method="hmc",
+        num_samples=600,
+        num_warmup=300,
+        num_chains=2,
+        seed=0,
+        progress=False,
+        chain_method="sequential",
+    )
+    assert flat and post.sample_stats["diverging"].sum() == 0
+    c, n = post.num_chains, post.num_draws
+    draws = torch.cat([post.samples[k].reshape(c, n, -1) for k in ("weight", "bias")], -1).double()
+    mean, cov, prod_var = _quadrature(x, y)
+    z = {}
+    for i in range(2):
+        ess = float(az.ess(draws[..., i].numpy(), method="mean"))
+        assert ess > 200  # the check below is informative only with a fair ESS
+        z[f"mean[{i}]"] = float((draws[..., i].mean() - mean[i]) / math.sqrt(cov[i, i] / ess))
+    centred = draws - mean
+    for i in range(2):
+        for j in range(i, 2):
+            prod = centred[..., i] * centred[..., j]
+            ess = float(az.ess(prod.numpy(), method="mean"))
+            z[f"cov[{i},{j}]"] = float((prod.mean() - cov[i, j]) / math.sqrt(prod_var[i, j] / ess))
+    print("z:", {k: round(v, 2) for k, v in z.items()})  # shown with pytest -s
+    bad = {k: round(v, 2) for k, v in z.items() if not abs(v) < Z_MAX}
+    assert not bad, f"estimates off by more than {Z_MAX} MCSE: {bad} (all: { {k: round(v, 2) for k, v in z.items()} })"
+
+
+def test_a_checkpoint_of_pyros_hmc_on_the_generic_potential_is_refused_with_a_clear_error(tmp_path, monkeypatch):
+    def pyro_hmc(self, model, chain, model_args):  # HMCConfig.kernel's routing up to 3821398 on this model
+        kernel, params, transforms = _kernels.pyro_kernel(
+            "hmc",
+            model,
+            joint=chain.joint,
+            jit=self.jit,
+            init_strategy=chain.init_strategy,
+            model_args=model_args,
+            step_size=1.0,
+            adapt_step_size=True,
+            adapt_mass_matrix=True,
+            full_mass=False,
+            target_accept_prob=self.target_accept,
+            trajectory_length=None,
+        )
+        kernel.fixed_num_steps, kernel.leapfrog_jitter = self.num_leapfrog, self.leapfrog_jitter
+        return kernel, params, transforms
+
+    x = torch.randn(10, 2, generator=torch.Generator().manual_seed(2))
+    y = (x[:, 0] > 0).float()
+    run = dict(method="hmc", num_samples=2, num_warmup=2, num_chains=1, num_leapfrog=2, seed=0, progress=False)
+    run.update(checkpoint=tmp_path, checkpoint_every=2)
+    with monkeypatch.context() as patch:
+        patch.setattr(bp.infer.mcmc.HMCConfig, "kernel", pyro_hmc)
+        bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, **run)
+    with pytest.raises(CheckpointError, match="written by Pyro's HMC kernel"):
+        bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, resume=True, **run)
