@@ -269,6 +269,30 @@ def write_result(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+def size_pairs(spec: str) -> list[tuple[int, int]]:
+    """A cost benchmark's ``--pairs`` (``"150x1000,500x1000"``): its (coordinates, rows) sizes."""
+    return [tuple(map(int, pair.split("x"))) for pair in spec.split(",")]
+
+
+def run_sizes(one, pairs: list[tuple[int, int]], guides: list[str], steps: int) -> pd.DataFrame:
+    """One row per size and guide, ``one(dim, rows, steps, guide)``, each printed as it comes (a long run shows its
+    progress)."""
+    table = []
+    for dim, rows in pairs:
+        for guide in guides:
+            table.append(one(dim, rows, steps, guide))
+            print(table[-1], flush=True)
+    return pd.DataFrame(table)
+
+
+def save_table(frame: pd.DataFrame, benchmark: str, name: str, description: str) -> Path:
+    """``frame`` as ``NAME.csv`` and as ``NAME.md`` (:func:`write_result`: ``description``, then the table) in the
+    benchmark's results folder."""
+    folder = results_dir(benchmark)
+    frame.to_csv(folder / f"{name}.csv", index=False)
+    return write_result(folder / f"{name}.md", description + "\n\n" + markdown(frame))
+
+
 # ---------------------------------------------------------------------- A/B runs against an earlier revision
 @contextmanager
 def exported(revision: str):

@@ -21,11 +21,10 @@ import math
 import time
 import warnings
 
-import pandas as pd
 import pyro
 import pyro.distributions as dist
 import torch
-from _common import markdown, results_dir, time_calls, write_result
+from _common import run_sizes, save_table, size_pairs, time_calls
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi, svi_gap, svi_gap_cg, svi_refine
@@ -98,25 +97,16 @@ def main() -> None:
     time_calls(svi_refine, "derivatives", _EVALUATIONS)  # one entry per evaluation of the refinement's draws
     time_calls(svi, "_step", _STEPS)
     one(3, 20, 5, "full_rank")  # untimed: first-call costs (imports, Pyro's first traces) out of the first row
-    table = []
-    for pair in args.pairs.split(","):
-        dim, rows = map(int, pair.split("x"))
-        for guide in args.guides.split(","):
-            table.append(one(dim, rows, args.steps, guide))
-            print(table[-1], flush=True)
-    frame = pd.DataFrame(table)
-    folder = results_dir("svi_convergence")
-    frame.to_csv(folder / f"{args.name}.csv", index=False)
-    write_result(
-        folder / f"{args.name}.md",
+    frame = run_sizes(one, size_pairs(args.pairs), args.guides.split(","), args.steps)
+    save_table(
+        frame,
+        "svi_convergence",
+        args.name,
         f"The dense check's seconds (refinement and gap) against its fit's steps alone (`measured`: check_s / "
         f"steps_s), and the same ratio in choose_path's modeled gradient passes over the rows (`modeled`: DENSE_PASSES "
         f"{svi_gap_cg.DENSE_PASSES} x dim per draw and evaluation, {svi_refine.DRAWS:,} draws; the fit's steps x "
         f"(rows + STEP_ROWS {svi_gap_cg.STEP_ROWS:,})): a linear regression with a learned noise scale, "
-        f"{args.steps} steps"
-        + (" (cost bound lifted: FIT_SHARE infinite)" if args.unbounded else "")
-        + ".\n\n"
-        + markdown(frame),
+        f"{args.steps} steps" + (" (cost bound lifted: FIT_SHARE infinite)" if args.unbounded else "") + ".",
     )
 
 

@@ -25,11 +25,10 @@ import math
 import time
 import warnings
 
-import pandas as pd
 import pyro
 import pyro.distributions as dist
 import torch
-from _common import default_fit_seconds, markdown, results_dir, switched_off, time_calls, write_result
+from _common import default_fit_seconds, run_sizes, save_table, size_pairs, switched_off, time_calls
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi, svi_gap, svi_gap_cg, svi_refine_cg
@@ -115,23 +114,17 @@ def main() -> None:
     time_calls(svi_gap, "newton_gap", _SECONDS)
     time_calls(svi_refine_cg, "refine_mean", _STEP_SECONDS)
     one(120, 100, 5, "mean_field")  # untimed: first-call costs (imports, vmap's set-up) out of the first row
-    table = []
-    for pair in args.pairs.split(","):
-        dim, rows = map(int, pair.split("x"))
-        for guide in args.guides.split(","):
-            table.append(one(dim, rows, args.steps, guide))
-            print(table[-1], flush=True)
-    frame = pd.DataFrame(table)
-    folder = results_dir("svi_convergence")
-    frame.to_csv(folder / f"{args.name}.csv", index=False)
-    write_result(
-        folder / f"{args.name}.md",
+    frame = run_sizes(one, size_pairs(args.pairs), args.guides.split(","), args.steps)
+    save_table(
+        frame,
+        "svi_convergence",
+        args.name,
         f"The conjugate-gradient gap's seconds against its fit's: a linear regression with known noise, {args.steps} "
         f"steps from the Laplace start (`ratio`: over the rest of this fit; `ratio_default`, where there are fewer "
         f"steps than the default {svi.DEFAULT_STEPS:,}: over a default fit extrapolated from this one's seconds per "
         f"step and a one-step fit's fixed seconds; svi_gap_cg.MAX_WORK {svi_gap_cg.MAX_WORK:,} for the run; "
         f"{svi_gap.GAP_DRAWS:,} draws in {svi_gap_cg.BATCHES} batches, {svi_gap_cg.HESSIAN_DRAWS} Hessian draws, "
-        f"TOL {svi_gap_cg.TOL:g}).\n\n" + markdown(frame),
+        f"TOL {svi_gap_cg.TOL:g}).",
     )
 
 

@@ -24,11 +24,10 @@ import argparse
 import time
 import warnings
 
-import pandas as pd
 import pyro
 import pyro.distributions as dist
 import torch
-from _common import default_fit_seconds, markdown, results_dir, switched_off, time_calls, write_result
+from _common import default_fit_seconds, run_sizes, save_table, size_pairs, switched_off, time_calls
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi, svi_refine
@@ -100,22 +99,18 @@ def main() -> None:
     if args.pairs is None:
         pairs = [(int(d), args.rows) for d in args.dims.split(",")]
     else:
-        pairs = [tuple(map(int, p.split("x"))) for p in args.pairs.split(",")]
+        pairs = size_pairs(args.pairs)
     one(3, 20, 5, args.guide)  # untimed: first-call costs (imports, Pyro's first traces) out of the first row
-    table = []
-    for dim, rows in pairs:
-        table.append(one(dim, rows, args.steps, args.guide))
-        print(table[-1], flush=True)
-    frame = pd.DataFrame(table)
-    folder = results_dir("svi_convergence")
-    frame.to_csv(folder / f"{args.name}.csv", index=False)
-    write_result(
-        folder / f"{args.name}.md",
+    frame = run_sizes(one, pairs, [args.guide], args.steps)
+    save_table(
+        frame,
+        "svi_convergence",
+        args.name,
         f"The {args.guide} refinement's seconds against its fit's: a linear regression with a learned noise scale, "
         f"{args.steps} steps (`ratio`: over the rest of this fit; `ratio_default`, where there are fewer steps than "
         f"the default {svi.DEFAULT_STEPS:,}: over a default fit extrapolated from this one's seconds per step and "
         f"a one-step fit's fixed seconds; `evaluations`: of the refinement's draws; caps lifted to MAX_DIM "
-        f"{svi_refine.MAX_DIM}, MAX_WORK {svi_refine.MAX_WORK:,}).\n\n" + markdown(frame),
+        f"{svi_refine.MAX_DIM}, MAX_WORK {svi_refine.MAX_WORK:,}).",
     )
 
 

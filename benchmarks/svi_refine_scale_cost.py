@@ -40,7 +40,7 @@ import warnings
 import pandas as pd
 import pyro
 import torch
-from _common import markdown, results_dir, time_calls, write_result
+from _common import save_table, size_pairs, time_calls
 from pyro.infer import autoguide
 from svi_gap_cg_cost import _model
 from torch.distributions import transform_to
@@ -236,26 +236,27 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     per_iteration = 2 * svi_gap_cg.HESSIAN_DRAWS * (svi_gap_cg.BATCHES + svi_gap_cg.STEP_SOLVES)
-    pairs = [tuple(map(int, p.split("x"))) for p in args.pairs.split(",")]
-    folder = results_dir("svi_convergence")
+    pairs = size_pairs(args.pairs)
     if args.table in ("estimators", "both"):
         frame = pd.DataFrame([row for dim, rows in pairs for row in estimators(dim, rows, args.repeats)])
-        frame.to_csv(folder / f"{args.name}_estimators.csv", index=False)
-        write_result(
-            folder / f"{args.name}_estimators.md",
+        save_table(
+            frame,
+            "svi_convergence",
+            f"{args.name}_estimators",
             f"Estimators of the expected Hessian's diagonal H_ii on a Gaussian posterior (the regression of "
             f"svi_gap_cg_cost.py, exact H = X^T X + I), at a mean-field guide with sds 1 / sqrt(H_ii): products "
             f"(Hessian-vector, each about two gradient passes over the rows) at the module's "
             f"{svi_gap_cg.HESSIAN_DRAWS} Hessian draws, seconds (best of {args.repeats}), relative errors of H_ii "
-            f"and of the sd 1 / sqrt(estimate) (a non-positive estimate clamped to 1e-12).\n\n" + markdown(frame),
+            f"and of the sd 1 / sqrt(estimate) (a non-positive estimate clamped to 1e-12).",
         )
     if args.table == "passes":
         passes(120, 200, 1)  # untimed: first-call costs out of the first row
         frame = pd.DataFrame([passes(dim, rows, args.repeats) for dim, rows in pairs])
         print(frame.to_string(), flush=True)
-        frame.to_csv(folder / f"{args.name}_passes.csv", index=False)
-        write_result(
-            folder / f"{args.name}_passes.md",
+        save_table(
+            frame,
+            "svi_convergence",
+            f"{args.name}_passes",
             "The mean-field scale step's cost in the units of svi_gap_cg.choose_path's model, on the Gaussian "
             "regression of svi_gap_cg_cost.py at sds 1.5 times the mean-field optimum: seconds (best of "
             f"{args.repeats}) of its diagonal (dim columns at {svi_gap_cg.HESSIAN_DRAWS} Hessian draws), of one "
@@ -264,7 +265,7 @@ def main() -> None:
             f"{svi_refine.DRAWS} draws (values and gradients: {svi_refine.DRAWS} passes in the model) and of the "
             "whole step; the diagonal and the step in passes by each yardstick (seconds times the yardstick's "
             "passes per second), against the old model's diagonal (2 x HESSIAN_DRAWS x dim), the passes the step "
-            "recorded and svi_gap_cg.scale_passes (the most it may take).\n\n" + markdown(frame),
+            "recorded and svi_gap_cg.scale_passes (the most it may take).",
         )
     if args.table in ("fits", "both"):
         svi_refine_scale.refine_scale = _capture_sds(svi_refine_scale.refine_scale)
@@ -277,14 +278,15 @@ def main() -> None:
         fit(120, 200)  # untimed: first-call costs out of the first row
         frame = pd.DataFrame([fit(dim, rows) for dim, rows in pairs])
         print(frame, flush=True)
-        frame.to_csv(folder / f"{args.name}_fits.csv", index=False)
-        write_result(
-            folder / f"{args.name}_fits.md",
+        save_table(
+            frame,
+            "svi_convergence",
+            f"{args.name}_fits",
             "Default fits (5,000 steps from the Laplace start, mean-field guide, seed 0) of the regression of "
             "svi_gap_cg_cost.py: seconds of the fit and, inside it, of the scale step (svi_refine_scale), the mean's "
             "step and the gap; `scale_ratio`: the scale step's seconds over the rest of the fit (without the three); "
             "the sds' relative distance from the mean-field optimum 1 / sqrt(H_ii) before and after the scale step "
-            "(largest, mean).\n\n" + markdown(frame),
+            "(largest, mean).",
         )
 
 
