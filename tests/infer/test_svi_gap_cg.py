@@ -101,6 +101,23 @@ def test_the_gap_is_zero_at_the_optimum_and_the_known_move_off_it(make):
         assert bool(flagged.any()) == bool(move.abs().max() > 0)
 
 
+def _two_coefficients(x, y=None):
+    """A model of 2 coefficients: within the dense bounds, so the conjugate-gradient steps do not cover it."""
+    b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
+    with pyro.plate("data", size=len(x)):
+        return pyro.sample("obs", dist.Normal(x[:, :2] @ b, 1.0), obs=y)
+
+
+def _seed_spy(calls: list, name: str, function):
+    """``function``, appending ``(name, seed=)`` to ``calls`` at each call (which step ran, on which chain's seed)."""
+
+    def wrapped(*args, **kwargs):
+        calls.append((name, kwargs.get("seed")))
+        return function(*args, **kwargs)
+
+    return wrapped
+
+
 def _logistic(x, y=None):
     b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
     with pyro.plate("data", size=len(x)):

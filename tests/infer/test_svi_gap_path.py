@@ -15,7 +15,7 @@ import pytest
 import torch
 from pyro.distributions import constraints
 from pyro.infer import autoguide
-from test_svi_gap_cg import _data, _mean_field, _posterior  # the module beside this file
+from test_svi_gap_cg import _data, _mean_field, _posterior, _seed_spy  # the module beside this file
 
 import bnn_pyro as bp
 from bnn_pyro.infer import _health, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg
@@ -93,15 +93,8 @@ def test_every_chain_refines_and_checks_on_its_own_seed_and_the_same_draws(monke
     calls = []
     refine, gap = svi_refine_cg.refine_mean, svi_gap.newton_gap
 
-    def spy(name, function):
-        def wrapped(*args, **kwargs):
-            calls.append((name, kwargs.get("seed")))
-            return function(*args, **kwargs)
-
-        return wrapped
-
-    monkeypatch.setattr(svi_refine_cg, "refine_mean", spy("step", refine))
-    monkeypatch.setattr(svi_gap, "newton_gap", spy("gap", gap))
+    monkeypatch.setattr(svi_refine_cg, "refine_mean", _seed_spy(calls, "step", refine))
+    monkeypatch.setattr(svi_gap, "newton_gap", _seed_spy(calls, "gap", gap))
     monkeypatch.setattr(svi_gap_cg, "FIT_SHARE", math.inf)  # a short fit: the cost bound lifted
     x, y = _data()
     with warnings.catch_warnings():

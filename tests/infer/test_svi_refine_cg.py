@@ -9,7 +9,6 @@ from __future__ import annotations
 import warnings
 
 import pyro
-import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import autoguide
@@ -26,6 +25,7 @@ from test_svi_gap_cg import (  # the module beside this file
     _model,
     _posterior,
     _raising,
+    _two_coefficients,
 )
 
 import bnn_pyro as bp
@@ -118,15 +118,10 @@ def test_a_guide_within_the_dense_bounds_or_of_another_family_is_not_covered():
         guide(x, y)
         assert svi_refine_cg.refine_mean(guide, _model, Data(x, y)) is None
 
-    def small(x, y=None):
-        b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
-        with pyro.plate("data", size=len(x)):
-            return pyro.sample("obs", dist.Normal(x[:, :2] @ b, 1.0), obs=y)
-
     with pyro.get_param_store().scope():
-        guide = autoguide.AutoNormal(small)
+        guide = autoguide.AutoNormal(_two_coefficients)
         guide(x[:100], y[:100])
-        assert svi_refine_cg.refine_mean(guide, small, Data(x[:100], y[:100])) is None
+        assert svi_refine_cg.refine_mean(guide, _two_coefficients, Data(x[:100], y[:100])) is None
 
 
 def test_a_model_vmap_cannot_batch_is_skipped_before_its_gradients():

@@ -17,7 +17,17 @@ import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import autoguide
-from test_svi_gap_cg import CALLS, _branching, _data, _logistic, _mean_field, _model, _posterior
+from test_svi_gap_cg import (
+    CALLS,
+    _branching,
+    _data,
+    _logistic,
+    _mean_field,
+    _model,
+    _posterior,
+    _seed_spy,
+    _two_coefficients,
+)
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi_gap, svi_gap_cg, svi_refine, svi_refine_cg, svi_refine_scale
@@ -285,15 +295,10 @@ def test_a_low_rank_guide_or_one_within_the_dense_bounds_is_not_covered():
         guide(x, y)
         assert svi_refine_scale.refine_scale(guide, _model, Data(x, y)) is None
 
-    def small(x, y=None):
-        b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([2]).to_event(1))
-        with pyro.plate("data", size=len(x)):
-            return pyro.sample("obs", dist.Normal(x[:, :2] @ b, 1.0), obs=y)
-
     with pyro.get_param_store().scope():
-        guide = autoguide.AutoNormal(small)
+        guide = autoguide.AutoNormal(_two_coefficients)
         guide(x[:100], y[:100])
-        assert svi_refine_scale.refine_scale(guide, small, Data(x[:100], y[:100])) is None
+        assert svi_refine_scale.refine_scale(guide, _two_coefficients, Data(x[:100], y[:100])) is None
 
 
 def test_every_chain_scales_steps_and_checks_on_its_own_seed(monkeypatch):
@@ -303,16 +308,9 @@ def test_every_chain_scales_steps_and_checks_on_its_own_seed(monkeypatch):
     calls = []
     scale, step, gap = svi_refine_scale.refine_scale, svi_refine_cg.refine_mean, svi_gap.newton_gap
 
-    def spy(name, function):
-        def wrapped(*args, **kwargs):
-            calls.append((name, kwargs.get("seed")))
-            return function(*args, **kwargs)
-
-        return wrapped
-
-    monkeypatch.setattr(svi_refine_scale, "refine_scale", spy("scale", scale))
-    monkeypatch.setattr(svi_refine_cg, "refine_mean", spy("step", step))
-    monkeypatch.setattr(svi_gap, "newton_gap", spy("gap", gap))
+    monkeypatch.setattr(svi_refine_scale, "refine_scale", _seed_spy(calls, "scale", scale))
+    monkeypatch.setattr(svi_refine_cg, "refine_mean", _seed_spy(calls, "step", step))
+    monkeypatch.setattr(svi_gap, "newton_gap", _seed_spy(calls, "gap", gap))
     monkeypatch.setattr(svi_gap_cg, "FIT_SHARE", math.inf)
     x, y = _data()
     with warnings.catch_warnings():
