@@ -328,20 +328,10 @@ def test_after_the_scale_and_mean_steps_a_non_gaussian_fit_is_not_flagged():
     then the gap on the same seed's draws at the new sds, as the engine runs them: no coordinate flagged (the gap is
     the mean step's last undamped step, under svi_refine.TOL; with the scale step after the mean's, the gap would be
     on other points than the step's)."""
-    from test_svi_gap_path import _flagged, _hierarchical
+    from test_svi_gap_path import _flagged, _hierarchical, _hierarchical_short
 
-    g = torch.Generator().manual_seed(0)
-    x = torch.arange(150).repeat(2).float()
-    y = (0.5 * torch.randn(150, generator=g))[x.long()] + torch.randn(len(x), generator=g)
-    data = Data(x, y)
-    pyro.set_rng_seed(0)
     with pyro.get_param_store().scope():
-        guide = autoguide.AutoNormal(_hierarchical, init_loc_fn=autoguide.init_to_median)
-        optim = pyro.optim.ClippedAdam({"lr": 0.05, "lrd": 0.001 ** (1 / 500)})
-        svi = pyro.infer.SVI(_hierarchical, guide, optim, pyro.infer.Trace_ELBO())
-        for _ in range(500):
-            svi.step(x, y)
-        fitted = {k: v.detach().clone() for k, v in guide.state_dict().items()}
+        data, guide, fitted = _hierarchical_short()
         for seed in range(4):
             guide.load_state_dict(fitted)
             scaled = svi_refine_scale.refine_scale(guide, _hierarchical, data, seed=seed)
