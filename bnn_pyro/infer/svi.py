@@ -575,7 +575,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                     step_record[STEP_SE] = float(gap.se.max())
                 config.setdefault("guide_gap", []).append(gap.record)  # per chain, one shape (svi_gap.Gap.record)
         elif gap_skipped:  # past the cost bounds: the record says which
-            config.setdefault("guide_gap", []).append(dict(method=None, reason=path.reason))
+            config.setdefault("guide_gap", []).append(dict(method=None, draws=0, reason=path.reason))  # one shape
         return ChainRun(
             state.model,
             samples,

@@ -89,10 +89,10 @@ class Gap:
     reason: str | None = None
     record: dict = field(default_factory=dict)
     """How it went, the shape of every entry of ``post.config["guide_gap"]``: ``method`` (``"dense"``, ``"cg"``, or
-    ``None`` where it failed before a path was taken), ``reason`` (why no verdict, or ``None``), ``draws`` (the draws
-    evaluated: 0 where the dense path failed before any); the
-    conjugate-gradient path's (:mod:`bnn_pyro.infer.svi_gap_cg`) adds batches, Hessian draws, iterations and
-    residual."""
+    ``None`` where it failed before a path was taken, or the engine took none: its record names the bound), ``reason``
+    (why no verdict, or ``None``), ``draws`` (the draws of a pass that completed: 0 where none did, a path's pass
+    having raised or no path taken, so that no draw gave a verdict); the conjugate-gradient path's
+    (:mod:`bnn_pyro.infer.svi_gap_cg`) adds batches, Hessian draws, iterations and residual."""
 
 
 def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.Tensor, sd: torch.Tensor | None = None):
@@ -134,7 +134,7 @@ def newton_gap(
             result = _newton_gap(guide, model, data, num_draws, generator, fit_passes, spent_passes)
         except Exception as error:  # a diagnostic must not fail a finished fit (module docstring)
             reason = f"{type(error).__name__}: {error}"
-            return Gap(None, None, reason=reason, record=dict(method=None, reason=reason))
+            return Gap(None, None, reason=reason, record=dict(method=None, draws=0, reason=reason))
     if result is None or result.record:
         return result
     return replace(result, record=dict(method="dense", draws=num_draws, reason=result.reason))
@@ -148,7 +148,7 @@ def _newton_gap(
     try:
         target = guide_target(guide, model, data, factored=factored)
     except NoDensity as error:
-        return Gap(None, None, reason=str(error), record=dict(method=None, reason=str(error)))
+        return Gap(None, None, reason=str(error), record=dict(method=None, draws=0, reason=str(error)))
     if target is None:
         return None
     if factored:
@@ -163,10 +163,16 @@ def _newton_gap(
             return None
         target = replace(target, cov=torch.diag(target.diag) + target.factor @ target.factor.T)
     loc, cov = target.loc, target.cov
+    root, info = torch.linalg.cholesky_ex(cov)
+    if info != 0:  # its own reason: no draw can be taken, and the log density is not to blame (review 17)
+        return _before_any_draw(
+            target.labels,
+            f"the guide's covariance has no Cholesky factor: it is not finite or not positive definite (in float64, "
+            f"at its leading minor of order {int(info)})",
+        )
     try:
         deviations = (
-            torch.randn(num_draws, loc.numel(), dtype=torch.float64, device=loc.device, generator=generator)
-            @ torch.linalg.cholesky(cov).T
+            torch.randn(num_draws, loc.numel(), dtype=torch.float64, device=loc.device, generator=generator) @ root.T
         )
         energies, grads, hess = derivatives(
             target.pot,
@@ -206,8 +212,10 @@ def _newton_gap(
 
 
 def _before_any_draw(labels: list[str], reason: str) -> Gap:
-    """No verdict from a failure before any draw's value was known (the batched pass raised, or the guide's covariance
-    has no Cholesky factor): recorded with ``draws`` 0, not the draws it would have taken (review 15)."""
+    """No verdict from a failure before any draw's value was known (the guide's covariance has no Cholesky factor, or
+    the batched pass raised): recorded with ``draws`` 0, not the draws it would have taken (review 15). A chunked pass
+    that raised after some chunks is recorded so too: ``draws`` counts the draws of a pass that completed, and none of
+    its chunks' draws gives a verdict."""
     return Gap(None, None, labels, reason, dict(method="dense", draws=0, reason=reason))
 
 
@@ -225,5 +233,5 @@ def _cg(target, data: Data, num_draws: int, generator: torch.Generator, max_iter
         )
     except Exception as error:  # the model's own (gradients or products): recorded, the fit goes on
         reason = f"the log density's derivatives could not be evaluated ({type(error).__name__}: {error})"
-        return Gap(None, None, target.labels, reason, dict(method="cg", reason=reason))
+        return Gap(None, None, target.labels, reason, dict(method="cg", draws=0, reason=reason))
     return Gap(out.gap, out.se, target.labels, out.reason, out.record)

@@ -319,3 +319,38 @@ def test_a_dense_failure_before_any_draw_records_no_draws():
         result = svi_gap.newton_gap(guide, _branching, Data(x, y))
     assert result.gap is None and "torch.func.vmap cannot batch the model" in result.reason, result.reason
     assert result.record == {"method": "dense", "draws": 0, "reason": result.reason}, result.record
+
+
+@pytest.mark.parametrize("scale, tril", [([1.0, 1e-6], [[1.0, 0.0], [1e6, 1.0]]), ([1.0, math.nan], None)])
+def test_a_guide_covariance_without_a_cholesky_factor_is_named_as_the_cause(scale, tril):
+    """A full-rank guide whose covariance has no Cholesky factor, singular (``L = [[1, 0], [1, 1e-6]]``: ``L L^T`` is
+    ``[[1, 1], [1, 1]]`` in float32) or NaN (Pyro's validation off, as a user may have it): no draw can be taken, so
+    the record says 0 draws and the covariance as the cause, not "the log density's gradient could not be evaluated",
+    the reason the old code gave it (review 17, finding 8)."""
+    x, y = _data()
+    with pyro.get_param_store().scope(), pyro.validation_enabled(False):
+        guide = autoguide.AutoMultivariateNormal(_model)
+        guide(x, y)
+        with torch.no_grad():
+            guide.scale = torch.tensor(scale)
+            if tril is not None:
+                guide.scale_tril = torch.tensor(tril)
+        result = svi_gap.newton_gap(guide, _model, Data(x, y))
+    assert result.gap is None and result.reason.startswith("the guide's covariance has no Cholesky factor"), result
+    assert result.record == {"method": "dense", "draws": 0, "reason": result.reason}, result.record
+
+
+def test_a_gap_that_failed_before_a_path_records_draws_0(monkeypatch):
+    """``Gap.record`` has one shape (method, reason, draws) where no path was taken too: the potential cannot be built
+    (NoDensity), or anything else raises before a path is chosen (review 17, finding 8: no ``draws`` there)."""
+
+    def broken(*args, **kwargs):
+        raise ValueError("Model specification seems incorrect (test)")
+
+    x, y = _data()
+    for name, error in (("Potential", broken), ("guide_target", _no_vmap)):
+        with monkeypatch.context() as patch, pyro.get_param_store().scope():
+            patch.setattr(guide_density if name == "Potential" else svi_gap, name, error)
+            guide = _guide_at(_model, x, y, [1.0, 0.5], [0.1, 0.1])
+            result = svi_gap.newton_gap(guide, _model, Data(x, y))
+        assert result.gap is None and result.record == {"method": None, "draws": 0, "reason": result.reason}, name

@@ -189,7 +189,8 @@ def _raising(x, y=None):
 def test_a_model_that_raises_gets_no_verdict_and_the_fit_returns_with_the_reason(monkeypatch):
     """A model that raises at some guide draws (a LinAlgError of its own, at ``b[0] < -5``, which the guide straddles):
     no verdict, its error named. Through ``bp.fit``, whatever the products raise leaves the fit with NaN gaps and the
-    reason in its record, and no warning."""
+    reason in its record, and no warning. The record has the one shape of ``Gap.record``, with 0 draws (review 17,
+    finding 8: no ``draws`` on this path)."""
     x, y = _data()
     mean, precision = _posterior(x, y)
     with pyro.get_param_store().scope():
@@ -198,6 +199,7 @@ def test_a_model_that_raises_gets_no_verdict_and_the_fit_returns_with_the_reason
     assert result.gap is None and "could not be evaluated (_LinAlgError: linalg.cholesky" in result.reason, (
         result.reason
     )
+    assert result.record == {"method": "cg", "draws": 0, "reason": result.reason}, result.record
 
     def broken(*args, **kwargs):
         raise ValueError("the model's own error (test)")
@@ -206,7 +208,8 @@ def test_a_model_that_raises_gets_no_verdict_and_the_fit_returns_with_the_reason
     monkeypatch.setattr(svi_gap_cg, "FIT_SHARE", math.inf)  # a 5-step fit is otherwise too short to be checked
     post, messages = _fit(x, y, "mean_field", num_steps=5)
     (record,) = post.config["guide_gap"]
-    assert record["method"] == "cg" and "the model's own error (test)" in record["reason"], record
+    assert record == {"method": "cg", "draws": 0, "reason": record["reason"]}, record
+    assert "the model's own error (test)" in record["reason"], record
     assert bool(post.history[_health.GAP].isnan().all()) and not any("stopped short" in m for m in messages)
     assert post.samples["b"].shape == (1, 5, DIM)
 
@@ -243,7 +246,7 @@ def test_over_the_cost_bound_the_fit_says_it_was_not_checked(monkeypatch):
     post, _ = _fit(x, y, "mean_field", num_steps=5)
     assert _health.GAP not in post.history
     (record,) = post.config["guide_gap"]
-    assert record["method"] is None, record
+    assert record == {"method": None, "draws": 0, "reason": record["reason"]}, record  # Gap.record's one shape
     assert record["reason"].startswith("not checked: 120 coordinates x 400 rows is over svi_gap_cg.MAX_WORK"), record
 
 
