@@ -404,18 +404,31 @@ def check_guide_gap(post) -> None:
     refined = post.config.get("guide_refinement")
     refined = refined[chain] if isinstance(refined, list) and len(refined) > chain else None
     refined = refined if isinstance(refined, dict) else {}
+    stopped = refined.get("stopped")
     cap = refined.get("max_evaluations")  # svi.EVALUATIONS_CAP: the fit's cost capped the refinement's evaluations
-    advice = (  # Newton steps after the fit moved the mean and stopped short too: Adam's longer schedule cannot help
-        f"The refinement's {refined['accepted']} Newton step(s) after the fit did not close it either (stopped: "
-        f"{refined.get('stopped')}; post.config['guide_refinement']), so more num_steps would not: the posterior is "
-        "far from what the guide's family can match here; use method='nuts' for the exact posterior of a small model"
-        if refined.get("accepted") and not (cap and refined.get("stopped") == "evaluation limit")
-        else f"Try {more}: the refinement after the fit stopped at the {cap} evaluations that the fit's cost allows "
-        "(svi_gap_cg.FIT_SHARE; post.config['guide_refinement']), and a longer fit allows more"
-        if refined.get("accepted")
-        else f"Try {more} (the schedule then keeps the rate up longer), or method='nuts' for the exact posterior of a "
-        "small model"
-    )
+    iterations = refined.get("max_iterations")  # svi.ITERATIONS_CAP: ... the mean step's conjugate-gradient solves
+    if not refined.get("accepted"):
+        advice = (
+            f"Try {more} (the schedule then keeps the rate up longer), or method='nuts' for the exact posterior of a "
+            "small model"
+        )
+    elif cap and stopped == "evaluation limit":  # stopped by the fit's length: a longer fit allows more
+        advice = (
+            f"Try {more}: the refinement after the fit stopped at the {cap} evaluations that the fit's cost allows "
+            "(svi_gap_cg.FIT_SHARE; post.config['guide_refinement']), and a longer fit allows more"
+        )
+    elif iterations and stopped == "no solve at the new mean":  # its solve ran out of the iterations the fit allows
+        advice = (
+            f"Try {more}: the refinement after the fit stopped with no solve at the new mean in the {iterations} "
+            "conjugate-gradient iterations that the fit's cost allows (svi_gap_cg.FIT_SHARE; "
+            "post.config['guide_refinement']), and a longer fit allows more, up to svi_gap_cg.MAX_ITERATIONS"
+        )
+    else:  # Newton steps after the fit moved the mean and stopped short too: Adam's longer schedule cannot help
+        advice = (
+            f"The refinement's {refined['accepted']} Newton step(s) after the fit did not close it either (stopped: "
+            f"{stopped}; post.config['guide_refinement']), so more num_steps would not: the posterior is far from "
+            "what the guide's family can match here; use method='nuts' for the exact posterior of a small model"
+        )
     _warn(
         f"{post.method}: the {post.config.get('guide')} guide stopped short of its best fit: its mean of "
         f"{labels[i]} is {abs(float(gap[chain, i])):.2g} of its sds (+- {float(se[chain, i]):.1g}) from where the "

@@ -542,6 +542,11 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 refined = svi_refine.Refinement(0, 0.0, NO_MEAN_STEP)
             if refined is not None:
                 step_record = refined.record() if scaled is None else {**refined.record(), "scale": scaled.record()}
+                # the cap from the fit's cost on the step's solves, as refine_mean met it (after the scale step's
+                # passes): more num_steps lift it (check_guide_gap), as EVALUATIONS_CAP on the dense path
+                solves = svi_gap_cg.choose_path(coords, data.size, fit_passes=fit_passes, spent_passes=spent)
+                if refined.stopped != NO_MEAN_STEP and solves.max_iterations < svi_gap_cg.MAX_ITERATIONS:
+                    step_record[ITERATIONS_CAP] = solves.max_iterations
                 config.setdefault("guide_refinement", []).append(step_record)
         elif refine_skipped:  # the fit's cost bound (choose_path) leaves no room for it: the record says so
             reason = path.reason.replace("not checked", "skipped", 1)
@@ -807,6 +812,15 @@ EVALUATIONS_CAP = "max_evaluations"
 had them all). Why recorded: a refinement that stopped at ``"evaluation limit"`` under this cap was stopped by the fit's
 length, so more num_steps give it more evaluations, and the gap check advises them rather than another method
 (:func:`~bnn_pyro.infer._health.check_guide_gap`; review 17)."""
+ITERATIONS_CAP = "max_iterations"
+"""The key, in a chain's ``post.config["guide_refinement"]`` record of the mean's step past the dense bounds
+(:mod:`bnn_pyro.infer.svi_refine_cg`), of the conjugate-gradient iterations the fit's cost allowed each of its solves
+where that is fewer than ``svi_gap_cg.MAX_ITERATIONS`` (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`'s
+``max_iterations``, after what the scale step spent; absent where they had them all or the step did not cover the
+guide, :data:`NO_MEAN_STEP`). Why recorded: a step that stopped at ``"no solve at the new mean"`` (its solve there ran
+out of iterations) under this cap was stopped by the fit's length, so more num_steps give the solve more iterations,
+and the gap check advises them rather than another method (:func:`~bnn_pyro.infer._health.check_guide_gap`; review
+18), as for :data:`EVALUATIONS_CAP`."""
 
 
 def _fit_passes(num_steps: int, num_particles: int, rows: int, *, vectorized: bool) -> int:

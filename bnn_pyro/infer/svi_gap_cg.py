@@ -219,8 +219,10 @@ def choose_path(
     otherwise not checked. A full-rank guide (``full_rank``) takes the dense path at any size the engine checks (its gap
     needs no Hessian), within the bound below. ``spent_passes``: passes over the rows that a step before the solves
     already took (a mean-field guide's scale step, :mod:`~bnn_pyro.infer.svi_refine_scale`, records what it spent),
-    out of that share before their iterations; nothing by default. The scale step runs only where it takes none of the
-    solves' iterations (:func:`scale_fits`), so in the engine this never lowers ``max_iterations``.
+    out of that share before their iterations; nothing by default. The scale step runs only where it leaves the solves
+    :data:`SCALE_KEEP` iterations, or all they have without it where fewer (:func:`scale_fits`), so in the engine this
+    lowers ``max_iterations`` to no fewer than that (the mean step's record gives a cap under ``MAX_ITERATIONS``:
+    ``svi.ITERATIONS_CAP``).
 
     The dense path has the same bound from the fit's cost (:func:`dense_passes`): the gap (a low-rank guide's, with
     exact Hessians; a full-rank guide's, gradients) must fit in :data:`FIT_SHARE` of the fit's passes, or nothing is

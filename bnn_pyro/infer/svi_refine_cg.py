@@ -24,8 +24,12 @@ Safeguards (:mod:`bnn_pyro.infer.svi_refine`'s): a step is kept only if the ELBO
 log p``: the entropy does not depend on ``m``) does not fall, otherwise halved down to
 :data:`~bnn_pyro.infer.svi_refine.MIN_RATE`; the iterations stop where the undamped step moves no coordinate by
 :data:`~bnn_pyro.infer.svi_refine.TOL` of its guide sd (``"fixed point"``) or after :data:`MAX_EVALUATIONS`
-evaluations of the draws; whatever the model raises, a model vmap cannot batch, a non-finite value or an ``H`` the
-solver finds not positive definite leaves the guide as it was, with the reason. It runs where the conjugate-gradient
+evaluations of the draws, or where the solve at a new mean fails (``"no solve at the new mean"``: conjugate gradients
+did not reach their tolerance in the iterations allowed, ``svi_gap_cg.MAX_ITERATIONS`` or fewer where the fit's
+cost caps them, :func:`~bnn_pyro.infer.svi_gap_cg.choose_path`;
+with ``": <reason>"`` where ``H`` there is not positive definite or its products not finite), keeping the steps taken;
+whatever the model raises, a model vmap cannot batch, a non-finite value or an ``H`` the solver finds not positive
+definite at the start leaves the guide as it was, with the reason. It runs where the conjugate-gradient
 gap does (:func:`bnn_pyro.infer.svi_gap_cg.choose_path`: past the dense bounds, up to
 :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` coordinates x rows and a share of the fit's own cost).
 
@@ -151,9 +155,10 @@ def _refine_mean(
             point, accepted, rate = new, accepted + 1, 1.0
             try:
                 step = newton(point[0], point[2], point[3])
-            except ValueError:
-                step = None
-            if step is None:
+            except ValueError as error:  # H not positive definite, or its products not finite, at the new mean
+                stopped = f"no solve at the new mean: {error}"
+                break
+            if step is None:  # TOL not reached in max_iterations, a cap the engine records (svi.ITERATIONS_CAP)
                 stopped = "no solve at the new mean"
                 break
         elif rate / 2 < svi_refine.MIN_RATE:

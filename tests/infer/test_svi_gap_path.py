@@ -18,7 +18,7 @@ from pyro.infer import autoguide
 from test_svi_gap_cg import _data, _mean_field, _posterior, _seed_spy  # the module beside this file
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg
+from bnn_pyro.infer import _health, svi, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg
 from bnn_pyro.infer._common import is_latent
 from bnn_pyro.infer.guide_density import unconstrained_size
 from bnn_pyro.infer.training_data import Data
@@ -201,6 +201,27 @@ def test_after_newton_steps_the_advice_is_not_more_num_steps():
         message = str(caught[0].message)
         assert says in message and "method='nuts'" in message, message
         assert ("num_steps=400" in message) == (says == "num_steps=400"), message
+
+
+def test_a_step_whose_solve_ran_out_of_the_fit_s_iterations_advises_more_num_steps_not_nuts():
+    """A mean step past the dense bounds that accepted a step and then stopped at "no solve at the new mean" under a
+    cap from the fit's cost on its solves (svi.ITERATIONS_CAP) was stopped by the fit's length: the advice is more
+    num_steps, which give the solve more iterations, in its own words, not "more num_steps would not ...
+    method='nuts'" (review 18, finding 2: synthetic, as no real fit was found that reaches this state cheaply). Without
+    the cap, or where the solve failed for H not positive definite, the NUTS advice stays."""
+    record = {"method": "cg", "batches": 20, "reason": None}
+    step = {"accepted": 1, "elbo_change": 0.3, "stopped": "no solve at the new mean"}
+    indefinite = "no solve at the new mean: the expected Hessian of -log p is not positive definite at the guide"
+    for refined, capped in (({**step, svi.ITERATIONS_CAP: 18}, True), (step, False),
+                            ({**step, "stopped": indefinite, svi.ITERATIONS_CAP: 18}, False)):  # fmt: skip
+        post = _post(1.0, 0.01, record)
+        post.config["guide_refinement"] = [refined]
+        with pytest.warns(DiagnosticWarning, match="stopped short") as caught:
+            _health.check_guide_gap(post)
+        message = str(caught[0].message)
+        said = "Try num_steps=400: the refinement after the fit stopped with no solve at the new mean in the 18 "
+        assert (said + "conjugate-gradient iterations that the fit's cost allows" in message) == capped, message
+        assert ("would not" in message and "method='nuts'" in message) != capped, message
 
 
 def test_the_gap_keeps_no_autograd_graph_with_a_pyro_param_model():

@@ -29,7 +29,7 @@ from test_svi_gap_cg import (  # the module beside this file
 )
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health, svi_gap, svi_refine_cg
+from bnn_pyro.infer import _health, svi, svi_gap, svi_gap_cg, svi_refine_cg
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
@@ -86,7 +86,9 @@ def test_off_a_gaussian_the_elbo_on_its_draws_does_not_fall_and_the_gap_shrinks(
 def test_a_default_fit_ends_at_the_optimum_and_is_silent():
     """Through ``bp.fit`` at its defaults for this model but 300 steps (the Laplace start, a mean-field guide): Adam
     left the mean 0.23 guide sds from the exact optimum (measured with the step switched off: the gap check warned);
-    the step takes it there, its record says so, and the check, which ran, is silent."""
+    the step takes it there, its record says so, and the check, which ran, is silent. The fit's cost capped the step's
+    solves at 63 iterations ((300 x 50,400 / 400 - 6,000) / 500; the scale step skipped, so nothing spent), and the
+    record carries the cap (svi.ITERATIONS_CAP), as the dense refinement's carries its evaluations' (review 18)."""
     x, y = _data()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DiagnosticWarning)
@@ -95,6 +97,8 @@ def test_a_default_fit_ends_at_the_optimum_and_is_silent():
         )
     (record,) = post.config["guide_refinement"]
     assert record["stopped"] == "fixed point" and record["accepted"] >= 1, record
+    assert record["scale"]["passes"] == 0 and svi_gap_cg.choose_path(DIM, len(y), fit_passes=300).max_iterations == 63
+    assert record[svi.ITERATIONS_CAP] == 63, record
     assert post.history[_health.GAP].shape == (1, DIM) and float(post.history[_health.GAP].abs().max()) < 1e-3
     assert not any("stopped short" in str(w.message) for w in caught)
 

@@ -30,7 +30,7 @@ from test_svi_gap_cg import (
 )
 
 import bnn_pyro as bp
-from bnn_pyro.infer import svi_gap, svi_gap_cg, svi_refine, svi_refine_cg, svi_refine_scale
+from bnn_pyro.infer import svi, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg, svi_refine_scale
 from bnn_pyro.infer.guide_density import derivatives, guide_target
 from bnn_pyro.infer.svi import NO_MEAN_STEP
 from bnn_pyro.infer.training_data import Data
@@ -304,7 +304,8 @@ def test_a_low_rank_guide_or_one_within_the_dense_bounds_is_not_covered():
 def test_every_chain_scales_steps_and_checks_on_its_own_seed(monkeypatch):
     """The engine runs the scale step before the mean's step and the gap, with the chain's seed (seed + index), so all
     three use the same standard-normal draws, the last two at the new sds; one refinement record per chain, the scale
-    step's inside it. Spied on a 2-chain fit past the dense bounds (the cost bound lifted: a short fit)."""
+    step's inside it. Spied on a 2-chain fit past the dense bounds (the cost bound lifted: a short fit), whose solves
+    therefore keep svi_gap_cg.MAX_ITERATIONS: no cap in the record (svi.ITERATIONS_CAP)."""
     calls = []
     scale, step, gap = svi_refine_scale.refine_scale, svi_refine_cg.refine_mean, svi_gap.newton_gap
 
@@ -320,6 +321,7 @@ def test_every_chain_scales_steps_and_checks_on_its_own_seed(monkeypatch):
     assert calls == [("scale", 5), ("step", 5), ("gap", 5), ("scale", 6), ("step", 6), ("gap", 6)], calls
     records = post.config["guide_refinement"]
     assert len(records) == 2 and all(r["scale"]["stopped"] == "one step" for r in records), records
+    assert not any(svi.ITERATIONS_CAP in r for r in records), records
 
 
 def test_after_the_scale_and_mean_steps_a_non_gaussian_fit_is_not_flagged():
