@@ -18,7 +18,7 @@ from pyro.infer import autoguide
 from test_svi_gap_cg import _data, _mean_field, _posterior, _seed_spy  # the module beside this file
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _health, svi, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg
+from bnn_pyro.infer import _health, svi, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg, svi_refine_scale
 from bnn_pyro.infer._common import is_latent
 from bnn_pyro.infer.guide_density import unconstrained_size
 from bnn_pyro.infer.training_data import Data
@@ -282,6 +282,42 @@ def test_a_discrete_latent_site_neither_counts_nor_fails_the_fit():
                 _coin, x, y, method="svi", guide=_coin_guide, elbo=elbo, num_steps=20, num_samples=50, progress=False
             )
         assert set(post.samples) >= {"p", "z"} and post.samples["z"].shape == (1, post.num_draws)
+
+
+@pytest.mark.parametrize("vectorize", [False, True])
+def test_vectorized_particles_reach_the_scale_step_the_mean_s_step_and_the_gap(vectorize, monkeypatch):
+    """120 coefficients x 400 rows (past the dense bounds), 100 steps of 8 particles, a mean-field guide: the scale
+    step, the mean's step and the gap each get the fit's passes as ``svi._fit_passes`` counts them (review 18, finding
+    3; the dense path's test is test_svi_dense_cost's): unvectorized, each particle pays Pyro's fixed cost of a step,
+    800 passes; vectorized, a step pays it once, 100 x (8 x 400 + 50,000) / 50,400 = 105. The records follow: the
+    scale step is skipped naming those passes, and the mean step's solves are capped at 189 or 14 iterations
+    (svi.ITERATIONS_CAP)."""
+    from test_svi_dense_cost import _vectorizable
+
+    passes = svi._fit_passes(100, 8, 400, vectorized=vectorize)
+    assert passes == (105 if vectorize else 800)
+    calls = []
+
+    def spy(name, function):
+        def wrapped(*args, **kwargs):
+            calls.append((name, kwargs.get("fit_passes")))
+            return function(*args, **kwargs)
+
+        return wrapped
+
+    monkeypatch.setattr(svi_refine_scale, "refine_scale", spy("scale", svi_refine_scale.refine_scale))
+    monkeypatch.setattr(svi_refine_cg, "refine_mean", spy("step", svi_refine_cg.refine_mean))
+    monkeypatch.setattr(svi_gap, "newton_gap", spy("gap", svi_gap.newton_gap))
+    x, y = _data()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        post = bp.fit(_vectorizable, x, y, method="svi", guide="mean_field", num_steps=100, num_particles=8,
+                      vectorize_particles=vectorize, num_samples=5, seed=0, progress=False)  # fmt: skip
+    assert calls == [("scale", passes), ("step", passes), ("gap", passes)], calls
+    (record,) = post.config["guide_refinement"]
+    assert f"of the fit's {passes:,} gradient passes" in record["scale"]["stopped"], record
+    cap = svi_gap_cg.choose_path(120, 400, fit_passes=passes).max_iterations
+    assert cap == (14 if vectorize else 189) and record[svi.ITERATIONS_CAP] == cap, record
 
 
 def test_the_solves_are_bounded_by_the_fit_s_cost():
