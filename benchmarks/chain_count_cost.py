@@ -3,8 +3,9 @@
 Workload: ``classification.py``'s fit of one split (its model, split, seed and ``bp.fit`` call, at the engine's
 defaults but for ``num_chains``), for each count in ``--chains``; the counts alternate round by round
 (``--rounds``), so a burst of load on a shared machine falls on each alike. One torch thread (the fits' own
-default, ``bp.fit``'s). The figure: each count's median fit seconds and its ratio to the first count's, from the
-same rounds. Written for issue 26 item 1 (SWAG's ``num_chains`` 3 against 5); any engine with ``num_chains``.
+default, ``bp.fit``'s). The figures: each count's median fit seconds, wall and this process's CPU (the chains run
+one after another in it; on a loaded machine the wall time also counts the other processes' turns, the CPU time
+does not), and their ratios to the first count's, from the same rounds. Written for issue 26 item 1 (SWAG's ``num_chains`` 3 against 5); any engine with ``num_chains``.
 
 Usage::
 
@@ -30,15 +31,15 @@ from _common import alternating, markdown, results_dir, torch_threads, write_res
 from classification import _fit, load_dataset, make_split  # noqa: E402
 
 
-def fit_seconds(method: str, dataset: str, split: int, chains: int) -> float:
-    """Wall seconds of ``classification.py``'s fit of ``split`` with ``num_chains=chains``."""
+def fit_seconds(method: str, dataset: str, split: int, chains: int) -> tuple[float, float]:
+    """Wall and CPU seconds of ``classification.py``'s fit of ``split`` with ``num_chains=chains``."""
     x, y = load_dataset(dataset)
     s = make_split(x, y, split)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the fits' health warnings: the benchmark's scoring runs record them
         _fit(method, s["x_train"], s["y_train"], int(y.max()) + 1, split, {"num_chains": chains})
-    return time.perf_counter() - start
+    return time.perf_counter() - start, time.process_time() - cpu
 
 
 def main(argv: list[str] | None = None) -> pd.DataFrame:
@@ -60,14 +61,17 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
         runs = alternating(
             {c: c for c in counts}, args.rounds, lambda c: fit_seconds(args.method, args.dataset, args.split, c)
         )
-    base = pd.Series(runs[counts[0]]).median()
+    med = {c: pd.DataFrame(runs[c], columns=["wall", "cpu"]).median() for c in counts}
     table = pd.DataFrame(
         {
             "num_chains": c,
             "rounds": args.rounds,
-            "fit_s_each": " / ".join(f"{t:.1f}" for t in runs[c]),
-            "median_s": round(float(pd.Series(runs[c]).median()), 2),
-            f"ratio_to_{counts[0]}": round(float(pd.Series(runs[c]).median() / base), 2),
+            "wall_s_each": " / ".join(f"{w:.1f}" for w, _ in runs[c]),
+            "cpu_s_each": " / ".join(f"{u:.1f}" for _, u in runs[c]),
+            "median_wall_s": round(float(med[c]["wall"]), 2),
+            "median_cpu_s": round(float(med[c]["cpu"]), 2),
+            f"wall_ratio_to_{counts[0]}": round(float(med[c]["wall"] / med[counts[0]]["wall"]), 2),
+            f"cpu_ratio_to_{counts[0]}": round(float(med[c]["cpu"] / med[counts[0]]["cpu"]), 2),
         }
         for c in counts
     )
