@@ -65,7 +65,7 @@ so at any ``x`` between two inputs ``a`` and ``b`` it is at most ``max(h_j(a)^2,
 ``Var f(x) <= Var f(a) + Var f(b)``: in-gap sd at most ``sqrt(2)`` times the larger one at the gap's edges,
 whatever ``p``, the prior or the rate learning (the argument of Foong et al. 2019 for factorized Gaussians).
 Neither the rate nor restarts fix it, so the defaults stay one chain at ``p = 0.1``; use ``method="ensemble"``
-or ``method="swag"`` (three chains by default) when in-between uncertainty matters.
+or ``method="swag"`` (five chains by default) when in-between uncertainty matters.
 
 Off-data inputs (classification; issue 26, ``docs/ood.md``). With the input layer kept whole (the default), a
 one-hidden-layer net's masks act on its hidden units: ``f_z(x) = M_2 (z * h(x)) + b_2`` with

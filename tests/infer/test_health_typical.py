@@ -102,7 +102,7 @@ AGREE = "chains disagree"
 
 
 def test_swag_chains_that_disagree_on_a_pyro_function_say_so(monkeypatch):
-    """SWAG's plain collection on the logistic regression (a Pyro function): its three chains sit apart, each far
+    """SWAG's plain collection on the logistic regression (a Pyro function): its chains (five by default) sit apart, each far
     narrower than the posterior (the check below is not vacuous), and passed as a match only through the allowance
     for ~3 effective draws, silently. The fit now says the chains disagree, naming a parameter. Given held-out rows
     (early stopping, so no Newton finish at the end of pre-training: SWAG's defaults before ``swag._to_mode``), and
@@ -116,7 +116,7 @@ def test_swag_chains_that_disagree_on_a_pyro_function_say_so(monkeypatch):
     spread = float(intercept.mean(1).max() - intercept.mean(1).min())
     assert spread > 2 * ref.sd[0] and float(intercept.std(1).max()) < 0.25 * ref.sd[0], intercept.mean(1)
     agree = [m for m in messages if AGREE in m]
-    assert len(agree) == 1 and agree[0].startswith("swag: its 3 chains disagree: R-hat of beta["), messages
+    assert len(agree) == 1 and agree[0].startswith("swag: its 5 chains disagree: R-hat of beta["), messages
 
 
 def test_chains_of_exact_draws_agree_and_a_shifted_chain_does_not(monkeypatch):
