@@ -186,33 +186,15 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
     return loss
 
 
-def potential(
-    joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor, *, jit: bool = False, analytic: bool = True
-):
+def potential(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor, *, jit: bool = False):
     """``U(z) = -log p(T^-1(z), y | x) - log|det J|``: Pyro's potential energy in the unconstrained
     coordinates given by ``transforms`` (site -> constrained-to-unconstrained map, as returned by
-    Pyro's ``initialize_model``); deterministic parameters stay fixed at the model's values.
-    With ``analytic`` (the default), for a Linear-and-elementwise stack with Normal priors and a Gaussian likelihood
-    it is the analytic potential of :mod:`bnn_pyro.infer._analytic` (its autograd gradient is the analytic one;
-    ``jit`` is then moot). Else
-    ``jit=True`` compiles it with ``torch.jit.trace`` at the first call (the data and site shapes are
-    fixed, as in MCMC), which removes the torch.distributions and ``functional_call`` overhead of every call."""
+    Pyro's ``initialize_model``); deterministic parameters stay fixed at the model's values. Metropolis's
+    potential on the fast path (it takes no gradient, so the analytic potential's gain, a hand-written backward,
+    does not apply). ``jit=True`` compiles it with ``torch.jit.trace`` at the first call (the data and site shapes
+    are fixed, as in MCMC), which removes the torch.distributions and ``functional_call`` overhead of every call."""
     energy = Energy(joint, transforms, x, y)
-    generic = [None]
-
-    def call(z: dict[str, torch.Tensor]) -> torch.Tensor:
-        # at the first call: the analytic potential (bnn_pyro.infer._analytic) where the model allows it
-        if generic[0] is None:
-            names = list(z)
-            pot = (
-                _analytic.build(joint, names, {n: z[n].shape for n in names}, x, y, reference=energy)
-                if analytic
-                else None
-            )
-            generic[0] = (_traced(energy) if jit else energy) if pot is None else _analytic.site_potential(pot)
-        return generic[0](z)
-
-    return call
+    return _traced(energy) if jit else energy
 
 
 def analytic(joint: LogJoint, names, shapes: dict, x: torch.Tensor, y: torch.Tensor):
