@@ -99,6 +99,21 @@ def test_every_method_fits_a_float64_model_with_buffers_on_the_models_device(met
     assert bool(torch.isfinite(pred.mean).all() and torch.isfinite(pred.std).all())
 
 
+@pytest.mark.parametrize("likelihood", ["Bernoulli", "Categorical"])
+@pytest.mark.parametrize("method", ["nuts", "hmc"])
+def test_nuts_and_hmc_on_a_float64_classifier_keep_one_dtype_and_the_models_device(method, likelihood):
+    """The flat kernels on the generic potential (a classifier's), which the Gaussian matrix above does not reach:
+    the labels, kept in torch's default dtype, are scored in the model's."""
+    x, y = _data(torch.float64)
+    labels = (y > 0).float() if likelihood == "Bernoulli" else (y > 0).long() + (y > 0.5).long()
+    model = _model(
+        torch.float64, likelihood=getattr(bp.likelihoods, likelihood)(), out=1 if likelihood == "Bernoulli" else 3
+    )
+    post, pred = _checked_fit(model, x, labels, method, **SETTINGS[method])
+    assert {v.dtype for v in post.samples.values()} == {torch.float64}
+    assert bool(torch.isfinite(post.sample_stats["lp"]).all())
+
+
 def test_noise_collapse_reference_regressions_make_their_buffers_on_the_inputs_device():
     """``check_noise_collapse``'s ridge / nearest-neighbour R^2 runs only on a fit that predicts the mean, which the
     engine matrix's fits need not do: checked directly (its identity matrix was once made on the CPU, which failed on
