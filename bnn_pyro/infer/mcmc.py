@@ -45,10 +45,13 @@ Fast path (``fast_path=True``, the default): for a ``BNN`` without hierarchical 
 potential energy is computed directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model
 at every step, compiled when ``jit=True``; for a stack of ``nn.Linear`` layers and elementwise activations with
 Normal priors and a Gaussian likelihood it is analytic (:mod:`bnn_pyro.infer._analytic`). On either potential
-NUTS and HMC run our kernels over one flat vector (:mod:`bnn_pyro.infer._one_chain`: one leapfrog step is one
-compiled graph or the analytic step, where Pyro's kernels step dicts of site tensors through autograd); Pyro's
-``NUTS`` and ``HMC`` run where there is no log joint (a Pyro function, a hierarchical prior, BatchNorm,
-``fast_path=False``: Pyro's tracing path).
+NUTS and HMC run our kernels over one flat vector (:mod:`bnn_pyro.infer._one_chain`, where Pyro's kernels step
+dicts of site tensors through autograd): on the analytic potential each leapfrog step is the analytic one; on the
+generic potential NUTS's whole leapfrog step is one compiled graph and HMC's is a few vector updates around one
+compiled call of the gradient; where the gradient cannot be recorded as a graph (e.g. a ``Conv1d`` or ``LayerNorm``
+layer) both differentiate the energy traced by TorchScript by autograd, with a warning
+(:func:`~bnn_pyro.infer._logjoint.flat_potential_and_grad`). Pyro's ``NUTS`` and ``HMC`` run where there is no log
+joint (a Pyro function, a hierarchical prior, BatchNorm, ``fast_path=False``: Pyro's tracing path).
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` are not sampled: they stay fixed, the same for every chain,
 at the values ``init`` gives (a :class:`~bnn_pyro.Posterior`'s chain-0 values, or a dict naming every one), else
