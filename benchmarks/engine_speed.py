@@ -14,9 +14,11 @@ every model, as the tests do).
   model, held-out split, curvature, drawing) cancels. Laplace's steps are its MAP search's Adam steps.
 
 - ``hmc``: ms per leapfrog step of ``bp.fit(method="hmc")`` (16 leapfrog steps per draw, warm-up included) on the
-  1-50-1 tanh BNN of ``_common`` (N = 200, sigma 0.1): the flat kernel (``bnn_pyro/infer/_one_chain.py``, the default on
-  the analytic path) against Pyro's ``HMC`` over dicts of sites on the same analytic potential (the fast path before
-  it; here by making ``mcmc.analytic_applies`` decline); (long - short) draws differenced. ``--only hmc`` runs it alone.
+  1-50-1 tanh BNN of ``_common`` (N = 200, sigma 0.1): the flat kernel (``bnn_pyro/infer/_one_chain.py``, the default:
+  here on the analytic potential) against Pyro's ``HMC`` over dicts of sites on the log joint's potential traced by
+  TorchScript (what ``bp.fit`` ran before 0158693 where the analytic potential did not apply; here by swapping
+  ``HMCConfig.kernel``); (long - short) draws differenced. ``--only hmc`` runs it alone. (Pyro's HMC on the analytic
+  potential, the side of this row up to 0158693, is no longer built by the library.)
 
 Each figure is the minimum of ``--repeats`` repetitions, interleaved between the two paths (the machine may be shared:
 minima are the least disturbed); ratio = fast / Pyro's, measured in the same run. One torch thread.
@@ -150,6 +152,32 @@ def time_engine(method: str, short: int, long: int, repeats: int, x, y) -> list[
     ]
 
 
+def pyro_hmc_kernel(x, y):
+    """An ``HMCConfig.kernel`` that builds Pyro's HMC on the log joint's traced potential (module docstring)."""
+    from pyro.infer.mcmc.util import initialize_model  # noqa: PLC0415
+
+    from bnn_pyro.infer import _kernels, _logjoint  # noqa: PLC0415
+
+    def kernel(config, model, chain):
+        params, _, transforms, _ = initialize_model(
+            model, model_args=(x, y), init_strategy=chain.init_strategy, skip_jit_warnings=True
+        )
+        pyro_hmc = _kernels.PyroHMC(
+            potential_fn=_logjoint.potential(chain.joint, transforms, x, y, jit=config.jit),
+            transforms=transforms,
+            step_size=1.0,
+            adapt_step_size=True,
+            adapt_mass_matrix=True,
+            full_mass=config.dense_mass,
+            target_accept_prob=config.target_accept,
+        )
+        pyro_hmc.initial_params, pyro_hmc.resume, pyro_hmc.metric = params, None, None
+        pyro_hmc.fixed_num_steps, pyro_hmc.leapfrog_jitter = config.num_leapfrog, config.leapfrog_jitter
+        return pyro_hmc
+
+    return kernel
+
+
 def time_hmc(short: int, long: int, repeats: int) -> list[dict]:
     from _common import bnn  # noqa: PLC0415
     from _common import regression as data
@@ -157,10 +185,10 @@ def time_hmc(short: int, long: int, repeats: int) -> list[dict]:
     from bnn_pyro.infer import mcmc  # noqa: PLC0415
 
     x, y = data(200, 1)
-    applies = mcmc.analytic_applies
+    flat_kernel, pyro_kernel = mcmc.HMCConfig.kernel, pyro_hmc_kernel(x, y)
 
     def fit(draws: int, flat: bool) -> float:
-        mcmc.analytic_applies = applies if flat else (lambda *args: False)
+        mcmc.HMCConfig.kernel = flat_kernel if flat else pyro_kernel
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -170,7 +198,7 @@ def time_hmc(short: int, long: int, repeats: int) -> list[dict]:
                 )
                 return time.perf_counter() - start
         finally:
-            mcmc.analytic_applies = applies
+            mcmc.HMCConfig.kernel = flat_kernel
 
     times = {(flat, n): float("inf") for flat in (True, False) for n in (short, long)}
     for flat in (True, False):
@@ -184,7 +212,7 @@ def time_hmc(short: int, long: int, repeats: int) -> list[dict]:
         dict(
             workload="hmc",
             setting="1-50-1, N=200, 16 leapfrog/draw",
-            path="flat (FlatHMC)" if flat else "pyro HMC, analytic potential",
+            path="flat (FlatHMC), analytic potential" if flat else "pyro HMC, traced potential",
             ms=ms[flat],
             unit="ms/leapfrog",
             ratio=ms[flat] / ms[False],

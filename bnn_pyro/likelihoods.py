@@ -258,7 +258,7 @@ class Bernoulli(Likelihood):
     task = "classification"
 
     def distribution(self, f, noise):
-        return dist.Bernoulli(logits=f[..., 0])
+        return _Bernoulli(logits=f[..., 0])
 
     def check_target(self, y, out_dim):
         if out_dim != 1:
@@ -276,6 +276,15 @@ class Bernoulli(Likelihood):
     def probs(self, d):
         p = _base(d).probs
         return torch.stack([1.0 - p, p], dim=-1)
+
+
+class _Bernoulli(dist.Bernoulli):
+    """Pyro's ``Bernoulli`` scoring labels in the logits' dtype: the labels (0/1, exact in any float dtype) are kept
+    in torch's default dtype (:meth:`Bernoulli.check_target`), so a float64 model's would otherwise meet its float64
+    logits as float32."""
+
+    def log_prob(self, value):
+        return super().log_prob(value.to(self.logits.dtype))
 
 
 def _base(d: Distribution) -> Distribution:

@@ -25,8 +25,8 @@ of :data:`NOISE_PRIORS` (unconstrained by ``exp``, Pyro's ``biject_to`` for a po
 before it is used.
 
 Used by NUTS (:class:`~bnn_pyro.infer._nuts.FlatNUTS`), by HMC (:class:`~bnn_pyro.infer._one_chain.FlatHMC`; and
-``chain_method="vectorized"`` through :meth:`StackPotential.leapfrog_batch`; Pyro's kernels given a log joint
-reach it through :func:`bnn_pyro.infer._logjoint.potential`, Metropolis, without gradients, keeps the generic one), and by
+``chain_method="vectorized"`` through :meth:`StackPotential.leapfrog_batch`; Metropolis, without gradients,
+keeps the generic one), by MALA on the fast path, and by
 the mean-field SVI loss
 (:func:`bnn_pyro.infer._logjoint.svi_loss`) and SVI's flat path (:mod:`bnn_pyro.infer._svi_flat`, through
 :func:`negative_elbo`). ``tests/infer/test_analytic.py`` checks values and gradients
@@ -449,33 +449,3 @@ def _agrees(pot: StackPotential, energy, names, shapes, x) -> bool:
             RuntimeWarning,
         )
     return ok
-
-
-# ---------------------------------------------------------------------- HMC (dict sites) and SVI
-class _Potential(torch.autograd.Function):
-    """``U(theta)`` whose backward returns the analytic gradient computed with it (no tape below it)."""
-
-    @staticmethod
-    def forward(ctx, theta, pot):
-        u, grad = pot(theta.detach())
-        ctx.grad = grad
-        return u
-
-    @staticmethod
-    def backward(ctx, grad_output):
-        return grad_output * ctx.grad, None
-
-
-def site_potential(pot: StackPotential):
-    """``z (site -> unconstrained value) -> U``, differentiable by autograd through the analytic gradient: the
-    potential of Pyro's HMC."""
-    names, shapes = pot._order, [pot._slots[n][2] for n in pot._order]
-
-    def call(z: dict[str, torch.Tensor]) -> torch.Tensor:
-        theta = torch.cat([z[n].reshape(-1) for n in names])
-        if not theta.requires_grad:
-            return pot(theta)[0]
-        return _Potential.apply(theta, pot)
-
-    call.names, call.shapes = names, shapes
-    return call

@@ -333,7 +333,7 @@ class BatchedChains:
             )
         device = self._z.device
         self.z, self.u, self.g = (tensors[k].to(device).clone() for k in ("z", "u", "grad"))
-        self.generator.set_state(tensors["generator"])
+        self.generator.set_state(tensors["generator"].cpu())  # torch takes a CPU ByteTensor, for any device's generator
         self._t, self._mean_accept = meta["counters"][0], list(meta["counters"][1])
 
 

@@ -197,32 +197,22 @@ class PyroHMC(_Counted, HMC):
     pass
 
 
-def pyro_kernel(kind: str, model, *, joint, jit: bool, init_strategy, model_args, resume=None, metric=None, **options):
-    """Pyro's ``NUTS`` (``kind="nuts"``) or ``HMC`` with the statistics of :class:`_Counted`, and the
-    starting point such a kernel needs. With a ``joint`` (the fast path) the kernel gets the directly computed
-    potential energy through its public ``potential_fn`` argument; otherwise it traces ``model`` (compiled
-    by Pyro when ``jit``). ``resume = (step_size, inverse_mass_matrix)``: no adaptation, that state kept;
-    ``metric``: a ``ModeStart`` whose ``H^{-1}`` the (dense, ``full_mass=True``) adaptation starts from.
-    Returns ``(kernel, initial_params, transforms)`` (the last two ``None`` for the tracing path)."""
+def pyro_kernel(kind: str, model, *, jit: bool, init_strategy, resume=None, metric=None, **options):
+    """Pyro's ``NUTS`` (``kind="nuts"``) or ``HMC`` with the statistics of :class:`_Counted`, tracing ``model``
+    (compiled by Pyro when ``jit``): the path without a log joint (the fast path's kernels are
+    :mod:`bnn_pyro.infer._one_chain`'s). ``resume = (step_size, inverse_mass_matrix)``: no adaptation, that state
+    kept; ``metric``: a ``ModeStart`` whose ``H^{-1}`` the (dense, ``full_mass=True``) adaptation starts from."""
     cls = PyroNUTS if kind == "nuts" else PyroHMC
     if resume is not None:
         options.update(step_size=resume[0], adapt_step_size=False, adapt_mass_matrix=False)
-    if joint is None:
-        kernel = cls(model, jit_compile=jit, ignore_jit_warnings=True, init_strategy=init_strategy, **options)
-        params = transforms = None
-    else:
-        params, _, transforms, _ = initialize_model(
-            model, model_args=model_args, init_strategy=init_strategy, skip_jit_warnings=True
-        )
-        kernel = cls(
-            potential_fn=_logjoint.potential(joint, transforms, *model_args, jit=jit), transforms=transforms, **options
-        )
+    kernel = cls(model, jit_compile=jit, ignore_jit_warnings=True, init_strategy=init_strategy, **options)
     kernel.resume, kernel.metric = None if resume is None else resume[1], metric
-    return kernel, params, transforms
+    return kernel
 
 
 class AdaptedKernel(MCMCKernel):
-    """What our kernels (:class:`Metropolis`, :class:`~bnn_pyro.infer._nuts.FlatNUTS`) share: Pyro's
+    """What our kernels (:class:`Metropolis`, :class:`~bnn_pyro.infer._nuts.FlatNUTS`,
+    :class:`~bnn_pyro.infer._one_chain.FlatHMC`, :class:`~bnn_pyro.infer.mala.MALAKernel`) share: Pyro's
     ``MCMCKernel`` starting point (``initial_params``), the step size and inverse mass matrix (or proposal
     covariance) of their Pyro :class:`WarmupAdapter` ``self._adapter``, and its state for checkpoints."""
 
@@ -295,7 +285,7 @@ class Metropolis(AdaptedKernel):
             skip_jit_warnings=True,
         )
         if self.joint is not None:  # no gradient needed: the generic potential (its seeded runs unchanged)
-            self.potential_fn = _logjoint.potential(self.joint, self.transforms, *args, jit=self._jit, analytic=False)
+            self.potential_fn = _logjoint.potential(self.joint, self.transforms, *args, jit=self._jit)
         self._energy_last = self.potential_fn(self._initial_params)
         names = tuple(sorted(self._initial_params))
         size = sum(v.numel() for v in self._initial_params.values())

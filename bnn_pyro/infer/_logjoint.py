@@ -186,33 +186,15 @@ def svi_loss(joint: LogJoint, guide, num_particles: int = 1):
     return loss
 
 
-def potential(
-    joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor, *, jit: bool = False, analytic: bool = True
-):
+def potential(joint: LogJoint, transforms: dict, x: torch.Tensor, y: torch.Tensor, *, jit: bool = False):
     """``U(z) = -log p(T^-1(z), y | x) - log|det J|``: Pyro's potential energy in the unconstrained
     coordinates given by ``transforms`` (site -> constrained-to-unconstrained map, as returned by
-    Pyro's ``initialize_model``); deterministic parameters stay fixed at the model's values.
-    With ``analytic`` (the default), for a Linear-and-elementwise stack with Normal priors and a Gaussian likelihood
-    it is the analytic potential of :mod:`bnn_pyro.infer._analytic` (its autograd gradient is the analytic one;
-    ``jit`` is then moot). Else
-    ``jit=True`` compiles it with ``torch.jit.trace`` at the first call (the data and site shapes are
-    fixed, as in MCMC), which removes the torch.distributions and ``functional_call`` overhead of every call."""
+    Pyro's ``initialize_model``); deterministic parameters stay fixed at the model's values. Metropolis's
+    potential on the fast path (it takes no gradient, so the analytic potential's gain, a hand-written backward,
+    does not apply). ``jit=True`` compiles it with ``torch.jit.trace`` at the first call (the data and site shapes
+    are fixed, as in MCMC), which removes the torch.distributions and ``functional_call`` overhead of every call."""
     energy = Energy(joint, transforms, x, y)
-    generic = [None]
-
-    def call(z: dict[str, torch.Tensor]) -> torch.Tensor:
-        # at the first call: the analytic potential (bnn_pyro.infer._analytic) where the model allows it
-        if generic[0] is None:
-            names = list(z)
-            pot = (
-                _analytic.build(joint, names, {n: z[n].shape for n in names}, x, y, reference=energy)
-                if analytic
-                else None
-            )
-            generic[0] = (_traced(energy) if jit else energy) if pot is None else _analytic.site_potential(pot)
-        return generic[0](z)
-
-    return call
+    return _traced(energy) if jit else energy
 
 
 def analytic(joint: LogJoint, names, shapes: dict, x: torch.Tensor, y: torch.Tensor):
@@ -242,8 +224,10 @@ def flat_potential_and_grad(
     (``make_fx`` of ``torch.func.grad_and_value``: no autograd tape at run time), then freezes it with
     TorchScript (constants such as the data and the prior's parameters folded in): no tracing of the model and
     no autograd tape per call (``benchmarks/performance.py`` compares it with a traced potential plus
-    ``autograd.grad`` and with the eager one). Where the model cannot be recorded that way, it warns and falls
-    back to the eager gradient (same values)."""
+    ``autograd.grad`` and with the eager one). Where the model cannot be recorded that way (a ``Conv1d`` or
+    ``LayerNorm`` layer), it warns and falls back to the energy traced by ``torch.jit.trace`` and differentiated by
+    autograd (what Pyro's HMC ran on such nets: ``benchmarks/results/hmc_fast_path_ab/``), where that gives the
+    eager values, else to the eager gradient (same values)."""
     energy = Energy(joint, transforms, x, y)
     names, sizes = list(shapes), [int(torch.Size(s).numel()) for s in shapes.values()]
     runs = energy.prior_runs(names, sizes)
@@ -279,9 +263,25 @@ class FlatPotential:
                 (theta.detach(),),
                 lambda t: self.eager(t)[::-1],
                 "the potential's gradient",
+                fallback=self._traced_gradient,
             )
         grad, value = self._gradient(theta.detach())
         return value, grad
+
+    def _traced_gradient(self, theta: torch.Tensor):
+        """``theta -> (grad U, U)`` by autograd through the energy traced by TorchScript at ``theta``: the
+        fallback of a gradient that cannot be recorded as one graph (:func:`_compiled` checks it)."""
+        with recording():
+            traced = torch.jit.trace(self.energy, (theta.detach(),), check_trace=False)
+
+        def gradient(t: torch.Tensor):
+            with torch.enable_grad():
+                t = t.detach().requires_grad_()
+                value = traced(t)
+                (grad,) = torch.autograd.grad(value, t)
+            return grad, value.detach()
+
+        return gradient
 
     def leapfrog(self, z, p, g, step, inverse_mass):
         """One velocity-Verlet step of (signed, 0-dim tensor) size ``step`` from ``(z, p)`` with gradient
@@ -298,6 +298,7 @@ class FlatPotential:
                 (z, p, g, step, inverse_mass),
                 partial(_leapfrog, lambda t: self.eager(t)[::-1]),
                 "the leapfrog step",
+                fallback=lambda *args: partial(_leapfrog, self._traced_gradient(args[0])),
             )
         return self._step(z, p, g, step, inverse_mass)
 
@@ -406,40 +407,48 @@ def _same(a: Distribution, b: Distribution) -> bool:
     return type(a) is type(b) and all(torch.equal(getattr(a, k), getattr(b, k)) for k in a.arg_constraints)
 
 
-def _compiled(fn, args: tuple, eager, what: str):
+def _compiled(fn, args: tuple, eager, what: str, *, fallback=None):
     """``fn(*tensors) -> tuple of tensors`` recorded as one graph of tensor operations (``make_fx``: any
     ``torch.func.grad_and_value`` inside becomes plain operations, no autograd tape at run time), traced
     and frozen by TorchScript (constants folded in), and checked against ``eager`` at ``args`` and at a
     perturbation of the first argument (a recording fixes any value-dependent Python branch). Where any of
-    that fails it warns once and returns ``eager``."""
+    that fails it warns once and returns ``fallback(*args)`` (a slower version, e.g. a traced energy differentiated
+    by autograd) where given and it passes the same check, else ``eager``."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     args = tuple(a.detach() for a in args)
-    try:
-        recorded = make_fx(fn)(*args)
-        with recording():
-            module = torch.jit.freeze(torch.jit.trace(_Call(recorded), args, check_trace=False).eval())
-        first = args[0]
-        g = torch.Generator(device=first.device).manual_seed(0)
-        noise = 0.1 * torch.randn(first.shape, generator=g, device=first.device, dtype=first.dtype)
-        points = [args, (first + noise,) + args[1:]]
-        expected = [eager(*a) for a in points]
-        # TorchScript optimizes a graph at its second call; its shape analysis has failed on some frozen
-        # graphs (a net with deterministic biases), so check two calls each, else run it unoptimized (~7% slower)
-        for graph in (module.forward, _unoptimized(module.forward)):
+    first = args[0]
+    g = torch.Generator(device=first.device).manual_seed(0)
+    noise = 0.1 * torch.randn(first.shape, generator=g, device=first.device, dtype=first.dtype)
+    points = [args, (first + noise,) + args[1:]]
+    expected = [eager(*a) for a in points]
+
+    def checked(graphs):
+        for graph in graphs:
             try:
                 if all(_close(graph(*a), e) for _ in range(2) for a, e in zip(points, expected)):
                     return graph
             except RuntimeError:
                 continue
         raise RuntimeError("the compiled graph's values differ from the eager ones")
+
+    try:
+        recorded = make_fx(fn)(*args)
+        with recording():
+            module = torch.jit.freeze(torch.jit.trace(_Call(recorded), args, check_trace=False).eval())
+        # TorchScript optimizes a graph at its second call; its shape analysis has failed on some frozen
+        # graphs (a net with deterministic biases), so check two calls each, else run it unoptimized (~7% slower)
+        return checked((module.forward, _unoptimized(module.forward)))
     except Exception as err:  # noqa: BLE001 - any failure to record: the eager version still works
-        warn(
-            f"fast path: could not compile {what} ({type(err).__name__}: {err}); using the eager "
-            "version (slower, same values).",
-            RuntimeWarning,
-        )
-        return eager
+        reason = f"{type(err).__name__}: {err}"
+    used, version = eager, "the eager version"
+    if fallback is not None:
+        try:
+            used, version = checked((fallback(*args),)), "the traced energy differentiated by autograd"
+        except Exception:  # noqa: BLE001 - neither recorded nor traced: the eager version still works
+            pass
+    warn(f"fast path: could not compile {what} ({reason}); using {version} (slower, same values).", RuntimeWarning)
+    return used
 
 
 @contextlib.contextmanager

@@ -25,9 +25,28 @@ from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._analytic_batched import OneChain, leapfrog_from
 from bnn_pyro.infer._batched import BatchedChains, hmc_transition
 from bnn_pyro.infer._kernels import AdaptedKernel
-from bnn_pyro.infer.checkpoint import CheckpointError
+from bnn_pyro.infer.checkpoint import CheckpointError, read
 
-__all__ = ["OneChainKernel", "FlatHMC", "analytic_applies", "batched_target", "flat_layout", "seeded_generator"]
+__all__ = [
+    "OneChainKernel",
+    "FlatHMC",
+    "analytic_applies",
+    "batched_target",
+    "flat_layout",
+    "refuse_old_checkpoints",
+    "seeded_generator",
+]
+
+# the kernel states these kernels cannot continue, by method: (the key of the old kernel's checkpoint metadata,
+# which kernel wrote it and which bnn_pyro ran that kernel on the fast path)
+_OLD_KERNELS = {
+    "nuts": ("rng", "the recursive NUTS kernel of an earlier bnn_pyro (up to commit a7736d0)"),
+    "hmc": (
+        "bp",
+        "Pyro's HMC kernel, which bnn_pyro before 0158693 (main up to fcaf34e) ran where the analytic potential "
+        "did not apply",
+    ),
+}
 
 
 def analytic_applies(joint, x, y) -> bool:
@@ -66,6 +85,23 @@ def batched_target(joint, names, shapes: dict, x, y, transforms: dict, jit: bool
         return u.reshape(1), g.unsqueeze(0)
 
     return potential, OneChain(flat, batched=leapfrog_from(potential))
+
+
+def refuse_old_checkpoints(ckpts: list, method: str) -> None:
+    """Raise :class:`~bnn_pyro.infer.checkpoint.CheckpointError` naming every chain file of ``ckpts`` (a
+    ``resume=True`` run of ``method`` on the fast path) that a kernel these kernels replaced wrote: its state cannot
+    be continued. Called by the parent before any chain runs, so that no chain of the folder starts afresh beside
+    an old file (parallel chains each run in a process of their own) and the folder is left as it was."""
+    if method not in _OLD_KERNELS:
+        return
+    key, writer = _OLD_KERNELS[method]
+    old = [str(c.path) for c in ckpts if c is not None and c.path.exists() and key in read(c.path)[1].get("kernel", {})]
+    if old:
+        raise CheckpointError(
+            f"checkpoint: {', '.join(repr(p) for p in old)} {'was' if len(old) == 1 else 'were'} written by {writer}; "
+            f"this version runs its own {method.upper()} there and cannot continue that state. Resume it with the "
+            "version that wrote it, or delete the folder's chain files (chain*.ckpt) to start afresh."
+        )
 
 
 class OneChainKernel(AdaptedKernel):
@@ -149,18 +185,6 @@ class OneChainKernel(AdaptedKernel):
         return self.chains.state_dict()
 
     def load_state_dict(self, tensors, meta):
-        if "rng" in meta:  # the recursive NUTS kernel's checkpoint (bnn_pyro before the one NUTS builder)
-            raise CheckpointError(
-                "checkpoint: this NUTS checkpoint was written by the recursive NUTS kernel of an "
-                "earlier bnn_pyro (up to commit a7736d0), whose state this version cannot continue. "
-                "Resume it with the version that wrote it, or delete it to start afresh."
-            )
-        if "bp" in meta:  # Pyro's HMC kernel's checkpoint (bnn_pyro's HMC on the generic potential, before FlatHMC)
-            raise CheckpointError(
-                "checkpoint: this HMC checkpoint was written by Pyro's HMC kernel, which an earlier bnn_pyro (up to "
-                "commit 3821398) ran where the analytic potential did not apply; this version runs its own HMC there "
-                "and cannot continue that state. Resume it with the version that wrote it, or delete it to start afresh."
-            )
         self.chains.load_state_dict(tensors, meta)
 
 

@@ -210,21 +210,17 @@ class MALAConfig(MCMCConfig):
     MODE_START: ClassVar[bool] = True
     target_accept: float | None = 0.574
 
-    def kernel(self, model, chain: KernelSettings, model_args: tuple):
-        return (
-            MALAKernel(
-                model,
-                chain.joint,
-                init_strategy=chain.init_strategy,
-                step_size=self.step_size,
-                target_accept_prob=self.target_accept,
-                dense_mass=self.dense_mass,
-                jit=self.jit,
-                resume=chain.resume,
-                metric=chain.metric,
-            ),
-            None,
-            None,
+    def kernel(self, model, chain: KernelSettings):
+        return MALAKernel(
+            model,
+            chain.joint,
+            init_strategy=chain.init_strategy,
+            step_size=self.step_size,
+            target_accept_prob=self.target_accept,
+            dense_mass=self.dense_mass,
+            jit=self.jit,
+            resume=chain.resume,
+            metric=chain.metric,
         )
 
 

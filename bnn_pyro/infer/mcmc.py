@@ -45,10 +45,13 @@ Fast path (``fast_path=True``, the default): for a ``BNN`` without hierarchical 
 potential energy is computed directly in torch (:mod:`bnn_pyro.infer._logjoint`) instead of by tracing the model
 at every step, compiled when ``jit=True``; for a stack of ``nn.Linear`` layers and elementwise activations with
 Normal priors and a Gaussian likelihood it is analytic (:mod:`bnn_pyro.infer._analytic`). On either potential
-NUTS and HMC run our kernels over one flat vector (:mod:`bnn_pyro.infer._one_chain`: one leapfrog step is one
-compiled graph or the analytic step, where Pyro's kernels step dicts of site tensors through autograd); Pyro's
-``NUTS`` and ``HMC`` run where there is no log joint (a Pyro function, a hierarchical prior, BatchNorm,
-``fast_path=False``: Pyro's tracing path).
+NUTS and HMC run our kernels over one flat vector (:mod:`bnn_pyro.infer._one_chain`, where Pyro's kernels step
+dicts of site tensors through autograd): on the analytic potential each leapfrog step is the analytic one; on the
+generic potential NUTS's whole leapfrog step is one compiled graph and HMC's is a few vector updates around one
+compiled call of the gradient; where the gradient cannot be recorded as a graph (e.g. a ``Conv1d`` or ``LayerNorm``
+layer) both differentiate the energy traced by TorchScript by autograd, with a warning
+(:func:`~bnn_pyro.infer._logjoint.flat_potential_and_grad`). Pyro's ``NUTS`` and ``HMC`` run where there is no log
+joint (a Pyro function, a hierarchical prior, BatchNorm, ``fast_path=False``: Pyro's tracing path).
 
 Deterministic (non-Bayesian) parameters of a ``BNN`` are not sampled: they stay fixed, the same for every chain,
 at the values ``init`` gives (a :class:`~bnn_pyro.Posterior`'s chain-0 values, or a dict naming every one), else
@@ -103,7 +106,7 @@ from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
 from bnn_pyro.infer._mode_start import ModeStart, mode_start
 from bnn_pyro.infer._nuts import FlatNUTS
-from bnn_pyro.infer._one_chain import FlatHMC
+from bnn_pyro.infer._one_chain import FlatHMC, refuse_old_checkpoints
 from bnn_pyro.infer.checkpoint import Checkpoint, open_chains
 from bnn_pyro.infer.contract import PotentialRunOptions, entry
 from bnn_pyro.infer.driver import ChainMethod, ChainRun, assemble, chain_execution, run_chains
@@ -274,9 +277,8 @@ class MCMCConfig(PotentialRunOptions):
         """This engine's own entries of ``Posterior.config`` (the shared ones are written by :func:`sample`)."""
         return {}
 
-    def kernel(self, model, chain: KernelSettings, model_args: tuple) -> tuple[ChainKernel, dict | None, dict | None]:
-        """One chain's kernel on ``model`` (validation off) and, for a kernel built on a potential function, the
-        ``initial_params`` and ``transforms`` it needs (``None`` otherwise)."""
+    def kernel(self, model, chain: KernelSettings) -> ChainKernel:
+        """One chain's kernel on ``model`` (validation off); its ``setup`` finds the start and the transforms."""
         raise NotImplementedError(f"{type(self).__name__}.kernel: an MCMC engine's config builds its kernel.")
 
 
@@ -306,7 +308,7 @@ class NUTSConfig(MCMCConfig):
     def recorded(self) -> dict:
         return dict(_SHARED_RECORD, max_tree_depth=self.max_tree_depth)
 
-    def kernel(self, model, chain, model_args):
+    def kernel(self, model, chain):
         if chain.joint is not None:  # the fast path: NUTS over one flat vector
             kernel = FlatNUTS(
                 model,
@@ -319,14 +321,12 @@ class NUTSConfig(MCMCConfig):
                 jit=self.jit,
             )
             kernel.resume = chain.resume
-            return kernel, None, None
+            return kernel
         return pyro_kernel(
             "nuts",
             model,
-            joint=None,
             jit=self.jit,
             init_strategy=chain.init_strategy,
-            model_args=model_args,
             resume=chain.resume,
             metric=chain.metric,
             **_pyro_options(self),
@@ -398,7 +398,7 @@ class HMCConfig(MCMCConfig):
             leapfrog_jitter=self.leapfrog_jitter,
         )
 
-    def kernel(self, model, chain, model_args):
+    def kernel(self, model, chain):
         if chain.joint is not None:  # the fast path: HMC over one flat vector (analytic or generic potential, as NUTS)
             kernel = FlatHMC(
                 model,
@@ -413,21 +413,19 @@ class HMCConfig(MCMCConfig):
                 leapfrog_jitter=self.leapfrog_jitter,
             )
             kernel.resume = chain.resume
-            return kernel, None, None
-        kernel, params, transforms = pyro_kernel(
+            return kernel
+        kernel = pyro_kernel(
             "hmc",
             model,
-            joint=None,
             jit=self.jit,
             init_strategy=chain.init_strategy,
-            model_args=model_args,
             resume=chain.resume,
             metric=chain.metric,
             **_pyro_options(self),
             trajectory_length=self.trajectory_length,
         )
         kernel.fixed_num_steps, kernel.leapfrog_jitter = self.num_leapfrog, self.leapfrog_jitter
-        return kernel, params, transforms
+        return kernel
 
 
 @dataclass(frozen=True)
@@ -443,20 +441,16 @@ class MetropolisConfig(MCMCConfig):
     def recorded(self) -> dict:
         return dict(_SHARED_RECORD)
 
-    def kernel(self, model, chain, model_args):
-        return (
-            Metropolis(
-                model,
-                init_strategy=chain.init_strategy,
-                step_size=self.step_size,
-                target_accept_prob=self.target_accept,
-                dense=self.dense_mass,
-                jit=self.jit,
-                joint=chain.joint,
-                metric=chain.metric,
-            ),
-            None,
-            None,
+    def kernel(self, model, chain):
+        return Metropolis(
+            model,
+            init_strategy=chain.init_strategy,
+            step_size=self.step_size,
+            target_accept_prob=self.target_accept,
+            dense=self.dense_mass,
+            jit=self.jit,
+            joint=chain.joint,
+            metric=chain.metric,
         )
 
 
@@ -610,6 +604,8 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
         num_chains=1 if batched else num_chains,
         run=dict(method=method, **run, **({"chain_execution": execution} if batched else {})),
     )
+    if resume_files and joint is not None:  # refused here, before any chain (or its process) starts
+        refuse_old_checkpoints(ckpts, method)
     # one model for every chain: its deterministic parameters (fixed) come from chain 0's start
     runs = (
         _vectorized.run(
@@ -758,12 +754,10 @@ def _run_chain(
 def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
     """Our loop over a :class:`ChainKernel` (Pyro's ``MCMCKernel`` interface): what Pyro's ``MCMC`` does for one chain (distribution validation off, the draws mapped back to the constrained space), and
     the checkpoint/resume that ``MCMC`` cannot give (it starts every run at its first warm-up step)."""
-    kernel, params, transforms = settings.config.kernel(quiet_model(model, data.size), settings, (data.x, data.y))
+    kernel = settings.config.kernel(quiet_model(model, data.size), settings)
     total = num_warmup + num_samples
     label, line = bar or ("", 0)  # our bar, labelled per chain like the other engines' (Pyro's says "Warmup"/"Sample")
     with progress_bar(total, label, bar is not None, position=line) as shown, pyro.validation_enabled(False):
-        if params is not None:
-            kernel.initial_params = params
         with _logjoint.recording():  # Pyro's jit_compile (a traced model) records its graph at the first call, in setup
             kernel.setup(num_warmup, data.x.detach(), data.y.detach())
         params = kernel.initial_params
@@ -785,7 +779,7 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
             if ckpt is not None and ckpt.due(i + 1, total):
                 _save(ckpt, i + 1, kernel, params, kept, draws)
         mass = getattr(kernel, "inverse_mass_matrix", None)  # the adapted one (NUTS/HMC: for resume=Posterior)
-        transforms = transforms or kernel.transforms or {}
+        transforms = kernel.transforms or {}
         kernel.cleanup()
     samples = {k: torch.stack(v) for k, v in kept.items()}
     samples = {k: transforms[k].inv(v) if k in transforms else v for k, v in samples.items()}

@@ -99,6 +99,21 @@ def test_every_method_fits_a_float64_model_with_buffers_on_the_models_device(met
     assert bool(torch.isfinite(pred.mean).all() and torch.isfinite(pred.std).all())
 
 
+@pytest.mark.parametrize("likelihood", ["Bernoulli", "Categorical"])
+@pytest.mark.parametrize("method", ["nuts", "hmc"])
+def test_nuts_and_hmc_on_a_float64_classifier_keep_one_dtype_and_the_models_device(method, likelihood):
+    """The flat kernels on the generic potential (a classifier's), which the Gaussian matrix above does not reach:
+    the labels, kept in torch's default dtype, are scored in the model's."""
+    x, y = _data(torch.float64)
+    labels = (y > 0).float() if likelihood == "Bernoulli" else (y > 0).long() + (y > 0.5).long()
+    model = _model(
+        torch.float64, likelihood=getattr(bp.likelihoods, likelihood)(), out=1 if likelihood == "Bernoulli" else 3
+    )
+    post, pred = _checked_fit(model, x, labels, method, **SETTINGS[method])
+    assert {v.dtype for v in post.samples.values()} == {torch.float64}
+    assert bool(torch.isfinite(post.sample_stats["lp"]).all())
+
+
 def test_noise_collapse_reference_regressions_make_their_buffers_on_the_inputs_device():
     """``check_noise_collapse``'s ridge / nearest-neighbour R^2 runs only on a fit that predicts the mean, which the
     engine matrix's fits need not do: checked directly (its identity matrix was once made on the CPU, which failed on
@@ -332,15 +347,20 @@ class _Crash(Exception):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
-@pytest.mark.parametrize("method", ["svi", "sgld"])
+@pytest.mark.parametrize("method", ["svi", "sgld", "nuts", "hmc"])
 def test_resume_on_cuda_is_bit_identical(method, tmp_path, monkeypatch):
     """The CUDA generators' states go into the checkpoints (tests/infer/test_checkpoint.py checks the saving on
-    CPU with a fake torch.cuda): a crashed CUDA run resumes to the same draws."""
+    CPU with a fake torch.cuda): a crashed CUDA run resumes to the same draws. NUTS and HMC on a classifier: the flat
+    kernels on the generic potential, whose own generator's state must go back as a CPU tensor."""
     from bnn_pyro.infer import checkpoint as ckpt_mod
 
     x, y = _data(device="cuda")
+    model = _model
+    if method in ("nuts", "hmc"):
+        y = (y > 0).long() + (y > 0.5).long()
+        model = lambda device: _model(device=device, likelihood=bp.likelihoods.Categorical(), out=3)  # noqa: E731
     run = dict(method=method, seed=3, progress=False, **SETTINGS[method])
-    whole = bp.fit(_model(device="cuda"), x, y, **run)
+    whole = bp.fit(model(device="cuda"), x, y, **run)
     save, saves = ckpt_mod.Checkpoint.save, []
 
     def crashing(self, step, tensors, meta):
@@ -352,8 +372,8 @@ def test_resume_on_cuda_is_bit_identical(method, tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(ckpt_mod.Checkpoint, "save", crashing)
         with pytest.raises(_Crash):
-            bp.fit(_model(device="cuda"), x, y, checkpoint=tmp_path, checkpoint_every=4, **run)
-    resumed = bp.fit(_model(device="cuda"), x, y, checkpoint=tmp_path, checkpoint_every=4, resume=True, **run)
+            bp.fit(model(device="cuda"), x, y, checkpoint=tmp_path, checkpoint_every=4, **run)
+    resumed = bp.fit(model(device="cuda"), x, y, checkpoint=tmp_path, checkpoint_every=4, resume=True, **run)
     for name in whole.samples:
         assert torch.equal(resumed.samples[name], whole.samples[name]), name
 

@@ -166,23 +166,60 @@ def test_only_priors_with_one_scalar_parameter_set_are_grouped(prior, groups):
         torch.testing.assert_close(scalar.log_prob(v).sum(), prior.log_prob(v))
 
 
-def test_a_model_that_cannot_be_compiled_warns_and_uses_the_eager_gradient(monkeypatch):
+def _flat_problem(model, x, y, n):
+    init, _, transforms, _ = initialize_model(lambda: quiet_model(model, n)(x, y), model_args=())
+    shapes = {k: init[k].shape for k in sorted(init)}
+    joint = _logjoint.build(model, n)
+    theta = torch.cat([init[k].reshape(-1) for k in shapes])
+    return (lambda compile: _logjoint.flat_potential_and_grad(joint, transforms, x, y, shapes, compile=compile)), theta
+
+
+@pytest.mark.parametrize("traceable", [True, False])
+def test_a_model_that_cannot_be_recorded_warns_and_uses_the_traced_else_the_eager_gradient(monkeypatch, traceable):
     import torch.fx.experimental.proxy_tensor as proxy
 
     def refuse(*args, **kwargs):
         raise RuntimeError("not recordable")
 
     monkeypatch.setattr(proxy, "make_fx", refuse)
+    if not traceable:
+        monkeypatch.setattr(torch.jit, "trace", refuse)
     model, (x, y) = CASES["fixed-noise"](), _data()
-    init, _, transforms, _ = initialize_model(lambda: quiet_model(model, 40)(x, y), model_args=())
-    shapes = {n: init[n].shape for n in sorted(init)}
-    joint = _logjoint.build(model, 40)
-    theta = torch.cat([init[n].reshape(-1) for n in shapes])
-    compiled = _logjoint.flat_potential_and_grad(joint, transforms, x, y, shapes, compile=True)
-    with pytest.warns(RuntimeWarning, match="could not compile the potential's gradient.*not recordable"):
+    make, theta = _flat_problem(model, x, y, 40)
+    used = "the traced energy differentiated by autograd" if traceable else "the eager version"
+    with pytest.warns(
+        RuntimeWarning, match=f"could not compile the potential's gradient.*not recordable.*using {used}"
+    ):
+        u, grad = make(True)(theta)
+    u_eager, grad_eager = make(False)(theta)
+    torch.testing.assert_close(u, u_eager, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(grad, grad_eager, rtol=RTOL, atol=ATOL)
+    if not traceable:
+        assert torch.equal(u, u_eager) and torch.equal(grad, grad_eager)
+
+
+def test_a_conv1d_net_falls_back_to_the_traced_energy_for_the_gradient_and_the_leapfrog_step():
+    """A ``Conv1d`` layer cannot be recorded as one graph (make_fx): HMC's gradient and NUTS's leapfrog step use
+    the energy traced by TorchScript, differentiated by autograd (what Pyro's HMC ran on such nets), with the eager
+    values, rather than the eager energy."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(30, 1, 8, generator=g), torch.randint(3, (30,), generator=g)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv1d(1, 2, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(12, 3))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical())
+    make, theta = _flat_problem(model, x, y, 30)
+    compiled, eager = make(True), make(False)
+    traced = "using the traced energy differentiated by autograd"
+    with pytest.warns(RuntimeWarning, match=f"could not compile the potential's gradient.*{traced}"):
         u, grad = compiled(theta)
-    u_eager, grad_eager = _logjoint.flat_potential_and_grad(joint, transforms, x, y, shapes, compile=False)(theta)
-    assert torch.equal(u, u_eager) and torch.equal(grad, grad_eager)
+    u_eager, grad_eager = eager(theta)
+    torch.testing.assert_close(u, u_eager, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(grad, grad_eager, rtol=RTOL, atol=ATOL)
+    p, minv, step = torch.randn(theta.shape, generator=g), torch.ones_like(theta), torch.tensor(0.01)
+    with pytest.warns(RuntimeWarning, match=f"could not compile the leapfrog step.*{traced}"):
+        out = compiled.leapfrog(theta, p, grad, step, minv)
+    for a, b in zip(out, eager.leapfrog(theta, p, grad_eager, step, minv)):
+        torch.testing.assert_close(a, b, rtol=RTOL, atol=ATOL)
 
 
 def _guide_with_spread(model, x, y, kind):

@@ -8,9 +8,10 @@ import math
 import arviz as az
 import pytest
 import torch
+from pyro.infer.mcmc.util import initialize_model
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _kernels, _logjoint, _one_chain
+from bnn_pyro.infer import _kernels, _logjoint, _one_chain, mcmc
 from bnn_pyro.infer.checkpoint import CheckpointError
 
 Z_MAX = 4.0  # |estimate - exact| in Monte Carlo standard errors (ESS-based), as tests/infer/test_mcmc.py
@@ -127,31 +128,59 @@ def test_flat_hmc_on_the_generic_potential_recovers_the_exact_logistic_posterior
     assert not bad, f"estimates off by more than {Z_MAX} MCSE: {bad} (all: { {k: round(v, 2) for k, v in z.items()} })"
 
 
-def test_a_checkpoint_of_pyros_hmc_on_the_generic_potential_is_refused_with_a_clear_error(tmp_path, monkeypatch):
-    def pyro_hmc(self, model, chain, model_args):  # HMCConfig.kernel's routing up to 3821398 on this model
-        kernel, params, transforms = _kernels.pyro_kernel(
-            "hmc",
-            model,
-            joint=chain.joint,
-            jit=self.jit,
-            init_strategy=chain.init_strategy,
-            model_args=model_args,
+class _Stop(Exception):
+    pass
+
+
+def _pyro_hmc_kernel(x, y):
+    """``HMCConfig.kernel`` as it routed a classifier before 0158693: Pyro's HMC on the compiled generic potential."""
+
+    def kernel(self, model, chain):
+        params, _, transforms, _ = initialize_model(
+            model, model_args=(x, y), init_strategy=chain.init_strategy, skip_jit_warnings=True
+        )
+        pyro_hmc = _kernels.PyroHMC(
+            potential_fn=_logjoint.potential(chain.joint, transforms, x, y, jit=self.jit),
+            transforms=transforms,
             step_size=1.0,
             adapt_step_size=True,
             adapt_mass_matrix=True,
             full_mass=False,
             target_accept_prob=self.target_accept,
-            trajectory_length=None,
         )
-        kernel.fixed_num_steps, kernel.leapfrog_jitter = self.num_leapfrog, self.leapfrog_jitter
-        return kernel, params, transforms
+        pyro_hmc.initial_params, pyro_hmc.resume, pyro_hmc.metric = params, None, None
+        pyro_hmc.fixed_num_steps, pyro_hmc.leapfrog_jitter = self.num_leapfrog, self.leapfrog_jitter
+        return pyro_hmc
 
+    return kernel
+
+
+@pytest.mark.parametrize("chain_method", ["sequential", "parallel"])
+def test_a_checkpoint_of_pyros_hmc_is_refused_before_any_chain_runs_naming_the_file(
+    tmp_path, monkeypatch, chain_method
+):
+    """A folder where the old routing's chain 0 wrote its file and chain 1 none yet (interrupted): resuming is
+    refused in this process, naming the file, and the folder is left as it was (no new chain1.ckpt beside it)."""
     x = torch.randn(10, 2, generator=torch.Generator().manual_seed(2))
     y = (x[:, 0] > 0).float()
-    run = dict(method="hmc", num_samples=2, num_warmup=2, num_chains=1, num_leapfrog=2, seed=0, progress=False)
+    run = dict(method="hmc", num_samples=4, num_warmup=4, num_chains=2, num_leapfrog=2, seed=0, progress=False)
     run.update(checkpoint=tmp_path, checkpoint_every=2)
+    sample, calls = _kernels.PyroHMC.sample, []
+
+    def interrupted(self, params):
+        calls.append(1)
+        if len(calls) > 5:
+            raise _Stop
+        return sample(self, params)
+
     with monkeypatch.context() as patch:
-        patch.setattr(bp.infer.mcmc.HMCConfig, "kernel", pyro_hmc)
-        bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, **run)
-    with pytest.raises(CheckpointError, match="written by Pyro's HMC kernel"):
-        bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, resume=True, **run)
+        patch.setattr(mcmc.HMCConfig, "kernel", _pyro_hmc_kernel(x, y))
+        patch.setattr(_kernels.PyroHMC, "sample", interrupted)
+        with pytest.raises(_Stop):
+            bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, chain_method="sequential", **run)
+    files = {p.name: p.read_bytes() for p in tmp_path.glob("*.ckpt")}
+    assert "chain0.ckpt" in files and "chain1.ckpt" not in files
+    with pytest.raises(CheckpointError, match=r"chain0\.ckpt' was written by Pyro's HMC kernel.*0158693") as error:
+        bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, chain_method=chain_method, resume=True, **run)
+    assert "chain1.ckpt" not in str(error.value)
+    assert {p.name: p.read_bytes() for p in tmp_path.glob("*.ckpt")} == files

@@ -40,13 +40,11 @@ def start(data):
 def _setup_step(kind, data, start, c, metric):
     x, y = data
     pyro.set_rng_seed(c)
-    kernel, _, _ = pyro_kernel(
+    kernel = pyro_kernel(
         kind,
         _model,
-        joint=None,
         jit=False,
         init_strategy=init_to_value(values=start.values[c]),
-        model_args=(x, y),
         metric=metric,
         step_size=1.0,
         adapt_step_size=True,

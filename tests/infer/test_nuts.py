@@ -382,16 +382,23 @@ def test_the_turning_checks_equal_stans_six_inner_products():
         assert _turned(some[i : i + 3], True) == [any(expect[False][i : i + 3])]
 
 
-def test_a_checkpoint_of_the_recursive_kernel_is_refused_naming_the_version():
+def test_a_checkpoint_of_the_recursive_kernel_is_refused_naming_the_version(tmp_path):
     """Before the one NUTS builder, a one-chain NUTS checkpoint held the recursive kernel's state (its Python
-    generator under "rng"): this version cannot continue it and says which version can."""
-    from bnn_pyro.infer.checkpoint import CheckpointError
+    generator under "rng"): this version cannot continue it and says which version can, naming the file (the check
+    that ``bp.fit(..., resume=True)`` makes before any chain runs; tests/infer/test_compat_files.py runs it on a file
+    that version wrote)."""
+    from bnn_pyro.infer import _one_chain
+    from bnn_pyro.infer.checkpoint import Checkpoint, CheckpointError, write
 
-    x, y = _correlated()
-    kernel = _kernel(x, y)
     old_meta = {"adapter": {}, "u": 0.0, "rng": [3, [0] * 625, None], "counters": [10, 0.8, [], 0.0]}
-    with pytest.raises(CheckpointError, match="recursive NUTS kernel .* a7736d0.*Resume it with the version"):
-        kernel.load_state_dict({"z": kernel.chains.z[0], "grad": kernel.chains.g[0]}, old_meta)
+    ckpts = [Checkpoint(tmp_path, every=None, resume=True, chain=c, run={}) for c in range(2)]
+    write(ckpts[0].path, {"kernel/z": torch.zeros(3)}, {"kernel": old_meta})
+    _one_chain.refuse_old_checkpoints(ckpts, "hmc")  # another method's kernels: not this marker's
+    with pytest.raises(
+        CheckpointError,
+        match=r"chain0\.ckpt' was written by the recursive NUTS kernel .* a7736d0.*Resume it with the version",
+    ):
+        _one_chain.refuse_old_checkpoints(ckpts, "nuts")
 
 
 @pytest.mark.parametrize("dense_mass", [False, True])
