@@ -411,9 +411,11 @@ def _compiled(fn, args: tuple, eager, what: str, *, fallback=None):
     """``fn(*tensors) -> tuple of tensors`` recorded as one graph of tensor operations (``make_fx``: any
     ``torch.func.grad_and_value`` inside becomes plain operations, no autograd tape at run time), traced
     and frozen by TorchScript (constants folded in), and checked against ``eager`` at ``args`` and at a
-    perturbation of the first argument (a recording fixes any value-dependent Python branch). Where any of
-    that fails it warns once and returns ``fallback(*args)`` (a slower version, e.g. a traced energy differentiated
-    by autograd) where given and it passes the same check, else ``eager``."""
+    perturbation of the first argument (a recording fixes any value-dependent Python branch). Where ``make_fx``
+    refuses ``fn`` (a Python branch on a tensor's value, which a TorchScript trace would freeze at the branch ``args``
+    take and two nearby points need not reveal: review 20) it warns and returns ``eager``; where a later stage fails
+    (TorchScript on a Conv1d or LayerNorm graph) it warns once and returns ``fallback(*args)`` (a slower version, e.g.
+    a traced energy differentiated by autograd) where given and it passes the same check, else ``eager``."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     args = tuple(a.detach() for a in args)
@@ -434,6 +436,14 @@ def _compiled(fn, args: tuple, eager, what: str, *, fallback=None):
 
     try:
         recorded = make_fx(fn)(*args)
+    except Exception as err:  # noqa: BLE001 - e.g. a branch on a tensor's value: TorchScript would freeze it too
+        warn(
+            f"fast path: could not compile {what} ({type(err).__name__}: {err}); using the eager version (slower, "
+            "same values).",
+            RuntimeWarning,
+        )
+        return eager
+    try:
         with recording():
             module = torch.jit.freeze(torch.jit.trace(_Call(recorded), args, check_trace=False).eval())
         # TorchScript optimizes a graph at its second call; its shape analysis has failed on some frozen

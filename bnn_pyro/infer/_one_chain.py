@@ -25,7 +25,7 @@ from bnn_pyro.infer import _analytic, _logjoint
 from bnn_pyro.infer._analytic_batched import OneChain, leapfrog_from
 from bnn_pyro.infer._batched import BatchedChains, hmc_transition
 from bnn_pyro.infer._kernels import AdaptedKernel
-from bnn_pyro.infer.checkpoint import CheckpointError, read
+from bnn_pyro.infer.checkpoint import CheckpointError, current_names, read, run_identity
 
 __all__ = [
     "OneChainKernel",
@@ -95,7 +95,13 @@ def refuse_old_checkpoints(ckpts: list, method: str) -> None:
     if method not in _OLD_KERNELS:
         return
     key, writer = _OLD_KERNELS[method]
-    old = [str(c.path) for c in ckpts if c is not None and c.path.exists() and key in read(c.path)[1].get("kernel", {})]
+
+    def old_kernel(c) -> bool:  # a file of another run (e.g. fast_path=False, which still writes that key) is left to
+        meta = read(c.path)[1]  # Checkpoint.load, which names what differs (review 20)
+        same_run = run_identity(current_names(meta.get("run", {}), c.run)) == run_identity(c.run)
+        return same_run and key in meta.get("kernel", {})
+
+    old = [str(c.path) for c in ckpts if c is not None and c.path.exists() and old_kernel(c)]
     if old:
         raise CheckpointError(
             f"checkpoint: {', '.join(repr(p) for p in old)} {'was' if len(old) == 1 else 'were'} written by {writer}; "

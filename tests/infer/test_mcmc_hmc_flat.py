@@ -4,6 +4,7 @@ and Pyro's ``HMC`` only without a log joint. Exactness on that path: a Bernoulli
 posterior moments are computed by quadrature on a grid."""
 
 import math
+import warnings
 
 import arviz as az
 import pytest
@@ -184,3 +185,19 @@ def test_a_checkpoint_of_pyros_hmc_is_refused_before_any_chain_runs_naming_the_f
         bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, chain_method=chain_method, resume=True, **run)
     assert "chain1.ckpt" not in str(error.value)
     assert {p.name: p.read_bytes() for p in tmp_path.glob("*.ckpt")} == files
+
+
+def test_a_fast_path_false_checkpoint_resumed_on_the_fast_path_names_the_option_not_an_old_version(tmp_path):
+    """Today's ``fast_path=False`` HMC (Pyro's kernel) writes the same kernel key as the old routing did; resumed with
+    the default fast path, the refusal is the run identity's ("differs in ['fast_path']"), which says what to change,
+    not that an older bnn_pyro wrote the file (review 20)."""
+    x = torch.randn(20, 2, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).float()
+    run = dict(method="hmc", num_samples=4, num_warmup=4, num_chains=1, num_leapfrog=3, seed=0, progress=False)
+    run.update(checkpoint=tmp_path, checkpoint_every=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, fast_path=False, **run)
+    with pytest.raises(CheckpointError, match=r"fast_path") as error:
+        bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, resume=True, **run)
+    assert "0158693" not in str(error.value), str(error.value)
