@@ -89,7 +89,9 @@ they have where fewer; recorded as ``"scale"`` inside the chain's record,
 with the passes it spent, which the mean's step and the gap are charged), then a mean-field or low-rank guide's
 mean by damped Newton steps solved by conjugate gradients, a low-rank guide's covariance left as trained
 (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list with the step's own Monte Carlo error
-(:data:`STEP_SE`). It runs only
+(:data:`STEP_SE`). A full-rank guide past those bounds (up to :data:`FULL_RANK_MAX_DIM` coordinates) gets the same
+mean's step and the conjugate-gradient gap after it, its covariance left as trained, where that cost rule leaves room;
+where it does not, the record says the step was skipped and why (the dense gap alone then runs, as before). It runs only
 where the flat fast path did not (the engine's condition reads both: that path is for a ``BNN`` and the refinement for
 a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained it), and not on a guide given as an
 ``AutoGuide`` class or a callable, which is used as given (where the refinement would otherwise run, the record says
@@ -441,8 +443,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     config["fast_path"] = fast
     warm_starts: list[svi_start.LaplaceStart] = []
     # a Pyro function on full-batch tensors: its full-rank guide's Newton gap is checked (up to FULL_RANK_MAX_DIM), a
-    # low-rank one's with the dense expected Hessian within svi_refine's bounds, and past them a low-rank or mean-field
-    # one's by conjugate gradients up to svi_gap_cg.MAX_WORK coordinates x rows (svi_gap)
+    # low-rank one's with the dense expected Hessian within svi_refine's bounds, and past them any of the three's by
+    # conjugate gradients up to svi_gap_cg.MAX_WORK coordinates x rows and the fit's share (svi_gap; a full-rank
+    # guide's dense gap where that share leaves no room)
     function_full_batch = (
         not isinstance(model, BNN)
         and not fast
@@ -466,7 +469,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     )
     small_function = function_full_batch and coords <= FULL_RANK_MAX_DIM
     factored = function_full_batch and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
-    by_cg = factored and path.kind == "cg"
+    full_rank = small_function and guide_kind is GuideKind.FULL_RANK
+    by_cg = (factored or full_rank) and path.kind == "cg"  # a full-rank guide's: past svi_refine's bounds only
     gap_checked = (
         small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.LOW_RANK) and path.kind == "dense" or by_cg
     )
@@ -474,12 +478,14 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     # leaves (choose_path; none: the record names that bound, review 15); a guide given as a class or callable is used
     # as given, and the record says so
     refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
+    # (a full-rank guide past those bounds gets the mean's step by conjugate gradients where the cost rule leaves room
+    # for it, and otherwise the same record naming the bound: choose_path's reason)
     refine_skipped = (
         refine_guide
-        and coords <= svi_refine.MAX_DIM
+        and (coords <= svi_refine.MAX_DIM or full_rank)
         and (path.kind == "none" or path.kind == "dense" and path.reason is not None)
     )
-    gap_skipped = path.kind == "none" and (factored or small_function and guide_kind is GuideKind.FULL_RANK)
+    gap_skipped = path.kind == "none" and (factored or full_rank)
     given_guide = small_function and coords <= svi_refine.MAX_DIM and not isinstance(guide_kind, GuideKind)
     ckpts = open_chains(
         cfg.checkpoint,
@@ -531,6 +537,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         # refinement's draws, and the chains do not share the step's Monte Carlo error
         step_record, spent = None, 0
         if by_cg:  # past svi_refine's bounds: a mean-field guide's sds (svi_refine_scale), then the mean's Newton steps
+            # (any of the three Gaussian guides: svi_refine_cg)
             scaled = svi_refine_scale.refine_scale(
                 state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes
             )
@@ -544,7 +551,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 step_record = refined.record() if scaled is None else {**refined.record(), "scale": scaled.record()}
                 # the cap from the fit's cost on the step's solves, as refine_mean met it (after the scale step's
                 # passes): more num_steps lift it (check_guide_gap), as EVALUATIONS_CAP on the dense path
-                solves = svi_gap_cg.choose_path(coords, data.size, fit_passes=fit_passes, spent_passes=spent)
+                solves = svi_gap_cg.choose_path(
+                    coords, data.size, fit_passes=fit_passes, full_rank=full_rank, spent_passes=spent
+                )
                 if refined.stopped != NO_MEAN_STEP and solves.max_iterations < svi_gap_cg.MAX_ITERATIONS:
                     step_record[ITERATIONS_CAP] = solves.max_iterations
                 config.setdefault("guide_refinement", []).append(step_record)

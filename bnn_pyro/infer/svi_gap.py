@@ -26,8 +26,10 @@ are not: no verdict there; :mod:`bnn_pyro.infer.guide_density`, shared with the 
 Past :mod:`bnn_pyro.infer.svi_refine`'s bounds (:data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates,
 :data:`~bnn_pyro.infer.svi_refine.MAX_WORK` coordinates x rows, counted in the guide's unconstrained coordinates:
 :func:`~bnn_pyro.infer.svi_gap_cg.choose_path`), where no refinement runs and the
-dense Hessians cost too much, a mean-field or low-rank guide's gap is the same Newton step ``H^-1 E_q[grad log p]``
-without a dense ``H``: conjugate gradients on Hessian-vector products of the expected Hessian, the standard error by
+dense Hessians cost too much, a mean-field, low-rank or full-rank guide's gap is the same Newton step ``H^-1 E_q[grad
+log p]`` without a dense ``H`` (a full-rank guide's there where the cost rule leaves room for the mean's step before
+it, :mod:`bnn_pyro.infer.svi_refine_cg`, so that it measures on that step's draws, with batch means; elsewhere its
+dense gap, on draws of its own, as within the bounds): conjugate gradients on Hessian-vector products of the expected Hessian, the standard error by
 batch means over antithetic draws (:mod:`bnn_pyro.infer.svi_gap_cg`, up to its
 :data:`~bnn_pyro.infer.svi_gap_cg.MAX_WORK` and a share of the fit's cost; :class:`Gap`'s ``record`` says how it
 went, on either path). That step is valid for a
@@ -144,7 +146,8 @@ def _newton_gap(
     guide, model, data: Data, num_draws: int, generator: torch.Generator, fit_passes: int | None, spent_passes: int
 ) -> Gap | None:
     low_rank = isinstance(guide, autoguide.AutoLowRankMultivariateNormal)
-    factored = low_rank or isinstance(guide, autoguide.AutoNormal)
+    full_rank = isinstance(guide, autoguide.AutoMultivariateNormal)
+    factored = low_rank or full_rank or isinstance(guide, autoguide.AutoNormal)
     try:
         target = guide_target(guide, model, data, factored=factored)
     except NoDensity as error:
@@ -152,16 +155,21 @@ def _newton_gap(
     if target is None:
         return None
     if factored:
-        path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes, spent_passes=spent_passes)
+        path = svi_gap_cg.choose_path(
+            target.loc.numel(), data.size, fit_passes=fit_passes, full_rank=full_rank, spent_passes=spent_passes
+        )
         if path.kind != "dense":
             return (
                 _cg(target, data, num_draws, generator, path.max_iterations, spent_passes)
                 if path.kind == "cg"
                 else None
             )
-        if not low_rank:  # within the refinement's bounds a mean-field guide is not checked (module docstring)
-            return None
-        target = replace(target, cov=torch.diag(target.diag) + target.factor @ target.factor.T)
+        if not (low_rank or full_rank):  # within the refinement's bounds a mean-field guide is not checked (module
+            return None  # docstring)
+        if full_rank:  # its covariance as the guide gives it, as before this path read it as factors
+            target = replace(target, cov=guide_gaussian(guide, target.order, target.pot.shapes)[1])
+        else:
+            target = replace(target, cov=torch.diag(target.diag) + target.factor @ target.factor.T)
     loc, cov = target.loc, target.cov
     root, info = torch.linalg.cholesky_ex(cov)
     if info != 0:  # its own reason: no draw can be taken, and the log density is not to blame (review 17)

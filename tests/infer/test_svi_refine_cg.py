@@ -9,6 +9,7 @@ from __future__ import annotations
 import warnings
 
 import pyro
+import pyro.distributions as dist
 import pytest
 import torch
 from pyro.infer import autoguide
@@ -18,6 +19,7 @@ from test_svi_gap_cg import (  # the module beside this file
     MOVE,
     _branching,
     _data,
+    _full_rank,
     _guide_sd,
     _logistic,
     _low_rank,
@@ -47,7 +49,7 @@ def _moved(make, x, y, mean, precision, by):
     return guide
 
 
-@pytest.mark.parametrize("make", [_mean_field, _low_rank], ids=["mean_field", "low_rank"])
+@pytest.mark.parametrize("make", [_mean_field, _low_rank, _full_rank], ids=["mean_field", "low_rank", "full_rank"])
 def test_a_moved_guide_is_stepped_to_the_exact_mean_and_its_covariance_kept(make):
     x, y = _data()
     mean, precision = _posterior(x, y)
@@ -118,7 +120,7 @@ def test_a_model_that_raises_leaves_the_guide_as_it_was_with_the_reason():
 def test_a_guide_within_the_dense_bounds_or_of_another_family_is_not_covered():
     x, y = _data()
     with pyro.get_param_store().scope():
-        guide = autoguide.AutoMultivariateNormal(_model)
+        guide = autoguide.AutoDelta(_model)
         guide(x, y)
         assert svi_refine_cg.refine_mean(guide, _model, Data(x, y)) is None
 
@@ -138,3 +140,69 @@ def test_a_model_vmap_cannot_batch_is_skipped_before_its_gradients():
         result = svi_refine_cg.refine_mean(guide, _branching, Data(x, y))
         assert result.accepted == 0 and "torch.func.vmap cannot batch the model" in result.stopped, result
         assert torch.equal(_mean(guide), before) and len(CALLS) < 50, len(CALLS)
+
+
+def _regression(x, y=None):
+    """``_model`` at any width: y_i ~ N(x_i . b, 1), b ~ N(0, I)."""
+    b = pyro.sample("b", dist.Normal(0.0, 1.0).expand([x.shape[1]]).to_event(1))
+    with pyro.plate("data", size=len(x)):
+        return pyro.sample("obs", dist.Normal(x @ b, 1.0), obs=y)
+
+
+def _default_fit(rows: int, **options):
+    """``bp.fit`` at its defaults (the full-rank guide of a Pyro function, the Laplace start) of a conjugate regression
+    of 150 coefficients (past svi_refine.MAX_DIM) on ``rows`` rows, with the guide it ended with (spied at the gap)."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 150, generator=g) + 0.3 * torch.randn(rows, 1, generator=g)
+    y = x @ torch.randn(150, generator=g) + torch.randn(rows, generator=g)
+    guides = []
+    original = svi_gap.newton_gap
+
+    def keep(guide, *args, **kwargs):
+        guides.append(guide)
+        return original(guide, *args, **kwargs)
+
+    with warnings.catch_warnings(record=True) as caught, pytest.MonkeyPatch.context() as patch:
+        warnings.simplefilter("always", DiagnosticWarning)
+        patch.setattr(svi_gap, "newton_gap", keep)
+        post = bp.fit(_regression, x, y, method="svi", num_samples=5, seed=0, progress=False, **options)
+    return post, guides, x, y, [str(w.message) for w in caught]
+
+
+@pytest.mark.slow  # ~20 s: SVI's defaults (5,000 full-rank steps on 150 coefficients x 400 rows)
+def test_a_default_full_rank_fit_past_the_dense_bounds_ends_at_the_exact_mean():
+    """A default fit past the dense refinement's bounds (150 coordinates, 150 x 400 > svi_refine.MAX_WORK): Adam left
+    the full-rank guide's mean 0.068 exact sds from the exact posterior mean and the gap check warned (0.064 guide sds
+    at b[10]); the old code gave such a guide no refinement. The mean's step by conjugate gradients takes it there:
+    on this Gaussian posterior its antithetic draws' mean gradient is exact, so its Monte Carlo error (the record's
+    step_se, the gap's batch-means standard error on the same draws) is float rounding, under 1e-4 guide sds, and what
+    is left is float32 rounding and the solver's TOL: within 1e-3 exact sds (as the factored guides' test above;
+    measured 1e-5). The gap, on the step's draws by conjugate gradients, is silent."""
+    post, (guide,), x, y, messages = _default_fit(400)
+    assert post.config["guide"] == "full_rank" and isinstance(guide, autoguide.AutoMultivariateNormal)
+    (record,) = post.config["guide_refinement"]
+    assert record["accepted"] >= 1 and record["stopped"] == "fixed point", record
+    assert record[svi.STEP_SE] < 1e-4, record
+    design = x.double()
+    precision = design.T @ design + torch.eye(150, dtype=torch.float64)
+    mean = torch.linalg.solve(precision, design.T @ y.double())
+    sd = torch.linalg.inv(precision).diagonal().sqrt()
+    assert float(((guide.loc.detach().double() - mean) / sd).abs().max()) < 1e-3
+    (gap,) = post.config["guide_gap"]
+    assert gap["method"] == "cg" and gap["reason"] is None, gap
+    assert not any("stopped short" in m for m in messages), messages
+
+
+def test_a_full_rank_guide_past_the_dense_bounds_records_a_skipped_step():
+    """Where the fit's cost leaves the mean's step no room (20 steps: 2,520 gradient passes allowed, the step and the
+    gap need 6,000 and their solves) the full-rank guide keeps the dense gap alone (gradients only: 1,000 passes) and
+    its record says the step was skipped and why, as a skipped refinement within the bounds does; the old code
+    recorded nothing. Past svi_gap_cg.MAX_WORK the rule names that bound."""
+    post, _, _, _, _ = _default_fit(400, num_steps=20)
+    (record,) = post.config["guide_refinement"]
+    assert record["accepted"] == 0 and record["stopped"].startswith("skipped: the mean's step and the gap take"), record
+    assert "FIT_SHARE" in record["stopped"] and "more num_steps would take the mean's step" in record["stopped"]
+    (gap,) = post.config["guide_gap"]
+    assert gap["method"] == "dense", gap
+    path = svi_gap_cg.choose_path(150, 7_000, fit_passes=svi.DEFAULT_STEPS, full_rank=True)
+    assert path.kind == "dense" and path.reason.startswith("skipped: 150 coordinates x 7000 rows is over"), path
