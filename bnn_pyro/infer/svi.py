@@ -71,13 +71,12 @@ whether the mode was found; a mean-field guide too narrow for the posterior's co
 Convergence (a full-rank guide on a Pyro function of at most :data:`FULL_RANK_MAX_DIM` coordinates on full-batch
 tensors): under the cosine schedule the parameters freeze at the end wherever they are, so the ELBO trace cannot show
 a run that stopped short (eight schools at the defaults stopped 0.10-0.19 guide sds short at four seeds of five). So
-the fit ends, for such a guide or a mean-field or low-rank one of at most :data:`~bnn_pyro.infer.svi_refine.MAX_DIM`
-coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessians at 1,000 fixed draws
-(:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on those draws does not fall;
-``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's change and why they stopped
-(or why it was skipped: the guide is then left as trained; past :data:`~bnn_pyro.infer.svi_refine.MAX_WORK`
-coordinates x rows, where the fit's own cost leaves no room for it, where the model cannot be batched by
-``torch.func.vmap``, or where the model raises). The refinement and the gap, on either path, spend at most
+the fit ends, for such a guide or a mean-field or low-rank one within :data:`~bnn_pyro.infer.svi_refine.MAX_DIM`
+coordinates and :data:`~bnn_pyro.infer.svi_refine.MAX_WORK` coordinates x rows, with damped fixed-point iterations of
+Gaussian VI from exact Hessians at 1,000 fixed draws (:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on
+those draws does not fall; ``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's
+change and why they stopped (or why it was skipped: the guide is then left as trained; where the fit's own cost
+leaves no room for it, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). The refinement and the gap, on either path, spend at most
 :data:`~bnn_pyro.infer.svi_gap_cg.FIT_SHARE` of the fit's own gradient passes
 (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`): a short fit gets fewer refinement evaluations, or none, or no
 check, and the records name that bound. Past those
