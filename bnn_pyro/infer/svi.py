@@ -89,7 +89,8 @@ with the passes it spent, which the mean's step and the gap are charged), then a
 mean by damped Newton steps solved by conjugate gradients, a low-rank guide's covariance left as trained
 (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list with the step's own Monte Carlo error
 (:data:`STEP_SE`). A full-rank guide past those bounds (up to :data:`FULL_RANK_MAX_DIM` coordinates) gets the same
-mean's step and the conjugate-gradient gap after it, its covariance left as trained, where that cost rule leaves room;
+mean's step, its covariance left as trained, and then the dense gap on the step's own draws (its standard error from
+their antithetic pairs: :mod:`bnn_pyro.infer.svi_gap`), where that cost rule leaves room;
 where it does not, the record says the step was skipped and why (the dense gap alone then runs, as before). It runs only
 where the flat fast path did not (the engine's condition reads both: that path is for a ``BNN`` and the refinement for
 a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained it), and not on a guide given as an
@@ -584,7 +585,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 if gap.labels:
                     config.setdefault("guide_coordinates", gap.labels)
                 if step_record is not None and not step_record["stopped"].startswith("skipped") and gap.se is not None:
-                    # the step's own Monte Carlo error: its batch means are the gap's, on the same draws (STEP_SE)
+                    # the step's own Monte Carlo error: the gap's batch means or pairs, on the same draws (STEP_SE)
                     step_record[STEP_SE] = float(gap.se.max())
                 config.setdefault("guide_gap", []).append(gap.record)  # per chain, one shape (svi_gap.Gap.record)
         elif gap_skipped:  # past the cost bounds: the record says which
@@ -807,10 +808,12 @@ guide: the scale step is recorded all the same (review 16: no path to this was f
 STEP_SE = "step_se"
 """The key, in a chain's ``post.config["guide_refinement"]`` record where the mean's step past the dense bounds
 (:mod:`bnn_pyro.infer.svi_refine_cg`) ran (was not skipped), of that step's own Monte Carlo error: the largest over the
-coordinates of the batch-means standard error, in the guide's sds, of where it put the mean. The step lands on the
+coordinates of the gap's standard error (batch means; a full-rank guide's antithetic pairs), in the guide's sds, of
+where it put the mean. The step lands on the
 optimum of the objective on its 1,000 draws, so it is off the true optimum by those draws' error, about
-``H^-1 (mean gradient - its expectation)``; the gap after it (:mod:`bnn_pyro.infer.svi_gap_cg`, same seed, same draws
-and batches) has that spread over its 20 batches, so its standard error is the step's, read at no extra cost. The gap
+``H^-1 (mean gradient - its expectation)``; the gap after it (same seed, same draws: :mod:`bnn_pyro.infer.svi_gap_cg`
+with the same batches; a full-rank guide's dense statistic over the same antithetic pairs, :mod:`bnn_pyro.infer.svi_gap`) has that
+spread over its batches or pairs, so its standard error is the step's, read at no extra cost. The gap
 itself, on the same draws, cannot see this error (:func:`~bnn_pyro.infer._health.check_guide_gap`). The dense
 refinement has no batches (its antithetic pairs make one estimate) and no such record."""
 EVALUATIONS_CAP = "max_evaluations"

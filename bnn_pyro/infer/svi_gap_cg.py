@@ -1,6 +1,8 @@
-"""The Newton gap of a mean-field, low-rank or full-rank guide without dense Hessians: conjugate gradients on
-Hessian-vector products, for the guides of :mod:`bnn_pyro.infer.svi_gap` past the dense path's bounds (a full-rank
-guide's as factors ``D = 0``, ``W = L``: :func:`~bnn_pyro.infer.guide_density.guide_factors`).
+"""The Newton gap of a mean-field or low-rank guide without dense Hessians: conjugate gradients on Hessian-vector
+products, for the guides of :mod:`bnn_pyro.infer.svi_gap` past the dense path's bounds. A full-rank guide there takes
+the mean's step by this module's solver (:mod:`bnn_pyro.infer.svi_refine_cg`, read as factors ``D = 0``, ``W = L``:
+:func:`~bnn_pyro.infer.guide_density.guide_factors`), but its gap after the step is the dense statistic on the step's
+draws, which needs no Hessian (:mod:`bnn_pyro.infer.svi_gap`); :func:`cg_gap` still takes its factors.
 
 The statistic is :mod:`bnn_pyro.infer.svi_gap`'s: ``H^-1 E_q[grad log p]`` in the guide's sds, the Newton step from
 the guide's mean to its family's ELBO optimum with the expected Hessian ``H = E_q[-hess log p]`` (the ELBO's curvature
@@ -219,8 +221,8 @@ def choose_path(
     solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops there gives no verdict, so
     the check never costs more than that share of the fit: review 15 measured 1.9 times a 150-step fit before);
     otherwise not checked. A full-rank guide (``full_rank``) takes the dense path within those bounds; past them the
-    conjugate-gradient path where it fits as above (the mean's step, :mod:`~bnn_pyro.infer.svi_refine_cg`, and this
-    module's gap on the step's draws), and otherwise the dense gap alone (it needs no Hessian: gradients only), within
+    conjugate-gradient path where it fits as above (the mean's step, :mod:`~bnn_pyro.infer.svi_refine_cg`, then the
+    dense gap on the step's draws, :func:`~bnn_pyro.infer.svi_gap.newton_gap`, charged as this module's gap), and otherwise the dense gap alone (it needs no Hessian: gradients only), within
     the bound below, ``reason`` then saying why the step was ``"skipped: ..."`` (the engine records it). ``spent_passes``: passes over the rows that a step before the solves
     already took (a mean-field guide's scale step, :mod:`~bnn_pyro.infer.svi_refine_scale`, records what it spent),
     out of that share before their iterations; nothing by default. The scale step runs only where it leaves the solves

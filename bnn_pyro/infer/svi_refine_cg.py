@@ -16,9 +16,11 @@ needs ``H`` itself, the dense refinement's ``dim`` gradient passes per draw, whi
 full-rank guide is read as factors ``D = 0``, ``W = L`` (:func:`~bnn_pyro.infer.guide_density.guide_factors`): its
 draws ``L v`` are exact and its preconditioner ``diag((L L^T)^-1)`` is a triangular solve
 (:func:`~bnn_pyro.infer.svi_gap_cg.precision_diagonal`), so the factored guides' code serves it unchanged. The gap after
-it is the conjugate-gradient one, on the step's draws, for full rank too: the dense full-rank gap draws ``randn @ L^T``
-of its own, so after the step it would measure the step's Monte Carlo error, which its standard error does not count
-(:func:`refine_mean`), and it has no batch means to give :data:`~bnn_pyro.infer.svi.STEP_SE`.
+it is measured on the step's own draws: the conjugate-gradient one for a mean-field or low-rank guide, and for a
+full-rank guide the dense statistic ``S E_q[grad log p]`` with its standard error from the 500 antithetic pairs
+(:func:`~bnn_pyro.infer.svi_gap.newton_gap`: the conjugate-gradient gap's 20 batch means left a logistic fit whose
+step stopped short unwarned). On draws of its own it would also measure the step's Monte Carlo error, which its
+standard error does not count (:func:`refine_mean`).
 
 Why. Past :data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates nothing was refined, and Adam under the cosine schedule
 leaves the mean wherever its last steps put it: on linear regressions of 150-1,000 coefficients the default fits
@@ -30,7 +32,7 @@ every such fit. With these steps the same fits end within 0.005 guide sds and no
 110-400 coefficients x 100-2,000 rows its default fits ended up to 0.096 exact posterior sds from the exact mean, and
 within 1e-4 with this step wherever Adam had left more than :data:`~bnn_pyro.infer.svi_refine.TOL`
 (``benchmarks/results/svi_convergence/fullcg_linear.md`` and the other ``fullcg_*.md``; off a Gaussian, on a logistic
-regression, it stopped at :data:`MAX_EVALUATIONS` still short: ``fullcg_logistic.md``).
+regression, it stopped at :data:`MAX_EVALUATIONS` still short, ``fullcg_logistic.md``, and the gap after it warns).
 
 Safeguards (:mod:`bnn_pyro.infer.svi_refine`'s): a step is kept only if the ELBO estimated on the same draws (``mean
 log p``: the entropy does not depend on ``m``) does not fall, otherwise halved down to
@@ -92,8 +94,8 @@ def refine_mean(
 
     The gap check after it (:func:`~bnn_pyro.infer.svi_gap.newton_gap` with the same ``seed`` and draws, as the SVI
     engine calls both, one seed per chain) measures on the step's own draws, as the dense refinement and gap do: on
-    other draws it would also measure this step's Monte Carlo error, which its batch-means standard error does not
-    count (review 14: a converged non-Gaussian fit of 152 coordinates warned at 4 of 40 step seeds)."""
+    other draws it would also measure this step's Monte Carlo error, which its standard error (batch means, or a
+    full-rank guide's antithetic pairs) does not count (review 14: a converged non-Gaussian fit of 152 coordinates warned at 4 of 40 step seeds)."""
     if not isinstance(guide, _COVERED):
         return None
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
