@@ -116,7 +116,8 @@ coordinates, less where they correlate: Sidak 1967). The floor :data:`GAP_MAX` i
 (:func:`gap_thresholds`): a gap under it never warns, so a coordinate whose standard error is far under ``GAP_MAX / z``
 can warn only over the floor, at almost no chance, and takes almost none of the fit's; the threshold for the others is
 then lower (about 4 where one coordinate is noisy and 999 are precise, 5.4 where all 1,000 are noisy; review 17). A
-standard error from ``n`` draws (the dense path's record gives ``draws``: 1,000) or ``n`` batch means (the
+standard error from ``n`` draws (the dense path's record gives ``draws``: 1,000), ``n`` antithetic pairs (a full-rank
+guide's gap on the mean step's draws past the refinement's bounds gives ``pairs``: 500) or ``n`` batch means (the
 conjugate-gradient path's gives ``batches``: :data:`~bnn_pyro.infer.svi_gap_cg.BATCHES`) takes Student's t on ``n -
 1`` degrees of freedom at the same chance (4.02 at one coordinate and 1,000 draws, 5.45 at 1,000 noisy ones; 5.1 at one
 coordinate and 20 batches, 8.5 at 1,000). A gap over the floor warns wherever its standard error is small enough (below
@@ -373,7 +374,7 @@ def check_guide_gap(post) -> None:
     """Warn when a chain's Gaussian guide (where :mod:`bnn_pyro.infer.svi_gap` takes its gap) stopped short of its family's ELBO optimum: in some unconstrained coordinate
     the Newton step to the optimum (``post.history[GAP]``, :mod:`bnn_pyro.infer.svi_gap`) exceeds :data:`GAP_MAX`
     guide sds and :func:`gap_thresholds` standard errors (at the chance :data:`GAP_Z` states for the whole fit, over
-    every chain's coordinates with the floor counted, Student's t on the draws or batch means of the chain's
+    every chain's coordinates with the floor counted, Student's t on the draws, antithetic pairs or batch means of the chain's
     ``post.config["guide_gap"]`` record). The ELBO check cannot see it: under the cosine schedule the parameters freeze
     at the end wherever they are, so the loss's last windows agree. A chain without a verdict has NaN gaps (the reason
     in ``post.config["guide_gap"]``) and is not judged.
@@ -391,8 +392,10 @@ def check_guide_gap(post) -> None:
     gap, se = post.history[GAP].double(), post.history[GAP_SE].double()
     records = post.config.get("guide_gap")
     records = records if isinstance(records, list) and len(records) == gap.shape[0] else [{}] * gap.shape[0]
-    # a chain without a verdict (NaN) is not judged; each chain's standard errors from its batch means or draws
-    z = gap_thresholds(gap, se, [r.get("batches") or r.get("draws") for r in records]).to(gap)[:, None]
+    # a chain without a verdict (NaN) is not judged; each chain's standard errors from its batch means, antithetic
+    # pairs (a full-rank guide's gap on the mean step's draws, svi_gap) or draws
+    samples = [r.get("batches") or r.get("pairs") or r.get("draws") for r in records]
+    z = gap_thresholds(gap, se, samples).to(gap)[:, None]
     short = (gap.abs() > GAP_MAX) & (gap.abs() > z * se)
     if not bool(short.any()):
         return

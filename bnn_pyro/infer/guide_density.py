@@ -18,8 +18,8 @@ require grad; its derivatives here are data).
 
 :func:`hessian_products` gives the expected Hessian's products with a few vectors, ``mean_i hess log p(z_i) V``,
 without a dense Hessian (one batched reverse-over-reverse pass per draw and vector, the same vmap rules as Hessians:
-:class:`NotBatchable` where vmap refuses); :func:`guide_factors` reads a mean-field or low-rank guide's ``S = diag(D)
-+ W W^T`` without its dense covariance (the conjugate-gradient gap of :mod:`bnn_pyro.infer.svi_gap_cg` and the mean's
+:class:`NotBatchable` where vmap refuses); :func:`guide_factors` reads a mean-field, low-rank or full-rank guide's
+``S = diag(D) + W W^T`` as factors (a full-rank guide's: ``D = 0``, ``W`` its Cholesky factor) (the conjugate-gradient gap of :mod:`bnn_pyro.infer.svi_gap_cg` and the mean's
 Newton step of :mod:`bnn_pyro.infer.svi_refine_cg`).
 
 Example
@@ -119,8 +119,8 @@ class Derivatives(NamedTuple):
 
 def guide_target(guide, model, data: Data, *, factored: bool = False) -> GuideTarget | None:
     """The :class:`GuideTarget` of a fitted Gaussian autoguide of ``model`` on ``data`` (full batch), or ``None`` where
-    the guide is not a Gaussian autoguide over exactly the potential's sites (``factored``: a mean-field or low-rank
-    one, read by :func:`guide_factors` without the dense covariance). Raises :class:`NoDensity` where the potential
+    the guide is not a Gaussian autoguide over exactly the potential's sites (``factored``: read as factors by
+    :func:`guide_factors`, without the dense covariance). Raises :class:`NoDensity` where the potential
     cannot be built at the guide's median (a diagnostic's caller records the reason and goes on)."""
     try:
         pot = Potential(model, data, init=guide.median(*data.first()), fast_path=False)
@@ -250,16 +250,21 @@ def _flat_log_density(pot: Potential, order: list[str]):
 
 
 def guide_factors(guide, order: list[str], shapes: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """A mean-field (``AutoNormal``) or low-rank (``AutoLowRankMultivariateNormal``) guide's mean ``m`` and covariance
-    ``S = diag(D) + W W^T`` over the flat coordinates of the sites ``order`` (each of ``shapes[site]``), without the
-    dense ``S``: ``(m, D, W)`` in float64 on the guide's device (``W`` is ``(dim, 0)`` for a mean-field guide), or
-    ``None`` for another guide or where the guide's coordinates are not exactly those sites'."""
+    """A mean-field (``AutoNormal``), low-rank (``AutoLowRankMultivariateNormal``) or full-rank
+    (``AutoMultivariateNormal``) guide's mean ``m`` and covariance ``S = diag(D) + W W^T`` over the flat coordinates of
+    the sites ``order`` (each of ``shapes[site]``), without forming ``S``: ``(m, D, W)`` in float64 on the guide's device
+    (``W`` is ``(dim, 0)`` for a mean-field guide; for a full-rank guide ``D`` is zero and ``W`` its lower-triangular
+    ``scale_tril`` ``L``, ``S = L L^T``, so that draws ``W v`` are exact and the conjugate-gradient path serves it too),
+    or ``None`` for another guide or where the guide's coordinates are not exactly those sites'."""
     size = sum(math.prod(shapes[s]) for s in order)
     with torch.no_grad():
-        if isinstance(guide, autoguide.AutoLowRankMultivariateNormal):
+        if isinstance(guide, (autoguide.AutoLowRankMultivariateNormal, autoguide.AutoMultivariateNormal)):
             q = guide.get_posterior()
             if q.loc.numel() != size:
                 return None
+            if isinstance(guide, autoguide.AutoMultivariateNormal):
+                tril = q.scale_tril.detach().double()
+                return q.loc.detach().double(), tril.new_zeros(size), tril
             return q.loc.detach().double(), q.cov_diag.detach().double(), q.cov_factor.detach().double()
         if isinstance(guide, autoguide.AutoNormal):
             locs = [attrgetter(site)(guide.locs).detach().reshape(-1) for site in order]  # a dotted name nests

@@ -71,13 +71,12 @@ whether the mode was found; a mean-field guide too narrow for the posterior's co
 Convergence (a full-rank guide on a Pyro function of at most :data:`FULL_RANK_MAX_DIM` coordinates on full-batch
 tensors): under the cosine schedule the parameters freeze at the end wherever they are, so the ELBO trace cannot show
 a run that stopped short (eight schools at the defaults stopped 0.10-0.19 guide sds short at four seeds of five). So
-the fit ends, for such a guide or a mean-field or low-rank one of at most :data:`~bnn_pyro.infer.svi_refine.MAX_DIM`
-coordinates, with damped fixed-point iterations of Gaussian VI from exact Hessians at 1,000 fixed draws
-(:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on those draws does not fall;
-``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's change and why they stopped
-(or why it was skipped: the guide is then left as trained; past :data:`~bnn_pyro.infer.svi_refine.MAX_WORK`
-coordinates x rows, where the fit's own cost leaves no room for it, where the model cannot be batched by
-``torch.func.vmap``, or where the model raises). The refinement and the gap, on either path, spend at most
+the fit ends, for such a guide or a mean-field or low-rank one within :data:`~bnn_pyro.infer.svi_refine.MAX_DIM`
+coordinates and :data:`~bnn_pyro.infer.svi_refine.MAX_WORK` coordinates x rows, with damped fixed-point iterations of
+Gaussian VI from exact Hessians at 1,000 fixed draws (:mod:`bnn_pyro.infer.svi_refine`), kept only where the ELBO on
+those draws does not fall; ``post.config["guide_refinement"]`` says per chain how many steps were kept, the ELBO's
+change and why they stopped (or why it was skipped: the guide is then left as trained; where the fit's own cost
+leaves no room for it, where the model cannot be batched by ``torch.func.vmap``, or where the model raises). The refinement and the gap, on either path, spend at most
 :data:`~bnn_pyro.infer.svi_gap_cg.FIT_SHARE` of the fit's own gradient passes
 (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`): a short fit gets fewer refinement evaluations, or none, or no
 check, and the records name that bound. Past those
@@ -89,7 +88,10 @@ they have where fewer; recorded as ``"scale"`` inside the chain's record,
 with the passes it spent, which the mean's step and the gap are charged), then a mean-field or low-rank guide's
 mean by damped Newton steps solved by conjugate gradients, a low-rank guide's covariance left as trained
 (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list with the step's own Monte Carlo error
-(:data:`STEP_SE`). It runs only
+(:data:`STEP_SE`). A full-rank guide past those bounds (up to :data:`FULL_RANK_MAX_DIM` coordinates) gets the same
+mean's step, its covariance left as trained, and then the dense gap on the step's own draws (its standard error from
+their antithetic pairs: :mod:`bnn_pyro.infer.svi_gap`), where that cost rule leaves room;
+where it does not, the record says the step was skipped and why (the dense gap alone then runs, as before). It runs only
 where the flat fast path did not (the engine's condition reads both: that path is for a ``BNN`` and the refinement for
 a Pyro function, so a ``BNN``'s guide is never refined, whichever path trained it), and not on a guide given as an
 ``AutoGuide`` class or a callable, which is used as given (where the refinement would otherwise run, the record says
@@ -441,8 +443,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     config["fast_path"] = fast
     warm_starts: list[svi_start.LaplaceStart] = []
     # a Pyro function on full-batch tensors: its full-rank guide's Newton gap is checked (up to FULL_RANK_MAX_DIM), a
-    # low-rank one's with the dense expected Hessian within svi_refine's bounds, and past them a low-rank or mean-field
-    # one's by conjugate gradients up to svi_gap_cg.MAX_WORK coordinates x rows (svi_gap)
+    # low-rank one's with the dense expected Hessian within svi_refine's bounds, and past them any of the three's by
+    # conjugate gradients up to svi_gap_cg.MAX_WORK coordinates x rows and the fit's share (svi_gap; a full-rank
+    # guide's dense gap where that share leaves no room)
     function_full_batch = (
         not isinstance(model, BNN)
         and not fast
@@ -466,7 +469,8 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     )
     small_function = function_full_batch and coords <= FULL_RANK_MAX_DIM
     factored = function_full_batch and guide_kind in (GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
-    by_cg = factored and path.kind == "cg"
+    full_rank = small_function and guide_kind is GuideKind.FULL_RANK
+    by_cg = (factored or full_rank) and path.kind == "cg"  # a full-rank guide's: past svi_refine's bounds only
     gap_checked = (
         small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.LOW_RANK) and path.kind == "dense" or by_cg
     )
@@ -474,12 +478,14 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
     # leaves (choose_path; none: the record names that bound, review 15); a guide given as a class or callable is used
     # as given, and the record says so
     refine_guide = small_function and guide_kind in (GuideKind.FULL_RANK, GuideKind.MEAN_FIELD, GuideKind.LOW_RANK)
+    # (a full-rank guide past those bounds gets the mean's step by conjugate gradients where the cost rule leaves room
+    # for it, and otherwise the same record naming the bound: choose_path's reason)
     refine_skipped = (
         refine_guide
-        and coords <= svi_refine.MAX_DIM
+        and (coords <= svi_refine.MAX_DIM or full_rank)
         and (path.kind == "none" or path.kind == "dense" and path.reason is not None)
     )
-    gap_skipped = path.kind == "none" and (factored or small_function and guide_kind is GuideKind.FULL_RANK)
+    gap_skipped = path.kind == "none" and (factored or full_rank)
     given_guide = small_function and coords <= svi_refine.MAX_DIM and not isinstance(guide_kind, GuideKind)
     ckpts = open_chains(
         cfg.checkpoint,
@@ -531,6 +537,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         # refinement's draws, and the chains do not share the step's Monte Carlo error
         step_record, spent = None, 0
         if by_cg:  # past svi_refine's bounds: a mean-field guide's sds (svi_refine_scale), then the mean's Newton steps
+            # (any of the three Gaussian guides: svi_refine_cg)
             scaled = svi_refine_scale.refine_scale(
                 state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes
             )
@@ -544,7 +551,9 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 step_record = refined.record() if scaled is None else {**refined.record(), "scale": scaled.record()}
                 # the cap from the fit's cost on the step's solves, as refine_mean met it (after the scale step's
                 # passes): more num_steps lift it (check_guide_gap), as EVALUATIONS_CAP on the dense path
-                solves = svi_gap_cg.choose_path(coords, data.size, fit_passes=fit_passes, spent_passes=spent)
+                solves = svi_gap_cg.choose_path(
+                    coords, data.size, fit_passes=fit_passes, full_rank=full_rank, spent_passes=spent
+                )
                 if refined.stopped != NO_MEAN_STEP and solves.max_iterations < svi_gap_cg.MAX_ITERATIONS:
                     step_record[ITERATIONS_CAP] = solves.max_iterations
                 config.setdefault("guide_refinement", []).append(step_record)
@@ -576,7 +585,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 if gap.labels:
                     config.setdefault("guide_coordinates", gap.labels)
                 if step_record is not None and not step_record["stopped"].startswith("skipped") and gap.se is not None:
-                    # the step's own Monte Carlo error: its batch means are the gap's, on the same draws (STEP_SE)
+                    # the step's own Monte Carlo error: the gap's batch means or pairs, on the same draws (STEP_SE)
                     step_record[STEP_SE] = float(gap.se.max())
                 config.setdefault("guide_gap", []).append(gap.record)  # per chain, one shape (svi_gap.Gap.record)
         elif gap_skipped:  # past the cost bounds: the record says which
@@ -799,10 +808,12 @@ guide: the scale step is recorded all the same (review 16: no path to this was f
 STEP_SE = "step_se"
 """The key, in a chain's ``post.config["guide_refinement"]`` record where the mean's step past the dense bounds
 (:mod:`bnn_pyro.infer.svi_refine_cg`) ran (was not skipped), of that step's own Monte Carlo error: the largest over the
-coordinates of the batch-means standard error, in the guide's sds, of where it put the mean. The step lands on the
+coordinates of the gap's standard error (batch means; a full-rank guide's antithetic pairs), in the guide's sds, of
+where it put the mean. The step lands on the
 optimum of the objective on its 1,000 draws, so it is off the true optimum by those draws' error, about
-``H^-1 (mean gradient - its expectation)``; the gap after it (:mod:`bnn_pyro.infer.svi_gap_cg`, same seed, same draws
-and batches) has that spread over its 20 batches, so its standard error is the step's, read at no extra cost. The gap
+``H^-1 (mean gradient - its expectation)``; the gap after it (same seed, same draws: :mod:`bnn_pyro.infer.svi_gap_cg`
+with the same batches; a full-rank guide's dense statistic over the same antithetic pairs, :mod:`bnn_pyro.infer.svi_gap`) has that
+spread over its batches or pairs, so its standard error is the step's, read at no extra cost. The gap
 itself, on the same draws, cannot see this error (:func:`~bnn_pyro.infer._health.check_guide_gap`). The dense
 refinement has no batches (its antithetic pairs make one estimate) and no such record."""
 EVALUATIONS_CAP = "max_evaluations"

@@ -1,5 +1,8 @@
 """The Newton gap of a mean-field or low-rank guide without dense Hessians: conjugate gradients on Hessian-vector
-products, for the guides of :mod:`bnn_pyro.infer.svi_gap` past the dense path's bounds.
+products, for the guides of :mod:`bnn_pyro.infer.svi_gap` past the dense path's bounds. A full-rank guide there takes
+the mean's step by this module's solver (:mod:`bnn_pyro.infer.svi_refine_cg`, read as factors ``D = 0``, ``W = L``:
+:func:`~bnn_pyro.infer.guide_density.guide_factors`), but its gap after the step is the dense statistic on the step's
+draws, which needs no Hessian (:mod:`bnn_pyro.infer.svi_gap`); :func:`cg_gap` still takes its factors.
 
 The statistic is :mod:`bnn_pyro.infer.svi_gap`'s: ``H^-1 E_q[grad log p]`` in the guide's sds, the Newton step from
 the guide's mean to its family's ELBO optimum with the expected Hessian ``H = E_q[-hess log p]`` (the ELBO's curvature
@@ -23,7 +26,8 @@ so here ``H`` is never formed:
   not make one where the gradient's mean is zero).
 - ``H x_k = b_k`` for every batch's mean gradient ``b_k`` at once, by conjugate gradients (:func:`conjugate_gradients`,
   one matrix product per iteration for all batches) preconditioned by the guide's own precision diagonal (``1 / D``
-  for a mean-field guide, whose optimum has ``1 / D_i = H_ii``; ``diag(S^-1)`` by Woodbury for a low-rank one), to a
+  for a mean-field guide, whose optimum has ``1 / D_i = H_ii``; ``diag(S^-1)`` by Woodbury for a low-rank one, by a
+  triangular solve for a full-rank one: :func:`precision_diagonal`), to a
   relative residual :data:`TOL` (or below the mean gradient's float rounding, :data:`ROUNDING`) or
   :data:`MAX_ITERATIONS` iterations (no verdict where that is not reached).
 - The gap is the mean of the ``x_k`` (``H^-1`` of the mean gradient: ``H`` is linear) over the guide's sds, its
@@ -216,8 +220,10 @@ def choose_path(
     (``max_iterations``: each iteration of the gap's solve takes ``2 HESSIAN_DRAWS BATCHES`` passes, of the step's
     solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops there gives no verdict, so
     the check never costs more than that share of the fit: review 15 measured 1.9 times a 150-step fit before);
-    otherwise not checked. A full-rank guide (``full_rank``) takes the dense path at any size the engine checks (its gap
-    needs no Hessian), within the bound below. ``spent_passes``: passes over the rows that a step before the solves
+    otherwise not checked. A full-rank guide (``full_rank``) takes the dense path within those bounds; past them the
+    conjugate-gradient path where it fits as above (the mean's step, :mod:`~bnn_pyro.infer.svi_refine_cg`, then the
+    dense gap on the step's draws, :func:`~bnn_pyro.infer.svi_gap.newton_gap`, charged as this module's gap), and otherwise the dense gap alone (it needs no Hessian: gradients only), within
+    the bound below, ``reason`` then saying why the step was ``"skipped: ..."`` (the engine records it). ``spent_passes``: passes over the rows that a step before the solves
     already took (a mean-field guide's scale step, :mod:`~bnn_pyro.infer.svi_refine_scale`, records what it spent),
     out of that share before their iterations; nothing by default. The scale step runs only where it leaves the solves
     :data:`SCALE_KEEP` iterations, or all they have without it where fewer (:func:`scale_fits`), so in the engine this
@@ -238,18 +244,21 @@ def choose_path(
         f"vectorized particles sharing a step's fixed cost; each counted as the {rows} rows plus "
         f"svi_gap_cg.STEP_ROWS, {STEP_ROWS:,})"
     )
-    if refinable or full_rank:
+    if full_rank and not refinable:  # past svi_refine's bounds: the mean's step and the gap by conjugate gradients
+        solves = _cg_path(dim, rows, budget, fit_passes, spent_passes, fit)  # where they fit (svi_refine_cg), else
+        if solves.kind == "cg":  # the dense gap alone (gradients only), the step's skip recorded with its bound
+            return solves
+        gap_cost = dense_passes(dim, 0, hessian_gap=False) if gap else 0
+        if budget is not None and gap_cost > budget:
+            return _gap_too_costly(gap_cost, rows, fit)
+        skipped = solves.reason.replace("not checked", "skipped", 1)
+        return GapPath("dense", skipped.replace("would be checked", "would take the mean's step"))
+    if refinable:
         if budget is None:
             return GapPath("dense")
         gap_cost = dense_passes(dim, 0, hessian_gap=not full_rank) if gap else 0
         if gap_cost > budget:
-            return GapPath(
-                "none",
-                f"not checked: the gap takes {gap_cost:,} gradient passes over the {rows} rows "
-                f"(svi_gap_cg.dense_passes), more than {fit}; more num_steps would be checked",
-            )
-        if not refinable:  # a full-rank guide past svi_refine's bounds: the gap alone (svi_refine says why)
-            return GapPath("dense")
+            return _gap_too_costly(gap_cost, rows, fit)
         per_evaluation = svi_refine.DRAWS * DENSE_PASSES * dim
         evaluations = int(min(svi_refine.MAX_EVALUATIONS, (budget - gap_cost) // per_evaluation))
         if evaluations < 2:
@@ -261,6 +270,21 @@ def choose_path(
                 max_evaluations=evaluations,
             )
         return GapPath("dense", max_evaluations=evaluations)
+    return _cg_path(dim, rows, budget, fit_passes, spent_passes, fit)
+
+
+def _gap_too_costly(gap_cost: int, rows: int, fit: str) -> GapPath:
+    """:func:`choose_path`'s ``"none"`` where the dense gap's ``gap_cost`` passes over the rows exceed the fit's share."""
+    return GapPath(
+        "none",
+        f"not checked: the gap takes {gap_cost:,} gradient passes over the {rows} rows "
+        f"(svi_gap_cg.dense_passes), more than {fit}; more num_steps would be checked",
+    )
+
+
+def _cg_path(dim: int, rows: int, budget: float | None, fit_passes: int | None, spent_passes: int, fit: str) -> GapPath:
+    """The conjugate-gradient path's answer past the dense bounds (:func:`choose_path`): ``"cg"`` within
+    :data:`MAX_WORK` and the iterations the fit's share pays for, else ``"none"`` with the bound that stopped it."""
     if dim * rows > MAX_WORK:
         return GapPath(
             "none",
@@ -479,7 +503,8 @@ def rounding(grads: torch.Tensor, inverse_diag: torch.Tensor, dtype: torch.dtype
 def antithetic_half(target: GuideTarget, pairs: int, generator: torch.Generator) -> torch.Tensor:
     """``pairs`` deviations ``D^1/2 u + W v`` (``u``, ``v`` standard normal from ``generator``, float64 on the guide's
     device) of the factored guide of ``target``: with their negatives, exact antithetic draws of ``N(0, S)`` without
-    the dense ``S``."""
+    the dense ``S`` (a full-rank guide's: ``D = 0``, ``W = L``, so ``L v``; ``u`` is drawn all the same, so that every
+    guide's draws come from the generator in one order)."""
     options = dict(dtype=torch.float64, device=target.loc.device, generator=generator)
     noise = torch.randn(pairs, target.loc.numel(), **options) * target.diag.sqrt()
     return noise + torch.randn(pairs, target.factor.shape[1], **options) @ target.factor.T
@@ -503,7 +528,12 @@ def curvature(target: GuideTarget, at: torch.Tensor, *, rows: int, width: int) -
 
 def precision_diagonal(diag: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """``diag(S^-1)`` of ``S = diag(D) + W W^T`` by Woodbury: ``1 / D - diag(D^-1 W (I + W^T D^-1 W)^-1 W^T D^-1)``,
-    ``O(dim rank^2)``."""
+    ``O(dim rank^2)``; where ``D`` is zero (a full-rank guide's factors, ``W = L`` lower-triangular:
+    :func:`~bnn_pyro.infer.guide_density.guide_factors`), Woodbury divides by zero, so ``diag((L L^T)^-1)``, the
+    column sums of squares of ``L^-1``, by a triangular solve, ``O(dim^3)``."""
+    if not bool((diag > 0).all()):
+        eye = torch.eye(factor.shape[0], dtype=factor.dtype, device=factor.device)
+        return (torch.linalg.solve_triangular(factor, eye, upper=False) ** 2).sum(0)
     scaled = factor / diag[:, None]
     capacitance = torch.eye(factor.shape[1], dtype=factor.dtype, device=factor.device) + factor.T @ scaled
     half = torch.linalg.solve_triangular(torch.linalg.cholesky(capacitance), scaled.T, upper=False)

@@ -1,4 +1,4 @@
-"""Take a mean-field or low-rank guide's mean the rest of the way to its family's ELBO optimum past
+"""Take a mean-field, low-rank or full-rank guide's mean the rest of the way to its family's ELBO optimum past
 :mod:`bnn_pyro.infer.svi_refine`'s bounds: damped Newton steps by conjugate gradients, the covariance not moved here.
 
 The rule. For ``q = N(m, S)`` the ELBO's gradient in ``m`` is ``g = E_q[grad log p]`` and its curvature in ``m`` is
@@ -10,15 +10,29 @@ on the same draws, so the iteration converges to the fixed point of one sample o
 from :data:`~bnn_pyro.infer.svi_gap_cg.HESSIAN_DRAWS` of them (the gap's: :func:`~bnn_pyro.infer.svi_gap_cg.hessian_pairs`),
 conjugate gradients preconditioned by the guide's precision diagonal. Only the mean moves here: a mean-field guide's
 sds are taken to their fixed point (``1 / D_i = H_ii``) before, by :mod:`bnn_pyro.infer.svi_refine_scale` (the engine
-runs it first, on the same seed, so that this step and the gap after it see the new sds); a low-rank guide's
-covariance is left as trained (that module says why).
+runs it first, on the same seed, so that this step and the gap after it see the new sds); a low-rank or full-rank
+guide's covariance is left as trained (that module says why for low rank; a full-rank guide's fixed point ``S^-1 = H``
+needs ``H`` itself, the dense refinement's ``dim`` gradient passes per draw, which is what the bounds exclude). A
+full-rank guide is read as factors ``D = 0``, ``W = L`` (:func:`~bnn_pyro.infer.guide_density.guide_factors`): its
+draws ``L v`` are exact and its preconditioner ``diag((L L^T)^-1)`` is a triangular solve
+(:func:`~bnn_pyro.infer.svi_gap_cg.precision_diagonal`), so the factored guides' code serves it unchanged. The gap after
+it is measured on the step's own draws: the conjugate-gradient one for a mean-field or low-rank guide, and for a
+full-rank guide the dense statistic ``S E_q[grad log p]`` with its standard error from the 500 antithetic pairs
+(:func:`~bnn_pyro.infer.svi_gap.newton_gap`: the conjugate-gradient gap's 20 batch means left a logistic fit whose
+step stopped short unwarned). On draws of its own it would also measure the step's Monte Carlo error, which its
+standard error does not count (:func:`refine_mean`).
 
 Why. Past :data:`~bnn_pyro.infer.svi_refine.MAX_DIM` coordinates nothing was refined, and Adam under the cosine schedule
 leaves the mean wherever its last steps put it: on linear regressions of 150-1,000 coefficients the default fits
 ended 0.07-0.13 guide sds from the exact optimum in some coordinate, and 20,000 steps did not remove it
 (``benchmarks/results/svi_convergence/gap_cg_defaults.md``, ``gap_cg_steps20000.md``), so the gap check warned on
 every such fit. With these steps the same fits end within 0.005 guide sds and none warns
-(``gap_cg_defaults_refined.md``).
+(``gap_cg_defaults_refined.md``). A full-rank guide (a Pyro function's default up to
+:data:`~bnn_pyro.infer.svi_lr.FULL_RANK_MAX_DIM` coordinates) got no refinement there either: on linear regressions of
+110-400 coefficients x 100-2,000 rows its default fits ended up to 0.096 exact posterior sds from the exact mean, and
+within 1e-4 with this step wherever Adam had left more than :data:`~bnn_pyro.infer.svi_refine.TOL`
+(``benchmarks/results/svi_convergence/fullcg_linear.md`` and the other ``fullcg_*.md``; off a Gaussian, on a logistic
+regression, it stopped at :data:`MAX_EVALUATIONS` still short, ``fullcg_logistic.md``, and the gap after it warns).
 
 Safeguards (:mod:`bnn_pyro.infer.svi_refine`'s): a step is kept only if the ELBO estimated on the same draws (``mean
 log p``: the entropy does not depend on ``m``) does not fall, otherwise halved down to
@@ -50,6 +64,8 @@ from bnn_pyro.infer.guide_density import NoDensity, NotBatchable, derivatives, g
 
 __all__ = ["MAX_EVALUATIONS", "refine_mean"]
 
+_COVERED = (autoguide.AutoNormal, autoguide.AutoLowRankMultivariateNormal, autoguide.AutoMultivariateNormal)
+
 MAX_EVALUATIONS = 5
 """Evaluations of the draws at most (the first included): one per candidate, each with a conjugate-gradient solve
 (the gap check's cost, ``benchmarks/results/svi_convergence/gap_cg_cost.md``); a Gaussian posterior needs two (the
@@ -67,7 +83,8 @@ def refine_mean(
     fit_passes: int | None = None,
     spent_passes: int = 0,
 ):
-    """Newton steps for the mean of a fitted ``AutoNormal`` or ``AutoLowRankMultivariateNormal`` of ``model`` on
+    """Newton steps for the mean of a fitted ``AutoNormal``, ``AutoLowRankMultivariateNormal`` or
+    ``AutoMultivariateNormal`` of ``model`` on
     ``data`` (full batch) past the dense bounds (module docstring), in place, from ``num_draws`` draws of a generator
     of its own seeded with ``seed``: a :class:`~bnn_pyro.infer.svi_refine.Refinement`, or ``None`` where the guide is
     not covered (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path` on its unconstrained coordinates, ``data.size`` rows
@@ -77,9 +94,9 @@ def refine_mean(
 
     The gap check after it (:func:`~bnn_pyro.infer.svi_gap.newton_gap` with the same ``seed`` and draws, as the SVI
     engine calls both, one seed per chain) measures on the step's own draws, as the dense refinement and gap do: on
-    other draws it would also measure this step's Monte Carlo error, which its batch-means standard error does not
-    count (review 14: a converged non-Gaussian fit of 152 coordinates warned at 4 of 40 step seeds)."""
-    if not isinstance(guide, (autoguide.AutoNormal, autoguide.AutoLowRankMultivariateNormal)):
+    other draws it would also measure this step's Monte Carlo error, which its standard error (batch means, or a
+    full-rank guide's antithetic pairs) does not count (review 14: a converged non-Gaussian fit of 152 coordinates warned at 4 of 40 step seeds)."""
+    if not isinstance(guide, _COVERED):
         return None
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
     generator = torch.Generator(device=device).manual_seed(seed)
@@ -99,7 +116,10 @@ def _refine_mean(
         return svi_refine.Refinement(0, 0.0, f"skipped: {error}")
     if target is None:
         return None
-    path = svi_gap_cg.choose_path(target.loc.numel(), data.size, fit_passes=fit_passes, spent_passes=spent_passes)
+    full_rank = isinstance(guide, autoguide.AutoMultivariateNormal)
+    path = svi_gap_cg.choose_path(
+        target.loc.numel(), data.size, fit_passes=fit_passes, full_rank=full_rank, spent_passes=spent_passes
+    )
     if path.kind != "cg":
         return None
     pairs = max(1, num_draws // 2)

@@ -169,6 +169,21 @@ def test_a_low_rank_guide_is_refined_and_checked_on_the_models_device(monkeypatc
     assert all(r["method"] == "dense" and r["reason"] is None for r in post.config["guide_gap"]), post.config
 
 
+def test_a_full_rank_guide_past_the_dense_bounds_is_stepped_and_checked_on_the_models_device(monkeypatch):
+    """Past the dense bounds (lowered here) a full-rank guide's mean takes the conjugate-gradient step and its gap is
+    the dense statistic on the step's antithetic draws (svi_gap: svi_gap_cg.antithetic_half's tensors): on the model's
+    device, the step not skipped and the gap with a verdict from its pairs (the bound on the fit's cost lifted)."""
+    monkeypatch.setattr(svi_refine, "MAX_WORK", 1)
+    monkeypatch.setattr(svi_gap_cg, "FIT_SHARE", math.inf)
+    x, y = _data(torch.float64)
+    post, _ = _checked_fit(_linear_function, x + 40.0, y, "svi", **SETTINGS["svi"])
+    assert post.config["guide"] == "full_rank", post.config
+    assert not any(r["stopped"].startswith("skipped") for r in post.config["guide_refinement"]), post.config
+    records = post.config["guide_gap"]
+    assert records and all(r["method"] == "dense" and r.get("pairs") and r["reason"] is None for r in records), records
+    assert bool(post.history["guide_gap"].isfinite().all()), post.history["guide_gap"]
+
+
 @pytest.mark.parametrize("guide", ["mean_field", "low_rank"])
 def test_the_conjugate_gradient_gap_runs_on_the_models_device(guide, monkeypatch):
     """Past the dense bounds (lowered here) the gap of a mean-field or low-rank guide is taken by conjugate gradients

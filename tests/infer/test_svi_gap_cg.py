@@ -66,18 +66,33 @@ def _low_rank(x, y, mean, sd):
     return guide
 
 
+def _full_rank(x, y, mean, sd):
+    """An ``AutoMultivariateNormal`` at ``mean`` with sds near ``sd`` and a correlating unit-triangular factor: past
+    the dense bounds its mean's step and gap take the conjugate-gradient path as factors ``D = 0``, ``W = L``."""
+    guide = autoguide.AutoMultivariateNormal(_model)
+    guide(x, y)
+    noise = torch.randn(DIM, DIM, generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        guide.loc.copy_(mean.float())
+        guide.scale = sd.float()
+        guide.scale_tril = torch.eye(DIM) + 0.05 * noise.tril(-1)
+    return guide
+
+
 def _guide_sd(guide):
     if isinstance(guide, autoguide.AutoNormal):
         return guide.scales.b.detach().double()
     return guide.get_posterior().variance.detach().double().sqrt()
 
 
-@pytest.mark.parametrize("make", [_mean_field, _low_rank], ids=["mean_field", "low_rank"])
+@pytest.mark.parametrize("make", [_mean_field, _low_rank, _full_rank], ids=["mean_field", "low_rank", "full_rank"])
 def test_the_gap_is_zero_at_the_optimum_and_the_known_move_off_it(make):
-    """A mean-field guide at its family's optimum (the exact mean, sds ``1 / sqrt(Lambda_ii)``) and a low-rank one at
-    the exact mean: gap ~0 (float32 rounding) with a standard error of rounding size; the same guides moved by ``MOVE``
+    """A mean-field guide at its family's optimum (the exact mean, sds ``1 / sqrt(Lambda_ii)``) and a low-rank or
+    full-rank one at the exact mean: gap ~0 (float32 rounding) with a standard error of rounding size; the same guides moved by ``MOVE``
     of their sds: the gap is ``-MOVE`` to a relative 1e-3 (rounding and the solver's TOL) and beyond both of the
-    check's thresholds. The record says how it was computed."""
+    check's thresholds. The record says how it was computed. A full-rank guide's gap is the dense statistic on the
+    mean step's antithetic draws (``S E_q[grad log p]``, its standard error from the pairs: no conjugate gradients),
+    so with this guide's ``S``, not the posterior's, it is exactly ``S Lambda (-MOVE sd) / sd``."""
     x, y = _data()
     mean, precision = _posterior(x, y)
     assert DIM > svi_refine.MAX_DIM and DIM * ROWS > svi_refine.MAX_WORK
@@ -91,14 +106,35 @@ def test_the_gap_is_zero_at_the_optimum_and_the_known_move_off_it(make):
                     (move * guide_sd).float()
                 )
             result = svi_gap.newton_gap(guide, _model, Data(x, y))
-        assert result.reason is None and result.record["method"] == "cg", result.record
-        assert result.record["draws"] == svi_gap.GAP_DRAWS and result.record["batches"] == svi_gap_cg.BATCHES
-        assert result.record["residual"] <= svi_gap_cg.TOL and result.record["iterations"] >= 1
         exact = -move  # H^-1 E_q[grad log p] = mean - loc = -move * guide_sd, in guide sds
+        if make is _full_rank:  # S E_q[grad log p] = S Lambda (mean - loc), in guide sds
+            assert result.record == dict(
+                method="dense", draws=svi_gap.GAP_DRAWS, pairs=svi_gap.GAP_DRAWS // 2, reason=None
+            ), result.record
+            cov = guide.get_posterior().covariance_matrix.detach().double()
+            exact = cov @ precision.double() @ (exact * guide_sd) / guide_sd
+        else:
+            assert result.reason is None and result.record["method"] == "cg", result.record
+            assert result.record["draws"] == svi_gap.GAP_DRAWS and result.record["batches"] == svi_gap_cg.BATCHES
+            assert result.record["residual"] <= svi_gap_cg.TOL and result.record["iterations"] >= 1
         assert float((result.gap - exact).abs().max()) < 1e-3 * max(1.0, float(exact.abs().max())), result.gap
         assert float(result.se.max()) < 1e-4, result.se  # the antithetic pairs cancel a Gaussian's whole noise
         flagged = (result.gap.abs() > _health.GAP_MAX) & (result.gap.abs() > _health.GAP_Z * result.se)
         assert bool(flagged.any()) == bool(move.abs().max() > 0)
+
+
+def test_the_precision_diagonal_of_a_full_rank_guide_s_factors():
+    """A full-rank guide's factors (``D = 0``, ``W = L``) have no Woodbury form (it divides by ``D``): the diagonal of
+    ``(L L^T)^-1`` by a triangular solve equals the dense inverse's to float64 rounding; a low-rank guide's keeps
+    Woodbury's, the same check."""
+    g = torch.Generator().manual_seed(2)
+    tril = (torch.eye(30) + 0.3 * torch.randn(30, 30, generator=g).tril(-1)).double() * 0.5
+    dense = torch.linalg.inv(tril @ tril.T).diagonal()
+    full = svi_gap_cg.precision_diagonal(torch.zeros(30, dtype=torch.float64), tril)
+    assert torch.allclose(full, dense, rtol=1e-10, atol=0), (full - dense).abs().max()
+    diag, factor = torch.rand(30, generator=g).double() + 0.5, torch.randn(30, 2, generator=g).double()
+    dense = torch.linalg.inv(torch.diag(diag) + factor @ factor.T).diagonal()
+    assert torch.allclose(svi_gap_cg.precision_diagonal(diag, factor), dense, rtol=1e-10, atol=0)
 
 
 def _two_coefficients(x, y=None):

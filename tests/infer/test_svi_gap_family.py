@@ -22,7 +22,7 @@ import torch
 from pyro.infer import autoguide
 from scipy import stats
 
-from bnn_pyro.infer import _health, svi_gap
+from bnn_pyro.infer import _health, svi_gap, svi_refine
 from bnn_pyro.infer.training_data import Data
 from bnn_pyro.posterior.diagnostics import DiagnosticWarning
 
@@ -39,6 +39,15 @@ def _model(x, y=None):
 def _data() -> Data:
     g = torch.Generator().manual_seed(0)
     return Data(torch.arange(D).float(), 2.0 * torch.randn(D, generator=g))
+
+
+@pytest.fixture
+def dense_bounds(monkeypatch):
+    """svi_refine's bounds lifted over this model's 1,000 coordinates x 1,000 rows: the full-rank guide's dense gap,
+    which these tests judge (past the bounds a full-rank guide's gap now takes the conjugate-gradient path, on the
+    mean's step's draws: svi_gap_cg.choose_path)."""
+    monkeypatch.setattr(svi_refine, "MAX_DIM", D)
+    monkeypatch.setattr(svi_refine, "MAX_WORK", D * D)
 
 
 def _guide(data: Data, c: float, shift: torch.Tensor):
@@ -72,7 +81,7 @@ def _binomial_bound(rate: float) -> int:
 
 
 @pytest.mark.slow  # 100 gaps of 1,000 draws x 1,000 coordinates: ~20 s
-def test_pure_noise_at_1000_coordinates_warns_at_the_stated_rate_on_the_dense_path():
+def test_pure_noise_at_1000_coordinates_warns_at_the_stated_rate_on_the_dense_path(dense_bounds):
     """The guide at its optimal mean with 4 times the posterior covariance: standard errors of ``3 / sqrt(1000)``
     (0.095) guide sds, far over the floor's ``GAP_MAX / z``, so only the standard errors decide. The threshold is
     Student's t on the 999 degrees of freedom of the 1,000 draws (5.45 standard errors) and the per-fit chance of a
@@ -113,7 +122,7 @@ def test_pure_noise_at_1000_coordinates_warns_at_the_stated_rate_from_batch_mean
     assert warned <= _binomial_bound(rate) == 1, warned
 
 
-def test_a_gap_over_the_floor_with_a_small_standard_error_still_warns():
+def test_a_gap_over_the_floor_with_a_small_standard_error_still_warns(dense_bounds):
     """Power where it matters: with 1.21 times the posterior covariance the standard error is ``0.21 / sqrt(1000)`` =
     0.0066 guide sds, so 5.4 of them (0.036) are under the floor (0.05); one coordinate's mean moved so that its true
     gap is 0.08 guide sds (``c`` times the move) warns at every seed, naming that coordinate, while the other 999

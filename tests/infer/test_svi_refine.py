@@ -343,15 +343,20 @@ def test_a_model_vmap_cannot_batch_is_not_refined_row_by_row():
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
-def test_past_max_work_a_fit_records_why_it_was_not_refined(monkeypatch):
-    """``dim x rows`` over MAX_WORK (2 coordinates x 30 rows against a cap lowered to 59 here): skipped, with the
-    reason, in what the user reads (``post.config``); at 60 it runs."""
+def test_past_max_work_a_fit_takes_the_conjugate_gradient_step_instead(monkeypatch):
+    """``dim x rows`` over MAX_WORK (2 coordinates x 30 rows against a cap lowered to 59 here): the full-rank guide's
+    mean gets the conjugate-gradient step (svi_refine_cg) and its gap the dense statistic on the step's draws, its
+    standard error from their antithetic pairs (before, its record said "skipped: ... over MAX_WORK" and nothing moved
+    it); at 60 the dense refinement and gap run, on draws of their own."""
     x, y = _data()
-    for cap, skipped in ((59, True), (60, False)):
+    for cap, stepped in ((59, True), (60, False)):
         monkeypatch.setattr(svi_refine, "MAX_WORK", cap)
         post = bp.fit(_model, x, y, method="svi", num_steps=50, num_samples=10, seed=0, progress=False)
         (record,) = post.config["guide_refinement"]
-        assert record["stopped"].startswith("skipped: 2 coordinates x 30 rows is over MAX_WORK") == skipped, record
+        (gap,) = post.config["guide_gap"]
+        assert not record["stopped"].startswith("skipped") and gap["method"] == "dense", (record, gap)
+        assert ("pairs" in gap) == stepped, gap  # the step's antithetic pairs are the gap's samples
+        assert (svi.STEP_SE in record) == stepped, record  # only the conjugate-gradient step records its error
 
 
 def test_an_exact_guide_is_a_fixed_point_at_the_first_candidate(monkeypatch):
