@@ -247,10 +247,11 @@ def _load(values) -> str:
 
 def provenance() -> str:
     """One line for the top of a result: when (UTC), which code (commit, and whether the tree had uncommitted
-    changes to bnn_pyro/ or benchmarks/), which machine, which torch and thread settings, and the load average
+    changes to bnn_pyro/, models/ or benchmarks/ outside benchmarks/results/), which machine, which torch and thread settings, and the load average
     (1/5/15 min) at the start (this module's import) and at the end (now)."""
     commit = _git("rev-parse", "--short=10", "HEAD") or "unknown"
-    dirty = _git("status", "--porcelain", "--", "bnn_pyro", "benchmarks", "models")
+    # results are this code's outputs, not code: a table written before its .md (save_table) is no change to either
+    dirty = _git("status", "--porcelain", "--", "bnn_pyro", "benchmarks", "models", ":(exclude)benchmarks/results")
     code = commit + (" with uncommitted changes" if dirty else "")
     end = os.getloadavg() if hasattr(os, "getloadavg") else None
     when = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
