@@ -1,7 +1,7 @@
 """HMC's realized acceptance after warm-up against its ``target_accept`` (issue 26): why it lands at 0.93-0.96 for a
 0.8 target, and what a final step aimed at the target would change.
 
-Pyro's ``WarmupAdapter`` (which our flat kernels use, :class:`bnn_pyro.infer._batched.BatchedChains`) follows Stan:
+Pyro's ``WarmupAdapter`` (which our flat kernels use too, :class:`bnn_pyro.infer._batched.BatchedChains`) follows Stan:
 dual averaging of ``log h`` toward ``target_accept`` (gamma 0.05, t0 10, kappa 0.75), restarted at
 ``mu = log(10 h)`` after each metric update (the last one 50 iterations before the end of warm-up), and the final
 step ``exp(x_bar)``, the weighted average of the iterates ``x_t`` of that last window. The iterates make the
@@ -13,9 +13,11 @@ log-average lies well below it, where the acceptance is ~0.95 (Jensen's inequali
 Variants of the final step (``--variants``), each applied to the same warm-up (the same random stream: the fits
 differ only from the first kept draw on):
 
-- ``defaults``: the library as it is;
-- ``fit``: the step at which a logistic curve ``a = sigmoid(b0 - b1 log h)``, fitted to the last window's
-  ``(h_t, a_t)`` pairs (binomial deviance with fractional responses), equals ``target_accept``;
+- ``defaults``: the library as it is: HMC's flat kernels end warm-up at
+  :func:`bnn_pyro.infer._aimed_step.aimed_step`, the step at which a logistic curve ``a = sigmoid(b0 - b1 log h)``,
+  fitted to the last window's ``(h_t, a_t)`` pairs (binomial deviance with fractional responses), equals
+  ``target_accept``;
+- ``xbar``: Pyro's and Stan's ``exp(x_bar)`` (the default before);
 - ``last``: the last iterate ``exp(x_t)`` instead of ``exp(x_bar)``.
 
 Per fit: the step, the post-warm-up mean acceptance, divergences, the warnings the fit raised (the one-chain R-hat
@@ -61,58 +63,25 @@ from classification import load_dataset, make_model, make_split  # noqa: E402
 TESTS = Path(__file__).resolve().parents[1] / "tests"  # tests/blr.py: the exact Gaussian posterior of the HMC test
 
 
-def logistic_step(steps: list[float], accepts: list[float], target: float) -> float | None:
-    """The step where ``sigmoid(b0 - b1 log h)``, fitted to ``(steps, accepts)`` by Newton on the binomial deviance
-    (fractional responses), equals ``target``; ``None`` where the fit finds no decreasing curve."""
-    x = np.log(np.asarray(steps, dtype=float))
-    a = np.asarray(accepts, dtype=float)
-    centre = x.mean()
-    design = np.stack([np.ones_like(x), centre - x], 1)
-    beta = np.zeros(2)
-    for _ in range(100):
-        p = 1.0 / (1.0 + np.exp(-design @ beta))
-        hessian = design.T @ (design * (p * (1 - p))[:, None]) + 1e-9 * np.eye(2)
-        move = np.linalg.solve(hessian, design.T @ (a - p))
-        beta += move
-        if np.abs(move).max() < 1e-10:
-            break
-    b0, b1 = beta
-    if not (np.isfinite(beta).all() and b1 > 0):
-        return None
-    return math.exp(centre + (b0 - math.log(target / (1 - target))) / b1)
-
-
 @contextlib.contextmanager
 def final_step(variant: str):
-    """Inside the block the flat kernels' adapters end warm-up at ``variant``'s step (module docstring)."""
+    """Inside the block the flat kernels end warm-up at ``variant``'s step (module docstring)."""
     if variant == "defaults":
         yield
         return
-    base = _batched.WarmupAdapter
+    aimed, base = _batched.aimed_step, _batched.WarmupAdapter
 
-    class Adapter(base):
-        def step(self, t, z, accept_prob, z_grad=None):
-            if self._current_window == len(self.adaptation_schedule) - 1:  # the last window (after the last restart)
-                self._bp_window = getattr(self, "_bp_window", [])
-                self._bp_window.append((self.step_size, float(accept_prob)))
-            super().step(t, z, accept_prob, z_grad)
-
+    class LastIterate(base):
         def _end_adaptation(self):
             super()._end_adaptation()
-            pairs = getattr(self, "_bp_window", [])
-            if variant == "last":
-                self.step_size = math.exp(self._step_size_adapt_scheme.get_state()[0])
-            elif variant == "fit" and pairs:
-                steps, accepts = zip(*pairs)
-                fitted = logistic_step(steps, accepts, self.target_accept_prob)
-                if fitted is not None:  # within the steps the window tried
-                    self.step_size = min(max(fitted, min(steps)), max(steps))
+            self.step_size = math.exp(self._step_size_adapt_scheme.get_state()[0])
 
-    _batched.WarmupAdapter = Adapter
+    _batched.aimed_step = lambda *args, **kwargs: None  # no aimed step: the adapter's own (exp(x_bar))
+    _batched.WarmupAdapter = LastIterate if variant == "last" else base
     try:
         yield
     finally:
-        _batched.WarmupAdapter = base
+        _batched.aimed_step, _batched.WarmupAdapter = aimed, base
 
 
 def _ess(draws: np.ndarray) -> np.ndarray:
@@ -208,7 +177,7 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     parser.add_argument("--dataset", default="gaussian", help="gaussian or a classification.py set")
     parser.add_argument("--seeds", default="0,1,2,3,4", help="a comma list (breast_cancer: the split too)")
     parser.add_argument("--method", default="hmc", help="hmc, or nuts (report its acceptance)")
-    parser.add_argument("--variants", default="defaults,fit,last", help="a comma list of the docstring's variants")
+    parser.add_argument("--variants", default="defaults,xbar,last", help="a comma list of the docstring's variants")
     parser.add_argument("--option", action="append", default=[], help="key=value passed to bp.fit")
     parser.add_argument("--note", default="", help="a line added under the table (e.g. the machine's load)")
     parser.add_argument("--out", default=None)

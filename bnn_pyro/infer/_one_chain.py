@@ -88,9 +88,11 @@ class OneChainKernel(AdaptedKernel):
         dense_mass=False,
         jit=True,
         unbatched=False,
+        aim_final_step=False,
     ):
         self.model, self.joint, self.jit, self.resume, self.transforms = model, joint, jit, None, None
         self._transition, self._options, self._unbatched = transition, options, unbatched
+        self._aim = aim_final_step
         self._init_strategy, self._step_size, self._target, self._dense = (
             init_strategy,
             step_size,
@@ -121,6 +123,7 @@ class OneChainKernel(AdaptedKernel):
             dense_mass=self._dense,
             resume=None if self.resume is None else [self.resume],
             unbatched=self._unbatched,
+            aim_final_step=self._aim,
         )
         self._sites = list(zip(self._names, self._shapes.values()))
 
@@ -195,4 +198,5 @@ class FlatHMC(OneChainKernel):
             target_accept_prob=target_accept_prob,
             dense_mass=dense_mass,
             jit=jit,
+            aim_final_step=True,
         )
