@@ -14,7 +14,8 @@ positions are the rows of one ``(C, D)`` tensor cost less per chain than one cha
   (:func:`hmc_transition` here; NUTS's :func:`~bnn_pyro.infer._nuts.nuts_transition`);
 - :class:`BatchedChains`: the chains' flat state, one Pyro ``WarmupAdapter`` PER CHAIN (the one-chain kernels of
   :mod:`bnn_pyro.infer._one_chain` are its ``C = 1`` case: dual averaging, Stan's windows, the step-size heuristic
-  after each mass-matrix window), per-chain step sizes and inverse mass matrices, one ``torch.Generator`` for every
+  after each mass-matrix window; with ``aim_final_step`` (HMC), the step after warm-up from
+  :func:`~bnn_pyro.infer._aimed_step.aimed_step`), per-chain step sizes and inverse mass matrices, one ``torch.Generator`` for every
   random number, per-draw :class:`~bnn_pyro.infer._kernels.DrawStats` per chain, and checkpoints.
 
 The chains are exact and independent in distribution, but share one random stream: chain ``c``'s draws depend on
@@ -143,7 +144,10 @@ class BatchedChains:
     (:class:`~bnn_pyro.infer._analytic_batched.OneChain`), hold the chain as a ``(D,)`` position and gradient and a
     float potential and pass them so to ``transition`` (one that takes them:
     :func:`~bnn_pyro.infer._nuts.nuts_transition`), so that no ``(1, D)`` view is made per draw; :attr:`z`,
-    :attr:`u`, :attr:`g` still read and write ``(C, D)``, ``(C,)``, ``(C, D)`` tensors.
+    :attr:`u`, :attr:`g` still read and write ``(C, D)``, ``(C,)``, ``(C, D)`` tensors. ``aim_final_step``: each
+    chain ends warm-up at :func:`~bnn_pyro.infer._aimed_step.aimed_step` of its last window's (step, acceptance)
+    pairs instead of the dual average ``exp(x_bar)``, which lies below the step the target asks for (HMC's kernels:
+    a fixed number of leapfrog steps then runs a longer trajectory at the same cost).
     :meth:`sample` advances every chain; ``stats`` then holds the C :class:`DrawStats` of that draw."""
 
     def __init__(

@@ -6,7 +6,8 @@ algorithms as ONE chain of :class:`~bnn_pyro.infer._batched.BatchedChains` (``C 
 ``chain_method="vectorized"`` runs for ``C`` chains: :func:`~bnn_pyro.infer._batched.hmc_transition` (a fixed number
 of leapfrog steps per draw, ``num_leapfrog``, or ``max(1, int(trajectory_length / step_size))`` as Pyro counts them,
 jittered per draw by ``leapfrog_jitter``; a Metropolis accept) and :func:`~bnn_pyro.infer._nuts.nuts_transition`;
-Pyro's ``WarmupAdapter`` (dual averaging, Stan's windows, the step-size heuristic after each window); divergences
+Pyro's ``WarmupAdapter`` (dual averaging, Stan's windows, the step-size heuristic after each window; HMC's step
+after warm-up aimed at ``target_accept`` by :func:`~bnn_pyro.infer._aimed_step.aimed_step`); divergences
 (energy error > 1000 or NaN) rejected, never raised. The potential and its gradient are the analytic ones of
 :mod:`bnn_pyro.infer._analytic` for a stack of ``nn.Linear`` layers and elementwise activations with Normal priors
 and a Gaussian likelihood (a forward and a hand-written backward, eager), else the generic one recorded as one
@@ -72,7 +73,8 @@ class OneChainKernel(AdaptedKernel):
     """One chain of a batched ``transition`` over a flat vector (module docstring); its step size and mass matrix
     are its one :class:`~bnn_pyro.infer._batched.BatchedChains` chain's. ``resume = (step_size,
     inverse_mass_matrix)`` replaces the adapted state after setup (extending a posterior); ``stats`` holds the
-    last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`. ``unbatched``: the transition takes the chain as
+    last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`. ``aim_final_step``: as
+    :class:`~bnn_pyro.infer._batched.BatchedChains`'s. ``unbatched``: the transition takes the chain as
     ``(D,)`` vectors and floats (``BatchedChains(unbatched=True)``; NUTS's does: no ``(1, D)`` view per draw)."""
 
     def __init__(
@@ -169,7 +171,7 @@ class OneChainKernel(AdaptedKernel):
 
 class FlatHMC(OneChainKernel):
     """HMC for one chain over a flat vector: :func:`~bnn_pyro.infer._batched.hmc_transition` at ``C = 1``
-    (module docstring)."""
+    (module docstring), its step after warm-up aimed at ``target_accept`` (``aim_final_step``)."""
 
     def __init__(
         self,
