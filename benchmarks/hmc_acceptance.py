@@ -147,8 +147,8 @@ def markdown(rows: pd.DataFrame) -> str:
         "",
         "benchmarks/hmc_acceptance.py's docstring says what each column is. One chain per fit; ESS is bulk ESS (of f: "
         "the smallest over the 20 training inputs the health check reads; of the weights: smallest / median over the "
-        "coordinates), then per 1,000 gradient evaluations of the kept draws. Warnings: those the fit raised besides the "
-        "one-chain R-hat note.",
+        "coordinates), then per 1,000 gradient evaluations of the kept draws. Warnings: those the fit raised besides "
+        "the one-chain R-hat note.",
         "",
         "| dataset | method | variant | seed | h | accept | div. | grads | ESS f | ESS w min / med | per 1k grads: "
         "f | w min / med | warnings |",

@@ -15,8 +15,9 @@ positions are the rows of one ``(C, D)`` tensor cost less per chain than one cha
 - :class:`BatchedChains`: the chains' flat state, one Pyro ``WarmupAdapter`` PER CHAIN (the one-chain kernels of
   :mod:`bnn_pyro.infer._one_chain` are its ``C = 1`` case: dual averaging, Stan's windows, the step-size heuristic
   after each mass-matrix window; with ``aim_final_step`` (HMC), the step after warm-up from
-  :func:`~bnn_pyro.infer._aimed_step.aimed_step`), per-chain step sizes and inverse mass matrices, one ``torch.Generator`` for every
-  random number, per-draw :class:`~bnn_pyro.infer._kernels.DrawStats` per chain, and checkpoints.
+  :func:`~bnn_pyro.infer._aimed_step.aimed_step`), per-chain step sizes and inverse mass matrices, one
+  ``torch.Generator`` for every random number, per-draw :class:`~bnn_pyro.infer._kernels.DrawStats` per chain, and
+  checkpoints.
 
 The chains are exact and independent in distribution, but share one random stream: chain ``c``'s draws depend on
 how many chains run beside it (they differ from ``chain_method="sequential"``'s for the same seed).
