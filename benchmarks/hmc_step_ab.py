@@ -14,6 +14,8 @@ engine (its Posterior has ``diverging``): ``tag`` (``--tag``), method, chains, d
 ``stats.csv`` and, anywhere below it, the scripts' ``*_splits.csv`` and ``*_verdicts.csv``): per data set and split,
 each side's sampler statistics, fit time, R-hat / ESS of ``f`` (classification), the joint-target verdict and every
 warning, and the flags the check asks for (a warning or divergence that only the after side has, a verdict lost).
+``--reference CSV ...`` (per-split files of NUTS runs of the same protocol) adds, per split, NUTS's test NLL /
+test log-likelihood and how much closer to it each side's is: the exact posterior's value, where one side moves away.
 
 Usage::
 
@@ -77,7 +79,7 @@ def _side(folder: Path) -> pd.DataFrame:
     """One side's HMC fits: a row per data set and split (module docstring)."""
     rows = pd.concat([pd.read_csv(p) for p in sorted(folder.rglob("*_splits.csv"))], ignore_index=True)
     rows = rows[rows["method"] == "hmc"]
-    cols = [c for c in ["time_s", "rhat_f_max", "ess_f_min", "warnings"] if c in rows]
+    cols = [c for c in ["nll", "test_ll", "time_s", "rhat_f_max", "ess_f_min", "warnings"] if c in rows]
     out = rows[KEYS + cols].copy()
     verdicts = [pd.read_csv(p).assign(dataset=p.name[: -len("_verdicts.csv")]) for p in folder.rglob("*_verdicts.csv")]
     if verdicts:
@@ -96,10 +98,27 @@ def _kinds(warnings: str) -> set[str]:
     return {re.sub(r"[0-9.]+", "#", w)[:80] for w in warnings.split(" / ") if w}
 
 
-def fits(before: Path, after: Path, out: Path) -> pd.DataFrame:
+def _with_reference(paired: pd.DataFrame, b: pd.DataFrame, a: pd.DataFrame, files: list[str]) -> pd.DataFrame:
+    """``paired`` with NUTS's ``nll`` / ``test_ll`` of each split (the last file that has it) and, per metric,
+    ``|after - nuts| - |before - nuts|`` (negative: the after side is closer to the exact posterior's value)."""
+    ref = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
+    ref = ref[ref["method"] == "nuts"].drop_duplicates(KEYS, keep="last")
+    for m in [m for m in ("nll", "test_ll") if m in ref]:
+        sides = b[KEYS + [m]].merge(a[KEYS + [m]], on=KEYS, suffixes=("_before", "_after"))
+        sides = sides.merge(ref[KEYS + [m]].rename(columns={m: f"{m}_nuts"}), on=KEYS)
+        sides[f"{m}_closer"] = (sides[f"{m}_after"] - sides[f"{m}_nuts"]).abs() - (
+            sides[f"{m}_before"] - sides[f"{m}_nuts"]
+        ).abs()
+        paired = paired.merge(sides[KEYS + [f"{m}_nuts", f"{m}_closer"]], on=KEYS, how="left")
+    return paired
+
+
+def fits(before: Path, after: Path, out: Path, reference: list[str] | None = None) -> pd.DataFrame:
     """``validation_fits.md`` / ``.csv`` (module docstring)."""
     b, a = _side(before), _side(after)
     paired = b.merge(a, on=KEYS, suffixes=("_before", "_after"), validate="one_to_one")
+    if reference:
+        paired = _with_reference(paired, b, a, reference)
     flags = []
     for _, r in paired.iterrows():
         where = f"{r['dataset']} split {r['split']}"
@@ -137,13 +156,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--variant", choices=["defaults", "xbar"])
     parser.add_argument("--fits", nargs=2, metavar=("BEFORE", "AFTER"), help="summarize two sides' folders instead")
     parser.add_argument("--out", help="with --fits: the folder written")
+    parser.add_argument("--reference", nargs="+", help="with --fits: per-split CSVs of NUTS on the same protocol")
     parser.add_argument("--stats", help="a CSV that each Hamiltonian fit's sampler statistics are appended to")
     parser.add_argument("--tag", default="", help="the stats rows' first column (e.g. the data set and split)")
     parser.add_argument("script", nargs="?", help="the protocol script, e.g. benchmarks/uci.py")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
     args = parser.parse_args(argv)
     if args.fits:
-        fits(Path(args.fits[0]), Path(args.fits[1]), Path(args.out))
+        fits(Path(args.fits[0]), Path(args.fits[1]), Path(args.out), args.reference)
         return
     if not (args.variant and args.script):
         parser.error("--variant and script are required (or --fits BEFORE AFTER --out DIR)")

@@ -8,10 +8,10 @@ import pandas as pd
 ESS = "hmc: the bulk ESS of f(x) at 20 training inputs is {} at worst (threshold 100 in all)"
 
 
-def _side(folder, *, warnings: str, divergences: int, met: bool) -> None:
+def _side(folder, *, warnings: str, divergences: int, met: bool, nll: float = 0.1) -> None:
     run = folder / "cls" / "iris0"
     run.mkdir(parents=True)
-    splits = {"dataset": "iris", "split": 0, "error": "", "warnings": warnings, "time_s": 80.0, "rhat_f_max": 1.0}
+    splits = {"dataset": "iris", "split": 0, "error": "", "warnings": warnings, "time_s": 80.0, "nll": nll}
     pd.DataFrame([dict(splits, method="logreg", warnings=""), dict(splits, method="hmc")]).to_csv(
         run / "iris_splits.csv", index=False
     )
@@ -48,3 +48,14 @@ def test_fits_flags_nothing_where_only_a_warnings_number_differs(tmp_path, load_
     before = dict(warnings=ESS.format(60), divergences=1, met=False)
     flags = _flags(module, tmp_path, before, dict(warnings=ESS.format(89), divergences=1, met=True))
     assert flags.strip().endswith("none")
+
+
+def test_fits_reads_how_much_closer_to_nuts_each_split_moved(tmp_path, load_benchmark):
+    module = load_benchmark("hmc_step_ab")
+    _side(tmp_path / "before", warnings="", divergences=0, met=True, nll=0.30)
+    _side(tmp_path / "after", warnings="", divergences=0, met=True, nll=0.22)
+    nuts = tmp_path / "nuts_splits.csv"
+    pd.DataFrame([{"dataset": "iris", "method": "nuts", "split": 0, "nll": 0.20}]).to_csv(nuts, index=False)
+    paired = module.fits(tmp_path / "before", tmp_path / "after", tmp_path, [str(nuts)])
+    assert abs(paired.loc[0, "nll_nuts"] - 0.20) < 1e-12
+    assert abs(paired.loc[0, "nll_closer"] - (0.02 - 0.10)) < 1e-12  # after is 0.08 closer to NUTS
