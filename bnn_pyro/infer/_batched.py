@@ -14,8 +14,10 @@ positions are the rows of one ``(C, D)`` tensor cost less per chain than one cha
   (:func:`hmc_transition` here; NUTS's :func:`~bnn_pyro.infer._nuts.nuts_transition`);
 - :class:`BatchedChains`: the chains' flat state, one Pyro ``WarmupAdapter`` PER CHAIN (the one-chain kernels of
   :mod:`bnn_pyro.infer._one_chain` are its ``C = 1`` case: dual averaging, Stan's windows, the step-size heuristic
-  after each mass-matrix window), per-chain step sizes and inverse mass matrices, one ``torch.Generator`` for every
-  random number, per-draw :class:`~bnn_pyro.infer._kernels.DrawStats` per chain, and checkpoints.
+  after each mass-matrix window; with ``aim_final_step`` (HMC), the step after warm-up from
+  :func:`~bnn_pyro.infer._aimed_step.aimed_step`), per-chain step sizes and inverse mass matrices, one
+  ``torch.Generator`` for every random number, per-draw :class:`~bnn_pyro.infer._kernels.DrawStats` per chain, and
+  checkpoints.
 
 The chains are exact and independent in distribution, but share one random stream: chain ``c``'s draws depend on
 how many chains run beside it (they differ from ``chain_method="sequential"``'s for the same seed).
@@ -34,6 +36,7 @@ import torch
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 from torch import Tensor
 
+from bnn_pyro.infer._aimed_step import aimed_step
 from bnn_pyro.infer._analytic_batched import sharp
 from bnn_pyro.infer._kernels import DrawStats, jittered_steps
 from bnn_pyro.utils.upstream_private import load_warmup_adapter_state, warmup_adapter_state
@@ -142,7 +145,10 @@ class BatchedChains:
     (:class:`~bnn_pyro.infer._analytic_batched.OneChain`), hold the chain as a ``(D,)`` position and gradient and a
     float potential and pass them so to ``transition`` (one that takes them:
     :func:`~bnn_pyro.infer._nuts.nuts_transition`), so that no ``(1, D)`` view is made per draw; :attr:`z`,
-    :attr:`u`, :attr:`g` still read and write ``(C, D)``, ``(C,)``, ``(C, D)`` tensors.
+    :attr:`u`, :attr:`g` still read and write ``(C, D)``, ``(C,)``, ``(C, D)`` tensors. ``aim_final_step``: each
+    chain ends warm-up at :func:`~bnn_pyro.infer._aimed_step.aimed_step` of its last window's (step, acceptance)
+    pairs instead of the dual average ``exp(x_bar)``, which lies below the step the target asks for (HMC's kernels:
+    a fixed number of leapfrog steps then runs a longer trajectory at the same cost).
     :meth:`sample` advances every chain; ``stats`` then holds the C :class:`DrawStats` of that draw."""
 
     def __init__(
@@ -162,6 +168,7 @@ class BatchedChains:
         dense_mass: bool = False,
         resume: list[tuple[float, Tensor]] | None = None,
         unbatched: bool = False,
+        aim_final_step: bool = False,
     ):
         self.leapfrog, self.transition, self.options, self.generator = leapfrog, transition, options, generator
         self.names, self.sizes, self._warmup_steps = names, sizes, warmup_steps
@@ -173,6 +180,8 @@ class BatchedChains:
         self.z, self.u, self.g = z.clone(), u.clone(), g.clone()
         self._t, self._mean_accept = 0, [0.0] * chains
         self._minv_parts, self._steps = None, None
+        # aim_final_step: per chain, the last window's (step, acceptance) pairs, for the step after warm-up
+        self._window = [[] for _ in range(chains)] if aim_final_step else None
         self._adapters = [
             WarmupAdapter(
                 step_size or 1.0,
@@ -275,7 +284,7 @@ class BatchedChains:
         self.stats = []
         for c, (accept, n_steps, diverging, energy, potential, *depth) in enumerate(rows):
             if warm:
-                self._adapters[c].step(self._t - 1, self._sites(c), torch.tensor(accept))
+                self._adapt(c, steps[c], accept)
             self._mean_accept[c] += (accept - self._mean_accept[c]) / n
             self.stats.append(
                 DrawStats(
@@ -289,6 +298,23 @@ class BatchedChains:
                 )
             )
         return z
+
+    def _adapt(self, c: int, step: float, accept: float) -> None:
+        """Chain ``c``'s adaptation after warm-up iteration ``self._t - 1`` (run at ``step``, accepted with
+        probability ``accept``); with ``aim_final_step``, the step after warm-up is
+        :func:`~bnn_pyro.infer._aimed_step.aimed_step` of the last window's pairs (where it finds one) instead of the
+        dual average's ``exp(x_bar)``."""
+        adapter, t = self._adapters[c], self._t - 1
+        adapter.step(t, self._sites(c), torch.tensor(accept))
+        if self._window is None or not adapter.adaptation_schedule:
+            return
+        last = adapter.adaptation_schedule[-1]
+        if last.start <= t <= last.end:
+            self._window[c].append((step, accept))
+        if t == last.end and self._window[c]:  # warm-up ends: Pyro has set exp(x_bar)
+            aimed = aimed_step(*zip(*self._window[c]), target=adapter.target_accept_prob)
+            if aimed is not None:
+                adapter.step_size = aimed
 
     def _reasonable_step_size(self, c: int, _sites=None) -> float:
         """Pyro's heuristic for chain ``c`` at its current position and inverse mass matrix:
@@ -323,7 +349,10 @@ class BatchedChains:
             own, meta = warmup_adapter_state(adapter)
             tensors.update({f"adapter{c}/{k}": v for k, v in own.items()})
             adapters.append(meta)
-        return tensors, {"adapters": adapters, "counters": [self._t, list(self._mean_accept)]}
+        meta = {"adapters": adapters, "counters": [self._t, list(self._mean_accept)]}
+        if self._window is not None:
+            meta["window"] = [[list(pair) for pair in pairs] for pairs in self._window]
+        return tensors, meta
 
     def load_state_dict(self, tensors: dict[str, Tensor], meta: dict) -> None:
         for c, adapter in enumerate(self._adapters):
@@ -335,6 +364,10 @@ class BatchedChains:
         self.z, self.u, self.g = (tensors[k].to(device).clone() for k in ("z", "u", "grad"))
         self.generator.set_state(tensors["generator"].cpu())  # torch takes a CPU ByteTensor, for any device's generator
         self._t, self._mean_accept = meta["counters"][0], list(meta["counters"][1])
+        if self._window is not None:  # a checkpoint without the window's pairs (written before aim_final_step)
+            # continues its run as it began, with exp(x_bar): the draws of the run it interrupted
+            window = meta.get("window")
+            self._window = None if window is None else [[tuple(pair) for pair in pairs] for pairs in window]
 
 
 def _rows(columns: list) -> list[list[float]]:

@@ -6,7 +6,8 @@ algorithms as ONE chain of :class:`~bnn_pyro.infer._batched.BatchedChains` (``C 
 ``chain_method="vectorized"`` runs for ``C`` chains: :func:`~bnn_pyro.infer._batched.hmc_transition` (a fixed number
 of leapfrog steps per draw, ``num_leapfrog``, or ``max(1, int(trajectory_length / step_size))`` as Pyro counts them,
 jittered per draw by ``leapfrog_jitter``; a Metropolis accept) and :func:`~bnn_pyro.infer._nuts.nuts_transition`;
-Pyro's ``WarmupAdapter`` (dual averaging, Stan's windows, the step-size heuristic after each window); divergences
+Pyro's ``WarmupAdapter`` (dual averaging, Stan's windows, the step-size heuristic after each window; HMC's step
+after warm-up aimed at ``target_accept`` by :func:`~bnn_pyro.infer._aimed_step.aimed_step`); divergences
 (energy error > 1000 or NaN) rejected, never raised. The potential and its gradient are the analytic ones of
 :mod:`bnn_pyro.infer._analytic` for a stack of ``nn.Linear`` layers and elementwise activations with Normal priors
 and a Gaussian likelihood (a forward and a hand-written backward, eager), else the generic one recorded as one
@@ -114,7 +115,8 @@ class OneChainKernel(AdaptedKernel):
     """One chain of a batched ``transition`` over a flat vector (module docstring); its step size and mass matrix
     are its one :class:`~bnn_pyro.infer._batched.BatchedChains` chain's. ``resume = (step_size,
     inverse_mass_matrix)`` replaces the adapted state after setup (extending a posterior); ``stats`` holds the
-    last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`. ``unbatched``: the transition takes the chain as
+    last draw's :class:`~bnn_pyro.infer._kernels.DrawStats`. ``aim_final_step``: as
+    :class:`~bnn_pyro.infer._batched.BatchedChains`'s. ``unbatched``: the transition takes the chain as
     ``(D,)`` vectors and floats (``BatchedChains(unbatched=True)``; NUTS's does: no ``(1, D)`` view per draw)."""
 
     def __init__(
@@ -130,9 +132,11 @@ class OneChainKernel(AdaptedKernel):
         dense_mass=False,
         jit=True,
         unbatched=False,
+        aim_final_step=False,
     ):
         self.model, self.joint, self.jit, self.resume, self.transforms = model, joint, jit, None, None
         self._transition, self._options, self._unbatched = transition, options, unbatched
+        self._aim = aim_final_step
         self._init_strategy, self._step_size, self._target, self._dense = (
             init_strategy,
             step_size,
@@ -163,6 +167,7 @@ class OneChainKernel(AdaptedKernel):
             dense_mass=self._dense,
             resume=None if self.resume is None else [self.resume],
             unbatched=self._unbatched,
+            aim_final_step=self._aim,
         )
         self._sites = list(zip(self._names, self._shapes.values()))
 
@@ -196,7 +201,7 @@ class OneChainKernel(AdaptedKernel):
 
 class FlatHMC(OneChainKernel):
     """HMC for one chain over a flat vector: :func:`~bnn_pyro.infer._batched.hmc_transition` at ``C = 1``
-    (module docstring)."""
+    (module docstring), its step after warm-up aimed at ``target_accept`` (``aim_final_step``)."""
 
     def __init__(
         self,
@@ -225,4 +230,5 @@ class FlatHMC(OneChainKernel):
             target_accept_prob=target_accept_prob,
             dense_mass=dense_mass,
             jit=jit,
+            aim_final_step=True,
         )

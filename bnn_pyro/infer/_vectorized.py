@@ -112,6 +112,7 @@ def _run(fitted, data, settings, kind, num_samples, num_warmup, seed, progress, 
         target_accept_prob=first.config.target_accept,
         dense_mass=first.config.dense_mass,
         resume=None if first.resume is None else [s.resume for s in settings],
+        aim_final_step=kind == "hmc",
     )
     total, kept, draws, start = num_warmup + num_samples, [], [], 0
     label = f"{kind} chains 0-{len(settings) - 1}" if len(settings) > 1 else f"{kind} chain 0"

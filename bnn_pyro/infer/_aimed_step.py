@@ -1,0 +1,69 @@
+"""HMC's step size after warm-up, aimed at ``target_accept``: the step at which a curve fitted to the last
+adaptation window's ``(step, acceptance)`` pairs crosses the target.
+
+Pyro's ``WarmupAdapter`` (Stan's scheme) ends warm-up at ``exp(x_bar)``, the weighted average of the dual-averaging
+iterates ``x_t = log h_t`` of the window after the last metric update (50 iterations, restarted at
+``log(10 h)``). Dual averaging makes the acceptance *averaged over those iterates* ~ the target, not the acceptance at
+their average: where the acceptance falls from ~1 to ~0 over a narrow band of steps (the leapfrog's stability limit,
+on a Gaussian and on a BNN alike), the iterates saw-tooth across the band (one rejection cuts ``h`` ~10x, a few
+acceptances climb back) and their log-average lies below it, where the acceptance is 0.93-0.97 for a 0.8 target
+(``benchmarks/results/hmc_acceptance/``). HMC with a fixed number of leapfrog steps then runs a trajectory shorter
+than the target allows at the same cost per draw. Those same pairs locate the band: a decreasing logistic curve
+``a = sigmoid(b0 - b1 log h)``, fitted by Newton on the binomial deviance with the acceptances as fractional
+responses, crosses the target at the returned step (kept within the steps the window tried).
+
+Usage::
+
+    step = aimed_step([0.05, 0.4, 0.2, 0.6], [1.0, 0.7, 0.98, 0.0], target=0.8)  # None: keep exp(x_bar)
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["aimed_step"]
+
+_NEWTON_STEPS = 100
+
+
+def aimed_step(steps: list[float], accepts: list[float], target: float) -> float | None:
+    """The step where the logistic curve fitted to ``(steps, accepts)`` (module docstring) equals ``target``,
+    clamped to ``[min(steps), max(steps)]``; ``None`` where there is no decreasing curve to read (fewer than 3
+    pairs, the acceptances not falling with the step, a singular fit), and the caller keeps its step."""
+    if len(steps) != len(accepts):
+        raise ValueError(f"aimed_step: steps and accepts must pair up; got {len(steps)} and {len(accepts)} values.")
+    if not 0.0 < target < 1.0:
+        raise ValueError(f"aimed_step: target must be an acceptance probability in (0, 1); got {target!r}.")
+    if not all(h > 0 and math.isfinite(h) for h in steps):
+        raise ValueError(f"aimed_step: every step size must be finite and > 0; got {list(steps)[:8]}.")
+    if len(steps) < 3:
+        return None
+    logs = [math.log(h) for h in steps]
+    centre = sum(logs) / len(logs)
+    d = [centre - x for x in logs]  # the curve rises with d: a decreasing acceptance in log h
+    b0 = b1 = 0.0
+    for _ in range(_NEWTON_STEPS):
+        g0 = g1 = h00 = h01 = h11 = 0.0
+        for di, a in zip(d, accepts):
+            p = _sigmoid(b0 + b1 * di)
+            w = p * (1.0 - p)
+            g0, g1 = g0 + (a - p), g1 + (a - p) * di
+            h00, h01, h11 = h00 + w, h01 + w * di, h11 + w * di * di
+        det = h00 * h11 - h01 * h01
+        if not det > 0:
+            break
+        m0, m1 = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
+        b0, b1 = b0 + m0, b1 + m1
+        if max(abs(m0), abs(m1)) < 1e-10:
+            break
+    if not (math.isfinite(b0) and math.isfinite(b1) and b1 > 0):
+        return None
+    crossing = centre + (b0 - math.log(target / (1.0 - target))) / b1
+    return math.exp(min(max(crossing, min(logs)), max(logs)))
+
+
+def _sigmoid(eta: float) -> float:
+    if eta >= 0:
+        return 1.0 / (1.0 + math.exp(-eta))
+    e = math.exp(eta)
+    return e / (1.0 + e)

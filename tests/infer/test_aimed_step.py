@@ -1,0 +1,77 @@
+"""Tests for bnn_pyro/infer/_aimed_step.py: the step after HMC's warm-up, where a logistic curve fitted to the last
+window's (step, acceptance) pairs crosses the target (its use by HMC: tests/infer/test_mcmc.py's acceptance test)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from bnn_pyro.infer._aimed_step import aimed_step
+
+
+def _curve(steps, b0, b1, centre):
+    """The acceptance of the logistic curve ``sigmoid(b0 - b1 (log h - centre))`` at each step."""
+    return [1.0 / (1.0 + math.exp(-(b0 - b1 * (math.log(h) - centre)))) for h in steps]
+
+
+def test_pairs_on_a_logistic_curve_give_its_crossing_of_the_target():
+    """Acceptances exactly on a decreasing logistic curve in log h: the fit is exact (the deviance's minimum), so
+    the step is the curve's own crossing of the target, to Newton's convergence (1e-8 relative)."""
+    steps = [0.05 * 1.2**k for k in range(20)]
+    b0, b1, centre = 1.5, 4.0, math.log(0.2)
+    for target in (0.6, 0.8, 0.95):
+        exact = math.exp(centre + (b0 - math.log(target / (1 - target))) / b1)
+        assert aimed_step(steps, _curve(steps, b0, b1, centre), target) == pytest.approx(exact, rel=1e-8)
+
+
+def test_noisy_acceptances_give_the_crossing_within_its_standard_error():
+    """Bernoulli acceptances (0 or 1, the extreme of HMC's noise) from a known curve at 2,000 steps spread in log h,
+    seed 0: the fitted crossing ``x* = log h*`` is within 4 standard errors of the curve's, the error from the fit's
+    Fisher information (delta method on ``x* = centre + (b0 - logit(target)) / b1`` at the true coefficients)."""
+    g = torch.Generator().manual_seed(0)
+    n, b0, b1, target = 2000, 0.5, 3.0, 0.8
+    logs = (torch.rand(n, generator=g, dtype=torch.float64) * 3 - 1.5).tolist()  # log h in [-1.5, 1.5]
+    p = _curve([math.exp(x) for x in logs], b0, b1, 0.0)
+    accepts = [float(u < q) for u, q in zip(torch.rand(n, generator=g, dtype=torch.float64).tolist(), p)]
+    fitted = math.log(aimed_step([math.exp(x) for x in logs], accepts, target))
+    centre = sum(logs) / n  # the fit's parameterization: b0' - b1 (x - centre), b0' = b0 - b1 centre
+    design = torch.tensor([[1.0, centre - x] for x in logs], dtype=torch.float64)
+    w = torch.tensor([q * (1 - q) for q in p], dtype=torch.float64)
+    cov = torch.linalg.inv(design.T @ (design * w[:, None]))
+    c0, logit = b0 - b1 * centre, math.log(target / (1 - target))
+    exact = centre + (c0 - logit) / b1
+    grad = torch.tensor([1 / b1, -(c0 - logit) / b1**2], dtype=torch.float64)  # d x* / d (b0', b1)
+    se = float(grad @ cov @ grad) ** 0.5
+    assert abs(fitted - exact) < 4 * se, (fitted, exact, se)
+
+
+def test_no_decreasing_curve_keeps_the_callers_step():
+    """``None`` (the caller keeps exp(x_bar)): acceptances rising with the step, all equal, or fewer than 3 pairs."""
+    steps = [0.1, 0.2, 0.4, 0.8]
+    assert aimed_step(steps, [0.1, 0.5, 0.9, 1.0], 0.8) is None
+    assert aimed_step(steps, [0.5] * 4, 0.8) is None
+    assert aimed_step(steps[:2], [1.0, 0.0], 0.8) is None
+
+
+def test_a_crossing_outside_the_tried_steps_is_clamped_to_them():
+    """The window's steps bound the answer: a curve that crosses the target beyond them gives the nearest one."""
+    steps = [0.1, 0.12, 0.14, 0.16]
+    high = _curve(steps, 8.0, 2.0, math.log(0.1))  # crosses 0.8 far above 0.16
+    low = _curve(steps, -8.0, 2.0, math.log(0.1))  # far below 0.1
+    assert aimed_step(steps, high, 0.8) == pytest.approx(0.16, rel=1e-12)
+    assert aimed_step(steps, low, 0.8) == pytest.approx(0.1, rel=1e-12)
+
+
+@pytest.mark.parametrize(
+    "steps, accepts, target, match",
+    [
+        ([0.1, 0.2], [1.0], 0.8, "steps and accepts must pair up"),
+        ([0.1, 0.2, 0.3], [1.0, 0.5, 0.0], 1.0, "target must be an acceptance probability"),
+        ([0.1, 0.0, 0.3], [1.0, 0.5, 0.0], 0.8, "every step size must be finite and > 0"),
+    ],
+)
+def test_bad_input_names_the_argument(steps, accepts, target, match):
+    with pytest.raises(ValueError, match=match):
+        aimed_step(steps, accepts, target)
