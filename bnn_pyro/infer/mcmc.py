@@ -41,7 +41,7 @@ NUTS and HMC adapt the step size (dual averaging toward ``target_accept``, defau
 curve fitted to the last window's (step, acceptance) pairs crosses ``target_accept``
 (:mod:`bnn_pyro.infer._aimed_step`), not the dual average of Stan and Pyro, which ran at an acceptance of 0.93-0.97
 for the 0.8 target: with a fixed number of leapfrog steps the aimed step is a longer trajectory at the same cost
-(realized 0.77-0.90; Pyro's ``HMC``, where there is no log joint, keeps the dual average). A diverging trajectory
+(with ``trajectory_length``, the same length in fewer steps; realized 0.77-0.90; Pyro's ``HMC``, where there is no log joint, keeps the dual average). A diverging trajectory
 (energy error > 1000 or NaN) is rejected and counted in ``sample_stats["diverging"]``; it never raises: the model
 runs with distribution validation off, including the priors a ``BNN`` built before the fit.
 
@@ -492,6 +492,39 @@ def fit_metropolis(model, data: Data, config: MetropolisConfig) -> Posterior:
     return sample(model, data, config)
 
 
+_DROPOUT = (
+    torch.nn.Dropout,
+    torch.nn.Dropout1d,
+    torch.nn.Dropout2d,
+    torch.nn.Dropout3d,
+    torch.nn.AlphaDropout,
+    torch.nn.FeatureAlphaDropout,
+)
+
+
+def _refuse_random_forward(model, method: str) -> None:
+    """Raise where a ``BNN``'s net holds a dropout module in training mode with ``p > 0``: its forward draws fresh masks
+    at every call, so the log density an MCMC kernel evaluates is random, and neither the accept step nor a gradient
+    trajectory targets any posterior (review 20: HMC ran on such a net with only a compile warning). Predictions run the
+    net in eval mode (dropout off, ``predictive_draws.evaluating``), as Laplace's curvature does; the refusal asks the
+    user to choose rather than switching the mode behind their back."""
+    net = getattr(model, "net", None) if isinstance(model, BNN) else None
+    if net is None:
+        return
+    on = [
+        name or type(net).__name__
+        for name, m in net.named_modules()
+        if isinstance(m, _DROPOUT) and m.training and m.p > 0
+    ]
+    if on:
+        raise ValueError(
+            f"model: {method} needs a log density that is the same at every call, but the net's dropout module(s) "
+            f"{', '.join(repr(n) for n in on)} are in training mode and draw new masks at every forward pass. Call "
+            "model.eval() (or .eval() on those modules) to sample the network as it predicts (dropout off), or use "
+            "method='mc_dropout' for dropout's own approximate posterior."
+        )
+
+
 def sample(model, data: Data, config: MCMCConfig) -> Posterior:
     """Run the chains of the MCMC engine ``config`` declares (its :meth:`MCMCConfig.kernel`) on ``model`` and
     ``data`` and return them as a :class:`Posterior` (module docstring), after the MCMC health checks that the
@@ -536,6 +569,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             f"{method} needs the full data set at every step: drop batch_size= and pass tensors, "
             "or use a stochastic-gradient method for minibatches."
         )
+    _refuse_random_forward(model, method)
     seed, progress = c.seed, c.progress
     init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model

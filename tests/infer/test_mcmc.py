@@ -528,6 +528,28 @@ def test_bad_arguments(kwargs, match):
         bp.fit(_blr(2), x, y, method="nuts", progress=False, **kwargs)
 
 
+@pytest.mark.parametrize("method", ["nuts", "hmc", "metropolis", "mala"])
+def test_a_net_with_dropout_in_training_mode_is_refused_naming_the_module(method):
+    """Dropout in training mode draws new masks at every forward pass, so the log density an MCMC kernel evaluates is
+    random and no chain targets a posterior (review 20: HMC ran on such a net with only a compile warning). Refused,
+    naming the module and the two ways out; in eval mode, or with ``p = 0``, the net samples."""
+    x = torch.randn(20, 2, generator=torch.Generator().manual_seed(0))
+    y = x[:, 0] + 0.1 * torch.randn(20, generator=torch.Generator().manual_seed(1))
+
+    def model(p):
+        torch.manual_seed(0)
+        net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.Tanh(), torch.nn.Dropout(p), torch.nn.Linear(4, 1))
+        return bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+
+    run = dict(method=method, num_samples=2, num_warmup=2, num_chains=1, seed=0, progress=False)
+    with pytest.raises(ValueError, match=r"dropout module\(s\) '2' are in training mode.*model\.eval\(\).*mc_dropout"):
+        bp.fit(model(0.3), x, y, **run)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # two draws: the health checks' warnings are not this test's
+        for fitted in (model(0.3).eval(), model(0.0)):
+            assert bp.fit(fitted, x, y, **run).num_chains == 1
+
+
 def test_bad_hmc_and_method_arguments():
     x, y = _data(2)
     with pytest.raises(ValueError, match="trajectory_length= or num_leapfrog=, not both"):
