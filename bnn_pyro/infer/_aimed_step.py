@@ -28,20 +28,24 @@ _NEWTON_STEPS = 100
 
 def aimed_step(steps: list[float], accepts: list[float], target: float) -> float | None:
     """The step where the logistic curve fitted to ``(steps, accepts)`` (module docstring) equals ``target``,
-    clamped to ``[min(steps), max(steps)]``; ``None`` where there is no decreasing curve to read (fewer than 3
-    pairs, the acceptances not falling with the step, a singular fit), and the caller keeps its step."""
+    clamped to ``[min(steps), max(steps)]``, and, where the fit does not converge (the steps accepted and rejected
+    cleanly apart), to the largest step whose acceptance reached ``target`` (``min(steps)`` where none did); ``None``
+    where there is no decreasing curve to read (fewer than 3 pairs, the acceptances not falling with the step, a
+    singular fit), and the caller keeps its step. A NaN acceptance (a divergent transition) counts as 0."""
     if len(steps) != len(accepts):
         raise ValueError(f"aimed_step: steps and accepts must pair up; got {len(steps)} and {len(accepts)} values.")
     if not 0.0 < target < 1.0:
         raise ValueError(f"aimed_step: target must be an acceptance probability in (0, 1); got {target!r}.")
     if not all(h > 0 and math.isfinite(h) for h in steps):
         raise ValueError(f"aimed_step: every step size must be finite and > 0; got {list(steps)[:8]}.")
+    accepts = [0.0 if math.isnan(a) else float(a) for a in accepts]  # a divergent transition accepts nothing
     if len(steps) < 3:
         return None
     logs = [math.log(h) for h in steps]
     centre = sum(logs) / len(logs)
     d = [centre - x for x in logs]  # the curve rises with d: a decreasing acceptance in log h
     b0 = b1 = 0.0
+    converged = False
     for _ in range(_NEWTON_STEPS):
         g0 = g1 = h00 = h01 = h11 = 0.0
         for di, a in zip(d, accepts):
@@ -55,11 +59,19 @@ def aimed_step(steps: list[float], accepts: list[float], target: float) -> float
         m0, m1 = (h11 * g0 - h01 * g1) / det, (h00 * g1 - h01 * g0) / det
         b0, b1 = b0 + m0, b1 + m1
         if max(abs(m0), abs(m1)) < 1e-10:
+            converged = True
             break
     if not (math.isfinite(b0) and math.isfinite(b1) and b1 > 0):
         return None
     crossing = centre + (b0 - math.log(target / (1.0 - target))) / b1
-    return math.exp(min(max(crossing, min(logs)), max(logs)))
+    top = max(logs)
+    if not converged:  # accepted and rejected steps cleanly apart: the deviance has no finite minimum, the slope runs
+        # to its limit and the crossing lands mid-gap, above every accepted step (review 21: 40 accepts at 0.1 and one
+        # reject at 10 aimed at 0.92; past a cliff, acceptance 0 after warm-up): no further than the largest step that
+        # reached the target (the smallest tried, where none did)
+        reached = [x for x, a in zip(logs, accepts) if a >= target]
+        top = max(reached) if reached else min(logs)
+    return math.exp(min(max(crossing, min(logs)), top))
 
 
 def _sigmoid(eta: float) -> float:

@@ -148,7 +148,8 @@ class BatchedChains:
     :attr:`u`, :attr:`g` still read and write ``(C, D)``, ``(C,)``, ``(C, D)`` tensors. ``aim_final_step``: each
     chain ends warm-up at :func:`~bnn_pyro.infer._aimed_step.aimed_step` of its last window's (step, acceptance)
     pairs instead of the dual average ``exp(x_bar)``, which lies below the step the target asks for (HMC's kernels:
-    a fixed number of leapfrog steps then runs a longer trajectory at the same cost).
+    a fixed number of leapfrog steps then runs a longer trajectory at the same cost; a fixed ``trajectory_length``,
+    the same length in fewer steps).
     :meth:`sample` advances every chain; ``stats`` then holds the C :class:`DrawStats` of that draw."""
 
     def __init__(

@@ -542,8 +542,14 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
                 state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes
             )
             spent = 0 if scaled is None else scaled.passes  # what it took of the check's share, charged after it
-            refined = svi_refine_cg.refine_mean(
-                state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes, spent_passes=spent
+            refined = svi_refine_cg.refine_mean(  # on the gap's draws: the gap after it is measured on the same ones
+                state.guide,
+                state.model,
+                data,
+                num_draws=svi_gap.GAP_DRAWS,
+                seed=state.seed,
+                fit_passes=fit_passes,
+                spent_passes=spent,
             )
             if refined is None and scaled is not None:  # the mean's step not covered: the scale step's record alone
                 refined = svi_refine.Refinement(0, 0.0, NO_MEAN_STEP)
@@ -573,7 +579,13 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
         if gap_checked:  # how far the guide's mean stopped short of the ELBO's optimum (svi_gap)
             gap = svi_gap.newton_gap(
-                state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes, spent_passes=spent
+                state.guide,
+                state.model,
+                data,
+                num_draws=svi_gap.GAP_DRAWS,
+                seed=state.seed,
+                fit_passes=fit_passes,
+                spent_passes=spent,
             )
             if gap is not None:  # no verdict: NaN (every chain's history has the same keys) and the reason
                 nan = torch.full((len(gap.labels) or coords,), math.nan, dtype=torch.float64, device="cpu")

@@ -103,7 +103,8 @@ class Gap:
     ``None`` where it failed before a path was taken, or the engine took none: its record names the bound), ``reason``
     (why no verdict, or ``None``), ``draws`` (the draws of a pass that completed: 0 where none did, a path's pass
     having raised or no path taken, so that no draw gave a verdict); the conjugate-gradient path's
-    (:mod:`bnn_pyro.infer.svi_gap_cg`) adds batches, Hessian draws, iterations and residual."""
+    (:mod:`bnn_pyro.infer.svi_gap_cg`) adds batches, Hessian draws, iterations and residual; a full-rank guide's dense
+    gap on the mean step's own draws adds ``pairs`` (the antithetic pairs its standard errors are from)."""
 
 
 def gap_statistic(gradients: torch.Tensor, deviations: torch.Tensor, cov: torch.Tensor, sd: torch.Tensor | None = None):

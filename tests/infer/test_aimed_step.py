@@ -64,6 +64,18 @@ def test_a_crossing_outside_the_tried_steps_is_clamped_to_them():
     assert aimed_step(steps, low, 0.8) == pytest.approx(0.1, rel=1e-12)
 
 
+def test_steps_cleanly_apart_give_the_largest_step_that_reached_the_target():
+    """Where accepted and rejected steps are cleanly apart the deviance has no finite minimum, the fitted slope runs to
+    its limit and the crossing lands mid-gap, above every accepted step (review 21: 40 accepts at 0.1 and one reject
+    at 10 aimed at 0.92; dual averaging on a simulated acceptance cliff put 26 of 400 chains past it, acceptance 0
+    after warm-up, and 1 of 400 with this rule). Such a fit gives the largest step that reached the target; a
+    divergent transition's NaN acceptance counts as 0."""
+    assert aimed_step([0.1] * 40 + [10.0], [1.0] * 40 + [0.0], 0.8) == pytest.approx(0.1, rel=1e-12)
+    steps = [0.1, 0.2, 0.3, 0.5, 0.6, 0.7]
+    assert aimed_step(steps, [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], 0.8) == pytest.approx(0.3, rel=1e-12)
+    assert aimed_step(steps, [1.0, 1.0, 1.0, float("nan"), 0.0, 0.0], 0.8) == pytest.approx(0.3, rel=1e-12)
+
+
 @pytest.mark.parametrize(
     "steps, accepts, target, match",
     [

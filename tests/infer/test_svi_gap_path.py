@@ -188,13 +188,14 @@ def test_a_batch_means_standard_error_is_judged_by_students_t():
 def test_after_newton_steps_the_advice_is_not_more_num_steps():
     """Where the refinement's Newton steps after the fit ended short of their limit (no better step, no solve) and the
     gap is still flagged, Adam's longer schedule cannot close what the steps did not (review 14's note): the warning
-    says so and names NUTS. Where they were still moving at their evaluation limit, a longer fit starts them closer:
+    says so and names NUTS. Where they stopped at their evaluation limit (the CG step's 5 evaluations end there whether
+    the last candidates were kept or halved: review 21), a longer fit starts them closer:
     the 110 x 100 logistic regression of test_a_default_full_rank_logistic_fit_the_step_leaves_short_warns warned at
     the default 5,000 steps (0.18 sd, one step, "evaluation limit") and not at 20,000; so that case advises num_steps=4x
     and NUTS, as does a fit without such steps."""
     record = {"method": "cg", "batches": 20, "reason": None}
     for refined, says in (([{"accepted": 2, "elbo_change": 0.3, "stopped": "no better step"}], "did not close"),
-                          ([{"accepted": 2, "elbo_change": 0.3, "stopped": "evaluation limit"}], "still moving"),
+                          ([{"accepted": 2, "elbo_change": 0.3, "stopped": "evaluation limit"}], "stopped at their evaluation limit"),
                           ([{"accepted": 0, "elbo_change": 0.0, "stopped": "no better step"}], "num_steps=400"),
                           (None, "num_steps=400")):  # fmt: skip
         post = _post(1.0, 0.01, record)
