@@ -536,21 +536,15 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
         # one seed per chain (the chain's own, seed + index) for the refinement and the gap: the gap measures on the
         # refinement's draws, and the chains do not share the step's Monte Carlo error
         step_record, spent = None, 0
+        same_draws = dict(num_draws=svi_gap.GAP_DRAWS, seed=state.seed, fit_passes=fit_passes)  # the step's and gap's
         if by_cg:  # past svi_refine's bounds: a mean-field guide's sds (svi_refine_scale), then the mean's Newton steps
             # (any of the three Gaussian guides: svi_refine_cg)
             scaled = svi_refine_scale.refine_scale(
                 state.guide, state.model, data, seed=state.seed, fit_passes=fit_passes
             )
             spent = 0 if scaled is None else scaled.passes  # what it took of the check's share, charged after it
-            refined = svi_refine_cg.refine_mean(  # on the gap's draws: the gap after it is measured on the same ones
-                state.guide,
-                state.model,
-                data,
-                num_draws=svi_gap.GAP_DRAWS,
-                seed=state.seed,
-                fit_passes=fit_passes,
-                spent_passes=spent,
-            )
+            # on the gap's draws: the gap after it is measured on the same ones
+            refined = svi_refine_cg.refine_mean(state.guide, state.model, data, **same_draws, spent_passes=spent)
             if refined is None and scaled is not None:  # the mean's step not covered: the scale step's record alone
                 refined = svi_refine.Refinement(0, 0.0, NO_MEAN_STEP)
             if refined is not None:
@@ -578,15 +572,7 @@ def fit(model, data: Data, cfg: SVIConfig) -> Posterior:
             config.setdefault("guide_refinement", []).append(svi_refine.Refinement(0, 0.0, GIVEN_GUIDE).record())
         samples, log_q = _draw(state.guide, names, num_samples, x0, y0, data.size, state.model)
         if gap_checked:  # how far the guide's mean stopped short of the ELBO's optimum (svi_gap)
-            gap = svi_gap.newton_gap(
-                state.guide,
-                state.model,
-                data,
-                num_draws=svi_gap.GAP_DRAWS,
-                seed=state.seed,
-                fit_passes=fit_passes,
-                spent_passes=spent,
-            )
+            gap = svi_gap.newton_gap(state.guide, state.model, data, **same_draws, spent_passes=spent)
             if gap is not None:  # no verdict: NaN (every chain's history has the same keys) and the reason
                 nan = torch.full((len(gap.labels) or coords,), math.nan, dtype=torch.float64, device="cpu")
                 history = {
