@@ -211,17 +211,7 @@ class MALAConfig(MCMCConfig):
     target_accept: float | None = 0.574
 
     def kernel(self, model, chain: KernelSettings):
-        return MALAKernel(
-            model,
-            chain.joint,
-            init_strategy=chain.init_strategy,
-            step_size=self.step_size,
-            target_accept_prob=self.target_accept,
-            dense_mass=self.dense_mass,
-            jit=self.jit,
-            resume=chain.resume,
-            metric=chain.metric,
-        )
+        return MALAKernel(model, chain.joint, **self.flat_options(chain), resume=chain.resume, metric=chain.metric)
 
 
 @entry(MALAConfig)

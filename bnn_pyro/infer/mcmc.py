@@ -281,6 +281,17 @@ class MCMCConfig(PotentialRunOptions):
         """This engine's own entries of ``Posterior.config`` (the shared ones are written by :func:`sample`)."""
         return {}
 
+    def flat_options(self, chain: KernelSettings) -> dict:
+        """The options every flat-vector kernel (FlatNUTS, FlatHMC, MALA) takes from this config and ``chain``, as
+        :func:`_pyro_options` are Pyro's kernels'."""
+        return dict(
+            init_strategy=chain.init_strategy,
+            step_size=self.step_size,
+            target_accept_prob=self.target_accept,
+            dense_mass=self.dense_mass,
+            jit=self.jit,
+        )
+
     def kernel(self, model, chain: KernelSettings) -> ChainKernel:
         """One chain's kernel on ``model`` (validation off); its ``setup`` finds the start and the transforms."""
         raise NotImplementedError(f"{type(self).__name__}.kernel: an MCMC engine's config builds its kernel.")
@@ -314,16 +325,7 @@ class NUTSConfig(MCMCConfig):
 
     def kernel(self, model, chain):
         if chain.joint is not None:  # the fast path: NUTS over one flat vector
-            kernel = FlatNUTS(
-                model,
-                chain.joint,
-                init_strategy=chain.init_strategy,
-                step_size=self.step_size,
-                target_accept_prob=self.target_accept,
-                max_tree_depth=self.max_tree_depth,
-                dense_mass=self.dense_mass,
-                jit=self.jit,
-            )
+            kernel = FlatNUTS(model, chain.joint, **self.flat_options(chain), max_tree_depth=self.max_tree_depth)
             kernel.resume = chain.resume
             return kernel
         return pyro_kernel(
@@ -408,13 +410,9 @@ class HMCConfig(MCMCConfig):
             kernel = FlatHMC(
                 model,
                 chain.joint,
-                init_strategy=chain.init_strategy,
-                step_size=self.step_size,
-                target_accept_prob=self.target_accept,
-                dense_mass=self.dense_mass,
+                **self.flat_options(chain),
                 num_leapfrog=self.num_leapfrog,
                 trajectory_length=self.trajectory_length,
-                jit=self.jit,
                 leapfrog_jitter=self.leapfrog_jitter,
             )
             kernel.resume = chain.resume
