@@ -13,6 +13,13 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import bnn_pyro as bp  # noqa: E402
+from bnn_pyro.infer import driver  # noqa: E402
+
+# forked chains: where torch sees an accelerator a backward pass in this process makes them impossible
+# (driver.autograd_survives_fork), so tests that ask for them by name run on machines without one (CI's)
+forks_chains = pytest.mark.skipif(
+    driver._accelerator_visible(), reason="torch sees an accelerator: forked chains cannot carry autograd's threads"
+)
 
 
 @pytest.fixture(scope="session", autouse=True)

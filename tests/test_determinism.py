@@ -22,6 +22,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from conftest import forks_chains
 
 import bnn_pyro as bp
 from bnn_pyro.infer import Method
@@ -123,6 +124,7 @@ def test_a_fit_leaves_the_global_random_states_as_it_found_them():
 
 @pytest.mark.slow  # two forked processes: ~10 s on 2 busy cores
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="parallel chains need 2+ cores")
+@forks_chains
 def test_parallel_chains_equal_sequential_chains():
     """Chain c is seeded with seed + c in its own process or in this one: the same draws."""
     x, y = _data()

@@ -4,7 +4,7 @@
   parameter store, and the global generators seeded with the chain's seed. Everything an engine draws or
   learns for one chain happens inside it, so chains never see each other's parameters and a seed fixes a
   chain. Chains run one after another or in forked processes (:class:`ChainMethod`; never forked once CUDA
-  is initialised).
+  is initialised, nor where a forked child could not run autograd: :func:`autograd_survives_fork`).
 * :func:`descend` — the gradient loop of the optimization-based engines: minibatches (full batch,
   shuffled minibatches, a loader or a one-shot stream, replayed on resume; or an engine's own stream), the
   optimizer and its learning-rate schedule, the progress bar, the stop with advice when the loss stops being finite,
@@ -66,7 +66,8 @@ Objective = Callable[[tuple, int], "tuple[torch.Tensor, float]"]
 
 class ChainMethod(str, Enum):
     """How chains run: ``"sequential"`` in this process, ``"parallel"`` in forked processes (one per core),
-    ``"auto"`` parallel where it can be (fork available, 2+ cores, CUDA not initialised), else sequential;
+    ``"auto"`` parallel where it can be (fork available, 2+ cores, CUDA not initialised, a forked child able to run
+    autograd: :func:`autograd_survives_fork`), else sequential;
     ``"vectorized"`` (MCMC's NUTS/HMC on the analytic fast path only: :mod:`bnn_pyro.infer._vectorized`) all chains
     as one batched computation in this process, never chosen by ``"auto"`` (its draws differ from the others')."""
 
@@ -130,18 +131,20 @@ def run_chains(
 
 def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit") -> str:
     """``"sequential"``, ``"parallel"`` or ``"vectorized"``: how ``num_chains`` chains will run for ``how``.
-    ``"parallel"`` needs the fork start method, 2+ cores and no CUDA context in this process (a forked child
+    ``"parallel"`` needs the fork start method, 2+ cores, no CUDA context in this process (a forked child
     cannot use its parent's CUDA context; the chain bodies are closures, which spawned processes cannot
-    receive), else it is an error; ``"auto"`` then falls back to sequential with a warning. ``"vectorized"`` is
-    returned for ``how="vectorized"`` only (whatever the cores)."""
+    receive) and a forked child that can run autograd (:func:`autograd_survives_fork`), else it is an error;
+    ``"auto"`` then falls back to sequential with a warning. ``"vectorized"`` is returned for
+    ``how="vectorized"`` only (whatever the cores). Decided where the chains start, after the parent's own
+    gradient work (a start, a MAP of the deterministic parameters), which is what can make the fork unsafe."""
     how = choice("chain_method", how, ChainMethod)
     if how is ChainMethod.VECTORIZED:
         return "vectorized"
     if num_chains == 1 or how is ChainMethod.SEQUENTIAL:
         return "sequential"
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-    can_fork = "fork" in mp.get_all_start_methods() and _cores() > 1 and not cuda
-    if can_fork:
+    forkable = "fork" in mp.get_all_start_methods() and _cores() > 1 and not cuda
+    if forkable and autograd_survives_fork():
         return "parallel"
     why = (
         "CUDA is initialised in this process (forked processes cannot use it)"
@@ -149,16 +152,54 @@ def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit"
         else f"only {_cores()} core available"
         if _cores() < 2
         else "the 'fork' start method is unavailable"
+        if not forkable
+        else (
+            "a forked process could not run autograd: torch sees an accelerator (a GPU), so the backward passes "
+            "already run in this process started autograd's device threads, which a fork cannot carry (to fit on "
+            "the CPU in parallel chains, hide the GPU before Python starts: CUDA_VISIBLE_DEVICES='')"
+        )
     )
     if how is ChainMethod.PARALLEL:
         raise ValueError(
             f"chain_method='parallel' cannot run here: {why}. It needs the 'fork' start method, 2+ "
-            "cores and no CUDA context; use chain_method='auto' or 'sequential'."
+            "cores, no CUDA context and autograd that survives a fork; use chain_method='auto' or 'sequential'."
         )
     warn(
         f"{method}: {why}, so the {num_chains} chains run one after another (config['chain_execution'] = 'sequential')."
     )
     return "sequential"
+
+
+def _accelerator_visible() -> bool:
+    """Whether torch sees a non-CPU device (without initialising it): what makes autograd start device threads."""
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: CUDA, XPU, MPS, ...
+    if accelerator is not None:
+        return accelerator.is_available()
+    return torch.cuda.is_available()
+
+
+def _backward_or_exit() -> None:
+    try:
+        x = torch.ones(1, requires_grad=True)
+        (2 * x).sum().backward()
+    except RuntimeError:
+        os._exit(1)
+    os._exit(0)
+
+
+def autograd_survives_fork() -> bool:
+    """Whether a child forked now can run a backward pass. In a process where torch sees an accelerator (a CUDA
+    build with a visible GPU, even when every tensor is on the CPU), the first backward pass starts one autograd
+    thread per device, and every backward pass in a child forked after that raises ("Unable to handle autograd's
+    threading in combination with fork-based multiprocessing"): a parallel chain would fail at its first gradient.
+    Torch exposes no such flag, so where an accelerator is visible a forked child tries one backward pass (the
+    answer is its exit code); without one the threads are never started and nothing is forked here."""
+    if not _accelerator_visible():
+        return True
+    probe = mp.get_context("fork").Process(target=_backward_or_exit, daemon=True)
+    probe.start()
+    probe.join()
+    return probe.exitcode == 0
 
 
 def _cores() -> int:

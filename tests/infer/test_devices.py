@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import subprocess
 import sys
 
 import pyro
@@ -301,6 +302,67 @@ def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
             _model(), x, y, method="metropolis", seed=0, progress=False, **{**TINY["metropolis"], "num_chains": 2}
         )
     assert post.config["chain_execution"] == "sequential" and post.num_chains == 2
+
+
+# ---------------------------------------------------------------- no fork where a forked child cannot run autograd
+@pytest.mark.skipif(
+    driver._accelerator_visible(), reason="this machine's torch sees an accelerator: the GPU test below"
+)
+def test_the_fork_probe_decides_by_a_backward_pass_in_a_forked_child(monkeypatch):
+    """Without an accelerator autograd never starts device threads: nothing is forked to ask. Told one is visible, the
+    probe forks a child that runs a backward pass; its exit code is the answer (a CPU-only torch: it succeeds)."""
+    assert driver.autograd_survives_fork()
+    monkeypatch.setattr(driver, "_accelerator_visible", lambda: True)
+    assert driver.autograd_survives_fork()  # a real fork, a real backward pass in the child
+    monkeypatch.setattr(driver, "_backward_or_exit", lambda: os._exit(1))  # the child's backward pass refused
+    assert not driver.autograd_survives_fork()
+
+
+def test_chains_run_in_this_process_where_a_fork_cannot_carry_autograd(monkeypatch):
+    """On a machine whose torch sees a GPU, a backward pass in this process (a start, a MAP of the deterministic
+    parameters) makes every backward pass in a forked child raise: parallel chains of a CPU model failed at their
+    first gradient (found on an H200, 2026-11-28). ``"parallel"`` is then refused, naming the cause and the way out,
+    and ``"auto"`` runs the chains here with a warning."""
+    monkeypatch.setattr(driver, "_cores", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(driver, "autograd_survives_fork", lambda: False)
+    with pytest.raises(ValueError, match=r"cannot run here: a forked process could not run autograd.*CUDA_VISIBLE"):
+        driver.chain_execution(2, "parallel")
+
+    def no_fork(*args, **kwargs):
+        raise AssertionError("a chain was forked that could not run autograd")
+
+    monkeypatch.setattr(driver, "_start", no_fork)
+    x, y = _data()
+    with pytest.warns(UserWarning, match="could not run autograd.*run one after another"):
+        post = bp.fit(
+            _model(), x, y, method="metropolis", seed=0, progress=False, **{**TINY["metropolis"], "num_chains": 2}
+        )
+    assert post.config["chain_execution"] == "sequential" and post.num_chains == 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (CI has none)")
+def test_a_cpu_fit_on_a_gpu_machine_runs_its_chains_after_a_backward_pass():
+    """The real thing, in a fresh process (this one may have initialised CUDA, which is the other rule): a backward
+    pass, then NUTS's default chains on CPU tensors."""
+    script = """
+import warnings, torch, bnn_pyro as bp
+from bnn_pyro.infer import driver
+torch.ones(1, requires_grad=True).sum().backward()
+assert not torch.cuda.is_initialized() and not driver.autograd_survives_fork()
+x = torch.linspace(-2, 2, 40).unsqueeze(-1); y = torch.sin(x).squeeze(-1)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    net = torch.nn.Sequential(torch.nn.Linear(1, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    post = bp.fit(model, x, y, method="nuts", num_samples=10, num_warmup=10, progress=False)
+assert post.config["chain_execution"] == "sequential", post.config
+assert any("could not run autograd" in str(w.message) for w in caught)
+assert all(bool(torch.isfinite(v).all()) for v in post.samples.values())
+print("ok", post.num_chains)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.startswith("ok 4"), done.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- the engine matrix on a real GPU

@@ -21,6 +21,7 @@ import pytest
 import torch
 from blr import BLR  # tests/ is on sys.path (pytest puts conftest.py's folder there)
 from blr import mcse_z_scores as _z_scores
+from conftest import forks_chains
 from pyro import poutine
 
 import bnn_pyro as bp
@@ -440,6 +441,7 @@ def test_init_posterior_starts_at_its_mean_and_fixes_deterministic_params():
     assert z.abs().max() < Z_MAX, z
 
 
+@forks_chains
 def test_parallel_and_sequential_chains_give_the_same_draws():
     if driver._cores() < 2:
         pytest.skip("needs 2 cores")
@@ -474,7 +476,7 @@ def test_one_core_runs_chains_sequentially_and_says_so(monkeypatch):
 
 
 @pytest.mark.parametrize("fast_path", [True, False])  # FlatNUTS / Pyro's NUTS
-@pytest.mark.parametrize("how", ["sequential", "parallel"])
+@pytest.mark.parametrize("how", ["sequential", pytest.param("parallel", marks=forks_chains)])
 def test_every_chain_has_a_labelled_progress_bar(fast_path, how, capfd):
     """Like SVI's "svi chain 0", each chain's bar says which chain it is; captured at the file
     descriptor, so that the bars drawn by forked (parallel) chains are seen too."""

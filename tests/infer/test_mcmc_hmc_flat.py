@@ -9,6 +9,7 @@ import warnings
 import arviz as az
 import pytest
 import torch
+from conftest import forks_chains
 from pyro.infer.mcmc.util import initialize_model
 
 import bnn_pyro as bp
@@ -156,7 +157,7 @@ def _pyro_hmc_kernel(x, y):
     return kernel
 
 
-@pytest.mark.parametrize("chain_method", ["sequential", "parallel"])
+@pytest.mark.parametrize("chain_method", ["sequential", pytest.param("parallel", marks=forks_chains)])
 def test_a_checkpoint_of_pyros_hmc_is_refused_before_any_chain_runs_naming_the_file(
     tmp_path, monkeypatch, chain_method
 ):
