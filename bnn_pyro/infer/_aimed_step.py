@@ -31,7 +31,8 @@ def aimed_step(steps: list[float], accepts: list[float], target: float) -> float
     clamped to ``[min(steps), max(steps)]``, and, where the fit does not converge (the steps accepted and rejected
     cleanly apart), to the largest step whose acceptance reached ``target`` (``min(steps)`` where none did); ``None``
     where there is no decreasing curve to read (fewer than 3 pairs, the acceptances not falling with the step, a
-    singular fit), and the caller keeps its step. A NaN acceptance (a divergent transition) counts as 0."""
+    singular fit), and the caller keeps its step. A NaN acceptance (a divergent transition) counts as 0; one outside
+    ``[0, 1]`` (or infinite) is a ``ValueError``: the curve is fitted to probabilities."""
     if len(steps) != len(accepts):
         raise ValueError(f"aimed_step: steps and accepts must pair up; got {len(steps)} and {len(accepts)} values.")
     if not 0.0 < target < 1.0:
@@ -39,6 +40,10 @@ def aimed_step(steps: list[float], accepts: list[float], target: float) -> float
     if not all(h > 0 and math.isfinite(h) for h in steps):
         raise ValueError(f"aimed_step: every step size must be finite and > 0; got {list(steps)[:8]}.")
     accepts = [0.0 if math.isnan(a) else float(a) for a in accepts]  # a divergent transition accepts nothing
+    if not all(0.0 <= a <= 1.0 for a in accepts):  # the fit's responses are probabilities; +-inf is none either
+        raise ValueError(
+            f"aimed_step: every acceptance must be a probability in [0, 1] (NaN counts as 0); got {list(accepts)[:8]}."
+        )
     if len(steps) < 3:
         return None
     logs = [math.log(h) for h in steps]

@@ -82,6 +82,10 @@ def test_steps_cleanly_apart_give_the_largest_step_that_reached_the_target():
         ([0.1, 0.2], [1.0], 0.8, "steps and accepts must pair up"),
         ([0.1, 0.2, 0.3], [1.0, 0.5, 0.0], 1.0, "target must be an acceptance probability"),
         ([0.1, 0.0, 0.3], [1.0, 0.5, 0.0], 0.8, "every step size must be finite and > 0"),
+        ([0.1, 0.2, 0.3], [1.0, 1.5, 0.0], 0.8, "every acceptance must be a probability in"),
+        ([0.1, 0.2, 0.3], [1.0, -0.1, 0.0], 0.8, "every acceptance must be a probability in"),
+        ([0.1, 0.2, 0.3], [1.0, float("inf"), 0.0], 0.8, "every acceptance must be a probability in"),
+        ([0.1, 0.2, 0.3], [float("-inf"), 0.5, 0.0], 0.8, "every acceptance must be a probability in"),
     ],
 )
 def test_bad_input_names_the_argument(steps, accepts, target, match):
