@@ -41,7 +41,12 @@ NUTS and HMC adapt the step size (dual averaging toward ``target_accept``, defau
 curve fitted to the last window's (step, acceptance) pairs crosses ``target_accept``
 (:mod:`bnn_pyro.infer._aimed_step`), not the dual average of Stan and Pyro, which ran at an acceptance of 0.93-0.97
 for the 0.8 target: with a fixed number of leapfrog steps the aimed step is a longer trajectory at the same cost
-(with ``trajectory_length``, the same length in fewer steps; realized 0.77-0.90; Pyro's ``HMC``, where there is no log joint, keeps the dual average). A diverging trajectory
+(with ``trajectory_length``, the same length in fewer steps; realized 0.77-0.90; Pyro's ``HMC``, where there is no log joint, keeps the dual average).
+``config["step_size_origin"]`` says per chain which rule gave HMC's step: ``"crossing"`` (the fitted curve's),
+``"capped"`` (a fit that did not converge, its steps accepted and rejected cleanly apart: the largest step that
+reached the target), ``"dual_average"`` (``exp(x_bar)``: no falling curve in the window's pairs, or fewer than 3 of
+them, as ``num_warmup`` 20-29 leaves; Pyro's ``HMC``; a checkpoint written before the aim), or, extending a posterior,
+its chains' (``"extended"`` where it has no record). A diverging trajectory
 (energy error > 1000 or NaN) is rejected and counted in ``sample_stats["diverging"]``; it never raises: the model
 runs with distribution validation off, including the priors a ``BNN`` built before the fit.
 
@@ -177,6 +182,8 @@ class ChainKernel(Protocol):
         Release what ``setup`` built.
     inverse_mass_matrix (optional):
         ``{sites: tensor}`` of the adapted metric, kept in ``history`` so that ``resume=Posterior`` can extend.
+    step_size_origin (optional):
+        A string naming the rule that gave the step after warm-up, kept in ``config["step_size_origin"]`` (HMC's).
     """
 
     initial_params: dict
@@ -680,6 +687,8 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             num_warmup=resume.config.get("num_warmup"),
             extended_by=num_samples,
         )
+        if "step_size_origin" in resume.config:  # the step is the extended chains': so is its origin ("extended":
+            record["step_size_origin"] = resume.config["step_size_origin"]  # that of a posterior without the record)
     can = REGISTRY[Method(method)].capabilities
     return check_mcmc(post, target_accept=config.target_accept, acceptance=can.accept_reject, note=note)
 
@@ -816,13 +825,15 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
             if ckpt is not None and ckpt.due(i + 1, total):
                 _save(ckpt, i + 1, kernel, params, kept, draws)
         mass = getattr(kernel, "inverse_mass_matrix", None)  # the adapted one (NUTS/HMC: for resume=Posterior)
+        origin = getattr(kernel, "step_size_origin", None)  # HMC: which rule gave its step after warm-up
         transforms = kernel.transforms or {}
         kernel.cleanup()
     samples = {k: torch.stack(v) for k, v in kept.items()}
     samples = {k: transforms[k].inv(v) if k in transforms else v for k, v in samples.items()}
     point = point_values(model, data.x, data.y, data.size)
     history = {} if mass is None else {"inverse_mass_matrix": next(iter(mass.values())).detach().clone()}
-    return ChainRun(model, samples, point, history, stats=sample_stats(draws))
+    record = {} if origin is None else {"step_size_origin": origin}
+    return ChainRun(model, samples, point, history, stats=sample_stats(draws), record=record)
 
 
 def _save(ckpt, step: int, kernel, params: dict, kept: dict, draws: list[DrawStats]) -> None:
