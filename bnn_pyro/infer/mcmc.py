@@ -109,7 +109,7 @@ import torch
 from pyro import poutine
 from pyro.infer.autoguide.initialization import init_to_value
 
-from bnn_pyro.infer import _logjoint, _vectorized
+from bnn_pyro.infer import _logjoint, _old_kernel, _vectorized
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
@@ -300,7 +300,9 @@ class MCMCConfig(PotentialRunOptions):
         )
 
     def kernel(self, model, chain: KernelSettings) -> ChainKernel:
-        """One chain's kernel on ``model`` (validation off); its ``setup`` finds the start and the transforms."""
+        """One chain's kernel on ``model`` (validation off); its ``setup`` finds the start and the transforms. (The
+        previous release's ``kernel(model, chain, model_args) -> (kernel, initial_params, transforms)`` still runs in
+        this one, with a ``DeprecationWarning``: :mod:`bnn_pyro.infer._old_kernel`.)"""
         raise NotImplementedError(f"{type(self).__name__}.kernel: an MCMC engine's config builds its kernel.")
 
 
@@ -575,6 +577,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             "or use a stochastic-gradient method for minibatches."
         )
     _refuse_random_forward(model, method)
+    _old_kernel.warn_if_old(config)  # an engine written to the previous release's kernel interface still runs
     seed, progress = c.seed, c.progress
     init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
@@ -800,7 +803,10 @@ def _run_chain(
 def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
     """Our loop over a :class:`ChainKernel` (Pyro's ``MCMCKernel`` interface): what Pyro's ``MCMC`` does for one chain (distribution validation off, the draws mapped back to the constrained space), and
     the checkpoint/resume that ``MCMC`` cannot give (it starts every run at its first warm-up step)."""
-    kernel = settings.config.kernel(quiet_model(model, data.size), settings)
+    # old_transforms: an engine written to the previous release's interface (_old_kernel) may return its own
+    kernel, old_transforms = _old_kernel.build(
+        settings.config, quiet_model(model, data.size), settings, (data.x, data.y)
+    )
     total = num_warmup + num_samples
     label, line = bar or ("", 0)  # our bar, labelled per chain like the other engines' (Pyro's says "Warmup"/"Sample")
     with progress_bar(total, label, bar is not None, position=line) as shown, pyro.validation_enabled(False):
@@ -826,7 +832,7 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
                 _save(ckpt, i + 1, kernel, params, kept, draws)
         mass = getattr(kernel, "inverse_mass_matrix", None)  # the adapted one (NUTS/HMC: for resume=Posterior)
         origin = getattr(kernel, "step_size_origin", None)  # HMC: which rule gave its step after warm-up
-        transforms = kernel.transforms or {}
+        transforms = old_transforms or kernel.transforms or {}
         kernel.cleanup()
     samples = {k: torch.stack(v) for k, v in kept.items()}
     samples = {k: transforms[k].inv(v) if k in transforms else v for k, v in samples.items()}
