@@ -23,6 +23,7 @@ Example
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 import numpy as np
@@ -165,8 +166,27 @@ _INPUT_SIZE = {
 }  # layer -> (its input size attribute, the dims of its input)
 
 
-def input_mismatch(net: nn.Module, x) -> str:
-    """Why the net cannot take ``x``, in our words: the first layer of a Sequential net and what it expects."""
+# torch's errors for what a meta tensor (shape, no values) cannot do: read values (.item(), bool(), .tolist()), run an
+# op whose output shape depends on them (nonzero: "register_meta"; masked_select, unique: "no fake impl or Meta
+# kernel"), or meet a tensor on another device ("... is not on the expected device meta!") (torch 2.13)
+_META_ONLY = re.compile(r"\bmeta\b|register_meta", re.IGNORECASE)
+
+
+def input_mismatch(net: nn.Module, x, err: BaseException | None = None) -> str:
+    """Why the net cannot take ``x``, in our words: the first layer of a Sequential net and what it expects. Where
+    ``err`` (the net's error on meta tensors, the shape check's) is one that only meta tensors raise, the check could
+    not run, and the message says so instead of blaming a layer size."""
+    if err is not None and _META_ONLY.search(str(err)):
+        what = f"x ({x!r})" if isinstance(x, Inputs) else f"x of shape {tuple(x.shape)}"
+        return (
+            f"could not check whether the net takes {what}: the check runs the net's forward on the meta device "
+            "(shapes without values) before fitting, and this forward needs what that device does not have (the "
+            "error chained below): a tensor's values (a Python `if` on a tensor, .item(), a boolean-mask index, "
+            "nonzero, unique) or a tensor made on another device. So nothing is known about the sizes, and the net "
+            "is refused rather than fitted unchecked. Write such branches as tensor operations (torch.where, a mask "
+            "multiplied in), whose computation is the same for every input, and make new tensors on the input's "
+            "device (torch.zeros(..., device=x.device))."
+        )
     if isinstance(x, Inputs):
         return (
             f"x ({x!r}) is not what the net's forward takes (the error it raised is chained below). A tuple is "

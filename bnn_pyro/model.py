@@ -429,12 +429,13 @@ class BNN(nn.Module):
     def output_shape(self, x) -> torch.Size:
         """The shape of the network output for one row, ``(out,)`` or ``(T, ..., out)`` for sequence
         outputs, found without computation (on the meta device). Token ids of ``x`` are checked against
-        the net's embeddings."""
+        the net's embeddings. A forward that needs values (a Python branch on a tensor, a boolean-mask index) or makes
+        tensors on another device cannot run there: a ``ValueError`` says the check could not be made, and why."""
         check_token_ids(self._template, x)
         try:
             out = _call(self._template, x[:2].to("meta"))
         except (RuntimeError, TypeError) as err:
-            raise ValueError(input_mismatch(self._template, x)) from err
+            raise ValueError(input_mismatch(self._template, x, err)) from err
         if isinstance(out, torch.Tensor) and out.dim() < 2 and isinstance(x, torch.Tensor) and x.dim() == 1:
             raise ValueError(input_mismatch(self._template, x))  # 1-D x: the net took one row of it as one input
         if not isinstance(out, torch.Tensor) or out.dim() < 2:

@@ -325,6 +325,38 @@ def test_shape_errors_are_in_our_words_with_torchs_error_chained(net, x, match):
     assert str(inner.value) not in str(info.value) and isinstance(info.value.__cause__, RuntimeError)
 
 
+class _ValueBranch(nn.Module):
+    """A layer whose forward reads values: a Python branch on a tensor, or a boolean-mask index."""
+
+    def __init__(self, how: str):
+        super().__init__()
+        self.how = how
+
+    def forward(self, h):
+        if self.how == "item":
+            return torch.tanh(h) if h.sum() > 0 else h
+        if self.how == "mask":
+            return torch.tanh(h) if h[h > 0].numel() > 0.6 * h.numel() else h
+        return h + torch.zeros(h.shape[-1])  # a tensor made on the CPU, not on h's device
+
+
+@pytest.mark.parametrize("how", ["item", "mask", "device"])
+def test_a_forward_the_shape_check_cannot_run_is_named_as_such_not_as_a_size_mismatch(how):
+    """Review 20 finding 6: the meta-device shape probe cannot run a forward that reads values or makes tensors on
+    another device; it said 'a later layer does not fit the output of the one before' for a net whose sizes all fit
+    (which runs on real tensors). Now it says what it could not check and why, with torch's error chained."""
+    net = nn.Sequential(nn.Linear(2, 3), _ValueBranch(how), nn.Linear(3, 1))
+    x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    assert net(x).shape == (8, 1)  # the sizes fit
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
+    with pytest.raises(ValueError, match=r"could not check whether the net takes x of shape \(8, 2\)") as info:
+        bp.fit(model, x, torch.zeros(8), method="svi", num_steps=1, progress=False)
+    message = str(info.value)
+    assert "the meta device (shapes without values)" in message and "torch.where" in message
+    assert "does not fit" not in message and "Check the layer sizes" not in message
+    assert isinstance(info.value.__cause__, RuntimeError)  # torch's own (NotImplementedError is one), chained
+
+
 @pytest.mark.parametrize(
     "body",
     [

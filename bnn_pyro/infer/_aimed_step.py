@@ -14,24 +14,38 @@ responses, crosses the target at the returned step (kept within the steps the wi
 
 Usage::
 
-    step = aimed_step([0.05, 0.4, 0.2, 0.6], [1.0, 0.7, 0.98, 0.0], target=0.8)  # None: keep exp(x_bar)
+    aim = aimed_step([0.05, 0.4, 0.2, 0.6], [1.0, 0.7, 0.98, 0.0], target=0.8)  # None: keep exp(x_bar)
+    aim.step, aim.origin  # the step, and "crossing" or "capped": which rule gave it (aimed_step's docstring)
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
-__all__ = ["aimed_step"]
+__all__ = ["aimed_step", "AimedStep"]
 
 _NEWTON_STEPS = 100
 
 
-def aimed_step(steps: list[float], accepts: list[float], target: float) -> float | None:
+class AimedStep(NamedTuple):
+    """The step after warm-up and the rule that gave it: ``origin`` ``"crossing"`` (the fitted curve's crossing of
+    the target, clamped to the steps tried) or ``"capped"`` (the fit did not converge and its crossing lay above the
+    largest step that reached the target, which is the step). HMC records it per chain
+    (``Posterior.config["step_size_origin"]``), so that a chain's step can be traced to its rule."""
+
+    step: float
+    origin: str
+
+
+def aimed_step(steps: list[float], accepts: list[float], target: float) -> AimedStep | None:
     """The step where the logistic curve fitted to ``(steps, accepts)`` (module docstring) equals ``target``,
     clamped to ``[min(steps), max(steps)]``, and, where the fit does not converge (the steps accepted and rejected
-    cleanly apart), to the largest step whose acceptance reached ``target`` (``min(steps)`` where none did); ``None``
+    cleanly apart), to the largest step whose acceptance reached ``target`` (``min(steps)`` where none did), with the
+    rule that gave it (:class:`AimedStep`: ``"capped"`` where that cap decided the step); ``None``
     where there is no decreasing curve to read (fewer than 3 pairs, the acceptances not falling with the step, a
-    singular fit), and the caller keeps its step. A NaN acceptance (a divergent transition) counts as 0."""
+    singular fit), and the caller keeps its step. A NaN acceptance (a divergent transition) counts as 0; one outside
+    ``[0, 1]`` (or infinite) is a ``ValueError``: the curve is fitted to probabilities."""
     if len(steps) != len(accepts):
         raise ValueError(f"aimed_step: steps and accepts must pair up; got {len(steps)} and {len(accepts)} values.")
     if not 0.0 < target < 1.0:
@@ -39,6 +53,10 @@ def aimed_step(steps: list[float], accepts: list[float], target: float) -> float
     if not all(h > 0 and math.isfinite(h) for h in steps):
         raise ValueError(f"aimed_step: every step size must be finite and > 0; got {list(steps)[:8]}.")
     accepts = [0.0 if math.isnan(a) else float(a) for a in accepts]  # a divergent transition accepts nothing
+    if not all(0.0 <= a <= 1.0 for a in accepts):  # the fit's responses are probabilities; +-inf is none either
+        raise ValueError(
+            f"aimed_step: every acceptance must be a probability in [0, 1] (NaN counts as 0); got {list(accepts)[:8]}."
+        )
     if len(steps) < 3:
         return None
     logs = [math.log(h) for h in steps]
@@ -71,7 +89,8 @@ def aimed_step(steps: list[float], accepts: list[float], target: float) -> float
         # reached the target (the smallest tried, where none did)
         reached = [x for x, a in zip(logs, accepts) if a >= target]
         top = max(reached) if reached else min(logs)
-    return math.exp(min(max(crossing, min(logs)), top))
+    clamped = max(crossing, min(logs))
+    return AimedStep(math.exp(min(clamped, top)), "capped" if not converged and clamped > top else "crossing")
 
 
 def _sigmoid(eta: float) -> float:

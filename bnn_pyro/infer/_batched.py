@@ -36,7 +36,7 @@ import torch
 from pyro.infer.mcmc.adaptation import WarmupAdapter
 from torch import Tensor
 
-from bnn_pyro.infer._aimed_step import aimed_step
+from bnn_pyro.infer._aimed_step import AimedStep, aimed_step
 from bnn_pyro.infer._analytic_batched import sharp
 from bnn_pyro.infer._kernels import DrawStats, jittered_steps
 from bnn_pyro.utils.upstream_private import load_warmup_adapter_state, warmup_adapter_state
@@ -149,7 +149,7 @@ class BatchedChains:
     chain ends warm-up at :func:`~bnn_pyro.infer._aimed_step.aimed_step` of its last window's (step, acceptance)
     pairs instead of the dual average ``exp(x_bar)``, which lies below the step the target asks for (HMC's kernels:
     a fixed number of leapfrog steps then runs a longer trajectory at the same cost; a fixed ``trajectory_length``,
-    the same length in fewer steps).
+    the same length in fewer steps); :attr:`step_size_origins` says, per chain, which rule gave its step.
     :meth:`sample` advances every chain; ``stats`` then holds the C :class:`DrawStats` of that draw."""
 
     def __init__(
@@ -179,7 +179,7 @@ class BatchedChains:
         with torch.no_grad():
             u, g = potential(z)
         self.z, self.u, self.g = z.clone(), u.clone(), g.clone()
-        self._t, self._mean_accept = 0, [0.0] * chains
+        self._t, self._mean_accept, self._resumed = 0, [0.0] * chains, resume is not None
         self._minv_parts, self._steps = None, None
         # aim_final_step: per chain, the last window's (step, acceptance) pairs, for the step after warm-up
         self._window = [[] for _ in range(chains)] if aim_final_step else None
@@ -248,6 +248,23 @@ class BatchedChains:
             self._minv_parts, self._minv = mats, torch.stack(mats)
         return self._minv
 
+    @property
+    def step_size_origins(self) -> list[str]:
+        """Per chain, where the step it runs at after warm-up came from: ``"crossing"`` or ``"capped"`` (its
+        :func:`~bnn_pyro.infer._aimed_step.aimed_step`, :class:`~bnn_pyro.infer._aimed_step.AimedStep`'s rules),
+        ``"dual_average"`` (Pyro's ``exp(x_bar)``: no aim (NUTS), no falling curve in the window's pairs, or a
+        checkpoint written before the aim, whose run goes on as it began) or ``"extended"`` (``resume``: the step of
+        the chain extended). Read from the window's pairs, which checkpoints keep, so a resumed run says the same."""
+        if self._resumed:
+            return ["extended"] * len(self._adapters)
+        aims = [self._aim(c) for c in range(len(self._adapters))]
+        return ["dual_average" if aim is None else aim.origin for aim in aims]
+
+    def _aim(self, c: int) -> AimedStep | None:
+        """Chain ``c``'s aimed step from its window's pairs (``None``: none, or no window kept)."""
+        pairs = None if self._window is None else self._window[c]
+        return aimed_step(*zip(*pairs), target=self._adapters[c].target_accept_prob) if pairs else None
+
     def _sites(self, c: int) -> dict[str, Tensor]:
         return dict(zip(self.names, (self._z if self._one else self._z[c]).split(self.sizes)))
 
@@ -312,10 +329,8 @@ class BatchedChains:
         last = adapter.adaptation_schedule[-1]
         if last.start <= t <= last.end:
             self._window[c].append((step, accept))
-        if t == last.end and self._window[c]:  # warm-up ends: Pyro has set exp(x_bar)
-            aimed = aimed_step(*zip(*self._window[c]), target=adapter.target_accept_prob)
-            if aimed is not None:
-                adapter.step_size = aimed
+        if t == last.end and (aim := self._aim(c)) is not None:  # warm-up ends: Pyro has set exp(x_bar)
+            adapter.step_size = aim.step
 
     def _reasonable_step_size(self, c: int, _sites=None) -> float:
         """Pyro's heuristic for chain ``c`` at its current position and inverse mass matrix:

@@ -194,7 +194,11 @@ class PyroNUTS(_Counted, NUTS):
 
 
 class PyroHMC(_Counted, HMC):
-    pass
+    @property
+    def step_size_origin(self) -> str:
+        """Where the step after warm-up came from (``Posterior.config["step_size_origin"]``): Pyro's dual
+        average ``exp(x_bar)``, or the extended chain's (``resume``)."""
+        return "dual_average" if self.resume is None else "extended"
 
 
 def pyro_kernel(kind: str, model, *, jit: bool, init_strategy, resume=None, metric=None, **options):

@@ -232,3 +232,9 @@ class FlatHMC(OneChainKernel):
             jit=jit,
             aim_final_step=True,
         )
+
+    @property
+    def step_size_origin(self) -> str:
+        """Which rule gave the step after warm-up (:attr:`~bnn_pyro.infer._batched.BatchedChains.step_size_origins`;
+        ``Posterior.config["step_size_origin"]``)."""
+        return self.chains.step_size_origins[0]

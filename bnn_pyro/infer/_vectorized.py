@@ -133,6 +133,7 @@ def _run(fitted, data, settings, kind, num_samples, num_warmup, seed, progress, 
             if ckpt is not None and ckpt.due(i + 1, total):
                 _save(ckpt, i + 1, chains, kept, draws)
     flat, mass = torch.stack(kept, 1), chains.inverse_mass_matrix  # (C, draws, D)
+    origins = chains.step_size_origins  # HMC: which rule gave each chain's step after warm-up
     point = point_values(fitted, data.x, data.y, data.size)
     runs = []
     for c in range(len(settings)):
@@ -147,6 +148,7 @@ def _run(fitted, data, settings, kind, num_samples, num_warmup, seed, progress, 
                 {k: v.clone() for k, v in point.items()},
                 {"inverse_mass_matrix": mass[c].clone()},
                 stats=sample_stats([d[c] for d in draws]),
+                record={"step_size_origin": origins[c]} if kind == "hmc" else {},  # where its step came from
             )
         )
     return runs

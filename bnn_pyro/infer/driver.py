@@ -421,7 +421,9 @@ def divergence_advice(lr: float, hint: str = "") -> str:
 class ChainRun:
     """One chain's result: its fitted model copy, draws ``(draws, *shape)`` per site, point-estimated
     parameters, per-step ``history``, per-draw ``stats`` and per-draw module ``buffers`` ``(draws, *shape)``
-    (e.g. BatchNorm statistics recomputed for each draw; the Posterior's ``draw_buffers``)."""
+    (e.g. BatchNorm statistics recomputed for each draw; the Posterior's ``draw_buffers``), and ``record``: facts
+    about the chain as JSON values (e.g. HMC's ``step_size_origin``), which :func:`assemble` lists in the
+    posterior's config, one per chain."""
 
     model: object
     samples: dict[str, torch.Tensor]
@@ -429,6 +431,7 @@ class ChainRun:
     history: dict[str, torch.Tensor] = field(default_factory=dict)
     stats: dict[str, torch.Tensor] = field(default_factory=dict)
     buffers: dict[str, torch.Tensor] = field(default_factory=dict)
+    record: dict = field(default_factory=dict)
 
 
 def stack(runs: list[ChainRun], part: str) -> dict[str, torch.Tensor]:
@@ -439,7 +442,9 @@ def stack(runs: list[ChainRun], part: str) -> dict[str, torch.Tensor]:
 
 
 def assemble(runs: list[ChainRun], *, method: str, config: dict, data: Data, **extra) -> Posterior:
-    """The :class:`~bnn_pyro.Posterior` of ``runs`` (the last chain's model is the posterior's model)."""
+    """The :class:`~bnn_pyro.Posterior` of ``runs`` (the last chain's model is the posterior's model); ``config``
+    becomes its config, with each entry of the chains' ``record`` added as a list of one value per chain."""
+    config.update({k: [r.record[k] for r in runs] for k in runs[0].record})
     return Posterior(
         samples=stack(runs, "samples"),
         model=runs[-1].model,

@@ -41,7 +41,12 @@ NUTS and HMC adapt the step size (dual averaging toward ``target_accept``, defau
 curve fitted to the last window's (step, acceptance) pairs crosses ``target_accept``
 (:mod:`bnn_pyro.infer._aimed_step`), not the dual average of Stan and Pyro, which ran at an acceptance of 0.93-0.97
 for the 0.8 target: with a fixed number of leapfrog steps the aimed step is a longer trajectory at the same cost
-(with ``trajectory_length``, the same length in fewer steps; realized 0.77-0.90; Pyro's ``HMC``, where there is no log joint, keeps the dual average). A diverging trajectory
+(with ``trajectory_length``, the same length in fewer steps; realized 0.77-0.90; Pyro's ``HMC``, where there is no log joint, keeps the dual average).
+``config["step_size_origin"]`` says per chain which rule gave HMC's step: ``"crossing"`` (the fitted curve's),
+``"capped"`` (a fit that did not converge, its steps accepted and rejected cleanly apart: the largest step that
+reached the target), ``"dual_average"`` (``exp(x_bar)``: no falling curve in the window's pairs, or fewer than 3 of
+them, as ``num_warmup`` 20-29 leaves; Pyro's ``HMC``; a checkpoint written before the aim), or, extending a posterior,
+its chains' (``"extended"`` where it has no record). A diverging trajectory
 (energy error > 1000 or NaN) is rejected and counted in ``sample_stats["diverging"]``; it never raises: the model
 runs with distribution validation off, including the priors a ``BNN`` built before the fit.
 
@@ -104,7 +109,7 @@ import torch
 from pyro import poutine
 from pyro.infer.autoguide.initialization import init_to_value
 
-from bnn_pyro.infer import _logjoint, _vectorized
+from bnn_pyro.infer import _logjoint, _old_kernel, _vectorized
 from bnn_pyro.infer._common import clean_config, init_strategy, point_values, progress_bar, quiet_model
 from bnn_pyro.infer._init import chain_start, resolve_init, set_points
 from bnn_pyro.infer._kernels import DrawStats, Metropolis, pyro_kernel, sample_stats
@@ -177,6 +182,8 @@ class ChainKernel(Protocol):
         Release what ``setup`` built.
     inverse_mass_matrix (optional):
         ``{sites: tensor}`` of the adapted metric, kept in ``history`` so that ``resume=Posterior`` can extend.
+    step_size_origin (optional):
+        A string naming the rule that gave the step after warm-up, kept in ``config["step_size_origin"]`` (HMC's).
     """
 
     initial_params: dict
@@ -293,7 +300,9 @@ class MCMCConfig(PotentialRunOptions):
         )
 
     def kernel(self, model, chain: KernelSettings) -> ChainKernel:
-        """One chain's kernel on ``model`` (validation off); its ``setup`` finds the start and the transforms."""
+        """One chain's kernel on ``model`` (validation off); its ``setup`` finds the start and the transforms. (The
+        previous release's ``kernel(model, chain, model_args) -> (kernel, initial_params, transforms)`` still runs in
+        this one, with a ``DeprecationWarning``: :mod:`bnn_pyro.infer._old_kernel`.)"""
         raise NotImplementedError(f"{type(self).__name__}.kernel: an MCMC engine's config builds its kernel.")
 
 
@@ -568,6 +577,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             "or use a stochastic-gradient method for minibatches."
         )
     _refuse_random_forward(model, method)
+    _old_kernel.warn_if_old(config)  # an engine written to the previous release's kernel interface still runs
     seed, progress = c.seed, c.progress
     init = resolve_init(model, init, data)
     fitted = copy.deepcopy(model) if isinstance(model, torch.nn.Module) else model
@@ -680,6 +690,8 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             num_warmup=resume.config.get("num_warmup"),
             extended_by=num_samples,
         )
+        if "step_size_origin" in resume.config:  # the step is the extended chains': so is its origin ("extended":
+            record["step_size_origin"] = resume.config["step_size_origin"]  # that of a posterior without the record)
     can = REGISTRY[Method(method)].capabilities
     return check_mcmc(post, target_accept=config.target_accept, acceptance=can.accept_reject, note=note)
 
@@ -791,7 +803,10 @@ def _run_chain(
 def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
     """Our loop over a :class:`ChainKernel` (Pyro's ``MCMCKernel`` interface): what Pyro's ``MCMC`` does for one chain (distribution validation off, the draws mapped back to the constrained space), and
     the checkpoint/resume that ``MCMC`` cannot give (it starts every run at its first warm-up step)."""
-    kernel = settings.config.kernel(quiet_model(model, data.size), settings)
+    # old_transforms: an engine written to the previous release's interface (_old_kernel) may return its own
+    kernel, old_transforms = _old_kernel.build(
+        settings.config, quiet_model(model, data.size), settings, (data.x, data.y)
+    )
     total = num_warmup + num_samples
     label, line = bar or ("", 0)  # our bar, labelled per chain like the other engines' (Pyro's says "Warmup"/"Sample")
     with progress_bar(total, label, bar is not None, position=line) as shown, pyro.validation_enabled(False):
@@ -816,13 +831,15 @@ def _run_chain_1(model, data, settings, num_samples, num_warmup, bar, ckpt):
             if ckpt is not None and ckpt.due(i + 1, total):
                 _save(ckpt, i + 1, kernel, params, kept, draws)
         mass = getattr(kernel, "inverse_mass_matrix", None)  # the adapted one (NUTS/HMC: for resume=Posterior)
-        transforms = kernel.transforms or {}
+        origin = getattr(kernel, "step_size_origin", None)  # HMC: which rule gave its step after warm-up
+        transforms = old_transforms or kernel.transforms or {}
         kernel.cleanup()
     samples = {k: torch.stack(v) for k, v in kept.items()}
     samples = {k: transforms[k].inv(v) if k in transforms else v for k, v in samples.items()}
     point = point_values(model, data.x, data.y, data.size)
     history = {} if mass is None else {"inverse_mass_matrix": next(iter(mass.values())).detach().clone()}
-    return ChainRun(model, samples, point, history, stats=sample_stats(draws))
+    record = {} if origin is None else {"step_size_origin": origin}
+    return ChainRun(model, samples, point, history, stats=sample_stats(draws), record=record)
 
 
 def _save(ckpt, step: int, kernel, params: dict, kept: dict, draws: list[DrawStats]) -> None:

@@ -23,7 +23,8 @@ def test_pairs_on_a_logistic_curve_give_its_crossing_of_the_target():
     b0, b1, centre = 1.5, 4.0, math.log(0.2)
     for target in (0.6, 0.8, 0.95):
         exact = math.exp(centre + (b0 - math.log(target / (1 - target))) / b1)
-        assert aimed_step(steps, _curve(steps, b0, b1, centre), target) == pytest.approx(exact, rel=1e-8)
+        aim = aimed_step(steps, _curve(steps, b0, b1, centre), target)
+        assert aim.step == pytest.approx(exact, rel=1e-8) and aim.origin == "crossing"
 
 
 def test_noisy_acceptances_give_the_crossing_within_its_standard_error():
@@ -35,7 +36,9 @@ def test_noisy_acceptances_give_the_crossing_within_its_standard_error():
     logs = (torch.rand(n, generator=g, dtype=torch.float64) * 3 - 1.5).tolist()  # log h in [-1.5, 1.5]
     p = _curve([math.exp(x) for x in logs], b0, b1, 0.0)
     accepts = [float(u < q) for u, q in zip(torch.rand(n, generator=g, dtype=torch.float64).tolist(), p)]
-    fitted = math.log(aimed_step([math.exp(x) for x in logs], accepts, target))
+    aim = aimed_step([math.exp(x) for x in logs], accepts, target)
+    assert aim.origin == "crossing"  # the fit converged: 2,000 pairs are not cleanly apart
+    fitted = math.log(aim.step)
     centre = sum(logs) / n  # the fit's parameterization: b0' - b1 (x - centre), b0' = b0 - b1 centre
     design = torch.tensor([[1.0, centre - x] for x in logs], dtype=torch.float64)
     w = torch.tensor([q * (1 - q) for q in p], dtype=torch.float64)
@@ -60,20 +63,20 @@ def test_a_crossing_outside_the_tried_steps_is_clamped_to_them():
     steps = [0.1, 0.12, 0.14, 0.16]
     high = _curve(steps, 8.0, 2.0, math.log(0.1))  # crosses 0.8 far above 0.16
     low = _curve(steps, -8.0, 2.0, math.log(0.1))  # far below 0.1
-    assert aimed_step(steps, high, 0.8) == pytest.approx(0.16, rel=1e-12)
-    assert aimed_step(steps, low, 0.8) == pytest.approx(0.1, rel=1e-12)
+    assert aimed_step(steps, high, 0.8) == (pytest.approx(0.16, rel=1e-12), "crossing")
+    assert aimed_step(steps, low, 0.8) == (pytest.approx(0.1, rel=1e-12), "crossing")
 
 
 def test_steps_cleanly_apart_give_the_largest_step_that_reached_the_target():
     """Where accepted and rejected steps are cleanly apart the deviance has no finite minimum, the fitted slope runs to
     its limit and the crossing lands mid-gap, above every accepted step (review 21: 40 accepts at 0.1 and one reject
     at 10 aimed at 0.92; dual averaging on a simulated acceptance cliff put 26 of 400 chains past it, acceptance 0
-    after warm-up, and 1 of 400 with this rule). Such a fit gives the largest step that reached the target; a
-    divergent transition's NaN acceptance counts as 0."""
-    assert aimed_step([0.1] * 40 + [10.0], [1.0] * 40 + [0.0], 0.8) == pytest.approx(0.1, rel=1e-12)
+    after warm-up, and 1 of 400 with this rule). Such a fit gives the largest step that reached the target, and says
+    so (``origin`` "capped", review 21 finding 5); a divergent transition's NaN acceptance counts as 0."""
+    assert aimed_step([0.1] * 40 + [10.0], [1.0] * 40 + [0.0], 0.8) == (pytest.approx(0.1, rel=1e-12), "capped")
     steps = [0.1, 0.2, 0.3, 0.5, 0.6, 0.7]
-    assert aimed_step(steps, [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], 0.8) == pytest.approx(0.3, rel=1e-12)
-    assert aimed_step(steps, [1.0, 1.0, 1.0, float("nan"), 0.0, 0.0], 0.8) == pytest.approx(0.3, rel=1e-12)
+    assert aimed_step(steps, [1.0, 1.0, 1.0, 0.0, 0.0, 0.0], 0.8) == (pytest.approx(0.3, rel=1e-12), "capped")
+    assert aimed_step(steps, [1.0, 1.0, 1.0, float("nan"), 0.0, 0.0], 0.8) == (pytest.approx(0.3, rel=1e-12), "capped")
 
 
 @pytest.mark.parametrize(
@@ -82,6 +85,10 @@ def test_steps_cleanly_apart_give_the_largest_step_that_reached_the_target():
         ([0.1, 0.2], [1.0], 0.8, "steps and accepts must pair up"),
         ([0.1, 0.2, 0.3], [1.0, 0.5, 0.0], 1.0, "target must be an acceptance probability"),
         ([0.1, 0.0, 0.3], [1.0, 0.5, 0.0], 0.8, "every step size must be finite and > 0"),
+        ([0.1, 0.2, 0.3], [1.0, 1.5, 0.0], 0.8, "every acceptance must be a probability in"),
+        ([0.1, 0.2, 0.3], [1.0, -0.1, 0.0], 0.8, "every acceptance must be a probability in"),
+        ([0.1, 0.2, 0.3], [1.0, float("inf"), 0.0], 0.8, "every acceptance must be a probability in"),
+        ([0.1, 0.2, 0.3], [float("-inf"), 0.5, 0.0], 0.8, "every acceptance must be a probability in"),
     ],
 )
 def test_bad_input_names_the_argument(steps, accepts, target, match):

@@ -17,6 +17,7 @@ import pyro
 import pytest
 import torch
 from test_mcmc import SIGMA, _assert_exact, _blr, _data
+from test_mcmc_hmc_flat import _assert_origins_match_steps, _spy_aims
 from test_nuts import _one_input_net, _three_input_net
 
 import bnn_pyro as bp
@@ -303,6 +304,8 @@ def test_vectorized_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch, me
         for group in ("samples", "sample_stats", "history"):
             for name, value in getattr(whole, group).items():
                 assert torch.equal(getattr(resumed, group)[name], value), (crash, group, name)
+        # HMC's record of where each chain's step came from, read from the window's pairs the checkpoint kept
+        assert resumed.config.get("step_size_origin") == whole.config.get("step_size_origin"), crash
     # a sequential run's files are not a vectorized run's (its draws differ)
     folder = tmp_path / "sequential"
     folder.mkdir()
@@ -320,6 +323,19 @@ def test_vectorized_extends_a_posterior_without_warmup():
         assert torch.equal(more.samples[name][:, :10], value)
     assert torch.equal(more.sample_stats["step_size"][:, 10:], first.sample_stats["step_size"][:, -1:].expand(4, 6))
     assert torch.equal(more.history["inverse_mass_matrix"], first.history["inverse_mass_matrix"])
+    assert more.config["step_size_origin"] == first.config["step_size_origin"]  # the extended chains' steps
+
+
+def test_vectorized_hmc_records_which_rule_gave_each_chains_step(monkeypatch):
+    """``config["step_size_origin"]``: one per chain, each the rule of the aimed step it runs at (review 21 finding
+    5; the one-chain kernels' case: tests/infer/test_mcmc_hmc_flat.py); NUTS, which does not aim, records none."""
+    seen = _spy_aims(monkeypatch)
+    x, y = _data(2)
+    post = bp.fit(_blr(2), x, y, num_samples=4, num_warmup=40, seed=0, **VEC)
+    assert len(post.config["step_size_origin"]) == 4
+    _assert_origins_match_steps(post, seen)
+    nuts = dict({k: v for k, v in VEC.items() if k != "num_leapfrog"}, method="nuts", max_tree_depth=3)
+    assert "step_size_origin" not in bp.fit(_blr(2), x, y, num_samples=4, num_warmup=10, **nuts).config
 
 
 def test_one_progress_bar_for_all_vectorized_chains(capfd):

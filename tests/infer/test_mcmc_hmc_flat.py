@@ -13,7 +13,7 @@ from conftest import forks_chains
 from pyro.infer.mcmc.util import initialize_model
 
 import bnn_pyro as bp
-from bnn_pyro.infer import _kernels, _logjoint, _one_chain, mcmc
+from bnn_pyro.infer import _batched, _kernels, _logjoint, _one_chain, mcmc
 from bnn_pyro.infer.checkpoint import CheckpointError
 
 Z_MAX = 4.0  # |estimate - exact| in Monte Carlo standard errors (ESS-based), as tests/infer/test_mcmc.py
@@ -66,6 +66,52 @@ def test_hmc_without_a_log_joint_keeps_pyros_kernel(monkeypatch):
         fast_path=False,
     )
     assert pyro_hmc and not flat
+
+
+# ---------------------------------------------------------------------- where each chain's step came from
+def _spy_aims(monkeypatch) -> list:
+    """Every :class:`~bnn_pyro.infer._aimed_step.AimedStep` the flat kernels compute, in this process."""
+    seen, aim = [], _batched.aimed_step
+    monkeypatch.setattr(_batched, "aimed_step", lambda *a, **k: seen.append(found := aim(*a, **k)) or found)
+    return seen
+
+
+def _assert_origins_match_steps(post, seen) -> None:
+    """Each chain's recorded rule is the one whose aimed step it runs at after warm-up (the kept draws' step)."""
+    for c, origin in enumerate(post.config["step_size_origin"]):
+        step = float(post.sample_stats["step_size"][c, 0])
+        assert [a.origin for a in seen if a is not None and a.step == pytest.approx(step, rel=1e-6)][:1] == [origin]
+
+
+@pytest.mark.filterwarnings("ignore:hmc. the bulk ESS")  # a handful of draws per fit
+def test_each_chain_records_which_rule_gave_its_step_after_warm_up(monkeypatch, tmp_path):
+    """``config["step_size_origin"]``, one per chain (review 21 finding 5): the aimed step's ``"crossing"`` or
+    ``"capped"``; ``"dual_average"`` where there was no curve to fit (a 2-pair end window: ``num_warmup`` 20-29) and on
+    Pyro's kernel; saved and loaded with the posterior; an extension keeps the extended chains' origins
+    (``"extended"`` for a posterior without the record). Seed 5 at 30 warm-up iterations: one chain of each rule."""
+    x = torch.randn(20, 2, generator=torch.Generator().manual_seed(0))
+    y = (x[:, 0] > 0).float()
+    run = dict(method="hmc", num_samples=4, num_chains=2, num_leapfrog=3, progress=False, chain_method="sequential")
+    seen = _spy_aims(monkeypatch)
+    post = bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, num_warmup=30, seed=5, **run)
+    assert post.config["step_size_origin"] == ["capped", "crossing"]
+    _assert_origins_match_steps(post, seen)
+    short = bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, num_warmup=25, seed=5, **run)
+    assert short.config["step_size_origin"] == ["dual_average"] * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Pyro's kernel on 4 draws: the health checks' warnings
+        pyro_path = bp.fit(
+            _classifier(bp.likelihoods.Bernoulli(), 1), x, y, num_warmup=4, seed=5, fast_path=False, **run
+        )
+    assert pyro_path.config["step_size_origin"] == ["dual_average"] * 2
+    loaded = bp.load(post.save(tmp_path / "post"))
+    assert loaded.config["step_size_origin"] == ["capped", "crossing"]
+    extend = dict(run, num_samples=2, seed=11)
+    more = bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, resume=post, **extend)
+    assert more.config["step_size_origin"] == ["capped", "crossing"]
+    del post.config["step_size_origin"]  # as a posterior of a version before the record
+    older = bp.fit(_classifier(bp.likelihoods.Bernoulli(), 1), x, y, resume=post, **extend)
+    assert older.config["step_size_origin"] == ["extended"] * 2
 
 
 # ---------------------------------------------------------------------- exactness on the generic path

@@ -1,0 +1,66 @@
+"""Tests for bnn_pyro/infer/_old_kernel.py: an MCMC engine written to the previous release's kernel interface
+(``kernel(model, chain, model_args) -> (kernel, initial_params, transforms)``, documented in docs/adding_an_engine.md
+until 7e4976c) still runs, with a DeprecationWarning that says what to write instead (review 20 finding 5: it failed
+with a bare TypeError, inside a chain's process when the chains ran in parallel)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+import bnn_pyro as bp
+from bnn_pyro.infer import _old_kernel, mcmc
+
+RUN = dict(method="metropolis", num_samples=10, num_warmup=20, num_chains=2, seed=0, progress=False)
+
+
+def _fit(**options):
+    x = torch.linspace(-1, 1, 12).unsqueeze(-1)
+    y = 0.5 * x[:, 0]
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.1))
+    return bp.fit(model, x, y, **RUN, **options)
+
+
+def _old_interface(monkeypatch):
+    """MetropolisConfig.kernel as an out-of-tree engine wrote it for the previous release."""
+    new = mcmc.MetropolisConfig.kernel
+
+    def kernel(self, model, chain, model_args):
+        return new(self, model, chain), None, None
+
+    monkeypatch.setattr(mcmc.MetropolisConfig, "kernel", kernel)
+
+
+@pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")  # a handful of draws
+@pytest.mark.parametrize("chain_method", ["sequential", "parallel"])
+def test_an_engine_written_to_the_old_kernel_interface_runs_with_a_deprecation_warning(monkeypatch, chain_method):
+    """The same draws as the current interface's, and one DeprecationWarning, raised in the caller's process and
+    pointing at its bp.fit line, that names the config and the signature to write."""
+    expected = _fit(chain_method=chain_method)
+    _old_interface(monkeypatch)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        post = _fit(chain_method=chain_method)
+    deprecations = [w for w in caught if issubclass(w.category, DeprecationWarning)]
+    assert len(deprecations) == 1 and deprecations[0].filename == __file__, [str(w.message) for w in caught]
+    message = str(deprecations[0].message)
+    assert "MetropolisConfig.kernel(self, model, chain) returning the kernel alone" in message
+    assert "will be removed in the next" in message
+    for name, value in expected.samples.items():
+        assert torch.equal(post.samples[name], value), name
+
+
+def test_the_current_interface_is_not_taken_for_the_old_one():
+    """Every registered MCMC engine's config, and one whose kernel takes more keywords with defaults."""
+    for config in (mcmc.NUTSConfig(), mcmc.HMCConfig(), mcmc.MetropolisConfig()):
+        assert not _old_kernel.is_old(config)
+
+    class Wider(mcmc.MetropolisConfig):
+        def kernel(self, model, chain, extra=None):
+            return super().kernel(model, chain)
+
+    assert not _old_kernel.is_old(Wider())
