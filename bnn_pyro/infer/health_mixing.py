@@ -205,15 +205,15 @@ def check_mixing(post, *, advice: str = "", note: str = "") -> None:
             f"R-hat of {worst_rhat} is up to {np.nanmax(rhat):.3g} (threshold {limit:.3g}): the "
             "chains disagree, they have not mixed or sit in different modes"
         )
-    if post.num_chains == 1:
-        note = (
+    if post.num_chains == 1:  # its own name: the engine's ``note`` still follows the advice (review 15's bound)
+        one_chain = (
             f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started elsewhere "
             f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4 for the MCMC engines)"
         )
         if not problems:  # nothing else to fix: the note alone, without the mixing advice
-            _warn(f"{post.method}: {note} ({post.num_draws} draws).")
+            _warn(f"{post.method}: {one_chain} ({post.num_draws} draws).")
             return
-        problems.append(note)
+        problems.append(one_chain)
     if problems:
         other = (
             "a larger max_tree_depth if the trajectories hit the maximum"

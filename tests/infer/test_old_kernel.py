@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import forks_chains
 
 import bnn_pyro as bp
 from bnn_pyro.infer import _old_kernel, mcmc
@@ -36,7 +37,7 @@ def _old_interface(monkeypatch):
 
 
 @pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")  # a handful of draws
-@pytest.mark.parametrize("chain_method", ["sequential", "parallel"])
+@pytest.mark.parametrize("chain_method", ["sequential", pytest.param("parallel", marks=forks_chains)])
 def test_an_engine_written_to_the_old_kernel_interface_runs_with_a_deprecation_warning(monkeypatch, chain_method):
     """The same draws as the current interface's, and one DeprecationWarning, raised in the caller's process and
     pointing at its bp.fit line, that names the config and the signature to write."""
