@@ -245,7 +245,6 @@ def test_one_chain_says_that_r_hat_is_undefined():
         health_mixing.check_mixing(_plain_posterior(0.0, num_chains=1))
 
 
-
 def test_one_chain_with_a_mixing_problem_says_so_once_and_keeps_the_engines_note():
     """One chain of 30 draws (bulk ESS under its threshold) with an engine's note (Metropolis's random-walk bound):
     the undefined R-hat is said once and the note follows the advice. It had been said twice, the note dropped: the
@@ -256,6 +255,7 @@ def test_one_chain_with_a_mixing_problem_says_so_once_and_keeps_the_engines_note
     said = " ".join(str(w.message) for w in caught if issubclass(w.category, DiagnosticWarning))
     assert "bulk ESS" in said and said.count("R-hat is undefined") == 1, said
     assert said.endswith("THE ENGINE'S NOTE."), said
+
 
 def test_svi_that_ignores_the_data_is_flagged():
     """A mean-field guide whose draws are the prior's at every weight (scales 1, means 0), as a
