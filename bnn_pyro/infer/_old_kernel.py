@@ -24,9 +24,13 @@ __all__ = ["is_old", "warn_if_old", "build"]
 
 
 def is_old(config) -> bool:
-    """Whether ``config.kernel`` is the old interface: it cannot be called as ``kernel(model, chain)``."""
+    """Whether ``config.kernel`` is the old interface: it cannot be called as ``kernel(model, chain)``, or it takes
+    the old ``model_args`` (with a default, it could be: review 22 found such an engine taken for the new one)."""
+    signature = inspect.signature(config.kernel)
+    if "model_args" in signature.parameters:
+        return True
     try:
-        inspect.signature(config.kernel).bind(None, None)
+        signature.bind(None, None)
     except TypeError:
         return True
     return False

@@ -48,6 +48,8 @@ from bnn_pyro.utils.user_warnings import warn
 __all__ = [
     "run_chains",
     "chain_execution",
+    "fork_refusal",
+    "autograd_survives_fork",
     "ChainMethod",
     "ChainInfo",
     "chain",
@@ -96,17 +98,19 @@ def run_chains(
     how: ChainMethod | str = ChainMethod.SEQUENTIAL,
     copy_model: bool = True,
     method: str = "fit",
+    decided: bool = False,
 ) -> list[ChainRun]:
     """``body(fitted, info)`` for chains ``0 .. num_chains - 1``, each inside :func:`chain` (with
     ``copy_model=False`` every chain uses ``model`` itself, e.g. MCMC's shared deterministic parameters).
     ``how``: see :class:`ChainMethod` and :func:`chain_execution`; a forked chain's model copy stays in its
-    process (its :class:`ChainRun` comes back with ``model`` set to this process's ``model``)."""
+    process (its :class:`ChainRun` comes back with ``model`` set to this process's ``model``). ``decided``: ``how``
+    is already :func:`chain_execution`'s answer (MCMC decides before it opens its checkpoints), not asked again."""
 
     def one(c: int, line: int) -> ChainRun:
         with chain(model, seed + c, copy_model=copy_model) as fitted:
             return body(fitted, ChainInfo(c, seed + c, line))
 
-    execution = chain_execution(num_chains, how, method)
+    execution = ChainMethod(how).value if decided else chain_execution(num_chains, how, method)
     if execution == "vectorized":  # MCMC runs its batched chains itself (bnn_pyro.infer._vectorized)
         raise ValueError(
             f"chain_method='vectorized' applies to method='nuts' and 'hmc' only, not {method!r}; use "
@@ -144,7 +148,8 @@ def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit"
         return "sequential"
     cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
     forkable = "fork" in mp.get_all_start_methods() and _cores() > 1 and not cuda
-    if forkable and autograd_survives_fork():
+    refusal = fork_refusal() if forkable else None
+    if forkable and refusal is None:
         return "parallel"
     why = (
         "CUDA is initialised in this process (forked processes cannot use it)"
@@ -153,11 +158,7 @@ def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit"
         if _cores() < 2
         else "the 'fork' start method is unavailable"
         if not forkable
-        else (
-            "a forked process could not run autograd: torch sees an accelerator (a GPU), so the backward passes "
-            "already run in this process started autograd's device threads, which a fork cannot carry (to fit on "
-            "the CPU in parallel chains, hide the GPU before Python starts: CUDA_VISIBLE_DEVICES='')"
-        )
+        else refusal
     )
     if how is ChainMethod.PARALLEL:
         raise ValueError(
@@ -170,12 +171,17 @@ def chain_execution(num_chains: int, how: ChainMethod | str, method: str = "fit"
     return "sequential"
 
 
-def _accelerator_visible() -> bool:
-    """Whether torch sees a non-CPU device (without initialising it): what makes autograd start device threads."""
+def _accelerator() -> str | None:
+    """The non-CPU device type torch sees (without initialising it), or None: what makes autograd start device
+    threads."""
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6: CUDA, XPU, MPS, ...
     if accelerator is not None:
-        return accelerator.is_available()
-    return torch.cuda.is_available()
+        return accelerator.current_accelerator().type if accelerator.is_available() else None
+    return "cuda" if torch.cuda.is_available() else None
+
+
+def _accelerator_visible() -> bool:
+    return _accelerator() is not None
 
 
 def _backward_or_exit() -> None:
@@ -187,19 +193,52 @@ def _backward_or_exit() -> None:
     os._exit(0)
 
 
-def autograd_survives_fork() -> bool:
-    """Whether a child forked now can run a backward pass. In a process where torch sees an accelerator (a CUDA
-    build with a visible GPU, even when every tensor is on the CPU), the first backward pass starts one autograd
-    thread per device, and every backward pass in a child forked after that raises ("Unable to handle autograd's
-    threading in combination with fork-based multiprocessing"): a parallel chain would fail at its first gradient.
-    Torch exposes no such flag, so where an accelerator is visible a forked child tries one backward pass (the
-    answer is its exit code); without one the threads are never started and nothing is forked here."""
-    if not _accelerator_visible():
-        return True
+PROBE_SECONDS = 60.0  # a probe child that has not answered by then is killed and the chains run in this process
+_refused: str | None = None  # a probe's backward pass refused: autograd's device threads never stop, so it stays
+
+
+def fork_refusal() -> str | None:
+    """``None`` where a child forked now can run a backward pass, else why not (the reason a warning or an error
+    gives). In a process where torch sees an accelerator (a CUDA build with a visible GPU, even when every tensor is
+    on the CPU), the first backward pass starts one autograd thread per device, and every backward pass in a child
+    forked after that raises ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"): a parallel chain would fail at its first gradient. Torch exposes no such flag, so where an
+    accelerator is visible a forked child tries one backward pass: exit code 0 is yes, 1 (torch's refusal) is no,
+    and is kept for the process (the threads are never stopped); a child killed by a signal or still running after
+    :data:`PROBE_SECONDS` is no, named as such. Without an accelerator the threads are never started and nothing
+    is forked."""
+    global _refused
+    if _refused is not None:
+        return _refused
+    kind = _accelerator()
+    if kind is None:
+        return None
     probe = mp.get_context("fork").Process(target=_backward_or_exit, daemon=True)
     probe.start()
-    probe.join()
-    return probe.exitcode == 0
+    probe.join(PROBE_SECONDS)
+    if probe.is_alive():
+        probe.kill()
+        probe.join()
+        return f"a forked process did not finish one backward pass within driver.PROBE_SECONDS ({PROBE_SECONDS:g} s)"
+    if probe.exitcode == 0:
+        return None
+    if probe.exitcode != 1:
+        return f"a forked process running one backward pass ended with exit code {probe.exitcode}"
+    if kind == "cuda":
+        hide = "HIP_VISIBLE_DEVICES" if getattr(torch.version, "hip", None) else "CUDA_VISIBLE_DEVICES"
+        way_out = f"to fit on the CPU in parallel chains, hide the GPU before Python starts: {hide}=''"
+    else:
+        way_out = "to run them in parallel, fit in a process that has run no backward pass before"
+    _refused = (
+        f"a forked process could not run autograd: torch sees an accelerator ({kind}), so the backward passes "
+        f"already run in this process started autograd's device threads, which a fork cannot carry ({way_out})"
+    )
+    return _refused
+
+
+def autograd_survives_fork() -> bool:
+    """Whether a child forked now can run a backward pass (:func:`fork_refusal` gives the reason where not)."""
+    return fork_refusal() is None
 
 
 def _cores() -> int:
@@ -443,8 +482,11 @@ def stack(runs: list[ChainRun], part: str) -> dict[str, torch.Tensor]:
 
 def assemble(runs: list[ChainRun], *, method: str, config: dict, data: Data, **extra) -> Posterior:
     """The :class:`~bnn_pyro.Posterior` of ``runs`` (the last chain's model is the posterior's model); ``config``
-    becomes its config, with each entry of the chains' ``record`` added as a list of one value per chain."""
-    config.update({k: [r.record[k] for r in runs] for k in runs[0].record})
+    becomes its config (updated in place: MCMC adds to it after), with each entry of any chain's ``record`` added as a
+    list of one value per chain (``None`` for a chain without it: a third-party kernel may record for some chains
+    only, and a missing entry must not lose the fit after every chain has run)."""
+    keys = dict.fromkeys(k for r in runs for k in r.record)
+    config.update({k: [r.record.get(k) for r in runs] for k in keys})
     return Posterior(
         samples=stack(runs, "samples"),
         model=runs[-1].model,

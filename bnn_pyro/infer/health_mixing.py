@@ -208,7 +208,7 @@ def check_mixing(post, *, advice: str = "", note: str = "") -> None:
     if post.num_chains == 1:  # its own name: the engine's ``note`` still follows the advice (review 15's bound)
         one_chain = (
             f"with one chain R-hat is undefined (NaN in post.summary()), so whether chains started elsewhere "
-            f"would agree on {what} is unchecked; run num_chains >= 2 (the default is 4 for the MCMC engines)"
+            f"would agree on {what} is unchecked; run num_chains >= 2, as the MCMC engines do by default with 4"
         )
         if not problems:  # nothing else to fix: the note alone, without the mixing advice
             _warn(f"{post.method}: {one_chain} ({post.num_draws} draws).")

@@ -667,7 +667,9 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             ckpt=ckpts[0],
         )
         if batched
-        else run_chains(fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc")
+        else run_chains(
+            fitted, num_chains, seed, run_chain, how=execution, copy_model=False, method="mcmc", decided=True
+        )
     )
     post = assemble(runs, method=method, config=record, data=data)
     note = (

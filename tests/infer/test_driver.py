@@ -117,3 +117,17 @@ def test_the_gradient_is_cleared_only_where_autograd_accumulates_it(by_hand):
     assert len(calls) == (0 if by_hand else 6)
     # either way the steps are those of gradient descent on 0.5 |w - target|^2: w_k = (1 - 0.9^k) target
     torch.testing.assert_close(w.detach(), (1 - 0.9**6) * TARGET)
+
+
+def test_assemble_lists_every_chains_record_entries_with_none_where_a_chain_has_none():
+    """A third-party kernel may record for some chains only: the entry is listed for every chain (None where it has
+    none) rather than raising after every chain has run, or being dropped because chain 0 lacks it (review 22)."""
+    from bnn_pyro.infer.driver import ChainRun, assemble
+
+    runs = [
+        ChainRun(None, {"w": torch.zeros(3, 2)}, {}, {}, record={"step_size_origin": "crossing"}),
+        ChainRun(None, {"w": torch.ones(3, 2)}, {}, {}, record={"other": 1}),
+    ]
+    x = torch.zeros(4, 1)
+    post = assemble(runs, method="mcmc", config={}, data=Data(x=x, y=x.squeeze(-1), batch_size=4))
+    assert post.config["step_size_origin"] == ["crossing", None] and post.config["other"] == [None, 1]

@@ -240,7 +240,7 @@ def test_one_chain_says_that_r_hat_is_undefined():
     with pytest.warns(
         DiagnosticWarning,
         match=r"with one chain R-hat is undefined \(NaN in post.summary\(\)\).*"
-        r"num_chains >= 2 \(the default is 4 for the MCMC engines\)",
+        r"num_chains >= 2, as the MCMC engines do by default with 4",
     ):
         health_mixing.check_mixing(_plain_posterior(0.0, num_chains=1))
 

@@ -65,3 +65,15 @@ def test_the_current_interface_is_not_taken_for_the_old_one():
             return super().kernel(model, chain)
 
     assert not _old_kernel.is_old(Wider())
+
+
+def test_an_old_kernel_with_a_default_for_model_args_is_the_old_interface():
+    """``kernel(self, model, chain, model_args=None)`` binds ``(model, chain)``, so the signature test alone took it
+    for the current interface and its tuple failed inside the chain (review 22: AttributeError 'tuple' object has no
+    attribute 'setup'); the parameter's name tells."""
+
+    class Defaulted(mcmc.MetropolisConfig):
+        def kernel(self, model, chain, model_args=None):
+            return super().kernel(model, chain), None, None
+
+    assert _old_kernel.is_old(Defaulted())
