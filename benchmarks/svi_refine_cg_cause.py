@@ -178,7 +178,7 @@ def one_size(dim: int, rows: int) -> list[dict]:
 
     out = []
     for variant in VARIANTS:
-        settings = dict(max_evals=5, hessian_draws=10, max_iter=300, halving=True, escalate=None, **variant)
+        settings = {**dict(max_evals=5, hessian_draws=10, max_iter=300, halving=True, escalate=None), **variant}
         if settings["escalate"] == "rule":
             settings["escalate"] = f"rule ({rule})"
         result = run(**{**variant})
