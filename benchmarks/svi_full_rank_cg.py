@@ -1,7 +1,8 @@
 """A full-rank guide past the dense refinement's bounds (``bnn_pyro/infer/svi_refine_cg.py``): what the mean's Newton
 step by conjugate gradients does at the defaults, before (a base revision, where such a guide got no refinement) and
 after (the working tree), each side in a process of its own (``_common.side_result``); ``--base 13cd18c`` compares
-the gap after the step by conjugate gradients (before) with the dense statistic on the step's own draws (after).
+the gap after the step by conjugate gradients (before) with the dense statistic on the step's own draws (after);
+``--before`` words what the base revision does in the header (default "no refinement there").
 
 ``--case linear``: Bayesian linear regression with known noise (``dim`` coefficients, ``N(0, 1)`` priors, covariates
 ``N(0, 1)`` plus a shared ``0.3 N(0, 1)``, noise 1, ``rows`` rows): the posterior is Gaussian with precision ``X^T X +
@@ -128,6 +129,7 @@ def main() -> None:
     parser.add_argument("--pairs", default="110x100,200x100,400x100,110x500,200x500,400x500,110x2000,200x2000,400x2000")
     parser.add_argument("--base", default="d28af86", help="the revision before the change")
     parser.add_argument("--name", default=None)
+    parser.add_argument("--before", default="no refinement there", help="what the base revision does, for the header")
     args = parser.parse_args()
     rows_out = []
     with exported(args.base) as before:
@@ -145,7 +147,7 @@ def main() -> None:
         args.name or f"fullcg_{args.case}",
         f"A full-rank guide (SVI's default on a Pyro function up to svi_lr.FULL_RANK_MAX_DIM coordinates) past the "
         f"dense refinement's bounds, at the defaults (5,000 steps, Laplace start, seed 0): before (revision "
-        f"{args.base}: no refinement there) and after (this commit: the mean's Newton step by conjugate gradients, "
+        f"{args.base}: {args.before}) and after (this commit: the mean's Newton step by conjugate gradients, "
         f"svi_refine_cg). Case {args.case} (benchmarks/svi_full_rank_cg.py's docstring). max_miss_sds: the guide's "
         f"largest |mean - exact posterior mean| in exact posterior sds; max_abs_gap and warned: the engine's gap and "
         f"whether the fit warned 'stopped short'; step_share / gap_share: the step's / the gap's seconds over the rest "

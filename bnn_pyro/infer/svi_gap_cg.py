@@ -105,7 +105,8 @@ HESSIAN_DRAWS = 10
 """Draws (5 antithetic pairs: the first pair of 5 batches spread over the :data:`BATCHES`, :func:`hessian_pairs`)
 averaged for each product of the expected Hessian: its Monte Carlo error scales the step by a relative error (none on
 a Gaussian posterior, where ``H`` is constant), and every iteration costs ``HESSIAN_DRAWS x BATCHES`` products, so
-few."""
+few. The mean's step starts from these and averages more once a candidate is rejected, as the fit's share allows
+(:func:`choose_path`'s ``step_hessian_draws``; :mod:`~bnn_pyro.infer.svi_refine_cg` says why)."""
 TOL = 1e-4
 """Conjugate gradients stop when every batch's residual, in the norm of the preconditioner's inverse (the guide's
 whitened frame), is at most this fraction of the largest right-hand side's: far below the gap's standard error."""
@@ -190,12 +191,15 @@ class GapPath(NamedTuple):
     """:func:`choose_path`'s answer: ``kind`` ``"dense"`` (:mod:`bnn_pyro.infer.svi_refine`'s bounds: the dense
     refinement and gap), ``"cg"`` (this module and :mod:`bnn_pyro.infer.svi_refine_cg`) or ``"none"`` (not checked,
     ``reason`` says why); on the dense path ``max_evaluations`` bounds the refinement (below 2, it is skipped for the
-    fit's cost, ``reason`` says so, and the gap alone runs)."""
+    fit's cost, ``reason`` says so, and the gap alone runs); on the conjugate-gradient path ``step_hessian_draws`` is
+    what the mean's step averages ``H`` over once a candidate was rejected (:mod:`~bnn_pyro.infer.svi_refine_cg`;
+    :data:`HESSIAN_DRAWS` where the fit's share pays for no more)."""
 
     kind: str
     reason: str | None = None
     max_iterations: int = MAX_ITERATIONS  # the conjugate-gradient solves' share of the fit's cost (choose_path)
     max_evaluations: int = svi_refine.MAX_EVALUATIONS  # the dense refinement's share of the fit's cost (choose_path)
+    step_hessian_draws: int = svi_refine.DRAWS  # the mean step's solves after a rejected candidate (choose_path)
 
 
 def choose_path(
@@ -220,9 +224,15 @@ def choose_path(
     (``max_iterations``: each iteration of the gap's solve takes ``2 HESSIAN_DRAWS BATCHES`` passes, of the step's
     solves ``2 HESSIAN_DRAWS`` each, at most :data:`STEP_SOLVES` of them; a solve that stops there gives no verdict, so
     the check never costs more than that share of the fit: review 15 measured 1.9 times a 150-step fit before);
-    otherwise not checked. A full-rank guide (``full_rank``) takes the dense path within those bounds; past them the
+    otherwise not checked. Where the share pays for all :data:`MAX_ITERATIONS`, what it leaves beyond them pays for
+    the step's ``H`` from more draws after a rejected candidate (``step_hessian_draws``, whole pairs up to
+    ``svi_refine.DRAWS``: every one of the :data:`STEP_SOLVES` solves charged at that count for ``max_iterations``, so
+    the bound holds whichever solves take them); elsewhere the solves keep every pass and the step its
+    :data:`HESSIAN_DRAWS`.
+    A full-rank guide (``full_rank``) takes the dense path within those bounds; past them the
     conjugate-gradient path where it fits as above (the mean's step, :mod:`~bnn_pyro.infer.svi_refine_cg`, then the
-    dense gap on the step's draws, :func:`~bnn_pyro.infer.svi_gap.newton_gap`, charged as this module's gap), and otherwise the dense gap alone (it needs no Hessian: gradients only), within
+    dense gap on the step's draws, :func:`~bnn_pyro.infer.svi_gap.newton_gap`, which takes no solve: only the step's
+    solves are charged, review 21), and otherwise the dense gap alone (it needs no Hessian: gradients only), within
     the bound below, ``reason`` then saying why the step was ``"skipped: ..."`` (the engine records it). ``spent_passes``: passes over the rows that a step before the solves
     already took (a mean-field guide's scale step, :mod:`~bnn_pyro.infer.svi_refine_scale`, records what it spent),
     out of that share before their iterations; nothing by default. The scale step runs only where it leaves the solves
@@ -245,7 +255,7 @@ def choose_path(
         f"svi_gap_cg.STEP_ROWS, {STEP_ROWS:,})"
     )
     if full_rank and not refinable:  # past svi_refine's bounds: the mean's step and the gap by conjugate gradients
-        solves = _cg_path(dim, rows, budget, fit_passes, spent_passes, fit)  # where they fit (svi_refine_cg), else
+        solves = _cg_path(dim, rows, budget, fit_passes, spent_passes, fit, gap_solve=False)  # where they fit, else
         if solves.kind == "cg":  # the dense gap alone (gradients only), the step's skip recorded with its bound
             return solves
         gap_cost = dense_passes(dim, 0, hessian_gap=False) if gap else 0
@@ -282,9 +292,20 @@ def _gap_too_costly(gap_cost: int, rows: int, fit: str) -> GapPath:
     )
 
 
-def _cg_path(dim: int, rows: int, budget: float | None, fit_passes: int | None, spent_passes: int, fit: str) -> GapPath:
+def _cg_path(
+    dim: int,
+    rows: int,
+    budget: float | None,
+    fit_passes: int | None,
+    spent_passes: int,
+    fit: str,
+    *,
+    gap_solve: bool = True,
+) -> GapPath:
     """The conjugate-gradient path's answer past the dense bounds (:func:`choose_path`): ``"cg"`` within
-    :data:`MAX_WORK` and the iterations the fit's share pays for, else ``"none"`` with the bound that stopped it."""
+    :data:`MAX_WORK` and the iterations the fit's share pays for, else ``"none"`` with the bound that stopped it.
+    ``gap_solve`` False (a full-rank guide, whose gap after the step is the dense statistic): the step's solves alone
+    are charged."""
     if dim * rows > MAX_WORK:
         return GapPath(
             "none",
@@ -293,7 +314,9 @@ def _cg_path(dim: int, rows: int, budget: float | None, fit_passes: int | None, 
         )
     if budget is None:
         return GapPath("cg")
-    iterations = _iterations(_spare(rows, fit_passes) - spent_passes)
+    gap_per_iteration = 2 * HESSIAN_DRAWS * BATCHES if gap_solve else 0
+    spare = _spare(rows, fit_passes) - spent_passes
+    iterations = _iterations(spare, gap_per_iteration + _STEP_PER_ITERATION)
     if iterations < 1:
         before = f" besides the {spent_passes:,} that the scale step took" if spent_passes else ""
         return GapPath(
@@ -301,15 +324,20 @@ def _cg_path(dim: int, rows: int, budget: float | None, fit_passes: int | None, 
             f"not checked: the mean's step and the gap take up to {CHECK_PASSES:,} gradient passes over the {rows} "
             f"rows{before}, more than {fit}, with their conjugate-gradient solves; more num_steps would be checked",
         )
-    return GapPath("cg", max_iterations=iterations)
+    if iterations < MAX_ITERATIONS:  # the solves first: more draws only from what their MAX_ITERATIONS leave
+        return GapPath("cg", max_iterations=iterations, step_hessian_draws=HESSIAN_DRAWS)
+    draws = min(svi_refine.DRAWS, (spare / iterations - gap_per_iteration) / (2 * STEP_SOLVES))  # FIT_SHARE inf: all
+    return GapPath("cg", max_iterations=iterations, step_hessian_draws=int(draws) // 2 * 2)  # whole antithetic pairs
 
 
-_PER_ITERATION = 2 * HESSIAN_DRAWS * (BATCHES + STEP_SOLVES)  # passes of one iteration of the gap's and step's solves
+_STEP_PER_ITERATION = 2 * HESSIAN_DRAWS * STEP_SOLVES  # passes of one iteration of the step's solves
+_PER_ITERATION = 2 * HESSIAN_DRAWS * BATCHES + _STEP_PER_ITERATION  # and of the gap's solve (a factored guide's)
 
 
-def _iterations(spare: float) -> int:
-    """The solves' iterations that ``spare`` passes over the rows pay for, at most :data:`MAX_ITERATIONS`."""
-    return int(min(MAX_ITERATIONS, spare / _PER_ITERATION))  # FIT_SHARE inf: all
+def _iterations(spare: float, per_iteration: int = _PER_ITERATION) -> int:
+    """The solves' iterations that ``spare`` passes over the rows pay for at ``per_iteration`` passes each (the gap's
+    and the step's solves: :func:`choose_path`), at most :data:`MAX_ITERATIONS`."""
+    return int(min(MAX_ITERATIONS, spare / per_iteration))  # FIT_SHARE inf: all
 
 
 def _spare(rows: int, fit_passes: int) -> float:

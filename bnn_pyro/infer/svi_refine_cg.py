@@ -31,17 +31,31 @@ every such fit. With these steps the same fits end within 0.005 guide sds and no
 :data:`~bnn_pyro.infer.svi_lr.FULL_RANK_MAX_DIM` coordinates) got no refinement there either: on linear regressions of
 110-400 coefficients x 100-2,000 rows its default fits ended up to 0.096 exact posterior sds from the exact mean, and
 within 1e-4 with this step wherever Adam had left more than :data:`~bnn_pyro.infer.svi_refine.TOL`
-(``benchmarks/results/svi_convergence/fullcg_linear.md`` and the other ``fullcg_*.md``; off a Gaussian, on a logistic
-regression, it stopped at :data:`MAX_EVALUATIONS` still short, ``fullcg_logistic.md``, and the gap after it warns).
+(``benchmarks/results/svi_convergence/fullcg_linear.md`` and the other ``fullcg_*.md``).
+
+More Hessian draws after a rejected candidate. ``H`` from :data:`~bnn_pyro.infer.svi_gap_cg.HESSIAN_DRAWS` draws is
+exact on a Gaussian posterior (``H`` constant), and there no candidate is rejected. Off a Gaussian it is a Monte
+Carlo estimate, and an inexact ``H`` misjudges the step: on logistic regressions of 110 and 300 coefficients x 100
+rows (nearly separable, so ``p (1 - p)`` varies widely over the draws) the full step was rejected, the halved ones
+crept (5 evaluations ended 0.21 and 0.25 guide sds from the optimum and the gap warned; 50 evaluations still 0.08),
+while the conjugate-gradient iterations (26-35 of 300) and the halving were not what stopped it: with ``H`` from 200
+or all 1,000 draws the undamped steps were kept and the step reached its fixed point in 3-4 evaluations
+(``benchmarks/results/svi_convergence/fullcg_cause.md``). So where a candidate is rejected, the step solves again at
+the same mean with ``H`` from more of its draws, once (``choose_path``'s ``step_hessian_draws``: whole pairs, what the
+fit's share leaves past the solves' :data:`~bnn_pyro.infer.svi_gap_cg.MAX_ITERATIONS`, up to all of them; none more
+where it leaves nothing), then goes on as before; the record gives the count (``hessian_draws``). A Gaussian
+posterior's step and cost are unchanged; the logistic default fits end at their fixed point, silent
+(``fullcg3_logistic.md``).
 
 Safeguards (:mod:`bnn_pyro.infer.svi_refine`'s): a step is kept only if the ELBO estimated on the same draws (``mean
-log p``: the entropy does not depend on ``m``) does not fall, otherwise halved down to
-:data:`~bnn_pyro.infer.svi_refine.MIN_RATE`; the iterations stop where the undamped step moves no coordinate by
+log p``: the entropy does not depend on ``m``) does not fall, otherwise solved again with more Hessian draws (once,
+above) and then halved down to :data:`~bnn_pyro.infer.svi_refine.MIN_RATE`; the iterations stop where the undamped step moves no coordinate by
 :data:`~bnn_pyro.infer.svi_refine.TOL` of its guide sd (``"fixed point"``) or after :data:`MAX_EVALUATIONS`
 evaluations of the draws, or where the solve at a new mean fails (``"no solve at the new mean"``: conjugate gradients
 did not reach their tolerance in the iterations allowed, ``svi_gap_cg.MAX_ITERATIONS`` or fewer where the fit's
-cost caps them, :func:`~bnn_pyro.infer.svi_gap_cg.choose_path`;
-with ``": <reason>"`` where ``H`` there is not positive definite or its products not finite), keeping the steps taken;
+cost caps them, :func:`~bnn_pyro.infer.svi_gap_cg.choose_path`; ``"no solve with more Hessian draws"`` for the
+solve again after a rejection; with ``": <reason>"`` where ``H`` there is not positive definite or its products not
+finite), keeping the steps taken;
 whatever the model raises, a model vmap cannot batch, a non-finite value or an ``H`` the solver finds not positive
 definite at the start leaves the guide as it was, with the reason. It runs where the conjugate-gradient
 gap does (:func:`bnn_pyro.infer.svi_gap_cg.choose_path`: past the dense bounds, up to
@@ -49,11 +63,13 @@ gap does (:func:`bnn_pyro.infer.svi_gap_cg.choose_path`: past the dense bounds, 
 
 Example
 -------
->>> result = refine_mean(guide, model, data)   # a svi_refine.Refinement, or None where not covered
+>>> result = refine_mean(guide, model, data)   # a MeanStep, or None where not covered
 >>> result.accepted, result.elbo_change, result.stopped
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from pyro.infer import autoguide
@@ -62,15 +78,30 @@ from bnn_pyro.infer import svi_gap_cg, svi_refine
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.guide_density import NoDensity, NotBatchable, derivatives, guide_target
 
-__all__ = ["MAX_EVALUATIONS", "refine_mean"]
+__all__ = ["MAX_EVALUATIONS", "MeanStep", "refine_mean"]
 
 _COVERED = (autoguide.AutoNormal, autoguide.AutoLowRankMultivariateNormal, autoguide.AutoMultivariateNormal)
 
 MAX_EVALUATIONS = 5
 """Evaluations of the draws at most (the first included): one per candidate, each with a conjugate-gradient solve
 (the gap check's cost, ``benchmarks/results/svi_convergence/gap_cg_cost.md``); a Gaussian posterior needs two (the
-step, then the fixed point). On the default fits of ``gap_cg_defaults_refined.md`` that took 0.008-0.06 of the rest
+step, then the fixed point), the logistic regressions of ``fullcg_cause.md`` four with more Hessian draws after the
+first rejection (module docstring). On the default fits of ``gap_cg_defaults_refined.md`` that took 0.008-0.06 of the rest
 of the fit up to 500,000 coordinates x rows and 0.32-0.49 at 1,000,000 with an ill-conditioned ``H``."""
+
+
+@dataclass(frozen=True)
+class MeanStep(svi_refine.Refinement):
+    """What :func:`refine_mean` did (:class:`~bnn_pyro.infer.svi_refine.Refinement`'s fields) and ``hessian_draws``:
+    the draws its last solves averaged ``H`` over where a rejected candidate made it take more (module docstring),
+    else ``None`` and not recorded."""
+
+    hessian_draws: int | None = None
+
+    def record(self) -> dict:
+        """A plain dict for ``post.config`` (``hessian_draws`` only where set)."""
+        record = super().record()
+        return record if self.hessian_draws is not None else {k: v for k, v in record.items() if k != "hessian_draws"}
 
 
 def refine_mean(
@@ -86,7 +117,7 @@ def refine_mean(
     """Newton steps for the mean of a fitted ``AutoNormal``, ``AutoLowRankMultivariateNormal`` or
     ``AutoMultivariateNormal`` of ``model`` on
     ``data`` (full batch) past the dense bounds (module docstring), in place, from ``num_draws`` draws of a generator
-    of its own seeded with ``seed``: a :class:`~bnn_pyro.infer.svi_refine.Refinement`, or ``None`` where the guide is
+    of its own seeded with ``seed``: a :class:`MeanStep` (a ``skipped`` one as a plain :class:`~bnn_pyro.infer.svi_refine.Refinement`), or ``None`` where the guide is
     not covered (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path` on its unconstrained coordinates, ``data.size`` rows
     and the fit's ``fit_passes``, less ``spent_passes`` that a step before it took from the check's share: the scale
     step's record, :class:`~bnn_pyro.infer.svi_refine_scale.ScaleStep`; nothing by default, as the engine decides). It
@@ -127,6 +158,8 @@ def _refine_mean(
     deviations = torch.cat([half, -half])
     chosen = svi_gap_cg.hessian_pairs(pairs, min(svi_gap_cg.BATCHES, pairs)).to(half.device)  # the gap's H draws
     hessian_at = torch.cat([half[chosen], -half[chosen]])
+    more = min(pairs, path.step_hessian_draws // 2)  # pairs for H once a candidate is rejected (module docstring)
+    spread = torch.arange(more, device=half.device) * pairs // more
     sd = (target.diag + (target.factor**2).sum(1)).sqrt()
     inverse_diag = 1 / svi_gap_cg.precision_diagonal(target.diag, target.factor)
 
@@ -137,8 +170,8 @@ def _refine_mean(
             return None
         return loc, float(values.mean()), grads.mean(0), svi_gap_cg.rounding(grads, inverse_diag, target.dtype)
 
-    def newton(loc, grad, floor):
-        apply = svi_gap_cg.curvature(target, loc + hessian_at, rows=data.size, width=1)
+    def newton(loc, grad, floor, at):
+        apply = svi_gap_cg.curvature(target, loc + at, rows=data.size, width=1)
         step, _, residual = svi_gap_cg.conjugate_gradients(
             apply,
             grad[:, None],
@@ -157,8 +190,9 @@ def _refine_mean(
     if start is None:
         return svi_refine.Refinement(0, 0.0, "skipped: the log density or its gradient is not finite at some draw")
     point, rate, accepted, evaluations, stopped = start, 1.0, 0, 1, "evaluation limit"
+    escalated = None  # the Hessian draws after a rejected candidate, once taken
     try:
-        step = newton(point[0], point[2], point[3])
+        step = newton(point[0], point[2], point[3], hessian_at)
     except NotBatchable as error:
         return svi_refine.Refinement(0, 0.0, f"skipped: {error}, and its products one draw at a time cost too much")
     except ValueError as error:
@@ -174,12 +208,22 @@ def _refine_mean(
         if new is not None and new[1] >= point[1]:
             point, accepted, rate = new, accepted + 1, 1.0
             try:
-                step = newton(point[0], point[2], point[3])
+                step = newton(point[0], point[2], point[3], hessian_at)
             except ValueError as error:  # H not positive definite, or its products not finite, at the new mean
                 stopped = f"no solve at the new mean: {error}"
                 break
             if step is None:  # TOL not reached in max_iterations, a cap the engine records (svi.ITERATIONS_CAP)
                 stopped = "no solve at the new mean"
+                break
+        elif escalated is None and more > len(chosen):  # H misjudged the step: from more draws, the step undamped
+            hessian_at, escalated, rate = torch.cat([half[spread], -half[spread]]), 2 * more, 1.0
+            try:
+                step = newton(point[0], point[2], point[3], hessian_at)
+            except ValueError as error:
+                stopped = f"no solve with more Hessian draws: {error}"
+                break
+            if step is None:
+                stopped = "no solve with more Hessian draws"
                 break
         elif rate / 2 < svi_refine.MIN_RATE:
             stopped = "no better step"
@@ -188,4 +232,4 @@ def _refine_mean(
             rate /= 2
     if accepted:
         svi_refine.write_mean(guide, target.order, target.pot.shapes, point[0])
-    return svi_refine.Refinement(accepted, point[1] - start[1], stopped)
+    return MeanStep(accepted, point[1] - start[1], stopped, escalated)

@@ -28,7 +28,7 @@ def test_a_default_fit_of_every_reference_keeps_its_whole_check(name, guide):
     trace = pyro.poutine.trace(ref.model).get_trace(ref.x, ref.y)
     coords = unconstrained_size({n: s for n, s in trace.nodes.items() if is_latent(s)})
     path = svi_gap_cg.choose_path(coords, len(ref.y), fit_passes=svi.DEFAULT_STEPS, full_rank=guide == "full_rank")
-    assert path == ("dense", None, svi_gap_cg.MAX_ITERATIONS, svi_refine.MAX_EVALUATIONS), (coords, path)
+    assert path[:4] == ("dense", None, svi_gap_cg.MAX_ITERATIONS, svi_refine.MAX_EVALUATIONS), (coords, path)
 
 
 @pytest.mark.parametrize("full_rank", [False, True])
@@ -134,7 +134,7 @@ def test_a_mean_field_guide_within_the_dense_bounds_is_charged_no_gap():
     none (gap=False), so at 1,200 steps on 10 coefficients x 1,000 rows (61,200 passes allowed) the refinement gets
     its 2 evaluations (60,000) where a phantom low-rank gap (30,000) left it 1 and skipped it; and a 300-step fit
     writes no guide_gap record promising a check that more num_steps would never bring."""
-    assert svi_gap_cg.choose_path(10, 1000, fit_passes=1200, gap=False) == ("dense", None, 300, 2)
+    assert svi_gap_cg.choose_path(10, 1000, fit_passes=1200, gap=False)[:4] == ("dense", None, 300, 2)
     assert svi_gap_cg.choose_path(10, 1000, fit_passes=1200).reason.startswith("skipped:")
     short = svi_gap_cg.choose_path(10, 1000, fit_passes=300, gap=False)
     assert short.kind == "dense" and short.reason.startswith("skipped:") and "the gap's" not in short.reason, short

@@ -349,3 +349,42 @@ def test_the_solves_are_bounded_by_the_fit_s_cost():
         )
     assert out.gap is None and out.record["iterations"] == 1
     assert "in 1 iterations (the most the fit's cost allows: svi_gap_cg.FIT_SHARE" in out.reason, out.reason
+
+
+def test_a_full_rank_guide_is_charged_only_the_solves_it_runs():
+    """Past the dense bounds a full-rank guide's gap after the mean's step is the dense statistic (gradients only, in
+    CHECK_PASSES), so its conjugate-gradient iterations are charged the step's solves alone, 2 HESSIAN_DRAWS
+    STEP_SOLVES = 100 passes each, not the factored guides' 500 (review 21 finding 3: 248 iterations where 300 fit, a
+    short fit's step skipped where 3 fit). 150 x 2,000 at 5,000 steps: 5,000 x 52,000 / 2,000 - 6,000 = 124,000
+    passes, 1,240 iterations of 100: all 300 (the factored guides still 248). 150 x 400 at 50 steps: 6,300 - 6,000 =
+    300 passes, 3 iterations (old: skipped)."""
+    assert svi_gap_cg.choose_path(150, 2000, fit_passes=5000, full_rank=True).max_iterations == 300
+    assert svi_gap_cg.choose_path(150, 2000, fit_passes=5000).max_iterations == 248
+    path = svi_gap_cg.choose_path(150, 400, fit_passes=50, full_rank=True)
+    assert (path.kind, path.reason, path.max_iterations) == ("cg", None, 3), path
+    assert svi_gap_cg.choose_path(150, 400, fit_passes=50).kind == "none"
+
+
+@pytest.mark.parametrize("full_rank", [False, True], ids=["factored", "full_rank"])
+def test_the_step_s_extra_hessian_draws_stay_within_the_fit_s_share(full_rank):
+    """The mean's step averages H over step_hessian_draws after a rejected candidate (svi_refine_cg), every one of its
+    STEP_SOLVES solves charged at that count for max_iterations, with the gap's solve (a factored guide's): on every
+    size and fit length below the whole check stays within FIT_SHARE of the fit's passes, the draws are whole pairs
+    between HESSIAN_DRAWS and svi_refine.DRAWS, and where the share pays for no more they are HESSIAN_DRAWS (a short
+    fit). The logistic default of benchmarks/svi_full_rank_cg.py (110 x 100, 5,000 steps) gets 832 at full rank."""
+    for dim in (120, 400):
+        for rows in (100, 400, 2000):
+            for steps in (60, 300, 1000, 5000, 20000):
+                path = svi_gap_cg.choose_path(dim, rows, fit_passes=steps, full_rank=full_rank)
+                if path.kind != "cg":
+                    continue
+                draws = path.step_hessian_draws
+                assert draws % 2 == 0 and svi_gap_cg.HESSIAN_DRAWS <= draws <= svi_refine.DRAWS, (dim, rows, steps)
+                gap = 0 if full_rank else 2 * svi_gap_cg.HESSIAN_DRAWS * svi_gap_cg.BATCHES
+                solves = path.max_iterations * (gap + 2 * draws * svi_gap_cg.STEP_SOLVES)
+                budget = svi_gap_cg.FIT_SHARE * steps * (rows + svi_gap_cg.STEP_ROWS) / rows
+                assert svi_gap_cg.CHECK_PASSES + solves <= budget, (dim, rows, steps, path)
+    short = svi_gap_cg.choose_path(120, 400, fit_passes=60, full_rank=full_rank)
+    assert short.kind == "cg" and short.step_hessian_draws == svi_gap_cg.HESSIAN_DRAWS, short
+    if full_rank:
+        assert svi_gap_cg.choose_path(110, 100, fit_passes=5000, full_rank=True).step_hessian_draws == 832
