@@ -5,8 +5,9 @@ On the exact Gaussian posterior of ``tests/infer/test_mcmc.py``'s HMC mixing and
 the fit with the library's step after warm-up (:func:`bnn_pyro.infer._aimed_step.aimed_step`, ``aimed``) and with
 the dual average's ``exp(x_bar)`` (``xbar``, :func:`hmc_acceptance.final_step`: the same warm-up, the same pairs and
 metric), and, at that fit's adapted metric, the exact acceptance curve ``A(h)``: the expected Metropolis acceptance
-of one transition from the posterior at step ``h`` (HMC's own :func:`~bnn_pyro.infer._batched.hmc_transition`, the
-default jittered leapfrog counts, ``--draws`` exact posterior draws as independent chains; Monte Carlo se ~0.002 at 20,000).
+of one transition from the posterior at step ``h`` (``tests/blr.py``'s ``hmc_acceptance_curve``: HMC's own
+transition, the default jittered leapfrog counts, ``--draws`` exact posterior draws as independent chains; Monte
+Carlo se ~0.002 at 20,000).
 Columns:
 
 - ``h_aimed``, ``h_xbar``, ``h_exact``: the aimed step, ``exp(x_bar)``, and the step where ``A(h)`` = the target
@@ -34,11 +35,9 @@ import warnings
 from pathlib import Path
 
 import pandas as pd
-import torch
 
 import bnn_pyro as bp
 from bnn_pyro.infer import _batched
-from bnn_pyro.infer._analytic_batched import leapfrog_from
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import results_dir, write_result  # noqa: E402
@@ -62,39 +61,13 @@ def window_pairs(seen: list):
 
 
 def _blr():
+    """The test's posterior and ``tests/blr.py``'s :func:`hmc_acceptance_curve` (the exact ``A(h)``)."""
     sys.path.insert(0, str(TESTS))
     try:
-        from blr import make_blr
+        from blr import hmc_acceptance_curve, make_blr
     finally:
         sys.path.remove(str(TESTS))
-    return make_blr(n=200, d=5, noise=1.0, seed=0)
-
-
-def acceptance_curve(blr, post, draws: int, seed: int):
-    """``A(h)`` at ``post``'s adapted metric (the module docstring), as a function of ``log h``."""
-    names = sorted(post.samples)  # the flat kernels' layout: sites sorted by name ("bias", "weight")
-    order = {"weight": list(range(blr.x.shape[1])), "bias": [blr.x.shape[1]]}
-    order = sum((order[n] for n in names), [])
-    precision = blr.precision[order][:, order]
-    minv = post.history["inverse_mass_matrix"][0].double().expand(draws, -1)
-    start = torch.randn(draws, len(order), generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    start = start @ torch.linalg.cholesky(torch.linalg.inv(precision)).T  # exact posterior draws, centred
-
-    def potential(z):
-        grad = z @ precision
-        return 0.5 * torch.linalg.vecdot(z, grad), grad
-
-    leapfrog, (u, g) = leapfrog_from(potential), potential(start)
-
-    def curve(log_h: float) -> float:
-        step = torch.full((draws,), math.exp(log_h), dtype=torch.float64)
-        _, _, _, stats = _batched.hmc_transition(
-            start, u, g, step, minv, leapfrog=leapfrog, generator=torch.Generator().manual_seed(seed + 1),
-            num_steps=bp.infer.mcmc.DEFAULT_NUM_LEAPFROG, jitter=bp.infer.mcmc.DEFAULT_LEAPFROG_JITTER,
-        )  # fmt: skip
-        return float(stats.accept_prob.mean())
-
-    return curve
+    return make_blr(n=200, d=5, noise=1.0, seed=0), hmc_acceptance_curve
 
 
 def crossing(curve, target: float, lo: float = -4.0, hi: float = 1.0) -> float:
@@ -105,7 +78,7 @@ def crossing(curve, target: float, lo: float = -4.0, hi: float = 1.0) -> float:
     return 0.5 * (lo + hi)
 
 
-def run(blr, seed: int, draws: int) -> dict:
+def run(blr, curve_of, seed: int, draws: int) -> dict:
     fits, seen = {}, []
     for variant in ("defaults", "xbar"):
         with warnings.catch_warnings(), final_step(variant), window_pairs(seen):
@@ -114,7 +87,7 @@ def run(blr, seed: int, draws: int) -> dict:
                 blr.model(), blr.x, blr.y, method="hmc", num_samples=500, num_chains=1, seed=seed, progress=False
             )
     aimed, xbar = fits["defaults"], fits["xbar"]
-    curve = acceptance_curve(blr, aimed, draws, seed)
+    curve = curve_of(blr, aimed, draws, seed)
     target = aimed.config["target_accept"]
     steps, _ = seen[0]
     exact_fit = _batched.aimed_step(steps, [curve(math.log(h)) for h in steps], target=target)
@@ -170,10 +143,10 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser.parse_args(argv)
     lo, _, hi = args.seeds.partition("-")
     seeds = range(int(lo), int(hi) + 1) if hi else [int(s) for s in args.seeds.split(",")]
-    out, blr = results_dir("hmc_acceptance", args.out), _blr()
+    out, (blr, curve_of) = results_dir("hmc_acceptance", args.out), _blr()
     rows = []
     for seed in seeds:
-        rows.append(run(blr, seed, args.draws))
+        rows.append(run(blr, curve_of, seed, args.draws))
         print(rows[-1], flush=True)
     rows = pd.DataFrame(rows)
     rows.to_csv(out / "bias.csv", index=False)
