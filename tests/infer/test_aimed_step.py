@@ -50,6 +50,22 @@ def test_noisy_acceptances_give_the_crossing_within_its_standard_error():
     assert abs(fitted - exact) < 4 * se, (fitted, exact, se)
 
 
+def test_a_slow_fall_then_a_cliff_gives_a_step_short_of_the_crossing():
+    """HMC's acceptance is no logistic curve: it falls slowly (here ``1 - a = 0.2 (h / 0.4)^2``, the leapfrog's energy
+    error at leading order) and then over a cliff (here to 0 past 0.6: the stability limit). With noise-free responses
+    at steps spread in log h across both, the symmetric fitted curve crosses the target (0.8, met at 0.4) short of it,
+    on the cliff's safe side: the step is below 0.4, within 15% of it, and the acceptance there above the target (the
+    module docstring: why HMC's realized acceptance lies above ``target_accept``)."""
+
+    def curve(h):
+        return 1.0 - 0.2 * (h / 0.4) ** 2 if h <= 0.6 else 0.0
+
+    for lo, hi in ((0.03, 2.0), (0.1, 1.0), (0.2, 0.8)):
+        steps = [lo * (hi / lo) ** (k / 29) for k in range(30)]
+        step = aimed_step(steps, [curve(h) for h in steps], 0.8)
+        assert 0.85 * 0.4 < step < 0.4 and curve(step) > 0.8, (lo, hi, step)
+
+
 def test_no_decreasing_curve_keeps_the_callers_step():
     """``None`` (the caller keeps exp(x_bar)): acceptances rising with the step, all equal, or fewer than 3 pairs."""
     steps = [0.1, 0.2, 0.4, 0.8]
