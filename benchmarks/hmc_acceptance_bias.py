@@ -90,7 +90,7 @@ def run(blr, curve_of, seed: int, draws: int) -> dict:
     curve = curve_of(blr, aimed, draws, seed)
     target = aimed.config["target_accept"]
     steps, _ = seen[0]
-    exact_fit = _batched.aimed_step(steps, [curve(math.log(h)) for h in steps], target=target)
+    exact_fit = _batched.aimed_step(steps, [curve(math.log(h)) for h in steps], target=target).step
     h_aimed, h_xbar = (float(p.sample_stats["step_size"][0, -1]) for p in (aimed, xbar))
     return dict(
         seed=seed,

@@ -62,7 +62,7 @@ def test_a_slow_fall_then_a_cliff_gives_a_step_short_of_the_crossing():
 
     for lo, hi in ((0.03, 2.0), (0.1, 1.0), (0.2, 0.8)):
         steps = [lo * (hi / lo) ** (k / 29) for k in range(30)]
-        step = aimed_step(steps, [curve(h) for h in steps], 0.8)
+        step = aimed_step(steps, [curve(h) for h in steps], 0.8).step
         assert 0.85 * 0.4 < step < 0.4 and curve(step) > 0.8, (lo, hi, step)
 
 
