@@ -54,7 +54,11 @@ def build(config, model, settings, model_args: tuple):
     kernel with the ``initial_params`` it returned set (where not ``None``) and the ``transforms`` it returned."""
     if not is_old(config):
         return config.kernel(model, settings), None
-    kernel, params, transforms = config.kernel(model, settings, model_args)
+    taken = inspect.signature(config.kernel).parameters.get("model_args")
+    if taken is not None and taken.kind is inspect.Parameter.KEYWORD_ONLY:
+        kernel, params, transforms = config.kernel(model, settings, model_args=model_args)
+    else:
+        kernel, params, transforms = config.kernel(model, settings, model_args)
     if params is not None:
         kernel.initial_params = params
     return kernel, transforms

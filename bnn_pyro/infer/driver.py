@@ -184,17 +184,22 @@ def _accelerator_visible() -> bool:
     return _accelerator() is not None
 
 
+_TORCH_REFUSED = 3  # the probe child's exit code for torch's own refusal (any other failure exits 4)
+
+
 def _backward_or_exit() -> None:
     try:
         x = torch.ones(1, requires_grad=True)
         (2 * x).sum().backward()
-    except RuntimeError:
-        os._exit(1)
+    except RuntimeError as err:  # torch's refusal names fork-based multiprocessing; anything else is another failure
+        os._exit(_TORCH_REFUSED if "fork-based multiprocessing" in str(err) else 4)
+    except BaseException:  # noqa: BLE001 - any failure in the child is an answer, never a traceback
+        os._exit(4)
     os._exit(0)
 
 
 PROBE_SECONDS = 60.0  # a probe child that has not answered by then is killed and the chains run in this process
-_refused: str | None = None  # a probe's backward pass refused: autograd's device threads never stop, so it stays
+_refused: str | None = None  # a probe's refusal, kept for the process (below)
 
 
 def fork_refusal() -> str | None:
@@ -203,10 +208,11 @@ def fork_refusal() -> str | None:
     on the CPU), the first backward pass starts one autograd thread per device, and every backward pass in a child
     forked after that raises ("Unable to handle autograd's threading in combination with fork-based
     multiprocessing"): a parallel chain would fail at its first gradient. Torch exposes no such flag, so where an
-    accelerator is visible a forked child tries one backward pass: exit code 0 is yes, 1 (torch's refusal) is no,
-    and is kept for the process (the threads are never stopped); a child killed by a signal or still running after
-    :data:`PROBE_SECONDS` is no, named as such. Without an accelerator the threads are never started and nothing
-    is forked."""
+    accelerator is visible a forked child tries one backward pass: exit code 0 is yes; torch's refusal, any other
+    failure (an exit code, a signal such as macOS's fork-safety abort) or no answer within :data:`PROBE_SECONDS`
+    (the child is killed) is no, each named as such. A no is kept for the process: autograd's device threads are
+    never stopped, and a child that hung or crashed once would again, each time at a fit's start. Without an
+    accelerator the threads are never started and nothing is forked."""
     global _refused
     if _refused is not None:
         return _refused
@@ -219,20 +225,25 @@ def fork_refusal() -> str | None:
     if probe.is_alive():
         probe.kill()
         probe.join()
-        return f"a forked process did not finish one backward pass within driver.PROBE_SECONDS ({PROBE_SECONDS:g} s)"
-    if probe.exitcode == 0:
+        _refused = (
+            f"a forked process did not finish one backward pass within driver.PROBE_SECONDS ({PROBE_SECONDS:g} s; "
+            "not asked again in this process)"
+        )
+    elif probe.exitcode == 0:
         return None
-    if probe.exitcode != 1:
-        return f"a forked process running one backward pass ended with exit code {probe.exitcode}"
-    if kind == "cuda":
-        hide = "HIP_VISIBLE_DEVICES" if getattr(torch.version, "hip", None) else "CUDA_VISIBLE_DEVICES"
-        way_out = f"to fit on the CPU in parallel chains, hide the GPU before Python starts: {hide}=''"
+    elif probe.exitcode != _TORCH_REFUSED:
+        how = f"signal {-probe.exitcode}" if probe.exitcode < 0 else f"exit code {probe.exitcode}"
+        _refused = f"a forked process running one backward pass ended with {how} (not asked again in this process)"
     else:
-        way_out = "to run them in parallel, fit in a process that has run no backward pass before"
-    _refused = (
-        f"a forked process could not run autograd: torch sees an accelerator ({kind}), so the backward passes "
-        f"already run in this process started autograd's device threads, which a fork cannot carry ({way_out})"
-    )
+        if kind == "cuda":
+            hide = "HIP_VISIBLE_DEVICES" if getattr(torch.version, "hip", None) else "CUDA_VISIBLE_DEVICES"
+            way_out = f"to fit on the CPU in parallel chains, hide the GPU before Python starts: {hide}=''"
+        else:
+            way_out = "to run them in parallel, fit in a process that has run no backward pass before"
+        _refused = (
+            f"a forked process could not run autograd: torch sees an accelerator ({kind}), so the backward passes "
+            f"already run in this process started autograd's device threads, which a fork cannot carry ({way_out})"
+        )
     return _refused
 
 

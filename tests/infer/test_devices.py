@@ -311,9 +311,10 @@ def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
 )
 def test_the_fork_probe_decides_by_a_backward_pass_in_a_forked_child(monkeypatch):
     """Without an accelerator autograd never starts device threads: nothing is forked to ask. Told one is visible, the
-    probe forks a child that runs a backward pass; its exit code is the answer (a CPU-only torch: it succeeds). Exit
-    code 1 (torch's refusal) is kept for the process and names the device and the way out; another exit code, or a
-    child that does not answer in time (killed), is a refusal that says so, not kept."""
+    probe forks a child that runs a backward pass; its exit code is the answer (a CPU-only torch: it succeeds). Only
+    torch's own refusal blames autograd's device threads (naming the device and the way out); another failure (an
+    exception, a signal) or a child that does not answer in time (killed) is a refusal that says what happened. A
+    refusal is kept for the process (the threads never stop; a child that hung once would hang again)."""
     monkeypatch.setattr(driver, "_refused", None)
 
     def no_fork(*args):
@@ -321,24 +322,43 @@ def test_the_fork_probe_decides_by_a_backward_pass_in_a_forked_child(monkeypatch
 
     with monkeypatch.context() as m:
         m.setattr(driver.mp, "get_context", no_fork)
+        m.setattr(os, "fork", no_fork)
         assert driver.fork_refusal() is None and driver.autograd_survives_fork()
     monkeypatch.setattr(driver, "_accelerator", lambda: "cuda")
     assert driver.fork_refusal() is None  # a real fork, a real backward pass in the child
-    monkeypatch.setattr(driver, "_backward_or_exit", lambda: os._exit(3))
-    assert driver.fork_refusal() == "a forked process running one backward pass ended with exit code 3"
-    monkeypatch.setattr(driver, "_backward_or_exit", lambda: time.sleep(30))
-    monkeypatch.setattr(driver, "PROBE_SECONDS", 0.5)
-    assert "did not finish one backward pass within driver.PROBE_SECONDS (0.5 s)" in driver.fork_refusal()
-    monkeypatch.setattr(driver, "_accelerator", lambda: "mps")
-    monkeypatch.setattr(driver, "_backward_or_exit", lambda: os._exit(1))
-    said = driver.fork_refusal()
+
+    def raising(err):
+        def backward(self, *args, **kwargs):
+            raise err
+
+        return backward
+
+    def asked(accelerator="cuda", backward=None, probe=None, seconds=driver.PROBE_SECONDS):
+        with monkeypatch.context() as m:
+            m.setattr(driver, "_refused", None)
+            m.setattr(driver, "_accelerator", lambda: accelerator)
+            m.setattr(driver, "PROBE_SECONDS", seconds)
+            if backward is not None:
+                m.setattr(torch.Tensor, "backward", backward)
+            if probe is not None:
+                m.setattr(driver, "_backward_or_exit", probe)
+            said = driver.fork_refusal()
+            assert driver._refused == said  # kept
+            m.setattr(driver, "_backward_or_exit", lambda: os._exit(0))
+            assert driver.fork_refusal() == said  # not asked again
+        return said
+
+    refusal = RuntimeError("Unable to handle autograd's threading in combination with fork-based multiprocessing.")
+    said = asked(backward=raising(refusal))
+    assert "could not run autograd" in said and "accelerator (cuda)" in said and "VISIBLE_DEVICES=''" in said, said
+    said = asked("mps", backward=raising(refusal))
     assert "accelerator (mps)" in said and "VISIBLE_DEVICES" not in said, said
-    monkeypatch.setattr(driver, "_backward_or_exit", lambda: os._exit(0))
-    assert driver.fork_refusal() == said  # kept: autograd's device threads never stop
-    monkeypatch.setattr(driver, "_refused", None)
-    monkeypatch.setattr(driver, "_accelerator", lambda: "cuda")
-    monkeypatch.setattr(driver, "_backward_or_exit", lambda: os._exit(1))
-    assert "accelerator (cuda)" in driver.fork_refusal() and "VISIBLE_DEVICES=''" in driver.fork_refusal()
+    for other in (RuntimeError("another error"), MemoryError("not a refusal")):
+        said = asked(backward=raising(other))
+        assert said.startswith("a forked process running one backward pass ended with exit code 4"), (other, said)
+    assert "ended with signal 9" in asked(probe=lambda: os.kill(os.getpid(), 9))
+    said = asked(probe=lambda: time.sleep(30), seconds=0.5)
+    assert "did not finish one backward pass within driver.PROBE_SECONDS (0.5 s" in said, said
 
 
 def test_chains_run_in_this_process_where_a_fork_cannot_carry_autograd(monkeypatch):
