@@ -216,7 +216,10 @@ def one_size(dim: int, rows: int, variants: list[dict] = VARIANTS) -> list[dict]
 
     out = []
     for variant in variants:
-        settings = {**dict(max_evals=5, hessian_draws=10, max_iter=300, halving=True, escalate=None, account=False), **variant}
+        settings = {
+            **dict(max_evals=5, hessian_draws=10, max_iter=300, halving=True, escalate=None, account=False),
+            **variant,
+        }
         if settings["escalate"] == "rule":
             settings["escalate"] = f"rule ({rule})"
         result = run(**{**variant})
@@ -231,7 +234,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", default="110x100,300x100")
     parser.add_argument("--name", default="fullcg_cause")
-    parser.add_argument("--set", choices=["cause", "budget"], default="cause", help="the variants: VARIANTS or BUDGET_VARIANTS")
+    parser.add_argument(
+        "--set", choices=["cause", "budget"], default="cause", help="the variants: VARIANTS or BUDGET_VARIANTS"
+    )
     args = parser.parse_args()
     variants = VARIANTS if args.set == "cause" else BUDGET_VARIANTS
     rows_out = [row for dim, rows in size_pairs(args.pairs) for row in one_size(dim, rows, variants)]

@@ -237,7 +237,7 @@ def choose_path(
     (``step_passes``: all of the share but the gap's solve at its cap, :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS`
     gradients and ``spent_passes``; the step keeps the account of what it spent and goes on to
     ``max_evaluations`` while it pays, each later solve capped at what is left: so the whole check still costs at
-    most the share). Why: the solves take far fewer iterations than the cap (14-44 of 300 on the logistic default
+    most the share). Why: the solves take far fewer iterations than the cap (14-57 of 300 on the logistic default
     fits of ``benchmarks/results/svi_convergence/fullcg_budget.md``), and a fit whose ``H`` from few draws converges
     linearly (kept full steps, none rejected) needs more evaluations than the charged ones, not more draws.
     A full-rank guide (``full_rank``) takes the dense path within those bounds; past them the

@@ -24,9 +24,7 @@ def test_the_step_s_account_keeps_the_whole_check_within_the_fit_s_share(full_ra
         for rows in (100, 400, 2000):
             for steps in (60, 300, 1000, 5000, 20000):
                 for spent in (0, 500):
-                    path = svi_gap_cg.choose_path(
-                        dim, rows, fit_passes=steps, full_rank=full_rank, spent_passes=spent
-                    )
+                    path = svi_gap_cg.choose_path(dim, rows, fit_passes=steps, full_rank=full_rank, spent_passes=spent)
                     if path.kind != "cg":
                         continue
                     seen += 1
@@ -129,4 +127,3 @@ def _fit_110x100():
             patch.setattr(svi_refine_cg, "refine_mean", lambda *args, **kwargs: None)
             _FIT["fit"] = _default_fit(100, dim=110, logistic=True, num_steps=300)
     return _FIT["fit"]
-
