@@ -105,8 +105,8 @@ check's fixed charge pays for whatever their solves take (:data:`~bnn_pyro.infer
 :data:`~bnn_pyro.infer.svi_gap_cg.STEP_SOLVES` solves at ``max_iterations``); past them the step evaluates on, up to
 ``choose_path``'s ``max_evaluations``, while what it has spent leaves the fit's share room (module docstring). A
 Gaussian posterior needs two (the step, then the fixed point), the logistic regressions of ``fullcg_cause.md`` four
-with more Hessian draws after the first rejection; on 2,000 rows at 300 coefficients nine, its full steps kept
-(``fullcg_budget.md``). On the default fits of ``gap_cg_defaults_refined.md`` five took 0.008-0.06 of the rest of
+with more Hessian draws after the first rejection; on 2,000 rows ten at 300 coefficients and fifteen at 400, most
+of their full steps kept (``fullcg_budget.md``). On the default fits of ``gap_cg_defaults_refined.md`` five took 0.008-0.06 of the rest of
 the fit up to 500,000 coordinates x rows and 0.32-0.49 at 1,000,000 with an ill-conditioned ``H``."""
 
 
