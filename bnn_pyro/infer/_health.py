@@ -426,6 +426,11 @@ def check_guide_gap(post) -> None:
             "conjugate-gradient iterations that the fit's cost allows (svi_gap_cg.FIT_SHARE; "
             "post.config['guide_refinement']), and a longer fit allows more, up to svi_gap_cg.MAX_ITERATIONS"
         )
+    elif stopped == "share spent":  # svi_refine_cg.SHARE_SPENT: the step spent the fit's share (choose_path)
+        advice = (
+            f"Try {more}: the refinement after the fit stopped where it had spent the share of the fit's cost it may "
+            "take (svi_gap_cg.FIT_SHARE; post.config['guide_refinement']), and a longer fit allows more"
+        )
     elif stopped == "evaluation limit":  # its evaluations ran out (kept or halved steps alike): a longer fit starts
         # it closer (a 110 x 100 logistic default fit warned at 5,000 steps, not at 20,000: docs/reference_suite.md)
         advice = (

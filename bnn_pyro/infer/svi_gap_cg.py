@@ -128,10 +128,10 @@ before the solve, so the cap is at the largest size whose worst measured case st
 CHECK_PASSES = 6_000
 """Gradient passes over every row that the mean's step and the gap take at most, besides their Hessian-vector
 products: :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS` draws for the gap and as many for each of the step's
-:data:`~bnn_pyro.infer.svi_refine_cg.MAX_EVALUATIONS` evaluations (1,000 x (1 + 5); a test keeps it equal)."""
+:data:`~bnn_pyro.infer.svi_refine_cg.CHARGED_EVALUATIONS` evaluations (1,000 x (1 + 5); a test keeps it equal)."""
 STEP_SOLVES = 5
 """Conjugate-gradient solves the mean's step takes at most, one right-hand side each: one per evaluation,
-:data:`~bnn_pyro.infer.svi_refine_cg.MAX_EVALUATIONS` (that module imports this one; a test keeps them equal)."""
+:data:`~bnn_pyro.infer.svi_refine_cg.CHARGED_EVALUATIONS` (that module imports this one; a test keeps them equal)."""
 SCALE_EVALUATIONS = 6
 """Evaluations of the draws that a mean-field guide's scale step takes at most, the first included: the start and the
 candidates at ``r = 1, 1/2, 1/4, 1/8, 1/16`` (down to :data:`~bnn_pyro.infer.svi_refine.MIN_RATE`, as the other
@@ -193,13 +193,17 @@ class GapPath(NamedTuple):
     ``reason`` says why); on the dense path ``max_evaluations`` bounds the refinement (below 2, it is skipped for the
     fit's cost, ``reason`` says so, and the gap alone runs); on the conjugate-gradient path ``step_hessian_draws`` is
     what the mean's step averages ``H`` over once a candidate was rejected (:mod:`~bnn_pyro.infer.svi_refine_cg`;
-    :data:`HESSIAN_DRAWS` where the fit's share pays for no more)."""
+    :data:`HESSIAN_DRAWS` where the fit's share pays for no more), ``step_passes`` the passes over the rows the step
+    may spend in all (its evaluations' gradients and its solves' products: ``None`` where the fit does not bound it)
+    and ``max_evaluations`` its evaluations at most (``svi_refine.MAX_EVALUATIONS``, the dense refinement's: past
+    :data:`~bnn_pyro.infer.svi_refine_cg.CHARGED_EVALUATIONS` only as ``step_passes`` pays)."""
 
     kind: str
     reason: str | None = None
     max_iterations: int = MAX_ITERATIONS  # the conjugate-gradient solves' share of the fit's cost (choose_path)
     max_evaluations: int = svi_refine.MAX_EVALUATIONS  # the dense refinement's share of the fit's cost (choose_path)
     step_hessian_draws: int = svi_refine.DRAWS  # the mean step's solves after a rejected candidate (choose_path)
+    step_passes: float | None = None  # the mean step's account in passes over the rows (choose_path; None: unbounded)
 
 
 def choose_path(
@@ -228,7 +232,14 @@ def choose_path(
     the step's ``H`` from more draws after a rejected candidate (``step_hessian_draws``, whole pairs up to
     ``svi_refine.DRAWS``: every one of the :data:`STEP_SOLVES` solves charged at that count for ``max_iterations``, so
     the bound holds whichever solves take them); elsewhere the solves keep every pass and the step its
-    :data:`HESSIAN_DRAWS`.
+    :data:`HESSIAN_DRAWS`. Those charges are a worst case (every solve at ``max_iterations``), which pays for the
+    step's first :data:`STEP_SOLVES` evaluations and solves whatever they take; what they leave unspent pays for more
+    (``step_passes``: all of the share but the gap's solve at its cap, :data:`~bnn_pyro.infer.svi_gap.GAP_DRAWS`
+    gradients and ``spent_passes``; the step keeps the account of what it spent and goes on to
+    ``max_evaluations`` while it pays, each later solve capped at what is left: so the whole check still costs at
+    most the share). Why: the solves take far fewer iterations than the cap (14-57 of 300 on the logistic default
+    fits of ``benchmarks/results/svi_convergence/fullcg_budget.md``), and a fit whose ``H`` from few draws converges
+    linearly (kept full steps, none rejected) needs more evaluations than the charged ones, not more draws.
     A full-rank guide (``full_rank``) takes the dense path within those bounds; past them the
     conjugate-gradient path where it fits as above (the mean's step, :mod:`~bnn_pyro.infer.svi_refine_cg`, then the
     dense gap on the step's draws, :func:`~bnn_pyro.infer.svi_gap.newton_gap`, which takes no solve: only the step's
@@ -324,10 +335,13 @@ def _cg_path(
             f"not checked: the mean's step and the gap take up to {CHECK_PASSES:,} gradient passes over the {rows} "
             f"rows{before}, more than {fit}, with their conjugate-gradient solves; more num_steps would be checked",
         )
+    # the step's account: all the share leaves but the gap's solve at its cap, the charged evaluations' gradients back
+    account = spare - iterations * gap_per_iteration + STEP_SOLVES * svi_refine.DRAWS
     if iterations < MAX_ITERATIONS:  # the solves first: more draws only from what their MAX_ITERATIONS leave
-        return GapPath("cg", max_iterations=iterations, step_hessian_draws=HESSIAN_DRAWS)
+        return GapPath("cg", max_iterations=iterations, step_hessian_draws=HESSIAN_DRAWS, step_passes=account)
     draws = min(svi_refine.DRAWS, (spare / iterations - gap_per_iteration) / (2 * STEP_SOLVES))  # FIT_SHARE inf: all
-    return GapPath("cg", max_iterations=iterations, step_hessian_draws=int(draws) // 2 * 2)  # whole antithetic pairs
+    draws = int(draws) // 2 * 2  # whole antithetic pairs
+    return GapPath("cg", max_iterations=iterations, step_hessian_draws=draws, step_passes=account)
 
 
 _STEP_PER_ITERATION = 2 * HESSIAN_DRAWS * STEP_SOLVES  # passes of one iteration of the step's solves

@@ -47,11 +47,28 @@ where it leaves nothing), then goes on as before; the record gives the count (``
 posterior's step and cost are unchanged; the logistic default fits end at their fixed point, silent
 (``fullcg3_logistic.md``).
 
+Evaluations as the fit's share pays. The cost rule (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path`) charges the
+step a worst case: :data:`CHARGED_EVALUATIONS` evaluations, each solve at its iteration cap. Its solves take far fewer
+iterations than that cap, and where ``H`` from few draws misjudges the step by a little every full step is kept but
+the iteration converges only linearly: a logistic regression of 300 coefficients x 2,000 rows kept 4 full steps in 5
+evaluations and ended 0.15 guide sds from its optimum, 7.4 times the step's standard error (the gap, 0.107, under the
+check's threshold at 300 coordinates: silently), where the share paid for 40 Hessian draws after a rejection (none
+came) and fourteen times the passes the step spent (``fullcg_budget.md``). So the step keeps
+an account (``choose_path``'s ``step_passes``: all the share leaves but the gap's; each evaluation one pass per draw,
+each solve two per Hessian draw and iteration), takes the charged evaluations whatever they cost (the charge pays for
+them), and goes on while the account pays for another evaluation, every later solve capped at the iterations left, up
+to ``max_evaluations`` (``svi_refine.MAX_EVALUATIONS``, the dense refinement's); it stops with :data:`SHARE_SPENT`
+where the account runs out. That case then reached its fixed point in 10 evaluations at about a fifth of the share
+(at 400 coefficients, where a candidate rejected at the fifth left the old step with a gap of 0.39 and a warning,
+in 15 at 0.43);
+a Gaussian posterior (two evaluations) and the 100-row logistic fits (four) end within the charged ones, unchanged.
+
 Safeguards (:mod:`bnn_pyro.infer.svi_refine`'s): a step is kept only if the ELBO estimated on the same draws (``mean
 log p``: the entropy does not depend on ``m``) does not fall, otherwise solved again with more Hessian draws (once,
 above) and then halved down to :data:`~bnn_pyro.infer.svi_refine.MIN_RATE`; the iterations stop where the undamped step moves no coordinate by
-:data:`~bnn_pyro.infer.svi_refine.TOL` of its guide sd (``"fixed point"``) or after :data:`MAX_EVALUATIONS`
-evaluations of the draws, or where the solve at a new mean fails (``"no solve at the new mean"``: conjugate gradients
+:data:`~bnn_pyro.infer.svi_refine.TOL` of its guide sd (``"fixed point"``) or after ``choose_path``'s
+``max_evaluations`` evaluations of the draws, or where its account of the fit's share pays for no more
+(:data:`SHARE_SPENT`), or where the solve at a new mean fails (``"no solve at the new mean"``: conjugate gradients
 did not reach their tolerance in the iterations allowed, ``svi_gap_cg.MAX_ITERATIONS`` or fewer where the fit's
 cost caps them, :func:`~bnn_pyro.infer.svi_gap_cg.choose_path`; ``"no solve with more Hessian draws"`` for the
 solve again after a rejection; with ``": <reason>"`` where ``H`` there is not positive definite or its products not
@@ -78,16 +95,25 @@ from bnn_pyro.infer import svi_gap_cg, svi_refine
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer.guide_density import NoDensity, NotBatchable, derivatives, guide_target
 
-__all__ = ["MAX_EVALUATIONS", "MeanStep", "refine_mean"]
+__all__ = ["CHARGED_EVALUATIONS", "SHARE_SPENT", "MeanStep", "refine_mean"]
 
 _COVERED = (autoguide.AutoNormal, autoguide.AutoLowRankMultivariateNormal, autoguide.AutoMultivariateNormal)
 
-MAX_EVALUATIONS = 5
-"""Evaluations of the draws at most (the first included): one per candidate, each with a conjugate-gradient solve
-(the gap check's cost, ``benchmarks/results/svi_convergence/gap_cg_cost.md``); a Gaussian posterior needs two (the
-step, then the fixed point), the logistic regressions of ``fullcg_cause.md`` four with more Hessian draws after the
-first rejection (module docstring). On the default fits of ``gap_cg_defaults_refined.md`` that took 0.008-0.06 of the rest
-of the fit up to 500,000 coordinates x rows and 0.32-0.49 at 1,000,000 with an ill-conditioned ``H``."""
+CHARGED_EVALUATIONS = 5
+"""Evaluations of the draws (the first included: one per candidate, each with a conjugate-gradient solve) that the
+check's fixed charge pays for whatever their solves take (:data:`~bnn_pyro.infer.svi_gap_cg.CHECK_PASSES`,
+:data:`~bnn_pyro.infer.svi_gap_cg.STEP_SOLVES` solves at ``max_iterations``); past them the step evaluates on, up to
+``choose_path``'s ``max_evaluations``, while what it has spent leaves the fit's share room (module docstring). A
+Gaussian posterior needs two (the step, then the fixed point), the logistic regressions of ``fullcg_cause.md`` four
+with more Hessian draws after the first rejection; on 2,000 rows ten at 300 coefficients and fifteen at 400, most
+of their full steps kept (``fullcg_budget.md``). On the default fits of ``gap_cg_defaults_refined.md`` five took 0.008-0.06 of the rest of
+the fit up to 500,000 coordinates x rows and 0.32-0.49 at 1,000,000 with an ill-conditioned ``H``."""
+
+
+SHARE_SPENT = "share spent"
+"""The step's ``stopped`` where the fit's share (``choose_path``'s ``step_passes``) paid for no further evaluation past
+the :data:`CHARGED_EVALUATIONS`, or for too few iterations of a solve after them: a longer fit pays for more
+(:func:`~bnn_pyro.infer._health.check_guide_gap` advises more num_steps)."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +180,8 @@ def _refine_mean(
     if path.kind != "cg":
         return None
     pairs = max(1, num_draws // 2)
+    account, spent, limit = path.step_passes, [0], [0]  # passes over the rows allowed (None: unbounded), spent;
+    # the last solve's iteration cap
     half = svi_gap_cg.antithetic_half(target, pairs, generator)
     deviations = torch.cat([half, -half])
     chosen = svi_gap_cg.hessian_pairs(pairs, min(svi_gap_cg.BATCHES, pairs)).to(half.device)  # the gap's H draws
@@ -164,22 +192,31 @@ def _refine_mean(
     inverse_diag = 1 / svi_gap_cg.precision_diagonal(target.diag, target.factor)
 
     def evaluate(loc):
+        spent[0] += len(deviations)
         d = derivatives(target.pot, target.order, (loc + deviations).to(target.dtype))
         values, grads = d.values.double(), d.grads.double()
         if not bool(torch.isfinite(values).all() and torch.isfinite(grads).all()):
             return None
         return loc, float(values.mean()), grads.mean(0), svi_gap_cg.rounding(grads, inverse_diag, target.dtype)
 
+    def cap(at) -> int:  # the iterations a solve may take: all max_iterations within the charge, then what is left
+        left = path.max_iterations if account is None else (account - spent[0]) / (2 * len(at))
+        return int(min(path.max_iterations, left))
+
     def newton(loc, grad, floor, at):
+        limit[0] = cap(at)
+        if limit[0] < 1:
+            return None
         apply = svi_gap_cg.curvature(target, loc + at, rows=data.size, width=1)
-        step, _, residual = svi_gap_cg.conjugate_gradients(
+        step, iterations, residual = svi_gap_cg.conjugate_gradients(
             apply,
             grad[:, None],
             inverse_diag,
             tol=svi_gap_cg.TOL,
-            max_iterations=path.max_iterations,
+            max_iterations=limit[0],
             floor=floor,
         )
+        spent[0] += 2 * len(at) * iterations  # a Hessian-vector product: two passes per draw
         return step[:, 0] if residual <= svi_gap_cg.TOL else None
 
     try:  # first, since a model vmap cannot batch is skipped: its gradients one draw at a time would be wasted
@@ -199,9 +236,12 @@ def _refine_mean(
         return svi_refine.Refinement(0, 0.0, f"skipped: {error}")
     if step is None:
         return svi_refine.Refinement(0, 0.0, "skipped: conjugate gradients did not reach their tolerance")
-    while evaluations < MAX_EVALUATIONS:
+    while evaluations < path.max_evaluations:
         if float((step / sd).abs().max()) < svi_refine.TOL:
             stopped = "fixed point"
+            break
+        if evaluations >= CHARGED_EVALUATIONS and account is not None and spent[0] + len(deviations) > account:
+            stopped = SHARE_SPENT
             break
         new = evaluate(point[0] + rate * step)
         evaluations += 1
@@ -213,7 +253,7 @@ def _refine_mean(
                 stopped = f"no solve at the new mean: {error}"
                 break
             if step is None:  # TOL not reached in max_iterations, a cap the engine records (svi.ITERATIONS_CAP)
-                stopped = "no solve at the new mean"
+                stopped = "no solve at the new mean" if limit[0] >= path.max_iterations else SHARE_SPENT
                 break
         elif escalated is None and more > len(chosen):  # H misjudged the step: from more draws, the step undamped
             hessian_at, escalated, rate = torch.cat([half[spread], -half[spread]]), 2 * more, 1.0
@@ -223,7 +263,7 @@ def _refine_mean(
                 stopped = f"no solve with more Hessian draws: {error}"
                 break
             if step is None:
-                stopped = "no solve with more Hessian draws"
+                stopped = "no solve with more Hessian draws" if limit[0] >= path.max_iterations else SHARE_SPENT
                 break
         elif rate / 2 < svi_refine.MIN_RATE:
             stopped = "no better step"

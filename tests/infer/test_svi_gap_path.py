@@ -60,8 +60,8 @@ def test_a_short_fit_on_many_rows_is_not_checked_and_says_why():
     step and the gap would take up to 6,000 gradient passes over the rows against the fit's 100 (review 14: 5.6 times
     a 300-step fit's time at 11 x 90,000), so neither runs and the record says why. The bound counts exactly the
     step's and the gap's draws; the reviewer's default fit (5,000 steps) is still checked."""
-    assert svi_gap_cg.CHECK_PASSES == svi_gap.GAP_DRAWS * (1 + svi_refine_cg.MAX_EVALUATIONS)
-    assert svi_gap_cg.STEP_SOLVES == svi_refine_cg.MAX_EVALUATIONS
+    assert svi_gap_cg.CHECK_PASSES == svi_gap.GAP_DRAWS * (1 + svi_refine_cg.CHARGED_EVALUATIONS)
+    assert svi_gap_cg.STEP_SOLVES == svi_refine_cg.CHARGED_EVALUATIONS
     assert svi_gap_cg.choose_path(11, 90_000, fit_passes=300).kind == "none"
     assert svi_gap_cg.choose_path(11, 90_000, fit_passes=5000).kind == "cg"
     g = torch.Generator().manual_seed(0)
