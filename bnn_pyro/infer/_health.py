@@ -426,6 +426,13 @@ def check_guide_gap(post) -> None:
             "conjugate-gradient iterations that the fit's cost allows (svi_gap_cg.FIT_SHARE; "
             "post.config['guide_refinement']), and a longer fit allows more, up to svi_gap_cg.MAX_ITERATIONS"
         )
+    elif stopped.startswith("no solve with more Hessian draws"):  # the re-solve after a rejected candidate
+        advice = (
+            "The refinement after the fit stopped where its conjugate-gradient solve with more Hessian draws (taken "
+            "after a rejected step, post.config['guide_refinement']) did not converge in svi_gap_cg.MAX_ITERATIONS "
+            "iterations: the posterior's curvature there is far from the Gaussian the step assumes; try "
+            "method='nuts' for the exact posterior of a small model, or more num_steps, which start the step closer"
+        )
     elif stopped == "share spent":  # svi_refine_cg.SHARE_SPENT: the step spent the fit's share (choose_path)
         advice = (
             f"Try {more}: the refinement after the fit stopped where it had spent the share of the fit's cost it may "

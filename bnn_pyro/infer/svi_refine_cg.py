@@ -38,12 +38,12 @@ exact on a Gaussian posterior (``H`` constant), and there no candidate is reject
 Carlo estimate, and an inexact ``H`` misjudges the step: on logistic regressions of 110 and 300 coefficients x 100
 rows (nearly separable, so ``p (1 - p)`` varies widely over the draws) the full step was rejected, the halved ones
 crept (5 evaluations ended 0.21 and 0.25 guide sds from the optimum and the gap warned; 50 evaluations still 0.08),
-while the conjugate-gradient iterations (26-35 of 300) and the halving were not what stopped it: with ``H`` from 200
-or all 1,000 draws the undamped steps were kept and the step reached its fixed point in 3-4 evaluations
-(``benchmarks/results/svi_convergence/fullcg_cause.md``). So where a candidate is rejected, the step solves again at
+while the conjugate-gradient iterations (26-35 of 300) and the halving were not what stopped it: with ``H`` from all
+1,000 draws the undamped steps were kept and the step reached its fixed point in 3 evaluations (from 200: at 110
+coefficients in 3, at 300 still 0.02 short after 5; ``benchmarks/results/svi_convergence/fullcg_cause.md``). So where a candidate is rejected, the step solves again at
 the same mean with ``H`` from more of its draws, once (``choose_path``'s ``step_hessian_draws``: whole pairs, what the
 fit's share leaves past the solves' :data:`~bnn_pyro.infer.svi_gap_cg.MAX_ITERATIONS`, up to all of them; none more
-where it leaves nothing), then goes on as before; the record gives the count (``hessian_draws``). A Gaussian
+where it leaves nothing), then goes on as before; the record gives the count (``escalated_hessian_draws``). A Gaussian
 posterior's step and cost are unchanged; the logistic default fits end at their fixed point, silent
 (``fullcg3_logistic.md``).
 
@@ -118,16 +118,18 @@ the :data:`CHARGED_EVALUATIONS`, or for too few iterations of a solve after them
 
 @dataclass(frozen=True)
 class MeanStep(svi_refine.Refinement):
-    """What :func:`refine_mean` did (:class:`~bnn_pyro.infer.svi_refine.Refinement`'s fields) and ``hessian_draws``:
-    the draws its last solves averaged ``H`` over where a rejected candidate made it take more (module docstring),
-    else ``None`` and not recorded."""
+    """What :func:`refine_mean` did (:class:`~bnn_pyro.infer.svi_refine.Refinement`'s fields) and
+    ``escalated_hessian_draws``: the draws its last solves averaged ``H`` over where a rejected candidate made it take
+    more (module docstring), else ``None`` and not recorded (named apart from the gap record's ``hessian_draws``, the
+    gap's own count)."""
 
-    hessian_draws: int | None = None
+    escalated_hessian_draws: int | None = None
 
     def record(self) -> dict:
-        """A plain dict for ``post.config`` (``hessian_draws`` only where set)."""
+        """A plain dict for ``post.config`` (``escalated_hessian_draws`` only where set)."""
         record = super().record()
-        return record if self.hessian_draws is not None else {k: v for k, v in record.items() if k != "hessian_draws"}
+        key = "escalated_hessian_draws"
+        return record if self.escalated_hessian_draws is not None else {k: v for k, v in record.items() if k != key}
 
 
 def refine_mean(

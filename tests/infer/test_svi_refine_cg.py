@@ -190,7 +190,9 @@ def test_a_default_full_rank_fit_past_the_dense_bounds_ends_at_the_exact_mean():
     assert post.config["guide"] == "full_rank" and isinstance(guide, autoguide.AutoMultivariateNormal)
     (record,) = post.config["guide_refinement"]
     assert record["accepted"] >= 1 and record["stopped"] == "fixed point", record
-    assert "hessian_draws" not in record, record  # on a Gaussian posterior no candidate is rejected: 10 draws suffice
+    assert "escalated_hessian_draws" not in record, (
+        record
+    )  # on a Gaussian posterior no candidate is rejected: 10 draws suffice
     assert record[svi.STEP_SE] < 1e-4, record
     design = x.double()
     precision = design.T @ design + torch.eye(150, dtype=torch.float64)
@@ -252,7 +254,9 @@ def test_a_default_full_rank_logistic_fit_ends_at_its_optimum_and_is_silent():
     assert not any("stopped short" in m for m in messages), messages
     (record,) = post.config["guide_refinement"]
     path = svi_gap_cg.choose_path(110, 100, fit_passes=svi.DEFAULT_STEPS, full_rank=True)
-    assert record["stopped"] == "fixed point" and record["hessian_draws"] == path.step_hessian_draws == 832, record
+    assert record["stopped"] == "fixed point" and record["escalated_hessian_draws"] == path.step_hessian_draws == 832, (
+        record
+    )
     (gap,) = post.config["guide_gap"]
     assert gap == dict(method="dense", draws=svi_gap.GAP_DRAWS, pairs=svi_gap.GAP_DRAWS // 2, reason=None), gap
     tril = guide.get_posterior().scale_tril.detach().double()  # Pyro's: scale[:, None] * scale_tril

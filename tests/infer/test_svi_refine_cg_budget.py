@@ -85,6 +85,22 @@ def test_a_step_that_spent_the_share_advises_more_num_steps():
     assert "would not" not in message, message
 
 
+def test_a_step_whose_re_solve_failed_says_so_not_that_the_family_cannot_match():
+    """A warned fit whose step stopped at "no solve with more Hessian draws" (its re-solve after a rejected candidate
+    ran out of svi_gap_cg.MAX_ITERATIONS) is told what stopped it, not "the posterior is far from what the guide's
+    family can match" (review 23 finding 7: the generic last branch took it)."""
+    from test_svi_gap_path import _post
+
+    post = _post(1.0, 0.01, {"method": "dense", "pairs": 500, "reason": None})
+    stopped = "no solve with more Hessian draws"
+    post.config["guide_refinement"] = [{"accepted": 1, "elbo_change": 0.3, "stopped": stopped}]
+    with pytest.warns(DiagnosticWarning, match="stopped short") as caught:
+        _health.check_guide_gap(post)
+    message = str(caught[0].message)
+    assert "its conjugate-gradient solve with more Hessian draws" in message and "MAX_ITERATIONS" in message, message
+    assert "family can match" not in message, message
+
+
 @pytest.mark.slow  # ~30 s: SVI's defaults (5,000 full-rank steps on 300 coefficients x 2,000 rows)
 def test_a_default_full_rank_logistic_fit_on_2000_rows_ends_at_its_optimum_and_is_silent():
     """Issue 26 item 9 on a few thousand rows: the logistic regression of benchmarks/svi_full_rank_cg.py with 300
