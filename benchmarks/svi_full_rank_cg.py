@@ -55,6 +55,24 @@ def _model(case: str, dim: int):
     return model
 
 
+def logistic_optimum(x, y, loc, tril, *, seed: int, pairs: int = 10_000):
+    """The optimum of a full-rank guide's mean with its covariance ``tril tril^T`` held (the mean of ``log p`` over
+    ``2 pairs`` antithetic draws at its maximum) for the logistic case (``N(0, 1)`` priors): Newton's method with the
+    exact expected Hessian ``X^T diag(mean_i p_i (1 - p_i)) X + I`` (float64, to a gradient under 1e-10). The
+    reference of ``svi_refine_cg_cause.py`` and of the tests of the step on this case."""
+    design, labels, m = x.double(), y.double(), loc.double()
+    half = torch.randn(pairs, m.numel(), dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) @ tril.T
+    draws = torch.cat([half, -half])
+    for _ in range(50):
+        p = torch.sigmoid((m + draws) @ design.T)
+        grad = (labels - p).mean(0) @ design - m
+        hessian = design.T @ ((p * (1 - p)).mean(0)[:, None] * design) + torch.eye(m.numel(), dtype=torch.float64)
+        m = m + torch.linalg.solve(hessian, grad)
+        if float(grad.abs().max()) < 1e-10:
+            break
+    return m
+
+
 def one(settings: dict) -> dict:
     """One default fit (a child's entry point): ``settings`` case, dim, rows."""
     import bnn_pyro as bp

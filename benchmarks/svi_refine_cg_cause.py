@@ -41,7 +41,7 @@ import warnings
 import pandas as pd
 import torch
 from _common import save_table, size_pairs
-from svi_full_rank_cg import _data, _model
+from svi_full_rank_cg import _data, _model, logistic_optimum
 
 import bnn_pyro as bp
 from bnn_pyro.infer import svi_gap_cg, svi_refine, svi_refine_cg
@@ -94,21 +94,6 @@ def _saved_fit(dim: int, rows: int):
     return x, y, saved
 
 
-def _reference(x, y, loc, tril, seed: int, pairs: int = 10_000):
-    """The mean's optimum with the covariance held, on ``2 pairs`` antithetic draws (exact Newton, float64)."""
-    design, labels, m = x.double(), y.double(), loc.clone()
-    half = torch.randn(pairs, m.numel(), dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) @ tril.T
-    draws = torch.cat([half, -half])
-    for _ in range(50):
-        p = torch.sigmoid((m + draws) @ design.T)
-        grad = (labels - p).mean(0) @ design - m
-        hessian = design.T @ ((p * (1 - p)).mean(0)[:, None] * design) + torch.eye(m.numel(), dtype=torch.float64)
-        m = m + torch.linalg.solve(hessian, grad)
-        if float(grad.abs().max()) < 1e-10:
-            break
-    return m
-
-
 def one_size(dim: int, rows: int, variants: list[dict] = VARIANTS) -> list[dict]:
     torch.set_num_threads(1)
     x, y, saved = _saved_fit(dim, rows)
@@ -117,8 +102,8 @@ def one_size(dim: int, rows: int, variants: list[dict] = VARIANTS) -> list[dict]
     tril = target.factor
     cov = tril @ tril.T
     sd = cov.diagonal().sqrt()
-    reference = _reference(x, y, target.loc, tril, seed=1)
-    other = _reference(x, y, target.loc, tril, seed=2)
+    reference = logistic_optimum(x, y, target.loc, tril, seed=1)
+    other = logistic_optimum(x, y, target.loc, tril, seed=2)
     rule = svi_gap_cg.choose_path(dim, rows, fit_passes=kwargs["fit_passes"], full_rank=True).step_hessian_draws
     # what FIT_SHARE of the fit pays for in passes over the rows, less the gap's gradients (the dense gap after it)
     share = svi_gap_cg.FIT_SHARE * kwargs["fit_passes"] * (rows + svi_gap_cg.STEP_ROWS) / rows - svi_refine.DRAWS

@@ -219,25 +219,8 @@ def test_a_full_rank_guide_past_the_dense_bounds_records_a_skipped_step():
     assert path.kind == "dense" and path.reason.startswith("skipped: 150 coordinates x 7000 rows is over"), path
 
 
-def _logistic_optimum(x, y, loc, tril, *, seed: int, pairs: int = 10_000):
-    """The optimum of a full-rank guide's mean with its covariance ``tril tril^T`` held (the mean of ``log p`` over
-    ``2 pairs`` antithetic draws at its maximum) for :func:`_logistic` (``N(0, 1)`` priors): Newton's method with the
-    exact expected Hessian ``X^T diag(mean_i p_i (1 - p_i)) X + I`` (float64, to a gradient under 1e-10)."""
-    design, labels, m = x.double(), y.double(), loc.double()
-    half = torch.randn(pairs, m.numel(), dtype=torch.float64, generator=torch.Generator().manual_seed(seed)) @ tril.T
-    draws = torch.cat([half, -half])
-    for _ in range(50):
-        p = torch.sigmoid((m + draws) @ design.T)
-        grad = (labels - p).mean(0) @ design - m
-        hessian = design.T @ ((p * (1 - p)).mean(0)[:, None] * design) + torch.eye(m.numel(), dtype=torch.float64)
-        m = m + torch.linalg.solve(hessian, grad)
-        if float(grad.abs().max()) < 1e-10:
-            break
-    return m
-
-
 @pytest.mark.slow  # ~30 s: SVI's defaults (5,000 full-rank steps on 110 coefficients x 100 rows)
-def test_a_default_full_rank_logistic_fit_ends_at_its_optimum_and_is_silent():
+def test_a_default_full_rank_logistic_fit_ends_at_its_optimum_and_is_silent(load_benchmark):
     """The lead's case (issue 26 item 9: no silently wrong default): a logistic regression of 110 coefficients on 100
     rows, past the dense bounds. The old step, its ``H`` from the gap's 10 draws, had its first full step rejected,
     kept one at half the rate and stopped at its 5 evaluations 0.21 guide sds from the optimum below (the gap said
@@ -245,7 +228,7 @@ def test_a_default_full_rank_logistic_fit_ends_at_its_optimum_and_is_silent():
     ``benchmarks/results/svi_convergence/fullcg_cause.md``). Now a rejected candidate makes the step average ``H``
     over the draws the fit's share pays for (832 here: ``svi_gap_cg.choose_path``), and it reaches its fixed point.
     The reference: the optimum of the mean with the covariance as trained on 20,000 antithetic draws (exact Newton,
-    :func:`_logistic_optimum`). The step optimizes the mean of ``log p`` over its own 1,000 draws, whose optimum misses
+    ``benchmarks/svi_full_rank_cg.py``'s ``logistic_optimum``). The step optimizes the mean of ``log p`` over its own 1,000 draws, whose optimum misses
     that one by the step's Monte Carlo error, per coordinate the gap's standard error on the same draws (``S`` times
     the pairs' mean gradients: the Newton step's error where ``S^-1`` is ``H``), with the reference's own error
     (1 / sqrt(20) of it): every coordinate must be within 5 of their combined standard errors (the chance that any of
@@ -261,7 +244,7 @@ def test_a_default_full_rank_logistic_fit_ends_at_its_optimum_and_is_silent():
     assert gap == dict(method="dense", draws=svi_gap.GAP_DRAWS, pairs=svi_gap.GAP_DRAWS // 2, reason=None), gap
     tril = guide.get_posterior().scale_tril.detach().double()  # Pyro's: scale[:, None] * scale_tril
     sd = tril.pow(2).sum(1).sqrt()
-    optimum = _logistic_optimum(x, y, guide.loc.detach(), tril, seed=1)
+    optimum = load_benchmark("svi_full_rank_cg").logistic_optimum(x, y, guide.loc.detach(), tril, seed=1)
     se = post.history[_health.GAP_SE][0] * (1 + 1 / 20) ** 0.5
     z = ((guide.loc.detach().double() - optimum) / sd).abs() / se
     assert float(z.max()) < 5, (float(z.max()), int(z.argmax()))

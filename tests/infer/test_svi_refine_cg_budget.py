@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import pytest
-from test_svi_refine_cg import _default_fit, _logistic_optimum  # the module beside this file
+from test_svi_refine_cg import _default_fit  # the module beside this file
 
 from bnn_pyro.infer import _health, svi, svi_gap, svi_gap_cg, svi_refine, svi_refine_cg
 from bnn_pyro.infer.training_data import Data
@@ -102,7 +102,7 @@ def test_a_step_whose_re_solve_failed_says_so_not_that_the_family_cannot_match()
 
 
 @pytest.mark.slow  # ~30 s: SVI's defaults (5,000 full-rank steps on 300 coefficients x 2,000 rows)
-def test_a_default_full_rank_logistic_fit_on_2000_rows_ends_at_its_optimum_and_is_silent():
+def test_a_default_full_rank_logistic_fit_on_2000_rows_ends_at_its_optimum_and_is_silent(load_benchmark):
     """Issue 26 item 9 on a few thousand rows: the logistic regression of benchmarks/svi_full_rank_cg.py with 300
     coefficients on 2,000 rows, at the defaults. The step's ``H`` from 10 draws misjudges it by a little, so its full
     steps are kept but converge linearly: the old step stopped at its 5 evaluations, 4 kept, 0.15 guide sds from the
@@ -116,7 +116,7 @@ def test_a_default_full_rank_logistic_fit_on_2000_rows_ends_at_its_optimum_and_i
     post, (guide,), x, y, messages = _default_fit(2000, dim=300, logistic=True)
     tril = guide.get_posterior().scale_tril.detach().double()  # Pyro's: scale[:, None] * scale_tril
     sd = tril.pow(2).sum(1).sqrt()
-    optimum = _logistic_optimum(x, y, guide.loc.detach(), tril, seed=1)
+    optimum = load_benchmark("svi_full_rank_cg").logistic_optimum(x, y, guide.loc.detach(), tril, seed=1)
     se = post.history[_health.GAP_SE][0] * (1 + 1 / 20) ** 0.5
     z = ((guide.loc.detach().double() - optimum) / sd).abs() / se
     (record,) = post.config["guide_refinement"]
