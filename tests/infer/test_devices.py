@@ -280,32 +280,7 @@ def test_model_to_after_construction_moves_initial_values_and_priors():
     assert {s["value"].device.type for n, s in trace.nodes.items() if s["type"] == "sample"} == {"meta"}
 
 
-# ---------------------------------------------------------------- no fork once CUDA is initialised
-@pytest.mark.skipif(
-    torch.cuda.is_available(),
-    reason="simulates CUDA on a machine without one (patching a real "
-    "device's state breaks torch.manual_seed); on a GPU the tests below run the real thing",
-)
-def test_chains_run_in_this_process_once_cuda_is_initialised(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(driver, "_cores", lambda: 4)
-    with pytest.raises(ValueError, match=r"chain_method='parallel' cannot run here: CUDA is initialised"):
-        driver.chain_execution(2, "parallel")
-
-    def no_fork(*args, **kwargs):
-        raise AssertionError("a chain was forked after CUDA was initialised")
-
-    monkeypatch.setattr(driver, "_start", no_fork)
-    x, y = _data()
-    with pytest.warns(UserWarning, match="CUDA is initialised in this process"):
-        post = bp.fit(
-            _model(), x, y, method="metropolis", seed=0, progress=False, **{**TINY["metropolis"], "num_chains": 2}
-        )
-    assert post.config["chain_execution"] == "sequential" and post.num_chains == 2
-
-
-# ---------------------------------------------------------------- no fork where a forked child cannot run autograd
+# ---------------------------------------------------------------- no fork once CUDA is initialised, nor where a child cannot run autograd
 @pytest.mark.skipif(
     driver._accelerator_visible(), reason="this machine's torch sees an accelerator: the GPU test below"
 )
@@ -361,24 +336,50 @@ def test_the_fork_probe_decides_by_a_backward_pass_in_a_forked_child(monkeypatch
     assert "did not finish one backward pass within driver.PROBE_SECONDS (0.5 s" in said, said
 
 
-def test_chains_run_in_this_process_where_a_fork_cannot_carry_autograd(monkeypatch):
-    """On a machine whose torch sees a GPU, a backward pass in this process (a start, a MAP of the deterministic
-    parameters) makes every backward pass in a forked child raise: parallel chains of a CPU model failed at their
-    first gradient (found on an H200, 2026-11-28). ``"parallel"`` is then refused, naming the cause and the way out,
-    and ``"auto"`` runs the chains here with a warning."""
-    monkeypatch.setattr(driver, "_cores", lambda: 4)
+def _cuda_initialised(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+
+
+def _fork_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     refusal = "a forked process could not run autograd: (simulated; to fit ..., CUDA_VISIBLE_DEVICES='')"
     monkeypatch.setattr(driver, "fork_refusal", lambda: refusal)
-    with pytest.raises(ValueError, match=r"cannot run here: a forked process could not run autograd.*CUDA_VISIBLE"):
+
+
+@pytest.mark.parametrize(
+    "cause, said",
+    [
+        pytest.param(
+            _cuda_initialised,
+            "CUDA is initialised",
+            marks=pytest.mark.skipif(
+                torch.cuda.is_available(),
+                reason="simulates CUDA on a machine without one (patching a real device's state breaks "
+                "torch.manual_seed); on a GPU the tests below run the real thing",
+            ),
+            id="cuda-initialised",
+        ),
+        pytest.param(_fork_refused, "a forked process could not run autograd.*CUDA_VISIBLE", id="fork-refused"),
+    ],
+)
+def test_chains_run_in_this_process_where_they_cannot_fork(cause, said, monkeypatch):
+    """Once CUDA is initialised (a forked child cannot use its parent's context), or on a machine whose torch sees a
+    GPU once a backward pass has run in this process (a start, a MAP of the deterministic parameters: every backward
+    pass in a forked child then raises, and parallel chains of a CPU model failed at their first gradient, found on
+    an H200, 2026-11-28): ``"parallel"`` is refused, naming the cause and the way out, and ``"auto"`` runs the
+    chains here with a warning; no chain is forked."""
+    monkeypatch.setattr(driver, "_cores", lambda: 4)
+    cause(monkeypatch)
+    with pytest.raises(ValueError, match=rf"chain_method='parallel' cannot run here: {said}"):
         driver.chain_execution(2, "parallel")
 
     def no_fork(*args, **kwargs):
-        raise AssertionError("a chain was forked that could not run autograd")
+        raise AssertionError("a chain was forked where it cannot run")
 
     monkeypatch.setattr(driver, "_start", no_fork)
     x, y = _data()
-    with pytest.warns(UserWarning, match="could not run autograd.*run one after another"):
+    with pytest.warns(UserWarning, match=rf"{said}.*run one after another"):
         post = bp.fit(
             _model(), x, y, method="metropolis", seed=0, progress=False, **{**TINY["metropolis"], "num_chains": 2}
         )
