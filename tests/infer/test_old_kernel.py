@@ -13,6 +13,7 @@ from conftest import forks_chains
 
 import bnn_pyro as bp
 from bnn_pyro.infer import _old_kernel, mcmc
+from bnn_pyro.infer._kernels import Metropolis
 
 RUN = dict(method="metropolis", num_samples=10, num_warmup=20, num_chains=2, seed=0, progress=False)
 
@@ -90,3 +91,64 @@ def test_an_old_kernel_with_a_default_for_model_args_is_the_old_interface():
             with pytest.warns(DeprecationWarning, match="kernel interface of the previous release"):
                 post = _fit()
         assert all(torch.equal(post.samples[k], v) for k, v in expected.samples.items()), kernel.__name__
+
+
+class _KeepsItsStart(Metropolis):
+    """A kernel that keeps an ``initial_params`` set before ``setup``, as Pyro's potential-function kernels do (the
+    old interface returned a start for exactly those); otherwise the library's Metropolis."""
+
+    def setup(self, warmup_steps, *args, **kwargs):
+        given = getattr(self, "_initial_params", None)
+        super().setup(warmup_steps, *args, **kwargs)
+        if given is not None:
+            self._initial_params, self._energy_last = given, self.potential_fn(given)
+
+
+@pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")  # a handful of draws
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the old interface's, tested above
+def test_an_old_kernels_start_is_set_before_setup_and_its_transforms_map_the_draws(monkeypatch):
+    """The old interface's two promises (review 22 finding 6: a shim returning ``(kernel, None, None)`` never ran
+    them): the ``initial_params`` it returns are set before ``setup`` (a potential-function kernel then starts
+    there: the chain's first step is taken from them), and the ``transforms`` it returns, not the kernel's, map the
+    kept draws back (here ``w = 1 + 2 z`` on one site, so the draws are ``(z - 1) / 2``). Each fails if
+    ``_old_kernel.build`` drops the value."""
+    new = mcmc.MetropolisConfig.kernel
+    start = {
+        "0.bias": torch.full((3,), 0.25),
+        "0.weight": torch.full((3, 1), -0.5),
+        "2.bias": torch.full((1,), 0.75),
+        "2.weight": torch.full((1, 3), 1.5),
+    }
+    affine = torch.distributions.AffineTransform(1.0, 2.0)
+    firsts = []
+
+    def kernel(self, model, chain, model_args):
+        built = new(self, model, chain)
+        built.__class__ = _KeepsItsStart
+        sample = built.sample
+
+        def spied(params):
+            if not firsts or firsts[-1][0] is not built:
+                firsts.append((built, {k: v.clone() for k, v in params.items()}))
+            return sample(params)
+
+        built.sample = spied
+        return built, {k: v.clone() for k, v in start.items()}, {"2.bias": affine}
+
+    monkeypatch.setattr(mcmc.MetropolisConfig, "kernel", kernel)
+    post = _fit(chain_method="sequential")
+    assert len(firsts) == RUN["num_chains"]
+    for _, first in firsts:
+        assert first.keys() == start.keys() and all(torch.equal(first[k], start[k]) for k in start)
+
+    # the same run with the kernel's own transforms (identities on these real sites): only 2.bias differs, by the map
+    monkeypatch.setattr(
+        mcmc.MetropolisConfig,
+        "kernel",
+        lambda self, model, chain, model_args: (kernel(self, model, chain, model_args)[0], start, None),
+    )
+    own = _fit(chain_method="sequential")
+    assert torch.allclose(post.samples["2.bias"], (own.samples["2.bias"] - 1.0) / 2.0)
+    assert not torch.allclose(post.samples["2.bias"], own.samples["2.bias"])
+    for name in ("0.bias", "0.weight", "2.weight"):
+        assert torch.equal(post.samples[name], own.samples[name]), name
