@@ -172,21 +172,14 @@ _INPUT_SIZE = {
 _META_ONLY = re.compile(r"\bmeta\b|register_meta", re.IGNORECASE)
 
 
-def input_mismatch(net: nn.Module, x, err: BaseException | None = None) -> str:
-    """Why the net cannot take ``x``, in our words: the first layer of a Sequential net and what it expects. Where
-    ``err`` (the net's error on meta tensors, the shape check's) is one that only meta tensors raise, the check could
-    not run, and the message says so instead of blaming a layer size."""
-    if err is not None and _META_ONLY.search(str(err)):
-        what = f"x ({x!r})" if isinstance(x, Inputs) else f"x of shape {tuple(x.shape)}"
-        return (
-            f"could not check whether the net takes {what}: the check runs the net's forward on the meta device "
-            "(shapes without values) before fitting, and this forward needs what that device does not have (the "
-            "error chained below): a tensor's values (a Python `if` on a tensor, .item(), a boolean-mask index, "
-            "nonzero, unique) or a tensor made on another device. So nothing is known about the sizes, and the net "
-            "is refused rather than fitted unchecked. Write such branches as tensor operations (torch.where, a mask "
-            "multiplied in), whose computation is the same for every input, and make new tensors on the input's "
-            "device (torch.zeros(..., device=x.device))."
-        )
+def meta_only(err: BaseException) -> bool:
+    """Whether ``err``, raised by a forward on meta tensors, is one only meta tensors raise (the forward reads values
+    or makes a tensor on another device), not a size mismatch: BNN.output_shape then runs the forward on real rows."""
+    return bool(_META_ONLY.search(str(err)))
+
+
+def input_mismatch(net: nn.Module, x) -> str:
+    """Why the net cannot take ``x``, in our words: the first layer of a Sequential net and what it expects."""
     if isinstance(x, Inputs):
         return (
             f"x ({x!r}) is not what the net's forward takes (the error it raised is chained below). A tuple is "

@@ -38,7 +38,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from bnn_pyro import priors as priors_mod
-from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers
+from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers, meta_only
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
 from bnn_pyro.selection import Bayesian, SelectorLike, frozen_as_buffers, nothing_random, selector
@@ -430,12 +430,15 @@ class BNN(nn.Module):
         """The shape of the network output for one row, ``(out,)`` or ``(T, ..., out)`` for sequence
         outputs, found without computation (on the meta device). Token ids of ``x`` are checked against
         the net's embeddings. A forward that needs values (a Python branch on a tensor, a boolean-mask index) or makes
-        tensors on another device cannot run there: a ``ValueError`` says the check could not be made, and why."""
+        tensors on another device cannot run there: it is run once on two real rows of ``x`` at the net's initial
+        weights instead (a ``ValueError`` chaining its error where that fails)."""
         check_token_ids(self._template, x)
         try:
             out = _call(self._template, x[:2].to("meta"))
         except (RuntimeError, TypeError) as err:
-            raise ValueError(input_mismatch(self._template, x, err)) from err
+            if not meta_only(err):
+                raise ValueError(input_mismatch(self._template, x)) from err
+            out = self._output_by_values(x[:2])
         if isinstance(out, torch.Tensor) and out.dim() < 2 and isinstance(x, torch.Tensor) and x.dim() == 1:
             raise ValueError(input_mismatch(self._template, x))  # 1-D x: the net took one row of it as one input
         if not isinstance(out, torch.Tensor) or out.dim() < 2:
@@ -445,6 +448,22 @@ class BNN(nn.Module):
                 f"for {len(x[:2])} input rows. Add a final Flatten or Linear layer, or return one tensor from forward."
             )
         return out.shape[1:]
+
+    def _output_by_values(self, x) -> torch.Tensor:
+        """The net's output for the rows ``x`` at its initial weights, computed: the shape check for a forward the
+        meta device cannot run (it reads values). Every engine runs such a net on real tensors (where ``vmap``
+        cannot batch it over draws, the draws are evaluated one at a time), so it is checked rather than refused."""
+        params = {n: v.to(self.device) for n, v in self.init_values.items()}
+        try:
+            with torch.no_grad():
+                return self._evaluate(params, x)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(
+                "the net's forward reads tensor values (the shape check could not run it on the meta device), so it "
+                "was run once on two rows of x at the net's initial weights, and it raised (chained below); where "
+                "the error is about devices, make new tensors on the input's device (torch.zeros(..., "
+                f"device=x.device)). {input_mismatch(self._template, x)}"
+            ) from err
 
     def output_dim(self, x) -> int:
         """Number of network outputs per row (per position, for sequence outputs ``(N, T, out)``)."""

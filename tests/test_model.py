@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pyro
 import pyro.distributions as dist
 import pytest
@@ -340,21 +342,42 @@ class _ValueBranch(nn.Module):
         return h + torch.zeros(h.shape[-1])  # a tensor made on the CPU, not on h's device
 
 
+@pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")  # 5 SVI steps
 @pytest.mark.parametrize("how", ["item", "mask", "device"])
-def test_a_forward_the_shape_check_cannot_run_is_named_as_such_not_as_a_size_mismatch(how):
-    """Review 20 finding 6: the meta-device shape probe cannot run a forward that reads values or makes tensors on
-    another device; it said 'a later layer does not fit the output of the one before' for a net whose sizes all fit
-    (which runs on real tensors). Now it says what it could not check and why, with torch's error chained."""
+def test_a_forward_the_meta_device_cannot_run_is_checked_on_real_rows_and_fits(how):
+    """Review 20 finding 6, then review 22 finding 10: the meta-device shape probe cannot run a forward that reads
+    values or makes tensors on another device. It blamed a layer size (20), then refused the net with no way out (22),
+    though every engine runs such a net on real tensors. Now the check runs it once on two real rows at the net's
+    initial weights, and the fit's draws give the net's own outputs (each draw's f equals the net's forward at it)."""
     net = nn.Sequential(nn.Linear(2, 3), _ValueBranch(how), nn.Linear(3, 1))
     x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
     assert net(x).shape == (8, 1)  # the sizes fit
     model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
-    with pytest.raises(ValueError, match=r"could not check whether the net takes x of shape \(8, 2\)") as info:
+    with pytest.raises(NotImplementedError if how == "mask" else RuntimeError):
+        copy.deepcopy(net).to("meta")(x[:2].to("meta"))  # what the meta probe cannot do
+    assert model.output_shape(x) == (1,)
+    post = bp.fit(model, x, x[:, 0], method="svi", num_steps=5, progress=False, seed=0)
+    assert post.predict(x).mean.shape == (8,)
+    g = torch.Generator().manual_seed(1)
+    params = {n: torch.randn((3, *shape), generator=g) for n, shape in model.param_shapes.items()}
+    f = model.forward_draws(params, x)
+    for k in range(3):
+        one = copy.deepcopy(net)
+        for n, p in one.named_parameters():
+            p.data.copy_(params[n][k])
+        assert torch.allclose(f[k], one(x), atol=1e-6), k
+
+
+def test_a_value_reading_forward_that_fails_on_real_rows_is_named_with_its_error():
+    """Where the real forward fails too (here a later layer of the wrong size behind a value branch), the error says
+    the forward reads values, that it was run on two real rows, and what failed, with torch's error chained."""
+    net = nn.Sequential(nn.Linear(2, 3), _ValueBranch("item"), nn.Linear(4, 1))
+    x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0))
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian())
+    with pytest.raises(ValueError, match=r"reads tensor values .* run once on two rows of x") as info:
         bp.fit(model, x, torch.zeros(8), method="svi", num_steps=1, progress=False)
-    message = str(info.value)
-    assert "the meta device (shapes without values)" in message and "torch.where" in message
-    assert "does not fit" not in message and "Check the layer sizes" not in message
-    assert isinstance(info.value.__cause__, RuntimeError)  # torch's own (NotImplementedError is one), chained
+    assert "a later layer does not fit the output of the one before" in str(info.value)
+    assert isinstance(info.value.__cause__, RuntimeError) and "shapes cannot be multiplied" in str(info.value.__cause__)
 
 
 @pytest.mark.parametrize(
