@@ -438,6 +438,28 @@ def test_regression_fits_and_anchored_engines_do_not_warn_about_off_data(method,
     assert not [w for w in record if "off-data" in str(w.message)]
 
 
+@pytest.mark.parametrize("body", ["frozen", "deterministic"])
+def test_laplace_on_a_model_whose_only_bayesian_layer_is_the_last_does_not_blame_its_structure(body):
+    """The last-layer note says structure='full' or 'kron' would cover every layer; for a head on a frozen body
+    (tutorial 09's Bayesian last layer) or one whose body is deterministic, they cover the same coordinates (the same
+    fit), so the note's advice is wrong there and it is not given. The same net with a Bayesian body still gets it
+    (above)."""
+    x, y = _two_class()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    if body == "frozen":
+        net[0].requires_grad_(False)
+    bayesian = ["2.*"] if body == "deterministic" else "all"
+    model = bp.BNN(net, prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Categorical(), bayesian=bayesian)
+    assert model.sample_names == ["2.weight", "2.bias"]
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        post = bp.fit(model, x, y, method="laplace", seed=0, progress=False, num_steps=50, num_samples=10)
+    full = bp.fit(model, x, y, method="laplace", seed=0, progress=False, num_steps=50, num_samples=10, structure="full")
+    assert post.config["structure"] == "last_layer" and post.config["dim"] == full.config["dim"] == 18
+    assert not [w for w in record if "off-data" in str(w.message)], [str(w.message) for w in record]
+
+
 @pytest.mark.parametrize(
     "method, options, units",
     [

@@ -140,8 +140,9 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
     -------
     >>> post = bp.fit(model, x, y, method="laplace", prior_precision="marglik", seed=0)
 
-    A classification fit with ``structure="last_layer"`` (the default for a ``BNN``) issues the off-data note
-    (:func:`~bnn_pyro.infer.health_off_data.check_off_data`, :data:`OFF_DATA`); a fit of a Pyro function model whose
+    A classification fit with ``structure="last_layer"`` (the default for a ``BNN``) of a net with Bayesian layers
+    below the last issues the off-data note (:func:`~bnn_pyro.infer.health_off_data.check_off_data`,
+    :data:`OFF_DATA`; not for a head on a frozen or deterministic body, which every structure fits alike); a fit of a Pyro function model whose
     posterior is far from the Gaussian warns (:func:`~bnn_pyro.infer.health_spread.check_gaussian`,
     :data:`NOT_GAUSSIAN`).
     """
@@ -149,7 +150,16 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
     if not isinstance(model, BNN):
         return check_gaussian(post, cause=NOT_GAUSSIAN)
     post = check_quadratic(post, cause=NOT_QUADRATIC)
-    return check_off_data(post, OFF_DATA) if post.config.get("structure") == Structure.LAST_LAYER.value else post
+    if post.config.get("structure") != Structure.LAST_LAYER.value or _last_layer_is_all(model, post):
+        return post
+    return check_off_data(post, OFF_DATA)
+
+
+def _last_layer_is_all(model: BNN, post) -> bool:
+    """Whether the last layer holds every Bayesian weight of the model (a head on a frozen or deterministic body):
+    ``structure="full"`` or ``"kron"`` would then cover the same coordinates, so :data:`OFF_DATA`'s limit and advice
+    are not this fit's (what the body's features leave out is the model's choice, the same for every engine)."""
+    return post.config.get("dim") == sum(math.prod(model.param_shapes[n]) for n in model.sample_names)
 
 
 def _judges_quadratic(model, approx: LaplaceApproximation, data: Data) -> bool:
