@@ -450,10 +450,13 @@ class BNN(nn.Module):
         return out.shape[1:]
 
     def _output_by_values(self, x) -> torch.Tensor:
-        """The net's output for the rows ``x`` at its initial weights, computed: the shape check for a forward the
-        meta device cannot run (it reads values). Every engine runs such a net on real tensors (where ``vmap``
-        cannot batch it over draws, the draws are evaluated one at a time), so it is checked rather than refused."""
+        """The net's output for the rows ``x`` at its initial weights, computed in eval mode (no side effect on
+        buffers or the random state): the shape check for a forward the meta device cannot run (it reads values).
+        Every engine runs such a net on real tensors (where ``vmap`` cannot batch it over draws, the draws are
+        evaluated one at a time), so it is checked rather than refused."""
         params = {n: v.to(self.device) for n, v in self.init_values.items()}
+        modes = {m: m.training for m in self._template.modules()}
+        self._template.eval()  # no BatchNorm statistics updated, no dropout draw from the global generator
         try:
             with torch.no_grad():
                 return self._evaluate(params, x)
@@ -464,6 +467,9 @@ class BNN(nn.Module):
                 "the error is about devices, make new tensors on the input's device (torch.zeros(..., "
                 f"device=x.device)). {input_mismatch(self._template, x)}"
             ) from err
+        finally:
+            for m, training in modes.items():
+                m.training = training
 
     def output_dim(self, x) -> int:
         """Number of network outputs per row (per position, for sequence outputs ``(N, T, out)``)."""

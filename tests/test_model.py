@@ -368,6 +368,21 @@ def test_a_forward_the_meta_device_cannot_run_is_checked_on_real_rows_and_fits(h
         assert torch.allclose(f[k], one(x), atol=1e-6), k
 
 
+def test_the_real_forward_of_the_shape_check_leaves_buffers_and_the_random_state_alone():
+    """The check's real forward runs in eval mode: a value-reading net with BatchNorm and dropout in training mode
+    keeps its running statistics and the global generator's state (a seeded fit after it draws as before), and the
+    modules' training flags are restored."""
+    net = nn.Sequential(nn.Linear(2, 3), nn.BatchNorm1d(3), nn.Dropout(0.5), _ValueBranch("item"), nn.Linear(3, 1))
+    model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=gaussian()).train()
+    x = torch.randn(8, 2, generator=torch.Generator().manual_seed(0)) * 5 + 3
+    before = {n: b.clone() for n, b in model.buffers_dict().items()}
+    state = torch.get_rng_state()
+    assert model.output_shape(x) == (1,)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert all(torch.equal(model.buffers_dict()[n], b) for n, b in before.items())
+    assert all(m.training for m in model._template.modules())
+
+
 def test_a_value_reading_forward_that_fails_on_real_rows_is_named_with_its_error():
     """Where the real forward fails too (here a later layer of the wrong size behind a value branch), the error says
     the forward reads values, that it was run on two real rows, and what failed, with torch's error chained."""
