@@ -421,6 +421,14 @@ class BNN(nn.Module):
         )
 
     @property
+    def reads_values(self) -> bool:
+        """Whether the net's forward reads tensor values (a Python branch on a tensor, ``.item()``, a boolean-mask
+        index, ``nonzero``): found by the shape check (:meth:`output_shape`), which cannot run such a forward on the
+        meta device. A recorded graph or trace would freeze the branch taken when it was recorded, so MCMC runs
+        such a net's eager gradient, and per-row Jacobians loop over the rows instead of ``vmap``-batching them."""
+        return self.__dict__.get("_reads_values", False)
+
+    @property
     def integer_inputs(self) -> bool:
         """Whether integer inputs stay integer (token ids): the net has an ``nn.Embedding``/``EmbeddingBag``.
         Otherwise integer inputs are features, cast to :attr:`dtype`."""
@@ -438,6 +446,7 @@ class BNN(nn.Module):
         except (RuntimeError, TypeError) as err:
             if not meta_only(err):
                 raise ValueError(input_mismatch(self._template, x)) from err
+            object.__setattr__(self, "_reads_values", True)  # remembered: see reads_values
             out = self._output_by_values(x[:2])
         if isinstance(out, torch.Tensor) and out.dim() < 2 and isinstance(x, torch.Tensor) and x.dim() == 1:
             raise ValueError(input_mismatch(self._template, x))  # 1-D x: the net took one row of it as one input
@@ -457,8 +466,9 @@ class BNN(nn.Module):
         params = {n: v.to(self.device) for n, v in self.init_values.items()}
         modes = {m: m.training for m in self._template.modules()}
         self._template.eval()  # no BatchNorm statistics updated, no dropout draw from the global generator
+        devices = [self.device] if self.device.type == "cuda" else []
         try:
-            with torch.no_grad():
+            with torch.no_grad(), torch.random.fork_rng(devices=devices):  # nor any other draw the forward makes
                 return self._evaluate(params, x)
         except (RuntimeError, TypeError) as err:
             raise ValueError(

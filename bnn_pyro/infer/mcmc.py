@@ -129,6 +129,7 @@ from bnn_pyro.infer.training_data import Data
 from bnn_pyro.model import BNN
 from bnn_pyro.posterior import Posterior
 from bnn_pyro.utils.checks import choice, flag, positive, positive_int
+from bnn_pyro.utils.user_warnings import warn
 
 __all__ = [
     "sample",
@@ -534,6 +535,23 @@ def _refuse_random_forward(model, method: str) -> None:
         )
 
 
+def _eager_where_values_are_read(model, config: MCMCConfig, method: str) -> MCMCConfig:
+    """``config`` with ``jit=False`` where a ``BNN``'s forward reads tensor values (:attr:`BNN.reads_values`): a
+    recorded graph or a trace would freeze the branch the recording took (review 25: a branch on a boolean mask's
+    size compiled with no error and gave a wrong gradient at 6 of 20 points), so the eager gradient runs, and the
+    user is told here, in this process (forked chains' own warnings do not reach the caller)."""
+    if not (config.jit and isinstance(model, BNN) and model.reads_values):
+        return config
+    warn(
+        f"{method}: the net's forward reads tensor values (a branch on a tensor, .item(), a boolean-mask index), "
+        "which a compiled graph would freeze at the branch it recorded; so the log density and its gradient run "
+        "eagerly (jit=False: the same values, slower). Write such branches as tensor operations (torch.where, a mask "
+        "multiplied in) to get the compiled path.",
+        RuntimeWarning,
+    )
+    return replace(config, jit=False)
+
+
 def sample(model, data: Data, config: MCMCConfig) -> Posterior:
     """Run the chains of the MCMC engine ``config`` declares (its :meth:`MCMCConfig.kernel`) on ``model`` and
     ``data`` and return them as a :class:`Posterior` (module docstring), after the MCMC health checks that the
@@ -579,6 +597,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             "or use a stochastic-gradient method for minibatches."
         )
     _refuse_random_forward(model, method)
+    config = _eager_where_values_are_read(model, config, method)
     _old_kernel.warn_if_old(config)  # an engine written to the previous release's kernel interface still runs
     seed, progress = c.seed, c.progress
     init = resolve_init(model, init, data)

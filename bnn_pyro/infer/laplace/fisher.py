@@ -5,13 +5,13 @@ function one traced example at a time)."""
 from __future__ import annotations
 
 import torch
-from torch.func import grad, vmap
+from torch.func import grad
 
 from bnn_pyro.infer._common import Data
 from bnn_pyro.infer._potential import Potential
 from bnn_pyro.infer.laplace import layerwise
 from bnn_pyro.infer.laplace.approximation import CHUNK
-from bnn_pyro.infer.laplace.functional import epoch, nll, output_gradients, site_values
+from bnn_pyro.infer.laplace.functional import epoch, nll, output_gradients, per_row, site_values
 from bnn_pyro.infer.laplace.structure import Layout, zeros
 from bnn_pyro.model import BNN
 
@@ -44,7 +44,7 @@ def fisher(
 
     hess = zeros(layout, diag)
     for xb, yb in epoch(data, max(1, CHUNK // len(active))):
-        g = vmap(grad(loglik), in_dims=(None, 0, 0))(z[active], xb, yb).double()
+        g = per_row(grad(loglik), model)(z[active], xb, yb).double()
         hess += (g**2).sum(0) if diag else g.T @ g
     return hess
 

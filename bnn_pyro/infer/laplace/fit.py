@@ -142,8 +142,8 @@ def fit_laplace(model, data: Data, config: LaplaceConfig) -> Posterior:
 
     A classification fit with ``structure="last_layer"`` (the default for a ``BNN``) of a net with Bayesian layers
     below the last issues the off-data note (:func:`~bnn_pyro.infer.health_off_data.check_off_data`,
-    :data:`OFF_DATA`; not for a head on a frozen or deterministic body, which every structure fits alike); a fit of a Pyro function model whose
-    posterior is far from the Gaussian warns (:func:`~bnn_pyro.infer.health_spread.check_gaussian`,
+    :data:`OFF_DATA`; not for a head on a frozen or deterministic body, where 'full' and 'kron' cover the same
+    coordinates); a fit of a Pyro function model whose posterior is far from the Gaussian warns (:func:`~bnn_pyro.infer.health_spread.check_gaussian`,
     :data:`NOT_GAUSSIAN`).
     """
     post = _fit_laplace(model, data, **config.keywords())

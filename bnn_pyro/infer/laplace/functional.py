@@ -156,4 +156,13 @@ def output_jacobian(model: BNN, pot: Potential, z, x, w_idx) -> tuple[torch.Tens
 
     with torch.no_grad():
         f = model.forward_draws(weights, x)
-    return f, vmap(jacrev(f_one), in_dims=(None, 0))(z[w_idx], x).double()
+    return f, per_row(jacrev(f_one), model)(z[w_idx], x).double()
+
+
+def per_row(fn, model: BNN):
+    """``fn(shared, *rows)`` over the rows (dim 0) of ``rows``: batched by ``vmap``, or, for a net whose forward
+    reads values (:attr:`~bnn_pyro.model.BNN.reads_values`: a branch vmap cannot batch), a loop over the rows
+    stacked (the same values, slower)."""
+    if not model.reads_values:
+        return lambda shared, *rows: vmap(fn, in_dims=(None,) + (0,) * len(rows))(shared, *rows)
+    return lambda shared, *rows: torch.stack([fn(shared, *(r[i] for r in rows)) for i in range(len(rows[0]))])
