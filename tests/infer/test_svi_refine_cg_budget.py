@@ -40,20 +40,27 @@ def test_the_step_s_account_keeps_the_whole_check_within_the_fit_s_share(full_ra
     assert seen >= 20, seen
 
 
-def test_a_step_that_spends_its_account_stops_there_and_says_so(monkeypatch):
+@pytest.mark.parametrize("step_passes", [11_000, 14_500], ids=["at_an_evaluation", "in_a_solve"])
+def test_a_step_that_spends_its_account_stops_there_and_says_so(monkeypatch, step_passes):
     """The step's passes as they are spent (its evaluations' gradients: one pass per draw; its solves' Hessian-vector
     products: two per draw and iteration), counted at the library's own calls, never exceed its account, and where
     the account pays for no more the record says "share spent": the full-rank logistic regression of 110 x 100 after
-    300 steps (the step switched off in the fit), its H kept at 10 draws, with an account of the charged worst case
-    alone (5 evaluations, 5 solves at 60 iterations over 10 draws: 11,000 passes), stops there (4 kept; unbounded it
-    runs to its 30 evaluations, 13 kept). The old rule had no account."""
+    300 steps (the step switched off in the fit), its H kept at 10 draws. With an account of the charged worst case
+    alone (5 evaluations, 5 solves at 60 iterations over 10 draws: 11,000 passes) it stops before an evaluation (4
+    kept; unbounded it runs to its 30 evaluations, 13 kept); with 3,500 more (14,500) the account runs out inside a
+    later solve, which is cut at the iterations left (a solve that had its 60 spent 14,900: review 24), and the step
+    stops there with "share spent", not "no solve at the new mean". The old rule had no account."""
     post, (guide,), x, y, _ = _fit_110x100()
     path = svi_gap_cg.GapPath(
-        "cg", max_iterations=60, step_hessian_draws=svi_gap_cg.HESSIAN_DRAWS, step_passes=5 * 1000 + 5 * 60 * 20
+        "cg", max_iterations=60, step_hessian_draws=svi_gap_cg.HESSIAN_DRAWS, step_passes=step_passes
     )
     monkeypatch.setattr(svi_gap_cg, "choose_path", lambda *args, **kwargs: path)
-    spent = [0]
-    derivatives, products = svi_refine_cg.derivatives, svi_gap_cg.hessian_products
+    spent, solves = [0], []
+    derivatives, products, solve = (
+        svi_refine_cg.derivatives,
+        svi_gap_cg.hessian_products,
+        svi_gap_cg.conjugate_gradients,
+    )
 
     def counted_derivatives(pot, order, points):
         spent[0] += points.shape[0]
@@ -63,12 +70,24 @@ def test_a_step_that_spends_its_account_stops_there_and_says_so(monkeypatch):
         spent[0] += 2 * points.shape[0] * vectors.shape[1]
         return products(pot, order, points, vectors, **kwargs)
 
+    def counted_solve(*args, **kwargs):  # each solve's cap and the iterations it took
+        out = solve(*args, **kwargs)
+        solves.append((kwargs["max_iterations"], out[1]))
+        return out
+
     monkeypatch.setattr(svi_refine_cg, "derivatives", counted_derivatives)
     monkeypatch.setattr(svi_gap_cg, "hessian_products", counted_products)
+    monkeypatch.setattr(svi_gap_cg, "conjugate_gradients", counted_solve)
     step = svi_refine_cg.refine_mean(guide, _logistic_model(), Data(x, y), seed=0, fit_passes=1)
-    assert step.stopped == svi_refine_cg.SHARE_SPENT and step.accepted >= 1, step
+    assert step.stopped == svi_refine_cg.SHARE_SPENT and step.accepted >= 1, (step, solves)
     probe = 2 * svi_gap_cg.HESSIAN_DRAWS  # the batchability probe's one product, before the step: not in the account
     assert 0 < spent[0] - probe <= path.step_passes, (spent[0], path.step_passes)
+    charged, later = solves[: svi_gap_cg.STEP_SOLVES], solves[svi_gap_cg.STEP_SOLVES :]
+    assert all(cap == path.max_iterations for cap, _ in charged), solves  # the charge pays for all their iterations
+    if step_passes == 14_500:  # the last solve cut: its cap under max_iterations, and all of it taken
+        assert later and later[-1][0] < path.max_iterations and later[-1][1] == later[-1][0], solves
+    else:
+        assert not later, solves
 
 
 def test_a_step_that_spent_the_share_advises_more_num_steps():
@@ -142,4 +161,6 @@ def _fit_110x100():
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(svi_refine_cg, "refine_mean", lambda *args, **kwargs: None)
             _FIT["fit"] = _default_fit(100, dim=110, logistic=True, num_steps=300)
+        _FIT["state"] = {k: v.detach().clone() for k, v in _FIT["fit"][1][0].state_dict().items()}
+    _FIT["fit"][1][0].load_state_dict(_FIT["state"])  # as handed over, whatever a step before moved
     return _FIT["fit"]
