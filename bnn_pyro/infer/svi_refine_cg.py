@@ -55,12 +55,16 @@ evaluations and ended 0.15 guide sds from its optimum, 7.4 times the step's stan
 check's threshold at 300 coordinates: silently), where the share paid for 40 Hessian draws after a rejection (none
 came) and fourteen times the passes the step spent (``fullcg_budget.md``). So the step keeps
 an account (``choose_path``'s ``step_passes``: all the share leaves but the gap's; each evaluation one pass per draw,
-each solve two per Hessian draw and iteration), takes the charged evaluations whatever they cost (the charge pays for
-them), and goes on while the account pays for another evaluation, every later solve capped at the iterations left, up
-to ``max_evaluations`` (``svi_refine.MAX_EVALUATIONS``, the dense refinement's); it stops with :data:`SHARE_SPENT`
-where the account runs out. That case then reached its fixed point in 10 evaluations at about a fifth of the share
-(at 400 coefficients, where a candidate rejected at the fifth left the old step with a gap of 0.39 and a warning,
-in 15 at 0.43);
+each solve two per Hessian draw and iteration, and the batchability probe's one product), checks it before every
+evaluation (the charge pays for the charged ones whatever their solves take at ``svi_refine.DRAWS`` draws, the count the
+engine passes, but for the probe's 20 passes: they can cost the fifth charged solve one iteration, and only where every
+solve before it ran to its cap; a direct call with more ``num_draws`` pays for them from the account too, and stops
+sooner: review 24 measured 0.08 and 0.53 times the account past it at 2,000 and 3,000 draws when only the later ones
+were checked), and goes on while the account pays for another evaluation, every later solve capped at the iterations
+left, up to ``max_evaluations`` (``svi_refine.MAX_EVALUATIONS``, the dense refinement's); it stops with
+:data:`SHARE_SPENT` where the account runs out. That case then reached its fixed point in 10 evaluations at about a
+fifth of the share (at 400 coefficients, where a candidate rejected at the fifth left the old step with a gap of 0.39
+and a warning, in 15 at 0.43);
 a Gaussian posterior (two evaluations) and the 100-row logistic fits (four) end within the charged ones, unchanged.
 
 Safeguards (:mod:`bnn_pyro.infer.svi_refine`'s): a step is kept only if the ELBO estimated on the same draws (``mean
@@ -102,7 +106,8 @@ _COVERED = (autoguide.AutoNormal, autoguide.AutoLowRankMultivariateNormal, autog
 CHARGED_EVALUATIONS = 5
 """Evaluations of the draws (the first included: one per candidate, each with a conjugate-gradient solve) that the
 check's fixed charge pays for whatever their solves take (:data:`~bnn_pyro.infer.svi_gap_cg.CHECK_PASSES`,
-:data:`~bnn_pyro.infer.svi_gap_cg.STEP_SOLVES` solves at ``max_iterations``); past them the step evaluates on, up to
+:data:`~bnn_pyro.infer.svi_gap_cg.STEP_SOLVES` solves at ``max_iterations``) at ``svi_refine.DRAWS`` draws each (the
+engine's; more draws take the rest from the account); past them the step evaluates on, up to
 ``choose_path``'s ``max_evaluations``, while what it has spent leaves the fit's share room (module docstring). A
 Gaussian posterior needs two (the step, then the fixed point), the logistic regressions of ``fullcg_cause.md`` four
 with more Hessian draws after the first rejection; on 2,000 rows ten at 300 coefficients and fifteen at 400, most
@@ -201,6 +206,9 @@ def _refine_mean(
             return None
         return loc, float(values.mean()), grads.mean(0), svi_gap_cg.rounding(grads, inverse_diag, target.dtype)
 
+    def pays() -> bool:  # whether the account pays for another evaluation (at num_draws passes, whatever it is)
+        return account is None or spent[0] + len(deviations) <= account
+
     def cap(at) -> int:  # the iterations a solve may take: all max_iterations within the charge, then what is left
         left = path.max_iterations if account is None else (account - spent[0]) / (2 * len(at))
         return int(min(path.max_iterations, left))
@@ -225,6 +233,10 @@ def _refine_mean(
         svi_gap_cg.curvature(target, target.loc + hessian_at, rows=data.size, width=1)(inverse_diag[:, None] * 0)
     except NotBatchable as error:
         return svi_refine.Refinement(0, 0.0, f"skipped: {error}, and its products one draw at a time cost too much")
+    spent[0] += 2 * len(hessian_at)  # that product, from the account: less than one of a solve's iterations at the
+    # cap (choose_path does not reserve it: that would move its caps, e.g. 248 iterations at 150 x 2,000 to 247)
+    if not pays():
+        return svi_refine.Refinement(0, 0.0, f"skipped: {SHARE_SPENT} before its first evaluation of the draws")
     start = evaluate(target.loc)
     if start is None:
         return svi_refine.Refinement(0, 0.0, "skipped: the log density or its gradient is not finite at some draw")
@@ -242,7 +254,7 @@ def _refine_mean(
         if float((step / sd).abs().max()) < svi_refine.TOL:
             stopped = "fixed point"
             break
-        if evaluations >= CHARGED_EVALUATIONS and account is not None and spent[0] + len(deviations) > account:
+        if not pays():  # within the charge only where num_draws is above svi_refine.DRAWS (choose_path's unit)
             stopped = SHARE_SPENT
             break
         new = evaluate(point[0] + rate * step)

@@ -38,18 +38,45 @@ def test_the_step_s_account_keeps_the_whole_check_within_the_fit_s_share(full_ra
                     assert charged <= path.step_passes, where
                     assert path.max_evaluations == svi_refine.MAX_EVALUATIONS, where
     assert seen >= 20, seen
+    assert svi_gap.GAP_DRAWS == svi_refine.DRAWS  # the engine's step draws are what the charge counts
 
 
 @pytest.mark.parametrize("step_passes", [11_000, 14_500], ids=["at_an_evaluation", "in_a_solve"])
 def test_a_step_that_spends_its_account_stops_there_and_says_so(monkeypatch, step_passes):
     """The step's passes as they are spent (its evaluations' gradients: one pass per draw; its solves' Hessian-vector
-    products: two per draw and iteration), counted at the library's own calls, never exceed its account, and where
-    the account pays for no more the record says "share spent": the full-rank logistic regression of 110 x 100 after
-    300 steps (the step switched off in the fit), its H kept at 10 draws. With an account of the charged worst case
-    alone (5 evaluations, 5 solves at 60 iterations over 10 draws: 11,000 passes) it stops before an evaluation (4
-    kept; unbounded it runs to its 30 evaluations, 13 kept); with 3,500 more (14,500) the account runs out inside a
-    later solve, which is cut at the iterations left (a solve that had its 60 spent 14,900: review 24), and the step
-    stops there with "share spent", not "no solve at the new mean". The old rule had no account."""
+    products: two per draw and iteration; the batchability probe's one product), counted at the library's own calls,
+    never exceed its account, and where the account pays for no more the record says "share spent": the full-rank
+    logistic regression of 110 x 100 after 300 steps (the step switched off in the fit), its H kept at 10 draws. With
+    an account of the charged worst case alone (5 evaluations, 5 solves at 60 iterations over 10 draws: 11,000 passes)
+    it stops before an evaluation (4 kept; unbounded it runs to its 30 evaluations, 13 kept); with 3,500 more (14,500)
+    the account runs out inside a later solve, which is cut at the iterations left (a solve that had its 60 spent
+    14,900: review 24), and the step stops there with "share spent", not "no solve at the new mean". The old rule had
+    no account; before review 24 the probe was spent outside it."""
+    step, spent, solves = _counted_step(monkeypatch, step_passes)
+    assert step.stopped == svi_refine_cg.SHARE_SPENT and step.accepted >= 1, (step, solves)
+    assert 0 < spent <= step_passes, (spent, step_passes)
+    charged, later = solves[: svi_gap_cg.STEP_SOLVES], solves[svi_gap_cg.STEP_SOLVES :]
+    assert all(cap == 60 for cap, _ in charged), solves  # the charge pays for all their iterations
+    if step_passes == 14_500:  # the last solve cut: its cap under max_iterations, and all of it taken
+        assert later and later[-1][0] < 60 and later[-1][1] == later[-1][0], solves
+    else:
+        assert not later, solves
+
+
+@pytest.mark.parametrize("num_draws", [2000, 3000])
+def test_a_step_on_more_draws_than_the_charge_counts_stays_within_its_account(monkeypatch, num_draws):
+    """The charge counts svi_refine.DRAWS draws per evaluation (the engine passes svi_gap.GAP_DRAWS, as many); a
+    direct call with more pays for its charged evaluations from the account as well, and stops where it runs out,
+    "share spent", never past it (review 24: the account of 11,000 above was overspent by 880 and 5,800 passes at
+    2,000 and 3,000 draws, the charged evaluations unchecked)."""
+    step, spent, solves = _counted_step(monkeypatch, 11_000, num_draws=num_draws)
+    assert step.stopped == svi_refine_cg.SHARE_SPENT, (step, solves)
+    assert 0 < spent <= 11_000, spent
+
+
+def _counted_step(monkeypatch, step_passes, num_draws=svi_refine.DRAWS):
+    """The step on the 110 x 100 fit with an account of ``step_passes`` (H at 10 draws, 60 iterations a solve): its
+    record, the passes it spent counted at the library's own calls, and each solve's (cap, iterations)."""
     post, (guide,), x, y, _ = _fit_110x100()
     path = svi_gap_cg.GapPath(
         "cg", max_iterations=60, step_hessian_draws=svi_gap_cg.HESSIAN_DRAWS, step_passes=step_passes
@@ -78,16 +105,9 @@ def test_a_step_that_spends_its_account_stops_there_and_says_so(monkeypatch, ste
     monkeypatch.setattr(svi_refine_cg, "derivatives", counted_derivatives)
     monkeypatch.setattr(svi_gap_cg, "hessian_products", counted_products)
     monkeypatch.setattr(svi_gap_cg, "conjugate_gradients", counted_solve)
-    step = svi_refine_cg.refine_mean(guide, _logistic_model(), Data(x, y), seed=0, fit_passes=1)
-    assert step.stopped == svi_refine_cg.SHARE_SPENT and step.accepted >= 1, (step, solves)
-    probe = 2 * svi_gap_cg.HESSIAN_DRAWS  # the batchability probe's one product, before the step: not in the account
-    assert 0 < spent[0] - probe <= path.step_passes, (spent[0], path.step_passes)
-    charged, later = solves[: svi_gap_cg.STEP_SOLVES], solves[svi_gap_cg.STEP_SOLVES :]
-    assert all(cap == path.max_iterations for cap, _ in charged), solves  # the charge pays for all their iterations
-    if step_passes == 14_500:  # the last solve cut: its cap under max_iterations, and all of it taken
-        assert later and later[-1][0] < path.max_iterations and later[-1][1] == later[-1][0], solves
-    else:
-        assert not later, solves
+    data = Data(x, y)
+    step = svi_refine_cg.refine_mean(guide, _logistic_model(), data, seed=0, fit_passes=1, num_draws=num_draws)
+    return step, spent[0], solves
 
 
 def test_a_step_that_spent_the_share_advises_more_num_steps():
