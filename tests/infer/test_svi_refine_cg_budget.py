@@ -74,6 +74,34 @@ def test_a_step_on_more_draws_than_the_charge_counts_stays_within_its_account(mo
     assert 0 < spent <= 11_000, spent
 
 
+def test_a_direct_call_without_the_fit_s_passes_stops_at_the_charged_evaluations(monkeypatch):
+    """refine_mean with no fit_passes (no fit bounds the step: no account) stops after CHARGED_EVALUATIONS
+    evaluations, its bound before the account (review 24 finding 4: up to svi_refine.MAX_EVALUATIONS, 30; here, the
+    110 x 100 fit with a direct call's own path, H from all 1,000 draws after a rejection, 8 to its fixed point)."""
+    post, (guide,), x, y, _ = _fit_110x100()
+    evaluations, derivatives = [0], svi_refine_cg.derivatives
+
+    def counted_derivatives(pot, order, points):
+        evaluations[0] += 1
+        return derivatives(pot, order, points)
+
+    monkeypatch.setattr(svi_refine_cg, "derivatives", counted_derivatives)
+    assert svi_gap_cg.choose_path(110, 100, full_rank=True).step_passes is None  # the path it takes: no account
+    step = svi_refine_cg.refine_mean(guide, _logistic_model(), Data(x, y), seed=0)
+    assert evaluations[0] == svi_refine_cg.CHARGED_EVALUATIONS, (evaluations, step)
+    assert step.stopped == "evaluation limit" and 1 <= step.accepted < svi_refine_cg.CHARGED_EVALUATIONS, step
+
+
+def test_the_old_name_of_the_charged_evaluations_warns_and_gives_them():
+    """svi_refine_cg.MAX_EVALUATIONS, renamed CHARGED_EVALUATIONS by the account, keeps working for one release with a
+    DeprecationWarning that names the new one (DESIGN; review 24 finding 4: it raised AttributeError); other missing
+    names still raise."""
+    with pytest.warns(DeprecationWarning, match="CHARGED_EVALUATIONS"):
+        assert svi_refine_cg.MAX_EVALUATIONS == svi_refine_cg.CHARGED_EVALUATIONS == 5
+    with pytest.raises(AttributeError, match="NO_SUCH_NAME"):
+        svi_refine_cg.NO_SUCH_NAME  # noqa: B018
+
+
 def _counted_step(monkeypatch, step_passes, num_draws=svi_refine.DRAWS):
     """The step on the 110 x 100 fit with an account of ``step_passes`` (H at 10 draws, 60 iterations a solve): its
     record, the passes it spent counted at the library's own calls, and each solve's (cap, iterations)."""
