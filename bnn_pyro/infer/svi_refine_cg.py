@@ -70,8 +70,8 @@ a Gaussian posterior (two evaluations) and the 100-row logistic fits (four) end 
 Safeguards (:mod:`bnn_pyro.infer.svi_refine`'s): a step is kept only if the ELBO estimated on the same draws (``mean
 log p``: the entropy does not depend on ``m``) does not fall, otherwise solved again with more Hessian draws (once,
 above) and then halved down to :data:`~bnn_pyro.infer.svi_refine.MIN_RATE`; the iterations stop where the undamped step moves no coordinate by
-:data:`~bnn_pyro.infer.svi_refine.TOL` of its guide sd (``"fixed point"``) or after ``choose_path``'s
-``max_evaluations`` evaluations of the draws (:data:`CHARGED_EVALUATIONS` where no fit's passes bound the step:
+:data:`~bnn_pyro.infer.svi_refine.TOL` of its guide sd (``"fixed point"``, the last evaluation's solve
+included) or after ``choose_path``'s ``max_evaluations`` evaluations of the draws (:data:`CHARGED_EVALUATIONS` where no fit's passes bound the step:
 :func:`refine_mean`), or where its account of the fit's share pays for no more
 (:data:`SHARE_SPENT`), or where the solve at a new mean fails (``"no solve at the new mean"``: conjugate gradients
 did not reach their tolerance in the iterations allowed, ``svi_gap_cg.MAX_ITERATIONS`` or fewer where the fit's
@@ -206,9 +206,9 @@ def _refine_mean(
     if path.kind != "cg":
         return None
     pairs = max(1, num_draws // 2)
-    max_evaluations = path.max_evaluations if path.step_passes is not None else CHARGED_EVALUATIONS  # no account
-    account, spent, limit = path.step_passes, [0], [0]  # passes over the rows allowed (None: unbounded), spent;
-    # the last solve's iteration cap
+    account, spent, limit = path.step_passes, [0], [0]  # passes over the rows allowed (None: no account, and then
+    # the old bound on the evaluations, refine_mean), spent; the last solve's iteration cap
+    max_evaluations = path.max_evaluations if account is not None else min(path.max_evaluations, CHARGED_EVALUATIONS)
     half = svi_gap_cg.antithetic_half(target, pairs, generator)
     deviations = torch.cat([half, -half])
     chosen = svi_gap_cg.hessian_pairs(pairs, min(svi_gap_cg.BATCHES, pairs)).to(half.device)  # the gap's H draws
@@ -304,6 +304,8 @@ def _refine_mean(
             break
         else:
             rate /= 2
+    if stopped == "evaluation limit" and float((step / sd).abs().max()) < svi_refine.TOL:  # its last solve's verdict
+        stopped = "fixed point"
     if accepted:
         svi_refine.write_mean(guide, target.order, target.pot.shapes, point[0])
     return MeanStep(accepted, point[1] - start[1], stopped, escalated)

@@ -63,6 +63,21 @@ def test_a_moved_guide_is_stepped_to_the_exact_mean_and_its_covariance_kept(make
         assert torch.equal(_guide_sd(guide), sd)
 
 
+def test_a_step_whose_last_evaluation_reaches_the_fixed_point_says_fixed_point(monkeypatch):
+    """Where the evaluations run out at the one whose solve finds the fixed point (the Gaussian posterior's two: the
+    step, then a solve that moves no coordinate by svi_refine.TOL), the record says "fixed point", not "evaluation
+    limit" (review 24 finding 5: the loop ended before that solve's step was tested, and a warned fit got the
+    evaluation limit's advice)."""
+    x, y = _data()
+    mean, precision = _posterior(x, y)
+    path = svi_gap_cg.GapPath("cg", max_evaluations=2, step_hessian_draws=10, step_passes=1e12)
+    monkeypatch.setattr(svi_gap_cg, "choose_path", lambda *args, **kwargs: path)
+    with pyro.get_param_store().scope():
+        guide = _moved(_full_rank, x, y, mean, precision, MOVE)
+        result = svi_refine_cg.refine_mean(guide, _model, Data(x, y), fit_passes=1)
+    assert result.accepted == 1 and result.stopped == "fixed point", result
+
+
 def test_off_a_gaussian_the_elbo_on_its_draws_does_not_fall_and_the_gap_shrinks():
     """A logistic regression with 110 coefficients, a mean-field guide after 100 Adam steps (gaps up to ~0.5 guide
     sds): the step keeps the ELBO on its own draws, and the gap on the check's draws (seed 0, not the step's seed 1)
