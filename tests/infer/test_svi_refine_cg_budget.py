@@ -168,6 +168,31 @@ def test_a_step_whose_re_solve_failed_says_so_not_that_the_family_cannot_match()
     assert "family can match" not in message, message
 
 
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "the expected Hessian of -log p is not positive definite at the guide",
+        "the log density's Hessian-vector products are not finite at some guide draw",
+    ],
+)
+def test_a_re_solve_that_failed_for_a_reason_quotes_it_not_non_convergence(reason):
+    """Where the re-solve with more Hessian draws stopped on a reason (svi_gap_cg's ValueError: H not positive
+    definite, or its products not finite), the advice quotes it and does not claim the solve ran out of
+    MAX_ITERATIONS (review 24 finding 6: every "no solve with more Hessian draws: <reason>" got that claim)."""
+    from test_svi_gap_path import _post
+
+    post = _post(1.0, 0.01, {"method": "dense", "pairs": 500, "reason": None})
+    stopped = f"no solve with more Hessian draws: {reason}"
+    post.config["guide_refinement"] = [{"accepted": 1, "elbo_change": 0.3, "stopped": stopped}]
+    with pytest.warns(DiagnosticWarning, match="stopped short") as caught:
+        _health.check_guide_gap(post)
+    message = str(caught[0].message)
+    assert f"more Hessian draws (taken after a rejected step, post.config['guide_refinement']) found {reason}:" in (
+        message
+    ), message
+    assert "MAX_ITERATIONS" not in message and "did not converge" not in message, message
+
+
 @pytest.mark.slow  # ~30 s: SVI's defaults (5,000 full-rank steps on 300 coefficients x 2,000 rows)
 def test_a_default_full_rank_logistic_fit_on_2000_rows_ends_at_its_optimum_and_is_silent(load_benchmark):
     """Issue 26 item 9 on a few thousand rows: the logistic regression of benchmarks/svi_full_rank_cg.py with 300
