@@ -142,15 +142,18 @@ class MeanStep(svi_refine.Refinement):
     """What :func:`refine_mean` did (:class:`~bnn_pyro.infer.svi_refine.Refinement`'s fields) and
     ``escalated_hessian_draws``: the draws its last solves averaged ``H`` over where a rejected candidate made it take
     more (module docstring), else ``None`` and not recorded (named apart from the gap record's ``hessian_draws``, the
-    gap's own count)."""
+    gap's own count); ``passes``, the gradient passes over the rows it spent in
+    :func:`~bnn_pyro.infer.svi_gap_cg.choose_path`'s units (each evaluation one per draw, each solve two per Hessian
+    draw and iteration, the batchability probe's product), as the scale step records its own
+    (:class:`~bnn_pyro.infer.svi_refine_scale.ScaleStep`): what it took of its account (``step_passes``), not the most
+    it could have."""
 
     escalated_hessian_draws: int | None = None
+    passes: int | None = None
 
     def record(self) -> dict:
-        """A plain dict for ``post.config`` (``escalated_hessian_draws`` only where set)."""
-        record = super().record()
-        key = "escalated_hessian_draws"
-        return record if self.escalated_hessian_draws is not None else {k: v for k, v in record.items() if k != key}
+        """A plain dict for ``post.config`` (``escalated_hessian_draws`` and ``passes`` only where set)."""
+        return {k: v for k, v in super().record().items() if v is not None}
 
 
 def refine_mean(
@@ -308,4 +311,4 @@ def _refine_mean(
         stopped = "fixed point"
     if accepted:
         svi_refine.write_mean(guide, target.order, target.pot.shapes, point[0])
-    return MeanStep(accepted, point[1] - start[1], stopped, escalated)
+    return MeanStep(accepted, point[1] - start[1], stopped, escalated, int(spent[0]))

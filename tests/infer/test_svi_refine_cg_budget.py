@@ -55,6 +55,7 @@ def test_a_step_that_spends_its_account_stops_there_and_says_so(monkeypatch, ste
     step, spent, solves = _counted_step(monkeypatch, step_passes)
     assert step.stopped == svi_refine_cg.SHARE_SPENT and step.accepted >= 1, (step, solves)
     assert 0 < spent <= step_passes, (spent, step_passes)
+    assert step.record()["passes"] == spent, (step.record(), spent)  # its record says what it spent (review 24)
     charged, later = solves[: svi_gap_cg.STEP_SOLVES], solves[svi_gap_cg.STEP_SOLVES :]
     assert all(cap == 60 for cap, _ in charged), solves  # the charge pays for all their iterations
     if step_passes == 14_500:  # the last solve cut: its cap under max_iterations, and all of it taken
