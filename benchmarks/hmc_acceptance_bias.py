@@ -1,13 +1,14 @@
 """Where HMC's aimed step lands against ``target_accept``, measured against the exact acceptance curve.
 
-On the exact Gaussian posterior of ``tests/infer/test_mcmc.py``'s HMC mixing and acceptance tests
-(``make_blr(n=200, d=5, noise=1.0, seed=0)``, HMC at its defaults, one chain of 500 draws, the fast path), per seed:
+On the exact Gaussian posterior of ``tests/infer/test_mcmc.py``'s HMC mixing and acceptance tests (their settings,
+``tests/blr.py``'s ``HMC_ACCEPTANCE_FIT``: ``make_blr(n=200, d=5, noise=1.0, seed=0)``, HMC at its defaults, one chain
+of 500 draws, the fast path), per seed:
 the fit with the library's step after warm-up (:func:`bnn_pyro.infer._aimed_step.aimed_step`, ``aimed``) and with
 the dual average's ``exp(x_bar)`` (``xbar``, :func:`hmc_acceptance.final_step`: the same warm-up, the same pairs and
 metric), and, at that fit's adapted metric, the exact acceptance curve ``A(h)``: the expected Metropolis acceptance
 of one transition from the posterior at step ``h`` (``tests/blr.py``'s ``hmc_acceptance_curve``: HMC's own
-transition, the default jittered leapfrog counts, ``--draws`` exact posterior draws as independent chains; Monte
-Carlo se ~0.002 at 20,000).
+transition, the fit's jittered leapfrog counts from its post.config, ``--draws`` exact posterior draws as
+independent chains; Monte Carlo se ~0.002 at 20,000).
 Columns:
 
 - ``h_aimed``, ``h_xbar``, ``h_exact``: the aimed step, ``exp(x_bar)``, and the step where ``A(h)`` = the target
@@ -22,13 +23,16 @@ Usage::
     OMP_NUM_THREADS=1 nice -n 5 python benchmarks/hmc_acceptance_bias.py --seeds 0-29
 
 writes ``bias.csv`` and ``bias.md`` (per seed, then means +- se over seeds) into ``--out`` (default
-``benchmarks/results/hmc_acceptance/``).
+``benchmarks/results/hmc_acceptance/``), and ``bias_config.json``: the settings they were measured under
+(``HMC_ACCEPTANCE_FIT``, the first fit's ``post.config`` at ``tests/blr.py``'s ``ACCEPTANCE_CONFIG`` keys, ``--draws``),
+which the acceptance test checks its own fits against (a stale reference fails there, saying to rerun this).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import math
 import sys
 import warnings
@@ -61,13 +65,21 @@ def window_pairs(seen: list):
 
 
 def _blr():
-    """The test's posterior and ``tests/blr.py``'s :func:`hmc_acceptance_curve` (the exact ``A(h)``)."""
+    """``tests/blr.py``: the test's posterior, its :func:`hmc_acceptance_curve` (the exact ``A(h)``), and the module
+    (its ``HMC_ACCEPTANCE_FIT`` and ``ACCEPTANCE_CONFIG``)."""
     sys.path.insert(0, str(TESTS))
     try:
-        from blr import hmc_acceptance_curve, make_blr
+        import blr
     finally:
         sys.path.remove(str(TESTS))
-    return make_blr(n=200, d=5, noise=1.0, seed=0), hmc_acceptance_curve
+    return blr.make_blr(**blr.HMC_ACCEPTANCE_FIT["blr"]), blr.hmc_acceptance_curve, blr
+
+
+def config_record(module, post, draws: int) -> dict:
+    """What ``bias_config.json`` holds: the fits' settings (``module.HMC_ACCEPTANCE_FIT``), ``post.config`` at
+    ``module.ACCEPTANCE_CONFIG``'s keys, and the curve's ``draws``."""
+    config = {key: post.config[key] for key in module.ACCEPTANCE_CONFIG}
+    return dict(fit=module.HMC_ACCEPTANCE_FIT, config=config, draws=draws)
 
 
 def crossing(curve, target: float, lo: float = -4.0, hi: float = 1.0) -> float:
@@ -78,21 +90,20 @@ def crossing(curve, target: float, lo: float = -4.0, hi: float = 1.0) -> float:
     return 0.5 * (lo + hi)
 
 
-def run(blr, curve_of, seed: int, draws: int) -> dict:
+def run(blr, curve_of, seed: int, draws: int, fit: dict) -> tuple[dict, object]:
+    """One seed's row, and its aimed fit (``fit``: ``bp.fit``'s arguments besides the seed)."""
     fits, seen = {}, []
     for variant in ("defaults", "xbar"):
         with warnings.catch_warnings(), final_step(variant), window_pairs(seen):
             warnings.simplefilter("ignore")
-            fits[variant] = bp.fit(
-                blr.model(), blr.x, blr.y, method="hmc", num_samples=500, num_chains=1, seed=seed, progress=False
-            )
+            fits[variant] = bp.fit(blr.model(), blr.x, blr.y, seed=seed, **fit)
     aimed, xbar = fits["defaults"], fits["xbar"]
     curve = curve_of(blr, aimed, draws, seed)
     target = aimed.config["target_accept"]
     steps, _ = seen[0]
     exact_fit = _batched.aimed_step(steps, [curve(math.log(h)) for h in steps], target=target).step
     h_aimed, h_xbar = (float(p.sample_stats["step_size"][0, -1]) for p in (aimed, xbar))
-    return dict(
+    row = dict(
         seed=seed,
         h_aimed=h_aimed,
         h_xbar=h_xbar,
@@ -104,6 +115,7 @@ def run(blr, curve_of, seed: int, draws: int) -> dict:
         exact_fit=curve(math.log(exact_fit)),
         pairs=len(steps),
     )
+    return row, aimed
 
 
 def markdown(rows: pd.DataFrame, draws: int) -> str:
@@ -143,13 +155,16 @@ def main(argv: list[str] | None = None) -> pd.DataFrame:
     args = parser.parse_args(argv)
     lo, _, hi = args.seeds.partition("-")
     seeds = range(int(lo), int(hi) + 1) if hi else [int(s) for s in args.seeds.split(",")]
-    out, (blr, curve_of) = results_dir("hmc_acceptance", args.out), _blr()
-    rows = []
+    out, (blr, curve_of, module) = results_dir("hmc_acceptance", args.out), _blr()
+    rows, record = [], None
     for seed in seeds:
-        rows.append(run(blr, curve_of, seed, args.draws))
+        row, aimed = run(blr, curve_of, seed, args.draws, module.HMC_ACCEPTANCE_FIT["fit"])
+        rows.append(row)
+        record = record or config_record(module, aimed, args.draws)
         print(rows[-1], flush=True)
     rows = pd.DataFrame(rows)
     rows.to_csv(out / "bias.csv", index=False)
+    (out / "bias_config.json").write_text(json.dumps(record, indent=1) + "\n")
     write_result(out / "bias.md", markdown(rows, args.draws) + (f"\n{args.note}\n" if args.note else ""))
     return rows
 

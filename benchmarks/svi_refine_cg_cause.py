@@ -4,7 +4,8 @@ the same guide and the same 1,000 draws.
 
 One default fit per size (5,000 steps, seed 0, the library as it is); the guide is saved where the engine hands it to
 the step, and the step's loop is rerun from there with one setting changed at a time: the evaluations (5, the
-library's ``MAX_EVALUATIONS``, against 10, 20, 50), the draws its ``H`` is averaged over (10, ``HESSIAN_DRAWS``,
+library's ``MAX_EVALUATIONS`` then, now ``CHARGED_EVALUATIONS``: since ``fullcg_budget.md`` more as the fit's share
+pays, against 10, 20, 50), the draws its ``H`` is averaged over (10, ``HESSIAN_DRAWS``,
 against 50, 200 and all 1,000), the conjugate-gradient iteration cap (300 against 1,000), the halving (off: every
 candidate kept), and the library's rule since this benchmark (10 draws, then after a rejected candidate the draws
 that ``svi_gap_cg.choose_path`` gives, ``esc``; 166 and 40 are what 500 and 2,000 rows would get). The loop is the
@@ -17,14 +18,14 @@ float64, to a gradient under 1e-10): its floor is the step's own Monte Carlo err
 second seed moved by 0.03 / 0.015); ``log``, each candidate's fate (``k`` kept, ``r`` rejected, at its rate; ``+H``:
 solved again with that many draws); ``cg_iters``, each solve's iterations; ``seconds``, the loop's.
 
-``--set budget`` (``BUDGET_VARIANTS``): the evaluations and the escalated draws against what the fit's share pays
-for, on a few thousand rows: the library's rule before the step's account (5 evaluations; ``esc``: ``choose_path``'s
-``step_hessian_draws``), with the account (``account``: the library's rule since ``fullcg_budget.md``: evaluations up
-to ``svi_refine.MAX_EVALUATIONS`` while the passes spent leave the share room, each solve past the charged ones capped
-at what is left), and fixed counts of evaluations and escalated draws. Two more columns: ``passes``, the loop's passes
-over the rows (one per draw of each evaluation, two per Hessian draw of each solve's iterations), and ``share_passes``,
-what ``FIT_SHARE`` of the fit pays for less the gap's gradients (the step's share: within it where ``passes`` is at
-most this).
+``--set budget`` (``BUDGET_VARIANTS``): the evaluations and the escalated draws against what the fit's share pays for,
+on a few thousand rows: the library's rule before the step's account (5 evaluations; ``esc``: ``choose_path``'s
+``step_hessian_draws``), with the account (``account``: a copy of the library's rule since ``fullcg_budget.md``, in
+this loop: evaluations up to ``svi_refine.MAX_EVALUATIONS`` while the passes spent leave the share room, each solve
+past the charged ones capped at what is left), and fixed counts of evaluations and escalated draws. Two more columns:
+``passes``, the loop's passes over the rows (one per draw of each evaluation, two per Hessian draw of each solve's
+iterations), and ``share_passes``, what ``FIT_SHARE`` of the fit pays for less the gap's gradients (the step's share:
+within it where ``passes`` is at most this).
 
 Run from the repository root: ``python benchmarks/svi_refine_cg_cause.py --pairs 110x100,300x100``; writes
 ``benchmarks/results/svi_convergence/fullcg_cause.md`` and ``.csv``; ``--set budget --pairs
@@ -230,8 +231,10 @@ def main() -> None:
         "guide where a default fit (5,000 steps, seed 0) hands it to the step, the step's loop rerun on the same 1,000 "
         "draws with the evaluations and the escalated Hessian draws varied (benchmarks/svi_refine_cg_cause.py's "
         "docstring, --set budget: the columns, the reference). First row of each size: the library's step before the "
-        "account (5 evaluations, 'rule (N)': choose_path's step_hessian_draws after a rejection); account True: the "
-        "library's rule since (evaluations up to 30 while the passes spent leave the share room). passes: the loop's "
+        "account (5 evaluations, 'rule (N)': choose_path's step_hessian_draws after a rejection); account True: a "
+        "copy of the library's rule since, written out in this loop (evaluations up to 30 while the passes spent "
+        "leave the share room; a solve cut by the account and failing reads 'no solve' here, 'share spent' in the "
+        "library). passes: the loop's "
         "passes over the rows; share_passes: what svi_gap_cg.FIT_SHARE of the fit pays for, less the gap's gradients. "
         "reference_seeds_differ: the 20,000-draw reference at two seeds; start_miss: the guide before the step. One "
         f"torch thread. Command: python benchmarks/svi_refine_cg_cause.py {' '.join(sys.argv[1:])}"

@@ -106,16 +106,41 @@ def mcse_z_scores(w, mean, cov) -> dict[str, float]:
     return z
 
 
+HMC_ACCEPTANCE_FIT = dict(
+    blr=dict(n=200, d=5, noise=1.0, seed=0), fit=dict(method="hmc", num_samples=500, num_chains=1, progress=False)
+)
+"""The HMC fits of tests/infer/test_mcmc.py's mixing and acceptance tests and of benchmarks/hmc_acceptance_bias.py
+(whose bias.csv is the acceptance test's reference): :func:`make_blr`'s arguments and ``bp.fit``'s besides the seed
+(HMC at its defaults, one chain of 500 draws; the tests add ``fast_path``). One constant for both sides, so that
+neither changes alone (review 24 finding 7)."""
+
+ACCEPTANCE_CONFIG = (
+    "kernel",
+    "num_warmup",
+    "target_accept",
+    "num_leapfrog",
+    "leapfrog_jitter",
+    "dense_mass",
+    "fast_path",
+)
+"""The keys of an HMC fit's ``post.config`` that its step and acceptance depend on: the benchmark records them beside
+bias.csv (``bias_config.json``, with :data:`HMC_ACCEPTANCE_FIT` and the curve's draws), and the acceptance test
+checks its own fits' against that record, so that a changed default (warm-up, leapfrog count or jitter, target) makes
+the reference stale loudly, not silently."""
+
+
 def hmc_acceptance_curve(blr: BLR, post, draws: int = 20_000, seed: int = 0):
-    """``A(log h)``: the exact expected Metropolis acceptance of one default HMC transition (the library's
-    ``hmc_transition``, ``DEFAULT_NUM_LEAPFROG`` steps jittered by ``DEFAULT_LEAPFROG_JITTER``) from the posterior
-    at step ``h`` in the adapted metric of ``post`` (chain 0; an HMC fit of ``blr.model()`` on the fast path), which
-    a chain run at ``h`` realizes on average. Estimated over ``draws`` exact posterior draws as independent chains
-    (Monte Carlo se ~0.002 at 20,000), the same random numbers at every ``h`` (a smooth curve in ``h``)."""
+    """``A(log h)``: the exact expected Metropolis acceptance of one HMC transition as ``post`` ran it (the library's
+    ``hmc_transition``, ``post.config``'s ``num_leapfrog`` steps jittered by its ``leapfrog_jitter``) from the
+    posterior at step ``h`` in the adapted metric of ``post`` (chain 0; an HMC fit of ``blr.model()`` on the fast
+    path), which a chain run at ``h`` realizes on average. Estimated over ``draws`` exact posterior draws as independent
+    chains (Monte Carlo se ~0.002 at 20,000), the same random numbers at every ``h`` (a smooth curve in ``h``)."""
     from bnn_pyro.infer._analytic_batched import leapfrog_from
     from bnn_pyro.infer._batched import hmc_transition
-    from bnn_pyro.infer.mcmc import DEFAULT_LEAPFROG_JITTER, DEFAULT_NUM_LEAPFROG
 
+    num_steps, jitter = post.config["num_leapfrog"], post.config["leapfrog_jitter"]
+    if num_steps is None:
+        raise ValueError("post: an HMC fit with a fixed num_leapfrog (not trajectory_length) is what the curve models")
     d = blr.x.shape[1]
     layout = {"weight": list(range(d)), "bias": [d]}
     order = sum((layout[name] for name in sorted(post.samples)), [])  # the flat kernels' layout: sites by name
@@ -134,7 +159,7 @@ def hmc_acceptance_curve(blr: BLR, post, draws: int = 20_000, seed: int = 0):
         step = torch.full((draws,), math.exp(log_h), dtype=torch.float64)
         stats = hmc_transition(
             start, u, g, step, minv, leapfrog=leapfrog, generator=torch.Generator().manual_seed(seed + 1),
-            num_steps=DEFAULT_NUM_LEAPFROG, jitter=DEFAULT_LEAPFROG_JITTER,
+            num_steps=num_steps, jitter=jitter,
         )[3]  # fmt: skip
         return float(stats.accept_prob.mean())
 

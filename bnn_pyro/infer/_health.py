@@ -426,12 +426,18 @@ def check_guide_gap(post) -> None:
             "conjugate-gradient iterations that the fit's cost allows (svi_gap_cg.FIT_SHARE; "
             "post.config['guide_refinement']), and a longer fit allows more, up to svi_gap_cg.MAX_ITERATIONS"
         )
-    elif stopped.startswith("no solve with more Hessian draws"):  # the re-solve after a rejected candidate
+    elif stopped.startswith("no solve with more Hessian draws"):  # the re-solve after a rejected candidate: did
+        # not converge (the bare form), or found H not positive definite or its products not finite (": <reason>")
+        found = (
+            "did not converge in svi_gap_cg.MAX_ITERATIONS iterations"
+            if stopped == "no solve with more Hessian draws"
+            else f"found {stopped.split(': ', 1)[-1]}"
+        )
         advice = (
             "The refinement after the fit stopped where its conjugate-gradient solve with more Hessian draws (taken "
-            "after a rejected step, post.config['guide_refinement']) did not converge in svi_gap_cg.MAX_ITERATIONS "
-            "iterations: the posterior's curvature there is far from the Gaussian the step assumes; try "
-            "method='nuts' for the exact posterior of a small model, or more num_steps, which start the step closer"
+            f"after a rejected step, post.config['guide_refinement']) {found}: the posterior's curvature there is far "
+            "from the Gaussian the step assumes; try method='nuts' for the exact posterior of a small model, or more "
+            "num_steps, which start the step closer"
         )
     elif stopped == "share spent":  # svi_refine_cg.SHARE_SPENT: the step spent the fit's share (choose_path)
         advice = (

@@ -209,10 +209,10 @@ def fork_refusal() -> str | None:
     forked after that raises ("Unable to handle autograd's threading in combination with fork-based
     multiprocessing"): a parallel chain would fail at its first gradient. Torch exposes no such flag, so where an
     accelerator is visible a forked child tries one backward pass: exit code 0 is yes; torch's refusal, any other
-    failure (an exit code, a signal such as macOS's fork-safety abort) or no answer within :data:`PROBE_SECONDS`
-    (the child is killed) is no, each named as such. A no is kept for the process: autograd's device threads are
-    never stopped, and a child that hung or crashed once would again, each time at a fit's start. Without an
-    accelerator the threads are never started and nothing is forked."""
+    failure (an exit code, a signal such as macOS's fork-safety abort, named as the likely cause on an MPS device)
+    or no answer within :data:`PROBE_SECONDS` (the child is killed) is no, each named as such. A no is kept for the
+    process: autograd's device threads are never stopped, and a child that hung or crashed once would again, each
+    time at a fit's start. Without an accelerator the threads are never started and nothing is forked."""
     global _refused
     if _refused is not None:
         return _refused
@@ -233,7 +233,15 @@ def fork_refusal() -> str | None:
         return None
     elif probe.exitcode != _TORCH_REFUSED:
         how = f"signal {-probe.exitcode}" if probe.exitcode < 0 else f"exit code {probe.exitcode}"
-        _refused = f"a forked process running one backward pass ended with {how} (not asked again in this process)"
+        cause = ""
+        if kind == "mps" and probe.exitcode < 0:  # macOS: the Objective-C runtime aborts a child forked after its use
+            cause = (
+                ": on macOS most likely the Objective-C runtime's fork safety, which kills such a child "
+                "(docs/devices.md)"
+            )
+        _refused = (
+            f"a forked process running one backward pass ended with {how}{cause} (not asked again in this process)"
+        )
     else:
         if kind == "cuda":
             hide = "HIP_VISIBLE_DEVICES" if getattr(torch.version, "hip", None) else "CUDA_VISIBLE_DEVICES"

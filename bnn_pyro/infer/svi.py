@@ -87,8 +87,9 @@ solves after it :data:`~bnn_pyro.infer.svi_gap_cg.SCALE_KEEP` iterations of the 
 they have where fewer; recorded as ``"scale"`` inside the chain's record,
 with the passes it spent, which the mean's step and the gap are charged), then a mean-field or low-rank guide's
 mean by damped Newton steps solved by conjugate gradients (after a rejected candidate with ``H`` from more draws, as
-the fit's share allows: the record's ``escalated_hessian_draws``; past the evaluations the cost rule charges, more while what
-it spent leaves that share room: ``"share spent"`` where it ran out), a low-rank guide's covariance left as trained
+the fit's share allows: the record's ``escalated_hessian_draws``, with the ``passes`` it spent; past the evaluations
+the cost rule charges, more while what it spent leaves that share room: ``"share spent"`` where it ran out), a
+low-rank guide's covariance left as trained
 (:mod:`bnn_pyro.infer.svi_refine_cg`), recorded in the same list with the step's own Monte Carlo error
 (:data:`STEP_SE`). A full-rank guide past those bounds (up to :data:`FULL_RANK_MAX_DIM` coordinates) gets the same
 mean's step, its covariance left as trained, and then the dense gap on the step's own draws (its standard error from

@@ -193,10 +193,10 @@ class GapPath(NamedTuple):
     ``reason`` says why); on the dense path ``max_evaluations`` bounds the refinement (below 2, it is skipped for the
     fit's cost, ``reason`` says so, and the gap alone runs); on the conjugate-gradient path ``step_hessian_draws`` is
     what the mean's step averages ``H`` over once a candidate was rejected (:mod:`~bnn_pyro.infer.svi_refine_cg`;
-    :data:`HESSIAN_DRAWS` where the fit's share pays for no more), ``step_passes`` the passes over the rows the step
-    may spend in all (its evaluations' gradients and its solves' products: ``None`` where the fit does not bound it)
-    and ``max_evaluations`` its evaluations at most (``svi_refine.MAX_EVALUATIONS``, the dense refinement's: past
-    :data:`~bnn_pyro.infer.svi_refine_cg.CHARGED_EVALUATIONS` only as ``step_passes`` pays)."""
+    :data:`HESSIAN_DRAWS` where the fit's share pays for no more), ``step_passes`` the passes over the rows the step may
+    spend in all (its evaluations' gradients, its solves' products and its batchability probe's one: ``None`` where the
+    fit does not bound it) and ``max_evaluations`` its evaluations at most (``svi_refine.MAX_EVALUATIONS``, the dense
+    refinement's: past :data:`~bnn_pyro.infer.svi_refine_cg.CHARGED_EVALUATIONS` only as ``step_passes`` pays)."""
 
     kind: str
     reason: str | None = None

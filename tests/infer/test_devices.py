@@ -332,6 +332,12 @@ def test_the_fork_probe_decides_by_a_backward_pass_in_a_forked_child(monkeypatch
         said = asked(backward=raising(other))
         assert said.startswith("a forked process running one backward pass ended with exit code 4"), (other, said)
     assert "ended with signal 9" in asked(probe=lambda: os.kill(os.getpid(), 9))
+    assert "macOS" not in asked(probe=lambda: os.kill(os.getpid(), 9))  # the cause is named for MPS alone (below)
+    said = asked("mps", probe=lambda: os.kill(os.getpid(), 9))  # as macOS's fork-safety abort (signal 6, whose
+    # default action may write a core file here) ends the child: review 24 finding 13
+    assert "ended with signal 9" in said and "Objective-C runtime's fork safety" in said, said
+    assert "docs/devices.md" in said and "not asked again" in said, said
+    assert "macOS" not in asked("mps", backward=raising(RuntimeError("another error")))  # an exit code: no signal
     said = asked(probe=lambda: time.sleep(30), seconds=0.5)
     assert "did not finish one backward pass within driver.PROBE_SECONDS (0.5 s" in said, said
 

@@ -11,6 +11,7 @@ model. Seeds are fixed, so a run either passes or fails deterministically.
 """
 
 import functools
+import json
 import math
 import warnings
 from pathlib import Path
@@ -127,11 +128,11 @@ def _mixing_fits(fast_path: bool) -> tuple:
     """``(blr, {seed: posterior})``: HMC at its defaults, one chain of 500 draws, on the exact Gaussian posterior of
     the mixing test (Bayesian linear regression, 5 correlated inputs, 200 rows, known noise); seeds 0-4 on the fast
     path, seed 4 on Pyro's (~10 s a seed). Fitted once, read by the mixing and the acceptance tests."""
-    from blr import make_blr
+    from blr import HMC_ACCEPTANCE_FIT, make_blr
 
-    blr = make_blr(n=200, d=5, noise=1.0, seed=0)
+    blr = make_blr(**HMC_ACCEPTANCE_FIT["blr"])  # the settings benchmarks/hmc_acceptance_bias.py measured bias.csv at
     seeds = range(5) if fast_path else range(4, 5)  # Pyro's path: the worst seed of the fixed count
-    fit = dict(method="hmc", num_samples=500, num_chains=1, progress=False, fast_path=fast_path)
+    fit = dict(HMC_ACCEPTANCE_FIT["fit"], fast_path=fast_path)
     return blr, {seed: bp.fit(blr.model(), blr.x, blr.y, seed=seed, **fit) for seed in seeds}
 
 
@@ -154,6 +155,7 @@ def test_hmc_defaults_mix_on_an_exact_gaussian_posterior_for_every_seed(fast_pat
 
 
 AIMED_REFERENCE = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "hmc_acceptance" / "bias.csv"
+AIMED_CONFIG = AIMED_REFERENCE.with_name("bias_config.json")  # what bias.csv was measured under
 
 
 def test_hmc_realized_acceptance_is_where_the_aimed_step_puts_it():
@@ -174,11 +176,26 @@ def test_hmc_realized_acceptance_is_where_the_aimed_step_puts_it():
       of them): ``z = (m5 - m_ref) / (sd_ref sqrt(1/5 + 1/n_ref))``, a t with ``n_ref - 1`` (24) degrees of freedom,
       ``|t| > 4`` with probability ~5e-4;
     - the same mean against the reference seeds' ``A`` at ``exp(x_bar)``: below it by more than 4 such errors (the
-      aimed step in use; the dual average's realized acceptance is not within reach)."""
-    from blr import hmc_acceptance_curve
+      aimed step in use; the dual average's realized acceptance is not within reach).
+
+    The reference is valid only for the settings it was measured under (``bias_config.json``: the fits' data and
+    arguments, tests/blr.py's ``HMC_ACCEPTANCE_FIT``, and their ``post.config``'s ``ACCEPTANCE_CONFIG``): a change
+    to either fails here first, saying to rerun the benchmark. The test pins the bias: it catches steps about 20%
+    too short or 10% too long (review 24's mutants of the aimed step), and an aim that removes the bias (realizing
+    ``target_accept``) is expected to fail it, and ``test_aimed_step``'s cliff test, until ``bias.csv`` is
+    regenerated (``benchmarks/hmc_acceptance_bias.py --seeds 0-29``) and that test updated."""
+    from blr import ACCEPTANCE_CONFIG, HMC_ACCEPTANCE_FIT, hmc_acceptance_curve
 
     blr, fits = _mixing_fits(True)
     draws, exact = 20_000, []
+    recorded = json.loads(AIMED_CONFIG.read_text())
+    stale = (
+        f"{AIMED_REFERENCE.name} was measured under {recorded} ({AIMED_CONFIG.name}); these fits differ, so it is "
+        "stale: rerun `OMP_NUM_THREADS=1 nice -n 5 python benchmarks/hmc_acceptance_bias.py --seeds 0-29`"
+    )
+    assert (recorded["fit"], recorded["draws"]) == (HMC_ACCEPTANCE_FIT, draws), stale
+    for seed, post in fits.items():
+        assert {key: post.config[key] for key in ACCEPTANCE_CONFIG} == recorded["config"], (seed, stale)
     for seed, post in fits.items():
         step = float(post.sample_stats["step_size"][0, -1])
         exact.append(hmc_acceptance_curve(blr, post, draws=draws, seed=seed)(math.log(step)))

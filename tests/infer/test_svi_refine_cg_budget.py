@@ -38,22 +38,85 @@ def test_the_step_s_account_keeps_the_whole_check_within_the_fit_s_share(full_ra
                     assert charged <= path.step_passes, where
                     assert path.max_evaluations == svi_refine.MAX_EVALUATIONS, where
     assert seen >= 20, seen
+    assert svi_gap.GAP_DRAWS == svi_refine.DRAWS  # the engine's step draws are what the charge counts
 
 
-def test_a_step_that_spends_its_account_stops_there_and_says_so(monkeypatch):
+@pytest.mark.parametrize("step_passes", [11_000, 14_500], ids=["at_an_evaluation", "in_a_solve"])
+def test_a_step_that_spends_its_account_stops_there_and_says_so(monkeypatch, step_passes):
     """The step's passes as they are spent (its evaluations' gradients: one pass per draw; its solves' Hessian-vector
-    products: two per draw and iteration), counted at the library's own calls, never exceed its account, and where
-    the account pays for no more the record says "share spent": the full-rank logistic regression of 110 x 100 after
-    300 steps (the step switched off in the fit), its H kept at 10 draws, with an account of the charged worst case
-    alone (5 evaluations, 5 solves at 60 iterations over 10 draws: 11,000 passes), stops there (4 kept; unbounded it
-    runs to its 30 evaluations, 13 kept). The old rule had no account."""
+    products: two per draw and iteration; the batchability probe's one product), counted at the library's own calls,
+    never exceed its account, and where the account pays for no more the record says "share spent": the full-rank
+    logistic regression of 110 x 100 after 300 steps (the step switched off in the fit), its H kept at 10 draws. With
+    an account of the charged worst case alone (5 evaluations, 5 solves at 60 iterations over 10 draws: 11,000 passes)
+    it stops before an evaluation (4 kept; unbounded it runs to its 30 evaluations, 13 kept); with 3,500 more (14,500)
+    the account runs out inside a later solve, which is cut at the iterations left (a solve that had its 60 spent
+    14,900: review 24), and the step stops there with "share spent", not "no solve at the new mean". The old rule had
+    no account; before review 24 the probe was spent outside it."""
+    step, spent, solves = _counted_step(monkeypatch, step_passes)
+    assert step.stopped == svi_refine_cg.SHARE_SPENT and step.accepted >= 1, (step, solves)
+    assert 0 < spent <= step_passes, (spent, step_passes)
+    assert step.record()["passes"] == spent, (step.record(), spent)  # its record says what it spent (review 24)
+    charged, later = solves[: svi_gap_cg.STEP_SOLVES], solves[svi_gap_cg.STEP_SOLVES :]
+    assert all(cap == 60 for cap, _ in charged), solves  # the charge pays for all their iterations
+    if step_passes == 14_500:  # the last solve cut: its cap under max_iterations, and all of it taken
+        assert later and later[-1][0] < 60 and later[-1][1] == later[-1][0], solves
+    else:
+        assert not later, solves
+
+
+@pytest.mark.parametrize("num_draws", [2000, 3000])
+def test_a_step_on_more_draws_than_the_charge_counts_stays_within_its_account(monkeypatch, num_draws):
+    """The charge counts svi_refine.DRAWS draws per evaluation (the engine passes svi_gap.GAP_DRAWS, as many); a
+    direct call with more pays for its charged evaluations from the account as well, and stops where it runs out,
+    "share spent", never past it (review 24: the account of 11,000 above was overspent by 880 and 5,800 passes at
+    2,000 and 3,000 draws, the charged evaluations unchecked)."""
+    step, spent, solves = _counted_step(monkeypatch, 11_000, num_draws=num_draws)
+    assert step.stopped == svi_refine_cg.SHARE_SPENT, (step, solves)
+    assert 0 < spent <= 11_000, spent
+
+
+def test_a_direct_call_without_the_fit_s_passes_stops_at_the_charged_evaluations(monkeypatch):
+    """refine_mean with no fit_passes (no fit bounds the step: no account) stops after CHARGED_EVALUATIONS
+    evaluations, its bound before the account (review 24 finding 4: up to svi_refine.MAX_EVALUATIONS, 30; here, the
+    110 x 100 fit with a direct call's own path, H from all 1,000 draws after a rejection, 8 to its fixed point)."""
+    post, (guide,), x, y, _ = _fit_110x100()
+    evaluations, derivatives = [0], svi_refine_cg.derivatives
+
+    def counted_derivatives(pot, order, points):
+        evaluations[0] += 1
+        return derivatives(pot, order, points)
+
+    monkeypatch.setattr(svi_refine_cg, "derivatives", counted_derivatives)
+    assert svi_gap_cg.choose_path(110, 100, full_rank=True).step_passes is None  # the path it takes: no account
+    step = svi_refine_cg.refine_mean(guide, _logistic_model(), Data(x, y), seed=0)
+    assert evaluations[0] == svi_refine_cg.CHARGED_EVALUATIONS, (evaluations, step)
+    assert step.stopped == "evaluation limit" and 1 <= step.accepted < svi_refine_cg.CHARGED_EVALUATIONS, step
+
+
+def test_the_old_name_of_the_charged_evaluations_warns_and_gives_them():
+    """svi_refine_cg.MAX_EVALUATIONS, renamed CHARGED_EVALUATIONS by the account, keeps working for one release with a
+    DeprecationWarning that names the new one (DESIGN; review 24 finding 4: it raised AttributeError); other missing
+    names still raise."""
+    with pytest.warns(DeprecationWarning, match="CHARGED_EVALUATIONS"):
+        assert svi_refine_cg.MAX_EVALUATIONS == svi_refine_cg.CHARGED_EVALUATIONS == 5
+    with pytest.raises(AttributeError, match="NO_SUCH_NAME"):
+        svi_refine_cg.NO_SUCH_NAME  # noqa: B018
+
+
+def _counted_step(monkeypatch, step_passes, num_draws=svi_refine.DRAWS):
+    """The step on the 110 x 100 fit with an account of ``step_passes`` (H at 10 draws, 60 iterations a solve): its
+    record, the passes it spent counted at the library's own calls, and each solve's (cap, iterations)."""
     post, (guide,), x, y, _ = _fit_110x100()
     path = svi_gap_cg.GapPath(
-        "cg", max_iterations=60, step_hessian_draws=svi_gap_cg.HESSIAN_DRAWS, step_passes=5 * 1000 + 5 * 60 * 20
+        "cg", max_iterations=60, step_hessian_draws=svi_gap_cg.HESSIAN_DRAWS, step_passes=step_passes
     )
     monkeypatch.setattr(svi_gap_cg, "choose_path", lambda *args, **kwargs: path)
-    spent = [0]
-    derivatives, products = svi_refine_cg.derivatives, svi_gap_cg.hessian_products
+    spent, solves = [0], []
+    derivatives, products, solve = (
+        svi_refine_cg.derivatives,
+        svi_gap_cg.hessian_products,
+        svi_gap_cg.conjugate_gradients,
+    )
 
     def counted_derivatives(pot, order, points):
         spent[0] += points.shape[0]
@@ -63,12 +126,17 @@ def test_a_step_that_spends_its_account_stops_there_and_says_so(monkeypatch):
         spent[0] += 2 * points.shape[0] * vectors.shape[1]
         return products(pot, order, points, vectors, **kwargs)
 
+    def counted_solve(*args, **kwargs):  # each solve's cap and the iterations it took
+        out = solve(*args, **kwargs)
+        solves.append((kwargs["max_iterations"], out[1]))
+        return out
+
     monkeypatch.setattr(svi_refine_cg, "derivatives", counted_derivatives)
     monkeypatch.setattr(svi_gap_cg, "hessian_products", counted_products)
-    step = svi_refine_cg.refine_mean(guide, _logistic_model(), Data(x, y), seed=0, fit_passes=1)
-    assert step.stopped == svi_refine_cg.SHARE_SPENT and step.accepted >= 1, step
-    probe = 2 * svi_gap_cg.HESSIAN_DRAWS  # the batchability probe's one product, before the step: not in the account
-    assert 0 < spent[0] - probe <= path.step_passes, (spent[0], path.step_passes)
+    monkeypatch.setattr(svi_gap_cg, "conjugate_gradients", counted_solve)
+    data = Data(x, y)
+    step = svi_refine_cg.refine_mean(guide, _logistic_model(), data, seed=0, fit_passes=1, num_draws=num_draws)
+    return step, spent[0], solves
 
 
 def test_a_step_that_spent_the_share_advises_more_num_steps():
@@ -99,6 +167,31 @@ def test_a_step_whose_re_solve_failed_says_so_not_that_the_family_cannot_match()
     message = str(caught[0].message)
     assert "its conjugate-gradient solve with more Hessian draws" in message and "MAX_ITERATIONS" in message, message
     assert "family can match" not in message, message
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [
+        "the expected Hessian of -log p is not positive definite at the guide",
+        "the log density's Hessian-vector products are not finite at some guide draw",
+    ],
+)
+def test_a_re_solve_that_failed_for_a_reason_quotes_it_not_non_convergence(reason):
+    """Where the re-solve with more Hessian draws stopped on a reason (svi_gap_cg's ValueError: H not positive
+    definite, or its products not finite), the advice quotes it and does not claim the solve ran out of
+    MAX_ITERATIONS (review 24 finding 6: every "no solve with more Hessian draws: <reason>" got that claim)."""
+    from test_svi_gap_path import _post
+
+    post = _post(1.0, 0.01, {"method": "dense", "pairs": 500, "reason": None})
+    stopped = f"no solve with more Hessian draws: {reason}"
+    post.config["guide_refinement"] = [{"accepted": 1, "elbo_change": 0.3, "stopped": stopped}]
+    with pytest.warns(DiagnosticWarning, match="stopped short") as caught:
+        _health.check_guide_gap(post)
+    message = str(caught[0].message)
+    assert f"more Hessian draws (taken after a rejected step, post.config['guide_refinement']) found {reason}:" in (
+        message
+    ), message
+    assert "MAX_ITERATIONS" not in message and "did not converge" not in message, message
 
 
 @pytest.mark.slow  # ~30 s: SVI's defaults (5,000 full-rank steps on 300 coefficients x 2,000 rows)
@@ -142,4 +235,6 @@ def _fit_110x100():
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(svi_refine_cg, "refine_mean", lambda *args, **kwargs: None)
             _FIT["fit"] = _default_fit(100, dim=110, logistic=True, num_steps=300)
+        _FIT["state"] = {k: v.detach().clone() for k, v in _FIT["fit"][1][0].state_dict().items()}
+    _FIT["fit"][1][0].load_state_dict(_FIT["state"])  # as handed over, whatever a step before moved
     return _FIT["fit"]
