@@ -38,7 +38,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from bnn_pyro import priors as priors_mod
-from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers, meta_only
+from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers, meta_only, off_device
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
 from bnn_pyro.selection import Bayesian, SelectorLike, frozen_as_buffers, nothing_random, selector
@@ -446,7 +446,8 @@ class BNN(nn.Module):
         except (RuntimeError, TypeError) as err:
             if not meta_only(err):
                 raise ValueError(input_mismatch(self._template, x)) from err
-            object.__setattr__(self, "_reads_values", True)  # remembered: see reads_values
+            if not off_device(err):
+                object.__setattr__(self, "_reads_values", True)  # remembered: see reads_values
             out = self._output_by_values(x[:2])
         if isinstance(out, torch.Tensor) and out.dim() < 2 and isinstance(x, torch.Tensor) and x.dim() == 1:
             raise ValueError(input_mismatch(self._template, x))  # 1-D x: the net took one row of it as one input

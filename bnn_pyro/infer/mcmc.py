@@ -536,11 +536,12 @@ def _refuse_random_forward(model, method: str) -> None:
 
 
 def _eager_where_values_are_read(model, config: MCMCConfig, method: str) -> MCMCConfig:
-    """``config`` with ``jit=False`` where a ``BNN``'s forward reads tensor values (:attr:`BNN.reads_values`): a
+    """``config`` with ``jit=False`` where the model's net reads tensor values (:attr:`BNN.reads_values`; subspace's
+    model forwards its BNN's): a
     recorded graph or a trace would freeze the branch the recording took (review 25: a branch on a boolean mask's
     size compiled with no error and gave a wrong gradient at 6 of 20 points), so the eager gradient runs, and the
     user is told here, in this process (forked chains' own warnings do not reach the caller)."""
-    if not (config.jit and isinstance(model, BNN) and model.reads_values):
+    if not (config.jit and getattr(model, "reads_values", False)):
         return config
     warn(
         f"{method}: the net's forward reads tensor values (a branch on a tensor, .item(), a boolean-mask index), "
@@ -650,7 +651,7 @@ def sample(model, data: Data, config: MCMCConfig) -> Posterior:
             step_size=step_size,
             **config.recorded(),
             dense_mass=dense_mass,
-            jit=jit,
+            jit=config.jit,  # False where the net reads values (_eager_where_values_are_read)
             fast_path=joint is not None,
             init=init if isinstance(init, str) else type(init).__name__,
             chain_method=how.value,

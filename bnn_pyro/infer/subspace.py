@@ -255,6 +255,11 @@ class SubspaceModel:
     def __init__(self, bnn: BNN, subspace: Subspace, prior: SubspacePrior, prior_scale: float | torch.Tensor):
         self.bnn, self.subspace, self.prior, self.prior_scale = bnn, subspace, prior, prior_scale
 
+    @property
+    def reads_values(self) -> bool:
+        """The BNN's (:attr:`~bnn_pyro.model.BNN.reads_values`): the inner MCMC then runs eagerly, not traced."""
+        return self.bnn.reads_values
+
     def __call__(self, x, y=None, dataset_size=None):
         k = self.subspace.basis.shape[1]
         zeros = self.subspace.basis.new_zeros(k)

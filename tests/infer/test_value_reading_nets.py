@@ -25,9 +25,26 @@ class _MaskBranch(nn.Module):
         return torch.tanh(h) if h[h > 0].numel() > 0.6 * h.numel() else h
 
 
-def _net(body=()):
+class _RowRead(nn.Module):
+    """tanh on the positive entries, each row on its own: a value read (a boolean-mask index) that vmap cannot batch
+    but that splits by rows, as Laplace's per-row Jacobians need (docs/guide/models.md)."""
+
+    def forward(self, h):
+        out, positive = h.clone(), h > 0
+        out[positive] = torch.tanh(h[positive])
+        return out
+
+
+class _OffDevice(nn.Module):
+    """A tensor made without ``device=``: the meta probe fails, but no value is read."""
+
+    def forward(self, h):
+        return h + torch.zeros(h.shape[-1])
+
+
+def _net(body=(), branch=_MaskBranch):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(2, 4), *body, _MaskBranch(), nn.Linear(4, 1))
+    return nn.Sequential(nn.Linear(2, 4), *body, branch(), nn.Linear(4, 1))
 
 
 def _data(n=24):
@@ -36,8 +53,10 @@ def _data(n=24):
     return x, (x[:, 0] - 0.5 * x[:, 1] + 0.1 * torch.randn(n, generator=g))
 
 
-def _model(body=(), likelihood=None):
-    return bp.BNN(_net(body), prior=bp.priors.Normal(), likelihood=likelihood or bp.likelihoods.Gaussian(scale=0.3))
+def _model(body=(), likelihood=None, branch=_MaskBranch):
+    return bp.BNN(
+        _net(body, branch), prior=bp.priors.Normal(), likelihood=likelihood or bp.likelihoods.Gaussian(scale=0.3)
+    )
 
 
 def test_the_shape_check_records_a_value_reading_forward():
@@ -48,26 +67,55 @@ def test_the_shape_check_records_a_value_reading_forward():
     )
     assert not model.reads_values and model.output_shape(x) == (1,) and model.reads_values
     assert plain.output_shape(x) == (1,) and not plain.reads_values
+    off = _model(branch=_OffDevice)  # the probe fails on a device, not a value (review 26): compiled as any other
+    assert off.output_shape(x) == (1,) and not off.reads_values
+    assert _model(branch=_RowRead).output_shape(x) == (1,)
 
 
 @pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")  # short chains
 @pytest.mark.parametrize("method", ["nuts", "hmc", "metropolis"])
 def test_mcmc_runs_a_value_reading_net_eagerly_and_says_so(monkeypatch, method):
-    """At the default jit=True the fit warns once, at the user's line, compiles nothing, and its draws equal
-    jit=False's (the eager log density: exact)."""
+    """At the default jit=True the fit warns once, at the user's line, compiles nothing, and records jit=False (what
+    ran); that its draws are the eager ones is tested on a net whose branch flips (below)."""
     x, y = _data()
     compiled = []
     monkeypatch.setattr(_logjoint, "_compiled", lambda *a, **k: compiled.append(a) or a[2])
-    run = dict(method=method, num_samples=20, num_warmup=20, num_chains=2, chain_method="sequential", seed=0)
+    run = dict(method=method, num_samples=10, num_warmup=10, num_chains=2, chain_method="sequential", seed=0)
+    if method == "nuts":
+        run["max_tree_depth"] = 4  # eager trajectories: keep the test fast
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         post = bp.fit(_model(), x, y, progress=False, **run)
     said = [w for w in caught if "reads tensor values" in str(w.message)]
     assert len(said) == 1 and said[0].filename == __file__ and "jit=False" in str(said[0].message)
-    assert not compiled
-    eager = bp.fit(_model(), x, y, progress=False, jit=False, **run)
-    for name, value in eager.samples.items():
-        assert torch.equal(post.samples[name], value), name
+    assert not compiled and post.config["jit"] is False  # what ran, not what was asked
+
+
+class _Flip(nn.Module):
+    """3 tanh(h) where most rows' h is positive, else -2 h: with one weight, which branch the batch takes flips with
+    its sign (review 25's e5), so a recorded graph is wrong on half the weight line."""
+
+    def forward(self, h):
+        return 3 * torch.tanh(h) if h[h > 0].numel() > 0.5 * h.numel() else -2 * h
+
+
+@pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")
+@pytest.mark.filterwarnings("ignore:nuts. the net's forward reads tensor values:RuntimeWarning")
+def test_nuts_draws_of_a_net_whose_branch_flips_are_the_eager_ones():
+    """At the default jit=True, the draws equal jit=False's on a net whose branch flips along the chain (before the
+    fix the compiled path froze one branch: the draws differed, review 25)."""
+    torch.manual_seed(0)
+    x = torch.cat([torch.rand(14, 1) * 2, -torch.rand(6, 1) * 2])
+    y = torch.randn(20)
+    draws = []
+    for jit in (True, False):
+        net = nn.Sequential(nn.Linear(1, 1, bias=False), _Flip(), nn.Linear(1, 1, bias=False))
+        model = bp.BNN(net, prior=bp.priors.Normal(), likelihood=bp.likelihoods.Gaussian(scale=1.0))
+        run = dict(method="nuts", num_samples=200, num_warmup=100, num_chains=1, seed=0, progress=False, jit=jit)
+        draws.append(bp.fit(model, x, y, **run).samples)
+    first = draws[0]["0.weight"].flatten()
+    assert (first > 0).any() and (first < 0).any()  # the chain visits both branches
+    assert all(torch.equal(draws[0][k], draws[1][k]) for k in draws[0])
 
 
 def test_per_row_jacobians_loop_where_the_net_reads_values_with_vmaps_values():
@@ -103,7 +151,7 @@ def test_laplace_takes_per_row_jacobians_of_a_value_reading_net(options):
     """vmap(jacrev) over rows raised torch's own error on these nets (review 25): now the rows are looped."""
     x, y = _data()
     post = bp.fit(
-        _model(body=(nn.LayerNorm(4),)),
+        _model(body=(nn.LayerNorm(4),), branch=_RowRead),
         x,
         y,
         method="laplace",
@@ -127,20 +175,28 @@ def test_predictions_of_a_value_reading_net_with_batchnorm_repeat_under_a_seed()
 
 
 @pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")
-def test_subspace_checks_its_subspace_on_a_value_reading_net():
+def test_subspace_checks_its_subspace_on_a_value_reading_net(monkeypatch):
     """Subspace's check of the variance its subspace holds takes per-row Jacobians (review 25: torch's vmap error
-    after the SWA stage)."""
+    after the SWA stage), and its inner NUTS, on a Pyro model of the subspace, traces nothing (review 26: Pyro's
+    jit_compile froze the branch, wrong at 2,785 of 4,919 potential calls) and says so."""
     x, y = _data()
-    post = bp.fit(
-        _model(),
-        x,
-        y,
-        method="subspace",
-        seed=0,
-        progress=False,
-        subspace_dim=2,
-        num_samples=10,
-        swa=dict(pretrain_steps=20, num_steps=30, collect_every=1),
-        inner_options=dict(num_warmup=10, max_tree_depth=3),
-    )
+    traced = []
+    trace = torch.jit.trace
+    monkeypatch.setattr(torch.jit, "trace", lambda *a, **k: traced.append(a) or trace(*a, **k))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        post = bp.fit(
+            _model(branch=_RowRead),
+            x,
+            y,
+            method="subspace",
+            seed=0,
+            progress=False,
+            subspace_dim=2,
+            num_samples=10,
+            swa=dict(pretrain_steps=20, num_steps=30, collect_every=1),
+            inner_options=dict(num_warmup=10, max_tree_depth=3),
+        )
+    assert not traced and post.config["inner_config"]["jit"] is False
+    assert [w for w in caught if "reads tensor values" in str(w.message)]
     assert torch.isfinite(post.predict(x).mean).all()

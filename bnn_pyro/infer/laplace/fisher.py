@@ -1,5 +1,6 @@
 """Curvature backend: the empirical Fisher ``sum_i g_i g_i^T`` (a ``BNN``: per-example gradients from the layers,
-:mod:`.layerwise`, where every covered coordinate is a Linear / Conv2d weight, else by ``vmap(grad)``; a Pyro
+:mod:`.layerwise`, where every covered coordinate is a Linear / Conv2d weight, else by ``grad`` per row, batched
+by ``vmap`` or looped for a net that reads values (:func:`.functional.per_row`); a Pyro
 function one traced example at a time)."""
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ def fisher(
     model: BNN, pot: Potential, z, data: Data, layout: Layout, diag: bool, *, layerwise_path: bool = True
 ) -> torch.Tensor:
     """Empirical Fisher ``sum_i g_i g_i^T``: per-example gradients from the layers when every covered coordinate
-    is a weight of a Linear / Conv2d layer (``layerwise_path=False`` forces the general path), else by
-    ``vmap(grad)``."""
+    is a weight of a Linear / Conv2d layer (``layerwise_path=False`` forces the general path), else by ``grad``
+    per row (:func:`.functional.per_row`)."""
     active = layout.active
     if layerwise_path and len(layout.indices(model.sample_names)) == len(active):
         noise = site_values(model, pot, z)[1]

@@ -148,7 +148,8 @@ def softmax_cholesky(p: torch.Tensor) -> torch.Tensor:
 
 def output_jacobian(model: BNN, pot: Potential, z, x, w_idx) -> tuple[torch.Tensor, torch.Tensor]:
     """``(f, J)`` at the flat unconstrained ``z``: the network outputs ``(B, out)`` and their per-example
-    Jacobian ``(B, out, w)`` in the coordinates ``w_idx`` (float64), by ``vmap(jacrev)``."""
+    Jacobian ``(B, out, w)`` in the coordinates ``w_idx`` (float64), by ``jacrev`` per row, batched by ``vmap`` or
+    looped (:func:`per_row`)."""
     weights = site_values(model, pot, z)[0]
 
     def f_one(zw, xi):
@@ -162,7 +163,9 @@ def output_jacobian(model: BNN, pot: Potential, z, x, w_idx) -> tuple[torch.Tens
 def per_row(fn, model: BNN):
     """``fn(shared, *rows)`` over the rows (dim 0) of ``rows``: batched by ``vmap``, or, for a net whose forward
     reads values (:attr:`~bnn_pyro.model.BNN.reads_values`: a branch vmap cannot batch), a loop over the rows
-    stacked (the same values, slower)."""
+    stacked (vmap's values, slower). Each row is its own forward, so a branch decided for a whole batch (e.g. on
+    ``h.sum()``) may be decided otherwise for one row: such a net's Jacobians are then another function's
+    (docs/guide/models.md)."""
     if not model.reads_values:
         return lambda shared, *rows: vmap(fn, in_dims=(None,) + (0,) * len(rows))(shared, *rows)
     return lambda shared, *rows: torch.stack([fn(shared, *(r[i] for r in rows)) for i in range(len(rows[0]))])
