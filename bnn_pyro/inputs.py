@@ -67,6 +67,10 @@ class Inputs:
             {k: fn(f"x[{k!r}]", t) for k, t in self.kwargs.items()},
         )
 
+    def detach(self) -> Inputs:
+        """Every tensor detached, as ``torch.Tensor.detach`` (the MCMC kernels take ``x.detach()`` of either)."""
+        return self.map(lambda _, t: t.detach())
+
     def call(self, fn: Callable):
         """``fn(*args, **kwargs)``."""
         return fn(*self.args, **self.kwargs)

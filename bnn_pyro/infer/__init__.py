@@ -43,12 +43,12 @@ def _check_plain_rows(model: BNN, x, kind: Method) -> None:
         else f"the net returns sequence outputs (N, {', '.join(map(str, shape))})"
         if len(shape) > 1
         else "the net has recurrent layers (nn.RNN/LSTM/GRU), which torch.func.vmap cannot batch"
-        if not model.vmappable
+        if not model.vmappable and not model.reads_values  # those loop over rows (laplace.functional.per_row)
         else None
     )
     if why is not None:
         raise ValueError(
-            f"method={kind.value!r}: its curvature needs per-example Jacobians of (N, out) outputs of one "
+            f"method={kind.value!r}: it takes per-example Jacobians of (N, out) outputs of one "
             f"input tensor, batched by torch.func.vmap, but {why}. Use svi, nuts, hmc, metropolis, sgld, "
             "sghmc, csgmcmc, swa, swag or ensemble, which take such models (docs/guide/models.md: 'Sequence and "
             "embedding models')."

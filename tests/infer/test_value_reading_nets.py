@@ -200,3 +200,17 @@ def test_subspace_checks_its_subspace_on_a_value_reading_net(monkeypatch):
     assert not traced and post.config["inner_config"]["jit"] is False
     assert [w for w in caught if "reads tensor values" in str(w.message)]
     assert torch.isfinite(post.predict(x).mean).all()
+
+
+@pytest.mark.filterwarnings("ignore::bnn_pyro.posterior.diagnostics.DiagnosticWarning")
+def test_laplace_after_another_fit_of_the_same_value_reading_model():
+    """A fit that evaluates draws marks the net as one vmap cannot batch over draws (model.vmappable False); the
+    per-row check must not then take it for a recurrent net and refuse Laplace (its Jacobians loop over rows)."""
+    x, y = _data()
+    model = _model(branch=_RowRead)
+    post = bp.fit(model, x, y, method="svi", num_steps=20, seed=0, progress=False)
+    post.predict(x)  # its vmap over draws fails on the branch: the posterior's model loops from now on
+    model = post.model
+    assert not model.vmappable and model.reads_values
+    post = bp.fit(model, x, y, method="laplace", structure="full", num_steps=30, num_samples=10, seed=0, progress=False)
+    assert torch.isfinite(post.predict(x).mean).all()
