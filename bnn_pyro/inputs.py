@@ -176,15 +176,6 @@ _INPUT_SIZE = {
 _META_ONLY = re.compile(r"\bmeta\b|register_meta", re.IGNORECASE)
 
 
-_OFF_DEVICE = "is not on the expected device meta"  # torch's words for a tensor made off the input's device
-
-
-def off_device(err: BaseException) -> bool:
-    """Whether ``err`` (a :func:`meta_only` one) says the forward made a tensor on another device rather than read a
-    value: the net then runs and compiles as any other on real tensors of one device."""
-    return _OFF_DEVICE in str(err)
-
-
 def meta_only(err: BaseException) -> bool:
     """Whether ``err``, raised by a forward on meta tensors, is one only meta tensors raise (the forward reads values
     or makes a tensor on another device), not a size mismatch: BNN.output_shape then runs the forward on real rows."""

@@ -38,7 +38,7 @@ from torch import nn
 from torch.distributions import Distribution
 
 from bnn_pyro import priors as priors_mod
-from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers, meta_only, off_device
+from bnn_pyro.inputs import Inputs, check_token_ids, input_mismatch, keeps_integers, meta_only
 from bnn_pyro.likelihoods import Likelihood
 from bnn_pyro.priors import Hierarchical, Patterns, expand_to
 from bnn_pyro.selection import Bayesian, SelectorLike, frozen_as_buffers, nothing_random, selector
@@ -446,7 +446,7 @@ class BNN(nn.Module):
         except (RuntimeError, TypeError) as err:
             if not meta_only(err):
                 raise ValueError(input_mismatch(self._template, x)) from err
-            if not off_device(err):
+            if self._reads_values_on_meta(x[:2]):
                 object.__setattr__(self, "_reads_values", True)  # remembered: see reads_values
             out = self._output_by_values(x[:2])
         if isinstance(out, torch.Tensor) and out.dim() < 2 and isinstance(x, torch.Tensor) and x.dim() == 1:
@@ -458,6 +458,18 @@ class BNN(nn.Module):
                 f"for {len(x[:2])} input rows. Add a final Flatten or Linear layer, or return one tensor from forward."
             )
         return out.shape[1:]
+
+    def _reads_values_on_meta(self, x) -> bool:
+        """Whether the forward still fails as only meta tensors do where every tensor it makes is a meta tensor too
+        (``torch.device("meta")``): a value read (review 27: a tensor made without ``device=`` raises first, and a
+        value read behind it must still count), not a tensor made off the input's device (that alone runs and
+        compiles as any other net on real tensors of one device)."""
+        try:
+            with torch.device("meta"):
+                _call(self._template, x.to("meta"))
+        except (RuntimeError, TypeError) as err:
+            return meta_only(err)
+        return False
 
     def _output_by_values(self, x) -> torch.Tensor:
         """The net's output for the rows ``x`` at its initial weights, computed in eval mode (no side effect on

@@ -169,14 +169,16 @@ def refine_mean(
     """Newton steps for the mean of a fitted ``AutoNormal``, ``AutoLowRankMultivariateNormal`` or
     ``AutoMultivariateNormal`` of ``model`` on
     ``data`` (full batch) past the dense bounds (module docstring), in place, from ``num_draws`` draws of a generator
-    of its own seeded with ``seed``: a :class:`MeanStep` (a ``skipped`` one as a plain :class:`~bnn_pyro.infer.svi_refine.Refinement`), or ``None`` where the guide is
+    of its own seeded with ``seed``: a :class:`MeanStep` (a ``skipped`` one with the ``passes`` it spent; one skipped before it spent any as a plain
+    :class:`~bnn_pyro.infer.svi_refine.Refinement`), or ``None`` where the guide is
     not covered (:func:`~bnn_pyro.infer.svi_gap_cg.choose_path` on its unconstrained coordinates, ``data.size`` rows
     and the fit's ``fit_passes``, less ``spent_passes`` that a step before it took from the check's share: the scale
     step's record, :class:`~bnn_pyro.infer.svi_refine_scale.ScaleStep`; nothing by default, as the engine decides). It
     never raises. Without ``fit_passes`` (a direct call: no fit bounds the step, so it keeps no account) it stops after
-    :data:`CHARGED_EVALUATIONS` evaluations, its bound before the account: with no account the evaluations past them
-    would cost what nothing charged (review 24: on the 110 x 100 logistic fit of the tests, its ``H`` kept at 10 draws,
-    30 evaluations and 37,260 passes, 3.4 times the charged worst case).
+    :data:`CHARGED_EVALUATIONS` evaluations, its bound before the account. That bounds its evaluations, not its passes:
+    with no account its solves take ``H`` from as many Hessian draws as the path allows, so a direct call may spend
+    several times a fit's charge in those evaluations and stop short of the fixed point the engine's account reaches
+    (review 27); a caller who wants that step passes ``fit_passes`` (and so gets the account).
 
     The gap check after it (:func:`~bnn_pyro.infer.svi_gap.newton_gap` with the same ``seed`` and draws, as the SVI
     engine calls both, one seed per chain) measures on the step's own draws, as the dense refinement and gap do: on
@@ -259,20 +261,24 @@ def _refine_mean(
     spent[0] += 2 * len(hessian_at)  # that product, from the account: less than one of a solve's iterations at the
     # cap (choose_path does not reserve it: that would move its caps, e.g. 248 iterations at 150 x 2,000 to 247)
     if not pays():
-        return svi_refine.Refinement(0, 0.0, f"skipped: {SHARE_SPENT} before its first evaluation of the draws")
+        return MeanStep(0, 0.0, f"skipped: {SHARE_SPENT} before its first evaluation of the draws", None, int(spent[0]))
     start = evaluate(target.loc)
     if start is None:
-        return svi_refine.Refinement(0, 0.0, "skipped: the log density or its gradient is not finite at some draw")
+        return MeanStep(
+            0, 0.0, "skipped: the log density or its gradient is not finite at some draw", None, int(spent[0])
+        )
     point, rate, accepted, evaluations, stopped = start, 1.0, 0, 1, "evaluation limit"
     escalated = None  # the Hessian draws after a rejected candidate, once taken
     try:
         step = newton(point[0], point[2], point[3], hessian_at)
     except NotBatchable as error:
-        return svi_refine.Refinement(0, 0.0, f"skipped: {error}, and its products one draw at a time cost too much")
+        return MeanStep(
+            0, 0.0, f"skipped: {error}, and its products one draw at a time cost too much", None, int(spent[0])
+        )
     except ValueError as error:
-        return svi_refine.Refinement(0, 0.0, f"skipped: {error}")
+        return MeanStep(0, 0.0, f"skipped: {error}", None, int(spent[0]))
     if step is None:
-        return svi_refine.Refinement(0, 0.0, "skipped: conjugate gradients did not reach their tolerance")
+        return MeanStep(0, 0.0, "skipped: conjugate gradients did not reach their tolerance", None, int(spent[0]))
     while evaluations < max_evaluations:
         if float((step / sd).abs().max()) < svi_refine.TOL:
             stopped = "fixed point"

@@ -75,6 +75,15 @@ def test_a_step_on_more_draws_than_the_charge_counts_stays_within_its_account(mo
     assert 0 < spent <= 11_000, spent
 
 
+def test_a_step_skipped_after_it_spent_passes_records_them(monkeypatch):
+    """An account that pays the batchability probe (20 passes) but not a first evaluation (1,000): the step is
+    skipped, "share spent" before its first evaluation, and its record gives the probe's passes it took (review 27:
+    the skips after a spend returned a plain Refinement, with no passes)."""
+    step, spent, _ = _counted_step(monkeypatch, 500)
+    assert step.stopped.startswith("skipped: " + svi_refine_cg.SHARE_SPENT), step
+    assert step.record()["passes"] == spent == 20, (step.record(), spent)
+
+
 def test_a_direct_call_without_the_fit_s_passes_stops_at_the_charged_evaluations(monkeypatch):
     """refine_mean with no fit_passes (no fit bounds the step: no account) stops after CHARGED_EVALUATIONS
     evaluations, its bound before the account (review 24 finding 4: up to svi_refine.MAX_EVALUATIONS, 30; here, the

@@ -42,6 +42,22 @@ class _OffDevice(nn.Module):
         return h + torch.zeros(h.shape[-1])
 
 
+class _ZerosThenBranch(nn.Module):
+    """A tensor made without ``device=`` first (the meta probe stops there), then a value read: still a value read
+    (review 27: it was taken for an off-device net alone and compiled, with a wrong gradient)."""
+
+    def forward(self, h):
+        return _MaskBranch()(h + torch.zeros(h.shape[-1]))
+
+
+class _CPUMask(nn.Module):
+    """A mask made without ``device=`` applied to the input: torch's message names the devices the other way round
+    ("on device meta is not on the expected device cpu"); no value read."""
+
+    def forward(self, h):
+        return h.masked_fill(torch.zeros(h.shape, dtype=torch.bool), 0.0)
+
+
 def _net(body=(), branch=_MaskBranch):
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(2, 4), *body, branch(), nn.Linear(4, 1))
@@ -67,8 +83,11 @@ def test_the_shape_check_records_a_value_reading_forward():
     )
     assert not model.reads_values and model.output_shape(x) == (1,) and model.reads_values
     assert plain.output_shape(x) == (1,) and not plain.reads_values
-    off = _model(branch=_OffDevice)  # the probe fails on a device, not a value (review 26): compiled as any other
-    assert off.output_shape(x) == (1,) and not off.reads_values
+    for branch in (_OffDevice, _CPUMask):  # the probe fails on a device, not a value (reviews 26, 27): compiled
+        off = _model(branch=branch)
+        assert off.output_shape(x) == (1,) and not off.reads_values, branch
+    behind = _model(branch=_ZerosThenBranch)  # a value read behind an off-device tensor (review 27)
+    assert behind.output_shape(x) == (1,) and behind.reads_values
     assert _model(branch=_RowRead).output_shape(x) == (1,)
 
 
@@ -80,6 +99,8 @@ def test_mcmc_runs_a_value_reading_net_eagerly_and_says_so(monkeypatch, method):
     x, y = _data()
     compiled = []
     monkeypatch.setattr(_logjoint, "_compiled", lambda *a, **k: compiled.append(a) or a[2])
+    traced, trace = [], torch.jit.trace  # Pyro's jit_compile and the traced energies: any other route
+    monkeypatch.setattr(torch.jit, "trace", lambda *a, **k: traced.append(a) or trace(*a, **k))
     run = dict(method=method, num_samples=10, num_warmup=10, num_chains=2, chain_method="sequential", seed=0)
     if method == "nuts":
         run["max_tree_depth"] = 4  # eager trajectories: keep the test fast
@@ -88,7 +109,7 @@ def test_mcmc_runs_a_value_reading_net_eagerly_and_says_so(monkeypatch, method):
         post = bp.fit(_model(), x, y, progress=False, **run)
     said = [w for w in caught if "reads tensor values" in str(w.message)]
     assert len(said) == 1 and said[0].filename == __file__ and "jit=False" in str(said[0].message)
-    assert not compiled and post.config["jit"] is False  # what ran, not what was asked
+    assert not compiled and not traced and post.config["jit"] is False  # what ran, not what was asked
 
 
 class _Flip(nn.Module):
