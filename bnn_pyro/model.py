@@ -465,8 +465,8 @@ class BNN(nn.Module):
         value read behind it must still count), not a tensor made off the input's device (that alone runs and
         compiles as any other net on real tensors of one device)."""
         try:
-            with torch.device("meta"):
-                _call(self._template, x.to("meta"))
+            with torch.device("meta"):  # on a copy: a forward that makes a module would leave it on meta
+                _call(copy.deepcopy(self._template), x.to("meta"))
         except (RuntimeError, TypeError) as err:
             return meta_only(err)
         return False

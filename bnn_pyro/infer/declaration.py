@@ -44,8 +44,7 @@ class Capabilities:
     minibatches: it takes ``batch_size=`` and loaders of ``(x, y)`` batches.
     one_shot: it consumes a one-shot iterator (a generator) of batches, in order, once.
     multi_pass: it reads the data more than once (fit, then curvature or statistics): no one-shot streams.
-    jacobian_rows: it takes per-example Jacobians of ``(N, out)`` outputs of one input tensor (Laplace's curvature,
-    subspace's check of the variance its subspace holds).
+    jacobian_rows: its curvature takes per-example Jacobians of ``(N, out)`` outputs of one input tensor.
     checkpoint: it takes ``checkpoint=`` / ``checkpoint_every=`` / ``resume=``.
     chains: it runs several independent chains (restarts, members) as one posterior's chains.
     data_parallel: it averages gradients over the ranks of a ``torch.distributed`` group (``distributed=``).

@@ -547,7 +547,9 @@ def _eager_where_values_are_read(model, config: MCMCConfig, method: str) -> MCMC
         f"{method}: the net's forward reads tensor values (a branch on a tensor, .item(), a boolean-mask index), "
         "which a compiled graph would freeze at the branch it recorded; so the log density and its gradient run "
         "eagerly (jit=False: the same values, slower). Write such branches as tensor operations (torch.where, a mask "
-        "multiplied in) to get the compiled path.",
+        "multiplied in) to get the compiled path. (The shape check cannot tell a value read from a tensor pinned to "
+        "one device, e.g. torch.tensor(..., device='cpu') or a plain tensor attribute: make those on the input's "
+        "device or register them as buffers.)",
         RuntimeWarning,
     )
     return replace(config, jit=False)

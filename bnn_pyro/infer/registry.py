@@ -44,9 +44,7 @@ REGISTRY: dict[str, Declaration] = {
     "ensemble": Declaration("ensemble", "fit_ensemble", replace(_STEPS, checkpoint=True)),
     "laplace": Declaration("laplace", "fit_laplace", replace(_POINT_THEN_STATS, jacobian_rows=True, checkpoint=True)),
     "snapshot": Declaration("snapshot", "fit_snapshot", replace(_STEPS, checkpoint=True)),
-    "subspace": Declaration(
-        "subspace", "fit_subspace", replace(_POINT_THEN_STATS, checkpoint=True, weight_sites=True, jacobian_rows=True)
-    ),
+    "subspace": Declaration("subspace", "fit_subspace", replace(_POINT_THEN_STATS, checkpoint=True, weight_sites=True)),
 }
 
 Method = Enum("Method", {name.upper(): name for name in REGISTRY}, type=str, module=__name__)

@@ -27,6 +27,7 @@ from bnn_pyro.infer.laplace.functional import output_jacobian
 from bnn_pyro.infer.laplace.priors import potentials
 from bnn_pyro.infer.laplace.structure import make_layout
 from bnn_pyro.infer.training_data import Data
+from bnn_pyro.inputs import Inputs
 
 __all__ = ["SUBSPACE_HELD_MIN", "check_subspace", "laplace_precision", "linear_in_weights", "subspace_variance_held"]
 
@@ -91,6 +92,18 @@ def laplace_precision(post, pot, mean: torch.Tensor, weight_sites: list[str]) ->
     return (hess + hess.T) / 2, jac.reshape(-1, len(w_idx))
 
 
+def _rows_not_judged(model, x) -> str | None:
+    """Why the check cannot take per-row Jacobians of the net's ``(N, out)`` outputs (as Laplace's curvature, which
+    refuses these up front; a subspace fit runs, its check not judged: review 28), else ``None``."""
+    if isinstance(x, Inputs):
+        return "x is a tuple or dict of tensors: the check takes per-row Jacobians of one input tensor"
+    if len(model.output_shape(x[:2])) > 1:
+        return "the net returns sequence outputs (N, T, out): the check judges (N, out) outputs"
+    if not model.vmappable and not model.reads_values:
+        return "the net has layers torch.func.vmap cannot batch (nn.RNN/LSTM/GRU): the check's per-row Jacobians"
+    return None
+
+
 def linear_in_weights(model) -> bool:
     """Whether a ``BNN``'s outputs are linear in its weights: its net is one ``torch.nn.Linear`` layer, alone or with
     only parameter-free reshaping around it (``Flatten``, ``Identity``), as
@@ -144,6 +157,10 @@ def check_subspace(post, *, directions: dict[str, torch.Tensor], rank: int, prio
     judged = unconstrained_draws(post, init="net") if post.x is not None and post.y is not None else None
     if judged is None or not set(directions) <= set(judged[0].shapes):
         record["held"] = {"judged": False, "reason": "a model or posterior check_narrow does not judge either"}
+        return post
+    why = _rows_not_judged(post.model, post.x)
+    if why is not None:
+        record["held"] = {"judged": False, "reason": why}
         return post
     pot, flat = judged
     precision, jac = laplace_precision(post, pot, flat.mean(0), list(directions))

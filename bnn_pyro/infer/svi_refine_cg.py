@@ -188,15 +188,23 @@ def refine_mean(
         return None
     device = next((p.device for p in guide.parameters()), torch.device("cpu"))
     generator = torch.Generator(device=device).manual_seed(seed)
+    spent = [0]  # the passes _refine_mean has spent, kept where it fails
     with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # a model drawing on its own
         try:
-            return _refine_mean(guide, model, data, num_draws, generator, fit_passes, spent_passes)
+            return _refine_mean(guide, model, data, num_draws, generator, fit_passes, spent_passes, spent)
         except Exception as error:  # a finished fit never fails here
-            return svi_refine.Refinement(0, 0.0, f"skipped: {type(error).__name__}: {error}")
+            return MeanStep(0, 0.0, f"skipped: {type(error).__name__}: {error}", None, spent[0] or None)
 
 
 def _refine_mean(
-    guide, model, data: Data, num_draws: int, generator: torch.Generator, fit_passes: int | None, spent_passes: int
+    guide,
+    model,
+    data: Data,
+    num_draws: int,
+    generator: torch.Generator,
+    fit_passes: int | None,
+    spent_passes: int,
+    spent: list[int],
 ):
     try:
         target = guide_target(guide, model, data, factored=True)
@@ -211,8 +219,8 @@ def _refine_mean(
     if path.kind != "cg":
         return None
     pairs = max(1, num_draws // 2)
-    account, spent, limit = path.step_passes, [0], [0]  # passes over the rows allowed (None: no account, and then
-    # the old bound on the evaluations, refine_mean), spent; the last solve's iteration cap
+    account, limit = path.step_passes, [0]  # passes over the rows allowed (None: no account, and then the old bound
+    # on the evaluations, refine_mean); the last solve's iteration cap; ``spent``: what was spent, the caller's list
     max_evaluations = path.max_evaluations if account is not None else min(path.max_evaluations, CHARGED_EVALUATIONS)
     half = svi_gap_cg.antithetic_half(target, pairs, generator)
     deviations = torch.cat([half, -half])
