@@ -42,7 +42,7 @@ def _check_plain_rows(model: BNN, x, kind: Method) -> None:
         if isinstance(x, Inputs)
         else f"the net returns sequence outputs (N, {', '.join(map(str, shape))})"
         if len(shape) > 1
-        else "the net has recurrent layers (nn.RNN/LSTM/GRU), which torch.func.vmap cannot batch"
+        else "torch.func.vmap cannot batch the net (recurrent layers, nn.RNN/LSTM/GRU, or a forward whose vmap failed)"
         if not model.vmappable and not model.reads_values  # those loop over rows (laplace.functional.per_row)
         else None
     )

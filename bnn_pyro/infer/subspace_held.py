@@ -100,7 +100,7 @@ def _rows_not_judged(model, x) -> str | None:
     if len(model.output_shape(x[:2])) > 1:
         return "the net returns sequence outputs (N, T, out): the check judges (N, out) outputs"
     if not model.vmappable and not model.reads_values:
-        return "the net has layers torch.func.vmap cannot batch (nn.RNN/LSTM/GRU): the check's per-row Jacobians"
+        return "torch.func.vmap cannot batch the net (recurrent layers, or a forward whose vmap failed)"
     return None
 
 
