@@ -237,3 +237,13 @@ def load_benchmark():
         return module
 
     return load
+
+
+TINY_SUBSPACE = dict(
+    subspace_dim=2,
+    num_samples=10,
+    swa=dict(pretrain_steps=20, num_steps=30, collect_every=1),
+    inner_options=dict(num_warmup=10, max_tree_depth=3),
+)
+"""``method="subspace"`` options for a fit that only has to run (a few seconds): two directions, 20 + 30 SWA steps,
+10 inner NUTS warm-up steps at tree depth 3, 10 draws."""

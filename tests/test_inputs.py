@@ -12,6 +12,7 @@ import pyro
 import pyro.distributions as dist
 import pytest
 import torch
+from conftest import TINY_SUBSPACE
 from pyro import poutine
 from torch import nn
 
@@ -181,18 +182,7 @@ def test_subspace_fits_structured_inputs_and_says_its_check_was_not_judged():
     u, v, y = _two_inputs()
     torch.manual_seed(0)
     model = bp.BNN(TwoInputs(), prior=bp.priors.Normal(0.0, 1.0), likelihood=bp.likelihoods.Gaussian(scale=0.3))
-    post = bp.fit(
-        model,
-        {"u": u, "v": v},
-        y,
-        method="subspace",
-        seed=0,
-        progress=False,
-        subspace_dim=2,
-        num_samples=5,
-        swa=dict(pretrain_steps=10, num_steps=30, collect_every=1),
-        inner_options=dict(num_warmup=5, max_tree_depth=3),
-    )
+    post = bp.fit(model, {"u": u, "v": v}, y, method="subspace", seed=0, progress=False, **TINY_SUBSPACE)
     held = post.config["subspace"]["held"]
     assert held["judged"] is False and "tuple or dict" in held["reason"], held
     assert torch.isfinite(post.predict({"u": u, "v": v}).mean).all()

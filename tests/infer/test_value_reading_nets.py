@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from conftest import TINY_SUBSPACE
 from torch import nn
 
 import bnn_pyro as bp
@@ -206,18 +207,7 @@ def test_subspace_checks_its_subspace_on_a_value_reading_net(monkeypatch):
     monkeypatch.setattr(torch.jit, "trace", lambda *a, **k: traced.append(a) or trace(*a, **k))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        post = bp.fit(
-            _model(branch=_RowRead),
-            x,
-            y,
-            method="subspace",
-            seed=0,
-            progress=False,
-            subspace_dim=2,
-            num_samples=10,
-            swa=dict(pretrain_steps=20, num_steps=30, collect_every=1),
-            inner_options=dict(num_warmup=10, max_tree_depth=3),
-        )
+        post = bp.fit(_model(branch=_RowRead), x, y, method="subspace", seed=0, progress=False, **TINY_SUBSPACE)
     assert not traced and post.config["inner_config"]["jit"] is False
     assert [w for w in caught if "reads tensor values" in str(w.message)]
     assert torch.isfinite(post.predict(x).mean).all()
